@@ -1,0 +1,43 @@
+# plancache: `make run` starts a server, `make test` runs the tests.
+# Both set up what they need on a fresh machine: redis-server from the OS
+# packages when missing, the Python packages in a venv (.venv).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+ARGS ?=
+
+.PHONY: setup redis run test lint typecheck unit proto proto-check clean
+
+$(STAMP): client/pyproject.toml server/pyproject.toml requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt -e ./client -e ./server
+	touch $(STAMP)
+
+setup: $(STAMP) redis
+
+redis:
+	@scripts/install-redis.sh
+
+## Start a server on 127.0.0.1:50051 with a private Redis and a worker per local GPU.
+run: setup
+	$(VENV)/bin/plancache-server $(ARGS)
+
+## Lint, type-check and run every test this machine can run (GPU tests skip without a GPU).
+test: setup lint typecheck
+	$(VENV)/bin/pytest $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+## Regenerate the committed gRPC stubs from proto/.
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=client/src --grpc_python_out=client/src --pyi_out=client/src proto/plancache/v1/plancache.proto
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

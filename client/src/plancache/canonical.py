@@ -1,0 +1,70 @@
+"""The canonical form of a spec, and its hash.
+
+Two specs that describe the same graph must hash the same, whatever order
+their JSON fields, map entries or tensor list came in and whatever their
+tensors and nodes are called; anything that can change the plan (dims,
+strides, data types, attributes, uids, ops, node order) must change the hash.
+
+So the canonical form is built from the *normalized* spec (every default
+explicit), leaves names out, lists tensors by uid, keeps nodes in order
+(they execute in order), and is serialized as sorted-key compact JSON.
+The version tag lets a future canonical form coexist with stored plans.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from plancache.spec import GraphSpec
+from plancache.validation import DEFAULT_LIMITS, Limits, normalize
+
+CANONICAL_VERSION = "plancache.spec.v1"
+
+
+def canonical_dict(normalized: GraphSpec) -> dict[str, Any]:
+    """The canonical structure of an already normalized spec."""
+    tensors = sorted(normalized.tensors, key=lambda t: t.uid or 0)
+    return {
+        "version": CANONICAL_VERSION,
+        "io_data_type": normalized.io_data_type,
+        "intermediate_data_type": normalized.intermediate_data_type,
+        "compute_data_type": normalized.compute_data_type,
+        "tensors": [
+            {
+                "uid": t.uid,
+                "dim": list(t.dim),
+                "stride": list(t.stride),
+                "data_type": t.data_type,
+                "is_virtual": t.is_virtual,
+                "is_pass_by_value": t.is_pass_by_value,
+                "is_output": t.is_output,
+                "scalar_value": t.scalar_value,
+            }
+            for t in tensors
+        ],
+        "nodes": [
+            {
+                "op": n.op,
+                "inputs": {port: t.uid for port, t in n.inputs.items()},
+                "outputs": {port: t.uid for port, t in n.outputs.items()},
+                "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in n.attributes.items()},
+                "compute_data_type": n.compute_data_type,
+            }
+            for n in normalized.nodes
+        ],
+    }
+
+
+def canonical_json(normalized: GraphSpec) -> str:
+    return json.dumps(canonical_dict(normalized), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def hash_normalized(normalized: GraphSpec) -> str:
+    return hashlib.sha256(canonical_json(normalized).encode()).hexdigest()
+
+
+def spec_hash(spec: GraphSpec, limits: Limits = DEFAULT_LIMITS) -> str:
+    """Validate, normalize and hash: the spec part of a plan key."""
+    return hash_normalized(normalize(spec, limits))

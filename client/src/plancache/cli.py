@@ -1,0 +1,114 @@
+"""plancache: the command line.
+
+    plancache compile SPEC.json --server HOST:PORT [--target T] [--out FILE]
+    plancache get (--key KEY | SPEC.json) --server HOST:PORT [--target T] [--out FILE]
+    plancache stats --server HOST:PORT
+    plancache hash SPEC.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from plancache.client import Client
+from plancache.errors import PlanCacheError
+from plancache.options import CompileOptions
+from plancache.plan import Plan
+from plancache.spec import GraphSpec
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="plancache", description="Compile once per GPU kind, fetch everywhere.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_server(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--server", default=os.environ.get("PLANCACHE_SERVER", "127.0.0.1:50051"), help="host:port (env PLANCACHE_SERVER)")
+        p.add_argument("--timeout", type=float, default=None, help="seconds for this call")
+
+    def with_target(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--target", help="e.g. sm_90/cudnn-91900/fe-1.32.0 (default: this machine's GPU 0)")
+        p.add_argument("--no-autotune", action="store_true", help="take the heuristics' first plan")
+        p.add_argument("--exclude-note", action="append", default=[], help="cudnn.behavior_note to exclude, e.g. RUNTIME_COMPILATION")
+        p.add_argument("--workspace-limit", type=int, default=0, help="bytes; 0 = no limit")
+        p.add_argument("--out", type=Path, help="write the plan (metadata + blob) to this file")
+
+    compile_ = sub.add_parser("compile", help="compile (or fetch) the plan for a spec")
+    compile_.add_argument("spec", type=Path)
+    with_server(compile_)
+    with_target(compile_)
+
+    get = sub.add_parser("get", help="fetch a stored plan; never compiles")
+    get.add_argument("spec", type=Path, nargs="?")
+    get.add_argument("--key")
+    with_server(get)
+    with_target(get)
+
+    stats = sub.add_parser("stats", help="hits, misses, compiles, failures per target")
+    with_server(stats)
+
+    hash_ = sub.add_parser("hash", help="validate a spec and print its hash")
+    hash_.add_argument("spec", type=Path)
+    return parser
+
+
+def _options(args: argparse.Namespace) -> CompileOptions:
+    return CompileOptions(autotune=not args.no_autotune, excluded_behavior_notes=tuple(args.exclude_note), workspace_limit=args.workspace_limit)
+
+
+def _report(plan: Plan, out: Path | None) -> None:
+    meta = plan.metadata
+    timed = [c for c in meta.candidates if c.HasField("median_ms")]
+    print(json.dumps({
+        "key": plan.key, "source": plan.source, "plan_name": meta.plan_name, "engine_id": meta.engine_id,
+        "blob_bytes": len(plan.blob), "workspace_bytes": meta.workspace_size, "candidates": len(meta.candidates),
+        "fastest_ms": min((c.median_ms for c in timed), default=None), "build_seconds": round(meta.build_seconds, 3),
+        "autotune_seconds": round(meta.autotune_seconds, 3), "built_by": meta.built_by,
+    }, indent=2))  # fmt: skip
+    if out is not None:
+        out.write_bytes(plan.to_bytes())
+        print(f"wrote {out}", file=sys.stderr)
+
+
+def _load_spec(path: Path) -> GraphSpec:
+    return GraphSpec.from_json(path.read_text())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "hash":
+            print(_load_spec(args.spec).spec_hash())
+            return 0
+        with Client(args.server, timeout=args.timeout or 30.0) as client:
+            if args.command == "compile":
+                _report(client.compile(_load_spec(args.spec), args.target, _options(args), timeout=args.timeout), args.out)
+            elif args.command == "get":
+                if args.key:
+                    plan = client.get(args.key, timeout=args.timeout)
+                elif args.spec:
+                    plan = client.get(spec=_load_spec(args.spec), target=args.target, options=_options(args), timeout=args.timeout)
+                else:
+                    print("plancache get: give --key KEY or a SPEC file", file=sys.stderr)
+                    return 2
+                _report(plan, args.out)
+            elif args.command == "stats":
+                rows = client.stats(timeout=args.timeout)
+                print(f"{'target':60} {'hit rate':>8} {'hits':>8} {'misses':>8} {'compiles':>8} {'failures':>8} {'joined':>8} {'workers':>7}")
+                for r in rows:
+                    print(f"{r.target_id:60} {r.hit_rate:8.1%} {r.hits:8} {r.misses:8} {r.compiles:8} {r.failures:8} {r.joined:8} {r.live_workers:7}")
+    except PlanCacheError as e:
+        print(f"plancache: {type(e).__name__}: {e.message}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"plancache: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

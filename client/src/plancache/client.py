@@ -1,0 +1,158 @@
+"""Client: compile or fetch plans from a plancache server.
+
+    with Client("plancache.internal:50051") as client:
+        plan = client.compile(spec)          # target detected from the local GPU
+        plan.execute({"A": a, "B": b, "C": c})
+
+gRPC failures come back as typed plancache errors (SpecError,
+TargetUnavailable, NotFound, ...), raised `from` the grpc.RpcError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+
+from plancache import spec_io
+from plancache.errors import ERROR_CLASS_METADATA_KEY, InvalidRequest, error_from_status
+from plancache.options import CompileOptions
+from plancache.plan import SOURCE_NAMES, Plan
+from plancache.spec import GraphSpec
+from plancache.target import Target
+from plancache.v1 import plancache_pb2 as pb
+from plancache.v1 import plancache_pb2_grpc as pb_grpc
+from plancache.validation import normalize
+
+Response = TypeVar("Response")
+
+DEFAULT_TIMEOUT_S = 30.0
+# A miss builds and autotunes on a GPU: seconds to minutes.
+DEFAULT_COMPILE_TIMEOUT_S = 900.0
+MAX_MESSAGE_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class TargetStats:
+    target_id: str
+    hits: int
+    misses: int
+    compiles: int
+    failures: int
+    joined: int
+    live_workers: int
+
+    @property
+    def hit_rate(self) -> float:
+        lookups = self.hits + self.misses
+        return self.hits / lookups if lookups else 0.0
+
+
+class Client:
+    def __init__(
+        self,
+        server: str | grpc.Channel,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+        compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S,
+    ) -> None:
+        """`server` is "host:port" (an insecure channel is opened and owned)
+        or a grpc.Channel the caller configured and keeps owning."""
+        if isinstance(server, str):
+            self._channel = grpc.insecure_channel(
+                server,
+                options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
+            )
+            self._owns_channel = True
+        else:
+            self._channel = server
+            self._owns_channel = False
+        self._stub = pb_grpc.PlanCacheStub(self._channel)
+        self.timeout = timeout
+        self.compile_timeout = compile_timeout
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._owns_channel:
+            self._channel.close()
+
+    # ---- calls --------------------------------------------------------------
+
+    def compile(
+        self,
+        spec: GraphSpec,
+        target: Target | str | None = None,
+        options: CompileOptions | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Plan:
+        """The plan for `spec` on `target` (default: this machine's GPU 0):
+        stored, or built and autotuned on a GPU worker of that target."""
+        request = pb.CompileRequest(
+            spec=spec_io.to_proto(normalize(spec)),
+            target=_target(target).to_proto(),
+            options=(options or CompileOptions()).to_proto(),
+        )
+        response = self._call(self._stub.Compile, request, timeout if timeout is not None else self.compile_timeout)
+        return Plan.from_proto(response.plan, SOURCE_NAMES.get(response.source, "stored"))
+
+    def get(
+        self,
+        key: str | None = None,
+        *,
+        spec: GraphSpec | None = None,
+        target: Target | str | None = None,
+        options: CompileOptions | None = None,
+        timeout: float | None = None,
+    ) -> Plan:
+        """A stored plan by key, or by spec + target + options; NotFound otherwise."""
+        if (key is None) == (spec is None):
+            raise InvalidRequest("get() takes a plan key or a spec, not both")
+        if key is not None:
+            ref = pb.PlanRef(key=key)
+        else:
+            assert spec is not None
+            ref = pb.PlanRef(
+                query=pb.PlanQuery(
+                    spec=spec_io.to_proto(normalize(spec)),
+                    target=_target(target).to_proto(),
+                    options=(options or CompileOptions()).to_proto(),
+                )
+            )
+        response = self._call(self._stub.GetPlan, pb.GetPlanRequest(ref=ref), timeout if timeout is not None else self.timeout)
+        return Plan.from_proto(response.plan)
+
+    def stats(self, *, timeout: float | None = None) -> list[TargetStats]:
+        response = self._call(self._stub.GetStats, pb.GetStatsRequest(), timeout if timeout is not None else self.timeout)
+        return [
+            TargetStats(t.target_id, t.hits, t.misses, t.compiles, t.failures, t.joined, t.live_workers)
+            for t in response.targets
+        ]
+
+    def _call(self, method: Callable[..., Response], request: Any, timeout: float | None) -> Response:
+        try:
+            return method(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+            details = exc.details() if hasattr(exc, "details") else str(exc)
+            trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+            error_class = next((str(m.value) for m in trailing or () if m.key == ERROR_CLASS_METADATA_KEY), None)
+            raise error_from_status(code, details or "", error_class) from exc
+
+
+def _target(target: Target | str | None) -> Target:
+    if isinstance(target, Target):
+        return target
+    if isinstance(target, str):
+        return Target.parse(target)
+    from plancache.gpu import detect_target
+
+    return detect_target()

@@ -1,0 +1,118 @@
+"""One set of typed errors for the whole system.
+
+The server raises these from domain code and ONE interceptor turns them into
+gRPC statuses; the client turns statuses back into the same classes. Each
+class carries its gRPC code, so the mapping lives here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+# Trailing-metadata key that names the error class, so that two classes sharing
+# a status code (TargetUnavailable, CompileFailed) survive the round trip.
+ERROR_CLASS_METADATA_KEY = "plancache-error"
+
+
+class PlanCacheError(Exception):
+    """Base of every error plancache raises on purpose."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class SpecError(PlanCacheError):
+    """The graph specification is malformed; the message names the node or tensor."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class InvalidRequest(PlanCacheError):
+    """A request field other than the spec is malformed (target, options, key)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(PlanCacheError):
+    """No stored plan for that key (GetPlan never compiles)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class TargetUnavailable(PlanCacheError):
+    """No live GPU worker can build for the requested target."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class CompileFailed(PlanCacheError):
+    """cuDNN rejected the graph on this target; the message carries cuDNN's reason."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unavailable(PlanCacheError):
+    """The service cannot be reached right now; retry later."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class StoreUnavailable(Unavailable):
+    """The plan store (Redis) cannot be reached; retry later."""
+
+
+class CompileTimeout(PlanCacheError):
+    """The build did not finish within the caller's deadline."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class IntegrityError(PlanCacheError):
+    """A plan's bytes do not match the sha256 in its metadata."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
+class ServerError(PlanCacheError):
+    """The server failed in a way it did not classify (a bug; see its log)."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+_BY_NAME: dict[str, type[PlanCacheError]] = {
+    cls.__name__: cls
+    for cls in (
+        SpecError,
+        InvalidRequest,
+        NotFound,
+        TargetUnavailable,
+        CompileFailed,
+        Unavailable,
+        StoreUnavailable,
+        CompileTimeout,
+        IntegrityError,
+        ServerError,
+    )
+}
+
+_BY_CODE: dict[grpc.StatusCode, type[PlanCacheError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: SpecError,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: TargetUnavailable,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: CompileTimeout,
+    grpc.StatusCode.DATA_LOSS: IntegrityError,
+}
+
+
+def error_from_status(
+    code: grpc.StatusCode, details: str, error_class: str | None
+) -> PlanCacheError:
+    """The typed error for a gRPC status, preferring the class the server named."""
+    cls = _BY_NAME.get(error_class or "") or _BY_CODE.get(code, ServerError)
+    err = cls(details or code.name)
+    err.code = code
+    return err

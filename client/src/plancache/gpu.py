@@ -1,0 +1,66 @@
+"""The local GPU, seen through torch and the cuDNN frontend (the [gpu] extra).
+
+Imported lazily: the client installs and fetches plans without torch; only
+detecting the local target and executing a plan need it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from plancache.errors import InvalidRequest
+from plancache.target import Target
+
+_TORCH_DTYPES = {
+    "float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64", "int8": "int8",
+    "int32": "int32", "int64": "int64", "uint8": "uint8", "boolean": "bool", "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+}  # fmt: skip
+
+_local = threading.local()
+
+
+def _require_gpu_stack() -> tuple[Any, Any]:
+    try:
+        import cudnn
+        import torch
+    except ImportError as e:
+        raise InvalidRequest(
+            f"this needs the GPU stack ({e.name} is missing): pip install 'plancache[gpu]', or pass target= explicitly"
+        ) from e
+    if not torch.cuda.is_available():
+        raise InvalidRequest("no CUDA GPU is visible to this process: pass target= explicitly to compile for another machine")
+    return torch, cudnn
+
+
+def detect_target(device: int = 0) -> Target:
+    """The exact target of a local GPU: architecture, versions, device name, SM count."""
+    torch, cudnn = _require_gpu_stack()
+    major, minor = torch.cuda.get_device_capability(device)
+    props = torch.cuda.get_device_properties(device)
+    return Target(
+        compute_capability=f"sm_{major}{minor}",
+        cudnn_version=int(cudnn.backend_version()),
+        frontend_version=str(cudnn.__version__),
+        device_name=str(props.name),
+        sm_count=int(props.multi_processor_count),
+    )
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, _TORCH_DTYPES[name])
+
+
+def cudnn_handle(device: int | None = None) -> Any:
+    """One cuDNN handle per thread and device: a handle must not cross threads."""
+    torch, cudnn = _require_gpu_stack()
+    index = torch.cuda.current_device() if device is None else device
+    handles: dict[int, Any] = getattr(_local, "handles", None) or {}
+    _local.handles = handles
+    if index not in handles:
+        with torch.cuda.device(index):
+            handles[index] = cudnn.create_handle()
+    return handles[index]

@@ -1,0 +1,340 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DataType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DATA_TYPE_UNSPECIFIED: _ClassVar[DataType]
+    DATA_TYPE_FLOAT: _ClassVar[DataType]
+    DATA_TYPE_HALF: _ClassVar[DataType]
+    DATA_TYPE_BFLOAT16: _ClassVar[DataType]
+    DATA_TYPE_DOUBLE: _ClassVar[DataType]
+    DATA_TYPE_INT8: _ClassVar[DataType]
+    DATA_TYPE_INT32: _ClassVar[DataType]
+    DATA_TYPE_INT64: _ClassVar[DataType]
+    DATA_TYPE_UINT8: _ClassVar[DataType]
+    DATA_TYPE_BOOLEAN: _ClassVar[DataType]
+    DATA_TYPE_FP8_E4M3: _ClassVar[DataType]
+    DATA_TYPE_FP8_E5M2: _ClassVar[DataType]
+
+class EngineKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENGINE_KIND_UNSPECIFIED: _ClassVar[EngineKind]
+    ENGINE_KIND_BACKEND: _ClassVar[EngineKind]
+    ENGINE_KIND_PYTHON: _ClassVar[EngineKind]
+
+class CompileSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPILE_SOURCE_UNSPECIFIED: _ClassVar[CompileSource]
+    COMPILE_SOURCE_HIT: _ClassVar[CompileSource]
+    COMPILE_SOURCE_COMPILED: _ClassVar[CompileSource]
+    COMPILE_SOURCE_JOINED: _ClassVar[CompileSource]
+DATA_TYPE_UNSPECIFIED: DataType
+DATA_TYPE_FLOAT: DataType
+DATA_TYPE_HALF: DataType
+DATA_TYPE_BFLOAT16: DataType
+DATA_TYPE_DOUBLE: DataType
+DATA_TYPE_INT8: DataType
+DATA_TYPE_INT32: DataType
+DATA_TYPE_INT64: DataType
+DATA_TYPE_UINT8: DataType
+DATA_TYPE_BOOLEAN: DataType
+DATA_TYPE_FP8_E4M3: DataType
+DATA_TYPE_FP8_E5M2: DataType
+ENGINE_KIND_UNSPECIFIED: EngineKind
+ENGINE_KIND_BACKEND: EngineKind
+ENGINE_KIND_PYTHON: EngineKind
+COMPILE_SOURCE_UNSPECIFIED: CompileSource
+COMPILE_SOURCE_HIT: CompileSource
+COMPILE_SOURCE_COMPILED: CompileSource
+COMPILE_SOURCE_JOINED: CompileSource
+
+class TensorSpec(_message.Message):
+    __slots__ = ("uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_output", "scalar_value")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    IS_VIRTUAL_FIELD_NUMBER: _ClassVar[int]
+    IS_PASS_BY_VALUE_FIELD_NUMBER: _ClassVar[int]
+    IS_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    SCALAR_VALUE_FIELD_NUMBER: _ClassVar[int]
+    uid: int
+    name: str
+    dim: _containers.RepeatedScalarFieldContainer[int]
+    stride: _containers.RepeatedScalarFieldContainer[int]
+    data_type: DataType
+    is_virtual: bool
+    is_pass_by_value: bool
+    is_output: bool
+    scalar_value: float
+    def __init__(self, uid: _Optional[int] = ..., name: _Optional[str] = ..., dim: _Optional[_Iterable[int]] = ..., stride: _Optional[_Iterable[int]] = ..., data_type: _Optional[_Union[DataType, str]] = ..., is_virtual: _Optional[bool] = ..., is_pass_by_value: _Optional[bool] = ..., is_output: _Optional[bool] = ..., scalar_value: _Optional[float] = ...) -> None: ...
+
+class IntList(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, values: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AttributeValue(_message.Message):
+    __slots__ = ("int_value", "float_value", "bool_value", "string_value", "int_list")
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    FLOAT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
+    INT_LIST_FIELD_NUMBER: _ClassVar[int]
+    int_value: int
+    float_value: float
+    bool_value: bool
+    string_value: str
+    int_list: IntList
+    def __init__(self, int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., bool_value: _Optional[bool] = ..., string_value: _Optional[str] = ..., int_list: _Optional[_Union[IntList, _Mapping]] = ...) -> None: ...
+
+class NodeSpec(_message.Message):
+    __slots__ = ("name", "op", "inputs", "outputs", "attributes", "compute_data_type")
+    class InputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class OutputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: AttributeValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[AttributeValue, _Mapping]] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    op: str
+    inputs: _containers.ScalarMap[str, int]
+    outputs: _containers.ScalarMap[str, int]
+    attributes: _containers.MessageMap[str, AttributeValue]
+    compute_data_type: DataType
+    def __init__(self, name: _Optional[str] = ..., op: _Optional[str] = ..., inputs: _Optional[_Mapping[str, int]] = ..., outputs: _Optional[_Mapping[str, int]] = ..., attributes: _Optional[_Mapping[str, AttributeValue]] = ..., compute_data_type: _Optional[_Union[DataType, str]] = ...) -> None: ...
+
+class GraphSpec(_message.Message):
+    __slots__ = ("io_data_type", "intermediate_data_type", "compute_data_type", "tensors", "nodes", "name")
+    IO_DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    INTERMEDIATE_DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    io_data_type: DataType
+    intermediate_data_type: DataType
+    compute_data_type: DataType
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeSpec]
+    name: str
+    def __init__(self, io_data_type: _Optional[_Union[DataType, str]] = ..., intermediate_data_type: _Optional[_Union[DataType, str]] = ..., compute_data_type: _Optional[_Union[DataType, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., name: _Optional[str] = ...) -> None: ...
+
+class Target(_message.Message):
+    __slots__ = ("compute_capability", "cudnn_version", "frontend_version", "device_name", "sm_count")
+    COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    CUDNN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FRONTEND_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
+    SM_COUNT_FIELD_NUMBER: _ClassVar[int]
+    compute_capability: str
+    cudnn_version: int
+    frontend_version: str
+    device_name: str
+    sm_count: int
+    def __init__(self, compute_capability: _Optional[str] = ..., cudnn_version: _Optional[int] = ..., frontend_version: _Optional[str] = ..., device_name: _Optional[str] = ..., sm_count: _Optional[int] = ...) -> None: ...
+
+class CompileOptions(_message.Message):
+    __slots__ = ("autotune", "heuristic_modes", "workspace_limit", "excluded_behavior_notes")
+    AUTOTUNE_FIELD_NUMBER: _ClassVar[int]
+    HEURISTIC_MODES_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_BEHAVIOR_NOTES_FIELD_NUMBER: _ClassVar[int]
+    autotune: bool
+    heuristic_modes: _containers.RepeatedScalarFieldContainer[str]
+    workspace_limit: int
+    excluded_behavior_notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, autotune: _Optional[bool] = ..., heuristic_modes: _Optional[_Iterable[str]] = ..., workspace_limit: _Optional[int] = ..., excluded_behavior_notes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PlanRef(_message.Message):
+    __slots__ = ("key", "query")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    query: PlanQuery
+    def __init__(self, key: _Optional[str] = ..., query: _Optional[_Union[PlanQuery, _Mapping]] = ...) -> None: ...
+
+class PlanQuery(_message.Message):
+    __slots__ = ("spec", "target", "options")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    spec: GraphSpec
+    target: Target
+    options: CompileOptions
+    def __init__(self, spec: _Optional[_Union[GraphSpec, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ...) -> None: ...
+
+class TensorBinding(_message.Message):
+    __slots__ = ("uid", "name", "dim", "stride", "data_type", "is_output", "is_pass_by_value", "scalar_value")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    IS_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    IS_PASS_BY_VALUE_FIELD_NUMBER: _ClassVar[int]
+    SCALAR_VALUE_FIELD_NUMBER: _ClassVar[int]
+    uid: int
+    name: str
+    dim: _containers.RepeatedScalarFieldContainer[int]
+    stride: _containers.RepeatedScalarFieldContainer[int]
+    data_type: DataType
+    is_output: bool
+    is_pass_by_value: bool
+    scalar_value: float
+    def __init__(self, uid: _Optional[int] = ..., name: _Optional[str] = ..., dim: _Optional[_Iterable[int]] = ..., stride: _Optional[_Iterable[int]] = ..., data_type: _Optional[_Union[DataType, str]] = ..., is_output: _Optional[bool] = ..., is_pass_by_value: _Optional[bool] = ..., scalar_value: _Optional[float] = ...) -> None: ...
+
+class Knob(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: int
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+
+class CandidateTiming(_message.Message):
+    __slots__ = ("index", "plan_name", "engine_id", "median_ms", "error")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PLAN_NAME_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    MEDIAN_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    plan_name: str
+    engine_id: int
+    median_ms: float
+    error: str
+    def __init__(self, index: _Optional[int] = ..., plan_name: _Optional[str] = ..., engine_id: _Optional[int] = ..., median_ms: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+
+class PlanMetadata(_message.Message):
+    __slots__ = ("key", "spec_hash", "target", "options", "tensors", "workspace_size", "engine_id", "knobs", "plan_name", "engine_kind", "candidates", "build_seconds", "autotune_seconds", "blob_sha256", "blob_size", "created_at", "built_by")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    KNOBS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_NAME_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_KIND_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    BUILD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AUTOTUNE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BLOB_SHA256_FIELD_NUMBER: _ClassVar[int]
+    BLOB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    BUILT_BY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    spec_hash: str
+    target: Target
+    options: CompileOptions
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorBinding]
+    workspace_size: int
+    engine_id: int
+    knobs: _containers.RepeatedCompositeFieldContainer[Knob]
+    plan_name: str
+    engine_kind: EngineKind
+    candidates: _containers.RepeatedCompositeFieldContainer[CandidateTiming]
+    build_seconds: float
+    autotune_seconds: float
+    blob_sha256: str
+    blob_size: int
+    created_at: float
+    built_by: str
+    def __init__(self, key: _Optional[str] = ..., spec_hash: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorBinding, _Mapping]]] = ..., workspace_size: _Optional[int] = ..., engine_id: _Optional[int] = ..., knobs: _Optional[_Iterable[_Union[Knob, _Mapping]]] = ..., plan_name: _Optional[str] = ..., engine_kind: _Optional[_Union[EngineKind, str]] = ..., candidates: _Optional[_Iterable[_Union[CandidateTiming, _Mapping]]] = ..., build_seconds: _Optional[float] = ..., autotune_seconds: _Optional[float] = ..., blob_sha256: _Optional[str] = ..., blob_size: _Optional[int] = ..., created_at: _Optional[float] = ..., built_by: _Optional[str] = ...) -> None: ...
+
+class Plan(_message.Message):
+    __slots__ = ("metadata", "blob")
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    BLOB_FIELD_NUMBER: _ClassVar[int]
+    metadata: PlanMetadata
+    blob: bytes
+    def __init__(self, metadata: _Optional[_Union[PlanMetadata, _Mapping]] = ..., blob: _Optional[bytes] = ...) -> None: ...
+
+class CompileRequest(_message.Message):
+    __slots__ = ("spec", "target", "options")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    spec: GraphSpec
+    target: Target
+    options: CompileOptions
+    def __init__(self, spec: _Optional[_Union[GraphSpec, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ...) -> None: ...
+
+class CompileResponse(_message.Message):
+    __slots__ = ("plan", "source")
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    plan: Plan
+    source: CompileSource
+    def __init__(self, plan: _Optional[_Union[Plan, _Mapping]] = ..., source: _Optional[_Union[CompileSource, str]] = ...) -> None: ...
+
+class GetPlanRequest(_message.Message):
+    __slots__ = ("ref",)
+    REF_FIELD_NUMBER: _ClassVar[int]
+    ref: PlanRef
+    def __init__(self, ref: _Optional[_Union[PlanRef, _Mapping]] = ...) -> None: ...
+
+class GetPlanResponse(_message.Message):
+    __slots__ = ("plan",)
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    plan: Plan
+    def __init__(self, plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TargetStats(_message.Message):
+    __slots__ = ("target_id", "hits", "misses", "compiles", "failures", "joined", "live_workers")
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    COMPILES_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
+    LIVE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    target_id: str
+    hits: int
+    misses: int
+    compiles: int
+    failures: int
+    joined: int
+    live_workers: int
+    def __init__(self, target_id: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., failures: _Optional[int] = ..., joined: _Optional[int] = ..., live_workers: _Optional[int] = ...) -> None: ...
+
+class GetStatsResponse(_message.Message):
+    __slots__ = ("targets",)
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    targets: _containers.RepeatedCompositeFieldContainer[TargetStats]
+    def __init__(self, targets: _Optional[_Iterable[_Union[TargetStats, _Mapping]]] = ...) -> None: ...

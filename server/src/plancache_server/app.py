@@ -1,0 +1,52 @@
+"""Assembly: Redis-backed parts wired into a gRPC server (no processes here)."""
+
+from __future__ import annotations
+
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+import redis
+
+from plancache.v1 import plancache_pb2_grpc as pb_grpc
+from plancache_server.builds import Builds
+from plancache_server.interceptors import ErrorMappingInterceptor
+from plancache_server.jobs import JobQueue
+from plancache_server.service import PlanService
+from plancache_server.servicer import PlanCacheServicer
+from plancache_server.settings import Settings
+from plancache_server.stats import Stats
+from plancache_server.store import RedisPlanStore
+
+
+@dataclass
+class Components:
+    store: RedisPlanStore
+    queue: JobQueue
+    builds: Builds
+    stats: Stats
+
+
+def components(client: redis.Redis, settings: Settings) -> Components:
+    store = RedisPlanStore(client)
+    queue = JobQueue(client)
+    return Components(store, queue, Builds(client, store, queue, settings.build_lease_s), Stats(client))
+
+
+def build_grpc_server(client: redis.Redis, settings: Settings) -> tuple[grpc.Server, int, Components]:
+    """A started-ready server bound to settings.listen; returns the bound port."""
+    parts = components(client, settings)
+    service = PlanService(parts.store, parts.queue, parts.builds, parts.stats, settings.limits, settings.compile_timeout_s)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=settings.grpc_threads, thread_name_prefix="plancache-rpc"),
+        interceptors=[ErrorMappingInterceptor()],
+        options=[
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+        ],
+    )
+    pb_grpc.add_PlanCacheServicer_to_server(PlanCacheServicer(service), server)
+    port = server.add_insecure_port(settings.listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {settings.listen}")
+    return server, port, parts

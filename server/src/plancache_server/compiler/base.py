@@ -1,0 +1,41 @@
+"""What a compiler returns, and the protocol every compiler implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from plancache.options import CompileOptions
+from plancache.spec import GraphSpec
+from plancache.target import Target
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    index: int
+    plan_name: str
+    engine_id: int
+    median_ms: float | None  # None: did not build or run
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class CompiledPlan:
+    blob: bytes
+    workspace_size: int
+    engine_id: int
+    knobs: dict[str, int]
+    plan_name: str
+    is_python_engine: bool
+    candidates: list[CandidateResult] = field(default_factory=list)
+    build_seconds: float = 0.0
+    autotune_seconds: float = 0.0
+
+
+class Compiler(Protocol):
+    """Builds plans for one GPU. Raises CompileFailed when cuDNN rejects a graph."""
+
+    @property
+    def target(self) -> Target: ...
+
+    def compile(self, spec: GraphSpec, options: CompileOptions) -> CompiledPlan: ...

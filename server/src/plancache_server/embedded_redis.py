@@ -1,0 +1,95 @@
+"""A private redis-server for a single-host deployment (and for the tests).
+
+With no --redis-url the server starts one of these: bound to loopback, on a
+free port, with its data (AOF) in a folder of ours, so plans survive a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class EmbeddedRedis:
+    def __init__(self, data_dir: Path, binary: str = "redis-server", port: int | None = None, persist: bool = True) -> None:
+        self.data_dir = Path(data_dir)
+        self.binary = binary
+        self.port = port or free_port()
+        self.persist = persist
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        executable = shutil.which(self.binary)
+        if executable is None:
+            raise FileNotFoundError(
+                f"{self.binary!r} not found: install redis-server (apt-get install redis-server) "
+                "or pass --redis-url to use an existing Redis"
+            )
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            executable, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
+            "--save", "", "--appendonly", "yes" if self.persist else "no", "--protected-mode", "yes",
+            "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log"),
+        ]  # fmt: skip
+        self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        while True:
+            if self._process.poll() is not None:
+                stderr = self._process.stderr.read().decode(errors="replace") if self._process.stderr else ""
+                raise RuntimeError(f"redis-server exited with {self._process.returncode}: {stderr.strip()} (log: {self.data_dir / 'redis.log'})")
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError(f"redis-server did not answer on port {self.port} within {timeout_s}s") from None
+                time.sleep(0.05)
+        client.close()
+        log.info("started private redis-server on 127.0.0.1:%d, data in %s", self.port, self.data_dir)
+        return self
+
+    def stop(self) -> None:
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+
+    def kill(self) -> None:
+        """Stop abruptly (fault-injection tests)."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self._process = None
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

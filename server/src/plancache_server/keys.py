@@ -1,0 +1,54 @@
+"""Every Redis key name plancache uses. Nothing else formats a key.
+
+Keys that belong to one plan carry the plan key as a hash tag
+(`plancache:{<plan key>}:...`) so that a plan, its build lease and its job
+state live on one shard of a Redis Cluster.
+"""
+
+from __future__ import annotations
+
+PREFIX = "plancache"
+
+# Pub/sub channel on which workers announce finished jobs.
+EVENTS_CHANNEL = f"{PREFIX}:events"
+# Consumer group shared by every worker on a job stream.
+JOB_GROUP = "workers"
+# Set of target ids any worker ever announced (for messages and stats).
+KNOWN_TARGETS = f"{PREFIX}:targets"
+# Set of target ids that have counters.
+STATS_TARGETS = f"{PREFIX}:stats-targets"
+
+
+def plan(plan_key: str) -> str:
+    """Hash: blob, meta (serialized PlanMetadata)."""
+    return f"{PREFIX}:{{{plan_key}}}:plan"
+
+
+def build_lease(plan_key: str) -> str:
+    """String: id of the job building this plan; expires."""
+    return f"{PREFIX}:{{{plan_key}}}:lease"
+
+
+def job_state(plan_key: str) -> str:
+    """Hash: job_id, state, error, worker, updated_at of the latest build."""
+    return f"{PREFIX}:{{{plan_key}}}:job"
+
+
+def job_stream(target_id: str) -> str:
+    """Stream of build jobs for one target."""
+    return f"{PREFIX}:jobs:{target_id}"
+
+
+def workers(target_id: str) -> str:
+    """Sorted set: worker id -> heartbeat expiry (unix seconds)."""
+    return f"{PREFIX}:workers:{target_id}"
+
+
+def stats(target_id: str) -> str:
+    """Hash of counters for one target."""
+    return f"{PREFIX}:stats:{target_id}"
+
+
+def spec_index(spec_hash: str) -> str:
+    """Set of plan keys stored for one spec (any target, any options)."""
+    return f"{PREFIX}:spec:{spec_hash}"

@@ -1,0 +1,66 @@
+"""plancache-server: the gRPC front end, its Redis, and a worker per local GPU."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from plancache_server.embedded_redis import EmbeddedRedis
+from plancache_server.gpus import select_gpus
+from plancache_server.redis_conn import connect
+from plancache_server.settings import server_settings
+from plancache_server.supervisor import WorkerProcesses
+
+log = logging.getLogger("plancache_server")
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = server_settings(argv)
+    configure_logging(settings.log_level)
+    embedded: EmbeddedRedis | None = None
+    redis_url = settings.redis_url
+    if redis_url is None:
+        embedded = EmbeddedRedis(settings.data_dir / "redis", binary=settings.redis_server_bin).start()
+        redis_url = embedded.url
+        log.info("no --redis-url given: using a private redis-server (%s), data in %s", redis_url, embedded.data_dir)
+    else:
+        log.info("using Redis at %s", redis_url.split("@")[-1])
+    from plancache_server.app import build_grpc_server
+
+    client = connect(redis_url)
+    server, port, parts = build_grpc_server(client, settings)
+    devices = select_gpus(settings.gpus)
+    workers = WorkerProcesses(devices, redis_url, settings.compiler, settings.log_level, settings.heartbeat_ttl_s)
+    if devices:
+        workers.start()
+    else:
+        log.warning("no GPU on this host: serving stored plans only; Compile of a missing plan needs a worker (plancache-worker) of its target")
+    server.start()
+    log.info("plancache-server listening on %s (port %d)", settings.listen, port)
+
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stopping.wait()
+    server.stop(grace=10).wait()
+    workers.stop()
+    parts.builds.close()
+    if embedded is not None:
+        embedded.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,24 @@
+"""gRPC servicer: proto in, domain call, proto out. Errors: see interceptors."""
+
+from __future__ import annotations
+
+import grpc
+
+from plancache.v1 import plancache_pb2 as pb
+from plancache.v1 import plancache_pb2_grpc as pb_grpc
+from plancache_server.service import PlanService
+
+
+class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
+    def __init__(self, service: PlanService) -> None:
+        self._service = service
+
+    def Compile(self, request: pb.CompileRequest, context: grpc.ServicerContext) -> pb.CompileResponse:
+        plan, source = self._service.compile(request, context.time_remaining())
+        return pb.CompileResponse(plan=plan.to_proto(), source=source)  # type: ignore[arg-type]
+
+    def GetPlan(self, request: pb.GetPlanRequest, context: grpc.ServicerContext) -> pb.GetPlanResponse:
+        return pb.GetPlanResponse(plan=self._service.get(request.ref).to_proto())
+
+    def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> pb.GetStatsResponse:
+        return pb.GetStatsResponse(targets=self._service.stats())

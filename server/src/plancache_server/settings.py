@@ -1,0 +1,89 @@
+"""Configuration: one frozen object built from flags, then PLANCACHE_* env.
+
+Flags win over the environment, the environment over defaults. Both
+entry points (`plancache-server`, `plancache-worker`) share the options that
+mean the same thing to both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plancache.validation import Limits
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "plancache"
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen: str = "127.0.0.1:50051"
+    # None: start a private redis-server with data under data_dir.
+    redis_url: str | None = None
+    data_dir: Path = field(default_factory=default_data_dir)
+    redis_server_bin: str = "redis-server"
+    # "auto" (every visible GPU), "none", or a comma list of device indices.
+    gpus: str = "auto"
+    compiler: str = "cudnn"
+    grpc_threads: int = 64
+    max_message_bytes: int = 64 * 2**20
+    # How long a Compile call waits for a build when the caller sets no deadline.
+    compile_timeout_s: float = 900.0
+    # A build lease outlives a crashed worker by at most this long.
+    build_lease_s: float = 900.0
+    heartbeat_interval_s: float = 2.0
+    heartbeat_ttl_s: float = 10.0
+    log_level: str = "INFO"
+    limits: Limits = field(default_factory=Limits)
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"PLANCACHE_{name}", default)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis-url", default=_env("REDIS_URL"), help="redis:// or rediss:// URL (env PLANCACHE_REDIS_URL); default: a private redis-server")
+    parser.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="env PLANCACHE_LOG_LEVEL")
+    parser.add_argument("--compiler", default=_env("COMPILER", "cudnn"), help="'cudnn', or module:factory for a stand-in (env PLANCACHE_COMPILER)")
+    parser.add_argument("--heartbeat-ttl", type=float, default=float(_env("HEARTBEAT_TTL", "10") or 10), help="seconds a silent worker counts as live")
+
+
+def server_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="plancache-server", description="Serve autotuned cuDNN plans over gRPC.")
+    parser.add_argument("--listen", default=_env("LISTEN", "127.0.0.1:50051"), help="host:port (env PLANCACHE_LISTEN)")
+    parser.add_argument("--data-dir", type=Path, default=Path(_env("DATA_DIR") or default_data_dir()), help="where the private redis-server keeps its data (env PLANCACHE_DATA_DIR)")
+    parser.add_argument("--redis-server-bin", default=_env("REDIS_SERVER_BIN", "redis-server"), help="redis-server executable for the private instance (env PLANCACHE_REDIS_SERVER_BIN)")
+    parser.add_argument("--gpus", default=_env("GPUS", "auto"), help="'auto', 'none' or device indices like 0,1 (env PLANCACHE_GPUS)")
+    parser.add_argument("--grpc-threads", type=int, default=int(_env("GRPC_THREADS", "64") or 64))
+    parser.add_argument("--compile-timeout", type=float, default=float(_env("COMPILE_TIMEOUT", "900") or 900), help="seconds a Compile waits for a build without a client deadline")
+    _add_common(parser)
+    return parser
+
+
+def worker_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="plancache-worker", description="Build and autotune plans on local GPUs for a plancache deployment.")
+    parser.add_argument("--device", type=int, action="append", help="GPU index (repeat for several; default: every visible GPU)")
+    _add_common(parser)
+    return parser
+
+
+def server_settings(argv: Sequence[str] | None = None) -> Settings:
+    args = server_parser().parse_args(argv)
+    return Settings(
+        listen=args.listen,
+        redis_url=args.redis_url or None,
+        data_dir=args.data_dir,
+        redis_server_bin=args.redis_server_bin,
+        gpus=args.gpus,
+        compiler=args.compiler,
+        grpc_threads=args.grpc_threads,
+        compile_timeout_s=args.compile_timeout,
+        heartbeat_ttl_s=args.heartbeat_ttl,
+        log_level=args.log_level.upper(),
+    )

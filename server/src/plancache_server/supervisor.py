@@ -1,0 +1,64 @@
+"""Worker processes: one per GPU, restarted when they die."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+MAX_RESTARTS = 5
+
+
+class WorkerProcesses:
+    def __init__(self, devices: list[int], redis_url: str, compiler: str, log_level: str, heartbeat_ttl_s: float) -> None:
+        self._devices = devices
+        self._base = [
+            sys.executable, "-m", "plancache_server.worker_main", "--redis-url", redis_url, "--compiler", compiler,
+            "--log-level", log_level, "--heartbeat-ttl", str(heartbeat_ttl_s),
+        ]  # fmt: skip
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._restarts: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._monitor: threading.Thread | None = None
+
+    def start(self) -> None:
+        for device in self._devices:
+            self._spawn(device)
+        self._monitor = threading.Thread(target=self._watch, name="worker-monitor", daemon=True)
+        self._monitor.start()
+
+    def _spawn(self, device: int) -> None:
+        self._procs[device] = subprocess.Popen([*self._base, "--device", str(device)], stdin=subprocess.DEVNULL)
+        log.info("started compile worker for GPU %d (pid %d)", device, self._procs[device].pid)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(1.0):
+            for device, proc in list(self._procs.items()):
+                code = proc.poll()
+                if code is None or self._stop.is_set():
+                    continue
+                restarts = self._restarts.get(device, 0)
+                if restarts >= MAX_RESTARTS:
+                    log.error("worker for GPU %d exited with %d; gave up after %d restarts", device, code, restarts)
+                    del self._procs[device]
+                    continue
+                self._restarts[device] = restarts + 1
+                log.warning("worker for GPU %d exited with %d; restarting (%d/%d)", device, code, restarts + 1, MAX_RESTARTS)
+                time.sleep(min(2**restarts, 30))
+                self._spawn(device)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + timeout_s
+        for proc in self._procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -1,0 +1,165 @@
+"""A compile worker: one per GPU, reading build jobs for its target.
+
+It consumes two streams: the one for its exact target (device name and SM
+count included) and the one for its generic target (architecture and
+versions only), since any GPU of that kind may build a generic request.
+The cuDNN handle is not thread-safe and the frontend holds the GIL, so a
+worker builds one job at a time, and a GPU host runs one worker process per
+GPU rather than threads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import threading
+import time
+
+from plancache import spec_io
+from plancache.errors import CompileFailed, PlanCacheError, StoreUnavailable
+from plancache.options import CompileOptions
+from plancache.v1 import plancache_pb2 as pb
+from plancache.validation import normalize
+from plancache_server.builds import Builds
+from plancache_server.compiler import CompiledPlan, Compiler
+from plancache_server.jobs import Delivery, Job, JobQueue
+from plancache_server.store import PlanStore, StoredPlan
+
+log = logging.getLogger(__name__)
+
+
+def default_worker_id(device: int) -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-gpu{device}"
+
+
+def plan_metadata(job: Job, compiled: CompiledPlan, worker_id: str, built_on: pb.Target) -> pb.PlanMetadata:
+    """Everything a client needs to execute the blob without the spec."""
+    spec = job.query.spec
+    bindings = [
+        pb.TensorBinding(
+            uid=t.uid, name=t.name, dim=t.dim, stride=t.stride, data_type=t.data_type, is_output=t.is_output,
+            is_pass_by_value=t.is_pass_by_value,
+            scalar_value=t.scalar_value if t.HasField("scalar_value") else None,
+        )
+        for t in sorted(spec.tensors, key=lambda t: t.uid)
+        if not t.is_virtual
+    ]  # fmt: skip
+    return pb.PlanMetadata(
+        key=job.plan_key,
+        spec_hash=job.plan_key.split("/", 1)[0],
+        target=built_on,
+        options=job.query.options,
+        tensors=bindings,
+        workspace_size=compiled.workspace_size,
+        engine_id=compiled.engine_id,
+        knobs=[pb.Knob(name=k, value=v) for k, v in sorted(compiled.knobs.items())],
+        plan_name=compiled.plan_name,
+        engine_kind=pb.ENGINE_KIND_PYTHON if compiled.is_python_engine else pb.ENGINE_KIND_BACKEND,
+        candidates=[
+            pb.CandidateTiming(index=c.index, plan_name=c.plan_name, engine_id=c.engine_id, median_ms=c.median_ms, error=c.error)
+            for c in compiled.candidates
+        ],
+        build_seconds=compiled.build_seconds,
+        autotune_seconds=compiled.autotune_seconds,
+        blob_sha256=hashlib.sha256(compiled.blob).hexdigest(),
+        blob_size=len(compiled.blob),
+        created_at=time.time(),
+        built_by=worker_id,
+    )
+
+
+class Worker:
+    def __init__(
+        self,
+        compiler: Compiler,
+        queue: JobQueue,
+        builds: Builds,
+        store: PlanStore,
+        worker_id: str,
+        heartbeat_interval_s: float = 2.0,
+        heartbeat_ttl_s: float = 10.0,
+    ) -> None:
+        self.compiler = compiler
+        self.worker_id = worker_id
+        self._queue = queue
+        self._builds = builds
+        self._store = store
+        self._targets = list(dict.fromkeys([compiler.target, compiler.target.generic()]))
+        self._interval = heartbeat_interval_s
+        self._ttl = heartbeat_ttl_s
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        """Serve jobs until stop(); survives Redis outages by retrying."""
+        log.info("worker %s serving targets %s", self.worker_id, ", ".join(t.id for t in self._targets))
+        beat = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{self.worker_id}", daemon=True)
+        beat.start()
+        joined = False
+        while not self._stop.is_set():
+            try:
+                if not joined:
+                    self._queue.join(self._targets)
+                    joined = True
+                for delivery in self._queue.read(self.worker_id, self._targets, block_ms=500):
+                    self._handle(delivery)
+            except StoreUnavailable as e:
+                log.warning("worker %s: %s; retrying in 1s", self.worker_id, e)
+                joined = False
+                self._stop.wait(1.0)
+        try:
+            self._queue.leave(self.worker_id, self._targets)
+        except StoreUnavailable:
+            pass
+        beat.join(timeout=self._interval + 1)
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.heartbeat(self.worker_id, self._targets, self._ttl)
+            except StoreUnavailable as e:
+                log.debug("heartbeat failed: %s", e)
+            self._stop.wait(self._interval)
+
+    def _handle(self, delivery: Delivery) -> None:
+        job = delivery.job
+        if job is None:
+            self._queue.ack(delivery)
+            return
+        if self._store.get(job.plan_key) is not None:
+            log.info("job %s: plan %s already stored", job.job_id, job.plan_key)
+            self._builds.finish(job.plan_key, job.job_id, self.worker_id)
+            self._queue.ack(delivery)
+            return
+        self._builds.mark_running(job.plan_key, job.job_id, self.worker_id)
+        error = self.build(job)
+        self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=error)
+        self._queue.ack(delivery)
+
+    def build(self, job: Job) -> str | None:
+        """Compile and store one job's plan; the failure reason, or None."""
+        started = time.monotonic()
+        try:
+            spec = normalize(spec_io.from_proto(job.query.spec))
+            options = CompileOptions.from_proto(job.query.options)
+            compiled = self.compiler.compile(spec, options)
+        except CompileFailed as e:
+            log.info("job %s: cuDNN rejected %s: %s", job.job_id, job.plan_key, e.message)
+            return e.message
+        except PlanCacheError as e:
+            log.warning("job %s: %s", job.job_id, e.message)
+            return e.message
+        except Exception as e:  # a bug or a GPU fault: report it, keep serving
+            log.exception("job %s: compiler crashed", job.job_id)
+            return f"compiler error on worker {self.worker_id}: {type(e).__name__}: {e}"
+        metadata = plan_metadata(job, compiled, self.worker_id, self.compiler.target.to_proto())
+        self._store.put(StoredPlan(blob=compiled.blob, metadata=metadata))
+        log.info(
+            "job %s: built %s in %.2fs (%d candidates, chose %s, %d bytes)",
+            job.job_id, job.plan_key, time.monotonic() - started, len(compiled.candidates), compiled.plan_name, len(compiled.blob),
+        )  # fmt: skip
+        return None

@@ -1,0 +1,66 @@
+"""plancache-worker: compile workers for this host's GPUs, against a shared Redis.
+
+With one --device it is that GPU's worker process; with several (or none
+given) it supervises one child process per GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Sequence
+
+from plancache_server.gpus import visible_gpus
+from plancache_server.main import configure_logging
+from plancache_server.settings import worker_parser
+from plancache_server.supervisor import WorkerProcesses
+
+log = logging.getLogger("plancache_server.worker")
+
+
+def run_one(device: int, redis_url: str, compiler_name: str, heartbeat_ttl_s: float) -> int:
+    from plancache_server.app import components
+    from plancache_server.compiler import load_compiler
+    from plancache_server.redis_conn import connect
+    from plancache_server.settings import Settings
+    from plancache_server.worker import Worker, default_worker_id
+
+    compiler = load_compiler(compiler_name, device)
+    parts = components(connect(redis_url), Settings(redis_url=redis_url))
+    worker = Worker(compiler, parts.queue, parts.builds, parts.store, default_worker_id(device), heartbeat_ttl_s=heartbeat_ttl_s)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("worker %s: %s, finishing the current job", worker.worker_id, signal.Signals(signum).name)
+        worker.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    worker.run()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = worker_parser().parse_args(argv)
+    configure_logging(args.log_level.upper())
+    if not args.redis_url:
+        log.error("plancache-worker needs --redis-url (or PLANCACHE_REDIS_URL): the Redis of the deployment it serves")
+        return 2
+    devices = args.device if args.device is not None else visible_gpus()
+    if not devices:
+        log.error("no GPU visible: nothing to do")
+        return 2
+    if len(devices) == 1:
+        return run_one(devices[0], args.redis_url, args.compiler, args.heartbeat_ttl)
+    procs = WorkerProcesses(devices, args.redis_url, args.compiler, args.log_level.upper(), args.heartbeat_ttl)
+    procs.start()
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    stopping.wait()
+    procs.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""Shared fixtures: a real redis-server on a free port, and the in-process
+plancache stack (gRPC server + worker thread with the stand-in compiler)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from plancache import Client
+from plancache_server.app import build_grpc_server
+from plancache_server.embedded_redis import EmbeddedRedis
+from plancache_server.redis_conn import connect
+from plancache_server.settings import Settings
+from plancache_server.worker import Worker
+from tests.support.standin import StandInCompiler
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    binary = os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server")
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), binary=binary, persist=False).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    client = connect(redis_server.url)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@dataclasses.dataclass
+class Stack:
+    address: str
+    settings: Settings
+    redis: redis.Redis
+    compiler: StandInCompiler
+    worker: Worker | None
+
+    def client(self, **kwargs: float) -> Client:
+        return Client(self.address, **kwargs)
+
+
+def start_stack(redis_url: str, compiler: StandInCompiler | None, **overrides: object) -> tuple[Stack, Callable[[], None]]:
+    settings = dataclasses.replace(Settings(listen="127.0.0.1:0", redis_url=redis_url, heartbeat_interval_s=0.2), **overrides)  # type: ignore[arg-type]
+    client = connect(redis_url)
+    server, port, parts = build_grpc_server(client, settings)
+    server.start()
+    worker = None
+    thread = None
+    if compiler is not None:
+        worker = Worker(compiler, parts.queue, parts.builds, parts.store, "test-worker", heartbeat_interval_s=0.2, heartbeat_ttl_s=5)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        parts.queue.heartbeat(worker.worker_id, [compiler.target, compiler.target.generic()], 5)
+    stack = Stack(f"127.0.0.1:{port}", settings, client, compiler or StandInCompiler(), worker)
+
+    def stop() -> None:
+        if worker is not None:
+            worker.stop()
+            assert thread is not None
+            thread.join(timeout=5)
+        server.stop(grace=None).wait()
+        parts.builds.close()
+        client.close()
+
+    return stack, stop
+
+
+@pytest.fixture
+def stack(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Iterator[Stack]:
+    """Server + one worker with a stand-in compiler (no build delay)."""
+    s, stop = start_stack(redis_server.url, StandInCompiler())
+    yield s
+    stop()
+
+
+@pytest.fixture
+def slow_stack(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Iterator[Stack]:
+    """Server + one worker whose stand-in build takes 1 s."""
+    s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=1.0))
+    yield s
+    stop()
+
+
+@pytest.fixture
+def gpuless_stack(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Iterator[Stack]:
+    """Server with no worker at all: stored plans only."""
+    s, stop = start_stack(redis_server.url, None)
+    yield s
+    stop()

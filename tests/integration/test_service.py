@@ -1,0 +1,250 @@
+"""The service end to end on a real redis-server, an in-process gRPC server
+and a worker with the stand-in compiler (tests/support/standin.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from plancache import (
+    Client,
+    CompileFailed,
+    CompileOptions,
+    InvalidRequest,
+    NotFound,
+    Plan,
+    SpecError,
+    StoreUnavailable,
+    Target,
+    TargetUnavailable,
+    spec_io,
+)
+from plancache.v1 import plancache_pb2 as pb
+from plancache.v1 import plancache_pb2_grpc as pb_grpc
+from plancache_server import keys
+from tests.conftest import Stack, start_stack
+from tests.support.specs import matmul_bias_relu_spec, matmul_spec
+from tests.support.standin import REJECTED_NAME, STANDIN_TARGET
+
+TARGET = STANDIN_TARGET
+
+
+def test_miss_compiles_then_hits(stack: Stack) -> None:
+    with stack.client() as client:
+        first = client.compile(matmul_spec(), TARGET)
+        second = client.compile(matmul_spec(), TARGET)
+    assert (first.source, second.source) == ("compiled", "hit")
+    assert first.blob == second.blob and len(first.blob) == 75_000
+    assert stack.compiler.builds == [matmul_spec().spec_hash()]
+    meta = second.metadata
+    assert meta.key == first.key and meta.spec_hash == matmul_spec().spec_hash()
+    assert meta.blob_sha256 == hashlib.sha256(second.blob).hexdigest() and meta.blob_size == 75_000
+    assert meta.plan_name == "standin_eng7_k3" and meta.engine_id == 7 and [(k.name, k.value) for k in meta.knobs] == [("TILE_SIZE", 3)]
+    assert [c.median_ms for c in meta.candidates] == pytest.approx([0.020, 0.015])
+    assert [(b.uid, b.name, tuple(b.dim), b.is_output) for b in meta.tensors] == [
+        (1, "A", (8, 256, 512), False), (2, "B", (8, 512, 256), False), (3, "C", (8, 256, 256), True),
+    ]  # fmt: skip
+    assert meta.target.device_name == "StandIn GPU" and meta.built_by == "test-worker" and meta.created_at > 0
+
+
+def test_options_and_targets_are_part_of_the_key(stack: Stack) -> None:
+    with stack.client() as client:
+        tuned = client.compile(matmul_spec(), TARGET)
+        untuned = client.compile(matmul_spec(), TARGET, CompileOptions(autotune=False))
+        generic = client.compile(matmul_spec(), TARGET.generic())
+    assert len({tuned.key, untuned.key, generic.key}) == 3
+    assert len(stack.compiler.builds) == 3
+
+
+def test_get_by_key_and_by_spec_never_compiles(stack: Stack) -> None:
+    with stack.client() as client:
+        with pytest.raises(NotFound, match="GetPlan never compiles"):
+            client.get(spec=matmul_spec(), target=TARGET)
+        compiled = client.compile(matmul_spec(), TARGET)
+        by_key = client.get(compiled.key)
+        by_spec = client.get(spec=matmul_spec(), target=TARGET)
+    assert by_key.blob == by_spec.blob == compiled.blob
+    assert len(stack.compiler.builds) == 1
+
+
+def test_concurrent_identical_compiles_build_once(slow_stack: Stack) -> None:
+    callers = 16
+    with slow_stack.client() as client, ThreadPoolExecutor(callers) as pool:
+        plans = list(pool.map(lambda _: client.compile(matmul_spec(), TARGET), range(callers)))
+    assert len(slow_stack.compiler.builds) == 1
+    assert len({p.blob for p in plans}) == 1
+    sources = sorted(p.source for p in plans)
+    assert sources.count("compiled") == 1 and sources.count("joined") == callers - 1
+    row = {r.target_id: r for r in Client(slow_stack.address).stats()}[TARGET.id]
+    assert (row.compiles, row.joined, row.misses, row.hits) == (1, callers - 1, callers, 0)
+
+
+def test_corrupted_blob_is_never_served_and_is_rebuilt(stack: Stack) -> None:
+    with stack.client() as client:
+        plan = client.compile(matmul_spec(), TARGET)
+        stack.redis.hset(keys.plan(plan.key), "blob", b"X" + plan.blob[1:])
+        with pytest.raises(NotFound):
+            client.get(plan.key)
+        again = client.compile(matmul_spec(), TARGET)
+    assert again.source == "compiled" and again.blob == plan.blob
+    assert len(stack.compiler.builds) == 2
+
+
+def test_corrupted_metadata_is_never_served(stack: Stack) -> None:
+    with stack.client() as client:
+        plan = client.compile(matmul_spec(), TARGET)
+        stack.redis.hset(keys.plan(plan.key), "meta", b"\xff\xfe garbage")
+        with pytest.raises(NotFound):
+            client.get(plan.key)
+
+
+def test_client_refuses_a_blob_that_does_not_match_its_sha256() -> None:
+    meta = pb.PlanMetadata(key="k", blob_sha256=hashlib.sha256(b"good").hexdigest())
+    from plancache import IntegrityError
+
+    with pytest.raises(IntegrityError, match="does not match"):
+        Plan(b"evil", meta)
+
+
+def test_cudnn_rejection_is_failed_precondition_with_the_reason(stack: Stack) -> None:
+    with stack.client() as client, pytest.raises(CompileFailed, match="cuDNN_STATUS_NOT_SUPPORTED") as info:
+        client.compile(matmul_spec(name=REJECTED_NAME), TARGET)
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    row = {r.target_id: r for r in Client(stack.address).stats()}[TARGET.id]
+    assert row.failures == 1
+
+
+def test_no_worker_for_the_target_fails_fast(stack: Stack) -> None:
+    other = Target("sm_100", 91900, "1.32.0")
+    started = time.monotonic()
+    with stack.client() as client, pytest.raises(TargetUnavailable, match=re.escape("no live GPU worker can build for target sm_100/cudnn-91900/fe-1.32.0")) as info:
+        client.compile(matmul_spec(), other)
+    assert time.monotonic() - started < 2
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert TARGET.id in info.value.message  # says which targets can be built
+
+
+def test_server_without_gpu_serves_stored_plans(stack: Stack, gpuless_stack: Stack) -> None:
+    with stack.client() as gpu_side:
+        stored = gpu_side.compile(matmul_spec(), TARGET)
+    stack.worker.stop()  # type: ignore[union-attr]
+    stack.redis.delete(keys.workers(TARGET.id), keys.workers(TARGET.generic().id))
+    with gpuless_stack.client() as client:
+        assert client.compile(matmul_spec(), TARGET).blob == stored.blob
+        with pytest.raises(TargetUnavailable, match=TARGET.id):
+            client.compile(matmul_bias_relu_spec(), TARGET)
+
+
+def test_bad_specs_are_invalid_argument_naming_the_culprit(stack: Stack) -> None:
+    spec = spec_io.to_proto(matmul_spec())
+    spec.tensors[1].dim[1] = 500  # inner dims no longer agree
+    channel = grpc.insecure_channel(stack.address)
+    stub = pb_grpc.PlanCacheStub(channel)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Compile(pb.CompileRequest(spec=spec, target=TARGET.to_proto()), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "node 0 (matmul_0)" in info.value.details() and "inner dims differ" in info.value.details()
+    spec.nodes[0].op = "conv3d"
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Compile(pb.CompileRequest(spec=spec, target=TARGET.to_proto()), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "unknown op 'conv3d'" in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Compile(pb.CompileRequest(spec=spec_io.to_proto(matmul_spec())), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "target is missing" in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetPlan(pb.GetPlanRequest(ref=pb.PlanRef(key="../../etc/passwd")), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    channel.close()
+    bad = matmul_spec()
+    bad.tensors[1].dim = (8, 500, 256)
+    with stack.client() as client, pytest.raises(SpecError, match="inner dims differ"):
+        client.compile(bad, TARGET)  # caught by the client before sending
+    assert stack.compiler.builds == []
+
+
+def test_client_maps_codes_to_typed_errors(stack: Stack) -> None:
+    with stack.client() as client:
+        with pytest.raises(InvalidRequest):
+            client.get("not-a-key")
+        with pytest.raises(InvalidRequest):
+            client.get()
+
+
+def test_redis_down_is_unavailable(redis_server: object, tmp_path: object) -> None:
+    from plancache_server.embedded_redis import EmbeddedRedis
+
+    private = EmbeddedRedis(tmp_path, persist=False).start()  # type: ignore[arg-type]
+    s, stop = start_stack(private.url, None)
+    try:
+        private.kill()
+        with s.client() as client:
+            with pytest.raises(StoreUnavailable) as info:
+                client.compile(matmul_spec(), TARGET)
+            assert info.value.code == grpc.StatusCode.UNAVAILABLE and "plan store unavailable" in info.value.message
+            with pytest.raises(StoreUnavailable):
+                client.stats()
+    finally:
+        stop()
+        private.stop()
+
+
+def test_waiters_time_out_with_deadline_exceeded(redis_server: object, redis_client: object) -> None:
+    from plancache import CompileTimeout
+    from tests.support.standin import StandInCompiler
+
+    s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=2.0))  # type: ignore[attr-defined]
+    try:
+        with s.client() as client:
+            with pytest.raises(CompileTimeout):
+                client.compile(matmul_spec(), TARGET, timeout=0.5)
+            # the build went on, and its plan was stored
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    assert client.get(spec=matmul_spec(), target=TARGET).metadata.built_by == "test-worker"
+                    break
+                except NotFound:
+                    time.sleep(0.1)
+            else:
+                pytest.fail("the build did not finish after its caller gave up")
+    finally:
+        stop()
+
+
+def test_stats_count_per_target(stack: Stack) -> None:
+    with stack.client() as client:
+        client.compile(matmul_spec(), TARGET)
+        for _ in range(3):
+            client.compile(matmul_spec(), TARGET)
+        rows = {r.target_id: r for r in client.stats()}
+    row = rows[TARGET.id]
+    assert (row.hits, row.misses, row.compiles, row.failures) == (3, 1, 1, 0)
+    assert row.hit_rate == pytest.approx(0.75) and row.live_workers == 1
+    assert rows[TARGET.generic().id].live_workers == 1
+
+
+def test_many_clients_many_specs_no_mixups(stack: Stack) -> None:
+    specs = [matmul_spec(m=16 * (i + 1)) for i in range(8)]
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            with stack.client() as client:
+                plan = client.compile(specs[i % len(specs)], TARGET)
+                assert plan.metadata.spec_hash == specs[i % len(specs)].spec_hash()
+        except BaseException as e:  # collected for the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sorted(stack.compiler.builds) == sorted(s.spec_hash() for s in specs)

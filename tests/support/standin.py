@@ -1,0 +1,67 @@
+"""STAND-IN COMPILER for tests and CPU benchmarks: no GPU, no cuDNN.
+
+It fabricates a deterministic blob (~75 KB, the size of a real SDPA plan)
+from the spec's canonical hash, after an optional sleep that plays the
+build. The product never uses it; GPU claims are proven by tests/gpu on a
+real GPU. Plug it into a worker with `--compiler tests.support.standin:factory`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+
+from plancache.canonical import hash_normalized
+from plancache.errors import CompileFailed
+from plancache.options import CompileOptions
+from plancache.spec import GraphSpec
+from plancache.target import Target
+from plancache_server.compiler import CandidateResult, CompiledPlan
+
+STANDIN_TARGET = Target("sm_90", 91900, "1.32.0", "StandIn GPU", 132)
+# Graphs with this name are "rejected by cuDNN", to exercise failure paths.
+REJECTED_NAME = "standin-reject"
+
+
+class StandInCompiler:
+    def __init__(self, target: Target = STANDIN_TARGET, build_seconds: float = 0.0, blob_size: int = 75_000) -> None:
+        self._target = target
+        self.build_seconds = build_seconds
+        self.blob_size = blob_size
+        self._lock = threading.Lock()
+        self.builds: list[str] = []  # spec hashes, in build order
+
+    @property
+    def target(self) -> Target:
+        return self._target
+
+    def compile(self, spec: GraphSpec, options: CompileOptions) -> CompiledPlan:
+        digest = hash_normalized(spec)
+        with self._lock:
+            self.builds.append(digest)
+        time.sleep(self.build_seconds)
+        if spec.name == REJECTED_NAME:
+            raise CompileFailed("stand-in: cuDNN_STATUS_NOT_SUPPORTED (graphs named standin-reject are refused)")
+        seed = hashlib.sha256(f"{digest}/{self._target.id}/{options.id}".encode()).digest()
+        blob = (seed * (self.blob_size // len(seed) + 1))[: self.blob_size]
+        return CompiledPlan(
+            blob=blob,
+            workspace_size=1024,
+            engine_id=7,
+            knobs={"TILE_SIZE": 3},
+            plan_name="standin_eng7_k3",
+            is_python_engine=False,
+            candidates=[
+                CandidateResult(index=0, plan_name="standin_eng0", engine_id=0, median_ms=0.020),
+                CandidateResult(index=1, plan_name="standin_eng7_k3", engine_id=7, median_ms=0.015),
+            ],
+            build_seconds=self.build_seconds,
+            autotune_seconds=0.0,
+        )
+
+
+def factory(device: int) -> StandInCompiler:
+    """Entry point for `plancache-worker --compiler tests.support.standin:factory`."""
+    return StandInCompiler(build_seconds=float(os.environ.get("PLANCACHE_STANDIN_BUILD_SECONDS", "0")))
