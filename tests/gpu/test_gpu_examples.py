@@ -1,0 +1,45 @@
+"""Every op family, on a real GPU: compiled through the server, executed in a
+separate client process, compared with torch. See conftest.py for the session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from examples.generate import EXAMPLES
+from tests.gpu.conftest import PLAN0_CASES
+
+pytestmark = pytest.mark.gpu
+
+# fp16/bf16 outputs: relative error (norm-wise) below 1e-2.
+TOLERANCE = 1e-2
+# Measurement noise allowed when comparing the autotuned plan with plan 0.
+NOISE = 1.10
+
+
+@pytest.mark.parametrize("case", list(EXAMPLES))
+def test_example_compiles_executes_and_matches_torch(gpu_session: dict[str, Any], case: str) -> None:
+    compiled = gpu_session["cases"][case]
+    assert "error" not in compiled, compiled.get("error")
+    assert compiled["source"] == "compiled" and compiled["second_source"] == "hit"
+    result = gpu_session["client"][case]
+    assert "error" not in result, result.get("traceback", result.get("error"))
+    assert result["outputs"], "the reference produced no outputs to compare"
+    for name, check in result["outputs"].items():
+        assert check["nan_in_output"] == 0, f"{name}: {check['nan_in_output']} elements left unwritten"
+        assert check["rel_err"] < TOLERANCE, f"{name}: relative error {check['rel_err']:.2e}"
+
+
+@pytest.mark.parametrize("case", PLAN0_CASES)
+def test_autotuned_plan_is_not_slower_than_heuristic_plan0(gpu_session: dict[str, Any], case: str) -> None:
+    result = gpu_session["client"][case]
+    assert "tuned_ms" in result, gpu_session["cases"][case].get("untuned_error") or result.get("error")
+    assert result["tuned_ms"] <= result["plan0_ms"] * NOISE, result
+
+
+@pytest.mark.parametrize("case", ["matmul_fp16", "sdpa_causal_fp16"])
+def test_fetch_and_deserialize_is_50x_faster_than_build(gpu_session: dict[str, Any], case: str) -> None:
+    compiled, fetched = gpu_session["cases"][case], gpu_session["client"][case]
+    build = compiled["build_s"] + compiled["autotune_s"]
+    assert build / fetched["ready_s"] >= 50, f"build+autotune {build:.3f}s vs fetch+deserialize {fetched['ready_s']:.4f}s"
