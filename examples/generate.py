@@ -182,13 +182,18 @@ def batchnorm_inference_fp16() -> GraphSpec:
 
 
 def pointwise_binary_fp16() -> GraphSpec:
-    """((x + y) * y - x) / den, then bias and scale (broadcast rows)."""
+    """((x + y) * y - x) / den, then bias and scale.
+
+    Full-size operands: in a graph of pointwise ops only, cuDNN computes
+    broadcast inputs wrongly, and the compiler refuses them (see
+    plancache_server/compiler/defects.py); matmul_bias_relu_bf16 and
+    conv_bias_relu_fp16 show broadcasting where it is right."""
     g = GraphSpec(name="pointwise_binary_fp16", io_data_type="half")
     x = g.tensor([4, 256, 512], name="x", uid=1)
     y = g.tensor([4, 256, 512], name="y", uid=2)
     den = g.tensor([4, 256, 512], name="den", uid=3)
-    bias = g.tensor([1, 1, 512], name="bias", uid=4)
-    scale = g.tensor([1, 1, 512], name="scale", uid=5)
+    bias = g.tensor([4, 256, 512], name="bias", uid=4)
+    scale = g.tensor([4, 256, 512], name="scale", uid=5)
     t = g.div(g.sub(g.mul(g.add(x, y), y), x), den)
     out = g.scale(g.bias(t, bias), scale)
     out.set_output(True).set_name("out").set_uid(6)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from examples.generate import EXAMPLES
+from plancache import Client, CompileFailed, GraphSpec, Target
 from tests.gpu.conftest import PLAN0_CASES
 
 pytestmark = pytest.mark.gpu
@@ -18,7 +19,17 @@ TOLERANCE = 1e-2
 NOISE = 1.10
 
 
-@pytest.mark.parametrize("case", list(EXAMPLES))
+# Measured, not assumed: cuDNN 9.19 on an H200 offers no engine for a
+# standalone batchnorm_inference graph (NHWC and NCHW, half and float I/O,
+# heuristic modes A, B and FALLBACK all declined; docs/gpu-runs/). Strict:
+# the day it passes, this marker must go.
+_UNSUPPORTED = {
+    "batchnorm_inference_fp16": "cuDNN 9.19 has no engine for standalone batchnorm_inference on sm_90",
+}
+CASES = [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=_UNSUPPORTED[c])) if c in _UNSUPPORTED else c for c in EXAMPLES]
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_example_compiles_executes_and_matches_torch(gpu_session: dict[str, Any], case: str) -> None:
     compiled = gpu_session["cases"][case]
     assert "error" not in compiled, compiled.get("error")
@@ -43,3 +54,11 @@ def test_fetch_and_deserialize_is_50x_faster_than_build(gpu_session: dict[str, A
     compiled, fetched = gpu_session["cases"][case], gpu_session["client"][case]
     build = compiled["build_s"] + compiled["autotune_s"]
     assert build / fetched["ready_s"] >= 50, f"build+autotune {build:.3f}s vs fetch+deserialize {fetched['ready_s']:.4f}s"
+
+
+def test_known_wrong_broadcast_graph_is_refused_not_served(gpu_session: dict[str, Any]) -> None:
+    g = GraphSpec(io_data_type="half")
+    x = g.tensor([4, 256, 512], name="x")
+    g.bias(x, g.tensor([1, 1, 512], name="b")).set_output(True)
+    with Client(gpu_session["address"]) as client, pytest.raises(CompileFailed, match="cudnn-frontend issue #107"):
+        client.compile(g, Target.parse(gpu_session["target"]))

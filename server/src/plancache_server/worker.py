@@ -58,7 +58,9 @@ def plan_metadata(job: Job, compiled: CompiledPlan, worker_id: str, built_on: pb
         plan_name=compiled.plan_name,
         engine_kind=pb.ENGINE_KIND_PYTHON if compiled.is_python_engine else pb.ENGINE_KIND_BACKEND,
         candidates=[
-            pb.CandidateTiming(index=c.index, plan_name=c.plan_name, engine_id=c.engine_id, median_ms=c.median_ms, error=c.error)
+            pb.CandidateTiming(
+                index=c.index, plan_name=c.plan_name, engine_id=c.engine_id, median_ms=c.median_ms, error=c.error, timing=c.timing
+            )
             for c in compiled.candidates
         ],
         build_seconds=compiled.build_seconds,

@@ -222,18 +222,20 @@ class Knob(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
 class CandidateTiming(_message.Message):
-    __slots__ = ("index", "plan_name", "engine_id", "median_ms", "error")
+    __slots__ = ("index", "plan_name", "engine_id", "median_ms", "error", "timing")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PLAN_NAME_FIELD_NUMBER: _ClassVar[int]
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_MS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
     index: int
     plan_name: str
     engine_id: int
     median_ms: float
     error: str
-    def __init__(self, index: _Optional[int] = ..., plan_name: _Optional[str] = ..., engine_id: _Optional[int] = ..., median_ms: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+    timing: str
+    def __init__(self, index: _Optional[int] = ..., plan_name: _Optional[str] = ..., engine_id: _Optional[int] = ..., median_ms: _Optional[float] = ..., error: _Optional[str] = ..., timing: _Optional[str] = ...) -> None: ...
 
 class PlanMetadata(_message.Message):
     __slots__ = ("key", "spec_hash", "target", "options", "tensors", "workspace_size", "engine_id", "knobs", "plan_name", "engine_kind", "candidates", "build_seconds", "autotune_seconds", "blob_sha256", "blob_size", "created_at", "built_by")

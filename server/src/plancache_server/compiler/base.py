@@ -17,6 +17,7 @@ class CandidateResult:
     engine_id: int
     median_ms: float | None  # None: did not build or run
     error: str = ""
+    timing: str = ""
 
 
 @dataclass(frozen=True)
