@@ -83,6 +83,10 @@ def run_case(client: Client, case: dict[str, Any]) -> dict[str, Any]:
     plan.load()
     ready = time.perf_counter()
     result.update(fetch_s=fetched - started, deserialize_s=ready - fetched, ready_s=ready - started, blob_bytes=len(plan.blob))
+    again = Plan(plan.blob, plan.metadata)
+    started = time.perf_counter()
+    again.load()
+    result["deserialize_again_s"] = time.perf_counter() - started
     result["outputs"] = check(name, plan)
     if case.get("untuned_key"):
         heuristic = client.get(case["untuned_key"])

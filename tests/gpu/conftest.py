@@ -26,6 +26,8 @@ from plancache_server.embedded_redis import EmbeddedRedis, free_port
 REPO = Path(__file__).resolve().parents[2]
 # Cases whose heuristic plan 0 is also built, to compare with the autotuned one.
 PLAN0_CASES = ("matmul_fp16", "matmul_bias_relu_bf16", "conv_bias_relu_fp16", "sdpa_causal_fp16")
+# The walkthrough's two graphs: each is also fetched by a fresh process of its own.
+WALKTHROUGH_CASES = ("matmul_fp16", "sdpa_causal_fp16")
 
 
 def _gpu_ready() -> str | None:
@@ -81,6 +83,11 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             for name, build in EXAMPLES.items():
                 session["cases"][name] = _compile(client, name, build(), target)
             session["client"] = _run_client_process(address, session["cases"], out, env)
+            session["cold"] = {
+                name: _run_client_process(address, {name: session["cases"][name]}, out, env, tag=f"cold-{name}")[name]
+                for name in WALKTHROUGH_CASES
+                if "key" in session["cases"][name]
+            }
             (out / "gpu_session.json").write_text(json.dumps({k: v for k, v in session.items() if k != "out"}, indent=1, default=str))
         yield session
     finally:
@@ -123,17 +130,21 @@ def _compile(client: Client, name: str, spec: GraphSpec, target: Any) -> dict[st
     return case
 
 
-def _run_client_process(address: str, cases: dict[str, Any], out: Path, env: dict[str, str]) -> dict[str, Any]:
-    todo = [{"name": n, "key": c["key"], "untuned_key": c.get("untuned_key")} for n, c in cases.items() if "key" in c]
+def _run_client_process(address: str, cases: dict[str, Any], out: Path, env: dict[str, str], tag: str = "") -> dict[str, Any]:
+    todo = [{"name": n, "key": c["key"], "untuned_key": None if tag else c.get("untuned_key")} for n, c in cases.items() if "key" in c]
     cases_file = out / "client_cases.tmp"
     cases_file.write_text(json.dumps(todo))
-    results = out / "client_results.json"
+    results = out / (f"{tag}.tmp" if tag else "client_results.json")
     proc = subprocess.run(
         [sys.executable, "-m", "tests.gpu.client_check", "--server", address, "--cases", str(cases_file), "--out", str(results)],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
-    (out / "client.log").write_text(proc.stdout + proc.stderr)
+    with open(out / "client.log", "a") as log:
+        log.write(f"--- client process {tag or 'all cases'}\n{proc.stdout}{proc.stderr}")
     cases_file.unlink()
     if proc.returncode != 0:
         raise RuntimeError(f"client process failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    return {r["name"]: r for r in json.loads(results.read_text())}
+    rows = {r["name"]: r for r in json.loads(results.read_text())}
+    if tag:
+        results.unlink()
+    return rows
