@@ -1,0 +1,136 @@
+"""The real entry points as processes: plancache-server with its private
+redis-server, plancache-worker (stand-in compiler), the plancache CLI, and a
+restart that keeps the stored plans."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from plancache import Client, Plan, TargetUnavailable
+from plancache_server.embedded_redis import free_port
+from tests.support.specs import matmul_spec
+from tests.support.standin import STANDIN_TARGET
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1"}
+
+
+class Proc:
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.log = log
+        self._file = open(log, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(args, env=ENV, stdout=self._file, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def wait_for(self, pattern: str, timeout: float = 30) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.text())
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"{pattern!r} not in log:\n{self.text()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=timeout)
+        self._file.close()
+        return code
+
+
+def _server(tmp: Path, port: int, name: str) -> Proc:
+    return Proc([sys.executable, "-m", "plancache_server.main", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp / "data"), "--gpus", "none"], tmp / name)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "plancache.cli", *args], env=ENV, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.fixture
+def server_and_worker(tmp_path: Path) -> Iterator[tuple[Proc, Proc, str]]:
+    port = free_port()
+    server = _server(tmp_path, port, "server.log")
+    url = server.wait_for(r"using a private redis-server \((redis://[^)]+)\)").group(1)
+    server.wait_for("listening on")
+    worker = Proc(
+        [sys.executable, "-m", "plancache_server.worker_main", "--redis-url", url, "--device", "0", "--compiler", "tests.support.standin:factory"],
+        tmp_path / "worker.log",
+    )
+    yield server, worker, f"127.0.0.1:{port}"
+    worker.stop()
+    server.stop()
+
+
+def _wait_for_worker(client: Client) -> None:
+    deadline = time.monotonic() + 30
+    while not any(r.live_workers for r in client.stats()):
+        assert time.monotonic() < deadline, "worker did not register"
+        time.sleep(0.2)
+
+
+def test_server_worker_cli_and_restart(server_and_worker: tuple[Proc, Proc, str], tmp_path: Path) -> None:
+    server, worker, address = server_and_worker
+    assert "no GPU on this host: serving stored plans only" in server.text()
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(matmul_spec().to_json())
+    with Client(address) as client:
+        _wait_for_worker(client)
+        plan = client.compile(matmul_spec(), STANDIN_TARGET)
+        assert plan.source == "compiled"
+
+    out = tmp_path / "plan.bin"
+    compiled = _cli("compile", str(spec_file), "--server", address, "--target", STANDIN_TARGET.id, "--out", str(out))
+    assert compiled.returncode == 0, compiled.stderr
+    assert '"source": "hit"' in compiled.stdout
+    assert Plan.from_bytes(out.read_bytes()).blob == plan.blob
+    fetched = _cli("get", "--key", plan.key, "--server", address)
+    assert fetched.returncode == 0 and plan.key in fetched.stdout
+    stats = _cli("stats", "--server", address)
+    assert stats.returncode == 0 and STANDIN_TARGET.id in stats.stdout
+    missing = _cli("get", "--key", plan.key.replace(plan.key[:8], "00000000"), "--server", address)
+    assert missing.returncode == 1 and "NotFound" in missing.stderr
+    bad = _cli("compile", str(REPO / "README.md"), "--server", address, "--target", STANDIN_TARGET.id)
+    assert bad.returncode == 1 and "SpecError: spec is not valid JSON" in bad.stderr
+
+    assert worker.stop() == 0
+    assert server.stop() == 0, server.text()
+    assert "shutting down" in server.text()
+
+    # Plans survive a restart: the private Redis keeps its data (AOF) in --data-dir.
+    port = free_port()
+    again = _server(tmp_path, port, "server2.log")
+    try:
+        again.wait_for("listening on")
+        with Client(f"127.0.0.1:{port}") as client:
+            assert client.get(plan.key).blob == plan.blob
+            with pytest.raises(TargetUnavailable, match=re.escape(STANDIN_TARGET.id)):
+                client.compile(matmul_spec(m=64), STANDIN_TARGET)
+    finally:
+        assert again.stop() == 0
+
+
+def test_worker_needs_a_redis_url(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "plancache_server.worker_main", "--device", "0"], env={**ENV, "PLANCACHE_REDIS_URL": ""},
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert proc.returncode == 2 and "needs --redis-url" in proc.stderr
+
+
+def test_cli_reports_an_unreachable_server() -> None:
+    result = _cli("stats", "--server", f"127.0.0.1:{free_port()}", "--timeout", "2")
+    assert result.returncode == 1 and "Unavailable" in result.stderr
