@@ -23,8 +23,8 @@ import torch
 
 from plancache import Client, Plan, dtypes
 from plancache.gpu import cudnn_handle, torch_dtype
-from plancache_server.compiler.cudnn import time_launches
 from tests.gpu import references
+from tests.support.gpu_timing import gpu_ms
 
 
 def make_inputs(case: str, plan: Plan) -> dict[str, torch.Tensor]:
@@ -56,22 +56,11 @@ def check(case: str, plan: Plan) -> dict[str, Any]:
     return {name: references.relative_error(tensors[name], value) for name, value in expected.items()}
 
 
-def kernel_ms(plan: Plan, tensors: dict[str, torch.Tensor], launches: int = 20) -> tuple[float, str]:
-    """GPU time per execution. Replaying a captured CUDA graph keeps host
-    overhead (tens of microseconds per execute) out of the comparison, which
-    would otherwise hide the difference between two fast plans."""
-    plan.execute(tensors)
-    torch.cuda.synchronize()
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(launches):
-                plan.execute(tensors)
-        torch.cuda.synchronize()
-        return time_launches(graph.replay, repeats=5) / launches, "cuda-graph"
-    except Exception:  # not capturable: eager launches, host overhead included
-        torch.cuda.synchronize()
-        return time_launches(lambda: plan.execute(tensors), repeats=5), "eager"
+def kernel_ms(plan: Plan, tensors: dict[str, torch.Tensor]) -> tuple[float, str]:
+    """GPU time per execution from CUDA-graph replays: host overhead (tens of
+    microseconds per execute) would otherwise hide the difference between
+    two fast plans."""
+    return gpu_ms(lambda: plan.execute(tensors))
 
 
 def run_case(client: Client, case: dict[str, Any]) -> dict[str, Any]:

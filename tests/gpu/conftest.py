@@ -22,8 +22,8 @@ import pytest
 from examples.generate import EXAMPLES
 from plancache import Client, CompileOptions, GraphSpec, PlanCacheError
 from plancache_server.embedded_redis import EmbeddedRedis, free_port
+from tests.support.processes import REPO, child_env, server_process, wait_for_workers
 
-REPO = Path(__file__).resolve().parents[2]
 # Cases whose heuristic plan 0 is also built, to compare with the autotuned one.
 PLAN0_CASES = ("matmul_fp16", "matmul_bias_relu_bf16", "conv_bias_relu_fp16", "sdpa_causal_fp16")
 # The walkthrough's two graphs: each is also fetched by a fresh process of its own.
@@ -62,26 +62,17 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     tmp = tmp_path_factory.mktemp("gpu")
     out = _out_dir(tmp)
     redis = EmbeddedRedis(tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    server_log = open(out / "server.log", "w")  # noqa: SIM115 - closed at teardown
-    server = subprocess.Popen(
-        [sys.executable, "-m", "plancache_server.main", "--listen", address, "--redis-url", redis.url, "--gpus", "0"],
-        env=env, stdout=server_log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    address = f"127.0.0.1:{free_port()}"
+    env = child_env()
     session: dict[str, Any] = {"address": address, "cases": {}, "out": out}
     try:
-        target = detect_target()
-        session["target"] = target.id
-        with Client(address) as client:
-            deadline = time.monotonic() + 180
-            while not any(r.live_workers for r in _stats(client)):
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"no worker came up; see {out / 'server.log'}")
-                time.sleep(0.5)
-            for name, build in EXAMPLES.items():
-                session["cases"][name] = _compile(client, name, build(), target)
+        with server_process(address, redis.url, out / "server.log", "--gpus", "0") as server:
+            target = detect_target()
+            session["target"] = target.id
+            wait_for_workers(address, proc=server)
+            with Client(address) as client:
+                for name, build in EXAMPLES.items():
+                    session["cases"][name] = _compile(client, name, build(), target)
             session["client"] = _run_client_process(address, session["cases"], out, env)
             session["cold"] = {
                 name: _run_client_process(address, {name: session["cases"][name]}, out, env, tag=f"cold-{name}")[name]
@@ -89,22 +80,9 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
                 if "key" in session["cases"][name]
             }
             (out / "gpu_session.json").write_text(json.dumps({k: v for k, v in session.items() if k != "out"}, indent=1, default=str))
-        yield session
+            yield session
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        server_log.close()
         redis.stop()
-
-
-def _stats(client: Client) -> list[Any]:
-    try:
-        return client.stats()
-    except PlanCacheError:
-        return []
 
 
 def _compile(client: Client, name: str, spec: GraphSpec, target: Any) -> dict[str, Any]:

@@ -1,0 +1,81 @@
+"""Start plancache-server / plancache-worker as real processes (GPU tests and
+benchmarks): the same entry points an operator runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from plancache import Client, PlanCacheError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for child processes: the repo importable (stand-in compiler, tests)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1", **extra}
+
+
+@contextmanager
+def server_process(address: str, redis_url: str, log: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """plancache-server on `address` against `redis_url`; waits until it answers."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "plancache_server.main", "--listen", address, "--redis-url", redis_url, *args],
+            env=env or child_env(), stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+        )  # fmt: skip
+        try:
+            with Client(address, timeout=2) as client:
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        client.stats()
+                        break
+                    except PlanCacheError:
+                        if proc.poll() is not None or time.monotonic() > deadline:
+                            raise RuntimeError(f"plancache-server did not start; see {log}") from None
+                        time.sleep(0.1)
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@contextmanager
+def worker_process(redis_url: str, log: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "plancache_server.worker_main", "--redis-url", redis_url, *args],
+            env=env or child_env(), stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+        )  # fmt: skip
+        try:
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def wait_for_workers(address: str, count: int = 1, timeout: float = 180, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Until `count` workers heartbeat on some target."""
+    deadline = time.monotonic() + timeout
+    with Client(address, timeout=5) as client:
+        while True:
+            try:
+                if any(r.live_workers >= count for r in client.stats()):
+                    return
+            except PlanCacheError:
+                pass
+            if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+                raise RuntimeError("no compile worker came up")
+            time.sleep(0.5)
