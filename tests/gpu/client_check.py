@@ -100,12 +100,14 @@ def main() -> None:
     with open(args.cases) as f:
         cases = json.load(f)
     torch.cuda.init()
-    cudnn_handle()  # a local build needs a handle too: not part of the fetch time
+    started = time.perf_counter()
+    cudnn_handle()  # a local build needs a handle (and cuBLASLt) too: not part of the fetch time
+    setup_s = time.perf_counter() - started
     results = []
     with Client(args.server) as client:
         for case in cases:
             try:
-                results.append(run_case(client, case))
+                results.append({**run_case(client, case), "handle_setup_s": setup_s})
             except Exception as e:
                 results.append({"name": case["name"], "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
             print(json.dumps(results[-1])[:400], flush=True)

@@ -6,6 +6,7 @@ detecting the local target and executing a plan need it.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -63,4 +64,21 @@ def cudnn_handle(device: int | None = None) -> Any:
     if index not in handles:
         with torch.cuda.device(index):
             handles[index] = cudnn.create_handle()
+            _load_math_libraries(torch, index)
     return handles[index]
+
+
+def _load_math_libraries(torch: Any, device: int) -> None:
+    """Load cuBLAS/cuBLASLt into the process with the handle.
+
+    cuDNN's matmul engines run on cuBLASLt, which a process loads on first
+    use: on an H200 the first deserialize of such a plan took 110-157 ms
+    against 1 ms for the next one, and 37 ms once torch had run one matmul.
+    A local build loads it too, so this is set-up, not plan loading; doing it
+    here keeps it off the first plan's path. PLANCACHE_NO_WARMUP=1 skips it.
+    """
+    if os.environ.get("PLANCACHE_NO_WARMUP") == "1":
+        return
+    a = torch.ones(16, 16, device=f"cuda:{device}", dtype=torch.float16)
+    torch.matmul(a, a)
+    torch.cuda.synchronize(device)
