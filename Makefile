@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: setup redis run test lint typecheck unit proto proto-check clean
+.PHONY: setup redis run test lint typecheck proto bench clean
 
 $(STAMP): client/pyproject.toml server/pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+
+## CPU benchmarks (stand-in compiler): a table of ratios, bench/results/cpu_bench.{json,png}.
+## The GPU benchmarks run on a GPU machine: scripts/gpu-check.sh (bench/gpu_bench.py).
+bench: setup
+	$(PY) bench/cpu_bench.py $(ARGS)
 
 ## Regenerate the committed gRPC stubs from proto/.
 proto: $(STAMP)

@@ -86,6 +86,14 @@ def stack(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Iterator[St
 
 
 @pytest.fixture
+def uncached_stack(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Iterator[Stack]:
+    """Server (no memory cache: every read goes to Redis) + one stand-in worker."""
+    s, stop = start_stack(redis_server.url, StandInCompiler(), memory_cache_bytes=0)
+    yield s
+    stop()
+
+
+@pytest.fixture
 def slow_stack(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Iterator[Stack]:
     """Server + one worker whose stand-in build takes 1 s."""
     s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=1.0))

@@ -85,7 +85,8 @@ def test_concurrent_identical_compiles_build_once(slow_stack: Stack) -> None:
     assert (row.compiles, row.joined, row.misses, row.hits) == (1, callers - 1, callers, 0)
 
 
-def test_corrupted_blob_is_never_served_and_is_rebuilt(stack: Stack) -> None:
+def test_corrupted_blob_is_never_served_and_is_rebuilt(uncached_stack: Stack) -> None:
+    stack = uncached_stack
     with stack.client() as client:
         plan = client.compile(matmul_spec(), TARGET)
         stack.redis.hset(keys.plan(plan.key), "blob", b"X" + plan.blob[1:])
@@ -96,7 +97,8 @@ def test_corrupted_blob_is_never_served_and_is_rebuilt(stack: Stack) -> None:
     assert len(stack.compiler.builds) == 2
 
 
-def test_corrupted_metadata_is_never_served(stack: Stack) -> None:
+def test_corrupted_metadata_is_never_served(uncached_stack: Stack) -> None:
+    stack = uncached_stack
     with stack.client() as client:
         plan = client.compile(matmul_spec(), TARGET)
         stack.redis.hset(keys.plan(plan.key), "meta", b"\xff\xfe garbage")
@@ -248,3 +250,28 @@ def test_many_clients_many_specs_no_mixups(stack: Stack) -> None:
         t.join()
     assert not errors
     assert sorted(stack.compiler.builds) == sorted(s.spec_hash() for s in specs)
+
+
+def test_memory_cache_serves_verified_plans_without_redis(stack: Stack, redis_server: object) -> None:
+    with stack.client() as client:
+        plan = client.compile(matmul_spec(), TARGET)
+        # Corrupt the Redis copy: the front end keeps serving the copy it verified.
+        stack.redis.hset(keys.plan(plan.key), "blob", b"X" + plan.blob[1:])
+        assert client.get(plan.key).blob == plan.blob
+        assert client.compile(matmul_spec(), TARGET).source == "hit"
+
+
+def test_memory_cache_forgets_deleted_plans_after_its_ttl(redis_server: object, redis_client: object) -> None:
+    from tests.support.standin import StandInCompiler
+
+    s, stop = start_stack(redis_server.url, StandInCompiler(), memory_cache_ttl_s=0.3)  # type: ignore[attr-defined]
+    try:
+        with s.client() as client:
+            plan = client.compile(matmul_spec(), TARGET)
+            s.redis.delete(keys.plan(plan.key))
+            assert client.get(plan.key).blob == plan.blob  # within the TTL
+            time.sleep(0.4)
+            with pytest.raises(NotFound):
+                client.get(plan.key)
+    finally:
+        stop()

@@ -6,6 +6,7 @@ to. Redis key names built from it live in plancache_server.keys, nowhere else.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -28,7 +29,9 @@ class ParsedKey:
     options_id: str
 
 
+@functools.lru_cache(maxsize=65536)
 def parse_key(key: str) -> ParsedKey:
+    """Parsed and validated (cached: a hot key is parsed once; failures are not cached)."""
     parts = key.split("/")
     if len(key) > 512 or len(parts) < 5 or not _SPEC_HASH.match(parts[0]) or not _OPTIONS_ID.match(parts[-1]):
         raise InvalidRequest(f"plan key {key[:100]!r} is not like '<sha256>/<target id>/opt-<16 hex>'")

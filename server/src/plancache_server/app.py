@@ -16,26 +16,30 @@ from plancache_server.service import PlanService
 from plancache_server.servicer import PlanCacheServicer
 from plancache_server.settings import Settings
 from plancache_server.stats import Stats
-from plancache_server.store import RedisPlanStore
+from plancache_server.store import MemoryCachedStore, PlanStore, RedisPlanStore
 
 
 @dataclass
 class Components:
-    store: RedisPlanStore
+    store: PlanStore
     queue: JobQueue
     builds: Builds
     stats: Stats
 
 
-def components(client: redis.Redis, settings: Settings) -> Components:
-    store = RedisPlanStore(client)
+def components(client: redis.Redis, settings: Settings, memory_cache: bool = False) -> Components:
+    """Redis-backed parts. Front ends put a memory cache before the store;
+    workers read Redis directly (they check for a plan before building)."""
+    store: PlanStore = RedisPlanStore(client)
+    if memory_cache and settings.memory_cache_bytes > 0:
+        store = MemoryCachedStore(store, settings.memory_cache_bytes, settings.memory_cache_ttl_s)
     queue = JobQueue(client)
     return Components(store, queue, Builds(client, store, queue, settings.build_lease_s), Stats(client))
 
 
 def build_grpc_server(client: redis.Redis, settings: Settings) -> tuple[grpc.Server, int, Components]:
     """A started-ready server bound to settings.listen; returns the bound port."""
-    parts = components(client, settings)
+    parts = components(client, settings, memory_cache=True)
     service = PlanService(parts.store, parts.queue, parts.builds, parts.stats, settings.limits, settings.compile_timeout_s)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.grpc_threads, thread_name_prefix="plancache-rpc"),

@@ -15,10 +15,12 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
 
     def Compile(self, request: pb.CompileRequest, context: grpc.ServicerContext) -> pb.CompileResponse:
         plan, source = self._service.compile(request, context.time_remaining())
-        return pb.CompileResponse(plan=plan.to_proto(), source=source)  # type: ignore[arg-type]
+        return pb.CompileResponse(plan=plan.proto, source=source)  # type: ignore[arg-type]
 
-    def GetPlan(self, request: pb.GetPlanRequest, context: grpc.ServicerContext) -> pb.GetPlanResponse:
-        return pb.GetPlanResponse(plan=self._service.get(request.ref).to_proto())
+    def GetPlan(self, request: pb.GetPlanRequest, context: grpc.ServicerContext) -> bytes:
+        # Pre-serialized GetPlanResponse (see StoredPlan.get_plan_response);
+        # the interceptor's serializer passes bytes through.
+        return self._service.get(request.ref).get_plan_response
 
     def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> pb.GetStatsResponse:
         return pb.GetStatsResponse(targets=self._service.stats())

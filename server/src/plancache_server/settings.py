@@ -41,6 +41,10 @@ class Settings:
     heartbeat_ttl_s: float = 10.0
     log_level: str = "INFO"
     limits: Limits = field(default_factory=Limits)
+    # The front end's in-process cache of verified plans (0 disables it).
+    memory_cache_bytes: int = 256 * 2**20
+    # How long a plan deleted from Redis may still be served from that cache.
+    memory_cache_ttl_s: float = 30.0
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -62,6 +66,8 @@ def server_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus", default=_env("GPUS", "auto"), help="'auto', 'none' or device indices like 0,1 (env PLANCACHE_GPUS)")
     parser.add_argument("--grpc-threads", type=int, default=int(_env("GRPC_THREADS", "64") or 64))
     parser.add_argument("--compile-timeout", type=float, default=float(_env("COMPILE_TIMEOUT", "900") or 900), help="seconds a Compile waits for a build without a client deadline")
+    parser.add_argument("--memory-cache-mb", type=int, default=int(_env("MEMORY_CACHE_MB", "256") or 256), help="in-process cache of verified plans, MiB (0: off)")
+    parser.add_argument("--memory-cache-ttl", type=float, default=float(_env("MEMORY_CACHE_TTL", "30") or 30), help="seconds a cached plan is served without re-reading Redis")
     _add_common(parser)
     return parser
 
@@ -86,4 +92,6 @@ def server_settings(argv: Sequence[str] | None = None) -> Settings:
         compile_timeout_s=args.compile_timeout,
         heartbeat_ttl_s=args.heartbeat_ttl,
         log_level=args.log_level.upper(),
+        memory_cache_bytes=args.memory_cache_mb * 2**20,
+        memory_cache_ttl_s=args.memory_cache_ttl,
     )

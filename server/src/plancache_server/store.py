@@ -7,8 +7,12 @@ never returned: it reads as a miss, and the next Compile rebuilds it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -27,8 +31,16 @@ class StoredPlan:
     blob: bytes
     metadata: pb.PlanMetadata
 
-    def to_proto(self) -> pb.Plan:
+    @functools.cached_property
+    def proto(self) -> pb.Plan:
+        """Built once per stored plan (a hot plan is served many times); read-only."""
         return pb.Plan(metadata=self.metadata, blob=self.blob)
+
+    @functools.cached_property
+    def get_plan_response(self) -> bytes:
+        """The serialized GetPlanResponse, built once per stored plan: a hot
+        plan's hit path then copies no 75 KB message per request."""
+        return pb.GetPlanResponse(plan=self.proto).SerializeToString()
 
 
 class PlanStore(Protocol):
@@ -73,3 +85,68 @@ class RedisPlanStore:
     def delete(self, plan_key: str) -> None:
         with translated_errors("deleting a plan"):
             self._redis.delete(keys.plan(plan_key))
+
+
+class MemoryCachedStore:
+    """A front end's in-process cache of verified plans, in front of Redis.
+
+    A hit needs no Redis round trip and no re-hash (on a 2-core machine a
+    75 KB HMGET plus its sha256 cost ~0.3 ms of a ~1 ms GetPlan). Serving a
+    cached copy is always correct: entries were verified when read, and any
+    build stored under a key is a valid plan for that key. The TTL bounds how
+    long a plan deleted from Redis can still be served by this front end.
+    Bounded by bytes, least recently used out first; misses are not cached.
+    """
+
+    def __init__(self, inner: PlanStore, max_bytes: int, ttl_s: float) -> None:
+        self._inner = inner
+        self._max_bytes = max_bytes
+        self._ttl_s = ttl_s
+        self._entries: OrderedDict[str, tuple[float, StoredPlan]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, plan_key: str) -> StoredPlan | None:
+        now = time.monotonic()
+        with self._lock:
+            entry = self._entries.get(plan_key)
+            if entry is not None and now - entry[0] < self._ttl_s:
+                self._entries.move_to_end(plan_key)
+                return entry[1]
+        plan = self._inner.get(plan_key)
+        if plan is not None:
+            self._remember(plan, now)
+        else:
+            self._forget(plan_key)
+        return plan
+
+    def put(self, plan: StoredPlan) -> None:
+        self._inner.put(plan)
+        self._remember(plan, time.monotonic())
+
+    def delete(self, plan_key: str) -> None:
+        self._forget(plan_key)
+        self._inner.delete(plan_key)
+
+    def _size(self, plan: StoredPlan) -> int:
+        return len(plan.blob) + plan.metadata.ByteSize()
+
+    def _remember(self, plan: StoredPlan, now: float) -> None:
+        size = self._size(plan)
+        if size > self._max_bytes:
+            return
+        with self._lock:
+            self._drop(plan.metadata.key)
+            self._entries[plan.metadata.key] = (now, plan)
+            self._bytes += size
+            while self._bytes > self._max_bytes:
+                self._drop(next(iter(self._entries)))
+
+    def _forget(self, plan_key: str) -> None:
+        with self._lock:
+            self._drop(plan_key)
+
+    def _drop(self, plan_key: str) -> None:
+        entry = self._entries.pop(plan_key, None)
+        if entry is not None:
+            self._bytes -= self._size(entry[1])

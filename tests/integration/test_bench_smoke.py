@@ -1,0 +1,39 @@
+"""The benchmarks run (a short run; the figures themselves live in bench/results/)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import REPO, child_env
+
+pytestmark = pytest.mark.slow
+
+
+def test_cpu_benchmark_quick_run_writes_its_table_json_and_plot(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "bench/cpu_bench.py", "--quick", "--out", str(tmp_path)], cwd=REPO, env=child_env(),
+                          capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "hit p50 / floor" in proc.stdout
+    results = json.loads((tmp_path / "cpu_bench.json").read_text())
+    assert set(results["hit_path"]["1"]) == {"plancache", "plancache_no_memory_cache", "echo", "redis_get"}
+    assert results["summary"]["coalescing_builds"] == [1, 1]
+    assert (tmp_path / "cpu_bench.png").stat().st_size > 10_000
+
+
+def test_gpu_benchmark_report_renders_without_a_gpu(tmp_path: Path) -> None:
+    from bench.gpu_bench import report
+
+    rows = [
+        {"case": f"case{i}", "family": "matmul", "plans": 3, "build_s": 3.0, "autotune_s": 0.5, "ready_s": 0.01, "fetch_s": 0.003,
+         "tuned_ms": 0.1, "plan0_ms": 0.1 + i / 100, "torch_ms": 0.12, "blob_bytes": 40_000, "deserialize_s": 0.007, "deserialize_again_s": 0.001}
+        for i in range(3)
+    ] + [{"case": "broken", "error": "CompileFailed: no engine"}]  # fmt: skip
+    report(rows, tmp_path)
+    summary = json.loads((tmp_path / "gpu_bench.json").read_text())["summary"]
+    assert summary["measured"] == 3 and summary["build_over_ready_median"] == pytest.approx(350)
+    assert (tmp_path / "gpu_bench.png").stat().st_size > 10_000
