@@ -21,6 +21,14 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1", **extra}
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 @contextmanager
 def server_process(address: str, redis_url: str, log: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """plancache-server on `address` against `redis_url`; waits until it answers."""
@@ -42,11 +50,7 @@ def server_process(address: str, redis_url: str, log: Path, *args: str, env: dic
                         time.sleep(0.1)
             yield proc
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _stop(proc)
 
 
 @contextmanager
@@ -59,11 +63,7 @@ def worker_process(redis_url: str, log: Path, *args: str, env: dict[str, str] | 
         try:
             yield proc
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _stop(proc)
 
 
 def wait_for_workers(address: str, count: int = 1, timeout: float = 180, proc: subprocess.Popen[bytes] | None = None) -> None:
