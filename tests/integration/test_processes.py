@@ -134,3 +134,10 @@ def test_worker_needs_a_redis_url(tmp_path: Path) -> None:
 def test_cli_reports_an_unreachable_server() -> None:
     result = _cli("stats", "--server", f"127.0.0.1:{free_port()}", "--timeout", "2")
     assert result.returncode == 1 and "Unavailable" in result.stderr
+
+
+def test_worker_without_the_gpu_stack_exits_without_restart_loop() -> None:
+    proc = subprocess.run([sys.executable, "-m", "plancache_server.worker_main", "--redis-url", "redis://127.0.0.1:1/0", "--device", "0",
+                           "--compiler", "cudnn"], env=ENV, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert "install plancache-server[gpu]" in proc.stderr

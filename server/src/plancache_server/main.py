@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from plancache_server.app import build_grpc_server
 from plancache_server.embedded_redis import EmbeddedRedis
 from plancache_server.gpus import select_gpus
 from plancache_server.redis_conn import connect
@@ -32,8 +33,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("no --redis-url given: using a private redis-server (%s), data in %s", redis_url, embedded.data_dir)
     else:
         log.info("using Redis at %s", redis_url.split("@")[-1])
-    from plancache_server.app import build_grpc_server
-
     client = connect(redis_url)
     server, port, parts = build_grpc_server(client, settings)
     devices = select_gpus(settings.gpus)

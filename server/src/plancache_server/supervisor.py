@@ -11,6 +11,9 @@ import time
 log = logging.getLogger(__name__)
 
 MAX_RESTARTS = 5
+# Exit status of a worker that cannot work on this host (missing GPU stack):
+# it is not restarted.
+EXIT_MISCONFIGURED = 3
 
 
 class WorkerProcesses:
@@ -42,6 +45,10 @@ class WorkerProcesses:
                 if code is None or self._stop.is_set():
                     continue
                 restarts = self._restarts.get(device, 0)
+                if code == EXIT_MISCONFIGURED:
+                    log.error("worker for GPU %d cannot run on this host (see its log); not restarting it", device)
+                    del self._procs[device]
+                    continue
                 if restarts >= MAX_RESTARTS:
                     log.error("worker for GPU %d exited with %d; gave up after %d restarts", device, code, restarts)
                     del self._procs[device]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from plancache_server.gpus import visible_gpus
 from plancache_server.main import configure_logging
 from plancache_server.settings import worker_parser
-from plancache_server.supervisor import WorkerProcesses
+from plancache_server.supervisor import EXIT_MISCONFIGURED, WorkerProcesses
 
 log = logging.getLogger("plancache_server.worker")
 
@@ -26,7 +26,11 @@ def run_one(device: int, redis_url: str, compiler_name: str, heartbeat_ttl_s: fl
     from plancache_server.settings import Settings
     from plancache_server.worker import Worker, default_worker_id
 
-    compiler = load_compiler(compiler_name, device)
+    try:
+        compiler = load_compiler(compiler_name, device)
+    except ImportError as e:
+        log.error("cannot load the %r compiler (%s is missing): install plancache-server[gpu]", compiler_name, e.name)
+        return EXIT_MISCONFIGURED
     parts = components(connect(redis_url), Settings(redis_url=redis_url))
     worker = Worker(compiler, parts.queue, parts.builds, parts.store, default_worker_id(device), heartbeat_ttl_s=heartbeat_ttl_s)
 
