@@ -8,6 +8,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -21,6 +22,12 @@ from plancache_server.worker import Worker
 from tests.support.standin import StandInCompiler
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def private_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads or writes the real ~/.cache/plancache (child processes inherit this)."""
+    monkeypatch.setenv("PLANCACHE_CACHE_DIR", str(tmp_path_factory.mktemp("plancache-cache")))
 
 
 @pytest.fixture(scope="session")
@@ -47,8 +54,9 @@ class Stack:
     compiler: StandInCompiler
     worker: Worker | None
 
-    def client(self, **kwargs: float) -> Client:
-        return Client(self.address, **kwargs)
+    def client(self, **kwargs: Any) -> Client:
+        """A client without a disk cache: these tests watch the server."""
+        return Client(self.address, **{"cache": False, **kwargs})
 
 
 def start_stack(redis_url: str, compiler: StandInCompiler | None, **overrides: object) -> tuple[Stack, Callable[[], None]]:

@@ -4,7 +4,6 @@ restart that keeps the stored plans."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -17,20 +16,20 @@ import pytest
 
 from plancache import Client, Plan, TargetUnavailable
 from plancache_server.embedded_redis import free_port
+from tests.support.processes import child_env
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1"}
 
 
 class Proc:
     def __init__(self, args: list[str], log: Path) -> None:
         self.log = log
         self._file = open(log, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(args, env=ENV, stdout=self._file, stderr=subprocess.STDOUT, cwd=REPO)
+        self.proc = subprocess.Popen(args, env=child_env(), stdout=self._file, stderr=subprocess.STDOUT, cwd=REPO)
 
     def text(self) -> str:
         return self.log.read_text()
@@ -59,7 +58,7 @@ def _server(tmp: Path, port: int, name: str) -> Proc:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "plancache.cli", *args], env=ENV, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run([sys.executable, "-m", "plancache.cli", *args], env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
 
 
 @pytest.fixture
@@ -95,9 +94,11 @@ def test_server_worker_cli_and_restart(server_and_worker: tuple[Proc, Proc, str]
         assert plan.source == "compiled"
 
     out = tmp_path / "plan.bin"
-    compiled = _cli("compile", str(spec_file), "--server", address, "--target", STANDIN_TARGET.id, "--out", str(out))
+    compiled = _cli("compile", str(spec_file), "--server", address, "--target", STANDIN_TARGET.id, "--out", str(out), "--no-cache")
     assert compiled.returncode == 0, compiled.stderr
     assert '"source": "hit"' in compiled.stdout
+    from_disk = _cli("compile", str(spec_file), "--server", address, "--target", STANDIN_TARGET.id)  # the Client above cached it
+    assert '"source": "cache"' in from_disk.stdout, from_disk.stderr
     assert Plan.from_bytes(out.read_bytes()).blob == plan.blob
     fetched = _cli("get", "--key", plan.key, "--server", address)
     assert fetched.returncode == 0 and plan.key in fetched.stdout
@@ -117,7 +118,7 @@ def test_server_worker_cli_and_restart(server_and_worker: tuple[Proc, Proc, str]
     again = _server(tmp_path, port, "server2.log")
     try:
         again.wait_for("listening on")
-        with Client(f"127.0.0.1:{port}") as client:
+        with Client(f"127.0.0.1:{port}", cache=False) as client:
             assert client.get(plan.key).blob == plan.blob
             with pytest.raises(TargetUnavailable, match=re.escape(STANDIN_TARGET.id)):
                 client.compile(matmul_spec(m=64), STANDIN_TARGET)
@@ -126,7 +127,7 @@ def test_server_worker_cli_and_restart(server_and_worker: tuple[Proc, Proc, str]
 
 
 def test_worker_needs_a_redis_url(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "plancache_server.worker_main", "--device", "0"], env={**ENV, "PLANCACHE_REDIS_URL": ""},
+    proc = subprocess.run([sys.executable, "-m", "plancache_server.worker_main", "--device", "0"], env=child_env(PLANCACHE_REDIS_URL=""),
                           capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
     assert proc.returncode == 2 and "needs --redis-url" in proc.stderr
 
@@ -138,6 +139,6 @@ def test_cli_reports_an_unreachable_server() -> None:
 
 def test_worker_without_the_gpu_stack_exits_without_restart_loop() -> None:
     proc = subprocess.run([sys.executable, "-m", "plancache_server.worker_main", "--redis-url", "redis://127.0.0.1:1/0", "--device", "0",
-                           "--compiler", "cudnn"], env=ENV, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+                           "--compiler", "cudnn"], env=child_env(), capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert proc.returncode == 3, proc.stderr
     assert "install plancache-server[gpu]" in proc.stderr

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from plancache.client import Client
+from plancache.disk_cache import DiskCache
 from plancache.errors import PlanCacheError
 from plancache.options import CompileOptions
 from plancache.plan import Plan
@@ -29,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     def with_server(p: argparse.ArgumentParser) -> None:
         p.add_argument("--server", default=os.environ.get("PLANCACHE_SERVER", "127.0.0.1:50051"), help="host:port (env PLANCACHE_SERVER)")
         p.add_argument("--timeout", type=float, default=None, help="seconds for this call")
+        p.add_argument("--cache-dir", type=Path, help="the disk cache (default: $PLANCACHE_CACHE_DIR or the XDG cache folder)")
+        p.add_argument("--no-cache", action="store_true", help="neither read nor write the disk cache")
 
     def with_target(p: argparse.ArgumentParser) -> None:
         p.add_argument("--target", help="e.g. sm_90/cudnn-91900/fe-1.32.0 (default: this machine's GPU 0)")
@@ -84,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "hash":
             print(_load_spec(args.spec).spec_hash())
             return 0
-        with Client(args.server, timeout=args.timeout or 30.0) as client:
+        cache: DiskCache | bool = False if args.no_cache else DiskCache(args.cache_dir)
+        with Client(args.server, timeout=args.timeout or 30.0, cache=cache) as client:
             if args.command == "compile":
                 _report(client.compile(_load_spec(args.spec), args.target, _options(args), timeout=args.timeout), args.out)
             elif args.command == "get":

@@ -18,9 +18,12 @@ from typing import Any, TypeVar
 import grpc
 
 from plancache import spec_io
+from plancache.canonical import hash_normalized
+from plancache.disk_cache import DiskCache
 from plancache.errors import ERROR_CLASS_METADATA_KEY, InvalidRequest, error_from_status
 from plancache.options import CompileOptions
 from plancache.plan import SOURCE_NAMES, Plan
+from plancache.plankey import make_key
 from plancache.spec import GraphSpec
 from plancache.target import Target
 from plancache.v1 import plancache_pb2 as pb
@@ -58,9 +61,12 @@ class Client:
         *,
         timeout: float | None = DEFAULT_TIMEOUT_S,
         compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S,
+        cache: DiskCache | bool = True,
     ) -> None:
         """`server` is "host:port" (an insecure channel is opened and owned)
-        or a grpc.Channel the caller configured and keeps owning."""
+        or a grpc.Channel the caller configured and keeps owning. `cache`:
+        the disk cache (default: one under the XDG cache folder; False: none);
+        plans it holds are verified and cost no network call."""
         if isinstance(server, str):
             self._channel = grpc.insecure_channel(
                 server,
@@ -73,6 +79,7 @@ class Client:
         self._stub = pb_grpc.PlanCacheStub(self._channel)
         self.timeout = timeout
         self.compile_timeout = compile_timeout
+        self.cache: DiskCache | None = DiskCache() if cache is True else (cache or None)
 
     def __enter__(self) -> Client:
         return self
@@ -95,14 +102,16 @@ class Client:
         timeout: float | None = None,
     ) -> Plan:
         """The plan for `spec` on `target` (default: this machine's GPU 0):
-        stored, or built and autotuned on a GPU worker of that target."""
-        request = pb.CompileRequest(
-            spec=spec_io.to_proto(normalize(spec)),
-            target=_target(target).to_proto(),
-            options=(options or CompileOptions()).to_proto(),
-        )
+        from the disk cache, stored on the server, or built and autotuned on
+        a GPU worker of that target."""
+        normalized = normalize(spec)
+        resolved, opts = _target(target), options or CompileOptions()
+        cached = self._cached(make_key(hash_normalized(normalized), resolved, opts))
+        if cached is not None:
+            return cached
+        request = pb.CompileRequest(spec=spec_io.to_proto(normalized), target=resolved.to_proto(), options=opts.to_proto())
         response = self._call(self._stub.Compile, request, timeout if timeout is not None else self.compile_timeout)
-        return Plan.from_proto(response.plan, SOURCE_NAMES.get(response.source, "stored"))
+        return self._remember(Plan.from_proto(response.plan, SOURCE_NAMES.get(response.source, "stored")))
 
     def get(
         self,
@@ -116,19 +125,23 @@ class Client:
         """A stored plan by key, or by spec + target + options; NotFound otherwise."""
         if (key is None) == (spec is None):
             raise InvalidRequest("get() takes a plan key or a spec, not both")
-        if key is not None:
-            ref = pb.PlanRef(key=key)
-        else:
+        if key is None:
             assert spec is not None
-            ref = pb.PlanRef(
-                query=pb.PlanQuery(
-                    spec=spec_io.to_proto(normalize(spec)),
-                    target=_target(target).to_proto(),
-                    options=(options or CompileOptions()).to_proto(),
-                )
-            )
-        response = self._call(self._stub.GetPlan, pb.GetPlanRequest(ref=ref), timeout if timeout is not None else self.timeout)
-        return Plan.from_proto(response.plan)
+            key = make_key(hash_normalized(normalize(spec)), _target(target), options or CompileOptions())
+        cached = self._cached(key)
+        if cached is not None:
+            return cached
+        request = pb.GetPlanRequest(ref=pb.PlanRef(key=key))
+        response = self._call(self._stub.GetPlan, request, timeout if timeout is not None else self.timeout)
+        return self._remember(Plan.from_proto(response.plan))
+
+    def _cached(self, key: str) -> Plan | None:
+        return self.cache.get(key) if self.cache is not None else None
+
+    def _remember(self, plan: Plan) -> Plan:
+        if self.cache is not None:
+            self.cache.put(plan)
+        return plan
 
     def stats(self, *, timeout: float | None = None) -> list[TargetStats]:
         response = self._call(self._stub.GetStats, pb.GetStatsRequest(), timeout if timeout is not None else self.timeout)

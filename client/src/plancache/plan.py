@@ -30,7 +30,8 @@ class Plan:
             raise IntegrityError(f"plan {metadata.key}: blob sha256 {digest} does not match its metadata ({metadata.blob_sha256})")
         self.blob = blob
         self.metadata = metadata
-        # "hit", "compiled", "joined" (from Compile) or "stored" (from GetPlan / a file).
+        # "hit", "compiled", "joined" (from Compile), "stored" (from GetPlan or a
+        # file) or "cache" (from the client's disk cache, no network call).
         self.source = source
         self._graph: Any = None
         self._workspace: Any = None
