@@ -104,6 +104,20 @@ def test_server_worker_cli_and_restart(server_and_worker: tuple[Proc, Proc, str]
     assert fetched.returncode == 0 and plan.key in fetched.stdout
     stats = _cli("stats", "--server", address)
     assert stats.returncode == 0 and STANDIN_TARGET.id in stats.stdout
+    targets = _cli("targets", "--server", address)
+    assert targets.returncode == 0 and STANDIN_TARGET.id in targets.stdout and "1 worker(s)" in targets.stdout
+
+    other = tmp_path / "other.json"
+    other.write_text(matmul_spec(m=48).to_json())
+    manifest = tmp_path / "manifest.json"
+    written = _cli("manifest", str(spec_file), str(other), "--target", STANDIN_TARGET.id, "--out", str(manifest))
+    assert written.returncode == 0, written.stderr
+    node_cache = tmp_path / "node-cache"
+    missing = _cli("prefetch", str(manifest), "--server", address, "--cache-dir", str(node_cache))
+    assert missing.returncode == 1 and '"fetched": 1' in missing.stdout and '"error": "NotFound"' in missing.stdout
+    complete = _cli("prefetch", str(manifest), "--server", address, "--cache-dir", str(node_cache), "--compile-missing")
+    assert complete.returncode == 0, complete.stdout + complete.stderr
+    assert '"from_cache": 1' in complete.stdout and '"compiled": 1' in complete.stdout and "2/2 plans" in complete.stderr
     missing = _cli("get", "--key", plan.key.replace(plan.key[:8], "00000000"), "--server", address)
     assert missing.returncode == 1 and "NotFound" in missing.stderr
     bad = _cli("compile", str(REPO / "README.md"), "--server", address, "--target", STANDIN_TARGET.id)

@@ -3,7 +3,8 @@
     from plancache import Client, GraphSpec
 """
 
-from plancache.client import Client, TargetStats
+from plancache.client import Client, PrefetchResult, TargetInfo, TargetStats
+from plancache.disk_cache import DiskCache
 from plancache.errors import (
     CompileFailed,
     CompileTimeout,
@@ -17,6 +18,7 @@ from plancache.errors import (
     TargetUnavailable,
     Unavailable,
 )
+from plancache.manifest import Manifest, ManifestEntry
 from plancache.options import CompileOptions
 from plancache.plan import Plan
 from plancache.spec import GraphSpec, Tensor
@@ -29,16 +31,21 @@ __all__ = [
     "CompileFailed",
     "CompileOptions",
     "CompileTimeout",
+    "DiskCache",
     "GraphSpec",
     "IntegrityError",
     "InvalidRequest",
+    "Manifest",
+    "ManifestEntry",
     "NotFound",
     "Plan",
     "PlanCacheError",
+    "PrefetchResult",
     "ServerError",
     "SpecError",
     "StoreUnavailable",
     "Target",
+    "TargetInfo",
     "TargetStats",
     "TargetUnavailable",
     "Tensor",

@@ -3,6 +3,9 @@
     plancache compile SPEC.json --server HOST:PORT [--target T] [--out FILE]
     plancache get (--key KEY | SPEC.json) --server HOST:PORT [--target T] [--out FILE]
     plancache stats --server HOST:PORT
+    plancache targets --server HOST:PORT
+    plancache manifest SPEC.json [SPEC.json ...] --target T [--out MANIFEST]
+    plancache prefetch MANIFEST --server HOST:PORT [--target T] [--compile-missing]
     plancache hash SPEC.json
 """
 
@@ -18,9 +21,11 @@ from pathlib import Path
 from plancache.client import Client
 from plancache.disk_cache import DiskCache
 from plancache.errors import PlanCacheError
+from plancache.manifest import Manifest
 from plancache.options import CompileOptions
 from plancache.plan import Plan
 from plancache.spec import GraphSpec
+from plancache.target import Target
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +59,21 @@ def _parser() -> argparse.ArgumentParser:
     stats = sub.add_parser("stats", help="hits, misses, compiles, failures per target")
     with_server(stats)
 
+    targets = sub.add_parser("targets", help="targets with live workers now")
+    with_server(targets)
+
+    manifest = sub.add_parser("manifest", help="write a start-up manifest from specs")
+    manifest.add_argument("specs", type=Path, nargs="+")
+    manifest.add_argument("--target", required=True, help="e.g. sm_90/cudnn-91900/fe-1.32.0/dev-nvidia-h200/sms-132")
+    manifest.add_argument("--no-autotune", action="store_true")
+    manifest.add_argument("--out", type=Path, help="default: standard output")
+
+    prefetch = sub.add_parser("prefetch", help="fetch every plan of a manifest into the disk cache, in one streaming call")
+    prefetch.add_argument("manifest", type=Path)
+    prefetch.add_argument("--target", help="for manifests without one (default: this machine's GPU 0)")
+    prefetch.add_argument("--compile-missing", action="store_true", help="build plans that are not stored yet")
+    with_server(prefetch)
+
     hash_ = sub.add_parser("hash", help="validate a spec and print its hash")
     hash_.add_argument("spec", type=Path)
     return parser
@@ -81,11 +101,37 @@ def _load_spec(path: Path) -> GraphSpec:
     return GraphSpec.from_json(path.read_text())
 
 
+def _progress_bar(done: int, total: int) -> None:
+    width = 30
+    filled = width * done // max(total, 1)
+    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} plans", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+
+def _prefetch(client: Client, args: argparse.Namespace) -> int:
+    manifest = Manifest.load(args.manifest)
+    result = client.prefetch(manifest, args.target, compile_missing=args.compile_missing, progress=_progress_bar, timeout=args.timeout)
+    failures = [
+        {"entry": i, "name": manifest.entries[i].name, "key": result.keys.get(i, ""), "error": type(e).__name__, "reason": e.message}
+        for i, e in sorted(result.errors.items())
+    ]
+    print(json.dumps({"total": result.total, "from_cache": result.from_cache, "fetched": result.fetched, "compiled": result.compiled,
+                      "failed": result.failed, "failures": failures}, indent=2))  # fmt: skip
+    return 1 if failures else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "hash":
             print(_load_spec(args.spec).spec_hash())
+            return 0
+        if args.command == "manifest":
+            options = CompileOptions(autotune=not args.no_autotune)
+            text = Manifest.from_specs([_load_spec(p) for p in args.specs], Target.parse(args.target), options, [p.stem for p in args.specs]).to_json()
+            if args.out:
+                args.out.write_text(text + "\n")
+            else:
+                print(text)
             return 0
         cache: DiskCache | bool = False if args.no_cache else DiskCache(args.cache_dir)
         with Client(args.server, timeout=args.timeout or 30.0, cache=cache) as client:
@@ -100,6 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print("plancache get: give --key KEY or a SPEC file", file=sys.stderr)
                     return 2
                 _report(plan, args.out)
+            elif args.command == "prefetch":
+                return _prefetch(client, args)
+            elif args.command == "targets":
+                for t in client.list_targets(timeout=args.timeout):
+                    print(f"{t.target_id:70} {t.live_workers:3} worker(s): {', '.join(t.worker_ids)}")
             elif args.command == "stats":
                 rows = client.stats(timeout=args.timeout)
                 print(f"{'target':60} {'hit rate':>8} {'hits':>8} {'misses':>8} {'compiles':>8} {'failures':>8} {'joined':>8} {'workers':>7}")

@@ -11,7 +11,7 @@ TargetUnavailable, NotFound, ...), raised `from` the grpc.RpcError.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -20,7 +20,8 @@ import grpc
 from plancache import spec_io
 from plancache.canonical import hash_normalized
 from plancache.disk_cache import DiskCache
-from plancache.errors import ERROR_CLASS_METADATA_KEY, InvalidRequest, error_from_status
+from plancache.errors import ERROR_CLASS_METADATA_KEY, InvalidRequest, PlanCacheError, error_from_status
+from plancache.manifest import Manifest
 from plancache.options import CompileOptions
 from plancache.plan import SOURCE_NAMES, Plan
 from plancache.plankey import make_key
@@ -36,6 +37,34 @@ DEFAULT_TIMEOUT_S = 30.0
 # A miss builds and autotunes on a GPU: seconds to minutes.
 DEFAULT_COMPILE_TIMEOUT_S = 900.0
 MAX_MESSAGE_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    target_id: str
+    live_workers: int
+    worker_ids: tuple[str, ...]
+
+
+@dataclass
+class PrefetchResult:
+    """Per manifest entry index: its plan or its error."""
+
+    total: int
+    plans: dict[int, Plan] = field(default_factory=dict)
+    errors: dict[int, PlanCacheError] = field(default_factory=dict)
+    keys: dict[int, str] = field(default_factory=dict)
+    from_cache: int = 0
+    fetched: int = 0
+    compiled: int = 0
+
+    @property
+    def done(self) -> int:
+        return len(self.plans) + len(self.errors)
+
+    @property
+    def failed(self) -> int:
+        return len(self.errors)
 
 
 @dataclass(frozen=True)
@@ -135,6 +164,75 @@ class Client:
         response = self._call(self._stub.GetPlan, request, timeout if timeout is not None else self.timeout)
         return self._remember(Plan.from_proto(response.plan))
 
+    def prefetch(
+        self,
+        manifest: Manifest,
+        target: Target | str | None = None,
+        *,
+        compile_missing: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+        timeout: float | None = None,
+    ) -> PrefetchResult:
+        """Every plan of a manifest: from the disk cache, else in ONE streaming
+        call (stored plans at once, then, with compile_missing, each build as
+        it finishes). Failures are collected per entry, not raised.
+        `progress(done, total)` is called as plans arrive."""
+        resolved = manifest.target or (_target(target) if target is not None or any(e.spec for e in manifest.entries) else None)
+        result = PrefetchResult(total=len(manifest.entries))
+        refs: list[tuple[int, pb.PlanRef]] = []
+        for index, entry in enumerate(manifest.entries):
+            try:
+                key = manifest.key_of(entry, resolved)
+            except PlanCacheError as e:
+                result.errors[index] = e
+                continue
+            result.keys[index] = key
+            cached = self._cached(key)
+            if cached is not None:
+                result.plans[index] = cached
+                result.from_cache += 1
+            elif compile_missing and entry.spec is not None and resolved is not None:
+                query = pb.PlanQuery(spec=spec_io.to_proto(normalize(entry.spec)), target=resolved.to_proto(), options=manifest.options.to_proto())
+                refs.append((index, pb.PlanRef(query=query)))
+            else:
+                refs.append((index, pb.PlanRef(key=key)))
+        if progress is not None:
+            progress(result.done, result.total)
+        if refs:
+            request = pb.PrefetchRequest(refs=[ref for _, ref in refs], compile_missing=compile_missing)
+            budget = timeout if timeout is not None else (self.compile_timeout if compile_missing else self.timeout)
+            try:
+                for item in self._stub.Prefetch(request, timeout=budget):
+                    self._take(result, refs[item.index][0], item)
+                    if progress is not None:
+                        progress(result.done, result.total)
+            except grpc.RpcError as exc:
+                error = _typed(exc)
+                for index, _ in refs:
+                    if index not in result.plans and index not in result.errors:
+                        result.errors[index] = error
+        return result
+
+    def _take(self, result: PrefetchResult, index: int, item: pb.PrefetchItem) -> None:
+        if item.WhichOneof("result") == "error":
+            result.errors[index] = error_from_status(getattr(grpc.StatusCode, item.error.code, grpc.StatusCode.UNKNOWN), item.error.message, item.error.error_class)
+            return
+        try:
+            plan = self._remember(Plan.from_proto(item.plan, SOURCE_NAMES.get(item.source, "stored")))
+        except PlanCacheError as e:  # a blob that does not match its sha256
+            result.errors[index] = e
+            return
+        result.plans[index] = plan
+        if plan.source in ("compiled", "joined"):
+            result.compiled += 1
+        else:
+            result.fetched += 1
+
+    def list_targets(self, *, timeout: float | None = None) -> list[TargetInfo]:
+        """Targets with live workers now: what Compile can build."""
+        response = self._call(self._stub.ListTargets, pb.ListTargetsRequest(), timeout if timeout is not None else self.timeout)
+        return [TargetInfo(t.target_id, t.live_workers, tuple(t.worker_ids)) for t in response.targets]
+
     def _cached(self, key: str) -> Plan | None:
         return self.cache.get(key) if self.cache is not None else None
 
@@ -154,11 +252,18 @@ class Client:
         try:
             return method(request, timeout=timeout)
         except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-            details = exc.details() if hasattr(exc, "details") else str(exc)
-            trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-            error_class = next((str(m.value) for m in trailing or () if m.key == ERROR_CLASS_METADATA_KEY), None)
-            raise error_from_status(code, details or "", error_class) from exc
+            raise _typed(exc) from exc
+
+
+def _typed(exc: grpc.RpcError) -> PlanCacheError:
+    """The plancache error a gRPC failure stands for."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    error_class = next((str(m.value) for m in trailing or () if m.key == ERROR_CLASS_METADATA_KEY), None)
+    error = error_from_status(code, details or "", error_class)
+    error.__cause__ = exc
+    return error
 
 
 def _target(target: Target | str | None) -> Target:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -14,17 +14,31 @@ from plancache.errors import ERROR_CLASS_METADATA_KEY, PlanCacheError
 log = logging.getLogger(__name__)
 
 
+def _abort(context: grpc.ServicerContext, method: str, error: Exception) -> None:
+    if isinstance(error, PlanCacheError):
+        context.set_trailing_metadata(((ERROR_CLASS_METADATA_KEY, type(error).__name__),))
+        context.abort(error.code, error.message)
+    incident = uuid.uuid4().hex[:12]
+    log.error("%s failed (incident %s)", method, incident, exc_info=error)
+    context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; server log incident {incident}")
+
+
 def _guard(behavior: Callable[[Any, grpc.ServicerContext], Any], method: str) -> Callable[[Any, grpc.ServicerContext], Any]:
     def guarded(request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return behavior(request, context)
-        except PlanCacheError as e:
-            context.set_trailing_metadata(((ERROR_CLASS_METADATA_KEY, type(e).__name__),))
-            context.abort(e.code, e.message)
-        except Exception:
-            incident = uuid.uuid4().hex[:12]
-            log.exception("%s failed (incident %s)", method, incident)
-            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; server log incident {incident}")
+        except Exception as e:
+            _abort(context, method, e)
+
+    return guarded
+
+
+def _guard_stream(behavior: Callable[[Any, grpc.ServicerContext], Iterator[Any]], method: str) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
+    def guarded(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        try:
+            yield from behavior(request, context)
+        except Exception as e:
+            _abort(context, method, e)
 
     return guarded
 
@@ -50,12 +64,18 @@ class ErrorMappingInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
         if guarded is not None:
             return guarded
         handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
+        if handler is None:
+            return None
+        serializer = _bytes_pass_through(handler.response_serializer)
+        if handler.unary_unary is not None:
+            guarded = grpc.unary_unary_rpc_method_handler(
+                _guard(handler.unary_unary, method), request_deserializer=handler.request_deserializer, response_serializer=serializer
+            )
+        elif handler.unary_stream is not None:
+            guarded = grpc.unary_stream_rpc_method_handler(
+                _guard_stream(handler.unary_stream, method), request_deserializer=handler.request_deserializer, response_serializer=serializer
+            )
+        else:
             return handler
-        guarded = grpc.unary_unary_rpc_method_handler(
-            _guard(handler.unary_unary, method),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=_bytes_pass_through(handler.response_serializer),
-        )
         self._guarded[method] = guarded
         return guarded

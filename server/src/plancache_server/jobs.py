@@ -65,6 +65,11 @@ class JobQueue:
         with translated_errors("looking up workers"):
             return int(self._redis.zcount(keys.workers(target.id), time.time(), "+inf"))
 
+    def workers_of(self, target_id: str) -> list[str]:
+        with translated_errors("listing workers"):
+            members = self._redis.zrangebyscore(keys.workers(target_id), time.time(), "+inf")
+        return sorted(m.decode() for m in members)  # type: ignore[union-attr]
+
     def known_targets(self) -> list[str]:
         """Targets with a live worker now, for error messages and stats."""
         with translated_errors("listing targets"):

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from plancache import spec_io
 from plancache.canonical import hash_normalized
-from plancache.errors import InvalidRequest, NotFound, TargetUnavailable
+from plancache.errors import InvalidRequest, NotFound, PlanCacheError, TargetUnavailable
 from plancache.options import CompileOptions
 from plancache.plankey import make_key, parse_key
 from plancache.target import Target
@@ -53,12 +54,31 @@ class PlanService:
 
     def compile(self, request: pb.CompileRequest, time_remaining: float | None) -> tuple[StoredPlan, int]:
         resolved = self.resolve(request.spec, request.target, request.options)
-        target_id = resolved.target.id
-        plan = self._store.get(resolved.plan_key)
+        plan = self._lookup(resolved.plan_key, resolved.target)
         if plan is not None:
-            self._stats.incr(target_id, Counter.HITS)
             return plan, pb.COMPILE_SOURCE_HIT
-        self._stats.incr(target_id, Counter.MISSES)
+        job_id, started = self._start_build(resolved)
+        try:
+            plan = self._builds.wait(resolved.plan_key, job_id, self._deadline(time_remaining))
+        except Exception:
+            if started:
+                self._stats.incr(resolved.target.id, Counter.FAILURES)
+            raise
+        return plan, pb.COMPILE_SOURCE_COMPILED if started else pb.COMPILE_SOURCE_JOINED
+
+    def _deadline(self, time_remaining: float | None) -> float:
+        budget = self._compile_timeout_s if time_remaining is None else min(time_remaining, self._compile_timeout_s)
+        return time.monotonic() + budget
+
+    def _lookup(self, plan_key: str, target: Target) -> StoredPlan | None:
+        """The stored plan, counted as a hit or a miss of its target."""
+        plan = self._store.get(plan_key)
+        self._stats.incr(target.id, Counter.HITS if plan is not None else Counter.MISSES)
+        return plan
+
+    def _start_build(self, resolved: ResolvedQuery) -> tuple[str, bool]:
+        """Start the build of a missing plan, or join the one in progress."""
+        target_id = resolved.target.id
         if self._queue.live_workers(resolved.target) == 0:
             live = self._queue.known_targets()
             raise TargetUnavailable(
@@ -68,28 +88,62 @@ class PlanService:
         job_id, started = self._builds.start_or_join(resolved.target, resolved.plan_key, resolved.query)
         self._stats.incr(target_id, Counter.COMPILES if started else Counter.JOINED)
         log.info("%s build of %s (job %s)", "started" if started else "joined", resolved.plan_key, job_id)
-        budget = self._compile_timeout_s if time_remaining is None else min(time_remaining, self._compile_timeout_s)
-        try:
-            plan = self._builds.wait(resolved.plan_key, job_id, time.monotonic() + budget)
-        except Exception:
-            if started:
-                self._stats.incr(target_id, Counter.FAILURES)
-            raise
-        return plan, pb.COMPILE_SOURCE_COMPILED if started else pb.COMPILE_SOURCE_JOINED
+        return job_id, started
 
-    def get(self, ref: pb.PlanRef) -> StoredPlan:
+    def prefetch(self, request: pb.PrefetchRequest, time_remaining: float | None) -> Iterator[pb.PrefetchItem]:
+        """Stored plans at once; then, with compile_missing, each build as it
+        finishes. A failure answers its own item and never ends the stream."""
+        deadline = self._deadline(time_remaining)
+        building: list[tuple[int, ResolvedQuery, str, bool]] = []
+        for index, ref in enumerate(request.refs):
+            key = ""
+            try:
+                key, resolved = self._ref_key(ref)
+                plan = self._lookup(key, resolved.target if resolved else parse_key(key).target)
+                if plan is not None:
+                    yield pb.PrefetchItem(index=index, key=key, plan=plan.proto, source=pb.COMPILE_SOURCE_HIT)
+                elif not request.compile_missing:
+                    raise NotFound(f"no stored plan {key} (compile_missing is off)")
+                elif resolved is None:
+                    raise NotFound(f"no stored plan {key}; send its spec, target and options to have it compiled")
+                else:
+                    building.append((index, resolved, *self._start_build(resolved)))
+            except PlanCacheError as e:
+                yield _error_item(index, key, e)
+        for index, resolved, job_id, started in building:
+            try:
+                plan = self._builds.wait(resolved.plan_key, job_id, deadline)
+            except PlanCacheError as e:
+                if started:
+                    self._stats.incr(resolved.target.id, Counter.FAILURES)
+                yield _error_item(index, resolved.plan_key, e)
+                continue
+            source = pb.COMPILE_SOURCE_COMPILED if started else pb.COMPILE_SOURCE_JOINED
+            yield pb.PrefetchItem(index=index, key=resolved.plan_key, plan=plan.proto, source=source)
+
+    def _ref_key(self, ref: pb.PlanRef) -> tuple[str, ResolvedQuery | None]:
         kind = ref.WhichOneof("ref")
         if kind == "key":
-            plan_key = ref.key
-            parse_key(plan_key)
-        elif kind == "query":
-            plan_key = self.resolve(ref.query.spec, ref.query.target, ref.query.options).plan_key
-        else:
-            raise InvalidRequest("GetPlan needs a plan key, or a spec with its target and options")
+            parse_key(ref.key)
+            return ref.key, None
+        if kind == "query":
+            resolved = self.resolve(ref.query.spec, ref.query.target, ref.query.options)
+            return resolved.plan_key, resolved
+        raise InvalidRequest("a plan reference needs a plan key, or a spec with its target and options")
+
+    def get(self, ref: pb.PlanRef) -> StoredPlan:
+        plan_key, _ = self._ref_key(ref)
         plan = self._store.get(plan_key)
         if plan is None:
             raise NotFound(f"no stored plan {plan_key} (GetPlan never compiles; use Compile)")
         return plan
+
+    def list_targets(self) -> list[pb.TargetInfo]:
+        infos = []
+        for target_id in self._queue.known_targets():
+            workers = self._queue.workers_of(target_id)
+            infos.append(pb.TargetInfo(target_id=target_id, live_workers=len(workers), worker_ids=workers))
+        return infos
 
     def stats(self) -> list[pb.TargetStats]:
         counters = self._stats.read()
@@ -112,3 +166,9 @@ class PlanService:
                 )
             )
         return rows
+
+
+def _error_item(index: int, key: str, error: PlanCacheError) -> pb.PrefetchItem:
+    return pb.PrefetchItem(
+        index=index, key=key, error=pb.PrefetchError(code=error.code.name, message=error.message, error_class=type(error).__name__)
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import grpc
 
 from plancache.v1 import plancache_pb2 as pb
@@ -21,6 +23,12 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
         # Pre-serialized GetPlanResponse (see StoredPlan.get_plan_response);
         # the interceptor's serializer passes bytes through.
         return self._service.get(request.ref).get_plan_response
+
+    def Prefetch(self, request: pb.PrefetchRequest, context: grpc.ServicerContext) -> Iterator[pb.PrefetchItem]:
+        yield from self._service.prefetch(request, context.time_remaining())
+
+    def ListTargets(self, request: pb.ListTargetsRequest, context: grpc.ServicerContext) -> pb.ListTargetsResponse:
+        return pb.ListTargetsResponse(targets=self._service.list_targets())
 
     def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> pb.GetStatsResponse:
         return pb.GetStatsResponse(targets=self._service.stats())

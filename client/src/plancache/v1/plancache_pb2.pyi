@@ -313,6 +313,58 @@ class GetPlanResponse(_message.Message):
     plan: Plan
     def __init__(self, plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
 
+class PrefetchRequest(_message.Message):
+    __slots__ = ("refs", "compile_missing")
+    REFS_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_MISSING_FIELD_NUMBER: _ClassVar[int]
+    refs: _containers.RepeatedCompositeFieldContainer[PlanRef]
+    compile_missing: bool
+    def __init__(self, refs: _Optional[_Iterable[_Union[PlanRef, _Mapping]]] = ..., compile_missing: _Optional[bool] = ...) -> None: ...
+
+class PrefetchError(_message.Message):
+    __slots__ = ("code", "message", "error_class")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    error_class: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., error_class: _Optional[str] = ...) -> None: ...
+
+class PrefetchItem(_message.Message):
+    __slots__ = ("index", "key", "plan", "error", "source")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    key: str
+    plan: Plan
+    error: PrefetchError
+    source: CompileSource
+    def __init__(self, index: _Optional[int] = ..., key: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., error: _Optional[_Union[PrefetchError, _Mapping]] = ..., source: _Optional[_Union[CompileSource, str]] = ...) -> None: ...
+
+class ListTargetsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TargetInfo(_message.Message):
+    __slots__ = ("target_id", "live_workers", "worker_ids")
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    LIVE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    target_id: str
+    live_workers: int
+    worker_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, target_id: _Optional[str] = ..., live_workers: _Optional[int] = ..., worker_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListTargetsResponse(_message.Message):
+    __slots__ = ("targets",)
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    targets: _containers.RepeatedCompositeFieldContainer[TargetInfo]
+    def __init__(self, targets: _Optional[_Iterable[_Union[TargetInfo, _Mapping]]] = ...) -> None: ...
+
 class GetStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

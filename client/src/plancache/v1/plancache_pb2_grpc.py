@@ -49,6 +49,16 @@ class PlanCacheStub:
                 request_serializer=plancache_dot_v1_dot_plancache__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=plancache_dot_v1_dot_plancache__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.Prefetch = channel.unary_stream(
+                '/plancache.v1.PlanCache/Prefetch',
+                request_serializer=plancache_dot_v1_dot_plancache__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=plancache_dot_v1_dot_plancache__pb2.PrefetchItem.FromString,
+                _registered_method=True)
+        self.ListTargets = channel.unary_unary(
+                '/plancache.v1.PlanCache/ListTargets',
+                request_serializer=plancache_dot_v1_dot_plancache__pb2.ListTargetsRequest.SerializeToString,
+                response_deserializer=plancache_dot_v1_dot_plancache__pb2.ListTargetsResponse.FromString,
+                _registered_method=True)
 
 
 class PlanCacheServicer:
@@ -76,6 +86,21 @@ class PlanCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prefetch(self, request, context):
+        """Many plans in one call, each streamed back as soon as it is available
+        (stored ones first); a node's start-up fetch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTargets(self, request, context):
+        """The targets that can be built now, and their workers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlanCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +118,16 @@ def add_PlanCacheServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=plancache_dot_v1_dot_plancache__pb2.GetStatsRequest.FromString,
                     response_serializer=plancache_dot_v1_dot_plancache__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'Prefetch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Prefetch,
+                    request_deserializer=plancache_dot_v1_dot_plancache__pb2.PrefetchRequest.FromString,
+                    response_serializer=plancache_dot_v1_dot_plancache__pb2.PrefetchItem.SerializeToString,
+            ),
+            'ListTargets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTargets,
+                    request_deserializer=plancache_dot_v1_dot_plancache__pb2.ListTargetsRequest.FromString,
+                    response_serializer=plancache_dot_v1_dot_plancache__pb2.ListTargetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +211,60 @@ class PlanCache:
             '/plancache.v1.PlanCache/GetStats',
             plancache_dot_v1_dot_plancache__pb2.GetStatsRequest.SerializeToString,
             plancache_dot_v1_dot_plancache__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prefetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/plancache.v1.PlanCache/Prefetch',
+            plancache_dot_v1_dot_plancache__pb2.PrefetchRequest.SerializeToString,
+            plancache_dot_v1_dot_plancache__pb2.PrefetchItem.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTargets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/plancache.v1.PlanCache/ListTargets',
+            plancache_dot_v1_dot_plancache__pb2.ListTargetsRequest.SerializeToString,
+            plancache_dot_v1_dot_plancache__pb2.ListTargetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
