@@ -34,7 +34,7 @@ def components(client: redis.Redis, settings: Settings, memory_cache: bool = Fal
     if memory_cache and settings.memory_cache_bytes > 0:
         store = MemoryCachedStore(store, settings.memory_cache_bytes, settings.memory_cache_ttl_s)
     queue = JobQueue(client)
-    return Components(store, queue, Builds(client, store, queue, settings.build_lease_s), Stats(client))
+    return Components(store, queue, Builds(client, store, queue, settings.build_lease_s, settings.negative_ttl_s), Stats(client))
 
 
 def build_grpc_server(client: redis.Redis, settings: Settings) -> tuple[grpc.Server, int, Components]:

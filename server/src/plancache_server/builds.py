@@ -39,6 +39,11 @@ _RELEASE_IF_OWNER = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
+# Extend the lease only while it names our job.
+_RENEW_IF_OWNER = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
 
 
 class CompletionWatcher:
@@ -102,12 +107,14 @@ class CompletionWatcher:
 
 
 class Builds:
-    def __init__(self, client: redis.Redis, store: PlanStore, queue: JobQueue, lease_s: float) -> None:
+    def __init__(self, client: redis.Redis, store: PlanStore, queue: JobQueue, lease_s: float, negative_ttl_s: float = 3600.0) -> None:
         self._redis = client
         self._store = store
         self._queue = queue
         self._lease_s = lease_s
+        self._negative_ttl_s = negative_ttl_s
         self._release = client.register_script(_RELEASE_IF_OWNER)
+        self._renew = client.register_script(_RENEW_IF_OWNER)
         self._watcher = CompletionWatcher(client)
 
     def close(self) -> None:
@@ -162,12 +169,31 @@ class Builds:
             raw = self._redis.hgetall(keys.job_state(plan_key))
         return {k.decode(): v.decode(errors="replace") for k, v in raw.items()}  # type: ignore[union-attr]
 
+    def known_failure(self, plan_key: str) -> str | None:
+        """Why cuDNN rejected this key's graph, if it did recently."""
+        with translated_errors("reading the negative cache"):
+            reason = self._redis.get(keys.failure(plan_key))
+            ttl = self._redis.ttl(keys.failure(plan_key)) if reason is not None else 0
+        if reason is None:
+            return None
+        return f"{reason.decode(errors='replace')} (remembered from an earlier build; retried after {ttl} s)"  # type: ignore[union-attr]
+
     # ---- worker side -------------------------------------------------------
 
     def mark_running(self, plan_key: str, job_id: str, worker_id: str) -> None:
         self._set_state(plan_key, job_id, RUNNING, worker=worker_id)
 
-    def finish(self, plan_key: str, job_id: str, worker_id: str, error: str | None = None) -> None:
+    def renew(self, plan_key: str, job_id: str) -> None:
+        """Keep the lease while building: a dead worker's lease runs out."""
+        with translated_errors("renewing a build lease"):
+            self._renew(keys=[keys.build_lease(plan_key)], args=[job_id, int(self._lease_s * 1000)])
+
+    def finish(self, plan_key: str, job_id: str, worker_id: str, error: str | None = None, rejected: bool = False) -> None:
+        """Record the outcome; `rejected`: cuDNN refused the graph, remembered
+        for the negative cache's lifetime (the key carries the versions)."""
+        if error and rejected:
+            with translated_errors("recording a rejection"):
+                self._redis.set(keys.failure(plan_key), error, ex=max(1, int(self._negative_ttl_s)))
         self._set_state(plan_key, job_id, FAILED if error else DONE, worker=worker_id, error=error or "")
         self._release_lease(plan_key, job_id)
         with translated_errors("announcing a finished build"):
@@ -179,10 +205,8 @@ class Builds:
 
     def _set_state(self, plan_key: str, job_id: str, state: str, **extra: str) -> None:
         name = keys.job_state(plan_key)
+        # Every field, every time: one HSET replaces the previous job's state.
+        fields: dict[str, str] = {"job_id": job_id, "state": state, "updated_at": f"{time.time():.3f}", "worker": "", "error": "", **extra}
         with translated_errors("recording a job state"):
-            pipe = self._redis.pipeline(transaction=True)
-            pipe.delete(name)
-            fields: dict[str, str] = {"job_id": job_id, "state": state, "updated_at": f"{time.time():.3f}", **extra}
-            pipe.hset(name, mapping=fields)  # type: ignore[arg-type]
-            pipe.expire(name, JOB_STATE_TTL_S)
-            pipe.execute()
+            self._redis.hset(name, mapping=fields)  # type: ignore[arg-type]
+            self._redis.expire(name, JOB_STATE_TTL_S)

@@ -49,6 +49,7 @@ class Delivery:
     stream: str
     entry_id: str
     job: Job | None  # None when the entry does not decode
+    attempts: int = 1  # how many times the job was handed to a worker
 
 
 class JobQueue:
@@ -108,17 +109,39 @@ class JobQueue:
         streams = {keys.job_stream(t.id): ">" for t in targets}
         with translated_errors("reading jobs"):
             reply = cast(list[Any], self._redis.xreadgroup(keys.JOB_GROUP, worker_id, streams, count=1, block=block_ms))  # type: ignore[arg-type]
+        return [_delivery(stream.decode(), entry_id, fields) for stream, entries in reply or [] for entry_id, fields in entries]
+
+    def reclaim(self, worker_id: str, targets: list[Target], min_idle_ms: int) -> list[Delivery]:
+        """Jobs another worker took and went silent on (it died mid-build):
+        claimed for this worker, with how often they were handed out."""
         deliveries = []
-        for stream, entries in reply or []:
-            for entry_id, fields in entries:
-                try:
-                    job: Job | None = Job.decode(fields)
-                except (KeyError, ValueError, DecodeError) as e:
-                    log.error("job %s on %s does not decode (%s); dropping it", entry_id, stream, e)
-                    job = None
-                deliveries.append(Delivery(stream.decode(), entry_id.decode(), job))
+        with translated_errors("reclaiming jobs"):
+            for target in targets:
+                stream = keys.job_stream(target.id)
+                reply: Any = self._redis.xautoclaim(stream, keys.JOB_GROUP, worker_id, min_idle_ms, start_id="0-0", count=1)
+                for entry_id, fields in reply[1]:
+                    if fields is None:
+                        continue  # trimmed from the stream meanwhile
+                    pending = self._redis.xpending_range(stream, keys.JOB_GROUP, min=entry_id, max=entry_id, count=1)
+                    attempts = int(pending[0]["times_delivered"]) if pending else 1
+                    deliveries.append(_delivery(stream, entry_id, fields, attempts))
         return deliveries
+
+    def touch(self, delivery: Delivery, worker_id: str) -> None:
+        """Tell the group this worker is still on the job (resets its idle time)."""
+        with translated_errors("touching a job"):
+            self._redis.xclaim(delivery.stream, keys.JOB_GROUP, worker_id, 0, [delivery.entry_id], justid=True)
 
     def ack(self, delivery: Delivery) -> None:
         with translated_errors("acknowledging a job"):
             self._redis.xack(delivery.stream, keys.JOB_GROUP, delivery.entry_id)
+
+
+def _delivery(stream: str, entry_id: bytes | str, fields: dict[bytes, bytes], attempts: int = 1) -> Delivery:
+    entry = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    try:
+        job: Job | None = Job.decode(fields)
+    except (KeyError, ValueError, DecodeError) as e:
+        log.error("job %s on %s does not decode (%s); dropping it", entry, stream, e)
+        job = None
+    return Delivery(stream, entry, job, attempts)

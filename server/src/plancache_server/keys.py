@@ -34,6 +34,11 @@ def job_state(plan_key: str) -> str:
     return f"{PREFIX}:{{{plan_key}}}:job"
 
 
+def failure(plan_key: str) -> str:
+    """String: why cuDNN rejected this plan's graph (negative cache; expires)."""
+    return f"{PREFIX}:{{{plan_key}}}:failed"
+
+
 def job_stream(target_id: str) -> str:
     """Stream of build jobs for one target."""
     return f"{PREFIX}:jobs:{target_id}"

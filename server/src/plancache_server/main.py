@@ -12,7 +12,7 @@ from plancache_server.app import build_grpc_server
 from plancache_server.embedded_redis import EmbeddedRedis
 from plancache_server.gpus import select_gpus
 from plancache_server.redis_conn import connect
-from plancache_server.settings import server_settings
+from plancache_server.settings import server_settings, worker_flags
 from plancache_server.supervisor import WorkerProcesses
 
 log = logging.getLogger("plancache_server")
@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     client = connect(redis_url)
     server, port, parts = build_grpc_server(client, settings)
     devices = select_gpus(settings.gpus)
-    workers = WorkerProcesses(devices, redis_url, settings.compiler, settings.log_level, settings.heartbeat_ttl_s)
+    workers = WorkerProcesses(devices, redis_url, settings.compiler, settings.log_level, worker_flags(settings))
     if devices:
         workers.start()
     else:

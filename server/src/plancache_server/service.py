@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from plancache import spec_io
 from plancache.canonical import hash_normalized
-from plancache.errors import InvalidRequest, NotFound, PlanCacheError, TargetUnavailable
+from plancache.errors import CompileFailed, InvalidRequest, NotFound, PlanCacheError, TargetUnavailable
 from plancache.options import CompileOptions
 from plancache.plankey import make_key, parse_key
 from plancache.target import Target
@@ -79,6 +79,9 @@ class PlanService:
     def _start_build(self, resolved: ResolvedQuery) -> tuple[str, bool]:
         """Start the build of a missing plan, or join the one in progress."""
         target_id = resolved.target.id
+        known = self._builds.known_failure(resolved.plan_key)
+        if known is not None:
+            raise CompileFailed(known)
         if self._queue.live_workers(resolved.target) == 0:
             live = self._queue.known_targets()
             raise TargetUnavailable(

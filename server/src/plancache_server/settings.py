@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from plancache.validation import Limits
 
@@ -35,8 +36,16 @@ class Settings:
     max_message_bytes: int = 64 * 2**20
     # How long a Compile call waits for a build when the caller sets no deadline.
     compile_timeout_s: float = 900.0
-    # A build lease outlives a crashed worker by at most this long.
-    build_lease_s: float = 900.0
+    # A build lease (renewed by the building worker) outlives a dead worker
+    # by at most this long; longer than claim_idle_s, so a reclaimed job
+    # still holds its lease.
+    build_lease_s: float = 120.0
+    # A job whose worker has been silent this long is taken by another worker.
+    claim_idle_s: float = 60.0
+    # Hand-outs of one job before it fails (workers dying on it).
+    max_attempts: int = 3
+    # How long cuDNN's rejection of a graph is remembered.
+    negative_ttl_s: float = 3600.0
     heartbeat_interval_s: float = 2.0
     heartbeat_ttl_s: float = 10.0
     log_level: str = "INFO"
@@ -56,6 +65,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="env PLANCACHE_LOG_LEVEL")
     parser.add_argument("--compiler", default=_env("COMPILER", "cudnn"), help="'cudnn', or module:factory for a stand-in (env PLANCACHE_COMPILER)")
     parser.add_argument("--heartbeat-ttl", type=float, default=float(_env("HEARTBEAT_TTL", "10") or 10), help="seconds a silent worker counts as live")
+    parser.add_argument("--heartbeat-interval", type=float, default=float(_env("HEARTBEAT_INTERVAL", "2") or 2), help="seconds between a worker's heartbeats")
+    parser.add_argument("--claim-idle", type=float, default=float(_env("CLAIM_IDLE", "60") or 60), help="seconds before a silent worker's job is reclaimed")
+    parser.add_argument("--build-lease", type=float, default=float(_env("BUILD_LEASE", "120") or 120), help="seconds a build lease outlives a dead worker")
+    parser.add_argument("--max-attempts", type=int, default=int(_env("MAX_ATTEMPTS", "3") or 3), help="hand-outs of one job before it fails")
+    parser.add_argument("--negative-ttl", type=float, default=float(_env("NEGATIVE_TTL", "3600") or 3600), help="seconds a cuDNN rejection is remembered")
 
 
 def server_parser() -> argparse.ArgumentParser:
@@ -94,4 +108,28 @@ def server_settings(argv: Sequence[str] | None = None) -> Settings:
         log_level=args.log_level.upper(),
         memory_cache_bytes=args.memory_cache_mb * 2**20,
         memory_cache_ttl_s=args.memory_cache_ttl,
+        **common_settings(args),
     )
+
+
+def common_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The Settings fields both entry points take from their flags."""
+    if args.claim_idle < 2 * args.heartbeat_interval or args.heartbeat_ttl < 2 * args.heartbeat_interval:
+        raise SystemExit("--claim-idle and --heartbeat-ttl must be at least twice --heartbeat-interval (a live worker would look dead)")
+    return {
+        "heartbeat_interval_s": args.heartbeat_interval,
+        "claim_idle_s": args.claim_idle,
+        "build_lease_s": args.build_lease,
+        "max_attempts": args.max_attempts,
+        "negative_ttl_s": args.negative_ttl,
+    }
+
+
+def worker_flags(settings: Settings) -> list[str]:
+    """Flags that hand these settings on to a `plancache-worker` child."""
+    return [
+        "--heartbeat-ttl", str(settings.heartbeat_ttl_s), "--heartbeat-interval", str(settings.heartbeat_interval_s),
+        "--claim-idle", str(settings.claim_idle_s),
+        "--build-lease", str(settings.build_lease_s), "--max-attempts", str(settings.max_attempts),
+        "--negative-ttl", str(settings.negative_ttl_s),
+    ]  # fmt: skip

@@ -17,11 +17,11 @@ EXIT_MISCONFIGURED = 3
 
 
 class WorkerProcesses:
-    def __init__(self, devices: list[int], redis_url: str, compiler: str, log_level: str, heartbeat_ttl_s: float) -> None:
+    def __init__(self, devices: list[int], redis_url: str, compiler: str, log_level: str, flags: list[str]) -> None:
         self._devices = devices
         self._base = [
             sys.executable, "-m", "plancache_server.worker_main", "--redis-url", redis_url, "--compiler", compiler,
-            "--log-level", log_level, "--heartbeat-ttl", str(heartbeat_ttl_s),
+            "--log-level", log_level, *flags,
         ]  # fmt: skip
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._restarts: dict[int, int] = {}

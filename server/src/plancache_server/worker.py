@@ -82,6 +82,8 @@ class Worker:
         worker_id: str,
         heartbeat_interval_s: float = 2.0,
         heartbeat_ttl_s: float = 10.0,
+        claim_idle_s: float = 60.0,
+        max_attempts: int = 3,
     ) -> None:
         self.compiler = compiler
         self.worker_id = worker_id
@@ -91,7 +93,11 @@ class Worker:
         self._targets = list(dict.fromkeys([compiler.target, compiler.target.generic()]))
         self._interval = heartbeat_interval_s
         self._ttl = heartbeat_ttl_s
+        self._claim_idle_ms = int(claim_idle_s * 1000)
+        self._max_attempts = max_attempts
         self._stop = threading.Event()
+        # The job being built, kept alive by the heartbeat thread.
+        self._current: Delivery | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -102,12 +108,18 @@ class Worker:
         beat = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{self.worker_id}", daemon=True)
         beat.start()
         joined = False
+        next_reclaim = 0.0
         while not self._stop.is_set():
             try:
                 if not joined:
                     self._queue.join(self._targets)
                     joined = True
-                for delivery in self._queue.read(self.worker_id, self._targets, block_ms=500):
+                deliveries = self._queue.read(self.worker_id, self._targets, block_ms=500)
+                if not deliveries and time.monotonic() >= next_reclaim:
+                    # Jobs whose worker died mid-build: silent past claim_idle.
+                    deliveries = self._queue.reclaim(self.worker_id, self._targets, self._claim_idle_ms)
+                    next_reclaim = time.monotonic() + min(self._claim_idle_ms / 2000, 5.0)
+                for delivery in deliveries:
                     self._handle(delivery)
             except StoreUnavailable as e:
                 log.warning("worker %s: %s; retrying in 1s", self.worker_id, e)
@@ -123,6 +135,10 @@ class Worker:
         while not self._stop.is_set():
             try:
                 self._queue.heartbeat(self.worker_id, self._targets, self._ttl)
+                current = self._current
+                if current is not None and current.job is not None:
+                    self._builds.renew(current.job.plan_key, current.job.job_id)
+                    self._queue.touch(current, self.worker_id)
             except StoreUnavailable as e:
                 log.debug("heartbeat failed: %s", e)
             self._stop.wait(self._interval)
@@ -137,13 +153,27 @@ class Worker:
             self._builds.finish(job.plan_key, job.job_id, self.worker_id)
             self._queue.ack(delivery)
             return
+        if delivery.attempts > self._max_attempts:
+            reason = f"gave up after {delivery.attempts - 1} attempts: every worker that took this build stopped answering mid-build"
+            log.error("job %s (%s): %s", job.job_id, job.plan_key, reason)
+            self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=reason)
+            self._queue.ack(delivery)
+            return
+        if delivery.attempts > 1:
+            log.warning("job %s: reclaimed (attempt %d) from a worker that stopped answering", job.job_id, delivery.attempts)
         self._builds.mark_running(job.plan_key, job.job_id, self.worker_id)
-        error = self.build(job)
-        self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=error)
+        self._builds.renew(job.plan_key, job.job_id)
+        self._current = delivery
+        try:
+            error, rejected = self.build(job)
+        finally:
+            self._current = None
+        self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=error, rejected=rejected)
         self._queue.ack(delivery)
 
-    def build(self, job: Job) -> str | None:
-        """Compile and store one job's plan; the failure reason, or None."""
+    def build(self, job: Job) -> tuple[str | None, bool]:
+        """Compile and store one job's plan: (failure reason or None, whether
+        cuDNN rejected the graph, as opposed to the worker failing)."""
         started = time.monotonic()
         try:
             spec = normalize(spec_io.from_proto(job.query.spec))
@@ -151,17 +181,17 @@ class Worker:
             compiled = self.compiler.compile(spec, options)
         except CompileFailed as e:
             log.info("job %s: cuDNN rejected %s: %s", job.job_id, job.plan_key, e.message)
-            return e.message
+            return e.message, True
         except PlanCacheError as e:
             log.warning("job %s: %s", job.job_id, e.message)
-            return e.message
+            return e.message, False
         except Exception as e:  # a bug or a GPU fault: report it, keep serving
             log.exception("job %s: compiler crashed", job.job_id)
-            return f"compiler error on worker {self.worker_id}: {type(e).__name__}: {e}"
+            return f"compiler error on worker {self.worker_id}: {type(e).__name__}: {e}", False
         metadata = plan_metadata(job, compiled, self.worker_id, self.compiler.target.to_proto())
         self._store.put(StoredPlan(blob=compiled.blob, metadata=metadata))
         log.info(
             "job %s: built %s in %.2fs (%d candidates, chose %s, %d bytes)",
             job.job_id, job.plan_key, time.monotonic() - started, len(compiled.candidates), compiled.plan_name, len(compiled.blob),
         )  # fmt: skip
-        return None
+        return None, False

@@ -13,17 +13,16 @@ from collections.abc import Sequence
 
 from plancache_server.gpus import visible_gpus
 from plancache_server.main import configure_logging
-from plancache_server.settings import worker_parser
+from plancache_server.settings import Settings, common_settings, worker_flags, worker_parser
 from plancache_server.supervisor import EXIT_MISCONFIGURED, WorkerProcesses
 
 log = logging.getLogger("plancache_server.worker")
 
 
-def run_one(device: int, redis_url: str, compiler_name: str, heartbeat_ttl_s: float) -> int:
+def run_one(device: int, settings: Settings, compiler_name: str) -> int:
     from plancache_server.app import components
     from plancache_server.compiler import load_compiler
     from plancache_server.redis_conn import connect
-    from plancache_server.settings import Settings
     from plancache_server.worker import Worker, default_worker_id
 
     try:
@@ -31,8 +30,12 @@ def run_one(device: int, redis_url: str, compiler_name: str, heartbeat_ttl_s: fl
     except ImportError as e:
         log.error("cannot load the %r compiler (%s is missing): install plancache-server[gpu]", compiler_name, e.name)
         return EXIT_MISCONFIGURED
-    parts = components(connect(redis_url), Settings(redis_url=redis_url))
-    worker = Worker(compiler, parts.queue, parts.builds, parts.store, default_worker_id(device), heartbeat_ttl_s=heartbeat_ttl_s)
+    assert settings.redis_url is not None
+    parts = components(connect(settings.redis_url), settings)
+    worker = Worker(
+        compiler, parts.queue, parts.builds, parts.store, default_worker_id(device), heartbeat_interval_s=settings.heartbeat_interval_s,
+        heartbeat_ttl_s=settings.heartbeat_ttl_s, claim_idle_s=settings.claim_idle_s, max_attempts=settings.max_attempts,
+    )  # fmt: skip
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("worker %s: %s, finishing the current job", worker.worker_id, signal.Signals(signum).name)
@@ -54,9 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not devices:
         log.error("no GPU visible: nothing to do")
         return 2
+    settings = Settings(redis_url=args.redis_url, heartbeat_ttl_s=args.heartbeat_ttl, **common_settings(args))
     if len(devices) == 1:
-        return run_one(devices[0], args.redis_url, args.compiler, args.heartbeat_ttl)
-    procs = WorkerProcesses(devices, args.redis_url, args.compiler, args.log_level.upper(), args.heartbeat_ttl)
+        return run_one(devices[0], settings, args.compiler)
+    procs = WorkerProcesses(devices, args.redis_url, args.compiler, args.log_level.upper(), worker_flags(settings))
     procs.start()
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
