@@ -26,11 +26,14 @@ def free_port() -> int:
 
 
 class EmbeddedRedis:
-    def __init__(self, data_dir: Path, binary: str = "redis-server", port: int | None = None, persist: bool = True) -> None:
+    def __init__(
+        self, data_dir: Path, binary: str = "redis-server", port: int | None = None, persist: bool = True, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.binary = binary
         self.port = port or free_port()
         self.persist = persist
+        self.extra_args = extra_args
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -48,7 +51,7 @@ class EmbeddedRedis:
         args = [
             executable, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
             "--save", "", "--appendonly", "yes" if self.persist else "no", "--protected-mode", "yes",
-            "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log"),
+            "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log"), *self.extra_args,
         ]  # fmt: skip
         self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout_s

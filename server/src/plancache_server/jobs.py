@@ -60,7 +60,7 @@ class JobQueue:
 
     def enqueue(self, target: Target, job: Job) -> None:
         with translated_errors("queueing a build"):
-            self._redis.xadd(keys.job_stream(target.id), job.encode(), maxlen=STREAM_MAX_LEN, approximate=True)  # type: ignore[arg-type]
+            self._redis.xadd(keys.job_stream(target), job.encode(), maxlen=STREAM_MAX_LEN, approximate=True)  # type: ignore[arg-type]
 
     def live_workers(self, target: Target) -> int:
         with translated_errors("looking up workers"):
@@ -85,7 +85,7 @@ class JobQueue:
         with translated_errors("joining job streams"):
             for target in targets:
                 try:
-                    self._redis.xgroup_create(keys.job_stream(target.id), keys.JOB_GROUP, id="0", mkstream=True)
+                    self._redis.xgroup_create(keys.job_stream(target), keys.JOB_GROUP, id="0", mkstream=True)
                 except redis.ResponseError as e:
                     if "BUSYGROUP" not in str(e):
                         raise
@@ -106,7 +106,7 @@ class JobQueue:
                 self._redis.zrem(keys.workers(target.id), worker_id)
 
     def read(self, worker_id: str, targets: list[Target], block_ms: int) -> list[Delivery]:
-        streams = {keys.job_stream(t.id): ">" for t in targets}
+        streams = {keys.job_stream(t): ">" for t in targets}
         with translated_errors("reading jobs"):
             reply = cast(list[Any], self._redis.xreadgroup(keys.JOB_GROUP, worker_id, streams, count=1, block=block_ms))  # type: ignore[arg-type]
         return [_delivery(stream.decode(), entry_id, fields) for stream, entries in reply or [] for entry_id, fields in entries]
@@ -117,7 +117,7 @@ class JobQueue:
         deliveries = []
         with translated_errors("reclaiming jobs"):
             for target in targets:
-                stream = keys.job_stream(target.id)
+                stream = keys.job_stream(target)
                 reply: Any = self._redis.xautoclaim(stream, keys.JOB_GROUP, worker_id, min_idle_ms, start_id="0-0", count=1)
                 for entry_id, fields in reply[1]:
                     if fields is None:

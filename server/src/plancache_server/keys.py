@@ -7,6 +7,8 @@ state live on one shard of a Redis Cluster.
 
 from __future__ import annotations
 
+from plancache.target import Target
+
 PREFIX = "plancache"
 
 # Pub/sub channel on which workers announce finished jobs.
@@ -39,9 +41,11 @@ def failure(plan_key: str) -> str:
     return f"{PREFIX}:{{{plan_key}}}:failed"
 
 
-def job_stream(target_id: str) -> str:
-    """Stream of build jobs for one target."""
-    return f"{PREFIX}:jobs:{target_id}"
+def job_stream(target: Target) -> str:
+    """Stream of build jobs for one target. A worker reads its exact and its
+    generic target's streams in one XREADGROUP, so both carry the generic
+    target as hash tag (one shard in a cluster)."""
+    return f"{PREFIX}:{{jobs:{target.generic().id}}}:{target.id}"
 
 
 def workers(target_id: str) -> str:

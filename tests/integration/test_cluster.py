@@ -1,0 +1,85 @@
+"""Redis Cluster: a 3-master cluster started from redis-server; the store and
+the whole compile path (streams, leases, pub/sub, stats) run against it."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+
+from plancache import CompileFailed, Manifest, NotFound
+from plancache.v1 import plancache_pb2 as pb
+from plancache_server import keys
+from plancache_server.redis_conn import connect
+from plancache_server.store import RedisPlanStore, StoredPlan
+from tests.conftest import Stack, start_stack
+from tests.support.redis_cluster import LocalCluster
+from tests.support.specs import matmul_spec
+from tests.support.standin import REJECTED_NAME, StandInCompiler
+from tests.support.standin import STANDIN_TARGET as TARGET
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path_factory.mktemp("cluster")).start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def cluster_client(cluster: LocalCluster) -> Iterator[redis.Redis]:
+    client = connect(cluster.url)
+    assert isinstance(client, redis.RedisCluster)
+    client.flushall()
+    yield client
+    client.close()
+
+
+def _plan(key: str) -> StoredPlan:
+    blob = hashlib.sha256(key.encode()).digest() * 2000
+    return StoredPlan(blob, pb.PlanMetadata(key=key, spec_hash="ab" * 32, blob_sha256=hashlib.sha256(blob).hexdigest()))
+
+
+def test_store_put_get_corrupt_delete_on_a_cluster(cluster_client: redis.Redis) -> None:
+    store = RedisPlanStore(cluster_client)
+    plans = [_plan(f"{i:064x}/{TARGET.id}/opt-{i:016x}") for i in range(20)]
+    for p in plans:
+        store.put(p)
+    slots = {cluster_client.keyslot(keys.plan(p.metadata.key)) for p in plans}  # type: ignore[attr-defined]
+    assert len(slots) > 1  # the plans are spread over the shards
+    assert all(store.get(p.metadata.key) == p for p in plans)
+    victim = plans[0].metadata.key
+    cluster_client.hset(keys.plan(victim), "blob", b"corrupt")
+    assert store.get(victim) is None
+    store.delete(plans[1].metadata.key)
+    assert store.get(plans[1].metadata.key) is None
+    for key in (keys.plan(victim), keys.build_lease(victim), keys.job_state(victim), keys.failure(victim)):
+        assert cluster_client.keyslot(key) == cluster_client.keyslot(keys.plan(victim))  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def cluster_stack(cluster: LocalCluster, cluster_client: redis.Redis) -> Iterator[Stack]:
+    s, stop = start_stack(cluster.url, StandInCompiler(build_seconds=0.5))
+    yield s
+    stop()
+
+
+def test_compile_path_on_a_cluster(cluster_stack: Stack) -> None:
+    with cluster_stack.client() as client, ThreadPoolExecutor(16) as pool:
+        plans = list(pool.map(lambda _: client.compile(matmul_spec(), TARGET), range(16)))
+        assert len(cluster_stack.compiler.builds) == 1 and len({p.blob for p in plans}) == 1
+        assert client.compile(matmul_spec(), TARGET).source == "hit"
+        with pytest.raises(CompileFailed):
+            client.compile(matmul_spec(m=8, name=REJECTED_NAME), TARGET)
+        with pytest.raises(NotFound):
+            client.get(spec=matmul_spec(m=32), target=TARGET)
+        prefetched = client.prefetch(Manifest.from_specs([matmul_spec(), matmul_spec(m=32)], TARGET), compile_missing=True)
+        assert (prefetched.fetched, prefetched.compiled, prefetched.failed) == (1, 1, 0)
+        row = {r.target_id: r for r in client.stats()}[TARGET.id]
+        assert row.compiles == 3 and row.live_workers == 1
+        assert {t.target_id for t in client.list_targets()} == {TARGET.id, TARGET.generic().id}

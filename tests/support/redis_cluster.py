@@ -1,0 +1,71 @@
+"""A 3-master Redis Cluster on loopback, from plain redis-server processes."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from plancache_server.embedded_redis import EmbeddedRedis
+
+
+def _port_pair_free(port: int) -> bool:
+    """The port and its cluster bus port (port + 10000) are both free."""
+    for p in (port, port + 10000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                return False
+    return True
+
+
+def cluster_ports(count: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < count:
+        port = random.randint(20000, 50000)
+        if port not in ports and _port_pair_free(port):
+            ports.append(port)
+    return ports
+
+
+class LocalCluster:
+    def __init__(self, root: Path, masters: int = 3) -> None:
+        self.nodes = [
+            EmbeddedRedis(root / f"node{port}", port=port, persist=False,
+                          extra_args=("--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf", "--cluster-node-timeout", "2000"))
+            for port in cluster_ports(masters)
+        ]  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}/0"
+
+    def start(self) -> LocalCluster:
+        for node in self.nodes:
+            node.start()
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise FileNotFoundError("redis-cli not found (Debian package redis-tools)")
+        subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes), "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        for node in self.nodes:
+            client = redis.Redis(port=node.port)
+            while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the cluster did not reach cluster_state:ok")
+                time.sleep(0.1)
+            client.close()
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
