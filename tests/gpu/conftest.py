@@ -70,7 +70,7 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             target = detect_target()
             session["target"] = target.id
             wait_for_workers(address, proc=server)
-            with Client(address) as client:
+            with Client(address, cache=False) as client:
                 for name, build in EXAMPLES.items():
                     session["cases"][name] = _compile(client, name, build(), target)
             session["client"] = _run_client_process(address, session["cases"], out, env)
