@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Writes docs/performance.md from bench/results/*.json (the current figures).
+
+    python3 scripts/performance-doc.py
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+
+def yes(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def cpu_section(cpu: dict) -> list[str]:
+    s = cpu["summary"]
+    out = [
+        "## CPU (`make bench`; plans from the stand-in compiler, 75 KB)\n",
+        f"Machine: {cpu['machine']['cpus']} cores, Python {cpu['machine']['python']}, loopback. Servers are separate processes; the load "
+        "generator is one process of threads. The floor is a bare gRPC server answering GetPlan with the same bytes "
+        "(`bench/echo_server.py`, same thread pool) plus one raw redis-py GET of the same 75 KB blob.\n",
+        "| clients | path | p50 ms | p50 range | p99 ms | req/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for clients, by in cpu["hit_path"].items():
+        for name, m in by.items():
+            out.append(f"| {clients} | {name} | {m['p50_ms']['median']:.3f} | {m['p50_ms']['min']:.3f}–{m['p50_ms']['max']:.3f} | {m['p99_ms']['median']:.3f} | {m['rps']['median']:,.0f} |")
+    sf, cc = cpu["startup_fetch"], cpu["client_cache_hit"]
+    out += [
+        "",
+        "| row | measure | value | target | met |",
+        "|---|---|---|---|---|",
+        f"| 1 | hit p50 / floor, 1 client | {s['hit_p50_over_floor']:.2f} | ≤ 1.25 | {yes(s['hit_p50_over_floor'] <= 1.25)} |",
+        f"| 1 | same, front-end memory cache off | {s['hit_p50_over_floor_no_memory_cache']:.2f} | — | — |",
+        f"| 1 | throughput / echo, 16 clients | {s['throughput_over_echo']:.2f} | ≥ 0.8 | {yes(s['throughput_over_echo'] >= 0.8)} |",
+        f"| 1 | same, memory cache off | {s['throughput_over_echo_no_memory_cache']:.2f} | — | — |",
+        f"| 2 | client disk cache hit in a fresh process, per plan (median over {cc['plans']} plans; first plan {cc['first_plan_ms']['median']:.2f} ms; import {cc['import_s']['median'] * 1e3:.0f} ms) | {s['client_cache_hit_ms']:.3f} ms | < 0.3 ms | {yes(s['client_cache_hit_ms'] < 0.3)} |",
+        f"| 3 | builds for one missing key, 64 concurrent Compile calls, 1 s build, per round | {s['coalescing_builds']} | 1 | {yes(all(b == 1 for b in s['coalescing_builds']))} |",
+        f"| 3 | waiters' latency / builder's (median of rounds' p50; worst waiter) | {s['waiters_over_builder_p50']:.3f}; {s['waiters_over_builder_max']:.3f} | < 1.05 | {yes(s['waiters_over_builder_p50'] < 1.05)} |",
+        f"| 4 | start-up fetch of {sf['plans']} plans: one GetPlan per plan | {sf['per_call_sequential_plans_per_s']['median']:,.0f} plans/s (8 threads: {sf['per_call_8_threads_plans_per_s']['median']:,.0f}) | — | — |",
+        f"| 4 | the same, one streamed Prefetch call | {sf['streamed_plans_per_s']['median']:,.0f} plans/s ({s['streamed_over_per_call']:.2f}x) | — | — |",
+        "",
+        "What it took: a hit used to cost an HMGET of the 75 KB blob plus its sha256 (~0.3 ms of a ~1.1 ms GetPlan on this machine: "
+        "1.54x the floor, 0.45x the echo's throughput). The front end keeps verified plans in a bounded in-process LRU "
+        "(`--memory-cache-mb`, default 256; `--memory-cache-ttl`, default 30 s, bounds how long a plan deleted from Redis can still be "
+        "served), answers GetPlan with a response serialized once per plan, and caches key parsing. The rows with the memory cache off "
+        "show the Redis-on-every-hit path.\n",
+    ]
+    return out
+
+
+def gpu_section(gpu: dict) -> list[str]:
+    g = gpu["summary"]
+    rows = [r for r in gpu["rows"] if "tuned_ms" in r]
+    warm = [(r["build_s"] + r["autotune_s"]) / (r["fetch_s"] + r["deserialize_again_s"]) for r in rows]
+    out = [
+        "## GPU (`scripts/gpu-check.sh` → `bench/gpu_bench.py`; NVIDIA H200, cuDNN 9.19, frontend 1.32, torch 2.11; "
+        "[docs/gpu-runs/2026-11-29-h200-run4.md](gpu-runs/2026-11-29-h200-run4.md))\n",
+        "One plancache server with a real cuDNN worker builds and autotunes every case (and, for row 6, builds it again without "
+        "autotuning: heuristic plan 0). Each case is then fetched by a **fresh client process**, which, after its imports and cuDNN "
+        "handle (which load cuBLASLt: 0.3–0.45 s, a cost a local build pays too), times request → deserialized plan, deserializes the "
+        "blob a second time, and times the autotuned plan, plan 0 and torch on the same tensors, interleaved, 5 rounds, from CUDA-graph "
+        "replays (eager only where torch's backward cannot be captured).\n",
+        "| case | plans | build+tune s | fetch ms | first deser ms | deser again ms | build/ready cold | build/ready warm | tuned ms | plan 0 ms | gain | torch ms | plan/torch | blob KB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r, w in zip(rows, warm, strict=True):
+        b = r["build_s"] + r["autotune_s"]
+        out.append(
+            f"| {r['case']} | {r['plans']} | {b:.2f} | {r['fetch_s'] * 1e3:.1f} | {r['deserialize_s'] * 1e3:.1f} | {r['deserialize_again_s'] * 1e3:.1f} | "
+            f"{r['build_over_ready']:.0f}x | {w:.0f}x | {r['tuned_ms']:.4f} | {r['plan0_ms']:.4f} | {r['autotune_gain']:.2f} | {r['torch_ms']:.4f} | "
+            f"{r['plan_over_torch']:.2f} | {r['blob_bytes'] / 1024:.1f} |"
+        )
+    out += [
+        "",
+        "| row | measure | value | target | met |",
+        "|---|---|---|---|---|",
+        f"| 5 | build+autotune / fresh-process fetch+deserialize, median | {g['build_over_ready_median']:.0f}x (min {g['build_over_ready_min']:.0f}x) | ≥ 100x | {yes(g['build_over_ready_median'] >= 100)} |",
+        f"| 5 | same with the deserialize a warm process pays (its 2nd plan onwards), median | {statistics.median(warm):.0f}x (min {min(warm):.0f}x) | — | — |",
+        f"| 6 | autotune gain (plan 0 time / chosen time), median; max | {g['autotune_gain_median']:.3f}; {g['autotune_gain_max']:.2f} | never slower beyond noise | {yes(not g['slower_than_plan0_beyond_noise'])} |",
+        f"| 7 | plan / torch, median | {g['plan_over_torch_median']:.2f} | ≤ 1.0; every case > 1.1 explained | {yes(g['plan_over_torch_median'] <= 1.0)}; cases > 1.1: {len(g['above_1_1_vs_torch'])} |",
+        "| 8 | plan size and deserialize time | table above | — | — |",
+        "",
+        "Reading it:",
+        "- **Row 5 misses its target in a fresh process.** The first deserialize in a process costs 26–142 ms against 0.6–28 ms for the "
+        "next one: CUDA loads each kernel module lazily on first use (the same matmul engine read 26 ms in fp16 and 142 ms in bf16; "
+        "convolutions 42–141 ms). A local build pays those loads too (inside its 2.6–15 s), so in a process that loads several plans "
+        "the warm figure is the relevant one. The server's build times also vary with what the machine has cached (SDPA builds: "
+        "0.7–2.6 s here, 2.9 s in the first measurements), which is why the SDPA cases sit lowest.",
+        "- **Autotuning** gains little on these shapes: cuDNN's heuristics already rank well on an H200; the exceptions are fused "
+        "epilogues and norms (mm+bias+gelu 1.15x, layernorm 1.46x). Timing from CUDA-graph replays was necessary: eager launch loops "
+        "measured ~15 µs of host time for every matmul candidate and picked a plan twice as slow as plan 0 (run 1).",
+        "- **Versus torch**: matmuls and SDPA forward match torch (which runs the same cuBLASLt/cuDNN kernels); fused conv+bias+relu is "
+        "1.3–2.1x faster than torch's unfused ops, SDPA backward 1.1–1.4x (torch's backward is timed eagerly: its autograd call cannot "
+        "be captured, so its host overhead is included), norms 1.2–1.6x.\n",
+    ]
+    return out
+
+
+def multi_gpu_section(mg: dict) -> list[str]:
+    return [
+        "## Two GPUs (`scripts/multi-gpu-check.sh` → `bench/multi_gpu.py`; 2 × H200; "
+        "[docs/gpu-runs/2026-11-29-h200x2-run5.md](gpu-runs/2026-11-29-h200x2-run5.md))\n",
+        "Eight distinct specs compiled at once by a fresh server with one worker (`--gpus 0`) or two (`--gpus 0,1`) on an empty Redis; "
+        "a discarded warm-up phase, then 2, 1, 2 GPUs alternating.\n",
+        "| measure | value | target | met |",
+        "|---|---|---|---|",
+        f"| wall time, 1 GPU (measured phases) | {', '.join(f'{w:.1f} s' for w in mg['one_gpu_wall_s'])} | — | — |",
+        f"| wall time, 2 GPUs | {', '.join(f'{w:.1f} s' for w in mg['two_gpus_wall_s'])} | — | — |",
+        f"| compile throughput, 2 GPUs / 1 | {mg['throughput_ratio']:.2f}x | ≥ 1.8x | {yes(mg['throughput_ratio'] >= 1.8)} |",
+        f"| builds on different GPUs overlapping in time, per 2-GPU phase | {mg['overlapping_build_pairs']} | — | — |",
+        "",
+    ]
+
+
+def main() -> None:
+    cpu = json.loads((RESULTS / "cpu_bench.json").read_text())
+    gpu = json.loads((RESULTS / "gpu_bench.json").read_text())
+    mg = json.loads((RESULTS / "multi_gpu.json").read_text())
+    lines = [
+        "# Performance\n",
+        "Current figures and how to reproduce them. Every ratio is measured side by side in one run (baselines interleaved with what "
+        "is measured, medians of repeats, ranges in the JSON). Raw results: `bench/results/`; this page is written from them by "
+        "`python3 scripts/performance-doc.py`.\n",
+        *cpu_section(cpu),
+        *gpu_section(gpu),
+        *multi_gpu_section(mg),
+        "## Reproduce\n",
+        "- CPU: `make bench` (writes `bench/results/cpu_bench.json` and `.png`); `python bench/cpu_bench.py --quick --out DIR` for a short run.",
+        "- GPU: on a machine with an NVIDIA GPU, Python 3.12 and torch: `scripts/fetch-gpu-wheels.sh` (where there is internet), then "
+        "`OUT=DIR bash scripts/gpu-check.sh` (tests, then the benchmark; results and logs in DIR); `python3 scripts/gpu-report.py DIR` "
+        "renders the tables of a docs/gpu-runs/ record. Two GPUs: `OUT=DIR bash scripts/multi-gpu-check.sh`.",
+        "- Then copy the JSON/PNG results into `bench/results/` and run `python3 scripts/performance-doc.py`.",
+    ]
+    (ROOT / "docs" / "performance.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
