@@ -225,7 +225,7 @@ def main() -> None:
         try:
             with server_process(address, redis_server.url, tmp / "server.log", "--gpus", "none"), server_process(
                 uncached, redis_server.url, tmp / "server-uncached.log", "--gpus", "none", "--memory-cache-mb", "0"
-            ), worker_process(redis_server.url, tmp / "worker.log", "--device", "0", "--compiler", "tests.support.standin:factory", env=env) as worker:
+            ), worker_process(redis_server.url, tmp / "worker.log", "--device", "0", "--compiler", "tests.support.standin:factory", "--unsigned", env=env) as worker:
                 wait_for_workers(address, proc=worker)
                 servers = {"plancache": address, "plancache_no_memory_cache": uncached, "echo": f"127.0.0.1:{echo_port}"}
                 results = {

@@ -26,7 +26,7 @@ from bench.gpu_cases import CASES
 from bench.report import figure, save, table, write_json
 from plancache import Client, CompileOptions, PlanCacheError
 from plancache_server.embedded_redis import EmbeddedRedis, free_port
-from tests.support.processes import REPO, child_env, server_process, wait_for_workers
+from tests.support.processes import REPO, child_env, server_process, signing_public_key, trusting_env, wait_for_workers
 
 NOISE = 1.05
 
@@ -71,10 +71,13 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=list(CASES))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    redis = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="plancache-bench-")), binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
+    tmp = Path(tempfile.mkdtemp(prefix="plancache-bench-"))
+    redis = EmbeddedRedis(tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
     address = f"127.0.0.1:{free_port()}"
     try:
-        with server_process(address, redis.url, args.out / "bench-server.log", "--gpus", "0") as server:
+        with server_process(address, redis.url, args.out / "bench-server.log", "--gpus", "0", "--data-dir", str(tmp / "server-data")) as server:
+            # Clients here (and the per-case processes) accept only plans signed by this server's worker.
+            os.environ.update(trusting_env(signing_public_key(tmp / "server-data")))
             wait_for_workers(address, proc=server)
             rows = compile_all(address, args.cases)
             for row in rows.values():

@@ -28,7 +28,7 @@ from bench.gpu_cases import CASES
 from bench.report import write_json
 from plancache import Client, Plan
 from plancache_server.embedded_redis import EmbeddedRedis, free_port
-from tests.support.processes import server_process, wait_for_workers
+from tests.support.processes import server_process, signing_public_key, trusting_env, wait_for_workers
 
 DEFAULT_CASES = [
     "mm_4096_fp16", "mm_4096_bf16", "mm_8192x1024x4096_bf16", "bmm_heads_64x1024x128x1024_fp16",
@@ -39,11 +39,13 @@ DEFAULT_CASES = [
 def phase(gpus: str, names: list[str], out: Path) -> dict[str, Any]:
     from plancache.gpu import detect_target
 
-    redis = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="plancache-mgpu-")), binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
+    tmp = Path(tempfile.mkdtemp(prefix="plancache-mgpu-"))
+    redis = EmbeddedRedis(tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
     address = f"127.0.0.1:{free_port()}"
     workers = len(gpus.split(","))
     try:
-        with server_process(address, redis.url, out / f"multi-gpu-server-{workers}.log", "--gpus", gpus) as server:
+        with server_process(address, redis.url, out / f"multi-gpu-server-{workers}.log", "--gpus", gpus, "--data-dir", str(tmp / "data")) as server:
+            os.environ.update(trusting_env(signing_public_key(tmp / "data")))
             wait_for_workers(address, count=workers, proc=server)
             target = detect_target().generic()  # any H200 of the machine may build it
             with Client(address, cache=False) as client, ThreadPoolExecutor(len(names)) as pool:

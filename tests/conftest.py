@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from plancache import Client
+from plancache.signing import Signer
 from plancache_server.app import build_grpc_server
 from plancache_server.embedded_redis import EmbeddedRedis
 from plancache_server.redis_conn import connect
@@ -28,6 +29,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def private_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test reads or writes the real ~/.cache/plancache (child processes inherit this)."""
     monkeypatch.setenv("PLANCACHE_CACHE_DIR", str(tmp_path_factory.mktemp("plancache-cache")))
+
+
+@pytest.fixture(autouse=True)
+def accept_unsigned_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most tests watch other behaviour and run unsigned workers; the signing
+    tests (tests/*/test_signing.py) set their clients' trust explicitly."""
+    monkeypatch.setenv("PLANCACHE_ALLOW_UNSIGNED", "1")
+    monkeypatch.delenv("PLANCACHE_TRUSTED_KEYS", raising=False)
 
 
 @pytest.fixture(scope="session")
@@ -59,7 +68,7 @@ class Stack:
         return Client(self.address, **{"cache": False, **kwargs})
 
 
-def start_stack(redis_url: str, compiler: StandInCompiler | None, **overrides: object) -> tuple[Stack, Callable[[], None]]:
+def start_stack(redis_url: str, compiler: StandInCompiler | None, signer: Signer | None = None, **overrides: object) -> tuple[Stack, Callable[[], None]]:
     settings = dataclasses.replace(Settings(listen="127.0.0.1:0", redis_url=redis_url, heartbeat_interval_s=0.2), **overrides)  # type: ignore[arg-type]
     client = connect(redis_url)
     server, port, parts = build_grpc_server(client, settings)
@@ -67,7 +76,7 @@ def start_stack(redis_url: str, compiler: StandInCompiler | None, **overrides: o
     worker = None
     thread = None
     if compiler is not None:
-        worker = Worker(compiler, parts.queue, parts.builds, parts.store, "test-worker", heartbeat_interval_s=0.2, heartbeat_ttl_s=5)
+        worker = Worker(compiler, parts.queue, parts.builds, parts.store, "test-worker", heartbeat_interval_s=0.2, heartbeat_ttl_s=5, signer=signer)
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         parts.queue.heartbeat(worker.worker_id, [compiler.target, compiler.target.generic()], 5)

@@ -22,7 +22,7 @@ import pytest
 from examples.generate import EXAMPLES
 from plancache import Client, CompileOptions, GraphSpec, PlanCacheError
 from plancache_server.embedded_redis import EmbeddedRedis, free_port
-from tests.support.processes import REPO, child_env, server_process, wait_for_workers
+from tests.support.processes import REPO, server_process, signing_public_key, trusting_env, wait_for_workers
 
 # Cases whose heuristic plan 0 is also built, to compare with the autotuned one.
 PLAN0_CASES = ("matmul_fp16", "matmul_bias_relu_bf16", "conv_bias_relu_fp16", "sdpa_causal_fp16")
@@ -63,14 +63,17 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     out = _out_dir(tmp)
     redis = EmbeddedRedis(tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
     address = f"127.0.0.1:{free_port()}"
-    env = child_env()
+    data_dir = tmp / "server-data"
     session: dict[str, Any] = {"address": address, "cases": {}, "out": out}
     try:
-        with server_process(address, redis.url, out / "server.log", "--gpus", "0") as server:
+        with server_process(address, redis.url, out / "server.log", "--gpus", "0", "--data-dir", str(data_dir)) as server:
+            # The server generated a signing key for its worker: every client here trusts only it.
+            public_key = signing_public_key(data_dir)
+            env = trusting_env(public_key)
             target = detect_target()
             session["target"] = target.id
             wait_for_workers(address, proc=server)
-            with Client(address, cache=False) as client:
+            with Client(address, cache=False, trusted_keys=[public_key], allow_unsigned=False) as client:
                 for name, build in EXAMPLES.items():
                     session["cases"][name] = _compile(client, name, build(), target)
             session["client"] = _run_client_process(address, session["cases"], out, env)

@@ -49,6 +49,7 @@ def test_rejections_are_remembered_not_rebuilt(stack: Stack) -> None:
 class Fleet:
     def __init__(self, stack: ExitStack, redis_url: str, tmp: Path, front_ends: int, workers: int, build_s: float, *flags: str) -> None:
         env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS=str(build_s))
+        flags = ("--unsigned", *flags)
         self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(front_ends)]
         for i, address in enumerate(self.addresses):
             stack.enter_context(server_process(address, redis_url, tmp / f"server{i}.log", "--gpus", "none", *flags))

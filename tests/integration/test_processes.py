@@ -67,10 +67,13 @@ def server_and_worker(tmp_path: Path) -> Iterator[tuple[Proc, Proc, str]]:
     server = _server(tmp_path, port, "server.log")
     url = server.wait_for(r"using a private redis-server \((redis://[^)]+)\)").group(1)
     server.wait_for("listening on")
+    keygen = _cli("keygen", "--out", str(tmp_path / "keys"))
+    assert keygen.returncode == 0, keygen.stderr
     worker = Proc(
-        [sys.executable, "-m", "plancache_server.worker_main", "--redis-url", url, "--device", "0", "--compiler", "tests.support.standin:factory"],
+        [sys.executable, "-m", "plancache_server.worker_main", "--redis-url", url, "--device", "0", "--compiler", "tests.support.standin:factory",
+         "--signing-key", str(tmp_path / "keys" / "plan-signing.pem")],
         tmp_path / "worker.log",
-    )
+    )  # fmt: skip
     yield server, worker, f"127.0.0.1:{port}"
     worker.stop()
     server.stop()
@@ -88,10 +91,11 @@ def test_server_worker_cli_and_restart(server_and_worker: tuple[Proc, Proc, str]
     assert "no GPU on this host: serving stored plans only" in server.text()
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(matmul_spec().to_json())
-    with Client(address) as client:
+    public_key = tmp_path / "keys" / "plan-signing.pub.pem"
+    with Client(address, trusted_keys=[public_key], allow_unsigned=False) as client:
         _wait_for_worker(client)
         plan = client.compile(matmul_spec(), STANDIN_TARGET)
-        assert plan.source == "compiled"
+        assert plan.source == "compiled" and plan.signature is not None  # signed by the worker, verified here
 
     out = tmp_path / "plan.bin"
     compiled = _cli("compile", str(spec_file), "--server", address, "--target", STANDIN_TARGET.id, "--out", str(out), "--no-cache")
@@ -118,6 +122,11 @@ def test_server_worker_cli_and_restart(server_and_worker: tuple[Proc, Proc, str]
     complete = _cli("prefetch", str(manifest), "--server", address, "--cache-dir", str(node_cache), "--compile-missing")
     assert complete.returncode == 0, complete.stdout + complete.stderr
     assert '"from_cache": 1' in complete.stdout and '"compiled": 1' in complete.stdout and "2/2 plans" in complete.stderr
+    _cli("keygen", "--out", str(tmp_path / "other-keys"))
+    untrusted = subprocess.run([sys.executable, "-m", "plancache.cli", "get", "--key", plan.key, "--server", address, "--no-cache", "--trusted-key",
+                                str(tmp_path / "other-keys" / "plan-signing.pub.pem")], env=child_env(PLANCACHE_ALLOW_UNSIGNED="0"), cwd=REPO,
+                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert untrusted.returncode == 1 and "UntrustedPlan" in untrusted.stderr and "does not trust" in untrusted.stderr
     missing = _cli("get", "--key", plan.key.replace(plan.key[:8], "00000000"), "--server", address)
     assert missing.returncode == 1 and "NotFound" in missing.stderr
     bad = _cli("compile", str(REPO / "README.md"), "--server", address, "--target", STANDIN_TARGET.id)
@@ -153,6 +162,32 @@ def test_cli_reports_an_unreachable_server() -> None:
 
 def test_worker_without_the_gpu_stack_exits_without_restart_loop() -> None:
     proc = subprocess.run([sys.executable, "-m", "plancache_server.worker_main", "--redis-url", "redis://127.0.0.1:1/0", "--device", "0",
-                           "--compiler", "cudnn"], env=child_env(), capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+                           "--compiler", "cudnn", "--unsigned"], env=child_env(), capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert proc.returncode == 3, proc.stderr
     assert "install plancache-server[gpu]" in proc.stderr
+
+
+def test_server_started_workers_sign_with_a_generated_key(tmp_path: Path) -> None:
+    """What the GPU tests and benchmarks do, with the stand-in compiler: the
+    server generates a key in --data-dir, its workers sign, clients trusting
+    only that key verify."""
+    from plancache_server.embedded_redis import EmbeddedRedis
+    from tests.support.processes import server_process, signing_public_key, trusting_env, wait_for_workers
+
+    redis_server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
+    address = f"127.0.0.1:{free_port()}"
+    data_dir = tmp_path / "server-data"
+    try:
+        with server_process(address, redis_server.url, tmp_path / "server.log", "--gpus", "0", "--compiler", "tests.support.standin:factory",
+                            "--data-dir", str(data_dir)) as server:  # fmt: skip
+            wait_for_workers(address, proc=server, timeout=30)
+            public_key = signing_public_key(data_dir)
+            with Client(address, cache=False, trusted_keys=[public_key], allow_unsigned=False) as client:
+                plan = client.compile(matmul_spec(), STANDIN_TARGET)
+            assert plan.signature is not None
+            checked = subprocess.run([sys.executable, "-m", "plancache.cli", "get", "--key", plan.key, "--server", address, "--no-cache"],
+                                     env=trusting_env(public_key), cwd=REPO, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+            assert checked.returncode == 0, checked.stderr
+        assert "generated a plan-signing key" in (tmp_path / "server.log").read_text()
+    finally:
+        redis_server.stop()

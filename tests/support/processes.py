@@ -21,6 +21,16 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1", **extra}
 
 
+def signing_public_key(data_dir: Path) -> Path:
+    """The public key a server generates in --data-dir for the workers it starts."""
+    return data_dir / "keys" / "plan-signing.pub.pem"
+
+
+def trusting_env(public_key: Path) -> dict[str, str]:
+    """Child processes whose clients accept only plans signed with `public_key`."""
+    return child_env(PLANCACHE_TRUSTED_KEYS=str(public_key), PLANCACHE_ALLOW_UNSIGNED="0")
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:

@@ -17,6 +17,7 @@ from plancache.errors import (
     StoreUnavailable,
     TargetUnavailable,
     Unavailable,
+    UntrustedPlan,
 )
 from plancache.manifest import Manifest, ManifestEntry
 from plancache.options import CompileOptions
@@ -50,4 +51,5 @@ __all__ = [
     "TargetUnavailable",
     "Tensor",
     "Unavailable",
+    "UntrustedPlan",
 ]

@@ -6,6 +6,7 @@
     plancache targets --server HOST:PORT
     plancache manifest SPEC.json [SPEC.json ...] --target T [--out MANIFEST]
     plancache prefetch MANIFEST --server HOST:PORT [--target T] [--compile-missing]
+    plancache keygen --out DIR
     plancache hash SPEC.json
 """
 
@@ -24,6 +25,7 @@ from plancache.errors import PlanCacheError
 from plancache.manifest import Manifest
 from plancache.options import CompileOptions
 from plancache.plan import Plan
+from plancache.signing import generate_keypair
 from plancache.spec import GraphSpec
 from plancache.target import Target
 
@@ -37,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--timeout", type=float, default=None, help="seconds for this call")
         p.add_argument("--cache-dir", type=Path, help="the disk cache (default: $PLANCACHE_CACHE_DIR or the XDG cache folder)")
         p.add_argument("--no-cache", action="store_true", help="neither read nor write the disk cache")
+        p.add_argument("--trusted-key", type=Path, action="append", default=[], help="Ed25519 public key (PEM) whose plans to accept; repeat during a rotation (default: $PLANCACHE_TRUSTED_KEYS)")
+        p.add_argument("--allow-unsigned", action="store_true", default=None, help="accept unsigned plans (default: $PLANCACHE_ALLOW_UNSIGNED=1)")
 
     def with_target(p: argparse.ArgumentParser) -> None:
         p.add_argument("--target", help="e.g. sm_90/cudnn-91900/fe-1.32.0 (default: this machine's GPU 0)")
@@ -73,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     prefetch.add_argument("--target", help="for manifests without one (default: this machine's GPU 0)")
     prefetch.add_argument("--compile-missing", action="store_true", help="build plans that are not stored yet")
     with_server(prefetch)
+
+    keygen = sub.add_parser("keygen", help="write an Ed25519 key pair for signing plans (workers) and verifying them (clients)")
+    keygen.add_argument("--out", type=Path, required=True, help="folder for plan-signing.pem (private) and plan-signing.pub.pem")
 
     hash_ = sub.add_parser("hash", help="validate a spec and print its hash")
     hash_.add_argument("spec", type=Path)
@@ -125,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "hash":
             print(_load_spec(args.spec).spec_hash())
             return 0
+        if args.command == "keygen":
+            private, public = generate_keypair(args.out)
+            print(f"private key (workers: --signing-key): {private}\npublic key (clients: --trusted-key): {public}")
+            return 0
         if args.command == "manifest":
             options = CompileOptions(autotune=not args.no_autotune)
             text = Manifest.from_specs([_load_spec(p) for p in args.specs], Target.parse(args.target), options, [p.stem for p in args.specs]).to_json()
@@ -134,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(text)
             return 0
         cache: DiskCache | bool = False if args.no_cache else DiskCache(args.cache_dir)
-        with Client(args.server, timeout=args.timeout or 30.0, cache=cache) as client:
+        with Client(args.server, timeout=args.timeout or 30.0, cache=cache, trusted_keys=args.trusted_key, allow_unsigned=args.allow_unsigned) as client:
             if args.command == "compile":
                 _report(client.compile(_load_spec(args.spec), args.target, _options(args), timeout=args.timeout), args.out)
             elif args.command == "get":

@@ -10,8 +10,10 @@ TargetUnavailable, NotFound, ...), raised `from` the grpc.RpcError.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -20,11 +22,12 @@ import grpc
 from plancache import spec_io
 from plancache.canonical import hash_normalized
 from plancache.disk_cache import DiskCache
-from plancache.errors import ERROR_CLASS_METADATA_KEY, InvalidRequest, PlanCacheError, error_from_status
+from plancache.errors import ERROR_CLASS_METADATA_KEY, InvalidRequest, PlanCacheError, UntrustedPlan, error_from_status
 from plancache.manifest import Manifest
 from plancache.options import CompileOptions
 from plancache.plan import SOURCE_NAMES, Plan
 from plancache.plankey import make_key
+from plancache.signing import TrustPolicy
 from plancache.spec import GraphSpec
 from plancache.target import Target
 from plancache.v1 import plancache_pb2 as pb
@@ -32,6 +35,7 @@ from plancache.v1 import plancache_pb2_grpc as pb_grpc
 from plancache.validation import normalize
 
 Response = TypeVar("Response")
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
 # A miss builds and autotunes on a GPU: seconds to minutes.
@@ -91,11 +95,17 @@ class Client:
         timeout: float | None = DEFAULT_TIMEOUT_S,
         compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT_S,
         cache: DiskCache | bool = True,
+        trusted_keys: Sequence[Path | str | bytes] = (),
+        allow_unsigned: bool | None = None,
     ) -> None:
         """`server` is "host:port" (an insecure channel is opened and owned)
         or a grpc.Channel the caller configured and keeps owning. `cache`:
         the disk cache (default: one under the XDG cache folder; False: none);
-        plans it holds are verified and cost no network call."""
+        plans it holds are verified and cost no network call.
+        `trusted_keys`: Ed25519 public keys (PEM bytes or paths; default
+        PLANCACHE_TRUSTED_KEYS) whose signatures this client accepts; every
+        plan is checked before anyone can deserialize it. `allow_unsigned`
+        (default PLANCACHE_ALLOW_UNSIGNED=1) accepts unsigned plans."""
         if isinstance(server, str):
             self._channel = grpc.insecure_channel(
                 server,
@@ -109,6 +119,7 @@ class Client:
         self.timeout = timeout
         self.compile_timeout = compile_timeout
         self.cache: DiskCache | None = DiskCache() if cache is True else (cache or None)
+        self.trust = TrustPolicy.create(trusted_keys, allow_unsigned)
 
     def __enter__(self) -> Client:
         return self
@@ -219,7 +230,7 @@ class Client:
             return
         try:
             plan = self._remember(Plan.from_proto(item.plan, SOURCE_NAMES.get(item.source, "stored")))
-        except PlanCacheError as e:  # a blob that does not match its sha256
+        except PlanCacheError as e:  # a blob that does not match its sha256, or an untrusted signature
             result.errors[index] = e
             return
         result.plans[index] = plan
@@ -234,9 +245,19 @@ class Client:
         return [TargetInfo(t.target_id, t.live_workers, tuple(t.worker_ids)) for t in response.targets]
 
     def _cached(self, key: str) -> Plan | None:
-        return self.cache.get(key) if self.cache is not None else None
+        plan = self.cache.get(key) if self.cache is not None else None
+        if plan is None:
+            return None
+        try:
+            self.trust.check(plan.metadata, plan.signature)
+        except UntrustedPlan as e:  # e.g. its key was rotated out: fetch it again
+            log.warning("disk cache: %s; fetching it again", e.message)
+            return None
+        return plan
 
     def _remember(self, plan: Plan) -> Plan:
+        """Accept a plan from the server: verified before anything else sees it."""
+        self.trust.check(plan.metadata, plan.signature)
         if self.cache is not None:
             self.cache.put(plan)
         return plan

@@ -59,7 +59,7 @@ class DiskCache:
             msg = pb.Plan.FromString(data)
             if msg.metadata.key != plan_key:
                 raise IntegrityError(f"holds plan {msg.metadata.key!r}")
-            plan = Plan(msg.blob, msg.metadata, source="cache")
+            plan = Plan.from_proto(msg, source="cache")
         except (DecodeError, IntegrityError) as e:
             log.warning("disk cache: %s is corrupt (%s); discarding it", path, e)
             self._remove(path)

@@ -76,6 +76,10 @@ class IntegrityError(PlanCacheError):
     code = grpc.StatusCode.DATA_LOSS
 
 
+class UntrustedPlan(IntegrityError):
+    """A plan whose signature is missing, unknown or does not verify: never deserialized."""
+
+
 class ServerError(PlanCacheError):
     """The server failed in a way it did not classify (a bug; see its log)."""
 
@@ -94,6 +98,7 @@ _BY_NAME: dict[str, type[PlanCacheError]] = {
         StoreUnavailable,
         CompileTimeout,
         IntegrityError,
+        UntrustedPlan,
         ServerError,
     )
 }

@@ -24,12 +24,13 @@ SOURCE_NAMES = {
 
 
 class Plan:
-    def __init__(self, blob: bytes, metadata: pb.PlanMetadata, source: str = "stored") -> None:
+    def __init__(self, blob: bytes, metadata: pb.PlanMetadata, source: str = "stored", signature: pb.PlanSignature | None = None) -> None:
         digest = hashlib.sha256(blob).hexdigest()
         if digest != metadata.blob_sha256:
             raise IntegrityError(f"plan {metadata.key}: blob sha256 {digest} does not match its metadata ({metadata.blob_sha256})")
         self.blob = blob
         self.metadata = metadata
+        self.signature = signature if signature is not None and signature.signature else None
         # "hit", "compiled", "joined" (from Compile), "stored" (from GetPlan or a
         # file) or "cache" (from the client's disk cache, no network call).
         self.source = source
@@ -51,18 +52,16 @@ class Plan:
     # ---- files --------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
-        """A self-contained file form: the Plan proto (metadata + blob)."""
-        return pb.Plan(metadata=self.metadata, blob=self.blob).SerializeToString()
+        """A self-contained file form: the Plan proto (metadata, blob, signature)."""
+        return pb.Plan(metadata=self.metadata, blob=self.blob, signature=self.signature).SerializeToString()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> Plan:
-        msg = pb.Plan()
-        msg.ParseFromString(data)
-        return cls(msg.blob, msg.metadata)
+    def from_bytes(cls, data: bytes, source: str = "stored") -> Plan:
+        return cls.from_proto(pb.Plan.FromString(data), source)
 
     @classmethod
     def from_proto(cls, msg: pb.Plan, source: str = "stored") -> Plan:
-        return cls(msg.blob, msg.metadata, source)
+        return cls(msg.blob, msg.metadata, source, msg.signature if msg.HasField("signature") else None)
 
     # ---- execution (needs the [gpu] extra) ----------------------------------
 

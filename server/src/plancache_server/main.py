@@ -7,12 +7,14 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 
+from plancache.signing import generate_keypair
 from plancache_server.app import build_grpc_server
 from plancache_server.embedded_redis import EmbeddedRedis
 from plancache_server.gpus import select_gpus
 from plancache_server.redis_conn import connect
-from plancache_server.settings import server_settings, worker_flags
+from plancache_server.settings import Settings, server_settings, worker_flags
 from plancache_server.supervisor import WorkerProcesses
 
 log = logging.getLogger("plancache_server")
@@ -20,6 +22,20 @@ log = logging.getLogger("plancache_server")
 
 def configure_logging(level: str) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def with_signing_key(settings: Settings) -> Settings:
+    """Workers sign plans: with the configured key, or with one this server
+    generates once in its data folder (a single-host deployment's default)."""
+    if settings.signing_key is not None or settings.unsigned:
+        return settings
+    private = settings.data_dir / "keys" / "plan-signing.pem"
+    public = private.with_name("plan-signing.pub.pem")
+    if not private.exists():
+        generate_keypair(private.parent)
+        log.info("generated a plan-signing key %s", private)
+    log.info("workers sign plans with %s; clients must trust %s (trusted_keys= or PLANCACHE_TRUSTED_KEYS)", private, public)
+    return replace(settings, signing_key=private)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,6 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     client = connect(redis_url)
     server, port, parts = build_grpc_server(client, settings)
     devices = select_gpus(settings.gpus)
+    if devices:
+        settings = with_signing_key(settings)
     workers = WorkerProcesses(devices, redis_url, settings.compiler, settings.log_level, worker_flags(settings))
     if devices:
         workers.start()

@@ -46,6 +46,9 @@ class Settings:
     max_attempts: int = 3
     # How long cuDNN's rejection of a graph is remembered.
     negative_ttl_s: float = 3600.0
+    # Ed25519 private key the workers sign plans with; None with unsigned=True.
+    signing_key: Path | None = None
+    unsigned: bool = False
     heartbeat_interval_s: float = 2.0
     heartbeat_ttl_s: float = 10.0
     log_level: str = "INFO"
@@ -65,6 +68,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="env PLANCACHE_LOG_LEVEL")
     parser.add_argument("--compiler", default=_env("COMPILER", "cudnn"), help="'cudnn', or module:factory for a stand-in (env PLANCACHE_COMPILER)")
     parser.add_argument("--heartbeat-ttl", type=float, default=float(_env("HEARTBEAT_TTL", "10") or 10), help="seconds a silent worker counts as live")
+    parser.add_argument("--signing-key", type=Path, default=_env("SIGNING_KEY"), help="Ed25519 private key (PEM) workers sign plans with (env PLANCACHE_SIGNING_KEY)")
+    parser.add_argument("--unsigned", action="store_true", default=_env("UNSIGNED") == "1", help="store plans unsigned (clients must allow_unsigned)")
     parser.add_argument("--heartbeat-interval", type=float, default=float(_env("HEARTBEAT_INTERVAL", "2") or 2), help="seconds between a worker's heartbeats")
     parser.add_argument("--claim-idle", type=float, default=float(_env("CLAIM_IDLE", "60") or 60), help="seconds before a silent worker's job is reclaimed")
     parser.add_argument("--build-lease", type=float, default=float(_env("BUILD_LEASE", "120") or 120), help="seconds a build lease outlives a dead worker")
@@ -116,7 +121,11 @@ def common_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The Settings fields both entry points take from their flags."""
     if args.claim_idle < 2 * args.heartbeat_interval or args.heartbeat_ttl < 2 * args.heartbeat_interval:
         raise SystemExit("--claim-idle and --heartbeat-ttl must be at least twice --heartbeat-interval (a live worker would look dead)")
+    if args.signing_key and args.unsigned:
+        raise SystemExit("--signing-key and --unsigned exclude each other")
     return {
+        "signing_key": Path(args.signing_key) if args.signing_key else None,
+        "unsigned": args.unsigned,
         "heartbeat_interval_s": args.heartbeat_interval,
         "claim_idle_s": args.claim_idle,
         "build_lease_s": args.build_lease,
@@ -132,4 +141,5 @@ def worker_flags(settings: Settings) -> list[str]:
         "--claim-idle", str(settings.claim_idle_s),
         "--build-lease", str(settings.build_lease_s), "--max-attempts", str(settings.max_attempts),
         "--negative-ttl", str(settings.negative_ttl_s),
+        *(["--unsigned"] if settings.unsigned else ["--signing-key", str(settings.signing_key)] if settings.signing_key else []),
     ]  # fmt: skip

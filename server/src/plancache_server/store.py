@@ -30,11 +30,12 @@ log = logging.getLogger(__name__)
 class StoredPlan:
     blob: bytes
     metadata: pb.PlanMetadata
+    signature: pb.PlanSignature | None = None  # the worker's; None when unsigned
 
     @functools.cached_property
     def proto(self) -> pb.Plan:
         """Built once per stored plan (a hot plan is served many times); read-only."""
-        return pb.Plan(metadata=self.metadata, blob=self.blob)
+        return pb.Plan(metadata=self.metadata, blob=self.blob, signature=self.signature)
 
     @functools.cached_property
     def get_plan_response(self) -> bytes:
@@ -57,27 +58,28 @@ class RedisPlanStore:
 
     def get(self, plan_key: str) -> StoredPlan | None:
         with translated_errors("reading a plan"):
-            blob, meta = cast(list[bytes | None], self._redis.hmget(keys.plan(plan_key), ["blob", "meta"]))
+            blob, meta, sig = cast(list[bytes | None], self._redis.hmget(keys.plan(plan_key), ["blob", "meta", "sig"]))
         if blob is None or meta is None:
             return None
-        metadata = pb.PlanMetadata()
         try:
-            metadata.ParseFromString(meta)
+            metadata = pb.PlanMetadata.FromString(meta)
+            signature = pb.PlanSignature.FromString(sig) if sig else None
         except DecodeError:
-            log.warning("plan %s: metadata does not parse; treating as a miss", plan_key)
+            log.warning("plan %s: metadata or signature does not parse; treating as a miss", plan_key)
             return None
         digest = hashlib.sha256(blob).hexdigest()
         if digest != metadata.blob_sha256 or metadata.key != plan_key:
             log.warning("plan %s: blob sha256 %s does not match metadata %s; treating as a miss", plan_key, digest, metadata.blob_sha256)
             return None
-        return StoredPlan(blob=blob, metadata=metadata)
+        return StoredPlan(blob=blob, metadata=metadata, signature=signature)
 
     def put(self, plan: StoredPlan) -> None:
         meta = plan.metadata
         if hashlib.sha256(plan.blob).hexdigest() != meta.blob_sha256:
             raise ValueError(f"plan {meta.key}: refusing to store a blob that does not match its sha256")
         with translated_errors("writing a plan"):
-            self._redis.hset(keys.plan(meta.key), mapping={"blob": plan.blob, "meta": meta.SerializeToString()})
+            fields = {"blob": plan.blob, "meta": meta.SerializeToString(), "sig": plan.signature.SerializeToString() if plan.signature else b""}
+            self._redis.hset(keys.plan(meta.key), mapping=fields)  # type: ignore[arg-type]
             # An index for operators (which keys exist for a spec); not atomic
             # with the plan because it lives on another shard in a cluster.
             self._redis.sadd(keys.spec_index(meta.spec_hash), meta.key)

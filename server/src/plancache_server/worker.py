@@ -20,6 +20,7 @@ import time
 from plancache import spec_io
 from plancache.errors import CompileFailed, PlanCacheError, StoreUnavailable
 from plancache.options import CompileOptions
+from plancache.signing import Signer
 from plancache.v1 import plancache_pb2 as pb
 from plancache.validation import normalize
 from plancache_server.builds import Builds
@@ -84,6 +85,7 @@ class Worker:
         heartbeat_ttl_s: float = 10.0,
         claim_idle_s: float = 60.0,
         max_attempts: int = 3,
+        signer: Signer | None = None,
     ) -> None:
         self.compiler = compiler
         self.worker_id = worker_id
@@ -95,6 +97,7 @@ class Worker:
         self._ttl = heartbeat_ttl_s
         self._claim_idle_ms = int(claim_idle_s * 1000)
         self._max_attempts = max_attempts
+        self._signer = signer
         self._stop = threading.Event()
         # The job being built, kept alive by the heartbeat thread.
         self._current: Delivery | None = None
@@ -189,7 +192,8 @@ class Worker:
             log.exception("job %s: compiler crashed", job.job_id)
             return f"compiler error on worker {self.worker_id}: {type(e).__name__}: {e}", False
         metadata = plan_metadata(job, compiled, self.worker_id, self.compiler.target.to_proto())
-        self._store.put(StoredPlan(blob=compiled.blob, metadata=metadata))
+        signature = self._signer.sign(metadata) if self._signer is not None else None
+        self._store.put(StoredPlan(blob=compiled.blob, metadata=metadata, signature=signature))
         log.info(
             "job %s: built %s in %.2fs (%d candidates, chose %s, %d bytes)",
             job.job_id, job.plan_key, time.monotonic() - started, len(compiled.candidates), compiled.plan_name, len(compiled.blob),

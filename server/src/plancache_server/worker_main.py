@@ -20,11 +20,21 @@ log = logging.getLogger("plancache_server.worker")
 
 
 def run_one(device: int, settings: Settings, compiler_name: str) -> int:
+    from plancache.errors import PlanCacheError
+    from plancache.signing import Signer
     from plancache_server.app import components
     from plancache_server.compiler import load_compiler
     from plancache_server.redis_conn import connect
     from plancache_server.worker import Worker, default_worker_id
 
+    if settings.signing_key is None and not settings.unsigned:
+        log.error("plancache-worker needs --signing-key (Ed25519 PEM; `plancache keygen` makes one) or, explicitly, --unsigned")
+        return EXIT_MISCONFIGURED
+    try:
+        signer = Signer.from_file(settings.signing_key) if settings.signing_key else None
+    except PlanCacheError as e:
+        log.error("%s", e.message)
+        return EXIT_MISCONFIGURED
     try:
         compiler = load_compiler(compiler_name, device)
     except ImportError as e:
@@ -34,7 +44,7 @@ def run_one(device: int, settings: Settings, compiler_name: str) -> int:
     parts = components(connect(settings.redis_url), settings)
     worker = Worker(
         compiler, parts.queue, parts.builds, parts.store, default_worker_id(device), heartbeat_interval_s=settings.heartbeat_interval_s,
-        heartbeat_ttl_s=settings.heartbeat_ttl_s, claim_idle_s=settings.claim_idle_s, max_attempts=settings.max_attempts,
+        heartbeat_ttl_s=settings.heartbeat_ttl_s, claim_idle_s=settings.claim_idle_s, max_attempts=settings.max_attempts, signer=signer,
     )  # fmt: skip
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -275,13 +275,23 @@ class PlanMetadata(_message.Message):
     built_by: str
     def __init__(self, key: _Optional[str] = ..., spec_hash: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorBinding, _Mapping]]] = ..., workspace_size: _Optional[int] = ..., engine_id: _Optional[int] = ..., knobs: _Optional[_Iterable[_Union[Knob, _Mapping]]] = ..., plan_name: _Optional[str] = ..., engine_kind: _Optional[_Union[EngineKind, str]] = ..., candidates: _Optional[_Iterable[_Union[CandidateTiming, _Mapping]]] = ..., build_seconds: _Optional[float] = ..., autotune_seconds: _Optional[float] = ..., blob_sha256: _Optional[str] = ..., blob_size: _Optional[int] = ..., created_at: _Optional[float] = ..., built_by: _Optional[str] = ...) -> None: ...
 
+class PlanSignature(_message.Message):
+    __slots__ = ("key_id", "signature")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    signature: bytes
+    def __init__(self, key_id: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
 class Plan(_message.Message):
-    __slots__ = ("metadata", "blob")
+    __slots__ = ("metadata", "blob", "signature")
     METADATA_FIELD_NUMBER: _ClassVar[int]
     BLOB_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     metadata: PlanMetadata
     blob: bytes
-    def __init__(self, metadata: _Optional[_Union[PlanMetadata, _Mapping]] = ..., blob: _Optional[bytes] = ...) -> None: ...
+    signature: PlanSignature
+    def __init__(self, metadata: _Optional[_Union[PlanMetadata, _Mapping]] = ..., blob: _Optional[bytes] = ..., signature: _Optional[_Union[PlanSignature, _Mapping]] = ...) -> None: ...
 
 class CompileRequest(_message.Message):
     __slots__ = ("spec", "target", "options")

@@ -1,0 +1,123 @@
+"""Signed plans: workers sign, clients verify before deserializing.
+
+A plan blob can carry native code (the frontend's Python-engine plans embed
+compiled kernels), so deserializing a forged one runs it. Workers hold an
+Ed25519 private key and sign an envelope of the plan key, the blob's sha256
+and a digest of the metadata; clients hold one or more public keys (several
+during a rotation) and refuse a plan whose signature does not verify under
+any of them. Unsigned operation is possible only when configured explicitly:
+`--unsigned` on the workers, `allow_unsigned=True` (or
+PLANCACHE_ALLOW_UNSIGNED=1) on the clients.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from plancache.errors import InvalidRequest, UntrustedPlan
+from plancache.v1 import plancache_pb2 as pb
+
+ENVELOPE_VERSION = b"plancache/plan-signature/v1"
+
+
+def envelope(metadata: pb.PlanMetadata) -> bytes:
+    """What is signed: the key, the blob's sha256 and the metadata's digest."""
+    digest = hashlib.sha256(metadata.SerializeToString(deterministic=True)).hexdigest()
+    return b"\n".join([ENVELOPE_VERSION, metadata.key.encode(), metadata.blob_sha256.encode(), digest.encode()])
+
+
+def key_id(public_key: Ed25519PublicKey) -> str:
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+class Signer:
+    """A worker's signing key."""
+
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+        self._key = private_key
+        self.key_id = key_id(private_key.public_key())
+
+    @classmethod
+    def from_file(cls, path: Path | str) -> Signer:
+        try:
+            key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+        except (OSError, ValueError) as e:
+            raise InvalidRequest(f"cannot load the signing key {path}: {e}") from e
+        if not isinstance(key, Ed25519PrivateKey):
+            raise InvalidRequest(f"{path} is not an Ed25519 private key")
+        return cls(key)
+
+    def sign(self, metadata: pb.PlanMetadata) -> pb.PlanSignature:
+        return pb.PlanSignature(key_id=self.key_id, signature=self._key.sign(envelope(metadata)))
+
+
+def load_public_key(source: Path | str | bytes) -> Ed25519PublicKey:
+    """A PEM public key, from bytes or a file path."""
+    data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    try:
+        key = serialization.load_pem_public_key(data)
+    except ValueError as e:
+        raise InvalidRequest(f"not a PEM public key: {e}") from e
+    if not isinstance(key, Ed25519PublicKey):
+        raise InvalidRequest("not an Ed25519 public key")
+    return key
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    """What a client accepts: plans signed by one of `keys`; unsigned ones
+    (and signed ones it cannot check) only with `allow_unsigned`."""
+
+    keys: dict[str, Ed25519PublicKey]
+    allow_unsigned: bool = False
+
+    @classmethod
+    def create(cls, trusted_keys: Iterable[Path | str | bytes] = (), allow_unsigned: bool | None = None) -> TrustPolicy:
+        """From arguments, else PLANCACHE_TRUSTED_KEYS (paths separated by
+        the OS path separator) and PLANCACHE_ALLOW_UNSIGNED=1."""
+        sources: Sequence[Path | str | bytes] = list(trusted_keys)
+        if not sources and os.environ.get("PLANCACHE_TRUSTED_KEYS"):
+            sources = [p for p in os.environ["PLANCACHE_TRUSTED_KEYS"].split(os.pathsep) if p]
+        if allow_unsigned is None:
+            allow_unsigned = os.environ.get("PLANCACHE_ALLOW_UNSIGNED") == "1"
+        keys = {key_id(k): k for k in map(load_public_key, sources)}
+        return cls(keys, allow_unsigned)
+
+    def check(self, metadata: pb.PlanMetadata, signature: pb.PlanSignature | None) -> None:
+        """Raise UntrustedPlan unless this plan may be deserialized here."""
+        if signature is None or not signature.signature:
+            if self.allow_unsigned:
+                return
+            raise UntrustedPlan(f"plan {metadata.key} is not signed, and this client requires signed plans (allow_unsigned is off)")
+        key = self.keys.get(signature.key_id)
+        if key is None:
+            if not self.keys and self.allow_unsigned:
+                return  # nothing to check against, and unsigned plans are acceptable anyway
+            known = ", ".join(self.keys) or "none: pass trusted_keys or set PLANCACHE_TRUSTED_KEYS"
+            raise UntrustedPlan(f"plan {metadata.key} is signed by key {signature.key_id}, which this client does not trust (trusted: {known})")
+        try:
+            key.verify(signature.signature, envelope(metadata))
+        except InvalidSignature:
+            raise UntrustedPlan(f"plan {metadata.key}: its signature does not verify (forged or altered plan); refusing to deserialize it") from None
+
+
+def generate_keypair(directory: Path | str, name: str = "plan-signing") -> tuple[Path, Path]:
+    """Write `<name>.pem` (private, mode 0600) and `<name>.pub.pem`; returns both paths."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    private = Ed25519PrivateKey.generate()
+    private_path, public_path = directory / f"{name}.pem", directory / f"{name}.pub.pem"
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    public_path.write_bytes(private.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private_path, public_path
