@@ -3,7 +3,7 @@
     from plancache import Client, GraphSpec
 """
 
-from plancache.client import Client, PrefetchResult, TargetInfo, TargetStats
+from plancache.client import Client, PrefetchResult, TargetInfo, TargetStats, TLSConfig
 from plancache.disk_cache import DiskCache
 from plancache.errors import (
     CompileFailed,
@@ -11,11 +11,13 @@ from plancache.errors import (
     IntegrityError,
     InvalidRequest,
     NotFound,
+    PermissionDenied,
     PlanCacheError,
     ServerError,
     SpecError,
     StoreUnavailable,
     TargetUnavailable,
+    Unauthenticated,
     Unavailable,
     UntrustedPlan,
 )
@@ -39,17 +41,20 @@ __all__ = [
     "Manifest",
     "ManifestEntry",
     "NotFound",
+    "PermissionDenied",
     "Plan",
     "PlanCacheError",
     "PrefetchResult",
     "ServerError",
     "SpecError",
     "StoreUnavailable",
+    "TLSConfig",
     "Target",
     "TargetInfo",
     "TargetStats",
     "TargetUnavailable",
     "Tensor",
+    "Unauthenticated",
     "Unavailable",
     "UntrustedPlan",
 ]

@@ -6,6 +6,7 @@
     plancache targets --server HOST:PORT
     plancache manifest SPEC.json [SPEC.json ...] --target T [--out MANIFEST]
     plancache prefetch MANIFEST --server HOST:PORT [--target T] [--compile-missing]
+    plancache invalidate (--key KEY | --spec-hash H | --target T) --server HOST:PORT --token ADMIN
     plancache keygen --out DIR
     plancache hash SPEC.json
 """
@@ -19,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from plancache.client import Client
+from plancache.client import Client, TLSConfig
 from plancache.disk_cache import DiskCache
 from plancache.errors import PlanCacheError
 from plancache.manifest import Manifest
@@ -41,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--no-cache", action="store_true", help="neither read nor write the disk cache")
         p.add_argument("--trusted-key", type=Path, action="append", default=[], help="Ed25519 public key (PEM) whose plans to accept; repeat during a rotation (default: $PLANCACHE_TRUSTED_KEYS)")
         p.add_argument("--allow-unsigned", action="store_true", default=None, help="accept unsigned plans (default: $PLANCACHE_ALLOW_UNSIGNED=1)")
+        p.add_argument("--token", help="bearer token (default: $PLANCACHE_TOKEN)")
+        p.add_argument("--tls", action="store_true", help="connect over TLS (with --tls-ca, --tls-cert, --tls-key as needed)")
+        p.add_argument("--tls-ca", type=Path, help="PEM CA that signed the server's certificate")
+        p.add_argument("--tls-cert", type=Path, help="PEM client certificate (mutual TLS)")
+        p.add_argument("--tls-key", type=Path, help="PEM key of --tls-cert")
 
     def with_target(p: argparse.ArgumentParser) -> None:
         p.add_argument("--target", help="e.g. sm_90/cudnn-91900/fe-1.32.0 (default: this machine's GPU 0)")
@@ -77,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
     prefetch.add_argument("--target", help="for manifests without one (default: this machine's GPU 0)")
     prefetch.add_argument("--compile-missing", action="store_true", help="build plans that are not stored yet")
     with_server(prefetch)
+
+    invalidate = sub.add_parser("invalidate", help="delete stored plans (admin token): --key, --spec-hash or --target")
+    group = invalidate.add_mutually_exclusive_group(required=True)
+    group.add_argument("--key")
+    group.add_argument("--spec-hash")
+    group.add_argument("--target")
+    with_server(invalidate)
 
     keygen = sub.add_parser("keygen", help="write an Ed25519 key pair for signing plans (workers) and verifying them (clients)")
     keygen.add_argument("--out", type=Path, required=True, help="folder for plan-signing.pem (private) and plan-signing.pub.pem")
@@ -145,7 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(text)
             return 0
         cache: DiskCache | bool = False if args.no_cache else DiskCache(args.cache_dir)
-        with Client(args.server, timeout=args.timeout or 30.0, cache=cache, trusted_keys=args.trusted_key, allow_unsigned=args.allow_unsigned) as client:
+        tls = TLSConfig(args.tls_ca, args.tls_cert, args.tls_key) if (args.tls or args.tls_ca or args.tls_cert) else None
+        with Client(args.server, timeout=args.timeout or 30.0, cache=cache, trusted_keys=args.trusted_key, allow_unsigned=args.allow_unsigned,
+                    token=args.token, tls=tls) as client:  # fmt: skip
             if args.command == "compile":
                 _report(client.compile(_load_spec(args.spec), args.target, _options(args), timeout=args.timeout), args.out)
             elif args.command == "get":
@@ -157,6 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print("plancache get: give --key KEY or a SPEC file", file=sys.stderr)
                     return 2
                 _report(plan, args.out)
+            elif args.command == "invalidate":
+                deleted = client.invalidate(args.key, spec_hash=args.spec_hash, target=args.target, timeout=args.timeout)
+                print(f"deleted {deleted} plan(s)")
             elif args.command == "prefetch":
                 return _prefetch(client, args)
             elif args.command == "targets":

@@ -11,6 +11,7 @@ TargetUnavailable, NotFound, ...), raised `from` the grpc.RpcError.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,22 @@ DEFAULT_TIMEOUT_S = 30.0
 # A miss builds and autotunes on a GPU: seconds to minutes.
 DEFAULT_COMPILE_TIMEOUT_S = 900.0
 MAX_MESSAGE_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """TLS to the server: `ca` verifies it (default: the system roots);
+    `cert` and `key` are this client's certificate for mutual TLS."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        def read(path: Path | None) -> bytes | None:
+            return path.read_bytes() if path is not None else None
+
+        return grpc.ssl_channel_credentials(root_certificates=read(self.ca), private_key=read(self.key), certificate_chain=read(self.cert))
 
 
 @dataclass(frozen=True)
@@ -97,6 +114,8 @@ class Client:
         cache: DiskCache | bool = True,
         trusted_keys: Sequence[Path | str | bytes] = (),
         allow_unsigned: bool | None = None,
+        token: str | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         """`server` is "host:port" (an insecure channel is opened and owned)
         or a grpc.Channel the caller configured and keeps owning. `cache`:
@@ -105,12 +124,16 @@ class Client:
         `trusted_keys`: Ed25519 public keys (PEM bytes or paths; default
         PLANCACHE_TRUSTED_KEYS) whose signatures this client accepts; every
         plan is checked before anyone can deserialize it. `allow_unsigned`
-        (default PLANCACHE_ALLOW_UNSIGNED=1) accepts unsigned plans."""
+        (default PLANCACHE_ALLOW_UNSIGNED=1) accepts unsigned plans.
+        `token`: bearer token sent with every call (default PLANCACHE_TOKEN).
+        `tls`: connect over TLS (mutual TLS with a client certificate)."""
+        self._metadata = (("authorization", f"Bearer {token or os.environ['PLANCACHE_TOKEN']}"),) if token or os.environ.get("PLANCACHE_TOKEN") else ()
         if isinstance(server, str):
-            self._channel = grpc.insecure_channel(
-                server,
-                options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
-            )
+            options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+            if tls is not None:
+                self._channel = grpc.secure_channel(server, tls.credentials(), options=options)
+            else:
+                self._channel = grpc.insecure_channel(server, options=options)
             self._owns_channel = True
         else:
             self._channel = server
@@ -213,7 +236,7 @@ class Client:
             request = pb.PrefetchRequest(refs=[ref for _, ref in refs], compile_missing=compile_missing)
             budget = timeout if timeout is not None else (self.compile_timeout if compile_missing else self.timeout)
             try:
-                for item in self._stub.Prefetch(request, timeout=budget):
+                for item in self._stub.Prefetch(request, timeout=budget, metadata=self._metadata):
                     self._take(result, refs[item.index][0], item)
                     if progress is not None:
                         progress(result.done, result.total)
@@ -238,6 +261,21 @@ class Client:
             result.compiled += 1
         else:
             result.fetched += 1
+
+    def invalidate(self, key: str | None = None, *, spec_hash: str | None = None, target: Target | str | None = None, timeout: float | None = None) -> int:
+        """Delete stored plans (admin token): one key, a spec's, or a target's. Returns how many."""
+        if sum(x is not None for x in (key, spec_hash, target)) != 1:
+            raise InvalidRequest("invalidate() takes exactly one of key, spec_hash, target")
+        if key is not None:
+            request = pb.InvalidateRequest(key=key)
+        elif spec_hash is not None:
+            request = pb.InvalidateRequest(spec_hash=spec_hash)
+        else:
+            request = pb.InvalidateRequest(target_id=target.id if isinstance(target, Target) else str(target))
+        if self.cache is not None and key is not None:
+            self.cache.delete(key)
+        response: pb.InvalidateResponse = self._call(self._stub.Invalidate, request, timeout if timeout is not None else self.timeout)
+        return response.deleted
 
     def list_targets(self, *, timeout: float | None = None) -> list[TargetInfo]:
         """Targets with live workers now: what Compile can build."""
@@ -271,7 +309,7 @@ class Client:
 
     def _call(self, method: Callable[..., Response], request: Any, timeout: float | None) -> Response:
         try:
-            return method(request, timeout=timeout)
+            return method(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise _typed(exc) from exc
 

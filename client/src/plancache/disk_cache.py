@@ -90,6 +90,9 @@ class DiskCache:
             return
         self._enforce_bound()
 
+    def delete(self, plan_key: str) -> None:
+        self._remove(self._path(plan_key))
+
     def _enforce_bound(self) -> None:
         with self._lock:
             files = []

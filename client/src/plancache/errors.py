@@ -36,6 +36,18 @@ class InvalidRequest(PlanCacheError):
     code = grpc.StatusCode.INVALID_ARGUMENT
 
 
+class Unauthenticated(PlanCacheError):
+    """No bearer token, or one the server does not know."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(PlanCacheError):
+    """The token's role does not allow this call."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class NotFound(PlanCacheError):
     """No stored plan for that key (GetPlan never compiles)."""
 
@@ -91,6 +103,8 @@ _BY_NAME: dict[str, type[PlanCacheError]] = {
     for cls in (
         SpecError,
         InvalidRequest,
+        Unauthenticated,
+        PermissionDenied,
         NotFound,
         TargetUnavailable,
         CompileFailed,
@@ -106,6 +120,8 @@ _BY_NAME: dict[str, type[PlanCacheError]] = {
 _BY_CODE: dict[grpc.StatusCode, type[PlanCacheError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: SpecError,
     grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.FAILED_PRECONDITION: TargetUnavailable,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: CompileTimeout,

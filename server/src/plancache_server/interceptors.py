@@ -1,4 +1,4 @@
-"""The one place domain errors become gRPC statuses."""
+"""The one place domain errors become gRPC statuses (and tokens are checked)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from plancache.errors import ERROR_CLASS_METADATA_KEY, PlanCacheError
+from plancache_server.auth import Authorizer
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +24,10 @@ def _abort(context: grpc.ServicerContext, method: str, error: Exception) -> None
     context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; server log incident {incident}")
 
 
-def _guard(behavior: Callable[[Any, grpc.ServicerContext], Any], method: str) -> Callable[[Any, grpc.ServicerContext], Any]:
+def _guard(behavior: Callable[[Any, grpc.ServicerContext], Any], method: str, authorizer: Authorizer) -> Callable[[Any, grpc.ServicerContext], Any]:
     def guarded(request: Any, context: grpc.ServicerContext) -> Any:
         try:
+            authorizer.check(method, request, context)
             return behavior(request, context)
         except Exception as e:
             _abort(context, method, e)
@@ -33,9 +35,12 @@ def _guard(behavior: Callable[[Any, grpc.ServicerContext], Any], method: str) ->
     return guarded
 
 
-def _guard_stream(behavior: Callable[[Any, grpc.ServicerContext], Iterator[Any]], method: str) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
+def _guard_stream(
+    behavior: Callable[[Any, grpc.ServicerContext], Iterator[Any]], method: str, authorizer: Authorizer
+) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
     def guarded(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         try:
+            authorizer.check(method, request, context)
             yield from behavior(request, context)
         except Exception as e:
             _abort(context, method, e)
@@ -52,7 +57,8 @@ def _bytes_pass_through(serialize: Callable[[Any], bytes] | None) -> Callable[[A
 
 
 class ErrorMappingInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
-    def __init__(self) -> None:
+    def __init__(self, authorizer: Authorizer | None = None) -> None:
+        self._authorizer = authorizer or Authorizer(None)
         # Guarded handlers are built once per method, not on every call.
         self._guarded: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
 
@@ -69,11 +75,11 @@ class ErrorMappingInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
         serializer = _bytes_pass_through(handler.response_serializer)
         if handler.unary_unary is not None:
             guarded = grpc.unary_unary_rpc_method_handler(
-                _guard(handler.unary_unary, method), request_deserializer=handler.request_deserializer, response_serializer=serializer
+                _guard(handler.unary_unary, method, self._authorizer), request_deserializer=handler.request_deserializer, response_serializer=serializer
             )
         elif handler.unary_stream is not None:
             guarded = grpc.unary_stream_rpc_method_handler(
-                _guard_stream(handler.unary_stream, method), request_deserializer=handler.request_deserializer, response_serializer=serializer
+                _guard_stream(handler.unary_stream, method, self._authorizer), request_deserializer=handler.request_deserializer, response_serializer=serializer
             )
         else:
             return handler

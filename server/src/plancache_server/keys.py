@@ -26,6 +26,17 @@ def plan(plan_key: str) -> str:
     return f"{PREFIX}:{{{plan_key}}}:plan"
 
 
+def plan_pattern_for_target(target_id: str) -> str:
+    """SCAN pattern matching every plan hash of one target."""
+    escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in target_id)
+    return f"{PREFIX}:{{*/{escaped}/opt-*}}:plan"
+
+
+def plan_key_of(redis_key: str) -> str:
+    """The plan key inside a plan hash's Redis key."""
+    return redis_key[redis_key.index("{") + 1 : redis_key.rindex("}")]
+
+
 def build_lease(plan_key: str) -> str:
     """String: id of the job building this plan; expires."""
     return f"{PREFIX}:{{{plan_key}}}:lease"

@@ -141,6 +141,28 @@ class PlanService:
             raise NotFound(f"no stored plan {plan_key} (GetPlan never compiles; use Compile)")
         return plan
 
+    def invalidate(self, request: pb.InvalidateRequest) -> int:
+        """Delete stored plans: one key, every plan of a spec, or of a target."""
+        what = request.WhichOneof("what")
+        if what == "key":
+            parse_key(request.key)
+            doomed = [request.key]
+        elif what == "spec_hash":
+            if len(request.spec_hash) != 64:
+                raise InvalidRequest("spec_hash must be 64 hex digits")
+            doomed = self._store.keys_of_spec(request.spec_hash)
+        elif what == "target_id":
+            doomed = self._store.keys_of_target(Target.parse(request.target_id).id)
+        else:
+            raise InvalidRequest("Invalidate needs a key, a spec_hash or a target_id")
+        deleted = 0
+        for key in doomed:
+            if self._store.get(key) is not None:
+                deleted += 1
+            self._store.delete(key)
+        log.warning("invalidated %d plan(s) (%s %s)", deleted, what, getattr(request, what or "key"))
+        return deleted
+
     def list_targets(self) -> list[pb.TargetInfo]:
         infos = []
         for target_id in self._queue.known_targets():

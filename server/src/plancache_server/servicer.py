@@ -30,5 +30,8 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
     def ListTargets(self, request: pb.ListTargetsRequest, context: grpc.ServicerContext) -> pb.ListTargetsResponse:
         return pb.ListTargetsResponse(targets=self._service.list_targets())
 
+    def Invalidate(self, request: pb.InvalidateRequest, context: grpc.ServicerContext) -> pb.InvalidateResponse:
+        return pb.InvalidateResponse(deleted=self._service.invalidate(request))
+
     def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> pb.GetStatsResponse:
         return pb.GetStatsResponse(targets=self._service.stats())

@@ -49,6 +49,13 @@ class Settings:
     # Ed25519 private key the workers sign plans with; None with unsigned=True.
     signing_key: Path | None = None
     unsigned: bool = False
+    # Bearer tokens and roles (see plancache_server.auth); None: open service.
+    tokens_file: Path | None = None
+    # TLS: certificate chain and key of the server; with tls_ca, clients must
+    # present a certificate signed by it (mutual TLS).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
     heartbeat_interval_s: float = 2.0
     heartbeat_ttl_s: float = 10.0
     log_level: str = "INFO"
@@ -85,6 +92,10 @@ def server_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus", default=_env("GPUS", "auto"), help="'auto', 'none' or device indices like 0,1 (env PLANCACHE_GPUS)")
     parser.add_argument("--grpc-threads", type=int, default=int(_env("GRPC_THREADS", "64") or 64))
     parser.add_argument("--compile-timeout", type=float, default=float(_env("COMPILE_TIMEOUT", "900") or 900), help="seconds a Compile waits for a build without a client deadline")
+    parser.add_argument("--tokens-file", type=Path, default=_env("TOKENS_FILE"), help="'<read|compile|admin> <token>' lines (env PLANCACHE_TOKENS_FILE); default: no auth")
+    parser.add_argument("--tls-cert", type=Path, default=_env("TLS_CERT"), help="PEM certificate chain: serve TLS (env PLANCACHE_TLS_CERT)")
+    parser.add_argument("--tls-key", type=Path, default=_env("TLS_KEY"), help="PEM private key of --tls-cert (env PLANCACHE_TLS_KEY)")
+    parser.add_argument("--tls-ca", type=Path, default=_env("TLS_CA"), help="PEM CA: require client certificates it signed, mutual TLS (env PLANCACHE_TLS_CA)")
     parser.add_argument("--memory-cache-mb", type=int, default=int(_env("MEMORY_CACHE_MB", "256") or 256), help="in-process cache of verified plans, MiB (0: off)")
     parser.add_argument("--memory-cache-ttl", type=float, default=float(_env("MEMORY_CACHE_TTL", "30") or 30), help="seconds a cached plan is served without re-reading Redis")
     _add_common(parser)
@@ -111,6 +122,10 @@ def server_settings(argv: Sequence[str] | None = None) -> Settings:
         compile_timeout_s=args.compile_timeout,
         heartbeat_ttl_s=args.heartbeat_ttl,
         log_level=args.log_level.upper(),
+        tokens_file=args.tokens_file,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.tls_ca,
         memory_cache_bytes=args.memory_cache_mb * 2**20,
         memory_cache_ttl_s=args.memory_cache_ttl,
         **common_settings(args),

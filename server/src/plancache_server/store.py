@@ -51,6 +51,10 @@ class PlanStore(Protocol):
 
     def delete(self, plan_key: str) -> None: ...
 
+    def keys_of_spec(self, spec_hash: str) -> list[str]: ...
+
+    def keys_of_target(self, target_id: str) -> list[str]: ...
+
 
 class RedisPlanStore:
     def __init__(self, client: redis.Redis) -> None:
@@ -87,6 +91,15 @@ class RedisPlanStore:
     def delete(self, plan_key: str) -> None:
         with translated_errors("deleting a plan"):
             self._redis.delete(keys.plan(plan_key))
+
+    def keys_of_spec(self, spec_hash: str) -> list[str]:
+        with translated_errors("listing a spec's plans"):
+            return sorted(k.decode() for k in self._redis.smembers(keys.spec_index(spec_hash)))  # type: ignore[union-attr]
+
+    def keys_of_target(self, target_id: str) -> list[str]:
+        with translated_errors("listing a target's plans"):
+            found = self._redis.scan_iter(match=keys.plan_pattern_for_target(target_id), count=1000)
+            return sorted({keys.plan_key_of(k.decode()) for k in found})
 
 
 class MemoryCachedStore:
@@ -129,6 +142,12 @@ class MemoryCachedStore:
     def delete(self, plan_key: str) -> None:
         self._forget(plan_key)
         self._inner.delete(plan_key)
+
+    def keys_of_spec(self, spec_hash: str) -> list[str]:
+        return self._inner.keys_of_spec(spec_hash)
+
+    def keys_of_target(self, target_id: str) -> list[str]:
+        return self._inner.keys_of_target(target_id)
 
     def _size(self, plan: StoredPlan) -> int:
         return len(plan.blob) + plan.metadata.ByteSize()

@@ -375,6 +375,22 @@ class ListTargetsResponse(_message.Message):
     targets: _containers.RepeatedCompositeFieldContainer[TargetInfo]
     def __init__(self, targets: _Optional[_Iterable[_Union[TargetInfo, _Mapping]]] = ...) -> None: ...
 
+class InvalidateRequest(_message.Message):
+    __slots__ = ("key", "spec_hash", "target_id")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    spec_hash: str
+    target_id: str
+    def __init__(self, key: _Optional[str] = ..., spec_hash: _Optional[str] = ..., target_id: _Optional[str] = ...) -> None: ...
+
+class InvalidateResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: int
+    def __init__(self, deleted: _Optional[int] = ...) -> None: ...
+
 class GetStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

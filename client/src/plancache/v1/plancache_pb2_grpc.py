@@ -59,6 +59,11 @@ class PlanCacheStub:
                 request_serializer=plancache_dot_v1_dot_plancache__pb2.ListTargetsRequest.SerializeToString,
                 response_deserializer=plancache_dot_v1_dot_plancache__pb2.ListTargetsResponse.FromString,
                 _registered_method=True)
+        self.Invalidate = channel.unary_unary(
+                '/plancache.v1.PlanCache/Invalidate',
+                request_serializer=plancache_dot_v1_dot_plancache__pb2.InvalidateRequest.SerializeToString,
+                response_deserializer=plancache_dot_v1_dot_plancache__pb2.InvalidateResponse.FromString,
+                _registered_method=True)
 
 
 class PlanCacheServicer:
@@ -101,6 +106,13 @@ class PlanCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Invalidate(self, request, context):
+        """Delete stored plans (admin): the next Compile rebuilds them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlanCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +140,11 @@ def add_PlanCacheServicer_to_server(servicer, server):
                     servicer.ListTargets,
                     request_deserializer=plancache_dot_v1_dot_plancache__pb2.ListTargetsRequest.FromString,
                     response_serializer=plancache_dot_v1_dot_plancache__pb2.ListTargetsResponse.SerializeToString,
+            ),
+            'Invalidate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Invalidate,
+                    request_deserializer=plancache_dot_v1_dot_plancache__pb2.InvalidateRequest.FromString,
+                    response_serializer=plancache_dot_v1_dot_plancache__pb2.InvalidateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +282,33 @@ class PlanCache:
             '/plancache.v1.PlanCache/ListTargets',
             plancache_dot_v1_dot_plancache__pb2.ListTargetsRequest.SerializeToString,
             plancache_dot_v1_dot_plancache__pb2.ListTargetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Invalidate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/plancache.v1.PlanCache/Invalidate',
+            plancache_dot_v1_dot_plancache__pb2.InvalidateRequest.SerializeToString,
+            plancache_dot_v1_dot_plancache__pb2.InvalidateResponse.FromString,
             options,
             channel_credentials,
             insecure,

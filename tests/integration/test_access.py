@@ -1,0 +1,105 @@
+"""Transport and access: TLS, mutual TLS, bearer tokens by role, Invalidate."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from plancache import Client, NotFound, PermissionDenied, TLSConfig, Unauthenticated, Unavailable
+from plancache.v1 import plancache_pb2 as pb
+from plancache.v1 import plancache_pb2_grpc as pb_grpc
+from plancache_server.embedded_redis import EmbeddedRedis
+from tests.conftest import Stack, start_stack
+from tests.support.certs import make_pki
+from tests.support.specs import matmul_bias_relu_spec, matmul_spec
+from tests.support.standin import STANDIN_TARGET as TARGET
+from tests.support.standin import StandInCompiler
+
+TOKENS = {"read": "r" * 20, "compile": "c" * 20, "admin": "a" * 20}
+
+
+@pytest.fixture
+def tokens_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tokens"
+    path.write_text("# role token\n" + "".join(f"{role} {token}\n" for role, token in TOKENS.items()))
+    return path
+
+
+@pytest.fixture
+def guarded_stack(redis_server: EmbeddedRedis, redis_client: object, tokens_file: Path) -> Iterator[Stack]:
+    s, stop = start_stack(redis_server.url, StandInCompiler(), tokens_file=tokens_file, memory_cache_bytes=0)
+    yield s
+    stop()
+
+
+def test_tokens_and_roles(guarded_stack: Stack) -> None:
+    with guarded_stack.client() as anonymous, pytest.raises(Unauthenticated, match="requires a bearer token"):
+        anonymous.compile(matmul_spec(), TARGET)
+    with guarded_stack.client(token="x" * 20) as stranger, pytest.raises(Unauthenticated, match="unknown bearer token"):
+        stranger.stats()
+    with guarded_stack.client(token=TOKENS["compile"]) as app:
+        plan = app.compile(matmul_spec(), TARGET)
+    with guarded_stack.client(token=TOKENS["read"]) as reader:
+        assert reader.get(plan.key).blob == plan.blob and reader.stats() and reader.list_targets()
+        with pytest.raises(PermissionDenied, match="Compile needs a compile token; this token's role is read"):
+            reader.compile(matmul_bias_relu_spec(), TARGET)
+        from plancache import Manifest
+
+        fetched = reader.prefetch(Manifest.from_specs([matmul_spec()], TARGET))
+        assert fetched.fetched == 1
+        refused = reader.prefetch(Manifest.from_specs([matmul_bias_relu_spec()], TARGET), compile_missing=True)
+        assert isinstance(refused.errors[0], PermissionDenied)
+        with pytest.raises(PermissionDenied, match="Invalidate needs a admin token"):
+            reader.invalidate(plan.key)
+    with guarded_stack.client(token=TOKENS["admin"]) as admin:
+        assert admin.invalidate(plan.key) == 1
+        with pytest.raises(NotFound):
+            admin.get(plan.key)
+
+
+def test_invalidate_by_spec_and_by_target(stack: Stack) -> None:
+    with stack.client() as client:
+        tuned = client.compile(matmul_spec(), TARGET)
+        client.compile(matmul_spec(), TARGET.generic())
+        client.compile(matmul_bias_relu_spec(), TARGET)
+        assert client.invalidate(spec_hash=tuned.metadata.spec_hash) == 2
+        with pytest.raises(NotFound):
+            client.get(tuned.key)
+        assert client.get(spec=matmul_bias_relu_spec(), target=TARGET) is not None
+        assert client.invalidate(target=TARGET) == 1
+        with pytest.raises(NotFound):
+            client.get(spec=matmul_bias_relu_spec(), target=TARGET)
+        assert client.compile(matmul_spec(), TARGET).source == "compiled"  # rebuilt on demand
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> dict[str, Path]:
+    return make_pki(tmp_path)
+
+
+def test_tls_and_mutual_tls(redis_server: EmbeddedRedis, redis_client: object, pki: dict[str, Path]) -> None:
+    s, stop = start_stack(redis_server.url, StandInCompiler(), tls_cert=pki["server_cert"], tls_key=pki["server_key"])
+    try:
+        with Client(s.address, cache=False, tls=TLSConfig(ca=pki["ca"])) as secure:
+            assert secure.compile(matmul_spec(), TARGET).source == "compiled"
+        with Client(s.address, cache=False, timeout=3) as plaintext, pytest.raises(Unavailable):
+            plaintext.stats()
+    finally:
+        stop()
+    s, stop = start_stack(redis_server.url, StandInCompiler(), tls_cert=pki["server_cert"], tls_key=pki["server_key"], tls_ca=pki["ca"])
+    try:
+        with Client(s.address, cache=False, tls=TLSConfig(ca=pki["ca"], cert=pki["client_cert"], key=pki["client_key"])) as mutual:
+            assert mutual.compile(matmul_spec(), TARGET).source == "hit"
+        with Client(s.address, cache=False, timeout=3, tls=TLSConfig(ca=pki["ca"])) as no_cert, pytest.raises(Unavailable):
+            no_cert.stats()
+    finally:
+        stop()
+
+
+def test_raw_stub_without_token_gets_unauthenticated_code(guarded_stack: Stack) -> None:
+    with grpc.insecure_channel(guarded_stack.address) as channel, pytest.raises(grpc.RpcError) as info:
+        pb_grpc.PlanCacheStub(channel).GetStats(pb.GetStatsRequest(), timeout=5)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
