@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from plancache.errors import ERROR_CLASS_METADATA_KEY, PlanCacheError
+from plancache.errors import ERROR_CLASS_METADATA_KEY, InvalidRequest, PlanCacheError
 from plancache_server.auth import Authorizer
 
 log = logging.getLogger(__name__)
@@ -24,9 +24,26 @@ def _abort(context: grpc.ServicerContext, method: str, error: Exception) -> None
     context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; server log incident {incident}")
 
 
-def _guard(behavior: Callable[[Any, grpc.ServicerContext], Any], method: str, authorizer: Authorizer) -> Callable[[Any, grpc.ServicerContext], Any]:
-    def guarded(request: Any, context: grpc.ServicerContext) -> Any:
+Deserializer = Callable[[bytes], Any] | None
+
+
+def _parse(deserialize: Deserializer, raw: bytes, method: str) -> Any:
+    """The request message; a malformed one is INVALID_ARGUMENT (grpc's own
+    deserializer would answer a bare INTERNAL)."""
+    if deserialize is None:
+        return raw
+    try:
+        return deserialize(raw)
+    except Exception as e:
+        raise InvalidRequest(f"malformed {method.rsplit('/', 1)[-1]} request ({len(raw)} bytes): {e}") from e
+
+
+def _guard(
+    behavior: Callable[[Any, grpc.ServicerContext], Any], method: str, authorizer: Authorizer, deserialize: Deserializer
+) -> Callable[[bytes, grpc.ServicerContext], Any]:
+    def guarded(raw: bytes, context: grpc.ServicerContext) -> Any:
         try:
+            request = _parse(deserialize, raw, method)
             authorizer.check(method, request, context)
             return behavior(request, context)
         except Exception as e:
@@ -36,10 +53,11 @@ def _guard(behavior: Callable[[Any, grpc.ServicerContext], Any], method: str, au
 
 
 def _guard_stream(
-    behavior: Callable[[Any, grpc.ServicerContext], Iterator[Any]], method: str, authorizer: Authorizer
-) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
-    def guarded(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    behavior: Callable[[Any, grpc.ServicerContext], Iterator[Any]], method: str, authorizer: Authorizer, deserialize: Deserializer
+) -> Callable[[bytes, grpc.ServicerContext], Iterator[Any]]:
+    def guarded(raw: bytes, context: grpc.ServicerContext) -> Iterator[Any]:
         try:
+            request = _parse(deserialize, raw, method)
             authorizer.check(method, request, context)
             yield from behavior(request, context)
         except Exception as e:
@@ -75,11 +93,11 @@ class ErrorMappingInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
         serializer = _bytes_pass_through(handler.response_serializer)
         if handler.unary_unary is not None:
             guarded = grpc.unary_unary_rpc_method_handler(
-                _guard(handler.unary_unary, method, self._authorizer), request_deserializer=handler.request_deserializer, response_serializer=serializer
+                _guard(handler.unary_unary, method, self._authorizer, handler.request_deserializer), response_serializer=serializer
             )
         elif handler.unary_stream is not None:
             guarded = grpc.unary_stream_rpc_method_handler(
-                _guard_stream(handler.unary_stream, method, self._authorizer), request_deserializer=handler.request_deserializer, response_serializer=serializer
+                _guard_stream(handler.unary_stream, method, self._authorizer, handler.request_deserializer), response_serializer=serializer
             )
         else:
             return handler

@@ -1,0 +1,100 @@
+"""The gRPC surface under malformed, truncated, oversized and wrong-type
+messages: every answer is a status with a message (never a bare INTERNAL),
+and the server keeps serving."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from plancache import spec_io
+from plancache.v1 import plancache_pb2 as pb
+from plancache_server.embedded_redis import EmbeddedRedis
+from tests.conftest import Stack, start_stack
+from tests.support.specs import matmul_bias_relu_spec
+from tests.support.standin import STANDIN_TARGET as TARGET
+from tests.support.standin import StandInCompiler
+
+METHODS = ["Compile", "GetPlan", "GetStats", "ListTargets", "Invalidate"]
+VALID = pb.CompileRequest(spec=spec_io.to_proto(matmul_bias_relu_spec()), target=TARGET.to_proto()).SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def hostile_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    redis_server = EmbeddedRedis(tmp_path_factory.mktemp("hostile-redis"), persist=False).start()
+    s, stop = start_stack(redis_server.url, StandInCompiler(), max_message_bytes=256 * 1024, compile_timeout_s=5)
+    yield s
+    stop()
+    redis_server.stop()
+
+
+def _raw_call(channel: grpc.Channel, method: str, payload: bytes) -> grpc.StatusCode:
+    call = channel.unary_unary(f"/plancache.v1.PlanCache/{method}", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    try:
+        call(payload, timeout=10)
+    except grpc.RpcError as e:
+        code = e.code()
+        assert code != grpc.StatusCode.UNKNOWN, e.details()
+        assert code != grpc.StatusCode.INTERNAL or "incident" in (e.details() or ""), e.details()
+        assert e.details(), f"{method}: {code} without a message"
+        return code  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+def _still_serving(channel: grpc.Channel) -> None:
+    assert _raw_call(channel, "GetStats", b"") == grpc.StatusCode.OK
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(method=st.sampled_from(METHODS), payload=st.binary(max_size=2000))
+def test_random_bytes(hostile_stack: Stack, method: str, payload: bytes) -> None:
+    with grpc.insecure_channel(hostile_stack.address) as channel:
+        _raw_call(channel, method, payload)
+        _still_serving(channel)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(0, len(VALID) - 1), flip=st.integers(0, len(VALID) - 1))
+def test_truncated_and_bit_flipped_requests(hostile_stack: Stack, cut: int, flip: int) -> None:
+    damaged = bytearray(VALID)
+    damaged[flip] ^= 0x5A
+    with grpc.insecure_channel(hostile_stack.address) as channel:
+        for payload in (VALID[:cut], bytes(damaged)):
+            assert _raw_call(channel, "Compile", payload) in {
+                grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.DEADLINE_EXCEEDED,
+            }  # fmt: skip
+        _still_serving(channel)
+
+
+def test_wrong_message_types(hostile_stack: Stack) -> None:
+    others = [pb.GetPlanRequest(ref=pb.PlanRef(key="x" * 40)), pb.InvalidateRequest(target_id="sm_90/cudnn-1/fe-1.0.0"), pb.PrefetchRequest()]
+    with grpc.insecure_channel(hostile_stack.address) as channel:
+        for method in METHODS:
+            for message in others:
+                _raw_call(channel, method, message.SerializeToString())
+        _still_serving(channel)
+
+
+def test_oversized_messages_are_resource_exhausted(hostile_stack: Stack) -> None:
+    with grpc.insecure_channel(hostile_stack.address) as channel:
+        assert _raw_call(channel, "Compile", b"\x0a" + b"\xff" * (300 * 1024)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        _still_serving(channel)
+
+
+def test_specs_over_the_limits_name_the_limit(hostile_stack: Stack) -> None:
+    from plancache import GraphSpec
+
+    g = GraphSpec(io_data_type="half")
+    x = g.tensor([4, 8], name="x")
+    for _ in range(600):
+        x = g.relu(x)
+    x.set_output(True)
+    with grpc.insecure_channel(hostile_stack.address) as channel:
+        call = channel.unary_unary("/plancache.v1.PlanCache/Compile", request_serializer=lambda m: m.SerializeToString(), response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as info:
+            call(pb.CompileRequest(spec=spec_io.to_proto(g), target=TARGET.to_proto()), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "graph: 600 nodes, over the limit of 512" in (info.value.details() or "")
