@@ -124,6 +124,7 @@ _BY_CODE: dict[grpc.StatusCode, type[PlanCacheError]] = {
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.FAILED_PRECONDITION: TargetUnavailable,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.CANCELLED: Unavailable,  # e.g. the server shut down mid-call
     grpc.StatusCode.DEADLINE_EXCEEDED: CompileTimeout,
     grpc.StatusCode.DATA_LOSS: IntegrityError,
 }

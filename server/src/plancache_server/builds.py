@@ -19,7 +19,7 @@ import uuid
 
 import redis
 
-from plancache.errors import CompileFailed, CompileTimeout
+from plancache.errors import CompileFailed, CompileTimeout, Unavailable
 from plancache.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server import keys
@@ -116,8 +116,12 @@ class Builds:
         self._release = client.register_script(_RELEASE_IF_OWNER)
         self._renew = client.register_script(_RENEW_IF_OWNER)
         self._watcher = CompletionWatcher(client)
+        self._closing = threading.Event()
 
     def close(self) -> None:
+        """Stop waiting: callers still waiting get Unavailable (the builds go
+        on and their plans are stored for the next call)."""
+        self._closing.set()
         self._watcher.stop()
 
     # ---- front end side ----------------------------------------------------
@@ -153,6 +157,8 @@ class Builds:
                 state = self.state(plan_key)
                 if state.get("job_id") == job_id and state.get("state") == FAILED:
                     raise CompileFailed(state.get("error") or "build failed without a reason")
+                if self._closing.is_set():
+                    raise Unavailable(f"this front end is shutting down; plan {plan_key} is still building: call again")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise CompileTimeout(

@@ -71,9 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     stopping.wait()
+    # In-flight calls get a grace period to finish (a build under way can
+    # land); then waiting callers are released and the workers stop (each
+    # finishes its current build; queued jobs stay in the stream for others).
     server.stop(grace=10).wait()
-    workers.stop()
     parts.builds.close()
+    workers.stop()
     if embedded is not None:
         embedded.stop()
     return 0
