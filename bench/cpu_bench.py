@@ -31,6 +31,7 @@ from bench.report import figure, percentile, save, spread, table, write_json
 from plancache import Client, CompileOptions, DiskCache, GraphSpec, Manifest, ManifestEntry, Plan, spec_io
 from plancache.canonical import hash_normalized
 from plancache.plankey import make_key
+from plancache.signing import Signer
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
 from plancache.validation import normalize
@@ -52,7 +53,7 @@ def spec_for(i: int) -> GraphSpec:
     return g
 
 
-def store_plans(store: RedisPlanStore, count: int, offset: int = 0) -> list[StoredPlan]:
+def store_plans(store: RedisPlanStore, count: int, offset: int = 0, signer: Signer | None = None) -> list[StoredPlan]:
     """Plans as a worker would store them, from the stand-in compiler."""
     compiler, plans = StandInCompiler(), []
     for i in range(offset, offset + count):
@@ -61,7 +62,8 @@ def store_plans(store: RedisPlanStore, count: int, offset: int = 0) -> list[Stor
         query = pb.PlanQuery(spec=spec_io.to_proto(normalized), target=TARGET.to_proto(), options=CompileOptions().to_proto())
         job = Job(job_id=f"bench-{i}", plan_key=key, query=query)
         compiled = compiler.compile(normalized, CompileOptions())
-        plan = StoredPlan(blob=compiled.blob, metadata=plan_metadata(job, compiled, "bench", TARGET.to_proto()))
+        metadata = plan_metadata(job, compiled, "bench", TARGET.to_proto())
+        plan = StoredPlan(blob=compiled.blob, metadata=metadata, signature=signer.sign(metadata) if signer else None)
         store.put(plan)
         plans.append(plan)
     return plans
@@ -132,7 +134,7 @@ def coalescing(address: str, quick: bool, offset: int) -> dict[str, Any]:
     callers = 8 if quick else 64
     rounds = 2 if quick else 3
     runs = []
-    with Client(address, timeout=60, cache=False) as client:
+    with Client(address, timeout=60, cache=False, allow_unsigned=True) as client:
         for r in range(rounds):
             before = {s.target_id: s for s in client.stats()}.get(TARGET.id)
             spec = spec_for(offset + r)
@@ -166,7 +168,7 @@ def startup_fetch(address: str, plans: list[StoredPlan], quick: bool) -> dict[st
     manifest = Manifest(entries=[ManifestEntry(key=k) for k in keys])
     rounds = 2 if quick else 5
     sequential, parallel, streamed = [], [], []
-    with Client(address, timeout=60, cache=False) as client:
+    with Client(address, timeout=60, cache=False, allow_unsigned=True) as client:
         client.get(keys[0])
         for _ in range(rounds):
             started = time.perf_counter()

@@ -38,3 +38,12 @@ def test_gpu_benchmark_report_renders_without_a_gpu(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "gpu_bench.json").read_text())["summary"]
     assert summary["measured"] == 3 and summary["build_over_ready_median"] == pytest.approx(350)
     assert (tmp_path / "gpu_bench.png").stat().st_size > 10_000
+
+
+def test_load_test_short_run_loses_and_confuses_nothing(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "bench/load_test.py", "--requests", "2000", "--clients", "8", "--outage", "0.5", "--out", str(tmp_path)],
+                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads((tmp_path / "load_test.json").read_text())
+    assert result["requests"] == 2000 and result["wrong_plans"] == 0 and result["lost"] == 0
+    assert result["succeeded"] + sum(result["failed"].values()) == 2000
