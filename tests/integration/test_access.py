@@ -103,3 +103,19 @@ def test_raw_stub_without_token_gets_unauthenticated_code(guarded_stack: Stack) 
     with grpc.insecure_channel(guarded_stack.address) as channel, pytest.raises(grpc.RpcError) as info:
         pb_grpc.PlanCacheStub(channel).GetStats(pb.GetStatsRequest(), timeout=5)
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_drain_a_worker(stack: Stack) -> None:
+    import time
+
+    from plancache import TargetUnavailable
+
+    with stack.client() as admin:
+        assert admin.drain_worker("no-such-worker") is False
+        assert admin.drain_worker("test-worker") is True
+        deadline = time.monotonic() + 5
+        while any(t.live_workers for t in admin.list_targets()):
+            assert time.monotonic() < deadline, "the worker did not leave"
+            time.sleep(0.1)
+        with pytest.raises(TargetUnavailable):
+            admin.compile(matmul_spec(), TARGET)

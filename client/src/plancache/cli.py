@@ -91,6 +91,10 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--target")
     with_server(invalidate)
 
+    drain = sub.add_parser("drain", help="ask a worker to finish its current build and leave (admin token)")
+    drain.add_argument("worker_id")
+    with_server(drain)
+
     keygen = sub.add_parser("keygen", help="write an Ed25519 key pair for signing plans (workers) and verifying them (clients)")
     keygen.add_argument("--out", type=Path, required=True, help="folder for plan-signing.pem (private) and plan-signing.pub.pem")
 
@@ -175,6 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif args.command == "invalidate":
                 deleted = client.invalidate(args.key, spec_hash=args.spec_hash, target=args.target, timeout=args.timeout)
                 print(f"deleted {deleted} plan(s)")
+            elif args.command == "drain":
+                known = client.drain_worker(args.worker_id, timeout=args.timeout)
+                print(f"asked {args.worker_id} to drain" + ("" if known else " (no live worker has that id now)"))
             elif args.command == "prefetch":
                 return _prefetch(client, args)
             elif args.command == "targets":

@@ -277,6 +277,12 @@ class Client:
         response: pb.InvalidateResponse = self._call(self._stub.Invalidate, request, timeout if timeout is not None else self.timeout)
         return response.deleted
 
+    def drain_worker(self, worker_id: str, *, timeout: float | None = None) -> bool:
+        """Ask a worker to finish its current build and leave (admin token).
+        Whether a live worker had that id."""
+        response: pb.DrainWorkerResponse = self._call(self._stub.DrainWorker, pb.DrainWorkerRequest(worker_id=worker_id), timeout if timeout is not None else self.timeout)
+        return response.known
+
     def list_targets(self, *, timeout: float | None = None) -> list[TargetInfo]:
         """Targets with live workers now: what Compile can build."""
         response = self._call(self._stub.ListTargets, pb.ListTargetsRequest(), timeout if timeout is not None else self.timeout)

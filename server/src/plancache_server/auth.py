@@ -2,7 +2,7 @@
 
 Roles nest: `read` (GetPlan, Prefetch without compile_missing, GetStats,
 ListTargets) < `compile` (Compile, Prefetch with compile_missing) < `admin`
-(Invalidate). With no tokens file the service is open, and says so in its log.
+(Invalidate, DrainWorker). With no tokens file the service is open, and says so in its log.
 
 Tokens file: one `<role> <token>` per line; `#` starts a comment.
 """
@@ -33,6 +33,7 @@ METHOD_ROLES = {
     "Prefetch": Role.READ,
     "Compile": Role.COMPILE,
     "Invalidate": Role.ADMIN,
+    "DrainWorker": Role.ADMIN,
 }
 
 

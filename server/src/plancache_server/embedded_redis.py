@@ -27,13 +27,20 @@ def free_port() -> int:
 
 class EmbeddedRedis:
     def __init__(
-        self, data_dir: Path, binary: str = "redis-server", port: int | None = None, persist: bool = True, extra_args: tuple[str, ...] = ()
+        self,
+        data_dir: Path,
+        binary: str = "redis-server",
+        port: int | None = None,
+        persist: bool = True,
+        extra_args: tuple[str, ...] = (),
+        password: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.binary = binary
         self.port = port or free_port()
         self.persist = persist
-        self.extra_args = extra_args
+        self.extra_args = (*extra_args, "--requirepass", password) if password else extra_args
+        self.password = password
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -55,7 +62,7 @@ class EmbeddedRedis:
         ]  # fmt: skip
         self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5, password=self.password)
         while True:
             if self._process.poll() is not None:
                 stderr = self._process.stderr.read().decode(errors="replace") if self._process.stderr else ""

@@ -71,6 +71,17 @@ class JobQueue:
             members = self._redis.zrangebyscore(keys.workers(target_id), time.time(), "+inf")
         return sorted(m.decode() for m in members)  # type: ignore[union-attr]
 
+    def request_drain(self, worker_id: str) -> bool:
+        """Ask a worker to leave; whether a live worker has that id."""
+        known = any(worker_id in self.workers_of(t) for t in self.known_targets())
+        with translated_errors("asking a worker to drain"):
+            self._redis.set(keys.drain(worker_id), "1", ex=24 * 3600)
+        return known
+
+    def drain_requested(self, worker_id: str) -> bool:
+        with translated_errors("checking for a drain request"):
+            return bool(self._redis.exists(keys.drain(worker_id)))
+
     def known_targets(self) -> list[str]:
         """Targets with a live worker now, for error messages and stats."""
         with translated_errors("listing targets"):

@@ -64,6 +64,11 @@ def workers(target_id: str) -> str:
     return f"{PREFIX}:workers:{target_id}"
 
 
+def drain(worker_id: str) -> str:
+    """String: present while a worker is asked to finish and leave."""
+    return f"{PREFIX}:drain:{worker_id}"
+
+
 def stats(target_id: str) -> str:
     """Hash of counters for one target."""
     return f"{PREFIX}:stats:{target_id}"

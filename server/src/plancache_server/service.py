@@ -163,6 +163,13 @@ class PlanService:
         log.warning("invalidated %d plan(s) (%s %s)", deleted, what, getattr(request, what or "key"))
         return deleted
 
+    def drain_worker(self, worker_id: str) -> bool:
+        if not worker_id or len(worker_id) > 256:
+            raise InvalidRequest("DrainWorker needs a worker id (see ListTargets)")
+        known = self._queue.request_drain(worker_id)
+        log.warning("asked worker %s to drain (%s)", worker_id, "live" if known else "not live now")
+        return known
+
     def list_targets(self) -> list[pb.TargetInfo]:
         infos = []
         for target_id in self._queue.known_targets():

@@ -33,5 +33,8 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
     def Invalidate(self, request: pb.InvalidateRequest, context: grpc.ServicerContext) -> pb.InvalidateResponse:
         return pb.InvalidateResponse(deleted=self._service.invalidate(request))
 
+    def DrainWorker(self, request: pb.DrainWorkerRequest, context: grpc.ServicerContext) -> pb.DrainWorkerResponse:
+        return pb.DrainWorkerResponse(known=self._service.drain_worker(request.worker_id))
+
     def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> pb.GetStatsResponse:
         return pb.GetStatsResponse(targets=self._service.stats())

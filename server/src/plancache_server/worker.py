@@ -137,6 +137,10 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
             try:
+                if self._queue.drain_requested(self.worker_id):
+                    log.warning("worker %s: asked to drain; finishing the current build, then leaving", self.worker_id)
+                    self._stop.set()
+                    break
                 self._queue.heartbeat(self.worker_id, self._targets, self._ttl)
                 current = self._current
                 if current is not None and current.job is not None:

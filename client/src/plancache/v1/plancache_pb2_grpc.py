@@ -64,6 +64,11 @@ class PlanCacheStub:
                 request_serializer=plancache_dot_v1_dot_plancache__pb2.InvalidateRequest.SerializeToString,
                 response_deserializer=plancache_dot_v1_dot_plancache__pb2.InvalidateResponse.FromString,
                 _registered_method=True)
+        self.DrainWorker = channel.unary_unary(
+                '/plancache.v1.PlanCache/DrainWorker',
+                request_serializer=plancache_dot_v1_dot_plancache__pb2.DrainWorkerRequest.SerializeToString,
+                response_deserializer=plancache_dot_v1_dot_plancache__pb2.DrainWorkerResponse.FromString,
+                _registered_method=True)
 
 
 class PlanCacheServicer:
@@ -113,6 +118,13 @@ class PlanCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainWorker(self, request, context):
+        """Ask a worker to finish its current build and leave (admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlanCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +157,11 @@ def add_PlanCacheServicer_to_server(servicer, server):
                     servicer.Invalidate,
                     request_deserializer=plancache_dot_v1_dot_plancache__pb2.InvalidateRequest.FromString,
                     response_serializer=plancache_dot_v1_dot_plancache__pb2.InvalidateResponse.SerializeToString,
+            ),
+            'DrainWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainWorker,
+                    request_deserializer=plancache_dot_v1_dot_plancache__pb2.DrainWorkerRequest.FromString,
+                    response_serializer=plancache_dot_v1_dot_plancache__pb2.DrainWorkerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +326,33 @@ class PlanCache:
             '/plancache.v1.PlanCache/Invalidate',
             plancache_dot_v1_dot_plancache__pb2.InvalidateRequest.SerializeToString,
             plancache_dot_v1_dot_plancache__pb2.InvalidateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/plancache.v1.PlanCache/DrainWorker',
+            plancache_dot_v1_dot_plancache__pb2.DrainWorkerRequest.SerializeToString,
+            plancache_dot_v1_dot_plancache__pb2.DrainWorkerResponse.FromString,
             options,
             channel_credentials,
             insecure,
