@@ -130,3 +130,16 @@ def test_job_fails_with_the_reason_after_its_attempts_run_out(fleet_redis: Embed
             _kill_worker_building(fleet, _running_worker(redis.Redis.from_url(fleet_redis.url), plan_key))
             with pytest.raises(CompileFailed, match="gave up after 1 attempts"):
                 future.result(timeout=60)
+
+
+def test_build_over_its_time_budget_fails_with_the_limit_named(fleet_redis: EmbeddedRedis, tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        fleet = Fleet(stack, fleet_redis.url, tmp_path, 1, 1, 5.0, "--build-budget", "1")
+        client = stack.enter_context(Client(fleet.addresses[0], cache=False))
+        started = time.monotonic()
+        with pytest.raises(CompileFailed, match=r"time budget of 1 s \(--build-budget\)"):
+            client.compile(matmul_spec(), TARGET)
+        assert time.monotonic() - started < 4
+        assert fleet.workers[0].wait(timeout=10) == 4  # the worker process ended; a supervisor restarts it
+        with pytest.raises(CompileFailed, match="remembered"):
+            client.compile(matmul_spec(), TARGET)

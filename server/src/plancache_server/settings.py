@@ -46,6 +46,8 @@ class Settings:
     max_attempts: int = 3
     # How long cuDNN's rejection of a graph is remembered.
     negative_ttl_s: float = 3600.0
+    # Longest a single build may take (None: no limit).
+    build_budget_s: float | None = None
     # Ed25519 private key the workers sign plans with; None with unsigned=True.
     signing_key: Path | None = None
     unsigned: bool = False
@@ -81,6 +83,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--claim-idle", type=float, default=float(_env("CLAIM_IDLE", "60") or 60), help="seconds before a silent worker's job is reclaimed")
     parser.add_argument("--build-lease", type=float, default=float(_env("BUILD_LEASE", "120") or 120), help="seconds a build lease outlives a dead worker")
     parser.add_argument("--max-attempts", type=int, default=int(_env("MAX_ATTEMPTS", "3") or 3), help="hand-outs of one job before it fails")
+    parser.add_argument("--build-budget", type=float, default=float(_env("BUILD_BUDGET", "0") or 0) or None, help="seconds one build may take; past it the job fails and the worker restarts")
     parser.add_argument("--negative-ttl", type=float, default=float(_env("NEGATIVE_TTL", "3600") or 3600), help="seconds a cuDNN rejection is remembered")
 
 
@@ -146,6 +149,7 @@ def common_settings(args: argparse.Namespace) -> dict[str, Any]:
         "build_lease_s": args.build_lease,
         "max_attempts": args.max_attempts,
         "negative_ttl_s": args.negative_ttl,
+        "build_budget_s": args.build_budget,
     }
 
 
@@ -157,4 +161,5 @@ def worker_flags(settings: Settings) -> list[str]:
         "--build-lease", str(settings.build_lease_s), "--max-attempts", str(settings.max_attempts),
         "--negative-ttl", str(settings.negative_ttl_s),
         *(["--unsigned"] if settings.unsigned else ["--signing-key", str(settings.signing_key)] if settings.signing_key else []),
+        *(["--build-budget", str(settings.build_budget_s)] if settings.build_budget_s else []),
     ]  # fmt: skip

@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from plancache import spec_io
 from plancache.errors import CompileFailed, PlanCacheError, StoreUnavailable
@@ -29,6 +30,9 @@ from plancache_server.jobs import Delivery, Job, JobQueue
 from plancache_server.store import PlanStore, StoredPlan
 
 log = logging.getLogger(__name__)
+
+# Exit status of a worker process that ended a build over its time budget.
+EXIT_OVER_BUDGET = 4
 
 
 def default_worker_id(device: int) -> str:
@@ -86,6 +90,8 @@ class Worker:
         claim_idle_s: float = 60.0,
         max_attempts: int = 3,
         signer: Signer | None = None,
+        build_budget_s: float | None = None,
+        on_over_budget: Callable[[], None] | None = None,
     ) -> None:
         self.compiler = compiler
         self.worker_id = worker_id
@@ -98,6 +104,10 @@ class Worker:
         self._claim_idle_ms = int(claim_idle_s * 1000)
         self._max_attempts = max_attempts
         self._signer = signer
+        # A build cannot be interrupted inside cuDNN: past its budget the job
+        # is failed and the worker process ends (its supervisor starts a new one).
+        self._build_budget_s = build_budget_s
+        self._on_over_budget = on_over_budget or (lambda: os._exit(EXIT_OVER_BUDGET))
         self._stop = threading.Event()
         # The job being built, kept alive by the heartbeat thread.
         self._current: Delivery | None = None
@@ -171,12 +181,34 @@ class Worker:
         self._builds.mark_running(job.plan_key, job.job_id, self.worker_id)
         self._builds.renew(job.plan_key, job.job_id)
         self._current = delivery
+        watchdog = self._watchdog(delivery, job)
         try:
             error, rejected = self.build(job)
         finally:
             self._current = None
+            if watchdog is not None:
+                watchdog.cancel()
         self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=error, rejected=rejected)
         self._queue.ack(delivery)
+
+    def _watchdog(self, delivery: Delivery, job: Job) -> threading.Timer | None:
+        if self._build_budget_s is None:
+            return None
+
+        def over_budget() -> None:
+            reason = f"the build ran past its time budget of {self._build_budget_s:g} s (--build-budget) on worker {self.worker_id}"
+            log.error("job %s (%s): %s; ending this worker process", job.job_id, job.plan_key, reason)
+            try:
+                # Remembered like a rejection: building it again would end another worker.
+                self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=reason, rejected=True)
+                self._queue.ack(delivery)
+            finally:
+                self._on_over_budget()
+
+        timer = threading.Timer(self._build_budget_s, over_budget)
+        timer.daemon = True
+        timer.start()
+        return timer
 
     def build(self, job: Job) -> tuple[str | None, bool]:
         """Compile and store one job's plan: (failure reason or None, whether

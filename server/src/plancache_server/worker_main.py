@@ -45,6 +45,7 @@ def run_one(device: int, settings: Settings, compiler_name: str) -> int:
     worker = Worker(
         compiler, parts.queue, parts.builds, parts.store, default_worker_id(device), heartbeat_interval_s=settings.heartbeat_interval_s,
         heartbeat_ttl_s=settings.heartbeat_ttl_s, claim_idle_s=settings.claim_idle_s, max_attempts=settings.max_attempts, signer=signer,
+        build_budget_s=settings.build_budget_s,
     )  # fmt: skip
 
     def on_signal(signum: int, _frame: object) -> None:
