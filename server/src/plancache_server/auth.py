@@ -26,6 +26,7 @@ class Role(enum.IntEnum):
     ADMIN = 3
 
 
+SERVICE_PREFIX = "/plancache.v1.PlanCache/"
 METHOD_ROLES = {
     "GetPlan": Role.READ,
     "GetStats": Role.READ,
@@ -66,8 +67,8 @@ class Authorizer:
 
     def check(self, method: str, request: Any, context: grpc.ServicerContext) -> None:
         """Raise Unauthenticated or PermissionDenied unless the call may proceed."""
-        if self._roles is None:
-            return
+        if self._roles is None or not method.startswith(SERVICE_PREFIX):
+            return  # health checks and reflection stay open, for load balancers and tools
         name = method.rsplit("/", 1)[-1]
         header = next((str(v) for k, v in context.invocation_metadata() if k == "authorization"), "")
         if not header.startswith("Bearer "):

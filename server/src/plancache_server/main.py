@@ -71,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     stopping.wait()
+    if parts.health is not None:
+        parts.health.shutdown()
     # In-flight calls get a grace period to finish (a build under way can
     # land); then waiting callers are released and the workers stop (each
     # finishes its current build; queued jobs stay in the stream for others).
