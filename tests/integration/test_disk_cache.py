@@ -30,7 +30,7 @@ def test_warm_cache_needs_no_server(stack: Stack, tmp_path: Path) -> None:
         elapsed = time.perf_counter() - started
     assert again.source == by_key.source == by_spec.source == "cache"
     assert again.blob == by_key.blob == by_spec.blob == compiled.blob
-    assert elapsed < 1.0
+    assert elapsed < 2.0
     assert len(stack.compiler.builds) == 1
 
 

@@ -137,8 +137,9 @@ def test_sigterm_during_compiles_drains_and_leaves_nothing_half_written(tmp_path
         report("SIGTERM during 3 compiles (1.5 s builds)", {"results": results, "worker_exit": worker_code, "server_exit": server_code,
                                                               "plans_stored": len(plan_hashes), "all_complete": complete, "unacked_jobs": pending})  # fmt: skip
         assert worker_code == 0 and server_code == 0
-        assert results[0] == "compiled"  # the build under way drained
-        assert set(results[1:]) <= {"Unavailable"}  # the rest: told to retry, not left hanging
+        # The build under way (whichever job the worker took first) drained to its caller;
+        # the others were told to retry, not left hanging.
+        assert sorted(results) == ["Unavailable", "Unavailable", "compiled"]
         assert complete and len(plan_hashes) >= 1
         # Jobs the worker did not start stay in the stream for the next worker: handed back, not lost.
         assert queued == 3 and pending == 0
