@@ -119,3 +119,21 @@ def test_drain_a_worker(stack: Stack) -> None:
             time.sleep(0.1)
         with pytest.raises(TargetUnavailable):
             admin.compile(matmul_spec(), TARGET)
+
+
+def test_explain_says_which_part_of_the_key_differs(stack: Stack) -> None:
+    from plancache import CompileOptions, Target
+
+    with stack.client() as client:
+        never = client.explain(matmul_bias_relu_spec(), TARGET)
+        assert not never.stored and not never.variants and "no plan of this spec" in never.summary
+        client.compile(matmul_spec(), TARGET)
+        client.compile(matmul_spec(), TARGET, CompileOptions(autotune=False))
+        hit = client.explain(matmul_spec(), TARGET)
+        assert hit.stored and "hits" in hit.summary and len(hit.variants) == 1
+        assert hit.variants[0].differences[0].startswith("options: stored opt-")
+        newer = Target(TARGET.compute_capability, 92000, "1.33.0", TARGET.device_name, TARGET.sm_count)
+        miss = client.explain(matmul_spec(), newer)
+        assert not miss.stored and len(miss.variants) == 2
+        assert any("cuDNN version: stored 91900, asked 92000" in d for v in miss.variants for d in v.differences)
+        assert any("frontend version: stored 1.32.0, asked 1.33.0" in d for v in miss.variants for d in v.differences)

@@ -7,6 +7,7 @@
     plancache manifest SPEC.json [SPEC.json ...] --target T [--out MANIFEST]
     plancache prefetch MANIFEST --server HOST:PORT [--target T] [--compile-missing]
     plancache invalidate (--key KEY | --spec-hash H | --target T) --server HOST:PORT --token ADMIN
+    plancache explain SPEC.json --server HOST:PORT [--target T]
     plancache keygen --out DIR
     plancache hash SPEC.json
 """
@@ -90,6 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--spec-hash")
     group.add_argument("--target")
     with_server(invalidate)
+
+    explain = sub.add_parser("explain", help="why a lookup misses: stored plans of the same spec and how their keys differ")
+    explain.add_argument("spec", type=Path)
+    with_server(explain)
+    with_target(explain)
 
     drain = sub.add_parser("drain", help="ask a worker to finish its current build and leave (admin token)")
     drain.add_argument("worker_id")
@@ -179,6 +185,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif args.command == "invalidate":
                 deleted = client.invalidate(args.key, spec_hash=args.spec_hash, target=args.target, timeout=args.timeout)
                 print(f"deleted {deleted} plan(s)")
+            elif args.command == "explain":
+                answer = client.explain(_load_spec(args.spec), args.target, _options(args), timeout=args.timeout)
+                print(f"{answer.key}\n{answer.summary}")
+                for variant in answer.variants:
+                    print(f"  {variant.key}\n    " + "\n    ".join(variant.differences))
             elif args.command == "drain":
                 known = client.drain_worker(args.worker_id, timeout=args.timeout)
                 print(f"asked {args.worker_id} to drain" + ("" if known else " (no live worker has that id now)"))

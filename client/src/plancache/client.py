@@ -277,6 +277,12 @@ class Client:
         response: pb.InvalidateResponse = self._call(self._stub.Invalidate, request, timeout if timeout is not None else self.timeout)
         return response.deleted
 
+    def explain(self, spec: GraphSpec, target: Target | str | None = None, options: CompileOptions | None = None, *, timeout: float | None = None) -> pb.ExplainResponse:
+        """Why a lookup misses: stored plans of the same spec and how their keys differ."""
+        query = pb.PlanQuery(spec=spec_io.to_proto(normalize(spec)), target=_target(target).to_proto(), options=(options or CompileOptions()).to_proto())
+        response: pb.ExplainResponse = self._call(self._stub.Explain, pb.ExplainRequest(query=query), timeout if timeout is not None else self.timeout)
+        return response
+
     def drain_worker(self, worker_id: str, *, timeout: float | None = None) -> bool:
         """Ask a worker to finish its current build and leave (admin token).
         Whether a live worker had that id."""

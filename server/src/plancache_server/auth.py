@@ -33,6 +33,7 @@ METHOD_ROLES = {
     "ListTargets": Role.READ,
     "Prefetch": Role.READ,
     "Compile": Role.COMPILE,
+    "Explain": Role.READ,
     "Invalidate": Role.ADMIN,
     "DrainWorker": Role.ADMIN,
 }

@@ -16,7 +16,7 @@ from plancache.canonical import hash_normalized
 from plancache.errors import CompileFailed, InvalidRequest, NotFound, PlanCacheError, TargetUnavailable
 from plancache.options import CompileOptions
 from plancache.plankey import make_key, parse_key
-from plancache.target import Target
+from plancache.target import Target, slug
 from plancache.v1 import plancache_pb2 as pb
 from plancache.validation import Limits, normalize
 from plancache_server.builds import Builds
@@ -163,6 +163,25 @@ class PlanService:
         log.warning("invalidated %d plan(s) (%s %s)", deleted, what, getattr(request, what or "key"))
         return deleted
 
+    def explain(self, query: pb.PlanQuery) -> pb.ExplainResponse:
+        """How the asked key differs from the stored keys of the same spec."""
+        resolved = self.resolve(query.spec, query.target, query.options)
+        asked = parse_key(resolved.plan_key)
+        stored = self._store.get(resolved.plan_key) is not None
+        variants = []
+        for key in self._store.keys_of_spec(asked.spec_hash):
+            if key == resolved.plan_key or self._store.get(key) is None:
+                continue
+            other = parse_key(key)
+            variants.append(pb.StoredVariant(key=key, differences=_differences(resolved.target, other.target, asked.options_id, other.options_id)))
+        if stored:
+            summary = "stored: a lookup hits"
+        elif variants:
+            summary = f"not stored for this target and options; {len(variants)} plan(s) of the same spec are stored under other keys"
+        else:
+            summary = "no plan of this spec is stored under any target or options (the spec differs from every stored one, or was never compiled)"
+        return pb.ExplainResponse(key=resolved.plan_key, stored=stored, spec_hash=asked.spec_hash, variants=variants, summary=summary)
+
     def drain_worker(self, worker_id: str) -> bool:
         if not worker_id or len(worker_id) > 256:
             raise InvalidRequest("DrainWorker needs a worker id (see ListTargets)")
@@ -204,3 +223,15 @@ def _error_item(index: int, key: str, error: PlanCacheError) -> pb.PrefetchItem:
     return pb.PrefetchItem(
         index=index, key=key, error=pb.PrefetchError(code=error.code.name, message=error.message, error_class=type(error).__name__)
     )
+
+
+def _differences(asked: Target, stored: Target, asked_options: str, stored_options: str) -> list[str]:
+    parts = [
+        ("compute capability", asked.compute_capability, stored.compute_capability),
+        ("cuDNN version", asked.cudnn_version, stored.cudnn_version),
+        ("frontend version", asked.frontend_version, stored.frontend_version),
+        ("device", slug(asked.device_name) or "(any)", slug(stored.device_name) or "(any)"),  # keys hold the slug
+        ("SM count", asked.sm_count or "(any)", stored.sm_count or "(any)"),
+        ("options", asked_options, stored_options),
+    ]
+    return [f"{name}: stored {theirs}, asked {ours}" for name, ours, theirs in parts if str(ours) != str(theirs)]

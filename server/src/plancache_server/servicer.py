@@ -33,6 +33,9 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
     def Invalidate(self, request: pb.InvalidateRequest, context: grpc.ServicerContext) -> pb.InvalidateResponse:
         return pb.InvalidateResponse(deleted=self._service.invalidate(request))
 
+    def Explain(self, request: pb.ExplainRequest, context: grpc.ServicerContext) -> pb.ExplainResponse:
+        return self._service.explain(request.query)
+
     def DrainWorker(self, request: pb.DrainWorkerRequest, context: grpc.ServicerContext) -> pb.DrainWorkerResponse:
         return pb.DrainWorkerResponse(known=self._service.drain_worker(request.worker_id))
 

@@ -403,6 +403,34 @@ class DrainWorkerResponse(_message.Message):
     known: bool
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
 
+class ExplainRequest(_message.Message):
+    __slots__ = ("query",)
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    query: PlanQuery
+    def __init__(self, query: _Optional[_Union[PlanQuery, _Mapping]] = ...) -> None: ...
+
+class StoredVariant(_message.Message):
+    __slots__ = ("key", "differences")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    DIFFERENCES_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    differences: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[str] = ..., differences: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ExplainResponse(_message.Message):
+    __slots__ = ("key", "stored", "spec_hash", "variants", "summary")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
+    VARIANTS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    stored: bool
+    spec_hash: str
+    variants: _containers.RepeatedCompositeFieldContainer[StoredVariant]
+    summary: str
+    def __init__(self, key: _Optional[str] = ..., stored: _Optional[bool] = ..., spec_hash: _Optional[str] = ..., variants: _Optional[_Iterable[_Union[StoredVariant, _Mapping]]] = ..., summary: _Optional[str] = ...) -> None: ...
+
 class GetStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

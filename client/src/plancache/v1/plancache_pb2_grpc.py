@@ -64,6 +64,11 @@ class PlanCacheStub:
                 request_serializer=plancache_dot_v1_dot_plancache__pb2.InvalidateRequest.SerializeToString,
                 response_deserializer=plancache_dot_v1_dot_plancache__pb2.InvalidateResponse.FromString,
                 _registered_method=True)
+        self.Explain = channel.unary_unary(
+                '/plancache.v1.PlanCache/Explain',
+                request_serializer=plancache_dot_v1_dot_plancache__pb2.ExplainRequest.SerializeToString,
+                response_deserializer=plancache_dot_v1_dot_plancache__pb2.ExplainResponse.FromString,
+                _registered_method=True)
         self.DrainWorker = channel.unary_unary(
                 '/plancache.v1.PlanCache/DrainWorker',
                 request_serializer=plancache_dot_v1_dot_plancache__pb2.DrainWorkerRequest.SerializeToString,
@@ -118,6 +123,14 @@ class PlanCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Explain(self, request, context):
+        """Why a lookup misses: the stored plans of the same spec and how their
+        keys differ (target versions, device, options). Never compiles.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DrainWorker(self, request, context):
         """Ask a worker to finish its current build and leave (admin).
         """
@@ -157,6 +170,11 @@ def add_PlanCacheServicer_to_server(servicer, server):
                     servicer.Invalidate,
                     request_deserializer=plancache_dot_v1_dot_plancache__pb2.InvalidateRequest.FromString,
                     response_serializer=plancache_dot_v1_dot_plancache__pb2.InvalidateResponse.SerializeToString,
+            ),
+            'Explain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Explain,
+                    request_deserializer=plancache_dot_v1_dot_plancache__pb2.ExplainRequest.FromString,
+                    response_serializer=plancache_dot_v1_dot_plancache__pb2.ExplainResponse.SerializeToString,
             ),
             'DrainWorker': grpc.unary_unary_rpc_method_handler(
                     servicer.DrainWorker,
@@ -326,6 +344,33 @@ class PlanCache:
             '/plancache.v1.PlanCache/Invalidate',
             plancache_dot_v1_dot_plancache__pb2.InvalidateRequest.SerializeToString,
             plancache_dot_v1_dot_plancache__pb2.InvalidateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Explain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/plancache.v1.PlanCache/Explain',
+            plancache_dot_v1_dot_plancache__pb2.ExplainRequest.SerializeToString,
+            plancache_dot_v1_dot_plancache__pb2.ExplainResponse.FromString,
             options,
             channel_credentials,
             insecure,
