@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -10,9 +11,20 @@ from typing import Any
 import grpc
 
 from plancache.errors import ERROR_CLASS_METADATA_KEY, InvalidRequest, PlanCacheError
+from plancache_server import metrics
 from plancache_server.auth import Authorizer
 
 log = logging.getLogger(__name__)
+
+
+def _count(method: str, started: float, code: str) -> None:
+    name = method.rsplit("/", 1)[-1]
+    metrics.REQUESTS.labels(name, code).inc()
+    metrics.REQUEST_SECONDS.labels(name).observe(time.perf_counter() - started)
+
+
+def _code(error: Exception) -> str:
+    return error.code.name if isinstance(error, PlanCacheError) else "INTERNAL"
 
 
 def _abort(context: grpc.ServicerContext, method: str, error: Exception) -> None:
@@ -42,12 +54,16 @@ def _guard(
     behavior: Callable[[Any, grpc.ServicerContext], Any], method: str, authorizer: Authorizer, deserialize: Deserializer
 ) -> Callable[[bytes, grpc.ServicerContext], Any]:
     def guarded(raw: bytes, context: grpc.ServicerContext) -> Any:
+        started = time.perf_counter()
         try:
             request = _parse(deserialize, raw, method)
             authorizer.check(method, request, context)
-            return behavior(request, context)
+            response = behavior(request, context)
         except Exception as e:
+            _count(method, started, _code(e))
             _abort(context, method, e)
+        _count(method, started, "OK")
+        return response
 
     return guarded
 
@@ -56,12 +72,15 @@ def _guard_stream(
     behavior: Callable[[Any, grpc.ServicerContext], Iterator[Any]], method: str, authorizer: Authorizer, deserialize: Deserializer
 ) -> Callable[[bytes, grpc.ServicerContext], Iterator[Any]]:
     def guarded(raw: bytes, context: grpc.ServicerContext) -> Iterator[Any]:
+        started = time.perf_counter()
         try:
             request = _parse(deserialize, raw, method)
             authorizer.check(method, request, context)
             yield from behavior(request, context)
         except Exception as e:
+            _count(method, started, _code(e))
             _abort(context, method, e)
+        _count(method, started, "OK")
 
     return guarded
 

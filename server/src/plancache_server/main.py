@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from plancache.signing import generate_keypair
+from plancache_server import metrics
 from plancache_server.app import build_grpc_server
 from plancache_server.embedded_redis import EmbeddedRedis
 from plancache_server.gpus import select_gpus
@@ -60,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         log.warning("no GPU on this host: serving stored plans only; Compile of a missing plan needs a worker (plancache-worker) of its target")
     server.start()
+    metrics.serve(settings.metrics_port, client, parts.queue)
     log.info("plancache-server listening on %s (port %d)", settings.listen, port)
 
     stopping = threading.Event()

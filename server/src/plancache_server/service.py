@@ -19,6 +19,7 @@ from plancache.plankey import make_key, parse_key
 from plancache.target import Target, slug
 from plancache.v1 import plancache_pb2 as pb
 from plancache.validation import Limits, normalize
+from plancache_server import metrics
 from plancache_server.builds import Builds
 from plancache_server.jobs import JobQueue
 from plancache_server.stats import Counter, Stats
@@ -74,6 +75,7 @@ class PlanService:
         """The stored plan, counted as a hit or a miss of its target."""
         plan = self._store.get(plan_key)
         self._stats.incr(target.id, Counter.HITS if plan is not None else Counter.MISSES)
+        metrics.LOOKUPS.labels(target.id, "hit" if plan is not None else "miss").inc()
         return plan
 
     def _start_build(self, resolved: ResolvedQuery) -> tuple[str, bool]:

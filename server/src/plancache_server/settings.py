@@ -48,6 +48,8 @@ class Settings:
     negative_ttl_s: float = 3600.0
     # Longest a single build may take (None: no limit).
     build_budget_s: float | None = None
+    # Prometheus /metrics (0: off). A server's own workers use the next ports.
+    metrics_port: int = 0
     # Ed25519 private key the workers sign plans with; None with unsigned=True.
     signing_key: Path | None = None
     unsigned: bool = False
@@ -84,6 +86,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--build-lease", type=float, default=float(_env("BUILD_LEASE", "120") or 120), help="seconds a build lease outlives a dead worker")
     parser.add_argument("--max-attempts", type=int, default=int(_env("MAX_ATTEMPTS", "3") or 3), help="hand-outs of one job before it fails")
     parser.add_argument("--build-budget", type=float, default=float(_env("BUILD_BUDGET", "0") or 0) or None, help="seconds one build may take; past it the job fails and the worker restarts")
+    parser.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "0") or 0),
+                        help="Prometheus /metrics port (0: off); workers started by a server use port+1+device (env PLANCACHE_METRICS_PORT)")  # fmt: skip
     parser.add_argument("--negative-ttl", type=float, default=float(_env("NEGATIVE_TTL", "3600") or 3600), help="seconds a cuDNN rejection is remembered")
 
 
@@ -150,6 +154,7 @@ def common_settings(args: argparse.Namespace) -> dict[str, Any]:
         "max_attempts": args.max_attempts,
         "negative_ttl_s": args.negative_ttl,
         "build_budget_s": args.build_budget,
+        "metrics_port": args.metrics_port,
     }
 
 
@@ -162,4 +167,5 @@ def worker_flags(settings: Settings) -> list[str]:
         "--negative-ttl", str(settings.negative_ttl_s),
         *(["--unsigned"] if settings.unsigned else ["--signing-key", str(settings.signing_key)] if settings.signing_key else []),
         *(["--build-budget", str(settings.build_budget_s)] if settings.build_budget_s else []),
+        *(["--metrics-port", str(settings.metrics_port + 1)] if settings.metrics_port else []),
     ]  # fmt: skip

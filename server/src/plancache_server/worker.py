@@ -24,6 +24,7 @@ from plancache.options import CompileOptions
 from plancache.signing import Signer
 from plancache.v1 import plancache_pb2 as pb
 from plancache.validation import normalize
+from plancache_server import metrics
 from plancache_server.builds import Builds
 from plancache_server.compiler import CompiledPlan, Compiler
 from plancache_server.jobs import Delivery, Job, JobQueue
@@ -182,12 +183,18 @@ class Worker:
         self._builds.renew(job.plan_key, job.job_id)
         self._current = delivery
         watchdog = self._watchdog(delivery, job)
+        metrics.BUSY.set(1)
+        started = time.monotonic()
         try:
             error, rejected = self.build(job)
         finally:
             self._current = None
+            metrics.BUSY.set(0)
             if watchdog is not None:
                 watchdog.cancel()
+        target_id = self.compiler.target.id
+        metrics.BUILDS.labels(target_id, "rejected" if rejected else "failed" if error else "built").inc()
+        metrics.BUILD_SECONDS.labels(target_id).observe(time.monotonic() - started)
         self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=error, rejected=rejected)
         self._queue.ack(delivery)
 
