@@ -1,0 +1,62 @@
+"""docker-compose.yml and its Prometheus and Grafana files agree with the
+server's real flags, environment and metrics (no Docker engine needed)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from plancache_server import metrics
+from plancache_server.settings import server_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def _service_flags() -> dict[str, str]:
+    command = COMPOSE["services"]["plancache"]["command"]
+    args = server_parser().parse_args(command)  # exits on any flag the server does not have
+    return {"listen": args.listen, "metrics": str(args.metrics_port), "redis": args.redis_url, "data": str(args.data_dir)}
+
+
+def test_services_and_persistence() -> None:
+    services = COMPOSE["services"]
+    assert set(services) == {"redis", "plancache", "prometheus", "grafana"}
+    assert "--appendonly" in services["redis"]["command"] and "yes" in services["redis"]["command"]
+    assert any(v.startswith("redis-data:") for v in services["redis"]["volumes"])
+    reservation = services["plancache"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert reservation["driver"] == "nvidia" and "gpu" in reservation["capabilities"]
+
+
+def test_plancache_command_ports_and_environment_match_the_server() -> None:
+    flags = _service_flags()
+    assert flags["redis"] == "redis://redis:6379/0"
+    published = {p.split(":")[1] for p in COMPOSE["services"]["plancache"]["ports"]}
+    assert flags["listen"].rsplit(":", 1)[1] in published and flags["metrics"] in published
+    settings_source = (ROOT / "server" / "src" / "plancache_server" / "settings.py").read_text()
+    known_env = {f"PLANCACHE_{name}" for name in re.findall(r'_env\("([A-Z_]+)"', settings_source)}
+    assert set(COMPOSE["services"]["plancache"]["environment"]) <= known_env
+    assert any(v.endswith(":" + flags["data"]) for v in COMPOSE["services"]["plancache"]["volumes"])
+
+
+def test_prometheus_scrapes_the_metrics_ports() -> None:
+    config = yaml.safe_load((ROOT / "docker" / "prometheus.yml").read_text())
+    targets = [t for job in config["scrape_configs"] for group in job["static_configs"] for t in group["targets"]]
+    port = int(_service_flags()["metrics"])
+    assert f"plancache:{port}" in targets and f"plancache:{port + 1}" in targets  # front end, first worker
+
+
+def test_grafana_dashboard_queries_metrics_that_exist() -> None:
+    dashboard = json.loads((ROOT / "docker" / "grafana" / "dashboards" / "plancache.json").read_text())
+    exported = set()
+    for metric in (metrics.REQUESTS, metrics.REQUEST_SECONDS, metrics.LOOKUPS, metrics.BUILDS, metrics.BUILD_SECONDS, metrics.BUSY):
+        name = metric._name
+        exported |= {name, f"{name}_total", f"{name}_bucket"}
+    exported |= {"plancache_jobs_waiting", "plancache_jobs_running", "plancache_live_workers"}
+    used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"plancache_[a-z_]+", t["expr"])}
+    assert used and used <= exported, used - exported
+    datasources = yaml.safe_load((ROOT / "docker" / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    assert datasources["datasources"][0]["url"] == "http://prometheus:9090"
