@@ -91,6 +91,7 @@ def start_stack(redis_url: str, compiler: StandInCompiler | None, signer: Signer
             parts.health.shutdown()
         server.stop(grace=None).wait()
         parts.builds.close()
+        parts.stats.close()
         client.close()
 
     return stack, stop

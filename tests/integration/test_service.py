@@ -275,3 +275,23 @@ def test_memory_cache_forgets_deleted_plans_after_its_ttl(redis_server: object, 
                 client.get(plan.key)
     finally:
         stop()
+
+
+def test_stats_windows_bytes_seconds_saved_and_op_families(slow_stack: Stack) -> None:
+    stack = slow_stack  # 1 s stand-in builds: every hit saves 1 s
+    with stack.client() as client:
+        plan = client.compile(matmul_spec(), TARGET)
+        client.compile(matmul_spec(), TARGET)
+        client.get(plan.key)
+        client.compile(matmul_bias_relu_spec(), TARGET)
+        (row,) = [r for r in client.stats() if r.target_id == TARGET.id]
+        families = client.family_stats()
+    # two hits (a Compile and a GetPlan), two misses
+    assert (row.hits, row.misses) == (2, 2)
+    assert row.bytes_served == 2 * len(plan.blob)
+    assert plan.metadata.build_seconds == 1.0 and row.build_seconds_saved == pytest.approx(2.0)
+    assert set(row.windows) == {"5m", "1h", "24h", "total"}
+    for window in ("5m", "1h", "24h", "total"):
+        assert (row.windows[window].hits, row.windows[window].misses) == (2, 2)
+    # GetPlan by key carries no spec: the family counts only what came with a spec.
+    assert families["matmul"]["total"].hits == 1 and families["matmul"]["total"].misses == 2

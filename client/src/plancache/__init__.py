@@ -3,7 +3,7 @@
     from plancache import Client, GraphSpec
 """
 
-from plancache.client import Client, PrefetchResult, TargetInfo, TargetStats, TLSConfig
+from plancache.client import Client, PrefetchResult, TargetInfo, TargetStats, TLSConfig, WindowCounts
 from plancache.disk_cache import DiskCache
 from plancache.errors import (
     CompileFailed,
@@ -57,4 +57,5 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "UntrustedPlan",
+    "WindowCounts",
 ]

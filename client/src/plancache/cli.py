@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from plancache.client import Client, TLSConfig
+from plancache.client import Client, TLSConfig, WindowCounts
 from plancache.disk_cache import DiskCache
 from plancache.errors import PlanCacheError
 from plancache.manifest import Manifest
@@ -127,6 +127,25 @@ def _report(plan: Plan, out: Path | None) -> None:
         print(f"wrote {out}", file=sys.stderr)
 
 
+def _print_stats(client: Client, timeout: float | None) -> None:
+    header = f"{'':60} {'window':>6} {'hit rate':>8} {'hits':>8} {'misses':>8} {'compiles':>8} {'failures':>8} {'joined':>7} {'MB served':>10} {'s saved':>9}"
+
+    def line(label: str, window: str, w: WindowCounts) -> str:
+        return (f"{label:60} {window:>6} {w.hit_rate:8.1%} {w.hits:8} {w.misses:8} {w.compiles:8} {w.failures:8} {w.joined:7} "
+                f"{w.bytes_served / 1e6:10.1f} {w.build_seconds_saved:9.1f}")  # fmt: skip
+
+    print(header)
+    for target in client.stats(timeout=timeout):
+        for i, (window, counts) in enumerate(target.windows.items()):
+            print(line(f"{target.target_id} ({target.live_workers} workers)" if i == 0 else "", window, counts))
+    families = client.family_stats(timeout=timeout)
+    if families:
+        print(f"\n{'op family':60}")
+        for family, windows in families.items():
+            for i, (window, counts) in enumerate(windows.items()):
+                print(line(family if i == 0 else "", window, counts))
+
+
 def _load_spec(path: Path) -> GraphSpec:
     return GraphSpec.from_json(path.read_text())
 
@@ -199,10 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for t in client.list_targets(timeout=args.timeout):
                     print(f"{t.target_id:70} {t.live_workers:3} worker(s): {', '.join(t.worker_ids)}")
             elif args.command == "stats":
-                rows = client.stats(timeout=args.timeout)
-                print(f"{'target':60} {'hit rate':>8} {'hits':>8} {'misses':>8} {'compiles':>8} {'failures':>8} {'joined':>8} {'workers':>7}")
-                for r in rows:
-                    print(f"{r.target_id:60} {r.hit_rate:8.1%} {r.hits:8} {r.misses:8} {r.compiles:8} {r.failures:8} {r.joined:8} {r.live_workers:7}")
+                _print_stats(client, args.timeout)
     except PlanCacheError as e:
         print(f"plancache: {type(e).__name__}: {e.message}", file=sys.stderr)
         return 1

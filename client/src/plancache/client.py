@@ -89,7 +89,29 @@ class PrefetchResult:
 
 
 @dataclass(frozen=True)
+class WindowCounts:
+    hits: int = 0
+    misses: int = 0
+    compiles: int = 0
+    failures: int = 0
+    joined: int = 0
+    bytes_served: int = 0
+    build_seconds_saved: float = 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        lookups = self.hits + self.misses
+        return self.hits / lookups if lookups else 0.0
+
+    @classmethod
+    def from_proto(cls, w: pb.WindowStats) -> WindowCounts:
+        return cls(w.hits, w.misses, w.compiles, w.failures, w.joined, w.bytes_served, w.build_seconds_saved)
+
+
+@dataclass(frozen=True)
 class TargetStats:
+    """Totals of one target, and `windows` ("5m", "1h", "24h", "total")."""
+
     target_id: str
     hits: int
     misses: int
@@ -97,6 +119,9 @@ class TargetStats:
     failures: int
     joined: int
     live_workers: int
+    bytes_served: int = 0
+    build_seconds_saved: float = 0.0
+    windows: dict[str, WindowCounts] = field(default_factory=dict)
 
     @property
     def hit_rate(self) -> float:
@@ -313,11 +338,22 @@ class Client:
         return plan
 
     def stats(self, *, timeout: float | None = None) -> list[TargetStats]:
-        response = self._call(self._stub.GetStats, pb.GetStatsRequest(), timeout if timeout is not None else self.timeout)
+        """Counters per target, shared by every front end of the deployment."""
+        response = self._stats_response(timeout)
         return [
-            TargetStats(t.target_id, t.hits, t.misses, t.compiles, t.failures, t.joined, t.live_workers)
+            TargetStats(t.target_id, t.hits, t.misses, t.compiles, t.failures, t.joined, t.live_workers, t.bytes_served, t.build_seconds_saved,
+                        {w.window: WindowCounts.from_proto(w) for w in t.windows})
             for t in response.targets
         ]
+
+    def family_stats(self, *, timeout: float | None = None) -> dict[str, dict[str, WindowCounts]]:
+        """Counters per op family (matmul, conv, sdpa, norm, pointwise ...) and window."""
+        response = self._stats_response(timeout)
+        return {f.family: {w.window: WindowCounts.from_proto(w) for w in f.windows} for f in response.op_families}
+
+    def _stats_response(self, timeout: float | None) -> pb.GetStatsResponse:
+        response: pb.GetStatsResponse = self._call(self._stub.GetStats, pb.GetStatsRequest(), timeout if timeout is not None else self.timeout)
+        return response
 
     def _call(self, method: Callable[..., Response], request: Any, timeout: float | None) -> Response:
         try:

@@ -17,8 +17,8 @@ EVENTS_CHANNEL = f"{PREFIX}:events"
 JOB_GROUP = "workers"
 # Set of target ids any worker ever announced (for messages and stats).
 KNOWN_TARGETS = f"{PREFIX}:targets"
-# Set of target ids that have counters.
-STATS_TARGETS = f"{PREFIX}:stats-targets"
+# Set of counter scopes ("target:<id>", "family:<name>").
+STATS_SCOPES = f"{PREFIX}:stats-scopes"
 
 
 def plan(plan_key: str) -> str:
@@ -69,9 +69,14 @@ def drain(worker_id: str) -> str:
     return f"{PREFIX}:drain:{worker_id}"
 
 
-def stats(target_id: str) -> str:
-    """Hash of counters for one target."""
-    return f"{PREFIX}:stats:{target_id}"
+def stats(scope: str) -> str:
+    """Hash of total counters of one scope (a target or an op family)."""
+    return f"{PREFIX}:stats:{scope}"
+
+
+def stats_bucket(scope: str, unit: str, index: int) -> str:
+    """Hash of one scope's counters in one minute ("m") or hour ("h")."""
+    return f"{PREFIX}:stats:{scope}:{unit}{index}"
 
 
 def spec_index(spec_hash: str) -> str:

@@ -80,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # finishes its current build; queued jobs stay in the stream for others).
     server.stop(grace=10).wait()
     parts.builds.close()
+    parts.stats.close()
     workers.stop()
     if embedded is not None:
         embedded.stop()

@@ -14,15 +14,17 @@ from dataclasses import dataclass
 from plancache import spec_io
 from plancache.canonical import hash_normalized
 from plancache.errors import CompileFailed, InvalidRequest, NotFound, PlanCacheError, TargetUnavailable
+from plancache.ops import CATALOG
 from plancache.options import CompileOptions
 from plancache.plankey import make_key, parse_key
+from plancache.spec import GraphSpec
 from plancache.target import Target, slug
 from plancache.v1 import plancache_pb2 as pb
 from plancache.validation import Limits, normalize
 from plancache_server import metrics
 from plancache_server.builds import Builds
 from plancache_server.jobs import JobQueue
-from plancache_server.stats import Counter, Stats
+from plancache_server.stats import WINDOWS, Counter, Stats, target_scope
 from plancache_server.store import PlanStore, StoredPlan
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,13 @@ class ResolvedQuery:
     plan_key: str
     target: Target
     query: pb.PlanQuery  # with the normalized spec
+    family: str  # the op family that anchors the graph, for statistics
+
+
+def anchor_family(spec: GraphSpec) -> str:
+    """The first non-pointwise op family of a graph, else "pointwise"."""
+    families = [CATALOG[n.op].family for n in spec.nodes]
+    return next((f for f in families if f != "pointwise"), "pointwise")
 
 
 class PlanService:
@@ -51,11 +60,11 @@ class PlanService:
         resolved_options = CompileOptions.from_proto(options)
         plan_key = make_key(hash_normalized(normalized), resolved_target, resolved_options)
         query = pb.PlanQuery(spec=spec_io.to_proto(normalized), target=resolved_target.to_proto(), options=resolved_options.to_proto())
-        return ResolvedQuery(plan_key, resolved_target, query)
+        return ResolvedQuery(plan_key, resolved_target, query, anchor_family(normalized))
 
     def compile(self, request: pb.CompileRequest, time_remaining: float | None) -> tuple[StoredPlan, int]:
         resolved = self.resolve(request.spec, request.target, request.options)
-        plan = self._lookup(resolved.plan_key, resolved.target)
+        plan = self._lookup(resolved.plan_key, resolved.target, resolved.family)
         if plan is not None:
             return plan, pb.COMPILE_SOURCE_HIT
         job_id, started = self._start_build(resolved)
@@ -63,7 +72,7 @@ class PlanService:
             plan = self._builds.wait(resolved.plan_key, job_id, self._deadline(time_remaining))
         except Exception:
             if started:
-                self._stats.incr(resolved.target.id, Counter.FAILURES)
+                self._stats.incr(Counter.FAILURES, target_id=resolved.target.id, family=resolved.family)
             raise
         return plan, pb.COMPILE_SOURCE_COMPILED if started else pb.COMPILE_SOURCE_JOINED
 
@@ -71,10 +80,17 @@ class PlanService:
         budget = self._compile_timeout_s if time_remaining is None else min(time_remaining, self._compile_timeout_s)
         return time.monotonic() + budget
 
-    def _lookup(self, plan_key: str, target: Target) -> StoredPlan | None:
-        """The stored plan, counted as a hit or a miss of its target."""
+    def _lookup(self, plan_key: str, target: Target, family: str | None = None) -> StoredPlan | None:
+        """The stored plan, counted as a hit (with the bytes it serves and the
+        build time it saves) or a miss of its target and op family."""
         plan = self._store.get(plan_key)
-        self._stats.incr(target.id, Counter.HITS if plan is not None else Counter.MISSES)
+        if plan is None:
+            self._stats.incr(Counter.MISSES, target_id=target.id, family=family)
+        else:
+            self._stats.incr(Counter.HITS, target_id=target.id, family=family)
+            self._stats.incr(Counter.BYTES_SERVED, len(plan.blob), target_id=target.id, family=family)
+            saved = plan.metadata.build_seconds + plan.metadata.autotune_seconds
+            self._stats.incr(Counter.SECONDS_SAVED, saved, target_id=target.id, family=family)
         metrics.LOOKUPS.labels(target.id, "hit" if plan is not None else "miss").inc()
         return plan
 
@@ -91,7 +107,7 @@ class PlanService:
                 + (f"targets with workers now: {', '.join(live)}" if live else "no worker is connected to this deployment")
             )
         job_id, started = self._builds.start_or_join(resolved.target, resolved.plan_key, resolved.query)
-        self._stats.incr(target_id, Counter.COMPILES if started else Counter.JOINED)
+        self._stats.incr(Counter.COMPILES if started else Counter.JOINED, target_id=target_id, family=resolved.family)
         log.info("%s build of %s (job %s)", "started" if started else "joined", resolved.plan_key, job_id)
         return job_id, started
 
@@ -104,7 +120,7 @@ class PlanService:
             key = ""
             try:
                 key, resolved = self._ref_key(ref)
-                plan = self._lookup(key, resolved.target if resolved else parse_key(key).target)
+                plan = self._lookup(key, resolved.target if resolved else parse_key(key).target, resolved.family if resolved else None)
                 if plan is not None:
                     yield pb.PrefetchItem(index=index, key=key, plan=plan.proto, source=pb.COMPILE_SOURCE_HIT)
                 elif not request.compile_missing:
@@ -120,7 +136,7 @@ class PlanService:
                 plan = self._builds.wait(resolved.plan_key, job_id, deadline)
             except PlanCacheError as e:
                 if started:
-                    self._stats.incr(resolved.target.id, Counter.FAILURES)
+                    self._stats.incr(Counter.FAILURES, target_id=resolved.target.id, family=resolved.family)
                 yield _error_item(index, resolved.plan_key, e)
                 continue
             source = pb.COMPILE_SOURCE_COMPILED if started else pb.COMPILE_SOURCE_JOINED
@@ -137,8 +153,8 @@ class PlanService:
         raise InvalidRequest("a plan reference needs a plan key, or a spec with its target and options")
 
     def get(self, ref: pb.PlanRef) -> StoredPlan:
-        plan_key, _ = self._ref_key(ref)
-        plan = self._store.get(plan_key)
+        plan_key, resolved = self._ref_key(ref)
+        plan = self._lookup(plan_key, resolved.target if resolved else parse_key(plan_key).target, resolved.family if resolved else None)
         if plan is None:
             raise NotFound(f"no stored plan {plan_key} (GetPlan never compiles; use Compile)")
         return plan
@@ -198,28 +214,29 @@ class PlanService:
             infos.append(pb.TargetInfo(target_id=target_id, live_workers=len(workers), worker_ids=workers))
         return infos
 
-    def stats(self) -> list[pb.TargetStats]:
-        counters = self._stats.read()
-        rows = []
-        for target_id in sorted(set(counters) | set(self._queue.known_targets())):
-            row = counters.get(target_id, {})
+    def stats(self) -> pb.GetStatsResponse:
+        readings = self._stats.read()
+        response = pb.GetStatsResponse()
+        target_ids = {scope.removeprefix("target:") for scope in readings if scope.startswith("target:")}
+        for target_id in sorted(target_ids | set(self._queue.known_targets())):
+            windows = readings.get(target_scope(target_id), {})
+            total = windows.get("total", {})
             try:
                 workers = self._queue.live_workers(Target.parse(target_id))
             except InvalidRequest:
                 workers = 0
-            rows.append(
+            row = _window(total, "total")
+            response.targets.append(
                 pb.TargetStats(
-                    target_id=target_id,
-                    hits=row.get("hits", 0),
-                    misses=row.get("misses", 0),
-                    compiles=row.get("compiles", 0),
-                    failures=row.get("failures", 0),
-                    joined=row.get("joined", 0),
-                    live_workers=workers,
+                    target_id=target_id, hits=row.hits, misses=row.misses, compiles=row.compiles, failures=row.failures, joined=row.joined,
+                    live_workers=workers, bytes_served=row.bytes_served, build_seconds_saved=row.build_seconds_saved,
+                    windows=[_window(windows.get(w, {}), w) for w in WINDOWS],
                 )
-            )
-        return rows
-
+            )  # fmt: skip
+        for scope in sorted(readings):
+            if scope.startswith("family:"):
+                response.op_families.append(pb.FamilyStats(family=scope.removeprefix("family:"), windows=[_window(readings[scope].get(w, {}), w) for w in WINDOWS]))
+        return response
 
 def _error_item(index: int, key: str, error: PlanCacheError) -> pb.PrefetchItem:
     return pb.PrefetchItem(
@@ -237,3 +254,13 @@ def _differences(asked: Target, stored: Target, asked_options: str, stored_optio
         ("options", asked_options, stored_options),
     ]
     return [f"{name}: stored {theirs}, asked {ours}" for name, ours, theirs in parts if str(ours) != str(theirs)]
+
+
+def _window(values: dict[str, float], window: str) -> pb.WindowStats:
+    def count(counter: Counter) -> int:
+        return round(values.get(counter.value, 0.0))
+
+    return pb.WindowStats(
+        window=window, hits=count(Counter.HITS), misses=count(Counter.MISSES), compiles=count(Counter.COMPILES), failures=count(Counter.FAILURES),
+        joined=count(Counter.JOINED), bytes_served=count(Counter.BYTES_SERVED), build_seconds_saved=values.get(Counter.SECONDS_SAVED.value, 0.0),
+    )  # fmt: skip

@@ -40,4 +40,4 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
         return pb.DrainWorkerResponse(known=self._service.drain_worker(request.worker_id))
 
     def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> pb.GetStatsResponse:
-        return pb.GetStatsResponse(targets=self._service.stats())
+        return self._service.stats()

@@ -435,8 +435,28 @@ class GetStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class WindowStats(_message.Message):
+    __slots__ = ("window", "hits", "misses", "compiles", "failures", "joined", "bytes_served", "build_seconds_saved")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    COMPILES_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
+    BUILD_SECONDS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    window: str
+    hits: int
+    misses: int
+    compiles: int
+    failures: int
+    joined: int
+    bytes_served: int
+    build_seconds_saved: float
+    def __init__(self, window: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., failures: _Optional[int] = ..., joined: _Optional[int] = ..., bytes_served: _Optional[int] = ..., build_seconds_saved: _Optional[float] = ...) -> None: ...
+
 class TargetStats(_message.Message):
-    __slots__ = ("target_id", "hits", "misses", "compiles", "failures", "joined", "live_workers")
+    __slots__ = ("target_id", "hits", "misses", "compiles", "failures", "joined", "live_workers", "bytes_served", "build_seconds_saved", "windows")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
     MISSES_FIELD_NUMBER: _ClassVar[int]
@@ -444,6 +464,9 @@ class TargetStats(_message.Message):
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     JOINED_FIELD_NUMBER: _ClassVar[int]
     LIVE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
+    BUILD_SECONDS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
     target_id: str
     hits: int
     misses: int
@@ -451,10 +474,23 @@ class TargetStats(_message.Message):
     failures: int
     joined: int
     live_workers: int
-    def __init__(self, target_id: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., failures: _Optional[int] = ..., joined: _Optional[int] = ..., live_workers: _Optional[int] = ...) -> None: ...
+    bytes_served: int
+    build_seconds_saved: float
+    windows: _containers.RepeatedCompositeFieldContainer[WindowStats]
+    def __init__(self, target_id: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., failures: _Optional[int] = ..., joined: _Optional[int] = ..., live_workers: _Optional[int] = ..., bytes_served: _Optional[int] = ..., build_seconds_saved: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ...) -> None: ...
+
+class FamilyStats(_message.Message):
+    __slots__ = ("family", "windows")
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    family: str
+    windows: _containers.RepeatedCompositeFieldContainer[WindowStats]
+    def __init__(self, family: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("targets",)
+    __slots__ = ("targets", "op_families")
     TARGETS_FIELD_NUMBER: _ClassVar[int]
+    OP_FAMILIES_FIELD_NUMBER: _ClassVar[int]
     targets: _containers.RepeatedCompositeFieldContainer[TargetStats]
-    def __init__(self, targets: _Optional[_Iterable[_Union[TargetStats, _Mapping]]] = ...) -> None: ...
+    op_families: _containers.RepeatedCompositeFieldContainer[FamilyStats]
+    def __init__(self, targets: _Optional[_Iterable[_Union[TargetStats, _Mapping]]] = ..., op_families: _Optional[_Iterable[_Union[FamilyStats, _Mapping]]] = ...) -> None: ...
