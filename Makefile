@@ -14,6 +14,9 @@ $(STAMP): client/pyproject.toml server/pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt -e ./client -e ./server
+	@# The cuDNN frontend's graph IR imports without a GPU (no torch, no CUDA): the
+	@# from_pygraph tests use it. Its GPU-only requirements are left out on purpose.
+	$(PY) -m pip install -q --no-deps nvidia-cudnn-frontend==1.32.0 apache-tvm-ffi || echo "cuDNN frontend not installable here: interop tests will skip"
 	touch $(STAMP)
 
 setup: $(STAMP) redis

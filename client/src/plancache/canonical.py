@@ -8,6 +8,8 @@ strides, data types, attributes, uids, ops, node order) must change the hash.
 So the canonical form is built from the *normalized* spec (every default
 explicit), leaves names out, lists tensors by uid, keeps nodes in order
 (they execute in order), and is serialized as sorted-key compact JSON.
+Virtual tensors are never bound by a client, so their uids do not reach the
+plan: they are renumbered in order of first appearance (v0, v1, ...).
 The version tag lets a future canonical form coexist with stored plans.
 """
 
@@ -25,7 +27,17 @@ CANONICAL_VERSION = "plancache.spec.v1"
 
 def canonical_dict(normalized: GraphSpec) -> dict[str, Any]:
     """The canonical structure of an already normalized spec."""
-    tensors = sorted(normalized.tensors, key=lambda t: t.uid or 0)
+    virtual: dict[int, str] = {}
+    for node in normalized.nodes:
+        for t in [*node.inputs.values(), *node.outputs.values()]:
+            if t.is_virtual and t.uid is not None and t.uid not in virtual:
+                virtual[t.uid] = f"v{len(virtual)}"
+
+    def ref(uid: int | None) -> int | str | None:
+        return virtual.get(uid, uid) if uid is not None else None
+
+    tensors = sorted((t for t in normalized.tensors if t.uid not in virtual), key=lambda t: t.uid or 0)
+    tensors += sorted((t for t in normalized.tensors if t.uid in virtual), key=lambda t: int(virtual[t.uid or 0][1:]))
     return {
         "version": CANONICAL_VERSION,
         "io_data_type": normalized.io_data_type,
@@ -33,7 +45,7 @@ def canonical_dict(normalized: GraphSpec) -> dict[str, Any]:
         "compute_data_type": normalized.compute_data_type,
         "tensors": [
             {
-                "uid": t.uid,
+                "uid": ref(t.uid),
                 "dim": list(t.dim),
                 "stride": list(t.stride),
                 "data_type": t.data_type,
@@ -47,8 +59,8 @@ def canonical_dict(normalized: GraphSpec) -> dict[str, Any]:
         "nodes": [
             {
                 "op": n.op,
-                "inputs": {port: t.uid for port, t in n.inputs.items()},
-                "outputs": {port: t.uid for port, t in n.outputs.items()},
+                "inputs": {port: ref(t.uid) for port, t in n.inputs.items()},
+                "outputs": {port: ref(t.uid) for port, t in n.outputs.items()},
                 "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in n.attributes.items()},
                 "compute_data_type": n.compute_data_type,
             }

@@ -392,7 +392,7 @@ def _reduction_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], _
 
 def _build_catalog() -> dict[str, OpSchema]:
     ops: list[OpSchema] = [
-        OpSchema("matmul", "matmul", ("A", "B"), (), _fixed("C"), ("C",), {"padding": _F}, _matmul_infer),
+        OpSchema("matmul", "matmul", ("A", "B"), (), _fixed("C"), ("C",), {"padding": AttrSchema(AttrKind.FLOAT, default=0.0)}, _matmul_infer),
         _conv("conv_fprop", ("image", "weight"), "Y", _conv_fprop_infer),
         _conv("conv_dgrad", ("loss", "filter"), "DX", _conv_dgrad_infer),
         _conv("conv_wgrad", ("image", "loss"), "DW", _conv_wgrad_infer),

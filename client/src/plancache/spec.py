@@ -261,6 +261,13 @@ class GraphSpec:
         return to_json(self, indent=indent)
 
     @classmethod
+    def from_pygraph(cls, graph: Any) -> GraphSpec:
+        """Capture an existing cuDNN frontend graph (see plancache.interop)."""
+        from plancache.interop import from_pygraph
+
+        return from_pygraph(graph)
+
+    @classmethod
     def from_json(cls, text: str) -> GraphSpec:
         from plancache.spec_io import from_json
 
