@@ -19,7 +19,7 @@ from tests.support.specs import matmul_bias_relu_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin import StandInCompiler
 
-METHODS = ["Compile", "GetPlan", "GetStats", "ListTargets", "Invalidate"]
+METHODS = ["Compile", "GetPlan", "GetStats", "ListTargets", "Invalidate", "Explain", "DrainWorker"]
 VALID = pb.CompileRequest(spec=spec_io.to_proto(matmul_bias_relu_spec()), target=TARGET.to_proto()).SerializeToString()
 
 
@@ -98,3 +98,17 @@ def test_specs_over_the_limits_name_the_limit(hostile_stack: Stack) -> None:
         with pytest.raises(grpc.RpcError) as info:
             call(pb.CompileRequest(spec=spec_io.to_proto(g), target=TARGET.to_proto()), timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "graph: 600 nodes, over the limit of 512" in (info.value.details() or "")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=st.binary(max_size=2000))
+def test_random_bytes_to_the_streaming_prefetch(hostile_stack: Stack, payload: bytes) -> None:
+    with grpc.insecure_channel(hostile_stack.address) as channel:
+        call = channel.unary_stream("/plancache.v1.PlanCache/Prefetch", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        try:
+            for _ in call(payload, timeout=10):
+                pass
+        except grpc.RpcError as e:
+            assert e.code() in {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}, (e.code(), e.details())
+            assert e.details()
+        _still_serving(channel)
