@@ -1,6 +1,7 @@
 # plancache: `make run` starts a server, `make test` runs the tests.
-# Both set up what they need on a fresh machine: redis-server from the OS
-# packages when missing, the Python packages in a venv (.venv).
+# Both set up what they need on a fresh machine: redis-server (and, for the
+# tests, Chromium) from the OS packages when missing, the Python packages in
+# a venv (.venv).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: setup redis run test lint typecheck proto bench clean
+.PHONY: setup setup-test redis chromium run test lint typecheck proto bench clean
 
 $(STAMP): client/pyproject.toml server/pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +25,18 @@ setup: $(STAMP) redis
 redis:
 	@scripts/install-redis.sh
 
+## Headless Chromium renders the status page in its tests (Debian's chromium package).
+chromium:
+	@scripts/install-os-package.sh chromium chromium chromium chromium
+
+setup-test: setup chromium
+
 ## Start a server on 127.0.0.1:50051 with a private Redis and a worker per local GPU.
 run: setup
 	$(VENV)/bin/plancache-server $(ARGS)
 
 ## Lint, type-check and run every test this machine can run (GPU tests skip without a GPU).
-test: setup lint typecheck
+test: setup-test lint typecheck
 	$(VENV)/bin/pytest $(ARGS)
 
 lint: $(STAMP)

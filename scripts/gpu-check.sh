@@ -28,6 +28,6 @@ status=${PIPESTATUS[0]}
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   python3 bench/gpu_bench.py --out "$OUT" 2>&1 | tee "$OUT/bench.log"
 fi
-# At most 8 files come back from the device: the logs travel as one archive.
-(cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log)
+# At most 8 files come back from the device: the logs and the status page travel as one archive.
+(cd "$OUT" && tar czf logs.tgz ./*.log ./status.* 2>/dev/null; rm -f ./*.log ./status.*)
 exit "$status"

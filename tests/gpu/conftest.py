@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,14 +63,15 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     tmp = tmp_path_factory.mktemp("gpu")
     out = _out_dir(tmp)
     redis = EmbeddedRedis(tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
-    address = f"127.0.0.1:{free_port()}"
+    address, http_port = f"127.0.0.1:{free_port()}", free_port()
     data_dir = tmp / "server-data"
-    session: dict[str, Any] = {"address": address, "cases": {}, "out": out}
+    session: dict[str, Any] = {"address": address, "http": f"http://127.0.0.1:{http_port}", "cases": {}, "out": out}
     try:
-        with server_process(address, redis.url, out / "server.log", "--gpus", "0", "--data-dir", str(data_dir)) as server:
+        with server_process(address, redis.url, out / "server.log", "--gpus", "0", "--data-dir", str(data_dir), "--metrics-port", str(http_port)) as server:
             # The server generated a signing key for its worker: every client here trusts only it.
             public_key = signing_public_key(data_dir)
             env = trusting_env(public_key)
+            session["public_key"] = public_key
             target = detect_target()
             session["target"] = target.id
             wait_for_workers(address, proc=server)
@@ -82,6 +84,10 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
                 for name in WALKTHROUGH_CASES
                 if "key" in session["cases"][name]
             }
+            # The status page after real builds, kept for docs/gpu-runs/ (scripts/gpu-check.sh packs it).
+            for page in ("status.json", "status.html"):
+                with urllib.request.urlopen(f"{session['http']}/{page.replace('.html', '')}", timeout=30) as response:
+                    (out / page).write_bytes(response.read())
             (out / "gpu_session.json").write_text(json.dumps({k: v for k, v in session.items() if k != "out"}, indent=1, default=str))
             yield session
     finally:

@@ -3,6 +3,7 @@ separate client process, compared with torch. See conftest.py for the session.""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -63,3 +64,40 @@ def test_known_wrong_broadcast_graph_is_refused_not_served(gpu_session: dict[str
     g.bias(x, g.tensor([1, 1, 512], name="b")).set_output(True)
     with Client(gpu_session["address"], cache=False) as client, pytest.raises(CompileFailed, match="cudnn-frontend issue #107"):
         client.compile(g, Target.parse(gpu_session["target"]))
+
+
+def test_existing_frontend_graph_compiles_through_plancache(gpu_session: dict[str, Any]) -> None:
+    """A graph built with the frontend's own API on the GPU (with its handle),
+    captured in one line, is the plan the builder-made example compiled."""
+    import cudnn
+
+    from plancache.gpu import cudnn_handle
+    from tests.support.pygraphs import matmul_bias_relu_bf16_pygraph
+
+    spec = GraphSpec.from_pygraph(matmul_bias_relu_bf16_pygraph(cudnn, handle=cudnn_handle()))
+    with Client(gpu_session["address"], cache=False, trusted_keys=[gpu_session["public_key"]], allow_unsigned=False) as client:
+        plan = client.compile(spec, Target.parse(gpu_session["target"]))
+    assert plan.key == gpu_session["cases"]["matmul_bias_relu_bf16"]["key"]
+    assert plan.source == "hit"
+
+
+def test_status_page_reports_real_builds(gpu_session: dict[str, Any]) -> None:
+    """The page's JSON after the session's real builds (captured before any test ran)."""
+    report = json.loads((gpu_session["out"] / "status.json").read_text())
+    [row] = [t for t in report["targets"] if t["target_id"] == gpu_session["target"]]
+    total = row["windows"]["total"]
+    built = [c for c in gpu_session["cases"].values() if "key" in c]
+    assert total["hits"] >= len(built)  # every example was compiled a second time
+    assert total["compiles"] >= len(built) and total["failures"] >= 1  # batchnorm_inference has no engine
+    assert row["live_workers"] == 1 and row["jobs_waiting"] == 0
+    assert report["top_by_seconds_saved"], "no top entries after real hits"
+    for entry in report["top_by_seconds_saved"]:
+        assert entry["stored"] and entry["build_seconds"] > 0
+        assert entry["build_seconds_saved"] == pytest.approx(entry["hits"] * entry["build_seconds"], rel=1e-6)
+    rejected = [f for f in report["recent_failures"] if f["rejected"]]
+    assert any(f["plan_key"].startswith(_spec_hash("batchnorm_inference_fp16")) for f in rejected), report["recent_failures"]
+    assert "<svg" in (gpu_session["out"] / "status.html").read_text()
+
+
+def _spec_hash(case: str) -> str:
+    return EXAMPLES[case]().spec_hash()

@@ -10,18 +10,14 @@ import pytest
 
 from examples.generate import matmul_bias_relu_bf16, nhwc, sdpa_causal_fp16
 from plancache import GraphSpec, SpecError
+from tests.support.pygraphs import matmul_bias_relu_bf16_pygraph
 
 cudnn = pytest.importorskip("cudnn")
 F = cudnn.data_type.FLOAT
 
 
 def test_fused_matmul_captures_to_the_same_plan_key() -> None:
-    bf16 = cudnn.data_type.BFLOAT16
-    g = cudnn.pygraph(io_data_type=bf16, intermediate_data_type=F, compute_data_type=F)
-    a = g.tensor(name="A", dim=[1, 512, 1024], stride=[512 * 1024, 1024, 1], data_type=bf16).set_uid(1)
-    b = g.tensor(name="B", dim=[1, 1024, 768], stride=[1024 * 768, 768, 1], data_type=bf16).set_uid(2)
-    bias = g.tensor(name="bias", dim=[1, 1, 768], stride=[768, 768, 1], data_type=bf16).set_uid(3)
-    g.relu(input=g.bias(input=g.matmul(A=a, B=b, compute_data_type=F), bias=bias)).set_output(True).set_uid(4)
+    g = matmul_bias_relu_bf16_pygraph(cudnn)
     spec = GraphSpec.from_pygraph(g)
     assert [n.op for n in spec.nodes] == ["matmul", "bias", "relu"]
     assert spec.spec_hash() == matmul_bias_relu_bf16().spec_hash()

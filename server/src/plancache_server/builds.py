@@ -16,10 +16,12 @@ import logging
 import threading
 import time
 import uuid
+from dataclasses import asdict, dataclass
 
 import redis
 
-from plancache.errors import CompileFailed, CompileTimeout, Unavailable
+from plancache.errors import CompileFailed, CompileTimeout, InvalidRequest, Unavailable
+from plancache.plankey import parse_key
 from plancache.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server import keys
@@ -31,6 +33,8 @@ log = logging.getLogger(__name__)
 
 QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
 JOB_STATE_TTL_S = 24 * 3600
+# Failed builds kept for the status page, newest first.
+RECENT_FAILURES_KEPT = 200
 RECHECK_S = 0.5
 
 # Delete the lease only while it still names our job: a lease that expired
@@ -44,6 +48,21 @@ _RENEW_IF_OWNER = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
 return 0
 """
+
+
+@dataclass(frozen=True)
+class FailedBuild:
+    at: float  # unix seconds
+    plan_key: str
+    worker: str
+    reason: str
+    # cuDNN refused the graph (remembered by the negative cache), as opposed
+    # to the build failing for another reason (a crash, a lost worker).
+    rejected: bool
+
+    @property
+    def target_id(self) -> str:
+        return parse_key(self.plan_key).target.id
 
 
 class CompletionWatcher:
@@ -201,9 +220,33 @@ class Builds:
             with translated_errors("recording a rejection"):
                 self._redis.set(keys.failure(plan_key), error, ex=max(1, int(self._negative_ttl_s)))
         self._set_state(plan_key, job_id, FAILED if error else DONE, worker=worker_id, error=error or "")
+        if error:
+            self._record_failure(FailedBuild(at=time.time(), plan_key=plan_key, worker=worker_id, reason=error, rejected=rejected))
         self._release_lease(plan_key, job_id)
         with translated_errors("announcing a finished build"):
             self._redis.publish(keys.EVENTS_CHANNEL, json.dumps({"job_id": job_id, "plan_key": plan_key}))
+
+    def _record_failure(self, failure: FailedBuild) -> None:
+        with translated_errors("recording a failed build"):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.lpush(keys.RECENT_FAILURES, json.dumps(asdict(failure)))
+            pipe.ltrim(keys.RECENT_FAILURES, 0, RECENT_FAILURES_KEPT - 1)
+            pipe.execute()
+
+    def recent_failures(self, count: int) -> list[FailedBuild]:
+        """The latest failed builds, newest first."""
+        with translated_errors("reading recent failures"):
+            raw = self._redis.lrange(keys.RECENT_FAILURES, 0, count - 1)
+        failures = []
+        for item in raw:  # type: ignore[union-attr]
+            try:
+                failure = FailedBuild(**json.loads(item))
+                failure.target_id  # noqa: B018 -- a record whose key does not parse is skipped
+            except (ValueError, TypeError, InvalidRequest):
+                log.warning("ignoring a malformed failure record %r", item[:200])
+                continue
+            failures.append(failure)
+        return failures
 
     def _release_lease(self, plan_key: str, job_id: str) -> None:
         with translated_errors("releasing a build lease"):

@@ -82,6 +82,16 @@ class JobQueue:
         with translated_errors("checking for a drain request"):
             return bool(self._redis.exists(keys.drain(worker_id)))
 
+    def depth(self, target: Target) -> tuple[int, int]:
+        """(builds queued and not yet taken, builds taken and not finished)."""
+        stream = keys.job_stream(target)
+        with translated_errors("reading a queue's depth"):
+            groups = self._redis.xinfo_groups(stream) if self._redis.exists(stream) else []
+        names = (keys.JOB_GROUP, keys.JOB_GROUP.encode())
+        group: dict[str, Any] = next((g for g in groups if g["name"] in names), {})  # type: ignore[union-attr]
+        # Redis reports lag as nil when it cannot tell (after deletions): count it as 0.
+        return int(group.get("lag") or 0), int(group.get("pending") or 0)
+
     def known_targets(self) -> list[str]:
         """Targets with a live worker now, for error messages and stats."""
         with translated_errors("listing targets"):

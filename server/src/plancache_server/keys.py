@@ -19,6 +19,11 @@ JOB_GROUP = "workers"
 KNOWN_TARGETS = f"{PREFIX}:targets"
 # Set of counter scopes ("target:<id>", "family:<name>").
 STATS_SCOPES = f"{PREFIX}:stats-scopes"
+# Sorted sets: plan key -> hits, and -> build seconds its hits saved (status page).
+TOP_HITS = f"{PREFIX}:top:hits"
+TOP_SECONDS_SAVED = f"{PREFIX}:top:seconds-saved"
+# List of the latest failed builds (JSON, newest first, capped).
+RECENT_FAILURES = f"{PREFIX}:recent-failures"
 
 
 def plan(plan_key: str) -> str:

@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from plancache.signing import generate_keypair
-from plancache_server import metrics
+from plancache_server import metrics, web
 from plancache_server.app import build_grpc_server
 from plancache_server.embedded_redis import EmbeddedRedis
 from plancache_server.gpus import select_gpus
 from plancache_server.redis_conn import connect
 from plancache_server.settings import Settings, server_settings, worker_flags
+from plancache_server.status import StatusSource
 from plancache_server.supervisor import WorkerProcesses
 
 log = logging.getLogger("plancache_server")
@@ -61,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         log.warning("no GPU on this host: serving stored plans only; Compile of a missing plan needs a worker (plancache-worker) of its target")
     server.start()
-    metrics.serve(settings.metrics_port, client, parts.queue)
+    metrics.report_queues(parts.queue)
+    http = web.serve(settings.metrics_port, StatusSource(parts.stats, parts.queue, parts.store, parts.builds))
     log.info("plancache-server listening on %s (port %d)", settings.listen, port)
 
     stopping = threading.Event()
@@ -79,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # land); then waiting callers are released and the workers stop (each
     # finishes its current build; queued jobs stay in the stream for others).
     server.stop(grace=10).wait()
+    if http is not None:
+        http.stop()
     parts.builds.close()
     parts.stats.close()
     workers.stop()

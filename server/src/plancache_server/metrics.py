@@ -1,4 +1,4 @@
-"""Prometheus metrics of one server or worker process (`--metrics-port`).
+"""Prometheus metrics of one server or worker process (served by web.py on `--metrics-port`).
 
 Front ends count requests by method and status code with their latency,
 plan lookups (hit or miss) per target, and report on each scrape the job
@@ -12,13 +12,12 @@ import logging
 from collections.abc import Iterator
 
 import redis
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from plancache.errors import PlanCacheError
 from plancache.target import Target
-from plancache_server import keys
 from plancache_server.jobs import JobQueue
 
 log = logging.getLogger(__name__)
@@ -37,8 +36,7 @@ BUSY = Gauge("plancache_worker_busy", "1 while this worker is building")
 class QueueCollector(Collector):
     """Queue depth and live workers per target, read from Redis at scrape time."""
 
-    def __init__(self, client: redis.Redis, queue: JobQueue) -> None:
-        self._redis = client
+    def __init__(self, queue: JobQueue) -> None:
         self._queue = queue
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -47,22 +45,16 @@ class QueueCollector(Collector):
         workers = GaugeMetricFamily("plancache_live_workers", "workers with a live heartbeat", labels=["target"])
         try:
             for target_id in self._queue.known_targets():
-                stream = keys.job_stream(Target.parse(target_id))
-                groups = self._redis.xinfo_groups(stream) if self._redis.exists(stream) else []
-                group = next((g for g in groups if g["name"] in (keys.JOB_GROUP, keys.JOB_GROUP.encode())), None)  # type: ignore[union-attr]
-                waiting.add_metric([target_id], float((group or {}).get("lag") or 0))
-                running.add_metric([target_id], float((group or {}).get("pending") or 0))
-                workers.add_metric([target_id], float(self._queue.live_workers(Target.parse(target_id))))
+                target = Target.parse(target_id)
+                queued, taken = self._queue.depth(target)
+                waiting.add_metric([target_id], float(queued))
+                running.add_metric([target_id], float(taken))
+                workers.add_metric([target_id], float(self._queue.live_workers(target)))
         except (PlanCacheError, redis.RedisError) as e:
             log.debug("queue metrics unavailable: %s", e)
         yield from (waiting, running, workers)
 
 
-def serve(port: int, client: redis.Redis | None = None, queue: JobQueue | None = None) -> None:
-    """Expose /metrics on `port` (0: off); front ends also report the queues."""
-    if not port:
-        return
-    if client is not None and queue is not None:
-        REGISTRY.register(QueueCollector(client, queue))
-    start_http_server(port)
-    log.info("Prometheus metrics on :%d/metrics", port)
+def report_queues(queue: JobQueue) -> None:
+    """Front ends add the queues of every target to their /metrics."""
+    REGISTRY.register(QueueCollector(queue))

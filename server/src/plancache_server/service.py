@@ -91,6 +91,7 @@ class PlanService:
             self._stats.incr(Counter.BYTES_SERVED, len(plan.blob), target_id=target.id, family=family)
             saved = plan.metadata.build_seconds + plan.metadata.autotune_seconds
             self._stats.incr(Counter.SECONDS_SAVED, saved, target_id=target.id, family=family)
+            self._stats.plan_hit(plan_key, saved)
         metrics.LOOKUPS.labels(target.id, "hit" if plan is not None else "miss").inc()
         return plan
 
@@ -178,6 +179,7 @@ class PlanService:
             if self._store.get(key) is not None:
                 deleted += 1
             self._store.delete(key)
+        self._stats.forget_plans(doomed)
         log.warning("invalidated %d plan(s) (%s %s)", deleted, what, getattr(request, what or "key"))
         return deleted
 
@@ -217,8 +219,7 @@ class PlanService:
     def stats(self) -> pb.GetStatsResponse:
         readings = self._stats.read()
         response = pb.GetStatsResponse()
-        target_ids = {scope.removeprefix("target:") for scope in readings if scope.startswith("target:")}
-        for target_id in sorted(target_ids | set(self._queue.known_targets())):
+        for target_id in sorted(self._stats.target_ids() | set(self._queue.known_targets())):
             windows = readings.get(target_scope(target_id), {})
             total = windows.get("total", {})
             try:
@@ -235,13 +236,14 @@ class PlanService:
             )  # fmt: skip
         for scope in sorted(readings):
             if scope.startswith("family:"):
-                response.op_families.append(pb.FamilyStats(family=scope.removeprefix("family:"), windows=[_window(readings[scope].get(w, {}), w) for w in WINDOWS]))
+                response.op_families.append(
+                    pb.FamilyStats(family=scope.removeprefix("family:"), windows=[_window(readings[scope].get(w, {}), w) for w in WINDOWS])
+                )
         return response
 
+
 def _error_item(index: int, key: str, error: PlanCacheError) -> pb.PrefetchItem:
-    return pb.PrefetchItem(
-        index=index, key=key, error=pb.PrefetchError(code=error.code.name, message=error.message, error_class=type(error).__name__)
-    )
+    return pb.PrefetchItem(index=index, key=key, error=pb.PrefetchError(code=error.code.name, message=error.message, error_class=type(error).__name__))
 
 
 def _differences(asked: Target, stored: Target, asked_options: str, stored_options: str) -> list[str]:

@@ -22,7 +22,7 @@ log = logging.getLogger("plancache_server.worker")
 def run_one(device: int, settings: Settings, compiler_name: str) -> int:
     from plancache.errors import PlanCacheError
     from plancache.signing import Signer
-    from plancache_server import metrics
+    from plancache_server import web
     from plancache_server.app import components
     from plancache_server.compiler import load_compiler
     from plancache_server.redis_conn import connect
@@ -49,7 +49,7 @@ def run_one(device: int, settings: Settings, compiler_name: str) -> int:
         build_budget_s=settings.build_budget_s,
     )  # fmt: skip
 
-    metrics.serve(settings.metrics_port + device if settings.metrics_port else 0)
+    web.serve(settings.metrics_port + device if settings.metrics_port else 0)
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("worker %s: %s, finishing the current job", worker.worker_id, signal.Signals(signum).name)

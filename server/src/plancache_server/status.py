@@ -1,0 +1,125 @@
+"""What the status page shows, gathered from Redis: every front end sees the
+same numbers (counters, queues and failures are shared, not per process).
+
+One read per page view; nothing here is cached, so a refresh is current.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from plancache.errors import InvalidRequest
+from plancache.target import Target
+from plancache_server.builds import Builds, FailedBuild
+from plancache_server.jobs import JobQueue
+from plancache_server.stats import Bucket, Counter, PlanCounts, Ranking, Stats, family_scope, target_scope
+from plancache_server.store import PlanStore
+
+# Range of the hit-rate charts -> (bucket unit, bucket count).
+RANGES = {"1h": ("m", 60), "24h": ("h", 24)}
+TOP_COUNT = 10
+FAILURE_COUNT = 20
+
+# window -> counter name -> value (see stats.WINDOWS and stats.Counter)
+Windows = dict[str, dict[str, float]]
+
+
+def hit_rate(values: dict[str, float]) -> float | None:
+    """Hits over lookups; None without lookups (not 0 %: nothing was asked)."""
+    hits, misses = values.get(Counter.HITS.value, 0.0), values.get(Counter.MISSES.value, 0.0)
+    return hits / (hits + misses) if hits + misses > 0 else None
+
+
+@dataclass(frozen=True)
+class TargetStatus:
+    target_id: str
+    live_workers: int
+    jobs_waiting: int  # queued, not yet taken by a worker
+    jobs_running: int  # taken by a worker, not finished
+    windows: Windows
+    history: list[Bucket]  # the report's range, oldest first
+
+
+@dataclass(frozen=True)
+class TopEntry:
+    plan_key: str
+    target_id: str
+    hits: float
+    build_seconds_saved: float
+    stored: bool  # False once invalidated or evicted from Redis
+    build_seconds: float  # build + autotune of the stored plan (0 when not stored)
+    blob_size: int
+    plan_name: str
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    generated_at: float
+    range: str
+    targets: list[TargetStatus]
+    families: dict[str, Windows]
+    top_by_hits: list[TopEntry]
+    top_by_seconds_saved: list[TopEntry]
+    recent_failures: list[FailedBuild]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for target, raw in zip(self.targets, data["targets"], strict=True):
+            raw["hit_rate"] = {window: hit_rate(values) for window, values in target.windows.items()}
+        for failure, raw in zip(self.recent_failures, data["recent_failures"], strict=True):
+            raw["target_id"] = failure.target_id
+        return data
+
+
+class StatusSource:
+    def __init__(self, stats: Stats, queue: JobQueue, store: PlanStore, builds: Builds) -> None:
+        self._stats = stats
+        self._queue = queue
+        self._store = store
+        self._builds = builds
+
+    def report(self, range_: str = "1h") -> StatusReport:
+        if range_ not in RANGES:
+            raise InvalidRequest(f"range must be one of {', '.join(RANGES)}, not {range_[:20]!r}")
+        unit, count = RANGES[range_]
+        readings = self._stats.read()
+        target_ids = sorted(self._stats.target_ids() | set(self._queue.known_targets()))
+        history = self._stats.history([target_scope(t) for t in target_ids], unit, count)
+        targets = [self._target(t, readings.get(target_scope(t), {}), history[target_scope(t)]) for t in target_ids]
+        families = {scope.removeprefix(family_scope("")): windows for scope, windows in readings.items() if scope.startswith(family_scope(""))}
+        return StatusReport(
+            generated_at=time.time(),
+            range=range_,
+            targets=targets,
+            families=families,
+            top_by_hits=[self._entry(c) for c in self._stats.top(Ranking.HITS, TOP_COUNT)],
+            top_by_seconds_saved=[self._entry(c) for c in self._stats.top(Ranking.SECONDS_SAVED, TOP_COUNT)],
+            recent_failures=self._builds.recent_failures(FAILURE_COUNT),
+        )
+
+    def _target(self, target_id: str, windows: Windows, history: list[Bucket]) -> TargetStatus:
+        try:
+            target = Target.parse(target_id)
+        except InvalidRequest:  # counters of a malformed id: show them, with no queue
+            return TargetStatus(target_id, 0, 0, 0, windows, history)
+        waiting, running = self._queue.depth(target)
+        return TargetStatus(target_id, self._queue.live_workers(target), waiting, running, windows, history)
+
+    def _entry(self, counts: PlanCounts) -> TopEntry:
+        plan = self._store.get(counts.plan_key)
+        target_id = counts.plan_key.split("/", 1)[-1].rsplit("/", 1)[0]
+        if plan is None:
+            return TopEntry(counts.plan_key, target_id, counts.hits, counts.build_seconds_saved, False, 0.0, 0, "")
+        meta = plan.metadata
+        return TopEntry(
+            counts.plan_key,
+            target_id,
+            counts.hits,
+            counts.build_seconds_saved,
+            True,
+            meta.build_seconds + meta.autotune_seconds,
+            meta.blob_size,
+            meta.plan_name,
+        )

@@ -1,0 +1,77 @@
+"""The status page's HTML, from fabricated reports: what reaches the page
+from callers and workers is escaped, empty states say so, the chart breaks
+its line where nothing was asked."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+from plancache_server.builds import FailedBuild
+from plancache_server.stats import Bucket
+from plancache_server.status import StatusReport, TargetStatus, TopEntry
+from plancache_server.status_page import render
+from tests.support.standin import STANDIN_TARGET as TARGET
+
+NOW = 1_795_000_000.0
+KEY = f"{'ab' * 32}/{TARGET.id}/opt-{'0' * 16}"
+
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, {k: v or "" for k, v in attrs}))
+
+
+def _parse(page: str) -> _Tags:
+    tags = _Tags()
+    tags.feed(page)
+    return tags
+
+
+def _report(history: list[Bucket], failures: list[FailedBuild] = (), top: list[TopEntry] = ()) -> StatusReport:  # type: ignore[assignment]
+    windows = {"5m": {"hits": 3, "misses": 1}, "1h": {"hits": 3, "misses": 1}, "24h": {}, "total": {"hits": 3, "misses": 1, "bytes_served": 3 * 2**20}}
+    target = TargetStatus(TARGET.id, live_workers=2, jobs_waiting=5, jobs_running=1, windows=windows, history=history)  # type: ignore[arg-type]
+    return StatusReport(NOW, "1h", [target], {"matmul": windows}, list(top), list(top), list(failures))  # type: ignore[arg-type]
+
+
+def test_text_from_callers_and_workers_is_escaped() -> None:
+    hostile = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+    failure = FailedBuild(at=NOW, plan_key=KEY, worker='w"><b>1', reason=hostile, rejected=False)
+    entry = TopEntry(KEY, TARGET.id, 3, 1.5, True, 0.5, 75_000, plan_name="<i>eng</i>")
+    page = render(_report([], [failure], [entry]))
+    tags = {tag for tag, _ in _parse(page).tags}
+    assert "script" not in tags and "img" not in tags and "b" not in tags and "i" not in tags
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    assert "build failed" in page and "rejected by cuDNN" not in page
+
+
+def test_empty_report_says_nothing_happened_yet() -> None:
+    page = render(StatusReport(NOW, "24h", [], {}, [], [], []))
+    for text in ("no target yet", "no hit yet", "no failed build recorded", "nothing asked yet"):
+        assert text in page
+    assert re.search(r'class="current"[^>]*>24 h<', page) or re.search(r"class=current>24 h<", page)
+
+
+def test_chart_has_a_bucket_per_minute_and_breaks_where_nothing_was_asked() -> None:
+    values = [{"hits": 1, "misses": 1}, {"hits": 2}, {}, {"hits": 1, "misses": 3}, {"misses": 2}]
+    history = [Bucket(NOW - 60 * (len(values) - i), v) for i, v in enumerate(values)]  # type: ignore[misc]
+    tags = _parse(render(_report(history))).tags
+    buckets = [a for tag, a in tags if tag == "g" and "data-lookups" in a]
+    assert [float(b["data-lookups"]) for b in buckets] == [2, 2, 0, 4, 2]
+    assert [b["data-hit-rate"] for b in buckets] == ["0.5000", "1.0000", "", "0.2500", "0.0000"]
+    assert sum(tag == "circle" for tag, _ in tags) == 4
+    lines = [a["points"].split() for tag, a in tags if tag == "polyline"]
+    assert [len(points) for points in lines] == [2, 2]  # one segment each side of the empty minute
+
+
+def test_numbers_are_formatted_for_people() -> None:
+    entry = TopEntry(KEY, TARGET.id, 12_345, 7_200.0, True, 2.5, 3 * 2**20, "eng")
+    gone = TopEntry(KEY.replace("ab", "cd"), TARGET.id, 2, 5.0, False, 0.0, 0, "")
+    page = render(_report([], top=[entry, gone]))
+    assert ">12,345<" in page and ">2.0 h<" in page and ">3.0 MiB<" in page and ">2.50 s<" in page
+    assert ">75.0 %<" in page  # 3 hits of 4 lookups
+    assert "no longer stored" in page
