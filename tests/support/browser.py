@@ -19,6 +19,7 @@ from tests.support.processes import REPO
 FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--disable-extensions", "--hide-scrollbars", "--mute-audio",
+    "--disable-dev-shm-usage",
 )  # fmt: skip
 
 
