@@ -202,3 +202,21 @@ def test_recent_failures_are_capped_newest_first_and_survive_bad_records(redis_c
     assert len(failures) == RECENT_FAILURES_KEPT  # the oldest 5 trimmed; the malformed record skipped
     assert [f.reason for f in failures[:2]] == [f"reason {len(plan_keys) - 1}", f"reason {len(plan_keys) - 2}"]
     assert failures[0].target_id == TARGET.id and failures[0].rejected
+
+
+def test_page_answers_503_with_the_reason_while_redis_is_down() -> None:
+    """During a Redis outage the page says so (and /metrics still answers)."""
+    from plancache_server.web import WebServer
+
+    unreachable = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.5)
+    queue, store = JobQueue(unreachable), RedisPlanStore(unreachable)
+    source = StatusSource(Stats(unreachable), queue, store, Builds(unreachable, store, queue, lease_s=60))
+    server = WebServer(free_port(), status=source, host="127.0.0.1").start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        for path in ("/", "/status.json"):
+            status, body = _get(base + path)
+            assert status == 503 and "status unavailable" in body and "Connection refused" in body
+        assert _get(base + "/metrics")[0] == 200
+    finally:
+        server.stop()
