@@ -118,7 +118,7 @@ class Stats:
         if not pending and not plan_hits:
             return
         now = time.time()
-        minute, hour = int(now // 60), int(now // 3600)
+        minute, hour = int(now // BUCKET_SECONDS["m"]), int(now // BUCKET_SECONDS["h"])
         try:
             with translated_errors("counting"):
                 pipe = self._redis.pipeline(transaction=False)

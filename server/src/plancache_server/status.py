@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from plancache.errors import InvalidRequest
+from plancache.plankey import parse_key
 from plancache.target import Target
 from plancache_server.builds import Builds, FailedBuild
 from plancache_server.jobs import JobQueue
@@ -109,7 +110,7 @@ class StatusSource:
 
     def _entry(self, counts: PlanCounts) -> TopEntry:
         plan = self._store.get(counts.plan_key)
-        target_id = counts.plan_key.split("/", 1)[-1].rsplit("/", 1)[0]
+        target_id = parse_key(counts.plan_key).target.id  # ranked keys were parsed when hit
         if plan is None:
             return TopEntry(counts.plan_key, target_id, counts.hits, counts.build_seconds_saved, False, 0.0, 0, "")
         meta = plan.metadata
