@@ -24,7 +24,7 @@ from plancache.validation import Limits, normalize
 from plancache_server import metrics
 from plancache_server.builds import Builds
 from plancache_server.jobs import JobQueue
-from plancache_server.stats import WINDOWS, Counter, Stats, target_scope
+from plancache_server.stats import WINDOWS, Counter, Stats, target_ids, target_scope
 from plancache_server.store import PlanStore, StoredPlan
 
 log = logging.getLogger(__name__)
@@ -87,11 +87,8 @@ class PlanService:
         if plan is None:
             self._stats.incr(Counter.MISSES, target_id=target.id, family=family)
         else:
-            self._stats.incr(Counter.HITS, target_id=target.id, family=family)
-            self._stats.incr(Counter.BYTES_SERVED, len(plan.blob), target_id=target.id, family=family)
             saved = plan.metadata.build_seconds + plan.metadata.autotune_seconds
-            self._stats.incr(Counter.SECONDS_SAVED, saved, target_id=target.id, family=family)
-            self._stats.plan_hit(plan_key, saved)
+            self._stats.hit(plan_key, len(plan.blob), saved, target_id=target.id, family=family)
         metrics.LOOKUPS.labels(target.id, "hit" if plan is not None else "miss").inc()
         return plan
 
@@ -219,7 +216,7 @@ class PlanService:
     def stats(self) -> pb.GetStatsResponse:
         readings = self._stats.read()
         response = pb.GetStatsResponse()
-        for target_id in sorted(self._stats.target_ids() | set(self._queue.known_targets())):
+        for target_id in sorted(target_ids(readings) | set(self._queue.known_targets())):
             windows = readings.get(target_scope(target_id), {})
             total = windows.get("total", {})
             try:

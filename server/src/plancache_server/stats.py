@@ -89,17 +89,24 @@ class Stats:
 
     def incr(self, counter: Counter, amount: float = 1.0, *, target_id: str, family: str | None = None) -> None:
         with self._lock:
-            self._pending[(target_scope(target_id), counter.value)] += amount
-            if family:
-                self._pending[(family_scope(family), counter.value)] += amount
+            self._add(counter, amount, target_id, family)
             self._ensure_flushing()
 
-    def plan_hit(self, plan_key: str, seconds_saved: float) -> None:
-        """One hit of one plan, for the top entries."""
+    def hit(self, plan_key: str, bytes_served: int, seconds_saved: float, *, target_id: str, family: str | None = None) -> None:
+        """One served plan: the hit, its bytes, the build time it saved, and
+        its per-plan counts for the top entries (one lock on the hit path)."""
         with self._lock:
+            self._add(Counter.HITS, 1.0, target_id, family)
+            self._add(Counter.BYTES_SERVED, bytes_served, target_id, family)
+            self._add(Counter.SECONDS_SAVED, seconds_saved, target_id, family)
             self._plan_hits[plan_key] += 1
             self._plan_saved[plan_key] += seconds_saved
             self._ensure_flushing()
+
+    def _add(self, counter: Counter, amount: float, target_id: str, family: str | None) -> None:
+        self._pending[(target_scope(target_id), counter.value)] += amount
+        if family:
+            self._pending[(family_scope(family), counter.value)] += amount
 
     def _ensure_flushing(self) -> None:
         if self._thread is None:
@@ -185,10 +192,6 @@ class Stats:
             hits, saved = pipe.execute()
         return [PlanCounts(key, float(h or 0), float(s or 0)) for key, h, s in zip(ranked, hits, saved, strict=True)]
 
-    def target_ids(self) -> set[str]:
-        """Targets that have counters."""
-        return {scope.removeprefix("target:") for scope in self.scopes() if scope.startswith("target:")}
-
     def forget_plans(self, plan_keys: list[str]) -> None:
         """Drop deleted plans from the top entries."""
         if plan_keys:
@@ -202,6 +205,11 @@ class Stats:
             for name in names:
                 pipe.hgetall(name)
             return pipe.execute()
+
+
+def target_ids(readings: Readings) -> set[str]:
+    """Targets that have counters."""
+    return {scope.removeprefix(target_scope("")) for scope in readings if scope.startswith(target_scope(""))}
 
 
 def _bucket_indices(unit: str, count: int, now: float) -> range:

@@ -15,7 +15,7 @@ from plancache.plankey import parse_key
 from plancache.target import Target
 from plancache_server.builds import Builds, FailedBuild
 from plancache_server.jobs import JobQueue
-from plancache_server.stats import Bucket, Counter, PlanCounts, Ranking, Stats, family_scope, target_scope
+from plancache_server.stats import Bucket, Counter, PlanCounts, Ranking, Stats, family_scope, target_ids, target_scope
 from plancache_server.store import PlanStore
 
 # Range of the hit-rate charts -> (bucket unit, bucket count).
@@ -86,9 +86,9 @@ class StatusSource:
             raise InvalidRequest(f"range must be one of {', '.join(RANGES)}, not {range_[:20]!r}")
         unit, count = RANGES[range_]
         readings = self._stats.read()
-        target_ids = sorted(self._stats.target_ids() | set(self._queue.known_targets()))
-        history = self._stats.history([target_scope(t) for t in target_ids], unit, count)
-        targets = [self._target(t, readings.get(target_scope(t), {}), history[target_scope(t)]) for t in target_ids]
+        targets_seen = sorted(target_ids(readings) | set(self._queue.known_targets()))
+        history = self._stats.history([target_scope(t) for t in targets_seen], unit, count)
+        targets = [self._target(t, readings.get(target_scope(t), {}), history[target_scope(t)]) for t in targets_seen]
         families = {scope.removeprefix(family_scope("")): windows for scope, windows in readings.items() if scope.startswith(family_scope(""))}
         return StatusReport(
             generated_at=time.time(),
