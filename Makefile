@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: setup setup-test redis chromium run test lint typecheck proto bench clean
+.PHONY: setup setup-test redis chromium run test lint typecheck proto bench herd clean
 
 $(STAMP): client/pyproject.toml server/pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ typecheck: $(STAMP)
 ## The GPU benchmarks run on a GPU machine: scripts/gpu-check.sh (bench/gpu_bench.py).
 bench: setup
 	$(PY) bench/cpu_bench.py $(ARGS)
+
+## Rollout herd (stand-in compiler): 1000 nodes need the same 13 new plans at once; bench/results/herd.{json,png}.
+herd: setup
+	$(PY) bench/herd.py $(ARGS)
 
 ## Regenerate the committed gRPC stubs from proto/.
 proto: $(STAMP)

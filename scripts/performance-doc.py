@@ -119,6 +119,46 @@ def multi_gpu_section(mg: dict) -> list[str]:
     ]
 
 
+def herd_section(herd: dict, baseline: dict | None = None) -> list[str]:
+    """bench/results/herd.json (bench/herd.py); `baseline`: an earlier run to link ("before")."""
+    c, m = herd["config"], herd["machine"]
+    out = [
+        "## Rollout herd (`make herd`)\n",
+        f"Machine: {m['cpus']} cores, Python {m['python']}, grpcio {m['grpcio']}, loopback; {c['build_seconds']} s stand-in builds, signed plans.",
+        f"{c['nodes']} simulated nodes (threads in {c['processes']} client processes, each node its own channel and TCP connection) start at one "
+        f"instant and each needs the same {c['plans']} plans, none stored yet, from one front end with ONE compile worker: by one Prefetch call "
+        f"(`prefetch`), by one Compile call per plan in a random order (`compile`), or as {c['burst']} simultaneous Compile calls of one new spec "
+        "(`burst`). Meanwhile a probe process fetches an already stored plan every "
+        f"{c['probe_interval'] * 1e3:g} ms (open loop), {c['idle_seconds']:g} s before the herd (idle) and during it; builds per key come from the "
+        "stand-in's build log.\n",
+    ]
+    if herd.get("note"):
+        out.append(f"Note: {herd['note']}\n")
+    out += ["| variant | measure | value | target | met |", "|---|---|---|---|---|"]
+    for name, v in herd["variants"].items():
+        for i, (measure, value, target, met) in enumerate(v["summary"]):
+            shown = f"{value:.3g}" if isinstance(value, float) else str(value)
+            ok = yes(met) if isinstance(met, bool) else "—"
+            out.append(f"| {name if i == 0 else ''} | {measure} | {shown} | {'—' if target == '-' else target} | {ok} |")
+    if herd.get("skipped"):
+        out.append(f"\nSkipped for lack of time: {', '.join(herd['skipped'])}.")
+    out += [
+        "",
+        "![probe latency during the herd](../bench/results/herd.png)",
+        "",
+        "Reproduce: `make herd` (writes `bench/results/herd.json` and `.png`; `make herd ARGS=\"--nodes 300\"` for a smaller herd); "
+        "`python bench/herd.py --quick --out DIR` for a short run.\n",
+    ]
+    if baseline is not None:
+        b = baseline["config"]
+        out += [
+            f"Before: the same benchmark on the thread-pool server ({b['nodes']} nodes, {b['plans']} plans): "
+            "[herd_sync_baseline.json](../bench/results/herd_sync_baseline.json), "
+            "[herd_sync_baseline.png](../bench/results/herd_sync_baseline.png).\n",
+        ]
+    return out
+
+
 def main() -> None:
     cpu = json.loads((RESULTS / "cpu_bench.json").read_text())
     gpu = json.loads((RESULTS / "gpu_bench.json").read_text())
@@ -131,6 +171,7 @@ def main() -> None:
         *cpu_section(cpu),
         *gpu_section(gpu),
         *multi_gpu_section(mg),
+        *(herd_section(json.loads((RESULTS / "herd.json").read_text()), _optional(RESULTS / "herd_sync_baseline.json")) if (RESULTS / "herd.json").exists() else []),
         "## Reproduce\n",
         "- CPU: `make bench` (writes `bench/results/cpu_bench.json` and `.png`); `python bench/cpu_bench.py --quick --out DIR` for a short run.",
         "- GPU: on a machine with an NVIDIA GPU, Python 3.12 and torch: `scripts/fetch-gpu-wheels.sh` (where there is internet), then "
@@ -139,6 +180,10 @@ def main() -> None:
         "- Then copy the JSON/PNG results into `bench/results/` and run `python3 scripts/performance-doc.py`.",
     ]
     (ROOT / "docs" / "performance.md").write_text("\n".join(lines) + "\n")
+
+
+def _optional(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 if __name__ == "__main__":

@@ -47,3 +47,16 @@ def test_load_test_short_run_loses_and_confuses_nothing(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "load_test.json").read_text())
     assert result["requests"] == 2000 and result["wrong_plans"] == 0 and result["lost"] == 0
     assert result["succeeded"] + sum(result["failed"].values()) == 2000
+
+
+def test_herd_quick_run_builds_each_key_once_and_writes_its_json_and_plot(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "bench/herd.py", "--quick", "--time-limit", "150", "--out", str(tmp_path)], cwd=REPO, env=child_env(),
+                          capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "builds per key" in proc.stdout
+    results = json.loads((tmp_path / "herd.json").read_text())
+    assert set(results["variants"]) == {"prefetch", "compile", "burst"}
+    for name, variant in results["variants"].items():
+        assert variant["builds_per_key"] and all(b == 1 for b in variant["builds_per_key"]), (name, variant["builds_per_key"])
+    assert results["variants"]["prefetch"]["errors_total"] == 0, results["variants"]["prefetch"]["errors_by_code"]
+    assert (tmp_path / "herd.png").stat().st_size > 10_000

@@ -4,11 +4,15 @@ It fabricates a deterministic blob (~75 KB, the size of a real SDPA plan)
 from the spec's canonical hash, after an optional sleep that plays the
 build. The product never uses it; GPU claims are proven by tests/gpu on a
 real GPU. Plug it into a worker with `--compiler tests.support.standin:factory`.
+With PLANCACHE_STANDIN_BUILD_LOG=<path> set, every build appends one JSON line
+{"spec_hash", "started", "ended"} (wall clock) to that file: benchmarks count
+builds per key from it (bench/herd.py).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 import time
@@ -26,10 +30,11 @@ REJECTED_NAME = "standin-reject"
 
 
 class StandInCompiler:
-    def __init__(self, target: Target = STANDIN_TARGET, build_seconds: float = 0.0, blob_size: int = 75_000) -> None:
+    def __init__(self, target: Target = STANDIN_TARGET, build_seconds: float = 0.0, blob_size: int = 75_000, build_log: str | None = None) -> None:
         self._target = target
         self.build_seconds = build_seconds
         self.blob_size = blob_size
+        self.build_log = build_log
         self._lock = threading.Lock()
         self.builds: list[str] = []  # spec hashes, in build order
 
@@ -41,7 +46,11 @@ class StandInCompiler:
         digest = hash_normalized(spec)
         with self._lock:
             self.builds.append(digest)
-        time.sleep(self.build_seconds)
+        started = time.time()
+        try:
+            time.sleep(self.build_seconds)
+        finally:
+            self._log_build(digest, started, time.time())
         if spec.name == REJECTED_NAME:
             raise CompileFailed("stand-in: cuDNN_STATUS_NOT_SUPPORTED (graphs named standin-reject are refused)")
         seed = hashlib.sha256(f"{digest}/{self._target.id}/{options.id}".encode()).digest()
@@ -61,7 +70,23 @@ class StandInCompiler:
             autotune_seconds=0.0,
         )
 
+    def _log_build(self, digest: str, started: float, ended: float) -> None:
+        """One line per build, written whole in one O_APPEND write under the lock
+        (so workers of several processes can share the file)."""
+        if not self.build_log:
+            return
+        line = json.dumps({"spec_hash": digest, "started": started, "ended": ended}) + "\n"
+        with self._lock:
+            fd = os.open(self.build_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+
 
 def factory(device: int) -> StandInCompiler:
     """Entry point for `plancache-worker --compiler tests.support.standin:factory`."""
-    return StandInCompiler(build_seconds=float(os.environ.get("PLANCACHE_STANDIN_BUILD_SECONDS", "0")))
+    return StandInCompiler(
+        build_seconds=float(os.environ.get("PLANCACHE_STANDIN_BUILD_SECONDS", "0")),
+        build_log=os.environ.get("PLANCACHE_STANDIN_BUILD_LOG") or None,
+    )
