@@ -1,5 +1,6 @@
 """Shared fixtures: a real redis-server on a free port, and the in-process
-plancache stack (gRPC server + worker thread with the stand-in compiler)."""
+plancache stack (the asyncio front end on a background event loop + a worker
+thread with the stand-in compiler)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import redis
 
 from plancache import Client
 from plancache.signing import Signer
-from plancache_server.app import build_grpc_server
+from plancache_server.app import worker_parts
 from plancache_server.embedded_redis import EmbeddedRedis
 from plancache_server.redis_conn import connect
 from plancache_server.settings import Settings
 from plancache_server.worker import Worker
+from tests.support.frontend import ThreadedFrontEnd
 from tests.support.standin import StandInCompiler
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -62,6 +64,7 @@ class Stack:
     redis: redis.Redis
     compiler: StandInCompiler
     worker: Worker | None
+    front_end: ThreadedFrontEnd
 
     def client(self, **kwargs: Any) -> Client:
         """A client without a disk cache: these tests watch the server."""
@@ -71,27 +74,23 @@ class Stack:
 def start_stack(redis_url: str, compiler: StandInCompiler | None, signer: Signer | None = None, **overrides: object) -> tuple[Stack, Callable[[], None]]:
     settings = dataclasses.replace(Settings(listen="127.0.0.1:0", redis_url=redis_url, heartbeat_interval_s=0.2), **overrides)  # type: ignore[arg-type]
     client = connect(redis_url)
-    server, port, parts = build_grpc_server(client, settings)
-    server.start()
+    front_end = ThreadedFrontEnd(settings, redis_url)
     worker = None
     thread = None
     if compiler is not None:
+        parts = worker_parts(client, settings)
         worker = Worker(compiler, parts.queue, parts.builds, parts.store, "test-worker", heartbeat_interval_s=0.2, heartbeat_ttl_s=5, signer=signer)
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         parts.queue.heartbeat(worker.worker_id, [compiler.target, compiler.target.generic()], 5)
-    stack = Stack(f"127.0.0.1:{port}", settings, client, compiler or StandInCompiler(), worker)
+    stack = Stack(f"127.0.0.1:{front_end.port}", settings, client, compiler or StandInCompiler(), worker, front_end)
 
     def stop() -> None:
         if worker is not None:
             worker.stop()
             assert thread is not None
             thread.join(timeout=5)
-        if parts.health is not None:
-            parts.health.shutdown()
-        server.stop(grace=None).wait()
-        parts.builds.close()
-        parts.stats.close()
+        front_end.stop()
         client.close()
 
     return stack, stop

@@ -18,13 +18,13 @@ from matplotlib import image
 from plancache import Client, CompileFailed, Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server import keys
-from plancache_server.builds import RECENT_FAILURES_KEPT, Builds
+from plancache_server.build_records import RECENT_FAILURES_KEPT, BuildRecorder
 from plancache_server.embedded_redis import EmbeddedRedis, free_port
-from plancache_server.jobs import Job, JobQueue
-from plancache_server.stats import Stats
-from plancache_server.status import StatusSource
-from plancache_server.store import RedisPlanStore
+from plancache_server.jobs import Job
+from plancache_server.settings import Settings
+from plancache_server.worker_queue import WorkerQueue
 from tests.support.browser import artifacts_dir, rendered_dom, screenshot
+from tests.support.frontend import ThreadedFrontEnd
 from tests.support.processes import child_env, server_process, wait_for_workers
 from tests.support.specs import matmul_spec
 from tests.support.standin import REJECTED_NAME
@@ -172,33 +172,37 @@ def test_worker_http_port_serves_metrics_only(tmp_path: Path) -> None:
 
 
 
-def test_queue_depth_counts_waiting_and_running_builds(redis_client: redis.Redis) -> None:
+@pytest.fixture
+def front_end(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Any:
+    front = ThreadedFrontEnd(Settings(listen="127.0.0.1:0", redis_url=redis_server.url), redis_server.url)
+    yield front
+    front.stop()
+
+
+def test_queue_depth_counts_waiting_and_running_builds(redis_client: redis.Redis, front_end: ThreadedFrontEnd) -> None:
     """What the page shows as queued / building for a target, from its stream."""
-    queue, store = JobQueue(redis_client), RedisPlanStore(redis_client)
-    builds = Builds(redis_client, store, queue, lease_s=60)
-    source = StatusSource(Stats(redis_client), queue, store, builds)
-    queue.join([TARGET])
-    queue.heartbeat("w1", [TARGET], ttl_s=30)
+    queue, workers = front_end.front.queue, WorkerQueue(redis_client)
+    workers.join([TARGET])
+    workers.heartbeat("w1", [TARGET], ttl_s=30)
     for i in range(3):
-        queue.enqueue(TARGET, Job(job_id=f"job{i}", plan_key=f"{'0' * 63}{i}/{TARGET.id}/opt-{'0' * 16}", query=pb.PlanQuery()))
-    assert queue.depth(TARGET) == (3, 0)
-    [delivery] = queue.read("w1", [TARGET], block_ms=100)
-    assert queue.depth(TARGET) == (2, 1)
-    [row] = source.report().targets
+        front_end.run(queue.enqueue(TARGET, Job(job_id=f"job{i}", plan_key=f"{'0' * 63}{i}/{TARGET.id}/opt-{'0' * 16}", query=pb.PlanQuery())))
+    assert front_end.run(queue.depth(TARGET)) == (3, 0)
+    [delivery] = workers.read("w1", [TARGET], block_ms=100)
+    assert front_end.run(queue.depth(TARGET)) == (2, 1)
+    [row] = front_end.run(front_end.front.status.report()).targets
     assert (row.target_id, row.live_workers, row.jobs_waiting, row.jobs_running) == (TARGET.id, 1, 2, 1)
-    queue.ack(delivery)
-    assert queue.depth(TARGET) == (2, 0)
-    assert queue.depth(Target("sm_80", 91900, "1.32.0")) == (0, 0)  # no stream at all
+    workers.ack(delivery)  # a finished job leaves the stream: its length is the queue's depth
+    assert front_end.run(queue.depth(TARGET)) == (2, 0) and redis_client.xlen(keys.job_stream(TARGET)) == 2
+    assert front_end.run(queue.depth(Target("sm_80", 91900, "1.32.0"))) == (0, 0)  # no stream at all
 
 
-def test_recent_failures_are_capped_newest_first_and_survive_bad_records(redis_client: redis.Redis) -> None:
-    queue, store = JobQueue(redis_client), RedisPlanStore(redis_client)
-    builds = Builds(redis_client, store, queue, lease_s=60)
+def test_recent_failures_are_capped_newest_first_and_survive_bad_records(redis_client: redis.Redis, front_end: ThreadedFrontEnd) -> None:
+    recorder = BuildRecorder(redis_client, lease_s=60)
     plan_keys = [f"{i:064x}/{TARGET.id}/opt-{'0' * 16}" for i in range(RECENT_FAILURES_KEPT + 5)]
     for i, plan_key in enumerate(plan_keys):
-        builds.finish(plan_key, f"job{i}", "w1", error=f"reason {i}", rejected=i % 2 == 0)
+        recorder.finish(plan_key, f"job{i}", "w1", error=f"reason {i}", rejected=i % 2 == 0)
     redis_client.lpush(keys.RECENT_FAILURES, b"not json")
-    failures = builds.recent_failures(RECENT_FAILURES_KEPT + 10)
+    failures = front_end.run(front_end.front.builds.recent_failures(RECENT_FAILURES_KEPT + 10))
     assert len(failures) == RECENT_FAILURES_KEPT  # the oldest 5 trimmed; the malformed record skipped
     assert [f.reason for f in failures[:2]] == [f"reason {len(plan_keys) - 1}", f"reason {len(plan_keys) - 2}"]
     assert failures[0].target_id == TARGET.id and failures[0].rejected
@@ -208,15 +212,15 @@ def test_page_answers_503_with_the_reason_while_redis_is_down() -> None:
     """During a Redis outage the page says so (and /metrics still answers)."""
     from plancache_server.web import WebServer
 
-    unreachable = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.5)
-    queue, store = JobQueue(unreachable), RedisPlanStore(unreachable)
-    source = StatusSource(Stats(unreachable), queue, store, Builds(unreachable, store, queue, lease_s=60))
-    server = WebServer(free_port(), status=source, host="127.0.0.1").start()
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    front = ThreadedFrontEnd(Settings(listen="127.0.0.1:0", redis_url=unreachable), unreachable)
+    server = WebServer(free_port(), status=front.front.status, host="127.0.0.1", loop=front.loop).start()
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
         for path in ("/", "/status.json"):
             status, body = _get(base + path)
-            assert status == 503 and "status unavailable" in body and "Connection refused" in body
+            assert status == 503 and "status unavailable" in body and "connecting to 127.0.0.1" in body
         assert _get(base + "/metrics")[0] == 200
     finally:
         server.stop()
+        front.stop()

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from plancache_server import metrics
-from plancache_server.settings import server_parser
+from plancache_server.settings import SERVER, options, parser
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -18,7 +18,7 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 def _service_flags() -> dict[str, str]:
     command = COMPOSE["services"]["plancache"]["command"]
-    args = server_parser().parse_args(command)  # exits on any flag the server does not have
+    args = parser(SERVER).parse_args(command)  # exits on any flag the server does not have
     return {"listen": args.listen, "metrics": str(args.metrics_port), "redis": args.redis_url, "data": str(args.data_dir)}
 
 
@@ -36,8 +36,7 @@ def test_plancache_command_ports_and_environment_match_the_server() -> None:
     assert flags["redis"] == "redis://redis:6379/0"
     published = {p.split(":")[1] for p in COMPOSE["services"]["plancache"]["ports"]}
     assert flags["listen"].rsplit(":", 1)[1] in published and flags["metrics"] in published
-    settings_source = (ROOT / "server" / "src" / "plancache_server" / "settings.py").read_text()
-    known_env = {f"PLANCACHE_{name}" for name in re.findall(r'_env\("([A-Z_]+)"', settings_source)}
+    known_env = {f"PLANCACHE_{option.env}" for _, option in options(SERVER)}
     assert set(COMPOSE["services"]["plancache"]["environment"]) <= known_env
     assert any(v.endswith(":" + flags["data"]) for v in COMPOSE["services"]["plancache"]["volumes"])
 
@@ -60,3 +59,10 @@ def test_grafana_dashboard_queries_metrics_that_exist() -> None:
     assert used and used <= exported, used - exported
     datasources = yaml.safe_load((ROOT / "docker" / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
     assert datasources["datasources"][0]["url"] == "http://prometheus:9090"
+
+
+def test_readme_configuration_table_is_the_settings_table() -> None:
+    """Every flag, its environment variable and default, from the one declaration of each setting."""
+    from plancache_server.settings import markdown_table
+
+    assert markdown_table() in (ROOT / "README.md").read_text(), "README's configuration table is stale: paste settings.markdown_table()"

@@ -2,26 +2,36 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server.store import MemoryCachedStore, StoredPlan
+from plancache_server.memory_cache import MemoryCachedStore
+from plancache_server.store import StoredPlan
 
 
 class DictStore:
+    """An in-memory inner store that counts its reads."""
+
     def __init__(self) -> None:
         self.plans: dict[str, StoredPlan] = {}
         self.reads = 0
 
-    def get(self, plan_key: str) -> StoredPlan | None:
+    def cached(self, plan_key: str) -> StoredPlan | None:
+        return None
+
+    async def get(self, plan_key: str) -> StoredPlan | None:
         self.reads += 1
         return self.plans.get(plan_key)
 
-    def put(self, plan: StoredPlan) -> None:
-        self.plans[plan.metadata.key] = plan
-
-    def delete(self, plan_key: str) -> None:
+    async def delete(self, plan_key: str) -> None:
         self.plans.pop(plan_key, None)
+
+    async def keys_of_spec(self, spec_hash: str) -> list[str]:
+        return []
+
+    async def keys_of_target(self, target_id: str) -> list[str]:
+        return []
 
 
 def plan(key: str, size: int) -> StoredPlan:
@@ -29,52 +39,53 @@ def plan(key: str, size: int) -> StoredPlan:
     return StoredPlan(blob, pb.PlanMetadata(key=key, blob_sha256=hashlib.sha256(blob).hexdigest()))
 
 
+def get(cache: MemoryCachedStore, key: str) -> StoredPlan | None:
+    return asyncio.run(cache.get(key))
+
+
 def test_hits_do_not_read_the_inner_store() -> None:
     inner = DictStore()
     cache = MemoryCachedStore(inner, max_bytes=10_000, ttl_s=60)
-    cache.put(plan("a", 1000))
-    assert cache.get("a") is not None and cache.get("a") is not None
+    cache.remember(plan("a", 1000))
+    assert get(cache, "a") is not None and cache.cached("a") is not None
     assert inner.reads == 0
 
 
 def test_misses_are_not_cached() -> None:
     inner = DictStore()
     cache = MemoryCachedStore(inner, max_bytes=10_000, ttl_s=60)
-    assert cache.get("a") is None
-    inner.put(plan("a", 1000))
-    assert cache.get("a") is not None
+    assert get(cache, "a") is None
+    inner.plans["a"] = plan("a", 1000)
+    assert get(cache, "a") is not None
     assert inner.reads == 2
+    assert cache.cached("a") is not None  # what was read is kept
 
 
 def test_least_recently_used_goes_first_when_over_the_byte_bound() -> None:
     inner = DictStore()
     cache = MemoryCachedStore(inner, max_bytes=2_500, ttl_s=60)
     for key in ("a", "b"):
-        cache.put(plan(key, 1000))
-    cache.get("a")  # b is now the least recently used
-    cache.put(plan("c", 1000))
-    reads = inner.reads
-    cache.get("a"), cache.get("c")
-    assert inner.reads == reads
-    cache.get("b")
-    assert inner.reads == reads + 1
+        cache.remember(plan(key, 1000))
+    get(cache, "a")  # b is now the least recently used
+    cache.remember(plan("c", 1000))
+    assert cache.cached("a") is not None and cache.cached("c") is not None
+    assert cache.cached("b") is None
 
 
 def test_entries_expire_and_oversized_plans_are_not_kept() -> None:
     inner = DictStore()
     cache = MemoryCachedStore(inner, max_bytes=10_000, ttl_s=0.0)
-    cache.put(plan("a", 1000))
-    cache.get("a")
+    cache.remember(plan("a", 1000))
+    get(cache, "a")
     assert inner.reads == 1
     small = MemoryCachedStore(inner, max_bytes=500, ttl_s=60)
-    small.put(plan("big", 1000))
-    small.get("big")
-    assert inner.reads == 2
+    small.remember(plan("big", 1000))
+    assert small.cached("big") is None
 
 
 def test_delete_evicts() -> None:
     inner = DictStore()
     cache = MemoryCachedStore(inner, max_bytes=10_000, ttl_s=60)
-    cache.put(plan("a", 1000))
-    cache.delete("a")
-    assert cache.get("a") is None
+    cache.remember(plan("a", 1000))
+    asyncio.run(cache.delete("a"))
+    assert cache.cached("a") is None and get(cache, "a") is None

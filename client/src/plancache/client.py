@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +25,12 @@ import grpc
 from plancache import spec_io
 from plancache.canonical import hash_normalized
 from plancache.disk_cache import DiskCache
-from plancache.errors import ERROR_CLASS_METADATA_KEY, InvalidRequest, PlanCacheError, UntrustedPlan, error_from_status
+from plancache.errors import InvalidRequest, PlanCacheError, UntrustedPlan, error_from_status
 from plancache.manifest import Manifest
 from plancache.options import CompileOptions
 from plancache.plan import SOURCE_NAMES, Plan
 from plancache.plankey import make_key
+from plancache.rich_status import error_of, seconds_of
 from plancache.signing import TrustPolicy
 from plancache.spec import GraphSpec
 from plancache.target import Target
@@ -42,6 +45,9 @@ DEFAULT_TIMEOUT_S = 30.0
 # A miss builds and autotunes on a GPU: seconds to minutes.
 DEFAULT_COMPILE_TIMEOUT_S = 900.0
 MAX_MESSAGE_BYTES = 64 * 2**20
+# Longest pause between two attempts of a call the server refused for now
+# (admission control); the server's retry delay is the first pause.
+RETRY_BACKOFF_CAP_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -257,35 +263,69 @@ class Client:
                 refs.append((index, pb.PlanRef(key=key)))
         if progress is not None:
             progress(result.done, result.total)
-        if refs:
-            request = pb.PrefetchRequest(refs=[ref for _, ref in refs], compile_missing=compile_missing)
-            budget = timeout if timeout is not None else (self.compile_timeout if compile_missing else self.timeout)
-            try:
-                for item in self._stub.Prefetch(request, timeout=budget, metadata=self._metadata):
-                    self._take(result, refs[item.index][0], item)
-                    if progress is not None:
-                        progress(result.done, result.total)
-            except grpc.RpcError as exc:
-                error = _typed(exc)
-                for index, _ in refs:
-                    if index not in result.plans and index not in result.errors:
-                        result.errors[index] = error
+        budget = timeout if timeout is not None else (self.compile_timeout if compile_missing else self.timeout)
+        deadline = None if budget is None else time.monotonic() + budget
+        attempt = 0
+        while refs:
+            # Refs the server refused for now (admission control) are asked
+            # for again after its retry delay, within the deadline.
+            refused = self._prefetch_once(refs, compile_missing, result, deadline, progress)
+            pause = _retry_pause(max(e.retry_after or 0.0 for _, _, e in refused), attempt, deadline) if refused else None
+            if pause is None:
+                for index, _, error in refused:
+                    result.errors[index] = error
+                break
+            time.sleep(pause)
+            refs, attempt = [(index, ref) for index, ref, _ in refused], attempt + 1
         return result
 
-    def _take(self, result: PrefetchResult, index: int, item: pb.PrefetchItem) -> None:
+    def _prefetch_once(
+        self, refs: list[tuple[int, pb.PlanRef]], compile_missing: bool, result: PrefetchResult, deadline: float | None,
+        progress: Callable[[int, int], None] | None,
+    ) -> list[tuple[int, pb.PlanRef, PlanCacheError]]:
+        """One streaming call; the refs refused with a retry delay, with their errors."""
+        refused: list[tuple[int, pb.PlanRef, PlanCacheError]] = []
+        answered: set[int] = set()
+        request = pb.PrefetchRequest(refs=[ref for _, ref in refs], compile_missing=compile_missing)
+        try:
+            for item in self._stub.Prefetch(request, timeout=_remaining(deadline), metadata=self._metadata):
+                if not 0 <= item.index < len(refs) or item.index in answered:
+                    continue  # not an answer to anything asked
+                answered.add(item.index)
+                index, ref = refs[item.index]
+                error = self._take(result, index, item)
+                if error is not None and error.retry_after is not None:
+                    refused.append((index, ref, error))
+                elif error is not None:
+                    result.errors[index] = error
+                if progress is not None:
+                    progress(result.done, result.total)
+        except grpc.RpcError as exc:
+            error = _typed(exc)
+            for position, (index, ref) in enumerate(refs):
+                if position not in answered:
+                    if error.retry_after is not None:
+                        refused.append((index, ref, error))
+                    else:
+                        result.errors[index] = error
+        return refused
+
+    def _take(self, result: PrefetchResult, index: int, item: pb.PrefetchItem) -> PlanCacheError | None:
+        """Keep the plan of an answer; the error it carries, if any."""
         if item.WhichOneof("result") == "error":
-            result.errors[index] = error_from_status(getattr(grpc.StatusCode, item.error.code, grpc.StatusCode.UNKNOWN), item.error.message, item.error.error_class)
-            return
+            code = getattr(grpc.StatusCode, item.error.code, grpc.StatusCode.UNKNOWN)
+            retry_after = seconds_of(item.error.retry_delay) if item.error.HasField("retry_delay") else None
+            return error_from_status(code, item.error.message, item.error.error_class, retry_after)
         try:
             plan = self._remember(Plan.from_proto(item.plan, SOURCE_NAMES.get(item.source, "stored")))
         except PlanCacheError as e:  # a blob that does not match its sha256, or an untrusted signature
-            result.errors[index] = e
-            return
+            return e
         result.plans[index] = plan
         if plan.source in ("compiled", "joined"):
             result.compiled += 1
         else:
             result.fetched += 1
+        return None
 
     def invalidate(self, key: str | None = None, *, spec_hash: str | None = None, target: Target | str | None = None, timeout: float | None = None) -> int:
         """Delete stored plans (admin token): one key, a spec's, or a target's. Returns how many."""
@@ -356,10 +396,39 @@ class Client:
         return response
 
     def _call(self, method: Callable[..., Response], request: Any, timeout: float | None) -> Response:
-        try:
-            return method(request, timeout=timeout, metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise _typed(exc) from exc
+        """One unary call; a refusal for now (admission control) is tried
+        again after the server's retry delay, with jittered backoff, as long
+        as the deadline allows."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        attempt = 0
+        while True:
+            try:
+                return method(request, timeout=_remaining(deadline), metadata=self._metadata)
+            except grpc.RpcError as exc:
+                error = _typed(exc)
+                pause = _retry_pause(error.retry_after, attempt, deadline)
+                if pause is None:
+                    raise error from exc
+            log.debug("server asked to retry later (%s); retrying in %.2f s", error.message, pause)
+            time.sleep(pause)
+            attempt += 1
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _retry_pause(retry_after: float | None, attempt: int, deadline: float | None) -> float | None:
+    """Seconds to wait before trying again: the server's delay, doubled per
+    attempt up to a cap, times a random factor in [0.5, 1.5) so that a herd
+    refused together does not come back together. None when the server did
+    not ask for a retry or the deadline would pass first."""
+    if retry_after is None:
+        return None
+    pause: float = min(retry_after * 2**attempt, max(retry_after, RETRY_BACKOFF_CAP_S)) * random.uniform(0.5, 1.5)
+    if deadline is not None and time.monotonic() + pause >= deadline:
+        return None
+    return pause
 
 
 def _typed(exc: grpc.RpcError) -> PlanCacheError:
@@ -367,8 +436,7 @@ def _typed(exc: grpc.RpcError) -> PlanCacheError:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
     trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-    error_class = next((str(m.value) for m in trailing or () if m.key == ERROR_CLASS_METADATA_KEY), None)
-    error = error_from_status(code, details or "", error_class)
+    error = error_of(code, details or "", trailing)
     error.__cause__ = exc
     return error
 

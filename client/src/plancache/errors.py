@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import grpc
 
-# Trailing-metadata key that names the error class, so that two classes sharing
-# a status code (TargetUnavailable, CompileFailed) survive the round trip.
+# Trailing-metadata key that names the error class (kept beside the standard
+# google.rpc.ErrorInfo for clients written before it; see plancache.rich_status).
 ERROR_CLASS_METADATA_KEY = "plancache-error"
 
 
 class PlanCacheError(Exception):
-    """Base of every error plancache raises on purpose."""
+    """Base of every error plancache raises on purpose.
+
+    `retry_after` (seconds) is set when calling again after that delay can
+    succeed (admission control refused the call); None otherwise.
+    """
 
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.retry_after = retry_after
 
 
 class SpecError(PlanCacheError):
@@ -82,6 +87,15 @@ class CompileTimeout(PlanCacheError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+class ResourceExhausted(PlanCacheError):
+    """The server refused the call to protect the callers it already serves
+    (too many waiting callers, a full build queue, too many refs in one call).
+    With `retry_after` set the client retries after that delay, with jitter,
+    within its deadline; without it, the request itself is too big."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class IntegrityError(PlanCacheError):
     """A plan's bytes do not match the sha256 in its metadata."""
 
@@ -111,6 +125,7 @@ _BY_NAME: dict[str, type[PlanCacheError]] = {
         Unavailable,
         StoreUnavailable,
         CompileTimeout,
+        ResourceExhausted,
         IntegrityError,
         UntrustedPlan,
         ServerError,
@@ -126,15 +141,17 @@ _BY_CODE: dict[grpc.StatusCode, type[PlanCacheError]] = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.CANCELLED: Unavailable,  # e.g. the server shut down mid-call
     grpc.StatusCode.DEADLINE_EXCEEDED: CompileTimeout,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.DATA_LOSS: IntegrityError,
 }
 
 
-def error_from_status(
-    code: grpc.StatusCode, details: str, error_class: str | None
-) -> PlanCacheError:
+ERROR_CLASSES = tuple(_BY_NAME)
+
+
+def error_from_status(code: grpc.StatusCode, details: str, error_class: str | None, retry_after: float | None = None) -> PlanCacheError:
     """The typed error for a gRPC status, preferring the class the server named."""
     cls = _BY_NAME.get(error_class or "") or _BY_CODE.get(code, ServerError)
-    err = cls(details or code.name)
+    err = cls(details or code.name, retry_after=retry_after)
     err.code = code
     return err

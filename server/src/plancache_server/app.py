@@ -1,49 +1,51 @@
-"""Assembly: Redis-backed parts wired into a gRPC server (no processes here)."""
+"""Assembly: the front end's Redis-backed parts wired into a grpc.aio server,
+and the worker's blocking parts (no processes here)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
-from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
 import redis
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from plancache.errors import PlanCacheError
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
 from plancache_server.auth import Authorizer
-from plancache_server.builds import Builds
-from plancache_server.interceptors import ErrorMappingInterceptor
+from plancache_server.build_records import BuildRecorder
+from plancache_server.builds import Admission, Builds
+from plancache_server.directory import WorkerDirectory
+from plancache_server.interceptors import AuthInterceptor, ErrorInterceptor, MetricsInterceptor
 from plancache_server.jobs import JobQueue
+from plancache_server.memory_cache import MemoryCachedStore
+from plancache_server.offload import CpuOffload
+from plancache_server.redis_conn import AsyncRedis, connect_async, translated_errors
 from plancache_server.service import PlanService
 from plancache_server.servicer import PlanCacheServicer
 from plancache_server.settings import Settings
 from plancache_server.stats import Stats
-from plancache_server.store import MemoryCachedStore, PlanStore, RedisPlanStore
+from plancache_server.status import StatusSource
+from plancache_server.store import AsyncRedisPlanStore, PlanStore, RedisPlanStore
+from plancache_server.worker_queue import WorkerQueue
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Components:
-    store: PlanStore
-    queue: JobQueue
-    builds: Builds
-    stats: Stats
-    health: HealthReporter | None = None
+@dataclass(frozen=True)
+class WorkerParts:
+    queue: WorkerQueue
+    builds: BuildRecorder
+    store: RedisPlanStore
 
 
-def components(client: redis.Redis, settings: Settings, memory_cache: bool = False) -> Components:
-    """Redis-backed parts. Front ends put a memory cache before the store;
-    workers read Redis directly (they check for a plan before building)."""
-    store: PlanStore = RedisPlanStore(client)
-    if memory_cache and settings.memory_cache_bytes > 0:
-        store = MemoryCachedStore(store, settings.memory_cache_bytes, settings.memory_cache_ttl_s)
-    queue = JobQueue(client)
-    return Components(store, queue, Builds(client, store, queue, settings.build_lease_s, settings.negative_ttl_s), Stats(client))
+def worker_parts(client: redis.Redis, settings: Settings) -> WorkerParts:
+    """What a worker process needs: blocking clients (it builds one job at a time)."""
+    return WorkerParts(WorkerQueue(client), BuildRecorder(client, settings.build_lease_s, settings.negative_ttl_s), RedisPlanStore(client))
 
 
 def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
@@ -60,63 +62,119 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
 
 class HealthReporter:
     """Standard gRPC health: SERVING while Redis answers, NOT_SERVING when it
-    does not (a load balancer then sends callers elsewhere) or at shutdown."""
+    does not (a load balancer then sends callers elsewhere) or at shutdown.
+    Watchers are told when the status changes, not on every check."""
 
     SERVICES = ("", "plancache.v1.PlanCache")
 
-    def __init__(self, servicer: health.HealthServicer, client: redis.Redis, interval_s: float = 2.0) -> None:
+    def __init__(self, servicer: HealthServicer, client: AsyncRedis, interval_s: float = 2.0) -> None:
         self._servicer = servicer
         self._redis = client
         self._interval = interval_s
-        self._stop = threading.Event()
-        self._set(True)
-        self._thread = threading.Thread(target=self._run, name="plancache-health", daemon=True)
-        self._thread.start()
+        self._task: asyncio.Task[None] | None = None
 
-    def _set(self, serving: bool) -> None:
+    async def start(self) -> None:
+        await self._set(True)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="plancache-health")
+
+    async def _set(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in self.SERVICES:
-            self._servicer.set(name, status)
+            await self._servicer.set(name, status)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
             try:
-                self._redis.ping()
-                self._set(True)
-            except (redis.RedisError, OSError):
-                self._set(False)
+                with translated_errors("checking health"):
+                    await self._redis.ping()
+                await self._set(True)
+            except PlanCacheError:
+                await self._set(False)
 
-    def shutdown(self) -> None:
-        self._stop.set()
-        self._servicer.enter_graceful_shutdown()
-
-
-def add_health_and_reflection(server: grpc.Server, client: redis.Redis) -> HealthReporter:
-    servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    names = (pb.DESCRIPTOR.services_by_name["PlanCache"].full_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
-    reflection.enable_server_reflection(names, server)
-    return HealthReporter(servicer, client)
+    async def shutdown(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._servicer.enter_graceful_shutdown()
 
 
-def build_grpc_server(client: redis.Redis, settings: Settings) -> tuple[grpc.Server, int, Components]:
-    """A started-ready server bound to settings.listen; returns the bound port."""
-    parts = components(client, settings, memory_cache=True)
-    service = PlanService(parts.store, parts.queue, parts.builds, parts.stats, settings.limits, settings.compile_timeout_s)
-    authorizer = Authorizer.from_file(settings.tokens_file)
-    if authorizer.open:
-        log.warning("no --tokens-file: every caller may compile and read plans")
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=settings.grpc_threads, thread_name_prefix="plancache-rpc"),
-        interceptors=[ErrorMappingInterceptor(authorizer)],
-        options=[
-            ("grpc.max_receive_message_length", settings.max_message_bytes),
-            ("grpc.max_send_message_length", settings.max_message_bytes),
-        ],
-    )
-    pb_grpc.add_PlanCacheServicer_to_server(PlanCacheServicer(service), server)
-    parts.health = add_health_and_reflection(server, client)
-    port = server.add_secure_port(settings.listen, credentials) if (credentials := server_credentials(settings)) else server.add_insecure_port(settings.listen)
-    if port == 0:
-        raise OSError(f"cannot listen on {settings.listen}")
-    return server, port, parts
+@dataclass
+class FrontEnd:
+    """A started front end: the gRPC server and the parts behind it."""
+
+    server: grpc.aio.Server
+    port: int
+    redis: AsyncRedis
+    store: PlanStore
+    queue: JobQueue
+    builds: Builds
+    stats: Stats
+    directory: WorkerDirectory
+    offload: CpuOffload
+    health: HealthReporter
+    status: StatusSource
+
+    @classmethod
+    async def start(cls, settings: Settings, redis_url: str) -> FrontEnd:
+        """Bind settings.listen and start serving (OSError when the port is taken)."""
+        client = connect_async(redis_url)
+        offload = CpuOffload(settings.cpu_threads)
+        store: PlanStore = AsyncRedisPlanStore(client, offload)
+        if settings.memory_cache_bytes > 0:
+            store = MemoryCachedStore(store, settings.memory_cache_bytes, settings.memory_cache_ttl_s)
+        queue = JobQueue(client, settings.max_queued_jobs, settings.retry_delay_s)
+        admission = Admission(settings.max_waiters, settings.max_waiters_per_key, settings.retry_delay_s)
+        builds = Builds(client, store, queue, settings.build_lease_s, admission)
+        directory = WorkerDirectory(queue, settings.listed_targets)
+        stats = Stats(client, directory)
+        service = PlanService(store, queue, builds, stats, directory, offload, settings.limits, settings.compile_timeout_s, settings.max_prefetch_refs)
+        authorizer = Authorizer.from_file(settings.tokens_file)
+        if authorizer.open:
+            log.warning("no --tokens-file: every caller may compile and read plans")
+        server = grpc.aio.server(
+            interceptors=[MetricsInterceptor(), ErrorInterceptor(offload), AuthInterceptor(authorizer)],
+            options=[
+                ("grpc.max_receive_message_length", settings.max_message_bytes),
+                ("grpc.max_send_message_length", settings.max_message_bytes),
+                # A second server on a busy port fails to start instead of
+                # silently sharing (and taking) its traffic.
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        pb_grpc.add_PlanCacheServicer_to_server(PlanCacheServicer(service), server)
+        health_servicer = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        names = (pb.DESCRIPTOR.services_by_name["PlanCache"].full_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, server)
+        credentials = server_credentials(settings)
+        try:
+            port = server.add_secure_port(settings.listen, credentials) if credentials else server.add_insecure_port(settings.listen)
+        except RuntimeError as e:
+            raise OSError(f"cannot listen on {settings.listen}: {e} (is another server using it?)") from e
+        if port == 0:
+            raise OSError(f"cannot listen on {settings.listen}")
+        reporter = HealthReporter(health_servicer, client)
+        front = cls(server, port, client, store, queue, builds, stats, directory, offload, reporter, StatusSource(stats, queue, store, builds, directory))
+        await server.start()
+        await reporter.start()
+        directory.start()
+        stats.start()
+        return front
+
+    async def stop(self, grace: float | None) -> None:
+        """Health goes NOT_SERVING; calls in flight get `grace` seconds (a
+        build under way can land); then waiting callers are released."""
+        await self.health.shutdown()
+        stopping = asyncio.ensure_future(self.server.stop(grace))
+        await asyncio.sleep(0)  # new calls are refused from here on
+        if grace:
+            # Callers still waiting just before the grace ends are told to
+            # call again (UNAVAILABLE) rather than cut off (CANCELLED).
+            await asyncio.wait([stopping], timeout=max(0.0, grace - 0.5))
+        await self.builds.close()
+        await stopping
+        await self.directory.stop()
+        await self.stats.close()
+        self.offload.close()
+        await self.redis.aclose()

@@ -12,10 +12,9 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-
-import grpc
 
 from plancache.errors import InvalidRequest, PermissionDenied, Unauthenticated
 
@@ -66,20 +65,32 @@ class Authorizer:
             tokens[parts[1]] = Role[parts[0].upper()]
         return cls(tokens)
 
-    def check(self, method: str, request: Any, context: grpc.ServicerContext) -> None:
-        """Raise Unauthenticated or PermissionDenied unless the call may proceed."""
-        if self._roles is None or not method.startswith(SERVICE_PREFIX):
-            return  # health checks and reflection stay open, for load balancers and tools
-        name = method.rsplit("/", 1)[-1]
-        header = next((str(v) for k, v in context.invocation_metadata() if k == "authorization"), "")
-        if not header.startswith("Bearer "):
+    def role_of(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Role:
+        """The role of the call's bearer token (the scheme is case-insensitive,
+        RFC 6750); Unauthenticated without a known one. Reads metadata only."""
+        assert self._roles is not None, "an open service has no roles"
+        header = next((v for k, v in metadata or () if k == "authorization"), "")
+        text = header.decode(errors="replace") if isinstance(header, bytes) else str(header)
+        scheme, _, token = text.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
             raise Unauthenticated("this server requires a bearer token (metadata 'authorization: Bearer <token>'; Client(token=...) or PLANCACHE_TOKEN)")
-        presented = _digest(header.removeprefix("Bearer ").strip())
+        presented = _digest(token.strip())
         role = next((r for digest, r in self._roles if hmac.compare_digest(digest, presented)), None)
         if role is None:
             raise Unauthenticated("unknown bearer token")
+        return role
+
+    def require(self, method: str, role: Role) -> None:
+        """PermissionDenied unless `role` may call `method` at all (a call's
+        body may need more: see needed_role)."""
+        name = method.rsplit("/", 1)[-1]
         needed = METHOD_ROLES.get(name, Role.ADMIN)
-        if name == "Prefetch" and getattr(request, "compile_missing", False):
-            needed = Role.COMPILE
         if role < needed:
             raise PermissionDenied(f"{name} needs a {needed.name.lower()} token; this token's role is {role.name.lower()}")
+
+
+def needed_role(name: str, request: Any) -> Role:
+    """The role a parsed request needs: Prefetch asking for builds needs compile."""
+    if name == "Prefetch" and getattr(request, "compile_missing", False):
+        return Role.COMPILE
+    return METHOD_ROLES.get(name, Role.ADMIN)

@@ -1,261 +1,394 @@
-"""One build per plan key, and waiting for it.
+"""One build per plan key, and waiting for it, on a front end.
 
 A front end that misses takes the plan's build lease (SET NX with expiry,
 holding a job id) and queues the job; any other caller, on this front end or
-another, finds the lease and waits for that job instead of starting a second
-build. The worker records the job's outcome, releases the lease (only if it
-still holds its own job id) and publishes an event; one pub/sub subscription
-per front end wakes the local waiters. Waiters also re-check every half
-second, so a lost event costs latency, never a result.
+another, finds the lease and waits for that job instead of starting a
+second build (plancache_server.build_records has the worker's side).
+
+On one front end, every caller waiting for the same key shares one
+*flight*: one lease lookup, one follower that watches the job (woken by the
+workers' pub/sub announcement, re-checking every half second in case one is
+lost), one read of the finished plan. A waiting caller is a coroutine and a
+future, not a thread, and costs nothing a hit needs: hits never touch a
+flight. When a build finishes its waiters are woken in small batches so
+that the event loop keeps answering other calls while a plan fans out to
+thousands of them.
+
+Admission control: past `max_waiters` waiting callers on this front end, or
+`max_waiters_per_key` on one key, a new caller is refused at once with
+ResourceExhausted and a retry delay.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import redis
 
-from plancache.errors import CompileFailed, CompileTimeout, InvalidRequest, Unavailable
-from plancache.plankey import parse_key
+from plancache.errors import CompileFailed, CompileTimeout, InvalidRequest, PlanCacheError, ResourceExhausted, TargetUnavailable, Unavailable
 from plancache.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server import keys
+from plancache_server.build_records import FAILED, QUEUED, RELEASE_IF_OWNER, FailedBuild, state_fields
 from plancache_server.jobs import Job, JobQueue
-from plancache_server.redis_conn import translated_errors
+from plancache_server.redis_conn import AsyncRedis, text, translated_errors
 from plancache_server.store import PlanStore, StoredPlan
 
 log = logging.getLogger(__name__)
 
-QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
-JOB_STATE_TTL_S = 24 * 3600
-# Failed builds kept for the status page, newest first.
-RECENT_FAILURES_KEPT = 200
 RECHECK_S = 0.5
-
-# Delete the lease only while it still names our job: a lease that expired
-# and was retaken by another build must not be released by us.
-_RELEASE_IF_OWNER = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
-# Extend the lease only while it names our job.
-_RENEW_IF_OWNER = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 0
-"""
+# Waiters woken per event-loop turn when a build finishes.
+WAKE_BATCH = 32
 
 
 @dataclass(frozen=True)
-class FailedBuild:
-    at: float  # unix seconds
-    plan_key: str
-    worker: str
-    reason: str
-    # cuDNN refused the graph (remembered by the negative cache), as opposed
-    # to the build failing for another reason (a crash, a lost worker).
-    rejected: bool
-
-    @property
-    def target_id(self) -> str:
-        return parse_key(self.plan_key).target.id
+class Admission:
+    max_waiters: int = 50_000
+    max_waiters_per_key: int = 5_000
+    retry_delay_s: float = 1.0
 
 
 class CompletionWatcher:
-    """One pub/sub subscription per process; wakes waiters by job id."""
+    """One pub/sub subscription per front end; wakes flights by job id."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: AsyncRedis) -> None:
         self._redis = client
-        self._lock = threading.Lock()
-        self._waiters: dict[str, set[threading.Event]] = {}
-        self._thread: threading.Thread | None = None
-        self._stopped = threading.Event()
+        self._events: dict[str, set[asyncio.Event]] = {}
+        self._task: asyncio.Task[None] | None = None
 
-    def register(self, job_id: str) -> threading.Event:
-        event = threading.Event()
-        with self._lock:
-            self._waiters.setdefault(job_id, set()).add(event)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="plancache-events", daemon=True)
-                self._thread.start()
+    def register(self, job_id: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self._events.setdefault(job_id, set()).add(event)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="plancache-events")
         return event
 
-    def unregister(self, job_id: str, event: threading.Event) -> None:
-        with self._lock:
-            events = self._waiters.get(job_id)
-            if events is not None:
-                events.discard(event)
-                if not events:
-                    del self._waiters[job_id]
+    def unregister(self, job_id: str, event: asyncio.Event) -> None:
+        events = self._events.get(job_id)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._events[job_id]
 
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join(timeout=3.0)
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
 
-    def _wake(self, job_id: str) -> None:
-        with self._lock:
-            for event in self._waiters.get(job_id, ()):
-                event.set()
+    def _wake(self, data: bytes) -> None:
+        try:
+            job_id = json.loads(data)["job_id"]
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring malformed event %r", data[:200])
+            return
+        for event in self._events.get(job_id, ()):
+            event.set()
 
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    async def _run(self) -> None:
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
-                pubsub.subscribe(keys.EVENTS_CHANNEL)
-                while not self._stopped.is_set():
-                    message = pubsub.get_message(timeout=1.0)
+                await pubsub.subscribe(keys.EVENTS_CHANNEL)
+                while True:
+                    message = await pubsub.get_message(timeout=1.0)
                     if message and message.get("type") == "message":
-                        try:
-                            self._wake(json.loads(message["data"])["job_id"])
-                        except (ValueError, KeyError, TypeError):
-                            log.warning("ignoring malformed event %r", message.get("data"))
+                        self._wake(message["data"])
             except (redis.RedisError, OSError, ValueError) as e:
-                # Waiters keep polling meanwhile; resubscribe when Redis is back.
+                # Flights keep re-checking meanwhile; subscribe again when Redis is back.
                 log.debug("event subscription lost (%s); retrying", e)
-                self._stopped.wait(1.0)
+                await asyncio.sleep(1.0)
             finally:
                 try:
-                    pubsub.close()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
                 except (redis.RedisError, OSError):
                     pass
 
 
+@dataclass(eq=False)
+class Flight:
+    """Every caller on this front end waiting for one plan key."""
+
+    plan_key: str
+    # Done once the job id is known (this front end queued it, or found it);
+    # carries the error that kept it from being queued.
+    opened: asyncio.Future[None]
+    job_id: str = ""
+    started: bool = False  # this front end queued the build
+    waiters: list[Waiter] = field(default_factory=list)
+    outcome: StoredPlan | PlanCacheError | None = None
+    task: asyncio.Task[None] | None = None  # opens, follows the job, wakes the waiters
+
+
+class Waiter:
+    """One caller waiting for one flight: `future` resolves to the plan or
+    to the build's error."""
+
+    def __init__(self, builds: Builds, flight: Flight) -> None:
+        self._builds = builds
+        self.flight = flight
+        self.future: asyncio.Future[StoredPlan] = asyncio.get_running_loop().create_future()
+        self.started = False  # this caller's call queued the build
+        self._released = False
+
+    @property
+    def plan_key(self) -> str:
+        return self.flight.plan_key
+
+    async def result(self, deadline: float) -> StoredPlan:
+        """The plan once built; CompileFailed with cuDNN's reason; CompileTimeout."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.future), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise self.timeout() from None
+
+    def timeout(self) -> CompileTimeout:
+        return CompileTimeout(
+            f"plan {self.plan_key} is still building (job {self.flight.job_id}); the build continues and its plan will be stored: call again later"
+        )
+
+    def release(self) -> None:
+        """This caller stops waiting (answered, gave up or went away)."""
+        if not self._released:
+            self._released = True
+            self._builds._leave(self)
+
+
 class Builds:
-    def __init__(self, client: redis.Redis, store: PlanStore, queue: JobQueue, lease_s: float, negative_ttl_s: float = 3600.0) -> None:
+    def __init__(self, client: AsyncRedis, store: PlanStore, queue: JobQueue, lease_s: float, admission: Admission) -> None:
         self._redis = client
         self._store = store
         self._queue = queue
         self._lease_s = lease_s
-        self._negative_ttl_s = negative_ttl_s
-        self._release = client.register_script(_RELEASE_IF_OWNER)
-        self._renew = client.register_script(_RENEW_IF_OWNER)
+        self._admission = admission
+        self._release_lease = client.register_script(RELEASE_IF_OWNER)
         self._watcher = CompletionWatcher(client)
-        self._closing = threading.Event()
+        self._flights: dict[str, Flight] = {}
+        self.waiting = 0  # callers waiting on this front end, all keys
+        self._closing = False
 
-    def close(self) -> None:
-        """Stop waiting: callers still waiting get Unavailable (the builds go
-        on and their plans are stored for the next call)."""
-        self._closing.set()
-        self._watcher.stop()
+    def flying(self, plan_key: str) -> bool:
+        """Whether callers here already wait for this key (then the store
+        need not be asked: the flight answers when the plan lands)."""
+        return plan_key in self._flights
 
-    # ---- front end side ----------------------------------------------------
+    async def join(self, target: Target, plan_key: str, query: pb.PlanQuery) -> Waiter:
+        """Wait for this key's build: start it (lease, job), or join the one
+        under way. Raises ResourceExhausted past the admission bounds, and
+        what kept the build from being queued (TargetUnavailable,
+        CompileFailed from the negative cache, a full queue)."""
+        if self._closing:
+            raise Unavailable(f"this front end is shutting down; call again (plan {plan_key})")
+        flight = self._flights.get(plan_key)
+        self._admit(plan_key, flight)
+        first = flight is None
+        if flight is None:
+            flight = Flight(plan_key, asyncio.get_running_loop().create_future())
+            self._flights[plan_key] = flight
+            # Its own task: the build is queued even if this caller goes away.
+            flight.task = asyncio.get_running_loop().create_task(self._fly(flight, target, query), name=f"flight {plan_key}")
+        waiter = Waiter(self, flight)
+        flight.waiters.append(waiter)
+        self.waiting += 1
+        try:
+            await asyncio.shield(flight.opened)
+        except BaseException:
+            waiter.release()
+            raise
+        waiter.started = first and flight.started
+        return waiter
 
-    def start_or_join(self, target: Target, plan_key: str, query: pb.PlanQuery) -> tuple[str, bool]:
-        """The job building this key, and whether this call started it."""
-        job_id = uuid.uuid4().hex
+    def _admit(self, plan_key: str, flight: Flight | None) -> None:
+        limits = self._admission
+        if self.waiting >= limits.max_waiters:
+            raise ResourceExhausted(
+                f"this front end already has {self.waiting} callers waiting for builds (--max-waiters {limits.max_waiters}); "
+                f"plan {plan_key} was not asked for: call again later",
+                retry_after=limits.retry_delay_s,
+            )
+        if flight is not None and len(flight.waiters) >= limits.max_waiters_per_key:
+            raise ResourceExhausted(
+                f"{len(flight.waiters)} callers already wait for plan {plan_key} on this front end (--max-waiters-per-key "
+                f"{limits.max_waiters_per_key}); its build goes on: call again later",
+                retry_after=limits.retry_delay_s,
+            )
+
+    async def _fly(self, flight: Flight, target: Target, query: pb.PlanQuery) -> None:
+        try:
+            await self._take_or_find_lease(flight, target, query)
+        except asyncio.CancelledError:
+            self._forget(flight)
+            flight.opened.cancel()
+            raise
+        except BaseException as e:
+            self._forget(flight)
+            flight.opened.set_exception(e)
+            flight.opened.exception()  # retrieved: the waiters get it through their shield
+            return
+        flight.opened.set_result(None)
+        if flight.outcome is None:
+            await self._follow(flight)
+        await self._wake(flight)
+
+    async def _take_or_find_lease(self, flight: Flight, target: Target, query: pb.PlanQuery) -> None:
+        plan_key = flight.plan_key
         lease = keys.build_lease(plan_key)
+        job_id = uuid.uuid4().hex
         with translated_errors("taking a build lease"):
             while True:
-                if self._redis.set(lease, job_id, nx=True, px=int(self._lease_s * 1000)):
+                if await self._redis.set(lease, job_id, nx=True, px=int(self._lease_s * 1000)):
                     break
-                existing = self._redis.get(lease)
+                existing = await self._redis.get(lease)
                 if existing is not None:
-                    return existing.decode(), False  # type: ignore[union-attr]
-        if self._store.get(plan_key) is not None:
-            # The previous build finished between the caller's miss and our
-            # lease: nothing to build, wait() returns its plan at once.
-            self._release_lease(plan_key, job_id)
-            return job_id, False
-        self._set_state(plan_key, job_id, QUEUED)
-        self._queue.enqueue(target, Job(job_id=job_id, plan_key=plan_key, query=query))
-        return job_id, True
-
-    def wait(self, plan_key: str, job_id: str, deadline: float) -> StoredPlan:
-        """The plan once built; CompileFailed with cuDNN's reason; or CompileTimeout."""
-        event = self._watcher.register(job_id)
+                    flight.job_id = text(existing)
+                    return
         try:
-            while True:
-                plan = self._store.get(plan_key)
-                if plan is not None:
-                    return plan
-                state = self.state(plan_key)
-                if state.get("job_id") == job_id and state.get("state") == FAILED:
-                    raise CompileFailed(state.get("error") or "build failed without a reason")
-                if self._closing.is_set():
-                    raise Unavailable(f"this front end is shutting down; plan {plan_key} is still building: call again")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise CompileTimeout(
-                        f"plan {plan_key} is still building (job {job_id}, {state.get('state', 'unknown')}); "
-                        "the build continues and its plan will be stored: call again later"
-                    )
-                event.wait(min(remaining, RECHECK_S))
+            plan = await self._store.get(plan_key)
+            if plan is not None:
+                # The previous build finished between the caller's miss and our lease.
+                flight.job_id = job_id
+                self._settle(flight, plan)
+                await self._release(plan_key, job_id)
+                return
+            reason = await self.known_failure(plan_key)
+            if reason is not None:
+                raise CompileFailed(reason)
+            if await self._queue.live_workers(target) == 0:
+                raise TargetUnavailable(f"no live GPU worker can build for target {target.id}; {await self._live_targets_text()}")
+            with translated_errors("recording a job state"):
+                await self._redis.hset(keys.job_state(plan_key), mapping=state_fields(job_id, QUEUED))  # type: ignore[arg-type]
+                await self._redis.expire(keys.job_state(plan_key), 24 * 3600)
+            await self._queue.enqueue(target, Job(job_id=job_id, plan_key=plan_key, query=query))
+        except BaseException:
+            await self._release(plan_key, job_id)
+            raise
+        flight.job_id, flight.started = job_id, True
+
+    async def _live_targets_text(self) -> str:
+        live = sorted(await self._queue.live_targets())
+        return f"targets with workers now: {', '.join(live)}" if live else "no worker is connected to this deployment"
+
+    async def _release(self, plan_key: str, job_id: str) -> None:
+        try:
+            with translated_errors("releasing a build lease"):
+                await self._release_lease(keys=[keys.build_lease(plan_key)], args=[job_id])
+        except Unavailable as e:  # it expires on its own
+            log.warning("could not release the lease of %s: %s", plan_key, e.message)
+
+    async def _follow(self, flight: Flight) -> None:
+        """Watch the flight's job until its plan is stored or it failed."""
+        event = self._watcher.register(flight.job_id)
+        try:
+            while flight.outcome is None:
+                try:
+                    plan = await self._store.get(flight.plan_key)
+                    if plan is not None:
+                        self._settle(flight, plan)
+                        break
+                    state = await self.state(flight.plan_key)
+                    if state.get("job_id") == flight.job_id and state.get("state") == FAILED:
+                        self._settle(flight, CompileFailed(state.get("error") or "build failed without a reason"))
+                        break
+                except Unavailable as e:
+                    # A Redis blip must not fail every waiter: they keep their deadlines.
+                    log.warning("following the build of %s: %s", flight.plan_key, e.message)
+                try:
+                    await asyncio.wait_for(event.wait(), RECHECK_S)
+                except TimeoutError:
+                    pass
                 event.clear()
         finally:
-            self._watcher.unregister(job_id, event)
+            self._watcher.unregister(flight.job_id, event)
 
-    def state(self, plan_key: str) -> dict[str, str]:
+    def _settle(self, flight: Flight, outcome: StoredPlan | PlanCacheError) -> None:
+        flight.outcome = outcome
+        self._forget(flight)  # later callers find the plan in the store, or start anew
+
+    async def _wake(self, flight: Flight) -> None:
+        """Answer the flight's waiters, a batch per event-loop turn."""
+        outcome = flight.outcome
+        woken = 0
+        for waiter in list(flight.waiters):
+            if waiter.future.done():
+                continue
+            if isinstance(outcome, PlanCacheError):
+                waiter.future.set_exception(outcome)
+            elif outcome is not None:
+                waiter.future.set_result(outcome)
+            woken += 1
+            if woken % WAKE_BATCH == 0:
+                await asyncio.sleep(0)
+
+    def _leave(self, waiter: Waiter) -> None:
+        flight = waiter.flight
+        try:
+            flight.waiters.remove(waiter)
+        except ValueError:
+            return
+        self.waiting -= 1
+        if not waiter.future.done():
+            waiter.future.cancel()
+        if not flight.waiters and flight.outcome is None:
+            # Nobody here waits any more: stop following (a queued build goes on).
+            self._forget(flight)
+            if flight.task is not None:
+                flight.task.cancel()
+
+    def _forget(self, flight: Flight) -> None:
+        if self._flights.get(flight.plan_key) is flight:
+            del self._flights[flight.plan_key]
+
+    async def close(self) -> None:
+        """Stop waiting: callers still waiting get Unavailable (the builds go
+        on and their plans are stored for the next call)."""
+        self._closing = True
+        for flight in list(self._flights.values()):
+            if not flight.opened.done():
+                flight.opened.set_exception(Unavailable(f"this front end is shutting down; call again (plan {flight.plan_key})"))
+                flight.opened.exception()
+            if flight.outcome is None:
+                flight.outcome = Unavailable(f"this front end is shutting down; plan {flight.plan_key} is still building: call again")
+                if flight.task is not None:
+                    flight.task.cancel()
+                await self._wake(flight)
+        self._flights.clear()
+        await self._watcher.stop()
+
+    # ---- reads ---------------------------------------------------------------
+
+    async def state(self, plan_key: str) -> dict[str, str]:
         with translated_errors("reading a job state"):
-            raw = self._redis.hgetall(keys.job_state(plan_key))
-        return {k.decode(): v.decode(errors="replace") for k, v in raw.items()}  # type: ignore[union-attr]
+            raw = await self._redis.hgetall(keys.job_state(plan_key))
+        return {text(k): text(v) for k, v in raw.items()}
 
-    def known_failure(self, plan_key: str) -> str | None:
+    async def known_failure(self, plan_key: str) -> str | None:
         """Why cuDNN rejected this key's graph, if it did recently."""
         with translated_errors("reading the negative cache"):
-            reason = self._redis.get(keys.failure(plan_key))
-            ttl = self._redis.ttl(keys.failure(plan_key)) if reason is not None else 0
+            reason = await self._redis.get(keys.failure(plan_key))
+            ttl = await self._redis.ttl(keys.failure(plan_key)) if reason is not None else 0
         if reason is None:
             return None
-        return f"{reason.decode(errors='replace')} (remembered from an earlier build; retried after {ttl} s)"  # type: ignore[union-attr]
+        return f"{text(reason)} (remembered from an earlier build; retried after {ttl} s)"
 
-    # ---- worker side -------------------------------------------------------
-
-    def mark_running(self, plan_key: str, job_id: str, worker_id: str) -> None:
-        self._set_state(plan_key, job_id, RUNNING, worker=worker_id)
-
-    def renew(self, plan_key: str, job_id: str) -> None:
-        """Keep the lease while building: a dead worker's lease runs out."""
-        with translated_errors("renewing a build lease"):
-            self._renew(keys=[keys.build_lease(plan_key)], args=[job_id, int(self._lease_s * 1000)])
-
-    def finish(self, plan_key: str, job_id: str, worker_id: str, error: str | None = None, rejected: bool = False) -> None:
-        """Record the outcome; `rejected`: cuDNN refused the graph, remembered
-        for the negative cache's lifetime (the key carries the versions)."""
-        if error and rejected:
-            with translated_errors("recording a rejection"):
-                self._redis.set(keys.failure(plan_key), error, ex=max(1, int(self._negative_ttl_s)))
-        self._set_state(plan_key, job_id, FAILED if error else DONE, worker=worker_id, error=error or "")
-        if error:
-            self._record_failure(FailedBuild(at=time.time(), plan_key=plan_key, worker=worker_id, reason=error, rejected=rejected))
-        self._release_lease(plan_key, job_id)
-        with translated_errors("announcing a finished build"):
-            self._redis.publish(keys.EVENTS_CHANNEL, json.dumps({"job_id": job_id, "plan_key": plan_key}))
-
-    def _record_failure(self, failure: FailedBuild) -> None:
-        with translated_errors("recording a failed build"):
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.lpush(keys.RECENT_FAILURES, json.dumps(asdict(failure)))
-            pipe.ltrim(keys.RECENT_FAILURES, 0, RECENT_FAILURES_KEPT - 1)
-            pipe.execute()
-
-    def recent_failures(self, count: int) -> list[FailedBuild]:
+    async def recent_failures(self, count: int) -> list[FailedBuild]:
         """The latest failed builds, newest first."""
         with translated_errors("reading recent failures"):
-            raw = self._redis.lrange(keys.RECENT_FAILURES, 0, count - 1)
-        failures = []
-        for item in raw:  # type: ignore[union-attr]
-            try:
-                failure = FailedBuild(**json.loads(item))
-                failure.target_id  # noqa: B018 -- a record whose key does not parse is skipped
-            except (ValueError, TypeError, InvalidRequest):
-                log.warning("ignoring a malformed failure record %r", item[:200])
-                continue
-            failures.append(failure)
-        return failures
+            raw = await self._redis.lrange(keys.RECENT_FAILURES, 0, count - 1)
+        return list(_failures(item for item in raw if isinstance(item, bytes)))
 
-    def _release_lease(self, plan_key: str, job_id: str) -> None:
-        with translated_errors("releasing a build lease"):
-            self._release(keys=[keys.build_lease(plan_key)], args=[job_id])
 
-    def _set_state(self, plan_key: str, job_id: str, state: str, **extra: str) -> None:
-        name = keys.job_state(plan_key)
-        # Every field, every time: one HSET replaces the previous job's state.
-        fields: dict[str, str] = {"job_id": job_id, "state": state, "updated_at": f"{time.time():.3f}", "worker": "", "error": "", **extra}
-        with translated_errors("recording a job state"):
-            self._redis.hset(name, mapping=fields)  # type: ignore[arg-type]
-            self._redis.expire(name, JOB_STATE_TTL_S)
+def _failures(raw: Iterable[bytes]) -> Iterable[FailedBuild]:
+    for item in raw:
+        try:
+            failure = FailedBuild(**json.loads(item))
+            failure.target_id  # noqa: B018 -- a record whose key does not parse is skipped
+        except (ValueError, TypeError, InvalidRequest):
+            log.warning("ignoring a malformed failure record %r", item[:200])
+            continue
+        yield failure

@@ -5,6 +5,15 @@ stream of the requested target; any worker of that target, on any host,
 reads it through the shared consumer group. Workers announce themselves
 with a heartbeat in a sorted set per target, so a front end can refuse at
 once a target no live worker can build.
+
+A stream holds only unfinished jobs (a worker deletes a job when it acks
+it), so its length is the queue's depth, and the queue is bounded at
+admission: a front end adds a job only while the stream is shorter than
+its bound (atomically, in one script), and otherwise refuses the caller at
+once with a retry delay. Nothing is ever trimmed out of a stream.
+
+Front ends use `JobQueue` (asynchronous); workers use
+plancache_server.worker_queue.WorkerQueue (blocking).
 """
 
 from __future__ import annotations
@@ -12,19 +21,23 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-import redis
 from google.protobuf.message import DecodeError
 
+from plancache.errors import ResourceExhausted
 from plancache.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server import keys
-from plancache_server.redis_conn import translated_errors
+from plancache_server.redis_conn import AsyncRedis, text, translated_errors
 
 log = logging.getLogger(__name__)
 
-STREAM_MAX_LEN = 100_000
+# Add a job only while the stream holds fewer than ARGV[1] entries.
+_ENQUEUE_IF_ROOM = """
+if redis.call('xlen', KEYS[1]) >= tonumber(ARGV[1]) then return false end
+return redis.call('xadd', KEYS[1], '*', 'job_id', ARGV[2], 'plan_key', ARGV[3], 'query', ARGV[4])
+"""
 
 
 @dataclass(frozen=True)
@@ -52,113 +65,7 @@ class Delivery:
     attempts: int = 1  # how many times the job was handed to a worker
 
 
-class JobQueue:
-    def __init__(self, client: redis.Redis) -> None:
-        self._redis = client
-
-    # ---- front end side ----------------------------------------------------
-
-    def enqueue(self, target: Target, job: Job) -> None:
-        with translated_errors("queueing a build"):
-            self._redis.xadd(keys.job_stream(target), job.encode(), maxlen=STREAM_MAX_LEN, approximate=True)  # type: ignore[arg-type]
-
-    def live_workers(self, target: Target) -> int:
-        with translated_errors("looking up workers"):
-            return int(self._redis.zcount(keys.workers(target.id), time.time(), "+inf"))
-
-    def workers_of(self, target_id: str) -> list[str]:
-        with translated_errors("listing workers"):
-            members = self._redis.zrangebyscore(keys.workers(target_id), time.time(), "+inf")
-        return sorted(m.decode() for m in members)  # type: ignore[union-attr]
-
-    def request_drain(self, worker_id: str) -> bool:
-        """Ask a worker to leave; whether a live worker has that id."""
-        known = any(worker_id in self.workers_of(t) for t in self.known_targets())
-        with translated_errors("asking a worker to drain"):
-            self._redis.set(keys.drain(worker_id), "1", ex=24 * 3600)
-        return known
-
-    def drain_requested(self, worker_id: str) -> bool:
-        with translated_errors("checking for a drain request"):
-            return bool(self._redis.exists(keys.drain(worker_id)))
-
-    def depth(self, target: Target) -> tuple[int, int]:
-        """(builds queued and not yet taken, builds taken and not finished)."""
-        stream = keys.job_stream(target)
-        with translated_errors("reading a queue's depth"):
-            groups = self._redis.xinfo_groups(stream) if self._redis.exists(stream) else []
-        names = (keys.JOB_GROUP, keys.JOB_GROUP.encode())
-        group: dict[str, Any] = next((g for g in groups if g["name"] in names), {})  # type: ignore[union-attr]
-        # Redis reports lag as nil when it cannot tell (after deletions): count it as 0.
-        return int(group.get("lag") or 0), int(group.get("pending") or 0)
-
-    def known_targets(self) -> list[str]:
-        """Targets with a live worker now, for error messages and stats."""
-        with translated_errors("listing targets"):
-            ids = sorted(t.decode() for t in self._redis.smembers(keys.KNOWN_TARGETS))  # type: ignore[union-attr]
-            now = time.time()
-            return [t for t in ids if int(self._redis.zcount(keys.workers(t), now, "+inf")) > 0]
-
-    # ---- worker side -------------------------------------------------------
-
-    def join(self, targets: list[Target]) -> None:
-        """Create each target's stream and consumer group if missing."""
-        with translated_errors("joining job streams"):
-            for target in targets:
-                try:
-                    self._redis.xgroup_create(keys.job_stream(target), keys.JOB_GROUP, id="0", mkstream=True)
-                except redis.ResponseError as e:
-                    if "BUSYGROUP" not in str(e):
-                        raise
-
-    def heartbeat(self, worker_id: str, targets: list[Target], ttl_s: float) -> None:
-        expires = time.time() + ttl_s
-        with translated_errors("sending a heartbeat"):
-            pipe = self._redis.pipeline(transaction=False)
-            for target in targets:
-                pipe.zadd(keys.workers(target.id), {worker_id: expires})
-                pipe.zremrangebyscore(keys.workers(target.id), "-inf", time.time() - ttl_s)
-                pipe.sadd(keys.KNOWN_TARGETS, target.id)
-            pipe.execute()
-
-    def leave(self, worker_id: str, targets: list[Target]) -> None:
-        with translated_errors("leaving"):
-            for target in targets:
-                self._redis.zrem(keys.workers(target.id), worker_id)
-
-    def read(self, worker_id: str, targets: list[Target], block_ms: int) -> list[Delivery]:
-        streams = {keys.job_stream(t): ">" for t in targets}
-        with translated_errors("reading jobs"):
-            reply = cast(list[Any], self._redis.xreadgroup(keys.JOB_GROUP, worker_id, streams, count=1, block=block_ms))  # type: ignore[arg-type]
-        return [_delivery(stream.decode(), entry_id, fields) for stream, entries in reply or [] for entry_id, fields in entries]
-
-    def reclaim(self, worker_id: str, targets: list[Target], min_idle_ms: int) -> list[Delivery]:
-        """Jobs another worker took and went silent on (it died mid-build):
-        claimed for this worker, with how often they were handed out."""
-        deliveries = []
-        with translated_errors("reclaiming jobs"):
-            for target in targets:
-                stream = keys.job_stream(target)
-                reply: Any = self._redis.xautoclaim(stream, keys.JOB_GROUP, worker_id, min_idle_ms, start_id="0-0", count=1)
-                for entry_id, fields in reply[1]:
-                    if fields is None:
-                        continue  # trimmed from the stream meanwhile
-                    pending = self._redis.xpending_range(stream, keys.JOB_GROUP, min=entry_id, max=entry_id, count=1)
-                    attempts = int(pending[0]["times_delivered"]) if pending else 1
-                    deliveries.append(_delivery(stream, entry_id, fields, attempts))
-        return deliveries
-
-    def touch(self, delivery: Delivery, worker_id: str) -> None:
-        """Tell the group this worker is still on the job (resets its idle time)."""
-        with translated_errors("touching a job"):
-            self._redis.xclaim(delivery.stream, keys.JOB_GROUP, worker_id, 0, [delivery.entry_id], justid=True)
-
-    def ack(self, delivery: Delivery) -> None:
-        with translated_errors("acknowledging a job"):
-            self._redis.xack(delivery.stream, keys.JOB_GROUP, delivery.entry_id)
-
-
-def _delivery(stream: str, entry_id: bytes | str, fields: dict[bytes, bytes], attempts: int = 1) -> Delivery:
+def delivery(stream: str, entry_id: bytes | str, fields: dict[bytes, bytes], attempts: int = 1) -> Delivery:
     entry = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     try:
         job: Job | None = Job.decode(fields)
@@ -166,3 +73,66 @@ def _delivery(stream: str, entry_id: bytes | str, fields: dict[bytes, bytes], at
         log.error("job %s on %s does not decode (%s); dropping it", entry, stream, e)
         job = None
     return Delivery(stream, entry, job, attempts)
+
+
+class JobQueue:
+    """The front end's side: queue jobs, and look at queues and workers."""
+
+    def __init__(self, client: AsyncRedis, max_jobs: int, retry_delay_s: float) -> None:
+        self._redis = client
+        self._max_jobs = max_jobs
+        self._retry_delay_s = retry_delay_s
+        self._enqueue_if_room = client.register_script(_ENQUEUE_IF_ROOM)
+
+    async def enqueue(self, target: Target, job: Job) -> None:
+        """Queue a job, or refuse it (ResourceExhausted) when the target's queue is full."""
+        fields = job.encode()
+        with translated_errors("queueing a build"):
+            added = await self._enqueue_if_room(keys=[keys.job_stream(target)], args=[self._max_jobs, fields["job_id"], fields["plan_key"], fields["query"]])
+        if not added:
+            raise ResourceExhausted(
+                f"the build queue of target {target.id} is full ({self._max_jobs} unfinished builds); nothing was queued for {job.plan_key}: call again later",
+                retry_after=self._retry_delay_s,
+            )
+
+    async def live_workers(self, target: Target) -> int:
+        with translated_errors("looking up workers"):
+            return int(await self._redis.zcount(keys.workers(target.id), time.time(), "+inf"))
+
+    async def workers_of(self, target_id: str) -> list[str]:
+        with translated_errors("listing workers"):
+            members = await self._redis.zrangebyscore(keys.workers(target_id), time.time(), "+inf")
+        return sorted(text(m) for m in members)
+
+    async def advertised_targets(self) -> set[str]:
+        """Every target a worker ever announced (live or not)."""
+        with translated_errors("listing targets"):
+            return {text(t) for t in await self._redis.smembers(keys.KNOWN_TARGETS)}
+
+    async def live_targets(self) -> dict[str, list[str]]:
+        """Targets with a live worker now, and those workers."""
+        ids = sorted(await self.advertised_targets())
+        now = time.time()
+        with translated_errors("listing workers"):
+            pipe = self._redis.pipeline(transaction=False)
+            for target_id in ids:
+                pipe.zrangebyscore(keys.workers(target_id), now, "+inf")
+            replies = await pipe.execute()
+        return {t: sorted(text(m) for m in members) for t, members in zip(ids, replies, strict=True) if members}
+
+    async def request_drain(self, worker_id: str) -> bool:
+        """Ask a worker to leave; whether a live worker has that id."""
+        known = any(worker_id in workers for workers in (await self.live_targets()).values())
+        with translated_errors("asking a worker to drain"):
+            await self._redis.set(keys.drain(worker_id), "1", ex=24 * 3600)
+        return known
+
+    async def depth(self, target: Target) -> tuple[int, int]:
+        """(builds queued and not yet taken, builds taken and not finished)."""
+        stream = keys.job_stream(target)
+        with translated_errors("reading a queue's depth"):
+            length = int(await self._redis.xlen(stream))
+            groups: list[dict[str, Any]] = await self._redis.xinfo_groups(stream) if length else []
+        names = (keys.JOB_GROUP, keys.JOB_GROUP.encode())
+        pending = int(next((g for g in groups if g["name"] in names), {}).get("pending") or 0)
+        return max(0, length - pending), pending

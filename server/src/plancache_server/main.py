@@ -1,25 +1,30 @@
-"""plancache-server: the gRPC front end, its Redis, and a worker per local GPU."""
+"""plancache-server: the gRPC front end, its Redis, and a worker per local GPU.
+
+The front end is one asyncio event loop (uvloop when installed): a caller
+waiting for a build, or a stream waiting for a slow reader, is a coroutine,
+so thousands of them cost memory, not threads, and never hold up a hit.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import sys
-import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from plancache.signing import generate_keypair
 from plancache_server import metrics, web
-from plancache_server.app import build_grpc_server
+from plancache_server.app import FrontEnd
 from plancache_server.embedded_redis import EmbeddedRedis
 from plancache_server.gpus import select_gpus
-from plancache_server.redis_conn import connect
 from plancache_server.settings import Settings, server_settings, worker_flags
-from plancache_server.status import StatusSource
 from plancache_server.supervisor import WorkerProcesses
 
 log = logging.getLogger("plancache_server")
+
+SHUTDOWN_GRACE_S = 10.0
 
 
 def configure_logging(level: str) -> None:
@@ -40,9 +45,43 @@ def with_signing_key(settings: Settings) -> Settings:
     return replace(settings, signing_key=private)
 
 
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop (about 10% less CPU per call) when asked for or available."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise SystemExit("--event-loop uvloop: uvloop is not installed (pip install uvloop)") from None
+        return None
+    return uvloop.new_event_loop  # type: ignore[no-any-return]
+
+
+async def serve(settings: Settings, redis_url: str) -> None:
+    front = await FrontEnd.start(settings, redis_url)
+    loop = asyncio.get_running_loop()
+    metrics.report_queues(front.queue, front.directory, loop)
+    http = web.serve(settings.metrics_port, front.status, loop)
+    log.info("plancache-server listening on %s (port %d)", settings.listen, front.port)
+    stopping = asyncio.Event()
+
+    def on_signal(signum: signal.Signals) -> None:
+        log.info("received %s, shutting down", signum.name)
+        stopping.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    await stopping.wait()
+    await front.stop(grace=SHUTDOWN_GRACE_S)
+    if http is not None:
+        await asyncio.to_thread(http.stop)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     settings = server_settings(argv)
     configure_logging(settings.log_level)
+    factory = loop_factory(settings.event_loop)
     embedded: EmbeddedRedis | None = None
     redis_url = settings.redis_url
     if redis_url is None:
@@ -51,43 +90,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("no --redis-url given: using a private redis-server (%s), data in %s", redis_url, embedded.data_dir)
     else:
         log.info("using Redis at %s", redis_url.split("@")[-1])
-    client = connect(redis_url)
-    server, port, parts = build_grpc_server(client, settings)
     devices = select_gpus(settings.gpus)
     if devices:
         settings = with_signing_key(settings)
-    workers = WorkerProcesses(devices, redis_url, settings.compiler, settings.log_level, worker_flags(settings))
-    if devices:
-        workers.start()
-    else:
-        log.warning("no GPU on this host: serving stored plans only; Compile of a missing plan needs a worker (plancache-worker) of its target")
-    server.start()
-    metrics.report_queues(parts.queue)
-    http = web.serve(settings.metrics_port, StatusSource(parts.stats, parts.queue, parts.store, parts.builds))
-    log.info("plancache-server listening on %s (port %d)", settings.listen, port)
-
-    stopping = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    stopping.wait()
-    if parts.health is not None:
-        parts.health.shutdown()
-    # In-flight calls get a grace period to finish (a build under way can
-    # land); then waiting callers are released and the workers stop (each
-    # finishes its current build; queued jobs stay in the stream for others).
-    server.stop(grace=10).wait()
-    if http is not None:
-        http.stop()
-    parts.builds.close()
-    parts.stats.close()
-    workers.stop()
-    if embedded is not None:
-        embedded.stop()
+    workers = WorkerProcesses(devices, redis_url, worker_flags(settings))
+    try:
+        if devices:
+            workers.start()
+        else:
+            log.warning("no GPU on this host: serving stored plans only; Compile of a missing plan needs a worker (plancache-worker) of its target")
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(serve(settings, redis_url))
+    except OSError as e:
+        log.error("%s", e)
+        return 1
+    finally:
+        # Each worker finishes its current build; queued jobs stay in the stream for others.
+        workers.stop()
+        if embedded is not None:
+            embedded.stop()
     return 0
 
 

@@ -8,16 +8,17 @@ workers. Workers count builds by outcome and time them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 
-import redis
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from plancache.errors import PlanCacheError
 from plancache.target import Target
+from plancache_server.directory import WorkerDirectory
 from plancache_server.jobs import JobQueue
 
 log = logging.getLogger(__name__)
@@ -34,27 +35,36 @@ BUSY = Gauge("plancache_worker_busy", "1 while this worker is building")
 
 
 class QueueCollector(Collector):
-    """Queue depth and live workers per target, read from Redis at scrape time."""
+    """Queue depth and live workers per target, read from Redis at scrape time
+    (on the front end's event loop; the scrape thread waits for it)."""
 
-    def __init__(self, queue: JobQueue) -> None:
+    def __init__(self, queue: JobQueue, directory: WorkerDirectory, loop: asyncio.AbstractEventLoop) -> None:
         self._queue = queue
+        self._directory = directory
+        self._loop = loop
+
+    async def _read(self) -> list[tuple[str, int, int, int]]:
+        await self._directory.refresh()
+        rows = []
+        for target_id, workers in sorted(self._directory.live.items()):
+            queued, taken = await self._queue.depth(Target.parse(target_id))
+            rows.append((target_id, queued, taken, len(workers)))
+        return rows
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         waiting = GaugeMetricFamily("plancache_jobs_waiting", "builds queued and not yet taken by a worker", labels=["target"])
         running = GaugeMetricFamily("plancache_jobs_running", "builds taken by a worker and not finished", labels=["target"])
         workers = GaugeMetricFamily("plancache_live_workers", "workers with a live heartbeat", labels=["target"])
         try:
-            for target_id in self._queue.known_targets():
-                target = Target.parse(target_id)
-                queued, taken = self._queue.depth(target)
+            for target_id, queued, taken, live in asyncio.run_coroutine_threadsafe(self._read(), self._loop).result(timeout=10):
                 waiting.add_metric([target_id], float(queued))
                 running.add_metric([target_id], float(taken))
-                workers.add_metric([target_id], float(self._queue.live_workers(target)))
-        except (PlanCacheError, redis.RedisError) as e:
+                workers.add_metric([target_id], float(live))
+        except (PlanCacheError, TimeoutError) as e:
             log.debug("queue metrics unavailable: %s", e)
         yield from (waiting, running, workers)
 
 
-def report_queues(queue: JobQueue) -> None:
+def report_queues(queue: JobQueue, directory: WorkerDirectory, loop: asyncio.AbstractEventLoop) -> None:
     """Front ends add the queues of every target to their /metrics."""
-    REGISTRY.register(QueueCollector(queue))
+    REGISTRY.register(QueueCollector(queue, directory, loop))

@@ -1,33 +1,46 @@
-"""The domain object behind the gRPC servicer: compile, get, stats.
+"""The domain object behind the gRPC servicer: compile, get, prefetch, stats.
 
 Everything here speaks plancache types and raises plancache errors; the
-servicer only converts protos, and the interceptor maps the errors.
+servicer only converts protos, and the interceptors map the errors. Plans
+go out as bytes serialized once per plan (see StoredPlan), whatever the
+number of callers they are sent to.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from plancache import spec_io
 from plancache.canonical import hash_normalized
-from plancache.errors import CompileFailed, InvalidRequest, NotFound, PlanCacheError, TargetUnavailable
+from plancache.errors import InvalidRequest, NotFound, PlanCacheError, ResourceExhausted
 from plancache.ops import CATALOG
 from plancache.options import CompileOptions
 from plancache.plankey import make_key, parse_key
+from plancache.rich_status import bounded, duration
 from plancache.spec import GraphSpec
 from plancache.target import Target, slug
 from plancache.v1 import plancache_pb2 as pb
 from plancache.validation import Limits, normalize
 from plancache_server import metrics
-from plancache_server.builds import Builds
+from plancache_server.builds import Builds, Waiter
+from plancache_server.directory import WorkerDirectory
 from plancache_server.jobs import JobQueue
+from plancache_server.offload import CpuOffload
 from plancache_server.stats import WINDOWS, Counter, Stats, target_ids, target_scope
 from plancache_server.store import PlanStore, StoredPlan
 
 log = logging.getLogger(__name__)
+
+# Resolved queries remembered by their wire form: a herd sends the same
+# specs thousands of times, and normalizing and hashing one costs far more
+# than looking it up. Large specs are not remembered.
+RESOLVED_KEPT = 4096
+RESOLVED_MAX_SPEC_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -45,16 +58,46 @@ def anchor_family(spec: GraphSpec) -> str:
 
 
 class PlanService:
-    def __init__(self, store: PlanStore, queue: JobQueue, builds: Builds, stats: Stats, limits: Limits, compile_timeout_s: float) -> None:
+    def __init__(
+        self,
+        store: PlanStore,
+        queue: JobQueue,
+        builds: Builds,
+        stats: Stats,
+        directory: WorkerDirectory,
+        offload: CpuOffload,
+        limits: Limits,
+        compile_timeout_s: float,
+        max_prefetch_refs: int,
+    ) -> None:
         self._store = store
         self._queue = queue
         self._builds = builds
         self._stats = stats
+        self._directory = directory
+        self._offload = offload
         self._limits = limits
         self._compile_timeout_s = compile_timeout_s
+        self._max_prefetch_refs = max_prefetch_refs
+        self._resolved: OrderedDict[tuple[bytes, bytes, bytes], ResolvedQuery] = OrderedDict()
 
-    def resolve(self, spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> ResolvedQuery:
+    # ---- resolving requests --------------------------------------------------
+
+    async def resolve(self, spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> ResolvedQuery:
         """Validate everything the caller sent and compute the plan key."""
+        size = spec.ByteSize()
+        if size > RESOLVED_MAX_SPEC_BYTES:
+            return await self._offload.run(size, self._resolve_now, spec, target, options)
+        wire = (spec.SerializeToString(deterministic=True), target.SerializeToString(deterministic=True), options.SerializeToString(deterministic=True))
+        resolved = self._resolved.get(wire)
+        if resolved is None:
+            resolved = self._resolve_now(spec, target, options)
+            self._resolved[wire] = resolved
+            if len(self._resolved) > RESOLVED_KEPT:
+                self._resolved.popitem(last=False)
+        return resolved
+
+    def _resolve_now(self, spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> ResolvedQuery:
         normalized = normalize(spec_io.from_proto(spec), self._limits)
         resolved_target = Target.from_proto(target)
         resolved_options = CompileOptions.from_proto(options)
@@ -62,102 +105,133 @@ class PlanService:
         query = pb.PlanQuery(spec=spec_io.to_proto(normalized), target=resolved_target.to_proto(), options=resolved_options.to_proto())
         return ResolvedQuery(plan_key, resolved_target, query, anchor_family(normalized))
 
-    def compile(self, request: pb.CompileRequest, time_remaining: float | None) -> tuple[StoredPlan, int]:
-        resolved = self.resolve(request.spec, request.target, request.options)
-        plan = self._lookup(resolved.plan_key, resolved.target, resolved.family)
-        if plan is not None:
-            return plan, pb.COMPILE_SOURCE_HIT
-        job_id, started = self._start_build(resolved)
-        try:
-            plan = self._builds.wait(resolved.plan_key, job_id, self._deadline(time_remaining))
-        except Exception:
-            if started:
-                self._stats.incr(Counter.FAILURES, target_id=resolved.target.id, family=resolved.family)
-            raise
-        return plan, pb.COMPILE_SOURCE_COMPILED if started else pb.COMPILE_SOURCE_JOINED
-
-    def _deadline(self, time_remaining: float | None) -> float:
-        budget = self._compile_timeout_s if time_remaining is None else min(time_remaining, self._compile_timeout_s)
-        return time.monotonic() + budget
-
-    def _lookup(self, plan_key: str, target: Target, family: str | None = None) -> StoredPlan | None:
-        """The stored plan, counted as a hit (with the bytes it serves and the
-        build time it saves) or a miss of its target and op family."""
-        plan = self._store.get(plan_key)
-        if plan is None:
-            self._stats.incr(Counter.MISSES, target_id=target.id, family=family)
-        else:
-            saved = plan.metadata.build_seconds + plan.metadata.autotune_seconds
-            self._stats.hit(plan_key, len(plan.blob), saved, target_id=target.id, family=family)
-        metrics.LOOKUPS.labels(target.id, "hit" if plan is not None else "miss").inc()
-        return plan
-
-    def _start_build(self, resolved: ResolvedQuery) -> tuple[str, bool]:
-        """Start the build of a missing plan, or join the one in progress."""
-        target_id = resolved.target.id
-        known = self._builds.known_failure(resolved.plan_key)
-        if known is not None:
-            raise CompileFailed(known)
-        if self._queue.live_workers(resolved.target) == 0:
-            live = self._queue.known_targets()
-            raise TargetUnavailable(
-                f"no live GPU worker can build for target {target_id}; "
-                + (f"targets with workers now: {', '.join(live)}" if live else "no worker is connected to this deployment")
-            )
-        job_id, started = self._builds.start_or_join(resolved.target, resolved.plan_key, resolved.query)
-        self._stats.incr(Counter.COMPILES if started else Counter.JOINED, target_id=target_id, family=resolved.family)
-        log.info("%s build of %s (job %s)", "started" if started else "joined", resolved.plan_key, job_id)
-        return job_id, started
-
-    def prefetch(self, request: pb.PrefetchRequest, time_remaining: float | None) -> Iterator[pb.PrefetchItem]:
-        """Stored plans at once; then, with compile_missing, each build as it
-        finishes. A failure answers its own item and never ends the stream."""
-        deadline = self._deadline(time_remaining)
-        building: list[tuple[int, ResolvedQuery, str, bool]] = []
-        for index, ref in enumerate(request.refs):
-            key = ""
-            try:
-                key, resolved = self._ref_key(ref)
-                plan = self._lookup(key, resolved.target if resolved else parse_key(key).target, resolved.family if resolved else None)
-                if plan is not None:
-                    yield pb.PrefetchItem(index=index, key=key, plan=plan.proto, source=pb.COMPILE_SOURCE_HIT)
-                elif not request.compile_missing:
-                    raise NotFound(f"no stored plan {key} (compile_missing is off)")
-                elif resolved is None:
-                    raise NotFound(f"no stored plan {key}; send its spec, target and options to have it compiled")
-                else:
-                    building.append((index, resolved, *self._start_build(resolved)))
-            except PlanCacheError as e:
-                yield _error_item(index, key, e)
-        for index, resolved, job_id, started in building:
-            try:
-                plan = self._builds.wait(resolved.plan_key, job_id, deadline)
-            except PlanCacheError as e:
-                if started:
-                    self._stats.incr(Counter.FAILURES, target_id=resolved.target.id, family=resolved.family)
-                yield _error_item(index, resolved.plan_key, e)
-                continue
-            source = pb.COMPILE_SOURCE_COMPILED if started else pb.COMPILE_SOURCE_JOINED
-            yield pb.PrefetchItem(index=index, key=resolved.plan_key, plan=plan.proto, source=source)
-
-    def _ref_key(self, ref: pb.PlanRef) -> tuple[str, ResolvedQuery | None]:
+    async def _ref_key(self, ref: pb.PlanRef) -> tuple[str, ResolvedQuery | None]:
         kind = ref.WhichOneof("ref")
         if kind == "key":
             parse_key(ref.key)
             return ref.key, None
         if kind == "query":
-            resolved = self.resolve(ref.query.spec, ref.query.target, ref.query.options)
+            resolved = await self.resolve(ref.query.spec, ref.query.target, ref.query.options)
             return resolved.plan_key, resolved
         raise InvalidRequest("a plan reference needs a plan key, or a spec with its target and options")
 
-    def get(self, ref: pb.PlanRef) -> StoredPlan:
-        plan_key, resolved = self._ref_key(ref)
-        plan = self._lookup(plan_key, resolved.target if resolved else parse_key(plan_key).target, resolved.family if resolved else None)
+    def _deadline(self, time_remaining: float | None) -> float:
+        budget = self._compile_timeout_s if time_remaining is None else min(time_remaining, self._compile_timeout_s)
+        return time.monotonic() + budget
+
+    # ---- lookups and builds --------------------------------------------------
+
+    async def _lookup(self, plan_key: str, target_id: str, family: str | None = None) -> StoredPlan | None:
+        """The stored plan, counted as a hit (with the bytes it serves and the
+        build time it saves) or a miss of its target and op family. A key
+        whose build callers here already wait for is a miss without asking
+        Redis: a herd of callers costs one read, when the plan lands."""
+        plan = self._store.cached(plan_key)
+        if plan is None and not self._builds.flying(plan_key):
+            plan = await self._store.get(plan_key)
+        if plan is None:
+            self._stats.incr(Counter.MISSES, target_id=target_id, family=family)
+        else:
+            saved = plan.metadata.build_seconds + plan.metadata.autotune_seconds
+            self._stats.hit(plan_key, len(plan.blob), saved, target_id=target_id, family=family)
+        metrics.LOOKUPS.labels(self._directory.scope(target_id), "hit" if plan is not None else "miss").inc()
+        return plan
+
+    async def _start_build(self, resolved: ResolvedQuery) -> Waiter:
+        """Wait for the build of a missing plan: started here, or joined."""
+        waiter = await self._builds.join(resolved.target, resolved.plan_key, resolved.query)
+        self._stats.incr(Counter.COMPILES if waiter.started else Counter.JOINED, target_id=resolved.target.id, family=resolved.family)
+        if waiter.started:
+            log.info("started the build of %s (job %s)", resolved.plan_key, waiter.flight.job_id)
+        return waiter
+
+    def _failed(self, waiter: Waiter, resolved: ResolvedQuery) -> None:
+        if waiter.started:
+            self._stats.incr(Counter.FAILURES, target_id=resolved.target.id, family=resolved.family)
+
+    # ---- calls -----------------------------------------------------------------
+
+    async def compile(self, request: pb.CompileRequest, time_remaining: float | None) -> bytes:
+        """A serialized CompileResponse."""
+        resolved = await self.resolve(request.spec, request.target, request.options)
+        plan = await self._lookup(resolved.plan_key, resolved.target.id, resolved.family)
+        if plan is not None:
+            return plan.compile_response(pb.COMPILE_SOURCE_HIT)
+        waiter = await self._start_build(resolved)
+        try:
+            plan = await waiter.result(self._deadline(time_remaining))
+        except PlanCacheError:
+            self._failed(waiter, resolved)
+            raise
+        finally:
+            waiter.release()
+        return plan.compile_response(pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED)
+
+    async def get(self, ref: pb.PlanRef) -> StoredPlan:
+        plan_key, resolved = await self._ref_key(ref)
+        plan = await self._lookup(plan_key, resolved.target.id if resolved else parse_key(plan_key).target.id, resolved.family if resolved else None)
         if plan is None:
             raise NotFound(f"no stored plan {plan_key} (GetPlan never compiles; use Compile)")
         return plan
 
-    def invalidate(self, request: pb.InvalidateRequest) -> int:
+    async def prefetch(self, request: pb.PrefetchRequest, time_remaining: float | None) -> AsyncIterator[bytes | pb.PrefetchItem]:
+        """Stored plans first, then, with compile_missing, each build as it
+        finishes. A failure answers its own item and never ends the stream.
+
+        Every missing plan's build is queued before the first plan is sent,
+        so a slow reader delays nothing but itself; and the stream holds no
+        copy of a plan: it writes one item at a time, paced by the gRPC
+        window (a caller that stops reading holds one message, not a thread).
+        """
+        refs = request.refs
+        if len(refs) > self._max_prefetch_refs:
+            raise ResourceExhausted(f"a Prefetch takes at most {self._max_prefetch_refs} plan refs, this one has {len(refs)}: split the manifest")
+        deadline = self._deadline(time_remaining)
+        stored: list[tuple[int, str]] = []
+        waiting: dict[asyncio.Future[StoredPlan], tuple[int, Waiter, ResolvedQuery]] = {}
+        try:
+            for index, ref in enumerate(refs):
+                key = ""
+                try:
+                    key, resolved = await self._ref_key(ref)
+                    plan = await self._lookup(key, resolved.target.id if resolved else parse_key(key).target.id, resolved.family if resolved else None)
+                    if plan is not None:
+                        stored.append((index, key))
+                    elif not request.compile_missing:
+                        raise NotFound(f"no stored plan {key} (compile_missing is off)")
+                    elif resolved is None:
+                        raise NotFound(f"no stored plan {key}; send its spec, target and options to have it compiled")
+                    else:
+                        waiter = await self._start_build(resolved)
+                        waiting[waiter.future] = (index, waiter, resolved)
+                except PlanCacheError as e:
+                    yield _error_item(index, key, e)
+            for index, key in stored:
+                # From the memory cache as a rule; read again otherwise (the
+                # stream keeps keys, not plans, while the caller reads).
+                plan = self._store.cached(key) or await self._store.get(key)
+                yield plan.prefetch_item(index, key, pb.COMPILE_SOURCE_HIT) if plan else _error_item(index, key, NotFound(f"plan {key} was deleted meanwhile"))
+            while waiting:
+                done, _ = await asyncio.wait(waiting, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    for index, waiter, _ in waiting.values():
+                        yield _error_item(index, waiter.plan_key, waiter.timeout())
+                    break
+                for future in done:
+                    index, waiter, resolved = waiting.pop(future)
+                    waiter.release()
+                    try:
+                        plan = future.result()
+                    except PlanCacheError as e:
+                        self._failed(waiter, resolved)
+                        yield _error_item(index, resolved.plan_key, e)
+                        continue
+                    yield plan.prefetch_item(index, resolved.plan_key, pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED)
+        finally:
+            for _, waiter, _ in waiting.values():
+                waiter.release()
+
+    async def invalidate(self, request: pb.InvalidateRequest) -> int:
         """Delete stored plans: one key, every plan of a spec, or of a target."""
         what = request.WhichOneof("what")
         if what == "key":
@@ -166,28 +240,28 @@ class PlanService:
         elif what == "spec_hash":
             if len(request.spec_hash) != 64:
                 raise InvalidRequest("spec_hash must be 64 hex digits")
-            doomed = self._store.keys_of_spec(request.spec_hash)
+            doomed = await self._store.keys_of_spec(request.spec_hash)
         elif what == "target_id":
-            doomed = self._store.keys_of_target(Target.parse(request.target_id).id)
+            doomed = await self._store.keys_of_target(Target.parse(request.target_id).id)
         else:
             raise InvalidRequest("Invalidate needs a key, a spec_hash or a target_id")
         deleted = 0
         for key in doomed:
-            if self._store.get(key) is not None:
+            if await self._store.get(key) is not None:
                 deleted += 1
-            self._store.delete(key)
-        self._stats.forget_plans(doomed)
-        log.warning("invalidated %d plan(s) (%s %s)", deleted, what, getattr(request, what or "key"))
+            await self._store.delete(key)
+        await self._stats.forget_plans(doomed)
+        log.warning("invalidated %d plan(s) (%s %s)", deleted, what, bounded(str(getattr(request, what or "key")))[:200])
         return deleted
 
-    def explain(self, query: pb.PlanQuery) -> pb.ExplainResponse:
+    async def explain(self, query: pb.PlanQuery) -> pb.ExplainResponse:
         """How the asked key differs from the stored keys of the same spec."""
-        resolved = self.resolve(query.spec, query.target, query.options)
+        resolved = await self.resolve(query.spec, query.target, query.options)
         asked = parse_key(resolved.plan_key)
-        stored = self._store.get(resolved.plan_key) is not None
+        stored = await self._store.get(resolved.plan_key) is not None
         variants = []
-        for key in self._store.keys_of_spec(asked.spec_hash):
-            if key == resolved.plan_key or self._store.get(key) is None:
+        for key in await self._store.keys_of_spec(asked.spec_hash):
+            if key == resolved.plan_key or await self._store.get(key) is None:
                 continue
             other = parse_key(key)
             variants.append(pb.StoredVariant(key=key, differences=_differences(resolved.target, other.target, asked.options_id, other.options_id)))
@@ -199,35 +273,29 @@ class PlanService:
             summary = "no plan of this spec is stored under any target or options (the spec differs from every stored one, or was never compiled)"
         return pb.ExplainResponse(key=resolved.plan_key, stored=stored, spec_hash=asked.spec_hash, variants=variants, summary=summary)
 
-    def drain_worker(self, worker_id: str) -> bool:
+    async def drain_worker(self, worker_id: str) -> bool:
         if not worker_id or len(worker_id) > 256:
             raise InvalidRequest("DrainWorker needs a worker id (see ListTargets)")
-        known = self._queue.request_drain(worker_id)
+        known = await self._queue.request_drain(worker_id)
         log.warning("asked worker %s to drain (%s)", worker_id, "live" if known else "not live now")
         return known
 
-    def list_targets(self) -> list[pb.TargetInfo]:
-        infos = []
-        for target_id in self._queue.known_targets():
-            workers = self._queue.workers_of(target_id)
-            infos.append(pb.TargetInfo(target_id=target_id, live_workers=len(workers), worker_ids=workers))
-        return infos
+    async def list_targets(self) -> list[pb.TargetInfo]:
+        await self._directory.refresh()
+        return [pb.TargetInfo(target_id=t, live_workers=len(w), worker_ids=w) for t, w in sorted(self._directory.live.items())]
 
-    def stats(self) -> pb.GetStatsResponse:
-        readings = self._stats.read()
+    async def stats(self) -> pb.GetStatsResponse:
+        await self._directory.refresh()
+        readings = await self._stats.read()
+        live = self._directory.live
         response = pb.GetStatsResponse()
-        for target_id in sorted(target_ids(readings) | set(self._queue.known_targets())):
+        for target_id in sorted(target_ids(readings) | set(live)):
             windows = readings.get(target_scope(target_id), {})
-            total = windows.get("total", {})
-            try:
-                workers = self._queue.live_workers(Target.parse(target_id))
-            except InvalidRequest:
-                workers = 0
-            row = _window(total, "total")
+            row = _window(windows.get("total", {}), "total")
             response.targets.append(
                 pb.TargetStats(
                     target_id=target_id, hits=row.hits, misses=row.misses, compiles=row.compiles, failures=row.failures, joined=row.joined,
-                    live_workers=workers, bytes_served=row.bytes_served, build_seconds_saved=row.build_seconds_saved,
+                    live_workers=len(live.get(target_id, ())), bytes_served=row.bytes_served, build_seconds_saved=row.build_seconds_saved,
                     windows=[_window(windows.get(w, {}), w) for w in WINDOWS],
                 )
             )  # fmt: skip
@@ -240,7 +308,12 @@ class PlanService:
 
 
 def _error_item(index: int, key: str, error: PlanCacheError) -> pb.PrefetchItem:
-    return pb.PrefetchItem(index=index, key=key, error=pb.PrefetchError(code=error.code.name, message=error.message, error_class=type(error).__name__))
+    item = pb.PrefetchItem(
+        index=index, key=key, error=pb.PrefetchError(code=error.code.name, message=bounded(error.message), error_class=type(error).__name__)
+    )
+    if error.retry_after is not None:
+        item.error.retry_delay.CopyFrom(duration(error.retry_after))
+    return item
 
 
 def _differences(asked: Target, stored: Target, asked_options: str, stored_options: str) -> list[str]:

@@ -1,8 +1,9 @@
-"""gRPC servicer: proto in, domain call, proto out. Errors: see interceptors."""
+"""gRPC servicer: proto in, domain call, proto (or pre-serialized bytes) out.
+Errors: see interceptors."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -15,29 +16,30 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
     def __init__(self, service: PlanService) -> None:
         self._service = service
 
-    def Compile(self, request: pb.CompileRequest, context: grpc.ServicerContext) -> pb.CompileResponse:
-        plan, source = self._service.compile(request, context.time_remaining())
-        return pb.CompileResponse(plan=plan.proto, source=source)  # type: ignore[arg-type]
+    # Compile, GetPlan and Prefetch answer with bytes serialized once per plan
+    # (see StoredPlan); the error interceptor's serializer passes bytes through.
 
-    def GetPlan(self, request: pb.GetPlanRequest, context: grpc.ServicerContext) -> bytes:
-        # Pre-serialized GetPlanResponse (see StoredPlan.get_plan_response);
-        # the interceptor's serializer passes bytes through.
-        return self._service.get(request.ref).get_plan_response
+    async def Compile(self, request: pb.CompileRequest, context: grpc.aio.ServicerContext) -> bytes:  # type: ignore[type-arg]
+        return await self._service.compile(request, context.time_remaining())
 
-    def Prefetch(self, request: pb.PrefetchRequest, context: grpc.ServicerContext) -> Iterator[pb.PrefetchItem]:
-        yield from self._service.prefetch(request, context.time_remaining())
+    async def GetPlan(self, request: pb.GetPlanRequest, context: grpc.aio.ServicerContext) -> bytes:  # type: ignore[type-arg]
+        return (await self._service.get(request.ref)).get_plan_response
 
-    def ListTargets(self, request: pb.ListTargetsRequest, context: grpc.ServicerContext) -> pb.ListTargetsResponse:
-        return pb.ListTargetsResponse(targets=self._service.list_targets())
+    async def Prefetch(self, request: pb.PrefetchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes | pb.PrefetchItem]:  # type: ignore[type-arg]
+        async for item in self._service.prefetch(request, context.time_remaining()):
+            yield item
 
-    def Invalidate(self, request: pb.InvalidateRequest, context: grpc.ServicerContext) -> pb.InvalidateResponse:
-        return pb.InvalidateResponse(deleted=self._service.invalidate(request))
+    async def ListTargets(self, request: pb.ListTargetsRequest, context: grpc.aio.ServicerContext) -> pb.ListTargetsResponse:  # type: ignore[type-arg]
+        return pb.ListTargetsResponse(targets=await self._service.list_targets())
 
-    def Explain(self, request: pb.ExplainRequest, context: grpc.ServicerContext) -> pb.ExplainResponse:
-        return self._service.explain(request.query)
+    async def Invalidate(self, request: pb.InvalidateRequest, context: grpc.aio.ServicerContext) -> pb.InvalidateResponse:  # type: ignore[type-arg]
+        return pb.InvalidateResponse(deleted=await self._service.invalidate(request))
 
-    def DrainWorker(self, request: pb.DrainWorkerRequest, context: grpc.ServicerContext) -> pb.DrainWorkerResponse:
-        return pb.DrainWorkerResponse(known=self._service.drain_worker(request.worker_id))
+    async def Explain(self, request: pb.ExplainRequest, context: grpc.aio.ServicerContext) -> pb.ExplainResponse:  # type: ignore[type-arg]
+        return await self._service.explain(request.query)
 
-    def GetStats(self, request: pb.GetStatsRequest, context: grpc.ServicerContext) -> pb.GetStatsResponse:
-        return self._service.stats()
+    async def DrainWorker(self, request: pb.DrainWorkerRequest, context: grpc.aio.ServicerContext) -> pb.DrainWorkerResponse:  # type: ignore[type-arg]
+        return pb.DrainWorkerResponse(known=await self._service.drain_worker(request.worker_id))
+
+    async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.GetStatsResponse:  # type: ignore[type-arg]
+        return await self._service.stats()

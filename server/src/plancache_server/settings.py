@@ -1,20 +1,26 @@
-"""Configuration: one frozen object built from flags, then PLANCACHE_* env.
+"""Configuration: one frozen object; each setting declared once.
 
-Flags win over the environment, the environment over defaults. Both
-entry points (`plancache-server`, `plancache-worker`) share the options that
-mean the same thing to both.
+A setting is a dataclass field whose metadata names its flag, its
+environment variable (PLANCACHE_<NAME>), its help and which programs take it
+(`plancache-server`, `plancache-worker`, or both). The argument parsers, the
+environment reader, the flags a server hands to the workers it starts and
+the README's configuration table all come from these declarations. Flags
+win over the environment, the environment over the defaults.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from plancache.validation import Limits
+
+SERVER, WORKER = "server", "worker"
+BOTH = frozenset({SERVER, WORKER})
 
 
 def default_data_dir() -> Path:
@@ -23,149 +29,177 @@ def default_data_dir() -> Path:
 
 
 @dataclass(frozen=True)
+class Option:
+    flag: str
+    env: str  # PLANCACHE_<env>
+    help: str
+    parse: Callable[[str], Any]
+    programs: frozenset[str]
+    # Handed on to the `plancache-worker` processes a server starts.
+    to_workers: bool
+    is_switch: bool  # a flag without a value (env "1" turns it on)
+    shown_default: str  # in --help and the README ("" for none)
+
+
+def _option(
+    default: Any,
+    flag: str,
+    help: str,
+    parse: Callable[[str], Any] = str,
+    *,
+    programs: frozenset[str] = BOTH,
+    to_workers: bool = False,
+    switch: bool = False,
+    shown_default: str | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    env = flag.removeprefix("--").replace("-", "_").upper()
+    shown = shown_default if shown_default is not None else ("" if default is None else str(default))
+    meta = {"option": Option(flag, env, help, parse, programs, to_workers, switch, shown)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _optional_seconds(text: str) -> float | None:
+    value = float(text or 0)
+    return value if value > 0 else None
+
+
+def _mebibytes(text: str) -> int:
+    return int(float(text) * 2**20)
+
+
+def _target_list(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def _port(text: str) -> int:
+    return int(text or 0)
+
+
+@dataclass(frozen=True)
 class Settings:
-    listen: str = "127.0.0.1:50051"
-    # None: start a private redis-server with data under data_dir.
-    redis_url: str | None = None
-    data_dir: Path = field(default_factory=default_data_dir)
-    redis_server_bin: str = "redis-server"
-    # "auto" (every visible GPU), "none", or a comma list of device indices.
-    gpus: str = "auto"
-    compiler: str = "cudnn"
-    grpc_threads: int = 64
+    listen: str = _option("127.0.0.1:50051", "--listen", "gRPC address, host:port", programs=frozenset({SERVER}))
+    redis_url: str | None = _option(None, "--redis-url", "redis:// or rediss:// URL of the deployment's Redis; redis+cluster://host:port for a Redis Cluster",
+                                    shown_default="none: a private redis-server")  # fmt: skip
+    data_dir: Path = _option(None, "--data-dir", "where the private redis-server keeps its data (AOF) and the generated signing key", Path,
+                             programs=frozenset({SERVER}), factory=default_data_dir, shown_default="~/.local/share/plancache")  # fmt: skip
+    redis_server_bin: str = _option("redis-server", "--redis-server-bin", "redis-server executable for the private instance", programs=frozenset({SERVER}))
+    gpus: str = _option("auto", "--gpus", "'auto', 'none', or a comma list of device indices: the compile workers this server starts", programs=frozenset({SERVER}))
+    compiler: str = _option("cudnn", "--compiler", "'cudnn', or module:factory for a stand-in compiler (tests, benchmarks)", to_workers=True)
+    compile_timeout_s: float = _option(900.0, "--compile-timeout", "seconds a Compile waits for a build when the caller sets no deadline", float,
+                                       programs=frozenset({SERVER}))  # fmt: skip
+    # ---- admission control (front end): past a bound, RESOURCE_EXHAUSTED with a retry delay
+    max_waiters: int = _option(50_000, "--max-waiters", "callers (call x plan) one front end lets wait for builds at once", int, programs=frozenset({SERVER}))
+    max_waiters_per_key: int = _option(5_000, "--max-waiters-per-key", "callers one front end lets wait for the same plan's build", int, programs=frozenset({SERVER}))
+    max_prefetch_refs: int = _option(10_000, "--max-prefetch-refs", "plan refs in one Prefetch call (more: RESOURCE_EXHAUSTED, split the manifest)", int,
+                                     programs=frozenset({SERVER}))  # fmt: skip
+    max_queued_jobs: int = _option(10_000, "--max-queued-jobs", "unfinished builds one target's queue takes; a new job past it is refused at once", int,
+                                   programs=frozenset({SERVER}))  # fmt: skip
+    retry_delay_s: float = _option(1.0, "--retry-delay", "seconds a refused caller is told to wait before calling again (clients add jitter)", float,
+                                   programs=frozenset({SERVER}))  # fmt: skip
+    cpu_threads: int = _option(2, "--cpu-threads", "threads that parse, hash and encode large messages off the event loop", int, programs=frozenset({SERVER}))
+    event_loop: str = _option("auto", "--event-loop", "'auto' (uvloop when installed), 'uvloop' or 'asyncio'", programs=frozenset({SERVER}))
+    listed_targets: tuple[str, ...] = _option((), "--targets", "comma list of target ids counted in statistics even while no worker serves them", _target_list,
+                                              programs=frozenset({SERVER}), shown_default="none")  # fmt: skip
+    # ---- the front end's memory cache of verified plans
+    memory_cache_bytes: int = _option(256 * 2**20, "--memory-cache-mb", "the front end's cache of verified plans, MiB (0: every hit reads Redis)", _mebibytes,
+                                      programs=frozenset({SERVER}), shown_default="256")  # fmt: skip
+    memory_cache_ttl_s: float = _option(30.0, "--memory-cache-ttl", "seconds a plan deleted from Redis may still be served from that cache", float,
+                                        programs=frozenset({SERVER}))  # fmt: skip
+    # ---- builds and workers
+    build_lease_s: float = _option(120.0, "--build-lease", "seconds a build lease (renewed while building) outlives a dead worker", float, to_workers=True)
+    claim_idle_s: float = _option(60.0, "--claim-idle", "seconds before a silent worker's job is taken by another", float, to_workers=True)
+    max_attempts: int = _option(3, "--max-attempts", "hand-outs of one job before it fails with the reason", int, to_workers=True)
+    negative_ttl_s: float = _option(3600.0, "--negative-ttl", "seconds a cuDNN rejection is answered from memory", float, to_workers=True)
+    build_budget_s: float | None = _option(None, "--build-budget", "seconds one build may take; past it the job fails and the worker restarts",
+                                           _optional_seconds, to_workers=True, shown_default="none")  # fmt: skip
+    heartbeat_interval_s: float = _option(2.0, "--heartbeat-interval", "seconds between a worker's heartbeats", float, to_workers=True)
+    heartbeat_ttl_s: float = _option(10.0, "--heartbeat-ttl", "seconds a silent worker still counts as live", float, to_workers=True)
+    # ---- trust and access
+    signing_key: Path | None = _option(None, "--signing-key", "Ed25519 private key (PEM) workers sign plans with", Path, to_workers=True,
+                                       shown_default="generated in --data-dir for the server's own workers")  # fmt: skip
+    unsigned: bool = _option(False, "--unsigned", "store plans unsigned (clients must allow_unsigned)", switch=True, to_workers=True, shown_default="off")
+    tokens_file: Path | None = _option(None, "--tokens-file", "'<read|compile|admin> <token>' lines; without it the service is open", Path,
+                                       programs=frozenset({SERVER}), shown_default="none: open")  # fmt: skip
+    tls_cert: Path | None = _option(None, "--tls-cert", "PEM certificate chain: serve TLS", Path, programs=frozenset({SERVER}), shown_default="plaintext")
+    tls_key: Path | None = _option(None, "--tls-key", "PEM private key of --tls-cert", Path, programs=frozenset({SERVER}), shown_default="")
+    tls_ca: Path | None = _option(None, "--tls-ca", "PEM CA: require client certificates it signed (mutual TLS)", Path, programs=frozenset({SERVER}),
+                                  shown_default="")  # fmt: skip
+    # ---- operations
+    metrics_port: int = _option(0, "--metrics-port", "Prometheus /metrics and the status page (0: off); workers a server starts use the next ports",
+                                _port)  # fmt: skip
+    log_level: str = _option("INFO", "--log-level", "DEBUG, INFO, WARNING or ERROR", str.upper, to_workers=True)
+    # ---- not configurable from the command line
     max_message_bytes: int = 64 * 2**20
-    # How long a Compile call waits for a build when the caller sets no deadline.
-    compile_timeout_s: float = 900.0
-    # A build lease (renewed by the building worker) outlives a dead worker
-    # by at most this long; longer than claim_idle_s, so a reclaimed job
-    # still holds its lease.
-    build_lease_s: float = 120.0
-    # A job whose worker has been silent this long is taken by another worker.
-    claim_idle_s: float = 60.0
-    # Hand-outs of one job before it fails (workers dying on it).
-    max_attempts: int = 3
-    # How long cuDNN's rejection of a graph is remembered.
-    negative_ttl_s: float = 3600.0
-    # Longest a single build may take (None: no limit).
-    build_budget_s: float | None = None
-    # Prometheus /metrics (0: off). A server's own workers use the next ports.
-    metrics_port: int = 0
-    # Ed25519 private key the workers sign plans with; None with unsigned=True.
-    signing_key: Path | None = None
-    unsigned: bool = False
-    # Bearer tokens and roles (see plancache_server.auth); None: open service.
-    tokens_file: Path | None = None
-    # TLS: certificate chain and key of the server; with tls_ca, clients must
-    # present a certificate signed by it (mutual TLS).
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_ca: Path | None = None
-    heartbeat_interval_s: float = 2.0
-    heartbeat_ttl_s: float = 10.0
-    log_level: str = "INFO"
     limits: Limits = field(default_factory=Limits)
-    # The front end's in-process cache of verified plans (0 disables it).
-    memory_cache_bytes: int = 256 * 2**20
-    # How long a plan deleted from Redis may still be served from that cache.
-    memory_cache_ttl_s: float = 30.0
+
+    @property
+    def admission(self) -> dict[str, float]:
+        return {"max_waiters": self.max_waiters, "max_waiters_per_key": self.max_waiters_per_key, "retry_delay_s": self.retry_delay_s}
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"PLANCACHE_{name}", default)
+def options(program: str | None = None) -> Iterator[tuple[str, Option]]:
+    """(field name, option) of every setting a program takes (None: all)."""
+    for f in fields(Settings):
+        option = f.metadata.get("option")
+        if option is not None and (program is None or program in option.programs):
+            yield f.name, option
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis-url", default=_env("REDIS_URL"), help="redis:// or rediss:// URL (env PLANCACHE_REDIS_URL); default: a private redis-server")
-    parser.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="env PLANCACHE_LOG_LEVEL")
-    parser.add_argument("--compiler", default=_env("COMPILER", "cudnn"), help="'cudnn', or module:factory for a stand-in (env PLANCACHE_COMPILER)")
-    parser.add_argument("--heartbeat-ttl", type=float, default=float(_env("HEARTBEAT_TTL", "10") or 10), help="seconds a silent worker counts as live")
-    parser.add_argument("--signing-key", type=Path, default=_env("SIGNING_KEY"), help="Ed25519 private key (PEM) workers sign plans with (env PLANCACHE_SIGNING_KEY)")
-    parser.add_argument("--unsigned", action="store_true", default=_env("UNSIGNED") == "1", help="store plans unsigned (clients must allow_unsigned)")
-    parser.add_argument("--heartbeat-interval", type=float, default=float(_env("HEARTBEAT_INTERVAL", "2") or 2), help="seconds between a worker's heartbeats")
-    parser.add_argument("--claim-idle", type=float, default=float(_env("CLAIM_IDLE", "60") or 60), help="seconds before a silent worker's job is reclaimed")
-    parser.add_argument("--build-lease", type=float, default=float(_env("BUILD_LEASE", "120") or 120), help="seconds a build lease outlives a dead worker")
-    parser.add_argument("--max-attempts", type=int, default=int(_env("MAX_ATTEMPTS", "3") or 3), help="hand-outs of one job before it fails")
-    parser.add_argument("--build-budget", type=float, default=float(_env("BUILD_BUDGET", "0") or 0) or None, help="seconds one build may take; past it the job fails and the worker restarts")
-    parser.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "0") or 0),
-                        help="Prometheus /metrics port (0: off); workers started by a server use port+1+device (env PLANCACHE_METRICS_PORT)")  # fmt: skip
-    parser.add_argument("--negative-ttl", type=float, default=float(_env("NEGATIVE_TTL", "3600") or 3600), help="seconds a cuDNN rejection is remembered")
+def parser(program: str) -> argparse.ArgumentParser:
+    description = {SERVER: "Serve autotuned cuDNN plans over gRPC.", WORKER: "Build and autotune plans on local GPUs for a plancache deployment."}
+    p = argparse.ArgumentParser(prog=f"plancache-{program}", description=description[program])
+    defaults = Settings()
+    for name, option in options(program):
+        env = os.environ.get(f"PLANCACHE_{option.env}")
+        help_text = f"{option.help} (env PLANCACHE_{option.env}" + (f"; default {option.shown_default})" if option.shown_default else ")")
+        if option.is_switch:
+            p.add_argument(option.flag, dest=name, action="store_true", default=env == "1" if env is not None else getattr(defaults, name), help=help_text)
+        else:
+            default = option.parse(env) if env is not None else getattr(defaults, name)
+            p.add_argument(option.flag, dest=name, type=option.parse, default=default, help=help_text)
+    if program == WORKER:
+        p.add_argument("--device", type=int, action="append", help="GPU index (repeat for several; default: every visible GPU)")
+    return p
 
 
-def server_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="plancache-server", description="Serve autotuned cuDNN plans over gRPC.")
-    parser.add_argument("--listen", default=_env("LISTEN", "127.0.0.1:50051"), help="host:port (env PLANCACHE_LISTEN)")
-    parser.add_argument("--data-dir", type=Path, default=Path(_env("DATA_DIR") or default_data_dir()), help="where the private redis-server keeps its data (env PLANCACHE_DATA_DIR)")
-    parser.add_argument("--redis-server-bin", default=_env("REDIS_SERVER_BIN", "redis-server"), help="redis-server executable for the private instance (env PLANCACHE_REDIS_SERVER_BIN)")
-    parser.add_argument("--gpus", default=_env("GPUS", "auto"), help="'auto', 'none' or device indices like 0,1 (env PLANCACHE_GPUS)")
-    parser.add_argument("--grpc-threads", type=int, default=int(_env("GRPC_THREADS", "64") or 64))
-    parser.add_argument("--compile-timeout", type=float, default=float(_env("COMPILE_TIMEOUT", "900") or 900), help="seconds a Compile waits for a build without a client deadline")
-    parser.add_argument("--tokens-file", type=Path, default=_env("TOKENS_FILE"), help="'<read|compile|admin> <token>' lines (env PLANCACHE_TOKENS_FILE); default: no auth")
-    parser.add_argument("--tls-cert", type=Path, default=_env("TLS_CERT"), help="PEM certificate chain: serve TLS (env PLANCACHE_TLS_CERT)")
-    parser.add_argument("--tls-key", type=Path, default=_env("TLS_KEY"), help="PEM private key of --tls-cert (env PLANCACHE_TLS_KEY)")
-    parser.add_argument("--tls-ca", type=Path, default=_env("TLS_CA"), help="PEM CA: require client certificates it signed, mutual TLS (env PLANCACHE_TLS_CA)")
-    parser.add_argument("--memory-cache-mb", type=int, default=int(_env("MEMORY_CACHE_MB", "256") or 256), help="in-process cache of verified plans, MiB (0: off)")
-    parser.add_argument("--memory-cache-ttl", type=float, default=float(_env("MEMORY_CACHE_TTL", "30") or 30), help="seconds a cached plan is served without re-reading Redis")
-    _add_common(parser)
-    return parser
-
-
-def worker_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="plancache-worker", description="Build and autotune plans on local GPUs for a plancache deployment.")
-    parser.add_argument("--device", type=int, action="append", help="GPU index (repeat for several; default: every visible GPU)")
-    _add_common(parser)
-    return parser
+def settings_from(args: argparse.Namespace, program: str) -> Settings:
+    values = {name: getattr(args, name) for name, _ in options(program)}
+    settings = Settings(**values)
+    if settings.claim_idle_s < 2 * settings.heartbeat_interval_s or settings.heartbeat_ttl_s < 2 * settings.heartbeat_interval_s:
+        raise SystemExit("--claim-idle and --heartbeat-ttl must be at least twice --heartbeat-interval (a live worker would look dead)")
+    if settings.signing_key is not None and settings.unsigned:
+        raise SystemExit("--signing-key and --unsigned exclude each other")
+    if settings.event_loop not in ("auto", "uvloop", "asyncio"):
+        raise SystemExit(f"--event-loop must be auto, uvloop or asyncio, not {settings.event_loop!r}")
+    return settings
 
 
 def server_settings(argv: Sequence[str] | None = None) -> Settings:
-    args = server_parser().parse_args(argv)
-    return Settings(
-        listen=args.listen,
-        redis_url=args.redis_url or None,
-        data_dir=args.data_dir,
-        redis_server_bin=args.redis_server_bin,
-        gpus=args.gpus,
-        compiler=args.compiler,
-        grpc_threads=args.grpc_threads,
-        compile_timeout_s=args.compile_timeout,
-        heartbeat_ttl_s=args.heartbeat_ttl,
-        log_level=args.log_level.upper(),
-        tokens_file=args.tokens_file,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        tls_ca=args.tls_ca,
-        memory_cache_bytes=args.memory_cache_mb * 2**20,
-        memory_cache_ttl_s=args.memory_cache_ttl,
-        **common_settings(args),
-    )
-
-
-def common_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The Settings fields both entry points take from their flags."""
-    if args.claim_idle < 2 * args.heartbeat_interval or args.heartbeat_ttl < 2 * args.heartbeat_interval:
-        raise SystemExit("--claim-idle and --heartbeat-ttl must be at least twice --heartbeat-interval (a live worker would look dead)")
-    if args.signing_key and args.unsigned:
-        raise SystemExit("--signing-key and --unsigned exclude each other")
-    return {
-        "signing_key": Path(args.signing_key) if args.signing_key else None,
-        "unsigned": args.unsigned,
-        "heartbeat_interval_s": args.heartbeat_interval,
-        "claim_idle_s": args.claim_idle,
-        "build_lease_s": args.build_lease,
-        "max_attempts": args.max_attempts,
-        "negative_ttl_s": args.negative_ttl,
-        "build_budget_s": args.build_budget,
-        "metrics_port": args.metrics_port,
-    }
+    return settings_from(parser(SERVER).parse_args(argv), SERVER)
 
 
 def worker_flags(settings: Settings) -> list[str]:
     """Flags that hand these settings on to a `plancache-worker` child."""
-    return [
-        "--heartbeat-ttl", str(settings.heartbeat_ttl_s), "--heartbeat-interval", str(settings.heartbeat_interval_s),
-        "--claim-idle", str(settings.claim_idle_s),
-        "--build-lease", str(settings.build_lease_s), "--max-attempts", str(settings.max_attempts),
-        "--negative-ttl", str(settings.negative_ttl_s),
-        *(["--unsigned"] if settings.unsigned else ["--signing-key", str(settings.signing_key)] if settings.signing_key else []),
-        *(["--build-budget", str(settings.build_budget_s)] if settings.build_budget_s else []),
-        *(["--metrics-port", str(settings.metrics_port + 1)] if settings.metrics_port else []),
-    ]  # fmt: skip
+    flags: list[str] = []
+    for name, option in options(WORKER):
+        value = getattr(settings, name)
+        if not option.to_workers or value is None or value is False:
+            continue
+        flags += [option.flag] if option.is_switch else [option.flag, str(value)]
+    if settings.metrics_port:
+        flags += ["--metrics-port", str(settings.metrics_port + 1)]  # a worker adds its device index
+    return flags
+
+
+def markdown_table() -> str:
+    """The README's configuration table (kept equal to it by a test)."""
+    rows = ["| flag | environment | default | programs | meaning |", "|---|---|---|---|---|"]
+    for _, option in options():
+        shown = option.shown_default
+        default = f"`{shown}`" if shown and " " not in shown else shown or "—"
+        meaning = option.help.replace("|", "\\|")
+        rows.append(f"| `{option.flag}` | `PLANCACHE_{option.env}` | {default} | {', '.join(sorted(option.programs))} | {meaning} |")
+    return "\n".join(rows)

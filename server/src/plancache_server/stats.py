@@ -2,28 +2,32 @@
 and over sliding windows (5 min, 1 h, 24 h).
 
 Counting must not slow the hit path or fail it: a front end adds to local
-counters (a dict update) and a background thread flushes them to Redis about
-once a second; a flush that cannot reach Redis is dropped (dashboards lose a
-few counts during an outage, callers lose nothing). Windows come from minute
-buckets (kept 2 h) and hour buckets (kept 26 h) next to each total; the
-same buckets draw the status page's hit rate over time. Hits are also
-counted per plan key (hits, build seconds saved) for its top entries.
+counters (a dict update on the event loop, no lock) and a background task
+flushes them to Redis about once a second; a flush that cannot reach Redis
+is dropped (dashboards lose a few counts during an outage, callers lose
+nothing). Windows come from minute buckets (kept 2 h) and hour buckets
+(kept 26 h) next to each total; the same buckets draw the status page's hit
+rate over time. Hits are also counted per plan key (hits, build seconds
+saved) for its top entries.
+
+Counters exist per target only for targets that exist (see
+plancache_server.directory): the rest share one bucket, so the number of
+Redis keys does not grow with what callers invent.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
-import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-import redis
-
 from plancache.errors import StoreUnavailable
 from plancache_server import keys
-from plancache_server.redis_conn import translated_errors
+from plancache_server.directory import OTHER_TARGETS, WorkerDirectory
+from plancache_server.redis_conn import AsyncRedis, text, translated_errors
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +38,9 @@ BUCKET_SECONDS = {"m": 60, "h": 3600}
 # Plans ranked per leaderboard; past that the least-hit ones are dropped
 # (a plan that comes back starts counting again).
 TOP_ENTRIES_KEPT = 10_000
+# Distinct unknown target ids one front end keeps apart between two flushes;
+# past it they are counted under OTHER_TARGETS at once (memory stays bounded).
+MAX_PENDING_TARGETS = 1_000
 
 
 class Counter(enum.Enum):
@@ -77,59 +84,66 @@ class Ranking(enum.Enum):
 
 
 class Stats:
-    def __init__(self, client: redis.Redis, flush_interval_s: float = 1.0) -> None:
+    def __init__(self, client: AsyncRedis, directory: WorkerDirectory, flush_interval_s: float = 1.0) -> None:
         self._redis = client
+        self._directory = directory
         self._interval = flush_interval_s
-        self._lock = threading.Lock()
+        # (target id, or a family scope) -> counter -> amount, since the last flush
         self._pending: defaultdict[tuple[str, str], float] = defaultdict(float)
+        self._pending_targets: set[str] = set()
         self._plan_hits: defaultdict[str, float] = defaultdict(float)
         self._plan_saved: defaultdict[str, float] = defaultdict(float)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def incr(self, counter: Counter, amount: float = 1.0, *, target_id: str, family: str | None = None) -> None:
-        with self._lock:
-            self._add(counter, amount, target_id, family)
-            self._ensure_flushing()
+        self._add(counter, amount, target_id, family)
 
     def hit(self, plan_key: str, bytes_served: int, seconds_saved: float, *, target_id: str, family: str | None = None) -> None:
         """One served plan: the hit, its bytes, the build time it saved, and
-        its per-plan counts for the top entries (one lock on the hit path)."""
-        with self._lock:
-            self._add(Counter.HITS, 1.0, target_id, family)
-            self._add(Counter.BYTES_SERVED, bytes_served, target_id, family)
-            self._add(Counter.SECONDS_SAVED, seconds_saved, target_id, family)
-            self._plan_hits[plan_key] += 1
-            self._plan_saved[plan_key] += seconds_saved
-            self._ensure_flushing()
+        its per-plan counts for the top entries."""
+        self._add(Counter.HITS, 1.0, target_id, family)
+        self._add(Counter.BYTES_SERVED, bytes_served, target_id, family)
+        self._add(Counter.SECONDS_SAVED, seconds_saved, target_id, family)
+        self._plan_hits[plan_key] += 1
+        self._plan_saved[plan_key] += seconds_saved
 
     def _add(self, counter: Counter, amount: float, target_id: str, family: str | None) -> None:
-        self._pending[(target_scope(target_id), counter.value)] += amount
+        if target_id not in self._pending_targets:
+            if len(self._pending_targets) >= MAX_PENDING_TARGETS and target_id not in self._directory.known:
+                target_id = OTHER_TARGETS
+            self._pending_targets.add(target_id)
+        self._pending[(target_id, counter.value)] += amount
         if family:
             self._pending[(family_scope(family), counter.value)] += amount
 
-    def _ensure_flushing(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="plancache-stats", daemon=True)
-            self._thread.start()
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="plancache-stats")
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.flush()
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            await self.flush()
 
-    def flush(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, defaultdict(float)
-            plan_hits, self._plan_hits = self._plan_hits, defaultdict(float)
-            plan_saved, self._plan_saved = self._plan_saved, defaultdict(float)
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, defaultdict(float)
+        targets, self._pending_targets = self._pending_targets, set()
+        plan_hits, self._plan_hits = self._plan_hits, defaultdict(float)
+        plan_saved, self._plan_saved = self._plan_saved, defaultdict(float)
         if not pending and not plan_hits:
             return
         now = time.time()
         minute, hour = int(now // BUCKET_SECONDS["m"]), int(now // BUCKET_SECONDS["h"])
         try:
+            if not targets <= self._directory.known | {OTHER_TARGETS}:
+                # A target may have been advertised since the last refresh (at most one refresh per flush).
+                await self._directory.refresh()
+            scoped: defaultdict[tuple[str, str], float] = defaultdict(float)
+            for (where, name), amount in pending.items():
+                scope = where if where.startswith(family_scope("")) else target_scope(self._directory.scope(where))
+                scoped[(scope, name)] += amount
             with translated_errors("counting"):
                 pipe = self._redis.pipeline(transaction=False)
-                for (scope, name), amount in pending.items():
+                for (scope, name), amount in scoped.items():
                     pipe.hincrbyfloat(keys.stats(scope), name, amount)
                     for bucket, ttl in ((keys.stats_bucket(scope, "m", minute), MINUTE_BUCKET_TTL_S), (keys.stats_bucket(scope, "h", hour), HOUR_BUCKET_TTL_S)):
                         pipe.hincrbyfloat(bucket, name, amount)
@@ -140,25 +154,27 @@ class Stats:
                         for plan_key, amount in per_plan.items():
                             pipe.zincrby(ranking.value, amount, plan_key)
                         pipe.zremrangebyrank(ranking.value, 0, -(TOP_ENTRIES_KEPT + 1))
-                pipe.execute()
+                await pipe.execute()
         except StoreUnavailable as e:
             log.debug("dropped %d pending counts: %s", len(pending), e)
 
-    def close(self) -> None:
-        self._stop.set()
-        self.flush()
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.flush()
 
-    def read(self) -> Readings:
+    async def read(self) -> Readings:
         """Every scope's counters per window (this front end's pending counts flushed first)."""
-        self.flush()
+        await self.flush()
         now = time.time()
-        scopes = self.scopes()
+        scopes = await self.scopes()
         names: list[str] = []
         for scope in scopes:
             names.append(keys.stats(scope))
             names += [keys.stats_bucket(scope, "m", m) for m in _bucket_indices("m", 60, now)]
             names += [keys.stats_bucket(scope, "h", h) for h in _bucket_indices("h", 24, now)]
-        replies = self._hgetall(names)
+        replies = await self._hgetall(names)
         per_scope = 1 + 60 + 24
         readings: Readings = {}
         for i, scope in enumerate(scopes):
@@ -166,45 +182,45 @@ class Stats:
             readings[scope] = {"5m": _sum(minutes[-5:]), "1h": _sum(minutes), "24h": _sum(hours), "total": _sum([total])}
         return readings
 
-    def scopes(self) -> list[str]:
+    async def scopes(self) -> list[str]:
         with translated_errors("reading stats"):
-            return sorted(s.decode() for s in self._redis.smembers(keys.STATS_SCOPES))  # type: ignore[union-attr]
+            return sorted(text(s) for s in await self._redis.smembers(keys.STATS_SCOPES))
 
-    def history(self, scopes: list[str], unit: str, count: int) -> dict[str, list[Bucket]]:
+    async def history(self, scopes: list[str], unit: str, count: int) -> dict[str, list[Bucket]]:
         """The last `count` minute ("m") or hour ("h") buckets of each scope,
         oldest first, the current (partial) one last."""
-        self.flush()
+        await self.flush()
         indices = _bucket_indices(unit, count, time.time())
-        replies = self._hgetall([keys.stats_bucket(scope, unit, i) for scope in scopes for i in indices])
+        replies = await self._hgetall([keys.stats_bucket(scope, unit, i) for scope in scopes for i in indices])
         width = BUCKET_SECONDS[unit]
         return {scope: [Bucket(start=float(i * width), values=_sum([replies[n * count + j]])) for j, i in enumerate(indices)] for n, scope in enumerate(scopes)}
 
-    def top(self, ranking: Ranking, count: int) -> list[PlanCounts]:
+    async def top(self, ranking: Ranking, count: int) -> list[PlanCounts]:
         """The plans with the most hits, or the most build seconds saved."""
-        self.flush()
+        await self.flush()
         with translated_errors("reading top entries"):
-            ranked = [key.decode() for key in self._redis.zrevrange(ranking.value, 0, count - 1)]  # type: ignore[union-attr]
+            ranked = [text(key) for key in await self._redis.zrevrange(ranking.value, 0, count - 1)]
             if not ranked:
                 return []
             pipe = self._redis.pipeline(transaction=False)
             pipe.zmscore(Ranking.HITS.value, ranked)
             pipe.zmscore(Ranking.SECONDS_SAVED.value, ranked)
-            hits, saved = pipe.execute()
+            hits, saved = await pipe.execute()
         return [PlanCounts(key, float(h or 0), float(s or 0)) for key, h, s in zip(ranked, hits, saved, strict=True)]
 
-    def forget_plans(self, plan_keys: list[str]) -> None:
+    async def forget_plans(self, plan_keys: list[str]) -> None:
         """Drop deleted plans from the top entries."""
         if plan_keys:
             with translated_errors("forgetting plans"):
                 for ranking in Ranking:
-                    self._redis.zrem(ranking.value, *plan_keys)
+                    await self._redis.zrem(ranking.value, *plan_keys)
 
-    def _hgetall(self, names: list[str]) -> list[dict[bytes, bytes]]:
+    async def _hgetall(self, names: list[str]) -> list[dict[bytes, bytes]]:
         with translated_errors("reading stats"):
             pipe = self._redis.pipeline(transaction=False)
             for name in names:
                 pipe.hgetall(name)
-            return pipe.execute()
+            return list(await pipe.execute())
 
 
 def target_ids(readings: Readings) -> set[str]:

@@ -2,6 +2,7 @@
 same numbers (counters, queues and failures are shared, not per process).
 
 One read per page view; nothing here is cached, so a refresh is current.
+It runs on the front end's event loop (the HTTP thread hands it over).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any
 from plancache.errors import InvalidRequest
 from plancache.plankey import parse_key
 from plancache.target import Target
-from plancache_server.builds import Builds, FailedBuild
+from plancache_server.build_records import FailedBuild
+from plancache_server.builds import Builds
+from plancache_server.directory import WorkerDirectory
 from plancache_server.jobs import JobQueue
 from plancache_server.stats import Bucket, Counter, PlanCounts, Ranking, Stats, family_scope, target_ids, target_scope
 from plancache_server.store import PlanStore
@@ -75,41 +78,43 @@ class StatusReport:
 
 
 class StatusSource:
-    def __init__(self, stats: Stats, queue: JobQueue, store: PlanStore, builds: Builds) -> None:
+    def __init__(self, stats: Stats, queue: JobQueue, store: PlanStore, builds: Builds, directory: WorkerDirectory) -> None:
         self._stats = stats
         self._queue = queue
         self._store = store
         self._builds = builds
+        self._directory = directory
 
-    def report(self, range_: str = "1h") -> StatusReport:
+    async def report(self, range_: str = "1h") -> StatusReport:
         if range_ not in RANGES:
             raise InvalidRequest(f"range must be one of {', '.join(RANGES)}, not {range_[:20]!r}")
         unit, count = RANGES[range_]
-        readings = self._stats.read()
-        targets_seen = sorted(target_ids(readings) | set(self._queue.known_targets()))
-        history = self._stats.history([target_scope(t) for t in targets_seen], unit, count)
-        targets = [self._target(t, readings.get(target_scope(t), {}), history[target_scope(t)]) for t in targets_seen]
+        await self._directory.refresh()
+        readings = await self._stats.read()
+        targets_seen = sorted(target_ids(readings) | set(self._directory.live))
+        history = await self._stats.history([target_scope(t) for t in targets_seen], unit, count)
+        targets = [await self._target(t, readings.get(target_scope(t), {}), history[target_scope(t)]) for t in targets_seen]
         families = {scope.removeprefix(family_scope("")): windows for scope, windows in readings.items() if scope.startswith(family_scope(""))}
         return StatusReport(
             generated_at=time.time(),
             range=range_,
             targets=targets,
             families=families,
-            top_by_hits=[self._entry(c) for c in self._stats.top(Ranking.HITS, TOP_COUNT)],
-            top_by_seconds_saved=[self._entry(c) for c in self._stats.top(Ranking.SECONDS_SAVED, TOP_COUNT)],
-            recent_failures=self._builds.recent_failures(FAILURE_COUNT),
+            top_by_hits=[await self._entry(c) for c in await self._stats.top(Ranking.HITS, TOP_COUNT)],
+            top_by_seconds_saved=[await self._entry(c) for c in await self._stats.top(Ranking.SECONDS_SAVED, TOP_COUNT)],
+            recent_failures=await self._builds.recent_failures(FAILURE_COUNT),
         )
 
-    def _target(self, target_id: str, windows: Windows, history: list[Bucket]) -> TargetStatus:
+    async def _target(self, target_id: str, windows: Windows, history: list[Bucket]) -> TargetStatus:
         try:
             target = Target.parse(target_id)
-        except InvalidRequest:  # counters of a malformed id: show them, with no queue
+        except InvalidRequest:  # the bucket of other targets: its counters, with no queue
             return TargetStatus(target_id, 0, 0, 0, windows, history)
-        waiting, running = self._queue.depth(target)
-        return TargetStatus(target_id, self._queue.live_workers(target), waiting, running, windows, history)
+        waiting, running = await self._queue.depth(target)
+        return TargetStatus(target_id, len(self._directory.live.get(target_id, ())), waiting, running, windows, history)
 
-    def _entry(self, counts: PlanCounts) -> TopEntry:
-        plan = self._store.get(counts.plan_key)
+    async def _entry(self, counts: PlanCounts) -> TopEntry:
+        plan = await self._store.get(counts.plan_key)
         target_id = parse_key(counts.plan_key).target.id  # ranked keys were parsed when hit
         if plan is None:
             return TopEntry(counts.plan_key, target_id, counts.hits, counts.build_seconds_saved, False, 0.0, 0, "")

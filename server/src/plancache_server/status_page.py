@@ -12,7 +12,7 @@ import html
 import time
 from collections.abc import Iterable, Sequence
 
-from plancache_server.builds import FailedBuild
+from plancache_server.build_records import FailedBuild
 from plancache_server.stats import WINDOWS, Counter
 from plancache_server.status import RANGES, StatusReport, TargetStatus, TopEntry, Windows, hit_rate
 

@@ -17,12 +17,10 @@ EXIT_MISCONFIGURED = 3
 
 
 class WorkerProcesses:
-    def __init__(self, devices: list[int], redis_url: str, compiler: str, log_level: str, flags: list[str]) -> None:
+    def __init__(self, devices: list[int], redis_url: str, flags: list[str]) -> None:
+        """`flags`: settings.worker_flags() of the starting program."""
         self._devices = devices
-        self._base = [
-            sys.executable, "-m", "plancache_server.worker_main", "--redis-url", redis_url, "--compiler", compiler,
-            "--log-level", log_level, *flags,
-        ]  # fmt: skip
+        self._base = [sys.executable, "-m", "plancache_server.worker_main", "--redis-url", redis_url, *flags]
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._restarts: dict[int, int] = {}
         self._stop = threading.Event()

@@ -3,15 +3,19 @@ every server and worker process; on a server also the status page (`/`),
 its data as JSON (`/status.json`) and a liveness probe (`/healthz`).
 
 Plain HTTP, no authentication: bind it to an operators' network (the gRPC
-port carries the auth). Pages are read-only.
+port carries the auth). Pages are read-only. Requests are served on a
+thread; the status report itself runs on the front end's event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
+from collections.abc import Coroutine
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import REGISTRY
@@ -22,6 +26,8 @@ from plancache_server import status_page
 from plancache_server.status import StatusSource
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+REPORT_TIMEOUT_S = 30.0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -37,7 +43,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif url.path == "/healthz":
                 self._send(200, "text/plain; charset=utf-8", b"ok\n")
             elif url.path in ("/", "/status", "/status.json") and self.server.status is not None:
-                report = self.server.status.report(parse_qs(url.query).get("range", ["1h"])[0])
+                report = self.server.on_loop(self.server.status.report(parse_qs(url.query).get("range", ["1h"])[0]))
                 if url.path == "/status.json":
                     self._send(200, "application/json", json.dumps(report.to_json(), indent=1).encode())
                 else:
@@ -64,10 +70,18 @@ class _Handler(BaseHTTPRequestHandler):
 class WebServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int, status: StatusSource | None, host: str = "") -> None:
+    def __init__(self, port: int, status: StatusSource | None, host: str = "", loop: asyncio.AbstractEventLoop | None = None) -> None:
+        if status is not None and loop is None:
+            raise ValueError("a status page needs the event loop its sources run on")
         self.status = status
+        self.loop = loop
         super().__init__((host, port), _Handler)
         self._thread = threading.Thread(target=self.serve_forever, name="plancache-http", daemon=True)
+
+    def on_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the front end's loop and wait for its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=REPORT_TIMEOUT_S)
 
     def start(self) -> WebServer:
         self._thread.start()
@@ -78,10 +92,10 @@ class WebServer(ThreadingHTTPServer):
         self.server_close()
 
 
-def serve(port: int, status: StatusSource | None = None) -> WebServer | None:
+def serve(port: int, status: StatusSource | None = None, loop: asyncio.AbstractEventLoop | None = None) -> WebServer | None:
     """Serve on `port` (0: off), on every interface (containers publish it)."""
     if not port:
         return None
-    server = WebServer(port, status).start()
+    server = WebServer(port, status, loop=loop).start()
     log.info("HTTP on :%d: /metrics%s", port, ", status page /" if status else "")
     return server

@@ -25,10 +25,11 @@ from plancache.signing import Signer
 from plancache.v1 import plancache_pb2 as pb
 from plancache.validation import normalize
 from plancache_server import metrics
-from plancache_server.builds import Builds
+from plancache_server.build_records import BuildRecorder
 from plancache_server.compiler import CompiledPlan, Compiler
-from plancache_server.jobs import Delivery, Job, JobQueue
-from plancache_server.store import PlanStore, StoredPlan
+from plancache_server.jobs import Delivery, Job
+from plancache_server.store import RedisPlanStore, StoredPlan
+from plancache_server.worker_queue import WorkerQueue
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +83,9 @@ class Worker:
     def __init__(
         self,
         compiler: Compiler,
-        queue: JobQueue,
-        builds: Builds,
-        store: PlanStore,
+        queue: WorkerQueue,
+        builds: BuildRecorder,
+        store: RedisPlanStore,
         worker_id: str,
         heartbeat_interval_s: float = 2.0,
         heartbeat_ttl_s: float = 10.0,

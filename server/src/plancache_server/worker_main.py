@@ -13,17 +13,17 @@ from collections.abc import Sequence
 
 from plancache_server.gpus import visible_gpus
 from plancache_server.main import configure_logging
-from plancache_server.settings import Settings, common_settings, worker_flags, worker_parser
+from plancache_server.settings import WORKER, Settings, parser, settings_from, worker_flags
 from plancache_server.supervisor import EXIT_MISCONFIGURED, WorkerProcesses
 
 log = logging.getLogger("plancache_server.worker")
 
 
-def run_one(device: int, settings: Settings, compiler_name: str) -> int:
+def run_one(device: int, settings: Settings) -> int:
     from plancache.errors import PlanCacheError
     from plancache.signing import Signer
     from plancache_server import web
-    from plancache_server.app import components
+    from plancache_server.app import worker_parts
     from plancache_server.compiler import load_compiler
     from plancache_server.redis_conn import connect
     from plancache_server.worker import Worker, default_worker_id
@@ -37,12 +37,12 @@ def run_one(device: int, settings: Settings, compiler_name: str) -> int:
         log.error("%s", e.message)
         return EXIT_MISCONFIGURED
     try:
-        compiler = load_compiler(compiler_name, device)
+        compiler = load_compiler(settings.compiler, device)
     except ImportError as e:
-        log.error("cannot load the %r compiler (%s is missing): install plancache-server[gpu]", compiler_name, e.name)
+        log.error("cannot load the %r compiler (%s is missing): install plancache-server[gpu]", settings.compiler, e.name)
         return EXIT_MISCONFIGURED
     assert settings.redis_url is not None
-    parts = components(connect(settings.redis_url), settings)
+    parts = worker_parts(connect(settings.redis_url), settings)
     worker = Worker(
         compiler, parts.queue, parts.builds, parts.store, default_worker_id(device), heartbeat_interval_s=settings.heartbeat_interval_s,
         heartbeat_ttl_s=settings.heartbeat_ttl_s, claim_idle_s=settings.claim_idle_s, max_attempts=settings.max_attempts, signer=signer,
@@ -62,19 +62,19 @@ def run_one(device: int, settings: Settings, compiler_name: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = worker_parser().parse_args(argv)
-    configure_logging(args.log_level.upper())
-    if not args.redis_url:
+    args = parser(WORKER).parse_args(argv)
+    settings = settings_from(args, WORKER)
+    configure_logging(settings.log_level)
+    if not settings.redis_url:
         log.error("plancache-worker needs --redis-url (or PLANCACHE_REDIS_URL): the Redis of the deployment it serves")
         return 2
     devices = args.device if args.device is not None else visible_gpus()
     if not devices:
         log.error("no GPU visible: nothing to do")
         return 2
-    settings = Settings(redis_url=args.redis_url, heartbeat_ttl_s=args.heartbeat_ttl, **common_settings(args))
     if len(devices) == 1:
-        return run_one(devices[0], settings, args.compiler)
-    procs = WorkerProcesses(devices, args.redis_url, args.compiler, args.log_level.upper(), worker_flags(settings))
+        return run_one(devices[0], settings)
+    procs = WorkerProcesses(devices, settings.redis_url, worker_flags(settings))
     procs.start()
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())

@@ -1,3 +1,6 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -332,14 +335,16 @@ class PrefetchRequest(_message.Message):
     def __init__(self, refs: _Optional[_Iterable[_Union[PlanRef, _Mapping]]] = ..., compile_missing: _Optional[bool] = ...) -> None: ...
 
 class PrefetchError(_message.Message):
-    __slots__ = ("code", "message", "error_class")
+    __slots__ = ("code", "message", "error_class", "retry_delay")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_DELAY_FIELD_NUMBER: _ClassVar[int]
     code: str
     message: str
     error_class: str
-    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., error_class: _Optional[str] = ...) -> None: ...
+    retry_delay: _duration_pb2.Duration
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., error_class: _Optional[str] = ..., retry_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class PrefetchItem(_message.Message):
     __slots__ = ("index", "key", "plan", "error", "source")

@@ -103,7 +103,9 @@ class PlanCacheServicer:
 
     def Prefetch(self, request, context):
         """Many plans in one call, each streamed back as soon as it is available
-        (stored ones first); a node's start-up fetch.
+        (stored ones first, then builds in the order they finish); a node's
+        start-up fetch. A server bounds the refs of one call
+        (RESOURCE_EXHAUSTED without RetryInfo past it: split the manifest).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,73 @@
+"""A front end's in-process cache of verified plans, in front of Redis.
+
+A hit then needs no Redis round trip and no re-hash: on a 2-core machine a
+75 KB HMGET plus its sha256 cost ~0.3 ms of a ~1 ms GetPlan. Serving a
+cached copy is always correct: entries were verified when read, and any
+build stored under a key is a valid plan for that key. The TTL bounds how
+long a plan deleted from Redis can still be served by this front end.
+Bounded by bytes, least recently used out first; misses are not cached.
+Everything runs on the event loop's thread: no lock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+from plancache_server.store import PlanStore, StoredPlan
+
+
+class MemoryCachedStore:
+    def __init__(self, inner: PlanStore, max_bytes: int, ttl_s: float) -> None:
+        self._inner = inner
+        self._max_bytes = max_bytes
+        self._ttl_s = ttl_s
+        self._entries: OrderedDict[str, tuple[float, StoredPlan]] = OrderedDict()
+        self._bytes = 0
+
+    def cached(self, plan_key: str) -> StoredPlan | None:
+        entry = self._entries.get(plan_key)
+        if entry is None:
+            return None
+        if time.monotonic() - entry[0] >= self._ttl_s:
+            self._drop(plan_key)
+            return None
+        self._entries.move_to_end(plan_key)
+        return entry[1]
+
+    async def get(self, plan_key: str) -> StoredPlan | None:
+        plan = self.cached(plan_key)
+        if plan is not None:
+            return plan
+        plan = await self._inner.get(plan_key)
+        if plan is not None:
+            self.remember(plan)
+        else:
+            self._drop(plan_key)
+        return plan
+
+    def remember(self, plan: StoredPlan) -> None:
+        """Keep a plan read and verified elsewhere (a finished build)."""
+        size = plan.size
+        if size > self._max_bytes:
+            return
+        self._drop(plan.metadata.key)
+        self._entries[plan.metadata.key] = (time.monotonic(), plan)
+        self._bytes += size
+        while self._bytes > self._max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    async def delete(self, plan_key: str) -> None:
+        self._drop(plan_key)
+        await self._inner.delete(plan_key)
+
+    async def keys_of_spec(self, spec_hash: str) -> list[str]:
+        return await self._inner.keys_of_spec(spec_hash)
+
+    async def keys_of_target(self, target_id: str) -> list[str]:
+        return await self._inner.keys_of_target(target_id)
+
+    def _drop(self, plan_key: str) -> None:
+        entry = self._entries.pop(plan_key, None)
+        if entry is not None:
+            self._bytes -= entry[1].size

@@ -1,0 +1,89 @@
+"""The worker's side of the job streams (blocking: a worker builds one job
+at a time and keeps its heartbeat on a thread). See plancache_server.jobs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, cast
+
+import redis
+
+from plancache.target import Target
+from plancache_server import keys
+from plancache_server.jobs import Delivery, delivery
+from plancache_server.redis_conn import translated_errors
+
+# Acknowledge and delete a finished job in one step: an acknowledged entry
+# left in the stream would count against the queue's bound forever.
+_ACK_AND_DELETE = """
+redis.call('xack', KEYS[1], ARGV[1], ARGV[2])
+return redis.call('xdel', KEYS[1], ARGV[2])
+"""
+
+
+class WorkerQueue:
+    def __init__(self, client: redis.Redis) -> None:
+        self._redis = client
+        self._ack_and_delete = client.register_script(_ACK_AND_DELETE)
+
+    def join(self, targets: list[Target]) -> None:
+        """Create each target's stream and consumer group if missing."""
+        with translated_errors("joining job streams"):
+            for target in targets:
+                try:
+                    self._redis.xgroup_create(keys.job_stream(target), keys.JOB_GROUP, id="0", mkstream=True)
+                except redis.ResponseError as e:
+                    if "BUSYGROUP" not in str(e):
+                        raise
+
+    def heartbeat(self, worker_id: str, targets: list[Target], ttl_s: float) -> None:
+        expires = time.time() + ttl_s
+        with translated_errors("sending a heartbeat"):
+            pipe = self._redis.pipeline(transaction=False)
+            for target in targets:
+                pipe.zadd(keys.workers(target.id), {worker_id: expires})
+                pipe.zremrangebyscore(keys.workers(target.id), "-inf", time.time() - ttl_s)
+                pipe.sadd(keys.KNOWN_TARGETS, target.id)
+            pipe.execute()
+
+    def leave(self, worker_id: str, targets: list[Target]) -> None:
+        with translated_errors("leaving"):
+            for target in targets:
+                self._redis.zrem(keys.workers(target.id), worker_id)
+
+    def drain_requested(self, worker_id: str) -> bool:
+        with translated_errors("checking for a drain request"):
+            return bool(self._redis.exists(keys.drain(worker_id)))
+
+    def read(self, worker_id: str, targets: list[Target], block_ms: int) -> list[Delivery]:
+        streams = {keys.job_stream(t): ">" for t in targets}
+        with translated_errors("reading jobs"):
+            reply = cast(list[Any], self._redis.xreadgroup(keys.JOB_GROUP, worker_id, streams, count=1, block=block_ms))  # type: ignore[arg-type]
+        return [delivery(stream.decode(), entry_id, fields) for stream, entries in reply or [] for entry_id, fields in entries]
+
+    def reclaim(self, worker_id: str, targets: list[Target], min_idle_ms: int) -> list[Delivery]:
+        """Jobs another worker took and went silent on (it died mid-build):
+        claimed for this worker, with how often they were handed out."""
+        deliveries = []
+        with translated_errors("reclaiming jobs"):
+            for target in targets:
+                stream = keys.job_stream(target)
+                reply: Any = self._redis.xautoclaim(stream, keys.JOB_GROUP, worker_id, min_idle_ms, start_id="0-0", count=1)
+                for entry_id, fields in reply[1]:
+                    if fields is None:
+                        continue  # deleted from the stream meanwhile
+                    pending = self._redis.xpending_range(stream, keys.JOB_GROUP, min=entry_id, max=entry_id, count=1)
+                    attempts = int(pending[0]["times_delivered"]) if pending else 1
+                    deliveries.append(delivery(stream, entry_id, fields, attempts))
+        return deliveries
+
+    def touch(self, job: Delivery, worker_id: str) -> None:
+        """Tell the group this worker is still on the job (resets its idle time)."""
+        with translated_errors("touching a job"):
+            self._redis.xclaim(job.stream, keys.JOB_GROUP, worker_id, 0, [job.entry_id], justid=True)
+
+    def ack(self, job: Delivery) -> None:
+        """Done with a job: acknowledged and deleted, so that the stream's
+        length stays the number of unfinished jobs (the queue's bound)."""
+        with translated_errors("acknowledging a job"):
+            self._ack_and_delete(keys=[job.stream], args=[keys.JOB_GROUP, job.entry_id])

@@ -1,0 +1,45 @@
+"""Run a front end (grpc.aio) on an event loop in a background thread, so that
+blocking tests and workers can talk to it from the main thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from plancache_server.app import FrontEnd
+from plancache_server.settings import Settings
+
+T = TypeVar("T")
+
+
+class ThreadedFrontEnd:
+    def __init__(self, settings: Settings, redis_url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="front-end-loop", daemon=True)
+        self._thread.start()
+        try:
+            self.front: FrontEnd = self.run(FrontEnd.start(settings, redis_url))
+        except BaseException:
+            self._end_loop()
+            raise
+
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float = 60) -> T:
+        """Run a coroutine on the front end's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=timeout)
+
+    @property
+    def port(self) -> int:
+        return self.front.port
+
+    def stop(self, grace: float | None = None) -> None:
+        try:
+            self.run(self.front.stop(grace))
+        finally:
+            self._end_loop()
+
+    def _end_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
