@@ -20,7 +20,7 @@ def test_cpu_benchmark_quick_run_writes_its_table_json_and_plot(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "hit p50 / floor" in proc.stdout
     results = json.loads((tmp_path / "cpu_bench.json").read_text())
-    assert set(results["hit_path"]["1"]) == {"plancache", "plancache_no_memory_cache", "echo", "redis_get"}
+    assert set(results["hit_path"]["1"]) == {"plancache", "plancache_no_memory_cache", "echo", "echo_aio", "redis_get"}
     assert results["summary"]["coalescing_builds"] == [1, 1]
     assert results["summary"]["client_cache_hit_ms"] > 0 and results["startup_fetch"]["streamed_plans_per_s"]["median"] > 0
     assert (tmp_path / "cpu_bench.png").stat().st_size > 10_000

@@ -11,6 +11,7 @@ stats: `sm_90/cudnn-91900/fe-1.32.0[/dev-nvidia-h200][/sms-132]`.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 
@@ -47,8 +48,9 @@ class Target:
         if not 0 <= self.sm_count < 100_000:
             raise InvalidRequest(f"target: sm_count {self.sm_count} out of range")
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
+        """Computed once per target (hot on the hit path)."""
         parts = [self.compute_capability, f"cudnn-{self.cudnn_version}", f"fe-{self.frontend_version}"]
         if self.device_name:
             parts.append(f"dev-{slug(self.device_name)}")

@@ -20,7 +20,7 @@ from plancache_server.auth import Authorizer
 from plancache_server.build_records import BuildRecorder
 from plancache_server.builds import Admission, Builds
 from plancache_server.directory import WorkerDirectory
-from plancache_server.interceptors import AuthInterceptor, ErrorInterceptor, MetricsInterceptor
+from plancache_server.guard import add_guarded
 from plancache_server.jobs import JobQueue
 from plancache_server.memory_cache import MemoryCachedStore
 from plancache_server.offload import CpuOffload
@@ -133,16 +133,22 @@ class FrontEnd:
         if authorizer.open:
             log.warning("no --tokens-file: every caller may compile and read plans")
         server = grpc.aio.server(
-            interceptors=[MetricsInterceptor(), ErrorInterceptor(offload), AuthInterceptor(authorizer)],
             options=[
                 ("grpc.max_receive_message_length", settings.max_message_bytes),
                 ("grpc.max_send_message_length", settings.max_message_bytes),
                 # A second server on a busy port fails to start instead of
                 # silently sharing (and taking) its traffic.
                 ("grpc.so_reuseport", 0),
+                # gRPC's own backlog of calls not yet taken up by the event
+                # loop: past 1,000 (its default) it drops calls at random as
+                # CANCELLED, which a burst of callers hit (1% of a 2,000-call
+                # burst). Admission control (RESOURCE_EXHAUSTED with a retry
+                # delay) is ours to do, once a call is read.
+                ("grpc.server.max_pending_requests", settings.max_pending_calls),
+                ("grpc.server.max_pending_requests_hard_limit", 2 * settings.max_pending_calls),
             ],
         )
-        pb_grpc.add_PlanCacheServicer_to_server(PlanCacheServicer(service), server)
+        add_guarded(pb_grpc.add_PlanCacheServicer_to_server, PlanCacheServicer(service), server, authorizer, offload)
         health_servicer = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         names = (pb.DESCRIPTOR.services_by_name["PlanCache"].full_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)

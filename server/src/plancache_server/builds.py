@@ -10,9 +10,11 @@ On one front end, every caller waiting for the same key shares one
 workers' pub/sub announcement, re-checking every half second in case one is
 lost), one read of the finished plan. A waiting caller is a coroutine and a
 future, not a thread, and costs nothing a hit needs: hits never touch a
-flight. When a build finishes its waiters are woken in small batches so
-that the event loop keeps answering other calls while a plan fans out to
-thousands of them.
+flight. When a build finishes, its plan is handed to at most DELIVERY_SLOTS
+callers at a time, each holding its slot until its response is written (or
+SLOT_HOLD_S has passed): a plan fanning out to thousands of callers never
+fills the event loop's queue, so a hit arriving meanwhile waits for a few
+writes, not for all of them.
 
 Admission control: past `max_waiters` waiting callers on this front end, or
 `max_waiters_per_key` on one key, a new caller is refused at once with
@@ -43,8 +45,11 @@ from plancache_server.store import PlanStore, StoredPlan
 log = logging.getLogger(__name__)
 
 RECHECK_S = 0.5
-# Waiters woken per event-loop turn when a build finishes.
-WAKE_BATCH = 32
+# Finished builds being written to their callers at once, per front end, and
+# how long one caller may hold its slot (a caller that does not read keeps
+# its response pending in gRPC, not the others waiting).
+DELIVERY_SLOTS = 16
+SLOT_HOLD_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,7 @@ class Waiter:
         self.future: asyncio.Future[StoredPlan] = asyncio.get_running_loop().create_future()
         self.started = False  # this caller's call queued the build
         self._released = False
+        self._slot: tuple[asyncio.Semaphore, asyncio.TimerHandle] | None = None
 
     @property
     def plan_key(self) -> str:
@@ -153,8 +159,21 @@ class Waiter:
             f"plan {self.plan_key} is still building (job {self.flight.job_id}); the build continues and its plan will be stored: call again later"
         )
 
+    def hold(self, slots: asyncio.Semaphore) -> None:
+        """Hold a delivery slot (taken) until delivered(), at most SLOT_HOLD_S."""
+        self._slot = (slots, asyncio.get_running_loop().call_later(SLOT_HOLD_S, self.delivered))
+
+    def delivered(self) -> None:
+        """The caller's response is written: its delivery slot goes to the next."""
+        if self._slot is not None:
+            slots, timer = self._slot
+            self._slot = None
+            timer.cancel()
+            slots.release()
+
     def release(self) -> None:
         """This caller stops waiting (answered, gave up or went away)."""
+        self.delivered()
         if not self._released:
             self._released = True
             self._builds._leave(self)
@@ -172,6 +191,7 @@ class Builds:
         self._flights: dict[str, Flight] = {}
         self.waiting = 0  # callers waiting on this front end, all keys
         self._closing = False
+        self._delivery_slots = asyncio.Semaphore(DELIVERY_SLOTS)
 
     def flying(self, plan_key: str) -> bool:
         """Whether callers here already wait for this key (then the store
@@ -311,19 +331,22 @@ class Builds:
         self._forget(flight)  # later callers find the plan in the store, or start anew
 
     async def _wake(self, flight: Flight) -> None:
-        """Answer the flight's waiters, a batch per event-loop turn."""
+        """Answer the flight's waiters: an error to all at once; a plan to a
+        few at a time, each holding a delivery slot while it is written."""
         outcome = flight.outcome
-        woken = 0
         for waiter in list(flight.waiters):
             if waiter.future.done():
                 continue
             if isinstance(outcome, PlanCacheError):
                 waiter.future.set_exception(outcome)
-            elif outcome is not None:
-                waiter.future.set_result(outcome)
-            woken += 1
-            if woken % WAKE_BATCH == 0:
-                await asyncio.sleep(0)
+                continue
+            assert outcome is not None
+            await self._delivery_slots.acquire()
+            if waiter.future.done():  # it left while we waited for a slot
+                self._delivery_slots.release()
+                continue
+            waiter.hold(self._delivery_slots)
+            waiter.future.set_result(outcome)
 
     def _leave(self, waiter: Waiter) -> None:
         flight = waiter.flight

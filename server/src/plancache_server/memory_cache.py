@@ -6,11 +6,14 @@ cached copy is always correct: entries were verified when read, and any
 build stored under a key is a valid plan for that key. The TTL bounds how
 long a plan deleted from Redis can still be served by this front end.
 Bounded by bytes, least recently used out first; misses are not cached.
-Everything runs on the event loop's thread: no lock.
+Concurrent reads of one key share one Redis read (a herd asking for the
+same plan at once costs one round trip). Everything runs on the event
+loop's thread: no lock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 
@@ -24,6 +27,7 @@ class MemoryCachedStore:
         self._ttl_s = ttl_s
         self._entries: OrderedDict[str, tuple[float, StoredPlan]] = OrderedDict()
         self._bytes = 0
+        self._reading: dict[str, asyncio.Future[StoredPlan | None]] = {}  # reads under way
 
     def cached(self, plan_key: str) -> StoredPlan | None:
         entry = self._entries.get(plan_key)
@@ -39,7 +43,18 @@ class MemoryCachedStore:
         plan = self.cached(plan_key)
         if plan is not None:
             return plan
-        plan = await self._inner.get(plan_key)
+        reading = self._reading.get(plan_key)
+        if reading is None:
+            # Its own task: a caller that goes away does not cancel the others' read.
+            reading = self._reading[plan_key] = asyncio.ensure_future(self._read(plan_key))
+            reading.add_done_callback(_retrieved)
+        return await asyncio.shield(reading)
+
+    async def _read(self, plan_key: str) -> StoredPlan | None:
+        try:
+            plan = await self._inner.get(plan_key)
+        finally:
+            del self._reading[plan_key]
         if plan is not None:
             self.remember(plan)
         else:
@@ -71,3 +86,9 @@ class MemoryCachedStore:
         entry = self._entries.pop(plan_key, None)
         if entry is not None:
             self._bytes -= entry[1].size
+
+
+def _retrieved(task: asyncio.Future[StoredPlan | None]) -> None:
+    """Mark a read's error seen: the callers that wanted it got it, or left."""
+    if not task.cancelled():
+        task.exception()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -32,6 +33,19 @@ LOOKUPS = Counter("plancache_lookups", "plan lookups by target and result (hit, 
 BUILDS = Counter("plancache_builds", "builds finished by this worker, by target and outcome", ["target", "outcome"])
 BUILD_SECONDS = Histogram("plancache_build_seconds", "build + autotune time of one plan", ["target"], buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 60, 120, 300, 900))
 BUSY = Gauge("plancache_worker_busy", "1 while this worker is building")
+
+# Label children, looked up once: prometheus_client's labels() formats and
+# locks on every call, a measurable share of a hit's cost.
+_children: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+
+def child(metric: Counter | Histogram, *labels: str) -> Any:
+    """metric.labels(*labels), cached (label sets are bounded by design)."""
+    key = (metric, labels)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = metric.labels(*labels)
+    return found
 
 
 class QueueCollector(Collector):

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from plancache import spec_io
@@ -129,13 +129,16 @@ class PlanService:
         plan = self._store.cached(plan_key)
         if plan is None and not self._builds.flying(plan_key):
             plan = await self._store.get(plan_key)
+        self._count(plan_key, plan, target_id, family)
+        return plan
+
+    def _count(self, plan_key: str, plan: StoredPlan | None, target_id: str, family: str | None) -> None:
         if plan is None:
             self._stats.incr(Counter.MISSES, target_id=target_id, family=family)
         else:
             saved = plan.metadata.build_seconds + plan.metadata.autotune_seconds
             self._stats.hit(plan_key, len(plan.blob), saved, target_id=target_id, family=family)
-        metrics.LOOKUPS.labels(self._directory.scope(target_id), "hit" if plan is not None else "miss").inc()
-        return plan
+        metrics.child(metrics.LOOKUPS, self._directory.scope(target_id), "hit" if plan is not None else "miss").inc()
 
     async def _start_build(self, resolved: ResolvedQuery) -> Waiter:
         """Wait for the build of a missing plan: started here, or joined."""
@@ -151,23 +154,28 @@ class PlanService:
 
     # ---- calls -----------------------------------------------------------------
 
-    async def compile(self, request: pb.CompileRequest, time_remaining: float | None) -> bytes:
-        """A serialized CompileResponse."""
+    async def compile(self, request: pb.CompileRequest, time_remaining: float | None, when_sent: Callable[[Callable[[], None]], None]) -> bytes:
+        """A serialized CompileResponse. `when_sent(callback)` calls back once
+        the response is written (it frees the caller's delivery slot)."""
         resolved = await self.resolve(request.spec, request.target, request.options)
         plan = await self._lookup(resolved.plan_key, resolved.target.id, resolved.family)
         if plan is not None:
             return plan.compile_response(pb.COMPILE_SOURCE_HIT)
         waiter = await self._start_build(resolved)
+        when_sent(waiter.release)
         try:
             plan = await waiter.result(self._deadline(time_remaining))
         except PlanCacheError:
             self._failed(waiter, resolved)
             raise
-        finally:
-            waiter.release()
         return plan.compile_response(pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED)
 
     async def get(self, ref: pb.PlanRef) -> StoredPlan:
+        if ref.WhichOneof("ref") == "key":  # a fleet node's fetch by key, from memory: nothing to await
+            plan = self._store.cached(ref.key)
+            if plan is not None:
+                self._count(ref.key, plan, parse_key(ref.key).target.id, None)
+                return plan
         plan_key, resolved = await self._ref_key(ref)
         plan = await self._lookup(plan_key, resolved.target.id if resolved else parse_key(plan_key).target.id, resolved.family if resolved else None)
         if plan is None:
@@ -219,14 +227,16 @@ class PlanService:
                     break
                 for future in done:
                     index, waiter, resolved = waiting.pop(future)
-                    waiter.release()
                     try:
-                        plan = future.result()
-                    except PlanCacheError as e:
-                        self._failed(waiter, resolved)
-                        yield _error_item(index, resolved.plan_key, e)
-                        continue
-                    yield plan.prefetch_item(index, resolved.plan_key, pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED)
+                        try:
+                            plan = future.result()
+                        except PlanCacheError as e:
+                            self._failed(waiter, resolved)
+                            yield _error_item(index, resolved.plan_key, e)
+                            continue
+                        yield plan.prefetch_item(index, resolved.plan_key, pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED)
+                    finally:
+                        waiter.release()  # resumed: the item is written, its delivery slot is free
         finally:
             for _, waiter, _ in waiting.values():
                 waiter.release()

@@ -20,7 +20,7 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
     # (see StoredPlan); the error interceptor's serializer passes bytes through.
 
     async def Compile(self, request: pb.CompileRequest, context: grpc.aio.ServicerContext) -> bytes:  # type: ignore[type-arg]
-        return await self._service.compile(request, context.time_remaining())
+        return await self._service.compile(request, context.time_remaining(), lambda done: context.add_done_callback(lambda _: done()))  # type: ignore[arg-type]
 
     async def GetPlan(self, request: pb.GetPlanRequest, context: grpc.aio.ServicerContext) -> bytes:  # type: ignore[type-arg]
         return (await self._service.get(request.ref)).get_plan_response

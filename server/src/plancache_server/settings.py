@@ -99,6 +99,8 @@ class Settings:
                                    programs=frozenset({SERVER}))  # fmt: skip
     retry_delay_s: float = _option(1.0, "--retry-delay", "seconds a refused caller is told to wait before calling again (clients add jitter)", float,
                                    programs=frozenset({SERVER}))  # fmt: skip
+    max_pending_calls: int = _option(20_000, "--max-pending-calls", "calls gRPC accepts before the event loop takes them up; past it gRPC refuses new calls (CANCELLED)", int,
+                                     programs=frozenset({SERVER}))  # fmt: skip
     cpu_threads: int = _option(2, "--cpu-threads", "threads that parse, hash and encode large messages off the event loop", int, programs=frozenset({SERVER}))
     event_loop: str = _option("auto", "--event-loop", "'auto' (uvloop when installed), 'uvloop' or 'asyncio'", programs=frozenset({SERVER}))
     listed_targets: tuple[str, ...] = _option((), "--targets", "comma list of target ids counted in statistics even while no worker serves them", _target_list,
