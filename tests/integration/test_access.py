@@ -105,6 +105,23 @@ def test_raw_stub_without_token_gets_unauthenticated_code(guarded_stack: Stack) 
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
+def test_a_caller_without_a_valid_token_never_gets_its_body_parsed(guarded_stack: Stack) -> None:
+    """Garbage from an anonymous or unknown caller is refused as unauthenticated,
+    not reported as malformed: the token is checked before the body is read."""
+    garbage = b"\xff" * 4096
+    for metadata in ((), (("authorization", "Bearer " + "x" * 20),)):
+        with grpc.insecure_channel(guarded_stack.address) as channel:
+            call = channel.unary_unary("/plancache.v1.PlanCache/Compile", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+            with pytest.raises(grpc.RpcError) as info:
+                call(garbage, timeout=5, metadata=metadata)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, info.value.details()
+    with grpc.insecure_channel(guarded_stack.address) as channel:  # with a valid token the same bytes are read, and refused as malformed
+        call = channel.unary_unary("/plancache.v1.PlanCache/Compile", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as info:
+            call(garbage, timeout=5, metadata=(("authorization", "bearer " + TOKENS["compile"]),))  # the scheme is case-insensitive
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed Compile request" in (info.value.details() or "")
+
+
 def test_drain_a_worker(stack: Stack) -> None:
     import time
 
