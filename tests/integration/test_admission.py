@@ -33,9 +33,9 @@ from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
 from plancache.validation import normalize
 from plancache_server import keys, metrics
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.embedded_redis import EmbeddedRedis
 from tests.conftest import Stack, start_stack
-from tests.support.processes import child_env, server_process, wait_for_workers, worker_process
+from tests.support.processes import standin_deployment
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin import StandInCompiler
@@ -120,12 +120,7 @@ def front_end_process(tmp_path: Path) -> Iterator[tuple[str, int]]:
     redis_server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
     try:
         with ExitStack() as stack:
-            address = f"127.0.0.1:{free_port()}"
-            server = stack.enter_context(server_process(address, redis_server.url, tmp_path / "server.log", "--gpus", "none"))
-            env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS="3")
-            worker = stack.enter_context(worker_process(redis_server.url, tmp_path / "worker.log", "--device", "0", "--compiler",
-                                                        "tests.support.standin:factory", "--unsigned", env=env))  # fmt: skip
-            wait_for_workers(address, proc=worker)
+            address, server, _ = stack.enter_context(standin_deployment(stack, redis_server.url, tmp_path, build_seconds=3))
             yield address, server.pid
     finally:
         redis_server.stop()

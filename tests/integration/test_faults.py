@@ -21,9 +21,9 @@ import redis
 
 from plancache import Client, DiskCache, PlanCacheError
 from plancache_server import keys
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.embedded_redis import EmbeddedRedis
 from tests.conftest import start_stack
-from tests.support.processes import child_env, server_process, wait_for_workers, worker_process
+from tests.support.processes import standin_deployment
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin import StandInCompiler
@@ -109,12 +109,7 @@ def test_sigterm_during_compiles_drains_and_leaves_nothing_half_written(tmp_path
     redis_server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
     try:
         with ExitStack() as stack:
-            front_end = f"127.0.0.1:{free_port()}"
-            server = stack.enter_context(server_process(front_end, redis_server.url, tmp_path / "server.log", "--gpus", "none"))
-            env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS="1.5")
-            worker = stack.enter_context(worker_process(redis_server.url, tmp_path / "worker.log", "--device", "0", "--compiler",
-                                                        "tests.support.standin:factory", "--unsigned", env=env))  # fmt: skip
-            wait_for_workers(front_end, proc=worker)
+            front_end, server, worker = stack.enter_context(standin_deployment(stack, redis_server.url, tmp_path, build_seconds=1.5))
             client = stack.enter_context(Client(front_end, cache=False))
             specs = [matmul_spec(m=8 * (i + 1)) for i in range(3)]
             with ThreadPoolExecutor(3) as pool:

@@ -8,10 +8,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from plancache import Client, PlanCacheError
+from plancache_server.embedded_redis import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,6 +75,20 @@ def worker_process(redis_url: str, log: Path, *args: str, env: dict[str, str] | 
             yield proc
         finally:
             _stop(proc)
+
+
+@contextmanager
+def standin_deployment(stack: ExitStack, redis_url: str, logs: Path, build_seconds: float) -> Iterator[tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
+    """A plancache-server process and one unsigned stand-in worker process
+    (builds of `build_seconds`), ready: (address, server, worker)."""
+    address = f"127.0.0.1:{free_port()}"
+    server = stack.enter_context(server_process(address, redis_url, logs / "server.log", "--gpus", "none"))
+    env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS=str(build_seconds))
+    worker = stack.enter_context(
+        worker_process(redis_url, logs / "worker.log", "--device", "0", "--compiler", "tests.support.standin:factory", "--unsigned", env=env)
+    )
+    wait_for_workers(address, proc=worker)
+    yield address, server, worker
 
 
 def wait_for_workers(address: str, count: int = 1, timeout: float = 180, proc: subprocess.Popen[bytes] | None = None) -> None:
