@@ -12,6 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+# Other runs of bench/herd.py kept beside herd.json, shown in its comparison table.
+HERD_EXTRA = {"asynchronous front end, nodes as equals": "herd_nodes_at_nice0.json", "asynchronous front end, 300 nodes": "herd_300_nodes.json"}
 
 
 def yes(ok: bool) -> str:
@@ -23,8 +25,9 @@ def cpu_section(cpu: dict) -> list[str]:
     out = [
         "## CPU (`make bench`; plans from the stand-in compiler, 75 KB)\n",
         f"Machine: {cpu['machine']['cpus']} cores, Python {cpu['machine']['python']}, loopback. Servers are separate processes; the load "
-        "generator is one process of threads. The floor is a bare gRPC server answering GetPlan with the same bytes "
-        "(`bench/echo_server.py`, same thread pool) plus one raw redis-py GET of the same 75 KB blob.\n",
+        "generator is one process of threads (it shares the two cores). Floors: bare gRPC servers answering GetPlan with the same bytes "
+        "(`bench/echo_server.py`): `echo` on grpc's thread pool (64 threads, the target), `echo_aio` on grpc.aio with uvloop (what the "
+        "front end is built on); plus one raw redis-py GET of the same 75 KB blob for latency.\n",
         "| clients | path | p50 ms | p50 range | p99 ms | req/s |",
         "|---|---|---|---|---|---|",
     ]
@@ -36,21 +39,30 @@ def cpu_section(cpu: dict) -> list[str]:
         "",
         "| row | measure | value | target | met |",
         "|---|---|---|---|---|",
-        f"| 1 | hit p50 / floor, 1 client | {s['hit_p50_over_floor']:.2f} | ≤ 1.25 | {yes(s['hit_p50_over_floor'] <= 1.25)} |",
+        f"| 1 | hit p50 / floor (thread-pool echo + Redis GET), 1 client | {s['hit_p50_over_floor']:.2f} | ≤ 1.0 | {yes(s['hit_p50_over_floor'] <= 1.0)} |",
+        f"| 1 | hit p50 / floor (asyncio echo + Redis GET) | {s['hit_p50_over_floor_aio']:.2f} | — | — |",
         f"| 1 | same, front-end memory cache off | {s['hit_p50_over_floor_no_memory_cache']:.2f} | — | — |",
-        f"| 1 | throughput / echo, 16 clients | {s['throughput_over_echo']:.2f} | ≥ 0.8 | {yes(s['throughput_over_echo'] >= 0.8)} |",
-        f"| 1 | same, memory cache off | {s['throughput_over_echo_no_memory_cache']:.2f} | — | — |",
+    ]
+    for level, value in s["throughput_over_echo"].items():
+        out += [
+            f"| 1 | throughput / thread-pool echo, {level} clients | {value:.2f} | ≥ 1.0 | {yes(value >= 1.0)} |",
+            f"| 1 | throughput / asyncio echo, {level} clients | {s['throughput_over_echo_aio'][level]:.2f} | — | — |",
+            f"| 1 | same, memory cache off (/ thread-pool echo) | {s['throughput_over_echo_no_memory_cache'][level]:.2f} | — | — |",
+        ]
+    out += [
         f"| 2 | client disk cache hit in a fresh process, per plan (median over {cc['plans']} plans; first plan {cc['first_plan_ms']['median']:.2f} ms; import {cc['import_s']['median'] * 1e3:.0f} ms) | {s['client_cache_hit_ms']:.3f} ms | < 0.3 ms | {yes(s['client_cache_hit_ms'] < 0.3)} |",
         f"| 3 | builds for one missing key, 64 concurrent Compile calls, 1 s build, per round | {s['coalescing_builds']} | 1 | {yes(all(b == 1 for b in s['coalescing_builds']))} |",
         f"| 3 | waiters' latency / builder's (median of rounds' p50; worst waiter) | {s['waiters_over_builder_p50']:.3f}; {s['waiters_over_builder_max']:.3f} | < 1.05 | {yes(s['waiters_over_builder_p50'] < 1.05)} |",
         f"| 4 | start-up fetch of {sf['plans']} plans: one GetPlan per plan | {sf['per_call_sequential_plans_per_s']['median']:,.0f} plans/s (8 threads: {sf['per_call_8_threads_plans_per_s']['median']:,.0f}) | — | — |",
         f"| 4 | the same, one streamed Prefetch call | {sf['streamed_plans_per_s']['median']:,.0f} plans/s ({s['streamed_over_per_call']:.2f}x) | — | — |",
         "",
-        "What it took: a hit used to cost an HMGET of the 75 KB blob plus its sha256 (~0.3 ms of a ~1.1 ms GetPlan on this machine: "
-        "1.54x the floor, 0.45x the echo's throughput). The front end keeps verified plans in a bounded in-process LRU "
-        "(`--memory-cache-mb`, default 256; `--memory-cache-ttl`, default 30 s, bounds how long a plan deleted from Redis can still be "
-        "served), answers GetPlan with a response serialized once per plan, and caches key parsing. The rows with the memory cache off "
-        "show the Redis-on-every-hit path.\n",
+        "The front end is one asyncio event loop (grpc.aio, uvloop). A hit from its memory cache awaits nothing: parse, check the token, "
+        "look up, count, and answer with the response bytes serialized once per plan (5.6 µs of Python per hit, measured in isolation). "
+        "Before the asynchronous front end the same benchmark read 0.79x the thread-pool echo's throughput at 16 clients and 0.67x at 64 "
+        "(stop 8). What stays below 1.0x is the event loop itself: on two cores shared with the load generator, the thread-pool echo spends "
+        "its C-core work on several threads while one loop thread does ours; per call our server spent about as much CPU as the "
+        "thread-pool echo (180-220 µs against 145-230 µs in interleaved runs) and ~30 µs more than the asyncio echo. The rows with "
+        "the memory cache off show the Redis-on-every-hit path.\n",
     ]
     return out
 
@@ -61,7 +73,7 @@ def gpu_section(gpu: dict) -> list[str]:
     warm = [(r["build_s"] + r["autotune_s"]) / (r["fetch_s"] + r["deserialize_again_s"]) for r in rows]
     out = [
         "## GPU (`scripts/gpu-check.sh` → `bench/gpu_bench.py`; NVIDIA H200, cuDNN 9.19, frontend 1.32, torch 2.11; "
-        "[docs/gpu-runs/2026-11-29-h200-run4.md](gpu-runs/2026-11-29-h200-run4.md))\n",
+        "[docs/gpu-runs/2026-11-30-h200-run10.md](gpu-runs/2026-11-30-h200-run10.md))\n",
         "One plancache server with a real cuDNN worker builds and autotunes every case (and, for row 6, builds it again without "
         "autotuning: heuristic plan 0). Each case is then fetched by a **fresh client process**, which, after its imports and cuDNN "
         "handle (which load cuBLASLt: 0.3–0.45 s, a cost a local build pays too), times request → deserialized plan, deserializes the "
@@ -119,18 +131,28 @@ def multi_gpu_section(mg: dict) -> list[str]:
     ]
 
 
-def herd_section(herd: dict, baseline: dict | None = None) -> list[str]:
-    """bench/results/herd.json (bench/herd.py); `baseline`: an earlier run to link ("before")."""
+def _summary_row(v: dict, measure: str) -> tuple[object, object]:
+    """(value, met) of one measure of a variant's summary table."""
+    for name, value, _target, met in v["summary"]:
+        if name.startswith(measure):
+            return value, met
+    return "—", "—"
+
+
+def herd_section(herd: dict, baseline: dict | None = None, extra: dict[str, dict] | None = None) -> list[str]:
+    """bench/results/herd.json (bench/herd.py); `baseline`: the same benchmark on the old server;
+    `extra`: other runs of it (label -> results) shown in one comparison table."""
     c, m = herd["config"], herd["machine"]
     out = [
         "## Rollout herd (`make herd`)\n",
         f"Machine: {m['cpus']} cores, Python {m['python']}, grpcio {m['grpcio']}, loopback; {c['build_seconds']} s stand-in builds, signed plans.",
-        f"{c['nodes']} simulated nodes (threads in {c['processes']} client processes, each node its own channel and TCP connection) start at one "
-        f"instant and each needs the same {c['plans']} plans, none stored yet, from one front end with ONE compile worker: by one Prefetch call "
-        f"(`prefetch`), by one Compile call per plan in a random order (`compile`), or as {c['burst']} simultaneous Compile calls of one new spec "
-        "(`burst`). Meanwhile a probe process fetches an already stored plan every "
-        f"{c['probe_interval'] * 1e3:g} ms (open loop), {c['idle_seconds']:g} s before the herd (idle) and during it; builds per key come from the "
-        "stand-in's build log.\n",
+        f"{c['nodes']} simulated nodes (coroutines on grpc.aio in {c['processes']} client processes at nice {c.get('client_nice', 0)}, each node its own "
+        "channel and TCP connection, each plan decoded and checked (sha256, signature) as plancache.Client does) start at one instant and each needs "
+        f"the same {c['plans']} plans, none stored yet, from one front end with ONE compile worker: by one Prefetch call (`prefetch`), by one "
+        f"Compile call per plan in a random order (`compile`), or as {c['burst']} simultaneous Compile calls of one new spec (`burst`). "
+        f"Meanwhile a probe process fetches an already stored plan every {c['probe_interval'] * 1e3:g} ms (open loop), {c['idle_seconds']:g} s "
+        "before the herd (idle) and during it; builds per key come from the stand-in's build log. The nodes run at a lower CPU priority "
+        "because they stand for other machines; the runs below at nice 0 show them as the server's equals on the same two cores.\n",
     ]
     if herd.get("note"):
         out.append(f"Note: {herd['note']}\n")
@@ -142,20 +164,37 @@ def herd_section(herd: dict, baseline: dict | None = None) -> list[str]:
             out.append(f"| {name if i == 0 else ''} | {measure} | {shown} | {'—' if target == '-' else target} | {ok} |")
     if herd.get("skipped"):
         out.append(f"\nSkipped for lack of time: {', '.join(herd['skipped'])}.")
+    runs = {"thread-pool front end (before, aa36b05)": baseline} if baseline else {}
+    runs |= {"asynchronous front end": herd, **(extra or {})}
+    out += [
+        "",
+        "Side by side (same machine, same benchmark and harness — the before row ran this bench/herd.py against the front end of "
+        "commit aa36b05 — each run with its own idle probe):\n",
+        "| run | variant | errors | last node after last build (s) | probe p99 idle → during (ms) | probe max during (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, run in runs.items():
+        if run is None:
+            continue
+        for name, v in run["variants"].items():
+            probe = v["probe"]
+            out.append(
+                f"| {label} ({run['config']['nodes']} nodes, nice {run['config'].get('client_nice', 0)}) | {name} | {v['errors_total']} | "
+                f"{v['last_done_minus_last_build_s']:.2f} | {probe['idle']['p99_ms']:.1f} → {probe['during']['p99_ms']:.1f} | {probe['during']['max_ms']:.0f} |"
+            )
     out += [
         "",
         "![probe latency during the herd](../bench/results/herd.png)",
         "",
-        "Reproduce: `make herd` (writes `bench/results/herd.json` and `.png`; `make herd ARGS=\"--nodes 300\"` for a smaller herd); "
-        "`python bench/herd.py --quick --out DIR` for a short run.\n",
+        "What the targets say, on this machine: every key built once, no errors and no CANCELLED in any variant; with Prefetch every node "
+        "had its plans within 0.4 s of the last build's end at 1,000 nodes (0.14 s at 300); the probe's p99 stayed under 20 ms at 1,000 "
+        "nodes with the nodes at nice 10, but not under twice its idle p99 (idle 2.5-3.7 ms, so ≤ 7.5 ms), and at nice 0 it read 23-29 ms: "
+        "on two cores the simulated fleet's own CPU (each plan decoded and verified) is what a probe competes with. One Compile per plan "
+        "in sequence leaves each node its remaining plans to fetch one call at a time after the last build: 2.6 s at 1,000 nodes "
+        "(0.79 s at 300), the clients' own pace.\n",
+        "Reproduce: `make herd` (writes `bench/results/herd.json` and `.png`; `make herd ARGS=\"--nodes 300\"` for a smaller herd, "
+        "`ARGS=\"--client-nice 0\"` for nodes as the server's equals); `python bench/herd.py --quick --out DIR` for a short run.\n",
     ]
-    if baseline is not None:
-        b = baseline["config"]
-        out += [
-            f"Before: the same benchmark on the thread-pool server ({b['nodes']} nodes, {b['plans']} plans): "
-            "[herd_sync_baseline.json](../bench/results/herd_sync_baseline.json), "
-            "[herd_sync_baseline.png](../bench/results/herd_sync_baseline.png).\n",
-        ]
     return out
 
 
@@ -171,7 +210,15 @@ def main() -> None:
         *cpu_section(cpu),
         *gpu_section(gpu),
         *multi_gpu_section(mg),
-        *(herd_section(json.loads((RESULTS / "herd.json").read_text()), _optional(RESULTS / "herd_sync_baseline.json")) if (RESULTS / "herd.json").exists() else []),
+        *(
+            herd_section(
+                json.loads((RESULTS / "herd.json").read_text()),
+                _optional(RESULTS / "herd_sync_baseline.json"),
+                {label: run for label, path in HERD_EXTRA.items() if (run := _optional(RESULTS / path)) is not None},
+            )
+            if (RESULTS / "herd.json").exists()
+            else []
+        ),
         "## Reproduce\n",
         "- CPU: `make bench` (writes `bench/results/cpu_bench.json` and `.png`); `python bench/cpu_bench.py --quick --out DIR` for a short run.",
         "- GPU: on a machine with an NVIDIA GPU, Python 3.12 and torch: `scripts/fetch-gpu-wheels.sh` (where there is internet), then "
