@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from plancache.errors import PlanCacheError
 from plancache_server.jobs import JobQueue
@@ -34,7 +33,6 @@ class WorkerDirectory:
         self.known: frozenset[str] = self._listed
         # Targets with live workers at the last refresh, and those workers.
         self.live: dict[str, list[str]] = {}
-        self.refreshed_at = 0.0
         self._task: asyncio.Task[None] | None = None
         self._refreshing: asyncio.Future[None] | None = None
 
@@ -54,7 +52,6 @@ class WorkerDirectory:
             advertised = await self._queue.advertised_targets()
             self.known = frozenset(advertised) | self._listed
             self.live = live
-            self.refreshed_at = time.monotonic()
             self._refreshing.set_result(None)
         except BaseException as e:
             self._refreshing.set_exception(e)
@@ -62,10 +59,6 @@ class WorkerDirectory:
             raise
         finally:
             self._refreshing = None
-
-    async def refresh_if_older(self, seconds: float) -> None:
-        if time.monotonic() - self.refreshed_at > seconds:
-            await self.refresh()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="plancache-directory")

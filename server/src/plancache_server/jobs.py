@@ -99,11 +99,6 @@ class JobQueue:
         with translated_errors("looking up workers"):
             return int(await self._redis.zcount(keys.workers(target.id), time.time(), "+inf"))
 
-    async def workers_of(self, target_id: str) -> list[str]:
-        with translated_errors("listing workers"):
-            members = await self._redis.zrangebyscore(keys.workers(target_id), time.time(), "+inf")
-        return sorted(text(m) for m in members)
-
     async def advertised_targets(self) -> set[str]:
         """Every target a worker ever announced (live or not)."""
         with translated_errors("listing targets"):

@@ -69,10 +69,6 @@ def text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def is_cluster(client: object) -> bool:
-    return isinstance(client, AsyncRedisCluster | redis.RedisCluster)
-
-
 @contextlib.contextmanager
 def translated_errors(doing: str) -> Iterator[None]:
     """Turn redis-py failures into StoreUnavailable (gRPC UNAVAILABLE); works

@@ -137,10 +137,6 @@ class Settings:
     max_message_bytes: int = 64 * 2**20
     limits: Limits = field(default_factory=Limits)
 
-    @property
-    def admission(self) -> dict[str, float]:
-        return {"max_waiters": self.max_waiters, "max_waiters_per_key": self.max_waiters_per_key, "retry_delay_s": self.retry_delay_s}
-
 
 def options(program: str | None = None) -> Iterator[tuple[str, Option]]:
     """(field name, option) of every setting a program takes (None: all)."""
