@@ -81,12 +81,16 @@ class AioCaller:
 
         return self._on_loop(call())
 
-    def open_unread_streams(self, request: pb.PrefetchRequest, count: int) -> list[Any]:
-        """`count` Prefetch calls, started and never read."""
+    def open_unread_streams(self, request: pb.PrefetchRequest, count: int, answered: bool = True) -> list[Any]:
+        """`count` Prefetch calls, started and never read; `answered`: return
+        once each has its first answer under way (else after a moment)."""
 
         async def start() -> list[Any]:
             calls = [pb_grpc.PlanCacheStub(self._channels[i % len(self._channels)]).Prefetch(request, timeout=60) for i in range(count)]
-            await asyncio.gather(*(call.wait_for_connection() for call in calls))
+            if answered:
+                await asyncio.gather(*(call.wait_for_connection() for call in calls))
+            else:
+                await asyncio.sleep(0.5)  # the calls reach the server (no answer before the build)
             return calls
 
         return self._on_loop(start()).result(timeout=60)
@@ -179,6 +183,33 @@ def test_unread_prefetch_streams_hold_memory_bounded_by_the_window_not_threads(f
     assert first.plan.metadata.key == plan.key
     assert max(answered) < 1.0 and hit < 0.5
     assert grown < 100 * 2**20, f"the server buffered {grown / 2**20:.0f} MiB for readers that do not read"
+
+
+def test_callers_that_do_not_read_do_not_hold_up_the_others(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+    """40 Prefetch streams wait for a plan and never read what they get; a
+    caller who came after them still has the plan right after it is stored."""
+    s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=3.0))
+    with s.client(timeout=30) as client:
+        stored = client.compile(matmul_spec(m=80), TARGET)
+    spec = matmul_spec(m=88)
+    query = pb.PlanQuery(spec=spec_io.to_proto(normalize(spec)), target=TARGET.to_proto())
+    # Each stream first gets 200 stored plans (15 MB, past its flow-control window), so
+    # it is still stuck writing those when the new plan is handed to it.
+    refs = [pb.PlanRef(key=stored.key)] * 200 + [pb.PlanRef(query=query)]
+    caller = AioCaller(s.address, channels=40)
+    try:
+        streams = caller.open_unread_streams(pb.PrefetchRequest(refs=refs, compile_missing=True), 40)
+        with s.client(timeout=30) as client:
+            plan = client.compile(spec, TARGET)
+            received = time.time()
+        caller.cancel(streams)
+    finally:
+        caller.close()
+        stop()
+    behind = received - plan.metadata.created_at  # from the plan being stored to this caller having it
+    print(f"\nbehind 40 readers that do not read: the plan arrived {behind * 1e3:.0f} ms after it was stored")
+    assert plan.source == "joined" and s.compiler.builds.count(spec.spec_hash()) == 1 and len(s.compiler.builds) == 2
+    assert behind < 0.3, f"{behind:.2f} s: the readers that do not read held up the fan-out"
 
 
 # ---- in-process stacks with small bounds ---------------------------------------

@@ -46,10 +46,10 @@ log = logging.getLogger(__name__)
 
 RECHECK_S = 0.5
 # Finished builds being written to their callers at once, per front end, and
-# how long one caller may hold its slot (a caller that does not read keeps
-# its response pending in gRPC, not the others waiting).
+# how long one caller may hold its slot: a caller that does not read keeps
+# its own response pending in gRPC, and holds up the others for at most this.
 DELIVERY_SLOTS = 16
-SLOT_HOLD_S = 0.25
+SLOT_HOLD_S = 0.02
 
 
 @dataclass(frozen=True)
