@@ -28,7 +28,7 @@ import grpc
 import redis
 
 from bench.report import figure, percentile, save, spread, table, write_json
-from plancache import Client, CompileOptions, DiskCache, GraphSpec, Manifest, ManifestEntry, Plan, spec_io
+from plancache import Client, CompileOptions, DiskCache, GraphSpec, Manifest, ManifestEntry, Plan
 from plancache.canonical import hash_normalized
 from plancache.plankey import make_key
 from plancache.signing import Signer
@@ -36,9 +36,8 @@ from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
 from plancache.validation import normalize
 from plancache_server.embedded_redis import EmbeddedRedis, free_port
-from plancache_server.jobs import Job
 from plancache_server.store import RedisPlanStore, StoredPlan
-from plancache_server.worker import plan_metadata
+from plancache_server.worker import VerifiedJob, plan_metadata
 from tests.support.processes import REPO, child_env, server_process, wait_for_workers, worker_process
 from tests.support.standin import STANDIN_TARGET, StandInCompiler
 
@@ -59,10 +58,8 @@ def store_plans(store: RedisPlanStore, count: int, offset: int = 0, signer: Sign
     for i in range(offset, offset + count):
         normalized = normalize(spec_for(i))
         key = make_key(hash_normalized(normalized), TARGET, CompileOptions())
-        query = pb.PlanQuery(spec=spec_io.to_proto(normalized), target=TARGET.to_proto(), options=CompileOptions().to_proto())
-        job = Job(job_id=f"bench-{i}", plan_key=key, query=query)
         compiled = compiler.compile(normalized, CompileOptions())
-        metadata = plan_metadata(job, compiled, "bench", TARGET.to_proto())
+        metadata = plan_metadata(VerifiedJob(key, normalized, TARGET, CompileOptions()), compiled, "bench", TARGET.to_proto())
         plan = StoredPlan(blob=compiled.blob, metadata=metadata, signature=signer.sign(metadata) if signer else None)
         store.put(plan)
         plans.append(plan)

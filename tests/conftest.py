@@ -78,7 +78,7 @@ def start_stack(redis_url: str, compiler: StandInCompiler | None, signer: Signer
     worker = None
     thread = None
     if compiler is not None:
-        parts = worker_parts(client, settings)
+        parts = worker_parts(client, settings, signer)
         worker = Worker(compiler, parts.queue, parts.builds, parts.store, "test-worker", heartbeat_interval_s=0.2, heartbeat_ttl_s=5, signer=signer)
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()

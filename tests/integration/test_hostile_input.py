@@ -80,8 +80,11 @@ def test_wrong_message_types(hostile_stack: Stack) -> None:
 
 
 def test_oversized_messages_are_resource_exhausted(hostile_stack: Stack) -> None:
-    with grpc.insecure_channel(hostile_stack.address) as channel:
-        assert _raw_call(channel, "Compile", b"\x0a" + b"\xff" * (300 * 1024)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    options = [("grpc.max_send_message_length", 64 * 2**20)]
+    with grpc.insecure_channel(hostile_stack.address, options=options) as channel:
+        assert _raw_call(channel, "Compile", b"\x0a" + b"\xff" * (5 * 2**20)) == grpc.StatusCode.RESOURCE_EXHAUSTED  # over 4 MiB: not parsed
+        assert _raw_call(channel, "GetPlan", b"\x0a" + b"\xff" * (100 * 1024)) == grpc.StatusCode.RESOURCE_EXHAUSTED  # over 64 KiB
+        assert _raw_call(channel, "Prefetch", b"\x0a" + b"\xff" * (20 * 2**20)) == grpc.StatusCode.RESOURCE_EXHAUSTED  # over gRPC's bound: not read
         _still_serving(channel)
 
 

@@ -23,13 +23,13 @@ from typing import Any, TypeVar
 import grpc
 
 from plancache import spec_io
+from plancache.answers import Asked
 from plancache.canonical import hash_normalized
 from plancache.disk_cache import DiskCache
 from plancache.errors import InvalidRequest, PlanCacheError, UntrustedPlan, error_from_status
 from plancache.manifest import Manifest
 from plancache.options import CompileOptions
 from plancache.plan import SOURCE_NAMES, Plan
-from plancache.plankey import make_key
 from plancache.rich_status import error_of, seconds_of
 from plancache.signing import TrustPolicy
 from plancache.spec import GraphSpec
@@ -200,12 +200,13 @@ class Client:
         a GPU worker of that target."""
         normalized = normalize(spec)
         resolved, opts = _target(target), options or CompileOptions()
-        cached = self._cached(make_key(hash_normalized(normalized), resolved, opts))
+        asked = Asked.query(hash_normalized(normalized), resolved, opts)
+        cached = self._cached(asked.key)
         if cached is not None:
             return cached
         request = pb.CompileRequest(spec=spec_io.to_proto(normalized), target=resolved.to_proto(), options=opts.to_proto())
         response = self._call(self._stub.Compile, request, timeout if timeout is not None else self.compile_timeout)
-        return self._remember(Plan.from_proto(response.plan, SOURCE_NAMES.get(response.source, "stored")))
+        return self._remember(Plan.from_proto(response.plan, SOURCE_NAMES.get(response.source, "stored")), asked)
 
     def get(
         self,
@@ -221,13 +222,15 @@ class Client:
             raise InvalidRequest("get() takes a plan key or a spec, not both")
         if key is None:
             assert spec is not None
-            key = make_key(hash_normalized(normalize(spec)), _target(target), options or CompileOptions())
-        cached = self._cached(key)
+            asked = Asked.query(hash_normalized(normalize(spec)), _target(target), options or CompileOptions())
+        else:
+            asked = Asked(key)
+        cached = self._cached(asked.key)
         if cached is not None:
             return cached
-        request = pb.GetPlanRequest(ref=pb.PlanRef(key=key))
+        request = pb.GetPlanRequest(ref=pb.PlanRef(key=asked.key))
         response = self._call(self._stub.GetPlan, request, timeout if timeout is not None else self.timeout)
-        return self._remember(Plan.from_proto(response.plan))
+        return self._remember(Plan.from_proto(response.plan), asked)
 
     def prefetch(
         self,
@@ -317,7 +320,7 @@ class Client:
             retry_after = seconds_of(item.error.retry_delay) if item.error.HasField("retry_delay") else None
             return error_from_status(code, item.error.message, item.error.error_class, retry_after)
         try:
-            plan = self._remember(Plan.from_proto(item.plan, SOURCE_NAMES.get(item.source, "stored")))
+            plan = self._remember(Plan.from_proto(item.plan, SOURCE_NAMES.get(item.source, "stored")), Asked(result.keys[index]))
         except PlanCacheError as e:  # a blob that does not match its sha256, or an untrusted signature
             return e
         result.plans[index] = plan
@@ -370,9 +373,11 @@ class Client:
             return None
         return plan
 
-    def _remember(self, plan: Plan) -> Plan:
-        """Accept a plan from the server: verified before anything else sees it."""
+    def _remember(self, plan: Plan, asked: Asked) -> Plan:
+        """Accept a plan from the server: verified (signature, and that it
+        answers what was asked) before anything else sees it."""
         self.trust.check(plan.metadata, plan.signature)
+        asked.check(plan.metadata)
         if self.cache is not None:
             self.cache.put(plan)
         return plan

@@ -56,6 +56,10 @@ class Signer:
             raise InvalidRequest(f"{path} is not an Ed25519 private key")
         return cls(key)
 
+    def public_pem(self) -> bytes:
+        """The public key that checks this signer's signatures (PEM)."""
+        return self._key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
     def sign(self, metadata: pb.PlanMetadata) -> pb.PlanSignature:
         return pb.PlanSignature(key_id=self.key_id, signature=self._key.sign(envelope(metadata)))
 

@@ -26,6 +26,12 @@ from plancache.errors import SpecError
 from plancache.ops import CATALOG, AttrValue, OpSchema
 
 
+def shown(text: str, limit: int = 64) -> str:
+    """A caller's name as error messages quote it: cut, so that a hostile
+    name cannot bury the message (or fill memory) with itself."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
 @dataclass(eq=False)
 class Tensor:
     """One tensor of a graph; also the handle the builder returns."""
@@ -69,9 +75,10 @@ class Tensor:
 
     def label(self) -> str:
         """How error messages name this tensor."""
+        name = shown(self.name)
         if self.name and self.uid is not None:
-            return f"tensor {self.name!r} (uid {self.uid})"
-        return f"tensor {self.name!r}" if self.name else f"tensor uid {self.uid}"
+            return f"tensor {name!r} (uid {self.uid})"
+        return f"tensor {name!r}" if self.name else f"tensor uid {self.uid}"
 
 
 @dataclass(eq=False)
@@ -84,7 +91,7 @@ class Node:
     compute_data_type: str | None = None
 
     def label(self, index: int) -> str:
-        return f"node {index} ({self.name or self.op})"
+        return f"node {index} ({shown(self.name or self.op)})"
 
 
 _TORCH_DTYPES = {

@@ -14,6 +14,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from plancache.errors import PlanCacheError
+from plancache.signing import Signer, TrustPolicy
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
 from plancache_server.auth import Authorizer
@@ -31,6 +32,7 @@ from plancache_server.settings import Settings
 from plancache_server.stats import Stats
 from plancache_server.status import StatusSource
 from plancache_server.store import AsyncRedisPlanStore, PlanStore, RedisPlanStore
+from plancache_server.wire import SPEC_REQUEST_BYTES, WireLimits
 from plancache_server.worker_queue import WorkerQueue
 
 log = logging.getLogger(__name__)
@@ -43,9 +45,18 @@ class WorkerParts:
     store: RedisPlanStore
 
 
-def worker_parts(client: redis.Redis, settings: Settings) -> WorkerParts:
-    """What a worker process needs: blocking clients (it builds one job at a time)."""
-    return WorkerParts(WorkerQueue(client), BuildRecorder(client, settings.build_lease_s, settings.negative_ttl_s), RedisPlanStore(client))
+def worker_parts(client: redis.Redis, settings: Settings, signer: Signer | None = None) -> WorkerParts:
+    """What a worker process needs: blocking clients (it builds one job at a
+    time). A stored plan counts as built only if it bears a signature the
+    worker trusts (its own key, and --trusted-keys): a damaged or forged one
+    is rebuilt over."""
+    trust = None
+    if signer is not None:
+        trust = TrustPolicy.create([signer.public_pem(), *settings.trusted_keys], allow_unsigned=False)
+    elif settings.unsigned and settings.trusted_keys:
+        trust = TrustPolicy.create(settings.trusted_keys, allow_unsigned=True)
+    store = RedisPlanStore(client, trust)
+    return WorkerParts(WorkerQueue(client), BuildRecorder(client, settings.build_lease_s, settings.negative_ttl_s), store)
 
 
 def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
@@ -120,7 +131,10 @@ class FrontEnd:
         """Bind settings.listen and start serving (OSError when the port is taken)."""
         client = connect_async(redis_url)
         offload = CpuOffload(settings.cpu_threads)
-        store: PlanStore = AsyncRedisPlanStore(client, offload)
+        trust = TrustPolicy.create(settings.trusted_keys, allow_unsigned=settings.unsigned) if settings.trusted_keys else None
+        if trust is None:
+            log.warning("no --trusted-keys: stored plans are served without checking their signatures (clients still check)")
+        store: PlanStore = AsyncRedisPlanStore(client, offload, trust)
         if settings.memory_cache_bytes > 0:
             store = MemoryCachedStore(store, settings.memory_cache_bytes, settings.memory_cache_ttl_s)
         queue = JobQueue(client, settings.max_queued_jobs, settings.retry_delay_s)
@@ -134,7 +148,8 @@ class FrontEnd:
             log.warning("no --tokens-file: every caller may compile and read plans")
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", settings.max_message_bytes),
+                # Nothing larger than the largest request a method takes is even read.
+                ("grpc.max_receive_message_length", max(settings.max_prefetch_bytes, SPEC_REQUEST_BYTES)),
                 ("grpc.max_send_message_length", settings.max_message_bytes),
                 # A second server on a busy port fails to start instead of
                 # silently sharing (and taking) its traffic.
@@ -148,7 +163,8 @@ class FrontEnd:
                 ("grpc.server.max_pending_requests_hard_limit", 2 * settings.max_pending_calls),
             ],
         )
-        add_guarded(pb_grpc.add_PlanCacheServicer_to_server, PlanCacheServicer(service), server, authorizer, offload)
+        limits = WireLimits(settings.limits, settings.max_prefetch_refs, settings.max_prefetch_bytes)
+        add_guarded(pb_grpc.add_PlanCacheServicer_to_server, PlanCacheServicer(service), server, authorizer, offload, limits)
         health_servicer = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         names = (pb.DESCRIPTOR.services_by_name["PlanCache"].full_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)

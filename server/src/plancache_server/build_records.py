@@ -91,16 +91,23 @@ class BuildRecorder:
                 self._redis.set(keys.failure(plan_key), error, ex=max(1, int(self._negative_ttl_s)))
         self._set_state(plan_key, state_fields(job_id, FAILED if error else DONE, worker=worker_id, error=error or ""))
         if error:
-            failure = FailedBuild(at=time.time(), plan_key=plan_key, worker=worker_id, reason=error, rejected=rejected)
-            with translated_errors("recording a failed build"):
-                pipe = self._redis.pipeline(transaction=False)
-                pipe.lpush(keys.RECENT_FAILURES, json.dumps(asdict(failure)))
-                pipe.ltrim(keys.RECENT_FAILURES, 0, RECENT_FAILURES_KEPT - 1)
-                pipe.execute()
+            self._record_failure(FailedBuild(at=time.time(), plan_key=plan_key, worker=worker_id, reason=error, rejected=rejected))
         with translated_errors("releasing a build lease"):
             self._release(keys=[keys.build_lease(plan_key)], args=[job_id])
         with translated_errors("announcing a finished build"):
             self._redis.publish(keys.EVENTS_CHANNEL, finished_event(job_id, plan_key))
+
+    def record_refusal(self, plan_key: str, worker_id: str, reason: str) -> None:
+        """A job this worker refused (forged, or not for it): listed with the
+        failed builds for operators; the plan it names is not touched."""
+        self._record_failure(FailedBuild(at=time.time(), plan_key=plan_key[:512], worker=worker_id, reason=reason[:2000], rejected=False))
+
+    def _record_failure(self, failure: FailedBuild) -> None:
+        with translated_errors("recording a failed build"):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.lpush(keys.RECENT_FAILURES, json.dumps(asdict(failure)))
+            pipe.ltrim(keys.RECENT_FAILURES, 0, RECENT_FAILURES_KEPT - 1)
+            pipe.execute()
 
     def _set_state(self, plan_key: str, fields: dict[str, str]) -> None:
         name = keys.job_state(plan_key)

@@ -2,8 +2,10 @@
 
 1. authenticate: the bearer token from the call's metadata, before anything
    reads the request's body (a refused caller's request is never parsed);
-2. parse: the request bytes (a malformed request answers INVALID_ARGUMENT
-   instead of grpc's bare INTERNAL; a large one is parsed off the event loop);
+2. parse: the request bytes, once their size and shape passed the limits
+   (plancache_server.wire: a hostile request is refused before anything is
+   allocated for it); a malformed request answers INVALID_ARGUMENT instead
+   of grpc's bare INTERNAL; a large one is parsed off the event loop;
 3. authorize the body: Prefetch asking for builds needs the compile role;
 4. the servicer method;
 5. errors: the one place a domain error becomes a gRPC status, with the
@@ -32,9 +34,10 @@ import grpc
 
 from plancache.errors import InvalidRequest, PermissionDenied, PlanCacheError
 from plancache.rich_status import bounded, trailing_metadata
-from plancache_server import metrics
+from plancache_server import metrics, wire
 from plancache_server.auth import Authorizer, Role, needed_role
 from plancache_server.offload import CpuOffload
+from plancache_server.wire import WireLimits
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +64,14 @@ class _Capture:
         self.service, self.handlers = service, handlers
 
 
-def add_guarded(register: Callable[[Any, Any], None], servicer: Any, server: grpc.aio.Server, authorizer: Authorizer, offload: CpuOffload) -> None:
+def add_guarded(
+    register: Callable[[Any, Any], None], servicer: Any, server: grpc.aio.Server, authorizer: Authorizer, offload: CpuOffload, limits: WireLimits
+) -> None:
     """Register `servicer` (with its generated `add_..._to_server`) on
     `server`, every method wrapped by the steps above."""
     captured = _Capture()
     register(servicer, captured)
-    guarded = {name: _guard(handler, f"/{captured.service}/{name}", authorizer, offload) for name, handler in captured.handlers.items()}
+    guarded = {name: _guard(handler, f"/{captured.service}/{name}", authorizer, offload, limits) for name, handler in captured.handlers.items()}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(captured.service, guarded),))
     server.add_registered_method_handlers(captured.service, guarded)  # type: ignore[attr-defined]
 
@@ -89,7 +94,7 @@ class _Malformed:
 
 
 async def parse(raw: bytes, parser: Callable[[bytes], Any], offload: CpuOffload, name: str) -> Any:
-    """2. The request message from its bytes."""
+    """2. The request message from its bytes (its size and shape checked first: plancache_server.wire)."""
     try:
         return await offload.run(len(raw), parser, raw)
     except Exception as e:
@@ -131,7 +136,7 @@ def count(name: str, started: float, error: BaseException | None) -> None:
 # ---- composed --------------------------------------------------------------------
 
 
-def _guard(handler: Handler, method: str, authorizer: Authorizer, offload: CpuOffload) -> Handler:
+def _guard(handler: Handler, method: str, authorizer: Authorizer, offload: CpuOffload, limits: WireLimits) -> Handler:
     name = method.rsplit("/", 1)[-1]
     parser = cast(Callable[[bytes], Any], handler.request_deserializer)
     serialize = cast(Callable[[Any], bytes], handler.response_serializer)
@@ -142,6 +147,7 @@ def _guard(handler: Handler, method: str, authorizer: Authorizer, offload: CpuOf
 
     async def prepared(raw: bytes, context: Context) -> Any:
         role = authenticate(authorizer, method, context)
+        wire.check(name, raw, limits)
         if len(raw) < offload.large_bytes:  # the common case: no await, no thread hop
             try:
                 request = parser(raw)

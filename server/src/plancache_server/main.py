@@ -45,7 +45,7 @@ def with_signing_key(settings: Settings) -> Settings:
         generate_keypair(private.parent)
         log.info("generated a plan-signing key %s", private)
     log.info("workers sign plans with %s; clients must trust %s (trusted_keys= or PLANCACHE_TRUSTED_KEYS)", private, public)
-    return replace(settings, signing_key=private)
+    return replace(settings, signing_key=private, trusted_keys=settings.trusted_keys or (public,))
 
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

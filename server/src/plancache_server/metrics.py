@@ -30,6 +30,9 @@ REQUEST_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )  # fmt: skip
 LOOKUPS = Counter("plancache_lookups", "plan lookups by target and result (hit, miss)", ["target", "result"])
+PLANS_REFUSED = Counter(
+    "plancache_plans_refused", "stored plans a front end refused to serve, by reason (integrity: blob or metadata damaged; signature)", ["reason"]
+)
 BUILDS = Counter("plancache_builds", "builds finished by this worker, by target and outcome", ["target", "outcome"])
 BUILD_SECONDS = Histogram("plancache_build_seconds", "build + autotune time of one plan", ["target"], buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 60, 120, 300, 900))
 BUSY = Gauge("plancache_worker_busy", "1 while this worker is building")

@@ -74,6 +74,10 @@ def _target_list(text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
+def _paths(text: str) -> tuple[Path, ...]:
+    return tuple(Path(p) for p in text.replace(",", os.pathsep).split(os.pathsep) if p.strip())
+
+
 def _port(text: str) -> int:
     return int(text or 0)
 
@@ -95,6 +99,8 @@ class Settings:
     max_waiters_per_key: int = _option(5_000, "--max-waiters-per-key", "callers one front end lets wait for the same plan's build", int, programs=frozenset({SERVER}))
     max_prefetch_refs: int = _option(10_000, "--max-prefetch-refs", "plan refs in one Prefetch call (more: RESOURCE_EXHAUSTED, split the manifest)", int,
                                      programs=frozenset({SERVER}))  # fmt: skip
+    max_prefetch_bytes: int = _option(16 * 2**20, "--max-prefetch-mb", "bytes one Prefetch request may have, MiB (other requests: 4 MiB with a spec, 64 KiB without)",
+                                      _mebibytes, programs=frozenset({SERVER}), shown_default="16")  # fmt: skip
     max_queued_jobs: int = _option(10_000, "--max-queued-jobs", "unfinished builds one target's queue takes; a new job past it is refused at once", int,
                                    programs=frozenset({SERVER}))  # fmt: skip
     retry_delay_s: float = _option(1.0, "--retry-delay", "seconds a refused caller is told to wait before calling again (clients add jitter)", float,
@@ -122,6 +128,8 @@ class Settings:
     # ---- trust and access
     signing_key: Path | None = _option(None, "--signing-key", "Ed25519 private key (PEM) workers sign plans with", Path, to_workers=True,
                                        shown_default="generated in --data-dir for the server's own workers")  # fmt: skip
+    trusted_keys: tuple[Path, ...] = _option((), "--trusted-keys", "Ed25519 public keys (PEM paths, comma separated) of the workers: plans are checked before being served",
+                                             _paths, programs=frozenset({SERVER}), shown_default="the generated key when the server starts its own workers")  # fmt: skip
     unsigned: bool = _option(False, "--unsigned", "store plans unsigned (clients must allow_unsigned)", switch=True, to_workers=True, shown_default="off")
     tokens_file: Path | None = _option(None, "--tokens-file", "'<read|compile|admin> <token>' lines; without it the service is open", Path,
                                        programs=frozenset({SERVER}), shown_default="none: open")  # fmt: skip
@@ -134,6 +142,7 @@ class Settings:
                                 _port)  # fmt: skip
     log_level: str = _option("INFO", "--log-level", "DEBUG, INFO, WARNING or ERROR", str.upper, to_workers=True)
     # ---- not configurable from the command line
+    # Largest message sent (a plan with its metadata).
     max_message_bytes: int = 64 * 2**20
     limits: Limits = field(default_factory=Limits)
 

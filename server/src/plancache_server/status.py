@@ -7,6 +7,7 @@ It runs on the front end's event loop (the HTTP thread hands it over).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -20,6 +21,8 @@ from plancache_server.directory import WorkerDirectory
 from plancache_server.jobs import JobQueue
 from plancache_server.stats import Bucket, Counter, PlanCounts, Ranking, Stats, family_scope, target_ids, target_scope
 from plancache_server.store import PlanStore
+
+log = logging.getLogger(__name__)
 
 # Range of the hit-rate charts -> (bucket unit, bucket count).
 RANGES = {"1h": ("m", 60), "24h": ("h", 24)}
@@ -100,8 +103,8 @@ class StatusSource:
             range=range_,
             targets=targets,
             families=families,
-            top_by_hits=[await self._entry(c) for c in await self._stats.top(Ranking.HITS, TOP_COUNT)],
-            top_by_seconds_saved=[await self._entry(c) for c in await self._stats.top(Ranking.SECONDS_SAVED, TOP_COUNT)],
+            top_by_hits=await self._entries(Ranking.HITS),
+            top_by_seconds_saved=await self._entries(Ranking.SECONDS_SAVED),
             recent_failures=await self._builds.recent_failures(FAILURE_COUNT),
         )
 
@@ -113,9 +116,18 @@ class StatusSource:
         waiting, running = await self._queue.depth(target)
         return TargetStatus(target_id, len(self._directory.live.get(target_id, ())), waiting, running, windows, history)
 
+    async def _entries(self, ranking: Ranking) -> list[TopEntry]:
+        entries = []
+        for counts in await self._stats.top(ranking, TOP_COUNT):
+            try:
+                entries.append(await self._entry(counts))
+            except InvalidRequest:  # a member that is no plan key (written by someone else): skipped, not shown
+                log.warning("top entries: skipping %r, which is not a plan key", counts.plan_key[:200])
+        return entries
+
     async def _entry(self, counts: PlanCounts) -> TopEntry:
+        target_id = parse_key(counts.plan_key).target.id
         plan = await self._store.get(counts.plan_key)
-        target_id = parse_key(counts.plan_key).target.id  # ranked keys were parsed when hit
         if plan is None:
             return TopEntry(counts.plan_key, target_id, counts.hits, counts.build_seconds_saved, False, 0.0, 0, "")
         meta = plan.metadata

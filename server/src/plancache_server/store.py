@@ -8,6 +8,14 @@ miss, and the next Compile rebuilds it.
 Workers write plans with the blocking `RedisPlanStore`; front ends read
 them with the asynchronous `AsyncRedisPlanStore` (usually behind the
 memory cache, plancache_server.memory_cache). Both use one codec.
+
+Anyone who can write to Redis can write a plan hash. A front end that knows
+the workers' public keys (`--trusted-keys`, or the key it generated for its
+own workers) checks each plan's signature when it reads it: a plan that
+fails reads as a miss and is counted (plancache_plans_refused_total); the
+next Compile has it rebuilt, since a worker checks a stored plan's
+signature too before it takes it as built. Front ends never write plans
+(their Redis user need not be able to). Clients check signatures again.
 """
 
 from __future__ import annotations
@@ -21,8 +29,10 @@ from typing import Protocol, cast
 import redis
 from google.protobuf.message import DecodeError
 
+from plancache.errors import UntrustedPlan
+from plancache.signing import TrustPolicy
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server import keys
+from plancache_server import keys, metrics
 from plancache_server.offload import CpuOffload
 from plancache_server.redis_conn import AsyncRedis, text, translated_errors
 
@@ -96,13 +106,22 @@ def decode_plan(plan_key: str, blob: bytes | None, meta: bytes | None, sig: byte
 class RedisPlanStore:
     """Blocking: workers (check, then store what they built) and tools."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, trust: TrustPolicy | None = None) -> None:
+        """`trust`: what a stored plan must be signed by to count as built."""
         self._redis = client
+        self._trust = trust
 
     def get(self, plan_key: str) -> StoredPlan | None:
         with translated_errors("reading a plan"):
             blob, meta, sig = cast(list[bytes | None], self._redis.hmget(keys.plan(plan_key), PLAN_FIELDS))
-        return decode_plan(plan_key, blob, meta, sig)
+        plan = decode_plan(plan_key, blob, meta, sig)
+        if plan is not None and self._trust is not None:
+            try:
+                self._trust.check(plan.metadata, plan.signature)
+            except UntrustedPlan as e:
+                log.warning("plan %s: %s; treated as not built", plan_key, e.message)
+                return None
+        return plan
 
     def put(self, plan: StoredPlan) -> None:
         fields = encode_plan(plan)
@@ -134,9 +153,12 @@ class PlanStore(Protocol):
 
 
 class AsyncRedisPlanStore:
-    def __init__(self, client: AsyncRedis, offload: CpuOffload) -> None:
+    def __init__(self, client: AsyncRedis, offload: CpuOffload, trust: TrustPolicy | None = None) -> None:
+        """`trust`: the workers' keys; None serves plans without checking
+        their signatures (clients still check)."""
         self._redis = client
         self._offload = offload
+        self._trust = trust
 
     def cached(self, plan_key: str) -> StoredPlan | None:
         return None
@@ -144,8 +166,20 @@ class AsyncRedisPlanStore:
     async def get(self, plan_key: str) -> StoredPlan | None:
         with translated_errors("reading a plan"):
             blob, meta, sig = cast(list[bytes | None], await self._redis.hmget(keys.plan(plan_key), PLAN_FIELDS))
-        # Checking the sha256 of a large blob is CPU work: off the loop.
-        return await self._offload.run(len(blob or b""), decode_plan, plan_key, blob, meta, sig)
+        # Checking the sha256 of a large blob (and a signature) is CPU work: off the loop for large ones.
+        plan = await self._offload.run(len(blob or b""), decode_plan, plan_key, blob, meta, sig)
+        if plan is None:
+            if blob is not None or meta is not None:
+                metrics.child(metrics.PLANS_REFUSED, "integrity").inc()
+            return None
+        if self._trust is not None:
+            try:
+                self._trust.check(plan.metadata, plan.signature)
+            except UntrustedPlan as e:
+                log.warning("plan %s: %s; it reads as a miss (a Compile has it rebuilt)", plan_key, e.message)
+                metrics.child(metrics.PLANS_REFUSED, "signature").inc()
+                return None
+        return plan
 
     async def delete(self, plan_key: str) -> None:
         with translated_errors("deleting a plan"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -18,9 +19,12 @@ EXIT_MISCONFIGURED = 3
 
 class WorkerProcesses:
     def __init__(self, devices: list[int], redis_url: str, flags: list[str]) -> None:
-        """`flags`: settings.worker_flags() of the starting program."""
+        """`flags`: settings.worker_flags() of the starting program. The Redis
+        URL (it may hold a password) goes by environment, not on the command
+        line, which any local user can read (ps, /proc/*/cmdline)."""
         self._devices = devices
-        self._base = [sys.executable, "-m", "plancache_server.worker_main", "--redis-url", redis_url, *flags]
+        self._base = [sys.executable, "-m", "plancache_server.worker_main", *flags]
+        self._env = {**os.environ, "PLANCACHE_REDIS_URL": redis_url}
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._restarts: dict[int, int] = {}
         self._stop = threading.Event()
@@ -33,7 +37,7 @@ class WorkerProcesses:
         self._monitor.start()
 
     def _spawn(self, device: int) -> None:
-        self._procs[device] = subprocess.Popen([*self._base, "--device", str(device)], stdin=subprocess.DEVNULL)
+        self._procs[device] = subprocess.Popen([*self._base, "--device", str(device)], stdin=subprocess.DEVNULL, env=self._env)
         log.info("started compile worker for GPU %d (pid %d)", device, self._procs[device].pid)
 
     def _watch(self) -> None:

@@ -17,11 +17,16 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from plancache import spec_io
-from plancache.errors import CompileFailed, PlanCacheError, StoreUnavailable
+from plancache.canonical import hash_normalized
+from plancache.errors import CompileFailed, InvalidRequest, PlanCacheError, StoreUnavailable
 from plancache.options import CompileOptions
+from plancache.plankey import make_key
 from plancache.signing import Signer
+from plancache.spec import GraphSpec
+from plancache.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache.validation import normalize
 from plancache_server import metrics
@@ -35,15 +40,48 @@ log = logging.getLogger(__name__)
 
 # Exit status of a worker process that ended a build over its time budget.
 EXIT_OVER_BUDGET = 4
+# How often an idle worker looks for jobs of dead workers.
+RECLAIM_CHECK_S = 0.5
+# A finished plan is stored through a Redis blip: retried with backoff for
+# this long (building it again would cost far more).
+STORE_RETRY_S = 60.0
 
 
 def default_worker_id(device: int) -> str:
     return f"{socket.gethostname()}-{os.getpid()}-gpu{device}"
 
 
-def plan_metadata(job: Job, compiled: CompiledPlan, worker_id: str, built_on: pb.Target) -> pb.PlanMetadata:
+@dataclass(frozen=True)
+class VerifiedJob:
+    """A job whose plan key is the one its spec, target and options make,
+    for a target this worker builds: what it builds and signs."""
+
+    plan_key: str
+    spec: GraphSpec  # normalized by this worker
+    target: Target
+    options: CompileOptions
+
+
+def verify_job(job: Job, served: list[Target]) -> VerifiedJob:
+    """Derive the job's plan key; a job is data from Redis, not an authority.
+    Raises InvalidRequest naming what does not hold."""
+    try:
+        spec = normalize(spec_io.from_proto(job.query.spec))
+        target = Target.from_proto(job.query.target)
+        options = CompileOptions.from_proto(job.query.options)
+    except PlanCacheError as e:
+        raise InvalidRequest(f"its query does not parse: {e.message[:300]}") from e
+    if target.id not in {t.id for t in served}:
+        raise InvalidRequest(f"it is for target {target.id}, which this worker does not build (it builds {', '.join(t.id for t in served)})")
+    derived = make_key(hash_normalized(spec), target, options)
+    if derived != job.plan_key:
+        raise InvalidRequest(f"it names plan {job.plan_key[:300]} but its spec, target and options make plan {derived}")
+    return VerifiedJob(derived, spec, target, options)
+
+
+def plan_metadata(job: VerifiedJob, compiled: CompiledPlan, worker_id: str, built_on: pb.Target) -> pb.PlanMetadata:
     """Everything a client needs to execute the blob without the spec."""
-    spec = job.query.spec
+    spec = spec_io.to_proto(job.spec)
     bindings = [
         pb.TensorBinding(
             uid=t.uid, name=t.name, dim=t.dim, stride=t.stride, data_type=t.data_type, is_output=t.is_output,
@@ -57,7 +95,7 @@ def plan_metadata(job: Job, compiled: CompiledPlan, worker_id: str, built_on: pb
         key=job.plan_key,
         spec_hash=job.plan_key.split("/", 1)[0],
         target=built_on,
-        options=job.query.options,
+        options=job.options.to_proto(),
         tensors=bindings,
         workspace_size=compiled.workspace_size,
         engine_id=compiled.engine_id,
@@ -131,9 +169,10 @@ class Worker:
                     joined = True
                 deliveries = self._queue.read(self.worker_id, self._targets, block_ms=500)
                 if not deliveries and time.monotonic() >= next_reclaim:
-                    # Jobs whose worker died mid-build: silent past claim_idle.
+                    # Jobs whose worker died mid-build: its heartbeat expired
+                    # (at once), or it went silent past claim_idle.
                     deliveries = self._queue.reclaim(self.worker_id, self._targets, self._claim_idle_ms)
-                    next_reclaim = time.monotonic() + min(self._claim_idle_ms / 2000, 5.0)
+                    next_reclaim = time.monotonic() + RECLAIM_CHECK_S
                 for delivery in deliveries:
                     self._handle(delivery)
             except StoreUnavailable as e:
@@ -167,6 +206,17 @@ class Worker:
         if job is None:
             self._queue.ack(delivery)
             return
+        try:
+            verified = verify_job(job, self._targets)
+        except InvalidRequest as e:
+            # Anyone who can write to Redis can add a job: it is refused, and
+            # the plan it names (its lease, its state) is left alone.
+            reason = f"refused job {job.job_id[:64]}: {e.message}"
+            log.error("worker %s: %s", self.worker_id, reason)
+            metrics.BUILDS.labels(self.compiler.target.id, "refused").inc()
+            self._builds.record_refusal(job.plan_key, self.worker_id, reason)
+            self._queue.ack(delivery)
+            return
         if self._store.get(job.plan_key) is not None:
             log.info("job %s: plan %s already stored", job.job_id, job.plan_key)
             self._builds.finish(job.plan_key, job.job_id, self.worker_id)
@@ -187,7 +237,7 @@ class Worker:
         metrics.BUSY.set(1)
         started = time.monotonic()
         try:
-            error, rejected = self.build(job)
+            error, rejected = self.build(job, verified)
         finally:
             self._current = None
             metrics.BUSY.set(0)
@@ -196,8 +246,23 @@ class Worker:
         target_id = self.compiler.target.id
         metrics.BUILDS.labels(target_id, "rejected" if rejected else "failed" if error else "built").inc()
         metrics.BUILD_SECONDS.labels(target_id).observe(time.monotonic() - started)
-        self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=error, rejected=rejected)
-        self._queue.ack(delivery)
+        self._durably(f"recording job {job.job_id}", lambda: self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=error, rejected=rejected))
+        self._durably(f"acknowledging job {job.job_id}", lambda: self._queue.ack(delivery))
+
+    def _durably(self, doing: str, step: Callable[[], None]) -> None:
+        """Run a step that must not be lost to a Redis blip: retried with
+        backoff (0.1 s doubling to 2 s) for up to STORE_RETRY_S."""
+        deadline, pause = time.monotonic() + STORE_RETRY_S, 0.1
+        while True:
+            try:
+                step()
+                return
+            except StoreUnavailable as e:
+                if time.monotonic() + pause > deadline:
+                    raise
+                log.warning("worker %s: %s failed (%s); retrying in %.1f s", self.worker_id, doing, e.message, pause)
+                time.sleep(pause)
+                pause = min(pause * 2, 2.0)
 
     def _watchdog(self, delivery: Delivery, job: Job) -> threading.Timer | None:
         if self._build_budget_s is None:
@@ -218,14 +283,12 @@ class Worker:
         timer.start()
         return timer
 
-    def build(self, job: Job) -> tuple[str | None, bool]:
+    def build(self, job: Job, verified: VerifiedJob) -> tuple[str | None, bool]:
         """Compile and store one job's plan: (failure reason or None, whether
         cuDNN rejected the graph, as opposed to the worker failing)."""
         started = time.monotonic()
         try:
-            spec = normalize(spec_io.from_proto(job.query.spec))
-            options = CompileOptions.from_proto(job.query.options)
-            compiled = self.compiler.compile(spec, options)
+            compiled = self.compiler.compile(verified.spec, verified.options)
         except CompileFailed as e:
             log.info("job %s: cuDNN rejected %s: %s", job.job_id, job.plan_key, e.message)
             return e.message, True
@@ -235,9 +298,9 @@ class Worker:
         except Exception as e:  # a bug or a GPU fault: report it, keep serving
             log.exception("job %s: compiler crashed", job.job_id)
             return f"compiler error on worker {self.worker_id}: {type(e).__name__}: {e}", False
-        metadata = plan_metadata(job, compiled, self.worker_id, self.compiler.target.to_proto())
+        metadata = plan_metadata(verified, compiled, self.worker_id, self.compiler.target.to_proto())
         signature = self._signer.sign(metadata) if self._signer is not None else None
-        self._store.put(StoredPlan(blob=compiled.blob, metadata=metadata, signature=signature))
+        self._durably(f"storing plan {job.plan_key}", lambda: self._store.put(StoredPlan(blob=compiled.blob, metadata=metadata, signature=signature)))
         log.info(
             "job %s: built %s in %.2fs (%d candidates, chose %s, %d bytes)",
             job.job_id, job.plan_key, time.monotonic() - started, len(compiled.candidates), compiled.plan_name, len(compiled.blob),

@@ -42,7 +42,7 @@ def run_one(device: int, settings: Settings) -> int:
         log.error("cannot load the %r compiler (%s is missing): install plancache-server[gpu]", settings.compiler, e.name)
         return EXIT_MISCONFIGURED
     assert settings.redis_url is not None
-    parts = worker_parts(connect(settings.redis_url), settings)
+    parts = worker_parts(connect(settings.redis_url), settings, signer)
     worker = Worker(
         compiler, parts.queue, parts.builds, parts.store, default_worker_id(device), heartbeat_interval_s=settings.heartbeat_interval_s,
         heartbeat_ttl_s=settings.heartbeat_ttl_s, claim_idle_s=settings.claim_idle_s, max_attempts=settings.max_attempts, signer=signer,

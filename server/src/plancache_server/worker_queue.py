@@ -13,6 +13,9 @@ from plancache_server import keys
 from plancache_server.jobs import Delivery, delivery
 from plancache_server.redis_conn import translated_errors
 
+# Pending jobs looked at per reclaim (the oldest first).
+DEAD_SCAN = 100
+
 # Acknowledge and delete a finished job in one step: an acknowledged entry
 # left in the stream would count against the queue's bound forever.
 _ACK_AND_DELETE = """
@@ -62,20 +65,41 @@ class WorkerQueue:
         return [delivery(stream.decode(), entry_id, fields) for stream, entries in reply or [] for entry_id, fields in entries]
 
     def reclaim(self, worker_id: str, targets: list[Target], min_idle_ms: int) -> list[Delivery]:
-        """Jobs another worker took and went silent on (it died mid-build):
-        claimed for this worker, with how often they were handed out."""
+        """Jobs another worker took and will not finish, claimed for this
+        worker with how often they were handed out: at once when the worker
+        holding one has no live heartbeat (it died), else after `min_idle_ms`
+        of silence (it hangs while its heartbeat thread still beats)."""
         deliveries = []
         with translated_errors("reclaiming jobs"):
             for target in targets:
                 stream = keys.job_stream(target)
-                reply: Any = self._redis.xautoclaim(stream, keys.JOB_GROUP, worker_id, min_idle_ms, start_id="0-0", count=1)
-                for entry_id, fields in reply[1]:
+                entry_ids = self._held_by_dead_workers(stream, target)
+                if entry_ids:
+                    claimed: Any = self._redis.xclaim(stream, keys.JOB_GROUP, worker_id, 0, cast(list[Any], entry_ids[:1]))
+                    entries = [(entry_id, fields) for entry_id, fields in claimed]
+                else:
+                    reply: Any = self._redis.xautoclaim(stream, keys.JOB_GROUP, worker_id, min_idle_ms, start_id="0-0", count=1)
+                    entries = list(reply[1])
+                for entry_id, fields in entries:
                     if fields is None:
                         continue  # deleted from the stream meanwhile
                     pending = self._redis.xpending_range(stream, keys.JOB_GROUP, min=entry_id, max=entry_id, count=1)
                     attempts = int(pending[0]["times_delivered"]) if pending else 1
                     deliveries.append(delivery(stream, entry_id, fields, attempts))
+                if deliveries:
+                    break
         return deliveries
+
+    def _held_by_dead_workers(self, stream: str, target: Target) -> list[str]:
+        """Pending entries whose consumer has no live heartbeat for the target."""
+        pending: Any = self._redis.xpending_range(stream, keys.JOB_GROUP, min="-", max="+", count=DEAD_SCAN)
+        if not pending:
+            return []
+        owners = sorted({p["consumer"] for p in pending})
+        expiries = self._redis.zmscore(keys.workers(target.id), owners)
+        now = time.time()
+        dead = {owner for owner, expiry in zip(owners, expiries, strict=True) if expiry is None or float(expiry) < now}
+        return [p["message_id"] for p in pending if p["consumer"] in dead]
 
     def touch(self, job: Delivery, worker_id: str) -> None:
         """Tell the group this worker is still on the job (resets its idle time)."""
