@@ -71,14 +71,18 @@ class Stack:
         return Client(self.address, **{"cache": False, **kwargs})
 
 
-def start_stack(redis_url: str, compiler: StandInCompiler | None, signer: Signer | None = None, **overrides: object) -> tuple[Stack, Callable[[], None]]:
+def start_stack(
+    redis_url: str, compiler: StandInCompiler | None, signer: Signer | None = None, worker_redis_url: str | None = None, **overrides: object
+) -> tuple[Stack, Callable[[], None]]:
+    """`worker_redis_url`: the worker's own Redis user (default: the front end's)."""
     settings = dataclasses.replace(Settings(listen="127.0.0.1:0", redis_url=redis_url, heartbeat_interval_s=0.2), **overrides)  # type: ignore[arg-type]
     client = connect(redis_url)
+    worker_client = connect(worker_redis_url) if worker_redis_url else client
     front_end = ThreadedFrontEnd(settings, redis_url)
     worker = None
     thread = None
     if compiler is not None:
-        parts = worker_parts(client, settings, signer)
+        parts = worker_parts(worker_client, settings, signer)
         worker = Worker(compiler, parts.queue, parts.builds, parts.store, "test-worker", heartbeat_interval_s=0.2, heartbeat_ttl_s=5, signer=signer)
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
@@ -92,6 +96,7 @@ def start_stack(redis_url: str, compiler: StandInCompiler | None, signer: Signer
             thread.join(timeout=5)
         front_end.stop()
         client.close()
+        worker_client.close()
 
     return stack, stop
 

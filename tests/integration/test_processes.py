@@ -65,7 +65,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def server_and_worker(tmp_path: Path) -> Iterator[tuple[Proc, Proc, str]]:
     port = free_port()
     server = _server(tmp_path, port, "server.log")
-    url = server.wait_for(r"using a private redis-server \((redis://[^)]+)\)").group(1)
+    url = server.wait_for(r"using a private redis-server \(((?:redis|unix)://[^)]+)\)").group(1)
     server.wait_for("listening on")
     keygen = _cli("keygen", "--out", str(tmp_path / "keys"))
     assert keygen.returncode == 0, keygen.stderr

@@ -19,13 +19,15 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 def _service_flags() -> dict[str, str]:
     command = COMPOSE["services"]["plancache"]["command"]
     args = parser(SERVER).parse_args(command)  # exits on any flag the server does not have
-    return {"listen": args.listen, "metrics": str(args.metrics_port), "redis": args.redis_url, "data": str(args.data_dir)}
+    redis_url = COMPOSE["services"]["plancache"]["environment"]["PLANCACHE_REDIS_URL"]
+    return {"listen": args.listen, "metrics": str(args.metrics_port), "redis": redis_url, "data": str(args.data_dir)}
 
 
 def test_services_and_persistence() -> None:
     services = COMPOSE["services"]
     assert set(services) == {"redis", "plancache", "prometheus", "grafana"}
-    assert "--appendonly" in services["redis"]["command"] and "yes" in services["redis"]["command"]
+    redis_command = " ".join(services["redis"]["command"])
+    assert "--appendonly yes" in redis_command
     assert any(v.startswith("redis-data:") for v in services["redis"]["volumes"])
     reservation = services["plancache"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert reservation["driver"] == "nvidia" and "gpu" in reservation["capabilities"]
@@ -33,7 +35,10 @@ def test_services_and_persistence() -> None:
 
 def test_plancache_command_ports_and_environment_match_the_server() -> None:
     flags = _service_flags()
-    assert flags["redis"] == "redis://redis:6379/0"
+    # Redis has a password, and the server gets it by environment (argv is readable by any local user).
+    assert flags["redis"].startswith("redis://:${PLANCACHE_REDIS_PASSWORD") and flags["redis"].endswith("@redis:6379/0")
+    assert "--requirepass" in " ".join(COMPOSE["services"]["redis"]["command"])
+    assert not any("redis://" in part for part in COMPOSE["services"]["plancache"]["command"])
     published = {p.split(":")[1] for p in COMPOSE["services"]["plancache"]["ports"]}
     assert flags["listen"].rsplit(":", 1)[1] in published and flags["metrics"] in published
     known_env = {f"PLANCACHE_{option.env}" for _, option in options(SERVER)}
@@ -66,3 +71,12 @@ def test_readme_configuration_table_is_the_settings_table() -> None:
     from plancache_server.settings import markdown_table
 
     assert markdown_table() in (ROOT / "README.md").read_text(), "README's configuration table is stale: paste settings.markdown_table()"
+
+
+def test_readme_acl_rules_are_the_ones_tested() -> None:
+    """The README's ACL SETUSER lines are keys.ACL_RULES (which test_redis_acl runs a front end and a worker under)."""
+    from plancache_server import keys
+
+    readme = (ROOT / "README.md").read_text()
+    for role, user in (("frontend", "plancache-frontend"), ("worker", "plancache-worker")):
+        assert "ACL SETUSER " + " ".join(keys.acl_setuser(role, user, f"<{role} password>")) in readme

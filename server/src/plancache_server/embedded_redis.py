@@ -1,7 +1,10 @@
 """A private redis-server for a single-host deployment (and for the tests).
 
-With no --redis-url the server starts one of these: bound to loopback, on a
-free port, with its data (AOF) in a folder of ours, so plans survive a restart.
+With no --redis-url the server starts one of these with its data (AOF) in a
+folder of ours, so plans survive a restart. It listens on a unix socket in
+that folder (mode 0700) and on no TCP port: nobody but the server's own user
+can reach it, so nobody else can write a job or a plan into it. (Tests use
+the TCP form on loopback, to kill and restart it on the same port.)
 """
 
 from __future__ import annotations
@@ -34,17 +37,25 @@ class EmbeddedRedis:
         persist: bool = True,
         extra_args: tuple[str, ...] = (),
         password: str | None = None,
+        unix_socket: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.binary = binary
-        self.port = port or free_port()
+        self.unix_socket = unix_socket
+        self.port = 0 if unix_socket else port or free_port()
         self.persist = persist
         self.extra_args = (*extra_args, "--requirepass", password) if password else extra_args
         self.password = password
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
+    def socket_path(self) -> Path:
+        return self.data_dir / "redis.sock"
+
+    @property
     def url(self) -> str:
+        if self.unix_socket:
+            return f"unix://{self.socket_path}?db=0"
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
@@ -55,14 +66,18 @@ class EmbeddedRedis:
                 "or pass --redis-url to use an existing Redis"
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        listen = ["--port", str(self.port), "--bind", "127.0.0.1"]
+        if self.unix_socket:
+            self.data_dir.chmod(0o700)
+            listen = ["--port", "0", "--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
         args = [
-            executable, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
+            executable, *listen, "--dir", str(self.data_dir),
             "--save", "", "--appendonly", "yes" if self.persist else "no", "--protected-mode", "yes",
             "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log"), *self.extra_args,
         ]  # fmt: skip
         self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5, password=self.password)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, password=self.password)
         while True:
             if self._process.poll() is not None:
                 stderr = self._process.stderr.read().decode(errors="replace") if self._process.stderr else ""
@@ -73,10 +88,10 @@ class EmbeddedRedis:
             except redis.ConnectionError:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise TimeoutError(f"redis-server did not answer on port {self.port} within {timeout_s}s") from None
+                    raise TimeoutError(f"redis-server did not answer at {self.url} within {timeout_s}s") from None
                 time.sleep(0.05)
         client.close()
-        log.info("started private redis-server on 127.0.0.1:%d, data in %s", self.port, self.data_dir)
+        log.info("started private redis-server at %s, data in %s", self.url, self.data_dir)
         return self
 
     def stop(self) -> None:

@@ -87,3 +87,43 @@ def stats_bucket(scope: str, unit: str, index: int) -> str:
 def spec_index(spec_hash: str) -> str:
     """Set of plan keys stored for one spec (any target, any options)."""
     return f"{PREFIX}:spec:{spec_hash}"
+
+
+# ---- Redis ACL users for a shared deployment -------------------------------------
+#
+# Front ends read plans but never write them (only workers do, and clients
+# check the workers' signatures); workers write plans but not statistics.
+# Patterns come from the key functions above. Lua scripts run with the
+# caller's permissions, so the commands they call are listed too.
+
+_PLAN = plan("*")
+_PER_PLAN = {name: f"{PREFIX}:{{*}}:{name}" for name in ("lease", "job", "failed")}
+_JOB_STREAMS = f"{PREFIX}:{{jobs:*"
+_COMMON = ["+ping", "+evalsha", "+eval", "+script|load", f"&{EVENTS_CHANNEL}"]
+
+ACL_RULES: dict[str, list[str]] = {
+    "frontend": [
+        *_COMMON,
+        "+hmget", "+hgetall", "+hset", "+expire", "+get", "+set", "+del", "+ttl", "+smembers", "+sadd", "+scan",
+        "+xadd", "+xlen", "+xinfo|groups", "+zcount", "+zrangebyscore", "+hincrbyfloat", "+zincrby", "+zremrangebyrank",
+        "+zrevrange", "+zmscore", "+zrem", "+lrange", "+subscribe", "+unsubscribe",
+        f"%R~{_PLAN}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"%R~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
+        f"%R~{workers('*')}", f"%R~{KNOWN_TARGETS}", f"~{drain('*')}", f"~{PREFIX}:stats*", f"~{PREFIX}:top:*",
+        f"%R~{RECENT_FAILURES}", f"%R~{spec_index('*')}",
+        # Invalidate (an admin call) deletes plans: deleting is all it may do to them.
+        f"(+del ~{_PLAN})",
+    ],
+    "worker": [
+        *_COMMON,
+        "+hmget", "+hset", "+sadd", "+set", "+get", "+del", "+pexpire", "+expire", "+lpush", "+ltrim", "+publish",
+        "+xgroup|create", "+xreadgroup", "+xautoclaim", "+xclaim", "+xpending", "+xack", "+xdel",
+        "+zadd", "+zremrangebyscore", "+zrem", "+zmscore", "+exists",
+        f"~{_PLAN}", f"~{spec_index('*')}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
+        f"~{workers('*')}", f"~{KNOWN_TARGETS}", f"%R~{drain('*')}", f"~{RECENT_FAILURES}",
+    ],
+}  # fmt: skip
+
+
+def acl_setuser(role: str, user: str, password: str) -> list[str]:
+    """The arguments of `ACL SETUSER` for one plancache role."""
+    return [user, "reset", "on", f">{password}", *ACL_RULES[role]]

@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     embedded: EmbeddedRedis | None = None
     redis_url = settings.redis_url
     if redis_url is None:
-        embedded = EmbeddedRedis(settings.data_dir / "redis", binary=settings.redis_server_bin).start()
+        embedded = EmbeddedRedis(settings.data_dir / "redis", binary=settings.redis_server_bin, unix_socket=True).start()
         redis_url = embedded.url
         log.info("no --redis-url given: using a private redis-server (%s), data in %s", redis_url, embedded.data_dir)
     else:

@@ -1,0 +1,99 @@
+"""A shared deployment's Redis with least-privilege users (keys.ACL_RULES,
+documented in the README): a front end and a worker do all their work under
+them on a real redis-server, and cannot do what their role must not."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import pytest
+import redis
+
+from plancache import Manifest, ManifestEntry, NotFound
+from plancache_server import keys
+from plancache_server.embedded_redis import EmbeddedRedis
+from tests.conftest import start_stack
+from tests.support.specs import matmul_bias_relu_spec, matmul_spec
+from tests.support.standin import STANDIN_TARGET as TARGET
+from tests.support.standin import StandInCompiler
+
+pytestmark = pytest.mark.slow
+
+
+def test_front_end_and_worker_work_under_their_acl_users_and_no_further(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+    passwords = {role: secrets.token_hex(16) for role in keys.ACL_RULES}
+    for role, password in passwords.items():
+        redis_client.execute_command("ACL", "SETUSER", *keys.acl_setuser(role, f"pc-{role}", password))
+    url = {role: f"redis://pc-{role}:{password}@127.0.0.1:{redis_server.port}/0" for role, password in passwords.items()}
+    s, stop = start_stack(url["frontend"], StandInCompiler(build_seconds=0.2), worker_redis_url=url["worker"], memory_cache_bytes=0)
+    try:
+        with s.client(timeout=30) as client:
+            built = client.compile(matmul_spec(), TARGET)
+            assert built.source == "compiled" and client.compile(matmul_spec(), TARGET).source == "hit"
+            assert client.get(built.key).blob == built.blob
+            fetched = client.prefetch(Manifest(entries=[ManifestEntry(spec=matmul_bias_relu_spec())], target=TARGET), compile_missing=True)
+            assert not fetched.errors and fetched.compiled == 1
+            assert client.explain(matmul_spec(), TARGET).stored
+            assert {t.target_id for t in client.list_targets()} >= {TARGET.id}
+            time.sleep(1.2)  # a statistics flush under the front end's user
+            row = {r.target_id: r for r in client.stats()}[TARGET.id]
+            assert (row.hits, row.compiles) == (2, 2)
+            report = s.front_end.run(s.front_end.front.status.report())
+            assert [t.target_id for t in report.targets if t.live_workers] and report.top_by_hits
+            assert client.drain_worker("nobody") is False
+            assert client.invalidate(built.key) == 1 and client.invalidate(target=TARGET) == 1  # DEL (and SCAN) of plans
+            with pytest.raises(NotFound):
+                client.get(built.key)
+            assert client.compile(matmul_spec(), TARGET).source == "compiled"  # the worker writes plans again
+    finally:
+        stop()
+    front, worker = redis.Redis.from_url(url["frontend"]), redis.Redis.from_url(url["worker"])
+    denied = [
+        lambda: front.hset(keys.plan(built.key), "blob", b"forged"),  # a front end never writes plans
+        lambda: front.xreadgroup(keys.JOB_GROUP, "x", {keys.job_stream(TARGET): ">"}),  # nor takes jobs
+        lambda: front.lpush(keys.RECENT_FAILURES, "x"),
+        lambda: worker.hincrbyfloat(keys.stats("target:x"), "hits", 1),  # a worker does not count lookups
+        lambda: worker.delete(keys.TOP_HITS),
+        front.flushdb,
+        lambda: worker.keys("*"),
+    ]
+    for attempt in denied:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attempt()
+
+
+def test_the_private_redis_listens_only_on_a_socket_of_the_servers_user(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`make run`'s Redis (no --redis-url) has no TCP port: a unix socket in a
+    folder only the server's user can open."""
+    import stat
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from plancache import Client
+    from plancache_server.embedded_redis import free_port
+    from tests.support.processes import child_env
+
+    data = Path(tempfile.mkdtemp(prefix="pc-"))  # short: a unix socket path has at most 107 bytes
+    address = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([sys.executable, "-m", "plancache_server.main", "--listen", address, "--data-dir", str(data), "--gpus", "none"],
+                            env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        with Client(address, cache=False, timeout=2) as client:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    client.stats()
+                    break
+                except Exception:
+                    assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+                    time.sleep(0.2)
+        folder = data / "redis"
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        private = redis.Redis(unix_socket_path=str(folder / "redis.sock"))
+        assert private.config_get("port")["port"] == "0" and private.ping()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
