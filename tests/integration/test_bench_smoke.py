@@ -40,6 +40,45 @@ def test_gpu_benchmark_report_renders_without_a_gpu(tmp_path: Path) -> None:
     assert (tmp_path / "gpu_bench.png").stat().st_size > 10_000
 
 
+def test_startup_benchmark_merges_runs_and_reports_its_ratios_without_a_gpu(tmp_path: Path) -> None:
+    def run(jit: str, path: str, total: float, **extra: float) -> dict[str, object]:
+        return {"jit": jit, "path": path, "total_s": total, **extra}
+
+    runs = []
+    for jit, local in (("cold", 6.0), ("warm", 2.0)):
+        runs += [run(jit, "local-heuristic", local), run(jit, "local-heuristic", local + 0.2), run(jit, "local-autotuned", 20.0)]
+        runs += [run(jit, "fetch", 0.3), run(jit, "prefetch", 0.25), run(jit, "floor", 0.2)]
+        runs += [run(jit, "background", 2.03, after_foreground_s=0.03), run(jit, "first-node", local * 1.1, tuned_all_s=30.0)]
+    for jit in ("cold", "warm"):
+        (tmp_path / f"{jit}.json").write_text(json.dumps({"runs": [r for r in runs if r["jit"] == jit], "skipped": [], "config": {"repeats": 2}}))
+    (tmp_path / "cold.json").write_text(json.dumps({"runs": [r for r in runs if r["jit"] == "cold"] + [{"jit": "cold", "path": "fetch", "error": "boom"}]}))
+    proc = subprocess.run([sys.executable, "bench/startup.py", "--merge", str(tmp_path / "cold.json"), str(tmp_path / "warm.json"), "--out", str(tmp_path / "out")],
+                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "startup.json").read_text())["summary"]
+    assert summary["cold"]["local_over_fetch"] == pytest.approx(6.1 / 0.3)
+    assert summary["warm"]["prefetch_over_floor"] == pytest.approx(1.25)
+    assert summary["cold"]["first_node_over_local"] == pytest.approx(6.6 / 6.1)
+    assert summary["warm"]["tuned_over_local_autotune"] == pytest.approx(1.5)
+    assert summary["warm"]["background_after_foreground_s"] == pytest.approx(0.03)
+    assert summary["errors"] == ["cold/fetch: boom"]
+    assert (tmp_path / "out" / "startup.png").stat().st_size > 10_000
+
+
+def test_autotune_benchmark_report_renders_without_a_gpu(tmp_path: Path) -> None:
+    from bench.autotune import report
+
+    def row(name: str, ratio: float, screened_ms: float) -> dict[str, object]:
+        strategy = {"seconds": 1.0, "ms_per_candidate": screened_ms, "chosen": 1, "precisely_timed": 3, "failed": 0, "times_ms": []}
+        return {"graph": name, "candidates": 20, "build_all_s": 2.0, "screened": strategy, "exhaustive": {**strategy, "ms_per_candidate": 120.0},
+                "screened_over_exhaustive": ratio, "tuned_over_heuristic": 0.9}  # fmt: skip
+
+    summary = report([row("a", 1.0, 20.0), row("b", 1.03, 40.0), {"graph": "c", "error": "CompileFailed: x"}], ["d"], tmp_path)
+    assert summary["ms_per_candidate_median"] == {"screened": 30.0, "exhaustive": 120.0}
+    assert summary["beyond_2_percent"] == {"b": 1.03} and summary["skipped"] == ["d"] and "c" in summary["errors"]
+    assert (tmp_path / "autotune.png").stat().st_size > 10_000
+
+
 def test_load_test_short_run_loses_and_confuses_nothing(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "bench/load_test.py", "--requests", "2000", "--clients", "8", "--outage", "0.5", "--out", str(tmp_path)],
                           cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=240, check=False)  # fmt: skip

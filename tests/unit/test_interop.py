@@ -57,3 +57,30 @@ def test_unsupported_frontend_ops_are_named() -> None:
     g.transpose(input=x, permutation=[0, 2, 1]).set_output(True)
     with pytest.raises(SpecError, match="TRANSPOSE has no plancache op"):
         GraphSpec.from_pygraph(g)
+
+
+def test_a_conv_graph_without_output_strides_captures_to_the_frontends_layout() -> None:
+    """Before validate() the frontend's graph carries a provisional row-major
+    stride on the conv's result; the layout it builds is channels-last. The
+    capture leaves unset strides to normalize, which infers that layout: the
+    same key as the spec that writes it out, and as the spec that leaves it out."""
+    half = cudnn.data_type.HALF
+    g = cudnn.pygraph(io_data_type=half, intermediate_data_type=F, compute_data_type=F)
+    x = g.tensor(name="x", dim=[32, 64, 56, 56], stride=nhwc(32, 64, 56, 56), data_type=half).set_uid(1)
+    w = g.tensor(name="w", dim=[128, 64, 3, 3], stride=nhwc(128, 64, 3, 3), data_type=half).set_uid(2)
+    bias = g.tensor(name="bias", dim=[1, 128, 1, 1], stride=[128, 1, 128, 128], data_type=half).set_uid(3)
+    y = g.relu(input=g.bias(input=g.conv_fprop(image=x, weight=w, padding=[1, 1], stride=[1, 1], dilation=[1, 1]), bias=bias))
+    y.set_output(True).set_uid(4)
+    captured = GraphSpec.from_pygraph(g)
+
+    def built(y_stride: list[int] | None) -> GraphSpec:
+        s = GraphSpec(io_data_type="half")
+        xs = s.tensor([32, 64, 56, 56], nhwc(32, 64, 56, 56), name="x", uid=1)
+        ws = s.tensor([128, 64, 3, 3], nhwc(128, 64, 3, 3), name="w", uid=2)
+        bs = s.tensor([1, 128, 1, 1], [128, 1, 128, 128], name="bias", uid=3)
+        out = s.relu(s.bias(s.conv_fprop(xs, ws, padding=[1, 1]), bs)).set_output(True).set_uid(4)
+        if y_stride:
+            out.set_stride(y_stride)
+        return s
+
+    assert captured.spec_hash() == built(None).spec_hash() == built(nhwc(32, 128, 56, 56)).spec_hash()

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
+import pytest
+
 from plancache.v1 import plancache_pb2 as pb
+from plancache_server import memory_cache
 from plancache_server.memory_cache import MemoryCachedStore
 from plancache_server.store import StoredPlan
 
@@ -24,6 +27,12 @@ class DictStore:
         self.reads += 1
         return self.plans.get(plan_key)
 
+    async def fresh(self, plan_key: str) -> StoredPlan | None:
+        return await self.get(plan_key)
+
+    def forget(self, plan_key: str) -> None:
+        pass
+
     async def delete(self, plan_key: str) -> None:
         self.plans.pop(plan_key, None)
 
@@ -34,9 +43,9 @@ class DictStore:
         return []
 
 
-def plan(key: str, size: int) -> StoredPlan:
+def plan(key: str, size: int, provisional: bool = False) -> StoredPlan:
     blob = key.encode() * (size // len(key))
-    return StoredPlan(blob, pb.PlanMetadata(key=key, blob_sha256=hashlib.sha256(blob).hexdigest()))
+    return StoredPlan(blob, pb.PlanMetadata(key=key, blob_sha256=hashlib.sha256(blob).hexdigest(), provisional=provisional))
 
 
 def get(cache: MemoryCachedStore, key: str) -> StoredPlan | None:
@@ -89,3 +98,32 @@ def test_delete_evicts() -> None:
     cache.remember(plan("a", 1000))
     asyncio.run(cache.delete("a"))
     assert cache.cached("a") is None and get(cache, "a") is None
+
+
+def test_provisional_plans_are_kept_briefly_and_dropped_when_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    inner = DictStore()
+    cache = MemoryCachedStore(inner, max_bytes=10_000, ttl_s=60)
+    clock = [1000.0]
+    monkeypatch.setattr(memory_cache.time, "monotonic", lambda: clock[0])
+    cache.remember(plan("p", 1000, provisional=True))
+    cache.remember(plan("t", 1000))
+    clock[0] += memory_cache.PROVISIONAL_TTL_S - 0.01
+    assert cache.cached("p") is not None
+    clock[0] += 0.02
+    assert cache.cached("p") is None  # the tuned plan may have replaced it in Redis
+    assert cache.cached("t") is not None  # a final plan keeps the full TTL
+    # The replacement's event drops it at once, whatever its age.
+    cache.remember(plan("p", 1000, provisional=True))
+    cache.forget("p")
+    assert cache.cached("p") is None
+
+
+def test_fresh_reads_past_the_cache_and_keeps_what_it_read() -> None:
+    inner = DictStore()
+    cache = MemoryCachedStore(inner, max_bytes=10_000, ttl_s=60)
+    cache.remember(plan("a", 1000, provisional=True))
+    inner.plans["a"] = plan("a", 1000)
+    assert get(cache, "a").provisional  # type: ignore[union-attr]
+    fresh = asyncio.run(cache.fresh("a"))
+    assert fresh is not None and not fresh.provisional and inner.reads == 1
+    assert not cache.cached("a").provisional  # type: ignore[union-attr]

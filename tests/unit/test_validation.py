@@ -21,7 +21,8 @@ def test_normal_form_fills_every_default() -> None:
     n = normalize(_conv(padding=[1, 1]))
     y = next(t for t in n.tensors if t.name == "y")
     assert y.dim == (8, 128, 56, 56)
-    assert y.data_type == "half" and y.stride == (401408, 3136, 56, 1)
+    # A convolution's result is channels-last, as the cuDNN frontend lays it out (tests/unit/test_layouts.py).
+    assert y.data_type == "half" and y.stride == (401408, 1, 7168, 128)
     (node,) = n.nodes
     assert node.attributes == {"padding": (1, 1), "stride": (1, 1), "dilation": (1, 1)}
     assert node.compute_data_type == "float"

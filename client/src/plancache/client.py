@@ -24,6 +24,7 @@ import grpc
 
 from plancache import spec_io
 from plancache.answers import Asked
+from plancache.background import BackgroundPrefetch
 from plancache.canonical import hash_normalized
 from plancache.disk_cache import DiskCache
 from plancache.errors import InvalidRequest, PlanCacheError, UntrustedPlan, error_from_status
@@ -82,12 +83,17 @@ class PrefetchResult:
     errors: dict[int, PlanCacheError] = field(default_factory=dict)
     keys: dict[int, str] = field(default_factory=dict)
     from_cache: int = 0
-    fetched: int = 0
-    compiled: int = 0
+    fetched: int = 0  # stored plans
+    compiled: int = 0  # plans of builds this call started, joined or saw begin (provisional)
 
     @property
     def done(self) -> int:
         return len(self.plans) + len(self.errors)
+
+    @property
+    def provisional(self) -> int:
+        """Plans that are cuDNN's heuristic choice, their autotuning still under way."""
+        return sum(plan.provisional for plan in self.plans.values())
 
     @property
     def failed(self) -> int:
@@ -194,17 +200,20 @@ class Client:
         options: CompileOptions | None = None,
         *,
         timeout: float | None = None,
+        tuned_only: bool = False,
     ) -> Plan:
         """The plan for `spec` on `target` (default: this machine's GPU 0):
         from the disk cache, stored on the server, or built and autotuned on
-        a GPU worker of that target."""
+        a GPU worker of that target. A first build answers with cuDNN's
+        heuristic plan (`plan.provisional`) as soon as it exists, while the
+        autotuned one is built; `tuned_only=True` waits for the tuned plan."""
         normalized = normalize(spec)
         resolved, opts = _target(target), options or CompileOptions()
         asked = Asked.query(hash_normalized(normalized), resolved, opts)
-        cached = self._cached(asked.key)
+        cached = self._cached(asked.key, tuned_only)
         if cached is not None:
             return cached
-        request = pb.CompileRequest(spec=spec_io.to_proto(normalized), target=resolved.to_proto(), options=opts.to_proto())
+        request = pb.CompileRequest(spec=spec_io.to_proto(normalized), target=resolved.to_proto(), options=opts.to_proto(), tuned_only=tuned_only)
         response = self._call(self._stub.Compile, request, timeout if timeout is not None else self.compile_timeout)
         return self._remember(Plan.from_proto(response.plan, SOURCE_NAMES.get(response.source, "stored")), asked)
 
@@ -225,7 +234,7 @@ class Client:
             asked = Asked.query(hash_normalized(normalize(spec)), _target(target), options or CompileOptions())
         else:
             asked = Asked(key)
-        cached = self._cached(asked.key)
+        cached = self._cached(asked.key, tuned_only=False)
         if cached is not None:
             return cached
         request = pb.GetPlanRequest(ref=pb.PlanRef(key=asked.key))
@@ -240,14 +249,21 @@ class Client:
         compile_missing: bool = False,
         progress: Callable[[int, int], None] | None = None,
         timeout: float | None = None,
+        tuned_only: bool = False,
+        on_plan: Callable[[int, Plan], None] | None = None,
     ) -> PrefetchResult:
         """Every plan of a manifest: from the disk cache, else in ONE streaming
         call (stored plans at once, then, with compile_missing, each build as
         it finishes). Failures are collected per entry, not raised.
-        `progress(done, total)` is called as plans arrive."""
+        `progress(done, total)` is called as plans arrive. Provisional
+        plans held in the disk cache are asked for again (the tuned plan
+        replaces them when it exists; they are kept otherwise);
+        `tuned_only=True` accepts autotuned plans only. `on_plan(index,
+        plan)` is called as each entry's plan is ready."""
         resolved = manifest.target or (_target(target) if target is not None or any(e.spec for e in manifest.entries) else None)
         result = PrefetchResult(total=len(manifest.entries))
         refs: list[tuple[int, pb.PlanRef]] = []
+        held: dict[int, Plan] = {}
         for index, entry in enumerate(manifest.entries):
             try:
                 key = manifest.key_of(entry, resolved)
@@ -255,10 +271,14 @@ class Client:
                 result.errors[index] = e
                 continue
             result.keys[index] = key
-            cached = self._cached(key)
-            if cached is not None:
+            cached = self._cached(key, tuned_only, refresh=False)
+            if cached is not None and cached.provisional:
+                held[index] = cached  # asked for again below; kept if nothing better comes
+            if cached is not None and not cached.provisional:
                 result.plans[index] = cached
                 result.from_cache += 1
+                if on_plan is not None:
+                    on_plan(index, cached)
             elif compile_missing and entry.spec is not None and resolved is not None:
                 query = pb.PlanQuery(spec=spec_io.to_proto(normalize(entry.spec)), target=resolved.to_proto(), options=manifest.options.to_proto())
                 refs.append((index, pb.PlanRef(query=query)))
@@ -272,7 +292,7 @@ class Client:
         while refs:
             # Refs the server refused for now (admission control) are asked
             # for again after its retry delay, within the deadline.
-            refused = self._prefetch_once(refs, compile_missing, result, deadline, progress)
+            refused = self._prefetch_once(refs, compile_missing, tuned_only, result, deadline, progress, on_plan)
             pause = _retry_pause(max(e.retry_after or 0.0 for _, _, e in refused), attempt, deadline) if refused else None
             if pause is None:
                 for index, _, error in refused:
@@ -280,16 +300,45 @@ class Client:
                 break
             time.sleep(pause)
             refs, attempt = [(index, ref) for index, ref, _ in refused], attempt + 1
+        for index, plan in held.items():
+            if index not in result.plans:  # the server had nothing better (or could not be asked)
+                result.errors.pop(index, None)
+                result.plans[index] = plan
+                result.from_cache += 1
+                if on_plan is not None:
+                    on_plan(index, plan)
         return result
 
+    def prefetch_in_background(
+        self,
+        manifest: Manifest,
+        target: Target | str | None = None,
+        *,
+        compile_missing: bool = False,
+        timeout: float | None = None,
+        tuned_only: bool = False,
+        load: bool = False,
+    ) -> BackgroundPrefetch:
+        """`prefetch` on a thread of its own, returning at once: the node
+        does its other start-up work (weights, warm-up) meanwhile and waits
+        only for the plans it needs (`ready(i)`, `wait_for(i)`, `wait()`).
+        `load=True` deserializes each plan on that thread as it arrives
+        (needs the [gpu] extra): `plan.execute` then starts at once; a plan
+        that does not load is that entry's error."""
+
+        def run(on_plan: Callable[[int, Plan], None]) -> PrefetchResult:
+            return self.prefetch(manifest, target, compile_missing=compile_missing, timeout=timeout, tuned_only=tuned_only, on_plan=on_plan)
+
+        return BackgroundPrefetch(run, load)
+
     def _prefetch_once(
-        self, refs: list[tuple[int, pb.PlanRef]], compile_missing: bool, result: PrefetchResult, deadline: float | None,
-        progress: Callable[[int, int], None] | None,
+        self, refs: list[tuple[int, pb.PlanRef]], compile_missing: bool, tuned_only: bool, result: PrefetchResult, deadline: float | None,
+        progress: Callable[[int, int], None] | None, on_plan: Callable[[int, Plan], None] | None,
     ) -> list[tuple[int, pb.PlanRef, PlanCacheError]]:
         """One streaming call; the refs refused with a retry delay, with their errors."""
         refused: list[tuple[int, pb.PlanRef, PlanCacheError]] = []
         answered: set[int] = set()
-        request = pb.PrefetchRequest(refs=[ref for _, ref in refs], compile_missing=compile_missing)
+        request = pb.PrefetchRequest(refs=[ref for _, ref in refs], compile_missing=compile_missing, tuned_only=tuned_only)
         try:
             for item in self._stub.Prefetch(request, timeout=_remaining(deadline), metadata=self._metadata):
                 if not 0 <= item.index < len(refs) or item.index in answered:
@@ -297,6 +346,8 @@ class Client:
                 answered.add(item.index)
                 index, ref = refs[item.index]
                 error = self._take(result, index, item)
+                if error is None and on_plan is not None:
+                    on_plan(index, result.plans[index])
                 if error is not None and error.retry_after is not None:
                     refused.append((index, ref, error))
                 elif error is not None:
@@ -324,7 +375,7 @@ class Client:
         except PlanCacheError as e:  # a blob that does not match its sha256, or an untrusted signature
             return e
         result.plans[index] = plan
-        if plan.source in ("compiled", "joined"):
+        if plan.source in ("compiled", "joined", "provisional"):
             result.compiled += 1
         else:
             result.fetched += 1
@@ -362,7 +413,10 @@ class Client:
         response = self._call(self._stub.ListTargets, pb.ListTargetsRequest(), timeout if timeout is not None else self.timeout)
         return [TargetInfo(t.target_id, t.live_workers, tuple(t.worker_ids)) for t in response.targets]
 
-    def _cached(self, key: str) -> Plan | None:
+    def _cached(self, key: str, tuned_only: bool, refresh: bool = True) -> Plan | None:
+        """The disk cache's plan for `key`, checked. A provisional one is
+        none for `tuned_only`; otherwise, with `refresh`, the server is asked
+        for the key once more (the tuned plan replaces it when it exists)."""
         plan = self.cache.get(key) if self.cache is not None else None
         if plan is None:
             return None
@@ -371,6 +425,14 @@ class Client:
         except UntrustedPlan as e:  # e.g. its key was rotated out: fetch it again
             log.warning("disk cache: %s; fetching it again", e.message)
             return None
+        if plan.provisional and tuned_only:
+            return None
+        if plan.provisional and refresh:
+            try:
+                response = self._call(self._stub.GetPlan, pb.GetPlanRequest(ref=pb.PlanRef(key=key)), self.timeout)
+                return self._remember(Plan.from_proto(response.plan, "stored"), Asked(key))
+            except PlanCacheError as e:  # the server cannot say better now: the provisional plan runs
+                log.debug("provisional plan %s kept: %s", key, e.message)
         return plan
 
     def _remember(self, plan: Plan, asked: Asked) -> Plan:

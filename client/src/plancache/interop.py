@@ -48,11 +48,14 @@ def from_pygraph(graph: Any) -> GraphSpec:
     )
     made: dict[int, Tensor] = {}
 
-    def tensor(t: Any) -> Tensor:
+    def tensor(t: Any, produced: bool = False) -> Tensor:
+        # A node's result keeps only strides its caller set: the frontend's
+        # own (a provisional row-major before validate(), its layout after)
+        # are inferred again by normalize, the way the frontend infers them.
         if id(t) not in made:
             made[id(t)] = Tensor(
                 uid=int(t.uid) if t.uid is not None else None, name=str(t.name or ""), dim=tuple(t.dim or ()),
-                stride=tuple(t.stride or ()) if t.stride_assigned or not t.is_virtual else (), data_type=_dtype(t.data_type),
+                stride=tuple(t.stride or ()) if t.stride_assigned or not produced else (), data_type=_dtype(t.data_type),
                 is_virtual=bool(t.is_virtual), is_pass_by_value=bool(t.is_pass_by_value),
             )  # fmt: skip
             spec.tensors.append(made[id(t)])
@@ -74,7 +77,7 @@ def from_pygraph(graph: Any) -> GraphSpec:
         if kind == "POINTWISE":  # the IR names pointwise ports IN_0, IN_1: the method's keywords, in order
             inputs = {schema.inputs[int(port.removeprefix("IN_"))]: t for port, t in inputs.items()}
         attributes = {k: _attribute(v) for k, v in params.items() if v is not None}
-        outputs = {port: tensor(t) for port, t in node.outputs.items()}
+        outputs = {port: tensor(t, produced=True) for port, t in node.outputs.items()}
         for t in outputs.values():
             t.is_output = not t.is_virtual
         spec.nodes.append(

@@ -20,6 +20,7 @@ SOURCE_NAMES = {
     pb.COMPILE_SOURCE_HIT: "hit",
     pb.COMPILE_SOURCE_COMPILED: "compiled",
     pb.COMPILE_SOURCE_JOINED: "joined",
+    pb.COMPILE_SOURCE_PROVISIONAL: "provisional",
 }
 
 
@@ -41,6 +42,12 @@ class Plan:
     @property
     def key(self) -> str:
         return self.metadata.key
+
+    @property
+    def provisional(self) -> bool:
+        """cuDNN's heuristic plan, served while the autotuned one is built:
+        it runs correctly; asking for the key again later gets the tuned one."""
+        return bool(self.metadata.provisional)
 
     @property
     def target(self) -> Target:

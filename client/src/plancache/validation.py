@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from plancache import dtypes
+from plancache import dtypes, layouts
 from plancache.errors import SpecError
 from plancache.ops import CATALOG, AttrKind, AttrSchema, AttrValue, Dims, OpSchema, ShapeError
 from plancache.spec import GraphSpec, Node, Tensor
@@ -41,14 +41,6 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
-
-
-def contiguous_strides(dim: Dims) -> Dims:
-    strides, step = [], 1
-    for d in reversed(dim):
-        strides.append(step)
-        step *= d
-    return tuple(reversed(strides))
 
 
 def storage_elements(dim: Dims, stride: Dims) -> int:
@@ -163,10 +155,28 @@ def _normalize_node(
             raise SpecError(f"{where}: output {port!r} ({t.label()}) is consumed by an earlier node")
         producer[t.uid] = index
         t.dim = inferred[port]
+    _infer_result_strides(schema, node, where)
     if schema.takes_compute_type:
         node.compute_data_type = node.compute_data_type or spec.compute_data_type
     else:
         node.compute_data_type = None
+
+
+def _infer_result_strides(schema: OpSchema, node: Node, where: str) -> None:
+    """Strides of the node's results as the cuDNN frontend infers them
+    (layouts.py), where the spec leaves them out. An intermediate's layout
+    is the frontend's to choose (it is not bound, and not sent to cuDNN):
+    one written into the spec must be that one."""
+    inputs = {port: (t.dim, t.stride or layouts.row_major(t.dim)) for port, t in node.inputs.items()}
+    for port, t in node.outputs.items():
+        inferred = layouts.result_strides(schema.family, port, t.dim, inputs, schema.inputs + schema.optional_inputs)
+        if not t.stride:
+            t.stride = inferred
+        elif not t.is_output and tuple(t.stride) != inferred:
+            raise SpecError(
+                f"{where}: intermediate {t.label()} has strides {list(t.stride)}, but cuDNN lays it out as {list(inferred)}: "
+                "leave an intermediate's strides out, or make it an output"
+            )
 
 
 def _normalize_attributes(schema: OpSchema, raw: dict[str, AttrValue], where: str, limits: Limits) -> dict[str, AttrValue]:
@@ -246,7 +256,7 @@ def _normalize_tensor(spec: GraphSpec, t: Tensor, producer: dict[int, int], cons
         raise SpecError(f"{where}: no dims")
     _check_dims(t, limits)
     if not t.stride:
-        t.stride = contiguous_strides(t.dim)
+        t.stride = layouts.row_major(t.dim)
     if len(t.stride) != len(t.dim):
         raise SpecError(f"{where}: stride {list(t.stride)} has {len(t.stride)} entries for {len(t.dim)} dims")
     if any(s < 1 for s in t.stride):

@@ -68,7 +68,9 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     if settings.tls_cert is None or settings.tls_key is None:
         raise ValueError("TLS needs both --tls-cert and --tls-key")
     ca = settings.tls_ca.read_bytes() if settings.tls_ca else None
-    return grpc.ssl_server_credentials([(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())], root_certificates=ca, require_client_auth=ca is not None)
+    return grpc.ssl_server_credentials(
+        [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())], root_certificates=ca, require_client_auth=ca is not None
+    )
 
 
 class HealthReporter:
@@ -182,6 +184,7 @@ class FrontEnd:
         await reporter.start()
         directory.start()
         stats.start()
+        builds.start()
         return front
 
     async def stop(self, grace: float | None) -> None:

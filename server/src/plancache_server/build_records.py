@@ -23,7 +23,7 @@ from plancache_server.redis_conn import translated_errors
 
 log = logging.getLogger(__name__)
 
-QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
+QUEUED, RUNNING, PROVISIONAL, DONE, FAILED = "queued", "running", "provisional", "done", "failed"
 JOB_STATE_TTL_S = 24 * 3600
 # Failed builds kept for the status page, newest first.
 RECENT_FAILURES_KEPT = 200
@@ -77,6 +77,13 @@ class BuildRecorder:
 
     def mark_running(self, plan_key: str, job_id: str, worker_id: str) -> None:
         self._set_state(plan_key, state_fields(job_id, RUNNING, worker=worker_id))
+
+    def provisional(self, plan_key: str, job_id: str, worker_id: str) -> None:
+        """A provisional plan is stored: its waiters can have it, while this
+        worker (still holding the lease) autotunes."""
+        self._set_state(plan_key, state_fields(job_id, PROVISIONAL, worker=worker_id))
+        with translated_errors("announcing a provisional plan"):
+            self._redis.publish(keys.EVENTS_CHANNEL, finished_event(job_id, plan_key))
 
     def renew(self, plan_key: str, job_id: str) -> None:
         """Keep the lease while building: a dead worker's lease runs out."""

@@ -28,7 +28,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import redis
@@ -60,18 +60,24 @@ class Admission:
 
 
 class CompletionWatcher:
-    """One pub/sub subscription per front end; wakes flights by job id."""
+    """One pub/sub subscription per front end: wakes flights by job id, and
+    tells `on_plan` which plan changed (a provisional plan replaced by the
+    tuned one: memory caches drop it)."""
 
-    def __init__(self, client: AsyncRedis) -> None:
+    def __init__(self, client: AsyncRedis, on_plan: Callable[[str], None] = lambda key: None) -> None:
         self._redis = client
+        self._on_plan = on_plan
         self._events: dict[str, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="plancache-events")
 
     def register(self, job_id: str) -> asyncio.Event:
         event = asyncio.Event()
         self._events.setdefault(job_id, set()).add(event)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="plancache-events")
+        self.start()
         return event
 
     def unregister(self, job_id: str, event: asyncio.Event) -> None:
@@ -89,10 +95,13 @@ class CompletionWatcher:
 
     def _wake(self, data: bytes) -> None:
         try:
-            job_id = json.loads(data)["job_id"]
+            decoded = json.loads(data)
+            job_id, plan_key = str(decoded["job_id"]), str(decoded.get("plan_key", ""))
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring malformed event %r", data[:200])
             return
+        if plan_key:
+            self._on_plan(plan_key[:1024])
         for event in self._events.get(job_id, ()):
             event.set()
 
@@ -128,6 +137,8 @@ class Flight:
     started: bool = False  # this front end queued the build
     waiters: list[Waiter] = field(default_factory=list)
     outcome: StoredPlan | PlanCacheError | None = None
+    # The provisional plan, once stored: every waiter but the tuned_only ones has it.
+    provisional: StoredPlan | None = None
     task: asyncio.Task[None] | None = None  # opens, follows the job, wakes the waiters
 
 
@@ -135,9 +146,10 @@ class Waiter:
     """One caller waiting for one flight: `future` resolves to the plan or
     to the build's error."""
 
-    def __init__(self, builds: Builds, flight: Flight) -> None:
+    def __init__(self, builds: Builds, flight: Flight, tuned_only: bool = False) -> None:
         self._builds = builds
         self.flight = flight
+        self.tuned_only = tuned_only  # waits past a provisional plan
         self.future: asyncio.Future[StoredPlan] = asyncio.get_running_loop().create_future()
         self.started = False  # this caller's call queued the build
         self._released = False
@@ -187,22 +199,28 @@ class Builds:
         self._lease_s = lease_s
         self._admission = admission
         self._release_lease = client.register_script(RELEASE_IF_OWNER)
-        self._watcher = CompletionWatcher(client)
+        self._watcher = CompletionWatcher(client, store.forget)
         self._flights: dict[str, Flight] = {}
         self.waiting = 0  # callers waiting on this front end, all keys
         self._closing = False
         self._delivery_slots = asyncio.Semaphore(DELIVERY_SLOTS)
+
+    def start(self) -> None:
+        """Listen for finished and replaced plans from now on (not only while waiting)."""
+        self._watcher.start()
 
     def flying(self, plan_key: str) -> bool:
         """Whether callers here already wait for this key (then the store
         need not be asked: the flight answers when the plan lands)."""
         return plan_key in self._flights
 
-    async def join(self, target: Target, plan_key: str, query: pb.PlanQuery) -> Waiter:
+    async def join(self, target: Target, plan_key: str, query: pb.PlanQuery, tuned_only: bool = False) -> Waiter:
         """Wait for this key's build: start it (lease, job), or join the one
-        under way. Raises ResourceExhausted past the admission bounds, and
-        what kept the build from being queued (TargetUnavailable,
-        CompileFailed from the negative cache, a full queue)."""
+        under way. The waiter's future has the first plan it accepts: the
+        provisional one, unless `tuned_only`. Raises ResourceExhausted past
+        the admission bounds, and what kept the build from being queued
+        (TargetUnavailable, CompileFailed from the negative cache, a full
+        queue)."""
         if self._closing:
             raise Unavailable(f"this front end is shutting down; call again (plan {plan_key})")
         flight = self._flights.get(plan_key)
@@ -213,9 +231,11 @@ class Builds:
             self._flights[plan_key] = flight
             # Its own task: the build is queued even if this caller goes away.
             flight.task = asyncio.get_running_loop().create_task(self._fly(flight, target, query), name=f"flight {plan_key}")
-        waiter = Waiter(self, flight)
+        waiter = Waiter(self, flight, tuned_only)
         flight.waiters.append(waiter)
         self.waiting += 1
+        if flight.provisional is not None and not tuned_only:
+            waiter.future.set_result(flight.provisional)
         try:
             await asyncio.shield(flight.opened)
         except BaseException:
@@ -269,8 +289,8 @@ class Builds:
                     flight.job_id = text(existing)
                     return
         try:
-            plan = await self._store.get(plan_key)
-            if plan is not None:
+            plan = await self._store.fresh(plan_key)
+            if plan is not None and not plan.provisional:
                 # The previous build finished between the caller's miss and our lease.
                 flight.job_id = job_id
                 self._settle(flight, plan)
@@ -307,10 +327,13 @@ class Builds:
         try:
             while flight.outcome is None:
                 try:
-                    plan = await self._store.get(flight.plan_key)
-                    if plan is not None:
+                    plan = await self._store.fresh(flight.plan_key)
+                    if plan is not None and not plan.provisional:
                         self._settle(flight, plan)
                         break
+                    if plan is not None and flight.provisional is None:
+                        flight.provisional = plan
+                        await self._deliver(flight, plan, lambda w: not w.tuned_only)
                     state = await self.state(flight.plan_key)
                     if state.get("job_id") == flight.job_id and state.get("state") == FAILED:
                         self._settle(flight, CompileFailed(state.get("error") or "build failed without a reason"))
@@ -334,19 +357,23 @@ class Builds:
         """Answer the flight's waiters: an error to all at once; a plan to a
         few at a time, each holding a delivery slot while it is written."""
         outcome = flight.outcome
+        if isinstance(outcome, PlanCacheError):
+            for waiter in list(flight.waiters):
+                if not waiter.future.done():
+                    waiter.future.set_exception(outcome)
+        elif outcome is not None:
+            await self._deliver(flight, outcome, lambda w: True)
+
+    async def _deliver(self, flight: Flight, plan: StoredPlan, accepts: Callable[[Waiter], bool]) -> None:
         for waiter in list(flight.waiters):
-            if waiter.future.done():
+            if waiter.future.done() or not accepts(waiter):
                 continue
-            if isinstance(outcome, PlanCacheError):
-                waiter.future.set_exception(outcome)
-                continue
-            assert outcome is not None
             await self._delivery_slots.acquire()
             if waiter.future.done():  # it left while we waited for a slot
                 self._delivery_slots.release()
                 continue
             waiter.hold(self._delivery_slots)
-            waiter.future.set_result(outcome)
+            waiter.future.set_result(plan)
 
     def _leave(self, waiter: Waiter) -> None:
         flight = waiter.flight

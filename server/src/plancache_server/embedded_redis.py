@@ -62,8 +62,7 @@ class EmbeddedRedis:
         executable = shutil.which(self.binary)
         if executable is None:
             raise FileNotFoundError(
-                f"{self.binary!r} not found: install redis-server (apt-get install redis-server) "
-                "or pass --redis-url to use an existing Redis"
+                f"{self.binary!r} not found: install redis-server (apt-get install redis-server) or pass --redis-url to use an existing Redis"
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         listen = ["--port", str(self.port), "--bind", "127.0.0.1"]

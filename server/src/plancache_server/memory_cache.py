@@ -4,7 +4,10 @@ A hit then needs no Redis round trip and no re-hash: on a 2-core machine a
 75 KB HMGET plus its sha256 cost ~0.3 ms of a ~1 ms GetPlan. Serving a
 cached copy is always correct: entries were verified when read, and any
 build stored under a key is a valid plan for that key. The TTL bounds how
-long a plan deleted from Redis can still be served by this front end.
+long a plan deleted from Redis can still be served by this front end; a
+provisional plan is kept for PROVISIONAL_TTL_S at most (the tuned plan
+replaces it in Redis within seconds; the replacement's event drops it at
+once, and this bound covers an event lost or raced by a read in flight).
 Bounded by bytes, least recently used out first; misses are not cached.
 Concurrent reads of one key share one Redis read (a herd asking for the
 same plan at once costs one round trip). Everything runs on the event
@@ -19,13 +22,15 @@ from collections import OrderedDict
 
 from plancache_server.store import PlanStore, StoredPlan
 
+PROVISIONAL_TTL_S = 1.0
+
 
 class MemoryCachedStore:
     def __init__(self, inner: PlanStore, max_bytes: int, ttl_s: float) -> None:
         self._inner = inner
         self._max_bytes = max_bytes
         self._ttl_s = ttl_s
-        self._entries: OrderedDict[str, tuple[float, StoredPlan]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[float, StoredPlan]] = OrderedDict()  # key -> (expires, plan)
         self._bytes = 0
         self._reading: dict[str, asyncio.Future[StoredPlan | None]] = {}  # reads under way
 
@@ -33,7 +38,7 @@ class MemoryCachedStore:
         entry = self._entries.get(plan_key)
         if entry is None:
             return None
-        if time.monotonic() - entry[0] >= self._ttl_s:
+        if time.monotonic() >= entry[0]:
             self._drop(plan_key)
             return None
         self._entries.move_to_end(plan_key)
@@ -50,11 +55,22 @@ class MemoryCachedStore:
             reading.add_done_callback(_retrieved)
         return await asyncio.shield(reading)
 
+    async def fresh(self, plan_key: str) -> StoredPlan | None:
+        """Read Redis, past this cache (a plan can be replaced: provisional, then tuned)."""
+        return self._kept(plan_key, await self._inner.fresh(plan_key))
+
+    def forget(self, plan_key: str) -> None:
+        self._drop(plan_key)
+
     async def _read(self, plan_key: str) -> StoredPlan | None:
         try:
             plan = await self._inner.get(plan_key)
         finally:
             del self._reading[plan_key]
+        return self._kept(plan_key, plan)
+
+    def _kept(self, plan_key: str, plan: StoredPlan | None) -> StoredPlan | None:
+        """What Redis answered, kept here (or, for a miss, nothing kept)."""
         if plan is not None:
             self.remember(plan)
         else:
@@ -67,7 +83,8 @@ class MemoryCachedStore:
         if size > self._max_bytes:
             return
         self._drop(plan.metadata.key)
-        self._entries[plan.metadata.key] = (time.monotonic(), plan)
+        ttl_s = min(self._ttl_s, PROVISIONAL_TTL_S) if plan.provisional else self._ttl_s
+        self._entries[plan.metadata.key] = (time.monotonic() + ttl_s, plan)
         self._bytes += size
         while self._bytes > self._max_bytes:
             self._drop(next(iter(self._entries)))

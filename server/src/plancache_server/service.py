@@ -121,14 +121,17 @@ class PlanService:
 
     # ---- lookups and builds --------------------------------------------------
 
-    async def _lookup(self, plan_key: str, target_id: str, family: str | None = None) -> StoredPlan | None:
+    async def _lookup(self, plan_key: str, target_id: str, family: str | None = None, tuned_only: bool = False) -> StoredPlan | None:
         """The stored plan, counted as a hit (with the bytes it serves and the
         build time it saves) or a miss of its target and op family. A key
         whose build callers here already wait for is a miss without asking
-        Redis: a herd of callers costs one read, when the plan lands."""
+        Redis: a herd of callers costs one read, when the plan lands. A
+        provisional plan is a miss for a caller who wants the tuned one."""
         plan = self._store.cached(plan_key)
         if plan is None and not self._builds.flying(plan_key):
             plan = await self._store.get(plan_key)
+        if plan is not None and tuned_only and plan.provisional:
+            plan = None
         self._count(plan_key, plan, target_id, family)
         return plan
 
@@ -140,9 +143,9 @@ class PlanService:
             self._stats.hit(plan_key, len(plan.blob), saved, target_id=target_id, family=family)
         metrics.child(metrics.LOOKUPS, self._directory.scope(target_id), "hit" if plan is not None else "miss").inc()
 
-    async def _start_build(self, resolved: ResolvedQuery) -> Waiter:
+    async def _start_build(self, resolved: ResolvedQuery, tuned_only: bool = False) -> Waiter:
         """Wait for the build of a missing plan: started here, or joined."""
-        waiter = await self._builds.join(resolved.target, resolved.plan_key, resolved.query)
+        waiter = await self._builds.join(resolved.target, resolved.plan_key, resolved.query, tuned_only)
         self._stats.incr(Counter.COMPILES if waiter.started else Counter.JOINED, target_id=resolved.target.id, family=resolved.family)
         if waiter.started:
             log.info("started the build of %s (job %s)", resolved.plan_key, waiter.flight.job_id)
@@ -158,17 +161,17 @@ class PlanService:
         """A serialized CompileResponse. `when_sent(callback)` calls back once
         the response is written (it frees the caller's delivery slot)."""
         resolved = await self.resolve(request.spec, request.target, request.options)
-        plan = await self._lookup(resolved.plan_key, resolved.target.id, resolved.family)
+        plan = await self._lookup(resolved.plan_key, resolved.target.id, resolved.family, request.tuned_only)
         if plan is not None:
-            return plan.compile_response(pb.COMPILE_SOURCE_HIT)
-        waiter = await self._start_build(resolved)
+            return plan.compile_response(_source(plan, pb.COMPILE_SOURCE_HIT))
+        waiter = await self._start_build(resolved, request.tuned_only)
         when_sent(waiter.release)
         try:
             plan = await waiter.result(self._deadline(time_remaining))
         except PlanCacheError:
             self._failed(waiter, resolved)
             raise
-        return plan.compile_response(pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED)
+        return plan.compile_response(_source(plan, pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED))
 
     async def get(self, ref: pb.PlanRef) -> StoredPlan:
         if ref.WhichOneof("ref") == "key":  # a fleet node's fetch by key, from memory: nothing to await
@@ -202,15 +205,16 @@ class PlanService:
                 key = ""
                 try:
                     key, resolved = await self._ref_key(ref)
-                    plan = await self._lookup(key, resolved.target.id if resolved else parse_key(key).target.id, resolved.family if resolved else None)
+                    target_id = resolved.target.id if resolved else parse_key(key).target.id
+                    plan = await self._lookup(key, target_id, resolved.family if resolved else None, request.tuned_only)
                     if plan is not None:
                         stored.append((index, key))
                     elif not request.compile_missing:
-                        raise NotFound(f"no stored plan {key} (compile_missing is off)")
+                        raise NotFound(f"no {'autotuned ' if request.tuned_only else ''}stored plan {key} (compile_missing is off)")
                     elif resolved is None:
                         raise NotFound(f"no stored plan {key}; send its spec, target and options to have it compiled")
                     else:
-                        waiter = await self._start_build(resolved)
+                        waiter = await self._start_build(resolved, request.tuned_only)
                         waiting[waiter.future] = (index, waiter, resolved)
                 except PlanCacheError as e:
                     yield _error_item(index, key, e)
@@ -218,7 +222,11 @@ class PlanService:
                 # From the memory cache as a rule; read again otherwise (the
                 # stream keeps keys, not plans, while the caller reads).
                 plan = self._store.cached(key) or await self._store.get(key)
-                yield plan.prefetch_item(index, key, pb.COMPILE_SOURCE_HIT) if plan else _error_item(index, key, NotFound(f"plan {key} was deleted meanwhile"))
+                yield (
+                    plan.prefetch_item(index, key, _source(plan, pb.COMPILE_SOURCE_HIT))
+                    if plan
+                    else _error_item(index, key, NotFound(f"plan {key} was deleted meanwhile"))
+                )
             while waiting:
                 done, _ = await asyncio.wait(waiting, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED)
                 if not done:
@@ -234,7 +242,8 @@ class PlanService:
                             self._failed(waiter, resolved)
                             yield _error_item(index, resolved.plan_key, e)
                             continue
-                        yield plan.prefetch_item(index, resolved.plan_key, pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED)
+                        source = pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED
+                        yield plan.prefetch_item(index, resolved.plan_key, _source(plan, source))
                     finally:
                         waiter.release()  # resumed: the item is written, its delivery slot is free
         finally:
@@ -317,10 +326,13 @@ class PlanService:
         return response
 
 
+def _source(plan: StoredPlan, source: int) -> int:
+    """How a plan reached its caller; a provisional plan says so instead."""
+    return pb.COMPILE_SOURCE_PROVISIONAL if plan.provisional else source
+
+
 def _error_item(index: int, key: str, error: PlanCacheError) -> pb.PrefetchItem:
-    item = pb.PrefetchItem(
-        index=index, key=key, error=pb.PrefetchError(code=error.code.name, message=bounded(error.message), error_class=type(error).__name__)
-    )
+    item = pb.PrefetchItem(index=index, key=key, error=pb.PrefetchError(code=error.code.name, message=bounded(error.message), error_class=type(error).__name__))
     if error.retry_after is not None:
         item.error.retry_delay.CopyFrom(duration(error.retry_after))
     return item

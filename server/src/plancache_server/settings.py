@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from plancache.validation import Limits
+from plancache_server.compiler.base import AUTOTUNE_STRATEGIES
 
 SERVER, WORKER = "server", "worker"
 BOTH = frozenset({SERVER, WORKER})
@@ -78,6 +79,12 @@ def _paths(text: str) -> tuple[Path, ...]:
     return tuple(Path(p) for p in text.replace(",", os.pathsep).split(os.pathsep) if p.strip())
 
 
+def _autotune_strategy(text: str) -> str:
+    if text not in AUTOTUNE_STRATEGIES:
+        raise ValueError(f"expected one of {', '.join(AUTOTUNE_STRATEGIES)}")
+    return text
+
+
 def _port(text: str) -> int:
     return int(text or 0)
 
@@ -90,13 +97,19 @@ class Settings:
     data_dir: Path = _option(None, "--data-dir", "where the private redis-server keeps its data (AOF) and the generated signing key", Path,
                              programs=frozenset({SERVER}), factory=default_data_dir, shown_default="~/.local/share/plancache")  # fmt: skip
     redis_server_bin: str = _option("redis-server", "--redis-server-bin", "redis-server executable for the private instance", programs=frozenset({SERVER}))
-    gpus: str = _option("auto", "--gpus", "'auto', 'none', or a comma list of device indices: the compile workers this server starts", programs=frozenset({SERVER}))
+    gpus: str = _option(
+        "auto", "--gpus", "'auto', 'none', or a comma list of device indices: the compile workers this server starts", programs=frozenset({SERVER})
+    )
     compiler: str = _option("cudnn", "--compiler", "'cudnn', or module:factory for a stand-in compiler (tests, benchmarks)", to_workers=True)
+    autotune_strategy: str = _option("screened", "--autotune-strategy", "'screened' (a quick eager screen, precise timing of the close ones) or 'exhaustive' (every candidate timed precisely)",
+                                     _autotune_strategy, to_workers=True)  # fmt: skip
     compile_timeout_s: float = _option(900.0, "--compile-timeout", "seconds a Compile waits for a build when the caller sets no deadline", float,
                                        programs=frozenset({SERVER}))  # fmt: skip
     # ---- admission control (front end): past a bound, RESOURCE_EXHAUSTED with a retry delay
     max_waiters: int = _option(50_000, "--max-waiters", "callers (call x plan) one front end lets wait for builds at once", int, programs=frozenset({SERVER}))
-    max_waiters_per_key: int = _option(5_000, "--max-waiters-per-key", "callers one front end lets wait for the same plan's build", int, programs=frozenset({SERVER}))
+    max_waiters_per_key: int = _option(
+        5_000, "--max-waiters-per-key", "callers one front end lets wait for the same plan's build", int, programs=frozenset({SERVER})
+    )
     max_prefetch_refs: int = _option(10_000, "--max-prefetch-refs", "plan refs in one Prefetch call (more: RESOURCE_EXHAUSTED, split the manifest)", int,
                                      programs=frozenset({SERVER}))  # fmt: skip
     max_prefetch_bytes: int = _option(16 * 2**20, "--max-prefetch-mb", "bytes one Prefetch request may have, MiB (other requests: 4 MiB with a spec, 64 KiB without)",

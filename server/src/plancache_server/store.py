@@ -73,6 +73,10 @@ class StoredPlan:
         bytes encoded once for every stream that receives it."""
         return pb.PrefetchItem(index=index, key=key, source=source).SerializeToString() + self._prefetch_plan_field  # type: ignore[arg-type]
 
+    @property
+    def provisional(self) -> bool:
+        return bool(self.metadata.provisional)
+
     @functools.cached_property
     def size(self) -> int:
         """Bytes it holds in memory (blob and metadata), for cache bounds."""
@@ -145,6 +149,14 @@ class PlanStore(Protocol):
 
     async def get(self, plan_key: str) -> StoredPlan | None: ...
 
+    async def fresh(self, plan_key: str) -> StoredPlan | None:
+        """What Redis holds now (a plan may have been replaced: provisional, then tuned)."""
+        ...
+
+    def forget(self, plan_key: str) -> None:
+        """Drop what this process holds of a plan (it changed elsewhere)."""
+        ...
+
     async def delete(self, plan_key: str) -> None: ...
 
     async def keys_of_spec(self, spec_hash: str) -> list[str]: ...
@@ -162,6 +174,12 @@ class AsyncRedisPlanStore:
 
     def cached(self, plan_key: str) -> StoredPlan | None:
         return None
+
+    def forget(self, plan_key: str) -> None:
+        pass
+
+    async def fresh(self, plan_key: str) -> StoredPlan | None:
+        return await self.get(plan_key)
 
     async def get(self, plan_key: str) -> StoredPlan | None:
         with translated_errors("reading a plan"):

@@ -6,18 +6,29 @@ versions only), since any GPU of that kind may build a generic request.
 The cuDNN handle is not thread-safe and the frontend holds the GIL, so a
 worker builds one job at a time, and a GPU host runs one worker process per
 GPU rather than threads.
+
+A build has two phases when it autotunes: cuDNN's heuristic plan (seconds
+at most), stored as provisional so that its callers can run at once, then
+the autotuning (often much longer). A worker runs every waiting job's first
+phase before any job's autotuning: the first node of a new model, asking for
+all its plans at once, gets every provisional plan after the heuristic
+builds, not after the autotuning of the plans queued before them. Jobs whose
+autotuning is deferred stay claimed by the worker (their leases renewed),
+so that a worker that dies mid-way hands them to another.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from plancache import spec_io
 from plancache.canonical import hash_normalized
@@ -62,6 +73,18 @@ class VerifiedJob:
     options: CompileOptions
 
 
+@dataclass
+class _Build:
+    """A job being built: its phases (a generator: resumed for the autotuning)."""
+
+    delivery: Delivery
+    job: Job
+    verified: VerifiedJob
+    phases: Iterator[CompiledPlan]
+    started: float = field(default_factory=time.monotonic)
+    provisional: CompiledPlan | None = None
+
+
 def verify_job(job: Job, served: list[Target]) -> VerifiedJob:
     """Derive the job's plan key; a job is data from Redis, not an authority.
     Raises InvalidRequest naming what does not hold."""
@@ -103,9 +126,7 @@ def plan_metadata(job: VerifiedJob, compiled: CompiledPlan, worker_id: str, buil
         plan_name=compiled.plan_name,
         engine_kind=pb.ENGINE_KIND_PYTHON if compiled.is_python_engine else pb.ENGINE_KIND_BACKEND,
         candidates=[
-            pb.CandidateTiming(
-                index=c.index, plan_name=c.plan_name, engine_id=c.engine_id, median_ms=c.median_ms, error=c.error, timing=c.timing
-            )
+            pb.CandidateTiming(index=c.index, plan_name=c.plan_name, engine_id=c.engine_id, median_ms=c.median_ms, error=c.error, timing=c.timing)
             for c in compiled.candidates
         ],
         build_seconds=compiled.build_seconds,
@@ -114,6 +135,7 @@ def plan_metadata(job: VerifiedJob, compiled: CompiledPlan, worker_id: str, buil
         blob_size=len(compiled.blob),
         created_at=time.time(),
         built_by=worker_id,
+        provisional=compiled.provisional,
     )
 
 
@@ -149,32 +171,42 @@ class Worker:
         self._build_budget_s = build_budget_s
         self._on_over_budget = on_over_budget or (lambda: os._exit(EXIT_OVER_BUDGET))
         self._stop = threading.Event()
-        # The job being built, kept alive by the heartbeat thread.
-        self._current: Delivery | None = None
+        # Jobs this worker holds (building, or waiting for their autotuning),
+        # kept alive by the heartbeat thread.
+        self._held: dict[str, Delivery] = {}
+        self._held_lock = threading.Lock()
+        # Jobs whose provisional plan is stored, oldest first: tuned when no job waits.
+        self._tunings: deque[_Build] = deque()
 
     def stop(self) -> None:
         self._stop.set()
 
     def run(self) -> None:
-        """Serve jobs until stop(); survives Redis outages by retrying."""
+        """Serve jobs until stop(), then finish the autotuning of the jobs it
+        holds; survives Redis outages by retrying."""
         log.info("worker %s serving targets %s", self.worker_id, ", ".join(t.id for t in self._targets))
         beat = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{self.worker_id}", daemon=True)
         beat.start()
         joined = False
         next_reclaim = 0.0
-        while not self._stop.is_set():
+        while not self._stop.is_set() or self._tunings:
             try:
                 if not joined:
                     self._queue.join(self._targets)
                     joined = True
-                deliveries = self._queue.read(self.worker_id, self._targets, block_ms=500)
-                if not deliveries and time.monotonic() >= next_reclaim:
-                    # Jobs whose worker died mid-build: its heartbeat expired
-                    # (at once), or it went silent past claim_idle.
-                    deliveries = self._queue.reclaim(self.worker_id, self._targets, self._claim_idle_ms)
-                    next_reclaim = time.monotonic() + RECLAIM_CHECK_S
+                deliveries: list[Delivery] = []
+                if not self._stop.is_set():
+                    # A deferred autotuning waits only for jobs already queued: no blocking read then.
+                    deliveries = self._queue.read(self.worker_id, self._targets, block_ms=None if self._tunings else 500)
+                    if not deliveries and time.monotonic() >= next_reclaim:
+                        # Jobs whose worker died mid-build: its heartbeat expired
+                        # (at once), or it went silent past claim_idle.
+                        deliveries = self._queue.reclaim(self.worker_id, self._targets, self._claim_idle_ms)
+                        next_reclaim = time.monotonic() + RECLAIM_CHECK_S
                 for delivery in deliveries:
                     self._handle(delivery)
+                if not deliveries and self._tunings:
+                    self._advance(self._tunings.popleft(), until_provisional=False)
             except StoreUnavailable as e:
                 log.warning("worker %s: %s; retrying in 1s", self.worker_id, e)
                 joined = False
@@ -193,10 +225,12 @@ class Worker:
                     self._stop.set()
                     break
                 self._queue.heartbeat(self.worker_id, self._targets, self._ttl)
-                current = self._current
-                if current is not None and current.job is not None:
-                    self._builds.renew(current.job.plan_key, current.job.job_id)
-                    self._queue.touch(current, self.worker_id)
+                with self._held_lock:
+                    held = list(self._held.values())
+                for delivery in held:
+                    if delivery.job is not None:
+                        self._builds.renew(delivery.job.plan_key, delivery.job.job_id)
+                        self._queue.touch(delivery, self.worker_id)
             except StoreUnavailable as e:
                 log.debug("heartbeat failed: %s", e)
             self._stop.wait(self._interval)
@@ -217,7 +251,8 @@ class Worker:
             self._builds.record_refusal(job.plan_key, self.worker_id, reason)
             self._queue.ack(delivery)
             return
-        if self._store.get(job.plan_key) is not None:
+        stored = self._store.get(job.plan_key)
+        if stored is not None and not stored.metadata.provisional:
             log.info("job %s: plan %s already stored", job.job_id, job.plan_key)
             self._builds.finish(job.plan_key, job.job_id, self.worker_id)
             self._queue.ack(delivery)
@@ -232,22 +267,43 @@ class Worker:
             log.warning("job %s: reclaimed (attempt %d) from a worker that stopped answering", job.job_id, delivery.attempts)
         self._builds.mark_running(job.plan_key, job.job_id, self.worker_id)
         self._builds.renew(job.plan_key, job.job_id)
-        self._current = delivery
-        watchdog = self._watchdog(delivery, job)
+        with self._held_lock:
+            self._held[delivery.entry_id] = delivery
+        build = _Build(delivery, job, verified, iter(self.compiler.compile_phases(verified.spec, verified.options)))
+        self._advance(build, until_provisional=True)
+
+    def _advance(self, build: _Build, until_provisional: bool) -> None:
+        """Run the build's next phases: up to its provisional plan (then it
+        waits in _tunings), or to the end (then the job is recorded and
+        acknowledged)."""
+        watchdog = self._watchdog(build.delivery, build.job)
         metrics.BUSY.set(1)
-        started = time.monotonic()
         try:
-            error, rejected = self.build(job, verified)
+            outcome = self._run_phases(build, until_provisional)
+        except BaseException:  # e.g. Redis gone past the retries: no more renewals, another worker reclaims it
+            self._release(build.delivery)
+            raise
         finally:
-            self._current = None
             metrics.BUSY.set(0)
             if watchdog is not None:
                 watchdog.cancel()
+        if outcome is None:
+            self._tunings.append(build)
+            return
+        error, rejected = outcome
+        job, delivery = build.job, build.delivery
         target_id = self.compiler.target.id
         metrics.BUILDS.labels(target_id, "rejected" if rejected else "failed" if error else "built").inc()
-        metrics.BUILD_SECONDS.labels(target_id).observe(time.monotonic() - started)
-        self._durably(f"recording job {job.job_id}", lambda: self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=error, rejected=rejected))
-        self._durably(f"acknowledging job {job.job_id}", lambda: self._queue.ack(delivery))
+        metrics.BUILD_SECONDS.labels(target_id).observe(time.monotonic() - build.started)
+        try:
+            self._durably(f"recording job {job.job_id}", lambda: self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=error, rejected=rejected))
+            self._durably(f"acknowledging job {job.job_id}", lambda: self._queue.ack(delivery))
+        finally:
+            self._release(delivery)
+
+    def _release(self, delivery: Delivery) -> None:
+        with self._held_lock:
+            self._held.pop(delivery.entry_id, None)
 
     def _durably(self, doing: str, step: Callable[[], None]) -> None:
         """Run a step that must not be lost to a Redis blip: retried with
@@ -283,26 +339,58 @@ class Worker:
         timer.start()
         return timer
 
-    def build(self, job: Job, verified: VerifiedJob) -> tuple[str | None, bool]:
-        """Compile and store one job's plan: (failure reason or None, whether
-        cuDNN rejected the graph, as opposed to the worker failing)."""
-        started = time.monotonic()
+    def _run_phases(self, build: _Build, until_provisional: bool) -> tuple[str | None, bool] | None:
+        """Compile and store the build's plans: None when it stopped at its
+        provisional plan, else (failure reason or None, whether cuDNN
+        rejected the graph, as opposed to the worker failing).
+
+        With autotuning, cuDNN's heuristic plan is stored first, marked
+        provisional, and announced, so that the job's callers have a plan
+        at once; the autotuned plan then replaces it under the same key. If
+        autotuning fails, the heuristic plan is stored again as final (with
+        the reason among its candidates): callers are not left waiting for a
+        tuned plan that will not come."""
+        job, verified = build.job, build.verified
         try:
-            compiled = self.compiler.compile(verified.spec, verified.options)
+            for compiled in build.phases:
+                self._store_plan(job, verified, compiled)
+                if compiled.provisional:
+                    build.provisional = compiled
+                    self._durably(
+                        f"announcing the provisional plan of {job.plan_key}", lambda: self._builds.provisional(job.plan_key, job.job_id, self.worker_id)
+                    )
+                    if until_provisional:
+                        return None
         except CompileFailed as e:
+            if build.provisional is not None:
+                return self._keep_heuristic(job, verified, build.provisional, e.message)
             log.info("job %s: cuDNN rejected %s: %s", job.job_id, job.plan_key, e.message)
             return e.message, True
         except PlanCacheError as e:
+            if build.provisional is not None:
+                return self._keep_heuristic(job, verified, build.provisional, e.message)
             log.warning("job %s: %s", job.job_id, e.message)
             return e.message, False
         except Exception as e:  # a bug or a GPU fault: report it, keep serving
             log.exception("job %s: compiler crashed", job.job_id)
-            return f"compiler error on worker {self.worker_id}: {type(e).__name__}: {e}", False
+            reason = f"compiler error on worker {self.worker_id}: {type(e).__name__}: {e}"
+            if build.provisional is not None:
+                return self._keep_heuristic(job, verified, build.provisional, reason)
+            return reason, False
+        log.info("job %s: built %s in %.2fs", job.job_id, job.plan_key, time.monotonic() - build.started)
+        return None, False
+
+    def _store_plan(self, job: Job, verified: VerifiedJob, compiled: CompiledPlan) -> None:
         metadata = plan_metadata(verified, compiled, self.worker_id, self.compiler.target.to_proto())
         signature = self._signer.sign(metadata) if self._signer is not None else None
         self._durably(f"storing plan {job.plan_key}", lambda: self._store.put(StoredPlan(blob=compiled.blob, metadata=metadata, signature=signature)))
         log.info(
-            "job %s: built %s in %.2fs (%d candidates, chose %s, %d bytes)",
-            job.job_id, job.plan_key, time.monotonic() - started, len(compiled.candidates), compiled.plan_name, len(compiled.blob),
+            "job %s: stored %s plan %s (%d candidates, chose %s, %d bytes)", job.job_id, "provisional" if compiled.provisional else "final",
+            job.plan_key, len(compiled.candidates), compiled.plan_name, len(compiled.blob),
         )  # fmt: skip
+
+    def _keep_heuristic(self, job: Job, verified: VerifiedJob, heuristic: CompiledPlan, reason: str) -> tuple[str | None, bool]:
+        log.warning("job %s: autotuning %s failed (%s); the heuristic plan is final", job.job_id, job.plan_key, reason)
+        noted = [dataclasses.replace(c, error=f"autotuning failed: {reason[:500]}") for c in heuristic.candidates]
+        self._store_plan(job, verified, dataclasses.replace(heuristic, provisional=False, candidates=noted))
         return None, False

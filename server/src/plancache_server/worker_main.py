@@ -37,7 +37,7 @@ def run_one(device: int, settings: Settings) -> int:
         log.error("%s", e.message)
         return EXIT_MISCONFIGURED
     try:
-        compiler = load_compiler(settings.compiler, device)
+        compiler = load_compiler(settings.compiler, device, settings.autotune_strategy)
     except ImportError as e:
         log.error("cannot load the %r compiler (%s is missing): install plancache-server[gpu]", settings.compiler, e.name)
         return EXIT_MISCONFIGURED

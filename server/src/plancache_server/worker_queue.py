@@ -58,7 +58,8 @@ class WorkerQueue:
         with translated_errors("checking for a drain request"):
             return bool(self._redis.exists(keys.drain(worker_id)))
 
-    def read(self, worker_id: str, targets: list[Target], block_ms: int) -> list[Delivery]:
+    def read(self, worker_id: str, targets: list[Target], block_ms: int | None) -> list[Delivery]:
+        """The next job: waiting up to `block_ms`, or not at all (None)."""
         streams = {keys.job_stream(t): ">" for t in targets}
         with translated_errors("reading jobs"):
             reply = cast(list[Any], self._redis.xreadgroup(keys.JOB_GROUP, worker_id, streams, count=1, block=block_ms))  # type: ignore[arg-type]

@@ -37,6 +37,7 @@ class CompileSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMPILE_SOURCE_HIT: _ClassVar[CompileSource]
     COMPILE_SOURCE_COMPILED: _ClassVar[CompileSource]
     COMPILE_SOURCE_JOINED: _ClassVar[CompileSource]
+    COMPILE_SOURCE_PROVISIONAL: _ClassVar[CompileSource]
 DATA_TYPE_UNSPECIFIED: DataType
 DATA_TYPE_FLOAT: DataType
 DATA_TYPE_HALF: DataType
@@ -56,6 +57,7 @@ COMPILE_SOURCE_UNSPECIFIED: CompileSource
 COMPILE_SOURCE_HIT: CompileSource
 COMPILE_SOURCE_COMPILED: CompileSource
 COMPILE_SOURCE_JOINED: CompileSource
+COMPILE_SOURCE_PROVISIONAL: CompileSource
 
 class TensorSpec(_message.Message):
     __slots__ = ("uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_output", "scalar_value")
@@ -241,7 +243,7 @@ class CandidateTiming(_message.Message):
     def __init__(self, index: _Optional[int] = ..., plan_name: _Optional[str] = ..., engine_id: _Optional[int] = ..., median_ms: _Optional[float] = ..., error: _Optional[str] = ..., timing: _Optional[str] = ...) -> None: ...
 
 class PlanMetadata(_message.Message):
-    __slots__ = ("key", "spec_hash", "target", "options", "tensors", "workspace_size", "engine_id", "knobs", "plan_name", "engine_kind", "candidates", "build_seconds", "autotune_seconds", "blob_sha256", "blob_size", "created_at", "built_by")
+    __slots__ = ("key", "spec_hash", "target", "options", "tensors", "workspace_size", "engine_id", "knobs", "plan_name", "engine_kind", "candidates", "build_seconds", "autotune_seconds", "blob_sha256", "blob_size", "created_at", "built_by", "provisional")
     KEY_FIELD_NUMBER: _ClassVar[int]
     SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +261,7 @@ class PlanMetadata(_message.Message):
     BLOB_SIZE_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     BUILT_BY_FIELD_NUMBER: _ClassVar[int]
+    PROVISIONAL_FIELD_NUMBER: _ClassVar[int]
     key: str
     spec_hash: str
     target: Target
@@ -276,7 +279,8 @@ class PlanMetadata(_message.Message):
     blob_size: int
     created_at: float
     built_by: str
-    def __init__(self, key: _Optional[str] = ..., spec_hash: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorBinding, _Mapping]]] = ..., workspace_size: _Optional[int] = ..., engine_id: _Optional[int] = ..., knobs: _Optional[_Iterable[_Union[Knob, _Mapping]]] = ..., plan_name: _Optional[str] = ..., engine_kind: _Optional[_Union[EngineKind, str]] = ..., candidates: _Optional[_Iterable[_Union[CandidateTiming, _Mapping]]] = ..., build_seconds: _Optional[float] = ..., autotune_seconds: _Optional[float] = ..., blob_sha256: _Optional[str] = ..., blob_size: _Optional[int] = ..., created_at: _Optional[float] = ..., built_by: _Optional[str] = ...) -> None: ...
+    provisional: bool
+    def __init__(self, key: _Optional[str] = ..., spec_hash: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorBinding, _Mapping]]] = ..., workspace_size: _Optional[int] = ..., engine_id: _Optional[int] = ..., knobs: _Optional[_Iterable[_Union[Knob, _Mapping]]] = ..., plan_name: _Optional[str] = ..., engine_kind: _Optional[_Union[EngineKind, str]] = ..., candidates: _Optional[_Iterable[_Union[CandidateTiming, _Mapping]]] = ..., build_seconds: _Optional[float] = ..., autotune_seconds: _Optional[float] = ..., blob_sha256: _Optional[str] = ..., blob_size: _Optional[int] = ..., created_at: _Optional[float] = ..., built_by: _Optional[str] = ..., provisional: _Optional[bool] = ...) -> None: ...
 
 class PlanSignature(_message.Message):
     __slots__ = ("key_id", "signature")
@@ -297,14 +301,16 @@ class Plan(_message.Message):
     def __init__(self, metadata: _Optional[_Union[PlanMetadata, _Mapping]] = ..., blob: _Optional[bytes] = ..., signature: _Optional[_Union[PlanSignature, _Mapping]] = ...) -> None: ...
 
 class CompileRequest(_message.Message):
-    __slots__ = ("spec", "target", "options")
+    __slots__ = ("spec", "target", "options", "tuned_only")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    TUNED_ONLY_FIELD_NUMBER: _ClassVar[int]
     spec: GraphSpec
     target: Target
     options: CompileOptions
-    def __init__(self, spec: _Optional[_Union[GraphSpec, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ...) -> None: ...
+    tuned_only: bool
+    def __init__(self, spec: _Optional[_Union[GraphSpec, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., tuned_only: _Optional[bool] = ...) -> None: ...
 
 class CompileResponse(_message.Message):
     __slots__ = ("plan", "source")
@@ -327,12 +333,14 @@ class GetPlanResponse(_message.Message):
     def __init__(self, plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
 
 class PrefetchRequest(_message.Message):
-    __slots__ = ("refs", "compile_missing")
+    __slots__ = ("refs", "compile_missing", "tuned_only")
     REFS_FIELD_NUMBER: _ClassVar[int]
     COMPILE_MISSING_FIELD_NUMBER: _ClassVar[int]
+    TUNED_ONLY_FIELD_NUMBER: _ClassVar[int]
     refs: _containers.RepeatedCompositeFieldContainer[PlanRef]
     compile_missing: bool
-    def __init__(self, refs: _Optional[_Iterable[_Union[PlanRef, _Mapping]]] = ..., compile_missing: _Optional[bool] = ...) -> None: ...
+    tuned_only: bool
+    def __init__(self, refs: _Optional[_Iterable[_Union[PlanRef, _Mapping]]] = ..., compile_missing: _Optional[bool] = ..., tuned_only: _Optional[bool] = ...) -> None: ...
 
 class PrefetchError(_message.Message):
     __slots__ = ("code", "message", "error_class", "retry_delay")

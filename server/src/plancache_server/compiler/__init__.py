@@ -14,11 +14,11 @@ from plancache_server.compiler.base import CandidateResult, CompiledPlan, Compil
 __all__ = ["CandidateResult", "CompiledPlan", "Compiler", "load_compiler"]
 
 
-def load_compiler(name: str, device: int) -> Compiler:
+def load_compiler(name: str, device: int, autotune_strategy: str = "screened") -> Compiler:
     if name == "cudnn":
         from plancache_server.compiler.cudnn import CudnnCompiler
 
-        return CudnnCompiler(device)
+        return CudnnCompiler(device, autotune_strategy)
     module_name, _, attr = name.partition(":")
     if not attr:
         raise ValueError(f"compiler {name!r}: expected 'cudnn' or 'module:factory'")

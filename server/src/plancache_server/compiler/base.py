@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from plancache.options import CompileOptions
 from plancache.spec import GraphSpec
 from plancache.target import Target
+
+# How a worker times candidate plans (compiler/timing.py says how each works).
+AUTOTUNE_STRATEGIES = ("screened", "exhaustive")
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,8 @@ class CompiledPlan:
     candidates: list[CandidateResult] = field(default_factory=list)
     build_seconds: float = 0.0
     autotune_seconds: float = 0.0
+    # A heuristic plan stored at once while the autotuned one is built.
+    provisional: bool = False
 
 
 class Compiler(Protocol):
@@ -39,4 +45,9 @@ class Compiler(Protocol):
     @property
     def target(self) -> Target: ...
 
-    def compile(self, spec: GraphSpec, options: CompileOptions) -> CompiledPlan: ...
+    def compile_phases(self, spec: GraphSpec, options: CompileOptions) -> Iterator[CompiledPlan]:
+        """The plan as it gets better: with autotuning (and more than one
+        candidate), first cuDNN's heuristic choice, untimed and `provisional`,
+        then the autotuned plan; otherwise the one plan. An error raised
+        after the provisional plan is the autotuning's."""
+        ...

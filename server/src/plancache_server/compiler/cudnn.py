@@ -5,8 +5,8 @@ frontend). The frontend facts it relies on (1.32, measured on an H200):
 - there is no Python autotune: build every candidate, time each with
   execute_plan_at_index, then build_plan_at_index(best) BEFORE serialize();
   after build_plans(ALL) a plain serialize() stores plan 0;
-- plans run in tens of microseconds: time many launches per event pair and
-  take the median of repetitions, on random inputs (never zeros);
+- plans run in microseconds to milliseconds: time them on the GPU, not the
+  host (compiler/timing.py), on random inputs (never zeros);
 - record the winner by engine id, knobs and plan name, never by index alone.
 """
 
@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
-import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import cudnn
@@ -31,8 +29,9 @@ from plancache.options import CompileOptions
 from plancache.spec import GraphSpec
 from plancache.target import Target
 from plancache.validation import storage_elements
-from plancache_server.compiler.base import CandidateResult, CompiledPlan
+from plancache_server.compiler.base import AUTOTUNE_STRATEGIES, CandidateResult, CompiledPlan
 from plancache_server.compiler.defects import check_known_defects
+from plancache_server.compiler.timing import best, time_candidates
 
 log = logging.getLogger(__name__)
 
@@ -41,44 +40,17 @@ PYTHON_PLAN_MAGIC = b"CUDNN_FE_PYPLAN"
 _ENUM_ATTRS = {"norm_forward_phase": "norm_forward_phase", "mode": "reduction_mode"}
 # Ops whose output dims cuDNN cannot infer; we push the normalized dims.
 _PUSH_DIMS = {"conv_dgrad", "conv_wgrad", "reduction"}
-# One timed measurement spans at least this long, so launch overhead and
-# event resolution stay small against it.
-_MIN_MEASURE_MS = 1.0
-_REPEATS = 7
-# Executions captured per CUDA graph when timing a candidate.
-_LAUNCHES_PER_GRAPH = 10
 
 
 def _cudnn_dtype(name: str) -> Any:
     return getattr(cudnn.data_type, {"fp8_e4m3": "FP8_E4M3", "fp8_e5m2": "FP8_E5M2"}.get(name, name.upper()))
 
 
-def time_launches(launch: Callable[[], None], repeats: int = _REPEATS) -> float:
-    """Median milliseconds per launch over `repeats` event-timed batches."""
-    for _ in range(3):
-        launch()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        launch()
-    end.record()
-    end.synchronize()
-    estimate = max(start.elapsed_time(end) / 5, 1e-4)
-    launches = min(max(math.ceil(_MIN_MEASURE_MS / estimate), 3), 500)
-    samples = []
-    for _ in range(repeats):
-        start.record()
-        for _ in range(launches):
-            launch()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / launches)
-    return float(statistics.median(samples))
-
-
 class CudnnCompiler:
-    def __init__(self, device: int) -> None:
+    def __init__(self, device: int, autotune_strategy: str = "screened") -> None:
+        if autotune_strategy not in AUTOTUNE_STRATEGIES:
+            raise ValueError(f"autotune strategy {autotune_strategy!r}: expected one of {', '.join(AUTOTUNE_STRATEGIES)}")
+        self.autotune_strategy = autotune_strategy
         torch.cuda.set_device(device)
         self._device = torch.device("cuda", device)
         self._handle = cudnn.create_handle()
@@ -89,10 +61,17 @@ class CudnnCompiler:
     def target(self) -> Target:
         return self._target
 
+    @property
+    def handle(self) -> Any:
+        """The cuDNN handle its graphs are built and timed with (this thread's)."""
+        return self._handle
+
     # ---- spec -> pygraph ------------------------------------------------------
 
-    def graph(self, spec: GraphSpec) -> Any:
-        """Translate a normalized spec into an (unbuilt) cuDNN pygraph."""
+    def graph(self, spec: GraphSpec, result_strides: bool = True) -> Any:
+        """Translate a normalized spec into an (unbuilt) cuDNN pygraph.
+        `result_strides=False` leaves the outputs' layout to the frontend:
+        tests/gpu check normalize's inferred strides against it."""
         g = cudnn.pygraph(
             handle=self._handle,
             name=spec.name or "plancache",
@@ -134,7 +113,9 @@ class CudnnCompiler:
                 made[t.uid] = out
                 out.set_data_type(_cudnn_dtype(t.data_type))
                 if t.is_output:
-                    out.set_output(True).set_uid(t.uid).set_dim(list(t.dim)).set_stride(list(t.stride))
+                    out.set_output(True).set_uid(t.uid).set_dim(list(t.dim))
+                    if result_strides:
+                        out.set_stride(list(t.stride))
         return g
 
     # ---- inputs for timing ------------------------------------------------------
@@ -168,6 +149,11 @@ class CudnnCompiler:
     # ---- build + autotune ---------------------------------------------------------
 
     def compile(self, spec: GraphSpec, options: CompileOptions) -> CompiledPlan:
+        """The final plan (the last of compile_phases)."""
+        *_, final = self.compile_phases(spec, options)
+        return final
+
+    def compile_phases(self, spec: GraphSpec, options: CompileOptions) -> Iterator[CompiledPlan]:
         started = time.perf_counter()
         check_known_defects(spec)
         g = self.graph(spec)
@@ -185,11 +171,18 @@ class CudnnCompiler:
         count = g.get_execution_plan_count()
         if count == 0:
             raise CompileFailed(f"cuDNN offers no execution plan for this graph on {self._target.id}")
-        if options.autotune:
-            candidates, chosen, build_s, tune_s = self._autotune(g, spec, count, started)
-        else:
-            candidates, chosen = self._first_buildable(g, count)
-            build_s, tune_s = time.perf_counter() - started, 0.0
+        # cuDNN's heuristic choice first: what a node building locally would run.
+        candidates, chosen = self._first_buildable(g, count)
+        heuristic_s = time.perf_counter() - started
+        if not options.autotune or count == 1:
+            yield self._plan(g, chosen, candidates, heuristic_s, 0.0, provisional=False)
+            return
+        yield self._plan(g, chosen, candidates, heuristic_s, 0.0, provisional=True)
+        candidates, chosen, build_s, tune_s = self._autotune(g, spec, count, heuristic_s)
+        yield self._plan(g, chosen, candidates, build_s, tune_s, provisional=False)
+
+    def _plan(self, g: Any, chosen: int, candidates: list[CandidateResult], build_s: float, tune_s: float, provisional: bool) -> CompiledPlan:
+        """The plan built last at `chosen`, serialized (serialize() stores the plan built last)."""
         blob = bytes(g.serialize(as_bytes=True))
         engine_id, knobs = g.get_engine_and_knobs_at_index(chosen)
         return CompiledPlan(
@@ -202,6 +195,7 @@ class CudnnCompiler:
             candidates=candidates,
             build_seconds=build_s,
             autotune_seconds=tune_s,
+            provisional=provisional,
         )
 
     def _describe(self, g: Any, index: int) -> tuple[str, int]:
@@ -215,67 +209,41 @@ class CudnnCompiler:
             engine_id = -1
         return name, engine_id
 
-    def _autotune(self, g: Any, spec: GraphSpec, count: int, started: float) -> tuple[list[CandidateResult], int, float, float]:
+    def _autotune(self, g: Any, spec: GraphSpec, count: int, heuristic_s: float) -> tuple[list[CandidateResult], int, float, float]:
+        """(candidates, the winner's index, build seconds, autotune seconds),
+        the winner built last. Build seconds: the heuristic build before it
+        plus building every candidate."""
+        started = time.perf_counter()
         try:
             g.build_plans(cudnn.build_plan_policy.ALL)
         except Exception as e:
             raise CompileFailed(f"cuDNN could not build any plan for this graph on {self._target.id}: {e}") from e
-        build_s = time.perf_counter() - started
+        build_s = heuristic_s + time.perf_counter() - started
         tune_started = time.perf_counter()
         bindings = self.random_bindings(spec)
+        workspace = self.candidates_workspace(g, count)
+        launches = [functools.partial(g.execute_plan_at_index, bindings, workspace, i, handle=self._handle) for i in range(count)]
+        timed = time_candidates(launches, self._handle, self._device, self.autotune_strategy)
+        candidates = [
+            CandidateResult(index=t.index, plan_name=name, engine_id=engine_id, median_ms=t.ms, error=t.error, timing=t.method)
+            for t, (name, engine_id) in zip(timed, (self._describe(g, i) for i in range(count)), strict=True)
+        ]
+        winner = best(timed)
+        if winner is None:
+            raise CompileFailed(f"none of the {count} candidate plans ran on {self._target.id}: {candidates[0].error}")
+        # Selects the winner for serialize(); without it plan 0 is serialized.
+        g.build_plan_at_index(winner.index)
+        return candidates, winner.index, build_s, time.perf_counter() - tune_started
+
+    def candidates_workspace(self, g: Any, count: int) -> Any:
+        """One workspace large enough for any of the built candidates."""
         sizes = []
         for i in range(count):
             try:
                 sizes.append(int(g.get_workspace_size_plan_at_index(i)))
-            except Exception:
+            except Exception:  # a candidate that did not build
                 sizes.append(0)
-        workspace = torch.empty(max([1, *sizes]), device=self._device, dtype=torch.uint8)
-        candidates: list[CandidateResult] = []
-        for i in range(count):
-            name, engine_id = self._describe(g, i)
-            ms: float | None = None
-            error = timing = ""
-            try:
-                ms, timing = self.time_plan(functools.partial(g.execute_plan_at_index, bindings, workspace, i, handle=self._handle))
-            except Exception as e:  # a candidate that fails is recorded, not fatal
-                error = f"{type(e).__name__}: {str(e)[:300]}"
-            candidates.append(CandidateResult(index=i, plan_name=name, engine_id=engine_id, median_ms=ms, error=error, timing=timing))
-        timed = [c for c in candidates if c.median_ms is not None]
-        if not timed:
-            raise CompileFailed(f"none of the {count} candidate plans ran on {self._target.id}: {candidates[0].error}")
-        best = min(timed, key=lambda c: c.median_ms or math.inf)
-        # Selects the winner for serialize(); without it plan 0 is serialized.
-        g.build_plan_at_index(best.index)
-        return candidates, best.index, build_s, time.perf_counter() - tune_started
-
-    def time_plan(self, launch: Callable[[], None]) -> tuple[float, str]:
-        """Median GPU milliseconds per execution, and how it was measured.
-
-        A plan executes in microseconds while one execute call costs ~15 us
-        of host time, so a launch loop measures the host, not the plan
-        (measured on an H200: every matmul candidate read 14-17 us eagerly,
-        3.4-7.1 us from graph replays). Replaying a captured CUDA graph of
-        several executions measures the GPU alone; plans that cannot be
-        captured fall back to the launch loop."""
-        launch()  # run once eagerly: a plan that fails should fail here
-        torch.cuda.synchronize()
-        stream = torch.cuda.Stream(self._device)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            cudnn.set_stream(self._handle, stream.cuda_stream)
-            with torch.cuda.graph(graph, stream=stream):
-                for _ in range(_LAUNCHES_PER_GRAPH):
-                    launch()
-        except Exception as e:  # not capturable: time it eagerly
-            log.debug("plan not capturable (%s); timing eagerly", e)
-            cudnn.set_stream(self._handle, torch.cuda.current_stream(self._device).cuda_stream)
-            torch.cuda.synchronize()
-            return time_launches(launch), "eager"
-        cudnn.set_stream(self._handle, torch.cuda.current_stream(self._device).cuda_stream)
-        try:
-            return time_launches(graph.replay) / _LAUNCHES_PER_GRAPH, "cuda-graph"
-        finally:
-            del graph
+        return torch.empty(max([1, *sizes]), device=self._device, dtype=torch.uint8)
 
     def _first_buildable(self, g: Any, count: int) -> tuple[list[CandidateResult], int]:
         errors = []
