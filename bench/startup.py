@@ -100,6 +100,7 @@ class Bench:
         with server_process(address, redis_url, self.out / f"startup-server-{jit}.log", "--gpus", "0", "--data-dir", str(data_dir), env=server_env) as server:
             wait_for_workers(address, proc=server, timeout=300)
             env = trusting_env(signing_public_key(data_dir))
+            os.environ.update(env)  # this process's clients (saving the blobs) trust the same key
             forget_plans(address)  # nothing stored: this block's first node builds everything
             if jit == "cold":
                 # Fills the warm cache while reading an empty one (see the module doc).

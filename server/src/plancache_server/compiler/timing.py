@@ -7,14 +7,17 @@ Two strategies, with the same goal: the candidate with the lowest GPU time.
   ~15 us of host time, so a launch loop would time the host: on an H200
   every matmul candidate read 14-17 us eagerly, 3.4-7.1 us from replays),
   7 event-timed batches of >= 1 ms each.
-- `screened` (the default) first times every candidate eagerly over a few
-  launches, which costs little more than the candidate's first execution
-  (where CUDA loads its kernels), then times precisely only the candidates
-  within SCREEN_MARGIN of the best screen. Eager times below HOST_BOUND_MS
-  measure the host rather than the plan, so such candidates all go on to
-  the precise pass. That pass captures without torch.cuda.graph's context
-  (which empties the caching allocator on every capture) and stops after
-  3 batches when they agree within 2%.
+- `screened` (the default) captures each candidate once into a CUDA graph
+  (without torch.cuda.graph's context, which empties the caching allocator
+  on every capture) of as many executions as make ~0.2 ms, and times one
+  replay: a screen of GPU time alone, cheap next to the candidate's first
+  execution (where CUDA loads its kernels). Only the candidates within
+  SCREEN_MARGIN of the best screen are then timed precisely from replays of
+  the same graph, stopping after 3 batches when they agree within 2%.
+  Candidates that cannot be captured are timed eagerly and never screened
+  out: an eager time cannot be compared with GPU times (a first version
+  screened eagerly and dropped near-best plans whose launches cost ~60 us of
+  host time: docs/gpu-runs/2026-11-30-h200-run12.md).
 
 bench/autotune.py runs both on the same graphs, fresh processes each, and
 compares the cost per candidate and the chosen plans' times.
@@ -22,6 +25,7 @@ compares the cost per candidate and the chosen plans' times.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import statistics
@@ -43,18 +47,18 @@ EXHAUSTIVE_REPEATS = 7
 # samples agree within SETTLED_SPREAD.
 ADAPTIVE_REPEATS = (3, 5, 7)
 SETTLED_SPREAD = 1.02
-# Executions captured per CUDA graph.
+# Executions captured per CUDA graph (the exhaustive strategy; the screen
+# captures up to this many, as many as make SCREEN_GRAPH_MS).
 LAUNCHES_PER_GRAPH = 10
-SCREEN_LAUNCHES = 3
+SCREEN_GRAPH_MS = 0.2
 SCREEN_MARGIN = 1.25
-HOST_BOUND_MS = 0.05
 
 
 @dataclass(frozen=True)
 class Timed:
     index: int
     ms: float | None  # None: it failed
-    method: str = ""  # "cuda-graph", "eager" (not capturable), "screen" (eager, dropped after the screen)
+    method: str = ""  # "cuda-graph", "eager" (not capturable), "screen" (one replay; dropped after the screen)
     error: str = ""
 
 
@@ -65,17 +69,18 @@ def time_candidates(launches: Sequence[Callable[[], None]], handle: object, devi
     timer = _Timer(handle, device)
     if strategy == "exhaustive":
         return [timer.guarded(i, launch, timer.legacy_precise) for i, launch in enumerate(launches)]
-    screened = [timer.guarded(i, launch, timer.screen) for i, launch in enumerate(launches)]
-    ran = [t.ms for t in screened if t.ms is not None]
-    if not ran:
-        return screened
-    cutoff = max(min(ran) * SCREEN_MARGIN, HOST_BOUND_MS)
+    screened = [timer.guarded(i, launch, functools.partial(timer.screen, i)) for i, launch in enumerate(launches)]
+    gpu_times = [t.ms for t in screened if t.ms is not None and t.method == "screen"]
+    cutoff = min(gpu_times) * SCREEN_MARGIN if gpu_times else math.inf
     results = []
     for t in screened:
-        if t.ms is None or t.ms > cutoff:
-            results.append(t)  # failed, or clearly slower: its screen time is its record
+        if t.ms is None or t.method != "screen":
+            results.append(t)  # failed, or timed eagerly already (not capturable)
+        elif t.ms > cutoff:
+            timer.forget(t.index)
+            results.append(t)  # clearly slower: its screen time is its record
         else:
-            results.append(timer.guarded(t.index, launches[t.index], timer.precise))
+            results.append(timer.guarded(t.index, launches[t.index], functools.partial(timer.precise, t.index)))
     return results
 
 
@@ -92,6 +97,7 @@ class _Timer:
         self._stream = torch.cuda.Stream(device)
         self._start = torch.cuda.Event(enable_timing=True)
         self._end = torch.cuda.Event(enable_timing=True)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, int]] = {}  # screened, not yet timed precisely
 
     def guarded(self, index: int, launch: Callable[[], None], method: Callable[[Callable[[], None]], tuple[float, str]]) -> Timed:
         try:
@@ -103,22 +109,31 @@ class _Timer:
 
     # ---- the passes ---------------------------------------------------------------
 
-    def screen(self, launch: Callable[[], None]) -> tuple[float, str]:
+    def screen(self, index: int, launch: Callable[[], None]) -> tuple[float, str]:
         """One eager execution (a failing plan fails here; CUDA loads its
-        kernels here), then one event-timed batch of a few."""
+        kernels here), then the GPU time of one replay of a captured graph,
+        kept for the precise pass; eager timing if it cannot be captured."""
         launch()
         torch.cuda.synchronize(self._device)
-        return self._batch(launch, SCREEN_LAUNCHES), "screen"
-
-    def precise(self, launch: Callable[[], None]) -> tuple[float, str]:
-        """GPU ms per execution from CUDA-graph replays, adaptive repeats."""
-        graph = self._capture(launch)
-        if graph is None:  # not capturable: time it eagerly
+        eager_ms = self._batch(launch, 1)  # an upper bound (host time included): sizes the graph
+        count = min(LAUNCHES_PER_GRAPH, max(1, math.ceil(SCREEN_GRAPH_MS / max(eager_ms, 1e-3))))
+        graph = self._capture(launch, count)
+        if graph is None:
             return self._adaptive(launch), "eager"
+        graph.replay()  # the first replay uploads the graph
+        self._graphs[index] = (graph, count)
+        return self._batch(graph.replay, 1) / count, "screen"
+
+    def precise(self, index: int, launch: Callable[[], None]) -> tuple[float, str]:
+        """GPU ms per execution from replays of the screen's graph, adaptive repeats."""
+        graph, count = self._graphs.pop(index)
         try:
-            return self._adaptive(graph.replay) / LAUNCHES_PER_GRAPH, "cuda-graph"
+            return self._adaptive(graph.replay) / count, "cuda-graph"
         finally:
             del graph
+
+    def forget(self, index: int) -> None:
+        self._graphs.pop(index, None)
 
     def legacy_precise(self, launch: Callable[[], None]) -> tuple[float, str]:
         """The exhaustive strategy's timing, as the product did before the
@@ -144,7 +159,7 @@ class _Timer:
 
     # ---- pieces -------------------------------------------------------------------
 
-    def _capture(self, launch: Callable[[], None]) -> torch.cuda.CUDAGraph | None:
+    def _capture(self, launch: Callable[[], None], count: int) -> torch.cuda.CUDAGraph | None:
         torch.cuda.synchronize(self._device)
         graph = torch.cuda.CUDAGraph()
         cudnn.set_stream(self._handle, self._stream.cuda_stream)
@@ -152,7 +167,7 @@ class _Timer:
             with torch.cuda.stream(self._stream):
                 graph.capture_begin()
                 try:
-                    for _ in range(LAUNCHES_PER_GRAPH):
+                    for _ in range(count):
                         launch()
                 finally:
                     graph.capture_end()
