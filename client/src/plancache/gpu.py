@@ -64,11 +64,11 @@ def cudnn_handle(device: int | None = None) -> Any:
     if index not in handles:
         with torch.cuda.device(index):
             handles[index] = cudnn.create_handle()
-            _load_math_libraries(torch, index)
+            load_math_libraries(index)
     return handles[index]
 
 
-def _load_math_libraries(torch: Any, device: int) -> None:
+def load_math_libraries(device: int) -> None:
     """Load cuBLAS/cuBLASLt into the process with the handle.
 
     cuDNN's matmul engines run on cuBLASLt, which a process loads on first
@@ -79,6 +79,7 @@ def _load_math_libraries(torch: Any, device: int) -> None:
     """
     if os.environ.get("PLANCACHE_NO_WARMUP") == "1":
         return
+    torch, _ = _require_gpu_stack()
     a = torch.ones(16, 16, device=f"cuda:{device}", dtype=torch.float16)
     torch.matmul(a, a)
     torch.cuda.synchronize(device)

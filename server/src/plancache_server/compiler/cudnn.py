@@ -23,7 +23,7 @@ import torch
 
 from plancache import dtypes
 from plancache.errors import CompileFailed
-from plancache.gpu import detect_target, torch_dtype
+from plancache.gpu import detect_target, load_math_libraries, torch_dtype
 from plancache.ops import CATALOG
 from plancache.options import CompileOptions
 from plancache.spec import GraphSpec
@@ -56,6 +56,10 @@ class CudnnCompiler:
         self._handle = cudnn.create_handle()
         cudnn.set_stream(self._handle, torch.cuda.current_stream(self._device).cuda_stream)
         self._target = detect_target(device)
+        # cuBLASLt loads on first use: at start, not in a first node's first
+        # job (GPU run 12: its first plan came 1.1 s after the request, the
+        # next ones every ~75 ms).
+        load_math_libraries(device)
 
     @property
     def target(self) -> Target:
