@@ -97,8 +97,8 @@ class Bench:
         """One JIT state: a fresh server, the first node, then the rest."""
         address = f"127.0.0.1:{_free_port()}"
         if jit == "warm" and not any(self.warm_cache.glob("**/*")):
-            # Fill it first: a process reads the JIT cache's index when CUDA starts, so a
-            # server started before the fill builds as if cold (GPU run 12, third call).
+            # Fill it first: a server started before the fill built as if the cache were
+            # empty (GPU run 12, fourth call), while nodes started after it read it warm.
             self.node("local-autotuned", jit, child_env(), record=False)
         server_env = {**child_env(), **self.cache_env(jit)}
         with server_process(address, redis_url, self.out / f"startup-server-{jit}.log", "--gpus", "0", "--data-dir", str(data_dir), env=server_env) as server:
