@@ -101,7 +101,7 @@ class Settings:
         "auto", "--gpus", "'auto', 'none', or a comma list of device indices: the compile workers this server starts", programs=frozenset({SERVER})
     )
     compiler: str = _option("cudnn", "--compiler", "'cudnn', or module:factory for a stand-in compiler (tests, benchmarks)", to_workers=True)
-    autotune_strategy: str = _option("screened", "--autotune-strategy", "'screened' (a quick eager screen, precise timing of the close ones) or 'exhaustive' (every candidate timed precisely)",
+    autotune_strategy: str = _option("screened", "--autotune-strategy", "'screened' (one CUDA-graph replay per candidate as a screen, precise timing of the close ones) or 'exhaustive' (every candidate timed precisely)",
                                      _autotune_strategy, to_workers=True)  # fmt: skip
     compile_timeout_s: float = _option(900.0, "--compile-timeout", "seconds a Compile waits for a build when the caller sets no deadline", float,
                                        programs=frozenset({SERVER}))  # fmt: skip
