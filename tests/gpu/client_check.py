@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import threading
 import time
 import traceback
 from typing import Any
 
 import torch
 
-from plancache import Client, Manifest, ManifestEntry, Plan, dtypes
+from plancache import Client, InvalidRequest, Manifest, ManifestEntry, Plan, dtypes
 from plancache.gpu import cudnn_handle, torch_dtype
 from tests.gpu import references
 from tests.support.gpu_timing import gpu_ms
@@ -51,9 +52,99 @@ def make_inputs(case: str, plan: Plan) -> dict[str, torch.Tensor]:
 def check(case: str, plan: Plan) -> dict[str, Any]:
     tensors = make_inputs(case, plan)
     plan.execute(tensors)
+    return compare(case, tensors)
+
+
+def compare(case: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     torch.cuda.synchronize()
     expected = references.reference(case, tensors)
     return {name: references.relative_error(tensors[name], value) for name, value in expected.items()}
+
+
+def fast_paths(case: str, plan: Plan) -> dict[str, Any]:
+    """The bound call (on its tensors and on new ones of the same geometry)
+    and the CUDA-graph replay (on new values written into the captured
+    tensors) against torch; and the bad inputs each must refuse."""
+    result: dict[str, Any] = {}
+    tensors = make_inputs(case, plan)
+    bound = plan.bind(tensors)
+    bound()
+    result["bound_outputs"] = compare(case, tensors)
+    others = make_inputs(case, plan)
+    bound(others)
+    result["rebound_outputs"] = compare(case, others)
+    try:
+        captured_tensors = make_inputs(case, plan)
+        captured = plan.capture(captured_tensors)
+        fresh = make_inputs(case, plan)  # new inputs, poisoned outputs: the replay must write them
+        for name, t in captured_tensors.items():
+            t.copy_(fresh[name])
+        captured()
+        result["captured_outputs"] = compare(case, captured_tensors)
+    except Exception as e:
+        result["captured_error"] = f"{type(e).__name__}: {e}"
+        return result
+    name = next(b.name for b in plan.metadata.tensors if not b.is_pass_by_value and not b.is_output)
+    wrong_dtype = torch.float64 if tensors[name].dtype != torch.float64 else torch.float32
+    attempts = {
+        "bound, another dtype": lambda: bound({name: tensors[name].to(wrong_dtype)}),
+        "bound, on the CPU": lambda: bound({name: tensors[name].cpu()}),
+        "bound, another shape": lambda: bound({name: torch.zeros(7, device="cuda", dtype=tensors[name].dtype)}),
+        "replay, another tensor of the same geometry": lambda: captured({name: captured_tensors[name].clone()}),
+        "replay, another dtype": lambda: captured({name: captured_tensors[name].to(wrong_dtype)}),
+    }
+    refused = {}
+    for label, attempt in attempts.items():
+        try:
+            attempt()
+            refused[label] = "accepted"
+        except InvalidRequest as e:
+            refused[label] = f"InvalidRequest: {e.message}"
+        except Exception as e:
+            refused[label] = f"{type(e).__name__}: {e}"
+    result["bad_inputs"] = refused
+    return result
+
+
+def threads_check(client: Client, cases: list[dict[str, Any]], results: list[dict[str, Any]], rounds: int = 20) -> None:
+    """Every case's plan executed from its own thread, all at once (half of
+    them on a stream of their own, half on the default stream sharing one
+    workspace), plus a second thread on the first plan: each thread's
+    outputs against torch."""
+    plans = {c["name"]: client.get(c["key"]) for c, r in zip(cases, results, strict=True) if "error" not in r}
+    jobs = list(plans.items()) + ([next(iter(plans.items()))] if plans else [])
+    start = threading.Barrier(len(jobs))
+    outcome: dict[int, dict[str, Any]] = {}
+
+    def run(index: int, case: str, plan: Plan) -> None:
+        try:
+            stream = torch.cuda.Stream() if index % 2 else torch.cuda.current_stream()
+            with torch.cuda.stream(stream):
+                tensors = make_inputs(case, plan)
+                bound = plan.bind(tensors)
+                start.wait(timeout=120)
+                for i in range(rounds):
+                    if i % 2:
+                        bound()
+                    else:
+                        plan.execute(tensors)
+                stream.synchronize()
+                outcome[index] = {"case": case, "outputs": compare(case, tensors)}
+        except Exception as e:
+            outcome[index] = {"case": case, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+
+    threads = [threading.Thread(target=run, args=(i, case, plan)) for i, (case, plan) in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    by_case: dict[str, list[dict[str, Any]]] = {}
+    for index in range(len(jobs)):
+        entry = outcome.get(index, {"case": jobs[index][0], "error": "thread did not finish"})
+        by_case.setdefault(entry["case"], []).append(entry)
+    for result in results:
+        if result["name"] in by_case:
+            result["threads"] = by_case[result["name"]]
 
 
 def kernel_ms(plan: Plan, tensors: dict[str, torch.Tensor]) -> tuple[float, str]:
@@ -77,6 +168,10 @@ def run_case(client: Client, case: dict[str, Any]) -> dict[str, Any]:
     again.load()
     result["deserialize_again_s"] = time.perf_counter() - started
     result["outputs"] = check(name, plan)
+    try:
+        result.update(fast_paths(name, plan))
+    except Exception as e:
+        result["fast_paths_error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
     if case.get("provisional_file"):  # the heuristic plan served while autotuning ran
         with open(case["provisional_file"], "rb") as f:
             provisional = Plan.from_bytes(f.read())
@@ -117,6 +212,7 @@ def main() -> None:
                 results.append({"name": case["name"], "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
             print(json.dumps(results[-1])[:400], flush=True)
         background_check(client, cases, results)
+        threads_check(client, cases, results)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
 
@@ -137,7 +233,7 @@ def background_check(client: Client, cases: list[dict[str, Any]], results: list[
             result["background_error"] = str(prefetched.errors.get(index))
             continue
         try:
-            result["background_loaded_elsewhere"] = plan._graph is not None
+            result["background_loaded_elsewhere"] = bool(plan._graphs)
             result["background_outputs"] = check(case["name"], plan)
         except Exception as e:
             result["background_error"] = f"{type(e).__name__}: {e}"

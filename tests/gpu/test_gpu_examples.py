@@ -72,6 +72,33 @@ def test_plans_loaded_by_a_background_prefetch_run_on_the_callers_thread(gpu_ses
     _matches_torch(result["background_outputs"])
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_a_bound_call_and_a_graph_replay_match_torch(gpu_session: dict[str, Any], case: str) -> None:
+    result = gpu_session["client"][case]
+    assert "fast_paths_error" not in result, result["fast_paths_error"]
+    _matches_torch(result["bound_outputs"])
+    _matches_torch(result["rebound_outputs"])  # new tensors of the same geometry, checked cheaply
+    assert "captured_error" not in result, result["captured_error"]
+    _matches_torch(result["captured_outputs"])  # new values written into the captured tensors
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_bound_call_or_a_replay_refuses_other_tensors(gpu_session: dict[str, Any], case: str) -> None:
+    result = gpu_session["client"][case]
+    assert "fast_paths_error" not in result and "captured_error" not in result, result
+    for attempt, outcome in result["bad_inputs"].items():
+        assert outcome.startswith("InvalidRequest"), f"{attempt}: {outcome}"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_threads_execute_plans_at_once(gpu_session: dict[str, Any], case: str) -> None:
+    result = gpu_session["client"][case]
+    assert result.get("threads"), "the case took no part in the threads check"
+    for thread in result["threads"]:
+        assert "error" not in thread, thread.get("traceback", thread["error"])
+        _matches_torch(thread["outputs"])
+
+
 @pytest.mark.parametrize("case", PLAN0_CASES)
 def test_autotuned_plan_is_not_slower_than_heuristic_plan0(gpu_session: dict[str, Any], case: str) -> None:
     result = gpu_session["client"][case]

@@ -99,3 +99,21 @@ def test_herd_quick_run_builds_each_key_once_and_writes_its_json_and_plot(tmp_pa
         assert variant["builds_per_key"] and all(b == 1 for b in variant["builds_per_key"]), (name, variant["builds_per_key"])
     assert results["variants"]["prefetch"]["errors_total"] == 0, results["variants"]["prefetch"]["errors_by_code"]
     assert (tmp_path / "herd.png").stat().st_size > 10_000
+
+
+def test_execution_benchmark_summary_and_report_render_without_a_gpu(tmp_path: Path) -> None:
+    from bench.gpu_exec import PATHS, SEED, report, summarize
+
+    def row(case: str, bound: float, replay: float) -> dict[str, object]:
+        host = {"execute": 45.0, "bound": bound, "replay": replay, "raw": 15.0, "torch": 12.0}
+        return {"case": case, "calls_per_sample": 200, "workspace_bytes": 0, "host_us": host, "stream_us": dict.fromkeys(PATHS, 20.0),
+                "bound_over_raw_host": bound / 15.0, "execute_over_raw_host": 3.0, "replay_over_torch_host": replay / 12.0}  # fmt: skip
+
+    rows = [row(SEED, 15.6, 3.0), row("large", 18.0, 3.5)]
+    memory = {"plans": 100, "one_per_plan_allocated_bytes": 100 << 20, "shared_allocated_bytes": 4 << 20}
+    summary = summarize(rows, memory)
+    assert summary["bound_over_raw_beyond_target"] == {"large": 1.2}
+    assert summary["seed"]["replay_over_torch_host"] == pytest.approx(0.25)
+    report({"rows": rows, "errors": {}, "summary": summary}, tmp_path)
+    assert json.loads((tmp_path / "gpu_exec.json").read_text())["summary"]["memory"]["plans"] == 100
+    assert (tmp_path / "gpu_exec.png").stat().st_size > 10_000

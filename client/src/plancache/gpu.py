@@ -7,7 +7,6 @@ detecting the local target and executing a plan need it.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
 
 from plancache.errors import InvalidRequest
@@ -18,9 +17,6 @@ _TORCH_DTYPES = {
     "int32": "int32", "int64": "int64", "uint8": "uint8", "boolean": "bool", "fp8_e4m3": "float8_e4m3fn",
     "fp8_e5m2": "float8_e5m2",
 }  # fmt: skip
-
-_local = threading.local()
-
 
 def _require_gpu_stack() -> tuple[Any, Any]:
     try:
@@ -56,16 +52,14 @@ def torch_dtype(name: str) -> Any:
 
 
 def cudnn_handle(device: int | None = None) -> Any:
-    """One cuDNN handle per thread and device: a handle must not cross threads."""
-    torch, cudnn = _require_gpu_stack()
-    index = torch.cuda.current_device() if device is None else device
-    handles: dict[int, Any] = getattr(_local, "handles", None) or {}
-    _local.handles = handles
-    if index not in handles:
-        with torch.cuda.device(index):
-            handles[index] = cudnn.create_handle()
-            load_math_libraries(index)
-    return handles[index]
+    """This thread's cuDNN handle on `device` (a handle must not cross threads).
+
+    plancache remembers which stream it set on this handle and sets it again
+    only when the current torch stream differs: do not call
+    `cudnn.set_stream` on it yourself (create your own handle for that)."""
+    from plancache.execution import handle_state
+
+    return handle_state(device).handle
 
 
 def load_math_libraries(device: int) -> None:

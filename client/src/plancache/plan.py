@@ -1,18 +1,24 @@
 """Plan: a serialized cuDNN execution plan with everything needed to run it.
 
-`Plan.execute({"A": a, "B": b, "C": c})` binds tensors by name or uid,
-deserializes the blob once, and allocates the workspace once and reuses it.
-The blob's sha256 is checked against the metadata when the plan arrives.
+`Plan.execute({"A": a, "B": b, "C": c})` binds tensors by name or uid and
+checks each; `plan.bind(...)` checks once for calls at the frontend's own
+cost, `plan.capture(...)` replays a CUDA graph (plancache.bound). The blob
+is deserialized once per thread's handle; workspaces are shared per device
+and stream (plancache.execution). The blob's sha256 is checked against the
+metadata when the plan arrives.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Mapping
 from typing import Any
 
-from plancache import dtypes
-from plancache.errors import IntegrityError, InvalidRequest
+from plancache.binding import TensorTable
+from plancache.bound import BoundPlan, CapturedPlan
+from plancache.errors import IntegrityError
+from plancache.execution import _Process, handle_state, process
 from plancache.target import Target
 from plancache.v1 import plancache_pb2 as pb
 
@@ -35,9 +41,9 @@ class Plan:
         # "hit", "compiled", "joined" (from Compile), "stored" (from GetPlan or a
         # file) or "cache" (from the client's disk cache, no network call).
         self.source = source
-        self._graph: Any = None
-        self._workspace: Any = None
-        self._device: int | None = None
+        self._graphs: dict[int, Any] = {}  # device -> deserialized graph
+        self._lock = threading.Lock()
+        self._tables: TensorTable | None = None
 
     @property
     def key(self) -> str:
@@ -73,67 +79,65 @@ class Plan:
     # ---- execution (needs the [gpu] extra) ----------------------------------
 
     def load(self, handle: Any = None) -> Any:
-        """The deserialized cuDNN graph (cached): ready to execute."""
-        if self._graph is None:
-            import cudnn
+        """The deserialized cuDNN graph on the current device (made once).
 
-            from plancache.gpu import cudnn_handle
-
-            graph = cudnn.pygraph()
-            graph.deserialize(handle if handle is not None else cudnn_handle(), self.blob)
-            self._graph = graph
-        return self._graph
+        Deserialized with `handle` (this thread's by default); every thread
+        then executes it with its own handle, so a background thread can
+        load what the node's thread runs (GPU-tested, docs/gpu-runs/)."""
+        proc = process()
+        device = proc.runtime.current_device()
+        graph = self._graphs.get(device)
+        if graph is None:
+            with self._lock:
+                graph = self._graphs.get(device)
+                if graph is None:
+                    graph = self._graphs[device] = proc.runtime.deserialize(handle if handle is not None else handle_state(device).handle, self.blob)
+        return graph
 
     def execute(self, tensors: Mapping[str | int, Any], *, handle: Any = None) -> None:
         """Run the plan on the current CUDA stream; outputs are written in place.
 
-        `tensors` maps names or uids to torch tensors; pass-by-value scalars
-        may be Python numbers and default to the spec's scalar_value.
+        `tensors` maps names or uids to torch tensors, each checked (shape,
+        strides, dtype, device); pass-by-value scalars may be Python numbers
+        and default to the spec's scalar_value. For a plan run many times,
+        `bind` checks once and calls cost what the frontend's execute costs.
         """
-        import torch
+        proc = process()
+        device = proc.runtime.current_device()
+        pack = self._table(proc).full_pack(tensors, device)
+        stream = proc.runtime.stream_getter()(device)
+        if handle is None:
+            state = handle_state(device)
+            handle = state.handle
+            state.use(stream)
+        else:  # the caller's handle: its stream may have been set elsewhere
+            proc.runtime.set_stream(handle, stream)
+        workspace = proc.workspaces.slot(device, stream, self.metadata.workspace_size).buffer
+        self.load(handle).execute(pack, workspace, handle=handle)
 
-        from plancache.gpu import cudnn_handle, torch_dtype
+    def bind(self, tensors: Mapping[str | int, Any]) -> BoundPlan:
+        """Check `tensors` once and return a callable that executes with them
+        (see plancache.bound). Bind on the thread and device that will call it."""
+        proc = process()
+        state = handle_state()
+        pack = self._table(proc).full_pack(tensors, state.device)
+        return BoundPlan(self._table(proc), self.load(state.handle), pack, dict(tensors), state, proc, self.metadata.workspace_size)
 
-        handle = handle if handle is not None else cudnn_handle()
-        graph = self.load(handle)
-        pack = self._bind(tensors, torch, torch_dtype)
-        import cudnn
+    def capture(self, tensors: Mapping[str | int, Any]) -> CapturedPlan:
+        """Record one execution on `tensors` into a CUDA graph and return a
+        callable that replays it (see plancache.bound for when that is safe).
+        Capturing runs the plan once eagerly first (a warm-up)."""
+        proc = process()
+        state = handle_state()
+        table = self._table(proc)
+        pack = table.full_pack(tensors, state.device)
+        graph, handle = self.load(state.handle), state.handle
+        workspace = proc.runtime.empty(max(1, self.metadata.workspace_size), state.device)
+        replay = proc.runtime.capture(lambda: graph.execute(pack, workspace, handle=handle), state.device, state.use)
+        return CapturedPlan(table, replay, pack, dict(tensors), workspace)
 
-        cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
-        device = torch.cuda.current_device()
-        if self._workspace is None or self._device != device:
-            self._workspace = torch.empty(max(1, self.metadata.workspace_size), device=device, dtype=torch.uint8)
-            self._device = device
-        graph.execute(pack, self._workspace, handle=handle)
-
-    def _bind(self, tensors: Mapping[str | int, Any], torch: Any, torch_dtype: Any) -> dict[int, Any]:
-        by_name = {b.name: b for b in self.metadata.tensors if b.name}
-        by_uid = {b.uid: b for b in self.metadata.tensors}
-        pack: dict[int, Any] = {}
-        for key, value in tensors.items():
-            binding = by_uid.get(key) if isinstance(key, int) else by_name.get(key)
-            if binding is None:
-                raise InvalidRequest(f"plan {self.key}: no tensor {key!r} (tensors: {', '.join(b.name or str(b.uid) for b in self.metadata.tensors)})")
-            pack[binding.uid] = self._check(binding, value, torch, torch_dtype)
-        for binding in self.metadata.tensors:
-            if binding.uid in pack:
-                continue
-            if binding.is_pass_by_value and binding.HasField("scalar_value"):
-                pack[binding.uid] = self._check(binding, binding.scalar_value, torch, torch_dtype)
-            else:
-                raise InvalidRequest(f"plan {self.key}: tensor {binding.name or binding.uid!r} (uid {binding.uid}) is not bound")
-        return pack
-
-    @staticmethod
-    def _check(binding: pb.TensorBinding, value: Any, torch: Any, torch_dtype: Any) -> Any:
-        name = dtypes.from_proto(binding.data_type, binding.name) or "float"
-        if binding.is_pass_by_value and isinstance(value, int | float):
-            return torch.full(tuple(binding.dim), value, dtype=torch_dtype(name))
-        where = f"tensor {binding.name or binding.uid!r}"
-        if tuple(value.shape) != tuple(binding.dim):
-            raise InvalidRequest(f"{where}: shape {tuple(value.shape)} but the plan was built for {tuple(binding.dim)}")
-        if not binding.is_pass_by_value and tuple(value.stride()) != tuple(binding.stride):
-            raise InvalidRequest(f"{where}: strides {tuple(value.stride())} but the plan was built for {tuple(binding.stride)}")
-        if value.dtype != torch_dtype(name):
-            raise InvalidRequest(f"{where}: dtype {value.dtype} but the plan was built for {name}")
-        return value
+    def _table(self, proc: _Process) -> TensorTable:
+        table = self._tables
+        if table is None or table.runtime is not proc.runtime:
+            table = self._tables = TensorTable(self.key, list(self.metadata.tensors), proc.runtime)
+        return table

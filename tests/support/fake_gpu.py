@@ -1,0 +1,134 @@
+"""A stand-in GPU runtime for CPU-only tests of plan execution (never used
+by the product): tensors that only carry geometry, a frontend graph that
+records what it was asked to execute, and a runtime that counts handles,
+stream changes, workspaces and captures. The numerics are GPU-tested
+(tests/gpu/)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+_addresses = itertools.count(0x10000, 0x1000)
+
+
+@dataclass(frozen=True)
+class FakeDevice:
+    type: str
+    index: int | None = None
+
+    def __str__(self) -> str:
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+
+@dataclass(frozen=True)
+class FakeDtype:
+    name: str
+
+    def __str__(self) -> str:
+        return f"fake.{self.name}"
+
+
+_DTYPES: dict[str, FakeDtype] = {}
+
+
+def dtype(name: str) -> FakeDtype:
+    return _DTYPES.setdefault(name, FakeDtype(name))
+
+
+class FakeTensor:
+    def __init__(self, shape: tuple[int, ...], stride: tuple[int, ...] | None = None, dtype_name: str = "half", device: FakeDevice | None = None) -> None:
+        self.shape = tuple(shape)
+        self._stride = tuple(stride) if stride is not None else _row_major(self.shape)
+        self.dtype = dtype(dtype_name)
+        self.device = device if device is not None else FakeDevice("cuda", 0)
+        self._ptr = next(_addresses)
+
+    def stride(self) -> tuple[int, ...]:
+        return self._stride
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+
+def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+@dataclass
+class FakeGraph:
+    blob: bytes
+    loaded_with: Any
+    calls: list[tuple[dict[int, Any], Any, Any]] = field(default_factory=list)
+
+    def execute(self, pack: dict[int, Any], workspace: Any, handle: Any = None) -> None:
+        self.calls.append((dict(pack), workspace, handle))
+
+
+class FakeReplay:
+    def __init__(self, launch: Callable[[], None]) -> None:
+        self.launch = launch
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.launch()
+
+
+class FakeRuntime:
+    def __init__(self) -> None:
+        self.stream = 7  # the "current stream" the code under test sees
+        self.device = 0
+        self.handles: list[object] = []
+        self.set_streams: list[tuple[object, int]] = []
+        self.graphs: list[FakeGraph] = []
+        self.allocations: list[FakeTensor] = []
+        self.captures: list[FakeReplay] = []
+
+    def dtype(self, name: str) -> Any:
+        return dtype(name)
+
+    def scalar(self, shape: tuple[int, ...], value: float, dtype_: Any) -> Any:
+        t = FakeTensor(shape, dtype_name=dtype_.name, device=FakeDevice("cpu"))
+        t.value = value  # type: ignore[attr-defined]
+        return t
+
+    def device_object(self, index: int) -> Any:
+        return FakeDevice("cuda", index)
+
+    def current_device(self) -> int:
+        return self.device
+
+    def stream_getter(self) -> Callable[[int], int]:
+        return lambda device: self.stream
+
+    def new_handle(self, device: int) -> Any:
+        handle = object()
+        self.handles.append(handle)
+        return handle
+
+    def set_stream(self, handle: Any, stream: int) -> None:
+        self.set_streams.append((handle, stream))
+
+    def deserialize(self, handle: Any, blob: bytes) -> Any:
+        graph = FakeGraph(blob, handle)
+        self.graphs.append(graph)
+        return graph
+
+    def empty(self, size: int, device: int) -> Any:
+        t = FakeTensor((size,), dtype_name="uint8", device=FakeDevice("cuda", device))
+        self.allocations.append(t)
+        return t
+
+    def capture(self, launch: Callable[[], None], device: int, before: Callable[[int], None]) -> Any:
+        before(99)  # the capture's side stream
+        launch()  # the warm-up
+        replay = FakeReplay(launch)
+        self.captures.append(replay)
+        return replay

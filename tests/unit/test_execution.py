@@ -1,0 +1,236 @@
+"""Plan execution logic on a stand-in runtime (tests/support/fake_gpu.py):
+checks, the bound fast path, captures, shared workspaces, handles and
+streams. The numerics of every path are GPU tests (tests/gpu/)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from plancache import InvalidRequest, Plan, execution
+from plancache.v1 import plancache_pb2 as pb
+from tests.support.fake_gpu import FakeDevice, FakeRuntime, FakeTensor
+
+
+@pytest.fixture
+def runtime() -> Iterator[FakeRuntime]:
+    fake = FakeRuntime()
+    execution.use_runtime(fake)
+    yield fake
+    execution.use_runtime(None)
+
+
+def make_plan(workspace: int = 1024, blob: bytes = b"plan-blob", key: str = "k1") -> Plan:
+    tensors = [
+        pb.TensorBinding(uid=1, name="A", dim=[8, 256, 512], stride=[131072, 512, 1], data_type=pb.DATA_TYPE_HALF),
+        pb.TensorBinding(uid=2, name="B", dim=[8, 512, 256], stride=[131072, 256, 1], data_type=pb.DATA_TYPE_HALF),
+        pb.TensorBinding(uid=3, name="C", dim=[8, 256, 256], stride=[65536, 256, 1], data_type=pb.DATA_TYPE_HALF, is_output=True),
+        pb.TensorBinding(uid=4, name="alpha", dim=[1, 1, 1], stride=[1, 1, 1], data_type=pb.DATA_TYPE_FLOAT, is_pass_by_value=True, scalar_value=0.5),
+    ]
+    metadata = pb.PlanMetadata(key=key, tensors=tensors, workspace_size=workspace, blob_sha256=hashlib.sha256(blob).hexdigest())
+    return Plan(blob, metadata)
+
+
+def inputs() -> dict[str, Any]:
+    return {"A": FakeTensor((8, 256, 512)), "B": FakeTensor((8, 512, 256)), "C": FakeTensor((8, 256, 256))}
+
+
+# ---- checks ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "bad", "message"),
+    [
+        ("A", FakeTensor((8, 256, 256)), "shape (8, 256, 256) but the plan was built for (8, 256, 512)"),
+        ("A", FakeTensor((8, 256, 512), stride=(131072, 1, 256)), "strides (131072, 1, 256)"),
+        ("A", FakeTensor((8, 256, 512), dtype_name="bfloat16"), "dtype fake.bfloat16 but the plan was built for half"),
+        ("A", FakeTensor((8, 256, 512), device=FakeDevice("cpu")), "on cpu but the plan runs on cuda:0"),
+        ("A", FakeTensor((8, 256, 512), device=FakeDevice("cuda", 1)), "on cuda:1 but the plan runs on cuda:0"),
+        ("A", 3.0, "a number was given"),
+        ("A", "not a tensor", "expected a tensor, got str"),
+        ("nope", FakeTensor((1,)), "no tensor 'nope' (tensors: A, B, C, alpha)"),
+    ],
+)
+def test_execute_refuses_a_tensor_that_does_not_match_the_plan(runtime: FakeRuntime, name: str, bad: Any, message: str) -> None:
+    tensors = inputs() | {name: bad}
+    with pytest.raises(InvalidRequest, match=re.escape(message)):
+        make_plan().execute(tensors)
+    assert not runtime.graphs or not runtime.graphs[0].calls
+
+
+def test_execute_refuses_a_missing_tensor(runtime: FakeRuntime) -> None:
+    tensors = inputs()
+    del tensors["C"]
+    with pytest.raises(InvalidRequest, match=re.escape("tensor 'C' (uid 3) is not bound")):
+        make_plan().execute(tensors)
+
+
+def test_execute_binds_by_uid_and_fills_scalar_defaults_once(runtime: FakeRuntime) -> None:
+    plan = make_plan()
+    t = inputs()
+    plan.execute({1: t["A"], 2: t["B"], 3: t["C"]})
+    plan.execute(t)
+    (first, _, _), (second, _, _) = runtime.graphs[0].calls
+    assert first[1] is t["A"] and first[3] is t["C"]
+    assert first[4].value == 0.5 and first[4] is second[4], "the spec's scalar default is made once per plan"
+    plan.execute(t | {"alpha": 2.0})
+    assert runtime.graphs[0].calls[-1][0][4].value == 2.0
+
+
+# ---- handles, streams, workspaces -------------------------------------------------
+
+
+def test_the_stream_is_set_on_the_handle_only_when_it_changes(runtime: FakeRuntime) -> None:
+    plan, t = make_plan(), inputs()
+    for _ in range(5):
+        plan.execute(t)
+    assert [s for _, s in runtime.set_streams] == [7]
+    runtime.stream = 8
+    plan.execute(t)
+    assert [s for _, s in runtime.set_streams] == [7, 8]
+
+
+def test_plans_on_one_stream_share_one_workspace_grown_to_the_largest_need(runtime: FakeRuntime) -> None:
+    sizes = [(i * 37) % 100 * 1000 + 1 for i in range(100)]
+    plans = [make_plan(workspace=s, key=f"k{i}") for i, s in enumerate(sizes)]
+    t = inputs()
+    for plan in plans:
+        plan.execute(t)
+    assert execution.workspace_bytes_held() == max(sizes), "one workspace per stream, not one per plan"
+    workspaces = {id(call[1]) for g in runtime.graphs for call in g.calls}
+    assert len(workspaces) < 10  # grown a few times, never one per plan
+    last = runtime.graphs[-1].calls[-1][1]
+    assert last.shape == (max(sizes),)
+
+
+def test_another_stream_gets_its_own_workspace(runtime: FakeRuntime) -> None:
+    plan, t = make_plan(workspace=500), inputs()
+    plan.execute(t)
+    runtime.stream = 8
+    plan.execute(t)
+    (_, ws7, _), (_, ws8, _) = runtime.graphs[0].calls
+    assert ws7 is not ws8
+    assert execution.workspace_bytes_held() == 1000
+
+
+def test_each_thread_uses_its_own_handle_and_the_graph_is_loaded_once(runtime: FakeRuntime) -> None:
+    plan, t = make_plan(), inputs()
+    plan.execute(t)
+    thread = threading.Thread(target=plan.execute, args=(t,))
+    thread.start()
+    thread.join()
+    assert len(runtime.handles) == 2
+    assert len(runtime.graphs) == 1, "one deserialize per device"
+    handles = [call[2] for call in runtime.graphs[0].calls]
+    assert handles[0] is not handles[1]
+
+
+# ---- the bound fast path -----------------------------------------------------------
+
+
+def test_a_bound_call_executes_the_packed_tensors(runtime: FakeRuntime) -> None:
+    t = inputs()
+    bound = make_plan().bind(t)
+    bound()
+    bound()
+    calls = runtime.graphs[0].calls
+    assert len(calls) == 2
+    assert calls[0][0] == {1: t["A"], 2: t["B"], 3: t["C"], 4: calls[0][0][4]}
+    assert [s for _, s in runtime.set_streams] == [7]
+
+
+def test_a_bound_call_takes_new_tensors_of_the_same_geometry_for_that_call_only(runtime: FakeRuntime) -> None:
+    t = inputs()
+    bound = make_plan().bind(t)
+    other = FakeTensor((8, 256, 512))
+    bound({"A": other})
+    bound()
+    (with_other, _, _), (again, _, _) = runtime.graphs[0].calls
+    assert with_other[1] is other and with_other[2] is t["B"]
+    assert again[1] is t["A"]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (FakeTensor((8, 256, 511)), "shape"),
+        (FakeTensor((8, 256, 512), stride=(1, 8, 2048)), "strides"),
+        (FakeTensor((8, 256, 512), dtype_name="float"), "dtype"),
+        (FakeTensor((8, 256, 512), device=FakeDevice("cpu")), "on cpu"),
+        (None, "expected a tensor"),
+    ],
+)
+def test_a_bound_call_refuses_a_tensor_of_another_geometry_dtype_or_device(runtime: FakeRuntime, bad: Any, message: str) -> None:
+    bound = make_plan().bind(inputs())
+    with pytest.raises(InvalidRequest, match=message):
+        bound({"A": bad})
+    assert runtime.graphs[0].calls == []
+
+
+def test_a_bound_call_from_another_thread_is_refused(runtime: FakeRuntime) -> None:
+    bound = make_plan().bind(inputs())
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            bound()
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1 and isinstance(errors[0], InvalidRequest) and "another thread" in str(errors[0])
+
+
+def test_a_bound_call_follows_the_current_stream_and_its_workspace(runtime: FakeRuntime) -> None:
+    bound = make_plan(workspace=100).bind(inputs())
+    bound()
+    runtime.stream = 8
+    bound()
+    (_, ws7, _), (_, ws8, _) = runtime.graphs[0].calls
+    assert ws7 is not ws8
+    assert [s for _, s in runtime.set_streams] == [7, 8]
+
+
+def test_a_bound_plan_moves_to_the_grown_workspace(runtime: FakeRuntime) -> None:
+    small = make_plan(workspace=100, key="small").bind(inputs())
+    make_plan(workspace=5000, key="large").execute(inputs())
+    small()
+    assert runtime.graphs[0].calls[-1][1].shape == (5000,), "the replaced buffer is not kept alive by the bound plan"
+
+
+# ---- captures ------------------------------------------------------------------------
+
+
+def test_a_capture_replays_on_its_own_workspace(runtime: FakeRuntime) -> None:
+    t = inputs()
+    captured = make_plan(workspace=300).capture(t)
+    assert len(runtime.graphs[0].calls) == 1, "one warm-up run before the recording"
+    captured()
+    captured(t)
+    assert runtime.captures[0].replays == 2
+    workspace = runtime.graphs[0].calls[-1][1]
+    assert workspace.shape == (300,) and execution.workspace_bytes_held() == 0
+    assert runtime.set_streams[0][1] == 99, "recorded on the capture's stream"
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (FakeTensor((8, 256, 512)), "not the captured tensor"),
+        (FakeTensor((8, 256, 512), dtype_name="float"), "dtype"),
+        (FakeTensor((4, 256, 512)), "shape"),
+        (FakeTensor((8, 256, 512), device=FakeDevice("cuda", 1)), "cuda:1"),
+    ],
+)
+def test_a_replay_refuses_tensors_other_than_the_captured_ones(runtime: FakeRuntime, bad: Any, message: str) -> None:
+    captured = make_plan().capture(inputs())
+    with pytest.raises(InvalidRequest, match=message):
+        captured({"A": bad})
+    assert runtime.captures[0].replays == 0
