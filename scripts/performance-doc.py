@@ -15,6 +15,7 @@ RESULTS = ROOT / "bench" / "results"
 # Other runs of bench/herd.py kept beside herd.json, shown in its comparison table.
 # The docs/gpu-runs/ record of the start-up and autotuning figures.
 STARTUP_RUN = "2026-11-30-h200-run12.md"
+EXEC_RUN = "2026-11-30-h200-run13.md"
 HERD_EXTRA = {"asynchronous front end, nodes as equals": "herd_nodes_at_nice0.json", "asynchronous front end, 300 nodes": "herd_300_nodes.json"}
 
 
@@ -234,6 +235,54 @@ def autotune_section(at: dict, run_record: str) -> list[str]:
     return out
 
 
+def exec_section(ge: dict, run_record: str) -> list[str]:
+    """bench/results/gpu_exec.json (bench/gpu_exec.py)."""
+    s, rows = ge["summary"], ge["rows"]
+    paths = ("previous", "execute", "bound", "replay", "raw", "torch")
+    out = [
+        f"## Executing plans on the node (`bench/gpu_exec.py`; [{run_record}](gpu-runs/{run_record}))\n",
+        "One process, one H200; each plan built there (heuristic plan) and run on the same tensors six ways, interleaved, 5 rounds, "
+        "medians: `previous` = `Plan.execute` as it was before (tables rebuilt, dtypes looked up and the stream set on every call, a "
+        "workspace per plan), `execute` = `Plan.execute` now (every tensor still checked), `bound` = `plan.bind(tensors)()`, "
+        "`replay` = `plan.capture(tensors)()` (CUDA graph), `raw` = the frontend's own `graph.execute` on the same blob, `torch` = "
+        "the same computation in eager torch. Host µs: the first 32 back-to-back calls from an idle GPU (the cost of issuing a call); "
+        "stream µs: CUDA events around the whole batch (the larger of the host's and the GPU's pace).\n",
+        "| case | " + " | ".join(f"{p} host µs" for p in paths) + " | bound / raw | replay / torch | GPU µs per call (replay) |",
+        "|---|" + "---|" * (len(paths) + 3),
+    ]
+    for r in rows:
+        h = r["host_us"]
+        out.append(
+            f"| {r['case']} | " + " | ".join(f"{h[p]:.1f}" for p in paths)
+            + f" | {r['bound_over_raw_host']:.2f} | {r['replay_over_torch_host']:.2f} | {r['stream_us']['replay']:.1f} |"
+        )
+    seed, mem = s.get("seed") or {}, s.get("memory") or {}
+    out += [
+        "",
+        "| measure | value | target | met |",
+        "|---|---|---|---|",
+        f"| bound call / raw frontend execute, host, median over cases (worst) | {s['bound_over_raw_host_median']:.2f}x "
+        f"({s['bound_over_raw_host_max']:.2f}x) | ≤ 1.1x | {yes(not s['bound_over_raw_beyond_target'])} |",
+    ]
+    if seed:
+        out.append(f"| seed matmul: replay / torch.bmm, host | {seed['replay_over_torch_host']:.2f}x ({seed['host_us']['replay']:.1f} µs vs "
+                   f"{seed['host_us']['torch']:.1f} µs) | ≤ 0.5x | {yes(seed['replay_over_torch_host'] <= 0.5)} |")  # fmt: skip
+        out.append(f"| seed matmul: bound / raw, host | {seed['bound_over_raw_host']:.2f}x | ≤ 1.1x | {yes(seed['bound_over_raw_host'] <= 1.1)} |")
+    out.append(f"| Plan.execute now / before, host, median over cases | {s['execute_over_previous_host_median']:.2f}x | cheaper | "
+               f"{yes(s['execute_over_previous_host_median'] < 1)} |")  # fmt: skip
+    if mem:
+        out.append(
+            f"| GPU memory for {mem['plans']} plans' workspaces ({mem['distinct_graphs']} graphs): one per plan → shared per stream | "
+            f"{mem['one_per_plan_allocated_bytes'] / 2**20:,.0f} MiB → {mem['shared_allocated_bytes'] / 2**20:,.1f} MiB | — | — |"
+        )
+    if s.get("bound_over_raw_beyond_target"):
+        out.append(f"\nCases past 1.1x: {', '.join(f'{k} {v}x' for k, v in s['bound_over_raw_beyond_target'].items())}.")
+    if ge.get("errors"):
+        out.append("\nCases that failed: " + "; ".join(f"{k}: {v[:200]}" for k, v in ge["errors"].items()))
+    out += ["", "![execution cost](../bench/results/gpu_exec.png)", ""]
+    return out
+
+
 def multi_gpu_section(mg: dict) -> list[str]:
     return [
         "## Two GPUs (`scripts/multi-gpu-check.sh` → `bench/multi_gpu.py`; 2 × H200; "
@@ -329,6 +378,7 @@ def main() -> None:
         *cpu_section(cpu),
         *(startup_section(json.loads((RESULTS / "startup.json").read_text()), STARTUP_RUN) if (RESULTS / "startup.json").exists() else []),
         *(autotune_section(json.loads((RESULTS / "autotune.json").read_text()), STARTUP_RUN) if (RESULTS / "autotune.json").exists() else []),
+        *(exec_section(json.loads((RESULTS / "gpu_exec.json").read_text()), EXEC_RUN) if (RESULTS / "gpu_exec.json").exists() else []),
         *gpu_section(gpu),
         *multi_gpu_section(mg),
         *(

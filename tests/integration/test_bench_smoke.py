@@ -105,9 +105,10 @@ def test_execution_benchmark_summary_and_report_render_without_a_gpu(tmp_path: P
     from bench.gpu_exec import PATHS, SEED, report, summarize
 
     def row(case: str, bound: float, replay: float) -> dict[str, object]:
-        host = {"execute": 45.0, "bound": bound, "replay": replay, "raw": 15.0, "torch": 12.0}
+        host = {"previous": 60.0, "execute": 45.0, "bound": bound, "replay": replay, "raw": 15.0, "torch": 12.0}
         return {"case": case, "calls_per_sample": 200, "workspace_bytes": 0, "host_us": host, "stream_us": dict.fromkeys(PATHS, 20.0),
-                "bound_over_raw_host": bound / 15.0, "execute_over_raw_host": 3.0, "replay_over_torch_host": replay / 12.0}  # fmt: skip
+                "bound_over_raw_host": bound / 15.0, "execute_over_raw_host": 3.0, "execute_over_previous_host": 0.75,
+                "replay_over_torch_host": replay / 12.0}  # fmt: skip
 
     rows = [row(SEED, 15.6, 3.0), row("large", 18.0, 3.5)]
     memory = {"plans": 100, "one_per_plan_allocated_bytes": 100 << 20, "shared_allocated_bytes": 4 << 20}
