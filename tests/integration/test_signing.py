@@ -61,6 +61,12 @@ def test_altered_plans_are_refused(signed_stack: Stack, keypairs: dict[str, tupl
         meta.CopyFrom(plan.metadata)
         meta.blob_sha256 = hashlib.sha256(evil).hexdigest()
         signed_stack.redis.hset(keys.plan(plan.key), mapping={"blob": evil, "meta": meta.SerializeToString()})
+        with pytest.raises(UntrustedPlan, match="differs from the signed metadata"):
+            c.get(plan.key)
+        # ... and puts the same metadata into the signature's signed bytes.
+        assert plan.signature is not None
+        tampered = pb.PlanSignature(key_id=plan.signature.key_id, signature=plan.signature.signature, signed_metadata=meta.SerializeToString())
+        signed_stack.redis.hset(keys.plan(plan.key), "sig", tampered.SerializeToString())
         with pytest.raises(UntrustedPlan, match="does not verify"):
             c.get(plan.key)
         # A signature made with a key the client does not trust.

@@ -7,7 +7,9 @@ strides, data types, attributes, uids, ops, node order) must change the hash.
 
 So the canonical form is built from the *normalized* spec (every default
 explicit), leaves names out, lists tensors by uid, keeps nodes in order
-(they execute in order), and is serialized as sorted-key compact JSON.
+(they execute in order), and is serialized with RFC 8785 (JCS,
+plancache.jcs), so that any language reproduces the bytes; the rules are
+written down in docs/canonical-form.md with test vectors for every example.
 Virtual tensors are never bound by a client, so their uids do not reach the
 plan: they are renumbered in order of first appearance (v0, v1, ...).
 The version tag lets a future canonical form coexist with stored plans.
@@ -16,13 +18,14 @@ The version tag lets a future canonical form coexist with stored plans.
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
+from plancache.jcs import canonicalize
 from plancache.spec import GraphSpec
 from plancache.validation import DEFAULT_LIMITS, Limits, normalize
 
-CANONICAL_VERSION = "plancache.spec.v1"
+# v2: JCS bytes (v1 was Python json.dumps: 1e-05 where JCS writes 0.00001).
+CANONICAL_VERSION = "plancache.spec.v2"
 
 
 def canonical_dict(normalized: GraphSpec) -> dict[str, Any]:
@@ -69,12 +72,13 @@ def canonical_dict(normalized: GraphSpec) -> dict[str, Any]:
     }
 
 
-def canonical_json(normalized: GraphSpec) -> str:
-    return json.dumps(canonical_dict(normalized), sort_keys=True, separators=(",", ":"), allow_nan=False)
+def canonical_bytes(normalized: GraphSpec) -> bytes:
+    """The hashed bytes: the canonical structure in RFC 8785 form."""
+    return canonicalize(canonical_dict(normalized))
 
 
 def hash_normalized(normalized: GraphSpec) -> str:
-    return hashlib.sha256(canonical_json(normalized).encode()).hexdigest()
+    return hashlib.sha256(canonical_bytes(normalized)).hexdigest()
 
 
 def spec_hash(spec: GraphSpec, limits: Limits = DEFAULT_LIMITS) -> str:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 
 from plancache.errors import InvalidRequest
+from plancache.jcs import canonicalize
 from plancache.v1 import plancache_pb2 as pb
 
 HEURISTIC_MODES = ("A", "B", "FALLBACK")
@@ -45,17 +45,15 @@ class CompileOptions:
 
     @property
     def id(self) -> str:
-        canonical = json.dumps(
+        canonical = canonicalize(
             {
                 "autotune": self.autotune,
                 "heuristic_modes": list(self.heuristic_modes),
                 "workspace_limit": self.workspace_limit,
                 "excluded_behavior_notes": list(self.excluded_behavior_notes),
-            },
-            sort_keys=True,
-            separators=(",", ":"),
+            }
         )
-        return "opt-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        return "opt-" + hashlib.sha256(canonical).hexdigest()[:16]
 
     def to_proto(self) -> pb.CompileOptions:
         return pb.CompileOptions(

@@ -3,7 +3,10 @@
 A plan blob can carry native code (the frontend's Python-engine plans embed
 compiled kernels), so deserializing a forged one runs it. Workers hold an
 Ed25519 private key and sign an envelope of the plan key, the blob's sha256
-and a digest of the metadata; clients hold one or more public keys (several
+and the sha256 of the metadata's bytes, which travel with the signature
+(`PlanSignature.signed_metadata`), so a client in any language checks the
+bytes it received instead of re-encoding a message (the envelope is written
+down in the .proto); clients hold one or more public keys (several
 during a rotation) and refuse a plan whose signature does not verify under
 any of them. Unsigned operation is possible only when configured explicitly:
 `--unsigned` on the workers, `allow_unsigned=True` (or
@@ -21,17 +24,26 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from google.protobuf.message import DecodeError
 
 from plancache.errors import InvalidRequest, UntrustedPlan
 from plancache.v1 import plancache_pb2 as pb
 
-ENVELOPE_VERSION = b"plancache/plan-signature/v1"
+ENVELOPE_VERSION = b"plancache/plan-signature/v2"
+# v1 (plans stored before v2): the digest was of Python's deterministic
+# serialization of the metadata, which other languages cannot reproduce.
+ENVELOPE_VERSION_1 = b"plancache/plan-signature/v1"
 
 
-def envelope(metadata: pb.PlanMetadata) -> bytes:
-    """What is signed: the key, the blob's sha256 and the metadata's digest."""
+def envelope(key: str, blob_sha256: str, metadata_bytes: bytes) -> bytes:
+    """What is signed (v2): four lines, no trailing newline."""
+    digest = hashlib.sha256(metadata_bytes).hexdigest()
+    return b"\n".join([ENVELOPE_VERSION, key.encode(), blob_sha256.encode(), digest.encode()])
+
+
+def _envelope_v1(metadata: pb.PlanMetadata) -> bytes:
     digest = hashlib.sha256(metadata.SerializeToString(deterministic=True)).hexdigest()
-    return b"\n".join([ENVELOPE_VERSION, metadata.key.encode(), metadata.blob_sha256.encode(), digest.encode()])
+    return b"\n".join([ENVELOPE_VERSION_1, metadata.key.encode(), metadata.blob_sha256.encode(), digest.encode()])
 
 
 def key_id(public_key: Ed25519PublicKey) -> str:
@@ -61,7 +73,8 @@ class Signer:
         return self._key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
     def sign(self, metadata: pb.PlanMetadata) -> pb.PlanSignature:
-        return pb.PlanSignature(key_id=self.key_id, signature=self._key.sign(envelope(metadata)))
+        signed = metadata.SerializeToString(deterministic=True)
+        return pb.PlanSignature(key_id=self.key_id, signature=self._key.sign(envelope(metadata.key, metadata.blob_sha256, signed)), signed_metadata=signed)
 
 
 def load_public_key(source: Path | str | bytes) -> Ed25519PublicKey:
@@ -108,8 +121,18 @@ class TrustPolicy:
                 return  # nothing to check against, and unsigned plans are acceptable anyway
             known = ", ".join(self.keys) or "none: pass trusted_keys or set PLANCACHE_TRUSTED_KEYS"
             raise UntrustedPlan(f"plan {metadata.key} is signed by key {signature.key_id}, which this client does not trust (trusted: {known})")
+        if signature.signed_metadata:
+            try:
+                signed = pb.PlanMetadata.FromString(signature.signed_metadata)
+            except DecodeError:
+                raise UntrustedPlan(f"plan {metadata.key}: its signed metadata does not parse; refusing to deserialize it") from None
+            if signed != metadata:
+                raise UntrustedPlan(f"plan {metadata.key}: its metadata differs from the signed metadata (altered plan); refusing to deserialize it")
+            message = envelope(signed.key, signed.blob_sha256, signature.signed_metadata)
+        else:
+            message = _envelope_v1(metadata)
         try:
-            key.verify(signature.signature, envelope(metadata))
+            key.verify(signature.signature, message)
         except InvalidSignature:
             raise UntrustedPlan(f"plan {metadata.key}: its signature does not verify (forged or altered plan); refusing to deserialize it") from None
 

@@ -283,12 +283,14 @@ class PlanMetadata(_message.Message):
     def __init__(self, key: _Optional[str] = ..., spec_hash: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorBinding, _Mapping]]] = ..., workspace_size: _Optional[int] = ..., engine_id: _Optional[int] = ..., knobs: _Optional[_Iterable[_Union[Knob, _Mapping]]] = ..., plan_name: _Optional[str] = ..., engine_kind: _Optional[_Union[EngineKind, str]] = ..., candidates: _Optional[_Iterable[_Union[CandidateTiming, _Mapping]]] = ..., build_seconds: _Optional[float] = ..., autotune_seconds: _Optional[float] = ..., blob_sha256: _Optional[str] = ..., blob_size: _Optional[int] = ..., created_at: _Optional[float] = ..., built_by: _Optional[str] = ..., provisional: _Optional[bool] = ...) -> None: ...
 
 class PlanSignature(_message.Message):
-    __slots__ = ("key_id", "signature")
+    __slots__ = ("key_id", "signature", "signed_metadata")
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_METADATA_FIELD_NUMBER: _ClassVar[int]
     key_id: str
     signature: bytes
-    def __init__(self, key_id: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    signed_metadata: bytes
+    def __init__(self, key_id: _Optional[str] = ..., signature: _Optional[bytes] = ..., signed_metadata: _Optional[bytes] = ...) -> None: ...
 
 class Plan(_message.Message):
     __slots__ = ("metadata", "blob", "signature")
