@@ -1,6 +1,6 @@
 # plancache: `make run` starts a server, `make test` runs the tests.
 # Both set up what they need on a fresh machine: redis-server (and, for the
-# tests, Chromium) from the OS packages when missing, the Python packages in
+# tests, Chromium and Node.js) from the OS packages when missing, the Python packages in
 # a venv (.venv).
 
 PYTHON ?= python3
@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: setup setup-test redis chromium run test lint typecheck proto bench herd clean
+.PHONY: setup setup-test redis chromium node run test lint typecheck proto bench herd clean
 
 $(STAMP): client/pyproject.toml server/pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,18 @@ redis:
 chromium:
 	@scripts/install-os-package.sh chromium chromium chromium chromium
 
-setup-test: setup chromium
+## Node.js runs the conformance client written from the proto (tests/conformance/node),
+## with the packages pinned by its package-lock.json.
+NODE_MODULES := tests/conformance/node/node_modules/.package-lock.json
+node: $(NODE_MODULES)
+
+$(NODE_MODULES): tests/conformance/node/package-lock.json
+	@scripts/install-os-package.sh node nodejs nodejs node
+	@scripts/install-os-package.sh npm npm npm node
+	cd tests/conformance/node && npm ci --no-audit --no-fund --loglevel=error
+	touch $(NODE_MODULES)
+
+setup-test: setup chromium node
 
 ## Start a server on 127.0.0.1:50051 with a private Redis and a worker per local GPU.
 run: setup
@@ -59,4 +70,4 @@ proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=client/src --grpc_python_out=client/src --pyi_out=client/src proto/plancache/v1/plancache.proto
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache tests/conformance/node/node_modules

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from plancache.errors import SpecError
 from plancache.jcs import canonicalize
 from plancache.spec import GraphSpec
 from plancache.validation import DEFAULT_LIMITS, Limits, normalize
@@ -74,7 +75,10 @@ def canonical_dict(normalized: GraphSpec) -> dict[str, Any]:
 
 def canonical_bytes(normalized: GraphSpec) -> bytes:
     """The hashed bytes: the canonical structure in RFC 8785 form."""
-    return canonicalize(canonical_dict(normalized))
+    try:
+        return canonicalize(canonical_dict(normalized))
+    except ValueError as e:  # e.g. an attribute integer past 2**53: JSON cannot carry it exactly
+        raise SpecError(f"graph: {e}") from None
 
 
 def hash_normalized(normalized: GraphSpec) -> str:

@@ -49,9 +49,10 @@ def _write(value: Any, out: list[str]) -> None:
         out.append(number(value))
     elif isinstance(value, dict):
         out.append("{")
-        for i, name in enumerate(sorted(value, key=_utf16_units)):
+        for name in value:
             if not isinstance(name, str):
                 raise ValueError(f"object member name {name!r} is not a string")
+        for i, name in enumerate(sorted(value, key=_utf16_units)):
             if i:
                 out.append(",")
             out.append(_string(name))

@@ -23,7 +23,8 @@ from plancache.errors import SpecError
 from plancache.ops import CATALOG, AttrKind, AttrSchema, AttrValue, Dims, OpSchema, ShapeError
 from plancache.spec import GraphSpec, Node, Tensor
 
-MAX_UID = 2**62
+# Exact in every JSON implementation (RFC 8785 hashes numbers as IEEE doubles).
+MAX_UID = 2**53
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def _check_graph(spec: GraphSpec, limits: Limits) -> None:
     for t in spec.tensors:
         assert t.uid is not None
         if isinstance(t.uid, bool) or not 1 <= t.uid <= MAX_UID:
-            raise SpecError(f"{t.label()}: uid must be between 1 and 2**62")
+            raise SpecError(f"{t.label()}: uid must be between 1 and 2**53")
         if t.uid in seen:
             raise SpecError(f"{t.label()}: duplicate uid {t.uid} (also {seen[t.uid].label()})")
         seen[t.uid] = t
