@@ -15,6 +15,7 @@ from plancache import spec_io
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.embedded_redis import EmbeddedRedis
 from tests.conftest import Stack, start_stack
+from tests.support.processes import REPO
 from tests.support.specs import matmul_bias_relu_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin import StandInCompiler
@@ -115,3 +116,34 @@ def test_random_bytes_to_the_streaming_prefetch(hostile_stack: Stack, payload: b
             assert e.code() in {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}, (e.code(), e.details())
             assert e.details()
         _still_serving(channel)
+
+
+@pytest.mark.parametrize(
+    ("part", "expected"),
+    [("tensor", "spec.tensors[1]: unknown field number(s) 99 in TensorSpec"),
+     ("attribute", "unknown field number(s) 99 in AttributeValue"),
+     ("target", "target: unknown field number(s) 99 in Target"),
+     ("options", "options: unknown field number(s) 99 in CompileOptions")],
+)  # fmt: skip
+def test_a_newer_clients_unknown_field_is_refused_not_dropped(hostile_stack: Stack, part: str, expected: str) -> None:
+    """Field 99 stands for a field a newer client sets: dropping it would build
+    (and key) the plan without it."""
+    extra = b"\x98\x06\x01"  # field 99, varint 1
+    request = pb.CompileRequest(spec=spec_io.to_proto(matmul_bias_relu_spec()), target=TARGET.to_proto(), options=pb.CompileOptions())
+    if part == "tensor":
+        request.spec.tensors[1].MergeFromString(extra)
+    elif part == "attribute":
+        sdpa = spec_io.from_json((REPO / "examples" / "sdpa_causal_fp16.json").read_text())
+        request.spec.CopyFrom(spec_io.to_proto(sdpa))
+        node = next(n for n in request.spec.nodes if n.attributes)
+        node.attributes[sorted(node.attributes)[0]].MergeFromString(extra)
+    elif part == "target":
+        request.target.MergeFromString(extra)
+    else:
+        request.options.MergeFromString(extra)
+    with grpc.insecure_channel(hostile_stack.address) as channel:
+        call = channel.unary_unary("/plancache.v1.PlanCache/Compile", request_serializer=lambda m: m.SerializeToString(), response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as refused:
+            call(request, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert expected in (refused.value.details() or "")

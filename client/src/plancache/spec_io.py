@@ -12,6 +12,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from google.protobuf.message import Message
+from google.protobuf.unknown_fields import UnknownFieldSet
+
 from plancache import dtypes
 from plancache.errors import SpecError
 from plancache.ops import AttrValue
@@ -209,6 +212,31 @@ def attr_to_proto(value: AttrValue) -> pb.AttributeValue:
     if isinstance(value, str):
         return pb.AttributeValue(string_value=value)
     return pb.AttributeValue(int_list=pb.IntList(values=list(value)))
+
+
+def refuse_unknown_fields(msg: Message, where: str) -> None:
+    """SpecError naming the first field this version does not know, anywhere in `msg`.
+
+    A newer client's field inside a spec, target or options would otherwise
+    be dropped silently: the plan would be built (and keyed) without it."""
+    unknown = [f.field_number for f in UnknownFieldSet(msg)]
+    if unknown:
+        raise SpecError(
+            f"{where}: unknown field number(s) {', '.join(map(str, unknown))} in {msg.DESCRIPTOR.name} "
+            "(sent by a newer client? this server cannot honor them)"
+        )
+    for field, value in msg.ListFields():
+        if field.message_type is None:
+            continue
+        if field.message_type.GetOptions().map_entry:
+            if field.message_type.fields_by_name["value"].message_type is not None:
+                for k, v in value.items():
+                    refuse_unknown_fields(v, f"{where}.{field.name}[{k!r}]")
+        elif field.is_repeated:
+            for i, item in enumerate(value):
+                refuse_unknown_fields(item, f"{where}.{field.name}[{i}]")
+        else:
+            refuse_unknown_fields(value, f"{where}.{field.name}")
 
 
 def from_proto(msg: pb.GraphSpec) -> GraphSpec:

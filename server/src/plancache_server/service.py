@@ -98,6 +98,8 @@ class PlanService:
         return resolved
 
     def _resolve_now(self, spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> ResolvedQuery:
+        for message, where in ((spec, "spec"), (target, "target"), (options, "options")):
+            spec_io.refuse_unknown_fields(message, where)
         normalized = normalize(spec_io.from_proto(spec), self._limits)
         resolved_target = Target.from_proto(target)
         resolved_options = CompileOptions.from_proto(options)
