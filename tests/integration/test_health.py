@@ -47,3 +47,35 @@ def test_health_follows_redis(tmp_path: Path) -> None:
             time.sleep(0.2)
     finally:
         stop()
+
+
+def test_list_watch_and_reflection_v1(redis_server: EmbeddedRedis, redis_client: object) -> None:
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    stack, stop = start_stack(redis_server.url, None)
+    try:
+        with grpc.insecure_channel(stack.address) as channel:
+            listed = health_pb2_grpc.HealthStub(channel).List(health_pb2.HealthListRequest(), timeout=5)
+            assert {name: s.status for name, s in listed.statuses.items()} == {
+                "": health_pb2.HealthCheckResponse.SERVING, "plancache.v1.PlanCache": health_pb2.HealthCheckResponse.SERVING,
+            }  # fmt: skip
+            # Watch: the status once, then only changes (the reporter checks Redis every 2 s).
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=5.5)
+            seen = []
+            try:
+                for message in watch:
+                    seen.append(message.status)
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert seen == [health_pb2.HealthCheckResponse.SERVING]
+            # Reflection v1 (what grpcurl asks first), with the v1alpha messages: same fields.
+            call = channel.stream_stream(
+                "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+            )
+            (answer,) = list(call(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
+            services = {s.name for s in answer.list_services_response.service}
+            assert {"plancache.v1.PlanCache", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"} <= services
+    finally:
+        stop()

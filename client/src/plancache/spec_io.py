@@ -219,7 +219,7 @@ def refuse_unknown_fields(msg: Message, where: str) -> None:
 
     A newer client's field inside a spec, target or options would otherwise
     be dropped silently: the plan would be built (and keyed) without it."""
-    unknown = [f.field_number for f in UnknownFieldSet(msg)]
+    unknown = [f.field_number for f in UnknownFieldSet(msg)]  # type: ignore[attr-defined]
     if unknown:
         raise SpecError(
             f"{where}: unknown field number(s) {', '.join(map(str, unknown))} in {msg.DESCRIPTOR.name} "

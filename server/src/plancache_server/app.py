@@ -10,10 +10,7 @@ from dataclasses import dataclass
 import grpc
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 
-from plancache.errors import PlanCacheError
 from plancache.signing import Signer, TrustPolicy
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
@@ -22,10 +19,11 @@ from plancache_server.build_records import BuildRecorder
 from plancache_server.builds import Admission, Builds
 from plancache_server.directory import WorkerDirectory
 from plancache_server.guard import add_guarded
+from plancache_server.health import HealthReporter, ListingHealthServicer, enable_reflection
 from plancache_server.jobs import JobQueue
 from plancache_server.memory_cache import MemoryCachedStore
 from plancache_server.offload import CpuOffload
-from plancache_server.redis_conn import AsyncRedis, connect_async, translated_errors
+from plancache_server.redis_conn import AsyncRedis, connect_async
 from plancache_server.service import PlanService
 from plancache_server.servicer import PlanCacheServicer
 from plancache_server.settings import Settings
@@ -71,45 +69,6 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials(
         [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())], root_certificates=ca, require_client_auth=ca is not None
     )
-
-
-class HealthReporter:
-    """Standard gRPC health: SERVING while Redis answers, NOT_SERVING when it
-    does not (a load balancer then sends callers elsewhere) or at shutdown.
-    Watchers are told when the status changes, not on every check."""
-
-    SERVICES = ("", "plancache.v1.PlanCache")
-
-    def __init__(self, servicer: HealthServicer, client: AsyncRedis, interval_s: float = 2.0) -> None:
-        self._servicer = servicer
-        self._redis = client
-        self._interval = interval_s
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        await self._set(True)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="plancache-health")
-
-    async def _set(self, serving: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in self.SERVICES:
-            await self._servicer.set(name, status)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
-            try:
-                with translated_errors("checking health"):
-                    await self._redis.ping()
-                await self._set(True)
-            except PlanCacheError:
-                await self._set(False)
-
-    async def shutdown(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        await self._servicer.enter_graceful_shutdown()
 
 
 @dataclass
@@ -167,10 +126,9 @@ class FrontEnd:
         )
         limits = WireLimits(settings.limits, settings.max_prefetch_refs, settings.max_prefetch_bytes)
         add_guarded(pb_grpc.add_PlanCacheServicer_to_server, PlanCacheServicer(service), server, authorizer, offload, limits)
-        health_servicer = HealthServicer()
+        health_servicer = ListingHealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        names = (pb.DESCRIPTOR.services_by_name["PlanCache"].full_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, server)
+        enable_reflection(server, (pb.DESCRIPTOR.services_by_name["PlanCache"].full_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
         credentials = server_credentials(settings)
         try:
             port = server.add_secure_port(settings.listen, credentials) if credentials else server.add_insecure_port(settings.listen)
