@@ -191,3 +191,21 @@ def test_server_started_workers_sign_with_a_generated_key(tmp_path: Path) -> Non
         assert "generated a plan-signing key" in (tmp_path / "server.log").read_text()
     finally:
         redis_server.stop()
+
+
+def test_a_second_server_on_the_same_data_folder_or_port_is_refused(tmp_path: Path) -> None:
+    port = free_port()
+    first = _server(tmp_path, port, "first.log")
+    try:
+        first.wait_for("listening on")
+        same_folder = _server(tmp_path, free_port(), "same-folder.log")
+        assert same_folder.proc.wait(timeout=60) == 1
+        assert re.search(r"data folder .* is in use by plancache-server pid \d+", same_folder.text()), same_folder.text()
+        same_port = Proc([sys.executable, "-m", "plancache_server.main", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "other"), "--gpus", "none"],
+                         tmp_path / "same-port.log")  # fmt: skip
+        assert same_port.proc.wait(timeout=60) == 1
+        assert "cannot listen on" in same_port.text(), same_port.text()
+        with Client(f"127.0.0.1:{port}", cache=False, timeout=5) as client:
+            client.stats()  # the first one still serves
+    finally:
+        first.stop()

@@ -8,12 +8,16 @@ so thousands of them cost memory, not threads, and never hold up a hit.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import gc
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
+from typing import IO
 
 from plancache.signing import generate_keypair
 from plancache_server import metrics, web
@@ -95,19 +99,45 @@ async def serve(settings: Settings, redis_url: str) -> None:
         await asyncio.to_thread(http.stop)
 
 
+def lock_data_dir(data_dir: Path) -> IO[str]:
+    """An exclusive lock on `data_dir` for this process's lifetime: a second
+    server on the same folder would start a second private Redis on the same
+    files. OSError naming the holder when another process has it."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(data_dir / "plancache-server.lock", "a+")  # noqa: SIM115 - held open on purpose
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise OSError(f"data folder {data_dir} is in use by {holder}: stop it, or give this server its own --data-dir") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"plancache-server pid {os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     settings = server_settings(argv)
     configure_logging(settings.log_level)
     factory = loop_factory(settings.event_loop)
     embedded: EmbeddedRedis | None = None
     redis_url = settings.redis_url
+    devices = select_gpus(settings.gpus)
+    if redis_url is None or devices:  # the data folder is used: one server at a time
+        try:
+            data_lock = lock_data_dir(settings.data_dir)  # noqa: F841 - held until the process exits
+        except OSError as e:
+            log.error("%s", e)
+            return 1
     if redis_url is None:
         embedded = EmbeddedRedis(settings.data_dir / "redis", binary=settings.redis_server_bin, unix_socket=True).start()
         redis_url = embedded.url
         log.info("no --redis-url given: using a private redis-server (%s), data in %s", redis_url, embedded.data_dir)
     else:
         log.info("using Redis at %s", redis_url.split("@")[-1])
-    devices = select_gpus(settings.gpus)
     if devices:
         settings = with_signing_key(settings)
     workers = WorkerProcesses(devices, redis_url, worker_flags(settings))
