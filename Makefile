@@ -42,9 +42,11 @@ $(NODE_MODULES): tests/conformance/node/package-lock.json
 
 setup-test: setup chromium node
 
-## Start a server on 127.0.0.1:50051 with a private Redis and a worker per local GPU.
+## Start a server on 127.0.0.1:50051 with a private Redis and a worker per local GPU;
+## /metrics and the status page on http://127.0.0.1:$(METRICS_PORT)/ (METRICS_PORT=0: off).
+METRICS_PORT ?= 9464
 run: setup
-	$(VENV)/bin/plancache-server $(ARGS)
+	$(VENV)/bin/plancache-server --metrics-port $(METRICS_PORT) $(ARGS)
 
 ## Lint, type-check and run every test this machine can run (GPU tests skip without a GPU).
 test: setup-test lint typecheck

@@ -224,3 +224,21 @@ def test_page_answers_503_with_the_reason_while_redis_is_down() -> None:
     finally:
         server.stop()
         front.stop()
+
+
+@pytest.mark.parametrize(("listen", "host"), [("127.0.0.1:50051", "127.0.0.1"), ("0.0.0.0:1", "0.0.0.0"), ("[::1]:50051", "::1"), ("localhost:7", "localhost")])
+def test_the_metrics_port_binds_the_grpc_listen_host_by_default(listen: str, host: str) -> None:
+    from plancache_server.web import listen_host
+
+    assert listen_host(listen) == host
+
+
+def test_the_metrics_port_listens_only_where_it_is_told() -> None:
+    from plancache_server.web import serve
+
+    server = serve(free_port(), host="127.0.0.1")
+    assert server is not None
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.stop()

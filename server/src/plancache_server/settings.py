@@ -153,6 +153,8 @@ class Settings:
     # ---- operations
     metrics_port: int = _option(0, "--metrics-port", "Prometheus /metrics and the status page (0: off); workers a server starts use the next ports",
                                 _port)  # fmt: skip
+    metrics_host: str = _option("", "--metrics-host", "interface of --metrics-port (0.0.0.0: every one); no auth there, so by default the --listen host "
+                                "(a worker: 127.0.0.1)", to_workers=True, shown_default="the --listen host")  # fmt: skip
     log_level: str = _option("INFO", "--log-level", "DEBUG, INFO, WARNING or ERROR", str.upper, to_workers=True)
     # ---- not configurable from the command line
     # Largest message sent (a plan with its metadata).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import threading
 from collections.abc import Coroutine
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -75,6 +76,8 @@ class WebServer(ThreadingHTTPServer):
             raise ValueError("a status page needs the event loop its sources run on")
         self.status = status
         self.loop = loop
+        if ":" in host:
+            self.address_family = socket.AF_INET6
         super().__init__((host, port), _Handler)
         self._thread = threading.Thread(target=self.serve_forever, name="plancache-http", daemon=True)
 
@@ -92,10 +95,18 @@ class WebServer(ThreadingHTTPServer):
         self.server_close()
 
 
-def serve(port: int, status: StatusSource | None = None, loop: asyncio.AbstractEventLoop | None = None) -> WebServer | None:
-    """Serve on `port` (0: off), on every interface (containers publish it)."""
+def serve(port: int, status: StatusSource | None = None, loop: asyncio.AbstractEventLoop | None = None, host: str = "127.0.0.1") -> WebServer | None:
+    """Serve on host:port (port 0: off). No authentication there: bind it
+    wider than localhost (0.0.0.0 in a container) only on purpose."""
     if not port:
         return None
-    server = WebServer(port, status, loop=loop).start()
-    log.info("HTTP on :%d: /metrics%s", port, ", status page /" if status else "")
+    server = WebServer(port, status, host=host, loop=loop).start()
+    shown = f"[{host}]" if ":" in host else host
+    log.info("HTTP on %s:%d: /metrics%s", shown, port, f"; status page http://{shown or '127.0.0.1'}:{port}/" if status else "")
     return server
+
+
+def listen_host(address: str) -> str:
+    """The host part of a gRPC listen address ("0.0.0.0:50051", "[::1]:50051", "localhost:50051")."""
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host

@@ -49,7 +49,7 @@ def run_one(device: int, settings: Settings) -> int:
         build_budget_s=settings.build_budget_s,
     )  # fmt: skip
 
-    web.serve(settings.metrics_port + device if settings.metrics_port else 0)
+    web.serve(settings.metrics_port + device if settings.metrics_port else 0, host=settings.metrics_host or "127.0.0.1")
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("worker %s: %s, finishing the current job", worker.worker_id, signal.Signals(signum).name)
