@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from plancache.client import Client, TLSConfig, WindowCounts
 from plancache.disk_cache import DiskCache
-from plancache.errors import PlanCacheError
+from plancache.errors import InvalidRequest, PlanCacheError
 from plancache.manifest import Manifest
 from plancache.options import CompileOptions
 from plancache.plan import Plan
@@ -50,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--tls-key", type=Path, help="PEM key of --tls-cert")
 
     def with_target(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", help="e.g. sm_90/cudnn-91900/fe-1.32.0 (default: this machine's GPU 0)")
+        p.add_argument("--target", help="e.g. sm_90/cudnn-91900/fe-1.32.0, or a prefix (sm_90) of a target the server has workers for (default: this machine's GPU 0)")
         p.add_argument("--no-autotune", action="store_true", help="take the heuristics' first plan")
         p.add_argument("--exclude-note", action="append", default=[], help="cudnn.behavior_note to exclude, e.g. RUNTIME_COMPILATION")
         p.add_argument("--workspace-limit", type=int, default=0, help="bytes; 0 = no limit")
@@ -83,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     prefetch.add_argument("manifest", type=Path)
     prefetch.add_argument("--target", help="for manifests without one (default: this machine's GPU 0)")
     prefetch.add_argument("--compile-missing", action="store_true", help="build plans that are not stored yet")
+    prefetch.add_argument("--json", action="store_true", help="one JSON document (for scripts) instead of the table, no progress bar")
     with_server(prefetch)
 
     invalidate = sub.add_parser("invalidate", help="delete stored plans (admin token): --key, --spec-hash or --target")
@@ -134,11 +136,14 @@ def _print_stats(client: Client, timeout: float | None) -> None:
         return (f"{label:60} {window:>6} {w.hit_rate:8.1%} {w.hits:8} {w.misses:8} {w.compiles:8} {w.failures:8} {w.joined:7} "
                 f"{w.bytes_served / 1e6:10.1f} {w.build_seconds_saved:9.1f}")  # fmt: skip
 
+    targets = client.stats(timeout=timeout)  # both answers before any output: an error prints alone
+    families = client.family_stats(timeout=timeout)
     print(header)
-    for target in client.stats(timeout=timeout):
+    for target in targets:
         for i, (window, counts) in enumerate(target.windows.items()):
             print(line(f"{target.target_id} ({target.live_workers} workers)" if i == 0 else "", window, counts))
-    families = client.family_stats(timeout=timeout)
+    if not targets:
+        print("(no lookups yet and no live worker)")
     if families:
         print(f"\n{'op family':60}")
         for family, windows in families.items():
@@ -158,14 +163,69 @@ def _progress_bar(done: int, total: int) -> None:
 
 def _prefetch(client: Client, args: argparse.Namespace) -> int:
     manifest = Manifest.load(args.manifest)
-    result = client.prefetch(manifest, args.target, compile_missing=args.compile_missing, progress=_progress_bar, timeout=args.timeout)
+    shown = {"done": 0, "total": 0}
+
+    def progress(done: int, total: int) -> None:
+        shown.update(done=done, total=total)
+        _progress_bar(done, total)
+
+    result = client.prefetch(manifest, args.target, compile_missing=args.compile_missing, progress=None if args.json else progress, timeout=args.timeout)
+    if shown["total"] and shown["done"] < shown["total"]:
+        print(file=sys.stderr)  # end the progress bar's line
     failures = [
         {"entry": i, "name": manifest.entries[i].name, "key": result.keys.get(i, ""), "error": type(e).__name__, "reason": e.message}
         for i, e in sorted(result.errors.items())
     ]
-    print(json.dumps({"total": result.total, "from_cache": result.from_cache, "fetched": result.fetched, "compiled": result.compiled,
-                      "failed": result.failed, "failures": failures}, indent=2))  # fmt: skip
+    if args.json:
+        print(json.dumps({"total": result.total, "from_cache": result.from_cache, "fetched": result.fetched, "compiled": result.compiled,
+                          "provisional": result.provisional, "failed": result.failed, "failures": failures}, indent=2))  # fmt: skip
+        return 1 if failures else 0
+    print(f"{'entry':>5}  {'name':40}  outcome")
+    for i, entry in enumerate(manifest.entries):
+        plan, error = result.plans.get(i), result.errors.get(i)
+        outcome = f"{type(error).__name__}" if error is not None else (plan.source + (" (provisional)" if plan.provisional else "") if plan else "-")
+        print(f"{i:>5}  {(entry.name or result.keys.get(i, ''))[:40]:40}  {outcome}")
+    print(f"\n{result.total} plans: {result.from_cache} from the disk cache, {result.fetched} fetched, {result.compiled} compiled"
+          f"{f' ({result.provisional} provisional)' if result.provisional else ''}, {result.failed} failed")  # fmt: skip
+    by_reason: dict[tuple[str, str], list[int]] = {}
+    for i, failure in sorted(result.errors.items()):
+        by_reason.setdefault((type(failure).__name__, failure.message), []).append(i)
+    for (kind, reason), entries in by_reason.items():  # one line per distinct error, not per plan
+        shown_entries = ", ".join(map(str, entries[:10])) + (f" and {len(entries) - 10} more" if len(entries) > 10 else "")
+        print(f"{len(entries)} failed with {kind}: {reason} (entries {shown_entries})", file=sys.stderr)
     return 1 if failures else 0
+
+
+def _target(client: Client, text: str | None, timeout: float | None) -> Target | str | None:
+    """--target as given, completed from the server's live targets when it is
+    only a prefix ("sm_90"); without it, this machine's GPU (None), or an error
+    that lists what the server can build."""
+    if text is None:
+        try:
+            from plancache.gpu import detect_target
+
+            detect_target()
+            return None
+        except InvalidRequest as e:
+            raise InvalidRequest(f"{e.message.split(':')[0]}: pass --target ({_live_targets(client, timeout)})") from None
+    try:
+        return Target.parse(text)
+    except InvalidRequest:
+        matches = [t.target_id for t in client.list_targets(timeout=timeout) if t.target_id == text or t.target_id.startswith(text.rstrip("/") + "/")]
+        longest = max(matches, key=len, default="")
+        if matches and all(longest == m or longest.startswith(m + "/") for m in matches):
+            matches = [longest]  # a GPU's exact target and its generic forms: the exact one
+        if len(matches) == 1:
+            print(f"target: {matches[0]}", file=sys.stderr)
+            return matches[0]
+        if matches:
+            raise InvalidRequest(f"--target {text} matches several targets the server has workers for: {', '.join(matches)}") from None
+        raise InvalidRequest(f"--target {text} is not a full target id and matches none the server has workers for ({_live_targets(client, timeout)})") from None
+
+
+def _live_targets(client: Client, timeout: float | None) -> str:
+    live = [t.target_id for t in client.list_targets(timeout=timeout) if t.live_workers]
+    return "the server has workers for: " + ", ".join(live) if live else "the server has no live worker now"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -191,12 +251,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         with Client(args.server, timeout=args.timeout or 30.0, cache=cache, trusted_keys=args.trusted_key, allow_unsigned=args.allow_unsigned,
                     token=args.token, tls=tls) as client:  # fmt: skip
             if args.command == "compile":
-                _report(client.compile(_load_spec(args.spec), args.target, _options(args), timeout=args.timeout), args.out)
+                target = _target(client, args.target, args.timeout)
+                _report(client.compile(_load_spec(args.spec), target, _options(args), timeout=args.timeout), args.out)
             elif args.command == "get":
                 if args.key:
                     plan = client.get(args.key, timeout=args.timeout)
                 elif args.spec:
-                    plan = client.get(spec=_load_spec(args.spec), target=args.target, options=_options(args), timeout=args.timeout)
+                    plan = client.get(spec=_load_spec(args.spec), target=_target(client, args.target, args.timeout), options=_options(args), timeout=args.timeout)
                 else:
                     print("plancache get: give --key KEY or a SPEC file", file=sys.stderr)
                     return 2
@@ -205,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 deleted = client.invalidate(args.key, spec_hash=args.spec_hash, target=args.target, timeout=args.timeout)
                 print(f"deleted {deleted} plan(s)")
             elif args.command == "explain":
-                answer = client.explain(_load_spec(args.spec), args.target, _options(args), timeout=args.timeout)
+                answer = client.explain(_load_spec(args.spec), _target(client, args.target, args.timeout), _options(args), timeout=args.timeout)
                 print(f"{answer.key}\n{answer.summary}")
                 for variant in answer.variants:
                     print(f"  {variant.key}\n    " + "\n    ".join(variant.differences))
@@ -215,13 +276,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif args.command == "prefetch":
                 return _prefetch(client, args)
             elif args.command == "targets":
-                for t in client.list_targets(timeout=args.timeout):
+                listed = client.list_targets(timeout=args.timeout)
+                for t in listed:
                     print(f"{t.target_id:70} {t.live_workers:3} worker(s): {', '.join(t.worker_ids)}")
+                if not listed:
+                    print("no live worker: nothing can be compiled now (stored plans are still served)")
             elif args.command == "stats":
                 _print_stats(client, args.timeout)
     except PlanCacheError as e:
         print(f"plancache: {type(e).__name__}: {e.message}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader went away (`plancache stats | head`): stop quietly, as
+        # `yes | head` does; stdout is pointed at /dev/null so that the
+        # interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except OSError as e:
         print(f"plancache: {e}", file=sys.stderr)
         return 1
