@@ -209,3 +209,14 @@ def test_a_second_server_on_the_same_data_folder_or_port_is_refused(tmp_path: Pa
             client.stats()  # the first one still serves
     finally:
         first.stop()
+
+
+def test_a_short_token_stops_the_server_with_the_line_named_not_a_traceback(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("admin " + "a" * 20 + "\nread short\n")
+    proc = Proc([sys.executable, "-m", "plancache_server.main", "--listen", f"127.0.0.1:{free_port()}", "--data-dir", str(tmp_path / "data"),
+                 "--gpus", "none", "--tokens-file", str(tokens)], tmp_path / "server.log")  # fmt: skip
+    assert proc.proc.wait(timeout=60) == 1
+    text = proc.text()
+    assert f"cannot start: {tokens}:2: expected '<read|compile|admin> <token of 16+ characters>'" in text, text
+    assert "Traceback" not in text

@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
+from plancache.errors import PlanCacheError
 from plancache.signing import generate_keypair
 from plancache_server import metrics, web
 from plancache_server.app import FrontEnd
@@ -150,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             runner.run(serve(settings, redis_url))
     except OSError as e:
         log.error("%s", e)
+        return 1
+    except PlanCacheError as e:  # a configuration the server cannot start with (a tokens file, a key): said, not a traceback
+        log.error("cannot start: %s", e.message)
         return 1
     finally:
         # Each worker finishes its current build; queued jobs stay in the stream for others.
