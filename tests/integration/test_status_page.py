@@ -5,6 +5,7 @@ rendered by headless Chromium, with a screenshot left in build/test-artifacts/
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from html.parser import HTMLParser
@@ -16,6 +17,7 @@ import redis
 from matplotlib import image
 
 from plancache import Client, CompileFailed, Target
+from plancache.client import WindowCounts
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server import keys
 from plancache_server.build_records import RECENT_FAILURES_KEPT, BuildRecorder
@@ -23,6 +25,7 @@ from plancache_server.embedded_redis import EmbeddedRedis, free_port
 from plancache_server.jobs import Job
 from plancache_server.settings import Settings
 from plancache_server.worker_queue import WorkerQueue
+from tests.conftest import Stack
 from tests.support.browser import artifacts_dir, rendered_dom, screenshot
 from tests.support.frontend import ThreadedFrontEnd
 from tests.support.processes import child_env, server_process, wait_for_workers
@@ -242,3 +245,28 @@ def test_the_metrics_port_listens_only_where_it_is_told() -> None:
         assert server.server_address[0] == "127.0.0.1"
     finally:
         server.stop()
+
+
+def test_refusals_are_counted_apart_from_failed_builds(gpuless_stack: Stack) -> None:
+    from plancache import TargetUnavailable
+
+    with gpuless_stack.client() as c:
+        for _ in range(2):
+            with pytest.raises(TargetUnavailable):
+                c.compile(matmul_spec(), TARGET)
+        deadline = time.monotonic() + 10
+        while sum(t.windows["total"].refused for t in c.stats()) < 2:
+            assert time.monotonic() < deadline, [t.windows["total"] for t in c.stats()]
+            time.sleep(0.2)
+        assert all(t.windows["total"].failures == 0 for t in c.stats()), "a refusal is not a failed build"
+
+
+def test_lookups_by_key_count_under_the_plans_op_family(stack: Stack) -> None:
+    with stack.client() as c:
+        plan = c.compile(matmul_spec(batch=3), TARGET)
+        for _ in range(3):
+            c.get(plan.key)  # by key: no spec, the plan's recorded family counts it
+        deadline = time.monotonic() + 10
+        while c.family_stats().get("matmul", {}).get("total", WindowCounts()).hits < 3:
+            assert time.monotonic() < deadline, c.family_stats()
+            time.sleep(0.2)

@@ -75,3 +75,14 @@ def test_numbers_are_formatted_for_people() -> None:
     assert ">12,345<" in page and ">2.0 h<" in page and ">3.0 MiB<" in page and ">2.50 s<" in page
     assert ">75.0 %<" in page  # 3 hits of 4 lookups
     assert "no longer stored" in page
+
+
+def test_a_target_without_workers_says_why_everything_misses() -> None:
+    windows = {"5m": {"misses": 4, "refused": 4}, "1h": {}, "24h": {}, "total": {"misses": 4, "refused": 4}}
+    served = TargetStatus(TARGET.id, live_workers=1, jobs_waiting=0, jobs_running=0, windows=windows, history=[])  # type: ignore[arg-type]
+    orphan = TargetStatus("sm_80/cudnn-91900/fe-1.32.0", live_workers=0, jobs_waiting=0, jobs_running=0, windows=windows, history=[])  # type: ignore[arg-type]
+    page = render(StatusReport(NOW, "1h", [served, orphan], {}, [], [], []))
+    hints = [attrs for tag, attrs in _parse(page).tags if attrs.get("data-hint") == "no-worker"]
+    assert len(hints) == 1, "only the target without a live worker gets the hint"
+    assert "every missing plan is refused (TargetUnavailable); 4 compile(s) refused so far" in page
+    assert re.search(r"<th[^>]*>refused</th>", page)

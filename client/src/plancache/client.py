@@ -109,6 +109,7 @@ class WindowCounts:
     joined: int = 0
     bytes_served: int = 0
     build_seconds_saved: float = 0.0
+    refused: int = 0  # compiles answered TargetUnavailable
 
     @property
     def hit_rate(self) -> float:
@@ -117,7 +118,7 @@ class WindowCounts:
 
     @classmethod
     def from_proto(cls, w: pb.WindowStats) -> WindowCounts:
-        return cls(w.hits, w.misses, w.compiles, w.failures, w.joined, w.bytes_served, w.build_seconds_saved)
+        return cls(w.hits, w.misses, w.compiles, w.failures, w.joined, w.bytes_served, w.build_seconds_saved, w.refused)
 
 
 @dataclass(frozen=True)

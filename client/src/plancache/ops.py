@@ -433,3 +433,10 @@ CATALOG: Mapping[str, OpSchema] = _build_catalog()
 
 def schema(op: str) -> OpSchema | None:
     return CATALOG.get(op)
+
+
+def anchor_family(nodes_ops: list[str]) -> str:
+    """The op family that anchors a graph (given its nodes' ops in order):
+    the first non-pointwise one, else "pointwise". Statistics count by it."""
+    families = [CATALOG[op].family for op in nodes_ops]
+    return next((f for f in families if f != "pointwise"), "pointwise")

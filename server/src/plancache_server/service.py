@@ -17,12 +17,11 @@ from dataclasses import dataclass
 
 from plancache import spec_io
 from plancache.canonical import hash_normalized
-from plancache.errors import InvalidRequest, NotFound, PlanCacheError, ResourceExhausted
-from plancache.ops import CATALOG
+from plancache.errors import InvalidRequest, NotFound, PlanCacheError, ResourceExhausted, TargetUnavailable
+from plancache.ops import anchor_family
 from plancache.options import CompileOptions
 from plancache.plankey import make_key, parse_key
 from plancache.rich_status import bounded, duration
-from plancache.spec import GraphSpec
 from plancache.target import Target, slug
 from plancache.v1 import plancache_pb2 as pb
 from plancache.validation import Limits, normalize
@@ -49,12 +48,6 @@ class ResolvedQuery:
     target: Target
     query: pb.PlanQuery  # with the normalized spec
     family: str  # the op family that anchors the graph, for statistics
-
-
-def anchor_family(spec: GraphSpec) -> str:
-    """The first non-pointwise op family of a graph, else "pointwise"."""
-    families = [CATALOG[n.op].family for n in spec.nodes]
-    return next((f for f in families if f != "pointwise"), "pointwise")
 
 
 class PlanService:
@@ -105,7 +98,7 @@ class PlanService:
         resolved_options = CompileOptions.from_proto(options)
         plan_key = make_key(hash_normalized(normalized), resolved_target, resolved_options)
         query = pb.PlanQuery(spec=spec_io.to_proto(normalized), target=resolved_target.to_proto(), options=resolved_options.to_proto())
-        return ResolvedQuery(plan_key, resolved_target, query, anchor_family(normalized))
+        return ResolvedQuery(plan_key, resolved_target, query, anchor_family([n.op for n in normalized.nodes]))
 
     async def _ref_key(self, ref: pb.PlanRef) -> tuple[str, ResolvedQuery | None]:
         kind = ref.WhichOneof("ref")
@@ -138,6 +131,8 @@ class PlanService:
         return plan
 
     def _count(self, plan_key: str, plan: StoredPlan | None, target_id: str, family: str | None) -> None:
+        if family is None and plan is not None:  # a lookup by key: the plan knows its family
+            family = plan.metadata.op_family or None
         if plan is None:
             self._stats.incr(Counter.MISSES, target_id=target_id, family=family)
         else:
@@ -147,14 +142,20 @@ class PlanService:
 
     async def _start_build(self, resolved: ResolvedQuery, tuned_only: bool = False) -> Waiter:
         """Wait for the build of a missing plan: started here, or joined."""
-        waiter = await self._builds.join(resolved.target, resolved.plan_key, resolved.query, tuned_only)
+        try:
+            waiter = await self._builds.join(resolved.target, resolved.plan_key, resolved.query, tuned_only)
+        except TargetUnavailable:  # the first caller learns it while the build is being queued
+            self._stats.incr(Counter.REFUSED, target_id=resolved.target.id, family=resolved.family)
+            raise
         self._stats.incr(Counter.COMPILES if waiter.started else Counter.JOINED, target_id=resolved.target.id, family=resolved.family)
         if waiter.started:
             log.info("started the build of %s (job %s)", resolved.plan_key, waiter.flight.job_id)
         return waiter
 
-    def _failed(self, waiter: Waiter, resolved: ResolvedQuery) -> None:
-        if waiter.started:
+    def _failed(self, waiter: Waiter, resolved: ResolvedQuery, error: PlanCacheError) -> None:
+        if isinstance(error, TargetUnavailable):  # no build happened: a refusal, counted per caller
+            self._stats.incr(Counter.REFUSED, target_id=resolved.target.id, family=resolved.family)
+        elif waiter.started:
             self._stats.incr(Counter.FAILURES, target_id=resolved.target.id, family=resolved.family)
 
     # ---- calls -----------------------------------------------------------------
@@ -170,8 +171,8 @@ class PlanService:
         when_sent(waiter.release)
         try:
             plan = await waiter.result(self._deadline(time_remaining))
-        except PlanCacheError:
-            self._failed(waiter, resolved)
+        except PlanCacheError as e:
+            self._failed(waiter, resolved, e)
             raise
         return plan.compile_response(_source(plan, pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED))
 
@@ -241,7 +242,7 @@ class PlanService:
                         try:
                             plan = future.result()
                         except PlanCacheError as e:
-                            self._failed(waiter, resolved)
+                            self._failed(waiter, resolved, e)
                             yield _error_item(index, resolved.plan_key, e)
                             continue
                         source = pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED
@@ -359,4 +360,5 @@ def _window(values: dict[str, float], window: str) -> pb.WindowStats:
     return pb.WindowStats(
         window=window, hits=count(Counter.HITS), misses=count(Counter.MISSES), compiles=count(Counter.COMPILES), failures=count(Counter.FAILURES),
         joined=count(Counter.JOINED), bytes_served=count(Counter.BYTES_SERVED), build_seconds_saved=values.get(Counter.SECONDS_SAVED.value, 0.0),
+        refused=count(Counter.REFUSED),
     )  # fmt: skip

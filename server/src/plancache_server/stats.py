@@ -51,6 +51,7 @@ class Counter(enum.Enum):
     JOINED = "joined"
     BYTES_SERVED = "bytes_served"
     SECONDS_SAVED = "build_seconds_saved"
+    REFUSED = "refused"  # TargetUnavailable: no live worker for the target
 
 
 def target_scope(target_id: str) -> str:

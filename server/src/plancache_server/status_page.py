@@ -39,6 +39,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.reason { white-space: normal; font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; word-break: break-word; }
 code { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; }
 .empty { color: var(--muted); font-style: italic; }
+.hint { color: var(--muted); font-size: 0.85em; max-width: 32em; white-space: normal; }
 .muted { color: var(--muted); }
 .rate-good { color: var(--ok); font-weight: 600; }
 .rate-poor { color: var(--bad); font-weight: 600; }
@@ -112,23 +113,36 @@ def _totals(windows: Windows) -> dict[str, float]:
 
 def _targets(report: StatusReport) -> str:
     headers = [("target", False), ("live workers", True), ("queued", True), ("building", True), *_window_headers(),
-               ("hits", True), ("misses", True), ("compiles", True), ("joined", True), ("failures", True), ("served", True), ("build time saved", True)]  # fmt: skip
+               ("hits", True), ("misses", True), ("compiles", True), ("joined", True), ("failures", True), ("refused", True), ("served", True),
+               ("build time saved", True)]  # fmt: skip
     rows = []
     for t in report.targets:
         total = _totals(t.windows)
         rows.append(
-            f'<tr data-target="{_e(t.target_id)}"><td><code>{_e(t.target_id)}</code></td>'
+            f'<tr data-target="{_e(t.target_id)}"><td><code>{_e(t.target_id)}</code>{_hint(t)}</td>'
             f'<td class="num">{t.live_workers}</td><td class="num">{t.jobs_waiting}</td><td class="num">{t.jobs_running}</td>'
             + "".join(_rate_cell(t.windows.get(w, {})) for w in WINDOWS)
             + "".join(
                 f'<td class="num">{_count(total.get(c.value, 0))}</td>'
-                for c in (Counter.HITS, Counter.MISSES, Counter.COMPILES, Counter.JOINED, Counter.FAILURES)
+                for c in (Counter.HITS, Counter.MISSES, Counter.COMPILES, Counter.JOINED, Counter.FAILURES, Counter.REFUSED)
             )
             + f'<td class="num">{_bytes(total.get(Counter.BYTES_SERVED.value, 0))}</td>'
             f'<td class="num">{_duration(total.get(Counter.SECONDS_SAVED.value, 0))}</td></tr>'
         )
     table = _table(headers, rows, "no target yet: no worker has connected and nothing was asked", len(headers))
     return f'<section id="targets"><h2>Targets: workers, queues and hit rates</h2>{table}</section>'
+
+
+def _hint(t: TargetStatus) -> str:
+    """Why this target misses, where the numbers alone do not say."""
+    refused = _totals(t.windows).get(Counter.REFUSED.value, 0)
+    if t.live_workers:
+        return ""
+    text = "no live worker builds this target: every missing plan is refused (TargetUnavailable)"
+    if refused:
+        text += f"; {_count(refused)} compile(s) refused so far"
+    text += ". Start a plancache-worker on a GPU of this kind, or prefetch from a server that has one."
+    return f'<div class="hint" data-hint="no-worker">{_e(text)}</div>'
 
 
 def _chart(target: TargetStatus, unit: str) -> str:

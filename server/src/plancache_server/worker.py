@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from plancache import spec_io
 from plancache.canonical import hash_normalized
 from plancache.errors import CompileFailed, InvalidRequest, PlanCacheError, StoreUnavailable
+from plancache.ops import anchor_family
 from plancache.options import CompileOptions
 from plancache.plankey import make_key
 from plancache.signing import Signer
@@ -136,6 +137,7 @@ def plan_metadata(job: VerifiedJob, compiled: CompiledPlan, worker_id: str, buil
         created_at=time.time(),
         built_by=worker_id,
         provisional=compiled.provisional,
+        op_family=anchor_family([n.op for n in job.spec.nodes]),
     )
 
 

@@ -243,7 +243,7 @@ class CandidateTiming(_message.Message):
     def __init__(self, index: _Optional[int] = ..., plan_name: _Optional[str] = ..., engine_id: _Optional[int] = ..., median_ms: _Optional[float] = ..., error: _Optional[str] = ..., timing: _Optional[str] = ...) -> None: ...
 
 class PlanMetadata(_message.Message):
-    __slots__ = ("key", "spec_hash", "target", "options", "tensors", "workspace_size", "engine_id", "knobs", "plan_name", "engine_kind", "candidates", "build_seconds", "autotune_seconds", "blob_sha256", "blob_size", "created_at", "built_by", "provisional")
+    __slots__ = ("key", "spec_hash", "target", "options", "tensors", "workspace_size", "engine_id", "knobs", "plan_name", "engine_kind", "candidates", "build_seconds", "autotune_seconds", "blob_sha256", "blob_size", "created_at", "built_by", "provisional", "op_family")
     KEY_FIELD_NUMBER: _ClassVar[int]
     SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -262,6 +262,7 @@ class PlanMetadata(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     BUILT_BY_FIELD_NUMBER: _ClassVar[int]
     PROVISIONAL_FIELD_NUMBER: _ClassVar[int]
+    OP_FAMILY_FIELD_NUMBER: _ClassVar[int]
     key: str
     spec_hash: str
     target: Target
@@ -280,7 +281,8 @@ class PlanMetadata(_message.Message):
     created_at: float
     built_by: str
     provisional: bool
-    def __init__(self, key: _Optional[str] = ..., spec_hash: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorBinding, _Mapping]]] = ..., workspace_size: _Optional[int] = ..., engine_id: _Optional[int] = ..., knobs: _Optional[_Iterable[_Union[Knob, _Mapping]]] = ..., plan_name: _Optional[str] = ..., engine_kind: _Optional[_Union[EngineKind, str]] = ..., candidates: _Optional[_Iterable[_Union[CandidateTiming, _Mapping]]] = ..., build_seconds: _Optional[float] = ..., autotune_seconds: _Optional[float] = ..., blob_sha256: _Optional[str] = ..., blob_size: _Optional[int] = ..., created_at: _Optional[float] = ..., built_by: _Optional[str] = ..., provisional: _Optional[bool] = ...) -> None: ...
+    op_family: str
+    def __init__(self, key: _Optional[str] = ..., spec_hash: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorBinding, _Mapping]]] = ..., workspace_size: _Optional[int] = ..., engine_id: _Optional[int] = ..., knobs: _Optional[_Iterable[_Union[Knob, _Mapping]]] = ..., plan_name: _Optional[str] = ..., engine_kind: _Optional[_Union[EngineKind, str]] = ..., candidates: _Optional[_Iterable[_Union[CandidateTiming, _Mapping]]] = ..., build_seconds: _Optional[float] = ..., autotune_seconds: _Optional[float] = ..., blob_sha256: _Optional[str] = ..., blob_size: _Optional[int] = ..., created_at: _Optional[float] = ..., built_by: _Optional[str] = ..., provisional: _Optional[bool] = ..., op_family: _Optional[str] = ...) -> None: ...
 
 class PlanSignature(_message.Message):
     __slots__ = ("key_id", "signature", "signed_metadata")
@@ -451,7 +453,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WindowStats(_message.Message):
-    __slots__ = ("window", "hits", "misses", "compiles", "failures", "joined", "bytes_served", "build_seconds_saved")
+    __slots__ = ("window", "hits", "misses", "compiles", "failures", "joined", "bytes_served", "build_seconds_saved", "refused")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
     MISSES_FIELD_NUMBER: _ClassVar[int]
@@ -460,6 +462,7 @@ class WindowStats(_message.Message):
     JOINED_FIELD_NUMBER: _ClassVar[int]
     BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
     BUILD_SECONDS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     window: str
     hits: int
     misses: int
@@ -468,7 +471,8 @@ class WindowStats(_message.Message):
     joined: int
     bytes_served: int
     build_seconds_saved: float
-    def __init__(self, window: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., failures: _Optional[int] = ..., joined: _Optional[int] = ..., bytes_served: _Optional[int] = ..., build_seconds_saved: _Optional[float] = ...) -> None: ...
+    refused: int
+    def __init__(self, window: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., failures: _Optional[int] = ..., joined: _Optional[int] = ..., bytes_served: _Optional[int] = ..., build_seconds_saved: _Optional[float] = ..., refused: _Optional[int] = ...) -> None: ...
 
 class TargetStats(_message.Message):
     __slots__ = ("target_id", "hits", "misses", "compiles", "failures", "joined", "live_workers", "bytes_served", "build_seconds_saved", "windows")
