@@ -130,10 +130,10 @@ def _report(plan: Plan, out: Path | None) -> None:
 
 
 def _print_stats(client: Client, timeout: float | None) -> None:
-    header = f"{'':60} {'window':>6} {'hit rate':>8} {'hits':>8} {'misses':>8} {'compiles':>8} {'failures':>8} {'joined':>7} {'MB served':>10} {'s saved':>9}"
+    header = f"{'':60} {'window':>6} {'hit rate':>8} {'hits':>8} {'misses':>8} {'compiles':>8} {'failures':>8} {'refused':>7} {'joined':>7} {'MB served':>10} {'s saved':>9}"
 
     def line(label: str, window: str, w: WindowCounts) -> str:
-        return (f"{label:60} {window:>6} {w.hit_rate:8.1%} {w.hits:8} {w.misses:8} {w.compiles:8} {w.failures:8} {w.joined:7} "
+        return (f"{label:60} {window:>6} {w.hit_rate:8.1%} {w.hits:8} {w.misses:8} {w.compiles:8} {w.failures:8} {w.refused:7} {w.joined:7} "
                 f"{w.bytes_served / 1e6:10.1f} {w.build_seconds_saved:9.1f}")  # fmt: skip
 
     targets = client.stats(timeout=timeout)  # both answers before any output: an error prints alone
