@@ -72,6 +72,9 @@ def test_server_and_worker_metrics(tmp_path: Path) -> None:
         assert _value(front, f'plancache_live_workers{{target="{target}"}}') == 1
         assert _value(front, f'plancache_jobs_waiting{{target="{target}"}}') == 0
         assert _value(front, 'plancache_request_seconds_count{method="Compile"}') == 2
+        assert _value(front, f'plancache_store_plans{{target="{target}"}}') == 1
+        assert _value(front, f'plancache_store_bytes{{target="{target}"}}') > 75_000  # the stand-in's blob, metadata and signature
+        assert _value(front, f'plancache_store_evicted_total{{target="{target}"}}') == 0
         assert _value(worker, f'plancache_builds_total{{outcome="built",target="{target}"}}') == 1
         assert _value(worker, "plancache_worker_busy") == 0
     finally:

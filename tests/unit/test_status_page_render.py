@@ -86,3 +86,11 @@ def test_a_target_without_workers_says_why_everything_misses() -> None:
     assert len(hints) == 1, "only the target without a live worker gets the hint"
     assert "every missing plan is refused (TargetUnavailable); 4 compile(s) refused so far" in page
     assert re.search(r"<th[^>]*>refused</th>", page)
+
+
+def test_the_store_per_target_is_shown() -> None:
+    from plancache_server.lifecycle import TargetUsage
+
+    target = TargetStatus(TARGET.id, 1, 0, 0, {"total": {}}, [], TargetUsage(stored_bytes=3 * 2**20, stored_plans=40, evicted=7, expired=2))  # type: ignore[arg-type]
+    page = render(StatusReport(NOW, "1h", [target], {}, [], [], []))
+    assert re.search(r"<th[^>]*>stored</th>", page) and " in 40<" in page and ">7 / 2<" in page

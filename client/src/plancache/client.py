@@ -135,6 +135,11 @@ class TargetStats:
     bytes_served: int = 0
     build_seconds_saved: float = 0.0
     windows: dict[str, WindowCounts] = field(default_factory=dict)
+    # The store: plans held now, and how many left it (bound, retention).
+    stored_bytes: int = 0
+    stored_plans: int = 0
+    evicted: int = 0
+    expired: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -450,7 +455,7 @@ class Client:
         response = self._stats_response(timeout)
         return [
             TargetStats(t.target_id, t.hits, t.misses, t.compiles, t.failures, t.joined, t.live_workers, t.bytes_served, t.build_seconds_saved,
-                        {w.window: WindowCounts.from_proto(w) for w in t.windows})
+                        {w.window: WindowCounts.from_proto(w) for w in t.windows}, t.stored_bytes, t.stored_plans, t.evicted, t.expired)
             for t in response.targets
         ]
 

@@ -21,9 +21,10 @@ from plancache_server.directory import WorkerDirectory
 from plancache_server.guard import add_guarded
 from plancache_server.health import HealthReporter, ListingHealthServicer, enable_reflection
 from plancache_server.jobs import JobQueue
+from plancache_server.lifecycle import Janitor, Sweeper
 from plancache_server.memory_cache import MemoryCachedStore
 from plancache_server.offload import CpuOffload
-from plancache_server.redis_conn import AsyncRedis, connect_async
+from plancache_server.redis_conn import AsyncRedis, connect, connect_async
 from plancache_server.service import PlanService
 from plancache_server.servicer import PlanCacheServicer
 from plancache_server.settings import Settings
@@ -53,7 +54,7 @@ def worker_parts(client: redis.Redis, settings: Settings, signer: Signer | None 
         trust = TrustPolicy.create([signer.public_pem(), *settings.trusted_keys], allow_unsigned=False)
     elif settings.unsigned and settings.trusted_keys:
         trust = TrustPolicy.create(settings.trusted_keys, allow_unsigned=True)
-    store = RedisPlanStore(client, trust)
+    store = RedisPlanStore(client, trust, settings.store_max_mb * 2**20)
     return WorkerParts(WorkerQueue(client), BuildRecorder(client, settings.build_lease_s, settings.negative_ttl_s), store)
 
 
@@ -86,6 +87,8 @@ class FrontEnd:
     offload: CpuOffload
     health: HealthReporter
     status: StatusSource
+    sweeper: Sweeper | None = None
+    janitor: Janitor | None = None
 
     @classmethod
     async def start(cls, settings: Settings, redis_url: str) -> FrontEnd:
@@ -103,7 +106,10 @@ class FrontEnd:
         builds = Builds(client, store, queue, settings.build_lease_s, admission)
         directory = WorkerDirectory(queue, settings.listed_targets)
         stats = Stats(client, directory)
-        service = PlanService(store, queue, builds, stats, directory, offload, settings.limits, settings.compile_timeout_s, settings.max_prefetch_refs)
+        janitor = Janitor(connect(redis_url))
+        service = PlanService(
+            store, queue, builds, stats, directory, offload, settings.limits, settings.compile_timeout_s, settings.max_prefetch_refs, janitor
+        )
         authorizer = Authorizer.from_file(settings.tokens_file)
         if authorizer.open:
             log.warning("no --tokens-file: every caller may compile and read plans")
@@ -137,7 +143,9 @@ class FrontEnd:
         if port == 0:
             raise OSError(f"cannot listen on {settings.listen}")
         reporter = HealthReporter(health_servicer, client)
-        front = cls(server, port, client, store, queue, builds, stats, directory, offload, reporter, StatusSource(stats, queue, store, builds, directory))
+        front = cls(server, port, client, store, queue, builds, stats, directory, offload, reporter, StatusSource(stats, queue, store, builds, directory, janitor))
+        front.janitor = janitor
+        front.sweeper = Sweeper(janitor, settings.retention_days * 86400, settings.store_max_mb * 2**20, settings.sweep_interval_s).start()
         await server.start()
         await reporter.start()
         directory.start()
@@ -156,6 +164,8 @@ class FrontEnd:
             # call again (UNAVAILABLE) rather than cut off (CANCELLED).
             await asyncio.wait([stopping], timeout=max(0.0, grace - 0.5))
         await self.builds.close()
+        if self.sweeper is not None:
+            await self.sweeper.stop()
         await stopping
         await self.directory.stop()
         await self.stats.close()

@@ -24,6 +24,14 @@ TOP_HITS = f"{PREFIX}:top:hits"
 TOP_SECONDS_SAVED = f"{PREFIX}:top:seconds-saved"
 # List of the latest failed builds (JSON, newest first, capped).
 RECENT_FAILURES = f"{PREFIX}:recent-failures"
+# Sorted set: plan key -> when it was last written or served (unix seconds).
+PLAN_INDEX = f"{PREFIX}:plan-index"
+# Hash: "<bytes|plans|evicted|expired>:<target id>" -> count (plancache_server.lifecycle).
+STORE_COUNTERS = f"{PREFIX}:store"
+
+
+def store_counter(kind: str, target_id: str) -> str:
+    return f"{kind}:{target_id}"
 
 
 def plan(plan_key: str) -> str:
@@ -106,8 +114,8 @@ ACL_RULES: dict[str, list[str]] = {
         *_COMMON,
         "+hmget", "+hgetall", "+hset", "+expire", "+get", "+set", "+del", "+ttl", "+smembers", "+sadd", "+scan",
         "+xadd", "+xlen", "+xinfo|groups", "+zcount", "+zrangebyscore", "+hincrbyfloat", "+zincrby", "+zremrangebyrank",
-        "+zrevrange", "+zmscore", "+zrem", "+lrange", "+subscribe", "+unsubscribe",
-        f"%R~{_PLAN}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"%R~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
+        "+zrevrange", "+zmscore", "+zrem", "+lrange", "+subscribe", "+unsubscribe", "+zadd", "+hincrby", "+hget", "+hgetall",
+        f"%R~{_PLAN}", f"~{PLAN_INDEX}", f"~{STORE_COUNTERS}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"%R~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
         f"%R~{workers('*')}", f"%R~{KNOWN_TARGETS}", f"~{drain('*')}", f"~{PREFIX}:stats*", f"~{PREFIX}:top:*",
         f"%R~{RECENT_FAILURES}", f"%R~{spec_index('*')}",
         # Invalidate (an admin call) deletes plans: deleting is all it may do to them.
@@ -117,8 +125,8 @@ ACL_RULES: dict[str, list[str]] = {
         *_COMMON,
         "+hmget", "+hset", "+sadd", "+set", "+get", "+del", "+pexpire", "+expire", "+lpush", "+ltrim", "+publish",
         "+xgroup|create", "+xreadgroup", "+xautoclaim", "+xclaim", "+xpending", "+xack", "+xdel",
-        "+zadd", "+zremrangebyscore", "+zrem", "+zmscore", "+exists",
-        f"~{_PLAN}", f"~{spec_index('*')}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
+        "+zadd", "+zremrangebyscore", "+zrem", "+zmscore", "+exists", "+hincrby", "+hget", "+hgetall", "+zrangebyscore",
+        f"~{_PLAN}", f"~{PLAN_INDEX}", f"~{STORE_COUNTERS}", f"~{spec_index('*')}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
         f"~{workers('*')}", f"~{KNOWN_TARGETS}", f"%R~{drain('*')}", f"~{RECENT_FAILURES}",
     ],
 }  # fmt: skip

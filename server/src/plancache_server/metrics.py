@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from plancache.errors import PlanCacheError
@@ -85,3 +85,30 @@ class QueueCollector(Collector):
 def report_queues(queue: JobQueue, directory: WorkerDirectory, loop: asyncio.AbstractEventLoop) -> None:
     """Front ends add the queues of every target to their /metrics."""
     REGISTRY.register(QueueCollector(queue, directory, loop))
+
+
+class StoreCollector(Collector):
+    """The plan store per target, read from Redis at scrape time (one HGETALL)."""
+
+    def __init__(self, usage: Callable[[], dict[str, Any]]) -> None:
+        self._usage = usage
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        stored = GaugeMetricFamily("plancache_store_bytes", "bytes of the plans stored (blob, metadata, signature)", labels=["target"])
+        plans = GaugeMetricFamily("plancache_store_plans", "plans stored", labels=["target"])
+        evicted = CounterMetricFamily("plancache_store_evicted", "plans deleted to keep the store under --store-max-mb", labels=["target"])
+        expired = CounterMetricFamily("plancache_store_expired", "plans deleted after --retention-days unused", labels=["target"])
+        try:
+            for target_id, usage in sorted(self._usage().items()):
+                stored.add_metric([target_id], float(usage.stored_bytes))
+                plans.add_metric([target_id], float(usage.stored_plans))
+                evicted.add_metric([target_id], float(usage.evicted))
+                expired.add_metric([target_id], float(usage.expired))
+        except PlanCacheError as e:
+            log.debug("store metrics unavailable: %s", e)
+        yield from (stored, plans, evicted, expired)
+
+
+def report_store(usage: Callable[[], dict[str, Any]]) -> None:
+    """Front ends add the store's size per target to their /metrics."""
+    REGISTRY.register(StoreCollector(usage))

@@ -29,6 +29,7 @@ from plancache_server import metrics
 from plancache_server.builds import Builds, Waiter
 from plancache_server.directory import WorkerDirectory
 from plancache_server.jobs import JobQueue
+from plancache_server.lifecycle import Janitor, TargetUsage
 from plancache_server.offload import CpuOffload
 from plancache_server.stats import WINDOWS, Counter, Stats, target_ids, target_scope
 from plancache_server.store import PlanStore, StoredPlan
@@ -62,7 +63,9 @@ class PlanService:
         limits: Limits,
         compile_timeout_s: float,
         max_prefetch_refs: int,
+        janitor: Janitor,
     ) -> None:
+        self._janitor = janitor
         self._store = store
         self._queue = queue
         self._builds = builds
@@ -269,9 +272,9 @@ class PlanService:
             raise InvalidRequest("Invalidate needs a key, a spec_hash or a target_id")
         deleted = 0
         for key in doomed:
-            if await self._store.get(key) is not None:
+            if await asyncio.to_thread(self._janitor.remove, key, "invalidated"):
                 deleted += 1
-            await self._store.delete(key)
+            self._store.forget(key)
         await self._stats.forget_plans(doomed)
         log.warning("invalidated %d plan(s) (%s %s)", deleted, what, bounded(str(getattr(request, what or "key")))[:200])
         return deleted
@@ -309,16 +312,19 @@ class PlanService:
     async def stats(self) -> pb.GetStatsResponse:
         await self._directory.refresh()
         readings = await self._stats.read()
+        usage = await asyncio.to_thread(self._janitor.usage)
         live = self._directory.live
         response = pb.GetStatsResponse()
-        for target_id in sorted(target_ids(readings) | set(live)):
+        for target_id in sorted(target_ids(readings) | set(live) | {t for t, u in usage.items() if u.stored_plans or u.evicted or u.expired}):
             windows = readings.get(target_scope(target_id), {})
             row = _window(windows.get("total", {}), "total")
+            stored = usage.get(target_id, TargetUsage())
             response.targets.append(
                 pb.TargetStats(
                     target_id=target_id, hits=row.hits, misses=row.misses, compiles=row.compiles, failures=row.failures, joined=row.joined,
                     live_workers=len(live.get(target_id, ())), bytes_served=row.bytes_served, build_seconds_saved=row.build_seconds_saved,
                     windows=[_window(windows.get(w, {}), w) for w in WINDOWS],
+                    stored_bytes=stored.stored_bytes, stored_plans=stored.stored_plans, evicted=stored.evicted, expired=stored.expired,
                 )
             )  # fmt: skip
         for scope in sorted(readings):

@@ -134,6 +134,12 @@ class Settings:
     claim_idle_s: float = _option(60.0, "--claim-idle", "seconds before a silent worker's job is taken by another", float, to_workers=True)
     max_attempts: int = _option(3, "--max-attempts", "hand-outs of one job before it fails with the reason", int, to_workers=True)
     negative_ttl_s: float = _option(3600.0, "--negative-ttl", "seconds a cuDNN rejection is answered from memory", float, to_workers=True)
+    retention_days: float = _option(30.0, "--retention-days", "plans neither written nor served for this long are deleted (0: kept forever)", float,
+                                    programs=frozenset({SERVER}))  # fmt: skip
+    store_max_mb: int = _option(0, "--store-max-mb", "bound on the plans' bytes in Redis, MiB; past it the least recently used plans go first "
+                                "(only plans: never leases, jobs or statistics; 0: no bound)", int, to_workers=True)  # fmt: skip
+    sweep_interval_s: float = _option(60.0, "--sweep-interval", "seconds between a front end's sweeps for retention and the bound", float,
+                                      programs=frozenset({SERVER}))  # fmt: skip
     build_budget_s: float | None = _option(None, "--build-budget", "seconds one build may take; past it the job fails and the worker restarts",
                                            _optional_seconds, to_workers=True, shown_default="none")  # fmt: skip
     heartbeat_interval_s: float = _option(2.0, "--heartbeat-interval", "seconds between a worker's heartbeats", float, to_workers=True)

@@ -150,6 +150,8 @@ class Stats:
                         pipe.hincrbyfloat(bucket, name, amount)
                         pipe.expire(bucket, ttl)
                     pipe.sadd(keys.STATS_SCOPES, scope)
+                if plan_hits:  # last use, for retention and the store's bound (plancache_server.lifecycle)
+                    pipe.zadd(keys.PLAN_INDEX, dict.fromkeys(plan_hits, now), gt=True)
                 for ranking, per_plan in ((Ranking.HITS, plan_hits), (Ranking.SECONDS_SAVED, plan_saved)):
                     if per_plan:
                         for plan_key, amount in per_plan.items():

@@ -7,9 +7,11 @@ It runs on the front end's event loop (the HTTP thread hands it over).
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from plancache.errors import InvalidRequest
@@ -19,6 +21,7 @@ from plancache_server.build_records import FailedBuild
 from plancache_server.builds import Builds
 from plancache_server.directory import WorkerDirectory
 from plancache_server.jobs import JobQueue
+from plancache_server.lifecycle import Janitor, TargetUsage
 from plancache_server.stats import Bucket, Counter, PlanCounts, Ranking, Stats, family_scope, target_ids, target_scope
 from plancache_server.store import PlanStore
 
@@ -47,6 +50,7 @@ class TargetStatus:
     jobs_running: int  # taken by a worker, not finished
     windows: Windows
     history: list[Bucket]  # the report's range, oldest first
+    stored: TargetUsage = field(default_factory=TargetUsage)  # plans in the store, evicted, expired
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,8 @@ class StatusReport:
 
 
 class StatusSource:
-    def __init__(self, stats: Stats, queue: JobQueue, store: PlanStore, builds: Builds, directory: WorkerDirectory) -> None:
+    def __init__(self, stats: Stats, queue: JobQueue, store: PlanStore, builds: Builds, directory: WorkerDirectory, janitor: Janitor | None = None) -> None:
+        self._janitor = janitor
         self._stats = stats
         self._queue = queue
         self._store = store
@@ -97,6 +102,9 @@ class StatusSource:
         targets_seen = sorted(target_ids(readings) | set(self._directory.live))
         history = await self._stats.history([target_scope(t) for t in targets_seen], unit, count)
         targets = [await self._target(t, readings.get(target_scope(t), {}), history[target_scope(t)]) for t in targets_seen]
+        if self._janitor is not None:
+            usage = await asyncio.to_thread(self._janitor.usage)
+            targets = [dataclasses.replace(t, stored=usage.get(t.target_id, TargetUsage())) for t in targets]
         families = {scope.removeprefix(family_scope("")): windows for scope, windows in readings.items() if scope.startswith(family_scope(""))}
         return StatusReport(
             generated_at=time.time(),

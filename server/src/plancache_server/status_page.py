@@ -114,7 +114,7 @@ def _totals(windows: Windows) -> dict[str, float]:
 def _targets(report: StatusReport) -> str:
     headers = [("target", False), ("live workers", True), ("queued", True), ("building", True), *_window_headers(),
                ("hits", True), ("misses", True), ("compiles", True), ("joined", True), ("failures", True), ("refused", True), ("served", True),
-               ("build time saved", True)]  # fmt: skip
+               ("build time saved", True), ("stored", True), ("evicted / expired", True)]  # fmt: skip
     rows = []
     for t in report.targets:
         total = _totals(t.windows)
@@ -127,7 +127,9 @@ def _targets(report: StatusReport) -> str:
                 for c in (Counter.HITS, Counter.MISSES, Counter.COMPILES, Counter.JOINED, Counter.FAILURES, Counter.REFUSED)
             )
             + f'<td class="num">{_bytes(total.get(Counter.BYTES_SERVED.value, 0))}</td>'
-            f'<td class="num">{_duration(total.get(Counter.SECONDS_SAVED.value, 0))}</td></tr>'
+            f'<td class="num">{_duration(total.get(Counter.SECONDS_SAVED.value, 0))}</td>'
+            f'<td class="num">{_bytes(t.stored.stored_bytes)} in {_count(t.stored.stored_plans)}</td>'
+            f'<td class="num">{_count(t.stored.evicted)} / {_count(t.stored.expired)}</td></tr>'
         )
     table = _table(headers, rows, "no target yet: no worker has connected and nothing was asked", len(headers))
     return f'<section id="targets"><h2>Targets: workers, queues and hit rates</h2>{table}</section>'

@@ -23,6 +23,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -33,6 +35,7 @@ from plancache.errors import UntrustedPlan
 from plancache.signing import TrustPolicy
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server import keys, metrics
+from plancache_server.lifecycle import Janitor
 from plancache_server.offload import CpuOffload
 from plancache_server.redis_conn import AsyncRedis, text, translated_errors
 
@@ -87,7 +90,10 @@ def encode_plan(plan: StoredPlan) -> dict[str, bytes]:
     meta = plan.metadata
     if hashlib.sha256(plan.blob).hexdigest() != meta.blob_sha256:
         raise ValueError(f"plan {meta.key}: refusing to store a blob that does not match its sha256")
-    return {"blob": plan.blob, "meta": meta.SerializeToString(), "sig": plan.signature.SerializeToString() if plan.signature else b""}
+    fields = {"blob": plan.blob, "meta": meta.SerializeToString(), "sig": plan.signature.SerializeToString() if plan.signature else b""}
+    # What the plan costs the store (plancache_server.lifecycle counts it).
+    fields["size"] = str(sum(len(v) for v in fields.values())).encode()
+    return fields
 
 
 def decode_plan(plan_key: str, blob: bytes | None, meta: bytes | None, sig: bytes | None) -> StoredPlan | None:
@@ -110,10 +116,13 @@ def decode_plan(plan_key: str, blob: bytes | None, meta: bytes | None, sig: byte
 class RedisPlanStore:
     """Blocking: workers (check, then store what they built) and tools."""
 
-    def __init__(self, client: redis.Redis, trust: TrustPolicy | None = None) -> None:
-        """`trust`: what a stored plan must be signed by to count as built."""
+    def __init__(self, client: redis.Redis, trust: TrustPolicy | None = None, max_bytes: int = 0, clock: Callable[[], float] = time.time) -> None:
+        """`trust`: what a stored plan must be signed by to count as built;
+        `max_bytes`: the store's bound (least recently used plans go first; 0: none)."""
         self._redis = client
         self._trust = trust
+        self._max_bytes = max_bytes
+        self.janitor = Janitor(client, clock)
 
     def get(self, plan_key: str) -> StoredPlan | None:
         with translated_errors("reading a plan"):
@@ -129,15 +138,20 @@ class RedisPlanStore:
 
     def put(self, plan: StoredPlan) -> None:
         fields = encode_plan(plan)
+        plan_key = plan.metadata.key
         with translated_errors("writing a plan"):
-            self._redis.hset(keys.plan(plan.metadata.key), mapping=fields)  # type: ignore[arg-type]
+            # One build per key at a time (the build lease): the previous size is this worker's to replace.
+            previous = self._redis.hget(keys.plan(plan_key), "size")
+            self._redis.hset(keys.plan(plan_key), mapping=fields)  # type: ignore[arg-type]
             # An index for operators (which keys exist for a spec); not atomic
             # with the plan because it lives on another shard in a cluster.
-            self._redis.sadd(keys.spec_index(plan.metadata.spec_hash), plan.metadata.key)
+            self._redis.sadd(keys.spec_index(plan.metadata.spec_hash), plan_key)
+        self.janitor.record_put(plan_key, int(fields["size"]), int(previous) if previous is not None else None)
+        if self._max_bytes:
+            self.janitor.enforce_capacity(self._max_bytes, keep=plan_key)
 
     def delete(self, plan_key: str) -> None:
-        with translated_errors("deleting a plan"):
-            self._redis.delete(keys.plan(plan_key))
+        self.janitor.remove(plan_key, "invalidated")
 
 
 class PlanStore(Protocol):

@@ -475,7 +475,7 @@ class WindowStats(_message.Message):
     def __init__(self, window: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., failures: _Optional[int] = ..., joined: _Optional[int] = ..., bytes_served: _Optional[int] = ..., build_seconds_saved: _Optional[float] = ..., refused: _Optional[int] = ...) -> None: ...
 
 class TargetStats(_message.Message):
-    __slots__ = ("target_id", "hits", "misses", "compiles", "failures", "joined", "live_workers", "bytes_served", "build_seconds_saved", "windows")
+    __slots__ = ("target_id", "hits", "misses", "compiles", "failures", "joined", "live_workers", "bytes_served", "build_seconds_saved", "windows", "stored_bytes", "stored_plans", "evicted", "expired")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
     MISSES_FIELD_NUMBER: _ClassVar[int]
@@ -486,6 +486,10 @@ class TargetStats(_message.Message):
     BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
     BUILD_SECONDS_SAVED_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORED_PLANS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
     target_id: str
     hits: int
     misses: int
@@ -496,7 +500,11 @@ class TargetStats(_message.Message):
     bytes_served: int
     build_seconds_saved: float
     windows: _containers.RepeatedCompositeFieldContainer[WindowStats]
-    def __init__(self, target_id: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., failures: _Optional[int] = ..., joined: _Optional[int] = ..., live_workers: _Optional[int] = ..., bytes_served: _Optional[int] = ..., build_seconds_saved: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ...) -> None: ...
+    stored_bytes: int
+    stored_plans: int
+    evicted: int
+    expired: int
+    def __init__(self, target_id: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., failures: _Optional[int] = ..., joined: _Optional[int] = ..., live_workers: _Optional[int] = ..., bytes_served: _Optional[int] = ..., build_seconds_saved: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., stored_bytes: _Optional[int] = ..., stored_plans: _Optional[int] = ..., evicted: _Optional[int] = ..., expired: _Optional[int] = ...) -> None: ...
 
 class FamilyStats(_message.Message):
     __slots__ = ("family", "windows")

@@ -1,0 +1,138 @@
+"""The store's lifecycle on a real redis-server: a bound that holds with the
+recently used plans kept and nothing but plans touched, retention on an
+injected clock, concurrent sweeps that delete each expired plan once, and
+the counters GetStats reports."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from plancache import NotFound
+from plancache.v1 import plancache_pb2 as pb
+from plancache_server import keys
+from plancache_server.embedded_redis import EmbeddedRedis
+from plancache_server.lifecycle import Janitor
+from plancache_server.store import RedisPlanStore, StoredPlan
+from tests.conftest import Stack, start_stack
+from tests.support.specs import matmul_spec
+from tests.support.standin import STANDIN_TARGET as TARGET
+from tests.support.standin import StandInCompiler
+
+MiB = 2**20
+DAY = 86400.0
+
+
+def plan(n: int, size: int = 1000) -> StoredPlan:
+    blob = bytes([n % 256]) * size
+    key = f"{hashlib.sha256(str(n).encode()).hexdigest()}/{TARGET.id}/opt-{'0' * 16}"
+    return StoredPlan(blob=blob, metadata=pb.PlanMetadata(key=key, spec_hash=key[:64], blob_sha256=hashlib.sha256(blob).hexdigest()))
+
+
+def stored_at(redis_client: redis.Redis, now: list[float], *batches: tuple[float, list[StoredPlan]]) -> RedisPlanStore:
+    """A store on the clock `now[0]`, with each batch of plans written at its time."""
+    store = RedisPlanStore(redis_client, clock=lambda: now[0])
+    for when, plans in batches:
+        now[0] = when
+        for p in plans:
+            store.put(p)
+    return store
+
+
+@pytest.fixture
+def bounded_stack(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Iterator[Stack]:
+    """100 MiB bound, 5 MiB plans, no memory cache (an evicted plan must read as gone)."""
+    s, stop = start_stack(redis_server.url, StandInCompiler(blob_size=5 * MiB), store_max_mb=100, memory_cache_bytes=0, max_message_bytes=64 * MiB)
+    yield s
+    stop()
+
+
+def test_a_100_mb_bound_holds_while_300_mb_go_in(bounded_stack: Stack, redis_client: redis.Redis) -> None:
+    # What is not a plan must survive any eviction: a build lease, a job state, the negative cache, statistics.
+    others = {"plancache:{x/y/opt-0}:lease": b"job-1", "plancache:{x/y/opt-0}:failed": b"no engine", "plancache:stats:target:x": None}
+    for name, value in others.items():
+        if value is None:
+            redis_client.hset(name, "hits", 3)
+        else:
+            redis_client.set(name, value)
+    janitor = Janitor(redis_client)
+    with bounded_stack.client() as client:
+        hot = [client.compile(matmul_spec(m=16 + i), TARGET).key for i in range(4)]
+        for i in range(56):  # 60 plans of 5 MiB in all
+            client.compile(matmul_spec(m=100 + i), TARGET)
+            assert janitor.total_bytes() <= 100 * MiB, f"over the bound after plan {i}"
+            if i % 4 == 0:
+                for key in hot:
+                    client.get(key)  # recently used: these stay
+                client.stats()  # GetStats flushes this front end's counts, last use included
+        for key in hot:
+            assert len(client.get(key).blob) == 5 * MiB
+        (row,) = [r for r in client.stats() if r.target_id == TARGET.id]
+    assert row.stored_bytes <= 100 * MiB and row.stored_plans == len(redis_client.zrange(keys.PLAN_INDEX, 0, -1))
+    assert row.evicted == 60 - row.stored_plans and row.evicted >= 40
+    stored = [k for k in redis_client.scan_iter(match="plancache:{*}:plan")]
+    assert len(stored) == row.stored_plans
+    for name in others:
+        assert redis_client.exists(name), f"{name} was evicted: only plans may be"
+
+
+def test_retention_deletes_what_was_not_used_since_the_cutoff(redis_client: redis.Redis) -> None:
+    now = [0.0]
+    old, recent = [plan(i) for i in range(3)], [plan(10 + i) for i in range(2)]
+    store = stored_at(redis_client, now, (0.0, old), (10 * DAY, recent))
+    now[0] = 20 * DAY
+    redis_client.zadd(keys.PLAN_INDEX, {old[0].metadata.key: now[0]}, gt=True)  # served then (a front end's flush)
+    now[0] = 31 * DAY
+    deleted = store.janitor.expire(30 * DAY)
+    assert sorted(deleted) == sorted(p.metadata.key for p in old[1:])
+    kept = {p.metadata.key for p in (old[0], *recent)}
+    assert {k for k in kept if store.get(k) is not None} == kept
+    usage = store.janitor.usage()[TARGET.id]
+    assert (usage.stored_plans, usage.expired, usage.stored_bytes) == (3, 2, sum(int(redis_client.hget(keys.plan(k), "size") or 0) for k in kept))
+
+
+def test_two_sweeps_at_once_delete_each_expired_plan_once_and_nothing_else(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+    now = [0.0]
+    expired, fresh = [plan(i) for i in range(200)], [plan(1000 + i) for i in range(50)]
+    store = stored_at(redis_client, now, (0.0, expired), (40 * DAY, fresh))
+    results: list[list[str]] = [[], []]
+    sweepers = [Janitor(redis.Redis.from_url(redis_server.url), clock=lambda: now[0]) for _ in range(2)]
+    start = threading.Barrier(2)
+
+    def sweep(i: int) -> None:
+        start.wait()
+        results[i] = sweepers[i].expire(30 * DAY)
+
+    threads = [threading.Thread(target=sweep, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not set(results[0]) & set(results[1]), "a plan deleted twice"
+    assert sorted(results[0] + results[1]) == sorted(p.metadata.key for p in expired)
+    assert all(store.get(p.metadata.key) is not None for p in fresh)
+    usage = store.janitor.usage()[TARGET.id]
+    assert (usage.stored_plans, usage.expired) == (50, 200)
+
+
+def test_a_front_ends_hits_record_last_use_and_invalidate_keeps_the_counts(stack: Stack, redis_client: redis.Redis) -> None:
+    with stack.client() as client:
+        kept = client.compile(matmul_spec(m=32), TARGET)
+        dropped = client.compile(matmul_spec(m=48), TARGET)
+        written = redis_client.zscore(keys.PLAN_INDEX, kept.key)
+        assert written is not None
+        time.sleep(0.05)
+        client.get(kept.key)
+        client.stats()  # flushes this front end's counts
+        assert (redis_client.zscore(keys.PLAN_INDEX, kept.key) or 0) > written
+        assert client.invalidate(dropped.key) == 1
+        with pytest.raises(NotFound):
+            client.get(dropped.key)
+        (row,) = [r for r in client.stats() if r.target_id == TARGET.id]
+    assert row.stored_plans == 1 and row.stored_bytes == int(redis_client.hget(keys.plan(kept.key), "size") or 0)
+    assert redis_client.zscore(keys.PLAN_INDEX, dropped.key) is None
