@@ -22,13 +22,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from plancache.bundle import read_bundle, write_bundle
 from plancache.client import Client, TLSConfig, WindowCounts
 from plancache.disk_cache import DiskCache
 from plancache.errors import InvalidRequest, PlanCacheError
-from plancache.manifest import Manifest
+from plancache.manifest import Manifest, ManifestEntry
 from plancache.options import CompileOptions
 from plancache.plan import Plan
-from plancache.signing import generate_keypair
+from plancache.signing import TrustPolicy, generate_keypair
 from plancache.spec import GraphSpec
 from plancache.target import Target
 
@@ -102,6 +103,20 @@ def _parser() -> argparse.ArgumentParser:
     drain = sub.add_parser("drain", help="ask a worker to finish its current build and leave (admin token)")
     drain.add_argument("worker_id")
     with_server(drain)
+
+    export = sub.add_parser("export", help="write stored plans to one bundle file (--all and --target need an admin token)")
+    scope = export.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--manifest", type=Path, help="the plans of a manifest")
+    scope.add_argument("--target", help="every stored plan of a target")
+    scope.add_argument("--all", action="store_true", help="every stored plan")
+    export.add_argument("--out", type=Path, required=True)
+    with_server(export)
+
+    import_ = sub.add_parser("import", help="verify a bundle and load its plans into a node's disk cache (a server's store: plancache-server-import)")
+    import_.add_argument("bundle", type=Path)
+    import_.add_argument("--cache-dir", type=Path, help="the disk cache to fill (default: $PLANCACHE_CACHE_DIR or the XDG cache folder)")
+    import_.add_argument("--trusted-key", type=Path, action="append", default=[], help="Ed25519 public key (PEM) whose plans to accept (default: $PLANCACHE_TRUSTED_KEYS)")
+    import_.add_argument("--allow-unsigned", action="store_true", default=None, help="accept unsigned plans (default: $PLANCACHE_ALLOW_UNSIGNED=1)")
 
     keygen = sub.add_parser("keygen", help="write an Ed25519 key pair for signing plans (workers) and verifying them (clients)")
     keygen.add_argument("--out", type=Path, required=True, help="folder for plan-signing.pem (private) and plan-signing.pub.pem")
@@ -196,6 +211,23 @@ def _prefetch(client: Client, args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def _export(client: Client, args: argparse.Namespace) -> int:
+    if args.manifest:
+        manifest = Manifest.load(args.manifest)
+    else:
+        keys = client.list_plans(None if args.all else args.target, timeout=args.timeout)
+        manifest = Manifest(entries=[ManifestEntry(key=key) for key in keys])
+    result = client.prefetch(manifest, timeout=args.timeout)  # each plan verified as any fetch is
+    if result.errors:
+        for index, error in sorted(result.errors.items()):
+            print(f"entry {index} ({result.keys.get(index, '')}): {type(error).__name__}: {error.message}", file=sys.stderr)
+        print(f"no bundle written: {len(result.errors)} of {result.total} plans could not be fetched", file=sys.stderr)
+        return 1
+    count = write_bundle(args.out, [result.plans[i] for i in range(result.total)])
+    print(f"wrote {count} plan(s) to {args.out}")
+    return 0
+
+
 def _target(client: Client, text: str | None, timeout: float | None) -> Target | str | None:
     """--target as given, completed from the server's live targets when it is
     only a prefix ("sm_90"); without it, this machine's GPU (None), or an error
@@ -238,6 +270,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             private, public = generate_keypair(args.out)
             print(f"private key (workers: --signing-key): {private}\npublic key (clients: --trusted-key): {public}")
             return 0
+        if args.command == "import":
+            plans = read_bundle(args.bundle, TrustPolicy.create(args.trusted_key, args.allow_unsigned))
+            disk = DiskCache(args.cache_dir)
+            for plan in plans:
+                disk.put(plan)
+            print(f"imported {len(plans)} plan(s) into {disk.root}")
+            return 0
         if args.command == "manifest":
             options = CompileOptions(autotune=not args.no_autotune)
             text = Manifest.from_specs([_load_spec(p) for p in args.specs], Target.parse(args.target), options, [p.stem for p in args.specs]).to_json()
@@ -275,6 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"asked {args.worker_id} to drain" + ("" if known else " (no live worker has that id now)"))
             elif args.command == "prefetch":
                 return _prefetch(client, args)
+            elif args.command == "export":
+                return _export(client, args)
             elif args.command == "targets":
                 listed = client.list_targets(timeout=args.timeout)
                 for t in listed:

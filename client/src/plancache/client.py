@@ -414,6 +414,12 @@ class Client:
         response: pb.DrainWorkerResponse = self._call(self._stub.DrainWorker, pb.DrainWorkerRequest(worker_id=worker_id), timeout if timeout is not None else self.timeout)
         return response.known
 
+    def list_plans(self, target: Target | str | None = None, *, timeout: float | None = None) -> list[str]:
+        """Keys of the stored plans, of one target or all (admin token)."""
+        target_id = (target.id if isinstance(target, Target) else Target.parse(target).id) if target is not None else ""
+        response: pb.ListPlansResponse = self._call(self._stub.ListPlans, pb.ListPlansRequest(target_id=target_id), timeout if timeout is not None else self.timeout)
+        return list(response.keys)
+
     def list_targets(self, *, timeout: float | None = None) -> list[TargetInfo]:
         """Targets with live workers now: what Compile can build."""
         response = self._call(self._stub.ListTargets, pb.ListTargetsRequest(), timeout if timeout is not None else self.timeout)

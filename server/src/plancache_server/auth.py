@@ -35,6 +35,7 @@ METHOD_ROLES = {
     "Explain": Role.READ,
     "Invalidate": Role.ADMIN,
     "DrainWorker": Role.ADMIN,
+    "ListPlans": Role.ADMIN,
 }
 
 

@@ -96,7 +96,7 @@ class MemoryCachedStore:
     async def keys_of_spec(self, spec_hash: str) -> list[str]:
         return await self._inner.keys_of_spec(spec_hash)
 
-    async def keys_of_target(self, target_id: str) -> list[str]:
+    async def keys_of_target(self, target_id: str | None) -> list[str]:
         return await self._inner.keys_of_target(target_id)
 
     def _drop(self, plan_key: str) -> None:

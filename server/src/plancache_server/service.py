@@ -256,6 +256,12 @@ class PlanService:
             for _, waiter, _ in waiting.values():
                 waiter.release()
 
+    async def list_plans(self, target_id: str) -> list[str]:
+        """Stored plan keys, of one target or all."""
+        if target_id:
+            return await self._store.keys_of_target(Target.parse(target_id).id)
+        return await self._store.keys_of_target(None)
+
     async def invalidate(self, request: pb.InvalidateRequest) -> int:
         """Delete stored plans: one key, every plan of a spec, or of a target."""
         what = request.WhichOneof("what")

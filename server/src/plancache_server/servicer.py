@@ -38,6 +38,9 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
     async def Explain(self, request: pb.ExplainRequest, context: grpc.aio.ServicerContext) -> pb.ExplainResponse:  # type: ignore[type-arg]
         return await self._service.explain(request.query)
 
+    async def ListPlans(self, request: pb.ListPlansRequest, context: grpc.aio.ServicerContext) -> pb.ListPlansResponse:  # type: ignore[type-arg]
+        return pb.ListPlansResponse(keys=await self._service.list_plans(request.target_id))
+
     async def DrainWorker(self, request: pb.DrainWorkerRequest, context: grpc.aio.ServicerContext) -> pb.DrainWorkerResponse:  # type: ignore[type-arg]
         return pb.DrainWorkerResponse(known=await self._service.drain_worker(request.worker_id))
 

@@ -175,7 +175,9 @@ class PlanStore(Protocol):
 
     async def keys_of_spec(self, spec_hash: str) -> list[str]: ...
 
-    async def keys_of_target(self, target_id: str) -> list[str]: ...
+    async def keys_of_target(self, target_id: str | None) -> list[str]:
+        """Stored plan keys of a target (None: of every target)."""
+        ...
 
 
 class AsyncRedisPlanStore:
@@ -222,7 +224,8 @@ class AsyncRedisPlanStore:
             members = await self._redis.smembers(keys.spec_index(spec_hash))
         return sorted(text(k) for k in members)
 
-    async def keys_of_target(self, target_id: str) -> list[str]:
+    async def keys_of_target(self, target_id: str | None) -> list[str]:
+        pattern = keys.plan_pattern_for_target(target_id) if target_id is not None else keys.plan("*")
         with translated_errors("listing a target's plans"):
-            found = {keys.plan_key_of(text(k)) async for k in self._redis.scan_iter(match=keys.plan_pattern_for_target(target_id), count=1000)}
+            found = {keys.plan_key_of(text(k)) async for k in self._redis.scan_iter(match=pattern, count=1000)}
         return sorted(found)

@@ -74,6 +74,11 @@ class PlanCacheStub:
                 request_serializer=plancache_dot_v1_dot_plancache__pb2.DrainWorkerRequest.SerializeToString,
                 response_deserializer=plancache_dot_v1_dot_plancache__pb2.DrainWorkerResponse.FromString,
                 _registered_method=True)
+        self.ListPlans = channel.unary_unary(
+                '/plancache.v1.PlanCache/ListPlans',
+                request_serializer=plancache_dot_v1_dot_plancache__pb2.ListPlansRequest.SerializeToString,
+                response_deserializer=plancache_dot_v1_dot_plancache__pb2.ListPlansResponse.FromString,
+                _registered_method=True)
 
 
 class PlanCacheServicer:
@@ -140,6 +145,14 @@ class PlanCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPlans(self, request, context):
+        """The keys of the stored plans, of one target or all (admin): what
+        `plancache export` bundles.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlanCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +195,11 @@ def add_PlanCacheServicer_to_server(servicer, server):
                     servicer.DrainWorker,
                     request_deserializer=plancache_dot_v1_dot_plancache__pb2.DrainWorkerRequest.FromString,
                     response_serializer=plancache_dot_v1_dot_plancache__pb2.DrainWorkerResponse.SerializeToString,
+            ),
+            'ListPlans': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPlans,
+                    request_deserializer=plancache_dot_v1_dot_plancache__pb2.ListPlansRequest.FromString,
+                    response_serializer=plancache_dot_v1_dot_plancache__pb2.ListPlansResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -400,6 +418,33 @@ class PlanCache:
             '/plancache.v1.PlanCache/DrainWorker',
             plancache_dot_v1_dot_plancache__pb2.DrainWorkerRequest.SerializeToString,
             plancache_dot_v1_dot_plancache__pb2.DrainWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPlans(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/plancache.v1.PlanCache/ListPlans',
+            plancache_dot_v1_dot_plancache__pb2.ListPlansRequest.SerializeToString,
+            plancache_dot_v1_dot_plancache__pb2.ListPlansResponse.FromString,
             options,
             channel_credentials,
             insecure,
