@@ -136,3 +136,34 @@ def test_a_front_ends_hits_record_last_use_and_invalidate_keeps_the_counts(stack
         (row,) = [r for r in client.stats() if r.target_id == TARGET.id]
     assert row.stored_plans == 1 and row.stored_bytes == int(redis_client.hget(keys.plan(kept.key), "size") or 0)
     assert redis_client.zscore(keys.PLAN_INDEX, dropped.key) is None
+
+
+def test_a_target_no_worker_advertises_any_more_is_listed_then_retired(redis_client: redis.Redis) -> None:
+    now = [0.0]
+    other_target = "sm_80/cudnn-91900/fe-1.32.0"
+    kept, gone = [plan(i) for i in range(2)], [plan(100 + i) for i in range(3)]
+    for p in gone:
+        p.metadata.key = p.metadata.key.replace(TARGET.id, other_target)
+    store = stored_at(redis_client, now, (0.0, kept + gone))
+    redis_client.hset(keys.TARGETS_LAST_SEEN, mapping={TARGET.id: 99 * DAY, other_target: 5 * DAY})
+    now[0] = 100 * DAY
+    assert store.janitor.retirable(90 * DAY) == {other_target: 5 * DAY}
+    result = store.janitor.sweep(None, None, retire_after_s=90 * DAY)
+    assert sorted(result.retired) == sorted(p.metadata.key for p in gone)
+    assert all(store.get(p.metadata.key) is not None for p in kept)
+    assert store.janitor.usage()[other_target].stored_plans == 0 and store.janitor.retirable(90 * DAY) == {}
+
+
+def test_plancache_retire_deletes_a_targets_plans(stack: Stack) -> None:
+    import subprocess
+    import sys
+
+    from tests.support.processes import REPO, child_env
+
+    with stack.client() as client:
+        key = client.compile(matmul_spec(m=24), TARGET).key
+        proc = subprocess.run([sys.executable, "-m", "plancache.cli", "retire", "--target", TARGET.id, "--server", stack.address],
+                              env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert proc.returncode == 0 and f"retired {TARGET.id}: deleted 1 plan(s)" in proc.stdout, proc.stderr
+        with pytest.raises(NotFound):
+            client.get(key)

@@ -94,3 +94,10 @@ def test_the_store_per_target_is_shown() -> None:
     target = TargetStatus(TARGET.id, 1, 0, 0, {"total": {}}, [], TargetUsage(stored_bytes=3 * 2**20, stored_plans=40, evicted=7, expired=2))  # type: ignore[arg-type]
     page = render(StatusReport(NOW, "1h", [target], {}, [], [], []))
     assert re.search(r"<th[^>]*>stored</th>", page) and " in 40<" in page and ">7 / 2<" in page
+
+
+def test_retired_eligible_targets_are_listed_with_the_command() -> None:
+    page = render(StatusReport(NOW, "1h", [], {}, [], [], [], {"sm_80/cudnn-91900/fe-1.32.0": NOW - 100 * 86400, "sm_75/cudnn-1/fe-1.0.0": None}, 90))
+    assert "Retired-eligible targets (no worker for 90 days" in page
+    assert "plancache retire --target sm_80/cudnn-91900/fe-1.32.0" in page and "never (or before this version)" in page
+    assert "none: every target" in render(StatusReport(NOW, "1h", [], {}, [], [], []))

@@ -100,6 +100,10 @@ def _parser() -> argparse.ArgumentParser:
     with_server(explain)
     with_target(explain)
 
+    retire = sub.add_parser("retire", help="delete every stored plan of a target no longer in the fleet (admin token)")
+    retire.add_argument("--target", required=True)
+    with_server(retire)
+
     drain = sub.add_parser("drain", help="ask a worker to finish its current build and leave (admin token)")
     drain.add_argument("worker_id")
     with_server(drain)
@@ -309,6 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{answer.key}\n{answer.summary}")
                 for variant in answer.variants:
                     print(f"  {variant.key}\n    " + "\n    ".join(variant.differences))
+            elif args.command == "retire":
+                deleted = client.invalidate(target=Target.parse(args.target), timeout=args.timeout)
+                print(f"retired {args.target}: deleted {deleted} plan(s)")
             elif args.command == "drain":
                 known = client.drain_worker(args.worker_id, timeout=args.timeout)
                 print(f"asked {args.worker_id} to drain" + ("" if known else " (no live worker has that id now)"))

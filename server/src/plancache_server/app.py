@@ -143,9 +143,10 @@ class FrontEnd:
         if port == 0:
             raise OSError(f"cannot listen on {settings.listen}")
         reporter = HealthReporter(health_servicer, client)
-        front = cls(server, port, client, store, queue, builds, stats, directory, offload, reporter, StatusSource(stats, queue, store, builds, directory, janitor))
+        front = cls(server, port, client, store, queue, builds, stats, directory, offload, reporter, StatusSource(stats, queue, store, builds, directory, janitor, settings.retire_after_days * 86400))
         front.janitor = janitor
-        front.sweeper = Sweeper(janitor, settings.retention_days * 86400, settings.store_max_mb * 2**20, settings.sweep_interval_s).start()
+        front.sweeper = Sweeper(janitor, settings.retention_days * 86400, settings.store_max_mb * 2**20, settings.sweep_interval_s,
+                                settings.retire_after_days * 86400 if settings.retire_unserved else None).start()  # fmt: skip
         await server.start()
         await reporter.start()
         directory.start()

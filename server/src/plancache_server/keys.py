@@ -28,6 +28,8 @@ RECENT_FAILURES = f"{PREFIX}:recent-failures"
 PLAN_INDEX = f"{PREFIX}:plan-index"
 # Hash: "<bytes|plans|evicted|expired>:<target id>" -> count (plancache_server.lifecycle).
 STORE_COUNTERS = f"{PREFIX}:store"
+# Hash: target id -> when a worker last advertised it (unix seconds): retirement.
+TARGETS_LAST_SEEN = f"{PREFIX}:targets-last-seen"
 
 
 def store_counter(kind: str, target_id: str) -> str:
@@ -115,7 +117,7 @@ ACL_RULES: dict[str, list[str]] = {
         "+hmget", "+hgetall", "+hset", "+expire", "+get", "+set", "+del", "+ttl", "+smembers", "+sadd", "+scan",
         "+xadd", "+xlen", "+xinfo|groups", "+zcount", "+zrangebyscore", "+hincrbyfloat", "+zincrby", "+zremrangebyrank",
         "+zrevrange", "+zmscore", "+zrem", "+lrange", "+subscribe", "+unsubscribe", "+zadd", "+hincrby", "+hget", "+hgetall",
-        f"%R~{_PLAN}", f"~{PLAN_INDEX}", f"~{STORE_COUNTERS}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"%R~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
+        f"%R~{_PLAN}", f"~{PLAN_INDEX}", f"~{STORE_COUNTERS}", f"%R~{TARGETS_LAST_SEEN}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"%R~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
         f"%R~{workers('*')}", f"%R~{KNOWN_TARGETS}", f"~{drain('*')}", f"~{PREFIX}:stats*", f"~{PREFIX}:top:*",
         f"%R~{RECENT_FAILURES}", f"%R~{spec_index('*')}",
         # Invalidate (an admin call) deletes plans: deleting is all it may do to them.
@@ -126,7 +128,7 @@ ACL_RULES: dict[str, list[str]] = {
         "+hmget", "+hset", "+sadd", "+set", "+get", "+del", "+pexpire", "+expire", "+lpush", "+ltrim", "+publish",
         "+xgroup|create", "+xreadgroup", "+xautoclaim", "+xclaim", "+xpending", "+xack", "+xdel",
         "+zadd", "+zremrangebyscore", "+zrem", "+zmscore", "+exists", "+hincrby", "+hget", "+hgetall", "+zrangebyscore",
-        f"~{_PLAN}", f"~{PLAN_INDEX}", f"~{STORE_COUNTERS}", f"~{spec_index('*')}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
+        f"~{_PLAN}", f"~{PLAN_INDEX}", f"~{STORE_COUNTERS}", f"~{TARGETS_LAST_SEEN}", f"~{spec_index('*')}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
         f"~{workers('*')}", f"~{KNOWN_TARGETS}", f"%R~{drain('*')}", f"~{RECENT_FAILURES}",
     ],
 }  # fmt: skip

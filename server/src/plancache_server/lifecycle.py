@@ -68,6 +68,7 @@ class TargetUsage:
 class SweepResult:
     expired: list[str] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
 
 
 class Janitor:
@@ -134,15 +135,34 @@ class Janitor:
                 deleted.append(claimed[0])
         return deleted
 
-    def sweep(self, retention_s: float | None, max_bytes: int | None) -> SweepResult:
-        """One pass of both rules (front ends run it every --sweep-interval)."""
+    def retirable(self, after_s: float) -> dict[str, float | None]:
+        """Targets with stored plans that no worker has advertised for `after_s`:
+        target -> when one last did (None: never, as far as the store knows)."""
+        with translated_errors("reading when targets were last served"):
+            seen = {text(k): float(v) for k, v in self._redis.hgetall(keys.TARGETS_LAST_SEEN).items()}
+        cutoff = self._clock() - after_s
+        return {t: seen.get(t) for t, u in self.usage().items() if u.stored_plans > 0 and seen.get(t, 0.0) < cutoff}
+
+    def retire(self, target_id: str) -> list[str]:
+        """Delete every stored plan of a target; the ones this call deleted."""
+        with translated_errors("listing a target's plans"):
+            found = sorted({keys.plan_key_of(text(k)) for k in self._redis.scan_iter(match=keys.plan_pattern_for_target(target_id), count=1000)})
+        return [key for key in found if self.remove(key, "invalidated")]
+
+    def sweep(self, retention_s: float | None, max_bytes: int | None, retire_after_s: float | None = None) -> SweepResult:
+        """One pass of the rules (front ends run it every --sweep-interval);
+        `retire_after_s`: also drop targets no worker advertised for that long."""
         result = SweepResult()
+        if retire_after_s:
+            for target_id in self.retirable(retire_after_s):
+                result.retired += self.retire(target_id)
         if retention_s:
             result.expired = self.expire(retention_s)
         if max_bytes:
             result.evicted = self.enforce_capacity(max_bytes)
-        if result.expired or result.evicted:
-            log.info("store sweep: %d plan(s) unused past the retention deleted, %d evicted for the bound", len(result.expired), len(result.evicted))
+        if result.expired or result.evicted or result.retired:
+            log.info("store sweep: %d plan(s) unused past the retention deleted, %d evicted for the bound, %d of retired targets",
+                     len(result.expired), len(result.evicted), len(result.retired))  # fmt: skip
         return result
 
     # ---- reading -------------------------------------------------------------------
@@ -178,7 +198,8 @@ class Sweeper:
     """A front end's periodic sweep (retention and the bound) on a thread:
     the janitor's client is blocking, and a sweep is rare and small."""
 
-    def __init__(self, janitor: Janitor, retention_s: float, max_bytes: int, interval_s: float) -> None:
+    def __init__(self, janitor: Janitor, retention_s: float, max_bytes: int, interval_s: float, retire_after_s: float | None = None) -> None:
+        self._retire_after_s = retire_after_s
         self._janitor = janitor
         self._retention_s = retention_s
         self._max_bytes = max_bytes
@@ -186,7 +207,7 @@ class Sweeper:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> Sweeper:
-        if self._retention_s or self._max_bytes:
+        if self._retention_s or self._max_bytes or self._retire_after_s:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="plancache-sweeper")
         return self
 
@@ -194,7 +215,7 @@ class Sweeper:
         while True:
             await asyncio.sleep(self._interval_s)
             try:
-                await asyncio.to_thread(self._janitor.sweep, self._retention_s, self._max_bytes)
+                await asyncio.to_thread(self._janitor.sweep, self._retention_s, self._max_bytes, self._retire_after_s)
             except PlanCacheError as e:  # Redis away: the next sweep tries again
                 log.warning("store sweep skipped: %s", e.message)
 

@@ -138,6 +138,10 @@ class Settings:
                                     programs=frozenset({SERVER}))  # fmt: skip
     store_max_mb: int = _option(0, "--store-max-mb", "bound on the plans' bytes in Redis, MiB; past it the least recently used plans go first "
                                 "(only plans: never leases, jobs or statistics; 0: no bound)", int, to_workers=True)  # fmt: skip
+    retire_after_days: float = _option(90.0, "--retire-after-days", "a target no worker advertised for this long is listed as retired-eligible "
+                                       "on the status page", float, programs=frozenset({SERVER}))  # fmt: skip
+    retire_unserved: bool = _option(False, "--retire-unserved", "also delete the plans of retired-eligible targets (a sweep does)", switch=True,
+                                    programs=frozenset({SERVER}), shown_default="off")  # fmt: skip
     sweep_interval_s: float = _option(60.0, "--sweep-interval", "seconds between a front end's sweeps for retention and the bound", float,
                                       programs=frozenset({SERVER}))  # fmt: skip
     build_budget_s: float | None = _option(None, "--build-budget", "seconds one build may take; past it the job fails and the worker restarts",

@@ -74,6 +74,9 @@ class StatusReport:
     top_by_hits: list[TopEntry]
     top_by_seconds_saved: list[TopEntry]
     recent_failures: list[FailedBuild]
+    # Targets with stored plans no worker advertised for --retire-after-days: target -> last seen (None: never).
+    retire_eligible: dict[str, float | None] = field(default_factory=dict)
+    retire_after_days: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -85,8 +88,12 @@ class StatusReport:
 
 
 class StatusSource:
-    def __init__(self, stats: Stats, queue: JobQueue, store: PlanStore, builds: Builds, directory: WorkerDirectory, janitor: Janitor | None = None) -> None:
+    def __init__(
+        self, stats: Stats, queue: JobQueue, store: PlanStore, builds: Builds, directory: WorkerDirectory, janitor: Janitor | None = None,
+        retire_after_s: float = 0.0,
+    ) -> None:  # fmt: skip
         self._janitor = janitor
+        self._retire_after_s = retire_after_s
         self._stats = stats
         self._queue = queue
         self._store = store
@@ -102,9 +109,12 @@ class StatusSource:
         targets_seen = sorted(target_ids(readings) | set(self._directory.live))
         history = await self._stats.history([target_scope(t) for t in targets_seen], unit, count)
         targets = [await self._target(t, readings.get(target_scope(t), {}), history[target_scope(t)]) for t in targets_seen]
+        retirable: dict[str, float | None] = {}
         if self._janitor is not None:
             usage = await asyncio.to_thread(self._janitor.usage)
             targets = [dataclasses.replace(t, stored=usage.get(t.target_id, TargetUsage())) for t in targets]
+            if self._retire_after_s:
+                retirable = await asyncio.to_thread(self._janitor.retirable, self._retire_after_s)
         families = {scope.removeprefix(family_scope("")): windows for scope, windows in readings.items() if scope.startswith(family_scope(""))}
         return StatusReport(
             generated_at=time.time(),
@@ -114,6 +124,8 @@ class StatusSource:
             top_by_hits=await self._entries(Ranking.HITS),
             top_by_seconds_saved=await self._entries(Ranking.SECONDS_SAVED),
             recent_failures=await self._builds.recent_failures(FAILURE_COUNT),
+            retire_eligible=retirable,
+            retire_after_days=self._retire_after_s / 86400,
         )
 
     async def _target(self, target_id: str, windows: Windows, history: list[Bucket]) -> TargetStatus:

@@ -222,6 +222,18 @@ def _top(section_id: str, title: str, entries: list[TopEntry]) -> str:
     return f'<section id="{section_id}"><h2>{_e(title)}</h2>{_table(headers, rows, "no hit yet", len(headers))}</section>'
 
 
+def _retirable(report: StatusReport) -> str:
+    headers = [("target", False), ("last advertised by a worker", False), ("to retire", False)]
+    rows = [
+        f'<tr data-retirable="{_e(target)}"><td><code>{_e(target)}</code></td><td>{_e(_utc(seen) if seen else "never (or before this version)")}</td>'
+        f"<td><code>plancache retire --target {_e(target)}</code></td></tr>"
+        for target, seen in sorted(report.retire_eligible.items())
+    ]
+    table = _table(headers, rows, "none: every target with stored plans has had a worker recently", len(headers))
+    title = f"Retired-eligible targets (no worker for {report.retire_after_days:g} days; their plans still stored)"
+    return f'<section id="retirable"><h2>{_e(title)}</h2>{table}</section>'
+
+
 def _failures(failures: list[FailedBuild]) -> str:
     headers = [("when", False), ("target", False), ("plan", False), ("worker", False), ("kind", False), ("reason", False)]
     rows = [
@@ -262,6 +274,7 @@ def render(report: StatusReport) -> str:
         + _top("top-hits", "Top plans by hits", report.top_by_hits)
         + _top("top-saved", "Top plans by build time saved (build + autotune time × hits)", report.top_by_seconds_saved)
         + _failures(report.recent_failures)
+        + _retirable(report)
         + _families(report)
         + "</main></body></html>"
     )

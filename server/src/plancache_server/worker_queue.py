@@ -47,6 +47,7 @@ class WorkerQueue:
                 pipe.zadd(keys.workers(target.id), {worker_id: expires})
                 pipe.zremrangebyscore(keys.workers(target.id), "-inf", time.time() - ttl_s)
                 pipe.sadd(keys.KNOWN_TARGETS, target.id)
+                pipe.hset(keys.TARGETS_LAST_SEEN, target.id, str(time.time()))  # for retirement (plancache_server.lifecycle)
             pipe.execute()
 
     def leave(self, worker_id: str, targets: list[Target]) -> None:
