@@ -307,6 +307,30 @@ def _summary_row(v: dict, measure: str) -> tuple[object, object]:
     return "—", "—"
 
 
+def store_overhead_section(so: dict) -> list[str]:
+    """bench/results/store_overhead.json (bench/store_overhead.py, CPU machine)."""
+    out = [
+        f"## Store overhead per plan (`bench/store_overhead.py`; this 2-core CPU machine, Redis {so['redis_version']})\n",
+        "Signed plans with metadata like a real build's (13 candidates, 4 tensors, knobs) written through the worker's store: the plan "
+        "hash (blob, metadata, signature with the signed metadata bytes, size), the spec index, the last-use index and the per-target "
+        f"counters. Redis `used_memory` growth over the plans, median of {so['repeats']} fresh servers.\n",
+        "| plan | plans | overhead per plan | Redis memory / blob bytes | MEMORY USAGE of one plan hash |",
+        "|---|---|---|---|---|",
+    ]
+    for r in so["rows"]:
+        out.append(f"| {r['plan']} | {r['plans']:,} | {r['overhead_per_plan'] / 1024:,.1f} KiB | {r['ratio']:.2f} | {r['memory_usage_of_one_plan_hash'] / 1024:,.1f} KiB |")
+    out += [
+        "",
+        "Small plans cost about 3.5 KiB beyond their blob (the metadata is held twice, as fields and as the signed bytes, plus two index "
+        "entries); a 5 MiB blob lands in a larger allocator size class (26% over). `--store-max-mb` counts the bytes of each plan's "
+        "fields (blob, metadata, signature): give Redis that much memory again as headroom for small plans.",
+        "",
+        "![store overhead](../bench/results/store_overhead.png)",
+        "",
+    ]
+    return out
+
+
 def herd_section(herd: dict, baseline: dict | None = None, extra: dict[str, dict] | None = None) -> list[str]:
     """bench/results/herd.json (bench/herd.py); `baseline`: the same benchmark on the old server;
     `extra`: other runs of it (label -> results) shown in one comparison table."""
@@ -376,6 +400,7 @@ def main() -> None:
         "is measured, medians of repeats, ranges in the JSON). Raw results: `bench/results/`; this page is written from them by "
         "`python3 scripts/performance-doc.py`.\n",
         *cpu_section(cpu),
+        *(store_overhead_section(json.loads((RESULTS / "store_overhead.json").read_text())) if (RESULTS / "store_overhead.json").exists() else []),
         *(startup_section(json.loads((RESULTS / "startup.json").read_text()), STARTUP_RUN) if (RESULTS / "startup.json").exists() else []),
         *(autotune_section(json.loads((RESULTS / "autotune.json").read_text()), STARTUP_RUN) if (RESULTS / "autotune.json").exists() else []),
         *(exec_section(json.loads((RESULTS / "gpu_exec.json").read_text()), EXEC_RUN) if (RESULTS / "gpu_exec.json").exists() else []),
