@@ -123,6 +123,59 @@ def sdpa_backward_bf16() -> GraphSpec:
     return g
 
 
+def sdpa_paged_decode_bf16() -> GraphSpec:
+    """A decode step over a paged KV cache: one query token per sequence,
+    keys and values in a pool of 64-token pages, a page table per sequence."""
+    g = GraphSpec(name="sdpa_paged_decode_bf16", io_data_type="bfloat16")
+    b, h, d, page, max_kv = 8, 8, 128, 64, 1024
+    pages = b * max_kv // page
+    q = g.tensor([b, h, 1, d], name="q", uid=11)
+    k = g.tensor([pages, h, page, d], name="k_cache", uid=12)
+    v = g.tensor([pages, h, page, d], name="v_cache", uid=13)
+    tables = [g.tensor([b, 1, max_kv // page, 1], name=n, uid=u, data_type="int32") for n, u in (("k_page_table", 15), ("v_page_table", 16))]
+    seq_q = g.tensor([b, 1, 1, 1], name="seq_len_q", uid=17, data_type="int32")
+    seq_kv = g.tensor([b, 1, 1, 1], name="seq_len_kv", uid=18, data_type="int32")
+    o, _ = g.sdpa(q, k, v, attn_scale=1 / math.sqrt(d), use_padding_mask=True, seq_len_q=seq_q, seq_len_kv=seq_kv,
+                  paged_attention_k_table=tables[0], paged_attention_v_table=tables[1], paged_attention_max_seq_len_kv=max_kv)  # fmt: skip
+    assert o is not None
+    o.set_output(True).set_name("o").set_uid(14)
+    return g
+
+
+def sdpa_bias_bf16() -> GraphSpec:
+    """An additive attention bias per head (a relative-position table, say)."""
+    g = GraphSpec(name="sdpa_bias_bf16", io_data_type="bfloat16")
+    q, k, v = _qkv(g, 2, 8, 256, 64)
+    bias = g.tensor([1, 8, 256, 256], name="bias", uid=15)
+    o, _ = g.sdpa(q, k, v, attn_scale=0.125, bias=bias)
+    assert o is not None
+    o.set_output(True).set_name("o").set_uid(14)
+    return g
+
+
+def sdpa_alibi_bf16() -> GraphSpec:
+    """ALiBi: a per-head linear penalty on distance, with the causal mask."""
+    g = GraphSpec(name="sdpa_alibi_bf16", io_data_type="bfloat16")
+    q, k, v = _qkv(g, 2, 8, 512, 64)
+    o, _ = g.sdpa(q, k, v, attn_scale=0.125, use_alibi_mask=True, use_causal_mask=True)
+    assert o is not None
+    o.set_output(True).set_name("o").set_uid(14)
+    return g
+
+
+def matmul_fp8_scaled_bf16() -> GraphSpec:
+    """FP8 (e4m3) matmul with per-tensor dequantization scales, bf16 out;
+    B column-major, as FP8 GEMMs want it."""
+    g = GraphSpec(name="matmul_fp8_scaled_bf16", io_data_type="bfloat16")
+    a = g.tensor([1, 1024, 2048], name="A", uid=1, data_type="fp8_e4m3")
+    b = g.tensor([1, 2048, 512], name="B", uid=2, data_type="fp8_e4m3", stride=[2048 * 512, 1, 2048])
+    scale_a = g.tensor([1, 1, 1], name="scale_a", uid=3, data_type="float")
+    scale_b = g.tensor([1, 1, 1], name="scale_b", uid=4, data_type="float")
+    c = g.mul(g.mul(g.matmul(a, b), scale_a), scale_b)
+    c.set_output(True).set_name("C").set_uid(5)
+    return g
+
+
 def _norm_inputs(g: GraphSpec, rows: int, hidden: int, bias: bool) -> list[object]:
     x = g.tensor([rows, hidden, 1, 1], name="x", uid=1)
     scale = g.tensor([1, hidden, 1, 1], name="scale", uid=2, data_type="float")
@@ -220,7 +273,8 @@ EXAMPLES: dict[str, Callable[[], GraphSpec]] = {
     f.__name__: f
     for f in (
         matmul_fp16, matmul_bias_relu_bf16, conv_bias_relu_fp16, conv_dgrad_fp16, conv_wgrad_fp16,
-        sdpa_causal_fp16, sdpa_stats_bf16, sdpa_padding_fp16, sdpa_backward_bf16,
+        sdpa_causal_fp16, sdpa_stats_bf16, sdpa_padding_fp16, sdpa_backward_bf16, sdpa_paged_decode_bf16, sdpa_bias_bf16, sdpa_alibi_bf16,
+        matmul_fp8_scaled_bf16,
         layernorm_training_fp16, layernorm_inference_bf16, rmsnorm_training_bf16, rmsnorm_inference_fp16,
         batchnorm_inference_fp16, pointwise_binary_fp16, pointwise_unary_fp16, reduction_sum_fp32,
     )

@@ -40,6 +40,8 @@ def make_inputs(case: str, plan: Plan) -> dict[str, torch.Tensor]:
             t.fill_(float("nan") if dtype.is_floating_point else -1)  # poison: unwritten shows up
         elif not dtype.is_floating_point:
             t.copy_(torch.randint(1, 8, tuple(b.dim)))
+        elif dtype.itemsize == 1:  # fp8: torch cannot draw into it directly
+            t.copy_((torch.randn(tuple(b.dim), device="cuda") * 0.5).to(dtype))
         elif b.name in positive:
             t.uniform_(0.5, 1.5)
         else:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 Tensors = dict[str, torch.Tensor]
 
 # Inputs that must be positive (denominators, inverse variances).
-POSITIVE = {"pointwise_binary_fp16": {"den"}, "batchnorm_inference_fp16": {"inv_variance"}}
+POSITIVE = {"pointwise_binary_fp16": {"den"}, "batchnorm_inference_fp16": {"inv_variance"}, "matmul_fp8_scaled_bf16": {"scale_a", "scale_b"}}
 
 
 def _f(t: torch.Tensor) -> torch.Tensor:
@@ -48,9 +48,22 @@ def _prepare_padding(t: Tensors) -> None:
     t["seq_len_kv"].copy_(torch.tensor([256, 150], dtype=torch.int32).view(2, 1, 1, 1))
 
 
+def _prepare_paged(t: Tensors) -> None:
+    """Each sequence its own pages, in shuffled order; lengths up to the maximum."""
+    b, pages_per_seq = t["k_page_table"].shape[0], t["k_page_table"].shape[2]
+    table = torch.randperm(b * pages_per_seq, device=t["q"].device, dtype=torch.int32).view(b, 1, pages_per_seq, 1)
+    t["k_page_table"].copy_(table)
+    t["v_page_table"].copy_(table)
+    t["seq_len_q"].fill_(1)
+    max_kv = pages_per_seq * t["k_cache"].shape[2]
+    lengths = torch.linspace(1, max_kv, b).round().to(torch.int32).view(b, 1, 1, 1)  # 1 .. max: a page boundary and a full table
+    t["seq_len_kv"].copy_(lengths)
+
+
 PREPARE: dict[str, Callable[[Tensors], None]] = {
     "sdpa_backward_bf16": _prepare_sdpa_backward,
     "sdpa_padding_fp16": _prepare_padding,
+    "sdpa_paged_decode_bf16": _prepare_paged,
 }
 
 
@@ -67,6 +80,33 @@ def _sdpa_padding(t: Tensors) -> Tensors:
         o, _ = _attention(q[b : b + 1, :, :lq], k[b : b + 1, :, :lkv], v[b : b + 1, :, :lkv], 0.125, causal=False)
         out[b, :, :lq] = o[0]
     return {"o": out}
+
+
+def _sdpa_paged(t: Tensors) -> Tensors:
+    """Attention over each sequence's pages, gathered in page-table order."""
+    q, kc, vc = t["q"], t["k_cache"], t["v_cache"]
+    b, h, d = q.shape[0], q.shape[1], q.shape[3]
+    out = torch.empty(q.shape, device=q.device)
+    for i in range(b):
+        n = int(t["seq_len_kv"][i])
+        k_i = kc[t["k_page_table"][i, 0, :, 0].long()].permute(1, 0, 2, 3).reshape(1, h, -1, d)[:, :, :n]
+        v_i = vc[t["v_page_table"][i, 0, :, 0].long()].permute(1, 0, 2, 3).reshape(1, h, -1, d)[:, :, :n]
+        out[i] = _attention(q[i : i + 1], k_i, v_i, 1 / math.sqrt(d), causal=False)[0][0]
+    return {"o": out}
+
+
+def _sdpa_with_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: torch.Tensor, causal: bool) -> torch.Tensor:
+    scores = torch.einsum("bhqd,bhkd->bhqk", _f(q), _f(k)) * scale + bias
+    if causal:
+        scores = scores.masked_fill(~_causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
+    return torch.einsum("bhqk,bhkd->bhqd", torch.softmax(scores, dim=-1), _f(v))
+
+
+def _alibi_bias(heads: int, s: int, device: torch.device) -> torch.Tensor:
+    """ALiBi (Press et al.): head i (1-based) of H adds slope 2^(-8i/H) × (key - query) position."""
+    slopes = torch.tensor([2 ** (-8 * (i + 1) / heads) for i in range(heads)], device=device).view(1, heads, 1, 1)
+    pos = torch.arange(s, device=device)
+    return slopes * (pos.view(1, 1, 1, s) - pos.view(1, 1, s, 1)).float()
 
 
 def _sdpa_backward(t: Tensors) -> Tensors:
@@ -102,6 +142,10 @@ REFERENCES: dict[str, Callable[[Tensors], Tensors]] = {
     "sdpa_stats_bf16": lambda t: dict(zip(("o", "stats"), _attention(t["q"], t["k"], t["v"], 1 / math.sqrt(128), causal=True), strict=True)),
     "sdpa_padding_fp16": _sdpa_padding,
     "sdpa_backward_bf16": _sdpa_backward,
+    "sdpa_paged_decode_bf16": _sdpa_paged,
+    "sdpa_bias_bf16": lambda t: {"o": _sdpa_with_bias(t["q"], t["k"], t["v"], 0.125, _f(t["bias"]), causal=False)},
+    "sdpa_alibi_bf16": lambda t: {"o": _sdpa_with_bias(t["q"], t["k"], t["v"], 0.125, _alibi_bias(8, 512, t["q"].device), causal=True)},
+    "matmul_fp8_scaled_bf16": lambda t: {"C": (_f(t["A"]) @ _f(t["B"])) * _f(t["scale_a"]) * _f(t["scale_b"])},
     "layernorm_training_fp16": lambda t: _layernorm(t, training=True),
     "layernorm_inference_bf16": lambda t: _layernorm(t, training=False),
     "rmsnorm_training_bf16": lambda t: _rmsnorm(t, training=True),

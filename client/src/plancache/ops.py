@@ -63,6 +63,8 @@ class OpSchema:
     # Ports whose tensor values must be integers in [1, bound] for the graph
     # to be meaningful: port -> (input port, axis) giving the bound.
     integer_bounds: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    # Ports holding indices into another input: values in [0, bound) (page tables).
+    index_bounds: Mapping[str, tuple[str, int]] = field(default_factory=dict)
 
 
 def _fixed(*ports: str) -> OutputsFn:
@@ -258,19 +260,24 @@ _SDPA_ATTRS = {
     "use_causal_mask_bottom_right": AttrSchema(AttrKind.BOOL, default=False),
     "use_padding_mask": AttrSchema(AttrKind.BOOL, default=False),
     "sliding_window_length": AttrSchema(AttrKind.INT),
+    "use_alibi_mask": AttrSchema(AttrKind.BOOL, default=False),
 }
+# Paged KV cache (forward): k and v are page pools [pages, h, page size, d];
+# per-sequence page tables [b, 1, pages per sequence, 1] (int32) index them.
+_PAGED_PORTS = ("paged_attention_k_table", "paged_attention_v_table")
 
 
 def _sdpa_common(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> None:
     q, k, v = ins["q"], ins["k"], ins["v"]
     for port in ("q", "k", "v"):
         _need_rank(port, ins[port], rank=4)
-    if not (q[0] == k[0] == v[0]):
+    paged = _sdpa_paged(ins, attrs)
+    if not paged and not (q[0] == k[0] == v[0]):
         raise ShapeError(f"q {list(q)}, k {list(k)} and v {list(v)} must share the batch dim (axis 0)")
     if k[1] != v[1] or k[1] < 1 or q[1] % k[1] != 0:
         raise ShapeError(f"heads: k and v must have the same head count dividing q's (q {q[1]}, k {k[1]}, v {v[1]})")
     if k[2] != v[2]:
-        raise ShapeError(f"k {list(k)} and v {list(v)} must have the same sequence length (axis 2)")
+        raise ShapeError(f"k {list(k)} and v {list(v)} must have the same {'page size' if paged else 'sequence length'} (axis 2)")
     if q[3] != k[3]:
         raise ShapeError(f"q {list(q)} and k {list(k)} must have the same head dim (axis 3)")
     padded = bool(attrs.get("use_padding_mask"))
@@ -281,12 +288,50 @@ def _sdpa_common(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> Non
             raise ShapeError(f"input {port!r} must have dims [{q[0]}, 1, 1, 1], got {list(ins[port])}")
 
 
+def _sdpa_paged(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> bool:
+    """Check a paged KV cache's page tables; whether the graph is paged."""
+    q, k = ins["q"], ins["k"]
+    given = [p for p in _PAGED_PORTS if p in ins]
+    max_kv = attrs.get("paged_attention_max_seq_len_kv")
+    if not given:
+        if max_kv is not None:
+            raise ShapeError("paged_attention_max_seq_len_kv is for a paged KV cache: give paged_attention_k_table and paged_attention_v_table")
+        return False
+    if len(given) != 2:
+        raise ShapeError("a paged KV cache needs both paged_attention_k_table and paged_attention_v_table")
+    if not isinstance(max_kv, int) or max_kv < 1:
+        raise ShapeError("a paged KV cache needs paged_attention_max_seq_len_kv (the longest sequence, tokens)")
+    if not attrs.get("use_padding_mask"):
+        raise ShapeError("a paged KV cache needs use_padding_mask with seq_len_q and seq_len_kv (each sequence's length)")
+    for port in _PAGED_PORTS:
+        table = ins[port]
+        if len(table) != 4 or table[0] != q[0] or table[1] != 1 or table[3] != 1:
+            raise ShapeError(f"input {port!r} must have dims [{q[0]}, 1, pages per sequence, 1], got {list(table)}")
+        if table[2] * k[2] < max_kv:
+            raise ShapeError(f"input {port!r}: {table[2]} pages of {k[2]} tokens hold fewer than paged_attention_max_seq_len_kv = {max_kv}")
+    return True
+
+
+def _sdpa_bias(ins: Mapping[str, Dims]) -> None:
+    if "bias" not in ins:
+        return
+    q, k, bias = ins["q"], ins["k"], ins["bias"]
+    s_kv = k[2]
+    if len(bias) != 4 or bias[0] not in (1, q[0]) or bias[1] not in (1, q[1]) or bias[2] != q[2] or bias[3] != s_kv:
+        raise ShapeError(f"input 'bias' must have dims [1 or {q[0]}, 1 or {q[1]}, {q[2]}, {s_kv}], got {list(bias)}")
+
+
 def _sdpa_outputs(attrs: Mapping[str, AttrValue]) -> tuple[str, ...]:
     return ("O", "Stats") if attrs.get("generate_stats") else ("O",)
 
 
 def _sdpa_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]) -> dict[str, Dims]:
     _sdpa_common(ins, attrs)
+    if "bias" in ins and _sdpa_paged(ins, attrs):
+        raise ShapeError("a bias tensor with a paged KV cache is not supported")
+    _sdpa_bias(ins)
+    if attrs.get("use_alibi_mask") and not (attrs.get("use_causal_mask") or attrs.get("use_causal_mask_bottom_right")):
+        raise ShapeError("use_alibi_mask needs use_causal_mask (cuDNN: ALiBi needs a right bound of 0)")
     q, v = ins["q"], ins["v"]
     result = {"O": _declared_or(outs.get("O"), (*q[:3], v[3]), "O")}
     if attrs.get("generate_stats"):
@@ -397,9 +442,10 @@ def _build_catalog() -> dict[str, OpSchema]:
         _conv("conv_dgrad", ("loss", "filter"), "DX", _conv_dgrad_infer),
         _conv("conv_wgrad", ("image", "loss"), "DW", _conv_wgrad_infer),
         OpSchema(
-            "sdpa", "sdpa", ("q", "k", "v"), ("seq_len_q", "seq_len_kv"), _sdpa_outputs, ("O", "Stats"),
-            {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False)}, _sdpa_infer,
-            integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
+            "sdpa", "sdpa", ("q", "k", "v"), ("seq_len_q", "seq_len_kv", "bias", *_PAGED_PORTS), _sdpa_outputs, ("O", "Stats"),
+            {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False), "paged_attention_max_seq_len_kv": AttrSchema(AttrKind.INT)},
+            _sdpa_infer, integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
+            index_bounds={"paged_attention_k_table": ("k", 0), "paged_attention_v_table": ("v", 0)},
         ),
         OpSchema(
             "sdpa_backward", "sdpa_backward", ("q", "k", "v", "o", "dO", "stats"), ("seq_len_q", "seq_len_kv"),

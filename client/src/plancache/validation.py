@@ -71,7 +71,7 @@ def normalize(spec: GraphSpec, limits: Limits = DEFAULT_LIMITS) -> GraphSpec:
 def _check_integer_ports(spec: GraphSpec) -> None:
     """Ports that carry lengths (sdpa's seq_len_q ...) need integer tensors."""
     for index, node in enumerate(spec.nodes):
-        for port in CATALOG[node.op].integer_bounds:
+        for port in (*CATALOG[node.op].integer_bounds, *CATALOG[node.op].index_bounds):
             t = node.inputs.get(port)
             if t is not None and t.data_type not in dtypes.INTEGER_TYPES:
                 raise SpecError(f"{node.label(index)}: input {port!r} must have an integer data type, {t.label()} is {t.data_type}")

@@ -126,11 +126,14 @@ class CudnnCompiler:
 
     def random_bindings(self, spec: GraphSpec) -> dict[int, Any]:
         """Random data for every bound tensor (never zeros), honouring strides."""
-        bounds: dict[int, int] = {}
+        bounds: dict[int, int] = {}  # lengths: values in [1, bound]
+        indices: dict[int, int] = {}  # indices (page tables): values in [0, bound)
         for node in spec.nodes:
-            for port, (source, axis) in CATALOG[node.op].integer_bounds.items():
-                if port in node.inputs:
-                    bounds[node.inputs[port].uid or 0] = node.inputs[source].dim[axis]
+            schema = CATALOG[node.op]
+            for table, found in ((schema.integer_bounds, bounds), (schema.index_bounds, indices)):
+                for port, (source, axis) in table.items():
+                    if port in node.inputs:
+                        found[node.inputs[port].uid or 0] = node.inputs[source].dim[axis]
         bindings: dict[int, Any] = {}
         for t in spec.tensors:
             if t.is_virtual:
@@ -142,7 +145,9 @@ class CudnnCompiler:
                 bindings[t.uid] = torch.full(t.dim, value, dtype=dtype)
                 continue
             count = storage_elements(t.dim, t.stride)
-            if t.data_type in dtypes.INTEGER_TYPES:
+            if t.data_type in dtypes.INTEGER_TYPES and t.uid in indices:
+                flat = torch.randint(0, indices[t.uid], (count,), device=self._device).to(dtype)
+            elif t.data_type in dtypes.INTEGER_TYPES:
                 high = bounds.get(t.uid, 8)
                 flat = torch.randint(1, high + 1, (count,), device=self._device).to(dtype)
             else:
