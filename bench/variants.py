@@ -62,8 +62,8 @@ def fp8_matmul_spec(n: int) -> Any:
 
 
 def build(compiler: Any, spec: Any) -> Any:
-    from bench.gpu_exec import build_plan
     from bench.gpu_cases import Case
+    from bench.gpu_exec import build_plan
 
     return build_plan(compiler, Case(spec.name, "variant", lambda: spec, lambda t: lambda: None), autotune=True)
 
