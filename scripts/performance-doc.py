@@ -307,6 +307,23 @@ def _summary_row(v: dict, measure: str) -> tuple[object, object]:
     return "—", "—"
 
 
+def variants_section(va: dict) -> list[str]:
+    """bench/results/variants.json (bench/variants.py)."""
+    out = [
+        "## Attention and precision variants (`bench/variants.py`; [2026-11-30-h200-run16.md](gpu-runs/2026-11-30-h200-run16.md))\n",
+        "Each plan built and autotuned through plancache's compiler, then timed from CUDA-graph replays (GPU time, median of 5 "
+        "interleaved rounds) beside the best torch path on the same data. torch has no paged attention: a torch user gathers the pages "
+        "into a contiguous cache and runs SDPA; SDPA over an already contiguous cache is shown as a floor that ignores paging.\n",
+        "| case | path | GPU ms | relative error vs torch |",
+        "|---|---|---|---|",
+    ]
+    for r in va["rows"]:
+        for i, (path, ms) in enumerate(r["ms"].items()):
+            out.append(f"| {r['case'] if i == 0 else ''} | {path} | {ms:.3f} | {r['rel_err_vs_torch']:.1e} |" if i == 0 else f"| | {path} | {ms:.3f} | |")
+    out += ["", "![variants](../bench/results/variants.png)", ""]
+    return out
+
+
 def store_overhead_section(so: dict) -> list[str]:
     """bench/results/store_overhead.json (bench/store_overhead.py, CPU machine)."""
     out = [
@@ -404,6 +421,7 @@ def main() -> None:
         *(startup_section(json.loads((RESULTS / "startup.json").read_text()), STARTUP_RUN) if (RESULTS / "startup.json").exists() else []),
         *(autotune_section(json.loads((RESULTS / "autotune.json").read_text()), STARTUP_RUN) if (RESULTS / "autotune.json").exists() else []),
         *(exec_section(json.loads((RESULTS / "gpu_exec.json").read_text()), EXEC_RUN) if (RESULTS / "gpu_exec.json").exists() else []),
+        *(variants_section(json.loads((RESULTS / "variants.json").read_text())) if (RESULTS / "variants.json").exists() else []),
         *gpu_section(gpu),
         *multi_gpu_section(mg),
         *(
