@@ -163,6 +163,21 @@ def sdpa_alibi_bf16() -> GraphSpec:
     return g
 
 
+def sdpa_fp8_causal() -> GraphSpec:
+    """FP8 (e4m3) attention: per-tensor descales of q, k, v and S, scales of
+    S and O, and the amax of S and O for the next step's scales."""
+    g = GraphSpec(name="sdpa_fp8_causal", io_data_type="fp8_e4m3")
+    q, k, v = (g.tensor([2, 4, 256, 128], name=n, uid=u) for n, u in (("q", 11), ("k", 12), ("v", 13)))
+    scales = {n: g.tensor([1, 1, 1, 1], name=n, uid=20 + i, data_type="float")
+              for i, n in enumerate(("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"))}  # fmt: skip
+    o, _, amax_s, amax_o = g.sdpa_fp8(q, k, v, attn_scale=1 / math.sqrt(128), use_causal_mask=True, **scales)
+    assert o is not None and amax_s is not None and amax_o is not None
+    o.set_output(True).set_name("o").set_uid(14)
+    amax_s.set_output(True).set_name("amax_s").set_uid(15).set_data_type("float")
+    amax_o.set_output(True).set_name("amax_o").set_uid(16).set_data_type("float")
+    return g
+
+
 def matmul_fp8_scaled_bf16() -> GraphSpec:
     """FP8 (e4m3) matmul with per-tensor dequantization scales, bf16 out;
     B column-major, as FP8 GEMMs want it."""
@@ -274,7 +289,7 @@ EXAMPLES: dict[str, Callable[[], GraphSpec]] = {
     for f in (
         matmul_fp16, matmul_bias_relu_bf16, conv_bias_relu_fp16, conv_dgrad_fp16, conv_wgrad_fp16,
         sdpa_causal_fp16, sdpa_stats_bf16, sdpa_padding_fp16, sdpa_backward_bf16, sdpa_paged_decode_bf16, sdpa_bias_bf16, sdpa_alibi_bf16,
-        matmul_fp8_scaled_bf16,
+        sdpa_fp8_causal, matmul_fp8_scaled_bf16,
         layernorm_training_fp16, layernorm_inference_bf16, rmsnorm_training_bf16, rmsnorm_inference_fp16,
         batchnorm_inference_fp16, pointwise_binary_fp16, pointwise_unary_fp16, reduction_sum_fp32,
     )

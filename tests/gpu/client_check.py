@@ -60,7 +60,8 @@ def check(case: str, plan: Plan) -> dict[str, Any]:
 def compare(case: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     torch.cuda.synchronize()
     expected = references.reference(case, tensors)
-    return {name: references.relative_error(tensors[name], value) for name, value in expected.items()}
+    tolerance = references.TOLERANCES.get(case)
+    return {name: {**references.relative_error(tensors[name], value), **({"tolerance": tolerance} if tolerance else {})} for name, value in expected.items()}
 
 
 def fast_paths(case: str, plan: Plan) -> dict[str, Any]:

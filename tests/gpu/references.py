@@ -60,7 +60,13 @@ def _prepare_paged(t: Tensors) -> None:
     t["seq_len_kv"].copy_(lengths)
 
 
+def _prepare_unit_scales(t: Tensors) -> None:
+    for name in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"):
+        t[name].fill_(1.0)
+
+
 PREPARE: dict[str, Callable[[Tensors], None]] = {
+    "sdpa_fp8_causal": _prepare_unit_scales,
     "sdpa_backward_bf16": _prepare_sdpa_backward,
     "sdpa_padding_fp16": _prepare_padding,
     "sdpa_paged_decode_bf16": _prepare_paged,
@@ -109,6 +115,11 @@ def _alibi_bias(heads: int, s: int, device: torch.device) -> torch.Tensor:
     return slopes * (pos.view(1, 1, 1, s) - pos.view(1, 1, s, 1)).float()
 
 
+def _sdpa_fp8(t: Tensors) -> Tensors:
+    o = _attention(t["q"], t["k"], t["v"], 1 / math.sqrt(128), causal=True)[0]
+    return {"o": o, "amax_o": o.abs().max().view(1, 1, 1, 1)}
+
+
 def _sdpa_backward(t: Tensors) -> Tensors:
     q, k, v = (_f(t[n]).requires_grad_(True) for n in ("q", "k", "v"))
     o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1 / math.sqrt(128))
@@ -145,6 +156,8 @@ REFERENCES: dict[str, Callable[[Tensors], Tensors]] = {
     "sdpa_paged_decode_bf16": _sdpa_paged,
     "sdpa_bias_bf16": lambda t: {"o": _sdpa_with_bias(t["q"], t["k"], t["v"], 0.125, _f(t["bias"]), causal=False)},
     "sdpa_alibi_bf16": lambda t: {"o": _sdpa_with_bias(t["q"], t["k"], t["v"], 0.125, _alibi_bias(8, 512, t["q"].device), causal=True)},
+    # O and amax(O) against attention over the dequantized (unit-scale) inputs.
+    "sdpa_fp8_causal": _sdpa_fp8,
     "matmul_fp8_scaled_bf16": lambda t: {"C": (_f(t["A"]) @ _f(t["B"])) * _f(t["scale_a"]) * _f(t["scale_b"])},
     "layernorm_training_fp16": lambda t: _layernorm(t, training=True),
     "layernorm_inference_bf16": lambda t: _layernorm(t, training=False),
@@ -155,6 +168,11 @@ REFERENCES: dict[str, Callable[[Tensors], Tensors]] = {
     "pointwise_unary_fp16": lambda t: {"out": F.silu(torch.sigmoid(torch.tanh(F.gelu(torch.relu(_f(t["x"]))))))},
     "reduction_sum_fp32": lambda t: {"sum": _f(t["x"]).sum(dim=1, keepdim=True)},
 }
+
+
+# Stated tolerances where the output type cannot hold the 1e-2 the others meet:
+# FP8 attention rounds P and O to e4m3 (3 mantissa bits: up to 6.25% per value).
+TOLERANCES = {"sdpa_fp8_causal": 6e-2}
 
 
 def reference(case: str, t: Tensors) -> Tensors:

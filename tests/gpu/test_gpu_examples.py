@@ -45,7 +45,8 @@ def _matches_torch(outputs: dict[str, Any]) -> None:
     assert outputs, "the reference produced no outputs to compare"
     for name, check in outputs.items():
         assert check["nan_in_output"] == 0, f"{name}: {check['nan_in_output']} elements left unwritten"
-        assert check["rel_err"] < TOLERANCE, f"{name}: relative error {check['rel_err']:.2e}"
+        limit = check.get("tolerance", TOLERANCE)
+        assert check["rel_err"] < limit, f"{name}: relative error {check['rel_err']:.2e} (limit {limit:g})"
 
 
 @pytest.mark.parametrize("case", CASES)

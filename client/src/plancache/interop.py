@@ -20,7 +20,7 @@ from plancache.spec import GraphSpec, Node, Tensor
 
 # Frontend node types -> catalog ops (pointwise nodes carry their op in params["mode"]).
 _NODE_OPS = {
-    "MATMUL": "matmul", "CONV_FPROP": "conv_fprop", "CONV_DGRAD": "conv_dgrad", "CONV_WGRAD": "conv_wgrad", "SDPA": "sdpa",
+    "MATMUL": "matmul", "CONV_FPROP": "conv_fprop", "CONV_DGRAD": "conv_dgrad", "CONV_WGRAD": "conv_wgrad", "SDPA": "sdpa", "SDPA_FP8": "sdpa_fp8",
     "SDPA_BWD": "sdpa_backward", "LAYERNORM": "layernorm", "RMSNORM": "rmsnorm", "BATCHNORM_INFERENCE": "batchnorm_inference",
     "REDUCTION": "reduction",
 }  # fmt: skip

@@ -339,6 +339,25 @@ def _sdpa_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs:
     return result
 
 
+# FP8 SDPA forward: per-tensor dequantization scales of q, k, v and the
+# softmax output S, the quantization scales of S and O (all [1, 1, 1, 1], float).
+_FP8_SCALES = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
+
+
+def _sdpa_fp8_outputs(attrs: Mapping[str, AttrValue]) -> tuple[str, ...]:
+    return ("O", "Stats", "Amax_S", "Amax_O") if attrs.get("generate_stats") else ("O", "Amax_S", "Amax_O")
+
+
+def _sdpa_fp8_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]) -> dict[str, Dims]:
+    for port in _FP8_SCALES:
+        if tuple(ins[port]) != (1, 1, 1, 1):
+            raise ShapeError(f"input {port!r} must have dims [1, 1, 1, 1] (one scale per tensor), got {list(ins[port])}")
+    result = _sdpa_infer({p: d for p, d in ins.items() if p not in _FP8_SCALES}, outs, attrs)
+    for amax in ("Amax_S", "Amax_O"):
+        result[amax] = _declared_or(outs.get(amax), (1, 1, 1, 1), amax)
+    return result
+
+
 def _sdpa_backward_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]) -> dict[str, Dims]:
     _sdpa_common(ins, attrs)
     q, v = ins["q"], ins["v"]
@@ -446,6 +465,11 @@ def _build_catalog() -> dict[str, OpSchema]:
             {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False), "paged_attention_max_seq_len_kv": AttrSchema(AttrKind.INT)},
             _sdpa_infer, integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
             index_bounds={"paged_attention_k_table": ("k", 0), "paged_attention_v_table": ("v", 0)},
+        ),
+        OpSchema(
+            "sdpa_fp8", "sdpa", ("q", "k", "v", *_FP8_SCALES), ("seq_len_q", "seq_len_kv"), _sdpa_fp8_outputs, ("O", "Stats", "Amax_S", "Amax_O"),
+            {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False)}, _sdpa_fp8_infer,
+            integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
         ),
         OpSchema(
             "sdpa_backward", "sdpa_backward", ("q", "k", "v", "o", "dO", "stats"), ("seq_len_q", "seq_len_kv"),

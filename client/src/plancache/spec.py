@@ -216,6 +216,10 @@ class GraphSpec:
         """Returns [O, Stats]; Stats is None unless generate_stats=True."""
         return self.node("sdpa", q, k, v, **kwargs)
 
+    def sdpa_fp8(self, q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> list[Tensor | None]:
+        """FP8 attention (scales and descales by keyword): returns [O, Stats, Amax_S, Amax_O]; Stats is None unless generate_stats=True."""
+        return self.node("sdpa_fp8", q, k, v, **kwargs)
+
     def sdpa_backward(self, q: Tensor, k: Tensor, v: Tensor, o: Tensor, dO: Tensor, stats: Tensor, **kwargs: Any) -> list[Tensor | None]:
         return self.node("sdpa_backward", q, k, v, o, dO, stats, **kwargs)
 
