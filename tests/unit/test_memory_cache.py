@@ -33,9 +33,6 @@ class DictStore:
     def forget(self, plan_key: str) -> None:
         pass
 
-    async def delete(self, plan_key: str) -> None:
-        self.plans.pop(plan_key, None)
-
     async def keys_of_spec(self, spec_hash: str) -> list[str]:
         return []
 
@@ -92,11 +89,13 @@ def test_entries_expire_and_oversized_plans_are_not_kept() -> None:
     assert small.cached("big") is None
 
 
-def test_delete_evicts() -> None:
+def test_a_plan_deleted_elsewhere_is_forgotten() -> None:
+    """Invalidate deletes through the janitor (plancache_server.lifecycle), then forgets."""
     inner = DictStore()
     cache = MemoryCachedStore(inner, max_bytes=10_000, ttl_s=60)
     cache.remember(plan("a", 1000))
-    asyncio.run(cache.delete("a"))
+    inner.plans.pop("a", None)
+    cache.forget("a")
     assert cache.cached("a") is None and get(cache, "a") is None
 
 

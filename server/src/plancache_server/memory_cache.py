@@ -89,10 +89,6 @@ class MemoryCachedStore:
         while self._bytes > self._max_bytes:
             self._drop(next(iter(self._entries)))
 
-    async def delete(self, plan_key: str) -> None:
-        self._drop(plan_key)
-        await self._inner.delete(plan_key)
-
     async def keys_of_spec(self, spec_hash: str) -> list[str]:
         return await self._inner.keys_of_spec(spec_hash)
 

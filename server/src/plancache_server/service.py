@@ -276,11 +276,10 @@ class PlanService:
             doomed = await self._store.keys_of_target(Target.parse(request.target_id).id)
         else:
             raise InvalidRequest("Invalidate needs a key, a spec_hash or a target_id")
-        deleted = 0
+        removed = await asyncio.to_thread(lambda: [key for key in doomed if self._janitor.remove(key, "invalidated")])
         for key in doomed:
-            if await asyncio.to_thread(self._janitor.remove, key, "invalidated"):
-                deleted += 1
             self._store.forget(key)
+        deleted = len(removed)
         await self._stats.forget_plans(doomed)
         log.warning("invalidated %d plan(s) (%s %s)", deleted, what, bounded(str(getattr(request, what or "key")))[:200])
         return deleted

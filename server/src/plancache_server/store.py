@@ -171,8 +171,6 @@ class PlanStore(Protocol):
         """Drop what this process holds of a plan (it changed elsewhere)."""
         ...
 
-    async def delete(self, plan_key: str) -> None: ...
-
     async def keys_of_spec(self, spec_hash: str) -> list[str]: ...
 
     async def keys_of_target(self, target_id: str | None) -> list[str]:
@@ -214,10 +212,6 @@ class AsyncRedisPlanStore:
                 metrics.child(metrics.PLANS_REFUSED, "signature").inc()
                 return None
         return plan
-
-    async def delete(self, plan_key: str) -> None:
-        with translated_errors("deleting a plan"):
-            await self._redis.delete(keys.plan(plan_key))
 
     async def keys_of_spec(self, spec_hash: str) -> list[str]:
         with translated_errors("listing a spec's plans"):
