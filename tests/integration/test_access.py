@@ -154,3 +154,25 @@ def test_explain_says_which_part_of_the_key_differs(stack: Stack) -> None:
         assert not miss.stored and len(miss.variants) == 2
         assert any("cuDNN version: stored 91900, asked 92000" in d for v in miss.variants for d in v.differences)
         assert any("frontend version: stored 1.32.0, asked 1.33.0" in d for v in miss.variants for d in v.differences)
+
+
+def test_list_plans_is_an_admin_call_and_refuses_a_malformed_target(guarded_stack: Stack) -> None:
+    import grpc
+
+    from plancache import InvalidRequest
+    from plancache.v1 import plancache_pb2 as pb
+
+    with guarded_stack.client(token=TOKENS["compile"]) as app:
+        key = app.compile(matmul_spec(), TARGET).key
+        with pytest.raises(PermissionDenied, match="ListPlans needs a.* admin token"):
+            app.list_plans()
+    with guarded_stack.client(token=TOKENS["admin"]) as admin:
+        assert admin.list_plans() == [key] and admin.list_plans(TARGET) == [key]
+        with pytest.raises(InvalidRequest, match="is not like"):
+            admin.list_plans("sm_90")  # a prefix is not a target id
+    # A malformed target id sent raw (the client would refuse it first): INVALID_ARGUMENT with the reason.
+    with grpc.insecure_channel(guarded_stack.address) as channel:
+        call = channel.unary_unary("/plancache.v1.PlanCache/ListPlans", request_serializer=lambda m: m.SerializeToString(), response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as refused:
+            call(pb.ListPlansRequest(target_id="*/../*" * 50), timeout=5, metadata=(("authorization", "Bearer " + TOKENS["admin"]),))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "is not like" in (refused.value.details() or "")
