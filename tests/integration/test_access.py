@@ -164,7 +164,7 @@ def test_list_plans_is_an_admin_call_and_refuses_a_malformed_target(guarded_stac
 
     with guarded_stack.client(token=TOKENS["compile"]) as app:
         key = app.compile(matmul_spec(), TARGET).key
-        with pytest.raises(PermissionDenied, match="ListPlans needs a.* admin token"):
+        with pytest.raises(PermissionDenied, match=r"ListPlans needs a.* admin token"):
             app.list_plans()
     with guarded_stack.client(token=TOKENS["admin"]) as admin:
         assert admin.list_plans() == [key] and admin.list_plans(TARGET) == [key]
