@@ -18,6 +18,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client" / "src"))
 
 from plancache import GraphSpec
+from plancache.spec import Tensor
 
 
 def nhwc(n: int, c: int, h: int, w: int) -> list[int]:
@@ -77,6 +78,28 @@ def _qkv(g: GraphSpec, b: int, h: int, s: int, d: int) -> tuple[object, ...]:
     return tuple(g.tensor([b, h, s, d], name=n, uid=uid) for n, uid in (("q", 11), ("k", 12), ("v", 13)))
 
 
+def _training_outputs(o: Tensor | None, stats: Tensor | None) -> None:
+    """A training forward's O (uid 14) and fp32 softmax stats (uid 15)."""
+    assert o is not None and stats is not None
+    o.set_output(True).set_name("o").set_uid(14)
+    stats.set_output(True).set_name("stats").set_uid(15).set_data_type("float")
+
+
+def _backward_inputs(g: GraphSpec, b: int, h: int, s: int, d: int) -> tuple[Tensor, Tensor, Tensor]:
+    """A backward's forward output o (uid 14), its gradient dO (16) and the stats (15)."""
+    return (g.tensor([b, h, s, d], name="o", uid=14), g.tensor([b, h, s, d], name="dO", uid=16),
+            g.tensor([b, h, s, 1], name="stats", uid=15, data_type="float"))  # fmt: skip
+
+
+def _gradients(grads: list[Tensor | None], stride: list[int] | None = None, offsets: Tensor | None = None) -> None:
+    """dQ, dK, dV as outputs (uids 21-23); packed ones with their strides and offsets."""
+    for t, name, uid in zip(grads, ("dQ", "dK", "dV"), (21, 22, 23), strict=True):
+        assert t is not None
+        t.set_output(True).set_name(name).set_uid(uid)
+        if stride is not None and offsets is not None:
+            t.set_stride(stride).set_ragged_offset(offsets)
+
+
 def sdpa_causal_fp16() -> GraphSpec:
     """The walkthrough's causal SDPA: b4 h16 s1024 d64."""
     g = GraphSpec(name="sdpa_causal_fp16", io_data_type="half")
@@ -91,10 +114,7 @@ def sdpa_stats_bf16() -> GraphSpec:
     """Training forward: causal, head dim 128, with the softmax stats output."""
     g = GraphSpec(name="sdpa_stats_bf16", io_data_type="bfloat16")
     q, k, v = _qkv(g, 2, 8, 512, 128)
-    o, stats = g.sdpa(q, k, v, attn_scale=1 / math.sqrt(128), use_causal_mask=True, generate_stats=True)
-    assert o is not None and stats is not None
-    o.set_output(True).set_name("o").set_uid(14)
-    stats.set_output(True).set_name("stats").set_uid(15).set_data_type("float")
+    _training_outputs(*g.sdpa(q, k, v, attn_scale=1 / math.sqrt(128), use_causal_mask=True, generate_stats=True))
     return g
 
 
@@ -116,10 +136,34 @@ def sdpa_backward_bf16() -> GraphSpec:
     o = g.tensor([2, 8, 512, 128], name="o", uid=14)
     d_o = g.tensor([2, 8, 512, 128], name="dO", uid=15)
     stats = g.tensor([2, 8, 512, 1], name="stats", uid=16, data_type="float")
-    dq, dk, dv = g.sdpa_backward(q, k, v, o, d_o, stats, attn_scale=1 / math.sqrt(128), use_causal_mask=True)
-    for t, name, uid in ((dq, "dQ", 21), (dk, "dK", 22), (dv, "dV", 23)):
-        assert t is not None
-        t.set_output(True).set_name(name).set_uid(uid)
+    _gradients(g.sdpa_backward(q, k, v, o, d_o, stats, attn_scale=1 / math.sqrt(128), use_causal_mask=True))
+    return g
+
+
+def _paged_decode(g: GraphSpec, uids: tuple[int, int, int, int]) -> tuple[list[Tensor], dict[str, object]]:
+    """A decode step's q (b 8, h 8, d 128) and 64-token page pools (1024 tokens
+    per sequence at most), and the paged-cache keywords: the k and v page
+    tables and the q and kv lengths, with these uids."""
+    b, h, d, page, max_kv = 8, 8, 128, 64, 1024
+    pages = b * max_kv // page
+    qkv = [g.tensor(dim, name=n, uid=u) for n, u, dim in (("q", 11, [b, h, 1, d]), ("k_cache", 12, [pages, h, page, d]), ("v_cache", 13, [pages, h, page, d]))]
+    dims = ([b, 1, max_kv // page, 1],) * 2 + ([b, 1, 1, 1],) * 2
+    k_table, v_table, seq_q, seq_kv = (g.tensor(dim, name=n, uid=u, data_type="int32")
+                                       for n, u, dim in zip(("k_page_table", "v_page_table", "seq_len_q", "seq_len_kv"), uids, dims, strict=True))  # fmt: skip
+    paging: dict[str, object] = {"attn_scale": 1 / math.sqrt(d), "use_padding_mask": True, "seq_len_q": seq_q, "seq_len_kv": seq_kv,
+                                 "paged_attention_k_table": k_table, "paged_attention_v_table": v_table, "paged_attention_max_seq_len_kv": max_kv}  # fmt: skip
+    return qkv, paging
+
+
+def _fp8_attention(g: GraphSpec, q: Tensor, k: Tensor, v: Tensor, **kwargs: object) -> GraphSpec:
+    """sdpa_fp8 with unit-shaped scales (uids 20-25), O (14) and the amax of S and O (15, 16)."""
+    scales = {n: g.tensor([1, 1, 1, 1], name=n, uid=20 + i, data_type="float")
+              for i, n in enumerate(("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"))}  # fmt: skip
+    o, _, amax_s, amax_o = g.sdpa_fp8(q, k, v, **kwargs, **scales)
+    assert o is not None and amax_s is not None and amax_o is not None
+    o.set_output(True).set_name("o").set_uid(14)
+    amax_s.set_output(True).set_name("amax_s").set_uid(15).set_data_type("float")
+    amax_o.set_output(True).set_name("amax_o").set_uid(16).set_data_type("float")
     return g
 
 
@@ -127,16 +171,8 @@ def sdpa_paged_decode_bf16() -> GraphSpec:
     """A decode step over a paged KV cache: one query token per sequence,
     keys and values in a pool of 64-token pages, a page table per sequence."""
     g = GraphSpec(name="sdpa_paged_decode_bf16", io_data_type="bfloat16")
-    b, h, d, page, max_kv = 8, 8, 128, 64, 1024
-    pages = b * max_kv // page
-    q = g.tensor([b, h, 1, d], name="q", uid=11)
-    k = g.tensor([pages, h, page, d], name="k_cache", uid=12)
-    v = g.tensor([pages, h, page, d], name="v_cache", uid=13)
-    tables = [g.tensor([b, 1, max_kv // page, 1], name=n, uid=u, data_type="int32") for n, u in (("k_page_table", 15), ("v_page_table", 16))]
-    seq_q = g.tensor([b, 1, 1, 1], name="seq_len_q", uid=17, data_type="int32")
-    seq_kv = g.tensor([b, 1, 1, 1], name="seq_len_kv", uid=18, data_type="int32")
-    o, _ = g.sdpa(q, k, v, attn_scale=1 / math.sqrt(d), use_padding_mask=True, seq_len_q=seq_q, seq_len_kv=seq_kv,
-                  paged_attention_k_table=tables[0], paged_attention_v_table=tables[1], paged_attention_max_seq_len_kv=max_kv)  # fmt: skip
+    qkv, paging = _paged_decode(g, (15, 16, 17, 18))
+    o, _ = g.sdpa(*qkv, **paging)
     assert o is not None
     o.set_output(True).set_name("o").set_uid(14)
     return g
@@ -163,19 +199,99 @@ def sdpa_alibi_bf16() -> GraphSpec:
     return g
 
 
+def _thd(b: int, h: int, s: int, d: int) -> list[int]:
+    """Strides of a packed (THD: tokens, heads, head dim) buffer seen as [b, h, s, d]."""
+    return [s * h * d, d, h * d, 1]
+
+
+def _ragged_qkv(g: GraphSpec, b: int, h: int, s: int, d: int, offsets: Tensor, names: tuple[tuple[str, int], ...]) -> list[Tensor]:
+    return [g.tensor([b, h, s, d], _thd(b, h, s, d), name=n, uid=u, ragged_offset=offsets) for n, u in names]
+
+
+def sdpa_ragged_prefill_bf16() -> GraphSpec:
+    """Packed prefill: sequences of mixed lengths back to back in one THD
+    buffer (no padding), each start given by the ragged offsets, causal."""
+    g = GraphSpec(name="sdpa_ragged_prefill_bf16", io_data_type="bfloat16")
+    b, h, s, d = 4, 8, 512, 128
+    offsets = g.tensor([b + 1, 1, 1, 1], name="token_offsets", uid=19, data_type="int32")
+    q, k, v = _ragged_qkv(g, b, h, s, d, offsets, (("q", 11), ("k", 12), ("v", 13)))
+    seq_q = g.tensor([b, 1, 1, 1], name="seq_len_q", uid=17, data_type="int32")
+    seq_kv = g.tensor([b, 1, 1, 1], name="seq_len_kv", uid=18, data_type="int32")
+    o, _ = g.sdpa(q, k, v, attn_scale=1 / math.sqrt(d), use_causal_mask=True, use_padding_mask=True, seq_len_q=seq_q, seq_len_kv=seq_kv)
+    assert o is not None
+    o.set_output(True).set_name("o").set_uid(14).set_stride(_thd(b, h, s, d)).set_ragged_offset(offsets)
+    return g
+
+
+def sdpa_backward_ragged_bf16() -> GraphSpec:
+    """The packed prefill's backward: q, k, v, o, dO and the gradients ragged;
+    at most 1024 tokens in all (the workspace bound)."""
+    g = GraphSpec(name="sdpa_backward_ragged_bf16", io_data_type="bfloat16")
+    b, h, s, d = 4, 8, 512, 128
+    offsets = g.tensor([b + 1, 1, 1, 1], name="token_offsets", uid=19, data_type="int32")
+    q, k, v, o, d_o = _ragged_qkv(g, b, h, s, d, offsets, (("q", 11), ("k", 12), ("v", 13), ("o", 14), ("dO", 15)))
+    stats = g.tensor([b, h, s, 1], name="stats", uid=16, data_type="float")
+    seq_q = g.tensor([b, 1, 1, 1], name="seq_len_q", uid=17, data_type="int32")
+    seq_kv = g.tensor([b, 1, 1, 1], name="seq_len_kv", uid=18, data_type="int32")
+    grads = g.sdpa_backward(q, k, v, o, d_o, stats, attn_scale=1 / math.sqrt(d), use_causal_mask=True, use_padding_mask=True,
+                            seq_len_q=seq_q, seq_len_kv=seq_kv, max_total_seq_len_q=1024, max_total_seq_len_kv=1024)  # fmt: skip
+    _gradients(grads, _thd(b, h, s, d), offsets)
+    return g
+
+
+def _dropout(g: GraphSpec) -> tuple[Tensor, Tensor]:
+    return (g.tensor([1, 1, 1, 1], name="dropout_seed", uid=31, data_type="int64"), g.tensor([1, 1, 1, 1], name="dropout_offset", uid=32, data_type="int64"))
+
+
+def sdpa_dropout_bf16() -> GraphSpec:
+    """Training forward with attention dropout (p 0.1; Philox seed and offset
+    tensors, which the backward must be given again). s = d = 128: the GPU
+    test reads the drawn mask back through an identity V."""
+    g = GraphSpec(name="sdpa_dropout_bf16", io_data_type="bfloat16")
+    q, k, v = _qkv(g, 2, 8, 128, 128)
+    seed, offset = _dropout(g)
+    _training_outputs(*g.sdpa(q, k, v, attn_scale=1 / math.sqrt(128), generate_stats=True, dropout=(0.1, seed, offset)))
+    return g
+
+
+def sdpa_backward_dropout_bf16() -> GraphSpec:
+    """sdpa_dropout_bf16's backward: the same probability, seed and offset."""
+    g = GraphSpec(name="sdpa_backward_dropout_bf16", io_data_type="bfloat16")
+    q, k, v = _qkv(g, 2, 8, 128, 128)
+    o, d_o, stats = _backward_inputs(g, 2, 8, 128, 128)
+    seed, offset = _dropout(g)
+    _gradients(g.sdpa_backward(q, k, v, o, d_o, stats, attn_scale=1 / math.sqrt(128), dropout=(0.1, seed, offset)))
+    return g
+
+
+def sdpa_backward_bias_bf16() -> GraphSpec:
+    """Backward through an attention bias, with the bias gradient (dBias)."""
+    g = GraphSpec(name="sdpa_backward_bias_bf16", io_data_type="bfloat16")
+    q, k, v = _qkv(g, 2, 8, 256, 64)
+    o, d_o, stats = _backward_inputs(g, 2, 8, 256, 64)
+    bias = g.tensor([1, 8, 256, 256], name="bias", uid=17)
+    d_bias = g.tensor([1, 8, 256, 256], name="dBias", uid=24)
+    _gradients(g.sdpa_backward(q, k, v, o, d_o, stats, attn_scale=0.125, bias=bias, dBias=d_bias))
+    return g
+
+
+def sdpa_fp8_paged_decode() -> GraphSpec:
+    """FP8 decode over a paged KV cache (e4m3 pages and O). Refused by cuDNN
+    9.19 on Hopper (sm_90): a one-token query goes to its sm80 engine, which
+    takes FP16/BF16 only (docs/gpu-runs/2026-11-30-h200-run18.md); kept, with
+    a strict expected failure in tests/gpu, for the GPUs and versions that
+    build it."""
+    g = GraphSpec(name="sdpa_fp8_paged_decode", io_data_type="fp8_e4m3")
+    qkv, paging = _paged_decode(g, (31, 32, 33, 34))
+    return _fp8_attention(g, *qkv, **paging)
+
+
 def sdpa_fp8_causal() -> GraphSpec:
     """FP8 (e4m3) attention: per-tensor descales of q, k, v and S, scales of
     S and O, and the amax of S and O for the next step's scales."""
     g = GraphSpec(name="sdpa_fp8_causal", io_data_type="fp8_e4m3")
     q, k, v = (g.tensor([2, 4, 256, 128], name=n, uid=u) for n, u in (("q", 11), ("k", 12), ("v", 13)))
-    scales = {n: g.tensor([1, 1, 1, 1], name=n, uid=20 + i, data_type="float")
-              for i, n in enumerate(("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"))}  # fmt: skip
-    o, _, amax_s, amax_o = g.sdpa_fp8(q, k, v, attn_scale=1 / math.sqrt(128), use_causal_mask=True, **scales)
-    assert o is not None and amax_s is not None and amax_o is not None
-    o.set_output(True).set_name("o").set_uid(14)
-    amax_s.set_output(True).set_name("amax_s").set_uid(15).set_data_type("float")
-    amax_o.set_output(True).set_name("amax_o").set_uid(16).set_data_type("float")
-    return g
+    return _fp8_attention(g, q, k, v, attn_scale=1 / math.sqrt(128), use_causal_mask=True)
 
 
 def matmul_fp8_scaled_bf16() -> GraphSpec:
@@ -188,6 +304,36 @@ def matmul_fp8_scaled_bf16() -> GraphSpec:
     scale_b = g.tensor([1, 1, 1], name="scale_b", uid=4, data_type="float")
     c = g.mul(g.mul(g.matmul(a, b), scale_a), scale_b)
     c.set_output(True).set_name("C").set_uid(5)
+    return g
+
+
+def _fp8_matmul_bias(g: GraphSpec, m: int, k: int, n: int, activation: str) -> Tensor:
+    """C (uid 5) = activation(A @ B × scale_a × scale_b + bias): e4m3 A (uid 1),
+    column-major e4m3 B (2), fp32 scales (3, 4), a bias row (6) in the output type."""
+    a = g.tensor([1, m, k], name="A", uid=1, data_type="fp8_e4m3")
+    b = g.tensor([1, k, n], name="B", uid=2, data_type="fp8_e4m3", stride=[k * n, 1, k])
+    scale_a = g.tensor([1, 1, 1], name="scale_a", uid=3, data_type="float")
+    scale_b = g.tensor([1, 1, 1], name="scale_b", uid=4, data_type="float")
+    bias = g.tensor([1, 1, n], name="bias", uid=6)
+    c: Tensor = getattr(g, activation)(g.add(g.mul(g.mul(g.matmul(a, b), scale_a), scale_b), bias))
+    c.set_output(True).set_name("C").set_uid(5)
+    return c
+
+
+def matmul_fp8_bias_gelu_amax_bf16() -> GraphSpec:
+    """FP8 matmul with its epilogue fused: dequantization scales, a bias row,
+    GELU, bf16 out, and the output's amax (for the next layer's FP8 scale)."""
+    g = GraphSpec(name="matmul_fp8_bias_gelu_amax_bf16", io_data_type="bfloat16")
+    c = _fp8_matmul_bias(g, 1024, 2048, 1024, "gelu")
+    amax = g.reduction(c, mode="AMAX")
+    amax.set_output(True).set_name("amax").set_uid(7).set_dim([1, 1, 1]).set_data_type("float")
+    return g
+
+
+def matmul_fp8_bias_relu_fp16() -> GraphSpec:
+    """FP8 matmul, scales, bias and ReLU fused, fp16 out."""
+    g = GraphSpec(name="matmul_fp8_bias_relu_fp16", io_data_type="half")
+    _fp8_matmul_bias(g, 2048, 1024, 1024, "relu")
     return g
 
 
@@ -289,7 +435,8 @@ EXAMPLES: dict[str, Callable[[], GraphSpec]] = {
     for f in (
         matmul_fp16, matmul_bias_relu_bf16, conv_bias_relu_fp16, conv_dgrad_fp16, conv_wgrad_fp16,
         sdpa_causal_fp16, sdpa_stats_bf16, sdpa_padding_fp16, sdpa_backward_bf16, sdpa_paged_decode_bf16, sdpa_bias_bf16, sdpa_alibi_bf16,
-        sdpa_fp8_causal, matmul_fp8_scaled_bf16,
+        sdpa_ragged_prefill_bf16, sdpa_backward_ragged_bf16, sdpa_dropout_bf16, sdpa_backward_dropout_bf16, sdpa_backward_bias_bf16,
+        sdpa_fp8_causal, sdpa_fp8_paged_decode, matmul_fp8_scaled_bf16, matmul_fp8_bias_gelu_amax_bf16, matmul_fp8_bias_relu_fp16,
         layernorm_training_fp16, layernorm_inference_bf16, rmsnorm_training_bf16, rmsnorm_inference_fp16,
         batchnorm_inference_fp16, pointwise_binary_fp16, pointwise_unary_fp16, reduction_sum_fp32,
     )

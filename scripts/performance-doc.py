@@ -310,16 +310,20 @@ def _summary_row(v: dict, measure: str) -> tuple[object, object]:
 def variants_section(va: dict) -> list[str]:
     """bench/results/variants.json (bench/variants.py)."""
     out = [
-        "## Attention and precision variants (`bench/variants.py`; [2026-11-30-h200-run16.md](gpu-runs/2026-11-30-h200-run16.md))\n",
+        "## Attention and precision variants (`bench/variants.py`; [2026-11-30-h200-run18.md](gpu-runs/2026-11-30-h200-run18.md))\n",
         "Each plan built and autotuned through plancache's compiler, then timed from CUDA-graph replays (GPU time, median of 5 "
         "interleaved rounds) beside the best torch path on the same data. torch has no paged attention: a torch user gathers the pages "
-        "into a contiguous cache and runs SDPA; SDPA over an already contiguous cache is shown as a floor that ignores paging.\n",
+        "into a contiguous cache and runs SDPA; SDPA over an already contiguous cache is shown as a floor that ignores paging. "
+        "Packed prefill: torch's varlen flash attention reads the same packed buffers; SDPA per sequence runs on contiguous copies "
+        "made outside the timing (its best case).\n",
         "| case | path | GPU ms | relative error vs torch |",
         "|---|---|---|---|",
     ]
     for r in va["rows"]:
         for i, (path, ms) in enumerate(r["ms"].items()):
             out.append(f"| {r['case'] if i == 0 else ''} | {path} | {ms:.3f} | {r['rel_err_vs_torch']:.1e} |" if i == 0 else f"| | {path} | {ms:.3f} | |")
+    for case, error in va.get("errors", {}).items():
+        out.append(f"| {case} | refused by cuDNN on this GPU: {error.split(':')[0]} (the reason: the GPU run's record) | — | — |")
     out += ["", "![variants](../bench/results/variants.png)", ""]
     return out
 

@@ -3,7 +3,8 @@
 (issue 16), straight through the frontend (no plancache): for each variant,
 build (heuristic modes A and FALLBACK), execute plan 0 and compare with a
 torch reference where one exists. One JSON line per variant, then a summary
-to $OUT/sdpa_variants.json. Run by scripts/gpu-check.sh (PROBES=sdpa).
+to $OUT/sdpa_variants.json. Run on a GPU machine:
+`source scripts/gpu-env.sh && python3 scripts/probe-sdpa-variants.py`.
 
 A refusal is recorded with cuDNN's reason: it is a finding, not a failure.
 """

@@ -1,24 +1,45 @@
 """torch references for every example in examples/, and their input rules.
 
-`prepare(case, t)` fills inputs that must be consistent with others (sdpa
-backward's o and stats, sequence lengths); `reference(case, t)` returns the
-expected outputs by tensor name, in float32, NaN where the op leaves the
-value unspecified (padded query rows).
+`prepare(case, t, run)` fills inputs that must be consistent with others (sdpa
+backward's o and stats, sequence lengths, ragged offsets); `reference(case, t,
+run)` returns the expected outputs by tensor name, in float32, NaN where the
+op leaves the value unspecified (padded query rows, packed tokens past the
+last sequence). `run` executes the plan under test on other tensors: dropout's
+references read the mask cuDNN's Philox generator drew through it (an
+identity V, or an identity dO, turns the output into the dropped
+probabilities), then check every element against torch with that mask.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 Tensors = dict[str, torch.Tensor]
+Run = Callable[[Tensors], None]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A statistic of the run checked beside the outputs (dropout's drop rate)."""
+
+    value: float
+    expected: float
+    tolerance: float  # relative
+
 
 # Inputs that must be positive (denominators, inverse variances).
-POSITIVE = {"pointwise_binary_fp16": {"den"}, "batchnorm_inference_fp16": {"inv_variance"}, "matmul_fp8_scaled_bf16": {"scale_a", "scale_b"}}
+_SCALES = {"scale_a", "scale_b"}
+POSITIVE = {
+    "pointwise_binary_fp16": {"den"}, "batchnorm_inference_fp16": {"inv_variance"}, "matmul_fp8_scaled_bf16": _SCALES,
+    "matmul_fp8_bias_gelu_amax_bf16": _SCALES, "matmul_fp8_bias_relu_fp16": _SCALES,
+}  # fmt: skip
 
 
 def _f(t: torch.Tensor) -> torch.Tensor:
@@ -65,17 +86,179 @@ def _prepare_unit_scales(t: Tensors) -> None:
         t[name].fill_(1.0)
 
 
+# ---- ragged (packed THD) sequences ------------------------------------------
+
+RAGGED_LENGTHS = [512, 100, 37, 300]  # a full-length sequence, short ones, one odd; 949 tokens (backward bound: 1024)
+
+
+def _prepare_ragged(t: Tensors) -> None:
+    """Sequences back to back in the packed buffers; offsets in elements."""
+    _, h, d = t["q"].shape
+    starts = torch.tensor([0, *torch.tensor(RAGGED_LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
+    t["token_offsets"].copy_((starts * h * d).view(-1, 1, 1, 1))
+    lengths = torch.tensor(RAGGED_LENGTHS, dtype=torch.int32).view(-1, 1, 1, 1)
+    t["seq_len_q"].copy_(lengths)
+    t["seq_len_kv"].copy_(lengths)
+
+
+def _sequences() -> list[slice]:
+    """Each sequence's tokens in the packed buffers."""
+    starts = [0, *torch.tensor(RAGGED_LENGTHS).cumsum(0).tolist()]
+    return [slice(a, b) for a, b in itertools.pairwise(starts)]
+
+
+def _bhsd(x: torch.Tensor) -> torch.Tensor:
+    """One sequence's packed [tokens, h, d] slice as [1, h, tokens, d]."""
+    return x.permute(1, 0, 2).unsqueeze(0)
+
+
+def _packed(x: torch.Tensor) -> torch.Tensor:
+    return x[0].permute(1, 0, 2)
+
+
+def _sdpa_ragged(t: Tensors) -> Tensors:
+    d = t["q"].shape[2]
+    out = torch.full(t["o"].shape, float("nan"), device=t["q"].device)
+    for seq in _sequences():
+        out[seq] = _packed(_attention(_bhsd(t["q"][seq]), _bhsd(t["k"][seq]), _bhsd(t["v"][seq]), 1 / math.sqrt(d), causal=True)[0])
+    return {"o": out}
+
+
+def _prepare_ragged_backward(t: Tensors) -> None:
+    _prepare_ragged(t)
+    d = t["q"].shape[2]
+    for i, seq in enumerate(_sequences()):
+        o, stats = _attention(_bhsd(t["q"][seq]), _bhsd(t["k"][seq]), _bhsd(t["v"][seq]), 1 / math.sqrt(d), causal=True)
+        t["o"][seq] = _packed(o)
+        t["stats"][i, :, : seq.stop - seq.start] = stats[0]
+
+
+def _sdpa_backward_ragged(t: Tensors) -> Tensors:
+    d = t["q"].shape[2]
+    grads = {name: torch.full(t["q"].shape, float("nan"), device=t["q"].device) for name in ("dQ", "dK", "dV")}
+    for seq in _sequences():
+        q, k, v = (_bhsd(_f(t[n][seq])).requires_grad_(True) for n in ("q", "k", "v"))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1 / math.sqrt(d))
+        o.backward(_bhsd(_f(t["dO"][seq])))
+        for name, x in (("dQ", q), ("dK", k), ("dV", v)):
+            assert x.grad is not None
+            grads[name][seq] = _packed(x.grad)
+    return grads
+
+
+# ---- dropout -----------------------------------------------------------------
+
+DROPOUT_P = 0.1
+
+
+def _dropout_mask_forward(t: Tensors, run: Run) -> torch.Tensor:
+    """The kept (1) and dropped (0) scores of this seed and offset: with V the
+    identity (s_kv = d), O is the dropped and rescaled probabilities."""
+    b, h, s, d = t["v"].shape
+    assert s == d, "the identity-V probe needs s_kv == d"
+    probe = {name: x.clone() for name, x in t.items()}
+    probe["v"] = torch.eye(s, device=t["v"].device, dtype=t["v"].dtype).expand(b, h, s, d).contiguous()
+    run(probe)
+    return (probe["o"].float() != 0).float()
+
+
+def _dropout_mask_backward(t: Tensors, run: Run) -> torch.Tensor:
+    """The same, read from the backward: with dO the identity (s_q = d),
+    dV is the transposed dropped and rescaled probabilities."""
+    b, h, s, d = t["dO"].shape
+    assert s == d, "the identity-dO probe needs s_q == d"
+    probe = {name: x.clone() for name, x in t.items()}
+    probe["dO"] = torch.eye(s, device=t["dO"].device, dtype=t["dO"].dtype).expand(b, h, s, d).contiguous()
+    run(probe)
+    return (probe["dV"].float().transpose(-1, -2) != 0).float()
+
+
+def _dropped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    return torch.einsum("bhqk,bhkd->bhqd", torch.softmax(scores, dim=-1) * mask / (1 - DROPOUT_P), v)
+
+
+def _sdpa_dropout(t: Tensors, run: Run) -> dict[str, Any]:
+    mask = _dropout_mask_forward(t, run)
+    q, k, v = _f(t["q"]), _f(t["k"]), _f(t["v"])
+    stats = torch.logsumexp(torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1]), dim=-1, keepdim=True)
+    return {"o": _dropped_attention(q, k, v, mask), "stats": stats, **_drop_rate(mask)}
+
+
+def _drop_rate(mask: torch.Tensor) -> dict[str, Measured]:
+    """The fraction of scores dropped: p within 5% (262,144 draws: the
+    binomial standard deviation is 0.6% of p)."""
+    return {"drop_rate": Measured(1 - float(mask.mean()), DROPOUT_P, 5e-2)}
+
+
+def _prepare_backward_dropout(t: Tensors, run: Run) -> None:
+    """o and stats from the forward with this seed and offset's mask."""
+    q, k, v = _f(t["q"]), _f(t["k"]), _f(t["v"])
+    t["stats"].copy_(torch.logsumexp(torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1]), dim=-1, keepdim=True))
+    t["o"].copy_(_dropped_attention(q, k, v, _dropout_mask_backward(t, run)))
+
+
+def _sdpa_backward_dropout(t: Tensors, run: Run) -> dict[str, Any]:
+    mask = _dropout_mask_backward(t, run)
+    q, k, v = (_f(t[n]).requires_grad_(True) for n in ("q", "k", "v"))
+    _dropped_attention(q, k, v, mask).backward(_f(t["dO"]))
+    return {"dQ": q.grad, "dK": k.grad, "dV": v.grad, **_drop_rate(mask)}  # type: ignore[dict-item]
+
+
+# ---- bias gradient -------------------------------------------------------------
+
+
+def _prepare_backward_bias(t: Tensors) -> None:
+    scores = torch.einsum("bhqd,bhkd->bhqk", _f(t["q"]), _f(t["k"])) * 0.125 + _f(t["bias"])
+    t["stats"].copy_(torch.logsumexp(scores, dim=-1, keepdim=True))
+    t["o"].copy_(torch.einsum("bhqk,bhkd->bhqd", torch.softmax(scores, dim=-1), _f(t["v"])))
+
+
+def _sdpa_backward_bias(t: Tensors) -> Tensors:
+    q, k, v, bias = (_f(t[n]).requires_grad_(True) for n in ("q", "k", "v", "bias"))
+    _sdpa_with_bias(q, k, v, 0.125, bias, causal=False).backward(_f(t["dO"]))
+    return {"dQ": q.grad, "dK": k.grad, "dV": v.grad, "dBias": bias.grad}  # type: ignore[dict-item]
+
+
+def _prepare_fp8_paged(t: Tensors) -> None:
+    _prepare_paged(t)
+    _prepare_unit_scales(t)
+
+
+def _sdpa_fp8_paged(t: Tensors) -> Tensors:
+    o = _sdpa_paged({n: _f(x) if x.is_floating_point() else x for n, x in t.items()})["o"]
+    return {"o": o, "amax_o": o.abs().max().view(1, 1, 1, 1)}
+
+
+def _matmul_fp8_epilogue(t: Tensors, activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    return activation((_f(t["A"]) @ _f(t["B"])) * _f(t["scale_a"]) * _f(t["scale_b"]) + _f(t["bias"]))
+
+
+def _matmul_fp8_gelu_amax(t: Tensors) -> Tensors:
+    c = _matmul_fp8_epilogue(t, F.gelu)
+    return {"C": c, "amax": c.abs().max().view(1, 1, 1)}
+
+
 PREPARE: dict[str, Callable[[Tensors], None]] = {
     "sdpa_fp8_causal": _prepare_unit_scales,
+    "sdpa_fp8_paged_decode": _prepare_fp8_paged,
     "sdpa_backward_bf16": _prepare_sdpa_backward,
     "sdpa_padding_fp16": _prepare_padding,
     "sdpa_paged_decode_bf16": _prepare_paged,
+    "sdpa_ragged_prefill_bf16": _prepare_ragged,
+    "sdpa_backward_ragged_bf16": _prepare_ragged_backward,
+    "sdpa_backward_bias_bf16": _prepare_backward_bias,
+}
+PREPARE_WITH_PLAN: dict[str, Callable[[Tensors, Run], None]] = {
+    "sdpa_backward_dropout_bf16": _prepare_backward_dropout,
 }
 
 
-def prepare(case: str, t: Tensors) -> None:
+def prepare(case: str, t: Tensors, run: Run) -> None:
     if case in PREPARE:
         PREPARE[case](t)
+    if case in PREPARE_WITH_PLAN:
+        PREPARE_WITH_PLAN[case](t, run)
 
 
 def _sdpa_padding(t: Tensors) -> Tensors:
@@ -159,6 +342,12 @@ REFERENCES: dict[str, Callable[[Tensors], Tensors]] = {
     # O and amax(O) against attention over the dequantized (unit-scale) inputs.
     "sdpa_fp8_causal": _sdpa_fp8,
     "matmul_fp8_scaled_bf16": lambda t: {"C": (_f(t["A"]) @ _f(t["B"])) * _f(t["scale_a"]) * _f(t["scale_b"])},
+    "sdpa_ragged_prefill_bf16": _sdpa_ragged,
+    "sdpa_backward_ragged_bf16": _sdpa_backward_ragged,
+    "sdpa_backward_bias_bf16": _sdpa_backward_bias,
+    "sdpa_fp8_paged_decode": _sdpa_fp8_paged,
+    "matmul_fp8_bias_gelu_amax_bf16": _matmul_fp8_gelu_amax,
+    "matmul_fp8_bias_relu_fp16": lambda t: {"C": _matmul_fp8_epilogue(t, torch.relu)},
     "layernorm_training_fp16": lambda t: _layernorm(t, training=True),
     "layernorm_inference_bf16": lambda t: _layernorm(t, training=False),
     "rmsnorm_training_bf16": lambda t: _rmsnorm(t, training=True),
@@ -172,11 +361,28 @@ REFERENCES: dict[str, Callable[[Tensors], Tensors]] = {
 
 # Stated tolerances where the output type cannot hold the 1e-2 the others meet:
 # FP8 attention rounds P and O to e4m3 (3 mantissa bits: up to 6.25% per value).
-TOLERANCES = {"sdpa_fp8_causal": 6e-2}
+TOLERANCES = {"sdpa_fp8_causal": 6e-2, "sdpa_fp8_paged_decode": 6e-2}
+REFERENCES_WITH_PLAN: dict[str, Callable[[Tensors, Run], dict[str, Any]]] = {
+    "sdpa_dropout_bf16": _sdpa_dropout,
+    "sdpa_backward_dropout_bf16": _sdpa_backward_dropout,
+}
 
 
-def reference(case: str, t: Tensors) -> Tensors:
+def reference(case: str, t: Tensors, run: Run) -> dict[str, torch.Tensor | Measured]:
+    if case in REFERENCES_WITH_PLAN:
+        return REFERENCES_WITH_PLAN[case](t, run)
     return REFERENCES[case](t)
+
+
+def check_measured(m: Measured) -> dict[str, Any]:
+    return {
+        "rel_err": abs(m.value - m.expected) / m.expected,
+        "measured": m.value,
+        "expected": m.expected,
+        "nan_in_output": 0,
+        "elements": 1,
+        "tolerance": m.tolerance,
+    }
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> dict[str, Any]:

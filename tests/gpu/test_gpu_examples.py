@@ -26,6 +26,8 @@ NOISE = 1.10
 # the day it passes, this marker must go.
 _UNSUPPORTED = {
     "batchnorm_inference_fp16": "cuDNN 9.19 has no engine for standalone batchnorm_inference on sm_90",
+    # GPU run 18: "s_q=1 on Hopper should go into sm80", whose engine takes FP16/BF16 I/O only.
+    "sdpa_fp8_paged_decode": "cuDNN 9.19 has no FP8 engine for one-token (decode) attention on sm_90",
 }
 CASES = [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=_UNSUPPORTED[c])) if c in _UNSUPPORTED else c for c in EXAMPLES]
 

@@ -7,6 +7,7 @@ stream changes, workspaces and captures. The numerics are GPU-tested
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,12 @@ class FakeTensor:
 
     def data_ptr(self) -> int:
         return self._ptr
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def is_contiguous(self) -> bool:
+        return self._stride == _row_major(self.shape)
 
 
 def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:

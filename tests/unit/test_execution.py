@@ -234,3 +234,45 @@ def test_a_replay_refuses_tensors_other_than_the_captured_ones(runtime: FakeRunt
     with pytest.raises(InvalidRequest, match=message):
         captured({"A": bad})
     assert runtime.captures[0].replays == 0
+
+
+# ---- ragged (packed) tensors ------------------------------------------------------
+
+
+def make_ragged_plan() -> Plan:
+    """A packed-prefill plan: q and o ragged over [4, 8, 512, 128] with THD strides."""
+    thd = [512 * 8 * 128, 128, 8 * 128, 1]
+    tensors = [
+        pb.TensorBinding(uid=11, name="q", dim=[4, 8, 512, 128], stride=thd, data_type=pb.DATA_TYPE_BFLOAT16, ragged_offset_uid=19),
+        pb.TensorBinding(uid=14, name="o", dim=[4, 8, 512, 128], stride=thd, data_type=pb.DATA_TYPE_BFLOAT16, is_output=True, ragged_offset_uid=19),
+        pb.TensorBinding(uid=19, name="token_offsets", dim=[5, 1, 1, 1], stride=[1, 1, 1, 1], data_type=pb.DATA_TYPE_INT32),
+    ]
+    blob = b"ragged-plan"
+    return Plan(blob, pb.PlanMetadata(key="ragged", tensors=tensors, workspace_size=64, blob_sha256=hashlib.sha256(blob).hexdigest()))
+
+
+def test_a_ragged_tensor_binds_as_its_packed_buffer_of_any_token_count(runtime: FakeRuntime) -> None:
+    plan = make_ragged_plan()
+    offsets = FakeTensor((5, 1, 1, 1), dtype_name="int32")
+    for tokens in (949, 2048, 1):
+        packed = {"q": FakeTensor((tokens, 8, 128), dtype_name="bfloat16"), "o": FakeTensor((tokens, 8, 128), dtype_name="bfloat16")}
+        plan.execute({**packed, "token_offsets": offsets})
+    bound = plan.bind({"q": FakeTensor((949, 8, 128), dtype_name="bfloat16"), "o": FakeTensor((949, 8, 128), dtype_name="bfloat16"), "token_offsets": offsets})
+    bound({"q": FakeTensor((100, 8, 128), dtype_name="bfloat16"), "o": FakeTensor((100, 8, 128), dtype_name="bfloat16")})
+    assert len(runtime.graphs[0].calls) == 4  # three executes and the bound call
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (FakeTensor((949, 8, 128), stride=(1, 949, 949 * 8), dtype_name="bfloat16"), "must be contiguous"),
+        (FakeTensor((7,), dtype_name="bfloat16"), "a packed buffer of 7 elements is not whole tokens of 1024"),
+        (FakeTensor((949, 8, 100), dtype_name="bfloat16"), "not whole tokens of 1024"),
+        (FakeTensor((949, 8, 128), dtype_name="half"), "dtype fake.half but the plan was built for bfloat16"),
+        (FakeTensor((949, 8, 128), dtype_name="bfloat16", device=FakeDevice("cpu")), "on cpu but the plan runs on cuda:0"),
+    ],
+)
+def test_a_ragged_buffer_must_be_dense_whole_tokens_of_the_right_type(runtime: FakeRuntime, bad: Any, message: str) -> None:
+    good = {"o": FakeTensor((949, 8, 128), dtype_name="bfloat16"), "token_offsets": FakeTensor((5, 1, 1, 1), dtype_name="int32")}
+    with pytest.raises(InvalidRequest, match=re.escape(message)):
+        make_ragged_plan().execute({**good, "q": bad})

@@ -84,3 +84,76 @@ def test_a_conv_graph_without_output_strides_captures_to_the_frontends_layout() 
         return s
 
     assert captured.spec_hash() == built(None).spec_hash() == built(nhwc(32, 128, 56, 56)).spec_hash()
+
+
+def _bf16_graph() -> tuple[object, object]:
+    bf16 = cudnn.data_type.BFLOAT16
+    return cudnn.pygraph(io_data_type=bf16, intermediate_data_type=F, compute_data_type=F), bf16
+
+
+def test_a_ragged_prefill_captures_to_the_same_plan_key() -> None:
+    from examples.generate import sdpa_ragged_prefill_bf16
+
+    g, bf16 = _bf16_graph()
+    b, h, s, d = 4, 8, 512, 128
+    thd = [s * h * d, d, h * d, 1]
+    offsets = g.tensor(name="token_offsets", dim=[b + 1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32).set_uid(19)
+    q, k, v = (g.tensor(name=n, dim=[b, h, s, d], stride=thd, data_type=bf16).set_uid(u).set_ragged_offset(offsets) for n, u in (("q", 11), ("k", 12), ("v", 13)))
+    seq_q, seq_kv = (g.tensor(name=n, dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32).set_uid(u) for n, u in (("seq_len_q", 17), ("seq_len_kv", 18)))
+    o, _ = g.sdpa(q=q, k=k, v=v, attn_scale=1 / math.sqrt(d), use_causal_mask=True, use_padding_mask=True, seq_len_q=seq_q, seq_len_kv=seq_kv, generate_stats=False)
+    o.set_output(True).set_uid(14).set_stride(thd).set_ragged_offset(offsets)
+    assert GraphSpec.from_pygraph(g).spec_hash() == sdpa_ragged_prefill_bf16().spec_hash()
+
+
+def _dropout_tensors(g: object) -> tuple[object, object]:
+    i64 = cudnn.data_type.INT64
+    return tuple(g.tensor(name=n, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i64).set_uid(u) for n, u in (("dropout_seed", 31), ("dropout_offset", 32)))  # type: ignore[attr-defined,return-value]
+
+
+def test_dropout_forward_and_backward_capture_to_the_same_plan_keys() -> None:
+    from examples.generate import sdpa_backward_dropout_bf16, sdpa_dropout_bf16
+
+    g, bf16 = _bf16_graph()
+    dims, stride = [2, 8, 256, 128], [262144, 32768, 128, 1]
+    q, k, v = (g.tensor(name=n, dim=dims, stride=stride, data_type=bf16).set_uid(u) for n, u in (("q", 11), ("k", 12), ("v", 13)))
+    seed, offset = _dropout_tensors(g)
+    o, stats = g.sdpa(q=q, k=k, v=v, attn_scale=1 / math.sqrt(128), generate_stats=True, dropout=(0.1, seed, offset))
+    o.set_output(True).set_uid(14)
+    stats.set_output(True).set_uid(15).set_data_type(F)
+    assert GraphSpec.from_pygraph(g).spec_hash() == sdpa_dropout_bf16().spec_hash()
+
+    g, bf16 = _bf16_graph()
+    q, k, v, o, d_o = (g.tensor(name=n, dim=dims, stride=stride, data_type=bf16).set_uid(u) for n, u in (("q", 11), ("k", 12), ("v", 13), ("o", 14), ("dO", 16)))
+    stats = g.tensor(name="stats", dim=[2, 8, 256, 1], stride=[2048, 256, 1, 1], data_type=F).set_uid(15)
+    seed, offset = _dropout_tensors(g)
+    grads = g.sdpa_backward(q=q, k=k, v=v, o=o, dO=d_o, stats=stats, attn_scale=1 / math.sqrt(128), dropout=(0.1, seed, offset))
+    for t, uid in zip(grads, (21, 22, 23), strict=True):
+        t.set_output(True).set_uid(uid)
+    assert GraphSpec.from_pygraph(g).spec_hash() == sdpa_backward_dropout_bf16().spec_hash()
+
+
+def test_a_bias_gradient_captures_to_the_same_plan_key() -> None:
+    from examples.generate import sdpa_backward_bias_bf16
+
+    g, bf16 = _bf16_graph()
+    dims, stride = [2, 8, 256, 64], [131072, 16384, 64, 1]
+    q, k, v, o, d_o = (g.tensor(name=n, dim=dims, stride=stride, data_type=bf16).set_uid(u) for n, u in (("q", 11), ("k", 12), ("v", 13), ("o", 14), ("dO", 16)))
+    stats = g.tensor(name="stats", dim=[2, 8, 256, 1], stride=[2048, 256, 1, 1], data_type=F).set_uid(15)
+    bias = g.tensor(name="bias", dim=[1, 8, 256, 256], stride=[524288, 65536, 256, 1], data_type=bf16).set_uid(17)
+    d_bias = g.tensor(name="dBias", dim=[1, 8, 256, 256], stride=[524288, 65536, 256, 1], data_type=bf16).set_uid(24)
+    grads = g.sdpa_backward(q=q, k=k, v=v, o=o, dO=d_o, stats=stats, attn_scale=0.125, bias=bias, dBias=d_bias)
+    for t, uid in zip(grads, (21, 22, 23), strict=True):
+        t.set_output(True).set_uid(uid)
+    d_bias.set_output(True)
+    assert GraphSpec.from_pygraph(g).spec_hash() == sdpa_backward_bias_bf16().spec_hash()
+
+
+def test_a_dropout_mask_has_no_plancache_form_and_says_so() -> None:
+    g, bf16 = _bf16_graph()
+    q, k, v = (g.tensor(name=n, dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=bf16) for n in "qkv")
+    mask = g.tensor(name="mask", dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=bf16)
+    scale = g.tensor(name="scale", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=F)
+    o, _ = g.sdpa(q=q, k=k, v=v, generate_stats=False, dropout=(mask, scale))
+    o.set_output(True)
+    with pytest.raises(SpecError, match="only Philox dropout"):
+        GraphSpec.from_pygraph(g)

@@ -39,6 +39,9 @@ class Geometry:
     dtype_name: str
     pass_by_value: bool
     default: float | None  # a pass-by-value scalar's value from the spec
+    # A ragged tensor is bound as its packed buffer: contiguous, any shape;
+    # shape and stride here are the padded view cuDNN indexes through offsets.
+    ragged: bool = False
 
     @property
     def label(self) -> str:
@@ -56,6 +59,7 @@ class TensorTable:
                 uid=b.uid, name=b.name, shape=tuple(b.dim), stride=tuple(b.stride),
                 dtype_name=dtypes.from_proto(b.data_type, b.name) or "float", pass_by_value=b.is_pass_by_value,
                 default=b.scalar_value if b.is_pass_by_value and b.HasField("scalar_value") else None,
+                ragged=b.ragged_offset_uid != 0,
             )
             for b in bindings
         ]  # fmt: skip
@@ -119,9 +123,18 @@ class TensorTable:
             raise InvalidRequest(f"{g.label}: a number was given, but the plan takes a GPU tensor here")
         if not hasattr(value, "shape") or not hasattr(value, "stride"):
             raise InvalidRequest(f"{g.label}: expected a tensor, got {type(value).__name__}")
-        if tuple(value.shape) != g.shape:
+        if g.ragged:
+            # cuDNN reads and writes it through the offsets: only a dense buffer
+            # of the right type holds tokens where they say (their values stay
+            # on the GPU: checking them would cost a synchronization per call).
+            if not value.is_contiguous():
+                raise InvalidRequest(f"{g.label}: a ragged tensor is bound as its packed buffer, which must be contiguous")
+            token = g.stride[2] if len(g.stride) > 2 else 1  # elements per token (h × d in THD)
+            if value.numel() < token or value.numel() % token:
+                raise InvalidRequest(f"{g.label}: a packed buffer of {value.numel()} elements is not whole tokens of {token} (the plan's [b, h, s, d] strides {g.stride})")
+        elif tuple(value.shape) != g.shape:
             raise InvalidRequest(f"{g.label}: shape {tuple(value.shape)} but the plan was built for {g.shape}")
-        if not g.pass_by_value and tuple(value.stride()) != g.stride:
+        if not g.pass_by_value and not g.ragged and tuple(value.stride()) != g.stride:
             raise InvalidRequest(f"{g.label}: strides {tuple(value.stride())} but the plan was built for {g.stride}")
         if value.dtype is not self._dtype[g.uid]:
             raise InvalidRequest(f"{g.label}: dtype {value.dtype} but the plan was built for {g.dtype_name}")

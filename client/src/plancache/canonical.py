@@ -57,6 +57,8 @@ def canonical_dict(normalized: GraphSpec) -> dict[str, Any]:
                 "is_pass_by_value": t.is_pass_by_value,
                 "is_output": t.is_output,
                 "scalar_value": t.scalar_value,
+                # Only ragged tensors carry the key, so every other spec's hash stays as it was.
+                **({"ragged_offset_uid": ref(t.ragged_offset.uid)} if t.ragged_offset is not None else {}),
             }
             for t in tensors
         ],

@@ -39,6 +39,19 @@ def _attribute(value: Any) -> Any:
     return value
 
 
+def _dropout_ports(params: dict[str, Any], inputs: dict[str, Any], where: str) -> None:
+    """The IR keeps dropout=(p, seed, offset) flattened (params _dropout_n and
+    dropout_0, inputs dropout_1 and dropout_2): the catalog's names for them."""
+    count = params.pop("_dropout_n", None)
+    if count is None:
+        return
+    if count != 3 or "dropout_0" not in params or "dropout_1" not in inputs or "dropout_2" not in inputs:
+        raise SpecError(f"{where}: only Philox dropout (probability, seed, offset) has a plancache form, not a dropout mask")
+    params["dropout_probability"] = float(params.pop("dropout_0"))
+    inputs["dropout_seed"] = inputs.pop("dropout_1")
+    inputs["dropout_offset"] = inputs.pop("dropout_2")
+
+
 def from_pygraph(graph: Any) -> GraphSpec:
     context = getattr(graph, "_context", None)
     spec = GraphSpec(
@@ -59,6 +72,11 @@ def from_pygraph(graph: Any) -> GraphSpec:
                 is_virtual=bool(t.is_virtual), is_pass_by_value=bool(t.is_pass_by_value),
             )  # fmt: skip
             spec.tensors.append(made[id(t)])
+            offsets = getattr(t, "ragged_offset", None)
+            if offsets is not None:
+                if getattr(t, "ragged_offset_multiplier", 1) not in (None, 1):
+                    raise SpecError(f"tensor {t.name}: a ragged offset multiplier other than 1 has no plancache form yet")
+                made[id(t)].ragged_offset = tensor(offsets)
         return made[id(t)]
 
     for index, node in enumerate(graph.nodes):
@@ -76,6 +94,7 @@ def from_pygraph(graph: Any) -> GraphSpec:
         inputs = dict(node.inputs)
         if kind == "POINTWISE":  # the IR names pointwise ports IN_0, IN_1: the method's keywords, in order
             inputs = {schema.inputs[int(port.removeprefix("IN_"))]: t for port, t in inputs.items()}
+        _dropout_ports(params, inputs, f"node {index} ({node.name})")
         attributes = {k: _attribute(v) for k, v in params.items() if v is not None}
         outputs = {port: tensor(t, produced=True) for port, t in node.outputs.items()}
         for t in outputs.values():

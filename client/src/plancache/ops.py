@@ -65,6 +65,13 @@ class OpSchema:
     integer_bounds: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     # Ports holding indices into another input: values in [0, bound) (page tables).
     index_bounds: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    # Other ports that need integer tensors (dropout's seed and offset).
+    integer_inputs: tuple[str, ...] = ()
+    # Outputs the caller asks for by handing the op a tensor (sdpa_backward's
+    # dBias=, as in the frontend); never produced otherwise.
+    optional_outputs: tuple[str, ...] = ()
+    # Ports whose tensors may be ragged (packed variable-length sequences).
+    ragged_ports: tuple[str, ...] = ()
 
 
 def _fixed(*ports: str) -> OutputsFn:
@@ -186,7 +193,9 @@ def conv_output_dims(image: Dims, weight: Dims, attrs: Mapping[str, AttrValue]) 
         effective = (weight[i + 2] - 1) * dilation[i] + 1
         size = (image[i + 2] + pre[i] + post[i] - effective) // stride[i] + 1
         if size < 1:
-            raise ShapeError(f"spatial axis {i}: filter {weight[i + 2]} (dilated {effective}) does not fit input {image[i + 2]} with padding {pre[i]}+{post[i]}")
+            raise ShapeError(
+                f"spatial axis {i}: filter {weight[i + 2]} (dilated {effective}) does not fit input {image[i + 2]} with padding {pre[i]}+{post[i]}"
+            )
         out.append(size)
     return tuple(out)
 
@@ -219,7 +228,9 @@ def _conv_dgrad_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], 
         raise ShapeError("output 'DX' needs explicit dims: a strided convolution's input size is ambiguous")
     _check_channels(declared, filt, "DX", "filter")
     if conv_output_dims(declared, filt, attrs) != tuple(loss):
-        raise ShapeError(f"convolving DX {list(declared)} with filter {list(filt)} gives {list(conv_output_dims(declared, filt, attrs))}, not loss {list(loss)}")
+        raise ShapeError(
+            f"convolving DX {list(declared)} with filter {list(filt)} gives {list(conv_output_dims(declared, filt, attrs))}, not loss {list(loss)}"
+        )
     return {"DX": tuple(declared)}
 
 
@@ -232,7 +243,9 @@ def _conv_wgrad_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], 
     if declared[0] != loss[1]:
         raise ShapeError(f"DW {list(declared)} has {declared[0]} output channels but loss {list(loss)} has {loss[1]}")
     if conv_output_dims(image, declared, attrs) != tuple(loss):
-        raise ShapeError(f"convolving image {list(image)} with DW {list(declared)} gives {list(conv_output_dims(image, declared, attrs))}, not loss {list(loss)}")
+        raise ShapeError(
+            f"convolving image {list(image)} with DW {list(declared)} gives {list(conv_output_dims(image, declared, attrs))}, not loss {list(loss)}"
+        )
     return {"DW": tuple(declared)}
 
 
@@ -265,6 +278,14 @@ _SDPA_ATTRS = {
 # Paged KV cache (forward): k and v are page pools [pages, h, page size, d];
 # per-sequence page tables [b, 1, pages per sequence, 1] (int32) index them.
 _PAGED_PORTS = ("paged_attention_k_table", "paged_attention_v_table")
+_PAGED_ATTRS = {"paged_attention_max_seq_len_kv": AttrSchema(AttrKind.INT)}
+# Philox dropout: the frontend's dropout=(probability, seed, offset) tuple as an
+# attribute and two integer [1, 1, 1, 1] tensors (the backward must get the
+# forward's seed and offset to drop the same elements).
+_DROPOUT_PORTS = ("dropout_seed", "dropout_offset")
+# Packed (ragged) sequences: token totals bounding the packed Q and K/V.
+_RAGGED_ATTRS = {"max_total_seq_len_q": AttrSchema(AttrKind.INT), "max_total_seq_len_kv": AttrSchema(AttrKind.INT)}
+_TRAINING_ATTRS = {"dropout_probability": _F, **_RAGGED_ATTRS}
 
 
 def _sdpa_common(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> None:
@@ -321,8 +342,28 @@ def _sdpa_bias(ins: Mapping[str, Dims]) -> None:
         raise ShapeError(f"input 'bias' must have dims [1 or {q[0]}, 1 or {q[1]}, {q[2]}, {s_kv}], got {list(bias)}")
 
 
+def _sdpa_dropout(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> None:
+    given = [p for p in _DROPOUT_PORTS if p in ins]
+    probability = attrs.get("dropout_probability")
+    if not given and probability is None:
+        return
+    if len(given) != 2 or probability is None:
+        raise ShapeError("dropout needs dropout_probability with both dropout_seed and dropout_offset (the frontend's dropout=(p, seed, offset))")
+    assert isinstance(probability, float)
+    if not 0.0 < probability < 1.0:
+        raise ShapeError(f"dropout_probability must be in (0, 1), got {probability}")
+    for port in _DROPOUT_PORTS:
+        if tuple(ins[port]) != (1, 1, 1, 1):
+            raise ShapeError(f"input {port!r} must have dims [1, 1, 1, 1], got {list(ins[port])}")
+
+
 def _sdpa_outputs(attrs: Mapping[str, AttrValue]) -> tuple[str, ...]:
     return ("O", "Stats") if attrs.get("generate_stats") else ("O",)
+
+
+def _sdpa_alibi(attrs: Mapping[str, AttrValue]) -> None:
+    if attrs.get("use_alibi_mask") and not (attrs.get("use_causal_mask") or attrs.get("use_causal_mask_bottom_right")):
+        raise ShapeError("use_alibi_mask needs use_causal_mask (cuDNN: ALiBi needs a right bound of 0)")
 
 
 def _sdpa_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]) -> dict[str, Dims]:
@@ -330,8 +371,8 @@ def _sdpa_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs:
     if "bias" in ins and _sdpa_paged(ins, attrs):
         raise ShapeError("a bias tensor with a paged KV cache is not supported")
     _sdpa_bias(ins)
-    if attrs.get("use_alibi_mask") and not (attrs.get("use_causal_mask") or attrs.get("use_causal_mask_bottom_right")):
-        raise ShapeError("use_alibi_mask needs use_causal_mask (cuDNN: ALiBi needs a right bound of 0)")
+    _sdpa_alibi(attrs)
+    _sdpa_dropout(ins, attrs)
     q, v = ins["q"], ins["v"]
     result = {"O": _declared_or(outs.get("O"), (*q[:3], v[3]), "O")}
     if attrs.get("generate_stats"):
@@ -365,7 +406,15 @@ def _sdpa_backward_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None
     for port, dims in expected.items():
         if tuple(ins[port]) != dims:
             raise ShapeError(f"input {port!r} must have dims {list(dims)}, got {list(ins[port])}")
-    return {grad: _declared_or(outs.get(grad), ins[port], grad) for port, grad in (("q", "dQ"), ("k", "dK"), ("v", "dV"))}
+    _sdpa_bias(ins)
+    _sdpa_alibi(attrs)
+    _sdpa_dropout(ins, attrs)
+    grads = {grad: _declared_or(outs.get(grad), ins[port], grad) for port, grad in (("q", "dQ"), ("k", "dK"), ("v", "dV"))}
+    if "dBias" in outs:
+        if "bias" not in ins:
+            raise ShapeError("output 'dBias' (the bias gradient) needs input 'bias'")
+        grads["dBias"] = _declared_or(outs["dBias"], ins["bias"], "dBias")
+    return grads
 
 
 # ---------------------------------------------------------------------------
@@ -461,20 +510,23 @@ def _build_catalog() -> dict[str, OpSchema]:
         _conv("conv_dgrad", ("loss", "filter"), "DX", _conv_dgrad_infer),
         _conv("conv_wgrad", ("image", "loss"), "DW", _conv_wgrad_infer),
         OpSchema(
-            "sdpa", "sdpa", ("q", "k", "v"), ("seq_len_q", "seq_len_kv", "bias", *_PAGED_PORTS), _sdpa_outputs, ("O", "Stats"),
-            {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False), "paged_attention_max_seq_len_kv": AttrSchema(AttrKind.INT)},
+            "sdpa", "sdpa", ("q", "k", "v"), ("seq_len_q", "seq_len_kv", "bias", *_PAGED_PORTS, *_DROPOUT_PORTS), _sdpa_outputs, ("O", "Stats"),
+            {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False), **_PAGED_ATTRS, **_TRAINING_ATTRS},
             _sdpa_infer, integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
+            index_bounds={"paged_attention_k_table": ("k", 0), "paged_attention_v_table": ("v", 0)},
+            integer_inputs=_DROPOUT_PORTS, ragged_ports=("q", "k", "v", "O"),
+        ),
+        OpSchema(
+            "sdpa_fp8", "sdpa", ("q", "k", "v", *_FP8_SCALES), ("seq_len_q", "seq_len_kv", *_PAGED_PORTS), _sdpa_fp8_outputs, ("O", "Stats", "Amax_S", "Amax_O"),
+            {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False), **_PAGED_ATTRS}, _sdpa_fp8_infer,
+            integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
             index_bounds={"paged_attention_k_table": ("k", 0), "paged_attention_v_table": ("v", 0)},
         ),
         OpSchema(
-            "sdpa_fp8", "sdpa", ("q", "k", "v", *_FP8_SCALES), ("seq_len_q", "seq_len_kv"), _sdpa_fp8_outputs, ("O", "Stats", "Amax_S", "Amax_O"),
-            {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False)}, _sdpa_fp8_infer,
-            integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
-        ),
-        OpSchema(
-            "sdpa_backward", "sdpa_backward", ("q", "k", "v", "o", "dO", "stats"), ("seq_len_q", "seq_len_kv"),
-            _fixed("dQ", "dK", "dV"), ("dQ", "dK", "dV"), _SDPA_ATTRS, _sdpa_backward_infer,
-            integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
+            "sdpa_backward", "sdpa_backward", ("q", "k", "v", "o", "dO", "stats"), ("seq_len_q", "seq_len_kv", "bias", *_DROPOUT_PORTS),
+            _fixed("dQ", "dK", "dV"), ("dQ", "dK", "dV"), {**_SDPA_ATTRS, **_TRAINING_ATTRS}, _sdpa_backward_infer,
+            integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)}, integer_inputs=_DROPOUT_PORTS,
+            optional_outputs=("dBias",), ragged_ports=("q", "k", "v", "o", "dO", "dQ", "dK", "dV"),
         ),
         _norm("layernorm", ("mean", "inv_var"), ()),
         _norm("rmsnorm", ("inv_var",), ("bias",)),

@@ -45,6 +45,9 @@ class Tensor:
     is_pass_by_value: bool = False
     is_output: bool = False
     scalar_value: float | None = None
+    # A ragged (packed, variable-length) tensor's offsets: a graph input of
+    # dims [dim[0] + 1, 1, 1, 1] giving each batch's start, in elements.
+    ragged_offset: Tensor | None = None
 
     # Fluent setters mirror cudnn's Tensor so frontend code ports line by line.
     def set_uid(self, uid: int) -> Tensor:
@@ -65,6 +68,12 @@ class Tensor:
 
     def set_data_type(self, data_type: str) -> Tensor:
         self.data_type = dtypes.normalize(data_type, f"tensor {self.name or self.uid}")
+        return self
+
+    def set_ragged_offset(self, offsets: Tensor) -> Tensor:
+        """Make this a ragged tensor (packed THD attention inputs and outputs):
+        `offsets` holds each batch's start in the packed buffer, in elements."""
+        self.ragged_offset = offsets
         return self
 
     def set_output(self, is_output: bool = True) -> Tensor:
@@ -132,6 +141,7 @@ class GraphSpec:
         uid: int | None = None,
         is_pass_by_value: bool = False,
         scalar_value: float | None = None,
+        ragged_offset: Tensor | None = None,
     ) -> Tensor:
         """A graph input. Strides default to contiguous (row-major)."""
         t = Tensor(
@@ -142,6 +152,7 @@ class GraphSpec:
             data_type=dtypes.normalize(data_type, f"tensor {name or uid}") if data_type else None,
             is_pass_by_value=is_pass_by_value,
             scalar_value=scalar_value,
+            ragged_offset=ragged_offset,
         )
         self.tensors.append(t)
         return t
@@ -174,16 +185,23 @@ class GraphSpec:
             raise SpecError(f"{op}() takes at most {len(ports)} tensors {ports}, got {len(args)}")
         inputs: dict[str, Tensor] = dict(zip(ports, args, strict=False))
         attributes: dict[str, AttrValue] = {}
+        given_outputs: dict[str, Tensor] = {}
+        dropout = kwargs.pop("dropout", None)
+        if dropout is not None:  # the frontend's (probability, seed, offset) tuple
+            if not (isinstance(dropout, tuple | list) and len(dropout) == 3 and isinstance(dropout[1], Tensor) and isinstance(dropout[2], Tensor)):
+                raise SpecError(f"{op}(): dropout must be (probability, seed tensor, offset tensor)")
+            kwargs.update(dropout_probability=dropout[0], dropout_seed=dropout[1], dropout_offset=dropout[2])
         for key, value in kwargs.items():
-            if isinstance(value, Tensor):
+            if isinstance(value, Tensor) and key in schema.optional_outputs:
+                given_outputs[key] = value.set_output(True)  # the frontend's dBias=: a tensor the op writes
+            elif isinstance(value, Tensor):
                 inputs[key] = value
             elif value is not None:
                 attributes[key] = tuple(value) if isinstance(value, list | tuple) else value
         node_name = name or f"{op}_{len(self.nodes)}"
         produced = set(schema.outputs_for(attributes))
-        outputs = {
-            port: self._intermediate(f"{node_name}::{port}") for port in schema.all_outputs if port in produced
-        }
+        outputs = {port: self._intermediate(f"{node_name}::{port}") for port in schema.all_outputs if port in produced}
+        outputs.update(given_outputs)
         self.nodes.append(
             Node(op=op, inputs=inputs, outputs=outputs, attributes=attributes, name=node_name,
                  compute_data_type=dtypes.normalize(compute_data_type, node_name) if compute_data_type else None)
@@ -221,6 +239,8 @@ class GraphSpec:
         return self.node("sdpa_fp8", q, k, v, **kwargs)
 
     def sdpa_backward(self, q: Tensor, k: Tensor, v: Tensor, o: Tensor, dO: Tensor, stats: Tensor, **kwargs: Any) -> list[Tensor | None]:
+        """Returns [dQ, dK, dV]. As in the frontend, a bias gradient is asked
+        for with dBias=<a tensor made with .tensor()>, which the op writes."""
         return self.node("sdpa_backward", q, k, v, o, dO, stats, **kwargs)
 
     def layernorm(self, input: Tensor, scale: Tensor, bias: Tensor, epsilon: Tensor, **kwargs: Any) -> list[Tensor | None]:

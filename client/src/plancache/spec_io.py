@@ -22,7 +22,7 @@ from plancache.spec import GraphSpec, Node, Tensor
 from plancache.v1 import plancache_pb2 as pb
 
 _GRAPH_KEYS = {"name", "io_data_type", "intermediate_data_type", "compute_data_type", "tensors", "nodes"}
-_TENSOR_KEYS = {"uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_output", "scalar_value"}
+_TENSOR_KEYS = {"uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_output", "scalar_value", "ragged_offset_uid"}
 _NODE_KEYS = {"op", "name", "inputs", "outputs", "attributes", "compute_data_type"}
 
 
@@ -57,6 +57,8 @@ def _tensor_to_dict(t: Tensor) -> dict[str, Any]:
             out[flag] = True
     if t.scalar_value is not None:
         out["scalar_value"] = t.scalar_value
+    if t.ragged_offset is not None:
+        out["ragged_offset_uid"] = t.ragged_offset.uid
     return out
 
 
@@ -97,9 +99,13 @@ def from_dict(data: Any) -> GraphSpec:
     )
     tensors = data.get("tensors", [])
     _expect(isinstance(tensors, list), "graph: 'tensors' must be a list")
+    ragged: dict[int, int] = {}
     for i, raw in enumerate(tensors):
         spec.tensors.append(_tensor_from_dict(raw, f"tensor {i}"))
+        if isinstance(raw, dict) and raw.get("ragged_offset_uid") is not None:
+            ragged[i] = _int(raw["ragged_offset_uid"], f"tensor {i} ragged_offset_uid")
     by_uid = _index_uids(spec.tensors)
+    _resolve_ragged(spec, ragged, by_uid)
     nodes = data.get("nodes", [])
     _expect(isinstance(nodes, list), "graph: 'nodes' must be a list")
     for i, raw in enumerate(nodes):
@@ -188,7 +194,7 @@ def to_proto(spec: GraphSpec) -> pb.GraphSpec:
             pb.TensorSpec(
                 uid=t.uid or 0, name=t.name, dim=t.dim, stride=t.stride, data_type=dtypes.to_proto(t.data_type),
                 is_virtual=t.is_virtual, is_pass_by_value=t.is_pass_by_value, is_output=t.is_output,
-                scalar_value=t.scalar_value,
+                scalar_value=t.scalar_value, ragged_offset_uid=(t.ragged_offset.uid or 0) if t.ragged_offset is not None else 0,
             )
         )  # fmt: skip
     for n in spec.nodes:
@@ -222,8 +228,7 @@ def refuse_unknown_fields(msg: Message, where: str) -> None:
     unknown = [f.field_number for f in UnknownFieldSet(msg)]  # type: ignore[attr-defined]
     if unknown:
         raise SpecError(
-            f"{where}: unknown field number(s) {', '.join(map(str, unknown))} in {msg.DESCRIPTOR.name} "
-            "(sent by a newer client? this server cannot honor them)"
+            f"{where}: unknown field number(s) {', '.join(map(str, unknown))} in {msg.DESCRIPTOR.name} (sent by a newer client? this server cannot honor them)"
         )
     for field, value in msg.ListFields():
         if field.message_type is None:
@@ -246,8 +251,11 @@ def from_proto(msg: pb.GraphSpec) -> GraphSpec:
         intermediate_data_type=dtypes.from_proto(msg.intermediate_data_type, "graph intermediate_data_type"),
         compute_data_type=dtypes.from_proto(msg.compute_data_type, "graph compute_data_type"),
     )
+    ragged: dict[int, int] = {}
     for i, t in enumerate(msg.tensors):
         where = f"tensor {i} ({t.name})" if t.name else f"tensor {i}"
+        if t.ragged_offset_uid:
+            ragged[i] = t.ragged_offset_uid
         spec.tensors.append(
             Tensor(
                 uid=t.uid, name=t.name, dim=tuple(t.dim), stride=tuple(t.stride),
@@ -257,6 +265,7 @@ def from_proto(msg: pb.GraphSpec) -> GraphSpec:
             )
         )  # fmt: skip
     by_uid = _index_uids(spec.tensors)
+    _resolve_ragged(spec, ragged, by_uid)
     for i, n in enumerate(msg.nodes):
         where = f"node {i} ({n.name or n.op})"
         spec.nodes.append(
@@ -286,6 +295,14 @@ def _attr_from_proto(value: pb.AttributeValue, where: str) -> AttrValue:
 # ---------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------
+
+
+def _resolve_ragged(spec: GraphSpec, ragged: Mapping[int, int], by_uid: Mapping[int, Tensor]) -> None:
+    """Point each ragged tensor (by index) at its offsets tensor (by uid)."""
+    for index, uid in ragged.items():
+        t = spec.tensors[index]
+        _expect(uid in by_uid, f"{t.label()}: ragged_offset_uid {uid} names no tensor of this graph")
+        t.ragged_offset = by_uid[uid]
 
 
 def _index_uids(tensors: list[Tensor]) -> dict[int, Tensor]:

@@ -57,6 +57,7 @@ def normalize(spec: GraphSpec, limits: Limits = DEFAULT_LIMITS) -> GraphSpec:
     consumed: set[int] = set()
     for index, node in enumerate(out.nodes):
         _normalize_node(out, node, index, producer, consumed, limits)
+    consumed.update(t.ragged_offset.uid for t in out.tensors if t.ragged_offset is not None and t.ragged_offset.uid is not None)
     total_bytes = 0
     for tensor in out.tensors:
         _normalize_tensor(out, tensor, producer, consumed, limits)
@@ -65,16 +66,66 @@ def normalize(spec: GraphSpec, limits: Limits = DEFAULT_LIMITS) -> GraphSpec:
     if total_bytes > limits.max_total_bytes:
         raise SpecError(f"graph: its tensors need {total_bytes:,} bytes, over the limit of {limits.max_total_bytes:,}")
     _check_integer_ports(out)
+    _check_ragged(out, producer)
     return out
 
 
 def _check_integer_ports(spec: GraphSpec) -> None:
     """Ports that carry lengths (sdpa's seq_len_q ...) need integer tensors."""
     for index, node in enumerate(spec.nodes):
-        for port in (*CATALOG[node.op].integer_bounds, *CATALOG[node.op].index_bounds):
+        schema = CATALOG[node.op]
+        for port in (*schema.integer_bounds, *schema.index_bounds, *schema.integer_inputs):
             t = node.inputs.get(port)
             if t is not None and t.data_type not in dtypes.INTEGER_TYPES:
                 raise SpecError(f"{node.label(index)}: input {port!r} must have an integer data type, {t.label()} is {t.data_type}")
+
+
+def _check_ragged(spec: GraphSpec, producer: dict[int, int]) -> None:
+    """Ragged tensors: offsets that are integer graph inputs of dims
+    [b + 1, 1, ...], on ports that take packed sequences, with the per-batch
+    lengths (use_padding_mask) cuDNN needs to read them."""
+    ragged = {id(t) for t in spec.tensors if t.ragged_offset is not None}
+    for t in spec.tensors:
+        offsets = t.ragged_offset
+        if offsets is None:
+            continue
+        where = t.label()
+        assert offsets.uid is not None
+        if t.is_virtual or t.is_pass_by_value:
+            raise SpecError(f"{where}: only a tensor the caller binds can be ragged (not an intermediate or a pass-by-value scalar)")
+        if offsets.uid in producer or offsets.is_pass_by_value or id(offsets) in ragged:
+            raise SpecError(
+                f"{where}: its ragged offsets {offsets.label()} must be a GPU tensor the caller binds, not a node's result, a scalar or ragged itself"
+            )
+        expected = (t.dim[0] + 1, *([1] * (len(t.dim) - 1)))
+        if tuple(offsets.dim) != expected:
+            raise SpecError(
+                f"{where}: its ragged offsets {offsets.label()} must have dims {list(expected)} (one start per batch, and the end), got {list(offsets.dim)}"
+            )
+        if offsets.data_type not in ("int32", "int64"):
+            raise SpecError(f"{where}: its ragged offsets {offsets.label()} must be int32 or int64, got {offsets.data_type}")
+    for index, node in enumerate(spec.nodes):
+        schema = CATALOG[node.op]
+        ports = {**node.inputs, **node.outputs}
+        packed = [port for port, t in ports.items() if id(t) in ragged]
+        for port in packed:
+            if port not in schema.ragged_ports:
+                allowed = f"only {', '.join(schema.ragged_ports)}" if schema.ragged_ports else "none"
+                raise SpecError(f"{node.label(index)}: {port!r} ({ports[port].label()}) is ragged, but {node.op} takes ragged tensors on {allowed}")
+        if packed and not node.attributes.get("use_padding_mask"):
+            raise SpecError(
+                f"{node.label(index)}: ragged {', '.join(map(repr, packed))} need use_padding_mask with seq_len_q and seq_len_kv (each sequence's length)"
+            )
+        for attr, port in (("max_total_seq_len_q", "q"), ("max_total_seq_len_kv", "k")):
+            total = node.attributes.get(attr)
+            if total is None:
+                continue
+            t = node.inputs[port]
+            if id(t) not in ragged:
+                raise SpecError(f"{node.label(index)}: {attr} is for a ragged {port!r}; {t.label()} is not ragged")
+            assert isinstance(total, int)
+            if not 1 <= total <= t.dim[0] * t.dim[2]:
+                raise SpecError(f"{node.label(index)}: {attr} = {total} must be in [1, {t.dim[0] * t.dim[2]}] (batch × longest sequence of {port!r})")
 
 
 def _check_graph(spec: GraphSpec, limits: Limits) -> None:
@@ -101,15 +152,16 @@ def _check_graph(spec: GraphSpec, limits: Limits) -> None:
         if t.dim:
             _check_dims(t, limits)
     known = {id(t) for t in spec.tensors}
+    for t in spec.tensors:
+        if t.ragged_offset is not None and id(t.ragged_offset) not in known:
+            raise SpecError(f"{t.label()}: its ragged offsets tensor is not part of this graph")
     for i, node in enumerate(spec.nodes):
         for port, t in [*node.inputs.items(), *node.outputs.items()]:
             if id(t) not in known:
                 raise SpecError(f"{node.label(i)}: port {port!r} uses a tensor that is not part of this graph")
 
 
-def _normalize_node(
-    spec: GraphSpec, node: Node, index: int, producer: dict[int, int], consumed: set[int], limits: Limits
-) -> None:
+def _normalize_node(spec: GraphSpec, node: Node, index: int, producer: dict[int, int], consumed: set[int], limits: Limits) -> None:
     where = node.label(index)
     schema = CATALOG.get(node.op)
     if schema is None:
@@ -138,8 +190,9 @@ def _normalize_node(
         schema.complete(input_dims, node.attributes)
     expected = schema.outputs_for(node.attributes)
     for port in node.outputs:
-        if port not in expected:
-            raise SpecError(f"{where}: {node.op} does not produce {port!r} with these attributes (it produces {', '.join(expected)})")
+        if port not in expected and port not in schema.optional_outputs:
+            extra = f"; on request: {', '.join(schema.optional_outputs)}" if schema.optional_outputs else ""
+            raise SpecError(f"{where}: {node.op} does not produce {port!r} with these attributes (it produces {', '.join(expected)}{extra})")
     for port in expected:
         if port not in node.outputs:
             raise SpecError(f"{where}: output {port!r} is not mapped to a tensor")
@@ -171,6 +224,8 @@ def _infer_result_strides(schema: OpSchema, node: Node, where: str) -> None:
     inputs = {port: (t.dim, t.stride or layouts.row_major(t.dim)) for port, t in node.inputs.items()}
     for port, t in node.outputs.items():
         inferred = layouts.result_strides(schema.family, port, t.dim, inputs, schema.inputs + schema.optional_inputs)
+        if not t.stride and t.ragged_offset is not None:
+            raise SpecError(f"{where}: ragged output {port!r} ({t.label()}) needs its strides (the packed layout cuDNN writes through the offsets)")
         if not t.stride:
             t.stride = inferred
         elif not t.is_output and tuple(t.stride) != inferred:

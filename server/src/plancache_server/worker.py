@@ -110,7 +110,7 @@ def plan_metadata(job: VerifiedJob, compiled: CompiledPlan, worker_id: str, buil
         pb.TensorBinding(
             uid=t.uid, name=t.name, dim=t.dim, stride=t.stride, data_type=t.data_type, is_output=t.is_output,
             is_pass_by_value=t.is_pass_by_value,
-            scalar_value=t.scalar_value if t.HasField("scalar_value") else None,
+            scalar_value=t.scalar_value if t.HasField("scalar_value") else None, ragged_offset_uid=t.ragged_offset_uid,
         )
         for t in sorted(spec.tensors, key=lambda t: t.uid)
         if not t.is_virtual

@@ -60,7 +60,7 @@ COMPILE_SOURCE_JOINED: CompileSource
 COMPILE_SOURCE_PROVISIONAL: CompileSource
 
 class TensorSpec(_message.Message):
-    __slots__ = ("uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_output", "scalar_value")
+    __slots__ = ("uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_output", "scalar_value", "ragged_offset_uid")
     UID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class TensorSpec(_message.Message):
     IS_PASS_BY_VALUE_FIELD_NUMBER: _ClassVar[int]
     IS_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     SCALAR_VALUE_FIELD_NUMBER: _ClassVar[int]
+    RAGGED_OFFSET_UID_FIELD_NUMBER: _ClassVar[int]
     uid: int
     name: str
     dim: _containers.RepeatedScalarFieldContainer[int]
@@ -79,7 +80,8 @@ class TensorSpec(_message.Message):
     is_pass_by_value: bool
     is_output: bool
     scalar_value: float
-    def __init__(self, uid: _Optional[int] = ..., name: _Optional[str] = ..., dim: _Optional[_Iterable[int]] = ..., stride: _Optional[_Iterable[int]] = ..., data_type: _Optional[_Union[DataType, str]] = ..., is_virtual: _Optional[bool] = ..., is_pass_by_value: _Optional[bool] = ..., is_output: _Optional[bool] = ..., scalar_value: _Optional[float] = ...) -> None: ...
+    ragged_offset_uid: int
+    def __init__(self, uid: _Optional[int] = ..., name: _Optional[str] = ..., dim: _Optional[_Iterable[int]] = ..., stride: _Optional[_Iterable[int]] = ..., data_type: _Optional[_Union[DataType, str]] = ..., is_virtual: _Optional[bool] = ..., is_pass_by_value: _Optional[bool] = ..., is_output: _Optional[bool] = ..., scalar_value: _Optional[float] = ..., ragged_offset_uid: _Optional[int] = ...) -> None: ...
 
 class IntList(_message.Message):
     __slots__ = ("values",)
@@ -199,7 +201,7 @@ class PlanQuery(_message.Message):
     def __init__(self, spec: _Optional[_Union[GraphSpec, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ...) -> None: ...
 
 class TensorBinding(_message.Message):
-    __slots__ = ("uid", "name", "dim", "stride", "data_type", "is_output", "is_pass_by_value", "scalar_value")
+    __slots__ = ("uid", "name", "dim", "stride", "data_type", "is_output", "is_pass_by_value", "scalar_value", "ragged_offset_uid")
     UID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +210,7 @@ class TensorBinding(_message.Message):
     IS_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     IS_PASS_BY_VALUE_FIELD_NUMBER: _ClassVar[int]
     SCALAR_VALUE_FIELD_NUMBER: _ClassVar[int]
+    RAGGED_OFFSET_UID_FIELD_NUMBER: _ClassVar[int]
     uid: int
     name: str
     dim: _containers.RepeatedScalarFieldContainer[int]
@@ -216,7 +219,8 @@ class TensorBinding(_message.Message):
     is_output: bool
     is_pass_by_value: bool
     scalar_value: float
-    def __init__(self, uid: _Optional[int] = ..., name: _Optional[str] = ..., dim: _Optional[_Iterable[int]] = ..., stride: _Optional[_Iterable[int]] = ..., data_type: _Optional[_Union[DataType, str]] = ..., is_output: _Optional[bool] = ..., is_pass_by_value: _Optional[bool] = ..., scalar_value: _Optional[float] = ...) -> None: ...
+    ragged_offset_uid: int
+    def __init__(self, uid: _Optional[int] = ..., name: _Optional[str] = ..., dim: _Optional[_Iterable[int]] = ..., stride: _Optional[_Iterable[int]] = ..., data_type: _Optional[_Union[DataType, str]] = ..., is_output: _Optional[bool] = ..., is_pass_by_value: _Optional[bool] = ..., scalar_value: _Optional[float] = ..., ragged_offset_uid: _Optional[int] = ...) -> None: ...
 
 class Knob(_message.Message):
     __slots__ = ("name", "value")

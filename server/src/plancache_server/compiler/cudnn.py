@@ -83,7 +83,10 @@ class CudnnCompiler:
             intermediate_data_type=_cudnn_dtype(spec.intermediate_data_type or "float"),
             compute_data_type=_cudnn_dtype(spec.compute_data_type or "float"),
         )
-        produced = {t.uid for n in spec.nodes for t in n.outputs.values()}
+        # Given outputs (sdpa_backward's dBias) are handed to their node as
+        # tensors, the way the frontend takes them; other results it returns.
+        given = {t.uid for n in spec.nodes for port, t in n.outputs.items() if port in CATALOG[n.op].optional_outputs}
+        produced = {t.uid for n in spec.nodes for t in n.outputs.values()} - given
         made: dict[int, Any] = {}
         for t in spec.tensors:
             if t.uid not in produced:
@@ -92,10 +95,18 @@ class CudnnCompiler:
                     name=t.name or f"t{t.uid}", dim=list(t.dim), stride=list(t.stride),
                     data_type=_cudnn_dtype(t.data_type), is_pass_by_value=t.is_pass_by_value, uid=t.uid,
                 )  # fmt: skip
+        for t in spec.tensors:
+            if t.ragged_offset is not None and t.uid not in produced:
+                made[t.uid or 0].set_ragged_offset(made[t.ragged_offset.uid or 0])
         for index, node in enumerate(spec.nodes):
             schema = CATALOG[node.op]
             kwargs: dict[str, Any] = {port: made[t.uid] for port, t in node.inputs.items() if t.uid is not None}
+            kwargs.update({port: made[t.uid or 0] for port, t in node.outputs.items() if port in schema.optional_outputs})
+            if "dropout_probability" in node.attributes:  # the frontend takes dropout as one tuple
+                kwargs["dropout"] = (node.attributes["dropout_probability"], kwargs.pop("dropout_seed"), kwargs.pop("dropout_offset"))
             for key, value in node.attributes.items():
+                if key == "dropout_probability":
+                    continue
                 if key in _ENUM_ATTRS:
                     kwargs[key] = getattr(getattr(cudnn, _ENUM_ATTRS[key]), str(value))
                 else:
@@ -113,13 +124,18 @@ class CudnnCompiler:
             by_port = dict(zip(schema.all_outputs, returned, strict=False))
             for port, t in node.outputs.items():
                 assert t.uid is not None and t.data_type is not None
+                if t.uid in given:
+                    made[t.uid].set_output(True)
+                    continue
                 out = by_port[port]
                 made[t.uid] = out
                 out.set_data_type(_cudnn_dtype(t.data_type))
                 if t.is_output:
                     out.set_output(True).set_uid(t.uid).set_dim(list(t.dim))
-                    if result_strides:
+                    if result_strides or t.ragged_offset is not None:
                         out.set_stride(list(t.stride))
+                    if t.ragged_offset is not None:
+                        out.set_ragged_offset(made[t.ragged_offset.uid or 0])
         return g
 
     # ---- inputs for timing ------------------------------------------------------
@@ -134,6 +150,14 @@ class CudnnCompiler:
                 for port, (source, axis) in table.items():
                     if port in node.inputs:
                         found[node.inputs[port].uid or 0] = node.inputs[source].dim[axis]
+        # Ragged offsets for timing: batch i starts where the padded layout puts
+        # it (i × the smallest batch stride of the tensors using them), in bounds
+        # of every buffer allocated below.
+        starts: dict[int, int] = {}
+        for t in spec.tensors:
+            if t.ragged_offset is not None and t.ragged_offset.uid is not None:
+                uid = t.ragged_offset.uid
+                starts[uid] = min(starts.get(uid, t.stride[0]), t.stride[0])
         bindings: dict[int, Any] = {}
         for t in spec.tensors:
             if t.is_virtual:
@@ -145,7 +169,9 @@ class CudnnCompiler:
                 bindings[t.uid] = torch.full(t.dim, value, dtype=dtype)
                 continue
             count = storage_elements(t.dim, t.stride)
-            if t.data_type in dtypes.INTEGER_TYPES and t.uid in indices:
+            if t.uid in starts:
+                flat = (torch.arange(count, device=self._device) * starts[t.uid]).to(dtype)
+            elif t.data_type in dtypes.INTEGER_TYPES and t.uid in indices:
                 flat = torch.randint(0, indices[t.uid], (count,), device=self._device).to(dtype)
             elif t.data_type in dtypes.INTEGER_TYPES:
                 high = bounds.get(t.uid, 8)
