@@ -114,7 +114,7 @@ def test_dropout_forward_and_backward_capture_to_the_same_plan_keys() -> None:
     from examples.generate import sdpa_backward_dropout_bf16, sdpa_dropout_bf16
 
     g, bf16 = _bf16_graph()
-    dims, stride = [2, 8, 256, 128], [262144, 32768, 128, 1]
+    dims, stride = [2, 8, 128, 128], [131072, 16384, 128, 1]
     q, k, v = (g.tensor(name=n, dim=dims, stride=stride, data_type=bf16).set_uid(u) for n, u in (("q", 11), ("k", 12), ("v", 13)))
     seed, offset = _dropout_tensors(g)
     o, stats = g.sdpa(q=q, k=k, v=v, attn_scale=1 / math.sqrt(128), generate_stats=True, dropout=(0.1, seed, offset))
@@ -124,7 +124,7 @@ def test_dropout_forward_and_backward_capture_to_the_same_plan_keys() -> None:
 
     g, bf16 = _bf16_graph()
     q, k, v, o, d_o = (g.tensor(name=n, dim=dims, stride=stride, data_type=bf16).set_uid(u) for n, u in (("q", 11), ("k", 12), ("v", 13), ("o", 14), ("dO", 16)))
-    stats = g.tensor(name="stats", dim=[2, 8, 256, 1], stride=[2048, 256, 1, 1], data_type=F).set_uid(15)
+    stats = g.tensor(name="stats", dim=[2, 8, 128, 1], stride=[1024, 128, 1, 1], data_type=F).set_uid(15)
     seed, offset = _dropout_tensors(g)
     grads = g.sdpa_backward(q=q, k=k, v=v, o=o, dO=d_o, stats=stats, attn_scale=1 / math.sqrt(128), dropout=(0.1, seed, offset))
     for t, uid in zip(grads, (21, 22, 23), strict=True):
