@@ -140,13 +140,13 @@ def sdpa_backward_bf16() -> GraphSpec:
     return g
 
 
-def _paged_decode(g: GraphSpec, uids: tuple[int, int, int, int]) -> tuple[list[Tensor], dict[str, object]]:
-    """A decode step's q (b 8, h 8, d 128) and 64-token page pools (1024 tokens
-    per sequence at most), and the paged-cache keywords: the k and v page
-    tables and the q and kv lengths, with these uids."""
+def _paged_decode(g: GraphSpec, uids: tuple[int, int, int, int], s_q: int = 1) -> tuple[list[Tensor], dict[str, object]]:
+    """A decode step's q (b 8, h 8, s_q query tokens, d 128) and 64-token page
+    pools (1024 tokens per sequence at most), and the paged-cache keywords:
+    the k and v page tables and the q and kv lengths, with these uids."""
     b, h, d, page, max_kv = 8, 8, 128, 64, 1024
     pages = b * max_kv // page
-    qkv = [g.tensor(dim, name=n, uid=u) for n, u, dim in (("q", 11, [b, h, 1, d]), ("k_cache", 12, [pages, h, page, d]), ("v_cache", 13, [pages, h, page, d]))]
+    qkv = [g.tensor(dim, name=n, uid=u) for n, u, dim in (("q", 11, [b, h, s_q, d]), ("k_cache", 12, [pages, h, page, d]), ("v_cache", 13, [pages, h, page, d]))]
     dims = ([b, 1, max_kv // page, 1],) * 2 + ([b, 1, 1, 1],) * 2
     k_table, v_table, seq_q, seq_kv = (g.tensor(dim, name=n, uid=u, data_type="int32")
                                        for n, u, dim in zip(("k_page_table", "v_page_table", "seq_len_q", "seq_len_kv"), uids, dims, strict=True))  # fmt: skip
@@ -173,6 +173,18 @@ def sdpa_paged_decode_bf16() -> GraphSpec:
     g = GraphSpec(name="sdpa_paged_decode_bf16", io_data_type="bfloat16")
     qkv, paging = _paged_decode(g, (15, 16, 17, 18))
     o, _ = g.sdpa(*qkv, **paging)
+    assert o is not None
+    o.set_output(True).set_name("o").set_uid(14)
+    return g
+
+
+def sdpa_paged_chunk_causal_bf16() -> GraphSpec:
+    """Chunked prefill (or speculative decoding) over a paged KV cache: up to
+    64 new query tokens per sequence attend to its cached tokens and to the
+    new ones before them: bottom-right causal, with the padding mask."""
+    g = GraphSpec(name="sdpa_paged_chunk_causal_bf16", io_data_type="bfloat16")
+    qkv, paging = _paged_decode(g, (15, 16, 17, 18), s_q=64)
+    o, _ = g.sdpa(*qkv, **paging, use_causal_mask_bottom_right=True)
     assert o is not None
     o.set_output(True).set_name("o").set_uid(14)
     return g
@@ -434,7 +446,7 @@ EXAMPLES: dict[str, Callable[[], GraphSpec]] = {
     f.__name__: f
     for f in (
         matmul_fp16, matmul_bias_relu_bf16, conv_bias_relu_fp16, conv_dgrad_fp16, conv_wgrad_fp16,
-        sdpa_causal_fp16, sdpa_stats_bf16, sdpa_padding_fp16, sdpa_backward_bf16, sdpa_paged_decode_bf16, sdpa_bias_bf16, sdpa_alibi_bf16,
+        sdpa_causal_fp16, sdpa_stats_bf16, sdpa_padding_fp16, sdpa_backward_bf16, sdpa_paged_decode_bf16, sdpa_paged_chunk_causal_bf16, sdpa_bias_bf16, sdpa_alibi_bf16,
         sdpa_ragged_prefill_bf16, sdpa_backward_ragged_bf16, sdpa_dropout_bf16, sdpa_backward_dropout_bf16, sdpa_backward_bias_bf16,
         sdpa_fp8_causal, sdpa_fp8_paged_decode, matmul_fp8_scaled_bf16, matmul_fp8_bias_gelu_amax_bf16, matmul_fp8_bias_relu_fp16,
         layernorm_training_fp16, layernorm_inference_bf16, rmsnorm_training_bf16, rmsnorm_inference_fp16,

@@ -81,6 +81,31 @@ def _prepare_paged(t: Tensors) -> None:
     t["seq_len_kv"].copy_(lengths)
 
 
+def _prepare_paged_chunk(t: Tensors) -> None:
+    """Shuffled pages; 1..64 new query tokens per sequence, 64..1024 tokens in all."""
+    _prepare_paged(t)
+    b, s_q = t["q"].shape[0], t["q"].shape[2]
+    max_kv = t["k_page_table"].shape[2] * t["k_cache"].shape[2]
+    t["seq_len_q"].copy_(torch.linspace(1, s_q, b).round().to(torch.int32).view(b, 1, 1, 1))
+    t["seq_len_kv"].copy_(torch.linspace(s_q, max_kv, b).round().to(torch.int32).view(b, 1, 1, 1))
+
+
+def _sdpa_paged_chunk(t: Tensors) -> Tensors:
+    """Each sequence's new tokens over its gathered pages; query j of lq sees
+    the keys up to lkv - lq + j (bottom-right causal); padded rows unspecified."""
+    q, kc, vc = _f(t["q"]), _f(t["k_cache"]), _f(t["v_cache"])
+    b, h, d = q.shape[0], q.shape[1], q.shape[3]
+    out = torch.full(q.shape, float("nan"), device=q.device)
+    for i in range(b):
+        lq, lkv = int(t["seq_len_q"][i]), int(t["seq_len_kv"][i])
+        k_i = kc[t["k_page_table"][i, 0, :, 0].long()].permute(1, 0, 2, 3).reshape(h, -1, d)[:, :lkv]
+        v_i = vc[t["v_page_table"][i, 0, :, 0].long()].permute(1, 0, 2, 3).reshape(h, -1, d)[:, :lkv]
+        scores = torch.einsum("hqd,hkd->hqk", q[i, :, :lq], k_i) / math.sqrt(d)
+        visible = torch.arange(lkv, device=q.device).view(1, lkv) <= (lkv - lq) + torch.arange(lq, device=q.device).view(lq, 1)
+        out[i, :, :lq] = torch.einsum("hqk,hkd->hqd", torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1), v_i)
+    return {"o": out}
+
+
 def _prepare_unit_scales(t: Tensors) -> None:
     for name in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"):
         t[name].fill_(1.0)
@@ -245,6 +270,7 @@ PREPARE: dict[str, Callable[[Tensors], None]] = {
     "sdpa_backward_bf16": _prepare_sdpa_backward,
     "sdpa_padding_fp16": _prepare_padding,
     "sdpa_paged_decode_bf16": _prepare_paged,
+    "sdpa_paged_chunk_causal_bf16": _prepare_paged_chunk,
     "sdpa_ragged_prefill_bf16": _prepare_ragged,
     "sdpa_backward_ragged_bf16": _prepare_ragged_backward,
     "sdpa_backward_bias_bf16": _prepare_backward_bias,
@@ -346,6 +372,7 @@ REFERENCES: dict[str, Callable[[Tensors], Tensors]] = {
     "sdpa_backward_ragged_bf16": _sdpa_backward_ragged,
     "sdpa_backward_bias_bf16": _sdpa_backward_bias,
     "sdpa_fp8_paged_decode": _sdpa_fp8_paged,
+    "sdpa_paged_chunk_causal_bf16": _sdpa_paged_chunk,
     "matmul_fp8_bias_gelu_amax_bf16": _matmul_fp8_gelu_amax,
     "matmul_fp8_bias_relu_fp16": lambda t: {"C": _matmul_fp8_epilogue(t, torch.relu)},
     "layernorm_training_fp16": lambda t: _layernorm(t, training=True),

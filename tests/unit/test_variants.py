@@ -39,7 +39,7 @@ def refused(spec: dict[str, Any], message: str) -> None:
 VARIANT_EXAMPLES = (
     "sdpa_paged_decode_bf16", "sdpa_bias_bf16", "sdpa_alibi_bf16", "sdpa_fp8_causal", "matmul_fp8_scaled_bf16", "sdpa_ragged_prefill_bf16",
     "sdpa_backward_ragged_bf16", "sdpa_dropout_bf16", "sdpa_backward_dropout_bf16", "sdpa_backward_bias_bf16", "sdpa_fp8_paged_decode",
-    "matmul_fp8_bias_gelu_amax_bf16", "matmul_fp8_bias_relu_fp16",
+    "matmul_fp8_bias_gelu_amax_bf16", "matmul_fp8_bias_relu_fp16", "sdpa_paged_chunk_causal_bf16",
 )  # fmt: skip
 
 
