@@ -32,6 +32,7 @@ from plancache.validation import storage_elements
 from plancache_server.compiler.base import AUTOTUNE_STRATEGIES, CandidateResult, CompiledPlan
 from plancache_server.compiler.defects import check_known_defects
 from plancache_server.compiler.timing import best, time_candidates
+from plancache_server.compiler.timing_inputs import timing_inputs
 
 log = logging.getLogger(__name__)
 
@@ -142,22 +143,7 @@ class CudnnCompiler:
 
     def random_bindings(self, spec: GraphSpec) -> dict[int, Any]:
         """Random data for every bound tensor (never zeros), honouring strides."""
-        bounds: dict[int, int] = {}  # lengths: values in [1, bound]
-        indices: dict[int, int] = {}  # indices (page tables): values in [0, bound)
-        for node in spec.nodes:
-            schema = CATALOG[node.op]
-            for table, found in ((schema.integer_bounds, bounds), (schema.index_bounds, indices)):
-                for port, (source, axis) in table.items():
-                    if port in node.inputs:
-                        found[node.inputs[port].uid or 0] = node.inputs[source].dim[axis]
-        # Ragged offsets for timing: batch i starts where the padded layout puts
-        # it (i × the smallest batch stride of the tensors using them), in bounds
-        # of every buffer allocated below.
-        starts: dict[int, int] = {}
-        for t in spec.tensors:
-            if t.ragged_offset is not None and t.ragged_offset.uid is not None:
-                uid = t.ragged_offset.uid
-                starts[uid] = min(starts.get(uid, t.stride[0]), t.stride[0])
+        rules = timing_inputs(spec)
         bindings: dict[int, Any] = {}
         for t in spec.tensors:
             if t.is_virtual:
@@ -169,12 +155,12 @@ class CudnnCompiler:
                 bindings[t.uid] = torch.full(t.dim, value, dtype=dtype)
                 continue
             count = storage_elements(t.dim, t.stride)
-            if t.uid in starts:
-                flat = (torch.arange(count, device=self._device) * starts[t.uid]).to(dtype)
-            elif t.data_type in dtypes.INTEGER_TYPES and t.uid in indices:
-                flat = torch.randint(0, indices[t.uid], (count,), device=self._device).to(dtype)
+            if t.uid in rules.ragged_steps:
+                flat = (torch.arange(count, device=self._device) * rules.ragged_steps[t.uid]).to(dtype)
+            elif t.data_type in dtypes.INTEGER_TYPES and t.uid in rules.indices:
+                flat = torch.randint(0, rules.indices[t.uid], (count,), device=self._device).to(dtype)
             elif t.data_type in dtypes.INTEGER_TYPES:
-                high = bounds.get(t.uid, 8)
+                high = rules.lengths.get(t.uid, 8)
                 flat = torch.randint(1, high + 1, (count,), device=self._device).to(dtype)
             else:
                 flat = torch.randn(count, device=self._device, dtype=torch.float32).to(dtype)
