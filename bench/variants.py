@@ -10,9 +10,10 @@ same data:
   torch has no paged attention: its paths are gathering the pages into a
   contiguous cache then SDPA (what a torch user runs), and SDPA over an
   already contiguous cache (a floor that ignores paging);
-- the same decode step in FP8 (e4m3 query and pages, unit scales; e4m3 O,
-  the only FP8 attention output cuDNN 9.19 has on Hopper). torch has no FP8
-  attention: its path dequantizes the pages to bf16, gathers and runs SDPA;
+- the same decode step in FP8 (e4m3 query and pages, unit scales, e4m3 O).
+  torch has no FP8 attention: its path dequantizes the pages to bf16,
+  gathers and runs SDPA. cuDNN 9.19 refuses FP8 decode on Hopper (GPU run
+  18): the row then records the refusal;
 - packed prefill: 8 sequences of mixed lengths, 16,384 tokens in one THD
   buffer (bf16, 32 heads, d 128, causal) through ragged offsets, against
   torch's varlen flash attention on the same packed buffers and against SDPA
