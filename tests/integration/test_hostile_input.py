@@ -147,3 +147,29 @@ def test_a_newer_clients_unknown_field_is_refused_not_dropped(hostile_stack: Sta
             call(request, timeout=10)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert expected in (refused.value.details() or "")
+
+
+@pytest.mark.parametrize(
+    ("ragged_offset_uid", "expected"),
+    [(99999, "ragged_offset_uid 99999 names no tensor of this graph"),
+     (-5, "ragged_offset_uid -5 names no tensor of this graph"),
+     (2**62, f"ragged_offset_uid {2**62} names no tensor of this graph"),
+     ("self", "must be a GPU tensor the caller binds, not a node's result, a scalar or ragged itself"),
+     ("o", "must be a GPU tensor the caller binds, not a node's result")],
+)  # fmt: skip
+def test_hostile_ragged_offsets_are_invalid_argument_naming_the_tensor(hostile_stack: Stack, ragged_offset_uid: int | str, expected: str) -> None:
+    """A ragged offset pointing nowhere, at the tensor itself or at a node's
+    result is refused before any work, and the server keeps serving."""
+    request = pb.CompileRequest(spec=spec_io.to_proto(spec_io.from_json((REPO / "examples" / "sdpa_ragged_prefill_bf16.json").read_text())),
+                                target=TARGET.to_proto())  # fmt: skip
+    q = next(t for t in request.spec.tensors if t.name == "q")
+    o = next(t for t in request.spec.tensors if t.name == "o")
+    q.ragged_offset_uid = q.uid if ragged_offset_uid == "self" else o.uid if ragged_offset_uid == "o" else int(ragged_offset_uid)
+    with grpc.insecure_channel(hostile_stack.address) as channel:
+        call = channel.unary_unary("/plancache.v1.PlanCache/Compile", request_serializer=lambda m: m.SerializeToString(), response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as refused:
+            call(request, timeout=10)
+        _still_serving(channel)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert expected in (refused.value.details() or ""), refused.value.details()
+    assert "tensor 'q' (uid 11)" in (refused.value.details() or "")
