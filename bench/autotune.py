@@ -1,16 +1,19 @@
-"""Autotuning cost per candidate, and whether the cheaper strategy picks as
-well (GPU only; scripts/gpu-check.sh runs it).
+"""Autotuning cost per candidate, whether the cheaper strategy picks as
+well, and what a pool of build processes gains (GPU only; scripts/gpu-check.sh
+runs it).
 
 For each graph (bench/startup_graphs.py, plus the conv and SDPA cases of
-bench/gpu_cases.py): build every candidate once, then time them with the
+bench/gpu_cases.py): build every candidate once and serialize it, as the
+worker's build processes do, then deserialize and time them all with the
 `screened` strategy (the product's default) and with the `exhaustive` one
-(every candidate timed precisely, as before), in that order, in one
-process. Screened goes first, so it pays each candidate's first execution
+(every candidate timed precisely), in that order, in one process. Screened goes first, so it pays each candidate's first execution
 (CUDA loads its kernels then) and exhaustive does not: the comparison
 favours the old strategy. Then the plans each picked, and cuDNN's heuristic
 plan, are timed again side by side (interleaved CUDA-graph replays, median
 of 5 rounds): the screened choice must be within 2% of the exhaustive one,
-and the tuned plan no slower than the heuristic one beyond noise.
+and the tuned plan no slower than the heuristic one beyond noise. Last,
+every candidate of two graphs built by a pool of one build process and of
+eight (bench/results/autotune.json "pool_builds").
 
     python3 bench/autotune.py --out DIR [--time-limit S]
 """
@@ -18,7 +21,6 @@ and the tuned plan no slower than the heuristic one beyond noise.
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import sys
 import time
@@ -47,59 +49,62 @@ def graphs() -> list[GraphSpec]:
 
 
 def measure(compiler: Any, spec: GraphSpec) -> dict[str, Any]:
+    """The product's path, in this process: the heuristic plan and every
+    other candidate built and serialized (as a build process does), then
+    all of them deserialized and timed by each strategy."""
     import cudnn
     import torch
 
-    from plancache_server.compiler.timing import best, time_candidates
+    from plancache.options import CompileOptions
+    from plancache_server.compiler.base import winner
     from tests.support.gpu_timing import gpu_ms
 
-    normalized = normalize(spec)
+    normalized, options = normalize(spec), CompileOptions()
     row: dict[str, Any] = {"graph": spec.name}
-    g = compiler.graph(normalized)
-    g.validate()
-    g.build_operation_graph()
-    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    g.check_support()
     started = time.perf_counter()
-    g.build_plans(cudnn.build_plan_policy.ALL)
-    count = g.get_execution_plan_count()
-    row.update(candidates=count, build_all_s=time.perf_counter() - started)
-    bindings = compiler.random_bindings(normalized)
-    workspace = compiler.candidates_workspace(g, count)
-    launches = [functools.partial(g.execute_plan_at_index, bindings, workspace, i, handle=compiler.handle) for i in range(count)]
+    heuristic = compiler.heuristic(normalized, options)
+    others = [compiler.candidate(normalized, options, i) for i in range(heuristic.count) if i != heuristic.chosen.index]
+    built = sorted([heuristic.chosen, *(p for p in others if p.built)], key=lambda p: p.index)
+    row.update(candidates=heuristic.count, built=len(built), build_all_s=time.perf_counter() - started)
     picks: dict[str, int | None] = {}
-    ran: list[int] = []
     for strategy in ("screened", "exhaustive"):
+        compiler.autotune_strategy = strategy
         started = time.perf_counter()
-        timed = time_candidates(launches, compiler.handle, torch.device("cuda", 0), strategy)
+        timed = compiler.time_plans(normalized, options, built)
         seconds = time.perf_counter() - started
-        winner = best(timed)
-        picks[strategy] = winner.index if winner else None
-        ran = ran or [t.index for t in timed if t.ms is not None]
+        best = winner(built, timed)
+        picks[strategy] = best.index if best else None
         row[strategy] = {
             "seconds": seconds,
-            "ms_per_candidate": seconds / count * 1e3,
+            "ms_per_candidate": seconds / len(built) * 1e3,
             "chosen": picks[strategy],
-            "precisely_timed": sum(t.method != "screen" and t.ms is not None for t in timed),
-            "failed": sum(t.ms is None for t in timed),
-            "times_ms": [t.ms for t in timed],
+            "precisely_timed": sum(t.timing != "screen" and t.median_ms is not None for t in timed),
+            "failed": sum(t.median_ms is None for t in timed),
+            "times_ms": [t.median_ms for t in timed],
         }
-    # cuDNN's heuristic choice: the first candidate in its ranking that runs.
-    contenders = {"screened": picks["screened"], "exhaustive": picks["exhaustive"], "heuristic": ran[0] if ran else None}
+    compiler.autotune_strategy = "screened"
+    # cuDNN's heuristic choice: the first candidate in its ranking that builds.
+    contenders = {"screened": picks["screened"], "exhaustive": picks["exhaustive"], "heuristic": heuristic.chosen.index}
+    by_index = {p.index: p for p in built}
+    bindings = compiler.random_bindings(normalized)
+    workspace = torch.empty(max([1, *(p.workspace_size for p in built)]), device="cuda", dtype=torch.uint8)
     rounds: dict[str, list[float]] = {name: [] for name in contenders}
+
     def on_current_stream(index: int) -> Any:
-        """Candidate `index` on torch's current stream (gpu_ms captures on its own)."""
+        """Candidate `index`, deserialized as a node would, on torch's current stream (gpu_ms captures on its own)."""
+        g = cudnn.pygraph()
+        g.deserialize(compiler.handle, by_index[index].blob)
 
         def run() -> None:
             cudnn.set_stream(compiler.handle, torch.cuda.current_stream().cuda_stream)
-            launches[index]()
+            g.execute(bindings, workspace, handle=compiler.handle)
 
         return run
 
+    runs = {name: on_current_stream(index) for name, index in contenders.items() if index is not None}
     for _ in range(5):  # interleaved: the machine is shared and noisy
-        for name, index in contenders.items():
-            if index is not None:
-                rounds[name].append(gpu_ms(on_current_stream(index))[0])
+        for name, run in runs.items():
+            rounds[name].append(gpu_ms(run)[0])
     medians = {name: statistics.median(v) for name, v in rounds.items() if v}
     row["retimed_ms"] = medians
     if "screened" in medians and "exhaustive" in medians:
@@ -109,61 +114,58 @@ def measure(compiler: Any, spec: GraphSpec) -> dict[str, Any]:
     return row
 
 
-PARALLEL_GRAPHS = ("conv3x3_64_56", "mlp_up_s2048")
+POOL_GRAPHS = ("mlp_up_s2048", "conv3x3_64_56")
+POOL_SIZES = (1, 8)
 
 
-def parallel_builds(compiler: Any, threads: int = 4) -> list[dict[str, Any]]:
-    """Can candidate builds run in parallel? Each graph's candidates built
-    one by one and from `threads` threads, alternating on fresh graph objects
-    (the first sequential pass only warms up: it compiles what later passes
-    find compiled)."""
-    import concurrent.futures
-
-    import cudnn
-
+def pool_builds() -> list[dict[str, Any]]:
+    """Every candidate of a graph built by a pool of build processes (started
+    and ready before the clock, as a worker's are), one process against
+    eight: the worker's autotuning in parallel."""
     from bench.startup_graphs import startup_graphs
+    from plancache.gpu import detect_target
+    from plancache.options import CompileOptions
+    from plancache_server.build_pool import CANDIDATE, HEURISTIC, BuildTask, ProcessBuildPool, task_ids, task_query
 
-    rows = []
-    for spec in [s for s in startup_graphs() if s.name in PARALLEL_GRAPHS]:
-        normalized = normalize(spec)
-
-        def fresh(normalized: GraphSpec = normalized) -> Any:
-            g = compiler.graph(normalized)
-            g.validate()
-            g.build_operation_graph()
-            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-            g.check_support()
-            return g
-
-        def build_each(g: Any, pool: concurrent.futures.ThreadPoolExecutor | None) -> float:
-            count = g.get_execution_plan_count()
-
-            def one(i: int) -> bool:
-                try:
-                    g.build_plan_at_index(i)
-                    return True
-                except Exception:
-                    return False
-
-            started = time.perf_counter()
-            list(pool.map(one, range(count)) if pool else map(one, range(count)))
-            return time.perf_counter() - started
-
-        row: dict[str, Any] = {"graph": spec.name, "thread_count": threads}
+    target = detect_target().to_proto()
+    specs = [normalize(s) for s in startup_graphs() if s.name in POOL_GRAPHS]
+    rows: list[dict[str, Any]] = []
+    for size in POOL_SIZES:
+        pool = ProcessBuildPool(size, "cudnn", 0).start()
         try:
-            with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-                row["warm_up_s"] = build_each(fresh(), None)
-                times: dict[str, list[float]] = {"sequential": [], "threads": []}
-                for _ in range(2):
-                    times["threads"].append(build_each(fresh(), pool))
-                    times["sequential"].append(build_each(fresh(), None))
-            row.update({f"{k}_s": statistics.median(v) for k, v in times.items()})
-            row["speedup"] = row["sequential_s"] / row["threads_s"]
-        except Exception as e:
-            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        print(row, flush=True)
-        rows.append(row)
+            deadline = time.monotonic() + 120
+            while pool.free() < size and time.monotonic() < deadline:
+                pool.results(0.2)
+            for spec in specs:
+                query = task_query(spec, target, CompileOptions())
+                pool.submit(BuildTask(next(task_ids), HEURISTIC, query))
+                (first,) = _collect(pool, 1)
+                assert first.heuristic is not None, first.error
+                pending = [BuildTask(next(task_ids), CANDIDATE, query, i) for i in range(first.heuristic.count) if i != first.heuristic.chosen.index]
+                started = time.perf_counter()
+                results = []
+                while pending or pool.in_flight():
+                    while pending and pool.free():
+                        pool.submit(pending.pop(0))
+                    results += pool.results(0.05)
+                row = {"graph": spec.name, "processes": size, "candidates": first.heuristic.count, "seconds": time.perf_counter() - started,
+                       "built": sum(1 for r in results if r.plan is not None and r.plan.built)}  # fmt: skip
+                print(row, flush=True)
+                rows.append(row)
+        finally:
+            pool.close()
+    for row in rows:
+        one = next((r for r in rows if r["graph"] == row["graph"] and r["processes"] == 1), None)
+        if one is not None:
+            row["speedup"] = one["seconds"] / row["seconds"]
     return rows
+
+
+def _collect(pool: Any, count: int) -> list[Any]:
+    results: list[Any] = []
+    while len(results) < count:
+        results += pool.results(0.1)
+    return results
 
 
 def main() -> None:
@@ -187,12 +189,12 @@ def main() -> None:
         print({k: v for k, v in rows[-1].items() if k not in ("screened", "exhaustive")}, flush=True)
         report(rows, skipped, args.out)
     if time.monotonic() - started < args.time_limit:
-        report(rows, skipped, args.out, parallel_builds(compiler))
+        report(rows, skipped, args.out, pool_builds())
     else:
-        report(rows, [*skipped, "parallel builds"], args.out)
+        report(rows, [*skipped, "pool builds"], args.out)
 
 
-def report(rows: list[dict[str, Any]], skipped: list[str], out: Path, parallel: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def report(rows: list[dict[str, Any]], skipped: list[str], out: Path, pool: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     ok = [r for r in rows if "screened_over_exhaustive" in r]
     per_candidate = {s: [r[s]["ms_per_candidate"] for r in ok] for s in ("screened", "exhaustive")}
     summary = {
@@ -203,7 +205,7 @@ def report(rows: list[dict[str, Any]], skipped: list[str], out: Path, parallel: 
         "beyond_2_percent": {r["graph"]: round(r["screened_over_exhaustive"], 4) for r in ok if r["screened_over_exhaustive"] > SAME_CHOICE_WITHIN},
         "tuned_slower_than_heuristic_beyond_noise": {r["graph"]: round(r["tuned_over_heuristic"], 3) for r in ok if r.get("tuned_over_heuristic", 1) > NOISE},
         "errors": {r["graph"]: r["error"] for r in rows if "error" in r},
-        "parallel_builds": parallel,
+        "pool_builds": pool,
     }  # fmt: skip
     headers = ["graph", "cands", "build all s", "screened ms/cand", "exhaustive ms/cand", "timed precisely", "picks", "screened/exh", "tuned/heur"]
     body = [

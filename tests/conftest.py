@@ -17,14 +17,31 @@ import redis
 from plancache import Client
 from plancache.signing import Signer
 from plancache_server.app import worker_parts
+from plancache_server.build_pool import ThreadBuildPool
 from plancache_server.embedded_redis import EmbeddedRedis
 from plancache_server.redis_conn import connect
 from plancache_server.settings import Settings
 from plancache_server.worker import Worker
+from tests.support import hermetic
 from tests.support.frontend import ThreadedFrontEnd
 from tests.support.standin import StandInCompiler
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A caller's PLANCACHE_* variables never reach what the suite tests."""
+    removed = hermetic.scrub(os.environ)
+    if removed:
+        config.stash[REMOVED_VARIABLES] = removed
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    removed = config.stash.get(REMOVED_VARIABLES, [])
+    return f"removed from the environment (tests.support.hermetic): {', '.join(removed)}" if removed else None
+
+
+REMOVED_VARIABLES = pytest.StashKey[list[str]]()
 
 
 @pytest.fixture(autouse=True)
@@ -38,13 +55,11 @@ def accept_unsigned_plans(monkeypatch: pytest.MonkeyPatch) -> None:
     """Most tests watch other behaviour and run unsigned workers; the signing
     tests (tests/*/test_signing.py) set their clients' trust explicitly."""
     monkeypatch.setenv("PLANCACHE_ALLOW_UNSIGNED", "1")
-    monkeypatch.delenv("PLANCACHE_TRUSTED_KEYS", raising=False)
 
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
-    binary = os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server")
-    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), binary=binary, persist=False).start()
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), binary=hermetic.redis_server_bin(), persist=False).start()
     yield server
     server.stop()
 
@@ -72,9 +87,11 @@ class Stack:
 
 
 def start_stack(
-    redis_url: str, compiler: StandInCompiler | None, signer: Signer | None = None, worker_redis_url: str | None = None, **overrides: object
+    redis_url: str, compiler: StandInCompiler | None, signer: Signer | None = None, worker_redis_url: str | None = None, pool_size: int = 4,
+    **overrides: object,
 ) -> tuple[Stack, Callable[[], None]]:
-    """`worker_redis_url`: the worker's own Redis user (default: the front end's)."""
+    """`worker_redis_url`: the worker's own Redis user (default: the front end's);
+    `pool_size`: the worker's build threads (ThreadBuildPool: the stand-in builds on threads)."""
     settings = dataclasses.replace(Settings(listen="127.0.0.1:0", redis_url=redis_url, heartbeat_interval_s=0.2), **overrides)  # type: ignore[arg-type]
     client = connect(redis_url)
     worker_client = connect(worker_redis_url) if worker_redis_url else client
@@ -83,7 +100,10 @@ def start_stack(
     thread = None
     if compiler is not None:
         parts = worker_parts(worker_client, settings, signer)
-        worker = Worker(compiler, parts.queue, parts.builds, parts.store, "test-worker", heartbeat_interval_s=0.2, heartbeat_ttl_s=5, signer=signer)
+        pool = ThreadBuildPool(compiler, pool_size)
+        worker = Worker(
+            compiler, parts.queue, parts.builds, parts.store, "test-worker", pool=pool, heartbeat_interval_s=0.2, heartbeat_ttl_s=5, signer=signer
+        )
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         parts.queue.heartbeat(worker.worker_id, [compiler.target, compiler.target.generic()], 5)

@@ -23,6 +23,7 @@ import pytest
 from examples.generate import EXAMPLES
 from plancache import Client, CompileOptions, GraphSpec, PlanCacheError
 from plancache_server.embedded_redis import EmbeddedRedis, free_port
+from tests.support import hermetic
 from tests.support.processes import REPO, server_process, signing_public_key, trusting_env, wait_for_workers
 
 # Cases whose heuristic plan 0 is also built, to compare with the autotuned one.
@@ -49,7 +50,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _out_dir(tmp: Path) -> Path:
-    out = Path(os.environ.get("PLANCACHE_GPU_OUT") or tmp)
+    out = Path(os.environ.get("PLANCACHE_TEST_GPU_OUT") or tmp)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -60,7 +61,7 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
 
     tmp = tmp_path_factory.mktemp("gpu")
     out = _out_dir(tmp)
-    redis = EmbeddedRedis(tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
+    redis = EmbeddedRedis(tmp / "redis", binary=hermetic.redis_server_bin(), persist=False).start()
     address, http_port = f"127.0.0.1:{free_port()}", free_port()
     data_dir = tmp / "server-data"
     session: dict[str, Any] = {"address": address, "http": f"http://127.0.0.1:{http_port}", "cases": {}, "out": out}

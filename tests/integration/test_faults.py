@@ -109,7 +109,7 @@ def test_sigterm_during_compiles_drains_and_leaves_nothing_half_written(tmp_path
     redis_server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
     try:
         with ExitStack() as stack:
-            front_end, server, worker = stack.enter_context(standin_deployment(stack, redis_server.url, tmp_path, build_seconds=1.5))
+            front_end, server, worker = stack.enter_context(standin_deployment(stack, redis_server.url, tmp_path, 1.5, "--build-processes", "1"))
             client = stack.enter_context(Client(front_end, cache=False))
             specs = [matmul_spec(m=8 * (i + 1)) for i in range(3)]
             with ThreadPoolExecutor(3) as pool:

@@ -193,6 +193,63 @@ def test_server_started_workers_sign_with_a_generated_key(tmp_path: Path) -> Non
         redis_server.stop()
 
 
+def test_a_server_trusts_what_its_own_workers_sign_whatever_its_environment_says(tmp_path: Path) -> None:
+    """Issue 21: a host's shell sets the clients' PLANCACHE_TRUSTED_KEYS, and
+    the operator lists another key in --trusted-keys; the server's own
+    workers still sign plans it serves, and it says what it did."""
+    from plancache.signing import Signer, generate_keypair
+    from plancache_server.embedded_redis import EmbeddedRedis
+    from tests.support.processes import server_process, signing_public_key, wait_for_workers
+
+    stranger_private, stranger_public = generate_keypair(tmp_path / "stranger")
+    redis_server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
+    address = f"127.0.0.1:{free_port()}"
+    data_dir = tmp_path / "server-data"
+    log = tmp_path / "server.log"
+    env = child_env(PLANCACHE_TRUSTED_KEYS=str(stranger_public))
+    try:
+        with server_process(address, redis_server.url, log, "--gpus", "0", "--compiler", "tests.support.standin:factory", "--data-dir", str(data_dir),
+                            "--trusted-keys", str(stranger_public), env=env) as server:  # fmt: skip
+            wait_for_workers(address, proc=server, timeout=30)
+            with Client(address, cache=False, trusted_keys=[signing_public_key(data_dir)], allow_unsigned=False, timeout=20) as client:
+                started = time.monotonic()
+                plan = client.compile(matmul_spec(), STANDIN_TARGET)
+                assert time.monotonic() - started < 10 and plan.source in ("compiled", "provisional")
+        text = log.read_text()
+        own = Signer.from_file(data_dir / "keys" / "plan-signing.pem").key_id
+        assert re.search(rf"not among --trusted-keys \({Signer.from_file(stranger_private).key_id}\).*trusted as well", text), text
+        assert f"key {own}" in text
+        assert "PLANCACHE_TRUSTED_KEYS is the clients' list of trusted keys and is not read by the server" in text
+        assert "does not trust" not in text  # no plan read as untrusted
+        assert (data_dir / "keys" / "plan-signing.pem").stat().st_mode & 0o777 == 0o600
+    finally:
+        redis_server.stop()
+
+
+def _with_tokens(tmp: Path, text: str, mode: int) -> tuple[Path, list[str]]:
+    """A tokens file, and the command of a server that reads it."""
+    tokens = tmp / "tokens"
+    tokens.write_text(text)
+    tokens.chmod(mode)
+    args = [sys.executable, "-m", "plancache_server.main", "--listen", f"127.0.0.1:{free_port()}", "--data-dir", str(tmp / "data"), "--gpus", "none",
+            "--tokens-file", str(tokens)]  # fmt: skip
+    return tokens, args
+
+
+def test_secrets_readable_by_others_are_refused_unless_allowed(tmp_path: Path) -> None:
+    tokens, args = _with_tokens(tmp_path, "admin " + "a" * 20 + "\n", 0o644)
+    refused = Proc(args, tmp_path / "refused.log")
+    assert refused.proc.wait(timeout=60) == 1
+    assert f"cannot start: the tokens file {tokens} can be read by group or others (mode 0644): run `chmod 600 {tokens}`" in refused.text(), refused.text()
+    assert "Traceback" not in refused.text()
+    allowed = Proc([*args, "--allow-readable-secrets"], tmp_path / "allowed.log")
+    try:
+        allowed.wait_for("listening on")
+        assert "can be read by group or others (mode 0644); starting anyway (--allow-readable-secrets)" in allowed.text()
+    finally:
+        assert allowed.stop() == 0
+
+
 def test_a_second_server_on_the_same_data_folder_or_port_is_refused(tmp_path: Path) -> None:
     port = free_port()
     first = _server(tmp_path, port, "first.log")
@@ -212,10 +269,8 @@ def test_a_second_server_on_the_same_data_folder_or_port_is_refused(tmp_path: Pa
 
 
 def test_a_short_token_stops_the_server_with_the_line_named_not_a_traceback(tmp_path: Path) -> None:
-    tokens = tmp_path / "tokens"
-    tokens.write_text("admin " + "a" * 20 + "\nread short\n")
-    proc = Proc([sys.executable, "-m", "plancache_server.main", "--listen", f"127.0.0.1:{free_port()}", "--data-dir", str(tmp_path / "data"),
-                 "--gpus", "none", "--tokens-file", str(tokens)], tmp_path / "server.log")  # fmt: skip
+    tokens, args = _with_tokens(tmp_path, "admin " + "a" * 20 + "\nread short\n", 0o600)
+    proc = Proc(args, tmp_path / "server.log")
     assert proc.proc.wait(timeout=60) == 1
     text = proc.text()
     assert f"cannot start: {tokens}:2: expected '<read|compile|admin> <token of 16+ characters>'" in text, text

@@ -24,9 +24,9 @@ FLAGS = (
 
 
 def chromium_binary() -> str:
-    """The Chromium to drive (PLANCACHE_CHROMIUM, else the first on PATH);
+    """The Chromium to drive (PLANCACHE_TEST_CHROMIUM, else the first on PATH);
     a test that needs it fails, never skips, when there is none."""
-    for name in (os.environ.get("PLANCACHE_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
+    for name in (os.environ.get("PLANCACHE_TEST_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
         if name and (path := shutil.which(name)):
             return path
     raise RuntimeError("no headless Chromium found: `make setup-test` (scripts/install-os-package.sh chromium) installs Debian's chromium")

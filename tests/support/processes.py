@@ -13,13 +13,17 @@ from pathlib import Path
 
 from plancache import Client, PlanCacheError
 from plancache_server.embedded_redis import free_port
+from tests.support.hermetic import inherited_environment
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment for child processes: the repo importable (stand-in compiler, tests)."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1", **extra}
+    """The environment for child processes: no PLANCACHE_* variable of the
+    caller's shell (tests.support.hermetic), the repo importable (stand-in
+    compiler, tests), and `extra`: what the test sets on purpose."""
+    base = inherited_environment()
+    return {**base, "PYTHONPATH": os.pathsep.join([str(REPO), base.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1", **extra}
 
 
 def signing_public_key(data_dir: Path) -> Path:
@@ -78,14 +82,16 @@ def worker_process(redis_url: str, log: Path, *args: str, env: dict[str, str] | 
 
 
 @contextmanager
-def standin_deployment(stack: ExitStack, redis_url: str, logs: Path, build_seconds: float) -> Iterator[tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
+def standin_deployment(
+    stack: ExitStack, redis_url: str, logs: Path, build_seconds: float, *worker_args: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
     """A plancache-server process and one unsigned stand-in worker process
-    (builds of `build_seconds`), ready: (address, server, worker)."""
+    (builds of `build_seconds`; `worker_args` more flags), ready: (address, server, worker)."""
     address = f"127.0.0.1:{free_port()}"
     server = stack.enter_context(server_process(address, redis_url, logs / "server.log", "--gpus", "none"))
     env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS=str(build_seconds))
     worker = stack.enter_context(
-        worker_process(redis_url, logs / "worker.log", "--device", "0", "--compiler", "tests.support.standin:factory", "--unsigned", env=env)
+        worker_process(redis_url, logs / "worker.log", "--device", "0", "--compiler", "tests.support.standin:factory", "--unsigned", *worker_args, env=env)
     )
     wait_for_workers(address, proc=worker)
     yield address, server, worker

@@ -2,7 +2,10 @@
 
 It fabricates a deterministic blob (~75 KB, the size of a real SDPA plan)
 from the spec's canonical hash, after an optional sleep that plays the
-build. The product never uses it; GPU claims are proven by tests/gpu on a
+build: PLANCACHE_STANDIN_BUILD_SECONDS for the heuristic plan and, with
+PLANCACHE_STANDIN_TUNE_SECONDS, that long again for the other candidates
+together (PLANCACHE_STANDIN_CANDIDATES of them, 10 by default), each built
+apart as a worker's build pool builds them. The product never uses it; GPU claims are proven by tests/gpu on a
 real GPU. Plug it into a worker with `--compiler tests.support.standin:factory`.
 With PLANCACHE_STANDIN_BUILD_LOG=<path> set, every build appends one JSON line
 {"spec_hash", "started", "ended"} (wall clock) to that file: benchmarks count
@@ -11,52 +14,69 @@ builds per key from it (bench/herd.py).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from plancache.canonical import hash_normalized
 from plancache.errors import CompileFailed
 from plancache.options import CompileOptions
 from plancache.spec import GraphSpec
 from plancache.target import Target
-from plancache_server.compiler import CandidateResult, CompiledPlan
+from plancache_server.compiler.base import BuiltPlan, CandidateResult, CompiledPlan, Heuristic, compile_inline
 
 STANDIN_TARGET = Target("sm_90", 91900, "1.32.0", "StandIn GPU", 132)
 # Graphs with this name are "rejected by cuDNN", to exercise failure paths.
 REJECTED_NAME = "standin-reject"
 # Graphs with this name fail while autotuning (after their provisional plan).
 TUNE_FAILS_NAME = "standin-tune-fails"
+# Candidates of an autotuned build, unless PLANCACHE_STANDIN_CANDIDATES says otherwise.
+DEFAULT_CANDIDATES = 10
 
 
 class StandInCompiler:
+    # Its builds only sleep: a worker may run them on threads (ThreadBuildPool).
+    thread_safe = True
+
     def __init__(
         self, target: Target = STANDIN_TARGET, build_seconds: float = 0.0, blob_size: int = 75_000, build_log: str | None = None,
-        tune_seconds: float | None = None,
+        tune_seconds: float | None = None, candidates: int = DEFAULT_CANDIDATES,
     ) -> None:
         """`tune_seconds`: None builds one plan (after `build_seconds`); a
         number plays the heuristic-first path: a provisional plan after
-        `build_seconds`, the tuned one `tune_seconds` later."""
+        `build_seconds`, then `candidates` - 1 more candidates whose builds
+        take `tune_seconds` together (one process building them one by one
+        would take that long), the fastest of them candidate 7 (or the last)."""
         self._target = target
         self.build_seconds = build_seconds
         self.tune_seconds = tune_seconds
+        self.candidates = candidates if tune_seconds is not None else 1
         self.blob_size = blob_size
         self.build_log = build_log
         self._lock = threading.Lock()
-        self.builds: list[str] = []  # spec hashes, in build order
+        self.builds: list[str] = []  # spec hashes, one per heuristic build, in order
+        self.candidate_builds: list[tuple[str, int]] = []  # (spec hash, index)
 
     @property
     def target(self) -> Target:
         return self._target
 
+    @property
+    def fastest(self) -> int:
+        return min(7, self.candidates - 1)
+
     def compile(self, spec: GraphSpec, options: CompileOptions) -> CompiledPlan:
-        *_, final = self.compile_phases(spec, options)
+        *_, final = compile_inline(self, spec, options)
         return final
 
     def compile_phases(self, spec: GraphSpec, options: CompileOptions) -> Iterator[CompiledPlan]:
+        return compile_inline(self, spec, options)
+
+    def heuristic(self, spec: GraphSpec, options: CompileOptions) -> Heuristic:
         digest = hash_normalized(spec)
         with self._lock:
             self.builds.append(digest)
@@ -68,35 +88,32 @@ class StandInCompiler:
         if spec.name == REJECTED_NAME:
             raise CompileFailed("stand-in: cuDNN_STATUS_NOT_SUPPORTED (graphs named standin-reject are refused)")
         if self.tune_seconds is None or not options.autotune:
-            yield self._plan(digest, options, provisional=False)
-            return
-        yield self._plan(digest, options, provisional=True)
-        time.sleep(self.tune_seconds)
+            # One plan, final at once; it reports two timings as an untuned build of the real compiler would not.
+            plan = self._plan(digest, options, 7, "standin_eng7_k3", {"TILE_SIZE": 3})
+            timings = [CandidateResult(0, "standin_eng0", 0, 0.020), CandidateResult(1, "standin_eng7_k3", 7, 0.015)]
+            return Heuristic(plan, 1, self.build_seconds, timings)
+        return Heuristic(self._plan(digest, options, 0, "standin_eng0", {}), self.candidates, self.build_seconds)
+
+    def candidate(self, spec: GraphSpec, options: CompileOptions, index: int) -> BuiltPlan:
+        digest = hash_normalized(spec)
+        seconds = (self.tune_seconds or 0.0) / max(1, self.candidates - 1)
+        with self._lock:
+            self.candidate_builds.append((digest, index))
+        time.sleep(seconds)
+        plan = self._plan(digest, options, index, f"standin_eng{index}" if index != self.fastest else "standin_eng7_k3", {"TILE_SIZE": 3})
+        return dataclasses.replace(plan, seconds=seconds)
+
+    def time_plans(self, spec: GraphSpec, options: CompileOptions, plans: Sequence[BuiltPlan]) -> list[CandidateResult]:
         if spec.name == TUNE_FAILS_NAME:
             raise RuntimeError("stand-in: the GPU fell off the bus while autotuning")
-        yield self._plan(digest, options, provisional=False)
+        return [CandidateResult(p.index, p.plan_name, p.engine_id, 0.015 if p.index == self.fastest else 0.020, timing="cuda-graph") for p in plans]
 
-    def _plan(self, digest: str, options: CompileOptions, provisional: bool) -> CompiledPlan:
-        """A deterministic blob per (spec, target, options), another one for the provisional plan."""
-        seed = hashlib.sha256(f"{digest}/{self._target.id}/{options.id}{'/provisional' if provisional else ''}".encode()).digest()
+    def _plan(self, digest: str, options: CompileOptions, index: int, name: str, knobs: dict[str, int]) -> BuiltPlan:
+        """A deterministic blob per (spec, target, options, candidate)."""
+        label = "/provisional" if index == 0 else f"/candidate-{index}"
+        seed = hashlib.sha256(f"{digest}/{self._target.id}/{options.id}{label}".encode()).digest()
         blob = (seed * (self.blob_size // len(seed) + 1))[: self.blob_size]
-        return CompiledPlan(
-            blob=blob,
-            workspace_size=1024,
-            engine_id=0 if provisional else 7,
-            knobs={} if provisional else {"TILE_SIZE": 3},
-            plan_name="standin_eng0" if provisional else "standin_eng7_k3",
-            is_python_engine=False,
-            candidates=[CandidateResult(index=0, plan_name="standin_eng0", engine_id=0, median_ms=None)]
-            if provisional
-            else [
-                CandidateResult(index=0, plan_name="standin_eng0", engine_id=0, median_ms=0.020),
-                CandidateResult(index=1, plan_name="standin_eng7_k3", engine_id=7, median_ms=0.015),
-            ],
-            build_seconds=self.build_seconds,
-            autotune_seconds=0.0 if provisional else self.tune_seconds or 0.0,
-            provisional=provisional,
-        )
+        return BuiltPlan(index, blob, name, 7 if name == "standin_eng7_k3" else index, knobs, 1024, False, self.build_seconds)
 
     def _log_build(self, digest: str, started: float, ended: float) -> None:
         """One line per build, written whole in one O_APPEND write under the lock
@@ -119,4 +136,5 @@ def factory(device: int) -> StandInCompiler:
         build_seconds=float(os.environ.get("PLANCACHE_STANDIN_BUILD_SECONDS", "0")),
         build_log=os.environ.get("PLANCACHE_STANDIN_BUILD_LOG") or None,
         tune_seconds=float(tune) if tune else None,
+        candidates=int(os.environ.get("PLANCACHE_STANDIN_CANDIDATES") or DEFAULT_CANDIDATES),
     )

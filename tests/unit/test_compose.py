@@ -70,7 +70,7 @@ def test_readme_configuration_table_is_the_settings_table() -> None:
     """Every flag, its environment variable and default, from the one declaration of each setting."""
     from plancache_server.settings import markdown_table
 
-    assert markdown_table() in (ROOT / "README.md").read_text(), "README's configuration table is stale: paste settings.markdown_table()"
+    assert markdown_table() in (ROOT / "README.md").read_text(), "README's configuration table is stale: run scripts/sync-readme.py"
 
 
 def test_readme_acl_rules_are_the_ones_tested() -> None:

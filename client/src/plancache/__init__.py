@@ -20,6 +20,7 @@ from plancache.errors import (
     TargetUnavailable,
     Unauthenticated,
     Unavailable,
+    UntrustedBuild,
     UntrustedPlan,
 )
 from plancache.manifest import Manifest, ManifestEntry
@@ -58,6 +59,7 @@ __all__ = [
     "Tensor",
     "Unauthenticated",
     "Unavailable",
+    "UntrustedBuild",
     "UntrustedPlan",
     "WindowCounts",
 ]

@@ -110,6 +110,7 @@ class WindowCounts:
     bytes_served: int = 0
     build_seconds_saved: float = 0.0
     refused: int = 0  # compiles answered TargetUnavailable
+    untrusted_builds: int = 0  # builds whose plan the front end refused (UntrustedBuild)
 
     @property
     def hit_rate(self) -> float:
@@ -118,7 +119,7 @@ class WindowCounts:
 
     @classmethod
     def from_proto(cls, w: pb.WindowStats) -> WindowCounts:
-        return cls(w.hits, w.misses, w.compiles, w.failures, w.joined, w.bytes_served, w.build_seconds_saved, w.refused)
+        return cls(w.hits, w.misses, w.compiles, w.failures, w.joined, w.bytes_served, w.build_seconds_saved, w.refused, w.untrusted_builds)
 
 
 @dataclass(frozen=True)

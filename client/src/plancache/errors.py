@@ -71,6 +71,17 @@ class CompileFailed(PlanCacheError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class UntrustedBuild(PlanCacheError):
+    """The plan a worker built for this call fails the front end's checks
+    (signed by a key it does not trust, or damaged): its callers are failed
+    at once, naming the plan, the key that signed it and the trusted ones. A
+    rebuild would be signed the same way, so none is started until the
+    deployment's keys are mended (a worker's --signing-key, a front end's
+    --trusted-keys)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 class Unavailable(PlanCacheError):
     """The service cannot be reached right now; retry later."""
 
@@ -103,7 +114,17 @@ class IntegrityError(PlanCacheError):
 
 
 class UntrustedPlan(IntegrityError):
-    """A plan whose signature is missing, unknown or does not verify: never deserialized."""
+    """A plan whose signature is missing, unknown or does not verify: never deserialized.
+
+    `signer`: the key id the plan names ("" when unsigned); `unknown_key`:
+    refused for who signed it (an untrusted key, or no signature), which a
+    plan signed by the same key again would be too, as opposed to a
+    signature that does not verify (an altered plan)."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None, signer: str = "", unknown_key: bool = False) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.signer = signer
+        self.unknown_key = unknown_key
 
 
 class ServerError(PlanCacheError):
@@ -122,6 +143,7 @@ _BY_NAME: dict[str, type[PlanCacheError]] = {
         NotFound,
         TargetUnavailable,
         CompileFailed,
+        UntrustedBuild,
         Unavailable,
         StoreUnavailable,
         CompileTimeout,

@@ -46,6 +46,19 @@ def _envelope_v1(metadata: pb.PlanMetadata) -> bytes:
     return b"\n".join([ENVELOPE_VERSION_1, metadata.key.encode(), metadata.blob_sha256.encode(), digest.encode()])
 
 
+# The clients' list of trusted public keys. A server's own list is its
+# --trusted-keys (PLANCACHE_SERVER_TRUSTED_KEYS): a host that runs both
+# keeps them apart.
+TRUSTED_KEYS_ENV = "PLANCACHE_TRUSTED_KEYS"
+
+
+def key_paths(text: str) -> tuple[Path, ...]:
+    """A list of key files, as every plancache program reads one: paths
+    separated by commas or by the OS path separator (':' on Linux), blanks
+    ignored."""
+    return tuple(Path(p.strip()) for p in text.replace(",", os.pathsep).split(os.pathsep) if p.strip())
+
+
 def key_id(public_key: Ed25519PublicKey) -> str:
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]
@@ -79,7 +92,13 @@ class Signer:
 
 def load_public_key(source: Path | str | bytes) -> Ed25519PublicKey:
     """A PEM public key, from bytes or a file path."""
-    data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    if isinstance(source, bytes):
+        data = source
+    else:
+        try:
+            data = Path(source).read_bytes()
+        except OSError as e:
+            raise InvalidRequest(f"cannot read the public key {source}: {e.strerror}") from e
     try:
         key = serialization.load_pem_public_key(data)
     except ValueError as e:
@@ -96,55 +115,79 @@ class TrustPolicy:
 
     keys: dict[str, Ed25519PublicKey]
     allow_unsigned: bool = False
+    holder: str = "this client"
 
     @classmethod
-    def create(cls, trusted_keys: Iterable[Path | str | bytes] = (), allow_unsigned: bool | None = None) -> TrustPolicy:
-        """From arguments, else PLANCACHE_TRUSTED_KEYS (paths separated by
-        the OS path separator) and PLANCACHE_ALLOW_UNSIGNED=1."""
+    def create(
+        cls, trusted_keys: Iterable[Path | str | bytes] = (), allow_unsigned: bool | None = None, *, holder: str = "this client"
+    ) -> TrustPolicy:
+        """From arguments, else PLANCACHE_TRUSTED_KEYS (a list of paths, see
+        `key_paths`) and PLANCACHE_ALLOW_UNSIGNED=1. `holder` names who
+        trusts, in refusals ("this client", "this front end")."""
         sources: Sequence[Path | str | bytes] = list(trusted_keys)
-        if not sources and os.environ.get("PLANCACHE_TRUSTED_KEYS"):
-            sources = [p for p in os.environ["PLANCACHE_TRUSTED_KEYS"].split(os.pathsep) if p]
+        if not sources and os.environ.get(TRUSTED_KEYS_ENV):
+            sources = list(key_paths(os.environ[TRUSTED_KEYS_ENV]))
         if allow_unsigned is None:
             allow_unsigned = os.environ.get("PLANCACHE_ALLOW_UNSIGNED") == "1"
         keys = {key_id(k): k for k in map(load_public_key, sources)}
-        return cls(keys, allow_unsigned)
+        return cls(keys, allow_unsigned, holder)
+
+    @property
+    def trusted_text(self) -> str:
+        return ", ".join(self.keys) or f"none: pass trusted_keys or set {TRUSTED_KEYS_ENV}"
 
     def check(self, metadata: pb.PlanMetadata, signature: pb.PlanSignature | None) -> None:
         """Raise UntrustedPlan unless this plan may be deserialized here."""
         if signature is None or not signature.signature:
             if self.allow_unsigned:
                 return
-            raise UntrustedPlan(f"plan {metadata.key} is not signed, and this client requires signed plans (allow_unsigned is off)")
+            raise UntrustedPlan(f"plan {metadata.key} is not signed, and {self.holder} requires signed plans (allow_unsigned is off)", unknown_key=True)
         key = self.keys.get(signature.key_id)
         if key is None:
             if not self.keys and self.allow_unsigned:
                 return  # nothing to check against, and unsigned plans are acceptable anyway
-            known = ", ".join(self.keys) or "none: pass trusted_keys or set PLANCACHE_TRUSTED_KEYS"
-            raise UntrustedPlan(f"plan {metadata.key} is signed by key {signature.key_id}, which this client does not trust (trusted: {known})")
+            raise UntrustedPlan(
+                f"plan {metadata.key} is signed by key {signature.key_id}, which {self.holder} does not trust (trusted: {self.trusted_text})",
+                signer=signature.key_id,
+                unknown_key=True,
+            )
         if signature.signed_metadata:
             try:
                 signed = pb.PlanMetadata.FromString(signature.signed_metadata)
             except DecodeError:
-                raise UntrustedPlan(f"plan {metadata.key}: its signed metadata does not parse; refusing to deserialize it") from None
+                raise UntrustedPlan(f"plan {metadata.key}: its signed metadata does not parse; refusing to deserialize it", signer=signature.key_id) from None
             if signed != metadata:
-                raise UntrustedPlan(f"plan {metadata.key}: its metadata differs from the signed metadata (altered plan); refusing to deserialize it")
+                raise UntrustedPlan(
+                    f"plan {metadata.key}: its metadata differs from the signed metadata (altered plan); refusing to deserialize it", signer=signature.key_id
+                )
             message = envelope(signed.key, signed.blob_sha256, signature.signed_metadata)
         else:
             message = _envelope_v1(metadata)
         try:
             key.verify(signature.signature, message)
         except InvalidSignature:
-            raise UntrustedPlan(f"plan {metadata.key}: its signature does not verify (forged or altered plan); refusing to deserialize it") from None
+            raise UntrustedPlan(
+                f"plan {metadata.key}: its signature by key {signature.key_id} does not verify (forged or altered plan); refusing to deserialize it",
+                signer=signature.key_id,
+            ) from None
 
 
 def generate_keypair(directory: Path | str, name: str = "plan-signing") -> tuple[Path, Path]:
-    """Write `<name>.pem` (private, mode 0600) and `<name>.pub.pem`; returns both paths."""
+    """Write `<name>.pem` (private, mode 0600 whatever the umask or an older
+    file's mode) and `<name>.pub.pem`; returns both paths. The private key
+    is written beside its place and renamed, so a reader never sees half a key."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     private = Ed25519PrivateKey.generate()
     private_path, public_path = directory / f"{name}.pem", directory / f"{name}.pub.pem"
-    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    partial = private_path.with_name(f".{private_path.name}.{os.getpid()}.partial")
+    try:
+        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        os.replace(partial, private_path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     public_path.write_bytes(private.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return private_path, public_path

@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from plancache.plankey import parse_key
 from plancache.signing import Signer, TrustPolicy
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
+from plancache_server import metrics
 from plancache_server.auth import Authorizer
 from plancache_server.build_records import BuildRecorder
 from plancache_server.builds import Admission, Builds
@@ -28,7 +31,7 @@ from plancache_server.redis_conn import AsyncRedis, connect, connect_async
 from plancache_server.service import PlanService
 from plancache_server.servicer import PlanCacheServicer
 from plancache_server.settings import Settings
-from plancache_server.stats import Stats
+from plancache_server.stats import Counter, Stats
 from plancache_server.status import StatusSource
 from plancache_server.store import AsyncRedisPlanStore, PlanStore, RedisPlanStore
 from plancache_server.wire import SPEC_REQUEST_BYTES, WireLimits
@@ -56,6 +59,32 @@ def worker_parts(client: redis.Redis, settings: Settings, signer: Signer | None 
         trust = TrustPolicy.create(settings.trusted_keys, allow_unsigned=True)
     store = RedisPlanStore(client, trust, settings.store_max_mb * 2**20)
     return WorkerParts(WorkerQueue(client), BuildRecorder(client, settings.build_lease_s, settings.negative_ttl_s), store)
+
+
+def front_end_trust(settings: Settings) -> TrustPolicy | None:
+    """The keys a front end checks stored plans against: --trusted-keys and,
+    always, the key its own workers sign with (--signing-key, or the one the
+    server generated). None when there is nothing to check against."""
+    sources: list[Path | bytes] = list(settings.trusted_keys)
+    if settings.signing_key is not None:
+        own = Signer.from_file(settings.signing_key)
+        listed = TrustPolicy.create(settings.trusted_keys, allow_unsigned=False) if settings.trusted_keys else None
+        if listed is not None and own.key_id not in listed.keys:
+            log.warning(
+                "the key this server's workers sign with (%s, key %s) is not among --trusted-keys (%s): trusted as well",
+                settings.signing_key, own.key_id, listed.trusted_text,
+            )  # fmt: skip
+        sources.append(own.public_pem())
+    if not sources:
+        return None
+    return TrustPolicy.create(sources, allow_unsigned=settings.unsigned, holder="this front end")
+
+
+def count_untrusted_build(stats: Stats, directory: WorkerDirectory, plan_key: str) -> None:
+    """On the status page (per target) and in /metrics."""
+    target_id = parse_key(plan_key).target.id
+    stats.incr(Counter.UNTRUSTED, target_id=target_id)
+    metrics.UNTRUSTED_BUILDS.labels(directory.scope(target_id)).inc()
 
 
 def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
@@ -95,17 +124,17 @@ class FrontEnd:
         """Bind settings.listen and start serving (OSError when the port is taken)."""
         client = connect_async(redis_url)
         offload = CpuOffload(settings.cpu_threads)
-        trust = TrustPolicy.create(settings.trusted_keys, allow_unsigned=settings.unsigned) if settings.trusted_keys else None
+        trust = front_end_trust(settings)
         if trust is None:
-            log.warning("no --trusted-keys: stored plans are served without checking their signatures (clients still check)")
+            log.warning("no --trusted-keys and no --signing-key: stored plans are served without checking their signatures (clients still check)")
         store: PlanStore = AsyncRedisPlanStore(client, offload, trust)
         if settings.memory_cache_bytes > 0:
             store = MemoryCachedStore(store, settings.memory_cache_bytes, settings.memory_cache_ttl_s)
         queue = JobQueue(client, settings.max_queued_jobs, settings.retry_delay_s)
-        admission = Admission(settings.max_waiters, settings.max_waiters_per_key, settings.retry_delay_s)
-        builds = Builds(client, store, queue, settings.build_lease_s, admission)
         directory = WorkerDirectory(queue, settings.listed_targets)
         stats = Stats(client, directory)
+        admission = Admission(settings.max_waiters, settings.max_waiters_per_key, settings.retry_delay_s)
+        builds = Builds(client, store, queue, settings.build_lease_s, admission, lambda plan_key: count_untrusted_build(stats, directory, plan_key))
         janitor = Janitor(connect(redis_url))
         service = PlanService(
             store, queue, builds, stats, directory, offload, settings.limits, settings.compile_timeout_s, settings.max_prefetch_refs, janitor

@@ -33,11 +33,22 @@ from dataclasses import dataclass, field
 
 import redis
 
-from plancache.errors import CompileFailed, CompileTimeout, InvalidRequest, PlanCacheError, ResourceExhausted, TargetUnavailable, Unavailable
+from plancache.errors import (
+    CompileFailed,
+    CompileTimeout,
+    IntegrityError,
+    InvalidRequest,
+    PlanCacheError,
+    ResourceExhausted,
+    TargetUnavailable,
+    Unavailable,
+    UntrustedBuild,
+    UntrustedPlan,
+)
 from plancache.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server import keys
-from plancache_server.build_records import FAILED, QUEUED, RELEASE_IF_OWNER, FailedBuild, state_fields
+from plancache_server.build_records import DONE, FAILED, PROVISIONAL, QUEUED, RELEASE_IF_OWNER, FailedBuild, state_fields
 from plancache_server.jobs import Job, JobQueue
 from plancache_server.redis_conn import AsyncRedis, text, translated_errors
 from plancache_server.store import PlanStore, StoredPlan
@@ -50,6 +61,17 @@ RECHECK_S = 0.5
 # its own response pending in gRPC, and holds up the others for at most this.
 DELIVERY_SLOTS = 16
 SLOT_HOLD_S = 0.02
+# A build whose plan this front end refused (signed by a key it does not
+# trust) is not started again for this long: a rebuild would be signed the
+# same way. Long enough that callers retrying in a loop cost no builds,
+# short enough that mended keys take effect soon.
+UNTRUSTED_BUILD_TTL_S = 120
+# Re-reads of a finished build's plan, not found, before its waiters are
+# told that it is gone (deleted or evicted between its store and its read).
+GONE_RECHECKS = 4
+MEND_KEYS = (
+    "give its workers a --signing-key this front end trusts, or add their public key to the front end's --trusted-keys (PLANCACHE_SERVER_TRUSTED_KEYS)"
+)
 
 
 @dataclass(frozen=True)
@@ -192,8 +214,18 @@ class Waiter:
 
 
 class Builds:
-    def __init__(self, client: AsyncRedis, store: PlanStore, queue: JobQueue, lease_s: float, admission: Admission) -> None:
+    def __init__(
+        self,
+        client: AsyncRedis,
+        store: PlanStore,
+        queue: JobQueue,
+        lease_s: float,
+        admission: Admission,
+        on_untrusted_build: Callable[[str], None] = lambda plan_key: None,
+    ) -> None:
+        """`on_untrusted_build(plan_key)`: once per build whose plan this front end refused (counted)."""
         self._redis = client
+        self._on_untrusted_build = on_untrusted_build
         self._store = store
         self._queue = queue
         self._lease_s = lease_s
@@ -289,7 +321,11 @@ class Builds:
                     flight.job_id = text(existing)
                     return
         try:
-            plan = await self._store.fresh(plan_key)
+            try:
+                plan = await self._store.fresh(plan_key)
+            except IntegrityError as refused:  # a forged or damaged plan is rebuilt over, unless our build made it
+                plan = None
+                await self._refuse_same_rebuild(plan_key, refused)
             if plan is not None and not plan.provisional:
                 # The previous build finished between the caller's miss and our lease.
                 flight.job_id = job_id
@@ -322,12 +358,19 @@ class Builds:
             log.warning("could not release the lease of %s: %s", plan_key, e.message)
 
     async def _follow(self, flight: Flight) -> None:
-        """Watch the flight's job until its plan is stored or it failed."""
+        """Watch the flight's job until its plan is stored, it failed, or its
+        plan cannot be served (refused, or gone): every way out of the loop
+        is a state of the job, so a waiter never re-reads a plan for nothing."""
         event = self._watcher.register(flight.job_id)
+        gone = 0
         try:
             while flight.outcome is None:
                 try:
-                    plan = await self._store.fresh(flight.plan_key)
+                    refused: IntegrityError | None = None
+                    try:
+                        plan = await self._store.fresh(flight.plan_key)
+                    except IntegrityError as e:
+                        plan, refused = None, e
                     if plan is not None and not plan.provisional:
                         self._settle(flight, plan)
                         break
@@ -335,8 +378,20 @@ class Builds:
                         flight.provisional = plan
                         await self._deliver(flight, plan, lambda w: not w.tuned_only)
                     state = await self.state(flight.plan_key)
-                    if state.get("job_id") == flight.job_id and state.get("state") == FAILED:
+                    ours = state.get("state") if state.get("job_id") == flight.job_id else None
+                    if ours == FAILED:
                         self._settle(flight, CompileFailed(state.get("error") or "build failed without a reason"))
+                        break
+                    if refused is not None and ours in (PROVISIONAL, DONE):
+                        # What our build stored is refused: a rebuild would be signed the same way.
+                        self._settle(flight, await self._untrusted_build(flight, refused, state))
+                        break
+                    gone = gone + 1 if plan is None and refused is None and ours == DONE else 0
+                    if gone >= GONE_RECHECKS:
+                        self._settle(flight, Unavailable(
+                            f"plan {flight.plan_key} was built (job {flight.job_id}) but is no longer stored: it was deleted or evicted "
+                            "(--store-max-mb) before it could be read; call again"
+                        ))  # fmt: skip
                         break
                 except Unavailable as e:
                     # A Redis blip must not fail every waiter: they keep their deadlines.
@@ -348,6 +403,39 @@ class Builds:
                 event.clear()
         finally:
             self._watcher.unregister(flight.job_id, event)
+
+    async def _untrusted_build(self, flight: Flight, refused: IntegrityError, state: dict[str, str]) -> UntrustedBuild:
+        """The error for every waiter of a build whose plan this front end
+        refused; remembered (no same rebuild for a while) and counted."""
+        cause = _refusal_cause(refused)
+        if cause is not None:
+            try:
+                with translated_errors("remembering a refused build"):
+                    await self._redis.set(keys.untrusted_build(flight.plan_key), cause, ex=UNTRUSTED_BUILD_TTL_S)
+            except Unavailable as e:
+                log.warning("could not remember the refused build of %s: %s", flight.plan_key, e.message)
+        self._on_untrusted_build(flight.plan_key)
+        worker = state.get("worker") or "a worker"
+        message = f"the plan {worker} built for this call (job {flight.job_id}) fails this front end's checks: {refused.message}"
+        if cause is not None:
+            message += f". No rebuild is started for {UNTRUSTED_BUILD_TTL_S} s, since it would be signed the same way: {MEND_KEYS}"
+        log.error("%s", message)
+        return UntrustedBuild(message)
+
+    async def _refuse_same_rebuild(self, plan_key: str, refused: IntegrityError) -> None:
+        """UntrustedBuild when the stored plan is refused for the reason our
+        last build of it was: building it again would end the same way."""
+        cause = _refusal_cause(refused)
+        if cause is None:
+            return
+        with translated_errors("reading a refused build"):
+            remembered = await self._redis.get(keys.untrusted_build(plan_key))
+            ttl = await self._redis.ttl(keys.untrusted_build(plan_key)) if remembered is not None else 0
+        if remembered is not None and text(remembered) == cause:
+            raise UntrustedBuild(
+                f"{refused.message}. The last build of this plan was refused for this reason; no rebuild is started for another {max(ttl, 1)} s, "
+                f"since it would be signed the same way: {MEND_KEYS}"
+            )
 
     def _settle(self, flight: Flight, outcome: StoredPlan | PlanCacheError) -> None:
         flight.outcome = outcome
@@ -431,6 +519,14 @@ class Builds:
         with translated_errors("reading recent failures"):
             raw = await self._redis.lrange(keys.RECENT_FAILURES, 0, count - 1)
         return list(_failures(item for item in raw if isinstance(item, bytes)))
+
+
+def _refusal_cause(refused: IntegrityError) -> str | None:
+    """What a rebuild would repeat: a key this front end does not trust, or
+    no signature. None for damaged or altered bytes, which a rebuild writes anew."""
+    if isinstance(refused, UntrustedPlan) and refused.unknown_key:
+        return f"signer:{refused.signer}" if refused.signer else "unsigned"
+    return None
 
 
 def _failures(raw: Iterable[bytes]) -> Iterable[FailedBuild]:

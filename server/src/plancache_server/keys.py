@@ -67,6 +67,12 @@ def failure(plan_key: str) -> str:
     return f"{PREFIX}:{{{plan_key}}}:failed"
 
 
+def untrusted_build(plan_key: str) -> str:
+    """String: why a front end refused this plan's last build (the key that
+    signed it); no rebuild signed the same way is started while it lives."""
+    return f"{PREFIX}:{{{plan_key}}}:untrusted"
+
+
 def job_stream(target: Target) -> str:
     """Stream of build jobs for one target. A worker reads its exact and its
     generic target's streams in one XREADGROUP, so both carry the generic
@@ -107,7 +113,7 @@ def spec_index(spec_hash: str) -> str:
 # caller's permissions, so the commands they call are listed too.
 
 _PLAN = plan("*")
-_PER_PLAN = {name: f"{PREFIX}:{{*}}:{name}" for name in ("lease", "job", "failed")}
+_PER_PLAN = {name: f"{PREFIX}:{{*}}:{name}" for name in ("lease", "job", "failed", "untrusted")}
 _JOB_STREAMS = f"{PREFIX}:{{jobs:*"
 _COMMON = ["+ping", "+evalsha", "+eval", "+script|load", f"&{EVENTS_CHANNEL}"]
 
@@ -117,8 +123,8 @@ ACL_RULES: dict[str, list[str]] = {
         "+hmget", "+hgetall", "+hset", "+expire", "+get", "+set", "+del", "+ttl", "+smembers", "+sadd", "+scan",
         "+xadd", "+xlen", "+xinfo|groups", "+zcount", "+zrangebyscore", "+hincrbyfloat", "+zincrby", "+zremrangebyrank",
         "+zrevrange", "+zmscore", "+zrem", "+lrange", "+subscribe", "+unsubscribe", "+zadd", "+hincrby", "+hget", "+hgetall",
-        f"%R~{_PLAN}", f"~{PLAN_INDEX}", f"~{STORE_COUNTERS}", f"%R~{TARGETS_LAST_SEEN}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"%R~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
-        f"%R~{workers('*')}", f"%R~{KNOWN_TARGETS}", f"~{drain('*')}", f"~{PREFIX}:stats*", f"~{PREFIX}:top:*",
+        f"%R~{_PLAN}", f"~{PLAN_INDEX}", f"~{STORE_COUNTERS}", f"%R~{TARGETS_LAST_SEEN}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"%R~{_PER_PLAN['failed']}", f"~{_PER_PLAN['untrusted']}",
+        f"~{_JOB_STREAMS}", f"%R~{workers('*')}", f"%R~{KNOWN_TARGETS}", f"~{drain('*')}", f"~{PREFIX}:stats*", f"~{PREFIX}:top:*",
         f"%R~{RECENT_FAILURES}", f"%R~{spec_index('*')}",
         # Invalidate (an admin call) deletes plans: deleting is all it may do to them.
         f"(+del ~{_PLAN})",
@@ -126,7 +132,7 @@ ACL_RULES: dict[str, list[str]] = {
     "worker": [
         *_COMMON,
         "+hmget", "+hset", "+sadd", "+set", "+get", "+del", "+pexpire", "+expire", "+lpush", "+ltrim", "+publish",
-        "+xgroup|create", "+xreadgroup", "+xautoclaim", "+xclaim", "+xpending", "+xack", "+xdel",
+        "+xgroup|create", "+xreadgroup", "+xautoclaim", "+xclaim", "+xpending", "+xack", "+xdel", "+xadd",
         "+zadd", "+zremrangebyscore", "+zrem", "+zmscore", "+exists", "+hincrby", "+hget", "+hgetall", "+zrangebyscore",
         f"~{_PLAN}", f"~{PLAN_INDEX}", f"~{STORE_COUNTERS}", f"~{TARGETS_LAST_SEEN}", f"~{spec_index('*')}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
         f"~{workers('*')}", f"~{KNOWN_TARGETS}", f"%R~{drain('*')}", f"~{RECENT_FAILURES}",

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import IO
 
 from plancache.errors import PlanCacheError
-from plancache.signing import generate_keypair
+from plancache.signing import TRUSTED_KEYS_ENV, generate_keypair
 from plancache_server import metrics, web
 from plancache_server.app import FrontEnd
 from plancache_server.embedded_redis import EmbeddedRedis
 from plancache_server.gpus import select_gpus
+from plancache_server.secrets import check_secrets
 from plancache_server.settings import Settings, server_settings, worker_flags
 from plancache_server.supervisor import WorkerProcesses
 
@@ -41,7 +42,8 @@ def configure_logging(level: str) -> None:
 
 def with_signing_key(settings: Settings) -> Settings:
     """Workers sign plans: with the configured key, or with one this server
-    generates once in its data folder (a single-host deployment's default)."""
+    generates once in its data folder (a single-host deployment's default).
+    The front end trusts that key whatever --trusted-keys says (app.front_end_trust)."""
     if settings.signing_key is not None or settings.unsigned:
         return settings
     private = settings.data_dir / "keys" / "plan-signing.pem"
@@ -49,8 +51,15 @@ def with_signing_key(settings: Settings) -> Settings:
     if not private.exists():
         generate_keypair(private.parent)
         log.info("generated a plan-signing key %s", private)
-    log.info("workers sign plans with %s; clients must trust %s (trusted_keys= or PLANCACHE_TRUSTED_KEYS)", private, public)
-    return replace(settings, signing_key=private, trusted_keys=settings.trusted_keys or (public,))
+    log.info("workers sign plans with %s; clients must trust %s (trusted_keys= or %s)", private, public, TRUSTED_KEYS_ENV)
+    return replace(settings, signing_key=private)
+
+
+def note_client_variables() -> None:
+    """A host that runs clients and a server often sets the clients' list of
+    keys in a profile the server inherits: say that the server does not read it."""
+    if os.environ.get(TRUSTED_KEYS_ENV) and not os.environ.get("PLANCACHE_SERVER_TRUSTED_KEYS"):
+        log.info("%s is the clients' list of trusted keys and is not read by the server (its own: --trusted-keys, PLANCACHE_SERVER_TRUSTED_KEYS)", TRUSTED_KEYS_ENV)
 
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -125,6 +134,7 @@ def lock_data_dir(data_dir: Path) -> IO[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     settings = server_settings(argv)
     configure_logging(settings.log_level)
+    note_client_variables()
     factory = loop_factory(settings.event_loop)
     embedded: EmbeddedRedis | None = None
     redis_url = settings.redis_url
@@ -135,14 +145,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as e:
             log.error("%s", e)
             return 1
+    if devices:
+        settings = with_signing_key(settings)
+    try:
+        check_secrets(settings)
+    except PlanCacheError as e:
+        log.error("cannot start: %s", e.message)
+        return 1
     if redis_url is None:
         embedded = EmbeddedRedis(settings.data_dir / "redis", binary=settings.redis_server_bin, unix_socket=True).start()
         redis_url = embedded.url
         log.info("no --redis-url given: using a private redis-server (%s), data in %s", redis_url, embedded.data_dir)
     else:
         log.info("using Redis at %s", redis_url.split("@")[-1])
-    if devices:
-        settings = with_signing_key(settings)
     workers = WorkerProcesses(devices, redis_url, worker_flags(settings))
     try:
         if devices:

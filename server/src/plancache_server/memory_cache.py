@@ -20,6 +20,7 @@ import asyncio
 import time
 from collections import OrderedDict
 
+from plancache.errors import IntegrityError
 from plancache_server.store import PlanStore, StoredPlan
 
 PROVISIONAL_TTL_S = 1.0
@@ -56,8 +57,15 @@ class MemoryCachedStore:
         return await asyncio.shield(reading)
 
     async def fresh(self, plan_key: str) -> StoredPlan | None:
-        """Read Redis, past this cache (a plan can be replaced: provisional, then tuned)."""
-        return self._kept(plan_key, await self._inner.fresh(plan_key))
+        """Read Redis, past this cache (a plan can be replaced: provisional,
+        then tuned); a plan Redis holds but that fails its checks is dropped
+        here too, and the reason raised."""
+        try:
+            plan = await self._inner.fresh(plan_key)
+        except IntegrityError:
+            self._drop(plan_key)
+            raise
+        return self._kept(plan_key, plan)
 
     def forget(self, plan_key: str) -> None:
         self._drop(plan_key)

@@ -33,9 +33,13 @@ LOOKUPS = Counter("plancache_lookups", "plan lookups by target and result (hit, 
 PLANS_REFUSED = Counter(
     "plancache_plans_refused", "stored plans a front end refused to serve, by reason (integrity: blob or metadata damaged; signature)", ["reason"]
 )
+UNTRUSTED_BUILDS = Counter(
+    "plancache_untrusted_builds", "builds whose plan this front end refused to serve (signed by a key it does not trust, or damaged), by target", ["target"]
+)
 BUILDS = Counter("plancache_builds", "builds finished by this worker, by target and outcome", ["target", "outcome"])
 BUILD_SECONDS = Histogram("plancache_build_seconds", "build + autotune time of one plan", ["target"], buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 60, 120, 300, 900))
-BUSY = Gauge("plancache_worker_busy", "1 while this worker is building")
+BUSY = Gauge("plancache_worker_busy", "1 while this worker is building (a piece of a build in its pool, or timing)")
+BUILD_PROCESSES = Gauge("plancache_worker_build_processes", "processes (or threads) this worker builds plans in, side by side")
 
 # Label children, looked up once: prometheus_client's labels() formats and
 # locks on every call, a measurable share of a hit's cost.
@@ -68,10 +72,21 @@ class QueueCollector(Collector):
             rows.append((target_id, queued, taken, len(workers)))
         return rows
 
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The families without values. With describe(), registering does not
+        call collect(): collect() waits on the event loop, and registering
+        runs on its thread (it stalled every start-up for collect's 10 s timeout)."""
+        yield from self._families()
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("plancache_jobs_waiting", "builds queued and not yet taken by a worker", labels=["target"]),
+            GaugeMetricFamily("plancache_jobs_running", "builds taken by a worker and not finished", labels=["target"]),
+            GaugeMetricFamily("plancache_live_workers", "workers with a live heartbeat", labels=["target"]),
+        )
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        waiting = GaugeMetricFamily("plancache_jobs_waiting", "builds queued and not yet taken by a worker", labels=["target"])
-        running = GaugeMetricFamily("plancache_jobs_running", "builds taken by a worker and not finished", labels=["target"])
-        workers = GaugeMetricFamily("plancache_live_workers", "workers with a live heartbeat", labels=["target"])
+        waiting, running, workers = self._families()
         try:
             for target_id, queued, taken, live in asyncio.run_coroutine_threadsafe(self._read(), self._loop).result(timeout=10):
                 waiting.add_metric([target_id], float(queued))

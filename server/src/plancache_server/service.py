@@ -371,5 +371,5 @@ def _window(values: dict[str, float], window: str) -> pb.WindowStats:
     return pb.WindowStats(
         window=window, hits=count(Counter.HITS), misses=count(Counter.MISSES), compiles=count(Counter.COMPILES), failures=count(Counter.FAILURES),
         joined=count(Counter.JOINED), bytes_served=count(Counter.BYTES_SERVED), build_seconds_saved=values.get(Counter.SECONDS_SAVED.value, 0.0),
-        refused=count(Counter.REFUSED),
+        refused=count(Counter.REFUSED), untrusted_builds=count(Counter.UNTRUSTED),
     )  # fmt: skip

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from plancache.signing import key_paths
 from plancache.validation import Limits
 from plancache_server.compiler.base import AUTOTUNE_STRATEGIES
 
@@ -53,8 +54,11 @@ def _option(
     switch: bool = False,
     shown_default: str | None = None,
     factory: Callable[[], Any] | None = None,
+    env: str | None = None,
 ) -> Any:
-    env = flag.removeprefix("--").replace("-", "_").upper()
+    """`env`: the variable's name after PLANCACHE_, when the flag's own would
+    mean something else to another plancache program on the same host."""
+    env = env or flag.removeprefix("--").replace("-", "_").upper()
     shown = shown_default if shown_default is not None else ("" if default is None else str(default))
     meta = {"option": Option(flag, env, help, parse, programs, to_workers, switch, shown)}
     if factory is not None:
@@ -73,10 +77,6 @@ def _mebibytes(text: str) -> int:
 
 def _target_list(text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
-
-
-def _paths(text: str) -> tuple[Path, ...]:
-    return tuple(Path(p) for p in text.replace(",", os.pathsep).split(os.pathsep) if p.strip())
 
 
 def _autotune_strategy(text: str) -> str:
@@ -144,15 +144,23 @@ class Settings:
                                     programs=frozenset({SERVER}), shown_default="off")  # fmt: skip
     sweep_interval_s: float = _option(60.0, "--sweep-interval", "seconds between a front end's sweeps for retention and the bound", float,
                                       programs=frozenset({SERVER}))  # fmt: skip
-    build_budget_s: float | None = _option(None, "--build-budget", "seconds one build may take; past it the job fails and the worker restarts",
+    build_budget_s: float | None = _option(None, "--build-budget", "seconds one piece of a build (a heuristic plan, a candidate) may take in a build "
+                                           "process; past it the process is ended and the piece fails (a heuristic plan: the job, remembered)",
                                            _optional_seconds, to_workers=True, shown_default="none")  # fmt: skip
+    build_processes: int = _option(0, "--build-processes", "processes per GPU worker that build plans side by side (each holds a CUDA context); "
+                                   "0: from the host's cores, min(8, cores per GPU - 1)", int, to_workers=True, shown_default="0")  # fmt: skip
     heartbeat_interval_s: float = _option(2.0, "--heartbeat-interval", "seconds between a worker's heartbeats", float, to_workers=True)
     heartbeat_ttl_s: float = _option(10.0, "--heartbeat-ttl", "seconds a silent worker still counts as live", float, to_workers=True)
     # ---- trust and access
     signing_key: Path | None = _option(None, "--signing-key", "Ed25519 private key (PEM) workers sign plans with", Path, to_workers=True,
                                        shown_default="generated in --data-dir for the server's own workers")  # fmt: skip
-    trusted_keys: tuple[Path, ...] = _option((), "--trusted-keys", "Ed25519 public keys (PEM paths, comma separated) of the workers: plans are checked before being served",
-                                             _paths, programs=frozenset({SERVER}), shown_default="the generated key when the server starts its own workers")  # fmt: skip
+    trusted_keys: tuple[Path, ...] = _option((), "--trusted-keys", "Ed25519 public keys (PEM paths separated by ',' or ':') of the workers: plans are checked "
+                                             "before being served; the key of --signing-key (or the generated one) is always added. Not PLANCACHE_TRUSTED_KEYS: "
+                                             "that is the clients' list", key_paths, programs=frozenset({SERVER}), env="SERVER_TRUSTED_KEYS",
+                                             shown_default="the key its own workers sign with")  # fmt: skip
+    allow_readable_secrets: bool = _option(False, "--allow-readable-secrets", "start even when the tokens file, signing key or TLS key can be read by "
+                                           "group or others (warned); without it such a file is refused, as ssh does", switch=True, to_workers=True,
+                                           shown_default="off")  # fmt: skip
     unsigned: bool = _option(False, "--unsigned", "store plans unsigned (clients must allow_unsigned)", switch=True, to_workers=True, shown_default="off")
     tokens_file: Path | None = _option(None, "--tokens-file", "'<read|compile|admin> <token>' lines; without it the service is open", Path,
                                        programs=frozenset({SERVER}), shown_default="none: open")  # fmt: skip
@@ -190,7 +198,10 @@ def parser(program: str) -> argparse.ArgumentParser:
         if option.is_switch:
             p.add_argument(option.flag, dest=name, action="store_true", default=env == "1" if env is not None else getattr(defaults, name), help=help_text)
         else:
-            default = option.parse(env) if env is not None else getattr(defaults, name)
+            try:
+                default = option.parse(env) if env is not None else getattr(defaults, name)
+            except ValueError as e:
+                p.error(f"PLANCACHE_{option.env}={env!r} (the environment's {option.flag}): {e}")
             p.add_argument(option.flag, dest=name, type=option.parse, default=default, help=help_text)
     if program == WORKER:
         p.add_argument("--device", type=int, action="append", help="GPU index (repeat for several; default: every visible GPU)")

@@ -52,6 +52,7 @@ class Counter(enum.Enum):
     BYTES_SERVED = "bytes_served"
     SECONDS_SAVED = "build_seconds_saved"
     REFUSED = "refused"  # TargetUnavailable: no live worker for the target
+    UNTRUSTED = "untrusted_builds"  # builds whose plan the front end refused (UntrustedBuild)
 
 
 def target_scope(target_id: str) -> str:

@@ -113,7 +113,7 @@ def _totals(windows: Windows) -> dict[str, float]:
 
 def _targets(report: StatusReport) -> str:
     headers = [("target", False), ("live workers", True), ("queued", True), ("building", True), *_window_headers(),
-               ("hits", True), ("misses", True), ("compiles", True), ("joined", True), ("failures", True), ("refused", True), ("served", True),
+               ("hits", True), ("misses", True), ("compiles", True), ("joined", True), ("failures", True), ("refused", True), ("untrusted builds", True), ("served", True),
                ("build time saved", True), ("stored", True), ("evicted / expired", True)]  # fmt: skip
     rows = []
     for t in report.targets:
@@ -124,7 +124,7 @@ def _targets(report: StatusReport) -> str:
             + "".join(_rate_cell(t.windows.get(w, {})) for w in WINDOWS)
             + "".join(
                 f'<td class="num">{_count(total.get(c.value, 0))}</td>'
-                for c in (Counter.HITS, Counter.MISSES, Counter.COMPILES, Counter.JOINED, Counter.FAILURES, Counter.REFUSED)
+                for c in (Counter.HITS, Counter.MISSES, Counter.COMPILES, Counter.JOINED, Counter.FAILURES, Counter.REFUSED, Counter.UNTRUSTED)
             )
             + f'<td class="num">{_bytes(total.get(Counter.BYTES_SERVED.value, 0))}</td>'
             f'<td class="num">{_duration(total.get(Counter.SECONDS_SAVED.value, 0))}</td>'
@@ -136,7 +136,22 @@ def _targets(report: StatusReport) -> str:
 
 
 def _hint(t: TargetStatus) -> str:
-    """Why this target misses, where the numbers alone do not say."""
+    """Why this target misses or fails, where the numbers alone do not say."""
+    return _untrusted_hint(t) + _no_worker_hint(t)
+
+
+def _untrusted_hint(t: TargetStatus) -> str:
+    untrusted = _totals(t.windows).get(Counter.UNTRUSTED.value, 0)
+    if not untrusted:
+        return ""
+    text = (
+        f"{_count(untrusted)} build(s) stored a plan this front end refuses to serve (UntrustedBuild: signed by a key it does not trust); "
+        "their callers were failed. Give the workers a --signing-key the front end trusts, or add their public key to its --trusted-keys."
+    )
+    return f'<div class="hint" data-hint="untrusted-builds">{_e(text)}</div>'
+
+
+def _no_worker_hint(t: TargetStatus) -> str:
     refused = _totals(t.windows).get(Counter.REFUSED.value, 0)
     if t.live_workers:
         return ""

@@ -14,7 +14,8 @@ the workers' public keys (`--trusted-keys`, or the key it generated for its
 own workers) checks each plan's signature when it reads it: a plan that
 fails reads as a miss and is counted (plancache_plans_refused_total); the
 next Compile has it rebuilt, since a worker checks a stored plan's
-signature too before it takes it as built. Front ends never write plans
+signature too before it takes it as built, unless the build it waits for
+is the one refused (plancache_server.builds: UntrustedBuild). Front ends never write plans
 (their Redis user need not be able to). Clients check signatures again.
 """
 
@@ -31,7 +32,7 @@ from typing import Protocol, cast
 import redis
 from google.protobuf.message import DecodeError
 
-from plancache.errors import UntrustedPlan
+from plancache.errors import IntegrityError, UntrustedPlan
 from plancache.signing import TrustPolicy
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server import keys, metrics
@@ -96,21 +97,55 @@ def encode_plan(plan: StoredPlan) -> dict[str, bytes]:
     return fields
 
 
-def decode_plan(plan_key: str, blob: bytes | None, meta: bytes | None, sig: bytes | None) -> StoredPlan | None:
-    """The stored plan, or None when absent or not intact (logged)."""
-    if blob is None or meta is None:
+def checked_plan(plan_key: str, blob: bytes | None, meta: bytes | None, sig: bytes | None) -> StoredPlan | None:
+    """The stored plan; None when absent; IntegrityError when it is there
+    but not intact (metadata that does not parse, a blob that does not match
+    its sha256, metadata naming another key)."""
+    if blob is None and meta is None:
         return None
+    if blob is None or meta is None:
+        raise IntegrityError(f"plan {plan_key} is stored without its {'blob' if blob is None else 'metadata'}")
     try:
         metadata = pb.PlanMetadata.FromString(meta)
         signature = pb.PlanSignature.FromString(sig) if sig else None
     except DecodeError:
-        log.warning("plan %s: metadata or signature does not parse; treating as a miss", plan_key)
-        return None
+        raise IntegrityError(f"plan {plan_key}: its stored metadata or signature does not parse") from None
     digest = hashlib.sha256(blob).hexdigest()
-    if digest != metadata.blob_sha256 or metadata.key != plan_key:
-        log.warning("plan %s: blob sha256 %s or key does not match its metadata (%s); treating as a miss", plan_key, digest, metadata.blob_sha256)
-        return None
+    if digest != metadata.blob_sha256:
+        raise IntegrityError(f"plan {plan_key}: its blob's sha256 {digest} is not the one its metadata names ({metadata.blob_sha256[:64]})")
+    if metadata.key != plan_key:
+        raise IntegrityError(f"plan {plan_key}: its metadata names another plan ({metadata.key[:300]})")
     return StoredPlan(blob=blob, metadata=metadata, signature=signature)
+
+
+def decode_plan(plan_key: str, blob: bytes | None, meta: bytes | None, sig: bytes | None) -> StoredPlan | None:
+    """The stored plan, or None when absent or not intact (logged)."""
+    try:
+        return checked_plan(plan_key, blob, meta, sig)
+    except IntegrityError as e:
+        log.warning("%s; treating it as a miss", e.message)
+        return None
+
+
+class RefusalLog:
+    """Logs each refused plan once a minute at most: a front end re-reads a
+    plan while callers wait for it, and one refusal is one line, not one
+    every half second."""
+
+    def __init__(self, every_s: float = 60.0, kept: int = 1024) -> None:
+        self._every_s = every_s
+        self._kept = kept
+        self._last: dict[tuple[str, str], float] = {}
+
+    def warn(self, plan_key: str, error: IntegrityError) -> None:
+        now = time.monotonic()
+        seen = (plan_key, error.message)
+        if now - self._last.get(seen, -self._every_s) < self._every_s:
+            return
+        if len(self._last) >= self._kept:
+            self._last.clear()
+        self._last[seen] = now
+        log.warning("%s; it reads as a miss", error.message)
 
 
 class RedisPlanStore:
@@ -164,7 +199,9 @@ class PlanStore(Protocol):
     async def get(self, plan_key: str) -> StoredPlan | None: ...
 
     async def fresh(self, plan_key: str) -> StoredPlan | None:
-        """What Redis holds now (a plan may have been replaced: provisional, then tuned)."""
+        """What Redis holds now (a plan may have been replaced: provisional,
+        then tuned). Where `get` reads a refused plan as a miss, this raises
+        why: UntrustedPlan (its signature), IntegrityError (damaged)."""
         ...
 
     def forget(self, plan_key: str) -> None:
@@ -185,6 +222,7 @@ class AsyncRedisPlanStore:
         self._redis = client
         self._offload = offload
         self._trust = trust
+        self._refusals = RefusalLog()
 
     def cached(self, plan_key: str) -> StoredPlan | None:
         return None
@@ -193,24 +231,26 @@ class AsyncRedisPlanStore:
         pass
 
     async def fresh(self, plan_key: str) -> StoredPlan | None:
-        return await self.get(plan_key)
-
-    async def get(self, plan_key: str) -> StoredPlan | None:
         with translated_errors("reading a plan"):
             blob, meta, sig = cast(list[bytes | None], await self._redis.hmget(keys.plan(plan_key), PLAN_FIELDS))
-        # Checking the sha256 of a large blob (and a signature) is CPU work: off the loop for large ones.
-        plan = await self._offload.run(len(blob or b""), decode_plan, plan_key, blob, meta, sig)
-        if plan is None:
-            if blob is not None or meta is not None:
-                metrics.child(metrics.PLANS_REFUSED, "integrity").inc()
-            return None
-        if self._trust is not None:
-            try:
-                self._trust.check(plan.metadata, plan.signature)
-            except UntrustedPlan as e:
-                log.warning("plan %s: %s; it reads as a miss (a Compile has it rebuilt)", plan_key, e.message)
-                metrics.child(metrics.PLANS_REFUSED, "signature").inc()
-                return None
+        try:
+            # Checking the sha256 of a large blob (and a signature) is CPU work: off the loop for large ones.
+            return await self._offload.run(len(blob or b""), self._checked, plan_key, blob, meta, sig)
+        except IntegrityError as e:
+            metrics.child(metrics.PLANS_REFUSED, "signature" if isinstance(e, UntrustedPlan) else "integrity").inc()
+            self._refusals.warn(plan_key, e)
+            raise
+
+    async def get(self, plan_key: str) -> StoredPlan | None:
+        try:
+            return await self.fresh(plan_key)
+        except IntegrityError:
+            return None  # a miss: a Compile has it rebuilt, or fails with the reason
+
+    def _checked(self, plan_key: str, blob: bytes | None, meta: bytes | None, sig: bytes | None) -> StoredPlan | None:
+        plan = checked_plan(plan_key, blob, meta, sig)
+        if plan is not None and self._trust is not None:
+            self._trust.check(plan.metadata, plan.signature)
         return plan
 
     async def keys_of_spec(self, spec_hash: str) -> list[str]:

@@ -3,36 +3,40 @@
 It consumes two streams: the one for its exact target (device name and SM
 count included) and the one for its generic target (architecture and
 versions only), since any GPU of that kind may build a generic request.
-The cuDNN handle is not thread-safe and the frontend holds the GIL, so a
-worker builds one job at a time, and a GPU host runs one worker process per
-GPU rather than threads.
 
-A build has two phases when it autotunes: cuDNN's heuristic plan (seconds
-at most), stored as provisional so that its callers can run at once, then
-the autotuning (often much longer). A worker runs every waiting job's first
-phase before any job's autotuning: the first node of a new model, asking for
-all its plans at once, gets every provisional plan after the heuristic
-builds, not after the autotuning of the plans queued before them. Jobs whose
-autotuning is deferred stay claimed by the worker (their leases renewed),
-so that a worker that dies mid-way hands them to another.
+A build is cut into pieces (plancache_server.compiler.base): cuDNN's
+heuristic plan, stored as provisional so that its callers can run at once,
+then, when it autotunes, every other candidate built and serialized, then
+all of them timed on this GPU and the fastest stored under the same key.
+The pieces that build run side by side in the worker's pool of build
+processes (plancache_server.build_pool); the timing runs here, one build at
+a time, on the GPU. What runs next is decided by lane: a heuristic build
+(someone waits for it) before any candidate of an autotuning, and one
+process is kept for heuristic builds alone, so a miss never waits behind
+autotuning: its heuristic build starts at once, or as soon as the one
+before it ends. Jobs whose autotuning is under way stay claimed by the
+worker (their leases renewed), so that a worker that dies mid-way hands
+them to another, which builds them again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
+import heapq
+import itertools
 import logging
 import os
 import socket
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from plancache import spec_io
 from plancache.canonical import hash_normalized
-from plancache.errors import CompileFailed, InvalidRequest, PlanCacheError, StoreUnavailable
+from plancache.errors import InvalidRequest, PlanCacheError, StoreUnavailable
 from plancache.ops import anchor_family
 from plancache.options import CompileOptions
 from plancache.plankey import make_key
@@ -42,18 +46,23 @@ from plancache.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache.validation import normalize
 from plancache_server import metrics
+from plancache_server.build_pool import CANDIDATE, HEURISTIC, BuildPool, BuildTask, TaskResult, task_ids, task_query
 from plancache_server.build_records import BuildRecorder
 from plancache_server.compiler import CompiledPlan, Compiler
+from plancache_server.compiler.base import BuiltPlan, Heuristic, build_seconds, heuristic_plan, tuned_plan, tunes
 from plancache_server.jobs import Delivery, Job
 from plancache_server.store import RedisPlanStore, StoredPlan
 from plancache_server.worker_queue import WorkerQueue
 
 log = logging.getLogger(__name__)
 
-# Exit status of a worker process that ended a build over its time budget.
-EXIT_OVER_BUDGET = 4
-# How often an idle worker looks for jobs of dead workers.
+# How often a worker looks for jobs of dead workers.
 RECLAIM_CHECK_S = 0.5
+# How long the loop waits for a build piece to end before it looks for new
+# jobs again: the delay a new job can see while every process is busy.
+POLL_S = 0.05
+# Tries of one piece whose build process died (a crash, the OOM killer).
+MAX_TASK_ATTEMPTS = 3
 # A finished plan is stored through a Redis blip: retried with backoff for
 # this long (building it again would cost far more).
 STORE_RETRY_S = 60.0
@@ -74,16 +83,28 @@ class VerifiedJob:
     options: CompileOptions
 
 
-@dataclass
+class Lane(enum.IntEnum):
+    """What a free build process takes first (the lowest lane)."""
+
+    HEURISTIC = 0  # a job's first plan: someone waits for it
+    CANDIDATE = 1  # a candidate of an autotuning
+
+
+@dataclass(eq=False)
 class _Build:
-    """A job being built: its phases (a generator: resumed for the autotuning)."""
+    """A job being built: its pieces, as they come back."""
 
     delivery: Delivery
     job: Job
     verified: VerifiedJob
-    phases: Iterator[CompiledPlan]
+    query: bytes  # what its build tasks carry
+    seq: int  # acceptance order: older builds' candidates go first
     started: float = field(default_factory=time.monotonic)
-    provisional: CompiledPlan | None = None
+    heuristic: Heuristic | None = None
+    waiting: set[int] = field(default_factory=set)  # candidates not back yet
+    built: list[BuiltPlan] = field(default_factory=list)
+    failed: list[BuiltPlan] = field(default_factory=list)
+    attempts: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 def verify_job(job: Job, served: list[Target]) -> VerifiedJob:
@@ -149,81 +170,116 @@ class Worker:
         builds: BuildRecorder,
         store: RedisPlanStore,
         worker_id: str,
+        *,
+        pool: BuildPool,
         heartbeat_interval_s: float = 2.0,
         heartbeat_ttl_s: float = 10.0,
         claim_idle_s: float = 60.0,
         max_attempts: int = 3,
         signer: Signer | None = None,
-        build_budget_s: float | None = None,
-        on_over_budget: Callable[[], None] | None = None,
     ) -> None:
+        """`compiler` times plans here; `pool` builds them (it is closed when the worker ends)."""
         self.compiler = compiler
         self.worker_id = worker_id
         self._queue = queue
         self._builds = builds
         self._store = store
+        self._pool = pool
         self._targets = list(dict.fromkeys([compiler.target, compiler.target.generic()]))
         self._interval = heartbeat_interval_s
         self._ttl = heartbeat_ttl_s
         self._claim_idle_ms = int(claim_idle_s * 1000)
         self._max_attempts = max_attempts
         self._signer = signer
-        # A build cannot be interrupted inside cuDNN: past its budget the job
-        # is failed and the worker process ends (its supervisor starts a new one).
-        self._build_budget_s = build_budget_s
-        self._on_over_budget = on_over_budget or (lambda: os._exit(EXIT_OVER_BUDGET))
         self._stop = threading.Event()
         # Jobs this worker holds (building, or waiting for their autotuning),
         # kept alive by the heartbeat thread.
         self._held: dict[str, Delivery] = {}
         self._held_lock = threading.Lock()
-        # Jobs whose provisional plan is stored, oldest first: tuned when no job waits.
-        self._tunings: deque[_Build] = deque()
+        self._active: dict[str, _Build] = {}  # by stream entry id
+        self._lanes: list[tuple[int, int, int, int, BuildTask, _Build]] = []  # (lane, build seq, index, task id, task, build): a heap
+        self._running: dict[int, tuple[_Build, Lane]] = {}  # task id -> its build
+        self._seq = itertools.count()
 
     def stop(self) -> None:
         self._stop.set()
 
     def run(self) -> None:
-        """Serve jobs until stop(), then finish the autotuning of the jobs it
-        holds; survives Redis outages by retrying."""
-        log.info("worker %s serving targets %s", self.worker_id, ", ".join(t.id for t in self._targets))
+        """Serve jobs until stop(), then finish the builds it holds (their
+        autotuning included); survives Redis outages by retrying."""
+        log.info("worker %s serving targets %s with %d build processes", self.worker_id, ", ".join(t.id for t in self._targets), self._pool.size)
+        metrics.BUILD_PROCESSES.set(self._pool.size)
         beat = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{self.worker_id}", daemon=True)
         beat.start()
         joined = False
         next_reclaim = 0.0
-        while not self._stop.is_set() or self._tunings:
-            try:
-                if not joined:
-                    self._queue.join(self._targets)
-                    joined = True
-                deliveries: list[Delivery] = []
-                if not self._stop.is_set():
-                    # A deferred autotuning waits only for jobs already queued: no blocking read then.
-                    deliveries = self._queue.read(self.worker_id, self._targets, block_ms=None if self._tunings else 500)
-                    if not deliveries and time.monotonic() >= next_reclaim:
-                        # Jobs whose worker died mid-build: its heartbeat expired
-                        # (at once), or it went silent past claim_idle.
-                        deliveries = self._queue.reclaim(self.worker_id, self._targets, self._claim_idle_ms)
-                        next_reclaim = time.monotonic() + RECLAIM_CHECK_S
-                for delivery in deliveries:
-                    self._handle(delivery)
-                if not deliveries and self._tunings:
-                    self._advance(self._tunings.popleft(), until_provisional=False)
-            except StoreUnavailable as e:
-                log.warning("worker %s: %s; retrying in 1s", self.worker_id, e)
-                joined = False
-                self._stop.wait(1.0)
+        handed_back = False
+        try:
+            while not self._stop.is_set() or self._active:
+                try:
+                    if not joined:
+                        self._queue.join(self._targets)
+                        joined = True
+                    if not self._stop.is_set():
+                        next_reclaim = self._intake(next_reclaim)
+                    elif not handed_back:
+                        self._hand_back_unstarted()
+                        handed_back = True
+                    self._dispatch()
+                    for result in self._pool.results(timeout=POLL_S if self._running or self._stop.is_set() else 0.0):
+                        self._on_result(result)
+                        self._dispatch()
+                    metrics.BUSY.set(1 if self._running else 0)
+                except StoreUnavailable as e:
+                    log.warning("worker %s: %s; retrying in 1s", self.worker_id, e)
+                    joined = False
+                    self._stop.wait(1.0)
+        finally:
+            self._pool.close()
         try:
             self._queue.leave(self.worker_id, self._targets)
         except StoreUnavailable:
             pass
         beat.join(timeout=self._interval + 1)
 
+    # ---- taking jobs -------------------------------------------------------------------
+
+    def _intake(self, next_reclaim: float) -> float:
+        """New jobs, and jobs of dead workers: read while the heuristic lane
+        is short (the rest stay in the stream for other workers). Blocks for
+        up to half a second only when nothing else is going on."""
+        room = self._pool.size - sum(1 for lane, *_ in self._lanes if lane == Lane.HEURISTIC)
+        if room <= 0:
+            return next_reclaim
+        idle = not self._active
+        deliveries = self._queue.read(self.worker_id, self._targets, block_ms=500 if idle else None, count=room)
+        if not deliveries and time.monotonic() >= next_reclaim:
+            # Jobs whose worker died mid-build: its heartbeat expired
+            # (at once), or it went silent past claim_idle.
+            deliveries = self._queue.reclaim(self.worker_id, self._targets, self._claim_idle_ms)
+            next_reclaim = time.monotonic() + RECLAIM_CHECK_S
+        for delivery in deliveries:
+            self._accept(delivery)
+        return next_reclaim
+
+    def _hand_back_unstarted(self) -> None:
+        """Stopping: jobs taken but not started go back to their stream for
+        the next worker (the builds under way are finished)."""
+        unstarted = [build for lane, *_, build in self._lanes if lane == Lane.HEURISTIC]
+        self._lanes = [entry for entry in self._lanes if entry[0] != Lane.HEURISTIC]
+        heapq.heapify(self._lanes)
+        for build in unstarted:
+            log.info("job %s: handed back unstarted (this worker is stopping)", build.job.job_id)
+            self._queue.hand_back(build.delivery)
+            self._active.pop(build.delivery.entry_id, None)
+            with self._held_lock:
+                self._held.pop(build.delivery.entry_id, None)
+
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
             try:
                 if self._queue.drain_requested(self.worker_id):
-                    log.warning("worker %s: asked to drain; finishing the current build, then leaving", self.worker_id)
+                    log.warning("worker %s: asked to drain; finishing the builds it holds, then leaving", self.worker_id)
                     self._stop.set()
                     break
                 self._queue.heartbeat(self.worker_id, self._targets, self._ttl)
@@ -237,7 +293,7 @@ class Worker:
                 log.debug("heartbeat failed: %s", e)
             self._stop.wait(self._interval)
 
-    def _handle(self, delivery: Delivery) -> None:
+    def _accept(self, delivery: Delivery) -> None:
         job = delivery.job
         if job is None:
             self._queue.ack(delivery)
@@ -271,41 +327,134 @@ class Worker:
         self._builds.renew(job.plan_key, job.job_id)
         with self._held_lock:
             self._held[delivery.entry_id] = delivery
-        build = _Build(delivery, job, verified, iter(self.compiler.compile_phases(verified.spec, verified.options)))
-        self._advance(build, until_provisional=True)
+        query = task_query(verified.spec, job.query.target, verified.options)
+        build = _Build(delivery, job, verified, query, next(self._seq))
+        self._active[delivery.entry_id] = build
+        self._queue_task(build, Lane.HEURISTIC, HEURISTIC, 0)
 
-    def _advance(self, build: _Build, until_provisional: bool) -> None:
-        """Run the build's next phases: up to its provisional plan (then it
-        waits in _tunings), or to the end (then the job is recorded and
-        acknowledged)."""
-        watchdog = self._watchdog(build.delivery, build.job)
+    # ---- what runs next ------------------------------------------------------------------
+
+    def _queue_task(self, build: _Build, lane: Lane, kind: str, index: int) -> None:
+        self._push(lane, build, BuildTask(next(task_ids), kind, build.query, index))
+
+    def _push(self, lane: Lane, build: _Build, task: BuildTask) -> None:
+        heapq.heappush(self._lanes, (lane, build.seq, task.index, task.task_id, task, build))
+
+    def _dispatch(self) -> None:
+        """Fill the free build processes, lowest lane first. Past the first
+        process, one is kept for heuristic builds: the next miss starts at once."""
+        reserve = 1 if self._pool.size > 1 else 0
+        while self._lanes and self._pool.free() > 0:
+            lane = self._lanes[0][0]
+            if lane != Lane.HEURISTIC and self._pool.free() <= reserve:
+                return
+            *_, task, build = heapq.heappop(self._lanes)
+            if build.delivery.entry_id not in self._active:
+                continue  # abandoned (see _on_result)
+            self._running[task.task_id] = (build, Lane(lane))
+            self._pool.submit(task)
+
+    def _on_result(self, result: TaskResult) -> None:
+        entry = self._running.pop(result.task.task_id, None)
+        if entry is None or entry[0].delivery.entry_id not in self._active:
+            return
+        build, lane = entry
+        try:
+            self._advance(build, lane, result)
+        except StoreUnavailable:
+            # Redis stayed away past the retries: this worker lets the job go;
+            # it stays pending in its stream, and a worker claims it once idle.
+            self._abandon(build)
+            raise
+
+    def _abandon(self, build: _Build) -> None:
+        log.warning("job %s: left to be claimed again (Redis unreachable)", build.job.job_id)
+        self._active.pop(build.delivery.entry_id, None)
+        with self._held_lock:
+            self._held.pop(build.delivery.entry_id, None)
+
+    def _advance(self, build: _Build, lane: Lane, result: TaskResult) -> None:
+        task = result.task
+        if result.lost:
+            key = (task.kind, task.index)
+            build.attempts[key] = build.attempts.get(key, 1) + 1
+            if build.attempts[key] <= MAX_TASK_ATTEMPTS:
+                log.warning("job %s: %s; building its %s again (try %d)", build.job.job_id, result.error, _piece(task), build.attempts[key])
+                self._push(lane, build, dataclasses.replace(task, task_id=next(task_ids)))
+                return
+            result = dataclasses.replace(result, error=f"{result.error}, {MAX_TASK_ATTEMPTS} times", rejected=task.kind == HEURISTIC)
+        if task.kind == HEURISTIC:
+            self._on_heuristic(build, result)
+        else:
+            self._on_candidate(build, result)
+
+    def _on_heuristic(self, build: _Build, result: TaskResult) -> None:
+        job, verified = build.job, build.verified
+        if result.heuristic is None:
+            reason = result.error or "the build process answered nothing"
+            log.info("job %s: %s %s: %s", job.job_id, "cuDNN rejected" if result.rejected else "could not build", job.plan_key, reason)
+            self._end(build, reason, rejected=result.rejected)
+            return
+        build.heuristic = heuristic = result.heuristic
+        if not tunes(verified.options, heuristic):
+            self._store_plan(build, heuristic_plan(heuristic, provisional=False))
+            self._end(build, None)
+            return
+        self._store_plan(build, heuristic_plan(heuristic, provisional=True))
+        self._durably(f"announcing the provisional plan of {job.plan_key}", lambda: self._builds.provisional(job.plan_key, job.job_id, self.worker_id))
+        build.built.append(heuristic.chosen)
+        build.waiting = {i for i in range(heuristic.count) if i != heuristic.chosen.index}
+        for index in sorted(build.waiting):
+            self._queue_task(build, Lane.CANDIDATE, CANDIDATE, index)
+
+    def _on_candidate(self, build: _Build, result: TaskResult) -> None:
+        index = result.task.index
+        build.waiting.discard(index)
+        plan = result.plan
+        if plan is None:
+            assert build.heuristic is not None
+            plan = dataclasses.replace(build.heuristic.chosen, index=index, blob=b"", plan_name=f"plan {index}", engine_id=-1, error=result.error)
+        (build.built if plan.built else build.failed).append(plan)
+        if not build.waiting:
+            self._finish_tuning(build)
+
+    def _finish_tuning(self, build: _Build) -> None:
+        """Every candidate is back: time them here, on the GPU, and store the fastest."""
+        heuristic = build.heuristic
+        assert heuristic is not None
+        job, verified = build.job, build.verified
+        built = sorted(build.built, key=lambda p: p.index)
+        started = time.perf_counter()
         metrics.BUSY.set(1)
         try:
-            outcome = self._run_phases(build, until_provisional)
-        except BaseException:  # e.g. Redis gone past the retries: no more renewals, another worker reclaims it
-            self._release(build.delivery)
-            raise
-        finally:
-            metrics.BUSY.set(0)
-            if watchdog is not None:
-                watchdog.cancel()
-        if outcome is None:
-            self._tunings.append(build)
-            return
-        error, rejected = outcome
+            timed = self.compiler.time_plans(verified.spec, verified.options, built)
+            others = [p for p in built if p.index != heuristic.chosen.index] + build.failed
+            tuned = tuned_plan(heuristic, built, timed, build.failed, build_seconds(heuristic, others), time.perf_counter() - started)
+            reason = None if tuned is not None else f"none of the {len(built)} candidates that built ran: {timed[0].error if timed else ''}"
+        except Exception as e:  # a GPU fault while timing: the heuristic plan stays, final
+            log.exception("job %s: timing the candidates failed", job.job_id)
+            tuned, reason = None, f"compiler error on worker {self.worker_id}: {type(e).__name__}: {e}"
+        if tuned is None:
+            self._keep_heuristic(build, heuristic, reason or "")
+        else:
+            self._store_plan(build, tuned)
+        self._end(build, None)
+
+    def _end(self, build: _Build, error: str | None, rejected: bool = False) -> None:
+        """Record the job's outcome and let it go."""
         job, delivery = build.job, build.delivery
         target_id = self.compiler.target.id
         metrics.BUILDS.labels(target_id, "rejected" if rejected else "failed" if error else "built").inc()
         metrics.BUILD_SECONDS.labels(target_id).observe(time.monotonic() - build.started)
+        if error is None:
+            log.info("job %s: built %s in %.2fs", job.job_id, job.plan_key, time.monotonic() - build.started)
         try:
             self._durably(f"recording job {job.job_id}", lambda: self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=error, rejected=rejected))
             self._durably(f"acknowledging job {job.job_id}", lambda: self._queue.ack(delivery))
         finally:
-            self._release(delivery)
-
-    def _release(self, delivery: Delivery) -> None:
-        with self._held_lock:
-            self._held.pop(delivery.entry_id, None)
+            self._active.pop(delivery.entry_id, None)
+            with self._held_lock:
+                self._held.pop(delivery.entry_id, None)
 
     def _durably(self, doing: str, step: Callable[[], None]) -> None:
         """Run a step that must not be lost to a Redis blip: retried with
@@ -322,68 +471,9 @@ class Worker:
                 time.sleep(pause)
                 pause = min(pause * 2, 2.0)
 
-    def _watchdog(self, delivery: Delivery, job: Job) -> threading.Timer | None:
-        if self._build_budget_s is None:
-            return None
-
-        def over_budget() -> None:
-            reason = f"the build ran past its time budget of {self._build_budget_s:g} s (--build-budget) on worker {self.worker_id}"
-            log.error("job %s (%s): %s; ending this worker process", job.job_id, job.plan_key, reason)
-            try:
-                # Remembered like a rejection: building it again would end another worker.
-                self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=reason, rejected=True)
-                self._queue.ack(delivery)
-            finally:
-                self._on_over_budget()
-
-        timer = threading.Timer(self._build_budget_s, over_budget)
-        timer.daemon = True
-        timer.start()
-        return timer
-
-    def _run_phases(self, build: _Build, until_provisional: bool) -> tuple[str | None, bool] | None:
-        """Compile and store the build's plans: None when it stopped at its
-        provisional plan, else (failure reason or None, whether cuDNN
-        rejected the graph, as opposed to the worker failing).
-
-        With autotuning, cuDNN's heuristic plan is stored first, marked
-        provisional, and announced, so that the job's callers have a plan
-        at once; the autotuned plan then replaces it under the same key. If
-        autotuning fails, the heuristic plan is stored again as final (with
-        the reason among its candidates): callers are not left waiting for a
-        tuned plan that will not come."""
-        job, verified = build.job, build.verified
-        try:
-            for compiled in build.phases:
-                self._store_plan(job, verified, compiled)
-                if compiled.provisional:
-                    build.provisional = compiled
-                    self._durably(
-                        f"announcing the provisional plan of {job.plan_key}", lambda: self._builds.provisional(job.plan_key, job.job_id, self.worker_id)
-                    )
-                    if until_provisional:
-                        return None
-        except CompileFailed as e:
-            if build.provisional is not None:
-                return self._keep_heuristic(job, verified, build.provisional, e.message)
-            log.info("job %s: cuDNN rejected %s: %s", job.job_id, job.plan_key, e.message)
-            return e.message, True
-        except PlanCacheError as e:
-            if build.provisional is not None:
-                return self._keep_heuristic(job, verified, build.provisional, e.message)
-            log.warning("job %s: %s", job.job_id, e.message)
-            return e.message, False
-        except Exception as e:  # a bug or a GPU fault: report it, keep serving
-            log.exception("job %s: compiler crashed", job.job_id)
-            reason = f"compiler error on worker {self.worker_id}: {type(e).__name__}: {e}"
-            if build.provisional is not None:
-                return self._keep_heuristic(job, verified, build.provisional, reason)
-            return reason, False
-        log.info("job %s: built %s in %.2fs", job.job_id, job.plan_key, time.monotonic() - build.started)
-        return None, False
-
-    def _store_plan(self, job: Job, verified: VerifiedJob, compiled: CompiledPlan) -> None:
-        metadata = plan_metadata(verified, compiled, self.worker_id, self.compiler.target.to_proto())
+    def _store_plan(self, build: _Build, compiled: CompiledPlan) -> None:
+        job = build.job
+        metadata = plan_metadata(build.verified, compiled, self.worker_id, self.compiler.target.to_proto())
         signature = self._signer.sign(metadata) if self._signer is not None else None
         self._durably(f"storing plan {job.plan_key}", lambda: self._store.put(StoredPlan(blob=compiled.blob, metadata=metadata, signature=signature)))
         log.info(
@@ -391,8 +481,12 @@ class Worker:
             job.plan_key, len(compiled.candidates), compiled.plan_name, len(compiled.blob),
         )  # fmt: skip
 
-    def _keep_heuristic(self, job: Job, verified: VerifiedJob, heuristic: CompiledPlan, reason: str) -> tuple[str | None, bool]:
-        log.warning("job %s: autotuning %s failed (%s); the heuristic plan is final", job.job_id, job.plan_key, reason)
-        noted = [dataclasses.replace(c, error=f"autotuning failed: {reason[:500]}") for c in heuristic.candidates]
-        self._store_plan(job, verified, dataclasses.replace(heuristic, provisional=False, candidates=noted))
-        return None, False
+    def _keep_heuristic(self, build: _Build, heuristic: Heuristic, reason: str) -> None:
+        log.warning("job %s: autotuning %s failed (%s); the heuristic plan is final", build.job.job_id, build.job.plan_key, reason)
+        plan = heuristic_plan(heuristic, provisional=False)
+        noted = [dataclasses.replace(c, error=f"autotuning failed: {reason[:500]}") for c in plan.candidates]
+        self._store_plan(build, dataclasses.replace(plan, candidates=noted))
+
+
+def _piece(task: BuildTask) -> str:
+    return "heuristic plan" if task.kind == HEURISTIC else f"candidate {task.index}"

@@ -24,14 +24,17 @@ def run_one(device: int, settings: Settings) -> int:
     from plancache.signing import Signer
     from plancache_server import web
     from plancache_server.app import worker_parts
+    from plancache_server.build_pool import ProcessBuildPool, default_pool_size
     from plancache_server.compiler import load_compiler
     from plancache_server.redis_conn import connect
+    from plancache_server.secrets import check_secrets
     from plancache_server.worker import Worker, default_worker_id
 
     if settings.signing_key is None and not settings.unsigned:
         log.error("plancache-worker needs --signing-key (Ed25519 PEM; `plancache keygen` makes one) or, explicitly, --unsigned")
         return EXIT_MISCONFIGURED
     try:
+        check_secrets(settings)
         signer = Signer.from_file(settings.signing_key) if settings.signing_key else None
     except PlanCacheError as e:
         log.error("%s", e.message)
@@ -43,10 +46,11 @@ def run_one(device: int, settings: Settings) -> int:
         return EXIT_MISCONFIGURED
     assert settings.redis_url is not None
     parts = worker_parts(connect(settings.redis_url), settings, signer)
+    size = settings.build_processes or default_pool_size(max(1, len(visible_gpus())))
+    pool = ProcessBuildPool(size, settings.compiler, device, settings.autotune_strategy, budget_s=settings.build_budget_s, log_level=settings.log_level)
     worker = Worker(
-        compiler, parts.queue, parts.builds, parts.store, default_worker_id(device), heartbeat_interval_s=settings.heartbeat_interval_s,
+        compiler, parts.queue, parts.builds, parts.store, default_worker_id(device), pool=pool.start(), heartbeat_interval_s=settings.heartbeat_interval_s,
         heartbeat_ttl_s=settings.heartbeat_ttl_s, claim_idle_s=settings.claim_idle_s, max_attempts=settings.max_attempts, signer=signer,
-        build_budget_s=settings.build_budget_s,
     )  # fmt: skip
 
     web.serve(settings.metrics_port + device if settings.metrics_port else 0, host=settings.metrics_host or "127.0.0.1")

@@ -24,10 +24,19 @@ return redis.call('xdel', KEYS[1], ARGV[2])
 """
 
 
+# Hand a job back: queued again as a new entry (for any worker), this one acknowledged and deleted.
+_HAND_BACK = """
+redis.call('xadd', KEYS[1], '*', 'job_id', ARGV[3], 'plan_key', ARGV[4], 'query', ARGV[5])
+redis.call('xack', KEYS[1], ARGV[1], ARGV[2])
+return redis.call('xdel', KEYS[1], ARGV[2])
+"""
+
+
 class WorkerQueue:
     def __init__(self, client: redis.Redis) -> None:
         self._redis = client
         self._ack_and_delete = client.register_script(_ACK_AND_DELETE)
+        self._hand_back = client.register_script(_HAND_BACK)
 
     def join(self, targets: list[Target]) -> None:
         """Create each target's stream and consumer group if missing."""
@@ -59,11 +68,11 @@ class WorkerQueue:
         with translated_errors("checking for a drain request"):
             return bool(self._redis.exists(keys.drain(worker_id)))
 
-    def read(self, worker_id: str, targets: list[Target], block_ms: int | None) -> list[Delivery]:
-        """The next job: waiting up to `block_ms`, or not at all (None)."""
+    def read(self, worker_id: str, targets: list[Target], block_ms: int | None, count: int = 1) -> list[Delivery]:
+        """Up to `count` new jobs (per stream): waiting up to `block_ms` for the first, or not at all (None)."""
         streams = {keys.job_stream(t): ">" for t in targets}
         with translated_errors("reading jobs"):
-            reply = cast(list[Any], self._redis.xreadgroup(keys.JOB_GROUP, worker_id, streams, count=1, block=block_ms))  # type: ignore[arg-type]
+            reply = cast(list[Any], self._redis.xreadgroup(keys.JOB_GROUP, worker_id, streams, count=count, block=block_ms))  # type: ignore[arg-type]
         return [delivery(stream.decode(), entry_id, fields) for stream, entries in reply or [] for entry_id, fields in entries]
 
     def reclaim(self, worker_id: str, targets: list[Target], min_idle_ms: int) -> list[Delivery]:
@@ -107,6 +116,15 @@ class WorkerQueue:
         """Tell the group this worker is still on the job (resets its idle time)."""
         with translated_errors("touching a job"):
             self._redis.xclaim(job.stream, keys.JOB_GROUP, worker_id, 0, [job.entry_id], justid=True)
+
+    def hand_back(self, job: Delivery) -> None:
+        """A job this worker took but will not build (it is stopping): queued
+        again for the next worker, in one step."""
+        if job.job is None:
+            return self.ack(job)
+        fields = job.job.encode()
+        with translated_errors("handing a job back"):
+            self._hand_back(keys=[job.stream], args=[keys.JOB_GROUP, job.entry_id, fields["job_id"], fields["plan_key"], fields["query"]])
 
     def ack(self, job: Delivery) -> None:
         """Done with a job: acknowledged and deleted, so that the stream's

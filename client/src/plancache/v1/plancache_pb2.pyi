@@ -469,7 +469,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WindowStats(_message.Message):
-    __slots__ = ("window", "hits", "misses", "compiles", "failures", "joined", "bytes_served", "build_seconds_saved", "refused")
+    __slots__ = ("window", "hits", "misses", "compiles", "failures", "joined", "bytes_served", "build_seconds_saved", "refused", "untrusted_builds")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
     MISSES_FIELD_NUMBER: _ClassVar[int]
@@ -479,6 +479,7 @@ class WindowStats(_message.Message):
     BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
     BUILD_SECONDS_SAVED_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    UNTRUSTED_BUILDS_FIELD_NUMBER: _ClassVar[int]
     window: str
     hits: int
     misses: int
@@ -488,7 +489,8 @@ class WindowStats(_message.Message):
     bytes_served: int
     build_seconds_saved: float
     refused: int
-    def __init__(self, window: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., failures: _Optional[int] = ..., joined: _Optional[int] = ..., bytes_served: _Optional[int] = ..., build_seconds_saved: _Optional[float] = ..., refused: _Optional[int] = ...) -> None: ...
+    untrusted_builds: int
+    def __init__(self, window: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., failures: _Optional[int] = ..., joined: _Optional[int] = ..., bytes_served: _Optional[int] = ..., build_seconds_saved: _Optional[float] = ..., refused: _Optional[int] = ..., untrusted_builds: _Optional[int] = ...) -> None: ...
 
 class TargetStats(_message.Message):
     __slots__ = ("target_id", "hits", "misses", "compiles", "failures", "joined", "live_workers", "bytes_served", "build_seconds_saved", "windows", "stored_bytes", "stored_plans", "evicted", "expired")

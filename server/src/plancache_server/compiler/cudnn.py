@@ -2,9 +2,11 @@
 
 Imported only inside a worker process (it pulls in torch and the cuDNN
 frontend). The frontend facts it relies on (1.32, measured on an H200):
-- there is no Python autotune: build every candidate, time each with
-  execute_plan_at_index, then build_plan_at_index(best) BEFORE serialize();
-  after build_plans(ALL) a plain serialize() stores plan 0;
+- there is no Python autotune, and serialize() stores the plan built last
+  (after build_plans(ALL) a plain serialize() stores plan 0): so each
+  candidate is built with build_plan_at_index(i) and serialized at once,
+  in whichever process builds it, and timed after a deserialize, as a node
+  runs it;
 - plans run in microseconds to milliseconds: time them on the GPU, not the
   host (compiler/timing.py), on random inputs (never zeros);
 - record the winner by engine id, knobs and plan name, never by index alone.
@@ -15,13 +17,14 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import cudnn
 import torch
 
 from plancache import dtypes
+from plancache.canonical import hash_normalized
 from plancache.errors import CompileFailed
 from plancache.gpu import detect_target, load_math_libraries, torch_dtype
 from plancache.ops import CATALOG
@@ -29,9 +32,9 @@ from plancache.options import CompileOptions
 from plancache.spec import GraphSpec
 from plancache.target import Target
 from plancache.validation import storage_elements
-from plancache_server.compiler.base import AUTOTUNE_STRATEGIES, CandidateResult, CompiledPlan
+from plancache_server.compiler.base import AUTOTUNE_STRATEGIES, BuiltPlan, CandidateResult, CompiledPlan, Heuristic, compile_inline
 from plancache_server.compiler.defects import check_known_defects
-from plancache_server.compiler.timing import best, time_candidates
+from plancache_server.compiler.timing import time_candidates
 from plancache_server.compiler.timing_inputs import timing_inputs
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,8 @@ PYTHON_PLAN_MAGIC = b"CUDNN_FE_PYPLAN"
 _ENUM_ATTRS = {"norm_forward_phase": "norm_forward_phase", "mode": "reduction_mode"}
 # Ops whose output dims cuDNN cannot infer; we push the normalized dims.
 _PUSH_DIMS = {"conv_dgrad", "conv_wgrad", "reduction"}
+# Graphs (with their execution plans) a process keeps between pieces of a build.
+GRAPHS_KEPT = 4
 
 
 def _cudnn_dtype(name: str) -> Any:
@@ -61,6 +66,7 @@ class CudnnCompiler:
         # job (GPU run 12: its first plan came 1.1 s after the request, the
         # next ones every ~75 ms).
         load_math_libraries(device)
+        self._graphs: dict[tuple[str, str], Any] = {}
 
     @property
     def target(self) -> Target:
@@ -167,15 +173,72 @@ class CudnnCompiler:
             bindings[t.uid] = flat.as_strided(t.dim, t.stride)
         return bindings
 
-    # ---- build + autotune ---------------------------------------------------------
+    # ---- the pieces of a build (compiler/base.py) ---------------------------------
 
     def compile(self, spec: GraphSpec, options: CompileOptions) -> CompiledPlan:
-        """The final plan (the last of compile_phases)."""
-        *_, final = self.compile_phases(spec, options)
+        """The final plan, every piece in this process (tools and benchmarks)."""
+        *_, final = compile_inline(self, spec, options)
         return final
 
     def compile_phases(self, spec: GraphSpec, options: CompileOptions) -> Iterator[CompiledPlan]:
+        return compile_inline(self, spec, options)
+
+    def heuristic(self, spec: GraphSpec, options: CompileOptions) -> Heuristic:
         started = time.perf_counter()
+        g = self._planned(spec, options)
+        count = g.get_execution_plan_count()
+        failures: list[CandidateResult] = []
+        for i in range(count):
+            plan = self._build(g, i)
+            if plan.built:
+                return Heuristic(plan, count, time.perf_counter() - started, failures)
+            failures.append(plan.untimed())
+        reasons = "; ".join(f"plan {f.index}: {f.error}" for f in failures)
+        raise CompileFailed(f"cuDNN could not build any plan on {self._target.id}: {reasons[:1000]}")
+
+    def candidate(self, spec: GraphSpec, options: CompileOptions, index: int) -> BuiltPlan:
+        g = self._planned(spec, options)
+        count = g.get_execution_plan_count()
+        if index >= count:  # the heuristics gave this process fewer candidates than the heuristic build saw
+            return BuiltPlan(index, b"", f"plan {index}", -1, {}, 0, False, error=f"cuDNN offers {count} plans here, not {index + 1}")
+        return self._build(g, index)
+
+    def time_plans(self, spec: GraphSpec, options: CompileOptions, plans: Sequence[BuiltPlan]) -> list[CandidateResult]:
+        """Each plan deserialized (as a node would) and timed on this GPU with
+        random inputs, by this process's strategy (compiler/timing.py)."""
+        graphs: list[Any] = []
+        loaded: list[BuiltPlan] = []
+        results: dict[int, CandidateResult] = {}
+        for plan in plans:
+            try:
+                g = cudnn.pygraph()
+                g.deserialize(self._handle, plan.blob)
+            except Exception as e:
+                results[plan.index] = CandidateResult(plan.index, plan.plan_name, plan.engine_id, None, f"deserialize: {type(e).__name__}: {str(e)[:300]}")
+                continue
+            graphs.append(g)
+            loaded.append(plan)
+        bindings = self.random_bindings(spec)
+        workspace = torch.empty(max([1, *(p.workspace_size for p in loaded)]), device=self._device, dtype=torch.uint8)
+        launches = [functools.partial(g.execute, bindings, workspace, handle=self._handle) for g in graphs]
+        for plan, t in zip(loaded, time_candidates(launches, self._handle, self._device, self.autotune_strategy), strict=True):
+            results[plan.index] = CandidateResult(plan.index, plan.plan_name, plan.engine_id, t.ms, t.error, t.method)
+        return [results[p.index] for p in plans]
+
+    def _planned(self, spec: GraphSpec, options: CompileOptions) -> Any:
+        """The graph with its execution plans chosen (not built), kept for
+        the next pieces of the same build: a build process asked for several
+        candidates of one graph makes it once."""
+        key = (hash_normalized(spec), options.id)
+        g = self._graphs.pop(key, None)
+        if g is None:
+            g = self._make_plans(spec, options)
+        self._graphs[key] = g
+        while len(self._graphs) > GRAPHS_KEPT:
+            self._graphs.pop(next(iter(self._graphs)))
+        return g
+
+    def _make_plans(self, spec: GraphSpec, options: CompileOptions) -> Any:
         check_known_defects(spec)
         g = self.graph(spec)
         try:
@@ -189,35 +252,25 @@ class CudnnCompiler:
             g.check_support()
         except Exception as e:  # cuDNN's reason is the message the user needs
             raise CompileFailed(f"cuDNN does not support this graph on {self._target.id}: {e}") from e
-        count = g.get_execution_plan_count()
-        if count == 0:
+        if g.get_execution_plan_count() == 0:
             raise CompileFailed(f"cuDNN offers no execution plan for this graph on {self._target.id}")
-        # cuDNN's heuristic choice first: what a node building locally would run.
-        candidates, chosen = self._first_buildable(g, count)
-        heuristic_s = time.perf_counter() - started
-        if not options.autotune or count == 1:
-            yield self._plan(g, chosen, candidates, heuristic_s, 0.0, provisional=False)
-            return
-        yield self._plan(g, chosen, candidates, heuristic_s, 0.0, provisional=True)
-        candidates, chosen, build_s, tune_s = self._autotune(g, spec, count, heuristic_s)
-        yield self._plan(g, chosen, candidates, build_s, tune_s, provisional=False)
+        return g
 
-    def _plan(self, g: Any, chosen: int, candidates: list[CandidateResult], build_s: float, tune_s: float, provisional: bool) -> CompiledPlan:
-        """The plan built last at `chosen`, serialized (serialize() stores the plan built last)."""
-        blob = bytes(g.serialize(as_bytes=True))
-        engine_id, knobs = g.get_engine_and_knobs_at_index(chosen)
-        return CompiledPlan(
-            blob=blob,
-            workspace_size=int(g.get_workspace_size()),
-            engine_id=int(engine_id),
-            knobs={getattr(k, "name", str(k)): int(v) for k, v in knobs.items()},
-            plan_name=str(g.get_plan_name_at_index(chosen)),
-            is_python_engine=blob.startswith(PYTHON_PLAN_MAGIC),
-            candidates=candidates,
-            build_seconds=build_s,
-            autotune_seconds=tune_s,
-            provisional=provisional,
-        )
+    def _build(self, g: Any, index: int) -> BuiltPlan:
+        """Candidate `index` built and serialized (serialize() stores the plan built last)."""
+        started = time.perf_counter()
+        name, engine_id = self._describe(g, index)
+        try:
+            g.build_plan_at_index(index)
+            blob = bytes(g.serialize(as_bytes=True))
+            _, knobs = g.get_engine_and_knobs_at_index(index)
+            workspace = int(g.get_workspace_size_plan_at_index(index))
+        except Exception as e:
+            return BuiltPlan(index, b"", name, engine_id, {}, 0, False, time.perf_counter() - started, f"{type(e).__name__}: {str(e)[:300]}")
+        return BuiltPlan(
+            index, blob, name, engine_id, {getattr(k, "name", str(k)): int(v) for k, v in knobs.items()}, workspace,
+            blob.startswith(PYTHON_PLAN_MAGIC), time.perf_counter() - started,
+        )  # fmt: skip
 
     def _describe(self, g: Any, index: int) -> tuple[str, int]:
         try:
@@ -230,34 +283,8 @@ class CudnnCompiler:
             engine_id = -1
         return name, engine_id
 
-    def _autotune(self, g: Any, spec: GraphSpec, count: int, heuristic_s: float) -> tuple[list[CandidateResult], int, float, float]:
-        """(candidates, the winner's index, build seconds, autotune seconds),
-        the winner built last. Build seconds: the heuristic build before it
-        plus building every candidate."""
-        started = time.perf_counter()
-        try:
-            g.build_plans(cudnn.build_plan_policy.ALL)
-        except Exception as e:
-            raise CompileFailed(f"cuDNN could not build any plan for this graph on {self._target.id}: {e}") from e
-        build_s = heuristic_s + time.perf_counter() - started
-        tune_started = time.perf_counter()
-        bindings = self.random_bindings(spec)
-        workspace = self.candidates_workspace(g, count)
-        launches = [functools.partial(g.execute_plan_at_index, bindings, workspace, i, handle=self._handle) for i in range(count)]
-        timed = time_candidates(launches, self._handle, self._device, self.autotune_strategy)
-        candidates = [
-            CandidateResult(index=t.index, plan_name=name, engine_id=engine_id, median_ms=t.ms, error=t.error, timing=t.method)
-            for t, (name, engine_id) in zip(timed, (self._describe(g, i) for i in range(count)), strict=True)
-        ]
-        winner = best(timed)
-        if winner is None:
-            raise CompileFailed(f"none of the {count} candidate plans ran on {self._target.id}: {candidates[0].error}")
-        # Selects the winner for serialize(); without it plan 0 is serialized.
-        g.build_plan_at_index(winner.index)
-        return candidates, winner.index, build_s, time.perf_counter() - tune_started
-
     def candidates_workspace(self, g: Any, count: int) -> Any:
-        """One workspace large enough for any of the built candidates."""
+        """One workspace large enough for any of the built candidates (bench/autotune.py)."""
         sizes = []
         for i in range(count):
             try:
@@ -265,15 +292,3 @@ class CudnnCompiler:
             except Exception:  # a candidate that did not build
                 sizes.append(0)
         return torch.empty(max([1, *sizes]), device=self._device, dtype=torch.uint8)
-
-    def _first_buildable(self, g: Any, count: int) -> tuple[list[CandidateResult], int]:
-        errors = []
-        for i in range(count):
-            name, engine_id = self._describe(g, i)
-            try:
-                g.build_plan_at_index(i)
-            except Exception as e:
-                errors.append(f"plan {i}: {e}")
-                continue
-            return [CandidateResult(index=i, plan_name=name, engine_id=engine_id, median_ms=None)], i
-        raise CompileFailed(f"cuDNN could not build any plan on {self._target.id}: {'; '.join(errors)[:1000]}")
