@@ -217,6 +217,7 @@ def main() -> None:
     parser.add_argument("--server", required=True)
     parser.add_argument("--cases", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--prefetch-only", action="store_true", help="a fresh node: one Prefetch of every key, then each plan executed and checked")
     args = parser.parse_args()
     with open(args.cases) as f:
         cases = json.load(f)
@@ -225,6 +226,10 @@ def main() -> None:
     cudnn_handle()  # a local build needs a handle (and cuBLASLt) too: not part of the fetch time
     setup_s = time.perf_counter() - started
     results = []
+    if args.prefetch_only:
+        with Client(args.server, cache=False) as client, open(args.out, "w") as out:
+            json.dump(prefetch_and_check(client, cases), out, indent=1)
+        return
     with Client(args.server, cache=False) as client:
         for case in cases:
             try:
@@ -236,6 +241,25 @@ def main() -> None:
         threads_check(client, cases, results)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
+
+
+def prefetch_and_check(client: Client, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One streamed Prefetch of every key (never compiles), then each plan executed and compared with torch."""
+    fetched = client.prefetch(Manifest(entries=[ManifestEntry(key=c["key"]) for c in cases]))
+    results: list[dict[str, Any]] = []
+    for i, case in enumerate(cases):
+        row: dict[str, Any] = {"name": case["name"], "key": case["key"]}
+        if i in fetched.errors:
+            row["error"] = f"{type(fetched.errors[i]).__name__}: {fetched.errors[i].message}"
+        else:
+            plan = fetched.plans[i]
+            row.update(source=plan.source, provisional=plan.provisional, built_by=plan.metadata.built_by)
+            try:
+                row["outputs"] = check(case["name"], plan)
+            except Exception as e:
+                row.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        results.append(row)
+    return results
 
 
 def background_check(client: Client, cases: list[dict[str, Any]], results: list[dict[str, Any]]) -> None:

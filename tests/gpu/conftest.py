@@ -66,7 +66,9 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     data_dir = tmp / "server-data"
     session: dict[str, Any] = {"address": address, "http": f"http://127.0.0.1:{http_port}", "cases": {}, "out": out}
     try:
-        with server_process(address, redis.url, out / "server.log", "--gpus", "0", "--data-dir", str(data_dir), "--metrics-port", str(http_port)) as server:
+        # --no-warm: the worker does not warm the generic target on its own while the tests run (tests/gpu/test_gpu_warming.py warms on purpose).
+        with server_process(address, redis.url, out / "server.log", "--gpus", "0", "--data-dir", str(data_dir), "--metrics-port", str(http_port),
+                            "--no-warm") as server:  # fmt: skip
             # The server generated a signing key for its worker: every client here trusts only it.
             public_key = signing_public_key(data_dir)
             env = trusting_env(public_key)
@@ -77,6 +79,7 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             with Client(address, cache=False, trusted_keys=[public_key], allow_unsigned=False) as client:
                 for name, build in EXAMPLES.items():
                     session["cases"][name] = _compile(client, name, build(), target, tmp)
+            session["gpu_memory"] = _gpu_memory_by_process(server.pid)
             session["client"] = _run_client_process(address, session["cases"], out, env)
             # The status page after real builds, kept for docs/gpu-runs/ (scripts/gpu-check.sh packs it).
             for page in ("status.json", "status.html"):
@@ -116,6 +119,30 @@ def _compile(client: Client, name: str, spec: GraphSpec, target: Any, scratch: P
         except PlanCacheError as e:
             case["untuned_error"] = f"{type(e).__name__}: {e.message}"
     return case
+
+
+def _gpu_memory_by_process(server_pid: int) -> dict[str, Any]:
+    """What the server's worker and its build processes hold on the GPU (MiB,
+    nvidia-smi): the cost of the build pool, a CUDA context per process."""
+    family = {server_pid}
+    for _ in range(3):  # server -> worker -> build processes
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                pid, ppid = int(stat.parent.name), int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid in family:
+                family.add(pid)
+    try:
+        rows = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=30, check=False).stdout  # fmt: skip
+    except OSError as e:
+        return {"error": str(e)}
+    used = {int(p): int(m) for p, m in (line.split(",") for line in rows.splitlines() if line.strip())}
+    mine = {pid: mib for pid, mib in used.items() if pid in family}
+    # In a container nvidia-smi may see other pids than /proc: every compute process on the GPU too.
+    return {"processes": len(mine), "mib": mine, "total_mib": sum(mine.values()), "all_processes": len(used), "all_mib": sum(used.values()),
+            "family": sorted(family)}  # fmt: skip
 
 
 def _run_client_process(address: str, cases: dict[str, Any], out: Path, env: dict[str, str]) -> dict[str, Any]:

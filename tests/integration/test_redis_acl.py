@@ -26,7 +26,7 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(redis_se
     for role, password in passwords.items():
         redis_client.execute_command("ACL", "SETUSER", *keys.acl_setuser(role, f"pc-{role}", password))
     url = {role: f"redis://pc-{role}:{password}@127.0.0.1:{redis_server.port}/0" for role, password in passwords.items()}
-    s, stop = start_stack(url["frontend"], StandInCompiler(build_seconds=0.2), worker_redis_url=url["worker"], memory_cache_bytes=0)
+    s, stop = start_stack(url["frontend"], StandInCompiler(build_seconds=0.2), worker_redis_url=url["worker"], memory_cache_bytes=0, warm=True)
     try:
         with s.client(timeout=30) as client:
             built = client.compile(matmul_spec(), TARGET)
@@ -41,8 +41,17 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(redis_se
             assert (row.hits, row.compiles) == (2, 2)
             report = s.front_end.run(s.front_end.front.status.report())
             assert [t.target_id for t in report.targets if t.live_workers] and report.top_by_hits
+            # Warming: planned under the front end's user, built under the worker's.
+            warmed = client.warm(TARGET.generic(), from_target=TARGET)
+            deadline = time.monotonic() + 20
+            while (now := client.warm_status(TARGET.generic())[0]).state != "done" or now.in_flight:
+                assert time.monotonic() < deadline, now
+                time.sleep(0.1)
+            assert (warmed.total, now.built, now.failed) == (2, 2, 0) and now.coverage == 1.0
+            assert s.front_end.run(s.front_end.front.status.report()).warming
             assert client.drain_worker("nobody") is False
             assert client.invalidate(built.key) == 1 and client.invalidate(target=TARGET) == 1  # DEL (and SCAN) of plans
+            assert client.invalidate(target=TARGET.generic()) == 2
             with pytest.raises(NotFound):
                 client.get(built.key)
             assert client.compile(matmul_spec(), TARGET).source == "compiled"  # the worker writes plans again

@@ -28,6 +28,7 @@ from plancache.options import CompileOptions
 from plancache.plan import Plan
 from plancache.spec import GraphSpec, Tensor
 from plancache.target import Target
+from plancache.warm import WarmStatus
 
 __version__ = "0.1.0"
 
@@ -61,5 +62,6 @@ __all__ = [
     "Unavailable",
     "UntrustedBuild",
     "UntrustedPlan",
+    "WarmStatus",
     "WindowCounts",
 ]

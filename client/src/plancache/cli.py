@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -122,6 +123,19 @@ def _parser() -> argparse.ArgumentParser:
     import_.add_argument("--trusted-key", type=Path, action="append", default=[], help="Ed25519 public key (PEM) whose plans to accept (default: $PLANCACHE_TRUSTED_KEYS)")
     import_.add_argument("--allow-unsigned", action="store_true", default=None, help="accept unsigned plans (default: $PLANCACHE_ALLOW_UNSIGNED=1)")
 
+    warm = sub.add_parser("warm", help="build a target's plans before its nodes ask (admin token), or see where warming stands (--status)")
+    warm.add_argument("--target", help="the target to warm (a full target id)")
+    source = warm.add_mutually_exclusive_group()
+    source.add_argument("--from", dest="from_target", help="warm from this target's plans, most hit in the last 24 h first")
+    source.add_argument("--days", type=int, help="warm from the specs any target served in the last DAYS days")
+    source.add_argument("--manifest", type=Path, help="warm the specs of a manifest")
+    warm.add_argument("--top", type=int, default=0, help="at most this many specs (default 1000, at most 10000)")
+    warm.add_argument("--min-hits", type=float, default=0.0, help="only specs with at least this many hits in the last 24 h")
+    warm.add_argument("--status", action="store_true", help="where warming stands, per target (every target, or --target)")
+    warm.add_argument("--cancel", action="store_true", help="stop warming --target")
+    warm.add_argument("--json", action="store_true")
+    with_server(warm)
+
     keygen = sub.add_parser("keygen", help="write an Ed25519 key pair for signing plans (workers) and verifying them (clients)")
     keygen.add_argument("--out", type=Path, required=True, help="folder for plan-signing.pem (private) and plan-signing.pub.pem")
 
@@ -168,6 +182,33 @@ def _print_stats(client: Client, timeout: float | None) -> None:
         for family, windows in families.items():
             for i, (window, counts) in enumerate(windows.items()):
                 print(line(family if i == 0 else "", window, counts))
+
+
+def _warm(client: Client, args: argparse.Namespace) -> int:
+    if args.status:
+        shown = client.warm_status(args.target, timeout=args.timeout)
+    elif not args.target:
+        print("plancache warm: give --target (with --from, --days or --manifest; or --cancel), or --status", file=sys.stderr)
+        return 2
+    elif args.cancel:
+        shown = [client.cancel_warm(args.target, timeout=args.timeout)]
+    elif args.from_target or args.days or args.manifest:
+        manifest = Manifest.load(args.manifest) if args.manifest else None
+        shown = [client.warm(args.target, from_target=args.from_target, served_days=args.days, manifest=manifest, top=args.top, min_hits=args.min_hits,
+                             timeout=args.timeout)]  # fmt: skip
+    else:
+        print("plancache warm: give a source: --from TARGET, --days N or --manifest FILE", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([dataclasses.asdict(s) for s in shown], indent=2))
+    else:
+        for status in shown:
+            print(status.line())
+            for plan_key, reason in status.failures[:5]:
+                print(f"    failed {plan_key}: {reason}")
+        if not shown:
+            print("no warming plan")
+    return 0
 
 
 def _load_spec(path: Path) -> GraphSpec:
@@ -321,6 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"asked {args.worker_id} to drain" + ("" if known else " (no live worker has that id now)"))
             elif args.command == "prefetch":
                 return _prefetch(client, args)
+            elif args.command == "warm":
+                return _warm(client, args)
             elif args.command == "export":
                 return _export(client, args)
             elif args.command == "targets":

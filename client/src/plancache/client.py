@@ -38,6 +38,7 @@ from plancache.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
 from plancache.validation import normalize
+from plancache.warm import WarmStatus
 
 Response = TypeVar("Response")
 log = logging.getLogger(__name__)
@@ -420,6 +421,42 @@ class Client:
         target_id = (target.id if isinstance(target, Target) else Target.parse(target).id) if target is not None else ""
         response: pb.ListPlansResponse = self._call(self._stub.ListPlans, pb.ListPlansRequest(target_id=target_id), timeout if timeout is not None else self.timeout)
         return list(response.keys)
+
+    def warm(
+        self, target: Target | str, *, from_target: Target | str | None = None, served_days: int | None = None, manifest: Manifest | None = None,
+        top: int = 0, min_hits: float = 0.0, timeout: float | None = None,
+    ) -> WarmStatus:
+        """Plan warming `target` (admin token): its workers build the
+        source's specs, most hit in the last 24 h first, at the lowest
+        priority. One source: another target's plans, the specs served in the
+        last `served_days` days, or a manifest's specs. `top`: at most this
+        many (0: the server's default, 1000); `min_hits`: recent hits at least."""
+        if sum(x is not None for x in (from_target, served_days, manifest)) != 1:
+            raise InvalidRequest("warm() takes exactly one source: from_target, served_days or manifest")
+        request = pb.WarmRequest(target_id=_target(target).id, top=top, min_hits=min_hits)
+        if from_target is not None:
+            request.from_target = _target(from_target).id
+        elif served_days is not None:
+            request.served_days = served_days
+        elif manifest is not None:
+            entries = [e for e in manifest.entries if e.spec is not None]
+            if len(entries) != len(manifest.entries):
+                raise InvalidRequest("a warming manifest needs specs, not only plan keys")
+            options = manifest.options.to_proto()
+            request.manifest.queries.extend(pb.PlanQuery(spec=spec_io.to_proto(normalize(e.spec)), options=options) for e in entries if e.spec)
+        response: pb.WarmResponse = self._call(self._stub.Warm, request, timeout if timeout is not None else self.timeout)
+        return WarmStatus.from_proto(response.status)
+
+    def cancel_warm(self, target: Target | str, *, timeout: float | None = None) -> WarmStatus:
+        """Stop warming `target` (admin token); what was built stays."""
+        response: pb.WarmResponse = self._call(self._stub.Warm, pb.WarmRequest(target_id=_target(target).id, cancel=True), timeout if timeout is not None else self.timeout)
+        return WarmStatus.from_proto(response.status)
+
+    def warm_status(self, target: Target | str | None = None, *, timeout: float | None = None) -> list[WarmStatus]:
+        """Where warming stands: per target (every warmed one, or `target`)."""
+        request = pb.WarmStatusRequest(target_id=_target(target).id if target is not None else "")
+        response: pb.WarmStatusResponse = self._call(self._stub.WarmStatus, request, timeout if timeout is not None else self.timeout)
+        return [WarmStatus.from_proto(s) for s in response.targets]
 
     def list_targets(self, *, timeout: float | None = None) -> list[TargetInfo]:
         """Targets with live workers now: what Compile can build."""

@@ -34,6 +34,8 @@ from plancache_server.settings import Settings
 from plancache_server.stats import Counter, Stats
 from plancache_server.status import StatusSource
 from plancache_server.store import AsyncRedisPlanStore, PlanStore, RedisPlanStore
+from plancache_server.warm_service import WarmService
+from plancache_server.warming import Warming
 from plancache_server.wire import SPEC_REQUEST_BYTES, WireLimits
 from plancache_server.worker_queue import WorkerQueue
 
@@ -118,6 +120,7 @@ class FrontEnd:
     status: StatusSource
     sweeper: Sweeper | None = None
     janitor: Janitor | None = None
+    warming: Warming | None = None
 
     @classmethod
     async def start(cls, settings: Settings, redis_url: str) -> FrontEnd:
@@ -135,10 +138,16 @@ class FrontEnd:
         stats = Stats(client, directory)
         admission = Admission(settings.max_waiters, settings.max_waiters_per_key, settings.retry_delay_s)
         builds = Builds(client, store, queue, settings.build_lease_s, admission, lambda plan_key: count_untrusted_build(stats, directory, plan_key))
-        janitor = Janitor(connect(redis_url))
+        blocking = connect(redis_url)  # for the janitor and warming, on threads
+        janitor = Janitor(blocking)
         service = PlanService(
             store, queue, builds, stats, directory, offload, settings.limits, settings.compile_timeout_s, settings.max_prefetch_refs, janitor
         )
+        warming = Warming(blocking)
+
+        async def resolve_query(spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> pb.PlanQuery:
+            return (await service.resolve(spec, target, options)).query
+
         authorizer = Authorizer.from_file(settings.tokens_file)
         if authorizer.open:
             log.warning("no --tokens-file: every caller may compile and read plans")
@@ -160,7 +169,8 @@ class FrontEnd:
             ],
         )
         limits = WireLimits(settings.limits, settings.max_prefetch_refs, settings.max_prefetch_bytes)
-        add_guarded(pb_grpc.add_PlanCacheServicer_to_server, PlanCacheServicer(service), server, authorizer, offload, limits)
+        servicer = PlanCacheServicer(service, WarmService(warming, directory, resolve_query))
+        add_guarded(pb_grpc.add_PlanCacheServicer_to_server, servicer, server, authorizer, offload, limits)
         health_servicer = ListingHealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         enable_reflection(server, (pb.DESCRIPTOR.services_by_name["PlanCache"].full_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
@@ -172,8 +182,9 @@ class FrontEnd:
         if port == 0:
             raise OSError(f"cannot listen on {settings.listen}")
         reporter = HealthReporter(health_servicer, client)
-        front = cls(server, port, client, store, queue, builds, stats, directory, offload, reporter, StatusSource(stats, queue, store, builds, directory, janitor, settings.retire_after_days * 86400))
+        front = cls(server, port, client, store, queue, builds, stats, directory, offload, reporter, StatusSource(stats, queue, store, builds, directory, janitor, settings.retire_after_days * 86400, warming))
         front.janitor = janitor
+        front.warming = warming
         front.sweeper = Sweeper(janitor, settings.retention_days * 86400, settings.store_max_mb * 2**20, settings.sweep_interval_s,
                                 settings.retire_after_days * 86400 if settings.retire_unserved else None).start()  # fmt: skip
         await server.start()

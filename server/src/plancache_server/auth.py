@@ -36,6 +36,8 @@ METHOD_ROLES = {
     "Invalidate": Role.ADMIN,
     "DrainWorker": Role.ADMIN,
     "ListPlans": Role.ADMIN,
+    "Warm": Role.ADMIN,
+    "WarmStatus": Role.READ,
 }
 
 

@@ -19,7 +19,7 @@ import redis
 
 from plancache.plankey import parse_key
 from plancache_server import keys
-from plancache_server.redis_conn import translated_errors
+from plancache_server.redis_conn import text, translated_errors
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,16 @@ class BuildRecorder:
         self._release = client.register_script(RELEASE_IF_OWNER)
         self._renew = client.register_script(RENEW_IF_OWNER)
 
+    def take_lease(self, plan_key: str, job_id: str) -> str | None:
+        """A build nobody asked for (warming) takes the key's lease as a
+        front end would: None when taken, else the job id of the build
+        under way that holds it."""
+        with translated_errors("taking a build lease"):
+            if self._redis.set(keys.build_lease(plan_key), job_id, nx=True, px=int(self._lease_s * 1000)):
+                return None
+            holder = self._redis.get(keys.build_lease(plan_key))
+        return text(holder) if holder is not None else ""
+
     def mark_running(self, plan_key: str, job_id: str, worker_id: str) -> None:
         self._set_state(plan_key, state_fields(job_id, RUNNING, worker=worker_id))
 
@@ -103,6 +113,11 @@ class BuildRecorder:
             self._release(keys=[keys.build_lease(plan_key)], args=[job_id])
         with translated_errors("announcing a finished build"):
             self._redis.publish(keys.EVENTS_CHANNEL, finished_event(job_id, plan_key))
+
+    def release(self, plan_key: str, job_id: str) -> None:
+        """Let go of a lease without an outcome (a warming build not started)."""
+        with translated_errors("releasing a build lease"):
+            self._release(keys=[keys.build_lease(plan_key)], args=[job_id])
 
     def record_refusal(self, plan_key: str, worker_id: str, reason: str) -> None:
         """A job this worker refused (forged, or not for it): listed with the

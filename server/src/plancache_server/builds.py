@@ -52,6 +52,7 @@ from plancache_server.build_records import DONE, FAILED, PROVISIONAL, QUEUED, RE
 from plancache_server.jobs import Job, JobQueue
 from plancache_server.redis_conn import AsyncRedis, text, translated_errors
 from plancache_server.store import PlanStore, StoredPlan
+from plancache_server.warming import WARM_JOB_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -319,6 +320,8 @@ class Builds:
                 existing = await self._redis.get(lease)
                 if existing is not None:
                     flight.job_id = text(existing)
+                    if flight.job_id.startswith(WARM_JOB_PREFIX):
+                        await self._promote(target, Job(job_id=flight.job_id, plan_key=plan_key, query=query))
                     return
         try:
             try:
@@ -345,6 +348,16 @@ class Builds:
             await self._release(plan_key, job_id)
             raise
         flight.job_id, flight.started = job_id, True
+
+    async def _promote(self, target: Target, job: Job) -> None:
+        """The plan is being warmed (built at the lowest priority, nobody
+        waiting): its job is queued as a caller's, so that the worker
+        warming it moves it to the callers' lanes (plancache_server.worker)."""
+        try:
+            await self._queue.enqueue(target, job)
+            log.info("plan %s was being warmed (job %s): asked its worker to hurry", job.plan_key, job.job_id)
+        except PlanCacheError as e:  # a full queue: the warm build goes on at its pace
+            log.warning("could not hurry the warm build of %s: %s", job.plan_key, e.message)
 
     async def _live_targets_text(self) -> str:
         live = sorted(await self._queue.live_targets())

@@ -30,6 +30,8 @@ PLAN_INDEX = f"{PREFIX}:plan-index"
 STORE_COUNTERS = f"{PREFIX}:store"
 # Hash: target id -> when a worker last advertised it (unix seconds): retirement.
 TARGETS_LAST_SEEN = f"{PREFIX}:targets-last-seen"
+# Set of the target ids with a warming plan (plancache_server.warming).
+WARM_TARGETS = f"{PREFIX}:warm-targets"
 
 
 def store_counter(kind: str, target_id: str) -> str:
@@ -105,6 +107,54 @@ def spec_index(spec_hash: str) -> str:
     return f"{PREFIX}:spec:{spec_hash}"
 
 
+def spec_body(spec_hash: str) -> str:
+    """String: the normalized spec (a serialized GraphSpec) whose hash this
+    is, written by the workers that built it: what warming builds from
+    (whoever reads it derives the hash again)."""
+    return f"{PREFIX}:spec-body:{spec_hash}"
+
+
+def plan_hits(hour: int | str) -> str:
+    """Sorted set: plan key -> hits in one hour (unix hours; kept 26 h):
+    warming orders specs by their recent hits. ("*": the pattern of all.)"""
+    return f"{PREFIX}:plan-hits:h{hour}"
+
+
+def _warm(target_id: str, part: str) -> str:
+    # One hash tag per warmed target: its plan, items, lease and records live on one shard.
+    return f"{PREFIX}:{{warm:{target_id}}}:{part}"
+
+
+def warm_plan(target_id: str) -> str:
+    """Hash: a target's warming plan (source, state, counts, cursor)."""
+    return _warm(target_id, "plan")
+
+
+def warm_items(target_id: str) -> str:
+    """List: the plan's items in build order (JSON: plan key, source key, hits, query)."""
+    return _warm(target_id, "items")
+
+
+def warm_outcomes(target_id: str) -> str:
+    """Hash: item index -> its outcome (JSON: done, skipped or failed with the reason)."""
+    return _warm(target_id, "outcomes")
+
+
+def warm_in_flight(target_id: str) -> str:
+    """Hash: item index -> the worker building it (handed to another when its lease moves)."""
+    return _warm(target_id, "in-flight")
+
+
+def warm_retry(target_id: str) -> str:
+    """List: indices of items to build again (left in flight by a worker that went away)."""
+    return _warm(target_id, "retry")
+
+
+def warm_lease(target_id: str) -> str:
+    """String: the worker warming this target (one at a time across the fleet); expires."""
+    return _warm(target_id, "lease")
+
+
 # ---- Redis ACL users for a shared deployment -------------------------------------
 #
 # Front ends read plans but never write them (only workers do, and clients
@@ -123,9 +173,10 @@ ACL_RULES: dict[str, list[str]] = {
         "+hmget", "+hgetall", "+hset", "+expire", "+get", "+set", "+del", "+ttl", "+smembers", "+sadd", "+scan",
         "+xadd", "+xlen", "+xinfo|groups", "+zcount", "+zrangebyscore", "+hincrbyfloat", "+zincrby", "+zremrangebyrank",
         "+zrevrange", "+zmscore", "+zrem", "+lrange", "+subscribe", "+unsubscribe", "+zadd", "+hincrby", "+hget", "+hgetall",
+        "+rpush", "+hlen", "+hdel", "+exists", "+zrange", "+multi", "+exec",
         f"%R~{_PLAN}", f"~{PLAN_INDEX}", f"~{STORE_COUNTERS}", f"%R~{TARGETS_LAST_SEEN}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"%R~{_PER_PLAN['failed']}", f"~{_PER_PLAN['untrusted']}",
         f"~{_JOB_STREAMS}", f"%R~{workers('*')}", f"%R~{KNOWN_TARGETS}", f"~{drain('*')}", f"~{PREFIX}:stats*", f"~{PREFIX}:top:*",
-        f"%R~{RECENT_FAILURES}", f"%R~{spec_index('*')}",
+        f"%R~{RECENT_FAILURES}", f"%R~{spec_index('*')}", f"~{spec_body('*')}", f"~{plan_hits('*')}", f"~{PREFIX}:{{warm:*", f"~{WARM_TARGETS}",
         # Invalidate (an admin call) deletes plans: deleting is all it may do to them.
         f"(+del ~{_PLAN})",
     ],
@@ -134,8 +185,10 @@ ACL_RULES: dict[str, list[str]] = {
         "+hmget", "+hset", "+sadd", "+set", "+get", "+del", "+pexpire", "+expire", "+lpush", "+ltrim", "+publish",
         "+xgroup|create", "+xreadgroup", "+xautoclaim", "+xclaim", "+xpending", "+xack", "+xdel", "+xadd",
         "+zadd", "+zremrangebyscore", "+zrem", "+zmscore", "+exists", "+hincrby", "+hget", "+hgetall", "+zrangebyscore",
+        "+smembers", "+scan", "+zrange", "+rpush", "+lpop", "+lindex", "+lrange", "+hlen", "+hdel", "+hmget", "+multi", "+exec", "+pexpire",
         f"~{_PLAN}", f"~{PLAN_INDEX}", f"~{STORE_COUNTERS}", f"~{TARGETS_LAST_SEEN}", f"~{spec_index('*')}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
-        f"~{workers('*')}", f"~{KNOWN_TARGETS}", f"%R~{drain('*')}", f"~{RECENT_FAILURES}",
+        f"~{workers('*')}", f"~{KNOWN_TARGETS}", f"%R~{drain('*')}", f"~{RECENT_FAILURES}", f"~{spec_body('*')}", f"%R~{plan_hits('*')}",
+        f"~{PREFIX}:{{warm:*", f"~{WARM_TARGETS}", f"%R~{STATS_SCOPES}", f"%R~{TOP_HITS}",
     ],
 }  # fmt: skip
 

@@ -82,15 +82,22 @@ class Janitor:
 
     # ---- writes ----------------------------------------------------------------
 
-    def record_put(self, plan_key: str, size: int, previous_size: int | None) -> None:
-        """After a worker's write: counters (a replaced plan counts once) and the index."""
+    def record_put(self, plan_key: str, size: int, previous_size: int | None, least_recent: bool = False) -> None:
+        """After a worker's write: counters (a replaced plan counts once) and
+        the index; `least_recent`: indexed as used before every other plan
+        (a warmed plan nobody asked for yet)."""
         target = _target_of(plan_key)
+        used = self._clock()
+        if least_recent:
+            with translated_errors("reading the store's index"):
+                oldest = self._redis.zrange(keys.PLAN_INDEX, 0, 0, withscores=True)
+            used = min(used, float(oldest[0][1]) if oldest else used) - 1.0
         with translated_errors("accounting a stored plan"):
             pipe = self._redis.pipeline(transaction=False)
             pipe.hincrby(keys.STORE_COUNTERS, keys.store_counter("bytes", target), size - (previous_size or 0))
             if previous_size is None:
                 pipe.hincrby(keys.STORE_COUNTERS, keys.store_counter("plans", target), 1)
-            pipe.zadd(keys.PLAN_INDEX, {plan_key: self._clock()})
+            pipe.zadd(keys.PLAN_INDEX, {plan_key: used})
             pipe.execute()
 
     # ---- deletions ---------------------------------------------------------------

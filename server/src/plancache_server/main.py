@@ -95,6 +95,8 @@ async def serve(settings: Settings, redis_url: str) -> None:
     metrics.report_queues(front.queue, front.directory, loop)
     if front.janitor is not None:
         metrics.report_store(front.janitor.usage)
+    if front.warming is not None:
+        metrics.report_warming(front.warming.all_status)
     http = web.serve(settings.metrics_port, front.status, loop, host=settings.metrics_host or web.listen_host(settings.listen))
     log.info("plancache-server listening on %s (port %d)", settings.listen, front.port)
     stopping = asyncio.Event()

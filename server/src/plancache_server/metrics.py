@@ -124,6 +124,39 @@ class StoreCollector(Collector):
         yield from (stored, plans, evicted, expired)
 
 
+class WarmCollector(Collector):
+    """Warming per target, read from Redis at scrape time (plancache_server.warming)."""
+
+    def __init__(self, status: Callable[[], list[Any]]) -> None:
+        self._status = status
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._families()
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("plancache_warm_coverage", "share of the warming source's last-24 h hits whose plan is stored for the target", labels=["target"]),
+            GaugeMetricFamily("plancache_warm_remaining", "specs of the target's warming plan not yet built, skipped or failed", labels=["target"]),
+            GaugeMetricFamily("plancache_warm_failed", "specs of the target's warming plan that failed", labels=["target"]),
+        )
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        coverage, remaining, failed = self._families()
+        try:
+            for status in self._status():
+                coverage.add_metric([status.target_id], status.coverage)
+                remaining.add_metric([status.target_id], float(status.remaining))
+                failed.add_metric([status.target_id], float(status.failed))
+        except PlanCacheError as e:
+            log.debug("warming metrics unavailable: %s", e)
+        yield from (coverage, remaining, failed)
+
+
+def report_warming(status: Callable[[], list[Any]]) -> None:
+    """Front ends add warming's coverage per target to their /metrics."""
+    REGISTRY.register(WarmCollector(status))
+
+
 def report_store(usage: Callable[[], dict[str, Any]]) -> None:
     """Front ends add the store's size per target to their /metrics."""
     REGISTRY.register(StoreCollector(usage))

@@ -10,11 +10,13 @@ import grpc
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
 from plancache_server.service import PlanService
+from plancache_server.warm_service import WarmService
 
 
 class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
-    def __init__(self, service: PlanService) -> None:
+    def __init__(self, service: PlanService, warm: WarmService) -> None:
         self._service = service
+        self._warm = warm
 
     # Compile, GetPlan and Prefetch answer with bytes serialized once per plan
     # (see StoredPlan); the error interceptor's serializer passes bytes through.
@@ -43,6 +45,12 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
 
     async def DrainWorker(self, request: pb.DrainWorkerRequest, context: grpc.aio.ServicerContext) -> pb.DrainWorkerResponse:  # type: ignore[type-arg]
         return pb.DrainWorkerResponse(known=await self._service.drain_worker(request.worker_id))
+
+    async def Warm(self, request: pb.WarmRequest, context: grpc.aio.ServicerContext) -> pb.WarmResponse:  # type: ignore[type-arg]
+        return pb.WarmResponse(status=(await self._warm.warm(request)).to_proto())
+
+    async def WarmStatus(self, request: pb.WarmStatusRequest, context: grpc.aio.ServicerContext) -> pb.WarmStatusResponse:  # type: ignore[type-arg]
+        return pb.WarmStatusResponse(targets=[s.to_proto() for s in await self._warm.status(request)])
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.GetStatsResponse:  # type: ignore[type-arg]
         return await self._service.stats()

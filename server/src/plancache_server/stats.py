@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 MINUTE_BUCKET_TTL_S = 2 * 3600
 HOUR_BUCKET_TTL_S = 26 * 3600
+PLAN_HITS_TTL_S = 26 * 3600
 WINDOWS = ("5m", "1h", "24h", "total")
 BUCKET_SECONDS = {"m": 60, "h": 3600}
 # Plans ranked per leaderboard; past that the least-hit ones are dropped
@@ -153,6 +154,11 @@ class Stats:
                     pipe.sadd(keys.STATS_SCOPES, scope)
                 if plan_hits:  # last use, for retention and the store's bound (plancache_server.lifecycle)
                     pipe.zadd(keys.PLAN_INDEX, dict.fromkeys(plan_hits, now), gt=True)
+                    # This hour's hits per plan: warming orders specs by their recent hits (plancache_server.warming).
+                    for plan_key, amount in plan_hits.items():
+                        pipe.zincrby(keys.plan_hits(hour), amount, plan_key)
+                    pipe.expire(keys.plan_hits(hour), PLAN_HITS_TTL_S)
+                    pipe.zremrangebyrank(keys.plan_hits(hour), 0, -(TOP_ENTRIES_KEPT + 1))
                 for ranking, per_plan in ((Ranking.HITS, plan_hits), (Ranking.SECONDS_SAVED, plan_saved)):
                     if per_plan:
                         for plan_key, amount in per_plan.items():

@@ -24,6 +24,7 @@ from plancache_server.jobs import JobQueue
 from plancache_server.lifecycle import Janitor, TargetUsage
 from plancache_server.stats import Bucket, Counter, PlanCounts, Ranking, Stats, family_scope, target_ids, target_scope
 from plancache_server.store import PlanStore
+from plancache_server.warming import Warming, WarmStatus
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class StatusReport:
     # Targets with stored plans no worker advertised for --retire-after-days: target -> last seen (None: never).
     retire_eligible: dict[str, float | None] = field(default_factory=dict)
     retire_after_days: float = 0.0
+    warming: list[WarmStatus] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -84,15 +86,18 @@ class StatusReport:
             raw["hit_rate"] = {window: hit_rate(values) for window, values in target.windows.items()}
         for failure, raw in zip(self.recent_failures, data["recent_failures"], strict=True):
             raw["target_id"] = failure.target_id
+        for status, raw in zip(self.warming, data["warming"], strict=True):
+            raw.update(coverage=status.coverage, remaining=status.remaining)
         return data
 
 
 class StatusSource:
     def __init__(
         self, stats: Stats, queue: JobQueue, store: PlanStore, builds: Builds, directory: WorkerDirectory, janitor: Janitor | None = None,
-        retire_after_s: float = 0.0,
+        retire_after_s: float = 0.0, warming: Warming | None = None,
     ) -> None:  # fmt: skip
         self._janitor = janitor
+        self._warming = warming
         self._retire_after_s = retire_after_s
         self._stats = stats
         self._queue = queue
@@ -126,6 +131,7 @@ class StatusSource:
             recent_failures=await self._builds.recent_failures(FAILURE_COUNT),
             retire_eligible=retirable,
             retire_after_days=self._retire_after_s / 86400,
+            warming=await asyncio.to_thread(self._warming.all_status) if self._warming is not None else [],
         )
 
     async def _target(self, target_id: str, windows: Windows, history: list[Bucket]) -> TargetStatus:

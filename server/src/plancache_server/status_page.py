@@ -262,6 +262,20 @@ def _failures(failures: list[FailedBuild]) -> str:
     return f'<section id="failures"><h2>Recent failed builds (newest first)</h2>{table}</section>'
 
 
+def _warming(report: StatusReport) -> str:
+    headers = [("target", False), ("from", False), ("state", False), ("built", True), ("skipped", True), ("failed", True), ("in flight", True),
+               ("to do", True), ("of the source's 24 h hits covered", True), ("latest failure", False)]  # fmt: skip
+    rows = [
+        f'<tr data-warm-target="{_e(w.target_id)}"><td><code>{_e(w.target_id)}</code></td><td>{_e(w.source)}</td><td>{_e(w.state)}</td>'
+        f'<td class="num">{w.built}</td><td class="num">{w.skipped}</td><td class="num">{w.failed}</td><td class="num">{w.in_flight}</td>'
+        f'<td class="num">{w.remaining}</td><td class="num">{w.coverage:.0%}</td>'
+        f'<td class="reason">{_e(w.failures[0][1] if w.failures else "")}</td></tr>'
+        for w in report.warming
+    ]
+    table = _table(headers, rows, "no warming plan: `plancache warm --target T --from S`, or a worker of a new target warms it when idle", len(headers))
+    return f'<section id="warming"><h2>Warming: plans built before the fleet asks</h2>{table}</section>'
+
+
 def _families(report: StatusReport) -> str:
     headers = [("op family", False), *_window_headers(), ("hits", True), ("misses", True), ("compiles", True), ("failures", True), ("build time saved", True)]
     rows = []
@@ -288,6 +302,7 @@ def render(report: StatusReport) -> str:
         + _history(report)
         + _top("top-hits", "Top plans by hits", report.top_by_hits)
         + _top("top-saved", "Top plans by build time saved (build + autotune time × hits)", report.top_by_seconds_saved)
+        + _warming(report)
         + _failures(report.recent_failures)
         + _retirable(report)
         + _families(report)

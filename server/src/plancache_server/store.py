@@ -171,7 +171,11 @@ class RedisPlanStore:
                 return None
         return plan
 
-    def put(self, plan: StoredPlan) -> None:
+    def put(self, plan: StoredPlan, spec: pb.GraphSpec | None = None, warmed: bool = False) -> None:
+        """Store a plan this worker built; `spec`: the normalized spec it was
+        built from (kept for warming); `warmed`: built before anyone asked,
+        so it enters the store's LRU as the least recently used plan, and
+        the bound evicts it before any plan that was served."""
         fields = encode_plan(plan)
         plan_key = plan.metadata.key
         with translated_errors("writing a plan"):
@@ -181,12 +185,18 @@ class RedisPlanStore:
             # An index for operators (which keys exist for a spec); not atomic
             # with the plan because it lives on another shard in a cluster.
             self._redis.sadd(keys.spec_index(plan.metadata.spec_hash), plan_key)
-        self.janitor.record_put(plan_key, int(fields["size"]), int(previous) if previous is not None else None)
+            if spec is not None:
+                self._redis.set(keys.spec_body(plan.metadata.spec_hash), spec.SerializeToString())
+        self.janitor.record_put(plan_key, int(fields["size"]), int(previous) if previous is not None else None, least_recent=warmed)
         if self._max_bytes:
-            self.janitor.enforce_capacity(self._max_bytes, keep=plan_key)
+            self.janitor.enforce_capacity(self._max_bytes, keep=None if warmed else plan_key)
 
     def delete(self, plan_key: str) -> None:
         self.janitor.remove(plan_key, "invalidated")
+
+    @property
+    def client(self) -> redis.Redis:
+        return self._redis
 
 
 class PlanStore(Protocol):

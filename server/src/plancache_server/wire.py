@@ -24,12 +24,16 @@ _SHAPES: dict[str, dict[int, tuple[str | None, int]]] = {
     "CompileRequest": {1: (GRAPH_SPEC, 0), 2: (TARGET, 1024), 3: (OPTIONS, 8192)},
     "ExplainRequest": {1: (PLAN_QUERY, 0)},
     "PrefetchRequest": {1: (PLAN_REF, 0)},
+    "WarmRequest": {4: ("WarmManifest", 0)},
+    "WarmManifest": {1: (PLAN_QUERY, 0)},
     PLAN_REF: {1: (None, 1024), 2: (PLAN_QUERY, 0)},
     PLAN_QUERY: {1: (GRAPH_SPEC, 0), 2: (TARGET, 1024), 3: (OPTIONS, 8192)},
     # A tensor: a name, up to max_rank dims and strides, flags. A node: an
     # op, ports, attributes. Bounded generously; the validator is exact.
     GRAPH_SPEC: {4: (None, 8192), 5: (None, 65536), 6: (None, 4096)},
 }
+# Specs in one Warm manifest (plancache_server.warming.MAX_TOP).
+MAX_WARM_QUERIES = 10_000
 # Counted entries (tensors, nodes, refs) in one request.
 MAX_ENTRIES = 250_000
 # Requests by method: the largest that may be parsed at all.
@@ -46,7 +50,7 @@ class WireLimits:
 
 def check(method: str, raw: bytes, limits: WireLimits) -> None:
     """Refuse a request whose size or shape is past the limits, before parsing."""
-    if method == "Prefetch":
+    if method in ("Prefetch", "Warm"):
         bound = limits.max_prefetch_bytes
     elif method in ("Compile", "Explain"):
         bound = SPEC_REQUEST_BYTES
@@ -54,7 +58,7 @@ def check(method: str, raw: bytes, limits: WireLimits) -> None:
         bound = SMALL_REQUEST_BYTES
     if len(raw) > bound:
         raise ResourceExhausted(f"a {method} request takes at most {bound:,} bytes, this one has {len(raw):,}")
-    message = {"Compile": "CompileRequest", "Explain": "ExplainRequest", "Prefetch": "PrefetchRequest"}.get(method)
+    message = {"Compile": "CompileRequest", "Explain": "ExplainRequest", "Prefetch": "PrefetchRequest", "Warm": "WarmRequest"}.get(method)
     # A small request parses into little however it is shaped (64 KB of the
     # tiniest messages: about 3 MB); the common case skips the walk.
     if message is not None and len(raw) > SMALL_REQUEST_BYTES:
@@ -98,7 +102,7 @@ class _Walk:
                 raise InvalidRequest(f"malformed request: {where} is truncated")
 
     def _entry(self, name: str, field: int, count: int, length: int, where: str) -> None:
-        if name in (GRAPH_SPEC, "PrefetchRequest"):
+        if name in (GRAPH_SPEC, "PrefetchRequest", "WarmManifest"):
             self._entries += 1
             if self._entries > MAX_ENTRIES:
                 raise ResourceExhausted(f"the request holds more than {MAX_ENTRIES:,} tensors, nodes and refs")
@@ -111,6 +115,8 @@ class _Walk:
             raise SpecError(f"{where}: name longer than {limits.spec.max_name_length} characters")
         if name == "PrefetchRequest" and count > limits.max_prefetch_refs:
             raise ResourceExhausted(f"a Prefetch takes at most {limits.max_prefetch_refs} plan refs: split the manifest")
+        if name == "WarmManifest" and count > MAX_WARM_QUERIES:
+            raise ResourceExhausted(f"a Warm manifest takes at most {MAX_WARM_QUERIES} specs")
 
 
 def _varint(raw: bytes, pos: int, end: int, where: str) -> tuple[int, int]:

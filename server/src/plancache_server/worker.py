@@ -52,6 +52,8 @@ from plancache_server.compiler import CompiledPlan, Compiler
 from plancache_server.compiler.base import BuiltPlan, Heuristic, build_seconds, heuristic_plan, tuned_plan, tunes
 from plancache_server.jobs import Delivery, Job
 from plancache_server.store import RedisPlanStore, StoredPlan
+from plancache_server.warm_runner import WarmRef, WarmRunner
+from plancache_server.warming import BUILT, FAILED, SKIPPED, WARM_JOB_PREFIX
 from plancache_server.worker_queue import WorkerQueue
 
 log = logging.getLogger(__name__)
@@ -88,13 +90,15 @@ class Lane(enum.IntEnum):
 
     HEURISTIC = 0  # a job's first plan: someone waits for it
     CANDIDATE = 1  # a candidate of an autotuning
+    WARM_HEURISTIC = 2  # warming: a plan nobody asked for yet (plancache_server.warm_runner)
+    WARM_CANDIDATE = 3
 
 
 @dataclass(eq=False)
 class _Build:
     """A job being built: its pieces, as they come back."""
 
-    delivery: Delivery
+    delivery: Delivery | None  # None for warming (no job in a stream)
     job: Job
     verified: VerifiedJob
     query: bytes  # what its build tasks carry
@@ -105,6 +109,17 @@ class _Build:
     built: list[BuiltPlan] = field(default_factory=list)
     failed: list[BuiltPlan] = field(default_factory=list)
     attempts: dict[tuple[str, int], int] = field(default_factory=dict)
+    warm: WarmRef | None = None  # a warming item, until a caller asks for it (then it is promoted)
+    promoted: list[Delivery] = field(default_factory=list)  # callers' jobs for the same plan, acknowledged with it
+
+    @property
+    def key(self) -> str:
+        return self.delivery.entry_id if self.delivery is not None else self.job.job_id
+
+    @property
+    def lanes(self) -> tuple[Lane, Lane]:
+        """(heuristic, candidate) lanes of its tasks."""
+        return (Lane.WARM_HEURISTIC, Lane.WARM_CANDIDATE) if self.warm is not None and not self.promoted else (Lane.HEURISTIC, Lane.CANDIDATE)
 
 
 def verify_job(job: Job, served: list[Target]) -> VerifiedJob:
@@ -177,14 +192,17 @@ class Worker:
         claim_idle_s: float = 60.0,
         max_attempts: int = 3,
         signer: Signer | None = None,
+        warm: WarmRunner | None = None,
     ) -> None:
-        """`compiler` times plans here; `pool` builds them (it is closed when the worker ends)."""
+        """`compiler` times plans here; `pool` builds them (it is closed when
+        the worker ends); `warm`: builds warming items when nothing else waits."""
         self.compiler = compiler
         self.worker_id = worker_id
         self._queue = queue
         self._builds = builds
         self._store = store
         self._pool = pool
+        self._warm = warm
         self._targets = list(dict.fromkeys([compiler.target, compiler.target.generic()]))
         self._interval = heartbeat_interval_s
         self._ttl = heartbeat_ttl_s
@@ -192,11 +210,11 @@ class Worker:
         self._max_attempts = max_attempts
         self._signer = signer
         self._stop = threading.Event()
-        # Jobs this worker holds (building, or waiting for their autotuning),
-        # kept alive by the heartbeat thread.
-        self._held: dict[str, Delivery] = {}
+        # Builds this worker holds (building, or waiting for their autotuning),
+        # whose leases (and stream entries) the heartbeat thread keeps alive.
+        self._held: dict[str, _Build] = {}
         self._held_lock = threading.Lock()
-        self._active: dict[str, _Build] = {}  # by stream entry id
+        self._active: dict[str, _Build] = {}  # by build key
         self._lanes: list[tuple[int, int, int, int, BuildTask, _Build]] = []  # (lane, build seq, index, task id, task, build): a heap
         self._running: dict[int, tuple[_Build, Lane]] = {}  # task id -> its build
         self._seq = itertools.count()
@@ -222,6 +240,7 @@ class Worker:
                         joined = True
                     if not self._stop.is_set():
                         next_reclaim = self._intake(next_reclaim)
+                        self._warm_up()
                     elif not handed_back:
                         self._hand_back_unstarted()
                         handed_back = True
@@ -237,6 +256,8 @@ class Worker:
         finally:
             self._pool.close()
         try:
+            if self._warm is not None:
+                self._warm.release_all()
             self._queue.leave(self.worker_id, self._targets)
         except StoreUnavailable:
             pass
@@ -264,16 +285,17 @@ class Worker:
 
     def _hand_back_unstarted(self) -> None:
         """Stopping: jobs taken but not started go back to their stream for
-        the next worker (the builds under way are finished)."""
-        unstarted = [build for lane, *_, build in self._lanes if lane == Lane.HEURISTIC]
-        self._lanes = [entry for entry in self._lanes if entry[0] != Lane.HEURISTIC]
+        the next worker, warming items to their plan (the builds under way are finished)."""
+        unstarted = [build for lane, *_, build in self._lanes if lane in (Lane.HEURISTIC, Lane.WARM_HEURISTIC)]
+        self._lanes = [entry for entry in self._lanes if entry[0] not in (Lane.HEURISTIC, Lane.WARM_HEURISTIC)]
         heapq.heapify(self._lanes)
         for build in unstarted:
             log.info("job %s: handed back unstarted (this worker is stopping)", build.job.job_id)
-            self._queue.hand_back(build.delivery)
-            self._active.pop(build.delivery.entry_id, None)
-            with self._held_lock:
-                self._held.pop(build.delivery.entry_id, None)
+            for delivery in self._deliveries(build):
+                self._queue.hand_back(delivery)
+            if build.delivery is None:  # warming: the item stays in flight; the next holder of the target's lease builds it
+                self._builds.release(build.job.plan_key, build.job.job_id)
+            self._forget(build)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
@@ -285,10 +307,12 @@ class Worker:
                 self._queue.heartbeat(self.worker_id, self._targets, self._ttl)
                 with self._held_lock:
                     held = list(self._held.values())
-                for delivery in held:
-                    if delivery.job is not None:
-                        self._builds.renew(delivery.job.plan_key, delivery.job.job_id)
+                for build in held:
+                    self._builds.renew(build.job.plan_key, build.job.job_id)
+                    for delivery in self._deliveries(build):
                         self._queue.touch(delivery, self.worker_id)
+                if self._warm is not None:
+                    self._warm.renew()
             except StoreUnavailable as e:
                 log.debug("heartbeat failed: %s", e)
             self._stop.wait(self._interval)
@@ -298,6 +322,8 @@ class Worker:
         if job is None:
             self._queue.ack(delivery)
             return
+        if self._warm is not None:
+            self._warm.busy()
         try:
             verified = verify_job(job, self._targets)
         except InvalidRequest as e:
@@ -308,6 +334,10 @@ class Worker:
             metrics.BUILDS.labels(self.compiler.target.id, "refused").inc()
             self._builds.record_refusal(job.plan_key, self.worker_id, reason)
             self._queue.ack(delivery)
+            return
+        warming = next((b for b in self._active.values() if b.warm is not None and b.job.plan_key == verified.plan_key), None)
+        if warming is not None:
+            self._promote(warming, delivery)
             return
         stored = self._store.get(job.plan_key)
         if stored is not None and not stored.metadata.provisional:
@@ -325,12 +355,63 @@ class Worker:
             log.warning("job %s: reclaimed (attempt %d) from a worker that stopped answering", job.job_id, delivery.attempts)
         self._builds.mark_running(job.plan_key, job.job_id, self.worker_id)
         self._builds.renew(job.plan_key, job.job_id)
+        self._start(_Build(delivery, job, verified, task_query(verified.spec, job.query.target, verified.options), next(self._seq)))
+
+    def _start(self, build: _Build) -> None:
         with self._held_lock:
-            self._held[delivery.entry_id] = delivery
-        query = task_query(verified.spec, job.query.target, verified.options)
-        build = _Build(delivery, job, verified, query, next(self._seq))
-        self._active[delivery.entry_id] = build
-        self._queue_task(build, Lane.HEURISTIC, HEURISTIC, 0)
+            self._held[build.key] = build
+        self._active[build.key] = build
+        self._queue_task(build, build.lanes[0], HEURISTIC, 0)
+
+    # ---- warming: the lowest lanes -------------------------------------------------------
+
+    def _warm_up(self) -> None:
+        """Start the next warming item while no real task waits and a build
+        process beyond the one kept for heuristic plans is free."""
+        if self._warm is None or any(lane < Lane.WARM_HEURISTIC for lane, *_ in self._lanes):
+            return
+        reserve = 1 if self._pool.size > 1 else 0
+        warming = sum(1 for b in self._active.values() if b.warm is not None)
+        if self._pool.free() <= reserve or warming >= max(1, self._pool.size - reserve):
+            return
+        found = self._warm.next_item()
+        if found is None:
+            return
+        ref, item = found
+        job = item.job()
+        try:
+            verified = verify_job(job, self._targets)
+        except InvalidRequest as e:  # a forged or damaged item: recorded, skipped
+            self._warm.record(ref, FAILED, f"refused: {e.message}", item.plan_key)
+            return
+        stored = self._store.get(job.plan_key)
+        if stored is not None and not stored.metadata.provisional:
+            self._warm.record(ref, SKIPPED, "already stored", job.plan_key)
+            return
+        holder = self._builds.take_lease(job.plan_key, job.job_id)
+        if holder is not None and holder.startswith(WARM_JOB_PREFIX):
+            self._warm.defer(ref)  # another warm build of it, maybe of a worker that died: its lease runs out (--build-lease)
+            return
+        if holder is not None:
+            self._warm.record(ref, SKIPPED, "being built for a caller", job.plan_key)
+            return
+        self._builds.mark_running(job.plan_key, job.job_id, self.worker_id)
+        log.info("warming %s: item %d, plan %s (%.0f recent hits of the source)", ref.target_id, ref.index, job.plan_key, item.hits)
+        self._start(_Build(None, job, verified, task_query(verified.spec, job.query.target, verified.options), next(self._seq), warm=ref))
+
+    def _promote(self, build: _Build, delivery: Delivery) -> None:
+        """A caller asks for a plan this worker is warming: its pieces move
+        to the callers' lanes, and the caller's job ends with it."""
+        log.info("job %s: plan %s was being warmed; its build now has a caller", delivery.job.job_id if delivery.job else "?", build.job.plan_key)
+        build.promoted.append(delivery)
+        with self._held_lock:
+            self._held[build.key] = build
+        heuristic, candidate = build.lanes
+        mine = [entry for entry in self._lanes if entry[-1] is build]
+        self._lanes = [entry for entry in self._lanes if entry[-1] is not build]
+        for lane, _, _, _, task, _ in mine:
+            self._push(heuristic if lane == Lane.WARM_HEURISTIC else candidate, build, task)
+        heapq.heapify(self._lanes)
 
     # ---- what runs next ------------------------------------------------------------------
 
@@ -349,14 +430,14 @@ class Worker:
             if lane != Lane.HEURISTIC and self._pool.free() <= reserve:
                 return
             *_, task, build = heapq.heappop(self._lanes)
-            if build.delivery.entry_id not in self._active:
+            if build.key not in self._active:
                 continue  # abandoned (see _on_result)
             self._running[task.task_id] = (build, Lane(lane))
             self._pool.submit(task)
 
     def _on_result(self, result: TaskResult) -> None:
         entry = self._running.pop(result.task.task_id, None)
-        if entry is None or entry[0].delivery.entry_id not in self._active:
+        if entry is None or entry[0].key not in self._active:
             return
         build, lane = entry
         try:
@@ -364,14 +445,14 @@ class Worker:
         except StoreUnavailable:
             # Redis stayed away past the retries: this worker lets the job go;
             # it stays pending in its stream, and a worker claims it once idle.
-            self._abandon(build)
+            log.warning("job %s: left to be claimed again (Redis unreachable)", build.job.job_id)
+            self._forget(build)
             raise
 
-    def _abandon(self, build: _Build) -> None:
-        log.warning("job %s: left to be claimed again (Redis unreachable)", build.job.job_id)
-        self._active.pop(build.delivery.entry_id, None)
+    def _forget(self, build: _Build) -> None:
+        self._active.pop(build.key, None)
         with self._held_lock:
-            self._held.pop(build.delivery.entry_id, None)
+            self._held.pop(build.key, None)
 
     def _advance(self, build: _Build, lane: Lane, result: TaskResult) -> None:
         task = result.task
@@ -380,7 +461,7 @@ class Worker:
             build.attempts[key] = build.attempts.get(key, 1) + 1
             if build.attempts[key] <= MAX_TASK_ATTEMPTS:
                 log.warning("job %s: %s; building its %s again (try %d)", build.job.job_id, result.error, _piece(task), build.attempts[key])
-                self._push(lane, build, dataclasses.replace(task, task_id=next(task_ids)))
+                self._push(build.lanes[0] if task.kind == HEURISTIC else build.lanes[1], build, dataclasses.replace(task, task_id=next(task_ids)))
                 return
             result = dataclasses.replace(result, error=f"{result.error}, {MAX_TASK_ATTEMPTS} times", rejected=task.kind == HEURISTIC)
         if task.kind == HEURISTIC:
@@ -405,7 +486,7 @@ class Worker:
         build.built.append(heuristic.chosen)
         build.waiting = {i for i in range(heuristic.count) if i != heuristic.chosen.index}
         for index in sorted(build.waiting):
-            self._queue_task(build, Lane.CANDIDATE, CANDIDATE, index)
+            self._queue_task(build, build.lanes[1], CANDIDATE, index)
 
     def _on_candidate(self, build: _Build, result: TaskResult) -> None:
         index = result.task.index
@@ -442,19 +523,27 @@ class Worker:
 
     def _end(self, build: _Build, error: str | None, rejected: bool = False) -> None:
         """Record the job's outcome and let it go."""
-        job, delivery = build.job, build.delivery
+        job = build.job
         target_id = self.compiler.target.id
-        metrics.BUILDS.labels(target_id, "rejected" if rejected else "failed" if error else "built").inc()
+        metrics.BUILDS.labels(target_id, "rejected" if rejected else "failed" if error else "warmed" if build.warm and not build.promoted else "built").inc()
         metrics.BUILD_SECONDS.labels(target_id).observe(time.monotonic() - build.started)
         if error is None:
             log.info("job %s: built %s in %.2fs", job.job_id, job.plan_key, time.monotonic() - build.started)
         try:
             self._durably(f"recording job {job.job_id}", lambda: self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=error, rejected=rejected))
-            self._durably(f"acknowledging job {job.job_id}", lambda: self._queue.ack(delivery))
+            for delivery in self._deliveries(build):
+                other = delivery.job
+                if other is not None and other.job_id != job.job_id:  # a caller's job promoted onto this build: its state too
+                    self._durably(f"recording job {other.job_id}", lambda o=other: self._builds.finish(o.plan_key, o.job_id, self.worker_id, error=error))  # type: ignore[misc]
+                self._durably(f"acknowledging job {job.job_id}", lambda d=delivery: self._queue.ack(d))  # type: ignore[misc]
+            if build.warm is not None and self._warm is not None:
+                self._warm.record(build.warm, FAILED if error else BUILT, error or "", job.plan_key)
         finally:
-            self._active.pop(delivery.entry_id, None)
-            with self._held_lock:
-                self._held.pop(delivery.entry_id, None)
+            self._forget(build)
+
+    @staticmethod
+    def _deliveries(build: _Build) -> list[Delivery]:
+        return [d for d in (build.delivery, *build.promoted) if d is not None]
 
     def _durably(self, doing: str, step: Callable[[], None]) -> None:
         """Run a step that must not be lost to a Redis blip: retried with
@@ -475,7 +564,10 @@ class Worker:
         job = build.job
         metadata = plan_metadata(build.verified, compiled, self.worker_id, self.compiler.target.to_proto())
         signature = self._signer.sign(metadata) if self._signer is not None else None
-        self._durably(f"storing plan {job.plan_key}", lambda: self._store.put(StoredPlan(blob=compiled.blob, metadata=metadata, signature=signature)))
+        plan = StoredPlan(blob=compiled.blob, metadata=metadata, signature=signature)
+        warmed = build.warm is not None and not build.promoted
+        spec = spec_io.to_proto(build.verified.spec)  # what this worker derived the key from
+        self._durably(f"storing plan {job.plan_key}", lambda: self._store.put(plan, spec=spec, warmed=warmed))
         log.info(
             "job %s: stored %s plan %s (%d candidates, chose %s, %d bytes)", job.job_id, "provisional" if compiled.provisional else "final",
             job.plan_key, len(compiled.candidates), compiled.plan_name, len(compiled.blob),

@@ -28,6 +28,8 @@ def run_one(device: int, settings: Settings) -> int:
     from plancache_server.compiler import load_compiler
     from plancache_server.redis_conn import connect
     from plancache_server.secrets import check_secrets
+    from plancache_server.warm_runner import WarmRunner
+    from plancache_server.warming import Warming
     from plancache_server.worker import Worker, default_worker_id
 
     if settings.signing_key is None and not settings.unsigned:
@@ -48,9 +50,13 @@ def run_one(device: int, settings: Settings) -> int:
     parts = worker_parts(connect(settings.redis_url), settings, signer)
     size = settings.build_processes or default_pool_size(max(1, len(visible_gpus())))
     pool = ProcessBuildPool(size, settings.compiler, device, settings.autotune_strategy, budget_s=settings.build_budget_s, log_level=settings.log_level)
+    worker_id = default_worker_id(device)
+    targets = list(dict.fromkeys([compiler.target, compiler.target.generic()]))
+    warm = WarmRunner(Warming(parts.store.client), parts.store.janitor, worker_id, targets, settings.heartbeat_ttl_s,
+                      None if settings.no_warm else settings.warm_after_idle_s)  # fmt: skip
     worker = Worker(
-        compiler, parts.queue, parts.builds, parts.store, default_worker_id(device), pool=pool.start(), heartbeat_interval_s=settings.heartbeat_interval_s,
-        heartbeat_ttl_s=settings.heartbeat_ttl_s, claim_idle_s=settings.claim_idle_s, max_attempts=settings.max_attempts, signer=signer,
+        compiler, parts.queue, parts.builds, parts.store, worker_id, pool=pool.start(), heartbeat_interval_s=settings.heartbeat_interval_s,
+        heartbeat_ttl_s=settings.heartbeat_ttl_s, claim_idle_s=settings.claim_idle_s, max_attempts=settings.max_attempts, signer=signer, warm=warm,
     )  # fmt: skip
 
     web.serve(settings.metrics_port + device if settings.metrics_port else 0, host=settings.metrics_host or "127.0.0.1")

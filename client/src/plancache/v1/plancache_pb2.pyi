@@ -436,6 +436,92 @@ class ListPlansResponse(_message.Message):
     keys: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class WarmRequest(_message.Message):
+    __slots__ = ("target_id", "from_target", "served_days", "manifest", "top", "min_hits", "cancel")
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_TARGET_FIELD_NUMBER: _ClassVar[int]
+    SERVED_DAYS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    MIN_HITS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    target_id: str
+    from_target: str
+    served_days: int
+    manifest: WarmManifest
+    top: int
+    min_hits: float
+    cancel: bool
+    def __init__(self, target_id: _Optional[str] = ..., from_target: _Optional[str] = ..., served_days: _Optional[int] = ..., manifest: _Optional[_Union[WarmManifest, _Mapping]] = ..., top: _Optional[int] = ..., min_hits: _Optional[float] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class WarmManifest(_message.Message):
+    __slots__ = ("queries",)
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    queries: _containers.RepeatedCompositeFieldContainer[PlanQuery]
+    def __init__(self, queries: _Optional[_Iterable[_Union[PlanQuery, _Mapping]]] = ...) -> None: ...
+
+class WarmResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: WarmTargetStatus
+    def __init__(self, status: _Optional[_Union[WarmTargetStatus, _Mapping]] = ...) -> None: ...
+
+class WarmStatusRequest(_message.Message):
+    __slots__ = ("target_id",)
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    target_id: str
+    def __init__(self, target_id: _Optional[str] = ...) -> None: ...
+
+class WarmStatusResponse(_message.Message):
+    __slots__ = ("targets",)
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    targets: _containers.RepeatedCompositeFieldContainer[WarmTargetStatus]
+    def __init__(self, targets: _Optional[_Iterable[_Union[WarmTargetStatus, _Mapping]]] = ...) -> None: ...
+
+class WarmFailure(_message.Message):
+    __slots__ = ("plan_key", "reason")
+    PLAN_KEY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    plan_key: str
+    reason: str
+    def __init__(self, plan_key: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class WarmTargetStatus(_message.Message):
+    __slots__ = ("target_id", "source", "state", "total", "built", "skipped", "failed", "in_flight", "remaining", "source_hits_24h", "covered_hits_24h", "coverage", "missing_specs", "created_at", "updated_at", "failures")
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BUILT_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_HITS_24H_FIELD_NUMBER: _ClassVar[int]
+    COVERED_HITS_24H_FIELD_NUMBER: _ClassVar[int]
+    COVERAGE_FIELD_NUMBER: _ClassVar[int]
+    MISSING_SPECS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    target_id: str
+    source: str
+    state: str
+    total: int
+    built: int
+    skipped: int
+    failed: int
+    in_flight: int
+    remaining: int
+    source_hits_24h: float
+    covered_hits_24h: float
+    coverage: float
+    missing_specs: int
+    created_at: float
+    updated_at: float
+    failures: _containers.RepeatedCompositeFieldContainer[WarmFailure]
+    def __init__(self, target_id: _Optional[str] = ..., source: _Optional[str] = ..., state: _Optional[str] = ..., total: _Optional[int] = ..., built: _Optional[int] = ..., skipped: _Optional[int] = ..., failed: _Optional[int] = ..., in_flight: _Optional[int] = ..., remaining: _Optional[int] = ..., source_hits_24h: _Optional[float] = ..., covered_hits_24h: _Optional[float] = ..., coverage: _Optional[float] = ..., missing_specs: _Optional[int] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., failures: _Optional[_Iterable[_Union[WarmFailure, _Mapping]]] = ...) -> None: ...
+
 class ExplainRequest(_message.Message):
     __slots__ = ("query",)
     QUERY_FIELD_NUMBER: _ClassVar[int]

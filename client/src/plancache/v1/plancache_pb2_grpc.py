@@ -79,6 +79,16 @@ class PlanCacheStub:
                 request_serializer=plancache_dot_v1_dot_plancache__pb2.ListPlansRequest.SerializeToString,
                 response_deserializer=plancache_dot_v1_dot_plancache__pb2.ListPlansResponse.FromString,
                 _registered_method=True)
+        self.Warm = channel.unary_unary(
+                '/plancache.v1.PlanCache/Warm',
+                request_serializer=plancache_dot_v1_dot_plancache__pb2.WarmRequest.SerializeToString,
+                response_deserializer=plancache_dot_v1_dot_plancache__pb2.WarmResponse.FromString,
+                _registered_method=True)
+        self.WarmStatus = channel.unary_unary(
+                '/plancache.v1.PlanCache/WarmStatus',
+                request_serializer=plancache_dot_v1_dot_plancache__pb2.WarmStatusRequest.SerializeToString,
+                response_deserializer=plancache_dot_v1_dot_plancache__pb2.WarmStatusResponse.FromString,
+                _registered_method=True)
 
 
 class PlanCacheServicer:
@@ -153,6 +163,20 @@ class PlanCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Warm(self, request, context):
+        """Plan (or cancel) warming a target from a source (admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WarmStatus(self, request, context):
+        """Where warming stands, per target.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlanCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -200,6 +224,16 @@ def add_PlanCacheServicer_to_server(servicer, server):
                     servicer.ListPlans,
                     request_deserializer=plancache_dot_v1_dot_plancache__pb2.ListPlansRequest.FromString,
                     response_serializer=plancache_dot_v1_dot_plancache__pb2.ListPlansResponse.SerializeToString,
+            ),
+            'Warm': grpc.unary_unary_rpc_method_handler(
+                    servicer.Warm,
+                    request_deserializer=plancache_dot_v1_dot_plancache__pb2.WarmRequest.FromString,
+                    response_serializer=plancache_dot_v1_dot_plancache__pb2.WarmResponse.SerializeToString,
+            ),
+            'WarmStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.WarmStatus,
+                    request_deserializer=plancache_dot_v1_dot_plancache__pb2.WarmStatusRequest.FromString,
+                    response_serializer=plancache_dot_v1_dot_plancache__pb2.WarmStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -445,6 +479,60 @@ class PlanCache:
             '/plancache.v1.PlanCache/ListPlans',
             plancache_dot_v1_dot_plancache__pb2.ListPlansRequest.SerializeToString,
             plancache_dot_v1_dot_plancache__pb2.ListPlansResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Warm(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/plancache.v1.PlanCache/Warm',
+            plancache_dot_v1_dot_plancache__pb2.WarmRequest.SerializeToString,
+            plancache_dot_v1_dot_plancache__pb2.WarmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WarmStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/plancache.v1.PlanCache/WarmStatus',
+            plancache_dot_v1_dot_plancache__pb2.WarmStatusRequest.SerializeToString,
+            plancache_dot_v1_dot_plancache__pb2.WarmStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,334 @@
+"""Warming (issue 23): a target's plans built before its nodes ask.
+
+The stand-in worker serves an exact target E and its generic target G (as a
+GPU worker serves both). G's plans, with a hit history, are the source; E is
+warmed from them, as a GPU run warms the exact target from the generic one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+import redis
+
+from plancache import Client, CompileOptions, InvalidRequest, Manifest, PermissionDenied, WarmStatus
+from plancache.canonical import spec_hash
+from plancache.plankey import make_key
+from plancache.spec import GraphSpec
+from plancache.v1 import plancache_pb2 as pb
+from plancache_server import keys
+from plancache_server.embedded_redis import EmbeddedRedis
+from plancache_server.lifecycle import Janitor
+from plancache_server.warming import Source, Warming
+from tests.conftest import Stack, start_stack
+from tests.support.processes import child_env, server_process, wait_for_workers, worker_process
+from tests.support.specs import matmul_spec
+from tests.support.standin import REJECTED_NAME, STANDIN_TARGET, StandInCompiler
+
+EXACT, GENERIC = STANDIN_TARGET, STANDIN_TARGET.generic()
+
+
+def _specs(count: int) -> list[GraphSpec]:
+    return [matmul_spec(m=16 * (i + 1), name=f"warm-{i}") for i in range(count)]
+
+
+def _key(spec: GraphSpec, target: object = EXACT) -> str:
+    return make_key(spec_hash(spec), target, CompileOptions())  # type: ignore[arg-type]
+
+
+def _serve(client: Client, stack: Stack, specs: list[GraphSpec], hits: list[int]) -> None:
+    """Build `specs` for G, then hit each plan hits[i] times; wait until the hits are counted."""
+    keys_ = [client.compile(spec, GENERIC).key for spec in specs]
+    for key, count in zip(keys_, hits, strict=True):
+        for _ in range(count):
+            client.get(key)
+    hour = int(time.time() // 3600)
+    deadline = time.monotonic() + 10
+    while sum(float(s) for _, s in stack.redis.zrange(keys.plan_hits(hour), 0, -1, withscores=True)) < sum(hits):
+        assert time.monotonic() < deadline, "the hits were not counted"
+        time.sleep(0.1)
+
+
+def _wait_done(client: Client, target: object = EXACT, timeout: float = 30) -> WarmStatus:
+    deadline = time.monotonic() + timeout
+    status: WarmStatus | None = None
+    while True:
+        try:
+            (status,) = client.warm_status(target)  # type: ignore[arg-type]
+        except InvalidRequest:  # no plan yet (a worker plans its own when idle)
+            status = None
+        if status is not None and status.state == "done" and not status.in_flight:
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def warm_stack(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Iterator[Stack]:
+    """One warming worker, two build threads (one kept for heuristic plans: warm builds go one at a time)."""
+    s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), pool_size=2, warm=True)
+    yield s
+    stop()
+
+
+def test_warming_builds_the_sources_specs_most_hit_first_and_skips_what_is_stored(warm_stack: Stack) -> None:
+    specs = _specs(5)
+    hits = [1, 5, 3, 0, 2]
+    with warm_stack.client() as client:
+        _serve(client, warm_stack, specs, hits)
+        client.compile(specs[2], EXACT)  # already stored for E: skipped
+        builds_before = len(warm_stack.compiler.builds)
+        status = client.warm(EXACT, from_target=GENERIC)
+        assert (status.total, status.state, status.source) == (5, "active", f"target {GENERIC.id}")
+        assert status.source_hits_24h == sum(hits)
+        done = _wait_done(client)
+    built = warm_stack.compiler.builds[builds_before:]
+    by_hits = [specs[i].spec_hash() for i in sorted(range(5), key=lambda i: -hits[i]) if i != 2]
+    assert built == by_hits, "warming did not build the most hit specs first"
+    assert (done.built, done.skipped, done.failed, done.remaining) == (4, 1, 0, 0)
+    assert done.coverage == pytest.approx(1.0) and done.covered_hits_24h == sum(hits)
+    for spec in specs:
+        meta = warm_stack.redis.hget(keys.plan(_key(spec)), "meta")
+        assert meta is not None and not pb.PlanMetadata.FromString(meta).provisional  # type: ignore[arg-type]
+
+
+def test_coverage_counts_only_what_is_stored_and_top_and_min_hits_bound_the_plan(warm_stack: Stack) -> None:
+    specs = _specs(6)
+    hits = [4, 0, 2, 8, 1, 0]
+    with warm_stack.client() as client:
+        _serve(client, warm_stack, specs, hits)
+        status = client.warm(EXACT, from_target=GENERIC, top=2, min_hits=1)
+        assert status.total == 2 and status.source_hits_24h == sum(hits)
+        done = _wait_done(client)
+    assert done.built == 2 and done.covered_hits_24h == 8 + 4  # the two most hit
+    assert done.coverage == pytest.approx(12 / 15)
+    assert done.built + done.skipped + done.failed + done.remaining == done.total
+
+
+def test_a_spec_that_fails_is_recorded_and_skipped(warm_stack: Stack) -> None:
+    specs = _specs(3)
+    with warm_stack.client() as client:
+        _serve(client, warm_stack, specs, [3, 2, 1])
+        # Anyone can write to Redis: the most hit spec's stored body is swapped for another spec.
+        warm_stack.redis.set(keys.spec_body(specs[0].spec_hash()), warm_stack.redis.get(keys.spec_body(specs[1].spec_hash())))  # type: ignore[arg-type]
+        # And a spec cuDNN rejects, with a (forged) source plan that names it.
+        rejected = matmul_spec(m=24, name=REJECTED_NAME)
+        _forge_source_plan(warm_stack.redis, rejected)
+        client.warm(EXACT, from_target=GENERIC)
+        done = _wait_done(client)
+    assert (done.built, done.failed) == (2, 2), done
+    reasons = dict(done.failures)
+    assert "refused" in reasons[_key(specs[0])] and "make plan" in reasons[_key(specs[0])]
+    assert "NOT_SUPPORTED" in reasons[_key(rejected)]
+
+
+def _forge_source_plan(client: redis.Redis, spec: GraphSpec) -> None:
+    from plancache import spec_io
+    from plancache.validation import normalize
+
+    normalized = normalize(spec)
+    key = _key(spec, GENERIC)
+    meta = pb.PlanMetadata(key=key, spec_hash=spec.spec_hash(), options=CompileOptions().to_proto())
+    client.hset(keys.plan(key), mapping={"blob": b"x", "meta": meta.SerializeToString()})
+    client.set(keys.spec_body(spec.spec_hash()), spec_io.to_proto(normalized).SerializeToString())
+
+
+def test_a_real_miss_is_not_delayed_by_warming_beyond_one_candidate(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+    build_s, tune_s = 0.2, 1.8  # candidates of 0.2 s
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=build_s, tune_seconds=tune_s), pool_size=2, warm=True)
+    try:
+        with stack.client(timeout=60) as client:
+            specs = _specs(4)
+            _serve(client, stack, specs, [1, 1, 1, 1])
+            for spec in specs:  # their tuning done: the worker is idle
+                _wait_tuned(stack.redis, _key(spec, GENERIC))
+            client.warm(EXACT, from_target=GENERIC)
+            time.sleep(build_s + 0.3)  # warming under way
+            started = time.monotonic()
+            miss = client.compile(matmul_spec(m=400, name="a-real-miss"), GENERIC)
+            waited = time.monotonic() - started
+            assert miss.provisional and waited <= build_s + 0.35, f"a real miss waited {waited:.2f} s during warming"
+            _wait_done(client, timeout=60)
+    finally:
+        stop()
+
+
+def _wait_tuned(client: redis.Redis, key: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        raw = client.hget(keys.plan(key), "meta")
+        if raw and not pb.PlanMetadata.FromString(raw).provisional:  # type: ignore[arg-type]
+            return
+        assert time.monotonic() < deadline, key
+        time.sleep(0.02)
+
+
+def test_a_caller_asking_for_a_plan_being_warmed_is_served_at_its_priority(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+    """The warm build is promoted to the callers' lanes: one build, the caller not left behind warming's pace."""
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.3, tune_seconds=2.7), pool_size=2, warm=True)
+    try:
+        with stack.client(timeout=60) as client:
+            specs = _specs(2)
+            _serve(client, stack, specs, [2, 1])
+            for spec in specs:
+                _wait_tuned(stack.redis, _key(spec, GENERIC))
+            builds_before = len(stack.compiler.builds)
+            client.warm(EXACT, from_target=GENERIC)
+            deadline = time.monotonic() + 5
+            while not redis_client.hget(keys.plan(_key(specs[0])), "meta"):  # its provisional plan: the warm build is tuning
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            tuned = client.compile(specs[0], EXACT, tuned_only=True)
+            assert not tuned.provisional
+            _wait_done(client, timeout=60)
+        assert stack.compiler.builds[builds_before:].count(specs[0].spec_hash()) == 1
+    finally:
+        stop()
+
+
+def test_two_workers_race_to_warm_one_target_one_wins_and_nothing_is_built_twice(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+    compilers = [StandInCompiler(build_seconds=0.05), StandInCompiler(build_seconds=0.05)]
+    first, stop_first = start_stack(redis_server.url, compilers[0], pool_size=2, warm=True, worker_id="worker-a")
+    _second, stop_second = start_stack(redis_server.url, compilers[1], pool_size=2, warm=True, worker_id="worker-b")
+    try:
+        with first.client() as client:
+            specs = _specs(6)
+            _serve(client, first, specs, [1] * 6)
+            before = [len(c.builds) for c in compilers]
+            client.warm(EXACT, from_target=GENERIC)
+            done = _wait_done(client)
+        warmed = [c.builds[b:] for c, b in zip(compilers, before, strict=True)]
+        assert done.built == 6 and sum(len(w) for w in warmed) == 6, warmed
+        assert sorted(len(w) for w in warmed) == [0, 6], "both workers warmed the target"
+    finally:
+        stop_first()
+        stop_second()
+
+
+def test_warmed_plans_enter_the_store_as_least_recently_used(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+    """Under --store-max-mb, warming evicts warmed plans, never a hotter plan that was served."""
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.01), pool_size=2, warm=True, store_max_mb=1)
+    try:
+        with stack.client() as client:
+            hot = _specs(10)  # 10 plans of 75 KB: 0.75 MB of the 1 MB bound
+            _serve(client, stack, hot, [1] * 10)
+            client.warm(EXACT, from_target=GENERIC)
+            _wait_done(client)
+        usage = Janitor(redis_client).usage()
+        assert sum(u.stored_bytes for u in usage.values()) <= 2**20
+        assert all(redis_client.exists(keys.plan(_key(s, GENERIC))) for s in hot), "warming evicted a plan that was served"
+        assert usage[EXACT.id].stored_plans >= 1
+    finally:
+        stop()
+
+
+def test_a_worker_warms_a_sibling_target_on_its_own_when_idle(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.01), pool_size=2, warm=True, auto_warm_after_s=0.3)
+    try:
+        with stack.client() as client:
+            specs = _specs(3)
+            _serve(client, stack, specs, [2, 1, 0])  # the unhit one is not warmed on the worker's own initiative
+            done = _wait_done(client, timeout=30)
+        assert done.source == f"target {GENERIC.id}" and done.built == 2
+        assert redis_client.exists(keys.plan(_key(specs[0]))) and not redis_client.exists(keys.plan(_key(specs[2])))
+    finally:
+        stop()
+
+
+def test_warm_needs_an_admin_token_and_status_a_read_one(redis_server: EmbeddedRedis, redis_client: redis.Redis, tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("read " + "r" * 20 + "\nadmin " + "a" * 20 + "\ncompile " + "c" * 20 + "\n")
+    stack, stop = start_stack(redis_server.url, StandInCompiler(), pool_size=2, warm=True, tokens_file=tokens)
+    try:
+        with Client(stack.address, cache=False, token="c" * 20) as compiler_client:
+            _serve(compiler_client, stack, _specs(1), [1])
+            with pytest.raises(PermissionDenied):
+                compiler_client.warm(EXACT, from_target=GENERIC)
+        with Client(stack.address, cache=False, token="a" * 20) as admin:
+            assert admin.warm(EXACT, from_target=GENERIC).total == 1
+        with Client(stack.address, cache=False, token="r" * 20) as reader:
+            assert [s.target_id for s in reader.warm_status()] == [EXACT.id]
+            with pytest.raises(PermissionDenied):
+                reader.cancel_warm(EXACT)
+    finally:
+        stop()
+
+
+def test_hostile_warm_arguments_are_refused_with_the_reason(warm_stack: Stack) -> None:
+    with warm_stack.client() as client:
+        _serve(client, warm_stack, _specs(1), [1])
+        unknown = EXACT.id.replace("sms-132", "sms-999")
+        for call, match in [
+            (lambda: client.warm(unknown, from_target=GENERIC), "is unknown: no worker has advertised it"),
+            (lambda: client.warm(EXACT, from_target=GENERIC, top=10**9), "top must be between 1 and 10000"),
+            (lambda: client.warm(EXACT, from_target=GENERIC, min_hits=-1), "min_hits must not be negative"),
+            (lambda: client.warm(EXACT, from_target=EXACT), "cannot be warmed from itself|has no stored plans"),
+            (lambda: client.warm(EXACT, served_days=10**6), "days must be between 1 and 366"),
+            (lambda: client.warm(EXACT, from_target="sm_90/cudnn-1/fe-0.0.1"), "has no stored plans"),
+            (lambda: client.warm("not a target", from_target=GENERIC), "target"),
+            (lambda: client.cancel_warm(EXACT), "no warming plan to cancel"),
+            (lambda: client.warm_status(EXACT), "no warming plan"),
+        ]:
+            with pytest.raises(InvalidRequest, match=match):
+                call()
+        manifest = Manifest.from_specs(_specs(2), EXACT)
+        assert client.warm(EXACT, manifest=manifest).total == 2  # and a manifest is a source
+        assert client.warm_status()[0].source == "a manifest of 2 spec(s)"
+
+
+def test_a_warming_plan_is_resumed_after_its_worker_dies(tmp_path: Path) -> None:
+    """A worker process killed mid-warming: another worker takes the lease
+    over, builds the item left in flight again, and every item once."""
+    redis_server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
+    build_log = tmp_path / "builds.jsonl"
+    env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS="0.4", PLANCACHE_STANDIN_BUILD_LOG=str(build_log))
+    # A short build lease: the dead worker's lease on the item it was building runs out soon.
+    flags = ("--device", "0", "--compiler", "tests.support.standin:factory", "--unsigned", "--build-processes", "2", "--no-warm",
+             "--heartbeat-interval", "0.3", "--heartbeat-ttl", "1.5", "--claim-idle", "1", "--build-lease", "2")  # fmt: skip
+    try:
+        with ExitStack() as stack:
+            address = "127.0.0.1:" + str(_port())
+            stack.enter_context(server_process(address, redis_server.url, tmp_path / "server.log", "--gpus", "none", "--unsigned"))
+            first = stack.enter_context(worker_process(redis_server.url, tmp_path / "worker1.log", *flags, env=env))
+            wait_for_workers(address, timeout=60)
+            client = stack.enter_context(Client(address, cache=False, timeout=60))
+            specs = _specs(6)
+            for spec in specs:
+                client.compile(spec, GENERIC)
+            _plan(redis_server.url, 6)
+            deadline = time.monotonic() + 30
+            while _status(redis_server.url).built < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(timeout=10)
+            stack.enter_context(worker_process(redis_server.url, tmp_path / "worker2.log", *flags, env=env))
+            done = _wait_done(client, timeout=60)
+        warmed = [line for line in build_log.read_text().splitlines()][len(specs) :]
+        assert done.built == 6 and done.failed == 0, done
+        # Every item once, but the one in flight when the first worker died, which may have been built twice.
+        assert 6 <= len(warmed) <= 7, warmed
+    finally:
+        redis_server.stop()
+
+
+def _port() -> int:
+    from plancache_server.embedded_redis import free_port
+
+    return free_port()
+
+
+def _plan(redis_url: str, top: int) -> None:
+    """Plan warming E from G as an operator's call would (the front end's code, straight on Redis)."""
+    Warming(redis.Redis.from_url(redis_url)).plan(EXACT, Source(target_id=GENERIC.id), top=top)
+
+
+def _status(redis_url: str) -> object:
+    return Warming(redis.Redis.from_url(redis_url)).status(EXACT.id)
+
