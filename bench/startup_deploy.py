@@ -1,0 +1,192 @@
+"""The deployment bench/startup.py's first nodes meet: a worker and its build
+processes made ready, the GPU memory they hold, and the store read directly
+(what is stored and tuned; what is left of a build) so that each path starts
+from nothing stored and nothing pending. Imports neither torch nor cudnn.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.support.processes import wait_for_workers
+
+# The worker's log lines (plancache_server.worker, plancache_server.build_pool).
+SERVING = re.compile(r"serving targets ([^\s,]+)(?:, [^\s,]+)* with (\d+) build processes")
+POOL_READY = re.compile(r"build process (\d+) \(pid (\d+)\) ready")
+
+
+def wait_until(done: Callable[[], bool], procs: list[subprocess.Popen[Any]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"a process ended during the {what}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the {what} took over {timeout:g} s")
+        time.sleep(0.05)
+
+
+def wait_for_pool(log: Path, worker: subprocess.Popen[bytes], address: str, timeout: float = 240) -> tuple[str, int]:
+    """Until the worker heartbeats and its log shows every build process ready: (its exact target, pool size)."""
+    found: list[tuple[str, int]] = []
+
+    def ready() -> bool:
+        text = log.read_text(errors="replace")
+        serving = SERVING.search(text)
+        if serving and len({slot for slot, _ in POOL_READY.findall(text[serving.end() :])}) >= int(serving.group(2)):
+            found.append((serving.group(1), int(serving.group(2))))
+        return bool(found)
+
+    wait_until(ready, [worker], timeout, f"worker start (see {log})")
+    wait_for_workers(address, proc=worker, timeout=timeout)
+    return found[0]
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _nvidia_smi(*query: str) -> list[list[str]]:
+    try:
+        out = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def gpu_memory_used() -> float | None:
+    rows = _nvidia_smi("--query-gpu=memory.used", "-i", "0")
+    return float(rows[0][0]) if rows and rows[0][0].replace(".", "").isdigit() else None
+
+
+def pool_memory(worker_pid: int, size: int, baseline_mib: float | None) -> dict[str, Any]:
+    """GPU memory of the worker and its build processes (nvidia-smi's per-process figures; and the
+    whole GPU's growth since `baseline_mib`, for a container whose process ids nvidia-smi does not show)."""
+    pids = {worker_pid} | _children(worker_pid)
+    apps = [(int(r[0]), float(r[1])) for r in _nvidia_smi("--query-compute-apps=pid,used_memory") if len(r) == 2 and r[0].isdigit() and r[1].isdigit()]
+    mine = sorted(mib for pid, mib in apps if pid in pids)
+    record: dict[str, Any] = {"build_processes": size, "processes": len(mine), "mib": sum(mine), "per_process_mib": mine, "apps_listed": len(apps)}
+    used = gpu_memory_used()
+    if baseline_mib is not None and used is not None:
+        record["device_growth_mib"] = used - baseline_mib
+    return record
+
+
+def redis_client(url: str) -> Any:
+    import redis
+
+    return redis.Redis.from_url(url)
+
+
+def plan_states(client: Any, keys: list[str]) -> list[str]:
+    """Each plan as stored in Redis now: "missing", "provisional" or "tuned"."""
+    from plancache.v1 import plancache_pb2 as pb
+    from plancache_server import keys as names
+
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hget(names.plan(key), "meta")
+    return ["missing" if m is None else "provisional" if pb.PlanMetadata.FromString(m).provisional else "tuned" for m in pipe.execute()]
+
+
+class TunedWatcher:
+    """Reads Redis from the nodes' go until every plan is the tuned one: when each was first stored and when tuned."""
+
+    def __init__(self, redis_url: str, poll_s: float = 0.02) -> None:
+        self.redis_url, self.poll_s = redis_url, poll_s
+        self.keys: list[str] = []
+        self.stored: list[float | None] = []
+        self.tuned: list[float | None] = []
+        self.error = ""
+        self._stop, self._done = threading.Event(), threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, go: float, keys: list[str]) -> None:
+        self.keys, self.stored, self.tuned = list(keys), [None] * len(keys), [None] * len(keys)
+        self._thread = threading.Thread(target=self._run, args=(go,), daemon=True)
+        self._thread.start()
+
+    def _run(self, go: float) -> None:
+        client = redis_client(self.redis_url)
+        try:
+            while not self._stop.is_set():
+                states, now = plan_states(client, self.keys), time.time() - go
+                for i, state in enumerate(states):
+                    if state != "missing" and self.stored[i] is None:
+                        self.stored[i] = now
+                    if state == "tuned" and self.tuned[i] is None:
+                        self.tuned[i] = now
+                if all(t is not None for t in self.tuned):
+                    break
+                time.sleep(self.poll_s)
+        except Exception as e:
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            client.close()
+            self._done.set()
+
+    def wait(self, timeout: float) -> dict[str, Any]:
+        self._done.wait(timeout)
+        self.stop()
+        tuned = [t for t in self.tuned if t is not None]
+        result: dict[str, Any] = {"stored_s": self.stored, "tuned_s": self.tuned, "tuned_plans": len(tuned)}
+        if len(tuned) == len(self.keys):
+            result["tuned_all_s"] = max(tuned)
+        else:
+            result["tuned_timeout_s"] = timeout
+        if self.error:
+            result["error"] = f"watching the store: {self.error}"
+        return result
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def forget_plans(address: str, keys: list[str]) -> None:
+    from plancache import Client
+
+    with Client(address, cache=False) as client:
+        for key in keys:
+            client.invalidate(key)
+
+
+def forget_jobs(redis_url: str, target_id: str, keys: list[str]) -> None:
+    """No job, lease or remembered failure left of these plans (a worker stopped mid-tuning leaves
+    jobs another would reclaim and build): a fresh worker then starts from nothing."""
+    from plancache.target import Target
+    from plancache_server import keys as names
+
+    target = Target.parse(target_id)
+    client = redis_client(redis_url)
+    try:
+        client.delete(names.job_stream(target), names.job_stream(target.generic()),
+                      *(name(k) for k in keys for name in (names.build_lease, names.job_state, names.failure)))  # fmt: skip
+    finally:
+        client.close()
+
+
+def save_blobs(address: str, path: str, target_id: str) -> None:
+    from bench.startup_graphs import startup_graphs, write_blobs
+    from plancache import Client, Manifest
+    from plancache.target import Target
+
+    with Client(address, cache=False) as client:
+        result = client.prefetch(Manifest.from_specs(startup_graphs(), Target.parse(target_id)), compile_missing=True, tuned_only=True, timeout=600)
+        if result.errors:
+            raise RuntimeError(f"the tuned plans could not be had: {result.errors}")
+        write_blobs(path, [result.plans[i].blob for i in range(result.total)])
