@@ -1,0 +1,105 @@
+"""Torch-style functions whose plans come from plancache: no spec to write.
+
+    import plancache.functional as pf
+    pf.configure("plancache.internal:50051")      # or PLANCACHE_SERVER=host:port
+    y = pf.linear(x, w, b, activation="gelu")     # torch.nn.functional.linear + GELU, one cuDNN plan
+    o = pf.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+The first call of a geometry (shapes, strides, dtypes, device, options)
+builds the GraphSpec with plancache's builder and gets its plan from the
+client (disk cache, then server): the autotuned plan of that GPU kind, or
+cuDNN's heuristic one while it is tuned. Later calls are a dict lookup on a
+tuple of the tensors' geometry and the plan's execute on the current torch
+stream. Whatever cuDNN is not asked for or cannot build (float32, a boolean
+mask, dropout, a layout it needs a copy for, autograd, no server) runs
+torch's own function: counted (`stats()`) and logged once per geometry; a
+mistake in the arguments raises torch's own error for it (or InvalidRequest
+naming the argument, for the options torch lacks and for CPU tensors).
+
+Owns: the functions, the geometry table (an LRU of `set_max_geometries()`
+entries) and the service setting both front doors share (`configure`, the
+same function as `plancache.cudnn.configure`). Imports torch only when a
+call needs it (plancache stays importable with grpcio and protobuf).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from plancache.errors import InvalidRequest
+from plancache.functional._ops import conv2d, layer_norm, linear, matmul, paged_decode_attention, rms_norm, scaled_dot_product_attention
+from plancache.functional._service import SERVICE, configure
+from plancache.functional._table import COUNTS, TABLE, Fallback, Served
+from plancache.plan import Plan
+
+__all__ = [
+    "FunctionStats",
+    "Geometry",
+    "clear",
+    "configure",
+    "conv2d",
+    "geometries",
+    "layer_norm",
+    "linear",
+    "matmul",
+    "paged_decode_attention",
+    "rms_norm",
+    "scaled_dot_product_attention",
+    "set_max_geometries",
+    "stats",
+]
+
+
+@dataclass(frozen=True)
+class FunctionStats:
+    """One function's calls since the process started (or `clear()`)."""
+
+    cudnn: int = 0  # calls a plancache plan ran
+    torch: int = 0  # calls torch's own function ran (fallbacks)
+    geometries: int = 0  # first calls
+    torch_geometries: int = 0  # first calls left to torch
+    reasons: dict[str, int] = field(default_factory=dict)  # why, geometries per reason
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One entry of the table: the function, its geometry key, and the plan
+    that serves it (with its source: hit, compiled, provisional, cache) or
+    why torch runs it."""
+
+    function: str
+    key: tuple[object, ...]
+    plan: Plan | None
+    reason: str | None
+
+
+def stats() -> dict[str, FunctionStats]:
+    """Counters by function name ("linear", "scaled_dot_product_attention", ...)."""
+    return {name: FunctionStats(c.cudnn, c.torch, c.geometries, c.torch_geometries, dict(c.reasons)) for name, c in COUNTS.items()}
+
+
+def geometries() -> list[Geometry]:
+    """The table's entries, least recently used first."""
+    out = []
+    for key, entry in TABLE.entries():
+        parts = key if isinstance(key, tuple) else (key,)
+        if isinstance(entry, Served):
+            out.append(Geometry(entry.request.function, parts, entry.plan, None))
+        elif isinstance(entry, Fallback):
+            out.append(Geometry(entry.function, parts, None, entry.reason))
+    return out
+
+
+def set_max_geometries(count: int) -> None:
+    """Bound the table (default 512 geometries); the least recently used go first."""
+    if count < 1:
+        raise InvalidRequest(f"set_max_geometries: count must be >= 1, got {count}")
+    TABLE.resize(count)
+
+
+def clear() -> None:
+    """Forget every geometry and counter, and the service setting (tests, a
+    new deployment): the next call of each geometry asks again."""
+    TABLE.clear()
+    COUNTS.clear()
+    SERVICE.reset()

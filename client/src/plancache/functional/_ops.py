@@ -1,0 +1,345 @@
+"""The torch-style functions: a geometry key, a table lookup, the entry's call.
+
+Each function's hot path reads its tensors' shapes, strides, dtypes and
+devices into a tuple (the key), finds the entry in the table and calls it:
+a served plan (plancache's) or torch's own function. Everything else is the
+first call of a geometry (`_first_call`): the spec, the plan from the
+client (disk cache, then server), or the reason torch runs it instead.
+
+A call that needs autograd (grad mode on and an input that requires grad)
+runs torch's function: a plan computes values, not gradients.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from plancache.errors import InvalidRequest, PlanCacheError
+from plancache.functional import _specs, _torch
+from plancache.functional._geometry import Unserved, geo
+from plancache.functional._service import ABOUT_THE_GRAPH, SERVICE, TRANSIENT, Once, describe, reason_key
+from plancache.functional._table import TABLE, Fallback, Served, counts
+
+log = logging.getLogger("plancache.functional")
+_once = Once()
+
+
+def _first_grad_check() -> bool:
+    """Until torch is first needed: then torch.is_grad_enabled itself."""
+    global _grad_on
+    if _torch.available():
+        import torch
+
+        _grad_on = torch.is_grad_enabled
+    else:
+        _grad_on = bool
+    return _grad_on()
+
+
+_grad_on: Callable[[], bool] = _first_grad_check
+
+
+def _describe(names: Sequence[str], tensors: Sequence[Any]) -> str:
+    return ", ".join(f"{n} {tuple(getattr(t, 'shape', ()))} {getattr(t, 'dtype', type(t).__name__)}" for n, t in zip(names, tensors, strict=True))
+
+
+def _where(names: Sequence[str], tensors: Sequence[Any]) -> str:
+    return ", ".join(f"{n} on {getattr(t, 'device', '?')}" for n, t in zip(names, tensors, strict=True))
+
+
+def _first_call(
+    function: str, key: Hashable, names: Sequence[str], tensors: tuple[Any, ...], request: Callable[[], _specs.Request],
+    fallback: Callable[..., Any], needs_grad: bool,
+) -> Any:  # fmt: skip
+    """Run the first call of a geometry and keep what ran it (what worked:
+    a call torch refuses, a mistake, leaves nothing behind)."""
+    devices = [str(getattr(getattr(t, "device", None), "type", None)) for t in tensors]
+    if all(d == "cpu" for d in devices):
+        raise InvalidRequest(f"{function}: {names[0]} is on the CPU: plancache.functional runs CUDA tensors (call torch's function for CPU tensors)")
+    # torch runs the call outside the handlers: a mistake raises torch's own
+    # error, not one chained to why plancache was not asked.
+    unserved: Unserved | None = None
+    try:
+        if needs_grad:
+            raise Unserved("autograd: an input requires grad (a plan computes values, not gradients)")
+        if set(devices) != {"cuda"} or len({t.get_device() for t in tensors}) != 1:
+            raise Unserved(f"the tensors are on more than one device ({_where(names, tensors)})")
+        asked = request()
+    except Unserved as e:
+        unserved = e
+    if unserved is not None:
+        return _run_fallback(function, key, names, tensors, fallback, unserved.reason, transient=unserved.transient)
+    device = int(tensors[0].get_device())
+    failed: tuple[str, bool, bool] | None = None  # (reason, transient, logged already)
+    try:
+        entry = Served(asked, SERVICE.compile(asked.spec, device), device)
+        result = entry(tensors)
+    except PlanCacheError as e:
+        # The service's own failures (no server, server down, no worker) are
+        # logged once for all geometries; a graph's (cuDNN refused it) with it.
+        about_the_service = not isinstance(e, ABOUT_THE_GRAPH)
+        if about_the_service:
+            _once(log, f"service:{reason_key(e)}", "plancache.functional: torch runs what plancache cannot serve: %s", describe(e))
+        failed = (describe(e), isinstance(e, TRANSIENT), about_the_service)
+    except Exception as e:  # the plan did not load or run here: torch runs this geometry
+        failed = (f"the plan did not run: {type(e).__name__}: {e}", False, False)
+    if failed is not None:
+        return _run_fallback(function, key, names, tensors, fallback, failed[0], transient=failed[1], quiet=failed[2])
+    TABLE.put(key, entry)
+    counts(function).geometries += 1
+    log.debug("plancache.functional.%s: plan %s (%s) serves %s", function, entry.plan.key, entry.plan.source, _describe(names, tensors))
+    return result
+
+
+def _run_fallback(
+    function: str, key: Hashable, names: Sequence[str], tensors: tuple[Any, ...], fn: Callable[..., Any], reason: str, *,
+    transient: bool, quiet: bool = False,
+) -> Any:  # fmt: skip
+    if not _torch.available():
+        raise InvalidRequest(f"{function}: {reason} (and torch, which would run it, is not installed)")
+    entry = Fallback(function, key, fn, reason, transient)
+    result = entry(tensors)  # torch's own error, for a call torch refuses, propagates from here
+    TABLE.put(key, entry)
+    c = counts(function)
+    c.geometries += 1
+    c.torch_geometries += 1
+    c.reasons[reason] = c.reasons.get(reason, 0) + 1
+    if not quiet:
+        _once(log, f"{function}|{key!r}", "plancache.functional.%s: torch runs %s: %s", function, _describe(names, tensors), reason)
+    return result
+
+
+# ---- the functions -----------------------------------------------------------------
+
+
+def linear(input: Any, weight: Any, bias: Any = None, *, activation: str | None = None) -> Any:
+    """torch.nn.functional.linear (y = input @ weight.T + bias), with a fused
+    `activation`: None, "relu", "gelu" (erf, torch's default) or "silu"."""
+    try:
+        grad = _grad_on() and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+        key = ("linear", input.shape, input.stride(), input.dtype, input.get_device(), weight.shape, weight.stride(), weight.dtype, weight.get_device(),
+               None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()), activation, grad)  # fmt: skip
+    except (AttributeError, TypeError):
+        return _torch.linear(input, weight, bias, activation=activation)  # not tensors: torch's error
+    tensors = (input, weight) if bias is None else (input, weight, bias)
+    entry = TABLE.get(key)
+    if entry is not None:
+        return entry(tensors)
+    if activation is not None and activation not in _specs.ACTIVATIONS:
+        raise InvalidRequest(f"linear: activation {activation!r} is not one of None, {', '.join(map(repr, _specs.ACTIVATIONS))}")
+    names = ("input", "weight", "bias")[: len(tensors)]
+    return _first_call(
+        "linear", key, names, tensors, lambda: _specs.linear(geo("input", input), geo("weight", weight), None if bias is None else geo("bias", bias), activation),
+        functools.partial(_bias_last(_torch.linear, len(tensors)), activation=activation), grad,
+    )  # fmt: skip
+
+
+def _bias_last(fn: Callable[..., Any], count: int) -> Callable[..., Any]:
+    """fn(input, weight[, bias], ...) whether or not the call passed a bias."""
+    if count == 3:
+        return fn
+    return lambda x, w, **kw: fn(x, w, None, **kw)
+
+
+def matmul(input: Any, other: Any) -> Any:
+    """torch.matmul for operands of 2 dims or more (batches broadcast as
+    torch does when one side is a single matrix or both have the same batch)."""
+    try:
+        grad = _grad_on() and (input.requires_grad or other.requires_grad)
+        key = ("matmul", input.shape, input.stride(), input.dtype, input.get_device(), other.shape, other.stride(), other.dtype, other.get_device(), grad)
+    except (AttributeError, TypeError):
+        return _torch.matmul(input, other)
+    entry = TABLE.get(key)
+    if entry is not None:
+        return entry((input, other))
+    return _first_call("matmul", key, ("input", "other"), (input, other), lambda: _specs.matmul(geo("input", input), geo("other", other)), _torch.matmul, grad)
+
+
+def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: Any = 1, *, relu: bool = False) -> Any:
+    """torch.nn.functional.conv2d, with a fused ReLU (`relu=True`). The result
+    is channels-last when an operand is (as torch's), contiguous otherwise."""
+    options = (_hashable(stride), _hashable(padding), _hashable(dilation), groups, bool(relu))
+    try:
+        grad = _grad_on() and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+        key = ("conv2d", input.shape, input.stride(), input.dtype, input.get_device(), weight.shape, weight.stride(), weight.dtype, weight.get_device(),
+               None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()), options, grad)  # fmt: skip
+    except (AttributeError, TypeError):
+        return _torch.conv2d(input, weight, bias, stride, padding, dilation, groups, relu=relu)
+    tensors = (input, weight) if bias is None else (input, weight, bias)
+    entry = TABLE.get(key)
+    if entry is not None:
+        return entry(tensors)
+
+    def fallback(x: Any, w: Any, b: Any = None) -> Any:
+        return _torch.conv2d(x, w, b, stride, padding, dilation, groups, relu=relu)
+
+    return _first_call(
+        "conv2d", key, ("input", "weight", "bias")[: len(tensors)], tensors,
+        lambda: _specs.conv2d(geo("input", input), geo("weight", weight), None if bias is None else geo("bias", bias), stride, padding, dilation, groups, relu),
+        fallback, grad,
+    )  # fmt: skip
+
+
+def _hashable(value: Any) -> Hashable:
+    return tuple(value) if isinstance(value, list) else value  # type: ignore[no-any-return]
+
+
+def layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Any:
+    """torch.nn.functional.layer_norm (inference: no statistics kept)."""
+    shape = _hashable(normalized_shape)
+    try:
+        grad = _grad_on() and (input.requires_grad or (weight is not None and weight.requires_grad) or (bias is not None and bias.requires_grad))
+        key = ("layer_norm", input.shape, input.stride(), input.dtype, input.get_device(), shape, eps, grad,
+               None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()),
+               None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()))  # fmt: skip
+    except (AttributeError, TypeError):
+        return _torch.layer_norm(input, normalized_shape, weight, bias, eps)
+    tensors: tuple[Any, ...] = (input,)
+    if weight is not None:
+        tensors += (weight,)
+    if bias is not None:
+        tensors += (bias,)
+    entry = TABLE.get(key)
+    if entry is not None:
+        return entry(tensors)
+    names = tuple(n for n, t in (("input", input), ("weight", weight), ("bias", bias)) if t is not None)
+
+    def fallback(*given: Any) -> Any:
+        parts = dict(zip(names, given, strict=True))
+        return _torch.layer_norm(parts["input"], normalized_shape, parts.get("weight"), parts.get("bias"), eps)
+
+    return _first_call(
+        "layer_norm", key, names, tensors,
+        lambda: _specs.layer_norm(geo("input", input), normalized_shape, _geo_or_none("weight", weight), _geo_or_none("bias", bias), eps),
+        fallback, grad,
+    )  # fmt: skip
+
+
+def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> Any:
+    """torch.nn.functional.rms_norm; eps None is torch.finfo(input.dtype).eps,
+    as torch documents it."""
+    shape = _hashable(normalized_shape)
+    try:
+        grad = _grad_on() and (input.requires_grad or (weight is not None and weight.requires_grad))
+        key = ("rms_norm", input.shape, input.stride(), input.dtype, input.get_device(), shape, eps, grad,
+               None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()))  # fmt: skip
+    except (AttributeError, TypeError):
+        return _torch.rms_norm(input, normalized_shape, weight, eps)
+    tensors = (input,) if weight is None else (input, weight)
+    entry = TABLE.get(key)
+    if entry is not None:
+        return entry(tensors)
+
+    def fallback(x: Any, w: Any = None) -> Any:
+        return _torch.rms_norm(x, normalized_shape, w, eps)
+
+    return _first_call(
+        "rms_norm", key, ("input", "weight")[: len(tensors)], tensors,
+        lambda: _specs.rms_norm(geo("input", input), normalized_shape, _geo_or_none("weight", weight), eps), fallback, grad,
+    )  # fmt: skip
+
+
+def _geo_or_none(name: str, tensor: Any) -> Any:
+    return None if tensor is None else geo(name, tensor)
+
+
+def _signature(t: Any) -> Hashable:
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad)
+
+
+def scaled_dot_product_attention(
+    query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+    enable_gqa: bool = False, *, seq_len_q: Any = None, seq_len_kv: Any = None, sliding_window: int | None = None, alibi: bool = False,
+) -> Any:  # fmt: skip
+    """torch.nn.functional.scaled_dot_product_attention, query/key/value of 4
+    dims [batch, heads, sequence, head dim] (any strides: BHSD or a BSHD
+    view), plus what torch lacks (keyword-only):
+
+    - `seq_len_q`, `seq_len_kv`: int32 tensors of one length per sequence
+      (padding): keys past a sequence's length are masked; rows past its
+      query length are unspecified (cuDNN leaves them);
+    - `sliding_window`: query i attends to keys j with i - window < j;
+    - `alibi`: cuDNN's ALiBi bias (slope of head h times key - query
+      position), with `is_causal=True`.
+
+    `attn_mask` as torch takes it; a float mask is cuDNN's bias (dims
+    broadcasting to [batch, heads, queries, keys] over batch and heads; a
+    boolean mask runs torch). Dropout runs torch."""
+    try:
+        grad = _grad_on() and (query.requires_grad or key.requires_grad or value.requires_grad or (attn_mask is not None and attn_mask.requires_grad))
+        geometry = ("sdpa", query.shape, query.stride(), query.dtype, query.get_device(), key.shape, key.stride(), key.dtype, key.get_device(),
+                    value.shape, value.stride(), value.dtype, value.get_device(), _signature(attn_mask), _signature(seq_len_q), _signature(seq_len_kv),
+                    dropout_p, is_causal, scale, enable_gqa, sliding_window, alibi, grad)  # fmt: skip
+    except (AttributeError, TypeError):
+        return _torch.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if attn_mask is None and seq_len_q is None and seq_len_kv is None:
+        tensors: tuple[Any, ...] = (query, key, value)
+    else:
+        tensors = tuple(t for t in (query, key, value, attn_mask, seq_len_q, seq_len_kv) if t is not None)
+    entry = TABLE.get(geometry)
+    if entry is not None:
+        return entry(tensors)
+    if alibi and not is_causal:
+        raise InvalidRequest("scaled_dot_product_attention: alibi=True needs is_causal=True (cuDNN's ALiBi masks keys after the query)")
+    if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1):
+        raise InvalidRequest(f"scaled_dot_product_attention: sliding_window must be a positive int, got {sliding_window!r}")
+    names = tuple(n for n, t in zip(("query", "key", "value", "attn_mask", "seq_len_q", "seq_len_kv"), (query, key, value, attn_mask, seq_len_q, seq_len_kv), strict=True) if t is not None)
+
+    def fallback(*given: Any) -> Any:
+        parts = dict(zip(names, given, strict=True))
+        return _torch.scaled_dot_product_attention(
+            parts["query"], parts["key"], parts["value"], parts.get("attn_mask"), dropout_p, is_causal, scale, enable_gqa,
+            seq_len_q=parts.get("seq_len_q"), seq_len_kv=parts.get("seq_len_kv"), sliding_window=sliding_window, alibi=alibi,
+        )  # fmt: skip
+
+    def request() -> _specs.Request:
+        return _specs.sdpa(
+            geo("query", query), geo("key", key), geo("value", value), _geo_or_none("attn_mask", attn_mask), _geo_or_none("seq_len_q", seq_len_q),
+            _geo_or_none("seq_len_kv", seq_len_kv), dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+            window=sliding_window, alibi=alibi,
+        )  # fmt: skip
+
+    return _first_call("scaled_dot_product_attention", geometry, names, tensors, request, fallback, grad)
+
+
+def paged_decode_attention(
+    query: Any, key_cache: Any, value_cache: Any, page_table: Any, seq_lens: Any, *, scale: float | None = None,
+    max_seq_len: int | None = None, value_page_table: Any = None,
+) -> Any:  # fmt: skip
+    """One decode step of attention over a paged KV cache.
+
+    query [batch, heads, 1, head_dim]; key_cache and value_cache page pools
+    [pages, kv_heads, page_size, head_dim] (kv_heads dividing heads:
+    grouped-query attention); page_table [batch, pages per sequence] int32,
+    the pages of each sequence in order (value_page_table: another table for
+    the values, default the same); seq_lens [batch] int32, each sequence's
+    length in tokens (the new token included). `scale` defaults to
+    1/sqrt(head_dim); `max_seq_len` (the longest length a call may carry)
+    defaults to pages per sequence x page size. Returns [batch, heads, 1, head_dim]."""
+    v_table = page_table if value_page_table is None else value_page_table
+    try:
+        grad = _grad_on() and (query.requires_grad or key_cache.requires_grad or value_cache.requires_grad)
+        geometry = ("paged_decode", query.shape, query.stride(), query.dtype, query.get_device(), key_cache.shape, key_cache.stride(), key_cache.dtype,
+                    key_cache.get_device(), value_cache.shape, value_cache.stride(), value_cache.dtype, value_cache.get_device(), _signature(page_table),
+                    _signature(v_table), _signature(seq_lens), scale, max_seq_len, grad)  # fmt: skip
+    except (AttributeError, TypeError) as e:
+        raise InvalidRequest(f"paged_decode_attention: every tensor argument must be a tensor ({e})") from None
+    tensors = (query, key_cache, value_cache, page_table, v_table, seq_lens)
+    entry = TABLE.get(geometry)
+    if entry is not None:
+        return entry(tensors)
+
+    def fallback(q: Any, kc: Any, vc: Any, table: Any, vtable: Any, lengths: Any) -> Any:
+        return _torch.paged_decode_attention(q, kc, vc, table, lengths, scale=scale, max_seq_len=max_seq_len, value_page_table=vtable)
+
+    def request() -> _specs.Request:
+        return _specs.paged_decode(
+            geo("query", query), geo("key_cache", key_cache), geo("value_cache", value_cache), geo("page_table", page_table),
+            geo("value_page_table", v_table), geo("seq_lens", seq_lens), scale=scale, max_seq_len=max_seq_len,
+        )  # fmt: skip
+
+    names = ("query", "key_cache", "value_cache", "page_table", "value_page_table", "seq_lens")
+    return _first_call("paged_decode_attention", geometry, names, tensors, request, fallback, grad)

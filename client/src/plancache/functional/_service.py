@@ -1,0 +1,174 @@
+"""The plancache service the two no-spec front doors ask: `plancache.cudnn`
+(frontend programs, one line changed) and `plancache.functional` (torch-style
+functions). One process talks to one service, so both read one setting:
+
+    plancache.functional.configure("plancache.internal:50051")   # or a Client
+    # or, with no code at all: PLANCACHE_SERVER=host:port
+
+`plancache.cudnn.configure` is the same function. Without either, nothing is
+asked: frontend graphs build locally and functions run torch's own code,
+which is what the program did before (logged once).
+
+Why a failure here is never raised to the program: these front doors
+promise that the program's own code path still works when the service
+cannot serve; the caller gets what it would have had without plancache, and
+the reason is logged once (`Once`) and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from plancache.client import Client
+from plancache.errors import (
+    CompileFailed,
+    CompileTimeout,
+    InvalidRequest,
+    PlanCacheError,
+    ResourceExhausted,
+    SpecError,
+    TargetUnavailable,
+    Unavailable,
+)
+from plancache.options import CompileOptions
+from plancache.plan import Plan
+from plancache.spec import GraphSpec
+from plancache.target import Target
+
+SERVER_ENV = "PLANCACHE_SERVER"
+# Errors that may pass (a server restarting, a worker joining): worth asking again later.
+TRANSIENT: tuple[type[PlanCacheError], ...] = (Unavailable, TargetUnavailable, CompileTimeout, ResourceExhausted)
+# Errors about one graph, not about the service: reported per graph, not once for all.
+ABOUT_THE_GRAPH: tuple[type[PlanCacheError], ...] = (SpecError, CompileFailed, InvalidRequest)
+
+
+class NotConfigured(Unavailable):
+    """No server was given: neither configure() nor PLANCACHE_SERVER."""
+
+
+class Service:
+    """Which client, target and options the front doors compile with."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._client: Client | None = None
+        self._owned = False  # a client made here from an address is closed here
+        self._target: Target | None = None
+        self._detected: dict[int, Target] = {}
+        self.options: CompileOptions | None = None
+        self.timeout: float | None = None
+        self._from_env = True
+
+    def configure(
+        self,
+        client: Client | str | None = None,
+        *,
+        target: Target | str | None = None,
+        options: CompileOptions | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """`client`: a Client, or "host:port" (a Client with the default disk
+        cache and PLANCACHE_TRUSTED_KEYS is made and owned), or None: read
+        PLANCACHE_SERVER again on next use. `target`: what to compile for
+        (default: the GPU the call runs on). `options`: CompileOptions (the
+        frontend shim keeps the heuristic modes, workspace limit and
+        behavior-note filters a program sets). `timeout`: seconds a first
+        call may wait for a build (default: the client's compile timeout)."""
+        made = Client(client) if isinstance(client, str) else client
+        with self._lock:
+            self._close_owned()
+            self._client, self._owned, self._from_env = made, isinstance(client, str), client is None
+            self._target = Target.parse(target) if isinstance(target, str) else target
+            self.options, self.timeout = options, timeout
+
+    def client(self) -> Client:
+        """The configured client, or one made from PLANCACHE_SERVER; NotConfigured otherwise."""
+        with self._lock:
+            if self._client is None and self._from_env:
+                address = os.environ.get(SERVER_ENV, "").strip()
+                if address:
+                    self._client, self._owned = Client(address), True
+            if self._client is None:
+                raise NotConfigured(f"no plancache server configured: set {SERVER_ENV}=host:port or call plancache.functional.configure(client)")
+            return self._client
+
+    def target_for(self, device: int) -> Target:
+        """The configured target, else the one of GPU `device` (detected once)."""
+        if self._target is not None:
+            return self._target
+        found = self._detected.get(device)
+        if found is None:
+            from plancache.gpu import detect_target
+
+            found = self._detected[device] = detect_target(device)
+        return found
+
+    def compile(self, spec: GraphSpec, device: int, options: CompileOptions | None = None) -> Plan:
+        """The plan for `spec` on GPU `device`: disk cache, then the server.
+        Every error is a PlanCacheError (the client's, or NotConfigured)."""
+        client = self.client()
+        return client.compile(spec, self.target_for(device), options or self.options, timeout=self.timeout)
+
+    def reset(self) -> None:
+        """Back to the start: no client, PLANCACHE_SERVER read on next use."""
+        self.configure(None)
+
+    def _close_owned(self) -> None:
+        if self._client is not None and self._owned:
+            self._client.close()
+
+
+def reason_key(error: PlanCacheError) -> str:
+    """What "the same reason" means for logging once: the class for the
+    service's failures (a server down is one reason however many graphs
+    meet it), the class and message for a graph's own (each graph says why)."""
+    if isinstance(error, ABOUT_THE_GRAPH):
+        return f"{type(error).__name__}: {error.message}"
+    return type(error).__name__
+
+
+def describe(error: PlanCacheError) -> str:
+    return f"{type(error).__name__}: {error.message}"
+
+
+class Once:
+    """Log a message the first time its key is seen (bounded: a process
+    meeting endlessly many geometries forgets old keys rather than memory)."""
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, logger: logging.Logger, key: str, message: str, *args: Any, level: int = logging.WARNING) -> bool:
+        with self._lock:
+            if key in self._seen:
+                return False
+            if len(self._seen) >= self.LIMIT:
+                self._seen.clear()
+            self._seen.add(key)
+        logger.log(level, message, *args)
+        return True
+
+    def forget(self) -> None:
+        with self._lock:
+            self._seen.clear()
+
+
+SERVICE = Service()
+
+
+def configure(
+    client: Client | str | None = None,
+    *,
+    target: Target | str | None = None,
+    options: CompileOptions | None = None,
+    timeout: float | None = None,
+) -> None:
+    """Set the plancache service of this process (see Service.configure);
+    `plancache.cudnn.configure` and `plancache.functional.configure` are this."""
+    SERVICE.configure(client, target=target, options=options, timeout=timeout)

@@ -1,0 +1,201 @@
+"""The per-process table of geometries and what runs each.
+
+A function's first call of a geometry (shapes, strides, dtypes, device,
+options: the key) gets its plan from plancache and leaves a `Served` entry;
+a geometry cuDNN does not run leaves a `Fallback` (torch's function). Later
+calls are a dict lookup and the entry's call. The table is a bounded LRU.
+
+Why `Served` does not go through `plan.bind()`: a bound call checks each
+new tensor's shape, strides, dtype and device, and takes only tensors of the
+plan's own geometry, so a linear's 2-D weight would need a [1, k, n] view
+made per call. Both cost more than the 20 % of the frontend's execute a
+call may add; the geometry key has already proved every one of those
+checks, and cuDNN reads addresses only. So a call packs the caller's tensors
+by uid and runs the deserialized plan with the thread's handle, on the
+current stream, with the shared workspace of that stream (plancache.execution,
+as a bound plan does).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from plancache.execution import handle_state, process
+from plancache.functional import _torch
+from plancache.functional._specs import Request
+from plancache.plan import Plan
+
+log = logging.getLogger("plancache.functional")
+
+DEFAULT_MAX_GEOMETRIES = 512
+# A geometry left to torch because the service could not be reached is asked for again after this.
+RETRY_AFTER_S = 60.0
+
+_ident = threading.get_ident
+
+
+@dataclass
+class Counts:
+    """One function's calls: run by a plancache plan, or by torch."""
+
+    cudnn: int = 0
+    torch: int = 0
+    geometries: int = 0
+    torch_geometries: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)  # why geometries went to torch
+
+
+COUNTS: dict[str, Counts] = {}
+
+
+def counts(function: str) -> Counts:
+    found = COUNTS.get(function)
+    if found is None:
+        found = COUNTS.setdefault(function, Counts())
+    return found
+
+
+class Launcher:
+    """One plan on one thread's handle for one device: `launcher(pack)`."""
+
+    __slots__ = ("_device", "_execute", "_handle", "_need", "_on_device", "_pool", "_slot", "_state", "_stream", "_stream_of", "_where")
+
+    def __init__(self, plan: Plan, device: int) -> None:
+        ops = _torch.ops()
+        proc = process()
+        with ops.on_device(device):
+            self._state = handle_state(device)
+            self._execute = plan.load(self._state.handle).execute
+        self._handle = self._state.handle
+        self._device, self._need, self._pool = device, plan.metadata.workspace_size, proc.workspaces
+        self._stream_of = proc.runtime.stream_getter()
+        self._stream = self._stream_of(device)
+        self._slot = self._pool.slot(device, self._stream, self._need)
+        self._where, self._on_device = ops.current_device(), ops.on_device
+
+    def __call__(self, pack: dict[int, Any]) -> None:
+        if self._where() != self._device:  # torch runs a tensor's op on its device whatever is current; so must this
+            with self._on_device(self._device):
+                self(pack)
+            return
+        stream = self._stream_of(self._device)
+        if stream != self._stream:
+            self._stream, self._slot = stream, self._pool.slot(self._device, stream, self._need)
+        if self._state.stream != stream:
+            self._state.use(stream)
+        self._execute(pack, self._slot.buffer, handle=self._handle)
+
+
+class Served:
+    """A geometry plancache serves: its plan, and how a call binds to it."""
+
+    __slots__ = ("_alloc", "_constants", "_counts", "_device", "_launchers", "_out", "_uids", "plan", "request", "used")
+
+    def __init__(self, request: Request, plan: Plan, device: int) -> None:
+        ops = _torch.ops()
+        self.request, self.plan, self._device, self.used = request, plan, device, 0
+        self._uids, self._out = request.inputs, request.output
+        self._alloc = ops.allocator(request.out_shape, request.out_stride, request.out_dtype, device)
+        self._constants = {c.uid: ops.constant(c, device) for c in request.constants}
+        self._launchers: dict[int, Launcher] = {}
+        self._counts = counts(request.function)
+
+    def __call__(self, tensors: tuple[Any, ...]) -> Any:
+        launcher = self._launchers.get(_ident())
+        if launcher is None:
+            launcher = self._launchers[_ident()] = Launcher(self.plan, self._device)
+        out = self._alloc()
+        pack = dict(zip(self._uids, tensors))  # noqa: B905 - as many by construction (the request's inputs)
+        if self._constants:
+            pack.update(self._constants)
+        pack[self._out] = out
+        launcher(pack)
+        self._counts.cudnn += 1
+        return out
+
+
+class Fallback:
+    """A geometry torch runs: `fn(*tensors)`, the call's options bound. One
+    left to torch for a reason that may pass (the service unreachable)
+    leaves the table when RETRY_AFTER_S has passed: the next call asks again."""
+
+    __slots__ = ("_counts", "_fn", "expires", "function", "key", "reason", "used")
+
+    def __init__(self, function: str, key: Hashable, fn: Callable[..., Any], reason: str, transient: bool) -> None:
+        self.function, self.key, self._fn, self.reason, self._counts, self.used = function, key, fn, reason, counts(function), 0
+        self.expires = time.monotonic() + RETRY_AFTER_S if transient else None
+
+    def __call__(self, tensors: tuple[Any, ...]) -> Any:
+        if self.expires is not None and time.monotonic() > self.expires:
+            TABLE.discard(self.key, self)
+        result = self._fn(*tensors)
+        self._counts.torch += 1
+        return result
+
+
+Entry = Served | Fallback
+
+
+class GeometryTable:
+    """geometry key -> entry, least recently used out first past `max_entries`.
+
+    A hit stamps the entry with a tick (one hash of the key per call: an
+    OrderedDict's move_to_end would hash it again); the rare put past the
+    bound evicts the least recently stamped."""
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_GEOMETRIES) -> None:
+        self.max_entries = max_entries
+        self._entries: dict[Hashable, Entry] = {}
+        self._ticks = itertools.count(1)
+        self._lock = threading.Lock()
+        self.evicted = 0
+
+    def get(self, key: Hashable) -> Entry | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.used = next(self._ticks)
+        return entry
+
+    def put(self, key: Hashable, entry: Entry) -> None:
+        with self._lock:
+            entry.used = next(self._ticks)
+            self._entries[key] = entry
+            self._evict(self.max_entries)
+
+    def discard(self, key: Hashable, entry: Entry) -> None:
+        with self._lock:
+            if self._entries.get(key) is entry:
+                del self._entries[key]
+
+    def resize(self, max_entries: int) -> None:
+        with self._lock:
+            self.max_entries = max_entries
+            self._evict(max_entries)
+
+    def _evict(self, bound: int) -> None:
+        excess = len(self._entries) - bound
+        if excess > 0:
+            for key, _ in sorted(self._entries.items(), key=lambda item: item[1].used)[:excess]:
+                del self._entries[key]
+            self.evicted += excess
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def entries(self) -> list[tuple[Hashable, Entry]]:
+        """Least recently used first."""
+        with self._lock:
+            return sorted(self._entries.items(), key=lambda item: item[1].used)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+TABLE = GeometryTable()

@@ -1,0 +1,157 @@
+"""STAND-INS for CPU tests of plancache.cudnn and plancache.functional (never
+used by the product): a plancache client that answers from memory, tensors
+that carry only geometry (printing their dtype as torch does), the tensor
+operations a served call makes, and the served graph of the frontend shim.
+The numerics are GPU tests (tests/gpu/test_gpu_frontend_shim.py,
+tests/gpu/test_gpu_functional.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from plancache import CompileOptions, GraphSpec, Plan, PlanCacheError, Target
+from plancache.answers import Asked
+from plancache.canonical import hash_normalized
+from plancache.layouts import row_major
+from plancache.validation import normalize
+from plancache_server.compiler.base import CompiledPlan
+from plancache_server.worker import VerifiedJob, plan_metadata
+from tests.support.fake_gpu import FakeDevice
+
+TARGET = Target("sm_90", 91900, "1.32.0", "StandIn GPU", 132)
+_addresses = itertools.count(0x10000, 0x1000)
+
+
+def key_of(spec: GraphSpec, target: Target = TARGET, options: CompileOptions | None = None) -> str:
+    """The plan key a client asks for (plancache.answers, as Client.compile computes it)."""
+    return Asked.query(hash_normalized(normalize(spec)), target, options or CompileOptions()).key
+
+
+def plan_for(spec: GraphSpec, target: Target = TARGET, options: CompileOptions | None = None, source: str = "compiled", workspace: int = 256) -> Plan:
+    """A plan answering `spec` with a made-up blob, its metadata as a worker writes it (plancache_server.worker)."""
+    normalized, opts = normalize(spec), options or CompileOptions()
+    blob = b"standin-plan:" + hash_normalized(normalized).encode()
+    compiled = CompiledPlan(blob, workspace, 0, {}, "standin", is_python_engine=False)
+    metadata = plan_metadata(VerifiedJob(key_of(spec, target, opts), normalized, target, opts), compiled, "standin-worker", target.to_proto())
+    metadata.blob_sha256 = hashlib.sha256(blob).hexdigest()
+    return Plan(blob, metadata, source)
+
+
+@dataclass
+class StandInClient:
+    """A plancache.Client stand-in: `compile` records what it was asked and
+    answers with a plan for the spec, or raises `error`."""
+
+    error: PlanCacheError | None = None
+    source: str = "compiled"
+    asked: list[tuple[GraphSpec, Target, CompileOptions]] = field(default_factory=list)
+
+    def compile(self, spec: GraphSpec, target: Target | str | None = None, options: CompileOptions | None = None, *, timeout: float | None = None) -> Plan:
+        assert isinstance(target, Target)
+        self.asked.append((spec, target, options or CompileOptions()))
+        if self.error is not None:
+            raise self.error
+        return plan_for(spec, target, options, self.source)
+
+    def close(self) -> None:
+        pass
+
+
+# ---- tensors ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StandInDtype:
+    name: str  # torch's name: float16, bfloat16, float32, int32, bool
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+
+DTYPES = {n: StandInDtype(n) for n in ("float16", "bfloat16", "float32", "float64", "int32", "int64", "bool")}
+
+
+class StandInTensor:
+    """Geometry only: shape, stride(), dtype, device, get_device(), requires_grad."""
+
+    def __init__(self, shape: tuple[int, ...], stride: tuple[int, ...] | None = None, dtype: str = "float16", device: str = "cuda:0", requires_grad: bool = False) -> None:
+        self.shape = tuple(shape)
+        self._stride = tuple(stride) if stride is not None else row_major(self.shape)
+        self.dtype = DTYPES[dtype]
+        kind, _, index = device.partition(":")
+        self.device = FakeDevice(kind, int(index) if index else None)
+        self.requires_grad = requires_grad
+        self.value: float | None = None  # a constant's fill
+        self._ptr = next(_addresses)
+
+    def stride(self) -> tuple[int, ...]:
+        return self._stride
+
+    def get_device(self) -> int:
+        return -1 if self.device.type == "cpu" else (self.device.index or 0)
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    def __repr__(self) -> str:
+        return f"StandInTensor({self.shape}, {self._stride}, {self.dtype}, {self.device})"
+
+
+_TORCH_NAMES = {"half": "float16", "bfloat16": "bfloat16", "float": "float32", "int32": "int32"}
+
+
+class StandInOps:
+    """plancache.functional's tensor operations (outputs, constants, device) on stand-in tensors."""
+
+    def __init__(self) -> None:
+        self.outputs: list[StandInTensor] = []
+        self.constants: list[StandInTensor] = []
+        self.device = 0
+
+    def allocator(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: str, device: int) -> Callable[[], Any]:
+        def make() -> StandInTensor:
+            out = StandInTensor(shape, stride, _TORCH_NAMES[dtype], f"cuda:{device}")
+            self.outputs.append(out)
+            return out
+
+        return make
+
+    def constant(self, constant: Any, device: int) -> Any:
+        t = StandInTensor(constant.shape, None, _TORCH_NAMES[constant.dtype], "cpu" if constant.on_host else f"cuda:{device}")
+        t.value = constant.value
+        self.constants.append(t)
+        return t
+
+    def current_device(self) -> Callable[[], int]:
+        return lambda: self.device
+
+    @contextlib.contextmanager
+    def on_device(self, device: int) -> Iterator[None]:
+        previous, self.device = self.device, device
+        try:
+            yield
+        finally:
+            self.device = previous
+
+
+# ---- the frontend shim's served graph -------------------------------------------------
+
+
+@dataclass
+class StandInServedGraph:
+    """What plancache.cudnn deserializes a served plan into, recording its calls."""
+
+    blob: bytes
+    workspace: int = 4096
+    executed: list[tuple[dict[Any, Any], Any, Any]] = field(default_factory=list)
+
+    def execute(self, pack: Any, workspace: Any = None, handle: Any = None, *args: Any, **kwargs: Any) -> None:
+        self.executed.append((dict(pack), workspace, handle))
+
+    def get_workspace_size(self, *args: Any, **kwargs: Any) -> int:
+        return self.workspace

@@ -1,0 +1,294 @@
+"""plancache.cudnn without a GPU: the real frontend's IR builds the graphs
+(its validate() and plan calls need a GPU, so the tests put recorders in
+their place on the frontend's class), a stand-in client answers
+(tests/support/frontdoor_standins.py), and a stand-in graph takes the served
+plan. What is checked: the spec and key a program's graph asks for, the
+deferred plan calls and their replay when the graph builds locally, the
+program's pack reaching the served plan by uid, the reasons logged once,
+and that a plan failing verification is never loaded. The numerics are
+tests/gpu/test_gpu_frontend_shim.py."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from examples.generate import matmul_fp16
+from plancache import CompileFailed, CompileOptions, GraphSpec, IntegrityError, Unavailable, UntrustedPlan
+from plancache.functional._service import SERVICE
+from tests.support.frontdoor_standins import TARGET, StandInClient, StandInServedGraph, key_of
+
+frontend = pytest.importorskip("cudnn", reason="needs the cuDNN frontend's Python IR (nvidia-cudnn-frontend)")
+shim = pytest.importorskip("plancache.cudnn")
+
+HALF, FLOAT = frontend.data_type.HALF, frontend.data_type.FLOAT
+
+
+class Recorder:
+    """The frontend's GPU-only calls, recorded in order (the local build)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.loaded: list[Any] = []
+        cls = frontend.pygraph
+        monkeypatch.setattr(cls, "validate", self._record("validate", lambda g: setattr(g, "_is_validated", True)))
+        monkeypatch.setattr(cls, "build_operation_graph", self._record("build_operation_graph"))
+        for name in ("create_execution_plans", "check_support", "build_plans", "get_execution_plan_count", "execute"):
+            monkeypatch.setattr(cls, name, self._record(name))
+        monkeypatch.setattr(shim, "_load", self._load)
+
+    def _record(self, name: str, then: Any = None) -> Any:
+        def call(g: Any, *args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, args, kwargs))
+            return then(g) if then is not None else None
+
+        return call
+
+    def _load(self, graph: Any, plan: Any) -> StandInServedGraph:
+        served = StandInServedGraph(plan.blob)
+        self.loaded.append(served)
+        return served
+
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.calls]
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    monkeypatch.setattr(shim, "_STATS", shim.Stats())
+    shim._once.forget()
+    shim._RECENT.clear()
+    return Recorder(monkeypatch)
+
+
+@pytest.fixture
+def client() -> Iterator[StandInClient]:
+    standin = StandInClient()
+    shim.configure(standin, target=TARGET)
+    yield standin
+    SERVICE.reset()
+
+
+def _row_major(shape: list[int]) -> list[int]:
+    return [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+
+
+def sdpa_graph(is_inference: bool = True) -> tuple[Any, list[Any]]:
+    """The walkthrough's section 5 graph (b4 h16 s1024 d64 causal), its tensors without uids."""
+    g = shim.pygraph(name="sdpa", io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    dims = [4, 16, 1024, 64]
+    q, k, v = (g.tensor(name=n, dim=dims, stride=_row_major(dims), data_type=HALF) for n in ("Q", "K", "V"))
+    o, stats = g.sdpa(name="sdpa", q=q, k=k, v=v, is_inference=is_inference, attn_scale=1 / math.sqrt(64), use_causal_mask=True)
+    o.set_output(True).set_data_type(HALF)
+    o.set_dim(dims).set_stride(_row_major(dims))
+    if stats is not None:
+        stats.set_output(True).set_data_type(FLOAT)
+    return g, [q, k, v, o]
+
+
+def matmul_graph() -> tuple[Any, list[Any]]:
+    """The walkthrough's section 6 graph: uids 1, 2, 3 set by the program."""
+    g = shim.pygraph(name="serializable_mm", io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    a = g.tensor(name="A", dim=[8, 256, 512], stride=_row_major([8, 256, 512]), data_type=HALF).set_uid(1)
+    b = g.tensor(name="B", dim=[8, 512, 256], stride=_row_major([8, 512, 256]), data_type=HALF).set_uid(2)
+    c = g.matmul(A=a, B=b, compute_data_type=FLOAT)
+    c.set_output(True).set_data_type(HALF).set_uid(3)
+    return g, [a, b, c]
+
+
+def build(g: Any) -> None:
+    """The walkthrough's build(g), as h200_baseline.py writes it."""
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans(frontend.build_plan_policy.ALL)
+
+
+# ---- the module ----------------------------------------------------------------------
+
+
+def test_the_module_is_the_frontend_but_for_its_pygraph() -> None:
+    for name in frontend.__all__:
+        if name not in ("pygraph", "Graph", "wrapper"):
+            assert getattr(shim, name) is getattr(frontend, name), name
+    assert issubclass(shim.pygraph, frontend.pygraph) and shim.pygraph is not frontend.pygraph
+    assert shim.sdpa_capabilities is frontend.sdpa_capabilities  # through the module's __getattr__ as well
+    assert {"configure", "stats", "graphs"} <= set(dir(shim))
+    ours = {name for name in vars(shim) if not name.startswith("__")}
+    assert {name for name in ours & set(dir(frontend)) if getattr(shim, name) is not getattr(frontend, name)} == {"pygraph"}  # nothing else shadowed
+
+
+# ---- what a graph asks for ---------------------------------------------------------------
+
+
+def test_the_walkthroughs_sdpa_asks_for_the_spec_of_its_frontend_uids(recorder: Recorder, client: StandInClient) -> None:
+    g, tensors = sdpa_graph()
+    assert [t.uid for t in tensors] == [1, 2, 3, 4]  # the IR's own, in creation order
+    build(g)
+    ((spec, target, options),) = client.asked
+    hand = GraphSpec(io_data_type="half")
+    q, k, v = (hand.tensor([4, 16, 1024, 64], name=n, uid=u) for n, u in (("q", 1), ("k", 2), ("v", 3)))
+    o, _ = hand.sdpa(q, k, v, attn_scale=0.125, use_causal_mask=True)
+    assert o is not None
+    o.set_output(True).set_uid(4)
+    assert spec.spec_hash() == hand.spec_hash()  # is_inference=True is the catalog's generate_stats=False
+    assert target == TARGET and options == CompileOptions(heuristic_modes=("A", "FALLBACK"))
+    assert g.plancache.plan.key == key_of(hand, TARGET, options) and g.plancache.source == "compiled"
+
+
+def test_the_walkthroughs_matmul_is_the_example_plan(recorder: Recorder, client: StandInClient) -> None:
+    g, _ = matmul_graph()
+    build(g)
+    assert client.asked[0][0].spec_hash() == matmul_fp16().spec_hash()
+
+
+def test_training_sdpa_asks_for_its_stats(recorder: Recorder, client: StandInClient) -> None:
+    g, _ = sdpa_graph(is_inference=False)
+    build(g)
+    (node,) = client.asked[0][0].nodes
+    assert node.attributes["generate_stats"] is True and set(node.outputs) == {"O", "Stats"}
+
+
+def test_torch_dtypes_given_as_data_types_are_captured() -> None:
+    class TorchDtype:  # what `data_type=x.dtype` hands the IR: no cudnn enum name
+        def __str__(self) -> str:
+            return "torch.bfloat16"
+
+    g = shim.pygraph(intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    a = g.tensor(name="A", dim=[1, 64, 32], stride=[2048, 32, 1], data_type=TorchDtype())
+    b = g.tensor(name="B", dim=[1, 32, 16], stride=[512, 16, 1], data_type=TorchDtype())
+    g.matmul(A=a, B=b).set_output(True).set_data_type(TorchDtype())
+    spec = shim.capture(g)
+    assert {t.data_type for t in spec.tensors if not t.is_virtual} == {"bfloat16"}
+
+
+def test_the_programs_plan_options_are_the_plans_options(recorder: Recorder, client: StandInClient) -> None:
+    g, _ = matmul_graph()
+    g.deselect_workspace_greater_than(1 << 20)
+    g.deselect_behavior_notes([frontend.behavior_note.RUNTIME_COMPILATION])
+    g.build([frontend.heur_mode.A])
+    options = client.asked[0][2]
+    assert options == CompileOptions(heuristic_modes=("A",), workspace_limit=1 << 20, excluded_behavior_notes=("RUNTIME_COMPILATION",))
+    assert g.plancache.plan.key == key_of(matmul_fp16(), TARGET, options)
+
+
+# ---- a served graph ------------------------------------------------------------------------
+
+
+def test_a_served_graph_runs_the_programs_pack_by_uid(recorder: Recorder, client: StandInClient) -> None:
+    g, (q, k, _, _) = sdpa_graph()
+    build(g)
+    assert "create_execution_plans" not in recorder.names() and "build_plans" not in recorder.names()  # deferred, then needless
+    (served,) = recorder.loaded
+    assert g.get_workspace_size() == served.workspace
+    g.execute({q: "q", k: "k", "V": "v", 4: "o"}, "ws")  # tensor handles, a name, a uid
+    assert served.executed == [({1: "q", 2: "k", 3: "v", 4: "o"}, "ws", None)]
+    assert g.serialize(as_bytes=True) == g.plancache.plan.blob and bytes(g.serialize()) == g.plancache.plan.blob
+    assert shim.stats().served == 1 and shim.graphs()[-1] is g.plancache
+
+
+def test_a_first_execute_without_a_build_asks_plancache(recorder: Recorder, client: StandInClient) -> None:
+    g, (a, b, c) = matmul_graph()
+    g.execute({a: 1, b: 2, c: 3}, "ws")
+    assert len(client.asked) == 1 and recorder.loaded[0].executed == [({1: 1, 2: 2, 3: 3}, "ws", None)]
+    assert "execute" not in recorder.names()
+
+
+# ---- local builds ------------------------------------------------------------------------------
+
+
+def test_with_the_server_down_graphs_build_locally_as_the_program_would_and_it_is_logged_once(
+    recorder: Recorder, client: StandInClient, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    client.error = Unavailable("failed to connect to all addresses")
+    caplog.set_level(logging.INFO, logger="plancache.cudnn")
+    for make in (sdpa_graph, matmul_graph):
+        g, _ = make()
+        build(g)
+        assert g.plancache.source == "local" and g.plancache.reason == "Unavailable: failed to connect to all addresses"
+    plan_calls = [(n, a) for n, a, _ in recorder.calls if n in ("create_execution_plans", "check_support", "build_plans")]
+    heuristics = [frontend.heur_mode.A, frontend.heur_mode.FALLBACK]
+    expected = [("create_execution_plans", (heuristics,)), ("check_support", ()), ("build_plans", (frontend.build_plan_policy.ALL,))]
+    assert plan_calls == expected * 2  # the program's own calls, in its order, with its arguments
+    assert not recorder.loaded
+    assert [r.getMessage() for r in caplog.records] == ["plancache.cudnn: graphs built locally: Unavailable: failed to connect to all addresses"]
+    assert shim.stats().local == 2
+
+
+def test_without_a_server_graphs_build_locally(recorder: Recorder, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv("PLANCACHE_SERVER", raising=False)
+    SERVICE.reset()
+    g, _ = matmul_graph()
+    build(g)
+    assert g.plancache.reason.startswith("NotConfigured: no plancache server configured")
+    assert recorder.names().count("build_plans") == 1 and len(caplog.records) == 1
+
+
+@pytest.mark.parametrize("error", [UntrustedPlan("plan k1: signed by an unknown key", signer="abc", unknown_key=True), IntegrityError("blob sha256 mismatch")])
+def test_a_plan_failing_verification_is_never_loaded(recorder: Recorder, client: StandInClient, error: Exception) -> None:
+    client.error = error  # type: ignore[assignment]
+    g, _ = matmul_graph()
+    build(g)
+    assert not recorder.loaded and g.plancache.plan is None and g.plancache.source == "local"
+    assert recorder.names().count("build_plans") == 1
+
+
+def test_a_graph_the_capture_does_not_cover_builds_locally_naming_why(recorder: Recorder, client: StandInClient, caplog: pytest.LogCaptureFixture) -> None:
+    g = shim.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    x = g.tensor(name="x", dim=[4, 8, 16], stride=[128, 16, 1], data_type=HALF)
+    g.transpose(input=x, permutation=[0, 2, 1]).set_output(True)
+    build(g)
+    assert not client.asked and "TRANSPOSE has no plancache op" in g.plancache.reason
+    scalar_graph = shim.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    y = scalar_graph.tensor(name="y", dim=[4, 8, 16], stride=[128, 16, 1], data_type=HALF)
+    scalar_graph.mul(a=y, b=scalar_graph.tensor_scalar(2.0, frontend.data_type.FLOAT, name="two")).set_output(True)
+    build(scalar_graph)
+    assert "tensor_scalar" in scalar_graph.plancache.reason
+    assert len(caplog.records) == 2  # each graph's own reason
+
+
+def test_cudnns_refusal_and_a_blob_that_does_not_load_build_locally(recorder: Recorder, client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    client.error = CompileFailed("cuDNN does not support this graph on sm_90")
+    g, _ = matmul_graph()
+    build(g)
+    assert g.plancache.reason.startswith("CompileFailed")
+    client.error = None
+
+    def broken(graph: Any, plan: Any) -> Any:
+        raise RuntimeError("deserialize: wrong frontend version")
+
+    monkeypatch.setattr(shim, "_load", broken)
+    g2, _ = matmul_graph()
+    build(g2)
+    assert g2.plancache.reason == "loading the served plan failed: RuntimeError: deserialize: wrong frontend version"
+    assert recorder.names().count("build_plans") == 2
+
+
+def test_a_program_that_drives_the_plan_list_builds_locally(recorder: Recorder, client: StandInClient) -> None:
+    g, _ = matmul_graph()
+    g.validate()
+    g.create_execution_plans([frontend.heur_mode.A])
+    g.get_execution_plan_count()  # an autotuner's loop
+    assert g.plancache.reason == "the program calls get_execution_plan_count()"
+    assert recorder.names()[-2:] == ["create_execution_plans", "get_execution_plan_count"] and not client.asked
+    g.build_plans()
+    assert recorder.names()[-1] == "build_plans" and not client.asked
+
+
+def test_a_real_client_pointed_at_a_dead_port_builds_locally(recorder: Recorder) -> None:
+    from plancache import Client
+    from plancache_server.embedded_redis import free_port
+
+    with Client(f"127.0.0.1:{free_port()}", cache=False, timeout=5, compile_timeout=5) as dead:
+        shim.configure(dead, target=TARGET)
+        try:
+            g, _ = matmul_graph()
+            build(g)
+        finally:
+            SERVICE.reset()
+    assert g.plancache.reason.startswith("Unavailable") and recorder.names().count("build_plans") == 1
