@@ -48,6 +48,8 @@ from plancache_server.compiler.base import BuiltPlan, CandidateResult, Compiler,
 log = logging.getLogger(__name__)
 
 HEURISTIC, CANDIDATE = "heuristic", "candidate"
+# The CPU priority (nice) of the build processes past the first.
+CANDIDATE_NICE = 10
 # A child that fails to start is started again after this long, doubling to the cap.
 RESTART_DELAY_S, RESTART_DELAY_CAP_S = 0.5, 30.0
 CLOSE_GRACE_S = 5.0
@@ -78,14 +80,17 @@ class BuildPool(Protocol):
     @property
     def size(self) -> int: ...
 
-    def free(self) -> int:
-        """Tasks that can be submitted now (a process ready and idle)."""
+    def free(self, urgent: bool = True) -> int:
+        """Tasks that can be submitted now: `urgent` ones (a caller's
+        heuristic plan) on any idle process, others on the idle processes
+        past the first, which is kept for urgent ones."""
         ...
 
     def in_flight(self) -> int: ...
 
-    def submit(self, task: BuildTask) -> None:
-        """Start `task` on an idle process (only while free() > 0)."""
+    def submit(self, task: BuildTask, urgent: bool = True) -> None:
+        """Start `task` on an idle process it may use (only while free(urgent) > 0):
+        an urgent one on the first process when it is idle."""
         ...
 
     def results(self, timeout: float) -> list[TaskResult]:
@@ -247,14 +252,24 @@ class ProcessBuildPool:
     def pids(self) -> list[int]:
         return [c.proc.pid for c in self._children.values()]
 
-    def free(self) -> int:
-        return sum(1 for c in self._children.values() if c.ready and c.task is None)
+    def free(self, urgent: bool = True) -> int:
+        return len(self._idle(urgent))
 
     def in_flight(self) -> int:
         return sum(1 for c in self._children.values() if c.task is not None)
 
-    def submit(self, task: BuildTask) -> None:
-        child = next(c for c in self._children.values() if c.ready and c.task is None)
+    def _idle(self, urgent: bool) -> list[_Child]:
+        """Idle children a task may use, in the order it takes them: an
+        urgent task the first process first (it builds what a node would, in
+        the order a node would, so its warm state is a node's), another one
+        the last first, never the first (when there are others)."""
+        idle = sorted((c for c in self._children.values() if c.ready and c.task is None), key=lambda c: c.slot)
+        if urgent:
+            return idle
+        return [c for c in reversed(idle) if c.slot != 0 or self._size == 1]
+
+    def submit(self, task: BuildTask, urgent: bool = True) -> None:
+        child = self._idle(urgent)[0]
         child.task, child.started = task, time.monotonic()
         try:
             assert child.proc.stdin is not None
@@ -300,7 +315,10 @@ class ProcessBuildPool:
     # ---- inside --------------------------------------------------------------------------
 
     def _spawn(self, slot: int) -> None:
-        proc = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=self._env, bufsize=0)
+        # Past the first, build processes run at a lower CPU priority: on a
+        # busy host the first one's heuristic plans (and the nodes) go first.
+        nice = ["--nice", str(CANDIDATE_NICE)] if slot and self._size > 1 else []
+        proc = subprocess.Popen([*self._command, *nice], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=self._env, bufsize=0)
         child = _Child(slot, proc)
         self._children[slot] = child
         threading.Thread(target=self._read, args=(child,), name=f"build-process-{slot}-reader", daemon=True).start()
@@ -403,15 +421,16 @@ class ThreadBuildPool:
     def size(self) -> int:
         return self.pool_size
 
-    def free(self) -> int:
+    def free(self, urgent: bool = True) -> int:
         with self._lock:
-            return self.pool_size - self._running
+            kept = 0 if urgent or self.pool_size == 1 else 1
+            return max(0, self.pool_size - kept - self._running)
 
     def in_flight(self) -> int:
         with self._lock:
             return self._running
 
-    def submit(self, task: BuildTask) -> None:
+    def submit(self, task: BuildTask, urgent: bool = True) -> None:
         with self._lock:
             self._running += 1
         self._tasks.put(task)

@@ -38,8 +38,11 @@ def main() -> int:
     parser.add_argument("--device", type=int, required=True)
     parser.add_argument("--autotune-strategy", default="screened")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much")
     args = parser.parse_args()
     end_with_parent()
+    if args.nice:
+        os.nice(args.nice)
     parent = os.getppid()
     frames = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

@@ -61,8 +61,9 @@ log = logging.getLogger(__name__)
 # How often a worker looks for jobs of dead workers.
 RECLAIM_CHECK_S = 0.5
 # How long the loop waits for a build piece to end before it looks for new
-# jobs again: the delay a new job can see while every process is busy.
-POLL_S = 0.05
+# jobs again (a non-blocking read): the delay a new job sees while pieces
+# build (GPU run 19: 50 ms of it, a few percent of a first node's graphs).
+POLL_S = 0.005
 # Tries of one piece whose build process died (a crash, the OOM killer).
 MAX_TASK_ATTEMPTS = 3
 # A finished plan is stored through a Redis blip: retried with backoff for
@@ -370,9 +371,8 @@ class Worker:
         process beyond the one kept for heuristic plans is free."""
         if self._warm is None or any(lane < Lane.WARM_HEURISTIC for lane, *_ in self._lanes):
             return
-        reserve = 1 if self._pool.size > 1 else 0
         warming = sum(1 for b in self._active.values() if b.warm is not None)
-        if self._pool.free() <= reserve or warming >= max(1, self._pool.size - reserve):
+        if not self._pool.free(urgent=False) or warming >= max(1, self._pool.size - 1):
             return
         found = self._warm.next_item()
         if found is None:
@@ -422,18 +422,24 @@ class Worker:
         heapq.heappush(self._lanes, (lane, build.seq, task.index, task.task_id, task, build))
 
     def _dispatch(self) -> None:
-        """Fill the free build processes, lowest lane first. Past the first
-        process, one is kept for heuristic builds: the next miss starts at once."""
-        reserve = 1 if self._pool.size > 1 else 0
-        while self._lanes and self._pool.free() > 0:
-            lane = self._lanes[0][0]
-            if lane != Lane.HEURISTIC and self._pool.free() <= reserve:
+        """Fill the free build processes, lowest lane first. A caller's
+        heuristic plan is urgent: it may use any process, the first one
+        first, which nothing else uses: the next miss starts at once. While
+        one builds, no other piece starts (those under way go on): building
+        side by side slowed a first node's heuristic plans by a third on the
+        H200 (GPU run 19, bench/startup.py first-compile)."""
+        while self._lanes:
+            urgent = self._lanes[0][0] == Lane.HEURISTIC
+            if not self._pool.free(urgent) or (not urgent and self._urgent_running()):
                 return
-            *_, task, build = heapq.heappop(self._lanes)
+            lane, *_, task, build = heapq.heappop(self._lanes)
             if build.key not in self._active:
                 continue  # abandoned (see _on_result)
             self._running[task.task_id] = (build, Lane(lane))
-            self._pool.submit(task)
+            self._pool.submit(task, urgent)
+
+    def _urgent_running(self) -> bool:
+        return any(lane == Lane.HEURISTIC for _, lane in self._running.values())
 
     def _on_result(self, result: TaskResult) -> None:
         entry = self._running.pop(result.task.task_id, None)

@@ -82,7 +82,8 @@ def scaled_dot_product_attention(
     torch = _torch()
     if seq_len_q is None and seq_len_kv is None and sliding_window is None and not alibi:
         gqa = {"enable_gqa": True} if enable_gqa else {}
-        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, **gqa)
+        # scale and enable_gqa are keyword-only in torch (2.11: "takes from 3 to 6 positional arguments").
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
     s_q, s_kv, heads = query.shape[-2], key.shape[-2], query.shape[-3]
     i = torch.arange(s_q, device=query.device).view(s_q, 1)
     j = torch.arange(s_kv, device=query.device).view(1, s_kv)
