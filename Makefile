@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: setup setup-test redis chromium node run test lint typecheck proto bench herd clean
+.PHONY: setup setup-test redis chromium node run test lint typecheck proto bench herd upgrade clean
 
 $(STAMP): client/pyproject.toml server/pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,10 @@ bench: setup
 ## Rollout herd (stand-in compiler): 1000 nodes need the same 13 new plans at once; bench/results/herd.{json,png}.
 herd: setup
 	$(PY) bench/herd.py $(ARGS)
+
+## Upgrade rehearsal (stand-in compiler): a new target's nodes against A's 500 stored specs, with and without warming; bench/results/upgrade.{json,png}.
+upgrade: setup
+	$(PY) bench/upgrade.py $(ARGS)
 
 ## Regenerate the committed gRPC stubs from proto/.
 proto: $(STAMP)

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 # Other runs of bench/herd.py kept beside herd.json, shown in its comparison table.
 # The docs/gpu-runs/ record of the start-up and autotuning figures.
-STARTUP_RUN = "2026-11-30-h200-run12.md"
+STARTUP_RUN = "2026-12-01-h200-run19.md"
 EXEC_RUN = "2026-11-30-h200-run13.md"
 HERD_EXTRA = {"asynchronous front end, nodes as equals": "herd_nodes_at_nice0.json", "asynchronous front end, 300 nodes": "herd_300_nodes.json"}
 
@@ -465,6 +465,127 @@ def herd_section(herd: dict, baseline: dict | None = None, extra: dict[str, dict
     return out
 
 
+def _secs(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.1f} s"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"
+
+
+def functional_section(fu: dict, run_record: str) -> list[str]:
+    """bench/results/functional.json (bench/functional.py)."""
+    s, d = fu["summary"], fu["decode_step"]
+    target = fu.get("targets", {}).get("over_raw", 1.2)
+    out = [
+        f"## Torch-style functions (`bench/functional.py`; [{run_record}](gpu-runs/{run_record}))\n",
+        "Host µs per call of each `plancache.functional` function after its first call (the plan found in the per-process table, "
+        "the caller's tensors packed by uid, the output allocated as torch's functions do), against the frontend's own execute of the "
+        "same plan (`raw`; `raw+alloc` with the same output allocation) and torch's own call; median of 5 interleaved samples.\n",
+        "| case | functional | raw | raw + alloc | torch | over raw | over torch |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in fu["rows"]:
+        h = r["host_us"]
+        out.append(f"| {r['case']} | {h['functional']:.1f} | {h['raw']:.1f} | {h['raw+alloc']:.1f} | {h['torch']:.1f} | {r['over_raw']:.2f}x | {r['over_torch']:.2f}x |")
+    gpu = d["gpu_ms"]
+    out += [
+        "",
+        "| measure | value | target | met |",
+        "|---|---|---|---|",
+        f"| host time per call / raw execute, median (worst) | {s['over_raw_median']:.2f}x ({s['over_raw_max']:.2f}x) | ≤ {target:g}x | {yes(s['over_raw_max'] <= target)} |",
+        f"| decode step ({d['config']['layers']} layers, batch {d['config']['batch']}, paged KV), GPU ms: functions eager / torch eager | "
+        f"{gpu['functional eager']:.2f} / {gpu['torch eager']:.2f} | no slower than torch eager | {yes(gpu['functional eager'] <= gpu['torch eager'])} |",
+        f"| the same step replayed as one CUDA graph: functions / torch | {gpu['functional captured']:.2f} / {gpu['torch captured']:.2f} ms | — | — |",
+        f"| decode step's output against torch eager ({d['dtype']}) | relative error {d['rel_err_vs_torch']:.2e} | — | — |",
+        "",
+        "![functions](../bench/results/functional.png)",
+        "",
+    ]
+    return out
+
+
+def upgrade_section(up: dict) -> list[str]:
+    """bench/results/upgrade.json (bench/upgrade.py)."""
+    c, m, s = up["config"], up["machine"], up["summary"]
+    plan = "on its own once idle for `--warm-after-idle` " + f"{c['warm_after_idle']:g} s" if c.get("plan", "auto") == "auto" else "by an operator's `Client.warm` as it appeared"
+    out = [
+        "## Upgrade rehearsal (`make upgrade`)\n",
+        f"Machine: {m['cpus']} cores, Python {m['python']}, loopback; stand-in builds, unsigned plans. A store holds {c['specs']} plans of target A with a "
+        f"Zipf hit history (s = {c['zipf']:g}, {s['source_hits']:,} hits in the current hour, rank = spec); then a worker of target B appears and a node of "
+        f"B starts every {c['node_interval']:g} s for {c['node_seconds']:g} s, each needing {c['specs_per_node']} distinct specs drawn from the same law "
+        "(one Prefetch with compile_missing; a request is a hit when its plan was stored before the node asked). A and B are the stand-in worker's two "
+        "targets, as a GPU worker serves them: A = the generic target (compute capability, cuDNN and frontend versions), B = the exact one (device and "
+        "SM count); a worker of B warming it from A's history is what a GPU host does after a first node's generic compiles, and the same code path as "
+        f"an upgrade's new versions. The run with warming lets the worker plan it {plan} (the product's default path for a new target is the "
+        "worker's own, after 30 s idle); the run without passes `--no-warm`; both are otherwise identical (same draws, fresh Redis, one front end, one "
+        f"stand-in worker with `--build-processes {c['build_processes']}`: one process kept for heuristic plans, one for candidates and warming, where "
+        f"this 2-core machine's default is 1). A spec costs {c['build_seconds']:g} s for its heuristic plan and {c['tune_seconds']:g} s for "
+        f"{c['candidates'] - 1} more candidates: {s['per_spec_build_s']:.2f} s on one process, {s['top_k_build_s']:.0f} s for the top {s['top_k']}. "
+        f"Each run ends {c['max_seconds']:g} s after the worker is up at the latest. Two small runs beside: real misses for A (a Compile of a new spec "
+        "for A) on an idle worker, then while a warm build of B is in flight (warming planned by an operator, nothing else running); and warming "
+        f"under `--store-max-mb {up['bound']['bound_mb']}` with A's plans filling most of the bound.\n",
+        "| measure | value | target | met |",
+        "|---|---|---|---|",
+    ]
+    for measure, value, target, met in up["targets"]:
+        out.append(f"| {measure} | {value} | {'—' if target == '-' else target} | {yes(met) if isinstance(met, bool) else '—'} |")
+    windows = s["hit_rate_by_window"]
+    out += ["", "Nodes' hit rate by when they started (s from the worker of B up):\n", "| nodes started | " + " | ".join(f"{t:g}–{t + 10:g} s" for t, _ in windows["with"]) + " |",
+            "|---|" + "---|" * len(windows["with"])]  # fmt: skip
+    for name, rows in windows.items():
+        out.append(f"| {name} warming | " + " | ".join(_pct(rate) for _, rate in rows) + " |")
+    status, met = up["runs"]["with"].get("warm_status") or {}, s["met"]
+    first, after = s["first_warm_build_s"], s["hit_rate_after_window"]
+    if first is None or first >= c["node_seconds"]:
+        planned = (
+            f"The worker planned it at {_secs(s['warm_started_s'])}, when it was first idle: until then"
+            if c.get("plan", "auto") == "auto"
+            else f"It was planned at {_secs(s['warm_started_s'])}, but until its first item"
+        )
+        rollout = (
+            f"- **Warming did not run during the rollout.** {planned} the worker was building the nodes' misses and autotuning them, and "
+            "warming's lanes come after a real autotuning's candidates (each of the "
+            f"nodes' misses queues {c['candidates'] - 1} candidates on the one process not kept for heuristic plans). Both runs served the same "
+            "hits; the coverage of A's hits is the nodes' own misses in both. The hit-rate target's window (warming planned + the top specs' build "
+            "time) opens after the last node started: not met, no node had a warmed plan."
+        )
+    else:
+        w, wo = after["with"] or {}, after["without"] or {}
+        rollout = (
+            f"- **Warming ran during the rollout**: planned at {_secs(s['warm_started_s'])}, its first build at {_secs(first)}; nodes started from "
+            f"{s['window_start_s']:.1f} s on hit {_pct(w.get('hit_rate'))} of their requests ({_pct(wo.get('hit_rate'))} without warming)."
+        )
+    done = [(x["t"], x["built"] + x["skipped"] + x["failed"]) for x in up["runs"]["with"]["samples"] if "built" in x]
+    moving = [d for d in done if d[1] > 0]
+    pace = (moving[-1][0] - moving[0][0]) / (moving[-1][1] - moving[0][1]) if len(moving) > 1 and moving[-1][1] > moving[0][1] else None
+    out += [
+        "",
+        "![upgrade rehearsal](../bench/results/upgrade.png)",
+        "",
+        "Reading it:",
+        rollout,
+        f"- **Warming's pace**: {status.get('built', 0)} item(s) built and {status.get('skipped', 0)} skipped as already stored by the end of the run"
+        + (f", {pace:.2f} s per item" if pace is not None else "")
+        + f" against {s['per_spec_build_s']:.2f} s for a build (a skipped one builds nothing): the worker's stream read blocks for 500 ms whenever "
+        "no build is active, and it starts one warming item per turn of its loop.",
+        "- **A real miss for A "
+        + ("is not delayed by warming**: with two build processes the heuristic plan of a miss goes to the process kept for heuristic plans while "
+           "the warm build's candidate runs on the other, so a miss with a warm build in flight took what it takes on an idle worker."
+           if met["warming_miss"] else "waited past the floor + one candidate with a warm build in flight** (see the table).")
+        + " During the rollout a miss for A waits behind the nodes' heuristic builds queued before it, with or without warming.",
+        "- **Under `--store-max-mb`** "
+        + ("warming evicted only plans it had warmed itself (each enters the store's LRU as the least recently used): A's plans and the plans of B "
+           "a node had asked for all stayed" if met["store_bound"] else "warming evicted a plan it had not warmed (see the table)")
+        + " (tests/integration/test_warming.py checks the same on the in-process stack).",
+        "",
+        "Reproduce: `make upgrade` (writes `bench/results/upgrade.json` and `.png`; about 5 minutes here); `make upgrade ARGS=\"--plan operator\"` "
+        "plans warming as the worker appears; `--node-seconds`, `--max-seconds`, `--specs`, `--zipf` scale it; `python bench/upgrade.py --quick --out DIR` "
+        "for a short run.\n",
+    ]
+    return out
+
+
 def main() -> None:
     cpu = json.loads((RESULTS / "cpu_bench.json").read_text())
     gpu = json.loads((RESULTS / "gpu_bench.json").read_text())
@@ -480,6 +601,7 @@ def main() -> None:
         *(autotune_section(json.loads((RESULTS / "autotune.json").read_text()), STARTUP_RUN) if (RESULTS / "autotune.json").exists() else []),
         *(exec_section(json.loads((RESULTS / "gpu_exec.json").read_text()), EXEC_RUN) if (RESULTS / "gpu_exec.json").exists() else []),
         *(variants_section(json.loads((RESULTS / "variants.json").read_text())) if (RESULTS / "variants.json").exists() else []),
+        *(functional_section(json.loads((RESULTS / "functional.json").read_text()), STARTUP_RUN) if (RESULTS / "functional.json").exists() else []),
         *gpu_section(gpu),
         *multi_gpu_section(mg),
         *(
@@ -491,6 +613,7 @@ def main() -> None:
             if (RESULTS / "herd.json").exists()
             else []
         ),
+        *(upgrade_section(json.loads((RESULTS / "upgrade.json").read_text())) if (RESULTS / "upgrade.json").exists() else []),
         "## Reproduce\n",
         "- CPU: `make bench` (writes `bench/results/cpu_bench.json` and `.png`); `python bench/cpu_bench.py --quick --out DIR` for a short run.",
         "- GPU: on a machine with an NVIDIA GPU, Python 3.12 and torch: `scripts/fetch-gpu-wheels.sh` (where there is internet), then "

@@ -142,3 +142,41 @@ def test_execution_benchmark_summary_and_report_render_without_a_gpu(tmp_path: P
     report({"rows": rows, "errors": {}, "summary": summary}, tmp_path)
     assert json.loads((tmp_path / "gpu_exec.json").read_text())["summary"]["memory"]["plans"] == 100
     assert (tmp_path / "gpu_exec.png").stat().st_size > 10_000
+
+
+def test_upgrade_quick_run_writes_its_json_and_plot_and_its_figures_add_up(tmp_path: Path) -> None:
+    """Not a timing test: the rehearsal runs end to end and its figures are computed from what it recorded."""
+    proc = subprocess.run([sys.executable, "bench/upgrade.py", "--quick", "--out", str(tmp_path)], cwd=REPO, env=child_env(),
+                          capture_output=True, text=True, timeout=150, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "hit rate of all node requests" in proc.stdout
+    results = json.loads((tmp_path / "upgrade.json").read_text())
+    c, s = results["config"], results["summary"]
+    assert set(results["runs"]) == {"with", "without"} and len(results["hits"]) == c["specs"] and s["source_hits"] == sum(results["hits"])
+    for name, run in results["runs"].items():
+        nodes = run["nodes"]
+        assert len(nodes) == int(c["node_seconds"] / c["node_interval"]) and all("node" in n for n in nodes), (name, nodes)
+        for n in nodes:
+            assert n["requests"] == c["specs_per_node"] == len(set(n["draws"])) and n["hits"] + n["misses"] + n["errors"] == n["requests"]
+            assert n["hit_rate"] == pytest.approx(n["hits"] / n["requests"]) and n["fetched"] + n["provisional_hits"] == n["hits"]
+        total = s["hit_rate"][name]
+        assert (total["requests"], total["hits"]) == (sum(n["requests"] for n in nodes), sum(n["hits"] for n in nodes))
+        if s["window_start_s"] is not None:
+            late = [n for n in nodes if n["start_s"] >= s["window_start_s"]]
+            assert s["hit_rate_after_window"][name]["hits"] == sum(n["hits"] for n in late)
+        coverage = [x["coverage"] for x in run["samples"]]
+        assert coverage == sorted(coverage) and coverage[0] >= 0 and coverage[-1] <= 1  # plans are only added (no bound)
+        reached = [v for v in s["coverage_s"][name].values() if v is not None]
+        assert reached == sorted(reached)
+        assert all(x["warm_coverage"] >= x["coverage"] - 1e-9 for x in run["samples"] if "warm_coverage" in x)  # read after the plans
+        assert all(m["source"] in ("compiled", "provisional") for m in run["misses"]), run["misses"]
+    status = results["runs"]["with"]["warm_status"]
+    assert status is not None and status["source_hits_24h"] == sum(results["hits"]) and status["total"] == c["specs"]
+    assert status["built"] + status["skipped"] + status["failed"] + status["remaining"] == status["total"]
+    assert results["runs"]["without"]["warm_status"] is None  # --no-warm: no plan at all
+    kinds = [m["kind"] for m in results["misses"]["misses"]]
+    assert kinds.count("idle") == c["quiet_misses"] and len(s["warming_miss_s"]) == kinds.count("warming")
+    bound = results["bound"]
+    assert bound["warm_status"] is not None and bound["stored_bytes"] > 0 and bound["a_plans"] == c["bound_specs"]
+    assert [row[0] for row in results["targets"]] and all(len(row) == 4 for row in results["targets"])
+    assert (tmp_path / "upgrade.png").stat().st_size > 10_000

@@ -332,3 +332,23 @@ def _plan(redis_url: str, top: int) -> None:
 def _status(redis_url: str) -> object:
     return Warming(redis.Redis.from_url(redis_url)).status(EXACT.id)
 
+
+
+def test_a_warmed_plan_is_evicted_first_but_kept_for_the_whole_retention(redis_client: redis.Redis) -> None:
+    """Warmed and never served: first out under the bound, yet the retention
+    counts from when it was warmed (not from the oldest served plan's use)."""
+    day = 86400.0
+    now = [1_000_000_000.0]
+    janitor = Janitor(redis_client, clock=lambda: now[0])
+    old, hot, warmed = (_key(s) for s in _specs(3))
+    for key in (old, hot, warmed):
+        redis_client.hset(keys.plan(key), mapping={"blob": b"x", "size": b"100"})
+    janitor.record_put(old, 100, None)
+    now[0] += 29.99 * day
+    janitor.record_put(hot, 100, None)
+    janitor.record_put(warmed, 100, None, warmed=True)
+    now[0] += 900  # 15 minutes later: the old plan is past 30 days unused, the warmed one 15 minutes old
+    assert janitor.expire(30 * day) == [old]
+    assert redis_client.exists(keys.plan(warmed)) and redis_client.exists(keys.plan(hot))
+    assert janitor.enforce_capacity(100) == [warmed]  # over the bound: the warmed plan goes before the served one
+    assert redis_client.exists(keys.plan(hot))

@@ -26,6 +26,9 @@ TOP_SECONDS_SAVED = f"{PREFIX}:top:seconds-saved"
 RECENT_FAILURES = f"{PREFIX}:recent-failures"
 # Sorted set: plan key -> when it was last written or served (unix seconds).
 PLAN_INDEX = f"{PREFIX}:plan-index"
+# Sorted set: plan key -> when it was warmed, for warmed plans not served yet:
+# least recently used before any served plan, kept for the retention from when warmed.
+WARMED_INDEX = f"{PREFIX}:warmed-index"
 # Hash: "<bytes|plans|evicted|expired>:<target id>" -> count (plancache_server.lifecycle).
 STORE_COUNTERS = f"{PREFIX}:store"
 # Hash: target id -> when a worker last advertised it (unix seconds): retirement.
@@ -174,7 +177,7 @@ ACL_RULES: dict[str, list[str]] = {
         "+xadd", "+xlen", "+xinfo|groups", "+zcount", "+zrangebyscore", "+hincrbyfloat", "+zincrby", "+zremrangebyrank",
         "+zrevrange", "+zmscore", "+zrem", "+lrange", "+subscribe", "+unsubscribe", "+zadd", "+hincrby", "+hget", "+hgetall",
         "+rpush", "+hlen", "+hdel", "+exists", "+zrange", "+multi", "+exec",
-        f"%R~{_PLAN}", f"~{PLAN_INDEX}", f"~{STORE_COUNTERS}", f"%R~{TARGETS_LAST_SEEN}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"%R~{_PER_PLAN['failed']}", f"~{_PER_PLAN['untrusted']}",
+        f"%R~{_PLAN}", f"~{PLAN_INDEX}", f"~{WARMED_INDEX}", f"~{STORE_COUNTERS}", f"%R~{TARGETS_LAST_SEEN}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"%R~{_PER_PLAN['failed']}", f"~{_PER_PLAN['untrusted']}",
         f"~{_JOB_STREAMS}", f"%R~{workers('*')}", f"%R~{KNOWN_TARGETS}", f"~{drain('*')}", f"~{PREFIX}:stats*", f"~{PREFIX}:top:*",
         f"%R~{RECENT_FAILURES}", f"%R~{spec_index('*')}", f"~{spec_body('*')}", f"~{plan_hits('*')}", f"~{PREFIX}:{{warm:*", f"~{WARM_TARGETS}",
         # Invalidate (an admin call) deletes plans: deleting is all it may do to them.
@@ -186,7 +189,7 @@ ACL_RULES: dict[str, list[str]] = {
         "+xgroup|create", "+xreadgroup", "+xautoclaim", "+xclaim", "+xpending", "+xack", "+xdel", "+xadd",
         "+zadd", "+zremrangebyscore", "+zrem", "+zmscore", "+exists", "+hincrby", "+hget", "+hgetall", "+zrangebyscore",
         "+smembers", "+scan", "+zrange", "+rpush", "+lpop", "+lindex", "+lrange", "+hlen", "+hdel", "+hmget", "+multi", "+exec", "+pexpire",
-        f"~{_PLAN}", f"~{PLAN_INDEX}", f"~{STORE_COUNTERS}", f"~{TARGETS_LAST_SEEN}", f"~{spec_index('*')}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
+        f"~{_PLAN}", f"~{PLAN_INDEX}", f"~{WARMED_INDEX}", f"~{STORE_COUNTERS}", f"~{TARGETS_LAST_SEEN}", f"~{spec_index('*')}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"~{_PER_PLAN['failed']}", f"~{_JOB_STREAMS}",
         f"~{workers('*')}", f"~{KNOWN_TARGETS}", f"%R~{drain('*')}", f"~{RECENT_FAILURES}", f"~{spec_body('*')}", f"%R~{plan_hits('*')}",
         f"~{PREFIX}:{{warm:*", f"~{WARM_TARGETS}", f"%R~{STATS_SCOPES}", f"%R~{TOP_HITS}",
     ],

@@ -82,22 +82,21 @@ class Janitor:
 
     # ---- writes ----------------------------------------------------------------
 
-    def record_put(self, plan_key: str, size: int, previous_size: int | None, least_recent: bool = False) -> None:
+    def record_put(self, plan_key: str, size: int, previous_size: int | None, warmed: bool = False) -> None:
         """After a worker's write: counters (a replaced plan counts once) and
-        the index; `least_recent`: indexed as used before every other plan
-        (a warmed plan nobody asked for yet)."""
+        the index of last use; `warmed` (built before anyone asked): the
+        index of warmed plans instead, which the bound empties before it
+        touches a plan that was served, and which the retention counts from
+        when it was warmed. Its first hit moves it to the index of last use."""
         target = _target_of(plan_key)
-        used = self._clock()
-        if least_recent:
-            with translated_errors("reading the store's index"):
-                oldest = self._redis.zrange(keys.PLAN_INDEX, 0, 0, withscores=True)
-            used = min(used, float(oldest[0][1]) if oldest else used) - 1.0
+        index, other = (keys.WARMED_INDEX, keys.PLAN_INDEX) if warmed else (keys.PLAN_INDEX, keys.WARMED_INDEX)
         with translated_errors("accounting a stored plan"):
             pipe = self._redis.pipeline(transaction=False)
             pipe.hincrby(keys.STORE_COUNTERS, keys.store_counter("bytes", target), size - (previous_size or 0))
             if previous_size is None:
                 pipe.hincrby(keys.STORE_COUNTERS, keys.store_counter("plans", target), 1)
-            pipe.zadd(keys.PLAN_INDEX, {plan_key: used})
+            pipe.zadd(index, {plan_key: self._clock()})
+            pipe.zrem(other, plan_key)
             pipe.execute()
 
     # ---- deletions ---------------------------------------------------------------
@@ -112,6 +111,7 @@ class Janitor:
             deleted = bool(self._redis.delete(keys.plan(plan_key)))
             pipe = self._redis.pipeline(transaction=False)
             pipe.zrem(keys.PLAN_INDEX, plan_key)
+            pipe.zrem(keys.WARMED_INDEX, plan_key)
             if deleted and size is not None:
                 pipe.hincrby(keys.STORE_COUNTERS, keys.store_counter("bytes", target), -int(size))
                 pipe.hincrby(keys.STORE_COUNTERS, keys.store_counter("plans", target), -1)
@@ -124,18 +124,21 @@ class Janitor:
         """Delete every plan unused for `retention_s`; the ones this call deleted."""
         cutoff = self._clock() - retention_s
         deleted: list[str] = []
-        while True:
-            claimed = self._claimed(cutoff, CLAIM_BATCH)
-            deleted += [key for key in claimed if self.remove(key, "expired")]
-            if len(claimed) < CLAIM_BATCH:
-                return deleted
+        for index in (keys.WARMED_INDEX, keys.PLAN_INDEX):
+            while True:
+                claimed = self._claimed(cutoff, CLAIM_BATCH, index=index)
+                deleted += [key for key in claimed if self.remove(key, "expired")]
+                if len(claimed) < CLAIM_BATCH:
+                    break
+        return deleted
 
     def enforce_capacity(self, max_bytes: int, keep: str | None = None) -> list[str]:
         """Delete least recently used plans until the store holds at most
         `max_bytes` (never `keep`, the plan just written)."""
         deleted: list[str] = []
         while self.total_bytes() > max_bytes:
-            claimed = self._claimed(float("inf"), 1, keep)
+            # Warmed plans nobody asked for yet go first, the oldest first.
+            claimed = self._claimed(float("inf"), 1, keep, index=keys.WARMED_INDEX) or self._claimed(float("inf"), 1, keep)
             if not claimed:
                 break  # nothing left but `keep`: it stays, over the bound
             if self.remove(claimed[0], "evicted"):
@@ -188,10 +191,10 @@ class Janitor:
     def total_bytes(self) -> int:
         return sum(u.stored_bytes for u in self.usage().values())
 
-    def _claimed(self, cutoff: float, limit: int, keep: str | None = None) -> list[str]:
+    def _claimed(self, cutoff: float, limit: int, keep: str | None = None, index: str = keys.PLAN_INDEX) -> list[str]:
         with translated_errors("claiming plans to delete"):
             bound = "+inf" if cutoff == float("inf") else repr(cutoff)
-            return [text(k) for k in self._claim(keys=[keys.PLAN_INDEX], args=[bound, limit, keep or ""])]
+            return [text(k) for k in self._claim(keys=[index], args=[bound, limit, keep or ""])]
 
 
 def _target_of(plan_key: str) -> str:

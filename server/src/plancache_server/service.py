@@ -169,7 +169,7 @@ class PlanService:
         resolved = await self.resolve(request.spec, request.target, request.options)
         plan = await self._lookup(resolved.plan_key, resolved.target.id, resolved.family, request.tuned_only)
         if plan is not None:
-            return plan.compile_response(_source(plan, pb.COMPILE_SOURCE_HIT))
+            return plan.compile_response(pb.COMPILE_SOURCE_HIT)  # a stored plan, provisional or not (its metadata says which)
         waiter = await self._start_build(resolved, request.tuned_only)
         when_sent(waiter.release)
         try:
@@ -229,7 +229,7 @@ class PlanService:
                 # stream keeps keys, not plans, while the caller reads).
                 plan = self._store.cached(key) or await self._store.get(key)
                 yield (
-                    plan.prefetch_item(index, key, _source(plan, pb.COMPILE_SOURCE_HIT))
+                    plan.prefetch_item(index, key, pb.COMPILE_SOURCE_HIT)
                     if plan
                     else _error_item(index, key, NotFound(f"plan {key} was deleted meanwhile"))
                 )
@@ -341,7 +341,8 @@ class PlanService:
 
 
 def _source(plan: StoredPlan, source: int) -> int:
-    """How a plan reached its caller; a provisional plan says so instead."""
+    """How a built plan reached its caller; a provisional one says so
+    instead. A stored plan is a hit, provisional or not (its metadata says)."""
     return pb.COMPILE_SOURCE_PROVISIONAL if plan.provisional else source
 
 

@@ -149,8 +149,8 @@ class Settings:
                                            _optional_seconds, to_workers=True, shown_default="none")  # fmt: skip
     no_warm: bool = _option(False, "--no-warm", "a worker does not warm a new target from a sibling's history on its own (operators' "
                             "`plancache warm` plans still run)", switch=True, to_workers=True, shown_default="off")  # fmt: skip
-    warm_after_idle_s: float = _option(30.0, "--warm-after-idle", "seconds a worker is idle before it warms a target of its own with fewer plans "
-                                       "than a sibling target", float, to_workers=True)  # fmt: skip
+    warm_after_idle_s: float = _option(10.0, "--warm-after-idle", "seconds without a caller's heuristic plan to build before a worker warms a target of "
+                                       "its own with fewer plans than a sibling target", float, to_workers=True)  # fmt: skip
     build_processes: int = _option(0, "--build-processes", "processes per GPU worker that build plans side by side (each holds a CUDA context); "
                                    "0: from the host's cores, min(8, cores per GPU - 1)", int, to_workers=True, shown_default="0")  # fmt: skip
     heartbeat_interval_s: float = _option(2.0, "--heartbeat-interval", "seconds between a worker's heartbeats", float, to_workers=True)

@@ -175,7 +175,8 @@ class RedisPlanStore:
         """Store a plan this worker built; `spec`: the normalized spec it was
         built from (kept for warming); `warmed`: built before anyone asked,
         so it enters the store's LRU as the least recently used plan, and
-        the bound evicts it before any plan that was served."""
+        the bound evicts it before any plan that was served (it is kept for
+        the retention from when it was warmed)."""
         fields = encode_plan(plan)
         plan_key = plan.metadata.key
         with translated_errors("writing a plan"):
@@ -187,7 +188,7 @@ class RedisPlanStore:
             self._redis.sadd(keys.spec_index(plan.metadata.spec_hash), plan_key)
             if spec is not None:
                 self._redis.set(keys.spec_body(plan.metadata.spec_hash), spec.SerializeToString())
-        self.janitor.record_put(plan_key, int(fields["size"]), int(previous) if previous is not None else None, least_recent=warmed)
+        self.janitor.record_put(plan_key, int(fields["size"]), int(previous) if previous is not None else None, warmed=warmed)
         if self._max_bytes:
             self.janitor.enforce_capacity(self._max_bytes, keep=None if warmed else plan_key)
 

@@ -1,15 +1,18 @@
 """A worker's side of warming (plancache_server.warming): which item to
-build next when nothing else waits, and warming new targets on its own.
+build next, and warming new targets on its own.
 
-The worker asks for an item only when no real task is queued and one of
-its build processes beyond the one kept for heuristic plans is free, so a
-real miss is never delayed by warming beyond one candidate build. One
+The worker asks for an item only when no caller's heuristic plan waits or
+builds and one of its build processes beyond the first (kept for those
+plans) is free, so a real miss is never delayed by warming beyond one
+candidate build; a warm item's heuristic plan then goes before autotunings'
+candidates, its candidates after them (plancache_server.worker.Lane). One
 worker warms a target at a time (a lease renewed by the worker's heartbeat).
 
-On its own, a worker idle for `auto_after_s` looks at the targets it
-serves: one with fewer stored plans than a sibling (plancache_server.warming.siblings)
-and no recent warming plan is planned from that sibling's history (the
-specs it served in the last 24 h, most hit first), unless --no-warm.
+On its own, a worker with no caller's heuristic plan for `auto_after_s`
+looks at the targets it serves: one with fewer stored plans than a sibling
+(plancache_server.warming.siblings) and no recent warming plan is planned
+from that sibling's history (the specs it served in the last 24 h, most hit
+first), unless --no-warm.
 """
 
 from __future__ import annotations
@@ -58,8 +61,12 @@ class WarmRunner:
         self._idle_since = time.monotonic()
 
     def busy(self) -> None:
-        """Real work came in: the idle clock starts again."""
+        """A caller's heuristic plan waits or builds: the idle clock starts again."""
         self._idle_since = time.monotonic()
+
+    def has_work(self) -> bool:
+        """Whether this worker warms a target now (it should not sleep on its job stream)."""
+        return bool(self._held)
 
     def next_item(self) -> tuple[WarmRef, WarmItem] | None:
         """The next item of a target this worker warms, if one is due."""
@@ -76,8 +83,8 @@ class WarmRunner:
             self._warming.release(target_id, self._worker_id)
             self._held.discard(target_id)
         self._next_check = now + CHECK_S
-        if self._auto_after_s is not None and now - self._idle_since >= self._auto_after_s:
-            self._plan_on_own()
+        if self._auto_after_s is not None and now - self._idle_since >= self._auto_after_s and self._plan_on_own():
+            self._next_check = 0.0  # its items at once
         return None
 
     def record(self, ref: WarmRef, outcome: str, reason: str = "", plan_key: str = "") -> None:
@@ -103,12 +110,13 @@ class WarmRunner:
 
     # ---- on its own --------------------------------------------------------------------
 
-    def _plan_on_own(self) -> None:
+    def _plan_on_own(self) -> bool:
+        """Plan warming a target of this worker from its richest sibling; whether it did."""
         try:
             usage = self._janitor.usage()
             known = self._known_targets()
         except InvalidRequest:
-            return
+            return False
         for target in self._targets:
             if target.id in self._recently_planned():
                 continue
@@ -131,7 +139,8 @@ class WarmRunner:
             self._held.add(target.id)
             log.info("warming %s on its own from %s (%d stored there, %d here): %d spec(s) with recent hits", target.id, richest.id,
                      usage[richest.id].stored_plans, mine.stored_plans if mine else 0, status.total)  # fmt: skip
-            return
+            return True
+        return False
 
     def _known_targets(self) -> Iterable[str]:
         with translated_errors("listing known targets"):

@@ -53,7 +53,7 @@ from plancache_server.compiler.base import BuiltPlan, Heuristic, build_seconds, 
 from plancache_server.jobs import Delivery, Job
 from plancache_server.store import RedisPlanStore, StoredPlan
 from plancache_server.warm_runner import WarmRef, WarmRunner
-from plancache_server.warming import BUILT, FAILED, SKIPPED, WARM_JOB_PREFIX
+from plancache_server.warming import BUILT, FAILED, SKIPPED, WARM_JOB_PREFIX, WarmItem
 from plancache_server.worker_queue import WorkerQueue
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,11 @@ RECLAIM_CHECK_S = 0.5
 POLL_S = 0.005
 # Tries of one piece whose build process died (a crash, the OOM killer).
 MAX_TASK_ATTEMPTS = 3
+# Warming items one turn of the loop may take that need no build (stored already, refused).
+WARM_ITEMS_PER_TURN = 64
+# Warm builds a worker holds at once: most wait for their candidates, the lowest lane
+# (bench/upgrade.py: at 64 the rollout's autotunings kept warming from going on).
+MAX_WARM_BUILDS = 512
 # A finished plan is stored through a Redis blip: retried with backoff for
 # this long (building it again would cost far more).
 STORE_RETRY_S = 60.0
@@ -90,8 +95,13 @@ class Lane(enum.IntEnum):
     """What a free build process takes first (the lowest lane)."""
 
     HEURISTIC = 0  # a job's first plan: someone waits for it
-    CANDIDATE = 1  # a candidate of an autotuning
-    WARM_HEURISTIC = 2  # warming: a plan nobody asked for yet (plancache_server.warm_runner)
+    # Warming: a plan nobody asked for yet (plancache_server.warm_runner). Its
+    # first plan goes before the candidates of an autotuning: a stored plan
+    # serves the nodes that come next, a tuned one a few percent better
+    # (bench/upgrade.py: with warming behind every autotuning, a rollout's
+    # misses kept it from running at all).
+    WARM_HEURISTIC = 1
+    CANDIDATE = 2  # a candidate of an autotuning
     WARM_CANDIDATE = 3
 
 
@@ -273,7 +283,8 @@ class Worker:
         room = self._pool.size - sum(1 for lane, *_ in self._lanes if lane == Lane.HEURISTIC)
         if room <= 0:
             return next_reclaim
-        idle = not self._active
+        # Blocks only when nothing else is going on (warming with items left is something).
+        idle = not self._active and (self._warm is None or not self._warm.has_work())
         deliveries = self._queue.read(self.worker_id, self._targets, block_ms=500 if idle else None, count=room)
         if not deliveries and time.monotonic() >= next_reclaim:
             # Jobs whose worker died mid-build: its heartbeat expired
@@ -323,8 +334,6 @@ class Worker:
         if job is None:
             self._queue.ack(delivery)
             return
-        if self._warm is not None:
-            self._warm.busy()
         try:
             verified = verify_job(job, self._targets)
         except InvalidRequest as e:
@@ -367,37 +376,53 @@ class Worker:
     # ---- warming: the lowest lanes -------------------------------------------------------
 
     def _warm_up(self) -> None:
-        """Start the next warming item while no real task waits and a build
-        process beyond the one kept for heuristic plans is free."""
-        if self._warm is None or any(lane < Lane.WARM_HEURISTIC for lane, *_ in self._lanes):
+        """Take warming items while no caller's heuristic plan waits or
+        builds: one warm heuristic plan queued at a time (it goes before the
+        candidates of autotunings, which would otherwise keep warming from
+        ever starting during a rollout), fewer in their heuristic phase than
+        there are build processes past the first, and at most
+        MAX_WARM_BUILDS held (those waiting for their candidates, the lowest
+        lane, included). Items that need no build (stored, refused) are
+        recorded and the next one taken at once."""
+        if self._warm is None:
             return
-        warming = sum(1 for b in self._active.values() if b.warm is not None)
-        if not self._pool.free(urgent=False) or warming >= max(1, self._pool.size - 1):
+        if any(lane == Lane.HEURISTIC for lane, *_ in self._lanes) or self._urgent_running():
+            self._warm.busy()
             return
-        found = self._warm.next_item()
-        if found is None:
-            return
-        ref, item = found
+        for _ in range(WARM_ITEMS_PER_TURN):
+            warm = [b for b in self._active.values() if b.warm is not None and not b.promoted]
+            first_phase = sum(1 for b in warm if b.heuristic is None)
+            queued = sum(1 for lane, *_ in self._lanes if lane == Lane.WARM_HEURISTIC)
+            if queued or first_phase >= max(1, self._pool.size - 1) or len(warm) >= MAX_WARM_BUILDS:
+                return
+            found = self._warm.next_item()
+            if found is None or self._start_warm(*found):
+                return
+
+    def _start_warm(self, ref: WarmRef, item: WarmItem) -> bool:
+        """True when a build started; False when the item needed none (recorded)."""
+        assert self._warm is not None
         job = item.job()
         try:
             verified = verify_job(job, self._targets)
         except InvalidRequest as e:  # a forged or damaged item: recorded, skipped
             self._warm.record(ref, FAILED, f"refused: {e.message}", item.plan_key)
-            return
+            return False
         stored = self._store.get(job.plan_key)
         if stored is not None and not stored.metadata.provisional:
             self._warm.record(ref, SKIPPED, "already stored", job.plan_key)
-            return
+            return False
         holder = self._builds.take_lease(job.plan_key, job.job_id)
         if holder is not None and holder.startswith(WARM_JOB_PREFIX):
             self._warm.defer(ref)  # another warm build of it, maybe of a worker that died: its lease runs out (--build-lease)
-            return
+            return True
         if holder is not None:
             self._warm.record(ref, SKIPPED, "being built for a caller", job.plan_key)
-            return
+            return False
         self._builds.mark_running(job.plan_key, job.job_id, self.worker_id)
         log.info("warming %s: item %d, plan %s (%.0f recent hits of the source)", ref.target_id, ref.index, job.plan_key, item.hits)
         self._start(_Build(None, job, verified, task_query(verified.spec, job.query.target, verified.options), next(self._seq), warm=ref))
+        return True
 
     def _promote(self, build: _Build, delivery: Delivery) -> None:
         """A caller asks for a plan this worker is warming: its pieces move
