@@ -30,7 +30,7 @@ class Module:
 
 def modules() -> dict[str, Module]:
     found: dict[str, Module] = {}
-    for root_name, root in ROOTS.items():
+    for root in ROOTS.values():
         for path in sorted(root.rglob("*.py")):
             parts = path.relative_to(root.parent).with_suffix("").parts
             is_package = parts[-1] == "__init__"
