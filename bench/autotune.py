@@ -32,8 +32,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import figure, save, table, write_json
-from plancache.spec import GraphSpec
-from plancache.validation import normalize
+from plancache.spec.graph import GraphSpec
+from plancache.spec.validation import normalize
 from tests.support.processes import REPO
 
 TARGET_MS_PER_CANDIDATE = 30.0
@@ -56,8 +56,8 @@ def measure(compiler: Any, spec: GraphSpec) -> dict[str, Any]:
     import cudnn
     import torch
 
-    from plancache.options import CompileOptions
-    from plancache_server.compiler.base import winner
+    from plancache.keys.options import CompileOptions
+    from plancache_server.worker.compiler.base import winner
     from tests.support.gpu_timing import gpu_ms
 
     normalized, options = normalize(spec), CompileOptions()
@@ -124,9 +124,9 @@ def pool_builds() -> list[dict[str, Any]]:
     and ready before the clock, as a worker's are), one process against
     eight: the worker's autotuning in parallel."""
     from bench.startup_graphs import startup_graphs
-    from plancache.gpu import detect_target
-    from plancache.options import CompileOptions
-    from plancache_server.build_pool import CANDIDATE, HEURISTIC, BuildTask, ProcessBuildPool, task_ids, task_query
+    from plancache.keys.options import CompileOptions
+    from plancache.run.gpu import detect_target
+    from plancache_server.worker.build_pool import CANDIDATE, HEURISTIC, BuildTask, ProcessBuildPool, task_ids, task_query
 
     target = detect_target().to_proto()
     specs = [normalize(s) for s in startup_graphs() if s.name in POOL_GRAPHS]
@@ -175,7 +175,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--time-limit", type=float, default=400.0, help="seconds; graphs past it are skipped and listed")
     args = parser.parse_args()
-    from plancache_server.compiler.cudnn import CudnnCompiler
+    from plancache_server.worker.compiler.cudnn import CudnnCompiler
 
     compiler = CudnnCompiler(0)
     started = time.monotonic()

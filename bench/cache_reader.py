@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 started = time.perf_counter()
-from plancache.disk_cache import DiskCache  # noqa: E402 - the import is part of what a fresh process pays
+from plancache.trust.disk_cache import DiskCache  # noqa: E402 - the import is part of what a fresh process pays
 
 imported = time.perf_counter()
 

@@ -29,15 +29,15 @@ import redis
 
 from bench.report import figure, percentile, save, spread, table, write_json
 from plancache import Client, CompileOptions, DiskCache, GraphSpec, Manifest, ManifestEntry, Plan
-from plancache.canonical import hash_normalized
-from plancache.plankey import make_key
-from plancache.signing import Signer
+from plancache.keys.plankey import make_key
+from plancache.spec.canonical import hash_normalized
+from plancache.spec.validation import normalize
+from plancache.trust.signing import Signer
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
-from plancache.validation import normalize
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
-from plancache_server.store import RedisPlanStore, StoredPlan
-from plancache_server.worker import VerifiedJob, plan_metadata
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.store.plans import RedisPlanStore, StoredPlan
+from plancache_server.worker.worker import VerifiedJob, plan_metadata
 from tests.support.processes import REPO, child_env, server_process, wait_for_workers, worker_process
 from tests.support.standin import STANDIN_TARGET, StandInCompiler
 

@@ -55,10 +55,10 @@ class InProcessClient:
         self.compiled: list[str] = []
 
     def compile(self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None) -> Any:
-        from plancache.answers import Asked
-        from plancache.canonical import hash_normalized
-        from plancache.options import CompileOptions
-        from plancache.validation import normalize
+        from plancache.keys.options import CompileOptions
+        from plancache.spec.canonical import hash_normalized
+        from plancache.spec.validation import normalize
+        from plancache.trust.answers import Asked
 
         key = Asked.query(hash_normalized(normalize(spec)), self.compiler.target, CompileOptions(autotune=False)).key
         self.compiled.append(key)
@@ -120,9 +120,9 @@ def raw_paths(function: str, call: Callable[[], Any]) -> tuple[Callable[[], Any]
     import cudnn
     import torch
 
-    from plancache.execution import handle_state
     from plancache.functional import _table
     from plancache.functional._torch import TorchOps
+    from plancache.run.execution import handle_state
 
     served = next(e for _, e in reversed(_table.TABLE.entries()) if isinstance(e, _table.Served) and e.request.function == function)
     state = handle_state()
@@ -291,7 +291,7 @@ def main() -> None:
     import torch
 
     import plancache.functional as pf
-    from plancache_server.compiler.cudnn import CudnnCompiler
+    from plancache_server.worker.compiler.cudnn import CudnnCompiler
 
     started = time.perf_counter()
     torch.cuda.init()

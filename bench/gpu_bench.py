@@ -25,14 +25,14 @@ if __package__ in (None, ""):
 from bench.gpu_cases import CASES
 from bench.report import figure, save, table, write_json
 from plancache import Client, CompileOptions, PlanCacheError
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from tests.support.processes import REPO, child_env, server_process, signing_public_key, trusting_env, wait_for_workers
 
 NOISE = 1.05
 
 
 def compile_all(address: str, names: list[str]) -> dict[str, dict[str, Any]]:
-    from plancache.gpu import detect_target
+    from plancache.run.gpu import detect_target
 
     target = detect_target()
     rows: dict[str, dict[str, Any]] = {}

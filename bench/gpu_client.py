@@ -16,7 +16,7 @@ import torch
 
 from bench.gpu_cases import CASES
 from plancache import Client, Plan, dtypes
-from plancache.gpu import cudnn_handle, torch_dtype
+from plancache.run.gpu import cudnn_handle, torch_dtype
 from tests.support.gpu_timing import gpu_ms
 
 

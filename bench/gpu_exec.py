@@ -50,9 +50,9 @@ TARGETS = {"bound_over_raw_host": 1.1, "replay_over_torch_host_seed": 0.5}
 
 def build_plan(compiler: Any, case: Case, autotune: bool = False) -> Any:
     from plancache import Plan
-    from plancache.options import CompileOptions
-    from plancache.validation import normalize
-    from plancache_server.worker import VerifiedJob, plan_metadata
+    from plancache.keys.options import CompileOptions
+    from plancache.spec.validation import normalize
+    from plancache_server.worker.worker import VerifiedJob, plan_metadata
 
     spec = normalize(case.spec())
     options = CompileOptions(autotune=autotune)
@@ -75,7 +75,7 @@ def runners(plan: Any, tensors: dict[str, Any], case: Case) -> dict[str, Any]:
     import cudnn
     import torch
 
-    from plancache.execution import handle_state, process
+    from plancache.run.execution import handle_state, process
 
     state = handle_state()
     raw_graph = cudnn.pygraph()
@@ -126,7 +126,7 @@ def previous_execute(plan: Any, tensors: dict[str, Any]) -> Any:
     import torch
 
     from plancache import dtypes
-    from plancache.gpu import cudnn_handle, torch_dtype
+    from plancache.run.gpu import cudnn_handle, torch_dtype
 
     graph = plan.load()
     workspace = torch.empty(max(1, plan.metadata.workspace_size), device="cuda", dtype=torch.uint8)
@@ -190,7 +190,7 @@ def workspace_memory(rows: list[dict[str, Any]], count: int = 100) -> dict[str, 
     import torch
 
     from plancache import Plan
-    from plancache.execution import process, workspace_bytes_held
+    from plancache.run.execution import process, workspace_bytes_held
 
     sources = [(r["_plan"], r["_tensors"]) for r in rows]
     plans = [(Plan(sources[i % len(sources)][0].blob, sources[i % len(sources)][0].metadata), sources[i % len(sources)][1]) for i in range(count)]
@@ -256,7 +256,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from plancache_server.compiler.cudnn import CudnnCompiler
+    from plancache_server.worker.compiler.cudnn import CudnnCompiler
 
     torch.cuda.init()
     compiler = CudnnCompiler(0)

@@ -59,15 +59,16 @@ import grpc
 
 from bench.cpu_bench import TARGET, spec_for
 from bench.report import figure, percentile, save, table, write_json
-from plancache import Client, CompileOptions, Plan, PlanCacheError, spec_io
-from plancache.canonical import hash_normalized
-from plancache.client import _retry_pause
-from plancache.plan import SOURCE_NAMES
-from plancache.rich_status import error_of, seconds_of
-from plancache.signing import TrustPolicy
+from plancache import Client, CompileOptions, Plan, PlanCacheError
+from plancache.run.plan import SOURCE_NAMES
+from plancache.spec import spec_io
+from plancache.spec.canonical import hash_normalized
+from plancache.spec.validation import normalize
+from plancache.transport.client import _retry_pause
+from plancache.transport.rich_status import error_of, seconds_of
+from plancache.trust.signing import TrustPolicy
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
-from plancache.validation import normalize
 from tests.support.processes import REPO, child_env, server_process, wait_for_workers, worker_process
 
 VARIANTS = ("prefetch", "compile", "burst")
@@ -667,8 +668,8 @@ def run(args: argparse.Namespace, variants: list[str]) -> dict[str, Any]:
     started = time.time()
     deadline = started + args.time_limit - 20  # the report needs a few seconds
     raise_nofile()
-    from plancache.signing import generate_keypair
-    from plancache_server.embedded_redis import EmbeddedRedis, free_port
+    from plancache.trust.signing import generate_keypair
+    from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="plancache-herd-"))
     private_key, public_key = generate_keypair(tmp / "keys")

@@ -27,10 +27,10 @@ if __package__ in (None, ""):
 from bench.cpu_bench import TARGET, spec_for, store_plans
 from bench.report import percentile, table, write_json
 from plancache import Client, PlanCacheError
-from plancache.signing import Signer, generate_keypair
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
-from plancache_server.redis_conn import connect
-from plancache_server.store import RedisPlanStore
+from plancache.trust.signing import Signer, generate_keypair
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.store.plans import RedisPlanStore
+from plancache_server.store.redis_conn import connect
 from tests.support.processes import REPO, server_process
 
 

@@ -27,7 +27,7 @@ if __package__ in (None, ""):
 from bench.gpu_cases import CASES
 from bench.report import write_json
 from plancache import Client, Plan
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from tests.support.processes import server_process, signing_public_key, trusting_env, wait_for_workers
 
 DEFAULT_CASES = [
@@ -37,7 +37,7 @@ DEFAULT_CASES = [
 
 
 def phase(gpus: str, names: list[str], out: Path) -> dict[str, Any]:
-    from plancache.gpu import detect_target
+    from plancache.run.gpu import detect_target
 
     tmp = Path(tempfile.mkdtemp(prefix="plancache-mgpu-"))
     redis = EmbeddedRedis(tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()

@@ -57,7 +57,7 @@ if __package__ in (None, ""):
 
 from bench import startup_deploy as deploy
 from bench.report import figure, save, table, write_json
-from plancache_server.embedded_redis import free_port
+from plancache_server.store.embedded_redis import free_port
 from tests.support.processes import REPO, child_env, server_process, trusting_env, worker_process
 
 REPEATED = ("local-heuristic", "fetch", "prefetch", "background", "floor")
@@ -84,7 +84,7 @@ ESTIMATE_S = {"local-autotuned": (45, 15), "local-heuristic": (12, 7), "local-he
 
 class Bench:
     def __init__(self, out: Path, time_limit: float, repeats: int, foreground_s: float, warm_cache: Path | None, build_processes: int) -> None:
-        from plancache.signing import generate_keypair
+        from plancache.trust.signing import generate_keypair
 
         self.out, self.time_limit, self.repeats, self.foreground_s = out, time_limit, repeats, foreground_s
         self.deadline = time.monotonic() + time_limit
@@ -215,7 +215,7 @@ class Bench:
         if target_id != self.target_id:
             from bench.startup_graphs import startup_graphs
             from plancache import Manifest
-            from plancache.target import Target
+            from plancache.keys.target import Target
 
             self.target_id = target_id
             self.keys = [e.key or "" for e in Manifest.from_specs(startup_graphs(), Target.parse(target_id)).entries]
@@ -431,7 +431,7 @@ def main() -> None:
         }
         report([r for d in loaded for r in d["runs"]], args.out, extra)
         return
-    from plancache_server.embedded_redis import EmbeddedRedis
+    from plancache_server.store.embedded_redis import EmbeddedRedis
 
     bench = Bench(args.out, args.time_limit, args.repeats, args.foreground_s, args.warm_cache, args.build_processes)
     redis = EmbeddedRedis(bench.tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()

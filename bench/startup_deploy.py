@@ -16,7 +16,7 @@ from typing import Any
 
 from tests.support.processes import wait_for_workers
 
-# The worker's log lines (plancache_server.worker, plancache_server.build_pool).
+# The worker's log lines (plancache_server.worker.worker, plancache_server.worker.build_pool).
 SERVING = re.compile(r"serving targets ([^\s,]+)(?:, [^\s,]+)* with (\d+) build processes")
 POOL_READY = re.compile(r"build process (\d+) \(pid (\d+)\) ready")
 
@@ -94,7 +94,7 @@ def redis_client(url: str) -> Any:
 def plan_states(client: Any, keys: list[str]) -> list[str]:
     """Each plan as stored in Redis now: "missing", "provisional" or "tuned"."""
     from plancache.v1 import plancache_pb2 as pb
-    from plancache_server import keys as names
+    from plancache_server.store import keys as names
 
     pipe = client.pipeline(transaction=False)
     for key in keys:
@@ -168,8 +168,8 @@ def forget_plans(address: str, keys: list[str]) -> None:
 def forget_jobs(redis_url: str, target_id: str, keys: list[str]) -> None:
     """No job, lease or remembered failure left of these plans (a worker stopped mid-tuning leaves
     jobs another would reclaim and build): a fresh worker then starts from nothing."""
-    from plancache.target import Target
-    from plancache_server import keys as names
+    from plancache.keys.target import Target
+    from plancache_server.store import keys as names
 
     target = Target.parse(target_id)
     client = redis_client(redis_url)
@@ -183,7 +183,7 @@ def forget_jobs(redis_url: str, target_id: str, keys: list[str]) -> None:
 def save_blobs(address: str, path: str, target_id: str) -> None:
     from bench.startup_graphs import startup_graphs, write_blobs
     from plancache import Client, Manifest
-    from plancache.target import Target
+    from plancache.keys.target import Target
 
     with Client(address, cache=False) as client:
         result = client.prefetch(Manifest.from_specs(startup_graphs(), Target.parse(target_id)), compile_missing=True, tuned_only=True, timeout=600)

@@ -52,10 +52,10 @@ import torch  # noqa: E402
 
 from bench.startup_graphs import read_blobs, startup_graphs  # noqa: E402
 from plancache import Client, Manifest, ManifestEntry, Plan  # noqa: E402
-from plancache.gpu import cudnn_handle, detect_target, torch_dtype  # noqa: E402
-from plancache.spec import GraphSpec  # noqa: E402
-from plancache.target import Target  # noqa: E402
-from plancache.validation import normalize  # noqa: E402
+from plancache.keys.target import Target  # noqa: E402
+from plancache.run.gpu import cudnn_handle, detect_target, torch_dtype  # noqa: E402
+from plancache.spec.graph import GraphSpec  # noqa: E402
+from plancache.spec.validation import normalize  # noqa: E402
 
 PATHS = ("local-heuristic", "local-autotuned", "fetch", "prefetch", "background", "floor", "first-compile", "first-lazy", "first-prefetch")
 BARRIER_POLL_S = 0.001
@@ -179,7 +179,7 @@ def main() -> None:
     tensors = {i: bind(s) for i, s in specs.items()}
     compiler = None
     if args.path.startswith("local-"):
-        from plancache_server.compiler.cudnn import CudnnCompiler
+        from plancache_server.worker.compiler.cudnn import CudnnCompiler
 
         compiler = CudnnCompiler(0)  # its own handle
     torch.cuda.synchronize()

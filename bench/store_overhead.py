@@ -47,10 +47,10 @@ def metadata(n: int, blob: bytes) -> Any:
 def measure(size: int, count: int) -> dict[str, float]:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from plancache.signing import Signer
-    from plancache_server.embedded_redis import EmbeddedRedis
-    from plancache_server.redis_conn import connect
-    from plancache_server.store import RedisPlanStore, StoredPlan
+    from plancache.trust.signing import Signer
+    from plancache_server.store.embedded_redis import EmbeddedRedis
+    from plancache_server.store.plans import RedisPlanStore, StoredPlan
+    from plancache_server.store.redis_conn import connect
 
     signer = Signer(Ed25519PrivateKey.generate())
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,7 +90,7 @@ def main() -> None:
                 [[r["plan"], r["plans"], r["overhead_per_plan"], r["ratio"], r["memory_usage_of_one_plan_hash"]] for r in rows]))  # fmt: skip
     import redis as redis_py
 
-    from plancache_server.embedded_redis import EmbeddedRedis
+    from plancache_server.store.embedded_redis import EmbeddedRedis
 
     with tempfile.TemporaryDirectory() as tmp:
         server = EmbeddedRedis(Path(tmp), persist=False).start()

@@ -50,17 +50,18 @@ import numpy as np
 import redis
 
 from bench.report import figure, percentile, save, table, write_json
-from plancache import Client, CompileOptions, GraphSpec, InvalidRequest, Manifest, WarmStatus, spec_io
-from plancache.canonical import hash_normalized
-from plancache.plankey import make_key
-from plancache.target import Target
-from plancache.validation import normalize
-from plancache_server import keys
-from plancache_server.compiler.base import heuristic_plan
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
-from plancache_server.lifecycle import Janitor
-from plancache_server.store import RedisPlanStore, StoredPlan
-from plancache_server.worker import VerifiedJob, plan_metadata
+from plancache import Client, CompileOptions, GraphSpec, InvalidRequest, Manifest, WarmStatus
+from plancache.keys.plankey import make_key
+from plancache.keys.target import Target
+from plancache.spec import spec_io
+from plancache.spec.canonical import hash_normalized
+from plancache.spec.validation import normalize
+from plancache_server.store import keys
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.store.lifecycle import Janitor
+from plancache_server.store.plans import RedisPlanStore, StoredPlan
+from plancache_server.worker.compiler.base import heuristic_plan
+from plancache_server.worker.worker import VerifiedJob, plan_metadata
 from tests.support.processes import REPO, child_env, server_process, wait_for_workers, worker_process
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET, StandInCompiler

@@ -271,7 +271,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from plancache_server.compiler.cudnn import CudnnCompiler
+    from plancache_server.worker.compiler.cudnn import CudnnCompiler
 
     torch.cuda.init()
     compiler = CudnnCompiler(0)

@@ -18,7 +18,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client" / "src"))
 
 from plancache import GraphSpec
-from plancache.spec import Tensor
+from plancache.spec.graph import Tensor
 
 
 def nhwc(n: int, c: int, h: int, w: int) -> list[int]:
@@ -412,7 +412,7 @@ def pointwise_binary_fp16() -> GraphSpec:
 
     Full-size operands: in a graph of pointwise ops only, cuDNN computes
     broadcast inputs wrongly, and the compiler refuses them (see
-    plancache_server/compiler/defects.py); matmul_bias_relu_bf16 and
+    plancache_server/worker/compiler/defects.py); matmul_bias_relu_bf16 and
     conv_bias_relu_fp16 show broadcasting where it is right."""
     g = GraphSpec(name="pointwise_binary_fp16", io_data_type="half")
     x = g.tensor([4, 256, 512], name="x", uid=1)

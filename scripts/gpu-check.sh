@@ -30,7 +30,7 @@ status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # As from a shell whose profile sets the clients' keys to another key (issue 21):
   # the harness removes every PLANCACHE_* variable before it starts anything.
-  python3 -c "from plancache.signing import generate_keypair; generate_keypair('/tmp/stranger-key')"
+  python3 -c "from plancache.trust.signing import generate_keypair; generate_keypair('/tmp/stranger-key')"
   PLANCACHE_TRUSTED_KEYS=/tmp/stranger-key/plan-signing.pub.pem PLANCACHE_SERVER_TRUSTED_KEYS=/tmp/stranger-key/plan-signing.pub.pem \
     python3 -m pytest ${TESTS:-tests/gpu} -m gpu -v -p no:cacheprovider --timeout 1500 -o addopts="" 2>&1 | tee "$OUT/pytest.log"
   status=${PIPESTATUS[0]}

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Rewrites the README's generated parts from the code: the configuration
 table (plancache_server.settings.markdown_table) and the Redis ACL lines
-(plancache_server.keys.acl_setuser). tests/unit/test_compose.py fails when
+(plancache_server.store.keys.acl_setuser). tests/unit/test_compose.py fails when
 they drift; run `.venv/bin/python scripts/sync-readme.py` to mend them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from plancache_server import keys
 from plancache_server.settings import markdown_table
+from plancache_server.store import keys
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -15,15 +15,15 @@ import pytest
 import redis
 
 from plancache import Client
-from plancache.signing import Signer
-from plancache_server.app import worker_parts
-from plancache_server.build_pool import ThreadBuildPool
-from plancache_server.embedded_redis import EmbeddedRedis
-from plancache_server.redis_conn import connect
+from plancache.trust.signing import Signer
 from plancache_server.settings import Settings
-from plancache_server.warm_runner import WarmRunner
-from plancache_server.warming import Warming
-from plancache_server.worker import Worker
+from plancache_server.store.embedded_redis import EmbeddedRedis
+from plancache_server.store.redis_conn import connect
+from plancache_server.store.warming import Warming
+from plancache_server.worker.build_pool import ThreadBuildPool
+from plancache_server.worker.parts import worker_parts
+from plancache_server.worker.warm_runner import WarmRunner
+from plancache_server.worker.worker import Worker
 from tests.support import hermetic
 from tests.support.frontend import ThreadedFrontEnd
 from tests.support.standin import StandInCompiler

@@ -22,7 +22,7 @@ import pytest
 
 from examples.generate import EXAMPLES
 from plancache import Client, CompileOptions, GraphSpec, PlanCacheError
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from tests.support import hermetic
 from tests.support.processes import REPO, server_process, signing_public_key, trusting_env, wait_for_workers
 
@@ -57,7 +57,7 @@ def _out_dir(tmp: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    from plancache.gpu import detect_target
+    from plancache.run.gpu import detect_target
 
     tmp = tmp_path_factory.mktemp("gpu")
     out = _out_dir(tmp)

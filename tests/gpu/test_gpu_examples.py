@@ -122,7 +122,7 @@ def test_existing_frontend_graph_compiles_through_plancache(gpu_session: dict[st
     captured in one line, is the plan the builder-made example compiled."""
     import cudnn
 
-    from plancache.gpu import cudnn_handle
+    from plancache.run.gpu import cudnn_handle
     from tests.support.pygraphs import matmul_bias_relu_bf16_pygraph
 
     spec = GraphSpec.from_pygraph(matmul_bias_relu_bf16_pygraph(cudnn, handle=cudnn_handle()))

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from plancache import Client, GraphSpec
-from plancache.signing import generate_keypair
-from plancache_server.embedded_redis import free_port
+from plancache.trust.signing import generate_keypair
+from plancache_server.store.embedded_redis import free_port
 from tests.support.processes import REPO, child_env, trusting_env
 
 pytestmark = pytest.mark.gpu

@@ -13,7 +13,7 @@ import pytest
 
 from examples.generate import EXAMPLES
 from plancache import GraphSpec
-from plancache.validation import normalize
+from plancache.spec.validation import normalize
 from tests.support.layout_specs import LAYOUT_CASES, without_result_strides
 
 pytestmark = pytest.mark.gpu
@@ -23,7 +23,7 @@ CASES = {**{f"example:{n}": b for n, b in EXAMPLES.items()}, **{f"layout:{n}": b
 
 @pytest.fixture(scope="module")
 def compiler() -> Any:
-    from plancache_server.compiler.cudnn import CudnnCompiler
+    from plancache_server.worker.compiler.cudnn import CudnnCompiler
 
     return CudnnCompiler(0)
 

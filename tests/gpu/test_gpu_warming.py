@@ -20,8 +20,8 @@ import pytest
 
 from examples.generate import EXAMPLES
 from plancache import Client, CompileOptions, Manifest, Target
-from plancache.canonical import spec_hash
-from plancache.plankey import make_key
+from plancache.keys.plankey import make_key
+from plancache.spec.canonical import spec_hash
 from tests.gpu.test_gpu_examples import _UNSUPPORTED as UNSUPPORTED
 from tests.support.processes import REPO, child_env
 

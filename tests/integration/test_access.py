@@ -11,7 +11,7 @@ import pytest
 from plancache import Client, NotFound, PermissionDenied, TLSConfig, Unauthenticated, Unavailable
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
-from plancache_server.embedded_redis import EmbeddedRedis
+from plancache_server.store.embedded_redis import EmbeddedRedis
 from tests.conftest import Stack, start_stack
 from tests.support.certs import make_pki
 from tests.support.specs import matmul_bias_relu_spec, matmul_spec

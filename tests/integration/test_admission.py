@@ -25,15 +25,17 @@ import grpc
 import pytest
 import redis
 
-from plancache import Client, CompileOptions, Manifest, ManifestEntry, ResourceExhausted, Target, spec_io
-from plancache.canonical import hash_normalized
-from plancache.plankey import make_key
-from plancache.rich_status import error_of
+from plancache import Client, CompileOptions, Manifest, ManifestEntry, ResourceExhausted, Target
+from plancache.keys.plankey import make_key
+from plancache.spec import spec_io
+from plancache.spec.canonical import hash_normalized
+from plancache.spec.validation import normalize
+from plancache.transport.rich_status import error_of
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
-from plancache.validation import normalize
-from plancache_server import keys, metrics
-from plancache_server.embedded_redis import EmbeddedRedis
+from plancache_server import telemetry
+from plancache_server.store import keys
+from plancache_server.store.embedded_redis import EmbeddedRedis
 from tests.conftest import Stack, start_stack
 from tests.support.processes import standin_deployment
 from tests.support.specs import matmul_spec
@@ -223,7 +225,7 @@ def bounded_stack(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Ite
 
 
 def _refusals(method: str) -> float:
-    return float(metrics.child(metrics.REQUESTS, method, "RESOURCE_EXHAUSTED")._value.get())
+    return float(telemetry.child(telemetry.REQUESTS, method, "RESOURCE_EXHAUSTED")._value.get())
 
 
 def test_a_refusal_carries_its_retry_delay_and_the_client_retries(bounded_stack: Stack) -> None:

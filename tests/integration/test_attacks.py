@@ -18,16 +18,19 @@ import grpc
 import pytest
 import redis
 
-from plancache import Client, CompileOptions, Manifest, ManifestEntry, NotFound, UntrustedPlan, spec_io
-from plancache.canonical import hash_normalized
-from plancache.plankey import make_key
-from plancache.signing import Signer, generate_keypair
-from plancache.target import Target
+from plancache import Client, CompileOptions, Manifest, ManifestEntry, NotFound, UntrustedPlan
+from plancache.keys.plankey import make_key
+from plancache.keys.target import Target
+from plancache.spec import spec_io
+from plancache.spec.canonical import hash_normalized
+from plancache.spec.validation import normalize
+from plancache.trust.signing import Signer, generate_keypair
 from plancache.v1 import plancache_pb2 as pb
-from plancache.validation import normalize
-from plancache_server import keys, metrics
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
-from plancache_server.jobs import Job
+from plancache_server import telemetry
+from plancache_server.store import keys
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.store.jobs import Job
+from plancache_server.web.status import status_of
 from tests.conftest import Stack, start_stack
 from tests.support.processes import child_env, server_process, wait_for_workers
 from tests.support.specs import matmul_bias_relu_spec, matmul_spec
@@ -156,10 +159,10 @@ def test_a_damaged_signature_reads_as_a_miss_and_is_rebuilt(signed_stack: Stack,
         sig = bytearray(redis_client.hget(keys.plan(plan.key), "sig") or b"")
         sig[-1] ^= 0x01  # one flipped bit: AOF damage, or a forger
         redis_client.hset(keys.plan(plan.key), "sig", bytes(sig))
-        refused_before = metrics.child(metrics.PLANS_REFUSED, "signature")._value.get()
+        refused_before = telemetry.child(telemetry.PLANS_REFUSED, "signature")._value.get()
         with pytest.raises(NotFound):
             client.get(plan.key)  # not served: a miss
-        assert metrics.child(metrics.PLANS_REFUSED, "signature")._value.get() == refused_before + 1
+        assert telemetry.child(telemetry.PLANS_REFUSED, "signature")._value.get() == refused_before + 1
         again = client.compile(spec, TARGET)  # rebuilt, not "joined" forever
     assert again.source == "compiled" and again.blob == plan.blob
     assert signed_stack.compiler.builds.count(spec.spec_hash()) == 2
@@ -314,7 +317,7 @@ def test_a_bad_member_of_the_top_entries_does_not_break_the_status_page(stack: S
         plan = client.compile(matmul_spec(m=160), TARGET)
         client.get(plan.key)
     redis_client.zadd(keys.TOP_HITS, {"not a plan key": 1e9})
-    report = stack.front_end.run(stack.front_end.front.status.report())
+    report = stack.front_end.run(status_of(stack.front_end.front).report())
     assert [e.plan_key for e in report.top_by_hits] == [plan.key]
 
 

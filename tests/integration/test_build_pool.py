@@ -21,13 +21,13 @@ import pytest
 import redis
 
 from plancache import Client, Manifest, Plan
-from plancache.canonical import spec_hash
-from plancache.options import CompileOptions
-from plancache.plankey import make_key
+from plancache.keys.options import CompileOptions
+from plancache.keys.plankey import make_key
+from plancache.spec.canonical import spec_hash
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server import keys
-from plancache_server.build_pool import default_pool_size
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.store import keys
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.worker.build_pool import default_pool_size
 from tests.conftest import start_stack
 from tests.support.processes import child_env, server_process, wait_for_workers, worker_process
 from tests.support.specs import matmul_spec

@@ -12,11 +12,11 @@ import pytest
 import redis
 
 from plancache import Client, DiskCache, IntegrityError, Manifest, ManifestEntry
-from plancache.bundle import read_bundle, write_bundle
 from plancache.cli import main as cli
-from plancache.signing import Signer, TrustPolicy, generate_keypair
+from plancache.trust.bundle import read_bundle, write_bundle
+from plancache.trust.signing import Signer, TrustPolicy, generate_keypair
 from plancache_server.bundle_import import import_bundle
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from tests.conftest import Stack, start_stack
 from tests.support.specs import matmul_bias_relu_spec, matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from plancache.cli import main
-from plancache_server.embedded_redis import free_port
+from plancache_server.store.embedded_redis import free_port
 from tests.conftest import Stack
 from tests.support.processes import REPO, child_env
 from tests.support.standin import STANDIN_TARGET
@@ -64,7 +64,7 @@ def test_a_target_prefix_resolves_against_the_servers_workers(stack: Stack, caps
 
 
 def test_compile_without_a_local_gpu_names_the_flag_and_the_servers_targets(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("plancache.gpu")
+    pytest.importorskip("plancache.run.gpu")
     try:
         import torch
 

@@ -12,9 +12,9 @@ import redis
 
 from plancache import CompileFailed, Manifest, NotFound
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server import keys
-from plancache_server.redis_conn import connect
-from plancache_server.store import RedisPlanStore, StoredPlan
+from plancache_server.store import keys
+from plancache_server.store.plans import RedisPlanStore, StoredPlan
+from plancache_server.store.redis_conn import connect
 from tests.conftest import Stack, start_stack
 from tests.support.redis_cluster import LocalCluster
 from tests.support.specs import matmul_spec

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from plancache import Client, CompileOptions
-from plancache.disk_cache import DiskCache
-from plancache_server.embedded_redis import free_port
+from plancache.trust.disk_cache import DiskCache
+from plancache_server.store.embedded_redis import free_port
 from tests.conftest import Stack
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET

@@ -20,8 +20,8 @@ import pytest
 import redis
 
 from plancache import Client, DiskCache, PlanCacheError
-from plancache_server import keys
-from plancache_server.embedded_redis import EmbeddedRedis
+from plancache_server.store import keys
+from plancache_server.store.embedded_redis import EmbeddedRedis
 from tests.conftest import start_stack
 from tests.support.processes import standin_deployment
 from tests.support.specs import matmul_spec

@@ -18,10 +18,10 @@ import pytest
 import redis
 
 from plancache import Client, CompileFailed, CompileOptions, Plan
-from plancache.canonical import spec_hash
-from plancache.plankey import make_key
-from plancache_server import keys
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
+from plancache.keys.plankey import make_key
+from plancache.spec.canonical import spec_hash
+from plancache_server.store import keys
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from tests.conftest import Stack
 from tests.support.processes import child_env, server_process, wait_for_workers, worker_process
 from tests.support.specs import matmul_spec

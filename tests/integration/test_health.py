@@ -9,7 +9,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from plancache_server.embedded_redis import EmbeddedRedis
+from plancache_server.store.embedded_redis import EmbeddedRedis
 from tests.conftest import Stack, start_stack
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from plancache import Client, InvalidRequest, PlanCacheError
-from plancache.signing import TrustPolicy
+from plancache.trust.signing import TrustPolicy
 from plancache_server.settings import SERVER, WORKER, options, parser
 from tests.support.hermetic import is_product_variable, without_product_variables
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from plancache import spec_io
+from plancache.spec import spec_io
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server.embedded_redis import EmbeddedRedis
+from plancache_server.store.embedded_redis import EmbeddedRedis
 from tests.conftest import Stack, start_stack
 from tests.support.processes import REPO
 from tests.support.specs import matmul_bias_relu_spec

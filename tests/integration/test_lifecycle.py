@@ -15,10 +15,10 @@ import redis
 
 from plancache import NotFound
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server import keys
-from plancache_server.embedded_redis import EmbeddedRedis
-from plancache_server.lifecycle import Janitor
-from plancache_server.store import RedisPlanStore, StoredPlan
+from plancache_server.store import keys
+from plancache_server.store.embedded_redis import EmbeddedRedis
+from plancache_server.store.lifecycle import Janitor
+from plancache_server.store.plans import RedisPlanStore, StoredPlan
 from tests.conftest import Stack, start_stack
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET

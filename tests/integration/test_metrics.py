@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from plancache import Client, SpecError
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from tests.support.processes import server_process, wait_for_workers
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from plancache import Client
-from plancache.signing import Signer, generate_keypair
-from plancache_server.embedded_redis import EmbeddedRedis
+from plancache.trust.signing import Signer, generate_keypair
+from plancache_server.store.embedded_redis import EmbeddedRedis
 from tests.conftest import Stack, start_stack
 from tests.support.processes import REPO
 from tests.support.standin import STANDIN_TARGET, StandInCompiler

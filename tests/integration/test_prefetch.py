@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from plancache import Client, CompileFailed, DiskCache, InvalidRequest, Manifest, ManifestEntry, NotFound, Target, TargetUnavailable
-from plancache_server.embedded_redis import free_port
+from plancache_server.store.embedded_redis import free_port
 from tests.conftest import Stack
 from tests.support.specs import matmul_spec
 from tests.support.standin import REJECTED_NAME

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from plancache import Client, Plan, TargetUnavailable
-from plancache_server.embedded_redis import free_port
+from plancache_server.store.embedded_redis import free_port
 from tests.support.processes import child_env
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET
@@ -171,7 +171,7 @@ def test_server_started_workers_sign_with_a_generated_key(tmp_path: Path) -> Non
     """What the GPU tests and benchmarks do, with the stand-in compiler: the
     server generates a key in --data-dir, its workers sign, clients trusting
     only that key verify."""
-    from plancache_server.embedded_redis import EmbeddedRedis
+    from plancache_server.store.embedded_redis import EmbeddedRedis
     from tests.support.processes import server_process, signing_public_key, trusting_env, wait_for_workers
 
     redis_server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
@@ -197,8 +197,8 @@ def test_a_server_trusts_what_its_own_workers_sign_whatever_its_environment_says
     """Issue 21: a host's shell sets the clients' PLANCACHE_TRUSTED_KEYS, and
     the operator lists another key in --trusted-keys; the server's own
     workers still sign plans it serves, and it says what it did."""
-    from plancache.signing import Signer, generate_keypair
-    from plancache_server.embedded_redis import EmbeddedRedis
+    from plancache.trust.signing import Signer, generate_keypair
+    from plancache_server.store.embedded_redis import EmbeddedRedis
     from tests.support.processes import server_process, signing_public_key, wait_for_workers
 
     stranger_private, stranger_public = generate_keypair(tmp_path / "stranger")

@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from plancache import Client, DiskCache, Manifest, NotFound
-from plancache.signing import Signer, generate_keypair
+from plancache.trust.signing import Signer, generate_keypair
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server import keys, memory_cache
-from plancache_server.build_records import DONE
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.frontend import memory_cache
+from plancache_server.store import keys
+from plancache_server.store.build_records import DONE
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from tests.conftest import Stack, start_stack
 from tests.support.specs import matmul_spec
 from tests.support.standin import REJECTED_NAME, TUNE_FAILS_NAME, StandInCompiler

@@ -11,8 +11,9 @@ import pytest
 import redis
 
 from plancache import Manifest, ManifestEntry, NotFound
-from plancache_server import keys
-from plancache_server.embedded_redis import EmbeddedRedis
+from plancache_server.store import keys
+from plancache_server.store.embedded_redis import EmbeddedRedis
+from plancache_server.web.status import status_of
 from tests.conftest import start_stack
 from tests.support.specs import matmul_bias_relu_spec, matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
@@ -39,7 +40,7 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(redis_se
             time.sleep(1.2)  # a statistics flush under the front end's user
             row = {r.target_id: r for r in client.stats()}[TARGET.id]
             assert (row.hits, row.compiles) == (2, 2)
-            report = s.front_end.run(s.front_end.front.status.report())
+            report = s.front_end.run(status_of(s.front_end.front).report())
             assert [t.target_id for t in report.targets if t.live_workers] and report.top_by_hits
             # Warming: planned under the front end's user, built under the worker's.
             warmed = client.warm(TARGET.generic(), from_target=TARGET)
@@ -48,7 +49,7 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(redis_se
                 assert time.monotonic() < deadline, now
                 time.sleep(0.1)
             assert (warmed.total, now.built, now.failed) == (2, 2, 0) and now.coverage == 1.0
-            assert s.front_end.run(s.front_end.front.status.report()).warming
+            assert s.front_end.run(status_of(s.front_end.front).report()).warming
             assert client.drain_worker("nobody") is False
             assert client.invalidate(built.key) == 1 and client.invalidate(target=TARGET) == 1  # DEL (and SCAN) of plans
             assert client.invalidate(target=TARGET.generic()) == 2
@@ -82,7 +83,7 @@ def test_the_private_redis_listens_only_on_a_socket_of_the_servers_user(tmp_path
     from pathlib import Path
 
     from plancache import Client
-    from plancache_server.embedded_redis import free_port
+    from plancache_server.store.embedded_redis import free_port
     from tests.support.processes import child_env
 
     data = Path(tempfile.mkdtemp(prefix="pc-"))  # short: a unix socket path has at most 107 bytes

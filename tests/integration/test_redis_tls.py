@@ -8,8 +8,8 @@ from urllib.parse import quote
 import pytest
 import redis
 
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
-from plancache_server.redis_conn import connect
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.store.redis_conn import connect
 from tests.conftest import start_stack
 from tests.support.certs import make_pki
 from tests.support.specs import matmul_spec

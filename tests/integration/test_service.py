@@ -23,11 +23,11 @@ from plancache import (
     StoreUnavailable,
     Target,
     TargetUnavailable,
-    spec_io,
 )
+from plancache.spec import spec_io
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
-from plancache_server import keys
+from plancache_server.store import keys
 from tests.conftest import Stack, start_stack
 from tests.support.specs import matmul_bias_relu_spec, matmul_spec
 from tests.support.standin import REJECTED_NAME, STANDIN_TARGET
@@ -179,7 +179,7 @@ def test_client_maps_codes_to_typed_errors(stack: Stack) -> None:
 
 
 def test_redis_down_is_unavailable(redis_server: object, tmp_path: object) -> None:
-    from plancache_server.embedded_redis import EmbeddedRedis
+    from plancache_server.store.embedded_redis import EmbeddedRedis
 
     private = EmbeddedRedis(tmp_path, persist=False).start()  # type: ignore[arg-type]
     s, stop = start_stack(private.url, None)

@@ -12,10 +12,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from plancache import Client, DiskCache, UntrustedPlan
-from plancache.signing import Signer, TrustPolicy, generate_keypair
+from plancache.trust.signing import Signer, TrustPolicy, generate_keypair
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server import keys
-from plancache_server.embedded_redis import EmbeddedRedis
+from plancache_server.store import keys
+from plancache_server.store.embedded_redis import EmbeddedRedis
 from tests.conftest import Stack, start_stack
 from tests.support.processes import child_env
 from tests.support.specs import matmul_spec

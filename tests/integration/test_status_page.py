@@ -17,14 +17,15 @@ import redis
 from matplotlib import image
 
 from plancache import Client, CompileFailed, Target
-from plancache.client import WindowCounts
+from plancache.transport.results import WindowCounts
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server import keys
-from plancache_server.build_records import RECENT_FAILURES_KEPT, BuildRecorder
-from plancache_server.embedded_redis import EmbeddedRedis, free_port
-from plancache_server.jobs import Job
 from plancache_server.settings import Settings
-from plancache_server.worker_queue import WorkerQueue
+from plancache_server.store import keys
+from plancache_server.store.build_records import RECENT_FAILURES_KEPT, BuildRecorder
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.store.jobs import Job
+from plancache_server.web.status import status_of
+from plancache_server.worker.worker_queue import WorkerQueue
 from tests.conftest import Stack
 from tests.support.browser import artifacts_dir, rendered_dom, screenshot
 from tests.support.frontend import ThreadedFrontEnd
@@ -162,7 +163,7 @@ def test_invalidated_plans_leave_the_top_entries(busy_server: dict[str, Any]) ->
 
 def test_worker_http_port_serves_metrics_only(tmp_path: Path) -> None:
     """A worker has no status page: its port answers /metrics, / is 404."""
-    from plancache_server.web import WebServer
+    from plancache_server.web.http import WebServer
 
     server = WebServer(free_port(), status=None, host="127.0.0.1").start()
     try:
@@ -192,7 +193,7 @@ def test_queue_depth_counts_waiting_and_running_builds(redis_client: redis.Redis
     assert front_end.run(queue.depth(TARGET)) == (3, 0)
     [delivery] = workers.read("w1", [TARGET], block_ms=100)
     assert front_end.run(queue.depth(TARGET)) == (2, 1)
-    [row] = front_end.run(front_end.front.status.report()).targets
+    [row] = front_end.run(status_of(front_end.front).report()).targets
     assert (row.target_id, row.live_workers, row.jobs_waiting, row.jobs_running) == (TARGET.id, 1, 2, 1)
     workers.ack(delivery)  # a finished job leaves the stream: its length is the queue's depth
     assert front_end.run(queue.depth(TARGET)) == (2, 0) and redis_client.xlen(keys.job_stream(TARGET)) == 2
@@ -213,11 +214,11 @@ def test_recent_failures_are_capped_newest_first_and_survive_bad_records(redis_c
 
 def test_page_answers_503_with_the_reason_while_redis_is_down() -> None:
     """During a Redis outage the page says so (and /metrics still answers)."""
-    from plancache_server.web import WebServer
+    from plancache_server.web.http import WebServer
 
     unreachable = f"redis://127.0.0.1:{free_port()}/0"
     front = ThreadedFrontEnd(Settings(listen="127.0.0.1:0", redis_url=unreachable), unreachable)
-    server = WebServer(free_port(), status=front.front.status, host="127.0.0.1", loop=front.loop).start()
+    server = WebServer(free_port(), status=status_of(front.front), host="127.0.0.1", loop=front.loop).start()
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
         for path in ("/", "/status.json"):
@@ -231,13 +232,13 @@ def test_page_answers_503_with_the_reason_while_redis_is_down() -> None:
 
 @pytest.mark.parametrize(("listen", "host"), [("127.0.0.1:50051", "127.0.0.1"), ("0.0.0.0:1", "0.0.0.0"), ("[::1]:50051", "::1"), ("localhost:7", "localhost")])
 def test_the_metrics_port_binds_the_grpc_listen_host_by_default(listen: str, host: str) -> None:
-    from plancache_server.web import listen_host
+    from plancache_server.web.http import listen_host
 
     assert listen_host(listen) == host
 
 
 def test_the_metrics_port_listens_only_where_it_is_told() -> None:
-    from plancache_server.web import serve
+    from plancache_server.web.http import serve
 
     server = serve(free_port(), host="127.0.0.1")
     assert server is not None

@@ -19,12 +19,13 @@ import pytest
 import redis
 
 from plancache import Client, CompileOptions, Manifest, Unavailable, UntrustedBuild
-from plancache.signing import Signer, generate_keypair
-from plancache_server import builds as builds_module
-from plancache_server import keys, metrics
-from plancache_server.build_records import DONE, finished_event, state_fields
-from plancache_server.embedded_redis import EmbeddedRedis
-from plancache_server.worker_queue import WorkerQueue
+from plancache.trust.signing import Signer, generate_keypair
+from plancache_server import telemetry
+from plancache_server.frontend import builds as builds_module
+from plancache_server.store import keys
+from plancache_server.store.build_records import DONE, finished_event, state_fields
+from plancache_server.store.embedded_redis import EmbeddedRedis
+from plancache_server.worker.worker_queue import WorkerQueue
 from tests.conftest import Stack, start_stack
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
@@ -47,7 +48,7 @@ def mismatched_stack(redis_server: EmbeddedRedis, redis_client: object, keypairs
 
 
 def _key_id(public: Path) -> str:
-    from plancache.signing import key_id, load_public_key
+    from plancache.trust.signing import key_id, load_public_key
 
     return key_id(load_public_key(public))
 
@@ -67,7 +68,7 @@ def _untrusted_count(stack: Stack) -> int:
 
 def _untrusted_metric() -> float:
     """plancache_untrusted_builds_total, every target label together."""
-    return sum(s.value for m in metrics.UNTRUSTED_BUILDS.collect() for s in m.samples if s.name.endswith("_total"))
+    return sum(s.value for m in telemetry.UNTRUSTED_BUILDS.collect() for s in m.samples if s.name.endswith("_total"))
 
 
 def test_callers_of_a_build_signed_by_an_untrusted_key_fail_at_once_with_the_reason(

@@ -18,14 +18,14 @@ import pytest
 import redis
 
 from plancache import Client, CompileOptions, InvalidRequest, Manifest, PermissionDenied, WarmStatus
-from plancache.canonical import spec_hash
-from plancache.plankey import make_key
-from plancache.spec import GraphSpec
+from plancache.keys.plankey import make_key
+from plancache.spec.canonical import spec_hash
+from plancache.spec.graph import GraphSpec
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server import keys
-from plancache_server.embedded_redis import EmbeddedRedis
-from plancache_server.lifecycle import Janitor
-from plancache_server.warming import Source, Warming
+from plancache_server.store import keys
+from plancache_server.store.embedded_redis import EmbeddedRedis
+from plancache_server.store.lifecycle import Janitor
+from plancache_server.store.warming import Source, Warming
 from tests.conftest import Stack, start_stack
 from tests.support.processes import child_env, server_process, wait_for_workers, worker_process
 from tests.support.specs import matmul_spec
@@ -129,8 +129,8 @@ def test_a_spec_that_fails_is_recorded_and_skipped(warm_stack: Stack) -> None:
 
 
 def _forge_source_plan(client: redis.Redis, spec: GraphSpec) -> None:
-    from plancache import spec_io
-    from plancache.validation import normalize
+    from plancache.spec import spec_io
+    from plancache.spec.validation import normalize
 
     normalized = normalize(spec)
     key = _key(spec, GENERIC)
@@ -319,7 +319,7 @@ def test_a_warming_plan_is_resumed_after_its_worker_dies(tmp_path: Path) -> None
 
 
 def _port() -> int:
-    from plancache_server.embedded_redis import free_port
+    from plancache_server.store.embedded_redis import free_port
 
     return free_port()
 

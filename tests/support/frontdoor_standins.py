@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plancache import CompileOptions, GraphSpec, Plan, PlanCacheError, Target
-from plancache.answers import Asked
-from plancache.canonical import hash_normalized
-from plancache.layouts import row_major
-from plancache.validation import normalize
-from plancache_server.compiler.base import CompiledPlan
-from plancache_server.worker import VerifiedJob, plan_metadata
+from plancache.spec.canonical import hash_normalized
+from plancache.spec.layouts import row_major
+from plancache.spec.validation import normalize
+from plancache.trust.answers import Asked
+from plancache_server.worker.compiler.base import CompiledPlan
+from plancache_server.worker.worker import VerifiedJob, plan_metadata
 from tests.support.fake_gpu import FakeDevice
 
 TARGET = Target("sm_90", 91900, "1.32.0", "StandIn GPU", 132)
@@ -28,12 +28,12 @@ _addresses = itertools.count(0x10000, 0x1000)
 
 
 def key_of(spec: GraphSpec, target: Target = TARGET, options: CompileOptions | None = None) -> str:
-    """The plan key a client asks for (plancache.answers, as Client.compile computes it)."""
+    """The plan key a client asks for (plancache.trust.answers, as Client.compile computes it)."""
     return Asked.query(hash_normalized(normalize(spec)), target, options or CompileOptions()).key
 
 
 def plan_for(spec: GraphSpec, target: Target = TARGET, options: CompileOptions | None = None, source: str = "compiled", workspace: int = 256) -> Plan:
-    """A plan answering `spec` with a made-up blob, its metadata as a worker writes it (plancache_server.worker)."""
+    """A plan answering `spec` with a made-up blob, its metadata as a worker writes it (plancache_server.worker.worker)."""
     normalized, opts = normalize(spec), options or CompileOptions()
     blob = b"standin-plan:" + hash_normalized(normalized).encode()
     compiled = CompiledPlan(blob, workspace, 0, {}, "standin", is_python_engine=False)

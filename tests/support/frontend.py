@@ -8,7 +8,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from plancache_server.app import FrontEnd
+from plancache_server.frontend.app import FrontEnd
 from plancache_server.settings import Settings
 
 T = TypeVar("T")

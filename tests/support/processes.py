@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from plancache import Client, PlanCacheError
-from plancache_server.embedded_redis import free_port
+from plancache_server.store.embedded_redis import free_port
 from tests.support.hermetic import inherited_environment
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import redis
 
-from plancache_server.embedded_redis import EmbeddedRedis
+from plancache_server.store.embedded_redis import EmbeddedRedis
 
 
 def _port_pair_free(port: int) -> bool:

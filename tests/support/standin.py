@@ -22,12 +22,12 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from plancache.canonical import hash_normalized
 from plancache.errors import CompileFailed
-from plancache.options import CompileOptions
-from plancache.spec import GraphSpec
-from plancache.target import Target
-from plancache_server.compiler.base import BuiltPlan, CandidateResult, CompiledPlan, Heuristic, compile_inline
+from plancache.keys.options import CompileOptions
+from plancache.keys.target import Target
+from plancache.spec.canonical import hash_normalized
+from plancache.spec.graph import GraphSpec
+from plancache_server.worker.compiler.base import BuiltPlan, CandidateResult, CompiledPlan, Heuristic, compile_inline
 
 STANDIN_TARGET = Target("sm_90", 91900, "1.32.0", "StandIn GPU", 132)
 # Graphs with this name are "rejected by cuDNN", to exercise failure paths.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from plancache_server import metrics
+from plancache_server import telemetry
 from plancache_server.settings import SERVER, options, parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def test_prometheus_scrapes_the_metrics_ports() -> None:
 def test_grafana_dashboard_queries_metrics_that_exist() -> None:
     dashboard = json.loads((ROOT / "docker" / "grafana" / "dashboards" / "plancache.json").read_text())
     exported = set()
-    for metric in (metrics.REQUESTS, metrics.REQUEST_SECONDS, metrics.LOOKUPS, metrics.BUILDS, metrics.BUILD_SECONDS, metrics.BUSY):
+    for metric in (telemetry.REQUESTS, telemetry.REQUEST_SECONDS, telemetry.LOOKUPS, telemetry.BUILDS, telemetry.BUILD_SECONDS, telemetry.BUSY):
         name = metric._name
         exported |= {name, f"{name}_total", f"{name}_bucket"}
     exported |= {"plancache_jobs_waiting", "plancache_jobs_running", "plancache_live_workers"}
@@ -75,7 +75,7 @@ def test_readme_configuration_table_is_the_settings_table() -> None:
 
 def test_readme_acl_rules_are_the_ones_tested() -> None:
     """The README's ACL SETUSER lines are keys.ACL_RULES (which test_redis_acl runs a front end and a worker under)."""
-    from plancache_server import keys
+    from plancache_server.store import keys
 
     readme = (ROOT / "README.md").read_text()
     for role, user in (("frontend", "plancache-frontend"), ("worker", "plancache-worker")):

@@ -6,8 +6,8 @@ import pytest
 
 from examples.generate import EXAMPLES
 from plancache import CompileFailed, GraphSpec
-from plancache.validation import normalize
-from plancache_server.compiler.defects import check_known_defects
+from plancache.spec.validation import normalize
+from plancache_server.worker.compiler.defects import check_known_defects
 
 
 def _pointwise(bias_dims: list[int]) -> GraphSpec:

@@ -17,12 +17,12 @@ def _imported_after(statement: str) -> set[str]:
     return set(out.split())
 
 
-@pytest.mark.parametrize("statement", ["import plancache, plancache.cli, plancache.client, plancache.plan"])
+@pytest.mark.parametrize("statement", ["import plancache, plancache.cli, plancache.transport.client, plancache.run.plan"])
 def test_client_does_not_import_redis_or_the_gpu_stack(statement: str) -> None:
     assert not {"redis", "torch", "cudnn", "plancache_server"} & _imported_after(statement)
 
 
 def test_front_end_does_not_import_the_gpu_stack() -> None:
-    imported = _imported_after("import plancache_server.main, plancache_server.worker_main, plancache_server.app")
+    imported = _imported_after("import plancache_server.main, plancache_server.worker_main, plancache_server.frontend.app")
     assert not {"torch", "cudnn"} & imported
     assert "redis" in imported

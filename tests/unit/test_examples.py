@@ -8,8 +8,8 @@ import pytest
 
 from examples.generate import EXAMPLES, EXAMPLES_DIR, render
 from plancache import GraphSpec
-from plancache.ops import CATALOG
-from plancache.validation import normalize
+from plancache.spec.ops import CATALOG
+from plancache.spec.validation import normalize
 
 
 @pytest.mark.parametrize("name", list(EXAMPLES))

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from plancache import InvalidRequest, Plan, execution
+from plancache import InvalidRequest, Plan
+from plancache.run import execution
 from plancache.v1 import plancache_pb2 as pb
 from tests.support.fake_gpu import FakeDevice, FakeRuntime, FakeTensor
 

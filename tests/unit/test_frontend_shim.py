@@ -282,7 +282,7 @@ def test_a_program_that_drives_the_plan_list_builds_locally(recorder: Recorder, 
 
 def test_a_real_client_pointed_at_a_dead_port_builds_locally(recorder: Recorder) -> None:
     from plancache import Client
-    from plancache_server.embedded_redis import free_port
+    from plancache_server.store.embedded_redis import free_port
 
     with Client(f"127.0.0.1:{free_port()}", cache=False, timeout=5, compile_timeout=5) as dead:
         shim.configure(dead, target=TARGET)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from plancache import CompileOptions, InvalidRequest, Target
-from plancache.plankey import make_key, parse_key
-from plancache_server import keys
+from plancache.keys.plankey import make_key, parse_key
+from plancache_server.store import keys
 
 H200 = Target("sm_90", 91900, "1.32.0", "NVIDIA H200", 132)
 

@@ -8,9 +8,9 @@ import hashlib
 import pytest
 
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server import memory_cache
-from plancache_server.memory_cache import MemoryCachedStore
-from plancache_server.store import StoredPlan
+from plancache_server.frontend import memory_cache
+from plancache_server.frontend.memory_cache import MemoryCachedStore
+from plancache_server.store.plans import StoredPlan
 
 
 class DictStore:
@@ -90,7 +90,7 @@ def test_entries_expire_and_oversized_plans_are_not_kept() -> None:
 
 
 def test_a_plan_deleted_elsewhere_is_forgotten() -> None:
-    """Invalidate deletes through the janitor (plancache_server.lifecycle), then forgets."""
+    """Invalidate deletes through the janitor (plancache_server.store.lifecycle), then forgets."""
     inner = DictStore()
     cache = MemoryCachedStore(inner, max_bytes=10_000, ttl_s=60)
     cache.remember(plan("a", 1000))

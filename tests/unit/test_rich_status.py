@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from plancache.client import RETRY_BACKOFF_CAP_S, _retry_pause
 from plancache.errors import CompileFailed, ResourceExhausted, TargetUnavailable
-from plancache.rich_status import DETAILS_METADATA_KEY, MAX_MESSAGE_CHARS, bounded, error_of, trailing_metadata
+from plancache.transport.client import RETRY_BACKOFF_CAP_S, _retry_pause
+from plancache.transport.rich_status import DETAILS_METADATA_KEY, MAX_MESSAGE_CHARS, bounded, error_of, trailing_metadata
 
 
 def test_error_class_and_retry_delay_survive_the_round_trip() -> None:

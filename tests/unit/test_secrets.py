@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from plancache.errors import InvalidRequest
-from plancache.signing import generate_keypair
+from plancache.trust.signing import generate_keypair
 from plancache_server.secrets import check_secret, check_secrets
 from plancache_server.settings import Settings
 

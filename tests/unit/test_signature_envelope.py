@@ -9,7 +9,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from plancache import UntrustedPlan
-from plancache.signing import ENVELOPE_VERSION_1, Signer, TrustPolicy, key_id
+from plancache.trust.signing import ENVELOPE_VERSION_1, Signer, TrustPolicy, key_id
 from plancache.v1 import plancache_pb2 as pb
 
 

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from plancache import GraphSpec, SpecError, spec_io
-from plancache.validation import normalize
+from plancache import GraphSpec, SpecError
+from plancache.spec import spec_io
+from plancache.spec.validation import normalize
 from tests.support.specs import matmul_bias_relu_spec, matmul_spec
 
 

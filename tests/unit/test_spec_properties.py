@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from plancache import GraphSpec, SpecError
-from plancache.canonical import hash_normalized
 from plancache.errors import PlanCacheError
-from plancache.validation import normalize
+from plancache.spec.canonical import hash_normalized
+from plancache.spec.validation import normalize
 
 UNARY = ["relu", "gelu", "tanh", "sigmoid", "swish", "exp", "abs", "neg"]
 BINARY = ["add", "sub", "mul", "div"]

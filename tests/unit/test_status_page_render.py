@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
-from plancache_server.builds import FailedBuild
-from plancache_server.stats import Bucket
-from plancache_server.status import StatusReport, TargetStatus, TopEntry
-from plancache_server.status_page import render
+from plancache_server.frontend.builds import FailedBuild
+from plancache_server.store.stats import Bucket
+from plancache_server.web.status import StatusReport, TargetStatus, TopEntry
+from plancache_server.web.status_page import render
 from tests.support.standin import STANDIN_TARGET as TARGET
 
 NOW = 1_795_000_000.0
@@ -89,7 +89,7 @@ def test_a_target_without_workers_says_why_everything_misses() -> None:
 
 
 def test_the_store_per_target_is_shown() -> None:
-    from plancache_server.lifecycle import TargetUsage
+    from plancache_server.store.lifecycle import TargetUsage
 
     target = TargetStatus(TARGET.id, 1, 0, 0, {"total": {}}, [], TargetUsage(stored_bytes=3 * 2**20, stored_plans=40, evicted=7, expired=2))  # type: ignore[arg-type]
     page = render(StatusReport(NOW, "1h", [target], {}, [], [], []))

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from examples.generate import EXAMPLES
-from plancache.validation import normalize, storage_elements
-from plancache_server.compiler.timing_inputs import timing_inputs
+from plancache.spec.validation import normalize, storage_elements
+from plancache_server.worker.compiler.timing_inputs import timing_inputs
 
 
 def by_name(spec_name: str) -> dict[str, int]:

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from plancache import SpecError, spec_io
-from plancache.validation import normalize
+from plancache import SpecError
+from plancache.spec import spec_io
+from plancache.spec.validation import normalize
 from tests.support.processes import REPO
 
 

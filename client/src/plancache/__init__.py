@@ -3,8 +3,6 @@
     from plancache import Client, GraphSpec
 """
 
-from plancache.client import Client, PrefetchResult, TargetInfo, TargetStats, TLSConfig, WindowCounts
-from plancache.disk_cache import DiskCache
 from plancache.errors import (
     CompileFailed,
     CompileTimeout,
@@ -23,11 +21,14 @@ from plancache.errors import (
     UntrustedBuild,
     UntrustedPlan,
 )
-from plancache.manifest import Manifest, ManifestEntry
-from plancache.options import CompileOptions
-from plancache.plan import Plan
-from plancache.spec import GraphSpec, Tensor
-from plancache.target import Target
+from plancache.keys.options import CompileOptions
+from plancache.keys.target import Target
+from plancache.run.plan import Plan
+from plancache.spec.graph import GraphSpec, Tensor
+from plancache.transport.client import Client, TLSConfig
+from plancache.transport.manifest import Manifest, ManifestEntry
+from plancache.transport.results import PrefetchResult, TargetInfo, TargetStats, WindowCounts
+from plancache.trust.disk_cache import DiskCache
 from plancache.warm import WarmStatus
 
 __version__ = "0.1.0"

@@ -23,16 +23,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from plancache.bundle import read_bundle, write_bundle
-from plancache.client import Client, TLSConfig, WindowCounts
-from plancache.disk_cache import DiskCache
 from plancache.errors import InvalidRequest, PlanCacheError
-from plancache.manifest import Manifest, ManifestEntry
-from plancache.options import CompileOptions
-from plancache.plan import Plan
-from plancache.signing import TrustPolicy, generate_keypair
-from plancache.spec import GraphSpec
-from plancache.target import Target
+from plancache.keys.options import CompileOptions
+from plancache.keys.target import Target
+from plancache.run.plan import Plan
+from plancache.spec.graph import GraphSpec
+from plancache.transport.client import Client, TLSConfig
+from plancache.transport.manifest import Manifest, ManifestEntry
+from plancache.transport.results import WindowCounts
+from plancache.trust.bundle import read_bundle, write_bundle
+from plancache.trust.disk_cache import DiskCache
+from plancache.trust.signing import TrustPolicy, generate_keypair
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -279,7 +280,7 @@ def _target(client: Client, text: str | None, timeout: float | None) -> Target |
     that lists what the server can build."""
     if text is None:
         try:
-            from plancache.gpu import detect_target
+            from plancache.run.gpu import detect_target
 
             detect_target()
             return None

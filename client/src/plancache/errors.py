@@ -10,7 +10,7 @@ from __future__ import annotations
 import grpc
 
 # Trailing-metadata key that names the error class (kept beside the standard
-# google.rpc.ErrorInfo for clients written before it; see plancache.rich_status).
+# google.rpc.ErrorInfo for clients written before it; see plancache.transport.rich_status).
 ERROR_CLASS_METADATA_KEY = "plancache-error"
 
 

@@ -1,5 +1,5 @@
 """`plancache-server-import BUNDLE --redis-url URL`: load a bundle into a
-plan store, every plan verified first (plancache.bundle).
+plan store, every plan verified first (plancache.trust.bundle).
 
 It writes plans as a worker does (accounted, indexed, under --store-max-mb),
 so it runs with the workers' Redis credentials: front ends never write
@@ -16,11 +16,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from plancache.bundle import read_bundle
 from plancache.errors import PlanCacheError
-from plancache.signing import TrustPolicy
-from plancache_server.redis_conn import connect
-from plancache_server.store import RedisPlanStore, StoredPlan
+from plancache.trust.bundle import read_bundle
+from plancache.trust.signing import TrustPolicy
+from plancache_server.store.plans import RedisPlanStore, StoredPlan
+from plancache_server.store.redis_conn import connect
 
 log = logging.getLogger(__name__)
 

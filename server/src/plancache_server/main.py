@@ -20,14 +20,16 @@ from pathlib import Path
 from typing import IO
 
 from plancache.errors import PlanCacheError
-from plancache.signing import TRUSTED_KEYS_ENV, generate_keypair
-from plancache_server import metrics, web
-from plancache_server.app import FrontEnd
-from plancache_server.embedded_redis import EmbeddedRedis
-from plancache_server.gpus import select_gpus
+from plancache.trust.signing import TRUSTED_KEYS_ENV, generate_keypair
+from plancache_server.frontend.app import FrontEnd
 from plancache_server.secrets import check_secrets
 from plancache_server.settings import Settings, server_settings, worker_flags
-from plancache_server.supervisor import WorkerProcesses
+from plancache_server.store.embedded_redis import EmbeddedRedis
+from plancache_server.web import http as web
+from plancache_server.web import metrics
+from plancache_server.web.status import status_of
+from plancache_server.worker.gpus import select_gpus
+from plancache_server.worker.supervisor import WorkerProcesses
 
 log = logging.getLogger("plancache_server")
 
@@ -97,7 +99,7 @@ async def serve(settings: Settings, redis_url: str) -> None:
         metrics.report_store(front.janitor.usage)
     if front.warming is not None:
         metrics.report_warming(front.warming.all_status)
-    http = web.serve(settings.metrics_port, front.status, loop, host=settings.metrics_host or web.listen_host(settings.listen))
+    http = web.serve(settings.metrics_port, status_of(front), loop, host=settings.metrics_host or web.listen_host(settings.listen))
     log.info("plancache-server listening on %s (port %d)", settings.listen, front.port)
     stopping = asyncio.Event()
 

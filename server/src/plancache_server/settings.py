@@ -17,11 +17,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from plancache.signing import key_paths
-from plancache.validation import Limits
-from plancache_server.compiler.base import AUTOTUNE_STRATEGIES
+from plancache.spec.validation import Limits
+from plancache.trust.signing import key_paths
 
 SERVER, WORKER = "server", "worker"
+# How a worker times candidate plans (plancache_server.worker.compiler.timing says how each works).
+AUTOTUNE_STRATEGIES = ("screened", "exhaustive")
 BOTH = frozenset({SERVER, WORKER})
 
 

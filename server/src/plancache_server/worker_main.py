@@ -11,26 +11,26 @@ import signal
 import threading
 from collections.abc import Sequence
 
-from plancache_server.gpus import visible_gpus
 from plancache_server.main import configure_logging
 from plancache_server.settings import WORKER, Settings, parser, settings_from, worker_flags
-from plancache_server.supervisor import EXIT_MISCONFIGURED, WorkerProcesses
+from plancache_server.worker.gpus import visible_gpus
+from plancache_server.worker.supervisor import EXIT_MISCONFIGURED, WorkerProcesses
 
-log = logging.getLogger("plancache_server.worker")
+log = logging.getLogger("plancache_server.worker.worker")
 
 
 def run_one(device: int, settings: Settings) -> int:
     from plancache.errors import PlanCacheError
-    from plancache.signing import Signer
-    from plancache_server import web
-    from plancache_server.app import worker_parts
-    from plancache_server.build_pool import ProcessBuildPool, default_pool_size
-    from plancache_server.compiler import load_compiler
-    from plancache_server.redis_conn import connect
+    from plancache.trust.signing import Signer
     from plancache_server.secrets import check_secrets
-    from plancache_server.warm_runner import WarmRunner
-    from plancache_server.warming import Warming
-    from plancache_server.worker import Worker, default_worker_id
+    from plancache_server.store.redis_conn import connect
+    from plancache_server.store.warming import Warming
+    from plancache_server.web import http as web
+    from plancache_server.worker.build_pool import ProcessBuildPool, default_pool_size
+    from plancache_server.worker.compiler import load_compiler
+    from plancache_server.worker.parts import worker_parts
+    from plancache_server.worker.warm_runner import WarmRunner
+    from plancache_server.worker.worker import Worker, default_worker_id
 
     if settings.signing_key is None and not settings.unsigned:
         log.error("plancache-worker needs --signing-key (Ed25519 PEM; `plancache keygen` makes one) or, explicitly, --unsigned")

@@ -26,6 +26,9 @@ get_execution_plan_count before building ...) builds locally too.
 
 Not `serve_frontend(client)`, which would patch the real class: see
 docs/design.md, "Frontend code, one line changed".
+
+Owns: the frontend's graph class, served by plancache.
+May import: plancache.errors, plancache.spec, plancache.keys, plancache.run, plancache.transport, plancache.functional.
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ import cudnn as _frontend
 from plancache.cudnn._capture import capture, options
 from plancache.errors import PlanCacheError
 from plancache.functional._service import ABOUT_THE_GRAPH, SERVICE, Once, configure, describe, reason_key
-from plancache.plan import Plan
-from plancache.spec import GraphSpec
+from plancache.run.plan import Plan
+from plancache.spec.graph import GraphSpec
 
 log = logging.getLogger(__name__)
 _once = Once()
@@ -112,7 +115,7 @@ def _load(graph: Any, plan: Plan) -> Any:
     handle = graph.__dict__.get("_handle")
     served = _frontend.pygraph(handle=handle) if handle is not None else _frontend.pygraph()
     if handle is None:
-        from plancache.gpu import cudnn_handle
+        from plancache.run.gpu import cudnn_handle
 
         handle = cudnn_handle()
     served.deserialize(handle, plan.blob)

@@ -1,6 +1,6 @@
 """What plancache is asked for a program's pygraph: its spec and options.
 
-The spec is `GraphSpec.from_pygraph` (plancache.interop) with what the
+The spec is `GraphSpec.from_pygraph` (plancache.spec.interop) with what the
 frontend's IR records in spellings the catalog does not use:
 
 - `sdpa(..., is_inference=...)`: the classic switch for the softmax stats,
@@ -25,9 +25,9 @@ from typing import Any
 
 from plancache.errors import SpecError
 from plancache.functional._geometry import dtype_name
-from plancache.options import HEURISTIC_MODES, CompileOptions
-from plancache.spec import GraphSpec
-from plancache.validation import normalize
+from plancache.keys.options import HEURISTIC_MODES, CompileOptions
+from plancache.spec.graph import GraphSpec
+from plancache.spec.validation import normalize
 
 _STATS_OPS = ("sdpa", "sdpa_fp8")
 

@@ -20,6 +20,7 @@ Owns: the functions, the geometry table (an LRU of `set_max_geometries()`
 entries) and the service setting both front doors share (`configure`, the
 same function as `plancache.cudnn.configure`). Imports torch only when a
 call needs it (plancache stays importable with grpcio and protobuf).
+May import: plancache.errors, plancache.dtypes, plancache.spec, plancache.keys, plancache.run, plancache.transport.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from plancache.errors import InvalidRequest
 from plancache.functional._ops import conv2d, layer_norm, linear, matmul, paged_decode_attention, rms_norm, scaled_dot_product_attention
 from plancache.functional._service import SERVICE, configure
 from plancache.functional._table import COUNTS, TABLE, Fallback, Served
-from plancache.plan import Plan
+from plancache.run.plan import Plan
 
 __all__ = [
     "FunctionStats",

@@ -22,7 +22,6 @@ import os
 import threading
 from typing import Any
 
-from plancache.client import Client
 from plancache.errors import (
     CompileFailed,
     CompileTimeout,
@@ -33,10 +32,11 @@ from plancache.errors import (
     TargetUnavailable,
     Unavailable,
 )
-from plancache.options import CompileOptions
-from plancache.plan import Plan
-from plancache.spec import GraphSpec
-from plancache.target import Target
+from plancache.keys.options import CompileOptions
+from plancache.keys.target import Target
+from plancache.run.plan import Plan
+from plancache.spec.graph import GraphSpec
+from plancache.transport.client import Client
 
 SERVER_ENV = "PLANCACHE_SERVER"
 # Errors that may pass (a server restarting, a worker joining): worth asking again later.
@@ -101,7 +101,7 @@ class Service:
             return self._target
         found = self._detected.get(device)
         if found is None:
-            from plancache.gpu import detect_target
+            from plancache.run.gpu import detect_target
 
             found = self._detected[device] = detect_target(device)
         return found

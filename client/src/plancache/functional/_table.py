@@ -12,7 +12,7 @@ made per call. Both cost more than the 20 % of the frontend's execute a
 call may add; the geometry key has already proved every one of those
 checks, and cuDNN reads addresses only. So a call packs the caller's tensors
 by uid and runs the deserialized plan with the thread's handle, on the
-current stream, with the shared workspace of that stream (plancache.execution,
+current stream, with the shared workspace of that stream (plancache.run.execution,
 as a bound plan does).
 """
 
@@ -26,10 +26,10 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from plancache.execution import handle_state, process
 from plancache.functional import _torch
 from plancache.functional._specs import Request
-from plancache.plan import Plan
+from plancache.run.execution import handle_state, process
+from plancache.run.plan import Plan
 
 log = logging.getLogger("plancache.functional")
 

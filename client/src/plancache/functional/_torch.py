@@ -151,13 +151,13 @@ class TensorOps(Protocol):
 class TorchOps:
     def allocator(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: str, device: int) -> Callable[[], Any]:
         """A call's output, made by one C call (empty_strided with everything bound)."""
-        from plancache.gpu import torch_dtype
+        from plancache.run.gpu import torch_dtype
 
         torch = _torch()
         return functools.partial(torch.empty_strided, shape, stride, dtype=torch_dtype(dtype), device=torch.device("cuda", device))
 
     def constant(self, constant: Constant, device: int) -> Any:
-        from plancache.gpu import torch_dtype
+        from plancache.run.gpu import torch_dtype
 
         where = "cpu" if constant.on_host else f"cuda:{device}"
         value = int(constant.value) if constant.dtype in INTEGER_TYPES else constant.value

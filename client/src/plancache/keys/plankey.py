@@ -1,0 +1,39 @@
+"""Plan keys: `<spec sha256>/<target id>/<options id>`.
+
+Readable on purpose: an operator can see which target and spec a key belongs
+to. Redis key names built from it live in plancache_server.store.keys, nowhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+from plancache.errors import InvalidRequest
+from plancache.keys.options import CompileOptions
+from plancache.keys.target import Target
+
+_SPEC_HASH = re.compile(r"^[0-9a-f]{64}$")
+_OPTIONS_ID = re.compile(r"^opt-[0-9a-f]{16}$")
+
+
+def make_key(spec_hash: str, target: Target, options: CompileOptions) -> str:
+    return f"{spec_hash}/{target.id}/{options.id}"
+
+
+@dataclass(frozen=True)
+class ParsedKey:
+    spec_hash: str
+    target: Target
+    options_id: str
+
+
+@functools.lru_cache(maxsize=65536)
+def parse_key(key: str) -> ParsedKey:
+    """Parsed and validated (cached: a hot key is parsed once; failures are not cached)."""
+    parts = key.split("/")
+    if len(key) > 512 or len(parts) < 5 or not _SPEC_HASH.match(parts[0]) or not _OPTIONS_ID.match(parts[-1]):
+        raise InvalidRequest(f"plan key {key[:100]!r} is not like '<sha256>/<target id>/opt-<16 hex>'")
+    target = Target.parse("/".join(parts[1:-1]))
+    return ParsedKey(parts[0], target, parts[-1])

@@ -1,0 +1,7 @@
+"""Running plans on the local GPU: the plan (plan), its tensors bound by
+name or uid (binding, bound), handles, streams and workspaces (execution),
+the GPU stack and target detection (gpu).
+
+Owns: executing plans; it fetches nothing.
+May import: plancache.errors, plancache.dtypes, plancache.v1, plancache.spec, plancache.keys, plancache.run.
+"""

@@ -1,0 +1,326 @@
+"""Validate a GraphSpec and bring it to normal form, before any GPU work.
+
+`normalize(spec)` returns a new spec in which every default is explicit
+(data types, strides, attribute defaults, inferred output dims), so two specs
+that mean the same graph normalize to the same thing. It refuses, with a
+message naming the node or tensor, anything cuDNN would reject for a reason
+we can see here: unknown ops, ports or attributes, wrong attribute types,
+dangling or duplicate uids, rank and shape mismatches, bad data types, and
+sizes over the limits.
+
+The client runs it to fail fast; the server runs it again and trusts nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from plancache import dtypes
+from plancache.errors import SpecError
+from plancache.spec import layouts
+from plancache.spec.graph import GraphSpec, Node, Tensor
+from plancache.spec.ops import CATALOG, AttrKind, AttrSchema, AttrValue, Dims, OpSchema, ShapeError
+
+# Exact in every JSON implementation (RFC 8785 hashes numbers as IEEE doubles).
+MAX_UID = 2**53
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a spec may ask for. The server's limits are configurable."""
+
+    max_tensors: int = 1024
+    max_nodes: int = 512
+    max_rank: int = 8
+    max_name_length: int = 256
+    max_list_length: int = 16
+    max_elements_per_tensor: int = 2**34
+    # Autotuning allocates every non-virtual tensor on the GPU.
+    max_total_bytes: int = 32 * 2**30
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def storage_elements(dim: Dims, stride: Dims) -> int:
+    """Elements a buffer must hold to back this (possibly strided) view."""
+    return 1 + sum((d - 1) * s for d, s in zip(dim, stride, strict=True))
+
+
+def normalize(spec: GraphSpec, limits: Limits = DEFAULT_LIMITS) -> GraphSpec:
+    out = copy.deepcopy(spec)
+    out.assign_uids()
+    _check_graph(out, limits)
+    producer: dict[int, int] = {}
+    consumed: set[int] = set()
+    for index, node in enumerate(out.nodes):
+        _normalize_node(out, node, index, producer, consumed, limits)
+    consumed.update(t.ragged_offset.uid for t in out.tensors if t.ragged_offset is not None and t.ragged_offset.uid is not None)
+    total_bytes = 0
+    for tensor in out.tensors:
+        _normalize_tensor(out, tensor, producer, consumed, limits)
+        if not tensor.is_virtual:
+            total_bytes += storage_elements(tensor.dim, tensor.stride) * dtypes.itemsize(tensor.data_type or "float")
+    if total_bytes > limits.max_total_bytes:
+        raise SpecError(f"graph: its tensors need {total_bytes:,} bytes, over the limit of {limits.max_total_bytes:,}")
+    _check_integer_ports(out)
+    _check_ragged(out, producer)
+    return out
+
+
+def _check_integer_ports(spec: GraphSpec) -> None:
+    """Ports that carry lengths (sdpa's seq_len_q ...) need integer tensors."""
+    for index, node in enumerate(spec.nodes):
+        schema = CATALOG[node.op]
+        for port in (*schema.integer_bounds, *schema.index_bounds, *schema.integer_inputs):
+            t = node.inputs.get(port)
+            if t is not None and t.data_type not in dtypes.INTEGER_TYPES:
+                raise SpecError(f"{node.label(index)}: input {port!r} must have an integer data type, {t.label()} is {t.data_type}")
+
+
+def _check_ragged(spec: GraphSpec, producer: dict[int, int]) -> None:
+    """Ragged tensors: offsets that are integer graph inputs of dims
+    [b + 1, 1, ...], on ports that take packed sequences, with the per-batch
+    lengths (use_padding_mask) cuDNN needs to read them."""
+    ragged = {id(t) for t in spec.tensors if t.ragged_offset is not None}
+    for t in spec.tensors:
+        offsets = t.ragged_offset
+        if offsets is None:
+            continue
+        where = t.label()
+        assert offsets.uid is not None
+        if t.is_virtual or t.is_pass_by_value:
+            raise SpecError(f"{where}: only a tensor the caller binds can be ragged (not an intermediate or a pass-by-value scalar)")
+        if offsets.uid in producer or offsets.is_pass_by_value or id(offsets) in ragged:
+            raise SpecError(
+                f"{where}: its ragged offsets {offsets.label()} must be a GPU tensor the caller binds, not a node's result, a scalar or ragged itself"
+            )
+        expected = (t.dim[0] + 1, *([1] * (len(t.dim) - 1)))
+        if tuple(offsets.dim) != expected:
+            raise SpecError(
+                f"{where}: its ragged offsets {offsets.label()} must have dims {list(expected)} (one start per batch, and the end), got {list(offsets.dim)}"
+            )
+        if offsets.data_type not in ("int32", "int64"):
+            raise SpecError(f"{where}: its ragged offsets {offsets.label()} must be int32 or int64, got {offsets.data_type}")
+    for index, node in enumerate(spec.nodes):
+        schema = CATALOG[node.op]
+        ports = {**node.inputs, **node.outputs}
+        packed = [port for port, t in ports.items() if id(t) in ragged]
+        for port in packed:
+            if port not in schema.ragged_ports:
+                allowed = f"only {', '.join(schema.ragged_ports)}" if schema.ragged_ports else "none"
+                raise SpecError(f"{node.label(index)}: {port!r} ({ports[port].label()}) is ragged, but {node.op} takes ragged tensors on {allowed}")
+        if packed and not node.attributes.get("use_padding_mask"):
+            raise SpecError(
+                f"{node.label(index)}: ragged {', '.join(map(repr, packed))} need use_padding_mask with seq_len_q and seq_len_kv (each sequence's length)"
+            )
+        for attr, port in (("max_total_seq_len_q", "q"), ("max_total_seq_len_kv", "k")):
+            total = node.attributes.get(attr)
+            if total is None:
+                continue
+            t = node.inputs[port]
+            if id(t) not in ragged:
+                raise SpecError(f"{node.label(index)}: {attr} is for a ragged {port!r}; {t.label()} is not ragged")
+            assert isinstance(total, int)
+            if not 1 <= total <= t.dim[0] * t.dim[2]:
+                raise SpecError(f"{node.label(index)}: {attr} = {total} must be in [1, {t.dim[0] * t.dim[2]}] (batch × longest sequence of {port!r})")
+
+
+def _check_graph(spec: GraphSpec, limits: Limits) -> None:
+    if not spec.nodes:
+        raise SpecError("graph: no nodes")
+    if len(spec.tensors) > limits.max_tensors:
+        raise SpecError(f"graph: {len(spec.tensors)} tensors, over the limit of {limits.max_tensors}")
+    if len(spec.nodes) > limits.max_nodes:
+        raise SpecError(f"graph: {len(spec.nodes)} nodes, over the limit of {limits.max_nodes}")
+    if len(spec.name) > limits.max_name_length:
+        raise SpecError(f"graph: name longer than {limits.max_name_length} characters")
+    spec.intermediate_data_type = spec.intermediate_data_type or "float"
+    spec.compute_data_type = spec.compute_data_type or "float"
+    seen: dict[int, Tensor] = {}
+    for t in spec.tensors:
+        assert t.uid is not None
+        if isinstance(t.uid, bool) or not 1 <= t.uid <= MAX_UID:
+            raise SpecError(f"{t.label()}: uid must be between 1 and 2**53")
+        if t.uid in seen:
+            raise SpecError(f"{t.label()}: duplicate uid {t.uid} (also {seen[t.uid].label()})")
+        seen[t.uid] = t
+        if len(t.name) > limits.max_name_length:
+            raise SpecError(f"{t.label()}: name longer than {limits.max_name_length} characters")
+        if t.dim:
+            _check_dims(t, limits)
+    known = {id(t) for t in spec.tensors}
+    for t in spec.tensors:
+        if t.ragged_offset is not None and id(t.ragged_offset) not in known:
+            raise SpecError(f"{t.label()}: its ragged offsets tensor is not part of this graph")
+    for i, node in enumerate(spec.nodes):
+        for port, t in [*node.inputs.items(), *node.outputs.items()]:
+            if id(t) not in known:
+                raise SpecError(f"{node.label(i)}: port {port!r} uses a tensor that is not part of this graph")
+
+
+def _normalize_node(spec: GraphSpec, node: Node, index: int, producer: dict[int, int], consumed: set[int], limits: Limits) -> None:
+    where = node.label(index)
+    schema = CATALOG.get(node.op)
+    if schema is None:
+        raise SpecError(f"{where}: unknown op {node.op!r} (known: {', '.join(sorted(CATALOG))})")
+    if len(node.name) > limits.max_name_length:
+        raise SpecError(f"{where}: name longer than {limits.max_name_length} characters")
+    allowed = set(schema.inputs) | set(schema.optional_inputs)
+    for port in node.inputs:
+        if port not in allowed:
+            raise SpecError(f"{where}: {node.op} has no input port {port!r} (ports: {', '.join(schema.inputs + schema.optional_inputs)})")
+    for port in schema.inputs:
+        if port not in node.inputs:
+            raise SpecError(f"{where}: missing required input {port!r}")
+    node.attributes = _normalize_attributes(schema, node.attributes, where, limits)
+    input_dims: dict[str, Dims] = {}
+    for port, t in node.inputs.items():
+        assert t.uid is not None
+        made_by = producer.get(t.uid)
+        if made_by is None and any(t is o for later in spec.nodes[index:] for o in later.outputs.values()):
+            raise SpecError(f"{where}: input {port!r} uses {t.label()} before the node that produces it (nodes run in order)")
+        if not t.dim:
+            raise SpecError(f"{where}: input {port!r} uses {t.label()}, which has no dims")
+        input_dims[port] = t.dim
+        consumed.add(t.uid)
+    if schema.complete is not None:
+        schema.complete(input_dims, node.attributes)
+    expected = schema.outputs_for(node.attributes)
+    for port in node.outputs:
+        if port not in expected and port not in schema.optional_outputs:
+            extra = f"; on request: {', '.join(schema.optional_outputs)}" if schema.optional_outputs else ""
+            raise SpecError(f"{where}: {node.op} does not produce {port!r} with these attributes (it produces {', '.join(expected)}{extra})")
+    for port in expected:
+        if port not in node.outputs:
+            raise SpecError(f"{where}: output {port!r} is not mapped to a tensor")
+    declared: dict[str, Dims | None] = {port: (t.dim or None) for port, t in node.outputs.items()}
+    try:
+        inferred = schema.infer(input_dims, declared, node.attributes)
+    except ShapeError as e:
+        raise SpecError(f"{where}: {e}") from None
+    for port, t in node.outputs.items():
+        assert t.uid is not None
+        if t.uid in producer:
+            raise SpecError(f"{where}: output {port!r} ({t.label()}) is already produced by node {producer[t.uid]}")
+        if t.uid in consumed:
+            raise SpecError(f"{where}: output {port!r} ({t.label()}) is consumed by an earlier node")
+        producer[t.uid] = index
+        t.dim = inferred[port]
+    _infer_result_strides(schema, node, where)
+    if schema.takes_compute_type:
+        node.compute_data_type = node.compute_data_type or spec.compute_data_type
+    else:
+        node.compute_data_type = None
+
+
+def _infer_result_strides(schema: OpSchema, node: Node, where: str) -> None:
+    """Strides of the node's results as the cuDNN frontend infers them
+    (layouts.py), where the spec leaves them out. An intermediate's layout
+    is the frontend's to choose (it is not bound, and not sent to cuDNN):
+    one written into the spec must be that one."""
+    inputs = {port: (t.dim, t.stride or layouts.row_major(t.dim)) for port, t in node.inputs.items()}
+    for port, t in node.outputs.items():
+        inferred = layouts.result_strides(schema.family, port, t.dim, inputs, schema.inputs + schema.optional_inputs)
+        if not t.stride and t.ragged_offset is not None:
+            raise SpecError(f"{where}: ragged output {port!r} ({t.label()}) needs its strides (the packed layout cuDNN writes through the offsets)")
+        if not t.stride:
+            t.stride = inferred
+        elif not t.is_output and tuple(t.stride) != inferred:
+            raise SpecError(
+                f"{where}: intermediate {t.label()} has strides {list(t.stride)}, but cuDNN lays it out as {list(inferred)}: "
+                "leave an intermediate's strides out, or make it an output"
+            )
+
+
+def _normalize_attributes(schema: OpSchema, raw: dict[str, AttrValue], where: str, limits: Limits) -> dict[str, AttrValue]:
+    attrs: dict[str, AttrValue] = {}
+    for key, value in raw.items():
+        spec_ = schema.attributes.get(key)
+        if spec_ is None:
+            allowed = ", ".join(sorted(schema.attributes)) or "none"
+            raise SpecError(f"{where}: {schema.name} has no attribute {key!r} (attributes: {allowed})")
+        attrs[key] = _coerce(value, spec_, f"{where}: attribute {key!r}", limits)
+    for key, spec_ in schema.attributes.items():
+        if key not in attrs:
+            if spec_.required:
+                raise SpecError(f"{where}: missing required attribute {key!r}" + (f" (one of {', '.join(spec_.choices)})" if spec_.choices else ""))
+            if spec_.default is not None:
+                attrs[key] = spec_.default
+    return attrs
+
+
+def _coerce(value: Any, spec_: AttrSchema, where: str, limits: Limits) -> AttrValue:
+    kind = spec_.kind
+    if kind is AttrKind.BOOL:
+        if isinstance(value, bool):
+            return value
+    elif kind is AttrKind.INT:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif kind is AttrKind.FLOAT:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    elif kind is AttrKind.INT_LIST:
+        if isinstance(value, tuple | list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            if len(value) > limits.max_list_length:
+                raise SpecError(f"{where}: more than {limits.max_list_length} values")
+            return tuple(value)
+    elif kind is AttrKind.ENUM and isinstance(value, str):
+        if value.upper() in spec_.choices:
+            return value.upper()
+        raise SpecError(f"{where}: {value!r} is not one of {', '.join(spec_.choices)}")
+    raise SpecError(f"{where}: expected {kind.value}, got {value!r}")
+
+
+def _check_dims(t: Tensor, limits: Limits) -> None:
+    where = t.label()
+    if len(t.dim) > limits.max_rank:
+        raise SpecError(f"{where}: rank {len(t.dim)} over the limit of {limits.max_rank}")
+    if any(d < 1 for d in t.dim):
+        raise SpecError(f"{where}: dims must be >= 1, got {list(t.dim)}")
+    if math.prod(t.dim) > limits.max_elements_per_tensor:
+        raise SpecError(f"{where}: {math.prod(t.dim):,} elements, over the limit of {limits.max_elements_per_tensor:,}")
+
+
+def _normalize_tensor(spec: GraphSpec, t: Tensor, producer: dict[int, int], consumed: set[int], limits: Limits) -> None:
+    assert t.uid is not None
+    where = t.label()
+    produced = t.uid in producer
+    if produced:
+        if t.is_output and t.is_virtual:
+            raise SpecError(f"{where}: cannot be both virtual and an output")
+        t.is_virtual = not t.is_output
+        if t.is_virtual and t.uid not in consumed:
+            raise SpecError(f"{where}: an intermediate no node consumes; mark it as an output (is_output) to keep it")
+        if t.is_pass_by_value:
+            raise SpecError(f"{where}: a node's result cannot be pass-by-value")
+        default_type = spec.intermediate_data_type if t.is_virtual else spec.io_data_type
+    else:
+        if t.is_virtual or t.is_output:
+            raise SpecError(f"{where}: marked {'virtual' if t.is_virtual else 'output'} but no node produces it")
+        if t.uid not in consumed:
+            raise SpecError(f"{where}: declared but no node uses it")
+        default_type = "float" if t.is_pass_by_value else spec.io_data_type
+    if t.data_type is None:
+        if default_type is None:
+            raise SpecError(f"{where}: no data_type, and the graph has no io_data_type to default to")
+        t.data_type = default_type
+    if not t.dim:
+        raise SpecError(f"{where}: no dims")
+    _check_dims(t, limits)
+    if not t.stride:
+        t.stride = layouts.row_major(t.dim)
+    if len(t.stride) != len(t.dim):
+        raise SpecError(f"{where}: stride {list(t.stride)} has {len(t.stride)} entries for {len(t.dim)} dims")
+    if any(s < 1 for s in t.stride):
+        raise SpecError(f"{where}: strides must be >= 1, got {list(t.stride)}")
+    if t.is_pass_by_value and math.prod(t.dim) != 1:
+        raise SpecError(f"{where}: a pass-by-value tensor must hold one element, got dims {list(t.dim)}")
+    if t.scalar_value is not None and not t.is_pass_by_value:
+        raise SpecError(f"{where}: scalar_value is only for pass-by-value tensors")
+    if t.scalar_value is not None and not math.isfinite(t.scalar_value):
+        raise SpecError(f"{where}: scalar_value must be finite")

@@ -1,0 +1,91 @@
+"""What a client's calls answer: a prefetch's plans and errors per entry,
+the targets that can build, the statistics per target and window."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from plancache.errors import PlanCacheError
+from plancache.run.plan import Plan
+from plancache.v1 import plancache_pb2 as pb
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    target_id: str
+    live_workers: int
+    worker_ids: tuple[str, ...]
+
+
+@dataclass
+class PrefetchResult:
+    """Per manifest entry index: its plan or its error."""
+
+    total: int
+    plans: dict[int, Plan] = field(default_factory=dict)
+    errors: dict[int, PlanCacheError] = field(default_factory=dict)
+    keys: dict[int, str] = field(default_factory=dict)
+    from_cache: int = 0
+    fetched: int = 0  # stored plans
+    compiled: int = 0  # plans of builds this call started, joined or saw begin (provisional)
+
+    @property
+    def done(self) -> int:
+        return len(self.plans) + len(self.errors)
+
+    @property
+    def provisional(self) -> int:
+        """Plans that are cuDNN's heuristic choice, their autotuning still under way."""
+        return sum(plan.provisional for plan in self.plans.values())
+
+    @property
+    def failed(self) -> int:
+        return len(self.errors)
+
+
+@dataclass(frozen=True)
+class WindowCounts:
+    hits: int = 0
+    misses: int = 0
+    compiles: int = 0
+    failures: int = 0
+    joined: int = 0
+    bytes_served: int = 0
+    build_seconds_saved: float = 0.0
+    refused: int = 0  # compiles answered TargetUnavailable
+    untrusted_builds: int = 0  # builds whose plan the front end refused (UntrustedBuild)
+
+    @property
+    def hit_rate(self) -> float:
+        lookups = self.hits + self.misses
+        return self.hits / lookups if lookups else 0.0
+
+    @classmethod
+    def from_proto(cls, w: pb.WindowStats) -> WindowCounts:
+        return cls(w.hits, w.misses, w.compiles, w.failures, w.joined, w.bytes_served, w.build_seconds_saved, w.refused, w.untrusted_builds)
+
+
+@dataclass(frozen=True)
+class TargetStats:
+    """Totals of one target, and `windows` ("5m", "1h", "24h", "total")."""
+
+    target_id: str
+    hits: int
+    misses: int
+    compiles: int
+    failures: int
+    joined: int
+    live_workers: int
+    bytes_served: int = 0
+    build_seconds_saved: float = 0.0
+    windows: dict[str, WindowCounts] = field(default_factory=dict)
+    # The store: plans held now, and how many left it (bound, retention).
+    stored_bytes: int = 0
+    stored_plans: int = 0
+    evicted: int = 0
+    expired: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        lookups = self.hits + self.misses
+        return self.hits / lookups if lookups else 0.0

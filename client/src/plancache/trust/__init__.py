@@ -1,0 +1,7 @@
+"""What a client accepts: signatures (signing), answers checked against the
+question (answers), bundles of plans (bundle), the verified disk cache
+(disk_cache).
+
+Owns: deciding whether bytes from elsewhere may be deserialized.
+May import: plancache.errors, plancache.dtypes, plancache.v1, plancache.spec, plancache.keys, plancache.run, plancache.trust.
+"""

@@ -1,0 +1,10 @@
+"""The Redis schema both sides share: every key name (keys), the plans
+(plans), job streams (jobs), builds' leases and outcomes (build_records),
+the plans' lifecycle (lifecycle), statistics (stats), the targets known and
+their workers (directory), warming plans (warming), connections
+(redis_conn) and the private redis-server (embedded_redis).
+
+Owns: what Redis holds, and how to read and write it; nothing about serving
+or building.
+May import: plancache, plancache_server.store, plancache_server.telemetry.
+"""

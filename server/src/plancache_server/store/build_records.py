@@ -1,0 +1,138 @@
+"""What Redis holds about builds, and the worker's side of it.
+
+Per plan key: a build lease (SET NX with expiry, holding the job id; one
+build per key across the deployment), the latest job's state (a hash), and
+cuDNN's rejection for the negative cache. Deployment-wide: a capped list of
+recent failed builds (status page) and a pub/sub channel on which workers
+announce finished jobs. Front ends take leases and wait
+(plancache_server.frontend.builds); workers record progress and outcomes here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+import redis
+
+from plancache.keys.plankey import parse_key
+from plancache_server.store import keys
+from plancache_server.store.redis_conn import text, translated_errors
+
+log = logging.getLogger(__name__)
+
+QUEUED, RUNNING, PROVISIONAL, DONE, FAILED = "queued", "running", "provisional", "done", "failed"
+JOB_STATE_TTL_S = 24 * 3600
+# Failed builds kept for the status page, newest first.
+RECENT_FAILURES_KEPT = 200
+
+# Delete the lease only while it still names our job: a lease that expired
+# and was retaken by another build must not be released by us.
+RELEASE_IF_OWNER = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+# Extend the lease only while it names our job.
+RENEW_IF_OWNER = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class FailedBuild:
+    at: float  # unix seconds
+    plan_key: str
+    worker: str
+    reason: str
+    # cuDNN refused the graph (remembered by the negative cache), as opposed
+    # to the build failing for another reason (a crash, a lost worker).
+    rejected: bool
+
+    @property
+    def target_id(self) -> str:
+        return parse_key(self.plan_key).target.id
+
+
+def state_fields(job_id: str, state: str, **extra: str) -> dict[str, str]:
+    """Every field, every time: one HSET replaces the previous job's state."""
+    return {"job_id": job_id, "state": state, "updated_at": f"{time.time():.3f}", "worker": "", "error": "", **extra}
+
+
+def finished_event(job_id: str, plan_key: str) -> str:
+    return json.dumps({"job_id": job_id, "plan_key": plan_key})
+
+
+class BuildRecorder:
+    """The worker's side: progress, lease renewal, outcome, announcement."""
+
+    def __init__(self, client: redis.Redis, lease_s: float, negative_ttl_s: float = 3600.0) -> None:
+        self._redis = client
+        self._lease_s = lease_s
+        self._negative_ttl_s = negative_ttl_s
+        self._release = client.register_script(RELEASE_IF_OWNER)
+        self._renew = client.register_script(RENEW_IF_OWNER)
+
+    def take_lease(self, plan_key: str, job_id: str) -> str | None:
+        """A build nobody asked for (warming) takes the key's lease as a
+        front end would: None when taken, else the job id of the build
+        under way that holds it."""
+        with translated_errors("taking a build lease"):
+            if self._redis.set(keys.build_lease(plan_key), job_id, nx=True, px=int(self._lease_s * 1000)):
+                return None
+            holder = self._redis.get(keys.build_lease(plan_key))
+        return text(holder) if holder is not None else ""
+
+    def mark_running(self, plan_key: str, job_id: str, worker_id: str) -> None:
+        self._set_state(plan_key, state_fields(job_id, RUNNING, worker=worker_id))
+
+    def provisional(self, plan_key: str, job_id: str, worker_id: str) -> None:
+        """A provisional plan is stored: its waiters can have it, while this
+        worker (still holding the lease) autotunes."""
+        self._set_state(plan_key, state_fields(job_id, PROVISIONAL, worker=worker_id))
+        with translated_errors("announcing a provisional plan"):
+            self._redis.publish(keys.EVENTS_CHANNEL, finished_event(job_id, plan_key))
+
+    def renew(self, plan_key: str, job_id: str) -> None:
+        """Keep the lease while building: a dead worker's lease runs out."""
+        with translated_errors("renewing a build lease"):
+            self._renew(keys=[keys.build_lease(plan_key)], args=[job_id, int(self._lease_s * 1000)])
+
+    def finish(self, plan_key: str, job_id: str, worker_id: str, error: str | None = None, rejected: bool = False) -> None:
+        """Record the outcome; `rejected`: cuDNN refused the graph, remembered
+        for the negative cache's lifetime (the key carries the versions)."""
+        if error and rejected:
+            with translated_errors("recording a rejection"):
+                self._redis.set(keys.failure(plan_key), error, ex=max(1, int(self._negative_ttl_s)))
+        self._set_state(plan_key, state_fields(job_id, FAILED if error else DONE, worker=worker_id, error=error or ""))
+        if error:
+            self._record_failure(FailedBuild(at=time.time(), plan_key=plan_key, worker=worker_id, reason=error, rejected=rejected))
+        with translated_errors("releasing a build lease"):
+            self._release(keys=[keys.build_lease(plan_key)], args=[job_id])
+        with translated_errors("announcing a finished build"):
+            self._redis.publish(keys.EVENTS_CHANNEL, finished_event(job_id, plan_key))
+
+    def release(self, plan_key: str, job_id: str) -> None:
+        """Let go of a lease without an outcome (a warming build not started)."""
+        with translated_errors("releasing a build lease"):
+            self._release(keys=[keys.build_lease(plan_key)], args=[job_id])
+
+    def record_refusal(self, plan_key: str, worker_id: str, reason: str) -> None:
+        """A job this worker refused (forged, or not for it): listed with the
+        failed builds for operators; the plan it names is not touched."""
+        self._record_failure(FailedBuild(at=time.time(), plan_key=plan_key[:512], worker=worker_id, reason=reason[:2000], rejected=False))
+
+    def _record_failure(self, failure: FailedBuild) -> None:
+        with translated_errors("recording a failed build"):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.lpush(keys.RECENT_FAILURES, json.dumps(asdict(failure)))
+            pipe.ltrim(keys.RECENT_FAILURES, 0, RECENT_FAILURES_KEPT - 1)
+            pipe.execute()
+
+    def _set_state(self, plan_key: str, fields: dict[str, str]) -> None:
+        name = keys.job_state(plan_key)
+        with translated_errors("recording a job state"):
+            self._redis.hset(name, mapping=fields)  # type: ignore[arg-type]
+            self._redis.expire(name, JOB_STATE_TTL_S)

@@ -1,0 +1,133 @@
+"""Build jobs: one Redis stream per target, read by workers in a consumer group.
+
+The same path serves one host and many: a front end appends a job to the
+stream of the requested target; any worker of that target, on any host,
+reads it through the shared consumer group. Workers announce themselves
+with a heartbeat in a sorted set per target, so a front end can refuse at
+once a target no live worker can build.
+
+A stream holds only unfinished jobs (a worker deletes a job when it acks
+it), so its length is the queue's depth, and the queue is bounded at
+admission: a front end adds a job only while the stream is shorter than
+its bound (atomically, in one script), and otherwise refuses the caller at
+once with a retry delay. Nothing is ever trimmed out of a stream.
+
+Front ends use `JobQueue` (asynchronous); workers use
+plancache_server.worker.worker_queue.WorkerQueue (blocking).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from plancache.errors import ResourceExhausted
+from plancache.keys.target import Target
+from plancache.v1 import plancache_pb2 as pb
+from plancache_server.store import keys
+from plancache_server.store.redis_conn import AsyncRedis, text, translated_errors
+
+log = logging.getLogger(__name__)
+
+# Add a job only while the stream holds fewer than ARGV[1] entries.
+_ENQUEUE_IF_ROOM = """
+if redis.call('xlen', KEYS[1]) >= tonumber(ARGV[1]) then return false end
+return redis.call('xadd', KEYS[1], '*', 'job_id', ARGV[2], 'plan_key', ARGV[3], 'query', ARGV[4])
+"""
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    plan_key: str
+    # The normalized spec, the requested target and the options.
+    query: pb.PlanQuery
+
+    def encode(self) -> dict[str, bytes]:
+        return {"job_id": self.job_id.encode(), "plan_key": self.plan_key.encode(), "query": self.query.SerializeToString()}
+
+    @classmethod
+    def decode(cls, fields: dict[bytes, bytes]) -> Job:
+        query = pb.PlanQuery()
+        query.ParseFromString(fields[b"query"])
+        return cls(job_id=fields[b"job_id"].decode(), plan_key=fields[b"plan_key"].decode(), query=query)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    stream: str
+    entry_id: str
+    job: Job | None  # None when the entry does not decode
+    attempts: int = 1  # how many times the job was handed to a worker
+
+
+def delivery(stream: str, entry_id: bytes | str, fields: dict[bytes, bytes], attempts: int = 1) -> Delivery:
+    entry = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    try:
+        job: Job | None = Job.decode(fields)
+    except (KeyError, ValueError, DecodeError) as e:
+        log.error("job %s on %s does not decode (%s); dropping it", entry, stream, e)
+        job = None
+    return Delivery(stream, entry, job, attempts)
+
+
+class JobQueue:
+    """The front end's side: queue jobs, and look at queues and workers."""
+
+    def __init__(self, client: AsyncRedis, max_jobs: int, retry_delay_s: float) -> None:
+        self._redis = client
+        self._max_jobs = max_jobs
+        self._retry_delay_s = retry_delay_s
+        self._enqueue_if_room = client.register_script(_ENQUEUE_IF_ROOM)
+
+    async def enqueue(self, target: Target, job: Job) -> None:
+        """Queue a job, or refuse it (ResourceExhausted) when the target's queue is full."""
+        fields = job.encode()
+        with translated_errors("queueing a build"):
+            added = await self._enqueue_if_room(keys=[keys.job_stream(target)], args=[self._max_jobs, fields["job_id"], fields["plan_key"], fields["query"]])
+        if not added:
+            raise ResourceExhausted(
+                f"the build queue of target {target.id} is full ({self._max_jobs} unfinished builds); nothing was queued for {job.plan_key}: call again later",
+                retry_after=self._retry_delay_s,
+            )
+
+    async def live_workers(self, target: Target) -> int:
+        with translated_errors("looking up workers"):
+            return int(await self._redis.zcount(keys.workers(target.id), time.time(), "+inf"))
+
+    async def advertised_targets(self) -> set[str]:
+        """Every target a worker ever announced (live or not)."""
+        with translated_errors("listing targets"):
+            return {text(t) for t in await self._redis.smembers(keys.KNOWN_TARGETS)}
+
+    async def live_targets(self) -> dict[str, list[str]]:
+        """Targets with a live worker now, and those workers."""
+        ids = sorted(await self.advertised_targets())
+        now = time.time()
+        with translated_errors("listing workers"):
+            pipe = self._redis.pipeline(transaction=False)
+            for target_id in ids:
+                pipe.zrangebyscore(keys.workers(target_id), now, "+inf")
+            replies = await pipe.execute()
+        return {t: sorted(text(m) for m in members) for t, members in zip(ids, replies, strict=True) if members}
+
+    async def request_drain(self, worker_id: str) -> bool:
+        """Ask a worker to leave; whether a live worker has that id."""
+        known = any(worker_id in workers for workers in (await self.live_targets()).values())
+        with translated_errors("asking a worker to drain"):
+            await self._redis.set(keys.drain(worker_id), "1", ex=24 * 3600)
+        return known
+
+    async def depth(self, target: Target) -> tuple[int, int]:
+        """(builds queued and not yet taken, builds taken and not finished)."""
+        stream = keys.job_stream(target)
+        with translated_errors("reading a queue's depth"):
+            length = int(await self._redis.xlen(stream))
+            groups: list[dict[str, Any]] = await self._redis.xinfo_groups(stream) if length else []
+        names = (keys.JOB_GROUP, keys.JOB_GROUP.encode())
+        pending = int(next((g for g in groups if g["name"] in names), {}).get("pending") or 0)
+        return max(0, length - pending), pending

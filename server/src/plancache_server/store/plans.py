@@ -1,0 +1,284 @@
+"""The plan store: serialized plans and their metadata, in Redis.
+
+A plan is one Redis hash (blob + metadata + signature) written by one HSET,
+so a reader sees all or nothing. A blob whose sha256 does not match its
+metadata, or metadata naming another key, is never returned: it reads as a
+miss, and the next Compile rebuilds it.
+
+Workers write plans with the blocking `RedisPlanStore`; front ends read
+them with the asynchronous `AsyncRedisPlanStore` (usually behind the
+memory cache, plancache_server.frontend.memory_cache). Both use one codec.
+
+Anyone who can write to Redis can write a plan hash. A front end that knows
+the workers' public keys (`--trusted-keys`, or the key it generated for its
+own workers) checks each plan's signature when it reads it: a plan that
+fails reads as a miss and is counted (plancache_plans_refused_total); the
+next Compile has it rebuilt, since a worker checks a stored plan's
+signature too before it takes it as built, unless the build it waits for
+is the one refused (plancache_server.frontend.builds: UntrustedBuild). Front ends never write plans
+(their Redis user need not be able to). Clients check signatures again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import redis
+from google.protobuf.message import DecodeError
+
+from plancache.errors import IntegrityError, UntrustedPlan
+from plancache.trust.signing import TrustPolicy
+from plancache.v1 import plancache_pb2 as pb
+from plancache_server import telemetry
+from plancache_server.store import keys
+from plancache_server.store.lifecycle import Janitor
+from plancache_server.store.redis_conn import AsyncRedis, text, translated_errors
+
+log = logging.getLogger(__name__)
+
+PLAN_FIELDS = ["blob", "meta", "sig"]
+
+
+@dataclass(frozen=True)
+class StoredPlan:
+    blob: bytes
+    metadata: pb.PlanMetadata
+    signature: pb.PlanSignature | None = None  # the worker's; None when unsigned
+
+    @functools.cached_property
+    def proto(self) -> pb.Plan:
+        """Built once per stored plan (a hot plan is served many times); read-only."""
+        return pb.Plan(metadata=self.metadata, blob=self.blob, signature=self.signature)
+
+    @functools.cached_property
+    def get_plan_response(self) -> bytes:
+        """The serialized GetPlanResponse, built once per stored plan: a hot
+        plan's hit path then encodes no 75 KB message per request."""
+        return pb.GetPlanResponse(plan=self.proto).SerializeToString()
+
+    def compile_response(self, source: int) -> bytes:
+        """A serialized CompileResponse. Its field 1 (the plan) is encoded
+        exactly like GetPlanResponse's, and protobuf merges concatenated
+        messages, so the plan's bytes are reused as they are."""
+        return self.get_plan_response + pb.CompileResponse(source=source).SerializeToString()  # type: ignore[arg-type]
+
+    @functools.cached_property
+    def _prefetch_plan_field(self) -> bytes:
+        return pb.PrefetchItem(plan=self.proto).SerializeToString()
+
+    def prefetch_item(self, index: int, key: str, source: int) -> bytes:
+        """A serialized PrefetchItem: the per-stream fields, then the plan's
+        bytes encoded once for every stream that receives it."""
+        return pb.PrefetchItem(index=index, key=key, source=source).SerializeToString() + self._prefetch_plan_field  # type: ignore[arg-type]
+
+    @property
+    def provisional(self) -> bool:
+        return bool(self.metadata.provisional)
+
+    @functools.cached_property
+    def size(self) -> int:
+        """Bytes it holds in memory (blob and metadata), for cache bounds."""
+        return len(self.blob) + self.metadata.ByteSize()
+
+
+def encode_plan(plan: StoredPlan) -> dict[str, bytes]:
+    meta = plan.metadata
+    if hashlib.sha256(plan.blob).hexdigest() != meta.blob_sha256:
+        raise ValueError(f"plan {meta.key}: refusing to store a blob that does not match its sha256")
+    fields = {"blob": plan.blob, "meta": meta.SerializeToString(), "sig": plan.signature.SerializeToString() if plan.signature else b""}
+    # What the plan costs the store (plancache_server.store.lifecycle counts it).
+    fields["size"] = str(sum(len(v) for v in fields.values())).encode()
+    return fields
+
+
+def checked_plan(plan_key: str, blob: bytes | None, meta: bytes | None, sig: bytes | None) -> StoredPlan | None:
+    """The stored plan; None when absent; IntegrityError when it is there
+    but not intact (metadata that does not parse, a blob that does not match
+    its sha256, metadata naming another key)."""
+    if blob is None and meta is None:
+        return None
+    if blob is None or meta is None:
+        raise IntegrityError(f"plan {plan_key} is stored without its {'blob' if blob is None else 'metadata'}")
+    try:
+        metadata = pb.PlanMetadata.FromString(meta)
+        signature = pb.PlanSignature.FromString(sig) if sig else None
+    except DecodeError:
+        raise IntegrityError(f"plan {plan_key}: its stored metadata or signature does not parse") from None
+    digest = hashlib.sha256(blob).hexdigest()
+    if digest != metadata.blob_sha256:
+        raise IntegrityError(f"plan {plan_key}: its blob's sha256 {digest} is not the one its metadata names ({metadata.blob_sha256[:64]})")
+    if metadata.key != plan_key:
+        raise IntegrityError(f"plan {plan_key}: its metadata names another plan ({metadata.key[:300]})")
+    return StoredPlan(blob=blob, metadata=metadata, signature=signature)
+
+
+def decode_plan(plan_key: str, blob: bytes | None, meta: bytes | None, sig: bytes | None) -> StoredPlan | None:
+    """The stored plan, or None when absent or not intact (logged)."""
+    try:
+        return checked_plan(plan_key, blob, meta, sig)
+    except IntegrityError as e:
+        log.warning("%s; treating it as a miss", e.message)
+        return None
+
+
+class RefusalLog:
+    """Logs each refused plan once a minute at most: a front end re-reads a
+    plan while callers wait for it, and one refusal is one line, not one
+    every half second."""
+
+    def __init__(self, every_s: float = 60.0, kept: int = 1024) -> None:
+        self._every_s = every_s
+        self._kept = kept
+        self._last: dict[tuple[str, str], float] = {}
+
+    def warn(self, plan_key: str, error: IntegrityError) -> None:
+        now = time.monotonic()
+        seen = (plan_key, error.message)
+        if now - self._last.get(seen, -self._every_s) < self._every_s:
+            return
+        if len(self._last) >= self._kept:
+            self._last.clear()
+        self._last[seen] = now
+        log.warning("%s; it reads as a miss", error.message)
+
+
+class RedisPlanStore:
+    """Blocking: workers (check, then store what they built) and tools."""
+
+    def __init__(self, client: redis.Redis, trust: TrustPolicy | None = None, max_bytes: int = 0, clock: Callable[[], float] = time.time) -> None:
+        """`trust`: what a stored plan must be signed by to count as built;
+        `max_bytes`: the store's bound (least recently used plans go first; 0: none)."""
+        self._redis = client
+        self._trust = trust
+        self._max_bytes = max_bytes
+        self.janitor = Janitor(client, clock)
+
+    def get(self, plan_key: str) -> StoredPlan | None:
+        with translated_errors("reading a plan"):
+            blob, meta, sig = cast(list[bytes | None], self._redis.hmget(keys.plan(plan_key), PLAN_FIELDS))
+        plan = decode_plan(plan_key, blob, meta, sig)
+        if plan is not None and self._trust is not None:
+            try:
+                self._trust.check(plan.metadata, plan.signature)
+            except UntrustedPlan as e:
+                log.warning("plan %s: %s; treated as not built", plan_key, e.message)
+                return None
+        return plan
+
+    def put(self, plan: StoredPlan, spec: pb.GraphSpec | None = None, warmed: bool = False) -> None:
+        """Store a plan this worker built; `spec`: the normalized spec it was
+        built from (kept for warming); `warmed`: built before anyone asked,
+        so it enters the store's LRU as the least recently used plan, and
+        the bound evicts it before any plan that was served (it is kept for
+        the retention from when it was warmed)."""
+        fields = encode_plan(plan)
+        plan_key = plan.metadata.key
+        with translated_errors("writing a plan"):
+            # One build per key at a time (the build lease): the previous size is this worker's to replace.
+            previous = self._redis.hget(keys.plan(plan_key), "size")
+            self._redis.hset(keys.plan(plan_key), mapping=fields)  # type: ignore[arg-type]
+            # An index for operators (which keys exist for a spec); not atomic
+            # with the plan because it lives on another shard in a cluster.
+            self._redis.sadd(keys.spec_index(plan.metadata.spec_hash), plan_key)
+            if spec is not None:
+                self._redis.set(keys.spec_body(plan.metadata.spec_hash), spec.SerializeToString())
+        self.janitor.record_put(plan_key, int(fields["size"]), int(previous) if previous is not None else None, warmed=warmed)
+        if self._max_bytes:
+            self.janitor.enforce_capacity(self._max_bytes, keep=None if warmed else plan_key)
+
+    def delete(self, plan_key: str) -> None:
+        self.janitor.remove(plan_key, "invalidated")
+
+    @property
+    def client(self) -> redis.Redis:
+        return self._redis
+
+
+class Offload(Protocol):
+    """Runs CPU work of a large message off the event loop (the front end's
+    plancache_server.frontend.offload.CpuOffload), small work inline."""
+
+    async def run(self, size: int, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+
+class PlanStore(Protocol):
+    """What a front end reads plans through."""
+
+    def cached(self, plan_key: str) -> StoredPlan | None:
+        """The plan if this process holds it already (no I/O), else None."""
+        ...
+
+    async def get(self, plan_key: str) -> StoredPlan | None: ...
+
+    async def fresh(self, plan_key: str) -> StoredPlan | None:
+        """What Redis holds now (a plan may have been replaced: provisional,
+        then tuned). Where `get` reads a refused plan as a miss, this raises
+        why: UntrustedPlan (its signature), IntegrityError (damaged)."""
+        ...
+
+    def forget(self, plan_key: str) -> None:
+        """Drop what this process holds of a plan (it changed elsewhere)."""
+        ...
+
+    async def keys_of_spec(self, spec_hash: str) -> list[str]: ...
+
+    async def keys_of_target(self, target_id: str | None) -> list[str]:
+        """Stored plan keys of a target (None: of every target)."""
+        ...
+
+
+class AsyncRedisPlanStore:
+    def __init__(self, client: AsyncRedis, offload: Offload, trust: TrustPolicy | None = None) -> None:
+        """`trust`: the workers' keys; None serves plans without checking
+        their signatures (clients still check)."""
+        self._redis = client
+        self._offload = offload
+        self._trust = trust
+        self._refusals = RefusalLog()
+
+    def cached(self, plan_key: str) -> StoredPlan | None:
+        return None
+
+    def forget(self, plan_key: str) -> None:
+        pass
+
+    async def fresh(self, plan_key: str) -> StoredPlan | None:
+        with translated_errors("reading a plan"):
+            blob, meta, sig = cast(list[bytes | None], await self._redis.hmget(keys.plan(plan_key), PLAN_FIELDS))
+        try:
+            # Checking the sha256 of a large blob (and a signature) is CPU work: off the loop for large ones.
+            checked: StoredPlan | None = await self._offload.run(len(blob or b""), self._checked, plan_key, blob, meta, sig)
+            return checked
+        except IntegrityError as e:
+            telemetry.child(telemetry.PLANS_REFUSED, "signature" if isinstance(e, UntrustedPlan) else "integrity").inc()
+            self._refusals.warn(plan_key, e)
+            raise
+
+    async def get(self, plan_key: str) -> StoredPlan | None:
+        try:
+            return await self.fresh(plan_key)
+        except IntegrityError:
+            return None  # a miss: a Compile has it rebuilt, or fails with the reason
+
+    def _checked(self, plan_key: str, blob: bytes | None, meta: bytes | None, sig: bytes | None) -> StoredPlan | None:
+        plan = checked_plan(plan_key, blob, meta, sig)
+        if plan is not None and self._trust is not None:
+            self._trust.check(plan.metadata, plan.signature)
+        return plan
+
+    async def keys_of_spec(self, spec_hash: str) -> list[str]:
+        with translated_errors("listing a spec's plans"):
+            members = await self._redis.smembers(keys.spec_index(spec_hash))
+        return sorted(text(k) for k in members)
+
+    async def keys_of_target(self, target_id: str | None) -> list[str]:
+        pattern = keys.plan_pattern_for_target(target_id) if target_id is not None else keys.plan("*")
+        with translated_errors("listing a target's plans"):
+            found = {keys.plan_key_of(text(k)) async for k in self._redis.scan_iter(match=pattern, count=1000)}
+        return sorted(found)

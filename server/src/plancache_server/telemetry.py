@@ -1,0 +1,43 @@
+"""The process's Prometheus counters and gauges, defined once (any layer
+counts; plancache_server.web serves them with its scrape-time collectors).
+
+Front ends count requests by method and status code with their latency,
+plan lookups (hit or miss) per target, refused plans and untrusted builds;
+workers count builds by outcome and time them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+REQUESTS = Counter("plancache_requests", "gRPC calls answered, by method and status code", ["method", "code"])
+REQUEST_SECONDS = Histogram(
+    "plancache_request_seconds", "gRPC call latency", ["method"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)  # fmt: skip
+LOOKUPS = Counter("plancache_lookups", "plan lookups by target and result (hit, miss)", ["target", "result"])
+PLANS_REFUSED = Counter(
+    "plancache_plans_refused", "stored plans a front end refused to serve, by reason (integrity: blob or metadata damaged; signature)", ["reason"]
+)
+UNTRUSTED_BUILDS = Counter(
+    "plancache_untrusted_builds", "builds whose plan this front end refused to serve (signed by a key it does not trust, or damaged), by target", ["target"]
+)
+BUILDS = Counter("plancache_builds", "builds finished by this worker, by target and outcome", ["target", "outcome"])
+BUILD_SECONDS = Histogram("plancache_build_seconds", "build + autotune time of one plan", ["target"], buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 60, 120, 300, 900))
+BUSY = Gauge("plancache_worker_busy", "1 while this worker is building (a piece of a build in its pool, or timing)")
+BUILD_PROCESSES = Gauge("plancache_worker_build_processes", "processes (or threads) this worker builds plans in, side by side")
+
+# Label children, looked up once: prometheus_client's labels() formats and
+# locks on every call, a measurable share of a hit's cost.
+_children: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+
+def child(metric: Counter | Histogram, *labels: str) -> Any:
+    """metric.labels(*labels), cached (label sets are bounded by design)."""
+    key = (metric, labels)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = metric.labels(*labels)
+    return found

@@ -1,0 +1,128 @@
+"""Metrics read from Redis at scrape time (served by plancache_server.web.http
+on `--metrics-port`): the job queue of every known target (builds waiting,
+builds under way) and its live workers, the store's size per target,
+warming's coverage. The process's own counters are plancache_server.telemetry."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import REGISTRY
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from plancache.errors import PlanCacheError
+from plancache.keys.target import Target
+from plancache_server.store.directory import WorkerDirectory
+from plancache_server.store.jobs import JobQueue
+
+log = logging.getLogger(__name__)
+
+class QueueCollector(Collector):
+    """Queue depth and live workers per target, read from Redis at scrape time
+    (on the front end's event loop; the scrape thread waits for it)."""
+
+    def __init__(self, queue: JobQueue, directory: WorkerDirectory, loop: asyncio.AbstractEventLoop) -> None:
+        self._queue = queue
+        self._directory = directory
+        self._loop = loop
+
+    async def _read(self) -> list[tuple[str, int, int, int]]:
+        await self._directory.refresh()
+        rows = []
+        for target_id, workers in sorted(self._directory.live.items()):
+            queued, taken = await self._queue.depth(Target.parse(target_id))
+            rows.append((target_id, queued, taken, len(workers)))
+        return rows
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The families without values. With describe(), registering does not
+        call collect(): collect() waits on the event loop, and registering
+        runs on its thread (it stalled every start-up for collect's 10 s timeout)."""
+        yield from self._families()
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("plancache_jobs_waiting", "builds queued and not yet taken by a worker", labels=["target"]),
+            GaugeMetricFamily("plancache_jobs_running", "builds taken by a worker and not finished", labels=["target"]),
+            GaugeMetricFamily("plancache_live_workers", "workers with a live heartbeat", labels=["target"]),
+        )
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        waiting, running, workers = self._families()
+        try:
+            for target_id, queued, taken, live in asyncio.run_coroutine_threadsafe(self._read(), self._loop).result(timeout=10):
+                waiting.add_metric([target_id], float(queued))
+                running.add_metric([target_id], float(taken))
+                workers.add_metric([target_id], float(live))
+        except (PlanCacheError, TimeoutError) as e:
+            log.debug("queue metrics unavailable: %s", e)
+        yield from (waiting, running, workers)
+
+
+def report_queues(queue: JobQueue, directory: WorkerDirectory, loop: asyncio.AbstractEventLoop) -> None:
+    """Front ends add the queues of every target to their /metrics."""
+    REGISTRY.register(QueueCollector(queue, directory, loop))
+
+
+class StoreCollector(Collector):
+    """The plan store per target, read from Redis at scrape time (one HGETALL)."""
+
+    def __init__(self, usage: Callable[[], dict[str, Any]]) -> None:
+        self._usage = usage
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        stored = GaugeMetricFamily("plancache_store_bytes", "bytes of the plans stored (blob, metadata, signature)", labels=["target"])
+        plans = GaugeMetricFamily("plancache_store_plans", "plans stored", labels=["target"])
+        evicted = CounterMetricFamily("plancache_store_evicted", "plans deleted to keep the store under --store-max-mb", labels=["target"])
+        expired = CounterMetricFamily("plancache_store_expired", "plans deleted after --retention-days unused", labels=["target"])
+        try:
+            for target_id, usage in sorted(self._usage().items()):
+                stored.add_metric([target_id], float(usage.stored_bytes))
+                plans.add_metric([target_id], float(usage.stored_plans))
+                evicted.add_metric([target_id], float(usage.evicted))
+                expired.add_metric([target_id], float(usage.expired))
+        except PlanCacheError as e:
+            log.debug("store metrics unavailable: %s", e)
+        yield from (stored, plans, evicted, expired)
+
+
+class WarmCollector(Collector):
+    """Warming per target, read from Redis at scrape time (plancache_server.store.warming)."""
+
+    def __init__(self, status: Callable[[], list[Any]]) -> None:
+        self._status = status
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._families()
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("plancache_warm_coverage", "share of the warming source's last-24 h hits whose plan is stored for the target", labels=["target"]),
+            GaugeMetricFamily("plancache_warm_remaining", "specs of the target's warming plan not yet built, skipped or failed", labels=["target"]),
+            GaugeMetricFamily("plancache_warm_failed", "specs of the target's warming plan that failed", labels=["target"]),
+        )
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        coverage, remaining, failed = self._families()
+        try:
+            for status in self._status():
+                coverage.add_metric([status.target_id], status.coverage)
+                remaining.add_metric([status.target_id], float(status.remaining))
+                failed.add_metric([status.target_id], float(status.failed))
+        except PlanCacheError as e:
+            log.debug("warming metrics unavailable: %s", e)
+        yield from (coverage, remaining, failed)
+
+
+def report_warming(status: Callable[[], list[Any]]) -> None:
+    """Front ends add warming's coverage per target to their /metrics."""
+    REGISTRY.register(WarmCollector(status))
+
+
+def report_store(usage: Callable[[], dict[str, Any]]) -> None:
+    """Front ends add the store's size per target to their /metrics."""
+    REGISTRY.register(StoreCollector(usage))

@@ -1,0 +1,176 @@
+"""What the status page shows, gathered from Redis: every front end sees the
+same numbers (counters, queues and failures are shared, not per process).
+
+One read per page view; nothing here is cached, so a refresh is current.
+It runs on the front end's event loop (the HTTP thread hands it over).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from plancache.errors import InvalidRequest
+from plancache.keys.plankey import parse_key
+from plancache.keys.target import Target
+from plancache_server.frontend.app import FrontEnd
+from plancache_server.frontend.builds import Builds
+from plancache_server.store.build_records import FailedBuild
+from plancache_server.store.directory import WorkerDirectory
+from plancache_server.store.jobs import JobQueue
+from plancache_server.store.lifecycle import Janitor, TargetUsage
+from plancache_server.store.plans import PlanStore
+from plancache_server.store.stats import Bucket, Counter, PlanCounts, Ranking, Stats, family_scope, target_ids, target_scope
+from plancache_server.store.warming import Warming, WarmStatus
+
+log = logging.getLogger(__name__)
+
+# Range of the hit-rate charts -> (bucket unit, bucket count).
+RANGES = {"1h": ("m", 60), "24h": ("h", 24)}
+TOP_COUNT = 10
+FAILURE_COUNT = 20
+
+# window -> counter name -> value (see stats.WINDOWS and stats.Counter)
+Windows = dict[str, dict[str, float]]
+
+
+def hit_rate(values: dict[str, float]) -> float | None:
+    """Hits over lookups; None without lookups (not 0 %: nothing was asked)."""
+    hits, misses = values.get(Counter.HITS.value, 0.0), values.get(Counter.MISSES.value, 0.0)
+    return hits / (hits + misses) if hits + misses > 0 else None
+
+
+@dataclass(frozen=True)
+class TargetStatus:
+    target_id: str
+    live_workers: int
+    jobs_waiting: int  # queued, not yet taken by a worker
+    jobs_running: int  # taken by a worker, not finished
+    windows: Windows
+    history: list[Bucket]  # the report's range, oldest first
+    stored: TargetUsage = field(default_factory=TargetUsage)  # plans in the store, evicted, expired
+
+
+@dataclass(frozen=True)
+class TopEntry:
+    plan_key: str
+    target_id: str
+    hits: float
+    build_seconds_saved: float
+    stored: bool  # False once invalidated or evicted from Redis
+    build_seconds: float  # build + autotune of the stored plan (0 when not stored)
+    blob_size: int
+    plan_name: str
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    generated_at: float
+    range: str
+    targets: list[TargetStatus]
+    families: dict[str, Windows]
+    top_by_hits: list[TopEntry]
+    top_by_seconds_saved: list[TopEntry]
+    recent_failures: list[FailedBuild]
+    # Targets with stored plans no worker advertised for --retire-after-days: target -> last seen (None: never).
+    retire_eligible: dict[str, float | None] = field(default_factory=dict)
+    retire_after_days: float = 0.0
+    warming: list[WarmStatus] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for target, raw in zip(self.targets, data["targets"], strict=True):
+            raw["hit_rate"] = {window: hit_rate(values) for window, values in target.windows.items()}
+        for failure, raw in zip(self.recent_failures, data["recent_failures"], strict=True):
+            raw["target_id"] = failure.target_id
+        for status, raw in zip(self.warming, data["warming"], strict=True):
+            raw.update(coverage=status.coverage, remaining=status.remaining)
+        return data
+
+
+def status_of(front: FrontEnd) -> StatusSource:
+    """The status report of a started front end (its counters, queues, store and warming)."""
+    settings = front.settings
+    return StatusSource(front.stats, front.queue, front.store, front.builds, front.directory, front.janitor, settings.retire_after_days * 86400, front.warming)
+
+
+class StatusSource:
+    def __init__(
+        self, stats: Stats, queue: JobQueue, store: PlanStore, builds: Builds, directory: WorkerDirectory, janitor: Janitor | None = None,
+        retire_after_s: float = 0.0, warming: Warming | None = None,
+    ) -> None:  # fmt: skip
+        self._janitor = janitor
+        self._warming = warming
+        self._retire_after_s = retire_after_s
+        self._stats = stats
+        self._queue = queue
+        self._store = store
+        self._builds = builds
+        self._directory = directory
+
+    async def report(self, range_: str = "1h") -> StatusReport:
+        if range_ not in RANGES:
+            raise InvalidRequest(f"range must be one of {', '.join(RANGES)}, not {range_[:20]!r}")
+        unit, count = RANGES[range_]
+        await self._directory.refresh()
+        readings = await self._stats.read()
+        targets_seen = sorted(target_ids(readings) | set(self._directory.live))
+        history = await self._stats.history([target_scope(t) for t in targets_seen], unit, count)
+        targets = [await self._target(t, readings.get(target_scope(t), {}), history[target_scope(t)]) for t in targets_seen]
+        retirable: dict[str, float | None] = {}
+        if self._janitor is not None:
+            usage = await asyncio.to_thread(self._janitor.usage)
+            targets = [dataclasses.replace(t, stored=usage.get(t.target_id, TargetUsage())) for t in targets]
+            if self._retire_after_s:
+                retirable = await asyncio.to_thread(self._janitor.retirable, self._retire_after_s)
+        families = {scope.removeprefix(family_scope("")): windows for scope, windows in readings.items() if scope.startswith(family_scope(""))}
+        return StatusReport(
+            generated_at=time.time(),
+            range=range_,
+            targets=targets,
+            families=families,
+            top_by_hits=await self._entries(Ranking.HITS),
+            top_by_seconds_saved=await self._entries(Ranking.SECONDS_SAVED),
+            recent_failures=await self._builds.recent_failures(FAILURE_COUNT),
+            retire_eligible=retirable,
+            retire_after_days=self._retire_after_s / 86400,
+            warming=await asyncio.to_thread(self._warming.all_status) if self._warming is not None else [],
+        )
+
+    async def _target(self, target_id: str, windows: Windows, history: list[Bucket]) -> TargetStatus:
+        try:
+            target = Target.parse(target_id)
+        except InvalidRequest:  # the bucket of other targets: its counters, with no queue
+            return TargetStatus(target_id, 0, 0, 0, windows, history)
+        waiting, running = await self._queue.depth(target)
+        return TargetStatus(target_id, len(self._directory.live.get(target_id, ())), waiting, running, windows, history)
+
+    async def _entries(self, ranking: Ranking) -> list[TopEntry]:
+        entries = []
+        for counts in await self._stats.top(ranking, TOP_COUNT):
+            try:
+                entries.append(await self._entry(counts))
+            except InvalidRequest:  # a member that is no plan key (written by someone else): skipped, not shown
+                log.warning("top entries: skipping %r, which is not a plan key", counts.plan_key[:200])
+        return entries
+
+    async def _entry(self, counts: PlanCounts) -> TopEntry:
+        target_id = parse_key(counts.plan_key).target.id
+        plan = await self._store.get(counts.plan_key)
+        if plan is None:
+            return TopEntry(counts.plan_key, target_id, counts.hits, counts.build_seconds_saved, False, 0.0, 0, "")
+        meta = plan.metadata
+        return TopEntry(
+            counts.plan_key,
+            target_id,
+            counts.hits,
+            counts.build_seconds_saved,
+            True,
+            meta.build_seconds + meta.autotune_seconds,
+            meta.blob_size,
+            meta.plan_name,
+        )

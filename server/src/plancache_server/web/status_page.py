@@ -1,0 +1,310 @@
+"""The status page: one self-contained HTML document (inline CSS and SVG, no
+script, no external asset) so it renders behind any firewall, in any
+browser, and in a headless screenshot.
+
+Everything that came from a caller or a worker (plan keys, target ids,
+failure reasons) is HTML-escaped here, in `_e`, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Iterable, Sequence
+
+from plancache_server.store.build_records import FailedBuild
+from plancache_server.store.stats import WINDOWS, Counter
+from plancache_server.web.status import RANGES, StatusReport, TargetStatus, TopEntry, Windows, hit_rate
+
+REFRESH_S = 10
+_WINDOW_LABELS = {"5m": "5 min", "1h": "1 h", "24h": "24 h", "total": "total"}
+_CHART_W, _CHART_H, _PAD_L, _PAD_B, _PAD_T = 760, 170, 44, 22, 8
+
+_CSS = """
+:root { --fg:#1d2330; --muted:#6b7385; --line:#e3e6ec; --accent:#2f6fdf; --bar:#d5dbe6; --bad:#c8372d; --ok:#1f8a4c; --bg:#f7f8fa; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; color: var(--fg); background: var(--bg); }
+header { background: #141a26; color: #fff; padding: 14px 28px; display: flex; align-items: baseline; gap: 18px; flex-wrap: wrap; }
+header h1 { font-size: 20px; margin: 0; letter-spacing: .3px; }
+header .meta { color: #b8c0d0; font-size: 13px; }
+header a { color: #9cc2ff; }
+header a.current { color: #fff; font-weight: 600; text-decoration: none; border-bottom: 2px solid #9cc2ff; }
+main { padding: 8px 28px 28px; max-width: 1500px; }
+section { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px 14px; margin-top: 16px; overflow-x: auto; }
+h2 { font-size: 15px; margin: 0 0 10px; }
+table { border-collapse: collapse; width: 100%; }
+th, td { text-align: left; padding: 5px 10px 5px 0; border-bottom: 1px solid var(--line); vertical-align: top; white-space: nowrap; }
+th { color: var(--muted); font-weight: 600; font-size: 12px; white-space: normal; vertical-align: bottom; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.reason { white-space: normal; font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; word-break: break-word; }
+code { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; }
+.empty { color: var(--muted); font-style: italic; }
+.hint { color: var(--muted); font-size: 0.85em; max-width: 32em; white-space: normal; }
+.muted { color: var(--muted); }
+.rate-good { color: var(--ok); font-weight: 600; }
+.rate-poor { color: var(--bad); font-weight: 600; }
+.tag { display: inline-block; padding: 0 6px; border-radius: 4px; font-size: 12px; }
+.tag.rejected { background: #fde8e6; color: var(--bad); }
+.tag.failed { background: #fff2d6; color: #8a5a00; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(620px, 1fr)); gap: 0 24px; }
+figure { margin: 6px 0 12px; }
+figcaption { font-size: 13px; margin-bottom: 2px; }
+svg text { font-size: 11px; fill: var(--muted); }
+svg .gridline { stroke: var(--line); }
+svg .lookups { fill: var(--bar); }
+svg .rate { fill: none; stroke: var(--accent); stroke-width: 2; }
+svg .point { fill: var(--accent); }
+.legend { font-size: 12px; color: var(--muted); }
+.legend .swatch { display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 10px; vertical-align: -1px; }
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _utc(unix_s: float, fmt: str = "%Y-%m-%d %H:%M:%S UTC") -> str:
+    return time.strftime(fmt, time.gmtime(unix_s))
+
+
+def _percent(rate: float | None) -> str:
+    return "–" if rate is None else f"{rate * 100:.1f} %"
+
+
+def _rate_cell(values: dict[str, float]) -> str:
+    rate = hit_rate(values)
+    css = "" if rate is None else " rate-good" if rate >= 0.9 else " rate-poor" if rate < 0.5 else ""
+    return f'<td class="num{css}">{_percent(rate)}</td>'
+
+
+def _count(value: float) -> str:
+    return f"{round(value):,}"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:,.2f} s" if seconds < 10 else f"{seconds:,.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:,.1f} min"
+    return f"{seconds / 3600:,.1f} h"
+
+
+def _table(headers: Sequence[tuple[str, bool]], rows: Iterable[str], empty: str, width: int) -> str:
+    head = "".join(f'<th class="num">{_e(h)}</th>' if numeric else f"<th>{_e(h)}</th>" for h, numeric in headers)
+    body = "".join(rows) or f'<tr><td class="empty" colspan="{width}">{_e(empty)}</td></tr>'
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _window_headers() -> list[tuple[str, bool]]:
+    return [(f"hit rate {_WINDOW_LABELS[w]}", True) for w in WINDOWS]
+
+
+def _totals(windows: Windows) -> dict[str, float]:
+    return windows.get("total", {})
+
+
+def _targets(report: StatusReport) -> str:
+    headers = [("target", False), ("live workers", True), ("queued", True), ("building", True), *_window_headers(),
+               ("hits", True), ("misses", True), ("compiles", True), ("joined", True), ("failures", True), ("refused", True), ("untrusted builds", True), ("served", True),
+               ("build time saved", True), ("stored", True), ("evicted / expired", True)]  # fmt: skip
+    rows = []
+    for t in report.targets:
+        total = _totals(t.windows)
+        rows.append(
+            f'<tr data-target="{_e(t.target_id)}"><td><code>{_e(t.target_id)}</code>{_hint(t)}</td>'
+            f'<td class="num">{t.live_workers}</td><td class="num">{t.jobs_waiting}</td><td class="num">{t.jobs_running}</td>'
+            + "".join(_rate_cell(t.windows.get(w, {})) for w in WINDOWS)
+            + "".join(
+                f'<td class="num">{_count(total.get(c.value, 0))}</td>'
+                for c in (Counter.HITS, Counter.MISSES, Counter.COMPILES, Counter.JOINED, Counter.FAILURES, Counter.REFUSED, Counter.UNTRUSTED)
+            )
+            + f'<td class="num">{_bytes(total.get(Counter.BYTES_SERVED.value, 0))}</td>'
+            f'<td class="num">{_duration(total.get(Counter.SECONDS_SAVED.value, 0))}</td>'
+            f'<td class="num">{_bytes(t.stored.stored_bytes)} in {_count(t.stored.stored_plans)}</td>'
+            f'<td class="num">{_count(t.stored.evicted)} / {_count(t.stored.expired)}</td></tr>'
+        )
+    table = _table(headers, rows, "no target yet: no worker has connected and nothing was asked", len(headers))
+    return f'<section id="targets"><h2>Targets: workers, queues and hit rates</h2>{table}</section>'
+
+
+def _hint(t: TargetStatus) -> str:
+    """Why this target misses or fails, where the numbers alone do not say."""
+    return _untrusted_hint(t) + _no_worker_hint(t)
+
+
+def _untrusted_hint(t: TargetStatus) -> str:
+    untrusted = _totals(t.windows).get(Counter.UNTRUSTED.value, 0)
+    if not untrusted:
+        return ""
+    text = (
+        f"{_count(untrusted)} build(s) stored a plan this front end refuses to serve (UntrustedBuild: signed by a key it does not trust); "
+        "their callers were failed. Give the workers a --signing-key the front end trusts, or add their public key to its --trusted-keys."
+    )
+    return f'<div class="hint" data-hint="untrusted-builds">{_e(text)}</div>'
+
+
+def _no_worker_hint(t: TargetStatus) -> str:
+    refused = _totals(t.windows).get(Counter.REFUSED.value, 0)
+    if t.live_workers:
+        return ""
+    text = "no live worker builds this target: every missing plan is refused (TargetUnavailable)"
+    if refused:
+        text += f"; {_count(refused)} compile(s) refused so far"
+    text += ". Start a plancache-worker on a GPU of this kind, or prefetch from a server that has one."
+    return f'<div class="hint" data-hint="no-worker">{_e(text)}</div>'
+
+
+def _chart(target: TargetStatus, unit: str) -> str:
+    """Lookups per bucket as bars, hit rate as a line (broken where nothing was asked)."""
+    buckets = target.history
+    n = max(len(buckets), 1)
+    plot_w, plot_h = _CHART_W - _PAD_L - 8, _CHART_H - _PAD_B - _PAD_T
+    step = plot_w / n
+    lookups = [b.values.get(Counter.HITS.value, 0) + b.values.get(Counter.MISSES.value, 0) for b in buckets]
+    most = max(lookups, default=0) or 1
+    parts = [f'<svg viewBox="0 0 {_CHART_W} {_CHART_H}" width="{_CHART_W}" height="{_CHART_H}" role="img" aria-label="hit rate of {_e(target.target_id)}">']
+    for frac in (0.0, 0.5, 1.0):
+        y = _PAD_T + plot_h * (1 - frac)
+        parts.append(
+            f'<line class="gridline" x1="{_PAD_L}" x2="{_CHART_W - 8}" y1="{y:.1f}" y2="{y:.1f}"/><text x="{_PAD_L - 6}" y="{y + 4:.1f}" text-anchor="end">{frac * 100:.0f} %</text>'
+        )
+    segments: list[list[str]] = [[]]
+    fmt = "%H:%M" if unit == "m" else "%d %b %H:00"
+    for i, (bucket, count) in enumerate(zip(buckets, lookups, strict=True)):
+        x = _PAD_L + i * step
+        bar_h = plot_h * count / most
+        rate = hit_rate(bucket.values)
+        label = f"{_utc(bucket.start, fmt)} UTC: " + (f"{_percent(rate)} of {_count(count)} lookups" if rate is not None else "no lookups")
+        parts.append(
+            f'<g class="bucket" data-start="{bucket.start:.0f}" data-lookups="{count:g}" data-hit-rate="{"" if rate is None else f"{rate:.4f}"}"><title>{_e(label)}</title>'
+            f'<rect class="lookups" x="{x + step * 0.1:.1f}" y="{_PAD_T + plot_h - bar_h:.1f}" width="{step * 0.8:.1f}" height="{bar_h:.1f}"/></g>'
+        )
+        if rate is None:
+            segments.append([])
+            continue
+        cx, cy = f"{x + step / 2:.1f}", f"{_PAD_T + plot_h * (1 - rate):.1f}"
+        segments[-1].append(f"{cx},{cy}")
+        parts.append(f'<circle class="point" cx="{cx}" cy="{cy}" r="2.2"/>')
+    parts += [f'<polyline class="rate" points="{" ".join(s)}"/>' for s in segments if len(s) > 1]
+    if buckets:
+        for i, anchor in ((0, "start"), (len(buckets) // 2, "middle"), (len(buckets) - 1, "end")):
+            x = _PAD_L + i * step + (step if anchor == "end" else step / 2 if anchor == "middle" else 0)
+            parts.append(f'<text x="{x:.1f}" y="{_CHART_H - 6}" text-anchor="{anchor}">{_e(_utc(buckets[i].start, fmt))}</text>')
+    parts.append(
+        f'<text x="{_CHART_W - 8}" y="{_PAD_T + 10}" text-anchor="end">max {_count(most if any(lookups) else 0)} lookups / {"minute" if unit == "m" else "hour"}</text>'
+    )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _history(report: StatusReport) -> str:
+    unit, _ = RANGES[report.range]
+    title = "the last hour, per minute" if unit == "m" else "the last 24 hours, per hour"
+    legend = '<div class="legend"><span class="swatch" style="background:var(--accent)"></span>hit rate<span class="swatch" style="background:var(--bar)"></span>lookups (hits + misses)</div>'
+    asked = [t for t in report.targets if hit_rate(_totals(t.windows)) is not None]
+    figures = "".join(
+        f'<figure data-target="{_e(t.target_id)}"><figcaption><code>{_e(t.target_id)}</code></figcaption>{_chart(t, unit)}</figure>' for t in asked
+    )
+    quiet = ", ".join(f"<code>{_e(t.target_id)}</code>" for t in report.targets if t not in asked)
+    note = f'<p class="muted">No lookup yet for {quiet}.</p>' if quiet else ""
+    return f'<section id="hit-rate"><h2>Hit rate over {title} (UTC)</h2>{legend}<div class="grid">{figures}</div>{note}</section>'
+
+
+def _short_key(plan_key: str) -> str:
+    spec, _, rest = plan_key.partition("/")
+    return f'<code title="{_e(plan_key)}">{_e(spec[:12])}…/{_e(rest.rsplit("/", 1)[-1])}</code>'
+
+
+def _top(section_id: str, title: str, entries: list[TopEntry]) -> str:
+    headers = [("#", True), ("plan (spec…/options)", False), ("target", False), ("hits", True), ("build time saved", True),
+               ("build + autotune", True), ("size", True), ("engine", False)]  # fmt: skip
+    rows = [
+        f'<tr data-plan-key="{_e(e.plan_key)}"><td class="num">{rank}</td><td>{_short_key(e.plan_key)}</td><td><code>{_e(e.target_id)}</code></td>'
+        f'<td class="num">{_count(e.hits)}</td><td class="num">{_duration(e.build_seconds_saved)}</td>'
+        + (f'<td class="num">{_duration(e.build_seconds)}</td><td class="num">{_bytes(e.blob_size)}</td><td><code>{_e(e.plan_name)}</code></td>'
+           if e.stored else '<td class="muted" colspan="3">no longer stored</td>')
+        + "</tr>"
+        for rank, e in enumerate(entries, 1)
+    ]  # fmt: skip
+    return f'<section id="{section_id}"><h2>{_e(title)}</h2>{_table(headers, rows, "no hit yet", len(headers))}</section>'
+
+
+def _retirable(report: StatusReport) -> str:
+    headers = [("target", False), ("last advertised by a worker", False), ("to retire", False)]
+    rows = [
+        f'<tr data-retirable="{_e(target)}"><td><code>{_e(target)}</code></td><td>{_e(_utc(seen) if seen else "never (or before this version)")}</td>'
+        f"<td><code>plancache retire --target {_e(target)}</code></td></tr>"
+        for target, seen in sorted(report.retire_eligible.items())
+    ]
+    table = _table(headers, rows, "none: every target with stored plans has had a worker recently", len(headers))
+    title = f"Retired-eligible targets (no worker for {report.retire_after_days:g} days; their plans still stored)"
+    return f'<section id="retirable"><h2>{_e(title)}</h2>{table}</section>'
+
+
+def _failures(failures: list[FailedBuild]) -> str:
+    headers = [("when", False), ("target", False), ("plan", False), ("worker", False), ("kind", False), ("reason", False)]
+    rows = [
+        f'<tr data-plan-key="{_e(f.plan_key)}"><td>{_e(_utc(f.at))}</td><td><code>{_e(f.target_id)}</code></td><td>{_short_key(f.plan_key)}</td>'
+        f"<td><code>{_e(f.worker)}</code></td>"
+        + ('<td><span class="tag rejected">rejected by cuDNN</span></td>' if f.rejected else '<td><span class="tag failed">build failed</span></td>')
+        + f'<td class="reason">{_e(f.reason)}</td></tr>'
+        for f in failures
+    ]
+    table = _table(headers, rows, "no failed build recorded", len(headers))
+    return f'<section id="failures"><h2>Recent failed builds (newest first)</h2>{table}</section>'
+
+
+def _warming(report: StatusReport) -> str:
+    headers = [("target", False), ("from", False), ("state", False), ("built", True), ("skipped", True), ("failed", True), ("in flight", True),
+               ("to do", True), ("of the source's 24 h hits covered", True), ("latest failure", False)]  # fmt: skip
+    rows = [
+        f'<tr data-warm-target="{_e(w.target_id)}"><td><code>{_e(w.target_id)}</code></td><td>{_e(w.source)}</td><td>{_e(w.state)}</td>'
+        f'<td class="num">{w.built}</td><td class="num">{w.skipped}</td><td class="num">{w.failed}</td><td class="num">{w.in_flight}</td>'
+        f'<td class="num">{w.remaining}</td><td class="num">{w.coverage:.0%}</td>'
+        f'<td class="reason">{_e(w.failures[0][1] if w.failures else "")}</td></tr>'
+        for w in report.warming
+    ]
+    table = _table(headers, rows, "no warming plan: `plancache warm --target T --from S`, or a worker of a new target warms it when idle", len(headers))
+    return f'<section id="warming"><h2>Warming: plans built before the fleet asks</h2>{table}</section>'
+
+
+def _families(report: StatusReport) -> str:
+    headers = [("op family", False), *_window_headers(), ("hits", True), ("misses", True), ("compiles", True), ("failures", True), ("build time saved", True)]
+    rows = []
+    for family, windows in sorted(report.families.items()):
+        total = _totals(windows)
+        rows.append(
+            f'<tr data-family="{_e(family)}"><td>{_e(family)}</td>'
+            + "".join(_rate_cell(windows.get(w, {})) for w in WINDOWS)
+            + "".join(f'<td class="num">{_count(total.get(c.value, 0))}</td>' for c in (Counter.HITS, Counter.MISSES, Counter.COMPILES, Counter.FAILURES))
+            + f'<td class="num">{_duration(total.get(Counter.SECONDS_SAVED.value, 0))}</td></tr>'
+        )
+    return f'<section id="families"><h2>Op families</h2>{_table(headers, rows, "nothing asked yet", len(headers))}</section>'
+
+
+def render(report: StatusReport) -> str:
+    ranges = " ".join(f'<a href="?range={r}"{" class=current" if r == report.range else ""}>{_e(_WINDOW_LABELS.get(r, r))}</a>' for r in RANGES)
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="refresh" content="{REFRESH_S}"><meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>plancache status</title><style>{_CSS}</style></head><body>"
+        f'<header><h1>plancache status</h1><span class="meta">{_e(_utc(report.generated_at))} · refreshes every {REFRESH_S} s · '
+        f'charts: {ranges} · <a href="status.json?range={_e(report.range)}">JSON</a> · <a href="metrics">Prometheus metrics</a></span></header><main>'
+        + _targets(report)
+        + _history(report)
+        + _top("top-hits", "Top plans by hits", report.top_by_hits)
+        + _top("top-saved", "Top plans by build time saved (build + autotune time × hits)", report.top_by_seconds_saved)
+        + _warming(report)
+        + _failures(report.recent_failures)
+        + _retirable(report)
+        + _families(report)
+        + "</main></body></html>"
+    )

@@ -1,0 +1,471 @@
+"""Build processes: a worker's pool of processes that build plans side by side.
+
+The cuDNN frontend cannot build in threads (its extension holds the GIL and
+refuses multithreaded builds), but one process can build a candidate with
+`build_plan_at_index(i)` and hand it over serialized. So each GPU worker
+starts a few build processes (plancache_server.worker.build_process), each with its
+own CUDA context and compiler, and sends them pieces of builds: a job's
+heuristic plan, or one candidate of an autotuning. Timing stays in the
+worker itself, on its GPU, one plan at a time.
+
+The protocol is frames on the child's stdin and stdout (a length-prefixed
+JSON header, then a length-prefixed payload: a PlanQuery going in, a plan
+blob coming out); the child's stderr is the worker's log. A child that dies
+is noticed when its stdout ends: its task comes back as `lost` (the worker
+retries it) and a new child is started in its place. A child past the
+build budget is killed, and its task fails with that reason. Children end
+when the worker closes their stdin, and with the worker process itself
+(PR_SET_PDEATHSIG).
+
+`ThreadBuildPool` runs a thread-safe compiler (the tests' stand-in) on
+threads in the worker's own process, with the same interface.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import queue
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any, Protocol
+
+from plancache.errors import CompileFailed
+from plancache.keys.options import CompileOptions
+from plancache.spec import spec_io
+from plancache.spec.graph import GraphSpec
+from plancache.spec.validation import normalize
+from plancache.v1 import plancache_pb2 as pb
+from plancache_server.worker.compiler.base import BuiltPlan, CandidateResult, Compiler, Heuristic
+
+log = logging.getLogger(__name__)
+
+HEURISTIC, CANDIDATE = "heuristic", "candidate"
+# The CPU priority (nice) of the build processes past the first.
+CANDIDATE_NICE = 10
+# A child that fails to start is started again after this long, doubling to the cap.
+RESTART_DELAY_S, RESTART_DELAY_CAP_S = 0.5, 30.0
+CLOSE_GRACE_S = 5.0
+_LENGTH = struct.Struct(">I")
+MAX_FRAME_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class BuildTask:
+    task_id: int
+    kind: str  # HEURISTIC or CANDIDATE
+    query: bytes  # a serialized PlanQuery: the spec (normalized by the worker), its target and options
+    index: int = 0  # the candidate's
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    task: BuildTask
+    heuristic: Heuristic | None = None
+    plan: BuiltPlan | None = None
+    error: str = ""
+    rejected: bool = False  # cuDNN refused the graph (or it ran past the budget): remembered, not retried
+    lost: bool = False  # the process building it died: worth another try elsewhere
+    worker: str = ""  # which process built it, for logs
+
+
+class BuildPool(Protocol):
+    @property
+    def size(self) -> int: ...
+
+    def free(self, urgent: bool = True) -> int:
+        """Tasks that can be submitted now: `urgent` ones (a caller's
+        heuristic plan) on any idle process, others on the idle processes
+        past the first, which is kept for urgent ones."""
+        ...
+
+    def in_flight(self) -> int: ...
+
+    def submit(self, task: BuildTask, urgent: bool = True) -> None:
+        """Start `task` on an idle process it may use (only while free(urgent) > 0):
+        an urgent one on the first process when it is idle."""
+        ...
+
+    def results(self, timeout: float) -> list[TaskResult]:
+        """Tasks finished since the last call, waiting up to `timeout` for the first."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# ---- frames ------------------------------------------------------------------------------
+
+
+def write_frame(stream: IO[bytes], header: dict[str, Any], payload: bytes = b"") -> None:
+    encoded = json.dumps(header).encode()
+    stream.write(_LENGTH.pack(len(encoded)) + encoded + _LENGTH.pack(len(payload)) + payload)
+    stream.flush()
+
+
+def read_frame(stream: IO[bytes]) -> tuple[dict[str, Any], bytes] | None:
+    """The next frame; None at the end of the stream."""
+    parts = []
+    for _ in range(2):
+        raw = _read_exactly(stream, _LENGTH.size)
+        if raw is None:
+            return None
+        (length,) = _LENGTH.unpack(raw)
+        if length > MAX_FRAME_BYTES:
+            raise ValueError(f"a frame of {length} bytes (at most {MAX_FRAME_BYTES})")
+        body = _read_exactly(stream, length)
+        if body is None:
+            return None
+        parts.append(body)
+    header = json.loads(parts[0])
+    if not isinstance(header, dict):
+        raise ValueError("a frame header that is not an object")
+    return header, parts[1]
+
+
+def _read_exactly(stream: IO[bytes], count: int) -> bytes | None:
+    chunks, remaining = [], count
+    while remaining:
+        chunk = stream.read(remaining)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+# ---- what a task carries -----------------------------------------------------------------
+
+
+def task_query(spec: GraphSpec, target: pb.Target, options: CompileOptions) -> bytes:
+    return pb.PlanQuery(spec=spec_io.to_proto(spec), target=target, options=options.to_proto()).SerializeToString()
+
+
+def parse_task_query(query: bytes) -> tuple[GraphSpec, CompileOptions]:
+    parsed = pb.PlanQuery.FromString(query)
+    return normalize(spec_io.from_proto(parsed.spec)), CompileOptions.from_proto(parsed.options)
+
+
+def run_task(compiler: Compiler, task: BuildTask) -> TaskResult:
+    """One piece of a build, in this process (a build process, or a thread)."""
+    try:
+        spec, options = parse_task_query(task.query)
+        if task.kind == HEURISTIC:
+            return TaskResult(task, heuristic=compiler.heuristic(spec, options))
+        return TaskResult(task, plan=compiler.candidate(spec, options, task.index))
+    except CompileFailed as e:
+        return TaskResult(task, error=e.message, rejected=True)
+    except Exception as e:  # a bug or a GPU fault: reported with the task, the process goes on
+        log.exception("build task %d (%s) failed", task.task_id, task.kind)
+        return TaskResult(task, error=f"{type(e).__name__}: {str(e)[:500]}")
+
+
+def encode_result(result: TaskResult) -> tuple[dict[str, Any], bytes]:
+    header: dict[str, Any] = {"task": result.task.task_id, "error": result.error, "rejected": result.rejected}
+    blob = b""
+    if result.heuristic is not None:
+        h = result.heuristic
+        header["heuristic"] = {"count": h.count, "seconds": h.seconds, "candidates": [asdict(c) for c in h.candidates], "chosen": _plan_fields(h.chosen)}
+        blob = h.chosen.blob
+    elif result.plan is not None:
+        header["plan"] = _plan_fields(result.plan)
+        blob = result.plan.blob
+    return header, blob
+
+
+def decode_result(task: BuildTask, header: dict[str, Any], blob: bytes, worker: str) -> TaskResult:
+    error, rejected = str(header.get("error") or ""), bool(header.get("rejected"))
+    if "heuristic" in header:
+        h = header["heuristic"]
+        heuristic = Heuristic(_plan(h["chosen"], blob), int(h["count"]), float(h["seconds"]), [CandidateResult(**c) for c in h["candidates"]])
+        return TaskResult(task, heuristic=heuristic, worker=worker)
+    if "plan" in header:
+        return TaskResult(task, plan=_plan(header["plan"], blob), worker=worker)
+    return TaskResult(task, error=error or "the build process answered nothing", rejected=rejected, worker=worker)
+
+
+def _plan_fields(plan: BuiltPlan) -> dict[str, Any]:
+    fields = asdict(plan)
+    del fields["blob"]
+    return fields
+
+
+def _plan(fields: dict[str, Any], blob: bytes) -> BuiltPlan:
+    return BuiltPlan(blob=blob, **{**fields, "knobs": {str(k): int(v) for k, v in fields["knobs"].items()}})
+
+
+# ---- processes ---------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Child:
+    slot: int
+    proc: subprocess.Popen[bytes]
+    ready: bool = False
+    task: BuildTask | None = None
+    started: float = 0.0  # when its task started
+    over_budget: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"build process {self.slot} (pid {self.proc.pid})"
+
+
+@dataclass
+class _Slot:
+    failures: int = 0  # starts that ended before the child was ready, in a row
+    restart_at: float = 0.0
+
+
+class ProcessBuildPool:
+    """`size` build processes, each loading `compiler` (load_compiler's name) for `device`."""
+
+    def __init__(
+        self, size: int, compiler: str, device: int, autotune_strategy: str = "screened", *, budget_s: float | None = None,
+        log_level: str = "INFO", env: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        self._size = max(1, size)
+        self._command = [sys.executable, "-m", "plancache_server.worker.build_process", "--compiler", compiler, "--device", str(device),
+                         "--autotune-strategy", autotune_strategy, "--log-level", log_level]  # fmt: skip
+        self._env = env
+        self._budget_s = budget_s
+        self._events: queue.Queue[tuple[_Child, tuple[dict[str, Any], bytes] | None]] = queue.Queue()
+        self._children: dict[int, _Child] = {}
+        self._slots = [_Slot() for _ in range(self._size)]
+        self._closed = False
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def start(self) -> ProcessBuildPool:
+        for slot in range(self._size):
+            self._spawn(slot)
+        return self
+
+    def pids(self) -> list[int]:
+        return [c.proc.pid for c in self._children.values()]
+
+    def free(self, urgent: bool = True) -> int:
+        return len(self._idle(urgent))
+
+    def in_flight(self) -> int:
+        return sum(1 for c in self._children.values() if c.task is not None)
+
+    def _idle(self, urgent: bool) -> list[_Child]:
+        """Idle children a task may use, in the order it takes them: an
+        urgent task the first process first (it builds what a node would, in
+        the order a node would, so its warm state is a node's), another one
+        the last first, never the first (when there are others)."""
+        idle = sorted((c for c in self._children.values() if c.ready and c.task is None), key=lambda c: c.slot)
+        if urgent:
+            return idle
+        return [c for c in reversed(idle) if c.slot != 0 or self._size == 1]
+
+    def submit(self, task: BuildTask, urgent: bool = True) -> None:
+        child = self._idle(urgent)[0]
+        child.task, child.started = task, time.monotonic()
+        try:
+            assert child.proc.stdin is not None
+            write_frame(child.proc.stdin, {"task": task.task_id, "kind": task.kind, "index": task.index}, task.query)
+        except OSError as e:  # it died meanwhile: its stdout ends too, and the task comes back as lost
+            log.warning("%s: could not send task %d: %s", child.name, task.task_id, e)
+
+    def results(self, timeout: float) -> list[TaskResult]:
+        self._restart_due()
+        self._enforce_budget()
+        finished: list[TaskResult] = []
+        try:
+            event = self._events.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return finished
+        while True:
+            result = self._on_event(*event)
+            if result is not None:
+                finished.append(result)
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return finished
+
+    def close(self) -> None:
+        """Ask every child to end (its stdin closes); kill those still there after a grace."""
+        self._closed = True
+        for child in self._children.values():
+            try:
+                if child.proc.stdin is not None:
+                    child.proc.stdin.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + CLOSE_GRACE_S
+        for child in self._children.values():
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait(timeout=5)
+        self._children.clear()
+
+    # ---- inside --------------------------------------------------------------------------
+
+    def _spawn(self, slot: int) -> None:
+        # Past the first, build processes run at a lower CPU priority: on a
+        # busy host the first one's heuristic plans (and the nodes) go first.
+        nice = ["--nice", str(CANDIDATE_NICE)] if slot and self._size > 1 else []
+        proc = subprocess.Popen([*self._command, *nice], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=self._env, bufsize=0)
+        child = _Child(slot, proc)
+        self._children[slot] = child
+        threading.Thread(target=self._read, args=(child,), name=f"build-process-{slot}-reader", daemon=True).start()
+
+    def _read(self, child: _Child) -> None:
+        assert child.proc.stdout is not None
+        try:
+            while True:
+                frame = read_frame(child.proc.stdout)
+                self._events.put((child, frame))
+                if frame is None:
+                    return
+        except (OSError, ValueError) as e:
+            log.error("%s: unreadable answer (%s); ending it", child.name, e)
+            child.proc.kill()
+            self._events.put((child, None))
+
+    def _on_event(self, child: _Child, frame: tuple[dict[str, Any], bytes] | None) -> TaskResult | None:
+        if self._children.get(child.slot) is not child:
+            return None  # a child already replaced
+        if frame is None:
+            return self._died(child)
+        header, payload = frame
+        if header.get("ready"):
+            child.ready = True
+            self._slots[child.slot].failures = 0
+            log.info("%s ready", child.name)
+            return None
+        task = child.task
+        if task is None or header.get("task") != task.task_id:
+            log.error("%s answered task %s, not the one it was given; ending it", child.name, header.get("task"))
+            child.proc.kill()
+            return None
+        child.task = None
+        return decode_result(task, header, payload, child.name)
+
+    def _died(self, child: _Child) -> TaskResult | None:
+        code = child.proc.wait()
+        del self._children[child.slot]
+        slot = self._slots[child.slot]
+        if self._closed:
+            return None
+        if child.ready:
+            slot.failures, slot.restart_at = 0, 0.0
+        else:
+            slot.failures += 1
+            slot.restart_at = time.monotonic() + min(RESTART_DELAY_S * 2 ** (slot.failures - 1), RESTART_DELAY_CAP_S)
+        log.warning("%s ended (exit status %s)%s; starting another", child.name, code, "" if child.ready else " before it was ready")
+        self._restart_due()
+        task = child.task
+        if task is None:
+            return None
+        if child.over_budget:
+            return TaskResult(task, error=f"the build ran past its time budget of {self._budget_s:g} s (--build-budget)", rejected=True, worker=child.name)
+        return TaskResult(task, error=f"{child.name} died building it (exit status {code})", lost=True, worker=child.name)
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for index, slot in enumerate(self._slots):
+            if index not in self._children and not self._closed and now >= slot.restart_at:
+                self._spawn(index)
+
+    def _enforce_budget(self) -> None:
+        if self._budget_s is None:
+            return
+        now = time.monotonic()
+        for child in self._children.values():
+            if child.task is not None and not child.over_budget and now - child.started > self._budget_s:
+                log.error("%s: task %d ran past the build budget (%g s); ending the process", child.name, child.task.task_id, self._budget_s)
+                child.over_budget = True
+                child.proc.kill()
+
+
+# ---- threads (a thread-safe compiler, in this process) -----------------------------------
+
+
+@dataclass
+class ThreadBuildPool:
+    """`size` threads running a thread-safe compiler's pieces (the tests'
+    stand-in sleeps in them); the cuDNN compiler needs ProcessBuildPool."""
+
+    compiler: Compiler
+    pool_size: int = 4
+    _tasks: queue.Queue[BuildTask | None] = field(default_factory=queue.Queue)
+    _done: queue.Queue[TaskResult] = field(default_factory=queue.Queue)
+    _running: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    on_task: Callable[[BuildTask], None] = lambda task: None  # tests watch what runs
+
+    def __post_init__(self) -> None:
+        if not getattr(self.compiler, "thread_safe", False):
+            raise ValueError(f"{type(self.compiler).__name__} cannot build on threads: use ProcessBuildPool")
+        for n in range(self.pool_size):
+            thread = threading.Thread(target=self._serve, name=f"build-thread-{n}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    @property
+    def size(self) -> int:
+        return self.pool_size
+
+    def free(self, urgent: bool = True) -> int:
+        with self._lock:
+            kept = 0 if urgent or self.pool_size == 1 else 1
+            return max(0, self.pool_size - kept - self._running)
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._running
+
+    def submit(self, task: BuildTask, urgent: bool = True) -> None:
+        with self._lock:
+            self._running += 1
+        self._tasks.put(task)
+
+    def results(self, timeout: float) -> list[TaskResult]:
+        finished = []
+        try:
+            finished.append(self._done.get(timeout=max(0.0, timeout)))
+            while True:
+                finished.append(self._done.get_nowait())
+        except queue.Empty:
+            pass
+        with self._lock:
+            self._running -= len(finished)
+        return finished
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._tasks.put(None)
+        for thread in self._threads:
+            thread.join(timeout=CLOSE_GRACE_S)
+
+    def _serve(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            self.on_task(task)
+            self._done.put(run_task(self.compiler, task))
+
+
+def default_pool_size(gpus: int, cores: int | None = None) -> int:
+    """Build processes per GPU worker: the host's cores shared among its
+    GPUs' workers, one core left to each worker itself, at most 8 (on an
+    H200, 8 processes built a large matmul's candidates 3.9-5.2x faster than
+    one; each holds a CUDA context)."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    return max(1, min(8, cores // max(1, gpus) - 1))
+
+
+task_ids = itertools.count(1)

@@ -1,0 +1,176 @@
+"""What a compiler returns, and the protocol every compiler implements.
+
+A build is cut into pieces that can run apart, so that a worker can build
+side by side in a pool of processes and never make a miss wait behind an
+autotuning (plancache_server.worker.build_pool, plancache_server.worker.worker):
+
+- `heuristic`: cuDNN's heuristic choice, the first candidate that builds,
+  serialized (what a node building locally would run), and how many
+  candidates the graph has;
+- `candidate(index)`: one more candidate built and serialized (the frontend
+  serializes the plan built last, so a process can build one candidate and
+  hand it over as a blob);
+- `time_plans`: every built candidate deserialized and timed on the GPU,
+  in one place, one at a time (timings stay honest).
+
+`compile_inline` runs the pieces one after another in one process (tools,
+benchmarks).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from plancache.keys.options import CompileOptions
+from plancache.keys.target import Target
+from plancache.spec.graph import GraphSpec
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    index: int
+    plan_name: str
+    engine_id: int
+    median_ms: float | None  # None: did not build or run
+    error: str = ""
+    timing: str = ""
+
+
+@dataclass(frozen=True)
+class BuiltPlan:
+    """One candidate, built and serialized (or why it did not build: `error`, no blob)."""
+
+    index: int
+    blob: bytes
+    plan_name: str
+    engine_id: int
+    knobs: dict[str, int]
+    workspace_size: int
+    is_python_engine: bool
+    seconds: float = 0.0  # its build
+    error: str = ""
+
+    @property
+    def built(self) -> bool:
+        return not self.error
+
+    def untimed(self) -> CandidateResult:
+        return CandidateResult(self.index, self.plan_name, self.engine_id, None, self.error)
+
+
+@dataclass(frozen=True)
+class Heuristic:
+    """cuDNN's heuristic choice, built; the graph has `count` candidates."""
+
+    chosen: BuiltPlan
+    count: int
+    seconds: float  # graph, heuristics and the chosen plan's build
+    # Candidates tried before it that did not build, and what else the
+    # compiler knows of the candidates without timing them (a compiler
+    # that does not autotune may give its timings here).
+    candidates: list[CandidateResult] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CompiledPlan:
+    blob: bytes
+    workspace_size: int
+    engine_id: int
+    knobs: dict[str, int]
+    plan_name: str
+    is_python_engine: bool
+    candidates: list[CandidateResult] = field(default_factory=list)
+    build_seconds: float = 0.0
+    autotune_seconds: float = 0.0
+    # A heuristic plan stored at once while the autotuned one is built.
+    provisional: bool = False
+
+
+class Compiler(Protocol):
+    """Builds plans for one GPU. Raises CompileFailed when cuDNN rejects a graph."""
+
+    @property
+    def target(self) -> Target: ...
+
+    def heuristic(self, spec: GraphSpec, options: CompileOptions) -> Heuristic:
+        """The heuristic plan and the number of candidates (CompileFailed when none builds)."""
+        ...
+
+    def candidate(self, spec: GraphSpec, options: CompileOptions, index: int) -> BuiltPlan:
+        """Candidate `index` built and serialized; one that does not build is returned with its error."""
+        ...
+
+    def time_plans(self, spec: GraphSpec, options: CompileOptions, plans: Sequence[BuiltPlan]) -> list[CandidateResult]:
+        """Each built plan's GPU time, in the order given (an error for one that does not run)."""
+        ...
+
+
+def tunes(options: CompileOptions, heuristic: Heuristic) -> bool:
+    """Whether a build goes on past its heuristic plan."""
+    return options.autotune and heuristic.count > 1
+
+
+def compiled(plan: BuiltPlan, candidates: list[CandidateResult], build_s: float, tune_s: float, provisional: bool) -> CompiledPlan:
+    return CompiledPlan(
+        blob=plan.blob, workspace_size=plan.workspace_size, engine_id=plan.engine_id, knobs=plan.knobs, plan_name=plan.plan_name,
+        is_python_engine=plan.is_python_engine, candidates=candidates, build_seconds=build_s, autotune_seconds=tune_s, provisional=provisional,
+    )  # fmt: skip
+
+
+def heuristic_plan(heuristic: Heuristic, provisional: bool) -> CompiledPlan:
+    """The heuristic plan as stored: provisional while the autotuning goes on, or final."""
+    candidates = heuristic.candidates or [heuristic.chosen.untimed()]
+    return compiled(heuristic.chosen, candidates, heuristic.seconds, 0.0, provisional)
+
+
+def winner(plans: Sequence[BuiltPlan], timed: Sequence[CandidateResult]) -> BuiltPlan | None:
+    """The built plan with the lowest precisely measured time (a candidate
+    the screen left out never wins: its time is one replay's)."""
+    finalists = [(t.median_ms, p) for p, t in zip(plans, timed, strict=True) if t.median_ms is not None and t.timing != "screen"]
+    return min(finalists, key=lambda f: f[0] if f[0] is not None else math.inf, default=(None, None))[1]
+
+
+def build_seconds(heuristic: Heuristic, others: Sequence[BuiltPlan]) -> float:
+    """What building every candidate costs one process: the metadata's
+    build_seconds (autotune_seconds is the timing's), which a hit saves a
+    node that would build locally."""
+    return heuristic.seconds + sum(p.seconds for p in others)
+
+
+def tuned_plan(
+    heuristic: Heuristic, built: Sequence[BuiltPlan], timed: Sequence[CandidateResult], failed: Sequence[BuiltPlan], build_s: float, tune_s: float
+) -> CompiledPlan | None:
+    """The autotuned plan: the fastest of `built` (`timed[i]` is `built[i]`'s
+    time), with every candidate's record in index order, those that did not
+    build too; None when none ran."""
+    best = winner(built, timed)
+    if best is None:
+        return None
+    records = {c.index: c for c in heuristic.candidates if c.error}
+    records.update({p.index: p.untimed() for p in failed})
+    records.update({t.index: t for t in timed})
+    return compiled(best, [records[i] for i in sorted(records)], build_s, tune_s, provisional=False)
+
+
+def compile_inline(compiler: Compiler, spec: GraphSpec, options: CompileOptions) -> Iterator[CompiledPlan]:
+    """The plan as it gets better, every piece in this process, one after
+    another: the heuristic plan (provisional when autotuning follows), then
+    the autotuned plan. An error raised after the provisional plan is the
+    autotuning's."""
+    heuristic = compiler.heuristic(spec, options)
+    if not tunes(options, heuristic):
+        yield heuristic_plan(heuristic, provisional=False)
+        return
+    yield heuristic_plan(heuristic, provisional=True)
+    others = [compiler.candidate(spec, options, i) for i in range(heuristic.count) if i != heuristic.chosen.index]
+    built = sorted([heuristic.chosen, *(p for p in others if p.built)], key=lambda p: p.index)
+    started = time.perf_counter()
+    timed = compiler.time_plans(spec, options, built)
+    plan = tuned_plan(heuristic, built, timed, [p for p in others if not p.built], build_seconds(heuristic, others), time.perf_counter() - started)
+    if plan is None:
+        raise RuntimeError(f"none of the {heuristic.count} candidate plans ran: {timed[0].error if timed else ''}")
+    yield plan

@@ -1,0 +1,73 @@
+"""What the autotuner may put in the integer tensors it times candidates on.
+
+Random values are right for data, wrong for tensors that steer memory
+accesses: a length past its axis, a page index past the pool or a ragged
+offset past the buffer makes a candidate read or write out of bounds (and a
+backward's workspace is sized by its token totals). These rules keep every
+candidate inside the buffers the autotuner allocates; torch-free, so they
+are tested on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from plancache.spec.graph import GraphSpec, Node
+from plancache.spec.ops import CATALOG
+
+
+@dataclass
+class TimingInputs:
+    """Per tensor uid: `lengths` values in [1, bound]; `indices` values in
+    [0, bound); `ragged_steps` offsets i × step for batch i (elements)."""
+
+    lengths: dict[int, int] = field(default_factory=dict)
+    indices: dict[int, int] = field(default_factory=dict)
+    ragged_steps: dict[int, int] = field(default_factory=dict)
+
+
+def timing_inputs(spec: GraphSpec) -> TimingInputs:
+    found = TimingInputs()
+    for node in spec.nodes:
+        schema = CATALOG[node.op]
+        for table, bounds in ((schema.integer_bounds, found.lengths), (schema.index_bounds, found.indices)):
+            for port, (source, axis) in table.items():
+                if port in node.inputs:
+                    uid = node.inputs[port].uid or 0
+                    bounds[uid] = min(bounds.get(uid, node.inputs[source].dim[axis]), node.inputs[source].dim[axis])
+        _ragged(node, found)
+        _paged(node, found)
+    return found
+
+
+def _paged(node: Node, found: TimingInputs) -> None:
+    """A paged cache's kv lengths go up to the longest sequence it declares,
+    not to one page (k's axis 2 is the page size there)."""
+    longest = node.attributes.get("paged_attention_max_seq_len_kv")
+    if isinstance(longest, int) and "seq_len_kv" in node.inputs:
+        found.lengths[node.inputs["seq_len_kv"].uid or 0] = longest
+
+
+def _ragged(node: Node, found: TimingInputs) -> None:
+    """Packed sequences at a fixed spacing of `tokens` positions, lengths at
+    most that: b × tokens stays within the padded buffers and within the
+    token totals (max_total_seq_len_q/_kv) the node declares."""
+    packed = [t for t in [*node.inputs.values(), *node.outputs.values()] if t.ragged_offset is not None]
+    if not packed or "q" not in node.inputs or "k" not in node.inputs:
+        return
+    q, k = node.inputs["q"], node.inputs["k"]
+    batch = q.dim[0]
+    tokens = min(q.dim[2], k.dim[2])
+    for attr in ("max_total_seq_len_q", "max_total_seq_len_kv"):
+        total = node.attributes.get(attr)
+        if isinstance(total, int):
+            tokens = min(tokens, max(1, total // batch))
+    for t in packed:
+        assert t.ragged_offset is not None
+        offsets = t.ragged_offset.uid or 0
+        step = t.stride[0] // t.dim[2] * tokens  # elements per position (h × d in THD) × positions per sequence
+        found.ragged_steps[offsets] = min(found.ragged_steps.get(offsets, step), step)
+    for port in ("seq_len_q", "seq_len_kv"):
+        if port in node.inputs:
+            uid = node.inputs[port].uid or 0
+            found.lengths[uid] = min(found.lengths.get(uid, tokens), tokens)
