@@ -48,9 +48,11 @@ METRICS_PORT ?= 9464
 run: setup
 	$(VENV)/bin/plancache-server --metrics-port $(METRICS_PORT) $(ARGS)
 
-## Lint, type-check and run every test this machine can run (GPU tests skip without a GPU).
+## Lint, type-check and run every test this machine can run (GPU tests skip without a GPU),
+## in TEST_WORKERS processes (pytest-xdist): most tests wait (processes, Redis, builds), so more than the cores.
+TEST_WORKERS ?= 4
 test: setup-test lint typecheck
-	$(VENV)/bin/pytest $(ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
