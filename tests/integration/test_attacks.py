@@ -36,6 +36,7 @@ from tests.support.processes import child_env, server_process, wait_for_workers
 from tests.support.specs import matmul_bias_relu_spec, matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin import StandInCompiler
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -66,13 +67,6 @@ def key_of(spec: Any, target: Target = TARGET) -> str:
     return make_key(hash_normalized(normalize(spec)), target, CompileOptions())
 
 
-def wait_until(condition: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 # ---- 1. forged jobs -------------------------------------------------------------
 
 
@@ -86,7 +80,7 @@ def test_a_forged_job_is_refused_and_the_victim_gets_its_own_graph(signed_stack:
     ]
     for job in forged:
         redis_client.xadd(stream, job.encode())  # type: ignore[arg-type]
-    wait_until(lambda: redis_client.xlen(stream) == 0)  # taken and acknowledged
+    wait_until(lambda: redis_client.xlen(stream) == 0, 10, "the forged job was not taken and acknowledged")
     assert not redis_client.exists(keys.plan(key_of(victim))) and not redis_client.exists(keys.plan(key_of(other, sm80)))
     reasons = [r.decode() for r in redis_client.lrange(keys.RECENT_FAILURES, 0, -1)]
     assert any("refused job forged-1" in r and "but its spec, target and options make plan" in r for r in reasons), reasons

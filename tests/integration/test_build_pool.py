@@ -33,6 +33,7 @@ from tests.support.processes import child_env, server_process, wait_for_workers,
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin import StandInCompiler
+from tests.support.waiting import wait_until
 
 BUILD_S, TUNE_S = 0.2, 3.6
 CANDIDATE_S = TUNE_S / 9
@@ -129,13 +130,6 @@ def _children(pid: int) -> set[int]:
     return found
 
 
-def _wait_for(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def fleet_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
     server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
@@ -163,7 +157,7 @@ def _deployment(stack: ExitStack, redis_url: str, tmp: Path, workers: int, *flag
 def test_a_crashed_build_process_is_replaced_and_its_candidate_built_again(fleet_redis: EmbeddedRedis, tmp_path: Path) -> None:
     with ExitStack() as stack:
         address, (worker_pid,) = _deployment(stack, fleet_redis.url, tmp_path, 1)
-        _wait_for(lambda: len(_children(worker_pid)) == 2, 30, "the worker did not start its 2 build processes")
+        wait_until(lambda: len(_children(worker_pid)) == 2, 30, "the worker did not start its 2 build processes")
         before = _children(worker_pid)
         with Client(address, cache=False, timeout=60) as client:
             first = client.compile(matmul_spec(m=16), TARGET)
@@ -172,7 +166,7 @@ def test_a_crashed_build_process_is_replaced_and_its_candidate_built_again(fleet
             for pid in before:  # both build processes die mid-tuning (the OOM killer, say)
                 os.kill(pid, signal.SIGKILL)
             meta = _wait_until_tuned(redis.Redis.from_url(fleet_redis.url), first.key, timeout=TUNE_S + 30)
-            _wait_for(lambda: len(_children(worker_pid)) == 2, 30, "the build processes were not replaced")
+            wait_until(lambda: len(_children(worker_pid)) == 2, 30, "the build processes were not replaced")
             assert not (_children(worker_pid) & before)
             # The worker goes on serving misses.
             second = client.compile(matmul_spec(m=32), TARGET)
@@ -188,11 +182,11 @@ def test_build_processes_end_with_their_worker(fleet_redis: EmbeddedRedis, tmp_p
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with worker_process(fleet_redis.url, tmp_path / f"worker-{sig.name}.log", "--device", "0", "--compiler", "tests.support.standin:factory",
                             "--unsigned", "--build-processes", "3", env=env) as worker:  # fmt: skip
-            _wait_for(lambda: len(_children(worker.pid)) == 3, 30, "the worker did not start its build processes")
+            wait_until(lambda: len(_children(worker.pid)) == 3, 30, "the worker did not start its build processes")
             pool = _children(worker.pid)
             os.kill(worker.pid, sig)
             worker.wait(timeout=30)
-            _wait_for(lambda pool=pool: not any(_state(pid) != "Z" for pid in pool), 15, f"build processes outlived their worker ({sig.name})")
+            wait_until(lambda pool=pool: not any(_state(pid) != "Z" for pid in pool), 15, f"build processes outlived their worker ({sig.name})")
 
 
 def _state(pid: int) -> str:

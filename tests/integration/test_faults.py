@@ -27,6 +27,7 @@ from tests.support.processes import standin_deployment
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin import StandInCompiler
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -69,8 +70,7 @@ def test_redis_killed_and_restarted_under_load(tmp_path: Path) -> None:
 
         with ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(load, i) for i in range(8)]
-            time.sleep(1.0)
-            before = outcomes["ok"]
+            before = wait_until(lambda: outcomes["ok"] >= 100 and outcomes["ok"], 20, "the load is under way")
             redis_server.kill()
             down_at = time.monotonic()
             time.sleep(2.0)
@@ -109,12 +109,18 @@ def test_sigterm_during_compiles_drains_and_leaves_nothing_half_written(tmp_path
     redis_server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
     try:
         with ExitStack() as stack:
-            front_end, server, worker = stack.enter_context(standin_deployment(stack, redis_server.url, tmp_path, 1.5, "--build-processes", "1"))
+            started = tmp_path / "started"
+            started.mkdir()
+            front_end, server, worker = stack.enter_context(
+                standin_deployment(stack, redis_server.url, tmp_path, 1.5, "--build-processes", "1", started_dir=started)
+            )
             client = stack.enter_context(Client(front_end, cache=False))
             specs = [matmul_spec(m=8 * (i + 1)) for i in range(3)]
             with ThreadPoolExecutor(3) as pool:
                 futures = [pool.submit(client.compile, s, TARGET) for s in specs]
-                time.sleep(0.5)  # the first build is under way
+                # The first build under way in the worker's build process (taking a job is not enough:
+                # a job taken but not started is handed back to the stream when the worker stops).
+                wait_until(lambda: any(started.iterdir()), 30, "a build under way")
                 worker.send_signal(signal.SIGTERM)  # the worker finishes its build, then leaves
                 server.send_signal(signal.SIGTERM)  # the front end lets in-flight calls finish (grace period)
                 results = []

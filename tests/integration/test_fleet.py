@@ -20,6 +20,7 @@ import redis
 from plancache import Client, CompileFailed, CompileOptions, Plan
 from plancache.keys.plankey import make_key
 from plancache.spec.canonical import spec_hash
+from plancache.transport.results import TargetStats
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from tests.conftest import Stack
@@ -27,6 +28,7 @@ from tests.support.processes import child_env, server_process, wait_for_workers,
 from tests.support.specs import matmul_spec
 from tests.support.standin import REJECTED_NAME
 from tests.support.standin import STANDIN_TARGET as TARGET
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -79,11 +81,15 @@ def test_two_front_ends_two_workers_build_each_key_once(fleet_redis: EmbeddedRed
 
         with ThreadPoolExecutor(64) as pool:
             plans = list(pool.map(call, range(64)))
-        time.sleep(1.5)  # the other front end flushes its counters about once a second
-        row = {r.target_id: r for r in clients[0].stats()}[TARGET.id]
+        # The other front end flushes its counters about once a second.
+        counted = wait_until(lambda: (row := _row(clients[0])).compiles + row.joined == 64 and row, 10, "both front ends' counters flushed")
     assert len({p.blob for p in plans}) == 1
-    assert (row.compiles, row.joined) == (1, 63)
+    assert (counted.compiles, counted.joined) == (1, 63)
     assert sorted(p.source for p in plans).count("compiled") == 1
+
+
+def _row(client: Client) -> TargetStats:
+    return {r.target_id: r for r in client.stats()}[TARGET.id]
 
 
 def _running_worker(client: redis.Redis, plan_key: str, timeout: float = 20) -> str:

@@ -18,6 +18,7 @@ from tests.conftest import start_stack
 from tests.support.specs import matmul_bias_relu_spec, matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin import StandInCompiler
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +38,8 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(redis_se
             assert not fetched.errors and fetched.compiled == 1
             assert client.explain(matmul_spec(), TARGET).stored
             assert {t.target_id for t in client.list_targets()} >= {TARGET.id}
-            time.sleep(1.2)  # a statistics flush under the front end's user
-            row = {r.target_id: r for r in client.stats()}[TARGET.id]
+            # A statistics flush (about once a second) under the front end's user.
+            row = wait_until(lambda: (r := {r.target_id: r for r in client.stats()}[TARGET.id]).hits + r.compiles >= 4 and r, 10, "statistics flushed")
             assert (row.hits, row.compiles) == (2, 2)
             report = s.front_end.run(status_of(s.front_end.front).report())
             assert [t.target_id for t in report.targets if t.live_workers] and report.top_by_hits

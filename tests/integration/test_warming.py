@@ -30,6 +30,7 @@ from tests.conftest import Stack, start_stack
 from tests.support.processes import child_env, server_process, wait_for_workers, worker_process
 from tests.support.specs import matmul_spec
 from tests.support.standin import REJECTED_NAME, STANDIN_TARGET, StandInCompiler
+from tests.support.waiting import wait_until
 
 EXACT, GENERIC = STANDIN_TARGET, STANDIN_TARGET.generic()
 
@@ -149,7 +150,7 @@ def test_a_real_miss_is_not_delayed_by_warming_beyond_one_candidate(redis_server
             for spec in specs:  # their tuning done: the worker is idle
                 _wait_tuned(stack.redis, _key(spec, GENERIC))
             client.warm(EXACT, from_target=GENERIC)
-            time.sleep(build_s + 0.3)  # warming under way
+            wait_until(lambda: (now := client.warm_status(EXACT)[0]).built >= 1 and now.in_flight, 30, "warming is building its second plan")
             started = time.monotonic()
             miss = client.compile(matmul_spec(m=400, name="a-real-miss"), GENERIC)
             waited = time.monotonic() - started

@@ -83,13 +83,14 @@ def worker_process(redis_url: str, log: Path, *args: str, env: dict[str, str] | 
 
 @contextmanager
 def standin_deployment(
-    stack: ExitStack, redis_url: str, logs: Path, build_seconds: float, *worker_args: str
+    stack: ExitStack, redis_url: str, logs: Path, build_seconds: float, *worker_args: str, started_dir: Path | None = None
 ) -> Iterator[tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
     """A plancache-server process and one unsigned stand-in worker process
-    (builds of `build_seconds`; `worker_args` more flags), ready: (address, server, worker)."""
+    (builds of `build_seconds`; `worker_args` more flags; each build marked
+    in `started_dir` as it starts), ready: (address, server, worker)."""
     address = f"127.0.0.1:{free_port()}"
     server = stack.enter_context(server_process(address, redis_url, logs / "server.log", "--gpus", "none"))
-    env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS=str(build_seconds))
+    env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS=str(build_seconds), PLANCACHE_STANDIN_STARTED_DIR=str(started_dir or ""))
     worker = stack.enter_context(
         worker_process(redis_url, logs / "worker.log", "--device", "0", "--compiler", "tests.support.standin:factory", "--unsigned", *worker_args, env=env)
     )

@@ -9,7 +9,9 @@ apart as a worker's build pool builds them. The product never uses it; GPU claim
 real GPU. Plug it into a worker with `--compiler tests.support.standin:factory`.
 With PLANCACHE_STANDIN_BUILD_LOG=<path> set, every build appends one JSON line
 {"spec_hash", "started", "ended"} (wall clock) to that file: benchmarks count
-builds per key from it (bench/herd.py).
+builds per key from it (bench/herd.py). With PLANCACHE_STANDIN_STARTED_DIR=<dir>
+set, a heuristic build creates <dir>/<spec hash> as it starts: a test can wait
+until a build is under way in a worker process, not only taken.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class StandInCompiler:
 
     def __init__(
         self, target: Target = STANDIN_TARGET, build_seconds: float = 0.0, blob_size: int = 75_000, build_log: str | None = None,
-        tune_seconds: float | None = None, candidates: int = DEFAULT_CANDIDATES,
+        tune_seconds: float | None = None, candidates: int = DEFAULT_CANDIDATES, started_dir: str | None = None,
     ) -> None:
         """`tune_seconds`: None builds one plan (after `build_seconds`); a
         number plays the heuristic-first path: a provisional plan after
@@ -57,6 +59,7 @@ class StandInCompiler:
         self.candidates = candidates if tune_seconds is not None else 1
         self.blob_size = blob_size
         self.build_log = build_log
+        self.started_dir = started_dir
         self._lock = threading.Lock()
         self.builds: list[str] = []  # spec hashes, one per heuristic build, in order
         self.candidate_builds: list[tuple[str, int]] = []  # (spec hash, index)
@@ -80,6 +83,8 @@ class StandInCompiler:
         digest = hash_normalized(spec)
         with self._lock:
             self.builds.append(digest)
+        if self.started_dir:
+            open(os.path.join(self.started_dir, digest), "w").close()
         started = time.time()
         try:
             time.sleep(self.build_seconds)
@@ -137,4 +142,5 @@ def factory(device: int) -> StandInCompiler:
         build_log=os.environ.get("PLANCACHE_STANDIN_BUILD_LOG") or None,
         tune_seconds=float(tune) if tune else None,
         candidates=int(os.environ.get("PLANCACHE_STANDIN_CANDIDATES") or DEFAULT_CANDIDATES),
+        started_dir=os.environ.get("PLANCACHE_STANDIN_STARTED_DIR") or None,
     )
