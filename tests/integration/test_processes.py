@@ -236,6 +236,19 @@ def _with_tokens(tmp: Path, text: str, mode: int) -> tuple[Path, list[str]]:
     return tokens, args
 
 
+def test_a_server_stopped_the_moment_it_listens_exits_at_once(tmp_path: Path) -> None:
+    """SIGTERM as soon as "listening on" is logged (a deploy that rolls back
+    at once, a test harness): the server used to hang in its shutdown, the
+    event subscription having swallowed its cancel."""
+    for attempt in range(5):
+        (tmp_path / str(attempt)).mkdir()
+        server = _server(tmp_path / str(attempt), free_port(), "server.log")
+        server.wait_for("listening on")
+        started = time.monotonic()
+        assert server.stop(timeout=15) == 0, server.text()
+        assert time.monotonic() - started < 10, server.text()
+
+
 def test_secrets_readable_by_others_are_refused_unless_allowed(tmp_path: Path) -> None:
     tokens, args = _with_tokens(tmp_path, "admin " + "a" * 20 + "\n", 0o644)
     refused = Proc(args, tmp_path / "refused.log")

@@ -51,7 +51,7 @@ from plancache_server.store import keys
 from plancache_server.store.build_records import DONE, FAILED, PROVISIONAL, QUEUED, RELEASE_IF_OWNER, FailedBuild, state_fields
 from plancache_server.store.jobs import Job, JobQueue
 from plancache_server.store.plans import PlanStore, StoredPlan
-from plancache_server.store.redis_conn import AsyncRedis, text, translated_errors
+from plancache_server.store.redis_conn import AsyncRedis, stop_task, text, translated_errors
 from plancache_server.store.warming import WARM_JOB_PREFIX
 
 log = logging.getLogger(__name__)
@@ -92,9 +92,10 @@ class CompletionWatcher:
         self._on_plan = on_plan
         self._events: dict[str, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
-        if self._task is None:
+        if self._task is None and not self._stopping:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="plancache-events")
 
     def register(self, job_id: str) -> asyncio.Event:
@@ -111,10 +112,9 @@ class CompletionWatcher:
                 del self._events[job_id]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        self._stopping = True
+        task, self._task = self._task, None
+        await stop_task(task)
 
     def _wake(self, data: bytes) -> None:
         try:
@@ -129,11 +129,11 @@ class CompletionWatcher:
             event.set()
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(keys.EVENTS_CHANNEL)
-                while True:
+                while not self._stopping:
                     message = await pubsub.get_message(timeout=1.0)
                     if message and message.get("type") == "message":
                         self._wake(message["data"])

@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
 from plancache.errors import PlanCacheError
-from plancache_server.store.redis_conn import AsyncRedis, translated_errors
+from plancache_server.store.redis_conn import AsyncRedis, stop_task, translated_errors
 
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
@@ -71,9 +71,7 @@ class HealthReporter:
                 await self._set(False)
 
     async def shutdown(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await stop_task(self._task)
         await self._servicer.enter_graceful_shutdown()
 
 

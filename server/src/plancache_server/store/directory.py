@@ -17,6 +17,7 @@ import logging
 
 from plancache.errors import PlanCacheError
 from plancache_server.store.jobs import JobQueue
+from plancache_server.store.redis_conn import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +65,7 @@ class WorkerDirectory:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="plancache-directory")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await stop_task(self._task)
 
     async def _run(self) -> None:
         while True:

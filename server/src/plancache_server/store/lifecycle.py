@@ -36,7 +36,7 @@ import redis
 from plancache.errors import InvalidRequest, PlanCacheError
 from plancache.keys.plankey import parse_key
 from plancache_server.store import keys
-from plancache_server.store.redis_conn import text, translated_errors
+from plancache_server.store.redis_conn import stop_task, text, translated_errors
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +230,4 @@ class Sweeper:
                 log.warning("store sweep skipped: %s", e.message)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await stop_task(self._task)

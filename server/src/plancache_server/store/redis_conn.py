@@ -8,9 +8,11 @@ callers queues for a connection instead of opening thousands of them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
-from typing import cast
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
@@ -28,6 +30,10 @@ CONNECTION_WAIT_S = 10.0
 FRONT_END_CLUSTER_CONNECTIONS = 512
 
 AsyncRedis = aioredis.Redis
+log = logging.getLogger(__name__)
+# How long stopping a background task may take before it is left behind.
+TASK_STOP_S = 5.0
+TASK_RECANCEL_S = 0.2
 
 
 def _cluster_url(url: str) -> str | None:
@@ -79,3 +85,24 @@ def translated_errors(doing: str) -> Iterator[None]:
         raise StoreUnavailable(f"plan store unavailable while {doing}: {type(e).__name__}: {e}") from e
     except OSError as e:  # a socket error redis-py did not wrap
         raise StoreUnavailable(f"plan store unavailable while {doing}: {type(e).__name__}: {e}") from e
+
+
+async def stop_task(task: asyncio.Task[Any] | None, timeout: float = TASK_STOP_S) -> None:
+    """Cancels a background task that talks to Redis and waits for its end,
+    at most `timeout` seconds. The cancel is repeated: one that lands as a
+    redis-py read's own timeout fires is swallowed (asyncio.timeout turns it
+    into that read's TimeoutError, answered as "no message"), and a task
+    looping over such reads ran on: a server sent SIGTERM right after it
+    started never exited (tests/integration/test_processes.py)."""
+    if task is None:
+        return
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not task.done():
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            log.warning("background task %s did not stop within %.0f s; left behind", task.get_name(), timeout)
+            return
+        task.cancel()
+        await asyncio.wait([task], timeout=min(TASK_RECANCEL_S, left))
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("background task %s ended with %r", task.get_name(), task.exception())

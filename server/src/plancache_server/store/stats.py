@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from plancache.errors import StoreUnavailable
 from plancache_server.store import keys
 from plancache_server.store.directory import OTHER_TARGETS, WorkerDirectory
-from plancache_server.store.redis_conn import AsyncRedis, text, translated_errors
+from plancache_server.store.redis_conn import AsyncRedis, stop_task, text, translated_errors
 
 log = logging.getLogger(__name__)
 
@@ -170,9 +170,7 @@ class Stats:
             log.debug("dropped %d pending counts: %s", len(pending), e)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await stop_task(self._task)
         await self.flush()
 
     async def read(self) -> Readings:
