@@ -518,7 +518,7 @@ def upgrade_section(up: dict) -> list[str]:
         "targets, as a GPU worker serves them: A = the generic target (compute capability, cuDNN and frontend versions), B = the exact one (device and "
         "SM count); a worker of B warming it from A's history is what a GPU host does after a first node's generic compiles, and the same code path as "
         f"an upgrade's new versions. The run with warming lets the worker plan it {plan} (the product's default path for a new target is the "
-        "worker's own, after 30 s idle); the run without passes `--no-warm`; both are otherwise identical (same draws, fresh Redis, one front end, one "
+        "worker's own, after `--warm-after-idle` idle, 10 s by default); the run without passes `--no-warm`; both are otherwise identical (same draws, fresh Redis, one front end, one "
         f"stand-in worker with `--build-processes {c['build_processes']}`: one process kept for heuristic plans, one for candidates and warming, where "
         f"this 2-core machine's default is 1). A spec costs {c['build_seconds']:g} s for its heuristic plan and {c['tune_seconds']:g} s for "
         f"{c['candidates'] - 1} more candidates: {s['per_spec_build_s']:.2f} s on one process, {s['top_k_build_s']:.0f} s for the top {s['top_k']}. "
@@ -536,39 +536,40 @@ def upgrade_section(up: dict) -> list[str]:
     for name, rows in windows.items():
         out.append(f"| {name} warming | " + " | ".join(_pct(rate) for _, rate in rows) + " |")
     status, met = up["runs"]["with"].get("warm_status") or {}, s["met"]
-    first, after = s["first_warm_build_s"], s["hit_rate_after_window"]
+    first, after = s.get("first_warm_item_s"), s["hit_rate_after_window"]
     if first is None or first >= c["node_seconds"]:
         planned = (
-            f"The worker planned it at {_secs(s['warm_started_s'])}, when it was first idle: until then"
+            f"The worker planned it at {_secs(s['warm_started_s'])}, when it was first idle,"
             if c.get("plan", "auto") == "auto"
-            else f"It was planned at {_secs(s['warm_started_s'])}, but until its first item"
+            else f"It was planned at {_secs(s['warm_started_s'])},"
         )
         rollout = (
-            f"- **Warming did not run during the rollout.** {planned} the worker was building the nodes' misses and autotuning them, and "
-            "warming's lanes come after a real autotuning's candidates (each of the "
-            f"nodes' misses queues {c['candidates'] - 1} candidates on the one process not kept for heuristic plans). Both runs served the same "
-            "hits; the coverage of A's hits is the nodes' own misses in both. The hit-rate target's window (warming planned + the top specs' build "
-            "time) opens after the last node started: not met, no node had a warmed plan."
+            f"- **Warming did not run during the rollout.** {planned} and took no item before the last node started: the worker was building "
+            "the nodes' misses and autotuning them, and warming's lanes come after those. The hit-rate target's window is not met by warming."
         )
     else:
         w, wo = after["with"] or {}, after["without"] or {}
+        top = s["top_k_stored_s"]
         rollout = (
-            f"- **Warming ran during the rollout**: planned at {_secs(s['warm_started_s'])}, its first build at {_secs(first)}; nodes started from "
-            f"{s['window_start_s']:.1f} s on hit {_pct(w.get('hit_rate'))} of their requests ({_pct(wo.get('hit_rate'))} without warming)."
+            f"- **Warming ran during the rollout**: planned at {_secs(s['warm_started_s'])}, its first items taken at {_secs(first)}; "
+            f"A's top {s['top_k']} specs were all stored for B after {_secs(top['with'])} with warming ({_secs(top['without'])} without); "
+            f"nodes started from {s['window_start_s']:.1f} s on hit {_pct(w.get('hit_rate'))} of their requests "
+            f"({_pct(wo.get('hit_rate'))} without warming)."
         )
-    done = [(x["t"], x["built"] + x["skipped"] + x["failed"]) for x in up["runs"]["with"]["samples"] if "built" in x]
-    moving = [d for d in done if d[1] > 0]
-    pace = (moving[-1][0] - moving[0][0]) / (moving[-1][1] - moving[0][1]) if len(moving) > 1 and moving[-1][1] > moving[0][1] else None
+    stored = [(x["t"], x["stored"]) for x in up["runs"]["with"]["samples"] if first is not None and x["t"] >= first and x["t"] <= c["node_seconds"]]
+    pace = (stored[-1][1] - stored[0][1]) / (stored[-1][0] - stored[0][0]) if len(stored) > 1 and stored[-1][0] > stored[0][0] else None
     out += [
         "",
         "![upgrade rehearsal](../bench/results/upgrade.png)",
         "",
         "Reading it:",
         rollout,
-        f"- **Warming's pace**: {status.get('built', 0)} item(s) built and {status.get('skipped', 0)} skipped as already stored by the end of the run"
-        + (f", {pace:.2f} s per item" if pace is not None else "")
-        + f" against {s['per_spec_build_s']:.2f} s for a build (a skipped one builds nothing): the worker's stream read blocks for 500 ms whenever "
-        "no build is active, and it starts one warming item per turn of its loop.",
+        f"- **What `warm --status` said at the end**: {status.get('in_flight', 0)} item(s) in flight, {status.get('built', 0)} built, "
+        f"{status.get('skipped', 0)} skipped as already stored, coverage {_pct(status.get('coverage'))}. An item counts as built once its "
+        "candidates are tuned, and warming's candidates come after every real tuning: during a rollout its heuristic plans are stored "
+        "(the coverage) while the items stay in flight."
+        + (f" Plans of B were stored at {pace:.1f} per second from warming's first item to the last node (warming's and the nodes' own "
+           f"misses together; a spec's heuristic plan costs {c['build_seconds']:.2f} s)." if pace is not None else ""),
         "- **A real miss for A "
         + ("is not delayed by warming**: with two build processes the heuristic plan of a miss goes to the process kept for heuristic plans while "
            "the warm build's candidate runs on the other, so a miss with a warm build in flight took what it takes on an idle worker."
