@@ -146,7 +146,9 @@ def _paged_decode(g: GraphSpec, uids: tuple[int, int, int, int], s_q: int = 1) -
     the k and v page tables and the q and kv lengths, with these uids."""
     b, h, d, page, max_kv = 8, 8, 128, 64, 1024
     pages = b * max_kv // page
-    qkv = [g.tensor(dim, name=n, uid=u) for n, u, dim in (("q", 11, [b, h, s_q, d]), ("k_cache", 12, [pages, h, page, d]), ("v_cache", 13, [pages, h, page, d]))]
+    qkv = [
+        g.tensor(dim, name=n, uid=u) for n, u, dim in (("q", 11, [b, h, s_q, d]), ("k_cache", 12, [pages, h, page, d]), ("v_cache", 13, [pages, h, page, d]))
+    ]
     dims = ([b, 1, max_kv // page, 1],) * 2 + ([b, 1, 1, 1],) * 2
     k_table, v_table, seq_q, seq_kv = (g.tensor(dim, name=n, uid=u, data_type="int32")
                                        for n, u, dim in zip(("k_page_table", "v_page_table", "seq_len_q", "seq_len_kv"), uids, dims, strict=True))  # fmt: skip
@@ -442,6 +444,235 @@ def reduction_sum_fp32() -> GraphSpec:
     return g
 
 
+# ---- the frontend's other ops: results whose dims cuDNN infers (docs/canonical-form.md) ----
+
+
+def _row_stats(g: GraphSpec, rows: int, uids: tuple[int, int] | tuple[int]) -> list[Tensor]:
+    """A norm's saved fp32 statistics per row ([rows, 1, 1, 1]): mean (if two uids) and inv_variance."""
+    names = ("mean", "inv_variance")[-len(uids) :]
+    return [g.tensor([rows, 1, 1, 1], name=n, uid=u, data_type="float") for n, u in zip(names, uids, strict=True)]
+
+
+def _gradients_out(grads: list[Tensor | None], uids: tuple[int, int, int], data_types: tuple[str | None, ...] = (None, None, None)) -> None:
+    """DX, DScale, DBias as outputs with these uids (and data types, where given)."""
+    for t, name, uid, data_type in zip(grads, ("DX", "DScale", "DBias"), uids, data_types, strict=True):
+        assert t is not None
+        t.set_output(True).set_name(name).set_uid(uid)
+        if data_type is not None:
+            t.set_data_type(data_type)
+
+
+def layernorm_backward_fp16() -> GraphSpec:
+    """test_layernorm's backward: the forward's input, scale, mean and inv_variance and dY give DX, DScale, DBias."""
+    g = GraphSpec(name="layernorm_backward_fp16", io_data_type="half")
+    dy = g.tensor([2048, 1024, 1, 1], name="dY", uid=1)
+    x = g.tensor([2048, 1024, 1, 1], name="x", uid=2)
+    scale = g.tensor([1, 1024, 1, 1], name="scale", uid=3)
+    mean, inv_var = _row_stats(g, 2048, (4, 5))
+    _gradients_out(g.node("layernorm_backward", grad=dy, input=x, scale=scale, mean=mean, inv_variance=inv_var), (6, 7, 8))
+    return g
+
+
+def rmsnorm_backward_bf16() -> GraphSpec:
+    """test_rmsnorm's backward with the bias gradient (has_dbias): DX, DScale, DBias."""
+    g = GraphSpec(name="rmsnorm_backward_bf16", io_data_type="bfloat16")
+    dy = g.tensor([2048, 1024, 1, 1], name="dY", uid=1)
+    x = g.tensor([2048, 1024, 1, 1], name="x", uid=2)
+    scale = g.tensor([1, 1024, 1, 1], name="scale", uid=3)
+    (inv_var,) = _row_stats(g, 2048, (5,))
+    _gradients_out(g.node("rmsnorm_backward", grad=dy, input=x, scale=scale, inv_variance=inv_var, has_dbias=True), (6, 7, 8))
+    return g
+
+
+def _channel_params(g: GraphSpec, c: int, names: tuple[str, ...], first_uid: int) -> list[Tensor]:
+    """fp32 per-channel tensors [1, c, 1, 1] (scale, bias, running statistics ...)."""
+    return [g.tensor([1, c, 1, 1], name=n, uid=first_uid + i, data_type="float") for i, n in enumerate(names)]
+
+
+def batchnorm_training_fp16() -> GraphSpec:
+    """test_batchnorm's forward training with running statistics (epsilon, momentum pass-by-value), then ReLU."""
+    # Outputs ReLU(Y), the batch's mean and inv_variance, the next running mean and variance (fp32, [1, C, 1, 1]).
+    g = GraphSpec(name="batchnorm_training_fp16", io_data_type="half")
+    x = g.tensor([4, 16, 56, 56], nhwc(4, 16, 56, 56), name="x", uid=1)
+    scale, bias, running_mean, running_var = _channel_params(g, 16, ("scale", "bias", "running_mean", "running_var"), 2)
+    epsilon = g.scalar(1e-3, name="epsilon", uid=6)
+    momentum = g.scalar(0.1, name="momentum", uid=7)
+    y, mean, inv_var, next_mean, next_var = g.node("batchnorm", input=x, scale=scale, bias=bias, in_running_mean=running_mean,
+                                                   in_running_var=running_var, epsilon=epsilon, momentum=momentum)  # fmt: skip
+    assert y is not None
+    g.relu(y).set_output(True).set_name("y").set_uid(8)
+    for t, name, uid in ((mean, "mean", 9), (inv_var, "inv_variance", 10), (next_mean, "next_running_mean", 11), (next_var, "next_running_var", 12)):
+        assert t is not None
+        t.set_output(True).set_name(name).set_uid(uid).set_data_type("float")
+    return g
+
+
+def batchnorm_backward_fp16() -> GraphSpec:
+    """test_batchnorm's DBN on its own: dY, x and the saved statistics give DX and fp32 DScale, DBias."""
+    g = GraphSpec(name="batchnorm_backward_fp16", io_data_type="half")
+    dy = g.tensor([4, 16, 56, 56], nhwc(4, 16, 56, 56), name="dY", uid=1)
+    x = g.tensor([4, 16, 56, 56], nhwc(4, 16, 56, 56), name="x", uid=2)
+    scale, mean, inv_var = _channel_params(g, 16, ("scale", "mean", "inv_variance"), 3)
+    grads = g.node("batchnorm_backward", grad=dy, input=x, scale=scale, mean=mean, inv_variance=inv_var)
+    _gradients_out(grads, (6, 7, 8), (None, "float", "float"))
+    return g
+
+
+def instancenorm_training_fp16() -> GraphSpec:
+    """test_instancenorm's forward: statistics per image and channel over H x W, channels-last."""
+    g = GraphSpec(name="instancenorm_training_fp16", io_data_type="half")
+    x = g.tensor([16, 32, 64, 64], nhwc(16, 32, 64, 64), name="x", uid=1)
+    scale = g.tensor([1, 32, 1, 1], name="scale", uid=2)
+    bias = g.tensor([1, 32, 1, 1], name="bias", uid=3)
+    epsilon = g.scalar(1e-5, name="epsilon", uid=4)
+    y, mean, inv_var = g.node("instancenorm", input=x, scale=scale, bias=bias, epsilon=epsilon, norm_forward_phase="TRAINING")
+    assert y is not None and mean is not None and inv_var is not None
+    y.set_output(True).set_name("y").set_uid(5)
+    mean.set_output(True).set_name("mean").set_uid(6).set_data_type("float")
+    inv_var.set_output(True).set_name("inv_variance").set_uid(7).set_data_type("float")
+    return g
+
+
+def _adaln_inputs(g: GraphSpec, b: int, s: int, d: int) -> tuple[Tensor, Tensor]:
+    """x [b, s, d] and its per-sample scale [b, 1, d] (uids 2 and 3)."""
+    return g.tensor([b, s, d], name="x", uid=2), g.tensor([b, 1, d], name="scale", uid=3)
+
+
+def adalayernorm_training_fp16() -> GraphSpec:
+    """The adaptive layernorm sample (27): layernorm over d with a scale and bias per sample, training."""
+    g = GraphSpec(name="adalayernorm_training_fp16", io_data_type="half")
+    x, scale = _adaln_inputs(g, 4, 1024, 768)
+    bias = g.tensor([4, 1, 768], name="bias", uid=4)
+    epsilon = g.tensor([1, 1, 1], [1, 1, 1], "float", name="epsilon", uid=5, is_pass_by_value=True, scalar_value=1e-3)
+    y, mean, inv_var = g.node("adalayernorm", input=x, scale=scale, bias=bias, epsilon=epsilon, norm_forward_phase="TRAINING")
+    assert y is not None and mean is not None and inv_var is not None
+    y.set_output(True).set_name("y").set_uid(6)
+    mean.set_output(True).set_name("mean").set_uid(7).set_data_type("float")
+    inv_var.set_output(True).set_name("inv_variance").set_uid(8).set_data_type("float")
+    return g
+
+
+def adalayernorm_backward_fp16() -> GraphSpec:
+    """The adaptive layernorm sample's backward: DX, and DScale, DBias per sample."""
+    g = GraphSpec(name="adalayernorm_backward_fp16", io_data_type="half")
+    dy = g.tensor([4, 1024, 768], name="dY", uid=1)
+    x, scale = _adaln_inputs(g, 4, 1024, 768)
+    mean, inv_var = (g.tensor([4, 1024, 1], name=n, uid=u, data_type="float") for n, u in (("mean", 4), ("inv_variance", 5)))
+    _gradients_out(g.node("adalayernorm_backward", grad=dy, input=x, scale=scale, mean=mean, inv_variance=inv_var), (6, 7, 8))
+    return g
+
+
+def conv_genstats_fp16() -> GraphSpec:
+    """test_conv_genstats: scale, bias, ReLU, a 3x3 convolution, and genstats' per-channel sum and sum of squares."""
+    g = GraphSpec(name="conv_genstats_fp16", io_data_type="half", intermediate_data_type="half")
+    x = g.tensor([4, 32, 32, 32], nhwc(4, 32, 32, 32), name="x", uid=1)
+    w = g.tensor([64, 32, 3, 3], nhwc(64, 32, 3, 3), name="w", uid=2)
+    scale = g.tensor([1, 32, 1, 1], nhwc(1, 32, 1, 1), name="scale", uid=3)
+    bias = g.tensor([1, 32, 1, 1], nhwc(1, 32, 1, 1), name="bias", uid=4)
+    y = g.conv_fprop(g.relu(g.bias(g.scale(x, scale), bias)), w, padding=[1, 1], stride=[1, 1], dilation=[1, 1])
+    y.set_output(True).set_name("y").set_uid(5)
+    total, squares = g.node("genstats", y)
+    assert total is not None and squares is not None
+    total.set_output(True).set_name("sum").set_uid(6).set_data_type("float")
+    squares.set_output(True).set_name("sq_sum").set_uid(7).set_data_type("float")
+    return g
+
+
+def slice_matmul_bf16() -> GraphSpec:
+    """test_slice: a matmul of slices of A and B; needs cuDNN 9.22 (a strict expected failure in tests/gpu)."""
+    g = GraphSpec(name="slice_matmul_bf16", io_data_type="bfloat16")
+    a = g.tensor([16, 32, 128], name="A", uid=1)
+    b = g.tensor([16, 128, 64], name="B", uid=2)
+    (a_slice,) = g.node("slice", a, slices=[slice(8, None), slice(16, None), slice(None, None)])
+    (b_slice,) = g.node("slice", b, slices=[slice(8, None), slice(None, None), slice(32, None)])
+    assert a_slice is not None and b_slice is not None
+    g.matmul(a_slice, b_slice).set_output(True).set_name("C").set_uid(3)
+    return g
+
+
+def concatenate_fp16() -> GraphSpec:
+    """The frontend's conv + concatenate sample: a 1x1 convolution's output and y0 (in place: in_place_index 1) on channels."""
+    # y0's channels of the output are not the op's to write. The frontend's Python graph needs the output's dims
+    # (validate: "dims not set"). Without in_place_index, cuDNN 9.19 builds the graph but leaves half the output unwritten.
+    g = GraphSpec(name="concatenate_fp16", io_data_type="half")
+    n, c, h, w, k = 4, 64, 32, 32, 64
+    x = g.tensor([n, c, h, w], nhwc(n, c, h, w), name="x", uid=1)
+    weight = g.tensor([k, c, 1, 1], nhwc(k, c, 1, 1), name="w", uid=2)
+    y = g.conv_fprop(x, weight, padding=[0, 0], stride=[1, 1], dilation=[1, 1]).set_data_type("half")
+    y0 = g.tensor([n, k, h, w], nhwc(n, k, h, w), name="y0", uid=3)
+    (out,) = g.node("concatenate", inputs=[y, y0], axis=1, in_place_index=1)
+    assert out is not None
+    out.set_output(True).set_name("y1").set_uid(4).set_dim([n, 2 * k, h, w]).set_stride(nhwc(n, 2 * k, h, w))
+    return g
+
+
+def reshape_bf16() -> GraphSpec:
+    """A view-only reshape, K [1, 384, 256] as K^T [1, 256, 384], into a matmul; no engine on sm_90 with cuDNN 9.19 (strict xfail)."""
+    g = GraphSpec(name="reshape_bf16", io_data_type="bfloat16")
+    a = g.tensor([1, 512, 256], name="A", uid=1)
+    k = g.tensor([1, 384, 256], name="K", uid=2)
+    (k_t,) = g.node("reshape", k, reshape_mode="VIEW_ONLY")
+    assert k_t is not None
+    k_t.set_dim([1, 256, 384]).set_stride([384 * 256, 1, 256]).set_data_type("bfloat16")
+    g.matmul(a, k_t).set_output(True).set_name("C").set_uid(3)
+    return g
+
+
+def pointwise_select_fp16() -> GraphSpec:
+    """The mask modes: where((gen_index rows >= cols) or x > t, x, y) by cmp_ge, cmp_gt, logical_or and binary_select."""
+    # As sample 70 (boolean logic) builds them: comparisons computed in float with boolean results, the logical op in
+    # boolean (cuDNN 9.19 refuses int32 or float there). Full-size operands (see pointwise_binary_fp16).
+    g = GraphSpec(name="pointwise_select_fp16", io_data_type="half")
+    x = g.tensor([4, 256, 512], name="x", uid=1)
+    y = g.tensor([4, 256, 512], name="y", uid=2)
+    t = g.tensor([4, 256, 512], name="t", uid=3)
+    row = g.gen_index(x, axis=1)
+    col = g.gen_index(x, axis=2)
+    lower = g.cmp_ge(row, col).set_data_type("boolean")
+    above = g.cmp_gt(x, t).set_data_type("boolean")
+    keep = g.logical_or(lower, above, compute_data_type="boolean").set_data_type("boolean")
+    g.binary_select(x, y, keep).set_output(True).set_name("out").set_uid(4)
+    return g
+
+
+def transpose_fp32() -> GraphSpec:
+    """The frontend's membound transpose sample, [2, 3, 4] permuted (2, 0, 1); needs cuDNN 9.22 (strict xfail in tests/gpu)."""
+    g = GraphSpec(name="transpose_fp32", io_data_type="float")
+    x = g.tensor([2, 3, 4], name="x", uid=1)
+    (y,) = g.node("transpose", x, permutation=[2, 0, 1])
+    assert y is not None
+    y.set_output(True).set_name("y").set_uid(2)
+    return g
+
+
+def apply_rope_fp16() -> GraphSpec:
+    """test_apply_rope: RoPE as pointwise ops on strided views of q, y1 = x1 cos1 - x2 sin1, y2 = x2 cos2 + x1 sin2."""
+    # The rope op itself needs cuDNN 9.24. q [64, 1024, 128]: its first 32 features rotated; cos and sin fp32 [1, 1024, 16], broadcast.
+    g = GraphSpec(name="apply_rope_fp16", io_data_type="half")
+    bh, t, hs, half = 64, 1024, 128, 16
+    q_view, table_view = [t * hs, hs, 1], [t * 2 * half, 2 * half, 1]
+    x1, x2 = (g.tensor([bh, t, half], q_view, name=n, uid=u) for n, u in (("x1", 1), ("x2", 2)))
+    cos1, cos2, sin1, sin2 = (g.tensor([1, t, half], table_view, "float", name=n, uid=u)
+                              for n, u in (("cos1", 3), ("cos2", 4), ("sin1", 5), ("sin2", 6)))  # fmt: skip
+    g.sub(g.mul(x1, cos1), g.mul(x2, sin1)).set_output(True).set_name("y1").set_uid(7).set_stride(q_view)
+    g.add(g.mul(x2, cos2), g.mul(x1, sin2)).set_output(True).set_name("y2").set_uid(8).set_stride(q_view)
+    return g
+
+
+def moe_grouped_matmul_bf16() -> GraphSpec:
+    """test_moe_grouped_matmul's forward, smaller: tokens grouped by expert (int32 offsets), each times its expert's weight."""
+    # Tokens [1, 512, 256], 4 experts' column-major weights [256, 256]; the output's dims are cuDNN's.
+    g = GraphSpec(name="moe_grouped_matmul_bf16", io_data_type="bfloat16")
+    experts, tokens, hidden, n = 4, 512, 256, 256
+    token = g.tensor([1, tokens, hidden], name="token", uid=1)
+    weight = g.tensor([experts, hidden, n], [hidden * n, 1, hidden], name="weight", uid=2)
+    offsets = g.tensor([experts, 1, 1], [1, 1, 1], "int32", name="first_token_offset", uid=3)
+    (out,) = g.node("moe_grouped_matmul", token, weight, offsets, mode="NONE")
+    assert out is not None
+    out.set_output(True).set_name("out").set_uid(4)
+    return g
+
+
 EXAMPLES: dict[str, Callable[[], GraphSpec]] = {
     f.__name__: f
     for f in (
@@ -451,6 +682,10 @@ EXAMPLES: dict[str, Callable[[], GraphSpec]] = {
         sdpa_fp8_causal, sdpa_fp8_paged_decode, matmul_fp8_scaled_bf16, matmul_fp8_bias_gelu_amax_bf16, matmul_fp8_bias_relu_fp16,
         layernorm_training_fp16, layernorm_inference_bf16, rmsnorm_training_bf16, rmsnorm_inference_fp16,
         batchnorm_inference_fp16, pointwise_binary_fp16, pointwise_unary_fp16, reduction_sum_fp32,
+        layernorm_backward_fp16, rmsnorm_backward_bf16, batchnorm_training_fp16, batchnorm_backward_fp16,
+        instancenorm_training_fp16, adalayernorm_training_fp16, adalayernorm_backward_fp16,
+        conv_genstats_fp16, slice_matmul_bf16, concatenate_fp16, reshape_bf16, transpose_fp32, pointwise_select_fp16, apply_rope_fp16,
+        moe_grouped_matmul_bf16,
     )
 }  # fmt: skip
 

@@ -35,7 +35,7 @@ def make_inputs(case: str, plan: Plan) -> dict[str, torch.Tensor]:
         if b.is_pass_by_value:
             continue  # exercise the scalar_value default
         dtype = torch_dtype(dtypes.from_proto(b.data_type, b.name) or "float")
-        if b.ragged_offset_uid:  # a packed THD buffer with room for every sequence at full length
+        if b.HasField("ragged_offset_uid"):  # a packed THD buffer with room for every sequence at full length
             t = torch.empty(b.dim[0] * b.dim[2], b.dim[1], b.dim[3], dtype=dtype, device="cuda")
         else:
             t = torch.empty_strided(tuple(b.dim), tuple(b.stride), dtype=dtype, device="cuda")

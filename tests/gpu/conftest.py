@@ -112,6 +112,7 @@ def _compile(client: Client, name: str, spec: GraphSpec, target: Any, scratch: P
         autotune_s=meta.autotune_seconds, candidates=len(meta.candidates), plan_name=meta.plan_name,
         blob_bytes=len(plan.blob), timings_ms=[c.median_ms if c.HasField("median_ms") else None for c in meta.candidates],
         engine_kind=meta.engine_kind, second_source=client.compile(spec, target).source,
+        untimed=[c.timing for c in meta.candidates if c.timing.startswith("untimed")],
     )  # fmt: skip
     if name in PLAN0_CASES:
         try:

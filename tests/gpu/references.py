@@ -264,6 +264,124 @@ def _matmul_fp8_gelu_amax(t: Tensors) -> Tensors:
     return {"C": c, "amax": c.abs().max().view(1, 1, 1)}
 
 
+# ---- norms' backward, batchnorm, instancenorm, adaptive layernorm --------------
+# Float64 inside; the saved statistics a backward reads are made consistent
+# with its x by `prepare` (as a forward would have saved them), so that the
+# closed forms below are the exact gradients.
+
+
+def _d(t: torch.Tensor) -> torch.Tensor:
+    return t.double()
+
+
+def _stats(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and inverse standard deviation (biased variance + eps) over `dims`, kept."""
+    x = _d(x)
+    return x.mean(dim=dims, keepdim=True), torch.rsqrt(x.var(dim=dims, keepdim=True, unbiased=False) + eps)
+
+
+def _prepare_saved_stats(dims: tuple[int, ...], eps: float, mean: bool = True) -> Callable[[Tensors], None]:
+    """A backward's saved statistics of its x (what the training forward wrote)."""
+
+    def prepare(t: Tensors) -> None:
+        mu, inv = _stats(t["x"], dims, eps)
+        if mean:
+            t["mean"].copy_(mu.view(t["mean"].shape))
+        else:  # RMSNorm: inv_variance is 1 / sqrt(mean(x^2) + eps)
+            inv = torch.rsqrt(_d(t["x"]).pow(2).mean(dim=dims, keepdim=True) + eps)
+        t["inv_variance"].copy_(inv.view(t["inv_variance"].shape))
+
+    return prepare
+
+
+def _norm_backward(t: Tensors, dims: tuple[int, ...], param_dims: tuple[int, ...], rms: bool = False) -> Tensors:
+    """DX, DScale, DBias of y = xhat * scale (+ bias), the statistics over `dims`.
+
+    xhat = (x - mean) * inv_std (x * inv_rms for RMSNorm) and g = dY * scale:
+    DX = inv_std * (g - mean(g) - xhat * mean(g * xhat)) over `dims` (no mean(g) term for RMSNorm),
+    DScale = sum(dY * xhat) and DBias = sum(dY) over `param_dims` (the axes scale is broadcast on)."""
+    x, dy, scale, inv = _d(t["x"]), _d(t["dY"]), _d(t["scale"]), _d(t["inv_variance"])
+    xhat = x * inv if rms else (x - _d(t["mean"])) * inv
+    g = dy * scale
+    centred = g - xhat * (g * xhat).mean(dim=dims, keepdim=True)
+    dx = inv * (centred if rms else centred - g.mean(dim=dims, keepdim=True))
+    dscale = (dy * xhat).sum(dim=param_dims, keepdim=True)
+    return {"DX": dx.float(), "DScale": dscale.float(), "DBias": dy.sum(dim=param_dims, keepdim=True).float()}
+
+
+BN_EPSILON, BN_MOMENTUM = 1e-3, 0.1
+
+
+def _batchnorm_training(t: Tensors) -> Tensors:
+    """Batch statistics over (N, H, W); Y = ReLU(xhat * scale + bias). The
+    running variance is updated with the unbiased variance, as torch's
+    batch_norm does (cuDNN's factor n/(n-1) is 1.00008 here, far inside the
+    tolerance either way; the frontend's test does not compare them)."""
+    x = _d(t["x"])
+    mean, inv = _stats(x, (0, 2, 3), BN_EPSILON)
+    y = torch.relu((x - mean) * inv * _d(t["scale"]) + _d(t["bias"]))
+    count = x.numel() // x.shape[1]
+    unbiased = x.var(dim=(0, 2, 3), keepdim=True, unbiased=False) * count / (count - 1)
+    return {
+        "y": y.float(), "mean": mean.float(), "inv_variance": inv.float(),
+        "next_running_mean": ((1 - BN_MOMENTUM) * _d(t["running_mean"]) + BN_MOMENTUM * mean).float(),
+        "next_running_var": ((1 - BN_MOMENTUM) * _d(t["running_var"]) + BN_MOMENTUM * unbiased).float(),
+    }  # fmt: skip
+
+
+def _instancenorm_training(t: Tensors) -> Tensors:
+    x = _d(t["x"])
+    mean, inv = _stats(x, (2, 3), 1e-5)
+    return {"y": ((x - mean) * inv * _d(t["scale"]) + _d(t["bias"])).float(), "mean": mean.float(), "inv_variance": inv.float()}
+
+
+def _adalayernorm_training(t: Tensors) -> Tensors:
+    """Layernorm over the last axis, then each sample's own scale and bias ([b, 1, d])."""
+    x = _d(t["x"])
+    mean, inv = _stats(x, (2,), 1e-3)
+    return {"y": ((x - mean) * inv * _d(t["scale"]) + _d(t["bias"])).float(), "mean": mean.float(), "inv_variance": inv.float()}
+
+
+def _conv_genstats(t: Tensors) -> Tensors:
+    """Y = conv(ReLU(x * scale + bias)) (the prologue's result in half, the
+    graph's intermediate type); SUM and SQ_SUM of Y per output channel."""
+    prologue = torch.relu(_f(t["x"]) * _f(t["scale"]) + _f(t["bias"])).half().float()
+    y = F.conv2d(prologue, _f(t["w"]), padding=1)
+    return {"y": y, "sum": y.sum(dim=(0, 2, 3), keepdim=True), "sq_sum": y.pow(2).sum(dim=(0, 2, 3), keepdim=True)}
+
+
+def _concatenate_in_place(t: Tensors) -> Tensors:
+    """Channels 0..k-1: the convolution; k..2k-1 are y0's, in place in the
+    output's buffer (in_place_index 1): not the op's to write, unspecified here."""
+    y = F.conv2d(_f(t["x"]), _f(t["w"]))
+    return {"y1": torch.cat([y, torch.full_like(y, float("nan"))], dim=1)}
+
+
+def _pointwise_select(t: Tensors) -> Tensors:
+    """where(row >= col or x > t, x, y) with row, col the indices on axes 1 and 2."""
+    x = _f(t["x"])
+    rows = torch.arange(x.shape[1], device=x.device).view(1, -1, 1)
+    cols = torch.arange(x.shape[2], device=x.device).view(1, 1, -1)
+    return {"out": torch.where((rows >= cols) | (x > _f(t["t"])), x, _f(t["y"]))}
+
+
+MOE_FIRST_TOKEN = [0, 100, 230, 400]  # uneven groups of 100, 130, 170 and 112 tokens (512 in all)
+
+
+def _prepare_moe(t: Tensors) -> None:
+    t["first_token_offset"].copy_(torch.tensor(MOE_FIRST_TOKEN, dtype=torch.int32).view(-1, 1, 1))
+
+
+def _moe_grouped_matmul(t: Tensors) -> Tensors:
+    """Expert e's tokens (rows first_token_offset[e] up to the next expert's, or the end) times its weight [hidden, n]."""
+    token, weight = _f(t["token"]), _f(t["weight"])
+    out = torch.empty(1, token.shape[1], weight.shape[2], device=token.device)
+    bounds = [*MOE_FIRST_TOKEN, token.shape[1]]
+    for e, (start, end) in enumerate(itertools.pairwise(bounds)):
+        out[0, start:end] = token[0, start:end] @ weight[e]
+    return {"out": out}
+
+
 PREPARE: dict[str, Callable[[Tensors], None]] = {
     "sdpa_fp8_causal": _prepare_unit_scales,
     "sdpa_fp8_paged_decode": _prepare_fp8_paged,
@@ -274,6 +392,11 @@ PREPARE: dict[str, Callable[[Tensors], None]] = {
     "sdpa_ragged_prefill_bf16": _prepare_ragged,
     "sdpa_backward_ragged_bf16": _prepare_ragged_backward,
     "sdpa_backward_bias_bf16": _prepare_backward_bias,
+    "layernorm_backward_fp16": _prepare_saved_stats((1, 2, 3), 1e-5),
+    "rmsnorm_backward_bf16": _prepare_saved_stats((1, 2, 3), 1e-5, mean=False),
+    "batchnorm_backward_fp16": _prepare_saved_stats((0, 2, 3), BN_EPSILON),
+    "adalayernorm_backward_fp16": _prepare_saved_stats((2,), 1e-3),
+    "moe_grouped_matmul_bf16": _prepare_moe,
 }
 PREPARE_WITH_PLAN: dict[str, Callable[[Tensors, Run], None]] = {
     "sdpa_backward_dropout_bf16": _prepare_backward_dropout,
@@ -383,6 +506,21 @@ REFERENCES: dict[str, Callable[[Tensors], Tensors]] = {
     "pointwise_binary_fp16": lambda t: {"out": ((((_f(t["x"]) + _f(t["y"])) * _f(t["y"]) - _f(t["x"])) / _f(t["den"])) + _f(t["bias"])) * _f(t["scale"])},
     "pointwise_unary_fp16": lambda t: {"out": F.silu(torch.sigmoid(torch.tanh(F.gelu(torch.relu(_f(t["x"]))))))},
     "reduction_sum_fp32": lambda t: {"sum": _f(t["x"]).sum(dim=1, keepdim=True)},
+    "layernorm_backward_fp16": lambda t: _norm_backward(t, dims=(1, 2, 3), param_dims=(0,)),
+    "rmsnorm_backward_bf16": lambda t: _norm_backward(t, dims=(1, 2, 3), param_dims=(0,), rms=True),
+    "batchnorm_training_fp16": _batchnorm_training,
+    "batchnorm_backward_fp16": lambda t: _norm_backward(t, dims=(0, 2, 3), param_dims=(0, 2, 3)),
+    "instancenorm_training_fp16": _instancenorm_training,
+    "adalayernorm_training_fp16": _adalayernorm_training,
+    "adalayernorm_backward_fp16": lambda t: _norm_backward(t, dims=(2,), param_dims=(1,)),
+    "conv_genstats_fp16": _conv_genstats,
+    "slice_matmul_bf16": lambda t: {"C": _f(t["A"])[8:, 16:, :] @ _f(t["B"])[8:, :, 32:]},
+    "concatenate_fp16": _concatenate_in_place,
+    "reshape_bf16": lambda t: {"C": _f(t["A"]) @ _f(t["K"]).transpose(1, 2)},
+    "pointwise_select_fp16": _pointwise_select,
+    "transpose_fp32": lambda t: {"y": _f(t["x"]).permute(2, 0, 1)},
+    "apply_rope_fp16": lambda t: {"y1": _f(t["x1"]) * t["cos1"] - _f(t["x2"]) * t["sin1"], "y2": _f(t["x2"]) * t["cos2"] + _f(t["x1"]) * t["sin2"]},
+    "moe_grouped_matmul_bf16": _moe_grouped_matmul,
 }
 
 

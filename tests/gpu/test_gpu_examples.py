@@ -28,6 +28,12 @@ _UNSUPPORTED = {
     "batchnorm_inference_fp16": "cuDNN 9.19 has no engine for standalone batchnorm_inference on sm_90",
     # GPU run 18: "s_q=1 on Hopper should go into sm80", whose engine takes FP16/BF16 I/O only.
     "sdpa_fp8_paged_decode": "cuDNN 9.19 has no FP8 engine for one-token (decode) attention on sm_90",
+    # Measured on an H200, cuDNN 9.19, frontend 1.32 (the graphs built through
+    # the frontend directly and through plancache): the frontend lowers slice
+    # and transpose to backend operations newer than 9.19, and says so.
+    "slice_matmul_bf16": "the frontend lowers slice to the backend slice operation: 'Slice backend operation requires 9.22.0'",
+    "transpose_fp32": "the frontend's transpose: 'Transpose requires cuDNN v9.22.0'",
+    "reshape_bf16": "cuDNN 9.19 on sm_90 has no engine for a graph with a reshape (NOT_SUPPORTED_GRAPH_PATTERN)",
 }
 CASES = [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=_UNSUPPORTED[c])) if c in _UNSUPPORTED else c for c in EXAMPLES]
 
@@ -55,10 +61,12 @@ def _matches_torch(outputs: dict[str, Any]) -> None:
 def test_a_first_build_answers_with_a_provisional_plan_that_runs(gpu_session: dict[str, Any], case: str) -> None:
     """The first Compile of a graph with several candidates gets cuDNN's
     heuristic plan, marked provisional, before autotuning ends; executed in
-    another process it matches torch. One candidate: the plan is final at once."""
+    another process it matches torch. One candidate, or candidates that
+    must not run on random inputs (an integer input that steers memory and
+    that plancache has no rule for): the plan is final at once."""
     compiled = gpu_session["cases"][case]
     assert "error" not in compiled, compiled.get("error")
-    if compiled["candidates"] == 1:
+    if compiled["candidates"] == 1 or compiled["untimed"]:
         assert compiled["first_source"] == "compiled" and not compiled["first_provisional"]
         return
     assert compiled["first_source"] == "provisional" and compiled["first_provisional"], compiled

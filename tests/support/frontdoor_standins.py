@@ -19,7 +19,7 @@ from plancache.spec.canonical import hash_normalized
 from plancache.spec.layouts import row_major
 from plancache.spec.validation import normalize
 from plancache.trust.answers import Asked
-from plancache_server.worker.compiler.base import CompiledPlan
+from plancache_server.worker.compiler.base import CandidateResult, CompiledPlan
 from plancache_server.worker.worker import VerifiedJob, plan_metadata
 from tests.support.fake_gpu import FakeDevice
 
@@ -32,11 +32,19 @@ def key_of(spec: GraphSpec, target: Target = TARGET, options: CompileOptions | N
     return Asked.query(hash_normalized(normalize(spec)), target, options or CompileOptions()).key
 
 
+# The plan list a stand-in worker records: what plancache.cudnn answers a program's queries from.
+STANDIN_PLAN_LIST = (
+    CandidateResult(0, "eng0_standin", 0, 0.01, knobs={"SPLIT_K": 1}, behavior_notes=("RUNTIME_COMPILATION",), workspace_size=256),
+    CandidateResult(1, "eng7_standin", 7, None, knobs={"TILE_SIZE": 2}),
+    CandidateResult(2, "eng9_standin", 9, None),
+)
+
+
 def plan_for(spec: GraphSpec, target: Target = TARGET, options: CompileOptions | None = None, source: str = "compiled", workspace: int = 256) -> Plan:
     """A plan answering `spec` with a made-up blob, its metadata as a worker writes it (plancache_server.worker.worker)."""
     normalized, opts = normalize(spec), options or CompileOptions()
     blob = b"standin-plan:" + hash_normalized(normalized).encode()
-    compiled = CompiledPlan(blob, workspace, 0, {}, "standin", is_python_engine=False)
+    compiled = CompiledPlan(blob, workspace, 0, {}, "standin", is_python_engine=False, candidates=list(STANDIN_PLAN_LIST))
     metadata = plan_metadata(VerifiedJob(key_of(spec, target, opts), normalized, target, opts), compiled, "standin-worker", target.to_proto())
     metadata.blob_sha256 = hashlib.sha256(blob).hexdigest()
     return Plan(blob, metadata, source)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from examples.generate import nhwc
 from plancache import GraphSpec
+from plancache.spec.ops import CATALOG
 
 
 def conv_bias_relu(x_stride: list[int] | None, y_stride: list[int] | None = None) -> GraphSpec:
@@ -66,9 +67,13 @@ LAYOUT_CASES: dict[str, Callable[[], GraphSpec]] = {
 
 
 def without_result_strides(spec: GraphSpec) -> GraphSpec:
-    """The same graph with every node result's strides left out, but for
-    ragged results (their packed layout is the caller's to declare)."""
+    """The same graph with every classic op's result strides left out, but
+    for ragged results (their packed layout is the caller's to declare). A
+    frontend op's results keep theirs: strides its program set are part of
+    the graph cuDNN receives, not a layout plancache infers."""
     for node in spec.nodes:
+        if CATALOG[node.op].derived:
+            continue
         for t in node.outputs.values():
             if t.ragged_offset is None:
                 t.stride = ()

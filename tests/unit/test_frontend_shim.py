@@ -37,7 +37,7 @@ class Recorder:
         cls = frontend.pygraph
         monkeypatch.setattr(cls, "validate", self._record("validate", lambda g: setattr(g, "_is_validated", True)))
         monkeypatch.setattr(cls, "build_operation_graph", self._record("build_operation_graph"))
-        for name in ("create_execution_plans", "check_support", "build_plans", "get_execution_plan_count", "execute"):
+        for name in ("create_execution_plans", "check_support", "build_plans", "get_execution_plan_count", "execute", "build_plan_at_index", "execute_plan_at_index"):
             monkeypatch.setattr(cls, name, self._record(name))
         monkeypatch.setattr(shim, "_load", self._load)
 
@@ -163,7 +163,7 @@ def test_torch_dtypes_given_as_data_types_are_captured() -> None:
     a = g.tensor(name="A", dim=[1, 64, 32], stride=[2048, 32, 1], data_type=TorchDtype())
     b = g.tensor(name="B", dim=[1, 32, 16], stride=[512, 16, 1], data_type=TorchDtype())
     g.matmul(A=a, B=b).set_output(True).set_data_type(TorchDtype())
-    spec = shim.capture(g)
+    spec = shim.capture(g, frontend)
     assert {t.data_type for t in spec.tensors if not t.is_virtual} == {"bfloat16"}
 
 
@@ -240,16 +240,34 @@ def test_a_plan_failing_verification_is_never_loaded(recorder: Recorder, client:
 
 def test_a_graph_the_capture_does_not_cover_builds_locally_naming_why(recorder: Recorder, client: StandInClient, caplog: pytest.LogCaptureFixture) -> None:
     g = shim.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
-    x = g.tensor(name="x", dim=[4, 8, 16], stride=[128, 16, 1], data_type=HALF)
-    g.transpose(input=x, permutation=[0, 2, 1]).set_output(True)
+    q, k, v = (g.tensor(name=n, dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=HALF) for n in "qkv")
+    g.sdpa(q=q, k=k, v=v, generate_stats=False, score_mod=lambda graph, score: score)[0].set_output(True)
     build(g)
-    assert not client.asked and "TRANSPOSE has no plancache op" in g.plancache.reason
-    scalar_graph = shim.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
-    y = scalar_graph.tensor(name="y", dim=[4, 8, 16], stride=[128, 16, 1], data_type=HALF)
-    scalar_graph.mul(a=y, b=scalar_graph.tensor_scalar(2.0, frontend.data_type.FLOAT, name="two")).set_output(True)
-    build(scalar_graph)
-    assert "tensor_scalar" in scalar_graph.plancache.reason
+    assert not client.asked and "parameter 'score_mod' is Python code" in g.plancache.reason
+    aot = shim.pygraph(io_data_type=HALF, device_property=object())
+    y = aot.tensor(name="y", dim=[1, 8, 8], stride=[64, 8, 1], data_type=HALF)
+    aot.matmul(y, y).set_output(True)
+    build(aot)
+    assert "device_property" in aot.plancache.reason
     assert len(caplog.records) == 2  # each graph's own reason
+
+
+def test_new_node_types_uid_0_and_scalars_held_in_the_graph_are_served(recorder: Recorder, client: StandInClient) -> None:
+    """A layernorm backward (no classic op), a tensor of uid 0 and a tensor_scalar: all asked for."""
+    g = shim.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    x = g.tensor(name="x", dim=[8, 64, 1, 1], stride=[64, 1, 64, 64], data_type=HALF).set_uid(0)
+    dy = g.tensor(name="dy", dim=[8, 64, 1, 1], stride=[64, 1, 64, 64], data_type=HALF)
+    scale = g.tensor(name="scale", dim=[1, 64, 1, 1], stride=[64, 1, 64, 64], data_type=FLOAT)
+    mean, inv_var = (g.tensor(name=n, dim=[8, 1, 1, 1], stride=[1, 1, 1, 1], data_type=FLOAT) for n in ("mean", "inv_var"))
+    dx, d_scale, d_bias = g.layernorm_backward(grad=dy, input=x, scale=scale, mean=mean, inv_variance=inv_var)
+    g.mul(a=dx, b=g.tensor_scalar(0.5, frontend.scalar_type.COMPILE_TIME_CONST, name="half")).set_output(True)
+    d_scale.set_output(True).set_data_type(FLOAT)
+    d_bias.set_output(True).set_data_type(FLOAT)
+    build(g)
+    assert g.plancache.source != "local", g.plancache.reason
+    spec = client.asked[0][0]
+    assert [n.op for n in spec.nodes] == ["layernorm_backward", "mul"]
+    assert 0 in {t.uid for t in spec.tensors} and [t.constant for t in spec.tensors if t.constant is not None] == [0.5]
 
 
 def test_cudnns_refusal_and_a_blob_that_does_not_load_build_locally(recorder: Recorder, client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -269,15 +287,70 @@ def test_cudnns_refusal_and_a_blob_that_does_not_load_build_locally(recorder: Re
     assert recorder.names().count("build_plans") == 2
 
 
-def test_a_program_that_drives_the_plan_list_builds_locally(recorder: Recorder, client: StandInClient) -> None:
+def test_plan_list_queries_are_answered_from_the_workers_records(recorder: Recorder, client: StandInClient) -> None:
+    """test_matmul_bias_relu's pattern: the behavior notes of plan 0 asked
+    before the build. Answered from the plan list the worker recorded, with
+    nothing planned here; the build is the plan the program's own would run
+    (no autotuning: the program looks at its plan list)."""
+    g, _ = matmul_graph()
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
+    assert g.get_behavior_notes_for_plan_at_index(0) == [frontend.behavior_note.RUNTIME_COMPILATION]
+    assert g.get_execution_plan_count() == 3
+    assert g.get_plan_name_at_index(1) == "eng7_standin"
+    assert g.get_engine_and_knobs_at_index(1) == (7, {frontend.knob_type.TILE_SIZE: 2})
+    assert g.get_workspace_size_plan_at_index(0) == 256
+    g.check_support()
+    g.build_plans()
+    assert g.plancache.source == "compiled" and "create_execution_plans" not in recorder.names() and "build_plans" not in recorder.names()
+    assert len(client.asked) == 1 and client.asked[0][2].autotune is False  # the records' plan is the one built
+
+
+def test_pinned_and_selected_plans_are_the_plans_options(recorder: Recorder, client: StandInClient) -> None:
+    """test_conv_bias's pattern: explicit plans by engine and knobs, no heuristics; and select_plan."""
+    g, _ = matmul_graph()
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plan(7, {frontend.knob_type.TILE_SIZE: 2})
+    g.create_execution_plan(9, {})
+    g.deselect_engines(["eng3"])
+    g.select_numeric_notes([frontend.numerical_note.TENSOR_CORE])
+    g.check_support()
+    g.build_plans()
+    options = client.asked[0][2]
+    assert [(p.engine_id, p.knobs) for p in options.pinned_plans] == [(7, (("TILE_SIZE", 2),)), (9, ())]
+    assert options.pinned_only and options.deselected_engines == ("eng3",) and not options.autotune
+    assert [(f.kind, f.keep, f.notes) for f in options.note_filters] == [("numeric", True, ("TENSOR_CORE",))]
+    assert g.plancache.source == "compiled"
+
+    h, _ = matmul_graph()
+    h.build([frontend.heur_mode.A])
+    assert client.asked[-1][2].selected_plan is None
+    k, _ = matmul_graph()
+    k.validate()
+    k.create_execution_plans([frontend.heur_mode.A])
+    k.select_plan(2)
+    k.build_plans()
+    assert client.asked[-1][2].selected_plan == 2 and not client.asked[-1][2].pinned_only
+
+
+def test_a_program_that_runs_candidates_itself_builds_locally(recorder: Recorder, client: StandInClient) -> None:
     g, _ = matmul_graph()
     g.validate()
     g.create_execution_plans([frontend.heur_mode.A])
-    g.get_execution_plan_count()  # an autotuner's loop
-    assert g.plancache.reason == "the program calls get_execution_plan_count()"
-    assert recorder.names()[-2:] == ["create_execution_plans", "get_execution_plan_count"] and not client.asked
-    g.build_plans()
-    assert recorder.names()[-1] == "build_plans" and not client.asked
+    g.build_plan_at_index(1)  # an autotuner's loop
+    assert g.plancache.reason == "the program calls build_plan_at_index()" and not client.asked
+    assert recorder.names()[-2:] == ["create_execution_plans", "build_plan_at_index"]
+    served, _ = matmul_graph()
+    build(served)
+    assert served.plancache.source == "compiled"
+    before = shim.stats()
+    served.execute_plan_at_index({}, None, 1)  # a served graph asked to run another candidate: its own plans are built
+    assert served.plancache.source == "local" and "after it was served" in str(served.plancache.reason)
+    after = shim.stats()
+    assert (after.served, after.local) == (before.served - 1, before.local + 1)
+    assert recorder.names()[-3:] == ["check_support", "build_plans", "execute_plan_at_index"]
 
 
 def test_a_real_client_pointed_at_a_dead_port_builds_locally(recorder: Recorder) -> None:

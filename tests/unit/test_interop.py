@@ -51,12 +51,20 @@ def test_conv_and_norm_capture_and_validate() -> None:
     assert len(spec.spec_hash()) == 64  # validates
 
 
-def test_unsupported_frontend_ops_are_named() -> None:
-    g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, intermediate_data_type=F, compute_data_type=F)
-    x = g.tensor(name="x", dim=[4, 8, 16], stride=[128, 16, 1], data_type=cudnn.data_type.HALF)
-    g.transpose(input=x, permutation=[0, 2, 1]).set_output(True)
-    with pytest.raises(SpecError, match="TRANSPOSE has no plancache op"):
+def test_what_has_no_spec_form_is_named() -> None:
+    """A callback (score_mod is Python code) and a graph built for a device
+    property (deviceless AOT) have no form: refused, naming them."""
+    half = cudnn.data_type.HALF
+    g = cudnn.pygraph(io_data_type=half, intermediate_data_type=F, compute_data_type=F)
+    q, k, v = (g.tensor(name=n, dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=half) for n in "qkv")
+    g.sdpa(q=q, k=k, v=v, generate_stats=False, score_mod=lambda graph, score: score)[0].set_output(True)
+    with pytest.raises(SpecError, match="parameter 'score_mod' is Python code"):
         GraphSpec.from_pygraph(g)
+    aot = cudnn.pygraph(io_data_type=half, device_property=object())
+    a = aot.tensor(name="a", dim=[1, 8, 8], stride=[64, 8, 1])
+    aot.matmul(a, a).set_output(True)
+    with pytest.raises(SpecError, match="device_property"):
+        GraphSpec.from_pygraph(aot)
 
 
 def test_a_conv_graph_without_output_strides_captures_to_the_frontends_layout() -> None:
@@ -148,12 +156,20 @@ def test_a_bias_gradient_captures_to_the_same_plan_key() -> None:
     assert GraphSpec.from_pygraph(g).spec_hash() == sdpa_backward_bias_bf16().spec_hash()
 
 
-def test_a_dropout_mask_has_no_plancache_form_and_says_so() -> None:
+def test_a_dropout_mask_captures_to_its_ports() -> None:
     g, bf16 = _bf16_graph()
-    q, k, v = (g.tensor(name=n, dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=bf16) for n in "qkv")
-    mask = g.tensor(name="mask", dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=bf16)
-    scale = g.tensor(name="scale", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=F)
+    q, k, v = (g.tensor(name=n, dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=bf16).set_uid(u) for n, u in (("q", 1), ("k", 2), ("v", 3)))
+    mask = g.tensor(name="mask", dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=bf16).set_uid(4)
+    scale = g.tensor(name="scale", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=F).set_uid(5)
     o, _ = g.sdpa(q=q, k=k, v=v, generate_stats=False, dropout=(mask, scale))
-    o.set_output(True)
-    with pytest.raises(SpecError, match="only Philox dropout"):
-        GraphSpec.from_pygraph(g)
+    o.set_output(True).set_uid(6)
+    (node,) = GraphSpec.from_pygraph(g).nodes
+    assert {p: t.uid for p, t in node.inputs.items()} == {"q": 1, "k": 2, "v": 3, "dropout_mask": 4, "dropout_scale": 5}
+
+    spec = GraphSpec(io_data_type="bfloat16")
+    tq, tk, tv = (spec.tensor([1, 2, 64, 64], name=n, uid=u) for n, u in (("q", 1), ("k", 2), ("v", 3)))
+    t_mask, t_scale = spec.tensor([1, 2, 64, 64], name="mask", uid=4), spec.tensor([1, 1, 1, 1], data_type="float", name="scale", uid=5)
+    out, _ = spec.sdpa(tq, tk, tv, generate_stats=False, dropout=(t_mask, t_scale))
+    assert out is not None
+    out.set_output(True).set_uid(6)
+    assert GraphSpec.from_pygraph(g).spec_hash() == spec.spec_hash()

@@ -10,25 +10,39 @@ from __future__ import annotations
 from plancache.errors import SpecError
 from plancache.v1 import plancache_pb2 as pb
 
-# name -> (proto enum value, bytes per element)
+# name -> (proto enum value, bits per element): every cudnn.data_type but NOT_SET.
 _TYPES: dict[str, tuple[pb.DataType, int]] = {
-    "float": (pb.DATA_TYPE_FLOAT, 4),
-    "half": (pb.DATA_TYPE_HALF, 2),
-    "bfloat16": (pb.DATA_TYPE_BFLOAT16, 2),
-    "double": (pb.DATA_TYPE_DOUBLE, 8),
-    "int8": (pb.DATA_TYPE_INT8, 1),
-    "int32": (pb.DATA_TYPE_INT32, 4),
-    "int64": (pb.DATA_TYPE_INT64, 8),
-    "uint8": (pb.DATA_TYPE_UINT8, 1),
-    "boolean": (pb.DATA_TYPE_BOOLEAN, 1),
-    "fp8_e4m3": (pb.DATA_TYPE_FP8_E4M3, 1),
-    "fp8_e5m2": (pb.DATA_TYPE_FP8_E5M2, 1),
+    "float": (pb.DATA_TYPE_FLOAT, 32),
+    "half": (pb.DATA_TYPE_HALF, 16),
+    "bfloat16": (pb.DATA_TYPE_BFLOAT16, 16),
+    "double": (pb.DATA_TYPE_DOUBLE, 64),
+    "int8": (pb.DATA_TYPE_INT8, 8),
+    "int32": (pb.DATA_TYPE_INT32, 32),
+    "int64": (pb.DATA_TYPE_INT64, 64),
+    "uint8": (pb.DATA_TYPE_UINT8, 8),
+    "boolean": (pb.DATA_TYPE_BOOLEAN, 8),
+    "fp8_e4m3": (pb.DATA_TYPE_FP8_E4M3, 8),
+    "fp8_e5m2": (pb.DATA_TYPE_FP8_E5M2, 8),
+    # Vectorized types (cuDNN counts a vector of 4 or 32 as one element).
+    "int8x4": (pb.DATA_TYPE_INT8X4, 32),
+    "uint8x4": (pb.DATA_TYPE_UINT8X4, 32),
+    "int8x32": (pb.DATA_TYPE_INT8X32, 256),
+    "fast_float_for_fp8": (pb.DATA_TYPE_FAST_FLOAT_FOR_FP8, 32),
+    "fp8_e8m0": (pb.DATA_TYPE_FP8_E8M0, 8),
+    "fp8_e5m3": (pb.DATA_TYPE_FP8_E5M3, 8),
+    "fp4_e2m1": (pb.DATA_TYPE_FP4_E2M1, 4),
+    "int4": (pb.DATA_TYPE_INT4, 4),
 }
 _ALIASES = {"fp16": "half", "float16": "half", "bf16": "bfloat16", "fp32": "float", "float32": "float"}
 _BY_PROTO: dict[int, str] = {value: name for name, (value, _) in _TYPES.items()}
 
 DATA_TYPE_NAMES: tuple[str, ...] = tuple(_TYPES)
-INTEGER_TYPES = frozenset({"int8", "int32", "int64", "uint8", "boolean"})
+INTEGER_TYPES = frozenset({"int8", "int32", "int64", "uint8", "boolean", "int8x4", "uint8x4", "int8x32", "int4"})
+
+
+def cudnn_name(name: str) -> str:
+    """The cudnn.data_type member name of a data type ("half" -> "HALF", "int8x4" -> "INT8x4")."""
+    return name.upper().replace("X4", "x4").replace("X32", "x32")
 
 
 def normalize(name: str, where: str) -> str:
@@ -54,5 +68,10 @@ def from_proto(value: int, where: str) -> str | None:
         raise SpecError(f"{where}: unknown data type enum value {value}") from None
 
 
-def itemsize(name: str) -> int:
+def bits(name: str) -> int:
     return _TYPES[name][1]
+
+
+def itemsize(name: str) -> int:
+    """Bytes per element, rounded up (a sub-byte type counts a whole byte: an upper bound)."""
+    return max(1, _TYPES[name][1] // 8)

@@ -14,21 +14,32 @@ before, with the same tensor handles. `create_execution_plans` and
 locally, which a served plan makes needless) and replayed when the graph
 builds locally.
 
+Every graph the frontend's API can build is captured (GraphSpec.from_pygraph),
+and proven: the graph rebuilt from the spec must equal the program's, field
+by field, or the graph builds locally naming the difference.
+
+A program's plan-list calls are part of what it asks for
+(cudnn/_plan_list.py): plans it pins (create_execution_plan), the plan it
+selects, engines and notes it deselects; its queries about the list (the
+count, each plan's name, engine and knobs, workspace, notes) are answered
+from the candidates the worker recorded. A program that builds or runs
+candidates itself (build_plan_at_index, execute_plan_at_index,
+build_plans(ALL)) builds locally, told once why.
+
 The graph builds locally, exactly as the program would have, when the
 service cannot serve it: no server configured (`configure(...)` or
-PLANCACHE_SERVER=host:port), the server down, a graph the capture does not
-cover, no worker for the target, any other PlanCacheError, or a plan
-failing verification (UntrustedPlan, IntegrityError: such a plan is never
-deserialized). Why is logged once per reason; `stats()` counts, `graphs()`
-lists the latest graphs and how each was built. A program that drives the
-plan list itself (select_plan, build_plan_at_index, execute_plan_at_index,
-get_execution_plan_count before building ...) builds locally too.
+PLANCACHE_SERVER=host:port), the server down, a graph with no spec form (a
+score_mod callback, a deviceless AOT graph), no worker for the target, any
+other PlanCacheError, or a plan failing verification (UntrustedPlan,
+IntegrityError: such a plan is never deserialized). Why is logged once per
+reason; `stats()` counts, `graphs()` lists the latest graphs and how each
+was built, with their frontend node types.
 
 Not `serve_frontend(client)`, which would patch the real class: see
 docs/design.md, "Frontend code, one line changed".
 
 Owns: the frontend's graph class, served by plancache.
-May import: plancache.errors, plancache.spec, plancache.keys, plancache.run, plancache.transport, plancache.functional.
+May import: plancache.errors, plancache.spec, plancache.keys, plancache.run, plancache.transport, plancache.functional, plancache.frontend_graph.
 """
 
 from __future__ import annotations
@@ -41,8 +52,10 @@ from typing import Any
 import cudnn as _frontend
 
 from plancache.cudnn._capture import capture, options
+from plancache.cudnn._plan_list import DRIVES, QUERIES, PlanList, Records
 from plancache.errors import PlanCacheError
 from plancache.functional._service import ABOUT_THE_GRAPH, SERVICE, Once, configure, describe, reason_key
+from plancache.keys.options import CompileOptions
 from plancache.run.plan import Plan
 from plancache.spec.graph import GraphSpec
 
@@ -70,6 +83,8 @@ class Built:
     spec: GraphSpec | None = field(default=None, repr=False)
     plan: Plan | None = None
     reason: str | None = None
+    # The frontend's node types of the graph, in order (pointwise ones as "POINTWISE:<mode>").
+    node_types: tuple[str, ...] = ()
 
     @property
     def source(self) -> str:
@@ -122,10 +137,19 @@ def _load(graph: Any, plan: Plan) -> Any:
     return served
 
 
+def node_types(graph: Any) -> tuple[str, ...]:
+    """The graph's frontend node types in order, a pointwise node's with its mode."""
+    found = []
+    for node in getattr(graph, "nodes", ()):
+        kind = str(getattr(node.node_type, "name", node.node_type))
+        found.append(f"{kind}:{node.params.get('mode')}" if kind == "POINTWISE" else kind)
+    return tuple(found)
+
+
 class _State:
     """A graph's plan calls (deferred while plancache may serve) and outcome."""
 
-    __slots__ = ("built", "checked", "excluded_notes", "heuristics", "planned", "served", "workspace_limit")
+    __slots__ = ("built", "checked", "excluded_notes", "heuristics", "plan_list", "planned", "records", "replay", "served", "workspace_limit")
 
     def __init__(self) -> None:
         self.built: Built | None = None
@@ -135,6 +159,11 @@ class _State:
         self.heuristics: Any = None
         self.workspace_limit: int | None = None
         self.excluded_notes: list[Any] = []
+        self.plan_list = PlanList()
+        # Deferred plan-list calls, replayed in order on the program's graph if it builds locally.
+        self.replay: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        # The plan fetched to answer the program's queries about its plan list (and its options).
+        self.records: tuple[CompileOptions, Plan] | None = None
 
     @property
     def pending(self) -> bool:
@@ -159,9 +188,10 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         s = self._plancache
         if not s.pending:
             return super().create_execution_plans(heuristics)  # type: ignore[no-any-return]
-        if s.planned:
+        if s.planned or s.plan_list.pinned:
             raise RuntimeError("create_execution_plans() was already called on this graph; planning is one-shot (the frontend's rule)")
         s.planned, s.heuristics = True, heuristics
+        s.replay.append(("create_execution_plans", (heuristics,), {}))
         return None
 
     def check_support(self) -> None:
@@ -169,9 +199,42 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         if not s.pending:
             return super().check_support()  # type: ignore[no-any-return]
         s.checked = True
+        s.replay.append(("check_support", (), {}))
         return None
 
+    def create_execution_plan(self, engine_id: int, knobs: Any = None) -> Any:
+        s = self._plancache
+        if s.pending:
+            try:
+                s.plan_list.pin(engine_id, knobs)
+            except (ValueError, TypeError):  # knobs that are not cudnn.knob_type members (a python engine's own object)
+                self._plancache_drives("create_execution_plan")
+            else:
+                s.replay.append(("create_execution_plan", (engine_id, knobs), {}))
+                return self
+        return self._plancache_call("create_execution_plan", engine_id, knobs)
+
+    def select_plan(self, index: int) -> Any:
+        s = self._plancache
+        if s.pending and isinstance(index, int) and not isinstance(index, bool):
+            s.plan_list.selected = index
+            s.replay.append(("select_plan", (index,), {}))
+            return self
+        return self._plancache_call("select_plan", index)
+
+    def deselect_engines(self, engine_names: Any) -> Any:
+        s = self._plancache
+        if s.pending:
+            names = [str(n) for n in engine_names]
+            s.plan_list.deselected.extend(names)
+            s.replay.append(("deselect_engines", (names,), {}))
+            return self
+        return self._plancache_call("deselect_engines", engine_names)
+
     def build_plans(self, *args: Any, **kwargs: Any) -> None:
+        # build_plans(ALL) too: the plan it leaves selected is the one a plain build runs (a program
+        # that then runs another candidate itself switches to a local build, see _plancache_drives).
+        self._plancache.replay.append(("build_plans", args, kwargs))
         if self._plancache_serve():
             return None
         return super().build_plans(*args, **kwargs)  # type: ignore[no-any-return]
@@ -184,6 +247,7 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
             self.build_operation_graph()
             if not s.planned:
                 s.planned, s.heuristics = True, heuristics
+        s.replay.append(("build", (heuristics, ctx), {}))
         if self._plancache_serve():
             return None
         return super().build(heuristics, ctx)  # type: ignore[no-any-return]
@@ -196,6 +260,15 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         notes = list(notes)
         self._plancache.excluded_notes.extend(notes)
         return super().deselect_behavior_notes(notes)
+
+    def select_behavior_notes(self, notes: Any) -> Any:
+        return self._plancache_note_filter("behavior", True, notes)
+
+    def deselect_numeric_notes(self, notes: Any) -> Any:
+        return self._plancache_note_filter("numeric", False, notes)
+
+    def select_numeric_notes(self, notes: Any) -> Any:
+        return self._plancache_note_filter("numeric", True, notes)
 
     # ---- what runs the plan -----------------------------------------------------------
 
@@ -258,37 +331,93 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
     def _plancache_name(self) -> str:
         return str(self.__dict__.get("_cpp_graph_kwargs", {}).get("name", "graph"))
 
+    def _plancache_options(self) -> CompileOptions:
+        s = self._plancache
+        base = options(SERVICE.options, s.heuristics, s.workspace_limit, s.excluded_notes)
+        return s.plan_list.options(base, s.planned)
+
+    def _plancache_fetch(self) -> tuple[GraphSpec | None, Plan | None, tuple[str, str, bool] | None]:
+        """(spec, plan, None), or why not: (spec or None, None, (reason, its logging key, about this graph))."""
+        s = self._plancache
+        if not self.__dict__.get("_is_validated", False):
+            self.validate()  # the IR's inferred dims, and the program's own errors, as its build would raise them
+        spec, stage = None, "capturing the graph"
+        try:
+            spec = capture(self, _frontend)
+            stage = "asking plancache"
+            wanted = self._plancache_options()
+            if s.records is not None and s.records[0] == wanted:
+                return spec, s.records[1], None  # the plan that answered the program's queries is the one it builds
+            return spec, SERVICE.compile(spec, _current_device(), wanted), None
+        except PlanCacheError as e:
+            return spec, None, (describe(e), reason_key(e), isinstance(e, ABOUT_THE_GRAPH))
+        except Exception as e:  # e.g. a frontend error: the program's own build runs and says it
+            reason = f"{stage} failed: {type(e).__name__}: {e}"
+            return spec, None, (reason, reason, True)
+
     def _plancache_serve(self) -> bool:
         """Whether plancache serves this graph (asked once; a local build replays the deferred calls)."""
         s = self._plancache
         if not s.pending:
             return s.served is not None
-        if not self.__dict__.get("_is_validated", False):
-            self.validate()  # the IR's inferred dims, and the program's own errors, as its build would raise them
-        name, spec = self._plancache_name(), None
+        name = self._plancache_name()
         # The local build runs outside the handlers: its own errors are the
         # frontend's, not chained to why plancache did not serve.
-        local: tuple[str, str, bool] | None = None  # (reason, its logging key, about this graph)
-        stage = "capturing the graph"
-        try:
-            spec = capture(self)
-            stage = "asking plancache"
-            plan = SERVICE.compile(spec, _current_device(), options(SERVICE.options, s.heuristics, s.workspace_limit, s.excluded_notes))
-            stage = "loading the served plan"
-            served = _load(self, plan)
-        except PlanCacheError as e:
-            local = (describe(e), reason_key(e), isinstance(e, ABOUT_THE_GRAPH))
-        except Exception as e:  # e.g. a blob this frontend cannot load: the program's own build runs
-            reason = f"{stage} failed: {type(e).__name__}: {e}"
-            local = (reason, reason, True)
-        if local is not None:
-            self._plancache_local(Built(name, spec, reason=local[0]), local[1], about_the_graph=local[2])
+        spec, plan, local = self._plancache_fetch()
+        if plan is not None:
+            try:
+                served = _load(self, plan)
+            except Exception as e:  # e.g. a blob this frontend cannot load: the program's own build runs
+                reason = f"loading the served plan failed: {type(e).__name__}: {e}"
+                local = (reason, reason, True)
+        if local is not None or plan is None:
+            reason, key, about = local or ("no plan", "no plan", True)
+            self._plancache_local(Built(name, spec, reason=reason, node_types=node_types(self)), key, about_the_graph=about)
             return False
-        s.served, s.built = served, Built(name, spec, plan)
+        s.served, s.built = served, Built(name, spec, plan, node_types=node_types(self))
         _STATS.served += 1
         _RECENT.append(s.built)
         log.debug("plancache.cudnn: graph %r served by plan %s (%s)", name, plan.key, plan.source)
         return True
+
+    def _plancache_query(self, query: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A question about the plan list before the build: answered from the
+        candidates the worker recorded, else by the program's own graph, built here."""
+        s = self._plancache
+        s.plan_list.inspected = True
+        if s.records is None:
+            spec, plan, local = self._plancache_fetch()
+            if plan is None:
+                reason, key, about = local or ("no plan", "no plan", True)
+                self._plancache_local(Built(self._plancache_name(), spec, reason=reason, node_types=node_types(self)), key, about_the_graph=about)
+                return getattr(super(), query)(*args, **kwargs)
+            s.records = (self._plancache_options(), plan)
+        answered, value = Records(s.records[1].metadata, _frontend).answer(query, args, kwargs)
+        if answered:
+            return value
+        self._plancache_drives(query, f"{query}() (the worker's record of the plan list cannot answer it)")
+        return getattr(super(), query)(*args, **kwargs)
+
+    def _plancache_note_filter(self, kind: str, keep: bool, notes: Any) -> Any:
+        s = self._plancache
+        method = f"{'select' if keep else 'deselect'}_{'behavior' if kind == 'behavior' else 'numeric'}_notes"
+        notes = list(notes)
+        if s.pending:
+            try:
+                s.plan_list.filter_notes(kind, keep, notes)
+            except ValueError:
+                self._plancache_drives(method)
+            else:
+                s.replay.append((method, (notes,), {}))
+                return self
+        return self._plancache_call(method, notes)
+
+    def _plancache_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """A plan-list call once the graph is served (the served graph's) or built locally (the frontend's)."""
+        served = self._plancache.served
+        if served is not None:
+            return getattr(served, name)(*args, **kwargs)
+        return getattr(super(), name)(*args, **kwargs)
 
     def _plancache_local(self, built: Built, key: str, *, about_the_graph: bool) -> None:
         """Build locally from here on: the deferred plan calls are made now, in order."""
@@ -300,42 +429,60 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         _RECENT.append(built)
         what = f"graph {built.name!r}" if about_the_graph else "graphs"
         _once(log, key, "plancache.cudnn: %s built locally: %s", what, reason)
-        if s.planned:
-            super().create_execution_plans(s.heuristics)
-        if s.checked:
-            super().check_support()
+        for name, args, kwargs in s.replay:
+            if name not in _BUILDS:  # the build itself is the caller's next step
+                getattr(super(), name)(*args, **kwargs)
 
-    def _plancache_drives(self, name: str) -> None:
-        """A call that addresses the plan list itself: the program manages its
-        plans (an autotuner, a pinned plan), so they are built here."""
-        if self._plancache.pending:
-            self._plancache_local(Built(self._plancache_name(), reason=f"the program calls {name}()"), f"drives:{name}", about_the_graph=True)
+    def _plancache_drives(self, name: str, what: str | None = None) -> None:
+        """A call by which the program builds or runs candidates itself (an
+        autotuner of its own): its plans are built here. A graph already
+        served switches: its own plans are made and built as the program's
+        calls asked, and the served plan is dropped (counted as local)."""
+        s = self._plancache
+        if s.pending:
+            built = Built(self._plancache_name(), reason=f"the program calls {what or name + '()'}", node_types=node_types(self))
+            self._plancache_local(built, f"drives:{name}", about_the_graph=True)
+            return
+        if s.served is None or s.built is None:
+            return
+        _STATS.served -= 1
+        s.served, previous = None, s.built
+        built = Built(previous.name, previous.spec, reason=f"the program calls {what or name + '()'} after it was served", node_types=previous.node_types)
+        self._plancache_local(built, f"drives:{name}", about_the_graph=True)
+        for call, args, kwargs in s.replay:  # its build, as the program asked for it
+            if call in _BUILDS:
+                getattr(super(), call)(*args, **kwargs)
 
 
-# Calls that address the ranked plan list: a graph whose program makes them
-# before its build step builds locally; once served, they ask the served graph.
-_PLAN_LIST_CALLS = (
-    "get_execution_plan_count", "get_plan_name_at_index", "get_engine_and_knobs_at_index", "get_workspace_size_plan_at_index",
-    "get_behavior_notes_for_plan_at_index", "build_plan_at_index", "execute_plan_at_index", "select_plan", "create_execution_plan",
-    "deselect_engines", "select_behavior_notes", "deselect_numeric_notes", "select_numeric_notes",
-)  # fmt: skip
+_BUILDS = ("build", "build_plans")
 
 
-def _plan_list_call(name: str) -> Any:
+def _plan_list_query(name: str) -> Any:
     def call(self: pygraph, *args: Any, **kwargs: Any) -> Any:
-        served = self._plancache.served
-        if served is not None:
-            return getattr(served, name)(*args, **kwargs)
-        self._plancache_drives(name)
-        return getattr(super(pygraph, self), name)(*args, **kwargs)
+        s = self._plancache
+        if s.pending:
+            return self._plancache_query(name, args, kwargs)
+        return self._plancache_call(name, *args, **kwargs)
 
     call.__name__ = call.__qualname__ = name
     call.__doc__ = getattr(getattr(_frontend.pygraph, name, None), "__doc__", None)
     return call
 
 
-for _name in _PLAN_LIST_CALLS:
-    setattr(pygraph, _name, _plan_list_call(_name))
+def _plan_list_driver(name: str) -> Any:
+    def call(self: pygraph, *args: Any, **kwargs: Any) -> Any:
+        self._plancache_drives(name)
+        return self._plancache_call(name, *args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = getattr(getattr(_frontend.pygraph, name, None), "__doc__", None)
+    return call
+
+
+for _name in QUERIES:
+    setattr(pygraph, _name, _plan_list_query(_name))
+for _name in DRIVES:
+    setattr(pygraph, _name, _plan_list_driver(_name))
 
 __all__ = [str(n) for n in getattr(_frontend, "__all__", ()) if n != "pygraph"]  # the frontend's names, as it lists them
 __all__ += ["Built", "Stats", "configure", "graphs", "pygraph", "stats"]

@@ -22,9 +22,10 @@ from typing import Any
 
 from plancache.errors import InvalidRequest
 from plancache.functional._geometry import Dims, Geo, Unserved, collapse, is_channels_last, is_dense, no_zero_strides, pair, served_dtype
+from plancache.spec.classic_ops import conv_output_dims
 from plancache.spec.graph import GraphSpec, Tensor
 from plancache.spec.layouts import channels_last, row_major
-from plancache.spec.ops import ShapeError, conv_output_dims
+from plancache.spec.schema import ShapeError
 
 OUTPUT_UID = 20
 ACTIVATIONS = ("relu", "gelu", "silu")

@@ -59,7 +59,7 @@ class TensorTable:
                 uid=b.uid, name=b.name, shape=tuple(b.dim), stride=tuple(b.stride),
                 dtype_name=dtypes.from_proto(b.data_type, b.name) or "float", pass_by_value=b.is_pass_by_value,
                 default=b.scalar_value if b.is_pass_by_value and b.HasField("scalar_value") else None,
-                ragged=b.ragged_offset_uid != 0,
+                ragged=b.HasField("ragged_offset_uid"),
             )
             for b in bindings
         ]  # fmt: skip

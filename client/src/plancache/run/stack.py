@@ -12,7 +12,7 @@ from plancache.errors import InvalidRequest
 _TORCH_DTYPES = {
     "float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64", "int8": "int8",
     "int32": "int32", "int64": "int64", "uint8": "uint8", "boolean": "bool", "fp8_e4m3": "float8_e4m3fn",
-    "fp8_e5m2": "float8_e5m2",
+    "fp8_e5m2": "float8_e5m2", "fp8_e8m0": "float8_e8m0fnu",
 }  # fmt: skip
 
 def require_gpu_stack() -> tuple[Any, Any]:

@@ -21,7 +21,7 @@ import hashlib
 from typing import Any
 
 from plancache.errors import SpecError
-from plancache.spec.graph import GraphSpec
+from plancache.spec.graph import GraphSpec, Tensor
 from plancache.spec.jcs import canonicalize
 from plancache.spec.validation import DEFAULT_LIMITS, Limits, normalize
 
@@ -47,6 +47,7 @@ def canonical_dict(normalized: GraphSpec) -> dict[str, Any]:
         "io_data_type": normalized.io_data_type,
         "intermediate_data_type": normalized.intermediate_data_type,
         "compute_data_type": normalized.compute_data_type,
+        **graph_arguments(normalized),
         "tensors": [
             {
                 "uid": ref(t.uid),
@@ -59,6 +60,7 @@ def canonical_dict(normalized: GraphSpec) -> dict[str, Any]:
                 "scalar_value": t.scalar_value,
                 # Only ragged tensors carry the key, so every other spec's hash stays as it was.
                 **({"ragged_offset_uid": ref(t.ragged_offset.uid)} if t.ragged_offset is not None else {}),
+                **tensor_extras(t),
             }
             for t in tensors
         ],
@@ -67,12 +69,44 @@ def canonical_dict(normalized: GraphSpec) -> dict[str, Any]:
                 "op": n.op,
                 "inputs": {port: ref(t.uid) for port, t in n.inputs.items()},
                 "outputs": {port: ref(t.uid) for port, t in n.outputs.items()},
-                "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in n.attributes.items()},
+                "attributes": {k: _plain(v) for k, v in n.attributes.items()},
                 "compute_data_type": n.compute_data_type,
             }
             for n in normalized.nodes
         ],
     }
+
+
+def graph_arguments(spec: GraphSpec) -> dict[str, Any]:
+    """The frontend graph's constructor arguments a spec sets (none: nothing, so older keys hold)."""
+    found: dict[str, Any] = {}
+    for name in ("sm_count", "sm_version", "cuda_graph_retention"):
+        if getattr(spec, name) is not None:
+            found[name] = getattr(spec, name)
+    for name in ("is_dynamic_shape_enabled", "is_override_shape_enabled", "kernel_cache", "is_cuda_graph_replay_expected"):
+        if getattr(spec, name):
+            found[name] = True
+    return found
+
+
+def tensor_extras(t: Tensor) -> dict[str, Any]:
+    """A tensor's frontend attributes past the classic ones, each only when not at its default."""
+    found: dict[str, Any] = {}
+    if t.reordering_type is not None:
+        found["reordering_type"] = t.reordering_type
+    if t.ragged_offset_multiplier != 1:
+        found["ragged_offset_multiplier"] = t.ragged_offset_multiplier
+    if t.alignment_value != 1:
+        found["alignment_value"] = t.alignment_value
+    if t.constant is not None:
+        # JSON writes 2 and 2.0 alike; the frontend lowers an int and a float differently.
+        found["constant"] = {"value": t.constant, "type": "int" if isinstance(t.constant, int) else "float", "scalar_type": t.scalar_type}
+    return found
+
+
+def _plain(value: Any) -> Any:
+    """Tuples (int lists, slices) as JSON arrays."""
+    return [_plain(v) for v in value] if isinstance(value, tuple | list) else value
 
 
 def canonical_bytes(normalized: GraphSpec) -> bytes:

@@ -48,6 +48,21 @@ class Tensor:
     # A ragged (packed, variable-length) tensor's offsets: a graph input of
     # dims [dim[0] + 1, 1, 1, 1] giving each batch's start, in elements.
     ragged_offset: Tensor | None = None
+    # The frontend tensor's other attributes (each at its default unless the
+    # program set it): cudnn.tensor_reordering name, the ragged offsets' unit,
+    # the values' alignment promise.
+    reordering_type: str | None = None
+    ragged_offset_multiplier: int = 1
+    alignment_value: int = 1
+    # A scalar held in the graph (the frontend's tensor_scalar(value, scalar_type)):
+    # its value (an int or a float, as the program gave it) and the
+    # cudnn.scalar_type name. Never bound at execution.
+    constant: int | float | None = None
+    scalar_type: str | None = None
+    # Dims an op's shape rule gives a result the spec leaves without dims
+    # (normalize fills it; never part of the canonical form): what later
+    # nodes' checks read. See plancache.spec.validation.
+    inferred_dim: tuple[int, ...] = ()
 
     # Fluent setters mirror cudnn's Tensor so frontend code ports line by line.
     def set_uid(self, uid: int) -> Tensor:
@@ -82,6 +97,23 @@ class Tensor:
         self.is_virtual = not is_output
         return self
 
+    def set_reordering_type(self, reordering_type: str) -> Tensor:
+        self.reordering_type = reordering_type
+        return self
+
+    def set_ragged_offset_multiplier(self, multiplier: int) -> Tensor:
+        self.ragged_offset_multiplier = multiplier
+        return self
+
+    def set_alignment_value(self, value: int) -> Tensor:
+        self.alignment_value = value
+        return self
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Its dims, or those its op's rule gives it when the spec leaves them out."""
+        return self.dim or self.inferred_dim
+
     def label(self) -> str:
         """How error messages name this tensor."""
         name = shown(self.name)
@@ -115,6 +147,8 @@ _TORCH_DTYPES = {
     "torch.bool": "boolean",
     "torch.float8_e4m3fn": "fp8_e4m3",
     "torch.float8_e5m2": "fp8_e5m2",
+    "torch.float8_e8m0fnu": "fp8_e8m0",
+    "torch.float4_e2m1fn_x2": "fp4_e2m1",
 }
 
 
@@ -128,6 +162,15 @@ class GraphSpec:
     name: str = ""
     tensors: list[Tensor] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
+    # The frontend graph's constructor arguments that shape the plan (None /
+    # False: not given). See GRAPH_ARGUMENTS.
+    sm_count: int | None = None
+    sm_version: int | None = None
+    is_dynamic_shape_enabled: bool = False
+    is_override_shape_enabled: bool = False
+    kernel_cache: bool = False
+    cuda_graph_retention: str | None = None
+    is_cuda_graph_replay_expected: bool = False
 
     # ---- tensors -------------------------------------------------------
 
@@ -157,6 +200,12 @@ class GraphSpec:
         self.tensors.append(t)
         return t
 
+    def tensor_scalar(self, value: int | float, scalar_type: str = "COMPILE_TIME_CONST", *, name: str = "", uid: int | None = None) -> Tensor:
+        """A scalar held in the graph itself (the frontend's tensor_scalar): never bound at execution."""
+        t = self.tensor([1, 1, 1, 1], [1, 1, 1, 1], None, name=name, uid=uid, is_pass_by_value=True)
+        t.constant, t.scalar_type = value, scalar_type
+        return t
+
     def scalar(self, value: float, data_type: str = "float", *, name: str = "", uid: int | None = None) -> Tensor:
         """A pass-by-value host scalar (a norm's epsilon) with a default value."""
         return self.tensor([1, 1, 1, 1], [1, 1, 1, 1], data_type, name=name, uid=uid, is_pass_by_value=True, scalar_value=value)
@@ -176,30 +225,32 @@ class GraphSpec:
 
     def node(self, op: str, *args: Tensor, name: str = "", compute_data_type: str | None = None, **kwargs: Any) -> list[Tensor | None]:
         """Add any catalog op. Tensors go to ports (positionally in the
-        frontend's order, or by keyword); everything else is an attribute.
-        Returns every output port in the frontend's order, None where the
-        attributes say the op does not produce it (e.g. sdpa's Stats)."""
+        frontend's order, or by keyword; a list of tensors to a list port such
+        as concatenate's `inputs`); everything else is an attribute (a slice
+        op's `slices` may be Python slice objects). Returns every output port
+        in the frontend's order, None where the inputs and attributes say the
+        op does not produce it (e.g. sdpa's Stats)."""
         schema = _schema(op, f"node {len(self.nodes)}")
-        ports = schema.inputs + schema.optional_inputs
+        ports = schema.port_order or (schema.inputs + schema.optional_inputs)
         if len(args) > len(ports):
             raise SpecError(f"{op}() takes at most {len(ports)} tensors {ports}, got {len(args)}")
         inputs: dict[str, Tensor] = dict(zip(ports, args, strict=False))
         attributes: dict[str, AttrValue] = {}
         given_outputs: dict[str, Tensor] = {}
-        dropout = kwargs.pop("dropout", None)
-        if dropout is not None:  # the frontend's (probability, seed, offset) tuple
-            if not (isinstance(dropout, tuple | list) and len(dropout) == 3 and isinstance(dropout[1], Tensor) and isinstance(dropout[2], Tensor)):
-                raise SpecError(f"{op}(): dropout must be (probability, seed tensor, offset tensor)")
-            kwargs.update(dropout_probability=dropout[0], dropout_seed=dropout[1], dropout_offset=dropout[2])
+        _flatten_dropout(op, kwargs)
         for key, value in kwargs.items():
             if isinstance(value, Tensor) and key in schema.optional_outputs:
                 given_outputs[key] = value.set_output(True)  # the frontend's dBias=: a tensor the op writes
             elif isinstance(value, Tensor):
                 inputs[key] = value
+            elif key in schema.list_inputs and isinstance(value, list | tuple):
+                inputs.update({f"{key}_{i}": t for i, t in enumerate(value)})
+            elif isinstance(value, list | tuple) and value and all(isinstance(v, slice) for v in value):
+                attributes[key] = tuple((v.start, v.stop, v.step) for v in value)
             elif value is not None:
                 attributes[key] = tuple(value) if isinstance(value, list | tuple) else value
         node_name = name or f"{op}_{len(self.nodes)}"
-        produced = set(schema.outputs_for(attributes))
+        produced = set(schema.outputs_for(attributes, frozenset(inputs)))
         outputs = {port: self._intermediate(f"{node_name}::{port}") for port in schema.all_outputs if port in produced}
         outputs.update(given_outputs)
         self.nodes.append(
@@ -315,6 +366,19 @@ class Codecs:
 
 
 CODECS = Codecs()
+
+
+def _flatten_dropout(op: str, kwargs: dict[str, Any]) -> None:
+    """The frontend's dropout=(probability, seed, offset) or (mask, scale) tuple as the catalog's ports and attribute."""
+    dropout = kwargs.pop("dropout", None)
+    if dropout is None:
+        return
+    if isinstance(dropout, tuple | list) and len(dropout) == 3 and isinstance(dropout[1], Tensor) and isinstance(dropout[2], Tensor):
+        kwargs.update(dropout_probability=dropout[0], dropout_seed=dropout[1], dropout_offset=dropout[2])
+    elif isinstance(dropout, tuple | list) and len(dropout) == 2 and all(isinstance(d, Tensor) for d in dropout):
+        kwargs.update(dropout_mask=dropout[0], dropout_scale=dropout[1])
+    else:
+        raise SpecError(f"{op}(): dropout must be (probability, seed tensor, offset tensor) or (mask tensor, scale tensor)")
 
 
 def _schema(op: str, where: str) -> OpSchema:

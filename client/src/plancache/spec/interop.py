@@ -4,103 +4,188 @@
     spec = GraphSpec.from_pygraph(g)      # g: a cudnn.pygraph, built or not
     plan = client.compile(spec)
 
-Reads the frontend's (1.32) graph IR: nodes with their type, ports, params
-and compute type; tensors with uid, dims, strides, data type and flags.
-Anything the catalog does not know is refused by validation, naming it.
+Reads the frontend's (1.32) graph IR, every part of it that reaches cuDNN:
+the graph's constructor arguments and data types; each node's type, ports,
+parameters and compute type; each tensor's uid, dims, strides, data type,
+flags, ragged offsets and their unit, reordering, alignment, and a scalar's
+value held in the graph. Nothing is approximated: what has no spec form (a
+callback such as score_mod, a graph built for a device property, an
+argument this version does not know) is refused with SpecError naming it.
+plancache.cudnn also rebuilds the frontend graph from the spec and compares
+the two, field by field, before it asks for a plan.
+
+A node's result keeps the dims and strides the frontend would send to cuDNN:
+for the classic catalog's ops the dims (their rules check them) and the
+strides the program set (the rest is inferred again the frontend's way);
+for the others what the frontend lowers: dims and strides the program set,
+and every dim and stride of the SDPA family's and of ops whose dims cuDNN
+cannot infer.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import Any
 
+from plancache import dtypes
 from plancache.errors import SpecError
-from plancache.spec.graph import GraphSpec, Node, Tensor
-from plancache.spec.ops import CATALOG
+from plancache.spec.frontend_ops import DROPOUT_MASK, DROPOUT_PHILOX
+from plancache.spec.graph import _TORCH_DTYPES, GraphSpec, Node, Tensor
+from plancache.spec.ops import CATALOG, OpSchema
 
 # Frontend node types -> catalog ops (pointwise nodes carry their op in params["mode"]).
-_NODE_OPS = {
-    "MATMUL": "matmul", "CONV_FPROP": "conv_fprop", "CONV_DGRAD": "conv_dgrad", "CONV_WGRAD": "conv_wgrad", "SDPA": "sdpa", "SDPA_FP8": "sdpa_fp8",
-    "SDPA_BWD": "sdpa_backward", "LAYERNORM": "layernorm", "RMSNORM": "rmsnorm", "BATCHNORM_INFERENCE": "batchnorm_inference",
-    "REDUCTION": "reduction",
-}  # fmt: skip
+_BY_NODE_TYPE: dict[str, str] = {s.node_type: name for name, s in CATALOG.items() if s.node_type and s.node_type != "POINTWISE"}
+# pygraph constructor arguments that are not graph content (the frontend's own serializer leaves them out too).
+_NOT_CONTENT = {"name", "handle"}
 
 
-def _dtype(value: Any) -> str | None:
-    name = getattr(value, "name", None)
-    return None if name in (None, "NOT_SET") else str(name).lower()
+def data_type(value: Any, where: str) -> str | None:
+    """A data type as the IR holds it (a cudnn.data_type, or a torch dtype) in plancache's spelling."""
+    if value is None or getattr(value, "name", None) == "NOT_SET":
+        return None
+    text = str(value)
+    if text.startswith("torch."):
+        name = _TORCH_DTYPES.get(text)
+        if name is None:
+            raise SpecError(f"{where}: torch data type {text} has no cuDNN equivalent plancache knows")
+        return name
+    member = getattr(value, "name", None)
+    if not isinstance(member, str):
+        raise SpecError(f"{where}: data type {value!r} is not a cudnn.data_type")
+    return dtypes.normalize(member.lower(), where)
 
 
-def _attribute(value: Any) -> Any:
-    if isinstance(value, enum.Enum) or (hasattr(value, "name") and not isinstance(value, bool | int | float | str)):
+def _value(value: Any, where: str) -> Any:
+    """A parameter as a spec attribute: enums by member name, lists as tuples, slices as (start, stop, step)."""
+    if isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, enum.Enum) or (hasattr(type(value), "__members__") and hasattr(value, "name")):
         return str(value.name)
+    if isinstance(value, slice):
+        return (value.start, value.stop, value.step)
     if isinstance(value, list | tuple):
-        return tuple(value)
-    return value
+        return tuple(_value(v, where) for v in value)
+    if callable(value):
+        raise SpecError(f"{where} is Python code (a callback), which a spec cannot carry")
+    raise SpecError(f"{where} holds a {type(value).__module__}.{type(value).__qualname__}, which has no spec form")
 
 
-def _dropout_ports(params: dict[str, Any], inputs: dict[str, Any], where: str) -> None:
-    """The IR keeps dropout=(p, seed, offset) flattened (params _dropout_n and
-    dropout_0, inputs dropout_1 and dropout_2): the catalog's names for them."""
+def _graph_arguments(graph: Any, spec: GraphSpec) -> None:
+    kwargs: Mapping[str, Any] = getattr(graph, "_cpp_graph_kwargs", {}) or {}
+    for key, value in kwargs.items():
+        if key in _NOT_CONTENT:
+            continue
+        if key == "device_property":
+            raise SpecError("graph: built for a device_property (deviceless AOT): plancache builds for the target GPU, so it has no spec form")
+        if key == "kernel_cache":
+            spec.kernel_cache = value is not None
+        elif key in ("sm_count", "sm_version"):
+            setattr(spec, key, int(value))
+        elif key in ("is_dynamic_shape_enabled", "is_override_shape_enabled"):
+            setattr(spec, key, bool(value))
+        elif key == "cuda_graph_retention":
+            spec.cuda_graph_retention = str(_value(value, "graph: cuda_graph_retention"))
+        else:
+            raise SpecError(f"graph: constructor argument {key!r} has no spec form in this plancache")
+    spec.is_cuda_graph_replay_expected = bool(getattr(graph, "is_cuda_graph_replay_expected", False))
+
+
+def _dropout(params: dict[str, Any], inputs: dict[str, Any], where: str) -> None:
+    """The IR keeps dropout=(...) flattened (param _dropout_n, and dropout_<i>
+    params or inputs): the catalog's ports and attribute."""
     count = params.pop("_dropout_n", None)
     if count is None:
         return
-    if count != 3 or "dropout_0" not in params or "dropout_1" not in inputs or "dropout_2" not in inputs:
-        raise SpecError(f"{where}: only Philox dropout (probability, seed, offset) has a plancache form, not a dropout mask")
-    params["dropout_probability"] = float(params.pop("dropout_0"))
-    inputs["dropout_seed"] = inputs.pop("dropout_1")
-    inputs["dropout_offset"] = inputs.pop("dropout_2")
+    if count == 3 and "dropout_0" in params and "dropout_1" in inputs and "dropout_2" in inputs:
+        params["dropout_probability"] = float(params.pop("dropout_0"))
+        inputs[DROPOUT_PHILOX[0]], inputs[DROPOUT_PHILOX[1]] = inputs.pop("dropout_1"), inputs.pop("dropout_2")
+    elif count == 2 and "dropout_0" in inputs and "dropout_1" in inputs:
+        inputs[DROPOUT_MASK[0]], inputs[DROPOUT_MASK[1]] = inputs.pop("dropout_0"), inputs.pop("dropout_1")
+    else:
+        raise SpecError(f"{where}: dropout must be (probability, seed tensor, offset tensor) or (mask tensor, scale tensor)")
+
+
+class _Capture:
+    """One graph's tensors, made once each."""
+
+    def __init__(self, spec: GraphSpec) -> None:
+        self.spec = spec
+        self.made: dict[int, Tensor] = {}
+
+    def tensor(self, t: Any, *, keep_dims: bool = True, keep_stride: bool = True) -> Tensor:
+        if id(t) in self.made:
+            return self.made[id(t)]
+        where = f"tensor {t.name!r}"
+        constant = getattr(t, "pass_by_value", None)
+        if isinstance(constant, bool):
+            raise SpecError(f"{where}: a boolean held in the graph has no spec form")
+        made = Tensor(
+            uid=int(t.uid), name=str(t.name or ""),
+            dim=tuple(int(d) for d in (t.dim or ())) if keep_dims else (),
+            stride=tuple(int(s) for s in (t.stride or ())) if keep_stride else (),
+            data_type=data_type(t.data_type, where), is_virtual=bool(t.is_virtual), is_pass_by_value=bool(t.is_pass_by_value),
+            reordering_type=_value(t.reordering_type, f"{where} reordering_type") if getattr(t, "reordering_type", None) is not None else None,
+            ragged_offset_multiplier=int(getattr(t, "ragged_offset_multiplier", 1) or 1), alignment_value=int(getattr(t, "alignment_value", 1) or 1),
+            constant=constant,
+            scalar_type=_value(t.scalar_type, f"{where} scalar_type") if getattr(t, "scalar_type", None) is not None else None,
+        )  # fmt: skip
+        self.made[id(t)] = made
+        self.spec.tensors.append(made)
+        offsets = getattr(t, "ragged_offset", None)
+        if offsets is not None:
+            made.ragged_offset = self.tensor(offsets)
+        return made
+
+    def result(self, t: Any, schema: OpSchema, port: str) -> Tensor:
+        """A node's result, with the dims and strides the frontend sends to cuDNN (see the module docstring)."""
+        if port in schema.optional_outputs:  # a tensor the caller made and handed over (dBias=, score_max=...): lowered as made
+            made = self.tensor(t)
+        elif not schema.derived:
+            made = self.tensor(t, keep_stride=bool(t.stride_assigned))
+        else:
+            made = self.tensor(
+                t, keep_dims=bool(t.dim_assigned or schema.pushes_output_dims), keep_stride=bool(t.stride_assigned or schema.pushes_output_strides)
+            )
+        made.is_output = not made.is_virtual
+        return made
+
+
+def _op_of(node: Any, index: int) -> tuple[str, OpSchema]:
+    kind = node.node_type.name
+    op = str(node.params.get("mode")) if kind == "POINTWISE" else _BY_NODE_TYPE.get(kind)
+    schema = CATALOG.get(op) if op is not None else None
+    if op is None or schema is None:
+        raise SpecError(f"node {index} ({node.name}): frontend node type {kind}{f' mode {op}' if op else ''} has no plancache op")
+    return op, schema
 
 
 def from_pygraph(graph: Any) -> GraphSpec:
     context = getattr(graph, "_context", None)
     spec = GraphSpec(
-        io_data_type=_dtype(getattr(context, "io_data_type", None)),
-        intermediate_data_type=_dtype(getattr(context, "intermediate_data_type", None)) or "float",
-        compute_data_type=_dtype(getattr(context, "compute_data_type", None)) or "float",
+        io_data_type=data_type(getattr(context, "io_data_type", None), "graph io_data_type"),
+        intermediate_data_type=data_type(getattr(context, "intermediate_data_type", None), "graph intermediate_data_type") or "float",
+        compute_data_type=data_type(getattr(context, "compute_data_type", None), "graph compute_data_type") or "float",
     )
-    made: dict[int, Tensor] = {}
-
-    def tensor(t: Any, produced: bool = False) -> Tensor:
-        # A node's result keeps only strides its caller set: the frontend's
-        # own (a provisional row-major before validate(), its layout after)
-        # are inferred again by normalize, the way the frontend infers them.
-        if id(t) not in made:
-            made[id(t)] = Tensor(
-                uid=int(t.uid) if t.uid is not None else None, name=str(t.name or ""), dim=tuple(t.dim or ()),
-                stride=tuple(t.stride or ()) if t.stride_assigned or not produced else (), data_type=_dtype(t.data_type),
-                is_virtual=bool(t.is_virtual), is_pass_by_value=bool(t.is_pass_by_value),
-            )  # fmt: skip
-            spec.tensors.append(made[id(t)])
-            offsets = getattr(t, "ragged_offset", None)
-            if offsets is not None:
-                if getattr(t, "ragged_offset_multiplier", 1) not in (None, 1):
-                    raise SpecError(f"tensor {t.name}: a ragged offset multiplier other than 1 has no plancache form yet")
-                made[id(t)].ragged_offset = tensor(offsets)
-        return made[id(t)]
-
+    _graph_arguments(graph, spec)
+    spec.name = str((getattr(graph, "_cpp_graph_kwargs", {}) or {}).get("name", "") or "")  # a label, as every name
+    capture = _Capture(spec)
     for index, node in enumerate(graph.nodes):
-        kind = node.node_type.name
-        params = dict(node.params)
-        if kind == "POINTWISE":
-            op = str(params.pop("mode"))
-        elif kind in _NODE_OPS:
-            op = _NODE_OPS[kind]
-        else:
-            raise SpecError(f"node {index} ({node.name}): frontend node type {kind} has no plancache op yet")
-        schema = CATALOG.get(op)
-        if schema is None:
-            raise SpecError(f"node {index} ({node.name}): op {op!r} is not in plancache's catalog")
+        where = f"node {index} ({node.name})"
+        op, schema = _op_of(node, index)
+        params = {k: v for k, v in dict(node.params).items() if v is not None and not (k.startswith("_n_") and schema.list_inputs)}
+        if node.node_type.name == "POINTWISE":
+            params.pop("mode")
         inputs = dict(node.inputs)
-        if kind == "POINTWISE":  # the IR names pointwise ports IN_0, IN_1: the method's keywords, in order
+        if node.node_type.name == "POINTWISE":  # the IR names pointwise ports IN_0, IN_1: the method's keywords, in order
             inputs = {schema.inputs[int(port.removeprefix("IN_"))]: t for port, t in inputs.items()}
-        _dropout_ports(params, inputs, f"node {index} ({node.name})")
-        attributes = {k: _attribute(v) for k, v in params.items() if v is not None}
-        outputs = {port: tensor(t, produced=True) for port, t in node.outputs.items()}
-        for t in outputs.values():
-            t.is_output = not t.is_virtual
+        _dropout(params, inputs, where)
+        attributes = {k: _value(v, f"{where}: parameter {k!r}") for k, v in params.items()}
         spec.nodes.append(
-            Node(op=op, name=str(node.name), inputs={p: tensor(t) for p, t in inputs.items()}, outputs=outputs,
-                 attributes=attributes, compute_data_type=_dtype(node.compute_data_type))
+            Node(
+                op=op, name=str(node.name), inputs={p: capture.tensor(t) for p, t in inputs.items() if t is not None},
+                outputs={p: capture.result(t, schema, p) for p, t in node.outputs.items() if t is not None}, attributes=attributes,
+                compute_data_type=data_type(node.compute_data_type, f"{where} compute_data_type"),
+            )
         )  # fmt: skip
     return spec

@@ -21,8 +21,12 @@ from plancache.spec.graph import GraphSpec, Node, Tensor
 from plancache.spec.ops import AttrValue
 from plancache.v1 import plancache_pb2 as pb
 
-_GRAPH_KEYS = {"name", "io_data_type", "intermediate_data_type", "compute_data_type", "tensors", "nodes"}
-_TENSOR_KEYS = {"uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_output", "scalar_value", "ragged_offset_uid"}
+# The frontend graph's constructor arguments a spec may set (GraphSpec's fields of the same names).
+GRAPH_ARGUMENTS = ("sm_count", "sm_version", "is_dynamic_shape_enabled", "is_override_shape_enabled", "kernel_cache", "cuda_graph_retention",
+                   "is_cuda_graph_replay_expected")  # fmt: skip
+_GRAPH_KEYS = {"name", "io_data_type", "intermediate_data_type", "compute_data_type", "tensors", "nodes", *GRAPH_ARGUMENTS}
+_TENSOR_KEYS = {"uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_output", "scalar_value", "ragged_offset_uid",
+                "reordering_type", "ragged_offset_multiplier", "alignment_value", "constant", "scalar_type"}  # fmt: skip
 _NODE_KEYS = {"op", "name", "inputs", "outputs", "attributes", "compute_data_type"}
 
 
@@ -36,6 +40,9 @@ def to_dict(spec: GraphSpec) -> dict[str, Any]:
     graph: dict[str, Any] = {"name": spec.name} if spec.name else {}
     for key in ("io_data_type", "intermediate_data_type", "compute_data_type"):
         if getattr(spec, key) is not None:
+            graph[key] = getattr(spec, key)
+    for key in GRAPH_ARGUMENTS:
+        if getattr(spec, key) not in (None, False):
             graph[key] = getattr(spec, key)
     graph["tensors"] = [_tensor_to_dict(t) for t in spec.tensors]
     graph["nodes"] = [_node_to_dict(n) for n in spec.nodes]
@@ -59,6 +66,13 @@ def _tensor_to_dict(t: Tensor) -> dict[str, Any]:
         out["scalar_value"] = t.scalar_value
     if t.ragged_offset is not None:
         out["ragged_offset_uid"] = t.ragged_offset.uid
+    if t.reordering_type is not None:
+        out["reordering_type"] = t.reordering_type
+    for key in ("ragged_offset_multiplier", "alignment_value"):
+        if getattr(t, key) != 1:
+            out[key] = getattr(t, key)
+    if t.constant is not None:
+        out["constant"], out["scalar_type"] = t.constant, t.scalar_type
     return out
 
 
@@ -69,10 +83,14 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
     out["inputs"] = {port: t.uid for port, t in n.inputs.items()}
     out["outputs"] = {port: t.uid for port, t in n.outputs.items()}
     if n.attributes:
-        out["attributes"] = {k: list(v) if isinstance(v, tuple) else v for k, v in n.attributes.items()}
+        out["attributes"] = {k: _plain(v) for k, v in n.attributes.items()}
     if n.compute_data_type:
         out["compute_data_type"] = n.compute_data_type
     return out
+
+
+def _plain(value: Any) -> Any:
+    return [_plain(v) for v in value] if isinstance(value, tuple | list) else value
 
 
 def to_json(spec: GraphSpec, indent: int | None = 2) -> str:
@@ -97,6 +115,9 @@ def from_dict(data: Any) -> GraphSpec:
         intermediate_data_type=_dtype(data.get("intermediate_data_type", "float"), "graph intermediate_data_type"),
         compute_data_type=_dtype(data.get("compute_data_type", "float"), "graph compute_data_type"),
     )
+    for key in GRAPH_ARGUMENTS:
+        if key in data:
+            setattr(spec, key, data[key])  # validation checks the values
     tensors = data.get("tensors", [])
     _expect(isinstance(tensors, list), "graph: 'tensors' must be a list")
     ragged: dict[int, int] = {}
@@ -121,6 +142,8 @@ def _tensor_from_dict(raw: Any, where: str) -> Tensor:
     _expect("uid" in raw, f"{where}: missing 'uid' (clients bind tensors by uid)")
     scalar = raw.get("scalar_value")
     _expect(scalar is None or (_is_number(scalar)), f"{where}: scalar_value must be a number")
+    constant = raw.get("constant")
+    _expect(constant is None or _is_number(constant), f"{where}: constant must be a number")
     return Tensor(
         uid=_int(raw["uid"], f"{where} uid"),
         name=name,
@@ -131,6 +154,11 @@ def _tensor_from_dict(raw: Any, where: str) -> Tensor:
         is_pass_by_value=_bool(raw.get("is_pass_by_value", False), f"{where} is_pass_by_value"),
         is_output=_bool(raw.get("is_output", False), f"{where} is_output"),
         scalar_value=None if scalar is None else float(scalar),
+        reordering_type=None if raw.get("reordering_type") is None else _str(raw["reordering_type"], f"{where} reordering_type"),
+        ragged_offset_multiplier=_int(raw.get("ragged_offset_multiplier", 1), f"{where} ragged_offset_multiplier"),
+        alignment_value=_int(raw.get("alignment_value", 1), f"{where} alignment_value"),
+        constant=constant,
+        scalar_type=None if raw.get("scalar_type") is None else _str(raw["scalar_type"], f"{where} scalar_type"),
     )
 
 
@@ -171,9 +199,17 @@ def _attr_from_json(value: Any, where: str) -> AttrValue:
     if isinstance(value, float):
         _expect(math.isfinite(value), f"{where}: must be finite")
         return value
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):  # slices: [[start, stop, step], ...]
+        return tuple(_slice(v, where) for v in value)
     if isinstance(value, list):
         return _ints(value, where)
-    raise SpecError(f"{where}: unsupported value {value!r} (number, bool, string or list of ints)")
+    raise SpecError(f"{where}: unsupported value {value!r} (number, bool, string, list of ints or list of [start, stop, step])")
+
+
+def _slice(value: list[Any], where: str) -> tuple[int | None, int | None, int | None]:
+    _expect(len(value) == 3 and all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in value),
+            f"{where}: a slice is [start, stop, step], each an integer or null, got {value!r}")  # fmt: skip
+    return (value[0], value[1], value[2])
 
 
 # ---------------------------------------------------------------------------
@@ -188,21 +224,31 @@ def to_proto(spec: GraphSpec) -> pb.GraphSpec:
         io_data_type=dtypes.to_proto(spec.io_data_type),
         intermediate_data_type=dtypes.to_proto(spec.intermediate_data_type),
         compute_data_type=dtypes.to_proto(spec.compute_data_type),
-    )
+        sm_count=spec.sm_count or 0, sm_version=spec.sm_version or 0, is_dynamic_shape_enabled=spec.is_dynamic_shape_enabled,
+        is_override_shape_enabled=spec.is_override_shape_enabled, kernel_cache=spec.kernel_cache,
+        cuda_graph_retention=spec.cuda_graph_retention or "", is_cuda_graph_replay_expected=spec.is_cuda_graph_replay_expected,
+    )  # fmt: skip
     for t in spec.tensors:
-        msg.tensors.append(
-            pb.TensorSpec(
-                uid=t.uid or 0, name=t.name, dim=t.dim, stride=t.stride, data_type=dtypes.to_proto(t.data_type),
-                is_virtual=t.is_virtual, is_pass_by_value=t.is_pass_by_value, is_output=t.is_output,
-                scalar_value=t.scalar_value, ragged_offset_uid=(t.ragged_offset.uid or 0) if t.ragged_offset is not None else 0,
-            )
+        tensor = pb.TensorSpec(
+            uid=t.uid, name=t.name, dim=t.dim, stride=t.stride, data_type=dtypes.to_proto(t.data_type),
+            is_virtual=t.is_virtual, is_pass_by_value=t.is_pass_by_value, is_output=t.is_output, scalar_value=t.scalar_value,
+            ragged_offset_uid=t.ragged_offset.uid if t.ragged_offset is not None else None, reordering_type=t.reordering_type or "",
+            ragged_offset_multiplier=t.ragged_offset_multiplier if t.ragged_offset_multiplier != 1 else 0,
+            alignment_value=t.alignment_value if t.alignment_value != 1 else 0,
         )  # fmt: skip
+        if isinstance(t.constant, int):
+            tensor.constant.CopyFrom(pb.ScalarConstant(int_value=t.constant, scalar_type=t.scalar_type or ""))
+        elif t.constant is not None:
+            tensor.constant.CopyFrom(pb.ScalarConstant(float_value=t.constant, scalar_type=t.scalar_type or ""))
+        msg.tensors.append(tensor)
     for n in spec.nodes:
         node = msg.nodes.add(op=n.op, name=n.name, compute_data_type=dtypes.to_proto(n.compute_data_type))
         for port, t in n.inputs.items():
-            node.inputs[port] = t.uid or 0
+            assert t.uid is not None
+            node.inputs[port] = t.uid
         for port, t in n.outputs.items():
-            node.outputs[port] = t.uid or 0
+            assert t.uid is not None
+            node.outputs[port] = t.uid
         for key, value in n.attributes.items():
             node.attributes[key].CopyFrom(attr_to_proto(value))
     return msg
@@ -217,7 +263,9 @@ def attr_to_proto(value: AttrValue) -> pb.AttributeValue:
         return pb.AttributeValue(float_value=value)
     if isinstance(value, str):
         return pb.AttributeValue(string_value=value)
-    return pb.AttributeValue(int_list=pb.IntList(values=list(value)))
+    if value and all(isinstance(v, tuple) for v in value):
+        return pb.AttributeValue(slice_list=pb.SliceList(slices=[pb.Slice(start=v[0], stop=v[1], step=v[2]) for v in value if isinstance(v, tuple)]))
+    return pb.AttributeValue(int_list=pb.IntList(values=[int(v) for v in value if isinstance(v, int)]))
 
 
 def refuse_unknown_fields(msg: Message, where: str) -> None:
@@ -250,18 +298,26 @@ def from_proto(msg: pb.GraphSpec) -> GraphSpec:
         io_data_type=dtypes.from_proto(msg.io_data_type, "graph io_data_type"),
         intermediate_data_type=dtypes.from_proto(msg.intermediate_data_type, "graph intermediate_data_type"),
         compute_data_type=dtypes.from_proto(msg.compute_data_type, "graph compute_data_type"),
-    )
+        sm_count=msg.sm_count or None, sm_version=msg.sm_version or None, is_dynamic_shape_enabled=msg.is_dynamic_shape_enabled,
+        is_override_shape_enabled=msg.is_override_shape_enabled, kernel_cache=msg.kernel_cache,
+        cuda_graph_retention=msg.cuda_graph_retention or None, is_cuda_graph_replay_expected=msg.is_cuda_graph_replay_expected,
+    )  # fmt: skip
     ragged: dict[int, int] = {}
     for i, t in enumerate(msg.tensors):
         where = f"tensor {i} ({t.name})" if t.name else f"tensor {i}"
-        if t.ragged_offset_uid:
+        if t.HasField("ragged_offset_uid"):
             ragged[i] = t.ragged_offset_uid
+        kind = t.constant.WhichOneof("value") if t.HasField("constant") else None
+        _expect(t.HasField("uid"), f"{where}: missing uid (clients bind tensors by uid)")
         spec.tensors.append(
             Tensor(
                 uid=t.uid, name=t.name, dim=tuple(t.dim), stride=tuple(t.stride),
                 data_type=dtypes.from_proto(t.data_type, f"{where} data_type"),
                 is_virtual=t.is_virtual, is_pass_by_value=t.is_pass_by_value, is_output=t.is_output,
                 scalar_value=t.scalar_value if t.HasField("scalar_value") else None,
+                reordering_type=t.reordering_type or None, ragged_offset_multiplier=t.ragged_offset_multiplier or 1,
+                alignment_value=t.alignment_value or 1, constant=getattr(t.constant, kind) if kind else None,
+                scalar_type=(t.constant.scalar_type or None) if kind else None,
             )
         )  # fmt: skip
     by_uid = _index_uids(spec.tensors)
@@ -286,6 +342,11 @@ def _attr_from_proto(value: pb.AttributeValue, where: str) -> AttrValue:
         raise SpecError(f"{where}: no value set")
     if kind == "int_list":
         return tuple(value.int_list.values)
+    if kind == "slice_list":
+        return tuple(
+            (s.start if s.HasField("start") else None, s.stop if s.HasField("stop") else None, s.step if s.HasField("step") else None)
+            for s in value.slice_list.slices
+        )
     if kind == "float_value":
         _expect(math.isfinite(value.float_value), f"{where}: must be finite")
     result: AttrValue = getattr(value, kind)

@@ -21,6 +21,7 @@ from typing import Any
 from plancache import dtypes
 from plancache.errors import SpecError
 from plancache.spec import layouts
+from plancache.spec.frontend_ops import recorded
 from plancache.spec.graph import GraphSpec, Node, Tensor
 from plancache.spec.ops import CATALOG, AttrKind, AttrSchema, AttrValue, Dims, OpSchema, ShapeError
 
@@ -62,8 +63,9 @@ def normalize(spec: GraphSpec, limits: Limits = DEFAULT_LIMITS) -> GraphSpec:
     total_bytes = 0
     for tensor in out.tensors:
         _normalize_tensor(out, tensor, producer, consumed, limits)
-        if not tensor.is_virtual:
-            total_bytes += storage_elements(tensor.dim, tensor.stride) * dtypes.itemsize(tensor.data_type or "float")
+        if not tensor.is_virtual and tensor.shape:
+            stride = tensor.stride or layouts.row_major(tensor.shape)
+            total_bytes += storage_elements(tensor.shape, stride) * dtypes.itemsize(tensor.data_type or "float")
     if total_bytes > limits.max_total_bytes:
         raise SpecError(f"graph: its tensors need {total_bytes:,} bytes, over the limit of {limits.max_total_bytes:,}")
     _check_integer_ports(out)
@@ -140,18 +142,23 @@ def _check_graph(spec: GraphSpec, limits: Limits) -> None:
         raise SpecError(f"graph: name longer than {limits.max_name_length} characters")
     spec.intermediate_data_type = spec.intermediate_data_type or "float"
     spec.compute_data_type = spec.compute_data_type or "float"
+    _check_graph_arguments(spec)
+    users: dict[int, str] = {}
+    for index, node in reversed(list(enumerate(spec.nodes))):  # the first node that reads a tensor names it
+        for port, t in node.inputs.items():
+            users[id(t)] = f"{t.label()}, input {port!r} of {node.label(index)}"
     seen: dict[int, Tensor] = {}
     for t in spec.tensors:
         assert t.uid is not None
-        if isinstance(t.uid, bool) or not 1 <= t.uid <= MAX_UID:
-            raise SpecError(f"{t.label()}: uid must be between 1 and 2**53")
+        if isinstance(t.uid, bool) or not -MAX_UID <= t.uid <= MAX_UID:
+            raise SpecError(f"{t.label()}: uid must be an integer of magnitude at most 2**53 (0 included, as the frontend allows)")
         if t.uid in seen:
             raise SpecError(f"{t.label()}: duplicate uid {t.uid} (also {seen[t.uid].label()})")
         seen[t.uid] = t
         if len(t.name) > limits.max_name_length:
             raise SpecError(f"{t.label()}: name longer than {limits.max_name_length} characters")
         if t.dim:
-            _check_dims(t, limits)
+            _check_dims(t, limits, users.get(id(t)))
     known = {id(t) for t in spec.tensors}
     for t in spec.tensors:
         if t.ragged_offset is not None and id(t.ragged_offset) not in known:
@@ -162,6 +169,27 @@ def _check_graph(spec: GraphSpec, limits: Limits) -> None:
                 raise SpecError(f"{node.label(i)}: port {port!r} uses a tensor that is not part of this graph")
 
 
+def _check_ports(schema: OpSchema, node: Node, where: str) -> None:
+    allowed = set(schema.inputs) | set(schema.optional_inputs)
+    lists: dict[str, list[int]] = {}
+    for port in node.inputs:
+        listed = schema.list_port(port)
+        if listed is not None:
+            lists.setdefault(listed, []).append(int(port[len(listed) + 1 :]))
+        elif port not in allowed:
+            listing = ", ".join((*schema.inputs, *schema.optional_inputs, *(f"{p}_0.." for p in schema.list_inputs)))
+            raise SpecError(f"{where}: {node.op} has no input port {port!r} (ports: {listing})")
+    for name, indices in lists.items():
+        if sorted(indices) != list(range(len(indices))):
+            raise SpecError(f"{where}: list input {name!r} must be given as {name}_0 .. {name}_{len(indices) - 1}, got {sorted(indices)}")
+    for port in schema.inputs:
+        if port not in node.inputs:
+            raise SpecError(f"{where}: missing required input {port!r}")
+    both = [p for p in schema.tensor_attributes if p in node.inputs and p in node.attributes]
+    if both:
+        raise SpecError(f"{where}: {both[0]!r} is given both as a tensor and as a value; the frontend takes one")
+
+
 def _normalize_node(spec: GraphSpec, node: Node, index: int, producer: dict[int, int], consumed: set[int], limits: Limits) -> None:
     where = node.label(index)
     schema = CATALOG.get(node.op)
@@ -169,13 +197,7 @@ def _normalize_node(spec: GraphSpec, node: Node, index: int, producer: dict[int,
         raise SpecError(f"{where}: unknown op {node.op!r} (known: {', '.join(sorted(CATALOG))})")
     if len(node.name) > limits.max_name_length:
         raise SpecError(f"{where}: name longer than {limits.max_name_length} characters")
-    allowed = set(schema.inputs) | set(schema.optional_inputs)
-    for port in node.inputs:
-        if port not in allowed:
-            raise SpecError(f"{where}: {node.op} has no input port {port!r} (ports: {', '.join(schema.inputs + schema.optional_inputs)})")
-    for port in schema.inputs:
-        if port not in node.inputs:
-            raise SpecError(f"{where}: missing required input {port!r}")
+    _check_ports(schema, node, where)
     node.attributes = _normalize_attributes(schema, node.attributes, where, limits)
     input_dims: dict[str, Dims] = {}
     for port, t in node.inputs.items():
@@ -183,17 +205,18 @@ def _normalize_node(spec: GraphSpec, node: Node, index: int, producer: dict[int,
         made_by = producer.get(t.uid)
         if made_by is None and any(t is o for later in spec.nodes[index:] for o in later.outputs.values()):
             raise SpecError(f"{where}: input {port!r} uses {t.label()} before the node that produces it (nodes run in order)")
-        if not t.dim:
-            raise SpecError(f"{where}: input {port!r} uses {t.label()}, which has no dims")
-        input_dims[port] = t.dim
+        if t.shape:
+            input_dims[port] = t.shape
+        elif not schema.derived:  # cuDNN infers it; plancache's rules for this op need it
+            raise SpecError(f"{where}: input {port!r} uses {t.label()}, whose dims cuDNN infers: set them (plancache checks {node.op}'s shapes)")
         consumed.add(t.uid)
     if schema.complete is not None:
         schema.complete(input_dims, node.attributes)
-    expected = schema.outputs_for(node.attributes)
+    expected = schema.outputs_for(node.attributes, frozenset(node.inputs))
     for port in node.outputs:
         if port not in expected and port not in schema.optional_outputs:
             extra = f"; on request: {', '.join(schema.optional_outputs)}" if schema.optional_outputs else ""
-            raise SpecError(f"{where}: {node.op} does not produce {port!r} with these attributes (it produces {', '.join(expected)}{extra})")
+            raise SpecError(f"{where}: {node.op} does not produce {port!r} with these inputs and attributes (it produces {', '.join(expected)}{extra})")
     for port in expected:
         if port not in node.outputs:
             raise SpecError(f"{where}: output {port!r} is not mapped to a tensor")
@@ -209,19 +232,74 @@ def _normalize_node(spec: GraphSpec, node: Node, index: int, producer: dict[int,
         if t.uid in consumed:
             raise SpecError(f"{where}: output {port!r} ({t.label()}) is consumed by an earlier node")
         producer[t.uid] = index
-        t.dim = inferred[port]
-    _infer_result_strides(schema, node, where)
+        _result_dims(schema, port, t, inferred.get(port), where)
+        _result_type(spec, schema, node, port, t, producer)
+    _infer_result_strides(schema, node, where, producer)
     if schema.takes_compute_type:
         node.compute_data_type = node.compute_data_type or spec.compute_data_type
     else:
         node.compute_data_type = None
 
 
-def _infer_result_strides(schema: OpSchema, node: Node, where: str) -> None:
+# The frontend's own type rules for results a spec leaves untyped: SDPA's
+# softmax stats are float whatever the graph's types (its IR's rule); some
+# results copy an input's type (its `dtype_like`).
+_FLOAT_RESULTS = {("sdpa", "Stats"), ("sdpa_fp8", "Stats"), ("sdpa_mxfp8", "Stats")}
+
+
+def _result_type(spec: GraphSpec, schema: OpSchema, node: Node, port: str, t: Tensor, producer: dict[int, int]) -> None:
+    if t.data_type is not None:
+        return
+    if (schema.name, port) in _FLOAT_RESULTS:
+        t.data_type = "float"
+        return
+    source = node.inputs.get(schema.dtype_like.get(port, ""))
+    if source is None or source.data_type is not None:
+        t.data_type = source.data_type if source is not None else None
+    elif source.uid in producer:  # an untyped result: the graph's intermediate type, or its io type if an output
+        t.data_type = spec.io_data_type if source.is_output else spec.intermediate_data_type
+    else:  # an untyped graph input: io_data_type (float if pass-by-value), as the frontend makes it
+        t.data_type = "float" if source.is_pass_by_value else spec.io_data_type
+
+
+def _result_dims(schema: OpSchema, port: str, t: Tensor, inferred: Dims | None, where: str) -> None:
+    """A result's dims in the normal form. A classic op writes its rule's
+    (which checked any declared ones). A frontend op keeps what the program
+    set, as the frontend pushes only those to cuDNN; where the frontend pushes
+    its own inference too (the SDPA family, ops cuDNN cannot infer), that
+    inference is written out; elsewhere it is kept aside (`inferred_dim`)
+    for later nodes' checks."""
+    if not schema.derived or port in schema.optional_outputs:
+        found = t.dim or inferred
+        if not found:
+            raise SpecError(f"{where}: output {port!r} ({t.label()}) needs its dims (cuDNN cannot infer them)")
+        t.dim = tuple(found)
+        return
+    if t.dim:
+        return
+    if schema.pushes_output_dims:
+        if not inferred:
+            raise SpecError(f"{where}: output {port!r} ({t.label()}) needs its dims (the frontend sends them to cuDNN, which cannot infer them)")
+        t.dim = inferred
+        return
+    t.inferred_dim = inferred or ()
+
+
+def _infer_result_strides(schema: OpSchema, node: Node, where: str, producer: dict[int, int]) -> None:
     """Strides of the node's results as the cuDNN frontend infers them
     (layouts.py), where the spec leaves them out. An intermediate's layout
     is the frontend's to choose (it is not bound, and not sent to cuDNN):
-    one written into the spec must be that one."""
+    one written into the spec must be that one. A frontend op's results keep
+    the strides the program set (the SDPA family's get row-major, as the
+    frontend sends them); so does a classic op fed by a tensor whose layout
+    only cuDNN knows."""
+    if schema.derived:
+        for t in node.outputs.values():
+            if not t.stride and schema.pushes_output_strides and t.dim:
+                t.stride = layouts.row_major(t.dim)
+        return
+    if any(not t.stride and t.uid in producer for t in node.inputs.values()):
+        return  # an input's layout is cuDNN's choice: so are the results'
     inputs = {port: (t.dim, t.stride or layouts.row_major(t.dim)) for port, t in node.inputs.items()}
     for port, t in node.outputs.items():
         inferred = layouts.result_strides(schema.family, port, t.dim, inputs, schema.inputs + schema.optional_inputs)
@@ -238,9 +316,14 @@ def _infer_result_strides(schema: OpSchema, node: Node, where: str) -> None:
 
 def _normalize_attributes(schema: OpSchema, raw: dict[str, AttrValue], where: str, limits: Limits) -> dict[str, AttrValue]:
     attrs: dict[str, AttrValue] = {}
-    for key, value in raw.items():
+    given = dict(raw)
+    if schema.prepare is not None:
+        schema.prepare(given)
+    for key, value in given.items():
         spec_ = schema.attributes.get(key)
         if spec_ is None:
+            if key in schema.callables:
+                raise SpecError(f"{where}: {key!r} takes Python code (a callback), which a spec cannot carry")
             allowed = ", ".join(sorted(schema.attributes)) or "none"
             raise SpecError(f"{where}: {schema.name} has no attribute {key!r} (attributes: {allowed})")
         attrs[key] = _coerce(value, spec_, f"{where}: attribute {key!r}", limits)
@@ -253,22 +336,41 @@ def _normalize_attributes(schema: OpSchema, raw: dict[str, AttrValue], where: st
     return attrs
 
 
+def _is_int(value: Any) -> bool:
+    """An integer JSON carries exactly (the canonical form hashes numbers as IEEE doubles)."""
+    return isinstance(value, int) and not isinstance(value, bool) and -MAX_UID <= value <= MAX_UID
+
+
 def _coerce(value: Any, spec_: AttrSchema, where: str, limits: Limits) -> AttrValue:
     kind = spec_.kind
     if kind is AttrKind.BOOL:
         if isinstance(value, bool):
             return value
     elif kind is AttrKind.INT:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+        if _is_int(value):
+            return int(value)
     elif kind is AttrKind.FLOAT:
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
+    elif kind is AttrKind.SCALAR:
+        # Passed on as given (the frontend types these `object`): an int stays an int.
+        if isinstance(value, bool) or _is_int(value) or (isinstance(value, float) and math.isfinite(value)):
+            scalar: bool | int | float = value
+            return scalar
+    elif kind is AttrKind.STRING:
+        if isinstance(value, str) and len(value) <= limits.max_name_length:
+            return value
     elif kind is AttrKind.INT_LIST:
-        if isinstance(value, tuple | list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if isinstance(value, tuple | list) and all(_is_int(v) for v in value):
             if len(value) > limits.max_list_length:
                 raise SpecError(f"{where}: more than {limits.max_list_length} values")
             return tuple(value)
+    elif kind is AttrKind.SLICES:
+        if isinstance(value, tuple | list) and all(_is_slice(v) for v in value):
+            if len(value) > limits.max_rank:
+                raise SpecError(f"{where}: more than {limits.max_rank} slices")
+            return tuple((v[0], v[1], v[2]) for v in value)
+        raise SpecError(f"{where}: expected a list of [start, stop, step] (each an integer or null, step not 0), got {value!r}")
     elif kind is AttrKind.ENUM and isinstance(value, str):
         if value.upper() in spec_.choices:
             return value.upper()
@@ -276,8 +378,14 @@ def _coerce(value: Any, spec_: AttrSchema, where: str, limits: Limits) -> AttrVa
     raise SpecError(f"{where}: expected {kind.value}, got {value!r}")
 
 
-def _check_dims(t: Tensor, limits: Limits) -> None:
-    where = t.label()
+def _is_slice(value: Any) -> bool:
+    return (
+        isinstance(value, tuple | list) and len(value) == 3 and all(v is None or _is_int(v) for v in value) and value[2] != 0
+    )
+
+
+def _check_dims(t: Tensor, limits: Limits, where: str | None = None) -> None:
+    where = where or t.label()
     if len(t.dim) > limits.max_rank:
         raise SpecError(f"{where}: rank {len(t.dim)} over the limit of {limits.max_rank}")
     if any(d < 1 for d in t.dim):
@@ -286,9 +394,53 @@ def _check_dims(t: Tensor, limits: Limits) -> None:
         raise SpecError(f"{where}: {math.prod(t.dim):,} elements, over the limit of {limits.max_elements_per_tensor:,}")
 
 
+def _check_graph_arguments(spec: GraphSpec) -> None:
+    for name in ("sm_count", "sm_version"):
+        value = getattr(spec, name)
+        if value is not None and (not _is_int(value) or value < 1):
+            raise SpecError(f"graph: {name} must be a positive integer, got {value!r}")
+    for name in ("is_dynamic_shape_enabled", "is_override_shape_enabled", "kernel_cache", "is_cuda_graph_replay_expected"):
+        if not isinstance(getattr(spec, name), bool):
+            raise SpecError(f"graph: {name} must be true or false")
+    retention = spec.cuda_graph_retention
+    if retention is not None:
+        choices = ("PER_GRAPH", "NONE")
+        if not isinstance(retention, str) or retention.upper() not in choices:
+            raise SpecError(f"graph: cuda_graph_retention {retention!r} is not one of {', '.join(choices)}")
+        spec.cuda_graph_retention = retention.upper()
+
+
+def _normalize_frontend_fields(t: Tensor, where: str) -> None:
+    """The frontend tensor's attributes past the classic ones: valid, and at their defaults unless set."""
+    reordering = t.reordering_type
+    if reordering is not None:
+        members = recorded().enums.get("tensor_reordering", ())
+        if not isinstance(reordering, str) or reordering not in members:
+            raise SpecError(f"{where}: reordering_type {reordering!r} is not one of {', '.join(members)}")
+        t.reordering_type = None if reordering == "NONE" else reordering
+    for name in ("ragged_offset_multiplier", "alignment_value"):
+        value = getattr(t, name)
+        if not _is_int(value) or value < 1:
+            raise SpecError(f"{where}: {name} must be a positive integer, got {value!r}")
+    if t.ragged_offset_multiplier != 1 and t.ragged_offset is None:
+        raise SpecError(f"{where}: ragged_offset_multiplier is for a ragged tensor")
+    if t.constant is None:
+        if t.scalar_type is not None:
+            raise SpecError(f"{where}: scalar_type is for a scalar held in the graph (constant)")
+        return
+    if isinstance(t.constant, bool) or not (_is_int(t.constant) or (isinstance(t.constant, float) and math.isfinite(t.constant))):
+        raise SpecError(f"{where}: constant must be a finite number, got {t.constant!r}")
+    members = recorded().enums.get("scalar_type", ())
+    if t.scalar_type not in members:
+        raise SpecError(f"{where}: a constant needs scalar_type, one of {', '.join(members)}")
+    if not t.is_pass_by_value or t.is_virtual or t.is_output or t.scalar_value is not None:
+        raise SpecError(f"{where}: a constant is a pass-by-value graph input without scalar_value")
+
+
 def _normalize_tensor(spec: GraphSpec, t: Tensor, producer: dict[int, int], consumed: set[int], limits: Limits) -> None:
     assert t.uid is not None
     where = t.label()
+    _normalize_frontend_fields(t, where)
     produced = t.uid in producer
     if produced:
         if t.is_output and t.is_virtual:
@@ -305,19 +457,27 @@ def _normalize_tensor(spec: GraphSpec, t: Tensor, producer: dict[int, int], cons
         if t.uid not in consumed:
             raise SpecError(f"{where}: declared but no node uses it")
         default_type = "float" if t.is_pass_by_value else spec.io_data_type
-    if t.data_type is None:
+    if t.data_type is None and t.constant is None:  # a constant's type is the one cuDNN gives its value
         if default_type is None:
             raise SpecError(f"{where}: no data_type, and the graph has no io_data_type to default to")
         t.data_type = default_type
     if not t.dim:
-        raise SpecError(f"{where}: no dims")
+        if not produced:
+            raise SpecError(f"{where}: no dims")
+        # A result whose dims cuDNN infers (see _result_dims); the program may still have set its strides.
+        if t.stride and t.inferred_dim and len(t.stride) != len(t.inferred_dim):
+            raise SpecError(f"{where}: strides {list(t.stride)} for a result of rank {len(t.inferred_dim)}")
+        if any(not _is_int(s) or s < 0 for s in t.stride):
+            raise SpecError(f"{where}: strides must be >= 0, got {list(t.stride)}")
+        return
     _check_dims(t, limits)
-    if not t.stride:
+    if not t.stride and not produced:
         t.stride = layouts.row_major(t.dim)
-    if len(t.stride) != len(t.dim):
+    if t.stride and len(t.stride) != len(t.dim):
         raise SpecError(f"{where}: stride {list(t.stride)} has {len(t.stride)} entries for {len(t.dim)} dims")
-    if any(s < 1 for s in t.stride):
-        raise SpecError(f"{where}: strides must be >= 1, got {list(t.stride)}")
+    # The frontend takes zero strides (a broadcast view, as torch's expand() makes).
+    if any(not _is_int(s) or s < 0 for s in t.stride):
+        raise SpecError(f"{where}: strides must be >= 0, got {list(t.stride)}")
     if t.is_pass_by_value and math.prod(t.dim) != 1:
         raise SpecError(f"{where}: a pass-by-value tensor must hold one element, got dims {list(t.dim)}")
     if t.scalar_value is not None and not t.is_pass_by_value:

@@ -24,6 +24,14 @@ class DataType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DATA_TYPE_BOOLEAN: _ClassVar[DataType]
     DATA_TYPE_FP8_E4M3: _ClassVar[DataType]
     DATA_TYPE_FP8_E5M2: _ClassVar[DataType]
+    DATA_TYPE_INT8X4: _ClassVar[DataType]
+    DATA_TYPE_UINT8X4: _ClassVar[DataType]
+    DATA_TYPE_INT8X32: _ClassVar[DataType]
+    DATA_TYPE_FAST_FLOAT_FOR_FP8: _ClassVar[DataType]
+    DATA_TYPE_FP8_E8M0: _ClassVar[DataType]
+    DATA_TYPE_FP8_E5M3: _ClassVar[DataType]
+    DATA_TYPE_FP4_E2M1: _ClassVar[DataType]
+    DATA_TYPE_INT4: _ClassVar[DataType]
 
 class EngineKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -50,6 +58,14 @@ DATA_TYPE_UINT8: DataType
 DATA_TYPE_BOOLEAN: DataType
 DATA_TYPE_FP8_E4M3: DataType
 DATA_TYPE_FP8_E5M2: DataType
+DATA_TYPE_INT8X4: DataType
+DATA_TYPE_UINT8X4: DataType
+DATA_TYPE_INT8X32: DataType
+DATA_TYPE_FAST_FLOAT_FOR_FP8: DataType
+DATA_TYPE_FP8_E8M0: DataType
+DATA_TYPE_FP8_E5M3: DataType
+DATA_TYPE_FP4_E2M1: DataType
+DATA_TYPE_INT4: DataType
 ENGINE_KIND_UNSPECIFIED: EngineKind
 ENGINE_KIND_BACKEND: EngineKind
 ENGINE_KIND_PYTHON: EngineKind
@@ -60,7 +76,7 @@ COMPILE_SOURCE_JOINED: CompileSource
 COMPILE_SOURCE_PROVISIONAL: CompileSource
 
 class TensorSpec(_message.Message):
-    __slots__ = ("uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_output", "scalar_value", "ragged_offset_uid")
+    __slots__ = ("uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_output", "scalar_value", "ragged_offset_uid", "reordering_type", "ragged_offset_multiplier", "alignment_value", "constant")
     UID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +87,10 @@ class TensorSpec(_message.Message):
     IS_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     SCALAR_VALUE_FIELD_NUMBER: _ClassVar[int]
     RAGGED_OFFSET_UID_FIELD_NUMBER: _ClassVar[int]
+    REORDERING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RAGGED_OFFSET_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    ALIGNMENT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    CONSTANT_FIELD_NUMBER: _ClassVar[int]
     uid: int
     name: str
     dim: _containers.RepeatedScalarFieldContainer[int]
@@ -81,7 +101,21 @@ class TensorSpec(_message.Message):
     is_output: bool
     scalar_value: float
     ragged_offset_uid: int
-    def __init__(self, uid: _Optional[int] = ..., name: _Optional[str] = ..., dim: _Optional[_Iterable[int]] = ..., stride: _Optional[_Iterable[int]] = ..., data_type: _Optional[_Union[DataType, str]] = ..., is_virtual: _Optional[bool] = ..., is_pass_by_value: _Optional[bool] = ..., is_output: _Optional[bool] = ..., scalar_value: _Optional[float] = ..., ragged_offset_uid: _Optional[int] = ...) -> None: ...
+    reordering_type: str
+    ragged_offset_multiplier: int
+    alignment_value: int
+    constant: ScalarConstant
+    def __init__(self, uid: _Optional[int] = ..., name: _Optional[str] = ..., dim: _Optional[_Iterable[int]] = ..., stride: _Optional[_Iterable[int]] = ..., data_type: _Optional[_Union[DataType, str]] = ..., is_virtual: _Optional[bool] = ..., is_pass_by_value: _Optional[bool] = ..., is_output: _Optional[bool] = ..., scalar_value: _Optional[float] = ..., ragged_offset_uid: _Optional[int] = ..., reordering_type: _Optional[str] = ..., ragged_offset_multiplier: _Optional[int] = ..., alignment_value: _Optional[int] = ..., constant: _Optional[_Union[ScalarConstant, _Mapping]] = ...) -> None: ...
+
+class ScalarConstant(_message.Message):
+    __slots__ = ("int_value", "float_value", "scalar_type")
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    FLOAT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    SCALAR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    int_value: int
+    float_value: float
+    scalar_type: str
+    def __init__(self, int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., scalar_type: _Optional[str] = ...) -> None: ...
 
 class IntList(_message.Message):
     __slots__ = ("values",)
@@ -89,19 +123,37 @@ class IntList(_message.Message):
     values: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, values: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class Slice(_message.Message):
+    __slots__ = ("start", "stop", "step")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    stop: int
+    step: int
+    def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+
+class SliceList(_message.Message):
+    __slots__ = ("slices",)
+    SLICES_FIELD_NUMBER: _ClassVar[int]
+    slices: _containers.RepeatedCompositeFieldContainer[Slice]
+    def __init__(self, slices: _Optional[_Iterable[_Union[Slice, _Mapping]]] = ...) -> None: ...
+
 class AttributeValue(_message.Message):
-    __slots__ = ("int_value", "float_value", "bool_value", "string_value", "int_list")
+    __slots__ = ("int_value", "float_value", "bool_value", "string_value", "int_list", "slice_list")
     INT_VALUE_FIELD_NUMBER: _ClassVar[int]
     FLOAT_VALUE_FIELD_NUMBER: _ClassVar[int]
     BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
     STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
     INT_LIST_FIELD_NUMBER: _ClassVar[int]
+    SLICE_LIST_FIELD_NUMBER: _ClassVar[int]
     int_value: int
     float_value: float
     bool_value: bool
     string_value: str
     int_list: IntList
-    def __init__(self, int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., bool_value: _Optional[bool] = ..., string_value: _Optional[str] = ..., int_list: _Optional[_Union[IntList, _Mapping]] = ...) -> None: ...
+    slice_list: SliceList
+    def __init__(self, int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., bool_value: _Optional[bool] = ..., string_value: _Optional[str] = ..., int_list: _Optional[_Union[IntList, _Mapping]] = ..., slice_list: _Optional[_Union[SliceList, _Mapping]] = ...) -> None: ...
 
 class NodeSpec(_message.Message):
     __slots__ = ("name", "op", "inputs", "outputs", "attributes", "compute_data_type")
@@ -141,20 +193,34 @@ class NodeSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., op: _Optional[str] = ..., inputs: _Optional[_Mapping[str, int]] = ..., outputs: _Optional[_Mapping[str, int]] = ..., attributes: _Optional[_Mapping[str, AttributeValue]] = ..., compute_data_type: _Optional[_Union[DataType, str]] = ...) -> None: ...
 
 class GraphSpec(_message.Message):
-    __slots__ = ("io_data_type", "intermediate_data_type", "compute_data_type", "tensors", "nodes", "name")
+    __slots__ = ("io_data_type", "intermediate_data_type", "compute_data_type", "tensors", "nodes", "name", "sm_count", "sm_version", "is_dynamic_shape_enabled", "is_override_shape_enabled", "kernel_cache", "cuda_graph_retention", "is_cuda_graph_replay_expected")
     IO_DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
     INTERMEDIATE_DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    SM_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SM_VERSION_FIELD_NUMBER: _ClassVar[int]
+    IS_DYNAMIC_SHAPE_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    IS_OVERRIDE_SHAPE_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_CACHE_FIELD_NUMBER: _ClassVar[int]
+    CUDA_GRAPH_RETENTION_FIELD_NUMBER: _ClassVar[int]
+    IS_CUDA_GRAPH_REPLAY_EXPECTED_FIELD_NUMBER: _ClassVar[int]
     io_data_type: DataType
     intermediate_data_type: DataType
     compute_data_type: DataType
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSpec]
     name: str
-    def __init__(self, io_data_type: _Optional[_Union[DataType, str]] = ..., intermediate_data_type: _Optional[_Union[DataType, str]] = ..., compute_data_type: _Optional[_Union[DataType, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., name: _Optional[str] = ...) -> None: ...
+    sm_count: int
+    sm_version: int
+    is_dynamic_shape_enabled: bool
+    is_override_shape_enabled: bool
+    kernel_cache: bool
+    cuda_graph_retention: str
+    is_cuda_graph_replay_expected: bool
+    def __init__(self, io_data_type: _Optional[_Union[DataType, str]] = ..., intermediate_data_type: _Optional[_Union[DataType, str]] = ..., compute_data_type: _Optional[_Union[DataType, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., name: _Optional[str] = ..., sm_count: _Optional[int] = ..., sm_version: _Optional[int] = ..., is_dynamic_shape_enabled: _Optional[bool] = ..., is_override_shape_enabled: _Optional[bool] = ..., kernel_cache: _Optional[bool] = ..., cuda_graph_retention: _Optional[str] = ..., is_cuda_graph_replay_expected: _Optional[bool] = ...) -> None: ...
 
 class Target(_message.Message):
     __slots__ = ("compute_capability", "cudnn_version", "frontend_version", "device_name", "sm_count")
@@ -171,16 +237,44 @@ class Target(_message.Message):
     def __init__(self, compute_capability: _Optional[str] = ..., cudnn_version: _Optional[int] = ..., frontend_version: _Optional[str] = ..., device_name: _Optional[str] = ..., sm_count: _Optional[int] = ...) -> None: ...
 
 class CompileOptions(_message.Message):
-    __slots__ = ("autotune", "heuristic_modes", "workspace_limit", "excluded_behavior_notes")
+    __slots__ = ("autotune", "heuristic_modes", "workspace_limit", "excluded_behavior_notes", "pinned_plans", "pinned_only", "deselected_engines", "note_filters", "selected_plan")
     AUTOTUNE_FIELD_NUMBER: _ClassVar[int]
     HEURISTIC_MODES_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_LIMIT_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_BEHAVIOR_NOTES_FIELD_NUMBER: _ClassVar[int]
+    PINNED_PLANS_FIELD_NUMBER: _ClassVar[int]
+    PINNED_ONLY_FIELD_NUMBER: _ClassVar[int]
+    DESELECTED_ENGINES_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FILTERS_FIELD_NUMBER: _ClassVar[int]
+    SELECTED_PLAN_FIELD_NUMBER: _ClassVar[int]
     autotune: bool
     heuristic_modes: _containers.RepeatedScalarFieldContainer[str]
     workspace_limit: int
     excluded_behavior_notes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, autotune: _Optional[bool] = ..., heuristic_modes: _Optional[_Iterable[str]] = ..., workspace_limit: _Optional[int] = ..., excluded_behavior_notes: _Optional[_Iterable[str]] = ...) -> None: ...
+    pinned_plans: _containers.RepeatedCompositeFieldContainer[PinnedPlan]
+    pinned_only: bool
+    deselected_engines: _containers.RepeatedScalarFieldContainer[str]
+    note_filters: _containers.RepeatedCompositeFieldContainer[NoteFilter]
+    selected_plan: int
+    def __init__(self, autotune: _Optional[bool] = ..., heuristic_modes: _Optional[_Iterable[str]] = ..., workspace_limit: _Optional[int] = ..., excluded_behavior_notes: _Optional[_Iterable[str]] = ..., pinned_plans: _Optional[_Iterable[_Union[PinnedPlan, _Mapping]]] = ..., pinned_only: _Optional[bool] = ..., deselected_engines: _Optional[_Iterable[str]] = ..., note_filters: _Optional[_Iterable[_Union[NoteFilter, _Mapping]]] = ..., selected_plan: _Optional[int] = ...) -> None: ...
+
+class PinnedPlan(_message.Message):
+    __slots__ = ("engine_id", "knobs")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    KNOBS_FIELD_NUMBER: _ClassVar[int]
+    engine_id: int
+    knobs: _containers.RepeatedCompositeFieldContainer[Knob]
+    def __init__(self, engine_id: _Optional[int] = ..., knobs: _Optional[_Iterable[_Union[Knob, _Mapping]]] = ...) -> None: ...
+
+class NoteFilter(_message.Message):
+    __slots__ = ("kind", "keep", "notes")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    keep: bool
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[str] = ..., keep: _Optional[bool] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PlanRef(_message.Message):
     __slots__ = ("key", "query")
@@ -231,20 +325,26 @@ class Knob(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
 class CandidateTiming(_message.Message):
-    __slots__ = ("index", "plan_name", "engine_id", "median_ms", "error", "timing")
+    __slots__ = ("index", "plan_name", "engine_id", "median_ms", "error", "timing", "knobs", "behavior_notes", "workspace_size")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PLAN_NAME_FIELD_NUMBER: _ClassVar[int]
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_MS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    KNOBS_FIELD_NUMBER: _ClassVar[int]
+    BEHAVIOR_NOTES_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_SIZE_FIELD_NUMBER: _ClassVar[int]
     index: int
     plan_name: str
     engine_id: int
     median_ms: float
     error: str
     timing: str
-    def __init__(self, index: _Optional[int] = ..., plan_name: _Optional[str] = ..., engine_id: _Optional[int] = ..., median_ms: _Optional[float] = ..., error: _Optional[str] = ..., timing: _Optional[str] = ...) -> None: ...
+    knobs: _containers.RepeatedCompositeFieldContainer[Knob]
+    behavior_notes: _containers.RepeatedScalarFieldContainer[str]
+    workspace_size: int
+    def __init__(self, index: _Optional[int] = ..., plan_name: _Optional[str] = ..., engine_id: _Optional[int] = ..., median_ms: _Optional[float] = ..., error: _Optional[str] = ..., timing: _Optional[str] = ..., knobs: _Optional[_Iterable[_Union[Knob, _Mapping]]] = ..., behavior_notes: _Optional[_Iterable[str]] = ..., workspace_size: _Optional[int] = ...) -> None: ...
 
 class PlanMetadata(_message.Message):
     __slots__ = ("key", "spec_hash", "target", "options", "tensors", "workspace_size", "engine_id", "knobs", "plan_name", "engine_kind", "candidates", "build_seconds", "autotune_seconds", "blob_sha256", "blob_size", "created_at", "built_by", "provisional", "op_family")

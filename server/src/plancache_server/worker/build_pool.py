@@ -171,7 +171,10 @@ def encode_result(result: TaskResult) -> tuple[dict[str, Any], bytes]:
     blob = b""
     if result.heuristic is not None:
         h = result.heuristic
-        header["heuristic"] = {"count": h.count, "seconds": h.seconds, "candidates": [asdict(c) for c in h.candidates], "chosen": _plan_fields(h.chosen)}
+        header["heuristic"] = {
+            "count": h.count, "seconds": h.seconds, "candidates": [asdict(c) for c in h.candidates], "chosen": _plan_fields(h.chosen),
+            "listing": [asdict(c) for c in h.listing], "untimed_reason": h.untimed_reason,
+        }  # fmt: skip
         blob = h.chosen.blob
     elif result.plan is not None:
         header["plan"] = _plan_fields(result.plan)
@@ -183,7 +186,10 @@ def decode_result(task: BuildTask, header: dict[str, Any], blob: bytes, worker: 
     error, rejected = str(header.get("error") or ""), bool(header.get("rejected"))
     if "heuristic" in header:
         h = header["heuristic"]
-        heuristic = Heuristic(_plan(h["chosen"], blob), int(h["count"]), float(h["seconds"]), [CandidateResult(**c) for c in h["candidates"]])
+        heuristic = Heuristic(
+            _plan(h["chosen"], blob), int(h["count"]), float(h["seconds"]), [_candidate(c) for c in h["candidates"]],
+            [_candidate(c) for c in h.get("listing", [])], str(h.get("untimed_reason", "")),
+        )  # fmt: skip
         return TaskResult(task, heuristic=heuristic, worker=worker)
     if "plan" in header:
         return TaskResult(task, plan=_plan(header["plan"], blob), worker=worker)
@@ -193,11 +199,19 @@ def decode_result(task: BuildTask, header: dict[str, Any], blob: bytes, worker: 
 def _plan_fields(plan: BuiltPlan) -> dict[str, Any]:
     fields = asdict(plan)
     del fields["blob"]
+    fields["geometry"] = {str(uid): [dims, strides] for uid, (dims, strides) in plan.geometry.items()}  # JSON keys are strings
     return fields
 
 
 def _plan(fields: dict[str, Any], blob: bytes) -> BuiltPlan:
-    return BuiltPlan(blob=blob, **{**fields, "knobs": {str(k): int(v) for k, v in fields["knobs"].items()}})
+    geometry = {int(uid): ([int(d) for d in g[0]], [int(s) for s in g[1]]) for uid, g in fields.get("geometry", {}).items()}
+    knobs = {str(k): int(v) for k, v in fields["knobs"].items()}
+    return BuiltPlan(blob=blob, **{**fields, "knobs": knobs, "behavior_notes": tuple(fields.get("behavior_notes", ())), "geometry": geometry})
+
+
+def _candidate(fields: dict[str, Any]) -> CandidateResult:
+    return CandidateResult(**{**fields, "knobs": {str(k): int(v) for k, v in fields.get("knobs", {}).items()},
+                              "behavior_notes": tuple(fields.get("behavior_notes", ()))})  # fmt: skip
 
 
 # ---- processes ---------------------------------------------------------------------------

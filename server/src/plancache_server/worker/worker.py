@@ -155,12 +155,15 @@ def plan_metadata(job: VerifiedJob, compiled: CompiledPlan, worker_id: str, buil
     spec = spec_io.to_proto(job.spec)
     bindings = [
         pb.TensorBinding(
-            uid=t.uid, name=t.name, dim=t.dim, stride=t.stride, data_type=t.data_type, is_output=t.is_output,
-            is_pass_by_value=t.is_pass_by_value,
-            scalar_value=t.scalar_value if t.HasField("scalar_value") else None, ragged_offset_uid=t.ragged_offset_uid,
+            uid=t.uid, name=t.name, data_type=t.data_type, is_output=t.is_output, is_pass_by_value=t.is_pass_by_value,
+            # A result whose dims or strides the spec leaves to cuDNN: those cuDNN gave it on this worker.
+            dim=compiled.geometry.get(t.uid, (t.dim, t.stride))[0] if not (t.dim and t.stride) else t.dim,
+            stride=compiled.geometry.get(t.uid, (t.dim, t.stride))[1] if not (t.dim and t.stride) else t.stride,
+            scalar_value=t.scalar_value if t.HasField("scalar_value") else None,
+            ragged_offset_uid=t.ragged_offset_uid if t.HasField("ragged_offset_uid") else None,
         )
         for t in sorted(spec.tensors, key=lambda t: t.uid)
-        if not t.is_virtual
+        if not t.is_virtual and not t.HasField("constant")  # a constant is the graph's own, never bound
     ]  # fmt: skip
     return pb.PlanMetadata(
         key=job.plan_key,
@@ -174,7 +177,11 @@ def plan_metadata(job: VerifiedJob, compiled: CompiledPlan, worker_id: str, buil
         plan_name=compiled.plan_name,
         engine_kind=pb.ENGINE_KIND_PYTHON if compiled.is_python_engine else pb.ENGINE_KIND_BACKEND,
         candidates=[
-            pb.CandidateTiming(index=c.index, plan_name=c.plan_name, engine_id=c.engine_id, median_ms=c.median_ms, error=c.error, timing=c.timing)
+            pb.CandidateTiming(
+                index=c.index, plan_name=c.plan_name, engine_id=c.engine_id, median_ms=c.median_ms, error=c.error, timing=c.timing,
+                knobs=[pb.Knob(name=k, value=v) for k, v in sorted(c.knobs.items())], behavior_notes=c.behavior_notes,
+                workspace_size=c.workspace_size,
+            )
             for c in compiled.candidates
         ],
         build_seconds=compiled.build_seconds,

@@ -22,12 +22,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
 from plancache.spec.graph import GraphSpec
+
+# uid -> (dims, strides) of bound tensors whose geometry the spec leaves to cuDNN (read from the built graph).
+Geometry = dict[int, tuple[list[int], list[int]]]
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,10 @@ class CandidateResult:
     median_ms: float | None  # None: did not build or run
     error: str = ""
     timing: str = ""
+    # What the frontend says of the candidate (plancache.cudnn answers plan-list queries from these).
+    knobs: dict[str, int] = field(default_factory=dict)
+    behavior_notes: tuple[str, ...] = ()
+    workspace_size: int | None = None  # known once built
 
 
 @dataclass(frozen=True)
@@ -53,13 +60,18 @@ class BuiltPlan:
     is_python_engine: bool
     seconds: float = 0.0  # its build
     error: str = ""
+    behavior_notes: tuple[str, ...] = ()
+    geometry: Geometry = field(default_factory=dict)
 
     @property
     def built(self) -> bool:
         return not self.error
 
     def untimed(self) -> CandidateResult:
-        return CandidateResult(self.index, self.plan_name, self.engine_id, None, self.error)
+        return CandidateResult(
+            self.index, self.plan_name, self.engine_id, None, self.error, knobs=dict(self.knobs), behavior_notes=self.behavior_notes,
+            workspace_size=self.workspace_size if self.built else None,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,10 @@ class Heuristic:
     # compiler knows of the candidates without timing them (a compiler
     # that does not autotune may give its timings here).
     candidates: list[CandidateResult] = field(default_factory=list)
+    # Every entry of the plan list as the frontend describes it (name, engine, knobs, notes).
+    listing: list[CandidateResult] = field(default_factory=list)
+    # Why its candidates must not be timed on random inputs (then the heuristic plan is final).
+    untimed_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,7 @@ class CompiledPlan:
     autotune_seconds: float = 0.0
     # A heuristic plan stored at once while the autotuned one is built.
     provisional: bool = False
+    geometry: Geometry = field(default_factory=dict)
 
 
 class Compiler(Protocol):
@@ -111,20 +128,38 @@ class Compiler(Protocol):
 
 def tunes(options: CompileOptions, heuristic: Heuristic) -> bool:
     """Whether a build goes on past its heuristic plan."""
-    return options.autotune and heuristic.count > 1
+    return options.autotune and heuristic.count > 1 and not heuristic.untimed_reason
 
 
 def compiled(plan: BuiltPlan, candidates: list[CandidateResult], build_s: float, tune_s: float, provisional: bool) -> CompiledPlan:
     return CompiledPlan(
         blob=plan.blob, workspace_size=plan.workspace_size, engine_id=plan.engine_id, knobs=plan.knobs, plan_name=plan.plan_name,
         is_python_engine=plan.is_python_engine, candidates=candidates, build_seconds=build_s, autotune_seconds=tune_s, provisional=provisional,
+        geometry=plan.geometry,
     )  # fmt: skip
+
+
+def with_listing(heuristic: Heuristic, records: dict[int, CandidateResult]) -> list[CandidateResult]:
+    """Every entry of the plan list, in index order: what was tried or timed,
+    and for the rest what the frontend says of them (the records a program's
+    plan-list queries are answered from)."""
+    merged = {c.index: c for c in heuristic.listing}
+    for index, record in records.items():
+        known = merged.get(index)
+        described = known is not None and not record.knobs and not record.behavior_notes
+        merged[index] = replace(record, knobs=known.knobs, behavior_notes=known.behavior_notes) if described and known else record
+    return [merged[i] for i in sorted(merged)]
 
 
 def heuristic_plan(heuristic: Heuristic, provisional: bool) -> CompiledPlan:
     """The heuristic plan as stored: provisional while the autotuning goes on, or final."""
-    candidates = heuristic.candidates or [heuristic.chosen.untimed()]
-    return compiled(heuristic.chosen, candidates, heuristic.seconds, 0.0, provisional)
+    chosen = heuristic.chosen.untimed()
+    if heuristic.untimed_reason:
+        chosen = replace(chosen, timing=f"untimed: {heuristic.untimed_reason}")
+    records = {c.index: c for c in heuristic.candidates}
+    if all(c.plan_name != chosen.plan_name for c in records.values()):  # unless the compiler timed it among its candidates
+        records[chosen.index] = chosen
+    return compiled(heuristic.chosen, with_listing(heuristic, records), heuristic.seconds, 0.0, provisional)
 
 
 def winner(plans: Sequence[BuiltPlan], timed: Sequence[CandidateResult]) -> BuiltPlan | None:
@@ -152,8 +187,16 @@ def tuned_plan(
         return None
     records = {c.index: c for c in heuristic.candidates if c.error}
     records.update({p.index: p.untimed() for p in failed})
-    records.update({t.index: t for t in timed})
-    return compiled(best, [records[i] for i in sorted(records)], build_s, tune_s, provisional=False)
+    built_by_index = {p.index: p for p in built}
+    records.update({t.index: _with_build(t, built_by_index.get(t.index)) for t in timed})
+    return compiled(best, with_listing(heuristic, records), build_s, tune_s, provisional=False)
+
+
+def _with_build(timed: CandidateResult, plan: BuiltPlan | None) -> CandidateResult:
+    """A timing with what its build recorded (knobs, notes, workspace)."""
+    if plan is None:
+        return timed
+    return replace(timed, knobs=dict(plan.knobs), behavior_notes=plan.behavior_notes, workspace_size=plan.workspace_size)
 
 
 def compile_inline(compiler: Compiler, spec: GraphSpec, options: CompileOptions) -> Iterator[CompiledPlan]:

@@ -25,32 +25,25 @@ import torch
 
 from plancache import dtypes
 from plancache.errors import CompileFailed
+from plancache.frontend_graph import build_pygraph
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
 from plancache.run.gpu import detect_target, load_math_libraries, torch_dtype
 from plancache.spec.canonical import hash_normalized
 from plancache.spec.graph import GraphSpec
-from plancache.spec.ops import CATALOG
 from plancache.spec.validation import storage_elements
 from plancache_server.settings import AUTOTUNE_STRATEGIES
-from plancache_server.worker.compiler.base import BuiltPlan, CandidateResult, CompiledPlan, Heuristic, compile_inline
+from plancache_server.worker.compiler.base import BuiltPlan, CandidateResult, CompiledPlan, Geometry, Heuristic, compile_inline
 from plancache_server.worker.compiler.defects import check_known_defects
+from plancache_server.worker.compiler.plan_list import describe, first_index, make_plan_list, resolved_geometry
 from plancache_server.worker.compiler.timing import time_candidates
 from plancache_server.worker.compiler.timing_inputs import timing_inputs
 
 log = logging.getLogger(__name__)
 
 PYTHON_PLAN_MAGIC = b"CUDNN_FE_PYPLAN"
-# Enum-valued attributes and the cudnn enum each names.
-_ENUM_ATTRS = {"norm_forward_phase": "norm_forward_phase", "mode": "reduction_mode"}
-# Ops whose output dims cuDNN cannot infer; we push the normalized dims.
-_PUSH_DIMS = {"conv_dgrad", "conv_wgrad", "reduction"}
 # Graphs (with their execution plans) a process keeps between pieces of a build.
 GRAPHS_KEPT = 4
-
-
-def _cudnn_dtype(name: str) -> Any:
-    return getattr(cudnn.data_type, {"fp8_e4m3": "FP8_E4M3", "fp8_e5m2": "FP8_E5M2"}.get(name, name.upper()))
 
 
 class CudnnCompiler:
@@ -81,87 +74,31 @@ class CudnnCompiler:
     # ---- spec -> pygraph ------------------------------------------------------
 
     def graph(self, spec: GraphSpec, result_strides: bool = True) -> Any:
-        """Translate a normalized spec into an (unbuilt) cuDNN pygraph.
-        `result_strides=False` leaves the outputs' layout to the frontend:
-        tests/gpu check normalize's inferred strides against it."""
-        g = cudnn.pygraph(
-            handle=self._handle,
-            name=spec.name or "plancache",
-            io_data_type=_cudnn_dtype(spec.io_data_type) if spec.io_data_type else cudnn.data_type.NOT_SET,
-            intermediate_data_type=_cudnn_dtype(spec.intermediate_data_type or "float"),
-            compute_data_type=_cudnn_dtype(spec.compute_data_type or "float"),
-        )
-        # Given outputs (sdpa_backward's dBias) are handed to their node as
-        # tensors, the way the frontend takes them; other results it returns.
-        given = {t.uid for n in spec.nodes for port, t in n.outputs.items() if port in CATALOG[n.op].optional_outputs}
-        produced = {t.uid for n in spec.nodes for t in n.outputs.values()} - given
-        made: dict[int, Any] = {}
-        for t in spec.tensors:
-            if t.uid not in produced:
-                assert t.uid is not None and t.data_type is not None
-                made[t.uid] = g.tensor(
-                    name=t.name or f"t{t.uid}", dim=list(t.dim), stride=list(t.stride),
-                    data_type=_cudnn_dtype(t.data_type), is_pass_by_value=t.is_pass_by_value, uid=t.uid,
-                )  # fmt: skip
-        for t in spec.tensors:
-            if t.ragged_offset is not None and t.uid not in produced:
-                made[t.uid or 0].set_ragged_offset(made[t.ragged_offset.uid or 0])
-        for index, node in enumerate(spec.nodes):
-            schema = CATALOG[node.op]
-            kwargs: dict[str, Any] = {port: made[t.uid] for port, t in node.inputs.items() if t.uid is not None}
-            kwargs.update({port: made[t.uid or 0] for port, t in node.outputs.items() if port in schema.optional_outputs})
-            if "dropout_probability" in node.attributes:  # the frontend takes dropout as one tuple
-                kwargs["dropout"] = (node.attributes["dropout_probability"], kwargs.pop("dropout_seed"), kwargs.pop("dropout_offset"))
-            for key, value in node.attributes.items():
-                if key == "dropout_probability":
-                    continue
-                if key in _ENUM_ATTRS:
-                    kwargs[key] = getattr(getattr(cudnn, _ENUM_ATTRS[key]), str(value))
-                else:
-                    kwargs[key] = list(value) if isinstance(value, tuple) else value
-            if schema.takes_compute_type and node.compute_data_type:
-                kwargs["compute_data_type"] = _cudnn_dtype(node.compute_data_type)
-            if node.op in _PUSH_DIMS:
-                (only_output,) = node.outputs.values()
-                kwargs["out_dims"] = list(only_output.dim)
-            try:
-                result = getattr(g, node.op)(name=node.name or f"{node.op}_{index}", **kwargs)
-            except (TypeError, ValueError, RuntimeError) as e:
-                raise CompileFailed(f"node {index} ({node.name or node.op}): the cuDNN frontend refused it: {e}") from e
-            returned = result if isinstance(result, list | tuple) else [result]
-            by_port = dict(zip(schema.all_outputs, returned, strict=False))
-            for port, t in node.outputs.items():
-                assert t.uid is not None and t.data_type is not None
-                if t.uid in given:
-                    made[t.uid].set_output(True)
-                    continue
-                out = by_port[port]
-                made[t.uid] = out
-                out.set_data_type(_cudnn_dtype(t.data_type))
-                if t.is_output:
-                    out.set_output(True).set_uid(t.uid).set_dim(list(t.dim))
-                    if result_strides or t.ragged_offset is not None:
-                        out.set_stride(list(t.stride))
-                    if t.ragged_offset is not None:
-                        out.set_ragged_offset(made[t.ragged_offset.uid or 0])
-        return g
+        """The (unbuilt) cuDNN pygraph of a normalized spec, on this process's
+        handle (plancache.frontend_graph: the same code plancache.cudnn
+        checks a captured program against). `result_strides=False` leaves the
+        classic ops' results' layout to the frontend: tests/gpu check
+        normalize's inferred strides against it."""
+        return build_pygraph(spec, cudnn, handle=self._handle, classic_result_strides=result_strides)
 
     # ---- inputs for timing ------------------------------------------------------
 
-    def random_bindings(self, spec: GraphSpec) -> dict[int, Any]:
-        """Random data for every bound tensor (never zeros), honouring strides."""
+    def random_bindings(self, spec: GraphSpec, geometry: Geometry | None = None) -> dict[int, Any]:
+        """Random data for every bound tensor (never zeros), honouring strides;
+        `geometry` gives the dims and strides cuDNN chose for tensors the spec leaves to it."""
         rules = timing_inputs(spec)
         bindings: dict[int, Any] = {}
         for t in spec.tensors:
-            if t.is_virtual:
+            if t.is_virtual or t.constant is not None:  # a constant is the graph's own, never bound
                 continue
             assert t.uid is not None and t.data_type is not None
+            dims, strides = (geometry or {}).get(t.uid, (list(t.dim), list(t.stride)))
             dtype = torch_dtype(t.data_type)
             if t.is_pass_by_value:
                 value = 1.0 if t.scalar_value is None else t.scalar_value
-                bindings[t.uid] = torch.full(t.dim, value, dtype=dtype)
+                bindings[t.uid] = torch.full(dims, value, dtype=dtype)
                 continue
-            count = storage_elements(t.dim, t.stride)
+            count = storage_elements(tuple(dims), tuple(strides))
             if t.uid in rules.ragged_steps:
                 flat = (torch.arange(count, device=self._device) * rules.ragged_steps[t.uid]).to(dtype)
             elif t.data_type in dtypes.INTEGER_TYPES and t.uid in rules.indices:
@@ -171,7 +108,7 @@ class CudnnCompiler:
                 flat = torch.randint(1, high + 1, (count,), device=self._device).to(dtype)
             else:
                 flat = torch.randn(count, device=self._device, dtype=torch.float32).to(dtype)
-            bindings[t.uid] = flat.as_strided(t.dim, t.stride)
+            bindings[t.uid] = flat.as_strided(dims, strides)
         return bindings
 
     # ---- the pieces of a build (compiler/base.py) ---------------------------------
@@ -185,24 +122,29 @@ class CudnnCompiler:
         return compile_inline(self, spec, options)
 
     def heuristic(self, spec: GraphSpec, options: CompileOptions) -> Heuristic:
+        """The plan the program's own build would run: the first entry of its
+        plan list that builds (its selected plan, strictly, if it selected one)."""
         started = time.perf_counter()
         g = self._planned(spec, options)
         count = g.get_execution_plan_count()
+        listing = [describe(g, i) for i in range(count)]
+        untimed = timing_inputs(spec).untimeable
         failures: list[CandidateResult] = []
-        for i in range(count):
-            plan = self._build(g, i)
+        start = first_index(options)
+        for i in range(start, count if options.selected_plan is None else start + 1):
+            plan = self._build(g, i, spec)
             if plan.built:
-                return Heuristic(plan, count, time.perf_counter() - started, failures)
+                return Heuristic(plan, count, time.perf_counter() - started, failures, listing, untimed)
             failures.append(plan.untimed())
         reasons = "; ".join(f"plan {f.index}: {f.error}" for f in failures)
-        raise CompileFailed(f"cuDNN could not build any plan on {self._target.id}: {reasons[:1000]}")
+        raise CompileFailed(f"cuDNN could not build {'the selected plan' if options.selected_plan is not None else 'any plan'} on {self._target.id}: {reasons[:1000]}")
 
     def candidate(self, spec: GraphSpec, options: CompileOptions, index: int) -> BuiltPlan:
         g = self._planned(spec, options)
         count = g.get_execution_plan_count()
         if index >= count:  # the heuristics gave this process fewer candidates than the heuristic build saw
             return BuiltPlan(index, b"", f"plan {index}", -1, {}, 0, False, error=f"cuDNN offers {count} plans here, not {index + 1}")
-        return self._build(g, index)
+        return self._build(g, index, spec)
 
     def time_plans(self, spec: GraphSpec, options: CompileOptions, plans: Sequence[BuiltPlan]) -> list[CandidateResult]:
         """Each plan deserialized (as a node would) and timed on this GPU with
@@ -219,7 +161,7 @@ class CudnnCompiler:
                 continue
             graphs.append(g)
             loaded.append(plan)
-        bindings = self.random_bindings(spec)
+        bindings = self.random_bindings(spec, next((p.geometry for p in loaded if p.geometry), {}))
         workspace = torch.empty(max([1, *(p.workspace_size for p in loaded)]), device=self._device, dtype=torch.uint8)
         launches = [functools.partial(g.execute, bindings, workspace, handle=self._handle) for g in graphs]
         for plan, t in zip(loaded, time_candidates(launches, self._handle, self._device, self.autotune_strategy), strict=True):
@@ -240,49 +182,28 @@ class CudnnCompiler:
         return g
 
     def _make_plans(self, spec: GraphSpec, options: CompileOptions) -> Any:
-        check_known_defects(spec)
+        check_known_defects(spec, self._target)
         g = self.graph(spec)
-        try:
-            g.validate()
-            g.build_operation_graph()
-            g.create_execution_plans([getattr(cudnn.heur_mode, m) for m in options.heuristic_modes])
-            if options.excluded_behavior_notes:
-                g.deselect_behavior_notes([getattr(cudnn.behavior_note, n) for n in options.excluded_behavior_notes])
-            if options.workspace_limit:
-                g.deselect_workspace_greater_than(options.workspace_limit)
-            g.check_support()
-        except Exception as e:  # cuDNN's reason is the message the user needs
-            raise CompileFailed(f"cuDNN does not support this graph on {self._target.id}: {e}") from e
-        if g.get_execution_plan_count() == 0:
-            raise CompileFailed(f"cuDNN offers no execution plan for this graph on {self._target.id}")
+        make_plan_list(g, cudnn, options, self._target.id)
         return g
 
-    def _build(self, g: Any, index: int) -> BuiltPlan:
+    def _build(self, g: Any, index: int, spec: GraphSpec) -> BuiltPlan:
         """Candidate `index` built and serialized (serialize() stores the plan built last)."""
         started = time.perf_counter()
-        name, engine_id = self._describe(g, index)
+        record = describe(g, index)
         try:
             g.build_plan_at_index(index)
             blob = bytes(g.serialize(as_bytes=True))
-            _, knobs = g.get_engine_and_knobs_at_index(index)
             workspace = int(g.get_workspace_size_plan_at_index(index))
         except Exception as e:
-            return BuiltPlan(index, b"", name, engine_id, {}, 0, False, time.perf_counter() - started, f"{type(e).__name__}: {str(e)[:300]}")
+            return BuiltPlan(
+                index, b"", record.plan_name, record.engine_id, record.knobs, 0, False, time.perf_counter() - started,
+                f"{type(e).__name__}: {str(e)[:300]}", record.behavior_notes,
+            )  # fmt: skip
         return BuiltPlan(
-            index, blob, name, engine_id, {getattr(k, "name", str(k)): int(v) for k, v in knobs.items()}, workspace,
-            blob.startswith(PYTHON_PLAN_MAGIC), time.perf_counter() - started,
+            index, blob, record.plan_name, record.engine_id, record.knobs, workspace, blob.startswith(PYTHON_PLAN_MAGIC),
+            time.perf_counter() - started, behavior_notes=record.behavior_notes, geometry=resolved_geometry(g, spec),
         )  # fmt: skip
-
-    def _describe(self, g: Any, index: int) -> tuple[str, int]:
-        try:
-            name = str(g.get_plan_name_at_index(index))
-        except Exception:
-            name = f"plan {index}"
-        try:
-            engine_id = int(g.get_engine_and_knobs_at_index(index)[0])
-        except Exception:
-            engine_id = -1
-        return name, engine_id
 
     def candidates_workspace(self, g: Any, count: int) -> Any:
         """One workspace large enough for any of the built candidates (bench/autotune.py)."""

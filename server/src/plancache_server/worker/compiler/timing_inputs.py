@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from plancache import dtypes
 from plancache.spec.graph import GraphSpec, Node
 from plancache.spec.ops import CATALOG
 
@@ -24,12 +25,19 @@ class TimingInputs:
     lengths: dict[int, int] = field(default_factory=dict)
     indices: dict[int, int] = field(default_factory=dict)
     ragged_steps: dict[int, int] = field(default_factory=dict)
+    # Why no candidate may run on random inputs ("" when they may): an
+    # integer input these rules do not know (MoE token offsets, cumulative
+    # sequence lengths ...) can steer memory accesses out of bounds, so the
+    # heuristic plan is served untimed rather than a GPU fault risked.
+    untimeable: str = ""
 
 
 def timing_inputs(spec: GraphSpec) -> TimingInputs:
     found = TimingInputs()
-    for node in spec.nodes:
+    for index, node in enumerate(spec.nodes):
         schema = CATALOG[node.op]
+        if not found.untimeable:
+            found.untimeable = _unknown_integer_input(node, index)
         for table, bounds in ((schema.integer_bounds, found.lengths), (schema.index_bounds, found.indices)):
             for port, (source, axis) in table.items():
                 if port in node.inputs:
@@ -38,6 +46,19 @@ def timing_inputs(spec: GraphSpec) -> TimingInputs:
         _ragged(node, found)
         _paged(node, found)
     return found
+
+
+def _unknown_integer_input(node: Node, index: int) -> str:
+    """A reason when one of the node's integer inputs has no rule here (pointwise
+    ops and matmuls read integers as data: any value is in bounds)."""
+    schema = CATALOG[node.op]
+    if schema.family in ("pointwise", "matmul"):
+        return ""
+    known = {*schema.integer_bounds, *schema.index_bounds, *schema.integer_inputs}
+    for port, t in node.inputs.items():
+        if port not in known and t.data_type in dtypes.INTEGER_TYPES and not t.is_pass_by_value:
+            return f"node {index} ({node.name or node.op}): integer input {port!r} may steer memory accesses, and plancache has no rule for its values"
+    return ""
 
 
 def _paged(node: Node, found: TimingInputs) -> None:

@@ -1,0 +1,16 @@
+"""The cuDNN frontend's graph (its python IR, `cudnn.pygraph`) made from a
+spec (build), and two such graphs compared field by field (compare): the
+worker builds every plan from `build`'s graph, and plancache.cudnn checks
+that the spec it captured from a program rebuilds into the program's graph
+before it asks for a plan.
+
+Needs the frontend (nvidia-cudnn-frontend) at call time, not at import.
+
+Owns: the spec <-> frontend graph correspondence.
+May import: plancache.errors, plancache.dtypes, plancache.spec, plancache.frontend_graph.
+"""
+
+from plancache.frontend_graph.build import build_pygraph
+from plancache.frontend_graph.compare import differences
+
+__all__ = ["build_pygraph", "differences"]
