@@ -48,6 +48,8 @@ def graph_record(built: Any) -> dict[str, Any]:
         "reason": built.reason,
         "key": plan.key if plan is not None else None,
         "node_types": [t if isinstance(t, str) else str(getattr(t, "name", t)) for t in types],
+        # Built locally: whether the frontend's own build of it succeeded (False: the frontend cannot build it either).
+        "local_built": getattr(built, "local_built", None),
     }
 
 

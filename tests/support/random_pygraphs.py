@@ -211,8 +211,43 @@ def _sdpa(m: _Maker, cudnn: Any, rng: random.Random) -> None:
         for t in m.g.sdpa_backward(q=q, k=k, v=v, o=o, dO=do, stats=stats, **kwargs):
             m.output(t, io)
         return
+    if rng.random() < 0.3:  # tensors the caller makes and hands the op as outputs (test_mhas_v2 gives them uids)
+        for port in ("score_max", "score_sum_exp"):
+            given = m.tensor(port, [b, h, s, 1], f32)
+            given.set_output(True)
+            kwargs[port] = given
     o, st = m.g.sdpa(q=q, k=k, v=v, **kwargs)
     m.output(o, io, dims=[b, h, s, d])
+    if st is not None:
+        m.output(st, f32)
+
+
+def _score_mod(m: _Maker, cudnn: Any, rng: random.Random) -> None:
+    """A flexible SDPA (test_flexible_sdpa): a callback adds pointwise ops to
+    the scores, reading graph tensors it closes over (a softcap, -inf)."""
+    io, f32 = _types(cudnn, rng)
+    b, h, s, d = 1, rng.choice([2, 4]), rng.choice([64, 128]), 64
+    q, k, v = (m.tensor(n, [b, h, s, d], io) for n in ("q", "k", "v"))
+    cap = m.tensor("softcap", [1, 1, 1, 1], f32, is_pass_by_value=True)
+    neg_inf = m.tensor("neg_inf", [1, 1, 1, 1], f32, is_pass_by_value=True)
+    softcap, causal = rng.random() < 0.6, rng.random() < 0.6
+
+    def score_mod(graph: Any, score: Any) -> Any:
+        if softcap:
+            score = graph.mul(a=graph.tanh(input=graph.div(a=score, b=cap)), b=cap)
+        if causal:
+            row = graph.gen_index(input=score, axis=2)
+            row.set_data_type(cudnn.data_type.INT32)
+            col = graph.gen_index(input=score, axis=3)
+            col.set_data_type(cudnn.data_type.INT32)
+            mask = graph.cmp_ge(input=row, comparison=col, compute_data_type=cudnn.data_type.BOOLEAN)
+            mask.set_data_type(cudnn.data_type.BOOLEAN)
+            score = graph.binary_select(input0=score, input1=neg_inf, mask=mask)
+        return score
+
+    training = rng.random() < 0.5
+    o, st = m.g.sdpa(q=q, k=k, v=v, attn_scale=1 / math.sqrt(d), generate_stats=training, score_mod=score_mod)
+    m.output(o, io)
     if st is not None:
         m.output(st, f32)
 
@@ -240,7 +275,7 @@ def _pointwise(m: _Maker, cudnn: Any, rng: random.Random) -> None:
 
 FAMILIES: dict[str, Builder] = {
     "matmul": _matmul, "conv": _conv, "norm_forward": _norm_forward, "norm_backward": _norm_backward, "structural": _structural,
-    "sdpa": _sdpa, "pointwise": _pointwise,
+    "sdpa": _sdpa, "score_mod": _score_mod, "pointwise": _pointwise,
 }  # fmt: skip
 
 

@@ -13,6 +13,7 @@ IR; tests/gpu/test_gpu_frontend_graph.py compares cuDNN's own lowering."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,10 @@ import pytest
 
 from plancache import GraphSpec
 from plancache.frontend_graph import build_pygraph, differences
+from plancache.spec import spec_io
+from plancache.spec.subgraph import Subgraph
 from plancache.spec.validation import normalize
+from plancache.v1 import plancache_pb2 as pb
 from tests.support.random_pygraphs import FAMILIES, random_graph
 
 cudnn = pytest.importorskip("cudnn", reason="needs the cuDNN frontend's Python IR (nvidia-cudnn-frontend)")
@@ -132,3 +136,23 @@ def test_a_field_the_capture_would_drop_is_a_difference() -> None:
     a.set_reordering_type(cudnn.tensor_reordering.F16x16)
     found = differences(g, build_pygraph(spec, cudnn))
     assert any("alignment_value 16 against 1" in d for d in found) and any("reordering_type 'F16x16' against None" in d for d in found)
+
+
+def test_a_score_modifier_callback_is_recorded_as_the_ops_it_adds() -> None:
+    """test_flexible_sdpa's form: a callback closing over graph tensors (a
+    softcap, -inf) adds pointwise ops to the scores. Its spec form is those
+    ops; they survive both wire forms with the key; the worker's callback
+    adds the same ones; another callback is another graph."""
+    g, _ = random_graph(cudnn, 11, family="score_mod")
+    spec, rebuilt = _roundtrip(g)
+    modifier = spec.nodes[0].attributes["score_mod"]
+    assert isinstance(modifier, Subgraph) and modifier.ops and differences(g, rebuilt) == []
+    read = {t.uid for t in spec.tensors if t.name in ("softcap", "neg_inf")}
+    assert modifier.uids() <= read and modifier.uids()  # the tensors it reads are the graph's, bound by the caller
+    assert GraphSpec.from_json(spec.to_json()).spec_hash() == spec.spec_hash()
+    assert spec_io.from_proto(pb.GraphSpec.FromString(spec_io.to_proto(spec).SerializeToString())).spec_hash() == spec.spec_hash()
+    other = copy.deepcopy(spec)
+    changed = dataclasses.replace(modifier.ops[0], data_type="half")  # the callback set another type on a result
+    other.nodes[0].attributes["score_mod"] = Subgraph((changed, *modifier.ops[1:]), modifier.result)
+    assert normalize(other).spec_hash() != spec.spec_hash()
+    assert differences(g, build_pygraph(normalize(other), cudnn)) != []

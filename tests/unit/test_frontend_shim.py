@@ -37,7 +37,7 @@ class Recorder:
         cls = frontend.pygraph
         monkeypatch.setattr(cls, "validate", self._record("validate", lambda g: setattr(g, "_is_validated", True)))
         monkeypatch.setattr(cls, "build_operation_graph", self._record("build_operation_graph"))
-        for name in ("create_execution_plans", "check_support", "build_plans", "get_execution_plan_count", "execute", "build_plan_at_index", "execute_plan_at_index"):
+        for name in ("create_execution_plans", "check_support", "build_plans", "get_execution_plan_count", "execute", "build_plan_at_index", "execute_plan_at_index", "create_execution_plan"):
             monkeypatch.setattr(cls, name, self._record(name))
         monkeypatch.setattr(shim, "_load", self._load)
 
@@ -241,9 +241,9 @@ def test_a_plan_failing_verification_is_never_loaded(recorder: Recorder, client:
 def test_a_graph_the_capture_does_not_cover_builds_locally_naming_why(recorder: Recorder, client: StandInClient, caplog: pytest.LogCaptureFixture) -> None:
     g = shim.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
     q, k, v = (g.tensor(name=n, dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=HALF) for n in "qkv")
-    g.sdpa(q=q, k=k, v=v, generate_stats=False, score_mod=lambda graph, score: score)[0].set_output(True)
+    g.sdpa(q=q, k=k, v=v, generate_stats=False, score_mod=lambda graph, score: graph.mul(a=score, b=score) if score.get_dim()[2] > 32 else score)[0].set_output(True)
     build(g)
-    assert not client.asked and "parameter 'score_mod' is Python code" in g.plancache.reason
+    assert not client.asked and "the callback uses 'get_dim' of a tensor" in g.plancache.reason
     aot = shim.pygraph(io_data_type=HALF, device_property=object())
     y = aot.tensor(name="y", dim=[1, 8, 8], stride=[64, 8, 1], data_type=HALF)
     aot.matmul(y, y).set_output(True)
@@ -314,15 +314,30 @@ def test_pinned_and_selected_plans_are_the_plans_options(recorder: Recorder, cli
     g.build_operation_graph()
     g.create_execution_plan(7, {frontend.knob_type.TILE_SIZE: 2})
     g.create_execution_plan(9, {})
-    g.deselect_engines(["eng3"])
+    assert recorder.names().count("create_execution_plan") == 2  # made here too: the frontend says now what it refuses
     g.select_numeric_notes([frontend.numerical_note.TENSOR_CORE])
     g.check_support()
     g.build_plans()
     options = client.asked[0][2]
     assert [(p.engine_id, p.knobs) for p in options.pinned_plans] == [(7, (("TILE_SIZE", 2),)), (9, ())]
-    assert options.pinned_only and options.deselected_engines == ("eng3",) and not options.autotune
+    assert options.pinned_only and not options.autotune
     assert [(f.kind, f.keep, f.notes) for f in options.note_filters] == [("numeric", True, ("TENSOR_CORE",))]
     assert g.plancache.source == "compiled"
+
+    refusing, _ = matmul_graph()
+    refusing.validate()
+
+    def refuse(graph: Any, engine: int, knobs: Any = None) -> None:
+        raise frontend.cudnnGraphNotSupportedError("Finalizing the engine config failed")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(frontend.pygraph, "create_execution_plan", refuse)
+        with pytest.raises(frontend.cudnnGraphNotSupportedError):  # as the program's own graph raises it (test_conv_bias catches or fails on it)
+            refusing.create_execution_plan(3, {})
+    refusing.create_execution_plan(9, {})
+    refusing.deselect_engines(["eng3"])
+    refusing.build_plans()
+    assert [p.engine_id for p in client.asked[-1][2].pinned_plans] == [9] and client.asked[-1][2].deselected_engines == ("eng3",)
 
     h, _ = matmul_graph()
     h.build([frontend.heur_mode.A])

@@ -385,6 +385,7 @@ def test_a_real_pytest_run_with_the_plugin_gives_outcomes_graphs_and_caps(tmp_pa
     }  # fmt: skip
     assert graphs["test_fake.py::test_pass"][0] == {
         "name": "mm", "source": "compiled", "provisional": True, "reason": None, "key": "k1", "node_types": ["MATMUL", "POINTWISE:RELU_FWD", "MATMUL"],
+        "local_built": None,
     }  # fmt: skip
     assert graphs["test_fake.py::test_fail"][0]["source"] == "local"
 
@@ -452,16 +453,19 @@ def test_graphs_count_once_per_distinct_node_type_they_hold() -> None:
         "t.py::b": [_graph("ln", "local", None, ("LAYERNORM", "POINTWISE:ADD"), "capturing the graph failed: dtype")],
         "(between tests)": [_graph("old", "local", None, (), "the program calls select_plan()")],
     }
+    graphs["t.py::c"] = [{**_graph("sdpa", "local", None, ("SDPA",), "CompileFailed: no engine"), "local_built": False}]  # the frontend fails too
     summary = report.graph_summary(graphs)
-    assert (summary["total"], summary["served"], summary["local"], summary["served_pct"]) == (4, 2, 2, 50.0)
+    assert (summary["total"], summary["served"], summary["local"], summary["served_pct"]) == (5, 2, 3, 40.0)
+    assert (summary["unbuildable"], summary["served_pct_of_buildable"]) == (1, 50.0)
     assert summary["by_node_type"] == {
-        "MATMUL": {"graphs": 2, "served": 2, "local": 0},
-        "POINTWISE:ADD": {"graphs": 2, "served": 1, "local": 1},
-        "(node types unknown)": {"graphs": 1, "served": 0, "local": 1},
-        "LAYERNORM": {"graphs": 1, "served": 0, "local": 1},
+        "MATMUL": {"graphs": 2, "served": 2, "local": 0, "unbuildable": 0},
+        "POINTWISE:ADD": {"graphs": 2, "served": 1, "local": 1, "unbuildable": 0},
+        "(node types unknown)": {"graphs": 1, "served": 0, "local": 1, "unbuildable": 0},
+        "LAYERNORM": {"graphs": 1, "served": 0, "local": 1, "unbuildable": 0},
+        "SDPA": {"graphs": 1, "served": 0, "local": 1, "unbuildable": 1},
     }
     assert summary["local_reasons"] == {"capturing the graph failed: dtype": 1, "the program calls select_plan()": 1}
-    assert summary["sources"] == {"compiled": 1, "cache": 1, "local": 2}
+    assert summary["sources"] == {"compiled": 1, "cache": 1, "local": 3}
 
 
 def test_again_expects_a_hit_for_every_plan_served_before() -> None:

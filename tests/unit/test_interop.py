@@ -52,13 +52,14 @@ def test_conv_and_norm_capture_and_validate() -> None:
 
 
 def test_what_has_no_spec_form_is_named() -> None:
-    """A callback (score_mod is Python code) and a graph built for a device
-    property (deviceless AOT) have no form: refused, naming them."""
+    """A callback that does more than add pointwise ops (here it reads the
+    score's dims and branches) and a graph built for a device property
+    (deviceless AOT) have no form: refused, naming them."""
     half = cudnn.data_type.HALF
     g = cudnn.pygraph(io_data_type=half, intermediate_data_type=F, compute_data_type=F)
     q, k, v = (g.tensor(name=n, dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=half) for n in "qkv")
-    g.sdpa(q=q, k=k, v=v, generate_stats=False, score_mod=lambda graph, score: score)[0].set_output(True)
-    with pytest.raises(SpecError, match="parameter 'score_mod' is Python code"):
+    g.sdpa(q=q, k=k, v=v, generate_stats=False, score_mod=lambda graph, score: graph.mul(a=score, b=score) if score.get_dim()[2] > 32 else score)[0].set_output(True)
+    with pytest.raises(SpecError, match="parameter 'score_mod': the callback uses 'get_dim' of a tensor, which plancache cannot record"):
         GraphSpec.from_pygraph(g)
     aot = cudnn.pygraph(io_data_type=half, device_property=object())
     a = aot.tensor(name="a", dim=[1, 8, 8], stride=[64, 8, 1])

@@ -116,7 +116,7 @@ def test_tensor_like_reads_dims_strides_dtype_and_host_scalars() -> None:
         ('{"tensors": [{"uid": 1, "dim": [1], "data_type": "float128"}], "nodes": []}', "unknown data type 'float128'"),
         ('{"tensors": [{"uid": 1, "dim": [2, 2]}], "nodes": [{"op": "relu", "inputs": {"input": 1}, "outputs": {"OUT_0": 9}}]}',
          "node 0 \\(relu\\) output 'OUT_0' refers to uid 9, which no tensor declares"),
-        ('{"tensors": [], "nodes": [{"op": "relu", "attributes": {"x": {"a": 1}}}]}', "unsupported value"),
+        ('{"tensors": [], "nodes": [{"op": "relu", "attributes": {"x": {"a": 1}}}]}', "a score modifier is"),
     ],
 )
 def test_json_errors_name_the_culprit(text: str, message: str) -> None:

@@ -22,7 +22,7 @@
 //        [--catalog FILE] [--server HOST:PORT --public-key PEM --target JSON]
 
 import { createHash, createPublicKey, verify as verifySignature } from "node:crypto";
-import { readFileSync } from "node:fs";
+import { readFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 
@@ -600,5 +600,7 @@ if (args.server) {
   client.close();
 }
 
-process.stdout.write(JSON.stringify(results, null, 1) + "\n");
+// Written synchronously: process.exit() right after an asynchronous write to a
+// pipe drops what did not fit the pipe's buffer (64 KiB), cutting the JSON short.
+writeSync(1, JSON.stringify(results, null, 1) + "\n");
 process.exit(results.failures.length ? 1 : 0);

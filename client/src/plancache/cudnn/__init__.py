@@ -44,8 +44,10 @@ May import: plancache.errors, plancache.spec, plancache.keys, plancache.run, pla
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +87,8 @@ class Built:
     reason: str | None = None
     # The frontend's node types of the graph, in order (pointwise ones as "POINTWISE:<mode>").
     node_types: tuple[str, ...] = ()
+    # Built locally: whether the program's own build succeeded (None: not known yet, or served).
+    local_built: bool | None = None
 
     @property
     def source(self) -> str:
@@ -203,16 +207,25 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         return None
 
     def create_execution_plan(self, engine_id: int, knobs: Any = None) -> Any:
+        """Recorded as the plan's options, and made here too: the frontend
+        checks the engine and its knobs now (no build), and a program that
+        catches its refusals (an engine sweep) sees them as it would."""
         s = self._plancache
-        if s.pending:
-            try:
-                s.plan_list.pin(engine_id, knobs)
-            except (ValueError, TypeError):  # knobs that are not cudnn.knob_type members (a python engine's own object)
-                self._plancache_drives("create_execution_plan")
-            else:
-                s.replay.append(("create_execution_plan", (engine_id, knobs), {}))
-                return self
-        return self._plancache_call("create_execution_plan", engine_id, knobs)
+        if not s.pending:
+            return self._plancache_call("create_execution_plan", engine_id, knobs)
+        try:
+            s.plan_list.pin(engine_id, knobs)
+        except (ValueError, TypeError):  # knobs that are not cudnn.knob_type members (a python engine's own object)
+            self._plancache_drives("create_execution_plan")
+            return super().create_execution_plan(engine_id, knobs)
+        if ("create_execution_plans", (s.heuristics,), {}) in s.replay:  # the heuristics' plans come first in the program's list
+            s.replay.remove(("create_execution_plans", (s.heuristics,), {}))
+            super().create_execution_plans(s.heuristics)
+        try:
+            return super().create_execution_plan(engine_id, knobs)
+        except Exception:
+            s.plan_list.pinned.pop()  # refused here: not in the program's list, nor in the worker's
+            raise
 
     def select_plan(self, index: int) -> Any:
         s = self._plancache
@@ -237,7 +250,8 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         self._plancache.replay.append(("build_plans", args, kwargs))
         if self._plancache_serve():
             return None
-        return super().build_plans(*args, **kwargs)  # type: ignore[no-any-return]
+        with self._plancache_local_build():
+            return super().build_plans(*args, **kwargs)  # type: ignore[no-any-return]
 
     def build(self, heuristics: Any = None, ctx: Any = None) -> None:
         s = self._plancache
@@ -250,7 +264,8 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         s.replay.append(("build", (heuristics, ctx), {}))
         if self._plancache_serve():
             return None
-        return super().build(heuristics, ctx)  # type: ignore[no-any-return]
+        with self._plancache_local_build():
+            return super().build(heuristics, ctx)  # type: ignore[no-any-return]
 
     def deselect_workspace_greater_than(self, workspace_limit: int) -> Any:
         self._plancache.workspace_limit = int(workspace_limit)
@@ -411,6 +426,21 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
                 s.replay.append((method, (notes,), {}))
                 return self
         return self._plancache_call(method, notes)
+
+    @contextlib.contextmanager
+    def _plancache_local_build(self) -> Iterator[None]:
+        """The program's own build of a graph plancache did not serve: whether
+        it built is recorded (a graph the frontend cannot build either is not
+        one plancache failed to serve)."""
+        built = self._plancache.built
+        try:
+            yield
+        except BaseException:
+            if built is not None:
+                built.local_built = False
+            raise
+        if built is not None:
+            built.local_built = True
 
     def _plancache_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """A plan-list call once the graph is served (the served graph's) or built locally (the frontend's)."""

@@ -22,6 +22,7 @@ from plancache.errors import CompileFailed
 from plancache.spec.frontend_ops import DROPOUT_MASK, DROPOUT_PHILOX, recorded
 from plancache.spec.graph import GraphSpec, Node, Tensor
 from plancache.spec.ops import CATALOG, AttrKind, OpSchema
+from plancache.spec.subgraph import Subgraph, replay
 
 
 def cudnn_type(cudnn: Any, name: str) -> Any:
@@ -103,12 +104,14 @@ def _set_ragged(made: Any, t: Tensor, tensors: dict[int, Any]) -> None:
             made.set_ragged_offset_multiplier(t.ragged_offset_multiplier)
 
 
-def _attribute(cudnn: Any, schema: OpSchema, key: str, value: Any) -> Any:
+def _attribute(cudnn: Any, schema: OpSchema, key: str, value: Any, made: dict[int, Any]) -> Any:
     attr = schema.attributes.get(key)
     if attr is not None and attr.kind is AttrKind.ENUM and attr.enum_type:
         return _enum(cudnn, attr.enum_type, str(value))
     if attr is not None and attr.kind is AttrKind.SLICES:
         return [slice(*item) for item in value]
+    if isinstance(value, Subgraph):  # a callback that adds the recorded ops, as the program's did
+        return replay(value, made, lambda op, name, v: _attribute(cudnn, CATALOG[op], name, v, made), lambda name: cudnn_type(cudnn, name))
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -130,11 +133,9 @@ def _arguments(g: Any, cudnn: Any, node: Node, schema: OpSchema, made: dict[int,
     kwargs.update(inputs)
     for key, value in node.attributes.items():
         if key != "dropout_probability":
-            kwargs[key] = _attribute(cudnn, schema, key, value)
+            kwargs[key] = _attribute(cudnn, schema, key, value, made)
     for port, t in node.outputs.items():
-        if port in schema.optional_outputs:  # a tensor the caller makes and hands over (dBias=, score_max=)
-            made[_uid(t)] = _input(g, cudnn, t)
-            _set_ragged(made[_uid(t)], t, made)
+        if port in schema.optional_outputs:  # a tensor the caller made and hands over (dBias=, score_max=): made with the inputs
             kwargs[port] = made[_uid(t)]
     if schema.takes_compute_type and node.compute_data_type:
         kwargs["compute_data_type"] = cudnn_type(cudnn, node.compute_data_type)

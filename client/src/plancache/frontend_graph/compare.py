@@ -26,7 +26,8 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from plancache.spec.interop import data_type
+from plancache.errors import SpecError
+from plancache.spec.interop import data_type, trace_callback
 from plancache.spec.ops import CATALOG, OpSchema
 from plancache.spec.rules import present
 
@@ -88,6 +89,13 @@ class _View:
             for port, t in node.outputs.items():
                 if t is not None and schema is not None:
                     self.producer[self.ref(t)] = (schema, port)
+        for node in self.nodes:  # tensors only a callback reads (a score modifier's scalars and lengths)
+            for value in node.params.values():
+                if callable(value) and not isinstance(value, type):
+                    for t in _callback_tensors(value):
+                        if self.ref(t) is None:
+                            self.tensors[("uid", int(t.uid))] = t
+                            self.order.append(("uid", int(t.uid)))
         for ref in list(self.order):  # ragged offsets that no node uses
             offsets = getattr(self.tensors[ref], "ragged_offset", None)
             if offsets is not None and self.ref(offsets) is None:
@@ -113,6 +121,23 @@ class _View:
         return self.intermediate if t.is_virtual else self.io
 
 
+def _callback_tensors(callback: Any) -> list[Any]:
+    """The graph's tensors a callback reads, found by tracing it."""
+    found: list[Any] = []
+
+    def uid_of(t: Any) -> int | None:
+        if hasattr(t, "uid") and hasattr(t, "dim"):
+            found.append(t)
+            return int(t.uid)
+        return None
+
+    try:
+        trace_callback(callback, "a callback", uid_of)
+    except SpecError:
+        return []
+    return found
+
+
 def _schema(node: Any) -> OpSchema | None:
     if node.node_type.name == "POINTWISE":
         return CATALOG.get(str(node.params.get("mode")))
@@ -120,7 +145,7 @@ def _schema(node: Any) -> OpSchema | None:
 
 
 def _plain(value: Any) -> Any:
-    """A parameter as comparable data: enums by name, slices as triples, sequences as tuples."""
+    """A parameter as comparable data: enums by name, slices as triples, sequences as tuples, a callback as the ops it adds."""
     if isinstance(value, bool | int | float | str) or value is None:
         return value
     if isinstance(value, slice):
@@ -130,7 +155,10 @@ def _plain(value: Any) -> Any:
     if hasattr(type(value), "__members__") and hasattr(value, "name"):
         return str(value.name)
     if callable(value):
-        return ("callable", id(value))
+        try:  # what it would add to cuDNN's graph, with the graph's tensors by uid
+            return trace_callback(value, "a callback", lambda t: int(t.uid) if hasattr(t, "uid") and hasattr(t, "dim") else None).to_plain(names=False)
+        except SpecError as e:
+            return ("untraceable callback", str(e))
     return ("object", type(value).__qualname__)
 
 

@@ -60,9 +60,7 @@ def _sdpa_paged(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> bool
     q, k = ins["q"], ins["k"]
     given = [p for p in _PAGED_PORTS if p in ins]
     max_kv = attrs.get("paged_attention_max_seq_len_kv")
-    if not given:
-        if max_kv is not None:
-            raise ShapeError("paged_attention_max_seq_len_kv is for a paged KV cache: give paged_attention_k_table and paged_attention_v_table")
+    if not given:  # paged_attention_max_seq_len_kv alone is accepted (and unused) by the frontend, as its FP8 tests give it
         return False
     if len(given) != 2:
         raise ShapeError("a paged KV cache needs both paged_attention_k_table and paged_attention_v_table")
@@ -185,7 +183,7 @@ def attention_ops() -> list[OpSchema]:
             {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False), **_PAGED_ATTRS, **_TRAINING_ATTRS},
             _sdpa_infer, integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
             index_bounds={"paged_attention_k_table": ("k", 0), "paged_attention_v_table": ("v", 0)},
-            integer_inputs=_DROPOUT_PORTS, ragged_ports=("q", "k", "v", "O"), prepare=_is_inference, output_presence=_STATS_PRESENCE,
+            integer_inputs=_DROPOUT_PORTS, ragged_ports=("q", "k", "v", "O", "Stats", "score_max", "score_sum_exp"), prepare=_is_inference, output_presence=_STATS_PRESENCE,
         ),
         OpSchema(
             "sdpa_fp8", "sdpa", ("q", "k", "v", *_FP8_SCALES), ("seq_len_q", "seq_len_kv", *_PAGED_PORTS), _sdpa_fp8_outputs, ("O", "Stats", "Amax_S", "Amax_O"),
@@ -198,6 +196,6 @@ def attention_ops() -> list[OpSchema]:
             "sdpa_backward", "sdpa_backward", ("q", "k", "v", "o", "dO", "stats"), ("seq_len_q", "seq_len_kv", "bias", *_DROPOUT_PORTS),
             fixed("dQ", "dK", "dV"), ("dQ", "dK", "dV"), {**_SDPA_ATTRS, **_TRAINING_ATTRS}, _sdpa_backward_infer,
             integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)}, integer_inputs=_DROPOUT_PORTS,
-            optional_outputs=("dBias",), ragged_ports=("q", "k", "v", "o", "dO", "dQ", "dK", "dV"),
+            optional_outputs=("dBias",), ragged_ports=("q", "k", "v", "o", "dO", "stats", "dQ", "dK", "dV"),
         ),
     ]  # fmt: skip

@@ -23,6 +23,7 @@ from typing import Any
 from plancache.errors import SpecError
 from plancache.spec.graph import GraphSpec, Tensor
 from plancache.spec.jcs import canonicalize
+from plancache.spec.subgraph import Subgraph
 from plancache.spec.validation import DEFAULT_LIMITS, Limits, normalize
 
 # v2: JCS bytes (v1 was Python json.dumps: 1e-05 where JCS writes 0.00001).
@@ -105,7 +106,9 @@ def tensor_extras(t: Tensor) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """Tuples (int lists, slices) as JSON arrays."""
+    """Tuples (int lists, slices) as JSON arrays; a score modifier as its ops (names left out)."""
+    if isinstance(value, Subgraph):
+        return value.to_plain(names=False)
     return [_plain(v) for v in value] if isinstance(value, tuple | list) else value
 
 

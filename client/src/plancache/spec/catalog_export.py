@@ -53,7 +53,8 @@ def _op(schema: OpSchema) -> dict[str, Any]:
         "pushes_output_strides": schema.pushes_output_strides,
         "takes_compute_type": schema.takes_compute_type,
         "lowering": schema.lowering,
-        "no_spec_form": list(schema.callables),
+        # Callbacks (score_mod): attributes of kind "subgraph", the ops the callback adds, recorded.
+        "callbacks": list(schema.callables),
     }
 
 

@@ -8,9 +8,11 @@ Reads the frontend's (1.32) graph IR, every part of it that reaches cuDNN:
 the graph's constructor arguments and data types; each node's type, ports,
 parameters and compute type; each tensor's uid, dims, strides, data type,
 flags, ragged offsets and their unit, reordering, alignment, and a scalar's
-value held in the graph. Nothing is approximated: what has no spec form (a
-callback such as score_mod, a graph built for a device property, an
-argument this version does not know) is refused with SpecError naming it.
+value held in the graph. A callback (the SDPA's score_mod) is recorded as
+the ops it adds (plancache.spec.subgraph). Nothing is approximated: what has
+no spec form (a callback doing more than adding pointwise ops, a graph
+built for a device property, an argument this version does not know) is
+refused with SpecError naming it.
 plancache.cudnn also rebuilds the frontend graph from the spec and compares
 the two, field by field, before it asks for a plan.
 
@@ -33,6 +35,7 @@ from plancache.errors import SpecError
 from plancache.spec.frontend_ops import DROPOUT_MASK, DROPOUT_PHILOX
 from plancache.spec.graph import _TORCH_DTYPES, GraphSpec, Node, Tensor
 from plancache.spec.ops import CATALOG, OpSchema
+from plancache.spec.subgraph import Subgraph, trace
 
 # Frontend node types -> catalog ops (pointwise nodes carry their op in params["mode"]).
 _BY_NODE_TYPE: dict[str, str] = {s.node_type: name for name, s in CATALOG.items() if s.node_type and s.node_type != "POINTWISE"}
@@ -67,8 +70,19 @@ def _value(value: Any, where: str) -> Any:
     if isinstance(value, list | tuple):
         return tuple(_value(v, where) for v in value)
     if callable(value):
-        raise SpecError(f"{where} is Python code (a callback), which a spec cannot carry")
+        raise SpecError(f"{where} is Python code (a callback) this parameter cannot carry")
     raise SpecError(f"{where} holds a {type(value).__module__}.{type(value).__qualname__}, which has no spec form")
+
+
+def pointwise_ports(op: str) -> tuple[str, ...] | None:
+    """A pointwise mode's ports, in its method's order (None: not a pointwise op)."""
+    schema = CATALOG.get(op)
+    return schema.inputs if schema is not None and schema.family == "pointwise" else None
+
+
+def trace_callback(callback: Any, where: str, uid_of: Any) -> Subgraph:
+    """What a program's callback adds to the graph (plancache.spec.subgraph.trace), with the frontend's spellings."""
+    return trace(callback, where, ports=pointwise_ports, uid_of=uid_of, data_type=lambda v: data_type(v, where), plain=lambda v: _value(v, where))
 
 
 def _graph_arguments(graph: Any, spec: GraphSpec) -> None:
@@ -137,6 +151,12 @@ class _Capture:
             made.ragged_offset = self.tensor(offsets)
         return made
 
+    def uid_of(self, t: Any) -> int | None:
+        """A tensor of the program's graph a callback reads: made part of the spec (the caller binds it)."""
+        if not (hasattr(t, "uid") and hasattr(t, "dim") and hasattr(t, "is_virtual")):
+            return None
+        return self.tensor(t).uid
+
     def result(self, t: Any, schema: OpSchema, port: str) -> Tensor:
         """A node's result, with the dims and strides the frontend sends to cuDNN (see the module docstring)."""
         if port in schema.optional_outputs:  # a tensor the caller made and handed over (dBias=, score_max=...): lowered as made
@@ -180,7 +200,10 @@ def from_pygraph(graph: Any) -> GraphSpec:
         if node.node_type.name == "POINTWISE":  # the IR names pointwise ports IN_0, IN_1: the method's keywords, in order
             inputs = {schema.inputs[int(port.removeprefix("IN_"))]: t for port, t in inputs.items()}
         _dropout(params, inputs, where)
-        attributes = {k: _value(v, f"{where}: parameter {k!r}") for k, v in params.items()}
+        attributes = {
+            k: trace_callback(v, f"{where}: parameter {k!r}", capture.uid_of) if k in schema.callables and callable(v) else _value(v, f"{where}: parameter {k!r}")
+            for k, v in params.items()
+        }  # fmt: skip
         spec.nodes.append(
             Node(
                 op=op, name=str(node.name), inputs={p: capture.tensor(t) for p, t in inputs.items() if t is not None},

@@ -58,10 +58,10 @@ __all__ = [
 
 _KINDS = {
     "bool": AttrKind.BOOL, "int": AttrKind.INT, "float": AttrKind.FLOAT, "int_list": AttrKind.INT_LIST, "enum": AttrKind.ENUM,
-    "string": AttrKind.STRING, "slices": AttrKind.SLICES, "scalar": AttrKind.SCALAR,
+    "string": AttrKind.STRING, "slices": AttrKind.SLICES, "scalar": AttrKind.SCALAR, "callable": AttrKind.SUBGRAPH,
 }  # fmt: skip
-# Argument kinds with no attribute form: Python code, lists of tensors (ports), dropout (ports and an attribute).
-_NOT_ATTRIBUTES = ("callable", "tensor_list", "dropout")
+# Argument kinds with no attribute of their own: lists of tensors (ports), dropout (ports and an attribute).
+_NOT_ATTRIBUTES = ("tensor_list", "dropout")
 
 
 def _attribute(param: Mapping[str, Any]) -> AttrSchema:

@@ -13,9 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from plancache.spec.subgraph import Subgraph
+
 Dims = tuple[int, ...]
 SliceValue = tuple[int | None, int | None, int | None]
-AttrValue = int | float | bool | str | tuple[int, ...] | tuple[SliceValue, ...]
+AttrValue = int | float | bool | str | tuple[int, ...] | tuple[SliceValue, ...] | Subgraph
 
 
 class ShapeError(ValueError):
@@ -32,6 +34,8 @@ class AttrKind(enum.Enum):
     SLICES = "slices"
     # A bool or number passed on as given (arguments the frontend types `object`).
     SCALAR = "number or bool"
+    # Ops a callback adds to the graph (score_mod), recorded (plancache.spec.subgraph).
+    SUBGRAPH = "score modifier"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from plancache import dtypes
 from plancache.errors import SpecError
 from plancache.spec.graph import GraphSpec, Node, Tensor
 from plancache.spec.ops import AttrValue
+from plancache.spec.subgraph import Subgraph, SubgraphOp
+from plancache.spec.subgraph import from_plain as subgraph_from_plain
 from plancache.v1 import plancache_pb2 as pb
 
 # The frontend graph's constructor arguments a spec may set (GraphSpec's fields of the same names).
@@ -90,6 +92,8 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, Subgraph):
+        return value.to_plain()
     return [_plain(v) for v in value] if isinstance(value, tuple | list) else value
 
 
@@ -199,6 +203,8 @@ def _attr_from_json(value: Any, where: str) -> AttrValue:
     if isinstance(value, float):
         _expect(math.isfinite(value), f"{where}: must be finite")
         return value
+    if isinstance(value, dict):  # a callback's ops (score_mod)
+        return subgraph_from_plain(value, where)
     if isinstance(value, list) and value and all(isinstance(v, list) for v in value):  # slices: [[start, stop, step], ...]
         return tuple(_slice(v, where) for v in value)
     if isinstance(value, list):
@@ -263,6 +269,8 @@ def attr_to_proto(value: AttrValue) -> pb.AttributeValue:
         return pb.AttributeValue(float_value=value)
     if isinstance(value, str):
         return pb.AttributeValue(string_value=value)
+    if isinstance(value, Subgraph):
+        return pb.AttributeValue(subgraph=_subgraph_to_proto(value))
     if value and all(isinstance(v, tuple) for v in value):
         return pb.AttributeValue(slice_list=pb.SliceList(slices=[pb.Slice(start=v[0], stop=v[1], step=v[2]) for v in value if isinstance(v, tuple)]))
     return pb.AttributeValue(int_list=pb.IntList(values=[int(v) for v in value if isinstance(v, int)]))
@@ -342,6 +350,8 @@ def _attr_from_proto(value: pb.AttributeValue, where: str) -> AttrValue:
         raise SpecError(f"{where}: no value set")
     if kind == "int_list":
         return tuple(value.int_list.values)
+    if kind == "subgraph":
+        return _subgraph_from_proto(value.subgraph, where)
     if kind == "slice_list":
         return tuple(
             (s.start if s.HasField("start") else None, s.stop if s.HasField("stop") else None, s.step if s.HasField("step") else None)
@@ -351,6 +361,41 @@ def _attr_from_proto(value: pb.AttributeValue, where: str) -> AttrValue:
         _expect(math.isfinite(value.float_value), f"{where}: must be finite")
     result: AttrValue = getattr(value, kind)
     return result
+
+
+def _ref_to_proto(ref: tuple[str, int]) -> pb.SubgraphRef:
+    if ref[0] == "score":
+        return pb.SubgraphRef(score=True)
+    return pb.SubgraphRef(result=ref[1]) if ref[0] == "result" else pb.SubgraphRef(uid=ref[1])
+
+
+def _ref_from_proto(ref: pb.SubgraphRef, where: str) -> tuple[str, int]:
+    kind = ref.WhichOneof("ref")
+    _expect(kind is not None, f"{where}: an empty reference")
+    return ("score", 0) if kind == "score" else (str(kind), int(getattr(ref, str(kind))))
+
+
+def _subgraph_to_proto(subgraph: Subgraph) -> pb.Subgraph:
+    msg = pb.Subgraph(result=_ref_to_proto(subgraph.result))
+    for op in subgraph.ops:
+        item = msg.ops.add(op=op.op, compute_data_type=dtypes.to_proto(op.compute_data_type), data_type=dtypes.to_proto(op.data_type), name=op.name)
+        for port, ref in op.inputs:
+            item.inputs[port].CopyFrom(_ref_to_proto(ref))
+        for key, value in op.attributes:
+            item.attributes[key].CopyFrom(attr_to_proto(value))  # type: ignore[arg-type]
+    return msg
+
+
+def _subgraph_from_proto(msg: pb.Subgraph, where: str) -> Subgraph:
+    ops = tuple(
+        SubgraphOp(
+            op=op.op, inputs=tuple((p, _ref_from_proto(r, f"{where} op {i} input {p!r}")) for p, r in op.inputs.items()),
+            attributes=tuple((k, _attr_from_proto(v, f"{where} op {i} attribute {k!r}")) for k, v in op.attributes.items()),  # type: ignore[misc]
+            compute_data_type=dtypes.from_proto(op.compute_data_type, where), data_type=dtypes.from_proto(op.data_type, where), name=op.name,
+        )
+        for i, op in enumerate(msg.ops)
+    )  # fmt: skip
+    return Subgraph(ops, _ref_from_proto(msg.result, f"{where} result"))
 
 
 # ---------------------------------------------------------------------------

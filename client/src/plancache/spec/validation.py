@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from plancache import dtypes
@@ -24,6 +24,7 @@ from plancache.spec import layouts
 from plancache.spec.frontend_ops import recorded
 from plancache.spec.graph import GraphSpec, Node, Tensor
 from plancache.spec.ops import CATALOG, AttrKind, AttrSchema, AttrValue, Dims, OpSchema, ShapeError
+from plancache.spec.subgraph import Subgraph
 
 # Exact in every JSON implementation (RFC 8785 hashes numbers as IEEE doubles).
 MAX_UID = 2**53
@@ -199,6 +200,7 @@ def _normalize_node(spec: GraphSpec, node: Node, index: int, producer: dict[int,
         raise SpecError(f"{where}: name longer than {limits.max_name_length} characters")
     _check_ports(schema, node, where)
     node.attributes = _normalize_attributes(schema, node.attributes, where, limits)
+    _subgraph_inputs(spec, node, where, consumed)
     input_dims: dict[str, Dims] = {}
     for port, t in node.inputs.items():
         assert t.uid is not None
@@ -260,6 +262,19 @@ def _result_type(spec: GraphSpec, schema: OpSchema, node: Node, port: str, t: Te
         t.data_type = spec.io_data_type if source.is_output else spec.intermediate_data_type
     else:  # an untyped graph input: io_data_type (float if pass-by-value), as the frontend makes it
         t.data_type = "float" if source.is_pass_by_value else spec.io_data_type
+
+
+def _subgraph_inputs(spec: GraphSpec, node: Node, where: str, consumed: set[int]) -> None:
+    """Graph tensors a score modifier reads: tensors of this graph, bound by the caller, counted as used."""
+    inputs = {t.uid: t for t in spec.tensors}
+    for key, value in node.attributes.items():
+        if not isinstance(value, Subgraph):
+            continue
+        for uid in value.uids():
+            t = inputs.get(uid)
+            if t is None or t.is_virtual or t.is_output:
+                raise SpecError(f"{where}: attribute {key!r} reads uid {uid}, which is no input of this graph")
+            consumed.add(uid)
 
 
 def _result_dims(schema: OpSchema, port: str, t: Tensor, inferred: Dims | None, where: str) -> None:
@@ -375,7 +390,42 @@ def _coerce(value: Any, spec_: AttrSchema, where: str, limits: Limits) -> AttrVa
         if value.upper() in spec_.choices:
             return value.upper()
         raise SpecError(f"{where}: {value!r} is not one of {', '.join(spec_.choices)}")
+    elif kind is AttrKind.SUBGRAPH:
+        if isinstance(value, Subgraph):
+            return _normalize_subgraph(value, where, limits)
+        raise SpecError(f"{where}: a callback's ops are given as a score modifier (plancache.spec.subgraph), not {type(value).__name__}")
     raise SpecError(f"{where}: expected {kind.value}, got {value!r}")
+
+
+def _normalize_subgraph(subgraph: Subgraph, where: str, limits: Limits) -> Subgraph:
+    """A score modifier's ops: pointwise ops of the catalog, their ports and
+    attributes as the catalog says, references to the score, an earlier op
+    or a graph tensor (normalize checks those uids against the graph)."""
+    if len(subgraph.ops) > limits.max_nodes:
+        raise SpecError(f"{where}: {len(subgraph.ops)} ops, over the limit of {limits.max_nodes}")
+    ops = []
+    for i, op in enumerate(subgraph.ops):
+        at = f"{where} op {i} ({op.op})"
+        schema = CATALOG.get(op.op)
+        if schema is None or schema.family != "pointwise":
+            raise SpecError(f"{at}: a score modifier adds pointwise ops of the catalog only")
+        ports = dict(op.inputs)
+        if set(ports) != set(schema.inputs):
+            raise SpecError(f"{at}: ports {sorted(ports)}, {op.op} takes {list(schema.inputs)}")
+        for port, ref in ports.items():
+            if ref[0] == "result" and not 0 <= ref[1] < i:
+                raise SpecError(f"{at}: input {port!r} refers to op {ref[1]}, not an earlier one")
+        attributes: dict[str, Any] = _normalize_attributes(schema, {k: v for k, v in op.attributes if v is not None}, at, limits)  # type: ignore[misc]
+        ops.append(
+            replace(
+                op, inputs=tuple((p, ports[p]) for p in schema.inputs), attributes=tuple(sorted(attributes.items())),
+                compute_data_type=dtypes.normalize(op.compute_data_type, at) if op.compute_data_type else None,
+                data_type=dtypes.normalize(op.data_type, at) if op.data_type else None,
+            )
+        )  # fmt: skip
+    if subgraph.result[0] == "result" and not 0 <= subgraph.result[1] < len(ops):
+        raise SpecError(f"{where}: its result refers to op {subgraph.result[1]}, which it does not have")
+    return Subgraph(tuple(ops), subgraph.result)
 
 
 def _is_slice(value: Any) -> bool:

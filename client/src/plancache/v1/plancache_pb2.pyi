@@ -140,20 +140,70 @@ class SliceList(_message.Message):
     def __init__(self, slices: _Optional[_Iterable[_Union[Slice, _Mapping]]] = ...) -> None: ...
 
 class AttributeValue(_message.Message):
-    __slots__ = ("int_value", "float_value", "bool_value", "string_value", "int_list", "slice_list")
+    __slots__ = ("int_value", "float_value", "bool_value", "string_value", "int_list", "slice_list", "subgraph")
     INT_VALUE_FIELD_NUMBER: _ClassVar[int]
     FLOAT_VALUE_FIELD_NUMBER: _ClassVar[int]
     BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
     STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
     INT_LIST_FIELD_NUMBER: _ClassVar[int]
     SLICE_LIST_FIELD_NUMBER: _ClassVar[int]
+    SUBGRAPH_FIELD_NUMBER: _ClassVar[int]
     int_value: int
     float_value: float
     bool_value: bool
     string_value: str
     int_list: IntList
     slice_list: SliceList
-    def __init__(self, int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., bool_value: _Optional[bool] = ..., string_value: _Optional[str] = ..., int_list: _Optional[_Union[IntList, _Mapping]] = ..., slice_list: _Optional[_Union[SliceList, _Mapping]] = ...) -> None: ...
+    subgraph: Subgraph
+    def __init__(self, int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., bool_value: _Optional[bool] = ..., string_value: _Optional[str] = ..., int_list: _Optional[_Union[IntList, _Mapping]] = ..., slice_list: _Optional[_Union[SliceList, _Mapping]] = ..., subgraph: _Optional[_Union[Subgraph, _Mapping]] = ...) -> None: ...
+
+class Subgraph(_message.Message):
+    __slots__ = ("ops", "result")
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedCompositeFieldContainer[SubgraphOp]
+    result: SubgraphRef
+    def __init__(self, ops: _Optional[_Iterable[_Union[SubgraphOp, _Mapping]]] = ..., result: _Optional[_Union[SubgraphRef, _Mapping]] = ...) -> None: ...
+
+class SubgraphOp(_message.Message):
+    __slots__ = ("op", "inputs", "attributes", "compute_data_type", "data_type", "name")
+    class InputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: SubgraphRef
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[SubgraphRef, _Mapping]] = ...) -> None: ...
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: AttributeValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[AttributeValue, _Mapping]] = ...) -> None: ...
+    OP_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    inputs: _containers.MessageMap[str, SubgraphRef]
+    attributes: _containers.MessageMap[str, AttributeValue]
+    compute_data_type: DataType
+    data_type: DataType
+    name: str
+    def __init__(self, op: _Optional[str] = ..., inputs: _Optional[_Mapping[str, SubgraphRef]] = ..., attributes: _Optional[_Mapping[str, AttributeValue]] = ..., compute_data_type: _Optional[_Union[DataType, str]] = ..., data_type: _Optional[_Union[DataType, str]] = ..., name: _Optional[str] = ...) -> None: ...
+
+class SubgraphRef(_message.Message):
+    __slots__ = ("score", "result", "uid")
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    score: bool
+    result: int
+    uid: int
+    def __init__(self, score: _Optional[bool] = ..., result: _Optional[int] = ..., uid: _Optional[int] = ...) -> None: ...
 
 class NodeSpec(_message.Message):
     __slots__ = ("name", "op", "inputs", "outputs", "attributes", "compute_data_type")
