@@ -46,7 +46,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextmanager
 def server_process(address: str, redis_url: str, log: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    """plancache-server on `address` against `redis_url`; waits until it answers."""
+    """plancache-server on `address` against `redis_url`; waits until it answers.
+
+    A server holds its data folder exclusively, so one not given --data-dir gets
+    its own beside its log: tests running side by side never meet in ~/.local."""
+    if "--data-dir" not in args:
+        args = (*args, "--data-dir", str(log.with_suffix(".data")))
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "plancache_server.main", "--listen", address, "--redis-url", redis_url, *args],

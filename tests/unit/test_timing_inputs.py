@@ -8,8 +8,10 @@ from __future__ import annotations
 import pytest
 
 from examples.generate import EXAMPLES
+from plancache.spec import spec_io
 from plancache.spec.validation import normalize, storage_elements
 from plancache_server.worker.compiler.timing_inputs import timing_inputs
+from tests.unit.test_variants import example, packed_page_tables
 
 
 def by_name(spec_name: str) -> dict[str, int]:
@@ -55,3 +57,22 @@ def test_every_sequence_the_offsets_place_ends_inside_each_buffer(name: str) -> 
         longest = max(rules.lengths.values())
         last_element = (batch - 1) * step + longest * per_position  # the last sequence's end
         assert last_element <= storage_elements(t.dim, t.stride), t.label()
+
+
+def test_packed_page_tables_give_each_sequence_its_own_row_of_pages() -> None:
+    """The frontend's sample 53 packs its page tables (ragged offsets on them):
+    batch i's pages start at row i of the padded table, so every sequence's
+    pages up to the longest length lie inside the table the autotuner fills."""
+    spec = normalize(spec_io.from_dict(packed_page_tables(example("sdpa_paged_decode_bf16"))))
+    rules = timing_inputs(spec)
+    table = next(t for t in spec.tensors if t.name == "k_page_table")
+    assert table.ragged_offset is not None
+    step = rules.ragged_steps[table.ragged_offset.uid or 0]
+    assert step == 16  # [8, 1, 16, 1]: 16 pages a sequence
+    pages_needed = -(-rules.lengths[by_name_of(spec, "seq_len_kv")] // 64)  # pages of 64 tokens
+    assert (table.dim[0] - 1) * step + pages_needed <= storage_elements(table.dim, table.stride)
+    assert rules.indices[table.uid or 0] == 128
+
+
+def by_name_of(spec: object, name: str) -> int:
+    return next(t.uid or 0 for t in spec.tensors if t.name == name)  # type: ignore[attr-defined]

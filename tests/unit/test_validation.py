@@ -110,6 +110,10 @@ def test_graph_structure_errors() -> None:
     g = matmul_spec()
     g.tensors[0].is_virtual = True
     _expect(g, "marked virtual but no node produces it")
+    g = matmul_spec()  # a node with no result kept at all is still a mistake
+    g.tensors[2].is_output = False
+    g.add(g.tensors[0], g.tensors[0]).set_output(True)
+    _expect(g, "an intermediate no node consumes")
     g = matmul_spec()
     g.nodes[0].inputs.pop("B")
     _expect(g, "missing required input 'B'")

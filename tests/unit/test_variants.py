@@ -54,11 +54,44 @@ PAGED_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("too few pages for the longest sequence", lambda s: [tensor(s, n).update(dim=[8, 1, 8, 1]) for n in ("k_page_table", "v_page_table")],
      r"8 pages of 64 tokens hold fewer than paged_attention_max_seq_len_kv = 1024"),
     ("a float page table", lambda s: tensor(s, "v_page_table").update(data_type="float"), r"'paged_attention_v_table' must have an integer data type"),
-    ("no maximum length", lambda s: attrs(s).pop("paged_attention_max_seq_len_kv"), "needs paged_attention_max_seq_len_kv"),
-    ("no padding mask", lambda s: attrs(s).update(use_padding_mask=False), "needs use_padding_mask"),
+    ("a zero maximum length", lambda s: attrs(s).update(paged_attention_max_seq_len_kv=0), "paged_attention_max_seq_len_kv must be a positive"),
     ("one table only", lambda s: s["nodes"][0]["inputs"].pop("paged_attention_v_table") and s["tensors"].remove(tensor(s, "v_page_table")),
      "needs both paged_attention_k_table and paged_attention_v_table"),
 ]  # fmt: skip
+
+
+def test_a_paged_cache_the_frontend_takes_is_taken() -> None:
+    """Without its longest length ("optional, but recommended") or without the
+    padding mask (test_flexible_sdpa masks in a score modifier), as the frontend."""
+    for damage in (lambda s: attrs(s).pop("paged_attention_max_seq_len_kv"), lambda s: attrs(s).update(use_padding_mask=False)):
+        spec = example("sdpa_paged_decode_bf16")
+        damage(spec)
+        normalize(spec_io.from_dict(spec))
+
+
+def test_a_side_result_the_program_leaves_unused_stays_in_its_graph() -> None:
+    """`o, _ = graph.sdpa(..., is_inference=False)` (the frontend's sample 52)
+    leaves Stats virtual and unconsumed: the frontend builds that graph, so
+    its spec keeps it, virtual, and differs from the graph that keeps Stats."""
+    spec = example("sdpa_stats_bf16")
+    tensor(spec, "stats")["is_output"] = False
+    dangling = normalize(spec_io.from_dict(spec))
+    assert next(t for t in dangling.tensors if t.name == "stats").is_virtual
+    assert spec_io.from_dict(spec).spec_hash() != spec_io.from_dict(example("sdpa_stats_bf16")).spec_hash()
+
+
+def packed_page_tables(spec: dict[str, Any]) -> dict[str, Any]:
+    """The paged decode with its page tables packed, ragged offsets on both
+    (the frontend's sample 53_sdpa_decode_with_paged_caches)."""
+    spec["tensors"].append({"uid": 19, "name": "page_offsets", "dim": [9, 1, 1, 1], "data_type": "int32"})
+    for name in ("k_page_table", "v_page_table"):
+        tensor(spec, name)["ragged_offset_uid"] = 19
+    return spec
+
+
+def test_packed_page_tables_are_taken() -> None:
+    spec = normalize(spec_io.from_dict(packed_page_tables(example("sdpa_paged_decode_bf16"))))
+    assert {t.name: t.ragged_offset.uid for t in spec.tensors if t.ragged_offset is not None} == {"k_page_table": 19, "v_page_table": 19}
 
 
 @pytest.mark.parametrize(("what", "damage", "message"), PAGED_CASES, ids=[c[0] for c in PAGED_CASES])

@@ -459,9 +459,13 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         _RECENT.append(built)
         what = f"graph {built.name!r}" if about_the_graph else "graphs"
         _once(log, key, "plancache.cudnn: %s built locally: %s", what, reason)
-        for name, args, kwargs in s.replay:
-            if name not in _BUILDS:  # the build itself is the caller's next step
-                getattr(super(), name)(*args, **kwargs)
+        try:
+            for name, args, kwargs in s.replay:
+                if name not in _BUILDS:  # the build itself is the caller's next step
+                    getattr(super(), name)(*args, **kwargs)
+        except BaseException:
+            built.local_built = False  # the frontend refuses it too
+            raise
 
     def _plancache_drives(self, name: str, what: str | None = None) -> None:
         """A call by which the program builds or runs candidates itself (an

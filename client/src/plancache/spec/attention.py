@@ -64,15 +64,15 @@ def _sdpa_paged(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> bool
         return False
     if len(given) != 2:
         raise ShapeError("a paged KV cache needs both paged_attention_k_table and paged_attention_v_table")
-    if not isinstance(max_kv, int) or max_kv < 1:
-        raise ShapeError("a paged KV cache needs paged_attention_max_seq_len_kv (the longest sequence, tokens)")
-    if not attrs.get("use_padding_mask"):
-        raise ShapeError("a paged KV cache needs use_padding_mask with seq_len_q and seq_len_kv (each sequence's length)")
+    # The frontend takes a paged cache without its longest length ("optional, but recommended") and
+    # without the padding mask (test_flexible_sdpa masks in a score modifier): so does plancache.
+    if max_kv is not None and (not isinstance(max_kv, int) or max_kv < 1):
+        raise ShapeError("paged_attention_max_seq_len_kv must be a positive number of tokens")
     for port in _PAGED_PORTS:
         table = ins[port]
         if len(table) != 4 or table[0] != q[0] or table[1] != 1 or table[3] != 1:
             raise ShapeError(f"input {port!r} must have dims [{q[0]}, 1, pages per sequence, 1], got {list(table)}")
-        if table[2] * k[2] < max_kv:
+        if isinstance(max_kv, int) and table[2] * k[2] < max_kv:
             raise ShapeError(f"input {port!r}: {table[2]} pages of {k[2]} tokens hold fewer than paged_attention_max_seq_len_kv = {max_kv}")
     return True
 
@@ -183,7 +183,7 @@ def attention_ops() -> list[OpSchema]:
             {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False), **_PAGED_ATTRS, **_TRAINING_ATTRS},
             _sdpa_infer, integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
             index_bounds={"paged_attention_k_table": ("k", 0), "paged_attention_v_table": ("v", 0)},
-            integer_inputs=_DROPOUT_PORTS, ragged_ports=("q", "k", "v", "O", "Stats", "score_max", "score_sum_exp"), prepare=_is_inference, output_presence=_STATS_PRESENCE,
+            integer_inputs=_DROPOUT_PORTS, ragged_ports=("q", "k", "v", "O", "Stats", "score_max", "score_sum_exp", *_PAGED_PORTS), prepare=_is_inference, output_presence=_STATS_PRESENCE,
         ),
         OpSchema(
             "sdpa_fp8", "sdpa", ("q", "k", "v", *_FP8_SCALES), ("seq_len_q", "seq_len_kv", *_PAGED_PORTS), _sdpa_fp8_outputs, ("O", "Stats", "Amax_S", "Amax_O"),

@@ -487,6 +487,14 @@ def _normalize_frontend_fields(t: Tensor, where: str) -> None:
         raise SpecError(f"{where}: a constant is a pass-by-value graph input without scalar_value")
 
 
+def _a_sibling_is_kept(node: Node, uid: int, consumed: set[int]) -> bool:
+    """Whether another result of `node` is an output or consumed. A program may
+    leave a side result unused (sdpa's Stats: `o, _ = graph.sdpa(...)`) and the
+    frontend builds that graph; the dangling result stays part of the graph it
+    declared. A node none of whose results is kept is a mistake, refused."""
+    return any(o.uid != uid and (o.is_output or o.uid in consumed) for o in node.outputs.values())
+
+
 def _normalize_tensor(spec: GraphSpec, t: Tensor, producer: dict[int, int], consumed: set[int], limits: Limits) -> None:
     assert t.uid is not None
     where = t.label()
@@ -496,7 +504,7 @@ def _normalize_tensor(spec: GraphSpec, t: Tensor, producer: dict[int, int], cons
         if t.is_output and t.is_virtual:
             raise SpecError(f"{where}: cannot be both virtual and an output")
         t.is_virtual = not t.is_output
-        if t.is_virtual and t.uid not in consumed:
+        if t.is_virtual and t.uid not in consumed and not _a_sibling_is_kept(spec.nodes[producer[t.uid]], t.uid, consumed):
             raise SpecError(f"{where}: an intermediate no node consumes; mark it as an output (is_output) to keep it")
         if t.is_pass_by_value:
             raise SpecError(f"{where}: a node's result cannot be pass-by-value")

@@ -97,6 +97,9 @@ class Stats:
         self._plan_hits: defaultdict[str, float] = defaultdict(float)
         self._plan_saved: defaultdict[str, float] = defaultdict(float)
         self._task: asyncio.Task[None] | None = None
+        # A flush and forgetting plans never interleave: a flush's writes of a
+        # plan's hits must not land after that plan was forgotten.
+        self._writing = asyncio.Lock()
 
     def incr(self, counter: Counter, amount: float = 1.0, *, target_id: str, family: str | None = None) -> None:
         self._add(counter, amount, target_id, family)
@@ -128,6 +131,10 @@ class Stats:
             await self.flush()
 
     async def flush(self) -> None:
+        async with self._writing:
+            await self._flush()
+
+    async def _flush(self) -> None:
         pending, self._pending = self._pending, defaultdict(float)
         targets, self._pending_targets = self._pending_targets, set()
         plan_hits, self._plan_hits = self._plan_hits, defaultdict(float)
@@ -218,8 +225,14 @@ class Stats:
         return [PlanCounts(key, float(h or 0), float(s or 0)) for key, h, s in zip(ranked, hits, saved, strict=True)]
 
     async def forget_plans(self, plan_keys: list[str]) -> None:
-        """Drop deleted plans from the top entries."""
-        if plan_keys:
+        """Drop deleted plans from the top entries, with this front end's
+        counts of them not yet flushed (they would bring a plan back)."""
+        if not plan_keys:
+            return
+        async with self._writing:
+            for plan_key in plan_keys:
+                self._plan_hits.pop(plan_key, None)
+                self._plan_saved.pop(plan_key, None)
             with translated_errors("forgetting plans"):
                 for ranking in Ranking:
                     await self._redis.zrem(ranking.value, *plan_keys)

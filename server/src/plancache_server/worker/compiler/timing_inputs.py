@@ -69,11 +69,14 @@ def _paged(node: Node, found: TimingInputs) -> None:
         found.lengths[node.inputs["seq_len_kv"].uid or 0] = longest
 
 
+PAGE_TABLES = ("paged_attention_k_table", "paged_attention_v_table")
+
+
 def _ragged(node: Node, found: TimingInputs) -> None:
     """Packed sequences at a fixed spacing of `tokens` positions, lengths at
     most that: b × tokens stays within the padded buffers and within the
     token totals (max_total_seq_len_q/_kv) the node declares."""
-    packed = [t for t in [*node.inputs.values(), *node.outputs.values()] if t.ragged_offset is not None]
+    packed = {port: t for port, t in [*node.inputs.items(), *node.outputs.items()] if t.ragged_offset is not None}
     if not packed or "q" not in node.inputs or "k" not in node.inputs:
         return
     q, k = node.inputs["q"], node.inputs["k"]
@@ -83,10 +86,12 @@ def _ragged(node: Node, found: TimingInputs) -> None:
         total = node.attributes.get(attr)
         if isinstance(total, int):
             tokens = min(tokens, max(1, total // batch))
-    for t in packed:
+    for port, t in packed.items():
         assert t.ragged_offset is not None
         offsets = t.ragged_offset.uid or 0
-        step = t.stride[0] // t.dim[2] * tokens  # elements per position (h × d in THD) × positions per sequence
+        # A packed page table: each sequence's pages at its row of the padded table. Else
+        # elements per position (h × d in THD) × positions per sequence.
+        step = t.stride[0] if port in PAGE_TABLES else t.stride[0] // t.dim[2] * tokens
         found.ragged_steps[offsets] = min(found.ragged_steps.get(offsets, step), step)
     for port in ("seq_len_q", "seq_len_kv"):
         if port in node.inputs:
