@@ -23,7 +23,7 @@ _SDPA_ATTRS = {
 }
 # Paged KV cache (forward): k and v are page pools [pages, h, page size, d];
 # per-sequence page tables [b, 1, pages per sequence, 1] (int32) index them.
-_PAGED_PORTS = ("paged_attention_k_table", "paged_attention_v_table")
+PAGED_PORTS = ("paged_attention_k_table", "paged_attention_v_table")
 _PAGED_ATTRS = {"paged_attention_max_seq_len_kv": AttrSchema(AttrKind.INT)}
 # Philox dropout: the frontend's dropout=(probability, seed, offset) tuple as an
 # attribute and two integer [1, 1, 1, 1] tensors (the backward must get the
@@ -58,7 +58,7 @@ def _sdpa_common(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> Non
 def _sdpa_paged(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> bool:
     """Check a paged KV cache's page tables; whether the graph is paged."""
     q, k = ins["q"], ins["k"]
-    given = [p for p in _PAGED_PORTS if p in ins]
+    given = [p for p in PAGED_PORTS if p in ins]
     max_kv = attrs.get("paged_attention_max_seq_len_kv")
     if not given:  # paged_attention_max_seq_len_kv alone is accepted (and unused) by the frontend, as its FP8 tests give it
         return False
@@ -68,7 +68,7 @@ def _sdpa_paged(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> bool
     # without the padding mask (test_flexible_sdpa masks in a score modifier): so does plancache.
     if max_kv is not None and (not isinstance(max_kv, int) or max_kv < 1):
         raise ShapeError("paged_attention_max_seq_len_kv must be a positive number of tokens")
-    for port in _PAGED_PORTS:
+    for port in PAGED_PORTS:
         table = ins[port]
         if len(table) != 4 or table[0] != q[0] or table[1] != 1 or table[3] != 1:
             raise ShapeError(f"input {port!r} must have dims [{q[0]}, 1, pages per sequence, 1], got {list(table)}")
@@ -179,14 +179,14 @@ _STATS_PRESENCE = {"Stats": {"param_truthy": "generate_stats"}}
 def attention_ops() -> list[OpSchema]:
     return [
         OpSchema(
-            "sdpa", "sdpa", ("q", "k", "v"), ("seq_len_q", "seq_len_kv", "bias", *_PAGED_PORTS, *_DROPOUT_PORTS), _sdpa_outputs, ("O", "Stats"),
+            "sdpa", "sdpa", ("q", "k", "v"), ("seq_len_q", "seq_len_kv", "bias", *PAGED_PORTS, *_DROPOUT_PORTS), _sdpa_outputs, ("O", "Stats"),
             {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False), **_PAGED_ATTRS, **_TRAINING_ATTRS},
             _sdpa_infer, integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
             index_bounds={"paged_attention_k_table": ("k", 0), "paged_attention_v_table": ("v", 0)},
-            integer_inputs=_DROPOUT_PORTS, ragged_ports=("q", "k", "v", "O", "Stats", "score_max", "score_sum_exp", *_PAGED_PORTS), prepare=_is_inference, output_presence=_STATS_PRESENCE,
+            integer_inputs=_DROPOUT_PORTS, ragged_ports=("q", "k", "v", "O", "Stats", "score_max", "score_sum_exp", *PAGED_PORTS), prepare=_is_inference, output_presence=_STATS_PRESENCE,
         ),
         OpSchema(
-            "sdpa_fp8", "sdpa", ("q", "k", "v", *_FP8_SCALES), ("seq_len_q", "seq_len_kv", *_PAGED_PORTS), _sdpa_fp8_outputs, ("O", "Stats", "Amax_S", "Amax_O"),
+            "sdpa_fp8", "sdpa", ("q", "k", "v", *_FP8_SCALES), ("seq_len_q", "seq_len_kv", *PAGED_PORTS), _sdpa_fp8_outputs, ("O", "Stats", "Amax_S", "Amax_O"),
             {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False), **_PAGED_ATTRS}, _sdpa_fp8_infer,
             integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
             index_bounds={"paged_attention_k_table": ("k", 0), "paged_attention_v_table": ("v", 0)}, prepare=_is_inference,

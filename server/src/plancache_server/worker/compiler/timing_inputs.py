@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from plancache import dtypes
+from plancache.spec.attention import PAGED_PORTS
 from plancache.spec.graph import GraphSpec, Node
 from plancache.spec.ops import CATALOG
 
@@ -69,9 +70,6 @@ def _paged(node: Node, found: TimingInputs) -> None:
         found.lengths[node.inputs["seq_len_kv"].uid or 0] = longest
 
 
-PAGE_TABLES = ("paged_attention_k_table", "paged_attention_v_table")
-
-
 def _ragged(node: Node, found: TimingInputs) -> None:
     """Packed sequences at a fixed spacing of `tokens` positions, lengths at
     most that: b × tokens stays within the padded buffers and within the
@@ -91,7 +89,7 @@ def _ragged(node: Node, found: TimingInputs) -> None:
         offsets = t.ragged_offset.uid or 0
         # A packed page table: each sequence's pages at its row of the padded table. Else
         # elements per position (h × d in THD) × positions per sequence.
-        step = t.stride[0] if port in PAGE_TABLES else t.stride[0] // t.dim[2] * tokens
+        step = t.stride[0] if port in PAGED_PORTS else t.stride[0] // t.dim[2] * tokens
         found.ragged_steps[offsets] = min(found.ragged_steps.get(offsets, step), step)
     for port in ("seq_len_q", "seq_len_kv"):
         if port in node.inputs:
