@@ -64,7 +64,7 @@ from plancache.run.plan import SOURCE_NAMES
 from plancache.spec import spec_io
 from plancache.spec.canonical import hash_normalized
 from plancache.spec.validation import normalize
-from plancache.transport.client import _retry_pause
+from plancache.transport.calls import retry_pause as _retry_pause
 from plancache.transport.rich_status import error_of, seconds_of
 from plancache.trust.signing import TrustPolicy
 from plancache.v1 import plancache_pb2 as pb

@@ -7,33 +7,76 @@ does and where its clock starts and stops), with an empty CUDA JIT cache
 
   local-heuristic, local-autotuned   the node builds the graphs itself (no plancache)
   local-heuristic-4proc              4 processes of one node build their shares (graphs i, i+4, ...)
+  local-program                      the frontend program local-heuristic's build is, with the real cudnn
+  local-functional                   one decode step of examples/decoder_step.py, plancache.functional's
+                                     every geometry built by the node itself (plancache.run.local)
+  torch-step                         the same step in torch eager (for reference, no target)
   fetch, prefetch, background        plancache, every plan stored
   floor                              the frontend's own deserialize of the same blobs
+  hit-compile                        plancache, every plan stored: one compile() per graph, each a hit
   first-compile, first-lazy          plancache, nothing stored: one compile per graph in order
                                      (first-lazy: a 50 ms sleep, the model's layer, after each graph)
   first-compile-4proc                4 processes of one node, one compile per graph of their shares
+  first-dropin                       local-program with `import plancache.cudnn as cudnn`, nothing stored
+  first-functional                   local-functional's step against the service, nothing stored
   first-prefetch                     one Prefetch with compile_missing
 
+Hedged misses (issue 29): PATH+hedge is PATH with the hedge on: its node
+processes run with PLANCACHE_HEDGE=1 (on a miss the node builds the plan
+itself too, on the caller's thread, and runs whichever is ready first);
+every other run has PLANCACHE_HEDGE=0, the client as it was before. Hedged:
+first-compile, first-dropin, first-compile-4proc, first-lazy,
+first-functional (each against its local equivalent, VERSUS_LOCAL: the node
+building the same graphs itself) and hit-compile (against itself unhedged:
+a hit must cost the hedge nothing). Every node process reports its CPU
+seconds during the clock, the GPU memory it holds at its end, its
+race_stats() (how its hedged misses ended) and, per graph, where the plan
+that ran came from ("local": its own build won).
+
 Per JIT state: one Redis and one front end (`--gpus none`, trusting the
-benchmark's signing key); each first-* path invalidates the 13 plans (and
-any job left of them), starts a fresh worker process (so fresh build
-processes: no CUDA module state carries over) and its node processes side
-by side, and lets the nodes go (a common wall-clock start written to a "go"
-file) once every node has done its set-up and the worker's every build
-process is ready. Its time is max(end) - go; meanwhile this process reads
-Redis until each of the 13 stored plans is the tuned one (`tuned_s` per
-graph, `tuned_all_s`); then the worker is stopped. The tuned plans then
-serve the stored-plan paths. Local builds and stored-plan paths repeat
-`--repeats` times; local-autotuned, local-heuristic-4proc and the first-*
-paths run once. The warm cache (CUDA_CACHE_PATH=--warm-cache) is filled by
-the cold local-autotuned run, which reads an empty cache as with
-CUDA_CACHE_DISABLE but writes it, or, when the warm state runs on an empty
-one, by an unrecorded run first: before anything that reads it starts (CUDA
-reads the cache index once per process: a worker started before the fill
-builds as if cold, GPU run 12). A run that would end past --time-limit (its
+benchmark's signing key); each first-* path invalidates its plans (the 13,
+or the decode step's: the keys its earlier runs reported) and any job left
+of them, starts a fresh worker process (so fresh build processes: no CUDA
+module state carries over) and its node processes side by side, and lets
+the nodes go (a common wall-clock start written to a "go" file) once every
+node has done its set-up and the worker's every build process is ready. Its
+time is max(end) - go. In the `all` study this process then reads Redis
+until each of the 13 stored plans is the tuned one (`tuned_s` per graph,
+`tuned_all_s`; not for the decode step's plans); then the worker is
+stopped, and the tuned plans serve the stored-plan paths. In the `hedge`
+study nobody waits for tuned plans: the worker is killed once its nodes are
+done, and the stored-plan paths run on what the first nodes left stored
+(their heuristic, provisional plans; one missing is built by a worker
+started for it; each such row's `stored_plans` says which).
+
+Studies (--study):
+
+  all    today's runs: local-autotuned, local-heuristic (--repeats), first-compile, first-lazy,
+         local-heuristic-4proc beside first-compile-4proc, first-prefetch, then fetch,
+         prefetch, background, floor (--repeats) on the tuned plans; then issue 29's
+         runs (ISSUE_29, then hit-compile+hedge and hit-compile) as far as --time-limit lets them
+  hedge  issue 29's runs alone (HEDGE_STUDY), most important first, each group whole or
+         not at all: local-heuristic; first-compile+hedge, first-compile; local-program,
+         first-dropin+hedge, first-dropin; local-heuristic-4proc, first-compile-4proc+hedge,
+         first-compile-4proc; first-lazy+hedge, first-lazy; local-functional, torch-step,
+         first-functional+hedge, first-functional; then hit-compile+hedge, hit-compile,
+         fetch and floor once each; then local-heuristic, local-program and
+         local-functional again (--repeats in all). Hedged first in each pair: the
+         unhedged node waits for every plan, so it leaves all 13 stored for the hits.
+
+Local builds and stored-plan paths of the `all` study repeat `--repeats`
+times; the rest run once. The warm cache (CUDA_CACHE_PATH=--warm-cache) is
+filled by the cold local-autotuned run (`all`), which reads an empty cache
+as with CUDA_CACHE_DISABLE but writes it, with an unrecorded local-functional
+run beside it (the decode step's kernels); or, when the warm state runs on
+an empty one, by unrecorded runs of both first: before anything that reads
+it starts (CUDA reads the cache index once per process: a worker started
+before the fill builds as if cold, GPU run 12). The `hedge` study's cold
+state fills it at its end when time is left (for a warm call on the same
+machine, --warm-cache shared). A run that would end past --time-limit (its
 estimate below) is skipped and listed.
 
-    python3 bench/startup.py --out DIR [--jit cold|warm|both] [--time-limit S]
+    python3 bench/startup.py --out DIR [--jit cold|warm|both] [--study all|hedge] [--time-limit S] [--warm-cache DIR]
     python3 bench/startup.py --merge A.json B.json --out DIR   # one report from two runs
 
 Imports neither torch nor cudnn: only the node processes do.
@@ -63,8 +106,42 @@ from tests.support.processes import REPO, child_env, server_process, trusting_en
 REPEATED = ("local-heuristic", "fetch", "prefetch", "background", "floor")
 ONCE = ("local-autotuned", "local-heuristic-4proc")
 FIRST = ("first-compile", "first-lazy", "first-compile-4proc", "first-prefetch")
-PATHS = ("local-heuristic", "local-heuristic-4proc", "local-autotuned", *FIRST, "fetch", "prefetch", "background", "floor")
+HEDGE = "+hedge"  # PATH+HEDGE: PATH with PLANCACHE_HEDGE=1
+HEDGED = ("first-compile", "first-dropin", "first-compile-4proc", "first-lazy", "first-functional")  # the first nodes run with the hedge too
+STEP = ("local-functional", "torch-step", "first-functional")  # the decode step of examples/decoder_step.py
+FIRST_NODES = (*FIRST, "first-dropin", "first-functional")  # nothing stored: a fresh worker each (with or without the hedge)
+STORED = ("fetch", "prefetch", "background", "floor", "hit-compile")  # every plan stored
+HITS = ("hit-compile+hedge", "hit-compile")
+PATHS = ("local-heuristic", "local-heuristic-4proc", "local-autotuned", "local-program", "local-functional", "torch-step",
+         "first-compile", "first-compile+hedge", "first-lazy", "first-lazy+hedge", "first-compile-4proc", "first-compile-4proc+hedge", "first-prefetch",
+         "first-dropin", "first-dropin+hedge", "first-functional", "first-functional+hedge",
+         "fetch", "prefetch", "background", "floor", "hit-compile", "hit-compile+hedge")  # fmt: skip
 GROUPS = {"first-compile-4proc": ("first-compile", 4), "local-heuristic-4proc": ("local-heuristic", 4)}  # path: (node path, processes)
+# Each hedged path's local equivalent (local-lazy: the local build plus the same sleeps) and its ratios' names: without the hedge, with it.
+VERSUS_LOCAL = {
+    "first-compile": ("local-heuristic", "first_compile_over_local", "first_compile_hedge_over_local"),
+    "first-dropin": ("local-program", "first_dropin_over_local_program", "first_dropin_hedge_over_local_program"),
+    "first-compile-4proc": ("local-heuristic-4proc", "first_4proc_over_local_4proc", "first_4proc_hedge_over_local_4proc"),
+    "first-lazy": ("local-lazy", "first_lazy_over_local_lazy", "first_lazy_hedge_over_local_lazy"),
+    "first-functional": ("local-functional", "first_functional_over_local_functional", "first_functional_hedge_over_local_functional"),
+}
+RACE_PATH = {"first-dropin": "cudnn", "first-functional": "functional"}  # race_stats()'s path of a path's races (else "compile")
+# --study hedge: groups that run whole or not at all, most important first (the local-heuristic of each JIT state runs before them).
+HEDGE_STUDY = (
+    ("first-compile+hedge", "first-compile"),
+    ("local-program", "first-dropin+hedge", "first-dropin"),
+    ("local-heuristic-4proc", "first-compile-4proc+hedge", "first-compile-4proc"),
+    ("first-lazy+hedge", "first-lazy"),
+    ("local-functional", "torch-step", "first-functional+hedge", "first-functional"),
+)
+# --study all: issue 29's runs after today's (their unhedged first-compile, first-lazy and first-compile-4proc ran already).
+ISSUE_29 = (
+    ("first-compile+hedge",),
+    ("local-program", "first-dropin+hedge", "first-dropin"),
+    ("first-compile-4proc+hedge",),
+    ("first-lazy+hedge",),
+    ("local-functional", "torch-step", "first-functional+hedge", "first-functional"),
+)
 LAZY_S = 0.05
 TARGETS = {
     "stored_vs_local_cold": 15.0,  # fetch/prefetch at least this much faster than local heuristic, empty JIT cache
@@ -76,17 +153,33 @@ TARGETS = {
     "first_prefetch_vs_local": 0.6,
     "tuned_vs_local_autotune": 0.5,  # every plan tuned and stored, at most this times a plain local autotune
     "background_critical_path_s": 0.05,  # what plans add after a 2 s foreground
+    "hedged_vs_local": 1.05,  # issue 29: every hedged first-node path, at most this times its local equivalent (VERSUS_LOCAL)
 }
 # Seconds a run takes on an H200 (cold, warm JIT cache), its processes' start included: what it needs of --time-limit.
-ESTIMATE_S = {"local-autotuned": (45, 15), "local-heuristic": (12, 7), "local-heuristic-4proc": (15, 10), "fetch": (6, 6), "prefetch": (6, 6),
-              "background": (8, 8), "floor": (6, 6), **dict.fromkeys(FIRST, (50, 30))}  # fmt: skip
+# A first node's: its worker's start and its nodes; TUNED_WAIT_S more where it waits for the tuned plans (study all).
+# fill: the unrecorded runs that fill the warm cache (local-autotuned and local-functional, on an empty cache).
+ESTIMATE_S = {"local-autotuned": (45, 15), "local-heuristic": (12, 7), "local-heuristic-4proc": (15, 10), "local-program": (12, 7),
+              "local-functional": (15, 10), "torch-step": (10, 8), "fetch": (6, 6), "prefetch": (6, 6), "background": (8, 8), "floor": (6, 6),
+              "hit-compile": (6, 6), **dict.fromkeys(FIRST_NODES, (25, 20)), "first-compile-4proc": (20, 16), "first-functional": (28, 22),
+              "fill": (60, 60)}  # fmt: skip
+TUNED_WAIT_S = (25, 10)
+
+
+def base(path: str) -> str:
+    """The path without its hedge: what its node processes run."""
+    return path.removesuffix(HEDGE)
+
+
+def hedged(path: str) -> bool:
+    return path.endswith(HEDGE)
 
 
 class Bench:
-    def __init__(self, out: Path, time_limit: float, repeats: int, foreground_s: float, warm_cache: Path | None, build_processes: int) -> None:
+    def __init__(self, out: Path, time_limit: float, repeats: int, foreground_s: float, warm_cache: Path | None, build_processes: int,
+                 study: str = "all") -> None:  # fmt: skip
         from plancache.trust.signing import generate_keypair
 
-        self.out, self.time_limit, self.repeats, self.foreground_s = out, time_limit, repeats, foreground_s
+        self.out, self.time_limit, self.repeats, self.foreground_s, self.study = out, time_limit, repeats, foreground_s, study
         self.deadline = time.monotonic() + time_limit
         self.tmp = Path(tempfile.mkdtemp(prefix="plancache-startup-"))
         self.warm_cache = warm_cache or self.tmp / "jit-cache"
@@ -95,6 +188,10 @@ class Bench:
         self.worker_flags = ["--device", "0", "--signing-key", str(self.private_key), "--no-warm", *(["--build-processes", str(build_processes)] if build_processes else [])]
         self.target_id = ""  # the worker's exact target (its log says), and the 13 plan keys on it
         self.keys: list[str] = []
+        self.step_keys: set[str] = set()  # the decode step's plan keys, as its first-functional runs reported them
+        self.more_keys: set[str] = set()  # plan keys of the drop-in's that are not the 13 (none expected: its captured specs are the same)
+        self.stored_plans: dict[str, Any] = {}  # what the stored-plan paths run on (stored_blobs)
+        self.pool_measured = False  # this JIT state's first first node measures the worker's pool
         self.runs: list[dict[str, Any]] = []
         self.skipped: list[str] = []
 
@@ -106,10 +203,29 @@ class Bench:
     def cache_filled(self) -> bool:
         return any(p.is_file() for p in self.warm_cache.glob("**/*"))
 
-    def fits(self, jit: str, path: str) -> bool:
-        if time.monotonic() + ESTIMATE_S[path][jit == "warm"] <= self.deadline:
+    def node_env(self, path: str, jit: str, env: dict[str, str], server: str = "", fill: bool = False) -> dict[str, str]:
+        """A node process's environment: the hedge as its path says, an empty disk cache of its own
+        (the drop-in's client has one), first-dropin's service, the JIT cache of `jit`."""
+        extra = {"PLANCACHE_HEDGE": "1" if hedged(path) else "0", "PLANCACHE_CACHE_DIR": tempfile.mkdtemp(prefix="disk-cache-", dir=self.tmp)}
+        if base(path) == "first-dropin":
+            extra["PLANCACHE_SERVER"] = server
+        return {**env, **extra, **self.cache_env(jit, fill)}
+
+    def watches(self, path: str) -> bool:
+        """Whether a first node's run waits until its plans are tuned (the `all` study; not the decode step's plans)."""
+        return self.study == "all" and base(path) not in STEP
+
+    def estimate(self, jit: str, path: str) -> float:
+        seconds = ESTIMATE_S[base(path)][jit == "warm"]
+        if base(path) in FIRST_NODES and self.watches(path):
+            seconds += TUNED_WAIT_S[jit == "warm"]
+        return seconds
+
+    def fits(self, jit: str, *paths: str) -> bool:
+        """Whether the runs of `paths` would end by the deadline; if not, they are skipped (listed)."""
+        if time.monotonic() + sum(self.estimate(jit, p) for p in paths) <= self.deadline:
             return True
-        self.skipped.append(f"{jit}/{path}")
+        self.skipped += [f"{jit}/{path}" for path in paths]
         return False
 
     def record(self, row: dict[str, Any]) -> None:
@@ -120,30 +236,32 @@ class Bench:
     def node(self, path: str, jit: str, env: dict[str, str], server: str = "", blobs: str = "", fill: bool = False, record: bool = True) -> None:
         if record and not self.fits(jit, path):
             return
-        args = [sys.executable, "-m", "bench.startup_node", "--path", path, "--foreground-s", str(self.foreground_s)]
+        args = [sys.executable, "-m", "bench.startup_node", "--path", base(path), "--foreground-s", str(self.foreground_s)]
         args += ["--server", server] if server else []
         args += ["--blobs", blobs] if blobs else []
         started = time.monotonic()
-        proc = subprocess.run(args, env={**env, **self.cache_env(jit, fill)}, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
-        row: dict[str, Any] = {"jit": jit, "path": path, "wall_s": time.monotonic() - started}
+        proc = subprocess.run(args, env=self.node_env(path, jit, env, server, fill), cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+        row: dict[str, Any] = {"jit": jit, "path": path, "hedge": hedged(path), "wall_s": time.monotonic() - started}
+        if base(path) in STORED:
+            row["stored_plans"] = dict(self.stored_plans)
         if proc.returncode != 0:
             row["error"] = proc.stderr[-2000:]
         else:
-            row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+            row.update({k: v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items() if k != "path"})  # its node path: base(path)
         if record:
             self.record(row)
 
     def together(self, path: str, jit: str, env: dict[str, str], server: str = "", before_go: Any = None, on_go: Any = None) -> dict[str, Any]:
         """The node processes of `path`, started now, let go together once set up and `before_go()`
         has returned (`on_go(go)` is called then): their merged row."""
-        node_path, count = GROUPS.get(path, (path, 1))
+        node_path, count = GROUPS.get(base(path), (base(path), 1))
         barrier = Path(tempfile.mkdtemp(prefix=f"{jit}-{path}-", dir=self.tmp))
         procs = []
         for share in range(count):
             args = [sys.executable, "-m", "bench.startup_node", "--path", node_path, "--share", f"{share}/{count}", "--barrier", str(barrier),
                     "--lazy-s", str(LAZY_S), *(["--server", server] if server else [])]  # fmt: skip
             with open(barrier / f"out-{share}", "w") as out, open(barrier / f"err-{share}", "w") as err:
-                procs.append(subprocess.Popen(args, env={**env, **self.cache_env(jit)}, cwd=REPO, stdout=out, stderr=err))
+                procs.append(subprocess.Popen(args, env=self.node_env(path, jit, env, server), cwd=REPO, stdout=out, stderr=err))
         try:
             if before_go is not None:
                 before_go()
@@ -168,7 +286,7 @@ class Bench:
     def local_group(self, path: str, jit: str, env: dict[str, str]) -> None:
         if not self.fits(jit, path):
             return
-        row: dict[str, Any] = {"jit": jit, "path": path}
+        row: dict[str, Any] = {"jit": jit, "path": path, "hedge": hedged(path)}
         started = time.monotonic()
         try:
             row.update(self.together(path, jit, env))
@@ -176,18 +294,21 @@ class Bench:
             row["error"] = f"{type(e).__name__}: {e}"[-2000:]
         self.record({**row, "wall_s": time.monotonic() - started})
 
-    def first(self, path: str, jit: str, env: dict[str, str], address: str, redis_url: str, measure_pool: bool) -> None:
-        """A first node: nothing stored, a fresh worker; with `measure_pool`, the nodes start after
-        the pool is ready and measured (the GPU's memory then holds only the worker's)."""
+    def first(self, path: str, jit: str, env: dict[str, str], address: str, redis_url: str) -> None:
+        """A first node: nothing stored (its plans invalidated), a fresh worker; the JIT state's first
+        one starts its nodes after the pool is ready and measured (the GPU's memory then holds only
+        the worker's). Not watched (watches()), the worker is killed once the nodes are done."""
         if not self.fits(jit, path):
             return
-        row: dict[str, Any] = {"jit": jit, "path": path}
+        measure_pool, self.pool_measured = not self.pool_measured, True
+        step = base(path) in STEP
+        row: dict[str, Any] = {"jit": jit, "path": path, "hedge": hedged(path)}
         started = time.monotonic()
         if self.target_id:
-            deploy.forget_jobs(redis_url, self.target_id, self.keys)  # nothing left for the new worker to reclaim
+            deploy.forget_jobs(redis_url, self.target_id, [*self.keys, *sorted(self.more_keys | self.step_keys)])  # nothing left for the new worker to reclaim
         baseline = deploy.gpu_memory_used() if measure_pool else None
         log = self.out / f"startup-worker-{jit}-{path}.log"
-        watcher = deploy.TunedWatcher(redis_url)
+        watcher = deploy.TunedWatcher(redis_url) if self.watches(path) else None
         try:
             with worker_process(redis_url, log, *self.worker_flags, env=child_env(**self.cache_env(jit))) as worker:
 
@@ -195,21 +316,49 @@ class Bench:
                     target_id, size = deploy.wait_for_pool(log, worker, address)
                     row["pool"] = deploy.pool_memory(worker.pid, size, baseline)
                     self.learn(target_id)
-                    deploy.forget_plans(address, self.keys)
+                    deploy.forget_plans(address, sorted(self.step_keys) if step else [*self.keys, *sorted(self.more_keys)])
 
                 if measure_pool:
                     pool_ready()
-                row.update(self.together(path, jit, env, address, None if measure_pool else pool_ready, lambda go: watcher.start(go, self.keys)))
+                on_go = None if watcher is None else (lambda go: watcher.start(go, self.keys))
+                row.update(self.together(path, jit, env, address, None if measure_pool else pool_ready, on_go))
                 if row.get("keys") != self.keys:
                     raise RuntimeError(f"the nodes' plan keys are not those of the worker's target {self.target_id}")
-                row.update(watcher.wait(timeout=max(30.0, min(300.0, self.deadline - time.monotonic()))))
+                self.step_keys.update(row.get("plan_keys") or ())
+                more = {k for k in row.get("plan_key") or () if k and k not in self.keys}
+                if more:  # forgotten before every first node from now on
+                    self.more_keys |= more
+                    row["warning"] = f"plan keys other than the 13: {sorted(more)}"
+                if watcher is not None:
+                    row.update(watcher.wait(timeout=max(30.0, min(300.0, self.deadline - time.monotonic()))))
                 if "tuned_all_s" not in row:
                     worker.kill()  # it would finish its autotunings before it stopped; the next path forgets their jobs
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[-2000:]
         finally:
-            watcher.stop()
+            if watcher is not None:
+                watcher.stop()
+        joined = [i for i, source in enumerate(row.get("source") or ()) if source == "joined"]
+        if joined:  # a build left over from an earlier path answered: this node was not first
+            row["warning"] = f"{row.get('warning', '')}; graphs {joined} joined a build under way".lstrip("; ")
         self.record({**row, "wall_s": time.monotonic() - started})
+
+    def run(self, path: str, jit: str, env: dict[str, str], address: str, redis_url: str, blobs: str = "") -> None:
+        if base(path) in FIRST_NODES:
+            self.first(path, jit, env, address, redis_url)
+        elif base(path) in GROUPS:
+            self.local_group(path, jit, env)
+        elif base(path) in STORED:
+            self.node(path, jit, env, server=address, blobs=blobs)
+        else:
+            self.node(path, jit, env)
+
+    def groups(self, jit: str, env: dict[str, str], address: str, redis_url: str, groups: Any, blobs: str = "") -> None:
+        """Each group's runs in order, the group whole or not at all (--time-limit)."""
+        for group in groups:
+            if self.fits(jit, *group):
+                for path in group:
+                    self.run(path, jit, env, address, redis_url, blobs)
 
     def learn(self, target_id: str) -> None:
         if target_id != self.target_id:
@@ -220,53 +369,85 @@ class Bench:
             self.target_id = target_id
             self.keys = [e.key or "" for e in Manifest.from_specs(startup_graphs(), Target.parse(target_id)).entries]
 
-    def stored_blobs(self, jit: str, address: str, redis_url: str) -> str:
-        """The tuned plans' blobs, for the floor (built by a worker started for it if the first nodes did not get that far)."""
-        path = str(self.tmp / f"blobs-{jit}.bin")
+    def plan_states(self, redis_url: str) -> list[str]:
         client = deploy.redis_client(redis_url)
         try:
-            states = deploy.plan_states(client, self.keys)
+            return deploy.plan_states(client, self.keys)
         finally:
             client.close()
-        if self.keys and all(s == "tuned" for s in states):
-            deploy.save_blobs(address, path, self.target_id)
+
+    def stored_blobs(self, jit: str, address: str, redis_url: str, tuned_only: bool = True) -> str:
+        """The 13 plans' blobs, for the floor: the tuned ones, or with `tuned_only=False` whatever the
+        first nodes left stored (provisional or tuned); built by a worker started for it if the first
+        nodes did not get that far (with `tuned_only=False` it is killed once they are stored)."""
+        path = str(self.tmp / f"blobs-{jit}.bin")
+        wanted = ("tuned",) if tuned_only else ("tuned", "provisional")
+        states = self.plan_states(redis_url)
+        if self.keys and all(s in wanted for s in states):
+            deploy.save_blobs(address, path, self.target_id, tuned_only)
+            self.stored_plans = {state: states.count(state) for state in wanted} | {"built_for_them": 0}
             return path
         if self.target_id:  # tuning left unfinished: built again from nothing
             deploy.forget_jobs(redis_url, self.target_id, self.keys)
-            deploy.forget_plans(address, [k for k, state in zip(self.keys, states, strict=True) if state != "tuned"])
+            deploy.forget_plans(address, [k for k, state in zip(self.keys, states, strict=True) if state not in wanted])
         log = self.out / f"startup-worker-{jit}-blobs.log"
         with worker_process(redis_url, log, *self.worker_flags, env=child_env(**self.cache_env(jit))) as worker:
             self.learn(deploy.wait_for_pool(log, worker, address)[0])
-            deploy.save_blobs(address, path, self.target_id)
+            deploy.save_blobs(address, path, self.target_id, tuned_only)
+            if not tuned_only:
+                worker.kill()  # it would tune what it built before it stopped
+        after = self.plan_states(redis_url)
+        self.stored_plans = {state: after.count(state) for state in wanted} | {"built_for_them": sum(1 for s in states if s not in wanted)}
         return path
 
+    def stored(self, jit: str, env: dict[str, str], address: str, redis_url: str, groups: Any, tuned_only: bool) -> None:
+        """The stored-plan paths (groups, as groups() runs them) on the blobs stored_blobs() gives."""
+        paths = [path for group in groups for path in group]
+        if time.monotonic() + ESTIMATE_S["fetch"][jit == "warm"] > self.deadline:
+            self.skipped += [f"{jit}/{path}" for path in paths]
+            return
+        try:
+            blobs = self.stored_blobs(jit, address, redis_url, tuned_only)
+        except Exception as e:
+            what = "tuned plans" if tuned_only else "plans"
+            self.skipped += [f"{jit}/{path} (no {what}: {type(e).__name__}: {str(e)[:200]})" for path in paths]
+            return
+        self.groups(jit, env, address, redis_url, groups, blobs)
+
+    def fill_cache(self, jit: str) -> None:
+        """Unrecorded runs that fill the warm cache: every candidate's kernels (local-autotuned) and the decode step's."""
+        self.node("local-autotuned", jit, child_env(), fill=True, record=False)
+        self.node("local-functional", jit, child_env(), fill=True, record=False)
+
     def block(self, jit: str, redis_url: str) -> None:
-        """One JIT state: the local baselines, the first nodes (each with a fresh worker), then the stored-plan paths."""
+        """One JIT state: the local baselines, the first nodes (each with a fresh worker), then the stored-plan paths (module doc)."""
         self.deadline = time.monotonic() + self.time_limit
+        self.pool_measured = False
         env = trusting_env(self.public_key)
         os.environ.update(env)  # this process's clients (saving the blobs) trust the same key
+        filling = jit == "cold" and not self.cache_filled()
         if jit == "warm" and not self.cache_filled():
-            self.node("local-autotuned", jit, child_env(), record=False)  # fills it (see the module doc)
-        self.node("local-autotuned", jit, env, fill=jit == "cold" and not self.cache_filled())
+            self.fill_cache(jit)  # see the module doc
+        if self.study == "all":
+            self.node("local-autotuned", jit, env, fill=filling)
+            if filling:
+                self.node("local-functional", jit, child_env(), fill=True, record=False)  # the decode step's kernels, for the warm state
         self.node("local-heuristic", jit, env)
         address = f"127.0.0.1:{free_port()}"
         server_args = ("--gpus", "none", "--signing-key", str(self.private_key))
         with server_process(address, redis_url, self.out / f"startup-server-{jit}.log", *server_args, env=child_env()):
-            for path in FIRST:
-                if path == "first-compile-4proc":
-                    self.local_group("local-heuristic-4proc", jit, env)  # its baseline, beside it
-                self.first(path, jit, env, address, redis_url, measure_pool=path == FIRST[0])
-            stored = [path for repeat in range(self.repeats) for path in REPEATED[1 if repeat == 0 else 0 :]]  # the first local-heuristic ran already
-            if time.monotonic() + ESTIMATE_S["fetch"][jit == "warm"] > self.deadline:
-                self.skipped += [f"{jit}/{path}" for path in stored]
-                return
-            try:
-                blobs = self.stored_blobs(jit, address, redis_url)
-            except Exception as e:
-                self.skipped += [f"{jit}/{path} (no tuned plans: {type(e).__name__}: {str(e)[:200]})" for path in stored]
-                return
-            for path in stored:
-                self.node(path, jit, env, server=address, blobs=blobs)
+            if self.study == "hedge":
+                self.groups(jit, env, address, redis_url, HEDGE_STUDY)
+                self.stored(jit, env, address, redis_url, (HITS, ("fetch",), ("floor",)), tuned_only=False)
+                self.groups(jit, env, address, redis_url, [(p,) for _ in range(self.repeats - 1) for p in ("local-heuristic", "local-program", "local-functional")])
+            else:
+                self.groups(jit, env, address, redis_url, (("first-compile",), ("first-lazy",), ("local-heuristic-4proc", "first-compile-4proc"), ("first-prefetch",)))
+                stored = [path for repeat in range(self.repeats) for path in REPEATED[1 if repeat == 0 else 0 :]]  # the first local-heuristic ran already
+                self.stored(jit, env, address, redis_url, [(path,) for path in stored], tuned_only=True)
+                self.groups(jit, env, address, redis_url, ISSUE_29)
+                self.stored(jit, env, address, redis_url, (HITS,), tuned_only=False)
+        if filling and self.study == "hedge" and time.monotonic() + ESTIMATE_S["fill"][0] <= self.deadline:
+            self.fill_cache(jit)  # for a warm call on this machine (--warm-cache)
 
     def save(self) -> dict[str, Any]:
         summary = summarize(self.runs)
@@ -276,6 +457,7 @@ class Bench:
 
     def config(self) -> dict[str, Any]:
         return {
+            "study": self.study,
             "repeats": self.repeats,
             "foreground_s": self.foreground_s,
             "lazy_s": LAZY_S,
@@ -285,12 +467,19 @@ class Bench:
 
 
 def merge_shares(parts: list[dict[str, Any]], go: float) -> dict[str, Any]:
-    """One row from the node processes that went together at `go`."""
+    """One row from the node processes that went together at `go` (their costs summed)."""
     row: dict[str, Any] = {k: parts[0][k] for k in ("graphs", "target", "keys") if k in parts[0]}
     row.update(processes=len(parts), total_s=max(p["end_wall"] for p in parts) - go, setup_s=max(p["setup_s"] for p in parts))
-    row["per_process"] = [{k: p.get(k) for k in ("share", "imports_s", "setup_s", "total_s")} for p in parts]
-    row.update({k: parts[0][k] for k in ("lazy_s",) if k in parts[0]})
-    for name in ("runnable_s", "output_s", "provisional", "source"):
+    row["per_process"] = [{k: p.get(k) for k in ("share", "imports_s", "setup_s", "total_s", "cpu_s", "gpu_mib")} for p in parts]
+    row.update({k: parts[0][k] for k in ("lazy_s", "hedge_env", "gpu_apps_listed", "geometries", "plan_keys", "functional_stats") if k in parts[0]})
+    for name in ("cpu_s", "torch_reserved_mib", "torch_max_reserved_mib"):
+        if all(name in p for p in parts):
+            row[name] = sum(p[name] for p in parts)
+    if all("gpu_mib" in p for p in parts):
+        row["gpu_mib"] = sum(p["gpu_mib"] for p in parts) if all(p["gpu_mib"] is not None for p in parts) else None
+    if any(p.get("races") for p in parts):
+        row["races"] = _sum_races([p["races"] for p in parts if p.get("races")])
+    for name in ("runnable_s", "output_s", "provisional", "source", "reason", "taken_over", "plan_key"):
         if any(name in p for p in parts):
             merged = [None] * row.get("graphs", 13)
             for p in parts:
@@ -300,13 +489,27 @@ def merge_shares(parts: list[dict[str, Any]], go: float) -> dict[str, Any]:
     return row
 
 
+def _sum_races(each: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
+    total: dict[str, dict[str, int]] = {}
+    for races in each:
+        for path, counts in races.items():
+            mine = total.setdefault(path, {})
+            for name, count in counts.items():
+                mine[name] = mine.get(name, 0) + count
+    return total
+
+
 def _median(runs: list[dict[str, Any]], jit: str, path: str, field: str = "total_s") -> float | None:
-    values = [r[field] for r in runs if r["jit"] == jit and r["path"] == path and field in r and "error" not in r]
+    values = [r[field] for r in runs if r["jit"] == jit and r["path"] == path and r.get(field) is not None and "error" not in r]
     return statistics.median(values) if values else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return a - b if a is not None and b is not None else None
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -322,15 +525,21 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for path in ("fetch", "prefetch"):
             s[f"local_over_{path}"] = _ratio(local, m[path])
             s[f"{path}_over_floor"] = _ratio(m[path], m["floor"])
-        lazy = next((r for r in runs if r["jit"] == jit and r["path"] == "first-lazy" and "lazy_s" in r), {"graphs": 13, "lazy_s": LAZY_S})
+        lazy = next((r for r in runs if r["jit"] == jit and base(r["path"]) == "first-lazy" and "lazy_s" in r), {"graphs": 13, "lazy_s": LAZY_S})
         s["local_lazy_s"] = local + lazy.get("graphs", 13) * lazy["lazy_s"] if local else None  # the local build with the same sleeps
-        s["first_compile_over_local"] = _ratio(m["first-compile"], local)
-        s["first_lazy_over_local_lazy"] = _ratio(m["first-lazy"], s["local_lazy_s"])
-        s["first_4proc_over_local_4proc"] = _ratio(m["first-compile-4proc"], m["local-heuristic-4proc"])
+        for path, (equivalent, unhedged, with_hedge) in VERSUS_LOCAL.items():
+            local_s = s["local_lazy_s"] if equivalent == "local-lazy" else m[equivalent]
+            s[unhedged], s[with_hedge] = _ratio(m[path], local_s), _ratio(m[path + HEDGE], local_s)
         s["first_prefetch_over_local"] = _ratio(m["first-prefetch"], local)
         s["tuned_all_s"] = {p: _median(runs, jit, p, "tuned_all_s") for p in FIRST}
         s["tuned_over_local_autotune"] = {p: _ratio(t, autotuned) for p, t in s["tuned_all_s"].items()}
         s["background_after_foreground_s"] = _median(runs, jit, "background", "after_foreground_s")
+        s["hit_hedge_over_no_hedge"] = _ratio(m["hit-compile+hedge"], m["hit-compile"])
+        s["hit_hedge_builds_nothing"] = _hits_raced_nothing(runs, jit)
+        s["costs"] = costs(runs, jit)
+        s["hedge_costs"] = hedge_costs(s["costs"])
+        s["races"] = race_totals(runs, jit)
+        s["sources"] = source_counts(runs, jit)
         pools = [r["pool"] for r in runs if r["jit"] == jit and "pool" in r]
         s["pool"] = max(pools, key=lambda p: "device_growth_mib" in p) if pools else None
         s["met"] = met(s, jit)
@@ -339,16 +548,81 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def costs(runs: list[dict[str, Any]], jit: str) -> dict[str, dict[str, float | None]]:
+    """Per path (medians of its runs): the CPU seconds of its node processes during the clock
+    (summed over a node's processes), the GPU memory they held at its end (nvidia-smi) and torch's share of it."""
+    out = {}
+    for path in PATHS:
+        found = {name: _median(runs, jit, path, name) for name in ("cpu_s", "gpu_mib", "torch_reserved_mib")}
+        if any(v is not None for v in found.values()):
+            out[path] = found
+    return out
+
+
+def hedge_costs(by_path: dict[str, dict[str, float | None]]) -> dict[str, dict[str, float | None]]:
+    """Per hedged path: what the hedge added to the node (hedged minus unhedged), and its local equivalent's costs."""
+    out = {}
+    for path, (equivalent, _, _) in VERSUS_LOCAL.items():
+        on, off, alone = by_path.get(path + HEDGE, {}), by_path.get(path, {}), by_path.get("local-heuristic" if equivalent == "local-lazy" else equivalent, {})
+        if on or off:
+            out[path] = {"cpu_s_added": _minus(on.get("cpu_s"), off.get("cpu_s")), "gpu_mib_added": _minus(on.get("gpu_mib"), off.get("gpu_mib")),
+                         "torch_mib_added": _minus(on.get("torch_reserved_mib"), off.get("torch_reserved_mib")),
+                         "cpu_s_local": alone.get("cpu_s"), "gpu_mib_local": alone.get("gpu_mib")}  # fmt: skip
+    for path in ("hit-compile",):
+        on, off = by_path.get(path + HEDGE, {}), by_path.get(path, {})
+        if on or off:
+            out[path] = {"cpu_s_added": _minus(on.get("cpu_s"), off.get("cpu_s")), "gpu_mib_added": _minus(on.get("gpu_mib"), off.get("gpu_mib")),
+                         "torch_mib_added": _minus(on.get("torch_reserved_mib"), off.get("torch_reserved_mib"))}  # fmt: skip
+    return out
+
+
+def race_totals(runs: list[dict[str, Any]], jit: str) -> dict[str, dict[str, int]]:
+    """Per path: how its node processes' hedged misses ended, summed over its runs (race_stats() of its front door: RACE_PATH)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in runs:
+        if r["jit"] != jit or "error" in r or not r.get("races"):
+            continue
+        mine = out.setdefault(r["path"], {"runs": 0})
+        mine["runs"] += 1
+        for name, count in (r["races"].get(RACE_PATH.get(base(r["path"]), "compile")) or {}).items():
+            mine[name] = mine.get(name, 0) + count
+    return out
+
+
+def source_counts(runs: list[dict[str, Any]], jit: str) -> dict[str, dict[str, int]]:
+    """Per path: where the plans that ran came from (per graph, or per geometry of the decode step), over its runs."""
+    out: dict[str, dict[str, int]] = {}
+    for r in runs:
+        if r["jit"] != jit or "error" in r:
+            continue
+        found = [s for s in r.get("source") or () if s is not None] + [g["source"] for g in r.get("geometries") or ()]
+        for source in found:
+            mine = out.setdefault(r["path"], {})
+            mine[source] = mine.get(source, 0) + 1
+    return out
+
+
+def _hits_raced_nothing(runs: list[dict[str, Any]], jit: str) -> bool | None:
+    """Whether every hit-compile+hedge run had only hits and no race (a hit never starts the node's own build)."""
+    hits = [r for r in runs if r["jit"] == jit and r["path"] == "hit-compile+hedge" and "error" not in r and r.get("source")]
+    if not hits:
+        return None
+    return all(all(s == "hit" for s in r["source"] if s is not None) and not any(any(c.values()) for c in (r.get("races") or {}).values()) for r in hits)
+
+
 def met(s: dict[str, Any], jit: str) -> dict[str, bool]:
     """Each ratio against its target (a measure absent: not listed)."""
     at_least = {f"local_over_{p}": TARGETS[f"stored_vs_local_{jit}"] for p in ("fetch", "prefetch")}
     at_most = {"fetch_over_floor": TARGETS["stored_vs_floor"], "prefetch_over_floor": TARGETS["stored_vs_floor"],
                "first_compile_over_local": TARGETS["first_compile_vs_local"], "first_lazy_over_local_lazy": TARGETS["first_lazy_vs_local_lazy"],
                "first_4proc_over_local_4proc": TARGETS["first_4proc_vs_local_4proc"], "first_prefetch_over_local": TARGETS["first_prefetch_vs_local"],
-               "background_after_foreground_s": TARGETS["background_critical_path_s"]}  # fmt: skip
+               "background_after_foreground_s": TARGETS["background_critical_path_s"],
+               **{with_hedge: TARGETS["hedged_vs_local"] for _, _, with_hedge in VERSUS_LOCAL.values()}}  # fmt: skip
     result = {k: s[k] >= bound for k, bound in at_least.items() if s.get(k) is not None}
     result |= {k: s[k] <= bound for k, bound in at_most.items() if s.get(k) is not None}
     result |= {f"tuned_over_local_autotune/{p}": v <= TARGETS["tuned_vs_local_autotune"] for p, v in s["tuned_over_local_autotune"].items() if v is not None}
+    if s.get("hit_hedge_builds_nothing") is not None:
+        result["hit_hedge_builds_nothing"] = s["hit_hedge_builds_nothing"]
     return result
 
 
@@ -358,22 +632,35 @@ def report(runs: list[dict[str, Any]], out: Path, extra: dict[str, Any]) -> None
     rows = []
     for jit in ("cold", "warm"):
         for path, value in summary[jit]["median_s"].items():
+            if not summary[jit]["n"][path]:
+                continue
             tuned = summary[jit]["tuned_all_s"].get(path)
-            rows.append([jit, path, summary[jit]["n"][path], value * 1e3 if value else float("nan"), tuned * 1e3 if tuned else float("nan")])
-    print(table(["JIT cache", "path", "runs", "median ms", "tuned all ms"], rows))
-    print(json.dumps({k: {f: v for f, v in summary[k].items() if f not in ("median_s", "n")} for k in ("cold", "warm")}, indent=1, default=str))
+            cost = summary[jit]["costs"].get(path, {})
+            rows.append([jit, path, summary[jit]["n"][path], value * 1e3 if value else float("nan"), tuned * 1e3 if tuned else float("nan"),
+                         _or_nan(cost.get("cpu_s")), _or_nan(cost.get("gpu_mib"))])  # fmt: skip
+    print(table(["JIT cache", "path", "runs", "median ms", "tuned all ms", "CPU s", "GPU MiB"], rows))
+    shown = ("median_s", "n", "costs", "sources")
+    print(json.dumps({k: {f: v for f, v in summary[k].items() if f not in shown} for k in ("cold", "warm")}, indent=1, default=str))
     plot(summary, out / "startup.png")
     plot_timeline(runs, out / "startup_timeline.png")
 
 
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else value
+
+
 def plot(summary: dict[str, Any], path: Path) -> None:
+    shown = [p for p in PATHS if any(summary[jit]["median_s"].get(p) for jit in ("cold", "warm"))] or list(PATHS)
     fig, (a,) = figure(1)
+    fig.set_size_inches(max(7.0, 0.45 * len(shown) + 2), 4.8)
     width = 0.4
     for offset, jit in ((-width / 2, "cold"), (width / 2, "warm")):
-        values = [(summary[jit]["median_s"].get(p) or 0) * 1e3 for p in PATHS]
-        a.bar([i + offset for i in range(len(PATHS))], values, width=width, label=f"{jit} JIT cache")
-    a.set_yscale("log"), a.set_xticks(range(len(PATHS)), PATHS, rotation=30, ha="right", fontsize=7)
-    a.set_ylabel("ms until every graph ran once (median)"), a.set_title("13 graphs, fresh processes: with and without plancache"), a.legend()
+        values = [(summary[jit]["median_s"].get(p) or 0) * 1e3 for p in shown]
+        a.bar([i + offset for i in range(len(shown))], values, width=width, label=f"{jit} JIT cache")
+    a.set_yscale("log"), a.set_xticks(range(len(shown)), shown, rotation=35, ha="right", fontsize=7)
+    a.set_ylabel("ms until every graph ran once (median)")
+    a.set_title("13 graphs (the decode-step paths: one step), fresh processes: with and without plancache, with and without the hedge", fontsize=9)
+    a.legend()
     save(fig, path)
 
 
@@ -383,26 +670,53 @@ def graph_names() -> list[str]:
     return [g.name or "" for g in startup_graphs()]
 
 
+# The timeline's paths: the hedge's points should lie on the local build's.
+TIMELINE = ("local-heuristic", "first-compile", "first-compile+hedge", "first-dropin+hedge", "first-lazy", "first-compile-4proc", "first-prefetch")
+MARKERS = "os^DvPX"
+
+
 def plot_timeline(runs: list[dict[str, Any]], path: Path) -> None:
-    """When each graph became runnable (filled) and its tuned plan was stored (hollow), per path; one panel per JIT state."""
+    """When each graph became runnable, per path (a marker and a color each; filled: the plan that ran was the
+    node's own build, hollow: the service's), and when its tuned plan was stored (|); one panel per JIT state."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import NullFormatter
+
     names = graph_names()
-    shown = ("local-heuristic", "first-compile", "first-lazy", "first-compile-4proc", "first-prefetch")
     fig, axes = figure(2)
-    fig.set_size_inches(14, 7)
+    fig.set_size_inches(15, 7.5)
     for a, jit in zip(axes, ("cold", "warm"), strict=True):
-        for k, name in enumerate(shown):
+        for k, name in enumerate(TIMELINE):
             run = next((r for r in runs if r["jit"] == jit and r["path"] == name and r.get("runnable_s")), None)
             if run is None:
                 continue
-            y = [i + (k - 2) * 0.15 for i in range(len(names))]
-            dots = a.scatter(*_points(run["runnable_s"], y), s=18, label=f"{name} runnable (all run: {run['total_s']:.2f} s)")
+            y = [i + (k - (len(TIMELINE) - 1) / 2) * 0.11 for i in range(len(names))]
+            own = _own(run)
+            label = f"{name} (all run: {run['total_s']:.2f} s)"
+            style = {"s": 20, "marker": MARKERS[k]}
+            mine = _points([x if o else None for x, o in zip(run["runnable_s"], own, strict=False)], y)
+            theirs = _points([None if o else x for x, o in zip(run["runnable_s"], own, strict=False)], y)
+            a.scatter(*mine, color=f"C{k}", label=label if mine[0] else "_", **style)
+            a.scatter(*theirs, facecolors="none", edgecolors=f"C{k}", label="_" if mine[0] else label, **style)
             if run.get("tuned_s"):
-                a.scatter(*_points(run["tuned_s"], y), s=22, facecolors="none", edgecolors=dots.get_facecolor(), label=f"{name} tuned stored")
+                a.scatter(*_points(run["tuned_s"], y), s=40, marker="|", color=f"C{k}", label="_")
         a.set_xscale("log"), a.set_yticks(range(len(names)), names, fontsize=7), a.invert_yaxis()
+        a.xaxis.set_minor_formatter(NullFormatter())
         a.set_xlabel("seconds from the clock's start (log)"), a.set_title(f"{jit} JIT cache: when each graph became runnable")
-        if a.get_legend_handles_labels()[0]:
-            a.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
+        handles, _ = a.get_legend_handles_labels()
+        if handles:
+            keys = [Line2D([], [], marker="o", linestyle="", color="gray", label="filled: the node's own build ran"),
+                    Line2D([], [], marker="o", linestyle="", markerfacecolor="none", color="gray", label="hollow: the service's plan ran"),
+                    Line2D([], [], marker="|", linestyle="", color="gray", markersize=9, label="its tuned plan stored")]  # fmt: skip
+            a.legend(handles=[*handles, *keys], fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
     save(fig, path)
+
+
+def _own(run: dict[str, Any]) -> list[bool]:
+    """Per graph: whether the plan that ran was the node's own build (a local path's; "local": a hedged miss it won, a drop-in's own build)."""
+    count = len(run["runnable_s"])
+    if run["path"].startswith("local-"):
+        return [True] * count
+    return [source == "local" for source in (run.get("source") or [None] * count)]
 
 
 def _points(xs: list[float | None], ys: list[float]) -> tuple[list[float], list[float]]:
@@ -414,6 +728,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--jit", choices=("cold", "warm", "both"), default="both")
+    parser.add_argument("--study", choices=("all", "hedge"), default="all", help="all: every path; hedge: issue 29's hedged misses alone (module doc)")
     parser.add_argument("--warm-cache", type=Path, help="CUDA_CACHE_PATH of the warm runs (default: a new directory)")
     parser.add_argument("--time-limit", type=float, default=390.0, help="seconds per JIT state; runs that would end past it are skipped and listed")
     parser.add_argument("--repeats", type=int, default=2)
@@ -433,7 +748,7 @@ def main() -> None:
         return
     from plancache_server.store.embedded_redis import EmbeddedRedis
 
-    bench = Bench(args.out, args.time_limit, args.repeats, args.foreground_s, args.warm_cache, args.build_processes)
+    bench = Bench(args.out, args.time_limit, args.repeats, args.foreground_s, args.warm_cache, args.build_processes, args.study)
     redis = EmbeddedRedis(bench.tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
     try:
         for jit in ("cold", "warm") if args.jit == "both" else (args.jit,):

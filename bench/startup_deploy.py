@@ -1,7 +1,8 @@
 """The deployment bench/startup.py's first nodes meet: a worker and its build
-processes made ready, the GPU memory they hold, and the store read directly
-(what is stored and tuned; what is left of a build) so that each path starts
-from nothing stored and nothing pending. Imports neither torch nor cudnn.
+processes made ready, the GPU memory they hold (and a node process's own),
+and the store read directly (what is stored and tuned; what is left of a
+build) so that each path starts from nothing stored and nothing pending.
+Imports neither torch nor cudnn.
 """
 
 from __future__ import annotations
@@ -72,11 +73,24 @@ def gpu_memory_used() -> float | None:
     return float(rows[0][0]) if rows and rows[0][0].replace(".", "").isdigit() else None
 
 
+def _apps() -> list[tuple[int, float]]:
+    """(pid, MiB) of every process nvidia-smi lists on the GPUs."""
+    return [(int(r[0]), float(r[1])) for r in _nvidia_smi("--query-compute-apps=pid,used_memory") if len(r) == 2 and r[0].isdigit() and r[1].isdigit()]
+
+
+def process_memory(pid: int) -> dict[str, Any]:
+    """GPU memory one process holds (nvidia-smi's figure; None where it does not list the
+    process, as in a container whose process ids it does not show) and how many it lists."""
+    apps = _apps()
+    mine = [mib for p, mib in apps if p == pid]
+    return {"gpu_mib": sum(mine) if mine else None, "gpu_apps_listed": len(apps)}
+
+
 def pool_memory(worker_pid: int, size: int, baseline_mib: float | None) -> dict[str, Any]:
     """GPU memory of the worker and its build processes (nvidia-smi's per-process figures; and the
     whole GPU's growth since `baseline_mib`, for a container whose process ids nvidia-smi does not show)."""
     pids = {worker_pid} | _children(worker_pid)
-    apps = [(int(r[0]), float(r[1])) for r in _nvidia_smi("--query-compute-apps=pid,used_memory") if len(r) == 2 and r[0].isdigit() and r[1].isdigit()]
+    apps = _apps()
     mine = sorted(mib for pid, mib in apps if pid in pids)
     record: dict[str, Any] = {"build_processes": size, "processes": len(mine), "mib": sum(mine), "per_process_mib": mine, "apps_listed": len(apps)}
     used = gpu_memory_used()
@@ -180,13 +194,16 @@ def forget_jobs(redis_url: str, target_id: str, keys: list[str]) -> None:
         client.close()
 
 
-def save_blobs(address: str, path: str, target_id: str) -> None:
+def save_blobs(address: str, path: str, target_id: str, tuned_only: bool = True) -> None:
+    """The 13 plans' blobs, in graph order: the tuned ones (waited for), or, with
+    `tuned_only=False`, whatever is stored (a missing one built: its heuristic plan)."""
     from bench.startup_graphs import startup_graphs, write_blobs
     from plancache import Client, Manifest
     from plancache.keys.target import Target
 
     with Client(address, cache=False) as client:
-        result = client.prefetch(Manifest.from_specs(startup_graphs(), Target.parse(target_id)), compile_missing=True, tuned_only=True, timeout=600)
+        manifest = Manifest.from_specs(startup_graphs(), Target.parse(target_id))
+        result = client.prefetch(manifest, compile_missing=True, tuned_only=tuned_only, timeout=600)
         if result.errors:
-            raise RuntimeError(f"the tuned plans could not be had: {result.errors}")
+            raise RuntimeError(f"the {'tuned ' if tuned_only else ''}plans could not be had: {result.errors}")
         write_blobs(path, [result.plans[i].blob for i in range(result.total)])

@@ -2,12 +2,19 @@
 
 After its imports, the CUDA context, the cuDNN handle (with cuBLASLt loaded)
 and its input tensors (a node needs all of those with or without plancache;
-a local build's compiler is made then too), the clock starts; it stops when
-every graph of bench/startup_graphs.py has produced its first output (one
-synchronize at the end). Paths:
+a local build's compiler is made then too; the decode-step paths build their
+model and cache then), the clock starts; it stops when every graph of
+bench/startup_graphs.py has produced its first output (one synchronize at
+the end). Paths:
 
   local-heuristic   build each graph with the frontend, its first plan (what a node does alone)
   local-autotuned   build every candidate, time each 3 times in a plain loop, run the fastest
+  local-program     the frontend program a node runs alone, as local-heuristic builds: per graph its
+                    pygraph (plancache.frontend_graph.build_pygraph), validate, build_operation_graph,
+                    create_execution_plans([A, FALLBACK]), check_support, build_plans(), execute with a
+                    workspace of get_workspace_size(); the real `cudnn` module
+  first-dropin      the same program with `plancache.cudnn` in place of `cudnn` (its build step asks the
+                    service PLANCACHE_SERVER names, hedged as PLANCACHE_HEDGE says); nothing stored
   fetch             one GetPlan per plan, deserialize, execute
   prefetch          one streamed Prefetch for all plans, then deserialize and execute
   background        prefetch_in_background(load=True) while a simulated weight load runs
@@ -17,8 +24,23 @@ synchronize at the end). Paths:
                     (provisional or not) executed as soon as it returns
   first-lazy        the same with a --lazy-s "layer" (a sleep) after each graph's execute,
                     the last one's included, before the next compile
+  hit-compile       first-compile's code with every plan stored: one compile() per graph, each a hit
   first-prefetch    nothing stored: one Prefetch with compile_missing; each plan is executed
                     as it arrives
+  first-functional  one decode step of examples/decoder_step.py through plancache.functional, its
+                    client the service's (`Client(server, cache=False)`); nothing stored
+  local-functional  the same step, plancache.functional's client a stand-in that builds every
+                    geometry here (plancache.run.local.build_local: the node's own build of a hedged
+                    miss, the program's heuristic plan): the node building the same graphs itself
+  torch-step        the same step in torch eager (examples/decoder_step.torch_ops), for reference
+
+The decode-step paths' clock stops when the step's output is done (a
+synchronize); they bind none of the 13 graphs' tensors.
+
+plancache's clients (Client, plancache.cudnn's, plancache.functional's)
+hedge a miss as the environment says (PLANCACHE_HEDGE, set by the parent: 0
+or 1); a client the path makes is closed after the clock stops (a node
+keeps its client).
 
 With --share I/N the process runs only graphs I, I+N, I+2N ... (one of N
 processes of a node; the parent runs them side by side). With --barrier DIR
@@ -30,9 +52,22 @@ from it, and `end_wall` is the wall-clock time its last output was done.
 
 Per graph (graph order, None for graphs of other shares): `runnable_s`, when
 the node held a plan it could run (a local build returned; compile or the
-prefetch handed it over), and `output_s`, when its first output was produced
-(a CUDA event after its execute, read after the final synchronize). When the
-tuned plans were stored is measured by the parent (bench/startup.py).
+prefetch handed it over; the program's build_plans() returned), and
+`output_s`, when its first output was produced (a CUDA event after its
+execute, read after the final synchronize); `source`, where the plan that
+ran came from ("local": the node's own build won a hedged miss, or the
+drop-in built the graph itself, `reason` saying why; else the plan's source:
+"hit", "compiled", "provisional", ...; the drop-in's served plans' keys,
+`plan_key`). The decode-step paths report per
+geometry instead (`geometries`: its function, `source` as above, the plan's
+key). When the tuned plans were stored is measured by the parent
+(bench/startup.py).
+
+Costs of the process: `cpu_s`, its CPU seconds (user + system, every thread:
+getrusage) from the clock's start to its stop; after the stop, `gpu_mib`,
+the GPU memory nvidia-smi lists for it (None where it lists no process ids),
+and torch's own share (`torch_reserved_mib`); `races`, plancache.race_stats()
+(how its hedged misses ended, per path: compile, cudnn, functional).
 
 Prints one JSON line.
 """
@@ -40,10 +75,15 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import json
 import os
+import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 IMPORT_STARTED = time.perf_counter()
 
@@ -51,13 +91,18 @@ import cudnn  # noqa: E402
 import torch  # noqa: E402
 
 from bench.startup_graphs import read_blobs, startup_graphs  # noqa: E402
-from plancache import Client, Manifest, ManifestEntry, Plan  # noqa: E402
+from plancache import Client, CompileOptions, Manifest, ManifestEntry, Plan  # noqa: E402
+from plancache.frontend_graph import build_pygraph  # noqa: E402
 from plancache.keys.target import Target  # noqa: E402
 from plancache.run.gpu import cudnn_handle, detect_target, torch_dtype  # noqa: E402
 from plancache.spec.graph import GraphSpec  # noqa: E402
 from plancache.spec.validation import normalize  # noqa: E402
 
-PATHS = ("local-heuristic", "local-autotuned", "fetch", "prefetch", "background", "floor", "first-compile", "first-lazy", "first-prefetch")
+COMPILER_PATHS = ("local-heuristic", "local-autotuned")  # built with the worker's compiler (CudnnCompiler), made before the clock
+PROGRAM_PATHS = ("local-program", "first-dropin")  # the frontend program: cudnn, or plancache.cudnn in its place
+STEP_PATHS = ("first-functional", "local-functional", "torch-step")  # one decode step of examples/decoder_step.py
+PATHS = (*COMPILER_PATHS, *PROGRAM_PATHS, "fetch", "prefetch", "background", "floor", "first-compile", "first-lazy", "hit-compile", "first-prefetch",
+         *STEP_PATHS)  # fmt: skip
 BARRIER_POLL_S = 0.001
 
 
@@ -65,7 +110,7 @@ class Clock:
     """Seconds since the clock's start: this process's start, or the parent's `go` time."""
 
     def __init__(self, go_wall: float | None = None) -> None:
-        now_wall, self._origin = time.time(), time.perf_counter()
+        now_wall, self._origin, self._cpu = time.time(), time.perf_counter(), cpu_seconds()
         self.go_wall = now_wall if go_wall is None else go_wall
         self._offset = now_wall - self.go_wall  # how late this process saw the go (0 without a barrier)
         self._start_event = torch.cuda.Event(enable_timing=True)
@@ -75,6 +120,10 @@ class Clock:
     def now(self) -> float:
         return self._offset + time.perf_counter() - self._origin
 
+    def cpu_s(self) -> float:
+        """This process's CPU seconds since the clock started (every thread, user and system)."""
+        return cpu_seconds() - self._cpu
+
     def output_done(self, index: int) -> None:
         """Marks graph `index`'s output on the stream (read by outputs() after the final synchronize)."""
         event = torch.cuda.Event(enable_timing=True)
@@ -83,6 +132,11 @@ class Clock:
 
     def outputs(self) -> dict[int, float]:
         return {i: self._offset + self._start_event.elapsed_time(e) / 1e3 for i, e in self._events.items()}
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def wait_for_go(barrier: Path, index: int) -> float:
@@ -151,6 +205,138 @@ def local(compiler: object, specs: dict[int, GraphSpec], tensors: dict[int, dict
     return {"candidates": candidates}
 
 
+def program(frontend: Any, specs: dict[int, GraphSpec], tensors: dict[int, dict[int, torch.Tensor]], handle: object, clock: Clock,
+            per_graph: dict[str, dict[int, object]]) -> None:  # fmt: skip
+    """The frontend program local() runs for local-heuristic, written against `frontend`:
+    the real cudnn module (local-program), or plancache.cudnn in its place (first-dropin)."""
+    for index, spec in specs.items():
+        g = build_pygraph(spec, frontend, handle=handle)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        per_graph["runnable_s"][index] = clock.now()
+        g.execute(tensors[index], workspace(g.get_workspace_size()), handle=handle)
+        clock.output_done(index)
+
+
+def dropin_sources(specs: dict[int, GraphSpec], per_graph: dict[str, dict[int, object]]) -> None:
+    """How plancache.cudnn built each graph (plancache.cudnn.graphs(), after the clock): the
+    first record of a graph is its build ("local": the program's own, `reason` says why; a
+    hedged miss it won is one); a later one, the service's plan taking over (`taken_over`)."""
+    import plancache.cudnn
+
+    records = plancache.cudnn.graphs()
+    first: dict[str, Any] = {}
+    for record in records:
+        first.setdefault(record.name, record)
+    names = [spec.name or "" for spec in specs.values()]
+    by_name = set(names) <= set(first)
+    for position, (index, name) in enumerate(zip(specs, names, strict=True)):
+        built = first.get(name) if by_name else (records[position] if position < len(records) else None)
+        per_graph["source"][index] = built.source if built is not None else None
+        per_graph["reason"][index] = built.reason[:300] if built is not None and built.reason else None
+        per_graph["taken_over"][index] = sum(1 for b in records if b.name == name) > 1 if by_name else None
+        per_graph["plan_key"][index] = built.plan.key if built is not None and built.plan is not None else None
+
+
+class LocalBuilds:
+    """STAND-IN for plancache.Client behind plancache.functional (local-functional):
+    every geometry is built here by this node, with the hedged miss's own build
+    (plancache.run.local.build_local: the program's heuristic plan on this
+    thread's handle); no service. plancache.functional's service calls the
+    client's `_compile(spec, target, options, ...)`; `compile` is the same."""
+
+    hedge = False  # plancache.cudnn's race: never (not used by plancache.functional)
+
+    def __init__(self) -> None:
+        from plancache.run.local import build_local
+
+        self._build = build_local  # imported here: a missing one fails the set-up, not the clock
+
+    def compile(self, spec: GraphSpec, target: Target | str | None = None, options: CompileOptions | None = None, *_: object, **__: object) -> Plan:
+        from plancache.spec.canonical import hash_normalized
+        from plancache.trust.answers import Asked
+
+        normalized = normalize(spec)
+        resolved = target if isinstance(target, Target) else Target.parse(target) if target else detect_target()
+        opts = options or CompileOptions()
+        key = Asked.query(hash_normalized(normalized), resolved, opts).key
+        plan: Plan = self._build(normalized, opts, key, resolved)
+        return plan
+
+    _compile = compile
+
+    def race(self, spec: GraphSpec, target: Target | str | None, options: CompileOptions | None, build: object, **_: object) -> object:
+        """A race plancache's front doors may ask for: none here (the node's own plan, always)."""
+        from plancache.transport.hedge import Raced
+
+        return Raced(plan=self.compile(spec, target, options))
+
+    def close(self) -> None:
+        pass
+
+
+def decode_setup(path: str, server: str) -> Callable[[], object]:
+    """examples/decoder_step.py's step (its Config: 4 layers, batch 8, bf16), set up:
+    the model, its cache and input made, plancache.functional configured."""
+    from examples.decoder_step import Config, build, decode_step, functional_ops, torch_ops
+
+    model, cache, x = build(Config(), torch.bfloat16, torch.device("cuda"))
+    if path == "torch-step":
+        ops = torch_ops()
+    else:
+        import plancache.functional as pf
+
+        pf.configure(Client(server, cache=False) if path == "first-functional" else LocalBuilds())  # type: ignore[arg-type]
+        ops = functional_ops()
+
+    def step() -> object:
+        with torch.inference_mode():
+            return decode_step(model, cache, x, ops)
+
+    return step
+
+
+def step_record() -> dict[str, object]:
+    """After a decode step: each geometry plancache.functional met (its function, where the
+    plan that ran its first call came from, its key), the plans' keys, and its call counts."""
+    import plancache.functional as pf
+
+    try:
+        from plancache.run.local import LocalPlan
+    except ImportError:  # a client without the hedge: no plan is the node's own
+        LocalPlan = None  # type: ignore[assignment,misc]  # noqa: N806
+    geometries = []
+    for g in pf.geometries():
+        plan = g.plan
+        own = LocalPlan is not None and isinstance(plan, LocalPlan)  # a LocalPlan stays one when the service's plan takes over
+        geometries.append({"function": g.function, "source": "local" if own else plan.source if plan is not None else "torch",
+                           "now": plan.source if plan is not None else None, "key": plan.key if plan is not None else None,
+                           "reason": g.reason})  # fmt: skip
+    return {"geometries": geometries, "plan_keys": sorted({g["key"] for g in geometries if g["key"]}),
+            "functional_stats": {name: dataclasses.asdict(c) for name, c in pf.stats().items()}}  # fmt: skip
+
+
+def races() -> dict[str, dict[str, int]] | None:
+    """plancache.race_stats() of this process (None for a client without the hedge)."""
+    import plancache
+
+    stats = getattr(plancache, "race_stats", None)
+    if stats is None:
+        return None
+    return {path: dataclasses.asdict(counts) for path, counts in stats().items()}
+
+
+def memory() -> dict[str, object]:
+    """The GPU memory this process holds (after the clock: nvidia-smi takes its time)."""
+    from bench.startup_deploy import process_memory
+
+    return {**process_memory(os.getpid()), "torch_reserved_mib": torch.cuda.memory_reserved() / 2**20,
+            "torch_max_reserved_mib": torch.cuda.max_memory_reserved() / 2**20}  # fmt: skip
+
+
 def _size_at(g: object, index: int) -> int:
     try:
         return int(g.get_workspace_size_plan_at_index(index))  # type: ignore[attr-defined]
@@ -175,22 +361,31 @@ def main() -> None:
     target = detect_target()
     all_specs = [normalize(s) for s in startup_graphs()]
     manifest = Manifest.from_specs(all_specs, target)
-    specs = {i: s for i, s in enumerate(all_specs) if i % of == share}
+    specs = {} if args.path in STEP_PATHS else {i: s for i, s in enumerate(all_specs) if i % of == share}
     tensors = {i: bind(s) for i, s in specs.items()}
     compiler = None
-    if args.path.startswith("local-"):
+    if args.path in COMPILER_PATHS:
         from plancache_server.worker.compiler.cudnn import CudnnCompiler
 
         compiler = CudnnCompiler(0)  # its own handle
+    # The program's one changed line for first-dropin (its service: PLANCACHE_SERVER, set by the parent).
+    frontend = importlib.import_module("plancache.cudnn") if args.path == "first-dropin" else cudnn
+    step = decode_setup(args.path, args.server) if args.path in STEP_PATHS else None
     torch.cuda.synchronize()
     setup_s = time.perf_counter() - IMPORT_STARTED - imports_s
     go = wait_for_go(args.barrier, share) if args.barrier else None
     clock = Clock(go)
     result: dict[str, object] = {"path": args.path, "imports_s": imports_s, "setup_s": setup_s, "graphs": len(all_specs), "share": [share, of],
-                                 "indices": sorted(specs), "target": target.id, "keys": [e.key for e in manifest.entries]}  # fmt: skip
-    per_graph: dict[str, dict[int, object]] = {"runnable_s": {}, "provisional": {}, "source": {}}
+                                 "indices": sorted(specs), "target": target.id, "keys": [e.key for e in manifest.entries],
+                                 "hedge_env": os.environ.get("PLANCACHE_HEDGE")}  # fmt: skip
+    per_graph: dict[str, dict[int, object]] = {"runnable_s": {}, "provisional": {}, "source": {}, "reason": {}, "taken_over": {}, "plan_key": {}}
+    client = None
     if compiler is not None:
         result.update(local(compiler, specs, tensors, clock, args.path == "local-autotuned", per_graph))
+    elif args.path in PROGRAM_PATHS:
+        program(frontend, specs, tensors, handle, clock, per_graph)
+    elif step is not None:
+        step()
     elif args.path == "floor":
         blobs = read_blobs(args.blobs)
         for index in specs:
@@ -198,14 +393,22 @@ def main() -> None:
             g.deserialize(handle, blobs[index])
             g.execute(tensors[index], workspace(g.get_workspace_size()), handle=handle)
     else:
-        with Client(args.server, cache=False) as client:
-            run_service_path(args, client, manifest, target, specs, tensors, result, clock, per_graph)
+        client = Client(args.server, cache=False)
+        run_service_path(args, client, manifest, target, specs, tensors, result, clock, per_graph)
     torch.cuda.synchronize()
     result["total_s"] = clock.now()
+    result["cpu_s"] = clock.cpu_s()
     result["end_wall"] = time.time()
+    if client is not None:
+        client.close()
     per_graph["output_s"] = clock.outputs()  # type: ignore[assignment]
+    if args.path == "first-dropin":
+        dropin_sources(specs, per_graph)
+    if step is not None and args.path != "torch-step":
+        result.update(step_record())
+    result.update(memory(), races=races())
     for name, values in per_graph.items():
-        if values:
+        if any(v is not None for v in values.values()):
             result[name] = [values.get(i) for i in range(len(all_specs))]
     print(json.dumps(result), flush=True)
 
@@ -241,7 +444,7 @@ def run_service_path(
         torch.cuda.synchronize()
         result["after_foreground_s"] = time.perf_counter() - foreground_done
         result["prefetch_done_s"] = (pending.finished_at or time.perf_counter()) - pending.started_at
-    elif args.path in ("first-compile", "first-lazy"):
+    elif args.path in ("first-compile", "first-lazy", "hit-compile"):
         lazy = args.lazy_s if args.path == "first-lazy" else 0.0
         result["lazy_s"] = lazy
         for index, spec in specs.items():

@@ -76,7 +76,7 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             target = detect_target()
             session["target"] = target.id
             wait_for_workers(address, proc=server)
-            with Client(address, cache=False, trusted_keys=[public_key], allow_unsigned=False) as client:
+            with Client(address, cache=False, trusted_keys=[public_key], allow_unsigned=False, hedge=False) as client:  # the service alone (tests/gpu/test_gpu_hedge.py races)
                 for name, build in EXAMPLES.items():
                     session["cases"][name] = _compile(client, name, build(), target, tmp)
             session["gpu_memory"] = _gpu_memory_by_process(server.pid)

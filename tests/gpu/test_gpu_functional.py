@@ -34,7 +34,7 @@ def pf(gpu_session: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
     import plancache.functional
 
     plancache.functional.clear()
-    client = Client(gpu_session["address"], trusted_keys=[gpu_session["public_key"]], allow_unsigned=False, cache=DiskCache(tmp_path_factory.mktemp("functional")))
+    client = Client(gpu_session["address"], trusted_keys=[gpu_session["public_key"]], allow_unsigned=False, cache=DiskCache(tmp_path_factory.mktemp("functional")), hedge=False)
     plancache.functional.configure(client)
     yield plancache.functional
     plancache.functional.clear()

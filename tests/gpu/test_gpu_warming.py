@@ -38,7 +38,7 @@ def warmed(gpu_session: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
     specs = [EXAMPLES[n]() for n in names]
     address, public_key = gpu_session["address"], gpu_session["public_key"]
     started = time.perf_counter()
-    with Client(address, cache=False, trusted_keys=[public_key], allow_unsigned=False, timeout=300) as client:
+    with Client(address, cache=False, trusted_keys=[public_key], allow_unsigned=False, timeout=300, hedge=False) as client:
         built = client.prefetch(Manifest.from_specs(specs, generic, UNTUNED), compile_missing=True)
         assert not built.errors, built.errors
         history = client.prefetch(Manifest.from_specs(specs, generic, UNTUNED))  # the generic target's history: one hit each

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plancache import CompileOptions, GraphSpec, Plan, PlanCacheError, Target
+from plancache.run.local import LocalPlan
 from plancache.spec.canonical import hash_normalized
 from plancache.spec.layouts import row_major
 from plancache.spec.validation import normalize
+from plancache.transport.hedge import Raced
 from plancache.trust.answers import Asked
 from plancache_server.worker.compiler.base import CandidateResult, CompiledPlan
 from plancache_server.worker.worker import VerifiedJob, plan_metadata
@@ -58,16 +60,68 @@ class StandInClient:
     error: PlanCacheError | None = None
     source: str = "compiled"
     asked: list[tuple[GraphSpec, Target, CompileOptions]] = field(default_factory=list)
+    hedge: bool = False
+    # With `hedge`, how a race ends: "local" (the caller's build ran first; `pending` is the
+    # service's side, to answer later) or "service" (the caller's build ran, the plan came first).
+    race_outcome: str = "local"
+    pending: StandInRace | None = None
+    # compile() answers as a hedged Client whose own build won: a LocalPlan, the service's plan in `pending`.
+    local_plans: bool = False
 
-    def compile(self, spec: GraphSpec, target: Target | str | None = None, options: CompileOptions | None = None, *, timeout: float | None = None) -> Plan:
+    def compile(
+        self, spec: GraphSpec, target: Target | str | None = None, options: CompileOptions | None = None, *, timeout: float | None = None,
+        hedge: bool | None = None, hedge_path: str = "compile",
+    ) -> Plan:  # fmt: skip
         assert isinstance(target, Target)
         self.asked.append((spec, target, options or CompileOptions()))
         if self.error is not None:
             raise self.error
+        if self.local_plans:
+            from tests.support.standin_local import StandInLocalBuilder
+
+            local = StandInLocalBuilder().build(normalize(spec), options or CompileOptions(), key_of(spec, target, options), target)
+            assert isinstance(local, LocalPlan)
+            self.pending = StandInRace(plan_for(spec, target, options, self.source))
+            local.replace_with(self.pending)
+            return local
         return plan_for(spec, target, options, self.source)
+
+    def race(
+        self, spec: GraphSpec, target: Target | str | None, options: CompileOptions | None, build: Callable[[], Any], *, path: str,
+        timeout: float | None = None,
+    ) -> Raced[Any]:  # fmt: skip
+        assert isinstance(target, Target)
+        self.asked.append((spec, target, options or CompileOptions()))
+        if self.error is not None:
+            raise self.error
+        build()
+        if self.race_outcome == "service":
+            return Raced(plan=plan_for(spec, target, options, self.source))
+        self.pending = StandInRace(plan_for(spec, target, options, self.source))
+        return Raced(local=None, race=self.pending)  # type: ignore[arg-type]
 
     def close(self) -> None:
         pass
+
+
+class StandInRace:
+    """The service's side of a race the caller's build won: answers when the test says (`answer()`)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self._plan, self.answered, self.adoptions = plan, False, 0
+
+    def answer(self) -> None:
+        self.answered = True
+
+    def done(self) -> bool:
+        return self.answered
+
+    @property
+    def plan(self) -> Plan | None:
+        return self._plan if self.answered else None
+
+    def adopted(self) -> None:
+        self.adoptions += 1
 
 
 # ---- tensors ------------------------------------------------------------------------

@@ -380,3 +380,62 @@ def test_a_real_client_pointed_at_a_dead_port_builds_locally(recorder: Recorder)
         finally:
             SERVICE.reset()
     assert g.plancache.reason.startswith("Unavailable") and recorder.names().count("build_plans") == 1
+
+
+# ---- a hedged miss -------------------------------------------------------------------------
+
+
+class Workspace:
+    """A program's workspace tensor: its size is all plancache.cudnn reads."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def numel(self) -> int:
+        return self.size
+
+    def element_size(self) -> int:
+        return 1
+
+
+def test_a_hedged_miss_runs_the_programs_own_build_then_the_services_plan(recorder: Recorder, client: StandInClient) -> None:
+    client.hedge = True
+    g, (a, b, c) = matmul_graph()
+    build(g)
+    # The program's own build is the race's local side: its deferred plan calls, then its build, as it made them.
+    assert recorder.names()[-3:] == ["create_execution_plans", "check_support", "build_plans"]
+    assert g.plancache.source == "local" and g.plancache.reason == shim.HEDGED and g.plancache.local_built
+    assert shim.stats().local == 1 and shim.stats().reasons == {shim.HEDGED: 1}
+    g.execute({a: 1, b: 2, c: 3}, Workspace(4096))
+    assert recorder.names()[-1] == "execute" and recorder.loaded == []  # the program's own plan ran
+    assert client.pending is not None
+    client.pending.answer()
+    g.execute({a: 1, b: 2, c: 3}, Workspace(16))  # the service's plan needs 256 bytes: not with this workspace
+    assert recorder.names().count("execute") == 2 and recorder.loaded == []
+    g.execute({a: 1, b: 2, c: 3}, Workspace(4096))  # a safe point: it takes over
+    (served,) = recorder.loaded
+    assert served.executed == [({1: 1, 2: 2, 3: 3}, served.executed[0][1], None)] and recorder.names().count("execute") == 2
+    assert g.plancache.source == "compiled" and client.pending.adoptions == 1
+    assert g.get_workspace_size() == served.workspace
+
+
+def test_a_hedged_miss_the_service_answers_first_is_served(recorder: Recorder, client: StandInClient) -> None:
+    client.hedge, client.race_outcome = True, "service"
+    g, (a, b, c) = matmul_graph()
+    build(g)
+    assert "build_plans" in recorder.names()  # the program's build ran (what the hedge costs when the service wins)
+    assert g.plancache.source == "compiled" and shim.stats().served == 1
+    g.execute({a: 1, b: 2, c: 3}, "ws")
+    assert recorder.loaded[0].executed and "execute" not in recorder.names()
+
+
+def test_a_hedged_miss_whose_service_fails_keeps_the_programs_plan(recorder: Recorder, client: StandInClient) -> None:
+    client.hedge = True
+    g, (a, b, c) = matmul_graph()
+    build(g)
+    assert client.pending is not None
+    client.pending._plan = None  # type: ignore[assignment]  # the service answered with no plan
+    client.pending.answer()
+    g.execute({a: 1, b: 2, c: 3}, Workspace(4096))
+    g.execute({a: 1, b: 2, c: 3}, Workspace(4096))
+    assert recorder.loaded == [] and recorder.names().count("execute") == 2 and g.plancache.source == "local"

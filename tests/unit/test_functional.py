@@ -342,3 +342,20 @@ def test_logging_keys_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
     log = logging.getLogger("test.once")
     with caplog.at_level(logging.WARNING, logger="test.once"):
         assert [once(log, k, k) for k in ("a", "a", "b", "c", "a")] == [True, False, True, True, True]
+
+
+def test_a_geometry_this_node_built_runs_its_own_plan_until_the_services_takes_over(client: StandInClient, runtime: FakeRuntime) -> None:
+    client.local_plans = True  # a hedged miss the node's own build won
+    w = T((32, 64))
+    pf.linear(T((4, 16, 64)), w)
+    ((_, entry),) = _table.TABLE.entries()
+    assert isinstance(entry, _table.HedgedServed) and entry.plan.source == "local" and runtime.graphs == []
+    pf.linear(T((4, 16, 64)), w)
+    assert runtime.graphs == []  # the service has not answered: still the node's own plan
+    assert client.pending is not None
+    client.pending.answer()
+    pf.linear(T((4, 16, 64)), w)
+    ((_, replaced),) = _table.TABLE.entries()
+    assert type(replaced) is _table.Served and replaced.plan.source == "compiled"  # a plain entry: later calls look no more
+    (graph,) = runtime.graphs
+    assert len(graph.calls) == 1 and client.pending.adoptions == 1 and pf.stats()["linear"].cudnn == 3 and len(client.asked) == 1

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from plancache import CompileFailed
+from plancache.frontend_graph.plan_list import first_index, make_plan_list
 from plancache.keys.options import CompileOptions, NoteFilter, PinnedPlan
-from plancache_server.worker.compiler.plan_list import describe, first_index, make_plan_list
+from plancache_server.worker.compiler.plan_list import describe
 
 Knob = enum.Enum("knob_type", "TILE_SIZE SPLIT_K")
 Note = enum.Enum("behavior_note", "RUNTIME_COMPILATION CUBLASLT_DEPENDENCY")

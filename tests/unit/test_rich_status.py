@@ -6,7 +6,8 @@ import grpc
 import pytest
 
 from plancache.errors import CompileFailed, ResourceExhausted, TargetUnavailable
-from plancache.transport.client import RETRY_BACKOFF_CAP_S, _retry_pause
+from plancache.transport.calls import RETRY_BACKOFF_CAP_S
+from plancache.transport.calls import retry_pause as _retry_pause
 from plancache.transport.rich_status import DETAILS_METADATA_KEY, MAX_MESSAGE_CHARS, bounded, error_of, trailing_metadata
 
 

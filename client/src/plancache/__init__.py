@@ -26,6 +26,7 @@ from plancache.keys.target import Target
 from plancache.run.plan import Plan
 from plancache.spec.graph import GraphSpec, Tensor
 from plancache.transport.client import Client, TLSConfig
+from plancache.transport.hedge import RaceCounts, race_stats
 from plancache.transport.manifest import Manifest, ManifestEntry
 from plancache.transport.results import PrefetchResult, TargetInfo, TargetStats, WindowCounts
 from plancache.trust.disk_cache import DiskCache
@@ -49,6 +50,7 @@ __all__ = [
     "Plan",
     "PlanCacheError",
     "PrefetchResult",
+    "RaceCounts",
     "ResourceExhausted",
     "ServerError",
     "SpecError",
@@ -65,4 +67,5 @@ __all__ = [
     "UntrustedPlan",
     "WarmStatus",
     "WindowCounts",
+    "race_stats",
 ]

@@ -9,12 +9,14 @@ shim's counters are written to REPORT.json for the test to read.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import runpy
 import sys
 from pathlib import Path
 
+import plancache
 import plancache.cudnn
 
 
@@ -28,7 +30,8 @@ def main() -> None:
         {"name": b.name, "source": b.source, "key": b.plan.key if b.plan else None, "reason": b.reason, "spec": b.spec.to_json() if b.spec else None}
         for b in plancache.cudnn.graphs()
     ]
-    report.write_text(json.dumps({"served": stats.served, "local": stats.local, "reasons": stats.reasons, "graphs": graphs}, indent=1))
+    races = dataclasses.asdict(plancache.race_stats()["cudnn"])
+    report.write_text(json.dumps({"served": stats.served, "local": stats.local, "reasons": stats.reasons, "graphs": graphs, "races": races}, indent=1))
 
 
 if __name__ == "__main__":

@@ -45,9 +45,10 @@ May import: plancache.errors, plancache.spec, plancache.keys, plancache.run, pla
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,7 @@ from plancache.functional._service import ABOUT_THE_GRAPH, SERVICE, Once, config
 from plancache.keys.options import CompileOptions
 from plancache.run.plan import Plan
 from plancache.spec.graph import GraphSpec
+from plancache.transport.hedge import Race
 
 log = logging.getLogger(__name__)
 _once = Once()
@@ -153,7 +155,7 @@ def node_types(graph: Any) -> tuple[str, ...]:
 class _State:
     """A graph's plan calls (deferred while plancache may serve) and outcome."""
 
-    __slots__ = ("built", "checked", "excluded_notes", "heuristics", "plan_list", "planned", "records", "replay", "served", "workspace_limit")
+    __slots__ = ("built", "checked", "excluded_notes", "heuristics", "plan_list", "planned", "race", "records", "replay", "served", "workspace_limit")
 
     def __init__(self) -> None:
         self.built: Built | None = None
@@ -168,6 +170,8 @@ class _State:
         self.replay: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         # The plan fetched to answer the program's queries about its plan list (and its options).
         self.records: tuple[CompileOptions, Plan] | None = None
+        # A hedged miss the program's own build won: the service's answer, to take over at a later execute.
+        self.race: Race | None = None
 
     @property
     def pending(self) -> bool:
@@ -248,10 +252,7 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         # build_plans(ALL) too: the plan it leaves selected is the one a plain build runs (a program
         # that then runs another candidate itself switches to a local build, see _plancache_drives).
         self._plancache.replay.append(("build_plans", args, kwargs))
-        if self._plancache_serve():
-            return None
-        with self._plancache_local_build():
-            return super().build_plans(*args, **kwargs)  # type: ignore[no-any-return]
+        return self._plancache_build(functools.partial(super().build_plans, *args, **kwargs))
 
     def build(self, heuristics: Any = None, ctx: Any = None) -> None:
         s = self._plancache
@@ -262,10 +263,7 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
             if not s.planned:
                 s.planned, s.heuristics = True, heuristics
         s.replay.append(("build", (heuristics, ctx), {}))
-        if self._plancache_serve():
-            return None
-        with self._plancache_local_build():
-            return super().build(heuristics, ctx)  # type: ignore[no-any-return]
+        return self._plancache_build(functools.partial(super().build, heuristics, ctx))
 
     def deselect_workspace_greater_than(self, workspace_limit: int) -> Any:
         self._plancache.workspace_limit = int(workspace_limit)
@@ -291,6 +289,8 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         s = self._plancache
         if s.pending and not self.__dict__.get("_is_built", False):
             self._plancache_serve()  # the frontend builds on a first execute; plancache is asked first
+        if s.race is not None:
+            self._plancache_adopt(workspace)
         if s.served is not None:
             return s.served.execute(self._plancache_pack(tensor_dict), workspace, handle, *args, **kwargs)  # type: ignore[no-any-return]
         return super().execute(tensor_dict, workspace, handle, *args, **kwargs)  # type: ignore[no-any-return]
@@ -351,8 +351,11 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         base = options(SERVICE.options, s.heuristics, s.workspace_limit, s.excluded_notes)
         return s.plan_list.options(base, s.planned)
 
-    def _plancache_fetch(self) -> tuple[GraphSpec | None, Plan | None, tuple[str, str, bool] | None]:
-        """(spec, plan, None), or why not: (spec or None, None, (reason, its logging key, about this graph))."""
+    def _plancache_fetch(self, build: Callable[[], Any] | None = None) -> tuple[GraphSpec | None, Plan | None, tuple[str, str, bool] | None]:
+        """(spec, plan, None), or why not: (spec or None, None, (reason, its logging key, about this graph)).
+        With `build` (the program's own build step), a miss races it
+        (plancache.transport.hedge): when it ran first, (spec, None, None)
+        with the race kept for the service's plan to take over later."""
         s = self._plancache
         if not self.__dict__.get("_is_validated", False):
             self.validate()  # the IR's inferred dims, and the program's own errors, as its build would raise them
@@ -363,22 +366,55 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
             wanted = self._plancache_options()
             if s.records is not None and s.records[0] == wanted:
                 return spec, s.records[1], None  # the plan that answered the program's queries is the one it builds
-            return spec, SERVICE.compile(spec, _current_device(), wanted), None
+            if build is None:
+                return spec, SERVICE.compile(spec, _current_device(), wanted, path="cudnn"), None
+            raced = SERVICE.race(spec, _current_device(), wanted, functools.partial(self._plancache_own_build, build), path="cudnn")
+            s.race = raced.race
+            return spec, raced.plan, None
         except PlanCacheError as e:
             return spec, None, (describe(e), reason_key(e), isinstance(e, ABOUT_THE_GRAPH))
         except Exception as e:  # e.g. a frontend error: the program's own build runs and says it
             reason = f"{stage} failed: {type(e).__name__}: {e}"
             return spec, None, (reason, reason, True)
 
-    def _plancache_serve(self) -> bool:
-        """Whether plancache serves this graph (asked once; a local build replays the deferred calls)."""
+    def _plancache_build(self, build: Callable[[], Any]) -> None:
+        """The program's build step: served, raced (a hedged miss), or the program's own build."""
+        if self._plancache_serve(build):
+            return
+        with self._plancache_local_build():
+            build()
+
+    def _plancache_own_build(self, build: Callable[[], Any]) -> None:
+        """The program's build as its side of a race: the deferred plan calls, then the build."""
+        try:
+            self._plancache_replay()
+            build()
+        except BaseException:
+            self._plancache.replay.clear()  # made already: a local build after the race does not make them again
+            raise
+        self._plancache.replay.clear()
+
+    def _plancache_serve(self, build: Callable[[], Any] | None = None) -> bool:
+        """Whether plancache serves this graph, or the program's own build
+        ran in a race it won (asked once; a local build replays the deferred calls)."""
         s = self._plancache
         if not s.pending:
-            return s.served is not None
+            return s.served is not None or s.race is not None
         name = self._plancache_name()
         # The local build runs outside the handlers: its own errors are the
         # frontend's, not chained to why plancache did not serve.
-        spec, plan, local = self._plancache_fetch()
+        spec, plan, local = self._plancache_fetch(build)
+        race = s.race
+        if plan is None and local is None and race is not None:  # the program's own build ran in the race, and runs
+            failed = race.error if race.done() and race.plan is None else None
+            if failed is None:
+                built = Built(name, spec, reason=HEDGED, node_types=node_types(self), local_built=True)
+                self._plancache_count_local(built, "hedged", about_the_graph=False, level=logging.INFO)
+            else:  # the service failed: said as when nothing was raced
+                s.race = None
+                built = Built(name, spec, reason=describe(failed), node_types=node_types(self), local_built=True)
+                self._plancache_count_local(built, reason_key(failed), about_the_graph=isinstance(failed, ABOUT_THE_GRAPH))
+            return True
         if plan is not None:
             try:
                 served = _load(self, plan)
@@ -451,21 +487,54 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
 
     def _plancache_local(self, built: Built, key: str, *, about_the_graph: bool) -> None:
         """Build locally from here on: the deferred plan calls are made now, in order."""
-        s = self._plancache
-        s.built = built
+        self._plancache_count_local(built, key, about_the_graph=about_the_graph)
+        try:
+            self._plancache_replay()
+        except BaseException:
+            built.local_built = False  # the frontend refuses it too
+            raise
+
+    def _plancache_count_local(self, built: Built, key: str, *, about_the_graph: bool, level: int = logging.WARNING) -> None:
+        self._plancache.built = built
         _STATS.local += 1
         reason = built.reason or "unknown"
         _STATS.reasons[reason] = _STATS.reasons.get(reason, 0) + 1
         _RECENT.append(built)
         what = f"graph {built.name!r}" if about_the_graph else "graphs"
-        _once(log, key, "plancache.cudnn: %s built locally: %s", what, reason)
+        _once(log, key, "plancache.cudnn: %s built locally: %s", what, reason, level=level)
+
+    def _plancache_replay(self) -> None:
+        """The deferred plan calls, made now on the program's graph, in order (the build itself is the caller's)."""
+        for name, args, kwargs in self._plancache.replay:
+            if name not in _BUILDS:
+                getattr(super(), name)(*args, **kwargs)
+
+    def _plancache_adopt(self, workspace: Any) -> None:
+        """The service's plan takes over from the program's own build (a
+        race it won) at this execute, once it is there and verified, and
+        when the workspace the program passes is large enough for it (a
+        program sizes its workspace by get_workspace_size() after its build)."""
+        s = self._plancache
+        race = s.race
+        if race is None or not race.done():
+            return
+        plan = race.plan
+        if plan is None:  # the service failed: the program's own plan keeps running
+            s.race = None
+            return
+        size = _bytes_of(workspace)
+        if size is None or size < plan.metadata.workspace_size:
+            return  # asked again at the next execute (the program may pass a larger one)
+        s.race = None
         try:
-            for name, args, kwargs in s.replay:
-                if name not in _BUILDS:  # the build itself is the caller's next step
-                    getattr(super(), name)(*args, **kwargs)
-        except BaseException:
-            built.local_built = False  # the frontend refuses it too
-            raise
+            served = _load(self, plan)
+        except Exception as e:  # a blob this frontend cannot load: the program's own plan keeps running
+            log.debug("plancache.cudnn: graph %r keeps its own plan: loading the service's failed: %s", self._plancache_name(), e)
+            return
+        previous = s.built
+        s.served, s.built = served, Built(self._plancache_name(), previous.spec if previous else None, plan, node_types=previous.node_types if previous else ())
+        _RECENT.append(s.built)
+        race.adopted()
 
     def _plancache_drives(self, name: str, what: str | None = None) -> None:
         """A call by which the program builds or runs candidates itself (an
@@ -489,6 +558,15 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
 
 
 _BUILDS = ("build", "build_plans")
+HEDGED = "hedged miss: the service was building it and this program's own build was ready first (the service's plan takes over at a later execute)"
+
+
+def _bytes_of(workspace: Any) -> int | None:
+    """The size of a workspace the program passes (a torch tensor), or None when it cannot be told."""
+    try:
+        return int(workspace.numel()) * int(workspace.element_size())
+    except Exception:
+        return None
 
 
 def _plan_list_query(name: str) -> Any:

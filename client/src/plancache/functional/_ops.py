@@ -21,7 +21,7 @@ from plancache.errors import InvalidRequest, PlanCacheError
 from plancache.functional import _specs, _torch
 from plancache.functional._geometry import Unserved, geo
 from plancache.functional._service import ABOUT_THE_GRAPH, SERVICE, TRANSIENT, Once, describe, reason_key
-from plancache.functional._table import TABLE, Fallback, Served, counts
+from plancache.functional._table import TABLE, Fallback, counts, served
 
 log = logging.getLogger("plancache.functional")
 _once = Once()
@@ -75,7 +75,7 @@ def _first_call(
     device = int(tensors[0].get_device())
     failed: tuple[str, bool, bool] | None = None  # (reason, transient, logged already)
     try:
-        entry = Served(asked, SERVICE.compile(asked.spec, device), device)
+        entry = served(asked, SERVICE.compile(asked.spec, device), device, key)
         result = entry(tensors)
     except PlanCacheError as e:
         # The service's own failures (no server, server down, no worker) are

@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from plancache.errors import (
     CompileFailed,
@@ -37,6 +38,9 @@ from plancache.keys.target import Target
 from plancache.run.plan import Plan
 from plancache.spec.graph import GraphSpec
 from plancache.transport.client import Client
+from plancache.transport.hedge import Raced
+
+T = TypeVar("T")
 
 SERVER_ENV = "PLANCACHE_SERVER"
 # Errors that may pass (a server restarting, a worker joining): worth asking again later.
@@ -106,11 +110,25 @@ class Service:
             found = self._detected[device] = detect_target(device)
         return found
 
-    def compile(self, spec: GraphSpec, device: int, options: CompileOptions | None = None) -> Plan:
-        """The plan for `spec` on GPU `device`: disk cache, then the server.
-        Every error is a PlanCacheError (the client's, or NotConfigured)."""
+    def compile(self, spec: GraphSpec, device: int, options: CompileOptions | None = None, *, path: str = "functional") -> Plan:
+        """The plan for `spec` on GPU `device`: disk cache, then the server,
+        hedged as the client is (a miss may answer with this node's own
+        build, a LocalPlan). Every error is a PlanCacheError (the client's,
+        or NotConfigured)."""
         client = self.client()
-        return client.compile(spec, self.target_for(device), options or self.options, timeout=self.timeout)
+        return client.compile(spec, self.target_for(device), options or self.options, timeout=self.timeout, hedge_path=path)
+
+    def race(self, spec: GraphSpec, device: int, options: CompileOptions | None, build: Callable[[], T], *, path: str) -> Raced[T]:
+        """The plan for `spec`, or the caller's own `build()` when the
+        service misses and that build is ready first (the client's hedge,
+        plancache.transport.hedge; the caller's build is what it would have
+        run without plancache, whatever target the service is asked for).
+        Without the hedge: the service's plan alone."""
+        client = self.client()
+        target = self.target_for(device)
+        if client.hedge:
+            return client.race(spec, target, options or self.options, build, path=path, timeout=self.timeout)
+        return Raced(plan=client.compile(spec, target, options or self.options, timeout=self.timeout, hedge=False))
 
     def reset(self) -> None:
         """Back to the start: no client, PLANCACHE_SERVER read on next use."""

@@ -29,6 +29,7 @@ from typing import Any
 from plancache.functional import _torch
 from plancache.functional._specs import Request
 from plancache.run.execution import handle_state, process
+from plancache.run.local import LocalPlan
 from plancache.run.plan import Plan
 
 log = logging.getLogger("plancache.functional")
@@ -120,6 +121,33 @@ class Served:
         return out
 
 
+class HedgedServed(Served):
+    """A geometry whose plan this node built itself (a hedged miss it won):
+    each call first looks whether the service's plan has taken over; once it
+    has, a plain Served entry of that plan replaces this one in the table
+    (so later calls do not look again)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, request: Request, plan: LocalPlan, device: int, key: Hashable) -> None:
+        super().__init__(request, plan, device)
+        self.key = key
+
+    def __call__(self, tensors: tuple[Any, ...]) -> Any:
+        plan = self.plan
+        assert isinstance(plan, LocalPlan)
+        if not plan.local:  # the service's plan, verified, is there: it runs from now on
+            entry = Served(self.request, plan, self._device)
+            TABLE.replace(self.key, self, entry)
+            return entry(tensors)
+        return super().__call__(tensors)
+
+
+def served(request: Request, plan: Plan, device: int, key: Hashable) -> Served:
+    """The entry that runs `plan` for a geometry (one that watches for the service's plan when this node built it)."""
+    return HedgedServed(request, plan, device, key) if isinstance(plan, LocalPlan) else Served(request, plan, device)
+
+
 class Fallback:
     """A geometry torch runs: `fn(*tensors)`, the call's options bound. One
     left to torch for a reason that may pass (the service unreachable)
@@ -167,6 +195,13 @@ class GeometryTable:
             entry.used = next(self._ticks)
             self._entries[key] = entry
             self._evict(self.max_entries)
+
+    def replace(self, key: Hashable, old: Entry, new: Entry) -> None:
+        """`new` in place of `old` (unless `old` left meanwhile)."""
+        with self._lock:
+            if self._entries.get(key) is old:
+                new.used = old.used
+                self._entries[key] = new
 
     def discard(self, key: Hashable, entry: Entry) -> None:
         with self._lock:

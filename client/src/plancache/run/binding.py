@@ -145,3 +145,22 @@ class TensorTable:
         elif where.type != "cuda" or where.index != device:
             raise InvalidRequest(f"{g.label}: on {where} but the plan runs on cuda:{device}")
         return value
+
+
+def tensor_bindings(spec: pb.GraphSpec, geometry: Mapping[int, tuple[list[int], list[int]]]) -> list[pb.TensorBinding]:
+    """The tensors a caller binds to a plan of `spec` (its plan metadata's):
+    every non-virtual tensor but constants (the graph's own), by uid. A
+    result whose dims or strides the spec leaves to cuDNN gets those cuDNN
+    gave it where the plan was built (`geometry`: uid -> (dims, strides)).
+    The worker's plans and a node's own (plancache.run.local) say the same."""
+    return [
+        pb.TensorBinding(
+            uid=t.uid, name=t.name, data_type=t.data_type, is_output=t.is_output, is_pass_by_value=t.is_pass_by_value,
+            dim=geometry.get(t.uid, (t.dim, t.stride))[0] if not (t.dim and t.stride) else t.dim,
+            stride=geometry.get(t.uid, (t.dim, t.stride))[1] if not (t.dim and t.stride) else t.stride,
+            scalar_value=t.scalar_value if t.HasField("scalar_value") else None,
+            ragged_offset_uid=t.ragged_offset_uid if t.HasField("ragged_offset_uid") else None,
+        )
+        for t in sorted(spec.tensors, key=lambda t: t.uid)
+        if not t.is_virtual and not t.HasField("constant")
+    ]  # fmt: skip

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,15 +25,18 @@ import grpc
 from plancache.errors import InvalidRequest, PlanCacheError, UntrustedPlan, error_from_status
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
+from plancache.run.local import LocalPlan
 from plancache.run.plan import SOURCE_NAMES, Plan
 from plancache.spec import spec_io
 from plancache.spec.canonical import hash_normalized
 from plancache.spec.graph import GraphSpec
 from plancache.spec.validation import normalize
 from plancache.transport.background import BackgroundPrefetch
+from plancache.transport.calls import remaining, retry_pause, typed
+from plancache.transport.hedge import FirstUseReports, FrontendBuilder, LocalBuilder, Race, Raced, hedge_default, run_race
 from plancache.transport.manifest import Manifest
 from plancache.transport.results import PrefetchResult, TargetInfo, TargetStats, WindowCounts
-from plancache.transport.rich_status import error_of, seconds_of
+from plancache.transport.rich_status import seconds_of
 from plancache.trust.answers import Asked
 from plancache.trust.disk_cache import DiskCache
 from plancache.trust.signing import TrustPolicy
@@ -42,15 +45,15 @@ from plancache.v1 import plancache_pb2_grpc as pb_grpc
 from plancache.warm import WarmStatus
 
 Response = TypeVar("Response")
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
 # A miss builds and autotunes on a GPU: seconds to minutes.
 DEFAULT_COMPILE_TIMEOUT_S = 900.0
 MAX_MESSAGE_BYTES = 64 * 2**20
-# Longest pause between two attempts of a call the server refused for now
-# (admission control); the server's retry delay is the first pause.
-RETRY_BACKOFF_CAP_S = 10.0
+# Plans this node built itself (hedged misses), held for a compile() of the same key again.
+LOCAL_PLANS_HELD = 1024
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class Client:
         allow_unsigned: bool | None = None,
         token: str | None = None,
         tls: TLSConfig | None = None,
+        hedge: bool | None = None,
+        local_builder: LocalBuilder | None = None,
     ) -> None:
         """`server` is "host:port" (an insecure channel is opened and owned)
         or a grpc.Channel the caller configured and keeps owning. `cache`:
@@ -91,7 +96,11 @@ class Client:
         plan is checked before anyone can deserialize it. `allow_unsigned`
         (default PLANCACHE_ALLOW_UNSIGNED=1) accepts unsigned plans.
         `token`: bearer token sent with every call (default PLANCACHE_TOKEN).
-        `tls`: connect over TLS (mutual TLS with a client certificate)."""
+        `tls`: connect over TLS (mutual TLS with a client certificate).
+        `hedge`: on a miss, build the plan here too and run whichever is
+        ready first (plancache.transport.hedge; default PLANCACHE_HEDGE, on;
+        only where this process can build for the target).
+        `local_builder`: how this node builds (default: its cuDNN frontend)."""
         self._metadata = (("authorization", f"Bearer {token or os.environ['PLANCACHE_TOKEN']}"),) if token or os.environ.get("PLANCACHE_TOKEN") else ()
         if isinstance(server, str):
             options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
@@ -108,6 +117,10 @@ class Client:
         self.compile_timeout = compile_timeout
         self.cache: DiskCache | None = DiskCache() if cache is True else (cache or None)
         self.trust = TrustPolicy.create(trusted_keys, allow_unsigned)
+        self.hedge = hedge_default() if hedge is None else hedge
+        self.local_builder: LocalBuilder = local_builder or FrontendBuilder()
+        self._local_plans: OrderedDict[str, LocalPlan] = OrderedDict()
+        self._reports = FirstUseReports(self._report_first_uses)
 
     def __enter__(self) -> Client:
         return self
@@ -116,6 +129,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        self._reports.close()
         if self._owns_channel:
             self._channel.close()
 
@@ -129,12 +143,19 @@ class Client:
         *,
         timeout: float | None = None,
         tuned_only: bool = False,
+        hedge: bool | None = None,
+        hedge_path: str = "compile",
     ) -> Plan:
         """The plan for `spec` on `target` (default: this machine's GPU 0):
         from the disk cache, stored on the server, or built and autotuned on
         a GPU worker of that target. A first build answers with cuDNN's
         heuristic plan (`plan.provisional`) as soon as it exists, while the
-        autotuned one is built; `tuned_only=True` waits for the tuned plan."""
+        autotuned one is built; `tuned_only=True` waits for the tuned plan.
+        On a miss, with `hedge` (default: the client's), this node builds
+        the plan too and runs whichever is ready first: `plan.source` is
+        "local" while its own build runs, until the service's plan takes over.
+        `hedge_path`: which counters of race_stats() such a race adds to
+        (plancache.functional says "functional")."""
         normalized = normalize(spec)
         resolved, opts = _target(target), options or CompileOptions()
         asked = Asked.query(hash_normalized(normalized), resolved, opts)
@@ -142,8 +163,58 @@ class Client:
         if cached is not None:
             return cached
         request = pb.CompileRequest(spec=spec_io.to_proto(normalized), target=resolved.to_proto(), options=opts.to_proto(), tuned_only=tuned_only)
-        response = self._call(self._stub.Compile, request, timeout if timeout is not None else self.compile_timeout)
+        budget = timeout if timeout is not None else self.compile_timeout
+        if not tuned_only and (self.hedge if hedge is None else hedge) and self.local_builder.can_build(resolved):
+            held = self._local_plans.get(asked.key)
+            if held is not None and held.local:
+                return held
+            raced = self._race(request, asked, budget, lambda: self.local_builder.build(normalized, opts, asked.key, resolved), hedge_path)
+            if raced.plan is not None:
+                return raced.plan
+            plan = raced.local
+            assert plan is not None and raced.race is not None
+            if isinstance(plan, LocalPlan):
+                plan.replace_with(raced.race)
+                self._hold(plan)
+            return plan
+        response = self._call(self._stub.Compile, request, budget)
         return self._remember(Plan.from_proto(response.plan, SOURCE_NAMES.get(response.source, "stored")), asked)
+
+    def race(
+        self, spec: GraphSpec, target: Target | str | None, options: CompileOptions | None, build: Callable[[], T], *, path: str,
+        timeout: float | None = None,
+    ) -> Raced[T]:  # fmt: skip
+        """A hedged miss with the caller's own build: the stored plan (disk
+        cache, or the server's: `build` never runs), else `build()` run on
+        this thread while the service builds, and whichever is ready first
+        (plancache.transport.hedge). plancache.cudnn races the program's own
+        build this way. `path` names the front door in race_stats()."""
+        normalized = normalize(spec)
+        resolved, opts = _target(target), options or CompileOptions()
+        asked = Asked.query(hash_normalized(normalized), resolved, opts)
+        cached = self._cached(asked.key, tuned_only=False)
+        if cached is not None:
+            return Raced(plan=cached)
+        request = pb.CompileRequest(spec=spec_io.to_proto(normalized), target=resolved.to_proto(), options=opts.to_proto())
+        return self._race(request, asked, timeout if timeout is not None else self.compile_timeout, build, path)
+
+    def _race(self, request: pb.CompileRequest, asked: Asked, budget: float | None, build: Callable[[], T], path: str) -> Raced[T]:
+        def remember(response: pb.CompileResponse) -> Plan:
+            return self._remember(Plan.from_proto(response.plan, SOURCE_NAMES.get(response.source, "stored")), asked)
+
+        def start(deadline: float | None) -> Race:
+            return Race(lambda remaining: self._stub.CompileStream(request, timeout=remaining, metadata=self._metadata), remember, path, deadline)
+
+        return run_race(start, build, budget, self._reports.add, asked.key)
+
+    def _hold(self, plan: LocalPlan) -> None:
+        self._local_plans[plan.key] = plan
+        self._local_plans.move_to_end(plan.key)
+        while len(self._local_plans) > LOCAL_PLANS_HELD:
+            self._local_plans.popitem(last=False)
+
+    def _report_first_uses(self, uses: list[pb.FirstUse]) -> None:
+        self._stub.ReportFirstUses(pb.ReportFirstUsesRequest(uses=uses), timeout=self.timeout, metadata=self._metadata)
 
     def get(
         self,
@@ -221,7 +292,7 @@ class Client:
             # Refs the server refused for now (admission control) are asked
             # for again after its retry delay, within the deadline.
             refused = self._prefetch_once(refs, compile_missing, tuned_only, result, deadline, progress, on_plan)
-            pause = _retry_pause(max(e.retry_after or 0.0 for _, _, e in refused), attempt, deadline) if refused else None
+            pause = retry_pause(max(e.retry_after or 0.0 for _, _, e in refused), attempt, deadline) if refused else None
             if pause is None:
                 for index, _, error in refused:
                     result.errors[index] = error
@@ -268,7 +339,7 @@ class Client:
         answered: set[int] = set()
         request = pb.PrefetchRequest(refs=[ref for _, ref in refs], compile_missing=compile_missing, tuned_only=tuned_only)
         try:
-            for item in self._stub.Prefetch(request, timeout=_remaining(deadline), metadata=self._metadata):
+            for item in self._stub.Prefetch(request, timeout=remaining(deadline), metadata=self._metadata):
                 if not 0 <= item.index < len(refs) or item.index in answered:
                     continue  # not an answer to anything asked
                 answered.add(item.index)
@@ -283,7 +354,7 @@ class Client:
                 if progress is not None:
                     progress(result.done, result.total)
         except grpc.RpcError as exc:
-            error = _typed(exc)
+            error = typed(exc)
             for position, (index, ref) in enumerate(refs):
                 if position not in answered:
                     if error.retry_after is not None:
@@ -440,42 +511,15 @@ class Client:
         attempt = 0
         while True:
             try:
-                return method(request, timeout=_remaining(deadline), metadata=self._metadata)
+                return method(request, timeout=remaining(deadline), metadata=self._metadata)
             except grpc.RpcError as exc:
-                error = _typed(exc)
-                pause = _retry_pause(error.retry_after, attempt, deadline)
+                error = typed(exc)
+                pause = retry_pause(error.retry_after, attempt, deadline)
                 if pause is None:
                     raise error from exc
             log.debug("server asked to retry later (%s); retrying in %.2f s", error.message, pause)
             time.sleep(pause)
             attempt += 1
-
-
-def _remaining(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-
-def _retry_pause(retry_after: float | None, attempt: int, deadline: float | None) -> float | None:
-    """Seconds to wait before trying again: the server's delay, doubled per
-    attempt up to a cap, times a random factor in [0.5, 1.5) so that a herd
-    refused together does not come back together. None when the server did
-    not ask for a retry or the deadline would pass first."""
-    if retry_after is None:
-        return None
-    pause: float = min(retry_after * 2**attempt, max(retry_after, RETRY_BACKOFF_CAP_S)) * random.uniform(0.5, 1.5)
-    if deadline is not None and time.monotonic() + pause >= deadline:
-        return None
-    return pause
-
-
-def _typed(exc: grpc.RpcError) -> PlanCacheError:
-    """The plancache error a gRPC failure stands for."""
-    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-    error = error_of(code, details or "", trailing)
-    error.__cause__ = exc
-    return error
 
 
 def _target(target: Target | str | None) -> Target:

@@ -478,6 +478,42 @@ class CompileResponse(_message.Message):
     source: CompileSource
     def __init__(self, plan: _Optional[_Union[Plan, _Mapping]] = ..., source: _Optional[_Union[CompileSource, str]] = ...) -> None: ...
 
+class CompileEvent(_message.Message):
+    __slots__ = ("building", "result")
+    BUILDING_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    building: BuildStarted
+    result: CompileResponse
+    def __init__(self, building: _Optional[_Union[BuildStarted, _Mapping]] = ..., result: _Optional[_Union[CompileResponse, _Mapping]] = ...) -> None: ...
+
+class BuildStarted(_message.Message):
+    __slots__ = ("plan_key", "joined")
+    PLAN_KEY_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
+    plan_key: str
+    joined: bool
+    def __init__(self, plan_key: _Optional[str] = ..., joined: _Optional[bool] = ...) -> None: ...
+
+class FirstUse(_message.Message):
+    __slots__ = ("plan_key", "local")
+    PLAN_KEY_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
+    plan_key: str
+    local: bool
+    def __init__(self, plan_key: _Optional[str] = ..., local: _Optional[bool] = ...) -> None: ...
+
+class ReportFirstUsesRequest(_message.Message):
+    __slots__ = ("uses",)
+    USES_FIELD_NUMBER: _ClassVar[int]
+    uses: _containers.RepeatedCompositeFieldContainer[FirstUse]
+    def __init__(self, uses: _Optional[_Iterable[_Union[FirstUse, _Mapping]]] = ...) -> None: ...
+
+class ReportFirstUsesResponse(_message.Message):
+    __slots__ = ("counted",)
+    COUNTED_FIELD_NUMBER: _ClassVar[int]
+    counted: int
+    def __init__(self, counted: _Optional[int] = ...) -> None: ...
+
 class GetPlanRequest(_message.Message):
     __slots__ = ("ref",)
     REF_FIELD_NUMBER: _ClassVar[int]

@@ -1,8 +1,9 @@
 """Bearer tokens and their roles, checked once per call by the interceptor.
 
 Roles nest: `read` (GetPlan, Prefetch without compile_missing, GetStats,
-ListTargets) < `compile` (Compile, Prefetch with compile_missing) < `admin`
-(Invalidate, DrainWorker). With no tokens file the service is open, and says so in its log.
+ListTargets) < `compile` (Compile, CompileStream, ReportFirstUses, Prefetch
+with compile_missing) < `admin` (Invalidate, DrainWorker). With no tokens
+file the service is open, and says so in its log.
 
 Tokens file: one `<role> <token>` per line; `#` starts a comment.
 """
@@ -32,6 +33,8 @@ METHOD_ROLES = {
     "ListTargets": Role.READ,
     "Prefetch": Role.READ,
     "Compile": Role.COMPILE,
+    "CompileStream": Role.COMPILE,
+    "ReportFirstUses": Role.COMPILE,
     "Explain": Role.READ,
     "Invalidate": Role.ADMIN,
     "DrainWorker": Role.ADMIN,

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from plancache.errors import InvalidRequest, NotFound, PlanCacheError, ResourceExhausted, TargetUnavailable
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 # specs thousands of times, and normalizing and hashing one costs far more
 # than looking it up. Large specs are not remembered.
 RESOLVED_KEPT = 4096
+# Race outcomes one ReportFirstUses may carry (a client batches at most 256).
+MAX_FIRST_USES = 1024
 RESOLVED_MAX_SPEC_BYTES = 64 * 1024
 
 
@@ -178,6 +180,45 @@ class PlanService:
             self._failed(waiter, resolved, e)
             raise
         return plan.compile_response(_source(plan, pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED))
+
+    async def compile_stream(self, request: pb.CompileRequest, time_remaining: float | None) -> AsyncIterator[bytes]:
+        """Compile, as serialized CompileEvents: on a miss, BuildStarted as
+        soon as the build is started or joined (the caller starts its own
+        build then: a hedged miss), then the answer; a hit sends the answer only."""
+        resolved = await self.resolve(request.spec, request.target, request.options)
+        plan = await self._lookup(resolved.plan_key, resolved.target.id, resolved.family, request.tuned_only)
+        if plan is not None:
+            yield _result_event(plan.compile_response(pb.COMPILE_SOURCE_HIT))
+            return
+        waiter = await self._start_build(resolved, request.tuned_only)
+        try:
+            yield pb.CompileEvent(building=pb.BuildStarted(plan_key=resolved.plan_key, joined=not waiter.started)).SerializeToString()
+            try:
+                plan = await waiter.result(self._deadline(time_remaining))
+            except PlanCacheError as e:
+                self._failed(waiter, resolved, e)
+                raise
+            yield _result_event(plan.compile_response(_source(plan, pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED)))
+        finally:
+            waiter.release()  # the answer is written (or the call ended): its delivery slot is free
+
+    async def report_first_uses(self, uses: Sequence[pb.FirstUse]) -> int:
+        """Count how hedged misses ended on a node. Only a plan this service
+        knows (stored, or being built here) is counted, once per report:
+        a report cannot invent keys or targets."""
+        if len(uses) > MAX_FIRST_USES:
+            raise ResourceExhausted(f"a ReportFirstUses takes at most {MAX_FIRST_USES} uses, this one has {len(uses)}: send several")
+        counted = 0
+        for plan_key, local in {use.plan_key: use.local for use in uses}.items():
+            try:
+                target_id = parse_key(plan_key).target.id
+            except PlanCacheError:
+                continue
+            if not self._builds.flying(plan_key) and self._store.cached(plan_key) is None and await self._store.get(plan_key) is None:
+                continue
+            self._stats.incr(Counter.FIRST_USES_LOCAL if local else Counter.FIRST_USES_SERVED, target_id=target_id)
+            counted += 1
+        return counted
 
     async def get(self, ref: pb.PlanRef) -> StoredPlan:
         if ref.WhichOneof("ref") == "key":  # a fleet node's fetch by key, from memory: nothing to await
@@ -338,6 +379,25 @@ class PlanService:
                     pb.FamilyStats(family=scope.removeprefix("family:"), windows=[_window(readings[scope].get(w, {}), w) for w in WINDOWS])
                 )
         return response
+
+
+def _result_event(compile_response: bytes) -> bytes:
+    """A serialized CompileEvent whose result is `compile_response`, its
+    bytes reused as they are (field 2, length-delimited: the wire form of
+    an embedded message)."""
+    return _RESULT_TAG + _varint(len(compile_response)) + compile_response
+
+
+_RESULT_TAG = bytes([pb.CompileEvent.RESULT_FIELD_NUMBER << 3 | 2])
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _source(plan: StoredPlan, source: int) -> int:

@@ -54,6 +54,9 @@ class Counter(enum.Enum):
     SECONDS_SAVED = "build_seconds_saved"
     REFUSED = "refused"  # TargetUnavailable: no live worker for the target
     UNTRUSTED = "untrusted_builds"  # builds whose plan the front end refused (UntrustedBuild)
+    # Hedged misses as nodes reported them (ReportFirstUses): the node's own build ran first, or the service's plan.
+    FIRST_USES_LOCAL = "first_uses_local"
+    FIRST_USES_SERVED = "first_uses_served"
 
 
 def target_scope(target_id: str) -> str:

@@ -44,6 +44,15 @@ def hit_rate(values: dict[str, float]) -> float | None:
     return hits / (hits + misses) if hits + misses > 0 else None
 
 
+def first_uses(total: dict[str, float]) -> tuple[float, float]:
+    """(first uses served by the service, first uses): a first use is a
+    caller that waited for a build (compiles + joined); those whose node ran
+    its own plan first (a hedged miss, as nodes report it) were not served."""
+    waited = total.get(Counter.COMPILES.value, 0) + total.get(Counter.JOINED.value, 0)
+    local = min(total.get(Counter.FIRST_USES_LOCAL.value, 0), waited)
+    return waited - local, waited
+
+
 @dataclass(frozen=True)
 class TargetStatus:
     target_id: str
@@ -85,6 +94,8 @@ class StatusReport:
         data = asdict(self)
         for target, raw in zip(self.targets, data["targets"], strict=True):
             raw["hit_rate"] = {window: hit_rate(values) for window, values in target.windows.items()}
+            served, waited = first_uses(target.windows.get("total", {}))
+            raw["first_uses"] = {"served_by_service": served, "total": waited}
         for failure, raw in zip(self.recent_failures, data["recent_failures"], strict=True):
             raw["target_id"] = failure.target_id
         for status, raw in zip(self.warming, data["warming"], strict=True):

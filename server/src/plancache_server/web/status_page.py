@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from plancache_server.store.build_records import FailedBuild
 from plancache_server.store.stats import WINDOWS, Counter
-from plancache_server.web.status import RANGES, StatusReport, TargetStatus, TopEntry, Windows, hit_rate
+from plancache_server.web.status import RANGES, StatusReport, TargetStatus, TopEntry, Windows, first_uses, hit_rate
 
 REFRESH_S = 10
 _WINDOW_LABELS = {"5m": "5 min", "1h": "1 h", "24h": "24 h", "total": "total"}
@@ -113,8 +113,8 @@ def _totals(windows: Windows) -> dict[str, float]:
 
 def _targets(report: StatusReport) -> str:
     headers = [("target", False), ("live workers", True), ("queued", True), ("building", True), *_window_headers(),
-               ("hits", True), ("misses", True), ("compiles", True), ("joined", True), ("failures", True), ("refused", True), ("untrusted builds", True), ("served", True),
-               ("build time saved", True), ("stored", True), ("evicted / expired", True)]  # fmt: skip
+               ("hits", True), ("misses", True), ("compiles", True), ("joined", True), ("failures", True), ("refused", True), ("untrusted builds", True),
+               ("first uses served by the service", True), ("served", True), ("build time saved", True), ("stored", True), ("evicted / expired", True)]  # fmt: skip
     rows = []
     for t in report.targets:
         total = _totals(t.windows)
@@ -126,6 +126,7 @@ def _targets(report: StatusReport) -> str:
                 f'<td class="num">{_count(total.get(c.value, 0))}</td>'
                 for c in (Counter.HITS, Counter.MISSES, Counter.COMPILES, Counter.JOINED, Counter.FAILURES, Counter.REFUSED, Counter.UNTRUSTED)
             )
+            + _first_uses_cell(total)
             + f'<td class="num">{_bytes(total.get(Counter.BYTES_SERVED.value, 0))}</td>'
             f'<td class="num">{_duration(total.get(Counter.SECONDS_SAVED.value, 0))}</td>'
             f'<td class="num">{_bytes(t.stored.stored_bytes)} in {_count(t.stored.stored_plans)}</td>'
@@ -133,6 +134,14 @@ def _targets(report: StatusReport) -> str:
         )
     table = _table(headers, rows, "no target yet: no worker has connected and nothing was asked", len(headers))
     return f'<section id="targets"><h2>Targets: workers, queues and hit rates</h2>{table}</section>'
+
+
+def _first_uses_cell(total: dict[str, float]) -> str:
+    served, waited = first_uses(total)
+    if not waited:
+        return '<td class="num">–</td>'
+    title = f"{_count(served)} of {_count(waited)} first uses ran the service's plan; the rest ran the node's own build (hedged misses it won)"
+    return f'<td class="num" data-first-uses="{served / waited:.4f}" title="{_e(title)}">{served / waited:.0%} <small>({_count(served)} of {_count(waited)})</small></td>'
 
 
 def _hint(t: TargetStatus) -> str:

@@ -38,6 +38,7 @@ from plancache.errors import InvalidRequest, PlanCacheError, StoreUnavailable
 from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import make_key
 from plancache.keys.target import Target
+from plancache.run.binding import tensor_bindings
 from plancache.spec import spec_io
 from plancache.spec.canonical import hash_normalized
 from plancache.spec.graph import GraphSpec
@@ -152,19 +153,7 @@ def verify_job(job: Job, served: list[Target]) -> VerifiedJob:
 
 def plan_metadata(job: VerifiedJob, compiled: CompiledPlan, worker_id: str, built_on: pb.Target) -> pb.PlanMetadata:
     """Everything a client needs to execute the blob without the spec."""
-    spec = spec_io.to_proto(job.spec)
-    bindings = [
-        pb.TensorBinding(
-            uid=t.uid, name=t.name, data_type=t.data_type, is_output=t.is_output, is_pass_by_value=t.is_pass_by_value,
-            # A result whose dims or strides the spec leaves to cuDNN: those cuDNN gave it on this worker.
-            dim=compiled.geometry.get(t.uid, (t.dim, t.stride))[0] if not (t.dim and t.stride) else t.dim,
-            stride=compiled.geometry.get(t.uid, (t.dim, t.stride))[1] if not (t.dim and t.stride) else t.stride,
-            scalar_value=t.scalar_value if t.HasField("scalar_value") else None,
-            ragged_offset_uid=t.ragged_offset_uid if t.HasField("ragged_offset_uid") else None,
-        )
-        for t in sorted(spec.tensors, key=lambda t: t.uid)
-        if not t.is_virtual and not t.HasField("constant")  # a constant is the graph's own, never bound
-    ]  # fmt: skip
+    bindings = tensor_bindings(spec_io.to_proto(job.spec), compiled.geometry)
     return pb.PlanMetadata(
         key=job.plan_key,
         spec_hash=job.plan_key.split("/", 1)[0],

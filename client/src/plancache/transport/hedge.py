@@ -1,0 +1,359 @@
+"""The hedged miss: a node's own build raced against the service's, as
+Bazel's dynamic execution races a local and a remote spawn.
+
+A hedged compile asks with CompileStream. A hit answers at once and that is
+all: a hit never starts a local build. On a miss the server says so first
+(BuildStarted, a few milliseconds after the request); the node then builds
+the plan itself on the caller's thread, while a reader thread receives the
+service's answer and verifies it (signature, and that it answers what was
+asked). When the node's build returns:
+
+- the service's verified plan came first: it runs (the service won);
+- else the node's plan runs (source "local"), and the service's replaces it
+  at its next safe point (plancache.run.local), the tuned plan later as
+  always (`compile()` again, or a prefetch, asks for the key once more).
+
+Why the local build is not on a thread of its own, to return the service's
+plan the moment it lands: the frontend holds the GIL while it builds (its
+bindings never release it), so the caller would be stalled all the same; and
+the program's build runs where the program would have run it, with its
+handle. So a node waits at most its own build, plus the few milliseconds the
+server takes to say "miss".
+
+Failures never hide the other side: a service that fails (down, refusing,
+timing out, no worker, a plan failing verification, which is never
+deserialized) leaves the node's plan; a local build that fails waits for the
+service's answer (within the call's deadline). Both failing raises the
+service's error, the local one in its message. A server that says nothing
+within HEDGE_AFTER_S (overloaded, or one older than CompileStream's
+BuildStarted) is treated as a miss: every wait has a bound.
+
+The outcome of each race is counted per path (`race_stats()`: compile,
+cudnn, functional) and reported to the service in the background
+(ReportFirstUses, best effort), which shows what share of first uses it
+served.
+
+Off by `Client(hedge=False)`, `compile(..., hedge=False)` or the
+environment (PLANCACHE_HEDGE=0); on by default where the node can build: the
+frontend and torch import, a GPU is there, and the target is this GPU's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+import grpc
+
+from plancache.errors import InvalidRequest, PlanCacheError, SpecError, Unavailable
+from plancache.keys.options import CompileOptions
+from plancache.keys.target import Target
+from plancache.run.execution import process
+from plancache.run.local import build_local, can_build_here
+from plancache.run.plan import Plan
+from plancache.spec.graph import GraphSpec
+from plancache.transport.calls import remaining, retry_pause, typed
+from plancache.trust.answers import satisfies
+from plancache.v1 import plancache_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+HEDGE_ENV = "PLANCACHE_HEDGE"
+HEDGE_AFTER_ENV = "PLANCACHE_HEDGE_AFTER_S"
+# Longest wait for the server to say hit or miss before the node starts its own build.
+HEDGE_AFTER_S = 1.0
+# Errors that say the request itself is wrong: the node's build would not make it right.
+NOT_HEDGED: tuple[type[PlanCacheError], ...] = (SpecError, InvalidRequest)
+PATHS = ("compile", "cudnn", "functional")
+_OFF = ("0", "false", "off", "no")
+
+T = TypeVar("T")
+
+
+def hedge_default() -> bool:
+    """The environment's choice (PLANCACHE_HEDGE), on unless it says off."""
+    return os.environ.get(HEDGE_ENV, "1").strip().lower() not in _OFF
+
+
+def hedge_after_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get(HEDGE_AFTER_ENV, HEDGE_AFTER_S)))
+    except ValueError:
+        return HEDGE_AFTER_S
+
+
+# ---- the node's own build ------------------------------------------------------
+
+
+class LocalBuilder(Protocol):
+    """How a node builds a plan itself (the frontend's, or a test's stand-in)."""
+
+    def can_build(self, target: Target) -> bool: ...
+
+    def build(self, spec: GraphSpec, options: CompileOptions, key: str, target: Target) -> Plan: ...
+
+
+class FrontendBuilder:
+    """The node's own frontend, on the current GPU: what the program would have built without plancache."""
+
+    def can_build(self, target: Target) -> bool:
+        """Whether a plan built here is one for `target` (this GPU satisfies it)."""
+        if not can_build_here():
+            return False
+        from plancache.run.gpu import detect_target
+
+        return satisfies(detect_target(process().runtime.current_device()), target)
+
+    def build(self, spec: GraphSpec, options: CompileOptions, key: str, target: Target) -> Plan:
+        return build_local(spec, options, key, target)
+
+
+# ---- counters ---------------------------------------------------------------------
+
+
+@dataclass
+class RaceCounts:
+    """How one path's hedged misses ended."""
+
+    local_won: int = 0  # the node's own build was ready first: its plan ran
+    service_won: int = 0  # the service's verified plan came before the node's build returned
+    local_failed: int = 0  # the node's build failed: the service's answer was waited for
+    service_failed: int = 0  # the service failed (or its plan failed verification): the node's plan ran
+    replaced: int = 0  # node plans the service's plan later took over from
+
+
+_COUNTS: dict[str, RaceCounts] = {}
+_counts_lock = threading.Lock()
+
+
+def counts(path: str) -> RaceCounts:
+    found = _COUNTS.get(path)
+    if found is None:
+        with _counts_lock:
+            found = _COUNTS.setdefault(path, RaceCounts())
+    return found
+
+
+def race_stats() -> dict[str, RaceCounts]:
+    """Races of this process per path (compile, cudnn, functional), a copy."""
+    return {path: dataclasses.replace(counts(path)) for path in PATHS}
+
+
+def reset_race_stats() -> None:
+    with _counts_lock:
+        _COUNTS.clear()
+
+
+# ---- one race -----------------------------------------------------------------------
+
+
+class Race:
+    """The service's side of one hedged miss: a CompileStream read on a
+    thread of its own. `open_stream(timeout)` sends the request;
+    `remember(response)` verifies the answer and makes its Plan
+    (PlanCacheError when it does not verify). A refusal for now (admission
+    control) is asked again after the server's delay, within `deadline`,
+    while the node's own build runs."""
+
+    def __init__(
+        self, open_stream: Callable[[float | None], Iterator[pb.CompileEvent]], remember: Callable[[pb.CompileResponse], Plan], path: str,
+        deadline: float | None,
+    ) -> None:  # fmt: skip
+        self._open = open_stream
+        self._remember = remember
+        self.path = path
+        self._deadline = deadline
+        self._events: Iterator[pb.CompileEvent] | None = None
+        self.building: pb.BuildStarted | None = None
+        self._plan: Plan | None = None
+        self.error: PlanCacheError | None = None
+        self.answered_at: float | None = None  # monotonic, when the answer (or the failure) came
+        self._first = threading.Event()
+        self._done = threading.Event()
+        self._cancelled = False
+        threading.Thread(target=self._read, name="plancache-race", daemon=True).start()
+
+    @property
+    def plan(self) -> Plan | None:
+        return self._plan
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait_first(self, timeout: float | None) -> bool:
+        """Until the server says hit or miss (or fails); whether it did within `timeout`."""
+        return self._first.wait(timeout)
+
+    def wait(self, timeout: float | None) -> bool:
+        return self._done.wait(timeout)
+
+    def adopted(self) -> None:
+        counts(self.path).replaced += 1
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        cancel = getattr(self._events, "cancel", None)
+        if cancel is not None:
+            cancel()
+
+    def _read(self) -> None:
+        attempt = 0
+        try:
+            while True:
+                try:
+                    self._events = self._open(remaining(self._deadline))
+                    self._take(self._events)
+                    return
+                except grpc.RpcError as exc:
+                    error = typed(exc)
+                pause = None if self._cancelled or self.building is not None else retry_pause(error.retry_after, attempt, self._deadline)
+                if pause is None:
+                    self.error = error
+                    return
+                self._first.set()  # refused for now: the node builds meanwhile
+                time.sleep(pause)
+                attempt += 1
+        except PlanCacheError as e:  # the answer did not verify: never deserialized, never run
+            self.error = e
+        except Exception as e:  # e.g. a message this client cannot read
+            self.error = Unavailable(f"reading the service's answer failed: {type(e).__name__}: {e}")
+        finally:
+            if self._plan is None and self.error is None:
+                self.error = Unavailable("the service's stream ended without an answer")
+            self.answered_at = time.monotonic()
+            self._done.set()
+            self._first.set()
+            self.cancel()  # nothing more to read: the stream's resources go now
+
+    def _take(self, events: Iterator[pb.CompileEvent]) -> None:
+        for event in events:
+            kind = event.WhichOneof("event")
+            if kind == "building":
+                self.building = event.building
+                self._first.set()
+            elif kind == "result":
+                self._plan = self._remember(event.result)
+                return
+
+
+@dataclass
+class Raced(Generic[T]):
+    """What runs after a hedged compile: the service's plan, or the node's own build (with the race still running)."""
+
+    plan: Plan | None = None
+    local: T | None = None
+    race: Race | None = None  # the service's side, when the node's own build runs
+
+    @property
+    def hit(self) -> bool:
+        return self.plan is not None and self.race is None
+
+
+def run_race(
+    start: Callable[[float | None], Race], build: Callable[[], T], timeout: float | None, report: Callable[[str, bool], None], key: str,
+) -> Raced[T]:  # fmt: skip
+    """Race `build()` (the node's own, on this thread) against the service
+    (`start(deadline)` sends the request). See the module docstring for who wins."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    race = start(deadline)
+    race.wait_first(hedge_after_s() if deadline is None else min(hedge_after_s(), max(0.0, deadline - time.monotonic())))
+    if race.building is None and race.plan is not None:  # a hit: nothing to race
+        return Raced(plan=race.plan)
+    if race.building is None and race.error is not None and isinstance(race.error, NOT_HEDGED):
+        raise race.error
+    tally = counts(race.path)
+    try:
+        local, local_error = build(), None
+    except Exception as e:
+        local, local_error = None, e
+    built_at = time.monotonic()
+    if race.plan is not None and race.answered_at is not None and race.answered_at <= built_at:
+        tally.service_won += 1
+        report(key, False)
+        return Raced(plan=race.plan)
+    if local_error is None:
+        if race.done() and race.plan is None:
+            tally.service_failed += 1
+            log.debug("plan %s: the service failed (%s); this node's own build runs", key, race.error)
+        else:
+            tally.local_won += 1
+            if race.building is not None:  # the service knows this miss: it can count it
+                report(key, True)
+        return Raced(local=local, race=race)
+    tally.local_failed += 1
+    race.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    if race.plan is not None:
+        report(key, False)
+        return Raced(plan=race.plan)
+    race.cancel()
+    error = race.error or Unavailable("the service did not answer within the deadline")
+    error.message = f"{error.message} (and this node's own build failed: {type(local_error).__name__}: {str(local_error)[:300]})"
+    raise error from local_error
+
+
+# ---- reports ------------------------------------------------------------------------
+
+
+class FirstUseReports:
+    """Race outcomes sent to the service in the background, in batches (a
+    report lost costs nothing but the report). Bounded: past MAX_QUEUED
+    waiting, new outcomes are dropped."""
+
+    MAX_QUEUED = 4096
+    BATCH = 256
+    INTERVAL_S = 1.0
+
+    def __init__(self, send: Callable[[list[pb.FirstUse]], Any]) -> None:
+        self._send = send
+        self._queue: queue.SimpleQueue[pb.FirstUse] = queue.SimpleQueue()
+        self._queued = 0
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+
+    def add(self, plan_key: str, local: bool) -> None:
+        with self._lock:
+            if self._queued >= self.MAX_QUEUED:
+                return
+            self._queued += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="plancache-reports", daemon=True)
+                self._thread.start()
+        self._queue.put(pb.FirstUse(plan_key=plan_key, local=local))
+
+    def flush(self) -> None:
+        """Send what is queued now (on the caller's thread)."""
+        batch: list[pb.FirstUse] = []
+        while True:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+            if len(batch) >= self.BATCH:
+                self._post(batch)
+                batch = []
+        if batch:
+            self._post(batch)
+
+    def close(self) -> None:
+        self._stopped.set()
+        self.flush()
+
+    def _post(self, batch: list[pb.FirstUse]) -> None:
+        with self._lock:
+            self._queued -= len(batch)
+        try:
+            self._send(batch)
+        except Exception as e:  # best effort: the service counts what reaches it
+            log.debug("first-use report of %d race(s) not sent: %s", len(batch), e)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.INTERVAL_S):
+            self.flush()

@@ -1,0 +1,218 @@
+"""The hedged miss (plancache.transport.hedge) against a real front end and
+worker: on a miss the node's own build races the service's, whichever is
+ready first runs, the service's plan takes over later, a hit never builds
+locally, and a failure on either side never hides the other.
+
+The worker is the stand-in compiler (its builds sleep), the node's build is
+tests/support/standin_local.py (it sleeps too) and plans run on the
+stand-in GPU runtime: who wins is set by the two sleeps. The real race runs
+on the GPU (tests/gpu/test_gpu_hedge.py, bench/startup.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from plancache import Client, DiskCache, Target, race_stats
+from plancache.errors import CompileFailed, SpecError
+from plancache.run import execution
+from plancache.run.local import BUILT_BY, LocalPlan
+from plancache.spec.graph import GraphSpec
+from plancache.spec.validation import Limits
+from plancache.transport import hedge
+from plancache.trust.signing import Signer, generate_keypair
+from plancache.v1 import plancache_pb2 as pb
+from plancache_server.store import keys
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
+from plancache_server.web.status import first_uses, status_of
+from plancache_server.web.status_page import render
+from tests.conftest import Stack, start_stack
+from tests.support.fake_gpu import FakeRuntime, FakeTensor
+from tests.support.specs import matmul_spec
+from tests.support.standin import REJECTED_NAME, StandInCompiler
+from tests.support.standin import STANDIN_TARGET as TARGET
+from tests.support.standin_local import StandInLocalBuilder
+
+SLOW_S, FAST_S = 1.5, 0.05
+
+
+@pytest.fixture(autouse=True)
+def runtime() -> Iterator[FakeRuntime]:
+    fake = FakeRuntime()
+    execution.use_runtime(fake)
+    hedge.reset_race_stats()
+    yield fake
+    execution.use_runtime(None)
+
+
+def stack_of(redis_server: EmbeddedRedis, build_seconds: float, **kwargs: object) -> tuple[Stack, object]:
+    return start_stack(redis_server.url, StandInCompiler(build_seconds=build_seconds), **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def slow_service(redis_server: EmbeddedRedis, redis_client: object) -> Iterator[Stack]:
+    s, stop = stack_of(redis_server, SLOW_S)
+    yield s
+    stop()  # type: ignore[operator]
+
+
+@pytest.fixture
+def fast_service(redis_server: EmbeddedRedis, redis_client: object) -> Iterator[Stack]:
+    s, stop = stack_of(redis_server, FAST_S)
+    yield s
+    stop()  # type: ignore[operator]
+
+
+def tensors_for(spec: GraphSpec) -> dict[str, FakeTensor]:
+    from plancache.spec.validation import normalize
+
+    return {t.name or "": FakeTensor(tuple(t.dim), tuple(t.stride), t.data_type or "half") for t in normalize(spec).tensors if not t.is_virtual}
+
+
+def counters(stack: Stack) -> dict[str, float]:
+    report = stack.front_end.run(status_of(stack.front_end.front).report())
+    return next(t.windows["total"] for t in report.targets if t.target_id == TARGET.id)
+
+
+def test_a_miss_runs_the_nodes_own_plan_when_it_is_ready_first_then_the_services(slow_service: Stack, runtime: FakeRuntime) -> None:
+    builder = StandInLocalBuilder(seconds=FAST_S)
+    spec = matmul_spec(m=16, name="hedged")
+    with Client(slow_service.address, cache=False, local_builder=builder) as client:
+        started = time.monotonic()
+        plan = client.compile(spec, TARGET)
+        waited = time.monotonic() - started
+        assert isinstance(plan, LocalPlan) and plan.source == "local" and plan.local
+        assert waited < SLOW_S  # the node did not wait for the service's build
+        assert builder.built == [plan.key] and builder.threads == [threading.get_ident()]  # on the caller's thread
+        plan.execute(tensors_for(spec))
+        assert len(builder.graphs[0].calls) == 1 and runtime.graphs == []  # the node's own plan ran; nothing was deserialized
+        assert race_stats()["compile"].local_won == 1
+        # The service's plan arrives, verified; the next call runs it.
+        deadline = time.monotonic() + 10
+        while plan.local and time.monotonic() < deadline:
+            time.sleep(0.05)
+        plan.execute(tensors_for(spec))
+        assert plan.source in ("compiled", "provisional") and not plan.local
+        stored = slow_service.redis.hget(keys.plan(plan.key), "blob")
+        assert [g.blob for g in runtime.graphs] == [stored]  # the service's blob ran the second call
+        assert len(builder.graphs[0].calls) == 1
+        assert race_stats()["compile"].replaced == 1
+        assert plan.metadata.built_by != BUILT_BY
+    # Never stored: what the store holds for the key is the worker's plan.
+    meta = pb.PlanMetadata.FromString(slow_service.redis.hget(keys.plan(plan.key), "meta"))  # type: ignore[arg-type]
+    assert meta.built_by == "test-worker"
+    # The report reached the service: the status page says the service served no first use of it.
+    total = counters(slow_service)
+    assert total.get("first_uses_local") == 1 and first_uses(total) == (0, 1)
+    assert 'data-first-uses="0.0000"' in render(slow_service.front_end.run(status_of(slow_service.front_end.front).report()))
+
+
+def test_a_miss_the_service_answers_first_runs_the_services_plan(fast_service: Stack, runtime: FakeRuntime) -> None:
+    builder = StandInLocalBuilder(seconds=1.0)
+    with Client(fast_service.address, cache=False, local_builder=builder) as client:
+        plan = client.compile(matmul_spec(m=32, name="service-first"), TARGET)
+        assert not isinstance(plan, LocalPlan) and plan.source in ("compiled", "provisional")
+        assert builder.built == [plan.key]  # the node's build ran (the hedge's cost when the service wins)
+        assert race_stats()["compile"].service_won == 1 and race_stats()["compile"].local_won == 0
+    total = counters(fast_service)
+    assert total.get("first_uses_served") == 1 and first_uses(total) == (1, 1)
+
+
+def test_a_hit_never_starts_a_local_build(fast_service: Stack) -> None:
+    spec = matmul_spec(m=48, name="stored")
+    with Client(fast_service.address, cache=False, hedge=False) as first:
+        first.compile(spec, TARGET, tuned_only=True)
+    builder = StandInLocalBuilder(seconds=FAST_S)
+    with Client(fast_service.address, cache=False, local_builder=builder) as client:
+        plan = client.compile(spec, TARGET)
+    assert plan.source == "hit" and builder.built == []
+    assert race_stats()["compile"] == hedge.RaceCounts()
+
+
+def test_a_disk_cache_hit_asks_nothing_and_builds_nothing(fast_service: Stack, tmp_path: Path) -> None:
+    spec = matmul_spec(m=64, name="on-disk")
+    builder = StandInLocalBuilder(seconds=0.5)
+    with Client(fast_service.address, cache=DiskCache(tmp_path / "cache"), local_builder=builder) as client:
+        client.compile(spec, TARGET, tuned_only=True)
+        assert builder.built == []  # tuned_only: the caller wants the tuned plan, which no local build makes
+        assert client.compile(spec, TARGET).source == "cache" and builder.built == []
+
+
+def test_a_local_build_that_fails_does_not_hide_the_services_plan(slow_service: Stack) -> None:
+    builder = StandInLocalBuilder(seconds=FAST_S, fail=True)
+    with Client(slow_service.address, cache=False, local_builder=builder) as client:
+        plan = client.compile(matmul_spec(m=80, name="local-fails"), TARGET)
+    assert plan.source in ("compiled", "provisional") and builder.built == [plan.key]
+    assert race_stats()["compile"].local_failed == 1
+
+
+def test_both_failing_raises_the_services_error_naming_the_local_one(fast_service: Stack) -> None:
+    builder = StandInLocalBuilder(seconds=FAST_S, fail=True)
+    with Client(fast_service.address, cache=False, local_builder=builder) as client, pytest.raises(CompileFailed) as raised:
+        client.compile(matmul_spec(m=1000, name=REJECTED_NAME), TARGET)
+    assert "this node's own build failed: CompileFailed: stand-in" in raised.value.message
+
+
+def test_a_service_that_fails_does_not_hide_the_local_plan(redis_server: EmbeddedRedis, redis_client: object) -> None:
+    builder = StandInLocalBuilder(seconds=FAST_S)
+    s, stop = start_stack(redis_server.url, None)  # no worker: TargetUnavailable
+    try:
+        with Client(s.address, cache=False, local_builder=builder) as client:
+            plan = client.compile(matmul_spec(m=96, name="no-worker"), TARGET)
+            assert plan.source == "local"
+            time.sleep(0.2)
+            assert plan.local  # the service failed: the node's plan keeps running
+    finally:
+        stop()  # type: ignore[operator]
+    with Client(f"127.0.0.1:{free_port()}", cache=False, local_builder=builder, timeout=2) as down:  # nothing listens there
+        assert down.compile(matmul_spec(m=112, name="server-down"), TARGET, timeout=5).source == "local"
+    assert race_stats()["compile"].service_failed == 2
+
+
+def test_a_service_plan_failing_verification_is_never_run(redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path, runtime: FakeRuntime) -> None:
+    worker_key, _ = generate_keypair(tmp_path / "worker")
+    _, other_public = generate_keypair(tmp_path / "other")
+    s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=FAST_S), signer=Signer.from_file(worker_key))
+    builder = StandInLocalBuilder(seconds=0.5)
+    spec = matmul_spec(m=128, name="untrusted")
+    try:
+        with Client(s.address, cache=False, local_builder=builder, trusted_keys=[other_public], allow_unsigned=False) as client:
+            plan = client.compile(spec, TARGET)
+            assert plan.source == "local"  # the service's plan came first but failed verification
+            time.sleep(0.2)
+            plan.execute(tensors_for(spec))
+            assert plan.local and runtime.graphs == []  # never deserialized
+    finally:
+        stop()  # type: ignore[operator]
+    assert race_stats()["compile"].service_failed == 1
+
+
+def test_a_spec_the_service_refuses_is_raised_not_built_locally(redis_server: EmbeddedRedis, redis_client: object) -> None:
+    s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=FAST_S), limits=Limits(max_tensors=2))  # this client's limits are wider
+    builder = StandInLocalBuilder(seconds=FAST_S)
+    try:
+        with Client(s.address, cache=False, local_builder=builder) as client, pytest.raises(SpecError):
+            client.compile(matmul_spec(m=144, name="too-many-tensors"), TARGET)
+    finally:
+        stop()  # type: ignore[operator]
+    assert builder.built == []
+
+
+def test_off_by_option_by_environment_and_where_this_node_cannot_build(slow_service: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    builder = StandInLocalBuilder(seconds=FAST_S)
+    with Client(slow_service.address, cache=False, local_builder=builder, hedge=False) as client:
+        assert client.compile(matmul_spec(m=160, name="off-1"), TARGET).source in ("compiled", "provisional")
+    monkeypatch.setenv("PLANCACHE_HEDGE", "0")
+    with Client(slow_service.address, cache=False, local_builder=builder) as client:
+        assert not client.hedge
+        assert client.compile(matmul_spec(m=176, name="off-2"), TARGET).source in ("compiled", "provisional")
+        assert client.compile(matmul_spec(m=192, name="on-3"), TARGET, hedge=True).source == "local"
+    monkeypatch.delenv("PLANCACHE_HEDGE")
+    elsewhere = StandInLocalBuilder(seconds=FAST_S, machine=Target("sm_80", 91900, "1.32.0", "Other GPU", 108))
+    with Client(slow_service.address, cache=False, local_builder=elsewhere) as client:
+        assert client.compile(matmul_spec(m=208, name="other-gpu"), TARGET).source in ("compiled", "provisional")
+    assert builder.built == [builder.built[0]] and elsewhere.built == []  # only the call that asked for the hedge built
