@@ -222,22 +222,18 @@ def program(frontend: Any, specs: dict[int, GraphSpec], tensors: dict[int, dict[
 
 
 def dropin_sources(specs: dict[int, GraphSpec], per_graph: dict[str, dict[int, object]]) -> None:
-    """How plancache.cudnn built each graph (plancache.cudnn.graphs(), after the clock): the
-    first record of a graph is its build ("local": the program's own, `reason` says why; a
-    hedged miss it won is one); a later one, the service's plan taking over (`taken_over`)."""
+    """How plancache.cudnn built each graph (plancache.cudnn.graphs(), after the clock, one
+    record per graph): "local" when the program's own build ran (`reason` says why; a hedged
+    miss it won is one, `taken_over` when the service's plan ran later), else the plan's source."""
     import plancache.cudnn
 
-    records = plancache.cudnn.graphs()
-    first: dict[str, Any] = {}
-    for record in records:
-        first.setdefault(record.name, record)
-    names = [spec.name or "" for spec in specs.values()]
-    by_name = set(names) <= set(first)
-    for position, (index, name) in enumerate(zip(specs, names, strict=True)):
-        built = first.get(name) if by_name else (records[position] if position < len(records) else None)
-        per_graph["source"][index] = built.source if built is not None else None
+    records = {record.name: record for record in plancache.cudnn.graphs()}
+    for index, spec in specs.items():
+        built = records.get(spec.name or "")
+        own = built is not None and (built.hedged or built.plan is None)
+        per_graph["source"][index] = None if built is None else "local" if own else built.source
         per_graph["reason"][index] = built.reason[:300] if built is not None and built.reason else None
-        per_graph["taken_over"][index] = sum(1 for b in records if b.name == name) > 1 if by_name else None
+        per_graph["taken_over"][index] = built is not None and built.hedged and built.plan is not None
         per_graph["plan_key"][index] = built.plan.key if built is not None and built.plan is not None else None
 
 

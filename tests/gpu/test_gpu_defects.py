@@ -19,9 +19,9 @@ import pytest
 
 from plancache import GraphSpec
 from plancache.errors import CompileFailed
+from plancache.frontend_graph.defects import check_known_defects
 from plancache.keys.target import Target
 from plancache.spec.validation import normalize
-from plancache_server.worker.compiler.defects import check_known_defects
 
 pytestmark = pytest.mark.gpu
 X = [4, 256, 512]

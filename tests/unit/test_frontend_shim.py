@@ -415,7 +415,8 @@ def test_a_hedged_miss_runs_the_programs_own_build_then_the_services_plan(record
     g.execute({a: 1, b: 2, c: 3}, Workspace(4096))  # a safe point: it takes over
     (served,) = recorder.loaded
     assert served.executed == [({1: 1, 2: 2, 3: 3}, served.executed[0][1], None)] and recorder.names().count("execute") == 2
-    assert g.plancache.source == "compiled" and client.pending.adoptions == 1
+    assert g.plancache.source == "compiled" and g.plancache.hedged and client.pending.adoptions == 1
+    assert shim.graphs() == [g.plancache]  # the same record: a takeover is not another build
     assert g.get_workspace_size() == served.workspace
 
 

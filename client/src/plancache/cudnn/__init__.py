@@ -91,6 +91,8 @@ class Built:
     node_types: tuple[str, ...] = ()
     # Built locally: whether the program's own build succeeded (None: not known yet, or served).
     local_built: bool | None = None
+    # The program's own build won a hedged miss (its plan ran first; `plan`, once set, took over later).
+    hedged: bool = False
 
     @property
     def source(self) -> str:
@@ -408,7 +410,7 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         if plan is None and local is None and race is not None:  # the program's own build ran in the race, and runs
             failed = race.error if race.done() and race.plan is None else None
             if failed is None:
-                built = Built(name, spec, reason=HEDGED, node_types=node_types(self), local_built=True)
+                built = Built(name, spec, reason=HEDGED, node_types=node_types(self), local_built=True, hedged=True)
                 self._plancache_count_local(built, "hedged", about_the_graph=False, level=logging.INFO)
             else:  # the service failed: said as when nothing was raced
                 s.race = None
@@ -532,8 +534,9 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
             log.debug("plancache.cudnn: graph %r keeps its own plan: loading the service's failed: %s", self._plancache_name(), e)
             return
         previous = s.built
-        s.served, s.built = served, Built(self._plancache_name(), previous.spec if previous else None, plan, node_types=previous.node_types if previous else ())
-        _RECENT.append(s.built)
+        if previous is not None:  # the same graph's record, now with the plan that runs it
+            previous.plan = plan
+        s.served = served
         race.adopted()
 
     def _plancache_drives(self, name: str, what: str | None = None) -> None:

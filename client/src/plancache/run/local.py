@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from plancache.errors import CompileFailed, InvalidRequest
 from plancache.frontend_graph.build import build_pygraph
+from plancache.frontend_graph.defects import check_known_defects
 from plancache.frontend_graph.plan_list import first_index, make_plan_list, resolved_geometry
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
@@ -151,6 +152,7 @@ def build_local(spec: GraphSpec, options: CompileOptions, key: str, target: Targ
     if frontend is None:
         frontend = importlib.import_module("cudnn")
     started = time.perf_counter()
+    check_known_defects(spec, target, served=False)  # a graph cuDNN computes wrongly is refused here as by the worker
     state = handle_state()
     g = build_pygraph(spec, frontend, handle=state.handle)
     make_plan_list(g, frontend, options, f"this node's GPU {state.device}")

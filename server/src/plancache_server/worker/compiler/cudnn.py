@@ -26,6 +26,7 @@ import torch
 from plancache import dtypes
 from plancache.errors import CompileFailed
 from plancache.frontend_graph import build_pygraph
+from plancache.frontend_graph.defects import check_known_defects
 from plancache.frontend_graph.plan_list import first_index, make_plan_list, resolved_geometry
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
@@ -35,7 +36,6 @@ from plancache.spec.graph import GraphSpec
 from plancache.spec.validation import storage_elements
 from plancache_server.settings import AUTOTUNE_STRATEGIES
 from plancache_server.worker.compiler.base import BuiltPlan, CandidateResult, CompiledPlan, Geometry, Heuristic, compile_inline
-from plancache_server.worker.compiler.defects import check_known_defects
 from plancache_server.worker.compiler.plan_list import describe
 from plancache_server.worker.compiler.timing import time_candidates
 from plancache_server.worker.compiler.timing_inputs import timing_inputs

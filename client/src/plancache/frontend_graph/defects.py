@@ -1,8 +1,9 @@
 """Graphs the cuDNN backend accepts but computes wrongly: refused up front.
 
 A plan that builds and runs but gives wrong numbers is worse than no plan,
-so the compiler refuses these graphs with the reason and a workaround
-instead of storing them. A refusal is exact: only the form measured wrong,
+so the worker refuses these graphs with the reason and a workaround
+instead of storing them, and a node's own build (plancache.run.local)
+refuses them alike. A refusal is exact: only the form measured wrong,
 only on the backend versions it was measured wrong on. Any other graph is
 built as the program would build it (tests/gpu/test_gpu_defects.py measures
 both sides of each line on the GPU: the refused form is still wrong, the
@@ -22,9 +23,11 @@ CONCATENATE_COPY_WRONG_ON = frozenset({91900})
 INSTANCENORM_BACKWARD_NOT_LOADABLE_ON = frozenset({91900})
 
 
-def check_known_defects(spec: GraphSpec, target: Target) -> None:
+def check_known_defects(spec: GraphSpec, target: Target, *, served: bool = True) -> None:
     """Raise CompileFailed for a graph known to produce wrong results on `target`,
-    or whose plans cannot be loaded where they are served."""
+    or, for a plan to be `served` (stored and loaded elsewhere), whose plans
+    cannot be loaded. A node's own build (served=False) runs the plan it
+    built: only the wrong results refuse it."""
     version = target.cudnn_version
     if version in POINTWISE_BROADCAST_WRONG_ON:
         _pointwise_only_broadcast(spec)
@@ -37,7 +40,7 @@ def check_known_defects(spec: GraphSpec, target: Target) -> None:
                 f"{where}: a concatenate without in_place_index leaves part of its output unwritten on cuDNN 9.19 (measured); "
                 "give in_place_index (the input whose buffer is the output's), or concatenate outside the graph"
             )
-        if node.op == "instancenorm_backward" and version in INSTANCENORM_BACKWARD_NOT_LOADABLE_ON:
+        if node.op == "instancenorm_backward" and version in INSTANCENORM_BACKWARD_NOT_LOADABLE_ON and served:
             # Measured (GPU run 20): every plan builds and runs, but deserializing one fails
             # ("cuda_graph_end_capture ... failed") and leaves an error for the process's next CUDA call.
             raise CompileFailed(
