@@ -134,6 +134,15 @@ HEDGE_STUDY = (
     ("first-lazy+hedge", "first-lazy"),
     ("local-functional", "torch-step", "first-functional+hedge", "first-functional"),
 )
+# --study hedge-paired: each hedged first node right after its local equivalent, the pairs --repeats times (medians of
+# adjacent runs: the machine drifts by more than the 5 % asked for between runs minutes apart, GPU run 21 call 2).
+PAIRED = (
+    ("local-heuristic", "first-compile+hedge"),
+    ("local-program", "first-dropin+hedge"),
+    ("local-heuristic-4proc", "first-compile-4proc+hedge"),
+    ("local-heuristic", "first-lazy+hedge"),
+    ("local-functional", "first-functional+hedge"),
+)
 # --study all: issue 29's runs after today's (their unhedged first-compile, first-lazy and first-compile-4proc ran already).
 ISSUE_29 = (
     ("first-compile+hedge",),
@@ -191,6 +200,7 @@ class Bench:
         self.step_keys: set[str] = set()  # the decode step's plan keys, as its first-functional runs reported them
         self.more_keys: set[str] = set()  # plan keys of the drop-in's that are not the 13 (none expected: its captured specs are the same)
         self.stored_plans: dict[str, Any] = {}  # what the stored-plan paths run on (stored_blobs)
+        self.node_cpus: set[int] | None = None  # --split-cpus: the node processes' CPUs
         self.pool_measured = False  # this JIT state's first first node measures the worker's pool
         self.runs: list[dict[str, Any]] = []
         self.skipped: list[str] = []
@@ -240,7 +250,13 @@ class Bench:
         args += ["--server", server] if server else []
         args += ["--blobs", blobs] if blobs else []
         started = time.monotonic()
-        proc = subprocess.run(args, env=self.node_env(path, jit, env, server, fill), cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+        child = self.pinned(subprocess.Popen(args, env=self.node_env(path, jit, env, server, fill), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        try:
+            stdout, stderr = child.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            stdout, stderr = child.communicate()
+        proc = subprocess.CompletedProcess(args, child.returncode, stdout, stderr)
         row: dict[str, Any] = {"jit": jit, "path": path, "hedge": hedged(path), "wall_s": time.monotonic() - started}
         if base(path) in STORED:
             row["stored_plans"] = dict(self.stored_plans)
@@ -261,7 +277,7 @@ class Bench:
             args = [sys.executable, "-m", "bench.startup_node", "--path", node_path, "--share", f"{share}/{count}", "--barrier", str(barrier),
                     "--lazy-s", str(LAZY_S), *(["--server", server] if server else [])]  # fmt: skip
             with open(barrier / f"out-{share}", "w") as out, open(barrier / f"err-{share}", "w") as err:
-                procs.append(subprocess.Popen(args, env=self.node_env(path, jit, env, server), cwd=REPO, stdout=out, stderr=err))
+                procs.append(self.pinned(subprocess.Popen(args, env=self.node_env(path, jit, env, server), cwd=REPO, stdout=out, stderr=err)))
         try:
             if before_go is not None:
                 before_go()
@@ -436,7 +452,10 @@ class Bench:
         address = f"127.0.0.1:{free_port()}"
         server_args = ("--gpus", "none", "--signing-key", str(self.private_key))
         with server_process(address, redis_url, self.out / f"startup-server-{jit}.log", *server_args, env=child_env()):
-            if self.study == "hedge":
+            if self.study == "hedge-paired":
+                self.groups(jit, env, address, redis_url, [pair for _ in range(self.repeats) for pair in PAIRED])
+                self.stored(jit, env, address, redis_url, (HITS, ("fetch",), ("floor",)), tuned_only=False)
+            elif self.study == "hedge":
                 self.groups(jit, env, address, redis_url, HEDGE_STUDY)
                 self.stored(jit, env, address, redis_url, (HITS, ("fetch",), ("floor",)), tuned_only=False)
                 self.groups(jit, env, address, redis_url, [(p,) for _ in range(self.repeats - 1) for p in ("local-heuristic", "local-program", "local-functional")])
@@ -455,8 +474,23 @@ class Bench:
                                                "graph_names": graph_names(), "runs": self.runs})  # fmt: skip
         return summary
 
+    def split_cpus(self) -> None:
+        """Node processes on the first half of this process's CPUs; this process, and so Redis, the
+        server and its workers (its children), on the other half: as if the service had a host of its own."""
+        cpus = sorted(os.sched_getaffinity(0))
+        self.node_cpus = set(cpus[: len(cpus) // 2])
+        os.sched_setaffinity(0, set(cpus[len(cpus) // 2 :]))
+
+    def pinned(self, proc: subprocess.Popen[str]) -> subprocess.Popen[str]:
+        """A node process just started, on the nodes' CPUs (--split-cpus; its clock starts long after, at the go)."""
+        if self.node_cpus:
+            os.sched_setaffinity(proc.pid, self.node_cpus)
+        return proc
+
     def config(self) -> dict[str, Any]:
         return {
+            "node_cpus": sorted(self.node_cpus) if self.node_cpus else "all (shared with the service)",
+            "service_cpus": sorted(os.sched_getaffinity(0)) if self.node_cpus else "all (shared with the nodes)",
             "study": self.study,
             "repeats": self.repeats,
             "foreground_s": self.foreground_s,
@@ -728,7 +762,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--jit", choices=("cold", "warm", "both"), default="both")
-    parser.add_argument("--study", choices=("all", "hedge"), default="all", help="all: every path; hedge: issue 29's hedged misses alone (module doc)")
+    parser.add_argument("--study", choices=("all", "hedge", "hedge-paired"), default="all",
+                        help="all: every path; hedge: issue 29's hedged misses alone; hedge-paired: each hedged first node beside its local equivalent (module doc)")
+    parser.add_argument("--split-cpus", action="store_true",
+                        help="node processes on the first half of this machine's CPUs, Redis, the server and its workers on the other: a service on a host of its own")
     parser.add_argument("--warm-cache", type=Path, help="CUDA_CACHE_PATH of the warm runs (default: a new directory)")
     parser.add_argument("--time-limit", type=float, default=390.0, help="seconds per JIT state; runs that would end past it are skipped and listed")
     parser.add_argument("--repeats", type=int, default=2)
@@ -749,6 +786,8 @@ def main() -> None:
     from plancache_server.store.embedded_redis import EmbeddedRedis
 
     bench = Bench(args.out, args.time_limit, args.repeats, args.foreground_s, args.warm_cache, args.build_processes, args.study)
+    if args.split_cpus:
+        bench.split_cpus()  # before Redis starts: it and every service process inherit the service's half
     redis = EmbeddedRedis(bench.tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
     try:
         for jit in ("cold", "warm") if args.jit == "both" else (args.jit,):
