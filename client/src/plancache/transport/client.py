@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from plancache.errors import InvalidRequest, PlanCacheError, UntrustedPlan, error_from_status
+from plancache.errors import CompileTimeout, InvalidRequest, PlanCacheError, UntrustedPlan, error_from_status
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
 from plancache.run.local import LocalPlan
@@ -33,7 +33,7 @@ from plancache.spec.graph import GraphSpec
 from plancache.spec.validation import normalize
 from plancache.transport.background import BackgroundPrefetch
 from plancache.transport.calls import remaining, retry_pause, typed
-from plancache.transport.hedge import FirstUseReports, FrontendBuilder, LocalBuilder, Race, Raced, hedge_default, run_race
+from plancache.transport.hedge import NOT_HEDGED, FirstUseReports, FrontendBuilder, LocalBuilder, Race, Raced, hedge_after_s, hedge_default, run_race
 from plancache.transport.manifest import Manifest
 from plancache.transport.results import PrefetchResult, TargetInfo, TargetStats, WindowCounts
 from plancache.transport.rich_status import seconds_of
@@ -118,7 +118,9 @@ class Client:
         self.cache: DiskCache | None = DiskCache() if cache is True else (cache or None)
         self.trust = TrustPolicy.create(trusted_keys, allow_unsigned)
         self.hedge = hedge_default() if hedge is None else hedge
+        self.hedge_after_s = hedge_after_s()
         self.local_builder: LocalBuilder = local_builder or FrontendBuilder()
+        self._buildable: dict[str, bool] = {}  # target id -> whether this node builds for it (asked once)
         self._local_plans: OrderedDict[str, LocalPlan] = OrderedDict()
         self._reports = FirstUseReports(self._report_first_uses)
 
@@ -162,9 +164,11 @@ class Client:
         cached = self._cached(asked.key, tuned_only)
         if cached is not None:
             return cached
-        request = pb.CompileRequest(spec=spec_io.to_proto(normalized), target=resolved.to_proto(), options=opts.to_proto(), tuned_only=tuned_only)
+        hedged = not tuned_only and (self.hedge if hedge is None else hedge) and self._can_build(resolved)
+        request = pb.CompileRequest(spec=spec_io.to_proto(normalized), target=resolved.to_proto(), options=opts.to_proto(), tuned_only=tuned_only,
+                                    answer_miss_at_once=hedged)  # fmt: skip
         budget = timeout if timeout is not None else self.compile_timeout
-        if not tuned_only and (self.hedge if hedge is None else hedge) and self.local_builder.can_build(resolved):
+        if hedged:
             held = self._local_plans.get(asked.key)
             if held is not None and held.local:
                 return held
@@ -195,17 +199,43 @@ class Client:
         cached = self._cached(asked.key, tuned_only=False)
         if cached is not None:
             return Raced(plan=cached)
-        request = pb.CompileRequest(spec=spec_io.to_proto(normalized), target=resolved.to_proto(), options=opts.to_proto())
+        request = pb.CompileRequest(spec=spec_io.to_proto(normalized), target=resolved.to_proto(), options=opts.to_proto(), answer_miss_at_once=True)
         return self._race(request, asked, timeout if timeout is not None else self.compile_timeout, build, path)
 
     def _race(self, request: pb.CompileRequest, asked: Asked, budget: float | None, build: Callable[[], T], path: str) -> Raced[T]:
+        """A hedged miss (plancache.transport.hedge): `request` (with
+        answer_miss_at_once) asked as a hit is, one unary Compile on this
+        thread; on a miss, `build()` here while a thread waits for the
+        service's plan (a second Compile, for the same build, counted once)."""
+        deadline = None if budget is None else time.monotonic() + budget
+
         def remember(response: pb.CompileResponse) -> Plan:
             return self._remember(Plan.from_proto(response.plan, SOURCE_NAMES.get(response.source, "stored")), asked)
 
-        def start(deadline: float | None) -> Race:
-            return Race(lambda remaining: self._stub.CompileStream(request, timeout=remaining, metadata=self._metadata), remember, path, deadline)
+        error: PlanCacheError | None = None
+        try:
+            # Bounded: a server that cannot say hit or miss within hedge_after_s is as good as a miss.
+            response = self._call(self._stub.Compile, request, self.hedge_after_s if budget is None else min(self.hedge_after_s, budget))
+            if response.source != pb.COMPILE_SOURCE_BUILDING:
+                return Raced(plan=remember(response))  # a hit (or a plan the server had at once): nothing to race
+        except PlanCacheError as e:  # down, refusing, slow, or a hit that failed verification
+            if isinstance(e, NOT_HEDGED):
+                raise
+            error = e
+        follow = pb.CompileRequest()
+        follow.CopyFrom(request)
+        follow.answer_miss_at_once, follow.counted = False, error is None
+        ask = None
+        if error is None or error.retry_after is not None or isinstance(error, CompileTimeout):  # the service may still answer
+            ask = lambda remaining: self._stub.Compile.future(follow, timeout=remaining, metadata=self._metadata)  # noqa: E731
+        race = Race(ask, remember, path, deadline, building=error is None, error=error)
+        return run_race(race, build, deadline, self._reports.add, asked.key)
 
-        return run_race(start, build, budget, self._reports.add, asked.key)
+    def _can_build(self, target: Target) -> bool:
+        found = self._buildable.get(target.id)
+        if found is None:
+            found = self._buildable[target.id] = self.local_builder.can_build(target)
+        return found
 
     def _hold(self, plan: LocalPlan) -> None:
         self._local_plans[plan.key] = plan

@@ -1,12 +1,15 @@
 """The hedged miss: a node's own build raced against the service's, as
 Bazel's dynamic execution races a local and a remote spawn.
 
-A hedged compile asks with CompileStream. A hit answers at once and that is
-all: a hit never starts a local build. On a miss the server says so first
-(BuildStarted, a few milliseconds after the request); the node then builds
-the plan itself on the caller's thread, while a reader thread receives the
-service's answer and verifies it (signature, and that it answers what was
-asked). When the node's build returns:
+A hedged compile asks as a hit is asked, one unary Compile on the caller's
+thread, with `answer_miss_at_once`: a hit answers the plan and that is all
+(a hit never starts a local build, and costs what it cost before: no
+thread, no stream). On a miss the server starts or joins the build and
+answers at once that it is building; the node then builds the plan itself
+on the caller's thread, while a thread of the race asks again (`counted`:
+the same build, counted once) and verifies the service's answer
+(signature, and that it answers what was asked). When the node's build
+returns:
 
 - the service's verified plan came first: it runs (the service won);
 - else the node's plan runs (source "local"), and the service's replaces it
@@ -17,16 +20,16 @@ Why the local build is not on a thread of its own, to return the service's
 plan the moment it lands: the frontend holds the GIL while it builds (its
 bindings never release it), so the caller would be stalled all the same; and
 the program's build runs where the program would have run it, with its
-handle. So a node waits at most its own build, plus the few milliseconds the
-server takes to say "miss".
+handle. So a node waits at most its own build, plus the round trip in which
+the server says "miss".
 
 Failures never hide the other side: a service that fails (down, refusing,
 timing out, no worker, a plan failing verification, which is never
 deserialized) leaves the node's plan; a local build that fails waits for the
 service's answer (within the call's deadline). Both failing raises the
-service's error, the local one in its message. A server that says nothing
-within HEDGE_AFTER_S (overloaded, or one older than CompileStream's
-BuildStarted) is treated as a miss: every wait has a bound.
+service's error, the local one in its message. The first answer is awaited
+HEDGE_AFTER_S at most (PLANCACHE_HEDGE_AFTER_S): a server that cannot say
+hit or miss by then is treated as a miss (every wait has a bound).
 
 The outcome of each race is counted per path (`race_stats()`: compile,
 cudnn, functional) and reported to the service in the background
@@ -46,7 +49,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -155,30 +158,34 @@ def reset_race_stats() -> None:
 
 
 class Race:
-    """The service's side of one hedged miss: a CompileStream read on a
-    thread of its own. `open_stream(timeout)` sends the request;
-    `remember(response)` verifies the answer and makes its Plan
-    (PlanCacheError when it does not verify). A refusal for now (admission
-    control) is asked again after the server's delay, within `deadline`,
-    while the node's own build runs."""
+    """The service's side of one hedged miss. `ask(timeout)` sends the
+    follow-up Compile (a future: its answer waits for the build the first
+    request started or joined); `remember(response)` verifies the answer
+    and makes its Plan (PlanCacheError when it does not verify). Read on a
+    thread of its own; a refusal for now (admission control) is asked again
+    after the server's delay, within `deadline`, while the node builds.
+    `building`: the service said it was building the plan (it knows this
+    miss). Without `ask`, the race is over before it began: `error` says why."""
 
     def __init__(
-        self, open_stream: Callable[[float | None], Iterator[pb.CompileEvent]], remember: Callable[[pb.CompileResponse], Plan], path: str,
-        deadline: float | None,
+        self, ask: Callable[[float | None], grpc.Future[pb.CompileResponse]] | None, remember: Callable[[pb.CompileResponse], Plan], path: str, deadline: float | None,
+        *, building: bool, error: PlanCacheError | None = None,
     ) -> None:  # fmt: skip
-        self._open = open_stream
+        self._ask = ask
         self._remember = remember
         self.path = path
         self._deadline = deadline
-        self._events: Iterator[pb.CompileEvent] | None = None
-        self.building: pb.BuildStarted | None = None
+        self.building = building
         self._plan: Plan | None = None
-        self.error: PlanCacheError | None = None
+        self.error = error
         self.answered_at: float | None = None  # monotonic, when the answer (or the failure) came
-        self._first = threading.Event()
+        self._future: grpc.Future[pb.CompileResponse] | None = None
         self._done = threading.Event()
         self._cancelled = False
-        threading.Thread(target=self._read, name="plancache-race", daemon=True).start()
+        if ask is None:
+            self._finish()
+        else:
+            threading.Thread(target=self._read, name="plancache-race", daemon=True).start()
 
     @property
     def plan(self) -> Plan | None:
@@ -186,10 +193,6 @@ class Race:
 
     def done(self) -> bool:
         return self._done.is_set()
-
-    def wait_first(self, timeout: float | None) -> bool:
-        """Until the server says hit or miss (or fails); whether it did within `timeout`."""
-        return self._first.wait(timeout)
 
     def wait(self, timeout: float | None) -> bool:
         return self._done.wait(timeout)
@@ -199,48 +202,38 @@ class Race:
 
     def cancel(self) -> None:
         self._cancelled = True
-        cancel = getattr(self._events, "cancel", None)
-        if cancel is not None:
-            cancel()
+        if self._future is not None:
+            self._future.cancel()
 
     def _read(self) -> None:
+        assert self._ask is not None
         attempt = 0
         try:
             while True:
                 try:
-                    self._events = self._open(remaining(self._deadline))
-                    self._take(self._events)
+                    self._future = self._ask(remaining(self._deadline))
+                    self._plan = self._remember(self._future.result())
                     return
                 except grpc.RpcError as exc:
                     error = typed(exc)
-                pause = None if self._cancelled or self.building is not None else retry_pause(error.retry_after, attempt, self._deadline)
+                pause = None if self._cancelled else retry_pause(error.retry_after, attempt, self._deadline)
                 if pause is None:
                     self.error = error
                     return
-                self._first.set()  # refused for now: the node builds meanwhile
                 time.sleep(pause)
                 attempt += 1
         except PlanCacheError as e:  # the answer did not verify: never deserialized, never run
             self.error = e
-        except Exception as e:  # e.g. a message this client cannot read
-            self.error = Unavailable(f"reading the service's answer failed: {type(e).__name__}: {e}")
+        except Exception as e:  # e.g. a message this client cannot read, or the call cancelled
+            self.error = Unavailable(f"the service's answer did not come: {type(e).__name__}: {e}")
         finally:
-            if self._plan is None and self.error is None:
-                self.error = Unavailable("the service's stream ended without an answer")
-            self.answered_at = time.monotonic()
-            self._done.set()
-            self._first.set()
-            self.cancel()  # nothing more to read: the stream's resources go now
+            self._finish()
 
-    def _take(self, events: Iterator[pb.CompileEvent]) -> None:
-        for event in events:
-            kind = event.WhichOneof("event")
-            if kind == "building":
-                self.building = event.building
-                self._first.set()
-            elif kind == "result":
-                self._plan = self._remember(event.result)
-                return
+    def _finish(self) -> None:
+        if self._plan is None and self.error is None:
+            self.error = Unavailable("the service's answer did not come")
+        self.answered_at = time.monotonic()
+        self._done.set()
 
 
 @dataclass
@@ -251,23 +244,11 @@ class Raced(Generic[T]):
     local: T | None = None
     race: Race | None = None  # the service's side, when the node's own build runs
 
-    @property
-    def hit(self) -> bool:
-        return self.plan is not None and self.race is None
 
-
-def run_race(
-    start: Callable[[float | None], Race], build: Callable[[], T], timeout: float | None, report: Callable[[str, bool], None], key: str,
-) -> Raced[T]:  # fmt: skip
-    """Race `build()` (the node's own, on this thread) against the service
-    (`start(deadline)` sends the request). See the module docstring for who wins."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    race = start(deadline)
-    race.wait_first(hedge_after_s() if deadline is None else min(hedge_after_s(), max(0.0, deadline - time.monotonic())))
-    if race.building is None and race.plan is not None:  # a hit: nothing to race
-        return Raced(plan=race.plan)
-    if race.building is None and race.error is not None and isinstance(race.error, NOT_HEDGED):
-        raise race.error
+def run_race(race: Race, build: Callable[[], T], deadline: float | None, report: Callable[[str, bool], None], key: str) -> Raced[T]:
+    """The node's `build()`, on this thread, against the service's `race`
+    (started: the service said it misses, or failed). See the module
+    docstring for who wins."""
     tally = counts(race.path)
     try:
         local, local_error = build(), None
@@ -276,7 +257,8 @@ def run_race(
     built_at = time.monotonic()
     if race.plan is not None and race.answered_at is not None and race.answered_at <= built_at:
         tally.service_won += 1
-        report(key, False)
+        if race.building:
+            report(key, False)
         return Raced(plan=race.plan)
     if local_error is None:
         if race.done() and race.plan is None:
@@ -284,13 +266,14 @@ def run_race(
             log.debug("plan %s: the service failed (%s); this node's own build runs", key, race.error)
         else:
             tally.local_won += 1
-            if race.building is not None:  # the service knows this miss: it can count it
+            if race.building:  # the service knows this miss: it can count it
                 report(key, True)
         return Raced(local=local, race=race)
     tally.local_failed += 1
     race.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
     if race.plan is not None:
-        report(key, False)
+        if race.building:
+            report(key, False)
         return Raced(plan=race.plan)
     race.cancel()
     error = race.error or Unavailable("the service did not answer within the deadline")

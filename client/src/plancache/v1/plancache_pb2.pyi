@@ -46,6 +46,7 @@ class CompileSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMPILE_SOURCE_COMPILED: _ClassVar[CompileSource]
     COMPILE_SOURCE_JOINED: _ClassVar[CompileSource]
     COMPILE_SOURCE_PROVISIONAL: _ClassVar[CompileSource]
+    COMPILE_SOURCE_BUILDING: _ClassVar[CompileSource]
 DATA_TYPE_UNSPECIFIED: DataType
 DATA_TYPE_FLOAT: DataType
 DATA_TYPE_HALF: DataType
@@ -74,6 +75,7 @@ COMPILE_SOURCE_HIT: CompileSource
 COMPILE_SOURCE_COMPILED: CompileSource
 COMPILE_SOURCE_JOINED: CompileSource
 COMPILE_SOURCE_PROVISIONAL: CompileSource
+COMPILE_SOURCE_BUILDING: CompileSource
 
 class TensorSpec(_message.Message):
     __slots__ = ("uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_output", "scalar_value", "ragged_offset_uid", "reordering_type", "ragged_offset_multiplier", "alignment_value", "constant")
@@ -459,16 +461,20 @@ class Plan(_message.Message):
     def __init__(self, metadata: _Optional[_Union[PlanMetadata, _Mapping]] = ..., blob: _Optional[bytes] = ..., signature: _Optional[_Union[PlanSignature, _Mapping]] = ...) -> None: ...
 
 class CompileRequest(_message.Message):
-    __slots__ = ("spec", "target", "options", "tuned_only")
+    __slots__ = ("spec", "target", "options", "tuned_only", "answer_miss_at_once", "counted")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     TUNED_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_MISS_AT_ONCE_FIELD_NUMBER: _ClassVar[int]
+    COUNTED_FIELD_NUMBER: _ClassVar[int]
     spec: GraphSpec
     target: Target
     options: CompileOptions
     tuned_only: bool
-    def __init__(self, spec: _Optional[_Union[GraphSpec, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., tuned_only: _Optional[bool] = ...) -> None: ...
+    answer_miss_at_once: bool
+    counted: bool
+    def __init__(self, spec: _Optional[_Union[GraphSpec, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., tuned_only: _Optional[bool] = ..., answer_miss_at_once: _Optional[bool] = ..., counted: _Optional[bool] = ...) -> None: ...
 
 class CompileResponse(_message.Message):
     __slots__ = ("plan", "source")
@@ -477,22 +483,6 @@ class CompileResponse(_message.Message):
     plan: Plan
     source: CompileSource
     def __init__(self, plan: _Optional[_Union[Plan, _Mapping]] = ..., source: _Optional[_Union[CompileSource, str]] = ...) -> None: ...
-
-class CompileEvent(_message.Message):
-    __slots__ = ("building", "result")
-    BUILDING_FIELD_NUMBER: _ClassVar[int]
-    RESULT_FIELD_NUMBER: _ClassVar[int]
-    building: BuildStarted
-    result: CompileResponse
-    def __init__(self, building: _Optional[_Union[BuildStarted, _Mapping]] = ..., result: _Optional[_Union[CompileResponse, _Mapping]] = ...) -> None: ...
-
-class BuildStarted(_message.Message):
-    __slots__ = ("plan_key", "joined")
-    PLAN_KEY_FIELD_NUMBER: _ClassVar[int]
-    JOINED_FIELD_NUMBER: _ClassVar[int]
-    plan_key: str
-    joined: bool
-    def __init__(self, plan_key: _Optional[str] = ..., joined: _Optional[bool] = ...) -> None: ...
 
 class FirstUse(_message.Message):
     __slots__ = ("plan_key", "local")

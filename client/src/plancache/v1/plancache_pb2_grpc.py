@@ -39,11 +39,6 @@ class PlanCacheStub:
                 request_serializer=plancache_dot_v1_dot_plancache__pb2.CompileRequest.SerializeToString,
                 response_deserializer=plancache_dot_v1_dot_plancache__pb2.CompileResponse.FromString,
                 _registered_method=True)
-        self.CompileStream = channel.unary_stream(
-                '/plancache.v1.PlanCache/CompileStream',
-                request_serializer=plancache_dot_v1_dot_plancache__pb2.CompileRequest.SerializeToString,
-                response_deserializer=plancache_dot_v1_dot_plancache__pb2.CompileEvent.FromString,
-                _registered_method=True)
         self.ReportFirstUses = channel.unary_unary(
                 '/plancache.v1.PlanCache/ReportFirstUses',
                 request_serializer=plancache_dot_v1_dot_plancache__pb2.ReportFirstUsesRequest.SerializeToString,
@@ -107,15 +102,6 @@ class PlanCacheServicer:
     def Compile(self, request, context):
         """The plan for (spec, target, options): from the store when present, else
         built and autotuned on a GPU worker of the target, stored and returned.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def CompileStream(self, request, context):
-        """Compile, saying at once when the caller waits for a build (a
-        BuildStarted event before the answer): a node starts its own build
-        then and runs whichever plan is ready first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -212,11 +198,6 @@ def add_PlanCacheServicer_to_server(servicer, server):
                     request_deserializer=plancache_dot_v1_dot_plancache__pb2.CompileRequest.FromString,
                     response_serializer=plancache_dot_v1_dot_plancache__pb2.CompileResponse.SerializeToString,
             ),
-            'CompileStream': grpc.unary_stream_rpc_method_handler(
-                    servicer.CompileStream,
-                    request_deserializer=plancache_dot_v1_dot_plancache__pb2.CompileRequest.FromString,
-                    response_serializer=plancache_dot_v1_dot_plancache__pb2.CompileEvent.SerializeToString,
-            ),
             'ReportFirstUses': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportFirstUses,
                     request_deserializer=plancache_dot_v1_dot_plancache__pb2.ReportFirstUsesRequest.FromString,
@@ -300,33 +281,6 @@ class PlanCache:
             '/plancache.v1.PlanCache/Compile',
             plancache_dot_v1_dot_plancache__pb2.CompileRequest.SerializeToString,
             plancache_dot_v1_dot_plancache__pb2.CompileResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def CompileStream(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/plancache.v1.PlanCache/CompileStream',
-            plancache_dot_v1_dot_plancache__pb2.CompileRequest.SerializeToString,
-            plancache_dot_v1_dot_plancache__pb2.CompileEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,7 +1,7 @@
 """Bearer tokens and their roles, checked once per call by the interceptor.
 
 Roles nest: `read` (GetPlan, Prefetch without compile_missing, GetStats,
-ListTargets) < `compile` (Compile, CompileStream, ReportFirstUses, Prefetch
+ListTargets) < `compile` (Compile, ReportFirstUses, Prefetch
 with compile_missing) < `admin` (Invalidate, DrainWorker). With no tokens
 file the service is open, and says so in its log.
 
@@ -33,7 +33,6 @@ METHOD_ROLES = {
     "ListTargets": Role.READ,
     "Prefetch": Role.READ,
     "Compile": Role.COMPILE,
-    "CompileStream": Role.COMPILE,
     "ReportFirstUses": Role.COMPILE,
     "Explain": Role.READ,
     "Invalidate": Role.ADMIN,

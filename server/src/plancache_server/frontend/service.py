@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 RESOLVED_KEPT = 4096
 # Race outcomes one ReportFirstUses may carry (a client batches at most 256).
 MAX_FIRST_USES = 1024
+# Compile's answer to a miss the caller races (answer_miss_at_once): no plan, the build under way.
+BUILDING = pb.CompileResponse(source=pb.COMPILE_SOURCE_BUILDING).SerializeToString()
 RESOLVED_MAX_SPEC_BYTES = 64 * 1024
 
 
@@ -121,7 +123,7 @@ class PlanService:
 
     # ---- lookups and builds --------------------------------------------------
 
-    async def _lookup(self, plan_key: str, target_id: str, family: str | None = None, tuned_only: bool = False) -> StoredPlan | None:
+    async def _lookup(self, plan_key: str, target_id: str, family: str | None = None, tuned_only: bool = False, count: bool = True) -> StoredPlan | None:
         """The stored plan, counted as a hit (with the bytes it serves and the
         build time it saves) or a miss of its target and op family. A key
         whose build callers here already wait for is a miss without asking
@@ -132,7 +134,8 @@ class PlanService:
             plan = await self._store.get(plan_key)
         if plan is not None and tuned_only and plan.provisional:
             plan = None
-        self._count(plan_key, plan, target_id, family)
+        if count:
+            self._count(plan_key, plan, target_id, family)
         return plan
 
     def _count(self, plan_key: str, plan: StoredPlan | None, target_id: str, family: str | None) -> None:
@@ -145,14 +148,15 @@ class PlanService:
             self._stats.hit(plan_key, len(plan.blob), saved, target_id=target_id, family=family)
         telemetry.child(telemetry.LOOKUPS, self._directory.scope(target_id), "hit" if plan is not None else "miss").inc()
 
-    async def _start_build(self, resolved: ResolvedQuery, tuned_only: bool = False) -> Waiter:
-        """Wait for the build of a missing plan: started here, or joined."""
+    async def _start_build(self, resolved: ResolvedQuery, tuned_only: bool = False, count: bool = True) -> Waiter:
+        """Wait for the build of a missing plan: started here, or joined (counted unless not `count`)."""
         try:
             waiter = await self._builds.join(resolved.target, resolved.plan_key, resolved.query, tuned_only)
         except TargetUnavailable:  # the first caller learns it while the build is being queued
             self._stats.incr(Counter.REFUSED, target_id=resolved.target.id, family=resolved.family)
             raise
-        self._stats.incr(Counter.COMPILES if waiter.started else Counter.JOINED, target_id=resolved.target.id, family=resolved.family)
+        if count or waiter.started:
+            self._stats.incr(Counter.COMPILES if waiter.started else Counter.JOINED, target_id=resolved.target.id, family=resolved.family)
         if waiter.started:
             log.info("started the build of %s (job %s)", resolved.plan_key, waiter.flight.job_id)
         return waiter
@@ -169,38 +173,22 @@ class PlanService:
         """A serialized CompileResponse. `when_sent(callback)` calls back once
         the response is written (it frees the caller's delivery slot)."""
         resolved = await self.resolve(request.spec, request.target, request.options)
-        plan = await self._lookup(resolved.plan_key, resolved.target.id, resolved.family, request.tuned_only)
+        count = not request.counted  # the caller's own earlier request (answer_miss_at_once) was counted
+        plan = await self._lookup(resolved.plan_key, resolved.target.id, resolved.family, request.tuned_only, count=count)
         if plan is not None:
             return plan.compile_response(pb.COMPILE_SOURCE_HIT)  # a stored plan, provisional or not (its metadata says which)
-        waiter = await self._start_build(resolved, request.tuned_only)
+        waiter = await self._start_build(resolved, request.tuned_only, count=count)
+        if request.answer_miss_at_once:  # a hedged miss: the caller builds meanwhile, and asks again (counted) for this build
+            waiter.release()
+            return BUILDING
         when_sent(waiter.release)
         try:
             plan = await waiter.result(self._deadline(time_remaining))
         except PlanCacheError as e:
             self._failed(waiter, resolved, e)
             raise
-        return plan.compile_response(_source(plan, pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED))
-
-    async def compile_stream(self, request: pb.CompileRequest, time_remaining: float | None) -> AsyncIterator[bytes]:
-        """Compile, as serialized CompileEvents: on a miss, BuildStarted as
-        soon as the build is started or joined (the caller starts its own
-        build then: a hedged miss), then the answer; a hit sends the answer only."""
-        resolved = await self.resolve(request.spec, request.target, request.options)
-        plan = await self._lookup(resolved.plan_key, resolved.target.id, resolved.family, request.tuned_only)
-        if plan is not None:
-            yield _result_event(plan.compile_response(pb.COMPILE_SOURCE_HIT))
-            return
-        waiter = await self._start_build(resolved, request.tuned_only)
-        try:
-            yield pb.CompileEvent(building=pb.BuildStarted(plan_key=resolved.plan_key, joined=not waiter.started)).SerializeToString()
-            try:
-                plan = await waiter.result(self._deadline(time_remaining))
-            except PlanCacheError as e:
-                self._failed(waiter, resolved, e)
-                raise
-            yield _result_event(plan.compile_response(_source(plan, pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED)))
-        finally:
-            waiter.release()  # the answer is written (or the call ended): its delivery slot is free
+        # A counted request is the second half of a hedged compile: the build its first half started or joined (said as compiled).
+        return plan.compile_response(_source(plan, pb.COMPILE_SOURCE_COMPILED if waiter.started or request.counted else pb.COMPILE_SOURCE_JOINED))
 
     async def report_first_uses(self, uses: Sequence[pb.FirstUse]) -> int:
         """Count how hedged misses ended on a node. Only a plan this service
@@ -379,25 +367,6 @@ class PlanService:
                     pb.FamilyStats(family=scope.removeprefix("family:"), windows=[_window(readings[scope].get(w, {}), w) for w in WINDOWS])
                 )
         return response
-
-
-def _result_event(compile_response: bytes) -> bytes:
-    """A serialized CompileEvent whose result is `compile_response`, its
-    bytes reused as they are (field 2, length-delimited: the wire form of
-    an embedded message)."""
-    return _RESULT_TAG + _varint(len(compile_response)) + compile_response
-
-
-_RESULT_TAG = bytes([pb.CompileEvent.RESULT_FIELD_NUMBER << 3 | 2])
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _source(plan: StoredPlan, source: int) -> int:

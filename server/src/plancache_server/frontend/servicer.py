@@ -24,10 +24,6 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
     async def Compile(self, request: pb.CompileRequest, context: grpc.aio.ServicerContext) -> bytes:  # type: ignore[type-arg]
         return await self._service.compile(request, context.time_remaining(), lambda done: context.add_done_callback(lambda _: done()))  # type: ignore[arg-type]
 
-    async def CompileStream(self, request: pb.CompileRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:  # type: ignore[type-arg]
-        async for event in self._service.compile_stream(request, context.time_remaining()):
-            yield event
-
     async def ReportFirstUses(self, request: pb.ReportFirstUsesRequest, context: grpc.aio.ServicerContext) -> pb.ReportFirstUsesResponse:  # type: ignore[type-arg]
         return pb.ReportFirstUsesResponse(counted=await self._service.report_first_uses(request.uses))
 

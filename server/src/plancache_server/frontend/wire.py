@@ -52,13 +52,13 @@ def check(method: str, raw: bytes, limits: WireLimits) -> None:
     """Refuse a request whose size or shape is past the limits, before parsing."""
     if method in ("Prefetch", "Warm"):
         bound = limits.max_prefetch_bytes
-    elif method in ("Compile", "CompileStream", "Explain"):
+    elif method in ("Compile", "Explain"):
         bound = SPEC_REQUEST_BYTES
     else:
         bound = SMALL_REQUEST_BYTES
     if len(raw) > bound:
         raise ResourceExhausted(f"a {method} request takes at most {bound:,} bytes, this one has {len(raw):,}")
-    message = {"Compile": "CompileRequest", "CompileStream": "CompileRequest", "Explain": "ExplainRequest", "Prefetch": "PrefetchRequest", "Warm": "WarmRequest"}.get(method)
+    message = {"Compile": "CompileRequest", "Explain": "ExplainRequest", "Prefetch": "PrefetchRequest", "Warm": "WarmRequest"}.get(method)
     # A small request parses into little however it is shaped (64 KB of the
     # tiniest messages: about 3 MB); the common case skips the walk.
     if message is not None and len(raw) > SMALL_REQUEST_BYTES:
