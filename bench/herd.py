@@ -17,7 +17,10 @@ the server's. Variants, each with its own K new specs:
 - prefetch: every node makes one Prefetch call (compile_missing) for the K plans;
 - compile:  every node calls Compile once per plan, sequentially, in its own
             random order;
-- burst:    --burst simultaneous Compile calls (grpc.aio) of ONE new spec.
+- burst:    --burst simultaneous Compile calls (grpc.aio) of ONE new spec;
+- compile-hedged: compile as a hedged client asks (issue 29): each miss answered
+            at once (answer_miss_at_once), then a second Compile (counted) that
+            waits for the same build: two calls per miss, one build per key.
 
 Measured: builds per key (the stand-in's build log, PLANCACHE_STANDIN_BUILD_LOG),
 errors by status code, each node's time to all its plans against the end of the
@@ -71,10 +74,11 @@ from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
 from tests.support.processes import REPO, child_env, server_process, wait_for_workers, worker_process
 
-VARIANTS = ("prefetch", "compile", "burst")
+VARIANTS = ("prefetch", "compile", "burst", "compile-hedged")
+DEFAULT_VARIANTS = ("prefetch", "compile", "burst")  # compile-hedged on request: `--variants compile,compile-hedged`
 # Spec shapes per variant (bench.cpu_bench.spec_for(offset + i)): disjoint, so
 # nothing a variant needs is stored before it starts.
-SPEC_OFFSETS = {"prefetch": 1000, "compile": 2000, "burst": 3000}
+SPEC_OFFSETS = {"prefetch": 1000, "compile": 2000, "burst": 3000, "compile-hedged": 4000}
 PROBE_SPEC = 900
 # Every node its own TCP connection: no subchannel shared between channels.
 CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", 64 * 2**20)]
@@ -198,11 +202,19 @@ class Node:
                 await asyncio.sleep(pause)
             refs, attempt = refused, attempt + 1
 
-    async def compile(self, request: pb.CompileRequest, deadline: float) -> None:
+    async def compile(self, request: pb.CompileRequest, deadline: float, hedged: bool = False) -> None:
+        """As Client.compile; `hedged`: as a hedged Client asks (plancache.transport.hedge): a miss
+        answered at once (answer_miss_at_once), then a second Compile (counted) waits for that build
+        (the node's own build, meanwhile in a real node, is not played: the server's load is measured)."""
         attempt = 0
+        if hedged:
+            request.answer_miss_at_once = True
         while True:
             try:
                 response = await self.stub.Compile(request, timeout=remaining(deadline))
+                if response.source == pb.COMPILE_SOURCE_BUILDING:
+                    request.answer_miss_at_once, request.counted = False, True
+                    continue
             except grpc.aio.AioRpcError as e:
                 error = error_of(e.code(), e.details() or "", e.trailing_metadata())
                 pause = _retry_pause(error.retry_after, attempt, time.monotonic() + remaining(deadline))
@@ -241,7 +253,7 @@ async def nodes_child(cfg: dict[str, Any]) -> None:
                     random.Random(cfg["seed"] * 1_000_003 + node.node_id).shuffle(order)
                     for i in order:
                         q = queries[i]
-                        await node.compile(pb.CompileRequest(spec=q.spec, target=q.target, options=q.options), deadline)
+                        await node.compile(pb.CompileRequest(spec=q.spec, target=q.target, options=q.options), deadline, hedged=variant == "compile-hedged")
             except grpc.aio.AioRpcError as e:
                 node.failed(e.code().name, "AioRpcError", e.details() or "")
             except Exception as e:
@@ -505,7 +517,7 @@ def analyse(variant: str, args: argparse.Namespace, start: float, herd_done: flo
     errors = {k: v for k, v in codes.items() if k != "OK"}
     result: dict[str, Any] = {
         "nodes": expected if variant != "burst" else 0,
-        "calls": expected if variant == "burst" else expected * (plans if variant == "compile" else 1),
+        "calls": expected if variant == "burst" else expected * (plans if variant in ("compile", "compile-hedged") else 1),
         "plans_per_node": plans,
         "processes": len(outputs),
         "builds_per_key": builds_per_key,
@@ -624,7 +636,7 @@ def main() -> None:
     parser.add_argument("--burst", type=int, help=f"simultaneous Compile calls of one spec in the burst variant (default {FULL['burst']})")
     parser.add_argument("--idle-seconds", type=float, help=f"probing before the herd (default {FULL['idle_seconds']})")
     parser.add_argument("--probe-interval", type=float, default=0.02)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     parser.add_argument("--call-timeout", type=float, default=60.0, help="deadline of one probe call (s)")
     parser.add_argument("--time-limit", type=float, default=900.0, help="the whole run (s); variants share what is left")
     parser.add_argument(

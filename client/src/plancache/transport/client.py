@@ -54,6 +54,8 @@ DEFAULT_COMPILE_TIMEOUT_S = 900.0
 MAX_MESSAGE_BYTES = 64 * 2**20
 # Plans this node built itself (hedged misses), held for a compile() of the same key again.
 LOCAL_PLANS_HELD = 1024
+# Seconds a report of race outcomes (ReportFirstUses) may take.
+REPORT_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -244,7 +246,8 @@ class Client:
             self._local_plans.popitem(last=False)
 
     def _report_first_uses(self, uses: list[pb.FirstUse]) -> None:
-        self._stub.ReportFirstUses(pb.ReportFirstUsesRequest(uses=uses), timeout=self.timeout, metadata=self._metadata)
+        # Short: a report lost costs only the report, and close() sends what is left.
+        self._stub.ReportFirstUses(pb.ReportFirstUsesRequest(uses=uses), timeout=REPORT_TIMEOUT_S, metadata=self._metadata)
 
     def get(
         self,
