@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 
 from plancache import Client, DiskCache, Target, race_stats
-from plancache.errors import CompileFailed, SpecError
+from plancache.errors import CompileFailed, ResourceExhausted, SpecError
 from plancache.run import execution
 from plancache.run.local import BUILT_BY, LocalPlan
 from plancache.spec.graph import GraphSpec
 from plancache.spec.validation import Limits
 from plancache.transport import hedge
+from plancache.transport.calls import typed
 from plancache.trust.signing import Signer, generate_keypair
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
@@ -216,3 +217,19 @@ def test_off_by_option_by_environment_and_where_this_node_cannot_build(slow_serv
     with Client(slow_service.address, cache=False, local_builder=elsewhere) as client:
         assert client.compile(matmul_spec(m=208, name="other-gpu"), TARGET).source in ("compiled", "provisional")
     assert builder.built == [builder.built[0]] and elsewhere.built == []  # only the call that asked for the hedge built
+
+
+def test_a_report_counts_only_plans_the_service_knows_once_each(fast_service: Stack) -> None:
+    """Anyone may send reports: a key nobody asked for, a malformed one or the same one
+    repeated counts nothing more than once; too many at once are refused."""
+    with Client(fast_service.address, cache=False, hedge=False) as client:
+        known = client.compile(matmul_spec(m=224, name="known"), TARGET).key
+        stub = client._stub
+        unknown = known.replace(known[:8], "0" * 8, 1)
+        uses = [pb.FirstUse(plan_key=k, local=True) for k in (known, known, unknown, "not a key", "")]
+        assert stub.ReportFirstUses(pb.ReportFirstUsesRequest(uses=uses)).counted == 1
+        with pytest.raises(Exception) as raised:
+            stub.ReportFirstUses(pb.ReportFirstUsesRequest(uses=[pb.FirstUse(plan_key=known)] * 1025))
+        assert isinstance(typed(raised.value), ResourceExhausted)  # type: ignore[arg-type]
+    total = counters(fast_service)
+    assert total.get("first_uses_local") == 1 and first_uses(total) == (0, 1)
