@@ -136,3 +136,17 @@ def test_reports_waiting_are_bounded() -> None:
         reports.add(f"key-{i}", True)
     reports.flush()
     assert sum(len(b) for b in sent) == hedge.FirstUseReports.MAX_QUEUED
+
+
+def test_what_is_left_is_sent_when_the_process_exits() -> None:
+    import subprocess
+    import sys
+
+    program = (
+        "from plancache.transport import hedge\n"
+        "reports = hedge.FirstUseReports(lambda batch: print('sent', len(batch), flush=True))\n"
+        "reports.INTERVAL_S = 3600.0\n"
+        "reports.add('k1', True); reports.add('k2', False)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == "sent 2"

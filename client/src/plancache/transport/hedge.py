@@ -43,12 +43,14 @@ frontend and torch import, a GPU is there, and the target is this GPU's.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -300,6 +302,9 @@ class FirstUseReports:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        # A process that ends without closing its client (plancache.cudnn's and plancache.functional's
+        # are never closed) sends what is left as it exits; a weak reference: the client may go first.
+        atexit.register(_flush_at_exit, weakref.ref(self))
 
     def add(self, plan_key: str, local: bool) -> None:
         with self._lock:
@@ -340,3 +345,9 @@ class FirstUseReports:
     def _run(self) -> None:
         while not self._stopped.wait(self.INTERVAL_S):
             self.flush()
+
+
+def _flush_at_exit(reports: weakref.ref[FirstUseReports]) -> None:
+    found = reports()
+    if found is not None and not found._stopped.is_set():
+        found.close()
