@@ -75,7 +75,9 @@ def _first_call(
     device = int(tensors[0].get_device())
     failed: tuple[str, bool, bool] | None = None  # (reason, transient, logged already)
     try:
-        entry = served(asked, SERVICE.compile(asked.spec, device), device, key)
+        with _torch.ops().on_device(device):  # a miss this node builds itself (the hedge) builds on the tensors' GPU
+            plan = SERVICE.compile(asked.spec, device)
+        entry = served(asked, plan, device, key)
         result = entry(tensors)
     except PlanCacheError as e:
         # The service's own failures (no server, server down, no worker) are
