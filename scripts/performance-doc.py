@@ -284,8 +284,9 @@ def hedge_section(split: dict, shared: dict | None, hits: dict | None, run_recor
         out += [
             "",
             f"The hit path on the CPU (`bench/hedge_hits.py`, {hits['machine']['cpus']} cores, loopback, a real server and Redis, stored 75 KB plans, "
-            f"no disk cache; {hits['config']['rounds']} interleaved rounds of {hits['config']['calls']} `compile()` calls each, p50 per round): "
-            f"hedge off {h['hedge off']['median']:.3f} ms, hedge on {h['hedge on']['median']:.3f} ms: **{hits['hedge_on_over_off']:.3f}x** "
+            f"no disk cache; {hits['config']['rounds']} rounds of {hits['config']['calls']} `compile()` calls per mode, the two modes back to back, "
+            f"p50 per round): hedge off {h['hedge off']['median']:.3f} ms, hedge on {h['hedge on']['median']:.3f} ms (medians); the rounds' "
+            f"ratios' median **{hits['hedge_on_over_off']:.3f}x** "
             f"(target ≤ {hits['target']:g}x: {yes(hits['met'])}); local builds started by hits: {hits['local_builds']}. The first design (a "
             "server stream per compile and a thread to read it) measured 1.52x here and was dropped: a hedged compile is one unary Compile "
             "with `answer_miss_at_once`, as a hit always was.",

@@ -44,9 +44,14 @@ class StandInLocalBuilder:
         self.graphs: list[StandInLocalGraph] = []
         self.threads: list[int] = []  # the thread each build ran on
         self.lock = threading.Lock()
+        self._answers: dict[str, bool] = {}
 
     def can_build(self, target: Target) -> bool:
-        return satisfies(self.machine, target)
+        """Answered once per target, as FrontendBuilder does (it sits on every hedged compile's path)."""
+        found = self._answers.get(target.id)
+        if found is None:
+            found = self._answers[target.id] = satisfies(self.machine, target)
+        return found
 
     def build(self, spec: GraphSpec, options: CompileOptions, key: str, target: Target) -> Plan:
         with self.lock:

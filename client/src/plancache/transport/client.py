@@ -122,7 +122,6 @@ class Client:
         self.hedge = hedge_default() if hedge is None else hedge
         self.hedge_after_s = hedge_after_s()
         self.local_builder: LocalBuilder = local_builder or FrontendBuilder()
-        self._buildable: dict[str, bool] = {}  # target id -> whether this node builds for it (asked once)
         self._local_plans: OrderedDict[str, LocalPlan] = OrderedDict()
         self._reports = FirstUseReports(self._report_first_uses)
 
@@ -166,7 +165,7 @@ class Client:
         cached = self._cached(asked.key, tuned_only)
         if cached is not None:
             return cached
-        hedged = not tuned_only and (self.hedge if hedge is None else hedge) and self._can_build(resolved)
+        hedged = not tuned_only and (self.hedge if hedge is None else hedge) and self.local_builder.can_build(resolved)
         request = pb.CompileRequest(spec=spec_io.to_proto(normalized), target=resolved.to_proto(), options=opts.to_proto(), tuned_only=tuned_only,
                                     answer_miss_at_once=hedged)  # fmt: skip
         budget = timeout if timeout is not None else self.compile_timeout
@@ -232,12 +231,6 @@ class Client:
             ask = lambda remaining: self._stub.Compile.future(follow, timeout=remaining, metadata=self._metadata)  # noqa: E731
         race = Race(ask, remember, path, deadline, building=error is None, error=error)
         return run_race(race, build, deadline, self._reports.add, asked.key)
-
-    def _can_build(self, target: Target) -> bool:
-        found = self._buildable.get(target.id)
-        if found is None:
-            found = self._buildable[target.id] = self.local_builder.can_build(target)
-        return found
 
     def _hold(self, plan: LocalPlan) -> None:
         self._local_plans[plan.key] = plan

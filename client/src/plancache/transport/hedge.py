@@ -38,7 +38,8 @@ served.
 
 Off by `Client(hedge=False)`, `compile(..., hedge=False)` or the
 environment (PLANCACHE_HEDGE=0); on by default where the node can build: the
-frontend and torch import, a GPU is there, and the target is this GPU's.
+process has loaded torch (a fetcher or tool that never does is not made to),
+the frontend imports, a GPU is there, and the target is this GPU's.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import dataclasses
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -108,13 +110,22 @@ class LocalBuilder(Protocol):
 class FrontendBuilder:
     """The node's own frontend, on the current GPU: what the program would have built without plancache."""
 
-    def can_build(self, target: Target) -> bool:
-        """Whether a plan built here is one for `target` (this GPU satisfies it)."""
-        if not can_build_here():
-            return False
-        from plancache.run.gpu import detect_target
+    def __init__(self) -> None:
+        self._answers: dict[tuple[str, int], bool] = {}  # (target id, device) -> whether a plan built here is one for it
 
-        return satisfies(detect_target(process().runtime.current_device()), target)
+    def can_build(self, target: Target) -> bool:
+        """Whether a plan built here is one for `target` (this GPU satisfies
+        it). A process that has not loaded torch runs no plan here (a
+        fetcher, a tool): it is not asked to build, nor made to load torch."""
+        if "torch" not in sys.modules or not can_build_here():
+            return False
+        device = process().runtime.current_device()
+        found = self._answers.get((target.id, device))
+        if found is None:
+            from plancache.run.gpu import detect_target
+
+            found = self._answers[(target.id, device)] = satisfies(detect_target(device), target)
+        return found
 
     def build(self, spec: GraphSpec, options: CompileOptions, key: str, target: Target) -> Plan:
         return build_local(spec, options, key, target)
