@@ -233,3 +233,18 @@ def test_a_report_counts_only_plans_the_service_knows_once_each(fast_service: St
         assert isinstance(typed(raised.value), ResourceExhausted)  # type: ignore[arg-type]
     total = counters(fast_service)
     assert total.get("first_uses_local") == 1 and first_uses(total) == (0, 1)
+
+
+def test_a_node_plan_the_service_failed_is_reused_and_the_service_asked_again(redis_server: EmbeddedRedis, redis_client: object) -> None:
+    builder = StandInLocalBuilder(seconds=FAST_S)
+    spec = matmul_spec(m=240, name="asked-again")
+    s, stop = start_stack(redis_server.url, None)  # no worker yet: the service fails the first race
+    try:
+        with Client(s.address, cache=False, local_builder=builder) as client:
+            first = client.compile(spec, TARGET)
+            time.sleep(0.2)
+            assert first.source == "local" and first.local and not first.waiting  # type: ignore[attr-defined]
+            again = client.compile(spec, TARGET)  # asked again: still no worker
+            assert again is first and builder.built == [first.key]  # not rebuilt
+    finally:
+        stop()  # type: ignore[operator]

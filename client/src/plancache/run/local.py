@@ -93,6 +93,12 @@ class LocalPlan(Plan):
         self._replacement = replacement
 
     @property
+    def waiting(self) -> bool:
+        """The service's answer is still to come (False: it came, or failed, or was never asked)."""
+        pending = self._replacement
+        return pending is not None and not pending.done()
+
+    @property
     def local(self) -> bool:
         """Still this node's own build (the service's plan has not taken over)."""
         self._adopt()

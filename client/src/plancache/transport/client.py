@@ -171,9 +171,14 @@ class Client:
         budget = timeout if timeout is not None else self.compile_timeout
         if hedged:
             held = self._local_plans.get(asked.key)
-            if held is not None and held.local:
-                return held
-            raced = self._race(request, asked, budget, lambda: self.local_builder.build(normalized, opts, asked.key, resolved), hedge_path)
+            if held is not None and held.local and held.waiting:
+                return held  # the service's plan is on its way to it
+            def build() -> Plan:
+                if held is not None and held.local:  # the service failed it: asked again, this node's plan reused, not rebuilt
+                    return held
+                return self.local_builder.build(normalized, opts, asked.key, resolved)
+
+            raced = self._race(request, asked, budget, build, hedge_path)
             if raced.plan is not None:
                 return raced.plan
             plan = raced.local
