@@ -314,8 +314,8 @@ class FirstUseReports:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         # A process that ends without closing its client (plancache.cudnn's and plancache.functional's
-        # are never closed) sends what is left as it exits; a weak reference: the client may go first.
-        atexit.register(_flush_at_exit, weakref.ref(self))
+        # are never closed) sends what is left as it exits; held weakly: the client may go first.
+        _OPEN_REPORTS.add(self)
 
     def add(self, plan_key: str, local: bool) -> None:
         with self._lock:
@@ -358,7 +358,12 @@ class FirstUseReports:
             self.flush()
 
 
-def _flush_at_exit(reports: weakref.ref[FirstUseReports]) -> None:
-    found = reports()
-    if found is not None and not found._stopped.is_set():
-        found.close()
+_OPEN_REPORTS: weakref.WeakSet[FirstUseReports] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """One exit hook for every client's reports (not one per client: a process may make many)."""
+    for reports in list(_OPEN_REPORTS):
+        if not reports._stopped.is_set():
+            reports.close()
