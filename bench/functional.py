@@ -54,7 +54,7 @@ class InProcessClient:
         self.compiler = compiler
         self.compiled: list[str] = []
 
-    def compile(self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None) -> Any:
+    def compile(self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None, **_: Any) -> Any:
         from plancache.keys.options import CompileOptions
         from plancache.spec.canonical import hash_normalized
         from plancache.spec.validation import normalize
@@ -131,8 +131,8 @@ def raw_paths(function: str, call: Callable[[], Any]) -> tuple[Callable[[], Any]
     seen: dict[int, Any] = {}
     execute = graph.execute
 
-    def spy(pack: dict[int, Any], *args: Any, **kwargs: Any) -> None:  # the pack of one real call
-        seen.update(pack)
+    def spy(pack: Any, *args: Any, tensor_uids: Any = None, **kwargs: Any) -> None:  # the buffers of one real call (either form)
+        seen.update(zip(tensor_uids, pack, strict=True) if tensor_uids is not None else pack)
 
     for launcher in served._launchers.values():
         launcher._execute, original = spy, launcher._execute
@@ -141,7 +141,8 @@ def raw_paths(function: str, call: Callable[[], Any]) -> tuple[Callable[[], Any]
     pack = dict(seen)
     request = served.request
     workspace = torch.empty(max(1, served.plan.metadata.workspace_size), device="cuda", dtype=torch.uint8)
-    alloc = TorchOps().allocator(request.out_shape, request.out_stride, request.out_dtype, 0)
+    out = request.outputs[0]
+    alloc = TorchOps().allocator(out.shape, out.stride, out.dtype, 0)
     state.use(torch.cuda.current_stream().cuda_stream)
 
     def raw() -> None:
@@ -149,7 +150,7 @@ def raw_paths(function: str, call: Callable[[], Any]) -> tuple[Callable[[], Any]
 
     def raw_alloc() -> None:
         with_out = dict(pack)
-        with_out[request.output] = alloc()
+        with_out[out.uid] = alloc()
         execute(with_out, workspace, handle=state.handle)
 
     return raw, raw_alloc

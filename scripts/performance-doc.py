@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -25,6 +26,8 @@ HEDGE_ROWS = (
     ("first-functional (decode step) / local-functional", "first_functional_hedge_over_local_functional", "first_functional_over_local_functional"),
 )
 EXEC_RUN = "2026-11-30-h200-run13.md"
+# The docs/gpu-runs/ record of bench/training.py's figures (issue 30).
+TRAINING_RUN = "2026-12-01-h200-run22.md"
 HERD_EXTRA = {"asynchronous front end, nodes as equals": "herd_nodes_at_nice0.json", "asynchronous front end, 300 nodes": "herd_300_nodes.json",
               "hedged clients beside plain ones (issue 29; one run)": "herd_hedged.json"}
 
@@ -605,6 +608,124 @@ def functional_section(fu: dict, run_record: str) -> list[str]:
     return out
 
 
+def _num(value: object, digits: int = 1, suffix: str = "") -> str:
+    """A figure of a JSON that may lack it (a case that failed): "—" for None or NaN."""
+    if not isinstance(value, int | float) or math.isnan(value):
+        return "—"
+    return f"{value:,.{digits}f}{suffix}"
+
+
+def _sci(value: object) -> str:
+    return _num(value) if _num(value) == "—" else f"{value:.1e}"
+
+
+def _last_line(text: object, limit: int = 200) -> str:
+    """The last non-empty line of an error text (a traceback's exception), shortened."""
+    lines = [line for line in str(text or "").splitlines() if line.strip()]
+    return lines[-1][:limit] if lines else "—"
+
+
+TRAINING_STEP_VARIANTS = ("functional eager", "torch eager", "functional captured", "torch captured")
+TRAINING_HOST_PATHS = ("functional", "raw", "raw+alloc", "raw ordered", "raw ordered+alloc", "torch")
+
+
+def training_section(tr: dict, run_record: str) -> list[str]:
+    """bench/results/training.json (bench/training.py): training steps, per-function costs with and without autograd, start-up."""
+    steps, rows, s = tr.get("steps") or {}, tr.get("functions") or [], tr.get("summary") or {}
+    target = (tr.get("targets") or {}).get("over_raw_alloc", 1.2)
+    out = [
+        f"## Training steps (`bench/training.py`; [{run_record}](gpu-runs/{run_record}))\n",
+        "plancache.functional with autograd (issue 30): a function called on a tensor that requires grad runs a served training-forward "
+        "plan inside a torch.autograd.Function whose backward runs served backward plans. Plans built in the benchmark's process by the "
+        "worker's compiler (heuristic plan), as `bench/functional.py` does. Two models, written once and run with plancache.functional and "
+        "with torch eager from the same parameters, AdamW (capturable) in both: a pre-norm transformer block (RMSNorm, QKV linear, causal "
+        "SDPA, output linear, residual; RMSNorm, linear + GELU, linear, residual; batch 8, sequence 512, hidden 1024, 16 heads, MLP 4096, "
+        "bf16) and a ResNet basic block (conv3x3, batch norm in training, ReLU, conv3x3, batch norm, residual, ReLU; 32x64x56x56 "
+        "channels-last bf16, float32 batch norm parameters). GPU ms per step: CUDA events around 10 steps, median of 5 interleaved rounds; "
+        "*captured*: the whole step (forward, backward, optimizer) replayed as one CUDA graph. Errors: the first step's loss, and the worst "
+        "gradient (max |ours - torch| / max |torch|), against torch eager.\n",
+        "| model | functional eager | torch eager | functional captured | torch captured | eager: functional / torch | captured: functional / torch | loss rel. error | worst gradient rel. error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    failures = []
+    for model, st in steps.items():
+        gpu, ratio = st.get("gpu_ms") or {}, st.get("functional_over_torch") or {}
+        cells = [_num(gpu.get(v), 2, " ms") for v in TRAINING_STEP_VARIANTS]
+        cells += [_num(ratio.get("eager"), 2, "x"), _num(ratio.get("captured"), 2, "x"), _sci(st.get("loss_rel_err")), _sci(st.get("grad_rel_err_max"))]
+        out.append(f"| {model} | {' | '.join(cells)} |")
+        failures += [f"{model} {what}: {_last_line(text)}" for what, text in (st.get("errors") or {}).items()]
+        fallbacks = st.get("torch_fallbacks") or {}
+        if fallbacks:
+            failures.append(f"{model}: torch ran " + ", ".join(f"{name} ({c.get('torch')} calls)" for name, c in fallbacks.items()))
+    if failures:
+        out += ["", "Not measured or not served: " + "; ".join(failures) + "."]
+    good = [r for r in rows if "host_us" in r]
+    out += [
+        "",
+        "Per function, at the same sizes: host µs per call after the geometry's first call (the first 32 of N back-to-back calls from an "
+        "idle GPU, median of 5 interleaved samples), without autograd against the frontend's own execute of the same plan on the buffers "
+        "the function packed, in its mapping form (`raw`: `graph.execute({uid: tensor}, workspace, handle=)`) and its ordered form "
+        "(`raw ordered`: `graph.execute(buffers, workspace, handle=, tensor_uids=)`, what plancache.functional calls), each also with the "
+        "outputs allocated as a function must (`+ alloc`), and torch's own call.\n",
+        "| case | functional | raw | raw + alloc | raw ordered | ordered + alloc | torch | / (raw + alloc) | / (ordered + alloc) | / torch |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in good:
+        h = r["host_us"]
+        out.append(f"| {r['case']} | {' | '.join(_num(h.get(p)) for p in TRAINING_HOST_PATHS)} | {_num(r.get('over_raw_alloc'), 2, 'x')} | "
+                   f"{_num(r.get('over_ordered_alloc'), 2, 'x')} | {_num(r.get('over_torch'), 2, 'x')} |")  # fmt: skip
+    for r in rows:
+        if "host_us" not in r:
+            out.append(f"| {r.get('case', '?')} | failed: {_last_line(r.get('error'))} |" + " |" * 8)
+    out += [
+        "",
+        "With autograd (forward + `torch.autograd.grad` against a fixed dY) host µs per call, and GPU µs per call from a CUDA graph of 20 "
+        "calls (the kernels alone), forward and forward + backward, against torch's:\n",
+        "| case | fwd + bwd host µs | torch | / torch | GPU µs fwd | torch | GPU µs fwd + bwd | torch | output rel. error | gradient rel. error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in good:
+        hg, g, gg = r.get("host_us_grad") or {}, r.get("gpu_us") or {}, r.get("gpu_us_grad") or {}
+        cells = [_num(hg.get("functional")), _num(hg.get("torch")), _num(r.get("grad_over_torch"), 2, "x"), _num(g.get("functional")), _num(g.get("torch")),
+                 _num(gg.get("functional")), _num(gg.get("torch")), _sci(r.get("rel_err")), _sci(r.get("grad_rel_err"))]  # fmt: skip
+        out.append(f"| {r['case']} | {' | '.join(cells)} |")
+    partial = [f"{r['case']}: {', '.join(sorted(r['errors']))}" for r in good if r.get("errors")]
+    if partial:
+        out += ["", "Parts of a case not measured (the JSON has why): " + "; ".join(partial) + "."]
+    worst, worst_ordered = s.get("over_raw_alloc_max"), s.get("over_ordered_alloc_max")
+    out += [
+        "",
+        "| measure | value | target | met |",
+        "|---|---|---|---|",
+        f"| host time per call / (raw + alloc), median (worst) | {_num(s.get('over_raw_alloc_median'), 2, 'x')} ({_num(worst, 2, 'x')}) | ≤ {target:g}x | "
+        f"{'—' if _num(worst) == '—' else yes(worst <= target)} |",
+        f"| host time per call / (raw ordered + alloc), median (worst) | {_num(s.get('over_ordered_alloc_median'), 2, 'x')} ({_num(worst_ordered, 2, 'x')}) | — | — |",
+    ]
+    st = tr.get("startup")
+    if st and st.get("summary"):
+        config = st.get("config") or {}
+        out += [
+            "",
+            f"Start-up (`--startup`): a real deployment (Redis, plancache-server, one GPU worker; JIT cache {config.get('jit', 'inherited')}). Each "
+            "path is a fresh process whose clock starts after its imports, the CUDA context and the model, optimizer and batch, and stops "
+            "when its first training step (forward, backward, AdamW) is done: plancache.functional with nothing stored (the worker builds "
+            f"every plan), with every plan stored (the worker stopped; `Client(server, cache=False)`), and torch eager; medians of "
+            f"{config.get('repeats', '?')} runs (the first: one run).\n",
+            "| model | first step, nothing stored | every plan stored | torch eager | stored / torch |",
+            "|---|---|---|---|---|",
+        ]
+        for model, e in st["summary"].items():
+            first = e.get("first_step_s") or {}
+            out.append(f"| {model} | {_num(first.get('first (nothing stored)'), 2, ' s')} | {_num(first.get('stored'), 2, ' s')} | "
+                       f"{_num(first.get('torch'), 2, ' s')} | {_num(e.get('stored_over_torch'), 2, 'x')} |")  # fmt: skip
+        if st.get("skipped"):
+            out.append(f"\nSkipped for lack of time: {', '.join(st['skipped'])}.")
+    elif st and st.get("error"):
+        out += ["", f"Start-up (`--startup`) failed: {_last_line(st['error'])}."]
+    out += ["", "![training](../bench/results/training.png)", ""]
+    return out
+
+
 def upgrade_section(up: dict) -> list[str]:
     """bench/results/upgrade.json (bench/upgrade.py)."""
     c, m, s = up["config"], up["machine"], up["summary"]
@@ -705,6 +826,7 @@ def main() -> None:
         *(exec_section(json.loads((RESULTS / "gpu_exec.json").read_text()), EXEC_RUN) if (RESULTS / "gpu_exec.json").exists() else []),
         *(variants_section(json.loads((RESULTS / "variants.json").read_text())) if (RESULTS / "variants.json").exists() else []),
         *(functional_section(json.loads((RESULTS / "functional.json").read_text()), STARTUP_RUN) if (RESULTS / "functional.json").exists() else []),
+        *(training_section(json.loads((RESULTS / "training.json").read_text()), TRAINING_RUN) if (RESULTS / "training.json").exists() else []),
         *gpu_section(gpu),
         *multi_gpu_section(mg),
         *(

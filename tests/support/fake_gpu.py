@@ -73,8 +73,16 @@ class FakeGraph:
     blob: bytes
     loaded_with: Any
     calls: list[tuple[dict[int, Any], Any, Any]] = field(default_factory=list)
+    takes_ordered: bool = True  # the frontend's ordered form (tensor_uids=): False as an older frontend
+    ordered_calls: int = 0
 
-    def execute(self, pack: dict[int, Any], workspace: Any, handle: Any = None) -> None:
+    def execute(self, pack: Any, workspace: Any, handle: Any = None, tensor_uids: Any = None) -> None:
+        if tensor_uids is not None:
+            if not self.takes_ordered:
+                raise TypeError("execute() got an unexpected keyword argument 'tensor_uids'")
+            assert len(tensor_uids) == len(pack) and len(set(tensor_uids)) == len(tensor_uids), (tensor_uids, pack)
+            pack = dict(zip(tensor_uids, pack, strict=True))
+            self.ordered_calls += 1
         self.calls.append((dict(pack), workspace, handle))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,11 +161,25 @@ class StandInTensor:
     def data_ptr(self) -> int:
         return self._ptr
 
+    def view(self, *shape: Any) -> StandInTensor:
+        """torch's view of a dense tensor: the same memory, other dims."""
+        dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple) else tuple(shape)
+        assert math.prod(dims) == math.prod(self.shape) and self._stride == row_major(self.shape), (self, dims)
+        viewed = StandInTensor(dims, None, self.dtype.name, str(self.device), self.requires_grad)
+        viewed._ptr, viewed.base = self._ptr, self
+        return viewed
+
+    def to(self, dtype: Any) -> StandInTensor:
+        """torch's cast: a new tensor of `dtype` (itself when it already is)."""
+        if dtype == self.dtype:
+            return self
+        return StandInTensor(self.shape, None, dtype.name, str(self.device), self.requires_grad)
+
     def __repr__(self) -> str:
         return f"StandInTensor({self.shape}, {self._stride}, {self.dtype}, {self.device})"
 
 
-_TORCH_NAMES = {"half": "float16", "bfloat16": "bfloat16", "float": "float32", "int32": "int32"}
+_TORCH_NAMES = {"half": "float16", "bfloat16": "bfloat16", "float": "float32", "int32": "int32", "int64": "int64"}
 
 
 class StandInOps:
@@ -174,6 +189,7 @@ class StandInOps:
         self.outputs: list[StandInTensor] = []
         self.constants: list[StandInTensor] = []
         self.device = 0
+        self.capturing_graph = False  # as torch.cuda.is_current_stream_capturing()
 
     def allocator(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: str, device: int) -> Callable[[], Any]:
         def make() -> StandInTensor:
@@ -199,6 +215,9 @@ class StandInOps:
             yield
         finally:
             self.device = previous
+
+    def capturing(self) -> bool:
+        return self.capturing_graph
 
 
 # ---- the frontend shim's served graph -------------------------------------------------

@@ -47,6 +47,9 @@ def client(runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> Iterator[St
     """A served process, as on a machine without torch (whatever this one has)."""
     monkeypatch.setattr(_torch, "available", lambda: False)
     monkeypatch.setattr(_ops, "_grad_on", lambda: False)
+    monkeypatch.setattr(_ops, "_compiling", lambda: False)
+    monkeypatch.setattr(_ops, "_compiling", lambda: False)
+    monkeypatch.setattr(_torch, "dropout_seed", lambda device: StandInTensor((1, 1, 1, 1), dtype="int64", device=str(device)))
     _ops._once.forget()
     standin = StandInClient()
     pf.configure(standin, target=TARGET)
@@ -85,7 +88,7 @@ def test_linear_is_a_matmul_of_the_collapsed_input_and_the_transposed_weight() -
     bt = hand.tensor([1, 64, 32], [2048, 1, 64], name="weight", uid=2)
     hand.gelu(hand.bias(hand.matmul(a, bt), hand.tensor([1, 1, 32], name="bias", uid=3))).set_output(True).set_uid(OUT)
     assert _hash(asked) == hand.spec_hash()
-    assert (asked.inputs, asked.out_shape, asked.out_stride) == ((1, 2, 3), (4, 16, 32), (512, 32, 1))
+    assert (asked.inputs, asked.outputs[0].shape, asked.outputs[0].stride) == ((1, 2, 3), (4, 16, 32), (512, 32, 1))
     # a [b, s, k] input and its [b*s, k] view are one plan
     assert _hash(_specs.linear(geo("input", T((64, 64))), geo("weight", w), geo("bias", b), "gelu")) == _hash(asked)
 
@@ -124,7 +127,7 @@ def test_conv2d_bias_relu_follows_torchs_output_format(memory_format: str) -> No
     hand = GraphSpec(io_data_type="half")
     conv = hand.conv_fprop(hand.tensor(x.shape, x.stride(), name="input", uid=1), hand.tensor(w.shape, w.stride(), name="weight", uid=2), padding=[1, 1], stride=[1, 1], dilation=[1, 1])
     hand.relu(hand.bias(conv, hand.tensor([1, 64, 1, 1], name="bias", uid=3))).set_output(True).set_uid(OUT).set_stride(layout((16, 64, 56, 56)))
-    assert _hash(asked) == hand.spec_hash() and asked.out_stride == layout((16, 64, 56, 56))
+    assert _hash(asked) == hand.spec_hash() and asked.outputs[0].stride == layout((16, 64, 56, 56))
     same = _specs.conv2d(geo("input", x), geo("weight", w), geo("bias", b), (1, 1), "same", [1, 1], 1, True)
     assert _hash(same) == _hash(asked)  # torch's spellings of the same convolution
 
@@ -142,7 +145,7 @@ def test_norms_are_rows_of_the_hidden_size_with_constants_for_what_is_missing() 
     rms = _specs.rms_norm(geo("input", x), (1024,), None, None)
     assert [(c.uid, c.value) for c in rms.constants] == [(2, 1.0), (10, 2.0**-10)]  # torch.finfo(float16).eps
     strided = _specs.rms_norm(geo("input", T((32, 1024), (2048, 1))), (1024,), None, 1e-6)
-    assert strided.spec.tensors[0].stride == (2048, 1, 1, 1) and strided.out_stride == (2048, 1)
+    assert strided.spec.tensors[0].stride == (2048, 1, 1, 1) and strided.outputs[0].stride == (2048, 1)
 
 
 def test_sdpa_options_are_the_catalogs_attributes_and_ports() -> None:
@@ -150,7 +153,7 @@ def test_sdpa_options_are_the_catalogs_attributes_and_ports() -> None:
     mask, lengths = T((256, 256)), T((2,), dtype="int32")
     asked = _specs.sdpa(
         geo("query", q), geo("key", k), geo("value", v), geo("attn_mask", mask), None, geo("seq_len_kv", lengths),
-        dropout_p=0.0, is_causal=False, scale=None, enable_gqa=True, window=128, alibi=False,
+        _specs.Attention(dropout_p=0.0, is_causal=False, scale=None, enable_gqa=True, window=128, alibi=False),
     )  # fmt: skip
     hand = GraphSpec(io_data_type="half")
     tq, tk, tv = (hand.tensor(t.shape, name=n, uid=u) for t, n, u in ((q, "query", 1), (k, "key", 2), (v, "value", 3)))
@@ -271,13 +274,14 @@ def test_what_cudnn_is_not_asked_for_runs_torch_counted_and_logged_once(client: 
     assert pf.stats()["linear"] == pf.FunctionStats(cudnn=0, torch=2, geometries=1, torch_geometries=1, reasons={record.getMessage().split(": ", 1)[1].split(": ", 1)[1]: 1})
     q = T((2, 8, 16, 64))
     pf.scaled_dot_product_attention(q, q, q, T((16, 16), dtype="bool"))
-    pf.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    pf.scaled_dot_product_attention(T((8, 16, 64)), T((8, 16, 64)), T((8, 16, 64)))
     assert [r for r in pf.stats()["scaled_dot_product_attention"].reasons] == [
-        "attn_mask is torch.bool: a boolean mask stays with torch (cuDNN takes an additive bias)", "dropout (cuDNN's random stream is not torch's)",
+        "attn_mask is torch.bool: a boolean mask stays with torch (cuDNN takes an additive bias)", "query, key and value must be 4-D (batch, heads, sequence, head dim)",
     ]  # fmt: skip
 
 
-def test_a_call_needing_autograd_runs_torch(client: StandInClient, torch_runs: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_matmul_with_autograd_runs_torch(client: StandInClient, torch_runs: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """matmul has no served backward (linear has): torch's function runs it with autograd."""
     monkeypatch.setattr(_ops, "_grad_on", lambda: True)
     assert pf.matmul(T((4, 8), requires_grad=True), T((8, 2))) == "torch matmul"
     assert pf.matmul(T((4, 8)), T((8, 2))) != "torch matmul"  # no input requires grad: served
@@ -321,6 +325,7 @@ def test_without_a_server_torch_runs(runtime: FakeRuntime, monkeypatch: pytest.M
     monkeypatch.delenv("PLANCACHE_SERVER", raising=False)
     monkeypatch.setattr(_torch, "available", lambda: False)
     monkeypatch.setattr(_ops, "_grad_on", lambda: False)
+    monkeypatch.setattr(_ops, "_compiling", lambda: False)
     pf.clear()
     with pytest.raises(InvalidRequest, match=r"NotConfigured: no plancache server configured.*torch, which would run it, is not installed"):
         pf.linear(T((4, 64)), T((32, 64)))

@@ -10,9 +10,12 @@ builds the GraphSpec with plancache's builder and gets its plan from the
 client (disk cache, then server): the autotuned plan of that GPU kind, or
 cuDNN's heuristic one while it is tuned. Later calls are a dict lookup on a
 tuple of the tensors' geometry and the plan's execute on the current torch
-stream. Whatever cuDNN is not asked for or cannot build (float32, a boolean
-mask, dropout, a layout it needs a copy for, autograd, no server) runs
-torch's own function: counted (`stats()`) and logged once per geometry; a
+stream. With autograd (an input that requires grad) a geometry runs its
+training forward and its backward graphs, served too, through a
+torch.autograd.Function (linear, conv2d, layer_norm, rms_norm,
+scaled_dot_product_attention, batch_norm). Whatever cuDNN is not asked for
+or cannot build (float32, a boolean mask, a layout it needs a copy for, no
+server) runs torch's own function: counted (`stats()`) and logged once per geometry; a
 mistake in the arguments raises torch's own error for it (or InvalidRequest
 naming the argument, for the options torch lacks and for CPU tensors).
 
@@ -28,7 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from plancache.errors import InvalidRequest
-from plancache.functional._ops import conv2d, layer_norm, linear, matmul, paged_decode_attention, rms_norm, scaled_dot_product_attention
+from plancache.functional._autograd import Differentiable
+from plancache.functional._ops import batch_norm, conv2d, layer_norm, linear, matmul, paged_decode_attention, rms_norm, scaled_dot_product_attention
 from plancache.functional._service import SERVICE, configure
 from plancache.functional._table import COUNTS, TABLE, Fallback, Served
 from plancache.run.plan import Plan
@@ -36,6 +40,7 @@ from plancache.run.plan import Plan
 __all__ = [
     "FunctionStats",
     "Geometry",
+    "batch_norm",
     "clear",
     "configure",
     "conv2d",
@@ -84,7 +89,7 @@ def geometries() -> list[Geometry]:
     out = []
     for key, entry in TABLE.entries():
         parts = key if isinstance(key, tuple) else (key,)
-        if isinstance(entry, Served):
+        if isinstance(entry, (Served, Differentiable)):
             out.append(Geometry(entry.request.function, parts, entry.plan, None))
         elif isinstance(entry, Fallback):
             out.append(Geometry(entry.function, parts, None, entry.reason))

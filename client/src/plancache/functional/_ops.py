@@ -7,7 +7,11 @@ first call of a geometry (`_first_call`): the spec, the plan from the
 client (disk cache, then server), or the reason torch runs it instead.
 
 A call that needs autograd (grad mode on and an input that requires grad)
-runs torch's function: a plan computes values, not gradients.
+is a geometry of its own: its training forward and backward graphs, served
+through a torch.autograd.Function (plancache.functional._autograd); matmul
+and paged_decode_attention have no backward here and run torch's function.
+Under torch.compile every function is torch's own (traced into the compiled
+graph: a cuDNN plan is an opaque call dynamo cannot trace).
 """
 
 from __future__ import annotations
@@ -18,28 +22,38 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from plancache.errors import InvalidRequest, PlanCacheError
-from plancache.functional import _specs, _torch
+from plancache.functional import _autograd, _specs, _torch
 from plancache.functional._geometry import Unserved, geo
 from plancache.functional._service import ABOUT_THE_GRAPH, SERVICE, TRANSIENT, Once, describe, reason_key
-from plancache.functional._table import TABLE, Fallback, counts, served
+from plancache.functional._table import TABLE, Entry, Fallback, Served, counts, served
 
 log = logging.getLogger("plancache.functional")
 _once = Once()
 
 
-def _first_grad_check() -> bool:
-    """Until torch is first needed: then torch.is_grad_enabled itself."""
-    global _grad_on
+def _bind_torch_checks() -> None:
+    """Until torch is first needed: then torch.is_grad_enabled and torch.compiler.is_compiling themselves."""
+    global _grad_on, _compiling
     if _torch.available():
         import torch
 
-        _grad_on = torch.is_grad_enabled
+        _grad_on, _compiling = torch.is_grad_enabled, torch.compiler.is_compiling
     else:
-        _grad_on = bool
+        _grad_on, _compiling = bool, bool
+
+
+def _first_grad_check() -> bool:
+    _bind_torch_checks()
     return _grad_on()
 
 
+def _first_compiling_check() -> bool:
+    _bind_torch_checks()
+    return _compiling()
+
+
 _grad_on: Callable[[], bool] = _first_grad_check
+_compiling: Callable[[], bool] = _first_compiling_check
 
 
 def _describe(names: Sequence[str], tensors: Sequence[Any]) -> str:
@@ -52,22 +66,29 @@ def _where(names: Sequence[str], tensors: Sequence[Any]) -> str:
 
 def _first_call(
     function: str, key: Hashable, names: Sequence[str], tensors: tuple[Any, ...], request: Callable[[], _specs.Request],
-    fallback: Callable[..., Any], needs_grad: bool,
+    fallback: Callable[..., Any], needs_grad: bool, rule: Callable[[_specs.Request], _autograd.Rule] | None = None,
 ) -> Any:  # fmt: skip
     """Run the first call of a geometry and keep what ran it (what worked:
-    a call torch refuses, a mistake, leaves nothing behind)."""
+    a call torch refuses, a mistake, leaves nothing behind). With autograd,
+    `request` is the training forward and `rule(request)` its backward: every
+    plan of both is fetched now."""
     devices = [str(getattr(getattr(t, "device", None), "type", None)) for t in tensors]
     if all(d == "cpu" for d in devices):
         raise InvalidRequest(f"{function}: {names[0]} is on the CPU: plancache.functional runs CUDA tensors (call torch's function for CPU tensors)")
+    ops = _torch.ops()
+    if ops.capturing():
+        raise InvalidRequest(f"{function}: the first call of a geometry ({_describe(names, tensors)}) while a CUDA graph is being captured: "
+                             "its plans are fetched and loaded then, which capture forbids; call it once before capturing (torch's warm-up)")  # fmt: skip
     # torch runs the call outside the handlers: a mistake raises torch's own
     # error, not one chained to why plancache was not asked.
     unserved: Unserved | None = None
     try:
-        if needs_grad:
-            raise Unserved("autograd: an input requires grad (a plan computes values, not gradients)")
+        if needs_grad and rule is None:
+            raise Unserved(f"autograd: {function} has no served backward (torch's function runs it)")
         if set(devices) != {"cuda"} or len({t.get_device() for t in tensors}) != 1:
             raise Unserved(f"the tensors are on more than one device ({_where(names, tensors)})")
         asked = request()
+        backward = rule(asked) if needs_grad and rule is not None else None
     except Unserved as e:
         unserved = e
     if unserved is not None:
@@ -75,9 +96,12 @@ def _first_call(
     device = int(tensors[0].get_device())
     failed: tuple[str, bool, bool] | None = None  # (reason, transient, logged already)
     try:
-        with _torch.ops().on_device(device):  # a miss this node builds itself (the hedge) builds on the tensors' GPU
+        with ops.on_device(device):  # a miss this node builds itself (the hedge) builds on the tensors' GPU
             plan = SERVICE.compile(asked.spec, device)
-        entry = served(asked, plan, device, key)
+            if backward is None:
+                entry: Entry = served(asked, plan, device, key)
+            else:
+                entry = _autograd.Differentiable(Served(asked, plan, device), backward, _backward_pieces(function, backward, device))
         result = entry(tensors)
     except PlanCacheError as e:
         # The service's own failures (no server, server down, no worker) are
@@ -92,8 +116,26 @@ def _first_call(
         return _run_fallback(function, key, names, tensors, fallback, failed[0], transient=failed[1], quiet=failed[2])
     TABLE.put(key, entry)
     counts(function).geometries += 1
-    log.debug("plancache.functional.%s: plan %s (%s) serves %s", function, entry.plan.key, entry.plan.source, _describe(names, tensors))
+    log.debug("plancache.functional.%s: plan %s (%s) serves %s", function, plan.key, plan.source, _describe(names, tensors))
     return result
+
+
+def _backward_pieces(function: str, rule: _autograd.Rule, device: int) -> dict[str, Any]:
+    """Every backward graph's plan; a refused optional one (a bias gradient's
+    reduction) is torch's, its reason counted under "<function>.backward"."""
+    pieces: dict[str, Any] = {}
+    for name, request in rule.requests.items():
+        try:
+            pieces[name] = Served(request, SERVICE.compile(request.spec, device), device)
+        except PlanCacheError as e:
+            if name not in rule.optional or not isinstance(e, ABOUT_THE_GRAPH):
+                raise
+            reason = f"{name}: {describe(e)}"
+            c = counts(f"{function}.backward")
+            c.reasons[reason] = c.reasons.get(reason, 0) + 1
+            _once(log, f"{function}|{name}|{reason_key(e)}", "plancache.functional.%s: torch runs the backward's %s: %s", function, name, describe(e))
+            pieces[name] = rule.optional[name]
+    return pieces
 
 
 def _run_fallback(
@@ -119,7 +161,10 @@ def _run_fallback(
 
 def linear(input: Any, weight: Any, bias: Any = None, *, activation: str | None = None) -> Any:
     """torch.nn.functional.linear (y = input @ weight.T + bias), with a fused
-    `activation`: None, "relu", "gelu" (erf, torch's default) or "silu"."""
+    `activation`: None, "relu", "gelu" (erf, torch's default) or "silu".
+    Differentiable: dX, dW (two matmuls), dBias (a reduction), the activation's backward."""
+    if _compiling():
+        return _torch.linear(input, weight, bias, activation=activation)
     try:
         grad = _grad_on() and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
         key = ("linear", input.shape, input.stride(), input.dtype, input.get_device(), weight.shape, weight.stride(), weight.dtype, weight.get_device(),
@@ -133,9 +178,14 @@ def linear(input: Any, weight: Any, bias: Any = None, *, activation: str | None 
     if activation is not None and activation not in _specs.ACTIVATIONS:
         raise InvalidRequest(f"linear: activation {activation!r} is not one of None, {', '.join(map(repr, _specs.ACTIVATIONS))}")
     names = ("input", "weight", "bias")[: len(tensors)]
+
+    def geos() -> tuple[Any, Any, Any]:
+        return geo("input", input), geo("weight", weight), _geo_or_none("bias", bias)
+
     return _first_call(
-        "linear", key, names, tensors, lambda: _specs.linear(geo("input", input), geo("weight", weight), None if bias is None else geo("bias", bias), activation),
+        "linear", key, names, tensors, lambda: _specs.linear(*geos(), activation, training=grad),
         functools.partial(_bias_last(_torch.linear, len(tensors)), activation=activation), grad,
+        lambda forward: _autograd.linear(*geos(), activation, forward),
     )  # fmt: skip
 
 
@@ -148,7 +198,10 @@ def _bias_last(fn: Callable[..., Any], count: int) -> Callable[..., Any]:
 
 def matmul(input: Any, other: Any) -> Any:
     """torch.matmul for operands of 2 dims or more (batches broadcast as
-    torch does when one side is a single matrix or both have the same batch)."""
+    torch does when one side is a single matrix or both have the same batch).
+    No served backward: with autograd, torch's function runs it (use linear)."""
+    if _compiling():
+        return _torch.matmul(input, other)
     try:
         grad = _grad_on() and (input.requires_grad or other.requires_grad)
         key = ("matmul", input.shape, input.stride(), input.dtype, input.get_device(), other.shape, other.stride(), other.dtype, other.get_device(), grad)
@@ -162,7 +215,10 @@ def matmul(input: Any, other: Any) -> Any:
 
 def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: Any = 1, *, relu: bool = False) -> Any:
     """torch.nn.functional.conv2d, with a fused ReLU (`relu=True`). The result
-    is channels-last when an operand is (as torch's), contiguous otherwise."""
+    is channels-last when an operand is (as torch's), contiguous otherwise.
+    Differentiable: conv_dgrad, conv_wgrad, dBias (a reduction), the ReLU's backward."""
+    if _compiling():
+        return _torch.conv2d(input, weight, bias, stride, padding, dilation, groups, relu=relu)
     options = (_hashable(stride), _hashable(padding), _hashable(dilation), groups, bool(relu))
     try:
         grad = _grad_on() and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
@@ -178,10 +234,16 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
     def fallback(x: Any, w: Any, b: Any = None) -> Any:
         return _torch.conv2d(x, w, b, stride, padding, dilation, groups, relu=relu)
 
+    def geos() -> tuple[Any, Any, Any]:
+        return geo("input", input), geo("weight", weight), _geo_or_none("bias", bias)
+
+    def rule(forward: _specs.Request) -> _autograd.Rule:
+        x, w, b = geos()
+        return _autograd.conv2d(x, w, b, relu, _specs.conv_attributes(stride, padding, dilation, w.shape), forward)
+
     return _first_call(
         "conv2d", key, ("input", "weight", "bias")[: len(tensors)], tensors,
-        lambda: _specs.conv2d(geo("input", input), geo("weight", weight), None if bias is None else geo("bias", bias), stride, padding, dilation, groups, relu),
-        fallback, grad,
+        lambda: _specs.conv2d(*geos(), stride, padding, dilation, groups, relu), fallback, grad, rule,
     )  # fmt: skip
 
 
@@ -190,7 +252,10 @@ def _hashable(value: Any) -> Hashable:
 
 
 def layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Any:
-    """torch.nn.functional.layer_norm (inference: no statistics kept)."""
+    """torch.nn.functional.layer_norm. Differentiable: cuDNN's layernorm
+    backward, from the rows' statistics its training forward keeps."""
+    if _compiling():
+        return _torch.layer_norm(input, normalized_shape, weight, bias, eps)
     shape = _hashable(normalized_shape)
     try:
         grad = _grad_on() and (input.requires_grad or (weight is not None and weight.requires_grad) or (bias is not None and bias.requires_grad))
@@ -213,16 +278,23 @@ def layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any 
         parts = dict(zip(names, given, strict=True))
         return _torch.layer_norm(parts["input"], normalized_shape, parts.get("weight"), parts.get("bias"), eps)
 
+    def geos() -> tuple[Any, Any, Any]:
+        return geo("input", input), _geo_or_none("weight", weight), _geo_or_none("bias", bias)
+
+    def rule(forward: _specs.Request) -> _autograd.Rule:
+        x, w, b = geos()
+        return _autograd.norm("layer_norm", x, _specs.normalized(normalized_shape), w, b, forward)
+
     return _first_call(
-        "layer_norm", key, names, tensors,
-        lambda: _specs.layer_norm(geo("input", input), normalized_shape, _geo_or_none("weight", weight), _geo_or_none("bias", bias), eps),
-        fallback, grad,
+        "layer_norm", key, names, tensors, lambda: _specs.layer_norm(geos()[0], normalized_shape, *geos()[1:], eps, training=grad), fallback, grad, rule,
     )  # fmt: skip
 
 
 def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> Any:
     """torch.nn.functional.rms_norm; eps None is torch.finfo(input.dtype).eps,
-    as torch documents it."""
+    as torch documents it. Differentiable: cuDNN's rmsnorm backward."""
+    if _compiling():
+        return _torch.rms_norm(input, normalized_shape, weight, eps)
     shape = _hashable(normalized_shape)
     try:
         grad = _grad_on() and (input.requires_grad or (weight is not None and weight.requires_grad))
@@ -238,9 +310,12 @@ def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float |
     def fallback(x: Any, w: Any = None) -> Any:
         return _torch.rms_norm(x, normalized_shape, w, eps)
 
+    def rule(forward: _specs.Request) -> _autograd.Rule:
+        return _autograd.norm("rms_norm", geo("input", input), _specs.normalized(normalized_shape), _geo_or_none("weight", weight), None, forward)
+
     return _first_call(
         "rms_norm", key, ("input", "weight")[: len(tensors)], tensors,
-        lambda: _specs.rms_norm(geo("input", input), normalized_shape, _geo_or_none("weight", weight), eps), fallback, grad,
+        lambda: _specs.rms_norm(geo("input", input), normalized_shape, _geo_or_none("weight", weight), eps, training=grad), fallback, grad, rule,
     )  # fmt: skip
 
 
@@ -269,7 +344,15 @@ def scaled_dot_product_attention(
 
     `attn_mask` as torch takes it; a float mask is cuDNN's bias (dims
     broadcasting to [batch, heads, queries, keys] over batch and heads; a
-    boolean mask runs torch). Dropout runs torch."""
+    boolean mask runs torch). Dropout is cuDNN's (Philox, its seed drawn
+    from torch's CUDA generator each call: torch.manual_seed reproduces it,
+    but the mask is not the one torch's own dropout would draw).
+
+    Differentiable: cuDNN's SDPA backward with the forward's options and
+    softmax statistics, dBias when attn_mask requires grad."""
+    if _compiling():
+        return _torch.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seq_len_q=seq_len_q,
+                                                   seq_len_kv=seq_len_kv, sliding_window=sliding_window, alibi=alibi)  # fmt: skip
     try:
         grad = _grad_on() and (query.requires_grad or key.requires_grad or value.requires_grad or (attn_mask is not None and attn_mask.requires_grad))
         geometry = ("sdpa", query.shape, query.stride(), query.dtype, query.get_device(), key.shape, key.stride(), key.dtype, key.get_device(),
@@ -281,6 +364,8 @@ def scaled_dot_product_attention(
         tensors: tuple[Any, ...] = (query, key, value)
     else:
         tensors = tuple(t for t in (query, key, value, attn_mask, seq_len_q, seq_len_kv) if t is not None)
+    if dropout_p:
+        tensors = (*tensors, _torch.dropout_seed(query.device))
     entry = TABLE.get(geometry)
     if entry is not None:
         return entry(tensors)
@@ -289,6 +374,8 @@ def scaled_dot_product_attention(
     if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1):
         raise InvalidRequest(f"scaled_dot_product_attention: sliding_window must be a positive int, got {sliding_window!r}")
     names = tuple(n for n, t in zip(("query", "key", "value", "attn_mask", "seq_len_q", "seq_len_kv"), (query, key, value, attn_mask, seq_len_q, seq_len_kv), strict=True) if t is not None)
+    names += (_specs.DROPOUT_SEED,) if dropout_p else ()
+    options = _specs.Attention(dropout_p, is_causal, scale, enable_gqa, sliding_window, alibi)
 
     def fallback(*given: Any) -> Any:
         parts = dict(zip(names, given, strict=True))
@@ -297,21 +384,25 @@ def scaled_dot_product_attention(
             seq_len_q=parts.get("seq_len_q"), seq_len_kv=parts.get("seq_len_kv"), sliding_window=sliding_window, alibi=alibi,
         )  # fmt: skip
 
-    def request() -> _specs.Request:
-        return _specs.sdpa(
-            geo("query", query), geo("key", key), geo("value", value), _geo_or_none("attn_mask", attn_mask), _geo_or_none("seq_len_q", seq_len_q),
-            _geo_or_none("seq_len_kv", seq_len_kv), dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-            window=sliding_window, alibi=alibi,
-        )  # fmt: skip
+    def geos() -> tuple[Any, Any, Any, Any, Any, Any]:
+        return (geo("query", query), geo("key", key), geo("value", value), _geo_or_none("attn_mask", attn_mask), _geo_or_none("seq_len_q", seq_len_q),
+                _geo_or_none("seq_len_kv", seq_len_kv))  # fmt: skip
 
-    return _first_call("scaled_dot_product_attention", geometry, names, tensors, request, fallback, grad)
+    def rule(forward: _specs.Request) -> _autograd.Rule:
+        mask_grad = attn_mask is not None and bool(attn_mask.requires_grad)
+        return _autograd.sdpa(*geos(), options, mask_grad, forward, len(tensors))
+
+    return _first_call(
+        "scaled_dot_product_attention", geometry, names, tensors, lambda: _specs.sdpa(*geos(), options, training=grad), fallback, grad, rule,
+    )  # fmt: skip
 
 
 def paged_decode_attention(
     query: Any, key_cache: Any, value_cache: Any, page_table: Any, seq_lens: Any, *, scale: float | None = None,
     max_seq_len: int | None = None, value_page_table: Any = None,
 ) -> Any:  # fmt: skip
-    """One decode step of attention over a paged KV cache.
+    """One decode step of attention over a paged KV cache (inference: with
+    autograd, torch's function runs it).
 
     query [batch, heads, 1, head_dim]; key_cache and value_cache page pools
     [pages, kv_heads, page_size, head_dim] (kv_heads dividing heads:
@@ -321,6 +412,9 @@ def paged_decode_attention(
     length in tokens (the new token included). `scale` defaults to
     1/sqrt(head_dim); `max_seq_len` (the longest length a call may carry)
     defaults to pages per sequence x page size. Returns [batch, heads, 1, head_dim]."""
+    if _compiling():
+        return _torch.paged_decode_attention(query, key_cache, value_cache, page_table, seq_lens, scale=scale, max_seq_len=max_seq_len,
+                                             value_page_table=value_page_table)  # fmt: skip
     v_table = page_table if value_page_table is None else value_page_table
     try:
         grad = _grad_on() and (query.requires_grad or key_cache.requires_grad or value_cache.requires_grad)
@@ -345,3 +439,59 @@ def paged_decode_attention(
 
     names = ("query", "key_cache", "value_cache", "page_table", "value_page_table", "seq_lens")
     return _first_call("paged_decode_attention", geometry, names, tensors, request, fallback, grad)
+
+
+def batch_norm(
+    input: Any, running_mean: Any, running_var: Any, weight: Any = None, bias: Any = None, training: bool = False, momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Any:  # fmt: skip
+    """torch.nn.functional.batch_norm of a 4-D float16/bfloat16 input with
+    float32 per-channel tensors (a half model's BatchNorm2d under torch's
+    mixed precision). Training: the batch's statistics, the running ones
+    updated in place as torch does (cuDNN writes them; unbiased variance);
+    differentiable through cuDNN's batchnorm backward. Evaluation: the
+    running statistics (inv_variance computed each call); with autograd,
+    torch's function runs it (its backward is per-channel pointwise math,
+    a graph cuDNN computes wrongly: plancache.frontend_graph.defects)."""
+    if _compiling():
+        return _torch.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+    try:
+        grad = _grad_on() and (input.requires_grad or (weight is not None and weight.requires_grad) or (bias is not None and bias.requires_grad))
+        key = ("batch_norm", input.shape, input.stride(), input.dtype, input.get_device(), _signature(running_mean), _signature(running_var),
+               _signature(weight), _signature(bias), bool(training), momentum, eps, grad)  # fmt: skip
+    except (AttributeError, TypeError):
+        return _torch.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+    if (running_mean is None or running_var is None) and (not training or running_mean is not running_var):
+        return _torch.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)  # torch's own answer (or error) for these
+    given = tuple((n, t) for n, t in (("input", input), ("weight", weight), ("bias", bias)) if t is not None)
+    if training:
+        running = () if running_mean is None or running_var is None else (("running_mean", running_mean), ("running_var", running_var)) * 2
+        tensors = tuple(t for _, t in given + running)
+    else:
+        tensors = (*(t for _, t in given), running_mean, _torch.inverse_deviation(running_var, eps))
+    entry = TABLE.get(key)
+    if entry is not None:
+        return entry(tensors)
+    names = tuple(n for n, _ in given) + (("running_mean", "running_var", "next_running_mean", "next_running_var") if training and len(tensors) > len(given)
+                                          else () if training else ("running_mean", "inv_variance"))  # fmt: skip
+
+    def fallback(*args: Any) -> Any:
+        parts = dict(zip(names, args, strict=True))
+        return _torch.batch_norm(parts["input"], running_mean, running_var, parts.get("weight"), parts.get("bias"), training, momentum, eps)
+
+    def geos() -> tuple[Any, Any, Any, Any, Any]:
+        return geo("input", input), _geo_or_none("running_mean", running_mean), _geo_or_none("running_var", running_var), _geo_or_none("weight", weight), \
+            _geo_or_none("bias", bias)
+
+    def request() -> _specs.Request:
+        if momentum is None:
+            raise Unserved("momentum=None (a cumulative average)")
+        return _specs.batch_norm(*geos(), training=bool(training), momentum=float(momentum), eps=float(eps))
+
+    def rule(forward: _specs.Request) -> _autograd.Rule:
+        if not training:
+            raise Unserved("autograd in evaluation mode (its backward is per-channel pointwise math, which cuDNN computes wrongly)")
+        x, _, _, w, b = geos()
+        return _autograd.batch_norm(x, w, b, forward, len(tensors))
+
+    return _first_call("batch_norm", key, names, tensors, request, fallback, grad, rule)

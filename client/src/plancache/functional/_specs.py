@@ -24,10 +24,13 @@ from plancache.errors import InvalidRequest
 from plancache.functional._geometry import Dims, Geo, Unserved, collapse, is_channels_last, is_dense, no_zero_strides, pair, served_dtype
 from plancache.spec.classic_ops import conv_output_dims
 from plancache.spec.graph import GraphSpec, Tensor
-from plancache.spec.layouts import channels_last, row_major
+from plancache.spec.layouts import channels_last, packed, row_major
 from plancache.spec.schema import ShapeError
 
 OUTPUT_UID = 20
+# A training forward's other outputs: what the backward graph reads.
+PRE_ACTIVATION_UID = 21
+MEAN_UID, INV_VARIANCE_UID, STATS_UID = 21, 22, 21
 ACTIVATIONS = ("relu", "gelu", "silu")
 # torch.finfo(dtype).eps for the served dtypes: rms_norm's default eps, as torch documents it.
 FINFO_EPS = {"half": 2.0**-10, "bfloat16": 2.0**-7}
@@ -46,17 +49,33 @@ class Constant:
 
 
 @dataclass(frozen=True)
+class Output:
+    """A tensor the plan writes that the call allocates (as torch's function would)."""
+
+    uid: int
+    shape: Dims
+    stride: Dims
+    dtype: str
+
+
+@dataclass(frozen=True)
 class Request:
-    """What a geometry asks plancache for, and how a call binds to it."""
+    """What a geometry asks plancache for, and how a call binds to it: the
+    caller's tensors by uid (`inputs`, in the call's order), the outputs it
+    allocates (the first is the function's result; a training forward's
+    others are what its backward needs), the constants made once."""
 
     function: str
     spec: GraphSpec
-    inputs: tuple[int, ...]  # the uid of each tensor the call passes, in the call's order
-    out_shape: Dims
-    out_stride: Dims
-    out_dtype: str
+    inputs: tuple[int, ...]
+    outputs: tuple[Output, ...]
     constants: tuple[Constant, ...] = ()
-    output: int = OUTPUT_UID
+
+
+def _request(function: str, g: GraphSpec, inputs: Sequence[int], out: Dims, stride: Dims, dtype: str, constants: Sequence[Constant] = (),
+             extra: Sequence[Output] = ()) -> Request:  # fmt: skip
+    """A request whose first output is the function's result (uid OUTPUT_UID)."""
+    return Request(function, g, tuple(inputs), (Output(OUTPUT_UID, tuple(out), tuple(stride), dtype), *extra), tuple(constants))
 
 
 def _graph(function: str, dtype: str) -> GraphSpec:
@@ -86,7 +105,9 @@ def activation(g: GraphSpec, y: Tensor, name: str | None) -> Tensor:
 # ---- matrices ---------------------------------------------------------------
 
 
-def linear(x: Geo, w: Geo, bias: Geo | None, act: str | None) -> Request:
+def linear(x: Geo, w: Geo, bias: Geo | None, act: str | None, *, training: bool = False) -> Request:
+    """`training`: a GELU's or SiLU's input (the pre-activation) is an output
+    too (uid PRE_ACTIVATION_UID), which its backward needs; a ReLU's backward reads its output."""
     dt = served_dtype(x, w, bias)
     if len(w.shape) != 2:
         raise Unserved(f"weight must be 2-D (out_features, in_features), got dims {w.shape}")
@@ -105,9 +126,13 @@ def linear(x: Geo, w: Geo, bias: Geo | None, act: str | None) -> Request:
     y = g.matmul(a, b)
     if bias is not None:
         y = g.bias(y, g.tensor([1, 1, n], [n, n, bias.stride[0]], name="bias", uid=3))
-    _finish(activation(g, y, act))
     out = (*x.shape[:-1], n)
-    return Request("linear", g, (1, 2) if bias is None else (1, 2, 3), out, row_major(out), dt)
+    extra: tuple[Output, ...] = ()
+    if training and act in ("gelu", "silu"):
+        y.set_output(True).set_name("pre_activation").set_uid(PRE_ACTIVATION_UID).set_data_type(dt)
+        extra = (Output(PRE_ACTIVATION_UID, out, row_major(out), dt),)
+    _finish(activation(g, y, act))
+    return _request("linear", g, (1, 2) if bias is None else (1, 2, 3), out, row_major(out), dt, extra=extra)
 
 
 def _broadcast(a: Dims, b: Dims) -> Dims:
@@ -151,7 +176,7 @@ def matmul(a: Geo, b: Geo) -> Request:
         raise Unserved(f"batch dims {batch_a} and {batch_b} broadcast other than over a single matrix")
     g = _graph("matmul", dt)
     _finish(g.matmul(g.tensor(a_dims, a_strides, name="input", uid=1), g.tensor(b_dims, b_strides, name="other", uid=2)))
-    return Request("matmul", g, (1, 2), out, row_major(out), dt)
+    return _request("matmul", g, (1, 2), out, row_major(out), dt)
 
 
 # ---- convolution --------------------------------------------------------------
@@ -171,6 +196,12 @@ def _conv_padding(padding: Any, stride: tuple[int, int], dilation: tuple[int, in
     return {"padding": pair(padding, "padding")}
 
 
+def conv_attributes(stride: Any, padding: Any, dilation: Any, weight_dims: Dims) -> dict[str, tuple[int, ...]]:
+    """torch's stride, padding and dilation as the conv nodes' attributes (forward, dgrad and wgrad alike)."""
+    steps, dilations = pair(stride, "stride"), pair(dilation, "dilation")
+    return {**_conv_padding(padding, steps, dilations, weight_dims[2:]), "stride": steps, "dilation": dilations}
+
+
 def conv2d(x: Geo, w: Geo, bias: Geo | None, stride: Any, padding: Any, dilation: Any, groups: Any, relu: bool) -> Request:
     dt = served_dtype(x, w, bias)
     if groups != 1:
@@ -184,8 +215,7 @@ def conv2d(x: Geo, w: Geo, bias: Geo | None, stride: Any, padding: Any, dilation
         raise Unserved(f"bias must be a contiguous ({out_channels},) tensor, got dims {bias.shape} strides {bias.stride}")
     no_zero_strides(x)
     no_zero_strides(w)
-    steps, dilations = pair(stride, "stride"), pair(dilation, "dilation")
-    attrs: dict[str, tuple[int, ...]] = {**_conv_padding(padding, steps, dilations, w.shape[2:]), "stride": steps, "dilation": dilations}
+    attrs = conv_attributes(stride, padding, dilation, w.shape)
     try:
         out = conv_output_dims(x.shape, w.shape, attrs)
     except ShapeError as e:
@@ -199,7 +229,7 @@ def conv2d(x: Geo, w: Geo, bias: Geo | None, stride: Any, padding: Any, dilation
     if relu:
         y = g.relu(y)
     _finish(y, layout)
-    return Request("conv2d", g, (1, 2) if bias is None else (1, 2, 3), out, layout, dt)
+    return _request("conv2d", g, (1, 2) if bias is None else (1, 2, 3), out, layout, dt)
 
 
 # ---- normalization --------------------------------------------------------------
@@ -214,7 +244,7 @@ def normalized(shape: Any) -> Dims:
         raise Unserved(f"normalized_shape must be an int or a sequence of ints, got {shape!r}") from None
 
 
-def _norm(function: str, x: Geo, shape: Dims, params: Sequence[tuple[str, Geo | None, float]], eps: float) -> Request:
+def _norm(function: str, x: Geo, shape: Dims, params: Sequence[tuple[str, Geo | None, float]], eps: float, training: bool) -> Request:
     """layer_norm and rms_norm: x seen as [rows, hidden, 1, 1] (the layout
     of examples/generate.py's norms), the parameters as [1, hidden, 1, 1];
     a missing parameter is a constant (ones, zeros) made once."""
@@ -242,23 +272,99 @@ def _norm(function: str, x: Geo, shape: Dims, params: Sequence[tuple[str, Geo | 
         tensors.append(g.tensor([1, hidden, 1, 1], data_type=p.dtype if p is not None else fill_dtype, name=name, uid=uid))
     epsilon = g.scalar(float(eps), name="epsilon", uid=10)
     constants.append(Constant(10, (1, 1, 1, 1), float(eps), "float", on_host=True))
+    phase = "TRAINING" if training else "INFERENCE"
     if function == "layer_norm":
-        y, *_ = g.layernorm(tensors[0], tensors[1], tensors[2], epsilon, norm_forward_phase="INFERENCE")
+        y, *stats = g.layernorm(tensors[0], tensors[1], tensors[2], epsilon, norm_forward_phase=phase)
     else:
-        y, *_ = g.rmsnorm(tensors[0], tensors[1], epsilon, norm_forward_phase="INFERENCE")
+        y, *stats = g.rmsnorm(tensors[0], tensors[1], epsilon, norm_forward_phase=phase)
     assert y is not None
     _finish(y)
-    return Request(function, g, tuple(inputs), x.shape, x.stride, dt, tuple(constants))
+    extra: list[Output] = []
+    if training:  # the row statistics the backward reads, float32 [rows, 1, 1, 1]
+        for t, (name, uid) in zip(stats, (("mean", MEAN_UID), ("inv_variance", INV_VARIANCE_UID))[-len(stats) :], strict=True):
+            assert t is not None
+            t.set_output(True).set_name(name).set_uid(uid).set_data_type("float")
+            extra.append(Output(uid, (rows, 1, 1, 1), (1, 1, 1, 1), "float"))
+    return _request(function, g, inputs, x.shape, x.stride, dt, constants, extra)
 
 
-def layer_norm(x: Geo, shape: Any, weight: Geo | None, bias: Geo | None, eps: float) -> Request:
-    return _norm("layer_norm", x, normalized(shape), (("weight", weight, 1.0), ("bias", bias, 0.0)), eps)
+def layer_norm(x: Geo, shape: Any, weight: Geo | None, bias: Geo | None, eps: float, *, training: bool = False) -> Request:
+    """`training`: the rows' mean and inverse deviation are outputs too (the backward's)."""
+    return _norm("layer_norm", x, normalized(shape), (("weight", weight, 1.0), ("bias", bias, 0.0)), eps, training)
 
 
-def rms_norm(x: Geo, shape: Any, weight: Geo | None, eps: float | None) -> Request:
-    if eps is None:
-        eps = FINFO_EPS.get(x.dtype or "", 2.0**-10)
-    return _norm("rms_norm", x, normalized(shape), (("weight", weight, 1.0),), eps)
+def rms_norm(x: Geo, shape: Any, weight: Geo | None, eps: float | None, *, training: bool = False) -> Request:
+    return _norm("rms_norm", x, normalized(shape), (("weight", weight, 1.0),), rms_eps(x, eps), training)
+
+
+def rms_eps(x: Geo, eps: float | None) -> float:
+    return FINFO_EPS.get(x.dtype or "", 2.0**-10) if eps is None else eps
+
+
+def batch_norm(x: Geo, running_mean: Geo | None, running_var: Geo | None, weight: Geo | None, bias: Geo | None, *, training: bool,
+               momentum: float, eps: float) -> Request:  # fmt: skip
+    """torch.nn.functional.batch_norm of a 4-D float16/bfloat16 input with
+    float32 per-channel tensors (torch's own mixed precision for a half
+    model's BatchNorm2d), the output in the input's layout.
+
+    Training: cuDNN's batchnorm node; the batch's mean and inv_variance are
+    outputs (the backward's, uids 21, 22), and the next running statistics
+    are written over the caller's running_mean and running_var (uids 23, 24
+    bound to the same tensors as 4, 5: the frontend's own test_batchnorm does
+    so, and the update is torch's: unbiased variance, `momentum`).
+    Evaluation: batchnorm_inference, its inv_variance (uid 6) computed by the call."""
+    dt = served_dtype(x)
+    if len(x.shape) != 4:
+        raise Unserved(f"input dims {x.shape}: cuDNN's batchnorm takes 4-D (N, C, H, W) inputs")
+    no_zero_strides(x)
+    channels = x.shape[1]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
+        if t is not None and (t.shape != (channels,) or t.dtype != "float" or not is_dense(t)):
+            raise Unserved(f"{name} must be a contiguous float32 ({channels},) tensor, got {t.dtype_text} dims {t.shape}")
+    if (running_mean is None) != (running_var is None):
+        raise Unserved("running_mean and running_var go together")
+    if not training and running_mean is None:
+        raise Unserved("evaluation without running statistics")
+    params = [1, channels, 1, 1]
+    layout = dense_like(x.shape, x.stride)
+    g = _graph("batch_norm", dt)
+    xt = g.tensor(x.shape, x.stride, name="input", uid=1)
+    inputs, constants = [1], []
+    ports = []
+    for name, given, fill, uid in (("weight", weight, 1.0, 2), ("bias", bias, 0.0, 3)):
+        ports.append(g.tensor(params, data_type="float", name=name, uid=uid))
+        if given is None:
+            constants.append(Constant(uid, tuple(params), fill, "float"))
+        else:
+            inputs.append(uid)
+    extra: list[Output] = []
+    if training:
+        running: dict[str, Any] = {}
+        if running_mean is not None:
+            running = {"in_running_mean": g.tensor(params, data_type="float", name="running_mean", uid=4),
+                       "in_running_var": g.tensor(params, data_type="float", name="running_var", uid=5),
+                       "momentum": g.scalar(float(momentum), name="momentum", uid=11)}  # fmt: skip
+            constants.append(Constant(11, (1, 1, 1, 1), float(momentum), "float", on_host=True))
+        y, mean, inv_var, next_mean, next_var = g.node("batchnorm", input=xt, scale=ports[0], bias=ports[1], epsilon=g.scalar(float(eps), name="epsilon", uid=10),
+                                                       **running)  # fmt: skip
+        constants.append(Constant(10, (1, 1, 1, 1), float(eps), "float", on_host=True))
+        for made, name, uid in ((mean, "mean", MEAN_UID), (inv_var, "inv_variance", INV_VARIANCE_UID)):
+            assert made is not None
+            made.set_output(True).set_name(name).set_uid(uid).set_data_type("float")
+            extra.append(Output(uid, tuple(params), row_major(params), "float"))
+        if running_mean is not None:
+            for made, name, uid in ((next_mean, "next_running_mean", 23), (next_var, "next_running_var", 24)):
+                assert made is not None
+                made.set_output(True).set_name(name).set_uid(uid).set_data_type("float")
+            inputs += [4, 5, 23, 24]
+    else:
+        mean_t = g.tensor(params, data_type="float", name="running_mean", uid=4)
+        inv_t = g.tensor(params, data_type="float", name="inv_variance", uid=6)
+        y = g.batchnorm_inference(xt, mean_t, inv_t, ports[0], ports[1])
+        inputs += [4, 6]
+    assert y is not None
+    _finish(y, layout)
+    return _request("batch_norm", g, inputs, x.shape, layout, dt, constants, extra)
 
 
 # ---- attention -----------------------------------------------------------------
@@ -299,48 +405,128 @@ def _bias(mask: Geo, batch: int, heads: int, s_q: int, s_kv: int) -> tuple[list[
     return dims, strides
 
 
-def sdpa(
-    q: Geo, k: Geo, v: Geo, mask: Geo | None, seq_q: Geo | None, seq_kv: Geo | None, *,
-    dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool, window: int | None, alibi: bool,
-) -> Request:  # fmt: skip
+@dataclass(frozen=True)
+class Attention:
+    """An SDPA call's options, as its forward and backward graphs share them."""
+
+    dropout_p: float
+    is_causal: bool
+    scale: float | None
+    enable_gqa: bool
+    window: int | None
+    alibi: bool
+
+
+# SDPA's ports: the call's tensors, then what a training forward saves and its backward reads.
+Q_UID, K_UID, V_UID, BIAS_UID, SEQ_Q_UID, SEQ_KV_UID, SEED_UID, OFFSET_UID, O_UID, D_O_UID, SAVED_STATS_UID = 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12
+D_Q_UID, D_K_UID, D_V_UID, D_BIAS_UID = 20, 21, 22, 23
+DROPOUT_SEED = "dropout_seed"  # the name of the int64 seed tensor a call with dropout passes after its own
+
+
+def _attention(
+    function: str, q: Geo, k: Geo, v: Geo, mask: Geo | None, seq_q: Geo | None, seq_kv: Geo | None, options: Attention,
+) -> tuple[GraphSpec, dict[str, Any], list[int], list[Constant], str]:  # fmt: skip
+    """The graph, the sdpa node's ports and attributes, the call's uids and
+    the constants: what a forward and its backward both declare."""
     if mask is not None and mask.dtype in ("boolean", None):
         raise Unserved(f"attn_mask is {mask.dtype_text}: a boolean mask stays with torch (cuDNN takes an additive bias)")
     dt = served_dtype(q, k, v, mask)
-    if dropout_p:
-        raise Unserved("dropout (cuDNN's random stream is not torch's)")
     if any(len(t.shape) != 4 for t in (q, k, v)):
         raise Unserved("query, key and value must be 4-D (batch, heads, sequence, head dim)")
-    (b, h, s_q, e), (bk, hk, s_kv, ek), (bv, hv, s_v, ev) = q.shape, k.shape, v.shape
+    (b, h, s_q, e), (bk, hk, s_kv, ek), (bv, hv, s_v, _) = q.shape, k.shape, v.shape
     if bk != b or bv != b or ek != e or s_v != s_kv or hv != hk:
         raise Unserved(f"query {q.shape}, key {k.shape} and value {v.shape} do not go together")
-    if hk != h and (not enable_gqa or h % hk):
+    if hk != h and (not options.enable_gqa or h % hk):
         raise Unserved(f"query has {h} heads, key and value {hk} (grouped-query attention needs enable_gqa=True and a divisor)")
-    if is_causal and mask is not None:
+    if options.is_causal and mask is not None:
         raise Unserved("attn_mask with is_causal=True")
     for t in (q, k, v):
         no_zero_strides(t)
-    g = _graph("scaled_dot_product_attention", dt)
-    tensors = {"q": g.tensor(q.shape, q.stride, name="query", uid=1), "k": g.tensor(k.shape, k.stride, name="key", uid=2),
-               "v": g.tensor(v.shape, v.stride, name="value", uid=3)}  # fmt: skip
-    inputs, constants = [1, 2, 3], []
-    attrs: dict[str, Any] = {"attn_scale": scale if scale is not None else 1 / math.sqrt(e), "use_causal_mask": is_causal, "use_alibi_mask": alibi}
-    if window is not None:
-        attrs["sliding_window_length"] = window
+    g = _graph(function, dt)
+    ports: dict[str, Any] = {"q": g.tensor(q.shape, q.stride, name="query", uid=Q_UID), "k": g.tensor(k.shape, k.stride, name="key", uid=K_UID),
+             "v": g.tensor(v.shape, v.stride, name="value", uid=V_UID)}  # fmt: skip
+    inputs, constants = [Q_UID, K_UID, V_UID], []
+    ports["attn_scale"] = options.scale if options.scale is not None else 1 / math.sqrt(e)
+    ports["use_causal_mask"], ports["use_alibi_mask"] = options.is_causal, options.alibi
+    if options.window is not None:
+        ports["sliding_window_length"] = options.window
     if mask is not None:
         dims, strides = _bias(mask, b, h, s_q, s_kv)
-        tensors["bias"] = g.tensor(dims, strides, name="attn_mask", uid=4)
-        inputs.append(4)
+        ports["bias"] = g.tensor(dims, strides, name="attn_mask", uid=BIAS_UID)
+        inputs.append(BIAS_UID)
     if seq_q is not None or seq_kv is not None:
-        for port, given, full, uid in (("seq_len_q", seq_q, s_q, 5), ("seq_len_kv", seq_kv, s_kv, 6)):
-            tensors[port], made = _lengths(g, given, b, full, port, uid)
+        for port, given, full, uid in (("seq_len_q", seq_q, s_q, SEQ_Q_UID), ("seq_len_kv", seq_kv, s_kv, SEQ_KV_UID)):
+            ports[port], made = _lengths(g, given, b, full, port, uid)
             inputs += [uid] if made is None else []
             constants += [made] if made is not None else []
-        attrs["use_padding_mask"] = True
-    o, _ = g.sdpa(**tensors, **attrs)
+        ports["use_padding_mask"] = True
+    if options.dropout_p:
+        if not 0.0 < options.dropout_p < 1.0:
+            raise InvalidRequest(f"scaled_dot_product_attention: dropout_p must be in [0, 1), got {options.dropout_p}")
+        # Philox: a seed each call draws from torch's generator (passed after the call's tensors), offset 0.
+        seed = g.tensor([1, 1, 1, 1], data_type="int64", name=DROPOUT_SEED, uid=SEED_UID)
+        offset = g.tensor([1, 1, 1, 1], data_type="int64", name="dropout_offset", uid=OFFSET_UID)
+        ports["dropout"] = (options.dropout_p, seed, offset)
+        inputs.append(SEED_UID)
+        constants.append(Constant(OFFSET_UID, (1, 1, 1, 1), 0.0, "int64"))
+    return g, ports, inputs, constants, dt
+
+
+def sdpa(
+    q: Geo, k: Geo, v: Geo, mask: Geo | None, seq_q: Geo | None, seq_kv: Geo | None, options: Attention, *, training: bool = False,
+) -> Request:  # fmt: skip
+    """`training`: the softmax statistics ([b, h, s_q, 1] float32) are an output too: the backward's."""
+    g, ports, inputs, constants, dt = _attention("scaled_dot_product_attention", q, k, v, mask, seq_q, seq_kv, options)
+    o, stats = g.sdpa(**ports, generate_stats=training)
     assert o is not None
     _finish(o)
-    out = (b, h, s_q, ev)
-    return Request("scaled_dot_product_attention", g, tuple(inputs), out, row_major(out), dt, tuple(constants))
+    out = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    extra: tuple[Output, ...] = ()
+    if training:
+        assert stats is not None
+        stats.set_output(True).set_name("stats").set_uid(STATS_UID).set_data_type("float")
+        extra = (Output(STATS_UID, (*out[:3], 1), row_major((*out[:3], 1)), "float"),)
+    return _request("scaled_dot_product_attention", g, inputs, out, row_major(out), dt, constants, extra)
+
+
+def sdpa_backward(q: Geo, k: Geo, v: Geo, mask: Geo | None, seq_q: Geo | None, seq_kv: Geo | None, options: Attention, *, mask_grad: bool) -> Request:
+    """The forward's backward: its q, k, v (and mask, lengths, seed), its
+    output O and statistics, and dO (O's layout) give dQ, dK, dV in their
+    inputs' dims and dense strides of the same order (a q sliced out of a
+    fused projection gets a gradient of its own size), and dBias with `mask_grad`.
+    The call's uids: the forward's inputs, then O, dO, the statistics."""
+    g, ports, inputs, constants, dt = _attention("scaled_dot_product_attention.backward", q, k, v, mask, seq_q, seq_kv, options)
+    out = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    stats_dims = (*out[:3], 1)
+    o = g.tensor(out, row_major(out), name="o", uid=O_UID)
+    d_o = g.tensor(out, row_major(out), name="dO", uid=D_O_UID)
+    stats = g.tensor(stats_dims, row_major(stats_dims), data_type="float", name="stats", uid=SAVED_STATS_UID)
+    if mask_grad:
+        assert mask is not None
+        if mask.shape[:2] not in ((1, q.shape[1]),) or len(mask.shape) != 4:
+            raise Unserved(f"attn_mask dims {mask.shape}: cuDNN's dBias is [1, heads, s_q, s_kv]")
+        ports["dBias"] = g.tensor(mask.shape, dense_like(mask.shape, mask.stride), name="dBias", uid=D_BIAS_UID)
+    grads = g.sdpa_backward(o=o, dO=d_o, stats=stats, **ports)
+    outputs = []
+    for t, geo_, name, uid in zip(grads, (q, k, v), ("dQ", "dK", "dV"), (D_Q_UID, D_K_UID, D_V_UID), strict=True):
+        assert t is not None
+        stride = dense_like(geo_.shape, geo_.stride)
+        t.set_output(True).set_name(name).set_uid(uid).set_stride(stride)
+        outputs.append(Output(uid, geo_.shape, stride, dt))
+    if mask_grad:
+        assert mask is not None
+        outputs.append(Output(D_BIAS_UID, mask.shape, dense_like(mask.shape, mask.stride), dt))
+    return Request("scaled_dot_product_attention.backward", g, (*inputs, O_UID, D_O_UID, SAVED_STATS_UID), tuple(outputs), tuple(constants))
+
+
+def dense_like(shape: Sequence[int], stride: Sequence[int]) -> Dims:
+    """Dense strides with `stride`'s order of axes (slowest first; ties keep
+    the axes' order): a view's gradient has the view's layout, packed."""
+    order = sorted(range(len(shape)), key=lambda axis: (-stride[axis], axis))
+    rank = [0] * len(shape)
+    for fastest_last, axis in enumerate(order):
+        rank[axis] = len(shape) - 1 - fastest_last
+    return packed(shape, rank)
 
 
 def paged_decode(q: Geo, k_cache: Geo, v_cache: Geo, k_table: Geo, v_table: Geo, lengths: Geo, *, scale: float | None, max_seq_len: int | None) -> Request:
@@ -385,4 +571,4 @@ def paged_decode(q: Geo, k_cache: Geo, v_cache: Geo, k_table: Geo, v_table: Geo,
     assert o is not None and made_q is not None
     _finish(o)
     out = (b, h, 1, d)
-    return Request("paged_decode_attention", g, (1, 2, 3, 4, 5, 7), out, row_major(out), dt, (made_q,))
+    return _request("paged_decode_attention", g, (1, 2, 3, 4, 5, 7), out, row_major(out), dt, (made_q,))

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from plancache.functional import _torch
 from plancache.functional._specs import Request
@@ -63,62 +63,93 @@ def counts(function: str) -> Counts:
 
 
 class Launcher:
-    """One plan on one thread's handle for one device: `launcher(pack)`."""
+    """One plan on one thread's handle for one device: `launcher(buffers)`,
+    the buffers in the order of the entry's uids.
 
-    __slots__ = ("_device", "_execute", "_handle", "_need", "_on_device", "_pool", "_slot", "_state", "_stream", "_stream_of", "_where")
+    The frontend's ordered execute (`tensor_uids=`: the uids fixed, the
+    buffers a tuple) skips the mapping form's Python normalization; a plan
+    whose ordered form fails at its first call runs the mapping form."""
 
-    def __init__(self, plan: Plan, device: int) -> None:
+    __slots__ = ("_device", "_execute", "_handle", "_mode", "_need", "_on_device", "_pool", "_slot", "_state", "_stream", "_stream_of", "_uids", "_where")
+
+    def __init__(self, plan: Plan, device: int, uids: tuple[int, ...]) -> None:
         ops = _torch.ops()
         proc = process()
         with ops.on_device(device):
             self._state = handle_state(device)
             self._execute = plan.load(self._state.handle).execute
-        self._handle = self._state.handle
+        self._handle, self._uids, self._mode = self._state.handle, uids, ""
         self._device, self._need, self._pool = device, plan.metadata.workspace_size, proc.workspaces
         self._stream_of = proc.runtime.stream_getter()
         self._stream = self._stream_of(device)
         self._slot = self._pool.slot(device, self._stream, self._need)
         self._where, self._on_device = ops.current_device(), ops.on_device
 
-    def __call__(self, pack: dict[int, Any]) -> None:
+    def __call__(self, buffers: tuple[Any, ...]) -> None:
         if self._where() != self._device:  # torch runs a tensor's op on its device whatever is current; so must this
             with self._on_device(self._device):
-                self(pack)
+                self(buffers)
             return
         stream = self._stream_of(self._device)
         if stream != self._stream:
             self._stream, self._slot = stream, self._pool.slot(self._device, stream, self._need)
         if self._state.stream != stream:
             self._state.use(stream)
-        self._execute(pack, self._slot.buffer, handle=self._handle)
+        if self._mode == "ordered":
+            self._execute(buffers, self._slot.buffer, handle=self._handle, tensor_uids=self._uids)
+        elif self._mode == "mapping":
+            self._execute(dict(zip(self._uids, buffers)), self._slot.buffer, handle=self._handle)  # noqa: B905 - as many by construction
+        else:
+            self._first(buffers)
+
+    def _first(self, buffers: tuple[Any, ...]) -> None:
+        try:
+            self._execute(buffers, self._slot.buffer, handle=self._handle, tensor_uids=self._uids)
+            self._mode = "ordered"
+        except Exception as e:  # an older frontend, or a plan its ordered form does not take
+            log.debug("plancache.functional: the frontend's ordered execute refused a plan (%s: %s); the mapping form runs it", type(e).__name__, e)
+            self._execute(dict(zip(self._uids, buffers)), self._slot.buffer, handle=self._handle)  # noqa: B905
+            self._mode = "mapping"
 
 
 class Served:
-    """A geometry plancache serves: its plan, and how a call binds to it."""
+    """A geometry plancache serves: its plan, and how a call binds to it.
+    A call returns the function's result (the first output); `outputs()`
+    returns every output (a training forward's saved statistics)."""
 
-    __slots__ = ("_alloc", "_constants", "_counts", "_device", "_launchers", "_out", "_uids", "plan", "request", "used")
+    __slots__ = ("_alloc", "_allocs", "_constants", "_device", "_launchers", "_uids", "counts", "plan", "request", "used")
 
     def __init__(self, request: Request, plan: Plan, device: int) -> None:
         ops = _torch.ops()
         self.request, self.plan, self._device, self.used = request, plan, device, 0
-        self._uids, self._out = request.inputs, request.output
-        self._alloc = ops.allocator(request.out_shape, request.out_stride, request.out_dtype, device)
-        self._constants = {c.uid: ops.constant(c, device) for c in request.constants}
+        self._allocs = tuple(ops.allocator(o.shape, o.stride, o.dtype, device) for o in request.outputs)
+        self._alloc = self._allocs[0]
+        self._constants = tuple(ops.constant(c, device) for c in request.constants)
+        self._uids = (*request.inputs, *(o.uid for o in request.outputs), *(c.uid for c in request.constants))
         self._launchers: dict[int, Launcher] = {}
-        self._counts = counts(request.function)
+        self.counts = counts(request.function)
 
-    def __call__(self, tensors: tuple[Any, ...]) -> Any:
+    def _launcher(self) -> Launcher:
         launcher = self._launchers.get(_ident())
         if launcher is None:
-            launcher = self._launchers[_ident()] = Launcher(self.plan, self._device)
+            launcher = self._launchers[_ident()] = Launcher(self.plan, self._device, self._uids)
+        return launcher
+
+    def __call__(self, tensors: tuple[Any, ...]) -> Any:
+        launcher = self._launchers.get(_ident()) or self._launcher()
+        if len(self._allocs) != 1:
+            return self.outputs(tensors, launcher)[0]
         out = self._alloc()
-        pack = dict(zip(self._uids, tensors))  # noqa: B905 - as many by construction (the request's inputs)
-        if self._constants:
-            pack.update(self._constants)
-        pack[self._out] = out
-        launcher(pack)
-        self._counts.cudnn += 1
+        launcher((*tensors, out, *self._constants))
+        self.counts.cudnn += 1
         return out
+
+    def outputs(self, tensors: tuple[Any, ...], launcher: Launcher | None = None) -> tuple[Any, ...]:
+        """Every output of the plan (a training forward's saved statistics after the result)."""
+        outs = tuple(alloc() for alloc in self._allocs)
+        (launcher or self._launcher())((*tensors, *outs, *self._constants))
+        self.counts.cudnn += 1
+        return outs
 
 
 class HedgedServed(Served):
@@ -167,7 +198,12 @@ class Fallback:
         return result
 
 
-Entry = Served | Fallback
+class Entry(Protocol):
+    """What runs a geometry: a Served plan, a Differentiable one, torch's Fallback."""
+
+    used: int
+
+    def __call__(self, tensors: tuple[Any, ...]) -> Any: ...
 
 
 class GeometryTable:

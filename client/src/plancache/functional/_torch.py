@@ -64,6 +64,23 @@ def rms_norm(input: Any, normalized_shape: Any, weight: Any, eps: float | None) 
     return _torch().nn.functional.rms_norm(input, normalized_shape, weight, eps)
 
 
+def batch_norm(input: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any, training: bool, momentum: float, eps: float) -> Any:
+    return _torch().nn.functional.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def inverse_deviation(running_var: Any, eps: float) -> Any:
+    """batchnorm_inference's inv_variance: 1 / sqrt(running_var + eps) (running_var None: torch's error, from the fallback)."""
+    return None if running_var is None else _torch().rsqrt(running_var + eps)
+
+
+def dropout_seed(device: Any) -> Any:
+    """A Philox seed for cuDNN's dropout, drawn from torch's CUDA generator on
+    the tensors' device (torch.manual_seed reproduces it; a CUDA graph
+    replays the draw, as torch's own dropout does)."""
+    torch = _torch()
+    return torch.randint(0, 2**62, (1, 1, 1, 1), dtype=torch.int64, device=device)
+
+
 def alibi_slopes(heads: int) -> list[float]:
     """cuDNN's ALiBi slopes (cudnn_frontend_utils.h get_alibi_slope): for a
     power of two h, head i (from 1) gets 2^(-8i/h); otherwise the odd
@@ -146,6 +163,7 @@ class TensorOps(Protocol):
     def constant(self, constant: Constant, device: int) -> Any: ...
     def current_device(self) -> Callable[[], int]: ...
     def on_device(self, device: int) -> contextlib.AbstractContextManager[None]: ...
+    def capturing(self) -> bool: ...
 
 
 class TorchOps:
@@ -172,6 +190,10 @@ class TorchOps:
     def on_device(self, device: int) -> Iterator[None]:
         with _torch().cuda.device(device):
             yield
+
+    def capturing(self) -> bool:
+        """Whether the current stream is capturing a CUDA graph."""
+        return bool(_torch().cuda.is_current_stream_capturing())
 
 
 _ops: TensorOps | None = None
