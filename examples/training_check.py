@@ -49,23 +49,30 @@ def default_trusted_keys() -> list[str]:
 
 
 def train(params: dict[str, Any], buffers: dict[str, Any], batch: Any, step: Callable[..., Any], ops: Any, steps: int, lr: float) -> Result:
-    """`steps` AdamW steps from copies of `params` and `buffers`."""
+    """`steps` AdamW steps from copies of `params` and `buffers`, with float32
+    master weights (mixed precision as torch's AMP does it: the step runs on
+    each parameter's own dtype, the optimizer on float32; float16 Adam alone
+    overflows its epsilon)."""
     import torch
 
-    params = {name: p.detach().clone().requires_grad_(True) for name, p in params.items()}
+    masters = {name: p.detach().float().clone().requires_grad_(True) for name, p in params.items()}
+    dtypes = {name: p.dtype for name, p in params.items()}
     buffers = copy.deepcopy(buffers)
-    optimizer = torch.optim.AdamW(params.values(), lr=lr)
-    losses, grads = [], {}
+    optimizer = torch.optim.AdamW(masters.values(), lr=lr)
+    losses, grads, first_buffers = [], {}, {}
     for index in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        loss = step(params, buffers, batch, ops)
+        working = {name: m.detach().to(dtypes[name]).requires_grad_(True) for name, m in masters.items()}
+        loss = step(working, buffers, batch, ops)
         loss.backward()
+        for name, m in masters.items():
+            m.grad = working[name].grad.float()
         if index == 0:
-            grads = {name: p.grad.detach().clone() for name, p in params.items()}
+            grads = {name: p.grad.detach().clone() for name, p in working.items()}
             first_buffers = {name: b.detach().clone() for name, b in buffers.items()}
         optimizer.step()
         losses.append(float(loss.detach()))
-    return Result(losses, grads, first_buffers if steps else {})
+    return Result(losses, grads, first_buffers)
 
 
 def main(description: str, build: Callable[[Any, Any, Any], tuple[dict[str, Any], dict[str, Any], Any]], step: Callable[..., Any],

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
@@ -62,6 +62,14 @@ class HandleState:
 class WorkspaceSlot:
     buffer: Any
     size: int
+    # Buffers this slot outgrew, kept: a CUDA graph captured before the growth
+    # replays with the old address (freeing it made a captured training step
+    # read freed memory on the H200, GPU run 22).
+    retired: list[Any] = field(default_factory=list)
+
+
+def _nbytes(buffer: Any) -> int:
+    return int(getattr(buffer, "nbytes", 0) or 0)
 
 
 class WorkspacePool:
@@ -82,18 +90,19 @@ class WorkspacePool:
                 found = self._slots[(device, stream)] = WorkspaceSlot(self._runtime.empty(max(need, 1), device), max(need, 1))
             elif found.size < need:
                 # Plans holding this slot read .buffer on every call and so move to the new one.
+                found.retired.append(found.buffer)
                 found.buffer, found.size = self._runtime.empty(need, device), need
             return found
 
     def held_bytes(self) -> int:
         """Bytes of workspace held now, over every device and stream."""
-        return sum(s.size for s in list(self._slots.values()))
+        return sum(s.size + sum(_nbytes(r) for r in s.retired) for s in list(self._slots.values()))
 
     def release(self) -> None:
         """Drop every workspace (plans allocate again on their next call)."""
         with self._lock:
             for s in self._slots.values():
-                s.buffer, s.size = None, 0
+                s.buffer, s.size, s.retired = None, 0, []
             self._slots.clear()
 
 
