@@ -305,7 +305,7 @@ def counts_since(before: dict[str, tuple[int, int]]) -> dict[str, dict[str, Any]
     return out
 
 
-def training_step(model: str, rounds: int) -> dict[str, Any]:
+def training_step(model: str, rounds: int, capture: bool = True) -> dict[str, Any]:
     """Part 1 for one model: the first step against torch's, then GPU ms per step of the four variants."""
     import torch
 
@@ -347,6 +347,8 @@ def training_step(model: str, rounds: int) -> dict[str, Any]:
         except Exception as e:
             result["errors"][f"{variant} eager"] = error_text(e)
             print(model, variant, "eager failed:", result["errors"][f"{variant} eager"][:500], flush=True)
+            continue
+        if not capture:
             continue
         try:
             steps[f"{variant} captured"] = capture_step(Trainer(params, buffers, x, loss_fn, ops))
@@ -870,6 +872,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--parts", nargs="*", choices=("steps", "functions"), default=["steps", "functions"], help="parts 1 and 2 to run (default both)")
     parser.add_argument("--models", nargs="*", choices=tuple(MODELS), default=list(MODELS))
+    parser.add_argument("--no-capture", action="store_true", help="part 1 without the CUDA-graph variants")
     parser.add_argument("--startup", action="store_true", help="part 3: first training step in fresh processes against a real server")
     parser.add_argument("--startup-repeats", type=int, default=2)
     parser.add_argument("--startup-time-limit", type=float, default=180.0, help="seconds for part 3; nodes past it are skipped and listed")
@@ -899,7 +902,7 @@ def main() -> None:
         result["steps"] = {}
         for model in args.models:
             try:
-                result["steps"][model] = training_step(model, args.rounds)
+                result["steps"][model] = training_step(model, args.rounds, not args.no_capture)
             except Exception as e:
                 result["steps"][model] = {"errors": {"setup": error_text(e)}}
                 print(model, "failed:", error_text(e)[:500], flush=True)
