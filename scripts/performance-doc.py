@@ -825,7 +825,7 @@ def main() -> None:
         *(autotune_section(json.loads((RESULTS / "autotune.json").read_text()), STARTUP_RUN) if (RESULTS / "autotune.json").exists() else []),
         *(exec_section(json.loads((RESULTS / "gpu_exec.json").read_text()), EXEC_RUN) if (RESULTS / "gpu_exec.json").exists() else []),
         *(variants_section(json.loads((RESULTS / "variants.json").read_text())) if (RESULTS / "variants.json").exists() else []),
-        *(functional_section(json.loads((RESULTS / "functional.json").read_text()), STARTUP_RUN) if (RESULTS / "functional.json").exists() else []),
+        *(functional_section(json.loads((RESULTS / "functional.json").read_text()), TRAINING_RUN) if (RESULTS / "functional.json").exists() else []),
         *(training_section(json.loads((RESULTS / "training.json").read_text()), TRAINING_RUN) if (RESULTS / "training.json").exists() else []),
         *gpu_section(gpu),
         *multi_gpu_section(mg),
