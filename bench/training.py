@@ -117,8 +117,8 @@ class InProcessClient:
 
     hedge = False
 
-    def __init__(self, compiler: Any) -> None:
-        self.compiler = compiler
+    def __init__(self, compiler: Any, autotune: bool = False) -> None:
+        self.compiler, self.autotune = compiler, autotune
         self.compiled: list[str] = []
 
     def compile(self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None, **_: Any) -> Any:
@@ -127,9 +127,9 @@ class InProcessClient:
         from plancache.spec.validation import normalize
         from plancache.trust.answers import Asked
 
-        key = Asked.query(hash_normalized(normalize(spec)), self.compiler.target, CompileOptions(autotune=False)).key
+        key = Asked.query(hash_normalized(normalize(spec)), self.compiler.target, CompileOptions(autotune=self.autotune)).key
         self.compiled.append(key)
-        return build_plan(self.compiler, SimpleNamespace(name=key, spec=lambda: spec), autotune=False)  # type: ignore[arg-type]
+        return build_plan(self.compiler, SimpleNamespace(name=key, spec=lambda: spec), autotune=self.autotune)  # type: ignore[arg-type]
 
     def close(self) -> None:
         pass
@@ -250,10 +250,11 @@ def rel_err(ours: Any, reference: Any) -> float:
 
 
 def capture_step(trainer: Trainer) -> Callable[[], Any]:
-    """The whole step (forward, backward, optimizer) as one CUDA graph, as torch's
-    docs capture a whole network: warmed up on a side stream, grads set to None,
-    then captured (on the same side stream: plancache's per-stream workspace and
-    handle state were made there in the warm-up)."""
+    """The whole step (forward, backward, optimizer) as one CUDA graph, as
+    torch's docs capture a whole network: warmed up on a side stream, grads
+    set to None, then captured on torch's own capture stream.
+    (Captured on the warm-up's side stream instead, this step ended in an
+    illegal memory access in GPU run 22; scripts/capture_probe.py --streams warmup.)"""
     import torch
 
     side = torch.cuda.Stream()
@@ -264,7 +265,7 @@ def capture_step(trainer: Trainer) -> Callable[[], Any]:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     trainer.optimizer.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph, stream=side):
+    with torch.cuda.graph(graph):
         trainer.step()
     torch.cuda.synchronize()
     replay: Callable[[], Any] = graph.replay
@@ -873,6 +874,7 @@ def main() -> None:
     parser.add_argument("--parts", nargs="*", choices=("steps", "functions"), default=["steps", "functions"], help="parts 1 and 2 to run (default both)")
     parser.add_argument("--models", nargs="*", choices=tuple(MODELS), default=list(MODELS))
     parser.add_argument("--no-capture", action="store_true", help="part 1 without the CUDA-graph variants")
+    parser.add_argument("--autotune", action="store_true", help="autotuned plans (what the service serves once tuned), not cuDNN's heuristic first")
     parser.add_argument("--startup", action="store_true", help="part 3: first training step in fresh processes against a real server")
     parser.add_argument("--startup-repeats", type=int, default=2)
     parser.add_argument("--startup-time-limit", type=float, default=180.0, help="seconds for part 3; nodes past it are skipped and listed")
@@ -893,10 +895,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     torch.cuda.init()
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "targets": {"over_raw_alloc": TARGET_OVER_RAW_ALLOC},
-                              "config": {"rounds": args.rounds, "steps_per_sample": STEPS_PER_SAMPLE, "graph_calls": GRAPH_CALLS, "graph_replays": GRAPH_REPLAYS,
+                              "config": {"rounds": args.rounds, "autotune": args.autotune, "steps_per_sample": STEPS_PER_SAMPLE, "graph_calls": GRAPH_CALLS, "graph_replays": GRAPH_REPLAYS,
                                          "torch": torch.__version__}}  # fmt: skip
     compiler = CudnnCompiler(0)
-    client = InProcessClient(compiler)
+    client = InProcessClient(compiler, autotune=args.autotune)
     pf.configure(client, target=compiler.target)  # type: ignore[arg-type]
     if "steps" in args.parts:
         result["steps"] = {}

@@ -637,7 +637,8 @@ def training_section(tr: dict, run_record: str) -> list[str]:
         f"## Training steps (`bench/training.py`; [{run_record}](gpu-runs/{run_record}))\n",
         "plancache.functional with autograd (issue 30): a function called on a tensor that requires grad runs a served training-forward "
         "plan inside a torch.autograd.Function whose backward runs served backward plans. Plans built in the benchmark's process by the "
-        "worker's compiler (heuristic plan), as `bench/functional.py` does. Two models, written once and run with plancache.functional and "
+        f"worker's compiler ({'autotuned: what the service serves once tuned' if (tr.get('config') or {}).get('autotune') else 'heuristic plan'}), "
+        "as `bench/functional.py` does. Two models, written once and run with plancache.functional and "
         "with torch eager from the same parameters, AdamW (capturable) in both: a pre-norm transformer block (RMSNorm, QKV linear, causal "
         "SDPA, output linear, residual; RMSNorm, linear + GELU, linear, residual; batch 8, sequence 512, hidden 1024, 16 heads, MLP 4096, "
         "bf16) and a ResNet basic block (conv3x3, batch norm in training, ReLU, conv3x3, batch norm, residual, ReLU; 32x64x56x56 "
