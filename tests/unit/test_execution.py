@@ -109,6 +109,26 @@ def test_plans_on_one_stream_share_one_workspace_grown_to_the_largest_need(runti
     assert last.shape == (max(sizes),)
 
 
+def test_a_workspace_a_stream_outgrew_stays_allocated(runtime: FakeRuntime) -> None:
+    """A CUDA graph captured before the growth replays with the old buffer's
+    address: freeing it made a captured training step read freed memory."""
+    import gc
+    import weakref
+
+    make_plan(workspace=1000, key="small").execute(inputs())
+    (first,) = runtime.allocations
+    kept = weakref.ref(first)
+    del first
+    make_plan(workspace=5000, key="large").execute(inputs())
+    gc.collect()
+    assert len(runtime.allocations) == 2 and runtime.allocations[-1].shape == (5000,)
+    runtime.allocations.clear()  # only the pool holds them now (the fake graphs recorded them too)
+    for graph in runtime.graphs:
+        graph.calls.clear()
+    gc.collect()
+    assert kept() is not None
+
+
 def test_another_stream_gets_its_own_workspace(runtime: FakeRuntime) -> None:
     plan, t = make_plan(workspace=500), inputs()
     plan.execute(t)

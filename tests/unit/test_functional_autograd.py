@@ -104,6 +104,7 @@ def test_linear_gelu_fetches_its_backward_at_the_first_call_and_runs_it(client: 
     dx, dw, db = backward()
     assert (dx.shape, dw.shape, db.shape) == ((4, 16, 64), (32, 64), (32,))
     assert pf.stats()["linear.backward"].cudnn == 4 and pf.stats()["linear"].cudnn == 1
+    assert len(runtime.graphs) == 5 and all(g.ordered_calls == len(g.calls) == 1 for g in runtime.graphs)  # the frontend's ordered execute
     # A second geometry call fetches nothing more.
     pf.linear(T((4, 16, 64), requires_grad=True), w, b, activation="gelu")
     assert len(client.asked) == 5
@@ -209,3 +210,37 @@ def test_under_torch_compile_every_function_is_torchs(client: StandInClient, mon
     assert pf.rms_norm(q, 64) == "torch rms_norm" and pf.scaled_dot_product_attention(q, q, q) == "torch sdpa"
     assert pf.batch_norm(T((4, 16, 8, 8)), None, None, training=True) == "torch batch_norm"
     assert not client.asked
+
+
+def test_a_bias_gradient_cudnn_refuses_is_torchs_sum_and_the_rest_stays_served(client: StandInClient, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPU run 22: cuDNN refuses a reduction over a linear's rows; only that piece is torch's (a sum: what ran the forward does not change it)."""
+    asked = client.compile
+    sums: list[Any] = []
+
+    def refuse_reductions(spec: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(node.op == "reduction" for node in spec.nodes):
+            client.asked.append((spec, args[0], None))
+            raise CompileFailed("cuDNN does not support this graph on sm_90: !is_NHWC")
+        return asked(spec, *args, **kwargs)
+
+    monkeypatch.setattr(client, "compile", refuse_reductions)
+    monkeypatch.setattr(_autograd.TorchSum, "__call__", lambda self, tensors: sums.append((self.axes, self.dims)) or T((1, 1, 32), dtype="float32"))
+    pf.linear(T((4, 16, 64), requires_grad=True), T((32, 64), requires_grad=True), T((32,), requires_grad=True))
+    dx, dw, db = backward()
+    assert dx.shape == (4, 16, 64) and dw.shape == (32, 64)
+    assert sums == [((1,), (1, 64, 32))] and db.shape == (32,) and str(db.dtype) == "torch.float16"  # summed over the rows, cast back
+    stats = pf.stats()
+    assert stats["linear"].torch == 0 and stats["linear.backward"].cudnn == 2  # dgrad and wgrad served
+    assert any(r.startswith("bgrad: CompileFailed") for r in stats["linear.backward"].reasons)
+
+
+def test_a_frontend_without_the_ordered_execute_runs_the_mapping_form(client: StandInClient, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.fake_gpu import FakeGraph
+
+    monkeypatch.setattr(runtime, "deserialize", lambda handle, blob: runtime.graphs.append(FakeGraph(blob, handle, takes_ordered=False)) or runtime.graphs[-1])
+    x, w = T((8, 64), requires_grad=True), T((32, 64), requires_grad=True)
+    y = pf.linear(x, w)
+    pf.linear(x, w)
+    (graph,) = runtime.graphs
+    assert graph.ordered_calls == 0 and len(graph.calls) == 2 and graph.calls[0][0][_specs.OUTPUT_UID] is y
+    assert graph.calls[1][0][1] is x and graph.calls[1][0][2] is w
