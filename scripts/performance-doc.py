@@ -585,18 +585,22 @@ def functional_section(fu: dict, run_record: str) -> list[str]:
         "Host µs per call of each `plancache.functional` function after its first call (the plan found in the per-process table, "
         "the caller's tensors packed by uid, the output allocated as torch's functions do), against the frontend's own execute of the "
         "same plan (`raw`; `raw+alloc` with the same output allocation) and torch's own call; median of 5 interleaved samples.\n",
-        "| case | functional | raw | raw + alloc | torch | over raw | over torch |",
-        "|---|---|---|---|---|---|---|",
+        "| case | functional | raw | raw + alloc | torch | over raw | over raw + alloc | over torch |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    over_alloc = []
     for r in fu["rows"]:
         h = r["host_us"]
-        out.append(f"| {r['case']} | {h['functional']:.1f} | {h['raw']:.1f} | {h['raw+alloc']:.1f} | {h['torch']:.1f} | {r['over_raw']:.2f}x | {r['over_torch']:.2f}x |")
+        over_alloc.append(h["functional"] / h["raw+alloc"])
+        out.append(f"| {r['case']} | {h['functional']:.1f} | {h['raw']:.1f} | {h['raw+alloc']:.1f} | {h['torch']:.1f} | {r['over_raw']:.2f}x | {over_alloc[-1]:.2f}x | {r['over_torch']:.2f}x |")
     gpu = d["gpu_ms"]
     out += [
         "",
         "| measure | value | target | met |",
         "|---|---|---|---|",
-        f"| host time per call / raw execute, median (worst) | {s['over_raw_median']:.2f}x ({s['over_raw_max']:.2f}x) | ≤ {target:g}x | {yes(s['over_raw_max'] <= target)} |",
+        f"| host time per call / raw execute, median (worst) | {s['over_raw_median']:.2f}x ({s['over_raw_max']:.2f}x) | — (issue 24's target, ≤ {target:g}x) | — |",
+        f"| host time per call / (raw execute + the output's allocation), median (worst) | {statistics.median(over_alloc):.2f}x ({max(over_alloc):.2f}x) | "
+        f"≤ {target:g}x (issue 30) | {yes(max(over_alloc) <= target)} |",
         f"| decode step ({d['config']['layers']} layers, batch {d['config']['batch']}, paged KV), GPU ms: functions eager / torch eager | "
         f"{gpu['functional eager']:.2f} / {gpu['torch eager']:.2f} | no slower than torch eager | {yes(gpu['functional eager'] <= gpu['torch eager'])} |",
         f"| the same step replayed as one CUDA graph: functions / torch | {gpu['functional captured']:.2f} / {gpu['torch captured']:.2f} ms | — | — |",
