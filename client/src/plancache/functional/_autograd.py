@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,13 +44,13 @@ class Rule:
     requests: dict[str, Request]
     save_inputs: tuple[int, ...]
     save_outputs: tuple[int, ...]
-    run: Any  # Callable[[dict[str, Served], tuple, tuple, Any, tuple[bool, ...]], tuple]
+    run: Callable[[dict[str, Any], list[Any], tuple[Any, ...], Any, Sequence[bool]], tuple[Any, ...]]
     inputs: int = 0
     out_shape: Dims = ()
     out_stride: Dims = ()
     # Pieces torch may run when cuDNN refuses their graph: a bias gradient
     # (a sum: what ran the forward does not change it). Piece name -> torch's own.
-    optional: dict[str, Any] = field(default_factory=dict)
+    optional: dict[str, Callable[[tuple[Any, ...]], Any]] = field(default_factory=dict)
 
 
 class Differentiable:
