@@ -23,6 +23,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client" / "src"))
 
+from examples.decoder_step import default_trusted_keys, relative_error  # the same comparison and key lookup as the decode example
+
 # Relative error allowed against torch eager in the same dtype: cuDNN's and
 # torch's kernels round differently (bfloat16 keeps 8 mantissa bits, float16 11).
 TOLERANCE = {"bfloat16": 5e-2, "float16": 2e-2}
@@ -33,19 +35,6 @@ class Result:
     losses: list[float]
     grads: dict[str, Any]
     buffers: dict[str, Any]
-
-
-def relative_error(ours: Any, reference: Any) -> float:
-    diff = (ours.float() - reference.float()).abs().max()
-    return float(diff / reference.float().abs().max().clamp_min(1e-30))
-
-
-def default_trusted_keys() -> list[str]:
-    if os.environ.get("PLANCACHE_TRUSTED_KEYS"):
-        return []  # the client reads them itself
-    base = Path(os.environ.get("PLANCACHE_DATA_DIR") or Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "plancache")
-    key = base / "keys" / "plan-signing.pub.pem"
-    return [str(key)] if key.exists() else []
 
 
 def train(params: dict[str, Any], buffers: dict[str, Any], batch: Any, step: Callable[..., Any], ops: Any, steps: int, lr: float) -> Result:

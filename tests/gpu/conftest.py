@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from examples.generate import EXAMPLES
-from plancache import Client, CompileOptions, GraphSpec, PlanCacheError
+from plancache import Client, CompileOptions, DiskCache, GraphSpec, PlanCacheError
 from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from tests.support import hermetic
 from tests.support.processes import REPO, server_process, signing_public_key, trusting_env, wait_for_workers
@@ -53,6 +53,19 @@ def _out_dir(tmp: Path) -> Path:
     out = Path(os.environ.get("PLANCACHE_TEST_GPU_OUT") or tmp)
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+@pytest.fixture(scope="module")
+def pf(gpu_session: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """plancache.functional against the session's server (its disk cache this module's own; no hedge: the service's plans are under test)."""
+    import plancache.functional
+
+    plancache.functional.clear()
+    client = Client(gpu_session["address"], trusted_keys=[gpu_session["public_key"]], allow_unsigned=False, cache=DiskCache(tmp_path_factory.mktemp("functional")), hedge=False)
+    plancache.functional.configure(client)
+    yield plancache.functional
+    plancache.functional.clear()
+    client.close()
 
 
 @pytest.fixture(scope="session")

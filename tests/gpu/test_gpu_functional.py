@@ -12,13 +12,14 @@ import math
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from plancache import Client, DiskCache, InvalidRequest
+from plancache import InvalidRequest
+from tests.gpu.functional_helpers import _t, randn, rel_err
 from tests.support.processes import REPO, trusting_env
 
 pytestmark = pytest.mark.gpu
@@ -27,33 +28,6 @@ pytestmark = pytest.mark.gpu
 TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2}
 DTYPES = ("float16", "bfloat16")
 LAYOUTS = ("contiguous", "strided")
-
-
-@pytest.fixture(scope="module")
-def pf(gpu_session: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    import plancache.functional
-
-    plancache.functional.clear()
-    client = Client(gpu_session["address"], trusted_keys=[gpu_session["public_key"]], allow_unsigned=False, cache=DiskCache(tmp_path_factory.mktemp("functional")), hedge=False)
-    plancache.functional.configure(client)
-    yield plancache.functional
-    plancache.functional.clear()
-    client.close()
-
-
-def _t() -> Any:
-    import torch
-
-    return torch
-
-
-def randn(*shape: int, dtype: str, scale: float = 1.0) -> Any:
-    torch = _t()
-    return (torch.randn(*shape, device="cuda") * scale).to(getattr(torch, dtype))
-
-
-def rel_err(ours: Any, reference: Any) -> float:
-    return float((ours.float() - reference.float()).abs().max() / reference.float().abs().max())
 
 
 def check(pf: Any, function: str, ours: Callable[[], Any], reference: Callable[[], Any], dtype: str, *, served: bool = True) -> Any:

@@ -9,7 +9,6 @@ gradients' values are checked on the GPU (tests/gpu/test_gpu_training.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,10 +16,9 @@ import pytest
 import plancache.functional as pf
 from plancache import CompileFailed, InvalidRequest
 from plancache.functional import _autograd, _ops, _specs, _torch
-from plancache.run import execution
 from plancache.spec.validation import normalize
 from tests.support.fake_gpu import FakeRuntime
-from tests.support.frontdoor_standins import TARGET, StandInClient, StandInOps, StandInTensor
+from tests.support.frontdoor_standins import StandInClient, StandInOps, StandInTensor
 
 T = StandInTensor
 
@@ -54,29 +52,12 @@ def backward(grad: Any | None = None) -> tuple[Any, ...]:
     return _autograd.backward(ctx, grad if grad is not None else T(out.shape, out.stride(), out.dtype.name))[1:]
 
 
-@pytest.fixture
-def runtime() -> Iterator[FakeRuntime]:
-    fake = FakeRuntime()
-    execution.use_runtime(fake)
-    _torch.use_tensor_ops(StandInOps())
-    yield fake
-    execution.use_runtime(None)
-    _torch.use_tensor_ops(None)
-
-
-@pytest.fixture
-def client(runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInClient]:
-    monkeypatch.setattr(_torch, "available", lambda: False)
+@pytest.fixture(autouse=True)
+def autograd(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """conftest.py's stand-in service and runtime, with grad mode on and torch's autograd.Function recorded."""
     monkeypatch.setattr(_ops, "_grad_on", lambda: True)
-    monkeypatch.setattr(_ops, "_compiling", lambda: False)
-    monkeypatch.setattr(_torch, "dropout_seed", lambda device: T((1, 1, 1, 1), dtype="int64", device=str(device)))
     monkeypatch.setattr(_autograd, "_function", lambda: RecordingFunction)
     RecordingFunction.calls = []
-    _ops._once.forget()
-    standin = StandInClient()
-    pf.configure(standin, target=TARGET)
-    yield standin
-    pf.clear()
 
 
 def asked_names(client: StandInClient) -> list[str]:

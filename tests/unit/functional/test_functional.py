@@ -13,7 +13,6 @@ import logging
 import math
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,39 +21,13 @@ import plancache.functional as pf
 from plancache import CompileFailed, CompileOptions, GraphSpec, InvalidRequest, Unavailable, UntrustedPlan
 from plancache.functional import _ops, _specs, _table, _torch
 from plancache.functional._geometry import geo
-from plancache.run import execution
 from plancache.spec.layouts import channels_last, row_major
 from tests.support.fake_gpu import FakeRuntime
-from tests.support.frontdoor_standins import TARGET, StandInClient, StandInOps, StandInTensor, key_of
+from tests.support.frontdoor_standins import StandInClient, StandInTensor, key_of
 from tests.support.processes import child_env
 
 T = StandInTensor
 OUT = _specs.OUTPUT_UID
-
-
-@pytest.fixture
-def runtime() -> Iterator[FakeRuntime]:
-    fake = FakeRuntime()
-    execution.use_runtime(fake)
-    _torch.use_tensor_ops(StandInOps())
-    yield fake
-    execution.use_runtime(None)
-    _torch.use_tensor_ops(None)
-
-
-@pytest.fixture
-def client(runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInClient]:
-    """A served process, as on a machine without torch (whatever this one has)."""
-    monkeypatch.setattr(_torch, "available", lambda: False)
-    monkeypatch.setattr(_ops, "_grad_on", lambda: False)
-    monkeypatch.setattr(_ops, "_compiling", lambda: False)
-    monkeypatch.setattr(_ops, "_compiling", lambda: False)
-    monkeypatch.setattr(_torch, "dropout_seed", lambda device: StandInTensor((1, 1, 1, 1), dtype="int64", device=str(device)))
-    _ops._once.forget()
-    standin = StandInClient()
-    pf.configure(standin, target=TARGET)
-    yield standin
-    pf.clear()
 
 
 @pytest.fixture
