@@ -225,3 +225,13 @@ def test_a_frontend_without_the_ordered_execute_runs_the_mapping_form(client: St
     (graph,) = runtime.graphs
     assert graph.ordered_calls == 0 and len(graph.calls) == 2 and graph.calls[0][0][_specs.OUTPUT_UID] is y
     assert graph.calls[1][0][1] is x and graph.calls[1][0][2] is w
+
+
+def test_batch_norm_input_cudnn_is_not_asked_for_says_why(client: StandInClient) -> None:
+    """Without torch to run it (this machine), a call cuDNN is not asked for names the argument; with torch, torch's own error or result."""
+    x = T((4, 16, 8, 8), (1024, 1, 128, 16), requires_grad=True)
+    with pytest.raises(InvalidRequest, match=r"running_mean must be a contiguous float32 \(16,\) tensor, got torch.float32 dims \(8,\)"):
+        pf.batch_norm(x, T((8,), dtype="float32"), T((16,), dtype="float32"), training=True)
+    with pytest.raises(InvalidRequest, match=r"input dims \(4, 16, 64\): cuDNN's batchnorm takes 4-D"):
+        pf.batch_norm(T((4, 16, 64)), T((16,), dtype="float32"), T((16,), dtype="float32"), training=True)
+    assert not client.asked
