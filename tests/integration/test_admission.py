@@ -140,9 +140,11 @@ def test_200_callers_waiting_on_one_build_never_delay_hits(front_end_process: tu
         try:
             request = compile_request(m=32)
             waiters = [caller.compile(i, request) for i in range(200)]
+            build_started = time.perf_counter()
             time.sleep(0.5)  # all 200 are waiting on the one build now under way
-            hits = []
-            for _ in range(1000):
+            hits: list[float] = []
+            # Up to 1,000 hits, inside the 3 s build (on a loaded 2-core machine 1,000 took longer than the build).
+            while len(hits) < 1000 and time.perf_counter() - build_started < 2.2:
                 started = time.perf_counter()
                 assert client.get(stored.key).blob == stored.blob
                 hits.append(time.perf_counter() - started)
@@ -150,8 +152,9 @@ def test_200_callers_waiting_on_one_build_never_delay_hits(front_end_process: tu
             responses = [w.result(timeout=60) for w in waiters]
         finally:
             caller.close()
-    print(f"\n1,000 hits beside 200 waiters: p50 {statistics.median(hits) * 1e3:.2f} ms, max {max(hits) * 1e3:.2f} ms")
+    print(f"\n{len(hits)} hits beside 200 waiters: p50 {statistics.median(hits) * 1e3:.2f} ms, max {max(hits) * 1e3:.2f} ms")
     assert during_build, "the hits must run while the callers wait (3 s build)"
+    assert len(hits) >= 100, f"only {len(hits)} hits in 1.7 s"
     assert max(hits) < 0.050, f"slowest hit {max(hits) * 1e3:.1f} ms"
     assert Counter(r.source for r in responses) == {pb.COMPILE_SOURCE_COMPILED: 1, pb.COMPILE_SOURCE_JOINED: 199}
     assert len({r.plan.metadata.blob_sha256 for r in responses}) == 1
