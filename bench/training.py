@@ -39,10 +39,16 @@ functions then run exactly as they do against a server's plans.
    the benchmark's signing key): a fresh process runs each model's first
    training step with nothing stored (plans built by the worker), the
    worker is stopped, then fresh processes run it with every plan stored
-   (`Client(server, cache=False)`) and torch's first step in a fresh
-   process, `--startup-repeats` times interleaved. Each process's clock
-   starts after its imports, the CUDA context and the model, optimizer and
-   batch, and stops when its first step (forward, backward, AdamW) is done.
+   (`Client(server, cache=False)`), fresh processes that first call
+   `pf.prefetch()` with the manifest the first run wrote (right after their
+   imports: the plans are fetched and loaded while the process makes its
+   CUDA context, model and batch, as the README shows), and torch's first
+   step in a fresh process, `--startup-repeats` times interleaved. Each
+   process's clock starts after its imports, the CUDA context and the
+   model, optimizer and batch, and stops when its first step (forward,
+   backward, AdamW) is done; the plancache nodes also say how much of it
+   was fetching and deserializing plans, and whether the prefetch was over
+   before the step began.
 
     python3 bench/training.py --out DIR [--startup]     # DIR/training.json, DIR/training.png
 
@@ -249,27 +255,35 @@ def rel_err(ours: Any, reference: Any) -> float:
     return float(diff / reference.float().abs().max().clamp_min(1e-30))
 
 
-def capture_step(trainer: Trainer) -> Callable[[], Any]:
-    """The whole step (forward, backward, optimizer) as one CUDA graph, as
-    torch's docs capture a whole network: warmed up on a side stream, grads
-    set to None, then captured on torch's own capture stream.
-    (Captured on the warm-up's side stream instead, this step ended in an
-    illegal memory access in GPU run 22; scripts/capture_probe.py --streams warmup.)"""
-    import torch
+class CapturedStep:
+    """A whole training step (forward, backward, optimizer) as one CUDA graph,
+    captured as torch's docs capture a whole network: warmed up on a side
+    stream, grads set to None, then captured on torch's capture stream.
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
+    It holds its Trainer: the graph replays the addresses of that trainer's
+    parameters, gradients and optimizer state, which must outlive it. (GPU
+    run 22's illegal memory access: `capture_step(Trainer(...))` returned
+    only `graph.replay`, the trainer was freed, and the graph's replays
+    wrote into memory the allocator had since handed to other tensors.)"""
+
+    def __init__(self, trainer: Trainer) -> None:
+        import torch
+
+        self.trainer = trainer
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                trainer.step()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(self.graph):
             trainer.step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        trainer.step()
-    torch.cuda.synchronize()
-    replay: Callable[[], Any] = graph.replay
-    return replay
+        torch.cuda.synchronize()
+
+    def __call__(self) -> None:
+        self.graph.replay()
 
 
 def gpu_ms(fn: Callable[[], Any], steps: int) -> tuple[float, float]:
@@ -352,7 +366,7 @@ def training_step(model: str, rounds: int, capture: bool = True) -> dict[str, An
         if not capture:
             continue
         try:
-            steps[f"{variant} captured"] = capture_step(Trainer(params, buffers, x, loss_fn, ops))
+            steps[f"{variant} captured"] = CapturedStep(Trainer(params, buffers, x, loss_fn, ops))
         except Exception as e:  # a step that cannot be captured is reported
             result["errors"][f"{variant} captured"] = error_text(e)
             print(model, variant, "capture failed:", result["errors"][f"{variant} captured"][:500], flush=True)
@@ -675,43 +689,92 @@ def function_costs(rounds: int) -> list[dict[str, Any]]:
 # ---- part 3: start-up in fresh processes -----------------------------------------------
 
 
-def node_main(path: str, model: str, server: str) -> None:
-    """One fresh process's first training step (run by startup()): prints one JSON line."""
+class PhaseClock:
+    """Where a node's first step spends its time (part 3): seconds in the
+    service's compile (fetch and verify: plancache.functional's first calls)
+    and in deserializing plans, on the program's threads and on the
+    prefetch's own thread."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def wrap(self, owner: Any, name: str, phase: str) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            import threading
+
+            label = f"{phase} (prefetch thread)" if threading.current_thread().name == "plancache-prefetch" else phase
+            began = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - began
+                self.counts[label] = self.counts.get(label, 0) + 1
+
+        setattr(owner, name, timed)
+
+
+def node_main(path: str, model: str, server: str, manifest_in: Path | None, manifest_out: Path | None) -> None:
+    """One fresh process's first training step (run by startup()): prints one JSON line.
+    "functional-prefetch": `pf.prefetch(manifest_in)` right after the imports,
+    so the plans are fetched and loaded while the process makes its CUDA
+    context, model and batch (the documented start-up)."""
     began = time.perf_counter()
     import torch
 
     import plancache.functional as pf
     from plancache import Client
+    from plancache.functional._service import SERVICE
+    from plancache.run.plan import Plan
 
     imports_s = time.perf_counter() - began
+    clock = PhaseClock()
+    pending = None
+    if path.startswith("functional"):
+        clock.wrap(SERVICE, "compile", "fetch")
+        clock.wrap(Plan, "load", "deserialize")
+        pf.configure(Client(server, cache=False))
+        if path == "functional-prefetch":
+            assert manifest_in is not None
+            pending = pf.prefetch(manifest_in)
     torch.cuda.init()
     build, loss_fn, _ = MODELS[model]
     params, buffers, x = build(torch.Generator(device="cuda").manual_seed(0))
-    if path == "functional":
-        pf.configure(Client(server, cache=False))
-        ops: Any = pf
-    else:
-        ops = torch_ops()
+    ops: Any = pf if path.startswith("functional") else torch_ops()
     trainer = Trainer(params, buffers, x, loss_fn, ops)
     torch.cuda.synchronize()
     setup_s = time.perf_counter() - began - imports_s
+    prefetch_done_before_step = pending is not None and pending.done()
+    before = {k: v for k, v in clock.seconds.items()}
     started = time.perf_counter()
     trainer.step()
     torch.cuda.synchronize()
     first = time.perf_counter() - started
+    in_step = {k: v - before.get(k, 0.0) for k, v in clock.seconds.items() if v - before.get(k, 0.0) > 0}
     started = time.perf_counter()
     trainer.step()
     torch.cuda.synchronize()
     second = time.perf_counter() - started
     result: dict[str, Any] = {"path": path, "model": model, "imports_s": imports_s, "setup_s": setup_s, "first_step_s": first, "second_step_s": second,
                               "loss": float(trainer.loss)}  # fmt: skip
-    if path == "functional":
+    if path.startswith("functional"):
+        result["first_step_phases_s"] = in_step  # of first_step_s: fetching (with verification) and deserializing plans
+        result["phase_counts"] = clock.counts
         sources: dict[str, int] = {}
         for g in pf.geometries():
             source = g.plan.source if g.plan is not None else "torch"
             sources[source] = sources.get(source, 0) + 1
         result["sources"] = sources  # the forward geometries' plans: "hit" when stored
         result["calls"] = {name: {"cudnn": s.cudnn, "torch": s.torch, **({"reasons": s.reasons} if s.reasons else {})} for name, s in pf.stats().items()}
+    if pending is not None:
+        fetched = pending.wait(timeout=60)
+        assert pending.finished_at is not None
+        result["prefetch"] = {"plans": len(fetched.plans), "failed": fetched.failed, "seconds": pending.finished_at - pending.started_at,
+                              "done_before_step": prefetch_done_before_step}  # fmt: skip
+    if manifest_out is not None:
+        pf.manifest().save(manifest_out)
     print(json.dumps(result), flush=True)
 
 
@@ -729,12 +792,19 @@ def startup(out: Path, models: list[str], repeats: int, time_limit: float, cold_
     result: dict[str, Any] = {"config": {"models": models, "repeats": repeats, "time_limit_s": time_limit, "jit": "empty (CUDA_CACHE_DISABLE=1)" if cold_jit else "inherited"},
                               "runs": [], "skipped": []}  # fmt: skip
 
+    def manifest(model: str) -> Path:
+        return tmp / f"{model}-functions.json"
+
     def node(path: str, model: str, label: str, address: str) -> None:
         if time.monotonic() > deadline:
             result["skipped"].append(f"{label}/{model}")
             return
         env = {**trusting_env(public_key), **jit, "PLANCACHE_HEDGE": "0", "PLANCACHE_CACHE_DIR": tempfile.mkdtemp(prefix="disk-cache-", dir=tmp)}
         args = [sys.executable, str(Path(__file__).resolve()), "--node", path, "--model", model, "--server", address]
+        if label.startswith("first"):
+            args += ["--manifest-out", str(manifest(model))]  # what a first run writes, for the prefetching nodes
+        if path == "functional-prefetch":
+            args += ["--manifest-in", str(manifest(model))]
         started = time.monotonic()
         row: dict[str, Any] = {"label": label, "model": model}
         try:
@@ -763,6 +833,7 @@ def startup(out: Path, models: list[str], repeats: int, time_limit: float, cold_
             for _ in range(repeats):
                 for model in models:
                     node("functional", model, "stored", address)
+                    node("functional-prefetch", model, "stored, prefetched", address)
                     node("torch", model, "torch", address)
     except Exception as e:
         result["error"] = error_text(e)
@@ -771,7 +842,7 @@ def startup(out: Path, models: list[str], repeats: int, time_limit: float, cold_
     summary: dict[str, Any] = {}
     for model in models:
         medians = {}
-        for label in ("first (nothing stored)", "stored", "torch"):
+        for label in ("first (nothing stored)", "stored", "stored, prefetched", "torch"):
             values = [r["first_step_s"] for r in result["runs"] if r["model"] == model and r["label"] == label and "first_step_s" in r]
             if values:
                 medians[label] = statistics.median(values)
@@ -779,6 +850,8 @@ def startup(out: Path, models: list[str], repeats: int, time_limit: float, cold_
         if "stored" in medians and "torch" in medians:
             entry["stored_over_torch"] = medians["stored"] / medians["torch"]
             entry["stored_minus_torch_s"] = medians["stored"] - medians["torch"]
+        if "stored, prefetched" in medians and "torch" in medians:
+            entry["prefetched_over_torch"] = medians["stored, prefetched"] / medians["torch"]
         if "first (nothing stored)" in medians and "torch" in medians:
             entry["first_over_torch"] = medians["first (nothing stored)"] / medians["torch"]
         summary[model] = entry
@@ -835,9 +908,10 @@ def report(result: dict[str, Any], out: Path) -> None:
           f"against the ordered raw+alloc: {s.get('beyond_target_over_ordered_alloc') or 'none'}")  # fmt: skip
     st = result.get("startup")
     if st:
-        print(table(["model", "first (nothing stored) s", "stored s", "torch s", "stored/torch"],
-                    [[m, _f(e["first_step_s"].get("first (nothing stored)")), _f(e["first_step_s"].get("stored")), _f(e["first_step_s"].get("torch")),
-                      _f(e.get("stored_over_torch"))] for m, e in st.get("summary", {}).items()]))  # fmt: skip
+        print(table(["model", "first (nothing stored) s", "stored s", "stored, prefetched s", "torch s", "stored/torch", "prefetched/torch"],
+                    [[m, _f(e["first_step_s"].get("first (nothing stored)")), _f(e["first_step_s"].get("stored")),
+                      _f(e["first_step_s"].get("stored, prefetched")), _f(e["first_step_s"].get("torch")), _f(e.get("stored_over_torch")),
+                      _f(e.get("prefetched_over_torch"))] for m, e in st.get("summary", {}).items()]))  # fmt: skip
     plot(result, out / "training.png")
 
 
@@ -879,12 +953,14 @@ def main() -> None:
     parser.add_argument("--startup-repeats", type=int, default=2)
     parser.add_argument("--startup-time-limit", type=float, default=180.0, help="seconds for part 3; nodes past it are skipped and listed")
     parser.add_argument("--startup-cold-jit", action="store_true", help="part 3's worker and nodes with CUDA_CACHE_DISABLE=1")
-    parser.add_argument("--node", choices=("functional", "torch"), help=argparse.SUPPRESS)  # a part-3 node process
+    parser.add_argument("--node", choices=("functional", "functional-prefetch", "torch"), help=argparse.SUPPRESS)  # a part-3 node process
+    parser.add_argument("--manifest-in", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--manifest-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=tuple(MODELS), default="transformer", help=argparse.SUPPRESS)
     parser.add_argument("--server", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.node:
-        node_main(args.node, args.model, args.server)
+        node_main(args.node, args.model, args.server, args.manifest_in, args.manifest_out)
         return
     import torch
 

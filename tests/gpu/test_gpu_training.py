@@ -339,3 +339,49 @@ def test_the_training_examples_match_torch_eager(gpu_session: dict[str, Any], tm
     (gpu_session["out"] / f"{example}_{dtype}.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"max rel error vs torch eager: loss [0-9.e+-]+; gradients", proc.stdout) and "loss decreased: True" in proc.stdout, proc.stdout
+
+
+def test_a_prefetched_process_trains_from_the_manifest_asking_nothing(pf: Any, gpu_session: dict[str, Any], tmp_path: Path) -> None:
+    """A run's manifest (forward and backward plans), prefetched by a new
+    client with an empty disk cache: every plan fetched and deserialized on
+    the prefetch's thread, no first call asks the service, and the step's
+    gradients equal the first run's."""
+    from plancache import Client
+    from plancache.functional._service import SERVICE
+    from plancache.trust.disk_cache import DiskCache
+
+    torch = _t()
+    served_by = SERVICE.client()  # the module's client, configured again at the end
+    x, w, b, g = randn(4, 128, 256, dtype="bfloat16"), randn(512, 256, dtype="bfloat16", scale=256**-0.5), randn(512, dtype="bfloat16"), randn(256, dtype="bfloat16")
+
+    def step() -> list[Any]:
+        leaves = [t.detach().clone().requires_grad_(True) for t in (x, w, b, g)]
+        y = pf.rms_norm(leaves[0], (256,), leaves[3], 1e-5)
+        q = pf.linear(y, leaves[1], leaves[2], activation="gelu").view(4, 128, 4, 128).transpose(1, 2)
+        pf.scaled_dot_product_attention(q, q, q, is_causal=True).float().pow(2).mean().backward()
+        torch.cuda.synchronize()
+        return [t.grad for t in leaves]
+
+    first = step()
+    manifest = pf.manifest()
+    assert {e.name for e in manifest.entries} >= {"rms_norm", "linear", "scaled_dot_product_attention", "rms_norm.backward",
+                                                  "linear.backward.dgrad", "linear.backward.wgrad", "scaled_dot_product_attention.backward"}  # fmt: skip
+    manifest.save(tmp_path / "functions.json")
+    pf.clear()
+    client = Client(gpu_session["address"], trusted_keys=[gpu_session["public_key"]], allow_unsigned=False, cache=DiskCache(tmp_path / "cache"), hedge=False)
+    asked: list[Any] = []
+    compile_ = client.compile
+    client.compile = lambda spec, *a, **k: asked.append(spec.name) or compile_(spec, *a, **k)  # type: ignore[method-assign]
+    try:
+        pf.configure(client)
+        result = pf.prefetch(tmp_path / "functions.json").wait(timeout=120)
+        assert result.failed == 0 and len(result.plans) == len(manifest.entries)
+        again = step()
+        # Only what is not in a manifest is asked for: a bias gradient cuDNN refuses (torch's sum runs it, as in the first run).
+        assert set(asked) <= {"plancache.functional.linear.backward"}, asked
+        for ours, before in zip(again, first, strict=True):
+            assert rel_err(ours, before) < 1e-2
+    finally:
+        pf.clear()
+        pf.configure(served_by)
+        client.close()

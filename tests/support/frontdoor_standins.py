@@ -15,12 +15,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from plancache import CompileOptions, GraphSpec, Plan, PlanCacheError, Target
+from plancache import CompileOptions, GraphSpec, NotFound, Plan, PlanCacheError, Target
 from plancache.run.local import LocalPlan
 from plancache.spec.canonical import hash_normalized
 from plancache.spec.layouts import row_major
 from plancache.spec.validation import normalize
 from plancache.transport.hedge import Raced
+from plancache.transport.manifest import Manifest
+from plancache.transport.results import PrefetchResult
 from plancache.trust.answers import Asked
 from plancache_server.worker.compiler.base import CandidateResult, CompiledPlan
 from plancache_server.worker.worker import VerifiedJob, plan_metadata
@@ -68,6 +70,8 @@ class StandInClient:
     pending: StandInRace | None = None
     # compile() answers as a hedged Client whose own build won: a LocalPlan, the service's plan in `pending`.
     local_plans: bool = False
+    prefetched: list[str] = field(default_factory=list)  # plan keys prefetch() was asked for
+    not_stored: set[str] = field(default_factory=set)  # plan keys prefetch() answers NotFound
 
     def compile(
         self, spec: GraphSpec, target: Target | str | None = None, options: CompileOptions | None = None, *, timeout: float | None = None,
@@ -100,6 +104,24 @@ class StandInClient:
             return Raced(plan=plan_for(spec, target, options, self.source))
         self.pending = StandInRace(plan_for(spec, target, options, self.source))
         return Raced(local=None, race=self.pending)  # type: ignore[arg-type]
+
+    def prefetch(
+        self, manifest: Manifest, target: Target | str | None = None, *, compile_missing: bool = False, timeout: float | None = None,
+        on_plan: Callable[[int, Plan], None] | None = None, **_: Any,
+    ) -> PrefetchResult:  # fmt: skip
+        """Client.prefetch: each entry's stored plan ("hit"), or NotFound for keys in `not_stored`."""
+        assert isinstance(target, Target)
+        result = PrefetchResult(total=len(manifest.entries))
+        for index, entry in enumerate(manifest.entries):
+            key = result.keys[index] = manifest.key_of(entry, target)
+            self.prefetched.append(key)
+            if key in self.not_stored or entry.spec is None:
+                result.errors[index] = NotFound(f"no stored plan {key}")
+                continue
+            plan = result.plans[index] = plan_for(entry.spec, target, manifest.options, "hit")
+            if on_plan is not None:
+                on_plan(index, plan)
+        return result
 
     def close(self) -> None:
         pass

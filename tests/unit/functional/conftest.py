@@ -5,6 +5,7 @@ as the functions' service, on a machine without torch."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -37,3 +38,13 @@ def client(runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> Iterator[St
     pf.configure(standin, target=TARGET)
     yield standin
     pf.clear()
+
+
+@pytest.fixture
+def torch_runs(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, ...]]]:
+    """torch's functions, recorded: the fallback path without torch."""
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+    monkeypatch.setattr(_torch, "available", lambda: True)
+    for name in ("linear", "matmul", "scaled_dot_product_attention"):
+        monkeypatch.setattr(_torch, name, lambda *args, _name=name, **kwargs: calls.append((_name, args)) or f"torch {_name}")
+    return calls

@@ -19,37 +19,9 @@ from plancache.functional import _autograd, _ops, _specs, _torch
 from plancache.spec.validation import normalize
 from tests.support.fake_gpu import FakeRuntime
 from tests.support.frontdoor_standins import StandInClient, StandInOps, StandInTensor
+from tests.unit.functional.recording import RecordingFunction, backward
 
 T = StandInTensor
-
-
-class RecordingContext:
-    """What torch's autograd gives a Function: save_for_backward, saved_tensors, needs_input_grad."""
-
-    def __init__(self, tensors: tuple[Any, ...]) -> None:
-        self.needs_input_grad = (False, *(bool(getattr(t, "requires_grad", False)) for t in tensors))
-        self.saved_tensors: tuple[Any, ...] = ()
-
-    def save_for_backward(self, *tensors: Any) -> None:
-        self.saved_tensors = tensors
-
-
-class RecordingFunction:
-    """autograd.Function.apply, as torch runs it: forward now, backward when the test asks."""
-
-    calls: list[tuple[RecordingContext, Any]] = []
-
-    @classmethod
-    def apply(cls, node: Any, *tensors: Any) -> Any:
-        ctx = RecordingContext(tensors)
-        out = _autograd.forward(ctx, node, *tensors)
-        cls.calls.append((ctx, out))
-        return out
-
-
-def backward(grad: Any | None = None) -> tuple[Any, ...]:
-    ctx, out = RecordingFunction.calls[-1]
-    return _autograd.backward(ctx, grad if grad is not None else T(out.shape, out.stride(), out.dtype.name))[1:]
 
 
 @pytest.fixture(autouse=True)

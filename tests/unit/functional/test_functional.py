@@ -30,16 +30,6 @@ T = StandInTensor
 OUT = _specs.OUTPUT_UID
 
 
-@pytest.fixture
-def torch_runs(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, ...]]]:
-    """torch's functions, recorded: the fallback path without torch."""
-    calls: list[tuple[str, tuple[Any, ...]]] = []
-    monkeypatch.setattr(_torch, "available", lambda: True)
-    for name in ("linear", "matmul", "scaled_dot_product_attention"):
-        monkeypatch.setattr(_torch, name, lambda *args, _name=name, **kwargs: calls.append((_name, args)) or f"torch {_name}")
-    return calls
-
-
 def _hash(request: _specs.Request) -> str:
     return request.spec.spec_hash()
 

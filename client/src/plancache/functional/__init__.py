@@ -20,7 +20,9 @@ mistake in the arguments raises torch's own error for it (or InvalidRequest
 naming the argument, for the options torch lacks and for CPU tensors).
 
 Owns: the functions, the geometry table (an LRU of `set_max_geometries()`
-entries) and the service setting both front doors share (`configure`, the
+entries), its manifest and prefetch (`manifest()`, `prefetch()`: a
+start-up that loads an earlier run's plans before the first step) and the
+service setting both front doors share (`configure`, the
 same function as `plancache.cudnn.configure`). Imports torch only when a
 call needs it (plancache stays importable with grpcio and protobuf).
 May import: plancache.errors, plancache.dtypes, plancache.spec, plancache.keys, plancache.run, plancache.transport.
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 
 from plancache.errors import InvalidRequest
 from plancache.functional._autograd import Differentiable
+from plancache.functional._manifest import manifest, prefetch
 from plancache.functional._ops import batch_norm, conv2d, layer_norm, linear, matmul, paged_decode_attention, rms_norm, scaled_dot_product_attention
 from plancache.functional._service import SERVICE, configure
 from plancache.functional._table import COUNTS, TABLE, Fallback, Served
@@ -47,8 +50,10 @@ __all__ = [
     "geometries",
     "layer_norm",
     "linear",
+    "manifest",
     "matmul",
     "paged_decode_attention",
+    "prefetch",
     "rms_norm",
     "scaled_dot_product_attention",
     "set_max_geometries",

@@ -34,9 +34,13 @@ from plancache.errors import (
     Unavailable,
 )
 from plancache.keys.options import CompileOptions
+from plancache.keys.plankey import make_key
 from plancache.keys.target import Target
 from plancache.run.plan import Plan
+from plancache.spec.canonical import hash_normalized
 from plancache.spec.graph import GraphSpec
+from plancache.spec.validation import normalize
+from plancache.transport.background import BackgroundPrefetch
 from plancache.transport.client import Client
 from plancache.transport.hedge import Raced
 
@@ -47,6 +51,9 @@ SERVER_ENV = "PLANCACHE_SERVER"
 TRANSIENT: tuple[type[PlanCacheError], ...] = (Unavailable, TargetUnavailable, CompileTimeout, ResourceExhausted)
 # Errors about one graph, not about the service: reported per graph, not once for all.
 ABOUT_THE_GRAPH: tuple[type[PlanCacheError], ...] = (SpecError, CompileFailed, InvalidRequest)
+
+
+log = logging.getLogger("plancache.functional")
 
 
 class NotConfigured(Unavailable):
@@ -65,6 +72,8 @@ class Service:
         self.options: CompileOptions | None = None
         self.timeout: float | None = None
         self._from_env = True
+        # Plans a manifest prefetch fetches (and loads) for this process: plan key -> (the prefetch, its entry).
+        self._prefetched: dict[str, tuple[BackgroundPrefetch, int]] = {}
 
     def configure(
         self,
@@ -84,6 +93,7 @@ class Service:
         made = Client(client) if isinstance(client, str) else client
         with self._lock:
             self._close_owned()
+            self._prefetched.clear()  # keyed for the old service's target and options
             self._client, self._owned, self._from_env = made, isinstance(client, str), client is None
             self._target = Target.parse(target) if isinstance(target, str) else target
             self.options, self.timeout = options, timeout
@@ -115,8 +125,38 @@ class Service:
         hedged as the client is (a miss may answer with this node's own
         build, a LocalPlan). Every error is a PlanCacheError (the client's,
         or NotConfigured)."""
+        prefetched = self._prefetched_plan(spec, device, options)
+        if prefetched is not None:
+            return prefetched
         client = self.client()
         return client.compile(spec, self.target_for(device), options or self.options, timeout=self.timeout, hedge_path=path)
+
+    def expect(self, keys: list[str], pending: BackgroundPrefetch) -> None:
+        """Plan `keys[i]` is entry i of `pending` (a manifest prefetch): a
+        first call that asks for one of them waits for it there instead of
+        asking the service again."""
+        with self._lock:
+            for index, key in enumerate(keys):
+                self._prefetched[key] = (pending, index)
+
+    def _prefetched_plan(self, spec: GraphSpec, device: int, options: CompileOptions | None) -> Plan | None:
+        """The plan a prefetch fetched for `spec` (waiting for it while it is
+        under way: bounded by the prefetch's own deadline and `timeout`), or
+        None: not prefetched, or the prefetch could not get it (the service
+        is then asked as for any first call)."""
+        if not self._prefetched:
+            return None
+        key = make_key(hash_normalized(normalize(spec)), self.target_for(device), options or self.options or CompileOptions())
+        with self._lock:
+            found = self._prefetched.pop(key, None)
+        if found is None:
+            return None
+        pending, index = found
+        try:
+            return pending.wait_for(index, timeout=self.timeout)
+        except (PlanCacheError, TimeoutError) as e:
+            log.debug("plancache: the prefetch has no plan %s (%s: %s); asking the service", key, type(e).__name__, e)
+            return None
 
     def race(self, spec: GraphSpec, device: int, options: CompileOptions | None, build: Callable[[], T], *, path: str) -> Raced[T]:
         """The plan for `spec`, or the caller's own `build()` when the
@@ -124,6 +164,9 @@ class Service:
         plancache.transport.hedge; the caller's build is what it would have
         run without plancache, whatever target the service is asked for).
         Without the hedge: the service's plan alone."""
+        prefetched = self._prefetched_plan(spec, device, options)
+        if prefetched is not None:
+            return Raced(plan=prefetched)
         client = self.client()
         target = self.target_for(device)
         if client.hedge:

@@ -129,6 +129,10 @@ class Served:
         self._launchers: dict[int, Launcher] = {}
         self.counts = counts(request.function)
 
+    @property
+    def device(self) -> int:
+        return self._device
+
     def _launcher(self) -> Launcher:
         launcher = self._launchers.get(_ident())
         if launcher is None:

@@ -118,6 +118,13 @@ class Manifest:
             manifest.entries.append(_entry(raw, i, manifest))
         return manifest
 
+    def save(self, path: Path | str) -> None:
+        """Write the manifest (to_json) to `path`, whole or not at all."""
+        target = Path(path)
+        partial = target.with_name(target.name + ".partial")
+        partial.write_text(self.to_json())
+        partial.replace(target)
+
     @classmethod
     def load(cls, path: Path | str) -> Manifest:
         return cls.from_json(Path(path).read_text())
