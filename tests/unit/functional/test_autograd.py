@@ -177,11 +177,11 @@ def test_a_bias_gradient_cudnn_refuses_is_torchs_sum_and_the_rest_stays_served(c
         return asked(spec, *args, **kwargs)
 
     monkeypatch.setattr(client, "compile", refuse_reductions)
-    monkeypatch.setattr(_autograd.TorchSum, "__call__", lambda self, tensors: sums.append((self.axes, self.dims)) or T((1, 1, 32), dtype="float32"))
+    monkeypatch.setattr(_autograd.TorchSum, "__call__", lambda self, tensors: sums.append((self.axes, self.dims)) or T((32,), dtype="float32"))
     pf.linear(T((4, 16, 64), requires_grad=True), T((32, 64), requires_grad=True), T((32,), requires_grad=True))
     dx, dw, db = backward()
     assert dx.shape == (4, 16, 64) and dw.shape == (32, 64)
-    assert sums == [((1,), (1, 64, 32))] and db.shape == (32,) and str(db.dtype) == "torch.float16"  # summed over the rows, cast back
+    assert sums == [((0, 1), (1, 64, 32))] and db.shape == (32,) and str(db.dtype) == "torch.float16"  # summed over the rows, cast back
     stats = pf.stats()
     assert stats["linear"].torch == 0 and stats["linear.backward"].cudnn == 2  # dgrad and wgrad served
     assert any(r.startswith("bgrad: CompileFailed") for r in stats["linear.backward"].reasons)

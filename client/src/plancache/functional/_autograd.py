@@ -29,6 +29,7 @@ from typing import Any
 
 from plancache.functional import _grads, _specs
 from plancache.functional._geometry import Dims, Geo, Unserved, collapse
+from plancache.functional._grads import shaped
 from plancache.functional._specs import Attention, Request, dense_like
 from plancache.functional._table import Served
 from plancache.spec.layouts import row_major
@@ -110,7 +111,7 @@ def _function() -> Any:
 
 class TorchSum:
     """A bias gradient where cuDNN refuses its reduction: torch's sum over the
-    same axes (float32, as the plan's), kept 1 like the plan's output."""
+    same axes (float32, as the plan's), in the shape the plan's output is allocated in (the bias's)."""
 
     __slots__ = ("axes", "dims")
 
@@ -121,7 +122,7 @@ class TorchSum:
         import torch
 
         # Accumulated in float32 without a float32 copy of dZ (run 22: `.float().sum()` cost a pass over dZ).
-        return tensors[0].view(self.dims).sum(self.axes, keepdim=True, dtype=torch.float32)
+        return tensors[0].view(self.dims).sum(self.axes, dtype=torch.float32)
 
 
 def conform(tensor: Any, stride: Sequence[int]) -> Any:
@@ -150,24 +151,24 @@ def linear(x: Geo, w: Geo, bias: Geo | None, act: str | None, forward: Request) 
     dt = forward.outputs[0].dtype
     out = forward.outputs[0]
     rows = (1, m, n)
-    requests = {"dgrad": _grads.linear_data_grad(m, n, k, w.stride, dt), "wgrad": _grads.linear_weight_grad(m, n, k, x_strides, dt)}
+    requests = {"dgrad": shaped(_grads.linear_data_grad(m, n, k, w.stride, dt), x.shape), "wgrad": shaped(_grads.linear_weight_grad(m, n, k, x_strides, dt), w.shape)}
     if bias is not None:
-        requests["bgrad"] = _grads.bias_grad("linear.backward", rows, row_major(rows), (1, 1, n), dt)
+        requests["bgrad"] = shaped(_grads.bias_grad("linear.backward", rows, row_major(rows), (1, 1, n), dt), (n,))
     if act is not None:
         requests["act"] = _grads.activation_backward("linear.backward", rows, row_major(rows), act, dt)
     save_outputs = () if act is None else (0,) if act == "relu" else (1,)
 
     def run(p: dict[str, Served], inputs: list[Any], saved: tuple[Any, ...], grad: Any, needs: Sequence[bool]) -> tuple[Any, ...]:
         xt, wt = inputs[0], inputs[1]
-        dz = grad.view(rows)
-        if act is not None:
-            dz = p["act"]((dz, saved[0].view(rows)))
-        dx = p["dgrad"]((dz, wt)).view(xt.shape) if needs[0] else None
-        dw = p["wgrad"]((dz, xt)).view(wt.shape) if needs[1] else None
-        db = p["bgrad"]((dz,)).view(n).to(dz.dtype) if bias is not None and _needed(needs, 2) else None
+        # dY (conformed to the output's dense layout) and the saved tensor are
+        # the [1, m, n] rows the graphs declare, as memory: no view needed.
+        dz = p["act"]((grad, saved[0])) if act is not None else grad
+        dx = p["dgrad"]((dz, wt)) if needs[0] else None
+        dw = p["wgrad"]((dz, xt)) if needs[1] else None
+        db = p["bgrad"]((dz,)).to(dz.dtype) if bias is not None and _needed(needs, 2) else None
         return (dx, dw, db)[: 3 if bias is not None else 2]
 
-    return Rule(requests, (0, 1), save_outputs, run, 3 if bias is not None else 2, out.shape, out.stride, {"bgrad": TorchSum((1,), rows)})
+    return Rule(requests, (0, 1), save_outputs, run, 3 if bias is not None else 2, out.shape, out.stride, {"bgrad": TorchSum((0, 1), rows)})
 
 
 def conv2d(x: Geo, w: Geo, bias: Geo | None, relu: bool, attrs: dict[str, Any], forward: Request) -> Rule:
@@ -179,7 +180,7 @@ def conv2d(x: Geo, w: Geo, bias: Geo | None, relu: bool, attrs: dict[str, Any], 
         "wgrad": _grads.conv_weight_grad(x.shape, x.stride, out.shape, out.stride, w.shape, dense_like(w.shape, w.stride), attrs, dt),
     }
     if bias is not None:
-        requests["bgrad"] = _grads.bias_grad("conv2d.backward", out.shape, out.stride, (1, out.shape[1], 1, 1), dt)
+        requests["bgrad"] = shaped(_grads.bias_grad("conv2d.backward", out.shape, out.stride, (1, out.shape[1], 1, 1), dt), (out.shape[1],))
     if relu:
         requests["act"] = _grads.activation_backward("conv2d.backward", out.shape, out.stride, "relu", dt)
 
@@ -188,7 +189,7 @@ def conv2d(x: Geo, w: Geo, bias: Geo | None, relu: bool, attrs: dict[str, Any], 
         dy = p["act"]((grad, saved[0])) if relu else grad
         dx = p["dgrad"]((dy, wt)) if needs[0] else None
         dw = p["wgrad"]((xt, dy)) if needs[1] else None
-        db = p["bgrad"]((dy,)).view(out.shape[1]).to(dy.dtype) if bias is not None and _needed(needs, 2) else None
+        db = p["bgrad"]((dy,)).to(dy.dtype) if bias is not None and _needed(needs, 2) else None
         return (dx, dw, db)[: 3 if bias is not None else 2]
 
     return Rule(requests, (0, 1), (0,) if relu else (), run, 3 if bias is not None else 2, out.shape, out.stride, {"bgrad": TorchSum((0, 2, 3), out.shape)})
@@ -204,6 +205,7 @@ def norm(function: str, x: Geo, shape: Dims, weight: Geo | None, bias: Geo | Non
     dense = row_major(x.shape)
     request = _grads.norm_backward(function, rows, hidden, _specs._row_stride(rows, s_rows, hidden), weight.dtype if weight is not None else None, dt,
                                    weight is not None)  # fmt: skip
+    request = shaped(request, x.shape, *((shape,) * (len(request.outputs) - 1)))
     stats = (1, 2) if function == "layer_norm" else (1,)
     has_weight, has_bias = weight is not None, bias is not None
 
@@ -211,11 +213,11 @@ def norm(function: str, x: Geo, shape: Dims, weight: Geo | None, bias: Geo | Non
         xt = inputs[0]
         given = (grad, xt, *((inputs[1],) if has_weight else ()), *saved)
         outs = p["backward"].outputs(given)
-        grads: list[Any] = [outs[0].view(xt.shape) if needs[0] else None]
+        grads: list[Any] = [outs[0] if needs[0] else None]
         if has_weight:
-            grads.append(outs[1].view(shape) if needs[1] else None)
+            grads.append(outs[1] if needs[1] else None)
         if has_bias:
-            grads.append(outs[2].view(shape) if needs[len(grads)] else None)
+            grads.append(outs[2] if needs[len(grads)] else None)
         return tuple(grads)
 
     count = 1 + has_weight + has_bias
@@ -242,11 +244,10 @@ def sdpa(q: Geo, k: Geo, v: Geo, mask: Geo | None, seq_q: Geo | None, seq_kv: Ge
 def batch_norm(x: Geo, weight: Geo | None, bias: Geo | None, forward: Request, count: int) -> Rule:
     """batchnorm_backward from dY, the input, the weight and the batch's saved mean and inv_variance."""
     out = forward.outputs[0]
-    request = _grads.batch_norm_backward(x.shape, out.stride, x.shape[1], out.dtype, weight is not None)
+    request = shaped(_grads.batch_norm_backward(x.shape, out.stride, x.shape[1], out.dtype, weight is not None), None, (x.shape[1],), (x.shape[1],))
     if tuple(x.stride) != tuple(out.stride):
         raise Unserved(f"input strides {x.stride} are not a dense layout (batchnorm's backward reads it as its output's)")
     has_weight, has_bias = weight is not None, bias is not None
-    channels = x.shape[1]
 
     def run(p: dict[str, Served], inputs: list[Any], saved: tuple[Any, ...], grad: Any, needs: Sequence[bool]) -> tuple[Any, ...]:
         xt = inputs[0]
@@ -254,9 +255,9 @@ def batch_norm(x: Geo, weight: Geo | None, bias: Geo | None, forward: Request, c
         outs = p["backward"].outputs(given)
         grads: list[Any] = [outs[0] if needs[0] else None]
         if has_weight:
-            grads.append(outs[1].view(channels) if needs[1] else None)
+            grads.append(outs[1] if needs[1] else None)
         if has_bias:
-            grads.append(outs[2].view(channels) if needs[len(grads)] else None)
+            grads.append(outs[2] if needs[len(grads)] else None)
         return (*grads, *([None] * (count - len(grads))))
 
     return Rule({"backward": request}, (0, 1) if has_weight else (0,), (1, 2), run, count, out.shape, out.stride)

