@@ -1,0 +1,267 @@
+"""What cuDNN's dynamic shapes and kernel cache give on this GPU (issue 31's
+facts, before the design relies on them). Per graph family (a decode MLP
+linear over batch sizes, a causal prefill SDPA over lengths, paged decode
+attention over batch sizes), built from plancache.functional's own specs
+through plancache's frontend-graph builder:
+
+- static build of each shape (heuristic plan, no kernel cache) vs a build
+  with is_dynamic_shape_enabled and one kernel cache shared by the shapes;
+- the kernel cache serialized (bytes, ms), and a fresh process that
+  deserializes it and builds new shapes from it (its first and later builds);
+- a plan built from the cache, serialized, loaded in that fresh process
+  without the cache: does it run, and right;
+- outputs of the dynamic plan vs the static one at each shape, and GPU time
+  (CUDA events over repeated executes) of the dynamic plan vs the static
+  autotuned plan at a few shapes.
+
+    python3 scripts/dynamic_shapes_probe.py --out DIR      # DIR/dynamic_shapes_probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _geo(name: str, shape: tuple[int, ...], dtype: str = "bfloat16", stride: tuple[int, ...] | None = None) -> Any:
+    from plancache.functional._geometry import Geo
+    from plancache.spec.layouts import row_major
+
+    return Geo(name, shape, stride or row_major(shape), dtype, f"torch.{dtype}", "cuda")
+
+
+def linear_spec(batch: int) -> Any:
+    from plancache.functional import _specs
+
+    return _specs.linear(_geo("input", (batch, 1024)), _geo("weight", (4096, 1024)), None, None).spec
+
+
+def sdpa_spec(length: int) -> Any:
+    from plancache.functional import _specs
+
+    q = _geo("query", (1, 16, length, 128))
+    return _specs.sdpa(q, q, q, None, None, None, _specs.Attention(0.0, True, None, False, None, False)).spec
+
+
+def paged_spec(batch: int) -> Any:
+    from plancache.functional import _specs
+
+    pool = _geo("key_cache", (4096, 8, 64, 128))
+    table = _geo("page_table", (batch, 32), "int32")
+    return _specs.paged_decode(_geo("query", (batch, 16, 1, 128)), pool, pool, table, table, _geo("seq_lens", (batch,), "int32"), scale=None,
+                               max_seq_len=None).spec  # fmt: skip
+
+
+FAMILIES: dict[str, tuple[Callable[[int], Any], list[int], list[int]]] = {
+    # name: (spec of a size, sizes built in this process, sizes the fresh process builds from the cache)
+    "linear decode [B,1024]x[1024,4096] bf16": (linear_spec, [1, 8, 17, 64, 129, 256], [3, 100, 200]),
+    "sdpa prefill causal h16 d128 bf16": (sdpa_spec, [128, 200, 512, 1000, 2048], [300, 777, 1500]),
+    "paged decode h16/kv8 d128 page64 bf16": (paged_spec, [1, 8, 33, 64, 128], [5, 50, 100]),
+}
+
+
+def dynamic(spec: Any) -> Any:
+    from plancache.spec.validation import normalize
+
+    spec.is_dynamic_shape_enabled = True
+    spec.kernel_cache = True
+    return normalize(spec)
+
+
+def build(spec: Any, handle: Any, cache: Any = None) -> tuple[Any, float]:
+    import cudnn
+
+    from plancache.frontend_graph.build import build_pygraph
+    from plancache.spec.validation import normalize
+
+    began = time.perf_counter()
+    g = build_pygraph(normalize(spec), cudnn, handle=handle, kernel_cache=cache)
+    g.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    return g, (time.perf_counter() - began) * 1e3
+
+
+def gpu_ms(g: Any, bindings: dict[int, Any], handle: Any, repeats: int = 50) -> float:
+    import torch
+
+    workspace = torch.empty(max(1, g.get_workspace_size()), device="cuda", dtype=torch.uint8)
+    for _ in range(3):
+        g.execute(bindings, workspace, handle=handle)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        g.execute(bindings, workspace, handle=handle)
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) / repeats
+
+
+def run_and_compare(g: Any, reference: Any, bindings: dict[int, Any], handle: Any, out_uid: int) -> float:
+    """max |dynamic - static| / max |static| of the output (both executed on the same inputs)."""
+    import torch
+
+    outs = []
+    for graph in (g, reference):
+        bound = dict(bindings)
+        bound[out_uid] = torch.empty_like(bindings[out_uid])
+        workspace = torch.empty(max(1, graph.get_workspace_size()), device="cuda", dtype=torch.uint8)
+        graph.execute(bound, workspace, handle=handle)
+        outs.append(bound[out_uid].float())
+    torch.cuda.synchronize()
+    return float((outs[0] - outs[1]).abs().max() / outs[1].abs().max().clamp_min(1e-30))
+
+
+def family(name: str, make: Callable[[int], Any], sizes: list[int], fresh_sizes: list[int], compiler: Any, handle: Any) -> dict[str, Any]:
+    import cudnn
+
+    from plancache.functional._specs import OUTPUT_UID
+    from plancache.spec.validation import normalize
+
+    row: dict[str, Any] = {"family": name, "sizes": sizes, "shapes": []}
+    cache = cudnn.create_kernel_cache()
+    for size in sizes:
+        shape: dict[str, Any] = {"size": size}
+        try:
+            began = time.perf_counter()
+            spec = make(size)
+            shape["spec_ms"] = (time.perf_counter() - began) * 1e3
+            static, shape["static_build_ms"] = build(spec, handle)
+            dyn, shape["dynamic_build_ms"] = build(dynamic(make(size)), handle, cache)
+            bindings = compiler.random_bindings(normalize(spec))
+            shape["dynamic_vs_static_rel_err"] = run_and_compare(dyn, static, bindings, handle, OUTPUT_UID)
+            shape["dynamic_gpu_ms"] = gpu_ms(dyn, bindings, handle)
+            shape["static_heuristic_gpu_ms"] = gpu_ms(static, bindings, handle)
+        except Exception as e:
+            shape["error"] = f"{type(e).__name__}: {e}"[:1500]
+        row["shapes"].append(shape)
+        print(name, json.dumps(shape)[:300], flush=True)
+    try:
+        began = time.perf_counter()
+        text = cache.serialize()
+        row["cache_serialize_ms"] = (time.perf_counter() - began) * 1e3
+        row["cache_type"] = type(text).__name__
+        blob = text.encode() if isinstance(text, str) else bytes(text)
+        row["cache_bytes"] = len(blob)
+        # A plan built from the cache, serialized: the fresh process loads it without the cache.
+        plan_graph, _ = build(dynamic(make(sizes[1])), handle, cache)
+        plan_blob = bytes(plan_graph.serialize())
+        row["plan_from_cache_bytes"] = len(plan_blob)
+        child = subprocess.run([sys.executable, __file__, "--child", name], input=json.dumps({
+            "cache": base64.b64encode(blob).decode(), "is_str": isinstance(text, str), "sizes": fresh_sizes, "plan": base64.b64encode(plan_blob).decode(),
+            "plan_size": sizes[1]}), capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+        row["fresh_process"] = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else {"error": child.stderr[-2000:]}
+    except Exception as e:
+        row["cache_error"] = f"{type(e).__name__}: {e}"[:1500]
+    # GPU time: the dynamic plan against the static autotuned one, at two shapes.
+    row["tuned"] = []
+    for size in (sizes[1], sizes[-1]):
+        try:
+            from bench.gpu_exec import build_plan
+
+            tuned_plan = build_plan(compiler, _Case(f"{name}-{size}", make(size)), autotune=True)  # type: ignore[arg-type]
+            tuned = cudnn.pygraph()
+            tuned.deserialize(handle, tuned_plan.blob)
+            dyn, _ = build(dynamic(make(size)), handle, cache)
+            bindings = compiler.random_bindings(normalize(make(size)))
+            entry = {"size": size, "tuned_gpu_ms": gpu_ms(tuned, bindings, handle), "dynamic_gpu_ms": gpu_ms(dyn, bindings, handle)}
+            entry["dynamic_over_tuned"] = entry["dynamic_gpu_ms"] / entry["tuned_gpu_ms"]
+            # Dynamic shapes with every candidate timed at this shape: does tuning the family recover the gap?
+            row["tuned"].append(entry)
+        except Exception as e:
+            row["tuned"].append({"size": size, "error": f"{type(e).__name__}: {e}"[:1500]})
+        print(name, "tuned", json.dumps(row["tuned"][-1])[:300], flush=True)
+    return row
+
+
+class _Case:
+    def __init__(self, name: str, spec: Any) -> None:
+        self.name, self._spec = name, spec
+
+    def spec(self) -> Any:
+        return self._spec
+
+
+def child(name: str) -> None:
+    """The fresh process: the kernel cache deserialized, new shapes built from it; the plan loaded without it."""
+    import cudnn
+    import torch
+
+    from plancache.functional._specs import OUTPUT_UID
+    from plancache.spec.validation import normalize
+    from plancache_server.worker.compiler.cudnn import CudnnCompiler
+
+    data = json.loads(sys.stdin.read())
+    make = FAMILIES[name][0]
+    torch.cuda.init()
+    handle = cudnn.create_handle()
+    compiler = CudnnCompiler(0)
+    out: dict[str, Any] = {}
+    blob = base64.b64decode(data["cache"])
+    cache = cudnn.create_kernel_cache()
+    began = time.perf_counter()
+    cache.deserialize(blob.decode() if data["is_str"] else blob)
+    out["cache_deserialize_ms"] = (time.perf_counter() - began) * 1e3
+    out["builds"] = []
+    for size in data["sizes"]:
+        entry: dict[str, Any] = {"size": size}
+        try:
+            began = time.perf_counter()
+            spec = dynamic(make(size))
+            g, entry["build_ms"] = build(spec, handle, cache)
+            entry["spec_and_build_ms"] = (time.perf_counter() - began) * 1e3
+            static, entry["static_build_ms"] = build(make(size), handle)
+            entry["rel_err_vs_static"] = run_and_compare(g, static, compiler.random_bindings(normalize(make(size))), handle, OUTPUT_UID)
+        except Exception as e:
+            entry["error"] = f"{type(e).__name__}: {e}"[:1000]
+        out["builds"].append(entry)
+    try:
+        g = cudnn.pygraph()
+        began = time.perf_counter()
+        g.deserialize(handle, base64.b64decode(data["plan"]))
+        out["plan_deserialize_ms"] = (time.perf_counter() - began) * 1e3
+        static, _ = build(make(data["plan_size"]), handle)
+        out["plan_without_cache_rel_err"] = run_and_compare(g, static, compiler.random_bindings(normalize(make(data["plan_size"]))), handle, OUTPUT_UID)
+    except Exception as e:
+        out["plan_error"] = f"{type(e).__name__}: {e}"[:1000]
+    print(json.dumps(out), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    import cudnn
+    import torch
+
+    from plancache_server.worker.compiler.cudnn import CudnnCompiler
+
+    torch.cuda.init()
+    handle = cudnn.create_handle()
+    compiler = CudnnCompiler(0)
+    results: dict[str, Any] = {"cudnn": cudnn.backend_version(), "frontend": cudnn.__version__, "families": []}
+    for name, (make, sizes, fresh) in FAMILIES.items():
+        try:
+            results["families"].append(family(name, make, sizes, fresh, compiler, handle))
+        except Exception:
+            results["families"].append({"family": name, "error": traceback.format_exc()[-2000:]})
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "dynamic_shapes_probe.json").write_text(json.dumps(results, indent=1))
+    print(json.dumps(results)[:3000])
+
+
+if __name__ == "__main__":
+    main()
