@@ -15,6 +15,14 @@ through plancache's frontend-graph builder:
   autotuned plan at a few shapes.
 
     python3 scripts/dynamic_shapes_probe.py --out DIR      # DIR/dynamic_shapes_probe.json
+
+`--study cache`: static graphs (no dynamic shapes) with a kernel cache: a
+process builds a few shapes of each family into one cache and serializes
+it; fresh processes build other shapes statically, with that cache and
+without, each the first build of its process (so the cold cost is seen),
+checked against torch (linear, SDPA) or a static plan (paged decode); and
+dynamic SDPA against torch, to say which side the run-1 difference is on.
+(DIR/kernel_cache_probe.json)
 """
 
 from __future__ import annotations
@@ -236,13 +244,127 @@ def child(name: str) -> None:
     print(json.dumps(out), flush=True)
 
 
+def torch_reference(name: str, bindings: dict[int, Any]) -> Any | None:
+    """torch's result for the linear and SDPA families (None for paged decode)."""
+    import torch
+
+    from plancache.functional._specs import K_UID, Q_UID, V_UID
+
+    if name.startswith("linear"):
+        return (bindings[1].float() @ bindings[2].float().T).to(torch.bfloat16)
+    if name.startswith("sdpa"):
+        return torch.nn.functional.scaled_dot_product_attention(bindings[Q_UID], bindings[K_UID], bindings[V_UID], is_causal=True)
+    return None
+
+
+def checked(name: str, g: Any, spec: Any, handle: Any, compiler: Any, reference_graph: Any = None) -> float:
+    """max |plan - reference| / max |reference|: torch's, or (paged decode) a static plan's."""
+    import torch
+
+    from plancache.functional._specs import OUTPUT_UID
+    from plancache.spec.validation import normalize
+
+    bindings = compiler.random_bindings(normalize(spec))
+    expected = torch_reference(name, bindings)
+    if expected is None:
+        assert reference_graph is not None
+        return run_and_compare(g, reference_graph, bindings, handle, OUTPUT_UID)
+    bound = dict(bindings)
+    bound[OUTPUT_UID] = torch.empty_like(bindings[OUTPUT_UID])
+    workspace = torch.empty(max(1, g.get_workspace_size()), device="cuda", dtype=torch.uint8)
+    g.execute(bound, workspace, handle=handle)
+    torch.cuda.synchronize()
+    return float((bound[OUTPUT_UID].float() - expected.float()).abs().max() / expected.float().abs().max().clamp_min(1e-30))
+
+
+def cache_child(name: str) -> None:
+    """A fresh process: one static build of a new shape (with the given cache, or none), timed and checked."""
+    import cudnn
+    import torch
+
+    from plancache_server.worker.compiler.cudnn import CudnnCompiler
+
+    data = json.loads(sys.stdin.read())
+    make = FAMILIES[name][0]
+    torch.cuda.init()
+    handle = cudnn.create_handle()
+    compiler = CudnnCompiler(0)
+    cache = None
+    out: dict[str, Any] = {"with_cache": data["cache"] is not None, "builds": []}
+    if data["cache"] is not None:
+        cache = cudnn.create_kernel_cache()
+        cache.deserialize(base64.b64decode(data["cache"]).decode())
+    for size in data["sizes"]:
+        entry: dict[str, Any] = {"size": size}
+        try:
+            spec = make(size)
+            if cache is not None:
+                spec.kernel_cache = True
+            g, entry["build_ms"] = build(spec, handle, cache)
+            reference = build(make(size), handle)[0] if name.startswith("paged") else None
+            entry["rel_err"] = checked(name, g, make(size), handle, compiler, reference)
+        except Exception as e:
+            entry["error"] = f"{type(e).__name__}: {e}"[:800]
+        out["builds"].append(entry)
+    print(json.dumps(out), flush=True)
+
+
+def cache_study(out: Path) -> None:
+    import cudnn
+    import torch
+
+    from plancache_server.worker.compiler.cudnn import CudnnCompiler
+
+    torch.cuda.init()
+    handle = cudnn.create_handle()
+    compiler = CudnnCompiler(0)
+    results: dict[str, Any] = {"families": []}
+    for name, (make, sizes, fresh) in FAMILIES.items():
+        row: dict[str, Any] = {"family": name}
+        try:
+            cache = cudnn.create_kernel_cache()
+            row["seed_builds_ms"] = []
+            for size in sizes[:3]:
+                spec = make(size)
+                spec.kernel_cache = True
+                row["seed_builds_ms"].append(build(spec, handle, cache)[1])
+            text = cache.serialize()
+            row["cache_bytes"] = len(text)
+            if name.startswith("sdpa"):  # run 1: dynamic SDPA plans at a second shape differed from static ones; against torch now
+                dyn_cache = cudnn.create_kernel_cache()
+                row["dynamic_vs_torch"] = {}
+                for size in sizes[:3]:
+                    g, _ = build(dynamic(make(size)), handle, dyn_cache)
+                    row["dynamic_vs_torch"][size] = checked(name, g, make(size), handle, compiler)
+                    static, _ = build(make(size), handle)
+                    row.setdefault("static_vs_torch", {})[size] = checked(name, static, make(size), handle, compiler)
+            for label, blob in (("with cache", base64.b64encode(text.encode()).decode()), ("without", None)):
+                child = subprocess.run([sys.executable, __file__, "--cache-child", name], input=json.dumps({"cache": blob, "sizes": fresh}),
+                                       capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+                row[label] = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else {"error": child.stderr[-1500:]}
+        except Exception:
+            row["error"] = traceback.format_exc()[-1500:]
+        results["families"].append(row)
+        print(json.dumps(row)[:1500], flush=True)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "kernel_cache_probe.json").write_text(json.dumps(results, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--study", choices=("dynamic", "cache"), default="dynamic")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--cache-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child)
+        return
+    if args.cache_child:
+        cache_child(args.cache_child)
+        return
+    if args.study == "cache":
+        cache_study(args.out)
         return
     import cudnn
     import torch

@@ -27,7 +27,7 @@ HEDGE_ROWS = (
 )
 EXEC_RUN = "2026-11-30-h200-run13.md"
 # The docs/gpu-runs/ record of bench/training.py's figures (issue 30).
-TRAINING_RUN = "2026-12-01-h200-run22.md"
+TRAINING_RUN = "2026-12-01-h200-run23.md"
 HERD_EXTRA = {"asynchronous front end, nodes as equals": "herd_nodes_at_nice0.json", "asynchronous front end, 300 nodes": "herd_300_nodes.json",
               "hedged clients beside plain ones (issue 29; one run)": "herd_hedged.json"}
 
@@ -646,7 +646,7 @@ def training_section(tr: dict, run_record: str) -> list[str]:
         "with torch eager from the same parameters, AdamW (capturable) in both: a pre-norm transformer block (RMSNorm, QKV linear, causal "
         "SDPA, output linear, residual; RMSNorm, linear + GELU, linear, residual; batch 8, sequence 512, hidden 1024, 16 heads, MLP 4096, "
         "bf16) and a ResNet basic block (conv3x3, batch norm in training, ReLU, conv3x3, batch norm, residual, ReLU; 32x64x56x56 "
-        "channels-last bf16, float32 batch norm parameters). GPU ms per step: CUDA events around 10 steps, median of 5 interleaved rounds; "
+        "channels-last bf16, float32 batch norm parameters). GPU ms per step: CUDA events around 10 steps, median of the interleaved rounds; "
         "*captured*: the whole step (forward, backward, optimizer) replayed as one CUDA graph. Errors: the first step's loss, and the worst "
         "gradient (max |ours - torch| / max |torch|), against torch eager.\n",
         "| model | functional eager | torch eager | functional captured | torch captured | eager: functional / torch | captured: functional / torch | loss rel. error | worst gradient rel. error |",
@@ -668,7 +668,7 @@ def training_section(tr: dict, run_record: str) -> list[str]:
     out += [
         "",
         "Per function, at the same sizes: host µs per call after the geometry's first call (the first 32 of N back-to-back calls from an "
-        "idle GPU, median of 5 interleaved samples), without autograd against the frontend's own execute of the same plan on the buffers "
+        "idle GPU, median of the interleaved samples), without autograd against the frontend's own execute of the same plan on the buffers "
         "the function packed, in its mapping form (`raw`: `graph.execute({uid: tensor}, workspace, handle=)`) and its ordered form "
         "(`raw ordered`: `graph.execute(buffers, workspace, handle=, tensor_uids=)`, what plancache.functional calls), each also with the "
         "outputs allocated as a function must (`+ alloc`), and torch's own call.\n",
@@ -714,15 +714,21 @@ def training_section(tr: dict, run_record: str) -> list[str]:
             f"Start-up (`--startup`): a real deployment (Redis, plancache-server, one GPU worker; JIT cache {config.get('jit', 'inherited')}). Each "
             "path is a fresh process whose clock starts after its imports, the CUDA context and the model, optimizer and batch, and stops "
             "when its first training step (forward, backward, AdamW) is done: plancache.functional with nothing stored (the worker builds "
-            f"every plan), with every plan stored (the worker stopped; `Client(server, cache=False)`), and torch eager; medians of "
-            f"{config.get('repeats', '?')} runs (the first: one run).\n",
-            "| model | first step, nothing stored | every plan stored | torch eager | stored / torch |",
-            "|---|---|---|---|---|",
+            f"every plan), with every plan stored (the worker stopped; `Client(server, cache=False)`), with every plan stored and "
+            "`pf.prefetch()` of the manifest the first run wrote called right after the imports (the plans fetched and loaded on a "
+            "background thread while the process makes its CUDA context and model: the README's start-up), and torch eager; medians of "
+            f"up to {config.get('repeats', '?')} runs (the first: one run). Of a plancache step, the seconds its first calls spent fetching "
+            "plans (with verification) and deserializing them.\n",
+            "| model | first step, nothing stored | every plan stored (fetch + deserialize of it) | stored, prefetched | torch eager | stored / torch | prefetched / torch |",
+            "|---|---|---|---|---|---|---|",
         ]
         for model, e in st["summary"].items():
             first = e.get("first_step_s") or {}
-            out.append(f"| {model} | {_num(first.get('first (nothing stored)'), 2, ' s')} | {_num(first.get('stored'), 2, ' s')} | "
-                       f"{_num(first.get('torch'), 2, ' s')} | {_num(e.get('stored_over_torch'), 2, 'x')} |")  # fmt: skip
+            phases = [r.get("first_step_phases_s") or {} for r in st.get("runs", []) if r.get("model") == model and r.get("label") == "stored"]
+            spent = f" ({_num(phases[0].get('fetch'), 2, ' s')} + {_num(phases[0].get('deserialize'), 2, ' s')})" if phases else ""
+            out.append(f"| {model} | {_num(first.get('first (nothing stored)'), 2, ' s')} | {_num(first.get('stored'), 2, ' s')}{spent} | "
+                       f"{_num(first.get('stored, prefetched'), 2, ' s')} | {_num(first.get('torch'), 2, ' s')} | {_num(e.get('stored_over_torch'), 2, 'x')} | "
+                       f"{_num(e.get('prefetched_over_torch'), 2, 'x')} |")  # fmt: skip
         if st.get("skipped"):
             out.append(f"\nSkipped for lack of time: {', '.join(st['skipped'])}.")
     elif st and st.get("error"):
