@@ -264,7 +264,8 @@ class CapturedStep:
     parameters, gradients and optimizer state, which must outlive it. (GPU
     run 22's illegal memory access: `capture_step(Trainer(...))` returned
     only `graph.replay`, the trainer was freed, and the graph's replays
-    wrote into memory the allocator had since handed to other tensors.)"""
+    wrote into memory the allocator had since handed to other tensors;
+    holding the trainer, run 23 captured and replayed every variant.)"""
 
     def __init__(self, trainer: Trainer) -> None:
         import torch
