@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from plancache import Manifest, ManifestEntry, NotFound
+from plancache.spec.family import derive
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis
 from plancache_server.web.status import status_of
@@ -51,8 +52,13 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(redis_se
                 time.sleep(0.1)
             assert (warmed.total, now.built, now.failed) == (2, 2, 0) and now.coverage == 1.0
             assert s.front_end.run(status_of(s.front_end.front).report()).warming
+            # A graph family: recorded and queued under the front end's user (after a finished plan), built under the worker's.
+            family = derive(matmul_spec(m=8), matmul_spec(m=24), sizes={"d0": [8, 24]})
+            asked = client.build_family(family, TARGET)
+            assert (asked.total, asked.queued) == (2, 2)
+            assert wait_until(lambda: client.family_status(asked.family_key).complete, 20, "the family built")
             assert client.drain_worker("nobody") is False
-            assert client.invalidate(built.key) == 1 and client.invalidate(target=TARGET) == 1  # DEL (and SCAN) of plans
+            assert client.invalidate(built.key) == 1 and client.invalidate(target=TARGET) == 3  # DEL (and SCAN) of plans: the prefetched one, the family's two
             assert client.invalidate(target=TARGET.generic()) == 2
             with pytest.raises(NotFound):
                 client.get(built.key)

@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plancache import CompileOptions, GraphSpec, NotFound, Plan, PlanCacheError, Target
+from plancache.keys.plankey import make_family_key
 from plancache.run.local import LocalPlan
 from plancache.spec.canonical import hash_normalized
+from plancache.spec.family import Family
 from plancache.spec.layouts import row_major
 from plancache.spec.validation import normalize
 from plancache.transport.hedge import Raced
 from plancache.transport.manifest import Manifest
-from plancache.transport.results import PrefetchResult
+from plancache.transport.results import FamilyStatus, PrefetchResult
 from plancache.trust.answers import Asked
 from plancache_server.worker.compiler.base import CandidateResult, CompiledPlan
 from plancache_server.worker.worker import VerifiedJob, plan_metadata
@@ -71,6 +73,8 @@ class StandInClient:
     # compile() answers as a hedged Client whose own build won: a LocalPlan, the service's plan in `pending`.
     local_plans: bool = False
     prefetched: list[str] = field(default_factory=list)  # plan keys prefetch() was asked for
+    families: list[tuple[Family, Target, CompileOptions | None]] = field(default_factory=list)  # build_family() calls
+    family_error: PlanCacheError | None = None  # what build_family() raises
     not_stored: set[str] = field(default_factory=set)  # plan keys prefetch() answers NotFound
 
     def compile(
@@ -122,6 +126,14 @@ class StandInClient:
             if on_plan is not None:
                 on_plan(index, plan)
         return result
+
+    def build_family(self, family: Family, target: Target | str | None = None, options: CompileOptions | None = None, **_: Any) -> FamilyStatus:
+        """Client.build_family: recorded; every graph queued (or `error`)."""
+        assert isinstance(target, Target)
+        if self.family_error is not None:
+            raise self.family_error
+        self.families.append((family, target, options))
+        return FamilyStatus(make_family_key(family.family_hash(), target, options or CompileOptions()), target.id, family.size(), 0, family.size(), 0.0)
 
     def close(self) -> None:
         pass

@@ -20,7 +20,8 @@ mistake in the arguments raises torch's own error for it (or InvalidRequest
 naming the argument, for the options torch lacks and for CPU tensors).
 
 Owns: the functions, the geometry table (an LRU of `set_max_geometries()`
-entries), its manifest and prefetch (`manifest()`, `prefetch()`: a
+entries), the graph families of shapes that vary (`families()`: asked
+for once a function met 3 graphs of one family), its manifest and prefetch (`manifest()`, `prefetch()`: a
 start-up that loads an earlier run's plans before the first step) and the
 service setting both front doors share (`configure`, the
 same function as `plancache.cudnn.configure`). Imports torch only when a
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 
 from plancache.errors import InvalidRequest
 from plancache.functional._autograd import Differentiable
+from plancache.functional._families import WATCH, FamilyAsk
 from plancache.functional._manifest import manifest, prefetch
 from plancache.functional._ops import batch_norm, conv2d, layer_norm, linear, matmul, paged_decode_attention, rms_norm, scaled_dot_product_attention
 from plancache.functional._service import SERVICE, configure
@@ -41,12 +43,14 @@ from plancache.functional._table import COUNTS, TABLE, Fallback, Served
 from plancache.run.plan import Plan
 
 __all__ = [
+    "FamilyAsk",
     "FunctionStats",
     "Geometry",
     "batch_norm",
     "clear",
     "configure",
     "conv2d",
+    "families",
     "geometries",
     "layer_norm",
     "linear",
@@ -56,6 +60,7 @@ __all__ = [
     "prefetch",
     "rms_norm",
     "scaled_dot_product_attention",
+    "set_family_threshold",
     "set_max_geometries",
     "stats",
 ]
@@ -101,6 +106,19 @@ def geometries() -> list[Geometry]:
     return out
 
 
+def families() -> list[FamilyAsk]:
+    """The graph families the functions asked the service to build (shapes
+    that vary: plancache.functional._families), or why one was not asked."""
+    return list(WATCH.asks)
+
+
+def set_family_threshold(graphs: int) -> None:
+    """Ask for a family once this many graphs of it were met (default 3; 0: never)."""
+    if graphs < 0:
+        raise InvalidRequest(f"set_family_threshold: graphs must be >= 0, got {graphs}")
+    WATCH.threshold = graphs
+
+
 def set_max_geometries(count: int) -> None:
     """Bound the table (default 512 geometries); the least recently used go first."""
     if count < 1:
@@ -113,4 +131,5 @@ def clear() -> None:
     new deployment): the next call of each geometry asks again."""
     TABLE.clear()
     COUNTS.clear()
+    WATCH.clear()
     SERVICE.reset()

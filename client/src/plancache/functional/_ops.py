@@ -23,6 +23,7 @@ from typing import Any
 
 from plancache.errors import InvalidRequest, PlanCacheError
 from plancache.functional import _autograd, _specs, _torch
+from plancache.functional._families import WATCH
 from plancache.functional._geometry import Unserved, geo
 from plancache.functional._service import ABOUT_THE_GRAPH, SERVICE, TRANSIENT, Once, describe, reason_key
 from plancache.functional._table import TABLE, Entry, Fallback, Served, counts, served
@@ -116,6 +117,10 @@ def _first_call(
         return _run_fallback(function, key, names, tensors, fallback, failed[0], transient=failed[1], quiet=failed[2])
     TABLE.put(key, entry)
     counts(function).geometries += 1
+    WATCH.seen(function, asked.spec, device)  # shapes that vary: their family built ahead (plancache.functional._families)
+    if backward is not None:
+        for piece in backward.requests.values():
+            WATCH.seen(piece.function, piece.spec, device)
     log.debug("plancache.functional.%s: plan %s (%s) serves %s", function, plan.key, plan.source, _describe(names, tensors))
     return result
 

@@ -22,6 +22,11 @@ def make_key(spec_hash: str, target: Target, options: CompileOptions) -> str:
     return f"{spec_hash}/{target.id}/{options.id}"
 
 
+def make_family_key(family_hash: str, target: Target, options: CompileOptions) -> str:
+    """A graph family's key (plancache.spec.family): a plan key's form, of the family's hash, marked as a family's."""
+    return "family-" + make_key(family_hash, target, options)
+
+
 @dataclass(frozen=True)
 class ParsedKey:
     spec_hash: str

@@ -29,13 +29,14 @@ from plancache.run.local import LocalPlan
 from plancache.run.plan import SOURCE_NAMES, Plan
 from plancache.spec import spec_io
 from plancache.spec.canonical import hash_normalized
+from plancache.spec.family import Family
 from plancache.spec.graph import GraphSpec
 from plancache.spec.validation import normalize
 from plancache.transport.background import BackgroundPrefetch
 from plancache.transport.calls import remaining, retry_pause, typed
 from plancache.transport.hedge import NOT_HEDGED, FirstUseReports, FrontendBuilder, LocalBuilder, Race, Raced, hedge_after_s, hedge_default, run_race
 from plancache.transport.manifest import Manifest
-from plancache.transport.results import PrefetchResult, TargetInfo, TargetStats, WindowCounts
+from plancache.transport.results import FamilyStatus, PrefetchResult, TargetInfo, TargetStats, WindowCounts
 from plancache.transport.rich_status import seconds_of
 from plancache.trust.answers import Asked
 from plancache.trust.disk_cache import DiskCache
@@ -479,6 +480,21 @@ class Client:
         request = pb.WarmStatusRequest(target_id=_target(target).id if target is not None else "")
         response: pb.WarmStatusResponse = self._call(self._stub.WarmStatus, request, timeout if timeout is not None else self.timeout)
         return [WarmStatus.from_proto(s) for s in response.targets]
+
+    def build_family(self, family: Family, target: Target | str | None = None, options: CompileOptions | None = None, *,
+                     timeout: float | None = None) -> FamilyStatus:  # fmt: skip
+        """Have every graph of `family` (plancache.spec.family) built for
+        `target` with `options`: the ones not stored are queued at warming's
+        priority (a caller's miss goes first), and from then on each is a
+        hit for any node whose graph it is exactly. Returns at once."""
+        request = pb.BuildFamilyRequest(family=family.to_proto(), target=_target(target).to_proto(), options=(options or CompileOptions()).to_proto())
+        response: pb.FamilyStatus = self._call(self._stub.BuildFamily, request, timeout if timeout is not None else self.timeout)
+        return FamilyStatus.from_proto(response)
+
+    def family_status(self, family_key: str, *, timeout: float | None = None) -> FamilyStatus:
+        """Where a family asked for earlier stands (NotFound if never asked)."""
+        response: pb.FamilyStatus = self._call(self._stub.GetFamily, pb.GetFamilyRequest(family_key=family_key), timeout if timeout is not None else self.timeout)
+        return FamilyStatus.from_proto(response)
 
     def list_targets(self, *, timeout: float | None = None) -> list[TargetInfo]:
         """Targets with live workers now: what Compile can build."""

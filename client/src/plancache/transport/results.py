@@ -89,3 +89,24 @@ class TargetStats:
     def hit_rate(self) -> float:
         lookups = self.hits + self.misses
         return self.hits / lookups if lookups else 0.0
+
+
+@dataclass(frozen=True)
+class FamilyStatus:
+    """Where a graph family stands on the service: its graphs, how many are
+    stored (each is a hit from now on), how many wait for a worker."""
+
+    family_key: str
+    target_id: str
+    total: int
+    stored: int
+    queued: int
+    created_at: float
+
+    @property
+    def complete(self) -> bool:
+        return self.total > 0 and self.stored >= self.total
+
+    @classmethod
+    def from_proto(cls, s: pb.FamilyStatus) -> FamilyStatus:
+        return cls(s.family_key, s.target_id, s.total, s.stored, s.queued, s.created_at)

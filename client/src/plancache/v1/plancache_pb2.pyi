@@ -801,3 +801,61 @@ class GetStatsResponse(_message.Message):
     targets: _containers.RepeatedCompositeFieldContainer[TargetStats]
     op_families: _containers.RepeatedCompositeFieldContainer[FamilyStats]
     def __init__(self, targets: _Optional[_Iterable[_Union[TargetStats, _Mapping]]] = ..., op_families: _Optional[_Iterable[_Union[FamilyStats, _Mapping]]] = ...) -> None: ...
+
+class DimPlace(_message.Message):
+    __slots__ = ("uid", "axis")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    AXIS_FIELD_NUMBER: _ClassVar[int]
+    uid: int
+    axis: int
+    def __init__(self, uid: _Optional[int] = ..., axis: _Optional[int] = ...) -> None: ...
+
+class VaryingDim(_message.Message):
+    __slots__ = ("symbol", "places", "sizes")
+    SYMBOL_FIELD_NUMBER: _ClassVar[int]
+    PLACES_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    symbol: str
+    places: _containers.RepeatedCompositeFieldContainer[DimPlace]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, symbol: _Optional[str] = ..., places: _Optional[_Iterable[_Union[DimPlace, _Mapping]]] = ..., sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GraphFamily(_message.Message):
+    __slots__ = ("example", "varying")
+    EXAMPLE_FIELD_NUMBER: _ClassVar[int]
+    VARYING_FIELD_NUMBER: _ClassVar[int]
+    example: GraphSpec
+    varying: _containers.RepeatedCompositeFieldContainer[VaryingDim]
+    def __init__(self, example: _Optional[_Union[GraphSpec, _Mapping]] = ..., varying: _Optional[_Iterable[_Union[VaryingDim, _Mapping]]] = ...) -> None: ...
+
+class BuildFamilyRequest(_message.Message):
+    __slots__ = ("family", "target", "options")
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    family: GraphFamily
+    target: Target
+    options: CompileOptions
+    def __init__(self, family: _Optional[_Union[GraphFamily, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ...) -> None: ...
+
+class GetFamilyRequest(_message.Message):
+    __slots__ = ("family_key",)
+    FAMILY_KEY_FIELD_NUMBER: _ClassVar[int]
+    family_key: str
+    def __init__(self, family_key: _Optional[str] = ...) -> None: ...
+
+class FamilyStatus(_message.Message):
+    __slots__ = ("family_key", "target_id", "total", "stored", "queued", "created_at")
+    FAMILY_KEY_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    family_key: str
+    target_id: str
+    total: int
+    stored: int
+    queued: int
+    created_at: float
+    def __init__(self, family_key: _Optional[str] = ..., target_id: _Optional[str] = ..., total: _Optional[int] = ..., stored: _Optional[int] = ..., queued: _Optional[int] = ..., created_at: _Optional[float] = ...) -> None: ...

@@ -94,6 +94,16 @@ class PlanCacheStub:
                 request_serializer=plancache_dot_v1_dot_plancache__pb2.WarmStatusRequest.SerializeToString,
                 response_deserializer=plancache_dot_v1_dot_plancache__pb2.WarmStatusResponse.FromString,
                 _registered_method=True)
+        self.BuildFamily = channel.unary_unary(
+                '/plancache.v1.PlanCache/BuildFamily',
+                request_serializer=plancache_dot_v1_dot_plancache__pb2.BuildFamilyRequest.SerializeToString,
+                response_deserializer=plancache_dot_v1_dot_plancache__pb2.FamilyStatus.FromString,
+                _registered_method=True)
+        self.GetFamily = channel.unary_unary(
+                '/plancache.v1.PlanCache/GetFamily',
+                request_serializer=plancache_dot_v1_dot_plancache__pb2.GetFamilyRequest.SerializeToString,
+                response_deserializer=plancache_dot_v1_dot_plancache__pb2.FamilyStatus.FromString,
+                _registered_method=True)
 
 
 class PlanCacheServicer:
@@ -190,6 +200,21 @@ class PlanCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BuildFamily(self, request, context):
+        """Have every graph of a family built for a target (the ones not stored
+        are queued at warming's priority) and recorded under the family's key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetFamily(self, request, context):
+        """Where a family stands: stored and queued graphs, counted afresh.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlanCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -252,6 +277,16 @@ def add_PlanCacheServicer_to_server(servicer, server):
                     servicer.WarmStatus,
                     request_deserializer=plancache_dot_v1_dot_plancache__pb2.WarmStatusRequest.FromString,
                     response_serializer=plancache_dot_v1_dot_plancache__pb2.WarmStatusResponse.SerializeToString,
+            ),
+            'BuildFamily': grpc.unary_unary_rpc_method_handler(
+                    servicer.BuildFamily,
+                    request_deserializer=plancache_dot_v1_dot_plancache__pb2.BuildFamilyRequest.FromString,
+                    response_serializer=plancache_dot_v1_dot_plancache__pb2.FamilyStatus.SerializeToString,
+            ),
+            'GetFamily': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFamily,
+                    request_deserializer=plancache_dot_v1_dot_plancache__pb2.GetFamilyRequest.FromString,
+                    response_serializer=plancache_dot_v1_dot_plancache__pb2.FamilyStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -578,6 +613,60 @@ class PlanCache:
             '/plancache.v1.PlanCache/WarmStatus',
             plancache_dot_v1_dot_plancache__pb2.WarmStatusRequest.SerializeToString,
             plancache_dot_v1_dot_plancache__pb2.WarmStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BuildFamily(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/plancache.v1.PlanCache/BuildFamily',
+            plancache_dot_v1_dot_plancache__pb2.BuildFamilyRequest.SerializeToString,
+            plancache_dot_v1_dot_plancache__pb2.FamilyStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetFamily(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/plancache.v1.PlanCache/GetFamily',
+            plancache_dot_v1_dot_plancache__pb2.GetFamilyRequest.SerializeToString,
+            plancache_dot_v1_dot_plancache__pb2.FamilyStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,6 +28,7 @@ from plancache_server.frontend.warm_service import WarmService
 from plancache_server.frontend.wire import SPEC_REQUEST_BYTES, WireLimits
 from plancache_server.settings import Settings
 from plancache_server.store.directory import WorkerDirectory
+from plancache_server.store.families import FamilyRecords
 from plancache_server.store.jobs import JobQueue
 from plancache_server.store.lifecycle import Janitor, Sweeper
 from plancache_server.store.plans import AsyncRedisPlanStore, PlanStore
@@ -144,7 +145,11 @@ class FrontEnd:
             ],
         )
         limits = WireLimits(settings.limits, settings.max_prefetch_refs, settings.max_prefetch_bytes)
-        servicer = PlanCacheServicer(service, WarmService(warming, directory, resolve_query))
+        def resolve_now(spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> tuple[str, pb.PlanQuery]:
+            resolved = service.resolve_now(spec, target, options)
+            return resolved.plan_key, resolved.query
+
+        servicer = PlanCacheServicer(service, WarmService(warming, directory, resolve_query, resolve_now, FamilyRecords(blocking)))
         add_guarded(pb_grpc.add_PlanCacheServicer_to_server, servicer, server, authorizer, offload, limits)
         health_servicer = ListingHealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

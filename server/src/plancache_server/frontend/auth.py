@@ -40,6 +40,8 @@ METHOD_ROLES = {
     "ListPlans": Role.ADMIN,
     "Warm": Role.ADMIN,
     "WarmStatus": Role.READ,
+    "BuildFamily": Role.COMPILE,
+    "GetFamily": Role.READ,
 }
 
 

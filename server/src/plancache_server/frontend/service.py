@@ -87,17 +87,17 @@ class PlanService:
         """Validate everything the caller sent and compute the plan key."""
         size = spec.ByteSize()
         if size > RESOLVED_MAX_SPEC_BYTES:
-            return await self._offload.run(size, self._resolve_now, spec, target, options)
+            return await self._offload.run(size, self.resolve_now, spec, target, options)
         wire = (spec.SerializeToString(deterministic=True), target.SerializeToString(deterministic=True), options.SerializeToString(deterministic=True))
         resolved = self._resolved.get(wire)
         if resolved is None:
-            resolved = self._resolve_now(spec, target, options)
+            resolved = self.resolve_now(spec, target, options)
             self._resolved[wire] = resolved
             if len(self._resolved) > RESOLVED_KEPT:
                 self._resolved.popitem(last=False)
         return resolved
 
-    def _resolve_now(self, spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> ResolvedQuery:
+    def resolve_now(self, spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> ResolvedQuery:
         for message, where in ((spec, "spec"), (target, "target"), (options, "options")):
             spec_io.refuse_unknown_fields(message, where)
         normalized = normalize(spec_io.from_proto(spec), self._limits)

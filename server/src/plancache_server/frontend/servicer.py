@@ -55,5 +55,11 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
     async def WarmStatus(self, request: pb.WarmStatusRequest, context: grpc.aio.ServicerContext) -> pb.WarmStatusResponse:  # type: ignore[type-arg]
         return pb.WarmStatusResponse(targets=[s.to_proto() for s in await self._warm.status(request)])
 
+    async def BuildFamily(self, request: pb.BuildFamilyRequest, context: grpc.aio.ServicerContext) -> pb.FamilyStatus:  # type: ignore[type-arg]
+        return await self._warm.build_family(request)
+
+    async def GetFamily(self, request: pb.GetFamilyRequest, context: grpc.aio.ServicerContext) -> pb.FamilyStatus:  # type: ignore[type-arg]
+        return await self._warm.get_family(request)
+
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.GetStatsResponse:  # type: ignore[type-arg]
         return await self._service.stats()

@@ -26,6 +26,8 @@ _SHAPES: dict[str, dict[int, tuple[str | None, int]]] = {
     "PrefetchRequest": {1: (PLAN_REF, 0)},
     "WarmRequest": {4: ("WarmManifest", 0)},
     "WarmManifest": {1: (PLAN_QUERY, 0)},
+    "BuildFamilyRequest": {1: ("GraphFamily", 0), 2: (TARGET, 1024), 3: (OPTIONS, 8192)},
+    "GraphFamily": {1: (GRAPH_SPEC, 0), 2: (None, 1 << 20)},
     PLAN_REF: {1: (None, 1024), 2: (PLAN_QUERY, 0)},
     PLAN_QUERY: {1: (GRAPH_SPEC, 0), 2: (TARGET, 1024), 3: (OPTIONS, 8192)},
     # A tensor: a name, up to max_rank dims and strides, flags. A node: an
@@ -52,13 +54,14 @@ def check(method: str, raw: bytes, limits: WireLimits) -> None:
     """Refuse a request whose size or shape is past the limits, before parsing."""
     if method in ("Prefetch", "Warm"):
         bound = limits.max_prefetch_bytes
-    elif method in ("Compile", "Explain"):
+    elif method in ("Compile", "Explain", "BuildFamily"):
         bound = SPEC_REQUEST_BYTES
     else:
         bound = SMALL_REQUEST_BYTES
     if len(raw) > bound:
         raise ResourceExhausted(f"a {method} request takes at most {bound:,} bytes, this one has {len(raw):,}")
-    message = {"Compile": "CompileRequest", "Explain": "ExplainRequest", "Prefetch": "PrefetchRequest", "Warm": "WarmRequest"}.get(method)
+    message = {"Compile": "CompileRequest", "Explain": "ExplainRequest", "Prefetch": "PrefetchRequest", "Warm": "WarmRequest",
+               "BuildFamily": "BuildFamilyRequest"}.get(method)  # fmt: skip
     # A small request parses into little however it is shaped (64 KB of the
     # tiniest messages: about 3 MB); the common case skips the walk.
     if message is not None and len(raw) > SMALL_REQUEST_BYTES:

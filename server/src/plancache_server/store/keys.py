@@ -158,6 +158,13 @@ def warm_lease(target_id: str) -> str:
     return _warm(target_id, "lease")
 
 
+def graph_family(family_key: str) -> str:
+    """Hash: a graph family built for a target (plancache.spec.family): its
+    definition, its graphs' plan keys, when it was asked for. Informational:
+    what is built is derived from the definition, and every plan verified."""
+    return f"{PREFIX}:graph-family:{family_key}"
+
+
 # ---- Redis ACL users for a shared deployment -------------------------------------
 #
 # Front ends read plans but never write them (only workers do, and clients
@@ -176,10 +183,11 @@ ACL_RULES: dict[str, list[str]] = {
         "+hmget", "+hgetall", "+hset", "+expire", "+get", "+set", "+del", "+ttl", "+smembers", "+sadd", "+scan",
         "+xadd", "+xlen", "+xinfo|groups", "+zcount", "+zrangebyscore", "+hincrbyfloat", "+zincrby", "+zremrangebyrank",
         "+zrevrange", "+zmscore", "+zrem", "+lrange", "+subscribe", "+unsubscribe", "+zadd", "+hincrby", "+hget", "+hgetall",
-        "+rpush", "+hlen", "+hdel", "+exists", "+zrange", "+multi", "+exec",
+        "+rpush", "+hlen", "+hdel", "+exists", "+zrange", "+multi", "+exec", "+llen", "+hsetnx",
         f"%R~{_PLAN}", f"~{PLAN_INDEX}", f"~{WARMED_INDEX}", f"~{STORE_COUNTERS}", f"%R~{TARGETS_LAST_SEEN}", f"~{_PER_PLAN['lease']}", f"~{_PER_PLAN['job']}", f"%R~{_PER_PLAN['failed']}", f"~{_PER_PLAN['untrusted']}",
         f"~{_JOB_STREAMS}", f"%R~{workers('*')}", f"%R~{KNOWN_TARGETS}", f"~{drain('*')}", f"~{PREFIX}:stats*", f"~{PREFIX}:top:*",
         f"%R~{RECENT_FAILURES}", f"%R~{spec_index('*')}", f"~{spec_body('*')}", f"~{plan_hits('*')}", f"~{PREFIX}:{{warm:*", f"~{WARM_TARGETS}",
+        f"~{graph_family('*')}",
         # Invalidate (an admin call) deletes plans: deleting is all it may do to them.
         f"(+del ~{_PLAN})",
     ],

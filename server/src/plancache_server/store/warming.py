@@ -39,7 +39,7 @@ from typing import Any, cast
 import redis
 from google.protobuf.message import DecodeError
 
-from plancache.errors import InvalidRequest
+from plancache.errors import InvalidRequest, ResourceExhausted
 from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import make_key
 from plancache.keys.target import Target
@@ -57,6 +57,9 @@ MAX_DAYS = 366
 HIT_HOURS = 24
 WARM_JOB_PREFIX = "warm-"
 ACTIVE, DONE, CANCELLED = "active", "done", "cancelled"
+# Items one target's warming list may hold, appended graph families included.
+MAX_QUEUED_ITEMS = 50_000
+FAMILIES_SOURCE = "graph families"
 BUILT, SKIPPED, FAILED = "built", "skipped", "failed"
 FAILURES_SHOWN = 20
 
@@ -205,6 +208,36 @@ class Warming:
             pipe.execute()
         log.info("warming %s from %s: %d item(s) (%s), %.0f recent hits of the source", target.id, source.text, len(items), by, source_hits)
         return self.status(target.id)
+
+    def extend(self, target: Target, items: Sequence[tuple[str, pb.PlanQuery]], by: str) -> int:
+        """Queue (plan key, query for `target`) items at warming's priority
+        (graph families): appended to the target's active plan, or starting
+        one after a finished or cancelled plan's items (those are not taken
+        up again). Returns how many were queued; ResourceExhausted past
+        MAX_QUEUED_ITEMS in the target's list."""
+        if not items:
+            return 0
+        with translated_errors("queueing warming items"):
+            length = int(self._redis.llen(keys.warm_items(target.id)))
+            if length + len(items) > MAX_QUEUED_ITEMS:
+                raise ResourceExhausted(f"target {target.id} has {length:,} warming items queued; {len(items):,} more would pass {MAX_QUEUED_ITEMS:,}: "
+                                        "wait for them to be built (or cancel the target's warming)")  # fmt: skip
+            state = _loads(self._redis.hget(keys.warm_plan(target.id), "state") or b'""')
+            now = self._clock()
+            pipe = self._redis.pipeline(transaction=True)
+            if state != ACTIVE:
+                # A new plan over the old list: the cursor past the old items, counts of these alone.
+                record = {"source": FAMILIES_SOURCE, "state": ACTIVE, "total": 0, "cursor": length, "source_hits": 0.0, "missing_specs": 0,
+                          "created_at": now, "by": by, "top": 0, "min_hits": 0.0}  # fmt: skip
+                pipe.delete(keys.warm_outcomes(target.id), keys.warm_in_flight(target.id), keys.warm_retry(target.id))
+                pipe.hset(keys.warm_plan(target.id), mapping={k: json.dumps(v) for k, v in record.items()})
+            pipe.rpush(keys.warm_items(target.id), *[WarmItem(length + i, plan_key, "", 0.0, query).encode() for i, (plan_key, query) in enumerate(items)])
+            pipe.hincrby(keys.warm_plan(target.id), "total", len(items))
+            pipe.hset(keys.warm_plan(target.id), "updated_at", json.dumps(now))
+            pipe.sadd(keys.WARM_TARGETS, target.id)
+            pipe.execute()
+        log.info("warming %s: %d item(s) queued (%s)", target.id, len(items), by)
+        return len(items)
 
     def _candidates(self, source: Source, hits: dict[str, float]) -> tuple[list[tuple[str, float, pb.PlanQuery]], tuple[int, float]]:
         """(source key, recent hits, query without target) per source plan

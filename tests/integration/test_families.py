@@ -1,0 +1,83 @@
+"""Graph families on a real server and stand-in worker (issue 31): every
+graph of a family is queued at warming's priority and stored; from then on
+each size is a hit for any node whose graph it is, a size outside the
+family is a miss as before, and the family's status counts what is stored."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from plancache import Client, CompileOptions, InvalidRequest, NotFound, SpecError
+from plancache.keys.plankey import make_family_key
+from plancache.keys.target import Target
+from plancache.spec.family import derive
+from plancache.spec.graph import GraphSpec
+from plancache.v1 import plancache_pb2 as pb
+from plancache_server.store.embedded_redis import EmbeddedRedis
+from tests.conftest import Stack, start_stack
+from tests.support.standin import STANDIN_TARGET, StandInCompiler
+
+OPTIONS = CompileOptions(autotune=False)
+
+
+def decode_step(batch: int) -> GraphSpec:
+    """A linear over a batch of rows, as a program declares it at each batch size."""
+    g = GraphSpec(io_data_type="half")
+    x = g.tensor(name="x", dim=[1, batch, 64], stride=[batch * 64, 64, 1], uid=1)
+    w = g.tensor(name="w", dim=[1, 64, 32], stride=[64 * 32, 32, 1], uid=2)
+    g.matmul(x, w).set_output(True).set_uid(3)
+    return g
+
+
+@pytest.fixture
+def family_stack(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Iterator[Stack]:
+    s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.02), pool_size=2, warm=True)
+    yield s
+    stop()
+
+
+def wait_complete(client: Client, family_key: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = client.family_status(family_key)
+        if status.complete:
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+
+
+def test_every_size_of_a_built_family_is_a_hit_and_others_miss(family_stack: Stack) -> None:
+    family = derive(decode_step(8), decode_step(17), sizes={"d0": [1, 2, 3, 8, 17, 24]})
+    with family_stack.client() as client:
+        status = client.build_family(family, STANDIN_TARGET, OPTIONS)
+        assert (status.total, status.stored, status.queued) == (6, 0, 6) and status.family_key == make_family_key(family.family_hash(), STANDIN_TARGET, OPTIONS)
+        done = wait_complete(client, status.family_key)
+        assert (done.stored, done.queued) == (6, 0)
+        for batch in (1, 2, 3, 8, 17, 24):  # each size as the program declares it: a hit, no build
+            assert client.compile(decode_step(batch), STANDIN_TARGET, OPTIONS).source == "hit", batch
+        assert client.compile(decode_step(5), STANDIN_TARGET, OPTIONS).source != "hit"  # outside the family: a miss as before
+        again = client.build_family(family, STANDIN_TARGET, OPTIONS)  # asked again: nothing to queue
+        assert (again.stored, again.queued) == (6, 0)
+
+
+def test_what_a_family_cannot_be_is_refused_by_the_server(family_stack: Stack) -> None:
+    family = derive(decode_step(8), decode_step(17), sizes={"d0": [1, 2]})
+    with family_stack.client() as client:
+        with pytest.raises(NotFound, match="no graph family"):
+            client.family_status("family-nothing")
+        with pytest.raises(InvalidRequest, match="is unknown"):
+            client.build_family(family, Target.parse("sm_100/cudnn-91900/fe-1.32.0"), OPTIONS)
+        forged = family.to_proto()
+        forged.varying[0].places[0].axis = 9  # an axis the tensor does not have: sent as is, past the client's checks
+        request = pb.BuildFamilyRequest(family=forged, target=STANDIN_TARGET.to_proto(), options=OPTIONS.to_proto())
+        with pytest.raises(SpecError, match="has no declared axis 9"):
+            client._call(client._stub.BuildFamily, request, 10)
+        too_many = family.to_proto()
+        too_many.varying[0].sizes[:] = range(1, 5000)
+        with pytest.raises(SpecError, match="at most 1,024 graphs"):
+            client._call(client._stub.BuildFamily, pb.BuildFamilyRequest(family=too_many, target=STANDIN_TARGET.to_proto(), options=OPTIONS.to_proto()), 10)
