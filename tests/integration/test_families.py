@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from plancache import Client, CompileOptions, InvalidRequest, NotFound, SpecError
+from plancache import Client, CompileOptions, InvalidRequest, Manifest, NotFound, SpecError
 from plancache.keys.plankey import make_family_key
 from plancache.keys.target import Target
 from plancache.spec.family import derive
@@ -81,3 +81,16 @@ def test_what_a_family_cannot_be_is_refused_by_the_server(family_stack: Stack) -
         too_many.varying[0].sizes[:] = range(1, 5000)
         with pytest.raises(SpecError, match="at most 1,024 graphs"):
             client._call(client._stub.BuildFamily, pb.BuildFamilyRequest(family=too_many, target=STANDIN_TARGET.to_proto(), options=OPTIONS.to_proto()), 10)
+
+
+def test_a_manifest_names_a_family_instead_of_every_size(family_stack: Stack, tmp_path: Any) -> None:
+    family = derive(decode_step(8), decode_step(17), sizes={"d0": [4, 12, 20]})
+    Manifest(target=STANDIN_TARGET, options=OPTIONS, families=[family]).save(tmp_path / "m.json")
+    manifest = Manifest.load(tmp_path / "m.json")
+    assert [f.family_hash() for f in manifest.families] == [family.family_hash()]
+    with family_stack.client() as client:
+        result = client.prefetch(manifest)
+        ((key, status),) = result.families.items()
+        assert status.total == 3 and not result.family_errors
+        wait_complete(client, key)
+        assert [client.compile(decode_step(n), STANDIN_TARGET, OPTIONS).source for n in (4, 12, 20)] == ["hit"] * 3

@@ -21,7 +21,8 @@ naming the argument, for the options torch lacks and for CPU tensors).
 
 Owns: the functions, the geometry table (an LRU of `set_max_geometries()`
 entries), the graph families of shapes that vary (`families()`: asked
-for once a function met 3 graphs of one family), its manifest and prefetch (`manifest()`, `prefetch()`: a
+for once a function met 3 graphs of one family), bucketing (`set_buckets()`:
+padding a varying size to the next of a few, the waste counted), its manifest and prefetch (`manifest()`, `prefetch()`: a
 start-up that loads an earlier run's plans before the first step) and the
 service setting both front doors share (`configure`, the
 same function as `plancache.cudnn.configure`). Imports torch only when a
@@ -31,10 +32,12 @@ May import: plancache.errors, plancache.dtypes, plancache.spec, plancache.keys, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from plancache.errors import InvalidRequest
 from plancache.functional._autograd import Differentiable
+from plancache.functional._buckets import BUCKETS, BucketStats
 from plancache.functional._families import WATCH, FamilyAsk
 from plancache.functional._manifest import manifest, prefetch
 from plancache.functional._ops import batch_norm, conv2d, layer_norm, linear, matmul, paged_decode_attention, rms_norm, scaled_dot_product_attention
@@ -43,10 +46,12 @@ from plancache.functional._table import COUNTS, TABLE, Fallback, Served
 from plancache.run.plan import Plan
 
 __all__ = [
+    "BucketStats",
     "FamilyAsk",
     "FunctionStats",
     "Geometry",
     "batch_norm",
+    "bucket_stats",
     "clear",
     "configure",
     "conv2d",
@@ -60,6 +65,7 @@ __all__ = [
     "prefetch",
     "rms_norm",
     "scaled_dot_product_attention",
+    "set_buckets",
     "set_family_threshold",
     "set_max_geometries",
     "stats",
@@ -106,6 +112,20 @@ def geometries() -> list[Geometry]:
     return out
 
 
+def set_buckets(sizes: Sequence[int] | None, *, functions: Sequence[str] | None = None) -> None:
+    """Pad a varying size up to the next of `sizes` (None: stop padding):
+    the rows of linear, rms_norm and layer_norm, and the sequence of a causal
+    scaled_dot_product_attention without a mask, lengths or dropout (exact:
+    padding cannot reach the caller's part). `functions`: a subset of those.
+    Sizes past the largest run as they are. Counters start again."""
+    BUCKETS.set(sizes, functions)
+
+
+def bucket_stats() -> BucketStats:
+    """Calls seen and padded since set_buckets(), and the share of work spent on padding (`waste`)."""
+    return BUCKETS.stats()
+
+
 def families() -> list[FamilyAsk]:
     """The graph families the functions asked the service to build (shapes
     that vary: plancache.functional._families), or why one was not asked."""
@@ -132,4 +152,5 @@ def clear() -> None:
     TABLE.clear()
     COUNTS.clear()
     WATCH.clear()
+    BUCKETS.set(None)
     SERVICE.reset()

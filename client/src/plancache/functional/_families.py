@@ -8,7 +8,8 @@ dtypes and layout order: one signature). Once `threshold` graphs of one
 signature are seen (3 by default), their family (plancache.spec.family:
 the graph with the differing dims as symbols) is asked for, once, at
 sizes 1..H for each symbol (H: the next power of two of twice the largest
-size seen, at most FAMILY_GRAPHS graphs in all), on a background thread:
+size seen, at most FAMILY_GRAPHS graphs in all; with bucketing, the
+buckets' sizes), on a background thread:
 the service builds every size not stored at warming's priority, and each
 later size of that family is a hit (a fetch, not a build).
 
@@ -23,10 +24,11 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from plancache.errors import PlanCacheError, SpecError
+from plancache.functional._buckets import BUCKETS
 from plancache.functional._service import SERVICE, Once, describe
 from plancache.spec import spec_io
 from plancache.spec.family import Family, derive
@@ -121,9 +123,12 @@ def _ask(ask: FamilyAsk, first: GraphSpec, latest: GraphSpec, device: int) -> No
         while math.prod(high.values()) > FAMILY_GRAPHS:  # halve the largest until the family fits
             biggest = max(high, key=lambda s: high[s])
             high[biggest] //= 2
-        family: Family = derive(first, latest, sizes={s: range(1, h + 1) for s, h in high.items()})
+        sizes: dict[str, Sequence[int]] = {s: range(1, h + 1) for s, h in high.items()}
+        if len(high) == 1 and BUCKETS.sizes and ask.function.split(".")[0] in BUCKETS.functions:
+            sizes = {s: BUCKETS.sizes for s in high}  # padded calls run at the buckets' sizes alone
+        family: Family = derive(first, latest, sizes=sizes)
         status = SERVICE.client().build_family(family, SERVICE.target_for(device), SERVICE.options)
-        ask.family_key, ask.sizes, ask.graphs, ask.status = status.family_key, {s: (1, h) for s, h in high.items()}, status.total, "asked"
+        ask.family_key, ask.sizes, ask.graphs, ask.status = status.family_key, {v.symbol: (v.sizes[0], v.sizes[-1]) for v in family.varying}, status.total, "asked"
         log.info("plancache.functional.%s: shapes vary: family %s (%d graphs, sizes %s) asked for; %d stored, %d queued",
                  ask.function, status.family_key, status.total, ask.sizes, status.stored, status.queued)  # fmt: skip
     except (SpecError, PlanCacheError) as e:

@@ -23,6 +23,7 @@ from typing import Any
 
 from plancache.errors import InvalidRequest, PlanCacheError
 from plancache.functional import _autograd, _specs, _torch
+from plancache.functional._buckets import BUCKETS, pad_rows, pad_sequence
 from plancache.functional._families import WATCH
 from plancache.functional._geometry import Unserved, geo
 from plancache.functional._service import ABOUT_THE_GRAPH, SERVICE, TRANSIENT, Once, describe, reason_key
@@ -168,6 +169,16 @@ def linear(input: Any, weight: Any, bias: Any = None, *, activation: str | None 
     """torch.nn.functional.linear (y = input @ weight.T + bias), with a fused
     `activation`: None, "relu", "gelu" (erf, torch's default) or "silu".
     Differentiable: dX, dW (two matmuls), dBias (a reduction), the activation's backward."""
+    if BUCKETS.functions:
+        padded = pad_rows("linear", input)
+        if padded is not None:
+            rows_in, rows = padded
+            return _linear(rows_in, weight, bias, activation=activation)[:rows].reshape(*input.shape[:-1], weight.shape[0])
+    return _linear(input, weight, bias, activation=activation)
+
+
+def _linear(input: Any, weight: Any, bias: Any = None, *, activation: str | None = None) -> Any:
+    """linear without bucketing."""
     if _compiling():
         return _torch.linear(input, weight, bias, activation=activation)
     try:
@@ -252,6 +263,15 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
     )  # fmt: skip
 
 
+def _rows_of_last_dim(x: Any, normalized_shape: Any) -> bool:
+    """Whether a norm normalizes `x` over its last dim alone (its rows can be padded)."""
+    shape: tuple[int, ...] = tuple(getattr(x, "shape", ()))
+    if len(shape) < 2:
+        return False
+    wanted = tuple(normalized_shape) if isinstance(normalized_shape, list | tuple) else (normalized_shape,)
+    return wanted == (shape[-1],)
+
+
 def _hashable(value: Any) -> Hashable:
     return tuple(value) if isinstance(value, list) else value  # type: ignore[no-any-return]
 
@@ -259,6 +279,16 @@ def _hashable(value: Any) -> Hashable:
 def layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Any:
     """torch.nn.functional.layer_norm. Differentiable: cuDNN's layernorm
     backward, from the rows' statistics its training forward keeps."""
+    if BUCKETS.functions and _rows_of_last_dim(input, normalized_shape):
+        padded = pad_rows("layer_norm", input)
+        if padded is not None:
+            rows_in, rows = padded
+            return _layer_norm(rows_in, normalized_shape, weight, bias, eps)[:rows].reshape(input.shape)
+    return _layer_norm(input, normalized_shape, weight, bias, eps)
+
+
+def _layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Any:
+    """layer_norm without bucketing."""
     if _compiling():
         return _torch.layer_norm(input, normalized_shape, weight, bias, eps)
     shape = _hashable(normalized_shape)
@@ -298,6 +328,16 @@ def layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any 
 def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> Any:
     """torch.nn.functional.rms_norm; eps None is torch.finfo(input.dtype).eps,
     as torch documents it. Differentiable: cuDNN's rmsnorm backward."""
+    if BUCKETS.functions and _rows_of_last_dim(input, normalized_shape):
+        padded = pad_rows("rms_norm", input)
+        if padded is not None:
+            rows_in, rows = padded
+            return _rms_norm(rows_in, normalized_shape, weight, eps)[:rows].reshape(input.shape)
+    return _rms_norm(input, normalized_shape, weight, eps)
+
+
+def _rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> Any:
+    """rms_norm without bucketing."""
     if _compiling():
         return _torch.rms_norm(input, normalized_shape, weight, eps)
     shape = _hashable(normalized_shape)
@@ -355,6 +395,20 @@ def scaled_dot_product_attention(
 
     Differentiable: cuDNN's SDPA backward with the forward's options and
     softmax statistics, dBias when attn_mask requires grad."""
+    if BUCKETS.functions and is_causal and attn_mask is None and seq_len_q is None and seq_len_kv is None and not dropout_p and not alibi and sliding_window is None:
+        padded = pad_sequence(query, key, value)
+        if padded is not None:  # keys after every real one: no real query sees them (causal)
+            q, k, v, length = padded
+            return _scaled_dot_product_attention(q, k, v, None, 0.0, True, scale, enable_gqa)[:, :, :length]
+    return _scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seq_len_q=seq_len_q,
+                                         seq_len_kv=seq_len_kv, sliding_window=sliding_window, alibi=alibi)  # fmt: skip
+
+
+def _scaled_dot_product_attention(
+    query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+    enable_gqa: bool = False, *, seq_len_q: Any = None, seq_len_kv: Any = None, sliding_window: int | None = None, alibi: bool = False,
+) -> Any:  # fmt: skip
+    """scaled_dot_product_attention without bucketing."""
     if _compiling():
         return _torch.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seq_len_q=seq_len_q,
                                                    seq_len_kv=seq_len_kv, sliding_window=sliding_window, alibi=alibi)  # fmt: skip

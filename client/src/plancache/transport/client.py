@@ -290,9 +290,16 @@ class Client:
         plans held in the disk cache are asked for again (the tuned plan
         replaces them when it exists; they are kept otherwise);
         `tuned_only=True` accepts autotuned plans only. `on_plan(index,
-        plan)` is called as each entry's plan is ready."""
-        resolved = manifest.target or (_target(target) if target is not None or any(e.spec for e in manifest.entries) else None)
+        plan)` is called as each entry's plan is ready. The manifest's graph
+        families are asked for first (`result.families`, `family_errors`)."""
+        resolved = manifest.target or (_target(target) if target is not None or any(e.spec for e in manifest.entries) or manifest.families else None)
         result = PrefetchResult(total=len(manifest.entries))
+        for index, family in enumerate(manifest.families):  # built by the service (what is not stored); each size a hit at its first use
+            try:
+                status = self.build_family(family, resolved, manifest.options, timeout=timeout)
+                result.families[status.family_key] = status
+            except PlanCacheError as e:
+                result.family_errors[index] = e
         refs: list[tuple[int, pb.PlanRef]] = []
         held: dict[int, Plan] = {}
         for index, entry in enumerate(manifest.entries):

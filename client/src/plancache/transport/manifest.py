@@ -4,11 +4,15 @@
      "target": "sm_90/cudnn-91900/fe-1.32.0/dev-nvidia-h200/sms-132",
      "options": {"autotune": true},
      "entries": [{"name": "attention", "key": "<plan key>", "spec": {...}},
-                 {"name": "mlp", "key": "<plan key>"}]}
+                 {"name": "mlp", "key": "<plan key>"}],
+     "families": [{"version": 1, "example": {...}, "varying": [...]}]}
 
 An entry names a plan by key, by spec (compiled for the manifest's target
 and options), or both: the key is what is looked up, the spec is what lets a
-missing plan be compiled. `target` may be left out: the node's GPU is used.
+missing plan be compiled. `target` may be left out: the node's GPU is used. `families` (optional)
+name graph families instead of every size (plancache.spec.family): a
+prefetch has the service build each (what is not stored), and each size
+is then a hit at its first use.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from plancache.keys.plankey import make_key, parse_key
 from plancache.keys.target import Target
 from plancache.spec import spec_io
 from plancache.spec.canonical import hash_normalized
+from plancache.spec.family import Family
 from plancache.spec.graph import GraphSpec
 from plancache.spec.validation import normalize
 
@@ -46,6 +51,7 @@ class Manifest:
     entries: list[ManifestEntry] = field(default_factory=list)
     target: Target | None = None
     options: CompileOptions = field(default_factory=CompileOptions)
+    families: list[Family] = field(default_factory=list)
 
     @classmethod
     def from_specs(cls, specs: Sequence[GraphSpec], target: Target, options: CompileOptions | None = None, names: Sequence[str] = ()) -> Manifest:
@@ -84,6 +90,8 @@ class Manifest:
             if entry.spec is not None:
                 item["spec"] = spec_io.to_dict(entry.spec)
             data["entries"].append(item)
+        if self.families:
+            data["families"] = [f.to_dict() for f in self.families]
         return json.dumps(data, indent=indent)
 
     @classmethod
@@ -94,7 +102,7 @@ class Manifest:
             raise InvalidRequest(f"manifest is not valid JSON: {e}") from e
         if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
             raise InvalidRequest(f"manifest: expected an object with \"version\": {MANIFEST_VERSION}")
-        unknown = set(data) - {"version", "target", "options", "entries"}
+        unknown = set(data) - {"version", "target", "options", "entries", "families"}
         if unknown:
             raise InvalidRequest(f"manifest: unknown field(s) {', '.join(sorted(unknown))}")
         raw_options = data.get("options", {})
@@ -116,6 +124,14 @@ class Manifest:
             raise InvalidRequest("manifest: entries must be a list")
         for i, raw in enumerate(entries):
             manifest.entries.append(_entry(raw, i, manifest))
+        families = data.get("families", [])
+        if not isinstance(families, list):
+            raise InvalidRequest("manifest: families must be a list")
+        for i, raw in enumerate(families):
+            try:
+                manifest.families.append(Family.from_dict(raw))
+            except PlanCacheError as e:
+                raise InvalidRequest(f"manifest family {i}: {e.message}") from None
         return manifest
 
     def save(self, path: Path | str) -> None:

@@ -26,6 +26,9 @@ class PrefetchResult:
     errors: dict[int, PlanCacheError] = field(default_factory=dict)
     keys: dict[int, str] = field(default_factory=dict)
     from_cache: int = 0
+    # The manifest's graph families: each one's status once asked for (by family key), or why it could not be.
+    families: dict[str, FamilyStatus] = field(default_factory=dict)
+    family_errors: dict[int, PlanCacheError] = field(default_factory=dict)
     fetched: int = 0  # stored plans
     compiled: int = 0  # plans of builds this call started, joined or saw begin (provisional)
 
