@@ -1,0 +1,398 @@
+"""Shapes that vary (issue 31): a fresh process meeting 50 new shapes, built
+locally, through today's plancache, and with the graphs' families stored.
+
+A real deployment (Redis, plancache-server, one GPU worker; the bench's
+signing key). Two workloads through plancache.functional, bf16:
+
+- decode: one decode step at a batch size B (RMSNorm [B, 1024]; the query
+  projection [B, 1024] x [2048, 1024]; paged decode attention, 16 query
+  heads over 8 KV heads of 128, pages of 64, 32 pages per sequence; the MLP
+  up [B, 1024] x [4096, 1024] with GELU and down): 5 graphs per batch size;
+  50 distinct batch sizes drawn from 1..128 (seeded);
+- prefill: causal SDPA [1, 16, S, 128] at 50 distinct lengths S drawn from
+  16..1024 (seeded).
+
+Paths, each a fresh process running the 50 shapes in the same order, the
+clock around each step to its synchronize (its first execution):
+
+- local: each graph built in the process by the frontend (the worker's
+  compiler, cuDNN's heuristic plan, what a program does without plancache;
+  it also serializes and loads the plan, 1-4 ms per graph);
+- plancache: today's (one key per shape, nothing stored: each new shape a
+  miss, the hedge on, no family asked for);
+- family: the graphs' families stored first (decode: every batch size
+  1..128 of each of the 5 graphs; prefill: lengths padded to the next
+  multiple of 64 with pf.set_buckets, the family the 16 bucket sizes) by
+  BuildFamily on the worker (its time reported), then the node.
+
+Families are built with cuDNN's heuristic plan (autotune off: tuning 656
+graphs does not fit the benchmark's time); each family plan's GPU time is
+then compared, at a few sizes, with the exact shape's autotuned plan built
+in the node process.
+
+    python3 bench/families.py --out DIR      # DIR/families.json, DIR/families.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.report import figure, save, table, write_json  # noqa: E402
+
+DECODE_SIZES = random.Random(31).sample(range(1, 129), 50)  # in the order met
+PREFILL_SIZES = random.Random(32).sample(range(16, 1025), 50)
+DECODE_FAMILY = list(range(1, 129))
+PREFILL_BUCKETS = list(range(64, 1025, 64))
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP, PAGE, PAGES_PER_SEQ = 1024, 16, 8, 128, 4096, 64, 32
+POOL_PAGES = 128 * PAGES_PER_SEQ
+PATHS = ("local", "plancache", "family")
+TARGET_NEW_SHAPE_MS = 20.0
+
+
+def _heuristic() -> Any:
+    from plancache.keys.options import CompileOptions
+
+    return CompileOptions(autotune=False)
+
+
+HEURISTIC = _heuristic()  # the service's plans for every path: cuDNN's heuristic choice (module doc)
+
+
+# ---- the workloads (in a node process) ------------------------------------------------
+
+
+class Decode:
+    def __init__(self) -> None:
+        import torch
+
+        g = torch.Generator(device="cuda").manual_seed(0)
+
+        def r(*shape: int, scale: float = 1.0) -> Any:
+            return (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16)
+
+        self.norm = 1 + r(HIDDEN, scale=0.1)
+        self.wq = r(HEADS * HEAD_DIM, HIDDEN, scale=HIDDEN**-0.5)
+        self.w_up, self.w_down = r(MLP, HIDDEN, scale=HIDDEN**-0.5), r(HIDDEN, MLP, scale=MLP**-0.5)
+        self.k_pool, self.v_pool = r(POOL_PAGES, KV_HEADS, PAGE, HEAD_DIM), r(POOL_PAGES, KV_HEADS, PAGE, HEAD_DIM)
+        self.x = r(128, HIDDEN)
+        self.tables = torch.randperm(POOL_PAGES, device="cuda", generator=g)[: 128 * PAGES_PER_SEQ].view(128, PAGES_PER_SEQ).to(torch.int32)
+        self.lengths = torch.randint(1, PAGE * PAGES_PER_SEQ + 1, (128,), device="cuda", generator=g).to(torch.int32)
+
+    def step(self, pf: Any, batch: int) -> Any:
+        x = self.x[:batch]
+        h = pf.rms_norm(x, (HIDDEN,), self.norm, 1e-5)
+        q = pf.linear(h, self.wq).view(batch, HEADS, 1, HEAD_DIM)
+        a = pf.paged_decode_attention(q, self.k_pool, self.v_pool, self.tables[:batch].contiguous(), self.lengths[:batch].contiguous())
+        y = pf.linear(pf.linear(h, self.w_up, activation="gelu"), self.w_down)
+        return a, y
+
+
+class Prefill:
+    def __init__(self) -> None:
+        import torch
+
+        g = torch.Generator(device="cuda").manual_seed(1)
+        self.qkv = (torch.randn(3, 1, HEADS, 1024, HEAD_DIM, device="cuda", generator=g)).to(torch.bfloat16)
+
+    def step(self, pf: Any, length: int) -> Any:
+        q, k, v = (t[:, :, :length].contiguous() for t in self.qkv)
+        return pf.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+WORKLOADS: dict[str, tuple[type[Decode] | type[Prefill], list[int]]] = {"decode": (Decode, DECODE_SIZES), "prefill": (Prefill, PREFILL_SIZES)}
+
+
+def node_main(path: str, workload: str, server: str) -> None:
+    """One fresh process: the workload's 50 shapes; prints one JSON line."""
+    began = time.perf_counter()
+    import torch
+
+    import plancache.functional as pf
+    from plancache import Client
+
+    torch.cuda.init()
+    if path == "local":
+        from bench.training import InProcessClient
+        from plancache_server.worker.compiler.cudnn import CudnnCompiler
+
+        compiler = CudnnCompiler(0)
+        pf.configure(InProcessClient(compiler), target=compiler.target)  # type: ignore[arg-type]
+    else:
+        pf.configure(Client(server, cache=False), options=HEURISTIC)
+    pf.set_family_threshold(0)  # today's plancache asks for no family; the family path's are built already
+    if path == "family" and workload == "prefill":
+        pf.set_buckets(PREFILL_BUCKETS, functions=["scaled_dot_product_attention"])
+    make, sizes = WORKLOADS[workload]
+    work = make()
+    torch.cuda.synchronize()
+    setup_s = time.perf_counter() - began
+    per_shape_ms = []
+    for size in sizes:
+        started = time.perf_counter()
+        work.step(pf, size)  # type: ignore[arg-type]
+        torch.cuda.synchronize()
+        per_shape_ms.append((time.perf_counter() - started) * 1e3)
+    again = time.perf_counter()
+    for size in sizes[:10]:  # the same shapes again: what a known shape costs
+        work.step(pf, size)  # type: ignore[arg-type]
+    torch.cuda.synchronize()
+    result: dict[str, Any] = {"path": path, "workload": workload, "setup_s": setup_s, "per_shape_ms": per_shape_ms, "total_s": sum(per_shape_ms) / 1e3,
+                              "known_shape_ms": (time.perf_counter() - again) * 1e3 / 10}  # fmt: skip
+    sources: dict[str, int] = {}
+    for geometry in pf.geometries():
+        source = geometry.plan.source if geometry.plan is not None else "torch"
+        sources[source] = sources.get(source, 0) + 1
+    result["sources"] = sources
+    result["torch_calls"] = {n: s.reasons for n, s in pf.stats().items() if s.torch}
+    if path == "family":
+        stats = pf.bucket_stats()
+        result["buckets"] = {"calls": stats.calls, "padded_calls": stats.padded_calls, "waste": stats.waste}
+        result["gpu_time"] = gpu_time_against_tuned(pf, workload)
+    print(json.dumps(result), flush=True)
+
+
+def gpu_time_against_tuned(pf: Any, workload: str) -> list[dict[str, Any]]:
+    """At a few sizes: the served (family) plan's GPU time against the exact shape's autotuned plan built here."""
+    import cudnn
+
+    from bench.gpu_exec import build_plan
+    from plancache.functional._table import Served
+    from plancache.run.execution import handle_state
+    from plancache.spec.validation import normalize
+    from plancache_server.worker.compiler.cudnn import CudnnCompiler
+    from scripts.dynamic_shapes_probe import gpu_ms
+
+    compiler = CudnnCompiler(0)
+    handle = handle_state().handle
+    wanted = {"decode": ("linear", "paged_decode_attention"), "prefill": ("scaled_dot_product_attention",)}[workload]
+    from plancache.functional._table import TABLE
+
+    rows = []
+    seen: dict[str, int] = {}
+    for _, entry in TABLE.entries():
+        if not isinstance(entry, Served) or entry.request.function not in wanted or seen.get(entry.request.function, 0) >= 3:
+            continue
+        seen[entry.request.function] = seen.get(entry.request.function, 0) + 1
+        row: dict[str, Any] = {"function": entry.request.function, "dims": [list(t.dim) for t in entry.request.spec.tensors if t.dim][:1]}
+        try:
+            served = cudnn.pygraph()
+            served.deserialize(handle, entry.plan.blob)
+            spec = entry.request.spec
+            tuned_plan = build_plan(compiler, _Case(entry.plan.key, spec), autotune=True)
+            tuned = cudnn.pygraph()
+            tuned.deserialize(handle, tuned_plan.blob)
+            bindings = compiler.random_bindings(normalize(spec))
+            row["family_ms"], row["tuned_ms"] = gpu_ms(served, bindings, handle), gpu_ms(tuned, bindings, handle)
+            row["family_over_tuned"] = row["family_ms"] / row["tuned_ms"]
+            row["source"] = entry.plan.source
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:800]
+        rows.append(row)
+    return rows
+
+
+class _Case:
+    def __init__(self, name: str, spec: Any) -> None:
+        self.name, self._spec = name, spec
+
+    def spec(self) -> Any:
+        return self._spec
+
+
+def setup_families(workload: str, server: str) -> None:
+    """A process that meets two sizes of each graph (specs recorded as the
+    functions build them), derives each graph's family and asks the service
+    to build it; prints the families' keys."""
+    import torch
+
+    import plancache.functional as pf
+    from plancache import Client
+    from plancache.functional import _service
+    from plancache.spec.family import derive
+
+    torch.cuda.init()
+    client = Client(server, cache=False)
+    pf.configure(client, options=HEURISTIC)
+    pf.set_family_threshold(0)
+    recorded: list[Any] = []
+    original = _service.SERVICE.compile
+
+    def record(spec: Any, *args: Any, **kwargs: Any) -> Any:
+        recorded.append(spec)
+        return original(spec, *args, **kwargs)
+
+    _service.SERVICE.compile = record  # type: ignore[method-assign]
+    make, _ = WORKLOADS[workload]
+    work = make()
+    first_sizes = (8, 17) if workload == "decode" else (64, 128)
+    per_size = []
+    for size in first_sizes:
+        before = len(recorded)
+        if workload == "prefill":
+            pf.set_buckets(PREFILL_BUCKETS, functions=["scaled_dot_product_attention"])
+        work.step(pf, size)  # type: ignore[arg-type]
+        per_size.append(recorded[before:])
+    torch.cuda.synchronize()
+    sizes = DECODE_FAMILY if workload == "decode" else PREFILL_BUCKETS
+    keys = []
+    for a, b in zip(per_size[0], per_size[1], strict=True):
+        family = derive(a, b, size_range=(1, 1))
+        family = derive(a, b, sizes={v.symbol: sizes for v in family.varying})
+        status = client.build_family(family, _service.SERVICE.target_for(0), _service.SERVICE.options)
+        keys.append(status.family_key)
+    print(json.dumps({"families": keys}), flush=True)
+
+
+# ---- the orchestration -----------------------------------------------------------------
+
+
+def run(out: Path, time_limit: float) -> dict[str, Any]:
+    from bench import startup_deploy as deploy
+    from plancache import Client
+    from plancache.trust.signing import generate_keypair
+    from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
+    from tests.support.processes import child_env, server_process, trusting_env, worker_process
+
+    deadline = time.monotonic() + time_limit
+    tmp = Path(tempfile.mkdtemp(prefix="plancache-families-"))
+    private_key, public_key = generate_keypair(tmp / "keys")
+    result: dict[str, Any] = {"config": {"decode_sizes": DECODE_SIZES, "prefill_sizes": PREFILL_SIZES, "decode_family": [1, 128],
+                                         "prefill_buckets": PREFILL_BUCKETS, "family_options": "autotune off (heuristic plans)"},
+                              "runs": [], "families": {}, "skipped": []}  # fmt: skip
+    env = {**trusting_env(public_key), "PLANCACHE_CACHE_DIR": str(tmp / "disk-cache")}
+
+    def child(args: list[str], label: str) -> dict[str, Any]:
+        started = time.monotonic()
+        try:
+            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], env=env, cwd=REPO, capture_output=True, text=True,
+                                  timeout=max(30.0, deadline - time.monotonic()), check=False)  # fmt: skip
+            row = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"error": proc.stderr[-3000:]}
+        except Exception as e:
+            row = {"error": f"{type(e).__name__}: {e}"}
+        row["wall_s"] = time.monotonic() - started
+        print(label, json.dumps({k: v for k, v in row.items() if k not in ("per_shape_ms",)})[:600], flush=True)
+        return row
+
+    redis = EmbeddedRedis(tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
+    try:
+        address = f"127.0.0.1:{free_port()}"
+        with server_process(address, redis.url, out / "families-server.log", "--gpus", "none", "--signing-key", str(private_key),
+                            "--data-dir", str(tmp / "server-data"), env=child_env()):  # fmt: skip
+            log = out / "families-worker.log"
+            with worker_process(redis.url, log, "--device", "0", "--signing-key", str(private_key), "--no-warm", env=child_env()) as worker:
+                deploy.wait_for_pool(log, worker, address)
+                for workload in WORKLOADS:
+                    for path in ("local", "plancache"):
+                        if time.monotonic() > deadline:
+                            result["skipped"].append(f"{workload}/{path}")
+                            continue
+                        row = child(["--node", path, "--workload", workload, "--server", address], f"{workload}/{path}")
+                        row.update(path=path, workload=workload)
+                        result["runs"].append(row)
+                    if time.monotonic() > deadline:
+                        result["skipped"].append(f"{workload}/family")
+                        continue
+                    began = time.monotonic()
+                    made = child(["--setup-families", workload, "--server", address], f"{workload}/families")
+                    keys = made.get("families", [])
+                    with Client(address, cache=False) as client:
+                        statuses: list[Any] = []
+                        while keys and time.monotonic() < deadline:
+                            statuses = [client.family_status(k) for k in keys]
+                            if all(s.complete for s in statuses):
+                                break
+                            time.sleep(0.5)
+                    result["families"][workload] = {"keys": keys, "build_s": time.monotonic() - began, "setup_error": made.get("error"),
+                                                    "graphs": sum(s.total for s in statuses), "stored": sum(s.stored for s in statuses)}  # fmt: skip
+                    print(workload, "families", json.dumps(result["families"][workload])[:400], flush=True)
+                    row = child(["--node", "family", "--workload", workload, "--server", address], f"{workload}/family")
+                    row.update(path="family", workload=workload)
+                    result["runs"].append(row)
+    except Exception as e:
+        result["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        redis.stop()
+    result["summary"] = summarize(result)
+    return result
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for workload in WORKLOADS:
+        rows = {r["path"]: r for r in result["runs"] if r.get("workload") == workload and "per_shape_ms" in r}
+        entry: dict[str, Any] = {p: {"total_s": r["total_s"], "median_new_shape_ms": statistics.median(r["per_shape_ms"]),
+                                     "max_new_shape_ms": max(r["per_shape_ms"]), "first_shape_ms": r["per_shape_ms"][0],
+                                     "known_shape_ms": r.get("known_shape_ms")} for p, r in rows.items()}  # fmt: skip
+        if "local" in entry and "family" in entry:
+            entry["local_over_family_total"] = entry["local"]["total_s"] / entry["family"]["total_s"]
+        if "plancache" in entry and "family" in entry:
+            entry["plancache_over_family_total"] = entry["plancache"]["total_s"] / entry["family"]["total_s"]
+        family = rows.get("family")
+        if family:
+            graphs = 5 if workload == "decode" else 1
+            entry["family_median_ms_per_graph"] = statistics.median(family["per_shape_ms"]) / graphs
+            later = family["per_shape_ms"][1:]
+            entry["family_new_shapes_within_target"] = sum(ms / graphs <= TARGET_NEW_SHAPE_MS for ms in later)
+            entry["family_new_shapes"] = len(later)
+            ratios = [g["family_over_tuned"] for g in family.get("gpu_time", []) if "family_over_tuned" in g]
+            entry["family_over_tuned"] = ratios
+            entry["buckets"] = family.get("buckets")
+        summary[workload] = entry
+    return summary
+
+
+def report(result: dict[str, Any], out: Path) -> None:
+    write_json(out / "families.json", result)
+    rows = []
+    for workload, entry in result["summary"].items():
+        for path in PATHS:
+            e = entry.get(path)
+            if e:
+                rows.append([workload, path, f"{e['total_s']:.2f}", f"{e['first_shape_ms']:.0f}", f"{e['median_new_shape_ms']:.1f}", f"{e['max_new_shape_ms']:.0f}",
+                             f"{e['known_shape_ms']:.2f}" if e.get("known_shape_ms") else "—"])  # fmt: skip
+    print(table(["workload", "path", "50 shapes s", "first ms", "median new shape ms", "worst ms", "known shape ms"], rows))
+    print(json.dumps({w: {k: v for k, v in e.items() if k not in PATHS} for w, e in result["summary"].items()}, indent=1))
+    fig, axes = figure(2)
+    for ax, workload in zip(axes, WORKLOADS, strict=True):
+        for r in result["runs"]:
+            if r.get("workload") == workload and "per_shape_ms" in r:
+                ax.plot(range(1, len(r["per_shape_ms"]) + 1), r["per_shape_ms"], marker=".", label=r["path"])
+        ax.set_yscale("log"), ax.set_xlabel("new shape (in order met)"), ax.set_ylabel("ms to its first execution")
+        ax.set_title(f"{workload}: 50 new shapes in a fresh process", fontsize=9), ax.legend(fontsize=7)
+    save(fig, out / "families.png")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--time-limit", type=float, default=420.0)
+    parser.add_argument("--node", choices=PATHS, help=argparse.SUPPRESS)
+    parser.add_argument("--workload", choices=tuple(WORKLOADS), default="decode", help=argparse.SUPPRESS)
+    parser.add_argument("--setup-families", choices=tuple(WORKLOADS), help=argparse.SUPPRESS)
+    parser.add_argument("--server", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.node:
+        node_main(args.node, args.workload, args.server)
+        return
+    if args.setup_families:
+        setup_families(args.setup_families, args.server)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    report(run(args.out, args.time_limit), args.out)
+
+
+if __name__ == "__main__":
+    main()
