@@ -28,6 +28,7 @@ HEDGE_ROWS = (
 EXEC_RUN = "2026-11-30-h200-run13.md"
 # The docs/gpu-runs/ record of bench/training.py's figures (issue 30).
 TRAINING_RUN = "2026-12-01-h200-run23.md"
+FAMILIES_RUN = "2026-12-01-h200-run24.md"
 HERD_EXTRA = {"asynchronous front end, nodes as equals": "herd_nodes_at_nice0.json", "asynchronous front end, 300 nodes": "herd_300_nodes.json",
               "hedged clients beside plain ones (issue 29; one run)": "herd_hedged.json"}
 
@@ -737,6 +738,43 @@ def training_section(tr: dict, run_record: str) -> list[str]:
     return out
 
 
+def families_section(fa: dict, run_record: str) -> list[str]:
+    """bench/results/families.json (bench/families.py): 50 new shapes in a fresh process, three ways."""
+    s, families = fa.get("summary") or {}, fa.get("families") or {}
+    out = [
+        f"## Shapes that vary: graph families (`bench/families.py`; [{run_record}](gpu-runs/{run_record}))\n",
+        "A real deployment (Redis, plancache-server, one H200 worker). A fresh process meets 50 new shapes, bf16, through "
+        "plancache.functional: *decode*, a decode step (RMSNorm, query projection, paged decode attention with 16 query heads over 8 KV heads, "
+        "MLP up with GELU and down: 5 graphs) at 50 distinct batch sizes of 1..128; *prefill*, causal SDPA [1, 16, S, 128] at 50 distinct "
+        "lengths of 16..1024. Each shape's time is to its first execution (the step synchronized). Paths: *local*, the frontend building "
+        "each graph in the process (cuDNN's heuristic plan; it also serializes and reloads it, 1-4 ms); *plancache*, today's (one key per "
+        "shape, nothing stored: misses, the hedge on); *family*, each graph's family stored first (decode: every batch size 1..128; "
+        "prefill: lengths padded to the next multiple of 64 with `pf.set_buckets`, the family the 16 bucket sizes). Every path asks for "
+        "heuristic plans (tuning the families' graphs does not fit the run); the family plans' GPU time is compared with the exact "
+        "shape's autotuned plan at a few sizes.\n",
+        "| workload | path | 50 shapes, total | first shape | median new shape | worst new shape | a known shape |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for workload, entry in s.items():
+        for path in ("local", "plancache", "family"):
+            e = entry.get(path)
+            if e:
+                out.append(f"| {workload} | {path} | {_num(e.get('total_s'), 2, ' s')} | {_num(e.get('first_shape_ms'), 0, ' ms')} | "
+                           f"{_num(e.get('median_new_shape_ms'), 1, ' ms')} | {_num(e.get('max_new_shape_ms'), 0, ' ms')} | {_num(e.get('known_shape_ms'), 2, ' ms')} |")  # fmt: skip
+    out += ["", "| workload | local / family (total) | today's plancache / family | family: ms per new graph (median) | new shapes ≤ 20 ms per graph | "
+            "family plan / exact tuned plan (GPU) | padding waste | family built on the worker |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for workload, entry in s.items():
+        ratios = entry.get("family_over_tuned") or []
+        within = f"{entry.get('family_new_shapes_within_target')} of {entry.get('family_new_shapes')}" if entry.get("family_new_shapes") else "—"
+        built = families.get(workload) or {}
+        out.append(f"| {workload} | {_num(entry.get('local_over_family_total'), 1, 'x')} | {_num(entry.get('plancache_over_family_total'), 1, 'x')} | "
+                   f"{_num(entry.get('family_median_ms_per_graph'), 1, ' ms')} | {within} | "
+                   f"{', '.join(f'{r:.2f}x' for r in ratios) or '—'} | {_num(100 * ((entry.get('buckets') or {}).get('waste') or 0.0), 1, ' %')} | "
+                   f"{built.get('graphs', '—')} graphs in {_num(built.get('build_s'), 1, ' s')} |")  # fmt: skip
+    out += ["", "![families](../bench/results/families.png)", ""]
+    return out
+
+
 def upgrade_section(up: dict) -> list[str]:
     """bench/results/upgrade.json (bench/upgrade.py)."""
     c, m, s = up["config"], up["machine"], up["summary"]
@@ -838,6 +876,7 @@ def main() -> None:
         *(variants_section(json.loads((RESULTS / "variants.json").read_text())) if (RESULTS / "variants.json").exists() else []),
         *(functional_section(json.loads((RESULTS / "functional.json").read_text()), TRAINING_RUN) if (RESULTS / "functional.json").exists() else []),
         *(training_section(json.loads((RESULTS / "training.json").read_text()), TRAINING_RUN) if (RESULTS / "training.json").exists() else []),
+        *(families_section(json.loads((RESULTS / "families.json").read_text()), FAMILIES_RUN) if (RESULTS / "families.json").exists() else []),
         *gpu_section(gpu),
         *multi_gpu_section(mg),
         *(
