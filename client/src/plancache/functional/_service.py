@@ -52,6 +52,8 @@ ABOUT_THE_GRAPH: tuple[type[PlanCacheError], ...] = (SpecError, CompileFailed, I
 class NotConfigured(Unavailable):
     """No server was given: neither configure() nor PLANCACHE_SERVER."""
 
+    reason_class = "no_server"  # plancache.transport.outcomes.REASONS
+
 
 class Service:
     """Which client, target and options the front doors compile with."""
@@ -109,6 +111,11 @@ class Service:
 
             found = self._detected[device] = detect_target(device)
         return found
+
+    def known_target_id(self, device: int) -> str:
+        """The target asked for on GPU `device`, if known without detecting it ("" otherwise): what outcomes are counted under."""
+        target = self._target or self._detected.get(device)
+        return target.id if target is not None else ""
 
     def compile(self, spec: GraphSpec, device: int, options: CompileOptions | None = None, *, path: str = "functional") -> Plan:
         """The plan for `spec` on GPU `device`: disk cache, then the server,
