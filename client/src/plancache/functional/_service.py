@@ -135,7 +135,7 @@ class Service:
         target = self.target_for(device)
         if client.hedge:
             return client.race(spec, target, options or self.options, build, path=path, timeout=self.timeout)
-        return Raced(plan=client.compile(spec, target, options or self.options, timeout=self.timeout, hedge=False))
+        return Raced(plan=client.compile(spec, target, options or self.options, timeout=self.timeout, hedge=False, hedge_path=path))
 
     def reset(self) -> None:
         """Back to the start: no client, PLANCACHE_SERVER read on next use."""

@@ -47,7 +47,7 @@ td.reason, td code.engine { white-space: normal; word-break: break-word; }
   main { padding: 2px 8px 16px; }
   section { padding: 10px 10px 12px; margin-top: 10px; }
   th, td { padding: 4px 8px 4px 0; }
-  code.target { max-width: 11em; }
+  code.target { max-width: 11em; min-width: 9em; }
 }
 h2 { font-size: 15px; margin: 0 0 10px; }
 table { border-collapse: collapse; width: 100%; }
