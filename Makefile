@@ -1,6 +1,6 @@
 # plancache: `make run` starts a server, `make test` runs the tests.
 # Both set up what they need on a fresh machine: redis-server (and, for the
-# tests, Chromium and Node.js) from the OS packages when missing, the Python packages in
+# tests, Chromium, Node.js and Prometheus) from the OS packages when missing, the Python packages in
 # a venv (.venv).
 
 PYTHON ?= python3
@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: setup setup-test redis chromium node run test lint typecheck proto bench herd upgrade clean
+.PHONY: setup setup-test redis chromium node prometheus run test lint typecheck proto bench herd upgrade clean
 
 $(STAMP): client/pyproject.toml server/pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +40,12 @@ $(NODE_MODULES): tests/conformance/node/package-lock.json
 	cd tests/conformance/node && npm ci --no-audit --no-fund --loglevel=error
 	touch $(NODE_MODULES)
 
-setup-test: setup chromium node
+## Prometheus and promtool (Debian's prometheus package): a real Prometheus evaluates the
+## Grafana dashboard's queries and the alert rules in the tests.
+prometheus:
+	@scripts/install-os-package.sh promtool prometheus golang-github-prometheus prometheus
+
+setup-test: setup chromium node prometheus
 
 ## Start a server on 127.0.0.1:50051 with a private Redis and a worker per local GPU;
 ## /metrics and the status page on http://127.0.0.1:$(METRICS_PORT)/ (METRICS_PORT=0: off).

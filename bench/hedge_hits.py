@@ -20,20 +20,21 @@ are bench/cpu_bench.py's (docs/performance.md, CPU section).
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import platform
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.report import figure, save, table, write_json
-from plancache import Client, race_stats
+from bench.report import figure, paired_panel, paired_rounds_main, save, table, write_json
+from plancache import Client, GraphSpec, race_stats
 from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from tests.support import hermetic
 from tests.support.processes import REPO, child_env, server_process, wait_for_workers, worker_process
@@ -45,12 +46,14 @@ MODES = ("hedge off", "hedge on")
 TARGET_RATIO = 1.05  # hedge on / hedge off, p50: "hits no slower" within the noise of one machine
 
 
-def run(rounds: int, calls: int, plans: int) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(prefix="plancache-hedge-hits-"))
+@contextlib.contextmanager
+def stored_plans(prefix: str, plans: int) -> Iterator[tuple[str, Path, list[GraphSpec]]]:
+    """(address, a scratch folder, the specs): a real plancache-server, its Redis and a stand-in
+    worker that has stored `plans` plans (75 KB each) tuned; stopped on leaving."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     redis = EmbeddedRedis(tmp / "redis", binary=hermetic.redis_server_bin(), persist=False).start()
     address = f"127.0.0.1:{free_port()}"
     specs = [matmul_spec(m=64 * (i + 1), name=f"hit-{i}") for i in range(plans)]
-    builder = StandInLocalBuilder(seconds=0.5)  # a hit that started it would cost half a second: unmissable
     try:
         env = child_env(PLANCACHE_ALLOW_UNSIGNED="1")
         with server_process(address, redis.url, tmp / "server.log", "--gpus", "none", "--unsigned", env=env), worker_process(
@@ -60,29 +63,35 @@ def run(rounds: int, calls: int, plans: int) -> dict[str, Any]:
             with Client(address, cache=False, hedge=False, allow_unsigned=True) as seed:
                 for spec in specs:
                     seed.compile(spec, STANDIN_TARGET, tuned_only=True)
-            clients = {
-                "hedge off": Client(address, cache=False, hedge=False, allow_unsigned=True, local_builder=builder),
-                "hedge on": Client(address, cache=False, hedge=True, allow_unsigned=True, local_builder=builder),
-            }
-            per_round: dict[str, list[float]] = {m: [] for m in MODES}
-            sources: dict[str, set[str]] = {m: set() for m in MODES}
-            for _ in range(3):  # warm both paths (channels, the server's resolved-query memo)
-                for mode in MODES:
-                    for spec in specs:
-                        clients[mode].compile(spec, STANDIN_TARGET)
-            for r in range(rounds):
-                for mode in MODES if r % 2 == 0 else reversed(MODES):
-                    latencies = []
-                    for i in range(calls):
-                        started = time.perf_counter()
-                        plan = clients[mode].compile(specs[i % plans], STANDIN_TARGET)
-                        latencies.append(time.perf_counter() - started)
-                        sources[mode].add(plan.source)
-                    per_round[mode].append(statistics.median(latencies) * 1e3)
-            for c in clients.values():
-                c.close()
+            yield address, tmp, specs
     finally:
         redis.stop()
+
+
+def run(rounds: int, calls: int, plans: int) -> dict[str, Any]:
+    builder = StandInLocalBuilder(seconds=0.5)  # a hit that started it would cost half a second: unmissable
+    with stored_plans("plancache-hedge-hits-", plans) as (address, _, specs):
+        clients = {
+            "hedge off": Client(address, cache=False, hedge=False, allow_unsigned=True, local_builder=builder),
+            "hedge on": Client(address, cache=False, hedge=True, allow_unsigned=True, local_builder=builder),
+        }
+        per_round: dict[str, list[float]] = {m: [] for m in MODES}
+        sources: dict[str, set[str]] = {m: set() for m in MODES}
+        for _ in range(3):  # warm both paths (channels, the server's resolved-query memo)
+            for mode in MODES:
+                for spec in specs:
+                    clients[mode].compile(spec, STANDIN_TARGET)
+        for r in range(rounds):
+            for mode in MODES if r % 2 == 0 else reversed(MODES):
+                latencies = []
+                for i in range(calls):
+                    started = time.perf_counter()
+                    plan = clients[mode].compile(specs[i % plans], STANDIN_TARGET)
+                    latencies.append(time.perf_counter() - started)
+                    sources[mode].add(plan.source)
+                per_round[mode].append(statistics.median(latencies) * 1e3)
+        for c in clients.values():
+            c.close()
     if builder.built:
         raise RuntimeError(f"a hit started {len(builder.built)} local build(s)")
     medians = {m: statistics.median(v) for m, v in per_round.items()}
@@ -109,23 +118,13 @@ def report(result: dict[str, Any], out: Path) -> None:
     print(table(["mode", "p50 ms (median of rounds)", "min", "max"], rows))
     print(f"hedge on / off: {result['hedge_on_over_off']:.3f} (target ≤ {TARGET_RATIO}); local builds on hits: {result['local_builds']}")
     fig, (a,) = figure(1)
-    for i, (mode, v) in enumerate(result["p50_ms"].items()):
-        a.scatter([i] * len(v["rounds"]), v["rounds"], s=12)
-        a.bar(i, v["median"], alpha=0.4, label=f"{mode}: {v['median']:.3f} ms")
-    a.set_xticks(range(len(MODES)), MODES), a.set_ylabel("compile() of a stored plan, p50 ms per round"), a.legend()
-    a.set_title(f"The hedge on the hit path (CPU): on / off = {result['hedge_on_over_off']:.3f}")
+    paired_panel(a, result["p50_ms"], lambda ms: f"{ms:.3f} ms", "compile() of a stored plan, p50 ms per round",
+                 f"The hedge on the hit path (CPU): on / off = {result['hedge_on_over_off']:.3f}")  # fmt: skip
     save(fig, out / "hedge_hits.png")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--plans", type=int, default=8)
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    report(run(args.rounds, args.calls, args.plans), args.out)
+    paired_rounds_main(run, report, REPO / "bench" / "results")
 
 
 if __name__ == "__main__":

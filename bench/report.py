@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +64,29 @@ def save(fig: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def paired_rounds_main(run: Callable[[int, int, int], dict[str, Any]], report: Callable[[dict[str, Any], Path], None], out: Path) -> None:
+    """The command line of a benchmark of the hit path in paired rounds (bench/hedge_hits.py, bench/report_hits.py):
+    --out, --rounds, --calls per round and mode, --plans stored."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--plans", type=int, default=8)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    report(run(args.rounds, args.calls, args.plans), args.out)
+
+
+def paired_panel(ax: Any, per_mode: dict[str, dict[str, Any]], label: Callable[[float], str], ylabel: str, title: str) -> None:
+    """One plot of a paired-rounds benchmark: each mode's per-round values as dots, their median as a bar."""
+    for i, (mode, v) in enumerate(per_mode.items()):
+        ax.scatter([i] * len(v["rounds"]), v["rounds"], s=12)
+        ax.bar(i, v["median"], alpha=0.4, label=f"{mode}: {label(v['median'])}")
+    ax.set_xticks(range(len(per_mode)), list(per_mode))
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    ax.set_title(title)

@@ -2,7 +2,7 @@
 # install-os-package.sh COMMAND DEBIAN_PACKAGE [RPM_PACKAGE] [BREW_FORMULA]
 # Installs COMMAND from the OS packages when it is not on PATH (apt, dnf or
 # Homebrew); does nothing when it is there. Used by `make setup` (Redis) and
-# `make test` (Chromium for the status page tests).
+# `make test` (Chromium for the status page tests, Node.js, Prometheus).
 set -euo pipefail
 command_name=$1 debian=$2 rpm=${3:-$2} brew=${4:-$2}
 if command -v "$command_name" >/dev/null 2>&1; then

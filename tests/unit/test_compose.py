@@ -56,12 +56,21 @@ def test_prometheus_scrapes_the_metrics_ports() -> None:
 def test_grafana_dashboard_queries_metrics_that_exist() -> None:
     dashboard = json.loads((ROOT / "docker" / "grafana" / "dashboards" / "plancache.json").read_text())
     exported = set()
-    for metric in (telemetry.REQUESTS, telemetry.REQUEST_SECONDS, telemetry.LOOKUPS, telemetry.BUILDS, telemetry.BUILD_SECONDS, telemetry.BUSY):
+    for metric in (telemetry.REQUESTS, telemetry.REQUEST_SECONDS, telemetry.LOOKUPS, telemetry.BUILDS, telemetry.BUILD_SECONDS, telemetry.BUSY,
+                   telemetry.FLEET_GRAPHS, telemetry.FLEET_RACES, telemetry.UNTRUSTED_BUILDS):  # fmt: skip
         name = metric._name
         exported |= {name, f"{name}_total", f"{name}_bucket"}
     exported |= {"plancache_jobs_waiting", "plancache_jobs_running", "plancache_live_workers"}
     used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"plancache_[a-z_]+", t["expr"])}
     assert used and used <= exported, used - exported
+    rules = yaml.safe_load((ROOT / "docker" / "prometheus-rules.yml").read_text())
+    recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
+    in_rules = {m for g in rules["groups"] for r in g["rules"] for m in re.findall(r"plancache[a-z_:0-9]+", r["expr"])}
+    assert in_rules and in_rules <= exported | recorded, in_rules - exported - recorded
+    config = yaml.safe_load((ROOT / "docker" / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["prometheus-rules.yml"]
+    mounted = COMPOSE["services"]["prometheus"]["volumes"]
+    assert "./docker/prometheus-rules.yml:/etc/prometheus/prometheus-rules.yml:ro" in mounted
     datasources = yaml.safe_load((ROOT / "docker" / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
     assert datasources["datasources"][0]["url"] == "http://prometheus:9090"
 

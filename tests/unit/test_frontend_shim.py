@@ -440,3 +440,38 @@ def test_a_hedged_miss_whose_service_fails_keeps_the_programs_plan(recorder: Rec
     g.execute({a: 1, b: 2, c: 3}, Workspace(4096))
     g.execute({a: 1, b: 2, c: 3}, Workspace(4096))
     assert recorder.loaded == [] and recorder.names().count("execute") == 2 and g.plancache.source == "local"
+
+
+# ---- what the process tells the service -------------------------------------------------------
+
+
+def test_every_graph_is_counted_for_the_service_once_with_its_reason_class(recorder: Recorder, client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What plancache.cudnn counts for its reports (plancache.transport.outcomes) is
+    what stats() says: the served graphs, and each local one under its reason class."""
+    from plancache.transport import outcomes
+
+    outcomes.reset_outcome_stats()
+    for _ in range(2):
+        build(matmul_graph()[0])  # served
+    client.source = "cache"
+    build(sdpa_graph()[0])  # the service's plan, from the disk cache
+    client.source = "compiled"
+    for error in (CompileFailed("cuDNN refuses it"), Unavailable("down"), UntrustedPlan("unknown key", signer="abc", unknown_key=True)):
+        client.error = error
+        build(matmul_graph()[0])
+    client.error = None
+    g, _ = matmul_graph()
+    g.validate()
+    g.build_plan_at_index(0)  # the program drives its own candidates
+    counted = {(k.path, k.target_id, k.outcome, k.reason, k.node_type): n for k, n in outcomes.outcome_stats().items()}
+    stats = shim.stats()
+    assert (stats.served, stats.local) == (3, 4)
+    assert counted == {
+        ("cudnn", TARGET.id, outcomes.Outcome.SERVED, "", "MATMUL"): 2,
+        ("cudnn", TARGET.id, outcomes.Outcome.DISK_CACHE, "", "SDPA"): 1,
+        ("cudnn", TARGET.id, outcomes.Outcome.LOCAL, "compile_failed", "MATMUL"): 1,
+        ("cudnn", TARGET.id, outcomes.Outcome.LOCAL, "unavailable", "MATMUL"): 1,
+        ("cudnn", TARGET.id, outcomes.Outcome.LOCAL, "untrusted_plan", "MATMUL"): 1,
+        ("cudnn", TARGET.id, outcomes.Outcome.LOCAL, "program_drives", "MATMUL"): 1,
+    }
+    outcomes.reset_outcome_stats()

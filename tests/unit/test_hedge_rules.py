@@ -12,6 +12,7 @@ import pytest
 
 from plancache.errors import CompileFailed, TargetUnavailable, Unavailable
 from plancache.transport import hedge
+from plancache.transport.reports import Reports
 from plancache.v1 import plancache_pb2 as pb
 
 
@@ -112,30 +113,35 @@ def test_the_bound_on_the_first_answer(monkeypatch: pytest.MonkeyPatch, value: s
 
 
 def test_reports_go_in_batches_and_a_failing_send_costs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    sent: list[list[pb.FirstUse]] = []
-    reports = hedge.FirstUseReports(sent.append)
+    sent: list[pb.ReportFirstUsesRequest] = []
+    reports = Reports(sent.append)
     monkeypatch.setattr(reports, "INTERVAL_S", 3600.0)  # flushed by hand here
     for i in range(600):
         reports.add(f"key-{i}", i % 2 == 0)
-    reports.flush()
-    assert [len(b) for b in sent] == [256, 256, 88] and sent[0][0] == pb.FirstUse(plan_key="key-0", local=True)
+    reports.flush(counts=False)
+    assert [len(r.uses) for r in sent] == [256, 256, 88] and sent[0].uses[0] == pb.FirstUse(plan_key="key-0", local=True)
 
-    def failing(batch: list[pb.FirstUse]) -> None:
+    def failing(request: pb.ReportFirstUsesRequest) -> None:
         raise Unavailable("server down")
 
-    broken = hedge.FirstUseReports(failing)
+    broken = Reports(failing)
     broken.add("k", True)
     broken.close()  # no exception: the report is lost, nothing else
 
 
-def test_reports_waiting_are_bounded() -> None:
-    sent: list[list[pb.FirstUse]] = []
-    reports = hedge.FirstUseReports(sent.append)
+def test_reports_waiting_are_bounded_and_off_sends_nothing() -> None:
+    sent: list[pb.ReportFirstUsesRequest] = []
+    reports = Reports(sent.append)
     reports._stopped.set()  # no background flush: everything stays queued
-    for i in range(hedge.FirstUseReports.MAX_QUEUED + 100):
+    for i in range(Reports.MAX_QUEUED + 100):
         reports.add(f"key-{i}", True)
-    reports.flush()
-    assert sum(len(b) for b in sent) == hedge.FirstUseReports.MAX_QUEUED
+    reports.flush(counts=False)
+    assert sum(len(r.uses) for r in sent) == Reports.MAX_QUEUED
+    off: list[pb.ReportFirstUsesRequest] = []
+    silent = Reports(off.append, enabled=False)
+    silent.add("k", True)
+    silent.close()
+    assert off == []
 
 
 def test_what_is_left_is_sent_when_the_process_exits() -> None:
@@ -143,8 +149,8 @@ def test_what_is_left_is_sent_when_the_process_exits() -> None:
     import sys
 
     program = (
-        "from plancache.transport import hedge\n"
-        "reports = hedge.FirstUseReports(lambda batch: print('sent', len(batch), flush=True))\n"
+        "from plancache.transport.reports import Reports\n"
+        "reports = Reports(lambda request: print('sent', len(request.uses), flush=True))\n"
         "reports.INTERVAL_S = 3600.0\n"
         "reports.add('k1', True); reports.add('k2', False)\n"
     )

@@ -2,8 +2,9 @@
 counts; plancache_server.web serves them with its scrape-time collectors).
 
 Front ends count requests by method and status code with their latency,
-plan lookups (hit or miss) per target, refused plans and untrusted builds;
-workers count builds by outcome and time them.
+plan lookups (hit or miss) per target, refused plans and untrusted builds,
+and what nodes report of their graphs and races; workers count builds by
+outcome and time them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ PLANS_REFUSED = Counter(
 UNTRUSTED_BUILDS = Counter(
     "plancache_untrusted_builds", "builds whose plan this front end refused to serve (signed by a key it does not trust, or damaged), by target", ["target"]
 )
+# What nodes reported of their own graphs (ReportFirstUses), as this front end received it: summed over
+# front ends, the fleet's. Labels are folded into fixed sets (plancache_server.store.fleet).
+FLEET_GRAPHS = Counter(
+    "plancache_fleet_graphs", "graphs nodes reported, by target, front door, outcome (served, disk_cache, local), reason class and node type",
+    ["target", "path", "outcome", "reason", "node_type"],
+)  # fmt: skip
+FLEET_RACES = Counter("plancache_fleet_races", "hedged misses nodes reported, by front door and result", ["path", "result"])
 BUILDS = Counter("plancache_builds", "builds finished by this worker, by target and outcome", ["target", "outcome"])
 BUILD_SECONDS = Histogram("plancache_build_seconds", "build + autotune time of one plan", ["target"], buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 60, 120, 300, 900))
 BUSY = Gauge("plancache_worker_busy", "1 while this worker is building (a piece of a build in its pool, or timing)")

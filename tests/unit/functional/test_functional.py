@@ -327,3 +327,31 @@ def test_a_geometry_this_node_built_runs_its_own_plan_until_the_services_takes_o
     assert type(replaced) is _table.Served and replaced.plan.source == "compiled"  # a plain entry: later calls look no more
     (graph,) = runtime.graphs
     assert len(graph.calls) == 1 and client.pending.adoptions == 1 and pf.stats()["linear"].cudnn == 3 and len(client.asked) == 1
+
+
+# ---- what the process tells the service -------------------------------------------------------
+
+
+def test_every_geometry_is_counted_for_the_service_once_with_its_reason_class(client: StandInClient, torch_runs: list[Any]) -> None:
+    """What plancache.functional counts for its reports (plancache.transport.outcomes) is
+    what stats() says: geometries served, and each one torch runs under its reason class."""
+    from plancache.transport import outcomes
+
+    outcomes.reset_outcome_stats()
+    pf.matmul(T((4, 8)), T((8, 2)))
+    pf.matmul(T((4, 8)), T((8, 2)))  # a second call of the geometry: not a new graph
+    pf.linear(T((4, 64), dtype="float32"), T((32, 64), dtype="float32"))  # cuDNN is not asked for float32
+    client.error = CompileFailed("cuDNN does not support this graph on sm_90")
+    pf.matmul(T((6, 8)), T((8, 2)))
+    client.error = Unavailable("failed to connect to all addresses")
+    pf.matmul(T((8, 8)), T((8, 2)))
+    counted = {(k.path, k.outcome, k.reason, k.node_type): n for k, n in outcomes.outcome_stats().items()}
+    assert counted == {
+        ("functional", outcomes.Outcome.SERVED, "", "MATMUL"): 1,
+        ("functional", outcomes.Outcome.LOCAL, "not_asked", "MATMUL"): 1,
+        ("functional", outcomes.Outcome.LOCAL, "compile_failed", "MATMUL"): 1,
+        ("functional", outcomes.Outcome.LOCAL, "unavailable", "MATMUL"): 1,
+    }
+    stats = pf.stats()
+    assert sum(s.geometries - s.torch_geometries for s in stats.values()) == 1 and sum(sum(s.reasons.values()) for s in stats.values()) == 3
+    outcomes.reset_outcome_stats()

@@ -60,7 +60,9 @@ from plancache.errors import PlanCacheError
 from plancache.functional._service import ABOUT_THE_GRAPH, SERVICE, Once, configure, describe, reason_key
 from plancache.keys.options import CompileOptions
 from plancache.run.plan import Plan
+from plancache.spec.canonical import hash_normalized
 from plancache.spec.graph import GraphSpec
+from plancache.transport import outcomes
 from plancache.transport.hedge import Race
 
 log = logging.getLogger(__name__)
@@ -353,8 +355,8 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         base = options(SERVICE.options, s.heuristics, s.workspace_limit, s.excluded_notes)
         return s.plan_list.options(base, s.planned)
 
-    def _plancache_fetch(self, build: Callable[[], Any] | None = None) -> tuple[GraphSpec | None, Plan | None, tuple[str, str, bool] | None]:
-        """(spec, plan, None), or why not: (spec or None, None, (reason, its logging key, about this graph)).
+    def _plancache_fetch(self, build: Callable[[], Any] | None = None) -> tuple[GraphSpec | None, Plan | None, Local | None]:
+        """(spec, plan, None), or why not: (spec or None, None, Local: the reason, its logging key, whether it is about this graph, its class).
         With `build` (the program's own build step), a miss races it
         (plancache.transport.hedge): when it ran first, (spec, None, None)
         with the race kept for the service's plan to take over later."""
@@ -374,10 +376,10 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
             s.race = raced.race
             return spec, raced.plan, None
         except PlanCacheError as e:
-            return spec, None, (describe(e), reason_key(e), isinstance(e, ABOUT_THE_GRAPH))
+            return spec, None, Local(describe(e), reason_key(e), isinstance(e, ABOUT_THE_GRAPH), outcomes.reason_of(e))
         except Exception as e:  # e.g. a frontend error: the program's own build runs and says it
             reason = f"{stage} failed: {type(e).__name__}: {e}"
-            return spec, None, (reason, reason, True)
+            return spec, None, Local(reason, reason, True, "no_spec_form" if spec is None else outcomes.OTHER)
 
     def _plancache_build(self, build: Callable[[], Any]) -> None:
         """The program's build step: served, raced (a hedged miss), or the program's own build."""
@@ -411,25 +413,26 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
             failed = race.error if race.done() and race.plan is None else None
             if failed is None:
                 built = Built(name, spec, reason=HEDGED, node_types=node_types(self), local_built=True, hedged=True)
-                self._plancache_count_local(built, "hedged", about_the_graph=False, level=logging.INFO)
+                self._plancache_count_local(built, Local(HEDGED, "hedged", False, "hedged"), level=logging.INFO)
             else:  # the service failed: said as when nothing was raced
                 s.race = None
                 built = Built(name, spec, reason=describe(failed), node_types=node_types(self), local_built=True)
-                self._plancache_count_local(built, reason_key(failed), about_the_graph=isinstance(failed, ABOUT_THE_GRAPH))
+                self._plancache_count_local(built, Local(describe(failed), reason_key(failed), isinstance(failed, ABOUT_THE_GRAPH), outcomes.reason_of(failed)))
             return True
         if plan is not None:
             try:
                 served = _load(self, plan)
             except Exception as e:  # e.g. a blob this frontend cannot load: the program's own build runs
                 reason = f"loading the served plan failed: {type(e).__name__}: {e}"
-                local = (reason, reason, True)
+                local = Local(reason, reason, True, "load_failed")
         if local is not None or plan is None:
-            reason, key, about = local or ("no plan", "no plan", True)
-            self._plancache_local(Built(name, spec, reason=reason, node_types=node_types(self)), key, about_the_graph=about)
+            local = local or NO_PLAN
+            self._plancache_local(Built(name, spec, reason=local.reason, node_types=node_types(self)), local)
             return False
         s.served, s.built = served, Built(name, spec, plan, node_types=node_types(self))
         _STATS.served += 1
         _RECENT.append(s.built)
+        outcomes.record("cudnn", outcomes.target_of(plan.key), outcomes.served_outcome(plan.source), outcomes.anchor_node_type(s.built.node_types))
         log.debug("plancache.cudnn: graph %r served by plan %s (%s)", name, plan.key, plan.source)
         return True
 
@@ -441,8 +444,8 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         if s.records is None:
             spec, plan, local = self._plancache_fetch()
             if plan is None:
-                reason, key, about = local or ("no plan", "no plan", True)
-                self._plancache_local(Built(self._plancache_name(), spec, reason=reason, node_types=node_types(self)), key, about_the_graph=about)
+                local = local or NO_PLAN
+                self._plancache_local(Built(self._plancache_name(), spec, reason=local.reason, node_types=node_types(self)), local)
                 return getattr(super(), query)(*args, **kwargs)
             s.records = (self._plancache_options(), plan)
         answered, value = Records(s.records[1].metadata, _frontend).answer(query, args, kwargs)
@@ -487,23 +490,26 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
             return getattr(served, name)(*args, **kwargs)
         return getattr(super(), name)(*args, **kwargs)
 
-    def _plancache_local(self, built: Built, key: str, *, about_the_graph: bool) -> None:
+    def _plancache_local(self, built: Built, why: Local) -> None:
         """Build locally from here on: the deferred plan calls are made now, in order."""
-        self._plancache_count_local(built, key, about_the_graph=about_the_graph)
+        self._plancache_count_local(built, why)
         try:
             self._plancache_replay()
         except BaseException:
             built.local_built = False  # the frontend refuses it too
             raise
 
-    def _plancache_count_local(self, built: Built, key: str, *, about_the_graph: bool, level: int = logging.WARNING) -> None:
+    def _plancache_count_local(self, built: Built, why: Local, level: int = logging.WARNING) -> None:
         self._plancache.built = built
         _STATS.local += 1
         reason = built.reason or "unknown"
         _STATS.reasons[reason] = _STATS.reasons.get(reason, 0) + 1
         _RECENT.append(built)
-        what = f"graph {built.name!r}" if about_the_graph else "graphs"
-        _once(log, key, "plancache.cudnn: %s built locally: %s", what, reason, level=level)
+        spec_hash = hash_normalized(built.spec) if built.spec is not None and outcomes.reports_specs() else ""
+        outcomes.record("cudnn", SERVICE.known_target_id(_current_device()), outcomes.Outcome.LOCAL, outcomes.anchor_node_type(built.node_types),
+                        reason=why.reason_class, spec_hash=spec_hash)  # fmt: skip
+        what = f"graph {built.name!r}" if why.about_the_graph else "graphs"
+        _once(log, why.key, "plancache.cudnn: %s built locally: %s", what, reason, level=level)
 
     def _plancache_replay(self) -> None:
         """The deferred plan calls, made now on the program's graph, in order (the build itself is the caller's)."""
@@ -547,19 +553,32 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         s = self._plancache
         if s.pending:
             built = Built(self._plancache_name(), reason=f"the program calls {what or name + '()'}", node_types=node_types(self))
-            self._plancache_local(built, f"drives:{name}", about_the_graph=True)
+            self._plancache_local(built, Local(built.reason or "", f"drives:{name}", True, "program_drives"))
             return
         if s.served is None or s.built is None:
             return
         _STATS.served -= 1
         s.served, previous = None, s.built
         built = Built(previous.name, previous.spec, reason=f"the program calls {what or name + '()'} after it was served", node_types=previous.node_types)
-        self._plancache_local(built, f"drives:{name}", about_the_graph=True)
+        self._plancache_local(built, Local(built.reason or "", f"drives:{name}", True, "program_drives"))
         for call, args, kwargs in s.replay:  # its build, as the program asked for it
             if call in _BUILDS:
                 getattr(super(), call)(*args, **kwargs)
 
 
+@dataclass(frozen=True)
+class Local:
+    """Why a graph builds locally: the reason (stats(), graphs()), its key for
+    logging once, whether it is about this graph (else about the service),
+    and its reason class (what the service is told: outcomes.REASONS)."""
+
+    reason: str
+    key: str
+    about_the_graph: bool
+    reason_class: str
+
+
+NO_PLAN = Local("no plan", "no plan", True, outcomes.OTHER)
 _BUILDS = ("build", "build_plans")
 HEDGED = "hedged miss: the service was building it and this program's own build was ready first (the service's plan takes over at a later execute)"
 

@@ -28,6 +28,10 @@ from plancache.functional._families import WATCH
 from plancache.functional._geometry import Unserved, geo
 from plancache.functional._service import ABOUT_THE_GRAPH, SERVICE, TRANSIENT, Once, describe, reason_key
 from plancache.functional._table import TABLE, Entry, Fallback, Served, counts, served
+from plancache.spec.canonical import hash_normalized
+from plancache.spec.graph import GraphSpec
+from plancache.spec.validation import normalize
+from plancache.transport import outcomes
 
 log = logging.getLogger("plancache.functional")
 _once = Once()
@@ -94,9 +98,9 @@ def _first_call(
     except Unserved as e:
         unserved = e
     if unserved is not None:
-        return _run_fallback(function, key, names, tensors, fallback, unserved.reason, transient=unserved.transient)
+        return _run_fallback(function, key, names, tensors, fallback, unserved.reason, "not_asked", transient=unserved.transient)
     device = int(tensors[0].get_device())
-    failed: tuple[str, bool, bool] | None = None  # (reason, transient, logged already)
+    failed: tuple[str, bool, bool, str] | None = None  # (reason, transient, logged already, reason class)
     try:
         with ops.on_device(device):  # a miss this node builds itself (the hedge) builds on the tensors' GPU
             plan = SERVICE.compile(asked.spec, device)
@@ -111,17 +115,20 @@ def _first_call(
         about_the_service = not isinstance(e, ABOUT_THE_GRAPH)
         if about_the_service:
             _once(log, f"service:{reason_key(e)}", "plancache.functional: torch runs what plancache cannot serve: %s", describe(e))
-        failed = (describe(e), isinstance(e, TRANSIENT), about_the_service)
+        failed = (describe(e), isinstance(e, TRANSIENT), about_the_service, outcomes.reason_of(e))
     except Exception as e:  # the plan did not load or run here: torch runs this geometry
-        failed = (f"the plan did not run: {type(e).__name__}: {e}", False, False)
+        failed = (f"the plan did not run: {type(e).__name__}: {e}", False, False, "load_failed")
     if failed is not None:
-        return _run_fallback(function, key, names, tensors, fallback, failed[0], transient=failed[1], quiet=failed[2])
+        return _run_fallback(function, key, names, tensors, fallback, failed[0], failed[3], transient=failed[1], quiet=failed[2], spec=asked.spec)
     TABLE.put(key, entry)
     counts(function).geometries += 1
     WATCH.seen(function, asked.spec, device)  # shapes that vary: their family built ahead (plancache.functional._families)
     if backward is not None:
         for piece in backward.requests.values():
             WATCH.seen(piece.function, piece.spec, device)
+    served_as = outcomes.served_outcome(plan.source)
+    outcomes.record("functional", outcomes.target_of(plan.key), served_as, _node_type(function, asked.spec),
+                    reason="hedged" if served_as is outcomes.Outcome.LOCAL else "")  # fmt: skip
     log.debug("plancache.functional.%s: plan %s (%s) serves %s", function, plan.key, plan.source, _describe(names, tensors))
     return result
 
@@ -139,14 +146,15 @@ def _backward_pieces(function: str, rule: _autograd.Rule, device: int) -> dict[s
             reason = f"{name}: {describe(e)}"
             c = counts(f"{function}.backward")
             c.reasons[reason] = c.reasons.get(reason, 0) + 1
+            _record_local(function, request.spec, outcomes.reason_of(e), device)
             _once(log, f"{function}|{name}|{reason_key(e)}", "plancache.functional.%s: torch runs the backward's %s: %s", function, name, describe(e))
             pieces[name] = rule.optional[name]
     return pieces
 
 
 def _run_fallback(
-    function: str, key: Hashable, names: Sequence[str], tensors: tuple[Any, ...], fn: Callable[..., Any], reason: str, *,
-    transient: bool, quiet: bool = False,
+    function: str, key: Hashable, names: Sequence[str], tensors: tuple[Any, ...], fn: Callable[..., Any], reason: str, reason_class: str, *,
+    transient: bool, quiet: bool = False, spec: GraphSpec | None = None,
 ) -> Any:  # fmt: skip
     if not _torch.available():
         raise InvalidRequest(f"{function}: {reason} (and torch, which would run it, is not installed)")
@@ -157,9 +165,36 @@ def _run_fallback(
     c.geometries += 1
     c.torch_geometries += 1
     c.reasons[reason] = c.reasons.get(reason, 0) + 1
+    _record_local(function, spec, reason_class, _device_of(tensors))
     if not quiet:
         _once(log, f"{function}|{key!r}", "plancache.functional.%s: torch runs %s: %s", function, _describe(names, tensors), reason)
     return result
+
+
+# The node type a function's graph is counted under when torch ran it before any spec was made.
+_NODE_TYPES = {
+    "linear": "MATMUL", "matmul": "MATMUL", "conv2d": "CONV_FPROP", "layer_norm": "LAYERNORM", "rms_norm": "RMSNORM", "batch_norm": "BATCHNORM",
+    "scaled_dot_product_attention": "SDPA", "paged_decode_attention": "SDPA",
+}  # fmt: skip
+
+
+def _node_type(function: str, spec: GraphSpec | None) -> str:
+    if spec is not None:
+        return outcomes.anchor_of_ops(n.op for n in spec.nodes)
+    return _NODE_TYPES.get(function, "")
+
+
+def _device_of(tensors: tuple[Any, ...]) -> int:
+    try:
+        return int(tensors[0].get_device())
+    except Exception:
+        return 0
+
+
+def _record_local(function: str, spec: GraphSpec | None, reason_class: str, device: int) -> None:
+    """A graph torch runs, told to the service (plancache.transport.outcomes): its spec hash only where the operator opted in."""
+    spec_hash = hash_normalized(normalize(spec)) if spec is not None and outcomes.reports_specs() else ""
+    outcomes.record("functional", SERVICE.known_target_id(device), outcomes.Outcome.LOCAL, _node_type(function, spec), reason=reason_class, spec_hash=spec_hash)
 
 
 # ---- the functions -----------------------------------------------------------------

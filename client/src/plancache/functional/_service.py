@@ -59,6 +59,8 @@ log = logging.getLogger("plancache.functional")
 class NotConfigured(Unavailable):
     """No server was given: neither configure() nor PLANCACHE_SERVER."""
 
+    reason_class = "no_server"  # plancache.transport.outcomes.REASONS
+
 
 class Service:
     """Which client, target and options the front doors compile with."""
@@ -120,6 +122,11 @@ class Service:
             found = self._detected[device] = detect_target(device)
         return found
 
+    def known_target_id(self, device: int) -> str:
+        """The target asked for on GPU `device`, if known without detecting it ("" otherwise): what outcomes are counted under."""
+        target = self._target or self._detected.get(device)
+        return target.id if target is not None else ""
+
     def compile(self, spec: GraphSpec, device: int, options: CompileOptions | None = None, *, path: str = "functional") -> Plan:
         """The plan for `spec` on GPU `device`: disk cache, then the server,
         hedged as the client is (a miss may answer with this node's own
@@ -171,7 +178,7 @@ class Service:
         target = self.target_for(device)
         if client.hedge:
             return client.race(spec, target, options or self.options, build, path=path, timeout=self.timeout)
-        return Raced(plan=client.compile(spec, target, options or self.options, timeout=self.timeout, hedge=False))
+        return Raced(plan=client.compile(spec, target, options or self.options, timeout=self.timeout, hedge=False, hedge_path=path))
 
     def reset(self) -> None:
         """Back to the start: no client, PLANCACHE_SERVER read on next use."""

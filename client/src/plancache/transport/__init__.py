@@ -1,6 +1,7 @@
 """Talking to a server: the Client (client), rich gRPC errors
 (rich_status), background prefetch (background), start-up manifests
-(manifest).
+(manifest), the hedged miss (hedge), and what the process tells the
+service in the background (reports) of its graphs' outcomes (outcomes).
 
 Owns: the calls and their retries.
 May import: plancache.errors, plancache.dtypes, plancache.v1, plancache.spec, plancache.keys, plancache.run, plancache.trust, plancache.transport, plancache.warm.

@@ -24,6 +24,7 @@ import grpc
 
 from plancache.errors import CompileTimeout, InvalidRequest, PlanCacheError, UntrustedPlan, error_from_status
 from plancache.keys.options import CompileOptions
+from plancache.keys.plankey import parse_key
 from plancache.keys.target import Target
 from plancache.run.local import LocalPlan
 from plancache.run.plan import SOURCE_NAMES, Plan
@@ -32,10 +33,12 @@ from plancache.spec.canonical import hash_normalized
 from plancache.spec.family import Family
 from plancache.spec.graph import GraphSpec
 from plancache.spec.validation import normalize
+from plancache.transport import outcomes
 from plancache.transport.background import BackgroundPrefetch
 from plancache.transport.calls import remaining, retry_pause, typed
-from plancache.transport.hedge import NOT_HEDGED, FirstUseReports, FrontendBuilder, LocalBuilder, Race, Raced, hedge_after_s, hedge_default, run_race
+from plancache.transport.hedge import NOT_HEDGED, FrontendBuilder, LocalBuilder, Race, Raced, hedge_after_s, hedge_default, run_race
 from plancache.transport.manifest import Manifest
+from plancache.transport.reports import Reports
 from plancache.transport.results import FamilyStatus, PrefetchResult, TargetInfo, TargetStats, WindowCounts
 from plancache.transport.rich_status import seconds_of
 from plancache.trust.answers import Asked
@@ -55,7 +58,7 @@ DEFAULT_COMPILE_TIMEOUT_S = 900.0
 MAX_MESSAGE_BYTES = 64 * 2**20
 # Plans this node built itself (hedged misses), held for a compile() of the same key again.
 LOCAL_PLANS_HELD = 1024
-# Seconds a report of race outcomes (ReportFirstUses) may take.
+# Seconds a background report (ReportFirstUses) may take.
 REPORT_TIMEOUT_S = 2.0
 
 
@@ -89,6 +92,7 @@ class Client:
         tls: TLSConfig | None = None,
         hedge: bool | None = None,
         local_builder: LocalBuilder | None = None,
+        report: bool | None = None,
     ) -> None:
         """`server` is "host:port" (an insecure channel is opened and owned)
         or a grpc.Channel the caller configured and keeps owning. `cache`:
@@ -103,7 +107,10 @@ class Client:
         `hedge`: on a miss, build the plan here too and run whichever is
         ready first (plancache.transport.hedge; default PLANCACHE_HEDGE, on;
         only where this process can build for the target).
-        `local_builder`: how this node builds (default: its cuDNN frontend)."""
+        `local_builder`: how this node builds (default: its cuDNN frontend).
+        `report`: tell the service, in the background, how this process's
+        graphs and races ended (plancache.transport.reports; default
+        PLANCACHE_REPORT, on)."""
         self._metadata = (("authorization", f"Bearer {token or os.environ['PLANCACHE_TOKEN']}"),) if token or os.environ.get("PLANCACHE_TOKEN") else ()
         if isinstance(server, str):
             options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
@@ -124,7 +131,7 @@ class Client:
         self.hedge_after_s = hedge_after_s()
         self.local_builder: LocalBuilder = local_builder or FrontendBuilder()
         self._local_plans: OrderedDict[str, LocalPlan] = OrderedDict()
-        self._reports = FirstUseReports(self._report_first_uses)
+        self._reports = Reports(self._report, enabled=outcomes.report_default() if report is None else report)
 
     def __enter__(self) -> Client:
         return self
@@ -162,6 +169,14 @@ class Client:
         (plancache.functional says "functional")."""
         normalized = normalize(spec)
         resolved, opts = _target(target), options or CompileOptions()
+        plan = self._compile(normalized, resolved, opts, timeout, tuned_only, hedge, hedge_path)
+        if hedge_path == "compile":  # the front doors (plancache.cudnn, plancache.functional) count their own graphs
+            _count(plan, resolved.id, outcomes.anchor_of_ops(n.op for n in normalized.nodes))
+        return plan
+
+    def _compile(
+        self, normalized: GraphSpec, resolved: Target, opts: CompileOptions, timeout: float | None, tuned_only: bool, hedge: bool | None, hedge_path: str,
+    ) -> Plan:  # fmt: skip
         asked = Asked.query(hash_normalized(normalized), resolved, opts)
         cached = self._cached(asked.key, tuned_only)
         if cached is not None:
@@ -244,9 +259,9 @@ class Client:
         while len(self._local_plans) > LOCAL_PLANS_HELD:
             self._local_plans.popitem(last=False)
 
-    def _report_first_uses(self, uses: list[pb.FirstUse]) -> None:
+    def _report(self, request: pb.ReportFirstUsesRequest) -> None:
         # Short: a report lost costs only the report, and close() sends what is left.
-        self._stub.ReportFirstUses(pb.ReportFirstUsesRequest(uses=uses), timeout=REPORT_TIMEOUT_S, metadata=self._metadata)
+        self._stub.ReportFirstUses(request, timeout=REPORT_TIMEOUT_S, metadata=self._metadata)
 
     def get(
         self,
@@ -260,17 +275,21 @@ class Client:
         """A stored plan by key, or by spec + target + options; NotFound otherwise."""
         if (key is None) == (spec is None):
             raise InvalidRequest("get() takes a plan key or a spec, not both")
+        node_type = ""
         if key is None:
             assert spec is not None
-            asked = Asked.query(hash_normalized(normalize(spec)), _target(target), options or CompileOptions())
+            normalized = normalize(spec)
+            asked = Asked.query(hash_normalized(normalized), _target(target), options or CompileOptions())
+            node_type = outcomes.anchor_of_ops(n.op for n in normalized.nodes)
         else:
             asked = Asked(key)
-        cached = self._cached(asked.key, tuned_only=False)
-        if cached is not None:
-            return cached
-        request = pb.GetPlanRequest(ref=pb.PlanRef(key=asked.key))
-        response = self._call(self._stub.GetPlan, request, timeout if timeout is not None else self.timeout)
-        return self._remember(Plan.from_proto(response.plan), asked)
+        plan = self._cached(asked.key, tuned_only=False)
+        if plan is None:
+            request = pb.GetPlanRequest(ref=pb.PlanRef(key=asked.key))
+            response = self._call(self._stub.GetPlan, request, timeout if timeout is not None else self.timeout)
+            plan = self._remember(Plan.from_proto(response.plan), asked)
+        _count(plan, parse_key(plan.key).target.id, node_type)
+        return plan
 
     def prefetch(
         self,
@@ -584,3 +603,9 @@ def _target(target: Target | str | None) -> Target:
     from plancache.run.gpu import detect_target
 
     return detect_target()
+
+
+def _count(plan: Plan, target_id: str, node_type: str) -> None:
+    """One graph of the Client's own front door (path "compile"), by where its plan came from."""
+    outcome = outcomes.served_outcome(plan.source)
+    outcomes.record("compile", target_id, outcome, node_type, reason="hedged" if outcome is outcomes.Outcome.LOCAL else "")

@@ -33,8 +33,8 @@ hit or miss by then is treated as a miss (every wait has a bound).
 
 The outcome of each race is counted per path (`race_stats()`: compile,
 cudnn, functional) and reported to the service in the background
-(ReportFirstUses, best effort), which shows what share of first uses it
-served.
+(plancache.transport.reports: ReportFirstUses, best effort), which shows
+what share of first uses it served, and the races won and lost.
 
 Off by `Client(hedge=False)`, `compile(..., hedge=False)` or the
 environment (PLANCACHE_HEDGE=0); on by default where the node can build: the
@@ -44,18 +44,15 @@ the frontend imports, a GPU is there, and the target is this GPU's.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import logging
 import os
-import queue
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import grpc
 
@@ -292,78 +289,3 @@ def run_race(race: Race, build: Callable[[], T], deadline: float | None, report:
     error = race.error or Unavailable("the service did not answer within the deadline")
     error.message = f"{error.message} (and this node's own build failed: {type(local_error).__name__}: {str(local_error)[:300]})"
     raise error from local_error
-
-
-# ---- reports ------------------------------------------------------------------------
-
-
-class FirstUseReports:
-    """Race outcomes sent to the service in the background, in batches (a
-    report lost costs nothing but the report). Bounded: past MAX_QUEUED
-    waiting, new outcomes are dropped."""
-
-    MAX_QUEUED = 4096
-    BATCH = 256
-    INTERVAL_S = 1.0
-
-    def __init__(self, send: Callable[[list[pb.FirstUse]], Any]) -> None:
-        self._send = send
-        self._queue: queue.SimpleQueue[pb.FirstUse] = queue.SimpleQueue()
-        self._queued = 0
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        # A process that ends without closing its client (plancache.cudnn's and plancache.functional's
-        # are never closed) sends what is left as it exits; held weakly: the client may go first.
-        _OPEN_REPORTS.add(self)
-
-    def add(self, plan_key: str, local: bool) -> None:
-        with self._lock:
-            if self._queued >= self.MAX_QUEUED:
-                return
-            self._queued += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="plancache-reports", daemon=True)
-                self._thread.start()
-        self._queue.put(pb.FirstUse(plan_key=plan_key, local=local))
-
-    def flush(self) -> None:
-        """Send what is queued now (on the caller's thread)."""
-        batch: list[pb.FirstUse] = []
-        while True:
-            try:
-                batch.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-            if len(batch) >= self.BATCH:
-                self._post(batch)
-                batch = []
-        if batch:
-            self._post(batch)
-
-    def close(self) -> None:
-        self._stopped.set()
-        self.flush()
-
-    def _post(self, batch: list[pb.FirstUse]) -> None:
-        with self._lock:
-            self._queued -= len(batch)
-        try:
-            self._send(batch)
-        except Exception as e:  # best effort: the service counts what reaches it
-            log.debug("first-use report of %d race(s) not sent: %s", len(batch), e)
-
-    def _run(self) -> None:
-        while not self._stopped.wait(self.INTERVAL_S):
-            self.flush()
-
-
-_OPEN_REPORTS: weakref.WeakSet[FirstUseReports] = weakref.WeakSet()
-
-
-@atexit.register
-def _flush_at_exit() -> None:
-    """One exit hook for every client's reports (not one per client: a process may make many)."""
-    for reports in list(_OPEN_REPORTS):
-        if not reports._stopped.is_set():
-            reports.close()

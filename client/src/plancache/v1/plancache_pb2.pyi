@@ -47,6 +47,22 @@ class CompileSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMPILE_SOURCE_JOINED: _ClassVar[CompileSource]
     COMPILE_SOURCE_PROVISIONAL: _ClassVar[CompileSource]
     COMPILE_SOURCE_BUILDING: _ClassVar[CompileSource]
+
+class GraphOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GRAPH_OUTCOME_UNSPECIFIED: _ClassVar[GraphOutcome]
+    GRAPH_OUTCOME_SERVED: _ClassVar[GraphOutcome]
+    GRAPH_OUTCOME_DISK_CACHE: _ClassVar[GraphOutcome]
+    GRAPH_OUTCOME_LOCAL: _ClassVar[GraphOutcome]
+
+class RaceResult(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RACE_RESULT_UNSPECIFIED: _ClassVar[RaceResult]
+    RACE_RESULT_LOCAL_WON: _ClassVar[RaceResult]
+    RACE_RESULT_SERVICE_WON: _ClassVar[RaceResult]
+    RACE_RESULT_LOCAL_FAILED: _ClassVar[RaceResult]
+    RACE_RESULT_SERVICE_FAILED: _ClassVar[RaceResult]
+    RACE_RESULT_REPLACED: _ClassVar[RaceResult]
 DATA_TYPE_UNSPECIFIED: DataType
 DATA_TYPE_FLOAT: DataType
 DATA_TYPE_HALF: DataType
@@ -76,6 +92,16 @@ COMPILE_SOURCE_COMPILED: CompileSource
 COMPILE_SOURCE_JOINED: CompileSource
 COMPILE_SOURCE_PROVISIONAL: CompileSource
 COMPILE_SOURCE_BUILDING: CompileSource
+GRAPH_OUTCOME_UNSPECIFIED: GraphOutcome
+GRAPH_OUTCOME_SERVED: GraphOutcome
+GRAPH_OUTCOME_DISK_CACHE: GraphOutcome
+GRAPH_OUTCOME_LOCAL: GraphOutcome
+RACE_RESULT_UNSPECIFIED: RaceResult
+RACE_RESULT_LOCAL_WON: RaceResult
+RACE_RESULT_SERVICE_WON: RaceResult
+RACE_RESULT_LOCAL_FAILED: RaceResult
+RACE_RESULT_SERVICE_FAILED: RaceResult
+RACE_RESULT_REPLACED: RaceResult
 
 class TensorSpec(_message.Message):
     __slots__ = ("uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_output", "scalar_value", "ragged_offset_uid", "reordering_type", "ragged_offset_multiplier", "alignment_value", "constant")
@@ -492,17 +518,51 @@ class FirstUse(_message.Message):
     local: bool
     def __init__(self, plan_key: _Optional[str] = ..., local: _Optional[bool] = ...) -> None: ...
 
+class OutcomeCount(_message.Message):
+    __slots__ = ("target_id", "path", "outcome", "reason", "node_type", "count", "spec_hash")
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NODE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
+    target_id: str
+    path: str
+    outcome: GraphOutcome
+    reason: str
+    node_type: str
+    count: int
+    spec_hash: str
+    def __init__(self, target_id: _Optional[str] = ..., path: _Optional[str] = ..., outcome: _Optional[_Union[GraphOutcome, str]] = ..., reason: _Optional[str] = ..., node_type: _Optional[str] = ..., count: _Optional[int] = ..., spec_hash: _Optional[str] = ...) -> None: ...
+
+class RaceCount(_message.Message):
+    __slots__ = ("path", "result", "count")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    result: RaceResult
+    count: int
+    def __init__(self, path: _Optional[str] = ..., result: _Optional[_Union[RaceResult, str]] = ..., count: _Optional[int] = ...) -> None: ...
+
 class ReportFirstUsesRequest(_message.Message):
-    __slots__ = ("uses",)
+    __slots__ = ("uses", "outcomes", "races")
     USES_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    RACES_FIELD_NUMBER: _ClassVar[int]
     uses: _containers.RepeatedCompositeFieldContainer[FirstUse]
-    def __init__(self, uses: _Optional[_Iterable[_Union[FirstUse, _Mapping]]] = ...) -> None: ...
+    outcomes: _containers.RepeatedCompositeFieldContainer[OutcomeCount]
+    races: _containers.RepeatedCompositeFieldContainer[RaceCount]
+    def __init__(self, uses: _Optional[_Iterable[_Union[FirstUse, _Mapping]]] = ..., outcomes: _Optional[_Iterable[_Union[OutcomeCount, _Mapping]]] = ..., races: _Optional[_Iterable[_Union[RaceCount, _Mapping]]] = ...) -> None: ...
 
 class ReportFirstUsesResponse(_message.Message):
-    __slots__ = ("counted",)
+    __slots__ = ("counted", "outcomes_counted")
     COUNTED_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_COUNTED_FIELD_NUMBER: _ClassVar[int]
     counted: int
-    def __init__(self, counted: _Optional[int] = ...) -> None: ...
+    outcomes_counted: int
+    def __init__(self, counted: _Optional[int] = ..., outcomes_counted: _Optional[int] = ...) -> None: ...
 
 class GetPlanRequest(_message.Message):
     __slots__ = ("ref",)

@@ -118,8 +118,9 @@ class PlanCacheServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportFirstUses(self, request, context):
-        """How hedged misses ended on a node (its own build first, or the
-        service's plan): the status page's share of first uses the service served.
+        """A node's report in the background: how hedged misses ended (its own
+        build first, or the service's plan), and how its graphs ended (served,
+        from its disk cache, built locally and why): the fleet coverage.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

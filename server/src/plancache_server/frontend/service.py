@@ -28,6 +28,7 @@ from plancache.v1 import plancache_pb2 as pb
 from plancache_server import telemetry
 from plancache_server.frontend.builds import Builds, Waiter
 from plancache_server.frontend.offload import CpuOffload
+from plancache_server.store import fleet
 from plancache_server.store.directory import WorkerDirectory
 from plancache_server.store.jobs import JobQueue
 from plancache_server.store.lifecycle import Janitor, TargetUsage
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 RESOLVED_KEPT = 4096
 # Race outcomes one ReportFirstUses may carry (a client batches at most 256).
 MAX_FIRST_USES = 1024
+# Outcome and race counts one ReportFirstUses may carry (a client sends at most 256 and 15).
+MAX_OUTCOMES = 512
+MAX_RACES = 64
 # Compile's answer to a miss the caller races (answer_miss_at_once): no plan, the build under way.
 BUILDING = pb.CompileResponse(source=pb.COMPILE_SOURCE_BUILDING).SerializeToString()
 RESOLVED_MAX_SPEC_BYTES = 64 * 1024
@@ -189,6 +193,39 @@ class PlanService:
             raise
         # A counted request is the second half of a hedged compile: the build its first half started or joined (said as compiled).
         return plan.compile_response(_source(plan, pb.COMPILE_SOURCE_COMPILED if waiter.started or request.counted else pb.COMPILE_SOURCE_JOINED))
+
+    async def report(self, request: pb.ReportFirstUsesRequest) -> pb.ReportFirstUsesResponse:
+        """A node's background report: first uses, and its graphs' outcomes and races (see count_outcomes)."""
+        if len(request.outcomes) > MAX_OUTCOMES or len(request.races) > MAX_RACES:
+            raise ResourceExhausted(f"a ReportFirstUses takes at most {MAX_OUTCOMES} outcomes and {MAX_RACES} races: send several")
+        counted = await self.report_first_uses(request.uses)
+        return pb.ReportFirstUsesResponse(counted=counted, outcomes_counted=self.count_outcomes(request.outcomes, request.races))
+
+    def count_outcomes(self, entries: Sequence[pb.OutcomeCount], races: Sequence[pb.RaceCount]) -> int:
+        """Add a node's counts to the fleet's, every label folded into its
+        fixed set (plancache_server.store.fleet) and every count bounded:
+        a report can add to counts, never a label value."""
+        counted = 0
+        for entry in entries:
+            labels = fleet.labels(entry)
+            amount = fleet.count_of(entry)
+            if labels is None or not amount:
+                continue
+            target = self._directory.scope(entry.target_id)
+            self._stats.fleet(target, labels.field(), amount)
+            telemetry.child(telemetry.FLEET_GRAPHS, target, labels.path, labels.outcome, labels.reason, labels.node_type).inc(amount)
+            member = fleet.local_spec_member(target, labels, entry.spec_hash) if entry.spec_hash else None
+            if member is not None:
+                self._stats.local_spec(member, amount)
+            counted += 1
+        for race in races:
+            field, amount = fleet.race_field(race), fleet.count_of(race)
+            if field is None or not amount:
+                continue
+            self._stats.race(field, amount)
+            telemetry.child(telemetry.FLEET_RACES, *field.split(fleet.SEP)).inc(amount)
+            counted += 1
+        return counted
 
     async def report_first_uses(self, uses: Sequence[pb.FirstUse]) -> int:
         """Count how hedged misses ended on a node. Only a plan this service

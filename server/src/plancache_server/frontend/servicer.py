@@ -25,7 +25,7 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
         return await self._service.compile(request, context.time_remaining(), lambda done: context.add_done_callback(lambda _: done()))  # type: ignore[arg-type]
 
     async def ReportFirstUses(self, request: pb.ReportFirstUsesRequest, context: grpc.aio.ServicerContext) -> pb.ReportFirstUsesResponse:  # type: ignore[type-arg]
-        return pb.ReportFirstUsesResponse(counted=await self._service.report_first_uses(request.uses))
+        return await self._service.report(request)
 
     async def GetPlan(self, request: pb.GetPlanRequest, context: grpc.aio.ServicerContext) -> bytes:  # type: ignore[type-arg]
         return (await self._service.get(request.ref)).get_plan_response

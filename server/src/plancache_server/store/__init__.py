@@ -1,6 +1,7 @@
 """The Redis schema both sides share: every key name (keys), the plans
 (plans), job streams (jobs), builds' leases and outcomes (build_records),
-the plans' lifecycle (lifecycle), statistics (stats), the targets known and
+the plans' lifecycle (lifecycle), statistics (stats) and what nodes report
+of their graphs (fleet), the targets known and
 their workers (directory), warming plans (warming), connections
 (redis_conn) and the private redis-server (embedded_redis).
 

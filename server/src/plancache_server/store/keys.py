@@ -35,6 +35,10 @@ STORE_COUNTERS = f"{PREFIX}:store"
 TARGETS_LAST_SEEN = f"{PREFIX}:targets-last-seen"
 # Set of the target ids with a warming plan (plancache_server.store.warming).
 WARM_TARGETS = f"{PREFIX}:warm-targets"
+# Sorted set: "<target>|<reason>|<node type>|<spec hash>" -> graphs nodes built
+# locally (reported by nodes whose operator opted in to spec hashes; capped).
+# Under the stats prefix: a front end's ACL already covers it.
+FLEET_LOCAL_SPECS = f"{PREFIX}:stats-fleet-local-specs"
 
 
 def store_counter(kind: str, target_id: str) -> str:

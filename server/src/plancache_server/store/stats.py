@@ -13,6 +13,12 @@ saved) for its top entries.
 Counters exist per target only for targets that exist (see
 plancache_server.store.directory): the rest share one bucket, so the number of
 Redis keys does not grow with what callers invent.
+
+What nodes report of their own graphs (ReportFirstUses: served, from their
+disk cache, built locally and why) is counted the same way, in a fleet
+scope per target whose fields plancache_server.store.fleet names, and races
+in one fleet-wide scope; the spec hashes of graphs built locally (where a
+node's operator opted in) are ranked like plans' hits.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ BUCKET_SECONDS = {"m": 60, "h": 3600}
 # Plans ranked per leaderboard; past that the least-hit ones are dropped
 # (a plan that comes back starts counting again).
 TOP_ENTRIES_KEPT = 10_000
+# Spec hashes of graphs built locally ranked (opted-in nodes); past that the least built are dropped.
+LOCAL_SPECS_KEPT = 1_000
 # Distinct unknown target ids one front end keeps apart between two flushes;
 # past it they are counted under OTHER_TARGETS at once (memory stays bounded).
 MAX_PENDING_TARGETS = 1_000
@@ -65,6 +73,15 @@ def target_scope(target_id: str) -> str:
 
 def family_scope(family: str) -> str:
     return f"family:{family}"
+
+
+def fleet_scope(target_id: str) -> str:
+    """Graphs nodes reported for one target (fields: plancache_server.store.fleet)."""
+    return f"fleet:{target_id}"
+
+
+# Races nodes reported, fleet-wide ("<path>|<result>" fields).
+RACES_SCOPE = "fleet-races"
 
 
 # scope -> window -> counter name -> value
@@ -99,6 +116,7 @@ class Stats:
         self._pending_targets: set[str] = set()
         self._plan_hits: defaultdict[str, float] = defaultdict(float)
         self._plan_saved: defaultdict[str, float] = defaultdict(float)
+        self._local_specs: defaultdict[str, float] = defaultdict(float)
         self._task: asyncio.Task[None] | None = None
         # A flush and forgetting plans never interleave: a flush's writes of a
         # plan's hits must not land after that plan was forgotten.
@@ -116,14 +134,37 @@ class Stats:
         self._plan_hits[plan_key] += 1
         self._plan_saved[plan_key] += seconds_saved
 
-    def _add(self, counter: Counter, amount: float, target_id: str, family: str | None) -> None:
+    def fleet(self, target_id: str, field: str, amount: float) -> None:
+        """Graphs of one target a node reported (the field says which: plancache_server.store.fleet)."""
+        self._pending[(fleet_scope(self._bounded(target_id)), field)] += amount
+
+    def race(self, field: str, amount: float) -> None:
+        """Races a node reported, fleet-wide."""
+        self._pending[(RACES_SCOPE, field)] += amount
+
+    def local_spec(self, member: str, amount: float) -> None:
+        """A graph built locally, named by its spec hash (a node opted in): ranked in keys.FLEET_LOCAL_SPECS."""
+        self._local_specs[member] += amount
+
+    def _bounded(self, target_id: str) -> str:
         if target_id not in self._pending_targets:
             if len(self._pending_targets) >= MAX_PENDING_TARGETS and target_id not in self._directory.known:
                 target_id = OTHER_TARGETS
             self._pending_targets.add(target_id)
-        self._pending[(target_id, counter.value)] += amount
+        return target_id
+
+    def _add(self, counter: Counter, amount: float, target_id: str, family: str | None) -> None:
+        self._pending[(self._bounded(target_id), counter.value)] += amount
         if family:
             self._pending[(family_scope(family), counter.value)] += amount
+
+    def _scope_of(self, where: str) -> str:
+        """The scope a pending count goes to: a target's (bounded by the directory), or one made already."""
+        if where.startswith((family_scope(""), RACES_SCOPE)):
+            return where
+        if where.startswith(fleet_scope("")):
+            return fleet_scope(self._directory.scope(where.removeprefix(fleet_scope(""))))
+        return target_scope(self._directory.scope(where))
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="plancache-stats")
@@ -142,7 +183,8 @@ class Stats:
         targets, self._pending_targets = self._pending_targets, set()
         plan_hits, self._plan_hits = self._plan_hits, defaultdict(float)
         plan_saved, self._plan_saved = self._plan_saved, defaultdict(float)
-        if not pending and not plan_hits:
+        local_specs, self._local_specs = self._local_specs, defaultdict(float)
+        if not pending and not plan_hits and not local_specs:
             return
         now = time.time()
         minute, hour = int(now // BUCKET_SECONDS["m"]), int(now // BUCKET_SECONDS["h"])
@@ -152,8 +194,7 @@ class Stats:
                 await self._directory.refresh()
             scoped: defaultdict[tuple[str, str], float] = defaultdict(float)
             for (where, name), amount in pending.items():
-                scope = where if where.startswith(family_scope("")) else target_scope(self._directory.scope(where))
-                scoped[(scope, name)] += amount
+                scoped[(self._scope_of(where), name)] += amount
             with translated_errors("counting"):
                 pipe = self._redis.pipeline(transaction=False)
                 for (scope, name), amount in scoped.items():
@@ -170,6 +211,10 @@ class Stats:
                         pipe.zincrby(keys.plan_hits(hour), amount, plan_key)
                     pipe.expire(keys.plan_hits(hour), PLAN_HITS_TTL_S)
                     pipe.zremrangebyrank(keys.plan_hits(hour), 0, -(TOP_ENTRIES_KEPT + 1))
+                for member, amount in local_specs.items():
+                    pipe.zincrby(keys.FLEET_LOCAL_SPECS, amount, member)
+                if local_specs:
+                    pipe.zremrangebyrank(keys.FLEET_LOCAL_SPECS, 0, -(LOCAL_SPECS_KEPT + 1))
                 for ranking, per_plan in ((Ranking.HITS, plan_hits), (Ranking.SECONDS_SAVED, plan_saved)):
                     if per_plan:
                         for plan_key, amount in per_plan.items():
@@ -226,6 +271,13 @@ class Stats:
             pipe.zmscore(Ranking.SECONDS_SAVED.value, ranked)
             hits, saved = await pipe.execute()
         return [PlanCounts(key, float(h or 0), float(s or 0)) for key, h, s in zip(ranked, hits, saved, strict=True)]
+
+    async def local_specs(self, count: int) -> list[tuple[str, float]]:
+        """The graphs nodes built locally most (members of keys.FLEET_LOCAL_SPECS), with their counts."""
+        await self.flush()
+        with translated_errors("reading the graphs built locally"):
+            ranked = await self._redis.zrevrange(keys.FLEET_LOCAL_SPECS, 0, count - 1, withscores=True)
+        return [(text(pair[0]), float(pair[1])) for pair in ranked]
 
     async def forget_plans(self, plan_keys: list[str]) -> None:
         """Drop deleted plans from the top entries, with this front end's

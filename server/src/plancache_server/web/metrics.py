@@ -31,11 +31,13 @@ class QueueCollector(Collector):
         self._loop = loop
 
     async def _read(self) -> list[tuple[str, int, int, int]]:
+        """Every known target, those without a live worker too (0, not absent:
+        an alert on a target with traffic and no worker needs the 0)."""
         await self._directory.refresh()
         rows = []
-        for target_id, workers in sorted(self._directory.live.items()):
+        for target_id in sorted(self._directory.known | set(self._directory.live)):
             queued, taken = await self._queue.depth(Target.parse(target_id))
-            rows.append((target_id, queued, taken, len(workers)))
+            rows.append((target_id, queued, taken, len(self._directory.live.get(target_id, ()))))
         return rows
 
     def describe(self) -> Iterator[GaugeMetricFamily]:

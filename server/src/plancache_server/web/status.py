@@ -21,10 +21,11 @@ from plancache_server.frontend.app import FrontEnd
 from plancache_server.frontend.builds import Builds
 from plancache_server.store.build_records import FailedBuild
 from plancache_server.store.directory import WorkerDirectory
+from plancache_server.store.fleet import Coverage, LocalSpec, coverage, local_spec, merged, races
 from plancache_server.store.jobs import JobQueue
 from plancache_server.store.lifecycle import Janitor, TargetUsage
 from plancache_server.store.plans import PlanStore
-from plancache_server.store.stats import Bucket, Counter, PlanCounts, Ranking, Stats, family_scope, target_ids, target_scope
+from plancache_server.store.stats import RACES_SCOPE, WINDOWS, Bucket, Counter, PlanCounts, Ranking, Stats, family_scope, fleet_scope, target_ids, target_scope
 from plancache_server.store.warming import Warming, WarmStatus
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 RANGES = {"1h": ("m", 60), "24h": ("h", 24)}
 TOP_COUNT = 10
 FAILURE_COUNT = 20
+LOCAL_SPECS_SHOWN = 10
 
 # window -> counter name -> value (see stats.WINDOWS and stats.Counter)
 Windows = dict[str, dict[str, float]]
@@ -62,6 +64,8 @@ class TargetStatus:
     windows: Windows
     history: list[Bucket]  # the report's range, oldest first
     stored: TargetUsage = field(default_factory=TargetUsage)  # plans in the store, evicted, expired
+    # What nodes reported of their graphs for this target, per window (stats.WINDOWS).
+    fleet: dict[str, Coverage] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,11 @@ class StatusReport:
     retire_eligible: dict[str, float | None] = field(default_factory=dict)
     retire_after_days: float = 0.0
     warming: list[WarmStatus] = field(default_factory=list)
+    # The whole fleet's reported graphs per window (every target's together), its races, and
+    # the graphs built locally most, by spec hash (from nodes whose operators opted in).
+    fleet: dict[str, Coverage] = field(default_factory=dict)
+    fleet_races: dict[str, dict[str, float]] = field(default_factory=dict)
+    local_specs: list[LocalSpec] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -96,11 +105,19 @@ class StatusReport:
             raw["hit_rate"] = {window: hit_rate(values) for window, values in target.windows.items()}
             served, waited = first_uses(target.windows.get("total", {}))
             raw["first_uses"] = {"served_by_service": served, "total": waited}
+            _coverage_json(target.fleet, raw["fleet"])
+        _coverage_json(self.fleet, data["fleet"])
         for failure, raw in zip(self.recent_failures, data["recent_failures"], strict=True):
             raw["target_id"] = failure.target_id
         for status, raw in zip(self.warming, data["warming"], strict=True):
             raw.update(coverage=status.coverage, remaining=status.remaining)
         return data
+
+
+def _coverage_json(windows: dict[str, Coverage], raw: dict[str, Any]) -> None:
+    """What the properties of each window's Coverage say, beside its fields."""
+    for window, found in windows.items():
+        raw[window].update(graphs=found.graphs, from_service=found.from_service, share=found.share)
 
 
 def status_of(front: FrontEnd) -> StatusSource:
@@ -129,9 +146,16 @@ class StatusSource:
         unit, count = RANGES[range_]
         await self._directory.refresh()
         readings = await self._stats.read()
-        targets_seen = sorted(target_ids(readings) | set(self._directory.live))
+        reported = {scope.removeprefix(fleet_scope("")) for scope in readings if scope.startswith(fleet_scope(""))}
+        targets_seen = sorted(target_ids(readings) | set(self._directory.live) | reported)
         history = await self._stats.history([target_scope(t) for t in targets_seen], unit, count)
-        targets = [await self._target(t, readings.get(target_scope(t), {}), history[target_scope(t)]) for t in targets_seen]
+        targets = [
+            dataclasses.replace(
+                await self._target(t, readings.get(target_scope(t), {}), history[target_scope(t)]),
+                fleet={w: coverage(readings.get(fleet_scope(t), {}).get(w, {})) for w in WINDOWS},
+            )
+            for t in targets_seen
+        ]
         retirable: dict[str, float | None] = {}
         if self._janitor is not None:
             usage = await asyncio.to_thread(self._janitor.usage)
@@ -150,6 +174,9 @@ class StatusSource:
             retire_eligible=retirable,
             retire_after_days=self._retire_after_s / 86400,
             warming=await asyncio.to_thread(self._warming.all_status) if self._warming is not None else [],
+            fleet={w: merged(readings.get(fleet_scope(t), {}).get(w, {}) for t in reported) for w in WINDOWS},
+            fleet_races=races(readings.get(RACES_SCOPE, {}).get("total", {})),
+            local_specs=[found for member, graphs in await self._stats.local_specs(LOCAL_SPECS_SHOWN) if (found := local_spec(member, graphs))],
         )
 
     async def _target(self, target_id: str, windows: Windows, history: list[Bucket]) -> TargetStatus:

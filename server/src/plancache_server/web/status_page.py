@@ -1,6 +1,9 @@
 """The status page: one self-contained HTML document (inline CSS and SVG, no
 script, no external asset) so it renders behind any firewall, in any
-browser, and in a headless screenshot.
+browser, and in a headless screenshot. It fits a 1440 px window with no
+column cut, and a phone's 390 px: tables wider than the screen scroll
+inside their section with the first column (what a row is) kept in view,
+charts shrink to the width.
 
 Everything that came from a caller or a worker (plan keys, target ids,
 failure reasons) is HTML-escaped here, in `_e`, and nowhere else.
@@ -13,11 +16,13 @@ import time
 from collections.abc import Iterable, Sequence
 
 from plancache_server.store.build_records import FailedBuild
+from plancache_server.store.fleet import Coverage
 from plancache_server.store.stats import WINDOWS, Counter
 from plancache_server.web.status import RANGES, StatusReport, TargetStatus, TopEntry, Windows, first_uses, hit_rate
 
 REFRESH_S = 10
 _WINDOW_LABELS = {"5m": "5 min", "1h": "1 h", "24h": "24 h", "total": "total"}
+_WINDOWS_SHORT = {"5m": "5 minutes", "1h": "hour", "24h": "24 hours"}
 _CHART_W, _CHART_H, _PAD_L, _PAD_B, _PAD_T = 760, 170, 44, 22, 8
 
 _CSS = """
@@ -31,6 +36,19 @@ header a { color: #9cc2ff; }
 header a.current { color: #fff; font-weight: 600; text-decoration: none; border-bottom: 2px solid #9cc2ff; }
 main { padding: 8px 28px 28px; max-width: 1500px; }
 section { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px 14px; margin-top: 16px; overflow-x: auto; }
+th:first-child, td:first-child { position: sticky; left: 0; background: #fff; z-index: 1; }
+code.target { white-space: normal; word-break: break-all; display: inline-block; max-width: 17em; }
+td.reason, td code.engine { white-space: normal; word-break: break-word; }
+.summary { margin: 0 0 10px; }
+.summary strong { font-size: 18px; }
+@media (max-width: 700px) {
+  header { padding: 10px 12px; gap: 8px; }
+  header h1 { font-size: 17px; }
+  main { padding: 2px 8px 16px; }
+  section { padding: 10px 10px 12px; margin-top: 10px; }
+  th, td { padding: 4px 8px 4px 0; }
+  code.target { max-width: 11em; min-width: 9em; }
+}
 h2 { font-size: 15px; margin: 0 0 10px; }
 table { border-collapse: collapse; width: 100%; }
 th, td { text-align: left; padding: 5px 10px 5px 0; border-bottom: 1px solid var(--line); vertical-align: top; white-space: nowrap; }
@@ -46,7 +64,8 @@ code { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px
 .tag { display: inline-block; padding: 0 6px; border-radius: 4px; font-size: 12px; }
 .tag.rejected { background: #fde8e6; color: var(--bad); }
 .tag.failed { background: #fff2d6; color: #8a5a00; }
-.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(620px, 1fr)); gap: 0 24px; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(620px, 100%), 1fr)); gap: 0 24px; }
+svg.chart { width: 100%; max-width: 760px; height: auto; }
 figure { margin: 6px 0 12px; }
 figcaption { font-size: 13px; margin-bottom: 2px; }
 svg text { font-size: 11px; fill: var(--muted); }
@@ -111,29 +130,125 @@ def _totals(windows: Windows) -> dict[str, float]:
     return windows.get("total", {})
 
 
+def _target_cell(target_id: str, extra: str = "") -> str:
+    return f'<td><code class="target">{_e(target_id)}</code>{extra}</td>'
+
+
 def _targets(report: StatusReport) -> str:
+    """Two tables, so that neither is wider than a 1440 px window: what each
+    target's callers get (workers, queues, hit rates, coverage), then its counts."""
     headers = [("target", False), ("live workers", True), ("queued", True), ("building", True), *_window_headers(),
-               ("hits", True), ("misses", True), ("compiles", True), ("joined", True), ("failures", True), ("refused", True), ("untrusted builds", True),
-               ("first uses served by the service", True), ("served", True), ("build time saved", True), ("stored", True), ("evicted / expired", True)]  # fmt: skip
-    rows = []
+               ("graphs the fleet built that ran the service's plan", True), ("first uses served by the service", True)]  # fmt: skip
+    rows = [
+        f'<tr data-target="{_e(t.target_id)}">{_target_cell(t.target_id, _hint(t))}'
+        f'<td class="num">{t.live_workers}</td><td class="num">{t.jobs_waiting}</td><td class="num">{t.jobs_running}</td>'
+        + "".join(_rate_cell(t.windows.get(w, {})) for w in WINDOWS)
+        + _coverage_cell(t.fleet.get("total", Coverage()))
+        + _first_uses_cell(_totals(t.windows))
+        + "</tr>"
+        for t in report.targets
+    ]
+    table = _table(headers, rows, "no target yet: no worker has connected and nothing was asked", len(headers))
+    counts = [("target", False), ("hits", True), ("misses", True), ("compiles", True), ("joined", True), ("failures", True), ("refused", True),
+              ("untrusted builds", True), ("served", True), ("build time saved", True), ("stored", True), ("evicted / expired", True)]  # fmt: skip
+    count_rows = []
     for t in report.targets:
         total = _totals(t.windows)
-        rows.append(
-            f'<tr data-target="{_e(t.target_id)}"><td><code>{_e(t.target_id)}</code>{_hint(t)}</td>'
-            f'<td class="num">{t.live_workers}</td><td class="num">{t.jobs_waiting}</td><td class="num">{t.jobs_running}</td>'
-            + "".join(_rate_cell(t.windows.get(w, {})) for w in WINDOWS)
+        count_rows.append(
+            f'<tr data-counts-target="{_e(t.target_id)}">{_target_cell(t.target_id)}'
             + "".join(
                 f'<td class="num">{_count(total.get(c.value, 0))}</td>'
                 for c in (Counter.HITS, Counter.MISSES, Counter.COMPILES, Counter.JOINED, Counter.FAILURES, Counter.REFUSED, Counter.UNTRUSTED)
             )
-            + _first_uses_cell(total)
             + f'<td class="num">{_bytes(total.get(Counter.BYTES_SERVED.value, 0))}</td>'
             f'<td class="num">{_duration(total.get(Counter.SECONDS_SAVED.value, 0))}</td>'
             f'<td class="num">{_bytes(t.stored.stored_bytes)} in {_count(t.stored.stored_plans)}</td>'
             f'<td class="num">{_count(t.stored.evicted)} / {_count(t.stored.expired)}</td></tr>'
         )
-    table = _table(headers, rows, "no target yet: no worker has connected and nothing was asked", len(headers))
-    return f'<section id="targets"><h2>Targets: workers, queues and hit rates</h2>{table}</section>'
+    count_table = _table(counts, count_rows, "nothing asked yet", len(counts))
+    return (
+        f'<section id="targets"><h2>Targets: workers, queues and hit rates</h2>{table}</section>'
+        f'<section id="target-counts"><h2>Targets: lookups, builds and the store (since the counters began)</h2>{count_table}</section>'
+    )
+
+
+def _coverage_cell(found: Coverage) -> str:
+    share = found.share
+    if share is None:
+        return '<td class="num muted">no report</td>'
+    css = " rate-good" if share >= 0.9 else " rate-poor" if share < 0.5 else ""
+    title = f"{_count(found.from_service)} of {_count(found.graphs)} graphs nodes reported ran the service's plan; {_count(found.local)} were built locally"
+    return (f'<td class="num{css}" data-coverage="{share:.4f}" title="{_e(title)}">{_percent(share)} '
+            f"<small>({_count(found.from_service)} of {_count(found.graphs)})</small></td>")  # fmt: skip
+
+
+def _fleet(report: StatusReport) -> str:
+    """Fleet coverage: what nodes reported of their graphs, per target and
+    fleet-wide, and why graphs were built locally, the most frequent first
+    (what an operator should fix or ask for)."""
+    total = report.fleet.get("total", Coverage())
+    if total.graphs:
+        summary = (
+            f'<p class="summary" data-fleet-graphs="{total.graphs:g}" data-fleet-from-service="{total.from_service:g}">'
+            f"<strong>{_percent(total.share)}</strong> of the {_count(total.graphs)} graphs the fleet's nodes built ran the service's plan "
+            f"({_count(total.served)} fetched, {_count(total.disk_cache)} from their disk caches); {_count(total.local)} were built locally."
+            + "".join(f" Last {_WINDOWS_SHORT[w]}: {_percent(report.fleet[w].share)}." for w in ("5m", "1h", "24h") if w in report.fleet and report.fleet[w].graphs)
+            + "</p>"
+        )
+    else:
+        summary = '<p class="summary empty">no node has reported yet (clients report in the background unless PLANCACHE_REPORT=0)</p>'
+    headers = [("target", False), ("graphs built", True), ("ran the service's plan", True), ("from disk caches", True), ("built locally", True),
+               ("coverage", True), ("top reasons for local builds", False)]  # fmt: skip
+    rows = []
+    for t in report.targets:
+        found = t.fleet.get("total", Coverage())
+        if not found.graphs:
+            continue
+        reasons = ", ".join(f"{_e(r.reason)} {_count(r.graphs)}" for r in found.top_reasons(3)) or "–"
+        rows.append(
+            f'<tr data-fleet-target="{_e(t.target_id)}" data-graphs="{found.graphs:g}" data-from-service="{found.from_service:g}" data-local="{found.local:g}">'
+            f'{_target_cell(t.target_id)}<td class="num">{_count(found.graphs)}</td><td class="num">{_count(found.from_service)}</td>'
+            f'<td class="num">{_count(found.disk_cache)}</td><td class="num">{_count(found.local)}</td>{_coverage_cell(found)}<td>{reasons}</td></tr>'
+        )
+    per_target = _table(headers, rows, "no report yet", len(headers))
+    why_headers = [("reason", False), ("node type", False), ("graphs built locally", True), ("share of local builds", True), ("what it means", False)]
+    why_rows = [
+        f'<tr data-reason="{_e(r.reason)}" data-node-type="{_e(r.node_type)}" data-graphs="{r.graphs:g}"><td><code>{_e(r.reason)}</code></td>'
+        f'<td><code>{_e(r.node_type)}</code></td><td class="num">{_count(r.graphs)}</td>'
+        f'<td class="num">{_percent(r.graphs / total.local if total.local else None)}</td><td class="hint">{_e(r.meaning)}</td></tr>'
+        for r in total.local_by_reason[:20]
+    ]
+    why = _table(why_headers, why_rows, "no graph built locally", len(why_headers))
+    return (
+        '<section id="fleet"><h2>Fleet coverage: graphs served by the service against graphs the fleet built</h2>'
+        f"{summary}{per_target}<h2 style=\"margin-top:14px\">Why nodes built graphs locally, most first (all targets)</h2>{why}"
+        f"{_races(report)}{_local_specs(report)}</section>"
+    )
+
+
+def _races(report: StatusReport) -> str:
+    if not report.fleet_races:
+        return ""
+    results = ("service_won", "local_won", "service_failed", "local_failed", "replaced")
+    headers = [("front door", False), *((r.replace("_", " "), True) for r in results)]
+    rows = [
+        f'<tr data-races="{_e(path)}"><td>{_e(path)}</td>' + "".join(f'<td class="num">{_count(counts.get(r, 0))}</td>' for r in results) + "</tr>"
+        for path, counts in report.fleet_races.items()
+    ]
+    return f'<h2 style="margin-top:14px">Hedged misses nodes reported</h2>{_table(headers, rows, "", len(headers))}'
+
+
+def _local_specs(report: StatusReport) -> str:
+    if not report.local_specs:
+        return ""
+    headers = [("spec hash", False), ("target", False), ("reason", False), ("node type", False), ("graphs built locally", True)]
+    rows = [
+        f'<tr data-local-spec="{_e(s.spec_hash)}"><td><code title="{_e(s.spec_hash)}">{_e(s.spec_hash[:16])}…</code></td>{_target_cell(s.target_id)}'
+        f'<td><code>{_e(s.reason)}</code></td><td><code>{_e(s.node_type)}</code></td><td class="num">{_count(s.graphs)}</td></tr>'
+        for s in report.local_specs
+    ]
+    title = "Graphs built locally most, by spec hash (nodes whose operators set PLANCACHE_REPORT_SPECS=1)"
+    return f'<h2 style="margin-top:14px">{_e(title)}</h2>{_table(headers, rows, "", len(headers))}'
 
 
 def _first_uses_cell(total: dict[str, float]) -> str:
@@ -179,7 +294,7 @@ def _chart(target: TargetStatus, unit: str) -> str:
     step = plot_w / n
     lookups = [b.values.get(Counter.HITS.value, 0) + b.values.get(Counter.MISSES.value, 0) for b in buckets]
     most = max(lookups, default=0) or 1
-    parts = [f'<svg viewBox="0 0 {_CHART_W} {_CHART_H}" width="{_CHART_W}" height="{_CHART_H}" role="img" aria-label="hit rate of {_e(target.target_id)}">']
+    parts = [f'<svg class="chart" viewBox="0 0 {_CHART_W} {_CHART_H}" width="{_CHART_W}" height="{_CHART_H}" role="img" aria-label="hit rate of {_e(target.target_id)}">']
     for frac in (0.0, 0.5, 1.0):
         y = _PAD_T + plot_h * (1 - frac)
         parts.append(
@@ -236,9 +351,10 @@ def _top(section_id: str, title: str, entries: list[TopEntry]) -> str:
     headers = [("#", True), ("plan (spec…/options)", False), ("target", False), ("hits", True), ("build time saved", True),
                ("build + autotune", True), ("size", True), ("engine", False)]  # fmt: skip
     rows = [
-        f'<tr data-plan-key="{_e(e.plan_key)}"><td class="num">{rank}</td><td>{_short_key(e.plan_key)}</td><td><code>{_e(e.target_id)}</code></td>'
+        f'<tr data-plan-key="{_e(e.plan_key)}"><td class="num">{rank}</td><td>{_short_key(e.plan_key)}</td>'
+        f'{_target_cell(e.target_id)}'
         f'<td class="num">{_count(e.hits)}</td><td class="num">{_duration(e.build_seconds_saved)}</td>'
-        + (f'<td class="num">{_duration(e.build_seconds)}</td><td class="num">{_bytes(e.blob_size)}</td><td><code>{_e(e.plan_name)}</code></td>'
+        + (f'<td class="num">{_duration(e.build_seconds)}</td><td class="num">{_bytes(e.blob_size)}</td><td><code class="engine">{_e(e.plan_name)}</code></td>'
            if e.stored else '<td class="muted" colspan="3">no longer stored</td>')
         + "</tr>"
         for rank, e in enumerate(entries, 1)
@@ -249,7 +365,7 @@ def _top(section_id: str, title: str, entries: list[TopEntry]) -> str:
 def _retirable(report: StatusReport) -> str:
     headers = [("target", False), ("last advertised by a worker", False), ("to retire", False)]
     rows = [
-        f'<tr data-retirable="{_e(target)}"><td><code>{_e(target)}</code></td><td>{_e(_utc(seen) if seen else "never (or before this version)")}</td>'
+        f'<tr data-retirable="{_e(target)}">{_target_cell(target)}<td>{_e(_utc(seen) if seen else "never (or before this version)")}</td>'
         f"<td><code>plancache retire --target {_e(target)}</code></td></tr>"
         for target, seen in sorted(report.retire_eligible.items())
     ]
@@ -261,7 +377,7 @@ def _retirable(report: StatusReport) -> str:
 def _failures(failures: list[FailedBuild]) -> str:
     headers = [("when", False), ("target", False), ("plan", False), ("worker", False), ("kind", False), ("reason", False)]
     rows = [
-        f'<tr data-plan-key="{_e(f.plan_key)}"><td>{_e(_utc(f.at))}</td><td><code>{_e(f.target_id)}</code></td><td>{_short_key(f.plan_key)}</td>'
+        f'<tr data-plan-key="{_e(f.plan_key)}"><td>{_e(_utc(f.at))}</td>{_target_cell(f.target_id)}<td>{_short_key(f.plan_key)}</td>'
         f"<td><code>{_e(f.worker)}</code></td>"
         + ('<td><span class="tag rejected">rejected by cuDNN</span></td>' if f.rejected else '<td><span class="tag failed">build failed</span></td>')
         + f'<td class="reason">{_e(f.reason)}</td></tr>'
@@ -275,7 +391,7 @@ def _warming(report: StatusReport) -> str:
     headers = [("target", False), ("from", False), ("state", False), ("built", True), ("skipped", True), ("failed", True), ("in flight", True),
                ("to do", True), ("of the source's 24 h hits covered", True), ("latest failure", False)]  # fmt: skip
     rows = [
-        f'<tr data-warm-target="{_e(w.target_id)}"><td><code>{_e(w.target_id)}</code></td><td>{_e(w.source)}</td><td>{_e(w.state)}</td>'
+        f'<tr data-warm-target="{_e(w.target_id)}">{_target_cell(w.target_id)}<td>{_e(w.source)}</td><td>{_e(w.state)}</td>'
         f'<td class="num">{w.built}</td><td class="num">{w.skipped}</td><td class="num">{w.failed}</td><td class="num">{w.in_flight}</td>'
         f'<td class="num">{w.remaining}</td><td class="num">{w.coverage:.0%}</td>'
         f'<td class="reason">{_e(w.failures[0][1] if w.failures else "")}</td></tr>'
@@ -308,6 +424,7 @@ def render(report: StatusReport) -> str:
         f'<header><h1>plancache status</h1><span class="meta">{_e(_utc(report.generated_at))} · refreshes every {REFRESH_S} s · '
         f'charts: {ranges} · <a href="status.json?range={_e(report.range)}">JSON</a> · <a href="metrics">Prometheus metrics</a></span></header><main>'
         + _targets(report)
+        + _fleet(report)
         + _history(report)
         + _top("top-hits", "Top plans by hits", report.top_by_hits)
         + _top("top-saved", "Top plans by build time saved (build + autotune time × hits)", report.top_by_seconds_saved)
