@@ -147,6 +147,24 @@ def test_the_walkthroughs_matmul_is_the_example_plan(recorder: Recorder, client:
     assert client.asked[0][0].spec_hash() == matmul_fp16().spec_hash()
 
 
+def test_a_program_meeting_its_graph_at_three_sizes_has_the_family_built(recorder: Recorder, client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """plancache.cudnn counts served graphs toward their family as plancache.functional does (plancache.functional._families)."""
+    from plancache.functional import _families
+
+    monkeypatch.setattr(_families.WATCH, "starter", lambda work: work())
+    monkeypatch.setattr(_families.WATCH, "_signatures", type(_families.WATCH._signatures)())
+    for m in (128, 256, 320):
+        g = shim.pygraph(name="mm", io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+        a = g.tensor(name="A", dim=[8, m, 512], stride=_row_major([8, m, 512]), data_type=HALF).set_uid(1)
+        b = g.tensor(name="B", dim=[8, 512, 256], stride=_row_major([8, 512, 256]), data_type=HALF).set_uid(2)
+        g.matmul(A=a, B=b, compute_data_type=FLOAT).set_output(True).set_data_type(HALF).set_uid(3)
+        build(g)
+    ((family, _, _),) = client.families
+    (varying,) = family.varying
+    assert varying.sizes == tuple(range(1, 513))  # 2 x 320 -> 1024 sizes, halved to the 512 graphs a family asked for on a program's behalf may name
+    assert family.values_of(client.asked[-1][0]) == {varying.symbol: 320}
+
+
 def test_training_sdpa_asks_for_its_stats(recorder: Recorder, client: StandInClient) -> None:
     g, _ = sdpa_graph(is_inference=False)
     build(g)

@@ -57,6 +57,7 @@ import cudnn as _frontend
 from plancache.cudnn._capture import capture, options
 from plancache.cudnn._plan_list import DRIVES, QUERIES, PlanList, Records
 from plancache.errors import PlanCacheError
+from plancache.functional._families import WATCH
 from plancache.functional._service import ABOUT_THE_GRAPH, SERVICE, Once, configure, describe, reason_key
 from plancache.keys.options import CompileOptions
 from plancache.run.plan import Plan
@@ -433,6 +434,8 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         _STATS.served += 1
         _RECENT.append(s.built)
         outcomes.record("cudnn", outcomes.target_of(plan.key), outcomes.served_outcome(plan.source), outcomes.anchor_node_type(s.built.node_types))
+        if spec is not None:
+            WATCH.seen("cudnn", spec, _current_device())  # a program meeting its graph at many sizes: the family built ahead
         log.debug("plancache.cudnn: graph %r served by plan %s (%s)", name, plan.key, plan.source)
         return True
 
