@@ -11,7 +11,7 @@ import signal
 import threading
 from collections.abc import Sequence
 
-from plancache_server.main import configure_logging
+from plancache_server.main import configure_logging, redis_is_usable
 from plancache_server.settings import WORKER, Settings, parser, settings_from, worker_flags
 from plancache_server.worker.gpus import visible_gpus
 from plancache_server.worker.supervisor import EXIT_MISCONFIGURED, WorkerProcesses
@@ -47,6 +47,8 @@ def run_one(device: int, settings: Settings) -> int:
         log.error("cannot load the %r compiler (%s is missing): install plancache-server[gpu]", settings.compiler, e.name)
         return EXIT_MISCONFIGURED
     assert settings.redis_url is not None
+    if not redis_is_usable(settings.redis_url):
+        return EXIT_MISCONFIGURED
     parts = worker_parts(connect(settings.redis_url), settings, signer)
     size = settings.build_processes or default_pool_size(max(1, len(visible_gpus())))
     pool = ProcessBuildPool(size, settings.compiler, device, settings.autotune_strategy, budget_s=settings.build_budget_s, log_level=settings.log_level)

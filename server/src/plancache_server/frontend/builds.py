@@ -46,6 +46,7 @@ from plancache.errors import (
     UntrustedPlan,
 )
 from plancache.keys.target import Target
+from plancache.log_limits import LogLimiter
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
 from plancache_server.store.build_records import DONE, FAILED, PROVISIONAL, QUEUED, RELEASE_IF_OWNER, FailedBuild, state_fields
@@ -55,6 +56,8 @@ from plancache_server.store.redis_conn import AsyncRedis, stop_task, text, trans
 from plancache_server.store.warming import WARM_JOB_PREFIX
 
 log = logging.getLogger(__name__)
+# Every flight meets a Redis outage twice a second: one line a minute says it.
+_faults = LogLimiter(log)
 
 RECHECK_S = 0.5
 # Finished builds being written to their callers at once, per front end, and
@@ -368,7 +371,7 @@ class Builds:
             with translated_errors("releasing a build lease"):
                 await self._release_lease(keys=[keys.build_lease(plan_key)], args=[job_id])
         except Unavailable as e:  # it expires on its own
-            log.warning("could not release the lease of %s: %s", plan_key, e.message)
+            _faults.warning("lease", "could not release the lease of %s: %s", plan_key, e.message)
 
     async def _follow(self, flight: Flight) -> None:
         """Watch the flight's job until its plan is stored, it failed, or its
@@ -408,7 +411,7 @@ class Builds:
                         break
                 except Unavailable as e:
                     # A Redis blip must not fail every waiter: they keep their deadlines.
-                    log.warning("following the build of %s: %s", flight.plan_key, e.message)
+                    _faults.warning("follow", "following the build of %s: %s (its callers keep waiting, within their deadlines)", flight.plan_key, e.message)
                 try:
                     await asyncio.wait_for(event.wait(), RECHECK_S)
                 except TimeoutError:

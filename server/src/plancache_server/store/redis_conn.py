@@ -75,6 +75,40 @@ def text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+# What Redis says when it refuses, and what the operator does about it:
+# (fault kind, the start of Redis' error or redis-py's class, the way out).
+_FAULTS = (
+    ("credentials", ("WRONGPASS", "NOAUTH", "AuthenticationError", "invalid username-password"),
+     "Redis refused the user or password of the Redis URL: create the user with the README's ACL SETUSER line, or correct the password"),
+    ("permissions", ("NOPERM", "NoPermissionError"),
+     "the Redis user lacks a permission plancache needs: give it the README's ACL rules again (ACL SETUSER)"),
+    ("disk", ("MISCONF",),
+     "Redis cannot write its data to disk (full or read-only?) and refuses every write until it can: free space or make its folder writable"),
+    ("memory", ("OOM",),
+     "Redis is at its maxmemory and refuses writes: raise maxmemory, or bound the plans with --store-max-mb below it"),
+    ("replica", ("READONLY",), "this Redis is a read-only replica: point the Redis URL at the primary"),
+    ("loading", ("LOADING",), "Redis is loading its data set after a restart: calls succeed once it is loaded"),
+)  # fmt: skip
+
+
+def store_fault(error: BaseException) -> tuple[str, str]:
+    """(kind, way out) of a Redis failure: the kind is what an operator's log
+    line is limited by (plancache.log_limits), the way out what it says."""
+    said = f"{type(error).__name__}: {error}"
+    for kind, signs, way_out in _FAULTS:
+        if any(sign in said for sign in signs):
+            return kind, way_out
+    if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        return "unreachable", "Redis does not answer: calls succeed again once it does"
+    return type(error).__name__, ""
+
+
+def describe(error: BaseException) -> str:
+    """A Redis failure in one line, with the way out when one is known."""
+    way_out = store_fault(error)[1]
+    return f"{type(error).__name__}: {error}" + (f" ({way_out})" if way_out else "")
+
+
 @contextlib.contextmanager
 def translated_errors(doing: str) -> Iterator[None]:
     """Turn redis-py failures into StoreUnavailable (gRPC UNAVAILABLE); works
@@ -82,9 +116,9 @@ def translated_errors(doing: str) -> Iterator[None]:
     try:
         yield
     except redis.RedisError as e:
-        raise StoreUnavailable(f"plan store unavailable while {doing}: {type(e).__name__}: {e}") from e
+        raise StoreUnavailable(f"plan store unavailable while {doing}: {describe(e)}") from e
     except OSError as e:  # a socket error redis-py did not wrap
-        raise StoreUnavailable(f"plan store unavailable while {doing}: {type(e).__name__}: {e}") from e
+        raise StoreUnavailable(f"plan store unavailable while {doing}: {describe(e)}") from e
 
 
 async def stop_task(task: asyncio.Task[Any] | None, timeout: float = TASK_STOP_S) -> None:

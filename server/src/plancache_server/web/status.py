@@ -89,6 +89,8 @@ class StatusReport:
     retire_eligible: dict[str, float | None] = field(default_factory=dict)
     retire_after_days: float = 0.0
     warming: list[WarmStatus] = field(default_factory=list)
+    # Plans a repair of the private store lost, until each is rebuilt (plancache_server.store.repair).
+    lost_to_repair: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -133,7 +135,9 @@ class StatusSource:
         history = await self._stats.history([target_scope(t) for t in targets_seen], unit, count)
         targets = [await self._target(t, readings.get(target_scope(t), {}), history[target_scope(t)]) for t in targets_seen]
         retirable: dict[str, float | None] = {}
+        lost: list[str] = []
         if self._janitor is not None:
+            lost = await asyncio.to_thread(self._janitor.lost_to_repair)
             usage = await asyncio.to_thread(self._janitor.usage)
             targets = [dataclasses.replace(t, stored=usage.get(t.target_id, TargetUsage())) for t in targets]
             if self._retire_after_s:
@@ -150,6 +154,7 @@ class StatusSource:
             retire_eligible=retirable,
             retire_after_days=self._retire_after_s / 86400,
             warming=await asyncio.to_thread(self._warming.all_status) if self._warming is not None else [],
+            lost_to_repair=lost,
         )
 
     async def _target(self, target_id: str, windows: Windows, history: list[Bucket]) -> TargetStatus:

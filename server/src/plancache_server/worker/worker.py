@@ -38,6 +38,7 @@ from plancache.errors import InvalidRequest, PlanCacheError, StoreUnavailable
 from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import make_key
 from plancache.keys.target import Target
+from plancache.log_limits import LogLimiter
 from plancache.run.binding import tensor_bindings
 from plancache.spec import spec_io
 from plancache.spec.canonical import hash_normalized
@@ -58,6 +59,8 @@ from plancache_server.worker.warm_runner import WarmRef, WarmRunner
 from plancache_server.worker.worker_queue import WorkerQueue
 
 log = logging.getLogger(__name__)
+# A Redis outage or a dying build process is met over and over: one line a minute per kind.
+_faults = LogLimiter(log)
 
 # How often a worker looks for jobs of dead workers.
 RECLAIM_CHECK_S = 0.5
@@ -257,7 +260,7 @@ class Worker:
                         self._dispatch()
                     telemetry.BUSY.set(1 if self._running else 0)
                 except StoreUnavailable as e:
-                    log.warning("worker %s: %s; retrying in 1s", self.worker_id, e)
+                    _faults.warning("store", "worker %s: %s; retrying every second", self.worker_id, e.message)
                     joined = False
                     self._stop.wait(1.0)
         finally:
@@ -487,7 +490,8 @@ class Worker:
             key = (task.kind, task.index)
             build.attempts[key] = build.attempts.get(key, 1) + 1
             if build.attempts[key] <= MAX_TASK_ATTEMPTS:
-                log.warning("job %s: %s; building its %s again (try %d)", build.job.job_id, result.error, _piece(task), build.attempts[key])
+                _faults.warning("build process died", "job %s: %s; building its %s again (try %d of %d)", build.job.job_id, result.error, _piece(task),
+                                build.attempts[key], MAX_TASK_ATTEMPTS)  # fmt: skip
                 self._push(build.lanes[0] if task.kind == HEURISTIC else build.lanes[1], build, dataclasses.replace(task, task_id=next(task_ids)))
                 return
             result = dataclasses.replace(result, error=f"{result.error}, {MAX_TASK_ATTEMPTS} times", rejected=task.kind == HEURISTIC)
@@ -583,7 +587,7 @@ class Worker:
             except StoreUnavailable as e:
                 if time.monotonic() + pause > deadline:
                     raise
-                log.warning("worker %s: %s failed (%s); retrying in %.1f s", self.worker_id, doing, e.message, pause)
+                _faults.warning("store", "worker %s: %s failed (%s); retrying for up to %.0f s", self.worker_id, doing, e.message, STORE_RETRY_S)
                 time.sleep(pause)
                 pause = min(pause * 2, 2.0)
 
