@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from plancache_server.main import configure_logging, redis_is_usable
 from plancache_server.settings import WORKER, Settings, parser, settings_from, worker_flags
+from plancache_server.worker.compiler.faults import EXIT_GPU_LOST
 from plancache_server.worker.gpus import visible_gpus
 from plancache_server.worker.supervisor import EXIT_MISCONFIGURED, WorkerProcesses
 
@@ -46,6 +47,9 @@ def run_one(device: int, settings: Settings) -> int:
     except ImportError as e:
         log.error("cannot load the %r compiler (%s is missing): install plancache-server[gpu]", settings.compiler, e.name)
         return EXIT_MISCONFIGURED
+    except Exception as e:  # the GPU does not answer (lost, reset, taken away): the supervisor tries again later
+        log.error("GPU %d cannot be used (%s: %s); exiting for the supervisor to start this worker again", device, type(e).__name__, str(e)[:300])
+        return EXIT_GPU_LOST
     assert settings.redis_url is not None
     if not redis_is_usable(settings.redis_url):
         return EXIT_MISCONFIGURED
@@ -70,7 +74,7 @@ def run_one(device: int, settings: Settings) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     worker.run()
-    return 0
+    return EXIT_GPU_LOST if worker.gpu_lost is not None else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -70,6 +70,9 @@ SLOT_HOLD_S = 0.02
 # same way. Long enough that callers retrying in a loop cost no builds,
 # short enough that mended keys take effect soon.
 UNTRUSTED_BUILD_TTL_S = 120
+# A flight checks that its target still has a live worker every this many
+# re-checks (2 s), and gives up after two checks in a row without one.
+WORKER_RECHECK_EVERY = 4
 # Re-reads of a finished build's plan, not found, before its waiters are
 # told that it is gone (deleted or evicted between its store and its read).
 GONE_RECHECKS = 4
@@ -309,7 +312,7 @@ class Builds:
             return
         flight.opened.set_result(None)
         if flight.outcome is None:
-            await self._follow(flight)
+            await self._follow(flight, target)
         await self._wake(flight)
 
     async def _take_or_find_lease(self, flight: Flight, target: Target, query: pb.PlanQuery) -> None:
@@ -373,12 +376,16 @@ class Builds:
         except Unavailable as e:  # it expires on its own
             _faults.warning("lease", "could not release the lease of %s: %s", plan_key, e.message)
 
-    async def _follow(self, flight: Flight) -> None:
-        """Watch the flight's job until its plan is stored, it failed, or its
-        plan cannot be served (refused, or gone): every way out of the loop
-        is a state of the job, so a waiter never re-reads a plan for nothing."""
+    async def _follow(self, flight: Flight, target: Target) -> None:
+        """Watch the flight's job until its plan is stored, it failed, its
+        plan cannot be served (refused, or gone), or no worker of its target
+        is left to build it (each one's GPU lost, say): every way out of the
+        loop is a state of the job or of the workers, so a waiter never
+        re-reads a plan for nothing nor waits for a build nobody can do."""
         event = self._watcher.register(flight.job_id)
         gone = 0
+        checks = 0
+        workerless = 0
         try:
             while flight.outcome is None:
                 try:
@@ -403,6 +410,15 @@ class Builds:
                         self._settle(flight, await self._untrusted_build(flight, refused, state))
                         break
                     gone = gone + 1 if plan is None and refused is None and ours == DONE else 0
+                    checks += 1
+                    if checks % WORKER_RECHECK_EVERY == 0:
+                        workerless = workerless + 1 if await self._queue.live_workers(target) == 0 else 0
+                    if workerless >= 2:
+                        self._settle(flight, TargetUnavailable(
+                            f"no live GPU worker of target {target.id} is left to build plan {flight.plan_key} (job {flight.job_id}, "
+                            "still queued: the next worker of the target builds it); call again"
+                        ))  # fmt: skip
+                        break
                     if gone >= GONE_RECHECKS:
                         self._settle(flight, Unavailable(
                             f"plan {flight.plan_key} was built (job {flight.job_id}) but is no longer stored: it was deleted or evicted "
