@@ -18,7 +18,7 @@ from pathlib import Path
 
 import redis
 
-from plancache_server.store.repair import StoreStartError, diagnose
+from plancache_server.store.repair import StoreStartError, diagnose, unwritable
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +76,14 @@ class EmbeddedRedis:
             raise FileNotFoundError(
                 f"{self.binary!r} not found: install redis-server (apt-get install redis-server) or pass --redis-url to use an existing Redis"
             )
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         listen = ["--port", str(self.port), "--bind", "127.0.0.1"]
-        if self.unix_socket:
-            self.data_dir.chmod(0o700)
-            listen = ["--port", "0", "--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            if self.unix_socket:
+                self.data_dir.chmod(0o700)
+                listen = ["--port", "0", "--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
+        except OSError as e:  # a read-only or full file system
+            raise unwritable(self.data_dir, f"{type(e).__name__}: {e.strerror or e}") from e
         args = [
             executable, *listen, "--dir", str(self.data_dir),
             "--save", "", "--appendonly", "yes" if self.persist else "no", "--protected-mode", "yes",

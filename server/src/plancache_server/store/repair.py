@@ -63,12 +63,16 @@ def diagnose(data_dir: Path, log_lines: list[str], exit_code: int | None, stderr
         )
     said = next((line.split(" # ", 1)[-1].strip() for line in log_lines if any(s in line for s in _FOLDER_SIGNS)), None)
     if said is not None:
-        return StoreStartError(
-            f"the private store's folder {data_dir} cannot be written (redis-server: {said[:300]}): free space on its disk or make it "
-            "writable, or give the server another --data-dir; nothing in it was changed"
-        )
+        return unwritable(data_dir, f"redis-server: {said[:300]}")
     last = stderr.strip().replace("\n", " ") or (log_lines[-1].split(" # ", 1)[-1].strip() if log_lines else "nothing in its log")
     return StoreStartError(f"the private redis-server exited with {exit_code} at start ({last[:300]}; log: {data_dir / 'redis.log'})")
+
+
+def unwritable(data_dir: Path, said: str) -> StoreStartError:
+    return StoreStartError(
+        f"the private store's folder {data_dir} cannot be written ({said}): free space on its disk or make it writable, or give the server "
+        "another --data-dir; nothing in it was changed"
+    )
 
 
 def backups_of(data_dir: Path) -> Path:
