@@ -181,8 +181,9 @@ def warm_lease(target_id: str) -> str:
 _PLAN = plan("*")
 _PER_PLAN = {name: f"{PREFIX}:{{*}}:{name}" for name in ("lease", "job", "failed", "untrusted")}
 _JOB_STREAMS = f"{PREFIX}:{{jobs:*"
-# +info: each process checks at start that Redis' eviction policy cannot drop plans, jobs or leases.
-_COMMON = ["+ping", "+info", "+evalsha", "+eval", "+script|load", f"&{EVENTS_CHANNEL}"]
+# +info: each process checks at start that Redis' eviction policy cannot drop plans, jobs or leases;
+# +time: heartbeats are written and read on Redis' clock, not on each host's.
+_COMMON = ["+ping", "+info", "+time", "+evalsha", "+eval", "+script|load", f"&{EVENTS_CHANNEL}"]
 
 ACL_RULES: dict[str, list[str]] = {
     "frontend": [

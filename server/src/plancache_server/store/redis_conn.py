@@ -70,6 +70,27 @@ def connect_async(url: str) -> AsyncRedis:
     return aioredis.Redis(connection_pool=pool)
 
 
+def _seconds(reply: Any) -> float:
+    if isinstance(reply, (list, tuple)) and len(reply) == 2:
+        return int(reply[0]) + int(reply[1]) / 1e6
+    if isinstance(reply, dict) and reply:  # a cluster answers per node: any node's clock will do
+        return _seconds(next(iter(reply.values())))
+    raise StoreUnavailable(f"Redis answered TIME with {str(reply)[:100]}")
+
+
+def redis_seconds(client: redis.Redis) -> float:
+    """Redis' clock (unix seconds). Heartbeats are written and read on it, so
+    that a host whose own clock steps (NTP, a VM resumed) neither makes its
+    live workers look dead to the others nor a dead one look alive."""
+    with translated_errors("reading Redis' clock"):
+        return _seconds(client.time())
+
+
+async def redis_seconds_async(client: AsyncRedis) -> float:
+    with translated_errors("reading Redis' clock"):
+        return _seconds(await client.time())
+
+
 def text(value: object) -> str:
     """A Redis reply as text (replies are bytes: clients keep decode_responses off)."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
