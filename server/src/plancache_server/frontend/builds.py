@@ -71,8 +71,11 @@ SLOT_HOLD_S = 0.02
 # short enough that mended keys take effect soon.
 UNTRUSTED_BUILD_TTL_S = 120
 # A flight checks that its target still has a live worker every this many
-# re-checks (2 s), and gives up after two checks in a row without one.
+# re-checks (2 s), and gives up once none was seen for WORKERLESS_S: longer
+# than a worker's restart (a deploy: the job stays queued for it), far
+# shorter than a default deadline (--compile-timeout, 900 s).
 WORKER_RECHECK_EVERY = 4
+WORKERLESS_S = 30.0
 # Re-reads of a finished build's plan, not found, before its waiters are
 # told that it is gone (deleted or evicted between its store and its read).
 GONE_RECHECKS = 4
@@ -385,7 +388,7 @@ class Builds:
         event = self._watcher.register(flight.job_id)
         gone = 0
         checks = 0
-        workerless = 0
+        workerless_since: float | None = None
         try:
             while flight.outcome is None:
                 try:
@@ -412,11 +415,12 @@ class Builds:
                     gone = gone + 1 if plan is None and refused is None and ours == DONE else 0
                     checks += 1
                     if checks % WORKER_RECHECK_EVERY == 0:
-                        workerless = workerless + 1 if await self._queue.live_workers(target) == 0 else 0
-                    if workerless >= 2:
+                        live = await self._queue.live_workers(target)
+                        workerless_since = None if live else (workerless_since or time.monotonic())
+                    if workerless_since is not None and time.monotonic() - workerless_since >= WORKERLESS_S:
                         self._settle(flight, TargetUnavailable(
-                            f"no live GPU worker of target {target.id} is left to build plan {flight.plan_key} (job {flight.job_id}, "
-                            "still queued: the next worker of the target builds it); call again"
+                            f"no live GPU worker of target {target.id} for {WORKERLESS_S:.0f} s to build plan {flight.plan_key} (job "
+                            f"{flight.job_id}, still queued: the next worker of the target builds it); call again"
                         ))  # fmt: skip
                         break
                     if gone >= GONE_RECHECKS:
