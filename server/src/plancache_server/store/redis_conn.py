@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -19,6 +20,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from plancache.errors import StoreUnavailable
+from plancache.log_limits import LogLimiter
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 # Connections one front end opens to a standalone Redis; callers beyond
@@ -31,6 +33,7 @@ FRONT_END_CLUSTER_CONNECTIONS = 512
 
 AsyncRedis = aioredis.Redis
 log = logging.getLogger(__name__)
+_faults = LogLimiter(log)
 # How long stopping a background task may take before it is left behind.
 TASK_STOP_S = 5.0
 TASK_RECANCEL_S = 0.2
@@ -82,13 +85,28 @@ def redis_seconds(client: redis.Redis) -> float:
     """Redis' clock (unix seconds). Heartbeats are written and read on it, so
     that a host whose own clock steps (NTP, a VM resumed) neither makes its
     live workers look dead to the others nor a dead one look alive."""
-    with translated_errors("reading Redis' clock"):
-        return _seconds(client.time())
+    try:
+        with translated_errors("reading Redis' clock"):
+            return _seconds(client.time())
+    except StoreUnavailable as e:
+        return _own_clock(e)
 
 
 async def redis_seconds_async(client: AsyncRedis) -> float:
-    with translated_errors("reading Redis' clock"):
-        return _seconds(await client.time())
+    try:
+        with translated_errors("reading Redis' clock"):
+            return _seconds(await client.time())
+    except StoreUnavailable as e:
+        return _own_clock(e)
+
+
+def _own_clock(error: StoreUnavailable) -> float:
+    """A user created with the ACL rules of before TIME was needed keeps working, on this host's clock."""
+    if not isinstance(error.__cause__, redis.exceptions.NoPermissionError):
+        raise error
+    _faults.warning("time", "this Redis user may not run TIME: heartbeats are read on this host's clock (a clock step makes workers look dead "
+                    "or alive); run the README's ACL SETUSER lines again")  # fmt: skip
+    return time.time()
 
 
 def text(value: object) -> str:
