@@ -7,7 +7,6 @@ test_disk_cache."""
 from __future__ import annotations
 
 import hashlib
-import json
 import signal
 import threading
 import time
@@ -23,6 +22,7 @@ from plancache import Client, DiskCache, PlanCacheError
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis
 from tests.conftest import start_stack
+from tests.support.operator_view import report
 from tests.support.processes import standin_deployment
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
@@ -30,10 +30,6 @@ from tests.support.standin import StandInCompiler
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
-
-
-def report(name: str, figures: dict[str, object]) -> None:
-    print(f"\n[fault] {name}: {json.dumps(figures)}")
 
 
 def test_redis_killed_and_restarted_under_load(tmp_path: Path) -> None:

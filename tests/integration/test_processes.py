@@ -5,7 +5,6 @@ restart that keeps the stored plans."""
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -16,41 +15,13 @@ import pytest
 
 from plancache import Client, Plan, TargetUnavailable
 from plancache_server.store.embedded_redis import free_port
-from tests.support.processes import child_env
+from tests.support.processes import Proc, child_env
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class Proc:
-    def __init__(self, args: list[str], log: Path) -> None:
-        self.log = log
-        self._file = open(log, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(args, env=child_env(), stdout=self._file, stderr=subprocess.STDOUT, cwd=REPO)
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def wait_for(self, pattern: str, timeout: float = 30) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(pattern, self.text())
-            if found:
-                return found
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise AssertionError(f"{pattern!r} not in log:\n{self.text()}")
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=timeout)
-        self._file.close()
-        return code
 
 
 def _server(tmp: Path, port: int, name: str) -> Proc:

@@ -4,6 +4,8 @@ benchmarks): the same entry points an operator runs."""
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +18,36 @@ from plancache_server.store.embedded_redis import free_port
 from tests.support.hermetic import inherited_environment
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+class Proc:
+    """A process whose output (stdout and stderr) goes to `log`, read back as it runs."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        self._file = open(log, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(args, env=env or child_env(), stdout=self._file, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def wait_for(self, pattern: str, timeout: float = 30) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.text())
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"{pattern!r} not in log:\n{self.text()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=timeout)
+        self._file.close()
+        return code
 
 
 def child_env(**extra: str) -> dict[str, str]:

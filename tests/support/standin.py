@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -36,6 +37,15 @@ STANDIN_TARGET = Target("sm_90", 91900, "1.32.0", "StandIn GPU", 132)
 REJECTED_NAME = "standin-reject"
 # Graphs with this name fail while autotuning (after their provisional plan).
 TUNE_FAILS_NAME = "standin-tune-fails"
+# GPU faults, played in a build process with the words CUDA and torch use
+# (plancache_server.worker.compiler.faults reads them): the device out of
+# memory; the context lost (an Xid), after which the GPU is gone for every
+# process until PLANCACHE_STANDIN_GPU_GONE (a file the build creates) is
+# removed; and the kernel's OOM killer (SIGKILL) ending the build process.
+GPU_OOM_NAME = "standin-gpu-oom"
+GPU_LOST_NAME = "standin-gpu-lost"
+OOM_KILLED_NAME = "standin-oom-killed"
+GPU_GONE_ENV = "PLANCACHE_STANDIN_GPU_GONE"
 # Candidates of an autotuned build, unless PLANCACHE_STANDIN_CANDIDATES says otherwise.
 DEFAULT_CANDIDATES = 10
 
@@ -92,6 +102,7 @@ class StandInCompiler:
             self._log_build(digest, started, time.time())
         if spec.name == REJECTED_NAME:
             raise CompileFailed("stand-in: cuDNN_STATUS_NOT_SUPPORTED (graphs named standin-reject are refused)")
+        _play_gpu_fault(spec.name)
         if self.tune_seconds is None or not options.autotune:
             # One plan, final at once; it reports two timings as an untuned build of the real compiler would not.
             plan = self._plan(digest, options, 7, "standin_eng7_k3", {"TILE_SIZE": 3})
@@ -134,8 +145,23 @@ class StandInCompiler:
                 os.close(fd)
 
 
+def _play_gpu_fault(name: str) -> None:
+    if name == GPU_OOM_NAME:
+        raise RuntimeError("CUDA out of memory. Tried to allocate 160.00 GiB (GPU 0; 139.81 GiB total capacity) [stand-in]")
+    if name == GPU_LOST_NAME:
+        gone = os.environ.get(GPU_GONE_ENV)
+        if gone:
+            open(gone, "w").close()
+        raise RuntimeError("CUDA error: unspecified launch failure (Xid 79: GPU has fallen off the bus) [stand-in]")
+    if name == OOM_KILLED_NAME:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def factory(device: int) -> StandInCompiler:
     """Entry point for `plancache-worker --compiler tests.support.standin:factory`."""
+    gone = os.environ.get(GPU_GONE_ENV)
+    if gone and os.path.exists(gone):
+        raise RuntimeError("CUDA error: no CUDA-capable device is detected [stand-in: the GPU is gone]")
     tune = os.environ.get("PLANCACHE_STANDIN_TUNE_SECONDS")
     return StandInCompiler(
         build_seconds=float(os.environ.get("PLANCACHE_STANDIN_BUILD_SECONDS", "0")),

@@ -25,6 +25,10 @@ from plancache_server.frontend.app import FrontEnd
 from plancache_server.secrets import check_secrets
 from plancache_server.settings import Settings, server_settings, worker_flags
 from plancache_server.store.embedded_redis import EmbeddedRedis
+from plancache_server.store.lifecycle import Janitor
+from plancache_server.store.redis_checks import check_redis
+from plancache_server.store.redis_conn import connect
+from plancache_server.store.repair import StoreStartError, repair
 from plancache_server.web import http as web
 from plancache_server.web import metrics
 from plancache_server.web.status import status_of
@@ -135,6 +139,50 @@ def lock_data_dir(data_dir: Path) -> IO[str]:
     return handle
 
 
+def redis_is_usable(redis_url: str) -> bool:
+    """Logs what plancache_server.store.redis_checks finds, a line each;
+    False when one of them must stop the process."""
+    client = connect(redis_url)
+    try:
+        findings = check_redis(client, redis_url.rsplit("@", maxsplit=1)[-1])
+    finally:
+        client.close()
+    for finding in findings:
+        if finding.fatal:
+            log.error("cannot start: %s", finding.message)
+        else:
+            log.warning("%s", finding.message)
+    return not any(f.fatal for f in findings)
+
+
+def start_private_store(settings: Settings) -> EmbeddedRedis:
+    """The private redis-server on --data-dir/redis. With --repair-store a
+    damaged one is repaired first (plancache_server.store.repair) and the
+    plans the repair lost are logged and recorded for the status page.
+    StoreStartError: one line saying why it cannot start."""
+    embedded = EmbeddedRedis(settings.data_dir / "redis", binary=settings.redis_server_bin, unix_socket=True)
+    try:
+        embedded.start()
+    except StoreStartError as e:
+        if not (e.damaged and settings.repair_store):
+            raise
+        log.warning("--repair-store: %s", e)
+        done = repair(embedded.data_dir)
+        embedded.start()
+        client = connect(embedded.url)
+        try:
+            done = done.with_lost(Janitor(client).record_lost(done.named))
+        except PlanCacheError as not_recorded:
+            log.warning("the plans the repair lost could not be recorded for the status page: %s", not_recorded.message)
+        finally:
+            client.close()
+        log.warning("%s", done.summary())
+        return embedded
+    if settings.repair_store:
+        log.info("--repair-store: the private store started as it is; nothing to repair")
+    return embedded
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     settings = server_settings(argv)
     configure_logging(settings.log_level)
@@ -157,11 +205,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot start: %s", e.message)
         return 1
     if redis_url is None:
-        embedded = EmbeddedRedis(settings.data_dir / "redis", binary=settings.redis_server_bin, unix_socket=True).start()
+        try:
+            embedded = start_private_store(settings)
+        except (StoreStartError, FileNotFoundError) as e:  # FileNotFoundError: no redis-server
+            log.error("cannot start: %s", e)
+            return 1
         redis_url = embedded.url
         log.info("no --redis-url given: using a private redis-server (%s), data in %s", redis_url, embedded.data_dir)
+    elif settings.repair_store:
+        log.error("cannot start: --repair-store repairs the private store (no --redis-url); a shared Redis is repaired by its operator")
+        return 1
     else:
         log.info("using Redis at %s", redis_url.split("@")[-1])
+    if not redis_is_usable(redis_url):
+        if embedded is not None:
+            embedded.stop()
+        return 1
     workers = WorkerProcesses(devices, redis_url, worker_flags(settings))
     try:
         if devices:

@@ -98,6 +98,9 @@ class Settings:
     data_dir: Path = _option(None, "--data-dir", "where the private redis-server keeps its data (AOF) and the generated signing key", Path,
                              programs=frozenset({SERVER}), factory=default_data_dir, shown_default="~/.local/share/plancache")  # fmt: skip
     redis_server_bin: str = _option("redis-server", "--redis-server-bin", "redis-server executable for the private instance", programs=frozenset({SERVER}))
+    repair_store: bool = _option(False, "--repair-store", "the private store's files are damaged: copy them to --data-dir/redis-backups, cut the damage "
+                                 "away (redis-check-aof --fix), start, and report the plans lost (listed on the status page until rebuilt)",
+                                 switch=True, programs=frozenset({SERVER}), shown_default="off")  # fmt: skip
     gpus: str = _option(
         "auto", "--gpus", "'auto', 'none', or a comma list of device indices: the compile workers this server starts", programs=frozenset({SERVER})
     )

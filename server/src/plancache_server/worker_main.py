@@ -11,8 +11,9 @@ import signal
 import threading
 from collections.abc import Sequence
 
-from plancache_server.main import configure_logging
+from plancache_server.main import configure_logging, redis_is_usable
 from plancache_server.settings import WORKER, Settings, parser, settings_from, worker_flags
+from plancache_server.worker.compiler.faults import EXIT_GPU_LOST
 from plancache_server.worker.gpus import visible_gpus
 from plancache_server.worker.supervisor import EXIT_MISCONFIGURED, WorkerProcesses
 
@@ -46,7 +47,12 @@ def run_one(device: int, settings: Settings) -> int:
     except ImportError as e:
         log.error("cannot load the %r compiler (%s is missing): install plancache-server[gpu]", settings.compiler, e.name)
         return EXIT_MISCONFIGURED
+    except Exception as e:  # the GPU does not answer (lost, reset, taken away): the supervisor tries again later
+        log.error("GPU %d cannot be used (%s: %s); exiting for the supervisor to start this worker again", device, type(e).__name__, str(e)[:300])
+        return EXIT_GPU_LOST
     assert settings.redis_url is not None
+    if not redis_is_usable(settings.redis_url):
+        return EXIT_MISCONFIGURED
     parts = worker_parts(connect(settings.redis_url), settings, signer)
     size = settings.build_processes or default_pool_size(max(1, len(visible_gpus())))
     pool = ProcessBuildPool(size, settings.compiler, device, settings.autotune_strategy, budget_s=settings.build_budget_s, log_level=settings.log_level)
@@ -68,7 +74,7 @@ def run_one(device: int, settings: Settings) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     worker.run()
-    return 0
+    return EXIT_GPU_LOST if worker.gpu_lost is not None else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,10 +19,14 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from plancache.errors import IntegrityError
+from plancache.log_limits import LogLimiter
 from plancache.run.plan import Plan
 from plancache.v1 import plancache_pb2 as pb
 
 log = logging.getLogger(__name__)
+# A cache folder that cannot be written (a read-only or full file system) is
+# met by every plan: said once a minute, not once per plan.
+_faults = LogLimiter(log)
 
 DEFAULT_MAX_BYTES = 2 * 2**30
 
@@ -53,7 +57,7 @@ class DiskCache:
         except FileNotFoundError:
             return None
         except OSError as e:
-            log.warning("disk cache: cannot read %s (%s); fetching instead", path, e)
+            _faults.warning("read", "disk cache: cannot read %s (%s); fetching plans instead", path, e)
             return None
         try:
             msg = pb.Plan.FromString(data)
@@ -86,7 +90,7 @@ class DiskCache:
                 self._remove(Path(tmp))
                 raise
         except OSError as e:
-            log.warning("disk cache: cannot write %s (%s); continuing without it", path, e)
+            _faults.warning("write", "disk cache: cannot write under %s (%s); plans are served without keeping them", self.root, e)
             return
         self._enforce_bound()
 

@@ -46,6 +46,7 @@ from plancache.errors import (
     UntrustedPlan,
 )
 from plancache.keys.target import Target
+from plancache.log_limits import LogLimiter
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
 from plancache_server.store.build_records import DONE, FAILED, PROVISIONAL, QUEUED, RELEASE_IF_OWNER, FailedBuild, state_fields
@@ -55,6 +56,8 @@ from plancache_server.store.redis_conn import AsyncRedis, stop_task, text, trans
 from plancache_server.store.warming import WARM_JOB_PREFIX
 
 log = logging.getLogger(__name__)
+# Every flight meets a Redis outage twice a second: one line a minute says it.
+_faults = LogLimiter(log)
 
 RECHECK_S = 0.5
 # Finished builds being written to their callers at once, per front end, and
@@ -67,6 +70,12 @@ SLOT_HOLD_S = 0.02
 # same way. Long enough that callers retrying in a loop cost no builds,
 # short enough that mended keys take effect soon.
 UNTRUSTED_BUILD_TTL_S = 120
+# A flight checks that its target still has a live worker every this many
+# re-checks (2 s), and gives up once none was seen for WORKERLESS_S: longer
+# than a worker's restart (a deploy: the job stays queued for it), far
+# shorter than a default deadline (--compile-timeout, 900 s).
+WORKER_RECHECK_EVERY = 4
+WORKERLESS_S = 30.0
 # Re-reads of a finished build's plan, not found, before its waiters are
 # told that it is gone (deleted or evicted between its store and its read).
 GONE_RECHECKS = 4
@@ -306,7 +315,7 @@ class Builds:
             return
         flight.opened.set_result(None)
         if flight.outcome is None:
-            await self._follow(flight)
+            await self._follow(flight, target)
         await self._wake(flight)
 
     async def _take_or_find_lease(self, flight: Flight, target: Target, query: pb.PlanQuery) -> None:
@@ -368,14 +377,18 @@ class Builds:
             with translated_errors("releasing a build lease"):
                 await self._release_lease(keys=[keys.build_lease(plan_key)], args=[job_id])
         except Unavailable as e:  # it expires on its own
-            log.warning("could not release the lease of %s: %s", plan_key, e.message)
+            _faults.warning("lease", "could not release the lease of %s: %s", plan_key, e.message)
 
-    async def _follow(self, flight: Flight) -> None:
-        """Watch the flight's job until its plan is stored, it failed, or its
-        plan cannot be served (refused, or gone): every way out of the loop
-        is a state of the job, so a waiter never re-reads a plan for nothing."""
+    async def _follow(self, flight: Flight, target: Target) -> None:
+        """Watch the flight's job until its plan is stored, it failed, its
+        plan cannot be served (refused, or gone), or no worker of its target
+        is left to build it (each one's GPU lost, say): every way out of the
+        loop is a state of the job or of the workers, so a waiter never
+        re-reads a plan for nothing nor waits for a build nobody can do."""
         event = self._watcher.register(flight.job_id)
         gone = 0
+        checks = 0
+        workerless_since: float | None = None
         try:
             while flight.outcome is None:
                 try:
@@ -400,6 +413,16 @@ class Builds:
                         self._settle(flight, await self._untrusted_build(flight, refused, state))
                         break
                     gone = gone + 1 if plan is None and refused is None and ours == DONE else 0
+                    checks += 1
+                    if checks % WORKER_RECHECK_EVERY == 0:
+                        live = await self._queue.live_workers(target)
+                        workerless_since = None if live else (workerless_since or time.monotonic())
+                    if workerless_since is not None and time.monotonic() - workerless_since >= WORKERLESS_S:
+                        self._settle(flight, TargetUnavailable(
+                            f"no live GPU worker of target {target.id} for {WORKERLESS_S:.0f} s to build plan {flight.plan_key} (job "
+                            f"{flight.job_id}, still queued: the next worker of the target builds it); call again"
+                        ))  # fmt: skip
+                        break
                     if gone >= GONE_RECHECKS:
                         self._settle(flight, Unavailable(
                             f"plan {flight.plan_key} was built (job {flight.job_id}) but is no longer stored: it was deleted or evicted "
@@ -408,7 +431,7 @@ class Builds:
                         break
                 except Unavailable as e:
                     # A Redis blip must not fail every waiter: they keep their deadlines.
-                    log.warning("following the build of %s: %s", flight.plan_key, e.message)
+                    _faults.warning("follow", "following the build of %s: %s (its callers keep waiting, within their deadlines)", flight.plan_key, e.message)
                 try:
                     await asyncio.wait_for(event.wait(), RECHECK_S)
                 except TimeoutError:

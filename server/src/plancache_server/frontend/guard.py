@@ -32,15 +32,19 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
-from plancache.errors import InvalidRequest, PermissionDenied, PlanCacheError
+from plancache.errors import InvalidRequest, PermissionDenied, PlanCacheError, StoreUnavailable
+from plancache.log_limits import LogLimiter
 from plancache.transport.rich_status import bounded, trailing_metadata
 from plancache_server import telemetry
 from plancache_server.frontend import wire
 from plancache_server.frontend.auth import Authorizer, Role, needed_role
 from plancache_server.frontend.offload import CpuOffload
 from plancache_server.frontend.wire import WireLimits
+from plancache_server.store.redis_conn import store_fault
 
 log = logging.getLogger(__name__)
+# Redis failing fails every call that needs it: one line per kind of failure a minute.
+_store_faults = LogLimiter(log)
 
 if TYPE_CHECKING:  # grpc's classes are generic in its stubs only
     Handler = grpc.RpcMethodHandler[Any, Any]
@@ -111,6 +115,9 @@ def authorize_body(name: str, request: Any, role: Role) -> None:
 
 async def abort(context: Context, method: str, error: BaseException) -> None:
     """5. End the call with the status `error` stands for (raises AbortError)."""
+    if isinstance(error, StoreUnavailable):
+        kind = store_fault(error.__cause__)[0] if error.__cause__ is not None else "store"
+        _store_faults.error(kind, "the plan store fails calls: %s; callers get UNAVAILABLE", error.message)
     if isinstance(error, PlanCacheError):
         await context.abort(error.code, bounded(error.message), trailing_metadata=trailing_metadata(error))
     incident = uuid.uuid4().hex[:12]

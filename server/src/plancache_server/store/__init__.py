@@ -3,7 +3,9 @@
 the plans' lifecycle (lifecycle), statistics (stats) and what nodes report
 of their graphs (fleet), the targets known and
 their workers (directory), warming plans (warming), connections
-(redis_conn) and the private redis-server (embedded_redis).
+(redis_conn) and what a process checks of them at start (redis_checks),
+the private redis-server (embedded_redis) and the repair of its files
+(repair).
 
 Owns: what Redis holds, and how to read and write it; nothing about serving
 or building.

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import redis
 
+from plancache_server.store.repair import StoreStartError, diagnose, unwritable
+
 log = logging.getLogger(__name__)
 
 
@@ -26,6 +28,16 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def _lines_from(path: Path, offset: int) -> list[str]:
+    """The lines a log file gained past `offset` (what this start wrote)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(1 << 20).decode(errors="replace").splitlines()
+    except OSError:
+        return []
 
 
 class EmbeddedRedis:
@@ -64,32 +76,45 @@ class EmbeddedRedis:
             raise FileNotFoundError(
                 f"{self.binary!r} not found: install redis-server (apt-get install redis-server) or pass --redis-url to use an existing Redis"
             )
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         listen = ["--port", str(self.port), "--bind", "127.0.0.1"]
-        if self.unix_socket:
-            self.data_dir.chmod(0o700)
-            listen = ["--port", "0", "--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            if self.unix_socket:
+                self.data_dir.chmod(0o700)
+                listen = ["--port", "0", "--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
+        except OSError as e:  # a read-only or full file system
+            raise unwritable(self.data_dir, f"{type(e).__name__}: {e.strerror or e}") from e
         args = [
             executable, *listen, "--dir", str(self.data_dir),
             "--save", "", "--appendonly", "yes" if self.persist else "no", "--protected-mode", "yes",
             "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log"), *self.extra_args,
         ]  # fmt: skip
+        log_file = self.data_dir / "redis.log"
+        log_start = log_file.stat().st_size if log_file.exists() else 0
         self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout_s
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, password=self.password)
-        while True:
-            if self._process.poll() is not None:
-                stderr = self._process.stderr.read().decode(errors="replace") if self._process.stderr else ""
-                raise RuntimeError(f"redis-server exited with {self._process.returncode}: {stderr.strip()} (log: {self.data_dir / 'redis.log'})")
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
+        try:
+            # Bounded: redis-server answers within timeout_s (of its last "still loading"), or exits saying why.
+            while True:
+                if self._process.poll() is not None:
+                    stderr = self._process.stderr.read().decode(errors="replace") if self._process.stderr else ""
+                    raise diagnose(self.data_dir, _lines_from(log_file, log_start), self._process.returncode, stderr)
+                try:
+                    client.ping()
+                    break
+                except redis.BusyLoadingError:  # a large store loading: it progresses, so the bound starts again
+                    deadline = time.monotonic() + timeout_s
+                except redis.ConnectionError:
+                    pass
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise TimeoutError(f"redis-server did not answer at {self.url} within {timeout_s}s") from None
+                    raise StoreStartError(
+                        f"the private redis-server did not answer at {self.url} within {timeout_s:.0f} s of its start (log: {log_file})"
+                    )
                 time.sleep(0.05)
-        client.close()
+        finally:
+            client.close()
         log.info("started private redis-server at %s, data in %s", self.url, self.data_dir)
         return self
 

@@ -19,7 +19,6 @@ plancache_server.worker.worker_queue.WorkerQueue (blocking).
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +28,7 @@ from plancache.errors import ResourceExhausted
 from plancache.keys.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
-from plancache_server.store.redis_conn import AsyncRedis, text, translated_errors
+from plancache_server.store.redis_conn import AsyncRedis, redis_seconds_async, text, translated_errors
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +95,9 @@ class JobQueue:
             )
 
     async def live_workers(self, target: Target) -> int:
+        now = await redis_seconds_async(self._redis)  # the clock heartbeats are written on
         with translated_errors("looking up workers"):
-            return int(await self._redis.zcount(keys.workers(target.id), time.time(), "+inf"))
+            return int(await self._redis.zcount(keys.workers(target.id), now, "+inf"))
 
     async def advertised_targets(self) -> set[str]:
         """Every target a worker ever announced (live or not)."""
@@ -107,7 +107,7 @@ class JobQueue:
     async def live_targets(self) -> dict[str, list[str]]:
         """Targets with a live worker now, and those workers."""
         ids = sorted(await self.advertised_targets())
-        now = time.time()
+        now = await redis_seconds_async(self._redis)
         with translated_errors("listing workers"):
             pipe = self._redis.pipeline(transaction=False)
             for target_id in ids:

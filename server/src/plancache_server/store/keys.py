@@ -7,6 +7,8 @@ state live on one shard of a Redis Cluster.
 
 from __future__ import annotations
 
+import re
+
 from plancache.keys.target import Target
 
 PREFIX = "plancache"
@@ -39,6 +41,8 @@ WARM_TARGETS = f"{PREFIX}:warm-targets"
 # locally (reported by nodes whose operator opted in to spec hashes; capped).
 # Under the stats prefix: a front end's ACL already covers it.
 FLEET_LOCAL_SPECS = f"{PREFIX}:stats-fleet-local-specs"
+# Sorted set: plan key -> when a repair of the private store lost it; dropped once it is stored again.
+REPAIR_LOST = f"{PREFIX}:repair-lost"
 
 
 def store_counter(kind: str, target_id: str) -> str:
@@ -59,6 +63,15 @@ def plan_pattern_for_target(target_id: str) -> str:
 def plan_key_of(redis_key: str) -> str:
     """The plan key inside a plan hash's Redis key."""
     return redis_key[redis_key.index("{") + 1 : redis_key.rindex("}")]
+
+
+_PLAN_NAMED = re.compile(rb"%s:\{([^{}\s]{1,1024})\}:plan" % PREFIX.encode())
+
+
+def plan_keys_named_in(data: bytes) -> set[str]:
+    """The plan keys of the plan hashes named anywhere in `data` (bytes of an
+    append-only file: the commands a repair cut away)."""
+    return {m.decode(errors="replace") for m in _PLAN_NAMED.findall(data)}
 
 
 def build_lease(plan_key: str) -> str:
@@ -179,7 +192,9 @@ def graph_family(family_key: str) -> str:
 _PLAN = plan("*")
 _PER_PLAN = {name: f"{PREFIX}:{{*}}:{name}" for name in ("lease", "job", "failed", "untrusted")}
 _JOB_STREAMS = f"{PREFIX}:{{jobs:*"
-_COMMON = ["+ping", "+evalsha", "+eval", "+script|load", f"&{EVENTS_CHANNEL}"]
+# +info: each process checks at start that Redis' eviction policy cannot drop plans, jobs or leases;
+# +time: heartbeats are written and read on Redis' clock, not on each host's.
+_COMMON = ["+ping", "+info", "+time", "+evalsha", "+eval", "+script|load", f"&{EVENTS_CHANNEL}"]
 
 ACL_RULES: dict[str, list[str]] = {
     "frontend": [
@@ -192,6 +207,7 @@ ACL_RULES: dict[str, list[str]] = {
         f"~{_JOB_STREAMS}", f"%R~{workers('*')}", f"%R~{KNOWN_TARGETS}", f"~{drain('*')}", f"~{PREFIX}:stats*", f"~{PREFIX}:top:*",
         f"%R~{RECENT_FAILURES}", f"%R~{spec_index('*')}", f"~{spec_body('*')}", f"~{plan_hits('*')}", f"~{PREFIX}:{{warm:*", f"~{WARM_TARGETS}",
         f"~{graph_family('*')}",
+        f"~{REPAIR_LOST}",
         # Invalidate (an admin call) deletes plans: deleting is all it may do to them.
         f"(+del ~{_PLAN})",
     ],

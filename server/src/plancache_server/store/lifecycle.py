@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import redis
@@ -98,6 +98,39 @@ class Janitor:
             pipe.zadd(index, {plan_key: self._clock()})
             pipe.zrem(other, plan_key)
             pipe.execute()
+
+    # ---- plans lost to a repair of the private store (plancache_server.store.repair) ----
+
+    def record_lost(self, named: Iterable[str]) -> list[str]:
+        """After a repair: those of `named` (the plans named in what it cut)
+        that are no longer stored, recorded until they are rebuilt."""
+        candidates = sorted(named)
+        if not candidates:
+            return []
+        with translated_errors("recording the plans a repair lost"):
+            pipe = self._redis.pipeline(transaction=False)
+            for plan_key in candidates:
+                pipe.exists(keys.plan(plan_key))
+            lost = [k for k, stored in zip(candidates, pipe.execute(), strict=True) if not stored]
+            if lost:
+                self._redis.zadd(keys.REPAIR_LOST, {k: self._clock() for k in lost})
+        return lost
+
+    def lost_to_repair(self) -> list[str]:
+        """Plans a repair lost that are not stored again yet (those rebuilt
+        since leave the record here)."""
+        with translated_errors("reading the plans a repair lost"):
+            recorded = [text(k) for k in self._redis.zrange(keys.REPAIR_LOST, 0, -1)]
+            if not recorded:
+                return []
+            pipe = self._redis.pipeline(transaction=False)
+            for plan_key in recorded:
+                pipe.exists(keys.plan(plan_key))
+            stored = pipe.execute()
+            rebuilt = [k for k, there in zip(recorded, stored, strict=True) if there]
+            if rebuilt:
+                self._redis.zrem(keys.REPAIR_LOST, *rebuilt)
+        return [k for k, there in zip(recorded, stored, strict=True) if not there]
 
     # ---- deletions ---------------------------------------------------------------
 

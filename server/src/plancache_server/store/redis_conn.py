@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -19,6 +20,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from plancache.errors import StoreUnavailable
+from plancache.log_limits import LogLimiter
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 # Connections one front end opens to a standalone Redis; callers beyond
@@ -31,6 +33,7 @@ FRONT_END_CLUSTER_CONNECTIONS = 512
 
 AsyncRedis = aioredis.Redis
 log = logging.getLogger(__name__)
+_faults = LogLimiter(log)
 # How long stopping a background task may take before it is left behind.
 TASK_STOP_S = 5.0
 TASK_RECANCEL_S = 0.2
@@ -70,9 +73,79 @@ def connect_async(url: str) -> AsyncRedis:
     return aioredis.Redis(connection_pool=pool)
 
 
+def _seconds(reply: Any) -> float:
+    if isinstance(reply, (list, tuple)) and len(reply) == 2:
+        return int(reply[0]) + int(reply[1]) / 1e6
+    if isinstance(reply, dict) and reply:  # a cluster answers per node: any node's clock will do
+        return _seconds(next(iter(reply.values())))
+    raise StoreUnavailable(f"Redis answered TIME with {str(reply)[:100]}")
+
+
+def redis_seconds(client: redis.Redis) -> float:
+    """Redis' clock (unix seconds). Heartbeats are written and read on it, so
+    that a host whose own clock steps (NTP, a VM resumed) neither makes its
+    live workers look dead to the others nor a dead one look alive."""
+    try:
+        with translated_errors("reading Redis' clock"):
+            return _seconds(client.time())
+    except StoreUnavailable as e:
+        return _own_clock(e)
+
+
+async def redis_seconds_async(client: AsyncRedis) -> float:
+    try:
+        with translated_errors("reading Redis' clock"):
+            return _seconds(await client.time())
+    except StoreUnavailable as e:
+        return _own_clock(e)
+
+
+def _own_clock(error: StoreUnavailable) -> float:
+    """A user created with the ACL rules of before TIME was needed keeps working, on this host's clock."""
+    if not isinstance(error.__cause__, redis.exceptions.NoPermissionError):
+        raise error
+    _faults.warning("time", "this Redis user may not run TIME: heartbeats are read on this host's clock (a clock step makes workers look dead "
+                    "or alive); run the README's ACL SETUSER lines again")  # fmt: skip
+    return time.time()
+
+
 def text(value: object) -> str:
     """A Redis reply as text (replies are bytes: clients keep decode_responses off)."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+# What Redis says when it refuses, and what the operator does about it:
+# (fault kind, the start of Redis' error or redis-py's class, the way out).
+_FAULTS = (
+    ("credentials", ("WRONGPASS", "NOAUTH", "AuthenticationError", "invalid username-password"),
+     "Redis refused the user or password of the Redis URL: create the user with the README's ACL SETUSER line, or correct the password"),
+    ("permissions", ("NOPERM", "NoPermissionError"),
+     "the Redis user lacks a permission plancache needs: give it the README's ACL rules again (ACL SETUSER)"),
+    ("disk", ("MISCONF",),
+     "Redis cannot write its data to disk (full or read-only?) and refuses every write until it can: free space or make its folder writable"),
+    ("memory", ("OOM",),
+     "Redis is at its maxmemory and refuses writes: raise maxmemory, or bound the plans with --store-max-mb below it"),
+    ("replica", ("READONLY",), "this Redis is a read-only replica: point the Redis URL at the primary"),
+    ("loading", ("LOADING",), "Redis is loading its data set after a restart: calls succeed once it is loaded"),
+)  # fmt: skip
+
+
+def store_fault(error: BaseException) -> tuple[str, str]:
+    """(kind, way out) of a Redis failure: the kind is what an operator's log
+    line is limited by (plancache.log_limits), the way out what it says."""
+    said = f"{type(error).__name__}: {error}"
+    for kind, signs, way_out in _FAULTS:
+        if any(sign in said for sign in signs):
+            return kind, way_out
+    if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        return "unreachable", "Redis does not answer: calls succeed again once it does"
+    return type(error).__name__, ""
+
+
+def describe(error: BaseException) -> str:
+    """A Redis failure in one line, with the way out when one is known."""
+    way_out = store_fault(error)[1]
+    return f"{type(error).__name__}: {error}" + (f" ({way_out})" if way_out else "")
 
 
 @contextlib.contextmanager
@@ -82,9 +155,9 @@ def translated_errors(doing: str) -> Iterator[None]:
     try:
         yield
     except redis.RedisError as e:
-        raise StoreUnavailable(f"plan store unavailable while {doing}: {type(e).__name__}: {e}") from e
+        raise StoreUnavailable(f"plan store unavailable while {doing}: {describe(e)}") from e
     except OSError as e:  # a socket error redis-py did not wrap
-        raise StoreUnavailable(f"plan store unavailable while {doing}: {type(e).__name__}: {e}") from e
+        raise StoreUnavailable(f"plan store unavailable while {doing}: {describe(e)}") from e
 
 
 async def stop_task(task: asyncio.Task[Any] | None, timeout: float = TASK_STOP_S) -> None:

@@ -55,6 +55,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, "text/plain; charset=utf-8", f"{e.message}\n".encode())
         except StoreUnavailable as e:
             self._send(503, "text/plain; charset=utf-8", f"status unavailable: {e.message}\n".encode())
+        except TimeoutError:  # the event loop did not gather it in time: said, not a traceback on the server's stderr
+            self._send(503, "text/plain; charset=utf-8", f"status unavailable: not gathered within {REPORT_TIMEOUT_S:.0f} s\n".encode())
 
     def _send(self, code: int, content_type: str, body: bytes) -> None:
         self.send_response(code)

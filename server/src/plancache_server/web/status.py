@@ -98,6 +98,8 @@ class StatusReport:
     fleet: dict[str, Coverage] = field(default_factory=dict)
     fleet_races: dict[str, dict[str, float]] = field(default_factory=dict)
     local_specs: list[LocalSpec] = field(default_factory=list)
+    # Plans a repair of the private store lost, until each is rebuilt (plancache_server.store.repair).
+    lost_to_repair: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -157,7 +159,9 @@ class StatusSource:
             for t in targets_seen
         ]
         retirable: dict[str, float | None] = {}
+        lost: list[str] = []
         if self._janitor is not None:
+            lost = await asyncio.to_thread(self._janitor.lost_to_repair)
             usage = await asyncio.to_thread(self._janitor.usage)
             targets = [dataclasses.replace(t, stored=usage.get(t.target_id, TargetUsage())) for t in targets]
             if self._retire_after_s:
@@ -177,6 +181,7 @@ class StatusSource:
             fleet={w: merged(readings.get(fleet_scope(t), {}).get(w, {}) for t in reported) for w in WINDOWS},
             fleet_races=races(readings.get(RACES_SCOPE, {}).get("total", {})),
             local_specs=[found for member, graphs in await self._stats.local_specs(LOCAL_SPECS_SHOWN) if (found := local_spec(member, graphs))],
+            lost_to_repair=lost,
         )
 
     async def _target(self, target_id: str, windows: Windows, history: list[Bucket]) -> TargetStatus:

@@ -387,6 +387,16 @@ def _failures(failures: list[FailedBuild]) -> str:
     return f'<section id="failures"><h2>Recent failed builds (newest first)</h2>{table}</section>'
 
 
+def _lost_to_repair(report: StatusReport) -> str:
+    """Shown only after a repair of the private store lost plans, until each is rebuilt."""
+    if not report.lost_to_repair:
+        return ""
+    rows = [f'<tr data-plan-key="{_e(k)}"><td>{_short_key(k)}</td><td><code>{_e(k)}</code></td></tr>' for k in report.lost_to_repair]
+    table = _table([("plan (spec…/options)", False), ("plan key", False)], rows, "", 2)
+    title = f"Plans lost to a repair of the store ({len(report.lost_to_repair)}; each is rebuilt on its next request and then leaves this list)"
+    return f'<section id="lost-to-repair"><h2>{_e(title)}</h2>{table}</section>'
+
+
 def _warming(report: StatusReport) -> str:
     headers = [("target", False), ("from", False), ("state", False), ("built", True), ("skipped", True), ("failed", True), ("in flight", True),
                ("to do", True), ("of the source's 24 h hits covered", True), ("latest failure", False)]  # fmt: skip
@@ -430,6 +440,7 @@ def render(report: StatusReport) -> str:
         + _top("top-saved", "Top plans by build time saved (build + autotune time × hits)", report.top_by_seconds_saved)
         + _warming(report)
         + _failures(report.recent_failures)
+        + _lost_to_repair(report)
         + _retirable(report)
         + _families(report)
         + "</main></body></html>"

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import struct
 import subprocess
 import sys
@@ -39,13 +40,17 @@ from typing import IO, Any, Protocol
 
 from plancache.errors import CompileFailed
 from plancache.keys.options import CompileOptions
+from plancache.log_limits import LogLimiter
 from plancache.spec import spec_io
 from plancache.spec.graph import GraphSpec
 from plancache.spec.validation import normalize
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.worker.compiler.base import BuiltPlan, CandidateResult, Compiler, Heuristic
+from plancache_server.worker.compiler.faults import EXIT_GPU_LOST, GpuLost, GpuOutOfMemory, gpu_fault
 
 log = logging.getLogger(__name__)
+# Processes dying over and over (a lost GPU, the OOM killer): one line a minute.
+_faults = LogLimiter(log)
 
 HEURISTIC, CANDIDATE = "heuristic", "candidate"
 # The CPU priority (nice) of the build processes past the first.
@@ -73,6 +78,7 @@ class TaskResult:
     error: str = ""
     rejected: bool = False  # cuDNN refused the graph (or it ran past the budget): remembered, not retried
     lost: bool = False  # the process building it died: worth another try elsewhere
+    gpu_lost: bool = False  # the process's CUDA context is gone (compiler.faults.GpuLost): so is its worker's
     worker: str = ""  # which process built it, for logs
 
 
@@ -161,13 +167,19 @@ def run_task(compiler: Compiler, task: BuildTask) -> TaskResult:
         return TaskResult(task, plan=compiler.candidate(spec, options, task.index))
     except CompileFailed as e:
         return TaskResult(task, error=e.message, rejected=True)
-    except Exception as e:  # a bug or a GPU fault: reported with the task, the process goes on
+    except Exception as e:
+        fault = gpu_fault(e)
+        if isinstance(fault, GpuLost):  # the worker says it, once
+            return TaskResult(task, error=f"the GPU was lost: {fault}", gpu_lost=True)
+        if isinstance(fault, GpuOutOfMemory):  # the job fails with it; nothing remembered against the graph
+            return TaskResult(task, error=f"out of GPU memory: {fault}")
+        # A bug: reported with the task, the process goes on.
         log.exception("build task %d (%s) failed", task.task_id, task.kind)
         return TaskResult(task, error=f"{type(e).__name__}: {str(e)[:500]}")
 
 
 def encode_result(result: TaskResult) -> tuple[dict[str, Any], bytes]:
-    header: dict[str, Any] = {"task": result.task.task_id, "error": result.error, "rejected": result.rejected}
+    header: dict[str, Any] = {"task": result.task.task_id, "error": result.error, "rejected": result.rejected, "gpu_lost": result.gpu_lost}
     blob = b""
     if result.heuristic is not None:
         h = result.heuristic
@@ -193,7 +205,7 @@ def decode_result(task: BuildTask, header: dict[str, Any], blob: bytes, worker: 
         return TaskResult(task, heuristic=heuristic, worker=worker)
     if "plan" in header:
         return TaskResult(task, plan=_plan(header["plan"], blob), worker=worker)
-    return TaskResult(task, error=error or "the build process answered nothing", rejected=rejected, worker=worker)
+    return TaskResult(task, error=error or "the build process answered nothing", rejected=rejected, gpu_lost=bool(header.get("gpu_lost")), worker=worker)
 
 
 def _plan_fields(plan: BuiltPlan) -> dict[str, Any]:
@@ -215,6 +227,17 @@ def _candidate(fields: dict[str, Any]) -> CandidateResult:
 
 
 # ---- processes ---------------------------------------------------------------------------
+
+
+def death(code: int) -> str:
+    """How a build process ended, as an operator reads it."""
+    if code == -signal.SIGKILL:
+        return "was killed by SIGKILL (the kernel's out-of-memory killer does this when the host runs out of memory: see dmesg)"
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    if code == EXIT_GPU_LOST:
+        return "ended: its GPU was lost"
+    return f"exited with status {code}"
 
 
 @dataclass(eq=False)
@@ -380,14 +403,14 @@ class ProcessBuildPool:
         else:
             slot.failures += 1
             slot.restart_at = time.monotonic() + min(RESTART_DELAY_S * 2 ** (slot.failures - 1), RESTART_DELAY_CAP_S)
-        log.warning("%s ended (exit status %s)%s; starting another", child.name, code, "" if child.ready else " before it was ready")
+        _faults.warning("ended", "%s %s%s; starting another", child.name, death(code), "" if child.ready else " before it was ready")
         self._restart_due()
         task = child.task
         if task is None:
             return None
         if child.over_budget:
             return TaskResult(task, error=f"the build ran past its time budget of {self._budget_s:g} s (--build-budget)", rejected=True, worker=child.name)
-        return TaskResult(task, error=f"{child.name} died building it (exit status {code})", lost=True, worker=child.name)
+        return TaskResult(task, error=f"{child.name} {death(code)} building it", lost=True, worker=child.name)
 
     def _restart_due(self) -> None:
         now = time.monotonic()

@@ -17,6 +17,7 @@ import signal
 import sys
 
 from plancache_server.worker.build_pool import BuildTask, encode_result, read_frame, run_task, write_frame
+from plancache_server.worker.compiler.faults import EXIT_GPU_LOST
 
 log = logging.getLogger("plancache_server.worker.build_process")
 
@@ -63,7 +64,10 @@ def main() -> int:
     while (frame := read_frame(stdin)) is not None:
         header, payload = frame
         task = BuildTask(int(header["task"]), str(header["kind"]), payload, int(header.get("index", 0)))
-        write_frame(frames, *encode_result(run_task(compiler, task)))
+        result = run_task(compiler, task)
+        write_frame(frames, *encode_result(result))
+        if result.gpu_lost:  # nothing more can run in this process's CUDA context
+            return EXIT_GPU_LOST
     return 0
 
 

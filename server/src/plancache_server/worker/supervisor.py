@@ -9,9 +9,18 @@ import sys
 import threading
 import time
 
+from plancache.log_limits import LogLimiter
+from plancache_server.worker.compiler.faults import EXIT_GPU_LOST
+
 log = logging.getLogger(__name__)
+_faults = LogLimiter(log)
 
 MAX_RESTARTS = 5
+# A worker whose GPU is lost is restarted until the GPU answers, at least this often (seconds).
+GPU_RETRY_CAP_S = 60
+# A worker that ran this long before it exited starts its count of restarts
+# again: a GPU lost once a week is restarted every time, a crash loop is not.
+STABLE_S = 60.0
 # Exit status of a worker that cannot work on this host (missing GPU stack):
 # it is not restarted.
 EXIT_MISCONFIGURED = 3
@@ -27,6 +36,7 @@ class WorkerProcesses:
         self._env = {**os.environ, "PLANCACHE_REDIS_URL": redis_url}
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._restarts: dict[int, int] = {}
+        self._started: dict[int, float] = {}
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
 
@@ -38,6 +48,7 @@ class WorkerProcesses:
 
     def _spawn(self, device: int) -> None:
         self._procs[device] = subprocess.Popen([*self._base, "--device", str(device)], stdin=subprocess.DEVNULL, env=self._env)
+        self._started[device] = time.monotonic()
         log.info("started compile worker for GPU %d (pid %d)", device, self._procs[device].pid)
 
     def _watch(self) -> None:
@@ -46,18 +57,27 @@ class WorkerProcesses:
                 code = proc.poll()
                 if code is None or self._stop.is_set():
                     continue
-                restarts = self._restarts.get(device, 0)
+                restarts = self._restarts.get(device, 0) if time.monotonic() - self._started[device] < STABLE_S else 0
                 if code == EXIT_MISCONFIGURED:
                     log.error("worker for GPU %d cannot run on this host (see its log); not restarting it", device)
                     del self._procs[device]
                     continue
-                if restarts >= MAX_RESTARTS:
+                self._restarts[device] = restarts + 1
+                if code == EXIT_GPU_LOST:
+                    # Its GPU was lost, or does not answer yet: tried again for as long as it takes
+                    # (a reset, a node back), once a minute at the slowest; said once a minute.
+                    _faults.warning("gpu lost", "worker for GPU %d: its GPU is lost or does not answer (see the line before); trying again "
+                                    "in %d s, and on until it answers", device, min(2**restarts, GPU_RETRY_CAP_S))  # fmt: skip
+                    delay = min(2**restarts, GPU_RETRY_CAP_S)
+                elif restarts >= MAX_RESTARTS:
                     log.error("worker for GPU %d exited with %d; gave up after %d restarts", device, code, restarts)
                     del self._procs[device]
                     continue
-                self._restarts[device] = restarts + 1
-                log.warning("worker for GPU %d exited with %d; restarting (%d/%d)", device, code, restarts + 1, MAX_RESTARTS)
-                time.sleep(min(2**restarts, 30))
+                else:
+                    log.warning("worker for GPU %d exited with %d; restarting (%d/%d)", device, code, restarts + 1, MAX_RESTARTS)
+                    delay = min(2**restarts, 30)
+                if self._stop.wait(delay):
+                    return
                 self._spawn(device)
 
     def stop(self, timeout_s: float = 30.0) -> None:

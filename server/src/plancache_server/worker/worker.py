@@ -38,6 +38,7 @@ from plancache.errors import InvalidRequest, PlanCacheError, StoreUnavailable
 from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import make_key
 from plancache.keys.target import Target
+from plancache.log_limits import LogLimiter
 from plancache.run.binding import tensor_bindings
 from plancache.spec import spec_io
 from plancache.spec.canonical import hash_normalized
@@ -54,10 +55,13 @@ from plancache_server.store.warming import BUILT, FAILED, SKIPPED, WARM_JOB_PREF
 from plancache_server.worker.build_pool import CANDIDATE, HEURISTIC, BuildPool, BuildTask, TaskResult, task_ids, task_query
 from plancache_server.worker.compiler import CompiledPlan, Compiler
 from plancache_server.worker.compiler.base import BuiltPlan, Heuristic, build_seconds, heuristic_plan, tuned_plan, tunes
+from plancache_server.worker.compiler.faults import GpuLost, gpu_fault
 from plancache_server.worker.warm_runner import WarmRef, WarmRunner
 from plancache_server.worker.worker_queue import WorkerQueue
 
 log = logging.getLogger(__name__)
+# A Redis outage or a dying build process is met over and over: one line a minute per kind.
+_faults = LogLimiter(log)
 
 # How often a worker looks for jobs of dead workers.
 RECLAIM_CHECK_S = 0.5
@@ -224,6 +228,7 @@ class Worker:
         self._active: dict[str, _Build] = {}  # by build key
         self._lanes: list[tuple[int, int, int, int, BuildTask, _Build]] = []  # (lane, build seq, index, task id, task, build): a heap
         self._running: dict[int, tuple[_Build, Lane]] = {}  # task id -> its build
+        self.gpu_lost: str | None = None  # why, once its GPU is lost (the worker then ends: see _lose_gpu)
         self._seq = itertools.count()
 
     def stop(self) -> None:
@@ -257,7 +262,7 @@ class Worker:
                         self._dispatch()
                     telemetry.BUSY.set(1 if self._running else 0)
                 except StoreUnavailable as e:
-                    log.warning("worker %s: %s; retrying in 1s", self.worker_id, e)
+                    _faults.warning("store", "worker %s: %s; retrying every second", self.worker_id, e.message)
                     joined = False
                     self._stop.wait(1.0)
         finally:
@@ -483,11 +488,15 @@ class Worker:
 
     def _advance(self, build: _Build, lane: Lane, result: TaskResult) -> None:
         task = result.task
+        if result.gpu_lost:
+            self._lose_gpu(result.error)
+            return
         if result.lost:
             key = (task.kind, task.index)
             build.attempts[key] = build.attempts.get(key, 1) + 1
             if build.attempts[key] <= MAX_TASK_ATTEMPTS:
-                log.warning("job %s: %s; building its %s again (try %d)", build.job.job_id, result.error, _piece(task), build.attempts[key])
+                _faults.warning("build process died", "job %s: %s; building its %s again (try %d of %d)", build.job.job_id, result.error, _piece(task),
+                                build.attempts[key], MAX_TASK_ATTEMPTS)  # fmt: skip
                 self._push(build.lanes[0] if task.kind == HEURISTIC else build.lanes[1], build, dataclasses.replace(task, task_id=next(task_ids)))
                 return
             result = dataclasses.replace(result, error=f"{result.error}, {MAX_TASK_ATTEMPTS} times", rejected=task.kind == HEURISTIC)
@@ -540,6 +549,9 @@ class Worker:
             tuned = tuned_plan(heuristic, built, timed, build.failed, build_seconds(heuristic, others), time.perf_counter() - started)
             reason = None if tuned is not None else f"none of the {len(built)} candidates that built ran: {timed[0].error if timed else ''}"
         except Exception as e:  # a GPU fault while timing: the heuristic plan stays, final
+            if isinstance(gpu_fault(e), GpuLost):
+                self._lose_gpu(f"{type(e).__name__}: {str(e)[:500]}")
+                return
             log.exception("job %s: timing the candidates failed", job.job_id)
             tuned, reason = None, f"compiler error on worker {self.worker_id}: {type(e).__name__}: {e}"
         if tuned is None:
@@ -547,6 +559,29 @@ class Worker:
         else:
             self._store_plan(build, tuned)
         self._end(build, None)
+
+    def _lose_gpu(self, reason: str) -> None:
+        """The GPU's CUDA context is gone (an Xid): every build this worker
+        holds fails with the reason (nothing is remembered against the
+        graphs: a call again builds them), the worker leaves its targets, so
+        front ends answer TargetUnavailable for new misses at once, and ends
+        (worker_main exits EXIT_GPU_LOST: its supervisor restarts it, which
+        succeeds once the GPU answers again)."""
+        if self.gpu_lost is not None:
+            return
+        self.gpu_lost = reason
+        held = list(self._active.values())
+        _faults.error("gpu lost", "worker %s: its GPU was lost (%s): failing the %d build(s) it holds with the reason and leaving; "
+                      "it starts again once the GPU answers (nvidia-smi; the kernel log names the Xid)", self.worker_id, reason, len(held))  # fmt: skip
+        self._stop.set()
+        self._lanes.clear()
+        try:  # at once: a front end must not queue another build for this worker meanwhile
+            self._queue.leave(self.worker_id, self._targets)
+        except StoreUnavailable:
+            pass  # its heartbeat expires on its own (--heartbeat-ttl)
+        for build in held:
+            self._end(build, f"the GPU of worker {self.worker_id} was lost while it built this plan ({reason[:300]}): call again; "
+                             "a worker whose GPU works builds it")  # fmt: skip
 
     def _end(self, build: _Build, error: str | None, rejected: bool = False) -> None:
         """Record the job's outcome and let it go."""
@@ -583,7 +618,7 @@ class Worker:
             except StoreUnavailable as e:
                 if time.monotonic() + pause > deadline:
                     raise
-                log.warning("worker %s: %s failed (%s); retrying in %.1f s", self.worker_id, doing, e.message, pause)
+                _faults.warning("store", "worker %s: %s failed (%s); retrying for up to %.0f s", self.worker_id, doing, e.message, STORE_RETRY_S)
                 time.sleep(pause)
                 pause = min(pause * 2, 2.0)
 

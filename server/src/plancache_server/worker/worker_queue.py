@@ -3,7 +3,6 @@ at a time and keeps its heartbeat on a thread). See plancache_server.store.jobs.
 
 from __future__ import annotations
 
-import time
 from typing import Any, cast
 
 import redis
@@ -11,7 +10,7 @@ import redis
 from plancache.keys.target import Target
 from plancache_server.store import keys
 from plancache_server.store.jobs import Delivery, delivery
-from plancache_server.store.redis_conn import translated_errors
+from plancache_server.store.redis_conn import redis_seconds, translated_errors
 
 # Pending jobs looked at per reclaim (the oldest first).
 DEAD_SCAN = 100
@@ -49,14 +48,14 @@ class WorkerQueue:
                         raise
 
     def heartbeat(self, worker_id: str, targets: list[Target], ttl_s: float) -> None:
-        expires = time.time() + ttl_s
+        now = redis_seconds(self._redis)
         with translated_errors("sending a heartbeat"):
             pipe = self._redis.pipeline(transaction=False)
             for target in targets:
-                pipe.zadd(keys.workers(target.id), {worker_id: expires})
-                pipe.zremrangebyscore(keys.workers(target.id), "-inf", time.time() - ttl_s)
+                pipe.zadd(keys.workers(target.id), {worker_id: now + ttl_s})
+                pipe.zremrangebyscore(keys.workers(target.id), "-inf", now - ttl_s)
                 pipe.sadd(keys.KNOWN_TARGETS, target.id)
-                pipe.hset(keys.TARGETS_LAST_SEEN, target.id, str(time.time()))  # for retirement (plancache_server.store.lifecycle)
+                pipe.hset(keys.TARGETS_LAST_SEEN, target.id, str(now))  # for retirement (plancache_server.store.lifecycle)
             pipe.execute()
 
     def leave(self, worker_id: str, targets: list[Target]) -> None:
@@ -108,7 +107,7 @@ class WorkerQueue:
             return []
         owners = sorted({p["consumer"] for p in pending})
         expiries = self._redis.zmscore(keys.workers(target.id), owners)
-        now = time.time()
+        now = redis_seconds(self._redis)
         dead = {owner for owner, expiry in zip(owners, expiries, strict=True) if expiry is None or float(expiry) < now}
         return [p["message_id"] for p in pending if p["consumer"] in dead]
 

@@ -36,6 +36,7 @@ from plancache.spec.graph import GraphSpec
 from plancache.spec.validation import storage_elements
 from plancache_server.settings import AUTOTUNE_STRATEGIES
 from plancache_server.worker.compiler.base import BuiltPlan, CandidateResult, CompiledPlan, Geometry, Heuristic, compile_inline
+from plancache_server.worker.compiler.faults import gpu_fault
 from plancache_server.worker.compiler.plan_list import describe
 from plancache_server.worker.compiler.timing import time_candidates
 from plancache_server.worker.compiler.timing_inputs import timing_inputs
@@ -197,6 +198,9 @@ class CudnnCompiler:
             blob = bytes(g.serialize(as_bytes=True))
             workspace = int(g.get_workspace_size_plan_at_index(index))
         except Exception as e:
+            fault = gpu_fault(e)
+            if fault is not None:  # not this plan's fault: the device's (no other plan would build either)
+                raise fault from e
             return BuiltPlan(
                 index, b"", record.plan_name, record.engine_id, record.knobs, 0, False, time.perf_counter() - started,
                 f"{type(e).__name__}: {str(e)[:300]}", record.behavior_notes,

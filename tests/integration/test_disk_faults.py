@@ -1,0 +1,106 @@
+"""Issue 33: the private store's folder read-only, or its disk full, met by
+a real plancache-server, its redis-server and a stand-in worker. The folder
+is a real file system (a tmpfs: tests/support/filesystems.py), so Redis
+meets the kernel's own EROFS and ENOSPC."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+import redis
+
+from plancache import Client, StoreUnavailable
+from plancache_server.store.embedded_redis import free_port
+from tests.support.filesystems import read_only_folder, small_file_system
+from tests.support.operator_view import assert_no_traceback, lines_matching, problem_lines, report
+from tests.support.processes import REPO, Proc, child_env, wait_for_workers
+from tests.support.specs import matmul_spec
+from tests.support.standin import STANDIN_TARGET as TARGET
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def _server(data_dir: Path, address: str) -> list[str]:
+    return [sys.executable, "-m", "plancache_server.main", "--listen", address, "--data-dir", str(data_dir), "--gpus", "0",
+            "--compiler", "tests.support.standin:factory", "--unsigned", "--build-processes", "1", "--memory-cache-mb", "0"]  # fmt: skip
+
+
+def test_a_read_only_store_folder_is_one_line_at_start() -> None:
+    data_dir = Path(tempfile.mkdtemp(prefix="pc-"))
+    try:
+        with read_only_folder(data_dir / "redis"):
+            done = subprocess.run(_server(data_dir, f"127.0.0.1:{free_port()}"), env=child_env(), cwd=REPO, capture_output=True, text=True,
+                                  timeout=120, check=False)  # fmt: skip
+        assert done.returncode == 1
+        assert_no_traceback(done.stdout + done.stderr)
+        (line,) = problem_lines(done.stderr)
+        assert "cannot be written" in line and "Read-only file system" in line and "--data-dir" in line, line
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _refused_for_the_disk(client: Client, m: int) -> str | None:
+    try:
+        client.compile(matmul_spec(m=m), TARGET)
+    except StoreUnavailable as e:
+        return e.message if "MISCONF" in e.message else None
+    return None
+
+
+def test_a_full_disk_refuses_new_plans_with_the_reason_keeps_every_stored_one_and_recovers(tmp_path: Path) -> None:
+    data_dir = Path(tempfile.mkdtemp(prefix="pc-"))
+    address = f"127.0.0.1:{free_port()}"
+    try:
+        with ExitStack() as stack:
+            folder = stack.enter_context(small_file_system(data_dir / "redis", 8 * 2**20))
+            server = Proc(_server(data_dir, address), tmp_path / "server.log")
+            stack.callback(server.stop)
+            wait_for_workers(address, proc=server.proc, timeout=60)
+            client = stack.enter_context(Client(address, cache=False, timeout=10))
+            stored = {p.key: p.blob for p in (client.compile(matmul_spec(m=8 * (i + 1)), TARGET) for i in range(5))}
+            # The disk fills up (another program's file), and Redis meets it at its next write.
+            filler = folder / "filler"
+            subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True, check=False)
+            admin = redis.Redis(unix_socket_path=str(folder / "redis.sock"))
+            admin.set("plancache-test:probe", "x" * 4096)
+            wait_until(lambda: admin.info("persistence")["aof_last_write_status"] == "err", 20, "Redis meets the full disk")
+            started = time.monotonic()
+            reasons = [wait_until(lambda m=m: _refused_for_the_disk(client, m), 10, "a miss refused for the disk") for m in range(100, 120)]
+            refused_in = (time.monotonic() - started) / len(reasons)
+            assert all("cannot write its data to disk" in r for r in reasons), reasons[0]
+            assert all(client.get(k).blob == b for k, b in stored.items())  # every stored plan still served
+            filler.unlink()  # space again
+            freed = time.monotonic()
+            plan = wait_until(lambda: _compiled(client, 200), 30, "building again")
+            recovered_after = time.monotonic() - freed
+            stored[plan.key] = plan.blob
+            assert server.stop() == 0
+            text = server.text()
+            # Restarted on the same files: nothing acknowledged was lost.
+            again = Proc(_server(data_dir, address), tmp_path / "again.log")
+            stack.callback(again.stop)
+            wait_for_workers(address, proc=again.proc, timeout=60)
+            assert all(client.get(k).blob == b for k, b in stored.items())
+        assert_no_traceback(text)
+        said = lines_matching(text, "cannot write its data to disk")
+        assert len(said) == 1, said  # 20 refused calls, one line
+        report("private store's disk full mid-run", {"misses_refused": len(reasons), "mean_refusal_s": round(refused_in, 3),
+                                                     "stored_plans_kept": len(stored), "recovered_after_space_freed_s": round(recovered_after, 2),
+                                                     "log_lines": len(said)})  # fmt: skip
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _compiled(client: Client, m: int) -> object:
+    try:
+        return client.compile(matmul_spec(m=m), TARGET)
+    except StoreUnavailable:
+        return None
