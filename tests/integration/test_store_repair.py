@@ -40,16 +40,16 @@ def _status(port: int) -> dict[str, object]:
         return result
 
 
-def _damage_a_plan_write_in_the_middle(redis_dir: Path) -> bytes:
-    """Garbage over the header of the plan write in the middle of the file; returns the damaged file's bytes."""
+def _damage_a_plan_write_in_the_middle(redis_dir: Path) -> tuple[bytes, set[str]]:
+    """Garbage over the header of the plan write in the middle of the file; the damaged file's bytes and the plan it wrote."""
     path = incremental_file(redis_dir)
     data = path.read_bytes()
-    writes = [offset for offset, args in commands(data) if args[0].lower() == b"hset" and keys.plan_keys_named_in(args[1])]
+    writes = [(offset, args) for offset, args in commands(data) if args[0].lower() == b"hset" and keys.plan_keys_named_in(args[1])]
     assert len(writes) >= PLANS, len(writes)
-    offset = writes[len(writes) // 2]
+    offset, args = writes[len(writes) // 2]
     damaged = data[:offset] + b"GARBAGE!" + data[offset + 8 :]
     path.write_bytes(damaged)
-    return damaged
+    return damaged, keys.plan_keys_named_in(args[1])
 
 
 def test_a_damaged_store_is_one_line_and_repair_store_mends_it_losing_only_what_it_lists(tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ def test_a_damaged_store_is_one_line_and_repair_store_mends_it_losing_only_what_
         with Client(address, cache=False, timeout=30) as client:
             originals = {p.key: p.blob for p in (client.compile(matmul_spec(m=8 * (i + 1)), TARGET) for i in range(PLANS))}
         assert first.stop() == 0
-        damaged = _damage_a_plan_write_in_the_middle(data_dir / "redis")
+        damaged, hit = _damage_a_plan_write_in_the_middle(data_dir / "redis")
 
         started = time.monotonic()
         refused = subprocess.run(server, env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
@@ -88,6 +88,7 @@ def test_a_damaged_store_is_one_line_and_repair_store_mends_it_losing_only_what_
                         lost.add(key)
                 listed = set(_status(metrics_port)["lost_to_repair"])  # type: ignore[arg-type]
                 assert lost and listed == lost, (lost, listed)
+                assert lost <= hit, (lost, hit)  # only the plan whose write was damaged: every later write is kept (store/aof_salvage.py)
                 assert f"{len(lost)} plan(s) lost" in summary and next(iter(sorted(lost))) in summary
                 assert all(kept[k] == originals[k] for k in kept)  # no wrong plan
                 # The backup holds the files as they were before the repair.

@@ -2,8 +2,11 @@
 what is wrong, said in one line with the way out (diagnose), and the
 repair `plancache-server --repair-store` runs (repair): a backup of the
 folder first, then `redis-check-aof --fix`, which cuts the append-only
-file at the first damaged command; the plans named in what it cut are the
-plans that may be lost (the server checks which are, once Redis is up).
+file at the first damaged command, then the whole commands after the
+damage written back (store/aof_salvage.py: what redis-check-aof cuts
+includes every later, undamaged write); the plans named in what was
+dropped are the plans that may be lost (the server checks which are, once
+Redis is up).
 
 Only the private store (no --redis-url) is ours to repair: a shared
 Redis belongs to its operator.
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plancache_server.store import keys
+from plancache_server.store.aof_salvage import salvage
 
 AOF_FOLDER = "appendonlydir"
 CHECK_AOF = "redis-check-aof"
@@ -86,7 +90,7 @@ class Repair:
     filled in once Redis is up)."""
 
     backup: Path
-    cut: list[tuple[str, int, int]]  # (file, its size, bytes kept)
+    cut: list[tuple[str, int, int]]  # (file, its size, bytes kept: before the damage and salvaged after it)
     named: frozenset[str]
     lost: tuple[str, ...] = ()
 
@@ -94,7 +98,7 @@ class Repair:
         return dataclasses.replace(self, lost=tuple(sorted(lost)))
 
     def summary(self) -> str:
-        cut = "; ".join(f"{name}: {size - kept} of {size} bytes cut" for name, size, kept in self.cut) or "nothing cut"
+        cut = "; ".join(f"{name}: {size - kept} of {size} bytes dropped" for name, size, kept in self.cut) or "nothing cut"
         shown = ", ".join(self.lost[:5]) + (f" and {len(self.lost) - 5} more" if len(self.lost) > 5 else "")
         lost = f"{len(self.lost)} plan(s) lost, listed on the status page until rebuilt: {shown}" if self.lost else "no plan lost"
         kept = len(self.named) - len(self.lost)
@@ -135,6 +139,10 @@ def repair(data_dir: Path, check_aof: str = CHECK_AOF) -> Repair:
     for match in _ANALYZED.finditer(output):
         name, size, kept = match["name"].decode(), int(match["size"]), int(match["ok"])
         if kept < size:
-            cut.append((name, size, kept))
-            named |= keys.plan_keys_named_in((backup / AOF_FOLDER / name).read_bytes()[kept:])
+            saved = salvage((backup / AOF_FOLDER / name).read_bytes()[kept:])
+            if saved.kept:
+                with open(data_dir / AOF_FOLDER / name, "ab") as truncated:  # the later, whole writes back after the cut
+                    truncated.write(saved.kept)
+            cut.append((name, size, kept + len(saved.kept)))
+            named |= keys.plan_keys_named_in(saved.dropped)
     return Repair(backup, cut, frozenset(named))
