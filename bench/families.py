@@ -168,7 +168,7 @@ def gpu_time_against_tuned(pf: Any, workload: str) -> list[dict[str, Any]]:
     """At a few sizes: the served (family) plan's GPU time against the exact shape's autotuned plan built here."""
     import cudnn
 
-    from bench.gpu_exec import build_plan
+    from bench.gpu_exec import build_spec_plan
     from plancache.functional._table import Served
     from plancache.run.execution import handle_state
     from plancache.spec.validation import normalize
@@ -191,7 +191,7 @@ def gpu_time_against_tuned(pf: Any, workload: str) -> list[dict[str, Any]]:
             served = cudnn.pygraph()
             served.deserialize(handle, entry.plan.blob)
             spec = entry.request.spec
-            tuned_plan = build_plan(compiler, _Case(entry.plan.key, spec), autotune=True)
+            tuned_plan = build_spec_plan(compiler, entry.plan.key, spec, autotune=True)
             tuned = cudnn.pygraph()
             tuned.deserialize(handle, tuned_plan.blob)
             bindings = compiler.random_bindings(normalize(spec))
@@ -202,14 +202,6 @@ def gpu_time_against_tuned(pf: Any, workload: str) -> list[dict[str, Any]]:
             row["error"] = f"{type(e).__name__}: {e}"[:800]
         rows.append(row)
     return rows
-
-
-class _Case:
-    def __init__(self, name: str, spec: Any) -> None:
-        self.name, self._spec = name, spec
-
-    def spec(self) -> Any:
-        return self._spec
 
 
 def setup_families(workload: str, server: str) -> None:

@@ -33,13 +33,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.gpu_exec import build_plan, time_path  # noqa: E402
+from bench.gpu_exec import build_spec_plan, time_path  # noqa: E402
 from bench.report import figure, save, table, write_json  # noqa: E402
 
 PATHS = ("functional", "raw", "raw+alloc", "torch")
@@ -62,7 +61,7 @@ class InProcessClient:
 
         key = Asked.query(hash_normalized(normalize(spec)), self.compiler.target, CompileOptions(autotune=False)).key
         self.compiled.append(key)
-        return build_plan(self.compiler, SimpleNamespace(name=key, spec=lambda: spec), autotune=False)
+        return build_spec_plan(self.compiler, key, spec, autotune=False)
 
 
 def cases() -> dict[str, Callable[[], tuple[Callable[[], Any], Callable[[], Any], str]]]:

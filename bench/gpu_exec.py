@@ -49,15 +49,20 @@ TARGETS = {"bound_over_raw_host": 1.1, "replay_over_torch_host_seed": 0.5}
 
 
 def build_plan(compiler: Any, case: Case, autotune: bool = False) -> Any:
+    return build_spec_plan(compiler, case.name, case.spec(), autotune)
+
+
+def build_spec_plan(compiler: Any, name: str, spec: Any, autotune: bool = False) -> Any:
+    """The plan the worker's compiler builds for `spec` here (heuristic, or autotuned), as a node would get it."""
     from plancache import Plan
     from plancache.keys.options import CompileOptions
     from plancache.spec.validation import normalize
     from plancache_server.worker.worker import VerifiedJob, plan_metadata
 
-    spec = normalize(case.spec())
+    normalized = normalize(spec)
     options = CompileOptions(autotune=autotune)
-    compiled = list(compiler.compile_phases(spec, options))[-1]
-    job = VerifiedJob(case.name, spec, compiler.target, options)
+    compiled = list(compiler.compile_phases(normalized, options))[-1]
+    job = VerifiedJob(name, normalized, compiler.target, options)
     return Plan(compiled.blob, plan_metadata(job, compiled, "bench", compiler.target.to_proto()))
 
 

@@ -76,7 +76,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.gpu_exec import build_plan, time_path  # noqa: E402
+from bench.gpu_exec import build_spec_plan, time_path  # noqa: E402
 from bench.report import figure, save, table, write_json  # noqa: E402
 
 INFERENCE_PATHS = ("functional", "raw", "raw+alloc", "raw ordered", "raw ordered+alloc", "torch")
@@ -135,7 +135,7 @@ class InProcessClient:
 
         key = Asked.query(hash_normalized(normalize(spec)), self.compiler.target, CompileOptions(autotune=self.autotune)).key
         self.compiled.append(key)
-        return build_plan(self.compiler, SimpleNamespace(name=key, spec=lambda: spec), autotune=self.autotune)  # type: ignore[arg-type]
+        return build_spec_plan(self.compiler, key, spec, autotune=self.autotune)
 
     def close(self) -> None:
         pass

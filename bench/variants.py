@@ -109,10 +109,9 @@ def fp8_matmul_spec(n: int) -> Any:
 
 
 def build(compiler: Any, spec: Any) -> Any:
-    from bench.gpu_cases import Case
-    from bench.gpu_exec import build_plan
+    from bench.gpu_exec import build_spec_plan
 
-    return build_plan(compiler, Case(spec.name, "variant", lambda: spec, lambda t: lambda: None), autotune=True)
+    return build_spec_plan(compiler, spec.name, spec, autotune=True)
 
 
 def paged_case(compiler: Any) -> dict[str, Any]:

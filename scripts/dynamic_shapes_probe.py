@@ -174,9 +174,9 @@ def family(name: str, make: Callable[[int], Any], sizes: list[int], fresh_sizes:
     row["tuned"] = []
     for size in (sizes[1], sizes[-1]):
         try:
-            from bench.gpu_exec import build_plan
+            from bench.gpu_exec import build_spec_plan
 
-            tuned_plan = build_plan(compiler, _Case(f"{name}-{size}", make(size)), autotune=True)  # type: ignore[arg-type]
+            tuned_plan = build_spec_plan(compiler, f"{name}-{size}", make(size), autotune=True)
             tuned = cudnn.pygraph()
             tuned.deserialize(handle, tuned_plan.blob)
             dyn, _ = build(dynamic(make(size)), handle, cache)
@@ -189,14 +189,6 @@ def family(name: str, make: Callable[[int], Any], sizes: list[int], fresh_sizes:
             row["tuned"].append({"size": size, "error": f"{type(e).__name__}: {e}"[:1500]})
         print(name, "tuned", json.dumps(row["tuned"][-1])[:300], flush=True)
     return row
-
-
-class _Case:
-    def __init__(self, name: str, spec: Any) -> None:
-        self.name, self._spec = name, spec
-
-    def spec(self) -> Any:
-        return self._spec
 
 
 def child(name: str) -> None:

@@ -77,6 +77,10 @@ def test_what_a_family_cannot_be_is_refused_by_the_server(family_stack: Stack) -
         request = pb.BuildFamilyRequest(family=forged, target=STANDIN_TARGET.to_proto(), options=OPTIONS.to_proto())
         with pytest.raises(SpecError, match="has no declared axis 9"):
             client._call(client._stub.BuildFamily, request, 10)
+        huge = family.to_proto()
+        huge.varying[0].sizes[:] = range(1, 600_000)  # over a megabyte of sizes: refused on the wire, before it is parsed
+        with pytest.raises(SpecError, match="field 2 of GraphFamily entry 1 has"):
+            client._call(client._stub.BuildFamily, pb.BuildFamilyRequest(family=huge, target=STANDIN_TARGET.to_proto(), options=OPTIONS.to_proto()), 10)
         too_many = family.to_proto()
         too_many.varying[0].sizes[:] = range(1, 5000)
         with pytest.raises(SpecError, match="at most 1,024 graphs"):

@@ -209,19 +209,8 @@ def norm(function: str, x: Geo, shape: Dims, weight: Geo | None, bias: Geo | Non
     stats = (1, 2) if function == "layer_norm" else (1,)
     has_weight, has_bias = weight is not None, bias is not None
 
-    def run(p: dict[str, Served], inputs: list[Any], saved: tuple[Any, ...], grad: Any, needs: Sequence[bool]) -> tuple[Any, ...]:
-        xt = inputs[0]
-        given = (grad, xt, *((inputs[1],) if has_weight else ()), *saved)
-        outs = p["backward"].outputs(given)
-        grads: list[Any] = [outs[0] if needs[0] else None]
-        if has_weight:
-            grads.append(outs[1] if needs[1] else None)
-        if has_bias:
-            grads.append(outs[2] if needs[len(grads)] else None)
-        return tuple(grads)
-
     count = 1 + has_weight + has_bias
-    return Rule({"backward": request}, (0, 1) if has_weight else (0,), stats, run, count, x.shape, dense)
+    return Rule({"backward": request}, (0, 1) if has_weight else (0,), stats, _norm_node_run(has_weight, has_bias, count), count, x.shape, dense)
 
 
 def sdpa(q: Geo, k: Geo, v: Geo, mask: Geo | None, seq_q: Geo | None, seq_kv: Geo | None, options: Attention, mask_grad: bool, forward: Request, count: int) -> Rule:
@@ -248,11 +237,16 @@ def batch_norm(x: Geo, weight: Geo | None, bias: Geo | None, forward: Request, c
     if tuple(x.stride) != tuple(out.stride):
         raise Unserved(f"input strides {x.stride} are not a dense layout (batchnorm's backward reads it as its output's)")
     has_weight, has_bias = weight is not None, bias is not None
+    return Rule({"backward": request}, (0, 1) if has_weight else (0,), (1, 2), _norm_node_run(has_weight, has_bias, count), count, out.shape, out.stride)
+
+
+def _norm_node_run(has_weight: bool, has_bias: bool, count: int) -> Callable[[dict[str, Served], list[Any], tuple[Any, ...], Any, Sequence[bool]], tuple[Any, ...]]:
+    """The run of a norm's own backward node (layernorm, rmsnorm, batchnorm): dY, the input,
+    the weight and the saved statistics in; dX, dWeight, dBias out (None where not needed),
+    padded with None to the function's `count` inputs."""
 
     def run(p: dict[str, Served], inputs: list[Any], saved: tuple[Any, ...], grad: Any, needs: Sequence[bool]) -> tuple[Any, ...]:
-        xt = inputs[0]
-        given = (grad, xt, *((inputs[1],) if has_weight else ()), *saved)
-        outs = p["backward"].outputs(given)
+        outs = p["backward"].outputs((grad, inputs[0], *((inputs[1],) if has_weight else ()), *saved))
         grads: list[Any] = [outs[0] if needs[0] else None]
         if has_weight:
             grads.append(outs[1] if needs[1] else None)
@@ -260,4 +254,4 @@ def batch_norm(x: Geo, weight: Geo | None, bias: Geo | None, forward: Request, c
             grads.append(outs[2] if needs[len(grads)] else None)
         return (*grads, *([None] * (count - len(grads))))
 
-    return Rule({"backward": request}, (0, 1) if has_weight else (0,), (1, 2), run, count, out.shape, out.stride)
+    return run

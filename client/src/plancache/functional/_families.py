@@ -23,7 +23,7 @@ import hashlib
 import logging
 import math
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -70,7 +70,7 @@ class FamilyWatch:
         self.threshold = DEFAULT_THRESHOLD
         self._lock = threading.Lock()
         self._signatures: OrderedDict[str, _Signature] = OrderedDict()
-        self.asks: list[FamilyAsk] = []
+        self.asks: deque[FamilyAsk] = deque(maxlen=MAX_SIGNATURES)  # the latest asks (a long process meets endless graphs)
         self.starter: Callable[[Callable[[], None]], None] = _start_thread
 
     def seen(self, function: str, spec: GraphSpec, device: int) -> None:
