@@ -126,7 +126,14 @@ def pool_builds() -> list[dict[str, Any]]:
     from bench.startup_graphs import startup_graphs
     from plancache.keys.options import CompileOptions
     from plancache.run.gpu import detect_target
-    from plancache_server.worker.build_pool import CANDIDATE, HEURISTIC, BuildTask, ProcessBuildPool, task_ids, task_query
+    from plancache_server.worker.build_pool import (
+        CANDIDATE,
+        HEURISTIC,
+        BuildTask,
+        ProcessBuildPool,
+        task_ids,
+        task_query,
+    )
 
     target = detect_target().to_proto()
     specs = [normalize(s) for s in startup_graphs() if s.name in POOL_GRAPHS]
@@ -143,15 +150,24 @@ def pool_builds() -> list[dict[str, Any]]:
                 pool.submit(BuildTask(next(task_ids), HEURISTIC, query))
                 (first,) = _collect(pool, 1)
                 assert first.heuristic is not None, first.error
-                pending = [BuildTask(next(task_ids), CANDIDATE, query, i) for i in range(first.heuristic.count) if i != first.heuristic.chosen.index]
+                pending = [
+                    BuildTask(next(task_ids), CANDIDATE, query, i)
+                    for i in range(first.heuristic.count)
+                    if i != first.heuristic.chosen.index
+                ]
                 started = time.perf_counter()
                 results = []
                 while pending or pool.in_flight():
                     while pending and pool.free():
                         pool.submit(pending.pop(0))
                     results += pool.results(0.05)
-                row = {"graph": spec.name, "processes": size, "candidates": first.heuristic.count, "seconds": time.perf_counter() - started,
-                       "built": sum(1 for r in results if r.plan is not None and r.plan.built)}  # fmt: skip
+                row = {
+                    "graph": spec.name,
+                    "processes": size,
+                    "candidates": first.heuristic.count,
+                    "seconds": time.perf_counter() - started,
+                    "built": sum(1 for r in results if r.plan is not None and r.plan.built),
+                }
                 print(row, flush=True)
                 rows.append(row)
         finally:
@@ -173,7 +189,9 @@ def _collect(pool: Any, count: int) -> list[Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    parser.add_argument("--time-limit", type=float, default=400.0, help="seconds; graphs past it are skipped and listed")
+    parser.add_argument(
+        "--time-limit", type=float, default=400.0, help="seconds; graphs past it are skipped and listed"
+    )
     args = parser.parse_args()
     from plancache_server.worker.compiler.cudnn import CudnnCompiler
 
@@ -196,25 +214,54 @@ def main() -> None:
         report(rows, [*skipped, "pool builds"], args.out)
 
 
-def report(rows: list[dict[str, Any]], skipped: list[str], out: Path, pool: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def report(
+    rows: list[dict[str, Any]], skipped: list[str], out: Path, pool: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     ok = [r for r in rows if "screened_over_exhaustive" in r]
     per_candidate = {s: [r[s]["ms_per_candidate"] for r in ok] for s in ("screened", "exhaustive")}
     summary = {
-        "graphs": len(rows), "measured": len(ok), "skipped": skipped,
+        "graphs": len(rows),
+        "measured": len(ok),
+        "skipped": skipped,
         "ms_per_candidate_median": {s: statistics.median(v) if v else None for s, v in per_candidate.items()},
         "target_ms_per_candidate": TARGET_MS_PER_CANDIDATE,
         "screened_over_exhaustive_max": max((r["screened_over_exhaustive"] for r in ok), default=None),
-        "beyond_2_percent": {r["graph"]: round(r["screened_over_exhaustive"], 4) for r in ok if r["screened_over_exhaustive"] > SAME_CHOICE_WITHIN},
-        "tuned_slower_than_heuristic_beyond_noise": {r["graph"]: round(r["tuned_over_heuristic"], 3) for r in ok if r.get("tuned_over_heuristic", 1) > NOISE},
+        "beyond_2_percent": {
+            r["graph"]: round(r["screened_over_exhaustive"], 4)
+            for r in ok
+            if r["screened_over_exhaustive"] > SAME_CHOICE_WITHIN
+        },
+        "tuned_slower_than_heuristic_beyond_noise": {
+            r["graph"]: round(r["tuned_over_heuristic"], 3) for r in ok if r.get("tuned_over_heuristic", 1) > NOISE
+        },
         "errors": {r["graph"]: r["error"] for r in rows if "error" in r},
         "pool_builds": pool,
-    }  # fmt: skip
-    headers = ["graph", "cands", "build all s", "screened ms/cand", "exhaustive ms/cand", "timed precisely", "picks", "screened/exh", "tuned/heur"]
+    }
+    headers = [
+        "graph",
+        "cands",
+        "build all s",
+        "screened ms/cand",
+        "exhaustive ms/cand",
+        "timed precisely",
+        "picks",
+        "screened/exh",
+        "tuned/heur",
+    ]
     body = [
-        [r["graph"], r["candidates"], r["build_all_s"], r["screened"]["ms_per_candidate"], r["exhaustive"]["ms_per_candidate"],
-         r["screened"]["precisely_timed"], f"{r['screened']['chosen']}/{r['exhaustive']['chosen']}", r["screened_over_exhaustive"], r.get("tuned_over_heuristic", float("nan"))]
+        [
+            r["graph"],
+            r["candidates"],
+            r["build_all_s"],
+            r["screened"]["ms_per_candidate"],
+            r["exhaustive"]["ms_per_candidate"],
+            r["screened"]["precisely_timed"],
+            f"{r['screened']['chosen']}/{r['exhaustive']['chosen']}",
+            r["screened_over_exhaustive"],
+            r.get("tuned_over_heuristic", float("nan")),
+        ]
         for r in ok
-    ]  # fmt: skip
+    ]
     print(table(headers, body))
     write_json(out / "autotune.json", {"summary": summary, "rows": rows})
     plot(ok, out / "autotune.png")
@@ -227,13 +274,29 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, (a, b) = figure(2)
     names = [r["graph"] for r in rows]
     y = list(range(len(rows)))
-    a.barh([i - 0.2 for i in y], [r["exhaustive"]["ms_per_candidate"] for r in rows], height=0.4, label="exhaustive (every candidate precisely)")
-    a.barh([i + 0.2 for i in y], [r["screened"]["ms_per_candidate"] for r in rows], height=0.4, label="screened (default)")
+    a.barh(
+        [i - 0.2 for i in y],
+        [r["exhaustive"]["ms_per_candidate"] for r in rows],
+        height=0.4,
+        label="exhaustive (every candidate precisely)",
+    )
+    a.barh(
+        [i + 0.2 for i in y], [r["screened"]["ms_per_candidate"] for r in rows], height=0.4, label="screened (default)"
+    )
     a.axvline(TARGET_MS_PER_CANDIDATE, color="red", linestyle="--", label="target 30 ms")
-    a.set_yticks(y, names, fontsize=7), a.set_xlabel("ms per candidate"), a.set_title("autotuning cost per candidate"), a.legend(fontsize=7)
+    (
+        a.set_yticks(y, names, fontsize=7),
+        a.set_xlabel("ms per candidate"),
+        a.set_title("autotuning cost per candidate"),
+        a.legend(fontsize=7),
+    )
     b.barh(y, [r["screened_over_exhaustive"] for r in rows])
     b.axvline(1.0, color="black"), b.axvline(SAME_CHOICE_WITHIN, color="red", linestyle="--", label="2%")
-    b.set_yticks(y, names, fontsize=7), b.set_title("screened choice time / exhaustive choice time"), b.legend(fontsize=7)
+    (
+        b.set_yticks(y, names, fontsize=7),
+        b.set_title("screened choice time / exhaustive choice time"),
+        b.legend(fontsize=7),
+    )
     save(fig, path)
 
 

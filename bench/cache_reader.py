@@ -27,8 +27,17 @@ def main() -> None:
         plan = cache.get(key)
         per_plan.append(time.perf_counter() - t0)
         assert plan is not None, key
-    print(json.dumps({"import_s": imported - started, "first_ms": per_plan[0] * 1e3, "median_ms": statistics.median(per_plan) * 1e3,
-                      "max_ms": max(per_plan) * 1e3, "plans": len(keys)}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "import_s": imported - started,
+                "first_ms": per_plan[0] * 1e3,
+                "median_ms": statistics.median(per_plan) * 1e3,
+                "max_ms": max(per_plan) * 1e3,
+                "plans": len(keys),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

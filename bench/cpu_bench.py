@@ -59,7 +59,9 @@ def store_plans(store: RedisPlanStore, count: int, offset: int = 0, signer: Sign
         normalized = normalize(spec_for(i))
         key = make_key(hash_normalized(normalized), TARGET, CompileOptions())
         compiled = compiler.compile(normalized, CompileOptions())
-        metadata = plan_metadata(VerifiedJob(key, normalized, TARGET, CompileOptions()), compiled, "bench", TARGET.to_proto())
+        metadata = plan_metadata(
+            VerifiedJob(key, normalized, TARGET, CompileOptions()), compiled, "bench", TARGET.to_proto()
+        )
         plan = StoredPlan(blob=compiled.blob, metadata=metadata, signature=signer.sign(metadata) if signer else None)
         store.put(plan)
         plans.append(plan)
@@ -90,7 +92,11 @@ def load(call: Callable[[], Any], clients: int, requests_per_client: int) -> dic
     for t in threads:
         t.join()
     wall = time.perf_counter() - started
-    return {"p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3, "rps": len(latencies) / wall}
+    return {
+        "p50_ms": percentile(latencies, 50) * 1e3,
+        "p99_ms": percentile(latencies, 99) * 1e3,
+        "rps": len(latencies) / wall,
+    }
 
 
 def hit_path(servers: dict[str, str], redis_url: str, plan: StoredPlan, quick: bool) -> dict[str, Any]:
@@ -99,12 +105,17 @@ def hit_path(servers: dict[str, str], redis_url: str, plan: StoredPlan, quick: b
     levels = (1, 4) if quick else (1, 16, 64)
     rounds = 2 if quick else 5
     total = 100 if quick else 1500
-    channels = {name: grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64 * 2**20)]) for name, addr in servers.items()}
+    channels = {
+        name: grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64 * 2**20)])
+        for name, addr in servers.items()
+    }
     stubs = {name: pb_grpc.PlanCacheStub(ch) for name, ch in channels.items()}
     request = pb.GetPlanRequest(ref=pb.PlanRef(key=plan.metadata.key))
     raw = redis.Redis.from_url(redis_url)
     raw.set("bench:blob", plan.blob)
-    calls: dict[str, Callable[[], Any]] = {name: (lambda stub=stub: stub.GetPlan(request, timeout=30)) for name, stub in stubs.items()}
+    calls: dict[str, Callable[[], Any]] = {
+        name: (lambda stub=stub: stub.GetPlan(request, timeout=30)) for name, stub in stubs.items()
+    }
     calls["redis_get"] = lambda: raw.get("bench:blob")
     for call in calls.values():  # warm up connections and caches
         for _ in range(20):
@@ -119,7 +130,9 @@ def hit_path(servers: dict[str, str], redis_url: str, plan: StoredPlan, quick: b
                     continue
                 samples[name].append(load(call, clients, per_client))
         results[str(clients)] = {
-            name: {metric: spread([s[metric] for s in runs]) for metric in ("p50_ms", "p99_ms", "rps")} for name, runs in samples.items() if runs
+            name: {metric: spread([s[metric] for s in runs]) for metric in ("p50_ms", "p99_ms", "rps")}
+            for name, runs in samples.items()
+            if runs
         }
     for ch in channels.values():
         ch.close()
@@ -148,13 +161,17 @@ def coalescing(address: str, quick: bool, offset: int) -> dict[str, Any]:
             after = {s.target_id: s for s in client.stats()}[TARGET.id]
             builder = [t for t, source in outcomes if source == "compiled"]
             waiters = [t for t, source in outcomes if source == "joined"]
-            runs.append({
-                "builds": after.compiles - (before.compiles if before else 0),
-                "builder_s": builder[0] if builder else float("nan"),
-                "waiters_over_builder_p50": statistics.median(waiters) / builder[0] if builder and waiters else float("nan"),
-                "waiters_over_builder_max": max(waiters) / builder[0] if builder and waiters else float("nan"),
-                "sources": {s: sum(1 for _, x in outcomes if x == s) for s in {x for _, x in outcomes}},
-            })  # fmt: skip
+            runs.append(
+                {
+                    "builds": after.compiles - (before.compiles if before else 0),
+                    "builder_s": builder[0] if builder else float("nan"),
+                    "waiters_over_builder_p50": statistics.median(waiters) / builder[0]
+                    if builder and waiters
+                    else float("nan"),
+                    "waiters_over_builder_max": max(waiters) / builder[0] if builder and waiters else float("nan"),
+                    "sources": {s: sum(1 for _, x in outcomes if x == s) for s in {x for _, x in outcomes}},
+                }
+            )
     return {"callers": callers, "runs": runs}
 
 
@@ -180,8 +197,12 @@ def startup_fetch(address: str, plans: list[StoredPlan], quick: bool) -> dict[st
             result = client.prefetch(manifest)
             assert result.fetched == len(keys), result.errors
             streamed.append(len(keys) / (time.perf_counter() - started))
-    return {"plans": len(keys), "per_call_sequential_plans_per_s": spread(sequential), "per_call_8_threads_plans_per_s": spread(parallel),
-            "streamed_plans_per_s": spread(streamed)}  # fmt: skip
+    return {
+        "plans": len(keys),
+        "per_call_sequential_plans_per_s": spread(sequential),
+        "per_call_8_threads_plans_per_s": spread(parallel),
+        "streamed_plans_per_s": spread(streamed),
+    }
 
 
 def client_cache_hit(plans: list[StoredPlan], tmp: Path, quick: bool) -> dict[str, Any]:
@@ -193,8 +214,14 @@ def client_cache_hit(plans: list[StoredPlan], tmp: Path, quick: bool) -> dict[st
     keys_file.write_text(json.dumps([p.metadata.key for p in plans]))
     runs = []
     for _ in range(2 if quick else 5):
-        out = subprocess.run([sys.executable, str(REPO / "bench" / "cache_reader.py"), str(cache.root), str(keys_file)],
-                             env=child_env(), capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, str(REPO / "bench" / "cache_reader.py"), str(cache.root), str(keys_file)],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
         runs.append(json.loads(out))
     return {
         "plans": len(plans),
@@ -211,14 +238,23 @@ def main() -> None:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="plancache-cpu-bench-"))
     redis_server = EmbeddedRedis(tmp / "redis", persist=False).start()
-    address, uncached, echo_port, echo_aio_port = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", free_port(), free_port()
+    address, uncached, echo_port, echo_aio_port = (
+        f"127.0.0.1:{free_port()}",
+        f"127.0.0.1:{free_port()}",
+        free_port(),
+        free_port(),
+    )
     fetch_count = 10 if args.quick else 100
     try:
         plans = store_plans(RedisPlanStore(redis.Redis.from_url(redis_server.url)), fetch_count)
         response = tmp / "response.bin"
         response.write_bytes(pb.GetPlanResponse(plan=plans[0].proto).SerializeToString())
         echoes = [
-            subprocess.Popen([sys.executable, str(REPO / "bench" / "echo_server.py"), str(port), str(response), *mode], stdout=subprocess.PIPE, env=child_env())
+            subprocess.Popen(
+                [sys.executable, str(REPO / "bench" / "echo_server.py"), str(port), str(response), *mode],
+                stdout=subprocess.PIPE,
+                env=child_env(),
+            )
             for port, mode in ((echo_port, []), (echo_aio_port, ["--aio"]))
         ]
         for echo in echoes:
@@ -226,13 +262,29 @@ def main() -> None:
         build_s = "0.2" if args.quick else "1.0"
         env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS=build_s)
         try:
-            with server_process(address, redis_server.url, tmp / "server.log", "--gpus", "none"), server_process(
-                uncached, redis_server.url, tmp / "server-uncached.log", "--gpus", "none", "--memory-cache-mb", "0"
-            ), worker_process(redis_server.url, tmp / "worker.log", "--device", "0", "--compiler", "tests.support.standin:factory", "--unsigned", env=env) as worker:
+            with (
+                server_process(address, redis_server.url, tmp / "server.log", "--gpus", "none"),
+                server_process(
+                    uncached, redis_server.url, tmp / "server-uncached.log", "--gpus", "none", "--memory-cache-mb", "0"
+                ),
+                worker_process(
+                    redis_server.url,
+                    tmp / "worker.log",
+                    "--device",
+                    "0",
+                    "--compiler",
+                    "tests.support.standin:factory",
+                    "--unsigned",
+                    env=env,
+                ) as worker,
+            ):
                 wait_for_workers(address, proc=worker)
                 servers = {
-                    "plancache": address, "plancache_no_memory_cache": uncached, "echo": f"127.0.0.1:{echo_port}", "echo_aio": f"127.0.0.1:{echo_aio_port}",
-                }  # fmt: skip
+                    "plancache": address,
+                    "plancache_no_memory_cache": uncached,
+                    "echo": f"127.0.0.1:{echo_port}",
+                    "echo_aio": f"127.0.0.1:{echo_aio_port}",
+                }
                 results = {
                     "machine": {"cpus": _cpus(), "python": sys.version.split()[0]},
                     "hit_path": hit_path(servers, redis_server.url, plans[0], args.quick),
@@ -288,7 +340,8 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         "target_waiters_over_builder": 1.05,
         "startup_plans_per_s": results["startup_fetch"]["per_call_sequential_plans_per_s"]["median"],
         "startup_streamed_plans_per_s": results["startup_fetch"]["streamed_plans_per_s"]["median"],
-        "streamed_over_per_call": results["startup_fetch"]["streamed_plans_per_s"]["median"] / results["startup_fetch"]["per_call_sequential_plans_per_s"]["median"],
+        "streamed_over_per_call": results["startup_fetch"]["streamed_plans_per_s"]["median"]
+        / results["startup_fetch"]["per_call_sequential_plans_per_s"]["median"],
         "client_cache_hit_ms": results["client_cache_hit"]["median_ms_per_plan"]["median"],
         "target_client_cache_hit_ms": 0.3,
     }
@@ -298,27 +351,63 @@ def print_report(results: dict[str, Any]) -> None:
     rows = []
     for clients, by_name in results["hit_path"].items():
         for name, m in by_name.items():
-            rows.append([clients, name, m["p50_ms"]["median"], f"{m['p50_ms']['min']:.3g}-{m['p50_ms']['max']:.3g}", m["p99_ms"]["median"], m["rps"]["median"]])
+            rows.append(
+                [
+                    clients,
+                    name,
+                    m["p50_ms"]["median"],
+                    f"{m['p50_ms']['min']:.3g}-{m['p50_ms']['max']:.3g}",
+                    m["p99_ms"]["median"],
+                    m["rps"]["median"],
+                ]
+            )
     print(table(["clients", "path", "p50 ms", "p50 range", "p99 ms", "req/s"], rows))
     s = results["summary"]
     print()
     rows: list[list[Any]] = [
-        ["hit p50 / floor (thread-pool echo + redis GET)", s["hit_p50_over_floor"], "<= 1.0", s["hit_p50_over_floor"] <= 1.0],
+        [
+            "hit p50 / floor (thread-pool echo + redis GET)",
+            s["hit_p50_over_floor"],
+            "<= 1.0",
+            s["hit_p50_over_floor"] <= 1.0,
+        ],
         ["  / floor (asyncio echo + redis GET)", s["hit_p50_over_floor_aio"], "-", "-"],
         ["  same, memory cache off", s["hit_p50_over_floor_no_memory_cache"], "-", "-"],
     ]
     for level, value in s["throughput_over_echo"].items():
         rows.append([f"throughput / thread-pool echo at {level} clients", value, ">= 1.0", value >= 1.0])
         rows.append([f"  / asyncio echo at {level} clients", s["throughput_over_echo_aio"][level], "-", "-"])
-        rows.append(["  same, memory cache off (/ thread-pool echo)", s["throughput_over_echo_no_memory_cache"][level], "-", "-"])
+        rows.append(
+            [
+                "  same, memory cache off (/ thread-pool echo)",
+                s["throughput_over_echo_no_memory_cache"][level],
+                "-",
+                "-",
+            ]
+        )
     rows += [
-        ["builds for one key, per round", str(s["coalescing_builds"]), "1", all(b == 1 for b in s["coalescing_builds"])],
-        ["waiters / builder latency (p50)", s["waiters_over_builder_p50"], "< 1.05", s["waiters_over_builder_p50"] < 1.05],
+        [
+            "builds for one key, per round",
+            str(s["coalescing_builds"]),
+            "1",
+            all(b == 1 for b in s["coalescing_builds"]),
+        ],
+        [
+            "waiters / builder latency (p50)",
+            s["waiters_over_builder_p50"],
+            "< 1.05",
+            s["waiters_over_builder_p50"] < 1.05,
+        ],
         ["waiters / builder latency (max)", s["waiters_over_builder_max"], "-", "-"],
         ["start-up fetch, one call per plan (plans/s)", s["startup_plans_per_s"], "-", "-"],
         ["start-up fetch, one streamed call (plans/s)", s["startup_streamed_plans_per_s"], "-", "-"],
         ["  streamed / one call per plan", s["streamed_over_per_call"], "-", "-"],
-        ["client disk cache hit, fresh process (ms per plan)", s["client_cache_hit_ms"], "< 0.3 ms", s["client_cache_hit_ms"] < 0.3],
+        [
+            "client disk cache hit, fresh process (ms per plan)",
+            s["client_cache_hit_ms"],
+            "< 0.3 ms",
+            s["client_cache_hit_ms"] < 0.3,
+        ],
     ]
     print(table(["measure", "value", "target", "met"], rows))
 
@@ -332,11 +421,20 @@ def plot(results: dict[str, Any], path: Path) -> None:
     for offset, name in enumerate(names):
         xs = [i + offset * width for i in range(len(levels))]
         a.bar(xs, [hit[lv][name]["p50_ms"]["median"] for lv in levels], width=width, label=f"{name} p50")
-        a.errorbar(xs, [hit[lv][name]["p50_ms"]["median"] for lv in levels], fmt="none", ecolor="black",
-                   yerr=[[hit[lv][name]["p50_ms"]["median"] - hit[lv][name]["p50_ms"]["min"] for lv in levels],
-                         [hit[lv][name]["p50_ms"]["max"] - hit[lv][name]["p50_ms"]["median"] for lv in levels]])  # fmt: skip
+        a.errorbar(
+            xs,
+            [hit[lv][name]["p50_ms"]["median"] for lv in levels],
+            fmt="none",
+            ecolor="black",
+            yerr=[
+                [hit[lv][name]["p50_ms"]["median"] - hit[lv][name]["p50_ms"]["min"] for lv in levels],
+                [hit[lv][name]["p50_ms"]["max"] - hit[lv][name]["p50_ms"]["median"] for lv in levels],
+            ],
+        )
         b.bar(xs, [hit[lv][name]["rps"]["median"] for lv in levels], width=width, label=name)
-    a.axhline(results["summary"]["floor_p50_ms"], color="red", linestyle="--", label="floor (echo + redis GET, 1 client)")
+    a.axhline(
+        results["summary"]["floor_p50_ms"], color="red", linestyle="--", label="floor (echo + redis GET, 1 client)"
+    )
     for ax, title in ((a, "GetPlan latency p50 (ms), by concurrent clients"), (b, "throughput (req/s)")):
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(levels))], levels)
         ax.set_title(title)
@@ -345,7 +443,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
     c.bar(range(len(runs)), [r["waiters_over_builder_max"] for r in runs], label="max waiter / builder")
     c.bar(range(len(runs)), [r["waiters_over_builder_p50"] for r in runs], label="p50 waiter / builder")
     c.axhline(1.05, color="red", linestyle="--", label="target 1.05")
-    c.set_title(f"coalescing: {results['coalescing']['callers']} callers, one key, {results['coalescing']['build_s']} s build")
+    c.set_title(
+        f"coalescing: {results['coalescing']['callers']} callers, one key, {results['coalescing']['build_s']} s build"
+    )
     c.set_ylim(0.9, max(1.1, *(r["waiters_over_builder_max"] for r in runs)) + 0.02)
     c.legend(fontsize=7)
     save(fig, path)

@@ -26,8 +26,12 @@ def threaded(port: int, payload: bytes) -> None:
         return payload
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=OPTIONS)
-    handler = grpc.unary_unary_rpc_method_handler(get_plan, request_deserializer=lambda b: b, response_serializer=lambda b: b)
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("plancache.v1.PlanCache", {"GetPlan": handler})])
+    handler = grpc.unary_unary_rpc_method_handler(
+        get_plan, request_deserializer=lambda b: b, response_serializer=lambda b: b
+    )
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler("plancache.v1.PlanCache", {"GetPlan": handler})]
+    )
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     print("echo server ready", flush=True)
@@ -42,8 +46,12 @@ async def asynchronous(port: int, payload: bytes) -> None:
         return payload
 
     server = grpc.aio.server(options=OPTIONS)
-    handler = grpc.unary_unary_rpc_method_handler(get_plan, request_deserializer=lambda b: b, response_serializer=lambda b: b)
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("plancache.v1.PlanCache", {"GetPlan": handler})])
+    handler = grpc.unary_unary_rpc_method_handler(
+        get_plan, request_deserializer=lambda b: b, response_serializer=lambda b: b
+    )
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler("plancache.v1.PlanCache", {"GetPlan": handler})]
+    )
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     print("echo server ready", flush=True)

@@ -88,14 +88,20 @@ class Decode:
         self.w_up, self.w_down = r(MLP, HIDDEN, scale=HIDDEN**-0.5), r(HIDDEN, MLP, scale=MLP**-0.5)
         self.k_pool, self.v_pool = r(POOL_PAGES, KV_HEADS, PAGE, HEAD_DIM), r(POOL_PAGES, KV_HEADS, PAGE, HEAD_DIM)
         self.x = r(128, HIDDEN)
-        self.tables = torch.randperm(POOL_PAGES, device="cuda", generator=g)[: 128 * PAGES_PER_SEQ].view(128, PAGES_PER_SEQ).to(torch.int32)
+        self.tables = (
+            torch.randperm(POOL_PAGES, device="cuda", generator=g)[: 128 * PAGES_PER_SEQ]
+            .view(128, PAGES_PER_SEQ)
+            .to(torch.int32)
+        )
         self.lengths = torch.randint(1, PAGE * PAGES_PER_SEQ + 1, (128,), device="cuda", generator=g).to(torch.int32)
 
     def step(self, pf: Any, batch: int) -> Any:
         x = self.x[:batch]
         h = pf.rms_norm(x, (HIDDEN,), self.norm, 1e-5)
         q = pf.linear(h, self.wq).view(batch, HEADS, 1, HEAD_DIM)
-        a = pf.paged_decode_attention(q, self.k_pool, self.v_pool, self.tables[:batch].contiguous(), self.lengths[:batch].contiguous())
+        a = pf.paged_decode_attention(
+            q, self.k_pool, self.v_pool, self.tables[:batch].contiguous(), self.lengths[:batch].contiguous()
+        )
         y = pf.linear(pf.linear(h, self.w_up, activation="gelu"), self.w_down)
         return a, y
 
@@ -112,7 +118,10 @@ class Prefill:
         return pf.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-WORKLOADS: dict[str, tuple[type[Decode] | type[Prefill], list[int]]] = {"decode": (Decode, DECODE_SIZES), "prefill": (Prefill, PREFILL_SIZES)}
+WORKLOADS: dict[str, tuple[type[Decode] | type[Prefill], list[int]]] = {
+    "decode": (Decode, DECODE_SIZES),
+    "prefill": (Prefill, PREFILL_SIZES),
+}
 
 
 def node_main(path: str, workload: str, server: str) -> None:
@@ -149,8 +158,14 @@ def node_main(path: str, workload: str, server: str) -> None:
     for size in sizes[:10]:  # the same shapes again: what a known shape costs
         work.step(pf, size)  # type: ignore[arg-type]
     torch.cuda.synchronize()
-    result: dict[str, Any] = {"path": path, "workload": workload, "setup_s": setup_s, "per_shape_ms": per_shape_ms, "total_s": sum(per_shape_ms) / 1e3,
-                              "known_shape_ms": (time.perf_counter() - again) * 1e3 / 10}  # fmt: skip
+    result: dict[str, Any] = {
+        "path": path,
+        "workload": workload,
+        "setup_s": setup_s,
+        "per_shape_ms": per_shape_ms,
+        "total_s": sum(per_shape_ms) / 1e3,
+        "known_shape_ms": (time.perf_counter() - again) * 1e3 / 10,
+    }
     sources: dict[str, int] = {}
     for geometry in pf.geometries():
         source = geometry.plan.source if geometry.plan is not None else "torch"
@@ -183,10 +198,17 @@ def gpu_time_against_tuned(pf: Any, workload: str) -> list[dict[str, Any]]:
     rows = []
     seen: dict[str, int] = {}
     for _, entry in TABLE.entries():
-        if not isinstance(entry, Served) or entry.request.function not in wanted or seen.get(entry.request.function, 0) >= 3:
+        if (
+            not isinstance(entry, Served)
+            or entry.request.function not in wanted
+            or seen.get(entry.request.function, 0) >= 3
+        ):
             continue
         seen[entry.request.function] = seen.get(entry.request.function, 0) + 1
-        row: dict[str, Any] = {"function": entry.request.function, "dims": [list(t.dim) for t in entry.request.spec.tensors if t.dim][:1]}
+        row: dict[str, Any] = {
+            "function": entry.request.function,
+            "dims": [list(t.dim) for t in entry.request.spec.tensors if t.dim][:1],
+        }
         try:
             served = cudnn.pygraph()
             served.deserialize(handle, entry.plan.blob)
@@ -261,30 +283,64 @@ def run(out: Path, time_limit: float) -> dict[str, Any]:
     deadline = time.monotonic() + time_limit
     tmp = Path(tempfile.mkdtemp(prefix="plancache-families-"))
     private_key, public_key = generate_keypair(tmp / "keys")
-    result: dict[str, Any] = {"config": {"decode_sizes": DECODE_SIZES, "prefill_sizes": PREFILL_SIZES, "decode_family": [1, 128],
-                                         "prefill_buckets": PREFILL_BUCKETS, "family_options": "autotune off (heuristic plans)"},
-                              "runs": [], "families": {}, "skipped": []}  # fmt: skip
+    result: dict[str, Any] = {
+        "config": {
+            "decode_sizes": DECODE_SIZES,
+            "prefill_sizes": PREFILL_SIZES,
+            "decode_family": [1, 128],
+            "prefill_buckets": PREFILL_BUCKETS,
+            "family_options": "autotune off (heuristic plans)",
+        },
+        "runs": [],
+        "families": {},
+        "skipped": [],
+    }
     env = {**trusting_env(public_key), "PLANCACHE_CACHE_DIR": str(tmp / "disk-cache")}
 
     def child(args: list[str], label: str) -> dict[str, Any]:
         started = time.monotonic()
         try:
-            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], env=env, cwd=REPO, capture_output=True, text=True,
-                                  timeout=max(30.0, deadline - time.monotonic()), check=False)  # fmt: skip
-            row = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"error": proc.stderr[-3000:]}
+            proc = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve()), *args],
+                env=env,
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=max(30.0, deadline - time.monotonic()),
+                check=False,
+            )
+            row = (
+                json.loads(proc.stdout.strip().splitlines()[-1])
+                if proc.returncode == 0
+                else {"error": proc.stderr[-3000:]}
+            )
         except Exception as e:
             row = {"error": f"{type(e).__name__}: {e}"}
         row["wall_s"] = time.monotonic() - started
         print(label, json.dumps({k: v for k, v in row.items() if k not in ("per_shape_ms",)})[:600], flush=True)
         return row
 
-    redis = EmbeddedRedis(tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
+    redis = EmbeddedRedis(
+        tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False
+    ).start()
     try:
         address = f"127.0.0.1:{free_port()}"
-        with server_process(address, redis.url, out / "families-server.log", "--gpus", "none", "--signing-key", str(private_key),
-                            "--data-dir", str(tmp / "server-data"), env=child_env()):  # fmt: skip
+        with server_process(
+            address,
+            redis.url,
+            out / "families-server.log",
+            "--gpus",
+            "none",
+            "--signing-key",
+            str(private_key),
+            "--data-dir",
+            str(tmp / "server-data"),
+            env=child_env(),
+        ):
             log = out / "families-worker.log"
-            with worker_process(redis.url, log, "--device", "0", "--signing-key", str(private_key), "--no-warm", env=child_env()) as worker:
+            with worker_process(
+                redis.url, log, "--device", "0", "--signing-key", str(private_key), "--no-warm", env=child_env()
+            ) as worker:
                 deploy.wait_for_pool(log, worker, address)
                 for workload in WORKLOADS:
                     for path in ("local", "plancache"):
@@ -307,8 +363,13 @@ def run(out: Path, time_limit: float) -> dict[str, Any]:
                             if all(s.complete for s in statuses):
                                 break
                             time.sleep(0.5)
-                    result["families"][workload] = {"keys": keys, "build_s": time.monotonic() - began, "setup_error": made.get("error"),
-                                                    "graphs": sum(s.total for s in statuses), "stored": sum(s.stored for s in statuses)}  # fmt: skip
+                    result["families"][workload] = {
+                        "keys": keys,
+                        "build_s": time.monotonic() - began,
+                        "setup_error": made.get("error"),
+                        "graphs": sum(s.total for s in statuses),
+                        "stored": sum(s.stored for s in statuses),
+                    }
                     print(workload, "families", json.dumps(result["families"][workload])[:400], flush=True)
                     row = child(["--node", "family", "--workload", workload, "--server", address], f"{workload}/family")
                     row.update(path="family", workload=workload)
@@ -325,9 +386,16 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for workload in WORKLOADS:
         rows = {r["path"]: r for r in result["runs"] if r.get("workload") == workload and "per_shape_ms" in r}
-        entry: dict[str, Any] = {p: {"total_s": r["total_s"], "median_new_shape_ms": statistics.median(r["per_shape_ms"]),
-                                     "max_new_shape_ms": max(r["per_shape_ms"]), "first_shape_ms": r["per_shape_ms"][0],
-                                     "known_shape_ms": r.get("known_shape_ms")} for p, r in rows.items()}  # fmt: skip
+        entry: dict[str, Any] = {
+            p: {
+                "total_s": r["total_s"],
+                "median_new_shape_ms": statistics.median(r["per_shape_ms"]),
+                "max_new_shape_ms": max(r["per_shape_ms"]),
+                "first_shape_ms": r["per_shape_ms"][0],
+                "known_shape_ms": r.get("known_shape_ms"),
+            }
+            for p, r in rows.items()
+        }
         if "local" in entry and "family" in entry:
             entry["local_over_family_total"] = entry["local"]["total_s"] / entry["family"]["total_s"]
         if "plancache" in entry and "family" in entry:
@@ -353,10 +421,25 @@ def report(result: dict[str, Any], out: Path) -> None:
         for path in PATHS:
             e = entry.get(path)
             if e:
-                rows.append([workload, path, f"{e['total_s']:.2f}", f"{e['first_shape_ms']:.0f}", f"{e['median_new_shape_ms']:.1f}", f"{e['max_new_shape_ms']:.0f}",
-                             f"{e['known_shape_ms']:.2f}" if e.get("known_shape_ms") else "—"])  # fmt: skip
-    print(table(["workload", "path", "50 shapes s", "first ms", "median new shape ms", "worst ms", "known shape ms"], rows))
-    print(json.dumps({w: {k: v for k, v in e.items() if k not in PATHS} for w, e in result["summary"].items()}, indent=1))
+                rows.append(
+                    [
+                        workload,
+                        path,
+                        f"{e['total_s']:.2f}",
+                        f"{e['first_shape_ms']:.0f}",
+                        f"{e['median_new_shape_ms']:.1f}",
+                        f"{e['max_new_shape_ms']:.0f}",
+                        f"{e['known_shape_ms']:.2f}" if e.get("known_shape_ms") else "—",
+                    ]
+                )
+    print(
+        table(
+            ["workload", "path", "50 shapes s", "first ms", "median new shape ms", "worst ms", "known shape ms"], rows
+        )
+    )
+    print(
+        json.dumps({w: {k: v for k, v in e.items() if k not in PATHS} for w, e in result["summary"].items()}, indent=1)
+    )
     fig, axes = figure(2)
     for ax, workload in zip(axes, WORKLOADS, strict=True):
         for r in result["runs"]:

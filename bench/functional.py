@@ -53,7 +53,9 @@ class InProcessClient:
         self.compiler = compiler
         self.compiled: list[str] = []
 
-    def compile(self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None, **_: Any) -> Any:
+    def compile(
+        self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None, **_: Any
+    ) -> Any:
         from plancache.keys.options import CompileOptions
         from plancache.spec.canonical import hash_normalized
         from plancache.spec.validation import normalize
@@ -87,7 +89,11 @@ def cases() -> dict[str, Callable[[], tuple[Callable[[], Any], Callable[[], Any]
         x = r(8, 64, 28, 28, dtype=torch.float16).to(memory_format=torch.channels_last)
         w = (r(64, 64, 3, 3, dtype=torch.float16) / 24).to(memory_format=torch.channels_last)
         b = r(64, dtype=torch.float16)
-        return (lambda: pf.conv2d(x, w, b, padding=1, relu=True)), (lambda: F.relu(F.conv2d(x, w, b, padding=1))), "conv2d"
+        return (
+            (lambda: pf.conv2d(x, w, b, padding=1, relu=True)),
+            (lambda: F.relu(F.conv2d(x, w, b, padding=1))),
+            "conv2d",
+        )
 
     def layer_norm() -> Any:
         x, w, b = r(8, 1024), r(1024), r(1024)
@@ -99,18 +105,32 @@ def cases() -> dict[str, Callable[[], tuple[Callable[[], Any], Callable[[], Any]
 
     def sdpa() -> Any:
         q, k, v = r(8, 16, 128, 64), r(8, 16, 128, 64), r(8, 16, 128, 64)
-        return (lambda: pf.scaled_dot_product_attention(q, k, v, is_causal=True)), (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), "scaled_dot_product_attention"
+        return (
+            (lambda: pf.scaled_dot_product_attention(q, k, v, is_causal=True)),
+            (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+            "scaled_dot_product_attention",
+        )
 
     def paged() -> Any:
         q, kc, vc = r(8, 16, 1, 64), r(128, 4, 64, 64), r(128, 4, 64, 64)
         table_ = torch.randperm(128, device="cuda", dtype=torch.int32).view(8, 16)
         lengths = torch.linspace(1, 1024, 8, device="cuda").round().to(torch.int32)
         eager = torch_ops().paged_decode_attention
-        return (lambda: pf.paged_decode_attention(q, kc, vc, table_, lengths)), (lambda: eager(q, kc, vc, table_, lengths)), "paged_decode_attention"
+        return (
+            (lambda: pf.paged_decode_attention(q, kc, vc, table_, lengths)),
+            (lambda: eager(q, kc, vc, table_, lengths)),
+            "paged_decode_attention",
+        )
 
-    return {"linear+bias+gelu bf16 8x1024->3072": linear, "matmul fp16 16x128x64x128": matmul, "conv2d+bias+relu fp16 NHWC 8x64x28x28": conv2d,
-            "layer_norm bf16 8x1024": layer_norm, "rms_norm bf16 8x1024": rms_norm, "sdpa causal bf16 b8 h16 s128 d64": sdpa,
-            "paged decode bf16 b8 h16/4 d64, 1k tokens": paged}  # fmt: skip
+    return {
+        "linear+bias+gelu bf16 8x1024->3072": linear,
+        "matmul fp16 16x128x64x128": matmul,
+        "conv2d+bias+relu fp16 NHWC 8x64x28x28": conv2d,
+        "layer_norm bf16 8x1024": layer_norm,
+        "rms_norm bf16 8x1024": rms_norm,
+        "sdpa causal bf16 b8 h16 s128 d64": sdpa,
+        "paged decode bf16 b8 h16/4 d64, 1k tokens": paged,
+    }
 
 
 def raw_paths(function: str, call: Callable[[], Any]) -> tuple[Callable[[], Any], Callable[[], Any]]:
@@ -123,14 +143,20 @@ def raw_paths(function: str, call: Callable[[], Any]) -> tuple[Callable[[], Any]
     from plancache.functional._torch import TorchOps
     from plancache.run.execution import handle_state
 
-    served = next(e for _, e in reversed(_table.TABLE.entries()) if isinstance(e, _table.Served) and e.request.function == function)
+    served = next(
+        e
+        for _, e in reversed(_table.TABLE.entries())
+        if isinstance(e, _table.Served) and e.request.function == function
+    )
     state = handle_state()
     graph = cudnn.pygraph()
     graph.deserialize(state.handle, served.plan.blob)
     seen: dict[int, Any] = {}
     execute = graph.execute
 
-    def spy(pack: Any, *args: Any, tensor_uids: Any = None, **kwargs: Any) -> None:  # the buffers of one real call (either form)
+    def spy(
+        pack: Any, *args: Any, tensor_uids: Any = None, **kwargs: Any
+    ) -> None:  # the buffers of one real call (either form)
         seen.update(zip(tensor_uids, pack, strict=True) if tensor_uids is not None else pack)
 
     for launcher in served._launchers.values():
@@ -184,9 +210,19 @@ def host_costs(rounds: int) -> list[dict[str, Any]]:
                 samples[p].append(time_path(paths[p], count)[0])
         torch.cuda.synchronize()
         host = {p: statistics.median(v) for p, v in samples.items()}
-        rows.append({"case": name, "function": function, "host_us": host, "samples": samples, "calls_per_sample": count, "gpu_us_raw": gpu_us,
-                     "over_raw": host["functional"] / host["raw"], "over_raw_alloc": host["functional"] / host["raw+alloc"],
-                     "over_torch": host["functional"] / host["torch"]})  # fmt: skip
+        rows.append(
+            {
+                "case": name,
+                "function": function,
+                "host_us": host,
+                "samples": samples,
+                "calls_per_sample": count,
+                "gpu_us_raw": gpu_us,
+                "over_raw": host["functional"] / host["raw"],
+                "over_raw_alloc": host["functional"] / host["raw+alloc"],
+                "over_torch": host["functional"] / host["torch"],
+            }
+        )
         print(name, {p: round(v, 2) for p, v in host.items()}, flush=True)
     return rows
 
@@ -237,7 +273,10 @@ def decode_step_times(rounds: int) -> dict[str, Any]:
     result: dict[str, Any] = {"config": dataclasses.asdict(Config()), "dtype": "bfloat16"}
     with torch.inference_mode():
         check = compare(model, cache, x)
-        result["rel_err_vs_torch"], result["calls"] = check["rel_err"], {k: dataclasses.asdict(v) for k, v in pf.stats().items()}
+        result["rel_err_vs_torch"], result["calls"] = (
+            check["rel_err"],
+            {k: dataclasses.asdict(v) for k, v in pf.stats().items()},
+        )
         caches = {"functional": cache.clone(), "torch": cache.clone()}
         steps = {
             "functional eager": lambda: decode_step(model, caches["functional"], x, functional_ops()),
@@ -269,17 +308,32 @@ def report(result: dict[str, Any], out: Path) -> None:
     for i, p in enumerate(PATHS):
         a.bar([j + (i - 1.5) * width for j in range(len(good))], [r["host_us"][p] for r in good], width=width, label=p)
     a.set_xticks(range(len(good)), [r["case"] for r in good], rotation=60, fontsize=6, ha="right")
-    a.set_ylabel("host µs per call (median)"), a.set_title("plancache.functional: host cost per call"), a.legend(fontsize=7)
+    (
+        a.set_ylabel("host µs per call (median)"),
+        a.set_title("plancache.functional: host cost per call"),
+        a.legend(fontsize=7),
+    )
     b.barh(list(step["gpu_ms"]), list(step["gpu_ms"].values()))
-    b.set_xlabel("GPU ms per decode step (median)"), b.set_title("examples/decoder_step.py: 4 layers, batch 8, bf16", fontsize=8)
+    (
+        b.set_xlabel("GPU ms per decode step (median)"),
+        b.set_title("examples/decoder_step.py: 4 layers, batch 8, bf16", fontsize=8),
+    )
     save(fig, out / "functional.png")
-    print(table(["decode step", "GPU ms", "host ms"], [[n, ms, step["host_ms"][n]] for n, ms in step["gpu_ms"].items()]))
+    print(
+        table(["decode step", "GPU ms", "host ms"], [[n, ms, step["host_ms"][n]] for n, ms in step["gpu_ms"].items()])
+    )
     print(f"decode step rel err vs torch eager: {step['rel_err_vs_torch']:.2e}")
-    print(table(
-        ["function", "functional µs", "raw µs", "raw+alloc µs", "torch µs", "/raw", "/raw+alloc", "/torch"],
-        [[r["case"], *(r["host_us"][p] for p in PATHS), r["over_raw"], r["over_raw_alloc"], r["over_torch"]] if "host_us" in r else [r["case"], r["error"][:60], *[""] * 6]
-         for r in rows],
-    ))  # fmt: skip
+    print(
+        table(
+            ["function", "functional µs", "raw µs", "raw+alloc µs", "torch µs", "/raw", "/raw+alloc", "/torch"],
+            [
+                [r["case"], *(r["host_us"][p] for p in PATHS), r["over_raw"], r["over_raw_alloc"], r["over_torch"]]
+                if "host_us" in r
+                else [r["case"], r["error"][:60], *[""] * 6]
+                for r in rows
+            ],
+        )
+    )
     print(f"target: functional / raw <= {TARGET_OVER_RAW}; beyond it: {result['summary']['beyond_target'] or 'none'}")
 
 
@@ -302,11 +356,22 @@ def main() -> None:
     step = decode_step_times(args.rounds)
     over = [r["over_raw"] for r in rows if "over_raw" in r]
     summary = {
-        "over_raw_median": statistics.median(over) if over else math.nan, "over_raw_max": max(over, default=math.nan),
+        "over_raw_median": statistics.median(over) if over else math.nan,
+        "over_raw_max": max(over, default=math.nan),
         "beyond_target": {r["case"]: round(r["over_raw"], 3) for r in rows if r.get("over_raw", 0) > TARGET_OVER_RAW},
-        "plans_compiled": len(client.compiled), "seconds": time.perf_counter() - started,
-    }  # fmt: skip
-    report({"rows": rows, "decode_step": step, "summary": summary, "device": torch.cuda.get_device_name(0), "targets": {"over_raw": TARGET_OVER_RAW}}, args.out)
+        "plans_compiled": len(client.compiled),
+        "seconds": time.perf_counter() - started,
+    }
+    report(
+        {
+            "rows": rows,
+            "decode_step": step,
+            "summary": summary,
+            "device": torch.cuda.get_device_name(0),
+            "targets": {"over_raw": TARGET_OVER_RAW},
+        },
+        args.out,
+    )
 
 
 if __name__ == "__main__":

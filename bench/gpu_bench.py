@@ -43,8 +43,14 @@ def compile_all(address: str, names: list[str]) -> dict[str, dict[str, Any]]:
             try:
                 started = time.perf_counter()
                 plan = client.compile(spec, target)
-                row.update(key=plan.key, wall_s=time.perf_counter() - started, build_s=plan.metadata.build_seconds,
-                           autotune_s=plan.metadata.autotune_seconds, plans=len(plan.metadata.candidates), chosen=plan.metadata.plan_name)  # fmt: skip
+                row.update(
+                    key=plan.key,
+                    wall_s=time.perf_counter() - started,
+                    build_s=plan.metadata.build_seconds,
+                    autotune_s=plan.metadata.autotune_seconds,
+                    plans=len(plan.metadata.candidates),
+                    chosen=plan.metadata.plan_name,
+                )
                 plan0 = client.compile(spec, target, CompileOptions(autotune=False))
                 row.update(key0=plan0.key, plan0_name=plan0.metadata.plan_name)
             except PlanCacheError as e:
@@ -72,10 +78,14 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="plancache-bench-"))
-    redis = EmbeddedRedis(tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
+    redis = EmbeddedRedis(
+        tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False
+    ).start()
     address = f"127.0.0.1:{free_port()}"
     try:
-        with server_process(address, redis.url, args.out / "bench-server.log", "--gpus", "0", "--data-dir", str(tmp / "server-data")) as server:
+        with server_process(
+            address, redis.url, args.out / "bench-server.log", "--gpus", "0", "--data-dir", str(tmp / "server-data")
+        ) as server:
             # Clients here (and the per-case processes) accept only plans signed by this server's worker.
             os.environ.update(trusting_env(signing_public_key(tmp / "server-data")))
             wait_for_workers(address, proc=server)
@@ -94,12 +104,39 @@ def report(rows: list[dict[str, Any]], out: Path) -> None:
         r["build_over_ready"] = (r["build_s"] + r["autotune_s"]) / r["ready_s"]
         r["autotune_gain"] = r["plan0_ms"] / r["tuned_ms"] if r.get("plan0_ms") else float("nan")
         r["plan_over_torch"] = r["tuned_ms"] / r["torch_ms"] if r.get("torch_ms") else float("nan")
-    headers = ["case", "plans", "build+tune s", "ready ms", "build/ready", "tuned ms", "plan0 ms", "gain", "torch ms", "plan/torch", "blob KB", "deser ms", "deser again ms"]
+    headers = [
+        "case",
+        "plans",
+        "build+tune s",
+        "ready ms",
+        "build/ready",
+        "tuned ms",
+        "plan0 ms",
+        "gain",
+        "torch ms",
+        "plan/torch",
+        "blob KB",
+        "deser ms",
+        "deser again ms",
+    ]
     body = [
-        [r["case"], r["plans"], r["build_s"] + r["autotune_s"], r["ready_s"] * 1e3, r["build_over_ready"], r["tuned_ms"], r.get("plan0_ms", float("nan")),
-         r["autotune_gain"], r.get("torch_ms", float("nan")), r["plan_over_torch"], r["blob_bytes"] / 1024, r["deserialize_s"] * 1e3, r["deserialize_again_s"] * 1e3]
+        [
+            r["case"],
+            r["plans"],
+            r["build_s"] + r["autotune_s"],
+            r["ready_s"] * 1e3,
+            r["build_over_ready"],
+            r["tuned_ms"],
+            r.get("plan0_ms", float("nan")),
+            r["autotune_gain"],
+            r.get("torch_ms", float("nan")),
+            r["plan_over_torch"],
+            r["blob_bytes"] / 1024,
+            r["deserialize_s"] * 1e3,
+            r["deserialize_again_s"] * 1e3,
+        ]
         for r in ok
-    ]  # fmt: skip
+    ]
     print(table(headers, body))
     failed = [r for r in rows if r not in ok]
     for r in failed:
@@ -108,14 +145,17 @@ def report(rows: list[dict[str, Any]], out: Path) -> None:
     gains = [r["autotune_gain"] for r in ok if r["autotune_gain"] == r["autotune_gain"]]
     vs_torch = [r["plan_over_torch"] for r in ok if r["plan_over_torch"] == r["plan_over_torch"]]
     summary = {
-        "cases": len(rows), "measured": len(ok),
-        "build_over_ready_median": statistics.median(ratios) if ratios else None, "build_over_ready_min": min(ratios, default=None),
+        "cases": len(rows),
+        "measured": len(ok),
+        "build_over_ready_median": statistics.median(ratios) if ratios else None,
+        "build_over_ready_min": min(ratios, default=None),
         "target_build_over_ready": 100,
-        "autotune_gain_median": statistics.median(gains) if gains else None, "autotune_gain_max": max(gains, default=None),
+        "autotune_gain_median": statistics.median(gains) if gains else None,
+        "autotune_gain_max": max(gains, default=None),
         "slower_than_plan0_beyond_noise": [r["case"] for r in ok if r["autotune_gain"] < 1 / NOISE],
         "plan_over_torch_median": statistics.median(vs_torch) if vs_torch else None,
         "above_1_1_vs_torch": {r["case"]: round(r["plan_over_torch"], 2) for r in ok if r["plan_over_torch"] > 1.1},
-    }  # fmt: skip
+    }
     print(json.dumps(summary, indent=1))
     write_json(out / "gpu_bench.json", {"summary": summary, "rows": rows})
     plot(ok, out / "gpu_bench.png")
@@ -129,7 +169,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     y = range(len(rows))
     a.barh(y, [r["build_over_ready"] for r in rows])
     a.axvline(100, color="red", linestyle="--", label="target 100x")
-    a.set_xscale("log"), a.set_yticks(list(y), names, fontsize=7), a.set_title("build+autotune / fetch+deserialize (fresh process)"), a.legend()
+    (
+        a.set_xscale("log"),
+        a.set_yticks(list(y), names, fontsize=7),
+        a.set_title("build+autotune / fetch+deserialize (fresh process)"),
+        a.legend(),
+    )
     b.barh(y, [r["autotune_gain"] for r in rows])
     b.axvline(1.0, color="black")
     b.set_yticks(list(y), names, fontsize=7), b.set_title("autotune gain: plan 0 time / chosen time")

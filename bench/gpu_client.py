@@ -53,15 +53,24 @@ def main() -> None:
         again = Plan(plan.blob, plan.metadata)
         t0 = time.perf_counter()
         again.load()
-        result.update(fetch_s=fetched - started, deserialize_s=ready - fetched, ready_s=ready - started,
-                      deserialize_again_s=time.perf_counter() - t0, blob_bytes=len(plan.blob))  # fmt: skip
+        result.update(
+            fetch_s=fetched - started,
+            deserialize_s=ready - fetched,
+            ready_s=ready - started,
+            deserialize_again_s=time.perf_counter() - t0,
+            blob_bytes=len(plan.blob),
+        )
         plan0 = client.get(args.key0) if args.key0 else None
     tensors = bind(plan)
     torch_fn = CASES[args.case].torch_fn(tensors)  # type: ignore[arg-type]
     runs: dict[str, list[float]] = {"tuned": [], "plan0": [], "torch": []}
     methods: dict[str, str] = {}
     for _ in range(args.rounds):  # interleaved: the machine is shared and noisy
-        for label, fn in (("tuned", lambda: plan.execute(tensors)), ("plan0", plan0 and (lambda: plan0.execute(tensors))), ("torch", torch_fn)):
+        for label, fn in (
+            ("tuned", lambda: plan.execute(tensors)),
+            ("plan0", plan0 and (lambda: plan0.execute(tensors))),
+            ("torch", torch_fn),
+        ):
             if fn:
                 ms, methods[label] = gpu_ms(fn)
                 runs[label].append(ms)

@@ -143,12 +143,18 @@ def previous_execute(plan: Any, tensors: dict[str, Any]) -> Any:
         for key, value in tensors.items():
             b = by_name[key]
             name = dtypes.from_proto(b.data_type, b.name) or "float"
-            if tuple(value.shape) != tuple(b.dim) or tuple(value.stride()) != tuple(b.stride) or value.dtype != torch_dtype(name):
+            if (
+                tuple(value.shape) != tuple(b.dim)
+                or tuple(value.stride()) != tuple(b.stride)
+                or value.dtype != torch_dtype(name)
+            ):
                 raise ValueError(key)
             pack[b.uid] = value
         for b in plan.metadata.tensors:
             if b.uid not in pack:
-                pack[b.uid] = torch.full(tuple(b.dim), b.scalar_value, dtype=torch_dtype(dtypes.from_proto(b.data_type, b.name) or "float"))
+                pack[b.uid] = torch.full(
+                    tuple(b.dim), b.scalar_value, dtype=torch_dtype(dtypes.from_proto(b.data_type, b.name) or "float")
+                )
         cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
         graph.execute(pack, workspace, handle=handle)
 
@@ -198,7 +204,10 @@ def workspace_memory(rows: list[dict[str, Any]], count: int = 100) -> dict[str, 
     from plancache.run.execution import process, workspace_bytes_held
 
     sources = [(r["_plan"], r["_tensors"]) for r in rows]
-    plans = [(Plan(sources[i % len(sources)][0].blob, sources[i % len(sources)][0].metadata), sources[i % len(sources)][1]) for i in range(count)]
+    plans = [
+        (Plan(sources[i % len(sources)][0].blob, sources[i % len(sources)][0].metadata), sources[i % len(sources)][1])
+        for i in range(count)
+    ]
     process().workspaces.release()
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -224,10 +233,32 @@ def workspace_memory(rows: list[dict[str, Any]], count: int = 100) -> dict[str, 
 
 def report(result: dict[str, Any], out: Path) -> None:
     rows = result["rows"]
-    print(table(
-        ["case", "previous", "execute", "bound", "replay", "raw", "torch", "bound/raw", "replay/torch", "GPU µs (replay stream)"],
-        [[r["case"], *(r["host_us"][p] for p in PATHS), r["bound_over_raw_host"], r["replay_over_torch_host"], r["stream_us"]["replay"]] for r in rows],
-    ))  # fmt: skip
+    print(
+        table(
+            [
+                "case",
+                "previous",
+                "execute",
+                "bound",
+                "replay",
+                "raw",
+                "torch",
+                "bound/raw",
+                "replay/torch",
+                "GPU µs (replay stream)",
+            ],
+            [
+                [
+                    r["case"],
+                    *(r["host_us"][p] for p in PATHS),
+                    r["bound_over_raw_host"],
+                    r["replay_over_torch_host"],
+                    r["stream_us"]["replay"],
+                ]
+                for r in rows
+            ],
+        )
+    )
     print(result["summary"])
     write_json(out / "gpu_exec.json", result)
     fig, (a,) = figure(1)
@@ -235,7 +266,11 @@ def report(result: dict[str, Any], out: Path) -> None:
     for i, p in enumerate(PATHS):
         a.bar([j + (i - 2.5) * width for j in range(len(rows))], [r["host_us"][p] for r in rows], width=width, label=p)
     a.set_yscale("log"), a.set_xticks(range(len(rows)), [r["case"] for r in rows], rotation=70, fontsize=6)
-    a.set_ylabel("host µs per call (median)"), a.set_title("Executing a plan on the node: host cost per call"), a.legend(fontsize=7)
+    (
+        a.set_ylabel("host µs per call (median)"),
+        a.set_title("Executing a plan on the node: host cost per call"),
+        a.legend(fontsize=7),
+    )
     save(fig, out / "gpu_exec.png")
 
 
@@ -244,10 +279,20 @@ def summarize(rows: list[dict[str, Any]], memory: dict[str, Any]) -> dict[str, A
     return {
         "bound_over_raw_host_median": statistics.median(r["bound_over_raw_host"] for r in rows),
         "bound_over_raw_host_max": max(r["bound_over_raw_host"] for r in rows),
-        "bound_over_raw_beyond_target": {r["case"]: round(r["bound_over_raw_host"], 3) for r in rows if r["bound_over_raw_host"] > TARGETS["bound_over_raw_host"]},
+        "bound_over_raw_beyond_target": {
+            r["case"]: round(r["bound_over_raw_host"], 3)
+            for r in rows
+            if r["bound_over_raw_host"] > TARGETS["bound_over_raw_host"]
+        },
         "execute_over_raw_host_median": statistics.median(r["execute_over_raw_host"] for r in rows),
         "execute_over_previous_host_median": statistics.median(r["execute_over_previous_host"] for r in rows),
-        "seed": None if seed is None else {"host_us": seed["host_us"], "replay_over_torch_host": seed["replay_over_torch_host"], "bound_over_raw_host": seed["bound_over_raw_host"]},
+        "seed": None
+        if seed is None
+        else {
+            "host_us": seed["host_us"],
+            "replay_over_torch_host": seed["replay_over_torch_host"],
+            "bound_over_raw_host": seed["bound_over_raw_host"],
+        },
         "memory": memory,
         "targets": TARGETS,
     }
@@ -277,7 +322,12 @@ def main() -> None:
     memory = workspace_memory(rows) if rows else {}
     for r in rows:
         del r["_plan"], r["_tensors"]
-    result = {"rows": rows, "errors": errors, "summary": summarize(rows, memory) if rows else {}, "device": torch.cuda.get_device_name(0)}
+    result = {
+        "rows": rows,
+        "errors": errors,
+        "summary": summarize(rows, memory) if rows else {},
+        "device": torch.cuda.get_device_name(0),
+    }
     report(result, args.out)
 
 

@@ -56,9 +56,19 @@ def stored_plans(prefix: str, plans: int) -> Iterator[tuple[str, Path, list[Grap
     specs = [matmul_spec(m=64 * (i + 1), name=f"hit-{i}") for i in range(plans)]
     try:
         env = child_env(PLANCACHE_ALLOW_UNSIGNED="1")
-        with server_process(address, redis.url, tmp / "server.log", "--gpus", "none", "--unsigned", env=env), worker_process(
-            redis.url, tmp / "worker.log", "--device", "0", "--compiler", "tests.support.standin:factory", "--unsigned", env=env
-        ):  # fmt: skip
+        with (
+            server_process(address, redis.url, tmp / "server.log", "--gpus", "none", "--unsigned", env=env),
+            worker_process(
+                redis.url,
+                tmp / "worker.log",
+                "--device",
+                "0",
+                "--compiler",
+                "tests.support.standin:factory",
+                "--unsigned",
+                env=env,
+            ),
+        ):
             wait_for_workers(address)
             with Client(address, cache=False, hedge=False, allow_unsigned=True) as seed:
                 for spec in specs:
@@ -116,10 +126,17 @@ def report(result: dict[str, Any], out: Path) -> None:
     write_json(out / "hedge_hits.json", result)
     rows = [[m, v["median"], v["min"], v["max"]] for m, v in result["p50_ms"].items()]
     print(table(["mode", "p50 ms (median of rounds)", "min", "max"], rows))
-    print(f"hedge on / off: {result['hedge_on_over_off']:.3f} (target ≤ {TARGET_RATIO}); local builds on hits: {result['local_builds']}")
+    print(
+        f"hedge on / off: {result['hedge_on_over_off']:.3f} (target ≤ {TARGET_RATIO}); local builds on hits: {result['local_builds']}"
+    )
     fig, (a,) = figure(1)
-    paired_panel(a, result["p50_ms"], lambda ms: f"{ms:.3f} ms", "compile() of a stored plan, p50 ms per round",
-                 f"The hedge on the hit path (CPU): on / off = {result['hedge_on_over_off']:.3f}")  # fmt: skip
+    paired_panel(
+        a,
+        result["p50_ms"],
+        lambda ms: f"{ms:.3f} ms",
+        "compile() of a stored plan, p50 ms per round",
+        f"The hedge on the hit path (CPU): on / off = {result['hedge_on_over_off']:.3f}",
+    )
     save(fig, out / "hedge_hits.png")
 
 

@@ -233,7 +233,11 @@ async def nodes_child(cfg: dict[str, Any]) -> None:
     deadline, variant = cfg["deadline"], cfg["role"]
     trust = TrustPolicy.create([cfg["public_key"]], allow_unsigned=False)
     queries = [
-        pb.PlanQuery(spec=spec_io.to_proto(normalize(spec_for(cfg["spec_offset"] + i))), target=TARGET.to_proto(), options=CompileOptions().to_proto())
+        pb.PlanQuery(
+            spec=spec_io.to_proto(normalize(spec_for(cfg["spec_offset"] + i))),
+            target=TARGET.to_proto(),
+            options=CompileOptions().to_proto(),
+        )
         for i in range(cfg["plans"])
     ]
     channels = [grpc.aio.insecure_channel(cfg["address"], options=CHANNEL_OPTIONS) for _ in range(cfg["nodes"])]
@@ -253,12 +257,24 @@ async def nodes_child(cfg: dict[str, Any]) -> None:
                     random.Random(cfg["seed"] * 1_000_003 + node.node_id).shuffle(order)
                     for i in order:
                         q = queries[i]
-                        await node.compile(pb.CompileRequest(spec=q.spec, target=q.target, options=q.options), deadline, hedged=variant == "compile-hedged")
+                        await node.compile(
+                            pb.CompileRequest(spec=q.spec, target=q.target, options=q.options),
+                            deadline,
+                            hedged=variant == "compile-hedged",
+                        )
             except grpc.aio.AioRpcError as e:
                 node.failed(e.code().name, "AioRpcError", e.details() or "")
             except Exception as e:
                 node.failed("CLIENT_ERROR", type(e).__name__, str(e))
-            results.append({"node": node.node_id, "done": time.time(), "plans": node.plans, "codes": dict(node.codes), "classes": dict(node.classes)})
+            results.append(
+                {
+                    "node": node.node_id,
+                    "done": time.time(),
+                    "plans": node.plans,
+                    "codes": dict(node.codes),
+                    "classes": dict(node.classes),
+                }
+            )
 
         await asyncio.gather(*(run(node) for node in nodes))
         examples: dict[str, str] = {}
@@ -273,9 +289,14 @@ async def nodes_child(cfg: dict[str, Any]) -> None:
 async def burst_child(cfg: dict[str, Any]) -> None:
     """`cfg["calls"]` Compile calls of one spec, all fired at the start time."""
     deadline = cfg["deadline"]
-    request = pb.CompileRequest(spec=spec_io.to_proto(normalize(spec_for(cfg["spec_offset"]))), target=TARGET.to_proto())
+    request = pb.CompileRequest(
+        spec=spec_io.to_proto(normalize(spec_for(cfg["spec_offset"]))), target=TARGET.to_proto()
+    )
     count = cfg["calls"]
-    channels = [grpc.aio.insecure_channel(cfg["address"], options=CHANNEL_OPTIONS) for _ in range(max(1, -(-count // BURST_CALLS_PER_CHANNEL)))]
+    channels = [
+        grpc.aio.insecure_channel(cfg["address"], options=CHANNEL_OPTIONS)
+        for _ in range(max(1, -(-count // BURST_CALLS_PER_CHANNEL)))
+    ]
     stubs = [pb_grpc.PlanCacheStub(ch) for ch in channels]
     try:
         await asyncio.wait_for(asyncio.gather(*(ch.channel_ready() for ch in channels)), timeout=remaining(deadline))
@@ -363,8 +384,14 @@ class Children:
         config = self.tmp / f"{self.variant}-{name}.config.json"
         config.write_text(json.dumps({**cfg, "out": str(out)}))
         with open(self.tmp / f"{self.variant}-{name}.log", "w") as log:
-            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", str(config)], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=log, env=child_env(), cwd=REPO)  # fmt: skip
+            proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--child", str(config)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=child_env(),
+                cwd=REPO,
+            )
         self.procs.append((name, proc, out))
         return proc
 
@@ -374,7 +401,9 @@ class Children:
             readable, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.time()))
             line = proc.stdout.readline().decode().strip() if readable else ""
             if line != "ready":
-                raise RuntimeError(f"{self.variant}: child {name} did not get ready; see {self.tmp / f'{self.variant}-{name}.log'}")
+                raise RuntimeError(
+                    f"{self.variant}: child {name} did not get ready; see {self.tmp / f'{self.variant}-{name}.log'}"
+                )
 
     def send(self, proc: subprocess.Popen[bytes], message: dict[str, Any] | None) -> None:
         """A line to the child's stdin; None closes it."""
@@ -439,7 +468,14 @@ def run_variant(variant: str, args: argparse.Namespace, ctx: dict[str, Any], dea
     load_before = os.getloadavg()[0]
     try:
         probe = children.spawn(
-            "probe", {**common, "role": "probe", "key": ctx["probe_key"], "interval": args.probe_interval, "call_timeout": args.call_timeout}
+            "probe",
+            {
+                **common,
+                "role": "probe",
+                "key": ctx["probe_key"],
+                "interval": args.probe_interval,
+                "call_timeout": args.call_timeout,
+            },
         )
         workers: list[subprocess.Popen[bytes]] = []
         first = 0
@@ -466,19 +502,39 @@ def run_variant(variant: str, args: argparse.Namespace, ctx: dict[str, Any], dea
         children.kill_all()
     builds = [b for b in read_builds(ctx["build_log"]) if b["spec_hash"] in set(hashes)]
     result = analyse(variant, args, start, herd_done, outputs, probe_out, builds, hashes)
-    result.update({"timed_out": not finished, "load_avg_1m_before": load_before, "probe_started_s": probe_started - start,
-                   "server_alive": ctx["server"].poll() is None, "worker_alive": ctx["worker"].poll() is None})  # fmt: skip
+    result.update(
+        {
+            "timed_out": not finished,
+            "load_avg_1m_before": load_before,
+            "probe_started_s": probe_started - start,
+            "server_alive": ctx["server"].poll() is None,
+            "worker_alive": ctx["worker"].poll() is None,
+        }
+    )
     return result
 
 
 def latency_summary(samples: list[list[Any]]) -> dict[str, Any]:
     ms = [s[1] * 1e3 for s in samples]
-    return {"n": len(ms), "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "max_ms": max(ms) if ms else float("nan"),
-            "failed": dict(Counter(s[2] for s in samples if s[2] != "OK"))}  # fmt: skip
+    return {
+        "n": len(ms),
+        "p50_ms": percentile(ms, 50),
+        "p99_ms": percentile(ms, 99),
+        "max_ms": max(ms) if ms else float("nan"),
+        "failed": dict(Counter(s[2] for s in samples if s[2] != "OK")),
+    }
 
 
-def analyse(variant: str, args: argparse.Namespace, start: float, herd_done: float, outputs: list[dict[str, Any] | None],
-            probe_out: dict[str, Any] | None, builds: list[dict[str, Any]], hashes: list[str]) -> dict[str, Any]:  # fmt: skip
+def analyse(
+    variant: str,
+    args: argparse.Namespace,
+    start: float,
+    herd_done: float,
+    outputs: list[dict[str, Any] | None],
+    probe_out: dict[str, Any] | None,
+    builds: list[dict[str, Any]],
+    hashes: list[str],
+) -> dict[str, Any]:
     """Times relative to the common start (s)."""
     plans = len(hashes)
     codes: Counter[str] = Counter()
@@ -517,14 +573,18 @@ def analyse(variant: str, args: argparse.Namespace, start: float, herd_done: flo
     errors = {k: v for k, v in codes.items() if k != "OK"}
     result: dict[str, Any] = {
         "nodes": expected if variant != "burst" else 0,
-        "calls": expected if variant == "burst" else expected * (plans if variant in ("compile", "compile-hedged") else 1),
+        "calls": expected
+        if variant == "burst"
+        else expected * (plans if variant in ("compile", "compile-hedged") else 1),
         "plans_per_node": plans,
         "processes": len(outputs),
         "builds_per_key": builds_per_key,
         "builds_per_key_min": min(builds_per_key),
         "builds_per_key_max": max(builds_per_key),
         "builds_total_s": sum(b["ended"] - b["started"] for b in builds),
-        "builds_span_s": (max(b["ended"] for b in builds) - min(b["started"] for b in builds)) if builds else float("nan"),
+        "builds_span_s": (max(b["ended"] for b in builds) - min(b["started"] for b in builds))
+        if builds
+        else float("nan"),
         "first_build_start_s": min((b["started"] for b in builds), default=float("nan")) - start,
         "last_build_end_s": last_build_end,
         "errors_by_code": errors,
@@ -555,21 +615,57 @@ def targets(name: str, v: dict[str, Any]) -> list[list[Any]]:
     who = f"{v['calls']} calls" if name == "burst" else f"{v['nodes']} nodes x {v['plans_per_node']} plans"
     rows = [
         ["herd", who, "-", "-"],
-        ["builds per key (min-max)", f"{v['builds_per_key_min']}-{v['builds_per_key_max']}", "1", v["builds_per_key_min"] == v["builds_per_key_max"] == 1],
+        [
+            "builds per key (min-max)",
+            f"{v['builds_per_key_min']}-{v['builds_per_key_max']}",
+            "1",
+            v["builds_per_key_min"] == v["builds_per_key_max"] == 1,
+        ],
         ["build time total / wall span (s)", f"{v['builds_total_s']:.2f} / {v['builds_span_s']:.2f}", "-", "-"],
-        ["errors by status code", ", ".join(f"{k} {n}" for k, n in sorted(v["errors_by_code"].items())) or "0", "0", v["errors_total"] == 0],
-        ["call time p50 / max (s)" if name == "burst" else "node time to all plans p50 / max (s)", f"{v['time_to_all_s']['p50']:.2f} / {v['time_to_all_s']['max']:.2f}", "-", "-"],
-        ["last done - last build end (s)", v["last_done_minus_last_build_s"], f"<= {gap_target:g}", v["last_done_minus_last_build_s"] <= gap_target],
-        ["probe p50 / p99 / max idle (ms)", " / ".join(_ms(v["probe"]["idle"][k]) for k in ("p50_ms", "p99_ms", "max_ms")), "-", "-"],
-        ["probe p50 / p99 / max during (ms)", " / ".join(_ms(v["probe"]["during"][k]) for k in ("p50_ms", "p99_ms", "max_ms")),
-         f"p99 <= 2x idle, <= {PROBE_P99_MAX_MS:g}", during99 <= 2 * idle99 and during99 <= PROBE_P99_MAX_MS],
-    ]  # fmt: skip
+        [
+            "errors by status code",
+            ", ".join(f"{k} {n}" for k, n in sorted(v["errors_by_code"].items())) or "0",
+            "0",
+            v["errors_total"] == 0,
+        ],
+        [
+            "call time p50 / max (s)" if name == "burst" else "node time to all plans p50 / max (s)",
+            f"{v['time_to_all_s']['p50']:.2f} / {v['time_to_all_s']['max']:.2f}",
+            "-",
+            "-",
+        ],
+        [
+            "last done - last build end (s)",
+            v["last_done_minus_last_build_s"],
+            f"<= {gap_target:g}",
+            v["last_done_minus_last_build_s"] <= gap_target,
+        ],
+        [
+            "probe p50 / p99 / max idle (ms)",
+            " / ".join(_ms(v["probe"]["idle"][k]) for k in ("p50_ms", "p99_ms", "max_ms")),
+            "-",
+            "-",
+        ],
+        [
+            "probe p50 / p99 / max during (ms)",
+            " / ".join(_ms(v["probe"]["during"][k]) for k in ("p50_ms", "p99_ms", "max_ms")),
+            f"p99 <= 2x idle, <= {PROBE_P99_MAX_MS:g}",
+            during99 <= 2 * idle99 and during99 <= PROBE_P99_MAX_MS,
+        ],
+    ]
     failed = {**v["probe"]["idle"]["failed"], **{f"{k} (during)": n for k, n in v["probe"]["during"]["failed"].items()}}
     if failed:
         rows.append(["probes failed", ", ".join(f"{k} {n}" for k, n in failed.items()), "0", False])
     if name == "burst":
         codes = v["codes"]
-        rows.append(["burst codes", ", ".join(f"{k} {n}" for k, n in sorted(codes.items())), "CANCELLED 0", codes.get("CANCELLED", 0) == 0])
+        rows.append(
+            [
+                "burst codes",
+                ", ".join(f"{k} {n}" for k, n in sorted(codes.items())),
+                "CANCELLED 0",
+                codes.get("CANCELLED", 0) == 0,
+            ]
+        )
     if v.get("timed_out"):
         rows.append(["finished within its time", "no", "yes", False])
     if not (v.get("server_alive") and v.get("worker_alive")):
@@ -578,7 +674,9 @@ def targets(name: str, v: dict[str, Any]) -> list[list[Any]]:
 
 
 def print_report(results: dict[str, Any]) -> None:
-    rows = [[name if i == 0 else "", *row] for name, v in results["variants"].items() for i, row in enumerate(v["summary"])]
+    rows = [
+        [name if i == 0 else "", *row] for name, v in results["variants"].items() for i, row in enumerate(v["summary"])
+    ]
     print(table(["variant", "measure", "value", "target", "met"], rows))
 
 
@@ -605,19 +703,33 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
         ax.set_xlabel("s from herd start")
         ax.set_ylabel("probe latency (ms)")
-        who = f"{v['calls']} Compile calls, 1 spec" if name == "burst" else f"{v['nodes']} nodes x {v['plans_per_node']} plans"
-        ax.set_title(f"{name}: {who}; probe p99 idle {_ms(v['probe']['idle']['p99_ms'])} ms, during {_ms(v['probe']['during']['p99_ms'])} ms", fontsize=9)
+        who = (
+            f"{v['calls']} Compile calls, 1 spec"
+            if name == "burst"
+            else f"{v['nodes']} nodes x {v['plans_per_node']} plans"
+        )
+        ax.set_title(
+            f"{name}: {who}; probe p99 idle {_ms(v['probe']['idle']['p99_ms'])} ms, during {_ms(v['probe']['during']['p99_ms'])} ms",
+            fontsize=9,
+        )
         ax.legend(fontsize=6, loc="upper right")
     ax = axes[len(variants)]
     for name, v in variants.items():
         times = v["done_times_s"]
         if times:
-            ax.plot(times, [(i + 1) / len(times) for i in range(len(times))], label=f"{name} (last build end {v['last_build_end_s']:.1f} s)")
+            ax.plot(
+                times,
+                [(i + 1) / len(times) for i in range(len(times))],
+                label=f"{name} (last build end {v['last_build_end_s']:.1f} s)",
+            )
     ax.set_xlabel("s from herd start")
     ax.set_ylabel("fraction of nodes (burst: calls) done")
     ax.set_title("time to all plans", fontsize=9)
     ax.legend(fontsize=7)
-    fig.suptitle(f"rollout herd: {results['config']['build_seconds']} s builds, one worker, {results['machine']['cpus']} cores", fontsize=10)
+    fig.suptitle(
+        f"rollout herd: {results['config']['build_seconds']} s builds, one worker, {results['machine']['cpus']} cores",
+        fontsize=10,
+    )
     save(fig, path)
 
 
@@ -631,19 +743,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, help=f"fleet nodes (default {FULL['nodes']})")
     parser.add_argument("--plans", type=int, help=f"plans every node needs (default {FULL['plans']})")
-    parser.add_argument("--build-seconds", type=float, help=f"seconds one stand-in build takes (default {FULL['build_seconds']})")
-    parser.add_argument("--processes", type=int, help=f"client processes the nodes are spread over (default {FULL['processes']})")
-    parser.add_argument("--burst", type=int, help=f"simultaneous Compile calls of one spec in the burst variant (default {FULL['burst']})")
+    parser.add_argument(
+        "--build-seconds", type=float, help=f"seconds one stand-in build takes (default {FULL['build_seconds']})"
+    )
+    parser.add_argument(
+        "--processes", type=int, help=f"client processes the nodes are spread over (default {FULL['processes']})"
+    )
+    parser.add_argument(
+        "--burst",
+        type=int,
+        help=f"simultaneous Compile calls of one spec in the burst variant (default {FULL['burst']})",
+    )
     parser.add_argument("--idle-seconds", type=float, help=f"probing before the herd (default {FULL['idle_seconds']})")
     parser.add_argument("--probe-interval", type=float, default=0.02)
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     parser.add_argument("--call-timeout", type=float, default=60.0, help="deadline of one probe call (s)")
-    parser.add_argument("--time-limit", type=float, default=900.0, help="the whole run (s); variants share what is left")
     parser.add_argument(
-        "--client-nice", type=int, default=10,
+        "--time-limit", type=float, default=900.0, help="the whole run (s); variants share what is left"
+    )
+    parser.add_argument(
+        "--client-nice",
+        type=int,
+        default=10,
         help="niceness of the node processes (default 10): the simulated nodes stand for other machines, so on one small machine "
         "they yield the CPU to the server and the probe rather than take it from them; 0 measures them as equals",
-    )  # fmt: skip
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--note", default="", help="stored in the JSON")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
@@ -690,7 +814,9 @@ def run(args: argparse.Namespace, variants: list[str]) -> dict[str, Any]:
     env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS=str(args.build_seconds), PLANCACHE_STANDIN_BUILD_LOG=str(build_log))
     results: dict[str, Any] = {
         "machine": {"cpus": len(os.sched_getaffinity(0)), "python": sys.version.split()[0], "grpcio": grpc.__version__},
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("child", "out")},
+        "config": {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("child", "out")
+        },
         "note": args.note,
         "logs": str(tmp),
         "variants": {},
@@ -701,12 +827,27 @@ def run(args: argparse.Namespace, variants: list[str]) -> dict[str, Any]:
         with (
             server_process(address, redis_server.url, tmp / "server.log", "--gpus", "none") as server,
             worker_process(
-                redis_server.url, tmp / "worker.log", "--device", "0", "--compiler", "tests.support.standin:factory", "--signing-key", str(private_key), env=env
+                redis_server.url,
+                tmp / "worker.log",
+                "--device",
+                "0",
+                "--compiler",
+                "tests.support.standin:factory",
+                "--signing-key",
+                str(private_key),
+                env=env,
             ) as worker,
         ):
             wait_for_workers(address, proc=worker, timeout=max(1.0, min(180, deadline - time.time())))
-            ctx = {"tmp": tmp, "address": address, "public_key": str(public_key), "build_log": build_log, "server": server, "worker": worker,
-                   "probe_key": store_probe_plan(address, str(public_key))}  # fmt: skip
+            ctx = {
+                "tmp": tmp,
+                "address": address,
+                "public_key": str(public_key),
+                "build_log": build_log,
+                "server": server,
+                "worker": worker,
+                "probe_key": store_probe_plan(address, str(public_key)),
+            }
             for i, variant in enumerate(variants):
                 budget = (deadline - time.time()) / (len(variants) - i)  # time a variant does not use goes to the next
                 if budget < 10:

@@ -42,7 +42,9 @@ def main() -> None:
     parser.add_argument("--outage", type=float, default=3.0, help="seconds Redis stays down")
     parser.add_argument("--time-limit", type=float, default=300.0)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    parser.add_argument("--no-memory-cache", action="store_true", help="every hit reads Redis (the front end's memory cache off)")
+    parser.add_argument(
+        "--no-memory-cache", action="store_true", help="every hit reads Redis (the front end's memory cache off)"
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="plancache-load-"))
     redis_server = EmbeddedRedis(tmp / "redis", persist=True).start()
@@ -77,7 +79,10 @@ def main() -> None:
                 started = time.perf_counter()
                 try:
                     plan = client.compile(specs[i], TARGET) if n % 10 == 0 else client.get(plans[i].metadata.key)
-                    ok = plan.key == plans[i].metadata.key and hashlib.sha256(plan.blob).hexdigest() == expected[plan.key]
+                    ok = (
+                        plan.key == plans[i].metadata.key
+                        and hashlib.sha256(plan.blob).hexdigest() == expected[plan.key]
+                    )
                     with lock:
                         outcomes["ok"] += 1
                         wrong += not ok
@@ -111,10 +116,19 @@ def main() -> None:
         redis_server.stop()
     answered = sum(outcomes.values())
     result = {
-        "requests": issued, "clients": args.clients, "wall_s": wall, "rps": issued / wall, "succeeded": outcomes["ok"],
-        "failed": {k: v for k, v in outcomes.items() if k != "ok"}, "p50_ms": percentile(latencies, 50) * 1e3,
-        "p99_ms": percentile(latencies, 99) * 1e3, "memory_cache": not args.no_memory_cache, "wrong_plans": wrong, "lost": lost + (issued - answered - lost), "fault": {**fault, "outage_s": args.outage},
-    }  # fmt: skip
+        "requests": issued,
+        "clients": args.clients,
+        "wall_s": wall,
+        "rps": issued / wall,
+        "succeeded": outcomes["ok"],
+        "failed": {k: v for k, v in outcomes.items() if k != "ok"},
+        "p50_ms": percentile(latencies, 50) * 1e3,
+        "p99_ms": percentile(latencies, 99) * 1e3,
+        "memory_cache": not args.no_memory_cache,
+        "wrong_plans": wrong,
+        "lost": lost + (issued - answered - lost),
+        "fault": {**fault, "outage_s": args.outage},
+    }
     print(table(["measure", "value"], [[k, str(v)] for k, v in result.items()]))
     write_json(args.out / ("load_test_no_memory_cache.json" if args.no_memory_cache else "load_test.json"), result)
     if result["wrong_plans"] or result["lost"]:

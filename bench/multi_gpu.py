@@ -31,20 +31,30 @@ from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from tests.support.processes import server_process, signing_public_key, trusting_env, wait_for_workers
 
 DEFAULT_CASES = [
-    "mm_4096_fp16", "mm_4096_bf16", "mm_8192x1024x4096_bf16", "bmm_heads_64x1024x128x1024_fp16",
-    "conv_r50_3x3_64_56_n32", "conv_r50_1x1_256to64_56_n32", "conv_r50_3x3_128_28_n32", "conv_r50_3x3_256_14_n32",
-]  # fmt: skip
+    "mm_4096_fp16",
+    "mm_4096_bf16",
+    "mm_8192x1024x4096_bf16",
+    "bmm_heads_64x1024x128x1024_fp16",
+    "conv_r50_3x3_64_56_n32",
+    "conv_r50_1x1_256to64_56_n32",
+    "conv_r50_3x3_128_28_n32",
+    "conv_r50_3x3_256_14_n32",
+]
 
 
 def phase(gpus: str, names: list[str], out: Path) -> dict[str, Any]:
     from plancache.run.gpu import detect_target
 
     tmp = Path(tempfile.mkdtemp(prefix="plancache-mgpu-"))
-    redis = EmbeddedRedis(tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
+    redis = EmbeddedRedis(
+        tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False
+    ).start()
     address = f"127.0.0.1:{free_port()}"
     workers = len(gpus.split(","))
     try:
-        with server_process(address, redis.url, out / f"multi-gpu-server-{workers}.log", "--gpus", gpus, "--data-dir", str(tmp / "data")) as server:
+        with server_process(
+            address, redis.url, out / f"multi-gpu-server-{workers}.log", "--gpus", gpus, "--data-dir", str(tmp / "data")
+        ) as server:
             os.environ.update(trusting_env(signing_public_key(tmp / "data")))
             wait_for_workers(address, count=workers, proc=server)
             target = detect_target().generic()  # any H200 of the machine may build it
@@ -55,10 +65,21 @@ def phase(gpus: str, names: list[str], out: Path) -> dict[str, Any]:
     finally:
         redis.stop()
     builds = [
-        {"case": n, "worker": p.metadata.built_by, "end": p.metadata.created_at, "seconds": p.metadata.build_seconds + p.metadata.autotune_seconds}
+        {
+            "case": n,
+            "worker": p.metadata.built_by,
+            "end": p.metadata.created_at,
+            "seconds": p.metadata.build_seconds + p.metadata.autotune_seconds,
+        }
         for n, p in zip(names, plans, strict=True)
     ]
-    return {"gpus": gpus, "workers": workers, "wall_s": wall, "builds": builds, "build_seconds_sum": sum(b["seconds"] for b in builds)}
+    return {
+        "gpus": gpus,
+        "workers": workers,
+        "wall_s": wall,
+        "builds": builds,
+        "build_seconds_sum": sum(b["seconds"] for b in builds),
+    }
 
 
 def overlapping(builds: list[dict[str, Any]]) -> int:
@@ -82,13 +103,19 @@ def main() -> None:
     one_wall = sum(r["wall_s"] for r in one) / len(one)
     two_wall = sum(r["wall_s"] for r in two) / len(two)
     result = {
-        "warmup_one_gpu_wall_s": warmup["wall_s"], "one_gpu_wall_s": [r["wall_s"] for r in one], "two_gpus_wall_s": [r["wall_s"] for r in two],
-        "throughput_ratio": one_wall / two_wall, "target_ratio": 1.8,
+        "warmup_one_gpu_wall_s": warmup["wall_s"],
+        "one_gpu_wall_s": [r["wall_s"] for r in one],
+        "two_gpus_wall_s": [r["wall_s"] for r in two],
+        "throughput_ratio": one_wall / two_wall,
+        "target_ratio": 1.8,
         "workers_used_with_two": sorted({b["worker"] for r in two for b in r["builds"]}),
-        "overlapping_build_pairs": [overlapping(r["builds"]) for r in two], "runs": [warmup, *runs],
-    }  # fmt: skip
+        "overlapping_build_pairs": [overlapping(r["builds"]) for r in two],
+        "runs": [warmup, *runs],
+    }
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
-    print(f"{len(args.cases)} builds: 1 GPU {one_wall:.1f} s, 2 GPUs {two_wall:.1f} s (means after a warm-up); ratio {result['throughput_ratio']:.2f} (target >= 1.8)")
+    print(
+        f"{len(args.cases)} builds: 1 GPU {one_wall:.1f} s, 2 GPUs {two_wall:.1f} s (means after a warm-up); ratio {result['throughput_ratio']:.2f} (target >= 1.8)"
+    )
     write_json(args.out / "multi_gpu.json", result)
 
 

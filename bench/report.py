@@ -66,7 +66,9 @@ def save(fig: Any, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def paired_rounds_main(run: Callable[[int, int, int], dict[str, Any]], report: Callable[[dict[str, Any], Path], None], out: Path) -> None:
+def paired_rounds_main(
+    run: Callable[[int, int, int], dict[str, Any]], report: Callable[[dict[str, Any], Path], None], out: Path
+) -> None:
     """The command line of a benchmark of the hit path in paired rounds (bench/hedge_hits.py, bench/report_hits.py):
     --out, --rounds, --calls per round and mode, --plans stored."""
     import argparse
@@ -81,7 +83,9 @@ def paired_rounds_main(run: Callable[[int, int, int], dict[str, Any]], report: C
     report(run(args.rounds, args.calls, args.plans), args.out)
 
 
-def paired_panel(ax: Any, per_mode: dict[str, dict[str, Any]], label: Callable[[float], str], ylabel: str, title: str) -> None:
+def paired_panel(
+    ax: Any, per_mode: dict[str, dict[str, Any]], label: Callable[[float], str], ylabel: str, title: str
+) -> None:
     """One plot of a paired-rounds benchmark: each mode's per-round values as dots, their median as a bar."""
     for i, (mode, v) in enumerate(per_mode.items()):
         ax.scatter([i] * len(v["rounds"]), v["rounds"], s=12)

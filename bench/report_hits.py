@@ -53,15 +53,24 @@ def run(rounds: int, calls: int, plans: int) -> dict[str, Any]:
     try:
         with stored_plans("plancache-report-hits-", plans) as (address, tmp, specs):
             clients = {
-                (path, mode): Client(address, cache=DiskCache(tmp / f"cache-{mode[10:]}") if path == "disk cache hit" else False, hedge=False,
-                                     allow_unsigned=True, report=mode == "reporting on")
-                for path in PATHS for mode in MODES
-            }  # fmt: skip
+                (path, mode): Client(
+                    address,
+                    cache=DiskCache(tmp / f"cache-{mode[10:]}") if path == "disk cache hit" else False,
+                    hedge=False,
+                    allow_unsigned=True,
+                    report=mode == "reporting on",
+                )
+                for path in PATHS
+                for mode in MODES
+            }
 
             def use(mode: str) -> None:
                 client_module._count = counting if mode == "reporting on" else (lambda plan, target_id, node_type: None)  # type: ignore[assignment]
 
-            for (_, mode), c in clients.items():  # warm every path (channels, the server's resolved-query memo, the disk caches)
+            for (
+                _,
+                mode,
+            ), c in clients.items():  # warm every path (channels, the server's resolved-query memo, the disk caches)
                 use(mode)
                 for _ in range(3):
                     for spec in specs:
@@ -82,11 +91,19 @@ def run(rounds: int, calls: int, plans: int) -> dict[str, Any]:
     finally:
         client_module._count = counting  # type: ignore[assignment]
     counted = sum(n for key, n in outcomes.outcome_stats().items() if key.path == "compile")
-    ratios = {p: statistics.median(on / off for on, off in zip(v["reporting on"], v["reporting off"], strict=True)) for p, v in per_round.items()}
+    ratios = {
+        p: statistics.median(on / off for on, off in zip(v["reporting on"], v["reporting off"], strict=True))
+        for p, v in per_round.items()
+    }
     return {
         "machine": {"python": platform.python_version(), "cpus": len(os.sched_getaffinity(0))},
         "config": {"rounds": rounds, "calls": calls, "plans": plans, "report_interval_s": 1.0},
-        "p50_us": {p: {m: {"median": statistics.median(v), "min": min(v), "max": max(v), "rounds": v} for m, v in modes.items()} for p, modes in per_round.items()},
+        "p50_us": {
+            p: {
+                m: {"median": statistics.median(v), "min": min(v), "max": max(v), "rounds": v} for m, v in modes.items()
+            }
+            for p, modes in per_round.items()
+        },
         "on_over_off": ratios,
         "graphs_counted_on": counted,
         "target": TARGET_RATIO,
@@ -98,10 +115,20 @@ def report(result: dict[str, Any], out: Path) -> None:
     write_json(out / "report_hits.json", result)
     rows = [[p, m, v["median"], v["min"], v["max"]] for p, modes in result["p50_us"].items() for m, v in modes.items()]
     print(table(["hit path", "mode", "p50 µs (median of rounds)", "min", "max"], rows))
-    print("reporting on / off: " + ", ".join(f"{p} {r:.3f}" for p, r in result["on_over_off"].items()) + f" (target ≤ {TARGET_RATIO})")
+    print(
+        "reporting on / off: "
+        + ", ".join(f"{p} {r:.3f}" for p, r in result["on_over_off"].items())
+        + f" (target ≤ {TARGET_RATIO})"
+    )
     fig, axes = figure(len(PATHS))
     for a, (path, modes) in zip(axes, result["p50_us"].items(), strict=True):
-        paired_panel(a, modes, lambda us: f"{us:.1f} µs", "compile() p50 µs per round", f"{path}: on / off = {result['on_over_off'][path]:.3f}")
+        paired_panel(
+            a,
+            modes,
+            lambda us: f"{us:.1f} µs",
+            "compile() p50 µs per round",
+            f"{path}: on / off = {result['on_over_off'][path]:.3f}",
+        )
     save(fig, out / "report_hits.png")
 
 

@@ -107,25 +107,70 @@ REPEATED = ("local-heuristic", "fetch", "prefetch", "background", "floor")
 ONCE = ("local-autotuned", "local-heuristic-4proc")
 FIRST = ("first-compile", "first-lazy", "first-compile-4proc", "first-prefetch")
 HEDGE = "+hedge"  # PATH+HEDGE: PATH with PLANCACHE_HEDGE=1
-HEDGED = ("first-compile", "first-dropin", "first-compile-4proc", "first-lazy", "first-functional")  # the first nodes run with the hedge too
+HEDGED = (
+    "first-compile",
+    "first-dropin",
+    "first-compile-4proc",
+    "first-lazy",
+    "first-functional",
+)  # the first nodes run with the hedge too
 STEP = ("local-functional", "torch-step", "first-functional")  # the decode step of examples/decoder_step.py
-FIRST_NODES = (*FIRST, "first-dropin", "first-functional")  # nothing stored: a fresh worker each (with or without the hedge)
+FIRST_NODES = (
+    *FIRST,
+    "first-dropin",
+    "first-functional",
+)  # nothing stored: a fresh worker each (with or without the hedge)
 STORED = ("fetch", "prefetch", "background", "floor", "hit-compile")  # every plan stored
 HITS = ("hit-compile+hedge", "hit-compile")
-PATHS = ("local-heuristic", "local-heuristic-4proc", "local-autotuned", "local-program", "local-functional", "torch-step",
-         "first-compile", "first-compile+hedge", "first-lazy", "first-lazy+hedge", "first-compile-4proc", "first-compile-4proc+hedge", "first-prefetch",
-         "first-dropin", "first-dropin+hedge", "first-functional", "first-functional+hedge",
-         "fetch", "prefetch", "background", "floor", "hit-compile", "hit-compile+hedge")  # fmt: skip
-GROUPS = {"first-compile-4proc": ("first-compile", 4), "local-heuristic-4proc": ("local-heuristic", 4)}  # path: (node path, processes)
+PATHS = (
+    "local-heuristic",
+    "local-heuristic-4proc",
+    "local-autotuned",
+    "local-program",
+    "local-functional",
+    "torch-step",
+    "first-compile",
+    "first-compile+hedge",
+    "first-lazy",
+    "first-lazy+hedge",
+    "first-compile-4proc",
+    "first-compile-4proc+hedge",
+    "first-prefetch",
+    "first-dropin",
+    "first-dropin+hedge",
+    "first-functional",
+    "first-functional+hedge",
+    "fetch",
+    "prefetch",
+    "background",
+    "floor",
+    "hit-compile",
+    "hit-compile+hedge",
+)
+GROUPS = {
+    "first-compile-4proc": ("first-compile", 4),
+    "local-heuristic-4proc": ("local-heuristic", 4),
+}  # path: (node path, processes)
 # Each hedged path's local equivalent (local-lazy: the local build plus the same sleeps) and its ratios' names: without the hedge, with it.
 VERSUS_LOCAL = {
     "first-compile": ("local-heuristic", "first_compile_over_local", "first_compile_hedge_over_local"),
     "first-dropin": ("local-program", "first_dropin_over_local_program", "first_dropin_hedge_over_local_program"),
-    "first-compile-4proc": ("local-heuristic-4proc", "first_4proc_over_local_4proc", "first_4proc_hedge_over_local_4proc"),
+    "first-compile-4proc": (
+        "local-heuristic-4proc",
+        "first_4proc_over_local_4proc",
+        "first_4proc_hedge_over_local_4proc",
+    ),
     "first-lazy": ("local-lazy", "first_lazy_over_local_lazy", "first_lazy_hedge_over_local_lazy"),
-    "first-functional": ("local-functional", "first_functional_over_local_functional", "first_functional_hedge_over_local_functional"),
+    "first-functional": (
+        "local-functional",
+        "first_functional_over_local_functional",
+        "first_functional_hedge_over_local_functional",
+    ),
 }
-RACE_PATH = {"first-dropin": "cudnn", "first-functional": "functional"}  # race_stats()'s path of a path's races (else "compile")
+RACE_PATH = {
+    "first-dropin": "cudnn",
+    "first-functional": "functional",
+}  # race_stats()'s path of a path's races (else "compile")
 # --study hedge: groups that run whole or not at all, most important first (the local-heuristic of each JIT state runs before them).
 HEDGE_STUDY = (
     ("first-compile+hedge", "first-compile"),
@@ -167,10 +212,23 @@ TARGETS = {
 # Seconds a run takes on an H200 (cold, warm JIT cache), its processes' start included: what it needs of --time-limit.
 # A first node's: its worker's start and its nodes; TUNED_WAIT_S more where it waits for the tuned plans (study all).
 # fill: the unrecorded runs that fill the warm cache (local-autotuned and local-functional, on an empty cache).
-ESTIMATE_S = {"local-autotuned": (45, 15), "local-heuristic": (12, 7), "local-heuristic-4proc": (15, 10), "local-program": (12, 7),
-              "local-functional": (15, 10), "torch-step": (10, 8), "fetch": (6, 6), "prefetch": (6, 6), "background": (8, 8), "floor": (6, 6),
-              "hit-compile": (6, 6), **dict.fromkeys(FIRST_NODES, (25, 20)), "first-compile-4proc": (20, 16), "first-functional": (28, 22),
-              "fill": (60, 60)}  # fmt: skip
+ESTIMATE_S = {
+    "local-autotuned": (45, 15),
+    "local-heuristic": (12, 7),
+    "local-heuristic-4proc": (15, 10),
+    "local-program": (12, 7),
+    "local-functional": (15, 10),
+    "torch-step": (10, 8),
+    "fetch": (6, 6),
+    "prefetch": (6, 6),
+    "background": (8, 8),
+    "floor": (6, 6),
+    "hit-compile": (6, 6),
+    **dict.fromkeys(FIRST_NODES, (25, 20)),
+    "first-compile-4proc": (20, 16),
+    "first-functional": (28, 22),
+    "fill": (60, 60),
+}
 TUNED_WAIT_S = (25, 10)
 
 
@@ -184,21 +242,44 @@ def hedged(path: str) -> bool:
 
 
 class Bench:
-    def __init__(self, out: Path, time_limit: float, repeats: int, foreground_s: float, warm_cache: Path | None, build_processes: int,
-                 study: str = "all") -> None:  # fmt: skip
+    def __init__(
+        self,
+        out: Path,
+        time_limit: float,
+        repeats: int,
+        foreground_s: float,
+        warm_cache: Path | None,
+        build_processes: int,
+        study: str = "all",
+    ) -> None:
         from plancache.trust.signing import generate_keypair
 
-        self.out, self.time_limit, self.repeats, self.foreground_s, self.study = out, time_limit, repeats, foreground_s, study
+        self.out, self.time_limit, self.repeats, self.foreground_s, self.study = (
+            out,
+            time_limit,
+            repeats,
+            foreground_s,
+            study,
+        )
         self.deadline = time.monotonic() + time_limit
         self.tmp = Path(tempfile.mkdtemp(prefix="plancache-startup-"))
         self.warm_cache = warm_cache or self.tmp / "jit-cache"
         self.private_key, self.public_key = generate_keypair(self.tmp / "keys")
         self.build_processes = build_processes
-        self.worker_flags = ["--device", "0", "--signing-key", str(self.private_key), "--no-warm", *(["--build-processes", str(build_processes)] if build_processes else [])]
+        self.worker_flags = [
+            "--device",
+            "0",
+            "--signing-key",
+            str(self.private_key),
+            "--no-warm",
+            *(["--build-processes", str(build_processes)] if build_processes else []),
+        ]
         self.target_id = ""  # the worker's exact target (its log says), and the 13 plan keys on it
         self.keys: list[str] = []
         self.step_keys: set[str] = set()  # the decode step's plan keys, as its first-functional runs reported them
-        self.more_keys: set[str] = set()  # plan keys of the drop-in's that are not the 13 (none expected: its captured specs are the same)
+        self.more_keys: set[str] = (
+            set()
+        )  # plan keys of the drop-in's that are not the 13 (none expected: its captured specs are the same)
         self.stored_plans: dict[str, Any] = {}  # what the stored-plan paths run on (stored_blobs)
         self.node_cpus: set[int] | None = None  # --split-cpus: the node processes' CPUs
         self.pool_measured = False  # this JIT state's first first node measures the worker's pool
@@ -213,10 +294,15 @@ class Bench:
     def cache_filled(self) -> bool:
         return any(p.is_file() for p in self.warm_cache.glob("**/*"))
 
-    def node_env(self, path: str, jit: str, env: dict[str, str], server: str = "", fill: bool = False) -> dict[str, str]:
+    def node_env(
+        self, path: str, jit: str, env: dict[str, str], server: str = "", fill: bool = False
+    ) -> dict[str, str]:
         """A node process's environment: the hedge as its path says, an empty disk cache of its own
         (the drop-in's client has one), first-dropin's service, the JIT cache of `jit`."""
-        extra = {"PLANCACHE_HEDGE": "1" if hedged(path) else "0", "PLANCACHE_CACHE_DIR": tempfile.mkdtemp(prefix="disk-cache-", dir=self.tmp)}
+        extra = {
+            "PLANCACHE_HEDGE": "1" if hedged(path) else "0",
+            "PLANCACHE_CACHE_DIR": tempfile.mkdtemp(prefix="disk-cache-", dir=self.tmp),
+        }
         if base(path) == "first-dropin":
             extra["PLANCACHE_SERVER"] = server
         return {**env, **extra, **self.cache_env(jit, fill)}
@@ -243,14 +329,40 @@ class Bench:
         self.runs.append(row)
         self.save()
 
-    def node(self, path: str, jit: str, env: dict[str, str], server: str = "", blobs: str = "", fill: bool = False, record: bool = True) -> None:
+    def node(
+        self,
+        path: str,
+        jit: str,
+        env: dict[str, str],
+        server: str = "",
+        blobs: str = "",
+        fill: bool = False,
+        record: bool = True,
+    ) -> None:
         if record and not self.fits(jit, path):
             return
-        args = [sys.executable, "-m", "bench.startup_node", "--path", base(path), "--foreground-s", str(self.foreground_s)]
+        args = [
+            sys.executable,
+            "-m",
+            "bench.startup_node",
+            "--path",
+            base(path),
+            "--foreground-s",
+            str(self.foreground_s),
+        ]
         args += ["--server", server] if server else []
         args += ["--blobs", blobs] if blobs else []
         started = time.monotonic()
-        child = self.pinned(subprocess.Popen(args, env=self.node_env(path, jit, env, server, fill), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        child = self.pinned(
+            subprocess.Popen(
+                args,
+                env=self.node_env(path, jit, env, server, fill),
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
         try:
             stdout, stderr = child.communicate(timeout=900)
         except subprocess.TimeoutExpired:
@@ -263,25 +375,49 @@ class Bench:
         if proc.returncode != 0:
             row["error"] = proc.stderr[-2000:]
         else:
-            row.update({k: v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items() if k != "path"})  # its node path: base(path)
+            row.update(
+                {k: v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items() if k != "path"}
+            )  # its node path: base(path)
         if record:
             self.record(row)
 
-    def together(self, path: str, jit: str, env: dict[str, str], server: str = "", before_go: Any = None, on_go: Any = None) -> dict[str, Any]:
+    def together(
+        self, path: str, jit: str, env: dict[str, str], server: str = "", before_go: Any = None, on_go: Any = None
+    ) -> dict[str, Any]:
         """The node processes of `path`, started now, let go together once set up and `before_go()`
         has returned (`on_go(go)` is called then): their merged row."""
         node_path, count = GROUPS.get(base(path), (base(path), 1))
         barrier = Path(tempfile.mkdtemp(prefix=f"{jit}-{path}-", dir=self.tmp))
         procs = []
         for share in range(count):
-            args = [sys.executable, "-m", "bench.startup_node", "--path", node_path, "--share", f"{share}/{count}", "--barrier", str(barrier),
-                    "--lazy-s", str(LAZY_S), *(["--server", server] if server else [])]  # fmt: skip
+            args = [
+                sys.executable,
+                "-m",
+                "bench.startup_node",
+                "--path",
+                node_path,
+                "--share",
+                f"{share}/{count}",
+                "--barrier",
+                str(barrier),
+                "--lazy-s",
+                str(LAZY_S),
+                *(["--server", server] if server else []),
+            ]
             with open(barrier / f"out-{share}", "w") as out, open(barrier / f"err-{share}", "w") as err:
-                procs.append(self.pinned(subprocess.Popen(args, env=self.node_env(path, jit, env, server), cwd=REPO, stdout=out, stderr=err)))
+                procs.append(
+                    self.pinned(
+                        subprocess.Popen(
+                            args, env=self.node_env(path, jit, env, server), cwd=REPO, stdout=out, stderr=err
+                        )
+                    )
+                )
         try:
             if before_go is not None:
                 before_go()
-            deploy.wait_until(lambda: all((barrier / f"ready-{i}").exists() for i in range(count)), procs, 300, "node set-up")
+            deploy.wait_until(
+                lambda: all((barrier / f"ready-{i}").exists() for i in range(count)), procs, 300, "node set-up"
+            )
             go = time.time()
             (barrier / ".go").write_text(repr(go))
             os.replace(barrier / ".go", barrier / "go")
@@ -294,10 +430,16 @@ class Bench:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-        failed = [f"node {i} (exit {p.returncode}): {(barrier / f'err-{i}').read_text()[-1500:]}" for i, p in enumerate(procs) if p.returncode]
+        failed = [
+            f"node {i} (exit {p.returncode}): {(barrier / f'err-{i}').read_text()[-1500:]}"
+            for i, p in enumerate(procs)
+            if p.returncode
+        ]
         if failed:
             raise RuntimeError("; ".join(failed))
-        return merge_shares([json.loads((barrier / f"out-{i}").read_text().strip().splitlines()[-1]) for i in range(count)], go)
+        return merge_shares(
+            [json.loads((barrier / f"out-{i}").read_text().strip().splitlines()[-1]) for i in range(count)], go
+        )
 
     def local_group(self, path: str, jit: str, env: dict[str, str]) -> None:
         if not self.fits(jit, path):
@@ -321,7 +463,9 @@ class Bench:
         row: dict[str, Any] = {"jit": jit, "path": path, "hedge": hedged(path)}
         started = time.monotonic()
         if self.target_id:
-            deploy.forget_jobs(redis_url, self.target_id, [*self.keys, *sorted(self.more_keys | self.step_keys)])  # nothing left for the new worker to reclaim
+            deploy.forget_jobs(
+                redis_url, self.target_id, [*self.keys, *sorted(self.more_keys | self.step_keys)]
+            )  # nothing left for the new worker to reclaim
         baseline = deploy.gpu_memory_used() if measure_pool else None
         log = self.out / f"startup-worker-{jit}-{path}.log"
         watcher = deploy.TunedWatcher(redis_url) if self.watches(path) else None
@@ -332,7 +476,9 @@ class Bench:
                     target_id, size = deploy.wait_for_pool(log, worker, address)
                     row["pool"] = deploy.pool_memory(worker.pid, size, baseline)
                     self.learn(target_id)
-                    deploy.forget_plans(address, sorted(self.step_keys) if step else [*self.keys, *sorted(self.more_keys)])
+                    deploy.forget_plans(
+                        address, sorted(self.step_keys) if step else [*self.keys, *sorted(self.more_keys)]
+                    )
 
                 if measure_pool:
                     pool_ready()
@@ -413,10 +559,14 @@ class Bench:
             if not tuned_only:
                 worker.kill()  # it would tune what it built before it stopped
         after = self.plan_states(redis_url)
-        self.stored_plans = {state: after.count(state) for state in wanted} | {"built_for_them": sum(1 for s in states if s not in wanted)}
+        self.stored_plans = {state: after.count(state) for state in wanted} | {
+            "built_for_them": sum(1 for s in states if s not in wanted)
+        }
         return path
 
-    def stored(self, jit: str, env: dict[str, str], address: str, redis_url: str, groups: Any, tuned_only: bool) -> None:
+    def stored(
+        self, jit: str, env: dict[str, str], address: str, redis_url: str, groups: Any, tuned_only: bool
+    ) -> None:
         """The stored-plan paths (groups, as groups() runs them) on the blobs stored_blobs() gives."""
         paths = [path for group in groups for path in group]
         if time.monotonic() + ESTIMATE_S["fetch"][jit == "warm"] > self.deadline:
@@ -447,7 +597,9 @@ class Bench:
         if self.study == "all":
             self.node("local-autotuned", jit, env, fill=filling)
             if filling:
-                self.node("local-functional", jit, child_env(), fill=True, record=False)  # the decode step's kernels, for the warm state
+                self.node(
+                    "local-functional", jit, child_env(), fill=True, record=False
+                )  # the decode step's kernels, for the warm state
         self.node("local-heuristic", jit, env)
         address = f"127.0.0.1:{free_port()}"
         server_args = ("--gpus", "none", "--signing-key", str(self.private_key))
@@ -458,10 +610,33 @@ class Bench:
             elif self.study == "hedge":
                 self.groups(jit, env, address, redis_url, HEDGE_STUDY)
                 self.stored(jit, env, address, redis_url, (HITS, ("fetch",), ("floor",)), tuned_only=False)
-                self.groups(jit, env, address, redis_url, [(p,) for _ in range(self.repeats - 1) for p in ("local-heuristic", "local-program", "local-functional")])
+                self.groups(
+                    jit,
+                    env,
+                    address,
+                    redis_url,
+                    [
+                        (p,)
+                        for _ in range(self.repeats - 1)
+                        for p in ("local-heuristic", "local-program", "local-functional")
+                    ],
+                )
             else:
-                self.groups(jit, env, address, redis_url, (("first-compile",), ("first-lazy",), ("local-heuristic-4proc", "first-compile-4proc"), ("first-prefetch",)))
-                stored = [path for repeat in range(self.repeats) for path in REPEATED[1 if repeat == 0 else 0 :]]  # the first local-heuristic ran already
+                self.groups(
+                    jit,
+                    env,
+                    address,
+                    redis_url,
+                    (
+                        ("first-compile",),
+                        ("first-lazy",),
+                        ("local-heuristic-4proc", "first-compile-4proc"),
+                        ("first-prefetch",),
+                    ),
+                )
+                stored = [
+                    path for repeat in range(self.repeats) for path in REPEATED[1 if repeat == 0 else 0 :]
+                ]  # the first local-heuristic ran already
                 self.stored(jit, env, address, redis_url, [(path,) for path in stored], tuned_only=True)
                 self.groups(jit, env, address, redis_url, ISSUE_29)
                 self.stored(jit, env, address, redis_url, (HITS,), tuned_only=False)
@@ -470,8 +645,17 @@ class Bench:
 
     def save(self) -> dict[str, Any]:
         summary = summarize(self.runs)
-        write_json(self.out / "startup.json", {"summary": summary, "targets": TARGETS, "skipped": self.skipped, "config": self.config(),
-                                               "graph_names": graph_names(), "runs": self.runs})  # fmt: skip
+        write_json(
+            self.out / "startup.json",
+            {
+                "summary": summary,
+                "targets": TARGETS,
+                "skipped": self.skipped,
+                "config": self.config(),
+                "graph_names": graph_names(),
+                "runs": self.runs,
+            },
+        )
         return summary
 
     def split_cpus(self) -> None:
@@ -503,9 +687,19 @@ class Bench:
 def merge_shares(parts: list[dict[str, Any]], go: float) -> dict[str, Any]:
     """One row from the node processes that went together at `go` (their costs summed)."""
     row: dict[str, Any] = {k: parts[0][k] for k in ("graphs", "target", "keys") if k in parts[0]}
-    row.update(processes=len(parts), total_s=max(p["end_wall"] for p in parts) - go, setup_s=max(p["setup_s"] for p in parts))
-    row["per_process"] = [{k: p.get(k) for k in ("share", "imports_s", "setup_s", "total_s", "cpu_s", "gpu_mib")} for p in parts]
-    row.update({k: parts[0][k] for k in ("lazy_s", "hedge_env", "gpu_apps_listed", "geometries", "plan_keys", "functional_stats") if k in parts[0]})
+    row.update(
+        processes=len(parts), total_s=max(p["end_wall"] for p in parts) - go, setup_s=max(p["setup_s"] for p in parts)
+    )
+    row["per_process"] = [
+        {k: p.get(k) for k in ("share", "imports_s", "setup_s", "total_s", "cpu_s", "gpu_mib")} for p in parts
+    ]
+    row.update(
+        {
+            k: parts[0][k]
+            for k in ("lazy_s", "hedge_env", "gpu_apps_listed", "geometries", "plan_keys", "functional_stats")
+            if k in parts[0]
+        }
+    )
     for name in ("cpu_s", "torch_reserved_mib", "torch_max_reserved_mib"):
         if all(name in p for p in parts):
             row[name] = sum(p[name] for p in parts)
@@ -534,7 +728,11 @@ def _sum_races(each: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, int
 
 
 def _median(runs: list[dict[str, Any]], jit: str, path: str, field: str = "total_s") -> float | None:
-    values = [r[field] for r in runs if r["jit"] == jit and r["path"] == path and r.get(field) is not None and "error" not in r]
+    values = [
+        r[field]
+        for r in runs
+        if r["jit"] == jit and r["path"] == path and r.get(field) is not None and "error" not in r
+    ]
     return statistics.median(values) if values else None
 
 
@@ -547,20 +745,30 @@ def _minus(a: float | None, b: float | None) -> float | None:
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    runs = [{**r, "path": "first-prefetch"} if r["path"] == "first-node" else r for r in runs]  # its name before issue 22
+    runs = [
+        {**r, "path": "first-prefetch"} if r["path"] == "first-node" else r for r in runs
+    ]  # its name before issue 22
     summary: dict[str, Any] = {}
     for jit in ("cold", "warm"):
         m = {p: _median(runs, jit, p) for p in PATHS}
         s: dict[str, Any] = {
             "median_s": m,
-            "n": {p: sum(1 for r in runs if r["jit"] == jit and r["path"] == p and "total_s" in r and "error" not in r) for p in m},
+            "n": {
+                p: sum(1 for r in runs if r["jit"] == jit and r["path"] == p and "total_s" in r and "error" not in r)
+                for p in m
+            },
         }
         local, autotuned = m["local-heuristic"], m["local-autotuned"]
         for path in ("fetch", "prefetch"):
             s[f"local_over_{path}"] = _ratio(local, m[path])
             s[f"{path}_over_floor"] = _ratio(m[path], m["floor"])
-        lazy = next((r for r in runs if r["jit"] == jit and base(r["path"]) == "first-lazy" and "lazy_s" in r), {"graphs": 13, "lazy_s": LAZY_S})
-        s["local_lazy_s"] = local + lazy.get("graphs", 13) * lazy["lazy_s"] if local else None  # the local build with the same sleeps
+        lazy = next(
+            (r for r in runs if r["jit"] == jit and base(r["path"]) == "first-lazy" and "lazy_s" in r),
+            {"graphs": 13, "lazy_s": LAZY_S},
+        )
+        s["local_lazy_s"] = (
+            local + lazy.get("graphs", 13) * lazy["lazy_s"] if local else None
+        )  # the local build with the same sleeps
         for path, (equivalent, unhedged, with_hedge) in VERSUS_LOCAL.items():
             local_s = s["local_lazy_s"] if equivalent == "local-lazy" else m[equivalent]
             s[unhedged], s[with_hedge] = _ratio(m[path], local_s), _ratio(m[path + HEDGE], local_s)
@@ -597,16 +805,27 @@ def hedge_costs(by_path: dict[str, dict[str, float | None]]) -> dict[str, dict[s
     """Per hedged path: what the hedge added to the node (hedged minus unhedged), and its local equivalent's costs."""
     out = {}
     for path, (equivalent, _, _) in VERSUS_LOCAL.items():
-        on, off, alone = by_path.get(path + HEDGE, {}), by_path.get(path, {}), by_path.get("local-heuristic" if equivalent == "local-lazy" else equivalent, {})
+        on, off, alone = (
+            by_path.get(path + HEDGE, {}),
+            by_path.get(path, {}),
+            by_path.get("local-heuristic" if equivalent == "local-lazy" else equivalent, {}),
+        )
         if on or off:
-            out[path] = {"cpu_s_added": _minus(on.get("cpu_s"), off.get("cpu_s")), "gpu_mib_added": _minus(on.get("gpu_mib"), off.get("gpu_mib")),
-                         "torch_mib_added": _minus(on.get("torch_reserved_mib"), off.get("torch_reserved_mib")),
-                         "cpu_s_local": alone.get("cpu_s"), "gpu_mib_local": alone.get("gpu_mib")}  # fmt: skip
+            out[path] = {
+                "cpu_s_added": _minus(on.get("cpu_s"), off.get("cpu_s")),
+                "gpu_mib_added": _minus(on.get("gpu_mib"), off.get("gpu_mib")),
+                "torch_mib_added": _minus(on.get("torch_reserved_mib"), off.get("torch_reserved_mib")),
+                "cpu_s_local": alone.get("cpu_s"),
+                "gpu_mib_local": alone.get("gpu_mib"),
+            }
     for path in ("hit-compile",):
         on, off = by_path.get(path + HEDGE, {}), by_path.get(path, {})
         if on or off:
-            out[path] = {"cpu_s_added": _minus(on.get("cpu_s"), off.get("cpu_s")), "gpu_mib_added": _minus(on.get("gpu_mib"), off.get("gpu_mib")),
-                         "torch_mib_added": _minus(on.get("torch_reserved_mib"), off.get("torch_reserved_mib"))}  # fmt: skip
+            out[path] = {
+                "cpu_s_added": _minus(on.get("cpu_s"), off.get("cpu_s")),
+                "gpu_mib_added": _minus(on.get("gpu_mib"), off.get("gpu_mib")),
+                "torch_mib_added": _minus(on.get("torch_reserved_mib"), off.get("torch_reserved_mib")),
+            }
     return out
 
 
@@ -638,23 +857,38 @@ def source_counts(runs: list[dict[str, Any]], jit: str) -> dict[str, dict[str, i
 
 def _hits_raced_nothing(runs: list[dict[str, Any]], jit: str) -> bool | None:
     """Whether every hit-compile+hedge run had only hits and no race (a hit never starts the node's own build)."""
-    hits = [r for r in runs if r["jit"] == jit and r["path"] == "hit-compile+hedge" and "error" not in r and r.get("source")]
+    hits = [
+        r for r in runs if r["jit"] == jit and r["path"] == "hit-compile+hedge" and "error" not in r and r.get("source")
+    ]
     if not hits:
         return None
-    return all(all(s == "hit" for s in r["source"] if s is not None) and not any(any(c.values()) for c in (r.get("races") or {}).values()) for r in hits)
+    return all(
+        all(s == "hit" for s in r["source"] if s is not None)
+        and not any(any(c.values()) for c in (r.get("races") or {}).values())
+        for r in hits
+    )
 
 
 def met(s: dict[str, Any], jit: str) -> dict[str, bool]:
     """Each ratio against its target (a measure absent: not listed)."""
     at_least = {f"local_over_{p}": TARGETS[f"stored_vs_local_{jit}"] for p in ("fetch", "prefetch")}
-    at_most = {"fetch_over_floor": TARGETS["stored_vs_floor"], "prefetch_over_floor": TARGETS["stored_vs_floor"],
-               "first_compile_over_local": TARGETS["first_compile_vs_local"], "first_lazy_over_local_lazy": TARGETS["first_lazy_vs_local_lazy"],
-               "first_4proc_over_local_4proc": TARGETS["first_4proc_vs_local_4proc"], "first_prefetch_over_local": TARGETS["first_prefetch_vs_local"],
-               "background_after_foreground_s": TARGETS["background_critical_path_s"],
-               **{with_hedge: TARGETS["hedged_vs_local"] for _, _, with_hedge in VERSUS_LOCAL.values()}}  # fmt: skip
+    at_most = {
+        "fetch_over_floor": TARGETS["stored_vs_floor"],
+        "prefetch_over_floor": TARGETS["stored_vs_floor"],
+        "first_compile_over_local": TARGETS["first_compile_vs_local"],
+        "first_lazy_over_local_lazy": TARGETS["first_lazy_vs_local_lazy"],
+        "first_4proc_over_local_4proc": TARGETS["first_4proc_vs_local_4proc"],
+        "first_prefetch_over_local": TARGETS["first_prefetch_vs_local"],
+        "background_after_foreground_s": TARGETS["background_critical_path_s"],
+        **{with_hedge: TARGETS["hedged_vs_local"] for _, _, with_hedge in VERSUS_LOCAL.values()},
+    }
     result = {k: s[k] >= bound for k, bound in at_least.items() if s.get(k) is not None}
     result |= {k: s[k] <= bound for k, bound in at_most.items() if s.get(k) is not None}
-    result |= {f"tuned_over_local_autotune/{p}": v <= TARGETS["tuned_vs_local_autotune"] for p, v in s["tuned_over_local_autotune"].items() if v is not None}
+    result |= {
+        f"tuned_over_local_autotune/{p}": v <= TARGETS["tuned_vs_local_autotune"]
+        for p, v in s["tuned_over_local_autotune"].items()
+        if v is not None
+    }
     if s.get("hit_hedge_builds_nothing") is not None:
         result["hit_hedge_builds_nothing"] = s["hit_hedge_builds_nothing"]
     return result
@@ -662,7 +896,10 @@ def met(s: dict[str, Any], jit: str) -> dict[str, bool]:
 
 def report(runs: list[dict[str, Any]], out: Path, extra: dict[str, Any]) -> None:
     summary = summarize(runs)
-    write_json(out / "startup.json", {"summary": summary, "targets": TARGETS, **extra, "graph_names": graph_names(), "runs": runs})
+    write_json(
+        out / "startup.json",
+        {"summary": summary, "targets": TARGETS, **extra, "graph_names": graph_names(), "runs": runs},
+    )
     rows = []
     for jit in ("cold", "warm"):
         for path, value in summary[jit]["median_s"].items():
@@ -670,11 +907,26 @@ def report(runs: list[dict[str, Any]], out: Path, extra: dict[str, Any]) -> None
                 continue
             tuned = summary[jit]["tuned_all_s"].get(path)
             cost = summary[jit]["costs"].get(path, {})
-            rows.append([jit, path, summary[jit]["n"][path], value * 1e3 if value else float("nan"), tuned * 1e3 if tuned else float("nan"),
-                         _or_nan(cost.get("cpu_s")), _or_nan(cost.get("gpu_mib"))])  # fmt: skip
+            rows.append(
+                [
+                    jit,
+                    path,
+                    summary[jit]["n"][path],
+                    value * 1e3 if value else float("nan"),
+                    tuned * 1e3 if tuned else float("nan"),
+                    _or_nan(cost.get("cpu_s")),
+                    _or_nan(cost.get("gpu_mib")),
+                ]
+            )
     print(table(["JIT cache", "path", "runs", "median ms", "tuned all ms", "CPU s", "GPU MiB"], rows))
     shown = ("median_s", "n", "costs", "sources")
-    print(json.dumps({k: {f: v for f, v in summary[k].items() if f not in shown} for k in ("cold", "warm")}, indent=1, default=str))
+    print(
+        json.dumps(
+            {k: {f: v for f, v in summary[k].items() if f not in shown} for k in ("cold", "warm")},
+            indent=1,
+            default=str,
+        )
+    )
     plot(summary, out / "startup.png")
     plot_timeline(runs, out / "startup_timeline.png")
 
@@ -693,7 +945,10 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         a.bar([i + offset for i in range(len(shown))], values, width=width, label=f"{jit} JIT cache")
     a.set_yscale("log"), a.set_xticks(range(len(shown)), shown, rotation=35, ha="right", fontsize=7)
     a.set_ylabel("ms until every graph ran once (median)")
-    a.set_title("13 graphs (the decode-step paths: one step), fresh processes: with and without plancache, with and without the hedge", fontsize=9)
+    a.set_title(
+        "13 graphs (the decode-step paths: one step), fresh processes: with and without plancache, with and without the hedge",
+        fontsize=9,
+    )
     a.legend()
     save(fig, path)
 
@@ -705,7 +960,15 @@ def graph_names() -> list[str]:
 
 
 # The timeline's paths: the hedge's points should lie on the local build's.
-TIMELINE = ("local-heuristic", "first-compile", "first-compile+hedge", "first-dropin+hedge", "first-lazy", "first-compile-4proc", "first-prefetch")
+TIMELINE = (
+    "local-heuristic",
+    "first-compile",
+    "first-compile+hedge",
+    "first-dropin+hedge",
+    "first-lazy",
+    "first-compile-4proc",
+    "first-prefetch",
+)
 MARKERS = "os^DvPX"
 
 
@@ -735,12 +998,25 @@ def plot_timeline(runs: list[dict[str, Any]], path: Path) -> None:
                 a.scatter(*_points(run["tuned_s"], y), s=40, marker="|", color=f"C{k}", label="_")
         a.set_xscale("log"), a.set_yticks(range(len(names)), names, fontsize=7), a.invert_yaxis()
         a.xaxis.set_minor_formatter(NullFormatter())
-        a.set_xlabel("seconds from the clock's start (log)"), a.set_title(f"{jit} JIT cache: when each graph became runnable")
+        (
+            a.set_xlabel("seconds from the clock's start (log)"),
+            a.set_title(f"{jit} JIT cache: when each graph became runnable"),
+        )
         handles, _ = a.get_legend_handles_labels()
         if handles:
-            keys = [Line2D([], [], marker="o", linestyle="", color="gray", label="filled: the node's own build ran"),
-                    Line2D([], [], marker="o", linestyle="", markerfacecolor="none", color="gray", label="hollow: the service's plan ran"),
-                    Line2D([], [], marker="|", linestyle="", color="gray", markersize=9, label="its tuned plan stored")]  # fmt: skip
+            keys = [
+                Line2D([], [], marker="o", linestyle="", color="gray", label="filled: the node's own build ran"),
+                Line2D(
+                    [],
+                    [],
+                    marker="o",
+                    linestyle="",
+                    markerfacecolor="none",
+                    color="gray",
+                    label="hollow: the service's plan ran",
+                ),
+                Line2D([], [], marker="|", linestyle="", color="gray", markersize=9, label="its tuned plan stored"),
+            ]
             a.legend(handles=[*handles, *keys], fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
     save(fig, path)
 
@@ -762,16 +1038,32 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--jit", choices=("cold", "warm", "both"), default="both")
-    parser.add_argument("--study", choices=("all", "hedge", "hedge-paired"), default="all",
-                        help="all: every path; hedge: issue 29's hedged misses alone; hedge-paired: each hedged first node beside its local equivalent (module doc)")
-    parser.add_argument("--split-cpus", action="store_true",
-                        help="node processes on the first half of this machine's CPUs, Redis, the server and its workers on the other: a service on a host of its own")
+    parser.add_argument(
+        "--study",
+        choices=("all", "hedge", "hedge-paired"),
+        default="all",
+        help="all: every path; hedge: issue 29's hedged misses alone; hedge-paired: each hedged first node beside its local equivalent (module doc)",
+    )
+    parser.add_argument(
+        "--split-cpus",
+        action="store_true",
+        help="node processes on the first half of this machine's CPUs, Redis, the server and its workers on the other: a service on a host of its own",
+    )
     parser.add_argument("--warm-cache", type=Path, help="CUDA_CACHE_PATH of the warm runs (default: a new directory)")
-    parser.add_argument("--time-limit", type=float, default=390.0, help="seconds per JIT state; runs that would end past it are skipped and listed")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=390.0,
+        help="seconds per JIT state; runs that would end past it are skipped and listed",
+    )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--foreground-s", type=float, default=2.0)
-    parser.add_argument("--build-processes", type=int, default=0, help="the workers' --build-processes (0: their default)")
-    parser.add_argument("--merge", type=Path, nargs="*", help="startup.json files of earlier runs: one report of all their runs")
+    parser.add_argument(
+        "--build-processes", type=int, default=0, help="the workers' --build-processes (0: their default)"
+    )
+    parser.add_argument(
+        "--merge", type=Path, nargs="*", help="startup.json files of earlier runs: one report of all their runs"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.merge:
@@ -785,10 +1077,14 @@ def main() -> None:
         return
     from plancache_server.store.embedded_redis import EmbeddedRedis
 
-    bench = Bench(args.out, args.time_limit, args.repeats, args.foreground_s, args.warm_cache, args.build_processes, args.study)
+    bench = Bench(
+        args.out, args.time_limit, args.repeats, args.foreground_s, args.warm_cache, args.build_processes, args.study
+    )
     if args.split_cpus:
         bench.split_cpus()  # before Redis starts: it and every service process inherit the service's half
-    redis = EmbeddedRedis(bench.tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
+    redis = EmbeddedRedis(
+        bench.tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False
+    ).start()
     try:
         for jit in ("cold", "warm") if args.jit == "both" else (args.jit,):
             bench.block(jit, redis.url)

@@ -62,7 +62,13 @@ def _children(pid: int) -> set[int]:
 
 def _nvidia_smi(*query: str) -> list[list[str]]:
     try:
-        out = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", *query, "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
@@ -75,7 +81,11 @@ def gpu_memory_used() -> float | None:
 
 def _apps() -> list[tuple[int, float]]:
     """(pid, MiB) of every process nvidia-smi lists on the GPUs."""
-    return [(int(r[0]), float(r[1])) for r in _nvidia_smi("--query-compute-apps=pid,used_memory") if len(r) == 2 and r[0].isdigit() and r[1].isdigit()]
+    return [
+        (int(r[0]), float(r[1]))
+        for r in _nvidia_smi("--query-compute-apps=pid,used_memory")
+        if len(r) == 2 and r[0].isdigit() and r[1].isdigit()
+    ]
 
 
 def process_memory(pid: int) -> dict[str, Any]:
@@ -92,7 +102,13 @@ def pool_memory(worker_pid: int, size: int, baseline_mib: float | None) -> dict[
     pids = {worker_pid} | _children(worker_pid)
     apps = _apps()
     mine = sorted(mib for pid, mib in apps if pid in pids)
-    record: dict[str, Any] = {"build_processes": size, "processes": len(mine), "mib": sum(mine), "per_process_mib": mine, "apps_listed": len(apps)}
+    record: dict[str, Any] = {
+        "build_processes": size,
+        "processes": len(mine),
+        "mib": sum(mine),
+        "per_process_mib": mine,
+        "apps_listed": len(apps),
+    }
     used = gpu_memory_used()
     if baseline_mib is not None and used is not None:
         record["device_growth_mib"] = used - baseline_mib
@@ -113,7 +129,10 @@ def plan_states(client: Any, keys: list[str]) -> list[str]:
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.hget(names.plan(key), "meta")
-    return ["missing" if m is None else "provisional" if pb.PlanMetadata.FromString(m).provisional else "tuned" for m in pipe.execute()]
+    return [
+        "missing" if m is None else "provisional" if pb.PlanMetadata.FromString(m).provisional else "tuned"
+        for m in pipe.execute()
+    ]
 
 
 class TunedWatcher:
@@ -188,8 +207,11 @@ def forget_jobs(redis_url: str, target_id: str, keys: list[str]) -> None:
     target = Target.parse(target_id)
     client = redis_client(redis_url)
     try:
-        client.delete(names.job_stream(target), names.job_stream(target.generic()),
-                      *(name(k) for k in keys for name in (names.build_lease, names.job_state, names.failure)))  # fmt: skip
+        client.delete(
+            names.job_stream(target),
+            names.job_stream(target.generic()),
+            *(name(k) for k in keys for name in (names.build_lease, names.job_state, names.failure)),
+        )
     finally:
         client.close()
 

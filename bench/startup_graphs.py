@@ -59,7 +59,13 @@ def _layer(seq: int) -> list[GraphSpec]:
 
 
 def startup_graphs() -> list[GraphSpec]:
-    return [*_layer(512), *_layer(2048), _conv("conv3x3_64_56", 64, 56), _conv("conv3x3_128_28", 128, 28), _conv("conv3x3_256_14", 256, 14)]
+    return [
+        *_layer(512),
+        *_layer(2048),
+        _conv("conv3x3_64_56", 64, 56),
+        _conv("conv3x3_128_28", 128, 28),
+        _conv("conv3x3_256_14", 256, 14),
+    ]
 
 
 def write_blobs(path: str, blobs: list[bytes]) -> None:

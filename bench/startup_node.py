@@ -98,11 +98,25 @@ from plancache.run.gpu import cudnn_handle, detect_target, torch_dtype  # noqa: 
 from plancache.spec.graph import GraphSpec  # noqa: E402
 from plancache.spec.validation import normalize  # noqa: E402
 
-COMPILER_PATHS = ("local-heuristic", "local-autotuned")  # built with the worker's compiler (CudnnCompiler), made before the clock
+COMPILER_PATHS = (
+    "local-heuristic",
+    "local-autotuned",
+)  # built with the worker's compiler (CudnnCompiler), made before the clock
 PROGRAM_PATHS = ("local-program", "first-dropin")  # the frontend program: cudnn, or plancache.cudnn in its place
 STEP_PATHS = ("first-functional", "local-functional", "torch-step")  # one decode step of examples/decoder_step.py
-PATHS = (*COMPILER_PATHS, *PROGRAM_PATHS, "fetch", "prefetch", "background", "floor", "first-compile", "first-lazy", "hit-compile", "first-prefetch",
-         *STEP_PATHS)  # fmt: skip
+PATHS = (
+    *COMPILER_PATHS,
+    *PROGRAM_PATHS,
+    "fetch",
+    "prefetch",
+    "background",
+    "floor",
+    "first-compile",
+    "first-lazy",
+    "hit-compile",
+    "first-prefetch",
+    *STEP_PATHS,
+)
 BARRIER_POLL_S = 0.001
 
 
@@ -164,8 +178,14 @@ def workspace(size: int) -> torch.Tensor:
     return torch.empty(max(1, size), device="cuda", dtype=torch.uint8)
 
 
-def local(compiler: object, specs: dict[int, GraphSpec], tensors: dict[int, dict[int, torch.Tensor]], clock: Clock, autotune: bool,
-          per_graph: dict[str, dict[int, object]]) -> dict[str, object]:  # fmt: skip
+def local(
+    compiler: object,
+    specs: dict[int, GraphSpec],
+    tensors: dict[int, dict[int, torch.Tensor]],
+    clock: Clock,
+    autotune: bool,
+    per_graph: dict[str, dict[int, object]],
+) -> dict[str, object]:
     handle = compiler.handle  # type: ignore[attr-defined]
     candidates = 0
     for index, spec in specs.items():
@@ -205,8 +225,14 @@ def local(compiler: object, specs: dict[int, GraphSpec], tensors: dict[int, dict
     return {"candidates": candidates}
 
 
-def program(frontend: Any, specs: dict[int, GraphSpec], tensors: dict[int, dict[int, torch.Tensor]], handle: object, clock: Clock,
-            per_graph: dict[str, dict[int, object]]) -> None:  # fmt: skip
+def program(
+    frontend: Any,
+    specs: dict[int, GraphSpec],
+    tensors: dict[int, dict[int, torch.Tensor]],
+    handle: object,
+    clock: Clock,
+    per_graph: dict[str, dict[int, object]],
+) -> None:
     """The frontend program local() runs for local-heuristic, written against `frontend`:
     the real cudnn module (local-program), or plancache.cudnn in its place (first-dropin)."""
     for index, spec in specs.items():
@@ -251,7 +277,14 @@ class LocalBuilds:
 
         self._build = build_local  # imported here: a missing one fails the set-up, not the clock
 
-    def compile(self, spec: GraphSpec, target: Target | str | None = None, options: CompileOptions | None = None, *_: object, **__: object) -> Plan:
+    def compile(
+        self,
+        spec: GraphSpec,
+        target: Target | str | None = None,
+        options: CompileOptions | None = None,
+        *_: object,
+        **__: object,
+    ) -> Plan:
         from plancache.spec.canonical import hash_normalized
         from plancache.trust.answers import Asked
 
@@ -264,7 +297,9 @@ class LocalBuilds:
 
     _compile = compile
 
-    def race(self, spec: GraphSpec, target: Target | str | None, options: CompileOptions | None, build: object, **_: object) -> object:
+    def race(
+        self, spec: GraphSpec, target: Target | str | None, options: CompileOptions | None, build: object, **_: object
+    ) -> object:
         """A race plancache's front doors may ask for: none here (the node's own plan, always)."""
         from plancache.transport.hedge import Raced
 
@@ -307,12 +342,23 @@ def step_record() -> dict[str, object]:
     geometries = []
     for g in pf.geometries():
         plan = g.plan
-        own = LocalPlan is not None and isinstance(plan, LocalPlan)  # a LocalPlan stays one when the service's plan takes over
-        geometries.append({"function": g.function, "source": "local" if own else plan.source if plan is not None else "torch",
-                           "now": plan.source if plan is not None else None, "key": plan.key if plan is not None else None,
-                           "reason": g.reason})  # fmt: skip
-    return {"geometries": geometries, "plan_keys": sorted({g["key"] for g in geometries if g["key"]}),
-            "functional_stats": {name: dataclasses.asdict(c) for name, c in pf.stats().items()}}  # fmt: skip
+        own = LocalPlan is not None and isinstance(
+            plan, LocalPlan
+        )  # a LocalPlan stays one when the service's plan takes over
+        geometries.append(
+            {
+                "function": g.function,
+                "source": "local" if own else plan.source if plan is not None else "torch",
+                "now": plan.source if plan is not None else None,
+                "key": plan.key if plan is not None else None,
+                "reason": g.reason,
+            }
+        )
+    return {
+        "geometries": geometries,
+        "plan_keys": sorted({g["key"] for g in geometries if g["key"]}),
+        "functional_stats": {name: dataclasses.asdict(c) for name, c in pf.stats().items()},
+    }
 
 
 def races() -> dict[str, dict[str, int]] | None:
@@ -329,8 +375,11 @@ def memory() -> dict[str, object]:
     """The GPU memory this process holds (after the clock: nvidia-smi takes its time)."""
     from bench.startup_deploy import process_memory
 
-    return {**process_memory(os.getpid()), "torch_reserved_mib": torch.cuda.memory_reserved() / 2**20,
-            "torch_max_reserved_mib": torch.cuda.max_memory_reserved() / 2**20}  # fmt: skip
+    return {
+        **process_memory(os.getpid()),
+        "torch_reserved_mib": torch.cuda.memory_reserved() / 2**20,
+        "torch_max_reserved_mib": torch.cuda.max_memory_reserved() / 2**20,
+    }
 
 
 def _size_at(g: object, index: int) -> int:
@@ -371,10 +420,25 @@ def main() -> None:
     setup_s = time.perf_counter() - IMPORT_STARTED - imports_s
     go = wait_for_go(args.barrier, share) if args.barrier else None
     clock = Clock(go)
-    result: dict[str, object] = {"path": args.path, "imports_s": imports_s, "setup_s": setup_s, "graphs": len(all_specs), "share": [share, of],
-                                 "indices": sorted(specs), "target": target.id, "keys": [e.key for e in manifest.entries],
-                                 "hedge_env": os.environ.get("PLANCACHE_HEDGE")}  # fmt: skip
-    per_graph: dict[str, dict[int, object]] = {"runnable_s": {}, "provisional": {}, "source": {}, "reason": {}, "taken_over": {}, "plan_key": {}}
+    result: dict[str, object] = {
+        "path": args.path,
+        "imports_s": imports_s,
+        "setup_s": setup_s,
+        "graphs": len(all_specs),
+        "share": [share, of],
+        "indices": sorted(specs),
+        "target": target.id,
+        "keys": [e.key for e in manifest.entries],
+        "hedge_env": os.environ.get("PLANCACHE_HEDGE"),
+    }
+    per_graph: dict[str, dict[int, object]] = {
+        "runnable_s": {},
+        "provisional": {},
+        "source": {},
+        "reason": {},
+        "taken_over": {},
+        "plan_key": {},
+    }
     client = None
     if compiler is not None:
         result.update(local(compiler, specs, tensors, clock, args.path == "local-autotuned", per_graph))
@@ -410,9 +474,16 @@ def main() -> None:
 
 
 def run_service_path(
-    args: argparse.Namespace, client: Client, manifest: Manifest, target: Target, specs: dict[int, GraphSpec], tensors: dict[int, dict[int, torch.Tensor]],
-    result: dict[str, object], clock: Clock, per_graph: dict[str, dict[int, object]],
-) -> None:  # fmt: skip
+    args: argparse.Namespace,
+    client: Client,
+    manifest: Manifest,
+    target: Target,
+    specs: dict[int, GraphSpec],
+    tensors: dict[int, dict[int, torch.Tensor]],
+    result: dict[str, object],
+    clock: Clock,
+    per_graph: dict[str, dict[int, object]],
+) -> None:
     def ran(index: int, plan: Plan) -> None:
         per_graph["runnable_s"][index] = clock.now()
         per_graph["provisional"][index], per_graph["source"][index] = plan.provisional, plan.source
@@ -432,7 +503,9 @@ def run_service_path(
         for position, index in enumerate(specs):
             fetched.plans[position].execute(tensors[index])
     elif args.path == "background":
-        pending = client.prefetch_in_background(Manifest(entries=[ManifestEntry(key=manifest.entries[i].key) for i in specs]), load=True)
+        pending = client.prefetch_in_background(
+            Manifest(entries=[ManifestEntry(key=manifest.entries[i].key) for i in specs]), load=True
+        )
         time.sleep(args.foreground_s)  # the node's weight load
         foreground_done = time.perf_counter()
         for position, index in enumerate(specs):
@@ -449,8 +522,12 @@ def run_service_path(
                 time.sleep(lazy)  # the model's layer before it meets its next graph
     elif args.path == "first-prefetch":
         indices = list(specs)
-        built = client.prefetch(Manifest.from_specs([specs[i] for i in indices], target), compile_missing=True,
-                                on_plan=lambda position, plan: ran(indices[position], plan), timeout=900)  # fmt: skip
+        built = client.prefetch(
+            Manifest.from_specs([specs[i] for i in indices], target),
+            compile_missing=True,
+            on_plan=lambda position, plan: ran(indices[position], plan),
+            timeout=900,
+        )
         if built.errors:
             raise RuntimeError(f"first node: {built.errors}")
         result["provisional_plans"] = built.provisional

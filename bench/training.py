@@ -127,13 +127,17 @@ class InProcessClient:
         self.compiler, self.autotune = compiler, autotune
         self.compiled: list[str] = []
 
-    def compile(self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None, **_: Any) -> Any:
+    def compile(
+        self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None, **_: Any
+    ) -> Any:
         from plancache.keys.options import CompileOptions
         from plancache.spec.canonical import hash_normalized
         from plancache.spec.validation import normalize
         from plancache.trust.answers import Asked
 
-        key = Asked.query(hash_normalized(normalize(spec)), self.compiler.target, CompileOptions(autotune=self.autotune)).key
+        key = Asked.query(
+            hash_normalized(normalize(spec)), self.compiler.target, CompileOptions(autotune=self.autotune)
+        ).key
         self.compiled.append(key)
         return build_spec_plan(self.compiler, key, spec, autotune=self.autotune)
 
@@ -153,11 +157,15 @@ def transformer(generator: Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
         return (torch.randn(*shape, device="cuda", generator=generator) * scale).to(torch.bfloat16)
 
     params = {
-        "norm1": 1 + randn(c.hidden, scale=0.1), "wqkv": randn(3 * c.hidden, c.hidden, scale=c.hidden**-0.5),
-        "wo": randn(c.hidden, c.hidden, scale=c.hidden**-0.5), "norm2": 1 + randn(c.hidden, scale=0.1),
-        "w_up": randn(c.mlp, c.hidden, scale=c.hidden**-0.5), "b_up": randn(c.mlp, scale=0.02),
-        "w_down": randn(c.hidden, c.mlp, scale=c.mlp**-0.5), "b_down": randn(c.hidden, scale=0.02),
-    }  # fmt: skip
+        "norm1": 1 + randn(c.hidden, scale=0.1),
+        "wqkv": randn(3 * c.hidden, c.hidden, scale=c.hidden**-0.5),
+        "wo": randn(c.hidden, c.hidden, scale=c.hidden**-0.5),
+        "norm2": 1 + randn(c.hidden, scale=0.1),
+        "w_up": randn(c.mlp, c.hidden, scale=c.hidden**-0.5),
+        "b_up": randn(c.mlp, scale=0.02),
+        "w_down": randn(c.hidden, c.mlp, scale=c.mlp**-0.5),
+        "b_down": randn(c.hidden, scale=0.02),
+    }
     return params, {}, randn(c.batch, c.seq, c.hidden, scale=1.0)
 
 
@@ -165,7 +173,9 @@ def transformer_loss(p: dict[str, Any], buffers: dict[str, Any], x: Any, ops: An
     b, s, h = x.shape
     y = ops.rms_norm(x, (h,), p["norm1"], BLOCK.eps)
     qkv = ops.linear(y, p["wqkv"])
-    q, k, v = qkv.view(b, s, 3, BLOCK.heads, h // BLOCK.heads).permute(2, 0, 3, 1, 4).unbind(0)  # [b, heads, s, d] views (BSHD strides)
+    q, k, v = (
+        qkv.view(b, s, 3, BLOCK.heads, h // BLOCK.heads).permute(2, 0, 3, 1, 4).unbind(0)
+    )  # [b, heads, s, d] views (BSHD strides)
     attention = ops.scaled_dot_product_attention(q, k, v, is_causal=True)
     x = x + ops.linear(attention.transpose(1, 2).reshape(b, s, h), p["wo"])
     y = ops.rms_norm(x, (h,), p["norm2"], BLOCK.eps)
@@ -185,14 +195,18 @@ def resnet(generator: Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
     fan_in = c.channels * 9
     params = {
         "w1": randn(c.channels, c.channels, 3, 3, scale=fan_in**-0.5).contiguous(memory_format=last),
-        "g1": 1 + randn(c.channels, scale=0.1, dtype=torch.float32), "b1": randn(c.channels, scale=0.1, dtype=torch.float32),
+        "g1": 1 + randn(c.channels, scale=0.1, dtype=torch.float32),
+        "b1": randn(c.channels, scale=0.1, dtype=torch.float32),
         "w2": randn(c.channels, c.channels, 3, 3, scale=fan_in**-0.5).contiguous(memory_format=last),
-        "g2": 1 + randn(c.channels, scale=0.1, dtype=torch.float32), "b2": randn(c.channels, scale=0.1, dtype=torch.float32),
-    }  # fmt: skip
+        "g2": 1 + randn(c.channels, scale=0.1, dtype=torch.float32),
+        "b2": randn(c.channels, scale=0.1, dtype=torch.float32),
+    }
     buffers = {
-        "mean1": torch.zeros(c.channels, device="cuda"), "var1": torch.ones(c.channels, device="cuda"),
-        "mean2": torch.zeros(c.channels, device="cuda"), "var2": torch.ones(c.channels, device="cuda"),
-    }  # fmt: skip
+        "mean1": torch.zeros(c.channels, device="cuda"),
+        "var1": torch.ones(c.channels, device="cuda"),
+        "mean2": torch.zeros(c.channels, device="cuda"),
+        "var2": torch.ones(c.channels, device="cuda"),
+    }
     return params, buffers, randn(c.batch, c.channels, c.size, c.size, scale=1.0).contiguous(memory_format=last)
 
 
@@ -223,14 +237,22 @@ def torch_ops() -> Any:
         y = f.linear(x, w, bias)
         return y if activation is None else getattr(f, activation)(y)
 
-    return SimpleNamespace(rms_norm=f.rms_norm, layer_norm=f.layer_norm, linear=linear, scaled_dot_product_attention=f.scaled_dot_product_attention,
-                           conv2d=f.conv2d, batch_norm=f.batch_norm)  # fmt: skip
+    return SimpleNamespace(
+        rms_norm=f.rms_norm,
+        layer_norm=f.layer_norm,
+        linear=linear,
+        scaled_dot_product_attention=f.scaled_dot_product_attention,
+        conv2d=f.conv2d,
+        batch_norm=f.batch_norm,
+    )
 
 
 class Trainer:
     """One copy of a model's parameters and buffers, its AdamW, and `step()`."""
 
-    def __init__(self, params: dict[str, Any], buffers: dict[str, Any], x: Any, loss_fn: Callable[..., Any], ops: Any) -> None:
+    def __init__(
+        self, params: dict[str, Any], buffers: dict[str, Any], x: Any, loss_fn: Callable[..., Any], ops: Any
+    ) -> None:
         import torch
 
         self.params = {name: p.detach().clone().requires_grad_(True) for name, p in params.items()}
@@ -317,7 +339,11 @@ def counts_since(before: dict[str, tuple[int, int]]) -> dict[str, dict[str, Any]
     for name, s in pf.stats().items():
         cudnn, torch_ = before.get(name, (0, 0))
         if s.cudnn - cudnn or s.torch - torch_:
-            out[name] = {"cudnn": s.cudnn - cudnn, "torch": s.torch - torch_, **({"reasons": dict(s.reasons)} if s.torch - torch_ else {})}
+            out[name] = {
+                "cudnn": s.cudnn - cudnn,
+                "torch": s.torch - torch_,
+                **({"reasons": dict(s.reasons)} if s.torch - torch_ else {}),
+            }
     return out
 
 
@@ -329,7 +355,12 @@ def training_step(model: str, rounds: int, capture: bool = True) -> dict[str, An
 
     build, loss_fn, config = MODELS[model]
     params, buffers, x = build(torch.Generator(device="cuda").manual_seed(0))
-    result: dict[str, Any] = {"config": dataclasses.asdict(config), "dtype": "bfloat16", "optimizer": f"AdamW(lr={LR}, capturable=True)", "errors": {}}
+    result: dict[str, Any] = {
+        "config": dataclasses.asdict(config),
+        "dtype": "bfloat16",
+        "optimizer": f"AdamW(lr={LR}, capturable=True)",
+        "errors": {},
+    }
     before = call_counts()
     # The first step from the same parameters: losses, gradients, buffers.
     try:
@@ -342,9 +373,13 @@ def training_step(model: str, rounds: int, capture: bool = True) -> dict[str, An
             torch.cuda.synchronize()
             first[name] = (time.perf_counter() - began, trainer)
         ours, theirs = first["functional"][1], first["torch"][1]
-        result["first_step_s"] = {name: f[0] for name, f in first.items()}  # functional: every plan built in this process
+        result["first_step_s"] = {
+            name: f[0] for name, f in first.items()
+        }  # functional: every plan built in this process
         result["loss"] = {"functional": float(ours.loss), "torch": float(theirs.loss)}
-        result["loss_rel_err"] = abs(result["loss"]["functional"] - result["loss"]["torch"]) / max(abs(result["loss"]["torch"]), 1e-30)
+        result["loss_rel_err"] = abs(result["loss"]["functional"] - result["loss"]["torch"]) / max(
+            abs(result["loss"]["torch"]), 1e-30
+        )
         result["grad_rel_err"] = {n: rel_err(ours.params[n].grad, theirs.params[n].grad) for n in theirs.params}
         result["grad_rel_err_max"] = max(result["grad_rel_err"].values())
         if buffers:
@@ -386,11 +421,19 @@ def training_step(model: str, rounds: int, capture: bool = True) -> dict[str, An
     result["gpu_ms_samples"] = {n: [t[0] for t in v] for n, v in times.items()}
     g = result["gpu_ms"]
     result["functional_over_torch"] = {
-        kind: g[f"functional {kind}"] / g[f"torch {kind}"] for kind in ("eager", "captured") if f"functional {kind}" in g and f"torch {kind}" in g
+        kind: g[f"functional {kind}"] / g[f"torch {kind}"]
+        for kind in ("eager", "captured")
+        if f"functional {kind}" in g and f"torch {kind}" in g
     }
     result["calls"] = counts_since(before)
     result["torch_fallbacks"] = {n: c for n, c in result["calls"].items() if c["torch"]}
-    print(model, {n: round(v, 3) for n, v in result["gpu_ms"].items()}, "loss rel err", result.get("loss_rel_err"), flush=True)
+    print(
+        model,
+        {n: round(v, 3) for n, v in result["gpu_ms"].items()},
+        "loss rel err",
+        result.get("loss_rel_err"),
+        flush=True,
+    )
     return result
 
 
@@ -423,37 +466,74 @@ def function_cases() -> dict[str, Callable[[], Case]]:
     n, c, size = RES.batch, RES.channels, RES.size
 
     def linear() -> Case:
-        return Case("linear", f"[{b},{s},{h}] -> {mlp}", lambda x, w, bias: pf.linear(x, w, bias, activation="gelu"),
-                    lambda x, w, bias: F.gelu(F.linear(x, w, bias)), (r(b, s, h), r(mlp, h, scale=h**-0.5), r(mlp, scale=0.02)))  # fmt: skip
+        return Case(
+            "linear",
+            f"[{b},{s},{h}] -> {mlp}",
+            lambda x, w, bias: pf.linear(x, w, bias, activation="gelu"),
+            lambda x, w, bias: F.gelu(F.linear(x, w, bias)),
+            (r(b, s, h), r(mlp, h, scale=h**-0.5), r(mlp, scale=0.02)),
+        )
 
     def layer_norm() -> Case:
-        return Case("layer_norm", f"[{b},{s},{h}]", lambda x, w, bias: pf.layer_norm(x, (h,), w, bias, 1e-5),
-                    lambda x, w, bias: F.layer_norm(x, (h,), w, bias, 1e-5), (r(b, s, h), 1 + r(h, scale=0.1), r(h, scale=0.1)))  # fmt: skip
+        return Case(
+            "layer_norm",
+            f"[{b},{s},{h}]",
+            lambda x, w, bias: pf.layer_norm(x, (h,), w, bias, 1e-5),
+            lambda x, w, bias: F.layer_norm(x, (h,), w, bias, 1e-5),
+            (r(b, s, h), 1 + r(h, scale=0.1), r(h, scale=0.1)),
+        )
 
     def rms_norm() -> Case:
-        return Case("rms_norm", f"[{b},{s},{h}]", lambda x, w: pf.rms_norm(x, (h,), w, 1e-5), lambda x, w: F.rms_norm(x, (h,), w, 1e-5),
-                    (r(b, s, h), 1 + r(h, scale=0.1)))  # fmt: skip
+        return Case(
+            "rms_norm",
+            f"[{b},{s},{h}]",
+            lambda x, w: pf.rms_norm(x, (h,), w, 1e-5),
+            lambda x, w: F.rms_norm(x, (h,), w, 1e-5),
+            (r(b, s, h), 1 + r(h, scale=0.1)),
+        )
 
     def sdpa() -> Case:
         d = h // heads
-        return Case("scaled_dot_product_attention", f"b{b} h{heads} s{s} d{d}", lambda q, k, v: pf.scaled_dot_product_attention(q, k, v, is_causal=True),
-                    lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), (r(b, heads, s, d), r(b, heads, s, d), r(b, heads, s, d)))  # fmt: skip
+        return Case(
+            "scaled_dot_product_attention",
+            f"b{b} h{heads} s{s} d{d}",
+            lambda q, k, v: pf.scaled_dot_product_attention(q, k, v, is_causal=True),
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            (r(b, heads, s, d), r(b, heads, s, d), r(b, heads, s, d)),
+        )
 
     def conv2d() -> Case:
-        return Case("conv2d", f"NHWC {n}x{c}x{size}x{size} 3x3", lambda x, w, bias: pf.conv2d(x, w, bias, 1, 1, relu=True),
-                    lambda x, w, bias: F.relu(F.conv2d(x, w, bias, 1, 1)),
-                    (r(n, c, size, size, last=True), r(c, c, 3, 3, scale=(9 * c) ** -0.5, last=True), r(c, scale=0.02)))  # fmt: skip
+        return Case(
+            "conv2d",
+            f"NHWC {n}x{c}x{size}x{size} 3x3",
+            lambda x, w, bias: pf.conv2d(x, w, bias, 1, 1, relu=True),
+            lambda x, w, bias: F.relu(F.conv2d(x, w, bias, 1, 1)),
+            (r(n, c, size, size, last=True), r(c, c, 3, 3, scale=(9 * c) ** -0.5, last=True), r(c, scale=0.02)),
+        )
 
     def batch_norm() -> Case:
         ours_stats = (torch.zeros(c, device="cuda"), torch.ones(c, device="cuda"))
         their_stats = (torch.zeros(c, device="cuda"), torch.ones(c, device="cuda"))
-        return Case("batch_norm", f"NHWC {n}x{c}x{size}x{size}, fp32 params",
-                    lambda x, w, bias: pf.batch_norm(x, *ours_stats, w, bias, True, RES.momentum, RES.eps),
-                    lambda x, w, bias: F.batch_norm(x, *their_stats, w, bias, True, RES.momentum, RES.eps),
-                    (r(n, c, size, size, last=True), 1 + r(c, scale=0.1, dtype=torch.float32), r(c, scale=0.1, dtype=torch.float32)))  # fmt: skip
+        return Case(
+            "batch_norm",
+            f"NHWC {n}x{c}x{size}x{size}, fp32 params",
+            lambda x, w, bias: pf.batch_norm(x, *ours_stats, w, bias, True, RES.momentum, RES.eps),
+            lambda x, w, bias: F.batch_norm(x, *their_stats, w, bias, True, RES.momentum, RES.eps),
+            (
+                r(n, c, size, size, last=True),
+                1 + r(c, scale=0.1, dtype=torch.float32),
+                r(c, scale=0.1, dtype=torch.float32),
+            ),
+        )
 
-    return {"linear+bias+gelu bf16": linear, "layer_norm bf16": layer_norm, "rms_norm bf16": rms_norm, "sdpa causal bf16": sdpa,
-            "conv2d+bias+relu bf16": conv2d, "batch_norm training bf16": batch_norm}  # fmt: skip
+    return {
+        "linear+bias+gelu bf16": linear,
+        "layer_norm bf16": layer_norm,
+        "rms_norm bf16": rms_norm,
+        "sdpa causal bf16": sdpa,
+        "conv2d+bias+relu bf16": conv2d,
+        "batch_norm training bf16": batch_norm,
+    }
 
 
 def served_entry(function: str) -> Any:
@@ -481,7 +561,9 @@ def raw_paths(function: str, call: Callable[[], Any]) -> tuple[dict[str, Callabl
     uids: tuple[int, ...] = served._uids
     seen: dict[str, Any] = {}
 
-    def spy(buffers: Any, workspace: Any, handle: Any = None, tensor_uids: Any = None) -> None:  # the buffers of one real call
+    def spy(
+        buffers: Any, workspace: Any, handle: Any = None, tensor_uids: Any = None
+    ) -> None:  # the buffers of one real call
         seen["buffers"] = tuple(buffers) if tensor_uids is not None else tuple(buffers[u] for u in uids)
 
     launchers = list(served._launchers.values())
@@ -654,15 +736,23 @@ def measure_function(name: str, case: Case, rounds: int) -> dict[str, Any]:
     row["host_us_grad"] = {p: statistics.median(v["host"]) for p, v in samples_grad.items()}
     row["stream_us_grad"] = {p: statistics.median(v["stream"]) for p, v in samples_grad.items()}
     h = row["host_us"]
-    for key, floor in (("over_raw", "raw"), ("over_raw_alloc", "raw+alloc"), ("over_ordered", "raw ordered"), ("over_ordered_alloc", "raw ordered+alloc"),
-                       ("over_torch", "torch")):  # fmt: skip
+    for key, floor in (
+        ("over_raw", "raw"),
+        ("over_raw_alloc", "raw+alloc"),
+        ("over_ordered", "raw ordered"),
+        ("over_ordered_alloc", "raw ordered+alloc"),
+        ("over_torch", "torch"),
+    ):
         if floor in h:
             row[key] = h["functional"] / h[floor]
     if grad:
         row["grad_over_torch"] = row["host_us_grad"]["functional"] / row["host_us_grad"]["torch"]
     # GPU time alone: the calls replayed from a CUDA graph.
     row["gpu_us"], row["gpu_us_grad"] = {}, {}
-    for kind, paths, into in (("inference", {"functional": ours, "torch": theirs}, row["gpu_us"]), ("grad", grad, row["gpu_us_grad"])):
+    for kind, paths, into in (
+        ("inference", {"functional": ours, "torch": theirs}, row["gpu_us"]),
+        ("grad", grad, row["gpu_us_grad"]),
+    ):
         for p, fn in paths.items():
             try:
                 into[p] = graph_us(fn)
@@ -671,8 +761,16 @@ def measure_function(name: str, case: Case, rounds: int) -> dict[str, Any]:
     for key, gpu in (("gpu_over_torch", row["gpu_us"]), ("gpu_grad_over_torch", row["gpu_us_grad"])):
         if "functional" in gpu and "torch" in gpu:
             row[key] = gpu["functional"] / gpu["torch"]
-    print(name, {p: round(v, 2) for p, v in h.items()}, "grad", {p: round(v, 1) for p, v in row["host_us_grad"].items()},
-          "gpu", {p: round(v, 1) for p, v in row["gpu_us"].items()}, {p: round(v, 1) for p, v in row["gpu_us_grad"].items()}, flush=True)  # fmt: skip
+    print(
+        name,
+        {p: round(v, 2) for p, v in h.items()},
+        "grad",
+        {p: round(v, 1) for p, v in row["host_us_grad"].items()},
+        "gpu",
+        {p: round(v, 1) for p, v in row["gpu_us"].items()},
+        {p: round(v, 1) for p, v in row["gpu_us_grad"].items()},
+        flush=True,
+    )
     return row
 
 
@@ -758,8 +856,15 @@ def node_main(path: str, model: str, server: str, manifest_in: Path | None, mani
     trainer.step()
     torch.cuda.synchronize()
     second = time.perf_counter() - started
-    result: dict[str, Any] = {"path": path, "model": model, "imports_s": imports_s, "setup_s": setup_s, "first_step_s": first, "second_step_s": second,
-                              "loss": float(trainer.loss)}  # fmt: skip
+    result: dict[str, Any] = {
+        "path": path,
+        "model": model,
+        "imports_s": imports_s,
+        "setup_s": setup_s,
+        "first_step_s": first,
+        "second_step_s": second,
+        "loss": float(trainer.loss),
+    }
     if path.startswith("functional"):
         result["first_step_phases_s"] = in_step  # of first_step_s: fetching (with verification) and deserializing plans
         result["phase_counts"] = clock.counts
@@ -768,12 +873,19 @@ def node_main(path: str, model: str, server: str, manifest_in: Path | None, mani
             source = g.plan.source if g.plan is not None else "torch"
             sources[source] = sources.get(source, 0) + 1
         result["sources"] = sources  # the forward geometries' plans: "hit" when stored
-        result["calls"] = {name: {"cudnn": s.cudnn, "torch": s.torch, **({"reasons": s.reasons} if s.reasons else {})} for name, s in pf.stats().items()}
+        result["calls"] = {
+            name: {"cudnn": s.cudnn, "torch": s.torch, **({"reasons": s.reasons} if s.reasons else {})}
+            for name, s in pf.stats().items()
+        }
     if pending is not None:
         fetched = pending.wait(timeout=60)
         assert pending.finished_at is not None
-        result["prefetch"] = {"plans": len(fetched.plans), "failed": fetched.failed, "seconds": pending.finished_at - pending.started_at,
-                              "done_before_step": prefetch_done_before_step}  # fmt: skip
+        result["prefetch"] = {
+            "plans": len(fetched.plans),
+            "failed": fetched.failed,
+            "seconds": pending.finished_at - pending.started_at,
+            "done_before_step": prefetch_done_before_step,
+        }
     if manifest_out is not None:
         pf.manifest().save(manifest_out)
     print(json.dumps(result), flush=True)
@@ -790,8 +902,16 @@ def startup(out: Path, models: list[str], repeats: int, time_limit: float, cold_
     tmp = Path(tempfile.mkdtemp(prefix="plancache-training-"))
     private_key, public_key = generate_keypair(tmp / "keys")
     jit = {"CUDA_CACHE_DISABLE": "1"} if cold_jit else {}
-    result: dict[str, Any] = {"config": {"models": models, "repeats": repeats, "time_limit_s": time_limit, "jit": "empty (CUDA_CACHE_DISABLE=1)" if cold_jit else "inherited"},
-                              "runs": [], "skipped": []}  # fmt: skip
+    result: dict[str, Any] = {
+        "config": {
+            "models": models,
+            "repeats": repeats,
+            "time_limit_s": time_limit,
+            "jit": "empty (CUDA_CACHE_DISABLE=1)" if cold_jit else "inherited",
+        },
+        "runs": [],
+        "skipped": [],
+    }
 
     def manifest(model: str) -> Path:
         return tmp / f"{model}-functions.json"
@@ -800,7 +920,12 @@ def startup(out: Path, models: list[str], repeats: int, time_limit: float, cold_
         if time.monotonic() > deadline:
             result["skipped"].append(f"{label}/{model}")
             return
-        env = {**trusting_env(public_key), **jit, "PLANCACHE_HEDGE": "0", "PLANCACHE_CACHE_DIR": tempfile.mkdtemp(prefix="disk-cache-", dir=tmp)}
+        env = {
+            **trusting_env(public_key),
+            **jit,
+            "PLANCACHE_HEDGE": "0",
+            "PLANCACHE_CACHE_DIR": tempfile.mkdtemp(prefix="disk-cache-", dir=tmp),
+        }
         args = [sys.executable, str(Path(__file__).resolve()), "--node", path, "--model", model, "--server", address]
         if label.startswith("first"):
             args += ["--manifest-out", str(manifest(model))]  # what a first run writes, for the prefetching nodes
@@ -820,13 +945,17 @@ def startup(out: Path, models: list[str], repeats: int, time_limit: float, cold_
         result["runs"].append(row)
         print(json.dumps({k: v for k, v in row.items() if not isinstance(v, dict)})[:400], flush=True)
 
-    redis = EmbeddedRedis(tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
+    redis = EmbeddedRedis(
+        tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False
+    ).start()
     try:
         address = f"127.0.0.1:{free_port()}"
         server_args = ("--gpus", "none", "--signing-key", str(private_key), "--data-dir", str(tmp / "server-data"))
         with server_process(address, redis.url, out / "training-server.log", *server_args, env=child_env()):
             log = out / "training-worker.log"
-            with worker_process(redis.url, log, "--device", "0", "--signing-key", str(private_key), "--no-warm", env=child_env(**jit)) as worker:
+            with worker_process(
+                redis.url, log, "--device", "0", "--signing-key", str(private_key), "--no-warm", env=child_env(**jit)
+            ) as worker:
                 deploy.wait_for_pool(log, worker, address)
                 for model in models:
                     node("functional", model, "first (nothing stored)", address)
@@ -844,7 +973,11 @@ def startup(out: Path, models: list[str], repeats: int, time_limit: float, cold_
     for model in models:
         medians = {}
         for label in ("first (nothing stored)", "stored", "stored, prefetched", "torch"):
-            values = [r["first_step_s"] for r in result["runs"] if r["model"] == model and r["label"] == label and "first_step_s" in r]
+            values = [
+                r["first_step_s"]
+                for r in result["runs"]
+                if r["model"] == model and r["label"] == label and "first_step_s" in r
+            ]
             if values:
                 medians[label] = statistics.median(values)
         entry: dict[str, Any] = {"first_step_s": medians}
@@ -874,10 +1007,16 @@ def summarize(result: dict[str, Any], seconds: float, compiled: int) -> dict[str
         values = [r[key] for r in rows if key in r]
         summary[f"{key}_median"] = statistics.median(values) if values else math.nan
         summary[f"{key}_max"] = max(values, default=math.nan)
-        summary[f"beyond_target_{key}"] = {r["case"]: round(r[key], 3) for r in rows if r.get(key, 0) > TARGET_OVER_RAW_ALLOC}
+        summary[f"beyond_target_{key}"] = {
+            r["case"]: round(r[key], 3) for r in rows if r.get(key, 0) > TARGET_OVER_RAW_ALLOC
+        }
     for model, step in result.get("steps", {}).items():
-        summary[model] = {"functional_over_torch": step.get("functional_over_torch", {}), "loss_rel_err": step.get("loss_rel_err"),
-                          "grad_rel_err_max": step.get("grad_rel_err_max"), "errors": sorted(step.get("errors", {}))}  # fmt: skip
+        summary[model] = {
+            "functional_over_torch": step.get("functional_over_torch", {}),
+            "loss_rel_err": step.get("loss_rel_err"),
+            "grad_rel_err_max": step.get("grad_rel_err_max"),
+            "errors": sorted(step.get("errors", {})),
+        }
     return summary
 
 
@@ -885,34 +1024,104 @@ def report(result: dict[str, Any], out: Path) -> None:
     write_json(out / "training.json", result)
     steps, rows = result.get("steps", {}), result.get("functions", [])
     good = [r for r in rows if "host_us" in r]
-    print(table(["model", "variant", "GPU ms/step", "host ms/step"],
-                [[m, n, ms, s.get("host_ms", {}).get(n, math.nan)] for m, s in steps.items() for n, ms in s.get("gpu_ms", {}).items()]))  # fmt: skip
+    print(
+        table(
+            ["model", "variant", "GPU ms/step", "host ms/step"],
+            [
+                [m, n, ms, s.get("host_ms", {}).get(n, math.nan)]
+                for m, s in steps.items()
+                for n, ms in s.get("gpu_ms", {}).items()
+            ],
+        )
+    )
     for m, s in steps.items():
-        print(f"{m}: loss rel err vs torch {_f(s.get('loss_rel_err')):.2e}, worst gradient {_f(s.get('grad_rel_err_max')):.2e}; "
-              f"functional/torch {s.get('functional_over_torch')}; errors: {s.get('errors') or 'none'}")  # fmt: skip
-    print(table(
-        ["function", *(f"{p} µs" for p in INFERENCE_PATHS), "/raw+alloc", "/ordered+alloc", "/torch"],
-        [[r["case"], *(r["host_us"].get(p, math.nan) for p in INFERENCE_PATHS), _f(r.get("over_raw_alloc")), _f(r.get("over_ordered_alloc")),
-          _f(r.get("over_torch"))] if "host_us" in r else [r["case"], r.get("error", "")[:60], *[""] * 8] for r in rows],
-    ))  # fmt: skip
-    print(table(
-        ["function", "fwd+bwd host µs", "torch", "/torch", "GPU µs fwd", "torch", "GPU µs fwd+bwd", "torch", "rel err", "grad rel err"],
-        [[r["case"], _f(r["host_us_grad"].get("functional")), _f(r["host_us_grad"].get("torch")), _f(r.get("grad_over_torch")),
-          _f(r["gpu_us"].get("functional")), _f(r["gpu_us"].get("torch")), _f(r["gpu_us_grad"].get("functional")), _f(r["gpu_us_grad"].get("torch")),
-          _f(r.get("rel_err")), _f(r.get("grad_rel_err"))] for r in good],
-    ))  # fmt: skip
+        print(
+            f"{m}: loss rel err vs torch {_f(s.get('loss_rel_err')):.2e}, worst gradient {_f(s.get('grad_rel_err_max')):.2e}; "
+            f"functional/torch {s.get('functional_over_torch')}; errors: {s.get('errors') or 'none'}"
+        )
+    print(
+        table(
+            ["function", *(f"{p} µs" for p in INFERENCE_PATHS), "/raw+alloc", "/ordered+alloc", "/torch"],
+            [
+                [
+                    r["case"],
+                    *(r["host_us"].get(p, math.nan) for p in INFERENCE_PATHS),
+                    _f(r.get("over_raw_alloc")),
+                    _f(r.get("over_ordered_alloc")),
+                    _f(r.get("over_torch")),
+                ]
+                if "host_us" in r
+                else [r["case"], r.get("error", "")[:60], *[""] * 8]
+                for r in rows
+            ],
+        )
+    )
+    print(
+        table(
+            [
+                "function",
+                "fwd+bwd host µs",
+                "torch",
+                "/torch",
+                "GPU µs fwd",
+                "torch",
+                "GPU µs fwd+bwd",
+                "torch",
+                "rel err",
+                "grad rel err",
+            ],
+            [
+                [
+                    r["case"],
+                    _f(r["host_us_grad"].get("functional")),
+                    _f(r["host_us_grad"].get("torch")),
+                    _f(r.get("grad_over_torch")),
+                    _f(r["gpu_us"].get("functional")),
+                    _f(r["gpu_us"].get("torch")),
+                    _f(r["gpu_us_grad"].get("functional")),
+                    _f(r["gpu_us_grad"].get("torch")),
+                    _f(r.get("rel_err")),
+                    _f(r.get("grad_rel_err")),
+                ]
+                for r in good
+            ],
+        )
+    )
     for r in good:
         if r.get("errors"):
             print(r["case"], "errors:", {k: v[:200] for k, v in r["errors"].items()})
     s = result.get("summary", {})
-    print(f"target: functional / (raw+alloc) <= {TARGET_OVER_RAW_ALLOC}; beyond it: {s.get('beyond_target_over_raw_alloc') or 'none'}; "
-          f"against the ordered raw+alloc: {s.get('beyond_target_over_ordered_alloc') or 'none'}")  # fmt: skip
+    print(
+        f"target: functional / (raw+alloc) <= {TARGET_OVER_RAW_ALLOC}; beyond it: {s.get('beyond_target_over_raw_alloc') or 'none'}; "
+        f"against the ordered raw+alloc: {s.get('beyond_target_over_ordered_alloc') or 'none'}"
+    )
     st = result.get("startup")
     if st:
-        print(table(["model", "first (nothing stored) s", "stored s", "stored, prefetched s", "torch s", "stored/torch", "prefetched/torch"],
-                    [[m, _f(e["first_step_s"].get("first (nothing stored)")), _f(e["first_step_s"].get("stored")),
-                      _f(e["first_step_s"].get("stored, prefetched")), _f(e["first_step_s"].get("torch")), _f(e.get("stored_over_torch")),
-                      _f(e.get("prefetched_over_torch"))] for m, e in st.get("summary", {}).items()]))  # fmt: skip
+        print(
+            table(
+                [
+                    "model",
+                    "first (nothing stored) s",
+                    "stored s",
+                    "stored, prefetched s",
+                    "torch s",
+                    "stored/torch",
+                    "prefetched/torch",
+                ],
+                [
+                    [
+                        m,
+                        _f(e["first_step_s"].get("first (nothing stored)")),
+                        _f(e["first_step_s"].get("stored")),
+                        _f(e["first_step_s"].get("stored, prefetched")),
+                        _f(e["first_step_s"].get("torch")),
+                        _f(e.get("stored_over_torch")),
+                        _f(e.get("prefetched_over_torch")),
+                    ]
+                    for m, e in st.get("summary", {}).items()
+                ],
+            )
+        )
     plot(result, out / "training.png")
 
 
@@ -926,19 +1135,50 @@ def plot(result: dict[str, Any], path: Path) -> None:
     names = [r["case"] for r in rows]
     width = 0.8 / len(INFERENCE_PATHS)
     for i, p in enumerate(INFERENCE_PATHS):
-        b.bar([j + (i - len(INFERENCE_PATHS) / 2 + 0.5) * width for j in range(len(rows))], [r["host_us"].get(p, math.nan) for r in rows], width=width, label=p)
+        b.bar(
+            [j + (i - len(INFERENCE_PATHS) / 2 + 0.5) * width for j in range(len(rows))],
+            [r["host_us"].get(p, math.nan) for r in rows],
+            width=width,
+            label=p,
+        )
     b.set_xticks(range(len(rows)), names, rotation=40, fontsize=6, ha="right")
-    b.set_ylabel("host µs per call (median)"), b.set_title("Without autograd: host cost per call", fontsize=9), b.legend(fontsize=6)
+    (
+        b.set_ylabel("host µs per call (median)"),
+        b.set_title("Without autograd: host cost per call", fontsize=9),
+        b.legend(fontsize=6),
+    )
     for i, p in enumerate(GRAD_PATHS):
-        c.bar([j + (i - 0.5) * 0.4 for j in range(len(rows))], [r["host_us_grad"].get(p, math.nan) for r in rows], width=0.4, label=p)
+        c.bar(
+            [j + (i - 0.5) * 0.4 for j in range(len(rows))],
+            [r["host_us_grad"].get(p, math.nan) for r in rows],
+            width=0.4,
+            label=p,
+        )
     c.set_xticks(range(len(rows)), names, rotation=40, fontsize=6, ha="right")
-    c.set_ylabel("host µs per forward + backward"), c.set_title("With autograd: host cost per call", fontsize=9), c.legend(fontsize=6)
-    series = [("functional fwd", "gpu_us", "functional"), ("torch fwd", "gpu_us", "torch"), ("functional fwd+bwd", "gpu_us_grad", "functional"),
-              ("torch fwd+bwd", "gpu_us_grad", "torch")]  # fmt: skip
+    (
+        c.set_ylabel("host µs per forward + backward"),
+        c.set_title("With autograd: host cost per call", fontsize=9),
+        c.legend(fontsize=6),
+    )
+    series = [
+        ("functional fwd", "gpu_us", "functional"),
+        ("torch fwd", "gpu_us", "torch"),
+        ("functional fwd+bwd", "gpu_us_grad", "functional"),
+        ("torch fwd+bwd", "gpu_us_grad", "torch"),
+    ]
     for i, (label, key, p) in enumerate(series):
-        d.bar([j + (i - 1.5) * 0.2 for j in range(len(rows))], [r[key].get(p, math.nan) for r in rows], width=0.2, label=label)
+        d.bar(
+            [j + (i - 1.5) * 0.2 for j in range(len(rows))],
+            [r[key].get(p, math.nan) for r in rows],
+            width=0.2,
+            label=label,
+        )
     d.set_xticks(range(len(rows)), names, rotation=40, fontsize=6, ha="right")
-    d.set_ylabel("GPU µs per call (CUDA graph replay)"), d.set_title("GPU time per call", fontsize=9), d.legend(fontsize=6)
+    (
+        d.set_ylabel("GPU µs per call (CUDA graph replay)"),
+        d.set_title("GPU time per call", fontsize=9),
+        d.legend(fontsize=6),
+    )
     save(fig, path)
 
 
@@ -946,15 +1186,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="plancache.functional's training path on one GPU (module doc)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--parts", nargs="*", choices=("steps", "functions"), default=["steps", "functions"], help="parts 1 and 2 to run (default both)")
+    parser.add_argument(
+        "--parts",
+        nargs="*",
+        choices=("steps", "functions"),
+        default=["steps", "functions"],
+        help="parts 1 and 2 to run (default both)",
+    )
     parser.add_argument("--models", nargs="*", choices=tuple(MODELS), default=list(MODELS))
     parser.add_argument("--no-capture", action="store_true", help="part 1 without the CUDA-graph variants")
-    parser.add_argument("--autotune", action="store_true", help="autotuned plans (what the service serves once tuned), not cuDNN's heuristic first")
-    parser.add_argument("--startup", action="store_true", help="part 3: first training step in fresh processes against a real server")
+    parser.add_argument(
+        "--autotune",
+        action="store_true",
+        help="autotuned plans (what the service serves once tuned), not cuDNN's heuristic first",
+    )
+    parser.add_argument(
+        "--startup", action="store_true", help="part 3: first training step in fresh processes against a real server"
+    )
     parser.add_argument("--startup-repeats", type=int, default=2)
-    parser.add_argument("--startup-time-limit", type=float, default=180.0, help="seconds for part 3; nodes past it are skipped and listed")
-    parser.add_argument("--startup-cold-jit", action="store_true", help="part 3's worker and nodes with CUDA_CACHE_DISABLE=1")
-    parser.add_argument("--node", choices=("functional", "functional-prefetch", "torch"), help=argparse.SUPPRESS)  # a part-3 node process
+    parser.add_argument(
+        "--startup-time-limit",
+        type=float,
+        default=180.0,
+        help="seconds for part 3; nodes past it are skipped and listed",
+    )
+    parser.add_argument(
+        "--startup-cold-jit", action="store_true", help="part 3's worker and nodes with CUDA_CACHE_DISABLE=1"
+    )
+    parser.add_argument(
+        "--node", choices=("functional", "functional-prefetch", "torch"), help=argparse.SUPPRESS
+    )  # a part-3 node process
     parser.add_argument("--manifest-in", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--manifest-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=tuple(MODELS), default="transformer", help=argparse.SUPPRESS)
@@ -971,9 +1232,18 @@ def main() -> None:
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.cuda.init()
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "targets": {"over_raw_alloc": TARGET_OVER_RAW_ALLOC},
-                              "config": {"rounds": args.rounds, "autotune": args.autotune, "steps_per_sample": STEPS_PER_SAMPLE, "graph_calls": GRAPH_CALLS, "graph_replays": GRAPH_REPLAYS,
-                                         "torch": torch.__version__}}  # fmt: skip
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0),
+        "targets": {"over_raw_alloc": TARGET_OVER_RAW_ALLOC},
+        "config": {
+            "rounds": args.rounds,
+            "autotune": args.autotune,
+            "steps_per_sample": STEPS_PER_SAMPLE,
+            "graph_calls": GRAPH_CALLS,
+            "graph_replays": GRAPH_REPLAYS,
+            "torch": torch.__version__,
+        },
+    }
     compiler = CudnnCompiler(0)
     client = InProcessClient(compiler, autotune=args.autotune)
     pf.configure(client, target=compiler.target)  # type: ignore[arg-type]
@@ -992,7 +1262,9 @@ def main() -> None:
     result["summary"] = summarize(result, time.perf_counter() - started, len(client.compiled))
     if args.startup:
         try:
-            result["startup"] = startup(args.out, args.models, args.startup_repeats, args.startup_time_limit, args.startup_cold_jit)
+            result["startup"] = startup(
+                args.out, args.models, args.startup_repeats, args.startup_time_limit, args.startup_cold_jit
+            )
         except Exception as e:
             result["startup"] = {"error": error_text(e)}
         result["summary"]["seconds"] = time.perf_counter() - started

@@ -71,10 +71,30 @@ EXACT = STANDIN_TARGET  # B: the target a worker brings
 GENERIC = STANDIN_TARGET.generic()  # A: the target whose history warms it
 MILESTONES = (0.5, 0.9, 0.99)
 HIT_RATE_TARGET = 0.9
-FULL = {"specs": 500, "node_seconds": 60.0, "specs_per_node": 20, "top_k": 100, "tune_seconds": 0.45, "candidates": 10, "miss_at": "10,30,50",
-        "max_seconds": 180.0, "bound_specs": 24, "bound_mb": 2}  # fmt: skip
-QUICK = {"specs": 40, "node_seconds": 6.0, "specs_per_node": 4, "top_k": 10, "tune_seconds": 0.1, "candidates": 3, "miss_at": "3", "max_seconds": 12.0,
-         "bound_specs": 11, "bound_mb": 1}  # fmt: skip
+FULL = {
+    "specs": 500,
+    "node_seconds": 60.0,
+    "specs_per_node": 20,
+    "top_k": 100,
+    "tune_seconds": 0.45,
+    "candidates": 10,
+    "miss_at": "10,30,50",
+    "max_seconds": 180.0,
+    "bound_specs": 24,
+    "bound_mb": 2,
+}
+QUICK = {
+    "specs": 40,
+    "node_seconds": 6.0,
+    "specs_per_node": 4,
+    "top_k": 10,
+    "tune_seconds": 0.1,
+    "candidates": 3,
+    "miss_at": "3",
+    "max_seconds": 12.0,
+    "bound_specs": 11,
+    "bound_mb": 1,
+}
 OPTIONS = CompileOptions()
 
 
@@ -112,8 +132,14 @@ def seed_store(redis_url: str, count: int, hits: list[int], bound_mb: int = 0) -
         normalized = normalize(spec_of(i))
         key = make_key(hash_normalized(normalized), GENERIC, OPTIONS)
         compiled = heuristic_plan(compiler.heuristic(normalized, OPTIONS), provisional=False)
-        metadata = plan_metadata(VerifiedJob(key, normalized, GENERIC, OPTIONS), compiled, "upgrade-seed", GENERIC.to_proto())
-        store.put(StoredPlan(blob=compiled.blob, metadata=metadata, signature=None), spec=spec_io.to_proto(normalized), warmed=False)
+        metadata = plan_metadata(
+            VerifiedJob(key, normalized, GENERIC, OPTIONS), compiled, "upgrade-seed", GENERIC.to_proto()
+        )
+        store.put(
+            StoredPlan(blob=compiled.blob, metadata=metadata, signature=None),
+            spec=spec_io.to_proto(normalized),
+            warmed=False,
+        )
         pipe.zincrby(keys.plan_hits(hour), hits[i], key)
     pipe.execute()
     client.close()
@@ -131,26 +157,48 @@ def worker_env(args: argparse.Namespace, build_log: Path | None = None, tune: bo
     if build_log is not None:
         extra["PLANCACHE_STANDIN_BUILD_LOG"] = str(build_log)
     if tune:
-        extra |= {"PLANCACHE_STANDIN_TUNE_SECONDS": str(args.tune_seconds), "PLANCACHE_STANDIN_CANDIDATES": str(args.candidates)}
+        extra |= {
+            "PLANCACHE_STANDIN_TUNE_SECONDS": str(args.tune_seconds),
+            "PLANCACHE_STANDIN_CANDIDATES": str(args.candidates),
+        }
     return child_env(**extra)
 
 
 @contextmanager
 def deployment(
-    folder: Path, count: int, hits: list[int], args: argparse.Namespace, worker_flags: list[str], env: dict[str, str], bound_mb: int = 0
+    folder: Path,
+    count: int,
+    hits: list[int],
+    args: argparse.Namespace,
+    worker_flags: list[str],
+    env: dict[str, str],
+    bound_mb: int = 0,
 ) -> Iterator[tuple[str, str, subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
     """A fresh Redis seeded with A's `count` plans, then a front end and one
     stand-in worker, ready: (address, redis url, server, worker)."""
     folder.mkdir(parents=True)
     address = f"127.0.0.1:{free_port()}"
     bound = ["--store-max-mb", str(bound_mb)] if bound_mb else []
-    flags = ["--device", "0", "--compiler", "tests.support.standin:factory", "--unsigned", "--build-processes", str(args.build_processes), *bound]
+    flags = [
+        "--device",
+        "0",
+        "--compiler",
+        "tests.support.standin:factory",
+        "--unsigned",
+        "--build-processes",
+        str(args.build_processes),
+        *bound,
+    ]
     redis_server = EmbeddedRedis(folder / "redis", persist=False).start()
     try:
         seed_store(redis_server.url, count, hits, bound_mb)
         with ExitStack() as stack:
-            server = stack.enter_context(server_process(address, redis_server.url, folder / "server.log", "--gpus", "none", "--unsigned", *bound))
-            worker = stack.enter_context(worker_process(redis_server.url, folder / "worker.log", *flags, *worker_flags, env=env))
+            server = stack.enter_context(
+                server_process(address, redis_server.url, folder / "server.log", "--gpus", "none", "--unsigned", *bound)
+            )
+            worker = stack.enter_context(
+                worker_process(redis_server.url, folder / "worker.log", *flags, *worker_flags, env=env)
+            )
             wait_for_workers(address, proc=worker, timeout=120)
             yield address, redis_server.url, server, worker
     finally:
@@ -182,7 +230,9 @@ class Poller:
     """Every `interval` s: the product's WarmStatus of B, and this benchmark's
     own view, which plans of A's specs are stored for B (first seen when)."""
 
-    def __init__(self, address: str, redis_url: str, exact_keys: list[str], hits: list[int], t0: float, interval: float) -> None:
+    def __init__(
+        self, address: str, redis_url: str, exact_keys: list[str], hits: list[int], t0: float, interval: float
+    ) -> None:
         self._client = Client(address, cache=False, allow_unsigned=True, timeout=10)
         self._redis = redis.Redis.from_url(redis_url)
         self._keys, self._hits, self._t0, self._interval = exact_keys, hits, t0, interval
@@ -213,10 +263,20 @@ class Poller:
         covered = sum(h for h, seen in zip(self._hits, self.first_stored, strict=True) if seen is not None)
         status = warm_status(self._client)  # read after the plans: its coverage is at least this one's
         self.last = status or self.last
-        row: dict[str, Any] = {"t": round(t, 3), "coverage": covered / sum(self._hits), "stored": sum(s is not None for s in self.first_stored)}
+        row: dict[str, Any] = {
+            "t": round(t, 3),
+            "coverage": covered / sum(self._hits),
+            "stored": sum(s is not None for s in self.first_stored),
+        }
         if status is not None:
-            row |= {"warm_coverage": status.coverage, "built": status.built, "skipped": status.skipped, "failed": status.failed,
-                    "in_flight": status.in_flight, "state": status.state}  # fmt: skip
+            row |= {
+                "warm_coverage": status.coverage,
+                "built": status.built,
+                "skipped": status.skipped,
+                "failed": status.failed,
+                "in_flight": status.in_flight,
+                "state": status.state,
+            }
         self.samples.append(row)
         return row
 
@@ -233,8 +293,14 @@ def real_miss(address: str, spec: GraphSpec, kind: str, t0: float, warming: Clie
         started = time.time()
         plan = client.compile(spec, GENERIC)
         latency = time.time() - started
-    return {"kind": kind, "at_s": round(started - t0, 3), "latency_s": latency, "source": plan.source, "provisional": plan.provisional,
-            "warm_in_flight": status.in_flight if status else 0}  # fmt: skip
+    return {
+        "kind": kind,
+        "at_s": round(started - t0, 3),
+        "latency_s": latency,
+        "source": plan.source,
+        "provisional": plan.provisional,
+        "warm_in_flight": status.in_flight if status else 0,
+    }
 
 
 def node(address: str, index: int, draws: list[int], t0: float) -> dict[str, Any]:
@@ -248,12 +314,27 @@ def node(address: str, index: int, draws: list[int], t0: float) -> dict[str, Any
         result = client.prefetch(Manifest.from_specs(specs, EXACT), compile_missing=True)
         ended = time.time()
     plans = [result.plans.get(k) for k in range(len(specs))]
-    stored = [p is not None and (p.source == "hit" or (p.source == "provisional" and p.metadata.created_at < started)) for p in plans]
+    stored = [
+        p is not None and (p.source == "hit" or (p.source == "provisional" and p.metadata.created_at < started))
+        for p in plans
+    ]
     hits = sum(stored)
-    return {"node": index, "start_s": round(started - t0, 3), "end_s": round(ended - t0, 3), "requests": len(specs), "hits": hits,
-            "misses": len(specs) - hits - result.failed, "errors": result.failed, "hit_rate": hits / len(specs), "fetched": result.fetched,
-            "provisional_hits": sum(ok and p is not None and p.source == "provisional" for ok, p in zip(stored, plans, strict=True)),
-            "draws": draws, "missed_specs": [i for i, ok in zip(draws, stored, strict=True) if not ok]}  # fmt: skip
+    return {
+        "node": index,
+        "start_s": round(started - t0, 3),
+        "end_s": round(ended - t0, 3),
+        "requests": len(specs),
+        "hits": hits,
+        "misses": len(specs) - hits - result.failed,
+        "errors": result.failed,
+        "hit_rate": hits / len(specs),
+        "fetched": result.fetched,
+        "provisional_hits": sum(
+            ok and p is not None and p.source == "provisional" for ok, p in zip(stored, plans, strict=True)
+        ),
+        "draws": draws,
+        "missed_specs": [i for i, ok in zip(draws, stored, strict=True) if not ok],
+    }
 
 
 def at(t0: float, seconds: float, call: Callable[[], Any], out: list[Any]) -> threading.Thread:
@@ -274,13 +355,20 @@ def at(t0: float, seconds: float, call: Callable[[], Any], out: list[Any]) -> th
 # ---- the rollout, with and without warming ----------------------------------------
 
 
-def rollout(name: str, warm: bool, args: argparse.Namespace, hits: list[int], draws: list[list[int]], tmp: Path) -> dict[str, Any]:
+def rollout(
+    name: str, warm: bool, args: argparse.Namespace, hits: list[int], draws: list[list[int]], tmp: Path
+) -> dict[str, Any]:
     build_log = tmp / f"{name}-builds.jsonl"
     flags = ["--warm-after-idle", str(args.warm_after_idle)] if warm and args.plan == "auto" else ["--no-warm"]
     miss_at = [float(x) for x in args.miss_at.split(",") if x.strip()]
     exact_keys = [key_for(spec_of(i), EXACT) for i in range(args.specs)]
     result: dict[str, Any] = {"warm": warm, "logs": str(tmp / name)}
-    with deployment(tmp / name, args.specs, hits, args, flags, worker_env(args, build_log)) as (address, redis_url, server, worker):
+    with deployment(tmp / name, args.specs, hits, args, flags, worker_env(args, build_log)) as (
+        address,
+        redis_url,
+        server,
+        worker,
+    ):
         t0 = time.time()  # the worker of B is up: the rollout starts
         if warm and args.plan == "operator":
             with Client(address, cache=False, allow_unsigned=True) as admin:
@@ -289,9 +377,14 @@ def rollout(name: str, warm: bool, args: argparse.Namespace, hits: list[int], dr
         try:
             nodes: list[Any] = []
             misses: list[Any] = []
-            probes = [at(t0, s, lambda j=j: real_miss(address, miss_spec(j), "rollout", t0), misses) for j, s in enumerate(miss_at)]
+            probes = [
+                at(t0, s, lambda j=j: real_miss(address, miss_spec(j), "rollout", t0), misses)
+                for j, s in enumerate(miss_at)
+            ]
             count = int(args.node_seconds / args.node_interval)
-            threads = [at(t0, i * args.node_interval, lambda i=i: node(address, i, draws[i], t0), nodes) for i in range(count)]
+            threads = [
+                at(t0, i * args.node_interval, lambda i=i: node(address, i, draws[i], t0), nodes) for i in range(count)
+            ]
             for thread in threads + probes:
                 thread.join(timeout=max(1.0, t0 + args.max_seconds + 60 - time.time()))
             result["nodes_done_s"] = time.time() - t0
@@ -302,18 +395,37 @@ def rollout(name: str, warm: bool, args: argparse.Namespace, hits: list[int], dr
             poller.sample()
         finally:
             poller.stop()
-        result |= {"t0": t0, "nodes": sorted(nodes, key=lambda n: n.get("node", -1)), "misses": misses, "samples": poller.samples,
-                   "first_stored_s": poller.first_stored, "server_alive": server.poll() is None, "worker_alive": worker.poll() is None,
-                   "warm_status": status_dict(poller.last) if poller.last else None}  # fmt: skip
+        result |= {
+            "t0": t0,
+            "nodes": sorted(nodes, key=lambda n: n.get("node", -1)),
+            "misses": misses,
+            "samples": poller.samples,
+            "first_stored_s": poller.first_stored,
+            "server_alive": server.poll() is None,
+            "worker_alive": worker.poll() is None,
+            "warm_status": status_dict(poller.last) if poller.last else None,
+        }
         result["end_s"] = time.time() - t0
     result["builds"] = len(build_log.read_text().splitlines()) if build_log.exists() else 0
     return result
 
 
 def status_dict(s: WarmStatus) -> dict[str, Any]:
-    return {"state": s.state, "source": s.source, "total": s.total, "built": s.built, "skipped": s.skipped, "failed": s.failed, "in_flight": s.in_flight,
-            "remaining": s.remaining, "coverage": s.coverage, "source_hits_24h": s.source_hits_24h, "covered_hits_24h": s.covered_hits_24h,
-            "created_at": s.created_at, "failures": [list(f) for f in s.failures]}  # fmt: skip
+    return {
+        "state": s.state,
+        "source": s.source,
+        "total": s.total,
+        "built": s.built,
+        "skipped": s.skipped,
+        "failed": s.failed,
+        "in_flight": s.in_flight,
+        "remaining": s.remaining,
+        "coverage": s.coverage,
+        "source_hits_24h": s.source_hits_24h,
+        "covered_hits_24h": s.covered_hits_24h,
+        "created_at": s.created_at,
+        "failures": [list(f) for f in s.failures],
+    }
 
 
 # ---- a real miss while warming builds ------------------------------------------------
@@ -327,7 +439,9 @@ def miss_check(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     count = args.miss_specs
     hits = hit_counts(count, args.zipf, 1000)
     spare = iter(range(len(args.miss_at.split(",")), 10_000))  # other specs than the rollout's misses
-    pause = args.build_seconds + args.tune_seconds + 0.37  # the miss's own tuning, then warming again (out of phase with its builds)
+    pause = (
+        args.build_seconds + args.tune_seconds + 0.37
+    )  # the miss's own tuning, then warming again (out of phase with its builds)
     misses: list[dict[str, Any]] = []
     with ExitStack() as stack:
         address, *_ = stack.enter_context(deployment(tmp / "miss", count, hits, args, ["--no-warm"], worker_env(args)))
@@ -357,8 +471,15 @@ def bound_check(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     the bound and two plans of E that a node asked for: warming may evict only
     warmed plans. Quick builds (no tuning); warming planned by an operator."""
     count, hits = args.bound_specs, hit_counts(args.bound_specs, args.zipf, 1000)
-    hot = [spec_of(i) for i in (count - 1, count - 2)]  # least hit in A's history, asked for by a node of E: served plans
-    with deployment(tmp / "bound", count, hits, args, ["--no-warm"], worker_env(args, tune=False), args.bound_mb) as (address, redis_url, _s, _w):
+    hot = [
+        spec_of(i) for i in (count - 1, count - 2)
+    ]  # least hit in A's history, asked for by a node of E: served plans
+    with deployment(tmp / "bound", count, hits, args, ["--no-warm"], worker_env(args, tune=False), args.bound_mb) as (
+        address,
+        redis_url,
+        _s,
+        _w,
+    ):
         with Client(address, cache=False, allow_unsigned=True, timeout=30) as client:
             client.prefetch(Manifest.from_specs(hot, EXACT), compile_missing=True)
             client.warm(EXACT, from_target=GENERIC)
@@ -370,10 +491,25 @@ def bound_check(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         r.close()
     a, e = usage.get(GENERIC.id), usage.get(EXACT.id)
     stored_bytes = sum(u.stored_bytes for u in usage.values())
-    result = {"bound_mb": args.bound_mb, "a_plans": count, "a_kept": a_kept, "a_evicted": a.evicted if a else 0, "hot_b_plans": len(hot), "hot_b_kept": hot_kept,
-              "b_stored": e.stored_plans if e else 0, "b_evicted": e.evicted if e else 0, "stored_bytes": stored_bytes,
-              "warm_status": status_dict(status) if status else None}  # fmt: skip
-    result["met"] = a_kept == count and hot_kept == len(hot) and result["a_evicted"] == 0 and stored_bytes <= args.bound_mb * 2**20 and bool(status)
+    result = {
+        "bound_mb": args.bound_mb,
+        "a_plans": count,
+        "a_kept": a_kept,
+        "a_evicted": a.evicted if a else 0,
+        "hot_b_plans": len(hot),
+        "hot_b_kept": hot_kept,
+        "b_stored": e.stored_plans if e else 0,
+        "b_evicted": e.evicted if e else 0,
+        "stored_bytes": stored_bytes,
+        "warm_status": status_dict(status) if status else None,
+    }
+    result["met"] = (
+        a_kept == count
+        and hot_kept == len(hot)
+        and result["a_evicted"] == 0
+        and stored_bytes <= args.bound_mb * 2**20
+        and bool(status)
+    )
     return result
 
 
@@ -382,7 +518,10 @@ def bound_check(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 def milestones(samples: list[dict[str, Any]], field: str) -> dict[str, float | None]:
     """Seconds from t0 to the first sample at or past each share of A's hits."""
-    return {f"{q:.0%}": next((s["t"] for s in samples if s.get(field) is not None and s[field] >= q), None) for q in MILESTONES}
+    return {
+        f"{q:.0%}": next((s["t"] for s in samples if s.get(field) is not None and s[field] >= q), None)
+        for q in MILESTONES
+    }
 
 
 def hit_rate(nodes: list[dict[str, Any]], since: float = float("-inf"), until: float = float("inf")) -> dict[str, Any]:
@@ -414,21 +553,35 @@ def summarize(results: dict[str, Any], args: argparse.Namespace) -> dict[str, An
         # An item is taken (in flight) when its heuristic plan is queued, and counted as built only
         # once its candidates are tuned, which come after every real tuning: "built" stays low
         # during a rollout while warming's heuristic plans are stored (coverage shows them).
-        "first_warm_item_s": next((x["t"] for x in with_["samples"] if any(x.get(f) for f in ("in_flight", "built", "skipped", "failed"))), None),
+        "first_warm_item_s": next(
+            (x["t"] for x in with_["samples"] if any(x.get(f) for f in ("in_flight", "built", "skipped", "failed"))),
+            None,
+        ),
         "top_k": args.top_k,
         "top_k_build_s": top_build_s,
         "window_start_s": window,
         "top_k_stored_s": {
-            name: (max(v) if all(x is not None for x in v) else None) for name, v in ((n, r["first_stored_s"][: args.top_k]) for n, r in runs.items())
+            name: (max(v) if all(x is not None for x in v) else None)
+            for name, v in ((n, r["first_stored_s"][: args.top_k]) for n, r in runs.items())
         },
         "coverage_s": {name: milestones(run["samples"], "coverage") for name, run in runs.items()},
         "coverage_s_warm_status": milestones(with_["samples"], "warm_coverage"),
-        "coverage_at_nodes_end": {name: _at(run["samples"], args.node_seconds, "coverage") for name, run in runs.items()},
-        "coverage_at_end": {name: run["samples"][-1]["coverage"] if run["samples"] else None for name, run in runs.items()},
+        "coverage_at_nodes_end": {
+            name: _at(run["samples"], args.node_seconds, "coverage") for name, run in runs.items()
+        },
+        "coverage_at_end": {
+            name: run["samples"][-1]["coverage"] if run["samples"] else None for name, run in runs.items()
+        },
         "hit_rate": {name: hit_rate(run["nodes"]) for name, run in runs.items()},
-        "hit_rate_by_window": {name: [[t, hit_rate(run["nodes"], t, t + step)["hit_rate"]] for t in windows] for name, run in runs.items()},
-        "hit_rate_after_window": {name: hit_rate(run["nodes"], window) if window is not None else None for name, run in runs.items()},
-        "node_errors": {name: sum(n.get("errors", 0) + ("error" in n) for n in run["nodes"]) for name, run in runs.items()},
+        "hit_rate_by_window": {
+            name: [[t, hit_rate(run["nodes"], t, t + step)["hit_rate"]] for t in windows] for name, run in runs.items()
+        },
+        "hit_rate_after_window": {
+            name: hit_rate(run["nodes"], window) if window is not None else None for name, run in runs.items()
+        },
+        "node_errors": {
+            name: sum(n.get("errors", 0) + ("error" in n) for n in run["nodes"]) for name, run in runs.items()
+        },
         "miss_floor_s": floor,
         "miss_bound_s": args.build_seconds + candidate_s,
         "warming_miss_s": warming,
@@ -482,23 +635,74 @@ def targets(results: dict[str, Any]) -> list[list[Any]]:
         )
         after = [label + ": with / without", value, f">= {HIT_RATE_TARGET:.0%} with", met["hit_rate_after_window"]]
     rows: list[list[Any]] = [
-        ["warming planned / its first items taken (s from the worker of B up)", f"{_s(s['warm_started_s'])} / {_s(s['first_warm_item_s'])}", "-", "-"],
-        ["time to 50% / 90% / 99% of A's hits stored for B: with warming", " / ".join(_s(v) for v in cov["with"].values()), "-", "-"],
-        ["the same, without warming (the nodes' own misses)", " / ".join(_s(v) for v in cov["without"].values()), "-", "-"],
-        ["share of A's hits stored for B when the last node started: with / without", " / ".join(_pct(v) for v in s["coverage_at_nodes_end"].values()), "-", "-"],
-        [f"top {s['top_k']} specs all stored for B: with / without", " / ".join(_s(v) for v in s["top_k_stored_s"].values()), "-", "-"],
-        ["hit rate of all node requests: with / without", f"{_pct(s['hit_rate']['with']['hit_rate'])} / {_pct(s['hit_rate']['without']['hit_rate'])}", "-", "-"],
+        [
+            "warming planned / its first items taken (s from the worker of B up)",
+            f"{_s(s['warm_started_s'])} / {_s(s['first_warm_item_s'])}",
+            "-",
+            "-",
+        ],
+        [
+            "time to 50% / 90% / 99% of A's hits stored for B: with warming",
+            " / ".join(_s(v) for v in cov["with"].values()),
+            "-",
+            "-",
+        ],
+        [
+            "the same, without warming (the nodes' own misses)",
+            " / ".join(_s(v) for v in cov["without"].values()),
+            "-",
+            "-",
+        ],
+        [
+            "share of A's hits stored for B when the last node started: with / without",
+            " / ".join(_pct(v) for v in s["coverage_at_nodes_end"].values()),
+            "-",
+            "-",
+        ],
+        [
+            f"top {s['top_k']} specs all stored for B: with / without",
+            " / ".join(_s(v) for v in s["top_k_stored_s"].values()),
+            "-",
+            "-",
+        ],
+        [
+            "hit rate of all node requests: with / without",
+            f"{_pct(s['hit_rate']['with']['hit_rate'])} / {_pct(s['hit_rate']['without']['hit_rate'])}",
+            "-",
+            "-",
+        ],
         after,
-        ["real miss for A, idle worker (floor; ms)", _ms(results["misses"] and [m["latency_s"] for m in results["misses"]["misses"] if m["kind"] == "idle"]),
-         f"its build: {c['build_seconds'] * 1e3:.0f}", "-"],
-        ["real miss for A, a warm build of B in flight (ms)", _ms(s["warming_miss_s"]),
-         f"<= floor + one candidate ({(s['warming_miss_bound_s'] or 0) * 1e3:.0f})", met["warming_miss"]],
-        ["real miss for A during the rollout (nodes' misses queued too), with / without warming (ms)",
-         f"{_ms(s['rollout_miss_s']['with'])} / {_ms(s['rollout_miss_s']['without'])}", "-", "-"],
-        [f"under --store-max-mb {bound['bound_mb']}: A's plans kept / plans of B served kept / warmed plans evicted",
-         f"{bound['a_kept']}/{bound['a_plans']} / {bound['hot_b_kept']}/{bound['hot_b_plans']} / {bound['b_evicted']}", "all / all / any", bound["met"]],
-        ["node errors: with / without", f"{s['node_errors']['with']} / {s['node_errors']['without']}", "0", s["node_errors"]["with"] + s["node_errors"]["without"] == 0],
-    ]  # fmt: skip
+        [
+            "real miss for A, idle worker (floor; ms)",
+            _ms(results["misses"] and [m["latency_s"] for m in results["misses"]["misses"] if m["kind"] == "idle"]),
+            f"its build: {c['build_seconds'] * 1e3:.0f}",
+            "-",
+        ],
+        [
+            "real miss for A, a warm build of B in flight (ms)",
+            _ms(s["warming_miss_s"]),
+            f"<= floor + one candidate ({(s['warming_miss_bound_s'] or 0) * 1e3:.0f})",
+            met["warming_miss"],
+        ],
+        [
+            "real miss for A during the rollout (nodes' misses queued too), with / without warming (ms)",
+            f"{_ms(s['rollout_miss_s']['with'])} / {_ms(s['rollout_miss_s']['without'])}",
+            "-",
+            "-",
+        ],
+        [
+            f"under --store-max-mb {bound['bound_mb']}: A's plans kept / plans of B served kept / warmed plans evicted",
+            f"{bound['a_kept']}/{bound['a_plans']} / {bound['hot_b_kept']}/{bound['hot_b_plans']} / {bound['b_evicted']}",
+            "all / all / any",
+            bound["met"],
+        ],
+        [
+            "node errors: with / without",
+            f"{s['node_errors']['with']} / {s['node_errors']['without']}",
+            "0",
+            s["node_errors"]["with"] + s["node_errors"]["without"] == 0,
+        ],
+    ]
     for name, run in results["runs"].items():
         if not (run.get("server_alive") and run.get("worker_alive")):
             rows.append([f"server and worker alive after ({name})", "no", "yes", False])
@@ -519,21 +723,41 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.scatter(starts, rates, s=8, color=COLORS[name], alpha=0.4)
         rolling = [float(np.mean(rates[max(0, i - 4) : i + 1])) for i in range(len(rates))]
         ax.plot(
-            starts, rolling, color=COLORS[name], linewidth=WIDTHS[name], label=f"{name} warming (5-node mean); all: {_pct(s['hit_rate'][name]['hit_rate'])}"
+            starts,
+            rolling,
+            color=COLORS[name],
+            linewidth=WIDTHS[name],
+            label=f"{name} warming (5-node mean); all: {_pct(s['hit_rate'][name]['hit_rate'])}",
         )
     if s["window_start_s"] is not None and s["window_start_s"] <= c["node_seconds"]:
-        ax.axvline(s["window_start_s"], color="green", linestyle="--", label=f"warming planned + top {s['top_k']}'s build time")
+        ax.axvline(
+            s["window_start_s"], color="green", linestyle="--", label=f"warming planned + top {s['top_k']}'s build time"
+        )
     ax.axhline(HIT_RATE_TARGET, color="red", linewidth=0.8, label=f"{HIT_RATE_TARGET:.0%} (target)")
     ax.set_xlabel("node start (s from the worker of B up)")
     ax.set_ylabel("node's hit rate (plans stored before it asked)")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title(f"nodes of B, one a {c['node_interval']:g} s, {c['specs_per_node']} specs each, Zipf s={c['zipf']}", fontsize=9)
+    ax.set_title(
+        f"nodes of B, one a {c['node_interval']:g} s, {c['specs_per_node']} specs each, Zipf s={c['zipf']}", fontsize=9
+    )
     ax.legend(fontsize=7, loc="lower right")
     ax = axes[1]
     for name, run in runs.items():
-        ax.plot([x["t"] for x in run["samples"]], [x["coverage"] for x in run["samples"]], color=COLORS[name], linewidth=WIDTHS[name], label=f"{name} warming")
+        ax.plot(
+            [x["t"] for x in run["samples"]],
+            [x["coverage"] for x in run["samples"]],
+            color=COLORS[name],
+            linewidth=WIDTHS[name],
+            label=f"{name} warming",
+        )
     warm = [x for x in runs["with"]["samples"] if x.get("warm_coverage") is not None]
-    ax.plot([x["t"] for x in warm], [x["warm_coverage"] for x in warm], color="black", linestyle=":", label="WarmStatus coverage (once planned)")
+    ax.plot(
+        [x["t"] for x in warm],
+        [x["warm_coverage"] for x in warm],
+        color="black",
+        linestyle=":",
+        label="WarmStatus coverage (once planned)",
+    )
     for q in MILESTONES:
         ax.axhline(q, color="grey", linewidth=0.5)
     ax.axvline(c["node_seconds"], color="purple", linestyle="--", label="nodes stop starting")
@@ -544,19 +768,30 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_title(f"coverage of A's {s['source_hits']:,} hits over {c['specs']} specs", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     ax = axes[2]
-    groups = [("idle worker", [m["latency_s"] for m in results["misses"]["misses"] if m["kind"] == "idle"]), ("warm build in flight", s["warming_miss_s"]),
-              *((f"rollout, {name} warming", s["rollout_miss_s"][name]) for name in runs)]  # fmt: skip
+    groups = [
+        ("idle worker", [m["latency_s"] for m in results["misses"]["misses"] if m["kind"] == "idle"]),
+        ("warm build in flight", s["warming_miss_s"]),
+        *((f"rollout, {name} warming", s["rollout_miss_s"][name]) for name in runs),
+    ]
     for i, (_, values) in enumerate(groups):
         ax.scatter([i] * len(values), [v * 1e3 for v in values], s=20)
     ax.set_xticks(range(len(groups)), [g[0] for g in groups], fontsize=7)
     if s["warming_miss_bound_s"] is not None:
-        ax.axhline(s["warming_miss_bound_s"] * 1e3, color="red", linewidth=0.8, label="floor + one candidate (target while warming)")
+        ax.axhline(
+            s["warming_miss_bound_s"] * 1e3,
+            color="red",
+            linewidth=0.8,
+            label="floor + one candidate (target while warming)",
+        )
     ax.axhline(s["miss_bound_s"] * 1e3, color="grey", linestyle="--", linewidth=0.8, label="build + one candidate")
     ax.set_ylabel("Compile latency of a new spec for A (ms)")
     ax.set_title("real misses for A", fontsize=9)
     ax.legend(fontsize=7)
-    fig.suptitle(f"upgrade rehearsal: {s['per_spec_build_s']:.2f} s per spec (heuristic + {c['candidates'] - 1} candidates), "
-                 f"{c['build_processes']} build processes, {results['machine']['cpus']} cores", fontsize=10)  # fmt: skip
+    fig.suptitle(
+        f"upgrade rehearsal: {s['per_spec_build_s']:.2f} s per spec (heuristic + {c['candidates'] - 1} candidates), "
+        f"{c['build_processes']} build processes, {results['machine']['cpus']} cores",
+        fontsize=10,
+    )
     save(fig, path)
 
 
@@ -568,33 +803,67 @@ def main() -> None:
     parser.add_argument("--specs", type=int, help=f"A's stored specs (default {FULL['specs']})")
     parser.add_argument("--zipf", type=float, default=1.1, help="exponent s of the hit law (rank = spec index)")
     parser.add_argument("--total-hits", type=int, default=100_000, help="A's hits in the history")
-    parser.add_argument("--node-seconds", type=float, help=f"nodes start during this long (default {FULL['node_seconds']:g})")
+    parser.add_argument(
+        "--node-seconds", type=float, help=f"nodes start during this long (default {FULL['node_seconds']:g})"
+    )
     parser.add_argument("--node-interval", type=float, default=1.0, help="seconds between two nodes' starts")
     parser.add_argument("--specs-per-node", type=int, help=f"specs each node needs (default {FULL['specs_per_node']})")
     parser.add_argument(
-        "--top-k", type=int, help=f"the hit-rate target's window opens when warming has run for the top K's build time (default {FULL['top_k']})"
+        "--top-k",
+        type=int,
+        help=f"the hit-rate target's window opens when warming has run for the top K's build time (default {FULL['top_k']})",
     )
     parser.add_argument("--build-seconds", type=float, default=0.05, help="stand-in heuristic build (s)")
-    parser.add_argument("--tune-seconds", type=float, help=f"stand-in candidates' builds together (s; default {FULL['tune_seconds']})")
+    parser.add_argument(
+        "--tune-seconds", type=float, help=f"stand-in candidates' builds together (s; default {FULL['tune_seconds']})"
+    )
     parser.add_argument("--candidates", type=int, help=f"candidates per spec (default {FULL['candidates']})")
-    parser.add_argument("--build-processes", type=int, default=2, help="the worker's build processes (one is kept for heuristic plans)")
-    parser.add_argument("--warm-after-idle", type=float, default=0.5, help="the worker's --warm-after-idle in the run with warming")
-    parser.add_argument("--plan", choices=("auto", "operator"), default="auto",
-                        help="who plans the warming: the worker on its own when idle (auto), or an operator's Client.warm as the worker appears")  # fmt: skip
-    parser.add_argument("--miss-at", help=f"seconds after the worker is up of the real misses during the rollout (default {FULL['miss_at']})")
-    parser.add_argument("--quiet-misses", type=int, default=3, help="real misses on an idle worker, and as many with a warm build in flight")
-    parser.add_argument("--miss-specs", type=int, default=30, help="A's plans in the run that times real misses while warming builds")
-    parser.add_argument("--max-seconds", type=float, help=f"a run ends this long after the worker is up at the latest (default {FULL['max_seconds']:g})")
+    parser.add_argument(
+        "--build-processes", type=int, default=2, help="the worker's build processes (one is kept for heuristic plans)"
+    )
+    parser.add_argument(
+        "--warm-after-idle", type=float, default=0.5, help="the worker's --warm-after-idle in the run with warming"
+    )
+    parser.add_argument(
+        "--plan",
+        choices=("auto", "operator"),
+        default="auto",
+        help="who plans the warming: the worker on its own when idle (auto), or an operator's Client.warm as the worker appears",
+    )
+    parser.add_argument(
+        "--miss-at",
+        help=f"seconds after the worker is up of the real misses during the rollout (default {FULL['miss_at']})",
+    )
+    parser.add_argument(
+        "--quiet-misses",
+        type=int,
+        default=3,
+        help="real misses on an idle worker, and as many with a warm build in flight",
+    )
+    parser.add_argument(
+        "--miss-specs", type=int, default=30, help="A's plans in the run that times real misses while warming builds"
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        help=f"a run ends this long after the worker is up at the latest (default {FULL['max_seconds']:g})",
+    )
     parser.add_argument("--poll-interval", type=float, default=0.5)
     parser.add_argument(
-        "--bound-specs", type=int, help=f"A's plans in the store-bound run (default {FULL['bound_specs']}: with 2 of B, 75 KB each, most of the bound)"
+        "--bound-specs",
+        type=int,
+        help=f"A's plans in the store-bound run (default {FULL['bound_specs']}: with 2 of B, 75 KB each, most of the bound)",
     )
-    parser.add_argument("--bound-mb", type=int, help=f"--store-max-mb of the store-bound run (default {FULL['bound_mb']})")
+    parser.add_argument(
+        "--bound-mb", type=int, help=f"--store-max-mb of the store-bound run (default {FULL['bound_mb']})"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--note", default="", help="stored in the JSON")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--quick", action="store_true", help="a short run (the smoke test)")
-    parser.add_argument("--from-json", type=Path, help="no run: summarize a recorded run's JSON again (its config) into --out")
+    parser.add_argument(
+        "--from-json", type=Path, help="no run: summarize a recorded run's JSON again (its config) into --out"
+    )
     args = parser.parse_args()
     if args.from_json is not None:
         results = json.loads(args.from_json.read_text())

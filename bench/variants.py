@@ -46,10 +46,22 @@ def _paged_step(g: Any, b: int, h: int, d: int, page: int, max_kv: int) -> tuple
     q = g.tensor([b, h, 1, d], name="q", uid=1)
     k = g.tensor([pages, h, page, d], name="k_cache", uid=2)
     v = g.tensor([pages, h, page, d], name="v_cache", uid=3)
-    tables = [g.tensor([b, 1, max_kv // page, 1], name=n, uid=u, data_type="int32") for n, u in (("k_page_table", 4), ("v_page_table", 5))]
-    lengths = [g.tensor([b, 1, 1, 1], name=n, uid=u, data_type="int32") for n, u in (("seq_len_q", 6), ("seq_len_kv", 7))]
-    paging = {"attn_scale": 1 / math.sqrt(d), "use_padding_mask": True, "seq_len_q": lengths[0], "seq_len_kv": lengths[1],
-              "paged_attention_k_table": tables[0], "paged_attention_v_table": tables[1], "paged_attention_max_seq_len_kv": max_kv}  # fmt: skip
+    tables = [
+        g.tensor([b, 1, max_kv // page, 1], name=n, uid=u, data_type="int32")
+        for n, u in (("k_page_table", 4), ("v_page_table", 5))
+    ]
+    lengths = [
+        g.tensor([b, 1, 1, 1], name=n, uid=u, data_type="int32") for n, u in (("seq_len_q", 6), ("seq_len_kv", 7))
+    ]
+    paging = {
+        "attn_scale": 1 / math.sqrt(d),
+        "use_padding_mask": True,
+        "seq_len_q": lengths[0],
+        "seq_len_kv": lengths[1],
+        "paged_attention_k_table": tables[0],
+        "paged_attention_v_table": tables[1],
+        "paged_attention_max_seq_len_kv": max_kv,
+    }
     return [q, k, v], paging
 
 
@@ -88,10 +100,14 @@ def packed_prefill_spec(lengths: list[int], h: int, d: int) -> Any:
     b, s = len(lengths), max(lengths)
     thd = [s * h * d, d, h * d, 1]
     offsets = g.tensor([b + 1, 1, 1, 1], name="token_offsets", uid=9, data_type="int32")
-    q, k, v = (g.tensor([b, h, s, d], thd, name=n, uid=u, ragged_offset=offsets) for n, u in (("q", 1), ("k", 2), ("v", 3)))
+    q, k, v = (
+        g.tensor([b, h, s, d], thd, name=n, uid=u, ragged_offset=offsets) for n, u in (("q", 1), ("k", 2), ("v", 3))
+    )
     sq = g.tensor([b, 1, 1, 1], name="seq_len_q", uid=6, data_type="int32")
     skv = g.tensor([b, 1, 1, 1], name="seq_len_kv", uid=7, data_type="int32")
-    o, _ = g.sdpa(q, k, v, attn_scale=1 / math.sqrt(d), use_causal_mask=True, use_padding_mask=True, seq_len_q=sq, seq_len_kv=skv)
+    o, _ = g.sdpa(
+        q, k, v, attn_scale=1 / math.sqrt(d), use_causal_mask=True, use_padding_mask=True, seq_len_q=sq, seq_len_kv=skv
+    )
     o.set_output(True).set_name("o").set_uid(8).set_stride(thd).set_ragged_offset(offsets)
     return g
 
@@ -127,8 +143,16 @@ def paged_case(compiler: Any) -> dict[str, Any]:
     table = torch.randperm(b * pages_per_seq, device="cuda", dtype=torch.int32).view(b, 1, pages_per_seq, 1)
     full = torch.full((b, 1, 1, 1), max_kv, device="cuda", dtype=torch.int32)
     o = torch.empty_like(q)
-    tensors = {"q": q, "k_cache": kc, "v_cache": vc, "k_page_table": table, "v_page_table": table, "seq_len_q": torch.ones_like(full),
-               "seq_len_kv": full, "o": o}  # fmt: skip
+    tensors = {
+        "q": q,
+        "k_cache": kc,
+        "v_cache": vc,
+        "k_page_table": table,
+        "v_page_table": table,
+        "seq_len_q": torch.ones_like(full),
+        "seq_len_kv": full,
+        "o": o,
+    }
     run = plan.bind(tensors)
     flat = table.view(-1).long()
 
@@ -137,13 +161,30 @@ def paged_case(compiler: Any) -> dict[str, Any]:
         v = vc.index_select(0, flat).view(b, pages_per_seq, h, page, d).permute(0, 2, 1, 3, 4).reshape(b, h, max_kv, d)
         return F.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(d))
 
-    k_contig = kc.index_select(0, flat).view(b, pages_per_seq, h, page, d).permute(0, 2, 1, 3, 4).reshape(b, h, max_kv, d).contiguous()
-    v_contig = vc.index_select(0, flat).view(b, pages_per_seq, h, page, d).permute(0, 2, 1, 3, 4).reshape(b, h, max_kv, d).contiguous()
+    k_contig = (
+        kc.index_select(0, flat)
+        .view(b, pages_per_seq, h, page, d)
+        .permute(0, 2, 1, 3, 4)
+        .reshape(b, h, max_kv, d)
+        .contiguous()
+    )
+    v_contig = (
+        vc.index_select(0, flat)
+        .view(b, pages_per_seq, h, page, d)
+        .permute(0, 2, 1, 3, 4)
+        .reshape(b, h, max_kv, d)
+        .contiguous()
+    )
     run()
     torch.cuda.synchronize()
     err = float((o.float() - gathered().float()).norm() / gathered().float().norm())
-    paths = {"plancache paged plan": run, "torch: gather pages + SDPA": gathered,
-             "torch: SDPA on a contiguous cache (floor)": lambda: F.scaled_dot_product_attention(q, k_contig, v_contig, scale=1 / math.sqrt(d))}  # fmt: skip
+    paths = {
+        "plancache paged plan": run,
+        "torch: gather pages + SDPA": gathered,
+        "torch: SDPA on a contiguous cache (floor)": lambda: F.scaled_dot_product_attention(
+            q, k_contig, v_contig, scale=1 / math.sqrt(d)
+        ),
+    }
     return {"case": "paged decode b64 h32 d128, 4k KV in 64-token pages, bf16", "rel_err_vs_torch": err, **timed(paths)}
 
 
@@ -162,25 +203,67 @@ def fp8_paged_case(compiler: Any) -> dict[str, Any]:
     full = torch.full((b, 1, 1, 1), max_kv, device="cuda", dtype=torch.int32)
     o = torch.empty(b, h, 1, d, device="cuda", dtype=e4m3)
     one = torch.ones(1, 1, 1, 1, device="cuda")
-    tensors = {"q": q, "k_cache": kc, "v_cache": vc, "k_page_table": table, "v_page_table": table, "seq_len_q": torch.ones_like(full),
-               "seq_len_kv": full, "o": o, "amax_s": torch.zeros_like(one), "amax_o": torch.zeros_like(one), **{n: one for n in FP8_SCALES}}  # fmt: skip
+    tensors = {
+        "q": q,
+        "k_cache": kc,
+        "v_cache": vc,
+        "k_page_table": table,
+        "v_page_table": table,
+        "seq_len_q": torch.ones_like(full),
+        "seq_len_kv": full,
+        "o": o,
+        "amax_s": torch.zeros_like(one),
+        "amax_o": torch.zeros_like(one),
+        **{n: one for n in FP8_SCALES},
+    }
     run = plan.bind(tensors)
     flat = table.view(-1).long()
 
     def dequantized_gathered() -> torch.Tensor:
-        k = kc.index_select(0, flat).to(torch.bfloat16).view(b, pages_per_seq, h, page, d).permute(0, 2, 1, 3, 4).reshape(b, h, max_kv, d)
-        v = vc.index_select(0, flat).to(torch.bfloat16).view(b, pages_per_seq, h, page, d).permute(0, 2, 1, 3, 4).reshape(b, h, max_kv, d)
+        k = (
+            kc.index_select(0, flat)
+            .to(torch.bfloat16)
+            .view(b, pages_per_seq, h, page, d)
+            .permute(0, 2, 1, 3, 4)
+            .reshape(b, h, max_kv, d)
+        )
+        v = (
+            vc.index_select(0, flat)
+            .to(torch.bfloat16)
+            .view(b, pages_per_seq, h, page, d)
+            .permute(0, 2, 1, 3, 4)
+            .reshape(b, h, max_kv, d)
+        )
         return F.scaled_dot_product_attention(q.to(torch.bfloat16), k, v, scale=1 / math.sqrt(d))
 
-    k16 = kc.index_select(0, flat).to(torch.bfloat16).view(b, pages_per_seq, h, page, d).permute(0, 2, 1, 3, 4).reshape(b, h, max_kv, d).contiguous()
-    v16 = vc.index_select(0, flat).to(torch.bfloat16).view(b, pages_per_seq, h, page, d).permute(0, 2, 1, 3, 4).reshape(b, h, max_kv, d).contiguous()
+    k16 = (
+        kc.index_select(0, flat)
+        .to(torch.bfloat16)
+        .view(b, pages_per_seq, h, page, d)
+        .permute(0, 2, 1, 3, 4)
+        .reshape(b, h, max_kv, d)
+        .contiguous()
+    )
+    v16 = (
+        vc.index_select(0, flat)
+        .to(torch.bfloat16)
+        .view(b, pages_per_seq, h, page, d)
+        .permute(0, 2, 1, 3, 4)
+        .reshape(b, h, max_kv, d)
+        .contiguous()
+    )
     q16 = q.to(torch.bfloat16)
     run()
     torch.cuda.synchronize()
     ref = dequantized_gathered().float()
     err = float((o.float() - ref).norm() / ref.norm())
-    paths = {"plancache FP8 paged plan": run, "torch: dequantize + gather pages + SDPA (bf16)": dequantized_gathered,
-             "torch: SDPA on a contiguous bf16 cache (floor)": lambda: F.scaled_dot_product_attention(q16, k16, v16, scale=1 / math.sqrt(d))}  # fmt: skip
+    paths = {
+        "plancache FP8 paged plan": run,
+        "torch: dequantize + gather pages + SDPA (bf16)": dequantized_gathered,
+        "torch: SDPA on a contiguous bf16 cache (floor)": lambda: F.scaled_dot_product_attention(
+            q16, k16, v16, scale=1 / math.sqrt(d)
+        ),
+    }
     return {"case": CASE_LABELS["fp8_paged_case"], "rel_err_vs_torch": err, **timed(paths)}
 
 
@@ -195,11 +278,24 @@ def packed_prefill_case(compiler: Any) -> dict[str, Any]:
     o = torch.empty_like(q)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
     seq = torch.tensor(lengths, device="cuda", dtype=torch.int32).view(b, 1, 1, 1)
-    run = plan.bind({"q": q, "k": k, "v": v, "o": o, "token_offsets": (cu * h * d).view(b + 1, 1, 1, 1), "seq_len_q": seq, "seq_len_kv": seq})
+    run = plan.bind(
+        {
+            "q": q,
+            "k": k,
+            "v": v,
+            "o": o,
+            "token_offsets": (cu * h * d).view(b + 1, 1, 1, 1),
+            "seq_len_q": seq,
+            "seq_len_kv": seq,
+        }
+    )
     scale = 1 / math.sqrt(d)
     starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
     # Each sequence copied out as contiguous [1, h, n, d] (outside the timing): SDPA's flash path at its best.
-    views = [tuple(x[a:e].transpose(0, 1).unsqueeze(0).contiguous() for x in (q, k, v)) for a, e in itertools.pairwise(starts)]
+    views = [
+        tuple(x[a:e].transpose(0, 1).unsqueeze(0).contiguous() for x in (q, k, v))
+        for a, e in itertools.pairwise(starts)
+    ]
 
     def per_sequence() -> list[torch.Tensor]:
         return [F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale) for qi, ki, vi in views]
@@ -212,8 +308,11 @@ def packed_prefill_case(compiler: Any) -> dict[str, Any]:
     torch.cuda.synchronize()
     ref = torch.cat([x[0].transpose(0, 1) for x in per_sequence()]).float()
     err = float((o.float() - ref).norm() / ref.norm())
-    return {"case": f"packed prefill, {b} sequences of {min(lengths)}-{max(lengths)} tokens, {tokens:,} in all, h32 d128 bf16 causal",
-            "rel_err_vs_torch": err, **timed(paths)}  # fmt: skip
+    return {
+        "case": f"packed prefill, {b} sequences of {min(lengths)}-{max(lengths)} tokens, {tokens:,} in all, h32 d128 bf16 causal",
+        "rel_err_vs_torch": err,
+        **timed(paths),
+    }
 
 
 def _torch_varlen(q: Any, k: Any, v: Any, cu: Any, longest: int, scale: float) -> Any:
@@ -250,8 +349,11 @@ def fp8_case(compiler: Any) -> dict[str, Any]:
     torch.cuda.synchronize()
     ref = scaled_mm().float()
     err = float((c[0].float() - ref).norm() / ref.norm())
-    return {"case": "FP8 e4m3 matmul 4096^3, per-tensor scales, bf16 out", "rel_err_vs_torch": err,
-            **timed({"plancache FP8 plan": run, "torch._scaled_mm": scaled_mm})}  # fmt: skip
+    return {
+        "case": "FP8 e4m3 matmul 4096^3, per-tensor scales, bf16 out",
+        "rel_err_vs_torch": err,
+        **timed({"plancache FP8 plan": run, "torch._scaled_mm": scaled_mm}),
+    }
 
 
 def timed(paths: dict[str, Any], rounds: int = 5) -> dict[str, Any]:
@@ -278,7 +380,13 @@ def main() -> None:
     for fn in (paged_case, fp8_paged_case, packed_prefill_case, fp8_case):
         try:
             rows.append(fn(compiler))
-            print(rows[-1]["case"], {k: round(v, 4) for k, v in rows[-1]["ms"].items()}, "rel err", rows[-1]["rel_err_vs_torch"], flush=True)
+            print(
+                rows[-1]["case"],
+                {k: round(v, 4) for k, v in rows[-1]["ms"].items()},
+                "rel err",
+                rows[-1]["rel_err_vs_torch"],
+                flush=True,
+            )
         except Exception as e:  # a failed case (cuDNN refusing it on this GPU) is reported, not the run
             errors[CASE_LABELS.get(fn.__name__, fn.__name__)] = f"{type(e).__name__}: {e}"
             print(fn.__name__, "failed:", errors[CASE_LABELS.get(fn.__name__, fn.__name__)][:2000], flush=True)

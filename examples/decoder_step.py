@@ -74,7 +74,9 @@ class Cache:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def clone(self) -> Cache:
-        return Cache([t.clone() for t in self.k], [t.clone() for t in self.v], self.page_table.clone(), self.lengths.clone())
+        return Cache(
+            [t.clone() for t in self.k], [t.clone() for t in self.v], self.page_table.clone(), self.lengths.clone()
+        )
 
 
 def build(config: Config, dtype: Any, device: Any, seed: int = 0) -> tuple[Model, Cache, Any]:
@@ -93,17 +95,25 @@ def build(config: Config, dtype: Any, device: Any, seed: int = 0) -> tuple[Model
 
     qkv = (c.heads + 2 * c.kv_heads) * c.head_dim
     layers = [
-        {"attn_norm": norm(), "wqkv": weight(qkv, c.hidden), "wo": weight(c.hidden, c.heads * c.head_dim), "mlp_norm": norm(),
-         "w_up": weight(c.mlp, c.hidden), "w_down": weight(c.hidden, c.mlp)}
+        {
+            "attn_norm": norm(),
+            "wqkv": weight(qkv, c.hidden),
+            "wo": weight(c.hidden, c.heads * c.head_dim),
+            "mlp_norm": norm(),
+            "w_up": weight(c.mlp, c.hidden),
+            "w_down": weight(c.hidden, c.mlp),
+        }
         for _ in range(c.layers)
-    ]  # fmt: skip
+    ]
     pages = c.batch * c.pages_per_seq
     pool = (pages, c.kv_heads, c.page_size, c.head_dim)
     k = [torch.randn(pool, generator=g).to(device=device, dtype=dtype) for _ in range(c.layers)]
     v = [torch.randn(pool, generator=g).to(device=device, dtype=dtype) for _ in range(c.layers)]
     table = torch.randperm(pages, generator=g).to(torch.int32).view(c.batch, c.pages_per_seq).to(device)
     capacity = c.pages_per_seq * c.page_size
-    lengths = torch.linspace(1, capacity - 1, c.batch).round().to(torch.int32).to(device)  # one token short of a page edge, a full table ...
+    lengths = (
+        torch.linspace(1, capacity - 1, c.batch).round().to(torch.int32).to(device)
+    )  # one token short of a page edge, a full table ...
     x = torch.randn(c.batch, c.hidden, generator=g).to(device=device, dtype=dtype)
     return Model(config, layers, norm()), Cache(k, v, table, lengths), x
 
@@ -145,7 +155,9 @@ def torch_ops() -> Any:
         kv_heads = k_pool.shape[1]
         keys = k_pool[table.long()].permute(0, 2, 1, 3, 4).reshape(b, kv_heads, -1, d)
         values = v_pool[table.long()].permute(0, 2, 1, 3, 4).reshape(b, kv_heads, -1, d)
-        visible = (torch.arange(keys.shape[2], device=q.device).view(1, -1) < lengths.view(-1, 1).long()).view(b, 1, 1, -1)
+        visible = (torch.arange(keys.shape[2], device=q.device).view(1, -1) < lengths.view(-1, 1).long()).view(
+            b, 1, 1, -1
+        )
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, enable_gqa=heads != kv_heads)
 
     return SimpleNamespace(linear=linear, rms_norm=F.rms_norm, paged_decode_attention=paged_decode_attention)
@@ -165,7 +177,10 @@ def relative_error(ours: Any, reference: Any) -> float:
 def default_trusted_keys() -> list[str]:
     if os.environ.get("PLANCACHE_TRUSTED_KEYS"):
         return []  # the client reads them itself
-    base = Path(os.environ.get("PLANCACHE_DATA_DIR") or Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "plancache")
+    base = Path(
+        os.environ.get("PLANCACHE_DATA_DIR")
+        or Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "plancache"
+    )
     key = base / "keys" / "plan-signing.pub.pem"
     return [str(key)] if key.exists() else []
 
@@ -176,18 +191,30 @@ def compare(model: Model, cache: Cache, x: Any, step: Callable[..., Any] = decod
     torch_cache, ours_cache = cache.clone(), cache.clone()
     expected = step(model, torch_cache, x, torch_ops())
     got = step(model, ours_cache, x, functional_ops())
-    cache_error = max(relative_error(a, b) for a, b in zip(ours_cache.k + ours_cache.v, torch_cache.k + torch_cache.v, strict=True))
+    cache_error = max(
+        relative_error(a, b) for a, b in zip(ours_cache.k + ours_cache.v, torch_cache.k + torch_cache.v, strict=True)
+    )
     return {"output": got, "expected": expected, "rel_err": relative_error(got, expected), "cache_rel_err": cache_error}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server", default=os.environ.get("PLANCACHE_SERVER", "127.0.0.1:50051"), help="host:port of plancache-server (env PLANCACHE_SERVER)")
+    parser.add_argument(
+        "--server",
+        default=os.environ.get("PLANCACHE_SERVER", "127.0.0.1:50051"),
+        help="host:port of plancache-server (env PLANCACHE_SERVER)",
+    )
     parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="bfloat16")
     parser.add_argument("--layers", type=int, default=Config.layers)
     parser.add_argument("--batch", type=int, default=Config.batch)
-    parser.add_argument("--trusted-key", action="append", default=None, help="public key (PEM) plans must be signed with; repeatable")
-    parser.add_argument("--require-cudnn", action="store_true", help="exit 1 when a call ran torch's function instead of a plancache plan")
+    parser.add_argument(
+        "--trusted-key", action="append", default=None, help="public key (PEM) plans must be signed with; repeatable"
+    )
+    parser.add_argument(
+        "--require-cudnn",
+        action="store_true",
+        help="exit 1 when a call ran torch's function instead of a plancache plan",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -206,10 +233,17 @@ def main(argv: list[str] | None = None) -> int:
         result = compare(model, cache, x)
     counts = pf.stats()
     tolerance = TOLERANCE[args.dtype]
-    print(f"decoder step: {config.layers} layers, batch {config.batch}, hidden {config.hidden}, {config.heads} heads ({config.kv_heads} kv), {args.dtype}")
+    print(
+        f"decoder step: {config.layers} layers, batch {config.batch}, hidden {config.hidden}, {config.heads} heads ({config.kv_heads} kv), {args.dtype}"
+    )
     for name, s in sorted(counts.items()):
-        print(f"  {name:24s} cudnn calls {s.cudnn:3d}  torch calls {s.torch:3d}" + (f"  (torch: {'; '.join(s.reasons)})" if s.reasons else ""))
-    print(f"max rel error vs torch eager: {result['rel_err']:.2e} (tolerance {tolerance:g}); the cache it wrote: {result['cache_rel_err']:.2e}")
+        print(
+            f"  {name:24s} cudnn calls {s.cudnn:3d}  torch calls {s.torch:3d}"
+            + (f"  (torch: {'; '.join(s.reasons)})" if s.reasons else "")
+        )
+    print(
+        f"max rel error vs torch eager: {result['rel_err']:.2e} (tolerance {tolerance:g}); the cache it wrote: {result['cache_rel_err']:.2e}"
+    )
     failed = result["rel_err"] > tolerance or result["cache_rel_err"] > tolerance
     if args.require_cudnn and any(s.torch for s in counts.values()):
         print("decoder_step: some calls ran torch's own function (--require-cudnn)", file=sys.stderr)

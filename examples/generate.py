@@ -87,8 +87,11 @@ def _training_outputs(o: Tensor | None, stats: Tensor | None) -> None:
 
 def _backward_inputs(g: GraphSpec, b: int, h: int, s: int, d: int) -> tuple[Tensor, Tensor, Tensor]:
     """A backward's forward output o (uid 14), its gradient dO (16) and the stats (15)."""
-    return (g.tensor([b, h, s, d], name="o", uid=14), g.tensor([b, h, s, d], name="dO", uid=16),
-            g.tensor([b, h, s, 1], name="stats", uid=15, data_type="float"))  # fmt: skip
+    return (
+        g.tensor([b, h, s, d], name="o", uid=14),
+        g.tensor([b, h, s, d], name="dO", uid=16),
+        g.tensor([b, h, s, 1], name="stats", uid=15, data_type="float"),
+    )
 
 
 def _gradients(grads: list[Tensor | None], stride: list[int] | None = None, offsets: Tensor | None = None) -> None:
@@ -140,27 +143,45 @@ def sdpa_backward_bf16() -> GraphSpec:
     return g
 
 
-def _paged_decode(g: GraphSpec, uids: tuple[int, int, int, int], s_q: int = 1) -> tuple[list[Tensor], dict[str, object]]:
+def _paged_decode(
+    g: GraphSpec, uids: tuple[int, int, int, int], s_q: int = 1
+) -> tuple[list[Tensor], dict[str, object]]:
     """A decode step's q (b 8, h 8, s_q query tokens, d 128) and 64-token page
     pools (1024 tokens per sequence at most), and the paged-cache keywords:
     the k and v page tables and the q and kv lengths, with these uids."""
     b, h, d, page, max_kv = 8, 8, 128, 64, 1024
     pages = b * max_kv // page
     qkv = [
-        g.tensor(dim, name=n, uid=u) for n, u, dim in (("q", 11, [b, h, s_q, d]), ("k_cache", 12, [pages, h, page, d]), ("v_cache", 13, [pages, h, page, d]))
+        g.tensor(dim, name=n, uid=u)
+        for n, u, dim in (
+            ("q", 11, [b, h, s_q, d]),
+            ("k_cache", 12, [pages, h, page, d]),
+            ("v_cache", 13, [pages, h, page, d]),
+        )
     ]
     dims = ([b, 1, max_kv // page, 1],) * 2 + ([b, 1, 1, 1],) * 2
-    k_table, v_table, seq_q, seq_kv = (g.tensor(dim, name=n, uid=u, data_type="int32")
-                                       for n, u, dim in zip(("k_page_table", "v_page_table", "seq_len_q", "seq_len_kv"), uids, dims, strict=True))  # fmt: skip
-    paging: dict[str, object] = {"attn_scale": 1 / math.sqrt(d), "use_padding_mask": True, "seq_len_q": seq_q, "seq_len_kv": seq_kv,
-                                 "paged_attention_k_table": k_table, "paged_attention_v_table": v_table, "paged_attention_max_seq_len_kv": max_kv}  # fmt: skip
+    k_table, v_table, seq_q, seq_kv = (
+        g.tensor(dim, name=n, uid=u, data_type="int32")
+        for n, u, dim in zip(("k_page_table", "v_page_table", "seq_len_q", "seq_len_kv"), uids, dims, strict=True)
+    )
+    paging: dict[str, object] = {
+        "attn_scale": 1 / math.sqrt(d),
+        "use_padding_mask": True,
+        "seq_len_q": seq_q,
+        "seq_len_kv": seq_kv,
+        "paged_attention_k_table": k_table,
+        "paged_attention_v_table": v_table,
+        "paged_attention_max_seq_len_kv": max_kv,
+    }
     return qkv, paging
 
 
 def _fp8_attention(g: GraphSpec, q: Tensor, k: Tensor, v: Tensor, **kwargs: object) -> GraphSpec:
     """sdpa_fp8 with unit-shaped scales (uids 20-25), O (14) and the amax of S and O (15, 16)."""
-    scales = {n: g.tensor([1, 1, 1, 1], name=n, uid=20 + i, data_type="float")
-              for i, n in enumerate(("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"))}  # fmt: skip
+    scales = {
+        n: g.tensor([1, 1, 1, 1], name=n, uid=20 + i, data_type="float")
+        for i, n in enumerate(("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"))
+    }
     o, _, amax_s, amax_o = g.sdpa_fp8(q, k, v, **kwargs, **scales)
     assert o is not None and amax_s is not None and amax_o is not None
     o.set_output(True).set_name("o").set_uid(14)
@@ -218,7 +239,9 @@ def _thd(b: int, h: int, s: int, d: int) -> list[int]:
     return [s * h * d, d, h * d, 1]
 
 
-def _ragged_qkv(g: GraphSpec, b: int, h: int, s: int, d: int, offsets: Tensor, names: tuple[tuple[str, int], ...]) -> list[Tensor]:
+def _ragged_qkv(
+    g: GraphSpec, b: int, h: int, s: int, d: int, offsets: Tensor, names: tuple[tuple[str, int], ...]
+) -> list[Tensor]:
     return [g.tensor([b, h, s, d], _thd(b, h, s, d), name=n, uid=u, ragged_offset=offsets) for n, u in names]
 
 
@@ -231,7 +254,16 @@ def sdpa_ragged_prefill_bf16() -> GraphSpec:
     q, k, v = _ragged_qkv(g, b, h, s, d, offsets, (("q", 11), ("k", 12), ("v", 13)))
     seq_q = g.tensor([b, 1, 1, 1], name="seq_len_q", uid=17, data_type="int32")
     seq_kv = g.tensor([b, 1, 1, 1], name="seq_len_kv", uid=18, data_type="int32")
-    o, _ = g.sdpa(q, k, v, attn_scale=1 / math.sqrt(d), use_causal_mask=True, use_padding_mask=True, seq_len_q=seq_q, seq_len_kv=seq_kv)
+    o, _ = g.sdpa(
+        q,
+        k,
+        v,
+        attn_scale=1 / math.sqrt(d),
+        use_causal_mask=True,
+        use_padding_mask=True,
+        seq_len_q=seq_q,
+        seq_len_kv=seq_kv,
+    )
     assert o is not None
     o.set_output(True).set_name("o").set_uid(14).set_stride(_thd(b, h, s, d)).set_ragged_offset(offsets)
     return g
@@ -247,14 +279,30 @@ def sdpa_backward_ragged_bf16() -> GraphSpec:
     stats = g.tensor([b, h, s, 1], name="stats", uid=16, data_type="float")
     seq_q = g.tensor([b, 1, 1, 1], name="seq_len_q", uid=17, data_type="int32")
     seq_kv = g.tensor([b, 1, 1, 1], name="seq_len_kv", uid=18, data_type="int32")
-    grads = g.sdpa_backward(q, k, v, o, d_o, stats, attn_scale=1 / math.sqrt(d), use_causal_mask=True, use_padding_mask=True,
-                            seq_len_q=seq_q, seq_len_kv=seq_kv, max_total_seq_len_q=1024, max_total_seq_len_kv=1024)  # fmt: skip
+    grads = g.sdpa_backward(
+        q,
+        k,
+        v,
+        o,
+        d_o,
+        stats,
+        attn_scale=1 / math.sqrt(d),
+        use_causal_mask=True,
+        use_padding_mask=True,
+        seq_len_q=seq_q,
+        seq_len_kv=seq_kv,
+        max_total_seq_len_q=1024,
+        max_total_seq_len_kv=1024,
+    )
     _gradients(grads, _thd(b, h, s, d), offsets)
     return g
 
 
 def _dropout(g: GraphSpec) -> tuple[Tensor, Tensor]:
-    return (g.tensor([1, 1, 1, 1], name="dropout_seed", uid=31, data_type="int64"), g.tensor([1, 1, 1, 1], name="dropout_offset", uid=32, data_type="int64"))
+    return (
+        g.tensor([1, 1, 1, 1], name="dropout_seed", uid=31, data_type="int64"),
+        g.tensor([1, 1, 1, 1], name="dropout_offset", uid=32, data_type="int64"),
+    )
 
 
 def sdpa_dropout_bf16() -> GraphSpec:
@@ -403,7 +451,10 @@ def rmsnorm_inference_fp16() -> GraphSpec:
 def batchnorm_inference_fp16() -> GraphSpec:
     g = GraphSpec(name="batchnorm_inference_fp16", io_data_type="half")
     x = g.tensor([16, 64, 32, 32], nhwc(16, 64, 32, 32), name="x", uid=1)
-    stats = [g.tensor([1, 64, 1, 1], name=n, uid=uid, data_type="float") for n, uid in (("mean", 2), ("inv_variance", 3), ("scale", 4), ("bias", 5))]
+    stats = [
+        g.tensor([1, 64, 1, 1], name=n, uid=uid, data_type="float")
+        for n, uid in (("mean", 2), ("inv_variance", 3), ("scale", 4), ("bias", 5))
+    ]
     y = g.batchnorm_inference(x, *stats)
     y.set_output(True).set_name("y").set_uid(6).set_stride(nhwc(16, 64, 32, 32))
     return g
@@ -453,7 +504,9 @@ def _row_stats(g: GraphSpec, rows: int, uids: tuple[int, int] | tuple[int]) -> l
     return [g.tensor([rows, 1, 1, 1], name=n, uid=u, data_type="float") for n, u in zip(names, uids, strict=True)]
 
 
-def _gradients_out(grads: list[Tensor | None], uids: tuple[int, int, int], data_types: tuple[str | None, ...] = (None, None, None)) -> None:
+def _gradients_out(
+    grads: list[Tensor | None], uids: tuple[int, int, int], data_types: tuple[str | None, ...] = (None, None, None)
+) -> None:
     """DX, DScale, DBias as outputs with these uids (and data types, where given)."""
     for t, name, uid, data_type in zip(grads, ("DX", "DScale", "DBias"), uids, data_types, strict=True):
         assert t is not None
@@ -469,7 +522,9 @@ def layernorm_backward_fp16() -> GraphSpec:
     x = g.tensor([2048, 1024, 1, 1], name="x", uid=2)
     scale = g.tensor([1, 1024, 1, 1], name="scale", uid=3)
     mean, inv_var = _row_stats(g, 2048, (4, 5))
-    _gradients_out(g.node("layernorm_backward", grad=dy, input=x, scale=scale, mean=mean, inv_variance=inv_var), (6, 7, 8))
+    _gradients_out(
+        g.node("layernorm_backward", grad=dy, input=x, scale=scale, mean=mean, inv_variance=inv_var), (6, 7, 8)
+    )
     return g
 
 
@@ -480,7 +535,9 @@ def rmsnorm_backward_bf16() -> GraphSpec:
     x = g.tensor([2048, 1024, 1, 1], name="x", uid=2)
     scale = g.tensor([1, 1024, 1, 1], name="scale", uid=3)
     (inv_var,) = _row_stats(g, 2048, (5,))
-    _gradients_out(g.node("rmsnorm_backward", grad=dy, input=x, scale=scale, inv_variance=inv_var, has_dbias=True), (6, 7, 8))
+    _gradients_out(
+        g.node("rmsnorm_backward", grad=dy, input=x, scale=scale, inv_variance=inv_var, has_dbias=True), (6, 7, 8)
+    )
     return g
 
 
@@ -497,11 +554,24 @@ def batchnorm_training_fp16() -> GraphSpec:
     scale, bias, running_mean, running_var = _channel_params(g, 16, ("scale", "bias", "running_mean", "running_var"), 2)
     epsilon = g.scalar(1e-3, name="epsilon", uid=6)
     momentum = g.scalar(0.1, name="momentum", uid=7)
-    y, mean, inv_var, next_mean, next_var = g.node("batchnorm", input=x, scale=scale, bias=bias, in_running_mean=running_mean,
-                                                   in_running_var=running_var, epsilon=epsilon, momentum=momentum)  # fmt: skip
+    y, mean, inv_var, next_mean, next_var = g.node(
+        "batchnorm",
+        input=x,
+        scale=scale,
+        bias=bias,
+        in_running_mean=running_mean,
+        in_running_var=running_var,
+        epsilon=epsilon,
+        momentum=momentum,
+    )
     assert y is not None
     g.relu(y).set_output(True).set_name("y").set_uid(8)
-    for t, name, uid in ((mean, "mean", 9), (inv_var, "inv_variance", 10), (next_mean, "next_running_mean", 11), (next_var, "next_running_var", 12)):
+    for t, name, uid in (
+        (mean, "mean", 9),
+        (inv_var, "inv_variance", 10),
+        (next_mean, "next_running_mean", 11),
+        (next_var, "next_running_var", 12),
+    ):
         assert t is not None
         t.set_output(True).set_name(name).set_uid(uid).set_data_type("float")
     return g
@@ -525,7 +595,9 @@ def instancenorm_training_fp16() -> GraphSpec:
     scale = g.tensor([1, 32, 1, 1], name="scale", uid=2)
     bias = g.tensor([1, 32, 1, 1], name="bias", uid=3)
     epsilon = g.scalar(1e-5, name="epsilon", uid=4)
-    y, mean, inv_var = g.node("instancenorm", input=x, scale=scale, bias=bias, epsilon=epsilon, norm_forward_phase="TRAINING")
+    y, mean, inv_var = g.node(
+        "instancenorm", input=x, scale=scale, bias=bias, epsilon=epsilon, norm_forward_phase="TRAINING"
+    )
     assert y is not None and mean is not None and inv_var is not None
     y.set_output(True).set_name("y").set_uid(5)
     mean.set_output(True).set_name("mean").set_uid(6).set_data_type("float")
@@ -544,7 +616,9 @@ def adalayernorm_training_fp16() -> GraphSpec:
     x, scale = _adaln_inputs(g, 4, 1024, 768)
     bias = g.tensor([4, 1, 768], name="bias", uid=4)
     epsilon = g.tensor([1, 1, 1], [1, 1, 1], "float", name="epsilon", uid=5, is_pass_by_value=True, scalar_value=1e-3)
-    y, mean, inv_var = g.node("adalayernorm", input=x, scale=scale, bias=bias, epsilon=epsilon, norm_forward_phase="TRAINING")
+    y, mean, inv_var = g.node(
+        "adalayernorm", input=x, scale=scale, bias=bias, epsilon=epsilon, norm_forward_phase="TRAINING"
+    )
     assert y is not None and mean is not None and inv_var is not None
     y.set_output(True).set_name("y").set_uid(6)
     mean.set_output(True).set_name("mean").set_uid(7).set_data_type("float")
@@ -557,8 +631,12 @@ def adalayernorm_backward_fp16() -> GraphSpec:
     g = GraphSpec(name="adalayernorm_backward_fp16", io_data_type="half")
     dy = g.tensor([4, 1024, 768], name="dY", uid=1)
     x, scale = _adaln_inputs(g, 4, 1024, 768)
-    mean, inv_var = (g.tensor([4, 1024, 1], name=n, uid=u, data_type="float") for n, u in (("mean", 4), ("inv_variance", 5)))
-    _gradients_out(g.node("adalayernorm_backward", grad=dy, input=x, scale=scale, mean=mean, inv_variance=inv_var), (6, 7, 8))
+    mean, inv_var = (
+        g.tensor([4, 1024, 1], name=n, uid=u, data_type="float") for n, u in (("mean", 4), ("inv_variance", 5))
+    )
+    _gradients_out(
+        g.node("adalayernorm_backward", grad=dy, input=x, scale=scale, mean=mean, inv_variance=inv_var), (6, 7, 8)
+    )
     return g
 
 
@@ -652,8 +730,10 @@ def apply_rope_fp16() -> GraphSpec:
     bh, t, hs, half = 64, 1024, 128, 16
     q_view, table_view = [t * hs, hs, 1], [t * 2 * half, 2 * half, 1]
     x1, x2 = (g.tensor([bh, t, half], q_view, name=n, uid=u) for n, u in (("x1", 1), ("x2", 2)))
-    cos1, cos2, sin1, sin2 = (g.tensor([1, t, half], table_view, "float", name=n, uid=u)
-                              for n, u in (("cos1", 3), ("cos2", 4), ("sin1", 5), ("sin2", 6)))  # fmt: skip
+    cos1, cos2, sin1, sin2 = (
+        g.tensor([1, t, half], table_view, "float", name=n, uid=u)
+        for n, u in (("cos1", 3), ("cos2", 4), ("sin1", 5), ("sin2", 6))
+    )
     g.sub(g.mul(x1, cos1), g.mul(x2, sin1)).set_output(True).set_name("y1").set_uid(7).set_stride(q_view)
     g.add(g.mul(x2, cos2), g.mul(x1, sin2)).set_output(True).set_name("y2").set_uid(8).set_stride(q_view)
     return g
@@ -676,18 +756,54 @@ def moe_grouped_matmul_bf16() -> GraphSpec:
 EXAMPLES: dict[str, Callable[[], GraphSpec]] = {
     f.__name__: f
     for f in (
-        matmul_fp16, matmul_bias_relu_bf16, conv_bias_relu_fp16, conv_dgrad_fp16, conv_wgrad_fp16,
-        sdpa_causal_fp16, sdpa_stats_bf16, sdpa_padding_fp16, sdpa_backward_bf16, sdpa_paged_decode_bf16, sdpa_paged_chunk_causal_bf16, sdpa_bias_bf16, sdpa_alibi_bf16,
-        sdpa_ragged_prefill_bf16, sdpa_backward_ragged_bf16, sdpa_dropout_bf16, sdpa_backward_dropout_bf16, sdpa_backward_bias_bf16,
-        sdpa_fp8_causal, sdpa_fp8_paged_decode, matmul_fp8_scaled_bf16, matmul_fp8_bias_gelu_amax_bf16, matmul_fp8_bias_relu_fp16,
-        layernorm_training_fp16, layernorm_inference_bf16, rmsnorm_training_bf16, rmsnorm_inference_fp16,
-        batchnorm_inference_fp16, pointwise_binary_fp16, pointwise_unary_fp16, reduction_sum_fp32,
-        layernorm_backward_fp16, rmsnorm_backward_bf16, batchnorm_training_fp16, batchnorm_backward_fp16,
-        instancenorm_training_fp16, adalayernorm_training_fp16, adalayernorm_backward_fp16,
-        conv_genstats_fp16, slice_matmul_bf16, concatenate_fp16, reshape_bf16, transpose_fp32, pointwise_select_fp16, apply_rope_fp16,
+        matmul_fp16,
+        matmul_bias_relu_bf16,
+        conv_bias_relu_fp16,
+        conv_dgrad_fp16,
+        conv_wgrad_fp16,
+        sdpa_causal_fp16,
+        sdpa_stats_bf16,
+        sdpa_padding_fp16,
+        sdpa_backward_bf16,
+        sdpa_paged_decode_bf16,
+        sdpa_paged_chunk_causal_bf16,
+        sdpa_bias_bf16,
+        sdpa_alibi_bf16,
+        sdpa_ragged_prefill_bf16,
+        sdpa_backward_ragged_bf16,
+        sdpa_dropout_bf16,
+        sdpa_backward_dropout_bf16,
+        sdpa_backward_bias_bf16,
+        sdpa_fp8_causal,
+        sdpa_fp8_paged_decode,
+        matmul_fp8_scaled_bf16,
+        matmul_fp8_bias_gelu_amax_bf16,
+        matmul_fp8_bias_relu_fp16,
+        layernorm_training_fp16,
+        layernorm_inference_bf16,
+        rmsnorm_training_bf16,
+        rmsnorm_inference_fp16,
+        batchnorm_inference_fp16,
+        pointwise_binary_fp16,
+        pointwise_unary_fp16,
+        reduction_sum_fp32,
+        layernorm_backward_fp16,
+        rmsnorm_backward_bf16,
+        batchnorm_training_fp16,
+        batchnorm_backward_fp16,
+        instancenorm_training_fp16,
+        adalayernorm_training_fp16,
+        adalayernorm_backward_fp16,
+        conv_genstats_fp16,
+        slice_matmul_bf16,
+        concatenate_fp16,
+        reshape_bf16,
+        transpose_fp32,
+        pointwise_select_fp16,
+        apply_rope_fp16,
         moe_grouped_matmul_bf16,
     )
-}  # fmt: skip
+}
 
 EXAMPLES_DIR = Path(__file__).resolve().parent
 

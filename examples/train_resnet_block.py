@@ -51,14 +51,18 @@ def build(dtype: Any, device: Any, generator: Any) -> tuple[dict[str, Any], dict
     fan_in = c.channels * 9
     params = {
         "w1": randn(c.channels, c.channels, 3, 3, scale=fan_in**-0.5).contiguous(memory_format=last),
-        "g1": 1 + randn(c.channels, scale=0.1, kind=torch.float32), "b1": randn(c.channels, scale=0.1, kind=torch.float32),
+        "g1": 1 + randn(c.channels, scale=0.1, kind=torch.float32),
+        "b1": randn(c.channels, scale=0.1, kind=torch.float32),
         "w2": randn(c.channels, c.channels, 3, 3, scale=fan_in**-0.5).contiguous(memory_format=last),
-        "g2": 1 + randn(c.channels, scale=0.1, kind=torch.float32), "b2": randn(c.channels, scale=0.1, kind=torch.float32),
-    }  # fmt: skip
+        "g2": 1 + randn(c.channels, scale=0.1, kind=torch.float32),
+        "b2": randn(c.channels, scale=0.1, kind=torch.float32),
+    }
     buffers = {
-        "mean1": torch.zeros(c.channels, device=device), "var1": torch.ones(c.channels, device=device),
-        "mean2": torch.zeros(c.channels, device=device), "var2": torch.ones(c.channels, device=device),
-    }  # fmt: skip
+        "mean1": torch.zeros(c.channels, device=device),
+        "var1": torch.ones(c.channels, device=device),
+        "mean2": torch.zeros(c.channels, device=device),
+        "var2": torch.ones(c.channels, device=device),
+    }
     x = randn(c.batch, c.channels, c.size, c.size, scale=1.0).contiguous(memory_format=last)
     target = randn(c.batch, c.channels, c.size, c.size, scale=1.0).contiguous(memory_format=last)
     return params, buffers, (x, target)
@@ -69,7 +73,9 @@ def step(p: dict[str, Any], buffers: dict[str, Any], batch: Any, ops: Any) -> An
 
     x, target = batch
     y = ops.conv2d(x, p["w1"], None, 1, 1)
-    y = torch.relu(ops.batch_norm(y, buffers["mean1"], buffers["var1"], p["g1"], p["b1"], training=True, momentum=0.1, eps=1e-5))
+    y = torch.relu(
+        ops.batch_norm(y, buffers["mean1"], buffers["var1"], p["g1"], p["b1"], training=True, momentum=0.1, eps=1e-5)
+    )
     y = ops.conv2d(y, p["w2"], None, 1, 1)
     y = ops.batch_norm(y, buffers["mean2"], buffers["var2"], p["g2"], p["b2"], training=True, momentum=0.1, eps=1e-5)
     out = torch.relu(y + x)

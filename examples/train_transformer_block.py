@@ -49,11 +49,15 @@ def build(dtype: Any, device: Any, generator: Any) -> tuple[dict[str, Any], dict
         return (torch.randn(*shape, device=device, generator=generator) * scale).to(dtype)
 
     params = {
-        "norm1": 1 + randn(c.hidden, scale=0.1), "wqkv": randn(3 * c.hidden, c.hidden, scale=c.hidden**-0.5),
-        "wo": randn(c.hidden, c.hidden, scale=c.hidden**-0.5), "norm2": 1 + randn(c.hidden, scale=0.1),
-        "w1": randn(c.mlp, c.hidden, scale=c.hidden**-0.5), "b1": randn(c.mlp, scale=0.02),
-        "w2": randn(c.hidden, c.mlp, scale=c.mlp**-0.5), "b2": randn(c.hidden, scale=0.02),
-    }  # fmt: skip
+        "norm1": 1 + randn(c.hidden, scale=0.1),
+        "wqkv": randn(3 * c.hidden, c.hidden, scale=c.hidden**-0.5),
+        "wo": randn(c.hidden, c.hidden, scale=c.hidden**-0.5),
+        "norm2": 1 + randn(c.hidden, scale=0.1),
+        "w1": randn(c.mlp, c.hidden, scale=c.hidden**-0.5),
+        "b1": randn(c.mlp, scale=0.02),
+        "w2": randn(c.hidden, c.mlp, scale=c.mlp**-0.5),
+        "b2": randn(c.hidden, scale=0.02),
+    }
     batch = (randn(c.batch, c.seq, c.hidden, scale=1.0), randn(c.batch, c.seq, c.hidden, scale=1.0))
     return params, {}, batch
 
@@ -64,7 +68,9 @@ def step(p: dict[str, Any], buffers: dict[str, Any], batch: Any, ops: Any) -> An
     b, s, h = x.shape
     y = ops.rms_norm(x, (h,), p["norm1"])
     qkv = ops.linear(y, p["wqkv"])
-    q, k, v = qkv.view(b, s, 3, c.heads, h // c.heads).permute(2, 0, 3, 1, 4).unbind(0)  # [b, heads, s, d] views (BSHD strides)
+    q, k, v = (
+        qkv.view(b, s, 3, c.heads, h // c.heads).permute(2, 0, 3, 1, 4).unbind(0)
+    )  # [b, heads, s, d] views (BSHD strides)
     attention = ops.scaled_dot_product_attention(q, k, v, is_causal=True)
     x = x + ops.linear(attention.transpose(1, 2).reshape(b, s, h), p["wo"])
     y = ops.rms_norm(x, (h,), p["norm2"])
@@ -81,7 +87,11 @@ def torch_ops() -> Any:
         y = functional.linear(x, w, bias)
         return y if activation is None else getattr(functional, activation)(y)
 
-    return SimpleNamespace(rms_norm=functional.rms_norm, linear=linear, scaled_dot_product_attention=functional.scaled_dot_product_attention)
+    return SimpleNamespace(
+        rms_norm=functional.rms_norm,
+        linear=linear,
+        scaled_dot_product_attention=functional.scaled_dot_product_attention,
+    )
 
 
 if __name__ == "__main__":

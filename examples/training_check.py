@@ -23,7 +23,10 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client" / "src"))
 
-from examples.decoder_step import default_trusted_keys, relative_error  # the same comparison and key lookup as the decode example
+from examples.decoder_step import (
+    default_trusted_keys,
+    relative_error,
+)  # the same comparison and key lookup as the decode example
 
 # Relative error allowed against torch eager in the same dtype: cuDNN's and
 # torch's kernels round differently (bfloat16 keeps 8 mantissa bits, float16 11).
@@ -37,7 +40,15 @@ class Result:
     buffers: dict[str, Any]
 
 
-def train(params: dict[str, Any], buffers: dict[str, Any], batch: Any, step: Callable[..., Any], ops: Any, steps: int, lr: float) -> Result:
+def train(
+    params: dict[str, Any],
+    buffers: dict[str, Any],
+    batch: Any,
+    step: Callable[..., Any],
+    ops: Any,
+    steps: int,
+    lr: float,
+) -> Result:
     """`steps` AdamW steps from copies of `params` and `buffers`, with float32
     master weights (mixed precision as torch's AMP does it: the step runs on
     each parameter's own dtype, the optimizer on float32; float16 Adam alone
@@ -64,15 +75,30 @@ def train(params: dict[str, Any], buffers: dict[str, Any], batch: Any, step: Cal
     return Result(losses, grads, first_buffers)
 
 
-def main(description: str, build: Callable[[Any, Any, Any], tuple[dict[str, Any], dict[str, Any], Any]], step: Callable[..., Any],
-         torch_ops: Callable[[], Any], argv: list[str] | None = None) -> int:  # fmt: skip
+def main(
+    description: str,
+    build: Callable[[Any, Any, Any], tuple[dict[str, Any], dict[str, Any], Any]],
+    step: Callable[..., Any],
+    torch_ops: Callable[[], Any],
+    argv: list[str] | None = None,
+) -> int:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--server", default=os.environ.get("PLANCACHE_SERVER", "127.0.0.1:50051"), help="host:port of plancache-server (env PLANCACHE_SERVER)")
+    parser.add_argument(
+        "--server",
+        default=os.environ.get("PLANCACHE_SERVER", "127.0.0.1:50051"),
+        help="host:port of plancache-server (env PLANCACHE_SERVER)",
+    )
     parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="bfloat16")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--trusted-key", action="append", default=None, help="public key (PEM) plans must be signed with; repeatable")
-    parser.add_argument("--require-cudnn", action="store_true", help="exit 1 when a call (forward or backward) ran torch's function instead of a plancache plan")
+    parser.add_argument(
+        "--trusted-key", action="append", default=None, help="public key (PEM) plans must be signed with; repeatable"
+    )
+    parser.add_argument(
+        "--require-cudnn",
+        action="store_true",
+        help="exit 1 when a call (forward or backward) ran torch's function instead of a plancache plan",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -92,7 +118,10 @@ def main(description: str, build: Callable[[Any, Any, Any], tuple[dict[str, Any]
     counts = pf.stats()
     print(description)
     for name, s in sorted(counts.items()):
-        print(f"  {name:36s} cudnn calls {s.cudnn:4d}  torch calls {s.torch:3d}" + (f"  (torch: {'; '.join(s.reasons)})" if s.reasons else ""))
+        print(
+            f"  {name:36s} cudnn calls {s.cudnn:4d}  torch calls {s.torch:3d}"
+            + (f"  (torch: {'; '.join(s.reasons)})" if s.reasons else "")
+        )
     print("  step  loss (functional)  loss (torch eager)")
     for index, (ours, theirs) in enumerate(zip(got.losses, expected.losses, strict=True)):
         print(f"  {index:4d}  {ours:17.6f}  {theirs:18.6f}")
@@ -100,13 +129,20 @@ def main(description: str, build: Callable[[Any, Any, Any], tuple[dict[str, Any]
     grad_errors = {name: relative_error(got.grads[name], expected.grads[name]) for name in expected.grads}
     buffer_errors = {name: relative_error(got.buffers[name], expected.buffers[name]) for name in expected.buffers}
     worst = max(grad_errors, key=lambda name: grad_errors[name])
-    print(f"max rel error vs torch eager: loss {loss_error:.2e}; gradients {grad_errors[worst]:.2e} ({worst}); "
-          f"buffers {max(buffer_errors.values(), default=0.0):.2e} (tolerance {tolerance:g})")  # fmt: skip
+    print(
+        f"max rel error vs torch eager: loss {loss_error:.2e}; gradients {grad_errors[worst]:.2e} ({worst}); "
+        f"buffers {max(buffer_errors.values(), default=0.0):.2e} (tolerance {tolerance:g})"
+    )
     for name, error in sorted(grad_errors.items()):
         print(f"  grad {name:12s} {error:.2e}")
     decreased = got.losses[-1] < got.losses[0] and expected.losses[-1] < expected.losses[0]
     print(f"loss decreased: {decreased} ({got.losses[0]:.5f} -> {got.losses[-1]:.5f})")
-    failed = loss_error > tolerance or grad_errors[worst] > tolerance or any(e > tolerance for e in buffer_errors.values()) or not decreased
+    failed = (
+        loss_error > tolerance
+        or grad_errors[worst] > tolerance
+        or any(e > tolerance for e in buffer_errors.values())
+        or not decreased
+    )
     if args.require_cudnn and any(s.torch for s in counts.values()):
         print("some calls ran torch's own function (--require-cudnn)", file=sys.stderr)
         failed = True

@@ -29,33 +29,105 @@ OUT = ROOT / "docs" / "architecture.md"
 
 # (process, what starts it, what it does). The entry points come from the pyproject files.
 PROCESSES = [
-    ("plancache-server", "plancache_server.main", "the gRPC front end (one asyncio loop), its private redis-server unless --redis-url, and one worker process per local GPU"),
-    ("plancache-worker", "plancache_server.worker_main", "a compile worker per GPU, against a deployment's Redis; started by a server for its own GPUs, or alone on a GPU host"),
-    ("build process", "plancache_server.worker.build_process", "a worker's pool (--build-processes): builds heuristic plans and candidates, hands them over serialized"),
+    (
+        "plancache-server",
+        "plancache_server.main",
+        "the gRPC front end (one asyncio loop), its private redis-server unless --redis-url, and one worker process per local GPU",
+    ),
+    (
+        "plancache-worker",
+        "plancache_server.worker_main",
+        "a compile worker per GPU, against a deployment's Redis; started by a server for its own GPUs, or alone on a GPU host",
+    ),
+    (
+        "build process",
+        "plancache_server.worker.build_process",
+        "a worker's pool (--build-processes): builds heuristic plans and candidates, hands them over serialized",
+    ),
     ("plancache", "plancache.cli", "the command line: compile, get, prefetch, stats, warm, export, ... (a Client)"),
-    ("plancache-server-import", "plancache_server.bundle_import", "loads a verified bundle of plans into a deployment's store"),
+    (
+        "plancache-server-import",
+        "plancache_server.bundle_import",
+        "loads a verified bundle of plans into a deployment's store",
+    ),
 ]
 
 # The path of a request, step by step: (module, symbol, what happens).
 MISS = [
-    ("plancache.transport.client", "Client.compile", "the client normalizes the spec, computes the plan key, looks in its disk cache, calls Compile"),
-    ("plancache_server.frontend.guard", "add_guarded", "interceptors: the token, the request's size and shape on the wire, metrics, errors mapped once"),
-    ("plancache_server.frontend.service", "PlanService.compile", "resolve the query (validation, key), look the plan up: a miss"),
-    ("plancache_server.frontend.builds", "Builds.join", "join this key's flight: take the build lease and queue a job, or follow the build under way"),
+    (
+        "plancache.transport.client",
+        "Client.compile",
+        "the client normalizes the spec, computes the plan key, looks in its disk cache, calls Compile",
+    ),
+    (
+        "plancache_server.frontend.guard",
+        "add_guarded",
+        "interceptors: the token, the request's size and shape on the wire, metrics, errors mapped once",
+    ),
+    (
+        "plancache_server.frontend.service",
+        "PlanService.compile",
+        "resolve the query (validation, key), look the plan up: a miss",
+    ),
+    (
+        "plancache_server.frontend.builds",
+        "Builds.join",
+        "join this key's flight: take the build lease and queue a job, or follow the build under way",
+    ),
     ("plancache_server.store.jobs", "JobQueue.enqueue", "the job goes on its target's stream (bounded)"),
-    ("plancache_server.worker.worker", "Worker._accept", "a worker of the target takes it, derives its key from its spec, marks it running"),
-    ("plancache_server.worker.build_pool", "ProcessBuildPool.submit", "its heuristic plan builds in the first build process (callers' lane)"),
-    ("plancache_server.worker.worker", "Worker._on_heuristic", "the plan is stored (signed, provisional when tuning follows) and announced; the candidates queue"),
-    ("plancache_server.frontend.builds", "Builds._follow", "the flight wakes on the announcement, reads and verifies the plan, answers every waiter"),
-    ("plancache_server.worker.worker", "Worker._finish_tuning", "every candidate back: timed on the GPU, the fastest stored under the same key"),
+    (
+        "plancache_server.worker.worker",
+        "Worker._accept",
+        "a worker of the target takes it, derives its key from its spec, marks it running",
+    ),
+    (
+        "plancache_server.worker.build_pool",
+        "ProcessBuildPool.submit",
+        "its heuristic plan builds in the first build process (callers' lane)",
+    ),
+    (
+        "plancache_server.worker.worker",
+        "Worker._on_heuristic",
+        "the plan is stored (signed, provisional when tuning follows) and announced; the candidates queue",
+    ),
+    (
+        "plancache_server.frontend.builds",
+        "Builds._follow",
+        "the flight wakes on the announcement, reads and verifies the plan, answers every waiter",
+    ),
+    (
+        "plancache_server.worker.worker",
+        "Worker._finish_tuning",
+        "every candidate back: timed on the GPU, the fastest stored under the same key",
+    ),
     ("plancache.run.plan", "Plan.execute", "the node deserializes the blob and runs it (or binds it once: Plan.bind)"),
 ]
 HIT = [
-    ("plancache.transport.client", "Client.compile", "a plan in the disk cache (verified against its sha256 and signature) costs no call; else Compile"),
-    ("plancache_server.frontend.service", "PlanService.compile", "the key resolved (a herd's repeated specs from memory), the plan found"),
-    ("plancache_server.frontend.memory_cache", "MemoryCachedStore.cached", "from the front end's memory of verified plans, or one Redis read verified once"),
-    ("plancache_server.store.plans", "StoredPlan.compile_response", "the answer's bytes, serialized once per plan whatever the callers"),
-    ("plancache.trust.answers", "Asked", "the client checks the plan is the one it asked for, and its signature, before keeping it"),
+    (
+        "plancache.transport.client",
+        "Client.compile",
+        "a plan in the disk cache (verified against its sha256 and signature) costs no call; else Compile",
+    ),
+    (
+        "plancache_server.frontend.service",
+        "PlanService.compile",
+        "the key resolved (a herd's repeated specs from memory), the plan found",
+    ),
+    (
+        "plancache_server.frontend.memory_cache",
+        "MemoryCachedStore.cached",
+        "from the front end's memory of verified plans, or one Redis read verified once",
+    ),
+    (
+        "plancache_server.store.plans",
+        "StoredPlan.compile_response",
+        "the answer's bytes, serialized once per plan whatever the callers",
+    ),
+    (
+        "plancache.trust.answers",
+        "Asked",
+        "the client checks the plan is the one it asked for, and its signature, before keeping it",
+    ),
 ]
 
 
@@ -67,7 +139,11 @@ def symbols(path: Path) -> set[str]:
             found.add(node.name)
         elif isinstance(node, ast.ClassDef):
             found.add(node.name)
-            found |= {f"{node.name}.{item.name}" for item in node.body if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)}
+            found |= {
+                f"{node.name}.{item.name}"
+                for item in node.body
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+            }
         elif isinstance(node, ast.Assign):
             found |= {t.id for t in node.targets if isinstance(t, ast.Name)}
     return found
@@ -97,7 +173,7 @@ def render() -> str:
         "# Architecture",
         "",
         "Written by `python3 scripts/architecture-doc.py` from the code (a test fails when it is stale): the packages' docstrings, the "
-        "imports, the entry points and `plancache_server/store/keys.py`. The rules of the layers are the packages' \"May import\" lines, "
+        'imports, the entry points and `plancache_server/store/keys.py`. The rules of the layers are the packages\' "May import" lines, '
         "checked by tests/unit/test_layers.py; there is no import circle on either side.",
         "",
         "## Processes",
@@ -118,14 +194,26 @@ def render() -> str:
             out += [f"### `{package}`", "", _first_line(module.docstring), ""]
         else:
             rules = may_import(module)
-            out += [f"### `{package}`", "", _first_line(module.docstring), "", f"- Owns: {_owns(module.docstring)}",
-                    f"- May import: {', '.join(f'`{r}`' for r in rules or []) or 'nothing of ours'}", ""]  # fmt: skip
+            out += [
+                f"### `{package}`",
+                "",
+                _first_line(module.docstring),
+                "",
+                f"- Owns: {_owns(module.docstring)}",
+                f"- May import: {', '.join(f'`{r}`' for r in rules or []) or 'nothing of ours'}",
+                "",
+            ]
         members = sorted(name for name in graph if owner(name, packages) == package and name != package)
         if members:
             out += ["| module | what it is |", "|---|---|"]
             out += [f"| `{name.rpartition('.')[2]}` | {_first_line(graph[name].docstring)} |" for name in members]
             out.append("")
-    out += ["## Imports between packages", "", "Who imports whom (modules of one package importing modules of another), from the source.", ""]
+    out += [
+        "## Imports between packages",
+        "",
+        "Who imports whom (modules of one package importing modules of another), from the source.",
+        "",
+    ]
     edges: defaultdict[str, set[str]] = defaultdict(set)
     for name, module in graph.items():
         here = owner(name, packages)
@@ -134,7 +222,11 @@ def render() -> str:
             if here != there:
                 edges[here].add(there)
     out += ["| package | imports |", "|---|---|"]
-    out += [f"| `{p}` | {', '.join(f'`{t}`' for t in sorted(edges[p])) or '—'} |" for p in packages if p in edges or graph[p].imports]
+    out += [
+        f"| `{p}` | {', '.join(f'`{t}`' for t in sorted(edges[p])) or '—'} |"
+        for p in packages
+        if p in edges or graph[p].imports
+    ]
     out.append("")
     for title, steps in (("A miss (the first Compile of a graph)", MISS), ("A hit", HIT)):
         out += [f"## {title}", ""]
@@ -166,7 +258,9 @@ def redis_keys(graph: dict) -> list[str]:
                     described.append((node.targets[0].id, last_comment))
         elif isinstance(node, ast.FunctionDef) and not node.name.startswith("_") and ast.get_docstring(node):
             doc = ast.get_docstring(node) or ""
-            if doc.split(":")[0] in ("Hash", "String", "List", "Set", "Sorted set", "Stream") or doc.startswith(("Stream", "Sorted", "String", "Hash", "List", "Set")):
+            if doc.split(":")[0] in ("Hash", "String", "List", "Set", "Sorted set", "Stream") or doc.startswith(
+                ("Stream", "Sorted", "String", "Hash", "List", "Set")
+            ):
                 described.append((f"{node.name}()", " ".join(doc.split())))
     users: defaultdict[str, set[str]] = defaultdict(set)
     for name, module in graph.items():
@@ -175,8 +269,15 @@ def redis_keys(graph: dict) -> list[str]:
         for node in ast.walk(ast.parse(module.path.read_text())):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "keys":
                 users[node.attr].add(name.removeprefix("plancache_server."))
-    out = ["## Redis keys", "", "Every key name is made in `plancache_server/store/keys.py` (nothing else formats one). Keys of one plan carry "
-           "the plan key as a hash tag (one shard in a Redis Cluster).", "", "| key | what it holds | used by |", "|---|---|---|"]  # fmt: skip
+    out = [
+        "## Redis keys",
+        "",
+        "Every key name is made in `plancache_server/store/keys.py` (nothing else formats one). Keys of one plan carry "
+        "the plan key as a hash tag (one shard in a Redis Cluster).",
+        "",
+        "| key | what it holds | used by |",
+        "|---|---|---|",
+    ]
     for key, what in described:
         used = sorted(users.get(key.rstrip("()"), set()))
         out.append(f"| `{key}` | {what.replace('|', '/')} | {', '.join(f'`{u}`' for u in used) or '—'} |")

@@ -75,7 +75,9 @@ def case(part: str, which: str, optimizer: bool, on_warmup_stream: bool = False)
     torch.cuda.synchronize()
     opt.zero_grad(set_to_none=True)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side if on_warmup_stream else None):  # the warm-up's own stream, or torch's capture stream
+    with torch.cuda.graph(
+        graph, stream=side if on_warmup_stream else None
+    ):  # the warm-up's own stream, or torch's capture stream
         loss = step()
     torch.cuda.synchronize()
     for _ in range(3):
@@ -89,22 +91,47 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--case", nargs=4, metavar=("PART", "WHICH", "OPTIMIZER", "STREAM"), help=argparse.SUPPRESS)
     parser.add_argument("--parts", nargs="*", default=list(PARTS), choices=PARTS)
-    parser.add_argument("--streams", nargs="*", default=["capture"], choices=("capture", "warmup"), help="capture on torch's capture stream, or on the warm-up's")
+    parser.add_argument(
+        "--streams",
+        nargs="*",
+        default=["capture"],
+        choices=("capture", "warmup"),
+        help="capture on torch's capture stream, or on the warm-up's",
+    )
     args = parser.parse_args()
     if args.case:
         part, which, optimizer, stream = args.case
         print(json.dumps(case(part, which, optimizer == "1", stream == "warmup")))
         return 0
     results = []
-    cases = [(part, which, optimizer, stream) for stream in args.streams for part in args.parts
-             for which in (("functional", "torch") if part == "block" else ("functional",)) for optimizer in (("1", "0") if part == "block" else ("0",))]  # fmt: skip
+    cases = [
+        (part, which, optimizer, stream)
+        for stream in args.streams
+        for part in args.parts
+        for which in (("functional", "torch") if part == "block" else ("functional",))
+        for optimizer in (("1", "0") if part == "block" else ("0",))
+    ]
     for part, which, optimizer, stream in cases:
         began = time.perf_counter()
-        proc = subprocess.run([sys.executable, __file__, "--case", part, which, optimizer, stream], capture_output=True, text=True, timeout=240, check=False)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--case", part, which, optimizer, stream],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
         last = (proc.stdout.strip().splitlines() or [""])[-1]
         error = next((line for line in reversed(proc.stderr.splitlines()) if "Error" in line), "")
-        row = {"part": part, "which": which, "optimizer": optimizer == "1", "stream": stream, "ok": proc.returncode == 0,
-               "seconds": round(time.perf_counter() - began, 1), "result": last if proc.returncode == 0 else "", "error": error[:300]}  # fmt: skip
+        row = {
+            "part": part,
+            "which": which,
+            "optimizer": optimizer == "1",
+            "stream": stream,
+            "ok": proc.returncode == 0,
+            "seconds": round(time.perf_counter() - began, 1),
+            "result": last if proc.returncode == 0 else "",
+            "error": error[:300],
+        }
         results.append(row)
         print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -67,8 +67,16 @@ def paged_spec(batch: int) -> Any:
 
     pool = _geo("key_cache", (4096, 8, 64, 128))
     table = _geo("page_table", (batch, 32), "int32")
-    return _specs.paged_decode(_geo("query", (batch, 16, 1, 128)), pool, pool, table, table, _geo("seq_lens", (batch,), "int32"), scale=None,
-                               max_seq_len=None).spec  # fmt: skip
+    return _specs.paged_decode(
+        _geo("query", (batch, 16, 1, 128)),
+        pool,
+        pool,
+        table,
+        table,
+        _geo("seq_lens", (batch,), "int32"),
+        scale=None,
+        max_seq_len=None,
+    ).spec
 
 
 FAMILIES: dict[str, tuple[Callable[[int], Any], list[int], list[int]]] = {
@@ -129,7 +137,9 @@ def run_and_compare(g: Any, reference: Any, bindings: dict[int, Any], handle: An
     return float((outs[0] - outs[1]).abs().max() / outs[1].abs().max().clamp_min(1e-30))
 
 
-def family(name: str, make: Callable[[int], Any], sizes: list[int], fresh_sizes: list[int], compiler: Any, handle: Any) -> dict[str, Any]:
+def family(
+    name: str, make: Callable[[int], Any], sizes: list[int], fresh_sizes: list[int], compiler: Any, handle: Any
+) -> dict[str, Any]:
     import cudnn
 
     from plancache.functional._specs import OUTPUT_UID
@@ -164,10 +174,27 @@ def family(name: str, make: Callable[[int], Any], sizes: list[int], fresh_sizes:
         plan_graph, _ = build(dynamic(make(sizes[1])), handle, cache)
         plan_blob = bytes(plan_graph.serialize())
         row["plan_from_cache_bytes"] = len(plan_blob)
-        child = subprocess.run([sys.executable, __file__, "--child", name], input=json.dumps({
-            "cache": base64.b64encode(blob).decode(), "is_str": isinstance(text, str), "sizes": fresh_sizes, "plan": base64.b64encode(plan_blob).decode(),
-            "plan_size": sizes[1]}), capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
-        row["fresh_process"] = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else {"error": child.stderr[-2000:]}
+        child = subprocess.run(
+            [sys.executable, __file__, "--child", name],
+            input=json.dumps(
+                {
+                    "cache": base64.b64encode(blob).decode(),
+                    "is_str": isinstance(text, str),
+                    "sizes": fresh_sizes,
+                    "plan": base64.b64encode(plan_blob).decode(),
+                    "plan_size": sizes[1],
+                }
+            ),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        row["fresh_process"] = (
+            json.loads(child.stdout.strip().splitlines()[-1])
+            if child.returncode == 0
+            else {"error": child.stderr[-2000:]}
+        )
     except Exception as e:
         row["cache_error"] = f"{type(e).__name__}: {e}"[:1500]
     # GPU time: the dynamic plan against the static autotuned one, at two shapes.
@@ -181,7 +208,11 @@ def family(name: str, make: Callable[[int], Any], sizes: list[int], fresh_sizes:
             tuned.deserialize(handle, tuned_plan.blob)
             dyn, _ = build(dynamic(make(size)), handle, cache)
             bindings = compiler.random_bindings(normalize(make(size)))
-            entry = {"size": size, "tuned_gpu_ms": gpu_ms(tuned, bindings, handle), "dynamic_gpu_ms": gpu_ms(dyn, bindings, handle)}
+            entry = {
+                "size": size,
+                "tuned_gpu_ms": gpu_ms(tuned, bindings, handle),
+                "dynamic_gpu_ms": gpu_ms(dyn, bindings, handle),
+            }
             entry["dynamic_over_tuned"] = entry["dynamic_gpu_ms"] / entry["tuned_gpu_ms"]
             # Dynamic shapes with every candidate timed at this shape: does tuning the family recover the gap?
             row["tuned"].append(entry)
@@ -220,7 +251,9 @@ def child(name: str) -> None:
             g, entry["build_ms"] = build(spec, handle, cache)
             entry["spec_and_build_ms"] = (time.perf_counter() - began) * 1e3
             static, entry["static_build_ms"] = build(make(size), handle)
-            entry["rel_err_vs_static"] = run_and_compare(g, static, compiler.random_bindings(normalize(make(size))), handle, OUTPUT_UID)
+            entry["rel_err_vs_static"] = run_and_compare(
+                g, static, compiler.random_bindings(normalize(make(size))), handle, OUTPUT_UID
+            )
         except Exception as e:
             entry["error"] = f"{type(e).__name__}: {e}"[:1000]
         out["builds"].append(entry)
@@ -230,7 +263,9 @@ def child(name: str) -> None:
         g.deserialize(handle, base64.b64decode(data["plan"]))
         out["plan_deserialize_ms"] = (time.perf_counter() - began) * 1e3
         static, _ = build(make(data["plan_size"]), handle)
-        out["plan_without_cache_rel_err"] = run_and_compare(g, static, compiler.random_bindings(normalize(make(data["plan_size"]))), handle, OUTPUT_UID)
+        out["plan_without_cache_rel_err"] = run_and_compare(
+            g, static, compiler.random_bindings(normalize(make(data["plan_size"]))), handle, OUTPUT_UID
+        )
     except Exception as e:
         out["plan_error"] = f"{type(e).__name__}: {e}"[:1000]
     print(json.dumps(out), flush=True)
@@ -245,7 +280,9 @@ def torch_reference(name: str, bindings: dict[int, Any]) -> Any | None:
     if name.startswith("linear"):
         return (bindings[1].float() @ bindings[2].float().T).to(torch.bfloat16)
     if name.startswith("sdpa"):
-        return torch.nn.functional.scaled_dot_product_attention(bindings[Q_UID], bindings[K_UID], bindings[V_UID], is_causal=True)
+        return torch.nn.functional.scaled_dot_product_attention(
+            bindings[Q_UID], bindings[K_UID], bindings[V_UID], is_causal=True
+        )
     return None
 
 
@@ -266,7 +303,9 @@ def checked(name: str, g: Any, spec: Any, handle: Any, compiler: Any, reference_
     workspace = torch.empty(max(1, g.get_workspace_size()), device="cuda", dtype=torch.uint8)
     g.execute(bound, workspace, handle=handle)
     torch.cuda.synchronize()
-    return float((bound[OUTPUT_UID].float() - expected.float()).abs().max() / expected.float().abs().max().clamp_min(1e-30))
+    return float(
+        (bound[OUTPUT_UID].float() - expected.float()).abs().max() / expected.float().abs().max().clamp_min(1e-30)
+    )
 
 
 def cache_child(name: str) -> None:
@@ -322,7 +361,9 @@ def cache_study(out: Path) -> None:
                 row["seed_builds_ms"].append(build(spec, handle, cache)[1])
             text = cache.serialize()
             row["cache_bytes"] = len(text)
-            if name.startswith("sdpa"):  # run 1: dynamic SDPA plans at a second shape differed from static ones; against torch now
+            if name.startswith(
+                "sdpa"
+            ):  # run 1: dynamic SDPA plans at a second shape differed from static ones; against torch now
                 dyn_cache = cudnn.create_kernel_cache()
                 row["dynamic_vs_torch"] = {}
                 for size in sizes[:3]:
@@ -331,9 +372,19 @@ def cache_study(out: Path) -> None:
                     static, _ = build(make(size), handle)
                     row.setdefault("static_vs_torch", {})[size] = checked(name, static, make(size), handle, compiler)
             for label, blob in (("with cache", base64.b64encode(text.encode()).decode()), ("without", None)):
-                child = subprocess.run([sys.executable, __file__, "--cache-child", name], input=json.dumps({"cache": blob, "sizes": fresh}),
-                                       capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
-                row[label] = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else {"error": child.stderr[-1500:]}
+                child = subprocess.run(
+                    [sys.executable, __file__, "--cache-child", name],
+                    input=json.dumps({"cache": blob, "sizes": fresh}),
+                    capture_output=True,
+                    text=True,
+                    timeout=240,
+                    check=False,
+                )
+                row[label] = (
+                    json.loads(child.stdout.strip().splitlines()[-1])
+                    if child.returncode == 0
+                    else {"error": child.stderr[-1500:]}
+                )
         except Exception:
             row["error"] = traceback.format_exc()[-1500:]
         results["families"].append(row)

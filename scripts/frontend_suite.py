@@ -71,7 +71,14 @@ from frontend_suite_report import (
     render_markdown,
     summary_lines,
 )
-from frontend_suite_sources import ImportRewriteError, Prepared, convert_notebooks, prepare, select_samples, select_tests
+from frontend_suite_sources import (
+    ImportRewriteError,
+    Prepared,
+    convert_notebooks,
+    prepare,
+    select_samples,
+    select_tests,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
@@ -80,11 +87,30 @@ SCRIPTS = REPO / "scripts"
 # torch + the frontend + looseversion (several skip on sm_90 by their own markers:
 # cheap, and their skips must match too).
 DEFAULT_TESTS = (
-    "test_matmul_bias_relu.py", "test_conv_bias.py", "test_conv_fprop.py", "test_wgrads.py", "test_conv_genstats.py",
-    "test_conv_reduction.py", "test_layernorm.py", "test_rmsnorm.py", "test_batchnorm.py", "test_instancenorm.py",
-    "test_apply_rope.py", "test_silu_and_mul.py", "test_slice.py", "test_kernel_cache.py", "test_deviceless_aot_compilation.py",
-    "test_sdpa_with_caching.py", "test_sdpa_chunked_prefill.py", "test_sdpa_thd.py", "test_flexible_sdpa.py", "test_flexible_sdpa_bprop.py",
-    "test_mhas_v2.py", "test_block_scale_quantize.py", "test_low_precision_matmul.py", "test_moe_grouped_matmul.py",
+    "test_matmul_bias_relu.py",
+    "test_conv_bias.py",
+    "test_conv_fprop.py",
+    "test_wgrads.py",
+    "test_conv_genstats.py",
+    "test_conv_reduction.py",
+    "test_layernorm.py",
+    "test_rmsnorm.py",
+    "test_batchnorm.py",
+    "test_instancenorm.py",
+    "test_apply_rope.py",
+    "test_silu_and_mul.py",
+    "test_slice.py",
+    "test_kernel_cache.py",
+    "test_deviceless_aot_compilation.py",
+    "test_sdpa_with_caching.py",
+    "test_sdpa_chunked_prefill.py",
+    "test_sdpa_thd.py",
+    "test_flexible_sdpa.py",
+    "test_flexible_sdpa_bprop.py",
+    "test_mhas_v2.py",
+    "test_block_scale_quantize.py",
+    "test_low_precision_matmul.py",
+    "test_moe_grouped_matmul.py",
     "test_moe_grouped_matmul_op.py",
 )
 # Left out of the default selection, and why (in the report).
@@ -141,8 +167,18 @@ def _last_line(log: Path) -> str:
     return lines[-1].strip()[:300] if lines else ""
 
 
-def run_samples(run: PhaseRun, samples_dir: Path, samples: list[str], env: dict[str, str], *, deadline: float, jobs: int, timeout: float,
-                logs: Path, events_dir: Path | None) -> None:  # fmt: skip
+def run_samples(
+    run: PhaseRun,
+    samples_dir: Path,
+    samples: list[str],
+    env: dict[str, str],
+    *,
+    deadline: float,
+    jobs: int,
+    timeout: float,
+    logs: Path,
+    events_dir: Path | None,
+) -> None:
     """Each sample in a process of its own (up to `jobs` at once): `python NN_name.py`,
     or through frontend_suite_plugin (its graphs recorded) when `events_dir` is given."""
     logs.mkdir(parents=True, exist_ok=True)
@@ -155,9 +191,17 @@ def run_samples(run: PhaseRun, samples_dir: Path, samples: list[str], env: dict[
             cmd = [sys.executable, name]
             if events_dir is not None:
                 events_dir.mkdir(parents=True, exist_ok=True)
-                cmd = [sys.executable, str(SCRIPTS / "frontend_suite_plugin.py"), name, str(events_dir / f"{name}.jsonl"), f"samples/{name}"]
+                cmd = [
+                    sys.executable,
+                    str(SCRIPTS / "frontend_suite_plugin.py"),
+                    name,
+                    str(events_dir / f"{name}.jsonl"),
+                    f"samples/{name}",
+                ]
             output: IO[str] = (logs / f"{name}.log").open("w")
-            proc = subprocess.Popen(cmd, cwd=samples_dir, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, cwd=samples_dir, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            )
             running.append((name, proc, time.monotonic(), output))
         if not running:
             for name in pending:
@@ -171,9 +215,17 @@ def run_samples(run: PhaseRun, samples_dir: Path, samples: list[str], env: dict[
             if rc is None and now > min(started + timeout, deadline):
                 stop(proc, grace=5.0)
                 # Its own timeout is an outcome (a hang); the phase's limit only cuts the run short (compare: incomplete).
-                run.outcomes[f"samples/{name}"] = Outcome("failed", f"no exit within {timeout:.0f} s") if now > started + timeout else Outcome("timeout", "cut at the phase's limit")
+                run.outcomes[f"samples/{name}"] = (
+                    Outcome("failed", f"no exit within {timeout:.0f} s")
+                    if now > started + timeout
+                    else Outcome("timeout", "cut at the phase's limit")
+                )
             elif rc is not None:
-                run.outcomes[f"samples/{name}"] = Outcome("passed") if rc == 0 else Outcome("failed", f"exit {rc}: {_last_line(logs / f'{name}.log')}")
+                run.outcomes[f"samples/{name}"] = (
+                    Outcome("passed")
+                    if rc == 0
+                    else Outcome("failed", f"exit {rc}: {_last_line(logs / f'{name}.log')}")
+                )
             else:
                 continue
             output.close()
@@ -200,12 +252,16 @@ def deployment(work: Path, logs: Path) -> Iterator[Deployment]:
     from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
     from tests.support.processes import child_env, server_process, signing_public_key, wait_for_workers
 
-    redis = EmbeddedRedis(work / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False).start()
+    redis = EmbeddedRedis(
+        work / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False
+    ).start()
     try:
         address, data_dir = f"127.0.0.1:{free_port()}", work / "server-data"
         env = child_env(CUDA_CACHE_PATH=str(work / "server-cuda-cache"), CUDA_CACHE_DISABLE="0")
         # --no-warm: the worker builds what the tests ask for, nothing of its own.
-        with server_process(address, redis.url, logs / "server.log", "--gpus", "0", "--data-dir", str(data_dir), "--no-warm", env=env) as server:
+        with server_process(
+            address, redis.url, logs / "server.log", "--gpus", "0", "--data-dir", str(data_dir), "--no-warm", env=env
+        ) as server:
             wait_for_workers(address, proc=server)
             yield Deployment(address, signing_public_key(data_dir))
     finally:
@@ -229,8 +285,13 @@ def wait_tuned(dep: Deployment, keys: set[str], limit: float) -> dict[str, Any]:
                     errors[key] = f"{type(e).__name__}: {e}"
             if pending:
                 time.sleep(1.0)
-    return {"keys": len(keys), "tuned": len(keys) - len(pending), "still_provisional": sorted(pending), "waited_s": round(time.monotonic() - started, 1),
-            "errors": errors}  # fmt: skip
+    return {
+        "keys": len(keys),
+        "tuned": len(keys) - len(pending),
+        "still_provisional": sorted(pending),
+        "waited_s": round(time.monotonic() - started, 1),
+        "errors": errors,
+    }
 
 
 def server_stats(dep: Deployment) -> list[dict[str, Any]]:
@@ -278,7 +339,11 @@ class Suite:
         """The phase's --time-limit, shortened so that the phases after it keep their minimum within --budget."""
         if self.config.parallel and phase == "native":
             return max(MIN_PHASE_S / 2, min(self.config.limits[phase], self.deadline - time.monotonic()))
-        later = [p for p in PHASES[PHASES.index(phase) + 1 :] if p in self.config.phases and not (self.config.parallel and p == "native")]
+        later = [
+            p
+            for p in PHASES[PHASES.index(phase) + 1 :]
+            if p in self.config.phases and not (self.config.parallel and p == "native")
+        ]
         reserve = sum(min(self.config.limits[p], MIN_PHASE_S) for p in later)
         reserve += min(self.config.tuned_wait, MIN_TUNED_WAIT_S) if "again" in later else 0.0
         return max(MIN_PHASE_S / 2, min(self.config.limits[phase], self.deadline - time.monotonic() - reserve))
@@ -293,14 +358,18 @@ class Suite:
         env = {
             **base,
             "PYTHONPATH": os.pathsep.join([str(SCRIPTS), base.get("PYTHONPATH", "")]),
-            "CUDA_CACHE_PATH": str(fresh / "cuda-cache"), "CUDA_CACHE_DISABLE": "0",  # an empty CUDA JIT cache, this phase's own
+            "CUDA_CACHE_PATH": str(fresh / "cuda-cache"),
+            "CUDA_CACHE_DISABLE": "0",  # an empty CUDA JIT cache, this phase's own
             "PYTHONHASHSEED": "0",  # a test that derives its case from hash() of a string gets the same one in every phase
-            "TORCHINDUCTOR_CACHE_DIR": str(fresh / "inductor"), "TRITON_CACHE_DIR": str(fresh / "triton"),  # samples with torch.compile
+            "TORCHINDUCTOR_CACHE_DIR": str(fresh / "inductor"),
+            "TRITON_CACHE_DIR": str(fresh / "triton"),  # samples with torch.compile
             "FRONTEND_SUITE_EVENTS": str(self.config.logs / f"{phase}-events.jsonl"),
             "FRONTEND_SUITE_CAPS": json.dumps(self.config.caps),
-        }  # fmt: skip
+        }
         if dep is not None:
-            env.update(PLANCACHE_SERVER=dep.address, PLANCACHE_CACHE_DIR=str(fresh / "plan-cache"), FRONTEND_SUITE_GRAPHS="1")
+            env.update(
+                PLANCACHE_SERVER=dep.address, PLANCACHE_CACHE_DIR=str(fresh / "plan-cache"), FRONTEND_SUITE_GRAPHS="1"
+            )
         return env
 
     def state(self, phase: str) -> Path:
@@ -313,8 +382,22 @@ class Suite:
     def pytest_command(self, phase: str) -> list[str]:
         c = self.config
         # --continue-on-collection-errors: a file that fails to import (a missing package) is one error, not the end of the phase.
-        cmd = [sys.executable, "-m", "pytest", *c.tests, "-p", "no:cacheprovider", "-p", "frontend_suite_plugin", "-q", "--tb=short",
-               "-o", "addopts=", f"--junitxml={c.logs / f'{phase}-junit.xml'}", "--continue-on-collection-errors"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            *c.tests,
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "frontend_suite_plugin",
+            "-q",
+            "--tb=short",
+            "-o",
+            "addopts=",
+            f"--junitxml={c.logs / f'{phase}-junit.xml'}",
+            "--continue-on-collection-errors",
+        ]
         cmd += ["-m", c.marker] if c.marker else []
         cmd += ["-k", c.k] if c.k else []
         return cmd + c.pytest_args
@@ -322,16 +405,31 @@ class Suite:
     def phase(self, phase: str, dep: Deployment | None) -> PhaseRun:
         c = self.config
         env = self.env(phase, dep)
-        run = PhaseRun(phase, limit_s=self.limit(phase), cuda_cache=env["CUDA_CACHE_PATH"], plan_cache=env.get("PLANCACHE_CACHE_DIR", ""))
+        run = PhaseRun(
+            phase,
+            limit_s=self.limit(phase),
+            cuda_cache=env["CUDA_CACHE_PATH"],
+            plan_cache=env.get("PLANCACHE_CACHE_DIR", ""),
+        )
         self.runs[phase] = run
         started = time.monotonic()
-        print(f"--- {phase}: {len(c.tests)} test files, {len(c.samples)} samples, limit {run.limit_s:.0f} s", flush=True)
+        print(
+            f"--- {phase}: {len(c.tests)} test files, {len(c.samples)} samples, limit {run.limit_s:.0f} s", flush=True
+        )
         if c.tests:
             self.tests(run, env, run.limit_s)
         if c.samples:
-            run_samples(run, self.copy(phase) / "samples", c.samples, env, deadline=started + run.limit_s, jobs=c.sample_jobs,
-                        timeout=c.sample_timeout, logs=c.logs / f"{phase}-samples",
-                        events_dir=self.state(phase) / "sample-events" if dep is not None else None)  # fmt: skip
+            run_samples(
+                run,
+                self.copy(phase) / "samples",
+                c.samples,
+                env,
+                deadline=started + run.limit_s,
+                jobs=c.sample_jobs,
+                timeout=c.sample_timeout,
+                logs=c.logs / f"{phase}-samples",
+                events_dir=self.state(phase) / "sample-events" if dep is not None else None,
+            )
         run.wall_s = time.monotonic() - started
         print(f"--- {phase}: {run.wall_s:.0f} s, rc {run.rc}, {run.counts()}", flush=True)
         self.save()
@@ -393,7 +491,13 @@ class Suite:
             first = self.phase("plancache", dep)
             if "again" in self.config.phases:
                 keys = {g["key"] for gs in first.graphs.values() for g in gs if is_served(g) and g.get("key")}
-                wait = max(0.0, min(self.config.tuned_wait, self.deadline - time.monotonic() - min(self.config.limits["again"], MIN_PHASE_S)))
+                wait = max(
+                    0.0,
+                    min(
+                        self.config.tuned_wait,
+                        self.deadline - time.monotonic() - min(self.config.limits["again"], MIN_PHASE_S),
+                    ),
+                )
                 print(f"--- waiting (at most {wait:.0f} s) for {len(keys)} plans to be stored tuned", flush=True)
                 self.meta["tuned_wait"] = wait_tuned(dep, keys, wait)
                 self.phase("again", dep)
@@ -436,21 +540,55 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="where the report goes")
     p.add_argument("--logs", type=Path, help="logs, junit XML and events (default OUT/logs)")
     p.add_argument("--work", type=Path, help="the copies and each phase's caches (default: a new temporary folder)")
-    p.add_argument("--suite", type=Path, default=REPO / ".frontend-suite", help="what scripts/fetch-frontend-tests.sh extracted")
-    p.add_argument("--tests", nargs="*", default=list(DEFAULT_TESTS), help="test files of test/python (FILE[::TEST]); none: samples only")
+    p.add_argument(
+        "--suite", type=Path, default=REPO / ".frontend-suite", help="what scripts/fetch-frontend-tests.sh extracted"
+    )
+    p.add_argument(
+        "--tests",
+        nargs="*",
+        default=list(DEFAULT_TESTS),
+        help="test files of test/python (FILE[::TEST]); none: samples only",
+    )
     p.add_argument("--samples", nargs="*", help="run the converted samples too (all, or those named: 10_, 2*)")
     p.add_argument("--phases", default=",".join(PHASES), help="a comma list of native, plancache, again")
-    p.add_argument("--time-limit", default=",".join(f"{k}={v:.0f}" for k, v in DEFAULT_LIMITS.items()), help="seconds: one for every phase, or PHASE=S,...")
-    p.add_argument("--budget", type=float, default=DEFAULT_BUDGET, help="seconds for the whole run: later phases keep a minimum")
-    p.add_argument("--tuned-wait", type=float, default=45.0, help="seconds to wait for the plans of 'plancache' to be stored tuned before 'again'")
-    p.add_argument("--marker", default="L0", help="pytest -m (the frontend's pytest.ini default, which -o addopts= drops); '' for all")
-    p.add_argument("--max-per-function", action="append", help=f"[GLOB=]N: the first N cases of each test function (default {list(DEFAULT_CAPS)})")
+    p.add_argument(
+        "--time-limit",
+        default=",".join(f"{k}={v:.0f}" for k, v in DEFAULT_LIMITS.items()),
+        help="seconds: one for every phase, or PHASE=S,...",
+    )
+    p.add_argument(
+        "--budget", type=float, default=DEFAULT_BUDGET, help="seconds for the whole run: later phases keep a minimum"
+    )
+    p.add_argument(
+        "--tuned-wait",
+        type=float,
+        default=45.0,
+        help="seconds to wait for the plans of 'plancache' to be stored tuned before 'again'",
+    )
+    p.add_argument(
+        "--marker",
+        default="L0",
+        help="pytest -m (the frontend's pytest.ini default, which -o addopts= drops); '' for all",
+    )
+    p.add_argument(
+        "--max-per-function",
+        action="append",
+        help=f"[GLOB=]N: the first N cases of each test function (default {list(DEFAULT_CAPS)})",
+    )
     p.add_argument("-k", help="pytest -k")
     p.add_argument("--sample-jobs", type=int, default=4, help="samples run side by side")
     p.add_argument("--sample-timeout", type=float, default=150.0, help="seconds per sample")
     p.add_argument("--dry-run", action="store_true", help="prepare the copies, print the commands, start nothing")
-    p.add_argument("--parallel", action="store_true", help="run native beside the plancache phases (one device call for all three)")
-    p.add_argument("--convert-notebooks", nargs=2, type=Path, metavar=("NOTEBOOKS", "SCRIPTS"), help="convert NOTEBOOKS/*.ipynb into SCRIPTS/*.py and exit")
+    p.add_argument(
+        "--parallel", action="store_true", help="run native beside the plancache phases (one device call for all three)"
+    )
+    p.add_argument(
+        "--convert-notebooks",
+        nargs=2,
+        type=Path,
+        metavar=("NOTEBOOKS", "SCRIPTS"),
+        help="convert NOTEBOOKS/*.ipynb into SCRIPTS/*.py and exit",
+    )
     return p
 
 
@@ -471,15 +609,30 @@ def configure(argv: list[str]) -> Config | None:
     if args.out is None:
         p.error("--out is required")
     if not (args.suite / "test" / "python" / "conftest.py").is_file():
-        p.error(f"{args.suite}: no test/python/conftest.py: run scripts/fetch-frontend-tests.sh (and carry .frontend-suite/)")
+        p.error(
+            f"{args.suite}: no test/python/conftest.py: run scripts/fetch-frontend-tests.sh (and carry .frontend-suite/)"
+        )
     out = args.out.resolve()
     return Config(
-        out=out, logs=(args.logs or out / "logs").resolve(), work=(args.work or Path(tempfile.mkdtemp(prefix="frontend-suite-"))).resolve(),
-        suite=args.suite, tests=select_tests(args.suite, args.tests), samples=select_samples(args.suite, args.samples), phases=phases,
-        limits=parse_limits(args.time_limit), budget=args.budget, tuned_wait=args.tuned_wait, marker=args.marker, caps=parse_caps(args.max_per_function or list(DEFAULT_CAPS)),
-        k=args.k, pytest_args=pytest_args, sample_jobs=args.sample_jobs, sample_timeout=args.sample_timeout, dry_run=args.dry_run,
+        out=out,
+        logs=(args.logs or out / "logs").resolve(),
+        work=(args.work or Path(tempfile.mkdtemp(prefix="frontend-suite-"))).resolve(),
+        suite=args.suite,
+        tests=select_tests(args.suite, args.tests),
+        samples=select_samples(args.suite, args.samples),
+        phases=phases,
+        limits=parse_limits(args.time_limit),
+        budget=args.budget,
+        tuned_wait=args.tuned_wait,
+        marker=args.marker,
+        caps=parse_caps(args.max_per_function or list(DEFAULT_CAPS)),
+        k=args.k,
+        pytest_args=pytest_args,
+        sample_jobs=args.sample_jobs,
+        sample_timeout=args.sample_timeout,
+        dry_run=args.dry_run,
         parallel=args.parallel,
-    )  # fmt: skip
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -494,7 +647,11 @@ def main(argv: list[str]) -> int:
     except ImportRewriteError as e:
         print(f"refusing to run: {e}", file=sys.stderr)
         return 2
-    selection = {k: v for k, v in asdict(config).items() if k in ("tests", "samples", "marker", "k", "caps", "pytest_args", "limits", "budget", "tuned_wait")}
+    selection = {
+        k: v
+        for k, v in asdict(config).items()
+        if k in ("tests", "samples", "marker", "k", "caps", "pytest_args", "limits", "budget", "tuned_wait")
+    }
     versions = config.out / "versions.txt"
     meta: dict[str, Any] = {
         "source": read_source(config.suite),
@@ -511,7 +668,9 @@ def main(argv: list[str]) -> int:
         for name, r in prepared.rewrites.items():
             print(f"rewrote {name}: {r['rewritten']} line(s)" + (f"; kept {r['kept']}" if r["kept"] else ""))
         for phase in config.phases:
-            print(f"{phase} (cwd {suite.copy(phase) / 'test' / 'python'}, limit {config.limits[phase]:.0f} s): {' '.join(suite.pytest_command(phase))}")
+            print(
+                f"{phase} (cwd {suite.copy(phase) / 'test' / 'python'}, limit {config.limits[phase]:.0f} s): {' '.join(suite.pytest_command(phase))}"
+            )
         for sample in config.samples:
             print(f"sample {sample}: python {sample} (cwd {config.work}/<native|plancache>/samples)")
         return 0

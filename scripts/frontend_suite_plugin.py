@@ -69,7 +69,9 @@ class Recorder:
             return [], 0
         try:
             import plancache.cudnn as shim
-        except Exception as e:  # the tests fail to import it too, and say so: the recorder stops, it does not end the run
+        except (
+            Exception
+        ) as e:  # the tests fail to import it too, and say so: the recorder stops, it does not end the run
             self.graphs = False
             self.write({"e": "recorder_error", "message": f"import plancache.cudnn: {type(e).__name__}: {e}"})
             return [], 0
@@ -166,8 +168,13 @@ def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if _recorder is None:
         return
-    event: dict[str, Any] = {"e": "report", "nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
-                             "duration": round(report.duration, 3)}  # fmt: skip
+    event: dict[str, Any] = {
+        "e": "report",
+        "nodeid": report.nodeid,
+        "when": report.when,
+        "outcome": report.outcome,
+        "duration": round(report.duration, 3),
+    }
     if report.outcome != "passed" or hasattr(report, "wasxfail"):
         event["message"] = report_message(report)
     if hasattr(report, "wasxfail"):

@@ -64,7 +64,9 @@ def parse_junit(text: str) -> dict[tuple[str, str], Outcome]:
             outcome = Outcome("error", children["error"].get("message", ""))
         elif "skipped" in children:
             skipped = children["skipped"]
-            outcome = Outcome("xfailed" if skipped.get("type") == "pytest.xfail" else "skipped", skipped.get("message", ""))
+            outcome = Outcome(
+                "xfailed" if skipped.get("type") == "pytest.xfail" else "skipped", skipped.get("message", "")
+            )
         else:
             outcome = Outcome("passed")
         result[key] = _worse(result.get(key), Outcome(outcome.outcome, outcome.message[:400]))
@@ -120,7 +122,9 @@ def outcomes_from_events(events: list[dict[str, Any]], timed_out: bool = False) 
     last = next(reversed(reports), None)
     result = dict(errors)
     for nodeid, its in reports.items():
-        result[nodeid] = _fold(its) or Outcome("timeout" if timed_out and nodeid == last else "crashed", "no outcome: the process ended during this test")
+        result[nodeid] = _fold(its) or Outcome(
+            "timeout" if timed_out and nodeid == last else "crashed", "no outcome: the process ended during this test"
+        )
     return result
 
 
@@ -152,7 +156,9 @@ def graphs_by_test(events: list[dict[str, Any]]) -> tuple[dict[str, list[dict[st
 # ---- the comparison and the counts -----------------------------------------------------------------
 
 
-def compare(first: Mapping[str, Outcome], second: Mapping[str, Outcome], names: tuple[str, str]) -> dict[str, list[dict[str, Any]]]:
+def compare(
+    first: Mapping[str, Outcome], second: Mapping[str, Outcome], names: tuple[str, str]
+) -> dict[str, list[dict[str, Any]]]:
     """Tests whose outcome differs; tests one side did not finish (its phase's
     time limit came first: not a difference, listed apart); tests skipped on
     both sides for other reasons."""
@@ -203,7 +209,9 @@ def graph_summary(graphs: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "unbuildable": unbuildable,
         "served_pct": round(100.0 * served / len(every), 1) if every else None,
         "served_pct_of_buildable": round(100.0 * served / buildable, 1) if buildable else None,
-        "unbuildable_reasons": dict(Counter(str(g.get("reason") or "?") for g in every if is_unbuildable(g)).most_common()),
+        "unbuildable_reasons": dict(
+            Counter(str(g.get("reason") or "?") for g in every if is_unbuildable(g)).most_common()
+        ),
         "by_node_type": dict(sorted(by_type.items(), key=lambda kv: (-kv[1]["graphs"], kv[0]))),
         "local_reasons": dict(reasons.most_common()),
         "sources": dict(Counter(str(g.get("source")) for g in every).most_common()),
@@ -227,7 +235,9 @@ def again_check(first: Mapping[str, list[dict[str, Any]]], again: Mapping[str, l
                 first_seen.setdefault(g["key"], g)
     # A graph built locally in "again" has no key: match it by test and name.
     local_again = {(nodeid, g.get("name")): g for nodeid, gs in again.items() for g in gs if not is_served(g)}
-    local_first = {g["key"]: (nodeid, g.get("name")) for nodeid, gs in first.items() for g in gs if is_served(g) and g.get("key")}
+    local_first = {
+        g["key"]: (nodeid, g.get("name")) for nodeid, gs in first.items() for g in gs if is_served(g) and g.get("key")
+    }
     answers: Counter[str] = Counter()
     provisional = 0
     not_hit = []
@@ -237,8 +247,20 @@ def again_check(first: Mapping[str, list[dict[str, Any]]], again: Mapping[str, l
         answers[answer] += 1
         provisional += bool(seen and seen.get("provisional"))
         if answer != "hit":
-            not_hit.append({"key": key, "name": name, "again": answer, "reason": seen.get("reason") if seen else "not built in again"})
-    return {"served_keys": len(served_keys), "first_answer": dict(answers.most_common()), "still_provisional": provisional, "not_hit": not_hit}
+            not_hit.append(
+                {
+                    "key": key,
+                    "name": name,
+                    "again": answer,
+                    "reason": seen.get("reason") if seen else "not built in again",
+                }
+            )
+    return {
+        "served_keys": len(served_keys),
+        "first_answer": dict(answers.most_common()),
+        "still_provisional": provisional,
+        "not_hit": not_hit,
+    }
 
 
 # ---- the report -----------------------------------------------------------------------------------------
@@ -269,21 +291,37 @@ def build_report(runs: Mapping[str, PhaseRun], meta: Mapping[str, Any]) -> dict[
     report: dict[str, Any] = {**meta, "phases": {}, "tests": {}, "comparisons": {}, "graphs": {}}
     for name, run in runs.items():
         report["phases"][name] = {
-            "limit_s": round(run.limit_s), "wall_s": round(run.wall_s, 1), "samples_wall_s": round(run.samples_wall_s, 1), "rc": run.rc, "timed_out": run.timed_out,
-            "junit_written": run.junit, "cuda_cache": run.cuda_cache, "plan_cache": run.plan_cache, "counts": run.counts(), "notes": run.notes,
-        }  # fmt: skip
+            "limit_s": round(run.limit_s),
+            "wall_s": round(run.wall_s, 1),
+            "samples_wall_s": round(run.samples_wall_s, 1),
+            "rc": run.rc,
+            "timed_out": run.timed_out,
+            "junit_written": run.junit,
+            "cuda_cache": run.cuda_cache,
+            "plan_cache": run.plan_cache,
+            "counts": run.counts(),
+            "notes": run.notes,
+        }
     for nodeid in nodeids:
-        report["tests"][nodeid] = {name: asdict(run.outcomes.get(nodeid, Outcome(NOT_RUN))) for name, run in runs.items()}
+        report["tests"][nodeid] = {
+            name: asdict(run.outcomes.get(nodeid, Outcome(NOT_RUN))) for name, run in runs.items()
+        }
     if "native" in runs:
         for other in PLANCACHE_PHASES:
             if other in runs:
-                report["comparisons"][f"native-vs-{other}"] = compare(runs["native"].outcomes, runs[other].outcomes, ("native", other))
+                report["comparisons"][f"native-vs-{other}"] = compare(
+                    runs["native"].outcomes, runs[other].outcomes, ("native", other)
+                )
     for name in PLANCACHE_PHASES:
         if name in runs:
             report["graphs"][name] = {**graph_summary(runs[name].graphs), "lost": runs[name].lost_graphs}
     # Per test: graphs served/local in each plancache phase (which tests' graphs went local).
     report["graphs_per_test"] = {
-        nodeid: {name: f"{sum(map(is_served, gs))}/{sum(not is_served(g) for g in gs)}" for name in PLANCACHE_PHASES if name in runs and (gs := runs[name].graphs.get(nodeid))}
+        nodeid: {
+            name: f"{sum(map(is_served, gs))}/{sum(not is_served(g) for g in gs)}"
+            for name in PLANCACHE_PHASES
+            if name in runs and (gs := runs[name].graphs.get(nodeid))
+        }
         for nodeid in sorted({n for name in PLANCACHE_PHASES if name in runs for n in runs[name].graphs})
     }
     if "plancache" in runs and "again" in runs:
@@ -304,53 +342,94 @@ def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 def _cell(outcome: Mapping[str, Any]) -> str:
-    return f"{outcome['outcome']}: {outcome['message'][:120]}" if outcome["outcome"] != "passed" and outcome.get("message") else outcome["outcome"]
+    return (
+        f"{outcome['outcome']}: {outcome['message'][:120]}"
+        if outcome["outcome"] != "passed" and outcome.get("message")
+        else outcome["outcome"]
+    )
 
 
 def render_markdown(report: Mapping[str, Any]) -> str:
     phases = list(report["phases"])
     out = ["# The cuDNN frontend's own tests, natively and through plancache", ""]
-    out += [f"Tests: {report.get('source', {}).get('commit', '?')} ({report.get('source', {}).get('frontend version of these tests', '?')}); "
-            f"installed frontend and GPU: see versions. Selection: {', '.join(report.get('selection', {}).get('tests', []))}; "
-            f"samples: {', '.join(report.get('selection', {}).get('samples', [])) or 'none'}.", ""]  # fmt: skip
+    out += [
+        f"Tests: {report.get('source', {}).get('commit', '?')} ({report.get('source', {}).get('frontend version of these tests', '?')}); "
+        f"installed frontend and GPU: see versions. Selection: {', '.join(report.get('selection', {}).get('tests', []))}; "
+        f"samples: {', '.join(report.get('selection', {}).get('samples', [])) or 'none'}.",
+        "",
+    ]
     if "error" in report:
         out += [f"**The run ended early: {report['error']}**", ""]
     out += ["## Phases", ""]
     kinds = sorted({k for p in report["phases"].values() for k in p["counts"]}, key=RANK.index)
-    rows = [[name, p["limit_s"], p["wall_s"], p["rc"], "yes" if p["timed_out"] else "", *(p["counts"].get(k, 0) for k in kinds)] for name, p in report["phases"].items()]
+    rows = [
+        [
+            name,
+            p["limit_s"],
+            p["wall_s"],
+            p["rc"],
+            "yes" if p["timed_out"] else "",
+            *(p["counts"].get(k, 0) for k in kinds),
+        ]
+        for name, p in report["phases"].items()
+    ]
     out += _table(["phase", "limit s", "wall s", "rc", "cut at limit", *kinds], rows)
     for name, comparison in report["comparisons"].items():
         out += [f"## Outcomes that differ, {name}: {len(comparison['differences']) or 'none'}", ""]
         if comparison["differences"]:
-            out += _table(["test", *name.split("-vs-")], [[d["nodeid"], *(_cell(d[p]) for p in name.split("-vs-"))] for d in comparison["differences"]])
+            out += _table(
+                ["test", *name.split("-vs-")],
+                [[d["nodeid"], *(_cell(d[p]) for p in name.split("-vs-"))] for d in comparison["differences"]],
+            )
         if comparison["incomplete"]:
             out += [f"Not run on one side (its phase ended first): {len(comparison['incomplete'])}.", ""]
         if comparison["other_skip_reason"]:
-            out += [f"Skipped on both sides for another reason: {', '.join(d['nodeid'] for d in comparison['other_skip_reason'])}.", ""]
+            out += [
+                f"Skipped on both sides for another reason: {', '.join(d['nodeid'] for d in comparison['other_skip_reason'])}.",
+                "",
+            ]
     for name, g in report["graphs"].items():
-        out += [f"## Graphs, {name}: {g['total']} built, {g['served']} served, {g['local']} local ({g['served_pct']}% served)", "",
-                f"Of the {g['total'] - g.get('unbuildable', 0)} graphs the frontend itself builds (its own build of the other "
-                f"{g.get('unbuildable', 0)} fails too): **{g.get('served_pct_of_buildable')}% served**.", ""]  # fmt: skip
-        out += _table(["node type", "graphs", "served", "local", "of which the frontend cannot build either"],
-                      [[t, r["graphs"], r["served"], r["local"], r.get("unbuildable", 0)] for t, r in g["by_node_type"].items()])  # fmt: skip
+        out += [
+            f"## Graphs, {name}: {g['total']} built, {g['served']} served, {g['local']} local ({g['served_pct']}% served)",
+            "",
+            f"Of the {g['total'] - g.get('unbuildable', 0)} graphs the frontend itself builds (its own build of the other "
+            f"{g.get('unbuildable', 0)} fails too): **{g.get('served_pct_of_buildable')}% served**.",
+            "",
+        ]
+        out += _table(
+            ["node type", "graphs", "served", "local", "of which the frontend cannot build either"],
+            [[t, r["graphs"], r["served"], r["local"], r.get("unbuildable", 0)] for t, r in g["by_node_type"].items()],
+        )
         out += _table(["source", "graphs"], list(map(list, g["sources"].items())))
         if g["local_reasons"]:
             out += _table(["built locally because", "graphs"], list(map(list, g["local_reasons"].items())))
     if "again_check" in report:
         check = report["again_check"]
-        out += [f"## Again: {check['first_answer'].get('hit', 0)} of {check['served_keys']} plans served before were hits", ""]
+        out += [
+            f"## Again: {check['first_answer'].get('hit', 0)} of {check['served_keys']} plans served before were hits",
+            "",
+        ]
         if check["not_hit"]:
-            out += _table(["plan key", "graph", "answer in again", "why"], [[d["key"][:16], d["name"], d["again"], d["reason"]] for d in check["not_hit"]])
+            out += _table(
+                ["plan key", "graph", "answer in again", "why"],
+                [[d["key"][:16], d["name"], d["again"], d["reason"]] for d in check["not_hit"]],
+            )
     if "tuned_wait" in report:
         out += [f"Tuned wait: {json.dumps(report['tuned_wait'])[:600]}", ""]
     out += ["## Every test", ""]
     per_test = report.get("graphs_per_test", {})
     graph_phases = [p for p in PLANCACHE_PHASES if p in phases]
     out += [f"Graphs: served/local per test{' (' + ', '.join(graph_phases) + ')' if graph_phases else ''}.", ""]
-    rows = [[nodeid, *(_cell(t[p]) for p in phases), *(per_test.get(nodeid, {}).get(p, "") for p in graph_phases)] for nodeid, t in report["tests"].items()]
+    rows = [
+        [nodeid, *(_cell(t[p]) for p in phases), *(per_test.get(nodeid, {}).get(p, "") for p in graph_phases)]
+        for nodeid, t in report["tests"].items()
+    ]
     out += _table(["test", *phases, *(f"graphs {p}" for p in graph_phases)], rows)
     out += ["## Rewrite (plancache copy)", ""]
-    out += _table(["file", "lines rewritten", "kept as is"], [[f, r["rewritten"], "; ".join(r["kept"])] for f, r in report.get("rewrites", {}).items()])
+    out += _table(
+        ["file", "lines rewritten", "kept as is"],
+        [[f, r["rewritten"], "; ".join(r["kept"])] for f, r in report.get("rewrites", {}).items()],
+    )
     out += ["## Left out of the default selection", ""]
     out += _table(["tests", "why"], [[k, v] for k, v in report.get("excluded", {}).items()])
     return "\n".join(out)
@@ -358,31 +437,49 @@ def render_markdown(report: Mapping[str, Any]) -> str:
 
 def summary_lines(report: Mapping[str, Any]) -> list[str]:
     """The short table printed last (what a device call's output tail shows)."""
-    lines = [f"{'phase':<10} {'wall_s':>7} {'rc':>4} {'tests':>6} {'passed':>6} {'failed':>6} {'skipped':>7} {'error':>5} {'other':>5} "
-             f"{'graphs':>6} {'served':>6} {'local':>5} {'served%':>7}"]  # fmt: skip
+    lines = [
+        f"{'phase':<10} {'wall_s':>7} {'rc':>4} {'tests':>6} {'passed':>6} {'failed':>6} {'skipped':>7} {'error':>5} {'other':>5} "
+        f"{'graphs':>6} {'served':>6} {'local':>5} {'served%':>7}"
+    ]
     for name, p in report["phases"].items():
         c = p["counts"]
         other = sum(v for k, v in c.items() if k not in ("passed", "failed", "skipped", "error"))
         g = report["graphs"].get(name, {})
-        lines.append(f"{name:<10} {p['wall_s']:>7} {p['rc']!s:>4} {sum(c.values()):>6} {c.get('passed', 0):>6} {c.get('failed', 0):>6} {c.get('skipped', 0):>7} "
-                     f"{c.get('error', 0):>5} {other:>5} {g.get('total', '-')!s:>6} {g.get('served', '-')!s:>6} {g.get('local', '-')!s:>5} "
-                     f"{g.get('served_pct', '-')!s:>7}{'  (cut at its limit)' if p['timed_out'] else ''}")  # fmt: skip
+        lines.append(
+            f"{name:<10} {p['wall_s']:>7} {p['rc']!s:>4} {sum(c.values()):>6} {c.get('passed', 0):>6} {c.get('failed', 0):>6} {c.get('skipped', 0):>7} "
+            f"{c.get('error', 0):>5} {other:>5} {g.get('total', '-')!s:>6} {g.get('served', '-')!s:>6} {g.get('local', '-')!s:>5} "
+            f"{g.get('served_pct', '-')!s:>7}{'  (cut at its limit)' if p['timed_out'] else ''}"
+        )
     if "error" in report:
         lines.append(f"RUN ENDED EARLY: {report['error']}")
     for name, comparison in report["comparisons"].items():
         diffs = comparison["differences"]
-        lines.append(f"{name}: {len(diffs)} outcome(s) differ" + "".join(f"\n  {d['nodeid']}: {' / '.join(_cell(v) for k, v in d.items() if k != 'nodeid')}" for d in diffs[:20]))
+        lines.append(
+            f"{name}: {len(diffs)} outcome(s) differ"
+            + "".join(
+                f"\n  {d['nodeid']}: {' / '.join(_cell(v) for k, v in d.items() if k != 'nodeid')}" for d in diffs[:20]
+            )
+        )
         if comparison["incomplete"]:
             lines.append(f"  ({len(comparison['incomplete'])} not run on one side)")
     if "plancache" in report["graphs"]:
         plancache = report["graphs"]["plancache"]
-        lines.append(f"of the graphs the frontend builds itself: {plancache.get('served_pct_of_buildable')}% served "
-                     f"({plancache.get('unbuildable', 0)} more fail in the frontend's own build too)")  # fmt: skip
-        lines.append("node type: graphs/served/local/unbuildable (plancache): " + ", ".join(
-            f"{t} {r['graphs']}/{r['served']}/{r['local']}/{r.get('unbuildable', 0)}" for t, r in plancache["by_node_type"].items()))  # fmt: skip
+        lines.append(
+            f"of the graphs the frontend builds itself: {plancache.get('served_pct_of_buildable')}% served "
+            f"({plancache.get('unbuildable', 0)} more fail in the frontend's own build too)"
+        )
+        lines.append(
+            "node type: graphs/served/local/unbuildable (plancache): "
+            + ", ".join(
+                f"{t} {r['graphs']}/{r['served']}/{r['local']}/{r.get('unbuildable', 0)}"
+                for t, r in plancache["by_node_type"].items()
+            )
+        )
         for reason, count in list(report["graphs"]["plancache"]["local_reasons"].items())[:8]:
             lines.append(f"  local x{count}: {reason[:200]}")
     if "again_check" in report:
         check = report["again_check"]
-        lines.append(f"again: of {check['served_keys']} plans served in plancache, first answers {check['first_answer']}")
+        lines.append(
+            f"again: of {check['served_keys']} plans served in plancache, first answers {check['first_answer']}"
+        )
     return lines

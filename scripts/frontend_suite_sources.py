@@ -29,7 +29,9 @@ class Rewrite:
     kept: list[str] = field(default_factory=list)  # imports of frontend submodules, left as they are (line: text)
 
 
-_IMPORT = re.compile(r"^(?P<indent>\s*)import\s+(?P<module>cudnn(?:\.\w+)*)(?:\s+as\s+(?P<alias>\w+))?\s*(?P<comment>#.*)?$")
+_IMPORT = re.compile(
+    r"^(?P<indent>\s*)import\s+(?P<module>cudnn(?:\.\w+)*)(?:\s+as\s+(?P<alias>\w+))?\s*(?P<comment>#.*)?$"
+)
 _FROM = re.compile(r"^(?P<indent>\s*)from\s+cudnn\s+import\b")
 
 
@@ -42,7 +44,9 @@ def _dynamic_import(node: ast.AST) -> bool:
     if not isinstance(node, ast.Call) or not node.args:
         return False
     func, arg = node.func, node.args[0]
-    named = (isinstance(func, ast.Name) and func.id in ("__import__", "import_module")) or (isinstance(func, ast.Attribute) and func.attr == "import_module")
+    named = (isinstance(func, ast.Name) and func.id in ("__import__", "import_module")) or (
+        isinstance(func, ast.Attribute) and func.attr == "import_module"
+    )
     return named and isinstance(arg, ast.Constant) and isinstance(arg.value, str) and _is_cudnn(arg.value)
 
 
@@ -134,7 +138,12 @@ def notebook_to_script(notebook: str, origin: str) -> str:
     shell (`!`) and magic (`%`) lines become `pass`, cells of a non-Python cell
     magic (%%bash ...) are commented out, IPython imports and display() are no-ops."""
     cells = json.loads(notebook).get("cells", [])
-    out = [f"# {origin}: its code cells, converted by scripts/fetch-frontend-tests.sh", "# (shell and magic lines made no-ops)", "", _PRELUDE]
+    out = [
+        f"# {origin}: its code cells, converted by scripts/fetch-frontend-tests.sh",
+        "# (shell and magic lines made no-ops)",
+        "",
+        _PRELUDE,
+    ]
     for index, cell in enumerate(cells):
         if cell.get("cell_type") != "code":
             continue
@@ -202,7 +211,11 @@ def _imported_modules(path: Path) -> set[str]:
     except SyntaxError:
         return set()
     names = {a.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
-    return names | {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    return names | {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+    }
 
 
 def prepare(suite: Path, work: Path, tests: list[str], samples: list[str]) -> Prepared:
@@ -214,7 +227,9 @@ def prepare(suite: Path, work: Path, tests: list[str], samples: list[str]) -> Pr
     for phase in ("native", "plancache"):
         root = work / phase
         shutil.rmtree(root, ignore_errors=True)
-        shutil.copytree(suite / "test" / "python", root / "test" / "python", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            suite / "test" / "python", root / "test" / "python", ignore=shutil.ignore_patterns("__pycache__")
+        )
         (root / "samples").mkdir(parents=True)
         for sample in samples:
             shutil.copy2(suite / "samples" / sample, root / "samples" / sample)

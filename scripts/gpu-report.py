@@ -25,7 +25,9 @@ def main(out: Path) -> None:
     print("## Per case\n")
     print("build/autotune: the server worker's seconds; ready: the separate client process's fetch + deserialize;")
     print("rel err: worst output, ‖out − ref‖/‖ref‖ against torch in float32.\n")
-    print("| case | plans | build s | autotune s | chosen plan | blob B | fetch ms | deserialize ms | ready ms | (build+tune)/ready | rel err |")
+    print(
+        "| case | plans | build s | autotune s | chosen plan | blob B | fetch ms | deserialize ms | ready ms | (build+tune)/ready | rel err |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, c in session["cases"].items():
         r = client.get(name, {})
@@ -43,18 +45,26 @@ def main(out: Path) -> None:
     print("|---|---|---|---|---|---|")
     for name, r in client.items():
         if "tuned_ms" in r:
-            print(f"| {name} | {r['tuned_name']} | {r['tuned_ms']:.4f} | {r['plan0_name']} | {r['plan0_ms']:.4f} | {r['plan0_ms'] / r['tuned_ms']:.2f} |")
+            print(
+                f"| {name} | {r['tuned_name']} | {r['tuned_ms']:.4f} | {r['plan0_name']} | {r['plan0_ms']:.4f} | {r['plan0_ms'] / r['tuned_ms']:.2f} |"
+            )
     cold = session.get("cold", {})
     if cold:
         print("\n## Walkthrough graphs, each fetched by its own fresh client process\n")
-        print("handle set-up: cudnn handle (+ cuBLASLt load where the client does it), before the request; excluded from ready.\n")
-        print("| case | server build+autotune s | handle set-up ms | fetch ms | first deserialize ms | deserialize again ms | ready ms | ratio |")
+        print(
+            "handle set-up: cudnn handle (+ cuBLASLt load where the client does it), before the request; excluded from ready.\n"
+        )
+        print(
+            "| case | server build+autotune s | handle set-up ms | fetch ms | first deserialize ms | deserialize again ms | ready ms | ratio |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for name, r in cold.items():
             c = session["cases"][name]
             build = c["build_s"] + c["autotune_s"]
             setup = r.get("handle_setup_s", float("nan")) * 1e3
-            print(f"| {name} | {build:.2f} | {setup:.0f} | {r['fetch_s'] * 1e3:.1f} | {r['deserialize_s'] * 1e3:.1f} | {r.get('deserialize_again_s', float('nan')) * 1e3:.1f} | {r['ready_s'] * 1e3:.1f} | {build / r['ready_s']:,.0f}x |")
+            print(
+                f"| {name} | {build:.2f} | {setup:.0f} | {r['fetch_s'] * 1e3:.1f} | {r['deserialize_s'] * 1e3:.1f} | {r.get('deserialize_again_s', float('nan')) * 1e3:.1f} | {r['ready_s'] * 1e3:.1f} | {build / r['ready_s']:,.0f}x |"
+            )
 
 
 if __name__ == "__main__":

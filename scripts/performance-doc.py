@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes docs/performance.md from bench/results/*.json (the current figures).
 
-    python3 scripts/performance-doc.py
+python3 scripts/performance-doc.py
 """
 
 from __future__ import annotations
@@ -19,18 +19,41 @@ STARTUP_RUN = "2026-12-01-h200-run19.md"
 HEDGE_RUN = "2026-12-01-h200-run21.md"
 # bench/startup.py's hedged paths: (row label, ratio key with the hedge, ratio key without it).
 HEDGE_ROWS = (
-    ("first-compile (one compile() per graph) / local-heuristic", "first_compile_hedge_over_local", "first_compile_over_local"),
-    ("first-lazy (50 ms after each graph) / local-heuristic + 13 × 50 ms", "first_lazy_hedge_over_local_lazy", "first_lazy_over_local_lazy"),
-    ("first-compile-4proc / local-heuristic-4proc", "first_4proc_hedge_over_local_4proc", "first_4proc_over_local_4proc"),
-    ("first-dropin (frontend program, one line changed) / local-program", "first_dropin_hedge_over_local_program", "first_dropin_over_local_program"),
-    ("first-functional (decode step) / local-functional", "first_functional_hedge_over_local_functional", "first_functional_over_local_functional"),
+    (
+        "first-compile (one compile() per graph) / local-heuristic",
+        "first_compile_hedge_over_local",
+        "first_compile_over_local",
+    ),
+    (
+        "first-lazy (50 ms after each graph) / local-heuristic + 13 × 50 ms",
+        "first_lazy_hedge_over_local_lazy",
+        "first_lazy_over_local_lazy",
+    ),
+    (
+        "first-compile-4proc / local-heuristic-4proc",
+        "first_4proc_hedge_over_local_4proc",
+        "first_4proc_over_local_4proc",
+    ),
+    (
+        "first-dropin (frontend program, one line changed) / local-program",
+        "first_dropin_hedge_over_local_program",
+        "first_dropin_over_local_program",
+    ),
+    (
+        "first-functional (decode step) / local-functional",
+        "first_functional_hedge_over_local_functional",
+        "first_functional_over_local_functional",
+    ),
 )
 EXEC_RUN = "2026-11-30-h200-run13.md"
 # The docs/gpu-runs/ record of bench/training.py's figures (issue 30).
 TRAINING_RUN = "2026-12-01-h200-run23.md"
 FAMILIES_RUN = "2026-12-01-h200-run24.md"
-HERD_EXTRA = {"asynchronous front end, nodes as equals": "herd_nodes_at_nice0.json", "asynchronous front end, 300 nodes": "herd_300_nodes.json",
-              "hedged clients beside plain ones (issue 29; one run)": "herd_hedged.json"}
+HERD_EXTRA = {
+    "asynchronous front end, nodes as equals": "herd_nodes_at_nice0.json",
+    "asynchronous front end, 300 nodes": "herd_300_nodes.json",
+    "hedged clients beside plain ones (issue 29; one run)": "herd_hedged.json",
+}
 
 
 def yes(ok: bool) -> str:
@@ -50,7 +73,9 @@ def cpu_section(cpu: dict) -> list[str]:
     ]
     for clients, by in cpu["hit_path"].items():
         for name, m in by.items():
-            out.append(f"| {clients} | {name} | {m['p50_ms']['median']:.3f} | {m['p50_ms']['min']:.3f}–{m['p50_ms']['max']:.3f} | {m['p99_ms']['median']:.3f} | {m['rps']['median']:,.0f} |")
+            out.append(
+                f"| {clients} | {name} | {m['p50_ms']['median']:.3f} | {m['p50_ms']['min']:.3f}–{m['p50_ms']['max']:.3f} | {m['p99_ms']['median']:.3f} | {m['rps']['median']:,.0f} |"
+            )
     sf, cc = cpu["startup_fetch"], cpu["client_cache_hit"]
     out += [
         "",
@@ -140,8 +165,19 @@ def _x(value: float | None, digits: int = 1) -> str:
     return "—" if value is None else f"{value:.{digits}f}x"
 
 
-STARTUP_PATHS = ("local-heuristic", "local-heuristic-4proc", "local-autotuned", "first-compile", "first-lazy", "first-compile-4proc", "first-prefetch",
-                 "fetch", "prefetch", "background", "floor")  # fmt: skip
+STARTUP_PATHS = (
+    "local-heuristic",
+    "local-heuristic-4proc",
+    "local-autotuned",
+    "first-compile",
+    "first-lazy",
+    "first-compile-4proc",
+    "first-prefetch",
+    "fetch",
+    "prefetch",
+    "background",
+    "floor",
+)
 FIRST_PATHS = ("first-compile", "first-lazy", "first-compile-4proc", "first-prefetch")
 
 
@@ -194,17 +230,54 @@ def startup_section(st: dict, run_record: str) -> list[str]:
     row("local heuristic build / streamed prefetch", "local_over_prefetch", stored)
     row("fetch / raw deserialize floor", "fetch_over_floor", f"≤ {t['stored_vs_floor']:g}x", lambda v: _x(v, 2))
     row("prefetch / raw deserialize floor", "prefetch_over_floor", f"≤ {t['stored_vs_floor']:g}x", lambda v: _x(v, 2))
-    row("first-compile / local heuristic build", "first_compile_over_local", f"≤ {t.get('first_compile_vs_local', 1.2):g}x", lambda v: _x(v, 2))
-    row(f"first-lazy / (local heuristic build + 13 × {lazy_ms:.0f} ms)", "first_lazy_over_local_lazy", f"≤ {t.get('first_lazy_vs_local_lazy', 1.2):g}x",
-        lambda v: _x(v, 2))  # fmt: skip
-    row("first-compile-4proc / local-heuristic-4proc", "first_4proc_over_local_4proc", f"≤ {t.get('first_4proc_vs_local_4proc', 1.2):g}x", lambda v: _x(v, 2))
-    row("first-prefetch / local heuristic build", "first_prefetch_over_local", f"≤ {t.get('first_prefetch_vs_local', 0.6):g}x", lambda v: _x(v, 2))
+    row(
+        "first-compile / local heuristic build",
+        "first_compile_over_local",
+        f"≤ {t.get('first_compile_vs_local', 1.2):g}x",
+        lambda v: _x(v, 2),
+    )
+    row(
+        f"first-lazy / (local heuristic build + 13 × {lazy_ms:.0f} ms)",
+        "first_lazy_over_local_lazy",
+        f"≤ {t.get('first_lazy_vs_local_lazy', 1.2):g}x",
+        lambda v: _x(v, 2),
+    )
+    row(
+        "first-compile-4proc / local-heuristic-4proc",
+        "first_4proc_over_local_4proc",
+        f"≤ {t.get('first_4proc_vs_local_4proc', 1.2):g}x",
+        lambda v: _x(v, 2),
+    )
+    row(
+        "first-prefetch / local heuristic build",
+        "first_prefetch_over_local",
+        f"≤ {t.get('first_prefetch_vs_local', 0.6):g}x",
+        lambda v: _x(v, 2),
+    )
     for p in FIRST_PATHS:
-        row(f"{p}: every plan tuned and stored / local autotune loop", f"tuned_over_local_autotune/{p}", f"≤ {t.get('tuned_vs_local_autotune', 0.5):g}x",
-            lambda v: _x(v, 2), lambda d, p=p: (d.get("tuned_over_local_autotune") or {}).get(p) if isinstance(d.get("tuned_over_local_autotune"), dict) else None)  # fmt: skip
-    row("background prefetch: time added after the 2 s foreground", "background_after_foreground_s", f"≤ {t['background_critical_path_s'] * 1e3:g} ms",
-        lambda v: "—" if v is None else f"{v * 1e3:.0f} ms")  # fmt: skip
-    row("GPU memory of the worker and its build processes (growth of the GPU's use; nvidia-smi per process)", "pool", "—", _pool)
+        row(
+            f"{p}: every plan tuned and stored / local autotune loop",
+            f"tuned_over_local_autotune/{p}",
+            f"≤ {t.get('tuned_vs_local_autotune', 0.5):g}x",
+            lambda v: _x(v, 2),
+            lambda d, p=p: (
+                (d.get("tuned_over_local_autotune") or {}).get(p)
+                if isinstance(d.get("tuned_over_local_autotune"), dict)
+                else None
+            ),
+        )
+    row(
+        "background prefetch: time added after the 2 s foreground",
+        "background_after_foreground_s",
+        f"≤ {t['background_critical_path_s'] * 1e3:g} ms",
+        lambda v: "—" if v is None else f"{v * 1e3:.0f} ms",
+    )
+    row(
+        "GPU memory of the worker and its build processes (growth of the GPU's use; nvidia-smi per process)",
+        "pool",
+        "—",
+        _pool,
+    )
     if st.get("skipped"):
         out.append(f"\nSkipped for lack of time: {', '.join(st['skipped'])}.")
     if s.get("errors"):
@@ -232,7 +305,7 @@ def hedge_section(split: dict, shared: dict | None, hits: dict | None, run_recor
     out = [
         f"## Hedged misses (issue 29; `bench/startup.py --study hedge-paired`; [{run_record}](gpu-runs/{run_record}))\n",
         "On a miss a hedged client builds the plan itself too, on the caller's thread, while the service builds it, and runs whichever "
-        "is ready first (`plan.source == \"local\"` when its own build won); the service's plan takes over at a later call. The start-up "
+        'is ready first (`plan.source == "local"` when its own build won); the service\'s plan takes over at a later call. The start-up '
         "benchmark's 13 graphs (above), each first-node path with the hedge on, beside its local equivalent (the node building the same "
         "graphs itself). `hedge-paired`: each hedged first node runs right after its local equivalent, the pairs twice, medians (the "
         "machine drifts by more than 5 % between identical runs minutes apart: local-program took 1.84 s and 2.43 s, warm). "
@@ -263,26 +336,48 @@ def hedge_section(split: dict, shared: dict | None, hits: dict | None, run_recor
         "| measure | empty JIT (split) | warm JIT (split) | empty JIT (shared) |",
         "|---|---|---|---|",
     ]
-    for jit_label, key in (("hit-compile with the hedge / without (every plan stored; no local build may start)", "hit_hedge_over_no_hedge"),):
-        values = [split["summary"][j].get(key) for j in ("cold", "warm")] + [shared["summary"]["cold"].get(key) if shared else None]
+    for jit_label, key in (
+        (
+            "hit-compile with the hedge / without (every plan stored; no local build may start)",
+            "hit_hedge_over_no_hedge",
+        ),
+    ):
+        values = [split["summary"][j].get(key) for j in ("cold", "warm")] + [
+            shared["summary"]["cold"].get(key) if shared else None
+        ]
         out.append(f"| {jit_label} | {' | '.join('—' if v is None else f'{v:.2f}x' for v in values)} |")
-    builds = [split["summary"][j].get("hit_hedge_builds_nothing") for j in ("cold", "warm")] + [shared["summary"]["cold"].get("hit_hedge_builds_nothing") if shared else None]
+    builds = [split["summary"][j].get("hit_hedge_builds_nothing") for j in ("cold", "warm")] + [
+        shared["summary"]["cold"].get("hit_hedge_builds_nothing") if shared else None
+    ]
     out.append(f"| every hedged hit a hit, no race | {' | '.join('—' if b is None else yes(b) for b in builds)} |")
     for name in ("first-compile", "first-dropin", "first-compile-4proc", "first-functional"):
         costs = (shared or {}).get("summary", {}).get("cold", {}).get("hedge_costs", {}).get(name) or {}
         if costs.get("cpu_s_added") is not None:
-            out.append(f"| {name}: host CPU s the hedge adds (hedged − unhedged node; the local build's own: {costs['cpu_s_local']:.2f} s) | — | — | "
-                       f"+{costs['cpu_s_added']:.2f} s |")
-            out.append(f"| {name}: GPU MiB the hedge adds (nvidia-smi, per process) | — | — | {costs['gpu_mib_added']:+.0f} MiB |")
+            out.append(
+                f"| {name}: host CPU s the hedge adds (hedged − unhedged node; the local build's own: {costs['cpu_s_local']:.2f} s) | — | — | "
+                f"+{costs['cpu_s_added']:.2f} s |"
+            )
+            out.append(
+                f"| {name}: GPU MiB the hedge adds (nvidia-smi, per process) | — | — | {costs['gpu_mib_added']:+.0f} MiB |"
+            )
     races: dict[str, dict[str, int]] = {}
     for study in (split["summary"]["cold"], split["summary"]["warm"], *([shared["summary"]["cold"]] if shared else [])):
         for path, r in (study.get("races") or {}).items():
             if path.endswith("+hedge"):
-                total = races.setdefault(path, {k: 0 for k in ("local_won", "service_won", "local_failed", "service_failed", "replaced")})
+                total = races.setdefault(
+                    path, {k: 0 for k in ("local_won", "service_won", "local_failed", "service_failed", "replaced")}
+                )
                 for k in total:
                     total[k] += r.get(k, 0)
-    out += ["", "Races over these runs (graphs): " + "; ".join(f"{p}: {r['local_won']} local first, {r['service_won']} service first, "
-                                                          f"{r['replaced']} taken over later" for p, r in races.items()) + "."]
+    out += [
+        "",
+        "Races over these runs (graphs): "
+        + "; ".join(
+            f"{p}: {r['local_won']} local first, {r['service_won']} service first, {r['replaced']} taken over later"
+            for p, r in races.items()
+        )
+        + ".",
+    ]
     if hits:
         h = hits["p50_ms"]
         out += [
@@ -319,7 +414,9 @@ def _pool(pool: dict | None) -> str:
     if not pool:
         return "—"
     growth = f"{pool['device_growth_mib']:,.0f} MiB" if pool.get("device_growth_mib") is not None else "—"
-    seen = f"{pool['mib']:,.0f} MiB in {pool['processes']} processes" if pool.get("processes") else "processes not listed"
+    seen = (
+        f"{pool['mib']:,.0f} MiB in {pool['processes']} processes" if pool.get("processes") else "processes not listed"
+    )
     return f"{growth} ({pool['build_processes']} build processes + the worker; {seen})"
 
 
@@ -327,13 +424,25 @@ def _first_graphs(st: dict) -> list[str]:
     """Per graph and JIT state: runnable / tuned times of each first-* path and local-heuristic's, from the first run of each."""
     runs = st.get("runs", [])
     shown = [("local-heuristic", "local"), *((p, p.removeprefix("first-")) for p in FIRST_PATHS)]
-    columns = [(jit, path, label) for jit in ("cold", "warm") for path, label in shown
-               if any(r["jit"] == jit and r["path"] == path and r.get("runnable_s") for r in runs)]  # fmt: skip
+    columns = [
+        (jit, path, label)
+        for jit in ("cold", "warm")
+        for path, label in shown
+        if any(r["jit"] == jit and r["path"] == path and r.get("runnable_s") for r in runs)
+    ]
     if not columns:
         return ["(no per-graph times in this run)"]
-    first = {(jit, path): next(r for r in runs if r["jit"] == jit and r["path"] == path and r.get("runnable_s")) for jit, path, _ in columns}
+    first = {
+        (jit, path): next(r for r in runs if r["jit"] == jit and r["path"] == path and r.get("runnable_s"))
+        for jit, path, _ in columns
+    }
     names = st.get("graph_names") or [f"graph {i}" for i in range(len(next(iter(first.values()))["runnable_s"]))]
-    out = ["| graph | " + " | ".join(f"{'empty' if jit == 'cold' else 'warm'}: {label}" for jit, _, label in columns) + " |", "|---|" + "---|" * len(columns)]
+    out = [
+        "| graph | "
+        + " | ".join(f"{'empty' if jit == 'cold' else 'warm'}: {label}" for jit, _, label in columns)
+        + " |",
+        "|---|" + "---|" * len(columns),
+    ]
     for i, name in enumerate(names):
         cells = []
         for jit, path, _ in columns:
@@ -408,7 +517,9 @@ def autotune_section(at: dict, run_record: str) -> list[str]:
     for p in s.get("pool_builds") or []:
         out.append(
             f"- Every candidate of {p['graph']} ({p['candidates']}) built by {p['processes']} build process(es), started before the clock: "
-            f"{p['seconds']:.2f} s" + (f" ({p['speedup']:.2f}x one process)" if p.get("speedup") and p["processes"] > 1 else "") + "."
+            f"{p['seconds']:.2f} s"
+            + (f" ({p['speedup']:.2f}x one process)" if p.get("speedup") and p["processes"] > 1 else "")
+            + "."
         )
     for p in s.get("parallel_builds") or []:  # runs before the build pool: threads
         if "error" in p:
@@ -434,13 +545,16 @@ def exec_section(ge: dict, run_record: str) -> list[str]:
         "`replay` = `plan.capture(tensors)()` (CUDA graph), `raw` = the frontend's own `graph.execute` on the same blob, `torch` = "
         "the same computation in eager torch. Host µs: the first 32 back-to-back calls from an idle GPU (the cost of issuing a call); "
         "stream µs: CUDA events around the whole batch (the larger of the host's and the GPU's pace).\n",
-        "| case | " + " | ".join(f"{p} host µs" for p in paths) + " | bound / raw | replay / torch | GPU µs per call (replay) |",
+        "| case | "
+        + " | ".join(f"{p} host µs" for p in paths)
+        + " | bound / raw | replay / torch | GPU µs per call (replay) |",
         "|---|" + "---|" * (len(paths) + 3),
     ]
     for r in rows:
         h = r["host_us"]
         out.append(
-            f"| {r['case']} | " + " | ".join(f"{h[p]:.1f}" for p in paths)
+            f"| {r['case']} | "
+            + " | ".join(f"{h[p]:.1f}" for p in paths)
             + f" | {r['bound_over_raw_host']:.2f} | {r['replay_over_torch_host']:.2f} | {r['stream_us']['replay']:.1f} |"
         )
     seed, mem = s.get("seed") or {}, s.get("memory") or {}
@@ -452,18 +566,26 @@ def exec_section(ge: dict, run_record: str) -> list[str]:
         f"({s['bound_over_raw_host_max']:.2f}x) | ≤ 1.1x | {yes(not s['bound_over_raw_beyond_target'])} |",
     ]
     if seed:
-        out.append(f"| seed matmul: replay / torch.bmm, host | {seed['replay_over_torch_host']:.2f}x ({seed['host_us']['replay']:.1f} µs vs "
-                   f"{seed['host_us']['torch']:.1f} µs) | ≤ 0.5x | {yes(seed['replay_over_torch_host'] <= 0.5)} |")  # fmt: skip
-        out.append(f"| seed matmul: bound / raw, host | {seed['bound_over_raw_host']:.2f}x | ≤ 1.1x | {yes(seed['bound_over_raw_host'] <= 1.1)} |")
-    out.append(f"| Plan.execute now / before, host, median over cases | {s['execute_over_previous_host_median']:.2f}x | cheaper | "
-               f"{yes(s['execute_over_previous_host_median'] < 1)} |")  # fmt: skip
+        out.append(
+            f"| seed matmul: replay / torch.bmm, host | {seed['replay_over_torch_host']:.2f}x ({seed['host_us']['replay']:.1f} µs vs "
+            f"{seed['host_us']['torch']:.1f} µs) | ≤ 0.5x | {yes(seed['replay_over_torch_host'] <= 0.5)} |"
+        )
+        out.append(
+            f"| seed matmul: bound / raw, host | {seed['bound_over_raw_host']:.2f}x | ≤ 1.1x | {yes(seed['bound_over_raw_host'] <= 1.1)} |"
+        )
+    out.append(
+        f"| Plan.execute now / before, host, median over cases | {s['execute_over_previous_host_median']:.2f}x | cheaper | "
+        f"{yes(s['execute_over_previous_host_median'] < 1)} |"
+    )
     if mem:
         out.append(
             f"| GPU memory for {mem['plans']} plans' workspaces ({mem['distinct_graphs']} graphs): one per plan → shared per stream | "
             f"{mem['one_per_plan_allocated_bytes'] / 2**20:,.0f} MiB → {mem['shared_allocated_bytes'] / 2**20:,.1f} MiB | — | — |"
         )
     if s.get("bound_over_raw_beyond_target"):
-        out.append(f"\nCases past 1.1x: {', '.join(f'{k} {v}x' for k, v in s['bound_over_raw_beyond_target'].items())}.")
+        out.append(
+            f"\nCases past 1.1x: {', '.join(f'{k} {v}x' for k, v in s['bound_over_raw_beyond_target'].items())}."
+        )
     if ge.get("errors"):
         out.append("\nCases that failed: " + "; ".join(f"{k}: {v[:200]}" for k, v in ge["errors"].items()))
     out += ["", "![execution cost](../bench/results/gpu_exec.png)", ""]
@@ -508,9 +630,15 @@ def variants_section(va: dict) -> list[str]:
     ]
     for r in va["rows"]:
         for i, (path, ms) in enumerate(r["ms"].items()):
-            out.append(f"| {r['case'] if i == 0 else ''} | {path} | {ms:.3f} | {r['rel_err_vs_torch']:.1e} |" if i == 0 else f"| | {path} | {ms:.3f} | |")
+            out.append(
+                f"| {r['case'] if i == 0 else ''} | {path} | {ms:.3f} | {r['rel_err_vs_torch']:.1e} |"
+                if i == 0
+                else f"| | {path} | {ms:.3f} | |"
+            )
     for case, error in va.get("errors", {}).items():
-        out.append(f"| {case} | refused by cuDNN on this GPU: {error.split(':')[0]} (the reason: the GPU run's record) | — | — |")
+        out.append(
+            f"| {case} | refused by cuDNN on this GPU: {error.split(':')[0]} (the reason: the GPU run's record) | — | — |"
+        )
     out += ["", "![variants](../bench/results/variants.png)", ""]
     return out
 
@@ -526,7 +654,9 @@ def store_overhead_section(so: dict) -> list[str]:
         "|---|---|---|---|---|",
     ]
     for r in so["rows"]:
-        out.append(f"| {r['plan']} | {r['plans']:,} | {r['overhead_per_plan'] / 1024:,.1f} KiB | {r['ratio']:.2f} | {r['memory_usage_of_one_plan_hash'] / 1024:,.1f} KiB |")
+        out.append(
+            f"| {r['plan']} | {r['plans']:,} | {r['overhead_per_plan'] / 1024:,.1f} KiB | {r['ratio']:.2f} | {r['memory_usage_of_one_plan_hash'] / 1024:,.1f} KiB |"
+        )
     out += [
         "",
         "Small plans cost about 3.5 KiB beyond their blob (the metadata is held twice, as fields and as the signed bytes, plus two index "
@@ -561,7 +691,9 @@ def herd_section(herd: dict, baseline: dict | None = None, extra: dict[str, dict
         for i, (measure, value, target, met) in enumerate(v["summary"]):
             shown = f"{value:.3g}" if isinstance(value, float) else str(value)
             ok = yes(met) if isinstance(met, bool) else "—"
-            out.append(f"| {name if i == 0 else ''} | {measure} | {shown} | {'—' if target == '-' else target} | {ok} |")
+            out.append(
+                f"| {name if i == 0 else ''} | {measure} | {shown} | {'—' if target == '-' else target} | {ok} |"
+            )
     if herd.get("skipped"):
         out.append(f"\nSkipped for lack of time: {', '.join(herd['skipped'])}.")
     runs = {"thread-pool front end (before, aa36b05)": baseline} if baseline else {}
@@ -592,8 +724,8 @@ def herd_section(herd: dict, baseline: dict | None = None, extra: dict[str, dict
         "p99 3.7-4.5 ms, during 8.7-12.4 ms); with the nodes at nice 0 it read 23-29 ms: on two cores the simulated fleet's own CPU "
         "(each plan decoded and verified) is what a probe competes with. One Compile per plan in sequence leaves each node its remaining "
         "plans to fetch one call at a time after the last build: 2.6 s at 1,000 nodes (0.79 s at 300), the clients' own pace.\n",
-        "Reproduce: `make herd` (writes `bench/results/herd.json` and `.png`; `make herd ARGS=\"--nodes 300\"` for a smaller herd, "
-        "`ARGS=\"--client-nice 0\"` for nodes as the server's equals); `python bench/herd.py --quick --out DIR` for a short run.\n",
+        'Reproduce: `make herd` (writes `bench/results/herd.json` and `.png`; `make herd ARGS="--nodes 300"` for a smaller herd, '
+        '`ARGS="--client-nice 0"` for nodes as the server\'s equals); `python bench/herd.py --quick --out DIR` for a short run.\n',
     ]
     return out
 
@@ -622,7 +754,9 @@ def functional_section(fu: dict, run_record: str) -> list[str]:
     for r in fu["rows"]:
         h = r["host_us"]
         over_alloc.append(h["functional"] / h["raw+alloc"])
-        out.append(f"| {r['case']} | {h['functional']:.1f} | {h['raw']:.1f} | {h['raw+alloc']:.1f} | {h['torch']:.1f} | {r['over_raw']:.2f}x | {over_alloc[-1]:.2f}x | {r['over_torch']:.2f}x |")
+        out.append(
+            f"| {r['case']} | {h['functional']:.1f} | {h['raw']:.1f} | {h['raw+alloc']:.1f} | {h['torch']:.1f} | {r['over_raw']:.2f}x | {over_alloc[-1]:.2f}x | {r['over_torch']:.2f}x |"
+        )
     gpu = d["gpu_ms"]
     out += [
         "",
@@ -686,12 +820,19 @@ def training_section(tr: dict, run_record: str) -> list[str]:
     for model, st in steps.items():
         gpu, ratio = st.get("gpu_ms") or {}, st.get("functional_over_torch") or {}
         cells = [_num(gpu.get(v), 2, " ms") for v in TRAINING_STEP_VARIANTS]
-        cells += [_num(ratio.get("eager"), 2, "x"), _num(ratio.get("captured"), 2, "x"), _sci(st.get("loss_rel_err")), _sci(st.get("grad_rel_err_max"))]
+        cells += [
+            _num(ratio.get("eager"), 2, "x"),
+            _num(ratio.get("captured"), 2, "x"),
+            _sci(st.get("loss_rel_err")),
+            _sci(st.get("grad_rel_err_max")),
+        ]
         out.append(f"| {model} | {' | '.join(cells)} |")
         failures += [f"{model} {what}: {_last_line(text)}" for what, text in (st.get("errors") or {}).items()]
         fallbacks = st.get("torch_fallbacks") or {}
         if fallbacks:
-            failures.append(f"{model}: torch ran " + ", ".join(f"{name} ({c.get('torch')} calls)" for name, c in fallbacks.items()))
+            failures.append(
+                f"{model}: torch ran " + ", ".join(f"{name} ({c.get('torch')} calls)" for name, c in fallbacks.items())
+            )
     if failures:
         out += ["", "Not measured or not served: " + "; ".join(failures) + "."]
     good = [r for r in rows if "host_us" in r]
@@ -707,8 +848,10 @@ def training_section(tr: dict, run_record: str) -> list[str]:
     ]
     for r in good:
         h = r["host_us"]
-        out.append(f"| {r['case']} | {' | '.join(_num(h.get(p)) for p in TRAINING_HOST_PATHS)} | {_num(r.get('over_raw_alloc'), 2, 'x')} | "
-                   f"{_num(r.get('over_ordered_alloc'), 2, 'x')} | {_num(r.get('over_torch'), 2, 'x')} |")  # fmt: skip
+        out.append(
+            f"| {r['case']} | {' | '.join(_num(h.get(p)) for p in TRAINING_HOST_PATHS)} | {_num(r.get('over_raw_alloc'), 2, 'x')} | "
+            f"{_num(r.get('over_ordered_alloc'), 2, 'x')} | {_num(r.get('over_torch'), 2, 'x')} |"
+        )
     for r in rows:
         if "host_us" not in r:
             out.append(f"| {r.get('case', '?')} | failed: {_last_line(r.get('error'))} |" + " |" * 8)
@@ -721,8 +864,17 @@ def training_section(tr: dict, run_record: str) -> list[str]:
     ]
     for r in good:
         hg, g, gg = r.get("host_us_grad") or {}, r.get("gpu_us") or {}, r.get("gpu_us_grad") or {}
-        cells = [_num(hg.get("functional")), _num(hg.get("torch")), _num(r.get("grad_over_torch"), 2, "x"), _num(g.get("functional")), _num(g.get("torch")),
-                 _num(gg.get("functional")), _num(gg.get("torch")), _sci(r.get("rel_err")), _sci(r.get("grad_rel_err"))]  # fmt: skip
+        cells = [
+            _num(hg.get("functional")),
+            _num(hg.get("torch")),
+            _num(r.get("grad_over_torch"), 2, "x"),
+            _num(g.get("functional")),
+            _num(g.get("torch")),
+            _num(gg.get("functional")),
+            _num(gg.get("torch")),
+            _sci(r.get("rel_err")),
+            _sci(r.get("grad_rel_err")),
+        ]
         out.append(f"| {r['case']} | {' | '.join(cells)} |")
     partial = [f"{r['case']}: {', '.join(sorted(r['errors']))}" for r in good if r.get("errors")]
     if partial:
@@ -754,11 +906,21 @@ def training_section(tr: dict, run_record: str) -> list[str]:
         ]
         for model, e in st["summary"].items():
             first = e.get("first_step_s") or {}
-            phases = [r.get("first_step_phases_s") or {} for r in st.get("runs", []) if r.get("model") == model and r.get("label") == "stored"]
-            spent = f" ({_num(phases[0].get('fetch'), 2, ' s')} + {_num(phases[0].get('deserialize'), 2, ' s')})" if phases else ""
-            out.append(f"| {model} | {_num(first.get('first (nothing stored)'), 2, ' s')} | {_num(first.get('stored'), 2, ' s')}{spent} | "
-                       f"{_num(first.get('stored, prefetched'), 2, ' s')} | {_num(first.get('torch'), 2, ' s')} | {_num(e.get('stored_over_torch'), 2, 'x')} | "
-                       f"{_num(e.get('prefetched_over_torch'), 2, 'x')} |")  # fmt: skip
+            phases = [
+                r.get("first_step_phases_s") or {}
+                for r in st.get("runs", [])
+                if r.get("model") == model and r.get("label") == "stored"
+            ]
+            spent = (
+                f" ({_num(phases[0].get('fetch'), 2, ' s')} + {_num(phases[0].get('deserialize'), 2, ' s')})"
+                if phases
+                else ""
+            )
+            out.append(
+                f"| {model} | {_num(first.get('first (nothing stored)'), 2, ' s')} | {_num(first.get('stored'), 2, ' s')}{spent} | "
+                f"{_num(first.get('stored, prefetched'), 2, ' s')} | {_num(first.get('torch'), 2, ' s')} | {_num(e.get('stored_over_torch'), 2, 'x')} | "
+                f"{_num(e.get('prefetched_over_torch'), 2, 'x')} |"
+            )
         if st.get("skipped"):
             out.append(f"\nSkipped for lack of time: {', '.join(st['skipped'])}.")
     elif st and st.get("error"):
@@ -788,18 +950,30 @@ def families_section(fa: dict, run_record: str) -> list[str]:
         for path in ("local", "plancache", "family"):
             e = entry.get(path)
             if e:
-                out.append(f"| {workload} | {path} | {_num(e.get('total_s'), 2, ' s')} | {_num(e.get('first_shape_ms'), 0, ' ms')} | "
-                           f"{_num(e.get('median_new_shape_ms'), 1, ' ms')} | {_num(e.get('max_new_shape_ms'), 0, ' ms')} | {_num(e.get('known_shape_ms'), 2, ' ms')} |")  # fmt: skip
-    out += ["", "| workload | local / family (total) | today's plancache / family | family: ms per new graph (median) | new shapes ≤ 20 ms per graph | "
-            "family plan / exact tuned plan (GPU) | padding waste | family built on the worker |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                out.append(
+                    f"| {workload} | {path} | {_num(e.get('total_s'), 2, ' s')} | {_num(e.get('first_shape_ms'), 0, ' ms')} | "
+                    f"{_num(e.get('median_new_shape_ms'), 1, ' ms')} | {_num(e.get('max_new_shape_ms'), 0, ' ms')} | {_num(e.get('known_shape_ms'), 2, ' ms')} |"
+                )
+    out += [
+        "",
+        "| workload | local / family (total) | today's plancache / family | family: ms per new graph (median) | new shapes ≤ 20 ms per graph | "
+        "family plan / exact tuned plan (GPU) | padding waste | family built on the worker |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for workload, entry in s.items():
         ratios = entry.get("family_over_tuned") or []
-        within = f"{entry.get('family_new_shapes_within_target')} of {entry.get('family_new_shapes')}" if entry.get("family_new_shapes") else "—"
+        within = (
+            f"{entry.get('family_new_shapes_within_target')} of {entry.get('family_new_shapes')}"
+            if entry.get("family_new_shapes")
+            else "—"
+        )
         built = families.get(workload) or {}
-        out.append(f"| {workload} | {_num(entry.get('local_over_family_total'), 1, 'x')} | {_num(entry.get('plancache_over_family_total'), 1, 'x')} | "
-                   f"{_num(entry.get('family_median_ms_per_graph'), 1, ' ms')} | {within} | "
-                   f"{', '.join(f'{r:.2f}x' for r in ratios) or '—'} | {_num(100 * ((entry.get('buckets') or {}).get('waste') or 0.0), 1, ' %')} | "
-                   f"{built.get('graphs', '—')} graphs in {_num(built.get('build_s'), 1, ' s')} |")  # fmt: skip
+        out.append(
+            f"| {workload} | {_num(entry.get('local_over_family_total'), 1, 'x')} | {_num(entry.get('plancache_over_family_total'), 1, 'x')} | "
+            f"{_num(entry.get('family_median_ms_per_graph'), 1, ' ms')} | {within} | "
+            f"{', '.join(f'{r:.2f}x' for r in ratios) or '—'} | {_num(100 * ((entry.get('buckets') or {}).get('waste') or 0.0), 1, ' %')} | "
+            f"{built.get('graphs', '—')} graphs in {_num(built.get('build_s'), 1, ' s')} |"
+        )
     out += ["", "![families](../bench/results/families.png)", ""]
     return out
 
@@ -807,7 +981,11 @@ def families_section(fa: dict, run_record: str) -> list[str]:
 def upgrade_section(up: dict) -> list[str]:
     """bench/results/upgrade.json (bench/upgrade.py)."""
     c, m, s = up["config"], up["machine"], up["summary"]
-    plan = "on its own once idle for `--warm-after-idle` " + f"{c['warm_after_idle']:g} s" if c.get("plan", "auto") == "auto" else "by an operator's `Client.warm` as it appeared"
+    plan = (
+        "on its own once idle for `--warm-after-idle` " + f"{c['warm_after_idle']:g} s"
+        if c.get("plan", "auto") == "auto"
+        else "by an operator's `Client.warm` as it appeared"
+    )
     out = [
         "## Upgrade rehearsal (`make upgrade`)\n",
         f"Machine: {m['cpus']} cores, Python {m['python']}, loopback; stand-in builds, unsigned plans. A store holds {c['specs']} plans of target A with a "
@@ -828,10 +1006,16 @@ def upgrade_section(up: dict) -> list[str]:
         "|---|---|---|---|",
     ]
     for measure, value, target, met in up["targets"]:
-        out.append(f"| {measure} | {value} | {'—' if target == '-' else target} | {yes(met) if isinstance(met, bool) else '—'} |")
+        out.append(
+            f"| {measure} | {value} | {'—' if target == '-' else target} | {yes(met) if isinstance(met, bool) else '—'} |"
+        )
     windows = s["hit_rate_by_window"]
-    out += ["", "Nodes' hit rate by when they started (s from the worker of B up):\n", "| nodes started | " + " | ".join(f"{t:g}–{t + 10:g} s" for t, _ in windows["with"]) + " |",
-            "|---|" + "---|" * len(windows["with"])]  # fmt: skip
+    out += [
+        "",
+        "Nodes' hit rate by when they started (s from the worker of B up):\n",
+        "| nodes started | " + " | ".join(f"{t:g}–{t + 10:g} s" for t, _ in windows["with"]) + " |",
+        "|---|" + "---|" * len(windows["with"]),
+    ]
     for name, rows in windows.items():
         out.append(f"| {name} warming | " + " | ".join(_pct(rate) for _, rate in rows) + " |")
     status, met = up["runs"]["with"].get("warm_status") or {}, s["met"]
@@ -855,8 +1039,16 @@ def upgrade_section(up: dict) -> list[str]:
             f"nodes started from {s['window_start_s']:.1f} s on hit {_pct(w.get('hit_rate'))} of their requests "
             f"({_pct(wo.get('hit_rate'))} without warming)."
         )
-    stored = [(x["t"], x["stored"]) for x in up["runs"]["with"]["samples"] if first is not None and x["t"] >= first and x["t"] <= c["node_seconds"]]
-    pace = (stored[-1][1] - stored[0][1]) / (stored[-1][0] - stored[0][0]) if len(stored) > 1 and stored[-1][0] > stored[0][0] else None
+    stored = [
+        (x["t"], x["stored"])
+        for x in up["runs"]["with"]["samples"]
+        if first is not None and x["t"] >= first and x["t"] <= c["node_seconds"]
+    ]
+    pace = (
+        (stored[-1][1] - stored[0][1]) / (stored[-1][0] - stored[0][0])
+        if len(stored) > 1 and stored[-1][0] > stored[0][0]
+        else None
+    )
     out += [
         "",
         "![upgrade rehearsal](../bench/results/upgrade.png)",
@@ -867,19 +1059,30 @@ def upgrade_section(up: dict) -> list[str]:
         f"{status.get('skipped', 0)} skipped as already stored, coverage {_pct(status.get('coverage'))}. An item counts as built once its "
         "candidates are tuned, and warming's candidates come after every real tuning: during a rollout its heuristic plans are stored "
         "(the coverage) while the items stay in flight."
-        + (f" Plans of B were stored at {pace:.1f} per second from warming's first item to the last node (warming's and the nodes' own "
-           f"misses together; a spec's heuristic plan costs {c['build_seconds']:.2f} s)." if pace is not None else ""),
+        + (
+            f" Plans of B were stored at {pace:.1f} per second from warming's first item to the last node (warming's and the nodes' own "
+            f"misses together; a spec's heuristic plan costs {c['build_seconds']:.2f} s)."
+            if pace is not None
+            else ""
+        ),
         "- **A real miss for A "
-        + ("is not delayed by warming**: with two build processes the heuristic plan of a miss goes to the process kept for heuristic plans while "
-           "the warm build's candidate runs on the other, so a miss with a warm build in flight took what it takes on an idle worker."
-           if met["warming_miss"] else "waited past the floor + one candidate with a warm build in flight** (see the table).")
+        + (
+            "is not delayed by warming**: with two build processes the heuristic plan of a miss goes to the process kept for heuristic plans while "
+            "the warm build's candidate runs on the other, so a miss with a warm build in flight took what it takes on an idle worker."
+            if met["warming_miss"]
+            else "waited past the floor + one candidate with a warm build in flight** (see the table)."
+        )
         + " During the rollout a miss for A waits behind the nodes' heuristic builds queued before it, with or without warming.",
         "- **Under `--store-max-mb`** "
-        + ("warming evicted only plans it had warmed itself (each enters the store's LRU as the least recently used): A's plans and the plans of B "
-           "a node had asked for all stayed" if met["store_bound"] else "warming evicted a plan it had not warmed (see the table)")
+        + (
+            "warming evicted only plans it had warmed itself (each enters the store's LRU as the least recently used): A's plans and the plans of B "
+            "a node had asked for all stayed"
+            if met["store_bound"]
+            else "warming evicted a plan it had not warmed (see the table)"
+        )
         + " (tests/integration/test_warming.py checks the same on the in-process stack).",
         "",
-        "Reproduce: `make upgrade` (writes `bench/results/upgrade.json` and `.png`; about 5 minutes here); `make upgrade ARGS=\"--plan operator\"` "
+        'Reproduce: `make upgrade` (writes `bench/results/upgrade.json` and `.png`; about 5 minutes here); `make upgrade ARGS="--plan operator"` '
         "plans warming as the worker appears; `--node-seconds`, `--max-seconds`, `--specs`, `--zipf` scale it; `python bench/upgrade.py --quick --out DIR` "
         "for a short run.\n",
     ]
@@ -896,17 +1099,61 @@ def main() -> None:
         "is measured, medians of repeats, ranges in the JSON). Raw results: `bench/results/`; this page is written from them by "
         "`python3 scripts/performance-doc.py`.\n",
         *cpu_section(cpu),
-        *(store_overhead_section(json.loads((RESULTS / "store_overhead.json").read_text())) if (RESULTS / "store_overhead.json").exists() else []),
-        *(startup_section(json.loads((RESULTS / "startup.json").read_text()), STARTUP_RUN) if (RESULTS / "startup.json").exists() else []),
-        *(hedge_section(json.loads((RESULTS / "startup_hedge.json").read_text()), _optional(RESULTS / "startup_hedge_shared_cpus.json"),
-                        _optional(RESULTS / "hedge_hits.json"), HEDGE_RUN) if (RESULTS / "startup_hedge.json").exists() else []),
-        *(report_hits_section(json.loads((RESULTS / "report_hits.json").read_text())) if (RESULTS / "report_hits.json").exists() else []),
-        *(autotune_section(json.loads((RESULTS / "autotune.json").read_text()), STARTUP_RUN) if (RESULTS / "autotune.json").exists() else []),
-        *(exec_section(json.loads((RESULTS / "gpu_exec.json").read_text()), EXEC_RUN) if (RESULTS / "gpu_exec.json").exists() else []),
-        *(variants_section(json.loads((RESULTS / "variants.json").read_text())) if (RESULTS / "variants.json").exists() else []),
-        *(functional_section(json.loads((RESULTS / "functional.json").read_text()), TRAINING_RUN) if (RESULTS / "functional.json").exists() else []),
-        *(training_section(json.loads((RESULTS / "training.json").read_text()), TRAINING_RUN) if (RESULTS / "training.json").exists() else []),
-        *(families_section(json.loads((RESULTS / "families.json").read_text()), FAMILIES_RUN) if (RESULTS / "families.json").exists() else []),
+        *(
+            store_overhead_section(json.loads((RESULTS / "store_overhead.json").read_text()))
+            if (RESULTS / "store_overhead.json").exists()
+            else []
+        ),
+        *(
+            startup_section(json.loads((RESULTS / "startup.json").read_text()), STARTUP_RUN)
+            if (RESULTS / "startup.json").exists()
+            else []
+        ),
+        *(
+            hedge_section(
+                json.loads((RESULTS / "startup_hedge.json").read_text()),
+                _optional(RESULTS / "startup_hedge_shared_cpus.json"),
+                _optional(RESULTS / "hedge_hits.json"),
+                HEDGE_RUN,
+            )
+            if (RESULTS / "startup_hedge.json").exists()
+            else []
+        ),
+        *(
+            report_hits_section(json.loads((RESULTS / "report_hits.json").read_text()))
+            if (RESULTS / "report_hits.json").exists()
+            else []
+        ),
+        *(
+            autotune_section(json.loads((RESULTS / "autotune.json").read_text()), STARTUP_RUN)
+            if (RESULTS / "autotune.json").exists()
+            else []
+        ),
+        *(
+            exec_section(json.loads((RESULTS / "gpu_exec.json").read_text()), EXEC_RUN)
+            if (RESULTS / "gpu_exec.json").exists()
+            else []
+        ),
+        *(
+            variants_section(json.loads((RESULTS / "variants.json").read_text()))
+            if (RESULTS / "variants.json").exists()
+            else []
+        ),
+        *(
+            functional_section(json.loads((RESULTS / "functional.json").read_text()), TRAINING_RUN)
+            if (RESULTS / "functional.json").exists()
+            else []
+        ),
+        *(
+            training_section(json.loads((RESULTS / "training.json").read_text()), TRAINING_RUN)
+            if (RESULTS / "training.json").exists()
+            else []
+        ),
+        *(
+            families_section(json.loads((RESULTS / "families.json").read_text()), FAMILIES_RUN)
+            if (RESULTS / "families.json").exists()
+            else []
+        ),
         *gpu_section(gpu),
         *multi_gpu_section(mg),
         *(
@@ -918,7 +1165,11 @@ def main() -> None:
             if (RESULTS / "herd.json").exists()
             else []
         ),
-        *(upgrade_section(json.loads((RESULTS / "upgrade.json").read_text())) if (RESULTS / "upgrade.json").exists() else []),
+        *(
+            upgrade_section(json.loads((RESULTS / "upgrade.json").read_text()))
+            if (RESULTS / "upgrade.json").exists()
+            else []
+        ),
         "## Reproduce\n",
         "- CPU: `make bench` (writes `bench/results/cpu_bench.json` and `.png`); `python bench/cpu_bench.py --quick --out DIR` for a short run.",
         "- GPU: on a machine with an NVIDIA GPU, Python 3.12 and torch: `scripts/fetch-gpu-wheels.sh` (where there is internet), then "

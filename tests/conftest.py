@@ -89,13 +89,22 @@ class Stack:
 
 
 def start_stack(
-    redis_url: str, compiler: StandInCompiler | None, signer: Signer | None = None, worker_redis_url: str | None = None, pool_size: int = 4,
-    warm: bool = False, auto_warm_after_s: float | None = None, worker_id: str = "test-worker", **overrides: object,
+    redis_url: str,
+    compiler: StandInCompiler | None,
+    signer: Signer | None = None,
+    worker_redis_url: str | None = None,
+    pool_size: int = 4,
+    warm: bool = False,
+    auto_warm_after_s: float | None = None,
+    worker_id: str = "test-worker",
+    **overrides: object,
 ) -> tuple[Stack, Callable[[], None]]:
     """`worker_redis_url`: the worker's own Redis user (default: the front end's);
     `pool_size`: the worker's build threads (ThreadBuildPool: the stand-in builds on threads);
     `warm`: the worker builds warming plans (and plans its own after `auto_warm_after_s` idle)."""
-    settings = dataclasses.replace(Settings(listen="127.0.0.1:0", redis_url=redis_url, heartbeat_interval_s=0.2), **overrides)  # type: ignore[arg-type]
+    settings = dataclasses.replace(
+        Settings(listen="127.0.0.1:0", redis_url=redis_url, heartbeat_interval_s=0.2), **overrides
+    )  # type: ignore[arg-type]
     client = connect(redis_url)
     worker_client = connect(worker_redis_url) if worker_redis_url else client
     front_end = ThreadedFrontEnd(settings, redis_url)
@@ -105,9 +114,21 @@ def start_stack(
         parts = worker_parts(worker_client, settings, signer)
         pool = ThreadBuildPool(compiler, pool_size)
         targets = [compiler.target, compiler.target.generic()]
-        runner = WarmRunner(Warming(worker_client), parts.store.janitor, worker_id, targets, 2.0, auto_warm_after_s) if warm else None
+        runner = (
+            WarmRunner(Warming(worker_client), parts.store.janitor, worker_id, targets, 2.0, auto_warm_after_s)
+            if warm
+            else None
+        )
         worker = Worker(
-            compiler, parts.queue, parts.builds, parts.store, worker_id, pool=pool, heartbeat_interval_s=0.2, heartbeat_ttl_s=5, signer=signer,
+            compiler,
+            parts.queue,
+            parts.builds,
+            parts.store,
+            worker_id,
+            pool=pool,
+            heartbeat_interval_s=0.2,
+            heartbeat_ttl_s=5,
+            signer=signer,
             warm=runner,
         )
         thread = threading.Thread(target=worker.run, daemon=True)

@@ -76,10 +76,11 @@ def compare(case: str, tensors: dict[str, torch.Tensor], plan: Plan) -> dict[str
     expected = references.reference(case, tensors, _runner(plan))
     tolerance = references.TOLERANCES.get(case)
     return {
-        name: references.check_measured(value) if isinstance(value, references.Measured)
+        name: references.check_measured(value)
+        if isinstance(value, references.Measured)
         else {**references.relative_error(tensors[name], value), **({"tolerance": tolerance} if tolerance else {})}
         for name, value in expected.items()
-    }  # fmt: skip
+    }
 
 
 def fast_paths(case: str, plan: Plan) -> dict[str, Any]:
@@ -183,7 +184,9 @@ def run_case(client: Client, case: dict[str, Any]) -> dict[str, Any]:
     fetched = time.perf_counter()
     plan.load()
     ready = time.perf_counter()
-    result.update(fetch_s=fetched - started, deserialize_s=ready - fetched, ready_s=ready - started, blob_bytes=len(plan.blob))
+    result.update(
+        fetch_s=fetched - started, deserialize_s=ready - fetched, ready_s=ready - started, blob_bytes=len(plan.blob)
+    )
     again = Plan(plan.blob, plan.metadata)
     started = time.perf_counter()
     again.load()
@@ -196,8 +199,11 @@ def run_case(client: Client, case: dict[str, Any]) -> dict[str, Any]:
     if case.get("provisional_file"):  # the heuristic plan served while autotuning ran
         with open(case["provisional_file"], "rb") as f:
             provisional = Plan.from_bytes(f.read())
-        result.update(provisional_name=provisional.metadata.plan_name, provisional_is_marked=provisional.provisional,
-                      provisional_outputs=check(name, provisional))  # fmt: skip
+        result.update(
+            provisional_name=provisional.metadata.plan_name,
+            provisional_is_marked=provisional.provisional,
+            provisional_outputs=check(name, provisional),
+        )
     if case.get("untuned_key"):
         heuristic = client.get(case["untuned_key"])
         tensors = make_inputs(name, plan)
@@ -207,8 +213,13 @@ def run_case(client: Client, case: dict[str, Any]) -> dict[str, Any]:
                 ms, method = kernel_ms(plan_, tensors)
                 times.append(ms)
                 methods.add(method)
-        result.update(tuned_ms=statistics.median(tuned_ms), plan0_ms=statistics.median(plan0_ms), timing=sorted(methods),
-                      plan0_name=heuristic.metadata.plan_name, tuned_name=plan.metadata.plan_name)  # fmt: skip
+        result.update(
+            tuned_ms=statistics.median(tuned_ms),
+            plan0_ms=statistics.median(plan0_ms),
+            timing=sorted(methods),
+            plan0_name=heuristic.metadata.plan_name,
+            tuned_name=plan.metadata.plan_name,
+        )
     return result
 
 
@@ -217,7 +228,11 @@ def main() -> None:
     parser.add_argument("--server", required=True)
     parser.add_argument("--cases", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--prefetch-only", action="store_true", help="a fresh node: one Prefetch of every key, then each plan executed and checked")
+    parser.add_argument(
+        "--prefetch-only",
+        action="store_true",
+        help="a fresh node: one Prefetch of every key, then each plan executed and checked",
+    )
     args = parser.parse_args()
     with open(args.cases) as f:
         cases = json.load(f)
@@ -235,7 +250,9 @@ def main() -> None:
             try:
                 results.append({**run_case(client, case), "handle_setup_s": setup_s})
             except Exception as e:
-                results.append({"name": case["name"], "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+                results.append(
+                    {"name": case["name"], "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+                )
             print(json.dumps(results[-1])[:400], flush=True)
         background_check(client, cases, results)
         threads_check(client, cases, results)
@@ -266,7 +283,9 @@ def background_check(client: Client, cases: list[dict[str, Any]], results: list[
     """Plans fetched and deserialized on the background prefetch's thread
     (its own cuDNN handle) execute correctly on this one."""
     try:
-        pending = client.prefetch_in_background(Manifest(entries=[ManifestEntry(key=c["key"]) for c in cases]), load=True)
+        pending = client.prefetch_in_background(
+            Manifest(entries=[ManifestEntry(key=c["key"]) for c in cases]), load=True
+        )
         prefetched = pending.wait(timeout=300)
     except Exception as e:
         for result in results:

@@ -61,7 +61,13 @@ def pf(gpu_session: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
     import plancache.functional
 
     plancache.functional.clear()
-    client = Client(gpu_session["address"], trusted_keys=[gpu_session["public_key"]], allow_unsigned=False, cache=DiskCache(tmp_path_factory.mktemp("functional")), hedge=False)
+    client = Client(
+        gpu_session["address"],
+        trusted_keys=[gpu_session["public_key"]],
+        allow_unsigned=False,
+        cache=DiskCache(tmp_path_factory.mktemp("functional")),
+        hedge=False,
+    )
     plancache.functional.configure(client)
     yield plancache.functional
     plancache.functional.clear()
@@ -80,8 +86,18 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     session: dict[str, Any] = {"address": address, "http": f"http://127.0.0.1:{http_port}", "cases": {}, "out": out}
     try:
         # --no-warm: the worker does not warm the generic target on its own while the tests run (tests/gpu/test_gpu_warming.py warms on purpose).
-        with server_process(address, redis.url, out / "server.log", "--gpus", "0", "--data-dir", str(data_dir), "--metrics-port", str(http_port),
-                            "--no-warm") as server:  # fmt: skip
+        with server_process(
+            address,
+            redis.url,
+            out / "server.log",
+            "--gpus",
+            "0",
+            "--data-dir",
+            str(data_dir),
+            "--metrics-port",
+            str(http_port),
+            "--no-warm",
+        ) as server:
             # The server generated a signing key for its worker: every client here trusts only it.
             public_key = signing_public_key(data_dir)
             env = trusting_env(public_key)
@@ -89,7 +105,9 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             target = detect_target()
             session["target"] = target.id
             wait_for_workers(address, proc=server)
-            with Client(address, cache=False, trusted_keys=[public_key], allow_unsigned=False, hedge=False) as client:  # the service alone (tests/gpu/test_gpu_hedge.py races)
+            with Client(
+                address, cache=False, trusted_keys=[public_key], allow_unsigned=False, hedge=False
+            ) as client:  # the service alone (tests/gpu/test_gpu_hedge.py races)
                 for name, build in EXAMPLES.items():
                     session["cases"][name] = _compile(client, name, build(), target, tmp)
             session["gpu_memory"] = _gpu_memory_by_process(server.pid)
@@ -98,7 +116,9 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             for page in ("status.json", "status.html"):
                 with urllib.request.urlopen(f"{session['http']}/{page.replace('.html', '')}", timeout=30) as response:
                     (out / page).write_bytes(response.read())
-            (out / "gpu_session.json").write_text(json.dumps({k: v for k, v in session.items() if k != "out"}, indent=1, default=str))
+            (out / "gpu_session.json").write_text(
+                json.dumps({k: v for k, v in session.items() if k != "out"}, indent=1, default=str)
+            )
             yield session
     finally:
         redis.stop()
@@ -110,7 +130,9 @@ def _compile(client: Client, name: str, spec: GraphSpec, target: Any, scratch: P
     try:
         # A first build answers with cuDNN's heuristic plan while autotuning runs ...
         first = client.compile(spec, target)
-        case.update(first_source=first.source, first_s=time.perf_counter() - started, first_provisional=first.provisional)
+        case.update(
+            first_source=first.source, first_s=time.perf_counter() - started, first_provisional=first.provisional
+        )
         if first.provisional:
             case["provisional_file"] = str(scratch / f"{name}.provisional.plan")
             Path(case["provisional_file"]).write_bytes(first.to_bytes())
@@ -121,12 +143,19 @@ def _compile(client: Client, name: str, spec: GraphSpec, target: Any, scratch: P
         return case
     meta = plan.metadata
     case.update(
-        key=plan.key, source=plan.source, wall_s=time.perf_counter() - started, build_s=meta.build_seconds,
-        autotune_s=meta.autotune_seconds, candidates=len(meta.candidates), plan_name=meta.plan_name,
-        blob_bytes=len(plan.blob), timings_ms=[c.median_ms if c.HasField("median_ms") else None for c in meta.candidates],
-        engine_kind=meta.engine_kind, second_source=client.compile(spec, target).source,
+        key=plan.key,
+        source=plan.source,
+        wall_s=time.perf_counter() - started,
+        build_s=meta.build_seconds,
+        autotune_s=meta.autotune_seconds,
+        candidates=len(meta.candidates),
+        plan_name=meta.plan_name,
+        blob_bytes=len(plan.blob),
+        timings_ms=[c.median_ms if c.HasField("median_ms") else None for c in meta.candidates],
+        engine_kind=meta.engine_kind,
+        second_source=client.compile(spec, target).source,
         untimed=[c.timing for c in meta.candidates if c.timing.startswith("untimed")],
-    )  # fmt: skip
+    )
     if name in PLAN0_CASES:
         try:
             case["untuned_key"] = client.compile(spec, target, CompileOptions(autotune=False)).key
@@ -148,28 +177,56 @@ def _gpu_memory_by_process(server_pid: int) -> dict[str, Any]:
             if ppid in family:
                 family.add(pid)
     try:
-        rows = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=30, check=False).stdout  # fmt: skip
+        rows = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout
     except OSError as e:
         return {"error": str(e)}
     used = {int(p): int(m) for p, m in (line.split(",") for line in rows.splitlines() if line.strip())}
     mine = {pid: mib for pid, mib in used.items() if pid in family}
     # In a container nvidia-smi may see other pids than /proc: every compute process on the GPU too.
-    return {"processes": len(mine), "mib": mine, "total_mib": sum(mine.values()), "all_processes": len(used), "all_mib": sum(used.values()),
-            "family": sorted(family)}  # fmt: skip
+    return {
+        "processes": len(mine),
+        "mib": mine,
+        "total_mib": sum(mine.values()),
+        "all_processes": len(used),
+        "all_mib": sum(used.values()),
+        "family": sorted(family),
+    }
 
 
 def _run_client_process(address: str, cases: dict[str, Any], out: Path, env: dict[str, str]) -> dict[str, Any]:
     todo = [
-        {"name": n, "key": c["key"], "untuned_key": c.get("untuned_key"), "provisional_file": c.get("provisional_file")} for n, c in cases.items() if "key" in c
+        {"name": n, "key": c["key"], "untuned_key": c.get("untuned_key"), "provisional_file": c.get("provisional_file")}
+        for n, c in cases.items()
+        if "key" in c
     ]
     cases_file = out / "client_cases.tmp"
     cases_file.write_text(json.dumps(todo))
     results = out / "client_results.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.gpu.client_check", "--server", address, "--cases", str(cases_file), "--out", str(results)],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tests.gpu.client_check",
+            "--server",
+            address,
+            "--cases",
+            str(cases_file),
+            "--out",
+            str(results),
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     with open(out / "client.log", "a") as log:
         log.write(f"--- client process\n{proc.stdout}{proc.stderr}")
     cases_file.unlink()

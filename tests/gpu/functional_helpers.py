@@ -21,4 +21,7 @@ def randn(*shape: int, dtype: str, scale: float = 1.0) -> Any:
 
 def rel_err(ours: Any, reference: Any) -> float:
     """max |ours - reference| / max |reference|."""
-    return float((ours.detach().float() - reference.detach().float()).abs().max() / reference.detach().float().abs().max().clamp_min(1e-30))
+    return float(
+        (ours.detach().float() - reference.detach().float()).abs().max()
+        / reference.detach().float().abs().max().clamp_min(1e-30)
+    )

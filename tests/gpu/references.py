@@ -37,9 +37,12 @@ class Measured:
 # Inputs that must be positive (denominators, inverse variances).
 _SCALES = {"scale_a", "scale_b"}
 POSITIVE = {
-    "pointwise_binary_fp16": {"den"}, "batchnorm_inference_fp16": {"inv_variance"}, "matmul_fp8_scaled_bf16": _SCALES,
-    "matmul_fp8_bias_gelu_amax_bf16": _SCALES, "matmul_fp8_bias_relu_fp16": _SCALES,
-}  # fmt: skip
+    "pointwise_binary_fp16": {"den"},
+    "batchnorm_inference_fp16": {"inv_variance"},
+    "matmul_fp8_scaled_bf16": _SCALES,
+    "matmul_fp8_bias_gelu_amax_bf16": _SCALES,
+    "matmul_fp8_bias_relu_fp16": _SCALES,
+}
 
 
 def _f(t: torch.Tensor) -> torch.Tensor:
@@ -50,7 +53,9 @@ def _causal_mask(s_q: int, s_kv: int, device: torch.device) -> torch.Tensor:
     return torch.ones(s_q, s_kv, dtype=torch.bool, device=device).tril()
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     scores = torch.einsum("bhqd,bhkd->bhqk", _f(q), _f(k)) * scale
     if causal:
         scores = scores.masked_fill(~_causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
@@ -77,7 +82,9 @@ def _prepare_paged(t: Tensors) -> None:
     t["v_page_table"].copy_(table)
     t["seq_len_q"].fill_(1)
     max_kv = pages_per_seq * t["k_cache"].shape[2]
-    lengths = torch.linspace(1, max_kv, b).round().to(torch.int32).view(b, 1, 1, 1)  # 1 .. max: a page boundary and a full table
+    lengths = (
+        torch.linspace(1, max_kv, b).round().to(torch.int32).view(b, 1, 1, 1)
+    )  # 1 .. max: a page boundary and a full table
     t["seq_len_kv"].copy_(lengths)
 
 
@@ -101,8 +108,12 @@ def _sdpa_paged_chunk(t: Tensors) -> Tensors:
         k_i = kc[t["k_page_table"][i, 0, :, 0].long()].permute(1, 0, 2, 3).reshape(h, -1, d)[:, :lkv]
         v_i = vc[t["v_page_table"][i, 0, :, 0].long()].permute(1, 0, 2, 3).reshape(h, -1, d)[:, :lkv]
         scores = torch.einsum("hqd,hkd->hqk", q[i, :, :lq], k_i) / math.sqrt(d)
-        visible = torch.arange(lkv, device=q.device).view(1, lkv) <= (lkv - lq) + torch.arange(lq, device=q.device).view(lq, 1)
-        out[i, :, :lq] = torch.einsum("hqk,hkd->hqd", torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1), v_i)
+        visible = torch.arange(lkv, device=q.device).view(1, lkv) <= (lkv - lq) + torch.arange(
+            lq, device=q.device
+        ).view(lq, 1)
+        out[i, :, :lq] = torch.einsum(
+            "hqk,hkd->hqd", torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1), v_i
+        )
     return {"o": out}
 
 
@@ -145,7 +156,9 @@ def _sdpa_ragged(t: Tensors) -> Tensors:
     d = t["q"].shape[2]
     out = torch.full(t["o"].shape, float("nan"), device=t["q"].device)
     for seq in _sequences():
-        out[seq] = _packed(_attention(_bhsd(t["q"][seq]), _bhsd(t["k"][seq]), _bhsd(t["v"][seq]), 1 / math.sqrt(d), causal=True)[0])
+        out[seq] = _packed(
+            _attention(_bhsd(t["q"][seq]), _bhsd(t["k"][seq]), _bhsd(t["v"][seq]), 1 / math.sqrt(d), causal=True)[0]
+        )
     return {"o": out}
 
 
@@ -219,7 +232,9 @@ def _drop_rate(mask: torch.Tensor) -> dict[str, Measured]:
 def _prepare_backward_dropout(t: Tensors, run: Run) -> None:
     """o and stats from the forward with this seed and offset's mask."""
     q, k, v = _f(t["q"]), _f(t["k"]), _f(t["v"])
-    t["stats"].copy_(torch.logsumexp(torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1]), dim=-1, keepdim=True))
+    t["stats"].copy_(
+        torch.logsumexp(torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1]), dim=-1, keepdim=True)
+    )
     t["o"].copy_(_dropped_attention(q, k, v, _dropout_mask_backward(t, run)))
 
 
@@ -323,23 +338,33 @@ def _batchnorm_training(t: Tensors) -> Tensors:
     count = x.numel() // x.shape[1]
     unbiased = x.var(dim=(0, 2, 3), keepdim=True, unbiased=False) * count / (count - 1)
     return {
-        "y": y.float(), "mean": mean.float(), "inv_variance": inv.float(),
+        "y": y.float(),
+        "mean": mean.float(),
+        "inv_variance": inv.float(),
         "next_running_mean": ((1 - BN_MOMENTUM) * _d(t["running_mean"]) + BN_MOMENTUM * mean).float(),
         "next_running_var": ((1 - BN_MOMENTUM) * _d(t["running_var"]) + BN_MOMENTUM * unbiased).float(),
-    }  # fmt: skip
+    }
 
 
 def _instancenorm_training(t: Tensors) -> Tensors:
     x = _d(t["x"])
     mean, inv = _stats(x, (2, 3), 1e-5)
-    return {"y": ((x - mean) * inv * _d(t["scale"]) + _d(t["bias"])).float(), "mean": mean.float(), "inv_variance": inv.float()}
+    return {
+        "y": ((x - mean) * inv * _d(t["scale"]) + _d(t["bias"])).float(),
+        "mean": mean.float(),
+        "inv_variance": inv.float(),
+    }
 
 
 def _adalayernorm_training(t: Tensors) -> Tensors:
     """Layernorm over the last axis, then each sample's own scale and bias ([b, 1, d])."""
     x = _d(t["x"])
     mean, inv = _stats(x, (2,), 1e-3)
-    return {"y": ((x - mean) * inv * _d(t["scale"]) + _d(t["bias"])).float(), "mean": mean.float(), "inv_variance": inv.float()}
+    return {
+        "y": ((x - mean) * inv * _d(t["scale"]) + _d(t["bias"])).float(),
+        "mean": mean.float(),
+        "inv_variance": inv.float(),
+    }
 
 
 def _conv_genstats(t: Tensors) -> Tensors:
@@ -433,7 +458,9 @@ def _sdpa_paged(t: Tensors) -> Tensors:
     return {"o": out}
 
 
-def _sdpa_with_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: torch.Tensor, causal: bool) -> torch.Tensor:
+def _sdpa_with_bias(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: torch.Tensor, causal: bool
+) -> torch.Tensor:
     scores = torch.einsum("bhqd,bhkd->bhqk", _f(q), _f(k)) * scale + bias
     if causal:
         scores = scores.masked_fill(~_causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
@@ -479,15 +506,23 @@ REFERENCES: dict[str, Callable[[Tensors], Tensors]] = {
     "matmul_fp16": lambda t: {"C": _f(t["A"]) @ _f(t["B"])},
     "matmul_bias_relu_bf16": lambda t: {"Y": torch.relu(_f(t["A"]) @ _f(t["B"]) + _f(t["bias"]))},
     "conv_bias_relu_fp16": lambda t: {"y": torch.relu(F.conv2d(_f(t["x"]), _f(t["w"]), padding=1) + _f(t["bias"]))},
-    "conv_dgrad_fp16": lambda t: {"dx": torch.nn.grad.conv2d_input((16, 32, 56, 56), _f(t["w"]), _f(t["dy"]), stride=2, padding=1)},
-    "conv_wgrad_fp16": lambda t: {"dw": torch.nn.grad.conv2d_weight(_f(t["x"]), (64, 32, 3, 3), _f(t["dy"]), stride=2, padding=1)},
+    "conv_dgrad_fp16": lambda t: {
+        "dx": torch.nn.grad.conv2d_input((16, 32, 56, 56), _f(t["w"]), _f(t["dy"]), stride=2, padding=1)
+    },
+    "conv_wgrad_fp16": lambda t: {
+        "dw": torch.nn.grad.conv2d_weight(_f(t["x"]), (64, 32, 3, 3), _f(t["dy"]), stride=2, padding=1)
+    },
     "sdpa_causal_fp16": lambda t: {"o": _attention(t["q"], t["k"], t["v"], 0.125, causal=True)[0]},
-    "sdpa_stats_bf16": lambda t: dict(zip(("o", "stats"), _attention(t["q"], t["k"], t["v"], 1 / math.sqrt(128), causal=True), strict=True)),
+    "sdpa_stats_bf16": lambda t: dict(
+        zip(("o", "stats"), _attention(t["q"], t["k"], t["v"], 1 / math.sqrt(128), causal=True), strict=True)
+    ),
     "sdpa_padding_fp16": _sdpa_padding,
     "sdpa_backward_bf16": _sdpa_backward,
     "sdpa_paged_decode_bf16": _sdpa_paged,
     "sdpa_bias_bf16": lambda t: {"o": _sdpa_with_bias(t["q"], t["k"], t["v"], 0.125, _f(t["bias"]), causal=False)},
-    "sdpa_alibi_bf16": lambda t: {"o": _sdpa_with_bias(t["q"], t["k"], t["v"], 0.125, _alibi_bias(8, 512, t["q"].device), causal=True)},
+    "sdpa_alibi_bf16": lambda t: {
+        "o": _sdpa_with_bias(t["q"], t["k"], t["v"], 0.125, _alibi_bias(8, 512, t["q"].device), causal=True)
+    },
     # O and amax(O) against attention over the dequantized (unit-scale) inputs.
     "sdpa_fp8_causal": _sdpa_fp8,
     "matmul_fp8_scaled_bf16": lambda t: {"C": (_f(t["A"]) @ _f(t["B"])) * _f(t["scale_a"]) * _f(t["scale_b"])},
@@ -502,8 +537,12 @@ REFERENCES: dict[str, Callable[[Tensors], Tensors]] = {
     "layernorm_inference_bf16": lambda t: _layernorm(t, training=False),
     "rmsnorm_training_bf16": lambda t: _rmsnorm(t, training=True),
     "rmsnorm_inference_fp16": lambda t: _rmsnorm(t, training=False),
-    "batchnorm_inference_fp16": lambda t: {"y": (_f(t["x"]) - _f(t["mean"])) * _f(t["inv_variance"]) * _f(t["scale"]) + _f(t["bias"])},
-    "pointwise_binary_fp16": lambda t: {"out": ((((_f(t["x"]) + _f(t["y"])) * _f(t["y"]) - _f(t["x"])) / _f(t["den"])) + _f(t["bias"])) * _f(t["scale"])},
+    "batchnorm_inference_fp16": lambda t: {
+        "y": (_f(t["x"]) - _f(t["mean"])) * _f(t["inv_variance"]) * _f(t["scale"]) + _f(t["bias"])
+    },
+    "pointwise_binary_fp16": lambda t: {
+        "out": ((((_f(t["x"]) + _f(t["y"])) * _f(t["y"]) - _f(t["x"])) / _f(t["den"])) + _f(t["bias"])) * _f(t["scale"])
+    },
     "pointwise_unary_fp16": lambda t: {"out": F.silu(torch.sigmoid(torch.tanh(F.gelu(torch.relu(_f(t["x"]))))))},
     "reduction_sum_fp32": lambda t: {"sum": _f(t["x"]).sum(dim=1, keepdim=True)},
     "layernorm_backward_fp16": lambda t: _norm_backward(t, dims=(1, 2, 3), param_dims=(0,)),
@@ -519,7 +558,10 @@ REFERENCES: dict[str, Callable[[Tensors], Tensors]] = {
     "reshape_bf16": lambda t: {"C": _f(t["A"]) @ _f(t["K"]).transpose(1, 2)},
     "pointwise_select_fp16": _pointwise_select,
     "transpose_fp32": lambda t: {"y": _f(t["x"]).permute(2, 0, 1)},
-    "apply_rope_fp16": lambda t: {"y1": _f(t["x1"]) * t["cos1"] - _f(t["x2"]) * t["sin1"], "y2": _f(t["x2"]) * t["cos2"] + _f(t["x1"]) * t["sin2"]},
+    "apply_rope_fp16": lambda t: {
+        "y1": _f(t["x1"]) * t["cos1"] - _f(t["x2"]) * t["sin1"],
+        "y2": _f(t["x2"]) * t["cos2"] + _f(t["x1"]) * t["sin2"],
+    },
     "moe_grouped_matmul_bf16": _moe_grouped_matmul,
 }
 

@@ -39,7 +39,12 @@ RIGHT = 1e-2  # half precision, one add
 def _native(frontend: Any, torch: Any, handle: Any, b_dims: list[int] | None) -> float:
     """rel err of relu(x) + b (or x * a host scalar when b_dims is None), built and run by the frontend alone."""
     half = frontend.data_type.HALF
-    g = frontend.pygraph(io_data_type=half, intermediate_data_type=frontend.data_type.FLOAT, compute_data_type=frontend.data_type.FLOAT, handle=handle)
+    g = frontend.pygraph(
+        io_data_type=half,
+        intermediate_data_type=frontend.data_type.FLOAT,
+        compute_data_type=frontend.data_type.FLOAT,
+        handle=handle,
+    )
     x = torch.randn(*X, device="cuda", dtype=torch.float16)
     tx = g.tensor_like(x)
     if b_dims is None:

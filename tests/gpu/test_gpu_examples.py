@@ -35,7 +35,10 @@ _UNSUPPORTED = {
     "transpose_fp32": "the frontend's transpose: 'Transpose requires cuDNN v9.22.0'",
     "reshape_bf16": "cuDNN 9.19 on sm_90 has no engine for a graph with a reshape (NOT_SUPPORTED_GRAPH_PATTERN)",
 }
-CASES = [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=_UNSUPPORTED[c])) if c in _UNSUPPORTED else c for c in EXAMPLES]
+CASES = [
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=_UNSUPPORTED[c])) if c in _UNSUPPORTED else c
+    for c in EXAMPLES
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -76,7 +79,9 @@ def test_a_first_build_answers_with_a_provisional_plan_that_runs(gpu_session: di
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_plans_loaded_by_a_background_prefetch_run_on_the_callers_thread(gpu_session: dict[str, Any], case: str) -> None:
+def test_plans_loaded_by_a_background_prefetch_run_on_the_callers_thread(
+    gpu_session: dict[str, Any], case: str
+) -> None:
     result = gpu_session["client"][case]
     assert "background_error" not in result, result["background_error"]
     assert result["background_loaded_elsewhere"]
@@ -121,7 +126,10 @@ def test_known_wrong_broadcast_graph_is_refused_not_served(gpu_session: dict[str
     g = GraphSpec(io_data_type="half")
     x = g.tensor([4, 256, 512], name="x")
     g.bias(x, g.tensor([1, 1, 512], name="b")).set_output(True)
-    with Client(gpu_session["address"], cache=False) as client, pytest.raises(CompileFailed, match="cudnn-frontend issue #107"):
+    with (
+        Client(gpu_session["address"], cache=False) as client,
+        pytest.raises(CompileFailed, match="cudnn-frontend issue #107"),
+    ):
         client.compile(g, Target.parse(gpu_session["target"]))
 
 
@@ -134,7 +142,9 @@ def test_existing_frontend_graph_compiles_through_plancache(gpu_session: dict[st
     from tests.support.pygraphs import matmul_bias_relu_bf16_pygraph
 
     spec = GraphSpec.from_pygraph(matmul_bias_relu_bf16_pygraph(cudnn, handle=cudnn_handle()))
-    with Client(gpu_session["address"], cache=False, trusted_keys=[gpu_session["public_key"]], allow_unsigned=False) as client:
+    with Client(
+        gpu_session["address"], cache=False, trusted_keys=[gpu_session["public_key"]], allow_unsigned=False
+    ) as client:
         plan = client.compile(spec, Target.parse(gpu_session["target"]))
     assert plan.key == gpu_session["cases"]["matmul_bias_relu_bf16"]["key"]
     assert plan.source == "hit"
@@ -154,7 +164,9 @@ def test_status_page_reports_real_builds(gpu_session: dict[str, Any]) -> None:
         assert entry["stored"] and entry["build_seconds"] > 0
         assert entry["build_seconds_saved"] == pytest.approx(entry["hits"] * entry["build_seconds"], rel=1e-6)
     rejected = [f for f in report["recent_failures"] if f["rejected"]]
-    assert any(f["plan_key"].startswith(_spec_hash("batchnorm_inference_fp16")) for f in rejected), report["recent_failures"]
+    assert any(f["plan_key"].startswith(_spec_hash("batchnorm_inference_fp16")) for f in rejected), report[
+        "recent_failures"
+    ]
     assert "<svg" in (gpu_session["out"] / "status.html").read_text()
 
 

@@ -51,17 +51,19 @@ def test_bucketing_gives_the_unpadded_result_forward_and_backward(pf: Any) -> No
     x = randn(2, 11, 96, dtype="bfloat16")
     q, k, v = (randn(1, 4, 37, 64, dtype="bfloat16") for _ in range(3))
     expected = {
-        "linear": pf.linear(x, w, b, activation="gelu"), "rms_norm": pf.rms_norm(x, (96,), g, 1e-5),
+        "linear": pf.linear(x, w, b, activation="gelu"),
+        "rms_norm": pf.rms_norm(x, (96,), g, 1e-5),
         "sdpa": pf.scaled_dot_product_attention(q, k, v, is_causal=True),
-    }  # fmt: skip
+    }
     leaf = x.detach().clone().requires_grad_(True)
     pf.linear(leaf, w, b, activation="gelu").float().sum().backward()
     pf.set_buckets([16, 32, 64])
     try:
         got = {
-            "linear": pf.linear(x, w, b, activation="gelu"), "rms_norm": pf.rms_norm(x, (96,), g, 1e-5),
+            "linear": pf.linear(x, w, b, activation="gelu"),
+            "rms_norm": pf.rms_norm(x, (96,), g, 1e-5),
             "sdpa": pf.scaled_dot_product_attention(q, k, v, is_causal=True),
-        }  # fmt: skip
+        }
         padded_leaf = x.detach().clone().requires_grad_(True)
         pf.linear(padded_leaf, w, b, activation="gelu").float().sum().backward()
         stats = pf.bucket_stats()

@@ -39,6 +39,8 @@ def test_a_real_cuda_out_of_memory_is_a_gpu_fault_not_a_rejection_and_the_contex
         del filler
         torch.cuda.empty_cache()
     # cuDNN may build this plan in 64 MiB; if it could not, the answer is a GPU fault, never a rejection of the graph.
-    assert full.heuristic is not None or (full.error.startswith("out of GPU memory") and not full.rejected and not full.gpu_lost), full.error
+    assert full.heuristic is not None or (
+        full.error.startswith("out of GPU memory") and not full.rejected and not full.gpu_lost
+    ), full.error
     after = run_task(compiler, task)
     assert after.heuristic is not None and after.heuristic.chosen.built, after.error  # the context still works

@@ -60,8 +60,11 @@ def _lowered(g: Any, uids: list[int]) -> dict[str, Any]:
         except Exception as e:  # a uid the lowered graph does not hold: what it says is compared too
             found[f"uid {uid}"] = f"{type(e).__name__}: {e}"
             continue
-        found[f"uid {uid}"] = {name: str(getattr(t, f"get_{name}")()) for name in ("dim", "stride", "data_type", "is_virtual", "is_pass_by_value")
-                               if callable(getattr(t, f"get_{name}", None))}  # fmt: skip
+        found[f"uid {uid}"] = {
+            name: str(getattr(t, f"get_{name}")())
+            for name in ("dim", "stride", "data_type", "is_virtual", "is_pass_by_value")
+            if callable(getattr(t, f"get_{name}", None))
+        }
     return found
 
 
@@ -92,7 +95,14 @@ def test_random_frontend_graphs_lower_to_the_same_cudnn_graph(frontend: Any, han
             rebuilt.validate()
             rebuilt.build_operation_graph()
         except Exception as e:
-            mismatches.append({"seed": seed, "family": family, "rebuilt refused": f"{type(e).__name__}: {e}"[:2000], "spec": spec.to_json()})
+            mismatches.append(
+                {
+                    "seed": seed,
+                    "family": family,
+                    "rebuilt refused": f"{type(e).__name__}: {e}"[:2000],
+                    "spec": spec.to_json(),
+                }
+            )
             outcome[(family, "different")] += 1
             continue
         uids = sorted(t.uid for t in spec.tensors if t.uid is not None)
@@ -100,9 +110,22 @@ def test_random_frontend_graphs_lower_to_the_same_cudnn_graph(frontend: Any, han
         found = _diff(program_lowered, _lowered(rebuilt, uids))
         keys += isinstance(program_lowered["key"], int)
         if found or python_view:
-            mismatches.append({"seed": seed, "family": family, "cudnn": found[:20], "python": python_view[:20], "spec": spec.to_json()})
+            mismatches.append(
+                {
+                    "seed": seed,
+                    "family": family,
+                    "cudnn": found[:20],
+                    "python": python_view[:20],
+                    "spec": spec.to_json(),
+                }
+            )
         outcome[(family, "different" if found or python_view else "the same")] += 1
-    report = {"graphs": len(SEEDS), "keys_compared": keys, "outcomes": {f"{f}: {o}": n for (f, o), n in sorted(outcome.items())}, "mismatches": mismatches}
+    report = {
+        "graphs": len(SEEDS),
+        "keys_compared": keys,
+        "outcomes": {f"{f}: {o}": n for (f, o), n in sorted(outcome.items())},
+        "mismatches": mismatches,
+    }
     out = Path(os.environ.get("PLANCACHE_TEST_GPU_OUT", "/tmp"))
     (out / "frontend_graph.json").write_text(json.dumps(report, indent=1))
     compared = sum(n for (_, o), n in outcome.items() if o != "different" and o.startswith("the same"))
@@ -115,4 +138,6 @@ def test_random_frontend_graphs_lower_to_the_same_cudnn_graph(frontend: Any, han
 def test_the_recorded_catalog_is_the_installed_frontends(frontend: Any) -> None:
     from plancache.spec.derive import derive
 
-    assert derive() == json.loads(RECORDED.read_text()), "the GPU machine's frontend differs from the recorded list: run scripts/frontend-catalog.py"
+    assert derive() == json.loads(RECORDED.read_text()), (
+        "the GPU machine's frontend differs from the recorded list: run scripts/frontend-catalog.py"
+    )

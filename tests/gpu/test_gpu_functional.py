@@ -30,7 +30,9 @@ DTYPES = ("float16", "bfloat16")
 LAYOUTS = ("contiguous", "strided")
 
 
-def check(pf: Any, function: str, ours: Callable[[], Any], reference: Callable[[], Any], dtype: str, *, served: bool = True) -> Any:
+def check(
+    pf: Any, function: str, ours: Callable[[], Any], reference: Callable[[], Any], dtype: str, *, served: bool = True
+) -> Any:
     """`ours()` matches `reference()`; with `served`, a plan ran it and a
     second call (new tensors of the same geometry) found it in the table."""
     before = pf.stats().get(function)
@@ -60,7 +62,13 @@ def test_linear_with_bias_and_gelu(pf: Any, dtype: str, layout: str) -> None:
         x = randn(256, 1024, dtype=dtype)[:, :512]
         w = randn(512, 768, dtype=dtype, scale=0.05).t()
     b = randn(768, dtype=dtype)
-    check(pf, "linear", lambda: pf.linear(x, w, b, activation="gelu"), lambda: nnf.gelu(nnf.linear(x.float(), w.float(), b.float())), dtype)
+    check(
+        pf,
+        "linear",
+        lambda: pf.linear(x, w, b, activation="gelu"),
+        lambda: nnf.gelu(nnf.linear(x.float(), w.float(), b.float())),
+        dtype,
+    )
 
 
 @pytest.mark.parametrize("activation", [None, "relu", "silu"])
@@ -68,7 +76,13 @@ def test_linear_activations_and_no_bias(pf: Any, activation: str | None) -> None
     nnf = _t().nn.functional
     x, w = randn(128, 256, dtype="float16"), randn(384, 256, dtype="float16", scale=0.05)
     act = {None: lambda y: y, "relu": nnf.relu, "silu": nnf.silu}[activation]
-    check(pf, "linear", lambda: pf.linear(x, w, activation=activation), lambda: act(nnf.linear(x.float(), w.float())), "float16")
+    check(
+        pf,
+        "linear",
+        lambda: pf.linear(x, w, activation=activation),
+        lambda: act(nnf.linear(x.float(), w.float())),
+        "float16",
+    )
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -96,10 +110,16 @@ def test_conv2d_bias_relu(pf: Any, dtype: str, layout: str) -> None:
     # Channels-last is cuDNN's own layout; an NCHW output (torch's for NCHW
     # input) may have no fused engine: then torch runs it, which is right too.
     out = check(
-        pf, "conv2d", lambda: pf.conv2d(x, w, b, stride=stride, padding=1, relu=True),
-        lambda: nnf.relu(nnf.conv2d(x.float(), w.float(), b.float(), stride=stride, padding=1)), dtype, served=layout == "channels_last",
-    )  # fmt: skip
-    assert out.is_contiguous(memory_format=torch.channels_last if layout == "channels_last" else torch.contiguous_format)
+        pf,
+        "conv2d",
+        lambda: pf.conv2d(x, w, b, stride=stride, padding=1, relu=True),
+        lambda: nnf.relu(nnf.conv2d(x.float(), w.float(), b.float(), stride=stride, padding=1)),
+        dtype,
+        served=layout == "channels_last",
+    )
+    assert out.is_contiguous(
+        memory_format=torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    )
 
 
 # ---- normalization ---------------------------------------------------------------------
@@ -119,9 +139,13 @@ def test_layer_norm(pf: Any, dtype: str, layout: str) -> None:
     w, b = 1 + 0.1 * randn(512, dtype=dtype), randn(512, dtype=dtype)
     bias = b if layout == "contiguous" else None
     check(
-        pf, "layer_norm", lambda: pf.layer_norm(x, (512,), w, bias, eps=1e-5),
-        lambda: nnf.layer_norm(x.float(), (512,), w.float(), None if bias is None else bias.float(), 1e-5), dtype, served=layout == "contiguous",
-    )  # fmt: skip
+        pf,
+        "layer_norm",
+        lambda: pf.layer_norm(x, (512,), w, bias, eps=1e-5),
+        lambda: nnf.layer_norm(x.float(), (512,), w.float(), None if bias is None else bias.float(), 1e-5),
+        dtype,
+        served=layout == "contiguous",
+    )
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -130,20 +154,31 @@ def test_rms_norm(pf: Any, dtype: str, layout: str) -> None:
     torch = _t()
     x = _rows(dtype, layout, 1024)
     w = 1 + 0.1 * randn(1024, dtype=dtype) if layout == "contiguous" else None
-    eps = 1e-6 if layout == "contiguous" else torch.finfo(getattr(torch, dtype)).eps  # the default eps, written out for the reference
+    eps = (
+        1e-6 if layout == "contiguous" else torch.finfo(getattr(torch, dtype)).eps
+    )  # the default eps, written out for the reference
 
     def reference() -> Any:
         y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
         return y if w is None else y * w.float()
 
     # Strided rows: whether cuDNN's norm engines take a row stride is for the GPU to say; torch runs them otherwise.
-    check(pf, "rms_norm", lambda: pf.rms_norm(x, (1024,), w, eps=1e-6 if layout == "contiguous" else None), reference, dtype, served=layout == "contiguous")
+    check(
+        pf,
+        "rms_norm",
+        lambda: pf.rms_norm(x, (1024,), w, eps=1e-6 if layout == "contiguous" else None),
+        reference,
+        dtype,
+        served=layout == "contiguous",
+    )
 
 
 # ---- attention --------------------------------------------------------------------------
 
 
-def _qkv(dtype: str, layout: str, b: int = 2, h: int = 8, s: int = 256, d: int = 64, kv_heads: int | None = None) -> tuple[Any, Any, Any]:
+def _qkv(
+    dtype: str, layout: str, b: int = 2, h: int = 8, s: int = 256, d: int = 64, kv_heads: int | None = None
+) -> tuple[Any, Any, Any]:
     hk = kv_heads or h
     if layout == "contiguous":
         return randn(b, h, s, d, dtype=dtype), randn(b, hk, s, d, dtype=dtype), randn(b, hk, s, d, dtype=dtype)
@@ -151,12 +186,16 @@ def _qkv(dtype: str, layout: str, b: int = 2, h: int = 8, s: int = 256, d: int =
     return tuple(randn(b, s, n, d, dtype=dtype).transpose(1, 2) for n in (h, hk, hk))  # type: ignore[return-value]
 
 
-def _reference_attention(q: Any, k: Any, v: Any, visible: Any = None, bias: Any = None, scale: float | None = None) -> Any:
+def _reference_attention(
+    q: Any, k: Any, v: Any, visible: Any = None, bias: Any = None, scale: float | None = None
+) -> Any:
     """Written out in float32: scores, the additive bias, the masked-out keys at -inf, softmax."""
     torch = _t()
     groups = q.shape[1] // k.shape[1]
     k, v = (t.float().repeat_interleave(groups, dim=1) for t in (k, v))
-    scores = torch.einsum("bhqd,bhkd->bhqk", q.float(), k) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    scores = torch.einsum("bhqd,bhkd->bhqk", q.float(), k) * (
+        scale if scale is not None else 1 / math.sqrt(q.shape[-1])
+    )
     if bias is not None:
         scores = scores + bias.float()
     if visible is not None:
@@ -174,15 +213,26 @@ def _positions(s_q: int, s_kv: int) -> tuple[Any, Any]:
 def test_sdpa_causal(pf: Any, dtype: str, layout: str) -> None:
     q, k, v = _qkv(dtype, layout)
     i, j = _positions(256, 256)
-    check(pf, "scaled_dot_product_attention", lambda: pf.scaled_dot_product_attention(q, k, v, is_causal=True), lambda: _reference_attention(q, k, v, j <= i), dtype)
+    check(
+        pf,
+        "scaled_dot_product_attention",
+        lambda: pf.scaled_dot_product_attention(q, k, v, is_causal=True),
+        lambda: _reference_attention(q, k, v, j <= i),
+        dtype,
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sdpa_bias_and_scale(pf: Any, dtype: str) -> None:
     q, k, v = _qkv(dtype, "contiguous")
     bias = randn(1, 8, 256, 256, dtype=dtype)
-    check(pf, "scaled_dot_product_attention", lambda: pf.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.1),
-          lambda: _reference_attention(q, k, v, bias=bias, scale=0.1), dtype)  # fmt: skip
+    check(
+        pf,
+        "scaled_dot_product_attention",
+        lambda: pf.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.1),
+        lambda: _reference_attention(q, k, v, bias=bias, scale=0.1),
+        dtype,
+    )
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -191,22 +241,32 @@ def test_sdpa_padding(pf: Any, dtype: str, layout: str) -> None:
     """Keys past each sequence's length are masked; rows past its query length are not compared (unspecified)."""
     torch = _t()
     q, k, v = _qkv(dtype, layout)
-    seq_q, seq_kv = torch.tensor([256, 200], dtype=torch.int32, device="cuda"), torch.tensor([256, 150], dtype=torch.int32, device="cuda")
+    seq_q, seq_kv = (
+        torch.tensor([256, 200], dtype=torch.int32, device="cuda"),
+        torch.tensor([256, 150], dtype=torch.int32, device="cuda"),
+    )
     before = pf.stats().get("scaled_dot_product_attention")
     out = pf.scaled_dot_product_attention(q, k, v, seq_len_q=seq_q, seq_len_kv=seq_kv)
     _, j = _positions(256, 256)
     expected = _reference_attention(q, k, v, (j.view(1, 1, 1, 256) < seq_kv.view(2, 1, 1, 1)))
     for n, length in enumerate(seq_q.tolist()):
         assert rel_err(out[n, :, :length], expected[n, :, :length]) < TOLERANCE[dtype]
-    assert pf.stats()["scaled_dot_product_attention"].cudnn == (before.cudnn if before else 0) + 1, pf.stats()["scaled_dot_product_attention"].reasons
+    assert pf.stats()["scaled_dot_product_attention"].cudnn == (before.cudnn if before else 0) + 1, pf.stats()[
+        "scaled_dot_product_attention"
+    ].reasons
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sdpa_sliding_window(pf: Any, dtype: str) -> None:
     q, k, v = _qkv(dtype, "contiguous")
     i, j = _positions(256, 256)
-    check(pf, "scaled_dot_product_attention", lambda: pf.scaled_dot_product_attention(q, k, v, is_causal=True, sliding_window=64),
-          lambda: _reference_attention(q, k, v, (j <= i) & (j > i - 64)), dtype)  # fmt: skip
+    check(
+        pf,
+        "scaled_dot_product_attention",
+        lambda: pf.scaled_dot_product_attention(q, k, v, is_causal=True, sliding_window=64),
+        lambda: _reference_attention(q, k, v, (j <= i) & (j > i - 64)),
+        dtype,
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -215,19 +275,38 @@ def test_sdpa_alibi(pf: Any, dtype: str) -> None:
 
     q, k, v = _qkv(dtype, "contiguous")
     i, j = _positions(256, 256)
-    check(pf, "scaled_dot_product_attention", lambda: pf.scaled_dot_product_attention(q, k, v, is_causal=True, alibi=True),
-          lambda: _reference_attention(q, k, v, j <= i, _alibi_bias(8, 256, q.device)), dtype)  # fmt: skip
+    check(
+        pf,
+        "scaled_dot_product_attention",
+        lambda: pf.scaled_dot_product_attention(q, k, v, is_causal=True, alibi=True),
+        lambda: _reference_attention(q, k, v, j <= i, _alibi_bias(8, 256, q.device)),
+        dtype,
+    )
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_sdpa_grouped_query(pf: Any, layout: str) -> None:
     q, k, v = _qkv("bfloat16", layout, kv_heads=2)
     i, j = _positions(256, 256)
-    check(pf, "scaled_dot_product_attention", lambda: pf.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
-          lambda: _reference_attention(q, k, v, j <= i), "bfloat16")  # fmt: skip
+    check(
+        pf,
+        "scaled_dot_product_attention",
+        lambda: pf.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+        lambda: _reference_attention(q, k, v, j <= i),
+        "bfloat16",
+    )
 
 
-def _paged(dtype: str, layout: str, b: int = 8, heads: int = 16, kv_heads: int = 4, d: int = 64, page: int = 64, pages_per_seq: int = 16) -> dict[str, Any]:
+def _paged(
+    dtype: str,
+    layout: str,
+    b: int = 8,
+    heads: int = 16,
+    kv_heads: int = 4,
+    d: int = 64,
+    page: int = 64,
+    pages_per_seq: int = 16,
+) -> dict[str, Any]:
     torch = _t()
     pages = b * pages_per_seq
     if layout == "contiguous":
@@ -247,7 +326,9 @@ def _reference_paged(t: dict[str, Any]) -> Any:
     out = []
     for n in range(t["q"].shape[0]):
         pages = t["table"][n].long()
-        keys = torch.cat(list(t["k"][pages].unbind(0)), dim=1)[None, :, : int(t["lengths"][n])]  # [1, kv heads, length, d]
+        keys = torch.cat(list(t["k"][pages].unbind(0)), dim=1)[
+            None, :, : int(t["lengths"][n])
+        ]  # [1, kv heads, length, d]
         values = torch.cat(list(t["v"][pages].unbind(0)), dim=1)[None, :, : int(t["lengths"][n])]
         out.append(_reference_attention(t["q"][n : n + 1], keys, values))
     return torch.cat(out)
@@ -257,7 +338,13 @@ def _reference_paged(t: dict[str, Any]) -> Any:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_paged_decode_attention(pf: Any, dtype: str, layout: str) -> None:
     t = _paged(dtype, layout)
-    check(pf, "paged_decode_attention", lambda: pf.paged_decode_attention(t["q"], t["k"], t["v"], t["table"], t["lengths"]), lambda: _reference_paged(t), dtype)
+    check(
+        pf,
+        "paged_decode_attention",
+        lambda: pf.paged_decode_attention(t["q"], t["k"], t["v"], t["table"], t["lengths"]),
+        lambda: _reference_paged(t),
+        dtype,
+    )
 
 
 # ---- what cuDNN is not asked for, and mistakes ------------------------------------------------
@@ -273,7 +360,10 @@ def test_float32_and_a_boolean_mask_run_torch_and_are_counted(pf: Any) -> None:
     assert after.torch == (before.torch if before else 0) + 1 and any("float32" in r for r in after.reasons)
     q, k, v = _qkv("float16", "contiguous")
     mask = torch.rand(256, 256, device="cuda") > 0.2
-    torch.testing.assert_close(pf.scaled_dot_product_attention(q, k, v, attn_mask=mask), nnf.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    torch.testing.assert_close(
+        pf.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        nnf.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+    )
     assert any("boolean mask" in r for r in pf.stats()["scaled_dot_product_attention"].reasons)
 
 
@@ -301,7 +391,9 @@ def test_mistakes_raise_torchs_own_errors(pf: Any) -> None:
     _same_error(lambda: pf.linear(x, w[:, :128].bfloat16()), lambda: nnf.linear(x, w[:, :128].bfloat16()))  # dtypes
     _same_error(lambda: pf.linear(x, w[:, :128].cpu()), lambda: nnf.linear(x, w[:, :128].cpu()))  # devices
     q, k, v = _qkv("float16", "contiguous", kv_heads=2)
-    _same_error(lambda: pf.scaled_dot_product_attention(q, k, v), lambda: nnf.scaled_dot_product_attention(q, k, v))  # GQA without enable_gqa
+    _same_error(
+        lambda: pf.scaled_dot_product_attention(q, k, v), lambda: nnf.scaled_dot_product_attention(q, k, v)
+    )  # GQA without enable_gqa
     conv_x, conv_w = randn(2, 16, 8, 8, dtype="float16"), randn(8, 4, 3, 3, dtype="float16")
     _same_error(lambda: pf.conv2d(conv_x, conv_w), lambda: nnf.conv2d(conv_x, conv_w))  # channels
 
@@ -327,9 +419,22 @@ def test_cpu_tensors_and_bad_options_are_invalid_requests(pf: Any) -> None:
 def test_the_example_decoder_step_matches_torch_eager(gpu_session: dict[str, Any], tmp_path: Path, dtype: str) -> None:
     env = {**trusting_env(gpu_session["public_key"]), "PLANCACHE_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run(
-        [sys.executable, "examples/decoder_step.py", "--server", gpu_session["address"], "--dtype", dtype, "--require-cudnn"],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "examples/decoder_step.py",
+            "--server",
+            gpu_session["address"],
+            "--dtype",
+            dtype,
+            "--require-cudnn",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     (gpu_session["out"] / f"decoder_step_{dtype}.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"max rel error vs torch eager: [0-9.e+-]+", proc.stdout), proc.stdout

@@ -43,7 +43,9 @@ def _checked(case: str, plan: Any) -> dict[str, Any]:
 
 
 def _client(gpu_session: dict[str, Any], **kwargs: Any) -> Client:
-    return Client(gpu_session["address"], cache=False, trusted_keys=[gpu_session["public_key"]], allow_unsigned=False, **kwargs)
+    return Client(
+        gpu_session["address"], cache=False, trusted_keys=[gpu_session["public_key"]], allow_unsigned=False, **kwargs
+    )
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -58,7 +60,9 @@ def test_the_nodes_own_build_runs_and_binds_as_the_workers_plan(gpu_session: dic
     _checked(case, local)
     with _client(gpu_session) as client:
         stored = client.get(key)  # the session compiled every example with the default options
-    assert list(local.metadata.tensors) == list(stored.metadata.tensors)  # one function makes both (plancache.run.binding.tensor_bindings)
+    assert list(local.metadata.tensors) == list(
+        stored.metadata.tensors
+    )  # one function makes both (plancache.run.binding.tensor_bindings)
     with pytest.raises(Exception, match="no stored form"):
         local.to_bytes()
 
@@ -83,7 +87,13 @@ def test_a_hedged_miss_runs_the_first_ready_plan_then_the_services(gpu_session: 
             _checked(case, plan)  # the service's plan now, on the same Plan object
             assert plan.source in ("compiled", "provisional", "joined") and plan.metadata.built_by != "", plan
             assert race_stats()["compile"].replaced == 1
-    record = {"case": case, "first_source": first_source, "first_s": first_s, "final_source": plan.source, "races": dataclasses.asdict(race_stats()["compile"])}
+    record = {
+        "case": case,
+        "first_source": first_source,
+        "first_s": first_s,
+        "final_source": plan.source,
+        "races": dataclasses.asdict(race_stats()["compile"]),
+    }
     with open(Path(gpu_session["out"]) / "hedge.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
 
@@ -101,20 +111,28 @@ def test_a_hit_never_starts_a_local_build(gpu_session: dict[str, Any], monkeypat
 def test_a_frontend_program_races_its_own_build(gpu_session: dict[str, Any], tmp_path: Path) -> None:
     from tests.gpu.test_gpu_frontend_shim import SERVED, _env, _run
 
-    seen = _run(_env(gpu_session, tmp_path / "cache-0"), tmp_path, "hedge-keys")  # its two graphs' keys (stored by the shim's tests)
+    seen = _run(
+        _env(gpu_session, tmp_path / "cache-0"), tmp_path, "hedge-keys"
+    )  # its two graphs' keys (stored by the shim's tests)
     with _client(gpu_session) as client:
         for g in seen["graphs"]:
             if g["key"]:
                 client.invalidate(g["key"])
-    result = _run(_env(gpu_session, tmp_path / "cache-1", PLANCACHE_HEDGE="1"), tmp_path, "hedged")  # its outputs match torch (checked by _run)
+    result = _run(
+        _env(gpu_session, tmp_path / "cache-1", PLANCACHE_HEDGE="1"), tmp_path, "hedged"
+    )  # its outputs match torch (checked by _run)
     sources = {g["name"]: g["source"] for g in result["graphs"]}
     assert set(sources.values()) <= SERVED | {"local"}, result["graphs"]
     races = result["races"]
-    assert races["local_won"] + races["service_won"] == 2 and races["service_failed"] == races["local_failed"] == 0, races
+    assert races["local_won"] + races["service_won"] == 2 and races["service_failed"] == races["local_failed"] == 0, (
+        races
+    )
     assert all(g["reason"] is None or g["reason"].startswith("hedged miss") for g in result["graphs"]), result["graphs"]
     with open(Path(gpu_session["out"]) / "hedge.jsonl", "a") as f:
         f.write(json.dumps({"case": "walkthrough program", "sources": sources, "races": races}) + "\n")
-    with _client(gpu_session) as client:  # not stored, as test_gpu_frontend_shim.py expects of its first run whatever the order
+    with _client(
+        gpu_session
+    ) as client:  # not stored, as test_gpu_frontend_shim.py expects of its first run whatever the order
         for g in seen["graphs"]:
             if g["key"]:
                 client.invalidate(g["key"])

@@ -25,7 +25,10 @@ _NEWER_BACKEND = {
     "example:slice_matmul_bf16": "'Slice backend operation requires 9.22.0'",
     "example:transpose_fp32": "'Transpose requires cuDNN v9.22.0'",
 }
-CASES = [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=_NEWER_BACKEND[c])) if c in _NEWER_BACKEND else c for c in BUILDERS]
+CASES = [
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=_NEWER_BACKEND[c])) if c in _NEWER_BACKEND else c
+    for c in BUILDERS
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +52,15 @@ def test_inferred_result_strides_are_the_frontends(compiler: Any, case: str) -> 
     mismatches = []
     for index, (ours, theirs) in enumerate(zip(normalized.nodes, g.nodes, strict=True)):
         for port, t in ours.outputs.items():
-            if not t.dim or not t.stride:  # left to cuDNN (a frontend op's result, or what follows one): the worker reads what it gave
+            if (
+                not t.dim or not t.stride
+            ):  # left to cuDNN (a frontend op's result, or what follows one): the worker reads what it gave
                 continue
             laid_out = tuple(theirs.outputs[port].stride or ())
             if laid_out != tuple(t.stride):
-                mismatches.append(f"node {index} {ours.op}.{port} dims {list(t.dim)}: frontend {list(laid_out)}, plancache {list(t.stride)}")
+                mismatches.append(
+                    f"node {index} {ours.op}.{port} dims {list(t.dim)}: frontend {list(laid_out)}, plancache {list(t.stride)}"
+                )
     assert not mismatches, "\n".join(mismatches)
 
 

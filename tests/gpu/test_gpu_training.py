@@ -30,7 +30,9 @@ TOLERANCE = {"float16": 2e-2, "bfloat16": 5e-2}
 DTYPES = ("float16", "bfloat16")
 
 
-def check_grads(pf: Any, function: str, ours: Callable[..., Any], reference: Callable[..., Any], inputs: list[Any], dtype: str) -> list[Any]:
+def check_grads(
+    pf: Any, function: str, ours: Callable[..., Any], reference: Callable[..., Any], inputs: list[Any], dtype: str
+) -> list[Any]:
     """`ours(*inputs)` and its gradients (for a random dY) against
     `reference` in float32 on float32 copies; the backward served.
 
@@ -58,7 +60,9 @@ def check_grads(pf: Any, function: str, ours: Callable[..., Any], reference: Cal
             assert leaf.grad is not None and leaf.grad.shape == leaf.shape and leaf.grad.dtype == leaf.dtype, index
             errors[f"grad {index}"] = (rel_err(leaf.grad, ref.grad), rel_err(low.grad, ref.grad))
     beyond = {k: v for k, v in errors.items() if v[0] >= max(TOLERANCE[dtype], 2 * v[1])}
-    assert not beyond, f"{function} {dtype}: relative errors (ours, torch's own) {errors} (limit {TOLERANCE[dtype]:g} or twice torch's)"
+    assert not beyond, (
+        f"{function} {dtype}: relative errors (ours, torch's own) {errors} (limit {TOLERANCE[dtype]:g} or twice torch's)"
+    )
     after, after_forward = pf.stats()[f"{function}.backward"], pf.stats()[function]
     assert after.cudnn > (before.cudnn if before else 0), after
     assert after_forward.torch == (before_forward.torch if before_forward else 0), after_forward
@@ -81,14 +85,21 @@ def test_linear_gradients(pf: Any, dtype: str, activation: str | None) -> None:
         y = torch.nn.functional.linear(x, w, b)
         return y if activation is None else getattr(torch.nn.functional, activation)(y)
 
-    inputs = [grad(randn(4, 64, 256, dtype=dtype)), grad(randn(512, 256, dtype=dtype, scale=1 / 16)), grad(randn(512, dtype=dtype, scale=0.1))]
+    inputs = [
+        grad(randn(4, 64, 256, dtype=dtype)),
+        grad(randn(512, 256, dtype=dtype, scale=1 / 16)),
+        grad(randn(512, dtype=dtype, scale=0.1)),
+    ]
     check_grads(pf, "linear", lambda x, w, b: pf.linear(x, w, b, activation=activation), reference, inputs, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_without_bias_and_a_frozen_input(pf: Any, dtype: str) -> None:
     torch = _t()
-    x, w = randn(64, 256, dtype=dtype), grad(randn(128, 256, dtype=dtype, scale=1 / 16))  # the first layer: x needs no gradient
+    x, w = (
+        randn(64, 256, dtype=dtype),
+        grad(randn(128, 256, dtype=dtype, scale=1 / 16)),
+    )  # the first layer: x needs no gradient
     grads = check_grads(pf, "linear", pf.linear, torch.nn.functional.linear, [x, w], dtype)
     assert grads[0] is None
 
@@ -96,10 +107,35 @@ def test_linear_without_bias_and_a_frozen_input(pf: Any, dtype: str) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_norm_gradients(pf: Any, dtype: str) -> None:
     torch = _t()
-    x, w, b = grad(randn(8, 128, 1024, dtype=dtype)), grad(1 + randn(1024, dtype=dtype, scale=0.1)), grad(randn(1024, dtype=dtype, scale=0.1))
-    check_grads(pf, "layer_norm", lambda x, w, b: pf.layer_norm(x, (1024,), w, b), lambda x, w, b: torch.nn.functional.layer_norm(x, (1024,), w, b), [x, w, b], dtype)
-    check_grads(pf, "rms_norm", lambda x, w: pf.rms_norm(x, (1024,), w, 1e-5), lambda x, w: torch.nn.functional.rms_norm(x, (1024,), w, 1e-5), [x, w], dtype)
-    check_grads(pf, "rms_norm", lambda x: pf.rms_norm(x, 1024, None, 1e-5), lambda x: torch.nn.functional.rms_norm(x, (1024,), None, 1e-5), [x], dtype)
+    x, w, b = (
+        grad(randn(8, 128, 1024, dtype=dtype)),
+        grad(1 + randn(1024, dtype=dtype, scale=0.1)),
+        grad(randn(1024, dtype=dtype, scale=0.1)),
+    )
+    check_grads(
+        pf,
+        "layer_norm",
+        lambda x, w, b: pf.layer_norm(x, (1024,), w, b),
+        lambda x, w, b: torch.nn.functional.layer_norm(x, (1024,), w, b),
+        [x, w, b],
+        dtype,
+    )
+    check_grads(
+        pf,
+        "rms_norm",
+        lambda x, w: pf.rms_norm(x, (1024,), w, 1e-5),
+        lambda x, w: torch.nn.functional.rms_norm(x, (1024,), w, 1e-5),
+        [x, w],
+        dtype,
+    )
+    check_grads(
+        pf,
+        "rms_norm",
+        lambda x: pf.rms_norm(x, 1024, None, 1e-5),
+        lambda x: torch.nn.functional.rms_norm(x, (1024,), None, 1e-5),
+        [x],
+        dtype,
+    )
 
 
 ATTENTION_CASES = {
@@ -116,12 +152,23 @@ def test_sdpa_gradients(pf: Any, dtype: str, case: str) -> None:
     from plancache.functional import _torch as reference_attention
 
     options, (b, h, s, d), kv_heads = ATTENTION_CASES[case]
-    q, k, v = grad(randn(b, h, s, d, dtype=dtype)), grad(randn(b, kv_heads, s, d, dtype=dtype)), grad(randn(b, kv_heads, s, d, dtype=dtype))
+    q, k, v = (
+        grad(randn(b, h, s, d, dtype=dtype)),
+        grad(randn(b, kv_heads, s, d, dtype=dtype)),
+        grad(randn(b, kv_heads, s, d, dtype=dtype)),
+    )
 
     def reference(q: Any, k: Any, v: Any) -> Any:
         return reference_attention.scaled_dot_product_attention(q, k, v, **options)
 
-    check_grads(pf, "scaled_dot_product_attention", lambda q, k, v: pf.scaled_dot_product_attention(q, k, v, **options), reference, [q, k, v], dtype)
+    check_grads(
+        pf,
+        "scaled_dot_product_attention",
+        lambda q, k, v: pf.scaled_dot_product_attention(q, k, v, **options),
+        reference,
+        [q, k, v],
+        dtype,
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -146,9 +193,13 @@ def test_sdpa_gradients_through_a_fused_projection_a_bias_and_padding(pf: Any, d
     lengths = torch.tensor([s, s // 2], dtype=torch.int32, device="cuda")
     q, k, v = (grad(randn(b, h, s, d, dtype=dtype)) for _ in range(3))
     check_grads(
-        pf, "scaled_dot_product_attention", lambda q, k, v: pf.scaled_dot_product_attention(q, k, v, seq_len_kv=lengths),
-        lambda q, k, v: reference_attention.scaled_dot_product_attention(q, k, v, seq_len_kv=lengths), [q, k, v], dtype,
-    )  # fmt: skip
+        pf,
+        "scaled_dot_product_attention",
+        lambda q, k, v: pf.scaled_dot_product_attention(q, k, v, seq_len_kv=lengths),
+        lambda q, k, v: reference_attention.scaled_dot_product_attention(q, k, v, seq_len_kv=lengths),
+        [q, k, v],
+        dtype,
+    )
 
 
 def test_sdpa_dropout_gradients_match_the_mask_cudnn_drew(pf: Any) -> None:
@@ -189,7 +240,14 @@ def test_conv2d_gradients(pf: Any, dtype: str) -> None:
             y = torch.nn.functional.conv2d(x, w, b, stride, 1)
             return torch.relu(y) if relu else y
 
-        check_grads(pf, "conv2d", lambda x, w, b, stride=stride, relu=relu: pf.conv2d(x, w, b, stride, 1, relu=relu), reference, [x, w, b], dtype)
+        check_grads(
+            pf,
+            "conv2d",
+            lambda x, w, b, stride=stride, relu=relu: pf.conv2d(x, w, b, stride, 1, relu=relu),
+            reference,
+            [x, w, b],
+            dtype,
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -200,11 +258,24 @@ def test_batch_norm_training_gradients_and_running_statistics(pf: Any, dtype: st
     mean, var = torch.randn(32, device="cuda") * 0.1, 1 + torch.rand(32, device="cuda")
     ours_mean, ours_var, ref_mean, ref_var = mean.clone(), var.clone(), mean.clone(), var.clone()
     check_grads(
-        pf, "batch_norm", lambda x, w, b: pf.batch_norm(x, ours_mean, ours_var, w, b, training=True, momentum=0.1, eps=1e-5),
-        lambda x, w, b: torch.nn.functional.batch_norm(x, mean.clone(), var.clone(), w, b, training=True, momentum=0.1, eps=1e-5), [x, w, b], dtype,
-    )  # fmt: skip
-    torch.nn.functional.batch_norm(x.detach().float(), ref_mean, ref_var, w.detach(), b.detach(), training=True, momentum=0.1, eps=1e-5)  # one update
-    assert rel_err(ours_mean, ref_mean) < 1e-2 and rel_err(ours_var, ref_var) < 1e-2, (ours_mean, ref_mean, ours_var, ref_var)  # torch's update: unbiased variance
+        pf,
+        "batch_norm",
+        lambda x, w, b: pf.batch_norm(x, ours_mean, ours_var, w, b, training=True, momentum=0.1, eps=1e-5),
+        lambda x, w, b: torch.nn.functional.batch_norm(
+            x, mean.clone(), var.clone(), w, b, training=True, momentum=0.1, eps=1e-5
+        ),
+        [x, w, b],
+        dtype,
+    )
+    torch.nn.functional.batch_norm(
+        x.detach().float(), ref_mean, ref_var, w.detach(), b.detach(), training=True, momentum=0.1, eps=1e-5
+    )  # one update
+    assert rel_err(ours_mean, ref_mean) < 1e-2 and rel_err(ours_var, ref_var) < 1e-2, (
+        ours_mean,
+        ref_mean,
+        ours_var,
+        ref_var,
+    )  # torch's update: unbiased variance
     with torch.no_grad():
         y = pf.batch_norm(x, ours_mean, ours_var, w, b, training=False, eps=1e-5)
         expected = torch.nn.functional.batch_norm(x.float(), ours_mean, ours_var, w, b, training=False, eps=1e-5)
@@ -255,7 +326,9 @@ def test_a_second_backward_and_a_modified_saved_input_raise_torchs_errors(pf: An
         y.float().sum().backward()
     lengths = torch.tensor([8, 8], dtype=torch.int32, device="cuda")
     q = grad(randn(2, 4, 8, 64, dtype="bfloat16"))
-    pf.scaled_dot_product_attention(q, q, q, seq_len_kv=lengths).float().sum().backward()  # an integer input: no gradient, no error
+    pf.scaled_dot_product_attention(
+        q, q, q, seq_len_kv=lengths
+    ).float().sum().backward()  # an integer input: no gradient, no error
     assert q.grad is not None and lengths.grad is None
 
 
@@ -271,8 +344,11 @@ def _block(pf: Any, params: dict[str, Any], x: Any) -> Any:
 
 
 def _params() -> dict[str, Any]:
-    return {"norm": grad(1 + randn(256, dtype="bfloat16", scale=0.1)), "wqkv": grad(randn(768, 256, dtype="bfloat16", scale=1 / 16)),
-            "wo": grad(randn(256, 256, dtype="bfloat16", scale=1 / 16))}  # fmt: skip
+    return {
+        "norm": grad(1 + randn(256, dtype="bfloat16", scale=0.1)),
+        "wqkv": grad(randn(768, 256, dtype="bfloat16", scale=1 / 16)),
+        "wo": grad(randn(256, 256, dtype="bfloat16", scale=1 / 16)),
+    }
 
 
 def test_torch_compile_of_a_training_step_gives_eagers_loss_and_gradients(pf: Any) -> None:
@@ -330,18 +406,42 @@ def test_a_training_step_captured_as_a_cuda_graph_replays_eagers_gradients(pf: A
 
 @pytest.mark.parametrize("example", ["train_transformer_block", "train_resnet_block"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_training_examples_match_torch_eager(gpu_session: dict[str, Any], tmp_path: Path, example: str, dtype: str) -> None:
-    env = {**trusting_env(gpu_session["public_key"]), "PLANCACHE_CACHE_DIR": str(tmp_path / "cache"), "PLANCACHE_HEDGE": "0"}
+def test_the_training_examples_match_torch_eager(
+    gpu_session: dict[str, Any], tmp_path: Path, example: str, dtype: str
+) -> None:
+    env = {
+        **trusting_env(gpu_session["public_key"]),
+        "PLANCACHE_CACHE_DIR": str(tmp_path / "cache"),
+        "PLANCACHE_HEDGE": "0",
+    }
     proc = subprocess.run(
-        [sys.executable, f"examples/{example}.py", "--server", gpu_session["address"], "--dtype", dtype, "--require-cudnn"],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            f"examples/{example}.py",
+            "--server",
+            gpu_session["address"],
+            "--dtype",
+            dtype,
+            "--require-cudnn",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     (gpu_session["out"] / f"{example}_{dtype}.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert re.search(r"max rel error vs torch eager: loss [0-9.e+-]+; gradients", proc.stdout) and "loss decreased: True" in proc.stdout, proc.stdout
+    assert (
+        re.search(r"max rel error vs torch eager: loss [0-9.e+-]+; gradients", proc.stdout)
+        and "loss decreased: True" in proc.stdout
+    ), proc.stdout
 
 
-def test_a_prefetched_process_trains_from_the_manifest_asking_nothing(pf: Any, gpu_session: dict[str, Any], tmp_path: Path) -> None:
+def test_a_prefetched_process_trains_from_the_manifest_asking_nothing(
+    pf: Any, gpu_session: dict[str, Any], tmp_path: Path
+) -> None:
     """A run's manifest (forward and backward plans), prefetched by a new
     client with an empty disk cache: every plan fetched and deserialized on
     the prefetch's thread, no first call asks the service, and the step's
@@ -352,7 +452,12 @@ def test_a_prefetched_process_trains_from_the_manifest_asking_nothing(pf: Any, g
 
     torch = _t()
     served_by = SERVICE.client()  # the module's client, configured again at the end
-    x, w, b, g = randn(4, 128, 256, dtype="bfloat16"), randn(512, 256, dtype="bfloat16", scale=256**-0.5), randn(512, dtype="bfloat16"), randn(256, dtype="bfloat16")
+    x, w, b, g = (
+        randn(4, 128, 256, dtype="bfloat16"),
+        randn(512, 256, dtype="bfloat16", scale=256**-0.5),
+        randn(512, dtype="bfloat16"),
+        randn(256, dtype="bfloat16"),
+    )
 
     def step() -> list[Any]:
         leaves = [t.detach().clone().requires_grad_(True) for t in (x, w, b, g)]
@@ -364,11 +469,24 @@ def test_a_prefetched_process_trains_from_the_manifest_asking_nothing(pf: Any, g
 
     first = step()
     manifest = pf.manifest()
-    assert {e.name for e in manifest.entries} >= {"rms_norm", "linear", "scaled_dot_product_attention", "rms_norm.backward",
-                                                  "linear.backward.dgrad", "linear.backward.wgrad", "scaled_dot_product_attention.backward"}  # fmt: skip
+    assert {e.name for e in manifest.entries} >= {
+        "rms_norm",
+        "linear",
+        "scaled_dot_product_attention",
+        "rms_norm.backward",
+        "linear.backward.dgrad",
+        "linear.backward.wgrad",
+        "scaled_dot_product_attention.backward",
+    }
     manifest.save(tmp_path / "functions.json")
     pf.clear()
-    client = Client(gpu_session["address"], trusted_keys=[gpu_session["public_key"]], allow_unsigned=False, cache=DiskCache(tmp_path / "cache"), hedge=False)
+    client = Client(
+        gpu_session["address"],
+        trusted_keys=[gpu_session["public_key"]],
+        allow_unsigned=False,
+        cache=DiskCache(tmp_path / "cache"),
+        hedge=False,
+    )
     asked: list[Any] = []
     compile_ = client.compile
     client.compile = lambda spec, *a, **k: asked.append(spec.name) or compile_(spec, *a, **k)  # type: ignore[method-assign]

@@ -38,10 +38,14 @@ def warmed(gpu_session: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
     specs = [EXAMPLES[n]() for n in names]
     address, public_key = gpu_session["address"], gpu_session["public_key"]
     started = time.perf_counter()
-    with Client(address, cache=False, trusted_keys=[public_key], allow_unsigned=False, timeout=300, hedge=False) as client:
+    with Client(
+        address, cache=False, trusted_keys=[public_key], allow_unsigned=False, timeout=300, hedge=False
+    ) as client:
         built = client.prefetch(Manifest.from_specs(specs, generic, UNTUNED), compile_missing=True)
         assert not built.errors, built.errors
-        history = client.prefetch(Manifest.from_specs(specs, generic, UNTUNED))  # the generic target's history: one hit each
+        history = client.prefetch(
+            Manifest.from_specs(specs, generic, UNTUNED)
+        )  # the generic target's history: one hit each
         assert history.fetched == len(names)
         deadline = time.monotonic() + 30
         while True:  # the front end counts hits about once a second
@@ -60,10 +64,29 @@ def warmed(gpu_session: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
     scratch = tmp_path_factory.mktemp("warm")
     (scratch / "cases.json").write_text(json.dumps(cases))
     node = subprocess.run(
-        [sys.executable, "-m", "tests.gpu.client_check", "--server", address, "--cases", str(scratch / "cases.json"), "--out", str(scratch / "results.json"),
-         "--prefetch-only"], env=child_env(PLANCACHE_TRUSTED_KEYS=str(public_key), PLANCACHE_ALLOW_UNSIGNED="0", PLANCACHE_CACHE_DIR=str(scratch / "cache")),
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tests.gpu.client_check",
+            "--server",
+            address,
+            "--cases",
+            str(scratch / "cases.json"),
+            "--out",
+            str(scratch / "results.json"),
+            "--prefetch-only",
+        ],
+        env=child_env(
+            PLANCACHE_TRUSTED_KEYS=str(public_key),
+            PLANCACHE_ALLOW_UNSIGNED="0",
+            PLANCACHE_CACHE_DIR=str(scratch / "cache"),
+        ),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert node.returncode == 0, node.stderr[-3000:]
     results = {r["name"]: r for r in json.loads((scratch / "results.json").read_text())}
     record = {"names": names, "status": now, "results": results, "warm_s": warm_s, "planned": status}
@@ -73,7 +96,15 @@ def warmed(gpu_session: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "plancache.cli", *args], env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "plancache.cli", *args],
+        env=child_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_the_exact_target_is_warmed_from_the_generic_targets_history(warmed: dict[str, Any]) -> None:
@@ -84,8 +115,12 @@ def test_the_exact_target_is_warmed_from_the_generic_targets_history(warmed: dic
     assert status.coverage == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("case", sorted(set(EXAMPLES) - set(UNSUPPORTED)))  # what cuDNN 9.19 builds on sm_90 (test_gpu_examples says why)
-def test_a_fresh_node_prefetches_every_warmed_plan_as_stored_and_it_matches_torch(warmed: dict[str, Any], case: str) -> None:
+@pytest.mark.parametrize(
+    "case", sorted(set(EXAMPLES) - set(UNSUPPORTED))
+)  # what cuDNN 9.19 builds on sm_90 (test_gpu_examples says why)
+def test_a_fresh_node_prefetches_every_warmed_plan_as_stored_and_it_matches_torch(
+    warmed: dict[str, Any], case: str
+) -> None:
     assert case in warmed["results"], f"{case} was not warmed (the session built no plan of it)"
     result = warmed["results"][case]
     assert "error" not in result, result.get("traceback", result.get("error"))

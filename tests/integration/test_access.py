@@ -89,11 +89,18 @@ def test_tls_and_mutual_tls(redis_server: EmbeddedRedis, redis_client: object, p
             plaintext.stats()
     finally:
         stop()
-    s, stop = start_stack(redis_server.url, StandInCompiler(), tls_cert=pki["server_cert"], tls_key=pki["server_key"], tls_ca=pki["ca"])
+    s, stop = start_stack(
+        redis_server.url, StandInCompiler(), tls_cert=pki["server_cert"], tls_key=pki["server_key"], tls_ca=pki["ca"]
+    )
     try:
-        with Client(s.address, cache=False, tls=TLSConfig(ca=pki["ca"], cert=pki["client_cert"], key=pki["client_key"])) as mutual:
+        with Client(
+            s.address, cache=False, tls=TLSConfig(ca=pki["ca"], cert=pki["client_cert"], key=pki["client_key"])
+        ) as mutual:
             assert mutual.compile(matmul_spec(), TARGET).source == "hit"
-        with Client(s.address, cache=False, timeout=3, tls=TLSConfig(ca=pki["ca"])) as no_cert, pytest.raises(Unavailable):
+        with (
+            Client(s.address, cache=False, timeout=3, tls=TLSConfig(ca=pki["ca"])) as no_cert,
+            pytest.raises(Unavailable),
+        ):
             no_cert.stats()
     finally:
         stop()
@@ -111,15 +118,25 @@ def test_a_caller_without_a_valid_token_never_gets_its_body_parsed(guarded_stack
     garbage = b"\xff" * 4096
     for metadata in ((), (("authorization", "Bearer " + "x" * 20),)):
         with grpc.insecure_channel(guarded_stack.address) as channel:
-            call = channel.unary_unary("/plancache.v1.PlanCache/Compile", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+            call = channel.unary_unary(
+                "/plancache.v1.PlanCache/Compile", request_serializer=lambda b: b, response_deserializer=lambda b: b
+            )
             with pytest.raises(grpc.RpcError) as info:
                 call(garbage, timeout=5, metadata=metadata)
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, info.value.details()
-    with grpc.insecure_channel(guarded_stack.address) as channel:  # with a valid token the same bytes are read, and refused as malformed
-        call = channel.unary_unary("/plancache.v1.PlanCache/Compile", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    with grpc.insecure_channel(
+        guarded_stack.address
+    ) as channel:  # with a valid token the same bytes are read, and refused as malformed
+        call = channel.unary_unary(
+            "/plancache.v1.PlanCache/Compile", request_serializer=lambda b: b, response_deserializer=lambda b: b
+        )
         with pytest.raises(grpc.RpcError) as info:
-            call(garbage, timeout=5, metadata=(("authorization", "bearer " + TOKENS["compile"]),))  # the scheme is case-insensitive
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed Compile request" in (info.value.details() or "")
+            call(
+                garbage, timeout=5, metadata=(("authorization", "bearer " + TOKENS["compile"]),)
+            )  # the scheme is case-insensitive
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed Compile request" in (
+        info.value.details() or ""
+    )
 
 
 def test_drain_a_worker(stack: Stack) -> None:
@@ -172,7 +189,15 @@ def test_list_plans_is_an_admin_call_and_refuses_a_malformed_target(guarded_stac
             admin.list_plans("sm_90")  # a prefix is not a target id
     # A malformed target id sent raw (the client would refuse it first): INVALID_ARGUMENT with the reason.
     with grpc.insecure_channel(guarded_stack.address) as channel:
-        call = channel.unary_unary("/plancache.v1.PlanCache/ListPlans", request_serializer=lambda m: m.SerializeToString(), response_deserializer=lambda b: b)
+        call = channel.unary_unary(
+            "/plancache.v1.PlanCache/ListPlans",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=lambda b: b,
+        )
         with pytest.raises(grpc.RpcError) as refused:
-            call(pb.ListPlansRequest(target_id="*/../*" * 50), timeout=5, metadata=(("authorization", "Bearer " + TOKENS["admin"]),))
+            call(
+                pb.ListPlansRequest(target_id="*/../*" * 50),
+                timeout=5,
+                metadata=(("authorization", "Bearer " + TOKENS["admin"]),),
+            )
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "is not like" in (refused.value.details() or "")

@@ -78,7 +78,9 @@ class AioCaller:
 
     def compile(self, i: int, request: pb.CompileRequest) -> concurrent.futures.Future[pb.CompileResponse]:
         async def call() -> pb.CompileResponse:
-            response: pb.CompileResponse = await pb_grpc.PlanCacheStub(self._channels[i % len(self._channels)]).Compile(request, timeout=60)
+            response: pb.CompileResponse = await pb_grpc.PlanCacheStub(self._channels[i % len(self._channels)]).Compile(
+                request, timeout=60
+            )
             return response
 
         return self._on_loop(call())
@@ -88,7 +90,10 @@ class AioCaller:
         once each has its first answer under way (else after a moment)."""
 
         async def start() -> list[Any]:
-            calls = [pb_grpc.PlanCacheStub(self._channels[i % len(self._channels)]).Prefetch(request, timeout=60) for i in range(count)]
+            calls = [
+                pb_grpc.PlanCacheStub(self._channels[i % len(self._channels)]).Prefetch(request, timeout=60)
+                for i in range(count)
+            ]
             if answered:
                 await asyncio.gather(*(call.wait_for_connection() for call in calls))
             else:
@@ -126,7 +131,9 @@ def front_end_process(tmp_path: Path) -> Iterator[tuple[str, int]]:
     redis_server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
     try:
         with ExitStack() as stack:
-            address, server, _ = stack.enter_context(standin_deployment(stack, redis_server.url, tmp_path, build_seconds=3))
+            address, server, _ = stack.enter_context(
+                standin_deployment(stack, redis_server.url, tmp_path, build_seconds=3)
+            )
             yield address, server.pid
     finally:
         redis_server.stop()
@@ -152,7 +159,9 @@ def test_200_callers_waiting_on_one_build_never_delay_hits(front_end_process: tu
             responses = [w.result(timeout=60) for w in waiters]
         finally:
             caller.close()
-    print(f"\n{len(hits)} hits beside 200 waiters: p50 {statistics.median(hits) * 1e3:.2f} ms, max {max(hits) * 1e3:.2f} ms")
+    print(
+        f"\n{len(hits)} hits beside 200 waiters: p50 {statistics.median(hits) * 1e3:.2f} ms, max {max(hits) * 1e3:.2f} ms"
+    )
     assert during_build, "the hits must run while the callers wait (3 s build)"
     assert len(hits) >= 100, f"only {len(hits)} hits in 1.7 s"
     assert max(hits) < 0.050, f"slowest hit {max(hits) * 1e3:.1f} ms"
@@ -160,7 +169,9 @@ def test_200_callers_waiting_on_one_build_never_delay_hits(front_end_process: tu
     assert len({r.plan.metadata.blob_sha256 for r in responses}) == 1
 
 
-def test_unread_prefetch_streams_hold_memory_bounded_by_the_window_not_threads(front_end_process: tuple[str, int]) -> None:
+def test_unread_prefetch_streams_hold_memory_bounded_by_the_window_not_threads(
+    front_end_process: tuple[str, int],
+) -> None:
     address, pid = front_end_process
     with Client(address, cache=False, timeout=30) as client:
         plan = client.compile(matmul_spec(m=8), TARGET, timeout=60)
@@ -184,13 +195,17 @@ def test_unread_prefetch_streams_hold_memory_bounded_by_the_window_not_threads(f
             caller.cancel(calls)
         finally:
             caller.close()
-    print(f"\n100 unread Prefetch streams (3 MB asked each): server RSS +{grown / 2**20:.1f} MiB; GetStats max {max(answered) * 1e3:.1f} ms; hit {hit * 1e3:.1f} ms")
+    print(
+        f"\n100 unread Prefetch streams (3 MB asked each): server RSS +{grown / 2**20:.1f} MiB; GetStats max {max(answered) * 1e3:.1f} ms; hit {hit * 1e3:.1f} ms"
+    )
     assert first.plan.metadata.key == plan.key
     assert max(answered) < 1.0 and hit < 0.5
     assert grown < 100 * 2**20, f"the server buffered {grown / 2**20:.0f} MiB for readers that do not read"
 
 
-def test_callers_that_do_not_read_do_not_hold_up_the_others(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+def test_callers_that_do_not_read_do_not_hold_up_the_others(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
     """40 Prefetch streams wait for a plan and never read what they get; a
     caller who came after them still has the plan right after it is stored."""
     s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=3.0))
@@ -222,7 +237,9 @@ def test_callers_that_do_not_read_do_not_hold_up_the_others(redis_server: Embedd
 
 @pytest.fixture
 def bounded_stack(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Iterator[Stack]:
-    s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=1.0), max_waiters_per_key=2, retry_delay_s=0.2)
+    s, stop = start_stack(
+        redis_server.url, StandInCompiler(build_seconds=1.0), max_waiters_per_key=2, retry_delay_s=0.2
+    )
     yield s
     stop()
 
@@ -272,7 +289,9 @@ def test_prefetch_refs_refused_for_now_are_asked_again(bounded_stack: Stack) -> 
     assert len({r.plans[0].blob for r in results}) == 1
 
 
-def test_too_many_refs_in_one_prefetch_is_refused_without_retry(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+def test_too_many_refs_in_one_prefetch_is_refused_without_retry(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
     s, stop = start_stack(redis_server.url, StandInCompiler(), max_prefetch_refs=10)
     try:
         keys_ = [make_key("0" * 64, TARGET, CompileOptions())] * 11
@@ -285,20 +304,31 @@ def test_too_many_refs_in_one_prefetch_is_refused_without_retry(redis_server: Em
         stop()
 
 
-def test_a_full_queue_refuses_the_new_job_and_loses_none(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+def test_a_full_queue_refuses_the_new_job_and_loses_none(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
     s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.5), max_queued_jobs=3, retry_delay_s=0.1)
     try:
         specs = [matmul_spec(m=8 * (i + 20)) for i in range(4)]
         with grpc.insecure_channel(s.address) as channel:
             stub = pb_grpc.PlanCacheStub(channel)
-            queued = [stub.Compile.future(pb.CompileRequest(spec=spec_io.to_proto(normalize(sp)), target=TARGET.to_proto()), timeout=30) for sp in specs[:3]]
+            queued = [
+                stub.Compile.future(
+                    pb.CompileRequest(spec=spec_io.to_proto(normalize(sp)), target=TARGET.to_proto()), timeout=30
+                )
+                for sp in specs[:3]
+            ]
             time.sleep(0.2)
             assert redis_client.xlen(keys.job_stream(TARGET)) == 3  # one building, two waiting
             with pytest.raises(grpc.RpcError) as info:
-                stub.Compile(pb.CompileRequest(spec=spec_io.to_proto(normalize(specs[3])), target=TARGET.to_proto()), timeout=30)
+                stub.Compile(
+                    pb.CompileRequest(spec=spec_io.to_proto(normalize(specs[3])), target=TARGET.to_proto()), timeout=30
+                )
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert f"the build queue of target {TARGET.id} is full (3 unfinished builds)" in info.value.details()
-            assert error_of(info.value.code(), info.value.details(), info.value.trailing_metadata()).retry_after == pytest.approx(0.1)
+            assert error_of(
+                info.value.code(), info.value.details(), info.value.trailing_metadata()
+            ).retry_after == pytest.approx(0.1)
             built = [f.result(timeout=30) for f in queued]
         assert {r.plan.metadata.spec_hash for r in built} == {sp.spec_hash() for sp in specs[:3]}  # no job lost
         assert redis_client.xlen(keys.job_stream(TARGET)) == 0  # finished jobs leave the stream
@@ -316,7 +346,9 @@ def test_20000_unknown_targets_leave_a_bounded_number_of_keys(stack: Stack) -> N
         spec_hash = hash_normalized(normalize(matmul_spec()))
         invented = [Target("sm_90", 91900 + i % 5000, f"1.{i // 5000}.0", f"nope {i}") for i in range(20_000)]
         for chunk in range(0, len(invented), 10_000):
-            entries = [ManifestEntry(key=make_key(spec_hash, t, CompileOptions())) for t in invented[chunk : chunk + 10_000]]
+            entries = [
+                ManifestEntry(key=make_key(spec_hash, t, CompileOptions())) for t in invented[chunk : chunk + 10_000]
+            ]
             result = client.prefetch(Manifest(entries=entries))
             assert len(result.errors) == 10_000 and not result.plans
         # compile_missing for unknown targets: refused (no worker), nothing queued or leased
@@ -329,7 +361,9 @@ def test_20000_unknown_targets_leave_a_bounded_number_of_keys(stack: Stack) -> N
             client.stats()
             timings.append(time.perf_counter() - started)
     grown = stack.redis.dbsize() - keys_before
-    print(f"\n20,000 unknown targets: {grown} new Redis keys; GetStats median {statistics.median(timings) * 1e3:.1f} ms")
+    print(
+        f"\n20,000 unknown targets: {grown} new Redis keys; GetStats median {statistics.median(timings) * 1e3:.1f} ms"
+    )
     assert grown < 200, f"{grown} keys for lookups of targets that do not exist"
     other = {r.target_id: r for r in rows}["(other targets)"]
     assert other.misses >= 20_000

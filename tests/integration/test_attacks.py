@@ -50,7 +50,13 @@ def keypair(tmp_path: Path) -> tuple[Path, Path]:
 def signed_stack(redis_server: EmbeddedRedis, redis_client: redis.Redis, keypair: tuple[Path, Path]) -> Iterator[Stack]:
     """Signing worker; the front end checks signatures; memory cache off (every read is Redis')."""
     private, public = keypair
-    s, stop = start_stack(redis_server.url, StandInCompiler(), signer=Signer.from_file(private), trusted_keys=(public,), memory_cache_bytes=0)
+    s, stop = start_stack(
+        redis_server.url,
+        StandInCompiler(),
+        signer=Signer.from_file(private),
+        trusted_keys=(public,),
+        memory_cache_bytes=0,
+    )
     yield s
     stop()
 
@@ -60,7 +66,9 @@ def strict(stack: Stack, public: Path, **kwargs: Any) -> Client:
 
 
 def query_of(spec: Any, target: Target = TARGET) -> pb.PlanQuery:
-    return pb.PlanQuery(spec=spec_io.to_proto(normalize(spec)), target=target.to_proto(), options=CompileOptions().to_proto())
+    return pb.PlanQuery(
+        spec=spec_io.to_proto(normalize(spec)), target=target.to_proto(), options=CompileOptions().to_proto()
+    )
 
 
 def key_of(spec: Any, target: Target = TARGET) -> str:
@@ -70,7 +78,9 @@ def key_of(spec: Any, target: Target = TARGET) -> str:
 # ---- 1. forged jobs -------------------------------------------------------------
 
 
-def test_a_forged_job_is_refused_and_the_victim_gets_its_own_graph(signed_stack: Stack, keypair: tuple[Path, Path], redis_client: redis.Redis) -> None:
+def test_a_forged_job_is_refused_and_the_victim_gets_its_own_graph(
+    signed_stack: Stack, keypair: tuple[Path, Path], redis_client: redis.Redis
+) -> None:
     victim, other = matmul_spec(m=64), matmul_bias_relu_spec()
     sm80 = Target("sm_80", TARGET.cudnn_version, TARGET.frontend_version)
     stream = keys.job_stream(TARGET)
@@ -81,9 +91,13 @@ def test_a_forged_job_is_refused_and_the_victim_gets_its_own_graph(signed_stack:
     for job in forged:
         redis_client.xadd(stream, job.encode())  # type: ignore[arg-type]
     wait_until(lambda: redis_client.xlen(stream) == 0, 10, "the forged job was not taken and acknowledged")
-    assert not redis_client.exists(keys.plan(key_of(victim))) and not redis_client.exists(keys.plan(key_of(other, sm80)))
+    assert not redis_client.exists(keys.plan(key_of(victim))) and not redis_client.exists(
+        keys.plan(key_of(other, sm80))
+    )
     reasons = [r.decode() for r in redis_client.lrange(keys.RECENT_FAILURES, 0, -1)]
-    assert any("refused job forged-1" in r and "but its spec, target and options make plan" in r for r in reasons), reasons
+    assert any("refused job forged-1" in r and "but its spec, target and options make plan" in r for r in reasons), (
+        reasons
+    )
     assert any("refused job forged-2" in r and "which this worker does not build" in r for r in reasons), reasons
     with strict(signed_stack, keypair[1]) as client:
         plan = client.compile(victim, TARGET)
@@ -121,7 +135,9 @@ class RogueServer:
         self.server.start()
 
 
-def test_a_rogue_server_cannot_substitute_a_signed_plan(signed_stack: Stack, keypair: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_rogue_server_cannot_substitute_a_signed_plan(
+    signed_stack: Stack, keypair: tuple[Path, Path], tmp_path: Path
+) -> None:
     from plancache import DiskCache
 
     asked, substitute = matmul_spec(m=96), matmul_spec(m=112)
@@ -131,7 +147,9 @@ def test_a_rogue_server_cannot_substitute_a_signed_plan(signed_stack: Stack, key
     cache = DiskCache(tmp_path / "node-cache")
     try:
         with Client(f"127.0.0.1:{rogue.port}", cache=cache, trusted_keys=[keypair[1]], allow_unsigned=False) as node:
-            with pytest.raises(UntrustedPlan, match=f"asked for plan {key_of(asked)} but was answered with plan {plan_b.key}"):
+            with pytest.raises(
+                UntrustedPlan, match=f"asked for plan {key_of(asked)} but was answered with plan {plan_b.key}"
+            ):
                 node.get(key_of(asked))
             with pytest.raises(UntrustedPlan, match="asked for plan"):
                 node.compile(asked, TARGET)
@@ -146,7 +164,9 @@ def test_a_rogue_server_cannot_substitute_a_signed_plan(signed_stack: Stack, key
 # ---- 4. a damaged signature ---------------------------------------------------------
 
 
-def test_a_damaged_signature_reads_as_a_miss_and_is_rebuilt(signed_stack: Stack, keypair: tuple[Path, Path], redis_client: redis.Redis) -> None:
+def test_a_damaged_signature_reads_as_a_miss_and_is_rebuilt(
+    signed_stack: Stack, keypair: tuple[Path, Path], redis_client: redis.Redis
+) -> None:
     spec = matmul_spec(m=120)
     with strict(signed_stack, keypair[1]) as client:
         plan = client.compile(spec, TARGET)
@@ -191,8 +211,14 @@ def test_a_tensor_bomb_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
         with server_process(address, redis_server.url, tmp_path / "server.log", "--gpus", "none") as server:
             options = [("grpc.max_send_message_length", 128 * 2**20)]
             with grpc.insecure_channel(address, options=options) as channel:
-                compile_call = channel.unary_unary("/plancache.v1.PlanCache/Compile", request_serializer=lambda b: b, response_deserializer=lambda b: b)
-                prefetch_call = channel.unary_stream("/plancache.v1.PlanCache/Prefetch", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+                compile_call = channel.unary_unary(
+                    "/plancache.v1.PlanCache/Compile", request_serializer=lambda b: b, response_deserializer=lambda b: b
+                )
+                prefetch_call = channel.unary_stream(
+                    "/plancache.v1.PlanCache/Prefetch",
+                    request_serializer=lambda b: b,
+                    response_deserializer=lambda b: b,
+                )
                 before = rss(server.pid)
                 outcomes = {}
                 for name, call, payload in (
@@ -209,9 +235,14 @@ def test_a_tensor_bomb_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
                     outcomes[name] = (info.value.code(), info.value.details(), time.perf_counter() - started)
                 grown = rss(server.pid) - before
                 assert pb_stats(channel)
-        print(f"\ntensor bombs: {({k: (c.name, f'{t:.2f} s') for k, (c, _, t) in outcomes.items()})}; server RSS +{grown / 2**20:.0f} MiB")
+        print(
+            f"\ntensor bombs: { ({k: (c.name, f'{t:.2f} s') for k, (c, _, t) in outcomes.items()}) }; server RSS +{grown / 2**20:.0f} MiB"
+        )
         assert outcomes["compile 60 MiB"][0] == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert outcomes["prefetch 15 MiB"][0] == grpc.StatusCode.INVALID_ARGUMENT and "more than 1024 tensors" in outcomes["prefetch 15 MiB"][1]
+        assert (
+            outcomes["prefetch 15 MiB"][0] == grpc.StatusCode.INVALID_ARGUMENT
+            and "more than 1024 tensors" in outcomes["prefetch 15 MiB"][1]
+        )
         assert all(t < 1.0 for _, _, t in outcomes.values())
         assert grown < 200 * 2**20
     finally:
@@ -260,7 +291,9 @@ def test_a_killed_workers_job_is_taken_over_when_its_heartbeat_expires(tmp_path:
     spec = matmul_spec(m=144)
     try:
         with ExitStack() as stack:
-            fleet = Fleet(stack, redis_server.url, tmp_path, 1, 2, 3.0, "--heartbeat-interval", "0.5", "--heartbeat-ttl", "3")
+            fleet = Fleet(
+                stack, redis_server.url, tmp_path, 1, 2, 3.0, "--heartbeat-interval", "0.5", "--heartbeat-ttl", "3"
+            )
             client = stack.enter_context(Client(fleet.addresses[0], cache=False, timeout=120))
             with futures.ThreadPoolExecutor(1) as pool:
                 call = pool.submit(client.compile, spec, TARGET)
@@ -272,7 +305,9 @@ def test_a_killed_workers_job_is_taken_over_when_its_heartbeat_expires(tmp_path:
                 after_kill = time.monotonic() - killed
     finally:
         redis_server.stop()
-    print(f"\nworker killed mid-build (3 s builds, 3 s heartbeat ttl, 60 s claim idle): its callers had the plan {after_kill:.1f} s later")
+    print(
+        f"\nworker killed mid-build (3 s builds, 3 s heartbeat ttl, 60 s claim idle): its callers had the plan {after_kill:.1f} s later"
+    )
     assert plan.metadata.built_by != victim
     assert after_kill < 3 + 3 + 1.5, f"{after_kill:.1f} s: the job waited past heartbeat-ttl + build time"
 
@@ -288,9 +323,22 @@ def test_the_redis_password_is_not_on_the_workers_command_line(tmp_path: Path) -
         address = f"127.0.0.1:{free_port()}"
         env = child_env(PLANCACHE_REDIS_URL=url)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "plancache_server.main", "--listen", address, "--gpus", "0", "--compiler", "tests.support.standin:factory", "--unsigned"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "plancache_server.main",
+                "--listen",
+                address,
+                "--gpus",
+                "0",
+                "--compiler",
+                "tests.support.standin:factory",
+                "--unsigned",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             wait_for_workers(address, proc=proc, timeout=60)
             with Client(address, cache=False) as client:
@@ -298,7 +346,9 @@ def test_the_redis_password_is_not_on_the_workers_command_line(tmp_path: Path) -
             children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
             assert children, "the server started its worker"
             for pid in [proc.pid, *map(int, children)]:
-                assert password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), f"the password is in the argv of {pid}"
+                assert password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), (
+                    f"the password is in the argv of {pid}"
+                )
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
@@ -306,7 +356,9 @@ def test_the_redis_password_is_not_on_the_workers_command_line(tmp_path: Path) -
         redis_server.stop()
 
 
-def test_a_bad_member_of_the_top_entries_does_not_break_the_status_page(stack: Stack, redis_client: redis.Redis) -> None:
+def test_a_bad_member_of_the_top_entries_does_not_break_the_status_page(
+    stack: Stack, redis_client: redis.Redis
+) -> None:
     with stack.client() as client:
         plan = client.compile(matmul_spec(m=160), TARGET)
         client.get(plan.key)
@@ -321,11 +373,12 @@ def test_error_messages_are_bounded_and_do_not_echo_whole_inputs(stack: Stack) -
     g.tensors[0].name = name
     request = pb.CompileRequest(spec=spec_io.to_proto(g), target=TARGET.to_proto()).SerializeToString()
     with grpc.insecure_channel(stack.address) as channel:
-        call = channel.unary_unary("/plancache.v1.PlanCache/Compile", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        call = channel.unary_unary(
+            "/plancache.v1.PlanCache/Compile", request_serializer=lambda b: b, response_deserializer=lambda b: b
+        )
         with pytest.raises(grpc.RpcError) as info:
             call(request, timeout=10)
         details = info.value.details() or ""
         trailers = sum(len(v) for _, v in info.value.trailing_metadata() or ())
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "name longer than 256 characters" in details
     assert len(details) <= 4200 and trailers <= 8192
-

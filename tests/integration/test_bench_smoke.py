@@ -16,14 +16,23 @@ pytestmark = pytest.mark.slow
 
 
 def test_cpu_benchmark_quick_run_writes_its_table_json_and_plot(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "bench/cpu_bench.py", "--quick", "--out", str(tmp_path)], cwd=REPO, env=child_env(),
-                          capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "bench/cpu_bench.py", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "hit p50 / floor" in proc.stdout
     results = json.loads((tmp_path / "cpu_bench.json").read_text())
     assert set(results["hit_path"]["1"]) == {"plancache", "plancache_no_memory_cache", "echo", "echo_aio", "redis_get"}
     assert results["summary"]["coalescing_builds"] == [1, 1]
-    assert results["summary"]["client_cache_hit_ms"] > 0 and results["startup_fetch"]["streamed_plans_per_s"]["median"] > 0
+    assert (
+        results["summary"]["client_cache_hit_ms"] > 0 and results["startup_fetch"]["streamed_plans_per_s"]["median"] > 0
+    )
     assert (tmp_path / "cpu_bench.png").stat().st_size > 10_000
 
 
@@ -31,10 +40,23 @@ def test_gpu_benchmark_report_renders_without_a_gpu(tmp_path: Path) -> None:
     from bench.gpu_bench import report
 
     rows = [
-        {"case": f"case{i}", "family": "matmul", "plans": 3, "build_s": 3.0, "autotune_s": 0.5, "ready_s": 0.01, "fetch_s": 0.003,
-         "tuned_ms": 0.1, "plan0_ms": 0.1 + i / 100, "torch_ms": 0.12, "blob_bytes": 40_000, "deserialize_s": 0.007, "deserialize_again_s": 0.001}
+        {
+            "case": f"case{i}",
+            "family": "matmul",
+            "plans": 3,
+            "build_s": 3.0,
+            "autotune_s": 0.5,
+            "ready_s": 0.01,
+            "fetch_s": 0.003,
+            "tuned_ms": 0.1,
+            "plan0_ms": 0.1 + i / 100,
+            "torch_ms": 0.12,
+            "blob_bytes": 40_000,
+            "deserialize_s": 0.007,
+            "deserialize_again_s": 0.001,
+        }
         for i in range(3)
-    ] + [{"case": "broken", "error": "CompileFailed: no engine"}]  # fmt: skip
+    ] + [{"case": "broken", "error": "CompileFailed: no engine"}]
     report(rows, tmp_path)
     summary = json.loads((tmp_path / "gpu_bench.json").read_text())["summary"]
     assert summary["measured"] == 3 and summary["build_over_ready_median"] == pytest.approx(350)
@@ -50,62 +72,161 @@ def test_startup_benchmark_merges_runs_and_reports_its_ratios_without_a_gpu(tmp_
         return times | ({"tuned_s": [tuned * (i + 1) / 13 for i in range(13)], "tuned_all_s": tuned} if tuned else {})
 
     runs = []
-    pool = {"build_processes": 8, "processes": 9, "mib": 4500.0, "per_process_mib": [500.0] * 9, "apps_listed": 10, "device_growth_mib": 4600.0}
+    pool = {
+        "build_processes": 8,
+        "processes": 9,
+        "mib": 4500.0,
+        "per_process_mib": [500.0] * 9,
+        "apps_listed": 10,
+        "device_growth_mib": 4600.0,
+    }
     for jit, local in (("cold", 6.0), ("warm", 2.0)):
-        runs += [run(jit, "local-heuristic", local, **per_graph(local)), run(jit, "local-heuristic", local + 0.2), run(jit, "local-autotuned", 20.0)]
-        runs += [run(jit, "local-heuristic-4proc", local / 2), run(jit, "fetch", 0.3), run(jit, "prefetch", 0.25), run(jit, "floor", 0.2)]
-        runs += [run(jit, "background", 2.03, after_foreground_s=0.03), run(jit, "first-compile", local * 1.1, pool=pool, **per_graph(local * 1.1, 8.0))]
+        runs += [
+            run(jit, "local-heuristic", local, **per_graph(local)),
+            run(jit, "local-heuristic", local + 0.2),
+            run(jit, "local-autotuned", 20.0),
+        ]
+        runs += [
+            run(jit, "local-heuristic-4proc", local / 2),
+            run(jit, "fetch", 0.3),
+            run(jit, "prefetch", 0.25),
+            run(jit, "floor", 0.2),
+        ]
+        runs += [
+            run(jit, "background", 2.03, after_foreground_s=0.03),
+            run(jit, "first-compile", local * 1.1, pool=pool, **per_graph(local * 1.1, 8.0)),
+        ]
         runs += [run(jit, "first-lazy", (local + 0.65) * 1.3, lazy_s=0.05, graphs=13, **per_graph(local + 0.65, 9.0))]
         runs += [run(jit, "first-compile-4proc", local / 2 * 1.15, **per_graph(local / 2 * 1.15, 12.0))]
-    runs += [run("cold", "first-prefetch", 3.0, **per_graph(3.0, 7.0)), run("warm", "first-node", 1.0, tuned_all_s=30.0)]  # its name before issue 22
+    runs += [
+        run("cold", "first-prefetch", 3.0, **per_graph(3.0, 7.0)),
+        run("warm", "first-node", 1.0, tuned_all_s=30.0),
+    ]  # its name before issue 22
     for jit in ("cold", "warm"):
-        (tmp_path / f"{jit}.json").write_text(json.dumps({"runs": [r for r in runs if r["jit"] == jit], "skipped": [], "config": {"repeats": 2}}))
-    failed = [{"jit": "cold", "path": "fetch", "error": "boom"}, {"jit": "cold", "path": "first-lazy", "total_s": 0.1, "error": "keys differ"}]
+        (tmp_path / f"{jit}.json").write_text(
+            json.dumps({"runs": [r for r in runs if r["jit"] == jit], "skipped": [], "config": {"repeats": 2}})
+        )
+    failed = [
+        {"jit": "cold", "path": "fetch", "error": "boom"},
+        {"jit": "cold", "path": "first-lazy", "total_s": 0.1, "error": "keys differ"},
+    ]
     (tmp_path / "cold.json").write_text(json.dumps({"runs": [r for r in runs if r["jit"] == "cold"] + failed}))
-    proc = subprocess.run([sys.executable, "bench/startup.py", "--merge", str(tmp_path / "cold.json"), str(tmp_path / "warm.json"), "--out", str(tmp_path / "out")],
-                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "bench/startup.py",
+            "--merge",
+            str(tmp_path / "cold.json"),
+            str(tmp_path / "warm.json"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "startup.json").read_text())
     cold, warm = results["summary"]["cold"], results["summary"]["warm"]
     assert cold["local_over_fetch"] == pytest.approx(6.1 / 0.3) and warm["prefetch_over_floor"] == pytest.approx(1.25)
     assert cold["first_compile_over_local"] == pytest.approx(6.6 / 6.1) and cold["met"]["first_compile_over_local"]
     # The local build with the same 13 sleeps of 50 ms; a failed run is no sample.
-    assert cold["local_lazy_s"] == pytest.approx(6.1 + 0.65) and cold["first_lazy_over_local_lazy"] == pytest.approx(6.65 * 1.3 / 6.75)
+    assert cold["local_lazy_s"] == pytest.approx(6.1 + 0.65) and cold["first_lazy_over_local_lazy"] == pytest.approx(
+        6.65 * 1.3 / 6.75
+    )
     assert cold["met"]["first_lazy_over_local_lazy"] is False and cold["n"]["first-lazy"] == 1
     assert cold["first_4proc_over_local_4proc"] == pytest.approx(1.15) and cold["met"]["first_4proc_over_local_4proc"]
     assert cold["first_prefetch_over_local"] == pytest.approx(3.0 / 6.1) and cold["met"]["first_prefetch_over_local"]
     assert warm["first_prefetch_over_local"] == pytest.approx(1.0 / 2.1)  # from the run named first-node
-    assert cold["tuned_all_s"] == {"first-compile": 8.0, "first-lazy": 9.0, "first-compile-4proc": 12.0, "first-prefetch": 7.0}
-    assert cold["tuned_over_local_autotune"]["first-compile"] == pytest.approx(0.4) and cold["met"]["tuned_over_local_autotune/first-compile"]
-    assert cold["met"]["tuned_over_local_autotune/first-compile-4proc"] is False and warm["tuned_over_local_autotune"]["first-prefetch"] == pytest.approx(1.5)
+    assert cold["tuned_all_s"] == {
+        "first-compile": 8.0,
+        "first-lazy": 9.0,
+        "first-compile-4proc": 12.0,
+        "first-prefetch": 7.0,
+    }
+    assert (
+        cold["tuned_over_local_autotune"]["first-compile"] == pytest.approx(0.4)
+        and cold["met"]["tuned_over_local_autotune/first-compile"]
+    )
+    assert cold["met"]["tuned_over_local_autotune/first-compile-4proc"] is False and warm["tuned_over_local_autotune"][
+        "first-prefetch"
+    ] == pytest.approx(1.5)
     assert warm["background_after_foreground_s"] == pytest.approx(0.03) and warm["met"]["background_after_foreground_s"]
     assert cold["met"]["local_over_fetch"] and not warm["met"]["fetch_over_floor"] and cold["pool"] == pool
-    assert results["summary"]["errors"] == ["cold/fetch: boom", "cold/first-lazy: keys differ"] and len(results["graph_names"]) == 13
+    assert (
+        results["summary"]["errors"] == ["cold/fetch: boom", "cold/first-lazy: keys differ"]
+        and len(results["graph_names"]) == 13
+    )
     for name in ("startup.png", "startup_timeline.png"):
         assert (tmp_path / "out" / name).stat().st_size > 10_000
-    section = "\n".join(runpy.run_path(str(REPO / "scripts" / "performance-doc.py"))["startup_section"](results, "run.md"))
+    section = "\n".join(
+        runpy.run_path(str(REPO / "scripts" / "performance-doc.py"))["startup_section"](results, "run.md")
+    )
     assert "| first-compile / local heuristic build | 1.08x | 1.05x | ≤ 1.2x | yes / yes |" in section
-    assert "| first-compile-4proc: every plan tuned and stored / local autotune loop | 0.60x | 0.60x | ≤ 0.5x | **no** / **no** |" in section
-    assert "4,600 MiB (8 build processes + the worker; 4,500 MiB in 9 processes)" in section and "| qkv_s512 | 0.46 |" in section
+    assert (
+        "| first-compile-4proc: every plan tuned and stored / local autotune loop | 0.60x | 0.60x | ≤ 0.5x | **no** / **no** |"
+        in section
+    )
+    assert (
+        "4,600 MiB (8 build processes + the worker; 4,500 MiB in 9 processes)" in section
+        and "| qkv_s512 | 0.46 |" in section
+    )
 
 
 def test_autotune_benchmark_report_renders_without_a_gpu(tmp_path: Path) -> None:
     from bench.autotune import report
 
     def row(name: str, ratio: float, screened_ms: float) -> dict[str, object]:
-        strategy = {"seconds": 1.0, "ms_per_candidate": screened_ms, "chosen": 1, "precisely_timed": 3, "failed": 0, "times_ms": []}
-        return {"graph": name, "candidates": 20, "build_all_s": 2.0, "screened": strategy, "exhaustive": {**strategy, "ms_per_candidate": 120.0},
-                "screened_over_exhaustive": ratio, "tuned_over_heuristic": 0.9}  # fmt: skip
+        strategy = {
+            "seconds": 1.0,
+            "ms_per_candidate": screened_ms,
+            "chosen": 1,
+            "precisely_timed": 3,
+            "failed": 0,
+            "times_ms": [],
+        }
+        return {
+            "graph": name,
+            "candidates": 20,
+            "build_all_s": 2.0,
+            "screened": strategy,
+            "exhaustive": {**strategy, "ms_per_candidate": 120.0},
+            "screened_over_exhaustive": ratio,
+            "tuned_over_heuristic": 0.9,
+        }
 
-    summary = report([row("a", 1.0, 20.0), row("b", 1.03, 40.0), {"graph": "c", "error": "CompileFailed: x"}], ["d"], tmp_path)
+    summary = report(
+        [row("a", 1.0, 20.0), row("b", 1.03, 40.0), {"graph": "c", "error": "CompileFailed: x"}], ["d"], tmp_path
+    )
     assert summary["ms_per_candidate_median"] == {"screened": 30.0, "exhaustive": 120.0}
     assert summary["beyond_2_percent"] == {"b": 1.03} and summary["skipped"] == ["d"] and "c" in summary["errors"]
     assert (tmp_path / "autotune.png").stat().st_size > 10_000
 
 
 def test_load_test_short_run_loses_and_confuses_nothing(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "bench/load_test.py", "--requests", "2000", "--clients", "8", "--outage", "0.5", "--out", str(tmp_path)],
-                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "bench/load_test.py",
+            "--requests",
+            "2000",
+            "--clients",
+            "8",
+            "--outage",
+            "0.5",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads((tmp_path / "load_test.json").read_text())
     assert result["requests"] == 2000 and result["wrong_plans"] == 0 and result["lost"] == 0
@@ -113,14 +234,24 @@ def test_load_test_short_run_loses_and_confuses_nothing(tmp_path: Path) -> None:
 
 
 def test_herd_quick_run_builds_each_key_once_and_writes_its_json_and_plot(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "bench/herd.py", "--quick", "--time-limit", "150", "--out", str(tmp_path)], cwd=REPO, env=child_env(),
-                          capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "bench/herd.py", "--quick", "--time-limit", "150", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "builds per key" in proc.stdout
     results = json.loads((tmp_path / "herd.json").read_text())
     assert set(results["variants"]) == {"prefetch", "compile", "burst"}
     for name, variant in results["variants"].items():
-        assert variant["builds_per_key"] and all(b == 1 for b in variant["builds_per_key"]), (name, variant["builds_per_key"])
+        assert variant["builds_per_key"] and all(b == 1 for b in variant["builds_per_key"]), (
+            name,
+            variant["builds_per_key"],
+        )
     assert results["variants"]["prefetch"]["errors_total"] == 0, results["variants"]["prefetch"]["errors_by_code"]
     assert (tmp_path / "herd.png").stat().st_size > 10_000
 
@@ -130,9 +261,17 @@ def test_execution_benchmark_summary_and_report_render_without_a_gpu(tmp_path: P
 
     def row(case: str, bound: float, replay: float) -> dict[str, object]:
         host = {"previous": 60.0, "execute": 45.0, "bound": bound, "replay": replay, "raw": 15.0, "torch": 12.0}
-        return {"case": case, "calls_per_sample": 200, "workspace_bytes": 0, "host_us": host, "stream_us": dict.fromkeys(PATHS, 20.0),
-                "bound_over_raw_host": bound / 15.0, "execute_over_raw_host": 3.0, "execute_over_previous_host": 0.75,
-                "replay_over_torch_host": replay / 12.0}  # fmt: skip
+        return {
+            "case": case,
+            "calls_per_sample": 200,
+            "workspace_bytes": 0,
+            "host_us": host,
+            "stream_us": dict.fromkeys(PATHS, 20.0),
+            "bound_over_raw_host": bound / 15.0,
+            "execute_over_raw_host": 3.0,
+            "execute_over_previous_host": 0.75,
+            "replay_over_torch_host": replay / 12.0,
+        }
 
     rows = [row(SEED, 15.6, 3.0), row("large", 18.0, 3.5)]
     memory = {"plans": 100, "one_per_plan_allocated_bytes": 100 << 20, "shared_allocated_bytes": 4 << 20}
@@ -146,29 +285,53 @@ def test_execution_benchmark_summary_and_report_render_without_a_gpu(tmp_path: P
 
 def test_upgrade_quick_run_writes_its_json_and_plot_and_its_figures_add_up(tmp_path: Path) -> None:
     """Not a timing test: the rehearsal runs end to end and its figures are computed from what it recorded."""
-    proc = subprocess.run([sys.executable, "bench/upgrade.py", "--quick", "--out", str(tmp_path)], cwd=REPO, env=child_env(),
-                          capture_output=True, text=True, timeout=150, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "bench/upgrade.py", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "hit rate of all node requests" in proc.stdout
     results = json.loads((tmp_path / "upgrade.json").read_text())
     c, s = results["config"], results["summary"]
-    assert set(results["runs"]) == {"with", "without"} and len(results["hits"]) == c["specs"] and s["source_hits"] == sum(results["hits"])
+    assert (
+        set(results["runs"]) == {"with", "without"}
+        and len(results["hits"]) == c["specs"]
+        and s["source_hits"] == sum(results["hits"])
+    )
     for name, run in results["runs"].items():
         nodes = run["nodes"]
-        assert len(nodes) == int(c["node_seconds"] / c["node_interval"]) and all("node" in n for n in nodes), (name, nodes)
+        assert len(nodes) == int(c["node_seconds"] / c["node_interval"]) and all("node" in n for n in nodes), (
+            name,
+            nodes,
+        )
         for n in nodes:
-            assert n["requests"] == c["specs_per_node"] == len(set(n["draws"])) and n["hits"] + n["misses"] + n["errors"] == n["requests"]
-            assert n["hit_rate"] == pytest.approx(n["hits"] / n["requests"]) and n["fetched"] + n["provisional_hits"] == n["hits"]
+            assert (
+                n["requests"] == c["specs_per_node"] == len(set(n["draws"]))
+                and n["hits"] + n["misses"] + n["errors"] == n["requests"]
+            )
+            assert (
+                n["hit_rate"] == pytest.approx(n["hits"] / n["requests"])
+                and n["fetched"] + n["provisional_hits"] == n["hits"]
+            )
         total = s["hit_rate"][name]
         assert (total["requests"], total["hits"]) == (sum(n["requests"] for n in nodes), sum(n["hits"] for n in nodes))
         if s["window_start_s"] is not None:
             late = [n for n in nodes if n["start_s"] >= s["window_start_s"]]
             assert s["hit_rate_after_window"][name]["hits"] == sum(n["hits"] for n in late)
         coverage = [x["coverage"] for x in run["samples"]]
-        assert coverage == sorted(coverage) and coverage[0] >= 0 and coverage[-1] <= 1  # plans are only added (no bound)
+        assert (
+            coverage == sorted(coverage) and coverage[0] >= 0 and coverage[-1] <= 1
+        )  # plans are only added (no bound)
         reached = [v for v in s["coverage_s"][name].values() if v is not None]
         assert reached == sorted(reached)
-        assert all(x["warm_coverage"] >= x["coverage"] - 1e-9 for x in run["samples"] if "warm_coverage" in x)  # read after the plans
+        assert all(
+            x["warm_coverage"] >= x["coverage"] - 1e-9 for x in run["samples"] if "warm_coverage" in x
+        )  # read after the plans
         assert all(m["source"] in ("compiled", "provisional") for m in run["misses"]), run["misses"]
     status = results["runs"]["with"]["warm_status"]
     assert status is not None and status["source_hits_24h"] == sum(results["hits"]) and status["total"] == c["specs"]

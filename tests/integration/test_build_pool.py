@@ -66,7 +66,9 @@ def test_a_miss_during_another_jobs_autotuning_gets_its_plan_within_one_candidat
 ) -> None:
     """With one build thread, the second miss waits for at most the candidate
     under way; with more, one is kept for heuristic plans and it waits for nothing."""
-    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=BUILD_S, tune_seconds=TUNE_S), pool_size=pool_size)
+    stack, stop = start_stack(
+        redis_server.url, StandInCompiler(build_seconds=BUILD_S, tune_seconds=TUNE_S), pool_size=pool_size
+    )
     try:
         with stack.client(timeout=30) as client:
             first = client.compile(matmul_spec(m=16), TARGET)
@@ -77,12 +79,18 @@ def test_a_miss_during_another_jobs_autotuning_gets_its_plan_within_one_candidat
             waited = time.monotonic() - started
         assert second.provisional
         bound = BUILD_S + (CANDIDATE_S if pool_size == 1 else 0.0) + SLACK_S
-        assert waited <= bound, f"the second miss waited {waited:.2f} s behind the first one's autotuning (bound {bound:.2f} s)"
+        assert waited <= bound, (
+            f"the second miss waited {waited:.2f} s behind the first one's autotuning (bound {bound:.2f} s)"
+        )
         assert _stored(redis_client, first.key).provisional, "the first job's tuning should still be under way"  # type: ignore[union-attr]
         # Both autotunings still finish, every candidate built and timed.
         for plan in (first, second):
             meta = _wait_until_tuned(redis_client, plan.key, timeout=2 * TUNE_S + 5)
-            assert len(meta.candidates) == 10 and not any(c.error for c in meta.candidates) and meta.plan_name == "standin_eng7_k3"
+            assert (
+                len(meta.candidates) == 10
+                and not any(c.error for c in meta.candidates)
+                and meta.plan_name == "standin_eng7_k3"
+            )
     finally:
         stop()
 
@@ -97,7 +105,11 @@ def test_a_manifest_of_misses_is_built_side_by_side(redis_server: EmbeddedRedis,
         arrived: list[float] = []
         with stack.client(timeout=60) as client:
             started = time.monotonic()
-            result = client.prefetch(Manifest.from_specs(specs, TARGET), compile_missing=True, on_plan=lambda i, p: arrived.append(time.monotonic() - started))
+            result = client.prefetch(
+                Manifest.from_specs(specs, TARGET),
+                compile_missing=True,
+                on_plan=lambda i, p: arrived.append(time.monotonic() - started),
+            )
         assert result.provisional == 8 and len(arrived) == 8
         assert max(arrived) <= 2 * build_s + SLACK_S + 0.2, sorted(arrived)
         for key in result.keys.values():
@@ -144,17 +156,30 @@ def _deployment(stack: ExitStack, redis_url: str, tmp: Path, workers: int, *flag
     stack.enter_context(server_process(address, redis_url, tmp / "server.log", "--gpus", "none", "--unsigned"))
     pids = [
         stack.enter_context(
-            worker_process(redis_url, tmp / f"worker{i}.log", "--device", "0", "--compiler", "tests.support.standin:factory", "--unsigned",
-                           "--build-processes", "2", *flags, env=env)
+            worker_process(
+                redis_url,
+                tmp / f"worker{i}.log",
+                "--device",
+                "0",
+                "--compiler",
+                "tests.support.standin:factory",
+                "--unsigned",
+                "--build-processes",
+                "2",
+                *flags,
+                env=env,
+            )
         ).pid
         for i in range(workers)
-    ]  # fmt: skip
+    ]
     wait_for_workers(address, count=workers, timeout=60)
     return address, pids
 
 
 @pytest.mark.slow
-def test_a_crashed_build_process_is_replaced_and_its_candidate_built_again(fleet_redis: EmbeddedRedis, tmp_path: Path) -> None:
+def test_a_crashed_build_process_is_replaced_and_its_candidate_built_again(
+    fleet_redis: EmbeddedRedis, tmp_path: Path
+) -> None:
     with ExitStack() as stack:
         address, (worker_pid,) = _deployment(stack, fleet_redis.url, tmp_path, 1)
         wait_until(lambda: len(_children(worker_pid)) == 2, 30, "the worker did not start its 2 build processes")
@@ -172,7 +197,9 @@ def test_a_crashed_build_process_is_replaced_and_its_candidate_built_again(fleet
             second = client.compile(matmul_spec(m=32), TARGET)
     log = (tmp_path / "worker0.log").read_text()
     assert len(meta.candidates) == 10 and not any(c.error for c in meta.candidates), meta.candidates
-    assert "was killed by SIGKILL" in log and "building it; building its candidate" in log and "again (try 2 of 3)" in log, log[-3000:]
+    assert (
+        "was killed by SIGKILL" in log and "building it; building its candidate" in log and "again (try 2 of 3)" in log
+    ), log[-3000:]
     assert second.provisional or second.source == "compiled"
 
 
@@ -180,13 +207,27 @@ def test_a_crashed_build_process_is_replaced_and_its_candidate_built_again(fleet
 def test_build_processes_end_with_their_worker(fleet_redis: EmbeddedRedis, tmp_path: Path) -> None:
     env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS="0")
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        with worker_process(fleet_redis.url, tmp_path / f"worker-{sig.name}.log", "--device", "0", "--compiler", "tests.support.standin:factory",
-                            "--unsigned", "--build-processes", "3", env=env) as worker:  # fmt: skip
+        with worker_process(
+            fleet_redis.url,
+            tmp_path / f"worker-{sig.name}.log",
+            "--device",
+            "0",
+            "--compiler",
+            "tests.support.standin:factory",
+            "--unsigned",
+            "--build-processes",
+            "3",
+            env=env,
+        ) as worker:
             wait_until(lambda: len(_children(worker.pid)) == 3, 30, "the worker did not start its build processes")
             pool = _children(worker.pid)
             os.kill(worker.pid, sig)
             worker.wait(timeout=30)
-            wait_until(lambda pool=pool: not any(_state(pid) != "Z" for pid in pool), 15, f"build processes outlived their worker ({sig.name})")
+            wait_until(
+                lambda pool=pool: not any(_state(pid) != "Z" for pid in pool),
+                15,
+                f"build processes outlived their worker ({sig.name})",
+            )
 
 
 def _state(pid: int) -> str:
@@ -201,7 +242,18 @@ def _state(pid: int) -> str:
 def test_a_worker_killed_mid_tuning_loses_no_job(fleet_redis: EmbeddedRedis, tmp_path: Path) -> None:
     """The provisional plan stays served; another worker claims the job and tunes it."""
     with ExitStack() as stack:
-        address, _ = _deployment(stack, fleet_redis.url, tmp_path, 2, "--heartbeat-interval", "0.3", "--heartbeat-ttl", "2", "--claim-idle", "1.5")
+        address, _ = _deployment(
+            stack,
+            fleet_redis.url,
+            tmp_path,
+            2,
+            "--heartbeat-interval",
+            "0.3",
+            "--heartbeat-ttl",
+            "2",
+            "--claim-idle",
+            "1.5",
+        )
         client_redis = redis.Redis.from_url(fleet_redis.url)
         with Client(address, cache=False, timeout=60) as client:
             first = client.compile(matmul_spec(m=16), TARGET)
@@ -225,4 +277,3 @@ def test_a_worker_killed_mid_tuning_loses_no_job(fleet_redis: EmbeddedRedis, tmp
                 fetcher.join()
     assert served and all(p.key == first.key for p in served)  # never a miss meanwhile
     assert meta.built_by != tuner and len(meta.candidates) == 10
-

@@ -30,7 +30,9 @@ def keypair(tmp_path: Path) -> tuple[Path, Path]:
 
 @pytest.fixture
 def signed_stack(redis_server: EmbeddedRedis, redis_client: redis.Redis, keypair: tuple[Path, Path]) -> Iterator[Stack]:
-    s, stop = start_stack(redis_server.url, StandInCompiler(), signer=Signer.from_file(keypair[0]), memory_cache_bytes=0)
+    s, stop = start_stack(
+        redis_server.url, StandInCompiler(), signer=Signer.from_file(keypair[0]), memory_cache_bytes=0
+    )
     yield s
     stop()
 
@@ -42,10 +44,17 @@ def _compiled(stack: Stack, public: Path) -> dict[str, bytes]:
 
 
 def _export(stack: Stack, public: Path, out: Path, *scope: str) -> None:
-    assert cli(["export", *scope, "--out", str(out), "--server", stack.address, "--no-cache", "--trusted-key", str(public)]) == 0
+    assert (
+        cli(
+            ["export", *scope, "--out", str(out), "--server", stack.address, "--no-cache", "--trusted-key", str(public)]
+        )
+        == 0
+    )
 
 
-def test_a_bundle_moves_plans_to_another_store_byte_for_byte(signed_stack: Stack, keypair: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_bundle_moves_plans_to_another_store_byte_for_byte(
+    signed_stack: Stack, keypair: tuple[Path, Path], tmp_path: Path
+) -> None:
     blobs = _compiled(signed_stack, keypair[1])
     bundle = tmp_path / "all.plans"
     _export(signed_stack, keypair[1], bundle, "--all")
@@ -64,7 +73,9 @@ def test_a_bundle_moves_plans_to_another_store_byte_for_byte(signed_stack: Stack
         other_redis.stop()
 
 
-def test_a_node_with_a_bundle_in_its_image_starts_without_the_network(signed_stack: Stack, keypair: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_node_with_a_bundle_in_its_image_starts_without_the_network(
+    signed_stack: Stack, keypair: tuple[Path, Path], tmp_path: Path
+) -> None:
     blobs = _compiled(signed_stack, keypair[1])
     manifest = tmp_path / "node.manifest.json"
     manifest.write_text(Manifest(entries=[ManifestEntry(key=k) for k in blobs]).to_json())
@@ -73,14 +84,21 @@ def test_a_node_with_a_bundle_in_its_image_starts_without_the_network(signed_sta
     cache_dir = tmp_path / "image-cache"
     assert cli(["import", str(bundle), "--cache-dir", str(cache_dir), "--trusted-key", str(keypair[1])]) == 0
     nowhere = f"127.0.0.1:{free_port()}"  # nothing listens: any network call would fail
-    with Client(nowhere, cache=DiskCache(cache_dir), trusted_keys=[keypair[1]], allow_unsigned=False, timeout=2) as node:
+    with Client(
+        nowhere, cache=DiskCache(cache_dir), trusted_keys=[keypair[1]], allow_unsigned=False, timeout=2
+    ) as node:
         result = node.prefetch(Manifest.load(manifest))
         assert not result.errors and result.from_cache == 3
         assert {key: node.get(key).blob for key in blobs} == blobs
 
 
-def test_backup_wipe_restore_serves_every_plan_with_the_same_bytes(signed_stack: Stack, keypair: tuple[Path, Path], redis_client: redis.Redis,
-                                                                   redis_server: EmbeddedRedis, tmp_path: Path) -> None:  # fmt: skip
+def test_backup_wipe_restore_serves_every_plan_with_the_same_bytes(
+    signed_stack: Stack,
+    keypair: tuple[Path, Path],
+    redis_client: redis.Redis,
+    redis_server: EmbeddedRedis,
+    tmp_path: Path,
+) -> None:
     blobs = _compiled(signed_stack, keypair[1])
     backup = tmp_path / "backup.plans"
     _export(signed_stack, keypair[1], backup, "--target", TARGET.id)
@@ -110,10 +128,14 @@ def test_a_damaged_bundle_is_refused_naming_the_entry(bundle: Path, keypair: tup
         read_bundle(bundle, trust)
 
 
-def test_a_foreign_signature_is_refused_naming_the_entry(signed_stack: Stack, keypair: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_foreign_signature_is_refused_naming_the_entry(
+    signed_stack: Stack, keypair: tuple[Path, Path], tmp_path: Path
+) -> None:
     _compiled(signed_stack, keypair[1])
     foreign = generate_keypair(tmp_path / "foreign")
-    plans = read_bundle(_bundle_of(signed_stack, keypair, tmp_path), TrustPolicy.create([keypair[1]], allow_unsigned=False))
+    plans = read_bundle(
+        _bundle_of(signed_stack, keypair, tmp_path), TrustPolicy.create([keypair[1]], allow_unsigned=False)
+    )
     plans[2].signature = Signer.from_file(foreign[0]).sign(plans[2].metadata)
     forged = tmp_path / "forged.plans"
     write_bundle(forged, plans)  # a well-formed file whose trailer matches: only the signature betrays it
@@ -128,7 +150,10 @@ def _bundle_of(stack: Stack, keypair: tuple[Path, Path], tmp_path: Path) -> Path
     return path
 
 
-@pytest.mark.parametrize(("cut", "message"), [(10, "trailer is damaged"), (60, r"entry 2: truncated \(\d+ of \d+ bytes"), (None, r"entry 2: truncated")])
+@pytest.mark.parametrize(
+    ("cut", "message"),
+    [(10, "trailer is damaged"), (60, r"entry 2: truncated \(\d+ of \d+ bytes"), (None, r"entry 2: truncated")],
+)
 def test_a_truncated_bundle_is_refused(bundle: Path, keypair: tuple[Path, Path], cut: int | None, message: str) -> None:
     data = bundle.read_bytes()
     trust = TrustPolicy.create([keypair[1]], allow_unsigned=False)

@@ -24,17 +24,31 @@ from tests.support.standin import STANDIN_TARGET as TARGET
 pytestmark = pytest.mark.slow
 
 
-def test_a_workers_clock_stepping_an_hour_either_way_changes_nothing_for_callers(redis_server: EmbeddedRedis, redis_client: object,
-                                                                                 tmp_path: Path) -> None:  # fmt: skip
+def test_a_workers_clock_stepping_an_hour_either_way_changes_nothing_for_callers(
+    redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path
+) -> None:
     address, clock = f"127.0.0.1:{free_port()}", tmp_path / "clock-offset"
     clock.write_text("0")
     env = child_env(PLANCACHE_TEST_CLOCK_FILE=str(clock))
     env["PYTHONPATH"] = f"{REPO / 'tests' / 'support' / 'clock_step'}:{env['PYTHONPATH']}"
     with ExitStack() as stack:
         stack.enter_context(server_process(address, redis_server.url, tmp_path / "server.log", "--gpus", "none"))
-        worker = stack.enter_context(worker_process(redis_server.url, tmp_path / "worker.log", "--device", "0", "--compiler",
-                                                    "tests.support.standin:factory", "--unsigned", "--heartbeat-interval", "0.5",
-                                                    "--heartbeat-ttl", "2", env=env))  # fmt: skip
+        worker = stack.enter_context(
+            worker_process(
+                redis_server.url,
+                tmp_path / "worker.log",
+                "--device",
+                "0",
+                "--compiler",
+                "tests.support.standin:factory",
+                "--unsigned",
+                "--heartbeat-interval",
+                "0.5",
+                "--heartbeat-ttl",
+                "2",
+                env=env,
+            )
+        )
         wait_for_workers(address, proc=worker)
         client = stack.enter_context(Client(address, cache=False, timeout=30))
         sources = [client.compile(matmul_spec(m=8), TARGET).source]
@@ -46,4 +60,7 @@ def test_a_workers_clock_stepping_an_hour_either_way_changes_nothing_for_callers
     assert sources == ["compiled"] * 3
     text = (tmp_path / "server.log").read_text() + (tmp_path / "worker.log").read_text()
     assert_no_traceback(text)
-    report("a worker's clock stepped -1 h then +1 h", {"misses_built": len(sources), "problem_lines": len(problem_lines(text))})
+    report(
+        "a worker's clock stepped -1 h then +1 h",
+        {"misses_built": len(sources), "problem_lines": len(problem_lines(text))},
+    )

@@ -78,7 +78,9 @@ def test_compile_path_on_a_cluster(cluster_stack: Stack) -> None:
             client.compile(matmul_spec(m=8, name=REJECTED_NAME), TARGET)
         with pytest.raises(NotFound):
             client.get(spec=matmul_spec(m=32), target=TARGET)
-        prefetched = client.prefetch(Manifest.from_specs([matmul_spec(), matmul_spec(m=32)], TARGET), compile_missing=True)
+        prefetched = client.prefetch(
+            Manifest.from_specs([matmul_spec(), matmul_spec(m=32)], TARGET), compile_missing=True
+        )
         assert (prefetched.fetched, prefetched.compiled, prefetched.failed) == (1, 1, 0)
         row = {r.target_id: r for r in client.stats()}[TARGET.id]
         assert row.compiles == 3 and row.live_workers == 1

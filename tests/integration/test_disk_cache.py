@@ -86,16 +86,20 @@ def test_unwritable_cache_does_not_break_the_client(stack: Stack, tmp_path: Path
         assert client.compile(matmul_spec(), TARGET).source == "compiled"
 
 
-def test_a_read_only_cache_serves_every_plan_and_says_so_once(stack: Stack, tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_read_only_cache_serves_every_plan_and_says_so_once(
+    stack: Stack, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 33: 60 plans through a cache on a read-only file system: every
     plan right, no error, one warning (not one per plan)."""
     monkeypatch.setattr(disk_cache, "_faults", LogLimiter(disk_cache.log))  # this test's minute, not an earlier test's
     specs = [matmul_spec(m=8 * (i + 1)) for i in range(60)]
     with Client(stack.address, cache=False) as seeder:
         expected = {p.key: p.blob for p in (seeder.compile(s, TARGET) for s in specs)}
-    with read_only_folder(tmp_path / "ro") as folder, Client(stack.address, cache=DiskCache(folder)) as client, \
-            caplog.at_level(logging.WARNING, logger=disk_cache.log.name):  # fmt: skip
+    with (
+        read_only_folder(tmp_path / "ro") as folder,
+        Client(stack.address, cache=DiskCache(folder)) as client,
+        caplog.at_level(logging.WARNING, logger=disk_cache.log.name),
+    ):
         served = [client.compile(s, TARGET) for s in specs]
     assert [p.blob == expected[p.key] for p in served] == [True] * 60
     lines = [r.getMessage() for r in caplog.records if r.name == disk_cache.log.name]

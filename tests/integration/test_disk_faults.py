@@ -29,16 +29,39 @@ pytestmark = pytest.mark.slow
 
 
 def _server(data_dir: Path, address: str) -> list[str]:
-    return [sys.executable, "-m", "plancache_server.main", "--listen", address, "--data-dir", str(data_dir), "--gpus", "0",
-            "--compiler", "tests.support.standin:factory", "--unsigned", "--build-processes", "1", "--memory-cache-mb", "0"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "plancache_server.main",
+        "--listen",
+        address,
+        "--data-dir",
+        str(data_dir),
+        "--gpus",
+        "0",
+        "--compiler",
+        "tests.support.standin:factory",
+        "--unsigned",
+        "--build-processes",
+        "1",
+        "--memory-cache-mb",
+        "0",
+    ]
 
 
 def test_a_read_only_store_folder_is_one_line_at_start() -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="pc-"))
     try:
         with read_only_folder(data_dir / "redis"):
-            done = subprocess.run(_server(data_dir, f"127.0.0.1:{free_port()}"), env=child_env(), cwd=REPO, capture_output=True, text=True,
-                                  timeout=120, check=False)  # fmt: skip
+            done = subprocess.run(
+                _server(data_dir, f"127.0.0.1:{free_port()}"),
+                env=child_env(),
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
         assert done.returncode == 1
         assert_no_traceback(done.stdout + done.stderr)
         (line,) = problem_lines(done.stderr)
@@ -71,9 +94,14 @@ def test_a_full_disk_refuses_new_plans_with_the_reason_keeps_every_stored_one_an
             subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True, check=False)
             admin = redis.Redis(unix_socket_path=str(folder / "redis.sock"))
             admin.set("plancache-test:probe", "x" * 4096)
-            wait_until(lambda: admin.info("persistence")["aof_last_write_status"] == "err", 20, "Redis meets the full disk")
+            wait_until(
+                lambda: admin.info("persistence")["aof_last_write_status"] == "err", 20, "Redis meets the full disk"
+            )
             started = time.monotonic()
-            reasons = [wait_until(lambda m=m: _refused_for_the_disk(client, m), 10, "a miss refused for the disk") for m in range(100, 120)]
+            reasons = [
+                wait_until(lambda m=m: _refused_for_the_disk(client, m), 10, "a miss refused for the disk")
+                for m in range(100, 120)
+            ]
             refused_in = (time.monotonic() - started) / len(reasons)
             assert all("cannot write its data to disk" in r for r in reasons), reasons[0]
             assert all(client.get(k).blob == b for k, b in stored.items())  # every stored plan still served
@@ -92,9 +120,16 @@ def test_a_full_disk_refuses_new_plans_with_the_reason_keeps_every_stored_one_an
         assert_no_traceback(text)
         said = lines_matching(text, "cannot write its data to disk")
         assert len(said) == 1, said  # 20 refused calls, one line
-        report("private store's disk full mid-run", {"misses_refused": len(reasons), "mean_refusal_s": round(refused_in, 3),
-                                                     "stored_plans_kept": len(stored), "recovered_after_space_freed_s": round(recovered_after, 2),
-                                                     "log_lines": len(said)})  # fmt: skip
+        report(
+            "private store's disk full mid-run",
+            {
+                "misses_refused": len(reasons),
+                "mean_refusal_s": round(refused_in, 3),
+                "stored_plans_kept": len(stored),
+                "recovered_after_space_freed_s": round(recovered_after, 2),
+                "log_lines": len(said),
+            },
+        )
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
 

@@ -55,12 +55,16 @@ def test_every_size_of_a_built_family_is_a_hit_and_others_miss(family_stack: Sta
     family = derive(decode_step(8), decode_step(17), sizes={"d0": [1, 2, 3, 8, 17, 24]})
     with family_stack.client() as client:
         status = client.build_family(family, STANDIN_TARGET, OPTIONS)
-        assert (status.total, status.stored, status.queued) == (6, 0, 6) and status.family_key == make_family_key(family.family_hash(), STANDIN_TARGET, OPTIONS)
+        assert (status.total, status.stored, status.queued) == (6, 0, 6) and status.family_key == make_family_key(
+            family.family_hash(), STANDIN_TARGET, OPTIONS
+        )
         done = wait_complete(client, status.family_key)
         assert (done.stored, done.queued) == (6, 0)
         for batch in (1, 2, 3, 8, 17, 24):  # each size as the program declares it: a hit, no build
             assert client.compile(decode_step(batch), STANDIN_TARGET, OPTIONS).source == "hit", batch
-        assert client.compile(decode_step(5), STANDIN_TARGET, OPTIONS).source != "hit"  # outside the family: a miss as before
+        assert (
+            client.compile(decode_step(5), STANDIN_TARGET, OPTIONS).source != "hit"
+        )  # outside the family: a miss as before
         again = client.build_family(family, STANDIN_TARGET, OPTIONS)  # asked again: nothing to queue
         assert (again.stored, again.queued) == (6, 0)
 
@@ -78,13 +82,23 @@ def test_what_a_family_cannot_be_is_refused_by_the_server(family_stack: Stack) -
         with pytest.raises(SpecError, match="has no declared axis 9"):
             client._call(client._stub.BuildFamily, request, 10)
         huge = family.to_proto()
-        huge.varying[0].sizes[:] = range(1, 600_000)  # over a megabyte of sizes: refused on the wire, before it is parsed
+        huge.varying[0].sizes[:] = range(
+            1, 600_000
+        )  # over a megabyte of sizes: refused on the wire, before it is parsed
         with pytest.raises(SpecError, match="field 2 of GraphFamily entry 1 has"):
-            client._call(client._stub.BuildFamily, pb.BuildFamilyRequest(family=huge, target=STANDIN_TARGET.to_proto(), options=OPTIONS.to_proto()), 10)
+            client._call(
+                client._stub.BuildFamily,
+                pb.BuildFamilyRequest(family=huge, target=STANDIN_TARGET.to_proto(), options=OPTIONS.to_proto()),
+                10,
+            )
         too_many = family.to_proto()
         too_many.varying[0].sizes[:] = range(1, 5000)
         with pytest.raises(SpecError, match="at most 1,024 graphs"):
-            client._call(client._stub.BuildFamily, pb.BuildFamilyRequest(family=too_many, target=STANDIN_TARGET.to_proto(), options=OPTIONS.to_proto()), 10)
+            client._call(
+                client._stub.BuildFamily,
+                pb.BuildFamilyRequest(family=too_many, target=STANDIN_TARGET.to_proto(), options=OPTIONS.to_proto()),
+                10,
+            )
 
 
 def test_a_manifest_names_a_family_instead_of_every_size(family_stack: Stack, tmp_path: Any) -> None:

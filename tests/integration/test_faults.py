@@ -87,8 +87,16 @@ def test_redis_killed_and_restarted_under_load(tmp_path: Path) -> None:
             stop_load.set()
             for f in futures:
                 f.result()
-        report("redis killed 2 s then restarted", {"ok_before": before, "outcomes": dict(outcomes), "wrong_plans": wrong,
-                                                   "outage_s": round(up_at - down_at, 2), "recovered_after_s": recovered_after})  # fmt: skip
+        report(
+            "redis killed 2 s then restarted",
+            {
+                "ok_before": before,
+                "outcomes": dict(outcomes),
+                "wrong_plans": wrong,
+                "outage_s": round(up_at - down_at, 2),
+                "recovered_after_s": recovered_after,
+            },
+        )
         assert wrong == 0
         assert set(outcomes) <= {"ok", "StoreUnavailable", "Unavailable"}, outcomes
         assert during.get("StoreUnavailable", 0) > 0  # the outage was seen, as UNAVAILABLE
@@ -108,7 +116,9 @@ def test_sigterm_during_compiles_drains_and_leaves_nothing_half_written(tmp_path
             started = tmp_path / "started"
             started.mkdir()
             front_end, server, worker = stack.enter_context(
-                standin_deployment(stack, redis_server.url, tmp_path, 1.5, "--build-processes", "1", started_dir=started)
+                standin_deployment(
+                    stack, redis_server.url, tmp_path, 1.5, "--build-processes", "1", started_dir=started
+                )
             )
             client = stack.enter_context(Client(front_end, cache=False))
             specs = [matmul_spec(m=8 * (i + 1)) for i in range(3)]
@@ -131,8 +141,17 @@ def test_sigterm_during_compiles_drains_and_leaves_nothing_half_written(tmp_path
         complete = all(set(raw.hkeys(k)) >= {b"blob", b"meta"} for k in plan_hashes)
         pending = raw.xpending(keys.job_stream(TARGET), keys.JOB_GROUP)["pending"]
         queued = raw.xlen(keys.job_stream(TARGET))
-        report("SIGTERM during 3 compiles (1.5 s builds)", {"results": results, "worker_exit": worker_code, "server_exit": server_code,
-                                                              "plans_stored": len(plan_hashes), "all_complete": complete, "unacked_jobs": pending})  # fmt: skip
+        report(
+            "SIGTERM during 3 compiles (1.5 s builds)",
+            {
+                "results": results,
+                "worker_exit": worker_code,
+                "server_exit": server_code,
+                "plans_stored": len(plan_hashes),
+                "all_complete": complete,
+                "unacked_jobs": pending,
+            },
+        )
         assert worker_code == 0 and server_code == 0
         # The build under way (whichever job the worker took first) drained to its caller;
         # the others were told to retry, not left hanging.

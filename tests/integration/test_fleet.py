@@ -49,14 +49,27 @@ def test_rejections_are_remembered_not_rebuilt(stack: Stack) -> None:
 
 
 class Fleet:
-    def __init__(self, stack: ExitStack, redis_url: str, tmp: Path, front_ends: int, workers: int, build_s: float, *flags: str) -> None:
+    def __init__(
+        self, stack: ExitStack, redis_url: str, tmp: Path, front_ends: int, workers: int, build_s: float, *flags: str
+    ) -> None:
         env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS=str(build_s))
         flags = ("--unsigned", *flags)
         self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(front_ends)]
         for i, address in enumerate(self.addresses):
             stack.enter_context(server_process(address, redis_url, tmp / f"server{i}.log", "--gpus", "none", *flags))
         self.workers = [
-            stack.enter_context(worker_process(redis_url, tmp / f"worker{i}.log", "--device", "0", "--compiler", "tests.support.standin:factory", *flags, env=env))
+            stack.enter_context(
+                worker_process(
+                    redis_url,
+                    tmp / f"worker{i}.log",
+                    "--device",
+                    "0",
+                    "--compiler",
+                    "tests.support.standin:factory",
+                    *flags,
+                    env=env,
+                )
+            )
             for i in range(workers)
         ]
         wait_for_workers(self.addresses[0], count=workers, timeout=30)
@@ -82,7 +95,11 @@ def test_two_front_ends_two_workers_build_each_key_once(fleet_redis: EmbeddedRed
         with ThreadPoolExecutor(64) as pool:
             plans = list(pool.map(call, range(64)))
         # The other front end flushes its counters about once a second.
-        counted = wait_until(lambda: (row := _row(clients[0])).compiles + row.joined == 64 and row, 10, "both front ends' counters flushed")
+        counted = wait_until(
+            lambda: (row := _row(clients[0])).compiles + row.joined == 64 and row,
+            10,
+            "both front ends' counters flushed",
+        )
     assert len({p.blob for p in plans}) == 1
     assert (counted.compiles, counted.joined) == (1, 63)
     assert sorted(p.source for p in plans).count("compiled") == 1
@@ -120,8 +137,10 @@ def test_worker_killed_mid_build_job_completes_on_another(fleet_redis: EmbeddedR
             _kill_worker_building(fleet, victim)
             plans = [f.result(timeout=60) for f in futures]
         elapsed = time.monotonic() - started
-    print(f"\n[fault] worker killed mid-build (3 s builds, 1.5 s claim idle): {len(plans)} callers served in {elapsed:.1f} s; "
-          f"built by {plans[0].metadata.built_by}, killed {victim}")  # fmt: skip
+    print(
+        f"\n[fault] worker killed mid-build (3 s builds, 1.5 s claim idle): {len(plans)} callers served in {elapsed:.1f} s; "
+        f"built by {plans[0].metadata.built_by}, killed {victim}"
+    )
     assert len({p.blob for p in plans}) == 1
     assert plans[0].metadata.built_by != victim
     assert elapsed < 30

@@ -31,7 +31,9 @@ from tests.support.standin import STANDIN_TARGET as TARGET
 
 pytestmark = pytest.mark.slow
 
-pytest.importorskip("cudnn", reason="the nodes run plancache.cudnn: needs the cuDNN frontend's Python IR (nvidia-cudnn-frontend)")
+pytest.importorskip(
+    "cudnn", reason="the nodes run plancache.cudnn: needs the cuDNN frontend's Python IR (nvidia-cudnn-frontend)"
+)
 
 
 def _get(url: str) -> str:
@@ -41,8 +43,18 @@ def _get(url: str) -> str:
 
 def _node(address: str, scenario: str, cache_dir: Path | None = None) -> dict[str, Any]:
     """One node process, run to its end; its own stats() (what it printed)."""
-    args = [sys.executable, "-m", "tests.support.fleet_node", address, scenario] + ([str(cache_dir)] if cache_dir else [])
-    done = subprocess.run(args, env=child_env(PLANCACHE_REPORT_INTERVAL_S="0.5"), cwd=REPO, capture_output=True, text=True, timeout=180, check=False)
+    args = [sys.executable, "-m", "tests.support.fleet_node", address, scenario] + (
+        [str(cache_dir)] if cache_dir else []
+    )
+    done = subprocess.run(
+        args,
+        env=child_env(PLANCACHE_REPORT_INTERVAL_S="0.5"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     stats: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return stats
@@ -55,8 +67,18 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
     redis_server = EmbeddedRedis(tmp / "redis", persist=False).start()
     address, http_port = f"127.0.0.1:{free_port()}", free_port()
     try:
-        with server_process(address, redis_server.url, tmp / "server.log", "--gpus", "0", "--compiler", "tests.support.standin:factory",
-                            "--unsigned", "--metrics-port", str(http_port)) as server:  # fmt: skip
+        with server_process(
+            address,
+            redis_server.url,
+            tmp / "server.log",
+            "--gpus",
+            "0",
+            "--compiler",
+            "tests.support.standin:factory",
+            "--unsigned",
+            "--metrics-port",
+            str(http_port),
+        ) as server:
             wait_for_workers(address, proc=server, timeout=60)
             cache = tmp / "node-cache"
             nodes = [_node(address, "first", cache), _node(address, "cached", cache), _node(address, "down")]
@@ -64,7 +86,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
             expected = sum(n["served"] + n["local"] for n in nodes)
             deadline = time.monotonic() + 30
             while (json.loads(_get(url + "/status.json"))["fleet"]["total"]["graphs"]) < expected:
-                assert time.monotonic() < deadline, f"the nodes' reports did not arrive: {json.loads(_get(url + '/status.json'))['fleet']['total']}"
+                assert time.monotonic() < deadline, (
+                    f"the nodes' reports did not arrive: {json.loads(_get(url + '/status.json'))['fleet']['total']}"
+                )
                 time.sleep(0.3)
             yield {"url": url, "address": address, "nodes": nodes}
     finally:
@@ -82,7 +106,12 @@ def test_the_status_json_is_the_sum_of_the_nodes_own_stats(fleet: dict[str, Any]
     assert total["share"] == pytest.approx(served / (served + local))
     # Why, the most frequent reason first, each under the graph's node type.
     by_reason = {(r["reason"], r["node_type"]): r["graphs"] for r in total["local_by_reason"]}
-    assert by_reason == {("compile_failed", "MATMUL"): 1, ("program_drives", "MATMUL"): 1, ("no_worker", "MATMUL"): 1, ("unavailable", "MATMUL"): 1}
+    assert by_reason == {
+        ("compile_failed", "MATMUL"): 1,
+        ("program_drives", "MATMUL"): 1,
+        ("no_worker", "MATMUL"): 1,
+        ("unavailable", "MATMUL"): 1,
+    }
     assert all(r["meaning"] == REASONS[r["reason"]] for r in total["local_by_reason"])
     # Per target: the stand-in's, and the one no worker builds (its graph counted with the other targets).
     targets = {t["target_id"]: t["fleet"]["total"] for t in report["targets"]}
@@ -94,10 +123,12 @@ def test_metrics_count_the_same_graphs_by_outcome_reason_and_node_type(fleet: di
     text = _get(fleet["url"] + "/metrics")
     samples = {}
     for line in text.splitlines():
-        found = re.match(r'plancache_fleet_graphs_total\{(.*)\} (\S+)$', line)
+        found = re.match(r"plancache_fleet_graphs_total\{(.*)\} (\S+)$", line)
         if found:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1)))
-            samples[(labels["target"], labels["outcome"], labels["reason"], labels["node_type"])] = float(found.group(2))
+            samples[(labels["target"], labels["outcome"], labels["reason"], labels["node_type"])] = float(
+                found.group(2)
+            )
     by_outcome: dict[str, float] = {}
     for (_, outcome, _, _), value in samples.items():
         by_outcome[outcome] = by_outcome.get(outcome, 0) + value
@@ -111,14 +142,24 @@ def test_a_hostile_report_adds_no_label_and_an_oversized_one_is_refused(fleet: d
     """Labels a node invents fold into "other"; counts are capped; more entries than a report takes are refused."""
     with Client(fleet["address"], cache=False, report=False) as client:
         stub = client._stub
-        hostile = pb.OutcomeCount(target_id="sm_99/made-up", path="../../etc", outcome=pb.GRAPH_OUTCOME_LOCAL, reason="DROP TABLE", node_type="X" * 200, count=7)
+        hostile = pb.OutcomeCount(
+            target_id="sm_99/made-up",
+            path="../../etc",
+            outcome=pb.GRAPH_OUTCOME_LOCAL,
+            reason="DROP TABLE",
+            node_type="X" * 200,
+            count=7,
+        )
         answer = stub.ReportFirstUses(pb.ReportFirstUsesRequest(outcomes=[hostile, pb.OutcomeCount(count=3)]))
         assert answer.outcomes_counted == 1  # the entry without an outcome counts nothing
         small = pb.OutcomeCount(outcome=pb.GRAPH_OUTCOME_SERVED, count=1)
         with pytest.raises(Exception, match="at most 512 outcomes"):
             stub.ReportFirstUses(pb.ReportFirstUsesRequest(outcomes=[small] * 513))
     text = _get(fleet["url"] + "/metrics")
-    assert 'plancache_fleet_graphs_total{node_type="other",outcome="local",path="other",reason="other",target="(other targets)"} 7.0' in text
+    assert (
+        'plancache_fleet_graphs_total{node_type="other",outcome="local",path="other",reason="other",target="(other targets)"} 7.0'
+        in text
+    )
     assert "DROP TABLE" not in text and "made-up" not in text and "etc" not in text
 
 
@@ -130,11 +171,21 @@ def test_the_status_page_shows_the_fleet_coverage_and_why(fleet: dict[str, Any])
     assert found and float(found.group(2)) == sum(n["served"] for n in nodes)
     assert float(found.group(1)) in (graphs, graphs - 7)
     reasons = re.findall(r'<tr data-reason="([^"]+)" data-node-type="([^"]+)" data-graphs="([\d.]+)"', dom)
-    assert {(r, t) for r, t, _ in reasons} >= {("compile_failed", "MATMUL"), ("program_drives", "MATMUL"), ("no_worker", "MATMUL"), ("unavailable", "MATMUL")}
+    assert {(r, t) for r, t, _ in reasons} >= {
+        ("compile_failed", "MATMUL"),
+        ("program_drives", "MATMUL"),
+        ("no_worker", "MATMUL"),
+        ("unavailable", "MATMUL"),
+    }
     counts = [float(g) for _, _, g in reasons]
     assert counts == sorted(counts, reverse=True)  # most first
-    row = re.search(rf'<tr data-fleet-target="{re.escape(TARGET.id)}"[^>]*data-from-service="([\d.]+)" data-local="([\d.]+)"', dom)
-    assert row and (float(row.group(1)), float(row.group(2))) == (sum(n["served"] for n in nodes), sum(n["local"] for n in nodes) - 1)
+    row = re.search(
+        rf'<tr data-fleet-target="{re.escape(TARGET.id)}"[^>]*data-from-service="([\d.]+)" data-local="([\d.]+)"', dom
+    )
+    assert row and (float(row.group(1)), float(row.group(2))) == (
+        sum(n["served"] for n in nodes),
+        sum(n["local"] for n in nodes) - 1,
+    )
 
 
 def test_the_page_fits_1440_px_with_no_cut_column(fleet: dict[str, Any]) -> None:

@@ -30,8 +30,19 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-STANDIN_WORKERS = ("--gpus", "0", "--compiler", "tests.support.standin:factory", "--unsigned", "--build-processes", "2", "--heartbeat-interval", "0.5",
-                   "--heartbeat-ttl", "2")  # fmt: skip
+STANDIN_WORKERS = (
+    "--gpus",
+    "0",
+    "--compiler",
+    "tests.support.standin:factory",
+    "--unsigned",
+    "--build-processes",
+    "2",
+    "--heartbeat-interval",
+    "0.5",
+    "--heartbeat-ttl",
+    "2",
+)
 
 
 def _fails(client: Client, m: int, name: str) -> tuple[str, float]:
@@ -41,10 +52,14 @@ def _fails(client: Client, m: int, name: str) -> tuple[str, float]:
     return failed.value.message, time.monotonic() - started
 
 
-def test_out_of_memory_and_the_oom_killer_fail_the_call_with_the_reason_and_the_worker_goes_on(redis_server: EmbeddedRedis, redis_client: object,
-                                                                                              tmp_path: Path) -> None:  # fmt: skip
+def test_out_of_memory_and_the_oom_killer_fail_the_call_with_the_reason_and_the_worker_goes_on(
+    redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path
+) -> None:
     address, log = f"127.0.0.1:{free_port()}", tmp_path / "server.log"
-    with server_process(address, redis_server.url, log, *STANDIN_WORKERS) as server, Client(address, cache=False, timeout=60) as client:
+    with (
+        server_process(address, redis_server.url, log, *STANDIN_WORKERS) as server,
+        Client(address, cache=False, timeout=60) as client,
+    ):
         wait_for_workers(address, proc=server, timeout=60)
         oom, oom_s = _fails(client, 8, GPU_OOM_NAME)
         assert "out of GPU memory" in oom and "CUDA out of memory" in oom, oom
@@ -57,18 +72,29 @@ def test_out_of_memory_and_the_oom_killer_fail_the_call_with_the_reason_and_the_
     text = log.read_text()
     assert_no_traceback(text)
     sigkill_lines = [line for line in problem_lines(text) if "SIGKILL" in line]
-    assert len(sigkill_lines) <= 2, sigkill_lines  # 3 deaths: one line for the process ending, one for the piece tried again
-    report("CUDA out of memory in a build; a build process OOM-killed 3 times", {
-        "oom_failed_in_s": round(oom_s, 2), "oom_killed_failed_in_s": round(killed_s, 2), "lines_about_sigkill": len(sigkill_lines),
-        "reason": killed[:160],
-    })  # fmt: skip
+    assert len(sigkill_lines) <= 2, (
+        sigkill_lines
+    )  # 3 deaths: one line for the process ending, one for the piece tried again
+    report(
+        "CUDA out of memory in a build; a build process OOM-killed 3 times",
+        {
+            "oom_failed_in_s": round(oom_s, 2),
+            "oom_killed_failed_in_s": round(killed_s, 2),
+            "lines_about_sigkill": len(sigkill_lines),
+            "reason": killed[:160],
+        },
+    )
 
 
-def test_a_gpu_lost_mid_run_fails_its_builds_with_the_reason_and_the_worker_returns_with_it(redis_server: EmbeddedRedis, redis_client: object,
-                                                                                           tmp_path: Path) -> None:  # fmt: skip
+def test_a_gpu_lost_mid_run_fails_its_builds_with_the_reason_and_the_worker_returns_with_it(
+    redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path
+) -> None:
     address, log, gone = f"127.0.0.1:{free_port()}", tmp_path / "server.log", tmp_path / "gpu-gone"
     env = child_env(**{GPU_GONE_ENV: str(gone)})
-    with server_process(address, redis_server.url, log, *STANDIN_WORKERS, env=env) as server, Client(address, cache=False, timeout=60) as client:
+    with (
+        server_process(address, redis_server.url, log, *STANDIN_WORKERS, env=env) as server,
+        Client(address, cache=False, timeout=60) as client,
+    ):
         wait_for_workers(address, proc=server, timeout=60)
         assert client.compile(matmul_spec(m=16), TARGET).source == "compiled"
         lost, lost_s = _fails(client, 40, GPU_LOST_NAME)
@@ -86,9 +112,18 @@ def test_a_gpu_lost_mid_run_fails_its_builds_with_the_reason_and_the_worker_retu
     assert_no_traceback(text)
     lost_lines = [line for line in problem_lines(text) if "was lost" in line or "is lost" in line]
     by_logger = Counter(line.split()[3] for line in lost_lines)  # "<date> <time> <LEVEL> <logger>: ..."
-    assert by_logger and max(by_logger.values()) == 1, lost_lines  # one line per kind (the worker's, its build process's, the supervisor's)
-    report("GPU lost mid-build (Xid 79, stand-in)", {"caller_failed_in_s": round(lost_s, 2), "target_unavailable_after_s": round(unavailable_s, 2),
-                                                      "rebuilt_after_gpu_back_s": round(recovered_s, 2), "lines_about_the_loss": len(lost_lines)})  # fmt: skip
+    assert by_logger and max(by_logger.values()) == 1, (
+        lost_lines
+    )  # one line per kind (the worker's, its build process's, the supervisor's)
+    report(
+        "GPU lost mid-build (Xid 79, stand-in)",
+        {
+            "caller_failed_in_s": round(lost_s, 2),
+            "target_unavailable_after_s": round(unavailable_s, 2),
+            "rebuilt_after_gpu_back_s": round(recovered_s, 2),
+            "lines_about_the_loss": len(lost_lines),
+        },
+    )
 
 
 def _refused_for_want_of_a_worker(client: Client, m: int) -> bool:

@@ -15,10 +15,14 @@ from tests.conftest import Stack, start_stack
 
 def _status(address: str, service: str = "") -> int:
     with grpc.insecure_channel(address) as channel:
-        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status  # type: ignore[no-any-return]
+        return (
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+        )  # type: ignore[no-any-return]
 
 
-def test_reflection_lists_the_service_and_health_is_open_to_all(redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path) -> None:
+def test_reflection_lists_the_service_and_health_is_open_to_all(
+    redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path
+) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("admin " + "a" * 20 + "\n")
     stack, stop = start_stack(redis_server.url, None, tokens_file=tokens)
@@ -57,8 +61,9 @@ def test_list_watch_and_reflection_v1(redis_server: EmbeddedRedis, redis_client:
         with grpc.insecure_channel(stack.address) as channel:
             listed = health_pb2_grpc.HealthStub(channel).List(health_pb2.HealthListRequest(), timeout=5)
             assert {name: s.status for name, s in listed.statuses.items()} == {
-                "": health_pb2.HealthCheckResponse.SERVING, "plancache.v1.PlanCache": health_pb2.HealthCheckResponse.SERVING,
-            }  # fmt: skip
+                "": health_pb2.HealthCheckResponse.SERVING,
+                "plancache.v1.PlanCache": health_pb2.HealthCheckResponse.SERVING,
+            }
             # Watch: the status once, then only changes (the reporter checks Redis every 2 s).
             watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=5.5)
             seen = []
@@ -76,6 +81,11 @@ def test_list_watch_and_reflection_v1(redis_server: EmbeddedRedis, redis_client:
             )
             (answer,) = list(call(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
             services = {s.name for s in answer.list_services_response.service}
-            assert {"plancache.v1.PlanCache", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"} <= services
+            assert {
+                "plancache.v1.PlanCache",
+                "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection",
+                "grpc.reflection.v1alpha.ServerReflection",
+            } <= services
     finally:
         stop()

@@ -71,7 +71,11 @@ def fast_service(redis_server: EmbeddedRedis, redis_client: object) -> Iterator[
 def tensors_for(spec: GraphSpec) -> dict[str, FakeTensor]:
     from plancache.spec.validation import normalize
 
-    return {t.name or "": FakeTensor(tuple(t.dim), tuple(t.stride), t.data_type or "half") for t in normalize(spec).tensors if not t.is_virtual}
+    return {
+        t.name or "": FakeTensor(tuple(t.dim), tuple(t.stride), t.data_type or "half")
+        for t in normalize(spec).tensors
+        if not t.is_virtual
+    }
 
 
 def counters(stack: Stack) -> dict[str, float]:
@@ -79,7 +83,9 @@ def counters(stack: Stack) -> dict[str, float]:
     return next(t.windows["total"] for t in report.targets if t.target_id == TARGET.id)
 
 
-def test_a_miss_runs_the_nodes_own_plan_when_it_is_ready_first_then_the_services(slow_service: Stack, runtime: FakeRuntime) -> None:
+def test_a_miss_runs_the_nodes_own_plan_when_it_is_ready_first_then_the_services(
+    slow_service: Stack, runtime: FakeRuntime
+) -> None:
     builder = StandInLocalBuilder(seconds=FAST_S)
     spec = matmul_spec(m=16, name="hedged")
     with Client(slow_service.address, cache=False, local_builder=builder) as client:
@@ -90,7 +96,9 @@ def test_a_miss_runs_the_nodes_own_plan_when_it_is_ready_first_then_the_services
         assert waited < SLOW_S  # the node did not wait for the service's build
         assert builder.built == [plan.key] and builder.threads == [threading.get_ident()]  # on the caller's thread
         plan.execute(tensors_for(spec))
-        assert len(builder.graphs[0].calls) == 1 and runtime.graphs == []  # the node's own plan ran; nothing was deserialized
+        assert (
+            len(builder.graphs[0].calls) == 1 and runtime.graphs == []
+        )  # the node's own plan ran; nothing was deserialized
         assert race_stats()["compile"].local_won == 1
         # The service's plan arrives, verified; the next call runs it.
         deadline = time.monotonic() + 10
@@ -109,7 +117,9 @@ def test_a_miss_runs_the_nodes_own_plan_when_it_is_ready_first_then_the_services
     # The report reached the service: the status page says the service served no first use of it.
     total = counters(slow_service)
     assert total.get("first_uses_local") == 1 and first_uses(total) == (0, 1)
-    assert 'data-first-uses="0.0000"' in render(slow_service.front_end.run(status_of(slow_service.front_end.front).report()))
+    assert 'data-first-uses="0.0000"' in render(
+        slow_service.front_end.run(status_of(slow_service.front_end.front).report())
+    )
 
 
 def test_a_miss_the_service_answers_first_runs_the_services_plan(fast_service: Stack, runtime: FakeRuntime) -> None:
@@ -153,7 +163,10 @@ def test_a_local_build_that_fails_does_not_hide_the_services_plan(slow_service: 
 
 def test_both_failing_raises_the_services_error_naming_the_local_one(fast_service: Stack) -> None:
     builder = StandInLocalBuilder(seconds=FAST_S, fail=True)
-    with Client(fast_service.address, cache=False, local_builder=builder) as client, pytest.raises(CompileFailed) as raised:
+    with (
+        Client(fast_service.address, cache=False, local_builder=builder) as client,
+        pytest.raises(CompileFailed) as raised,
+    ):
         client.compile(matmul_spec(m=1000, name=REJECTED_NAME), TARGET)
     assert "this node's own build failed: CompileFailed: stand-in" in raised.value.message
 
@@ -169,19 +182,25 @@ def test_a_service_that_fails_does_not_hide_the_local_plan(redis_server: Embedde
             assert plan.local  # the service failed: the node's plan keeps running
     finally:
         stop()  # type: ignore[operator]
-    with Client(f"127.0.0.1:{free_port()}", cache=False, local_builder=builder, timeout=2) as down:  # nothing listens there
+    with Client(
+        f"127.0.0.1:{free_port()}", cache=False, local_builder=builder, timeout=2
+    ) as down:  # nothing listens there
         assert down.compile(matmul_spec(m=112, name="server-down"), TARGET, timeout=5).source == "local"
     assert race_stats()["compile"].service_failed == 2
 
 
-def test_a_service_plan_failing_verification_is_never_run(redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path, runtime: FakeRuntime) -> None:
+def test_a_service_plan_failing_verification_is_never_run(
+    redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path, runtime: FakeRuntime
+) -> None:
     worker_key, _ = generate_keypair(tmp_path / "worker")
     _, other_public = generate_keypair(tmp_path / "other")
     s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=FAST_S), signer=Signer.from_file(worker_key))
     builder = StandInLocalBuilder(seconds=0.5)
     spec = matmul_spec(m=128, name="untrusted")
     try:
-        with Client(s.address, cache=False, local_builder=builder, trusted_keys=[other_public], allow_unsigned=False) as client:
+        with Client(
+            s.address, cache=False, local_builder=builder, trusted_keys=[other_public], allow_unsigned=False
+        ) as client:
             plan = client.compile(spec, TARGET)
             assert plan.source == "local"  # the service's plan came first but failed verification
             time.sleep(0.2)
@@ -192,8 +211,12 @@ def test_a_service_plan_failing_verification_is_never_run(redis_server: Embedded
     assert race_stats()["compile"].service_failed == 1
 
 
-def test_a_spec_the_service_refuses_is_raised_not_built_locally(redis_server: EmbeddedRedis, redis_client: object) -> None:
-    s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=FAST_S), limits=Limits(max_tensors=2))  # this client's limits are wider
+def test_a_spec_the_service_refuses_is_raised_not_built_locally(
+    redis_server: EmbeddedRedis, redis_client: object
+) -> None:
+    s, stop = start_stack(
+        redis_server.url, StandInCompiler(build_seconds=FAST_S), limits=Limits(max_tensors=2)
+    )  # this client's limits are wider
     builder = StandInLocalBuilder(seconds=FAST_S)
     try:
         with Client(s.address, cache=False, local_builder=builder) as client, pytest.raises(SpecError):
@@ -203,7 +226,9 @@ def test_a_spec_the_service_refuses_is_raised_not_built_locally(redis_server: Em
     assert builder.built == []
 
 
-def test_off_by_option_by_environment_and_where_this_node_cannot_build(slow_service: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_off_by_option_by_environment_and_where_this_node_cannot_build(
+    slow_service: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     builder = StandInLocalBuilder(seconds=FAST_S)
     with Client(slow_service.address, cache=False, local_builder=builder, hedge=False) as client:
         assert client.compile(matmul_spec(m=160, name="off-1"), TARGET).source in ("compiled", "provisional")
@@ -235,7 +260,9 @@ def test_a_report_counts_only_plans_the_service_knows_once_each(fast_service: St
     assert total.get("first_uses_local") == 1 and first_uses(total) == (0, 1)
 
 
-def test_a_node_plan_the_service_failed_is_reused_and_the_service_asked_again(redis_server: EmbeddedRedis, redis_client: object) -> None:
+def test_a_node_plan_the_service_failed_is_reused_and_the_service_asked_again(
+    redis_server: EmbeddedRedis, redis_client: object
+) -> None:
     builder = StandInLocalBuilder(seconds=FAST_S)
     spec = matmul_spec(m=240, name="asked-again")
     s, stop = start_stack(redis_server.url, None)  # no worker yet: the service fails the first race

@@ -88,8 +88,13 @@ def test_the_suite_passes_in_a_hostile_shell() -> None:
     env = {**without_product_variables(os.environ), **hostile_environment()}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *SELECTION],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail
     passed = re.search(r"(\d+) passed", proc.stdout)

@@ -31,7 +31,9 @@ DAY = 86400.0
 def plan(n: int, size: int = 1000) -> StoredPlan:
     blob = bytes([n % 256]) * size
     key = f"{hashlib.sha256(str(n).encode()).hexdigest()}/{TARGET.id}/opt-{'0' * 16}"
-    return StoredPlan(blob=blob, metadata=pb.PlanMetadata(key=key, spec_hash=key[:64], blob_sha256=hashlib.sha256(blob).hexdigest()))
+    return StoredPlan(
+        blob=blob, metadata=pb.PlanMetadata(key=key, spec_hash=key[:64], blob_sha256=hashlib.sha256(blob).hexdigest())
+    )
 
 
 def stored_at(redis_client: redis.Redis, now: list[float], *batches: tuple[float, list[StoredPlan]]) -> RedisPlanStore:
@@ -47,14 +49,24 @@ def stored_at(redis_client: redis.Redis, now: list[float], *batches: tuple[float
 @pytest.fixture
 def bounded_stack(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Iterator[Stack]:
     """100 MiB bound, 5 MiB plans, no memory cache (an evicted plan must read as gone)."""
-    s, stop = start_stack(redis_server.url, StandInCompiler(blob_size=5 * MiB), store_max_mb=100, memory_cache_bytes=0, max_message_bytes=64 * MiB)
+    s, stop = start_stack(
+        redis_server.url,
+        StandInCompiler(blob_size=5 * MiB),
+        store_max_mb=100,
+        memory_cache_bytes=0,
+        max_message_bytes=64 * MiB,
+    )
     yield s
     stop()
 
 
 def test_a_100_mb_bound_holds_while_300_mb_go_in(bounded_stack: Stack, redis_client: redis.Redis) -> None:
     # What is not a plan must survive any eviction: a build lease, a job state, the negative cache, statistics.
-    others = {"plancache:{x/y/opt-0}:lease": b"job-1", "plancache:{x/y/opt-0}:failed": b"no engine", "plancache:stats:target:x": None}
+    others = {
+        "plancache:{x/y/opt-0}:lease": b"job-1",
+        "plancache:{x/y/opt-0}:failed": b"no engine",
+        "plancache:stats:target:x": None,
+    }
     for name, value in others.items():
         if value is None:
             redis_client.hset(name, "hits", 3)
@@ -93,10 +105,16 @@ def test_retention_deletes_what_was_not_used_since_the_cutoff(redis_client: redi
     kept = {p.metadata.key for p in (old[0], *recent)}
     assert {k for k in kept if store.get(k) is not None} == kept
     usage = store.janitor.usage()[TARGET.id]
-    assert (usage.stored_plans, usage.expired, usage.stored_bytes) == (3, 2, sum(int(redis_client.hget(keys.plan(k), "size") or 0) for k in kept))
+    assert (usage.stored_plans, usage.expired, usage.stored_bytes) == (
+        3,
+        2,
+        sum(int(redis_client.hget(keys.plan(k), "size") or 0) for k in kept),
+    )
 
 
-def test_two_sweeps_at_once_delete_each_expired_plan_once_and_nothing_else(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+def test_two_sweeps_at_once_delete_each_expired_plan_once_and_nothing_else(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
     now = [0.0]
     expired, fresh = [plan(i) for i in range(200)], [plan(1000 + i) for i in range(50)]
     store = stored_at(redis_client, now, (0.0, expired), (40 * DAY, fresh))
@@ -120,7 +138,9 @@ def test_two_sweeps_at_once_delete_each_expired_plan_once_and_nothing_else(redis
     assert (usage.stored_plans, usage.expired) == (50, 200)
 
 
-def test_a_front_ends_hits_record_last_use_and_invalidate_keeps_the_counts(stack: Stack, redis_client: redis.Redis) -> None:
+def test_a_front_ends_hits_record_last_use_and_invalidate_keeps_the_counts(
+    stack: Stack, redis_client: redis.Redis
+) -> None:
     with stack.client() as client:
         kept = client.compile(matmul_spec(m=32), TARGET)
         dropped = client.compile(matmul_spec(m=48), TARGET)
@@ -162,8 +182,15 @@ def test_plancache_retire_deletes_a_targets_plans(stack: Stack) -> None:
 
     with stack.client() as client:
         key = client.compile(matmul_spec(m=24), TARGET).key
-        proc = subprocess.run([sys.executable, "-m", "plancache.cli", "retire", "--target", TARGET.id, "--server", stack.address],
-                              env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "plancache.cli", "retire", "--target", TARGET.id, "--server", stack.address],
+            env=child_env(),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert proc.returncode == 0 and f"retired {TARGET.id}: deleted 1 plan(s)" in proc.stdout, proc.stderr
         with pytest.raises(NotFound):
             client.get(key)

@@ -53,8 +53,18 @@ def test_server_and_worker_metrics(tmp_path: Path) -> None:
     redis_server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
     address, port = f"127.0.0.1:{free_port()}", _port_with_free_successor()
     try:
-        with server_process(address, redis_server.url, tmp_path / "server.log", "--gpus", "0", "--compiler", "tests.support.standin:factory",
-                            "--unsigned", "--metrics-port", str(port)) as server:  # fmt: skip
+        with server_process(
+            address,
+            redis_server.url,
+            tmp_path / "server.log",
+            "--gpus",
+            "0",
+            "--compiler",
+            "tests.support.standin:factory",
+            "--unsigned",
+            "--metrics-port",
+            str(port),
+        ) as server:
             wait_for_workers(address, proc=server, timeout=30)
             with Client(address, cache=False) as client:
                 client.compile(matmul_spec(), TARGET)
@@ -73,7 +83,9 @@ def test_server_and_worker_metrics(tmp_path: Path) -> None:
         assert _value(front, f'plancache_jobs_waiting{{target="{target}"}}') == 0
         assert _value(front, 'plancache_request_seconds_count{method="Compile"}') == 2
         assert _value(front, f'plancache_store_plans{{target="{target}"}}') == 1
-        assert _value(front, f'plancache_store_bytes{{target="{target}"}}') > 75_000  # the stand-in's blob, metadata and signature
+        assert (
+            _value(front, f'plancache_store_bytes{{target="{target}"}}') > 75_000
+        )  # the stand-in's blob, metadata and signature
         assert _value(front, f'plancache_store_evicted_total{{target="{target}"}}') == 0
         assert _value(worker, f'plancache_builds_total{{outcome="built",target="{target}"}}') == 1
         assert _value(worker, "plancache_worker_busy") == 0

@@ -7,7 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from plancache import Client, CompileFailed, DiskCache, InvalidRequest, Manifest, ManifestEntry, NotFound, Target, TargetUnavailable
+from plancache import (
+    Client,
+    CompileFailed,
+    DiskCache,
+    InvalidRequest,
+    Manifest,
+    ManifestEntry,
+    NotFound,
+    Target,
+    TargetUnavailable,
+)
 from plancache_server.store.embedded_redis import free_port
 from tests.conftest import Stack
 from tests.support.specs import matmul_spec
@@ -53,7 +63,10 @@ def test_prefetch_by_key_and_per_entry_errors(stack: Stack) -> None:
     with stack.client() as client:
         plan = client.compile(matmul_spec(), TARGET)
         other_target = Target("sm_100", 91900, "1.32.0")
-        manifest = Manifest(target=TARGET, entries=[ManifestEntry(key=plan.key), ManifestEntry(key=plan.key.replace(plan.key[:6], "000000"))])
+        manifest = Manifest(
+            target=TARGET,
+            entries=[ManifestEntry(key=plan.key), ManifestEntry(key=plan.key.replace(plan.key[:6], "000000"))],
+        )
         result = client.prefetch(manifest, compile_missing=True)
         assert result.plans[0].blob == plan.blob
         assert isinstance(result.errors[1], NotFound) and "send its spec" in result.errors[1].message
@@ -64,7 +77,11 @@ def test_prefetch_by_key_and_per_entry_errors(stack: Stack) -> None:
 def test_manifest_round_trip_and_refusals(tmp_path: Path) -> None:
     manifest = Manifest.from_specs(_specs(2), TARGET)
     again = Manifest.from_json(manifest.to_json())
-    assert [e.key for e in again.entries] == [e.key for e in manifest.entries] and again.target is not None and again.target.id == TARGET.id
+    assert (
+        [e.key for e in again.entries] == [e.key for e in manifest.entries]
+        and again.target is not None
+        and again.target.id == TARGET.id
+    )
     assert [e.name for e in again.entries] == ["layer0", "layer1"]
     for text, message in [
         ("[]", "version"),

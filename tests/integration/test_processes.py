@@ -25,11 +25,32 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _server(tmp: Path, port: int, name: str) -> Proc:
-    return Proc([sys.executable, "-m", "plancache_server.main", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp / "data"), "--gpus", "none"], tmp / name)
+    return Proc(
+        [
+            sys.executable,
+            "-m",
+            "plancache_server.main",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--data-dir",
+            str(tmp / "data"),
+            "--gpus",
+            "none",
+        ],
+        tmp / name,
+    )
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "plancache.cli", *args], env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "plancache.cli", *args],
+        env=child_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -41,10 +62,21 @@ def server_and_worker(tmp_path: Path) -> Iterator[tuple[Proc, Proc, str]]:
     keygen = _cli("keygen", "--out", str(tmp_path / "keys"))
     assert keygen.returncode == 0, keygen.stderr
     worker = Proc(
-        [sys.executable, "-m", "plancache_server.worker_main", "--redis-url", url, "--device", "0", "--compiler", "tests.support.standin:factory",
-         "--signing-key", str(tmp_path / "keys" / "plan-signing.pem")],
+        [
+            sys.executable,
+            "-m",
+            "plancache_server.worker_main",
+            "--redis-url",
+            url,
+            "--device",
+            "0",
+            "--compiler",
+            "tests.support.standin:factory",
+            "--signing-key",
+            str(tmp_path / "keys" / "plan-signing.pem"),
+        ],
         tmp_path / "worker.log",
-    )  # fmt: skip
+    )
     yield server, worker, f"127.0.0.1:{port}"
     worker.stop()
     server.stop()
@@ -69,10 +101,14 @@ def test_server_worker_cli_and_restart(server_and_worker: tuple[Proc, Proc, str]
         assert plan.source == "compiled" and plan.signature is not None  # signed by the worker, verified here
 
     out = tmp_path / "plan.bin"
-    compiled = _cli("compile", str(spec_file), "--server", address, "--target", STANDIN_TARGET.id, "--out", str(out), "--no-cache")
+    compiled = _cli(
+        "compile", str(spec_file), "--server", address, "--target", STANDIN_TARGET.id, "--out", str(out), "--no-cache"
+    )
     assert compiled.returncode == 0, compiled.stderr
     assert '"source": "hit"' in compiled.stdout
-    from_disk = _cli("compile", str(spec_file), "--server", address, "--target", STANDIN_TARGET.id)  # the Client above cached it
+    from_disk = _cli(
+        "compile", str(spec_file), "--server", address, "--target", STANDIN_TARGET.id
+    )  # the Client above cached it
     assert '"source": "cache"' in from_disk.stdout, from_disk.stderr
     assert Plan.from_bytes(out.read_bytes()).blob == plan.blob
     fetched = _cli("get", "--key", plan.key, "--server", address)
@@ -89,14 +125,38 @@ def test_server_worker_cli_and_restart(server_and_worker: tuple[Proc, Proc, str]
     assert written.returncode == 0, written.stderr
     node_cache = tmp_path / "node-cache"
     missing = _cli("prefetch", str(manifest), "--server", address, "--cache-dir", str(node_cache))
-    assert missing.returncode == 1 and "1 fetched" in missing.stdout and re.search(r"1\s+other\s+NotFound", missing.stdout), missing.stdout
+    assert (
+        missing.returncode == 1 and "1 fetched" in missing.stdout and re.search(r"1\s+other\s+NotFound", missing.stdout)
+    ), missing.stdout
     complete = _cli("prefetch", str(manifest), "--server", address, "--cache-dir", str(node_cache), "--compile-missing")
     assert complete.returncode == 0, complete.stdout + complete.stderr
-    assert "1 from the disk cache" in complete.stdout and "1 compiled" in complete.stdout and "2/2 plans" in complete.stderr
+    assert (
+        "1 from the disk cache" in complete.stdout
+        and "1 compiled" in complete.stdout
+        and "2/2 plans" in complete.stderr
+    )
     _cli("keygen", "--out", str(tmp_path / "other-keys"))
-    untrusted = subprocess.run([sys.executable, "-m", "plancache.cli", "get", "--key", plan.key, "--server", address, "--no-cache", "--trusted-key",
-                                str(tmp_path / "other-keys" / "plan-signing.pub.pem")], env=child_env(PLANCACHE_ALLOW_UNSIGNED="0"), cwd=REPO,
-                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    untrusted = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "plancache.cli",
+            "get",
+            "--key",
+            plan.key,
+            "--server",
+            address,
+            "--no-cache",
+            "--trusted-key",
+            str(tmp_path / "other-keys" / "plan-signing.pub.pem"),
+        ],
+        env=child_env(PLANCACHE_ALLOW_UNSIGNED="0"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert untrusted.returncode == 1 and "UntrustedPlan" in untrusted.stderr and "does not trust" in untrusted.stderr
     missing = _cli("get", "--key", plan.key.replace(plan.key[:8], "00000000"), "--server", address)
     assert missing.returncode == 1 and "NotFound" in missing.stderr
@@ -121,8 +181,14 @@ def test_server_worker_cli_and_restart(server_and_worker: tuple[Proc, Proc, str]
 
 
 def test_worker_needs_a_redis_url(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "plancache_server.worker_main", "--device", "0"], env=child_env(PLANCACHE_REDIS_URL=""),
-                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "plancache_server.worker_main", "--device", "0"],
+        env=child_env(PLANCACHE_REDIS_URL=""),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert proc.returncode == 2 and "needs --redis-url" in proc.stderr
 
 
@@ -132,8 +198,25 @@ def test_cli_reports_an_unreachable_server() -> None:
 
 
 def test_worker_without_the_gpu_stack_exits_without_restart_loop() -> None:
-    proc = subprocess.run([sys.executable, "-m", "plancache_server.worker_main", "--redis-url", "redis://127.0.0.1:1/0", "--device", "0",
-                           "--compiler", "cudnn", "--unsigned"], env=child_env(), capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "plancache_server.worker_main",
+            "--redis-url",
+            "redis://127.0.0.1:1/0",
+            "--device",
+            "0",
+            "--compiler",
+            "cudnn",
+            "--unsigned",
+        ],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 3, proc.stderr
     assert "install plancache-server[gpu]" in proc.stderr
 
@@ -149,15 +232,31 @@ def test_server_started_workers_sign_with_a_generated_key(tmp_path: Path) -> Non
     address = f"127.0.0.1:{free_port()}"
     data_dir = tmp_path / "server-data"
     try:
-        with server_process(address, redis_server.url, tmp_path / "server.log", "--gpus", "0", "--compiler", "tests.support.standin:factory",
-                            "--data-dir", str(data_dir)) as server:  # fmt: skip
+        with server_process(
+            address,
+            redis_server.url,
+            tmp_path / "server.log",
+            "--gpus",
+            "0",
+            "--compiler",
+            "tests.support.standin:factory",
+            "--data-dir",
+            str(data_dir),
+        ) as server:
             wait_for_workers(address, proc=server, timeout=30)
             public_key = signing_public_key(data_dir)
             with Client(address, cache=False, trusted_keys=[public_key], allow_unsigned=False) as client:
                 plan = client.compile(matmul_spec(), STANDIN_TARGET)
             assert plan.signature is not None
-            checked = subprocess.run([sys.executable, "-m", "plancache.cli", "get", "--key", plan.key, "--server", address, "--no-cache"],
-                                     env=trusting_env(public_key), cwd=REPO, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+            checked = subprocess.run(
+                [sys.executable, "-m", "plancache.cli", "get", "--key", plan.key, "--server", address, "--no-cache"],
+                env=trusting_env(public_key),
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
             assert checked.returncode == 0, checked.stderr
         assert "generated a plan-signing key" in (tmp_path / "server.log").read_text()
     finally:
@@ -179,16 +278,32 @@ def test_a_server_trusts_what_its_own_workers_sign_whatever_its_environment_says
     log = tmp_path / "server.log"
     env = child_env(PLANCACHE_TRUSTED_KEYS=str(stranger_public))
     try:
-        with server_process(address, redis_server.url, log, "--gpus", "0", "--compiler", "tests.support.standin:factory", "--data-dir", str(data_dir),
-                            "--trusted-keys", str(stranger_public), env=env) as server:  # fmt: skip
+        with server_process(
+            address,
+            redis_server.url,
+            log,
+            "--gpus",
+            "0",
+            "--compiler",
+            "tests.support.standin:factory",
+            "--data-dir",
+            str(data_dir),
+            "--trusted-keys",
+            str(stranger_public),
+            env=env,
+        ) as server:
             wait_for_workers(address, proc=server, timeout=30)
-            with Client(address, cache=False, trusted_keys=[signing_public_key(data_dir)], allow_unsigned=False, timeout=20) as client:
+            with Client(
+                address, cache=False, trusted_keys=[signing_public_key(data_dir)], allow_unsigned=False, timeout=20
+            ) as client:
                 started = time.monotonic()
                 plan = client.compile(matmul_spec(), STANDIN_TARGET)
                 assert time.monotonic() - started < 10 and plan.source in ("compiled", "provisional")
         text = log.read_text()
         own = Signer.from_file(data_dir / "keys" / "plan-signing.pem").key_id
-        assert re.search(rf"not among --trusted-keys \({Signer.from_file(stranger_private).key_id}\).*trusted as well", text), text
+        assert re.search(
+            rf"not among --trusted-keys \({Signer.from_file(stranger_private).key_id}\).*trusted as well", text
+        ), text
         assert f"key {own}" in text
         assert "PLANCACHE_TRUSTED_KEYS is the clients' list of trusted keys and is not read by the server" in text
         assert "does not trust" not in text  # no plan read as untrusted
@@ -202,8 +317,19 @@ def _with_tokens(tmp: Path, text: str, mode: int) -> tuple[Path, list[str]]:
     tokens = tmp / "tokens"
     tokens.write_text(text)
     tokens.chmod(mode)
-    args = [sys.executable, "-m", "plancache_server.main", "--listen", f"127.0.0.1:{free_port()}", "--data-dir", str(tmp / "data"), "--gpus", "none",
-            "--tokens-file", str(tokens)]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "plancache_server.main",
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--data-dir",
+        str(tmp / "data"),
+        "--gpus",
+        "none",
+        "--tokens-file",
+        str(tokens),
+    ]
     return tokens, args
 
 
@@ -224,12 +350,17 @@ def test_secrets_readable_by_others_are_refused_unless_allowed(tmp_path: Path) -
     tokens, args = _with_tokens(tmp_path, "admin " + "a" * 20 + "\n", 0o644)
     refused = Proc(args, tmp_path / "refused.log")
     assert refused.proc.wait(timeout=60) == 1
-    assert f"cannot start: the tokens file {tokens} can be read by group or others (mode 0644): run `chmod 600 {tokens}`" in refused.text(), refused.text()
+    assert (
+        f"cannot start: the tokens file {tokens} can be read by group or others (mode 0644): run `chmod 600 {tokens}`"
+        in refused.text()
+    ), refused.text()
     assert "Traceback" not in refused.text()
     allowed = Proc([*args, "--allow-readable-secrets"], tmp_path / "allowed.log")
     try:
         allowed.wait_for("listening on")
-        assert "can be read by group or others (mode 0644); starting anyway (--allow-readable-secrets)" in allowed.text()
+        assert (
+            "can be read by group or others (mode 0644); starting anyway (--allow-readable-secrets)" in allowed.text()
+        )
     finally:
         assert allowed.stop() == 0
 
@@ -241,9 +372,23 @@ def test_a_second_server_on_the_same_data_folder_or_port_is_refused(tmp_path: Pa
         first.wait_for("listening on")
         same_folder = _server(tmp_path, free_port(), "same-folder.log")
         assert same_folder.proc.wait(timeout=60) == 1
-        assert re.search(r"data folder .* is in use by plancache-server pid \d+", same_folder.text()), same_folder.text()
-        same_port = Proc([sys.executable, "-m", "plancache_server.main", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "other"), "--gpus", "none"],
-                         tmp_path / "same-port.log")  # fmt: skip
+        assert re.search(r"data folder .* is in use by plancache-server pid \d+", same_folder.text()), (
+            same_folder.text()
+        )
+        same_port = Proc(
+            [
+                sys.executable,
+                "-m",
+                "plancache_server.main",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--data-dir",
+                str(tmp_path / "other"),
+                "--gpus",
+                "none",
+            ],
+            tmp_path / "same-port.log",
+        )
         assert same_port.proc.wait(timeout=60) == 1
         assert "cannot listen on" in same_port.text(), same_port.text()
         with Client(f"127.0.0.1:{port}", cache=False, timeout=5) as client:

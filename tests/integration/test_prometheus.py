@@ -74,17 +74,28 @@ class Prometheus:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(RULES)],
-            "scrape_configs": [{"job_name": "plancache", "static_configs": [
-                {"targets": [f"127.0.0.1:{front_end}"], "labels": {"role": "front-end"}},
-                {"targets": [f"127.0.0.1:{worker}"], "labels": {"role": "worker"}},
-            ]}],
-        }  # fmt: skip
+            "scrape_configs": [
+                {
+                    "job_name": "plancache",
+                    "static_configs": [
+                        {"targets": [f"127.0.0.1:{front_end}"], "labels": {"role": "front-end"}},
+                        {"targets": [f"127.0.0.1:{worker}"], "labels": {"role": "worker"}},
+                    ],
+                }
+            ],
+        }
         (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
         self._log = open(folder / "prometheus.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=self._log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                binary,
+                f"--config.file={folder / 'prometheus.yml'}",
+                f"--storage.tsdb.path={folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -93,7 +104,9 @@ class Prometheus:
                         break
             except OSError:
                 pass
-            assert self.proc.poll() is None and time.monotonic() < deadline, (folder / "prometheus.log").read_text()[-3000:]
+            assert self.proc.poll() is None and time.monotonic() < deadline, (folder / "prometheus.log").read_text()[
+                -3000:
+            ]
             time.sleep(0.2)
 
     def api(self, path: str, **params: str) -> Any:
@@ -139,7 +152,9 @@ def extrapolated_rate(points: list[tuple[float, float]], start: float, end: floa
     if increase > 0 and points[0][1] >= 0:
         to_start = min(to_start, sampled * (points[0][1] / increase))
     threshold = average * 1.1
-    extrapolated = sampled + (to_start if to_start < threshold else average / 2) + (to_end if to_end < threshold else average / 2)
+    extrapolated = (
+        sampled + (to_start if to_start < threshold else average / 2) + (to_end if to_end < threshold else average / 2)
+    )
     return increase * (extrapolated / sampled) / (end - start)
 
 
@@ -149,7 +164,9 @@ class Expected:
     def __init__(self, prometheus: Prometheus, at: float) -> None:
         self._prometheus, self.at = prometheus, at
 
-    def rates(self, metric: str, window: str, keep: Callable[[dict[str, str]], bool] = lambda labels: True) -> dict[Labels, float]:
+    def rates(
+        self, metric: str, window: str, keep: Callable[[dict[str, str]], bool] = lambda labels: True
+    ) -> dict[Labels, float]:
         out = {}
         for labels, points in self._prometheus.samples(metric, window, self.at).items():
             found = extrapolated_rate(points, self.at - SECONDS[window], self.at)
@@ -202,7 +219,9 @@ def quantile(q: float, buckets: dict[Labels, float], *by: str) -> dict[Labels, f
 
 
 def _same(got: dict[Labels, float], want: dict[Labels, float], what: str) -> None:
-    assert set(got) == set(want), f"{what}: series {sorted(str(dict(k)) for k in got)} != {sorted(str(dict(k)) for k in want)}"
+    assert set(got) == set(want), (
+        f"{what}: series {sorted(str(dict(k)) for k in got)} != {sorted(str(dict(k)) for k in want)}"
+    )
     for labels, value in want.items():
         if math.isnan(value):
             assert math.isnan(got[labels]), (what, dict(labels))
@@ -225,8 +244,21 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS="0.05")
     prometheus: Prometheus | None = None
     try:
-        with server_process(address, redis_server.url, tmp / "server.log", "--gpus", "0", "--compiler", "tests.support.standin:factory", "--unsigned",
-                            "--metrics-port", str(metrics), "--targets", QUEUED.id, env=env) as server:  # fmt: skip
+        with server_process(
+            address,
+            redis_server.url,
+            tmp / "server.log",
+            "--gpus",
+            "0",
+            "--compiler",
+            "tests.support.standin:factory",
+            "--unsigned",
+            "--metrics-port",
+            str(metrics),
+            "--targets",
+            QUEUED.id,
+            env=env,
+        ) as server:
             wait_for_workers(address, proc=server, timeout=60)
             store = redis.Redis.from_url(redis_server.url)
             with Client(address, cache=False, hedge=False, report=False, timeout=10, allow_unsigned=True) as client:
@@ -234,21 +266,41 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 # traffic to come, so that rate() extrapolates every series of a ratio alike (exact ratios).
                 _traffic(client, store, hits=3, misses=1, refused=1, queued=3, offset=0)
                 prometheus = Prometheus(tmp, metrics, metrics + 1)
-                _wait(lambda: any(len(points) >= 3 for points in prometheus.samples('plancache_lookups_total{result="hit"}', "1m", time.time()).values()))
-                _traffic(client, store, hits=6, misses=2, refused=20, queued=5, offset=100)  # the traffic the queries must see
+                _wait(
+                    lambda: any(
+                        len(points) >= 3
+                        for points in prometheus.samples(
+                            'plancache_lookups_total{result="hit"}', "1m", time.time()
+                        ).values()
+                    )
+                )
+                _traffic(
+                    client, store, hits=6, misses=2, refused=20, queued=5, offset=100
+                )  # the traffic the queries must see
                 final = _scraped_counts(metrics)
                 fleet_final = _scraped_counts(metrics, "plancache_fleet_graphs_total")
-                _wait(lambda: _latest(prometheus, "plancache_lookups_total") == final and _latest(prometheus, "plancache_fleet_graphs_total") == fleet_final,
-                      lambda: f"{_latest(prometheus, 'plancache_lookups_total')} != {final}")
+                _wait(
+                    lambda: (
+                        _latest(prometheus, "plancache_lookups_total") == final
+                        and _latest(prometheus, "plancache_fleet_graphs_total") == fleet_final
+                    ),
+                    lambda: f"{_latest(prometheus, 'plancache_lookups_total')} != {final}",
+                )
                 time.sleep(2.5)  # the rules evaluated on the final samples
-                yield {"prometheus": prometheus, "at": round(time.time(), 3), "server": server}  # Prometheus's resolution: milliseconds
+                yield {
+                    "prometheus": prometheus,
+                    "at": round(time.time(), 3),
+                    "server": server,
+                }  # Prometheus's resolution: milliseconds
     finally:
         if prometheus is not None:
             prometheus.stop()
         redis_server.stop()
 
 
-def _traffic(client: Client, store: redis.Redis, *, hits: int, misses: int, refused: int, queued: int, offset: int) -> None:
+def _traffic(
+    client: Client, store: redis.Redis, *, hits: int, misses: int, refused: int, queued: int, offset: int
+) -> None:
     """Lookups of the stand-in's target (misses built, then hits), lookups of the listed target
     without a worker (refused), jobs waiting on its queue, and one node's report: 6 graphs served,
     4 built locally (3 with no worker, 1 left to torch), and its races."""
@@ -262,12 +314,33 @@ def _traffic(client: Client, store: redis.Redis, *, hits: int, misses: int, refu
     for i in range(queued):
         store.xadd(keys.job_stream(QUEUED), {"job": f"waiting-{offset}-{i}"})
     outcomes = [
-        pb.OutcomeCount(target_id=TARGET.id, path="cudnn", outcome=pb.GRAPH_OUTCOME_SERVED, node_type="MATMUL", count=4),
-        pb.OutcomeCount(target_id=TARGET.id, path="compile", outcome=pb.GRAPH_OUTCOME_DISK_CACHE, node_type="SDPA", count=2),
-        pb.OutcomeCount(target_id=TARGET.id, path="cudnn", outcome=pb.GRAPH_OUTCOME_LOCAL, reason="no_worker", node_type="SDPA", count=3),
-        pb.OutcomeCount(target_id=TARGET.id, path="functional", outcome=pb.GRAPH_OUTCOME_LOCAL, reason="not_asked", node_type="MATMUL", count=1),
+        pb.OutcomeCount(
+            target_id=TARGET.id, path="cudnn", outcome=pb.GRAPH_OUTCOME_SERVED, node_type="MATMUL", count=4
+        ),
+        pb.OutcomeCount(
+            target_id=TARGET.id, path="compile", outcome=pb.GRAPH_OUTCOME_DISK_CACHE, node_type="SDPA", count=2
+        ),
+        pb.OutcomeCount(
+            target_id=TARGET.id,
+            path="cudnn",
+            outcome=pb.GRAPH_OUTCOME_LOCAL,
+            reason="no_worker",
+            node_type="SDPA",
+            count=3,
+        ),
+        pb.OutcomeCount(
+            target_id=TARGET.id,
+            path="functional",
+            outcome=pb.GRAPH_OUTCOME_LOCAL,
+            reason="not_asked",
+            node_type="MATMUL",
+            count=1,
+        ),
     ]
-    races = [pb.RaceCount(path="cudnn", result=pb.RACE_RESULT_LOCAL_WON, count=2), pb.RaceCount(path="cudnn", result=pb.RACE_RESULT_SERVICE_WON, count=1)]
+    races = [
+        pb.RaceCount(path="cudnn", result=pb.RACE_RESULT_LOCAL_WON, count=2),
+        pb.RaceCount(path="cudnn", result=pb.RACE_RESULT_SERVICE_WON, count=1),
+    ]
     assert client._stub.ReportFirstUses(pb.ReportFirstUsesRequest(outcomes=outcomes, races=races)).outcomes_counted == 6
 
 
@@ -281,14 +354,18 @@ def _scraped_counts(port: int, metric: str = "plancache_lookups_total") -> dict[
     for line in text.splitlines():
         found = re.match(rf"({metric})\{{(.*)\}} (\S+)$", line)
         if found:
-            labels = {k: v for k, v in re.findall(r'(\w+)="([^"]*)"', found.group(2)) if v}  # Prometheus drops empty labels
+            labels = {
+                k: v for k, v in re.findall(r'(\w+)="([^"]*)"', found.group(2)) if v
+            }  # Prometheus drops empty labels
             out[frozenset({"__name__": found.group(1), **labels}.items())] = float(found.group(3))
     return out
 
 
 def _latest(prometheus: Prometheus, metric: str) -> dict[Labels, float]:
-    return {frozenset((k, v) for k, v in labels if k not in ("job", "instance", "role")): value
-            for labels, value in prometheus.query(metric, time.time()).items()}  # fmt: skip
+    return {
+        frozenset((k, v) for k, v in labels if k not in ("job", "instance", "role")): value
+        for labels, value in prometheus.query(metric, time.time()).items()
+    }
 
 
 def _wait(condition: Callable[[], bool], why: Callable[[], str] = lambda: "", timeout: float = 60) -> None:
@@ -305,13 +382,21 @@ def test_the_raw_samples_hold_the_traffic_the_test_made(live: dict[str, Any]) ->
     prometheus, at = live["prometheus"], live["at"]
 
     def increase(metric: str, **labels: str) -> float:
-        found = [p for found, p in prometheus.samples(metric, "5m", at).items() if labels.items() <= dict(found).items()]
+        found = [
+            p for found, p in prometheus.samples(metric, "5m", at).items() if labels.items() <= dict(found).items()
+        ]
         return sum(p[-1][1] - p[0][1] for p in found)
 
-    assert (increase("plancache_lookups_total", target=TARGET.id, result="hit"), increase("plancache_lookups_total", target=TARGET.id, result="miss")) == (6, 2)
+    assert (
+        increase("plancache_lookups_total", target=TARGET.id, result="hit"),
+        increase("plancache_lookups_total", target=TARGET.id, result="miss"),
+    ) == (6, 2)
     assert increase("plancache_lookups_total", target=QUEUED.id, result="miss") == 20
     assert increase("plancache_builds_total") == 2
-    assert increase("plancache_fleet_graphs_total", outcome="local") == 4 and increase("plancache_fleet_graphs_total") == 10
+    assert (
+        increase("plancache_fleet_graphs_total", outcome="local") == 4
+        and increase("plancache_fleet_graphs_total") == 10
+    )
     assert increase("plancache_fleet_races_total", result="local_won") == 2
     waiting = {dict(k)["target"]: v for k, v in prometheus.query("plancache_jobs_waiting", at).items()}
     assert waiting == {TARGET.id: 0, TARGET.generic().id: 0, QUEUED.id: 8}
@@ -326,23 +411,40 @@ def _dashboard_expectations(expected: Expected) -> dict[str, dict[Labels, float]
     by_reason = sum_by(local_1h, "reason", "node_type")
     top = dict(sorted(by_reason.items(), key=lambda item: -item[1])[:10])
     return {
-        '(sum by (target) (rate(plancache_lookups_total{result="hit"}[5m])) or 0 * sum by (target) (rate(plancache_lookups_total[5m]))) / sum by (target) (rate(plancache_lookups_total[5m]))':
-            divide(or_zero(sum_by({k: v for k, v in lookups.items() if dict(k)["result"] == "hit"}, "target"), sum_by(lookups, "target")), sum_by(lookups, "target")),
-        "sum by (method, code) (rate(plancache_requests_total[5m]))": sum_by(e.rates("plancache_requests_total", "5m"), "method", "code"),
-        "histogram_quantile(0.99, sum by (le, method) (rate(plancache_request_seconds_bucket[5m])))":
-            quantile(0.99, sum_by(e.rates("plancache_request_seconds_bucket", "5m"), "le", "method"), "method"),
+        '(sum by (target) (rate(plancache_lookups_total{result="hit"}[5m])) or 0 * sum by (target) (rate(plancache_lookups_total[5m]))) / sum by (target) (rate(plancache_lookups_total[5m]))': divide(
+            or_zero(
+                sum_by({k: v for k, v in lookups.items() if dict(k)["result"] == "hit"}, "target"),
+                sum_by(lookups, "target"),
+            ),
+            sum_by(lookups, "target"),
+        ),
+        "sum by (method, code) (rate(plancache_requests_total[5m]))": sum_by(
+            e.rates("plancache_requests_total", "5m"), "method", "code"
+        ),
+        "histogram_quantile(0.99, sum by (le, method) (rate(plancache_request_seconds_bucket[5m])))": quantile(
+            0.99, sum_by(e.rates("plancache_request_seconds_bucket", "5m"), "le", "method"), "method"
+        ),
         "plancache_jobs_waiting": e.gauge("plancache_jobs_waiting"),
         "plancache_jobs_running": e.gauge("plancache_jobs_running"),
         "plancache_live_workers": e.gauge("plancache_live_workers"),
         "sum(plancache_worker_busy)": sum_by(e.gauge("plancache_worker_busy")),
-        "histogram_quantile(0.5, sum by (le) (rate(plancache_build_seconds_bucket[15m])))": quantile(0.5, sum_by(e.rates("plancache_build_seconds_bucket", "15m"), "le")),
-        "histogram_quantile(0.99, sum by (le) (rate(plancache_build_seconds_bucket[15m])))": quantile(0.99, sum_by(e.rates("plancache_build_seconds_bucket", "15m"), "le")),
-        "sum by (outcome) (rate(plancache_builds_total[15m]))": sum_by(e.rates("plancache_builds_total", "15m"), "outcome"),
-        '(sum by (target) (rate(plancache_fleet_graphs_total{outcome!="local"}[1h])) or 0 * sum by (target) (rate(plancache_fleet_graphs_total[1h]))) / sum by (target) (rate(plancache_fleet_graphs_total[1h]))':
-            divide(or_zero(sum_by(served_1h, "target"), sum_by(fleet_1h, "target")), sum_by(fleet_1h, "target")),
+        "histogram_quantile(0.5, sum by (le) (rate(plancache_build_seconds_bucket[15m])))": quantile(
+            0.5, sum_by(e.rates("plancache_build_seconds_bucket", "15m"), "le")
+        ),
+        "histogram_quantile(0.99, sum by (le) (rate(plancache_build_seconds_bucket[15m])))": quantile(
+            0.99, sum_by(e.rates("plancache_build_seconds_bucket", "15m"), "le")
+        ),
+        "sum by (outcome) (rate(plancache_builds_total[15m]))": sum_by(
+            e.rates("plancache_builds_total", "15m"), "outcome"
+        ),
+        '(sum by (target) (rate(plancache_fleet_graphs_total{outcome!="local"}[1h])) or 0 * sum by (target) (rate(plancache_fleet_graphs_total[1h]))) / sum by (target) (rate(plancache_fleet_graphs_total[1h]))': divide(
+            or_zero(sum_by(served_1h, "target"), sum_by(fleet_1h, "target")), sum_by(fleet_1h, "target")
+        ),
         'topk(10, sum by (reason, node_type) (rate(plancache_fleet_graphs_total{outcome="local"}[1h])))': top,
         "sum by (outcome) (rate(plancache_fleet_graphs_total[5m]))": sum_by(fleet_5m, "outcome"),
-        "sum by (result) (rate(plancache_fleet_races_total[5m]))": sum_by(e.rates("plancache_fleet_races_total", "5m"), "result"),
+        "sum by (result) (rate(plancache_fleet_races_total[5m]))": sum_by(
+            e.rates("plancache_fleet_races_total", "5m"), "result"
+        ),
     }
 
 
@@ -353,14 +455,23 @@ def test_every_dashboard_query_returns_its_expected_value(live: dict[str, Any]) 
     expected = _dashboard_expectations(Expected(prometheus, at))
     assert sorted(queries) == sorted(expected), "a dashboard query without an expectation here (or the reverse)"
     for expr in queries:
-        got = {frozenset((k, v) for k, v in labels if k not in ("job", "instance", "role", "__name__")): value for labels, value in prometheus.query(expr, at).items()}
-        want = {frozenset((k, v) for k, v in labels if k not in ("job", "instance", "role", "__name__")): value for labels, value in expected[expr].items()}
+        got = {
+            frozenset((k, v) for k, v in labels if k not in ("job", "instance", "role", "__name__")): value
+            for labels, value in prometheus.query(expr, at).items()
+        }
+        want = {
+            frozenset((k, v) for k, v in labels if k not in ("job", "instance", "role", "__name__")): value
+            for labels, value in expected[expr].items()
+        }
         _same(got, want, expr)
     # What the numbers say, in words: 6 hits of 8 lookups; the listed target's 20 lookups all refused (0 %, not absent);
     # 6 of 10 graphs from the service.
     hit_rate = {dict(k)["target"]: v for k, v in prometheus.query(queries[0], at).items()}
     assert hit_rate[TARGET.id] == pytest.approx(0.75) and hit_rate[QUEUED.id] == 0
-    coverage = {dict(k)["target"]: v for k, v in prometheus.query(next(q for q in queries if 'outcome!="local"' in q), at).items()}
+    coverage = {
+        dict(k)["target"]: v
+        for k, v in prometheus.query(next(q for q in queries if 'outcome!="local"' in q), at).items()
+    }
     assert coverage == {TARGET.id: pytest.approx(0.6)}
 
 
@@ -372,21 +483,36 @@ def test_every_recording_rule_returns_its_expected_value(live: dict[str, Any]) -
         recorded = prometheus.samples(rule["record"], "20s", e_at)
         assert recorded, f"{rule['record']}: never recorded"
         stamp = max(points[-1][0] for points in recorded.values())  # the rule's latest evaluation
-        got = {frozenset((k, v) for k, v in labels if k != "__name__"): points[-1][1] for labels, points in recorded.items() if points[-1][0] == stamp}
+        got = {
+            frozenset((k, v) for k, v in labels if k != "__name__"): points[-1][1]
+            for labels, points in recorded.items()
+            if points[-1][0] == stamp
+        }
         want = prometheus.query(rule["expr"], stamp)
         _same(got, want, rule["record"])
     at = live["at"]
-    by_reason = {(dict(k)["reason"], dict(k)["node_type"]): v for k, v in prometheus.query("plancache:fleet_local_graphs:rate1h", at).items()}
-    assert set(by_reason) == {("no_worker", "SDPA"), ("not_asked", "MATMUL")} and by_reason[("no_worker", "SDPA")] == pytest.approx(3 * by_reason[("not_asked", "MATMUL")])
+    by_reason = {
+        (dict(k)["reason"], dict(k)["node_type"]): v
+        for k, v in prometheus.query("plancache:fleet_local_graphs:rate1h", at).items()
+    }
+    assert set(by_reason) == {("no_worker", "SDPA"), ("not_asked", "MATMUL")} and by_reason[
+        ("no_worker", "SDPA")
+    ] == pytest.approx(3 * by_reason[("not_asked", "MATMUL")])
     # The recorded ratios are the traffic's (its series all extrapolated alike: see the warm-up).
-    assert {dict(k)["target"]: v for k, v in prometheus.query("plancache:hit_rate:ratio_rate5m", at).items()}[TARGET.id] == pytest.approx(0.75)
-    assert {dict(k)["target"]: v for k, v in prometheus.query("plancache:fleet_coverage:ratio_rate1h", at).items()} == {TARGET.id: pytest.approx(0.6)}
+    assert {dict(k)["target"]: v for k, v in prometheus.query("plancache:hit_rate:ratio_rate5m", at).items()}[
+        TARGET.id
+    ] == pytest.approx(0.75)
+    assert {dict(k)["target"]: v for k, v in prometheus.query("plancache:fleet_coverage:ratio_rate1h", at).items()} == {
+        TARGET.id: pytest.approx(0.6)
+    }
 
 
 def test_every_alert_selects_what_its_condition_holds_for(live: dict[str, Any]) -> None:
     prometheus, at = live["prometheus"], live["at"]
     rules = {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
-    firing_on = {name: {dict(k).get("target") for k in prometheus.query(rule["expr"], at)} for name, rule in rules.items()}
+    firing_on = {
+        name: {dict(k).get("target") for k in prometheus.query(rule["expr"], at)} for name, rule in rules.items()
+    }
     assert firing_on == {
         "PlancacheHitRateLow": {QUEUED.id},  # 20 lookups, none found (the stand-in's target: 75 %)
         "PlancacheQueueGrowing": {QUEUED.id},  # 8 builds wait, 5 more than a few seconds ago
@@ -394,6 +520,12 @@ def test_every_alert_selects_what_its_condition_holds_for(live: dict[str, Any]) 
         "PlancacheUntrustedBuilds": set(),  # no untrusted build happened
         "PlancacheFleetCoverageLow": {TARGET.id},  # 6 of 10 graphs from the service
     }
-    alerts = {(a["labels"]["alertname"], a["labels"].get("target")): a["state"] for a in prometheus.api("alerts")["alerts"]}
-    assert alerts == {("PlancacheHitRateLow", QUEUED.id): "pending", ("PlancacheQueueGrowing", QUEUED.id): "pending",
-                      ("PlancacheNoLiveWorker", QUEUED.id): "pending", ("PlancacheFleetCoverageLow", TARGET.id): "pending"}  # fmt: skip
+    alerts = {
+        (a["labels"]["alertname"], a["labels"].get("target")): a["state"] for a in prometheus.api("alerts")["alerts"]
+    }
+    assert alerts == {
+        ("PlancacheHitRateLow", QUEUED.id): "pending",
+        ("PlancacheQueueGrowing", QUEUED.id): "pending",
+        ("PlancacheNoLiveWorker", QUEUED.id): "pending",
+        ("PlancacheFleetCoverageLow", TARGET.id): "pending",
+    }

@@ -36,7 +36,9 @@ def keypair(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture
-def tuning_stack(redis_server: EmbeddedRedis, redis_client: object, keypair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+def tuning_stack(
+    redis_server: EmbeddedRedis, redis_client: object, keypair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Stack]:
     """A signing worker whose builds take BUILD_S to the heuristic plan and
     TUNE_S more to the tuned one; the front end checks signatures. The
     memory cache keeps provisional plans far longer than in production, so
@@ -68,7 +70,9 @@ def wait_until_tuned(stack: Stack, key: str, timeout: float = 10.0) -> float:
     raise AssertionError(f"plan {key} was not tuned within {timeout} s")
 
 
-def test_a_first_build_answers_with_the_heuristic_plan_then_serves_the_tuned_one(tuning_stack: Stack, keypair: tuple[Path, Path]) -> None:
+def test_a_first_build_answers_with_the_heuristic_plan_then_serves_the_tuned_one(
+    tuning_stack: Stack, keypair: tuple[Path, Path]
+) -> None:
     spec = matmul_spec()
     with signed_client(tuning_stack, keypair) as client:
         started = time.monotonic()
@@ -88,7 +92,9 @@ def test_a_first_build_answers_with_the_heuristic_plan_then_serves_the_tuned_one
             time.sleep(0.01)
         assert served.key == first.key and served.blob != first.blob
         # The candidates' builds (TUNE_S together, on the worker's build threads), then their timing.
-        assert served.metadata.plan_name == "standin_eng7_k3" and served.metadata.build_seconds == pytest.approx(BUILD_S + TUNE_S)
+        assert served.metadata.plan_name == "standin_eng7_k3" and served.metadata.build_seconds == pytest.approx(
+            BUILD_S + TUNE_S
+        )
         assert [c.median_ms for c in served.metadata.candidates] == pytest.approx([0.020] * 7 + [0.015] + [0.020] * 2)
         assert [c.index for c in served.metadata.candidates] == list(range(10))
         hit = client.compile(spec, TARGET)
@@ -132,7 +138,9 @@ def test_a_stored_provisional_plan_is_a_miss_for_tuned_only(tuning_stack: Stack,
         assert late.plans[0].blob == tuned.blob and late.provisional == 0
 
 
-def test_prefetch_moves_a_nodes_disk_cache_to_the_tuned_plans(tuning_stack: Stack, keypair: tuple[Path, Path], tmp_path: Path) -> None:
+def test_prefetch_moves_a_nodes_disk_cache_to_the_tuned_plans(
+    tuning_stack: Stack, keypair: tuple[Path, Path], tmp_path: Path
+) -> None:
     specs = [matmul_spec(m=16 * (i + 1), name=f"layer{i}") for i in range(3)]
     manifest = Manifest.from_specs(specs, TARGET)
     cache = DiskCache(tmp_path / "node")
@@ -141,7 +149,9 @@ def test_prefetch_moves_a_nodes_disk_cache_to_the_tuned_plans(tuning_stack: Stac
         assert (first.compiled, first.provisional, first.failed) == (3, 3, 0)
         provisional_blobs = [first.plans[i].blob for i in range(3)]
         # The node restarts while tuning goes on and the server is down: it runs the provisional plans it holds.
-        with Client(f"127.0.0.1:{free_port()}", cache=cache, timeout=1, trusted_keys=[keypair[1]], allow_unsigned=False) as offline:
+        with Client(
+            f"127.0.0.1:{free_port()}", cache=cache, timeout=1, trusted_keys=[keypair[1]], allow_unsigned=False
+        ) as offline:
             held = offline.prefetch(manifest)
         assert (held.from_cache, held.provisional, held.failed) == (3, 3, 0)
         for key in first.keys.values():
@@ -152,10 +162,14 @@ def test_prefetch_moves_a_nodes_disk_cache_to_the_tuned_plans(tuning_stack: Stac
         assert all(later.plans[i].blob != provisional_blobs[i] for i in range(3))
         assert all(not cache.get(key).provisional for key in first.keys.values())  # type: ignore[union-attr]
         settled = node.prefetch(manifest)
-        assert settled.from_cache == 3 and [settled.plans[i].blob for i in range(3)] == [later.plans[i].blob for i in range(3)]
+        assert settled.from_cache == 3 and [settled.plans[i].blob for i in range(3)] == [
+            later.plans[i].blob for i in range(3)
+        ]
 
 
-def test_a_client_moves_a_cached_provisional_plan_to_the_tuned_one_on_compile(tuning_stack: Stack, keypair: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_client_moves_a_cached_provisional_plan_to_the_tuned_one_on_compile(
+    tuning_stack: Stack, keypair: tuple[Path, Path], tmp_path: Path
+) -> None:
     spec = matmul_spec(m=48)
     with signed_client(tuning_stack, keypair, cache=DiskCache(tmp_path)) as node:
         first = node.compile(spec, TARGET)
@@ -169,7 +183,9 @@ def test_a_client_moves_a_cached_provisional_plan_to_the_tuned_one_on_compile(tu
         assert node.compile(spec, TARGET).source == "cache"
 
 
-def test_when_autotuning_fails_the_heuristic_plan_becomes_final(tuning_stack: Stack, keypair: tuple[Path, Path]) -> None:
+def test_when_autotuning_fails_the_heuristic_plan_becomes_final(
+    tuning_stack: Stack, keypair: tuple[Path, Path]
+) -> None:
     spec = matmul_spec(m=24, name=TUNE_FAILS_NAME)
     with signed_client(tuning_stack, keypair) as client:
         first = client.compile(spec, TARGET)
@@ -184,7 +200,9 @@ def test_when_autotuning_fails_the_heuristic_plan_becomes_final(tuning_stack: St
     assert tuning_stack.redis.hget(keys.job_state(first.key), "state") == DONE.encode()
 
 
-def test_a_herd_joining_during_the_build_all_get_the_provisional_plan(tuning_stack: Stack, keypair: tuple[Path, Path]) -> None:
+def test_a_herd_joining_during_the_build_all_get_the_provisional_plan(
+    tuning_stack: Stack, keypair: tuple[Path, Path]
+) -> None:
     spec = matmul_spec(m=80)
     callers = 40
     with signed_client(tuning_stack, keypair) as client, concurrent.futures.ThreadPoolExecutor(callers) as pool:
@@ -210,7 +228,9 @@ def test_background_prefetch_returns_at_once_and_readies_plans_meanwhile(slow_st
         with pytest.raises(TimeoutError):
             pending.wait_for(0, timeout=0.05)
         first = pending.wait_for(0, timeout=30)
-        assert first.key == Manifest.from_specs(specs, TARGET).key_of(Manifest.from_specs(specs, TARGET).entries[0], TARGET)
+        assert first.key == Manifest.from_specs(specs, TARGET).key_of(
+            Manifest.from_specs(specs, TARGET).entries[0], TARGET
+        )
         with pytest.raises(Exception, match="cuDNN_STATUS_NOT_SUPPORTED"):
             pending.wait_for(3, timeout=30)
         result = pending.wait(timeout=30)
@@ -264,7 +284,9 @@ def test_background_prefetch_keeps_the_node_thread_free(stack: Stack) -> None:
         assert len(pending.wait(timeout=0).plans) == len(specs)
 
 
-def test_a_worker_builds_every_waiting_heuristic_plan_before_any_autotuning(tuning_stack: Stack, keypair: tuple[Path, Path]) -> None:
+def test_a_worker_builds_every_waiting_heuristic_plan_before_any_autotuning(
+    tuning_stack: Stack, keypair: tuple[Path, Path]
+) -> None:
     """The first node of a new model asks for all its plans at once: it gets
     every provisional plan after the heuristic builds (4 x 0.2 s here), not
     after the autotuning of the plans queued before them (1.5 s each)."""
@@ -273,9 +295,15 @@ def test_a_worker_builds_every_waiting_heuristic_plan_before_any_autotuning(tuni
     with signed_client(tuning_stack, keypair) as node:
         started = time.monotonic()
         result = node.prefetch(
-            Manifest.from_specs(specs, TARGET), compile_missing=True, on_plan=lambda i, p: arrived.append((time.monotonic() - started, p.provisional))
+            Manifest.from_specs(specs, TARGET),
+            compile_missing=True,
+            on_plan=lambda i, p: arrived.append((time.monotonic() - started, p.provisional)),
         )
-        tuned_when_all_arrived = [not meta.provisional for key in result.keys.values() if (meta := stored_metadata(tuning_stack, key)) is not None]
+        tuned_when_all_arrived = [
+            not meta.provisional
+            for key in result.keys.values()
+            if (meta := stored_metadata(tuning_stack, key)) is not None
+        ]
     assert result.provisional == 4 and len(arrived) == 4 and all(provisional for _, provisional in arrived)
     assert max(t for t, _ in arrived) < BUILD_S * 4 + TUNE_S, arrived
     assert sum(tuned_when_all_arrived) <= 1, "autotuning ran before the waiting heuristic builds"

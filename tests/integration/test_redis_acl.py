@@ -24,23 +24,39 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 
-def test_front_end_and_worker_work_under_their_acl_users_and_no_further(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+def test_front_end_and_worker_work_under_their_acl_users_and_no_further(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
     passwords = {role: secrets.token_hex(16) for role in keys.ACL_RULES}
     for role, password in passwords.items():
         redis_client.execute_command("ACL", "SETUSER", *keys.acl_setuser(role, f"pc-{role}", password))
-    url = {role: f"redis://pc-{role}:{password}@127.0.0.1:{redis_server.port}/0" for role, password in passwords.items()}
-    s, stop = start_stack(url["frontend"], StandInCompiler(build_seconds=0.2), worker_redis_url=url["worker"], memory_cache_bytes=0, warm=True)
+    url = {
+        role: f"redis://pc-{role}:{password}@127.0.0.1:{redis_server.port}/0" for role, password in passwords.items()
+    }
+    s, stop = start_stack(
+        url["frontend"],
+        StandInCompiler(build_seconds=0.2),
+        worker_redis_url=url["worker"],
+        memory_cache_bytes=0,
+        warm=True,
+    )
     try:
         with s.client(timeout=30) as client:
             built = client.compile(matmul_spec(), TARGET)
             assert built.source == "compiled" and client.compile(matmul_spec(), TARGET).source == "hit"
             assert client.get(built.key).blob == built.blob
-            fetched = client.prefetch(Manifest(entries=[ManifestEntry(spec=matmul_bias_relu_spec())], target=TARGET), compile_missing=True)
+            fetched = client.prefetch(
+                Manifest(entries=[ManifestEntry(spec=matmul_bias_relu_spec())], target=TARGET), compile_missing=True
+            )
             assert not fetched.errors and fetched.compiled == 1
             assert client.explain(matmul_spec(), TARGET).stored
             assert {t.target_id for t in client.list_targets()} >= {TARGET.id}
             # A statistics flush (about once a second) under the front end's user.
-            row = wait_until(lambda: (r := {r.target_id: r for r in client.stats()}[TARGET.id]).hits + r.compiles >= 4 and r, 10, "statistics flushed")
+            row = wait_until(
+                lambda: (r := {r.target_id: r for r in client.stats()}[TARGET.id]).hits + r.compiles >= 4 and r,
+                10,
+                "statistics flushed",
+            )
             assert (row.hits, row.compiles) == (2, 2)
             report = s.front_end.run(status_of(s.front_end.front).report())
             assert [t.target_id for t in report.targets if t.live_workers] and report.top_by_hits
@@ -58,7 +74,9 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(redis_se
             assert (asked.total, asked.queued) == (2, 2)
             assert wait_until(lambda: client.family_status(asked.family_key).complete, 20, "the family built")
             assert client.drain_worker("nobody") is False
-            assert client.invalidate(built.key) == 1 and client.invalidate(target=TARGET) == 3  # DEL (and SCAN) of plans: the prefetched one, the family's two
+            assert (
+                client.invalidate(built.key) == 1 and client.invalidate(target=TARGET) == 3
+            )  # DEL (and SCAN) of plans: the prefetched one, the family's two
             assert client.invalidate(target=TARGET.generic()) == 2
             with pytest.raises(NotFound):
                 client.get(built.key)
@@ -80,7 +98,9 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(redis_se
             attempt()
 
 
-def test_the_private_redis_listens_only_on_a_socket_of_the_servers_user(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_the_private_redis_listens_only_on_a_socket_of_the_servers_user(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     """`make run`'s Redis (no --redis-url) has no TCP port: a unix socket in a
     folder only the server's user can open."""
     import stat
@@ -95,8 +115,12 @@ def test_the_private_redis_listens_only_on_a_socket_of_the_servers_user(tmp_path
 
     data = Path(tempfile.mkdtemp(prefix="pc-"))  # short: a unix socket path has at most 107 bytes
     address = f"127.0.0.1:{free_port()}"
-    proc = subprocess.Popen([sys.executable, "-m", "plancache_server.main", "--listen", address, "--data-dir", str(data), "--gpus", "none"],
-                            env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "plancache_server.main", "--listen", address, "--data-dir", str(data), "--gpus", "none"],
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         with Client(address, cache=False, timeout=2) as client:
             deadline = time.monotonic() + 30

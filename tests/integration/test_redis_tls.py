@@ -22,10 +22,23 @@ pytestmark = pytest.mark.slow
 def test_rediss_url_with_password(tmp_path: Path) -> None:
     pki = make_pki(tmp_path)
     tls_port = free_port()
-    server = EmbeddedRedis(tmp_path / "redis", persist=False, extra_args=(
-        "--tls-port", str(tls_port), "--tls-cert-file", str(pki["server_cert"]), "--tls-key-file", str(pki["server_key"]),
-        "--tls-ca-cert-file", str(pki["ca"]), "--tls-auth-clients", "no",
-    ), password="s3cret")  # fmt: skip
+    server = EmbeddedRedis(
+        tmp_path / "redis",
+        persist=False,
+        extra_args=(
+            "--tls-port",
+            str(tls_port),
+            "--tls-cert-file",
+            str(pki["server_cert"]),
+            "--tls-key-file",
+            str(pki["server_key"]),
+            "--tls-ca-cert-file",
+            str(pki["ca"]),
+            "--tls-auth-clients",
+            "no",
+        ),
+        password="s3cret",
+    )
     try:
         server.start()
     except RuntimeError as e:

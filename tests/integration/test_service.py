@@ -45,11 +45,17 @@ def test_miss_compiles_then_hits(stack: Stack) -> None:
     meta = second.metadata
     assert meta.key == first.key and meta.spec_hash == matmul_spec().spec_hash()
     assert meta.blob_sha256 == hashlib.sha256(second.blob).hexdigest() and meta.blob_size == 75_000
-    assert meta.plan_name == "standin_eng7_k3" and meta.engine_id == 7 and [(k.name, k.value) for k in meta.knobs] == [("TILE_SIZE", 3)]
+    assert (
+        meta.plan_name == "standin_eng7_k3"
+        and meta.engine_id == 7
+        and [(k.name, k.value) for k in meta.knobs] == [("TILE_SIZE", 3)]
+    )
     assert [c.median_ms for c in meta.candidates] == pytest.approx([0.020, 0.015])
     assert [(b.uid, b.name, tuple(b.dim), b.is_output) for b in meta.tensors] == [
-        (1, "A", (8, 256, 512), False), (2, "B", (8, 512, 256), False), (3, "C", (8, 256, 256), True),
-    ]  # fmt: skip
+        (1, "A", (8, 256, 512), False),
+        (2, "B", (8, 512, 256), False),
+        (3, "C", (8, 256, 256), True),
+    ]
     assert meta.target.device_name == "StandIn GPU" and meta.built_by == "test-worker" and meta.created_at > 0
 
 
@@ -125,7 +131,12 @@ def test_cudnn_rejection_is_failed_precondition_with_the_reason(stack: Stack) ->
 def test_no_worker_for_the_target_fails_fast(stack: Stack) -> None:
     other = Target("sm_100", 91900, "1.32.0")
     started = time.monotonic()
-    with stack.client() as client, pytest.raises(TargetUnavailable, match=re.escape("no live GPU worker can build for target sm_100/cudnn-91900/fe-1.32.0")) as info:
+    with (
+        stack.client() as client,
+        pytest.raises(
+            TargetUnavailable, match=re.escape("no live GPU worker can build for target sm_100/cudnn-91900/fe-1.32.0")
+        ) as info,
+    ):
         client.compile(matmul_spec(), other)
     assert time.monotonic() - started < 2
     assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION

@@ -37,7 +37,15 @@ def _exits(program: str, redis_url: str, tmp: Path, *args: str) -> tuple[int, st
     command = [sys.executable, "-m", module, *args]
     if program == "server":
         command += ["--listen", f"127.0.0.1:{free_port()}", "--gpus", "none", "--data-dir", str(tmp / "server-data")]
-    done = subprocess.run(command, env=child_env(PLANCACHE_REDIS_URL=redis_url), cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        command,
+        env=child_env(PLANCACHE_REDIS_URL=redis_url),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     return done.returncode, done.stdout + done.stderr
 
 
@@ -48,11 +56,18 @@ def _the_one_problem(output: str) -> str:
 
 
 def test_a_redis_that_would_evict_plans_is_refused_at_start_with_the_setting_to_change(tmp_path: Path) -> None:
-    shared = EmbeddedRedis(tmp_path / "redis", persist=False, extra_args=("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")).start()
+    shared = EmbeddedRedis(
+        tmp_path / "redis", persist=False, extra_args=("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")
+    ).start()
     try:
         code, output = _exits("server", shared.url, tmp_path)
         line = _the_one_problem(output)
-        assert code == 1 and "ERROR" in line and "maxmemory-policy allkeys-lru" in line and "maxmemory-policy noeviction" in line, output
+        assert (
+            code == 1
+            and "ERROR" in line
+            and "maxmemory-policy allkeys-lru" in line
+            and "maxmemory-policy noeviction" in line
+        ), output
         code, output = _exits("worker", shared.url, tmp_path, "--device", "0", *STANDIN)
         line = _the_one_problem(output)
         assert code == 3 and "maxmemory-policy allkeys-lru" in line and "--store-max-mb" in line, output
@@ -79,8 +94,11 @@ def test_missing_users_and_wrong_passwords_are_one_line_at_start(tmp_path: Path)
         url = f"redis://{{user}}:{{password}}@127.0.0.1:{shared.port}/0"
         never_created = url.format(user="plancache-worker", password="whatever")
         wrong = url.format(user="plancache-frontend", password="wrong-password")
-        for program, redis_url, args, status in [("server", wrong, (), 1), ("server", never_created, (), 1),
-                                                 ("worker", never_created, ("--device", "0", *STANDIN), 3)]:  # fmt: skip
+        for program, redis_url, args, status in [
+            ("server", wrong, (), 1),
+            ("server", never_created, (), 1),
+            ("worker", never_created, ("--device", "0", *STANDIN), 3),
+        ]:
             code, output = _exits(program, redis_url, tmp_path, *args)
             line = _the_one_problem(output)
             assert code == status, output
@@ -101,8 +119,12 @@ def test_a_password_changed_mid_run_fails_calls_with_the_reason_once_a_minute_an
     log = tmp_path / "server.log"
     try:
         with ExitStack() as stack:
-            stack.enter_context(server_process(address, url["frontend"], log, "--gpus", "none", "--memory-cache-mb", "0"))
-            worker = stack.enter_context(worker_process(url["worker"], tmp_path / "worker.log", "--device", "0", *STANDIN))
+            stack.enter_context(
+                server_process(address, url["frontend"], log, "--gpus", "none", "--memory-cache-mb", "0")
+            )
+            worker = stack.enter_context(
+                worker_process(url["worker"], tmp_path / "worker.log", "--device", "0", *STANDIN)
+            )
             wait_for_workers(address, proc=worker)
             client = stack.enter_context(Client(address, cache=False, timeout=5))
             plans = [client.compile(matmul_spec(m=8 * (i + 1)), TARGET) for i in range(5)]
@@ -128,8 +150,16 @@ def test_a_password_changed_mid_run_fails_calls_with_the_reason_once_a_minute_an
         assert_no_traceback(text, (tmp_path / "worker.log").read_text())
         said = lines_matching(text, "refused the user or password")
         assert len(said) == 1 and "ERROR" in said[0], said  # 20 failed calls, one line
-        report("front end's Redis password changed mid-run", {"calls_failed": len(errors), "typed": "StoreUnavailable", "mean_call_s": round(slowest, 3),
-                                                               "log_lines": len(said), "recovered_after_s": round(recovered_after, 2)})  # fmt: skip
+        report(
+            "front end's Redis password changed mid-run",
+            {
+                "calls_failed": len(errors),
+                "typed": "StoreUnavailable",
+                "mean_call_s": round(slowest, 3),
+                "log_lines": len(said),
+                "recovered_after_s": round(recovered_after, 2),
+            },
+        )
     finally:
         shared.stop()
 

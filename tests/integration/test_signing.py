@@ -29,8 +29,12 @@ def keypairs(tmp_path: Path) -> dict[str, tuple[Path, Path]]:
 
 
 @pytest.fixture
-def signed_stack(redis_server: EmbeddedRedis, redis_client: object, keypairs: dict[str, tuple[Path, Path]]) -> Iterator[Stack]:
-    s, stop = start_stack(redis_server.url, StandInCompiler(), signer=Signer.from_file(keypairs["new"][0]), memory_cache_bytes=0)
+def signed_stack(
+    redis_server: EmbeddedRedis, redis_client: object, keypairs: dict[str, tuple[Path, Path]]
+) -> Iterator[Stack]:
+    s, stop = start_stack(
+        redis_server.url, StandInCompiler(), signer=Signer.from_file(keypairs["new"][0]), memory_cache_bytes=0
+    )
     yield s
     stop()
 
@@ -39,11 +43,15 @@ def client(stack: Stack, *trusted: Path, **kwargs: object) -> Client:
     return Client(stack.address, cache=False, trusted_keys=list(trusted), allow_unsigned=False, **kwargs)  # type: ignore[arg-type]
 
 
-def test_signed_plans_verify_and_rotation_keeps_working(signed_stack: Stack, keypairs: dict[str, tuple[Path, Path]]) -> None:
+def test_signed_plans_verify_and_rotation_keeps_working(
+    signed_stack: Stack, keypairs: dict[str, tuple[Path, Path]]
+) -> None:
     with client(signed_stack, keypairs["new"][1]) as c:
         plan = c.compile(matmul_spec(), TARGET)
     assert plan.signature is not None and plan.signature.key_id == Signer.from_file(keypairs["new"][0]).key_id
-    with client(signed_stack, keypairs["old"][1], keypairs["new"][1]) as rotating:  # during a rotation both keys are trusted
+    with client(
+        signed_stack, keypairs["old"][1], keypairs["new"][1]
+    ) as rotating:  # during a rotation both keys are trusted
         assert rotating.get(plan.key).blob == plan.blob
     with client(signed_stack, keypairs["old"][1]) as stale, pytest.raises(UntrustedPlan, match="does not trust"):
         stale.get(plan.key)
@@ -65,7 +73,9 @@ def test_altered_plans_are_refused(signed_stack: Stack, keypairs: dict[str, tupl
             c.get(plan.key)
         # ... and puts the same metadata into the signature's signed bytes.
         assert plan.signature is not None
-        tampered = pb.PlanSignature(key_id=plan.signature.key_id, signature=plan.signature.signature, signed_metadata=meta.SerializeToString())
+        tampered = pb.PlanSignature(
+            key_id=plan.signature.key_id, signature=plan.signature.signature, signed_metadata=meta.SerializeToString()
+        )
         signed_stack.redis.hset(keys.plan(plan.key), "sig", tampered.SerializeToString())
         with pytest.raises(UntrustedPlan, match="does not verify"):
             c.get(plan.key)
@@ -83,7 +93,9 @@ def test_unsigned_plans_only_when_allowed(stack: Stack, keypairs: dict[str, tupl
         assert lenient.compile(matmul_spec(), TARGET).signature is None
 
 
-def test_disk_cache_keeps_signatures_and_rechecks_them(signed_stack: Stack, keypairs: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
+def test_disk_cache_keeps_signatures_and_rechecks_them(
+    signed_stack: Stack, keypairs: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
     cache = DiskCache(tmp_path / "cache")
     with Client(signed_stack.address, cache=cache, trusted_keys=[keypairs["new"][1]], allow_unsigned=False) as c:
         plan = c.compile(matmul_spec(), TARGET)
@@ -93,7 +105,9 @@ def test_disk_cache_keeps_signatures_and_rechecks_them(signed_stack: Stack, keyp
         stranger.get(plan.key)
 
 
-def test_trust_policy_from_the_environment(keypairs: dict[str, tuple[Path, Path]], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_trust_policy_from_the_environment(
+    keypairs: dict[str, tuple[Path, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PLANCACHE_TRUSTED_KEYS", f"{keypairs['old'][1]}:{keypairs['new'][1]}")
     monkeypatch.setenv("PLANCACHE_ALLOW_UNSIGNED", "0")
     policy = TrustPolicy.create()
@@ -105,6 +119,22 @@ def test_private_key_is_owner_only(keypairs: dict[str, tuple[Path, Path]]) -> No
 
 
 def test_worker_refuses_to_start_without_a_key_or_explicit_unsigned() -> None:
-    proc = subprocess.run([sys.executable, "-m", "plancache_server.worker_main", "--redis-url", "redis://127.0.0.1:1/0", "--device", "0",
-                           "--compiler", "tests.support.standin:factory"], env=child_env(), capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "plancache_server.worker_main",
+            "--redis-url",
+            "redis://127.0.0.1:1/0",
+            "--device",
+            "0",
+            "--compiler",
+            "tests.support.standin:factory",
+        ],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 3 and "needs --signing-key" in proc.stderr

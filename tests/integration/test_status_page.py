@@ -80,8 +80,19 @@ def busy_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     address, http_port = f"127.0.0.1:{free_port()}", free_port()
     env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS=str(BUILD_SECONDS))
     try:
-        with server_process(address, redis_server.url, tmp / "server.log", "--gpus", "0", "--compiler", "tests.support.standin:factory",
-                            "--unsigned", "--metrics-port", str(http_port), env=env) as server:  # fmt: skip
+        with server_process(
+            address,
+            redis_server.url,
+            tmp / "server.log",
+            "--gpus",
+            "0",
+            "--compiler",
+            "tests.support.standin:factory",
+            "--unsigned",
+            "--metrics-port",
+            str(http_port),
+            env=env,
+        ) as server:
             wait_for_workers(address, proc=server, timeout=30)
             hot, warm = matmul_spec(m=128), matmul_spec(m=64)
             with Client(address, cache=False, allow_unsigned=True) as client:  # an --unsigned server
@@ -176,7 +187,6 @@ def test_worker_http_port_serves_metrics_only(tmp_path: Path) -> None:
         server.stop()
 
 
-
 @pytest.fixture
 def front_end(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Any:
     front = ThreadedFrontEnd(Settings(listen="127.0.0.1:0", redis_url=redis_server.url), redis_server.url)
@@ -190,7 +200,12 @@ def test_queue_depth_counts_waiting_and_running_builds(redis_client: redis.Redis
     workers.join([TARGET])
     workers.heartbeat("w1", [TARGET], ttl_s=30)
     for i in range(3):
-        front_end.run(queue.enqueue(TARGET, Job(job_id=f"job{i}", plan_key=f"{'0' * 63}{i}/{TARGET.id}/opt-{'0' * 16}", query=pb.PlanQuery())))
+        front_end.run(
+            queue.enqueue(
+                TARGET,
+                Job(job_id=f"job{i}", plan_key=f"{'0' * 63}{i}/{TARGET.id}/opt-{'0' * 16}", query=pb.PlanQuery()),
+            )
+        )
     assert front_end.run(queue.depth(TARGET)) == (3, 0)
     [delivery] = workers.read("w1", [TARGET], block_ms=100)
     assert front_end.run(queue.depth(TARGET)) == (2, 1)
@@ -201,7 +216,9 @@ def test_queue_depth_counts_waiting_and_running_builds(redis_client: redis.Redis
     assert front_end.run(queue.depth(Target("sm_80", 91900, "1.32.0"))) == (0, 0)  # no stream at all
 
 
-def test_recent_failures_are_capped_newest_first_and_survive_bad_records(redis_client: redis.Redis, front_end: ThreadedFrontEnd) -> None:
+def test_recent_failures_are_capped_newest_first_and_survive_bad_records(
+    redis_client: redis.Redis, front_end: ThreadedFrontEnd
+) -> None:
     recorder = BuildRecorder(redis_client, lease_s=60)
     plan_keys = [f"{i:064x}/{TARGET.id}/opt-{'0' * 16}" for i in range(RECENT_FAILURES_KEPT + 5)]
     for i, plan_key in enumerate(plan_keys):
@@ -231,7 +248,10 @@ def test_page_answers_503_with_the_reason_while_redis_is_down() -> None:
         front.stop()
 
 
-@pytest.mark.parametrize(("listen", "host"), [("127.0.0.1:50051", "127.0.0.1"), ("0.0.0.0:1", "0.0.0.0"), ("[::1]:50051", "::1"), ("localhost:7", "localhost")])
+@pytest.mark.parametrize(
+    ("listen", "host"),
+    [("127.0.0.1:50051", "127.0.0.1"), ("0.0.0.0:1", "0.0.0.0"), ("[::1]:50051", "::1"), ("localhost:7", "localhost")],
+)
 def test_the_metrics_port_binds_the_grpc_listen_host_by_default(listen: str, host: str) -> None:
     from plancache_server.web.http import listen_host
 

@@ -38,10 +38,15 @@ def keypairs(tmp_path: Path) -> dict[str, tuple[Path, Path]]:
 
 
 @pytest.fixture
-def mismatched_stack(redis_server: EmbeddedRedis, redis_client: object, keypairs: dict[str, tuple[Path, Path]]) -> Iterator[Stack]:
+def mismatched_stack(
+    redis_server: EmbeddedRedis, redis_client: object, keypairs: dict[str, tuple[Path, Path]]
+) -> Iterator[Stack]:
     """The worker signs with one key; the front end trusts only another."""
     s, stop = start_stack(
-        redis_server.url, StandInCompiler(build_seconds=0.2), signer=Signer.from_file(keypairs["worker"][0]), trusted_keys=(keypairs["trusted"][1],)
+        redis_server.url,
+        StandInCompiler(build_seconds=0.2),
+        signer=Signer.from_file(keypairs["worker"][0]),
+        trusted_keys=(keypairs["trusted"][1],),
     )
     yield s
     stop()
@@ -118,9 +123,11 @@ def test_a_refused_provisional_plan_fails_its_waiters_before_the_tuning_ends(
     redis_server: EmbeddedRedis, redis_client: object, keypairs: dict[str, tuple[Path, Path]]
 ) -> None:
     stack, stop = start_stack(
-        redis_server.url, StandInCompiler(build_seconds=0.1, tune_seconds=3), signer=Signer.from_file(keypairs["worker"][0]),
+        redis_server.url,
+        StandInCompiler(build_seconds=0.1, tune_seconds=3),
+        signer=Signer.from_file(keypairs["worker"][0]),
         trusted_keys=(keypairs["trusted"][1],),
-    )  # fmt: skip
+    )
     try:
         started = time.monotonic()
         with Client(stack.address, cache=False, timeout=60) as c, pytest.raises(UntrustedBuild):
@@ -150,7 +157,9 @@ def test_a_rebuild_is_started_again_once_the_refusal_is_forgotten(mismatched_sta
     assert len(stack.compiler.builds) >= builds_before
 
 
-def test_a_plan_gone_after_its_build_ends_the_wait_with_the_reason(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+def test_a_plan_gone_after_its_build_ends_the_wait_with_the_reason(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
     """A worker that announces a finished build whose plan is not stored
     (deleted or evicted at once): the waiters are told within a few
     re-reads, not at the compile timeout."""
@@ -180,7 +189,9 @@ def test_a_plan_gone_after_its_build_ends_the_wait_with_the_reason(redis_server:
         redis_client.hset(keys.job_state(plan_key), mapping=state_fields(job_id, DONE, worker="silent-worker"))  # type: ignore[arg-type]
         redis_client.publish(keys.EVENTS_CHANNEL, finished_event(job_id, plan_key))
         caller.join(timeout=30)
-        assert len(outcome) == 1 and isinstance(outcome[0], Unavailable) and "no longer stored" in str(outcome[0]), outcome
+        assert len(outcome) == 1 and isinstance(outcome[0], Unavailable) and "no longer stored" in str(outcome[0]), (
+            outcome
+        )
         assert time.monotonic() - started < 10
     finally:
         stop()

@@ -117,7 +117,9 @@ def test_a_spec_that_fails_is_recorded_and_skipped(warm_stack: Stack) -> None:
     with warm_stack.client() as client:
         _serve(client, warm_stack, specs, [3, 2, 1])
         # Anyone can write to Redis: the most hit spec's stored body is swapped for another spec.
-        warm_stack.redis.set(keys.spec_body(specs[0].spec_hash()), warm_stack.redis.get(keys.spec_body(specs[1].spec_hash())))  # type: ignore[arg-type]
+        warm_stack.redis.set(
+            keys.spec_body(specs[0].spec_hash()), warm_stack.redis.get(keys.spec_body(specs[1].spec_hash()))
+        )  # type: ignore[arg-type]
         # And a spec cuDNN rejects, with a (forged) source plan that names it.
         rejected = matmul_spec(m=24, name=REJECTED_NAME)
         _forge_source_plan(warm_stack.redis, rejected)
@@ -140,9 +142,13 @@ def _forge_source_plan(client: redis.Redis, spec: GraphSpec) -> None:
     client.set(keys.spec_body(spec.spec_hash()), spec_io.to_proto(normalized).SerializeToString())
 
 
-def test_a_real_miss_is_not_delayed_by_warming_beyond_one_candidate(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+def test_a_real_miss_is_not_delayed_by_warming_beyond_one_candidate(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
     build_s, tune_s = 0.2, 1.8  # candidates of 0.2 s
-    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=build_s, tune_seconds=tune_s), pool_size=2, warm=True)
+    stack, stop = start_stack(
+        redis_server.url, StandInCompiler(build_seconds=build_s, tune_seconds=tune_s), pool_size=2, warm=True
+    )
     try:
         with stack.client(timeout=60) as client:
             specs = _specs(4)
@@ -150,7 +156,11 @@ def test_a_real_miss_is_not_delayed_by_warming_beyond_one_candidate(redis_server
             for spec in specs:  # their tuning done: the worker is idle
                 _wait_tuned(stack.redis, _key(spec, GENERIC))
             client.warm(EXACT, from_target=GENERIC)
-            wait_until(lambda: (now := client.warm_status(EXACT)[0]).built >= 1 and now.in_flight, 30, "warming is building its second plan")
+            wait_until(
+                lambda: (now := client.warm_status(EXACT)[0]).built >= 1 and now.in_flight,
+                30,
+                "warming is building its second plan",
+            )
             started = time.monotonic()
             miss = client.compile(matmul_spec(m=400, name="a-real-miss"), GENERIC)
             waited = time.monotonic() - started
@@ -170,9 +180,13 @@ def _wait_tuned(client: redis.Redis, key: str, timeout: float = 20) -> None:
         time.sleep(0.02)
 
 
-def test_a_caller_asking_for_a_plan_being_warmed_is_served_at_its_priority(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+def test_a_caller_asking_for_a_plan_being_warmed_is_served_at_its_priority(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
     """The warm build is promoted to the callers' lanes: one build, the caller not left behind warming's pace."""
-    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.3, tune_seconds=2.7), pool_size=2, warm=True)
+    stack, stop = start_stack(
+        redis_server.url, StandInCompiler(build_seconds=0.3, tune_seconds=2.7), pool_size=2, warm=True
+    )
     try:
         with stack.client(timeout=60) as client:
             specs = _specs(2)
@@ -182,7 +196,9 @@ def test_a_caller_asking_for_a_plan_being_warmed_is_served_at_its_priority(redis
             builds_before = len(stack.compiler.builds)
             client.warm(EXACT, from_target=GENERIC)
             deadline = time.monotonic() + 5
-            while not redis_client.hget(keys.plan(_key(specs[0])), "meta"):  # its provisional plan: the warm build is tuning
+            while not redis_client.hget(
+                keys.plan(_key(specs[0])), "meta"
+            ):  # its provisional plan: the warm build is tuning
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
             tuned = client.compile(specs[0], EXACT, tuned_only=True)
@@ -193,7 +209,9 @@ def test_a_caller_asking_for_a_plan_being_warmed_is_served_at_its_priority(redis
         stop()
 
 
-def test_two_workers_race_to_warm_one_target_one_wins_and_nothing_is_built_twice(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+def test_two_workers_race_to_warm_one_target_one_wins_and_nothing_is_built_twice(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
     compilers = [StandInCompiler(build_seconds=0.05), StandInCompiler(build_seconds=0.05)]
     first, stop_first = start_stack(redis_server.url, compilers[0], pool_size=2, warm=True, worker_id="worker-a")
     _second, stop_second = start_stack(redis_server.url, compilers[1], pool_size=2, warm=True, worker_id="worker-b")
@@ -212,9 +230,13 @@ def test_two_workers_race_to_warm_one_target_one_wins_and_nothing_is_built_twice
         stop_second()
 
 
-def test_warmed_plans_enter_the_store_as_least_recently_used(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+def test_warmed_plans_enter_the_store_as_least_recently_used(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
     """Under --store-max-mb, warming evicts warmed plans, never a hotter plan that was served."""
-    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.01), pool_size=2, warm=True, store_max_mb=1)
+    stack, stop = start_stack(
+        redis_server.url, StandInCompiler(build_seconds=0.01), pool_size=2, warm=True, store_max_mb=1
+    )
     try:
         with stack.client() as client:
             hot = _specs(10)  # 10 plans of 75 KB: 0.75 MB of the 1 MB bound
@@ -223,14 +245,20 @@ def test_warmed_plans_enter_the_store_as_least_recently_used(redis_server: Embed
             _wait_done(client)
         usage = Janitor(redis_client).usage()
         assert sum(u.stored_bytes for u in usage.values()) <= 2**20
-        assert all(redis_client.exists(keys.plan(_key(s, GENERIC))) for s in hot), "warming evicted a plan that was served"
+        assert all(redis_client.exists(keys.plan(_key(s, GENERIC))) for s in hot), (
+            "warming evicted a plan that was served"
+        )
         assert usage[EXACT.id].stored_plans >= 1
     finally:
         stop()
 
 
-def test_a_worker_warms_a_sibling_target_on_its_own_when_idle(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
-    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.01), pool_size=2, warm=True, auto_warm_after_s=0.3)
+def test_a_worker_warms_a_sibling_target_on_its_own_when_idle(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
+    stack, stop = start_stack(
+        redis_server.url, StandInCompiler(build_seconds=0.01), pool_size=2, warm=True, auto_warm_after_s=0.3
+    )
     try:
         with stack.client() as client:
             specs = _specs(3)
@@ -242,7 +270,9 @@ def test_a_worker_warms_a_sibling_target_on_its_own_when_idle(redis_server: Embe
         stop()
 
 
-def test_warm_needs_an_admin_token_and_status_a_read_one(redis_server: EmbeddedRedis, redis_client: redis.Redis, tmp_path: Path) -> None:
+def test_warm_needs_an_admin_token_and_status_a_read_one(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis, tmp_path: Path
+) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("read " + "r" * 20 + "\nadmin " + "a" * 20 + "\ncompile " + "c" * 20 + "\n")
     stack, stop = start_stack(redis_server.url, StandInCompiler(), pool_size=2, warm=True, tokens_file=tokens)
@@ -290,12 +320,30 @@ def test_a_warming_plan_is_resumed_after_its_worker_dies(tmp_path: Path) -> None
     build_log = tmp_path / "builds.jsonl"
     env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS="0.4", PLANCACHE_STANDIN_BUILD_LOG=str(build_log))
     # A short build lease: the dead worker's lease on the item it was building runs out soon.
-    flags = ("--device", "0", "--compiler", "tests.support.standin:factory", "--unsigned", "--build-processes", "2", "--no-warm",
-             "--heartbeat-interval", "0.3", "--heartbeat-ttl", "1.5", "--claim-idle", "1", "--build-lease", "2")  # fmt: skip
+    flags = (
+        "--device",
+        "0",
+        "--compiler",
+        "tests.support.standin:factory",
+        "--unsigned",
+        "--build-processes",
+        "2",
+        "--no-warm",
+        "--heartbeat-interval",
+        "0.3",
+        "--heartbeat-ttl",
+        "1.5",
+        "--claim-idle",
+        "1",
+        "--build-lease",
+        "2",
+    )
     try:
         with ExitStack() as stack:
             address = "127.0.0.1:" + str(_port())
-            stack.enter_context(server_process(address, redis_server.url, tmp_path / "server.log", "--gpus", "none", "--unsigned"))
+            stack.enter_context(
+                server_process(address, redis_server.url, tmp_path / "server.log", "--gpus", "none", "--unsigned")
+            )
             first = stack.enter_context(worker_process(redis_server.url, tmp_path / "worker1.log", *flags, env=env))
             wait_for_workers(address, timeout=60)
             client = stack.enter_context(Client(address, cache=False, timeout=60))
@@ -332,7 +380,6 @@ def _plan(redis_url: str, top: int) -> None:
 
 def _status(redis_url: str) -> object:
     return Warming(redis.Redis.from_url(redis_url)).status(EXACT.id)
-
 
 
 def test_a_warmed_plan_is_evicted_first_but_kept_for_the_whole_retention(redis_client: redis.Redis) -> None:

@@ -17,10 +17,19 @@ from pathlib import Path
 from tests.support.processes import REPO
 
 FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-extensions", "--hide-scrollbars", "--mute-audio",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--hide-scrollbars",
+    "--mute-audio",
     "--disable-dev-shm-usage",
-)  # fmt: skip
+)
 
 
 def chromium_binary() -> str:
@@ -29,7 +38,9 @@ def chromium_binary() -> str:
     for name in (os.environ.get("PLANCACHE_TEST_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
         if name and (path := shutil.which(name)):
             return path
-    raise RuntimeError("no headless Chromium found: `make setup-test` (scripts/install-os-package.sh chromium) installs Debian's chromium")
+    raise RuntimeError(
+        "no headless Chromium found: `make setup-test` (scripts/install-os-package.sh chromium) installs Debian's chromium"
+    )
 
 
 def artifacts_dir() -> Path:
@@ -42,7 +53,11 @@ def artifacts_dir() -> Path:
 def _chromium(*args: str, timeout: float = 90) -> str:
     with tempfile.TemporaryDirectory(prefix="plancache-chromium-") as profile:
         result = subprocess.run(
-            [chromium_binary(), *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=timeout, check=False
+            [chromium_binary(), *FLAGS, f"--user-data-dir={profile}", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
     if result.returncode != 0:
         raise RuntimeError(f"chromium exited {result.returncode}: {result.stderr[-2000:]}")
@@ -108,7 +123,9 @@ def layout(html: str, width: int, height: int = 2000) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="plancache-layout-") as folder:
         host = Path(folder) / "host.html"
         host.write_text(_framed(html, width, height, measure=True))
-        dom = _chromium(f"--window-size={max(width, 500)},{height}", "--virtual-time-budget=10000", "--dump-dom", host.as_uri())
+        dom = _chromium(
+            f"--window-size={max(width, 500)},{height}", "--virtual-time-budget=10000", "--dump-dom", host.as_uri()
+        )
     found = re.search(r'<pre id="layout">([^<]*)</pre>', dom)
     if not found or not found.group(1):
         raise RuntimeError("the layout script did not run")

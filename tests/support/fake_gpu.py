@@ -40,7 +40,13 @@ def dtype(name: str) -> FakeDtype:
 
 
 class FakeTensor:
-    def __init__(self, shape: tuple[int, ...], stride: tuple[int, ...] | None = None, dtype_name: str = "half", device: FakeDevice | None = None) -> None:
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        stride: tuple[int, ...] | None = None,
+        dtype_name: str = "half",
+        device: FakeDevice | None = None,
+    ) -> None:
         self.shape = tuple(shape)
         self._stride = tuple(stride) if stride is not None else _row_major(self.shape)
         self.dtype = dtype(dtype_name)

@@ -28,7 +28,9 @@ def small_file_system(folder: Path, size_bytes: int) -> Iterator[Path]:
     """`folder` (created empty) on a tmpfs of `size_bytes`; unmounted after."""
     folder.mkdir(parents=True, exist_ok=True)
     if not _mount("-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs", str(folder)):
-        pytest.skip("mounting a tmpfs needs CAP_SYS_ADMIN, which this test process lacks: a full disk cannot be made here")
+        pytest.skip(
+            "mounting a tmpfs needs CAP_SYS_ADMIN, which this test process lacks: a full disk cannot be made here"
+        )
     try:
         yield folder
     finally:
@@ -53,7 +55,9 @@ def read_only_folder(folder: Path, size_bytes: int = 16 * 2**20) -> Iterator[Pat
             subprocess.run(["umount", "-l", str(folder)], capture_output=True, check=False)
         return
     if os.geteuid() == 0:
-        pytest.skip("root without CAP_SYS_ADMIN: permissions do not stop root, and no read-only file system can be mounted")
+        pytest.skip(
+            "root without CAP_SYS_ADMIN: permissions do not stop root, and no read-only file system can be mounted"
+        )
     folder.chmod(0o555)
     try:
         yield folder

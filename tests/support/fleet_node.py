@@ -35,7 +35,15 @@ NO_WORKER_TARGET = Target("sm_80", 91900, "1.32.0", "Nobody's GPU", 108)
 def _stand_in_gpu() -> None:
     cls = frontend.pygraph
     cls.validate = lambda g, *a, **k: setattr(g, "_is_validated", True)
-    for name in ("build_operation_graph", "create_execution_plans", "check_support", "build_plans", "build_plan_at_index", "execute_plan_at_index", "execute"):
+    for name in (
+        "build_operation_graph",
+        "create_execution_plans",
+        "check_support",
+        "build_plans",
+        "build_plan_at_index",
+        "execute_plan_at_index",
+        "execute",
+    ):
         setattr(cls, name, lambda g, *a, **k: None)
     shim._load = lambda graph, plan: StandInServedGraph(plan.blob)  # type: ignore[assignment]
 
@@ -59,7 +67,14 @@ def build(g: Any) -> None:
 
 def main(address: str, scenario: str, cache_dir: str | None) -> None:
     _stand_in_gpu()
-    client = Client(address, cache=DiskCache(cache_dir) if cache_dir else False, allow_unsigned=True, hedge=False, timeout=10, compile_timeout=60)
+    client = Client(
+        address,
+        cache=DiskCache(cache_dir) if cache_dir else False,
+        allow_unsigned=True,
+        hedge=False,
+        timeout=10,
+        compile_timeout=60,
+    )
     shim.configure(client, target=STANDIN_TARGET)
     if scenario == "first":  # served (built by the worker), cuDNN's refusal, a program that drives its own candidates
         for m in (128, 256):
@@ -84,7 +99,10 @@ def main(address: str, scenario: str, cache_dir: str | None) -> None:
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     stats = shim.stats()
-    print(json.dumps({"served": stats.served, "local": stats.local, "sources": [b.source for b in shim.graphs()]}), flush=True)
+    print(
+        json.dumps({"served": stats.served, "local": stats.local, "sources": [b.source for b in shim.graphs()]}),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -41,18 +41,30 @@ def key_of(spec: GraphSpec, target: Target = TARGET, options: CompileOptions | N
 
 # The plan list a stand-in worker records: what plancache.cudnn answers a program's queries from.
 STANDIN_PLAN_LIST = (
-    CandidateResult(0, "eng0_standin", 0, 0.01, knobs={"SPLIT_K": 1}, behavior_notes=("RUNTIME_COMPILATION",), workspace_size=256),
+    CandidateResult(
+        0, "eng0_standin", 0, 0.01, knobs={"SPLIT_K": 1}, behavior_notes=("RUNTIME_COMPILATION",), workspace_size=256
+    ),
     CandidateResult(1, "eng7_standin", 7, None, knobs={"TILE_SIZE": 2}),
     CandidateResult(2, "eng9_standin", 9, None),
 )
 
 
-def plan_for(spec: GraphSpec, target: Target = TARGET, options: CompileOptions | None = None, source: str = "compiled", workspace: int = 256) -> Plan:
+def plan_for(
+    spec: GraphSpec,
+    target: Target = TARGET,
+    options: CompileOptions | None = None,
+    source: str = "compiled",
+    workspace: int = 256,
+) -> Plan:
     """A plan answering `spec` with a made-up blob, its metadata as a worker writes it (plancache_server.worker.worker)."""
     normalized, opts = normalize(spec), options or CompileOptions()
     blob = b"standin-plan:" + hash_normalized(normalized).encode()
-    compiled = CompiledPlan(blob, workspace, 0, {}, "standin", is_python_engine=False, candidates=list(STANDIN_PLAN_LIST))
-    metadata = plan_metadata(VerifiedJob(key_of(spec, target, opts), normalized, target, opts), compiled, "standin-worker", target.to_proto())
+    compiled = CompiledPlan(
+        blob, workspace, 0, {}, "standin", is_python_engine=False, candidates=list(STANDIN_PLAN_LIST)
+    )
+    metadata = plan_metadata(
+        VerifiedJob(key_of(spec, target, opts), normalized, target, opts), compiled, "standin-worker", target.to_proto()
+    )
     metadata.blob_sha256 = hashlib.sha256(blob).hexdigest()
     return Plan(blob, metadata, source)
 
@@ -78,9 +90,15 @@ class StandInClient:
     not_stored: set[str] = field(default_factory=set)  # plan keys prefetch() answers NotFound
 
     def compile(
-        self, spec: GraphSpec, target: Target | str | None = None, options: CompileOptions | None = None, *, timeout: float | None = None,
-        hedge: bool | None = None, hedge_path: str = "compile",
-    ) -> Plan:  # fmt: skip
+        self,
+        spec: GraphSpec,
+        target: Target | str | None = None,
+        options: CompileOptions | None = None,
+        *,
+        timeout: float | None = None,
+        hedge: bool | None = None,
+        hedge_path: str = "compile",
+    ) -> Plan:
         assert isinstance(target, Target)
         self.asked.append((spec, target, options or CompileOptions()))
         if self.error is not None:
@@ -88,7 +106,9 @@ class StandInClient:
         if self.local_plans:
             from tests.support.standin_local import StandInLocalBuilder
 
-            local = StandInLocalBuilder().build(normalize(spec), options or CompileOptions(), key_of(spec, target, options), target)
+            local = StandInLocalBuilder().build(
+                normalize(spec), options or CompileOptions(), key_of(spec, target, options), target
+            )
             assert isinstance(local, LocalPlan)
             self.pending = StandInRace(plan_for(spec, target, options, self.source))
             local.replace_with(self.pending)
@@ -96,9 +116,15 @@ class StandInClient:
         return plan_for(spec, target, options, self.source)
 
     def race(
-        self, spec: GraphSpec, target: Target | str | None, options: CompileOptions | None, build: Callable[[], Any], *, path: str,
+        self,
+        spec: GraphSpec,
+        target: Target | str | None,
+        options: CompileOptions | None,
+        build: Callable[[], Any],
+        *,
+        path: str,
         timeout: float | None = None,
-    ) -> Raced[Any]:  # fmt: skip
+    ) -> Raced[Any]:
         assert isinstance(target, Target)
         self.asked.append((spec, target, options or CompileOptions()))
         if self.error is not None:
@@ -110,9 +136,15 @@ class StandInClient:
         return Raced(local=None, race=self.pending)  # type: ignore[arg-type]
 
     def prefetch(
-        self, manifest: Manifest, target: Target | str | None = None, *, compile_missing: bool = False, timeout: float | None = None,
-        on_plan: Callable[[int, Plan], None] | None = None, **_: Any,
-    ) -> PrefetchResult:  # fmt: skip
+        self,
+        manifest: Manifest,
+        target: Target | str | None = None,
+        *,
+        compile_missing: bool = False,
+        timeout: float | None = None,
+        on_plan: Callable[[int, Plan], None] | None = None,
+        **_: Any,
+    ) -> PrefetchResult:
         """Client.prefetch: each entry's stored plan ("hit"), or NotFound for keys in `not_stored`."""
         assert isinstance(target, Target)
         result = PrefetchResult(total=len(manifest.entries))
@@ -127,13 +159,22 @@ class StandInClient:
                 on_plan(index, plan)
         return result
 
-    def build_family(self, family: Family, target: Target | str | None = None, options: CompileOptions | None = None, **_: Any) -> FamilyStatus:
+    def build_family(
+        self, family: Family, target: Target | str | None = None, options: CompileOptions | None = None, **_: Any
+    ) -> FamilyStatus:
         """Client.build_family: recorded; every graph queued (or `error`)."""
         assert isinstance(target, Target)
         if self.family_error is not None:
             raise self.family_error
         self.families.append((family, target, options))
-        return FamilyStatus(make_family_key(family.family_hash(), target, options or CompileOptions()), target.id, family.size(), 0, family.size(), 0.0)
+        return FamilyStatus(
+            make_family_key(family.family_hash(), target, options or CompileOptions()),
+            target.id,
+            family.size(),
+            0,
+            family.size(),
+            0.0,
+        )
 
     def close(self) -> None:
         pass
@@ -176,7 +217,14 @@ DTYPES = {n: StandInDtype(n) for n in ("float16", "bfloat16", "float32", "float6
 class StandInTensor:
     """Geometry only: shape, stride(), dtype, device, get_device(), requires_grad."""
 
-    def __init__(self, shape: tuple[int, ...], stride: tuple[int, ...] | None = None, dtype: str = "float16", device: str = "cuda:0", requires_grad: bool = False) -> None:
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        stride: tuple[int, ...] | None = None,
+        dtype: str = "float16",
+        device: str = "cuda:0",
+        requires_grad: bool = False,
+    ) -> None:
         self.shape = tuple(shape)
         self._stride = tuple(stride) if stride is not None else row_major(self.shape)
         self.dtype = DTYPES[dtype]
@@ -234,7 +282,9 @@ class StandInOps:
         return make
 
     def constant(self, constant: Any, device: int) -> Any:
-        t = StandInTensor(constant.shape, None, _TORCH_NAMES[constant.dtype], "cpu" if constant.on_host else f"cuda:{device}")
+        t = StandInTensor(
+            constant.shape, None, _TORCH_NAMES[constant.dtype], "cpu" if constant.on_host else f"cuda:{device}"
+        )
         t.value = constant.value
         self.constants.append(t)
         return t

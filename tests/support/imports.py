@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-ROOTS = {"plancache": REPO / "client" / "src" / "plancache", "plancache_server": REPO / "server" / "src" / "plancache_server"}
+ROOTS = {
+    "plancache": REPO / "client" / "src" / "plancache",
+    "plancache_server": REPO / "server" / "src" / "plancache_server",
+}
 GENERATED = ("plancache.v1",)  # protoc's stubs
 
 

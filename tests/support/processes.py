@@ -26,7 +26,9 @@ class Proc:
     def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
         self._file = open(log, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(args, env=env or child_env(), stdout=self._file, stderr=subprocess.STDOUT, cwd=REPO)
+        self.proc = subprocess.Popen(
+            args, env=env or child_env(), stdout=self._file, stderr=subprocess.STDOUT, cwd=REPO
+        )
 
     def text(self) -> str:
         return self.log.read_text()
@@ -55,7 +57,12 @@ def child_env(**extra: str) -> dict[str, str]:
     caller's shell (tests.support.hermetic), the repo importable (stand-in
     compiler, tests), and `extra`: what the test sets on purpose."""
     base = inherited_environment()
-    return {**base, "PYTHONPATH": os.pathsep.join([str(REPO), base.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1", **extra}
+    return {
+        **base,
+        "PYTHONPATH": os.pathsep.join([str(REPO), base.get("PYTHONPATH", "")]),
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+    }
 
 
 def signing_public_key(data_dir: Path) -> Path:
@@ -77,7 +84,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def server_process(address: str, redis_url: str, log: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def server_process(
+    address: str, redis_url: str, log: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """plancache-server on `address` against `redis_url`; waits until it answers.
 
     A server holds its data folder exclusively, so one not given --data-dir gets
@@ -87,8 +96,11 @@ def server_process(address: str, redis_url: str, log: Path, *args: str, env: dic
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "plancache_server.main", "--listen", address, "--redis-url", redis_url, *args],
-            env=env or child_env(), stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-        )  # fmt: skip
+            env=env or child_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
         try:
             with Client(address, timeout=2) as client:
                 deadline = time.monotonic() + 60
@@ -106,12 +118,17 @@ def server_process(address: str, redis_url: str, log: Path, *args: str, env: dic
 
 
 @contextmanager
-def worker_process(redis_url: str, log: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def worker_process(
+    redis_url: str, log: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "plancache_server.worker_main", "--redis-url", redis_url, *args],
-            env=env or child_env(), stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-        )  # fmt: skip
+            env=env or child_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
         try:
             yield proc
         finally:
@@ -120,22 +137,41 @@ def worker_process(redis_url: str, log: Path, *args: str, env: dict[str, str] | 
 
 @contextmanager
 def standin_deployment(
-    stack: ExitStack, redis_url: str, logs: Path, build_seconds: float, *worker_args: str, started_dir: Path | None = None
+    stack: ExitStack,
+    redis_url: str,
+    logs: Path,
+    build_seconds: float,
+    *worker_args: str,
+    started_dir: Path | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
     """A plancache-server process and one unsigned stand-in worker process
     (builds of `build_seconds`; `worker_args` more flags; each build marked
     in `started_dir` as it starts), ready: (address, server, worker)."""
     address = f"127.0.0.1:{free_port()}"
     server = stack.enter_context(server_process(address, redis_url, logs / "server.log", "--gpus", "none"))
-    env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS=str(build_seconds), PLANCACHE_STANDIN_STARTED_DIR=str(started_dir or ""))
+    env = child_env(
+        PLANCACHE_STANDIN_BUILD_SECONDS=str(build_seconds), PLANCACHE_STANDIN_STARTED_DIR=str(started_dir or "")
+    )
     worker = stack.enter_context(
-        worker_process(redis_url, logs / "worker.log", "--device", "0", "--compiler", "tests.support.standin:factory", "--unsigned", *worker_args, env=env)
+        worker_process(
+            redis_url,
+            logs / "worker.log",
+            "--device",
+            "0",
+            "--compiler",
+            "tests.support.standin:factory",
+            "--unsigned",
+            *worker_args,
+            env=env,
+        )
     )
     wait_for_workers(address, proc=worker)
     yield address, server, worker
 
 
-def wait_for_workers(address: str, count: int = 1, timeout: float = 180, proc: subprocess.Popen[bytes] | None = None) -> None:
+def wait_for_workers(
+    address: str, count: int = 1, timeout: float = 180, proc: subprocess.Popen[bytes] | None = None
+) -> None:
     """Until `count` workers heartbeat on some target."""
     deadline = time.monotonic() + timeout
     with Client(address, timeout=5) as client:

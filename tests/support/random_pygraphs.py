@@ -46,15 +46,21 @@ class _Maker:
                 return choice
         return None
 
-    def tensor(self, name: str, dims: list[int], data_type: Any, *, nhwc: bool = False, stride: bool = True, **kwargs: Any) -> Any:
+    def tensor(
+        self, name: str, dims: list[int], data_type: Any, *, nhwc: bool = False, stride: bool = True, **kwargs: Any
+    ) -> Any:
         strides = _nhwc(dims) if nhwc else _row_major(dims)
-        t = self.g.tensor(name=name, dim=dims, stride=strides if stride or nhwc else None, data_type=data_type, **kwargs)
+        t = self.g.tensor(
+            name=name, dim=dims, stride=strides if stride or nhwc else None, data_type=data_type, **kwargs
+        )
         uid = self.uid()
         if uid is not None:
             t.set_uid(uid)
         return t
 
-    def output(self, t: Any, data_type: Any | None = None, *, dims: list[int] | None = None, nhwc: bool = False) -> None:
+    def output(
+        self, t: Any, data_type: Any | None = None, *, dims: list[int] | None = None, nhwc: bool = False
+    ) -> None:
         t.set_output(True)
         if data_type is not None:
             t.set_data_type(data_type)
@@ -103,7 +109,10 @@ def _conv(m: _Maker, cudnn: Any, rng: random.Random) -> None:
         return
     y = m.g.relu(input=m.g.bias(input=y, bias=m.tensor("b", [1, k, 1, 1], io, nhwc=True)))
     if rng.random() < 0.4:  # a scalar held in the graph (tensor_scalar), int or float
-        y = m.g.mul(a=y, b=m.g.tensor_scalar(rng.choice([0.5, 2.0, 3]), rng.choice(list(cudnn.scalar_type.__members__.values()))))
+        y = m.g.mul(
+            a=y,
+            b=m.g.tensor_scalar(rng.choice([0.5, 2.0, 3]), rng.choice(list(cudnn.scalar_type.__members__.values()))),
+        )
     m.output(y, io, dims=[n, k, hw, hw], nhwc=True)
 
 
@@ -122,9 +131,19 @@ def _norm_forward(m: _Maker, cudnn: Any, rng: random.Random) -> None:
         running = rng.random() < 0.5
         mean_in, var_in = (m.tensor(nm, per, f32, nhwc=True) for nm in ("rm", "rv")) if running else (None, None)
         momentum = m.tensor("momentum", [1, 1, 1, 1], f32, is_pass_by_value=True) if running else None
-        outs = m.g.batchnorm(input=x, scale=scale, bias=bias, in_running_mean=mean_in, in_running_var=var_in, epsilon=eps, momentum=momentum)
+        outs = m.g.batchnorm(
+            input=x,
+            scale=scale,
+            bias=bias,
+            in_running_mean=mean_in,
+            in_running_var=var_in,
+            epsilon=eps,
+            momentum=momentum,
+        )
     elif kind == "rmsnorm":
-        outs = m.g.rmsnorm(norm_forward_phase=phase, input=x, scale=scale, epsilon=eps, bias=bias if rng.random() < 0.5 else None)
+        outs = m.g.rmsnorm(
+            norm_forward_phase=phase, input=x, scale=scale, epsilon=eps, bias=bias if rng.random() < 0.5 else None
+        )
     else:
         outs = getattr(m.g, kind)(norm_forward_phase=phase, input=x, scale=scale, bias=bias, epsilon=eps)
     outs = outs if isinstance(outs, list) else [outs]
@@ -135,12 +154,26 @@ def _norm_forward(m: _Maker, cudnn: Any, rng: random.Random) -> None:
 
 def _norm_backward(m: _Maker, cudnn: Any, rng: random.Random) -> None:
     io, f32 = _types(cudnn, rng)
-    kind = rng.choice(["layernorm_backward", "rmsnorm_backward", "batchnorm_backward", "instancenorm_backward", "adalayernorm_backward"])
+    kind = rng.choice(
+        [
+            "layernorm_backward",
+            "rmsnorm_backward",
+            "batchnorm_backward",
+            "instancenorm_backward",
+            "adalayernorm_backward",
+        ]
+    )
     n, c = rng.choice([4, 8]), rng.choice([32, 64])
     spatial = kind in ("batchnorm_backward", "instancenorm_backward")
     dims = [n, c, 4, 4] if spatial else [n, c, 1, 1]
     x, dy = m.tensor("x", dims, io, nhwc=True), m.tensor("dy", dims, io, nhwc=True)
-    stats = [1, c, 1, 1] if kind == "batchnorm_backward" else [n, c, 1, 1] if kind == "instancenorm_backward" else [n, 1, 1, 1]
+    stats = (
+        [1, c, 1, 1]
+        if kind == "batchnorm_backward"
+        else [n, c, 1, 1]
+        if kind == "instancenorm_backward"
+        else [n, 1, 1, 1]
+    )
     scale = m.tensor("scale", [n, c, 1, 1] if kind == "adalayernorm_backward" else [1, c, 1, 1], f32, nhwc=True)
     inv = m.tensor("inv_var", stats, f32, nhwc=True)
     if kind == "rmsnorm_backward":
@@ -161,7 +194,9 @@ def _structural(m: _Maker, cudnn: Any, rng: random.Random) -> None:
     if kind in ("rope", "rope_backward"):
         freqs = m.tensor("freqs", [1, 1, s, d], cudnn.data_type.FLOAT)
         port = "input" if kind == "rope" else "dY"
-        y = getattr(m.g, kind)(**{port: x}, freqs=freqs, output_scale=rng.choice([1.0, 0.5]), rope_dim=rng.choice([0, d]))
+        y = getattr(m.g, kind)(
+            **{port: x}, freqs=freqs, output_scale=rng.choice([1.0, 0.5]), rope_dim=rng.choice([0, d])
+        )
     elif kind == "slice":
         y = m.g.slice(x, slices=[slice(None), slice(0, 2), slice(0, s, rng.choice([1, 2])), slice(None)])
     elif kind == "concatenate":
@@ -187,14 +222,20 @@ def _sdpa(m: _Maker, cudnn: Any, rng: random.Random) -> None:
     elif mask == "window":
         kwargs.update(use_causal_mask=True, sliding_window_length=rng.choice([16, 32]))
     elif mask == "band":
-        kwargs.update(diagonal_alignment=rng.choice(list(cudnn.diagonal_alignment.__members__.values())), diagonal_band_right_bound=0)
+        kwargs.update(
+            diagonal_alignment=rng.choice(list(cudnn.diagonal_alignment.__members__.values())),
+            diagonal_band_right_bound=0,
+        )
         if rng.random() < 0.5:
             kwargs["diagonal_band_left_bound"] = 16
     elif mask == "alibi":
         kwargs.update(use_causal_mask=True, use_alibi_mask=True)
     if rng.random() < 0.3:
-        kwargs.update(use_padding_mask=True, seq_len_q=m.tensor("seq_q", [b, 1, 1, 1], cudnn.data_type.INT32),
-                      seq_len_kv=m.tensor("seq_kv", [b, 1, 1, 1], cudnn.data_type.INT32))  # fmt: skip
+        kwargs.update(
+            use_padding_mask=True,
+            seq_len_q=m.tensor("seq_q", [b, 1, 1, 1], cudnn.data_type.INT32),
+            seq_len_kv=m.tensor("seq_kv", [b, 1, 1, 1], cudnn.data_type.INT32),
+        )
     training = rng.random() < 0.5
     if rng.random() < 0.5:  # the catalog's spelling, or the frontend's classic switch
         kwargs["generate_stats"] = training
@@ -274,9 +315,15 @@ def _pointwise(m: _Maker, cudnn: Any, rng: random.Random) -> None:
 
 
 FAMILIES: dict[str, Builder] = {
-    "matmul": _matmul, "conv": _conv, "norm_forward": _norm_forward, "norm_backward": _norm_backward, "structural": _structural,
-    "sdpa": _sdpa, "score_mod": _score_mod, "pointwise": _pointwise,
-}  # fmt: skip
+    "matmul": _matmul,
+    "conv": _conv,
+    "norm_forward": _norm_forward,
+    "norm_backward": _norm_backward,
+    "structural": _structural,
+    "sdpa": _sdpa,
+    "score_mod": _score_mod,
+    "pointwise": _pointwise,
+}
 
 
 def graph_arguments(cudnn: Any, rng: random.Random, kernel_cache: Any = None) -> dict[str, Any]:
@@ -294,11 +341,24 @@ def graph_arguments(cudnn: Any, rng: random.Random, kernel_cache: Any = None) ->
     return found
 
 
-def random_graph(cudnn: Any, seed: int, *, kernel_cache: Any = None, family: str | None = None, pygraph: Any = None, handle: Any = None) -> tuple[Any, str]:
+def random_graph(
+    cudnn: Any,
+    seed: int,
+    *,
+    kernel_cache: Any = None,
+    family: str | None = None,
+    pygraph: Any = None,
+    handle: Any = None,
+) -> tuple[Any, str]:
     rng = random.Random(seed)
     family = family or rng.choice(sorted(FAMILIES))
     extra = {"handle": handle} if handle is not None else {}
-    g = (pygraph or cudnn.pygraph)(name=f"random-{seed}", intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT,
-                                  **graph_arguments(cudnn, rng, kernel_cache), **extra)  # fmt: skip
+    g = (pygraph or cudnn.pygraph)(
+        name=f"random-{seed}",
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+        **graph_arguments(cudnn, rng, kernel_cache),
+        **extra,
+    )
     FAMILIES[family](_Maker(g, cudnn, rng), cudnn, rng)
     return g, family

@@ -37,10 +37,21 @@ def cluster_ports(count: int) -> list[int]:
 class LocalCluster:
     def __init__(self, root: Path, masters: int = 3) -> None:
         self.nodes = [
-            EmbeddedRedis(root / f"node{port}", port=port, persist=False,
-                          extra_args=("--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf", "--cluster-node-timeout", "2000"))
+            EmbeddedRedis(
+                root / f"node{port}",
+                port=port,
+                persist=False,
+                extra_args=(
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    f"nodes-{port}.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ),
+            )
             for port in cluster_ports(masters)
-        ]  # fmt: skip
+        ]
 
     @property
     def url(self) -> str:
@@ -53,9 +64,19 @@ class LocalCluster:
         if cli is None:
             raise FileNotFoundError("redis-cli not found (Debian package redis-tools)")
         subprocess.run(
-            [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes), "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         deadline = time.monotonic() + 30
         for node in self.nodes:
             client = redis.Redis(port=node.port)

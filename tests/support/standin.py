@@ -55,8 +55,14 @@ class StandInCompiler:
     thread_safe = True
 
     def __init__(
-        self, target: Target = STANDIN_TARGET, build_seconds: float = 0.0, blob_size: int = 75_000, build_log: str | None = None,
-        tune_seconds: float | None = None, candidates: int = DEFAULT_CANDIDATES, started_dir: str | None = None,
+        self,
+        target: Target = STANDIN_TARGET,
+        build_seconds: float = 0.0,
+        blob_size: int = 75_000,
+        build_log: str | None = None,
+        tune_seconds: float | None = None,
+        candidates: int = DEFAULT_CANDIDATES,
+        started_dir: str | None = None,
     ) -> None:
         """`tune_seconds`: None builds one plan (after `build_seconds`); a
         number plays the heuristic-first path: a provisional plan after
@@ -116,20 +122,33 @@ class StandInCompiler:
         with self._lock:
             self.candidate_builds.append((digest, index))
         time.sleep(seconds)
-        plan = self._plan(digest, options, index, f"standin_eng{index}" if index != self.fastest else "standin_eng7_k3", {"TILE_SIZE": 3})
+        plan = self._plan(
+            digest,
+            options,
+            index,
+            f"standin_eng{index}" if index != self.fastest else "standin_eng7_k3",
+            {"TILE_SIZE": 3},
+        )
         return dataclasses.replace(plan, seconds=seconds)
 
     def time_plans(self, spec: GraphSpec, options: CompileOptions, plans: Sequence[BuiltPlan]) -> list[CandidateResult]:
         if spec.name == TUNE_FAILS_NAME:
             raise RuntimeError("stand-in: the GPU fell off the bus while autotuning")
-        return [CandidateResult(p.index, p.plan_name, p.engine_id, 0.015 if p.index == self.fastest else 0.020, timing="cuda-graph") for p in plans]
+        return [
+            CandidateResult(
+                p.index, p.plan_name, p.engine_id, 0.015 if p.index == self.fastest else 0.020, timing="cuda-graph"
+            )
+            for p in plans
+        ]
 
     def _plan(self, digest: str, options: CompileOptions, index: int, name: str, knobs: dict[str, int]) -> BuiltPlan:
         """A deterministic blob per (spec, target, options, candidate)."""
         label = "/provisional" if index == 0 else f"/candidate-{index}"
         seed = hashlib.sha256(f"{digest}/{self._target.id}/{options.id}{label}".encode()).digest()
         blob = (seed * (self.blob_size // len(seed) + 1))[: self.blob_size]
-        return BuiltPlan(index, blob, name, 7 if name == "standin_eng7_k3" else index, knobs, 1024, False, self.build_seconds)
+        return BuiltPlan(
+            index, blob, name, 7 if name == "standin_eng7_k3" else index, knobs, 1024, False, self.build_seconds
+        )
 
     def _log_build(self, digest: str, started: float, ended: float) -> None:
         """One line per build, written whole in one O_APPEND write under the lock
@@ -147,7 +166,9 @@ class StandInCompiler:
 
 def _play_gpu_fault(name: str) -> None:
     if name == GPU_OOM_NAME:
-        raise RuntimeError("CUDA out of memory. Tried to allocate 160.00 GiB (GPU 0; 139.81 GiB total capacity) [stand-in]")
+        raise RuntimeError(
+            "CUDA out of memory. Tried to allocate 160.00 GiB (GPU 0; 139.81 GiB total capacity) [stand-in]"
+        )
     if name == GPU_LOST_NAME:
         gone = os.environ.get(GPU_GONE_ENV)
         if gone:

@@ -62,4 +62,8 @@ class StandInLocalBuilder:
             raise CompileFailed("stand-in: cuDNN refuses this graph on this node too")
         graph = StandInLocalGraph()
         self.graphs.append(graph)
-        return LocalPlan(LocalGraph(graph, 0), local_metadata(spec, options, key, target, {}, LOCAL_WORKSPACE, "standin-local", self.seconds), 0)
+        return LocalPlan(
+            LocalGraph(graph, 0),
+            local_metadata(spec, options, key, target, {}, LOCAL_WORKSPACE, "standin-local", self.seconds),
+            0,
+        )

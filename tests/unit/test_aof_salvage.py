@@ -15,7 +15,9 @@ def resp(*args: bytes) -> bytes:
 
 def plan_write(i: int) -> bytes:
     rng = random.Random(i)
-    blob = rng.randbytes(300) + b"*3\r\n$4\r\nhset\r\n" + rng.randbytes(50)  # a blob may hold what looks like a command's start
+    blob = (
+        rng.randbytes(300) + b"*3\r\n$4\r\nhset\r\n" + rng.randbytes(50)
+    )  # a blob may hold what looks like a command's start
     return resp(b"HSET", b"plancache:{key-%d}:plan" % i, b"blob", blob)
 
 

@@ -13,4 +13,6 @@ def test_the_architecture_page_is_current() -> None:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.render() == (REPO / "docs" / "architecture.md").read_text(), "docs/architecture.md is stale: run python3 scripts/architecture-doc.py"
+    assert module.render() == (REPO / "docs" / "architecture.md").read_text(), (
+        "docs/architecture.md is stale: run python3 scripts/architecture-doc.py"
+    )

@@ -35,7 +35,10 @@ def test_every_recorded_node_type_and_pointwise_mode_has_a_spec_form() -> None:
     assert buildable <= _node_types_served(), sorted(buildable - _node_types_served())
     modes = {name for name, op in frontend.ops.items() if op.frontend_family == "pointwise"}
     assert modes <= set(CATALOG) and len(modes) >= 50
-    assert set(frontend.without_builder) == {"COMPOSITE", "MATMUL_FP8"}  # no builder in the frontend's API: no program makes one
+    assert set(frontend.without_builder) == {
+        "COMPOSITE",
+        "MATMUL_FP8",
+    }  # no builder in the frontend's API: no program makes one
 
 
 def test_every_port_and_parameter_of_the_frontend_has_a_form() -> None:
@@ -55,7 +58,9 @@ def test_every_port_and_parameter_of_the_frontend_has_a_form() -> None:
 
 
 def test_the_published_catalog_is_current() -> None:
-    assert json.loads(PUBLISHED.read_text()) == json.loads(json.dumps(export())), "stale: run .venv/bin/python scripts/frontend-catalog.py"
+    assert json.loads(PUBLISHED.read_text()) == json.loads(json.dumps(export())), (
+        "stale: run .venv/bin/python scripts/frontend-catalog.py"
+    )
 
 
 def _installed_frontend() -> ModuleType:
@@ -72,7 +77,9 @@ def test_the_recorded_list_is_the_installed_frontends() -> None:
 
     derived = derive()
     assert derived["frontend_version"] == cudnn.__version__
-    assert derived == json.loads(RECORDED.read_text()), "the installed frontend differs from the recorded list: run scripts/frontend-catalog.py"
+    assert derived == json.loads(RECORDED.read_text()), (
+        "the installed frontend differs from the recorded list: run scripts/frontend-catalog.py"
+    )
 
 
 def test_every_node_type_and_pointwise_mode_of_the_installed_frontend_has_a_spec_form() -> None:
@@ -80,8 +87,18 @@ def test_every_node_type_and_pointwise_mode_of_the_installed_frontend_has_a_spec
     from cudnn import _pygraph
     from cudnn.graph_types import NodeType
 
-    builders = {spec["node_type"].name for spec in [*_pygraph._STRUCTURED_OPS.values(), *_pygraph._CAPTURED_OPS.values()]} | {"MATMUL", "POINTWISE"}
+    builders = {
+        spec["node_type"].name for spec in [*_pygraph._STRUCTURED_OPS.values(), *_pygraph._CAPTURED_OPS.values()]
+    } | {"MATMUL", "POINTWISE"}
     missing = sorted(t.name for t in NodeType if t.name in builders and t.name not in _node_types_served())
     assert not missing, f"frontend {cudnn.__version__} builds node types with no spec form: {missing}"
-    modes = set(_pygraph.pygraph._POINTWISE_TENSOR_ARGS) | {"relu", "leaky_relu", "swish", "gen_index", "relu_backward", "leaky_relu_backward", "swish_backward"}
+    modes = set(_pygraph.pygraph._POINTWISE_TENSOR_ARGS) | {
+        "relu",
+        "leaky_relu",
+        "swish",
+        "gen_index",
+        "relu_backward",
+        "leaky_relu_backward",
+        "swish_backward",
+    }
     assert modes <= set(CATALOG), sorted(modes - set(CATALOG))

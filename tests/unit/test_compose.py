@@ -56,8 +56,17 @@ def test_prometheus_scrapes_the_metrics_ports() -> None:
 def test_grafana_dashboard_queries_metrics_that_exist() -> None:
     dashboard = json.loads((ROOT / "docker" / "grafana" / "dashboards" / "plancache.json").read_text())
     exported = set()
-    for metric in (telemetry.REQUESTS, telemetry.REQUEST_SECONDS, telemetry.LOOKUPS, telemetry.BUILDS, telemetry.BUILD_SECONDS, telemetry.BUSY,
-                   telemetry.FLEET_GRAPHS, telemetry.FLEET_RACES, telemetry.UNTRUSTED_BUILDS):  # fmt: skip
+    for metric in (
+        telemetry.REQUESTS,
+        telemetry.REQUEST_SECONDS,
+        telemetry.LOOKUPS,
+        telemetry.BUILDS,
+        telemetry.BUILD_SECONDS,
+        telemetry.BUSY,
+        telemetry.FLEET_GRAPHS,
+        telemetry.FLEET_RACES,
+        telemetry.UNTRUSTED_BUILDS,
+    ):
         name = metric._name
         exported |= {name, f"{name}_total", f"{name}_bucket"}
     exported |= {"plancache_jobs_waiting", "plancache_jobs_running", "plancache_live_workers"}
@@ -71,7 +80,9 @@ def test_grafana_dashboard_queries_metrics_that_exist() -> None:
     assert config["rule_files"] == ["prometheus-rules.yml"]
     mounted = COMPOSE["services"]["prometheus"]["volumes"]
     assert "./docker/prometheus-rules.yml:/etc/prometheus/prometheus-rules.yml:ro" in mounted
-    datasources = yaml.safe_load((ROOT / "docker" / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    datasources = yaml.safe_load(
+        (ROOT / "docker" / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    )
     assert datasources["datasources"][0]["url"] == "http://prometheus:9090"
 
 
@@ -79,7 +90,9 @@ def test_readme_configuration_table_is_the_settings_table() -> None:
     """Every flag, its environment variable and default, from the one declaration of each setting."""
     from plancache_server.settings import markdown_table
 
-    assert markdown_table() in (ROOT / "README.md").read_text(), "README's configuration table is stale: run scripts/sync-readme.py"
+    assert markdown_table() in (ROOT / "README.md").read_text(), (
+        "README's configuration table is stale: run scripts/sync-readme.py"
+    )
 
 
 def test_readme_acl_rules_are_the_ones_tested() -> None:

@@ -25,14 +25,22 @@ def _pointwise(bias_dims: list[int], *, pass_by_value: bool = False) -> GraphSpe
 
 
 def test_broadcast_over_leading_axes_in_a_pointwise_only_graph_is_refused_with_the_workaround() -> None:
-    with pytest.raises(CompileFailed, match=r"node 1 \(bias_1\): input 'bias' .* dims \[1, 1, 512\].*cudnn-frontend issue #107.*full size"):
+    with pytest.raises(
+        CompileFailed,
+        match=r"node 1 \(bias_1\): input 'bias' .* dims \[1, 1, 512\].*cudnn-frontend issue #107.*full size",
+    ):
         check_known_defects(_pointwise([1, 1, 512]), MEASURED)
 
 
 @pytest.mark.parametrize(
     ("dims", "pass_by_value"),
     [([4, 256, 512], False), ([4, 1, 512], False), ([1, 1, 1], False), ([1, 1, 1], True)],
-    ids=["full size", "one middle axis (measured right)", "all ones (measured right)", "a host scalar (the frontend's own test)"],
+    ids=[
+        "full size",
+        "one middle axis (measured right)",
+        "all ones (measured right)",
+        "a host scalar (the frontend's own test)",
+    ],
 )
 def test_forms_measured_right_are_built(dims: list[int], pass_by_value: bool) -> None:
     check_known_defects(_pointwise(dims, pass_by_value=pass_by_value), MEASURED)

@@ -40,11 +40,47 @@ def test_every_op_family_has_an_example() -> None:
     assert set(NOT_ON_SM90_CUDNN_919) <= families
     assert families - set(NOT_ON_SM90_CUDNN_919) <= used, sorted(families - set(NOT_ON_SM90_CUDNN_919) - used)
     ops = {n.op for f in EXAMPLES.values() for n in f().nodes}
-    required = {"matmul", "conv_fprop", "conv_dgrad", "conv_wgrad", "sdpa", "sdpa_backward", "layernorm", "rmsnorm",
-                "batchnorm_inference", "add", "sub", "mul", "div", "bias", "scale", "relu", "gelu", "tanh", "sigmoid", "swish", "reduction",
-                "layernorm_backward", "rmsnorm_backward", "batchnorm", "batchnorm_backward", "instancenorm", "adalayernorm",
-                "adalayernorm_backward", "genstats", "concatenate", "moe_grouped_matmul", "gen_index", "cmp_ge", "cmp_gt", "logical_or",
-                "binary_select", "slice", "reshape", "transpose"}  # fmt: skip
+    required = {
+        "matmul",
+        "conv_fprop",
+        "conv_dgrad",
+        "conv_wgrad",
+        "sdpa",
+        "sdpa_backward",
+        "layernorm",
+        "rmsnorm",
+        "batchnorm_inference",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "bias",
+        "scale",
+        "relu",
+        "gelu",
+        "tanh",
+        "sigmoid",
+        "swish",
+        "reduction",
+        "layernorm_backward",
+        "rmsnorm_backward",
+        "batchnorm",
+        "batchnorm_backward",
+        "instancenorm",
+        "adalayernorm",
+        "adalayernorm_backward",
+        "genstats",
+        "concatenate",
+        "moe_grouped_matmul",
+        "gen_index",
+        "cmp_ge",
+        "cmp_gt",
+        "logical_or",
+        "binary_select",
+        "slice",
+        "reshape",
+        "transpose",
+    }
     assert required <= ops, sorted(required - ops)
 
 

@@ -30,10 +30,22 @@ def make_plan(workspace: int = 1024, blob: bytes = b"plan-blob", key: str = "k1"
     tensors = [
         pb.TensorBinding(uid=1, name="A", dim=[8, 256, 512], stride=[131072, 512, 1], data_type=pb.DATA_TYPE_HALF),
         pb.TensorBinding(uid=2, name="B", dim=[8, 512, 256], stride=[131072, 256, 1], data_type=pb.DATA_TYPE_HALF),
-        pb.TensorBinding(uid=3, name="C", dim=[8, 256, 256], stride=[65536, 256, 1], data_type=pb.DATA_TYPE_HALF, is_output=True),
-        pb.TensorBinding(uid=4, name="alpha", dim=[1, 1, 1], stride=[1, 1, 1], data_type=pb.DATA_TYPE_FLOAT, is_pass_by_value=True, scalar_value=0.5),
+        pb.TensorBinding(
+            uid=3, name="C", dim=[8, 256, 256], stride=[65536, 256, 1], data_type=pb.DATA_TYPE_HALF, is_output=True
+        ),
+        pb.TensorBinding(
+            uid=4,
+            name="alpha",
+            dim=[1, 1, 1],
+            stride=[1, 1, 1],
+            data_type=pb.DATA_TYPE_FLOAT,
+            is_pass_by_value=True,
+            scalar_value=0.5,
+        ),
     ]
-    metadata = pb.PlanMetadata(key=key, tensors=tensors, workspace_size=workspace, blob_sha256=hashlib.sha256(blob).hexdigest())
+    metadata = pb.PlanMetadata(
+        key=key, tensors=tensors, workspace_size=workspace, blob_sha256=hashlib.sha256(blob).hexdigest()
+    )
     return Plan(blob, metadata)
 
 
@@ -57,7 +69,9 @@ def inputs() -> dict[str, Any]:
         ("nope", FakeTensor((1,)), "no tensor 'nope' (tensors: A, B, C, alpha)"),
     ],
 )
-def test_execute_refuses_a_tensor_that_does_not_match_the_plan(runtime: FakeRuntime, name: str, bad: Any, message: str) -> None:
+def test_execute_refuses_a_tensor_that_does_not_match_the_plan(
+    runtime: FakeRuntime, name: str, bad: Any, message: str
+) -> None:
     tensors = inputs() | {name: bad}
     with pytest.raises(InvalidRequest, match=re.escape(message)):
         make_plan().execute(tensors)
@@ -186,7 +200,9 @@ def test_a_bound_call_takes_new_tensors_of_the_same_geometry_for_that_call_only(
         (None, "expected a tensor"),
     ],
 )
-def test_a_bound_call_refuses_a_tensor_of_another_geometry_dtype_or_device(runtime: FakeRuntime, bad: Any, message: str) -> None:
+def test_a_bound_call_refuses_a_tensor_of_another_geometry_dtype_or_device(
+    runtime: FakeRuntime, bad: Any, message: str
+) -> None:
     bound = make_plan().bind(inputs())
     with pytest.raises(InvalidRequest, match=message):
         bound({"A": bad})
@@ -264,22 +280,48 @@ def make_ragged_plan() -> Plan:
     """A packed-prefill plan: q and o ragged over [4, 8, 512, 128] with THD strides."""
     thd = [512 * 8 * 128, 128, 8 * 128, 1]
     tensors = [
-        pb.TensorBinding(uid=11, name="q", dim=[4, 8, 512, 128], stride=thd, data_type=pb.DATA_TYPE_BFLOAT16, ragged_offset_uid=19),
-        pb.TensorBinding(uid=14, name="o", dim=[4, 8, 512, 128], stride=thd, data_type=pb.DATA_TYPE_BFLOAT16, is_output=True, ragged_offset_uid=19),
-        pb.TensorBinding(uid=19, name="token_offsets", dim=[5, 1, 1, 1], stride=[1, 1, 1, 1], data_type=pb.DATA_TYPE_INT32),
+        pb.TensorBinding(
+            uid=11, name="q", dim=[4, 8, 512, 128], stride=thd, data_type=pb.DATA_TYPE_BFLOAT16, ragged_offset_uid=19
+        ),
+        pb.TensorBinding(
+            uid=14,
+            name="o",
+            dim=[4, 8, 512, 128],
+            stride=thd,
+            data_type=pb.DATA_TYPE_BFLOAT16,
+            is_output=True,
+            ragged_offset_uid=19,
+        ),
+        pb.TensorBinding(
+            uid=19, name="token_offsets", dim=[5, 1, 1, 1], stride=[1, 1, 1, 1], data_type=pb.DATA_TYPE_INT32
+        ),
     ]
     blob = b"ragged-plan"
-    return Plan(blob, pb.PlanMetadata(key="ragged", tensors=tensors, workspace_size=64, blob_sha256=hashlib.sha256(blob).hexdigest()))
+    return Plan(
+        blob,
+        pb.PlanMetadata(key="ragged", tensors=tensors, workspace_size=64, blob_sha256=hashlib.sha256(blob).hexdigest()),
+    )
 
 
 def test_a_ragged_tensor_binds_as_its_packed_buffer_of_any_token_count(runtime: FakeRuntime) -> None:
     plan = make_ragged_plan()
     offsets = FakeTensor((5, 1, 1, 1), dtype_name="int32")
     for tokens in (949, 2048, 1):
-        packed = {"q": FakeTensor((tokens, 8, 128), dtype_name="bfloat16"), "o": FakeTensor((tokens, 8, 128), dtype_name="bfloat16")}
+        packed = {
+            "q": FakeTensor((tokens, 8, 128), dtype_name="bfloat16"),
+            "o": FakeTensor((tokens, 8, 128), dtype_name="bfloat16"),
+        }
         plan.execute({**packed, "token_offsets": offsets})
-    bound = plan.bind({"q": FakeTensor((949, 8, 128), dtype_name="bfloat16"), "o": FakeTensor((949, 8, 128), dtype_name="bfloat16"), "token_offsets": offsets})
-    bound({"q": FakeTensor((100, 8, 128), dtype_name="bfloat16"), "o": FakeTensor((100, 8, 128), dtype_name="bfloat16")})
+    bound = plan.bind(
+        {
+            "q": FakeTensor((949, 8, 128), dtype_name="bfloat16"),
+            "o": FakeTensor((949, 8, 128), dtype_name="bfloat16"),
+            "token_offsets": offsets,
+        }
+    )
+    bound(
+        {"q": FakeTensor((100, 8, 128), dtype_name="bfloat16"), "o": FakeTensor((100, 8, 128), dtype_name="bfloat16")}
+    )
     assert len(runtime.graphs[0].calls) == 4  # three executes and the bound call
 
 
@@ -290,10 +332,18 @@ def test_a_ragged_tensor_binds_as_its_packed_buffer_of_any_token_count(runtime: 
         (FakeTensor((7,), dtype_name="bfloat16"), "a packed buffer of 7 elements is not whole tokens of 1024"),
         (FakeTensor((949, 8, 100), dtype_name="bfloat16"), "not whole tokens of 1024"),
         (FakeTensor((949, 8, 128), dtype_name="half"), "dtype fake.half but the plan was built for bfloat16"),
-        (FakeTensor((949, 8, 128), dtype_name="bfloat16", device=FakeDevice("cpu")), "on cpu but the plan runs on cuda:0"),
+        (
+            FakeTensor((949, 8, 128), dtype_name="bfloat16", device=FakeDevice("cpu")),
+            "on cpu but the plan runs on cuda:0",
+        ),
     ],
 )
-def test_a_ragged_buffer_must_be_dense_whole_tokens_of_the_right_type(runtime: FakeRuntime, bad: Any, message: str) -> None:
-    good = {"o": FakeTensor((949, 8, 128), dtype_name="bfloat16"), "token_offsets": FakeTensor((5, 1, 1, 1), dtype_name="int32")}
+def test_a_ragged_buffer_must_be_dense_whole_tokens_of_the_right_type(
+    runtime: FakeRuntime, bad: Any, message: str
+) -> None:
+    good = {
+        "o": FakeTensor((949, 8, 128), dtype_name="bfloat16"),
+        "token_offsets": FakeTensor((5, 1, 1, 1), dtype_name="int32"),
+    }
     with pytest.raises(InvalidRequest, match=re.escape(message)):
         make_ragged_plan().execute({**good, "q": bad})

@@ -34,21 +34,36 @@ def prefill(length: int, causal: bool = True) -> Any:
 
 def paged(batch: int) -> Any:
     pool, table = g("key_cache", (512, 8, 64, 128)), g("page_table", (batch, 32), "int32")
-    return _specs.paged_decode(g("query", (batch, 16, 1, 128)), pool, pool, table, table, g("seq_lens", (batch,), "int32"), scale=None, max_seq_len=None).spec
+    return _specs.paged_decode(
+        g("query", (batch, 16, 1, 128)),
+        pool,
+        pool,
+        table,
+        table,
+        g("seq_lens", (batch,), "int32"),
+        scale=None,
+        max_seq_len=None,
+    ).spec
 
 
 def key(spec: Any) -> str:
     return hash_normalized(normalize(spec))
 
 
-@pytest.mark.parametrize("make, first, second", [(decode_linear, 8, 17), (prefill, 128, 200), (paged, 8, 33)], ids=["decode linear", "prefill sdpa", "paged decode"])
+@pytest.mark.parametrize(
+    "make, first, second",
+    [(decode_linear, 8, 17), (prefill, 128, 200), (paged, 8, 33)],
+    ids=["decode linear", "prefill sdpa", "paged decode"],
+)
 def test_an_instance_is_exactly_the_graph_the_program_builds_at_that_size(make: Any, first: int, second: int) -> None:
     family = derive(make(first), make(second), size_range=(1, 300))
     (symbol,) = [v.symbol for v in family.varying]
     for size in (1, 5, first, second, 300):
         assert key(family.instance({symbol: size})) == key(make(size)), size
         assert family.values_of(make(size)) == {symbol: size}
-    assert family.family_hash() == derive(make(3), make(250), size_range=(1, 300)).family_hash()  # whatever sizes it was derived from
+    assert (
+        family.family_hash() == derive(make(3), make(250), size_range=(1, 300)).family_hash()
+    )  # whatever sizes it was derived from
     assert family.size() == 300 and len(list(family.instances())) == 300
 
 
@@ -70,6 +85,7 @@ def test_graphs_that_differ_beyond_dims_are_not_one_family() -> None:
 
 def test_a_layout_with_no_form_at_another_size_is_refused_naming_the_tensor() -> None:
     """q, k, v sliced out of one fused projection [b, s, 3, h, d]: their strides hold 3 x h x d, a gap no size of s derives."""
+
     def fused(s: int) -> Any:
         stride = (s * 3 * 16 * 128, 128, 3 * 16 * 128, 1)
         q = g("query", (2, 16, s, 128), stride=stride)

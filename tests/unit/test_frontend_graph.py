@@ -54,6 +54,7 @@ def test_random_frontend_graphs_rebuild_into_the_programs_graph(family: str) -> 
 def test_the_capture_keeps_what_the_last_one_dropped() -> None:
     """The chunked-prefill tests' graph-level flag (the frontend skips them on
     cuDNN < 9.21): captured, in the key, and a spec without it is another graph."""
+
     def graph(**kwargs: Any) -> Any:
         g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, **kwargs)
         a = g.tensor(name="A", dim=[1, 64, 64], stride=[4096, 64, 1]).set_uid(0)
@@ -75,7 +76,9 @@ def _first(spec: GraphSpec, pick: Callable[[Any], bool]) -> Any:
 
 def _input(spec: GraphSpec, data_type: str | None = None) -> Any:
     """The first graph input (of that data type)."""
-    return _first(spec, lambda t: not t.is_virtual and not t.is_output and t.constant is None and data_type in (None, t.data_type))
+    return _first(
+        spec, lambda t: not t.is_virtual and not t.is_output and t.constant is None and data_type in (None, t.data_type)
+    )
 
 
 def _reverse_strides(spec: GraphSpec) -> None:
@@ -97,7 +100,11 @@ MUTATIONS: dict[str, tuple[Callable[[GraphSpec], None], str]] = {
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_a_spec_that_differs_in_any_field_is_a_difference_naming_it(mutation: str) -> None:
     change, named = MUTATIONS[mutation]
-    g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT)
+    g = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
     x = g.tensor(name="x", dim=[2, 64, 32], stride=[2048, 32, 1])
     w = g.tensor(name="w", dim=[2, 32, 16], stride=[512, 16, 1])
     g.relu(input=g.matmul(A=x, B=w)).set_output(True)
@@ -122,7 +129,9 @@ def test_an_attribute_and_a_result_layout_the_program_set_are_compared() -> None
     spec = normalize(GraphSpec.from_pygraph(layout))
     assert _first(spec, lambda t: t.is_output).stride == (128, 1, 16)
     spec.tensors[-1].stride = (128, 8, 1)
-    assert any("stride [128, 1, 16] (the program sets it)" in d for d in differences(layout, build_pygraph(spec, cudnn)))
+    assert any(
+        "stride [128, 1, 16] (the program sets it)" in d for d in differences(layout, build_pygraph(spec, cudnn))
+    )
 
 
 def test_a_field_the_capture_would_drop_is_a_difference() -> None:
@@ -135,7 +144,9 @@ def test_a_field_the_capture_would_drop_is_a_difference() -> None:
     a.set_alignment_value(16)
     a.set_reordering_type(cudnn.tensor_reordering.F16x16)
     found = differences(g, build_pygraph(spec, cudnn))
-    assert any("alignment_value 16 against 1" in d for d in found) and any("reordering_type 'F16x16' against None" in d for d in found)
+    assert any("alignment_value 16 against 1" in d for d in found) and any(
+        "reordering_type 'F16x16' against None" in d for d in found
+    )
 
 
 def test_a_score_modifier_callback_is_recorded_as_the_ops_it_adds() -> None:
@@ -150,7 +161,10 @@ def test_a_score_modifier_callback_is_recorded_as_the_ops_it_adds() -> None:
     read = {t.uid for t in spec.tensors if t.name in ("softcap", "neg_inf")}
     assert modifier.uids() <= read and modifier.uids()  # the tensors it reads are the graph's, bound by the caller
     assert GraphSpec.from_json(spec.to_json()).spec_hash() == spec.spec_hash()
-    assert spec_io.from_proto(pb.GraphSpec.FromString(spec_io.to_proto(spec).SerializeToString())).spec_hash() == spec.spec_hash()
+    assert (
+        spec_io.from_proto(pb.GraphSpec.FromString(spec_io.to_proto(spec).SerializeToString())).spec_hash()
+        == spec.spec_hash()
+    )
     other = copy.deepcopy(spec)
     changed = dataclasses.replace(modifier.ops[0], data_type="half")  # the callback set another type on a result
     other.nodes[0].attributes["score_mod"] = Subgraph((changed, *modifier.ops[1:]), modifier.result)

@@ -37,7 +37,16 @@ class Recorder:
         cls = frontend.pygraph
         monkeypatch.setattr(cls, "validate", self._record("validate", lambda g: setattr(g, "_is_validated", True)))
         monkeypatch.setattr(cls, "build_operation_graph", self._record("build_operation_graph"))
-        for name in ("create_execution_plans", "check_support", "build_plans", "get_execution_plan_count", "execute", "build_plan_at_index", "execute_plan_at_index", "create_execution_plan"):
+        for name in (
+            "create_execution_plans",
+            "check_support",
+            "build_plans",
+            "get_execution_plan_count",
+            "execute",
+            "build_plan_at_index",
+            "execute_plan_at_index",
+            "create_execution_plan",
+        ):
             monkeypatch.setattr(cls, name, self._record(name))
         monkeypatch.setattr(shim, "_load", self._load)
 
@@ -82,7 +91,9 @@ def sdpa_graph(is_inference: bool = True) -> tuple[Any, list[Any]]:
     g = shim.pygraph(name="sdpa", io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
     dims = [4, 16, 1024, 64]
     q, k, v = (g.tensor(name=n, dim=dims, stride=_row_major(dims), data_type=HALF) for n in ("Q", "K", "V"))
-    o, stats = g.sdpa(name="sdpa", q=q, k=k, v=v, is_inference=is_inference, attn_scale=1 / math.sqrt(64), use_causal_mask=True)
+    o, stats = g.sdpa(
+        name="sdpa", q=q, k=k, v=v, is_inference=is_inference, attn_scale=1 / math.sqrt(64), use_causal_mask=True
+    )
     o.set_output(True).set_data_type(HALF)
     o.set_dim(dims).set_stride(_row_major(dims))
     if stats is not None:
@@ -120,13 +131,17 @@ def test_the_module_is_the_frontend_but_for_its_pygraph() -> None:
     assert shim.sdpa_capabilities is frontend.sdpa_capabilities  # through the module's __getattr__ as well
     assert {"configure", "stats", "graphs"} <= set(dir(shim))
     ours = {name for name in vars(shim) if not name.startswith("__")}
-    assert {name for name in ours & set(dir(frontend)) if getattr(shim, name) is not getattr(frontend, name)} == {"pygraph"}  # nothing else shadowed
+    assert {name for name in ours & set(dir(frontend)) if getattr(shim, name) is not getattr(frontend, name)} == {
+        "pygraph"
+    }  # nothing else shadowed
 
 
 # ---- what a graph asks for ---------------------------------------------------------------
 
 
-def test_the_walkthroughs_sdpa_asks_for_the_spec_of_its_frontend_uids(recorder: Recorder, client: StandInClient) -> None:
+def test_the_walkthroughs_sdpa_asks_for_the_spec_of_its_frontend_uids(
+    recorder: Recorder, client: StandInClient
+) -> None:
     g, tensors = sdpa_graph()
     assert [t.uid for t in tensors] == [1, 2, 3, 4]  # the IR's own, in creation order
     build(g)
@@ -147,7 +162,9 @@ def test_the_walkthroughs_matmul_is_the_example_plan(recorder: Recorder, client:
     assert client.asked[0][0].spec_hash() == matmul_fp16().spec_hash()
 
 
-def test_a_program_meeting_its_graph_at_three_sizes_has_the_family_built(recorder: Recorder, client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_program_meeting_its_graph_at_three_sizes_has_the_family_built(
+    recorder: Recorder, client: StandInClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """plancache.cudnn counts served graphs toward their family as plancache.functional does (plancache.functional._families)."""
     from plancache.functional import _families
 
@@ -161,7 +178,9 @@ def test_a_program_meeting_its_graph_at_three_sizes_has_the_family_built(recorde
         build(g)
     ((family, _, _),) = client.families
     (varying,) = family.varying
-    assert varying.sizes == tuple(range(1, 513))  # 2 x 320 -> 1024 sizes, halved to the 512 graphs a family asked for on a program's behalf may name
+    assert varying.sizes == tuple(
+        range(1, 513)
+    )  # 2 x 320 -> 1024 sizes, halved to the 512 graphs a family asked for on a program's behalf may name
     assert family.values_of(client.asked[-1][0]) == {varying.symbol: 320}
 
 
@@ -191,7 +210,9 @@ def test_the_programs_plan_options_are_the_plans_options(recorder: Recorder, cli
     g.deselect_behavior_notes([frontend.behavior_note.RUNTIME_COMPILATION])
     g.build([frontend.heur_mode.A])
     options = client.asked[0][2]
-    assert options == CompileOptions(heuristic_modes=("A",), workspace_limit=1 << 20, excluded_behavior_notes=("RUNTIME_COMPILATION",))
+    assert options == CompileOptions(
+        heuristic_modes=("A",), workspace_limit=1 << 20, excluded_behavior_notes=("RUNTIME_COMPILATION",)
+    )
     assert g.plancache.plan.key == key_of(matmul_fp16(), TARGET, options)
 
 
@@ -201,7 +222,9 @@ def test_the_programs_plan_options_are_the_plans_options(recorder: Recorder, cli
 def test_a_served_graph_runs_the_programs_pack_by_uid(recorder: Recorder, client: StandInClient) -> None:
     g, (q, k, _, _) = sdpa_graph()
     build(g)
-    assert "create_execution_plans" not in recorder.names() and "build_plans" not in recorder.names()  # deferred, then needless
+    assert (
+        "create_execution_plans" not in recorder.names() and "build_plans" not in recorder.names()
+    )  # deferred, then needless
     (served,) = recorder.loaded
     assert g.get_workspace_size() == served.workspace
     g.execute({q: "q", k: "k", "V": "v", 4: "o"}, "ws")  # tensor handles, a name, a uid
@@ -221,24 +244,36 @@ def test_a_first_execute_without_a_build_asks_plancache(recorder: Recorder, clie
 
 
 def test_with_the_server_down_graphs_build_locally_as_the_program_would_and_it_is_logged_once(
-    recorder: Recorder, client: StandInClient, caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+    recorder: Recorder,
+    client: StandInClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     client.error = Unavailable("failed to connect to all addresses")
     caplog.set_level(logging.INFO, logger="plancache.cudnn")
     for make in (sdpa_graph, matmul_graph):
         g, _ = make()
         build(g)
         assert g.plancache.source == "local" and g.plancache.reason == "Unavailable: failed to connect to all addresses"
-    plan_calls = [(n, a) for n, a, _ in recorder.calls if n in ("create_execution_plans", "check_support", "build_plans")]
+    plan_calls = [
+        (n, a) for n, a, _ in recorder.calls if n in ("create_execution_plans", "check_support", "build_plans")
+    ]
     heuristics = [frontend.heur_mode.A, frontend.heur_mode.FALLBACK]
-    expected = [("create_execution_plans", (heuristics,)), ("check_support", ()), ("build_plans", (frontend.build_plan_policy.ALL,))]
+    expected = [
+        ("create_execution_plans", (heuristics,)),
+        ("check_support", ()),
+        ("build_plans", (frontend.build_plan_policy.ALL,)),
+    ]
     assert plan_calls == expected * 2  # the program's own calls, in its order, with its arguments
     assert not recorder.loaded
-    assert [r.getMessage() for r in caplog.records] == ["plancache.cudnn: graphs built locally: Unavailable: failed to connect to all addresses"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "plancache.cudnn: graphs built locally: Unavailable: failed to connect to all addresses"
+    ]
     assert shim.stats().local == 2
 
 
-def test_without_a_server_graphs_build_locally(recorder: Recorder, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_without_a_server_graphs_build_locally(
+    recorder: Recorder, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.delenv("PLANCACHE_SERVER", raising=False)
     SERVICE.reset()
     g, _ = matmul_graph()
@@ -247,8 +282,16 @@ def test_without_a_server_graphs_build_locally(recorder: Recorder, monkeypatch: 
     assert recorder.names().count("build_plans") == 1 and len(caplog.records) == 1
 
 
-@pytest.mark.parametrize("error", [UntrustedPlan("plan k1: signed by an unknown key", signer="abc", unknown_key=True), IntegrityError("blob sha256 mismatch")])
-def test_a_plan_failing_verification_is_never_loaded(recorder: Recorder, client: StandInClient, error: Exception) -> None:
+@pytest.mark.parametrize(
+    "error",
+    [
+        UntrustedPlan("plan k1: signed by an unknown key", signer="abc", unknown_key=True),
+        IntegrityError("blob sha256 mismatch"),
+    ],
+)
+def test_a_plan_failing_verification_is_never_loaded(
+    recorder: Recorder, client: StandInClient, error: Exception
+) -> None:
     client.error = error  # type: ignore[assignment]
     g, _ = matmul_graph()
     build(g)
@@ -256,10 +299,18 @@ def test_a_plan_failing_verification_is_never_loaded(recorder: Recorder, client:
     assert recorder.names().count("build_plans") == 1
 
 
-def test_a_graph_the_capture_does_not_cover_builds_locally_naming_why(recorder: Recorder, client: StandInClient, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_graph_the_capture_does_not_cover_builds_locally_naming_why(
+    recorder: Recorder, client: StandInClient, caplog: pytest.LogCaptureFixture
+) -> None:
     g = shim.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
     q, k, v = (g.tensor(name=n, dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=HALF) for n in "qkv")
-    g.sdpa(q=q, k=k, v=v, generate_stats=False, score_mod=lambda graph, score: graph.mul(a=score, b=score) if score.get_dim()[2] > 32 else score)[0].set_output(True)
+    g.sdpa(
+        q=q,
+        k=k,
+        v=v,
+        generate_stats=False,
+        score_mod=lambda graph, score: graph.mul(a=score, b=score) if score.get_dim()[2] > 32 else score,
+    )[0].set_output(True)
     build(g)
     assert not client.asked and "the callback uses 'get_dim' of a tensor" in g.plancache.reason
     aot = shim.pygraph(io_data_type=HALF, device_property=object())
@@ -270,13 +321,17 @@ def test_a_graph_the_capture_does_not_cover_builds_locally_naming_why(recorder: 
     assert len(caplog.records) == 2  # each graph's own reason
 
 
-def test_new_node_types_uid_0_and_scalars_held_in_the_graph_are_served(recorder: Recorder, client: StandInClient) -> None:
+def test_new_node_types_uid_0_and_scalars_held_in_the_graph_are_served(
+    recorder: Recorder, client: StandInClient
+) -> None:
     """A layernorm backward (no classic op), a tensor of uid 0 and a tensor_scalar: all asked for."""
     g = shim.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
     x = g.tensor(name="x", dim=[8, 64, 1, 1], stride=[64, 1, 64, 64], data_type=HALF).set_uid(0)
     dy = g.tensor(name="dy", dim=[8, 64, 1, 1], stride=[64, 1, 64, 64], data_type=HALF)
     scale = g.tensor(name="scale", dim=[1, 64, 1, 1], stride=[64, 1, 64, 64], data_type=FLOAT)
-    mean, inv_var = (g.tensor(name=n, dim=[8, 1, 1, 1], stride=[1, 1, 1, 1], data_type=FLOAT) for n in ("mean", "inv_var"))
+    mean, inv_var = (
+        g.tensor(name=n, dim=[8, 1, 1, 1], stride=[1, 1, 1, 1], data_type=FLOAT) for n in ("mean", "inv_var")
+    )
     dx, d_scale, d_bias = g.layernorm_backward(grad=dy, input=x, scale=scale, mean=mean, inv_variance=inv_var)
     g.mul(a=dx, b=g.tensor_scalar(0.5, frontend.scalar_type.COMPILE_TIME_CONST, name="half")).set_output(True)
     d_scale.set_output(True).set_data_type(FLOAT)
@@ -288,7 +343,9 @@ def test_new_node_types_uid_0_and_scalars_held_in_the_graph_are_served(recorder:
     assert 0 in {t.uid for t in spec.tensors} and [t.constant for t in spec.tensors if t.constant is not None] == [0.5]
 
 
-def test_cudnns_refusal_and_a_blob_that_does_not_load_build_locally(recorder: Recorder, client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cudnns_refusal_and_a_blob_that_does_not_load_build_locally(
+    recorder: Recorder, client: StandInClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     client.error = CompileFailed("cuDNN does not support this graph on sm_90")
     g, _ = matmul_graph()
     build(g)
@@ -321,7 +378,11 @@ def test_plan_list_queries_are_answered_from_the_workers_records(recorder: Recor
     assert g.get_workspace_size_plan_at_index(0) == 256
     g.check_support()
     g.build_plans()
-    assert g.plancache.source == "compiled" and "create_execution_plans" not in recorder.names() and "build_plans" not in recorder.names()
+    assert (
+        g.plancache.source == "compiled"
+        and "create_execution_plans" not in recorder.names()
+        and "build_plans" not in recorder.names()
+    )
     assert len(client.asked) == 1 and client.asked[0][2].autotune is False  # the records' plan is the one built
 
 
@@ -350,12 +411,16 @@ def test_pinned_and_selected_plans_are_the_plans_options(recorder: Recorder, cli
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(frontend.pygraph, "create_execution_plan", refuse)
-        with pytest.raises(frontend.cudnnGraphNotSupportedError):  # as the program's own graph raises it (test_conv_bias catches or fails on it)
+        with pytest.raises(
+            frontend.cudnnGraphNotSupportedError
+        ):  # as the program's own graph raises it (test_conv_bias catches or fails on it)
             refusing.create_execution_plan(3, {})
     refusing.create_execution_plan(9, {})
     refusing.deselect_engines(["eng3"])
     refusing.build_plans()
-    assert [p.engine_id for p in client.asked[-1][2].pinned_plans] == [9] and client.asked[-1][2].deselected_engines == ("eng3",)
+    assert [p.engine_id for p in client.asked[-1][2].pinned_plans] == [9] and client.asked[-1][
+        2
+    ].deselected_engines == ("eng3",)
 
     h, _ = matmul_graph()
     h.build([frontend.heur_mode.A])
@@ -416,7 +481,9 @@ class Workspace:
         return 1
 
 
-def test_a_hedged_miss_runs_the_programs_own_build_then_the_services_plan(recorder: Recorder, client: StandInClient) -> None:
+def test_a_hedged_miss_runs_the_programs_own_build_then_the_services_plan(
+    recorder: Recorder, client: StandInClient
+) -> None:
     client.hedge = True
     g, (a, b, c) = matmul_graph()
     build(g)
@@ -432,7 +499,10 @@ def test_a_hedged_miss_runs_the_programs_own_build_then_the_services_plan(record
     assert recorder.names().count("execute") == 2 and recorder.loaded == []
     g.execute({a: 1, b: 2, c: 3}, Workspace(4096))  # a safe point: it takes over
     (served,) = recorder.loaded
-    assert served.executed == [({1: 1, 2: 2, 3: 3}, served.executed[0][1], None)] and recorder.names().count("execute") == 2
+    assert (
+        served.executed == [({1: 1, 2: 2, 3: 3}, served.executed[0][1], None)]
+        and recorder.names().count("execute") == 2
+    )
     assert g.plancache.source == "compiled" and g.plancache.hedged and client.pending.adoptions == 1
     assert shim.graphs() == [g.plancache]  # the same record: a takeover is not another build
     assert g.get_workspace_size() == served.workspace
@@ -463,7 +533,9 @@ def test_a_hedged_miss_whose_service_fails_keeps_the_programs_plan(recorder: Rec
 # ---- what the process tells the service -------------------------------------------------------
 
 
-def test_every_graph_is_counted_for_the_service_once_with_its_reason_class(recorder: Recorder, client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_graph_is_counted_for_the_service_once_with_its_reason_class(
+    recorder: Recorder, client: StandInClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What plancache.cudnn counts for its reports (plancache.transport.outcomes) is
     what stats() says: the served graphs, and each local one under its reason class."""
     from plancache.transport import outcomes
@@ -474,7 +546,11 @@ def test_every_graph_is_counted_for_the_service_once_with_its_reason_class(recor
     client.source = "cache"
     build(sdpa_graph()[0])  # the service's plan, from the disk cache
     client.source = "compiled"
-    for error in (CompileFailed("cuDNN refuses it"), Unavailable("down"), UntrustedPlan("unknown key", signer="abc", unknown_key=True)):
+    for error in (
+        CompileFailed("cuDNN refuses it"),
+        Unavailable("down"),
+        UntrustedPlan("unknown key", signer="abc", unknown_key=True),
+    ):
         client.error = error
         build(matmul_graph()[0])
     client.error = None

@@ -19,8 +19,16 @@ from plancache.v1 import plancache_pb2 as pb
 class Side:
     """The service's side of a race, as run_race reads it: answered (or failed) at a given time."""
 
-    def __init__(self, plan: Any = None, error: Any = None, answered_at: float | None = None, building: bool = True) -> None:
-        self.plan, self.error, self.answered_at, self.building, self.path = plan, error, answered_at, building, "compile"
+    def __init__(
+        self, plan: Any = None, error: Any = None, answered_at: float | None = None, building: bool = True
+    ) -> None:
+        self.plan, self.error, self.answered_at, self.building, self.path = (
+            plan,
+            error,
+            answered_at,
+            building,
+            "compile",
+        )
         self.cancelled = False
 
     def done(self) -> bool:
@@ -82,7 +90,9 @@ def test_a_failed_local_build_waits_for_the_service() -> None:
         raise CompileFailed("not here")
 
     raced, reported = race(side, build)
-    assert raced.plan == "service plan" and reported == [("k", False)] and hedge.race_stats()["compile"].local_failed == 1
+    assert (
+        raced.plan == "service plan" and reported == [("k", False)] and hedge.race_stats()["compile"].local_failed == 1
+    )
 
 
 def test_both_failing_raise_the_services_error_naming_the_nodes() -> None:
@@ -93,11 +103,16 @@ def test_both_failing_raise_the_services_error_naming_the_nodes() -> None:
 
     with pytest.raises(Unavailable) as raised:
         race(side, build)
-    assert raised.value.message == "server down (and this node's own build failed: CompileFailed: cuDNN refuses it here)"
+    assert (
+        raised.value.message == "server down (and this node's own build failed: CompileFailed: cuDNN refuses it here)"
+    )
     assert isinstance(raised.value.__cause__, CompileFailed) and side.cancelled
 
 
-@pytest.mark.parametrize(("value", "on"), [(None, True), ("1", True), ("yes", True), ("0", False), ("off", False), (" False ", False), ("no", False)])
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [(None, True), ("1", True), ("yes", True), ("0", False), ("off", False), (" False ", False), ("no", False)],
+)
 def test_the_environment_turns_it_off(monkeypatch: pytest.MonkeyPatch, value: str | None, on: bool) -> None:
     if value is None:
         monkeypatch.delenv(hedge.HEDGE_ENV, raising=False)
@@ -119,7 +134,9 @@ def test_reports_go_in_batches_and_a_failing_send_costs_nothing(monkeypatch: pyt
     for i in range(600):
         reports.add(f"key-{i}", i % 2 == 0)
     reports.flush(counts=False)
-    assert [len(r.uses) for r in sent] == [256, 256, 88] and sent[0].uses[0] == pb.FirstUse(plan_key="key-0", local=True)
+    assert [len(r.uses) for r in sent] == [256, 256, 88] and sent[0].uses[0] == pb.FirstUse(
+        plan_key="key-0", local=True
+    )
 
     def failing(request: pb.ReportFirstUsesRequest) -> None:
         raise Unavailable("server down")

@@ -26,7 +26,10 @@ def test_fused_matmul_captures_to_the_same_plan_key() -> None:
 def test_sdpa_captures_to_the_same_plan_key() -> None:
     half = cudnn.data_type.HALF
     g = cudnn.pygraph(io_data_type=half, intermediate_data_type=F, compute_data_type=F)
-    q, k, v = (g.tensor(name=n, dim=[4, 16, 1024, 64], stride=[1048576, 65536, 64, 1], data_type=half).set_uid(u) for n, u in (("q", 11), ("k", 12), ("v", 13)))
+    q, k, v = (
+        g.tensor(name=n, dim=[4, 16, 1024, 64], stride=[1048576, 65536, 64, 1], data_type=half).set_uid(u)
+        for n, u in (("q", 11), ("k", 12), ("v", 13))
+    )
     o, _ = g.sdpa(q=q, k=k, v=v, attn_scale=1 / math.sqrt(64), use_causal_mask=True)
     o.set_output(True).set_uid(14)
     spec = GraphSpec.from_pygraph(g)
@@ -58,8 +61,16 @@ def test_what_has_no_spec_form_is_named() -> None:
     half = cudnn.data_type.HALF
     g = cudnn.pygraph(io_data_type=half, intermediate_data_type=F, compute_data_type=F)
     q, k, v = (g.tensor(name=n, dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=half) for n in "qkv")
-    g.sdpa(q=q, k=k, v=v, generate_stats=False, score_mod=lambda graph, score: graph.mul(a=score, b=score) if score.get_dim()[2] > 32 else score)[0].set_output(True)
-    with pytest.raises(SpecError, match="parameter 'score_mod': the callback uses 'get_dim' of a tensor, which plancache cannot record"):
+    g.sdpa(
+        q=q,
+        k=k,
+        v=v,
+        generate_stats=False,
+        score_mod=lambda graph, score: graph.mul(a=score, b=score) if score.get_dim()[2] > 32 else score,
+    )[0].set_output(True)
+    with pytest.raises(
+        SpecError, match="parameter 'score_mod': the callback uses 'get_dim' of a tensor, which plancache cannot record"
+    ):
         GraphSpec.from_pygraph(g)
     aot = cudnn.pygraph(io_data_type=half, device_property=object())
     a = aot.tensor(name="a", dim=[1, 8, 8], stride=[64, 8, 1])
@@ -78,7 +89,9 @@ def test_a_conv_graph_without_output_strides_captures_to_the_frontends_layout() 
     x = g.tensor(name="x", dim=[32, 64, 56, 56], stride=nhwc(32, 64, 56, 56), data_type=half).set_uid(1)
     w = g.tensor(name="w", dim=[128, 64, 3, 3], stride=nhwc(128, 64, 3, 3), data_type=half).set_uid(2)
     bias = g.tensor(name="bias", dim=[1, 128, 1, 1], stride=[128, 1, 128, 128], data_type=half).set_uid(3)
-    y = g.relu(input=g.bias(input=g.conv_fprop(image=x, weight=w, padding=[1, 1], stride=[1, 1], dilation=[1, 1]), bias=bias))
+    y = g.relu(
+        input=g.bias(input=g.conv_fprop(image=x, weight=w, padding=[1, 1], stride=[1, 1], dilation=[1, 1]), bias=bias)
+    )
     y.set_output(True).set_uid(4)
     captured = GraphSpec.from_pygraph(g)
 
@@ -106,17 +119,38 @@ def test_a_ragged_prefill_captures_to_the_same_plan_key() -> None:
     g, bf16 = _bf16_graph()
     b, h, s, d = 4, 8, 512, 128
     thd = [s * h * d, d, h * d, 1]
-    offsets = g.tensor(name="token_offsets", dim=[b + 1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32).set_uid(19)
-    q, k, v = (g.tensor(name=n, dim=[b, h, s, d], stride=thd, data_type=bf16).set_uid(u).set_ragged_offset(offsets) for n, u in (("q", 11), ("k", 12), ("v", 13)))
-    seq_q, seq_kv = (g.tensor(name=n, dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32).set_uid(u) for n, u in (("seq_len_q", 17), ("seq_len_kv", 18)))
-    o, _ = g.sdpa(q=q, k=k, v=v, attn_scale=1 / math.sqrt(d), use_causal_mask=True, use_padding_mask=True, seq_len_q=seq_q, seq_len_kv=seq_kv, generate_stats=False)
+    offsets = g.tensor(
+        name="token_offsets", dim=[b + 1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32
+    ).set_uid(19)
+    q, k, v = (
+        g.tensor(name=n, dim=[b, h, s, d], stride=thd, data_type=bf16).set_uid(u).set_ragged_offset(offsets)
+        for n, u in (("q", 11), ("k", 12), ("v", 13))
+    )
+    seq_q, seq_kv = (
+        g.tensor(name=n, dim=[b, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT32).set_uid(u)
+        for n, u in (("seq_len_q", 17), ("seq_len_kv", 18))
+    )
+    o, _ = g.sdpa(
+        q=q,
+        k=k,
+        v=v,
+        attn_scale=1 / math.sqrt(d),
+        use_causal_mask=True,
+        use_padding_mask=True,
+        seq_len_q=seq_q,
+        seq_len_kv=seq_kv,
+        generate_stats=False,
+    )
     o.set_output(True).set_uid(14).set_stride(thd).set_ragged_offset(offsets)
     assert GraphSpec.from_pygraph(g).spec_hash() == sdpa_ragged_prefill_bf16().spec_hash()
 
 
 def _dropout_tensors(g: object) -> tuple[object, object]:
     i64 = cudnn.data_type.INT64
-    return tuple(g.tensor(name=n, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i64).set_uid(u) for n, u in (("dropout_seed", 31), ("dropout_offset", 32)))  # type: ignore[attr-defined,return-value]
+    return tuple(
+        g.tensor(name=n, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i64).set_uid(u)
+        for n, u in (("dropout_seed", 31), ("dropout_offset", 32))
+    )  # type: ignore[attr-defined,return-value]
 
 
 def test_dropout_forward_and_backward_capture_to_the_same_plan_keys() -> None:
@@ -124,7 +158,10 @@ def test_dropout_forward_and_backward_capture_to_the_same_plan_keys() -> None:
 
     g, bf16 = _bf16_graph()
     dims, stride = [2, 8, 128, 128], [131072, 16384, 128, 1]
-    q, k, v = (g.tensor(name=n, dim=dims, stride=stride, data_type=bf16).set_uid(u) for n, u in (("q", 11), ("k", 12), ("v", 13)))
+    q, k, v = (
+        g.tensor(name=n, dim=dims, stride=stride, data_type=bf16).set_uid(u)
+        for n, u in (("q", 11), ("k", 12), ("v", 13))
+    )
     seed, offset = _dropout_tensors(g)
     o, stats = g.sdpa(q=q, k=k, v=v, attn_scale=1 / math.sqrt(128), generate_stats=True, dropout=(0.1, seed, offset))
     o.set_output(True).set_uid(14)
@@ -132,10 +169,15 @@ def test_dropout_forward_and_backward_capture_to_the_same_plan_keys() -> None:
     assert GraphSpec.from_pygraph(g).spec_hash() == sdpa_dropout_bf16().spec_hash()
 
     g, bf16 = _bf16_graph()
-    q, k, v, o, d_o = (g.tensor(name=n, dim=dims, stride=stride, data_type=bf16).set_uid(u) for n, u in (("q", 11), ("k", 12), ("v", 13), ("o", 14), ("dO", 16)))
+    q, k, v, o, d_o = (
+        g.tensor(name=n, dim=dims, stride=stride, data_type=bf16).set_uid(u)
+        for n, u in (("q", 11), ("k", 12), ("v", 13), ("o", 14), ("dO", 16))
+    )
     stats = g.tensor(name="stats", dim=[2, 8, 128, 1], stride=[1024, 128, 1, 1], data_type=F).set_uid(15)
     seed, offset = _dropout_tensors(g)
-    grads = g.sdpa_backward(q=q, k=k, v=v, o=o, dO=d_o, stats=stats, attn_scale=1 / math.sqrt(128), dropout=(0.1, seed, offset))
+    grads = g.sdpa_backward(
+        q=q, k=k, v=v, o=o, dO=d_o, stats=stats, attn_scale=1 / math.sqrt(128), dropout=(0.1, seed, offset)
+    )
     for t, uid in zip(grads, (21, 22, 23), strict=True):
         t.set_output(True).set_uid(uid)
     assert GraphSpec.from_pygraph(g).spec_hash() == sdpa_backward_dropout_bf16().spec_hash()
@@ -146,7 +188,10 @@ def test_a_bias_gradient_captures_to_the_same_plan_key() -> None:
 
     g, bf16 = _bf16_graph()
     dims, stride = [2, 8, 256, 64], [131072, 16384, 64, 1]
-    q, k, v, o, d_o = (g.tensor(name=n, dim=dims, stride=stride, data_type=bf16).set_uid(u) for n, u in (("q", 11), ("k", 12), ("v", 13), ("o", 14), ("dO", 16)))
+    q, k, v, o, d_o = (
+        g.tensor(name=n, dim=dims, stride=stride, data_type=bf16).set_uid(u)
+        for n, u in (("q", 11), ("k", 12), ("v", 13), ("o", 14), ("dO", 16))
+    )
     stats = g.tensor(name="stats", dim=[2, 8, 256, 1], stride=[2048, 256, 1, 1], data_type=F).set_uid(15)
     bias = g.tensor(name="bias", dim=[1, 8, 256, 256], stride=[524288, 65536, 256, 1], data_type=bf16).set_uid(17)
     d_bias = g.tensor(name="dBias", dim=[1, 8, 256, 256], stride=[524288, 65536, 256, 1], data_type=bf16).set_uid(24)
@@ -159,7 +204,10 @@ def test_a_bias_gradient_captures_to_the_same_plan_key() -> None:
 
 def test_a_dropout_mask_captures_to_its_ports() -> None:
     g, bf16 = _bf16_graph()
-    q, k, v = (g.tensor(name=n, dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=bf16).set_uid(u) for n, u in (("q", 1), ("k", 2), ("v", 3)))
+    q, k, v = (
+        g.tensor(name=n, dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=bf16).set_uid(u)
+        for n, u in (("q", 1), ("k", 2), ("v", 3))
+    )
     mask = g.tensor(name="mask", dim=[1, 2, 64, 64], stride=[8192, 4096, 64, 1], data_type=bf16).set_uid(4)
     scale = g.tensor(name="scale", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=F).set_uid(5)
     o, _ = g.sdpa(q=q, k=k, v=v, generate_stats=False, dropout=(mask, scale))
@@ -169,7 +217,10 @@ def test_a_dropout_mask_captures_to_its_ports() -> None:
 
     spec = GraphSpec(io_data_type="bfloat16")
     tq, tk, tv = (spec.tensor([1, 2, 64, 64], name=n, uid=u) for n, u in (("q", 1), ("k", 2), ("v", 3)))
-    t_mask, t_scale = spec.tensor([1, 2, 64, 64], name="mask", uid=4), spec.tensor([1, 1, 1, 1], data_type="float", name="scale", uid=5)
+    t_mask, t_scale = (
+        spec.tensor([1, 2, 64, 64], name="mask", uid=4),
+        spec.tensor([1, 1, 1, 1], data_type="float", name="scale", uid=5),
+    )
     out, _ = spec.sdpa(tq, tk, tv, generate_stats=False, dropout=(t_mask, t_scale))
     assert out is not None
     out.set_output(True).set_uid(6)

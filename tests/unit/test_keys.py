@@ -20,7 +20,14 @@ def test_target_id_round_trip() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["sm90/cudnn-91900/fe-1.32.0", "sm_90/cudnn-x/fe-1.32.0", "sm_90/cudnn-91900", "sm_90/cudnn-91900/fe-1.32.0/gpu-x", "sm_90/cudnn-91900/fe-1/2"]
+    "text",
+    [
+        "sm90/cudnn-91900/fe-1.32.0",
+        "sm_90/cudnn-x/fe-1.32.0",
+        "sm_90/cudnn-91900",
+        "sm_90/cudnn-91900/fe-1.32.0/gpu-x",
+        "sm_90/cudnn-91900/fe-1/2",
+    ],
 )
 def test_bad_targets_are_refused(text: str) -> None:
     with pytest.raises(InvalidRequest):
@@ -29,11 +36,17 @@ def test_bad_targets_are_refused(text: str) -> None:
 
 def test_options_normalize_and_identify() -> None:
     assert CompileOptions().id == CompileOptions(heuristic_modes=("a", "fallback")).id
-    assert CompileOptions(excluded_behavior_notes=("CUBLASLT_DEPENDENCY", "RUNTIME_COMPILATION")).id == CompileOptions(
-        excluded_behavior_notes=("runtime_compilation", "cublaslt_dependency")
-    ).id
-    ids = {CompileOptions().id, CompileOptions(autotune=False).id, CompileOptions(workspace_limit=1 << 20).id,
-           CompileOptions(heuristic_modes=("B",)).id, CompileOptions(excluded_behavior_notes=("RUNTIME_COMPILATION",)).id}  # fmt: skip
+    assert (
+        CompileOptions(excluded_behavior_notes=("CUBLASLT_DEPENDENCY", "RUNTIME_COMPILATION")).id
+        == CompileOptions(excluded_behavior_notes=("runtime_compilation", "cublaslt_dependency")).id
+    )
+    ids = {
+        CompileOptions().id,
+        CompileOptions(autotune=False).id,
+        CompileOptions(workspace_limit=1 << 20).id,
+        CompileOptions(heuristic_modes=("B",)).id,
+        CompileOptions(excluded_behavior_notes=("RUNTIME_COMPILATION",)).id,
+    }
     assert len(ids) == 5
     assert CompileOptions.from_proto(CompileOptions(autotune=False).to_proto()) == CompileOptions(autotune=False)
     with pytest.raises(InvalidRequest, match="heuristic mode 'C'"):

@@ -32,7 +32,9 @@ def test_there_is_no_import_circle() -> None:
 @pytest.mark.parametrize("package", sorted(RULED))
 def test_every_package_says_what_it_owns_and_may_import(package: str) -> None:
     doc = RULED[package].docstring
-    assert "Owns:" in doc and may_import(RULED[package]) is not None, f"{package}/__init__.py needs 'Owns:' and 'May import:' lines"
+    assert "Owns:" in doc and may_import(RULED[package]) is not None, (
+        f"{package}/__init__.py needs 'Owns:' and 'May import:' lines"
+    )
 
 
 @pytest.mark.parametrize("package", sorted(RULED))
@@ -44,7 +46,9 @@ def test_each_package_imports_only_what_its_docstring_allows(package: str) -> No
 
 
 def _imports_of(prefix: str) -> list[tuple[str, str]]:
-    return [(m.name, t) for m in GRAPH.values() if m.name == prefix or m.name.startswith(prefix + ".") for t in m.imports]
+    return [
+        (m.name, t) for m in GRAPH.values() if m.name == prefix or m.name.startswith(prefix + ".") for t in m.imports
+    ]
 
 
 @pytest.mark.parametrize(
@@ -72,6 +76,15 @@ def test_the_graph_sees_deferred_imports() -> None:
 
 
 def test_the_module_list_is_whole() -> None:
-    assert {"plancache_server.frontend.builds", "plancache_server.worker.worker", "plancache_server.store.keys", "plancache_server.web.status",
-            "plancache.spec.graph", "plancache.keys.plankey", "plancache.run.plan", "plancache.trust.signing", "plancache.transport.client"} <= GRAPH.keys()
+    assert {
+        "plancache_server.frontend.builds",
+        "plancache_server.worker.worker",
+        "plancache_server.store.keys",
+        "plancache_server.web.status",
+        "plancache.spec.graph",
+        "plancache.keys.plankey",
+        "plancache.run.plan",
+        "plancache.trust.signing",
+        "plancache.transport.client",
+    } <= GRAPH.keys()
     assert all(isinstance(m, Module) for m in GRAPH.values())

@@ -11,7 +11,13 @@ from plancache import GraphSpec, SpecError
 from plancache.spec.canonical import spec_hash
 from plancache.spec.layouts import channels_last, order_of, packed, row_major
 from plancache.spec.validation import normalize
-from tests.support.layout_specs import conv_bias_relu, layernorm_training_channels_last, matmul_bias_first_gelu, sdpa_bshd_with_stats, without_result_strides
+from tests.support.layout_specs import (
+    conv_bias_relu,
+    layernorm_training_channels_last,
+    matmul_bias_first_gelu,
+    sdpa_bshd_with_stats,
+    without_result_strides,
+)
 
 
 def strides(spec: GraphSpec) -> dict[str, tuple[int, ...]]:
@@ -38,10 +44,14 @@ def test_a_convolution_lays_out_channels_last_and_pointwise_results_follow(x_str
 
 
 def test_leaving_result_strides_out_or_writing_the_inferred_ones_is_one_key() -> None:
-    assert spec_hash(conv_bias_relu(nhwc(32, 64, 56, 56))) == spec_hash(conv_bias_relu(nhwc(32, 64, 56, 56), nhwc(32, 128, 56, 56)))
+    assert spec_hash(conv_bias_relu(nhwc(32, 64, 56, 56))) == spec_hash(
+        conv_bias_relu(nhwc(32, 64, 56, 56), nhwc(32, 128, 56, 56))
+    )
     # Another layout for the output is another graph.
     contiguous = list(row_major((32, 128, 56, 56)))
-    assert spec_hash(conv_bias_relu(nhwc(32, 64, 56, 56))) != spec_hash(conv_bias_relu(nhwc(32, 64, 56, 56), contiguous))
+    assert spec_hash(conv_bias_relu(nhwc(32, 64, 56, 56))) != spec_hash(
+        conv_bias_relu(nhwc(32, 64, 56, 56), contiguous)
+    )
 
 
 def test_matmul_results_are_row_major_and_a_broadcast_bias_does_not_lead() -> None:

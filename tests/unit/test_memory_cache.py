@@ -42,7 +42,9 @@ class DictStore:
 
 def plan(key: str, size: int, provisional: bool = False) -> StoredPlan:
     blob = key.encode() * (size // len(key))
-    return StoredPlan(blob, pb.PlanMetadata(key=key, blob_sha256=hashlib.sha256(blob).hexdigest(), provisional=provisional))
+    return StoredPlan(
+        blob, pb.PlanMetadata(key=key, blob_sha256=hashlib.sha256(blob).hexdigest(), provisional=provisional)
+    )
 
 
 def get(cache: MemoryCachedStore, key: str) -> StoredPlan | None:

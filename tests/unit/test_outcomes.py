@@ -46,12 +46,19 @@ def fresh() -> Iterator[None]:
 @pytest.mark.parametrize(
     ("error", "reason"),
     [
-        (TargetUnavailable("no worker"), "no_worker"), (Unavailable("down"), "unavailable"), (NotConfigured("none"), "no_server"),
-        (CompileTimeout("slow"), "timeout"), (ResourceExhausted("busy"), "refused_for_now"), (PermissionDenied("read token"), "not_permitted"),
-        (UntrustedPlan("bad signature"), "untrusted_plan"), (IntegrityError("sha"), "untrusted_plan"), (CompileFailed("cuDNN"), "compile_failed"),
-        (SpecError("no form"), "no_spec_form"), (ValueError("?"), "other"),
+        (TargetUnavailable("no worker"), "no_worker"),
+        (Unavailable("down"), "unavailable"),
+        (NotConfigured("none"), "no_server"),
+        (CompileTimeout("slow"), "timeout"),
+        (ResourceExhausted("busy"), "refused_for_now"),
+        (PermissionDenied("read token"), "not_permitted"),
+        (UntrustedPlan("bad signature"), "untrusted_plan"),
+        (IntegrityError("sha"), "untrusted_plan"),
+        (CompileFailed("cuDNN"), "compile_failed"),
+        (SpecError("no form"), "no_spec_form"),
+        (ValueError("?"), "other"),
     ],
-)  # fmt: skip
+)
 def test_every_failure_has_a_reason_class(error: Exception, reason: str) -> None:
     assert outcomes.reason_of(error) == reason and reason in outcomes.REASONS
 
@@ -67,14 +74,19 @@ def test_the_tally_counts_totals_and_hands_each_count_to_one_report() -> None:
     outcomes.record("cudnn", T, Outcome.SERVED, "MATMUL", reason="ignored for a served graph")
     outcomes.record("cudnn", T, Outcome.LOCAL, "SDPA", reason="no_worker", spec_hash="ab" * 32)  # no opt-in: no hash
     outcomes.record("cudnn", T, Outcome.LOCAL, "SDPA", reason="no_worker")
-    served, local = OutcomeKey("cudnn", T, Outcome.SERVED, "", "MATMUL"), OutcomeKey("cudnn", T, Outcome.LOCAL, "no_worker", "SDPA")
+    served, local = (
+        OutcomeKey("cudnn", T, Outcome.SERVED, "", "MATMUL"),
+        OutcomeKey("cudnn", T, Outcome.LOCAL, "no_worker", "SDPA"),
+    )
     assert outcomes.outcome_stats() == {served: 1, local: 2}
     assert outcomes.TALLY.take() == {served: 1, local: 2} and outcomes.TALLY.take() == {}
     outcomes.TALLY.give_back({local: 2})
     assert outcomes.TALLY.take() == {local: 2} and outcomes.outcome_stats() == {served: 1, local: 2}
 
 
-def test_counts_go_in_one_report_and_come_back_when_the_server_cannot_be_reached(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_counts_go_in_one_report_and_come_back_when_the_server_cannot_be_reached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     sent: list[pb.ReportFirstUsesRequest] = []
     down = [True]
 
@@ -97,7 +109,9 @@ def test_counts_go_in_one_report_and_come_back_when_the_server_cannot_be_reached
     down[0] = False
     client_reports.flush()
     [request] = sent
-    assert [(o.outcome, o.count, o.target_id, o.path, o.node_type) for o in request.outcomes] == [(pb.GRAPH_OUTCOME_DISK_CACHE, 3, T, "compile", "MATMUL")]
+    assert [(o.outcome, o.count, o.target_id, o.path, o.node_type) for o in request.outcomes] == [
+        (pb.GRAPH_OUTCOME_DISK_CACHE, 3, T, "compile", "MATMUL")
+    ]
     assert [(r.path, r.result, r.count) for r in request.races] == [("compile", pb.RACE_RESULT_LOCAL_WON, 2)]
     client_reports.flush()
     assert len(sent) == 1  # nothing new: no empty report
@@ -128,23 +142,39 @@ def test_counts_are_sent_at_most_every_interval_and_not_at_all_when_off(monkeypa
 
 
 def test_the_server_folds_what_it_does_not_know_into_other() -> None:
-    hostile = pb.OutcomeCount(target_id=T, path="evil", outcome=pb.GRAPH_OUTCOME_LOCAL, reason="x" * 300, node_type="NOT_A_NODE", count=2**31)
+    hostile = pb.OutcomeCount(
+        target_id=T, path="evil", outcome=pb.GRAPH_OUTCOME_LOCAL, reason="x" * 300, node_type="NOT_A_NODE", count=2**31
+    )
     found = fleet.labels(hostile)
     assert found == fleet.Labels("other", "local", "other", "other") and fleet.count_of(hostile) == fleet.MAX_COUNT
-    served = fleet.labels(pb.OutcomeCount(path="cudnn", outcome=pb.GRAPH_OUTCOME_SERVED, reason="no_worker", node_type="SDPA", count=1))
+    served = fleet.labels(
+        pb.OutcomeCount(path="cudnn", outcome=pb.GRAPH_OUTCOME_SERVED, reason="no_worker", node_type="SDPA", count=1)
+    )
     assert served == fleet.Labels("cudnn", "served", "", "SDPA")  # a served graph has no reason
     assert fleet.labels(pb.OutcomeCount(path="cudnn", count=5)) is None  # no outcome: nothing counted
-    assert fleet.race_field(pb.RaceCount(path="cudnn", result=pb.RACE_RESULT_SERVICE_WON, count=1)) == "cudnn|service_won"
+    assert (
+        fleet.race_field(pb.RaceCount(path="cudnn", result=pb.RACE_RESULT_SERVICE_WON, count=1)) == "cudnn|service_won"
+    )
     assert fleet.race_field(pb.RaceCount(path="cudnn", count=1)) is None
     assert fleet.local_spec_member(T, found, "not a hash") is None
     assert fleet.local_spec_member(T, found, "ab" * 32) == f"{T}|other|other|{'ab' * 32}"
 
 
 def test_coverage_reads_back_what_was_counted_most_frequent_reason_first() -> None:
-    values = {"served|cudnn||MATMUL": 6, "disk_cache|compile||MATMUL": 2, "local|cudnn|no_worker|SDPA": 3, "local|functional|not_asked|MATMUL": 1,
-              "local|cudnn|no_worker|MATMUL": 1, "junk": 99}  # fmt: skip
+    values = {
+        "served|cudnn||MATMUL": 6,
+        "disk_cache|compile||MATMUL": 2,
+        "local|cudnn|no_worker|SDPA": 3,
+        "local|functional|not_asked|MATMUL": 1,
+        "local|cudnn|no_worker|MATMUL": 1,
+        "junk": 99,
+    }
     found = fleet.coverage(values)
     assert (found.served, found.disk_cache, found.local, found.graphs, found.share) == (6, 2, 5, 13, 8 / 13)
-    assert [(r.reason, r.node_type, r.graphs) for r in found.local_by_reason] == [("no_worker", "SDPA", 3), ("no_worker", "MATMUL", 1), ("not_asked", "MATMUL", 1)]
+    assert [(r.reason, r.node_type, r.graphs) for r in found.local_by_reason] == [
+        ("no_worker", "SDPA", 3),
+        ("no_worker", "MATMUL", 1),
+        ("not_asked", "MATMUL", 1),
+    ]
     assert [(r.reason, r.graphs) for r in found.top_reasons(5)] == [("no_worker", 4), ("not_asked", 1)]
     assert fleet.coverage({}).share is None

@@ -59,20 +59,39 @@ class Graph:
 def test_the_programs_calls_are_replayed_in_its_order() -> None:
     g = Graph()
     options = CompileOptions(
-        autotune=False, heuristic_modes=("A",), pinned_plans=(PinnedPlan(13, (("SPLIT_K", 4),)), PinnedPlan(7, (("TILE_SIZE", 2),))),
-        deselected_engines=("eng3",), note_filters=(NoteFilter("numeric", False, ("FFT",)),), selected_plan=1, workspace_limit=1 << 20,
-    )  # fmt: skip
+        autotune=False,
+        heuristic_modes=("A",),
+        pinned_plans=(PinnedPlan(13, (("SPLIT_K", 4),)), PinnedPlan(7, (("TILE_SIZE", 2),))),
+        deselected_engines=("eng3",),
+        note_filters=(NoteFilter("numeric", False, ("FFT",)),),
+        selected_plan=1,
+        workspace_limit=1 << 20,
+    )
     make_plan_list(g, FRONTEND, options, "sm_90/test")
     names = [name for name, _ in g.calls]
-    assert names == ["validate", "build_operation_graph", "create_execution_plans", "deselect_engines", "deselect_numeric_notes",
-                     "deselect_workspace_greater_than", "create_execution_plan", "create_execution_plan", "select_plan", "check_support"]  # fmt: skip
-    assert dict(g.calls)["create_execution_plans"] == [Mode.A] and dict(g.calls)["deselect_numeric_notes"] == [Numeric.FFT]
+    assert names == [
+        "validate",
+        "build_operation_graph",
+        "create_execution_plans",
+        "deselect_engines",
+        "deselect_numeric_notes",
+        "deselect_workspace_greater_than",
+        "create_execution_plan",
+        "create_execution_plan",
+        "select_plan",
+        "check_support",
+    ]
+    assert dict(g.calls)["create_execution_plans"] == [Mode.A] and dict(g.calls)["deselect_numeric_notes"] == [
+        Numeric.FFT
+    ]
     assert first_index(options) == 1
 
 
 def test_a_pinned_only_list_asks_no_heuristics_and_an_empty_one_fails() -> None:
     g = Graph()
-    make_plan_list(g, FRONTEND, CompileOptions(autotune=False, pinned_plans=(PinnedPlan(7),), pinned_only=True), "sm_90/test")
+    make_plan_list(
+        g, FRONTEND, CompileOptions(autotune=False, pinned_plans=(PinnedPlan(7),), pinned_only=True), "sm_90/test"
+    )
     assert "create_execution_plans" not in [name for name, _ in g.calls]
     with pytest.raises(CompileFailed, match="offers no execution plan"):
         make_plan_list(Graph(count=0), FRONTEND, CompileOptions(), "sm_90/test")
@@ -81,5 +100,10 @@ def test_a_pinned_only_list_asks_no_heuristics_and_an_empty_one_fails() -> None:
 def test_each_entry_is_described_from_the_frontend_and_unknowns_stay_empty() -> None:
     g = Graph()
     first, last = describe(g, 0), describe(g, 2)
-    assert (first.plan_name, first.engine_id, first.knobs, first.behavior_notes) == ("eng0_k0", 0, {"TILE_SIZE": 1}, ("RUNTIME_COMPILATION",))
+    assert (first.plan_name, first.engine_id, first.knobs, first.behavior_notes) == (
+        "eng0_k0",
+        0,
+        {"TILE_SIZE": 1},
+        ("RUNTIME_COMPILATION",),
+    )
     assert last.behavior_notes == () and last.median_ms is None

@@ -19,7 +19,9 @@ RULE_TESTS = ROOT / "tests" / "prometheus" / "rules_test.yml"
 
 def _promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     promtool = shutil.which("promtool")
-    assert promtool, "no promtool: `make setup-test` (scripts/install-os-package.sh promtool prometheus) installs Debian's prometheus"
+    assert promtool, (
+        "no promtool: `make setup-test` (scripts/install-os-package.sh promtool prometheus) installs Debian's prometheus"
+    )
     return subprocess.run([promtool, *args], capture_output=True, text=True, timeout=120, check=False, cwd=cwd)
 
 
@@ -33,13 +35,29 @@ def test_every_alert_fires_after_its_duration_and_not_before() -> None:
     tested = _promtool("test", "rules", RULE_TESTS.name, cwd=RULE_TESTS.parent)
     assert tested.returncode == 0, tested.stdout + tested.stderr
     alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
-    covered = {a["alertname"] for t in yaml.safe_load(RULE_TESTS.read_text())["tests"] for a in t.get("alert_rule_test", [])}
-    assert alerts == covered == {"PlancacheHitRateLow", "PlancacheQueueGrowing", "PlancacheNoLiveWorker", "PlancacheUntrustedBuilds", "PlancacheFleetCoverageLow"}
+    covered = {
+        a["alertname"] for t in yaml.safe_load(RULE_TESTS.read_text())["tests"] for a in t.get("alert_rule_test", [])
+    }
+    assert (
+        alerts
+        == covered
+        == {
+            "PlancacheHitRateLow",
+            "PlancacheQueueGrowing",
+            "PlancacheNoLiveWorker",
+            "PlancacheUntrustedBuilds",
+            "PlancacheFleetCoverageLow",
+        }
+    )
 
 
 def test_a_wrong_expectation_fails_the_rule_tests(tmp_path: Path) -> None:
     """The rule tests can fail: the same file with the hit-rate alert expected 5 minutes early does."""
-    broken = RULE_TESTS.read_text().replace("eval_time: 10m\n        exp_alerts: []", "eval_time: 10m\n        exp_alerts: [{exp_labels: {severity: warning, target: a}}]", 1)
+    broken = RULE_TESTS.read_text().replace(
+        "eval_time: 10m\n        exp_alerts: []",
+        "eval_time: 10m\n        exp_alerts: [{exp_labels: {severity: warning, target: a}}]",
+        1,
+    )
     assert broken != RULE_TESTS.read_text()
     (tmp_path / "rules_test.yml").write_text(broken.replace("../../docker/prometheus-rules.yml", str(RULES)))
     assert _promtool("test", "rules", "rules_test.yml", cwd=tmp_path).returncode != 0

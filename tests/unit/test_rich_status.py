@@ -8,11 +8,21 @@ import pytest
 from plancache.errors import CompileFailed, ResourceExhausted, TargetUnavailable
 from plancache.transport.calls import RETRY_BACKOFF_CAP_S
 from plancache.transport.calls import retry_pause as _retry_pause
-from plancache.transport.rich_status import DETAILS_METADATA_KEY, MAX_MESSAGE_CHARS, bounded, error_of, trailing_metadata
+from plancache.transport.rich_status import (
+    DETAILS_METADATA_KEY,
+    MAX_MESSAGE_CHARS,
+    bounded,
+    error_of,
+    trailing_metadata,
+)
 
 
 def test_error_class_and_retry_delay_survive_the_round_trip() -> None:
-    for error in (TargetUnavailable("no worker"), CompileFailed("cuDNN said no"), ResourceExhausted("busy", retry_after=1.25)):
+    for error in (
+        TargetUnavailable("no worker"),
+        CompileFailed("cuDNN said no"),
+        ResourceExhausted("busy", retry_after=1.25),
+    ):
         trailers = trailing_metadata(error)
         decoded = error_of(error.code, error.message, trailers)
         assert type(decoded) is type(error) and decoded.code == error.code and decoded.retry_after == error.retry_after
@@ -20,7 +30,10 @@ def test_error_class_and_retry_delay_survive_the_round_trip() -> None:
     only_details = [(k, v) for k, v in trailing_metadata(CompileFailed("x")) if k == DETAILS_METADATA_KEY]
     assert type(error_of(grpc.StatusCode.FAILED_PRECONDITION, "x", only_details)) is CompileFailed
     # Garbage details never hide the status code.
-    assert type(error_of(grpc.StatusCode.FAILED_PRECONDITION, "x", [(DETAILS_METADATA_KEY, b"\xff\x00")])) is TargetUnavailable
+    assert (
+        type(error_of(grpc.StatusCode.FAILED_PRECONDITION, "x", [(DETAILS_METADATA_KEY, b"\xff\x00")]))
+        is TargetUnavailable
+    )
 
 
 def test_messages_are_bounded() -> None:

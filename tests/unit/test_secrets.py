@@ -29,7 +29,10 @@ def test_a_private_file_passes(tmp_path: Path, mode: int) -> None:
 @pytest.mark.parametrize("mode", [0o640, 0o604, 0o660, 0o644, 0o620])
 def test_a_file_open_to_group_or_others_is_refused_with_the_fix(tmp_path: Path, mode: int) -> None:
     path = _secret(tmp_path, mode)
-    with pytest.raises(InvalidRequest, match=rf"the TLS private key {path} can be read by group or others \(mode {mode:04o}\): run `chmod 600 {path}`"):
+    with pytest.raises(
+        InvalidRequest,
+        match=rf"the TLS private key {path} can be read by group or others \(mode {mode:04o}\): run `chmod 600 {path}`",
+    ):
         check_secret("TLS private key", path, allow_readable=False)
 
 

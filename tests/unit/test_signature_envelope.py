@@ -15,16 +15,29 @@ from plancache.v1 import plancache_pb2 as pb
 
 def metadata() -> pb.PlanMetadata:
     blob = b"blob"
-    return pb.PlanMetadata(key="k" * 64 + "/sm_90/cudnn-91900/fe-1.32.0/opt-0123456789abcdef", blob_sha256=hashlib.sha256(blob).hexdigest(),
-                           plan_name="eng0", candidates=[pb.CandidateTiming(index=0, median_ms=0.25)])  # fmt: skip
+    return pb.PlanMetadata(
+        key="k" * 64 + "/sm_90/cudnn-91900/fe-1.32.0/opt-0123456789abcdef",
+        blob_sha256=hashlib.sha256(blob).hexdigest(),
+        plan_name="eng0",
+        candidates=[pb.CandidateTiming(index=0, median_ms=0.25)],
+    )
 
 
 def test_the_documented_envelope_verifies_with_the_raw_public_key() -> None:
     private = Ed25519PrivateKey.generate()
     signature = Signer(private).sign(metadata())
     signed = pb.PlanMetadata.FromString(signature.signed_metadata)
-    envelope = "\n".join(["plancache/plan-signature/v2", signed.key, signed.blob_sha256, hashlib.sha256(signature.signed_metadata).hexdigest()])
-    private.public_key().verify(signature.signature, envelope.encode())  # raises if the documented form is not what is signed
+    envelope = "\n".join(
+        [
+            "plancache/plan-signature/v2",
+            signed.key,
+            signed.blob_sha256,
+            hashlib.sha256(signature.signed_metadata).hexdigest(),
+        ]
+    )
+    private.public_key().verify(
+        signature.signature, envelope.encode()
+    )  # raises if the documented form is not what is signed
     raw = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     assert signature.key_id == hashlib.sha256(raw).hexdigest()[:16] == key_id(private.public_key())
 

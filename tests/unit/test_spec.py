@@ -112,10 +112,15 @@ def test_tensor_like_reads_dims_strides_dtype_and_host_scalars() -> None:
         ('{"tensors": [], "nodes": [], "colour": 1}', "unknown field\\(s\\) 'colour'"),
         ('{"tensors": [{"name": "A", "dim": [1]}], "nodes": []}', "tensor 0 \\(A\\): missing 'uid'"),
         ('{"tensors": [{"uid": 1, "dim": [1.5]}], "nodes": []}', "tensor 0 dim: expected an integer"),
-        ('{"tensors": [{"uid": 1, "dim": [1], "data_type": "half"}, {"uid": 1, "dim": [1]}], "nodes": []}', "duplicate uid 1"),
+        (
+            '{"tensors": [{"uid": 1, "dim": [1], "data_type": "half"}, {"uid": 1, "dim": [1]}], "nodes": []}',
+            "duplicate uid 1",
+        ),
         ('{"tensors": [{"uid": 1, "dim": [1], "data_type": "float128"}], "nodes": []}', "unknown data type 'float128'"),
-        ('{"tensors": [{"uid": 1, "dim": [2, 2]}], "nodes": [{"op": "relu", "inputs": {"input": 1}, "outputs": {"OUT_0": 9}}]}',
-         "node 0 \\(relu\\) output 'OUT_0' refers to uid 9, which no tensor declares"),
+        (
+            '{"tensors": [{"uid": 1, "dim": [2, 2]}], "nodes": [{"op": "relu", "inputs": {"input": 1}, "outputs": {"OUT_0": 9}}]}',
+            "node 0 \\(relu\\) output 'OUT_0' refers to uid 9, which no tensor declares",
+        ),
         ('{"tensors": [], "nodes": [{"op": "relu", "attributes": {"x": {"a": 1}}}]}', "a score modifier is"),
     ],
 )

@@ -50,7 +50,9 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
             nodes.append({"op": draw(st.sampled_from(UNARY)), "inputs": {"input": current}, "outputs": {"OUT_0": out}})
         else:
             other = tensor(dims)
-            nodes.append({"op": draw(st.sampled_from(BINARY)), "inputs": {"a": current, "b": other}, "outputs": {"OUT_0": out}})
+            nodes.append(
+                {"op": draw(st.sampled_from(BINARY)), "inputs": {"a": current, "b": other}, "outputs": {"OUT_0": out}}
+            )
         current = out
     tensors[[t["uid"] for t in tensors].index(current)] = {"uid": current, "name": "out", "is_output": True}
     return {"io_data_type": dtype, "tensors": tensors, "nodes": nodes}

@@ -33,7 +33,12 @@ def _parse(page: str) -> _Tags:
 
 
 def _report(history: list[Bucket], failures: list[FailedBuild] = (), top: list[TopEntry] = ()) -> StatusReport:  # type: ignore[assignment]
-    windows = {"5m": {"hits": 3, "misses": 1}, "1h": {"hits": 3, "misses": 1}, "24h": {}, "total": {"hits": 3, "misses": 1, "bytes_served": 3 * 2**20}}
+    windows = {
+        "5m": {"hits": 3, "misses": 1},
+        "1h": {"hits": 3, "misses": 1},
+        "24h": {},
+        "total": {"hits": 3, "misses": 1, "bytes_served": 3 * 2**20},
+    }
     target = TargetStatus(TARGET.id, live_workers=2, jobs_waiting=5, jobs_running=1, windows=windows, history=history)  # type: ignore[arg-type]
     return StatusReport(NOW, "1h", [target], {"matmul": windows}, list(top), list(top), list(failures))  # type: ignore[arg-type]
 
@@ -80,7 +85,9 @@ def test_numbers_are_formatted_for_people() -> None:
 def test_a_target_without_workers_says_why_everything_misses() -> None:
     windows = {"5m": {"misses": 4, "refused": 4}, "1h": {}, "24h": {}, "total": {"misses": 4, "refused": 4}}
     served = TargetStatus(TARGET.id, live_workers=1, jobs_waiting=0, jobs_running=0, windows=windows, history=[])  # type: ignore[arg-type]
-    orphan = TargetStatus("sm_80/cudnn-91900/fe-1.32.0", live_workers=0, jobs_waiting=0, jobs_running=0, windows=windows, history=[])  # type: ignore[arg-type]
+    orphan = TargetStatus(
+        "sm_80/cudnn-91900/fe-1.32.0", live_workers=0, jobs_waiting=0, jobs_running=0, windows=windows, history=[]
+    )  # type: ignore[arg-type]
     page = render(StatusReport(NOW, "1h", [served, orphan], {}, [], [], []))
     hints = [attrs for tag, attrs in _parse(page).tags if attrs.get("data-hint") == "no-worker"]
     assert len(hints) == 1, "only the target without a live worker gets the hint"
@@ -91,13 +98,33 @@ def test_a_target_without_workers_says_why_everything_misses() -> None:
 def test_the_store_per_target_is_shown() -> None:
     from plancache_server.store.lifecycle import TargetUsage
 
-    target = TargetStatus(TARGET.id, 1, 0, 0, {"total": {}}, [], TargetUsage(stored_bytes=3 * 2**20, stored_plans=40, evicted=7, expired=2))  # type: ignore[arg-type]
+    target = TargetStatus(
+        TARGET.id,
+        1,
+        0,
+        0,
+        {"total": {}},
+        [],
+        TargetUsage(stored_bytes=3 * 2**20, stored_plans=40, evicted=7, expired=2),
+    )  # type: ignore[arg-type]
     page = render(StatusReport(NOW, "1h", [target], {}, [], [], []))
     assert re.search(r"<th[^>]*>stored</th>", page) and " in 40<" in page and ">7 / 2<" in page
 
 
 def test_retired_eligible_targets_are_listed_with_the_command() -> None:
-    page = render(StatusReport(NOW, "1h", [], {}, [], [], [], {"sm_80/cudnn-91900/fe-1.32.0": NOW - 100 * 86400, "sm_75/cudnn-1/fe-1.0.0": None}, 90))
+    page = render(
+        StatusReport(
+            NOW,
+            "1h",
+            [],
+            {},
+            [],
+            [],
+            [],
+            {"sm_80/cudnn-91900/fe-1.32.0": NOW - 100 * 86400, "sm_75/cudnn-1/fe-1.0.0": None},
+            90,
+        )
+    )
     assert "Retired-eligible targets (no worker for 90 days" in page
     assert "plancache retire --target sm_80/cudnn-91900/fe-1.32.0" in page and "never (or before this version)" in page
     assert "none: every target" in render(StatusReport(NOW, "1h", [], {}, [], [], []))

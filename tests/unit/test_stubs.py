@@ -18,8 +18,18 @@ def test_regenerating_stubs_gives_no_diff(tmp_path: Path) -> None:
     from grpc_tools import protoc
 
     proto = "plancache/v1/plancache.proto"
-    well_known = importlib.resources.files("grpc_tools") / "_proto"  # google/protobuf/*.proto, as `python -m grpc_tools.protoc` adds
-    args = ["protoc", f"-I{ROOT / 'proto'}", f"-I{well_known}", f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}", f"--pyi_out={tmp_path}", str(ROOT / "proto" / proto)]
+    well_known = (
+        importlib.resources.files("grpc_tools") / "_proto"
+    )  # google/protobuf/*.proto, as `python -m grpc_tools.protoc` adds
+    args = [
+        "protoc",
+        f"-I{ROOT / 'proto'}",
+        f"-I{well_known}",
+        f"--python_out={tmp_path}",
+        f"--grpc_python_out={tmp_path}",
+        f"--pyi_out={tmp_path}",
+        str(ROOT / "proto" / proto),
+    ]
     assert protoc.main(args) == 0, "protoc failed"
     for name in ("plancache_pb2.py", "plancache_pb2_grpc.py", "plancache_pb2.pyi"):
         generated = (tmp_path / "plancache" / "v1" / name).read_text()

@@ -38,10 +38,21 @@ def refused(spec: dict[str, Any], message: str) -> None:
 
 
 VARIANT_EXAMPLES = (
-    "sdpa_paged_decode_bf16", "sdpa_bias_bf16", "sdpa_alibi_bf16", "sdpa_fp8_causal", "matmul_fp8_scaled_bf16", "sdpa_ragged_prefill_bf16",
-    "sdpa_backward_ragged_bf16", "sdpa_dropout_bf16", "sdpa_backward_dropout_bf16", "sdpa_backward_bias_bf16", "sdpa_fp8_paged_decode",
-    "matmul_fp8_bias_gelu_amax_bf16", "matmul_fp8_bias_relu_fp16", "sdpa_paged_chunk_causal_bf16",
-)  # fmt: skip
+    "sdpa_paged_decode_bf16",
+    "sdpa_bias_bf16",
+    "sdpa_alibi_bf16",
+    "sdpa_fp8_causal",
+    "matmul_fp8_scaled_bf16",
+    "sdpa_ragged_prefill_bf16",
+    "sdpa_backward_ragged_bf16",
+    "sdpa_dropout_bf16",
+    "sdpa_backward_dropout_bf16",
+    "sdpa_backward_bias_bf16",
+    "sdpa_fp8_paged_decode",
+    "matmul_fp8_bias_gelu_amax_bf16",
+    "matmul_fp8_bias_relu_fp16",
+    "sdpa_paged_chunk_causal_bf16",
+)
 
 
 def test_the_variant_examples_normalize() -> None:
@@ -50,20 +61,43 @@ def test_the_variant_examples_normalize() -> None:
 
 
 PAGED_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
-    ("a page table of another batch", lambda s: tensor(s, "k_page_table").update(dim=[4, 1, 16, 1]), r"'paged_attention_k_table' must have dims \[8, 1, pages per sequence, 1\]"),
-    ("too few pages for the longest sequence", lambda s: [tensor(s, n).update(dim=[8, 1, 8, 1]) for n in ("k_page_table", "v_page_table")],
-     r"8 pages of 64 tokens hold fewer than paged_attention_max_seq_len_kv = 1024"),
-    ("a float page table", lambda s: tensor(s, "v_page_table").update(data_type="float"), r"'paged_attention_v_table' must have an integer data type"),
-    ("a zero maximum length", lambda s: attrs(s).update(paged_attention_max_seq_len_kv=0), "paged_attention_max_seq_len_kv must be a positive"),
-    ("one table only", lambda s: s["nodes"][0]["inputs"].pop("paged_attention_v_table") and s["tensors"].remove(tensor(s, "v_page_table")),
-     "needs both paged_attention_k_table and paged_attention_v_table"),
-]  # fmt: skip
+    (
+        "a page table of another batch",
+        lambda s: tensor(s, "k_page_table").update(dim=[4, 1, 16, 1]),
+        r"'paged_attention_k_table' must have dims \[8, 1, pages per sequence, 1\]",
+    ),
+    (
+        "too few pages for the longest sequence",
+        lambda s: [tensor(s, n).update(dim=[8, 1, 8, 1]) for n in ("k_page_table", "v_page_table")],
+        r"8 pages of 64 tokens hold fewer than paged_attention_max_seq_len_kv = 1024",
+    ),
+    (
+        "a float page table",
+        lambda s: tensor(s, "v_page_table").update(data_type="float"),
+        r"'paged_attention_v_table' must have an integer data type",
+    ),
+    (
+        "a zero maximum length",
+        lambda s: attrs(s).update(paged_attention_max_seq_len_kv=0),
+        "paged_attention_max_seq_len_kv must be a positive",
+    ),
+    (
+        "one table only",
+        lambda s: (
+            s["nodes"][0]["inputs"].pop("paged_attention_v_table") and s["tensors"].remove(tensor(s, "v_page_table"))
+        ),
+        "needs both paged_attention_k_table and paged_attention_v_table",
+    ),
+]
 
 
 def test_a_paged_cache_the_frontend_takes_is_taken() -> None:
     """Without its longest length ("optional, but recommended") or without the
     padding mask (test_flexible_sdpa masks in a score modifier), as the frontend."""
-    for damage in (lambda s: attrs(s).pop("paged_attention_max_seq_len_kv"), lambda s: attrs(s).update(use_padding_mask=False)):
+    for damage in (
+        lambda s: attrs(s).pop("paged_attention_max_seq_len_kv"),
+        lambda s: attrs(s).update(use_padding_mask=False),
+    ):
         spec = example("sdpa_paged_decode_bf16")
         damage(spec)
         normalize(spec_io.from_dict(spec))
@@ -91,7 +125,10 @@ def packed_page_tables(spec: dict[str, Any]) -> dict[str, Any]:
 
 def test_packed_page_tables_are_taken() -> None:
     spec = normalize(spec_io.from_dict(packed_page_tables(example("sdpa_paged_decode_bf16"))))
-    assert {t.name: t.ragged_offset.uid for t in spec.tensors if t.ragged_offset is not None} == {"k_page_table": 19, "v_page_table": 19}
+    assert {t.name: t.ragged_offset.uid for t in spec.tensors if t.ragged_offset is not None} == {
+        "k_page_table": 19,
+        "v_page_table": 19,
+    }
 
 
 @pytest.mark.parametrize(("what", "damage", "message"), PAGED_CASES, ids=[c[0] for c in PAGED_CASES])
@@ -108,7 +145,9 @@ def test_a_bias_of_the_wrong_shape_and_alibi_without_causal_are_refused() -> Non
     spec = example("sdpa_alibi_bf16")
     attrs(spec).update(use_causal_mask=False)
     refused(spec, "use_alibi_mask needs use_causal_mask")
-    spec = example("sdpa_causal_fp16")  # the frontend takes (and ignores) a paged cache's length without the cache: so does plancache
+    spec = example(
+        "sdpa_causal_fp16"
+    )  # the frontend takes (and ignores) a paged cache's length without the cache: so does plancache
     attrs(spec).update(paged_attention_max_seq_len_kv=512)
     assert spec_io.from_dict(spec).spec_hash() != spec_io.from_dict(example("sdpa_causal_fp16")).spec_hash()
 
@@ -122,7 +161,9 @@ def test_fp8_attention_scales_must_be_one_per_tensor() -> None:
 def test_fp8_paged_decode_checks_its_page_tables() -> None:
     spec = example("sdpa_fp8_paged_decode")
     tensor(spec, "k_page_table").update(dim=[8, 1, 8, 1])
-    refused(spec, r"'paged_attention_k_table': 8 pages of 64 tokens hold fewer than paged_attention_max_seq_len_kv = 1024")
+    refused(
+        spec, r"'paged_attention_k_table': 8 pages of 64 tokens hold fewer than paged_attention_max_seq_len_kv = 1024"
+    )
 
 
 def _ragged_uid(spec: dict[str, Any]) -> int:
@@ -131,17 +172,47 @@ def _ragged_uid(spec: dict[str, Any]) -> int:
 
 
 RAGGED_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
-    ("offsets for another batch", lambda s: tensor(s, "token_offsets").update(dim=[4, 1, 1, 1]),
-     r"tensor 'q' \(uid 11\): its ragged offsets tensor 'token_offsets' \(uid 19\) must have dims \[5, 1, 1, 1\]"),
-    ("float offsets", lambda s: tensor(s, "token_offsets").update(data_type="float"), r"ragged offsets tensor 'token_offsets' \(uid 19\) must be int32 or int64"),
-    ("offsets naming no tensor", lambda s: tensor(s, "q").update(ragged_offset_uid=99), r"tensor 'q' \(uid 11\): ragged_offset_uid 99 names no tensor"),
-    ("offsets that are ragged themselves", lambda s: tensor(s, "token_offsets").update(ragged_offset_uid=_ragged_uid(s)), "must be a GPU tensor the caller binds"),
-    ("no padding mask", lambda s: attrs(s).update(use_padding_mask=False), r"ragged 'q', 'k', 'v', 'O' need use_padding_mask"),
-    ("a ragged output without its packed strides", lambda s: tensor(s, "o").pop("stride"), r"ragged output 'O' .* needs its strides"),
-    ("a token total for a dense q", lambda s: tensor(s, "q").pop("ragged_offset_uid") and attrs(s).update(max_total_seq_len_q=100),
-     r"max_total_seq_len_q is for a ragged 'q'"),
-    ("a token total over b × s", lambda s: attrs(s).update(max_total_seq_len_kv=4096), r"max_total_seq_len_kv = 4096 must be in \[1, 2048\]"),
-]  # fmt: skip
+    (
+        "offsets for another batch",
+        lambda s: tensor(s, "token_offsets").update(dim=[4, 1, 1, 1]),
+        r"tensor 'q' \(uid 11\): its ragged offsets tensor 'token_offsets' \(uid 19\) must have dims \[5, 1, 1, 1\]",
+    ),
+    (
+        "float offsets",
+        lambda s: tensor(s, "token_offsets").update(data_type="float"),
+        r"ragged offsets tensor 'token_offsets' \(uid 19\) must be int32 or int64",
+    ),
+    (
+        "offsets naming no tensor",
+        lambda s: tensor(s, "q").update(ragged_offset_uid=99),
+        r"tensor 'q' \(uid 11\): ragged_offset_uid 99 names no tensor",
+    ),
+    (
+        "offsets that are ragged themselves",
+        lambda s: tensor(s, "token_offsets").update(ragged_offset_uid=_ragged_uid(s)),
+        "must be a GPU tensor the caller binds",
+    ),
+    (
+        "no padding mask",
+        lambda s: attrs(s).update(use_padding_mask=False),
+        r"ragged 'q', 'k', 'v', 'O' need use_padding_mask",
+    ),
+    (
+        "a ragged output without its packed strides",
+        lambda s: tensor(s, "o").pop("stride"),
+        r"ragged output 'O' .* needs its strides",
+    ),
+    (
+        "a token total for a dense q",
+        lambda s: tensor(s, "q").pop("ragged_offset_uid") and attrs(s).update(max_total_seq_len_q=100),
+        r"max_total_seq_len_q is for a ragged 'q'",
+    ),
+    (
+        "a token total over b × s",
+        lambda s: attrs(s).update(max_total_seq_len_kv=4096),
+        r"max_total_seq_len_kv = 4096 must be in \[1, 2048\]",
+    ),
+]
 
 
 @pytest.mark.parametrize(("what", "damage", "message"), RAGGED_CASES, ids=[c[0] for c in RAGGED_CASES])
@@ -157,7 +228,9 @@ def test_only_attention_ports_take_ragged_tensors() -> None:
     tensor(spec, "A").update(ragged_offset_uid=50)
     refused(spec, r"'A' \(tensor 'A' \(uid 1\)\) is ragged, but matmul takes ragged tensors on none")
     spec = example("sdpa_backward_ragged_bf16")
-    tensor(spec, "bias" if any(t["name"] == "bias" for t in spec["tensors"]) else "seq_len_q").update(ragged_offset_uid=19)
+    tensor(spec, "bias" if any(t["name"] == "bias" for t in spec["tensors"]) else "seq_len_q").update(
+        ragged_offset_uid=19
+    )
     refused(spec, r"is ragged, but sdpa_backward takes ragged tensors on only q, k, v, o, dO, stats, dQ, dK, dV")
 
 
@@ -166,24 +239,51 @@ def test_ragged_offsets_are_part_of_the_key_and_survive_both_wire_forms() -> Non
     key = spec.spec_hash()
     assert spec_io.from_json(spec.to_json()).spec_hash() == key
     assert spec_io.from_proto(spec_io.to_proto(spec)).spec_hash() == key
-    assert {t.name: t.ragged_offset_uid for t in spec_io.to_proto(spec).tensors if t.ragged_offset_uid} == {"q": 19, "k": 19, "v": 19, "o": 19}
+    assert {t.name: t.ragged_offset_uid for t in spec_io.to_proto(spec).tensors if t.ragged_offset_uid} == {
+        "q": 19,
+        "k": 19,
+        "v": 19,
+        "o": 19,
+    }
     dense = example("sdpa_ragged_prefill_bf16")
     tensor(dense, "o").pop("ragged_offset_uid")  # the same graph but for a dense O (offsets still used by q, k, v)
     assert spec_io.from_dict(dense).spec_hash() != key
 
 
 DROPOUT_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
-    ("no probability", lambda s: attrs(s).pop("dropout_probability"), "dropout needs dropout_probability with both dropout_seed and dropout_offset"),
-    ("no offset", lambda s: s["nodes"][0]["inputs"].pop("dropout_offset") and s["tensors"].remove(tensor(s, "dropout_offset")), "dropout needs"),
-    ("probability 1", lambda s: attrs(s).update(dropout_probability=1.0), r"dropout_probability must be in \(0, 1\), got 1.0"),
-    ("a seed per batch", lambda s: tensor(s, "dropout_seed").update(dim=[2, 1, 1, 1]), r"input 'dropout_seed' must have dims \[1, 1, 1, 1\]"),
-    ("a float offset", lambda s: tensor(s, "dropout_offset").update(data_type="float"), "input 'dropout_offset' must have an integer data type"),
-]  # fmt: skip
+    (
+        "no probability",
+        lambda s: attrs(s).pop("dropout_probability"),
+        "dropout needs dropout_probability with both dropout_seed and dropout_offset",
+    ),
+    (
+        "no offset",
+        lambda s: s["nodes"][0]["inputs"].pop("dropout_offset") and s["tensors"].remove(tensor(s, "dropout_offset")),
+        "dropout needs",
+    ),
+    (
+        "probability 1",
+        lambda s: attrs(s).update(dropout_probability=1.0),
+        r"dropout_probability must be in \(0, 1\), got 1.0",
+    ),
+    (
+        "a seed per batch",
+        lambda s: tensor(s, "dropout_seed").update(dim=[2, 1, 1, 1]),
+        r"input 'dropout_seed' must have dims \[1, 1, 1, 1\]",
+    ),
+    (
+        "a float offset",
+        lambda s: tensor(s, "dropout_offset").update(data_type="float"),
+        "input 'dropout_offset' must have an integer data type",
+    ),
+]
 
 
 @pytest.mark.parametrize(("what", "damage", "message"), DROPOUT_CASES, ids=[c[0] for c in DROPOUT_CASES])
 @pytest.mark.parametrize("case", ["sdpa_dropout_bf16", "sdpa_backward_dropout_bf16"])
-def test_bad_dropout_is_refused_forward_and_backward(case: str, what: str, damage: Callable[[dict[str, Any]], None], message: str) -> None:
+def test_bad_dropout_is_refused_forward_and_backward(
+    case: str, what: str, damage: Callable[[dict[str, Any]], None], message: str
+) -> None:
     spec = example(case)
     damage(spec)
     refused(spec, message)

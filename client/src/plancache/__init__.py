@@ -1,6 +1,6 @@
 """plancache: fetch autotuned cuDNN execution plans instead of building them.
 
-    from plancache import Client, GraphSpec
+from plancache import Client, GraphSpec
 """
 
 from plancache.errors import (

@@ -121,7 +121,9 @@ class UntrustedPlan(IntegrityError):
     plan signed by the same key again would be too, as opposed to a
     signature that does not verify (an altered plan)."""
 
-    def __init__(self, message: str, *, retry_after: float | None = None, signer: str = "", unknown_key: bool = False) -> None:
+    def __init__(
+        self, message: str, *, retry_after: float | None = None, signer: str = "", unknown_key: bool = False
+    ) -> None:
         super().__init__(message, retry_after=retry_after)
         self.signer = signer
         self.unknown_key = unknown_key
@@ -171,7 +173,9 @@ _BY_CODE: dict[grpc.StatusCode, type[PlanCacheError]] = {
 ERROR_CLASSES = tuple(_BY_NAME)
 
 
-def error_from_status(code: grpc.StatusCode, details: str, error_class: str | None, retry_after: float | None = None) -> PlanCacheError:
+def error_from_status(
+    code: grpc.StatusCode, details: str, error_class: str | None, retry_after: float | None = None
+) -> PlanCacheError:
     """The typed error for a gRPC status, preferring the class the server named."""
     cls = _BY_NAME.get(error_class or "") or _BY_CODE.get(code, ServerError)
     err = cls(details or code.name, retry_after=retry_after)

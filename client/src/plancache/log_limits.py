@@ -29,7 +29,12 @@ class LogLimiter:
     """Thread-safe; `kind` names the fault (a short fixed text: never a plan
     key or anything else that would make each call a kind of its own)."""
 
-    def __init__(self, logger: logging.Logger, interval_s: float = DEFAULT_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._log = logger
         self._interval_s = interval_s
         self._clock = clock

@@ -34,10 +34,26 @@ class WarmStatus:
     @classmethod
     def from_proto(cls, s: pb.WarmTargetStatus) -> WarmStatus:
         return cls(
-            s.target_id, s.source, s.state, s.total, s.built, s.skipped, s.failed, s.in_flight, s.remaining, s.coverage, s.source_hits_24h,
-            s.covered_hits_24h, s.missing_specs, s.created_at, s.updated_at, tuple((f.plan_key, f.reason) for f in s.failures),
-        )  # fmt: skip
+            s.target_id,
+            s.source,
+            s.state,
+            s.total,
+            s.built,
+            s.skipped,
+            s.failed,
+            s.in_flight,
+            s.remaining,
+            s.coverage,
+            s.source_hits_24h,
+            s.covered_hits_24h,
+            s.missing_specs,
+            s.created_at,
+            s.updated_at,
+            tuple((f.plan_key, f.reason) for f in s.failures),
+        )
 
     def line(self) -> str:
-        return (f"{self.target_id:70} {self.state:9} {self.built:6} built {self.skipped:6} skipped {self.failed:5} failed "
-                f"{self.remaining:6} to do  {self.coverage:6.1%} of {self.source_hits_24h:.0f} hits covered  (from {self.source})")  # fmt: skip
+        return (
+            f"{self.target_id:70} {self.state:9} {self.built:6} built {self.skipped:6} skipped {self.failed:5} failed "
+            f"{self.remaining:6} to do  {self.coverage:6.1%} of {self.source_hits_24h:.0f} hits covered  (from {self.source})"
+        )

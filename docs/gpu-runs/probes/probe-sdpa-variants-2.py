@@ -25,14 +25,18 @@ import cudnn
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-probe = importlib.util.spec_from_file_location("probe1", os.path.join(os.path.dirname(__file__), "probe-sdpa-variants.py"))
+probe = importlib.util.spec_from_file_location(
+    "probe1", os.path.join(os.path.dirname(__file__), "probe-sdpa-variants.py")
+)
 assert probe is not None and probe.loader is not None
 p1 = importlib.util.module_from_spec(probe)
 probe.loader.exec_module(p1)
 graph, run, rel_err, attention, BF16, F32 = p1.graph, p1.run, p1.rel_err, p1.attention, p1.BF16, p1.F32
 
 
-def _softmax(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+def _softmax(
+    q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None = None, causal: bool = False
+) -> torch.Tensor:
     s = (q.float() @ k.float().transpose(-1, -2)) * scale
     if bias is not None:
         s = s + bias.float()
@@ -82,18 +86,29 @@ def dropout_fwd_bwd() -> dict[str, Any]:
     ref.backward(dO.float())
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     gb = graph()
-    t = {n: gb.tensor_like(x).set_uid(u) for n, x, u in (("q", q, 1), ("k", k, 2), ("v", v, 3), ("o", o, 4), ("dO", dO, 5), ("stats", stats, 6))}
+    t = {
+        n: gb.tensor_like(x).set_uid(u)
+        for n, x, u in (("q", q, 1), ("k", k, 2), ("v", v, 3), ("o", o, 4), ("dO", dO, 5), ("stats", stats, 6))
+    }
     SB, OB = gb.tensor_like(seed).set_uid(7), gb.tensor_like(offset).set_uid(8)
-    DQ, DK, DV = gb.sdpa_backward(q=t["q"], k=t["k"], v=t["v"], o=t["o"], dO=t["dO"], stats=t["stats"], attn_scale=scale, dropout=(p, SB, OB))
+    DQ, DK, DV = gb.sdpa_backward(
+        q=t["q"], k=t["k"], v=t["v"], o=t["o"], dO=t["dO"], stats=t["stats"], attn_scale=scale, dropout=(p, SB, OB)
+    )
     for T, x, u in ((DQ, dq, 11), (DK, dk, 12), (DV, dv, 13)):
         T.set_output(True).set_dim(list(x.shape)).set_stride(list(x.stride())).set_uid(u)
     bplans = run(gb, {1: q, 2: k, 3: v, 4: o, 5: dO, 6: stats, 7: seed, 8: offset, 11: dq, 12: dk, 13: dv})
     return {
-        "plans": plans, "bwd_plans": bplans, "drop_rate": drop_rate, "kept_rel_err": kept_err,
+        "plans": plans,
+        "bwd_plans": bplans,
+        "drop_rate": drop_rate,
+        "kept_rel_err": kept_err,
         "repeat_identical": bool(torch.equal(o_again, o_first)),
         "other_offset_same_mask_fraction": float(((o_other.float() != 0) == kept).float().mean()),
-        "fwd_rel_err": fwd_err, "dq": rel_err(dq, qr.grad), "dk": rel_err(dk, kr.grad), "dv": rel_err(dv, vr.grad),
-    }  # fmt: skip
+        "fwd_rel_err": fwd_err,
+        "dq": rel_err(dq, qr.grad),
+        "dk": rel_err(dk, kr.grad),
+        "dv": rel_err(dv, vr.grad),
+    }
 
 
 def bias_backward() -> dict[str, Any]:
@@ -112,15 +127,31 @@ def bias_backward() -> dict[str, Any]:
     g = graph()
     t = {
         n: g.tensor_like(x).set_uid(u)
-        for n, x, u in (("q", q, 1), ("k", k, 2), ("v", v, 3), ("o", o, 4), ("dO", dO, 5), ("stats", stats, 6), ("bias", bias, 7))
+        for n, x, u in (
+            ("q", q, 1),
+            ("k", k, 2),
+            ("v", v, 3),
+            ("o", o, 4),
+            ("dO", dO, 5),
+            ("stats", stats, 6),
+            ("bias", bias, 7),
+        )
     }
     DB = g.tensor_like(dbias).set_uid(14)
-    DQ, DK, DV = g.sdpa_backward(q=t["q"], k=t["k"], v=t["v"], o=t["o"], dO=t["dO"], stats=t["stats"], attn_scale=scale, bias=t["bias"], dBias=DB)
+    DQ, DK, DV = g.sdpa_backward(
+        q=t["q"], k=t["k"], v=t["v"], o=t["o"], dO=t["dO"], stats=t["stats"], attn_scale=scale, bias=t["bias"], dBias=DB
+    )
     for T, x, u in ((DQ, dq, 11), (DK, dk, 12), (DV, dv, 13)):
         T.set_output(True).set_dim(list(x.shape)).set_stride(list(x.stride())).set_uid(u)
     DB.set_output(True)
     plans = run(g, {1: q, 2: k, 3: v, 4: o, 5: dO, 6: stats, 7: bias, 11: dq, 12: dk, 13: dv, 14: dbias})
-    return {"plans": plans, "dq": rel_err(dq, qr.grad), "dk": rel_err(dk, kr.grad), "dv": rel_err(dv, vr.grad), "dbias": rel_err(dbias, br.grad)}
+    return {
+        "plans": plans,
+        "dq": rel_err(dq, qr.grad),
+        "dk": rel_err(dk, kr.grad),
+        "dv": rel_err(dv, vr.grad),
+        "dbias": rel_err(dbias, br.grad),
+    }
 
 
 def ragged_backward() -> dict[str, Any]:
@@ -145,7 +176,17 @@ def ragged_backward() -> dict[str, Any]:
     R = g.tensor_like(offsets).set_uid(20)
     Q, K, V = (ragged_tensor(g, n, u, R) for n, u in (("q", 1), ("k", 2), ("v", 3)))
     SQ, SK = g.tensor_like(seq).set_uid(21), g.tensor_like(seq.clone()).set_uid(22)
-    O, ST = g.sdpa(q=Q, k=K, v=V, attn_scale=scale, generate_stats=True, use_causal_mask=True, use_padding_mask=True, seq_len_q=SQ, seq_len_kv=SK)
+    O, ST = g.sdpa(
+        q=Q,
+        k=K,
+        v=V,
+        attn_scale=scale,
+        generate_stats=True,
+        use_causal_mask=True,
+        use_padding_mask=True,
+        seq_len_q=SQ,
+        seq_len_kv=SK,
+    )
     O.set_output(True).set_dim([b, h, s_max, d]).set_stride(thd).set_uid(4).set_ragged_offset(R)
     ST.set_output(True).set_data_type(F32).set_uid(5)
     fplans = run(g, {1: packed[0], 2: packed[1], 3: packed[2], 4: o, 5: stats, 20: offsets, 21: seq, 22: seq})
@@ -154,11 +195,40 @@ def ragged_backward() -> dict[str, Any]:
     t = [ragged_tensor(gb, n, u, RB) for n, u in (("q", 1), ("k", 2), ("v", 3), ("o", 4), ("dO", 6))]
     STB = gb.tensor_like(stats).set_uid(5)
     SQB, SKB = gb.tensor_like(seq).set_uid(21), gb.tensor_like(seq.clone()).set_uid(22)
-    DQ, DK, DV = gb.sdpa_backward(q=t[0], k=t[1], v=t[2], o=t[3], dO=t[4], stats=STB, attn_scale=scale, use_causal_mask=True, use_padding_mask=True,
-                                  seq_len_q=SQB, seq_len_kv=SKB, max_total_seq_len_q=total, max_total_seq_len_kv=total)  # fmt: skip
+    DQ, DK, DV = gb.sdpa_backward(
+        q=t[0],
+        k=t[1],
+        v=t[2],
+        o=t[3],
+        dO=t[4],
+        stats=STB,
+        attn_scale=scale,
+        use_causal_mask=True,
+        use_padding_mask=True,
+        seq_len_q=SQB,
+        seq_len_kv=SKB,
+        max_total_seq_len_q=total,
+        max_total_seq_len_kv=total,
+    )
     for T, u in ((DQ, 11), (DK, 12), (DV, 13)):
         T.set_output(True).set_dim([b, h, s_max, d]).set_stride(thd).set_uid(u).set_ragged_offset(RB)
-    bplans = run(gb, {1: packed[0], 2: packed[1], 3: packed[2], 4: o, 5: stats, 6: dO, 11: grads[0], 12: grads[1], 13: grads[2], 20: offsets, 21: seq, 22: seq})
+    bplans = run(
+        gb,
+        {
+            1: packed[0],
+            2: packed[1],
+            3: packed[2],
+            4: o,
+            5: stats,
+            6: dO,
+            11: grads[0],
+            12: grads[1],
+            13: grads[2],
+            20: offsets,
+            21: seq,
+            22: seq,
+        },
+    )
     errs = {"o": 0.0, "dq": 0.0, "dk": 0.0, "dv": 0.0}
     for i, n in enumerate(lengths):
         sl = slice(int(starts[i]), int(starts[i]) + n)
@@ -195,14 +265,43 @@ def paged_decode_fp8() -> dict[str, Any]:
     sc = [g.tensor_like(one.clone()).set_uid(10 + i) for i in range(6)]
     out: dict[str, Any] = {}
     for o_type in ("bf16",):
-        O, _, AS, AO = g.sdpa_fp8(q=Q, k=K, v=V, descale_q=sc[0], descale_k=sc[1], descale_v=sc[2], descale_s=sc[3], scale_s=sc[4], scale_o=sc[5],
-                                  attn_scale=scale, generate_stats=False, use_padding_mask=True, seq_len_q=SQ, seq_len_kv=SK,
-                                  paged_attention_k_table=TK, paged_attention_v_table=TV, paged_attention_max_seq_len_kv=max_kv)  # fmt: skip
+        O, _, AS, AO = g.sdpa_fp8(
+            q=Q,
+            k=K,
+            v=V,
+            descale_q=sc[0],
+            descale_k=sc[1],
+            descale_v=sc[2],
+            descale_s=sc[3],
+            scale_s=sc[4],
+            scale_o=sc[5],
+            attn_scale=scale,
+            generate_stats=False,
+            use_padding_mask=True,
+            seq_len_q=SQ,
+            seq_len_kv=SK,
+            paged_attention_k_table=TK,
+            paged_attention_v_table=TV,
+            paged_attention_max_seq_len_kv=max_kv,
+        )
         O.set_output(True).set_dim(list(o.shape)).set_stride(list(o.stride())).set_uid(20).set_data_type(BF16)
         AS.set_output(True).set_uid(21).set_data_type(F32)
         AO.set_output(True).set_uid(22).set_data_type(F32)
         out[o_type] = run(
-            g, {1: q, 2: kc, 3: vc, 4: table, 5: table, 6: seq_q, 7: seq_kv, 20: o, 21: amax_s, 22: amax_o, **{10 + i: one.clone() for i in range(6)}}
+            g,
+            {
+                1: q,
+                2: kc,
+                3: vc,
+                4: table,
+                5: table,
+                6: seq_q,
+                7: seq_kv,
+                20: o,
+                21: amax_s,
+                22: amax_o,
+                **{10 + i: one.clone() for i in range(6)},
+            },
         )
     err = 0.0
     for i in range(b):
@@ -235,7 +334,12 @@ def matmul_fp8_epilogue(act: str) -> dict[str, Any]:
     plans = run(g, {1: a, 2: b, 3: sa, 4: sb, 5: c, 6: bias, 7: amax})
     pre = (a.float() @ b.float()) * 0.5 * 2.0 + bias.float()
     expected = torch.relu(pre) if act == "relu" else torch.nn.functional.gelu(pre)
-    return {"plans": plans, "rel_err": rel_err(c, expected), "amax": float(amax), "amax_expected": float(expected.abs().max())}
+    return {
+        "plans": plans,
+        "rel_err": rel_err(c, expected),
+        "amax": float(amax),
+        "amax_expected": float(expected.abs().max()),
+    }
 
 
 def torch_varlen_paths() -> dict[str, Any]:
@@ -276,13 +380,24 @@ def main() -> None:
         try:
             results[name] = {"status": "ran", **fn()}
         except Exception as e:  # a refusal is a finding
-            results[name] = {"status": "refused or failed", "error": f"{type(e).__name__}: {str(e)[:800]}", "traceback": traceback.format_exc()[-1500:]}
+            results[name] = {
+                "status": "refused or failed",
+                "error": f"{type(e).__name__}: {str(e)[:800]}",
+                "traceback": traceback.format_exc()[-1500:],
+            }
         print(json.dumps({"variant": name, **{k: v for k, v in results[name].items() if k != "traceback"}}), flush=True)
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "sdpa_variants_2.json"), "w") as f:
             json.dump(
-                {"device": torch.cuda.get_device_name(0), "cudnn": cudnn.backend_version(), "frontend": cudnn.__version__, "variants": results}, f, indent=1
+                {
+                    "device": torch.cuda.get_device_name(0),
+                    "cudnn": cudnn.backend_version(),
+                    "frontend": cudnn.__version__,
+                    "variants": results,
+                },
+                f,
+                indent=1,
             )
 
 

@@ -52,7 +52,14 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((a - e).norm() / max(e.norm(), 1e-6))
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    bias: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
     s = (q.float() @ k.float().transpose(-1, -2)) * scale
     if bias is not None:
         s = s + bias.float()
@@ -77,8 +84,19 @@ def paged_decode() -> dict[str, Any]:
     Q, K, V = g.tensor_like(q).set_uid(1), g.tensor_like(kc).set_uid(2), g.tensor_like(vc).set_uid(3)
     TK, TV = g.tensor_like(table).set_uid(4), g.tensor_like(table.clone()).set_uid(5)
     SQ, SK = g.tensor_like(seq_q).set_uid(6), g.tensor_like(seq_kv).set_uid(7)
-    O, _ = g.sdpa(q=Q, k=K, v=V, attn_scale=scale, generate_stats=False, use_padding_mask=True, seq_len_q=SQ, seq_len_kv=SK,
-                  paged_attention_k_table=TK, paged_attention_v_table=TV, paged_attention_max_seq_len_kv=max_kv)  # fmt: skip
+    O, _ = g.sdpa(
+        q=Q,
+        k=K,
+        v=V,
+        attn_scale=scale,
+        generate_stats=False,
+        use_padding_mask=True,
+        seq_len_q=SQ,
+        seq_len_kv=SK,
+        paged_attention_k_table=TK,
+        paged_attention_v_table=TV,
+        paged_attention_max_seq_len_kv=max_kv,
+    )
     O.set_output(True).set_dim(list(o.shape)).set_stride(list(o.stride())).set_uid(8)
     plans = run(g, {1: q, 2: kc, 3: vc, 4: table, 5: table, 6: seq_q, 7: seq_kv, 8: o})
     err = 0.0
@@ -154,11 +172,26 @@ def ragged_prefill() -> dict[str, Any]:
     ts = []
     for uid, t in zip((1, 2, 3), packed, strict=True):
         view = as_bhsd(t)
-        ts.append(g.tensor(name=f"t{uid}", dim=list(view.shape), stride=[s_max * h * d, d, h * d, 1], data_type=BF16).set_uid(uid).set_ragged_offset(ragged))
+        ts.append(
+            g.tensor(name=f"t{uid}", dim=list(view.shape), stride=[s_max * h * d, d, h * d, 1], data_type=BF16)
+            .set_uid(uid)
+            .set_ragged_offset(ragged)
+        )
     SQ, SK = g.tensor_like(seq).set_uid(11), g.tensor_like(seq.clone()).set_uid(12)
-    O, _ = g.sdpa(q=ts[0], k=ts[1], v=ts[2], attn_scale=1 / math.sqrt(d), generate_stats=False, use_causal_mask=True, use_padding_mask=True,
-                  seq_len_q=SQ, seq_len_kv=SK)  # fmt: skip
-    O.set_output(True).set_dim([b, h, s_max, d]).set_stride([s_max * h * d, d, h * d, 1]).set_uid(4).set_ragged_offset(ragged)
+    O, _ = g.sdpa(
+        q=ts[0],
+        k=ts[1],
+        v=ts[2],
+        attn_scale=1 / math.sqrt(d),
+        generate_stats=False,
+        use_causal_mask=True,
+        use_padding_mask=True,
+        seq_len_q=SQ,
+        seq_len_kv=SK,
+    )
+    O.set_output(True).set_dim([b, h, s_max, d]).set_stride([s_max * h * d, d, h * d, 1]).set_uid(4).set_ragged_offset(
+        ragged
+    )
     plans = run(g, {1: packed[0], 2: packed[1], 3: packed[2], 4: o_packed, 10: offsets, 11: seq, 12: seq})
     err = 0.0
     for i, n in enumerate(lengths):
@@ -176,17 +209,39 @@ def fp8_sdpa() -> dict[str, Any]:
     o = torch.empty(b, h, s, d, device="cuda", dtype=torch.float8_e4m3fn)
     amax_s, amax_o = torch.zeros(1, 1, 1, 1, device="cuda"), torch.zeros(1, 1, 1, 1, device="cuda")
     g = graph(cudnn.data_type.FP8_E4M3)
-    Q, K, V = (g.tensor(name=n, dim=[b, h, s, d], stride=list(fp8[0].stride()), data_type=cudnn.data_type.FP8_E4M3).set_uid(u) for n, u in (("q", 1), ("k", 2), ("v", 3)))
+    Q, K, V = (
+        g.tensor(name=n, dim=[b, h, s, d], stride=list(fp8[0].stride()), data_type=cudnn.data_type.FP8_E4M3).set_uid(u)
+        for n, u in (("q", 1), ("k", 2), ("v", 3))
+    )
     sc = [g.tensor_like(one.clone()).set_uid(10 + i) for i in range(6)]
-    O, _, AS, AO = g.sdpa_fp8(q=Q, k=K, v=V, descale_q=sc[0], descale_k=sc[1], descale_v=sc[2], descale_s=sc[3], scale_s=sc[4], scale_o=sc[5],
-                              attn_scale=1 / math.sqrt(d), generate_stats=False, use_causal_mask=True)  # fmt: skip
-    O.set_output(True).set_dim([b, h, s, d]).set_stride(list(o.stride())).set_uid(20).set_data_type(cudnn.data_type.FP8_E4M3)
+    O, _, AS, AO = g.sdpa_fp8(
+        q=Q,
+        k=K,
+        v=V,
+        descale_q=sc[0],
+        descale_k=sc[1],
+        descale_v=sc[2],
+        descale_s=sc[3],
+        scale_s=sc[4],
+        scale_o=sc[5],
+        attn_scale=1 / math.sqrt(d),
+        generate_stats=False,
+        use_causal_mask=True,
+    )
+    O.set_output(True).set_dim([b, h, s, d]).set_stride(list(o.stride())).set_uid(20).set_data_type(
+        cudnn.data_type.FP8_E4M3
+    )
     AS.set_output(True).set_uid(21).set_data_type(F32)
     AO.set_output(True).set_uid(22).set_data_type(F32)
     pack = {1: fp8[0], 2: fp8[1], 3: fp8[2], 20: o, 21: amax_s, 22: amax_o, **{10 + i: one.clone() for i in range(6)}}
     plans = run(g, pack)
     expected = attention(*(t.float() for t in fp8), 1 / math.sqrt(d), causal=True)
-    return {"plans": plans, "rel_err": rel_err(o.float(), expected), "amax_o": float(amax_o), "amax_o_expected": float(expected.abs().max())}
+    return {
+        "plans": plans,
+        "rel_err": rel_err(o.float(), expected),
+        "amax_o": float(amax_o),
+        "amax_o_expected": float(expected.abs().max()),
+    }
 
 
 def fp8_matmul() -> dict[str, Any]:
@@ -226,12 +281,25 @@ def main() -> None:
         try:
             results[name] = {"status": "ran", **fn()}
         except Exception as e:  # a refusal or a failure: its reason is the finding
-            results[name] = {"status": "refused or failed", "error": f"{type(e).__name__}: {str(e)[:600]}", "traceback": traceback.format_exc()[-1500:]}
+            results[name] = {
+                "status": "refused or failed",
+                "error": f"{type(e).__name__}: {str(e)[:600]}",
+                "traceback": traceback.format_exc()[-1500:],
+            }
         print(json.dumps({"variant": name, **{k: v for k, v in results[name].items() if k != "traceback"}}), flush=True)
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "sdpa_variants.json"), "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "cudnn": cudnn.backend_version(), "frontend": cudnn.__version__, "variants": results}, f, indent=1)
+            json.dump(
+                {
+                    "device": torch.cuda.get_device_name(0),
+                    "cudnn": cudnn.backend_version(),
+                    "frontend": cudnn.__version__,
+                    "variants": results,
+                },
+                f,
+                indent=1,
+            )
     sys.exit(0)
 
 

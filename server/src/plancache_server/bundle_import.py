@@ -25,7 +25,9 @@ from plancache_server.store.redis_conn import connect
 log = logging.getLogger(__name__)
 
 
-def import_bundle(bundle: Path, redis_url: str, trusted_keys: Sequence[Path], allow_unsigned: bool, max_bytes: int = 0) -> int:
+def import_bundle(
+    bundle: Path, redis_url: str, trusted_keys: Sequence[Path], allow_unsigned: bool, max_bytes: int = 0
+) -> int:
     """Verify every plan of `bundle`, then store them all; the count."""
     plans = read_bundle(bundle, TrustPolicy.create(trusted_keys, allow_unsigned))
     store = RedisPlanStore(connect(redis_url), max_bytes=max_bytes)
@@ -35,12 +37,22 @@ def import_bundle(bundle: Path, redis_url: str, trusted_keys: Sequence[Path], al
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="plancache-server-import", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="plancache-server-import", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--redis-url", required=True, help="the store (the workers' Redis user)")
-    parser.add_argument("--trusted-keys", type=Path, action="append", default=[], help="public key (PEM) the plans must be signed by; repeatable")
+    parser.add_argument(
+        "--trusted-keys",
+        type=Path,
+        action="append",
+        default=[],
+        help="public key (PEM) the plans must be signed by; repeatable",
+    )
     parser.add_argument("--unsigned", action="store_true", help="accept unsigned plans")
-    parser.add_argument("--store-max-mb", type=int, default=0, help="the store's bound, as the workers have it (0: none)")
+    parser.add_argument(
+        "--store-max-mb", type=int, default=0, help="the store's bound, as the workers have it (0: none)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:

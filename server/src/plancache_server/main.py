@@ -57,7 +57,9 @@ def with_signing_key(settings: Settings) -> Settings:
     if not private.exists():
         generate_keypair(private.parent)
         log.info("generated a plan-signing key %s", private)
-    log.info("workers sign plans with %s; clients must trust %s (trusted_keys= or %s)", private, public, TRUSTED_KEYS_ENV)
+    log.info(
+        "workers sign plans with %s; clients must trust %s (trusted_keys= or %s)", private, public, TRUSTED_KEYS_ENV
+    )
     return replace(settings, signing_key=private)
 
 
@@ -65,7 +67,10 @@ def note_client_variables() -> None:
     """A host that runs clients and a server often sets the clients' list of
     keys in a profile the server inherits: say that the server does not read it."""
     if os.environ.get(TRUSTED_KEYS_ENV) and not os.environ.get("PLANCACHE_SERVER_TRUSTED_KEYS"):
-        log.info("%s is the clients' list of trusted keys and is not read by the server (its own: --trusted-keys, PLANCACHE_SERVER_TRUSTED_KEYS)", TRUSTED_KEYS_ENV)
+        log.info(
+            "%s is the clients' list of trusted keys and is not read by the server (its own: --trusted-keys, PLANCACHE_SERVER_TRUSTED_KEYS)",
+            TRUSTED_KEYS_ENV,
+        )
 
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -103,7 +108,9 @@ async def serve(settings: Settings, redis_url: str) -> None:
         metrics.report_store(front.janitor.usage)
     if front.warming is not None:
         metrics.report_warming(front.warming.all_status)
-    http = web.serve(settings.metrics_port, status_of(front), loop, host=settings.metrics_host or web.listen_host(settings.listen))
+    http = web.serve(
+        settings.metrics_port, status_of(front), loop, host=settings.metrics_host or web.listen_host(settings.listen)
+    )
     log.info("plancache-server listening on %s (port %d)", settings.listen, front.port)
     stopping = asyncio.Event()
 
@@ -131,7 +138,9 @@ def lock_data_dir(data_dir: Path) -> IO[str]:
         handle.seek(0)
         holder = handle.read().strip() or "another process"
         handle.close()
-        raise OSError(f"data folder {data_dir} is in use by {holder}: stop it, or give this server its own --data-dir") from None
+        raise OSError(
+            f"data folder {data_dir} is in use by {holder}: stop it, or give this server its own --data-dir"
+        ) from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"plancache-server pid {os.getpid()}\n")
@@ -213,7 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         redis_url = embedded.url
         log.info("no --redis-url given: using a private redis-server (%s), data in %s", redis_url, embedded.data_dir)
     elif settings.repair_store:
-        log.error("cannot start: --repair-store repairs the private store (no --redis-url); a shared Redis is repaired by its operator")
+        log.error(
+            "cannot start: --repair-store repairs the private store (no --redis-url); a shared Redis is repaired by its operator"
+        )
         return 1
     else:
         log.info("using Redis at %s", redis_url.split("@")[-1])
@@ -226,13 +237,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if devices:
             workers.start()
         else:
-            log.warning("no GPU on this host: serving stored plans only; Compile of a missing plan needs a worker (plancache-worker) of its target")
+            log.warning(
+                "no GPU on this host: serving stored plans only; Compile of a missing plan needs a worker (plancache-worker) of its target"
+            )
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(serve(settings, redis_url))
     except OSError as e:
         log.error("%s", e)
         return 1
-    except PlanCacheError as e:  # a configuration the server cannot start with (a tokens file, a key): said, not a traceback
+    except (
+        PlanCacheError
+    ) as e:  # a configuration the server cannot start with (a tokens file, a key): said, not a traceback
         log.error("cannot start: %s", e.message)
         return 1
     finally:

@@ -25,7 +25,11 @@ LOOSE_BITS = stat.S_IRWXG | stat.S_IRWXO
 
 def secret_files(settings: Settings) -> Iterable[tuple[str, Path]]:
     """(what it is, where) of each secret these settings read."""
-    for what, path in (("tokens file", settings.tokens_file), ("plan-signing key", settings.signing_key), ("TLS private key", settings.tls_key)):
+    for what, path in (
+        ("tokens file", settings.tokens_file),
+        ("plan-signing key", settings.signing_key),
+        ("TLS private key", settings.tls_key),
+    ):
         if path is not None:
             yield what, path
 

@@ -15,27 +15,43 @@ from prometheus_client import Counter, Gauge, Histogram
 
 REQUESTS = Counter("plancache_requests", "gRPC calls answered, by method and status code", ["method", "code"])
 REQUEST_SECONDS = Histogram(
-    "plancache_request_seconds", "gRPC call latency", ["method"],
+    "plancache_request_seconds",
+    "gRPC call latency",
+    ["method"],
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
-)  # fmt: skip
+)
 LOOKUPS = Counter("plancache_lookups", "plan lookups by target and result (hit, miss)", ["target", "result"])
 PLANS_REFUSED = Counter(
-    "plancache_plans_refused", "stored plans a front end refused to serve, by reason (integrity: blob or metadata damaged; signature)", ["reason"]
+    "plancache_plans_refused",
+    "stored plans a front end refused to serve, by reason (integrity: blob or metadata damaged; signature)",
+    ["reason"],
 )
 UNTRUSTED_BUILDS = Counter(
-    "plancache_untrusted_builds", "builds whose plan this front end refused to serve (signed by a key it does not trust, or damaged), by target", ["target"]
+    "plancache_untrusted_builds",
+    "builds whose plan this front end refused to serve (signed by a key it does not trust, or damaged), by target",
+    ["target"],
 )
 # What nodes reported of their own graphs (ReportFirstUses), as this front end received it: summed over
 # front ends, the fleet's. Labels are folded into fixed sets (plancache_server.store.fleet).
 FLEET_GRAPHS = Counter(
-    "plancache_fleet_graphs", "graphs nodes reported, by target, front door, outcome (served, disk_cache, local), reason class and node type",
+    "plancache_fleet_graphs",
+    "graphs nodes reported, by target, front door, outcome (served, disk_cache, local), reason class and node type",
     ["target", "path", "outcome", "reason", "node_type"],
-)  # fmt: skip
-FLEET_RACES = Counter("plancache_fleet_races", "hedged misses nodes reported, by front door and result", ["path", "result"])
+)
+FLEET_RACES = Counter(
+    "plancache_fleet_races", "hedged misses nodes reported, by front door and result", ["path", "result"]
+)
 BUILDS = Counter("plancache_builds", "builds finished by this worker, by target and outcome", ["target", "outcome"])
-BUILD_SECONDS = Histogram("plancache_build_seconds", "build + autotune time of one plan", ["target"], buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 60, 120, 300, 900))
+BUILD_SECONDS = Histogram(
+    "plancache_build_seconds",
+    "build + autotune time of one plan",
+    ["target"],
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 60, 120, 300, 900),
+)
 BUSY = Gauge("plancache_worker_busy", "1 while this worker is building (a piece of a build in its pool, or timing)")
-BUILD_PROCESSES = Gauge("plancache_worker_build_processes", "processes (or threads) this worker builds plans in, side by side")
+BUILD_PROCESSES = Gauge(
+    "plancache_worker_build_processes", "processes (or threads) this worker builds plans in, side by side"
+)
 
 # Label children, looked up once: prometheus_client's labels() formats and
 # locks on every call, a measurable share of a hit's cost.

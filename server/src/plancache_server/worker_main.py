@@ -34,7 +34,9 @@ def run_one(device: int, settings: Settings) -> int:
     from plancache_server.worker.worker import Worker, default_worker_id
 
     if settings.signing_key is None and not settings.unsigned:
-        log.error("plancache-worker needs --signing-key (Ed25519 PEM; `plancache keygen` makes one) or, explicitly, --unsigned")
+        log.error(
+            "plancache-worker needs --signing-key (Ed25519 PEM; `plancache keygen` makes one) or, explicitly, --unsigned"
+        )
         return EXIT_MISCONFIGURED
     try:
         check_secrets(settings)
@@ -45,25 +47,55 @@ def run_one(device: int, settings: Settings) -> int:
     try:
         compiler = load_compiler(settings.compiler, device, settings.autotune_strategy)
     except ImportError as e:
-        log.error("cannot load the %r compiler (%s is missing): install plancache-server[gpu]", settings.compiler, e.name)
+        log.error(
+            "cannot load the %r compiler (%s is missing): install plancache-server[gpu]", settings.compiler, e.name
+        )
         return EXIT_MISCONFIGURED
     except Exception as e:  # the GPU does not answer (lost, reset, taken away): the supervisor tries again later
-        log.error("GPU %d cannot be used (%s: %s); exiting for the supervisor to start this worker again", device, type(e).__name__, str(e)[:300])
+        log.error(
+            "GPU %d cannot be used (%s: %s); exiting for the supervisor to start this worker again",
+            device,
+            type(e).__name__,
+            str(e)[:300],
+        )
         return EXIT_GPU_LOST
     assert settings.redis_url is not None
     if not redis_is_usable(settings.redis_url):
         return EXIT_MISCONFIGURED
     parts = worker_parts(connect(settings.redis_url), settings, signer)
     size = settings.build_processes or default_pool_size(max(1, len(visible_gpus())))
-    pool = ProcessBuildPool(size, settings.compiler, device, settings.autotune_strategy, budget_s=settings.build_budget_s, log_level=settings.log_level)
+    pool = ProcessBuildPool(
+        size,
+        settings.compiler,
+        device,
+        settings.autotune_strategy,
+        budget_s=settings.build_budget_s,
+        log_level=settings.log_level,
+    )
     worker_id = default_worker_id(device)
     targets = list(dict.fromkeys([compiler.target, compiler.target.generic()]))
-    warm = WarmRunner(Warming(parts.store.client), parts.store.janitor, worker_id, targets, settings.heartbeat_ttl_s,
-                      None if settings.no_warm else settings.warm_after_idle_s)  # fmt: skip
+    warm = WarmRunner(
+        Warming(parts.store.client),
+        parts.store.janitor,
+        worker_id,
+        targets,
+        settings.heartbeat_ttl_s,
+        None if settings.no_warm else settings.warm_after_idle_s,
+    )
     worker = Worker(
-        compiler, parts.queue, parts.builds, parts.store, worker_id, pool=pool.start(), heartbeat_interval_s=settings.heartbeat_interval_s,
-        heartbeat_ttl_s=settings.heartbeat_ttl_s, claim_idle_s=settings.claim_idle_s, max_attempts=settings.max_attempts, signer=signer, warm=warm,
-    )  # fmt: skip
+        compiler,
+        parts.queue,
+        parts.builds,
+        parts.store,
+        worker_id,
+        pool=pool.start(),
+        heartbeat_interval_s=settings.heartbeat_interval_s,
+        heartbeat_ttl_s=settings.heartbeat_ttl_s,
+        claim_idle_s=settings.claim_idle_s,
+        max_attempts=settings.max_attempts,
+        signer=signer,
+        warm=warm,
+    )
 
     web.serve(settings.metrics_port + device if settings.metrics_port else 0, host=settings.metrics_host or "127.0.0.1")
 

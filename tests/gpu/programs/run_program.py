@@ -27,11 +27,22 @@ def main() -> None:
     runpy.run_path(str(program), run_name="__main__")
     stats = plancache.cudnn.stats()
     graphs = [
-        {"name": b.name, "source": b.source, "key": b.plan.key if b.plan else None, "reason": b.reason, "spec": b.spec.to_json() if b.spec else None}
+        {
+            "name": b.name,
+            "source": b.source,
+            "key": b.plan.key if b.plan else None,
+            "reason": b.reason,
+            "spec": b.spec.to_json() if b.spec else None,
+        }
         for b in plancache.cudnn.graphs()
     ]
     races = dataclasses.asdict(plancache.race_stats()["cudnn"])
-    report.write_text(json.dumps({"served": stats.served, "local": stats.local, "reasons": stats.reasons, "graphs": graphs, "races": races}, indent=1))
+    report.write_text(
+        json.dumps(
+            {"served": stats.served, "local": stats.local, "reasons": stats.reasons, "graphs": graphs, "races": races},
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

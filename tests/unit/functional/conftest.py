@@ -32,7 +32,9 @@ def client(runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> Iterator[St
     monkeypatch.setattr(_torch, "available", lambda: False)
     monkeypatch.setattr(_ops, "_grad_on", lambda: False)
     monkeypatch.setattr(_ops, "_compiling", lambda: False)
-    monkeypatch.setattr(_torch, "dropout_seed", lambda device: StandInTensor((1, 1, 1, 1), dtype="int64", device=str(device)))
+    monkeypatch.setattr(
+        _torch, "dropout_seed", lambda device: StandInTensor((1, 1, 1, 1), dtype="int64", device=str(device))
+    )
     _ops._once.forget()
     standin = StandInClient()
     pf.configure(standin, target=TARGET)
@@ -46,5 +48,7 @@ def torch_runs(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> list[t
     calls: list[tuple[str, tuple[Any, ...]]] = []
     monkeypatch.setattr(_torch, "available", lambda: True)
     for name in ("linear", "matmul", "scaled_dot_product_attention"):
-        monkeypatch.setattr(_torch, name, lambda *args, _name=name, **kwargs: calls.append((_name, args)) or f"torch {_name}")
+        monkeypatch.setattr(
+            _torch, name, lambda *args, _name=name, **kwargs: calls.append((_name, args)) or f"torch {_name}"
+        )
     return calls

@@ -35,4 +35,6 @@ class RecordingFunction:
 
 def backward(grad: Any | None = None) -> tuple[Any, ...]:
     ctx, out = RecordingFunction.calls[-1]
-    return _autograd.backward(ctx, grad if grad is not None else StandInTensor(out.shape, out.stride(), out.dtype.name))[1:]
+    return _autograd.backward(
+        ctx, grad if grad is not None else StandInTensor(out.shape, out.stride(), out.dtype.name)
+    )[1:]

@@ -46,18 +46,25 @@ def graph_calls(runtime: FakeRuntime) -> dict[str, list[dict[int, Any]]]:
     return out
 
 
-def test_linear_gelu_fetches_its_backward_at_the_first_call_and_runs_it(client: StandInClient, runtime: FakeRuntime) -> None:
+def test_linear_gelu_fetches_its_backward_at_the_first_call_and_runs_it(
+    client: StandInClient, runtime: FakeRuntime
+) -> None:
     x, w, b = T((4, 16, 64), requires_grad=True), T((32, 64), requires_grad=True), T((32,), requires_grad=True)
     y = pf.linear(x, w, b, activation="gelu")
     assert asked_names(client) == ["plancache.functional.linear"] + ["plancache.functional.linear.backward"] * 4
     forward = client.asked[0][0]
-    assert {t.uid for t in forward.tensors if t.is_output} == {_specs.OUTPUT_UID, _specs.PRE_ACTIVATION_UID}  # the GELU's input is saved
+    assert {t.uid for t in forward.tensors if t.is_output} == {
+        _specs.OUTPUT_UID,
+        _specs.PRE_ACTIVATION_UID,
+    }  # the GELU's input is saved
     ctx, out = RecordingFunction.calls[-1]
     assert out is y and ctx.saved_tensors[:2] == (x, w) and ctx.saved_tensors[2].shape == (4, 16, 32)
     dx, dw, db = backward()
     assert (dx.shape, dw.shape, db.shape) == ((4, 16, 64), (32, 64), (32,))
     assert pf.stats()["linear.backward"].cudnn == 4 and pf.stats()["linear"].cudnn == 1
-    assert len(runtime.graphs) == 5 and all(g.ordered_calls == len(g.calls) == 1 for g in runtime.graphs)  # the frontend's ordered execute
+    assert len(runtime.graphs) == 5 and all(
+        g.ordered_calls == len(g.calls) == 1 for g in runtime.graphs
+    )  # the frontend's ordered execute
     # A second geometry call fetches nothing more.
     pf.linear(T((4, 16, 64), requires_grad=True), w, b, activation="gelu")
     assert len(client.asked) == 5
@@ -74,25 +81,72 @@ def test_what_does_not_need_a_gradient_is_not_computed(client: StandInClient, ru
 @pytest.mark.parametrize(
     "call, expected",
     [
-        (lambda: pf.layer_norm(T((4, 16, 64), requires_grad=True), (64,), T((64,), requires_grad=True), T((64,), requires_grad=True)),
-         [(4, 16, 64), (64,), (64,)]),
+        (
+            lambda: pf.layer_norm(
+                T((4, 16, 64), requires_grad=True), (64,), T((64,), requires_grad=True), T((64,), requires_grad=True)
+            ),
+            [(4, 16, 64), (64,), (64,)],
+        ),
         (lambda: pf.rms_norm(T((4, 16, 64), requires_grad=True), 64), [(4, 16, 64)]),
-        (lambda: pf.rms_norm(T((4, 16, 64), requires_grad=True), 64, T((64,), requires_grad=True)), [(4, 16, 64), (64,)]),
-        (lambda: pf.conv2d(T((2, 8, 16, 16), (2048, 1, 128, 8), requires_grad=True), T((16, 8, 3, 3), (72, 1, 24, 8), requires_grad=True),
-                           T((16,), requires_grad=True), padding=1, relu=True), [(2, 8, 16, 16), (16, 8, 3, 3), (16,)]),
-        (lambda: pf.scaled_dot_product_attention(T((2, 8, 128, 64), requires_grad=True), T((2, 2, 128, 64), requires_grad=True),
-                                                 T((2, 2, 128, 64), requires_grad=True), is_causal=True, enable_gqa=True),
-         [(2, 8, 128, 64), (2, 2, 128, 64), (2, 2, 128, 64)]),
-        (lambda: pf.scaled_dot_product_attention(T((2, 8, 128, 64), requires_grad=True), T((2, 8, 128, 64)), T((2, 8, 128, 64)),
-                                                 T((1, 8, 128, 128), requires_grad=True), dropout_p=0.1),
-         [(2, 8, 128, 64), None, None, (1, 8, 128, 128), None]),
-        (lambda: pf.batch_norm(T((4, 16, 8, 8), (1024, 1, 128, 16), requires_grad=True), T((16,), dtype="float32"), T((16,), dtype="float32"),
-                               T((16,), dtype="float32", requires_grad=True), T((16,), dtype="float32", requires_grad=True), training=True),
-         [(4, 16, 8, 8), (16,), (16,), None, None, None, None]),
+        (
+            lambda: pf.rms_norm(T((4, 16, 64), requires_grad=True), 64, T((64,), requires_grad=True)),
+            [(4, 16, 64), (64,)],
+        ),
+        (
+            lambda: pf.conv2d(
+                T((2, 8, 16, 16), (2048, 1, 128, 8), requires_grad=True),
+                T((16, 8, 3, 3), (72, 1, 24, 8), requires_grad=True),
+                T((16,), requires_grad=True),
+                padding=1,
+                relu=True,
+            ),
+            [(2, 8, 16, 16), (16, 8, 3, 3), (16,)],
+        ),
+        (
+            lambda: pf.scaled_dot_product_attention(
+                T((2, 8, 128, 64), requires_grad=True),
+                T((2, 2, 128, 64), requires_grad=True),
+                T((2, 2, 128, 64), requires_grad=True),
+                is_causal=True,
+                enable_gqa=True,
+            ),
+            [(2, 8, 128, 64), (2, 2, 128, 64), (2, 2, 128, 64)],
+        ),
+        (
+            lambda: pf.scaled_dot_product_attention(
+                T((2, 8, 128, 64), requires_grad=True),
+                T((2, 8, 128, 64)),
+                T((2, 8, 128, 64)),
+                T((1, 8, 128, 128), requires_grad=True),
+                dropout_p=0.1,
+            ),
+            [(2, 8, 128, 64), None, None, (1, 8, 128, 128), None],
+        ),
+        (
+            lambda: pf.batch_norm(
+                T((4, 16, 8, 8), (1024, 1, 128, 16), requires_grad=True),
+                T((16,), dtype="float32"),
+                T((16,), dtype="float32"),
+                T((16,), dtype="float32", requires_grad=True),
+                T((16,), dtype="float32", requires_grad=True),
+                training=True,
+            ),
+            [(4, 16, 8, 8), (16,), (16,), None, None, None, None],
+        ),
     ],
-    ids=["layer_norm", "rms_norm-no-weight", "rms_norm", "conv2d-bias-relu-nhwc", "sdpa-causal-gqa", "sdpa-bias-grad-dropout", "batch_norm-training"],
-)  # fmt: skip
-def test_every_function_gets_a_gradient_per_input_from_served_graphs(client: StandInClient, runtime: FakeRuntime, call: Any, expected: list[Any]) -> None:
+    ids=[
+        "layer_norm",
+        "rms_norm-no-weight",
+        "rms_norm",
+        "conv2d-bias-relu-nhwc",
+        "sdpa-causal-gqa",
+        "sdpa-bias-grad-dropout",
+        "batch_norm-training",
+    ],
+)
+def test_every_function_gets_a_gradient_per_input_from_served_graphs(
+    client: StandInClient, runtime: FakeRuntime, call: Any, expected: list[Any]
+) -> None:
     call()
     names = asked_names(client)
     function = names[0].removeprefix("plancache.functional.")
@@ -102,17 +156,23 @@ def test_every_function_gets_a_gradient_per_input_from_served_graphs(client: Sta
     assert pf.stats()[f"{function}.backward"].cudnn >= 1 and not pf.stats()[function].torch
 
 
-def test_batch_norm_training_writes_the_running_statistics_in_place(client: StandInClient, runtime: FakeRuntime) -> None:
+def test_batch_norm_training_writes_the_running_statistics_in_place(
+    client: StandInClient, runtime: FakeRuntime
+) -> None:
     mean, var = T((16,), dtype="float32"), T((16,), dtype="float32")
     pf.batch_norm(T((4, 16, 8, 8), (1024, 1, 128, 16), requires_grad=True), mean, var, training=True, momentum=0.2)
     (pack,) = next(g for g in runtime.graphs if g.calls).calls[0:1]
     bound = pack[0]
-    assert bound[4] is mean and bound[23] is mean and bound[5] is var and bound[24] is var  # cuDNN's next running statistics over the caller's
+    assert (
+        bound[4] is mean and bound[23] is mean and bound[5] is var and bound[24] is var
+    )  # cuDNN's next running statistics over the caller's
     momentum = next(c for c in client.asked[0][0].tensors if c.uid == 11)
     assert momentum.is_pass_by_value and momentum.scalar_value == 0.2
 
 
-def test_a_backward_graph_cudnn_refuses_leaves_the_whole_geometry_to_torch(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_backward_graph_cudnn_refuses_leaves_the_whole_geometry_to_torch(
+    client: StandInClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Forward and backward run the same side: a gradient is never computed from a forward it did not see."""
     calls: list[Any] = []
     monkeypatch.setattr(_torch, "available", lambda: True)
@@ -133,7 +193,9 @@ def test_a_backward_graph_cudnn_refuses_leaves_the_whole_geometry_to_torch(clien
     assert stats.torch == 2 and stats.cudnn == 0 and "does not support" in next(iter(stats.reasons))
 
 
-def test_matmul_and_paged_decode_have_no_served_backward(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_matmul_and_paged_decode_have_no_served_backward(
+    client: StandInClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(_torch, "available", lambda: True)
     monkeypatch.setattr(_torch, "matmul", lambda *args: "torch matmul")
     assert pf.matmul(T((4, 8), requires_grad=True), T((8, 2))) == "torch matmul"
@@ -165,7 +227,9 @@ def test_under_torch_compile_every_function_is_torchs(client: StandInClient, mon
     assert not client.asked
 
 
-def test_a_bias_gradient_cudnn_refuses_is_torchs_sum_and_the_rest_stays_served(client: StandInClient, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bias_gradient_cudnn_refuses_is_torchs_sum_and_the_rest_stays_served(
+    client: StandInClient, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """GPU run 22: cuDNN refuses a reduction over a linear's rows; only that piece is torch's (a sum: what ran the forward does not change it)."""
     asked = client.compile
     sums: list[Any] = []
@@ -177,20 +241,32 @@ def test_a_bias_gradient_cudnn_refuses_is_torchs_sum_and_the_rest_stays_served(c
         return asked(spec, *args, **kwargs)
 
     monkeypatch.setattr(client, "compile", refuse_reductions)
-    monkeypatch.setattr(_autograd.TorchSum, "__call__", lambda self, tensors: sums.append((self.axes, self.dims)) or T((32,), dtype="float32"))
+    monkeypatch.setattr(
+        _autograd.TorchSum,
+        "__call__",
+        lambda self, tensors: sums.append((self.axes, self.dims)) or T((32,), dtype="float32"),
+    )
     pf.linear(T((4, 16, 64), requires_grad=True), T((32, 64), requires_grad=True), T((32,), requires_grad=True))
     dx, dw, db = backward()
     assert dx.shape == (4, 16, 64) and dw.shape == (32, 64)
-    assert sums == [((0, 1), (1, 64, 32))] and db.shape == (32,) and str(db.dtype) == "torch.float16"  # summed over the rows, cast back
+    assert (
+        sums == [((0, 1), (1, 64, 32))] and db.shape == (32,) and str(db.dtype) == "torch.float16"
+    )  # summed over the rows, cast back
     stats = pf.stats()
     assert stats["linear"].torch == 0 and stats["linear.backward"].cudnn == 2  # dgrad and wgrad served
     assert any(r.startswith("bgrad: CompileFailed") for r in stats["linear.backward"].reasons)
 
 
-def test_a_frontend_without_the_ordered_execute_runs_the_mapping_form(client: StandInClient, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_frontend_without_the_ordered_execute_runs_the_mapping_form(
+    client: StandInClient, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tests.support.fake_gpu import FakeGraph
 
-    monkeypatch.setattr(runtime, "deserialize", lambda handle, blob: runtime.graphs.append(FakeGraph(blob, handle, takes_ordered=False)) or runtime.graphs[-1])
+    monkeypatch.setattr(
+        runtime,
+        "deserialize",
+        lambda handle, blob: runtime.graphs.append(FakeGraph(blob, handle, takes_ordered=False)) or runtime.graphs[-1],
+    )
     x, w = T((8, 64), requires_grad=True), T((32, 64), requires_grad=True)
     y = pf.linear(x, w)
     pf.linear(x, w)
@@ -202,7 +278,9 @@ def test_a_frontend_without_the_ordered_execute_runs_the_mapping_form(client: St
 def test_batch_norm_input_cudnn_is_not_asked_for_says_why(client: StandInClient) -> None:
     """Without torch to run it (this machine), a call cuDNN is not asked for names the argument; with torch, torch's own error or result."""
     x = T((4, 16, 8, 8), (1024, 1, 128, 16), requires_grad=True)
-    with pytest.raises(InvalidRequest, match=r"running_mean must be a contiguous float32 \(16,\) tensor, got torch.float32 dims \(8,\)"):
+    with pytest.raises(
+        InvalidRequest, match=r"running_mean must be a contiguous float32 \(16,\) tensor, got torch.float32 dims \(8,\)"
+    ):
         pf.batch_norm(x, T((8,), dtype="float32"), T((16,), dtype="float32"), training=True)
     with pytest.raises(InvalidRequest, match=r"input dims \(4, 16, 64\): cuDNN's batchnorm takes 4-D"):
         pf.batch_norm(T((4, 16, 64)), T((16,), dtype="float32"), T((16,), dtype="float32"), training=True)

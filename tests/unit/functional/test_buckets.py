@@ -20,9 +20,21 @@ def no_policy_after() -> object:
 
 def test_a_size_runs_at_the_next_bucket_and_the_waste_is_counted() -> None:
     pf.set_buckets([8, 1, 4, 2, 16])
-    assert [BUCKETS.target("linear", n) for n in (1, 3, 4, 5, 16, 17)] == [None, 4, None, 8, None, None]  # a bucket's own size and past the largest: as is
+    assert [BUCKETS.target("linear", n) for n in (1, 3, 4, 5, 16, 17)] == [
+        None,
+        4,
+        None,
+        8,
+        None,
+        None,
+    ]  # a bucket's own size and past the largest: as is
     stats = pf.bucket_stats()
-    assert (stats.calls, stats.padded_calls, stats.asked, stats.computed) == (6, 2, 1 + 3 + 4 + 5 + 16, 1 + 4 + 4 + 8 + 16)
+    assert (stats.calls, stats.padded_calls, stats.asked, stats.computed) == (
+        6,
+        2,
+        1 + 3 + 4 + 5 + 16,
+        1 + 4 + 4 + 8 + 16,
+    )
     assert stats.waste == pytest.approx(1 - 29 / 33)
 
 

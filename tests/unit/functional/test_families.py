@@ -45,7 +45,9 @@ def test_three_sizes_of_one_graph_ask_for_its_family_once(client: StandInClient)
     assert varying.sizes == tuple(range(1, 129))  # 2 x 33 = 66 -> 128
     for batch in (1, 50, 128):  # each graph of the family is the one linear builds at that batch
         linear_at(batch)
-        assert hash_normalized(normalize(family.instance({varying.symbol: batch}))) == hash_normalized(normalize(asked_spec(client, batch)))
+        assert hash_normalized(normalize(family.instance({varying.symbol: batch}))) == hash_normalized(
+            normalize(asked_spec(client, batch))
+        )
     linear_at(300)
     assert len(client.families) == 1  # asked once
     (ask,) = pf.families()
@@ -60,7 +62,9 @@ def test_graphs_that_differ_beyond_dims_make_no_family(client: StandInClient) ->
     assert client.families == []
 
 
-def test_a_refusing_service_costs_only_the_builds_ahead(client: StandInClient, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_refusing_service_costs_only_the_builds_ahead(
+    client: StandInClient, caplog: pytest.LogCaptureFixture
+) -> None:
     client.family_error = Unavailable("server down")
     for batch in (8, 17, 33, 40):
         assert linear_at(batch) is not None  # every call served as before
@@ -81,4 +85,3 @@ def test_the_threshold_is_the_programs_to_set(client: StandInClient) -> None:
     with pytest.raises(InvalidRequest, match="graphs must be >= 0"):
         pf.set_family_threshold(-1)
     pf.set_family_threshold(_families.DEFAULT_THRESHOLD)
-

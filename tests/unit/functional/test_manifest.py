@@ -59,12 +59,25 @@ def fresh_process(runtime: FakeRuntime, **client_options: Any) -> StandInClient:
     return standin
 
 
-def test_a_manifest_names_every_plan_the_functions_ran_forward_and_backward(trained: StandInClient, tmp_path: Path) -> None:
+def test_a_manifest_names_every_plan_the_functions_ran_forward_and_backward(
+    trained: StandInClient, tmp_path: Path
+) -> None:
     manifest = pf.manifest()
     names = [e.name for e in manifest.entries]
-    assert sorted(names) == sorted(["linear", "linear.backward.act", "linear.backward.dgrad", "linear.backward.wgrad", "linear.backward.bgrad", "rms_norm"])
+    assert sorted(names) == sorted(
+        [
+            "linear",
+            "linear.backward.act",
+            "linear.backward.dgrad",
+            "linear.backward.wgrad",
+            "linear.backward.bgrad",
+            "rms_norm",
+        ]
+    )
     asked = {key_of(spec, TARGET, options) for spec, _, options in trained.asked}
-    assert {e.key for e in manifest.entries} == asked and manifest.target == TARGET  # every plan asked for, keyed as the client keyed it
+    assert {
+        e.key for e in manifest.entries
+    } == asked and manifest.target == TARGET  # every plan asked for, keyed as the client keyed it
     manifest.save(tmp_path / "functions.json")
     again = Manifest.load(tmp_path / "functions.json")
     assert [(e.name, e.key) for e in again.entries] == [(e.name, e.key) for e in manifest.entries]
@@ -77,8 +90,10 @@ def test_geometries_torch_runs_are_not_in_it(client: StandInClient, torch_runs: 
 
 
 def test_a_prefetched_process_asks_nothing_and_deserializes_nothing_at_its_first_calls(
-    trained: StandInClient, runtime: FakeRuntime, tmp_path: Path,
-) -> None:  # fmt: skip
+    trained: StandInClient,
+    runtime: FakeRuntime,
+    tmp_path: Path,
+) -> None:
     pf.manifest().save(tmp_path / "functions.json")
     standin = fresh_process(runtime)
     result = pf.prefetch(tmp_path / "functions.json").wait(timeout=10)
@@ -120,7 +135,9 @@ def test_an_edited_manifest_never_serves_another_graph(trained: StandInClient, r
     assert used and not used & wrong
 
 
-def test_a_first_call_waits_for_a_plan_under_way_and_no_longer_than_its_bound(trained: StandInClient, runtime: FakeRuntime) -> None:
+def test_a_first_call_waits_for_a_plan_under_way_and_no_longer_than_its_bound(
+    trained: StandInClient, runtime: FakeRuntime
+) -> None:
     manifest = pf.manifest()
     release = threading.Event()
 
@@ -153,7 +170,9 @@ def test_a_first_call_waits_for_a_plan_under_way_and_no_longer_than_its_bound(tr
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_ops, "_grad_on", lambda: False)
         pf.rms_norm(T((4, 16, 64)), (64,), T((64,)), 1e-5)
-    assert 0.25 <= time.monotonic() - began < 5 and [spec.name for spec, _, _ in stuck.asked] == ["plancache.functional.rms_norm"]
+    assert 0.25 <= time.monotonic() - began < 5 and [spec.name for spec, _, _ in stuck.asked] == [
+        "plancache.functional.rms_norm"
+    ]
     release.set()
 
 

@@ -71,7 +71,13 @@ _once = Once()
 
 # The real module's names, bound here as they are there (lazy ones through __getattr__).
 _LAZY = {"Graph", "wrapper"}
-globals().update({name: getattr(_frontend, name) for name in getattr(_frontend, "__all__", ()) if name not in _LAZY and hasattr(_frontend, name)})
+globals().update(
+    {
+        name: getattr(_frontend, name)
+        for name in getattr(_frontend, "__all__", ())
+        if name not in _LAZY and hasattr(_frontend, name)
+    }
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -160,7 +166,19 @@ def node_types(graph: Any) -> tuple[str, ...]:
 class _State:
     """A graph's plan calls (deferred while plancache may serve) and outcome."""
 
-    __slots__ = ("built", "checked", "excluded_notes", "heuristics", "plan_list", "planned", "race", "records", "replay", "served", "workspace_limit")
+    __slots__ = (
+        "built",
+        "checked",
+        "excluded_notes",
+        "heuristics",
+        "plan_list",
+        "planned",
+        "race",
+        "records",
+        "replay",
+        "served",
+        "workspace_limit",
+    )
 
     def __init__(self) -> None:
         self.built: Built | None = None
@@ -202,7 +220,9 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         if not s.pending:
             return super().create_execution_plans(heuristics)  # type: ignore[no-any-return]
         if s.planned or s.plan_list.pinned:
-            raise RuntimeError("create_execution_plans() was already called on this graph; planning is one-shot (the frontend's rule)")
+            raise RuntimeError(
+                "create_execution_plans() was already called on this graph; planning is one-shot (the frontend's rule)"
+            )
         s.planned, s.heuristics = True, heuristics
         s.replay.append(("create_execution_plans", (heuristics,), {}))
         return None
@@ -227,7 +247,11 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         except (ValueError, TypeError):  # knobs that are not cudnn.knob_type members (a python engine's own object)
             self._plancache_drives("create_execution_plan")
             return super().create_execution_plan(engine_id, knobs)
-        if ("create_execution_plans", (s.heuristics,), {}) in s.replay:  # the heuristics' plans come first in the program's list
+        if (
+            "create_execution_plans",
+            (s.heuristics,),
+            {},
+        ) in s.replay:  # the heuristics' plans come first in the program's list
             s.replay.remove(("create_execution_plans", (s.heuristics,), {}))
             super().create_execution_plans(s.heuristics)
         try:
@@ -302,7 +326,11 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
 
     def get_workspace_size(self, *args: Any, **kwargs: Any) -> int:
         served = self._plancache.served
-        return int(served.get_workspace_size(*args, **kwargs) if served is not None else super().get_workspace_size(*args, **kwargs))
+        return int(
+            served.get_workspace_size(*args, **kwargs)
+            if served is not None
+            else super().get_workspace_size(*args, **kwargs)
+        )
 
     def serialize(self, *, as_bytes: bool = False, include_kernels: bool = True) -> Any:
         """The served plan's own blob (what the worker serialized), or the frontend's serialize."""
@@ -325,7 +353,11 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
 
     def get_behavior_notes(self, *args: Any, **kwargs: Any) -> Any:
         served = self._plancache.served
-        return served.get_behavior_notes(*args, **kwargs) if served is not None else super().get_behavior_notes(*args, **kwargs)
+        return (
+            served.get_behavior_notes(*args, **kwargs)
+            if served is not None
+            else super().get_behavior_notes(*args, **kwargs)
+        )
 
     # ---- plancache ------------------------------------------------------------------------
 
@@ -356,7 +388,9 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         base = options(SERVICE.options, s.heuristics, s.workspace_limit, s.excluded_notes)
         return s.plan_list.options(base, s.planned)
 
-    def _plancache_fetch(self, build: Callable[[], Any] | None = None) -> tuple[GraphSpec | None, Plan | None, Local | None]:
+    def _plancache_fetch(
+        self, build: Callable[[], Any] | None = None
+    ) -> tuple[GraphSpec | None, Plan | None, Local | None]:
         """(spec, plan, None), or why not: (spec or None, None, Local: the reason, its logging key, whether it is about this graph, its class).
         With `build` (the program's own build step), a miss races it
         (plancache.transport.hedge): when it ran first, (spec, None, None)
@@ -373,7 +407,9 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
                 return spec, s.records[1], None  # the plan that answered the program's queries is the one it builds
             if build is None:
                 return spec, SERVICE.compile(spec, _current_device(), wanted, path="cudnn"), None
-            raced = SERVICE.race(spec, _current_device(), wanted, functools.partial(self._plancache_own_build, build), path="cudnn")
+            raced = SERVICE.race(
+                spec, _current_device(), wanted, functools.partial(self._plancache_own_build, build), path="cudnn"
+            )
             s.race = raced.race
             return spec, raced.plan, None
         except PlanCacheError as e:
@@ -418,7 +454,15 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
             else:  # the service failed: said as when nothing was raced
                 s.race = None
                 built = Built(name, spec, reason=describe(failed), node_types=node_types(self), local_built=True)
-                self._plancache_count_local(built, Local(describe(failed), reason_key(failed), isinstance(failed, ABOUT_THE_GRAPH), outcomes.reason_of(failed)))
+                self._plancache_count_local(
+                    built,
+                    Local(
+                        describe(failed),
+                        reason_key(failed),
+                        isinstance(failed, ABOUT_THE_GRAPH),
+                        outcomes.reason_of(failed),
+                    ),
+                )
             return True
         if plan is not None:
             try:
@@ -433,9 +477,16 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         s.served, s.built = served, Built(name, spec, plan, node_types=node_types(self))
         _STATS.served += 1
         _RECENT.append(s.built)
-        outcomes.record("cudnn", outcomes.target_of(plan.key), outcomes.served_outcome(plan.source), outcomes.anchor_node_type(s.built.node_types))
+        outcomes.record(
+            "cudnn",
+            outcomes.target_of(plan.key),
+            outcomes.served_outcome(plan.source),
+            outcomes.anchor_node_type(s.built.node_types),
+        )
         if spec is not None:
-            WATCH.seen("cudnn", spec, _current_device())  # a program meeting its graph at many sizes: the family built ahead
+            WATCH.seen(
+                "cudnn", spec, _current_device()
+            )  # a program meeting its graph at many sizes: the family built ahead
         log.debug("plancache.cudnn: graph %r served by plan %s (%s)", name, plan.key, plan.source)
         return True
 
@@ -448,7 +499,9 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
             spec, plan, local = self._plancache_fetch()
             if plan is None:
                 local = local or NO_PLAN
-                self._plancache_local(Built(self._plancache_name(), spec, reason=local.reason, node_types=node_types(self)), local)
+                self._plancache_local(
+                    Built(self._plancache_name(), spec, reason=local.reason, node_types=node_types(self)), local
+                )
                 return getattr(super(), query)(*args, **kwargs)
             s.records = (self._plancache_options(), plan)
         answered, value = Records(s.records[1].metadata, _frontend).answer(query, args, kwargs)
@@ -509,8 +562,14 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         _STATS.reasons[reason] = _STATS.reasons.get(reason, 0) + 1
         _RECENT.append(built)
         spec_hash = hash_normalized(built.spec) if built.spec is not None and outcomes.reports_specs() else ""
-        outcomes.record("cudnn", SERVICE.known_target_id(_current_device()), outcomes.Outcome.LOCAL, outcomes.anchor_node_type(built.node_types),
-                        reason=why.reason_class, spec_hash=spec_hash)  # fmt: skip
+        outcomes.record(
+            "cudnn",
+            SERVICE.known_target_id(_current_device()),
+            outcomes.Outcome.LOCAL,
+            outcomes.anchor_node_type(built.node_types),
+            reason=why.reason_class,
+            spec_hash=spec_hash,
+        )
         what = f"graph {built.name!r}" if why.about_the_graph else "graphs"
         _once(log, why.key, "plancache.cudnn: %s built locally: %s", what, reason, level=level)
 
@@ -540,7 +599,11 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         try:
             served = _load(self, plan)
         except Exception as e:  # a blob this frontend cannot load: the program's own plan keeps running
-            log.debug("plancache.cudnn: graph %r keeps its own plan: loading the service's failed: %s", self._plancache_name(), e)
+            log.debug(
+                "plancache.cudnn: graph %r keeps its own plan: loading the service's failed: %s",
+                self._plancache_name(),
+                e,
+            )
             return
         previous = s.built
         if previous is not None:  # the same graph's record, now with the plan that runs it
@@ -555,14 +618,21 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         calls asked, and the served plan is dropped (counted as local)."""
         s = self._plancache
         if s.pending:
-            built = Built(self._plancache_name(), reason=f"the program calls {what or name + '()'}", node_types=node_types(self))
+            built = Built(
+                self._plancache_name(), reason=f"the program calls {what or name + '()'}", node_types=node_types(self)
+            )
             self._plancache_local(built, Local(built.reason or "", f"drives:{name}", True, "program_drives"))
             return
         if s.served is None or s.built is None:
             return
         _STATS.served -= 1
         s.served, previous = None, s.built
-        built = Built(previous.name, previous.spec, reason=f"the program calls {what or name + '()'} after it was served", node_types=previous.node_types)
+        built = Built(
+            previous.name,
+            previous.spec,
+            reason=f"the program calls {what or name + '()'} after it was served",
+            node_types=previous.node_types,
+        )
         self._plancache_local(built, Local(built.reason or "", f"drives:{name}", True, "program_drives"))
         for call, args, kwargs in s.replay:  # its build, as the program asked for it
             if call in _BUILDS:
@@ -621,5 +691,7 @@ for _name in QUERIES:
 for _name in DRIVES:
     setattr(pygraph, _name, _plan_list_driver(_name))
 
-__all__ = [str(n) for n in getattr(_frontend, "__all__", ()) if n != "pygraph"]  # the frontend's names, as it lists them
+__all__ = [
+    str(n) for n in getattr(_frontend, "__all__", ()) if n != "pygraph"
+]  # the frontend's names, as it lists them
 __all__ += ["Built", "Stats", "configure", "graphs", "pygraph", "stats"]

@@ -30,7 +30,9 @@ def capture(graph: Any, frontend: Any) -> GraphSpec:
     """The normalized spec of `graph`, proven to rebuild into it (SpecError naming what has no form or differs)."""
     spec = normalize(GraphSpec.from_pygraph(graph))
     # The rebuilt graph is compared, never built: it may hold the program's own kernel cache.
-    rebuilt = build_pygraph(spec, frontend, kernel_cache=graph.__dict__.get("_cpp_graph_kwargs", {}).get("kernel_cache"))
+    rebuilt = build_pygraph(
+        spec, frontend, kernel_cache=graph.__dict__.get("_cpp_graph_kwargs", {}).get("kernel_cache")
+    )
     found = differences(graph, rebuilt)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
@@ -48,7 +50,12 @@ def _names(values: Sequence[Any], what: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def options(base: CompileOptions | None, heuristics: Sequence[Any] | None, workspace_limit: int | None, excluded_notes: Sequence[Any]) -> CompileOptions:
+def options(
+    base: CompileOptions | None,
+    heuristics: Sequence[Any] | None,
+    workspace_limit: int | None,
+    excluded_notes: Sequence[Any],
+) -> CompileOptions:
     """The CompileOptions of the plan calls the program made: its heuristic
     modes (create_execution_plans / build), its workspace limit and the
     behavior notes it deselects; the rest from `base` (configure's)."""
@@ -56,7 +63,11 @@ def options(base: CompileOptions | None, heuristics: Sequence[Any] | None, works
     modes = _names(heuristics, "heuristic mode") if heuristics else start.heuristic_modes
     unknown = [m for m in modes if m.upper() not in HEURISTIC_MODES]
     if unknown:
-        raise SpecError(f"heuristic modes {', '.join(unknown)}: plancache's workers rank with {', '.join(HEURISTIC_MODES)}")
+        raise SpecError(
+            f"heuristic modes {', '.join(unknown)}: plancache's workers rank with {', '.join(HEURISTIC_MODES)}"
+        )
     notes = tuple(sorted({*start.excluded_behavior_notes, *_names(excluded_notes, "behavior note")}))
     limit = workspace_limit if workspace_limit is not None else start.workspace_limit
-    return CompileOptions(autotune=start.autotune, heuristic_modes=modes, workspace_limit=limit, excluded_behavior_notes=notes)
+    return CompileOptions(
+        autotune=start.autotune, heuristic_modes=modes, workspace_limit=limit, excluded_behavior_notes=notes
+    )

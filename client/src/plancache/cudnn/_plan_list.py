@@ -27,8 +27,13 @@ from plancache.keys.options import CompileOptions, NoteFilter, PinnedPlan
 from plancache.v1 import plancache_pb2 as pb
 
 # The frontend's calls that address the ranked plan list by index.
-QUERIES = ("get_execution_plan_count", "get_plan_name_at_index", "get_engine_and_knobs_at_index", "get_workspace_size_plan_at_index",
-           "get_behavior_notes_for_plan_at_index")  # fmt: skip
+QUERIES = (
+    "get_execution_plan_count",
+    "get_plan_name_at_index",
+    "get_engine_and_knobs_at_index",
+    "get_workspace_size_plan_at_index",
+    "get_behavior_notes_for_plan_at_index",
+)
 # Calls by which a program builds or runs candidates itself (an autotuner of its own): those build locally.
 DRIVES = ("build_plan_at_index", "execute_plan_at_index")
 
@@ -60,9 +65,14 @@ class PlanList:
         """`base` with this list's calls; `planned`: the program asked for the heuristics' plans too."""
         fixes_plan = bool(self.pinned) or self.selected is not None or self.inspected
         return replace(
-            base, autotune=base.autotune and not fixes_plan, pinned_plans=tuple(self.pinned), pinned_only=bool(self.pinned) and not planned,
-            deselected_engines=tuple(self.deselected), note_filters=tuple(self.note_filters), selected_plan=self.selected,
-        )  # fmt: skip
+            base,
+            autotune=base.autotune and not fixes_plan,
+            pinned_plans=tuple(self.pinned),
+            pinned_only=bool(self.pinned) and not planned,
+            deselected_engines=tuple(self.deselected),
+            note_filters=tuple(self.note_filters),
+            selected_plan=self.selected,
+        )
 
 
 class Records:
@@ -73,7 +83,9 @@ class Records:
         self._frontend = frontend
         count = len(self._by_index)
         # Complete only when every entry was described (a worker before this recorded only some).
-        self.complete = count > 0 and set(self._by_index) == set(range(count)) and all(c.plan_name for c in metadata.candidates)
+        self.complete = (
+            count > 0 and set(self._by_index) == set(range(count)) and all(c.plan_name for c in metadata.candidates)
+        )
 
     def answer(self, query: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
         """(answered, value)."""
@@ -88,9 +100,17 @@ class Records:
         if query == "get_plan_name_at_index":
             return True, record.plan_name
         if query == "get_engine_and_knobs_at_index":
-            return True, (int(record.engine_id), {getattr(self._frontend.knob_type, k.name): int(k.value) for k in record.knobs})
+            return True, (
+                int(record.engine_id),
+                {getattr(self._frontend.knob_type, k.name): int(k.value) for k in record.knobs},
+            )
         if query == "get_behavior_notes_for_plan_at_index":
             return True, [getattr(self._frontend.behavior_note, n) for n in record.behavior_notes]
-        if query == "get_workspace_size_plan_at_index" and record.HasField("workspace_size") and len(args) <= 1 and not kwargs:
+        if (
+            query == "get_workspace_size_plan_at_index"
+            and record.HasField("workspace_size")
+            and len(args) <= 1
+            and not kwargs
+        ):
             return True, int(record.workspace_size)
         return False, None

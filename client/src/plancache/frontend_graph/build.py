@@ -33,14 +33,18 @@ def _enum(cudnn: Any, enum_type: str, member: str) -> Any:
     return getattr(getattr(cudnn._compiled_module, enum_type), member)
 
 
-def build_pygraph(spec: GraphSpec, cudnn: Any, *, handle: Any = None, kernel_cache: Any = None, classic_result_strides: bool = True) -> Any:
+def build_pygraph(
+    spec: GraphSpec, cudnn: Any, *, handle: Any = None, kernel_cache: Any = None, classic_result_strides: bool = True
+) -> Any:
     """The unbuilt pygraph of a normalized spec. CompileFailed names the node
     whose builder the frontend refused (with the frontend's reason).
     `classic_result_strides=False` leaves a classic op's results' strides to
     the frontend (tests/gpu check plancache's layout rules against it)."""
     g = cudnn.pygraph(**_graph_arguments(spec, cudnn, handle, kernel_cache))
     made: dict[int, Any] = {}
-    produced = {t.uid for n in spec.nodes for port, t in n.outputs.items() if port not in CATALOG[n.op].optional_outputs}
+    produced = {
+        t.uid for n in spec.nodes for port, t in n.outputs.items() if port not in CATALOG[n.op].optional_outputs
+    }
     for t in spec.tensors:
         if t.uid not in produced:
             made[_uid(t)] = _input(g, cudnn, t)
@@ -91,10 +95,15 @@ def _input(g: Any, cudnn: Any, t: Tensor) -> Any:
         return made
     assert t.data_type is not None
     return g.tensor(
-        name=name, dim=list(t.dim), stride=list(t.stride), data_type=cudnn_type(cudnn, t.data_type), is_pass_by_value=t.is_pass_by_value,
-        uid=_uid(t), reordering_type=getattr(cudnn.tensor_reordering, t.reordering_type) if t.reordering_type else None,
+        name=name,
+        dim=list(t.dim),
+        stride=list(t.stride),
+        data_type=cudnn_type(cudnn, t.data_type),
+        is_pass_by_value=t.is_pass_by_value,
+        uid=_uid(t),
+        reordering_type=getattr(cudnn.tensor_reordering, t.reordering_type) if t.reordering_type else None,
         alignment_value=t.alignment_value,
-    )  # fmt: skip
+    )
 
 
 def _set_ragged(made: Any, t: Tensor, tensors: dict[int, Any]) -> None:
@@ -111,11 +120,18 @@ def _attribute(cudnn: Any, schema: OpSchema, key: str, value: Any, made: dict[in
     if attr is not None and attr.kind is AttrKind.SLICES:
         return [slice(*item) for item in value]
     if isinstance(value, Subgraph):  # a callback that adds the recorded ops, as the program's did
-        return replay(value, made, lambda op, name, v: _attribute(cudnn, CATALOG[op], name, v, made), lambda name: cudnn_type(cudnn, name))
+        return replay(
+            value,
+            made,
+            lambda op, name, v: _attribute(cudnn, CATALOG[op], name, v, made),
+            lambda name: cudnn_type(cudnn, name),
+        )
     return list(value) if isinstance(value, tuple) else value
 
 
-def _arguments(g: Any, cudnn: Any, node: Node, schema: OpSchema, made: dict[int, Any]) -> tuple[list[Any], dict[str, Any]]:
+def _arguments(
+    g: Any, cudnn: Any, node: Node, schema: OpSchema, made: dict[int, Any]
+) -> tuple[list[Any], dict[str, Any]]:
     """The builder's positional and keyword arguments for `node`."""
     inputs = {port: made[_uid(t)] for port, t in node.inputs.items()}
     kwargs: dict[str, Any] = {}
@@ -127,7 +143,11 @@ def _arguments(g: Any, cudnn: Any, node: Node, schema: OpSchema, made: dict[int,
         if members:
             kwargs[listed] = [inputs.pop(p) for _, p in members]
     if DROPOUT_PHILOX[0] in inputs:
-        kwargs["dropout"] = (node.attributes["dropout_probability"], inputs.pop(DROPOUT_PHILOX[0]), inputs.pop(DROPOUT_PHILOX[1]))
+        kwargs["dropout"] = (
+            node.attributes["dropout_probability"],
+            inputs.pop(DROPOUT_PHILOX[0]),
+            inputs.pop(DROPOUT_PHILOX[1]),
+        )
     elif DROPOUT_MASK[0] in inputs:
         kwargs["dropout"] = (inputs.pop(DROPOUT_MASK[0]), inputs.pop(DROPOUT_MASK[1]))
     kwargs.update(inputs)
@@ -135,7 +155,9 @@ def _arguments(g: Any, cudnn: Any, node: Node, schema: OpSchema, made: dict[int,
         if key != "dropout_probability":
             kwargs[key] = _attribute(cudnn, schema, key, value, made)
     for port, t in node.outputs.items():
-        if port in schema.optional_outputs:  # a tensor the caller made and hands over (dBias=, score_max=): made with the inputs
+        if (
+            port in schema.optional_outputs
+        ):  # a tensor the caller made and hands over (dBias=, score_max=): made with the inputs
             kwargs[port] = made[_uid(t)]
     if schema.takes_compute_type and node.compute_data_type:
         kwargs["compute_data_type"] = cudnn_type(cudnn, node.compute_data_type)
@@ -163,7 +185,9 @@ def _node(g: Any, cudnn: Any, node: Node, index: int, made: dict[int, Any], clas
         _result(cudnn, schema, node.outputs[port], by_port[port], made, classic_result_strides)
 
 
-def _result(cudnn: Any, schema: OpSchema, t: Tensor, out: Any, made: dict[int, Any], classic_result_strides: bool) -> None:
+def _result(
+    cudnn: Any, schema: OpSchema, t: Tensor, out: Any, made: dict[int, Any], classic_result_strides: bool
+) -> None:
     made[_uid(t)] = out
     out.set_uid(_uid(t))
     if t.name and t.name != out.name:  # a label, as the program named it (names reach cuDNN's graph, not the key)

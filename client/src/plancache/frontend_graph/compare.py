@@ -32,7 +32,18 @@ from plancache.spec.ops import CATALOG, OpSchema
 from plancache.spec.rules import present
 
 # Tensor attributes compared by their own rules below (or never: labels, and the IR's bookkeeping).
-_HANDLED = {"name", "owner", "uid", "uid_assigned", "dim", "stride", "dim_assigned", "stride_assigned", "data_type", "ragged_offset"}
+_HANDLED = {
+    "name",
+    "owner",
+    "uid",
+    "uid_assigned",
+    "dim",
+    "stride",
+    "dim_assigned",
+    "stride_assigned",
+    "data_type",
+    "ragged_offset",
+}
 _SDPA_STATS = {"SDPA", "SDPA_FP8", "SDPA_MXFP8"}
 _MISSING = object()
 
@@ -70,7 +81,12 @@ class _View:
         kwargs = {k: _plain(v) for k, v in graph._cpp_graph_kwargs.items() if k not in ("name", "handle")}
         if "kernel_cache" in kwargs:
             kwargs["kernel_cache"] = True  # an object of the program's: that one is given is what the graph says
-        self.graph: dict[str, Any] = {"io_data_type": self.io, "intermediate_data_type": self.intermediate, "compute_data_type": self.compute, **kwargs}
+        self.graph: dict[str, Any] = {
+            "io_data_type": self.io,
+            "intermediate_data_type": self.intermediate,
+            "compute_data_type": self.compute,
+            **kwargs,
+        }
         self.graph["is_cuda_graph_replay_expected"] = bool(getattr(graph, "is_cuda_graph_replay_expected", False))
         self.nodes = list(graph.nodes)
         self.tensors: dict[Any, Any] = {}
@@ -156,15 +172,23 @@ def _plain(value: Any) -> Any:
         return str(value.name)
     if callable(value):
         try:  # what it would add to cuDNN's graph, with the graph's tensors by uid
-            return trace_callback(value, "a callback", lambda t: int(t.uid) if hasattr(t, "uid") and hasattr(t, "dim") else None).to_plain(names=False)
+            return trace_callback(
+                value, "a callback", lambda t: int(t.uid) if hasattr(t, "uid") and hasattr(t, "dim") else None
+            ).to_plain(names=False)
         except SpecError as e:
             return ("untraceable callback", str(e))
     return ("object", type(value).__qualname__)
 
 
 def _params(node: Any, view: _View) -> dict[str, Any]:
-    params = {k: (view.ref(v) if hasattr(v, "uid") and hasattr(v, "dim") else _plain(v)) for k, v in node.params.items() if v is not None}
-    if node.node_type.name in _SDPA_STATS:  # the frontend's one rule for the stats: generate_stats, else not is_inference
+    params = {
+        k: (view.ref(v) if hasattr(v, "uid") and hasattr(v, "dim") else _plain(v))
+        for k, v in node.params.items()
+        if v is not None
+    }
+    if (
+        node.node_type.name in _SDPA_STATS
+    ):  # the frontend's one rule for the stats: generate_stats, else not is_inference
         params["generate_stats"] = present({"stats": True}, params, set())
         params.pop("is_inference", None)
     return params
@@ -176,7 +200,10 @@ def _node_differences(a: _View, b: _View, na: Any, nb: Any) -> Iterator[str]:
         return
     schema = _schema(na)
     if schema is None or schema.takes_compute_type:
-        ca, cb = data_type(na.compute_data_type, "compute") or a.compute, data_type(nb.compute_data_type, "compute") or b.compute
+        ca, cb = (
+            data_type(na.compute_data_type, "compute") or a.compute,
+            data_type(nb.compute_data_type, "compute") or b.compute,
+        )
         if ca != cb:
             yield f"compute data type {ca} against {cb}"
     for side, xa, xb in (("input", na.inputs, nb.inputs), ("output", na.outputs, nb.outputs)):

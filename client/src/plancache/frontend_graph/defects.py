@@ -33,7 +33,11 @@ def check_known_defects(spec: GraphSpec, target: Target, *, served: bool = True)
         _pointwise_only_broadcast(spec)
     for index, node in enumerate(spec.nodes):
         where = f"node {index} ({node.name or node.op})"
-        if node.op == "concatenate" and "in_place_index" not in node.attributes and version in CONCATENATE_COPY_WRONG_ON:
+        if (
+            node.op == "concatenate"
+            and "in_place_index" not in node.attributes
+            and version in CONCATENATE_COPY_WRONG_ON
+        ):
             # Measured (GPU run 20): a concatenate that copies every input leaves one input's part of the
             # output unwritten (262,144 of 524,288 elements), with no error; in place (in_place_index) it is right.
             raise CompileFailed(

@@ -40,7 +40,16 @@ from plancache.functional._autograd import Differentiable
 from plancache.functional._buckets import BUCKETS, BucketStats
 from plancache.functional._families import WATCH, FamilyAsk
 from plancache.functional._manifest import manifest, prefetch
-from plancache.functional._ops import batch_norm, conv2d, layer_norm, linear, matmul, paged_decode_attention, rms_norm, scaled_dot_product_attention
+from plancache.functional._ops import (
+    batch_norm,
+    conv2d,
+    layer_norm,
+    linear,
+    matmul,
+    paged_decode_attention,
+    rms_norm,
+    scaled_dot_product_attention,
+)
 from plancache.functional._service import SERVICE, configure
 from plancache.functional._table import COUNTS, TABLE, Fallback, Served
 from plancache.run.plan import Plan
@@ -97,7 +106,10 @@ class Geometry:
 
 def stats() -> dict[str, FunctionStats]:
     """Counters by function name ("linear", "scaled_dot_product_attention", ...)."""
-    return {name: FunctionStats(c.cudnn, c.torch, c.geometries, c.torch_geometries, dict(c.reasons)) for name, c in COUNTS.items()}
+    return {
+        name: FunctionStats(c.cudnn, c.torch, c.geometries, c.torch_geometries, dict(c.reasons))
+        for name, c in COUNTS.items()
+    }
 
 
 def geometries() -> list[Geometry]:

@@ -147,18 +147,27 @@ def linear(x: Geo, w: Geo, bias: Geo | None, act: str | None, forward: Request) 
     pre-activation its training forward saved), dX = dZ W, dW = dZ^T X, dBias = sum of dZ's rows."""
     n, k = w.shape
     m, sm = collapse(x.shape[:-1], x.stride[:-1], "input's leading dims")
-    x_strides = [m * k, _specs._row_stride(m, sm, k * x.stride[-1]), x.stride[-1]]  # the view the forward declared (_specs.linear)
+    x_strides = [
+        m * k,
+        _specs._row_stride(m, sm, k * x.stride[-1]),
+        x.stride[-1],
+    ]  # the view the forward declared (_specs.linear)
     dt = forward.outputs[0].dtype
     out = forward.outputs[0]
     rows = (1, m, n)
-    requests = {"dgrad": shaped(_grads.linear_data_grad(m, n, k, w.stride, dt), x.shape), "wgrad": shaped(_grads.linear_weight_grad(m, n, k, x_strides, dt), w.shape)}
+    requests = {
+        "dgrad": shaped(_grads.linear_data_grad(m, n, k, w.stride, dt), x.shape),
+        "wgrad": shaped(_grads.linear_weight_grad(m, n, k, x_strides, dt), w.shape),
+    }
     if bias is not None:
         requests["bgrad"] = shaped(_grads.bias_grad("linear.backward", rows, row_major(rows), (1, 1, n), dt), (n,))
     if act is not None:
         requests["act"] = _grads.activation_backward("linear.backward", rows, row_major(rows), act, dt)
     save_outputs = () if act is None else (0,) if act == "relu" else (1,)
 
-    def run(p: dict[str, Served], inputs: list[Any], saved: tuple[Any, ...], grad: Any, needs: Sequence[bool]) -> tuple[Any, ...]:
+    def run(
+        p: dict[str, Served], inputs: list[Any], saved: tuple[Any, ...], grad: Any, needs: Sequence[bool]
+    ) -> tuple[Any, ...]:
         xt, wt = inputs[0], inputs[1]
         # dY (conformed to the output's dense layout) and the saved tensor are
         # the [1, m, n] rows the graphs declare, as memory: no view needed.
@@ -168,7 +177,16 @@ def linear(x: Geo, w: Geo, bias: Geo | None, act: str | None, forward: Request) 
         db = p["bgrad"]((dz,)).to(dz.dtype) if bias is not None and _needed(needs, 2) else None
         return (dx, dw, db)[: 3 if bias is not None else 2]
 
-    return Rule(requests, (0, 1), save_outputs, run, 3 if bias is not None else 2, out.shape, out.stride, {"bgrad": TorchSum((0, 1), rows)})
+    return Rule(
+        requests,
+        (0, 1),
+        save_outputs,
+        run,
+        3 if bias is not None else 2,
+        out.shape,
+        out.stride,
+        {"bgrad": TorchSum((0, 1), rows)},
+    )
 
 
 def conv2d(x: Geo, w: Geo, bias: Geo | None, relu: bool, attrs: dict[str, Any], forward: Request) -> Rule:
@@ -176,15 +194,23 @@ def conv2d(x: Geo, w: Geo, bias: Geo | None, relu: bool, attrs: dict[str, Any], 
     out = forward.outputs[0]
     dt = out.dtype
     requests = {
-        "dgrad": _grads.conv_data_grad(out.shape, out.stride, w.shape, w.stride, x.shape, dense_like(x.shape, x.stride), attrs, dt),
-        "wgrad": _grads.conv_weight_grad(x.shape, x.stride, out.shape, out.stride, w.shape, dense_like(w.shape, w.stride), attrs, dt),
+        "dgrad": _grads.conv_data_grad(
+            out.shape, out.stride, w.shape, w.stride, x.shape, dense_like(x.shape, x.stride), attrs, dt
+        ),
+        "wgrad": _grads.conv_weight_grad(
+            x.shape, x.stride, out.shape, out.stride, w.shape, dense_like(w.shape, w.stride), attrs, dt
+        ),
     }
     if bias is not None:
-        requests["bgrad"] = shaped(_grads.bias_grad("conv2d.backward", out.shape, out.stride, (1, out.shape[1], 1, 1), dt), (out.shape[1],))
+        requests["bgrad"] = shaped(
+            _grads.bias_grad("conv2d.backward", out.shape, out.stride, (1, out.shape[1], 1, 1), dt), (out.shape[1],)
+        )
     if relu:
         requests["act"] = _grads.activation_backward("conv2d.backward", out.shape, out.stride, "relu", dt)
 
-    def run(p: dict[str, Served], inputs: list[Any], saved: tuple[Any, ...], grad: Any, needs: Sequence[bool]) -> tuple[Any, ...]:
+    def run(
+        p: dict[str, Served], inputs: list[Any], saved: tuple[Any, ...], grad: Any, needs: Sequence[bool]
+    ) -> tuple[Any, ...]:
         xt, wt = inputs[0], inputs[1]
         dy = p["act"]((grad, saved[0])) if relu else grad
         dx = p["dgrad"]((dy, wt)) if needs[0] else None
@@ -192,7 +218,16 @@ def conv2d(x: Geo, w: Geo, bias: Geo | None, relu: bool, attrs: dict[str, Any], 
         db = p["bgrad"]((dy,)).to(dy.dtype) if bias is not None and _needed(needs, 2) else None
         return (dx, dw, db)[: 3 if bias is not None else 2]
 
-    return Rule(requests, (0, 1), (0,) if relu else (), run, 3 if bias is not None else 2, out.shape, out.stride, {"bgrad": TorchSum((0, 2, 3), out.shape)})
+    return Rule(
+        requests,
+        (0, 1),
+        (0,) if relu else (),
+        run,
+        3 if bias is not None else 2,
+        out.shape,
+        out.stride,
+        {"bgrad": TorchSum((0, 2, 3), out.shape)},
+    )
 
 
 def norm(function: str, x: Geo, shape: Dims, weight: Geo | None, bias: Geo | None, forward: Request) -> Rule:
@@ -203,22 +238,50 @@ def norm(function: str, x: Geo, shape: Dims, weight: Geo | None, bias: Geo | Non
     hidden = math.prod(shape)
     dt = out.dtype
     dense = row_major(x.shape)
-    request = _grads.norm_backward(function, rows, hidden, _specs._row_stride(rows, s_rows, hidden), weight.dtype if weight is not None else None, dt,
-                                   weight is not None)  # fmt: skip
+    request = _grads.norm_backward(
+        function,
+        rows,
+        hidden,
+        _specs._row_stride(rows, s_rows, hidden),
+        weight.dtype if weight is not None else None,
+        dt,
+        weight is not None,
+    )
     request = shaped(request, x.shape, *((shape,) * (len(request.outputs) - 1)))
     stats = (1, 2) if function == "layer_norm" else (1,)
     has_weight, has_bias = weight is not None, bias is not None
 
     count = 1 + has_weight + has_bias
-    return Rule({"backward": request}, (0, 1) if has_weight else (0,), stats, _norm_node_run(has_weight, has_bias, count), count, x.shape, dense)
+    return Rule(
+        {"backward": request},
+        (0, 1) if has_weight else (0,),
+        stats,
+        _norm_node_run(has_weight, has_bias, count),
+        count,
+        x.shape,
+        dense,
+    )
 
 
-def sdpa(q: Geo, k: Geo, v: Geo, mask: Geo | None, seq_q: Geo | None, seq_kv: Geo | None, options: Attention, mask_grad: bool, forward: Request, count: int) -> Rule:
+def sdpa(
+    q: Geo,
+    k: Geo,
+    v: Geo,
+    mask: Geo | None,
+    seq_q: Geo | None,
+    seq_kv: Geo | None,
+    options: Attention,
+    mask_grad: bool,
+    forward: Request,
+    count: int,
+) -> Rule:
     """sdpa_backward with the forward's options, inputs, output and statistics."""
     request = _specs.sdpa_backward(q, k, v, mask, seq_q, seq_kv, options, mask_grad=mask_grad)
     out = forward.outputs[0]
 
-    def run(p: dict[str, Served], inputs: list[Any], saved: tuple[Any, ...], grad: Any, needs: Sequence[bool]) -> tuple[Any, ...]:
+    def run(
+        p: dict[str, Served], inputs: list[Any], saved: tuple[Any, ...], grad: Any, needs: Sequence[bool]
+    ) -> tuple[Any, ...]:
         o, stats = saved
         outs = p["backward"].outputs((*inputs, o, grad, stats))
         grads: list[Any] = [outs[i] if needs[i] else None for i in range(3)]
@@ -233,19 +296,38 @@ def sdpa(q: Geo, k: Geo, v: Geo, mask: Geo | None, seq_q: Geo | None, seq_kv: Ge
 def batch_norm(x: Geo, weight: Geo | None, bias: Geo | None, forward: Request, count: int) -> Rule:
     """batchnorm_backward from dY, the input, the weight and the batch's saved mean and inv_variance."""
     out = forward.outputs[0]
-    request = shaped(_grads.batch_norm_backward(x.shape, out.stride, x.shape[1], out.dtype, weight is not None), None, (x.shape[1],), (x.shape[1],))
+    request = shaped(
+        _grads.batch_norm_backward(x.shape, out.stride, x.shape[1], out.dtype, weight is not None),
+        None,
+        (x.shape[1],),
+        (x.shape[1],),
+    )
     if tuple(x.stride) != tuple(out.stride):
-        raise Unserved(f"input strides {x.stride} are not a dense layout (batchnorm's backward reads it as its output's)")
+        raise Unserved(
+            f"input strides {x.stride} are not a dense layout (batchnorm's backward reads it as its output's)"
+        )
     has_weight, has_bias = weight is not None, bias is not None
-    return Rule({"backward": request}, (0, 1) if has_weight else (0,), (1, 2), _norm_node_run(has_weight, has_bias, count), count, out.shape, out.stride)
+    return Rule(
+        {"backward": request},
+        (0, 1) if has_weight else (0,),
+        (1, 2),
+        _norm_node_run(has_weight, has_bias, count),
+        count,
+        out.shape,
+        out.stride,
+    )
 
 
-def _norm_node_run(has_weight: bool, has_bias: bool, count: int) -> Callable[[dict[str, Served], list[Any], tuple[Any, ...], Any, Sequence[bool]], tuple[Any, ...]]:
+def _norm_node_run(
+    has_weight: bool, has_bias: bool, count: int
+) -> Callable[[dict[str, Served], list[Any], tuple[Any, ...], Any, Sequence[bool]], tuple[Any, ...]]:
     """The run of a norm's own backward node (layernorm, rmsnorm, batchnorm): dY, the input,
     the weight and the saved statistics in; dX, dWeight, dBias out (None where not needed),
     padded with None to the function's `count` inputs."""
 
-    def run(p: dict[str, Served], inputs: list[Any], saved: tuple[Any, ...], grad: Any, needs: Sequence[bool]) -> tuple[Any, ...]:
+    def run(
+        p: dict[str, Served], inputs: list[Any], saved: tuple[Any, ...], grad: Any, needs: Sequence[bool]
+    ) -> tuple[Any, ...]:
         outs = p["backward"].outputs((grad, inputs[0], *((inputs[1],) if has_weight else ()), *saved))
         grads: list[Any] = [outs[0] if needs[0] else None]
         if has_weight:

@@ -58,8 +58,12 @@ class Buckets:
         chosen = tuple(functions) if functions is not None else FUNCTIONS
         unknown = set(chosen) - set(FUNCTIONS)
         if unknown:
-            raise InvalidRequest(f"set_buckets: {', '.join(sorted(unknown))} cannot be padded (only {', '.join(FUNCTIONS)})")
-        if sizes is not None and (not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes)):
+            raise InvalidRequest(
+                f"set_buckets: {', '.join(sorted(unknown))} cannot be padded (only {', '.join(FUNCTIONS)})"
+            )
+        if sizes is not None and (
+            not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes)
+        ):
             raise InvalidRequest(f"set_buckets: sizes must be positive integers, got {list(sizes)[:16]}")
         with self._lock:
             self.sizes = tuple(sorted(set(sizes))) if sizes is not None else ()
@@ -108,7 +112,9 @@ def pad_rows(function: str, x: Any) -> tuple[Any, int] | None:
 
 def pad_sequence(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any, int] | None:
     """q, k, v [b, h, s, d] of one length s, zero-padded along s to its bucket; None: not padded."""
-    if "scaled_dot_product_attention" not in BUCKETS.functions or not all(len(getattr(t, "shape", ())) == 4 for t in (q, k, v)):
+    if "scaled_dot_product_attention" not in BUCKETS.functions or not all(
+        len(getattr(t, "shape", ())) == 4 for t in (q, k, v)
+    ):
         return None
     length = int(q.shape[2])
     if int(k.shape[2]) != length or int(v.shape[2]) != length:

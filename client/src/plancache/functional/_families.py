@@ -70,7 +70,9 @@ class FamilyWatch:
         self.threshold = DEFAULT_THRESHOLD
         self._lock = threading.Lock()
         self._signatures: OrderedDict[str, _Signature] = OrderedDict()
-        self.asks: deque[FamilyAsk] = deque(maxlen=MAX_SIGNATURES)  # the latest asks (a long process meets endless graphs)
+        self.asks: deque[FamilyAsk] = deque(
+            maxlen=MAX_SIGNATURES
+        )  # the latest asks (a long process meets endless graphs)
         self.starter: Callable[[Callable[[], None]], None] = _start_thread
 
     def seen(self, function: str, spec: GraphSpec, device: int) -> None:
@@ -128,15 +130,39 @@ def _ask(ask: FamilyAsk, first: GraphSpec, latest: GraphSpec, device: int) -> No
             sizes = {s: BUCKETS.sizes for s in high}  # padded calls run at the buckets' sizes alone
         family: Family = derive(first, latest, sizes=sizes)
         status = SERVICE.client().build_family(family, SERVICE.target_for(device), SERVICE.options)
-        ask.family_key, ask.sizes, ask.graphs, ask.status = status.family_key, {v.symbol: (v.sizes[0], v.sizes[-1]) for v in family.varying}, status.total, "asked"
-        log.info("plancache.functional.%s: shapes vary: family %s (%d graphs, sizes %s) asked for; %d stored, %d queued",
-                 ask.function, status.family_key, status.total, ask.sizes, status.stored, status.queued)  # fmt: skip
+        ask.family_key, ask.sizes, ask.graphs, ask.status = (
+            status.family_key,
+            {v.symbol: (v.sizes[0], v.sizes[-1]) for v in family.varying},
+            status.total,
+            "asked",
+        )
+        log.info(
+            "plancache.functional.%s: shapes vary: family %s (%d graphs, sizes %s) asked for; %d stored, %d queued",
+            ask.function,
+            status.family_key,
+            status.total,
+            ask.sizes,
+            status.stored,
+            status.queued,
+        )
     except (SpecError, PlanCacheError) as e:
         ask.status, ask.reason = "refused", describe(e) if isinstance(e, PlanCacheError) else str(e)
-        _once(log, f"family|{ask.function}|{type(e).__name__}", "plancache.functional.%s: shapes vary, but no family was asked for: %s", ask.function, ask.reason)
+        _once(
+            log,
+            f"family|{ask.function}|{type(e).__name__}",
+            "plancache.functional.%s: shapes vary, but no family was asked for: %s",
+            ask.function,
+            ask.reason,
+        )
     except Exception as e:  # never the program's failure: it only loses the builds ahead
         ask.status, ask.reason = "refused", f"{type(e).__name__}: {e}"
-        _once(log, f"family|{ask.function}|unexpected", "plancache.functional.%s: asking for a family failed: %s", ask.function, ask.reason)
+        _once(
+            log,
+            f"family|{ask.function}|unexpected",
+            "plancache.functional.%s: asking for a family failed: %s",
+            ask.function,
+            ask.reason,
+        )
 
 
 def _size_at(spec: GraphSpec, place: tuple[int, int]) -> int:

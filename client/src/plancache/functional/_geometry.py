@@ -67,7 +67,14 @@ def geo(name: str, tensor: Any) -> Geo:
     if 0 in tuple(tensor.shape):
         raise Unserved(f"{name} is empty (dims {tuple(tensor.shape)})")
     device = getattr(tensor, "device", None)
-    return Geo(name, tuple(tensor.shape), tuple(tensor.stride()), dtype_name(tensor.dtype), str(tensor.dtype), str(getattr(device, "type", device)))
+    return Geo(
+        name,
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        dtype_name(tensor.dtype),
+        str(tensor.dtype),
+        str(getattr(device, "type", device)),
+    )
 
 
 def collapse(shape: Sequence[int], stride: Sequence[int], what: str) -> tuple[int, int]:
@@ -81,7 +88,9 @@ def collapse(shape: Sequence[int], stride: Sequence[int], what: str) -> tuple[in
         return size, 0
     for (_, outer), (inner_dim, inner) in itertools.pairwise(kept):
         if outer != inner * inner_dim:
-            raise Unserved(f"{what} (dims {tuple(shape)}, strides {tuple(stride)}) is not one strided axis: cuDNN would need a copy")
+            raise Unserved(
+                f"{what} (dims {tuple(shape)}, strides {tuple(stride)}) is not one strided axis: cuDNN would need a copy"
+            )
     return size, kept[-1][1]
 
 
@@ -113,7 +122,11 @@ def pair(value: Any, what: str) -> tuple[int, int]:
     """torch's int-or-pair arguments (stride, padding, dilation)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value, value
-    if isinstance(value, Sequence) and len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if (
+        isinstance(value, Sequence)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
         return int(value[0]), int(value[1])
     if isinstance(value, Sequence) and len(value) == 1 and isinstance(value[0], int):
         return int(value[0]), int(value[0])

@@ -79,13 +79,22 @@ def bias_grad(function: str, dims: Dims, strides: Dims, reduced: Dims, dtype: st
     out_dtype = "float"
     g = _graph(function, dtype)
     dz = g.tensor(list(dims), list(strides), name="dZ", uid=1)
-    g.reduction(dz, mode="ADD").set_output(True).set_name("dBias").set_uid(OUTPUT_UID).set_dim(list(reduced)).set_stride(list(row_major(reduced))).set_data_type(
-        out_dtype
-    )
+    g.reduction(dz, mode="ADD").set_output(True).set_name("dBias").set_uid(OUTPUT_UID).set_dim(
+        list(reduced)
+    ).set_stride(list(row_major(reduced))).set_data_type(out_dtype)
     return Request(function, g, (1,), (Output(OUTPUT_UID, reduced, row_major(reduced), out_dtype),))
 
 
-def conv_data_grad(dy_dims: Dims, dy_strides: Dims, w_dims: Dims, w_strides: Dims, x_dims: Dims, dx_strides: Dims, attrs: dict[str, object], dtype: str) -> Request:
+def conv_data_grad(
+    dy_dims: Dims,
+    dy_strides: Dims,
+    w_dims: Dims,
+    w_strides: Dims,
+    x_dims: Dims,
+    dx_strides: Dims,
+    attrs: dict[str, object],
+    dtype: str,
+) -> Request:
     """dX = conv_dgrad(dY, W): uids dY 1, weight 2; dX in the input's dims and layout."""
     g = _graph("conv2d.backward", dtype)
     dy = g.tensor(list(dy_dims), list(dy_strides), name="dY", uid=1)
@@ -95,7 +104,16 @@ def conv_data_grad(dy_dims: Dims, dy_strides: Dims, w_dims: Dims, w_strides: Dim
     return Request("conv2d.backward", g, (1, 2), (Output(OUTPUT_UID, x_dims, dx_strides, dtype),))
 
 
-def conv_weight_grad(x_dims: Dims, x_strides: Dims, dy_dims: Dims, dy_strides: Dims, w_dims: Dims, dw_strides: Dims, attrs: dict[str, object], dtype: str) -> Request:
+def conv_weight_grad(
+    x_dims: Dims,
+    x_strides: Dims,
+    dy_dims: Dims,
+    dy_strides: Dims,
+    w_dims: Dims,
+    dw_strides: Dims,
+    attrs: dict[str, object],
+    dtype: str,
+) -> Request:
     """dW = conv_wgrad(X, dY): uids input 1, dY 2; dW in the weight's dims and layout."""
     g = _graph("conv2d.backward", dtype)
     x = g.tensor(list(x_dims), list(x_strides), name="input", uid=1)
@@ -105,7 +123,9 @@ def conv_weight_grad(x_dims: Dims, x_strides: Dims, dy_dims: Dims, dy_strides: D
     return Request("conv2d.backward", g, (1, 2), (Output(OUTPUT_UID, w_dims, dw_strides, dtype),))
 
 
-def norm_backward(function: str, rows: int, hidden: int, x_row_stride: int, param_dtype: str | None, dtype: str, weight_given: bool) -> Request:
+def norm_backward(
+    function: str, rows: int, hidden: int, x_row_stride: int, param_dtype: str | None, dtype: str, weight_given: bool
+) -> Request:
     """layer_norm's and rms_norm's backward over the forward's [rows, hidden, 1, 1]
     view: uids dY 1 (dense), input 2, weight 3 (a constant of ones without one),
     [mean 4,] inv_variance 5 (float32 [rows, 1, 1, 1]); outputs dX 20 (dense),
@@ -124,7 +144,9 @@ def norm_backward(function: str, rows: int, hidden: int, x_row_stride: int, para
     else:
         grads = g.node("rmsnorm_backward", grad=dy, input=x, scale=scale, inv_variance=inv_var, has_dbias=False)
     outputs = [Output(OUTPUT_UID, (rows, hidden, 1, 1), (hidden, 1, 1, 1), dtype)]
-    for t, name, uid in zip(grads, ("dX", "dWeight", "dBias"), (OUTPUT_UID, OUTPUT_UID + 1, OUTPUT_UID + 2), strict=True):
+    for t, name, uid in zip(
+        grads, ("dX", "dWeight", "dBias"), (OUTPUT_UID, OUTPUT_UID + 1, OUTPUT_UID + 2), strict=True
+    ):
         if t is None:
             continue
         t.set_output(True).set_name(name).set_uid(uid)
@@ -133,7 +155,13 @@ def norm_backward(function: str, rows: int, hidden: int, x_row_stride: int, para
             outputs.append(Output(uid, (1, hidden, 1, 1), (hidden, 1, 1, 1), scale_type))
     if weight_given:
         return Request(f"{function}.backward", g, inputs, tuple(outputs))
-    return Request(f"{function}.backward", g, tuple(u for u in inputs if u != 3), tuple(outputs), (Constant(3, (1, hidden, 1, 1), 1.0, scale_type),))
+    return Request(
+        f"{function}.backward",
+        g,
+        tuple(u for u in inputs if u != 3),
+        tuple(outputs),
+        (Constant(3, (1, hidden, 1, 1), 1.0, scale_type),),
+    )
 
 
 def batch_norm_backward(x_dims: Dims, x_strides: Dims, channels: int, dtype: str, weight_given: bool) -> Request:
@@ -144,13 +172,25 @@ def batch_norm_backward(x_dims: Dims, x_strides: Dims, channels: int, dtype: str
     params = (1, channels, 1, 1)
     dy = g.tensor(list(x_dims), list(x_strides), name="dY", uid=1)
     x = g.tensor(list(x_dims), list(x_strides), name="input", uid=2)
-    scale, mean, inv_var = (g.tensor(list(params), data_type="float", name=n, uid=u) for n, u in (("weight", 3), ("mean", 4), ("inv_variance", 5)))
+    scale, mean, inv_var = (
+        g.tensor(list(params), data_type="float", name=n, uid=u)
+        for n, u in (("weight", 3), ("mean", 4), ("inv_variance", 5))
+    )
     grads = g.node("batchnorm_backward", grad=dy, input=x, scale=scale, mean=mean, inv_variance=inv_var)
     outputs = []
-    for t, name, uid, dt, dims, strides in zip(grads, ("dX", "dWeight", "dBias"), (20, 21, 22), (dtype, "float", "float"), (x_dims, params, params),
-                                               (x_strides, row_major(params), row_major(params)), strict=True):  # fmt: skip
+    for t, name, uid, dt, dims, strides in zip(
+        grads,
+        ("dX", "dWeight", "dBias"),
+        (20, 21, 22),
+        (dtype, "float", "float"),
+        (x_dims, params, params),
+        (x_strides, row_major(params), row_major(params)),
+        strict=True,
+    ):
         assert t is not None
         t.set_output(True).set_name(name).set_uid(uid).set_data_type(dt).set_stride(list(strides))
         outputs.append(Output(uid, tuple(dims), tuple(strides), dt))
     constants = () if weight_given else (Constant(3, params, 1.0, "float"),)
-    return Request("batch_norm.backward", g, (1, 2, 3, 4, 5) if weight_given else (1, 2, 4, 5), tuple(outputs), constants)
+    return Request(
+        "batch_norm.backward", g, (1, 2, 3, 4, 5) if weight_given else (1, 2, 4, 5), tuple(outputs), constants
+    )

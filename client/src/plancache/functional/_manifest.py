@@ -46,7 +46,11 @@ def _served(entry: object) -> list[tuple[str, Served]]:
     """The served plans of one table entry, named: a forward, and a training geometry's backward graphs."""
     if isinstance(entry, Differentiable):
         function = entry.request.function
-        pieces = [(f"{function}.backward" + ("" if name == "backward" else f".{name}"), piece) for name, piece in entry.pieces.items() if isinstance(piece, Served)]
+        pieces = [
+            (f"{function}.backward" + ("" if name == "backward" else f".{name}"), piece)
+            for name, piece in entry.pieces.items()
+            if isinstance(piece, Served)
+        ]
         return [(function, entry.forward), *pieces]
     if isinstance(entry, Served):
         return [(entry.request.function, entry)]
@@ -75,7 +79,13 @@ def manifest(device: int | None = None) -> Manifest:
     return Manifest.from_specs(specs, SERVICE.target_for(device), SERVICE.options or CompileOptions(), names)
 
 
-def prefetch(manifest: Manifest | str | Path, *, device: int | None = None, compile_missing: bool = False, timeout: float | None = None) -> BackgroundPrefetch:
+def prefetch(
+    manifest: Manifest | str | Path,
+    *,
+    device: int | None = None,
+    compile_missing: bool = False,
+    timeout: float | None = None,
+) -> BackgroundPrefetch:
     """Fetch and deserialize a manifest's plans on a background thread, for
     GPU `device` (default: torch's current device); returns at once. A
     first call whose plan is among them waits for that plan alone (if it is
@@ -93,7 +103,9 @@ def prefetch(manifest: Manifest | str | Path, *, device: int | None = None, comp
         raise InvalidRequest(f"plancache.functional.prefetch loads plans for torch's GPU tensors: {e}") from None
     specs = [e.spec for e in manifest.entries if e.spec is not None]
     if len(specs) != len(manifest.entries):
-        raise InvalidRequest("plancache.functional.prefetch: every manifest entry needs its spec (a key alone names one GPU target's plan)")
+        raise InvalidRequest(
+            "plancache.functional.prefetch: every manifest entry needs its spec (a key alone names one GPU target's plan)"
+        )
     client, target = SERVICE.client(), SERVICE.target_for(where)
     keyed = Manifest.from_specs(specs, target, SERVICE.options or CompileOptions(), [e.name for e in manifest.entries])
 

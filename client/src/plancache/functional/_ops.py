@@ -63,7 +63,10 @@ _compiling: Callable[[], bool] = _first_compiling_check
 
 
 def _describe(names: Sequence[str], tensors: Sequence[Any]) -> str:
-    return ", ".join(f"{n} {tuple(getattr(t, 'shape', ()))} {getattr(t, 'dtype', type(t).__name__)}" for n, t in zip(names, tensors, strict=True))
+    return ", ".join(
+        f"{n} {tuple(getattr(t, 'shape', ()))} {getattr(t, 'dtype', type(t).__name__)}"
+        for n, t in zip(names, tensors, strict=True)
+    )
 
 
 def _where(names: Sequence[str], tensors: Sequence[Any]) -> str:
@@ -71,20 +74,30 @@ def _where(names: Sequence[str], tensors: Sequence[Any]) -> str:
 
 
 def _first_call(
-    function: str, key: Hashable, names: Sequence[str], tensors: tuple[Any, ...], request: Callable[[], _specs.Request],
-    fallback: Callable[..., Any], needs_grad: bool, rule: Callable[[_specs.Request], _autograd.Rule] | None = None,
-) -> Any:  # fmt: skip
+    function: str,
+    key: Hashable,
+    names: Sequence[str],
+    tensors: tuple[Any, ...],
+    request: Callable[[], _specs.Request],
+    fallback: Callable[..., Any],
+    needs_grad: bool,
+    rule: Callable[[_specs.Request], _autograd.Rule] | None = None,
+) -> Any:
     """Run the first call of a geometry and keep what ran it (what worked:
     a call torch refuses, a mistake, leaves nothing behind). With autograd,
     `request` is the training forward and `rule(request)` its backward: every
     plan of both is fetched now."""
     devices = [str(getattr(getattr(t, "device", None), "type", None)) for t in tensors]
     if all(d == "cpu" for d in devices):
-        raise InvalidRequest(f"{function}: {names[0]} is on the CPU: plancache.functional runs CUDA tensors (call torch's function for CPU tensors)")
+        raise InvalidRequest(
+            f"{function}: {names[0]} is on the CPU: plancache.functional runs CUDA tensors (call torch's function for CPU tensors)"
+        )
     ops = _torch.ops()
     if ops.capturing():
-        raise InvalidRequest(f"{function}: the first call of a geometry ({_describe(names, tensors)}) while a CUDA graph is being captured: "
-                             "its plans are fetched and loaded then, which capture forbids; call it once before capturing (torch's warm-up)")  # fmt: skip
+        raise InvalidRequest(
+            f"{function}: the first call of a geometry ({_describe(names, tensors)}) while a CUDA graph is being captured: "
+            "its plans are fetched and loaded then, which capture forbids; call it once before capturing (torch's warm-up)"
+        )
     # torch runs the call outside the handlers: a mistake raises torch's own
     # error, not one chained to why plancache was not asked.
     unserved: Unserved | None = None
@@ -98,7 +111,9 @@ def _first_call(
     except Unserved as e:
         unserved = e
     if unserved is not None:
-        return _run_fallback(function, key, names, tensors, fallback, unserved.reason, "not_asked", transient=unserved.transient)
+        return _run_fallback(
+            function, key, names, tensors, fallback, unserved.reason, "not_asked", transient=unserved.transient
+        )
     device = int(tensors[0].get_device())
     failed: tuple[str, bool, bool, str] | None = None  # (reason, transient, logged already, reason class)
     try:
@@ -107,29 +122,56 @@ def _first_call(
             if backward is None:
                 entry: Entry = served(asked, plan, device, key)
             else:
-                entry = _autograd.Differentiable(Served(asked, plan, device), backward, _backward_pieces(function, backward, device))
+                entry = _autograd.Differentiable(
+                    Served(asked, plan, device), backward, _backward_pieces(function, backward, device)
+                )
         result = entry(tensors)
     except PlanCacheError as e:
         # The service's own failures (no server, server down, no worker) are
         # logged once for all geometries; a graph's (cuDNN refused it) with it.
         about_the_service = not isinstance(e, ABOUT_THE_GRAPH)
         if about_the_service:
-            _once(log, f"service:{reason_key(e)}", "plancache.functional: torch runs what plancache cannot serve: %s", describe(e))
+            _once(
+                log,
+                f"service:{reason_key(e)}",
+                "plancache.functional: torch runs what plancache cannot serve: %s",
+                describe(e),
+            )
         failed = (describe(e), isinstance(e, TRANSIENT), about_the_service, outcomes.reason_of(e))
     except Exception as e:  # the plan did not load or run here: torch runs this geometry
         failed = (f"the plan did not run: {type(e).__name__}: {e}", False, False, "load_failed")
     if failed is not None:
-        return _run_fallback(function, key, names, tensors, fallback, failed[0], failed[3], transient=failed[1], quiet=failed[2], spec=asked.spec)
+        return _run_fallback(
+            function,
+            key,
+            names,
+            tensors,
+            fallback,
+            failed[0],
+            failed[3],
+            transient=failed[1],
+            quiet=failed[2],
+            spec=asked.spec,
+        )
     TABLE.put(key, entry)
     counts(function).geometries += 1
-    WATCH.seen(function, asked.spec, device)  # shapes that vary: their family built ahead (plancache.functional._families)
+    WATCH.seen(
+        function, asked.spec, device
+    )  # shapes that vary: their family built ahead (plancache.functional._families)
     if backward is not None:
         for piece in backward.requests.values():
             WATCH.seen(piece.function, piece.spec, device)
     served_as = outcomes.served_outcome(plan.source)
-    outcomes.record("functional", outcomes.target_of(plan.key), served_as, _node_type(function, asked.spec),
-                    reason="hedged" if served_as is outcomes.Outcome.LOCAL else "")  # fmt: skip
-    log.debug("plancache.functional.%s: plan %s (%s) serves %s", function, plan.key, plan.source, _describe(names, tensors))
+    outcomes.record(
+        "functional",
+        outcomes.target_of(plan.key),
+        served_as,
+        _node_type(function, asked.spec),
+        reason="hedged" if served_as is outcomes.Outcome.LOCAL else "",
+    )
+    log.debug(
+        "plancache.functional.%s: plan %s (%s) serves %s", function, plan.key, plan.source, _describe(names, tensors)
+    )
     return result
 
 
@@ -147,15 +189,31 @@ def _backward_pieces(function: str, rule: _autograd.Rule, device: int) -> dict[s
             c = counts(f"{function}.backward")
             c.reasons[reason] = c.reasons.get(reason, 0) + 1
             _record_local(function, request.spec, outcomes.reason_of(e), device)
-            _once(log, f"{function}|{name}|{reason_key(e)}", "plancache.functional.%s: torch runs the backward's %s: %s", function, name, describe(e))
+            _once(
+                log,
+                f"{function}|{name}|{reason_key(e)}",
+                "plancache.functional.%s: torch runs the backward's %s: %s",
+                function,
+                name,
+                describe(e),
+            )
             pieces[name] = rule.optional[name]
     return pieces
 
 
 def _run_fallback(
-    function: str, key: Hashable, names: Sequence[str], tensors: tuple[Any, ...], fn: Callable[..., Any], reason: str, reason_class: str, *,
-    transient: bool, quiet: bool = False, spec: GraphSpec | None = None,
-) -> Any:  # fmt: skip
+    function: str,
+    key: Hashable,
+    names: Sequence[str],
+    tensors: tuple[Any, ...],
+    fn: Callable[..., Any],
+    reason: str,
+    reason_class: str,
+    *,
+    transient: bool,
+    quiet: bool = False,
+    spec: GraphSpec | None = None,
+) -> Any:
     if not _torch.available():
         raise InvalidRequest(f"{function}: {reason} (and torch, which would run it, is not installed)")
     entry = Fallback(function, key, fn, reason, transient)
@@ -167,15 +225,28 @@ def _run_fallback(
     c.reasons[reason] = c.reasons.get(reason, 0) + 1
     _record_local(function, spec, reason_class, _device_of(tensors))
     if not quiet:
-        _once(log, f"{function}|{key!r}", "plancache.functional.%s: torch runs %s: %s", function, _describe(names, tensors), reason)
+        _once(
+            log,
+            f"{function}|{key!r}",
+            "plancache.functional.%s: torch runs %s: %s",
+            function,
+            _describe(names, tensors),
+            reason,
+        )
     return result
 
 
 # The node type a function's graph is counted under when torch ran it before any spec was made.
 _NODE_TYPES = {
-    "linear": "MATMUL", "matmul": "MATMUL", "conv2d": "CONV_FPROP", "layer_norm": "LAYERNORM", "rms_norm": "RMSNORM", "batch_norm": "BATCHNORM",
-    "scaled_dot_product_attention": "SDPA", "paged_decode_attention": "SDPA",
-}  # fmt: skip
+    "linear": "MATMUL",
+    "matmul": "MATMUL",
+    "conv2d": "CONV_FPROP",
+    "layer_norm": "LAYERNORM",
+    "rms_norm": "RMSNORM",
+    "batch_norm": "BATCHNORM",
+    "scaled_dot_product_attention": "SDPA",
+    "paged_decode_attention": "SDPA",
+}
 
 
 def _node_type(function: str, spec: GraphSpec | None) -> str:
@@ -194,7 +265,14 @@ def _device_of(tensors: tuple[Any, ...]) -> int:
 def _record_local(function: str, spec: GraphSpec | None, reason_class: str, device: int) -> None:
     """A graph torch runs, told to the service (plancache.transport.outcomes): its spec hash only where the operator opted in."""
     spec_hash = hash_normalized(normalize(spec)) if spec is not None and outcomes.reports_specs() else ""
-    outcomes.record("functional", SERVICE.known_target_id(device), outcomes.Outcome.LOCAL, _node_type(function, spec), reason=reason_class, spec_hash=spec_hash)
+    outcomes.record(
+        "functional",
+        SERVICE.known_target_id(device),
+        outcomes.Outcome.LOCAL,
+        _node_type(function, spec),
+        reason=reason_class,
+        spec_hash=spec_hash,
+    )
 
 
 # ---- the functions -----------------------------------------------------------------
@@ -208,7 +286,9 @@ def linear(input: Any, weight: Any, bias: Any = None, *, activation: str | None 
         padded = pad_rows("linear", input)
         if padded is not None:
             rows_in, rows = padded
-            return _linear(rows_in, weight, bias, activation=activation)[:rows].reshape(*input.shape[:-1], weight.shape[0])
+            return _linear(rows_in, weight, bias, activation=activation)[:rows].reshape(
+                *input.shape[:-1], weight.shape[0]
+            )
     return _linear(input, weight, bias, activation=activation)
 
 
@@ -218,8 +298,20 @@ def _linear(input: Any, weight: Any, bias: Any = None, *, activation: str | None
         return _torch.linear(input, weight, bias, activation=activation)
     try:
         grad = _grad_on() and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-        key = ("linear", input.shape, input.stride(), input.dtype, input.get_device(), weight.shape, weight.stride(), weight.dtype, weight.get_device(),
-               None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()), activation, grad)  # fmt: skip
+        key = (
+            "linear",
+            input.shape,
+            input.stride(),
+            input.dtype,
+            input.get_device(),
+            weight.shape,
+            weight.stride(),
+            weight.dtype,
+            weight.get_device(),
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
+            activation,
+            grad,
+        )
     except (AttributeError, TypeError):
         return _torch.linear(input, weight, bias, activation=activation)  # not tensors: torch's error
     tensors = (input, weight) if bias is None else (input, weight, bias)
@@ -227,17 +319,24 @@ def _linear(input: Any, weight: Any, bias: Any = None, *, activation: str | None
     if entry is not None:
         return entry(tensors)
     if activation is not None and activation not in _specs.ACTIVATIONS:
-        raise InvalidRequest(f"linear: activation {activation!r} is not one of None, {', '.join(map(repr, _specs.ACTIVATIONS))}")
+        raise InvalidRequest(
+            f"linear: activation {activation!r} is not one of None, {', '.join(map(repr, _specs.ACTIVATIONS))}"
+        )
     names = ("input", "weight", "bias")[: len(tensors)]
 
     def geos() -> tuple[Any, Any, Any]:
         return geo("input", input), geo("weight", weight), _geo_or_none("bias", bias)
 
     return _first_call(
-        "linear", key, names, tensors, lambda: _specs.linear(*geos(), activation, training=grad),
-        functools.partial(_bias_last(_torch.linear, len(tensors)), activation=activation), grad,
+        "linear",
+        key,
+        names,
+        tensors,
+        lambda: _specs.linear(*geos(), activation, training=grad),
+        functools.partial(_bias_last(_torch.linear, len(tensors)), activation=activation),
+        grad,
         lambda forward: _autograd.linear(*geos(), activation, forward),
-    )  # fmt: skip
+    )
 
 
 def _bias_last(fn: Callable[..., Any], count: int) -> Callable[..., Any]:
@@ -255,16 +354,45 @@ def matmul(input: Any, other: Any) -> Any:
         return _torch.matmul(input, other)
     try:
         grad = _grad_on() and (input.requires_grad or other.requires_grad)
-        key = ("matmul", input.shape, input.stride(), input.dtype, input.get_device(), other.shape, other.stride(), other.dtype, other.get_device(), grad)
+        key = (
+            "matmul",
+            input.shape,
+            input.stride(),
+            input.dtype,
+            input.get_device(),
+            other.shape,
+            other.stride(),
+            other.dtype,
+            other.get_device(),
+            grad,
+        )
     except (AttributeError, TypeError):
         return _torch.matmul(input, other)
     entry = TABLE.get(key)
     if entry is not None:
         return entry((input, other))
-    return _first_call("matmul", key, ("input", "other"), (input, other), lambda: _specs.matmul(geo("input", input), geo("other", other)), _torch.matmul, grad)
+    return _first_call(
+        "matmul",
+        key,
+        ("input", "other"),
+        (input, other),
+        lambda: _specs.matmul(geo("input", input), geo("other", other)),
+        _torch.matmul,
+        grad,
+    )
 
 
-def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: Any = 1, *, relu: bool = False) -> Any:
+def conv2d(
+    input: Any,
+    weight: Any,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: Any = 1,
+    *,
+    relu: bool = False,
+) -> Any:
     """torch.nn.functional.conv2d, with a fused ReLU (`relu=True`). The result
     is channels-last when an operand is (as torch's), contiguous otherwise.
     Differentiable: conv_dgrad, conv_wgrad, dBias (a reduction), the ReLU's backward."""
@@ -273,8 +401,20 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
     options = (_hashable(stride), _hashable(padding), _hashable(dilation), groups, bool(relu))
     try:
         grad = _grad_on() and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-        key = ("conv2d", input.shape, input.stride(), input.dtype, input.get_device(), weight.shape, weight.stride(), weight.dtype, weight.get_device(),
-               None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()), options, grad)  # fmt: skip
+        key = (
+            "conv2d",
+            input.shape,
+            input.stride(),
+            input.dtype,
+            input.get_device(),
+            weight.shape,
+            weight.stride(),
+            weight.dtype,
+            weight.get_device(),
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
+            options,
+            grad,
+        )
     except (AttributeError, TypeError):
         return _torch.conv2d(input, weight, bias, stride, padding, dilation, groups, relu=relu)
     tensors = (input, weight) if bias is None else (input, weight, bias)
@@ -293,9 +433,15 @@ def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: 
         return _autograd.conv2d(x, w, b, relu, _specs.conv_attributes(stride, padding, dilation, w.shape), forward)
 
     return _first_call(
-        "conv2d", key, ("input", "weight", "bias")[: len(tensors)], tensors,
-        lambda: _specs.conv2d(*geos(), stride, padding, dilation, groups, relu), fallback, grad, rule,
-    )  # fmt: skip
+        "conv2d",
+        key,
+        ("input", "weight", "bias")[: len(tensors)],
+        tensors,
+        lambda: _specs.conv2d(*geos(), stride, padding, dilation, groups, relu),
+        fallback,
+        grad,
+        rule,
+    )
 
 
 def _rows_of_last_dim(x: Any, normalized_shape: Any) -> bool:
@@ -328,10 +474,23 @@ def _layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any
         return _torch.layer_norm(input, normalized_shape, weight, bias, eps)
     shape = _hashable(normalized_shape)
     try:
-        grad = _grad_on() and (input.requires_grad or (weight is not None and weight.requires_grad) or (bias is not None and bias.requires_grad))
-        key = ("layer_norm", input.shape, input.stride(), input.dtype, input.get_device(), shape, eps, grad,
-               None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()),
-               None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()))  # fmt: skip
+        grad = _grad_on() and (
+            input.requires_grad
+            or (weight is not None and weight.requires_grad)
+            or (bias is not None and bias.requires_grad)
+        )
+        key = (
+            "layer_norm",
+            input.shape,
+            input.stride(),
+            input.dtype,
+            input.get_device(),
+            shape,
+            eps,
+            grad,
+            None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()),
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
+        )
     except (AttributeError, TypeError):
         return _torch.layer_norm(input, normalized_shape, weight, bias, eps)
     tensors: tuple[Any, ...] = (input,)
@@ -356,8 +515,15 @@ def _layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any
         return _autograd.norm("layer_norm", x, _specs.normalized(normalized_shape), w, b, forward)
 
     return _first_call(
-        "layer_norm", key, names, tensors, lambda: _specs.layer_norm(geos()[0], normalized_shape, *geos()[1:], eps, training=grad), fallback, grad, rule,
-    )  # fmt: skip
+        "layer_norm",
+        key,
+        names,
+        tensors,
+        lambda: _specs.layer_norm(geos()[0], normalized_shape, *geos()[1:], eps, training=grad),
+        fallback,
+        grad,
+        rule,
+    )
 
 
 def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> Any:
@@ -378,8 +544,17 @@ def _rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float 
     shape = _hashable(normalized_shape)
     try:
         grad = _grad_on() and (input.requires_grad or (weight is not None and weight.requires_grad))
-        key = ("rms_norm", input.shape, input.stride(), input.dtype, input.get_device(), shape, eps, grad,
-               None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()))  # fmt: skip
+        key = (
+            "rms_norm",
+            input.shape,
+            input.stride(),
+            input.dtype,
+            input.get_device(),
+            shape,
+            eps,
+            grad,
+            None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()),
+        )
     except (AttributeError, TypeError):
         return _torch.rms_norm(input, normalized_shape, weight, eps)
     tensors = (input,) if weight is None else (input, weight)
@@ -391,12 +566,27 @@ def _rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float 
         return _torch.rms_norm(x, normalized_shape, w, eps)
 
     def rule(forward: _specs.Request) -> _autograd.Rule:
-        return _autograd.norm("rms_norm", geo("input", input), _specs.normalized(normalized_shape), _geo_or_none("weight", weight), None, forward)
+        return _autograd.norm(
+            "rms_norm",
+            geo("input", input),
+            _specs.normalized(normalized_shape),
+            _geo_or_none("weight", weight),
+            None,
+            forward,
+        )
 
     return _first_call(
-        "rms_norm", key, ("input", "weight")[: len(tensors)], tensors,
-        lambda: _specs.rms_norm(geo("input", input), normalized_shape, _geo_or_none("weight", weight), eps, training=grad), fallback, grad, rule,
-    )  # fmt: skip
+        "rms_norm",
+        key,
+        ("input", "weight")[: len(tensors)],
+        tensors,
+        lambda: _specs.rms_norm(
+            geo("input", input), normalized_shape, _geo_or_none("weight", weight), eps, training=grad
+        ),
+        fallback,
+        grad,
+        rule,
+    )
 
 
 def _geo_or_none(name: str, tensor: Any) -> Any:
@@ -408,9 +598,20 @@ def _signature(t: Any) -> Hashable:
 
 
 def scaled_dot_product_attention(
-    query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-    enable_gqa: bool = False, *, seq_len_q: Any = None, seq_len_kv: Any = None, sliding_window: int | None = None, alibi: bool = False,
-) -> Any:  # fmt: skip
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    seq_len_q: Any = None,
+    seq_len_kv: Any = None,
+    sliding_window: int | None = None,
+    alibi: bool = False,
+) -> Any:
     """torch.nn.functional.scaled_dot_product_attention, query/key/value of 4
     dims [batch, heads, sequence, head dim] (any strides: BHSD or a BSHD
     view), plus what torch lacks (keyword-only):
@@ -430,30 +631,103 @@ def scaled_dot_product_attention(
 
     Differentiable: cuDNN's SDPA backward with the forward's options and
     softmax statistics, dBias when attn_mask requires grad."""
-    if BUCKETS.functions and is_causal and attn_mask is None and seq_len_q is None and seq_len_kv is None and not dropout_p and not alibi and sliding_window is None:
+    if (
+        BUCKETS.functions
+        and is_causal
+        and attn_mask is None
+        and seq_len_q is None
+        and seq_len_kv is None
+        and not dropout_p
+        and not alibi
+        and sliding_window is None
+    ):
         padded = pad_sequence(query, key, value)
         if padded is not None:  # keys after every real one: no real query sees them (causal)
             q, k, v, length = padded
             return _scaled_dot_product_attention(q, k, v, None, 0.0, True, scale, enable_gqa)[:, :, :length]
-    return _scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seq_len_q=seq_len_q,
-                                         seq_len_kv=seq_len_kv, sliding_window=sliding_window, alibi=alibi)  # fmt: skip
+    return _scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        seq_len_q=seq_len_q,
+        seq_len_kv=seq_len_kv,
+        sliding_window=sliding_window,
+        alibi=alibi,
+    )
 
 
 def _scaled_dot_product_attention(
-    query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-    enable_gqa: bool = False, *, seq_len_q: Any = None, seq_len_kv: Any = None, sliding_window: int | None = None, alibi: bool = False,
-) -> Any:  # fmt: skip
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    seq_len_q: Any = None,
+    seq_len_kv: Any = None,
+    sliding_window: int | None = None,
+    alibi: bool = False,
+) -> Any:
     """scaled_dot_product_attention without bucketing."""
     if _compiling():
-        return _torch.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seq_len_q=seq_len_q,
-                                                   seq_len_kv=seq_len_kv, sliding_window=sliding_window, alibi=alibi)  # fmt: skip
+        return _torch.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            seq_len_q=seq_len_q,
+            seq_len_kv=seq_len_kv,
+            sliding_window=sliding_window,
+            alibi=alibi,
+        )
     try:
-        grad = _grad_on() and (query.requires_grad or key.requires_grad or value.requires_grad or (attn_mask is not None and attn_mask.requires_grad))
-        geometry = ("sdpa", query.shape, query.stride(), query.dtype, query.get_device(), key.shape, key.stride(), key.dtype, key.get_device(),
-                    value.shape, value.stride(), value.dtype, value.get_device(), _signature(attn_mask), _signature(seq_len_q), _signature(seq_len_kv),
-                    dropout_p, is_causal, scale, enable_gqa, sliding_window, alibi, grad)  # fmt: skip
+        grad = _grad_on() and (
+            query.requires_grad
+            or key.requires_grad
+            or value.requires_grad
+            or (attn_mask is not None and attn_mask.requires_grad)
+        )
+        geometry = (
+            "sdpa",
+            query.shape,
+            query.stride(),
+            query.dtype,
+            query.get_device(),
+            key.shape,
+            key.stride(),
+            key.dtype,
+            key.get_device(),
+            value.shape,
+            value.stride(),
+            value.dtype,
+            value.get_device(),
+            _signature(attn_mask),
+            _signature(seq_len_q),
+            _signature(seq_len_kv),
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            sliding_window,
+            alibi,
+            grad,
+        )
     except (AttributeError, TypeError):
-        return _torch.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return _torch.scaled_dot_product_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+        )
     if attn_mask is None and seq_len_q is None and seq_len_kv is None:
         tensors: tuple[Any, ...] = (query, key, value)
     else:
@@ -464,37 +738,81 @@ def _scaled_dot_product_attention(
     if entry is not None:
         return entry(tensors)
     if alibi and not is_causal:
-        raise InvalidRequest("scaled_dot_product_attention: alibi=True needs is_causal=True (cuDNN's ALiBi masks keys after the query)")
-    if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1):
-        raise InvalidRequest(f"scaled_dot_product_attention: sliding_window must be a positive int, got {sliding_window!r}")
-    names = tuple(n for n, t in zip(("query", "key", "value", "attn_mask", "seq_len_q", "seq_len_kv"), (query, key, value, attn_mask, seq_len_q, seq_len_kv), strict=True) if t is not None)
+        raise InvalidRequest(
+            "scaled_dot_product_attention: alibi=True needs is_causal=True (cuDNN's ALiBi masks keys after the query)"
+        )
+    if sliding_window is not None and (
+        isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1
+    ):
+        raise InvalidRequest(
+            f"scaled_dot_product_attention: sliding_window must be a positive int, got {sliding_window!r}"
+        )
+    names = tuple(
+        n
+        for n, t in zip(
+            ("query", "key", "value", "attn_mask", "seq_len_q", "seq_len_kv"),
+            (query, key, value, attn_mask, seq_len_q, seq_len_kv),
+            strict=True,
+        )
+        if t is not None
+    )
     names += (_specs.DROPOUT_SEED,) if dropout_p else ()
     options = _specs.Attention(dropout_p, is_causal, scale, enable_gqa, sliding_window, alibi)
 
     def fallback(*given: Any) -> Any:
         parts = dict(zip(names, given, strict=True))
         return _torch.scaled_dot_product_attention(
-            parts["query"], parts["key"], parts["value"], parts.get("attn_mask"), dropout_p, is_causal, scale, enable_gqa,
-            seq_len_q=parts.get("seq_len_q"), seq_len_kv=parts.get("seq_len_kv"), sliding_window=sliding_window, alibi=alibi,
-        )  # fmt: skip
+            parts["query"],
+            parts["key"],
+            parts["value"],
+            parts.get("attn_mask"),
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            seq_len_q=parts.get("seq_len_q"),
+            seq_len_kv=parts.get("seq_len_kv"),
+            sliding_window=sliding_window,
+            alibi=alibi,
+        )
 
     def geos() -> tuple[Any, Any, Any, Any, Any, Any]:
-        return (geo("query", query), geo("key", key), geo("value", value), _geo_or_none("attn_mask", attn_mask), _geo_or_none("seq_len_q", seq_len_q),
-                _geo_or_none("seq_len_kv", seq_len_kv))  # fmt: skip
+        return (
+            geo("query", query),
+            geo("key", key),
+            geo("value", value),
+            _geo_or_none("attn_mask", attn_mask),
+            _geo_or_none("seq_len_q", seq_len_q),
+            _geo_or_none("seq_len_kv", seq_len_kv),
+        )
 
     def rule(forward: _specs.Request) -> _autograd.Rule:
         mask_grad = attn_mask is not None and bool(attn_mask.requires_grad)
         return _autograd.sdpa(*geos(), options, mask_grad, forward, len(tensors))
 
     return _first_call(
-        "scaled_dot_product_attention", geometry, names, tensors, lambda: _specs.sdpa(*geos(), options, training=grad), fallback, grad, rule,
-    )  # fmt: skip
+        "scaled_dot_product_attention",
+        geometry,
+        names,
+        tensors,
+        lambda: _specs.sdpa(*geos(), options, training=grad),
+        fallback,
+        grad,
+        rule,
+    )
 
 
 def paged_decode_attention(
-    query: Any, key_cache: Any, value_cache: Any, page_table: Any, seq_lens: Any, *, scale: float | None = None,
-    max_seq_len: int | None = None, value_page_table: Any = None,
-) -> Any:  # fmt: skip
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    page_table: Any,
+    seq_lens: Any,
+    *,
+    scale: float | None = None,
+    max_seq_len: int | None = None,
+    value_page_table: Any = None,
+) -> Any:
     """One decode step of attention over a paged KV cache (inference: with
     autograd, torch's function runs it).
 
@@ -507,14 +825,40 @@ def paged_decode_attention(
     1/sqrt(head_dim); `max_seq_len` (the longest length a call may carry)
     defaults to pages per sequence x page size. Returns [batch, heads, 1, head_dim]."""
     if _compiling():
-        return _torch.paged_decode_attention(query, key_cache, value_cache, page_table, seq_lens, scale=scale, max_seq_len=max_seq_len,
-                                             value_page_table=value_page_table)  # fmt: skip
+        return _torch.paged_decode_attention(
+            query,
+            key_cache,
+            value_cache,
+            page_table,
+            seq_lens,
+            scale=scale,
+            max_seq_len=max_seq_len,
+            value_page_table=value_page_table,
+        )
     v_table = page_table if value_page_table is None else value_page_table
     try:
         grad = _grad_on() and (query.requires_grad or key_cache.requires_grad or value_cache.requires_grad)
-        geometry = ("paged_decode", query.shape, query.stride(), query.dtype, query.get_device(), key_cache.shape, key_cache.stride(), key_cache.dtype,
-                    key_cache.get_device(), value_cache.shape, value_cache.stride(), value_cache.dtype, value_cache.get_device(), _signature(page_table),
-                    _signature(v_table), _signature(seq_lens), scale, max_seq_len, grad)  # fmt: skip
+        geometry = (
+            "paged_decode",
+            query.shape,
+            query.stride(),
+            query.dtype,
+            query.get_device(),
+            key_cache.shape,
+            key_cache.stride(),
+            key_cache.dtype,
+            key_cache.get_device(),
+            value_cache.shape,
+            value_cache.stride(),
+            value_cache.dtype,
+            value_cache.get_device(),
+            _signature(page_table),
+            _signature(v_table),
+            _signature(seq_lens),
+            scale,
+            max_seq_len,
+            grad,
+        )
     except (AttributeError, TypeError) as e:
         raise InvalidRequest(f"paged_decode_attention: every tensor argument must be a tensor ({e})") from None
     tensors = (query, key_cache, value_cache, page_table, v_table, seq_lens)
@@ -523,22 +867,36 @@ def paged_decode_attention(
         return entry(tensors)
 
     def fallback(q: Any, kc: Any, vc: Any, table: Any, vtable: Any, lengths: Any) -> Any:
-        return _torch.paged_decode_attention(q, kc, vc, table, lengths, scale=scale, max_seq_len=max_seq_len, value_page_table=vtable)
+        return _torch.paged_decode_attention(
+            q, kc, vc, table, lengths, scale=scale, max_seq_len=max_seq_len, value_page_table=vtable
+        )
 
     def request() -> _specs.Request:
         return _specs.paged_decode(
-            geo("query", query), geo("key_cache", key_cache), geo("value_cache", value_cache), geo("page_table", page_table),
-            geo("value_page_table", v_table), geo("seq_lens", seq_lens), scale=scale, max_seq_len=max_seq_len,
-        )  # fmt: skip
+            geo("query", query),
+            geo("key_cache", key_cache),
+            geo("value_cache", value_cache),
+            geo("page_table", page_table),
+            geo("value_page_table", v_table),
+            geo("seq_lens", seq_lens),
+            scale=scale,
+            max_seq_len=max_seq_len,
+        )
 
     names = ("query", "key_cache", "value_cache", "page_table", "value_page_table", "seq_lens")
     return _first_call("paged_decode_attention", geometry, names, tensors, request, fallback, grad)
 
 
 def batch_norm(
-    input: Any, running_mean: Any, running_var: Any, weight: Any = None, bias: Any = None, training: bool = False, momentum: float = 0.1,
+    input: Any,
+    running_mean: Any,
+    running_var: Any,
+    weight: Any = None,
+    bias: Any = None,
+    training: bool = False,
+    momentum: float = 0.1,
     eps: float = 1e-5,
-) -> Any:  # fmt: skip
+) -> Any:
     """torch.nn.functional.batch_norm of a 4-D float16/bfloat16 input with
     float32 per-channel tensors (a half model's BatchNorm2d under torch's
     mixed precision). Training: the batch's statistics, the running ones
@@ -550,13 +908,32 @@ def batch_norm(
     if _compiling():
         return _torch.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
     try:
-        grad = _grad_on() and (input.requires_grad or (weight is not None and weight.requires_grad) or (bias is not None and bias.requires_grad))
-        key = ("batch_norm", input.shape, input.stride(), input.dtype, input.get_device(), _signature(running_mean), _signature(running_var),
-               _signature(weight), _signature(bias), bool(training), momentum, eps, grad)  # fmt: skip
+        grad = _grad_on() and (
+            input.requires_grad
+            or (weight is not None and weight.requires_grad)
+            or (bias is not None and bias.requires_grad)
+        )
+        key = (
+            "batch_norm",
+            input.shape,
+            input.stride(),
+            input.dtype,
+            input.get_device(),
+            _signature(running_mean),
+            _signature(running_var),
+            _signature(weight),
+            _signature(bias),
+            bool(training),
+            momentum,
+            eps,
+            grad,
+        )
     except (AttributeError, TypeError):
         return _torch.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
     if (running_mean is None or running_var is None) and (not training or running_mean is not running_var):
-        return _torch.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)  # torch's own answer (or error) for these
+        return _torch.batch_norm(
+            input, running_mean, running_var, weight, bias, training, momentum, eps
+        )  # torch's own answer (or error) for these
     # Built without generators: this is every call's path (run 22: batch_norm's host time was 1.42x raw + allocation).
     if weight is None:
         given: tuple[Any, ...] = (input,) if bias is None else (input, bias)
@@ -572,16 +949,28 @@ def batch_norm(
     if entry is not None:
         return entry(tensors)
     names = tuple(n for n, t in (("input", input), ("weight", weight), ("bias", bias)) if t is not None)
-    names += (("running_mean", "running_var", "next_running_mean", "next_running_var") if training and len(tensors) > len(given)
-              else () if training else ("running_mean", "inv_variance"))  # fmt: skip
+    names += (
+        ("running_mean", "running_var", "next_running_mean", "next_running_var")
+        if training and len(tensors) > len(given)
+        else ()
+        if training
+        else ("running_mean", "inv_variance")
+    )
 
     def fallback(*args: Any) -> Any:
         parts = dict(zip(names, args, strict=True))
-        return _torch.batch_norm(parts["input"], running_mean, running_var, parts.get("weight"), parts.get("bias"), training, momentum, eps)
+        return _torch.batch_norm(
+            parts["input"], running_mean, running_var, parts.get("weight"), parts.get("bias"), training, momentum, eps
+        )
 
     def geos() -> tuple[Any, Any, Any, Any, Any]:
-        return geo("input", input), _geo_or_none("running_mean", running_mean), _geo_or_none("running_var", running_var), _geo_or_none("weight", weight), \
-            _geo_or_none("bias", bias)
+        return (
+            geo("input", input),
+            _geo_or_none("running_mean", running_mean),
+            _geo_or_none("running_var", running_var),
+            _geo_or_none("weight", weight),
+            _geo_or_none("bias", bias),
+        )
 
     def request() -> _specs.Request:
         if momentum is None:
@@ -590,7 +979,9 @@ def batch_norm(
 
     def rule(forward: _specs.Request) -> _autograd.Rule:
         if not training:
-            raise Unserved("autograd in evaluation mode (its backward is per-channel pointwise math, which cuDNN computes wrongly)")
+            raise Unserved(
+                "autograd in evaluation mode (its backward is per-channel pointwise math, which cuDNN computes wrongly)"
+            )
         x, _, _, w, b = geos()
         return _autograd.batch_norm(x, w, b, forward, len(tensors))
 

@@ -108,7 +108,9 @@ class Service:
                 if address:
                     self._client, self._owned = Client(address), True
             if self._client is None:
-                raise NotConfigured(f"no plancache server configured: set {SERVER_ENV}=host:port or call plancache.functional.configure(client)")
+                raise NotConfigured(
+                    f"no plancache server configured: set {SERVER_ENV}=host:port or call plancache.functional.configure(client)"
+                )
             return self._client
 
     def target_for(self, device: int) -> Target:
@@ -127,7 +129,9 @@ class Service:
         target = self._target or self._detected.get(device)
         return target.id if target is not None else ""
 
-    def compile(self, spec: GraphSpec, device: int, options: CompileOptions | None = None, *, path: str = "functional") -> Plan:
+    def compile(
+        self, spec: GraphSpec, device: int, options: CompileOptions | None = None, *, path: str = "functional"
+    ) -> Plan:
         """The plan for `spec` on GPU `device`: disk cache, then the server,
         hedged as the client is (a miss may answer with this node's own
         build, a LocalPlan). Every error is a PlanCacheError (the client's,
@@ -136,7 +140,9 @@ class Service:
         if prefetched is not None:
             return prefetched
         client = self.client()
-        return client.compile(spec, self.target_for(device), options or self.options, timeout=self.timeout, hedge_path=path)
+        return client.compile(
+            spec, self.target_for(device), options or self.options, timeout=self.timeout, hedge_path=path
+        )
 
     def expect(self, keys: list[str], pending: BackgroundPrefetch) -> None:
         """Plan `keys[i]` is entry i of `pending` (a manifest prefetch): a
@@ -153,7 +159,9 @@ class Service:
         is then asked as for any first call)."""
         if not self._prefetched:
             return None
-        key = make_key(hash_normalized(normalize(spec)), self.target_for(device), options or self.options or CompileOptions())
+        key = make_key(
+            hash_normalized(normalize(spec)), self.target_for(device), options or self.options or CompileOptions()
+        )
         with self._lock:
             found = self._prefetched.pop(key, None)
         if found is None:
@@ -165,7 +173,9 @@ class Service:
             log.debug("plancache: the prefetch has no plan %s (%s: %s); asking the service", key, type(e).__name__, e)
             return None
 
-    def race(self, spec: GraphSpec, device: int, options: CompileOptions | None, build: Callable[[], T], *, path: str) -> Raced[T]:
+    def race(
+        self, spec: GraphSpec, device: int, options: CompileOptions | None, build: Callable[[], T], *, path: str
+    ) -> Raced[T]:
         """The plan for `spec`, or the caller's own `build()` when the
         service misses and that build is ready first (the client's hedge,
         plancache.transport.hedge; the caller's build is what it would have
@@ -178,7 +188,11 @@ class Service:
         target = self.target_for(device)
         if client.hedge:
             return client.race(spec, target, options or self.options, build, path=path, timeout=self.timeout)
-        return Raced(plan=client.compile(spec, target, options or self.options, timeout=self.timeout, hedge=False, hedge_path=path))
+        return Raced(
+            plan=client.compile(
+                spec, target, options or self.options, timeout=self.timeout, hedge=False, hedge_path=path
+            )
+        )
 
     def reset(self) -> None:
         """Back to the start: no client, PLANCACHE_SERVER read on next use."""
@@ -212,7 +226,9 @@ class Once:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
 
-    def __call__(self, logger: logging.Logger, key: str, message: str, *args: Any, level: int = logging.WARNING) -> bool:
+    def __call__(
+        self, logger: logging.Logger, key: str, message: str, *args: Any, level: int = logging.WARNING
+    ) -> bool:
         with self._lock:
             if key in self._seen:
                 return False

@@ -21,7 +21,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from plancache.errors import InvalidRequest
-from plancache.functional._geometry import Dims, Geo, Unserved, collapse, is_channels_last, is_dense, no_zero_strides, pair, served_dtype
+from plancache.functional._geometry import (
+    Dims,
+    Geo,
+    Unserved,
+    collapse,
+    is_channels_last,
+    is_dense,
+    no_zero_strides,
+    pair,
+    served_dtype,
+)
 from plancache.spec.classic_ops import conv_output_dims
 from plancache.spec.graph import GraphSpec, Tensor
 from plancache.spec.layouts import channels_last, packed, row_major
@@ -72,14 +82,29 @@ class Request:
     constants: tuple[Constant, ...] = ()
 
 
-def _request(function: str, g: GraphSpec, inputs: Sequence[int], out: Dims, stride: Dims, dtype: str, constants: Sequence[Constant] = (),
-             extra: Sequence[Output] = ()) -> Request:  # fmt: skip
+def _request(
+    function: str,
+    g: GraphSpec,
+    inputs: Sequence[int],
+    out: Dims,
+    stride: Dims,
+    dtype: str,
+    constants: Sequence[Constant] = (),
+    extra: Sequence[Output] = (),
+) -> Request:
     """A request whose first output is the function's result (uid OUTPUT_UID)."""
-    return Request(function, g, tuple(inputs), (Output(OUTPUT_UID, tuple(out), tuple(stride), dtype), *extra), tuple(constants))
+    return Request(
+        function, g, tuple(inputs), (Output(OUTPUT_UID, tuple(out), tuple(stride), dtype), *extra), tuple(constants)
+    )
 
 
 def _graph(function: str, dtype: str) -> GraphSpec:
-    return GraphSpec(name=f"plancache.functional.{function}", io_data_type=dtype, intermediate_data_type="float", compute_data_type="float")
+    return GraphSpec(
+        name=f"plancache.functional.{function}",
+        io_data_type=dtype,
+        intermediate_data_type="float",
+        compute_data_type="float",
+    )
 
 
 def _finish(y: Tensor, stride: Sequence[int] | None = None) -> None:
@@ -175,14 +200,18 @@ def matmul(a: Geo, b: Geo) -> Request:
     else:
         raise Unserved(f"batch dims {batch_a} and {batch_b} broadcast other than over a single matrix")
     g = _graph("matmul", dt)
-    _finish(g.matmul(g.tensor(a_dims, a_strides, name="input", uid=1), g.tensor(b_dims, b_strides, name="other", uid=2)))
+    _finish(
+        g.matmul(g.tensor(a_dims, a_strides, name="input", uid=1), g.tensor(b_dims, b_strides, name="other", uid=2))
+    )
     return _request("matmul", g, (1, 2), out, row_major(out), dt)
 
 
 # ---- convolution --------------------------------------------------------------
 
 
-def _conv_padding(padding: Any, stride: tuple[int, int], dilation: tuple[int, int], kernel: Dims) -> dict[str, tuple[int, ...]]:
+def _conv_padding(
+    padding: Any, stride: tuple[int, int], dilation: tuple[int, int], kernel: Dims
+) -> dict[str, tuple[int, ...]]:
     if padding == "valid":
         return {"padding": (0, 0)}
     if padding == "same":
@@ -202,17 +231,23 @@ def conv_attributes(stride: Any, padding: Any, dilation: Any, weight_dims: Dims)
     return {**_conv_padding(padding, steps, dilations, weight_dims[2:]), "stride": steps, "dilation": dilations}
 
 
-def conv2d(x: Geo, w: Geo, bias: Geo | None, stride: Any, padding: Any, dilation: Any, groups: Any, relu: bool) -> Request:
+def conv2d(
+    x: Geo, w: Geo, bias: Geo | None, stride: Any, padding: Any, dilation: Any, groups: Any, relu: bool
+) -> Request:
     dt = served_dtype(x, w, bias)
     if groups != 1:
         raise Unserved("a grouped convolution (groups != 1)")
     if len(x.shape) != 4 or len(w.shape) != 4:
-        raise Unserved(f"input {x.shape} and weight {w.shape} must be 4-D (torch's unbatched 3-D input stays with torch)")
+        raise Unserved(
+            f"input {x.shape} and weight {w.shape} must be 4-D (torch's unbatched 3-D input stays with torch)"
+        )
     if x.shape[1] != w.shape[1]:
         raise Unserved(f"input has {x.shape[1]} channels, weight expects {w.shape[1]}")
     out_channels = w.shape[0]
     if bias is not None and (bias.shape != (out_channels,) or (out_channels > 1 and bias.stride != (1,))):
-        raise Unserved(f"bias must be a contiguous ({out_channels},) tensor, got dims {bias.shape} strides {bias.stride}")
+        raise Unserved(
+            f"bias must be a contiguous ({out_channels},) tensor, got dims {bias.shape} strides {bias.stride}"
+        )
     no_zero_strides(x)
     no_zero_strides(w)
     attrs = conv_attributes(stride, padding, dilation, w.shape)
@@ -221,9 +256,15 @@ def conv2d(x: Geo, w: Geo, bias: Geo | None, stride: Any, padding: Any, dilation
     except ShapeError as e:
         raise Unserved(str(e)) from None
     # torch's conv output takes the channels-last format when an operand has it.
-    layout = channels_last(out) if is_channels_last(x.shape, x.stride) or is_channels_last(w.shape, w.stride) else row_major(out)
+    layout = (
+        channels_last(out)
+        if is_channels_last(x.shape, x.stride) or is_channels_last(w.shape, w.stride)
+        else row_major(out)
+    )
     g = _graph("conv2d", dt)
-    y = g.conv_fprop(g.tensor(x.shape, x.stride, name="input", uid=1), g.tensor(w.shape, w.stride, name="weight", uid=2), **attrs)
+    y = g.conv_fprop(
+        g.tensor(x.shape, x.stride, name="input", uid=1), g.tensor(w.shape, w.stride, name="weight", uid=2), **attrs
+    )
     if bias is not None:
         y = g.bias(y, g.tensor([1, out_channels, 1, 1], name="bias", uid=3))
     if relu:
@@ -244,7 +285,9 @@ def normalized(shape: Any) -> Dims:
         raise Unserved(f"normalized_shape must be an int or a sequence of ints, got {shape!r}") from None
 
 
-def _norm(function: str, x: Geo, shape: Dims, params: Sequence[tuple[str, Geo | None, float]], eps: float, training: bool) -> Request:
+def _norm(
+    function: str, x: Geo, shape: Dims, params: Sequence[tuple[str, Geo | None, float]], eps: float, training: bool
+) -> Request:
     """layer_norm and rms_norm: x seen as [rows, hidden, 1, 1] (the layout
     of examples/generate.py's norms), the parameters as [1, hidden, 1, 1];
     a missing parameter is a constant (ones, zeros) made once."""
@@ -269,7 +312,9 @@ def _norm(function: str, x: Geo, shape: Dims, params: Sequence[tuple[str, Geo | 
             if not is_dense(p):
                 raise Unserved(f"{name} is not contiguous (strides {p.stride})")
             inputs.append(uid)
-        tensors.append(g.tensor([1, hidden, 1, 1], data_type=p.dtype if p is not None else fill_dtype, name=name, uid=uid))
+        tensors.append(
+            g.tensor([1, hidden, 1, 1], data_type=p.dtype if p is not None else fill_dtype, name=name, uid=uid)
+        )
     epsilon = g.scalar(float(eps), name="epsilon", uid=10)
     constants.append(Constant(10, (1, 1, 1, 1), float(eps), "float", on_host=True))
     phase = "TRAINING" if training else "INFERENCE"
@@ -281,14 +326,18 @@ def _norm(function: str, x: Geo, shape: Dims, params: Sequence[tuple[str, Geo | 
     _finish(y)
     extra: list[Output] = []
     if training:  # the row statistics the backward reads, float32 [rows, 1, 1, 1]
-        for t, (name, uid) in zip(stats, (("mean", MEAN_UID), ("inv_variance", INV_VARIANCE_UID))[-len(stats) :], strict=True):
+        for t, (name, uid) in zip(
+            stats, (("mean", MEAN_UID), ("inv_variance", INV_VARIANCE_UID))[-len(stats) :], strict=True
+        ):
             assert t is not None
             t.set_output(True).set_name(name).set_uid(uid).set_data_type("float")
             extra.append(Output(uid, (rows, 1, 1, 1), (1, 1, 1, 1), "float"))
     return _request(function, g, inputs, x.shape, x.stride, dt, constants, extra)
 
 
-def layer_norm(x: Geo, shape: Any, weight: Geo | None, bias: Geo | None, eps: float, *, training: bool = False) -> Request:
+def layer_norm(
+    x: Geo, shape: Any, weight: Geo | None, bias: Geo | None, eps: float, *, training: bool = False
+) -> Request:
     """`training`: the rows' mean and inverse deviation are outputs too (the backward's)."""
     return _norm("layer_norm", x, normalized(shape), (("weight", weight, 1.0), ("bias", bias, 0.0)), eps, training)
 
@@ -301,8 +350,17 @@ def rms_eps(x: Geo, eps: float | None) -> float:
     return FINFO_EPS.get(x.dtype or "", 2.0**-10) if eps is None else eps
 
 
-def batch_norm(x: Geo, running_mean: Geo | None, running_var: Geo | None, weight: Geo | None, bias: Geo | None, *, training: bool,
-               momentum: float, eps: float) -> Request:  # fmt: skip
+def batch_norm(
+    x: Geo,
+    running_mean: Geo | None,
+    running_var: Geo | None,
+    weight: Geo | None,
+    bias: Geo | None,
+    *,
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> Request:
     """torch.nn.functional.batch_norm of a 4-D float16/bfloat16 input with
     float32 per-channel tensors (torch's own mixed precision for a half
     model's BatchNorm2d), the output in the input's layout.
@@ -320,7 +378,9 @@ def batch_norm(x: Geo, running_mean: Geo | None, running_var: Geo | None, weight
     channels = x.shape[1]
     for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
         if t is not None and (t.shape != (channels,) or t.dtype != "float" or not is_dense(t)):
-            raise Unserved(f"{name} must be a contiguous float32 ({channels},) tensor, got {t.dtype_text} dims {t.shape}")
+            raise Unserved(
+                f"{name} must be a contiguous float32 ({channels},) tensor, got {t.dtype_text} dims {t.shape}"
+            )
     if (running_mean is None) != (running_var is None):
         raise Unserved("running_mean and running_var go together")
     if not training and running_mean is None:
@@ -341,12 +401,20 @@ def batch_norm(x: Geo, running_mean: Geo | None, running_var: Geo | None, weight
     if training:
         running: dict[str, Any] = {}
         if running_mean is not None:
-            running = {"in_running_mean": g.tensor(params, data_type="float", name="running_mean", uid=4),
-                       "in_running_var": g.tensor(params, data_type="float", name="running_var", uid=5),
-                       "momentum": g.scalar(float(momentum), name="momentum", uid=11)}  # fmt: skip
+            running = {
+                "in_running_mean": g.tensor(params, data_type="float", name="running_mean", uid=4),
+                "in_running_var": g.tensor(params, data_type="float", name="running_var", uid=5),
+                "momentum": g.scalar(float(momentum), name="momentum", uid=11),
+            }
             constants.append(Constant(11, (1, 1, 1, 1), float(momentum), "float", on_host=True))
-        y, mean, inv_var, next_mean, next_var = g.node("batchnorm", input=xt, scale=ports[0], bias=ports[1], epsilon=g.scalar(float(eps), name="epsilon", uid=10),
-                                                       **running)  # fmt: skip
+        y, mean, inv_var, next_mean, next_var = g.node(
+            "batchnorm",
+            input=xt,
+            scale=ports[0],
+            bias=ports[1],
+            epsilon=g.scalar(float(eps), name="epsilon", uid=10),
+            **running,
+        )
         constants.append(Constant(10, (1, 1, 1, 1), float(eps), "float", on_host=True))
         for made, name, uid in ((mean, "mean", MEAN_UID), (inv_var, "inv_variance", INV_VARIANCE_UID)):
             assert made is not None
@@ -370,7 +438,9 @@ def batch_norm(x: Geo, running_mean: Geo | None, running_var: Geo | None, weight
 # ---- attention -----------------------------------------------------------------
 
 
-def _lengths(g: GraphSpec, lengths: Geo | None, batch: int, full: int, name: str, uid: int) -> tuple[Tensor, Constant | None]:
+def _lengths(
+    g: GraphSpec, lengths: Geo | None, batch: int, full: int, name: str, uid: int
+) -> tuple[Tensor, Constant | None]:
     """Per-sequence lengths as cuDNN takes them ([b, 1, 1, 1] int32); a
     missing side is the full length, a constant."""
     if lengths is not None:
@@ -397,7 +467,9 @@ def _bias(mask: Geo, batch: int, heads: int, s_q: int, s_kv: int) -> tuple[list[
         if dims[axis] not in (1, full):
             raise Unserved(f"attn_mask dims {mask.shape} do not broadcast to ({batch}, {heads}, {s_q}, {s_kv})")
     if dims[2:] != [s_q, s_kv] or 0 in strides[2:]:
-        raise Unserved(f"attn_mask dims {mask.shape}: cuDNN's bias covers every query and key (no broadcasting over them)")
+        raise Unserved(
+            f"attn_mask dims {mask.shape}: cuDNN's bias covers every query and key (no broadcasting over them)"
+        )
     if dims[1] == 1:  # a broadcast dim: any stride addresses it; the packed one
         strides[1] = strides[2] * dims[2]
     if dims[0] == 1:
@@ -418,18 +490,39 @@ class Attention:
 
 
 # SDPA's ports: the call's tensors, then what a training forward saves and its backward reads.
-Q_UID, K_UID, V_UID, BIAS_UID, SEQ_Q_UID, SEQ_KV_UID, SEED_UID, OFFSET_UID, O_UID, D_O_UID, SAVED_STATS_UID = 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12
+Q_UID, K_UID, V_UID, BIAS_UID, SEQ_Q_UID, SEQ_KV_UID, SEED_UID, OFFSET_UID, O_UID, D_O_UID, SAVED_STATS_UID = (
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    11,
+    12,
+)
 D_Q_UID, D_K_UID, D_V_UID, D_BIAS_UID = 20, 21, 22, 23
 DROPOUT_SEED = "dropout_seed"  # the name of the int64 seed tensor a call with dropout passes after its own
 
 
 def _attention(
-    function: str, q: Geo, k: Geo, v: Geo, mask: Geo | None, seq_q: Geo | None, seq_kv: Geo | None, options: Attention,
-) -> tuple[GraphSpec, dict[str, Any], list[int], list[Constant], str]:  # fmt: skip
+    function: str,
+    q: Geo,
+    k: Geo,
+    v: Geo,
+    mask: Geo | None,
+    seq_q: Geo | None,
+    seq_kv: Geo | None,
+    options: Attention,
+) -> tuple[GraphSpec, dict[str, Any], list[int], list[Constant], str]:
     """The graph, the sdpa node's ports and attributes, the call's uids and
     the constants: what a forward and its backward both declare."""
     if mask is not None and mask.dtype in ("boolean", None):
-        raise Unserved(f"attn_mask is {mask.dtype_text}: a boolean mask stays with torch (cuDNN takes an additive bias)")
+        raise Unserved(
+            f"attn_mask is {mask.dtype_text}: a boolean mask stays with torch (cuDNN takes an additive bias)"
+        )
     dt = served_dtype(q, k, v, mask)
     if any(len(t.shape) != 4 for t in (q, k, v)):
         raise Unserved("query, key and value must be 4-D (batch, heads, sequence, head dim)")
@@ -437,14 +530,19 @@ def _attention(
     if bk != b or bv != b or ek != e or s_v != s_kv or hv != hk:
         raise Unserved(f"query {q.shape}, key {k.shape} and value {v.shape} do not go together")
     if hk != h and (not options.enable_gqa or h % hk):
-        raise Unserved(f"query has {h} heads, key and value {hk} (grouped-query attention needs enable_gqa=True and a divisor)")
+        raise Unserved(
+            f"query has {h} heads, key and value {hk} (grouped-query attention needs enable_gqa=True and a divisor)"
+        )
     if options.is_causal and mask is not None:
         raise Unserved("attn_mask with is_causal=True")
     for t in (q, k, v):
         no_zero_strides(t)
     g = _graph(function, dt)
-    ports: dict[str, Any] = {"q": g.tensor(q.shape, q.stride, name="query", uid=Q_UID), "k": g.tensor(k.shape, k.stride, name="key", uid=K_UID),
-             "v": g.tensor(v.shape, v.stride, name="value", uid=V_UID)}  # fmt: skip
+    ports: dict[str, Any] = {
+        "q": g.tensor(q.shape, q.stride, name="query", uid=Q_UID),
+        "k": g.tensor(k.shape, k.stride, name="key", uid=K_UID),
+        "v": g.tensor(v.shape, v.stride, name="value", uid=V_UID),
+    }
     inputs, constants = [Q_UID, K_UID, V_UID], []
     ports["attn_scale"] = options.scale if options.scale is not None else 1 / math.sqrt(e)
     ports["use_causal_mask"], ports["use_alibi_mask"] = options.is_causal, options.alibi
@@ -473,8 +571,16 @@ def _attention(
 
 
 def sdpa(
-    q: Geo, k: Geo, v: Geo, mask: Geo | None, seq_q: Geo | None, seq_kv: Geo | None, options: Attention, *, training: bool = False,
-) -> Request:  # fmt: skip
+    q: Geo,
+    k: Geo,
+    v: Geo,
+    mask: Geo | None,
+    seq_q: Geo | None,
+    seq_kv: Geo | None,
+    options: Attention,
+    *,
+    training: bool = False,
+) -> Request:
     """`training`: the softmax statistics ([b, h, s_q, 1] float32) are an output too: the backward's."""
     g, ports, inputs, constants, dt = _attention("scaled_dot_product_attention", q, k, v, mask, seq_q, seq_kv, options)
     o, stats = g.sdpa(**ports, generate_stats=training)
@@ -489,13 +595,25 @@ def sdpa(
     return _request("scaled_dot_product_attention", g, inputs, out, row_major(out), dt, constants, extra)
 
 
-def sdpa_backward(q: Geo, k: Geo, v: Geo, mask: Geo | None, seq_q: Geo | None, seq_kv: Geo | None, options: Attention, *, mask_grad: bool) -> Request:
+def sdpa_backward(
+    q: Geo,
+    k: Geo,
+    v: Geo,
+    mask: Geo | None,
+    seq_q: Geo | None,
+    seq_kv: Geo | None,
+    options: Attention,
+    *,
+    mask_grad: bool,
+) -> Request:
     """The forward's backward: its q, k, v (and mask, lengths, seed), its
     output O and statistics, and dO (O's layout) give dQ, dK, dV in their
     inputs' dims and dense strides of the same order (a q sliced out of a
     fused projection gets a gradient of its own size), and dBias with `mask_grad`.
     The call's uids: the forward's inputs, then O, dO, the statistics."""
-    g, ports, inputs, constants, dt = _attention("scaled_dot_product_attention.backward", q, k, v, mask, seq_q, seq_kv, options)
+    g, ports, inputs, constants, dt = _attention(
+        "scaled_dot_product_attention.backward", q, k, v, mask, seq_q, seq_kv, options
+    )
     out = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
     stats_dims = (*out[:3], 1)
     o = g.tensor(out, row_major(out), name="o", uid=O_UID)
@@ -516,7 +634,13 @@ def sdpa_backward(q: Geo, k: Geo, v: Geo, mask: Geo | None, seq_q: Geo | None, s
     if mask_grad:
         assert mask is not None
         outputs.append(Output(D_BIAS_UID, mask.shape, dense_like(mask.shape, mask.stride), dt))
-    return Request("scaled_dot_product_attention.backward", g, (*inputs, O_UID, D_O_UID, SAVED_STATS_UID), tuple(outputs), tuple(constants))
+    return Request(
+        "scaled_dot_product_attention.backward",
+        g,
+        (*inputs, O_UID, D_O_UID, SAVED_STATS_UID),
+        tuple(outputs),
+        tuple(constants),
+    )
 
 
 def dense_like(shape: Sequence[int], stride: Sequence[int]) -> Dims:
@@ -529,31 +653,55 @@ def dense_like(shape: Sequence[int], stride: Sequence[int]) -> Dims:
     return packed(shape, rank)
 
 
-def paged_decode(q: Geo, k_cache: Geo, v_cache: Geo, k_table: Geo, v_table: Geo, lengths: Geo, *, scale: float | None, max_seq_len: int | None) -> Request:
+def paged_decode(
+    q: Geo,
+    k_cache: Geo,
+    v_cache: Geo,
+    k_table: Geo,
+    v_table: Geo,
+    lengths: Geo,
+    *,
+    scale: float | None,
+    max_seq_len: int | None,
+) -> Request:
     """One query token per sequence over page pools [pages, heads, page size,
     head dim] and page tables [b, pages per sequence] (examples/generate.py's
     sdpa_paged_decode_bf16, at the call's sizes)."""
     if len(q.shape) != 4 or q.shape[2] != 1:
-        raise InvalidRequest(f"paged_decode_attention: query must be [batch, heads, 1, head_dim] (one token per sequence), got dims {q.shape}")
+        raise InvalidRequest(
+            f"paged_decode_attention: query must be [batch, heads, 1, head_dim] (one token per sequence), got dims {q.shape}"
+        )
     b, h, _, d = q.shape
     for name, pool in (("key_cache", k_cache), ("value_cache", v_cache)):
         if len(pool.shape) != 4 or pool.shape[3] != d or h % max(pool.shape[1], 1) or pool.shape != k_cache.shape:
-            raise InvalidRequest(f"paged_decode_attention: {name} must be [pages, kv_heads, page_size, {d}] with kv_heads dividing {h}, got dims {pool.shape}")
+            raise InvalidRequest(
+                f"paged_decode_attention: {name} must be [pages, kv_heads, page_size, {d}] with kv_heads dividing {h}, got dims {pool.shape}"
+            )
     pages_per_seq = 0
     for name, table in (("page_table", k_table), ("value_page_table", v_table)):
-        if len(table.shape) not in (2, 4) or table.shape[0] != b or (len(table.shape) == 4 and (table.shape[1], table.shape[3]) != (1, 1)):
-            raise InvalidRequest(f"paged_decode_attention: {name} must be [{b}, pages per sequence], got dims {table.shape}")
+        if (
+            len(table.shape) not in (2, 4)
+            or table.shape[0] != b
+            or (len(table.shape) == 4 and (table.shape[1], table.shape[3]) != (1, 1))
+        ):
+            raise InvalidRequest(
+                f"paged_decode_attention: {name} must be [{b}, pages per sequence], got dims {table.shape}"
+            )
         pages_per_seq = table.shape[-2] if len(table.shape) == 4 else table.shape[1]
         if table.dtype != "int32":
             raise Unserved(f"{name} is {table.dtype_text}: cuDNN takes int32 page tables")
         if not is_dense(table):
             raise Unserved(f"{name} is not contiguous")
     if v_table.shape != k_table.shape:
-        raise InvalidRequest(f"paged_decode_attention: value_page_table dims {v_table.shape} differ from page_table's {k_table.shape}")
+        raise InvalidRequest(
+            f"paged_decode_attention: value_page_table dims {v_table.shape} differ from page_table's {k_table.shape}"
+        )
     capacity = pages_per_seq * k_cache.shape[2]
     longest = capacity if max_seq_len is None else max_seq_len
     if not 1 <= longest <= capacity:
-        raise InvalidRequest(f"paged_decode_attention: max_seq_len {longest} is not in 1..{capacity} (pages per sequence x page size)")
+        raise InvalidRequest(
+            f"paged_decode_attention: max_seq_len {longest} is not in 1..{capacity} (pages per sequence x page size)"
+        )
     dt = served_dtype(q, k_cache, v_cache)
     for t in (q, k_cache, v_cache):
         no_zero_strides(t)
@@ -562,12 +710,17 @@ def paged_decode(q: Geo, k_cache: Geo, v_cache: Geo, k_table: Geo, v_table: Geo,
     seq_q, made_q = _lengths(g, None, b, 1, "seq_len_q", 6)
     seq_kv, _ = _lengths(g, lengths, b, capacity, "seq_lens", 7)
     o, _ = g.sdpa(
-        g.tensor(q.shape, q.stride, name="query", uid=1), g.tensor(k_cache.shape, k_cache.stride, name="key_cache", uid=2),
-        g.tensor(v_cache.shape, v_cache.stride, name="value_cache", uid=3), attn_scale=scale if scale is not None else 1 / math.sqrt(d),
-        use_padding_mask=True, seq_len_q=seq_q, seq_len_kv=seq_kv, paged_attention_max_seq_len_kv=longest,
+        g.tensor(q.shape, q.stride, name="query", uid=1),
+        g.tensor(k_cache.shape, k_cache.stride, name="key_cache", uid=2),
+        g.tensor(v_cache.shape, v_cache.stride, name="value_cache", uid=3),
+        attn_scale=scale if scale is not None else 1 / math.sqrt(d),
+        use_padding_mask=True,
+        seq_len_q=seq_q,
+        seq_len_kv=seq_kv,
+        paged_attention_max_seq_len_kv=longest,
         paged_attention_k_table=g.tensor(table_dims, data_type="int32", name="page_table", uid=4),
         paged_attention_v_table=g.tensor(table_dims, data_type="int32", name="value_page_table", uid=5),
-    )  # fmt: skip
+    )
     assert o is not None and made_q is not None
     _finish(o)
     out = (b, h, 1, d)

@@ -70,7 +70,21 @@ class Launcher:
     buffers a tuple) skips the mapping form's Python normalization; a plan
     whose ordered form fails at its first call runs the mapping form."""
 
-    __slots__ = ("_device", "_execute", "_handle", "_mode", "_need", "_on_device", "_pool", "_slot", "_state", "_stream", "_stream_of", "_uids", "_where")
+    __slots__ = (
+        "_device",
+        "_execute",
+        "_handle",
+        "_mode",
+        "_need",
+        "_on_device",
+        "_pool",
+        "_slot",
+        "_state",
+        "_stream",
+        "_stream_of",
+        "_uids",
+        "_where",
+    )
 
     def __init__(self, plan: Plan, device: int, uids: tuple[int, ...]) -> None:
         ops = _torch.ops()
@@ -107,7 +121,11 @@ class Launcher:
             self._execute(buffers, self._slot.buffer, handle=self._handle, tensor_uids=self._uids)
             self._mode = "ordered"
         except Exception as e:  # an older frontend, or a plan its ordered form does not take
-            log.debug("plancache.functional: the frontend's ordered execute refused a plan (%s: %s); the mapping form runs it", type(e).__name__, e)
+            log.debug(
+                "plancache.functional: the frontend's ordered execute refused a plan (%s: %s); the mapping form runs it",
+                type(e).__name__,
+                e,
+            )
             self._execute(dict(zip(self._uids, buffers)), self._slot.buffer, handle=self._handle)  # noqa: B905
             self._mode = "mapping"
 
@@ -117,7 +135,18 @@ class Served:
     A call returns the function's result (the first output); `outputs()`
     returns every output (a training forward's saved statistics)."""
 
-    __slots__ = ("_alloc", "_allocs", "_constants", "_device", "_launchers", "_uids", "counts", "plan", "request", "used")
+    __slots__ = (
+        "_alloc",
+        "_allocs",
+        "_constants",
+        "_device",
+        "_launchers",
+        "_uids",
+        "counts",
+        "plan",
+        "request",
+        "used",
+    )
 
     def __init__(self, request: Request, plan: Plan, device: int) -> None:
         ops = _torch.ops()
@@ -191,7 +220,14 @@ class Fallback:
     __slots__ = ("_counts", "_fn", "expires", "function", "key", "reason", "used")
 
     def __init__(self, function: str, key: Hashable, fn: Callable[..., Any], reason: str, transient: bool) -> None:
-        self.function, self.key, self._fn, self.reason, self._counts, self.used = function, key, fn, reason, counts(function), 0
+        self.function, self.key, self._fn, self.reason, self._counts, self.used = (
+            function,
+            key,
+            fn,
+            reason,
+            counts(function),
+            0,
+        )
         self.expires = time.monotonic() + RETRY_AFTER_S if transient else None
 
     def __call__(self, tensors: tuple[Any, ...]) -> Any:

@@ -51,7 +51,9 @@ def matmul(input: Any, other: Any) -> Any:
     return _torch().matmul(input, other)
 
 
-def conv2d(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: Any, *, relu: bool = False) -> Any:
+def conv2d(
+    input: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: Any, *, relu: bool = False
+) -> Any:
     y = _torch().nn.functional.conv2d(input, weight, bias, stride, padding, dilation, groups)
     return _torch().relu(y) if relu else y
 
@@ -64,7 +66,9 @@ def rms_norm(input: Any, normalized_shape: Any, weight: Any, eps: float | None) 
     return _torch().nn.functional.rms_norm(input, normalized_shape, weight, eps)
 
 
-def batch_norm(input: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any, training: bool, momentum: float, eps: float) -> Any:
+def batch_norm(
+    input: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any, training: bool, momentum: float, eps: float
+) -> Any:
     return _torch().nn.functional.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
 
 
@@ -91,16 +95,29 @@ def alibi_slopes(heads: int) -> list[float]:
 
 
 def scaled_dot_product_attention(
-    query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-    enable_gqa: bool = False, *, seq_len_q: Any = None, seq_len_kv: Any = None, sliding_window: int | None = None, alibi: bool = False,
-) -> Any:  # fmt: skip
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    seq_len_q: Any = None,
+    seq_len_kv: Any = None,
+    sliding_window: int | None = None,
+    alibi: bool = False,
+) -> Any:
     """torch's function, or with the options it lacks, the same attention in
     float32 with the masks written out (rows past a sequence's length: any)."""
     torch = _torch()
     if seq_len_q is None and seq_len_kv is None and sliding_window is None and not alibi:
         gqa = {"enable_gqa": True} if enable_gqa else {}
         # scale and enable_gqa are keyword-only in torch (2.11: "takes from 3 to 6 positional arguments").
-        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa
+        )
     s_q, s_kv, heads = query.shape[-2], key.shape[-2], query.shape[-3]
     i = torch.arange(s_q, device=query.device).view(s_q, 1)
     j = torch.arange(s_kv, device=query.device).view(1, s_kv)
@@ -121,12 +138,18 @@ def scaled_dot_product_attention(
     return _attention(query, key, value, allowed, bias, scale, dropout_p, enable_gqa)
 
 
-def _attention(q: Any, k: Any, v: Any, allowed: Any, bias: Any, scale: float | None, dropout_p: float, enable_gqa: bool) -> Any:
+def _attention(
+    q: Any, k: Any, v: Any, allowed: Any, bias: Any, scale: float | None, dropout_p: float, enable_gqa: bool
+) -> Any:
     torch = _torch()
     if enable_gqa and k.shape[-3] != q.shape[-3]:
         groups = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1])) + bias
+    scores = (
+        torch.matmul(q.float(), k.float().transpose(-1, -2))
+        * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+        + bias
+    )
     weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
     if dropout_p:
         weights = torch.nn.functional.dropout(weights, dropout_p)
@@ -134,9 +157,16 @@ def _attention(q: Any, k: Any, v: Any, allowed: Any, bias: Any, scale: float | N
 
 
 def paged_decode_attention(
-    query: Any, key_cache: Any, value_cache: Any, page_table: Any, seq_lens: Any, *, scale: float | None = None,
-    max_seq_len: int | None = None, value_page_table: Any = None,
-) -> Any:  # fmt: skip
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    page_table: Any,
+    seq_lens: Any,
+    *,
+    scale: float | None = None,
+    max_seq_len: int | None = None,
+    value_page_table: Any = None,
+) -> Any:
     """Each sequence's pages gathered in page-table order, its first
     seq_lens[i] tokens attended to (float32)."""
     torch = _torch()
@@ -159,7 +189,9 @@ def paged_decode_attention(
 
 
 class TensorOps(Protocol):
-    def allocator(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: str, device: int) -> Callable[[], Any]: ...
+    def allocator(
+        self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: str, device: int
+    ) -> Callable[[], Any]: ...
     def constant(self, constant: Constant, device: int) -> Any: ...
     def current_device(self) -> Callable[[], int]: ...
     def on_device(self, device: int) -> contextlib.AbstractContextManager[None]: ...
@@ -172,7 +204,9 @@ class TorchOps:
         from plancache.run.gpu import torch_dtype
 
         torch = _torch()
-        return functools.partial(torch.empty_strided, shape, stride, dtype=torch_dtype(dtype), device=torch.device("cuda", device))
+        return functools.partial(
+            torch.empty_strided, shape, stride, dtype=torch_dtype(dtype), device=torch.device("cuda", device)
+        )
 
     def constant(self, constant: Constant, device: int) -> Any:
         from plancache.run.gpu import torch_dtype
@@ -183,7 +217,9 @@ class TorchOps:
 
     def current_device(self) -> Callable[[], int]:
         torch = _torch()
-        raw = getattr(torch._C, "_cuda_getDevice", None)  # ~0.05 µs; torch.cuda.current_device() is a Python wrapper of it
+        raw = getattr(
+            torch._C, "_cuda_getDevice", None
+        )  # ~0.05 µs; torch.cuda.current_device() is a Python wrapper of it
         return raw if raw is not None else torch.cuda.current_device  # type: ignore[no-any-return]
 
     @contextlib.contextmanager

@@ -12,9 +12,17 @@ from plancache.v1 import plancache_pb2 as pb
 
 HEURISTIC_MODES = ("A", "B", "FALLBACK")
 NUMERICAL_NOTES = (
-    "TENSOR_CORE", "DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION", "FFT", "NONDETERMINISTIC", "WINOGRAD",
-    "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13", "STRICT_NAN_PROP",
-)  # fmt: skip
+    "TENSOR_CORE",
+    "DOWN_CONVERT_INPUTS",
+    "REDUCED_PRECISION_REDUCTION",
+    "FFT",
+    "NONDETERMINISTIC",
+    "WINOGRAD",
+    "WINOGRAD_TILE_4x4",
+    "WINOGRAD_TILE_6x6",
+    "WINOGRAD_TILE_13x13",
+    "STRICT_NAN_PROP",
+)
 # A program's own plan list: bounds on what options may carry of it.
 MAX_PINNED_PLANS = 4096
 MAX_KNOBS = 64
@@ -83,20 +91,30 @@ class CompileOptions:
 
     def _check_plan_list(self) -> None:
         if len(self.pinned_plans) > MAX_PINNED_PLANS:
-            raise InvalidRequest(f"options: {len(self.pinned_plans)} pinned plans, over the limit of {MAX_PINNED_PLANS}")
+            raise InvalidRequest(
+                f"options: {len(self.pinned_plans)} pinned plans, over the limit of {MAX_PINNED_PLANS}"
+            )
         for plan in self.pinned_plans:
             if len(plan.knobs) > MAX_KNOBS or any(not isinstance(v, int) or isinstance(v, bool) for _, v in plan.knobs):
-                raise InvalidRequest(f"options: pinned plan of engine {plan.engine_id}: at most {MAX_KNOBS} knobs, each an integer")
+                raise InvalidRequest(
+                    f"options: pinned plan of engine {plan.engine_id}: at most {MAX_KNOBS} knobs, each an integer"
+                )
             object.__setattr__(plan, "knobs", tuple(sorted(plan.knobs)))
         if self.pinned_only and not self.pinned_plans:
             raise InvalidRequest("options: pinned_only needs pinned plans")
-        if len(self.deselected_engines) > MAX_ENGINE_NAMES or any(not name or len(name) > 256 for name in self.deselected_engines):
-            raise InvalidRequest(f"options: at most {MAX_ENGINE_NAMES} deselected engine names, each 1 to 256 characters")
+        if len(self.deselected_engines) > MAX_ENGINE_NAMES or any(
+            not name or len(name) > 256 for name in self.deselected_engines
+        ):
+            raise InvalidRequest(
+                f"options: at most {MAX_ENGINE_NAMES} deselected engine names, each 1 to 256 characters"
+            )
         object.__setattr__(self, "deselected_engines", tuple(sorted(set(self.deselected_engines))))
         for f in self.note_filters:
             known = BEHAVIOR_NOTES if f.kind == "behavior" else NUMERICAL_NOTES if f.kind == "numeric" else None
             if known is None or not f.notes or any(n not in known for n in f.notes):
-                raise InvalidRequest(f"options: a note filter needs kind behavior or numeric and notes among its cudnn names, got {f}")
+                raise InvalidRequest(
+                    f"options: a note filter needs kind behavior or numeric and notes among its cudnn names, got {f}"
+                )
         if self.selected_plan is not None and (self.selected_plan < 0 or self.autotune):
             raise InvalidRequest("options: selected_plan is an index >= 0 and fixes the plan (autotune must be false)")
 
@@ -115,13 +133,17 @@ class CompileOptions:
             "excluded_behavior_notes": list(self.excluded_behavior_notes),
         }
         if self.pinned_plans:
-            found["pinned_plans"] = [{"engine_id": p.engine_id, "knobs": [[k, v] for k, v in p.knobs]} for p in self.pinned_plans]
+            found["pinned_plans"] = [
+                {"engine_id": p.engine_id, "knobs": [[k, v] for k, v in p.knobs]} for p in self.pinned_plans
+            ]
         if self.pinned_only:
             found["pinned_only"] = True
         if self.deselected_engines:
             found["deselected_engines"] = list(self.deselected_engines)
         if self.note_filters:
-            found["note_filters"] = [{"kind": f.kind, "keep": f.keep, "notes": list(f.notes)} for f in self.note_filters]
+            found["note_filters"] = [
+                {"kind": f.kind, "keep": f.keep, "notes": list(f.notes)} for f in self.note_filters
+            ]
         if self.selected_plan is not None:
             found["selected_plan"] = self.selected_plan
         return found
@@ -136,7 +158,10 @@ class CompileOptions:
             heuristic_modes=self.heuristic_modes,
             workspace_limit=self.workspace_limit,
             excluded_behavior_notes=self.excluded_behavior_notes,
-            pinned_plans=[pb.PinnedPlan(engine_id=p.engine_id, knobs=[pb.Knob(name=k, value=v) for k, v in p.knobs]) for p in self.pinned_plans],
+            pinned_plans=[
+                pb.PinnedPlan(engine_id=p.engine_id, knobs=[pb.Knob(name=k, value=v) for k, v in p.knobs])
+                for p in self.pinned_plans
+            ],
             pinned_only=self.pinned_only,
             deselected_engines=self.deselected_engines,
             note_filters=[pb.NoteFilter(kind=f.kind, keep=f.keep, notes=f.notes) for f in self.note_filters],
@@ -150,7 +175,9 @@ class CompileOptions:
             heuristic_modes=tuple(msg.heuristic_modes),
             workspace_limit=msg.workspace_limit,
             excluded_behavior_notes=tuple(msg.excluded_behavior_notes),
-            pinned_plans=tuple(PinnedPlan(p.engine_id, tuple((k.name, k.value) for k in p.knobs)) for p in msg.pinned_plans),
+            pinned_plans=tuple(
+                PinnedPlan(p.engine_id, tuple((k.name, k.value) for k in p.knobs)) for p in msg.pinned_plans
+            ),
             pinned_only=msg.pinned_only,
             deselected_engines=tuple(msg.deselected_engines),
             note_filters=tuple(NoteFilter(f.kind, f.keep, tuple(f.notes)) for f in msg.note_filters),

@@ -56,13 +56,17 @@ class TensorTable:
         self.runtime = runtime
         self.geometries = [
             Geometry(
-                uid=b.uid, name=b.name, shape=tuple(b.dim), stride=tuple(b.stride),
-                dtype_name=dtypes.from_proto(b.data_type, b.name) or "float", pass_by_value=b.is_pass_by_value,
+                uid=b.uid,
+                name=b.name,
+                shape=tuple(b.dim),
+                stride=tuple(b.stride),
+                dtype_name=dtypes.from_proto(b.data_type, b.name) or "float",
+                pass_by_value=b.is_pass_by_value,
                 default=b.scalar_value if b.is_pass_by_value and b.HasField("scalar_value") else None,
                 ragged=b.HasField("ragged_offset_uid"),
             )
             for b in bindings
-        ]  # fmt: skip
+        ]
         self._by_key: dict[str | int, Geometry] = {g.uid: g for g in self.geometries}
         self._by_key.update({g.name: g for g in self.geometries if g.name})
         self._dtype = {g.uid: runtime.dtype(g.dtype_name) for g in self.geometries}
@@ -100,9 +104,12 @@ class TensorTable:
         what differs."""
         try:
             if (
-                not g.pass_by_value and value.dtype is self._dtype[g.uid] and value.device == device_object
-                and value.shape == g.shape and value.stride() == g.stride
-            ):  # fmt: skip
+                not g.pass_by_value
+                and value.dtype is self._dtype[g.uid]
+                and value.device == device_object
+                and value.shape == g.shape
+                and value.stride() == g.stride
+            ):
                 return value
         except (AttributeError, TypeError):
             pass
@@ -128,10 +135,14 @@ class TensorTable:
             # of the right type holds tokens where they say (their values stay
             # on the GPU: checking them would cost a synchronization per call).
             if not value.is_contiguous():
-                raise InvalidRequest(f"{g.label}: a ragged tensor is bound as its packed buffer, which must be contiguous")
+                raise InvalidRequest(
+                    f"{g.label}: a ragged tensor is bound as its packed buffer, which must be contiguous"
+                )
             token = g.stride[2] if len(g.stride) > 2 else 1  # elements per token (h × d in THD)
             if value.numel() < token or value.numel() % token:
-                raise InvalidRequest(f"{g.label}: a packed buffer of {value.numel()} elements is not whole tokens of {token} (the plan's [b, h, s, d] strides {g.stride})")
+                raise InvalidRequest(
+                    f"{g.label}: a packed buffer of {value.numel()} elements is not whole tokens of {token} (the plan's [b, h, s, d] strides {g.stride})"
+                )
         elif tuple(value.shape) != g.shape:
             raise InvalidRequest(f"{g.label}: shape {tuple(value.shape)} but the plan was built for {g.shape}")
         if not g.pass_by_value and not g.ragged and tuple(value.stride()) != g.stride:
@@ -141,7 +152,9 @@ class TensorTable:
         where = value.device
         if g.pass_by_value:
             if where.type != "cpu":
-                raise InvalidRequest(f"{g.label}: a pass-by-value scalar must be a CPU tensor or a number, got one on {where}")
+                raise InvalidRequest(
+                    f"{g.label}: a pass-by-value scalar must be a CPU tensor or a number, got one on {where}"
+                )
         elif where.type != "cuda" or where.index != device:
             raise InvalidRequest(f"{g.label}: on {where} but the plan runs on cuda:{device}")
         return value
@@ -155,7 +168,11 @@ def tensor_bindings(spec: pb.GraphSpec, geometry: Mapping[int, tuple[list[int], 
     The worker's plans and a node's own (plancache.run.local) say the same."""
     return [
         pb.TensorBinding(
-            uid=t.uid, name=t.name, data_type=t.data_type, is_output=t.is_output, is_pass_by_value=t.is_pass_by_value,
+            uid=t.uid,
+            name=t.name,
+            data_type=t.data_type,
+            is_output=t.is_output,
+            is_pass_by_value=t.is_pass_by_value,
             dim=geometry.get(t.uid, (t.dim, t.stride))[0] if not (t.dim and t.stride) else t.dim,
             stride=geometry.get(t.uid, (t.dim, t.stride))[1] if not (t.dim and t.stride) else t.stride,
             scalar_value=t.scalar_value if t.HasField("scalar_value") else None,
@@ -163,4 +180,4 @@ def tensor_bindings(spec: pb.GraphSpec, geometry: Mapping[int, tuple[list[int], 
         )
         for t in sorted(spec.tensors, key=lambda t: t.uid)
         if not t.is_virtual and not t.HasField("constant")
-    ]  # fmt: skip
+    ]

@@ -36,9 +36,33 @@ class BoundPlan:
     and device, or InvalidRequest). Call it from the thread that bound it:
     cuDNN handles are per thread, so each thread binds its own."""
 
-    __slots__ = ("_device", "_device_object", "_execute", "_handle", "_need", "_pack", "_process", "_slot", "_state", "_stream", "_stream_of", "_table", "_thread", "tensors")
+    __slots__ = (
+        "_device",
+        "_device_object",
+        "_execute",
+        "_handle",
+        "_need",
+        "_pack",
+        "_process",
+        "_slot",
+        "_state",
+        "_stream",
+        "_stream_of",
+        "_table",
+        "_thread",
+        "tensors",
+    )
 
-    def __init__(self, table: TensorTable, graph: Any, pack: dict[int, Any], tensors: dict[str | int, Any], state: HandleState, proc: _Process, need: int) -> None:
+    def __init__(
+        self,
+        table: TensorTable,
+        graph: Any,
+        pack: dict[int, Any],
+        tensors: dict[str | int, Any],
+        state: HandleState,
+        proc: _Process,
+        need: int,
+    ) -> None:
         self._table = table
         self._pack = pack
         self.tensors = tensors  # as given to bind: the caller's names
@@ -56,7 +80,9 @@ class BoundPlan:
 
     def __call__(self, tensors: Mapping[str | int, Any] | None = None) -> None:
         if threading.get_ident() != self._thread:
-            raise InvalidRequest(f"plan {self._table.plan_key}: bound on another thread; bind it again on this one (cuDNN handles are per thread)")
+            raise InvalidRequest(
+                f"plan {self._table.plan_key}: bound on another thread; bind it again on this one (cuDNN handles are per thread)"
+            )
         pack = self._pack if tensors is None else self._replaced(tensors)
         stream = self._stream_of(self._device)
         if stream != self._stream:
@@ -81,7 +107,9 @@ class CapturedPlan:
 
     __slots__ = ("_graph", "_pack", "_table", "_workspace", "tensors")
 
-    def __init__(self, table: TensorTable, graph: Replayable, pack: dict[int, Any], tensors: dict[str | int, Any], workspace: Any) -> None:
+    def __init__(
+        self, table: TensorTable, graph: Replayable, pack: dict[int, Any], tensors: dict[str | int, Any], workspace: Any
+    ) -> None:
         self._table = table
         self._graph = graph
         self._pack = pack
@@ -102,7 +130,9 @@ class CapturedPlan:
             if value is captured:
                 continue
             if g.pass_by_value:
-                raise InvalidRequest(f"plan {self._table.plan_key}: {g.label} is a scalar fixed at capture; capture again to change it")
+                raise InvalidRequest(
+                    f"plan {self._table.plan_key}: {g.label} is a scalar fixed at capture; capture again to change it"
+                )
             self._table.quick_check(g, value, captured.device)  # another geometry, dtype or device: say which
             if value.data_ptr() != captured.data_ptr():
                 raise InvalidRequest(

@@ -87,7 +87,9 @@ class WorkspacePool:
         with self._lock:
             found = self._slots.get((device, stream))
             if found is None:
-                found = self._slots[(device, stream)] = WorkspaceSlot(self._runtime.empty(max(need, 1), device), max(need, 1))
+                found = self._slots[(device, stream)] = WorkspaceSlot(
+                    self._runtime.empty(max(need, 1), device), max(need, 1)
+                )
             elif found.size < need:
                 # Plans holding this slot read .buffer on every call and so move to the new one.
                 found.retired.append(found.buffer)

@@ -14,6 +14,7 @@ from plancache.run.stack import load_math_libraries, require_gpu_stack, torch_dt
 
 __all__ = ["cudnn_handle", "detect_target", "load_math_libraries", "torch_dtype"]
 
+
 def detect_target(device: int = 0) -> Target:
     """The exact target of a local GPU: architecture, versions, device name, SM count."""
     torch, cudnn = require_gpu_stack()
@@ -35,5 +36,3 @@ def cudnn_handle(device: int | None = None) -> Any:
     only when the current torch stream differs: do not call
     `cudnn.set_stream` on it yourself (create your own handle for that)."""
     return handle_state(device).handle
-
-

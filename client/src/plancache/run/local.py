@@ -111,7 +111,9 @@ class LocalPlan(Plan):
             return super().load(handle)
         device = process().runtime.current_device()
         if device != self._device:
-            raise InvalidRequest(f"plan {self.key}: this node built it on GPU {self._device}; run it there (the current device is {device})")
+            raise InvalidRequest(
+                f"plan {self.key}: this node built it on GPU {self._device}; run it there (the current device is {device})"
+            )
         return built
 
     def execute(self, tensors: Mapping[str | int, Any], *, handle: Any = None) -> None:
@@ -129,7 +131,9 @@ class LocalPlan(Plan):
     def to_bytes(self) -> bytes:
         self._adopt()
         if self._local is not None:
-            raise InvalidRequest(f"plan {self.key}: this node built it (a hedged miss); a node's own plan has no stored form")
+            raise InvalidRequest(
+                f"plan {self.key}: this node built it (a hedged miss); a node's own plan has no stored form"
+            )
         return super().to_bytes()
 
     def _adopt(self) -> bool:
@@ -144,7 +148,12 @@ class LocalPlan(Plan):
             plan = pending.plan
             if plan is None:  # the service failed: this node's plan keeps running
                 return False
-            self.blob, self.metadata, self.signature, self.source = plan.blob, plan.metadata, plan.signature, plan.source
+            self.blob, self.metadata, self.signature, self.source = (
+                plan.blob,
+                plan.metadata,
+                plan.signature,
+                plan.source,
+            )
             self._graphs, self._tables, self._local = {}, None, None
             self.replaced_at = time.monotonic()
         pending.adopted()
@@ -176,20 +185,47 @@ def build_local(spec: GraphSpec, options: CompileOptions, key: str, target: Targ
         except Exception:  # a plan the frontend cannot name
             name = f"plan {index}"
         geometry = resolved_geometry(g, spec)
-        metadata = local_metadata(spec, options, key, target, geometry, int(g.get_workspace_size_plan_at_index(index)), name, time.perf_counter() - started)
+        metadata = local_metadata(
+            spec,
+            options,
+            key,
+            target,
+            geometry,
+            int(g.get_workspace_size_plan_at_index(index)),
+            name,
+            time.perf_counter() - started,
+        )
         return LocalPlan(LocalGraph(g, index), metadata, state.device)
-    raise CompileFailed(f"this node could not build {'the selected plan' if options.selected_plan is not None else 'any plan'}: {'; '.join(failures)[:1000]}")
+    raise CompileFailed(
+        f"this node could not build {'the selected plan' if options.selected_plan is not None else 'any plan'}: {'; '.join(failures)[:1000]}"
+    )
 
 
 def local_metadata(
-    spec: GraphSpec, options: CompileOptions, key: str, target: Target, geometry: Mapping[int, tuple[list[int], list[int]]], workspace_size: int,
-    plan_name: str, build_seconds: float,
-) -> pb.PlanMetadata:  # fmt: skip
+    spec: GraphSpec,
+    options: CompileOptions,
+    key: str,
+    target: Target,
+    geometry: Mapping[int, tuple[list[int], list[int]]],
+    workspace_size: int,
+    plan_name: str,
+    build_seconds: float,
+) -> pb.PlanMetadata:
     """What a caller needs to run a plan this node built: the metadata a
     worker's plan carries (its tensors as plancache.run.binding says), less
     a blob. Provisional: a heuristic plan, never a tuned one."""
     return pb.PlanMetadata(
-        key=key, spec_hash=key.split("/", 1)[0], target=target.to_proto(), options=options.to_proto(),
-        tensors=tensor_bindings(spec_io.to_proto(spec), geometry), workspace_size=workspace_size, plan_name=plan_name,
-        blob_sha256=EMPTY_SHA256, blob_size=0, created_at=time.time(), built_by=BUILT_BY, provisional=True, build_seconds=build_seconds,
-    )  # fmt: skip
+        key=key,
+        spec_hash=key.split("/", 1)[0],
+        target=target.to_proto(),
+        options=options.to_proto(),
+        tensors=tensor_bindings(spec_io.to_proto(spec), geometry),
+        workspace_size=workspace_size,
+        plan_name=plan_name,
+        blob_sha256=EMPTY_SHA256,
+        blob_size=0,
+        created_at=time.time(),
+        built_by=BUILT_BY,
+        provisional=True,
+        build_seconds=build_seconds,
+    )

@@ -31,10 +31,14 @@ SOURCE_NAMES = {
 
 
 class Plan:
-    def __init__(self, blob: bytes, metadata: pb.PlanMetadata, source: str = "stored", signature: pb.PlanSignature | None = None) -> None:
+    def __init__(
+        self, blob: bytes, metadata: pb.PlanMetadata, source: str = "stored", signature: pb.PlanSignature | None = None
+    ) -> None:
         digest = hashlib.sha256(blob).hexdigest()
         if digest != metadata.blob_sha256:
-            raise IntegrityError(f"plan {metadata.key}: blob sha256 {digest} does not match its metadata ({metadata.blob_sha256})")
+            raise IntegrityError(
+                f"plan {metadata.key}: blob sha256 {digest} does not match its metadata ({metadata.blob_sha256})"
+            )
         self.blob = blob
         self.metadata = metadata
         self.signature = signature if signature is not None and signature.signature else None
@@ -60,7 +64,9 @@ class Plan:
         return Target.from_proto(self.metadata.target)
 
     def __repr__(self) -> str:
-        return f"Plan(key={self.key!r}, plan={self.metadata.plan_name!r}, {len(self.blob)} bytes, source={self.source!r})"
+        return (
+            f"Plan(key={self.key!r}, plan={self.metadata.plan_name!r}, {len(self.blob)} bytes, source={self.source!r})"
+        )
 
     # ---- files --------------------------------------------------------------
 
@@ -91,7 +97,9 @@ class Plan:
             with self._lock:
                 graph = self._graphs.get(device)
                 if graph is None:
-                    graph = self._graphs[device] = proc.runtime.deserialize(handle if handle is not None else handle_state(device).handle, self.blob)
+                    graph = self._graphs[device] = proc.runtime.deserialize(
+                        handle if handle is not None else handle_state(device).handle, self.blob
+                    )
         return graph
 
     def execute(self, tensors: Mapping[str | int, Any], *, handle: Any = None) -> None:
@@ -121,7 +129,9 @@ class Plan:
         proc = process()
         state = handle_state()
         pack = self._table(proc).full_pack(tensors, state.device)
-        return BoundPlan(self._table(proc), self.load(state.handle), pack, dict(tensors), state, proc, self.metadata.workspace_size)
+        return BoundPlan(
+            self._table(proc), self.load(state.handle), pack, dict(tensors), state, proc, self.metadata.workspace_size
+        )
 
     def capture(self, tensors: Mapping[str | int, Any]) -> CapturedPlan:
         """Record one execution on `tensors` into a CUDA graph and return a

@@ -10,10 +10,20 @@ from typing import Any
 from plancache.errors import InvalidRequest
 
 _TORCH_DTYPES = {
-    "float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64", "int8": "int8",
-    "int32": "int32", "int64": "int64", "uint8": "uint8", "boolean": "bool", "fp8_e4m3": "float8_e4m3fn",
-    "fp8_e5m2": "float8_e5m2", "fp8_e8m0": "float8_e8m0fnu",
-}  # fmt: skip
+    "float": "float32",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "double": "float64",
+    "int8": "int8",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "boolean": "bool",
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+    "fp8_e8m0": "float8_e8m0fnu",
+}
+
 
 def require_gpu_stack() -> tuple[Any, Any]:
     try:
@@ -24,7 +34,9 @@ def require_gpu_stack() -> tuple[Any, Any]:
             f"this needs the GPU stack ({e.name} is missing): pip install 'plancache[gpu]', or pass target= explicitly"
         ) from e
     if not torch.cuda.is_available():
-        raise InvalidRequest("no CUDA GPU is visible to this process: pass target= explicitly to compile for another machine")
+        raise InvalidRequest(
+            "no CUDA GPU is visible to this process: pass target= explicitly to compile for another machine"
+        )
     return torch, cudnn
 
 

@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from plancache.spec.schema import AttrKind, AttrSchema, AttrValue, Dims, OpSchema, ShapeError, declared_or, fixed, need_rank
+from plancache.spec.schema import (
+    AttrKind,
+    AttrSchema,
+    AttrValue,
+    Dims,
+    OpSchema,
+    ShapeError,
+    declared_or,
+    fixed,
+    need_rank,
+)
 
 _F = AttrSchema(AttrKind.FLOAT)
 
@@ -44,7 +54,9 @@ def _sdpa_common(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> Non
     if k[1] != v[1] or k[1] < 1 or q[1] % k[1] != 0:
         raise ShapeError(f"heads: k and v must have the same head count dividing q's (q {q[1]}, k {k[1]}, v {v[1]})")
     if k[2] != v[2]:
-        raise ShapeError(f"k {list(k)} and v {list(v)} must have the same {'page size' if paged else 'sequence length'} (axis 2)")
+        raise ShapeError(
+            f"k {list(k)} and v {list(v)} must have the same {'page size' if paged else 'sequence length'} (axis 2)"
+        )
     if q[3] != k[3]:
         raise ShapeError(f"q {list(q)} and k {list(k)} must have the same head dim (axis 3)")
     padded = bool(attrs.get("use_padding_mask"))
@@ -60,7 +72,9 @@ def _sdpa_paged(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> bool
     q, k = ins["q"], ins["k"]
     given = [p for p in PAGED_PORTS if p in ins]
     max_kv = attrs.get("paged_attention_max_seq_len_kv")
-    if not given:  # paged_attention_max_seq_len_kv alone is accepted (and unused) by the frontend, as its FP8 tests give it
+    if (
+        not given
+    ):  # paged_attention_max_seq_len_kv alone is accepted (and unused) by the frontend, as its FP8 tests give it
         return False
     if len(given) != 2:
         raise ShapeError("a paged KV cache needs both paged_attention_k_table and paged_attention_v_table")
@@ -73,7 +87,9 @@ def _sdpa_paged(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> bool
         if len(table) != 4 or table[0] != q[0] or table[1] != 1 or table[3] != 1:
             raise ShapeError(f"input {port!r} must have dims [{q[0]}, 1, pages per sequence, 1], got {list(table)}")
         if isinstance(max_kv, int) and table[2] * k[2] < max_kv:
-            raise ShapeError(f"input {port!r}: {table[2]} pages of {k[2]} tokens hold fewer than paged_attention_max_seq_len_kv = {max_kv}")
+            raise ShapeError(
+                f"input {port!r}: {table[2]} pages of {k[2]} tokens hold fewer than paged_attention_max_seq_len_kv = {max_kv}"
+            )
     return True
 
 
@@ -92,7 +108,9 @@ def _sdpa_dropout(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> No
     if not given and probability is None:
         return
     if len(given) != 2 or probability is None:
-        raise ShapeError("dropout needs dropout_probability with both dropout_seed and dropout_offset (the frontend's dropout=(p, seed, offset))")
+        raise ShapeError(
+            "dropout needs dropout_probability with both dropout_seed and dropout_offset (the frontend's dropout=(p, seed, offset))"
+        )
     assert isinstance(probability, float)
     if not 0.0 < probability < 1.0:
         raise ShapeError(f"dropout_probability must be in (0, 1), got {probability}")
@@ -119,7 +137,9 @@ def _sdpa_alibi(attrs: Mapping[str, AttrValue]) -> None:
         raise ShapeError("use_alibi_mask needs use_causal_mask (cuDNN: ALiBi needs a right bound of 0)")
 
 
-def _sdpa_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]) -> dict[str, Dims]:
+def _sdpa_infer(
+    ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]
+) -> dict[str, Dims]:
     _sdpa_common(ins, attrs)
     if "bias" in ins and _sdpa_paged(ins, attrs):
         raise ShapeError("a bias tensor with a paged KV cache is not supported")
@@ -142,17 +162,23 @@ def _sdpa_fp8_outputs(attrs: Mapping[str, AttrValue], _ports: frozenset[str]) ->
     return ("O", "Stats", "Amax_S", "Amax_O") if attrs.get("generate_stats") else ("O", "Amax_S", "Amax_O")
 
 
-def _sdpa_fp8_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]) -> dict[str, Dims]:
+def _sdpa_fp8_infer(
+    ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]
+) -> dict[str, Dims]:
     for port in _FP8_SCALES:
         if tuple(ins[port]) != (1, 1, 1, 1):
-            raise ShapeError(f"input {port!r} must have dims [1, 1, 1, 1] (one scale per tensor), got {list(ins[port])}")
+            raise ShapeError(
+                f"input {port!r} must have dims [1, 1, 1, 1] (one scale per tensor), got {list(ins[port])}"
+            )
     result = _sdpa_infer({p: d for p, d in ins.items() if p not in _FP8_SCALES}, outs, attrs)
     for amax in ("Amax_S", "Amax_O"):
         result[amax] = declared_or(outs.get(amax), (1, 1, 1, 1), amax)
     return result
 
 
-def _sdpa_backward_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]) -> dict[str, Dims]:
+def _sdpa_backward_infer(
+    ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]
+) -> dict[str, Dims]:
     _sdpa_common(ins, attrs)
     q, v = ins["q"], ins["v"]
     expected = {"o": (*q[:3], v[3]), "dO": (*q[:3], v[3]), "stats": (*q[:3], 1)}
@@ -162,14 +188,14 @@ def _sdpa_backward_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None
     _sdpa_bias(ins)
     _sdpa_alibi(attrs)
     _sdpa_dropout(ins, attrs)
-    grads = {grad: declared_or(outs.get(grad), ins[port], grad) for port, grad in (("q", "dQ"), ("k", "dK"), ("v", "dV"))}
+    grads = {
+        grad: declared_or(outs.get(grad), ins[port], grad) for port, grad in (("q", "dQ"), ("k", "dK"), ("v", "dV"))
+    }
     if "dBias" in outs:
         if "bias" not in ins:
             raise ShapeError("output 'dBias' (the bias gradient) needs input 'bias'")
         grads["dBias"] = declared_or(outs["dBias"], ins["bias"], "dBias")
     return grads
-
-
 
 
 # What _sdpa_outputs and _sdpa_fp8_outputs decide, as data (the published catalog).
@@ -179,23 +205,52 @@ _STATS_PRESENCE = {"Stats": {"param_truthy": "generate_stats"}}
 def attention_ops() -> list[OpSchema]:
     return [
         OpSchema(
-            "sdpa", "sdpa", ("q", "k", "v"), ("seq_len_q", "seq_len_kv", "bias", *PAGED_PORTS, *_DROPOUT_PORTS), _sdpa_outputs, ("O", "Stats"),
-            {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False), **_PAGED_ATTRS, **_TRAINING_ATTRS},
-            _sdpa_infer, integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
-            index_bounds={"paged_attention_k_table": ("k", 0), "paged_attention_v_table": ("v", 0)},
-            integer_inputs=_DROPOUT_PORTS, ragged_ports=("q", "k", "v", "O", "Stats", "score_max", "score_sum_exp", *PAGED_PORTS), prepare=_is_inference, output_presence=_STATS_PRESENCE,
-        ),
-        OpSchema(
-            "sdpa_fp8", "sdpa", ("q", "k", "v", *_FP8_SCALES), ("seq_len_q", "seq_len_kv", *PAGED_PORTS), _sdpa_fp8_outputs, ("O", "Stats", "Amax_S", "Amax_O"),
-            {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False), **_PAGED_ATTRS}, _sdpa_fp8_infer,
+            "sdpa",
+            "sdpa",
+            ("q", "k", "v"),
+            ("seq_len_q", "seq_len_kv", "bias", *PAGED_PORTS, *_DROPOUT_PORTS),
+            _sdpa_outputs,
+            ("O", "Stats"),
+            {
+                **_SDPA_ATTRS,
+                "generate_stats": AttrSchema(AttrKind.BOOL, default=False),
+                **_PAGED_ATTRS,
+                **_TRAINING_ATTRS,
+            },
+            _sdpa_infer,
             integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
-            index_bounds={"paged_attention_k_table": ("k", 0), "paged_attention_v_table": ("v", 0)}, prepare=_is_inference,
+            index_bounds={"paged_attention_k_table": ("k", 0), "paged_attention_v_table": ("v", 0)},
+            integer_inputs=_DROPOUT_PORTS,
+            ragged_ports=("q", "k", "v", "O", "Stats", "score_max", "score_sum_exp", *PAGED_PORTS),
+            prepare=_is_inference,
             output_presence=_STATS_PRESENCE,
         ),
         OpSchema(
-            "sdpa_backward", "sdpa_backward", ("q", "k", "v", "o", "dO", "stats"), ("seq_len_q", "seq_len_kv", "bias", *_DROPOUT_PORTS),
-            fixed("dQ", "dK", "dV"), ("dQ", "dK", "dV"), {**_SDPA_ATTRS, **_TRAINING_ATTRS}, _sdpa_backward_infer,
-            integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)}, integer_inputs=_DROPOUT_PORTS,
-            optional_outputs=("dBias",), ragged_ports=("q", "k", "v", "o", "dO", "stats", "dQ", "dK", "dV"),
+            "sdpa_fp8",
+            "sdpa",
+            ("q", "k", "v", *_FP8_SCALES),
+            ("seq_len_q", "seq_len_kv", *PAGED_PORTS),
+            _sdpa_fp8_outputs,
+            ("O", "Stats", "Amax_S", "Amax_O"),
+            {**_SDPA_ATTRS, "generate_stats": AttrSchema(AttrKind.BOOL, default=False), **_PAGED_ATTRS},
+            _sdpa_fp8_infer,
+            integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
+            index_bounds={"paged_attention_k_table": ("k", 0), "paged_attention_v_table": ("v", 0)},
+            prepare=_is_inference,
+            output_presence=_STATS_PRESENCE,
         ),
-    ]  # fmt: skip
+        OpSchema(
+            "sdpa_backward",
+            "sdpa_backward",
+            ("q", "k", "v", "o", "dO", "stats"),
+            ("seq_len_q", "seq_len_kv", "bias", *_DROPOUT_PORTS),
+            fixed("dQ", "dK", "dV"),
+            ("dQ", "dK", "dV"),
+            {**_SDPA_ATTRS, **_TRAINING_ATTRS},
+            _sdpa_backward_infer,
+            integer_bounds={"seq_len_q": ("q", 2), "seq_len_kv": ("k", 2)},
+            integer_inputs=_DROPOUT_PORTS,
+            optional_outputs=("dBias",),
+            ragged_ports=("q", "k", "v", "o", "dO", "stats", "dQ", "dK", "dV"),
+        ),
+    ]

@@ -84,7 +84,12 @@ def graph_arguments(spec: GraphSpec) -> dict[str, Any]:
     for name in ("sm_count", "sm_version", "cuda_graph_retention"):
         if getattr(spec, name) is not None:
             found[name] = getattr(spec, name)
-    for name in ("is_dynamic_shape_enabled", "is_override_shape_enabled", "kernel_cache", "is_cuda_graph_replay_expected"):
+    for name in (
+        "is_dynamic_shape_enabled",
+        "is_override_shape_enabled",
+        "kernel_cache",
+        "is_cuda_graph_replay_expected",
+    ):
         if getattr(spec, name):
             found[name] = True
     return found
@@ -101,7 +106,11 @@ def tensor_extras(t: Tensor) -> dict[str, Any]:
         found["alignment_value"] = t.alignment_value
     if t.constant is not None:
         # JSON writes 2 and 2.0 alike; the frontend lowers an int and a float differently.
-        found["constant"] = {"value": t.constant, "type": "int" if isinstance(t.constant, int) else "float", "scalar_type": t.scalar_type}
+        found["constant"] = {
+            "value": t.constant,
+            "type": "int" if isinstance(t.constant, int) else "float",
+            "scalar_type": t.scalar_type,
+        }
     return found
 
 

@@ -30,7 +30,9 @@ from plancache.spec.schema import (
 # ---------------------------------------------------------------------------
 
 
-def _pointwise_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], _a: Mapping[str, AttrValue]) -> dict[str, Dims]:
+def _pointwise_infer(
+    ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], _a: Mapping[str, AttrValue]
+) -> dict[str, Dims]:
     return {"OUT_0": declared_or(outs.get("OUT_0"), broadcast(list(ins.items())), "OUT_0")}
 
 
@@ -54,7 +56,9 @@ _INTS = AttrSchema(AttrKind.INT_LIST)
 # ---------------------------------------------------------------------------
 
 
-def _matmul_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], _a: Mapping[str, AttrValue]) -> dict[str, Dims]:
+def _matmul_infer(
+    ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], _a: Mapping[str, AttrValue]
+) -> dict[str, Dims]:
     a, b = ins["A"], ins["B"]
     need_rank("A", a, at_least=2)
     need_rank("B", b, at_least=2)
@@ -80,7 +84,9 @@ def _conv_geometry(spatial: int, attrs: Mapping[str, AttrValue]) -> tuple[list[i
             return [default] * spatial
         assert isinstance(value, tuple)
         if len(value) != spatial:
-            raise ShapeError(f"attribute {name!r} has {len(value)} values but the convolution has {spatial} spatial dims")
+            raise ShapeError(
+                f"attribute {name!r} has {len(value)} values but the convolution has {spatial} spatial dims"
+            )
         return [int(v) for v in value if isinstance(v, int)]
 
     pad = ints("padding", 0)
@@ -110,9 +116,13 @@ def conv_output_dims(image: Dims, weight: Dims, attrs: Mapping[str, AttrValue]) 
 
 def _check_channels(image: Dims, weight: Dims, image_port: str, weight_port: str) -> None:
     if len(image) < 3 or len(weight) != len(image):
-        raise ShapeError(f"{image_port!r} {list(image)} and {weight_port!r} {list(weight)} must share a rank >= 3 (N, C, spatial...)")
+        raise ShapeError(
+            f"{image_port!r} {list(image)} and {weight_port!r} {list(weight)} must share a rank >= 3 (N, C, spatial...)"
+        )
     if weight[1] < 1 or image[1] % weight[1] != 0:
-        raise ShapeError(f"{image_port!r} has {image[1]} channels, not a multiple of {weight_port!r}'s {weight[1]} input channels")
+        raise ShapeError(
+            f"{image_port!r} has {image[1]} channels, not a multiple of {weight_port!r}'s {weight[1]} input channels"
+        )
 
 
 def _conv_complete(ins: Mapping[str, Dims], attrs: dict[str, AttrValue]) -> None:
@@ -124,12 +134,16 @@ def _conv_complete(ins: Mapping[str, Dims], attrs: dict[str, AttrValue]) -> None
     attrs.setdefault("dilation", (1,) * spatial)
 
 
-def _conv_fprop_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]) -> dict[str, Dims]:
+def _conv_fprop_infer(
+    ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]
+) -> dict[str, Dims]:
     _check_channels(ins["image"], ins["weight"], "image", "weight")
     return {"Y": declared_or(outs.get("Y"), conv_output_dims(ins["image"], ins["weight"], attrs), "Y")}
 
 
-def _conv_dgrad_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]) -> dict[str, Dims]:
+def _conv_dgrad_infer(
+    ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]
+) -> dict[str, Dims]:
     loss, filt = ins["loss"], ins["filter"]
     declared = outs.get("DX")
     if declared is None:
@@ -142,7 +156,9 @@ def _conv_dgrad_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], 
     return {"DX": tuple(declared)}
 
 
-def _conv_wgrad_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]) -> dict[str, Dims]:
+def _conv_wgrad_infer(
+    ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]
+) -> dict[str, Dims]:
     image, loss = ins["image"], ins["loss"]
     declared = outs.get("DW")
     if declared is None:
@@ -192,11 +208,15 @@ def _check_norm_param(port: str, dims: Dims, x: Dims) -> None:
     """A norm's scale or bias: x's rank, 1 on the batch axis and on every axis
     the norm does not normalize, x's extent on the others (the frontend's rule)."""
     if len(dims) != len(x) or dims[0] != 1 or any(d not in (1, e) for d, e in zip(dims, x, strict=True)):
-        raise ShapeError(f"input {port!r} {list(dims)} must have input {list(x)}'s rank, 1 on axis 0 and each other dim 1 or the input's")
+        raise ShapeError(
+            f"input {port!r} {list(dims)} must have input {list(x)}'s rank, 1 on axis 0 and each other dim 1 or the input's"
+        )
 
 
 def _norm_infer(stats: tuple[str, ...]) -> InferFn:
-    def infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]) -> dict[str, Dims]:
+    def infer(
+        ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]
+    ) -> dict[str, Dims]:
         x = ins["input"]
         need_rank("input", x, at_least=2)
         for port in ("scale", "bias"):
@@ -234,7 +254,9 @@ def _norm(name: str, stats: tuple[str, ...], optional: tuple[str, ...]) -> OpSch
     )
 
 
-def _batchnorm_inference_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], _a: Mapping[str, AttrValue]) -> dict[str, Dims]:
+def _batchnorm_inference_infer(
+    ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], _a: Mapping[str, AttrValue]
+) -> dict[str, Dims]:
     x = ins["input"]
     need_rank("input", x, at_least=2)
     per_channel = (1, x[1], *([1] * (len(x) - 2)))
@@ -250,15 +272,15 @@ def _batchnorm_inference_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims 
 _REDUCTION_MODES = ("ADD", "MUL", "MIN", "MAX", "AMAX", "AVG", "NORM1", "NORM2", "MUL_NO_ZEROS")
 
 
-def _reduction_infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], _a: Mapping[str, AttrValue]) -> dict[str, Dims]:
+def _reduction_infer(
+    ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], _a: Mapping[str, AttrValue]
+) -> dict[str, Dims]:
     x, declared = ins["input"], outs.get("OUT_0")
     if declared is None:
         raise ShapeError("output 'OUT_0' needs explicit dims (size 1 on every reduced axis)")
     if len(declared) != len(x) or any(o not in (i, 1) for i, o in zip(x, declared, strict=True)):
         raise ShapeError(f"output 'OUT_0' {list(declared)} must keep input {list(x)}'s rank with each dim equal or 1")
     return {"OUT_0": tuple(declared)}
-
-
 
 
 # ---------------------------------------------------------------------------
@@ -270,7 +292,16 @@ def classic_ops(pointwise_modes: Mapping[str, tuple[tuple[str, ...], Mapping[str
     """Every classic op; the pointwise modes (ports and attributes, the
     frontend's) are given by the catalog, which reads them from the frontend."""
     return [
-        OpSchema("matmul", "matmul", ("A", "B"), (), fixed("C"), ("C",), {"padding": AttrSchema(AttrKind.FLOAT, default=0.0)}, _matmul_infer),
+        OpSchema(
+            "matmul",
+            "matmul",
+            ("A", "B"),
+            (),
+            fixed("C"),
+            ("C",),
+            {"padding": AttrSchema(AttrKind.FLOAT, default=0.0)},
+            _matmul_infer,
+        ),
         _conv("conv_fprop", ("image", "weight"), "Y", _conv_fprop_infer),
         _conv("conv_dgrad", ("loss", "filter"), "DX", _conv_dgrad_infer),
         _conv("conv_wgrad", ("image", "loss"), "DW", _conv_wgrad_infer),
@@ -278,12 +309,24 @@ def classic_ops(pointwise_modes: Mapping[str, tuple[tuple[str, ...], Mapping[str
         _norm("layernorm", ("mean", "inv_var"), ("scale", "bias")),
         _norm("rmsnorm", ("inv_var",), ("scale", "bias")),
         OpSchema(
-            "batchnorm_inference", "norm", ("input", "mean", "inv_variance", "scale", "bias"), (),
-            fixed("Y"), ("Y",), {}, _batchnorm_inference_infer,
+            "batchnorm_inference",
+            "norm",
+            ("input", "mean", "inv_variance", "scale", "bias"),
+            (),
+            fixed("Y"),
+            ("Y",),
+            {},
+            _batchnorm_inference_infer,
         ),
         OpSchema(
-            "reduction", "reduction", ("input",), (), fixed("OUT_0"), ("OUT_0",),
-            {"mode": AttrSchema(AttrKind.ENUM, choices=_REDUCTION_MODES, required=True, enum_type="reduction_mode")}, _reduction_infer,
+            "reduction",
+            "reduction",
+            ("input",),
+            (),
+            fixed("OUT_0"),
+            ("OUT_0",),
+            {"mode": AttrSchema(AttrKind.ENUM, choices=_REDUCTION_MODES, required=True, enum_type="reduction_mode")},
+            _reduction_infer,
         ),
         *(_pointwise(mode, ports, attrs) for mode, (ports, attrs) in pointwise_modes.items()),
-    ]  # fmt: skip
+    ]

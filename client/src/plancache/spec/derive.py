@@ -166,7 +166,10 @@ def _arguments(backend: Any, method: str) -> tuple[list[tuple[str, bool]], dict[
         elif kind.replace(" | None", "") == f"collections.abc.Sequence[{_TENSOR}]":
             params[name] = {"kind": "tensor_list"}
         else:
-            params[name] = {**_param_kind(kind, _doc_type(backend, method, name)), "required": not has_default and "| None" not in kind}
+            params[name] = {
+                **_param_kind(kind, _doc_type(backend, method, name)),
+                "required": not has_default and "| None" not in kind,
+            }
     return ports, params
 
 
@@ -187,9 +190,18 @@ def _matmul(backend: Any) -> dict[str, Any]:
 def _pointwise(backend: Any, mode: str, table_ports: tuple[str, ...] | None) -> dict[str, Any]:
     ports, params = _arguments(backend, mode)
     if table_ports is not None and tuple(p for p, _ in ports) != table_ports:
-        raise DerivationError(f"pointwise {mode}: the frontend's table names ports {table_ports}, its binding {[p for p, _ in ports]}")
+        raise DerivationError(
+            f"pointwise {mode}: the frontend's table names ports {table_ports}, its binding {[p for p, _ in ports]}"
+        )
     # Every pointwise port is required: the builders take them positionally.
-    return _op("POINTWISE", "pointwise", [(p, True) for p, _ in ports], params, ["OUT_0"], takes_compute_type=_takes_compute_type(backend, mode))
+    return _op(
+        "POINTWISE",
+        "pointwise",
+        [(p, True) for p, _ in ports],
+        params,
+        ["OUT_0"],
+        takes_compute_type=_takes_compute_type(backend, mode),
+    )
 
 
 def _structured(backend: Any, pg: Any, name: str, table: Mapping[str, Any]) -> dict[str, Any]:
@@ -204,9 +216,13 @@ def _structured(backend: Any, pg: Any, name: str, table: Mapping[str, Any]) -> d
     for list_port in table.get("list_inputs", ()):
         params.pop(list_port, None)
     op = _op(
-        table["node_type"].name, "structured", ports, params, list(table["outputs"]),
+        table["node_type"].name,
+        "structured",
+        ports,
+        params,
+        list(table["outputs"]),
         takes_compute_type=not table.get("no_cdt", False),
-    )  # fmt: skip
+    )
     op["list_inputs"] = list(table.get("list_inputs", ()))
     op["pushes_output_dims"] = bool(table.get("push_output_dims", False))
     op["lowering"] = "python" if python_only else "backend"
@@ -243,7 +259,13 @@ def _captured(backend: Any, pg: Any, name: str, table: Mapping[str, Any]) -> dic
 
 
 def _op(
-    node_type: str, family: str, ports: list[tuple[str, bool]], params: dict[str, dict[str, Any]], outputs: list[str], *, takes_compute_type: bool
+    node_type: str,
+    family: str,
+    ports: list[tuple[str, bool]],
+    params: dict[str, dict[str, Any]],
+    outputs: list[str],
+    *,
+    takes_compute_type: bool,
 ) -> dict[str, Any]:
     return {
         "node_type": node_type,
@@ -256,7 +278,10 @@ def _op(
 
 
 def _enum_names(ops: Mapping[str, Mapping[str, Any]]) -> set[str]:
-    return {str(p["enum"]) for op in ops.values() for p in op["params"].values() if p.get("kind") == "enum"} | {"tensor_reordering", "scalar_type"}
+    return {str(p["enum"]) for op in ops.values() for p in op["params"].values() if p.get("kind") == "enum"} | {
+        "tensor_reordering",
+        "scalar_type",
+    }
 
 
 def _members(enum_type: Any) -> list[str]:
@@ -296,7 +321,12 @@ def _presence_expr(pg: Any, node: ast.expr, fn: Callable[..., Any]) -> dict[str,
     if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
         return {"all": [_presence_expr(pg, v, fn) for v in node.values]}
     # "port" in n.inputs
-    if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.In) and _is_attr(node.comparators[0], "inputs") and _const(node.left) is not None:
+    if (
+        isinstance(node, ast.Compare)
+        and isinstance(node.ops[0], ast.In)
+        and _is_attr(node.comparators[0], "inputs")
+        and _const(node.left) is not None
+    ):
         return {"input": _const(node.left)}
     # bool(n.params.get("p", False)) / bool(n.params.get("p") or 0)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "bool":
@@ -319,7 +349,9 @@ def _presence_expr(pg: Any, node: ast.expr, fn: Callable[..., Any]) -> dict[str,
 
 def _dims_rule(pg: Any, fn: Callable[..., Any]) -> dict[str, Any]:
     qualname = getattr(fn, "__qualname__", "")
-    cells = {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False)}
+    cells = {
+        name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False)
+    }
     if qualname == "_like.<locals>.<lambda>":
         return {"like": cells["port"]}
     if qualname == "_stats_like.<locals>.infer":
@@ -328,8 +360,13 @@ def _dims_rule(pg: Any, fn: Callable[..., Any]) -> dict[str, Any]:
         return {"norm_stats": cells["first_axis"]}
     if qualname == "_layernorm_stat_like.<locals>.infer":
         return {"norm_stats": 0, "or_like_output": cells["other"]}
-    by_name = {"_sdpa_o_dims": {"sdpa_o": True}, "_sdpa_stats_dims": {"sdpa_stats": True}, "_conv_fprop_dims": {"conv_fprop": True},
-               "_slice_dims": {"slice": True}, "_block_quant_scale_dims": {"block_scale": True}}  # fmt: skip
+    by_name = {
+        "_sdpa_o_dims": {"sdpa_o": True},
+        "_sdpa_stats_dims": {"sdpa_stats": True},
+        "_conv_fprop_dims": {"conv_fprop": True},
+        "_slice_dims": {"slice": True},
+        "_block_quant_scale_dims": {"block_scale": True},
+    }
     if qualname in by_name and getattr(pg, qualname, None) is fn:
         return by_name[qualname]
     if fn is getattr(pg, "_AMAX", None):
@@ -354,7 +391,12 @@ def _lambda_body(fn: Callable[..., Any]) -> ast.expr:
     if start < 0:  # a def: its single return
         tree = ast.parse(source)
         func = tree.body[0]
-        if isinstance(func, ast.FunctionDef) and len(func.body) == 1 and isinstance(func.body[0], ast.Return) and func.body[0].value is not None:
+        if (
+            isinstance(func, ast.FunctionDef)
+            and len(func.body) == 1
+            and isinstance(func.body[0], ast.Return)
+            and func.body[0].value is not None
+        ):
             return func.body[0].value
         raise DerivationError(f"no reading for {source!r}")
     text = source[start:]

@@ -85,8 +85,14 @@ class Family:
                         tensor["dim"][axis] = v.symbol
             if tensor["uid"] in derived and "stride" in tensor:
                 tensor["stride"] = "derived"
-        body = {"version": FAMILY_VERSION, "graph": abstract,
-                "varying": [{"symbol": v.symbol, "places": [list(p) for p in v.places], "sizes": list(v.sizes)} for v in self.varying]}  # fmt: skip
+        body = {
+            "version": FAMILY_VERSION,
+            "graph": abstract,
+            "varying": [
+                {"symbol": v.symbol, "places": [list(p) for p in v.places], "sizes": list(v.sizes)}
+                for v in self.varying
+            ],
+        }
         return hashlib.sha256(canonicalize(body)).hexdigest()
 
     def size(self) -> int:
@@ -105,7 +111,9 @@ class Family:
             raise SpecError(f"a family instance needs a size for {', '.join(sorted(missing))}")
         for v in self.varying:
             if not any_size and values[v.symbol] not in v.sizes:
-                raise SpecError(f"size {values[v.symbol]} of {v.symbol!r} is not one of the family's ({_sizes_text(v.sizes)})")
+                raise SpecError(
+                    f"size {values[v.symbol]} of {v.symbol!r} is not one of the family's ({_sizes_text(v.sizes)})"
+                )
         graph = copy.deepcopy(self.example)
         by_uid = {t["uid"]: t for t in graph["tensors"]}
         changed: dict[int, dict[int, int]] = {}
@@ -120,7 +128,9 @@ class Family:
                 new[axis] = size
             tensor["dim"] = new
             if "stride" in tensor:
-                tensor["stride"] = list(derive_strides(old, tensor["stride"], new, set(axes), tensor.get("name") or f"uid {uid}"))
+                tensor["stride"] = list(
+                    derive_strides(old, tensor["stride"], new, set(axes), tensor.get("name") or f"uid {uid}")
+                )
         return graph
 
     def instances(self) -> Iterator[tuple[dict[str, int], GraphSpec]]:
@@ -149,15 +159,21 @@ class Family:
     # ---- wire and JSON forms ----------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": FAMILY_VERSION, "example": self.example,
-                "varying": [{"symbol": v.symbol, "places": [list(p) for p in v.places], "sizes": list(v.sizes)} for v in self.varying]}  # fmt: skip
+        return {
+            "version": FAMILY_VERSION,
+            "example": self.example,
+            "varying": [
+                {"symbol": v.symbol, "places": [list(p) for p in v.places], "sizes": list(v.sizes)}
+                for v in self.varying
+            ],
+        }
 
     @classmethod
     def from_dict(cls, data: Any) -> Family:
         """A family from its JSON form, checked: the example parses, every
         place is an axis of a tensor with dims, at most MAX_FAMILY_SIZE graphs."""
         if not isinstance(data, dict) or data.get("version") != FAMILY_VERSION:
-            raise SpecError(f"a family is an object with \"version\": {FAMILY_VERSION}")
+            raise SpecError(f'a family is an object with "version": {FAMILY_VERSION}')
         example = spec_io.to_dict(spec_io.from_dict(data.get("example")))  # parsed and written again: one form
         raw = data.get("varying")
         if not isinstance(raw, list) or not raw:
@@ -165,12 +181,14 @@ class Family:
         varying = []
         for item in raw:
             if not isinstance(item, dict) or set(item) != {"symbol", "places", "sizes"}:
-                raise SpecError("a varying dim is {\"symbol\", \"places\", \"sizes\"}")
+                raise SpecError('a varying dim is {"symbol", "places", "sizes"}')
             try:
                 places = tuple((int(uid), int(axis)) for uid, axis in item["places"])
                 sizes = tuple(int(s) for s in item["sizes"])
             except (TypeError, ValueError) as e:
-                raise SpecError(f"varying dim {str(item['symbol'])[:64]!r}: places are [uid, axis] pairs, sizes integers ({e})") from None
+                raise SpecError(
+                    f"varying dim {str(item['symbol'])[:64]!r}: places are [uid, axis] pairs, sizes integers ({e})"
+                ) from None
             varying.append(Varying(str(item["symbol"])[:64], places, sizes))
         return checked(example, varying)
 
@@ -179,13 +197,18 @@ class Family:
 
         return pb.GraphFamily(
             example=spec_io.to_proto(spec_io.from_dict(self.example)),
-            varying=[pb.VaryingDim(symbol=v.symbol, places=[pb.DimPlace(uid=u, axis=a) for u, a in v.places], sizes=v.sizes) for v in self.varying],
+            varying=[
+                pb.VaryingDim(symbol=v.symbol, places=[pb.DimPlace(uid=u, axis=a) for u, a in v.places], sizes=v.sizes)
+                for v in self.varying
+            ],
         )
 
     @classmethod
     def from_proto(cls, msg: Any) -> Family:
         example = spec_io.to_dict(spec_io.from_proto(msg.example))
-        varying = [Varying(v.symbol[:64], tuple((p.uid, p.axis) for p in v.places), tuple(v.sizes)) for v in msg.varying]
+        varying = [
+            Varying(v.symbol[:64], tuple((p.uid, p.axis) for p in v.places), tuple(v.sizes)) for v in msg.varying
+        ]
         if not varying:
             raise SpecError("a family needs at least one varying dim")
         return checked(example, varying)
@@ -206,7 +229,9 @@ def checked(example: dict[str, Any], varying: Sequence[Varying]) -> Family:
                 raise SpecError(f"varying dim {v.symbol!r}: tensor uid {uid} has no declared axis {axis}")
             sizes_there.add(dims[axis])
         if len(sizes_there) != 1:
-            raise SpecError(f"varying dim {v.symbol!r} has different sizes in the example's places ({sorted(sizes_there)})")
+            raise SpecError(
+                f"varying dim {v.symbol!r} has different sizes in the example's places ({sorted(sizes_there)})"
+            )
     axes_of: dict[int, set[int]] = {}
     for v in varying:
         for uid, axis in v.places:
@@ -217,15 +242,21 @@ def checked(example: dict[str, Any], varying: Sequence[Varying]) -> Family:
             derive_strides(tensor["dim"], tensor["stride"], tensor["dim"], axes, tensor.get("name") or f"uid {uid}")
     family = Family(example, tuple(varying))
     if family.size() > MAX_FAMILY_SIZE:
-        raise SpecError(f"a family names at most {MAX_FAMILY_SIZE:,} graphs, this one {family.size():,}: give fewer sizes (or pad to buckets)")
+        raise SpecError(
+            f"a family names at most {MAX_FAMILY_SIZE:,} graphs, this one {family.size():,}: give fewer sizes (or pad to buckets)"
+        )
     return family
 
 
-def derive_strides(old_dims: Sequence[int], old_strides: Sequence[int], new_dims: Sequence[int], varying_axes: set[int], name: str) -> tuple[int, ...]:
+def derive_strides(
+    old_dims: Sequence[int], old_strides: Sequence[int], new_dims: Sequence[int], varying_axes: set[int], name: str
+) -> tuple[int, ...]:
     """The strides of a tensor at new dims: a dense tensor packed again in
     the same axis order; a tensor whose varying axes are all outermost
     (nothing is laid out around them) keeps its strides. SpecError otherwise."""
-    order = sorted(range(len(old_dims)), key=lambda a: (-old_strides[a], a))  # outermost first; ties: the earlier axis outer
+    order = sorted(
+        range(len(old_dims)), key=lambda a: (-old_strides[a], a)
+    )  # outermost first; ties: the earlier axis outer
     expected, dense = 1, True
     for axis in reversed(order):
         if old_dims[axis] != 1 and old_strides[axis] != expected:
@@ -245,8 +276,10 @@ def derive_strides(old_dims: Sequence[int], old_strides: Sequence[int], new_dims
     outer = set(order[: len(varying_axes)])
     if varying_axes <= outer:
         return tuple(old_strides)
-    raise SpecError(f"tensor {name}: strides {tuple(old_strides)} for dims {tuple(old_dims)} are neither dense nor outermost on the varying axes: "
-                    "they have no form at another size")  # fmt: skip
+    raise SpecError(
+        f"tensor {name}: strides {tuple(old_strides)} for dims {tuple(old_dims)} are neither dense nor outermost on the varying axes: "
+        "they have no form at another size"
+    )
 
 
 def _packed_at(dims: Sequence[int], order: Sequence[int], axis: int) -> int:
@@ -259,7 +292,13 @@ def _packed_at(dims: Sequence[int], order: Sequence[int], axis: int) -> int:
     return step
 
 
-def derive(first: GraphSpec, second: GraphSpec, sizes: Mapping[str, Sequence[int]] | None = None, *, size_range: tuple[int, int] | None = None) -> Family:
+def derive(
+    first: GraphSpec,
+    second: GraphSpec,
+    sizes: Mapping[str, Sequence[int]] | None = None,
+    *,
+    size_range: tuple[int, int] | None = None,
+) -> Family:
     """The family two graphs of one program are sizes of: the same graph but
     for some dims of declared tensors. Dims that differ are grouped into a
     symbol per pair of sizes (d0, d1, ... in the example's order); each
@@ -268,7 +307,9 @@ def derive(first: GraphSpec, second: GraphSpec, sizes: Mapping[str, Sequence[int
     stride that does not follow its dims)."""
     a, b = spec_io.to_dict(_copy(first)), spec_io.to_dict(_copy(second))
     if _without_dims(a) != _without_dims(b):
-        raise SpecError("the two graphs differ beyond tensor dims (ops, attributes, dtypes or layouts): they are not one family")
+        raise SpecError(
+            "the two graphs differ beyond tensor dims (ops, attributes, dtypes or layouts): they are not one family"
+        )
     symbols: dict[tuple[int, int], str] = {}
     places: dict[str, list[Place]] = {}
     for ta, tb in zip(a["tensors"], b["tensors"], strict=True):
@@ -288,12 +329,16 @@ def derive(first: GraphSpec, second: GraphSpec, sizes: Mapping[str, Sequence[int
         sizes = {s: range(low, high + 1) for s in places}
     unknown = set(sizes) - set(places)
     if unknown:
-        raise SpecError(f"sizes given for {', '.join(sorted(unknown))}, which the graphs do not vary ({', '.join(sorted(places))} vary)")
+        raise SpecError(
+            f"sizes given for {', '.join(sorted(unknown))}, which the graphs do not vary ({', '.join(sorted(places))} vary)"
+        )
     family = checked(a, [Varying(s, tuple(p), tuple(sizes.get(s, ()))) for s, p in places.items()])
     for graph, pick in ((a, 0), (b, 1)):
         values = {s: pair[pick] for pair, s in symbols.items()}
         if family.instance_dict(values, any_size=True) != graph:
-            raise SpecError("a tensor's strides do not follow its dims the way this family derives them: the graphs are not one family")
+            raise SpecError(
+                "a tensor's strides do not follow its dims the way this family derives them: the graphs are not one family"
+            )
     return family
 
 

@@ -116,9 +116,17 @@ def _op(name: str, raw: Mapping[str, Any]) -> FrontendOp:
 
 
 _FAMILY_PREFIXES = (
-    ("SDPA_BWD", "sdpa_backward"), ("SDPA", "sdpa"), ("CONV", "conv"), ("ROPE", "rope"), ("MOE", "moe"), ("BLOCK_SCALE", "block_scale"),
-    ("GDN", "linear_attention"), ("GDP", "linear_attention"), ("KDA", "linear_attention"), ("MAMBA2", "linear_attention"),
-)  # fmt: skip
+    ("SDPA_BWD", "sdpa_backward"),
+    ("SDPA", "sdpa"),
+    ("CONV", "conv"),
+    ("ROPE", "rope"),
+    ("MOE", "moe"),
+    ("BLOCK_SCALE", "block_scale"),
+    ("GDN", "linear_attention"),
+    ("GDP", "linear_attention"),
+    ("KDA", "linear_attention"),
+    ("MAMBA2", "linear_attention"),
+)
 
 
 def family_of(node_type: str) -> str:

@@ -200,7 +200,9 @@ class GraphSpec:
         self.tensors.append(t)
         return t
 
-    def tensor_scalar(self, value: int | float, scalar_type: str = "COMPILE_TIME_CONST", *, name: str = "", uid: int | None = None) -> Tensor:
+    def tensor_scalar(
+        self, value: int | float, scalar_type: str = "COMPILE_TIME_CONST", *, name: str = "", uid: int | None = None
+    ) -> Tensor:
         """A scalar held in the graph itself (the frontend's tensor_scalar): never bound at execution."""
         t = self.tensor([1, 1, 1, 1], [1, 1, 1, 1], None, name=name, uid=uid, is_pass_by_value=True)
         t.constant, t.scalar_type = value, scalar_type
@@ -208,7 +210,9 @@ class GraphSpec:
 
     def scalar(self, value: float, data_type: str = "float", *, name: str = "", uid: int | None = None) -> Tensor:
         """A pass-by-value host scalar (a norm's epsilon) with a default value."""
-        return self.tensor([1, 1, 1, 1], [1, 1, 1, 1], data_type, name=name, uid=uid, is_pass_by_value=True, scalar_value=value)
+        return self.tensor(
+            [1, 1, 1, 1], [1, 1, 1, 1], data_type, name=name, uid=uid, is_pass_by_value=True, scalar_value=value
+        )
 
     def tensor_like(self, template: Any, *, name: str = "", uid: int | None = None) -> Tensor:
         """A graph input shaped like a torch tensor (dims, strides, dtype).
@@ -219,11 +223,15 @@ class GraphSpec:
         if dtype is None:
             raise SpecError(f"tensor_like: unsupported torch dtype {template.dtype}")
         on_host = str(getattr(template, "device", "cuda")).startswith("cpu")
-        return self.tensor(list(template.shape), list(template.stride()), dtype, name=name, uid=uid, is_pass_by_value=on_host)
+        return self.tensor(
+            list(template.shape), list(template.stride()), dtype, name=name, uid=uid, is_pass_by_value=on_host
+        )
 
     # ---- nodes -----------------------------------------------------------
 
-    def node(self, op: str, *args: Tensor, name: str = "", compute_data_type: str | None = None, **kwargs: Any) -> list[Tensor | None]:
+    def node(
+        self, op: str, *args: Tensor, name: str = "", compute_data_type: str | None = None, **kwargs: Any
+    ) -> list[Tensor | None]:
         """Add any catalog op. Tensors go to ports (positionally in the
         frontend's order, or by keyword; a list of tensors to a list port such
         as concatenate's `inputs`); everything else is an attribute (a slice
@@ -254,9 +262,15 @@ class GraphSpec:
         outputs = {port: self._intermediate(f"{node_name}::{port}") for port in schema.all_outputs if port in produced}
         outputs.update(given_outputs)
         self.nodes.append(
-            Node(op=op, inputs=inputs, outputs=outputs, attributes=attributes, name=node_name,
-                 compute_data_type=dtypes.normalize(compute_data_type, node_name) if compute_data_type else None)
-        )  # fmt: skip
+            Node(
+                op=op,
+                inputs=inputs,
+                outputs=outputs,
+                attributes=attributes,
+                name=node_name,
+                compute_data_type=dtypes.normalize(compute_data_type, node_name) if compute_data_type else None,
+            )
+        )
         return [outputs.get(port) for port in schema.all_outputs]
 
     def _intermediate(self, name: str) -> Tensor:
@@ -289,20 +303,28 @@ class GraphSpec:
         """FP8 attention (scales and descales by keyword): returns [O, Stats, Amax_S, Amax_O]; Stats is None unless generate_stats=True."""
         return self.node("sdpa_fp8", q, k, v, **kwargs)
 
-    def sdpa_backward(self, q: Tensor, k: Tensor, v: Tensor, o: Tensor, dO: Tensor, stats: Tensor, **kwargs: Any) -> list[Tensor | None]:
+    def sdpa_backward(
+        self, q: Tensor, k: Tensor, v: Tensor, o: Tensor, dO: Tensor, stats: Tensor, **kwargs: Any
+    ) -> list[Tensor | None]:
         """Returns [dQ, dK, dV]. As in the frontend, a bias gradient is asked
         for with dBias=<a tensor made with .tensor()>, which the op writes."""
         return self.node("sdpa_backward", q, k, v, o, dO, stats, **kwargs)
 
-    def layernorm(self, input: Tensor, scale: Tensor, bias: Tensor, epsilon: Tensor, **kwargs: Any) -> list[Tensor | None]:
+    def layernorm(
+        self, input: Tensor, scale: Tensor, bias: Tensor, epsilon: Tensor, **kwargs: Any
+    ) -> list[Tensor | None]:
         """Returns [Y, mean, inv_var]; the stats only in the TRAINING phase."""
         return self.node("layernorm", input, scale, bias, epsilon, **kwargs)
 
-    def rmsnorm(self, input: Tensor, scale: Tensor, epsilon: Tensor, bias: Tensor | None = None, **kwargs: Any) -> list[Tensor | None]:
+    def rmsnorm(
+        self, input: Tensor, scale: Tensor, epsilon: Tensor, bias: Tensor | None = None, **kwargs: Any
+    ) -> list[Tensor | None]:
         """Returns [Y, inv_var]; inv_var only in the TRAINING phase."""
         return self.node("rmsnorm", input=input, scale=scale, epsilon=epsilon, bias=bias, **kwargs)
 
-    def batchnorm_inference(self, input: Tensor, mean: Tensor, inv_variance: Tensor, scale: Tensor, bias: Tensor, **kwargs: Any) -> Tensor:
+    def batchnorm_inference(
+        self, input: Tensor, mean: Tensor, inv_variance: Tensor, scale: Tensor, bias: Tensor, **kwargs: Any
+    ) -> Tensor:
         return self._single("batchnorm_inference", input, mean, inv_variance, scale, bias, **kwargs)
 
     def reduction(self, input: Tensor, mode: str, **kwargs: Any) -> Tensor:
@@ -373,12 +395,19 @@ def _flatten_dropout(op: str, kwargs: dict[str, Any]) -> None:
     dropout = kwargs.pop("dropout", None)
     if dropout is None:
         return
-    if isinstance(dropout, tuple | list) and len(dropout) == 3 and isinstance(dropout[1], Tensor) and isinstance(dropout[2], Tensor):
+    if (
+        isinstance(dropout, tuple | list)
+        and len(dropout) == 3
+        and isinstance(dropout[1], Tensor)
+        and isinstance(dropout[2], Tensor)
+    ):
         kwargs.update(dropout_probability=dropout[0], dropout_seed=dropout[1], dropout_offset=dropout[2])
     elif isinstance(dropout, tuple | list) and len(dropout) == 2 and all(isinstance(d, Tensor) for d in dropout):
         kwargs.update(dropout_mask=dropout[0], dropout_scale=dropout[1])
     else:
-        raise SpecError(f"{op}(): dropout must be (probability, seed tensor, offset tensor) or (mask tensor, scale tensor)")
+        raise SpecError(
+            f"{op}(): dropout must be (probability, seed tensor, offset tensor) or (mask tensor, scale tensor)"
+        )
 
 
 def _schema(op: str, where: str) -> OpSchema:

@@ -38,7 +38,9 @@ from plancache.spec.ops import CATALOG, OpSchema
 from plancache.spec.subgraph import Subgraph, trace
 
 # Frontend node types -> catalog ops (pointwise nodes carry their op in params["mode"]).
-_BY_NODE_TYPE: dict[str, str] = {s.node_type: name for name, s in CATALOG.items() if s.node_type and s.node_type != "POINTWISE"}
+_BY_NODE_TYPE: dict[str, str] = {
+    s.node_type: name for name, s in CATALOG.items() if s.node_type and s.node_type != "POINTWISE"
+}
 # pygraph constructor arguments that are not graph content (the frontend's own serializer leaves them out too).
 _NOT_CONTENT = {"name", "handle"}
 
@@ -82,7 +84,14 @@ def pointwise_ports(op: str) -> tuple[str, ...] | None:
 
 def trace_callback(callback: Any, where: str, uid_of: Any) -> Subgraph:
     """What a program's callback adds to the graph (plancache.spec.subgraph.trace), with the frontend's spellings."""
-    return trace(callback, where, ports=pointwise_ports, uid_of=uid_of, data_type=lambda v: data_type(v, where), plain=lambda v: _value(v, where))
+    return trace(
+        callback,
+        where,
+        ports=pointwise_ports,
+        uid_of=uid_of,
+        data_type=lambda v: data_type(v, where),
+        plain=lambda v: _value(v, where),
+    )
 
 
 def _graph_arguments(graph: Any, spec: GraphSpec) -> None:
@@ -91,7 +100,9 @@ def _graph_arguments(graph: Any, spec: GraphSpec) -> None:
         if key in _NOT_CONTENT:
             continue
         if key == "device_property":
-            raise SpecError("graph: built for a device_property (deviceless AOT): plancache builds for the target GPU, so it has no spec form")
+            raise SpecError(
+                "graph: built for a device_property (deviceless AOT): plancache builds for the target GPU, so it has no spec form"
+            )
         if key == "kernel_cache":
             spec.kernel_cache = value is not None
         elif key in ("sm_count", "sm_version"):
@@ -117,7 +128,9 @@ def _dropout(params: dict[str, Any], inputs: dict[str, Any], where: str) -> None
     elif count == 2 and "dropout_0" in inputs and "dropout_1" in inputs:
         inputs[DROPOUT_MASK[0]], inputs[DROPOUT_MASK[1]] = inputs.pop("dropout_0"), inputs.pop("dropout_1")
     else:
-        raise SpecError(f"{where}: dropout must be (probability, seed tensor, offset tensor) or (mask tensor, scale tensor)")
+        raise SpecError(
+            f"{where}: dropout must be (probability, seed tensor, offset tensor) or (mask tensor, scale tensor)"
+        )
 
 
 class _Capture:
@@ -135,15 +148,23 @@ class _Capture:
         if isinstance(constant, bool):
             raise SpecError(f"{where}: a boolean held in the graph has no spec form")
         made = Tensor(
-            uid=int(t.uid), name=str(t.name or ""),
+            uid=int(t.uid),
+            name=str(t.name or ""),
             dim=tuple(int(d) for d in (t.dim or ())) if keep_dims else (),
             stride=tuple(int(s) for s in (t.stride or ())) if keep_stride else (),
-            data_type=data_type(t.data_type, where), is_virtual=bool(t.is_virtual), is_pass_by_value=bool(t.is_pass_by_value),
-            reordering_type=_value(t.reordering_type, f"{where} reordering_type") if getattr(t, "reordering_type", None) is not None else None,
-            ragged_offset_multiplier=int(getattr(t, "ragged_offset_multiplier", 1) or 1), alignment_value=int(getattr(t, "alignment_value", 1) or 1),
+            data_type=data_type(t.data_type, where),
+            is_virtual=bool(t.is_virtual),
+            is_pass_by_value=bool(t.is_pass_by_value),
+            reordering_type=_value(t.reordering_type, f"{where} reordering_type")
+            if getattr(t, "reordering_type", None) is not None
+            else None,
+            ragged_offset_multiplier=int(getattr(t, "ragged_offset_multiplier", 1) or 1),
+            alignment_value=int(getattr(t, "alignment_value", 1) or 1),
             constant=constant,
-            scalar_type=_value(t.scalar_type, f"{where} scalar_type") if getattr(t, "scalar_type", None) is not None else None,
-        )  # fmt: skip
+            scalar_type=_value(t.scalar_type, f"{where} scalar_type")
+            if getattr(t, "scalar_type", None) is not None
+            else None,
+        )
         self.made[id(t)] = made
         self.spec.tensors.append(made)
         offsets = getattr(t, "ragged_offset", None)
@@ -159,13 +180,17 @@ class _Capture:
 
     def result(self, t: Any, schema: OpSchema, port: str) -> Tensor:
         """A node's result, with the dims and strides the frontend sends to cuDNN (see the module docstring)."""
-        if port in schema.optional_outputs:  # a tensor the caller made and handed over (dBias=, score_max=...): lowered as made
+        if (
+            port in schema.optional_outputs
+        ):  # a tensor the caller made and handed over (dBias=, score_max=...): lowered as made
             made = self.tensor(t)
         elif not schema.derived:
             made = self.tensor(t, keep_stride=bool(t.stride_assigned))
         else:
             made = self.tensor(
-                t, keep_dims=bool(t.dim_assigned or schema.pushes_output_dims), keep_stride=bool(t.stride_assigned or schema.pushes_output_strides)
+                t,
+                keep_dims=bool(t.dim_assigned or schema.pushes_output_dims),
+                keep_stride=bool(t.stride_assigned or schema.pushes_output_strides),
             )
         made.is_output = not made.is_virtual
         return made
@@ -176,7 +201,9 @@ def _op_of(node: Any, index: int) -> tuple[str, OpSchema]:
     op = str(node.params.get("mode")) if kind == "POINTWISE" else _BY_NODE_TYPE.get(kind)
     schema = CATALOG.get(op) if op is not None else None
     if op is None or schema is None:
-        raise SpecError(f"node {index} ({node.name}): frontend node type {kind}{f' mode {op}' if op else ''} has no plancache op")
+        raise SpecError(
+            f"node {index} ({node.name}): frontend node type {kind}{f' mode {op}' if op else ''} has no plancache op"
+        )
     return op, schema
 
 
@@ -184,7 +211,10 @@ def from_pygraph(graph: Any) -> GraphSpec:
     context = getattr(graph, "_context", None)
     spec = GraphSpec(
         io_data_type=data_type(getattr(context, "io_data_type", None), "graph io_data_type"),
-        intermediate_data_type=data_type(getattr(context, "intermediate_data_type", None), "graph intermediate_data_type") or "float",
+        intermediate_data_type=data_type(
+            getattr(context, "intermediate_data_type", None), "graph intermediate_data_type"
+        )
+        or "float",
         compute_data_type=data_type(getattr(context, "compute_data_type", None), "graph compute_data_type") or "float",
     )
     _graph_arguments(graph, spec)
@@ -193,22 +223,33 @@ def from_pygraph(graph: Any) -> GraphSpec:
     for index, node in enumerate(graph.nodes):
         where = f"node {index} ({node.name})"
         op, schema = _op_of(node, index)
-        params = {k: v for k, v in dict(node.params).items() if v is not None and not (k.startswith("_n_") and schema.list_inputs)}
+        params = {
+            k: v
+            for k, v in dict(node.params).items()
+            if v is not None and not (k.startswith("_n_") and schema.list_inputs)
+        }
         if node.node_type.name == "POINTWISE":
             params.pop("mode")
         inputs = dict(node.inputs)
-        if node.node_type.name == "POINTWISE":  # the IR names pointwise ports IN_0, IN_1: the method's keywords, in order
+        if (
+            node.node_type.name == "POINTWISE"
+        ):  # the IR names pointwise ports IN_0, IN_1: the method's keywords, in order
             inputs = {schema.inputs[int(port.removeprefix("IN_"))]: t for port, t in inputs.items()}
         _dropout(params, inputs, where)
         attributes = {
-            k: trace_callback(v, f"{where}: parameter {k!r}", capture.uid_of) if k in schema.callables and callable(v) else _value(v, f"{where}: parameter {k!r}")
+            k: trace_callback(v, f"{where}: parameter {k!r}", capture.uid_of)
+            if k in schema.callables and callable(v)
+            else _value(v, f"{where}: parameter {k!r}")
             for k, v in params.items()
-        }  # fmt: skip
+        }
         spec.nodes.append(
             Node(
-                op=op, name=str(node.name), inputs={p: capture.tensor(t) for p, t in inputs.items() if t is not None},
-                outputs={p: capture.result(t, schema, p) for p, t in node.outputs.items() if t is not None}, attributes=attributes,
+                op=op,
+                name=str(node.name),
+                inputs={p: capture.tensor(t) for p, t in inputs.items() if t is not None},
+                outputs={p: capture.result(t, schema, p) for p, t in node.outputs.items() if t is not None},
+                attributes=attributes,
                 compute_data_type=data_type(node.compute_data_type, f"{where} compute_data_type"),
             )
-        )  # fmt: skip
+        )
     return spec

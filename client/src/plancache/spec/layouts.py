@@ -69,7 +69,9 @@ def order_of(stride: Sequence[int], rank: int) -> list[int]:
     return order + list(range(len(stride), rank))
 
 
-def result_strides(family: str, port: str, dim: Dims, inputs: Mapping[str, tuple[Dims, Dims]], input_order: Sequence[str]) -> Dims:
+def result_strides(
+    family: str, port: str, dim: Dims, inputs: Mapping[str, tuple[Dims, Dims]], input_order: Sequence[str]
+) -> Dims:
     """Strides of result `port` (dims `dim`) of a node of `family`, given
     its inputs' (dims, strides) by port and its ports' order."""
     if family in ROW_MAJOR_FAMILIES:

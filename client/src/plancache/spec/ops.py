@@ -57,9 +57,16 @@ __all__ = [
 ]
 
 _KINDS = {
-    "bool": AttrKind.BOOL, "int": AttrKind.INT, "float": AttrKind.FLOAT, "int_list": AttrKind.INT_LIST, "enum": AttrKind.ENUM,
-    "string": AttrKind.STRING, "slices": AttrKind.SLICES, "scalar": AttrKind.SCALAR, "callable": AttrKind.SUBGRAPH,
-}  # fmt: skip
+    "bool": AttrKind.BOOL,
+    "int": AttrKind.INT,
+    "float": AttrKind.FLOAT,
+    "int_list": AttrKind.INT_LIST,
+    "enum": AttrKind.ENUM,
+    "string": AttrKind.STRING,
+    "slices": AttrKind.SLICES,
+    "scalar": AttrKind.SCALAR,
+    "callable": AttrKind.SUBGRAPH,
+}
 # Argument kinds with no attribute of their own: lists of tensors (ports), dropout (ports and an attribute).
 _NOT_ATTRIBUTES = ("tensor_list", "dropout")
 
@@ -68,7 +75,12 @@ def _attribute(param: Mapping[str, Any]) -> AttrSchema:
     kind = _KINDS[str(param["kind"])]
     if kind is AttrKind.ENUM:
         members = recorded().enums[str(param["enum"])]
-        return AttrSchema(kind, choices=tuple(m for m in members if m != "NOT_SET"), required=bool(param.get("required")), enum_type=str(param["enum"]))
+        return AttrSchema(
+            kind,
+            choices=tuple(m for m in members if m != "NOT_SET"),
+            required=bool(param.get("required")),
+            enum_type=str(param["enum"]),
+        )
     return AttrSchema(kind, required=bool(param.get("required")))
 
 
@@ -104,7 +116,9 @@ def _frontend_fields(op: FrontendOp) -> dict[str, Any]:
 def _with_frontend(classic: OpSchema, op: FrontendOp) -> OpSchema:
     """A classic op with the frontend's other ports, attributes and outputs."""
     known = set(classic.inputs) | set(classic.optional_inputs)
-    extra_ports = tuple(p for p in (*op.required_inputs, *op.optional_inputs, *op.tensor_params, *_dropout_ports(op)) if p not in known)
+    extra_ports = tuple(
+        p for p in (*op.required_inputs, *op.optional_inputs, *op.tensor_params, *_dropout_ports(op)) if p not in known
+    )
     extra_attrs = {name: a for name, a in _attributes(op).items() if name not in classic.attributes}
     outputs = set(classic.all_outputs) | set(classic.optional_outputs)
     extra_outputs = tuple(p for p in (*op.outputs, *op.given_outputs) if p not in outputs)
@@ -120,7 +134,9 @@ def _with_frontend(classic: OpSchema, op: FrontendOp) -> OpSchema:
 
 def _outputs_for(op: FrontendOp) -> OutputsFn:
     def outputs_for(attributes: Mapping[str, AttrValue], ports: frozenset[str]) -> tuple[str, ...]:
-        return tuple(p for p in op.outputs if p not in op.presence or rules.present(op.presence[p], attributes, set(ports)))
+        return tuple(
+            p for p in op.outputs if p not in op.presence or rules.present(op.presence[p], attributes, set(ports))
+        )
 
     return outputs_for
 
@@ -129,7 +145,9 @@ def _derived_infer(op: FrontendOp) -> InferFn:
     """Dims of the results the frontend's rules give (plancache.spec.rules);
     a result they do not cover keeps what the spec declares (maybe none)."""
 
-    def infer(ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]) -> dict[str, Dims]:
+    def infer(
+        ins: Mapping[str, Dims], outs: Mapping[str, Dims | None], attrs: Mapping[str, AttrValue]
+    ) -> dict[str, Dims]:
         found: dict[str, Dims] = {}
         declared = {port: d for port, d in outs.items() if d}
         for port in outs:
@@ -169,7 +187,11 @@ def _derived(op: FrontendOp) -> OpSchema:
 
 
 def _pointwise_modes() -> dict[str, tuple[tuple[str, ...], dict[str, AttrSchema]]]:
-    return {name: (op.required_inputs, _attributes(op)) for name, op in recorded().ops.items() if op.frontend_family == "pointwise"}
+    return {
+        name: (op.required_inputs, _attributes(op))
+        for name, op in recorded().ops.items()
+        if op.frontend_family == "pointwise"
+    }
 
 
 def _build_catalog() -> dict[str, OpSchema]:

@@ -59,7 +59,9 @@ def present(rule: Rule, attributes: Mapping[str, Any], ports: set[str]) -> bool:
     raise ValueError(f"unknown output presence rule {dict(rule)}")
 
 
-def dims(rule: Rule, inputs: Mapping[str, Dims], attributes: Mapping[str, Any], outputs: Mapping[str, Dims]) -> Dims | None:
+def dims(
+    rule: Rule, inputs: Mapping[str, Dims], attributes: Mapping[str, Any], outputs: Mapping[str, Dims]
+) -> Dims | None:
     """The dims `rule` gives an output, or None when it cannot say."""
     if "like" in rule:
         return inputs.get(rule["like"]) or None
@@ -88,8 +90,10 @@ def dims(rule: Rule, inputs: Mapping[str, Dims], attributes: Mapping[str, Any], 
     if "slice" in rule:
         return _sliced(inputs.get("input"), attributes.get("slices"))
     if "concatenate" in rule:
-        return _concatenated([d for port, d in sorted(inputs.items(), key=lambda item: _list_index(item[0])) if _list_index(port) >= 0],
-                             attributes.get(rule["concatenate"]))  # fmt: skip
+        return _concatenated(
+            [d for port, d in sorted(inputs.items(), key=lambda item: _list_index(item[0])) if _list_index(port) >= 0],
+            attributes.get(rule["concatenate"]),
+        )
     if "block_scale" in rule:
         return _block_scaled(inputs.get("input"), attributes.get("block_size"), attributes.get("axis"))
     return None  # conv_fprop is the classic catalog's own rule; "declared": the spec gives them

@@ -148,7 +148,8 @@ def broadcast(shapes: Sequence[tuple[str, Dims]]) -> Dims:
             )
         for i, (a, b) in enumerate(zip(out, dims, strict=True)):
             if a != b and 1 not in (a, b):
-                raise ShapeError(f"inputs {first_port!r} {list(first)} and {port!r} {list(dims)} do not broadcast at axis {i}")
+                raise ShapeError(
+                    f"inputs {first_port!r} {list(first)} and {port!r} {list(dims)} do not broadcast at axis {i}"
+                )
             out[i] = max(a, b)
     return tuple(out)
-

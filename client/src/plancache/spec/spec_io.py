@@ -24,11 +24,41 @@ from plancache.spec.subgraph import from_plain as subgraph_from_plain
 from plancache.v1 import plancache_pb2 as pb
 
 # The frontend graph's constructor arguments a spec may set (GraphSpec's fields of the same names).
-GRAPH_ARGUMENTS = ("sm_count", "sm_version", "is_dynamic_shape_enabled", "is_override_shape_enabled", "kernel_cache", "cuda_graph_retention",
-                   "is_cuda_graph_replay_expected")  # fmt: skip
-_GRAPH_KEYS = {"name", "io_data_type", "intermediate_data_type", "compute_data_type", "tensors", "nodes", *GRAPH_ARGUMENTS}
-_TENSOR_KEYS = {"uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_output", "scalar_value", "ragged_offset_uid",
-                "reordering_type", "ragged_offset_multiplier", "alignment_value", "constant", "scalar_type"}  # fmt: skip
+GRAPH_ARGUMENTS = (
+    "sm_count",
+    "sm_version",
+    "is_dynamic_shape_enabled",
+    "is_override_shape_enabled",
+    "kernel_cache",
+    "cuda_graph_retention",
+    "is_cuda_graph_replay_expected",
+)
+_GRAPH_KEYS = {
+    "name",
+    "io_data_type",
+    "intermediate_data_type",
+    "compute_data_type",
+    "tensors",
+    "nodes",
+    *GRAPH_ARGUMENTS,
+}
+_TENSOR_KEYS = {
+    "uid",
+    "name",
+    "dim",
+    "stride",
+    "data_type",
+    "is_virtual",
+    "is_pass_by_value",
+    "is_output",
+    "scalar_value",
+    "ragged_offset_uid",
+    "reordering_type",
+    "ragged_offset_multiplier",
+    "alignment_value",
+    "constant",
+    "scalar_type",
+}
 _NODE_KEYS = {"op", "name", "inputs", "outputs", "attributes", "compute_data_type"}
 
 
@@ -158,7 +188,9 @@ def _tensor_from_dict(raw: Any, where: str) -> Tensor:
         is_pass_by_value=_bool(raw.get("is_pass_by_value", False), f"{where} is_pass_by_value"),
         is_output=_bool(raw.get("is_output", False), f"{where} is_output"),
         scalar_value=None if scalar is None else float(scalar),
-        reordering_type=None if raw.get("reordering_type") is None else _str(raw["reordering_type"], f"{where} reordering_type"),
+        reordering_type=None
+        if raw.get("reordering_type") is None
+        else _str(raw["reordering_type"], f"{where} reordering_type"),
         ragged_offset_multiplier=_int(raw.get("ragged_offset_multiplier", 1), f"{where} ragged_offset_multiplier"),
         alignment_value=_int(raw.get("alignment_value", 1), f"{where} alignment_value"),
         constant=constant,
@@ -205,16 +237,22 @@ def _attr_from_json(value: Any, where: str) -> AttrValue:
         return value
     if isinstance(value, dict):  # a callback's ops (score_mod)
         return subgraph_from_plain(value, where)
-    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):  # slices: [[start, stop, step], ...]
+    if (
+        isinstance(value, list) and value and all(isinstance(v, list) for v in value)
+    ):  # slices: [[start, stop, step], ...]
         return tuple(_slice(v, where) for v in value)
     if isinstance(value, list):
         return _ints(value, where)
-    raise SpecError(f"{where}: unsupported value {value!r} (number, bool, string, list of ints or list of [start, stop, step])")
+    raise SpecError(
+        f"{where}: unsupported value {value!r} (number, bool, string, list of ints or list of [start, stop, step])"
+    )
 
 
 def _slice(value: list[Any], where: str) -> tuple[int | None, int | None, int | None]:
-    _expect(len(value) == 3 and all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in value),
-            f"{where}: a slice is [start, stop, step], each an integer or null, got {value!r}")  # fmt: skip
+    _expect(
+        len(value) == 3 and all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in value),
+        f"{where}: a slice is [start, stop, step], each an integer or null, got {value!r}",
+    )
     return (value[0], value[1], value[2])
 
 
@@ -230,18 +268,30 @@ def to_proto(spec: GraphSpec) -> pb.GraphSpec:
         io_data_type=dtypes.to_proto(spec.io_data_type),
         intermediate_data_type=dtypes.to_proto(spec.intermediate_data_type),
         compute_data_type=dtypes.to_proto(spec.compute_data_type),
-        sm_count=spec.sm_count or 0, sm_version=spec.sm_version or 0, is_dynamic_shape_enabled=spec.is_dynamic_shape_enabled,
-        is_override_shape_enabled=spec.is_override_shape_enabled, kernel_cache=spec.kernel_cache,
-        cuda_graph_retention=spec.cuda_graph_retention or "", is_cuda_graph_replay_expected=spec.is_cuda_graph_replay_expected,
-    )  # fmt: skip
+        sm_count=spec.sm_count or 0,
+        sm_version=spec.sm_version or 0,
+        is_dynamic_shape_enabled=spec.is_dynamic_shape_enabled,
+        is_override_shape_enabled=spec.is_override_shape_enabled,
+        kernel_cache=spec.kernel_cache,
+        cuda_graph_retention=spec.cuda_graph_retention or "",
+        is_cuda_graph_replay_expected=spec.is_cuda_graph_replay_expected,
+    )
     for t in spec.tensors:
         tensor = pb.TensorSpec(
-            uid=t.uid, name=t.name, dim=t.dim, stride=t.stride, data_type=dtypes.to_proto(t.data_type),
-            is_virtual=t.is_virtual, is_pass_by_value=t.is_pass_by_value, is_output=t.is_output, scalar_value=t.scalar_value,
-            ragged_offset_uid=t.ragged_offset.uid if t.ragged_offset is not None else None, reordering_type=t.reordering_type or "",
+            uid=t.uid,
+            name=t.name,
+            dim=t.dim,
+            stride=t.stride,
+            data_type=dtypes.to_proto(t.data_type),
+            is_virtual=t.is_virtual,
+            is_pass_by_value=t.is_pass_by_value,
+            is_output=t.is_output,
+            scalar_value=t.scalar_value,
+            ragged_offset_uid=t.ragged_offset.uid if t.ragged_offset is not None else None,
+            reordering_type=t.reordering_type or "",
             ragged_offset_multiplier=t.ragged_offset_multiplier if t.ragged_offset_multiplier != 1 else 0,
             alignment_value=t.alignment_value if t.alignment_value != 1 else 0,
-        )  # fmt: skip
+        )
         if isinstance(t.constant, int):
             tensor.constant.CopyFrom(pb.ScalarConstant(int_value=t.constant, scalar_type=t.scalar_type or ""))
         elif t.constant is not None:
@@ -272,7 +322,11 @@ def attr_to_proto(value: AttrValue) -> pb.AttributeValue:
     if isinstance(value, Subgraph):
         return pb.AttributeValue(subgraph=_subgraph_to_proto(value))
     if value and all(isinstance(v, tuple) for v in value):
-        return pb.AttributeValue(slice_list=pb.SliceList(slices=[pb.Slice(start=v[0], stop=v[1], step=v[2]) for v in value if isinstance(v, tuple)]))
+        return pb.AttributeValue(
+            slice_list=pb.SliceList(
+                slices=[pb.Slice(start=v[0], stop=v[1], step=v[2]) for v in value if isinstance(v, tuple)]
+            )
+        )
     return pb.AttributeValue(int_list=pb.IntList(values=[int(v) for v in value if isinstance(v, int)]))
 
 
@@ -306,10 +360,14 @@ def from_proto(msg: pb.GraphSpec) -> GraphSpec:
         io_data_type=dtypes.from_proto(msg.io_data_type, "graph io_data_type"),
         intermediate_data_type=dtypes.from_proto(msg.intermediate_data_type, "graph intermediate_data_type"),
         compute_data_type=dtypes.from_proto(msg.compute_data_type, "graph compute_data_type"),
-        sm_count=msg.sm_count or None, sm_version=msg.sm_version or None, is_dynamic_shape_enabled=msg.is_dynamic_shape_enabled,
-        is_override_shape_enabled=msg.is_override_shape_enabled, kernel_cache=msg.kernel_cache,
-        cuda_graph_retention=msg.cuda_graph_retention or None, is_cuda_graph_replay_expected=msg.is_cuda_graph_replay_expected,
-    )  # fmt: skip
+        sm_count=msg.sm_count or None,
+        sm_version=msg.sm_version or None,
+        is_dynamic_shape_enabled=msg.is_dynamic_shape_enabled,
+        is_override_shape_enabled=msg.is_override_shape_enabled,
+        kernel_cache=msg.kernel_cache,
+        cuda_graph_retention=msg.cuda_graph_retention or None,
+        is_cuda_graph_replay_expected=msg.is_cuda_graph_replay_expected,
+    )
     ragged: dict[int, int] = {}
     for i, t in enumerate(msg.tensors):
         where = f"tensor {i} ({t.name})" if t.name else f"tensor {i}"
@@ -319,28 +377,36 @@ def from_proto(msg: pb.GraphSpec) -> GraphSpec:
         _expect(t.HasField("uid"), f"{where}: missing uid (clients bind tensors by uid)")
         spec.tensors.append(
             Tensor(
-                uid=t.uid, name=t.name, dim=tuple(t.dim), stride=tuple(t.stride),
+                uid=t.uid,
+                name=t.name,
+                dim=tuple(t.dim),
+                stride=tuple(t.stride),
                 data_type=dtypes.from_proto(t.data_type, f"{where} data_type"),
-                is_virtual=t.is_virtual, is_pass_by_value=t.is_pass_by_value, is_output=t.is_output,
+                is_virtual=t.is_virtual,
+                is_pass_by_value=t.is_pass_by_value,
+                is_output=t.is_output,
                 scalar_value=t.scalar_value if t.HasField("scalar_value") else None,
-                reordering_type=t.reordering_type or None, ragged_offset_multiplier=t.ragged_offset_multiplier or 1,
-                alignment_value=t.alignment_value or 1, constant=getattr(t.constant, kind) if kind else None,
+                reordering_type=t.reordering_type or None,
+                ragged_offset_multiplier=t.ragged_offset_multiplier or 1,
+                alignment_value=t.alignment_value or 1,
+                constant=getattr(t.constant, kind) if kind else None,
                 scalar_type=(t.constant.scalar_type or None) if kind else None,
             )
-        )  # fmt: skip
+        )
     by_uid = _index_uids(spec.tensors)
     _resolve_ragged(spec, ragged, by_uid)
     for i, n in enumerate(msg.nodes):
         where = f"node {i} ({n.name or n.op})"
         spec.nodes.append(
             Node(
-                op=n.op, name=n.name,
+                op=n.op,
+                name=n.name,
                 inputs=_ports(dict(n.inputs), by_uid, f"{where} input"),
                 outputs=_ports(dict(n.outputs), by_uid, f"{where} output"),
                 attributes={k: _attr_from_proto(v, f"{where} attribute {k!r}") for k, v in n.attributes.items()},
                 compute_data_type=dtypes.from_proto(n.compute_data_type, f"{where} compute_data_type"),
             )
-        )  # fmt: skip
+        )
     return spec
 
 
@@ -354,7 +420,11 @@ def _attr_from_proto(value: pb.AttributeValue, where: str) -> AttrValue:
         return _subgraph_from_proto(value.subgraph, where)
     if kind == "slice_list":
         return tuple(
-            (s.start if s.HasField("start") else None, s.stop if s.HasField("stop") else None, s.step if s.HasField("step") else None)
+            (
+                s.start if s.HasField("start") else None,
+                s.stop if s.HasField("stop") else None,
+                s.step if s.HasField("step") else None,
+            )
             for s in value.slice_list.slices
         )
     if kind == "float_value":
@@ -378,7 +448,12 @@ def _ref_from_proto(ref: pb.SubgraphRef, where: str) -> tuple[str, int]:
 def _subgraph_to_proto(subgraph: Subgraph) -> pb.Subgraph:
     msg = pb.Subgraph(result=_ref_to_proto(subgraph.result))
     for op in subgraph.ops:
-        item = msg.ops.add(op=op.op, compute_data_type=dtypes.to_proto(op.compute_data_type), data_type=dtypes.to_proto(op.data_type), name=op.name)
+        item = msg.ops.add(
+            op=op.op,
+            compute_data_type=dtypes.to_proto(op.compute_data_type),
+            data_type=dtypes.to_proto(op.data_type),
+            name=op.name,
+        )
         for port, ref in op.inputs:
             item.inputs[port].CopyFrom(_ref_to_proto(ref))
         for key, value in op.attributes:
@@ -389,12 +464,18 @@ def _subgraph_to_proto(subgraph: Subgraph) -> pb.Subgraph:
 def _subgraph_from_proto(msg: pb.Subgraph, where: str) -> Subgraph:
     ops = tuple(
         SubgraphOp(
-            op=op.op, inputs=tuple((p, _ref_from_proto(r, f"{where} op {i} input {p!r}")) for p, r in op.inputs.items()),
-            attributes=tuple((k, _attr_from_proto(v, f"{where} op {i} attribute {k!r}")) for k, v in op.attributes.items()),  # type: ignore[misc]
-            compute_data_type=dtypes.from_proto(op.compute_data_type, where), data_type=dtypes.from_proto(op.data_type, where), name=op.name,
+            op=op.op,
+            inputs=tuple((p, _ref_from_proto(r, f"{where} op {i} input {p!r}")) for p, r in op.inputs.items()),
+            attributes=tuple(
+                (k, _attr_from_proto(v, f"{where} op {i} attribute {k!r}"))  # type: ignore[misc]
+                for k, v in op.attributes.items()
+            ),
+            compute_data_type=dtypes.from_proto(op.compute_data_type, where),
+            data_type=dtypes.from_proto(op.data_type, where),
+            name=op.name,
         )
         for i, op in enumerate(msg.ops)
-    )  # fmt: skip
+    )
     return Subgraph(ops, _ref_from_proto(msg.result, f"{where} result"))
 
 
@@ -428,7 +509,10 @@ def _expect(condition: bool, message: str) -> None:
 
 def _no_unknown(raw: Mapping[str, Any], allowed: set[str], where: str) -> None:
     unknown = sorted(set(raw) - allowed)
-    _expect(not unknown, f"{where}: unknown field(s) {', '.join(map(repr, unknown))} (allowed: {', '.join(sorted(allowed))})")
+    _expect(
+        not unknown,
+        f"{where}: unknown field(s) {', '.join(map(repr, unknown))} (allowed: {', '.join(sorted(allowed))})",
+    )
 
 
 def _is_number(value: Any) -> bool:

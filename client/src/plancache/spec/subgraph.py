@@ -49,16 +49,21 @@ class Subgraph:
 
     def uids(self) -> set[int]:
         """The graph tensors it reads."""
-        return {ref[1] for op in self.ops for _, ref in op.inputs if ref[0] == "uid"} | ({self.result[1]} if self.result[0] == "uid" else set())
+        return {ref[1] for op in self.ops for _, ref in op.inputs if ref[0] == "uid"} | (
+            {self.result[1]} if self.result[0] == "uid" else set()
+        )
 
     def to_plain(self, *, names: bool = True) -> dict[str, Any]:
         """The JSON form; without names, the canonical form's (names are labels)."""
         return {
             "ops": [
                 {
-                    "op": o.op, "inputs": {port: _plain_ref(ref) for port, ref in o.inputs},
-                    "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in o.attributes}, "compute_data_type": o.compute_data_type,
-                    "data_type": o.data_type, **({"name": o.name} if names and o.name else {}),
+                    "op": o.op,
+                    "inputs": {port: _plain_ref(ref) for port, ref in o.inputs},
+                    "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in o.attributes},
+                    "compute_data_type": o.compute_data_type,
+                    "data_type": o.data_type,
+                    **({"name": o.name} if names and o.name else {}),
                 }
                 for o in self.ops
             ],
@@ -72,34 +77,41 @@ def _plain_ref(ref: Ref) -> dict[str, Any]:
 
 def _ref(raw: Any, where: str) -> Ref:
     if not isinstance(raw, Mapping) or len(raw) != 1:
-        raise SpecError(f"{where}: a reference is {{\"score\": true}}, {{\"result\": i}} or {{\"uid\": u}}, got {raw!r}")
+        raise SpecError(f'{where}: a reference is {{"score": true}}, {{"result": i}} or {{"uid": u}}, got {raw!r}')
     ((kind, value),) = raw.items()
     if kind == "score" and value is True:
         return ("score", 0)
     if kind in ("result", "uid") and isinstance(value, int) and not isinstance(value, bool):
         return (kind, value)
-    raise SpecError(f"{where}: a reference is {{\"score\": true}}, {{\"result\": i}} or {{\"uid\": u}}, got {raw!r}")
+    raise SpecError(f'{where}: a reference is {{"score": true}}, {{"result": i}} or {{"uid": u}}, got {raw!r}')
 
 
 def from_plain(raw: Any, where: str) -> Subgraph:
     """The JSON form back (structure checked here; ops, ports and values by validation)."""
     if not isinstance(raw, Mapping) or set(raw) != {"ops", "result"} or not isinstance(raw["ops"], list):
-        raise SpecError(f"{where}: a score modifier is {{\"ops\": [...], \"result\": reference}}")
+        raise SpecError(f'{where}: a score modifier is {{"ops": [...], "result": reference}}')
     ops = []
     for i, op in enumerate(raw["ops"]):
         at = f"{where} op {i}"
-        if not isinstance(op, Mapping) or not isinstance(op.get("op"), str) or not isinstance(op.get("inputs", {}), Mapping):
-            raise SpecError(f"{at}: expected {{\"op\": name, \"inputs\": {{port: reference}}, ...}}")
+        if (
+            not isinstance(op, Mapping)
+            or not isinstance(op.get("op"), str)
+            or not isinstance(op.get("inputs", {}), Mapping)
+        ):
+            raise SpecError(f'{at}: expected {{"op": name, "inputs": {{port: reference}}, ...}}')
         attributes = op.get("attributes", {})
         if not isinstance(attributes, Mapping):
             raise SpecError(f"{at}: attributes must be an object")
         ops.append(
             SubgraphOp(
-                op=op["op"], inputs=tuple((str(p), _ref(r, f"{at} input {p!r}")) for p, r in op.get("inputs", {}).items()),
+                op=op["op"],
+                inputs=tuple((str(p), _ref(r, f"{at} input {p!r}")) for p, r in op.get("inputs", {}).items()),
                 attributes=tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in attributes.items()),
-                compute_data_type=op.get("compute_data_type"), data_type=op.get("data_type"), name=str(op.get("name", "")),
+                compute_data_type=op.get("compute_data_type"),
+                data_type=op.get("data_type"),
+                name=str(op.get("name", "")),
             )
-        )  # fmt: skip
+        )
     return Subgraph(tuple(ops), _ref(raw["result"], f"{where} result"))
 
 
@@ -126,14 +138,22 @@ class _Traced:
         return self
 
     def __getattr__(self, name: str) -> Any:
-        raise SpecError(f"{self._recorder.where}: the callback uses {name!r} of a tensor, which plancache cannot record")
+        raise SpecError(
+            f"{self._recorder.where}: the callback uses {name!r} of a tensor, which plancache cannot record"
+        )
 
 
 class _Recorder:
     """The graph a callback is handed while it is traced."""
 
-    def __init__(self, where: str, ports: Callable[[str], tuple[str, ...] | None], uid_of: Callable[[Any], int | None],
-                 data_type: Callable[[Any], str | None], plain: Callable[[Any], Plain]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        where: str,
+        ports: Callable[[str], tuple[str, ...] | None],
+        uid_of: Callable[[Any], int | None],
+        data_type: Callable[[Any], str | None],
+        plain: Callable[[Any], Plain],
+    ) -> None:
         self.where, self._ports, self._uid_of, self.data_type, self._plain = where, ports, uid_of, data_type, plain
         self.ops: list[dict[str, Any]] = []
 
@@ -142,32 +162,53 @@ class _Recorder:
             return value.ref
         uid = self._uid_of(value)
         if uid is None:
-            raise SpecError(f"{self.where}: the callback passes {what} = {type(value).__name__}, not a tensor of the graph")
+            raise SpecError(
+                f"{self.where}: the callback passes {what} = {type(value).__name__}, not a tensor of the graph"
+            )
         return ("uid", uid)
 
     def __getattr__(self, op: str) -> Any:
         ports = self._ports(op)
         if ports is None:
-            raise SpecError(f"{self.where}: the callback calls graph.{op}(), which plancache cannot record (pointwise ops only)")
+            raise SpecError(
+                f"{self.where}: the callback calls graph.{op}(), which plancache cannot record (pointwise ops only)"
+            )
 
         def call(*args: Any, name: str = "", compute_data_type: Any = None, **kwargs: Any) -> _Traced:
             given = dict(zip(ports, args, strict=False))
             if len(args) > len(ports):
-                raise SpecError(f"{self.where}: graph.{op}() takes {len(ports)} tensors, the callback gives {len(args)}")
+                raise SpecError(
+                    f"{self.where}: graph.{op}() takes {len(ports)} tensors, the callback gives {len(args)}"
+                )
             for port in ports[len(args) :]:
                 if port in kwargs:
                     given[port] = kwargs.pop(port)
             inputs = tuple((port, self.ref(given[port], f"{op}({port}=...)")) for port in ports if port in given)
             attributes = tuple(sorted((k, self._plain(v)) for k, v in kwargs.items() if v is not None))
-            self.ops.append({"op": op, "inputs": inputs, "attributes": attributes, "compute_data_type": self.data_type(compute_data_type),
-                             "data_type": None, "name": str(name)})  # fmt: skip
+            self.ops.append(
+                {
+                    "op": op,
+                    "inputs": inputs,
+                    "attributes": attributes,
+                    "compute_data_type": self.data_type(compute_data_type),
+                    "data_type": None,
+                    "name": str(name),
+                }
+            )
             return _Traced(self, ("result", len(self.ops) - 1))
 
         return call
 
 
-def trace(callback: Callable[..., Any], where: str, *, ports: Callable[[str], tuple[str, ...] | None], uid_of: Callable[[Any], int | None],
-          data_type: Callable[[Any], str | None], plain: Callable[[Any], Plain]) -> Subgraph:  # fmt: skip
+def trace(
+    callback: Callable[..., Any],
+    where: str,
+    *,
+    ports: Callable[[str], tuple[str, ...] | None],
+    uid_of: Callable[[Any], int | None],
+    data_type: Callable[[Any], str | None],
+    plain: Callable[[Any], Plain],
+) -> Subgraph:
     """Record what `callback(graph, score)` adds to the graph (see the module docstring)."""
     recorder = _Recorder(where, ports, uid_of, data_type, plain)
     try:
@@ -178,12 +219,18 @@ def trace(callback: Callable[..., Any], where: str, *, ports: Callable[[str], tu
         raise SpecError(f"{where}: tracing the callback failed: {type(e).__name__}: {e}") from None
     result = recorder.ref(returned, "its result")
     ops = tuple(
-        SubgraphOp(o["op"], o["inputs"], o["attributes"], o["compute_data_type"], o["data_type"], o["name"]) for o in recorder.ops
-    )  # fmt: skip
+        SubgraphOp(o["op"], o["inputs"], o["attributes"], o["compute_data_type"], o["data_type"], o["name"])
+        for o in recorder.ops
+    )
     return Subgraph(ops, result)
 
 
-def replay(subgraph: Subgraph, tensors: Mapping[int, Any], cast: Callable[[str, str, Plain], Any], data_type: Callable[[str], Any]) -> Callable[..., Any]:
+def replay(
+    subgraph: Subgraph,
+    tensors: Mapping[int, Any],
+    cast: Callable[[str, str, Plain], Any],
+    data_type: Callable[[str], Any],
+) -> Callable[..., Any]:
     """A callback that adds `subgraph`'s ops to the graph it is given (the frontend's lowering calls it with cuDNN's graph)."""
 
     def callback(graph: Any, score: Any) -> Any:

@@ -60,7 +60,9 @@ def normalize(spec: GraphSpec, limits: Limits = DEFAULT_LIMITS) -> GraphSpec:
     consumed: set[int] = set()
     for index, node in enumerate(out.nodes):
         _normalize_node(out, node, index, producer, consumed, limits)
-    consumed.update(t.ragged_offset.uid for t in out.tensors if t.ragged_offset is not None and t.ragged_offset.uid is not None)
+    consumed.update(
+        t.ragged_offset.uid for t in out.tensors if t.ragged_offset is not None and t.ragged_offset.uid is not None
+    )
     total_bytes = 0
     for tensor in out.tensors:
         _normalize_tensor(out, tensor, producer, consumed, limits)
@@ -81,7 +83,9 @@ def _check_integer_ports(spec: GraphSpec) -> None:
         for port in (*schema.integer_bounds, *schema.index_bounds, *schema.integer_inputs):
             t = node.inputs.get(port)
             if t is not None and t.data_type not in dtypes.INTEGER_TYPES:
-                raise SpecError(f"{node.label(index)}: input {port!r} must have an integer data type, {t.label()} is {t.data_type}")
+                raise SpecError(
+                    f"{node.label(index)}: input {port!r} must have an integer data type, {t.label()} is {t.data_type}"
+                )
 
 
 def _check_ragged(spec: GraphSpec, producer: dict[int, int]) -> None:
@@ -96,7 +100,9 @@ def _check_ragged(spec: GraphSpec, producer: dict[int, int]) -> None:
         where = t.label()
         assert offsets.uid is not None
         if t.is_virtual or t.is_pass_by_value:
-            raise SpecError(f"{where}: only a tensor the caller binds can be ragged (not an intermediate or a pass-by-value scalar)")
+            raise SpecError(
+                f"{where}: only a tensor the caller binds can be ragged (not an intermediate or a pass-by-value scalar)"
+            )
         if offsets.uid in producer or offsets.is_pass_by_value or id(offsets) in ragged:
             raise SpecError(
                 f"{where}: its ragged offsets {offsets.label()} must be a GPU tensor the caller binds, not a node's result, a scalar or ragged itself"
@@ -107,7 +113,9 @@ def _check_ragged(spec: GraphSpec, producer: dict[int, int]) -> None:
                 f"{where}: its ragged offsets {offsets.label()} must have dims {list(expected)} (one start per batch, and the end), got {list(offsets.dim)}"
             )
         if offsets.data_type not in ("int32", "int64"):
-            raise SpecError(f"{where}: its ragged offsets {offsets.label()} must be int32 or int64, got {offsets.data_type}")
+            raise SpecError(
+                f"{where}: its ragged offsets {offsets.label()} must be int32 or int64, got {offsets.data_type}"
+            )
     for index, node in enumerate(spec.nodes):
         schema = CATALOG[node.op]
         ports = {**node.inputs, **node.outputs}
@@ -115,7 +123,9 @@ def _check_ragged(spec: GraphSpec, producer: dict[int, int]) -> None:
         for port in packed:
             if port not in schema.ragged_ports:
                 allowed = f"only {', '.join(schema.ragged_ports)}" if schema.ragged_ports else "none"
-                raise SpecError(f"{node.label(index)}: {port!r} ({ports[port].label()}) is ragged, but {node.op} takes ragged tensors on {allowed}")
+                raise SpecError(
+                    f"{node.label(index)}: {port!r} ({ports[port].label()}) is ragged, but {node.op} takes ragged tensors on {allowed}"
+                )
         if packed and not node.attributes.get("use_padding_mask"):
             raise SpecError(
                 f"{node.label(index)}: ragged {', '.join(map(repr, packed))} need use_padding_mask with seq_len_q and seq_len_kv (each sequence's length)"
@@ -129,7 +139,9 @@ def _check_ragged(spec: GraphSpec, producer: dict[int, int]) -> None:
                 raise SpecError(f"{node.label(index)}: {attr} is for a ragged {port!r}; {t.label()} is not ragged")
             assert isinstance(total, int)
             if not 1 <= total <= t.dim[0] * t.dim[2]:
-                raise SpecError(f"{node.label(index)}: {attr} = {total} must be in [1, {t.dim[0] * t.dim[2]}] (batch × longest sequence of {port!r})")
+                raise SpecError(
+                    f"{node.label(index)}: {attr} = {total} must be in [1, {t.dim[0] * t.dim[2]}] (batch × longest sequence of {port!r})"
+                )
 
 
 def _check_graph(spec: GraphSpec, limits: Limits) -> None:
@@ -152,7 +164,9 @@ def _check_graph(spec: GraphSpec, limits: Limits) -> None:
     for t in spec.tensors:
         assert t.uid is not None
         if isinstance(t.uid, bool) or not -MAX_UID <= t.uid <= MAX_UID:
-            raise SpecError(f"{t.label()}: uid must be an integer of magnitude at most 2**53 (0 included, as the frontend allows)")
+            raise SpecError(
+                f"{t.label()}: uid must be an integer of magnitude at most 2**53 (0 included, as the frontend allows)"
+            )
         if t.uid in seen:
             raise SpecError(f"{t.label()}: duplicate uid {t.uid} (also {seen[t.uid].label()})")
         seen[t.uid] = t
@@ -182,7 +196,9 @@ def _check_ports(schema: OpSchema, node: Node, where: str) -> None:
             raise SpecError(f"{where}: {node.op} has no input port {port!r} (ports: {listing})")
     for name, indices in lists.items():
         if sorted(indices) != list(range(len(indices))):
-            raise SpecError(f"{where}: list input {name!r} must be given as {name}_0 .. {name}_{len(indices) - 1}, got {sorted(indices)}")
+            raise SpecError(
+                f"{where}: list input {name!r} must be given as {name}_0 .. {name}_{len(indices) - 1}, got {sorted(indices)}"
+            )
     for port in schema.inputs:
         if port not in node.inputs:
             raise SpecError(f"{where}: missing required input {port!r}")
@@ -191,7 +207,9 @@ def _check_ports(schema: OpSchema, node: Node, where: str) -> None:
         raise SpecError(f"{where}: {both[0]!r} is given both as a tensor and as a value; the frontend takes one")
 
 
-def _normalize_node(spec: GraphSpec, node: Node, index: int, producer: dict[int, int], consumed: set[int], limits: Limits) -> None:
+def _normalize_node(
+    spec: GraphSpec, node: Node, index: int, producer: dict[int, int], consumed: set[int], limits: Limits
+) -> None:
     where = node.label(index)
     schema = CATALOG.get(node.op)
     if schema is None:
@@ -206,11 +224,15 @@ def _normalize_node(spec: GraphSpec, node: Node, index: int, producer: dict[int,
         assert t.uid is not None
         made_by = producer.get(t.uid)
         if made_by is None and any(t is o for later in spec.nodes[index:] for o in later.outputs.values()):
-            raise SpecError(f"{where}: input {port!r} uses {t.label()} before the node that produces it (nodes run in order)")
+            raise SpecError(
+                f"{where}: input {port!r} uses {t.label()} before the node that produces it (nodes run in order)"
+            )
         if t.shape:
             input_dims[port] = t.shape
         elif not schema.derived:  # cuDNN infers it; plancache's rules for this op need it
-            raise SpecError(f"{where}: input {port!r} uses {t.label()}, whose dims cuDNN infers: set them (plancache checks {node.op}'s shapes)")
+            raise SpecError(
+                f"{where}: input {port!r} uses {t.label()}, whose dims cuDNN infers: set them (plancache checks {node.op}'s shapes)"
+            )
         consumed.add(t.uid)
     if schema.complete is not None:
         schema.complete(input_dims, node.attributes)
@@ -218,7 +240,9 @@ def _normalize_node(spec: GraphSpec, node: Node, index: int, producer: dict[int,
     for port in node.outputs:
         if port not in expected and port not in schema.optional_outputs:
             extra = f"; on request: {', '.join(schema.optional_outputs)}" if schema.optional_outputs else ""
-            raise SpecError(f"{where}: {node.op} does not produce {port!r} with these inputs and attributes (it produces {', '.join(expected)}{extra})")
+            raise SpecError(
+                f"{where}: {node.op} does not produce {port!r} with these inputs and attributes (it produces {', '.join(expected)}{extra})"
+            )
     for port in expected:
         if port not in node.outputs:
             raise SpecError(f"{where}: output {port!r} is not mapped to a tensor")
@@ -294,7 +318,9 @@ def _result_dims(schema: OpSchema, port: str, t: Tensor, inferred: Dims | None, 
         return
     if schema.pushes_output_dims:
         if not inferred:
-            raise SpecError(f"{where}: output {port!r} ({t.label()}) needs its dims (the frontend sends them to cuDNN, which cannot infer them)")
+            raise SpecError(
+                f"{where}: output {port!r} ({t.label()}) needs its dims (the frontend sends them to cuDNN, which cannot infer them)"
+            )
         t.dim = inferred
         return
     t.inferred_dim = inferred or ()
@@ -319,7 +345,9 @@ def _infer_result_strides(schema: OpSchema, node: Node, where: str, producer: di
     for port, t in node.outputs.items():
         inferred = layouts.result_strides(schema.family, port, t.dim, inputs, schema.inputs + schema.optional_inputs)
         if not t.stride and t.ragged_offset is not None:
-            raise SpecError(f"{where}: ragged output {port!r} ({t.label()}) needs its strides (the packed layout cuDNN writes through the offsets)")
+            raise SpecError(
+                f"{where}: ragged output {port!r} ({t.label()}) needs its strides (the packed layout cuDNN writes through the offsets)"
+            )
         if not t.stride:
             t.stride = inferred
         elif not t.is_output and tuple(t.stride) != inferred:
@@ -329,7 +357,9 @@ def _infer_result_strides(schema: OpSchema, node: Node, where: str, producer: di
             )
 
 
-def _normalize_attributes(schema: OpSchema, raw: dict[str, AttrValue], where: str, limits: Limits) -> dict[str, AttrValue]:
+def _normalize_attributes(
+    schema: OpSchema, raw: dict[str, AttrValue], where: str, limits: Limits
+) -> dict[str, AttrValue]:
     attrs: dict[str, AttrValue] = {}
     given = dict(raw)
     if schema.prepare is not None:
@@ -345,7 +375,10 @@ def _normalize_attributes(schema: OpSchema, raw: dict[str, AttrValue], where: st
     for key, spec_ in schema.attributes.items():
         if key not in attrs:
             if spec_.required:
-                raise SpecError(f"{where}: missing required attribute {key!r}" + (f" (one of {', '.join(spec_.choices)})" if spec_.choices else ""))
+                raise SpecError(
+                    f"{where}: missing required attribute {key!r}"
+                    + (f" (one of {', '.join(spec_.choices)})" if spec_.choices else "")
+                )
             if spec_.default is not None:
                 attrs[key] = spec_.default
     return attrs
@@ -385,7 +418,9 @@ def _coerce(value: Any, spec_: AttrSchema, where: str, limits: Limits) -> AttrVa
             if len(value) > limits.max_rank:
                 raise SpecError(f"{where}: more than {limits.max_rank} slices")
             return tuple((v[0], v[1], v[2]) for v in value)
-        raise SpecError(f"{where}: expected a list of [start, stop, step] (each an integer or null, step not 0), got {value!r}")
+        raise SpecError(
+            f"{where}: expected a list of [start, stop, step] (each an integer or null, step not 0), got {value!r}"
+        )
     elif kind is AttrKind.ENUM and isinstance(value, str):
         if value.upper() in spec_.choices:
             return value.upper()
@@ -393,7 +428,9 @@ def _coerce(value: Any, spec_: AttrSchema, where: str, limits: Limits) -> AttrVa
     elif kind is AttrKind.SUBGRAPH:
         if isinstance(value, Subgraph):
             return _normalize_subgraph(value, where, limits)
-        raise SpecError(f"{where}: a callback's ops are given as a score modifier (plancache.spec.subgraph), not {type(value).__name__}")
+        raise SpecError(
+            f"{where}: a callback's ops are given as a score modifier (plancache.spec.subgraph), not {type(value).__name__}"
+        )
     raise SpecError(f"{where}: expected {kind.value}, got {value!r}")
 
 
@@ -415,14 +452,18 @@ def _normalize_subgraph(subgraph: Subgraph, where: str, limits: Limits) -> Subgr
         for port, ref in ports.items():
             if ref[0] == "result" and not 0 <= ref[1] < i:
                 raise SpecError(f"{at}: input {port!r} refers to op {ref[1]}, not an earlier one")
-        attributes: dict[str, Any] = _normalize_attributes(schema, {k: v for k, v in op.attributes if v is not None}, at, limits)  # type: ignore[misc]
+        attributes: dict[str, Any] = _normalize_attributes(
+            schema, {k: v for k, v in op.attributes if v is not None}, at, limits
+        )  # type: ignore[misc]
         ops.append(
             replace(
-                op, inputs=tuple((p, ports[p]) for p in schema.inputs), attributes=tuple(sorted(attributes.items())),
+                op,
+                inputs=tuple((p, ports[p]) for p in schema.inputs),
+                attributes=tuple(sorted(attributes.items())),
                 compute_data_type=dtypes.normalize(op.compute_data_type, at) if op.compute_data_type else None,
                 data_type=dtypes.normalize(op.data_type, at) if op.data_type else None,
             )
-        )  # fmt: skip
+        )
     if subgraph.result[0] == "result" and not 0 <= subgraph.result[1] < len(ops):
         raise SpecError(f"{where}: its result refers to op {subgraph.result[1]}, which it does not have")
     return Subgraph(tuple(ops), subgraph.result)
@@ -430,7 +471,10 @@ def _normalize_subgraph(subgraph: Subgraph, where: str, limits: Limits) -> Subgr
 
 def _is_slice(value: Any) -> bool:
     return (
-        isinstance(value, tuple | list) and len(value) == 3 and all(v is None or _is_int(v) for v in value) and value[2] != 0
+        isinstance(value, tuple | list)
+        and len(value) == 3
+        and all(v is None or _is_int(v) for v in value)
+        and value[2] != 0
     )
 
 
@@ -449,7 +493,12 @@ def _check_graph_arguments(spec: GraphSpec) -> None:
         value = getattr(spec, name)
         if value is not None and (not _is_int(value) or value < 1):
             raise SpecError(f"graph: {name} must be a positive integer, got {value!r}")
-    for name in ("is_dynamic_shape_enabled", "is_override_shape_enabled", "kernel_cache", "is_cuda_graph_replay_expected"):
+    for name in (
+        "is_dynamic_shape_enabled",
+        "is_override_shape_enabled",
+        "kernel_cache",
+        "is_cuda_graph_replay_expected",
+    ):
         if not isinstance(getattr(spec, name), bool):
             raise SpecError(f"graph: {name} must be true or false")
     retention = spec.cuda_graph_retention
@@ -478,7 +527,9 @@ def _normalize_frontend_fields(t: Tensor, where: str) -> None:
         if t.scalar_type is not None:
             raise SpecError(f"{where}: scalar_type is for a scalar held in the graph (constant)")
         return
-    if isinstance(t.constant, bool) or not (_is_int(t.constant) or (isinstance(t.constant, float) and math.isfinite(t.constant))):
+    if isinstance(t.constant, bool) or not (
+        _is_int(t.constant) or (isinstance(t.constant, float) and math.isfinite(t.constant))
+    ):
         raise SpecError(f"{where}: constant must be a finite number, got {t.constant!r}")
     members = recorded().enums.get("scalar_type", ())
     if t.scalar_type not in members:
@@ -504,7 +555,11 @@ def _normalize_tensor(spec: GraphSpec, t: Tensor, producer: dict[int, int], cons
         if t.is_output and t.is_virtual:
             raise SpecError(f"{where}: cannot be both virtual and an output")
         t.is_virtual = not t.is_output
-        if t.is_virtual and t.uid not in consumed and not _a_sibling_is_kept(spec.nodes[producer[t.uid]], t.uid, consumed):
+        if (
+            t.is_virtual
+            and t.uid not in consumed
+            and not _a_sibling_is_kept(spec.nodes[producer[t.uid]], t.uid, consumed)
+        ):
             raise SpecError(f"{where}: an intermediate no node consumes; mark it as an output (is_output) to keep it")
         if t.is_pass_by_value:
             raise SpecError(f"{where}: a node's result cannot be pass-by-value")

@@ -59,7 +59,9 @@ class BackgroundPrefetch:
         with self._changed:
             for index, error in self._load_errors.items():
                 result.plans.pop(index, None)
-                result.errors[index] = error if isinstance(error, PlanCacheError) else PlanCacheError(f"deserializing failed: {error}")
+                result.errors[index] = (
+                    error if isinstance(error, PlanCacheError) else PlanCacheError(f"deserializing failed: {error}")
+                )
             self._result = result
             self.finished_at = time.perf_counter()
             self._changed.notify_all()

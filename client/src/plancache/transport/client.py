@@ -36,7 +36,16 @@ from plancache.spec.validation import normalize
 from plancache.transport import outcomes
 from plancache.transport.background import BackgroundPrefetch
 from plancache.transport.calls import remaining, retry_pause, typed
-from plancache.transport.hedge import NOT_HEDGED, FrontendBuilder, LocalBuilder, Race, Raced, hedge_after_s, hedge_default, run_race
+from plancache.transport.hedge import (
+    NOT_HEDGED,
+    FrontendBuilder,
+    LocalBuilder,
+    Race,
+    Raced,
+    hedge_after_s,
+    hedge_default,
+    run_race,
+)
 from plancache.transport.manifest import Manifest
 from plancache.transport.reports import Reports
 from plancache.transport.results import FamilyStatus, PrefetchResult, TargetInfo, TargetStats, WindowCounts
@@ -75,7 +84,9 @@ class TLSConfig:
         def read(path: Path | None) -> bytes | None:
             return path.read_bytes() if path is not None else None
 
-        return grpc.ssl_channel_credentials(root_certificates=read(self.ca), private_key=read(self.key), certificate_chain=read(self.cert))
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(self.ca), private_key=read(self.key), certificate_chain=read(self.cert)
+        )
 
 
 class Client:
@@ -111,9 +122,16 @@ class Client:
         `report`: tell the service, in the background, how this process's
         graphs and races ended (plancache.transport.reports; default
         PLANCACHE_REPORT, on)."""
-        self._metadata = (("authorization", f"Bearer {token or os.environ['PLANCACHE_TOKEN']}"),) if token or os.environ.get("PLANCACHE_TOKEN") else ()
+        self._metadata = (
+            (("authorization", f"Bearer {token or os.environ['PLANCACHE_TOKEN']}"),)
+            if token or os.environ.get("PLANCACHE_TOKEN")
+            else ()
+        )
         if isinstance(server, str):
-            options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+            options = [
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ]
             if tls is not None:
                 self._channel = grpc.secure_channel(server, tls.credentials(), options=options)
             else:
@@ -136,7 +154,9 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def close(self) -> None:
@@ -175,22 +195,37 @@ class Client:
         return plan
 
     def _compile(
-        self, normalized: GraphSpec, resolved: Target, opts: CompileOptions, timeout: float | None, tuned_only: bool, hedge: bool | None, hedge_path: str,
-    ) -> Plan:  # fmt: skip
+        self,
+        normalized: GraphSpec,
+        resolved: Target,
+        opts: CompileOptions,
+        timeout: float | None,
+        tuned_only: bool,
+        hedge: bool | None,
+        hedge_path: str,
+    ) -> Plan:
         asked = Asked.query(hash_normalized(normalized), resolved, opts)
         cached = self._cached(asked.key, tuned_only)
         if cached is not None:
             return cached
         hedged = not tuned_only and (self.hedge if hedge is None else hedge) and self.local_builder.can_build(resolved)
-        request = pb.CompileRequest(spec=spec_io.to_proto(normalized), target=resolved.to_proto(), options=opts.to_proto(), tuned_only=tuned_only,
-                                    answer_miss_at_once=hedged)  # fmt: skip
+        request = pb.CompileRequest(
+            spec=spec_io.to_proto(normalized),
+            target=resolved.to_proto(),
+            options=opts.to_proto(),
+            tuned_only=tuned_only,
+            answer_miss_at_once=hedged,
+        )
         budget = timeout if timeout is not None else self.compile_timeout
         if hedged:
             held = self._local_plans.get(asked.key)
             if held is not None and held.local and held.waiting:
                 return held  # the service's plan is on its way to it
+
             def build() -> Plan:
-                if held is not None and held.local:  # the service failed it: asked again, this node's plan reused, not rebuilt
+                if (
+                    held is not None and held.local
+                ):  # the service failed it: asked again, this node's plan reused, not rebuilt
                     return held
                 return self.local_builder.build(normalized, opts, asked.key, resolved)
 
@@ -207,9 +242,15 @@ class Client:
         return self._remember(Plan.from_proto(response.plan, SOURCE_NAMES.get(response.source, "stored")), asked)
 
     def race(
-        self, spec: GraphSpec, target: Target | str | None, options: CompileOptions | None, build: Callable[[], T], *, path: str,
+        self,
+        spec: GraphSpec,
+        target: Target | str | None,
+        options: CompileOptions | None,
+        build: Callable[[], T],
+        *,
+        path: str,
         timeout: float | None = None,
-    ) -> Raced[T]:  # fmt: skip
+    ) -> Raced[T]:
         """A hedged miss with the caller's own build: the stored plan (disk
         cache, or the server's: `build` never runs), else `build()` run on
         this thread while the service builds, and whichever is ready first
@@ -221,10 +262,17 @@ class Client:
         cached = self._cached(asked.key, tuned_only=False)
         if cached is not None:
             return Raced(plan=cached)
-        request = pb.CompileRequest(spec=spec_io.to_proto(normalized), target=resolved.to_proto(), options=opts.to_proto(), answer_miss_at_once=True)
+        request = pb.CompileRequest(
+            spec=spec_io.to_proto(normalized),
+            target=resolved.to_proto(),
+            options=opts.to_proto(),
+            answer_miss_at_once=True,
+        )
         return self._race(request, asked, timeout if timeout is not None else self.compile_timeout, build, path)
 
-    def _race(self, request: pb.CompileRequest, asked: Asked, budget: float | None, build: Callable[[], T], path: str) -> Raced[T]:
+    def _race(
+        self, request: pb.CompileRequest, asked: Asked, budget: float | None, build: Callable[[], T], path: str
+    ) -> Raced[T]:
         """A hedged miss (plancache.transport.hedge): `request` (with
         answer_miss_at_once) asked as a hit is, one unary Compile on this
         thread; on a miss, `build()` here while a thread waits for the
@@ -237,7 +285,9 @@ class Client:
         error: PlanCacheError | None = None
         try:
             # Bounded: a server that cannot say hit or miss within hedge_after_s is as good as a miss.
-            response = self._call(self._stub.Compile, request, self.hedge_after_s if budget is None else min(self.hedge_after_s, budget))
+            response = self._call(
+                self._stub.Compile, request, self.hedge_after_s if budget is None else min(self.hedge_after_s, budget)
+            )
             if response.source != pb.COMPILE_SOURCE_BUILDING:
                 return Raced(plan=remember(response))  # a hit (or a plan the server had at once): nothing to race
         except PlanCacheError as e:  # down, refusing, slow, or a hit that failed verification
@@ -248,7 +298,9 @@ class Client:
         follow.CopyFrom(request)
         follow.answer_miss_at_once, follow.counted = False, error is None
         ask = None
-        if error is None or error.retry_after is not None or isinstance(error, CompileTimeout):  # the service may still answer
+        if (
+            error is None or error.retry_after is not None or isinstance(error, CompileTimeout)
+        ):  # the service may still answer
             ask = lambda remaining: self._stub.Compile.future(follow, timeout=remaining, metadata=self._metadata)  # noqa: E731
         race = Race(ask, remember, path, deadline, building=error is None, error=error)
         return run_race(race, build, deadline, self._reports.add, asked.key)
@@ -311,9 +363,15 @@ class Client:
         `tuned_only=True` accepts autotuned plans only. `on_plan(index,
         plan)` is called as each entry's plan is ready. The manifest's graph
         families are asked for first (`result.families`, `family_errors`)."""
-        resolved = manifest.target or (_target(target) if target is not None or any(e.spec for e in manifest.entries) or manifest.families else None)
+        resolved = manifest.target or (
+            _target(target)
+            if target is not None or any(e.spec for e in manifest.entries) or manifest.families
+            else None
+        )
         result = PrefetchResult(total=len(manifest.entries))
-        for index, family in enumerate(manifest.families):  # built by the service (what is not stored); each size a hit at its first use
+        for index, family in enumerate(
+            manifest.families
+        ):  # built by the service (what is not stored); each size a hit at its first use
             try:
                 status = self.build_family(family, resolved, manifest.options, timeout=timeout)
                 result.families[status.family_key] = status
@@ -337,7 +395,11 @@ class Client:
                 if on_plan is not None:
                     on_plan(index, cached)
             elif compile_missing and entry.spec is not None and resolved is not None:
-                query = pb.PlanQuery(spec=spec_io.to_proto(normalize(entry.spec)), target=resolved.to_proto(), options=manifest.options.to_proto())
+                query = pb.PlanQuery(
+                    spec=spec_io.to_proto(normalize(entry.spec)),
+                    target=resolved.to_proto(),
+                    options=manifest.options.to_proto(),
+                )
                 refs.append((index, pb.PlanRef(query=query)))
             else:
                 refs.append((index, pb.PlanRef(key=key)))
@@ -350,7 +412,9 @@ class Client:
             # Refs the server refused for now (admission control) are asked
             # for again after its retry delay, within the deadline.
             refused = self._prefetch_once(refs, compile_missing, tuned_only, result, deadline, progress, on_plan)
-            pause = retry_pause(max(e.retry_after or 0.0 for _, _, e in refused), attempt, deadline) if refused else None
+            pause = (
+                retry_pause(max(e.retry_after or 0.0 for _, _, e in refused), attempt, deadline) if refused else None
+            )
             if pause is None:
                 for index, _, error in refused:
                     result.errors[index] = error
@@ -384,18 +448,33 @@ class Client:
         that does not load is that entry's error."""
 
         def run(on_plan: Callable[[int, Plan], None]) -> PrefetchResult:
-            return self.prefetch(manifest, target, compile_missing=compile_missing, timeout=timeout, tuned_only=tuned_only, on_plan=on_plan)
+            return self.prefetch(
+                manifest,
+                target,
+                compile_missing=compile_missing,
+                timeout=timeout,
+                tuned_only=tuned_only,
+                on_plan=on_plan,
+            )
 
         return BackgroundPrefetch(run, load)
 
     def _prefetch_once(
-        self, refs: list[tuple[int, pb.PlanRef]], compile_missing: bool, tuned_only: bool, result: PrefetchResult, deadline: float | None,
-        progress: Callable[[int, int], None] | None, on_plan: Callable[[int, Plan], None] | None,
+        self,
+        refs: list[tuple[int, pb.PlanRef]],
+        compile_missing: bool,
+        tuned_only: bool,
+        result: PrefetchResult,
+        deadline: float | None,
+        progress: Callable[[int, int], None] | None,
+        on_plan: Callable[[int, Plan], None] | None,
     ) -> list[tuple[int, pb.PlanRef, PlanCacheError]]:
         """One streaming call; the refs refused with a retry delay, with their errors."""
         refused: list[tuple[int, pb.PlanRef, PlanCacheError]] = []
         answered: set[int] = set()
-        request = pb.PrefetchRequest(refs=[ref for _, ref in refs], compile_missing=compile_missing, tuned_only=tuned_only)
+        request = pb.PrefetchRequest(
+            refs=[ref for _, ref in refs], compile_missing=compile_missing, tuned_only=tuned_only
+        )
         try:
             for item in self._stub.Prefetch(request, timeout=remaining(deadline), metadata=self._metadata):
                 if not 0 <= item.index < len(refs) or item.index in answered:
@@ -428,7 +507,9 @@ class Client:
             retry_after = seconds_of(item.error.retry_delay) if item.error.HasField("retry_delay") else None
             return error_from_status(code, item.error.message, item.error.error_class, retry_after)
         try:
-            plan = self._remember(Plan.from_proto(item.plan, SOURCE_NAMES.get(item.source, "stored")), Asked(result.keys[index]))
+            plan = self._remember(
+                Plan.from_proto(item.plan, SOURCE_NAMES.get(item.source, "stored")), Asked(result.keys[index])
+            )
         except PlanCacheError as e:  # a blob that does not match its sha256, or an untrusted signature
             return e
         result.plans[index] = plan
@@ -438,7 +519,14 @@ class Client:
             result.fetched += 1
         return None
 
-    def invalidate(self, key: str | None = None, *, spec_hash: str | None = None, target: Target | str | None = None, timeout: float | None = None) -> int:
+    def invalidate(
+        self,
+        key: str | None = None,
+        *,
+        spec_hash: str | None = None,
+        target: Target | str | None = None,
+        timeout: float | None = None,
+    ) -> int:
         """Delete stored plans (admin token): one key, a spec's, or a target's. Returns how many."""
         if sum(x is not None for x in (key, spec_hash, target)) != 1:
             raise InvalidRequest("invalidate() takes exactly one of key, spec_hash, target")
@@ -450,30 +538,60 @@ class Client:
             request = pb.InvalidateRequest(target_id=target.id if isinstance(target, Target) else str(target))
         if self.cache is not None and key is not None:
             self.cache.delete(key)
-        response: pb.InvalidateResponse = self._call(self._stub.Invalidate, request, timeout if timeout is not None else self.timeout)
+        response: pb.InvalidateResponse = self._call(
+            self._stub.Invalidate, request, timeout if timeout is not None else self.timeout
+        )
         return response.deleted
 
-    def explain(self, spec: GraphSpec, target: Target | str | None = None, options: CompileOptions | None = None, *, timeout: float | None = None) -> pb.ExplainResponse:
+    def explain(
+        self,
+        spec: GraphSpec,
+        target: Target | str | None = None,
+        options: CompileOptions | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> pb.ExplainResponse:
         """Why a lookup misses: stored plans of the same spec and how their keys differ."""
-        query = pb.PlanQuery(spec=spec_io.to_proto(normalize(spec)), target=_target(target).to_proto(), options=(options or CompileOptions()).to_proto())
-        response: pb.ExplainResponse = self._call(self._stub.Explain, pb.ExplainRequest(query=query), timeout if timeout is not None else self.timeout)
+        query = pb.PlanQuery(
+            spec=spec_io.to_proto(normalize(spec)),
+            target=_target(target).to_proto(),
+            options=(options or CompileOptions()).to_proto(),
+        )
+        response: pb.ExplainResponse = self._call(
+            self._stub.Explain, pb.ExplainRequest(query=query), timeout if timeout is not None else self.timeout
+        )
         return response
 
     def drain_worker(self, worker_id: str, *, timeout: float | None = None) -> bool:
         """Ask a worker to finish its current build and leave (admin token).
         Whether a live worker had that id."""
-        response: pb.DrainWorkerResponse = self._call(self._stub.DrainWorker, pb.DrainWorkerRequest(worker_id=worker_id), timeout if timeout is not None else self.timeout)
+        response: pb.DrainWorkerResponse = self._call(
+            self._stub.DrainWorker,
+            pb.DrainWorkerRequest(worker_id=worker_id),
+            timeout if timeout is not None else self.timeout,
+        )
         return response.known
 
     def list_plans(self, target: Target | str | None = None, *, timeout: float | None = None) -> list[str]:
         """Keys of the stored plans, of one target or all (admin token)."""
         target_id = (target.id if isinstance(target, Target) else Target.parse(target).id) if target is not None else ""
-        response: pb.ListPlansResponse = self._call(self._stub.ListPlans, pb.ListPlansRequest(target_id=target_id), timeout if timeout is not None else self.timeout)
+        response: pb.ListPlansResponse = self._call(
+            self._stub.ListPlans,
+            pb.ListPlansRequest(target_id=target_id),
+            timeout if timeout is not None else self.timeout,
+        )
         return list(response.keys)
 
     def warm(
-        self, target: Target | str, *, from_target: Target | str | None = None, served_days: int | None = None, manifest: Manifest | None = None,
-        top: int = 0, min_hits: float = 0.0, timeout: float | None = None,
+        self,
+        target: Target | str,
+        *,
+        from_target: Target | str | None = None,
+        served_days: int | None = None,
+        manifest: Manifest | None = None,
+        top: int = 0,
+        min_hits: float = 0.0,
+        timeout: float | None = None,
     ) -> WarmStatus:
         """Plan warming `target` (admin token): its workers build the
         source's specs, most hit in the last 24 h first, at the lowest
@@ -492,39 +610,67 @@ class Client:
             if len(entries) != len(manifest.entries):
                 raise InvalidRequest("a warming manifest needs specs, not only plan keys")
             options = manifest.options.to_proto()
-            request.manifest.queries.extend(pb.PlanQuery(spec=spec_io.to_proto(normalize(e.spec)), options=options) for e in entries if e.spec)
-        response: pb.WarmResponse = self._call(self._stub.Warm, request, timeout if timeout is not None else self.timeout)
+            request.manifest.queries.extend(
+                pb.PlanQuery(spec=spec_io.to_proto(normalize(e.spec)), options=options) for e in entries if e.spec
+            )
+        response: pb.WarmResponse = self._call(
+            self._stub.Warm, request, timeout if timeout is not None else self.timeout
+        )
         return WarmStatus.from_proto(response.status)
 
     def cancel_warm(self, target: Target | str, *, timeout: float | None = None) -> WarmStatus:
         """Stop warming `target` (admin token); what was built stays."""
-        response: pb.WarmResponse = self._call(self._stub.Warm, pb.WarmRequest(target_id=_target(target).id, cancel=True), timeout if timeout is not None else self.timeout)
+        response: pb.WarmResponse = self._call(
+            self._stub.Warm,
+            pb.WarmRequest(target_id=_target(target).id, cancel=True),
+            timeout if timeout is not None else self.timeout,
+        )
         return WarmStatus.from_proto(response.status)
 
     def warm_status(self, target: Target | str | None = None, *, timeout: float | None = None) -> list[WarmStatus]:
         """Where warming stands: per target (every warmed one, or `target`)."""
         request = pb.WarmStatusRequest(target_id=_target(target).id if target is not None else "")
-        response: pb.WarmStatusResponse = self._call(self._stub.WarmStatus, request, timeout if timeout is not None else self.timeout)
+        response: pb.WarmStatusResponse = self._call(
+            self._stub.WarmStatus, request, timeout if timeout is not None else self.timeout
+        )
         return [WarmStatus.from_proto(s) for s in response.targets]
 
-    def build_family(self, family: Family, target: Target | str | None = None, options: CompileOptions | None = None, *,
-                     timeout: float | None = None) -> FamilyStatus:  # fmt: skip
+    def build_family(
+        self,
+        family: Family,
+        target: Target | str | None = None,
+        options: CompileOptions | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> FamilyStatus:
         """Have every graph of `family` (plancache.spec.family) built for
         `target` with `options`: the ones not stored are queued at warming's
         priority (a caller's miss goes first), and from then on each is a
         hit for any node whose graph it is exactly. Returns at once."""
-        request = pb.BuildFamilyRequest(family=family.to_proto(), target=_target(target).to_proto(), options=(options or CompileOptions()).to_proto())
-        response: pb.FamilyStatus = self._call(self._stub.BuildFamily, request, timeout if timeout is not None else self.timeout)
+        request = pb.BuildFamilyRequest(
+            family=family.to_proto(),
+            target=_target(target).to_proto(),
+            options=(options or CompileOptions()).to_proto(),
+        )
+        response: pb.FamilyStatus = self._call(
+            self._stub.BuildFamily, request, timeout if timeout is not None else self.timeout
+        )
         return FamilyStatus.from_proto(response)
 
     def family_status(self, family_key: str, *, timeout: float | None = None) -> FamilyStatus:
         """Where a family asked for earlier stands (NotFound if never asked)."""
-        response: pb.FamilyStatus = self._call(self._stub.GetFamily, pb.GetFamilyRequest(family_key=family_key), timeout if timeout is not None else self.timeout)
+        response: pb.FamilyStatus = self._call(
+            self._stub.GetFamily,
+            pb.GetFamilyRequest(family_key=family_key),
+            timeout if timeout is not None else self.timeout,
+        )
         return FamilyStatus.from_proto(response)
 
     def list_targets(self, *, timeout: float | None = None) -> list[TargetInfo]:
         """Targets with live workers now: what Compile can build."""
-        response = self._call(self._stub.ListTargets, pb.ListTargetsRequest(), timeout if timeout is not None else self.timeout)
+        response = self._call(
+            self._stub.ListTargets, pb.ListTargetsRequest(), timeout if timeout is not None else self.timeout
+        )
         return [TargetInfo(t.target_id, t.live_workers, tuple(t.worker_ids)) for t in response.targets]
 
     def _cached(self, key: str, tuned_only: bool, refresh: bool = True) -> Plan | None:
@@ -562,8 +708,22 @@ class Client:
         """Counters per target, shared by every front end of the deployment."""
         response = self._stats_response(timeout)
         return [
-            TargetStats(t.target_id, t.hits, t.misses, t.compiles, t.failures, t.joined, t.live_workers, t.bytes_served, t.build_seconds_saved,
-                        {w.window: WindowCounts.from_proto(w) for w in t.windows}, t.stored_bytes, t.stored_plans, t.evicted, t.expired)
+            TargetStats(
+                t.target_id,
+                t.hits,
+                t.misses,
+                t.compiles,
+                t.failures,
+                t.joined,
+                t.live_workers,
+                t.bytes_served,
+                t.build_seconds_saved,
+                {w.window: WindowCounts.from_proto(w) for w in t.windows},
+                t.stored_bytes,
+                t.stored_plans,
+                t.evicted,
+                t.expired,
+            )
             for t in response.targets
         ]
 
@@ -573,7 +733,9 @@ class Client:
         return {f.family: {w.window: WindowCounts.from_proto(w) for w in f.windows} for f in response.op_families}
 
     def _stats_response(self, timeout: float | None) -> pb.GetStatsResponse:
-        response: pb.GetStatsResponse = self._call(self._stub.GetStats, pb.GetStatsRequest(), timeout if timeout is not None else self.timeout)
+        response: pb.GetStatsResponse = self._call(
+            self._stub.GetStats, pb.GetStatsRequest(), timeout if timeout is not None else self.timeout
+        )
         return response
 
     def _call(self, method: Callable[..., Response], request: Any, timeout: float | None) -> Response:
@@ -608,4 +770,6 @@ def _target(target: Target | str | None) -> Target:
 def _count(plan: Plan, target_id: str, node_type: str) -> None:
     """One graph of the Client's own front door (path "compile"), by where its plan came from."""
     outcome = outcomes.served_outcome(plan.source)
-    outcomes.record("compile", target_id, outcome, node_type, reason="hedged" if outcome is outcomes.Outcome.LOCAL else "")
+    outcomes.record(
+        "compile", target_id, outcome, node_type, reason="hedged" if outcome is outcomes.Outcome.LOCAL else ""
+    )

@@ -108,7 +108,9 @@ class FrontendBuilder:
     """The node's own frontend, on the current GPU: what the program would have built without plancache."""
 
     def __init__(self) -> None:
-        self._answers: dict[tuple[str, int], bool] = {}  # (target id, device) -> whether a plan built here is one for it
+        self._answers: dict[
+            tuple[str, int], bool
+        ] = {}  # (target id, device) -> whether a plan built here is one for it
 
     def can_build(self, target: Target) -> bool:
         """Whether a plan built here is one for `target` (this GPU satisfies
@@ -178,9 +180,15 @@ class Race:
     miss). Without `ask`, the race is over before it began: `error` says why."""
 
     def __init__(
-        self, ask: Callable[[float | None], grpc.Future[pb.CompileResponse]] | None, remember: Callable[[pb.CompileResponse], Plan], path: str, deadline: float | None,
-        *, building: bool, error: PlanCacheError | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        ask: Callable[[float | None], grpc.Future[pb.CompileResponse]] | None,
+        remember: Callable[[pb.CompileResponse], Plan],
+        path: str,
+        deadline: float | None,
+        *,
+        building: bool,
+        error: PlanCacheError | None = None,
+    ) -> None:
         self._ask = ask
         self._remember = remember
         self.path = path
@@ -255,7 +263,9 @@ class Raced(Generic[T]):
     race: Race | None = None  # the service's side, when the node's own build runs
 
 
-def run_race(race: Race, build: Callable[[], T], deadline: float | None, report: Callable[[str, bool], None], key: str) -> Raced[T]:
+def run_race(
+    race: Race, build: Callable[[], T], deadline: float | None, report: Callable[[str, bool], None], key: str
+) -> Raced[T]:
     """The node's `build()`, on this thread, against the service's `race`
     (started: the service said it misses, or failed). See the module
     docstring for who wins."""
@@ -287,5 +297,7 @@ def run_race(race: Race, build: Callable[[], T], deadline: float | None, report:
         return Raced(plan=race.plan)
     race.cancel()
     error = race.error or Unavailable("the service did not answer within the deadline")
-    error.message = f"{error.message} (and this node's own build failed: {type(local_error).__name__}: {str(local_error)[:300]})"
+    error.message = (
+        f"{error.message} (and this node's own build failed: {type(local_error).__name__}: {str(local_error)[:300]})"
+    )
     raise error from local_error

@@ -54,7 +54,13 @@ class Manifest:
     families: list[Family] = field(default_factory=list)
 
     @classmethod
-    def from_specs(cls, specs: Sequence[GraphSpec], target: Target, options: CompileOptions | None = None, names: Sequence[str] = ()) -> Manifest:
+    def from_specs(
+        cls,
+        specs: Sequence[GraphSpec],
+        target: Target,
+        options: CompileOptions | None = None,
+        names: Sequence[str] = (),
+    ) -> Manifest:
         """A manifest with keys (to fetch) and specs (to compile what is missing)."""
         manifest = cls(target=target, options=options or CompileOptions())
         for i, spec in enumerate(specs):
@@ -101,7 +107,7 @@ class Manifest:
         except ValueError as e:
             raise InvalidRequest(f"manifest is not valid JSON: {e}") from e
         if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
-            raise InvalidRequest(f"manifest: expected an object with \"version\": {MANIFEST_VERSION}")
+            raise InvalidRequest(f'manifest: expected an object with "version": {MANIFEST_VERSION}')
         unknown = set(data) - {"version", "target", "options", "entries", "families"}
         if unknown:
             raise InvalidRequest(f"manifest: unknown field(s) {', '.join(sorted(unknown))}")

@@ -138,8 +138,15 @@ class OutcomeKey:
     spec_hash: str = ""  # LOCAL only, and only with PLANCACHE_REPORT_SPECS=1
 
     def to_proto(self, count: int) -> pb.OutcomeCount:
-        return pb.OutcomeCount(target_id=self.target_id, path=self.path, outcome=pb.GraphOutcome.Name(self.outcome), reason=self.reason, node_type=self.node_type,
-                               count=count, spec_hash=self.spec_hash)  # fmt: skip
+        return pb.OutcomeCount(
+            target_id=self.target_id,
+            path=self.path,
+            outcome=pb.GraphOutcome.Name(self.outcome),
+            reason=self.reason,
+            node_type=self.node_type,
+            count=count,
+            spec_hash=self.spec_hash,
+        )
 
 
 def _on(name: str, default: str) -> bool:
@@ -213,10 +220,16 @@ class Tally:
 TALLY = Tally()
 
 
-def record(path: str, target_id: str, outcome: Outcome, node_type: str, *, reason: str = "", spec_hash: str = "") -> None:
+def record(
+    path: str, target_id: str, outcome: Outcome, node_type: str, *, reason: str = "", spec_hash: str = ""
+) -> None:
     """Count one graph of a front door. `reason` (a key of REASONS) for a local one."""
     local = outcome is Outcome.LOCAL
-    TALLY.add(OutcomeKey(path, target_id, outcome, reason if local else "", node_type, spec_hash if local and reports_specs() else ""))
+    TALLY.add(
+        OutcomeKey(
+            path, target_id, outcome, reason if local else "", node_type, spec_hash if local and reports_specs() else ""
+        )
+    )
 
 
 def outcome_stats() -> dict[OutcomeKey, int]:

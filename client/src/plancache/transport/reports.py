@@ -42,12 +42,20 @@ COUNTS_INTERVAL_S = 10.0
 # What one report may carry (the server refuses more: see its service).
 MAX_OUTCOMES = 256
 _RACE_RESULTS = {
-    "local_won": pb.RACE_RESULT_LOCAL_WON, "service_won": pb.RACE_RESULT_SERVICE_WON, "local_failed": pb.RACE_RESULT_LOCAL_FAILED,
-    "service_failed": pb.RACE_RESULT_SERVICE_FAILED, "replaced": pb.RACE_RESULT_REPLACED,
-}  # fmt: skip
+    "local_won": pb.RACE_RESULT_LOCAL_WON,
+    "service_won": pb.RACE_RESULT_SERVICE_WON,
+    "local_failed": pb.RACE_RESULT_LOCAL_FAILED,
+    "service_failed": pb.RACE_RESULT_SERVICE_FAILED,
+    "replaced": pb.RACE_RESULT_REPLACED,
+}
 
 # Failures after which the server certainly counted nothing: what was sent is sent again later.
-_NOT_COUNTED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+_NOT_COUNTED = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+)
 _races_lock = threading.Lock()
 _races_reported: dict[str, RaceCounts] = {}
 
@@ -158,7 +166,12 @@ class Reports:
             self._send(request)
             return True
         except Exception as e:  # best effort: the service counts what reaches it
-            log.debug("report of %d first use(s) and %d count(s) not sent: %s", len(request.uses), len(request.outcomes) + len(request.races), e)
+            log.debug(
+                "report of %d first use(s) and %d count(s) not sent: %s",
+                len(request.uses),
+                len(request.outcomes) + len(request.races),
+                e,
+            )
             code = e.code() if isinstance(e, grpc.RpcError) and callable(getattr(e, "code", None)) else None
             return code not in _NOT_COUNTED
 

@@ -65,7 +65,17 @@ class WindowCounts:
 
     @classmethod
     def from_proto(cls, w: pb.WindowStats) -> WindowCounts:
-        return cls(w.hits, w.misses, w.compiles, w.failures, w.joined, w.bytes_served, w.build_seconds_saved, w.refused, w.untrusted_builds)
+        return cls(
+            w.hits,
+            w.misses,
+            w.compiles,
+            w.failures,
+            w.joined,
+            w.bytes_served,
+            w.build_seconds_saved,
+            w.refused,
+            w.untrusted_builds,
+        )
 
 
 @dataclass(frozen=True)

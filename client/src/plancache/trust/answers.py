@@ -33,9 +33,13 @@ class Asked:
     def check(self, metadata: pb.PlanMetadata) -> None:
         """UntrustedPlan naming both plans unless `metadata` answers this request."""
         if metadata.key != self.key:
-            raise UntrustedPlan(f"asked for plan {self.key} but was answered with plan {metadata.key[:300]}: refused (substituted plan)")
+            raise UntrustedPlan(
+                f"asked for plan {self.key} but was answered with plan {metadata.key[:300]}: refused (substituted plan)"
+            )
         if self.spec_hash is not None and metadata.spec_hash != self.spec_hash:
-            raise UntrustedPlan(f"plan {self.key}: its metadata names spec {metadata.spec_hash[:100]}, not the spec asked for ({self.spec_hash})")
+            raise UntrustedPlan(
+                f"plan {self.key}: its metadata names spec {metadata.spec_hash[:100]}, not the spec asked for ({self.spec_hash})"
+            )
         if self.options is not None and CompileOptions.from_proto(metadata.options).id != self.options.id:
             raise UntrustedPlan(f"plan {self.key}: built with other options than asked for")
         if self.target is not None:
@@ -44,7 +48,9 @@ class Asked:
             except InvalidRequest as e:
                 raise UntrustedPlan(f"plan {self.key}: its build target does not parse ({e.message})") from None
             if not satisfies(built_on, self.target):
-                raise UntrustedPlan(f"plan {self.key} was built on {built_on.id}, which is not the target asked for ({self.target.id})")
+                raise UntrustedPlan(
+                    f"plan {self.key} was built on {built_on.id}, which is not the target asked for ({self.target.id})"
+                )
 
 
 def satisfies(built_on: Target, asked: Target) -> bool:

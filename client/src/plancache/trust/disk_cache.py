@@ -90,7 +90,9 @@ class DiskCache:
                 self._remove(Path(tmp))
                 raise
         except OSError as e:
-            _faults.warning("write", "disk cache: cannot write under %s (%s); plans are served without keeping them", self.root, e)
+            _faults.warning(
+                "write", "disk cache: cannot write under %s (%s); plans are served without keeping them", self.root, e
+            )
             return
         self._enforce_bound()
 

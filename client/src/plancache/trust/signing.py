@@ -83,11 +83,17 @@ class Signer:
 
     def public_pem(self) -> bytes:
         """The public key that checks this signer's signatures (PEM)."""
-        return self._key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        return self._key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
 
     def sign(self, metadata: pb.PlanMetadata) -> pb.PlanSignature:
         signed = metadata.SerializeToString(deterministic=True)
-        return pb.PlanSignature(key_id=self.key_id, signature=self._key.sign(envelope(metadata.key, metadata.blob_sha256, signed)), signed_metadata=signed)
+        return pb.PlanSignature(
+            key_id=self.key_id,
+            signature=self._key.sign(envelope(metadata.key, metadata.blob_sha256, signed)),
+            signed_metadata=signed,
+        )
 
 
 def load_public_key(source: Path | str | bytes) -> Ed25519PublicKey:
@@ -119,7 +125,11 @@ class TrustPolicy:
 
     @classmethod
     def create(
-        cls, trusted_keys: Iterable[Path | str | bytes] = (), allow_unsigned: bool | None = None, *, holder: str = "this client"
+        cls,
+        trusted_keys: Iterable[Path | str | bytes] = (),
+        allow_unsigned: bool | None = None,
+        *,
+        holder: str = "this client",
     ) -> TrustPolicy:
         """From arguments, else PLANCACHE_TRUSTED_KEYS (a list of paths, see
         `key_paths`) and PLANCACHE_ALLOW_UNSIGNED=1. `holder` names who
@@ -141,7 +151,10 @@ class TrustPolicy:
         if signature is None or not signature.signature:
             if self.allow_unsigned:
                 return
-            raise UntrustedPlan(f"plan {metadata.key} is not signed, and {self.holder} requires signed plans (allow_unsigned is off)", unknown_key=True)
+            raise UntrustedPlan(
+                f"plan {metadata.key} is not signed, and {self.holder} requires signed plans (allow_unsigned is off)",
+                unknown_key=True,
+            )
         key = self.keys.get(signature.key_id)
         if key is None:
             if not self.keys and self.allow_unsigned:
@@ -155,10 +168,14 @@ class TrustPolicy:
             try:
                 signed = pb.PlanMetadata.FromString(signature.signed_metadata)
             except DecodeError:
-                raise UntrustedPlan(f"plan {metadata.key}: its signed metadata does not parse; refusing to deserialize it", signer=signature.key_id) from None
+                raise UntrustedPlan(
+                    f"plan {metadata.key}: its signed metadata does not parse; refusing to deserialize it",
+                    signer=signature.key_id,
+                ) from None
             if signed != metadata:
                 raise UntrustedPlan(
-                    f"plan {metadata.key}: its metadata differs from the signed metadata (altered plan); refusing to deserialize it", signer=signature.key_id
+                    f"plan {metadata.key}: its metadata differs from the signed metadata (altered plan); refusing to deserialize it",
+                    signer=signature.key_id,
                 )
             message = envelope(signed.key, signed.blob_sha256, signature.signed_metadata)
         else:
@@ -184,10 +201,16 @@ def generate_keypair(directory: Path | str, name: str = "plan-signing") -> tuple
     try:
         with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             os.fchmod(f.fileno(), 0o600)
-            f.write(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+            f.write(
+                private.private_bytes(
+                    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+                )
+            )
         os.replace(partial, private_path)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    public_path.write_bytes(private.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    public_path.write_bytes(
+        private.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return private_path, public_path

@@ -50,8 +50,10 @@ def front_end_trust(settings: Settings) -> TrustPolicy | None:
         if listed is not None and own.key_id not in listed.keys:
             log.warning(
                 "the key this server's workers sign with (%s, key %s) is not among --trusted-keys (%s): trusted as well",
-                settings.signing_key, own.key_id, listed.trusted_text,
-            )  # fmt: skip
+                settings.signing_key,
+                own.key_id,
+                listed.trusted_text,
+            )
         sources.append(own.public_pem())
     if not sources:
         return None
@@ -75,7 +77,9 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
         raise ValueError("TLS needs both --tls-cert and --tls-key")
     ca = settings.tls_ca.read_bytes() if settings.tls_ca else None
     return grpc.ssl_server_credentials(
-        [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())], root_certificates=ca, require_client_auth=ca is not None
+        [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
     )
 
 
@@ -105,7 +109,9 @@ class FrontEnd:
         offload = CpuOffload(settings.cpu_threads)
         trust = front_end_trust(settings)
         if trust is None:
-            log.warning("no --trusted-keys and no --signing-key: stored plans are served without checking their signatures (clients still check)")
+            log.warning(
+                "no --trusted-keys and no --signing-key: stored plans are served without checking their signatures (clients still check)"
+            )
         store: PlanStore = AsyncRedisPlanStore(client, offload, trust)
         if settings.memory_cache_bytes > 0:
             store = MemoryCachedStore(store, settings.memory_cache_bytes, settings.memory_cache_ttl_s)
@@ -113,11 +119,27 @@ class FrontEnd:
         directory = WorkerDirectory(queue, settings.listed_targets)
         stats = Stats(client, directory)
         admission = Admission(settings.max_waiters, settings.max_waiters_per_key, settings.retry_delay_s)
-        builds = Builds(client, store, queue, settings.build_lease_s, admission, lambda plan_key: count_untrusted_build(stats, directory, plan_key))
+        builds = Builds(
+            client,
+            store,
+            queue,
+            settings.build_lease_s,
+            admission,
+            lambda plan_key: count_untrusted_build(stats, directory, plan_key),
+        )
         blocking = connect(redis_url)  # for the janitor and warming, on threads
         janitor = Janitor(blocking)
         service = PlanService(
-            store, queue, builds, stats, directory, offload, settings.limits, settings.compile_timeout_s, settings.max_prefetch_refs, janitor
+            store,
+            queue,
+            builds,
+            stats,
+            directory,
+            offload,
+            settings.limits,
+            settings.compile_timeout_s,
+            settings.max_prefetch_refs,
+            janitor,
         )
         warming = Warming(blocking)
 
@@ -145,18 +167,31 @@ class FrontEnd:
             ],
         )
         limits = WireLimits(settings.limits, settings.max_prefetch_refs, settings.max_prefetch_bytes)
+
         def resolve_now(spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> tuple[str, pb.PlanQuery]:
             resolved = service.resolve_now(spec, target, options)
             return resolved.plan_key, resolved.query
 
-        servicer = PlanCacheServicer(service, WarmService(warming, directory, resolve_query, resolve_now, FamilyRecords(blocking)))
+        servicer = PlanCacheServicer(
+            service, WarmService(warming, directory, resolve_query, resolve_now, FamilyRecords(blocking))
+        )
         add_guarded(pb_grpc.add_PlanCacheServicer_to_server, servicer, server, authorizer, offload, limits)
         health_servicer = ListingHealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        enable_reflection(server, (pb.DESCRIPTOR.services_by_name["PlanCache"].full_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
+        enable_reflection(
+            server,
+            (
+                pb.DESCRIPTOR.services_by_name["PlanCache"].full_name,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            ),
+        )
         credentials = server_credentials(settings)
         try:
-            port = server.add_secure_port(settings.listen, credentials) if credentials else server.add_insecure_port(settings.listen)
+            port = (
+                server.add_secure_port(settings.listen, credentials)
+                if credentials
+                else server.add_insecure_port(settings.listen)
+            )
         except RuntimeError as e:
             raise OSError(f"cannot listen on {settings.listen}: {e} (is another server using it?)") from e
         if port == 0:
@@ -165,8 +200,13 @@ class FrontEnd:
         front = cls(server, port, client, store, queue, builds, stats, directory, offload, reporter, settings)
         front.janitor = janitor
         front.warming = warming
-        front.sweeper = Sweeper(janitor, settings.retention_days * 86400, settings.store_max_mb * 2**20, settings.sweep_interval_s,
-                                settings.retire_after_days * 86400 if settings.retire_unserved else None).start()  # fmt: skip
+        front.sweeper = Sweeper(
+            janitor,
+            settings.retention_days * 86400,
+            settings.store_max_mb * 2**20,
+            settings.sweep_interval_s,
+            settings.retire_after_days * 86400 if settings.retire_unserved else None,
+        ).start()
         await server.start()
         await reporter.start()
         directory.start()

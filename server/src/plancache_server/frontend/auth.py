@@ -80,7 +80,9 @@ class Authorizer:
         text = header.decode(errors="replace") if isinstance(header, bytes) else str(header)
         scheme, _, token = text.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise Unauthenticated("this server requires a bearer token (metadata 'authorization: Bearer <token>'; Client(token=...) or PLANCACHE_TOKEN)")
+            raise Unauthenticated(
+                "this server requires a bearer token (metadata 'authorization: Bearer <token>'; Client(token=...) or PLANCACHE_TOKEN)"
+            )
         presented = _digest(token.strip())
         role = next((r for digest, r in self._roles if hmac.compare_digest(digest, presented)), None)
         if role is None:
@@ -93,7 +95,9 @@ class Authorizer:
         name = method.rsplit("/", 1)[-1]
         needed = METHOD_ROLES.get(name, Role.ADMIN)
         if role < needed:
-            raise PermissionDenied(f"{name} needs a {needed.name.lower()} token; this token's role is {role.name.lower()}")
+            raise PermissionDenied(
+                f"{name} needs a {needed.name.lower()} token; this token's role is {role.name.lower()}"
+            )
 
 
 def needed_role(name: str, request: Any) -> Role:

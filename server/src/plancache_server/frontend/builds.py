@@ -49,7 +49,15 @@ from plancache.keys.target import Target
 from plancache.log_limits import LogLimiter
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
-from plancache_server.store.build_records import DONE, FAILED, PROVISIONAL, QUEUED, RELEASE_IF_OWNER, FailedBuild, state_fields
+from plancache_server.store.build_records import (
+    DONE,
+    FAILED,
+    PROVISIONAL,
+    QUEUED,
+    RELEASE_IF_OWNER,
+    FailedBuild,
+    state_fields,
+)
 from plancache_server.store.jobs import Job, JobQueue
 from plancache_server.store.plans import PlanStore, StoredPlan
 from plancache_server.store.redis_conn import AsyncRedis, stop_task, text, translated_errors
@@ -79,9 +87,7 @@ WORKERLESS_S = 30.0
 # Re-reads of a finished build's plan, not found, before its waiters are
 # told that it is gone (deleted or evicted between its store and its read).
 GONE_RECHECKS = 4
-MEND_KEYS = (
-    "give its workers a --signing-key this front end trusts, or add their public key to the front end's --trusted-keys (PLANCACHE_SERVER_TRUSTED_KEYS)"
-)
+MEND_KEYS = "give its workers a --signing-key this front end trusts, or add their public key to the front end's --trusted-keys (PLANCACHE_SERVER_TRUSTED_KEYS)"
 
 
 @dataclass(frozen=True)
@@ -272,7 +278,9 @@ class Builds:
             flight = Flight(plan_key, asyncio.get_running_loop().create_future())
             self._flights[plan_key] = flight
             # Its own task: the build is queued even if this caller goes away.
-            flight.task = asyncio.get_running_loop().create_task(self._fly(flight, target, query), name=f"flight {plan_key}")
+            flight.task = asyncio.get_running_loop().create_task(
+                self._fly(flight, target, query), name=f"flight {plan_key}"
+            )
         waiter = Waiter(self, flight, tuned_only)
         flight.waiters.append(waiter)
         self.waiting += 1
@@ -348,7 +356,9 @@ class Builds:
             if reason is not None:
                 raise CompileFailed(reason)
             if await self._queue.live_workers(target) == 0:
-                raise TargetUnavailable(f"no live GPU worker can build for target {target.id}; {await self._live_targets_text()}")
+                raise TargetUnavailable(
+                    f"no live GPU worker can build for target {target.id}; {await self._live_targets_text()}"
+                )
             with translated_errors("recording a job state"):
                 await self._redis.hset(keys.job_state(plan_key), mapping=state_fields(job_id, QUEUED))  # type: ignore[arg-type]
                 await self._redis.expire(keys.job_state(plan_key), 24 * 3600)
@@ -418,20 +428,31 @@ class Builds:
                         live = await self._queue.live_workers(target)
                         workerless_since = None if live else (workerless_since or time.monotonic())
                     if workerless_since is not None and time.monotonic() - workerless_since >= WORKERLESS_S:
-                        self._settle(flight, TargetUnavailable(
-                            f"no live GPU worker of target {target.id} for {WORKERLESS_S:.0f} s to build plan {flight.plan_key} (job "
-                            f"{flight.job_id}, still queued: the next worker of the target builds it); call again"
-                        ))  # fmt: skip
+                        self._settle(
+                            flight,
+                            TargetUnavailable(
+                                f"no live GPU worker of target {target.id} for {WORKERLESS_S:.0f} s to build plan {flight.plan_key} (job "
+                                f"{flight.job_id}, still queued: the next worker of the target builds it); call again"
+                            ),
+                        )
                         break
                     if gone >= GONE_RECHECKS:
-                        self._settle(flight, Unavailable(
-                            f"plan {flight.plan_key} was built (job {flight.job_id}) but is no longer stored: it was deleted or evicted "
-                            "(--store-max-mb) before it could be read; call again"
-                        ))  # fmt: skip
+                        self._settle(
+                            flight,
+                            Unavailable(
+                                f"plan {flight.plan_key} was built (job {flight.job_id}) but is no longer stored: it was deleted or evicted "
+                                "(--store-max-mb) before it could be read; call again"
+                            ),
+                        )
                         break
                 except Unavailable as e:
                     # A Redis blip must not fail every waiter: they keep their deadlines.
-                    _faults.warning("follow", "following the build of %s: %s (its callers keep waiting, within their deadlines)", flight.plan_key, e.message)
+                    _faults.warning(
+                        "follow",
+                        "following the build of %s: %s (its callers keep waiting, within their deadlines)",
+                        flight.plan_key,
+                        e.message,
+                    )
                 try:
                     await asyncio.wait_for(event.wait(), RECHECK_S)
                 except TimeoutError:
@@ -524,10 +545,14 @@ class Builds:
         self._closing = True
         for flight in list(self._flights.values()):
             if not flight.opened.done():
-                flight.opened.set_exception(Unavailable(f"this front end is shutting down; call again (plan {flight.plan_key})"))
+                flight.opened.set_exception(
+                    Unavailable(f"this front end is shutting down; call again (plan {flight.plan_key})")
+                )
                 flight.opened.exception()
             if flight.outcome is None:
-                flight.outcome = Unavailable(f"this front end is shutting down; plan {flight.plan_key} is still building: call again")
+                flight.outcome = Unavailable(
+                    f"this front end is shutting down; plan {flight.plan_key} is still building: call again"
+                )
                 if flight.task is not None:
                     flight.task.cancel()
                 await self._wake(flight)

@@ -70,13 +70,21 @@ class _Capture:
 
 
 def add_guarded(
-    register: Callable[[Any, Any], None], servicer: Any, server: grpc.aio.Server, authorizer: Authorizer, offload: CpuOffload, limits: WireLimits
+    register: Callable[[Any, Any], None],
+    servicer: Any,
+    server: grpc.aio.Server,
+    authorizer: Authorizer,
+    offload: CpuOffload,
+    limits: WireLimits,
 ) -> None:
     """Register `servicer` (with its generated `add_..._to_server`) on
     `server`, every method wrapped by the steps above."""
     captured = _Capture()
     register(servicer, captured)
-    guarded = {name: _guard(handler, f"/{captured.service}/{name}", authorizer, offload, limits) for name, handler in captured.handlers.items()}
+    guarded = {
+        name: _guard(handler, f"/{captured.service}/{name}", authorizer, offload, limits)
+        for name, handler in captured.handlers.items()
+    }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(captured.service, guarded),))
     server.add_registered_method_handlers(captured.service, guarded)  # type: ignore[attr-defined]
 
@@ -110,7 +118,9 @@ def authorize_body(name: str, request: Any, role: Role) -> None:
     """3. Prefetch needs the compile role only when it asks for builds."""
     needed = needed_role(name, request)
     if role < needed:
-        raise PermissionDenied(f"{name} with compile_missing needs a {needed.name.lower()} token; this token's role is {role.name.lower()}")
+        raise PermissionDenied(
+            f"{name} with compile_missing needs a {needed.name.lower()} token; this token's role is {role.name.lower()}"
+        )
 
 
 async def abort(context: Context, method: str, error: BaseException) -> None:
@@ -183,7 +193,9 @@ def _guard(handler: Handler, method: str, authorizer: Authorizer, offload: CpuOf
             finally:
                 count(name, started, failed)
 
-        return grpc.unary_unary_rpc_method_handler(unary, request_deserializer=None, response_serializer=serialize_or_pass)
+        return grpc.unary_unary_rpc_method_handler(
+            unary, request_deserializer=None, response_serializer=serialize_or_pass
+        )
 
     inner_stream = cast(Streaming, handler.unary_stream)
 
@@ -201,4 +213,6 @@ def _guard(handler: Handler, method: str, authorizer: Authorizer, offload: CpuOf
         finally:
             count(name, started, failed)
 
-    return grpc.unary_stream_rpc_method_handler(stream, request_deserializer=None, response_serializer=serialize_or_pass)
+    return grpc.unary_stream_rpc_method_handler(
+        stream, request_deserializer=None, response_serializer=serialize_or_pass
+    )

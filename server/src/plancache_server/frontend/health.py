@@ -30,9 +30,13 @@ REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 class ListingHealthServicer(HealthServicer):  # type: ignore[misc]
     """grpcio-health-checking's servicer, plus List (it answers INTERNAL there)."""
 
-    async def List(self, request: health_pb2.HealthListRequest, context: grpc.aio.ServicerContext[Any, Any]) -> health_pb2.HealthListResponse:
+    async def List(
+        self, request: health_pb2.HealthListRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> health_pb2.HealthListResponse:
         return health_pb2.HealthListResponse(
-            statuses={name: health_pb2.HealthCheckResponse(status=status) for name, status in self._server_status.items()}
+            statuses={
+                name: health_pb2.HealthCheckResponse(status=status) for name, status in self._server_status.items()
+            }
         )
 
 
@@ -80,12 +84,20 @@ def enable_reflection(server: grpc.aio.Server, services: Sequence[str]) -> None:
     names = (*services, reflection.SERVICE_NAME, REFLECTION_V1)
     servicer = ReflectionServicer(names)
 
-    async def info(requests: AsyncIterator[reflection_pb2.ServerReflectionRequest], context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[reflection_pb2.ServerReflectionResponse]:
+    async def info(
+        requests: AsyncIterator[reflection_pb2.ServerReflectionRequest], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[reflection_pb2.ServerReflectionResponse]:
         async for response in servicer.ServerReflectionInfo(requests, context):
             yield response
 
     handler = grpc.stream_stream_rpc_method_handler(
-        info, request_deserializer=reflection_pb2.ServerReflectionRequest.FromString, response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString
+        info,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
     )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(reflection.SERVICE_NAME, {"ServerReflectionInfo": handler}),))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": handler}),))
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(reflection.SERVICE_NAME, {"ServerReflectionInfo": handler}),)
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": handler}),)
+    )

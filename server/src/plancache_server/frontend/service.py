@@ -92,7 +92,11 @@ class PlanService:
         size = spec.ByteSize()
         if size > RESOLVED_MAX_SPEC_BYTES:
             return await self._offload.run(size, self.resolve_now, spec, target, options)
-        wire = (spec.SerializeToString(deterministic=True), target.SerializeToString(deterministic=True), options.SerializeToString(deterministic=True))
+        wire = (
+            spec.SerializeToString(deterministic=True),
+            target.SerializeToString(deterministic=True),
+            options.SerializeToString(deterministic=True),
+        )
         resolved = self._resolved.get(wire)
         if resolved is None:
             resolved = self.resolve_now(spec, target, options)
@@ -108,7 +112,9 @@ class PlanService:
         resolved_target = Target.from_proto(target)
         resolved_options = CompileOptions.from_proto(options)
         plan_key = make_key(hash_normalized(normalized), resolved_target, resolved_options)
-        query = pb.PlanQuery(spec=spec_io.to_proto(normalized), target=resolved_target.to_proto(), options=resolved_options.to_proto())
+        query = pb.PlanQuery(
+            spec=spec_io.to_proto(normalized), target=resolved_target.to_proto(), options=resolved_options.to_proto()
+        )
         return ResolvedQuery(plan_key, resolved_target, query, anchor_family([n.op for n in normalized.nodes]))
 
     async def _ref_key(self, ref: pb.PlanRef) -> tuple[str, ResolvedQuery | None]:
@@ -127,7 +133,9 @@ class PlanService:
 
     # ---- lookups and builds --------------------------------------------------
 
-    async def _lookup(self, plan_key: str, target_id: str, family: str | None = None, tuned_only: bool = False, count: bool = True) -> StoredPlan | None:
+    async def _lookup(
+        self, plan_key: str, target_id: str, family: str | None = None, tuned_only: bool = False, count: bool = True
+    ) -> StoredPlan | None:
         """The stored plan, counted as a hit (with the bytes it serves and the
         build time it saves) or a miss of its target and op family. A key
         whose build callers here already wait for is a miss without asking
@@ -150,7 +158,9 @@ class PlanService:
         else:
             saved = plan.metadata.build_seconds + plan.metadata.autotune_seconds
             self._stats.hit(plan_key, len(plan.blob), saved, target_id=target_id, family=family)
-        telemetry.child(telemetry.LOOKUPS, self._directory.scope(target_id), "hit" if plan is not None else "miss").inc()
+        telemetry.child(
+            telemetry.LOOKUPS, self._directory.scope(target_id), "hit" if plan is not None else "miss"
+        ).inc()
 
     async def _start_build(self, resolved: ResolvedQuery, tuned_only: bool = False, count: bool = True) -> Waiter:
         """Wait for the build of a missing plan: started here, or joined (counted unless not `count`)."""
@@ -160,7 +170,11 @@ class PlanService:
             self._stats.incr(Counter.REFUSED, target_id=resolved.target.id, family=resolved.family)
             raise
         if count or waiter.started:
-            self._stats.incr(Counter.COMPILES if waiter.started else Counter.JOINED, target_id=resolved.target.id, family=resolved.family)
+            self._stats.incr(
+                Counter.COMPILES if waiter.started else Counter.JOINED,
+                target_id=resolved.target.id,
+                family=resolved.family,
+            )
         if waiter.started:
             log.info("started the build of %s (job %s)", resolved.plan_key, waiter.flight.job_id)
         return waiter
@@ -173,16 +187,24 @@ class PlanService:
 
     # ---- calls -----------------------------------------------------------------
 
-    async def compile(self, request: pb.CompileRequest, time_remaining: float | None, when_sent: Callable[[Callable[[], None]], None]) -> bytes:
+    async def compile(
+        self, request: pb.CompileRequest, time_remaining: float | None, when_sent: Callable[[Callable[[], None]], None]
+    ) -> bytes:
         """A serialized CompileResponse. `when_sent(callback)` calls back once
         the response is written (it frees the caller's delivery slot)."""
         resolved = await self.resolve(request.spec, request.target, request.options)
         count = not request.counted  # the caller's own earlier request (answer_miss_at_once) was counted
-        plan = await self._lookup(resolved.plan_key, resolved.target.id, resolved.family, request.tuned_only, count=count)
+        plan = await self._lookup(
+            resolved.plan_key, resolved.target.id, resolved.family, request.tuned_only, count=count
+        )
         if plan is not None:
-            return plan.compile_response(pb.COMPILE_SOURCE_HIT)  # a stored plan, provisional or not (its metadata says which)
+            return plan.compile_response(
+                pb.COMPILE_SOURCE_HIT
+            )  # a stored plan, provisional or not (its metadata says which)
         waiter = await self._start_build(resolved, request.tuned_only, count=count)
-        if request.answer_miss_at_once:  # a hedged miss: the caller builds meanwhile, and asks again (counted) for this build
+        if (
+            request.answer_miss_at_once
+        ):  # a hedged miss: the caller builds meanwhile, and asks again (counted) for this build
             waiter.release()
             return BUILDING
         when_sent(waiter.release)
@@ -192,14 +214,20 @@ class PlanService:
             self._failed(waiter, resolved, e)
             raise
         # A counted request is the second half of a hedged compile: the build its first half started or joined (said as compiled).
-        return plan.compile_response(_source(plan, pb.COMPILE_SOURCE_COMPILED if waiter.started or request.counted else pb.COMPILE_SOURCE_JOINED))
+        return plan.compile_response(
+            _source(plan, pb.COMPILE_SOURCE_COMPILED if waiter.started or request.counted else pb.COMPILE_SOURCE_JOINED)
+        )
 
     async def report(self, request: pb.ReportFirstUsesRequest) -> pb.ReportFirstUsesResponse:
         """A node's background report: first uses, and its graphs' outcomes and races (see count_outcomes)."""
         if len(request.outcomes) > MAX_OUTCOMES or len(request.races) > MAX_RACES:
-            raise ResourceExhausted(f"a ReportFirstUses takes at most {MAX_OUTCOMES} outcomes and {MAX_RACES} races: send several")
+            raise ResourceExhausted(
+                f"a ReportFirstUses takes at most {MAX_OUTCOMES} outcomes and {MAX_RACES} races: send several"
+            )
         counted = await self.report_first_uses(request.uses)
-        return pb.ReportFirstUsesResponse(counted=counted, outcomes_counted=self.count_outcomes(request.outcomes, request.races))
+        return pb.ReportFirstUsesResponse(
+            counted=counted, outcomes_counted=self.count_outcomes(request.outcomes, request.races)
+        )
 
     def count_outcomes(self, entries: Sequence[pb.OutcomeCount], races: Sequence[pb.RaceCount]) -> int:
         """Add a node's counts to the fleet's, every label folded into its
@@ -213,7 +241,9 @@ class PlanService:
                 continue
             target = self._directory.scope(entry.target_id)
             self._stats.fleet(target, labels.field(), amount)
-            telemetry.child(telemetry.FLEET_GRAPHS, target, labels.path, labels.outcome, labels.reason, labels.node_type).inc(amount)
+            telemetry.child(
+                telemetry.FLEET_GRAPHS, target, labels.path, labels.outcome, labels.reason, labels.node_type
+            ).inc(amount)
             member = fleet.local_spec_member(target, labels, entry.spec_hash) if entry.spec_hash else None
             if member is not None:
                 self._stats.local_spec(member, amount)
@@ -232,14 +262,20 @@ class PlanService:
         knows (stored, or being built here) is counted, once per report:
         a report cannot invent keys or targets."""
         if len(uses) > MAX_FIRST_USES:
-            raise ResourceExhausted(f"a ReportFirstUses takes at most {MAX_FIRST_USES} uses, this one has {len(uses)}: send several")
+            raise ResourceExhausted(
+                f"a ReportFirstUses takes at most {MAX_FIRST_USES} uses, this one has {len(uses)}: send several"
+            )
         counted = 0
         for plan_key, local in {use.plan_key: use.local for use in uses}.items():
             try:
                 target_id = parse_key(plan_key).target.id
             except PlanCacheError:
                 continue
-            if not self._builds.flying(plan_key) and self._store.cached(plan_key) is None and await self._store.get(plan_key) is None:
+            if (
+                not self._builds.flying(plan_key)
+                and self._store.cached(plan_key) is None
+                and await self._store.get(plan_key) is None
+            ):
                 continue
             self._stats.incr(Counter.FIRST_USES_LOCAL if local else Counter.FIRST_USES_SERVED, target_id=target_id)
             counted += 1
@@ -252,12 +288,18 @@ class PlanService:
                 self._count(ref.key, plan, parse_key(ref.key).target.id, None)
                 return plan
         plan_key, resolved = await self._ref_key(ref)
-        plan = await self._lookup(plan_key, resolved.target.id if resolved else parse_key(plan_key).target.id, resolved.family if resolved else None)
+        plan = await self._lookup(
+            plan_key,
+            resolved.target.id if resolved else parse_key(plan_key).target.id,
+            resolved.family if resolved else None,
+        )
         if plan is None:
             raise NotFound(f"no stored plan {plan_key} (GetPlan never compiles; use Compile)")
         return plan
 
-    async def prefetch(self, request: pb.PrefetchRequest, time_remaining: float | None) -> AsyncIterator[bytes | pb.PrefetchItem]:
+    async def prefetch(
+        self, request: pb.PrefetchRequest, time_remaining: float | None
+    ) -> AsyncIterator[bytes | pb.PrefetchItem]:
         """Stored plans first, then, with compile_missing, each build as it
         finishes. A failure answers its own item and never ends the stream.
 
@@ -268,7 +310,9 @@ class PlanService:
         """
         refs = request.refs
         if len(refs) > self._max_prefetch_refs:
-            raise ResourceExhausted(f"a Prefetch takes at most {self._max_prefetch_refs} plan refs, this one has {len(refs)}: split the manifest")
+            raise ResourceExhausted(
+                f"a Prefetch takes at most {self._max_prefetch_refs} plan refs, this one has {len(refs)}: split the manifest"
+            )
         deadline = self._deadline(time_remaining)
         stored: list[tuple[int, str]] = []
         waiting: dict[asyncio.Future[StoredPlan], tuple[int, Waiter, ResolvedQuery]] = {}
@@ -282,7 +326,9 @@ class PlanService:
                     if plan is not None:
                         stored.append((index, key))
                     elif not request.compile_missing:
-                        raise NotFound(f"no {'autotuned ' if request.tuned_only else ''}stored plan {key} (compile_missing is off)")
+                        raise NotFound(
+                            f"no {'autotuned ' if request.tuned_only else ''}stored plan {key} (compile_missing is off)"
+                        )
                     elif resolved is None:
                         raise NotFound(f"no stored plan {key}; send its spec, target and options to have it compiled")
                     else:
@@ -300,7 +346,9 @@ class PlanService:
                     else _error_item(index, key, NotFound(f"plan {key} was deleted meanwhile"))
                 )
             while waiting:
-                done, _ = await asyncio.wait(waiting, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    waiting, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
+                )
                 if not done:
                     for index, waiter, _ in waiting.values():
                         yield _error_item(index, waiter.plan_key, waiter.timeout())
@@ -347,7 +395,9 @@ class PlanService:
             self._store.forget(key)
         deleted = len(removed)
         await self._stats.forget_plans(doomed)
-        log.warning("invalidated %d plan(s) (%s %s)", deleted, what, bounded(str(getattr(request, what or "key")))[:200])
+        log.warning(
+            "invalidated %d plan(s) (%s %s)", deleted, what, bounded(str(getattr(request, what or "key")))[:200]
+        )
         return deleted
 
     async def explain(self, query: pb.PlanQuery) -> pb.ExplainResponse:
@@ -360,14 +410,20 @@ class PlanService:
             if key == resolved.plan_key or await self._store.get(key) is None:
                 continue
             other = parse_key(key)
-            variants.append(pb.StoredVariant(key=key, differences=_differences(resolved.target, other.target, asked.options_id, other.options_id)))
+            variants.append(
+                pb.StoredVariant(
+                    key=key, differences=_differences(resolved.target, other.target, asked.options_id, other.options_id)
+                )
+            )
         if stored:
             summary = "stored: a lookup hits"
         elif variants:
             summary = f"not stored for this target and options; {len(variants)} plan(s) of the same spec are stored under other keys"
         else:
             summary = "no plan of this spec is stored under any target or options (the spec differs from every stored one, or was never compiled)"
-        return pb.ExplainResponse(key=resolved.plan_key, stored=stored, spec_hash=asked.spec_hash, variants=variants, summary=summary)
+        return pb.ExplainResponse(
+            key=resolved.plan_key, stored=stored, spec_hash=asked.spec_hash, variants=variants, summary=summary
+        )
 
     async def drain_worker(self, worker_id: str) -> bool:
         if not worker_id or len(worker_id) > 256:
@@ -378,7 +434,10 @@ class PlanService:
 
     async def list_targets(self) -> list[pb.TargetInfo]:
         await self._directory.refresh()
-        return [pb.TargetInfo(target_id=t, live_workers=len(w), worker_ids=w) for t, w in sorted(self._directory.live.items())]
+        return [
+            pb.TargetInfo(target_id=t, live_workers=len(w), worker_ids=w)
+            for t, w in sorted(self._directory.live.items())
+        ]
 
     async def stats(self) -> pb.GetStatsResponse:
         await self._directory.refresh()
@@ -386,22 +445,37 @@ class PlanService:
         usage = await asyncio.to_thread(self._janitor.usage)
         live = self._directory.live
         response = pb.GetStatsResponse()
-        for target_id in sorted(target_ids(readings) | set(live) | {t for t, u in usage.items() if u.stored_plans or u.evicted or u.expired}):
+        for target_id in sorted(
+            target_ids(readings) | set(live) | {t for t, u in usage.items() if u.stored_plans or u.evicted or u.expired}
+        ):
             windows = readings.get(target_scope(target_id), {})
             row = _window(windows.get("total", {}), "total")
             stored = usage.get(target_id, TargetUsage())
             response.targets.append(
                 pb.TargetStats(
-                    target_id=target_id, hits=row.hits, misses=row.misses, compiles=row.compiles, failures=row.failures, joined=row.joined,
-                    live_workers=len(live.get(target_id, ())), bytes_served=row.bytes_served, build_seconds_saved=row.build_seconds_saved,
+                    target_id=target_id,
+                    hits=row.hits,
+                    misses=row.misses,
+                    compiles=row.compiles,
+                    failures=row.failures,
+                    joined=row.joined,
+                    live_workers=len(live.get(target_id, ())),
+                    bytes_served=row.bytes_served,
+                    build_seconds_saved=row.build_seconds_saved,
                     windows=[_window(windows.get(w, {}), w) for w in WINDOWS],
-                    stored_bytes=stored.stored_bytes, stored_plans=stored.stored_plans, evicted=stored.evicted, expired=stored.expired,
+                    stored_bytes=stored.stored_bytes,
+                    stored_plans=stored.stored_plans,
+                    evicted=stored.evicted,
+                    expired=stored.expired,
                 )
-            )  # fmt: skip
+            )
         for scope in sorted(readings):
             if scope.startswith("family:"):
                 response.op_families.append(
-                    pb.FamilyStats(family=scope.removeprefix("family:"), windows=[_window(readings[scope].get(w, {}), w) for w in WINDOWS])
+                    pb.FamilyStats(
+                        family=scope.removeprefix("family:"),
+                        windows=[_window(readings[scope].get(w, {}), w) for w in WINDOWS],
+                    )
                 )
         return response
 
@@ -413,7 +487,11 @@ def _source(plan: StoredPlan, source: int) -> int:
 
 
 def _error_item(index: int, key: str, error: PlanCacheError) -> pb.PrefetchItem:
-    item = pb.PrefetchItem(index=index, key=key, error=pb.PrefetchError(code=error.code.name, message=bounded(error.message), error_class=type(error).__name__))
+    item = pb.PrefetchItem(
+        index=index,
+        key=key,
+        error=pb.PrefetchError(code=error.code.name, message=bounded(error.message), error_class=type(error).__name__),
+    )
     if error.retry_after is not None:
         item.error.retry_delay.CopyFrom(duration(error.retry_after))
     return item
@@ -436,7 +514,14 @@ def _window(values: dict[str, float], window: str) -> pb.WindowStats:
         return round(values.get(counter.value, 0.0))
 
     return pb.WindowStats(
-        window=window, hits=count(Counter.HITS), misses=count(Counter.MISSES), compiles=count(Counter.COMPILES), failures=count(Counter.FAILURES),
-        joined=count(Counter.JOINED), bytes_served=count(Counter.BYTES_SERVED), build_seconds_saved=values.get(Counter.SECONDS_SAVED.value, 0.0),
-        refused=count(Counter.REFUSED), untrusted_builds=count(Counter.UNTRUSTED),
-    )  # fmt: skip
+        window=window,
+        hits=count(Counter.HITS),
+        misses=count(Counter.MISSES),
+        compiles=count(Counter.COMPILES),
+        failures=count(Counter.FAILURES),
+        joined=count(Counter.JOINED),
+        bytes_served=count(Counter.BYTES_SERVED),
+        build_seconds_saved=values.get(Counter.SECONDS_SAVED.value, 0.0),
+        refused=count(Counter.REFUSED),
+        untrusted_builds=count(Counter.UNTRUSTED),
+    )

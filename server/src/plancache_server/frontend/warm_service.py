@@ -30,7 +30,14 @@ ThreadResolver = Callable[[pb.GraphSpec, pb.Target, pb.CompileOptions], tuple[st
 
 
 class WarmService:
-    def __init__(self, warming: Warming, directory: WorkerDirectory, resolve: Resolver, resolve_now: ThreadResolver, families: FamilyRecords) -> None:
+    def __init__(
+        self,
+        warming: Warming,
+        directory: WorkerDirectory,
+        resolve: Resolver,
+        resolve_now: ThreadResolver,
+        families: FamilyRecords,
+    ) -> None:
         self._warming = warming
         self._directory = directory
         self._resolve = resolve
@@ -44,7 +51,9 @@ class WarmService:
         await self._directory.refresh()
         if target.id not in self._directory.known:
             known = ", ".join(sorted(self._directory.known)) or "none yet"
-            raise InvalidRequest(f"target {target.id} is unknown: no worker has advertised it (known targets: {known[:2000]})")
+            raise InvalidRequest(
+                f"target {target.id} is unknown: no worker has advertised it (known targets: {known[:2000]})"
+            )
         top = request.top or DEFAULT_TOP
         if not 1 <= top <= MAX_TOP:
             raise InvalidRequest(f"top must be between 1 and {MAX_TOP}, not {request.top}")
@@ -55,7 +64,9 @@ class WarmService:
             source = Source(days=request.served_days)
         elif kind == "manifest":
             if len(request.manifest.queries) > MAX_TOP:
-                raise InvalidRequest(f"a warming manifest takes at most {MAX_TOP} specs, not {len(request.manifest.queries)}")
+                raise InvalidRequest(
+                    f"a warming manifest takes at most {MAX_TOP} specs, not {len(request.manifest.queries)}"
+                )
             resolved = [await self._resolve(q.spec, target.to_proto(), q.options) for q in request.manifest.queries]
             source = Source(manifest=tuple(resolved))
         else:
@@ -81,11 +92,15 @@ class WarmService:
         await self._directory.refresh()
         if target.id not in self._directory.known:
             known = ", ".join(sorted(self._directory.known)) or "none yet"
-            raise InvalidRequest(f"target {target.id} is unknown: no worker has advertised it (known targets: {known[:2000]})")
+            raise InvalidRequest(
+                f"target {target.id} is unknown: no worker has advertised it (known targets: {known[:2000]})"
+            )
         family_key = make_family_key(family.family_hash(), target, options)
         return await asyncio.to_thread(self._queue_family, family, family_key, target, options)
 
-    def _queue_family(self, family: Family, family_key: str, target: Target, options: CompileOptions) -> pb.FamilyStatus:
+    def _queue_family(
+        self, family: Family, family_key: str, target: Target, options: CompileOptions
+    ) -> pb.FamilyStatus:
         """On a thread: each graph resolved as a Compile's spec is (normalized, validated, keyed), the missing ones queued."""
         members: list[tuple[str, pb.PlanQuery]] = []
         for _, spec in family.instances():
@@ -94,7 +109,14 @@ class WarmService:
         missing = [(key, query) for (key, query), present in zip(members, stored, strict=True) if not present]
         queued = self._warming.extend(target, missing, f"graph family {family_key[:80]}")
         record = self._families.put(family_key, target.id, family.to_proto(), [key for key, _ in members])
-        log.info("graph family %s for %s: %d graph(s), %d stored, %d queued", family_key, target.id, len(members), len(members) - len(missing), queued)
+        log.info(
+            "graph family %s for %s: %d graph(s), %d stored, %d queued",
+            family_key,
+            target.id,
+            len(members),
+            len(members) - len(missing),
+            queued,
+        )
         return _family_status(record, len(members) - len(missing), queued)
 
     async def get_family(self, request: pb.GetFamilyRequest) -> pb.FamilyStatus:
@@ -106,5 +128,11 @@ class WarmService:
 
 
 def _family_status(record: FamilyRecord, stored: int, queued: int) -> pb.FamilyStatus:
-    return pb.FamilyStatus(family_key=record.family_key, target_id=record.target_id, total=len(record.members), stored=stored, queued=queued,
-                           created_at=record.created_at)  # fmt: skip
+    return pb.FamilyStatus(
+        family_key=record.family_key,
+        target_id=record.target_id,
+        total=len(record.members),
+        stored=stored,
+        queued=queued,
+        created_at=record.created_at,
+    )

@@ -60,8 +60,13 @@ def check(method: str, raw: bytes, limits: WireLimits) -> None:
         bound = SMALL_REQUEST_BYTES
     if len(raw) > bound:
         raise ResourceExhausted(f"a {method} request takes at most {bound:,} bytes, this one has {len(raw):,}")
-    message = {"Compile": "CompileRequest", "Explain": "ExplainRequest", "Prefetch": "PrefetchRequest", "Warm": "WarmRequest",
-               "BuildFamily": "BuildFamilyRequest"}.get(method)  # fmt: skip
+    message = {
+        "Compile": "CompileRequest",
+        "Explain": "ExplainRequest",
+        "Prefetch": "PrefetchRequest",
+        "Warm": "WarmRequest",
+        "BuildFamily": "BuildFamilyRequest",
+    }.get(method)
     # A small request parses into little however it is shaped (64 KB of the
     # tiniest messages: about 3 MB); the common case skips the walk.
     if message is not None and len(raw) > SMALL_REQUEST_BYTES:
@@ -95,7 +100,9 @@ class _Walk:
                     self._entry(name, field, counts[field], length, where)
                     inner, largest = shape[field]
                     if largest and length > largest:
-                        raise SpecError(f"{where}: field {field} of {name} entry {counts[field]} has {length:,} bytes, over {largest:,}")
+                        raise SpecError(
+                            f"{where}: field {field} of {name} entry {counts[field]} has {length:,} bytes, over {largest:,}"
+                        )
                     if inner is not None:
                         self.message(raw, pos, pos + length, inner, f"{where}.{inner}[{counts[field] - 1}]")
                 pos += length
@@ -117,7 +124,9 @@ class _Walk:
         if name == GRAPH_SPEC and field == 6 and length > 4 * limits.spec.max_name_length:
             raise SpecError(f"{where}: name longer than {limits.spec.max_name_length} characters")
         if name == "PrefetchRequest" and count > limits.max_prefetch_refs:
-            raise ResourceExhausted(f"a Prefetch takes at most {limits.max_prefetch_refs} plan refs: split the manifest")
+            raise ResourceExhausted(
+                f"a Prefetch takes at most {limits.max_prefetch_refs} plan refs: split the manifest"
+            )
         if name == "WarmManifest" and count > MAX_WARM_QUERIES:
             raise ResourceExhausted(f"a Warm manifest takes at most {MAX_WARM_QUERIES} specs")
 

@@ -100,7 +100,9 @@ class BuildRecorder:
         with translated_errors("renewing a build lease"):
             self._renew(keys=[keys.build_lease(plan_key)], args=[job_id, int(self._lease_s * 1000)])
 
-    def finish(self, plan_key: str, job_id: str, worker_id: str, error: str | None = None, rejected: bool = False) -> None:
+    def finish(
+        self, plan_key: str, job_id: str, worker_id: str, error: str | None = None, rejected: bool = False
+    ) -> None:
         """Record the outcome; `rejected`: cuDNN refused the graph, remembered
         for the negative cache's lifetime (the key carries the versions)."""
         if error and rejected:
@@ -108,7 +110,9 @@ class BuildRecorder:
                 self._redis.set(keys.failure(plan_key), error, ex=max(1, int(self._negative_ttl_s)))
         self._set_state(plan_key, state_fields(job_id, FAILED if error else DONE, worker=worker_id, error=error or ""))
         if error:
-            self._record_failure(FailedBuild(at=time.time(), plan_key=plan_key, worker=worker_id, reason=error, rejected=rejected))
+            self._record_failure(
+                FailedBuild(at=time.time(), plan_key=plan_key, worker=worker_id, reason=error, rejected=rejected)
+            )
         with translated_errors("releasing a build lease"):
             self._release(keys=[keys.build_lease(plan_key)], args=[job_id])
         with translated_errors("announcing a finished build"):
@@ -122,7 +126,9 @@ class BuildRecorder:
     def record_refusal(self, plan_key: str, worker_id: str, reason: str) -> None:
         """A job this worker refused (forged, or not for it): listed with the
         failed builds for operators; the plan it names is not touched."""
-        self._record_failure(FailedBuild(at=time.time(), plan_key=plan_key[:512], worker=worker_id, reason=reason[:2000], rejected=False))
+        self._record_failure(
+            FailedBuild(at=time.time(), plan_key=plan_key[:512], worker=worker_id, reason=reason[:2000], rejected=False)
+        )
 
     def _record_failure(self, failure: FailedBuild) -> None:
         with translated_errors("recording a failed build"):

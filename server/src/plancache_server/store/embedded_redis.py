@@ -85,13 +85,27 @@ class EmbeddedRedis:
         except OSError as e:  # a read-only or full file system
             raise unwritable(self.data_dir, f"{type(e).__name__}: {e.strerror or e}") from e
         args = [
-            executable, *listen, "--dir", str(self.data_dir),
-            "--save", "", "--appendonly", "yes" if self.persist else "no", "--protected-mode", "yes",
-            "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log"), *self.extra_args,
-        ]  # fmt: skip
+            executable,
+            *listen,
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.persist else "no",
+            "--protected-mode",
+            "yes",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
+            *self.extra_args,
+        ]
         log_file = self.data_dir / "redis.log"
         log_start = log_file.stat().st_size if log_file.exists() else 0
-        self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         deadline = time.monotonic() + timeout_s
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, password=self.password)
         try:

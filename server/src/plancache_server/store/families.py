@@ -47,7 +47,14 @@ class FamilyRecords:
         with translated_errors("recording a graph family"):
             name = keys.graph_family(family_key)
             self._redis.hsetnx(name, "created_at", json.dumps(now))
-            self._redis.hset(name, mapping={"target": target_id, "members": "\n".join(members), "family": family.SerializeToString().hex()})
+            self._redis.hset(
+                name,
+                mapping={
+                    "target": target_id,
+                    "members": "\n".join(members),
+                    "family": family.SerializeToString().hex(),
+                },
+            )
             created = self._redis.hget(name, "created_at")
         return FamilyRecord(family_key, target_id, tuple(members), float(json.loads(created)) if created else now)
 

@@ -22,11 +22,18 @@ from plancache.transport.outcomes import OTHER, PATHS, REASONS, node_types
 from plancache.v1 import plancache_pb2 as pb
 
 SEP = "|"
-OUTCOMES = {pb.GRAPH_OUTCOME_SERVED: "served", pb.GRAPH_OUTCOME_DISK_CACHE: "disk_cache", pb.GRAPH_OUTCOME_LOCAL: "local"}
+OUTCOMES = {
+    pb.GRAPH_OUTCOME_SERVED: "served",
+    pb.GRAPH_OUTCOME_DISK_CACHE: "disk_cache",
+    pb.GRAPH_OUTCOME_LOCAL: "local",
+}
 RACE_RESULTS = {
-    pb.RACE_RESULT_LOCAL_WON: "local_won", pb.RACE_RESULT_SERVICE_WON: "service_won", pb.RACE_RESULT_LOCAL_FAILED: "local_failed",
-    pb.RACE_RESULT_SERVICE_FAILED: "service_failed", pb.RACE_RESULT_REPLACED: "replaced",
-}  # fmt: skip
+    pb.RACE_RESULT_LOCAL_WON: "local_won",
+    pb.RACE_RESULT_SERVICE_WON: "service_won",
+    pb.RACE_RESULT_LOCAL_FAILED: "local_failed",
+    pb.RACE_RESULT_SERVICE_FAILED: "service_failed",
+    pb.RACE_RESULT_REPLACED: "replaced",
+}
 # Most graphs one entry of one report may claim (a larger count is cut to it).
 MAX_COUNT = 100_000
 _SPEC_HASH = re.compile(r"[0-9a-f]{64}")
@@ -140,9 +147,15 @@ def merged(scopes: Iterable[dict[str, float]]) -> Coverage:
             by_path[path][outcome] += amount
             if outcome == "local":
                 local[(reason, node_type)] += amount
-    rows = [LocalBuilds(reason, node_type, graphs, REASONS.get(reason, "")) for (reason, node_type), graphs in local.items() if graphs]
+    rows = [
+        LocalBuilds(reason, node_type, graphs, REASONS.get(reason, ""))
+        for (reason, node_type), graphs in local.items()
+        if graphs
+    ]
     rows.sort(key=lambda row: (-row.graphs, row.reason, row.node_type))
-    return Coverage(totals["served"], totals["disk_cache"], totals["local"], rows, {p: dict(o) for p, o in sorted(by_path.items())})
+    return Coverage(
+        totals["served"], totals["disk_cache"], totals["local"], rows, {p: dict(o) for p, o in sorted(by_path.items())}
+    )
 
 
 def races(values: dict[str, float]) -> dict[str, dict[str, float]]:

@@ -47,7 +47,11 @@ class Job:
     query: pb.PlanQuery
 
     def encode(self) -> dict[str, bytes]:
-        return {"job_id": self.job_id.encode(), "plan_key": self.plan_key.encode(), "query": self.query.SerializeToString()}
+        return {
+            "job_id": self.job_id.encode(),
+            "plan_key": self.plan_key.encode(),
+            "query": self.query.SerializeToString(),
+        }
 
     @classmethod
     def decode(cls, fields: dict[bytes, bytes]) -> Job:
@@ -87,7 +91,10 @@ class JobQueue:
         """Queue a job, or refuse it (ResourceExhausted) when the target's queue is full."""
         fields = job.encode()
         with translated_errors("queueing a build"):
-            added = await self._enqueue_if_room(keys=[keys.job_stream(target)], args=[self._max_jobs, fields["job_id"], fields["plan_key"], fields["query"]])
+            added = await self._enqueue_if_room(
+                keys=[keys.job_stream(target)],
+                args=[self._max_jobs, fields["job_id"], fields["plan_key"], fields["query"]],
+            )
         if not added:
             raise ResourceExhausted(
                 f"the build queue of target {target.id} is full ({self._max_jobs} unfinished builds); nothing was queued for {job.plan_key}: call again later",

@@ -171,7 +171,9 @@ class Janitor:
         deleted: list[str] = []
         while self.total_bytes() > max_bytes:
             # Warmed plans nobody asked for yet go first, the oldest first.
-            claimed = self._claimed(float("inf"), 1, keep, index=keys.WARMED_INDEX) or self._claimed(float("inf"), 1, keep)
+            claimed = self._claimed(float("inf"), 1, keep, index=keys.WARMED_INDEX) or self._claimed(
+                float("inf"), 1, keep
+            )
             if not claimed:
                 break  # nothing left but `keep`: it stays, over the bound
             if self.remove(claimed[0], "evicted"):
@@ -189,10 +191,17 @@ class Janitor:
     def retire(self, target_id: str) -> list[str]:
         """Delete every stored plan of a target; the ones this call deleted."""
         with translated_errors("listing a target's plans"):
-            found = sorted({keys.plan_key_of(text(k)) for k in self._redis.scan_iter(match=keys.plan_pattern_for_target(target_id), count=1000)})
+            found = sorted(
+                {
+                    keys.plan_key_of(text(k))
+                    for k in self._redis.scan_iter(match=keys.plan_pattern_for_target(target_id), count=1000)
+                }
+            )
         return [key for key in found if self.remove(key, "invalidated")]
 
-    def sweep(self, retention_s: float | None, max_bytes: int | None, retire_after_s: float | None = None) -> SweepResult:
+    def sweep(
+        self, retention_s: float | None, max_bytes: int | None, retire_after_s: float | None = None
+    ) -> SweepResult:
         """One pass of the rules (front ends run it every --sweep-interval);
         `retire_after_s`: also drop targets no worker advertised for that long."""
         result = SweepResult()
@@ -204,8 +213,12 @@ class Janitor:
         if max_bytes:
             result.evicted = self.enforce_capacity(max_bytes)
         if result.expired or result.evicted or result.retired:
-            log.info("store sweep: %d plan(s) unused past the retention deleted, %d evicted for the bound, %d of retired targets",
-                     len(result.expired), len(result.evicted), len(result.retired))  # fmt: skip
+            log.info(
+                "store sweep: %d plan(s) unused past the retention deleted, %d evicted for the bound, %d of retired targets",
+                len(result.expired),
+                len(result.evicted),
+                len(result.retired),
+            )
         return result
 
     # ---- reading -------------------------------------------------------------------
@@ -216,7 +229,12 @@ class Janitor:
         usage: dict[str, TargetUsage] = {}
         for name, value in raw.items():
             kind, _, target = text(name).partition(":")
-            attribute = {"bytes": "stored_bytes", "plans": "stored_plans", "evicted": "evicted", "expired": "expired"}.get(kind)
+            attribute = {
+                "bytes": "stored_bytes",
+                "plans": "stored_plans",
+                "evicted": "evicted",
+                "expired": "expired",
+            }.get(kind)
             if attribute:
                 setattr(usage.setdefault(target, TargetUsage()), attribute, int(value))
         return usage
@@ -241,7 +259,14 @@ class Sweeper:
     """A front end's periodic sweep (retention and the bound) on a thread:
     the janitor's client is blocking, and a sweep is rare and small."""
 
-    def __init__(self, janitor: Janitor, retention_s: float, max_bytes: int, interval_s: float, retire_after_s: float | None = None) -> None:
+    def __init__(
+        self,
+        janitor: Janitor,
+        retention_s: float,
+        max_bytes: int,
+        interval_s: float,
+        retire_after_s: float | None = None,
+    ) -> None:
         self._retire_after_s = retire_after_s
         self._janitor = janitor
         self._retention_s = retention_s

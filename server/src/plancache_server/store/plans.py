@@ -91,7 +91,11 @@ def encode_plan(plan: StoredPlan) -> dict[str, bytes]:
     meta = plan.metadata
     if hashlib.sha256(plan.blob).hexdigest() != meta.blob_sha256:
         raise ValueError(f"plan {meta.key}: refusing to store a blob that does not match its sha256")
-    fields = {"blob": plan.blob, "meta": meta.SerializeToString(), "sig": plan.signature.SerializeToString() if plan.signature else b""}
+    fields = {
+        "blob": plan.blob,
+        "meta": meta.SerializeToString(),
+        "sig": plan.signature.SerializeToString() if plan.signature else b"",
+    }
     # What the plan costs the store (plancache_server.store.lifecycle counts it).
     fields["size"] = str(sum(len(v) for v in fields.values())).encode()
     return fields
@@ -112,7 +116,9 @@ def checked_plan(plan_key: str, blob: bytes | None, meta: bytes | None, sig: byt
         raise IntegrityError(f"plan {plan_key}: its stored metadata or signature does not parse") from None
     digest = hashlib.sha256(blob).hexdigest()
     if digest != metadata.blob_sha256:
-        raise IntegrityError(f"plan {plan_key}: its blob's sha256 {digest} is not the one its metadata names ({metadata.blob_sha256[:64]})")
+        raise IntegrityError(
+            f"plan {plan_key}: its blob's sha256 {digest} is not the one its metadata names ({metadata.blob_sha256[:64]})"
+        )
     if metadata.key != plan_key:
         raise IntegrityError(f"plan {plan_key}: its metadata names another plan ({metadata.key[:300]})")
     return StoredPlan(blob=blob, metadata=metadata, signature=signature)
@@ -151,7 +157,13 @@ class RefusalLog:
 class RedisPlanStore:
     """Blocking: workers (check, then store what they built) and tools."""
 
-    def __init__(self, client: redis.Redis, trust: TrustPolicy | None = None, max_bytes: int = 0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        trust: TrustPolicy | None = None,
+        max_bytes: int = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         """`trust`: what a stored plan must be signed by to count as built;
         `max_bytes`: the store's bound (least recently used plans go first; 0: none)."""
         self._redis = client
@@ -188,7 +200,9 @@ class RedisPlanStore:
             self._redis.sadd(keys.spec_index(plan.metadata.spec_hash), plan_key)
             if spec is not None:
                 self._redis.set(keys.spec_body(plan.metadata.spec_hash), spec.SerializeToString())
-        self.janitor.record_put(plan_key, int(fields["size"]), int(previous) if previous is not None else None, warmed=warmed)
+        self.janitor.record_put(
+            plan_key, int(fields["size"]), int(previous) if previous is not None else None, warmed=warmed
+        )
         if self._max_bytes:
             self.janitor.enforce_capacity(self._max_bytes, keep=None if warmed else plan_key)
 
@@ -253,7 +267,9 @@ class AsyncRedisPlanStore:
             blob, meta, sig = cast(list[bytes | None], await self._redis.hmget(keys.plan(plan_key), PLAN_FIELDS))
         try:
             # Checking the sha256 of a large blob (and a signature) is CPU work: off the loop for large ones.
-            checked: StoredPlan | None = await self._offload.run(len(blob or b""), self._checked, plan_key, blob, meta, sig)
+            checked: StoredPlan | None = await self._offload.run(
+                len(blob or b""), self._checked, plan_key, blob, meta, sig
+            )
             return checked
         except IntegrityError as e:
             telemetry.child(telemetry.PLANS_REFUSED, "signature" if isinstance(e, UntrustedPlan) else "integrity").inc()

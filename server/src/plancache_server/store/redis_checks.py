@@ -33,14 +33,28 @@ def check_redis(client: redis.Redis, where: str) -> list[Finding]:
     except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as e:
         return [Finding(f"Redis at {where} refused this process: {describe(e)}", fatal=True)]
     except (redis.ConnectionError, redis.TimeoutError) as e:
-        return [Finding(f"Redis at {where} does not answer yet ({e}): starting anyway; calls succeed once it answers", fatal=False)]
+        return [
+            Finding(
+                f"Redis at {where} does not answer yet ({e}): starting anyway; calls succeed once it answers",
+                fatal=False,
+            )
+        ]
     try:
         info = client.info("memory")
     except redis.exceptions.NoPermissionError:
-        return [Finding(f"cannot check Redis' eviction policy at {where}: this user may not run INFO (give it the README's ACL rules again)", fatal=False)]
+        return [
+            Finding(
+                f"cannot check Redis' eviction policy at {where}: this user may not run INFO (give it the README's ACL rules again)",
+                fatal=False,
+            )
+        ]
     except redis.RedisError as e:
         return [Finding(f"cannot check Redis' eviction policy at {where}: {describe(e)}", fatal=False)]
-    return [f for node in _nodes(info) if (f := eviction_finding(str(node.get("maxmemory_policy", NO_EVICTION)), int(node.get("maxmemory", 0)), where))]
+    return [
+        f
+        for node in _nodes(info)
+        if (f := eviction_finding(str(node.get("maxmemory_policy", NO_EVICTION)), int(node.get("maxmemory", 0)), where))
+    ]
 
 
 def _nodes(info: dict[str, Any]) -> list[dict[str, Any]]:
@@ -51,15 +65,25 @@ def _nodes(info: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def eviction_finding(policy: str, maxmemory: int, where: str) -> Finding | None:
-    change = (f"set `maxmemory-policy {NO_EVICTION}` (CONFIG SET maxmemory-policy {NO_EVICTION}, and in redis.conf) and bound the plans with "
-              "--store-max-mb below maxmemory: plancache then evicts least recently used plans itself, never a job or a lease")  # fmt: skip
+    change = (
+        f"set `maxmemory-policy {NO_EVICTION}` (CONFIG SET maxmemory-policy {NO_EVICTION}, and in redis.conf) and bound the plans with "
+        "--store-max-mb below maxmemory: plancache then evicts least recently used plans itself, never a job or a lease"
+    )
     if policy.startswith("allkeys-") and maxmemory > 0:
-        return Finding(f"Redis at {where} has maxmemory-policy {policy} (maxmemory {maxmemory} bytes): it would drop plans, build jobs and leases "
-                       f"under memory pressure; {change}", fatal=True)  # fmt: skip
+        return Finding(
+            f"Redis at {where} has maxmemory-policy {policy} (maxmemory {maxmemory} bytes): it would drop plans, build jobs and leases "
+            f"under memory pressure; {change}",
+            fatal=True,
+        )
     if policy.startswith("allkeys-"):
-        return Finding(f"Redis at {where} has maxmemory-policy {policy}: once a maxmemory is set it drops plans, build jobs and leases; {change}",
-                       fatal=False)  # fmt: skip
+        return Finding(
+            f"Redis at {where} has maxmemory-policy {policy}: once a maxmemory is set it drops plans, build jobs and leases; {change}",
+            fatal=False,
+        )
     if policy.startswith("volatile-") and maxmemory > 0:
-        return Finding(f"Redis at {where} has maxmemory-policy {policy} (maxmemory {maxmemory} bytes): it would drop build leases and job states "
-                       f"(a build may run twice; stored plans are kept); {change}", fatal=False)  # fmt: skip
+        return Finding(
+            f"Redis at {where} has maxmemory-policy {policy} (maxmemory {maxmemory} bytes): it would drop build leases and job states "
+            f"(a build may run twice; stored plans are kept); {change}",
+            fatal=False,
+        )
     return None

@@ -53,9 +53,13 @@ def connect(url: str) -> redis.Redis:
     """
     cluster = _cluster_url(url)
     if cluster is not None:
-        client = redis.RedisCluster.from_url(cluster, socket_connect_timeout=2.0, socket_timeout=10.0, decode_responses=False)
+        client = redis.RedisCluster.from_url(
+            cluster, socket_connect_timeout=2.0, socket_timeout=10.0, decode_responses=False
+        )
         return cast(redis.Redis, client)
-    return redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=10.0, health_check_interval=30, decode_responses=False)
+    return redis.Redis.from_url(
+        url, socket_connect_timeout=2.0, socket_timeout=10.0, health_check_interval=30, decode_responses=False
+    )
 
 
 def connect_async(url: str) -> AsyncRedis:
@@ -63,13 +67,22 @@ def connect_async(url: str) -> AsyncRedis:
     cluster = _cluster_url(url)
     if cluster is not None:
         client = AsyncRedisCluster.from_url(
-            cluster, socket_connect_timeout=2.0, socket_timeout=10.0, decode_responses=False, max_connections=FRONT_END_CLUSTER_CONNECTIONS
+            cluster,
+            socket_connect_timeout=2.0,
+            socket_timeout=10.0,
+            decode_responses=False,
+            max_connections=FRONT_END_CLUSTER_CONNECTIONS,
         )
         return cast(AsyncRedis, client)
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=FRONT_END_CONNECTIONS, timeout=CONNECTION_WAIT_S, socket_connect_timeout=2.0, socket_timeout=10.0,
-        health_check_interval=30, decode_responses=False,
-    )  # fmt: skip
+        url,
+        max_connections=FRONT_END_CONNECTIONS,
+        timeout=CONNECTION_WAIT_S,
+        socket_connect_timeout=2.0,
+        socket_timeout=10.0,
+        health_check_interval=30,
+        decode_responses=False,
+    )
     return aioredis.Redis(connection_pool=pool)
 
 
@@ -104,8 +117,11 @@ def _own_clock(error: StoreUnavailable) -> float:
     """A user created with the ACL rules of before TIME was needed keeps working, on this host's clock."""
     if not isinstance(error.__cause__, redis.exceptions.NoPermissionError):
         raise error
-    _faults.warning("time", "this Redis user may not run TIME: heartbeats are read on this host's clock (a clock step makes workers look dead "
-                    "or alive); run the README's ACL SETUSER lines again")  # fmt: skip
+    _faults.warning(
+        "time",
+        "this Redis user may not run TIME: heartbeats are read on this host's clock (a clock step makes workers look dead "
+        "or alive); run the README's ACL SETUSER lines again",
+    )
     return time.time()
 
 
@@ -117,17 +133,29 @@ def text(value: object) -> str:
 # What Redis says when it refuses, and what the operator does about it:
 # (fault kind, the start of Redis' error or redis-py's class, the way out).
 _FAULTS = (
-    ("credentials", ("WRONGPASS", "NOAUTH", "AuthenticationError", "invalid username-password"),
-     "Redis refused the user or password of the Redis URL: create the user with the README's ACL SETUSER line, or correct the password"),
-    ("permissions", ("NOPERM", "NoPermissionError"),
-     "the Redis user lacks a permission plancache needs: give it the README's ACL rules again (ACL SETUSER)"),
-    ("disk", ("MISCONF",),
-     "Redis cannot write its data to disk (full or read-only?) and refuses every write until it can: free space or make its folder writable"),
-    ("memory", ("OOM",),
-     "Redis is at its maxmemory and refuses writes: raise maxmemory, or bound the plans with --store-max-mb below it"),
+    (
+        "credentials",
+        ("WRONGPASS", "NOAUTH", "AuthenticationError", "invalid username-password"),
+        "Redis refused the user or password of the Redis URL: create the user with the README's ACL SETUSER line, or correct the password",
+    ),
+    (
+        "permissions",
+        ("NOPERM", "NoPermissionError"),
+        "the Redis user lacks a permission plancache needs: give it the README's ACL rules again (ACL SETUSER)",
+    ),
+    (
+        "disk",
+        ("MISCONF",),
+        "Redis cannot write its data to disk (full or read-only?) and refuses every write until it can: free space or make its folder writable",
+    ),
+    (
+        "memory",
+        ("OOM",),
+        "Redis is at its maxmemory and refuses writes: raise maxmemory, or bound the plans with --store-max-mb below it",
+    ),
     ("replica", ("READONLY",), "this Redis is a read-only replica: point the Redis URL at the primary"),
     ("loading", ("LOADING",), "Redis is loading its data set after a restart: calls succeed once it is loaded"),
-)  # fmt: skip
+)
 
 
 def store_fault(error: BaseException) -> tuple[str, str]:

@@ -68,8 +68,12 @@ def diagnose(data_dir: Path, log_lines: list[str], exit_code: int | None, stderr
     said = next((line.split(" # ", 1)[-1].strip() for line in log_lines if any(s in line for s in _FOLDER_SIGNS)), None)
     if said is not None:
         return unwritable(data_dir, f"redis-server: {said[:300]}")
-    last = stderr.strip().replace("\n", " ") or (log_lines[-1].split(" # ", 1)[-1].strip() if log_lines else "nothing in its log")
-    return StoreStartError(f"the private redis-server exited with {exit_code} at start ({last[:300]}; log: {data_dir / 'redis.log'})")
+    last = stderr.strip().replace("\n", " ") or (
+        log_lines[-1].split(" # ", 1)[-1].strip() if log_lines else "nothing in its log"
+    )
+    return StoreStartError(
+        f"the private redis-server exited with {exit_code} at start ({last[:300]}; log: {data_dir / 'redis.log'})"
+    )
 
 
 def unwritable(data_dir: Path, said: str) -> StoreStartError:
@@ -98,9 +102,16 @@ class Repair:
         return dataclasses.replace(self, lost=tuple(sorted(lost)))
 
     def summary(self) -> str:
-        cut = "; ".join(f"{name}: {size - kept} of {size} bytes dropped" for name, size, kept in self.cut) or "nothing cut"
+        cut = (
+            "; ".join(f"{name}: {size - kept} of {size} bytes dropped" for name, size, kept in self.cut)
+            or "nothing cut"
+        )
         shown = ", ".join(self.lost[:5]) + (f" and {len(self.lost) - 5} more" if len(self.lost) > 5 else "")
-        lost = f"{len(self.lost)} plan(s) lost, listed on the status page until rebuilt: {shown}" if self.lost else "no plan lost"
+        lost = (
+            f"{len(self.lost)} plan(s) lost, listed on the status page until rebuilt: {shown}"
+            if self.lost
+            else "no plan lost"
+        )
         kept = len(self.named) - len(self.lost)
         reverted = f"; {kept} plan(s) named in what was cut are stored (an earlier write of theirs)" if kept else ""
         return f"store repaired ({cut}; backup in {self.backup}): {lost}{reverted}"
@@ -116,20 +127,34 @@ def repair(data_dir: Path, check_aof: str = CHECK_AOF) -> Repair:
         raise StoreStartError(f"no append-only file in {data_dir / AOF_FOLDER}: nothing --repair-store can repair")
     executable = shutil.which(check_aof)
     if executable is None:
-        raise StoreStartError(f"{check_aof} not found (it comes with redis-server: apt-get install redis-tools); nothing was changed")
+        raise StoreStartError(
+            f"{check_aof} not found (it comes with redis-server: apt-get install redis-tools); nothing was changed"
+        )
     backup = backups_of(data_dir) / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     try:
         shutil.copytree(data_dir / AOF_FOLDER, backup / AOF_FOLDER)
     except OSError as e:
         shutil.rmtree(backup, ignore_errors=True)
-        raise StoreStartError(f"could not back {data_dir} up to {backup} ({e}): nothing was repaired; free space and run --repair-store again") from e
+        raise StoreStartError(
+            f"could not back {data_dir} up to {backup} ({e}): nothing was repaired; free space and run --repair-store again"
+        ) from e
     try:
-        done = subprocess.run([executable, "--fix", str(manifest)], input=b"y\n", capture_output=True, timeout=CHECK_AOF_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            [executable, "--fix", str(manifest)],
+            input=b"y\n",
+            capture_output=True,
+            timeout=CHECK_AOF_TIMEOUT_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired as e:
-        raise StoreStartError(f"{check_aof} --fix {manifest} did not finish within {CHECK_AOF_TIMEOUT_S:.0f} s; backup in {backup}") from e
+        raise StoreStartError(
+            f"{check_aof} --fix {manifest} did not finish within {CHECK_AOF_TIMEOUT_S:.0f} s; backup in {backup}"
+        ) from e
     output = done.stdout + done.stderr
     if done.returncode != 0:
-        said = next((line for line in output.decode(errors="replace").splitlines() if "not sane" in line or "ERROR" in line), "")
+        said = next(
+            (line for line in output.decode(errors="replace").splitlines() if "not sane" in line or "ERROR" in line), ""
+        )
         raise StoreStartError(
             f"{check_aof} --fix could not repair {manifest} ({said.strip()[:200] or f'exit status {done.returncode}'}): the damage is in its "
             f"RDB base, which cannot be cut away. Backup in {backup}; restore the plans from a bundle (plancache-server-import) into an empty "
@@ -141,7 +166,9 @@ def repair(data_dir: Path, check_aof: str = CHECK_AOF) -> Repair:
         if kept < size:
             saved = salvage((backup / AOF_FOLDER / name).read_bytes()[kept:])
             if saved.kept:
-                with open(data_dir / AOF_FOLDER / name, "ab") as truncated:  # the later, whole writes back after the cut
+                with open(
+                    data_dir / AOF_FOLDER / name, "ab"
+                ) as truncated:  # the later, whole writes back after the cut
                     truncated.write(saved.kept)
             cut.append((name, size, kept + len(saved.kept)))
             named |= keys.plan_keys_named_in(saved.dropped)

@@ -125,7 +125,9 @@ class Stats:
     def incr(self, counter: Counter, amount: float = 1.0, *, target_id: str, family: str | None = None) -> None:
         self._add(counter, amount, target_id, family)
 
-    def hit(self, plan_key: str, bytes_served: int, seconds_saved: float, *, target_id: str, family: str | None = None) -> None:
+    def hit(
+        self, plan_key: str, bytes_served: int, seconds_saved: float, *, target_id: str, family: str | None = None
+    ) -> None:
         """One served plan: the hit, its bytes, the build time it saved, and
         its per-plan counts for the top entries."""
         self._add(Counter.HITS, 1.0, target_id, family)
@@ -199,7 +201,10 @@ class Stats:
                 pipe = self._redis.pipeline(transaction=False)
                 for (scope, name), amount in scoped.items():
                     pipe.hincrbyfloat(keys.stats(scope), name, amount)
-                    for bucket, ttl in ((keys.stats_bucket(scope, "m", minute), MINUTE_BUCKET_TTL_S), (keys.stats_bucket(scope, "h", hour), HOUR_BUCKET_TTL_S)):
+                    for bucket, ttl in (
+                        (keys.stats_bucket(scope, "m", minute), MINUTE_BUCKET_TTL_S),
+                        (keys.stats_bucket(scope, "h", hour), HOUR_BUCKET_TTL_S),
+                    ):
                         pipe.hincrbyfloat(bucket, name, amount)
                         pipe.expire(bucket, ttl)
                     pipe.sadd(keys.STATS_SCOPES, scope)
@@ -242,8 +247,17 @@ class Stats:
         per_scope = 1 + 60 + 24
         readings: Readings = {}
         for i, scope in enumerate(scopes):
-            total, minutes, hours = replies[i * per_scope], replies[i * per_scope + 1 : i * per_scope + 61], replies[i * per_scope + 61 : (i + 1) * per_scope]
-            readings[scope] = {"5m": _sum(minutes[-5:]), "1h": _sum(minutes), "24h": _sum(hours), "total": _sum([total])}
+            total, minutes, hours = (
+                replies[i * per_scope],
+                replies[i * per_scope + 1 : i * per_scope + 61],
+                replies[i * per_scope + 61 : (i + 1) * per_scope],
+            )
+            readings[scope] = {
+                "5m": _sum(minutes[-5:]),
+                "1h": _sum(minutes),
+                "24h": _sum(hours),
+                "total": _sum([total]),
+            }
         return readings
 
     async def scopes(self) -> list[str]:
@@ -257,7 +271,12 @@ class Stats:
         indices = _bucket_indices(unit, count, time.time())
         replies = await self._hgetall([keys.stats_bucket(scope, unit, i) for scope in scopes for i in indices])
         width = BUCKET_SECONDS[unit]
-        return {scope: [Bucket(start=float(i * width), values=_sum([replies[n * count + j]])) for j, i in enumerate(indices)] for n, scope in enumerate(scopes)}
+        return {
+            scope: [
+                Bucket(start=float(i * width), values=_sum([replies[n * count + j]])) for j, i in enumerate(indices)
+            ]
+            for n, scope in enumerate(scopes)
+        }
 
     async def top(self, ranking: Ranking, count: int) -> list[PlanCounts]:
         """The plans with the most hits, or the most build seconds saved."""

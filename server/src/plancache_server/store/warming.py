@@ -76,12 +76,25 @@ class WarmItem:
         return Job(job_id=f"{WARM_JOB_PREFIX}{uuid.uuid4().hex}", plan_key=self.plan_key, query=self.query)
 
     def encode(self) -> str:
-        return json.dumps({"plan_key": self.plan_key, "source_key": self.source_key, "hits": self.hits, "query": self.query.SerializeToString().hex()})
+        return json.dumps(
+            {
+                "plan_key": self.plan_key,
+                "source_key": self.source_key,
+                "hits": self.hits,
+                "query": self.query.SerializeToString().hex(),
+            }
+        )
 
     @classmethod
     def decode(cls, index: int, raw: bytes) -> WarmItem:
         fields = json.loads(raw)
-        return cls(index, str(fields["plan_key"]), str(fields["source_key"]), float(fields["hits"]), pb.PlanQuery.FromString(bytes.fromhex(fields["query"])))
+        return cls(
+            index,
+            str(fields["plan_key"]),
+            str(fields["source_key"]),
+            float(fields["hits"]),
+            pb.PlanQuery.FromString(bytes.fromhex(fields["query"])),
+        )
 
 
 @dataclass
@@ -107,15 +120,31 @@ class WarmStatus:
 
     @property
     def coverage(self) -> float:
-        return self.covered_hits / self.source_hits if self.source_hits else (1.0 if self.total == self.built + self.skipped else 0.0)
+        return (
+            self.covered_hits / self.source_hits
+            if self.source_hits
+            else (1.0 if self.total == self.built + self.skipped else 0.0)
+        )
 
     def to_proto(self) -> pb.WarmTargetStatus:
         return pb.WarmTargetStatus(
-            target_id=self.target_id, source=self.source, state=self.state, total=self.total, built=self.built, skipped=self.skipped,
-            failed=self.failed, in_flight=self.in_flight, remaining=self.remaining, source_hits_24h=self.source_hits,
-            covered_hits_24h=self.covered_hits, coverage=self.coverage, missing_specs=self.missing_specs, created_at=self.created_at,
-            updated_at=self.updated_at, failures=[pb.WarmFailure(plan_key=k, reason=r) for k, r in self.failures],
-        )  # fmt: skip
+            target_id=self.target_id,
+            source=self.source,
+            state=self.state,
+            total=self.total,
+            built=self.built,
+            skipped=self.skipped,
+            failed=self.failed,
+            in_flight=self.in_flight,
+            remaining=self.remaining,
+            source_hits_24h=self.source_hits,
+            covered_hits_24h=self.covered_hits,
+            coverage=self.coverage,
+            missing_specs=self.missing_specs,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            failures=[pb.WarmFailure(plan_key=k, reason=r) for k, r in self.failures],
+        )
 
 
 @dataclass(frozen=True)
@@ -164,7 +193,13 @@ class Warming:
     # ---- plans --------------------------------------------------------------------
 
     def plan(
-        self, target: Target, source: Source, top: int = DEFAULT_TOP, min_hits: float = 0.0, by: str = "operator", keep_empty: bool = True
+        self,
+        target: Target,
+        source: Source,
+        top: int = DEFAULT_TOP,
+        min_hits: float = 0.0,
+        by: str = "operator",
+        keep_empty: bool = True,
     ) -> WarmStatus | None:
         """Write the warming plan of `target` (replacing any earlier one);
         with `keep_empty` off, a plan with nothing to build is not written
@@ -195,8 +230,19 @@ class Warming:
         if not items and not keep_empty:
             return None
         now = self._clock()
-        record = {"source": source.text, "state": ACTIVE, "total": len(items), "cursor": 0, "source_hits": source_hits, "missing_specs": missing[0],
-                  "created_at": now, "updated_at": now, "by": by, "top": top, "min_hits": min_hits}  # fmt: skip
+        record = {
+            "source": source.text,
+            "state": ACTIVE,
+            "total": len(items),
+            "cursor": 0,
+            "source_hits": source_hits,
+            "missing_specs": missing[0],
+            "created_at": now,
+            "updated_at": now,
+            "by": by,
+            "top": top,
+            "min_hits": min_hits,
+        }
         with translated_errors("writing a warming plan"):
             pipe = self._redis.pipeline(transaction=True)
             for part in (keys.warm_plan, keys.warm_items, keys.warm_outcomes, keys.warm_in_flight):
@@ -206,7 +252,14 @@ class Warming:
                 pipe.rpush(keys.warm_items(target.id), *[i.encode() for i in items[chunk : chunk + 500]])
             pipe.sadd(keys.WARM_TARGETS, target.id)
             pipe.execute()
-        log.info("warming %s from %s: %d item(s) (%s), %.0f recent hits of the source", target.id, source.text, len(items), by, source_hits)
+        log.info(
+            "warming %s from %s: %d item(s) (%s), %.0f recent hits of the source",
+            target.id,
+            source.text,
+            len(items),
+            by,
+            source_hits,
+        )
         return self.status(target.id)
 
     def extend(self, target: Target, items: Sequence[tuple[str, pb.PlanQuery]], by: str) -> int:
@@ -220,18 +273,33 @@ class Warming:
         with translated_errors("queueing warming items"):
             length = int(self._redis.llen(keys.warm_items(target.id)))
             if length + len(items) > MAX_QUEUED_ITEMS:
-                raise ResourceExhausted(f"target {target.id} has {length:,} warming items queued; {len(items):,} more would pass {MAX_QUEUED_ITEMS:,}: "
-                                        "wait for them to be built (or cancel the target's warming)")  # fmt: skip
+                raise ResourceExhausted(
+                    f"target {target.id} has {length:,} warming items queued; {len(items):,} more would pass {MAX_QUEUED_ITEMS:,}: "
+                    "wait for them to be built (or cancel the target's warming)"
+                )
             state = _loads(self._redis.hget(keys.warm_plan(target.id), "state") or b'""')
             now = self._clock()
             pipe = self._redis.pipeline(transaction=True)
             if state != ACTIVE:
                 # A new plan over the old list: the cursor past the old items, counts of these alone.
-                record = {"source": FAMILIES_SOURCE, "state": ACTIVE, "total": 0, "cursor": length, "source_hits": 0.0, "missing_specs": 0,
-                          "created_at": now, "by": by, "top": 0, "min_hits": 0.0}  # fmt: skip
+                record = {
+                    "source": FAMILIES_SOURCE,
+                    "state": ACTIVE,
+                    "total": 0,
+                    "cursor": length,
+                    "source_hits": 0.0,
+                    "missing_specs": 0,
+                    "created_at": now,
+                    "by": by,
+                    "top": 0,
+                    "min_hits": 0.0,
+                }
                 pipe.delete(keys.warm_outcomes(target.id), keys.warm_in_flight(target.id), keys.warm_retry(target.id))
                 pipe.hset(keys.warm_plan(target.id), mapping={k: json.dumps(v) for k, v in record.items()})
-            pipe.rpush(keys.warm_items(target.id), *[WarmItem(length + i, plan_key, "", 0.0, query).encode() for i, (plan_key, query) in enumerate(items)])
+            pipe.rpush(
+                keys.warm_items(target.id),
+                *[WarmItem(length + i, plan_key, "", 0.0, query).encode() for i, (plan_key, query) in enumerate(items)],
+            )
             pipe.hincrby(keys.warm_plan(target.id), "total", len(items))
             pipe.hset(keys.warm_plan(target.id), "updated_at", json.dumps(now))
             pipe.sadd(keys.WARM_TARGETS, target.id)
@@ -239,7 +307,9 @@ class Warming:
         log.info("warming %s: %d item(s) queued (%s)", target.id, len(items), by)
         return len(items)
 
-    def _candidates(self, source: Source, hits: dict[str, float]) -> tuple[list[tuple[str, float, pb.PlanQuery]], tuple[int, float]]:
+    def _candidates(
+        self, source: Source, hits: dict[str, float]
+    ) -> tuple[list[tuple[str, float, pb.PlanQuery]], tuple[int, float]]:
         """(source key, recent hits, query without target) per source plan
         whose spec is stored; and (how many were not, their hits)."""
         if source.manifest:
@@ -247,7 +317,9 @@ class Warming:
         if source.target_id:
             pattern = keys.plan_pattern_for_target(source.target_id)
             with translated_errors("listing the source's plans"):
-                source_keys = sorted({keys.plan_key_of(text(k)) for k in self._redis.scan_iter(match=pattern, count=1000)})
+                source_keys = sorted(
+                    {keys.plan_key_of(text(k)) for k in self._redis.scan_iter(match=pattern, count=1000)}
+                )
             if not source_keys:
                 raise InvalidRequest(f"target {source.target_id} has no stored plans to warm from")
         else:
@@ -285,7 +357,10 @@ class Warming:
         with translated_errors("cancelling a warming plan"):
             if not self._redis.exists(keys.warm_plan(target_id)):
                 raise InvalidRequest(f"target {target_id} has no warming plan to cancel")
-            self._redis.hset(keys.warm_plan(target_id), mapping={"state": json.dumps(CANCELLED), "updated_at": json.dumps(self._clock())})
+            self._redis.hset(
+                keys.warm_plan(target_id),
+                mapping={"state": json.dumps(CANCELLED), "updated_at": json.dumps(self._clock())},
+            )
         return self.status(target_id)
 
     # ---- status -------------------------------------------------------------------
@@ -306,10 +381,16 @@ class Warming:
             raise InvalidRequest(f"target {target_id} has no warming plan")
         record = {text(k): _loads(v) for k, v in raw_plan.items()}
         status = WarmStatus(
-            target_id, str(record.get("source", "")), str(record.get("state", ACTIVE)), int(record.get("total", 0)), in_flight=int(in_flight),
-            source_hits=float(record.get("source_hits", 0.0)), missing_specs=int(record.get("missing_specs", 0)),
-            created_at=float(record.get("created_at", 0.0)), updated_at=float(record.get("updated_at", 0.0)),
-        )  # fmt: skip
+            target_id,
+            str(record.get("source", "")),
+            str(record.get("state", ACTIVE)),
+            int(record.get("total", 0)),
+            in_flight=int(in_flight),
+            source_hits=float(record.get("source_hits", 0.0)),
+            missing_specs=int(record.get("missing_specs", 0)),
+            created_at=float(record.get("created_at", 0.0)),
+            updated_at=float(record.get("updated_at", 0.0)),
+        )
         failures: list[tuple[float, str, str]] = []
         for _, raw in raw_outcomes.items():
             outcome = _loads(raw)
@@ -322,7 +403,13 @@ class Warming:
                 status.skipped += 1
             elif kind == FAILED:
                 status.failed += 1
-                failures.append((float(outcome.get("at", 0.0)), str(outcome.get("plan_key", ""))[:300], str(outcome.get("reason", ""))[:500]))
+                failures.append(
+                    (
+                        float(outcome.get("at", 0.0)),
+                        str(outcome.get("plan_key", ""))[:300],
+                        str(outcome.get("reason", ""))[:500],
+                    )
+                )
         status.failures = [(k, r) for _, k, r in sorted(failures, reverse=True)[:FAILURES_SHOWN]]
         items = [WarmItem.decode(i, raw) for i, raw in enumerate(raw_items)]
         with translated_errors("reading what is stored"):
@@ -360,11 +447,17 @@ class Warming:
         lease = keys.warm_lease(target_id)
         with translated_errors("taking a warming lease"):
             if self._redis.set(lease, worker_id, nx=True, px=int(lease_s * 1000)):
-                orphans = [k for k, v in self._redis.hgetall(keys.warm_in_flight(target_id)).items() if text(v) != worker_id]
+                orphans = [
+                    k for k, v in self._redis.hgetall(keys.warm_in_flight(target_id)).items() if text(v) != worker_id
+                ]
                 if orphans:
                     self._redis.hdel(keys.warm_in_flight(target_id), *orphans)
                     self._redis.rpush(keys.warm_retry(target_id), *orphans)
-                    log.info("warming %s: %d item(s) another worker left in flight will be built again", target_id, len(orphans))
+                    log.info(
+                        "warming %s: %d item(s) another worker left in flight will be built again",
+                        target_id,
+                        len(orphans),
+                    )
                 return True
             holder = self._redis.get(lease)
             if holder is not None and text(holder) == worker_id:
@@ -382,7 +475,11 @@ class Warming:
         this worker; None when the plan has none left (then it is done)."""
         with translated_errors("taking a warming item"):
             retried = cast(bytes | None, self._redis.lpop(keys.warm_retry(target_id)))
-            index = int(retried) if retried is not None else int(self._redis.hincrby(keys.warm_plan(target_id), "cursor", 1)) - 1
+            index = (
+                int(retried)
+                if retried is not None
+                else int(self._redis.hincrby(keys.warm_plan(target_id), "cursor", 1)) - 1
+            )
             raw = cast(bytes | None, self._redis.lindex(keys.warm_items(target_id), index))
             if raw is None:
                 if not self._redis.hlen(keys.warm_in_flight(target_id)):
@@ -416,7 +513,10 @@ class Warming:
         with translated_errors("finishing a warming plan"):
             state = _loads(self._redis.hget(keys.warm_plan(target_id), "state") or b'""')
             if state == ACTIVE:
-                self._redis.hset(keys.warm_plan(target_id), mapping={"state": json.dumps(DONE), "updated_at": json.dumps(self._clock())})
+                self._redis.hset(
+                    keys.warm_plan(target_id),
+                    mapping={"state": json.dumps(DONE), "updated_at": json.dumps(self._clock())},
+                )
                 log.info("warming %s: done", target_id)
 
     def created_at(self, target_id: str) -> float | None:
@@ -485,4 +585,3 @@ def _loads(raw: bytes | str) -> Any:
         return json.loads(raw)
     except (ValueError, TypeError):
         return None
-

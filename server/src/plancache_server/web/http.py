@@ -50,13 +50,21 @@ class _Handler(BaseHTTPRequestHandler):
                 else:
                     self._send(200, "text/html; charset=utf-8", status_page.render(report).encode())
             else:
-                self._send(404, "text/plain; charset=utf-8", b"not found: /metrics, /healthz" + (b", /, /status.json" if self.server.status else b"") + b"\n")
+                self._send(
+                    404,
+                    "text/plain; charset=utf-8",
+                    b"not found: /metrics, /healthz" + (b", /, /status.json" if self.server.status else b"") + b"\n",
+                )
         except InvalidRequest as e:
             self._send(400, "text/plain; charset=utf-8", f"{e.message}\n".encode())
         except StoreUnavailable as e:
             self._send(503, "text/plain; charset=utf-8", f"status unavailable: {e.message}\n".encode())
         except TimeoutError:  # the event loop did not gather it in time: said, not a traceback on the server's stderr
-            self._send(503, "text/plain; charset=utf-8", f"status unavailable: not gathered within {REPORT_TIMEOUT_S:.0f} s\n".encode())
+            self._send(
+                503,
+                "text/plain; charset=utf-8",
+                f"status unavailable: not gathered within {REPORT_TIMEOUT_S:.0f} s\n".encode(),
+            )
 
     def _send(self, code: int, content_type: str, body: bytes) -> None:
         self.send_response(code)
@@ -73,7 +81,9 @@ class _Handler(BaseHTTPRequestHandler):
 class WebServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int, status: StatusSource | None, host: str = "", loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self, port: int, status: StatusSource | None, host: str = "", loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         if status is not None and loop is None:
             raise ValueError("a status page needs the event loop its sources run on")
         self.status = status
@@ -97,14 +107,24 @@ class WebServer(ThreadingHTTPServer):
         self.server_close()
 
 
-def serve(port: int, status: StatusSource | None = None, loop: asyncio.AbstractEventLoop | None = None, host: str = "127.0.0.1") -> WebServer | None:
+def serve(
+    port: int,
+    status: StatusSource | None = None,
+    loop: asyncio.AbstractEventLoop | None = None,
+    host: str = "127.0.0.1",
+) -> WebServer | None:
     """Serve on host:port (port 0: off). No authentication there: bind it
     wider than localhost (0.0.0.0 in a container) only on purpose."""
     if not port:
         return None
     server = WebServer(port, status, host=host, loop=loop).start()
     shown = f"[{host}]" if ":" in host else host
-    log.info("HTTP on %s:%d: /metrics%s", shown, port, f"; status page http://{shown or '127.0.0.1'}:{port}/" if status else "")
+    log.info(
+        "HTTP on %s:%d: /metrics%s",
+        shown,
+        port,
+        f"; status page http://{shown or '127.0.0.1'}:{port}/" if status else "",
+    )
     return server
 
 

@@ -21,6 +21,7 @@ from plancache_server.store.jobs import JobQueue
 
 log = logging.getLogger(__name__)
 
+
 class QueueCollector(Collector):
     """Queue depth and live workers per target, read from Redis at scrape time
     (on the front end's event loop; the scrape thread waits for it)."""
@@ -48,7 +49,9 @@ class QueueCollector(Collector):
 
     def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
         return (
-            GaugeMetricFamily("plancache_jobs_waiting", "builds queued and not yet taken by a worker", labels=["target"]),
+            GaugeMetricFamily(
+                "plancache_jobs_waiting", "builds queued and not yet taken by a worker", labels=["target"]
+            ),
             GaugeMetricFamily("plancache_jobs_running", "builds taken by a worker and not finished", labels=["target"]),
             GaugeMetricFamily("plancache_live_workers", "workers with a live heartbeat", labels=["target"]),
         )
@@ -56,7 +59,9 @@ class QueueCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         waiting, running, workers = self._families()
         try:
-            for target_id, queued, taken, live in asyncio.run_coroutine_threadsafe(self._read(), self._loop).result(timeout=10):
+            for target_id, queued, taken, live in asyncio.run_coroutine_threadsafe(self._read(), self._loop).result(
+                timeout=10
+            ):
                 waiting.add_metric([target_id], float(queued))
                 running.add_metric([target_id], float(taken))
                 workers.add_metric([target_id], float(live))
@@ -77,10 +82,16 @@ class StoreCollector(Collector):
         self._usage = usage
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        stored = GaugeMetricFamily("plancache_store_bytes", "bytes of the plans stored (blob, metadata, signature)", labels=["target"])
+        stored = GaugeMetricFamily(
+            "plancache_store_bytes", "bytes of the plans stored (blob, metadata, signature)", labels=["target"]
+        )
         plans = GaugeMetricFamily("plancache_store_plans", "plans stored", labels=["target"])
-        evicted = CounterMetricFamily("plancache_store_evicted", "plans deleted to keep the store under --store-max-mb", labels=["target"])
-        expired = CounterMetricFamily("plancache_store_expired", "plans deleted after --retention-days unused", labels=["target"])
+        evicted = CounterMetricFamily(
+            "plancache_store_evicted", "plans deleted to keep the store under --store-max-mb", labels=["target"]
+        )
+        expired = CounterMetricFamily(
+            "plancache_store_expired", "plans deleted after --retention-days unused", labels=["target"]
+        )
         try:
             for target_id, usage in sorted(self._usage().items()):
                 stored.add_metric([target_id], float(usage.stored_bytes))
@@ -103,9 +114,19 @@ class WarmCollector(Collector):
 
     def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
         return (
-            GaugeMetricFamily("plancache_warm_coverage", "share of the warming source's last-24 h hits whose plan is stored for the target", labels=["target"]),
-            GaugeMetricFamily("plancache_warm_remaining", "specs of the target's warming plan not yet built, skipped or failed", labels=["target"]),
-            GaugeMetricFamily("plancache_warm_failed", "specs of the target's warming plan that failed", labels=["target"]),
+            GaugeMetricFamily(
+                "plancache_warm_coverage",
+                "share of the warming source's last-24 h hits whose plan is stored for the target",
+                labels=["target"],
+            ),
+            GaugeMetricFamily(
+                "plancache_warm_remaining",
+                "specs of the target's warming plan not yet built, skipped or failed",
+                labels=["target"],
+            ),
+            GaugeMetricFamily(
+                "plancache_warm_failed", "specs of the target's warming plan that failed", labels=["target"]
+            ),
         )
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

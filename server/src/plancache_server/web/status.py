@@ -25,7 +25,19 @@ from plancache_server.store.fleet import Coverage, LocalSpec, coverage, local_sp
 from plancache_server.store.jobs import JobQueue
 from plancache_server.store.lifecycle import Janitor, TargetUsage
 from plancache_server.store.plans import PlanStore
-from plancache_server.store.stats import RACES_SCOPE, WINDOWS, Bucket, Counter, PlanCounts, Ranking, Stats, family_scope, fleet_scope, target_ids, target_scope
+from plancache_server.store.stats import (
+    RACES_SCOPE,
+    WINDOWS,
+    Bucket,
+    Counter,
+    PlanCounts,
+    Ranking,
+    Stats,
+    family_scope,
+    fleet_scope,
+    target_ids,
+    target_scope,
+)
 from plancache_server.store.warming import Warming, WarmStatus
 
 log = logging.getLogger(__name__)
@@ -125,14 +137,30 @@ def _coverage_json(windows: dict[str, Coverage], raw: dict[str, Any]) -> None:
 def status_of(front: FrontEnd) -> StatusSource:
     """The status report of a started front end (its counters, queues, store and warming)."""
     settings = front.settings
-    return StatusSource(front.stats, front.queue, front.store, front.builds, front.directory, front.janitor, settings.retire_after_days * 86400, front.warming)
+    return StatusSource(
+        front.stats,
+        front.queue,
+        front.store,
+        front.builds,
+        front.directory,
+        front.janitor,
+        settings.retire_after_days * 86400,
+        front.warming,
+    )
 
 
 class StatusSource:
     def __init__(
-        self, stats: Stats, queue: JobQueue, store: PlanStore, builds: Builds, directory: WorkerDirectory, janitor: Janitor | None = None,
-        retire_after_s: float = 0.0, warming: Warming | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        stats: Stats,
+        queue: JobQueue,
+        store: PlanStore,
+        builds: Builds,
+        directory: WorkerDirectory,
+        janitor: Janitor | None = None,
+        retire_after_s: float = 0.0,
+        warming: Warming | None = None,
+    ) -> None:
         self._janitor = janitor
         self._warming = warming
         self._retire_after_s = retire_after_s
@@ -166,7 +194,11 @@ class StatusSource:
             targets = [dataclasses.replace(t, stored=usage.get(t.target_id, TargetUsage())) for t in targets]
             if self._retire_after_s:
                 retirable = await asyncio.to_thread(self._janitor.retirable, self._retire_after_s)
-        families = {scope.removeprefix(family_scope("")): windows for scope, windows in readings.items() if scope.startswith(family_scope(""))}
+        families = {
+            scope.removeprefix(family_scope("")): windows
+            for scope, windows in readings.items()
+            if scope.startswith(family_scope(""))
+        }
         return StatusReport(
             generated_at=time.time(),
             range=range_,
@@ -180,7 +212,11 @@ class StatusSource:
             warming=await asyncio.to_thread(self._warming.all_status) if self._warming is not None else [],
             fleet={w: merged(readings.get(fleet_scope(t), {}).get(w, {}) for t in reported) for w in WINDOWS},
             fleet_races=races(readings.get(RACES_SCOPE, {}).get("total", {})),
-            local_specs=[found for member, graphs in await self._stats.local_specs(LOCAL_SPECS_SHOWN) if (found := local_spec(member, graphs))],
+            local_specs=[
+                found
+                for member, graphs in await self._stats.local_specs(LOCAL_SPECS_SHOWN)
+                if (found := local_spec(member, graphs))
+            ],
             lost_to_repair=lost,
         )
 

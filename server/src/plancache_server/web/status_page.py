@@ -27,7 +27,6 @@ _WINDOWS_SHORT = {"5m": "5 minutes", "1h": "hour", "24h": "24 hours"}
 _CHART_W, _CHART_H, _PAD_L, _PAD_B, _PAD_T = 760, 170, 44, 22, 8
 
 
-
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
@@ -87,8 +86,15 @@ def _target_cell(target_id: str, extra: str = "") -> str:
 def _targets(report: StatusReport) -> str:
     """Two tables, so that neither is wider than a 1440 px window: what each
     target's callers get (workers, queues, hit rates, coverage), then its counts."""
-    headers = [("target", False), ("live workers", True), ("queued", True), ("building", True), *_window_headers(),
-               ("graphs the fleet built that ran the service's plan", True), ("first uses served by the service", True)]  # fmt: skip
+    headers = [
+        ("target", False),
+        ("live workers", True),
+        ("queued", True),
+        ("building", True),
+        *_window_headers(),
+        ("graphs the fleet built that ran the service's plan", True),
+        ("first uses served by the service", True),
+    ]
     rows = [
         f'<tr data-target="{_e(t.target_id)}">{_target_cell(t.target_id, _hint(t))}'
         f'<td class="num">{t.live_workers}</td><td class="num">{t.jobs_waiting}</td><td class="num">{t.jobs_running}</td>'
@@ -99,8 +105,20 @@ def _targets(report: StatusReport) -> str:
         for t in report.targets
     ]
     table = _table(headers, rows, "no target yet: no worker has connected and nothing was asked", len(headers))
-    counts = [("target", False), ("hits", True), ("misses", True), ("compiles", True), ("joined", True), ("failures", True), ("refused", True),
-              ("untrusted builds", True), ("served", True), ("build time saved", True), ("stored", True), ("evicted / expired", True)]  # fmt: skip
+    counts = [
+        ("target", False),
+        ("hits", True),
+        ("misses", True),
+        ("compiles", True),
+        ("joined", True),
+        ("failures", True),
+        ("refused", True),
+        ("untrusted builds", True),
+        ("served", True),
+        ("build time saved", True),
+        ("stored", True),
+        ("evicted / expired", True),
+    ]
     count_rows = []
     for t in report.targets:
         total = _totals(t.windows)
@@ -108,7 +126,15 @@ def _targets(report: StatusReport) -> str:
             f'<tr data-counts-target="{_e(t.target_id)}">{_target_cell(t.target_id)}'
             + "".join(
                 f'<td class="num">{_count(total.get(c.value, 0))}</td>'
-                for c in (Counter.HITS, Counter.MISSES, Counter.COMPILES, Counter.JOINED, Counter.FAILURES, Counter.REFUSED, Counter.UNTRUSTED)
+                for c in (
+                    Counter.HITS,
+                    Counter.MISSES,
+                    Counter.COMPILES,
+                    Counter.JOINED,
+                    Counter.FAILURES,
+                    Counter.REFUSED,
+                    Counter.UNTRUSTED,
+                )
             )
             + f'<td class="num">{_bytes(total.get(Counter.BYTES_SERVED.value, 0))}</td>'
             f'<td class="num">{_duration(total.get(Counter.SECONDS_SAVED.value, 0))}</td>'
@@ -128,8 +154,10 @@ def _coverage_cell(found: Coverage) -> str:
         return '<td class="num muted">no report</td>'
     css = " rate-good" if share >= 0.9 else " rate-poor" if share < 0.5 else ""
     title = f"{_count(found.from_service)} of {_count(found.graphs)} graphs nodes reported ran the service's plan; {_count(found.local)} were built locally"
-    return (f'<td class="num{css}" data-coverage="{share:.4f}" title="{_e(title)}">{_percent(share)} '
-            f"<small>({_count(found.from_service)} of {_count(found.graphs)})</small></td>")  # fmt: skip
+    return (
+        f'<td class="num{css}" data-coverage="{share:.4f}" title="{_e(title)}">{_percent(share)} '
+        f"<small>({_count(found.from_service)} of {_count(found.graphs)})</small></td>"
+    )
 
 
 def _fleet(report: StatusReport) -> str:
@@ -142,13 +170,24 @@ def _fleet(report: StatusReport) -> str:
             f'<p class="summary" data-fleet-graphs="{total.graphs:g}" data-fleet-from-service="{total.from_service:g}">'
             f"<strong>{_percent(total.share)}</strong> of the {_count(total.graphs)} graphs the fleet's nodes built ran the service's plan "
             f"({_count(total.served)} fetched, {_count(total.disk_cache)} from their disk caches); {_count(total.local)} were built locally."
-            + "".join(f" Last {_WINDOWS_SHORT[w]}: {_percent(report.fleet[w].share)}." for w in ("5m", "1h", "24h") if w in report.fleet and report.fleet[w].graphs)
+            + "".join(
+                f" Last {_WINDOWS_SHORT[w]}: {_percent(report.fleet[w].share)}."
+                for w in ("5m", "1h", "24h")
+                if w in report.fleet and report.fleet[w].graphs
+            )
             + "</p>"
         )
     else:
         summary = '<p class="summary empty">no node has reported yet (clients report in the background unless PLANCACHE_REPORT=0)</p>'
-    headers = [("target", False), ("graphs built", True), ("ran the service's plan", True), ("from disk caches", True), ("built locally", True),
-               ("coverage", True), ("top reasons for local builds", False)]  # fmt: skip
+    headers = [
+        ("target", False),
+        ("graphs built", True),
+        ("ran the service's plan", True),
+        ("from disk caches", True),
+        ("built locally", True),
+        ("coverage", True),
+        ("top reasons for local builds", False),
+    ]
     rows = []
     for t in report.targets:
         found = t.fleet.get("total", Coverage())
@@ -161,7 +200,13 @@ def _fleet(report: StatusReport) -> str:
             f'<td class="num">{_count(found.disk_cache)}</td><td class="num">{_count(found.local)}</td>{_coverage_cell(found)}<td>{reasons}</td></tr>'
         )
     per_target = _table(headers, rows, "no report yet", len(headers))
-    why_headers = [("reason", False), ("node type", False), ("graphs built locally", True), ("share of local builds", True), ("what it means", False)]
+    why_headers = [
+        ("reason", False),
+        ("node type", False),
+        ("graphs built locally", True),
+        ("share of local builds", True),
+        ("what it means", False),
+    ]
     why_rows = [
         f'<tr data-reason="{_e(r.reason)}" data-node-type="{_e(r.node_type)}" data-graphs="{r.graphs:g}"><td><code>{_e(r.reason)}</code></td>'
         f'<td><code>{_e(r.node_type)}</code></td><td class="num">{_count(r.graphs)}</td>'
@@ -171,7 +216,7 @@ def _fleet(report: StatusReport) -> str:
     why = _table(why_headers, why_rows, "no graph built locally", len(why_headers))
     return (
         '<section id="fleet"><h2>Fleet coverage: graphs served by the service against graphs the fleet built</h2>'
-        f"{summary}{per_target}<h2 style=\"margin-top:14px\">Why nodes built graphs locally, most first (all targets)</h2>{why}"
+        f'{summary}{per_target}<h2 style="margin-top:14px">Why nodes built graphs locally, most first (all targets)</h2>{why}'
         f"{_races(report)}{_local_specs(report)}</section>"
     )
 
@@ -182,7 +227,9 @@ def _races(report: StatusReport) -> str:
     results = ("service_won", "local_won", "service_failed", "local_failed", "replaced")
     headers = [("front door", False), *((r.replace("_", " "), True) for r in results)]
     rows = [
-        f'<tr data-races="{_e(path)}"><td>{_e(path)}</td>' + "".join(f'<td class="num">{_count(counts.get(r, 0))}</td>' for r in results) + "</tr>"
+        f'<tr data-races="{_e(path)}"><td>{_e(path)}</td>'
+        + "".join(f'<td class="num">{_count(counts.get(r, 0))}</td>' for r in results)
+        + "</tr>"
         for path, counts in report.fleet_races.items()
     ]
     return f'<h2 style="margin-top:14px">Hedged misses nodes reported</h2>{_table(headers, rows, "", len(headers))}'
@@ -191,7 +238,13 @@ def _races(report: StatusReport) -> str:
 def _local_specs(report: StatusReport) -> str:
     if not report.local_specs:
         return ""
-    headers = [("spec hash", False), ("target", False), ("reason", False), ("node type", False), ("graphs built locally", True)]
+    headers = [
+        ("spec hash", False),
+        ("target", False),
+        ("reason", False),
+        ("node type", False),
+        ("graphs built locally", True),
+    ]
     rows = [
         f'<tr data-local-spec="{_e(s.spec_hash)}"><td><code title="{_e(s.spec_hash)}">{_e(s.spec_hash[:16])}…</code></td>{_target_cell(s.target_id)}'
         f'<td><code>{_e(s.reason)}</code></td><td><code>{_e(s.node_type)}</code></td><td class="num">{_count(s.graphs)}</td></tr>'
@@ -244,7 +297,9 @@ def _chart(target: TargetStatus, unit: str) -> str:
     step = plot_w / n
     lookups = [b.values.get(Counter.HITS.value, 0) + b.values.get(Counter.MISSES.value, 0) for b in buckets]
     most = max(lookups, default=0) or 1
-    parts = [f'<svg class="chart" viewBox="0 0 {_CHART_W} {_CHART_H}" width="{_CHART_W}" height="{_CHART_H}" role="img" aria-label="hit rate of {_e(target.target_id)}">']
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {_CHART_W} {_CHART_H}" width="{_CHART_W}" height="{_CHART_H}" role="img" aria-label="hit rate of {_e(target.target_id)}">'
+    ]
     for frac in (0.0, 0.5, 1.0):
         y = _PAD_T + plot_h * (1 - frac)
         parts.append(
@@ -256,7 +311,9 @@ def _chart(target: TargetStatus, unit: str) -> str:
         x = _PAD_L + i * step
         bar_h = plot_h * count / most
         rate = hit_rate(bucket.values)
-        label = f"{_utc(bucket.start, fmt)} UTC: " + (f"{_percent(rate)} of {_count(count)} lookups" if rate is not None else "no lookups")
+        label = f"{_utc(bucket.start, fmt)} UTC: " + (
+            f"{_percent(rate)} of {_count(count)} lookups" if rate is not None else "no lookups"
+        )
         parts.append(
             f'<g class="bucket" data-start="{bucket.start:.0f}" data-lookups="{count:g}" data-hit-rate="{"" if rate is None else f"{rate:.4f}"}"><title>{_e(label)}</title>'
             f'<rect class="lookups" x="{x + step * 0.1:.1f}" y="{_PAD_T + plot_h - bar_h:.1f}" width="{step * 0.8:.1f}" height="{bar_h:.1f}"/></g>'
@@ -271,7 +328,9 @@ def _chart(target: TargetStatus, unit: str) -> str:
     if buckets:
         for i, anchor in ((0, "start"), (len(buckets) // 2, "middle"), (len(buckets) - 1, "end")):
             x = _PAD_L + i * step + (step if anchor == "end" else step / 2 if anchor == "middle" else 0)
-            parts.append(f'<text x="{x:.1f}" y="{_CHART_H - 6}" text-anchor="{anchor}">{_e(_utc(buckets[i].start, fmt))}</text>')
+            parts.append(
+                f'<text x="{x:.1f}" y="{_CHART_H - 6}" text-anchor="{anchor}">{_e(_utc(buckets[i].start, fmt))}</text>'
+            )
     parts.append(
         f'<text x="{_CHART_W - 8}" y="{_PAD_T + 10}" text-anchor="end">max {_count(most if any(lookups) else 0)} lookups / {"minute" if unit == "m" else "hour"}</text>'
     )
@@ -285,7 +344,8 @@ def _history(report: StatusReport) -> str:
     legend = '<div class="legend"><span class="swatch" style="background:var(--accent)"></span>hit rate<span class="swatch" style="background:var(--bar)"></span>lookups (hits + misses)</div>'
     asked = [t for t in report.targets if hit_rate(_totals(t.windows)) is not None]
     figures = "".join(
-        f'<figure data-target="{_e(t.target_id)}"><figcaption><code>{_e(t.target_id)}</code></figcaption>{_chart(t, unit)}</figure>' for t in asked
+        f'<figure data-target="{_e(t.target_id)}"><figcaption><code>{_e(t.target_id)}</code></figcaption>{_chart(t, unit)}</figure>'
+        for t in asked
     )
     quiet = ", ".join(f"<code>{_e(t.target_id)}</code>" for t in report.targets if t not in asked)
     note = f'<p class="muted">No lookup yet for {quiet}.</p>' if quiet else ""
@@ -298,18 +358,31 @@ def _short_key(plan_key: str) -> str:
 
 
 def _top(section_id: str, title: str, entries: list[TopEntry]) -> str:
-    headers = [("#", True), ("plan (spec…/options)", False), ("target", False), ("hits", True), ("build time saved", True),
-               ("build + autotune", True), ("size", True), ("engine", False)]  # fmt: skip
+    headers = [
+        ("#", True),
+        ("plan (spec…/options)", False),
+        ("target", False),
+        ("hits", True),
+        ("build time saved", True),
+        ("build + autotune", True),
+        ("size", True),
+        ("engine", False),
+    ]
     rows = [
         f'<tr data-plan-key="{_e(e.plan_key)}"><td class="num">{rank}</td><td>{_short_key(e.plan_key)}</td>'
-        f'{_target_cell(e.target_id)}'
+        f"{_target_cell(e.target_id)}"
         f'<td class="num">{_count(e.hits)}</td><td class="num">{_duration(e.build_seconds_saved)}</td>'
-        + (f'<td class="num">{_duration(e.build_seconds)}</td><td class="num">{_bytes(e.blob_size)}</td><td><code class="engine">{_e(e.plan_name)}</code></td>'
-           if e.stored else '<td class="muted" colspan="3">no longer stored</td>')
+        + (
+            f'<td class="num">{_duration(e.build_seconds)}</td><td class="num">{_bytes(e.blob_size)}</td><td><code class="engine">{_e(e.plan_name)}</code></td>'
+            if e.stored
+            else '<td class="muted" colspan="3">no longer stored</td>'
+        )
         + "</tr>"
         for rank, e in enumerate(entries, 1)
-    ]  # fmt: skip
-    return f'<section id="{section_id}"><h2>{_e(title)}</h2>{_table(headers, rows, "no hit yet", len(headers))}</section>'
+    ]
+    return (
+        f'<section id="{section_id}"><h2>{_e(title)}</h2>{_table(headers, rows, "no hit yet", len(headers))}</section>'
+    )
 
 
 def _retirable(report: StatusReport) -> str:
@@ -325,11 +398,22 @@ def _retirable(report: StatusReport) -> str:
 
 
 def _failures(failures: list[FailedBuild]) -> str:
-    headers = [("when", False), ("target", False), ("plan", False), ("worker", False), ("kind", False), ("reason", False)]
+    headers = [
+        ("when", False),
+        ("target", False),
+        ("plan", False),
+        ("worker", False),
+        ("kind", False),
+        ("reason", False),
+    ]
     rows = [
         f'<tr data-plan-key="{_e(f.plan_key)}"><td>{_e(_utc(f.at))}</td>{_target_cell(f.target_id)}<td>{_short_key(f.plan_key)}</td>'
         f"<td><code>{_e(f.worker)}</code></td>"
-        + ('<td><span class="tag rejected">rejected by cuDNN</span></td>' if f.rejected else '<td><span class="tag failed">build failed</span></td>')
+        + (
+            '<td><span class="tag rejected">rejected by cuDNN</span></td>'
+            if f.rejected
+            else '<td><span class="tag failed">build failed</span></td>'
+        )
         + f'<td class="reason">{_e(f.reason)}</td></tr>'
         for f in failures
     ]
@@ -341,15 +425,28 @@ def _lost_to_repair(report: StatusReport) -> str:
     """Shown only after a repair of the private store lost plans, until each is rebuilt."""
     if not report.lost_to_repair:
         return ""
-    rows = [f'<tr data-plan-key="{_e(k)}"><td>{_short_key(k)}</td><td><code>{_e(k)}</code></td></tr>' for k in report.lost_to_repair]
+    rows = [
+        f'<tr data-plan-key="{_e(k)}"><td>{_short_key(k)}</td><td><code>{_e(k)}</code></td></tr>'
+        for k in report.lost_to_repair
+    ]
     table = _table([("plan (spec…/options)", False), ("plan key", False)], rows, "", 2)
     title = f"Plans lost to a repair of the store ({len(report.lost_to_repair)}; each is rebuilt on its next request and then leaves this list)"
     return f'<section id="lost-to-repair"><h2>{_e(title)}</h2>{table}</section>'
 
 
 def _warming(report: StatusReport) -> str:
-    headers = [("target", False), ("from", False), ("state", False), ("built", True), ("skipped", True), ("failed", True), ("in flight", True),
-               ("to do", True), ("of the source's 24 h hits covered", True), ("latest failure", False)]  # fmt: skip
+    headers = [
+        ("target", False),
+        ("from", False),
+        ("state", False),
+        ("built", True),
+        ("skipped", True),
+        ("failed", True),
+        ("in flight", True),
+        ("to do", True),
+        ("of the source's 24 h hits covered", True),
+        ("latest failure", False),
+    ]
     rows = [
         f'<tr data-warm-target="{_e(w.target_id)}">{_target_cell(w.target_id)}<td>{_e(w.source)}</td><td>{_e(w.state)}</td>'
         f'<td class="num">{w.built}</td><td class="num">{w.skipped}</td><td class="num">{w.failed}</td><td class="num">{w.in_flight}</td>'
@@ -357,26 +454,45 @@ def _warming(report: StatusReport) -> str:
         f'<td class="reason">{_e(w.failures[0][1] if w.failures else "")}</td></tr>'
         for w in report.warming
     ]
-    table = _table(headers, rows, "no warming plan: `plancache warm --target T --from S`, or a worker of a new target warms it when idle", len(headers))
+    table = _table(
+        headers,
+        rows,
+        "no warming plan: `plancache warm --target T --from S`, or a worker of a new target warms it when idle",
+        len(headers),
+    )
     return f'<section id="warming"><h2>Warming: plans built before the fleet asks</h2>{table}</section>'
 
 
 def _families(report: StatusReport) -> str:
-    headers = [("op family", False), *_window_headers(), ("hits", True), ("misses", True), ("compiles", True), ("failures", True), ("build time saved", True)]
+    headers = [
+        ("op family", False),
+        *_window_headers(),
+        ("hits", True),
+        ("misses", True),
+        ("compiles", True),
+        ("failures", True),
+        ("build time saved", True),
+    ]
     rows = []
     for family, windows in sorted(report.families.items()):
         total = _totals(windows)
         rows.append(
             f'<tr data-family="{_e(family)}"><td>{_e(family)}</td>'
             + "".join(_rate_cell(windows.get(w, {})) for w in WINDOWS)
-            + "".join(f'<td class="num">{_count(total.get(c.value, 0))}</td>' for c in (Counter.HITS, Counter.MISSES, Counter.COMPILES, Counter.FAILURES))
+            + "".join(
+                f'<td class="num">{_count(total.get(c.value, 0))}</td>'
+                for c in (Counter.HITS, Counter.MISSES, Counter.COMPILES, Counter.FAILURES)
+            )
             + f'<td class="num">{_duration(total.get(Counter.SECONDS_SAVED.value, 0))}</td></tr>'
         )
     return f'<section id="families"><h2>Op families</h2>{_table(headers, rows, "nothing asked yet", len(headers))}</section>'
 
 
 def render(report: StatusReport) -> str:
-    ranges = " ".join(f'<a href="?range={r}"{" class=current" if r == report.range else ""}>{_e(_WINDOW_LABELS.get(r, r))}</a>' for r in RANGES)
+    ranges = " ".join(
+        f'<a href="?range={r}"{" class=current" if r == report.range else ""}>{_e(_WINDOW_LABELS.get(r, r))}</a>'
+        for r in RANGES
+    )
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="refresh" content="{REFRESH_S}"><meta name="viewport" content="width=device-width, initial-scale=1">'

@@ -179,14 +179,23 @@ def run_task(compiler: Compiler, task: BuildTask) -> TaskResult:
 
 
 def encode_result(result: TaskResult) -> tuple[dict[str, Any], bytes]:
-    header: dict[str, Any] = {"task": result.task.task_id, "error": result.error, "rejected": result.rejected, "gpu_lost": result.gpu_lost}
+    header: dict[str, Any] = {
+        "task": result.task.task_id,
+        "error": result.error,
+        "rejected": result.rejected,
+        "gpu_lost": result.gpu_lost,
+    }
     blob = b""
     if result.heuristic is not None:
         h = result.heuristic
         header["heuristic"] = {
-            "count": h.count, "seconds": h.seconds, "candidates": [asdict(c) for c in h.candidates], "chosen": _plan_fields(h.chosen),
-            "listing": [asdict(c) for c in h.listing], "untimed_reason": h.untimed_reason,
-        }  # fmt: skip
+            "count": h.count,
+            "seconds": h.seconds,
+            "candidates": [asdict(c) for c in h.candidates],
+            "chosen": _plan_fields(h.chosen),
+            "listing": [asdict(c) for c in h.listing],
+            "untimed_reason": h.untimed_reason,
+        }
         blob = h.chosen.blob
     elif result.plan is not None:
         header["plan"] = _plan_fields(result.plan)
@@ -199,31 +208,53 @@ def decode_result(task: BuildTask, header: dict[str, Any], blob: bytes, worker: 
     if "heuristic" in header:
         h = header["heuristic"]
         heuristic = Heuristic(
-            _plan(h["chosen"], blob), int(h["count"]), float(h["seconds"]), [_candidate(c) for c in h["candidates"]],
-            [_candidate(c) for c in h.get("listing", [])], str(h.get("untimed_reason", "")),
-        )  # fmt: skip
+            _plan(h["chosen"], blob),
+            int(h["count"]),
+            float(h["seconds"]),
+            [_candidate(c) for c in h["candidates"]],
+            [_candidate(c) for c in h.get("listing", [])],
+            str(h.get("untimed_reason", "")),
+        )
         return TaskResult(task, heuristic=heuristic, worker=worker)
     if "plan" in header:
         return TaskResult(task, plan=_plan(header["plan"], blob), worker=worker)
-    return TaskResult(task, error=error or "the build process answered nothing", rejected=rejected, gpu_lost=bool(header.get("gpu_lost")), worker=worker)
+    return TaskResult(
+        task,
+        error=error or "the build process answered nothing",
+        rejected=rejected,
+        gpu_lost=bool(header.get("gpu_lost")),
+        worker=worker,
+    )
 
 
 def _plan_fields(plan: BuiltPlan) -> dict[str, Any]:
     fields = asdict(plan)
     del fields["blob"]
-    fields["geometry"] = {str(uid): [dims, strides] for uid, (dims, strides) in plan.geometry.items()}  # JSON keys are strings
+    fields["geometry"] = {
+        str(uid): [dims, strides] for uid, (dims, strides) in plan.geometry.items()
+    }  # JSON keys are strings
     return fields
 
 
 def _plan(fields: dict[str, Any], blob: bytes) -> BuiltPlan:
-    geometry = {int(uid): ([int(d) for d in g[0]], [int(s) for s in g[1]]) for uid, g in fields.get("geometry", {}).items()}
+    geometry = {
+        int(uid): ([int(d) for d in g[0]], [int(s) for s in g[1]]) for uid, g in fields.get("geometry", {}).items()
+    }
     knobs = {str(k): int(v) for k, v in fields["knobs"].items()}
-    return BuiltPlan(blob=blob, **{**fields, "knobs": knobs, "behavior_notes": tuple(fields.get("behavior_notes", ())), "geometry": geometry})
+    return BuiltPlan(
+        blob=blob,
+        **{**fields, "knobs": knobs, "behavior_notes": tuple(fields.get("behavior_notes", ())), "geometry": geometry},
+    )
 
 
 def _candidate(fields: dict[str, Any]) -> CandidateResult:
-    return CandidateResult(**{**fields, "knobs": {str(k): int(v) for k, v in fields.get("knobs", {}).items()},
-                              "behavior_notes": tuple(fields.get("behavior_notes", ()))})  # fmt: skip
+    return CandidateResult(
+        **{
+            **fields,
+            "knobs": {str(k): int(v) for k, v in fields.get("knobs", {}).items()},
+            "behavior_notes": tuple(fields.get("behavior_notes", ())),
+        }
+    )
 
 
 # ---- processes ---------------------------------------------------------------------------
@@ -264,12 +295,30 @@ class ProcessBuildPool:
     """`size` build processes, each loading `compiler` (load_compiler's name) for `device`."""
 
     def __init__(
-        self, size: int, compiler: str, device: int, autotune_strategy: str = "screened", *, budget_s: float | None = None,
-        log_level: str = "INFO", env: dict[str, str] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        size: int,
+        compiler: str,
+        device: int,
+        autotune_strategy: str = "screened",
+        *,
+        budget_s: float | None = None,
+        log_level: str = "INFO",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self._size = max(1, size)
-        self._command = [sys.executable, "-m", "plancache_server.worker.build_process", "--compiler", compiler, "--device", str(device),
-                         "--autotune-strategy", autotune_strategy, "--log-level", log_level]  # fmt: skip
+        self._command = [
+            sys.executable,
+            "-m",
+            "plancache_server.worker.build_process",
+            "--compiler",
+            compiler,
+            "--device",
+            str(device),
+            "--autotune-strategy",
+            autotune_strategy,
+            "--log-level",
+            log_level,
+        ]
         self._env = env
         self._budget_s = budget_s
         self._events: queue.Queue[tuple[_Child, tuple[dict[str, Any], bytes] | None]] = queue.Queue()
@@ -355,7 +404,14 @@ class ProcessBuildPool:
         # Past the first, build processes run at a lower CPU priority: on a
         # busy host the first one's heuristic plans (and the nodes) go first.
         nice = ["--nice", str(CANDIDATE_NICE)] if slot and self._size > 1 else []
-        proc = subprocess.Popen([*self._command, *nice], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=self._env, bufsize=0)
+        proc = subprocess.Popen(
+            [*self._command, *nice],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
+            env=self._env,
+            bufsize=0,
+        )
         child = _Child(slot, proc)
         self._children[slot] = child
         threading.Thread(target=self._read, args=(child,), name=f"build-process-{slot}-reader", daemon=True).start()
@@ -403,13 +459,20 @@ class ProcessBuildPool:
         else:
             slot.failures += 1
             slot.restart_at = time.monotonic() + min(RESTART_DELAY_S * 2 ** (slot.failures - 1), RESTART_DELAY_CAP_S)
-        _faults.warning("ended", "%s %s%s; starting another", child.name, death(code), "" if child.ready else " before it was ready")
+        _faults.warning(
+            "ended", "%s %s%s; starting another", child.name, death(code), "" if child.ready else " before it was ready"
+        )
         self._restart_due()
         task = child.task
         if task is None:
             return None
         if child.over_budget:
-            return TaskResult(task, error=f"the build ran past its time budget of {self._budget_s:g} s (--build-budget)", rejected=True, worker=child.name)
+            return TaskResult(
+                task,
+                error=f"the build ran past its time budget of {self._budget_s:g} s (--build-budget)",
+                rejected=True,
+                worker=child.name,
+            )
         return TaskResult(task, error=f"{child.name} {death(code)} building it", lost=True, worker=child.name)
 
     def _restart_due(self) -> None:
@@ -424,7 +487,12 @@ class ProcessBuildPool:
         now = time.monotonic()
         for child in self._children.values():
             if child.task is not None and not child.over_budget and now - child.started > self._budget_s:
-                log.error("%s: task %d ran past the build budget (%g s); ending the process", child.name, child.task.task_id, self._budget_s)
+                log.error(
+                    "%s: task %d ran past the build budget (%g s); ending the process",
+                    child.name,
+                    child.task.task_id,
+                    self._budget_s,
+                )
                 child.over_budget = True
                 child.proc.kill()
 

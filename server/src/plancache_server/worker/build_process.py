@@ -48,8 +48,14 @@ def main() -> int:
     frames = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    logging.basicConfig(level=args.log_level, format=f"%(asctime)s %(levelname)s build-process-{os.getpid()}: %(message)s", stream=sys.stderr)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when its pool ends (a terminal's Ctrl-C reaches both)
+    logging.basicConfig(
+        level=args.log_level,
+        format=f"%(asctime)s %(levelname)s build-process-{os.getpid()}: %(message)s",
+        stream=sys.stderr,
+    )
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # the worker decides when its pool ends (a terminal's Ctrl-C reaches both)
     from plancache_server.worker.compiler import load_compiler
 
     try:

@@ -33,4 +33,6 @@ def worker_parts(client: redis.Redis, settings: Settings, signer: Signer | None 
     elif settings.unsigned and settings.trusted_keys:
         trust = TrustPolicy.create(settings.trusted_keys, allow_unsigned=True)
     store = RedisPlanStore(client, trust, settings.store_max_mb * 2**20)
-    return WorkerParts(WorkerQueue(client), BuildRecorder(client, settings.build_lease_s, settings.negative_ttl_s), store)
+    return WorkerParts(
+        WorkerQueue(client), BuildRecorder(client, settings.build_lease_s, settings.negative_ttl_s), store
+    )

@@ -47,7 +47,9 @@ class WorkerProcesses:
         self._monitor.start()
 
     def _spawn(self, device: int) -> None:
-        self._procs[device] = subprocess.Popen([*self._base, "--device", str(device)], stdin=subprocess.DEVNULL, env=self._env)
+        self._procs[device] = subprocess.Popen(
+            [*self._base, "--device", str(device)], stdin=subprocess.DEVNULL, env=self._env
+        )
         self._started[device] = time.monotonic()
         log.info("started compile worker for GPU %d (pid %d)", device, self._procs[device].pid)
 
@@ -66,15 +68,22 @@ class WorkerProcesses:
                 if code == EXIT_GPU_LOST:
                     # Its GPU was lost, or does not answer yet: tried again for as long as it takes
                     # (a reset, a node back), once a minute at the slowest; said once a minute.
-                    _faults.warning("gpu lost", "worker for GPU %d: its GPU is lost or does not answer (see the line before); trying again "
-                                    "in %d s, and on until it answers", device, min(2**restarts, GPU_RETRY_CAP_S))  # fmt: skip
+                    _faults.warning(
+                        "gpu lost",
+                        "worker for GPU %d: its GPU is lost or does not answer (see the line before); trying again "
+                        "in %d s, and on until it answers",
+                        device,
+                        min(2**restarts, GPU_RETRY_CAP_S),
+                    )
                     delay = min(2**restarts, GPU_RETRY_CAP_S)
                 elif restarts >= MAX_RESTARTS:
                     log.error("worker for GPU %d exited with %d; gave up after %d restarts", device, code, restarts)
                     del self._procs[device]
                     continue
                 else:
-                    log.warning("worker for GPU %d exited with %d; restarting (%d/%d)", device, code, restarts + 1, MAX_RESTARTS)
+                    log.warning(
+                        "worker for GPU %d exited with %d; restarting (%d/%d)", device, code, restarts + 1, MAX_RESTARTS
+                    )
                     delay = min(2**restarts, 30)
                 if self._stop.wait(delay):
                     return

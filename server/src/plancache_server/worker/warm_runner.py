@@ -48,7 +48,15 @@ class WarmRef:
 
 
 class WarmRunner:
-    def __init__(self, warming: Warming, janitor: Janitor, worker_id: str, targets: list[Target], lease_s: float, auto_after_s: float | None) -> None:
+    def __init__(
+        self,
+        warming: Warming,
+        janitor: Janitor,
+        worker_id: str,
+        targets: list[Target],
+        lease_s: float,
+        auto_after_s: float | None,
+    ) -> None:
         """`auto_after_s`: idle seconds before warming a sibling on its own (None: never)."""
         self._warming = warming
         self._janitor = janitor
@@ -121,7 +129,9 @@ class WarmRunner:
             if target.id in self._recently_planned():
                 continue
             mine = usage.get(target.id)
-            richest = max(siblings(target, known), key=lambda s: usage[s.id].stored_plans if s.id in usage else 0, default=None)
+            richest = max(
+                siblings(target, known), key=lambda s: usage[s.id].stored_plans if s.id in usage else 0, default=None
+            )
             if richest is None or richest.id not in usage:
                 continue
             if usage[richest.id].stored_plans <= (mine.stored_plans if mine else 0):
@@ -129,7 +139,14 @@ class WarmRunner:
             if not self._warming.hold(target.id, self._worker_id, self._lease_s):
                 continue
             try:
-                status = self._warming.plan(target, Source(target_id=richest.id), DEFAULT_TOP, AUTO_MIN_HITS, f"worker {self._worker_id}", keep_empty=False)
+                status = self._warming.plan(
+                    target,
+                    Source(target_id=richest.id),
+                    DEFAULT_TOP,
+                    AUTO_MIN_HITS,
+                    f"worker {self._worker_id}",
+                    keep_empty=False,
+                )
             except InvalidRequest as e:
                 log.info("not warming %s from %s: %s", target.id, richest.id, e.message)
                 status = None
@@ -137,8 +154,14 @@ class WarmRunner:
                 self._warming.release(target.id, self._worker_id)
                 continue
             self._held.add(target.id)
-            log.info("warming %s on its own from %s (%d stored there, %d here): %d spec(s) with recent hits", target.id, richest.id,
-                     usage[richest.id].stored_plans, mine.stored_plans if mine else 0, status.total)  # fmt: skip
+            log.info(
+                "warming %s on its own from %s (%d stored there, %d here): %d spec(s) with recent hits",
+                target.id,
+                richest.id,
+                usage[richest.id].stored_plans,
+                mine.stored_plans if mine else 0,
+                status.total,
+            )
             return True
         return False
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import heapq
 import itertools
@@ -52,7 +53,15 @@ from plancache_server.store.build_records import BuildRecorder
 from plancache_server.store.jobs import Delivery, Job
 from plancache_server.store.plans import RedisPlanStore, StoredPlan
 from plancache_server.store.warming import BUILT, FAILED, SKIPPED, WARM_JOB_PREFIX, WarmItem
-from plancache_server.worker.build_pool import CANDIDATE, HEURISTIC, BuildPool, BuildTask, TaskResult, task_ids, task_query
+from plancache_server.worker.build_pool import (
+    CANDIDATE,
+    HEURISTIC,
+    BuildPool,
+    BuildTask,
+    TaskResult,
+    task_ids,
+    task_query,
+)
 from plancache_server.worker.compiler import CompiledPlan, Compiler
 from plancache_server.worker.compiler.base import BuiltPlan, Heuristic, build_seconds, heuristic_plan, tuned_plan, tunes
 from plancache_server.worker.compiler.faults import GpuLost, gpu_fault
@@ -135,7 +144,11 @@ class _Build:
     @property
     def lanes(self) -> tuple[Lane, Lane]:
         """(heuristic, candidate) lanes of its tasks."""
-        return (Lane.WARM_HEURISTIC, Lane.WARM_CANDIDATE) if self.warm is not None and not self.promoted else (Lane.HEURISTIC, Lane.CANDIDATE)
+        return (
+            (Lane.WARM_HEURISTIC, Lane.WARM_CANDIDATE)
+            if self.warm is not None and not self.promoted
+            else (Lane.HEURISTIC, Lane.CANDIDATE)
+        )
 
 
 def verify_job(job: Job, served: list[Target]) -> VerifiedJob:
@@ -148,7 +161,9 @@ def verify_job(job: Job, served: list[Target]) -> VerifiedJob:
     except PlanCacheError as e:
         raise InvalidRequest(f"its query does not parse: {e.message[:300]}") from e
     if target.id not in {t.id for t in served}:
-        raise InvalidRequest(f"it is for target {target.id}, which this worker does not build (it builds {', '.join(t.id for t in served)})")
+        raise InvalidRequest(
+            f"it is for target {target.id}, which this worker does not build (it builds {', '.join(t.id for t in served)})"
+        )
     derived = make_key(hash_normalized(spec), target, options)
     if derived != job.plan_key:
         raise InvalidRequest(f"it names plan {job.plan_key[:300]} but its spec, target and options make plan {derived}")
@@ -171,8 +186,14 @@ def plan_metadata(job: VerifiedJob, compiled: CompiledPlan, worker_id: str, buil
         engine_kind=pb.ENGINE_KIND_PYTHON if compiled.is_python_engine else pb.ENGINE_KIND_BACKEND,
         candidates=[
             pb.CandidateTiming(
-                index=c.index, plan_name=c.plan_name, engine_id=c.engine_id, median_ms=c.median_ms, error=c.error, timing=c.timing,
-                knobs=[pb.Knob(name=k, value=v) for k, v in sorted(c.knobs.items())], behavior_notes=c.behavior_notes,
+                index=c.index,
+                plan_name=c.plan_name,
+                engine_id=c.engine_id,
+                median_ms=c.median_ms,
+                error=c.error,
+                timing=c.timing,
+                knobs=[pb.Knob(name=k, value=v) for k, v in sorted(c.knobs.items())],
+                behavior_notes=c.behavior_notes,
                 workspace_size=c.workspace_size,
             )
             for c in compiled.candidates
@@ -226,7 +247,9 @@ class Worker:
         self._held: dict[str, _Build] = {}
         self._held_lock = threading.Lock()
         self._active: dict[str, _Build] = {}  # by build key
-        self._lanes: list[tuple[int, int, int, int, BuildTask, _Build]] = []  # (lane, build seq, index, task id, task, build): a heap
+        self._lanes: list[
+            tuple[int, int, int, int, BuildTask, _Build]
+        ] = []  # (lane, build seq, index, task id, task, build): a heap
         self._running: dict[int, tuple[_Build, Lane]] = {}  # task id -> its build
         self.gpu_lost: str | None = None  # why, once its GPU is lost (the worker then ends: see _lose_gpu)
         self._seq = itertools.count()
@@ -237,7 +260,12 @@ class Worker:
     def run(self) -> None:
         """Serve jobs until stop(), then finish the builds it holds (their
         autotuning included); survives Redis outages by retrying."""
-        log.info("worker %s serving targets %s with %d build processes", self.worker_id, ", ".join(t.id for t in self._targets), self._pool.size)
+        log.info(
+            "worker %s serving targets %s with %d build processes",
+            self.worker_id,
+            ", ".join(t.id for t in self._targets),
+            self._pool.size,
+        )
         telemetry.BUILD_PROCESSES.set(self._pool.size)
         beat = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{self.worker_id}", daemon=True)
         beat.start()
@@ -306,7 +334,9 @@ class Worker:
             log.info("job %s: handed back unstarted (this worker is stopping)", build.job.job_id)
             for delivery in self._deliveries(build):
                 self._queue.hand_back(delivery)
-            if build.delivery is None:  # warming: the item stays in flight; the next holder of the target's lease builds it
+            if (
+                build.delivery is None
+            ):  # warming: the item stays in flight; the next holder of the target's lease builds it
                 self._builds.release(build.job.plan_key, build.job.job_id)
             self._forget(build)
 
@@ -314,7 +344,9 @@ class Worker:
         while not self._stop.is_set():
             try:
                 if self._queue.drain_requested(self.worker_id):
-                    log.warning("worker %s: asked to drain; finishing the builds it holds, then leaving", self.worker_id)
+                    log.warning(
+                        "worker %s: asked to drain; finishing the builds it holds, then leaving", self.worker_id
+                    )
                     self._stop.set()
                     break
                 self._queue.heartbeat(self.worker_id, self._targets, self._ttl)
@@ -346,7 +378,9 @@ class Worker:
             self._builds.record_refusal(job.plan_key, self.worker_id, reason)
             self._queue.ack(delivery)
             return
-        warming = next((b for b in self._active.values() if b.warm is not None and b.job.plan_key == verified.plan_key), None)
+        warming = next(
+            (b for b in self._active.values() if b.warm is not None and b.job.plan_key == verified.plan_key), None
+        )
         if warming is not None:
             self._promote(warming, delivery)
             return
@@ -363,10 +397,16 @@ class Worker:
             self._queue.ack(delivery)
             return
         if delivery.attempts > 1:
-            log.warning("job %s: reclaimed (attempt %d) from a worker that stopped answering", job.job_id, delivery.attempts)
+            log.warning(
+                "job %s: reclaimed (attempt %d) from a worker that stopped answering", job.job_id, delivery.attempts
+            )
         self._builds.mark_running(job.plan_key, job.job_id, self.worker_id)
         self._builds.renew(job.plan_key, job.job_id)
-        self._start(_Build(delivery, job, verified, task_query(verified.spec, job.query.target, verified.options), next(self._seq)))
+        self._start(
+            _Build(
+                delivery, job, verified, task_query(verified.spec, job.query.target, verified.options), next(self._seq)
+            )
+        )
 
     def _start(self, build: _Build) -> None:
         with self._held_lock:
@@ -415,20 +455,41 @@ class Worker:
             return False
         holder = self._builds.take_lease(job.plan_key, job.job_id)
         if holder is not None and holder.startswith(WARM_JOB_PREFIX):
-            self._warm.defer(ref)  # another warm build of it, maybe of a worker that died: its lease runs out (--build-lease)
+            self._warm.defer(
+                ref
+            )  # another warm build of it, maybe of a worker that died: its lease runs out (--build-lease)
             return True
         if holder is not None:
             self._warm.record(ref, SKIPPED, "being built for a caller", job.plan_key)
             return False
         self._builds.mark_running(job.plan_key, job.job_id, self.worker_id)
-        log.info("warming %s: item %d, plan %s (%.0f recent hits of the source)", ref.target_id, ref.index, job.plan_key, item.hits)
-        self._start(_Build(None, job, verified, task_query(verified.spec, job.query.target, verified.options), next(self._seq), warm=ref))
+        log.info(
+            "warming %s: item %d, plan %s (%.0f recent hits of the source)",
+            ref.target_id,
+            ref.index,
+            job.plan_key,
+            item.hits,
+        )
+        self._start(
+            _Build(
+                None,
+                job,
+                verified,
+                task_query(verified.spec, job.query.target, verified.options),
+                next(self._seq),
+                warm=ref,
+            )
+        )
         return True
 
     def _promote(self, build: _Build, delivery: Delivery) -> None:
         """A caller asks for a plan this worker is warming: its pieces move
         to the callers' lanes, and the caller's job ends with it."""
-        log.info("job %s: plan %s was being warmed; its build now has a caller", delivery.job.job_id if delivery.job else "?", build.job.plan_key)
+        log.info(
+            "job %s: plan %s was being warmed; its build now has a caller",
+            delivery.job.job_id if delivery.job else "?",
+            build.job.plan_key,
+        )
         build.promoted.append(delivery)
         with self._held_lock:
             self._held[build.key] = build
@@ -495,11 +556,24 @@ class Worker:
             key = (task.kind, task.index)
             build.attempts[key] = build.attempts.get(key, 1) + 1
             if build.attempts[key] <= MAX_TASK_ATTEMPTS:
-                _faults.warning("build process died", "job %s: %s; building its %s again (try %d of %d)", build.job.job_id, result.error, _piece(task),
-                                build.attempts[key], MAX_TASK_ATTEMPTS)  # fmt: skip
-                self._push(build.lanes[0] if task.kind == HEURISTIC else build.lanes[1], build, dataclasses.replace(task, task_id=next(task_ids)))
+                _faults.warning(
+                    "build process died",
+                    "job %s: %s; building its %s again (try %d of %d)",
+                    build.job.job_id,
+                    result.error,
+                    _piece(task),
+                    build.attempts[key],
+                    MAX_TASK_ATTEMPTS,
+                )
+                self._push(
+                    build.lanes[0] if task.kind == HEURISTIC else build.lanes[1],
+                    build,
+                    dataclasses.replace(task, task_id=next(task_ids)),
+                )
                 return
-            result = dataclasses.replace(result, error=f"{result.error}, {MAX_TASK_ATTEMPTS} times", rejected=task.kind == HEURISTIC)
+            result = dataclasses.replace(
+                result, error=f"{result.error}, {MAX_TASK_ATTEMPTS} times", rejected=task.kind == HEURISTIC
+            )
         if task.kind == HEURISTIC:
             self._on_heuristic(build, result)
         else:
@@ -509,7 +583,13 @@ class Worker:
         job, verified = build.job, build.verified
         if result.heuristic is None:
             reason = result.error or "the build process answered nothing"
-            log.info("job %s: %s %s: %s", job.job_id, "cuDNN rejected" if result.rejected else "could not build", job.plan_key, reason)
+            log.info(
+                "job %s: %s %s: %s",
+                job.job_id,
+                "cuDNN rejected" if result.rejected else "could not build",
+                job.plan_key,
+                reason,
+            )
             self._end(build, reason, rejected=result.rejected)
             return
         build.heuristic = heuristic = result.heuristic
@@ -518,7 +598,10 @@ class Worker:
             self._end(build, None)
             return
         self._store_plan(build, heuristic_plan(heuristic, provisional=True))
-        self._durably(f"announcing the provisional plan of {job.plan_key}", lambda: self._builds.provisional(job.plan_key, job.job_id, self.worker_id))
+        self._durably(
+            f"announcing the provisional plan of {job.plan_key}",
+            lambda: self._builds.provisional(job.plan_key, job.job_id, self.worker_id),
+        )
         build.built.append(heuristic.chosen)
         build.waiting = {i for i in range(heuristic.count) if i != heuristic.chosen.index}
         for index in sorted(build.waiting):
@@ -530,7 +613,14 @@ class Worker:
         plan = result.plan
         if plan is None:
             assert build.heuristic is not None
-            plan = dataclasses.replace(build.heuristic.chosen, index=index, blob=b"", plan_name=f"plan {index}", engine_id=-1, error=result.error)
+            plan = dataclasses.replace(
+                build.heuristic.chosen,
+                index=index,
+                blob=b"",
+                plan_name=f"plan {index}",
+                engine_id=-1,
+                error=result.error,
+            )
         (build.built if plan.built else build.failed).append(plan)
         if not build.waiting:
             self._finish_tuning(build)
@@ -546,8 +636,14 @@ class Worker:
         try:
             timed = self.compiler.time_plans(verified.spec, verified.options, built)
             others = [p for p in built if p.index != heuristic.chosen.index] + build.failed
-            tuned = tuned_plan(heuristic, built, timed, build.failed, build_seconds(heuristic, others), time.perf_counter() - started)
-            reason = None if tuned is not None else f"none of the {len(built)} candidates that built ran: {timed[0].error if timed else ''}"
+            tuned = tuned_plan(
+                heuristic, built, timed, build.failed, build_seconds(heuristic, others), time.perf_counter() - started
+            )
+            reason = (
+                None
+                if tuned is not None
+                else f"none of the {len(built)} candidates that built ran: {timed[0].error if timed else ''}"
+            )
         except Exception as e:  # a GPU fault while timing: the heuristic plan stays, final
             if isinstance(gpu_fault(e), GpuLost):
                 self._lose_gpu(f"{type(e).__name__}: {str(e)[:500]}")
@@ -571,8 +667,14 @@ class Worker:
             return
         self.gpu_lost = reason
         held = list(self._active.values())
-        _faults.error("gpu lost", "worker %s: its GPU was lost (%s): failing the %d build(s) it holds with the reason and leaving; "
-                      "it starts again once the GPU answers (nvidia-smi; the kernel log names the Xid)", self.worker_id, reason, len(held))  # fmt: skip
+        _faults.error(
+            "gpu lost",
+            "worker %s: its GPU was lost (%s): failing the %d build(s) it holds with the reason and leaving; "
+            "it starts again once the GPU answers (nvidia-smi; the kernel log names the Xid)",
+            self.worker_id,
+            reason,
+            len(held),
+        )
         self._stop.set()
         self._lanes.clear()
         try:  # at once: a front end must not queue another build for this worker meanwhile
@@ -580,23 +682,42 @@ class Worker:
         except StoreUnavailable:
             pass  # its heartbeat expires on its own (--heartbeat-ttl)
         for build in held:
-            self._end(build, f"the GPU of worker {self.worker_id} was lost while it built this plan ({reason[:300]}): call again; "
-                             "a worker whose GPU works builds it")  # fmt: skip
+            self._end(
+                build,
+                f"the GPU of worker {self.worker_id} was lost while it built this plan ({reason[:300]}): call again; "
+                "a worker whose GPU works builds it",
+            )
 
     def _end(self, build: _Build, error: str | None, rejected: bool = False) -> None:
         """Record the job's outcome and let it go."""
         job = build.job
         target_id = self.compiler.target.id
-        telemetry.BUILDS.labels(target_id, "rejected" if rejected else "failed" if error else "warmed" if build.warm and not build.promoted else "built").inc()
+        telemetry.BUILDS.labels(
+            target_id,
+            "rejected"
+            if rejected
+            else "failed"
+            if error
+            else "warmed"
+            if build.warm and not build.promoted
+            else "built",
+        ).inc()
         telemetry.BUILD_SECONDS.labels(target_id).observe(time.monotonic() - build.started)
         if error is None:
             log.info("job %s: built %s in %.2fs", job.job_id, job.plan_key, time.monotonic() - build.started)
         try:
-            self._durably(f"recording job {job.job_id}", lambda: self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=error, rejected=rejected))
+            self._durably(
+                f"recording job {job.job_id}",
+                lambda: self._builds.finish(job.plan_key, job.job_id, self.worker_id, error=error, rejected=rejected),
+            )
             for delivery in self._deliveries(build):
                 other = delivery.job
-                if other is not None and other.job_id != job.job_id:  # a caller's job promoted onto this build: its state too
-                    self._durably(f"recording job {other.job_id}", lambda o=other: self._builds.finish(o.plan_key, o.job_id, self.worker_id, error=error))  # type: ignore[misc]
+                # A caller's job promoted onto this build: its state too.
+                if other is not None and other.job_id != job.job_id:
+                    finish = functools.partial(
+                        self._builds.finish, other.plan_key, other.job_id, self.worker_id, error=error
+                    )
+                    self._durably(f"recording job {other.job_id}", finish)
                 self._durably(f"acknowledging job {job.job_id}", lambda d=delivery: self._queue.ack(d))  # type: ignore[misc]
             if build.warm is not None and self._warm is not None:
                 self._warm.record(build.warm, FAILED if error else BUILT, error or "", job.plan_key)
@@ -618,7 +739,14 @@ class Worker:
             except StoreUnavailable as e:
                 if time.monotonic() + pause > deadline:
                     raise
-                _faults.warning("store", "worker %s: %s failed (%s); retrying for up to %.0f s", self.worker_id, doing, e.message, STORE_RETRY_S)
+                _faults.warning(
+                    "store",
+                    "worker %s: %s failed (%s); retrying for up to %.0f s",
+                    self.worker_id,
+                    doing,
+                    e.message,
+                    STORE_RETRY_S,
+                )
                 time.sleep(pause)
                 pause = min(pause * 2, 2.0)
 
@@ -631,12 +759,22 @@ class Worker:
         spec = spec_io.to_proto(build.verified.spec)  # what this worker derived the key from
         self._durably(f"storing plan {job.plan_key}", lambda: self._store.put(plan, spec=spec, warmed=warmed))
         log.info(
-            "job %s: stored %s plan %s (%d candidates, chose %s, %d bytes)", job.job_id, "provisional" if compiled.provisional else "final",
-            job.plan_key, len(compiled.candidates), compiled.plan_name, len(compiled.blob),
-        )  # fmt: skip
+            "job %s: stored %s plan %s (%d candidates, chose %s, %d bytes)",
+            job.job_id,
+            "provisional" if compiled.provisional else "final",
+            job.plan_key,
+            len(compiled.candidates),
+            compiled.plan_name,
+            len(compiled.blob),
+        )
 
     def _keep_heuristic(self, build: _Build, heuristic: Heuristic, reason: str) -> None:
-        log.warning("job %s: autotuning %s failed (%s); the heuristic plan is final", build.job.job_id, build.job.plan_key, reason)
+        log.warning(
+            "job %s: autotuning %s failed (%s); the heuristic plan is final",
+            build.job.job_id,
+            build.job.plan_key,
+            reason,
+        )
         plan = heuristic_plan(heuristic, provisional=False)
         noted = [dataclasses.replace(c, error=f"autotuning failed: {reason[:500]}") for c in plan.candidates]
         self._store_plan(build, dataclasses.replace(plan, candidates=noted))

@@ -55,7 +55,9 @@ class WorkerQueue:
                 pipe.zadd(keys.workers(target.id), {worker_id: now + ttl_s})
                 pipe.zremrangebyscore(keys.workers(target.id), "-inf", now - ttl_s)
                 pipe.sadd(keys.KNOWN_TARGETS, target.id)
-                pipe.hset(keys.TARGETS_LAST_SEEN, target.id, str(now))  # for retirement (plancache_server.store.lifecycle)
+                pipe.hset(
+                    keys.TARGETS_LAST_SEEN, target.id, str(now)
+                )  # for retirement (plancache_server.store.lifecycle)
             pipe.execute()
 
     def leave(self, worker_id: str, targets: list[Target]) -> None:
@@ -71,8 +73,13 @@ class WorkerQueue:
         """Up to `count` new jobs (per stream): waiting up to `block_ms` for the first, or not at all (None)."""
         streams = {keys.job_stream(t): ">" for t in targets}
         with translated_errors("reading jobs"):
-            reply = cast(list[Any], self._redis.xreadgroup(keys.JOB_GROUP, worker_id, streams, count=count, block=block_ms))  # type: ignore[arg-type]
-        return [delivery(stream.decode(), entry_id, fields) for stream, entries in reply or [] for entry_id, fields in entries]
+            read = self._redis.xreadgroup(keys.JOB_GROUP, worker_id, streams, count=count, block=block_ms)  # type: ignore[arg-type]
+            reply = cast(list[Any], read)
+        return [
+            delivery(stream.decode(), entry_id, fields)
+            for stream, entries in reply or []
+            for entry_id, fields in entries
+        ]
 
     def reclaim(self, worker_id: str, targets: list[Target], min_idle_ms: int) -> list[Delivery]:
         """Jobs another worker took and will not finish, claimed for this
@@ -85,10 +92,14 @@ class WorkerQueue:
                 stream = keys.job_stream(target)
                 entry_ids = self._held_by_dead_workers(stream, target)
                 if entry_ids:
-                    claimed: Any = self._redis.xclaim(stream, keys.JOB_GROUP, worker_id, 0, cast(list[Any], entry_ids[:1]))
+                    claimed: Any = self._redis.xclaim(
+                        stream, keys.JOB_GROUP, worker_id, 0, cast(list[Any], entry_ids[:1])
+                    )
                     entries = [(entry_id, fields) for entry_id, fields in claimed]
                 else:
-                    reply: Any = self._redis.xautoclaim(stream, keys.JOB_GROUP, worker_id, min_idle_ms, start_id="0-0", count=1)
+                    reply: Any = self._redis.xautoclaim(
+                        stream, keys.JOB_GROUP, worker_id, min_idle_ms, start_id="0-0", count=1
+                    )
                     entries = list(reply[1])
                 for entry_id, fields in entries:
                     if fields is None:
@@ -123,7 +134,10 @@ class WorkerQueue:
             return self.ack(job)
         fields = job.job.encode()
         with translated_errors("handing a job back"):
-            self._hand_back(keys=[job.stream], args=[keys.JOB_GROUP, job.entry_id, fields["job_id"], fields["plan_key"], fields["query"]])
+            self._hand_back(
+                keys=[job.stream],
+                args=[keys.JOB_GROUP, job.entry_id, fields["job_id"], fields["plan_key"], fields["query"]],
+            )
 
     def ack(self, job: Delivery) -> None:
         """Done with a job: acknowledged and deleted, so that the stream's

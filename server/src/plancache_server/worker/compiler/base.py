@@ -69,9 +69,15 @@ class BuiltPlan:
 
     def untimed(self) -> CandidateResult:
         return CandidateResult(
-            self.index, self.plan_name, self.engine_id, None, self.error, knobs=dict(self.knobs), behavior_notes=self.behavior_notes,
+            self.index,
+            self.plan_name,
+            self.engine_id,
+            None,
+            self.error,
+            knobs=dict(self.knobs),
+            behavior_notes=self.behavior_notes,
             workspace_size=self.workspace_size if self.built else None,
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -131,12 +137,22 @@ def tunes(options: CompileOptions, heuristic: Heuristic) -> bool:
     return options.autotune and heuristic.count > 1 and not heuristic.untimed_reason
 
 
-def compiled(plan: BuiltPlan, candidates: list[CandidateResult], build_s: float, tune_s: float, provisional: bool) -> CompiledPlan:
+def compiled(
+    plan: BuiltPlan, candidates: list[CandidateResult], build_s: float, tune_s: float, provisional: bool
+) -> CompiledPlan:
     return CompiledPlan(
-        blob=plan.blob, workspace_size=plan.workspace_size, engine_id=plan.engine_id, knobs=plan.knobs, plan_name=plan.plan_name,
-        is_python_engine=plan.is_python_engine, candidates=candidates, build_seconds=build_s, autotune_seconds=tune_s, provisional=provisional,
+        blob=plan.blob,
+        workspace_size=plan.workspace_size,
+        engine_id=plan.engine_id,
+        knobs=plan.knobs,
+        plan_name=plan.plan_name,
+        is_python_engine=plan.is_python_engine,
+        candidates=candidates,
+        build_seconds=build_s,
+        autotune_seconds=tune_s,
+        provisional=provisional,
         geometry=plan.geometry,
-    )  # fmt: skip
+    )
 
 
 def with_listing(heuristic: Heuristic, records: dict[int, CandidateResult]) -> list[CandidateResult]:
@@ -147,7 +163,9 @@ def with_listing(heuristic: Heuristic, records: dict[int, CandidateResult]) -> l
     for index, record in records.items():
         known = merged.get(index)
         described = known is not None and not record.knobs and not record.behavior_notes
-        merged[index] = replace(record, knobs=known.knobs, behavior_notes=known.behavior_notes) if described and known else record
+        merged[index] = (
+            replace(record, knobs=known.knobs, behavior_notes=known.behavior_notes) if described and known else record
+        )
     return [merged[i] for i in sorted(merged)]
 
 
@@ -157,7 +175,9 @@ def heuristic_plan(heuristic: Heuristic, provisional: bool) -> CompiledPlan:
     if heuristic.untimed_reason:
         chosen = replace(chosen, timing=f"untimed: {heuristic.untimed_reason}")
     records = {c.index: c for c in heuristic.candidates}
-    if all(c.plan_name != chosen.plan_name for c in records.values()):  # unless the compiler timed it among its candidates
+    if all(
+        c.plan_name != chosen.plan_name for c in records.values()
+    ):  # unless the compiler timed it among its candidates
         records[chosen.index] = chosen
     return compiled(heuristic.chosen, with_listing(heuristic, records), heuristic.seconds, 0.0, provisional)
 
@@ -165,7 +185,9 @@ def heuristic_plan(heuristic: Heuristic, provisional: bool) -> CompiledPlan:
 def winner(plans: Sequence[BuiltPlan], timed: Sequence[CandidateResult]) -> BuiltPlan | None:
     """The built plan with the lowest precisely measured time (a candidate
     the screen left out never wins: its time is one replay's)."""
-    finalists = [(t.median_ms, p) for p, t in zip(plans, timed, strict=True) if t.median_ms is not None and t.timing != "screen"]
+    finalists = [
+        (t.median_ms, p) for p, t in zip(plans, timed, strict=True) if t.median_ms is not None and t.timing != "screen"
+    ]
     return min(finalists, key=lambda f: f[0] if f[0] is not None else math.inf, default=(None, None))[1]
 
 
@@ -177,7 +199,12 @@ def build_seconds(heuristic: Heuristic, others: Sequence[BuiltPlan]) -> float:
 
 
 def tuned_plan(
-    heuristic: Heuristic, built: Sequence[BuiltPlan], timed: Sequence[CandidateResult], failed: Sequence[BuiltPlan], build_s: float, tune_s: float
+    heuristic: Heuristic,
+    built: Sequence[BuiltPlan],
+    timed: Sequence[CandidateResult],
+    failed: Sequence[BuiltPlan],
+    build_s: float,
+    tune_s: float,
 ) -> CompiledPlan | None:
     """The autotuned plan: the fastest of `built` (`timed[i]` is `built[i]`'s
     time), with every candidate's record in index order, those that did not
@@ -196,7 +223,9 @@ def _with_build(timed: CandidateResult, plan: BuiltPlan | None) -> CandidateResu
     """A timing with what its build recorded (knobs, notes, workspace)."""
     if plan is None:
         return timed
-    return replace(timed, knobs=dict(plan.knobs), behavior_notes=plan.behavior_notes, workspace_size=plan.workspace_size)
+    return replace(
+        timed, knobs=dict(plan.knobs), behavior_notes=plan.behavior_notes, workspace_size=plan.workspace_size
+    )
 
 
 def compile_inline(compiler: Compiler, spec: GraphSpec, options: CompileOptions) -> Iterator[CompiledPlan]:
@@ -213,7 +242,14 @@ def compile_inline(compiler: Compiler, spec: GraphSpec, options: CompileOptions)
     built = sorted([heuristic.chosen, *(p for p in others if p.built)], key=lambda p: p.index)
     started = time.perf_counter()
     timed = compiler.time_plans(spec, options, built)
-    plan = tuned_plan(heuristic, built, timed, [p for p in others if not p.built], build_seconds(heuristic, others), time.perf_counter() - started)
+    plan = tuned_plan(
+        heuristic,
+        built,
+        timed,
+        [p for p in others if not p.built],
+        build_seconds(heuristic, others),
+        time.perf_counter() - started,
+    )
     if plan is None:
         raise RuntimeError(f"none of the {heuristic.count} candidate plans ran: {timed[0].error if timed else ''}")
     yield plan

@@ -35,7 +35,14 @@ from plancache.spec.canonical import hash_normalized
 from plancache.spec.graph import GraphSpec
 from plancache.spec.validation import storage_elements
 from plancache_server.settings import AUTOTUNE_STRATEGIES
-from plancache_server.worker.compiler.base import BuiltPlan, CandidateResult, CompiledPlan, Geometry, Heuristic, compile_inline
+from plancache_server.worker.compiler.base import (
+    BuiltPlan,
+    CandidateResult,
+    CompiledPlan,
+    Geometry,
+    Heuristic,
+    compile_inline,
+)
 from plancache_server.worker.compiler.faults import gpu_fault
 from plancache_server.worker.compiler.plan_list import describe
 from plancache_server.worker.compiler.timing import time_candidates
@@ -51,7 +58,9 @@ GRAPHS_KEPT = 4
 class CudnnCompiler:
     def __init__(self, device: int, autotune_strategy: str = "screened") -> None:
         if autotune_strategy not in AUTOTUNE_STRATEGIES:
-            raise ValueError(f"autotune strategy {autotune_strategy!r}: expected one of {', '.join(AUTOTUNE_STRATEGIES)}")
+            raise ValueError(
+                f"autotune strategy {autotune_strategy!r}: expected one of {', '.join(AUTOTUNE_STRATEGIES)}"
+            )
         self.autotune_strategy = autotune_strategy
         torch.cuda.set_device(device)
         self._device = torch.device("cuda", device)
@@ -139,13 +148,17 @@ class CudnnCompiler:
                 return Heuristic(plan, count, time.perf_counter() - started, failures, listing, untimed)
             failures.append(plan.untimed())
         reasons = "; ".join(f"plan {f.index}: {f.error}" for f in failures)
-        raise CompileFailed(f"cuDNN could not build {'the selected plan' if options.selected_plan is not None else 'any plan'} on {self._target.id}: {reasons[:1000]}")
+        raise CompileFailed(
+            f"cuDNN could not build {'the selected plan' if options.selected_plan is not None else 'any plan'} on {self._target.id}: {reasons[:1000]}"
+        )
 
     def candidate(self, spec: GraphSpec, options: CompileOptions, index: int) -> BuiltPlan:
         g = self._planned(spec, options)
         count = g.get_execution_plan_count()
         if index >= count:  # the heuristics gave this process fewer candidates than the heuristic build saw
-            return BuiltPlan(index, b"", f"plan {index}", -1, {}, 0, False, error=f"cuDNN offers {count} plans here, not {index + 1}")
+            return BuiltPlan(
+                index, b"", f"plan {index}", -1, {}, 0, False, error=f"cuDNN offers {count} plans here, not {index + 1}"
+            )
         return self._build(g, index, spec)
 
     def time_plans(self, spec: GraphSpec, options: CompileOptions, plans: Sequence[BuiltPlan]) -> list[CandidateResult]:
@@ -159,14 +172,18 @@ class CudnnCompiler:
                 g = cudnn.pygraph()
                 g.deserialize(self._handle, plan.blob)
             except Exception as e:
-                results[plan.index] = CandidateResult(plan.index, plan.plan_name, plan.engine_id, None, f"deserialize: {type(e).__name__}: {str(e)[:300]}")
+                results[plan.index] = CandidateResult(
+                    plan.index, plan.plan_name, plan.engine_id, None, f"deserialize: {type(e).__name__}: {str(e)[:300]}"
+                )
                 continue
             graphs.append(g)
             loaded.append(plan)
         bindings = self.random_bindings(spec, next((p.geometry for p in loaded if p.geometry), {}))
         workspace = torch.empty(max([1, *(p.workspace_size for p in loaded)]), device=self._device, dtype=torch.uint8)
         launches = [functools.partial(g.execute, bindings, workspace, handle=self._handle) for g in graphs]
-        for plan, t in zip(loaded, time_candidates(launches, self._handle, self._device, self.autotune_strategy), strict=True):
+        for plan, t in zip(
+            loaded, time_candidates(launches, self._handle, self._device, self.autotune_strategy), strict=True
+        ):
             results[plan.index] = CandidateResult(plan.index, plan.plan_name, plan.engine_id, t.ms, t.error, t.method)
         return [results[p.index] for p in plans]
 
@@ -202,13 +219,29 @@ class CudnnCompiler:
             if fault is not None:  # not this plan's fault: the device's (no other plan would build either)
                 raise fault from e
             return BuiltPlan(
-                index, b"", record.plan_name, record.engine_id, record.knobs, 0, False, time.perf_counter() - started,
-                f"{type(e).__name__}: {str(e)[:300]}", record.behavior_notes,
-            )  # fmt: skip
+                index,
+                b"",
+                record.plan_name,
+                record.engine_id,
+                record.knobs,
+                0,
+                False,
+                time.perf_counter() - started,
+                f"{type(e).__name__}: {str(e)[:300]}",
+                record.behavior_notes,
+            )
         return BuiltPlan(
-            index, blob, record.plan_name, record.engine_id, record.knobs, workspace, blob.startswith(PYTHON_PLAN_MAGIC),
-            time.perf_counter() - started, behavior_notes=record.behavior_notes, geometry=resolved_geometry(g, spec),
-        )  # fmt: skip
+            index,
+            blob,
+            record.plan_name,
+            record.engine_id,
+            record.knobs,
+            workspace,
+            blob.startswith(PYTHON_PLAN_MAGIC),
+            time.perf_counter() - started,
+            behavior_notes=record.behavior_notes,
+            geometry=resolved_geometry(g, spec),
+        )
 
     def candidates_workspace(self, g: Any, count: int) -> Any:
         """One workspace large enough for any of the built candidates (bench/autotune.py)."""

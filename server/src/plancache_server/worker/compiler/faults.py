@@ -15,14 +15,35 @@ from __future__ import annotations
 # The exit status of a process whose GPU was lost (EX_TEMPFAIL): its supervisor restarts it.
 EXIT_GPU_LOST = 75
 # CUDA, cuDNN and torch, out of device memory.
-_OUT_OF_MEMORY = ("out of memory", "CUDNN_STATUS_ALLOC_FAILED", "CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation", "OutOfMemoryError")
+_OUT_OF_MEMORY = (
+    "out of memory",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUDA_ERROR_OUT_OF_MEMORY",
+    "cudaErrorMemoryAllocation",
+    "OutOfMemoryError",
+)
 # Sticky errors: the context is unusable after them (an Xid on the host: 13, 31, 43, 48, 63, 74, 79, 94, 95 ...).
 _CONTEXT_LOST = (
-    "illegal memory access", "CUDA_ERROR_ILLEGAL_ADDRESS", "cudaErrorIllegalAddress", "unspecified launch failure", "CUDA_ERROR_LAUNCH_FAILED",
-    "cudaErrorLaunchFailure", "fallen off the bus", "uncorrectable ECC", "CUDA_ERROR_ECC_UNCORRECTABLE", "cudaErrorECCUncorrectable",
-    "CUDA_ERROR_DEVICE_UNAVAILABLE", "cudaErrorDevicesUnavailable", "no CUDA-capable device", "device-side assert", "CUDA_ERROR_ASSERT",
-    "CUDA_ERROR_LAUNCH_TIMEOUT", "cudaErrorLaunchTimeout", "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
-)  # fmt: skip
+    "illegal memory access",
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+    "cudaErrorIllegalAddress",
+    "unspecified launch failure",
+    "CUDA_ERROR_LAUNCH_FAILED",
+    "cudaErrorLaunchFailure",
+    "fallen off the bus",
+    "uncorrectable ECC",
+    "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "cudaErrorECCUncorrectable",
+    "CUDA_ERROR_DEVICE_UNAVAILABLE",
+    "cudaErrorDevicesUnavailable",
+    "no CUDA-capable device",
+    "device-side assert",
+    "CUDA_ERROR_ASSERT",
+    "CUDA_ERROR_LAUNCH_TIMEOUT",
+    "cudaErrorLaunchTimeout",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+)
 
 
 class GpuOutOfMemory(Exception):

@@ -68,7 +68,9 @@ class Timed:
     error: str = ""
 
 
-def time_candidates(launches: Sequence[Callable[[], None]], handle: object, device: torch.device, strategy: str = "screened") -> list[Timed]:
+def time_candidates(
+    launches: Sequence[Callable[[], None]], handle: object, device: torch.device, strategy: str = "screened"
+) -> list[Timed]:
     """Every candidate's time, in index order. `launches[i]()` executes candidate i."""
     if strategy not in AUTOTUNE_STRATEGIES:
         raise ValueError(f"autotune strategy {strategy!r}: expected one of {', '.join(AUTOTUNE_STRATEGIES)}")
@@ -105,7 +107,9 @@ class _Timer:
         self._end = torch.cuda.Event(enable_timing=True)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, int]] = {}  # screened, not yet timed precisely
 
-    def guarded(self, index: int, launch: Callable[[], None], method: Callable[[Callable[[], None]], tuple[float, str]]) -> Timed:
+    def guarded(
+        self, index: int, launch: Callable[[], None], method: Callable[[Callable[[], None]], tuple[float, str]]
+    ) -> Timed:
         try:
             ms, how = method(launch)
         except Exception as e:  # a candidate that fails is recorded, not fatal
