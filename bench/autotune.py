@@ -32,8 +32,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import figure, save, table, write_json
-from plancache.spec.graph import GraphSpec
-from plancache.spec.validation import normalize
+from plancache.graphspec.graph import GraphSpec
+from plancache.graphspec.validation import normalize
 from tests.support.processes import REPO
 
 TARGET_MS_PER_CANDIDATE = 30.0
@@ -124,8 +124,8 @@ def pool_builds() -> list[dict[str, Any]]:
     and ready before the clock, as a worker's are), one process against
     eight: the worker's autotuning in parallel."""
     from bench.startup_graphs import startup_graphs
+    from plancache.gpu.target import detect_target
     from plancache.keys.options import CompileOptions
-    from plancache.run.gpu import detect_target
     from plancache_server.worker.build_pool import (
         CANDIDATE,
         HEURISTIC,

@@ -29,9 +29,9 @@ import redis
 
 from bench.report import figure, percentile, save, spread, table, write_json
 from plancache import Client, CompileOptions, DiskCache, GraphSpec, Manifest, ManifestEntry, Plan
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.validation import normalize
 from plancache.keys.plankey import make_key
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.validation import normalize
 from plancache.trust.signing import Signer
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc

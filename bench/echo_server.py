@@ -3,7 +3,7 @@ PlanCache/GetPlan with fixed bytes (the serialized response of the stored
 plan), with no Redis, hashing or parsing.
 
     python bench/echo_server.py PORT RESPONSE_FILE            # thread pool of 64 (grpc.server)
-    python bench/echo_server.py PORT RESPONSE_FILE --aio      # asyncio (grpc.aio, uvloop when installed), as plancache's front end
+    python bench/echo_server.py PORT RESPONSE_FILE --aio      # asyncio (grpc.aio, uvloop when installed), as plancache's gateway
 """
 
 from __future__ import annotations

@@ -185,8 +185,8 @@ def gpu_time_against_tuned(pf: Any, workload: str) -> list[dict[str, Any]]:
 
     from bench.gpu_exec import build_spec_plan
     from plancache.functional._table import Served
+    from plancache.graphspec.validation import normalize
     from plancache.run.execution import handle_state
-    from plancache.spec.validation import normalize
     from plancache_server.worker.compiler.cudnn import CudnnCompiler
     from scripts.dynamic_shapes_probe import gpu_ms
 
@@ -234,8 +234,8 @@ def setup_families(workload: str, server: str) -> None:
 
     import plancache.functional as pf
     from plancache import Client
-    from plancache.functional import _service
-    from plancache.spec.family import derive
+    from plancache.frontdoors import service as _service
+    from plancache.graphspec.family import derive
 
     torch.cuda.init()
     client = Client(server, cache=False)

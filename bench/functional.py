@@ -56,9 +56,9 @@ class InProcessClient:
     def compile(
         self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None, **_: Any
     ) -> Any:
+        from plancache.graphspec.canonical import hash_normalized
+        from plancache.graphspec.validation import normalize
         from plancache.keys.options import CompileOptions
-        from plancache.spec.canonical import hash_normalized
-        from plancache.spec.validation import normalize
         from plancache.trust.answers import Asked
 
         key = Asked.query(hash_normalized(normalize(spec)), self.compiler.target, CompileOptions(autotune=False)).key

@@ -32,7 +32,7 @@ NOISE = 1.05
 
 
 def compile_all(address: str, names: list[str]) -> dict[str, dict[str, Any]]:
-    from plancache.run.gpu import detect_target
+    from plancache.gpu.target import detect_target
 
     target = detect_target()
     rows: dict[str, dict[str, Any]] = {}

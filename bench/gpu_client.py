@@ -16,7 +16,8 @@ import torch
 
 from bench.gpu_cases import CASES
 from plancache import Client, Plan, dtypes
-from plancache.run.gpu import cudnn_handle, torch_dtype
+from plancache.gpu.stack import torch_dtype
+from plancache.run.gpu import cudnn_handle
 from tests.support.gpu_timing import gpu_ms
 
 

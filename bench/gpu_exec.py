@@ -55,8 +55,8 @@ def build_plan(compiler: Any, case: Case, autotune: bool = False) -> Any:
 def build_spec_plan(compiler: Any, name: str, spec: Any, autotune: bool = False) -> Any:
     """The plan the worker's compiler builds for `spec` here (heuristic, or autotuned), as a node would get it."""
     from plancache import Plan
+    from plancache.graphspec.validation import normalize
     from plancache.keys.options import CompileOptions
-    from plancache.spec.validation import normalize
     from plancache_server.worker.worker import VerifiedJob, plan_metadata
 
     normalized = normalize(spec)
@@ -131,7 +131,8 @@ def previous_execute(plan: Any, tensors: dict[str, Any]) -> Any:
     import torch
 
     from plancache import dtypes
-    from plancache.run.gpu import cudnn_handle, torch_dtype
+    from plancache.gpu.stack import torch_dtype
+    from plancache.run.gpu import cudnn_handle
 
     graph = plan.load()
     workspace = torch.empty(max(1, plan.metadata.workspace_size), device="cuda", dtype=torch.uint8)

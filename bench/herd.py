@@ -1,7 +1,7 @@
 """Rollout herd (CPU; plans from the STAND-IN compiler, signed): N fleet nodes
 start a new model at once and each needs the same K plans, none stored yet.
 
-One front end (plancache-server), ONE compile worker (stand-in builds of
+One gateway (plancache-server), ONE compile worker (stand-in builds of
 --build-seconds each) and a private Redis, on loopback. The nodes are
 coroutines on grpc.aio in --processes child processes (at --client-nice),
 each node with its own channel (its own TCP connection), all starting at one
@@ -63,15 +63,15 @@ import grpc
 from bench.cpu_bench import TARGET, spec_for
 from bench.report import figure, percentile, save, table, write_json
 from plancache import Client, CompileOptions, Plan, PlanCacheError
+from plancache.graphspec import spec_io
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.validation import normalize
 from plancache.run.plan import SOURCE_NAMES
-from plancache.spec import spec_io
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.validation import normalize
 from plancache.transport.calls import retry_pause as _retry_pause
-from plancache.transport.rich_status import error_of, seconds_of
 from plancache.trust.signing import TrustPolicy
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
+from plancache.wire.rich_status import error_of, seconds_of
 from tests.support.processes import REPO, child_env, server_process, wait_for_workers, worker_process
 
 VARIANTS = ("prefetch", "compile", "burst", "compile-hedged")

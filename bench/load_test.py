@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=300.0)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument(
-        "--no-memory-cache", action="store_true", help="every hit reads Redis (the front end's memory cache off)"
+        "--no-memory-cache", action="store_true", help="every hit reads Redis (the gateway's memory cache off)"
     )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="plancache-load-"))

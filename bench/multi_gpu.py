@@ -43,7 +43,7 @@ DEFAULT_CASES = [
 
 
 def phase(gpus: str, names: list[str], out: Path) -> dict[str, Any]:
-    from plancache.run.gpu import detect_target
+    from plancache.gpu.target import detect_target
 
     tmp = Path(tempfile.mkdtemp(prefix="plancache-mgpu-"))
     redis = EmbeddedRedis(

@@ -33,7 +33,7 @@ seconds during the clock, the GPU memory it holds at its end, its
 race_stats() (how its hedged misses ended) and, per graph, where the plan
 that ran came from ("local": its own build won).
 
-Per JIT state: one Redis and one front end (`--gpus none`, trusting the
+Per JIT state: one Redis and one gateway (`--gpus none`, trusting the
 benchmark's signing key); each first-* path invalidates its plans (the 13,
 or the decode step's: the keys its earlier runs reported) and any job left
 of them, starts a fresh worker process (so fresh build processes: no CUDA

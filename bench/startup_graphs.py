@@ -4,7 +4,7 @@ A transformer layer at sequence 512 and 2048 in bf16 (hidden 1024, 16 heads
 of 64, MLP 4096): QKV matmul, causal SDPA, output matmul+bias, MLP up
 matmul+bias+gelu, MLP down matmul+bias; and three ResNet 3x3 conv+bias+relu
 at batch 32, channels-last fp16. 13 graphs. Results' strides are left out:
-they are the frontend's (plancache/spec/layouts.py).
+they are the frontend's (plancache/graphspec/layouts.py).
 """
 
 from __future__ import annotations

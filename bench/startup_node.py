@@ -93,10 +93,12 @@ import torch  # noqa: E402
 from bench.startup_graphs import read_blobs, startup_graphs  # noqa: E402
 from plancache import Client, CompileOptions, Manifest, ManifestEntry, Plan  # noqa: E402
 from plancache.frontend_graph import build_pygraph  # noqa: E402
+from plancache.gpu.stack import torch_dtype  # noqa: E402
+from plancache.gpu.target import detect_target  # noqa: E402
+from plancache.graphspec.graph import GraphSpec  # noqa: E402
+from plancache.graphspec.validation import normalize  # noqa: E402
 from plancache.keys.target import Target  # noqa: E402
-from plancache.run.gpu import cudnn_handle, detect_target, torch_dtype  # noqa: E402
-from plancache.spec.graph import GraphSpec  # noqa: E402
-from plancache.spec.validation import normalize  # noqa: E402
+from plancache.run.gpu import cudnn_handle  # noqa: E402
 
 COMPILER_PATHS = (
     "local-heuristic",
@@ -285,7 +287,7 @@ class LocalBuilds:
         *_: object,
         **__: object,
     ) -> Plan:
-        from plancache.spec.canonical import hash_normalized
+        from plancache.graphspec.canonical import hash_normalized
         from plancache.trust.answers import Asked
 
         normalized = normalize(spec)

@@ -130,9 +130,9 @@ class InProcessClient:
     def compile(
         self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None, **_: Any
     ) -> Any:
+        from plancache.graphspec.canonical import hash_normalized
+        from plancache.graphspec.validation import normalize
         from plancache.keys.options import CompileOptions
-        from plancache.spec.canonical import hash_normalized
-        from plancache.spec.validation import normalize
         from plancache.trust.answers import Asked
 
         key = Asked.query(
@@ -825,7 +825,7 @@ def node_main(path: str, model: str, server: str, manifest_in: Path | None, mani
 
     import plancache.functional as pf
     from plancache import Client
-    from plancache.functional._service import SERVICE
+    from plancache.frontdoors.service import SERVICE
     from plancache.run.plan import Plan
 
     imports_s = time.perf_counter() - began

@@ -52,11 +52,11 @@ import redis
 
 from bench.report import figure, percentile, save, table, write_json
 from plancache import Client, CompileOptions, GraphSpec, InvalidRequest, Manifest, WarmStatus
+from plancache.graphspec import spec_io
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.validation import normalize
 from plancache.keys.plankey import make_key
 from plancache.keys.target import Target
-from plancache.spec import spec_io
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.validation import normalize
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from plancache_server.store.lifecycle import Janitor
@@ -174,7 +174,7 @@ def deployment(
     env: dict[str, str],
     bound_mb: int = 0,
 ) -> Iterator[tuple[str, str, subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
-    """A fresh Redis seeded with A's `count` plans, then a front end and one
+    """A fresh Redis seeded with A's `count` plans, then a gateway and one
     stand-in worker, ready: (address, redis url, server, worker)."""
     folder.mkdir(parents=True)
     address = f"127.0.0.1:{free_port()}"

@@ -18,7 +18,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client" / "src"))
 
 from plancache import GraphSpec
-from plancache.spec.graph import Tensor
+from plancache.graphspec.graph import Tensor
 
 
 def nhwc(n: int, c: int, h: int, w: int) -> list[int]:

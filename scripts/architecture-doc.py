@@ -32,7 +32,7 @@ PROCESSES = [
     (
         "plancache-server",
         "plancache_server.main",
-        "the gRPC front end (one asyncio loop), its private redis-server unless --redis-url, and one worker process per local GPU",
+        "the gRPC gateway (one asyncio loop), its private redis-server unless --redis-url, and one worker process per local GPU",
     ),
     (
         "plancache-worker",
@@ -60,17 +60,17 @@ MISS = [
         "the client normalizes the spec, computes the plan key, looks in its disk cache, calls Compile",
     ),
     (
-        "plancache_server.frontend.guard",
+        "plancache_server.gateway.guard",
         "add_guarded",
         "interceptors: the token, the request's size and shape on the wire, metrics, errors mapped once",
     ),
     (
-        "plancache_server.frontend.service",
+        "plancache_server.gateway.service",
         "PlanService.compile",
         "resolve the query (validation, key), look the plan up: a miss",
     ),
     (
-        "plancache_server.frontend.builds",
+        "plancache_server.gateway.builds",
         "Builds.join",
         "join this key's flight: take the build lease and queue a job, or follow the build under way",
     ),
@@ -91,7 +91,7 @@ MISS = [
         "the plan is stored (signed, provisional when tuning follows) and announced; the candidates queue",
     ),
     (
-        "plancache_server.frontend.builds",
+        "plancache_server.gateway.builds",
         "Builds._follow",
         "the flight wakes on the announcement, reads and verifies the plan, answers every waiter",
     ),
@@ -109,14 +109,14 @@ HIT = [
         "a plan in the disk cache (verified against its sha256 and signature) costs no call; else Compile",
     ),
     (
-        "plancache_server.frontend.service",
+        "plancache_server.gateway.service",
         "PlanService.compile",
         "the key resolved (a herd's repeated specs from memory), the plan found",
     ),
     (
-        "plancache_server.frontend.memory_cache",
+        "plancache_server.gateway.memory_cache",
         "MemoryCachedStore.cached",
-        "from the front end's memory of verified plans, or one Redis read verified once",
+        "from the gateway's memory of verified plans, or one Redis read verified once",
     ),
     (
         "plancache_server.store.plans",

@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 
 def _geo(name: str, shape: tuple[int, ...], dtype: str = "bfloat16", stride: tuple[int, ...] | None = None) -> Any:
     from plancache.functional._geometry import Geo
-    from plancache.spec.layouts import row_major
+    from plancache.graphspec.layouts import row_major
 
     return Geo(name, shape, stride or row_major(shape), dtype, f"torch.{dtype}", "cuda")
 
@@ -88,7 +88,7 @@ FAMILIES: dict[str, tuple[Callable[[int], Any], list[int], list[int]]] = {
 
 
 def dynamic(spec: Any) -> Any:
-    from plancache.spec.validation import normalize
+    from plancache.graphspec.validation import normalize
 
     spec.is_dynamic_shape_enabled = True
     spec.kernel_cache = True
@@ -99,7 +99,7 @@ def build(spec: Any, handle: Any, cache: Any = None) -> tuple[Any, float]:
     import cudnn
 
     from plancache.frontend_graph.build import build_pygraph
-    from plancache.spec.validation import normalize
+    from plancache.graphspec.validation import normalize
 
     began = time.perf_counter()
     g = build_pygraph(normalize(spec), cudnn, handle=handle, kernel_cache=cache)
@@ -143,7 +143,7 @@ def family(
     import cudnn
 
     from plancache.functional._specs import OUTPUT_UID
-    from plancache.spec.validation import normalize
+    from plancache.graphspec.validation import normalize
 
     row: dict[str, Any] = {"family": name, "sizes": sizes, "shapes": []}
     cache = cudnn.create_kernel_cache()
@@ -228,7 +228,7 @@ def child(name: str) -> None:
     import torch
 
     from plancache.functional._specs import OUTPUT_UID
-    from plancache.spec.validation import normalize
+    from plancache.graphspec.validation import normalize
     from plancache_server.worker.compiler.cudnn import CudnnCompiler
 
     data = json.loads(sys.stdin.read())
@@ -291,7 +291,7 @@ def checked(name: str, g: Any, spec: Any, handle: Any, compiler: Any, reference_
     import torch
 
     from plancache.functional._specs import OUTPUT_UID
-    from plancache.spec.validation import normalize
+    from plancache.graphspec.validation import normalize
 
     bindings = compiler.random_bindings(normalize(spec))
     expected = torch_reference(name, bindings)

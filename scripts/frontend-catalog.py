@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Record the installed cuDNN frontend's graph API (plancache.spec.derive) in
-client/src/plancache/spec/frontend_ops.json, and publish the whole op catalog
-(plancache.spec.ops.CATALOG, as other languages read it) in
+"""Record the installed cuDNN frontend's graph API (scripts/frontend_api.py) in
+client/src/plancache/graphspec/frontend_ops.json, and publish the whole op catalog
+(plancache.graphspec.ops.CATALOG, as other languages read it) in
 proto/plancache/v1/catalog.json.
 
     .venv/bin/python scripts/frontend-catalog.py           # rewrite both
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RECORDED = REPO / "client/src/plancache/spec/frontend_ops.json"
+RECORDED = REPO / "client/src/plancache/graphspec/frontend_ops.json"
 PUBLISHED = REPO / "proto/plancache/v1/catalog.json"
 
 
@@ -32,7 +32,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="only compare with the committed files")
     args = parser.parse_args()
     sys.path[:0] = [str(REPO / "client/src")]
-    from plancache.spec.derive import derive
+    from frontend_api import derive
 
     stale = []
     recorded = render(derive())
@@ -40,7 +40,7 @@ def main() -> int:
         stale.append(RECORDED)
         if not args.check:
             RECORDED.write_text(recorded)
-    from plancache.spec.catalog_export import export  # reads the (new) recorded file
+    from plancache.graphspec.catalog_export import export  # reads the (new) recorded file
 
     published = render(export())
     if PUBLISHED.read_text() != published if PUBLISHED.exists() else True:

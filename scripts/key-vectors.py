@@ -40,13 +40,13 @@ OPTION_SETS = [
 def vectors() -> dict[str, Any]:
     from google.protobuf import json_format
 
+    from plancache.graphspec import spec_io
+    from plancache.graphspec.canonical import CANONICAL_VERSION, canonical_bytes, canonical_dict
+    from plancache.graphspec.jcs import canonicalize
+    from plancache.graphspec.validation import normalize
     from plancache.keys.options import CompileOptions
     from plancache.keys.plankey import make_key
     from plancache.keys.target import Target
-    from plancache.spec import spec_io
-    from plancache.spec.canonical import CANONICAL_VERSION, canonical_bytes, canonical_dict
-    from plancache.spec.jcs import canonicalize
-    from plancache.spec.validation import normalize
 
     target = Target(**TARGET)  # type: ignore[arg-type]
     cases = []

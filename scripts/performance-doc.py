@@ -50,8 +50,8 @@ EXEC_RUN = "2026-11-30-h200-run13.md"
 TRAINING_RUN = "2026-12-01-h200-run23.md"
 FAMILIES_RUN = "2026-12-01-h200-run24.md"
 HERD_EXTRA = {
-    "asynchronous front end, nodes as equals": "herd_nodes_at_nice0.json",
-    "asynchronous front end, 300 nodes": "herd_300_nodes.json",
+    "asynchronous gateway, nodes as equals": "herd_nodes_at_nice0.json",
+    "asynchronous gateway, 300 nodes": "herd_300_nodes.json",
     "hedged clients beside plain ones (issue 29; one run)": "herd_hedged.json",
 }
 
@@ -67,7 +67,7 @@ def cpu_section(cpu: dict) -> list[str]:
         f"Machine: {cpu['machine']['cpus']} cores, Python {cpu['machine']['python']}, loopback. Servers are separate processes; the load "
         "generator is one process of threads (it shares the two cores). Floors: bare gRPC servers answering GetPlan with the same bytes "
         "(`bench/echo_server.py`): `echo` on grpc's thread pool (64 threads, the target), `echo_aio` on grpc.aio with uvloop (what the "
-        "front end is built on); plus one raw redis-py GET of the same 75 KB blob for latency.\n",
+        "gateway is built on); plus one raw redis-py GET of the same 75 KB blob for latency.\n",
         "| clients | path | p50 ms | p50 range | p99 ms | req/s |",
         "|---|---|---|---|---|---|",
     ]
@@ -83,7 +83,7 @@ def cpu_section(cpu: dict) -> list[str]:
         "|---|---|---|---|---|",
         f"| 1 | hit p50 / floor (thread-pool echo + Redis GET), 1 client | {s['hit_p50_over_floor']:.2f} | ≤ 1.0 | {yes(s['hit_p50_over_floor'] <= 1.0)} |",
         f"| 1 | hit p50 / floor (asyncio echo + Redis GET) | {s['hit_p50_over_floor_aio']:.2f} | — | — |",
-        f"| 1 | same, front-end memory cache off | {s['hit_p50_over_floor_no_memory_cache']:.2f} | — | — |",
+        f"| 1 | same, gateway memory cache off | {s['hit_p50_over_floor_no_memory_cache']:.2f} | — | — |",
     ]
     for level, value in s["throughput_over_echo"].items():
         out += [
@@ -98,9 +98,9 @@ def cpu_section(cpu: dict) -> list[str]:
         f"| 4 | start-up fetch of {sf['plans']} plans: one GetPlan per plan | {sf['per_call_sequential_plans_per_s']['median']:,.0f} plans/s (8 threads: {sf['per_call_8_threads_plans_per_s']['median']:,.0f}) | — | — |",
         f"| 4 | the same, one streamed Prefetch call | {sf['streamed_plans_per_s']['median']:,.0f} plans/s ({s['streamed_over_per_call']:.2f}x) | — | — |",
         "",
-        "The front end is one asyncio event loop (grpc.aio, uvloop). A hit from its memory cache awaits nothing: parse, check the token, "
+        "The gateway is one asyncio event loop (grpc.aio, uvloop). A hit from its memory cache awaits nothing: parse, check the token, "
         "look up, count, and answer with the response bytes serialized once per plan (5.6 µs of Python per hit, measured in isolation). "
-        "Before the asynchronous front end the same benchmark read 0.79x the thread-pool echo's throughput at 16 clients and 0.67x at 64 "
+        "Before the asynchronous gateway the same benchmark read 0.79x the thread-pool echo's throughput at 16 clients and 0.67x at 64 "
         "(stop 8). What stays below 1.0x is the event loop itself: on two cores shared with the load generator, the thread-pool echo spends "
         "its C-core work on several threads while one loop thread does ours; per call our server spent about as much CPU as the "
         "thread-pool echo (180-220 µs against 145-230 µs in interleaved runs) and ~30 µs more than the asyncio echo. The rows with "
@@ -678,7 +678,7 @@ def herd_section(herd: dict, baseline: dict | None = None, extra: dict[str, dict
         f"Machine: {m['cpus']} cores, Python {m['python']}, grpcio {m['grpcio']}, loopback; {c['build_seconds']} s stand-in builds, signed plans.",
         f"{c['nodes']} simulated nodes (coroutines on grpc.aio in {c['processes']} client processes at nice {c.get('client_nice', 0)}, each node its own "
         "channel and TCP connection, each plan decoded and checked (sha256, signature) as plancache.Client does) start at one instant and each needs "
-        f"the same {c['plans']} plans, none stored yet, from one front end with ONE compile worker: by one Prefetch call (`prefetch`), by one "
+        f"the same {c['plans']} plans, none stored yet, from one gateway with ONE compile worker: by one Prefetch call (`prefetch`), by one "
         f"Compile call per plan in a random order (`compile`), or as {c['burst']} simultaneous Compile calls of one new spec (`burst`). "
         f"Meanwhile a probe process fetches an already stored plan every {c['probe_interval'] * 1e3:g} ms (open loop), {c['idle_seconds']:g} s "
         "before the herd (idle) and during it; builds per key come from the stand-in's build log. The nodes run at a lower CPU priority "
@@ -696,11 +696,11 @@ def herd_section(herd: dict, baseline: dict | None = None, extra: dict[str, dict
             )
     if herd.get("skipped"):
         out.append(f"\nSkipped for lack of time: {', '.join(herd['skipped'])}.")
-    runs = {"thread-pool front end (before, aa36b05)": baseline} if baseline else {}
-    runs |= {"asynchronous front end": herd, **(extra or {})}
+    runs = {"thread-pool gateway (before, aa36b05)": baseline} if baseline else {}
+    runs |= {"asynchronous gateway": herd, **(extra or {})}
     out += [
         "",
-        "Side by side (same machine, same benchmark and harness — the before row ran this bench/herd.py against the front end of "
+        "Side by side (same machine, same benchmark and harness — the before row ran this bench/herd.py against the gateway of "
         "commit aa36b05 — each run with its own idle probe):\n",
         "| run | variant | errors | last node after last build (s) | probe p99 idle → during (ms) | probe max during (ms) |",
         "|---|---|---|---|---|---|",
@@ -995,7 +995,7 @@ def upgrade_section(up: dict) -> list[str]:
         "targets, as a GPU worker serves them: A = the generic target (compute capability, cuDNN and frontend versions), B = the exact one (device and "
         "SM count); a worker of B warming it from A's history is what a GPU host does after a first node's generic compiles, and the same code path as "
         f"an upgrade's new versions. The run with warming lets the worker plan it {plan} (the product's default path for a new target is the "
-        "worker's own, after `--warm-after-idle` idle, 10 s by default); the run without passes `--no-warm`; both are otherwise identical (same draws, fresh Redis, one front end, one "
+        "worker's own, after `--warm-after-idle` idle, 10 s by default); the run without passes `--no-warm`; both are otherwise identical (same draws, fresh Redis, one gateway, one "
         f"stand-in worker with `--build-processes {c['build_processes']}`: one process kept for heuristic plans, one for candidates and warming, where "
         f"this 2-core machine's default is 1). A spec costs {c['build_seconds']:g} s for its heuristic plan and {c['tune_seconds']:g} s for "
         f"{c['candidates'] - 1} more candidates: {s['per_spec_build_s']:.2f} s on one process, {s['top_k_build_s']:.0f} s for the top {s['top_k']}. "

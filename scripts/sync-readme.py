@@ -21,7 +21,7 @@ def main() -> None:
     while end < len(lines) and lines[end].startswith("|"):
         end += 1
     lines[start:end] = markdown_table().split("\n")
-    for role, user in (("frontend", "plancache-frontend"), ("worker", "plancache-worker")):
+    for role, user in (("gateway", "plancache-gateway"), ("worker", "plancache-worker")):
         at = next(i for i, line in enumerate(lines) if line.strip().startswith(f"ACL SETUSER {user} "))
         indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
         lines[at] = indent + "ACL SETUSER " + " ".join(keys.acl_setuser(role, user, f"<{role} password>"))

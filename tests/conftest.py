@@ -1,5 +1,5 @@
 """Shared fixtures: a real redis-server on a free port, and the in-process
-plancache stack (the asyncio front end on a background event loop + a worker
+plancache stack (the asyncio gateway on a background event loop + a worker
 thread with the stand-in compiler)."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class Stack:
     redis: redis.Redis
     compiler: StandInCompiler
     worker: Worker | None
-    front_end: ThreadedFrontEnd
+    gateway: ThreadedFrontEnd
 
     def client(self, **kwargs: Any) -> Client:
         """A client without a disk cache: these tests watch the server."""
@@ -99,7 +99,7 @@ def start_stack(
     worker_id: str = "test-worker",
     **overrides: object,
 ) -> tuple[Stack, Callable[[], None]]:
-    """`worker_redis_url`: the worker's own Redis user (default: the front end's);
+    """`worker_redis_url`: the worker's own Redis user (default: the gateway's);
     `pool_size`: the worker's build threads (ThreadBuildPool: the stand-in builds on threads);
     `warm`: the worker builds warming plans (and plans its own after `auto_warm_after_s` idle)."""
     settings = dataclasses.replace(
@@ -107,7 +107,7 @@ def start_stack(
     )  # type: ignore[arg-type]
     client = connect(redis_url)
     worker_client = connect(worker_redis_url) if worker_redis_url else client
-    front_end = ThreadedFrontEnd(settings, redis_url)
+    gateway = ThreadedFrontEnd(settings, redis_url)
     worker = None
     thread = None
     if compiler is not None:
@@ -134,14 +134,14 @@ def start_stack(
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         parts.queue.heartbeat(worker.worker_id, targets, 5)
-    stack = Stack(f"127.0.0.1:{front_end.port}", settings, client, compiler or StandInCompiler(), worker, front_end)
+    stack = Stack(f"127.0.0.1:{gateway.port}", settings, client, compiler or StandInCompiler(), worker, gateway)
 
     def stop() -> None:
         if worker is not None:
             worker.stop()
             assert thread is not None
             thread.join(timeout=5)
-        front_end.stop()
+        gateway.stop()
         client.close()
         worker_client.close()
 

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from plancache import Client, InvalidRequest, Manifest, ManifestEntry, Plan, dtypes
-from plancache.run.gpu import cudnn_handle, torch_dtype
+from plancache.gpu.stack import torch_dtype
+from plancache.run.gpu import cudnn_handle
 from tests.gpu import references
 from tests.support.gpu_timing import gpu_ms
 

@@ -76,7 +76,7 @@ def pf(gpu_session: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture(scope="session")
 def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    from plancache.run.gpu import detect_target
+    from plancache.gpu.target import detect_target
 
     tmp = tmp_path_factory.mktemp("gpu")
     out = _out_dir(tmp)

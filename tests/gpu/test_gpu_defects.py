@@ -20,8 +20,8 @@ import pytest
 from plancache import GraphSpec
 from plancache.errors import CompileFailed
 from plancache.frontend_graph.defects import check_known_defects
+from plancache.graphspec.validation import normalize
 from plancache.keys.target import Target
-from plancache.spec.validation import normalize
 
 pytestmark = pytest.mark.gpu
 X = [4, 256, 512]
@@ -84,7 +84,7 @@ def test_the_pointwise_broadcast_refusal_is_the_measured_defect() -> None:
     import cudnn
     import torch
 
-    from plancache.run.gpu import detect_target
+    from plancache.gpu.target import detect_target
 
     torch.manual_seed(0)
     handle = cudnn.create_handle()

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.gpu
 
 
 def test_a_family_built_by_the_worker_serves_every_size_as_a_hit(pf: Any) -> None:
-    from plancache.functional._service import SERVICE
-    from plancache.spec.family import derive
+    from plancache.frontdoors.service import SERVICE
+    from plancache.graphspec.family import derive
 
     torch = _t()
     w = randn(256, 128, dtype="bfloat16", scale=128**-0.5)

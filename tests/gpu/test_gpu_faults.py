@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from plancache.graphspec.validation import normalize
 from plancache.keys.options import CompileOptions
-from plancache.spec.validation import normalize
 from plancache_server.worker.build_pool import HEURISTIC, BuildTask, run_task, task_query
 from plancache_server.worker.compiler.faults import GpuOutOfMemory, gpu_fault
 from tests.support.specs import matmul_spec

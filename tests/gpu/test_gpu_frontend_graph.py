@@ -21,12 +21,12 @@ import pytest
 
 from plancache import GraphSpec
 from plancache.frontend_graph import build_pygraph, differences
-from plancache.spec.validation import normalize
+from plancache.graphspec.validation import normalize
 from tests.support.random_pygraphs import FAMILIES, random_graph
 
 pytestmark = pytest.mark.gpu
 SEEDS = range(int(os.environ.get("PLANCACHE_TEST_RANDOM_GRAPHS", "140")))
-RECORDED = Path(__file__).resolve().parents[2] / "client/src/plancache/spec/frontend_ops.json"
+RECORDED = Path(__file__).resolve().parents[2] / "client/src/plancache/graphspec/frontend_ops.json"
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,9 @@ def test_random_frontend_graphs_lower_to_the_same_cudnn_graph(frontend: Any, han
 
 
 def test_the_recorded_catalog_is_the_installed_frontends(frontend: Any) -> None:
-    from plancache.spec.derive import derive
+    from tests.support.scripts import load_script
+
+    derive = load_script("frontend_api").derive
 
     assert derive() == json.loads(RECORDED.read_text()), (
         "the GPU machine's frontend differs from the recorded list: run scripts/frontend-catalog.py"

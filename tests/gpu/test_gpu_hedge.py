@@ -20,8 +20,8 @@ import pytest
 
 from examples.generate import EXAMPLES
 from plancache import Client, CompileOptions, race_stats
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.validation import normalize
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.validation import normalize
 from plancache.transport import hedge
 from plancache.trust.answers import Asked
 
@@ -50,7 +50,7 @@ def _client(gpu_session: dict[str, Any], **kwargs: Any) -> Client:
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_nodes_own_build_runs_and_binds_as_the_workers_plan(gpu_session: dict[str, Any], case: str) -> None:
-    from plancache.run.gpu import detect_target
+    from plancache.gpu.target import detect_target
     from plancache.run.local import build_local
 
     spec, target = normalize(EXAMPLES[case]()), detect_target()
@@ -62,7 +62,7 @@ def test_the_nodes_own_build_runs_and_binds_as_the_workers_plan(gpu_session: dic
         stored = client.get(key)  # the session compiled every example with the default options
     assert list(local.metadata.tensors) == list(
         stored.metadata.tensors
-    )  # one function makes both (plancache.run.binding.tensor_bindings)
+    )  # one function makes both (plancache.wire.bindings.tensor_bindings)
     with pytest.raises(Exception, match="no stored form"):
         local.to_bytes()
 

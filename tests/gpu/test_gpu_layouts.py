@@ -14,7 +14,7 @@ import pytest
 
 from examples.generate import EXAMPLES
 from plancache import GraphSpec
-from plancache.spec.validation import normalize
+from plancache.graphspec.validation import normalize
 from tests.support.layout_specs import LAYOUT_CASES, without_result_strides
 
 pytestmark = pytest.mark.gpu

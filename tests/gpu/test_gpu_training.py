@@ -447,7 +447,7 @@ def test_a_prefetched_process_trains_from_the_manifest_asking_nothing(
     the prefetch's thread, no first call asks the service, and the step's
     gradients equal the first run's."""
     from plancache import Client
-    from plancache.functional._service import SERVICE
+    from plancache.frontdoors.service import SERVICE
     from plancache.trust.disk_cache import DiskCache
 
     torch = _t()

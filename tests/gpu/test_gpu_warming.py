@@ -20,8 +20,8 @@ import pytest
 
 from examples.generate import EXAMPLES
 from plancache import Client, CompileOptions, Manifest, Target
+from plancache.graphspec.canonical import spec_hash
 from plancache.keys.plankey import make_key
-from plancache.spec.canonical import spec_hash
 from tests.gpu.test_gpu_examples import _UNSUPPORTED as UNSUPPORTED
 from tests.support.processes import REPO, child_env
 
@@ -48,7 +48,7 @@ def warmed(gpu_session: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
         )  # the generic target's history: one hit each
         assert history.fetched == len(names)
         deadline = time.monotonic() + 30
-        while True:  # the front end counts hits about once a second
+        while True:  # the gateway counts hits about once a second
             planned = _cli("warm", "--target", exact.id, "--from", generic.id, "--server", address, "--json")
             assert planned.returncode == 0, planned.stderr
             (status,) = json.loads(planned.stdout)

@@ -2,7 +2,7 @@
 and every bound says so to the caller (RESOURCE_EXHAUSTED with a retry
 delay) instead of dropping anything.
 
-The tests that measure the front end's responsiveness run it as a separate
+The tests that measure the gateway's responsiveness run it as a separate
 process (as deployed), so that the test's own client threads do not share
 its interpreter.
 """
@@ -26,13 +26,13 @@ import pytest
 import redis
 
 from plancache import Client, CompileOptions, Manifest, ManifestEntry, ResourceExhausted, Target
+from plancache.graphspec import spec_io
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.validation import normalize
 from plancache.keys.plankey import make_key
-from plancache.spec import spec_io
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.validation import normalize
-from plancache.transport.rich_status import error_of
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
+from plancache.wire.rich_status import error_of
 from plancache_server import telemetry
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis
@@ -354,7 +354,7 @@ def test_20000_unknown_targets_leave_a_bounded_number_of_keys(stack: Stack) -> N
         # compile_missing for unknown targets: refused (no worker), nothing queued or leased
         queries = Manifest(entries=[ManifestEntry(spec=matmul_spec(m=24))], target=invented[0])
         assert type(client.prefetch(queries, compile_missing=True).errors[0]).__name__ == "TargetUnavailable"
-        rows = client.stats()  # flushes every front end's counters first
+        rows = client.stats()  # flushes every gateway's counters first
         timings = []
         for _ in range(5):
             started = time.perf_counter()

@@ -19,11 +19,11 @@ import pytest
 import redis
 
 from plancache import Client, CompileOptions, Manifest, ManifestEntry, NotFound, UntrustedPlan
+from plancache.graphspec import spec_io
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.validation import normalize
 from plancache.keys.plankey import make_key
 from plancache.keys.target import Target
-from plancache.spec import spec_io
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.validation import normalize
 from plancache.trust.signing import Signer, generate_keypair
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server import telemetry
@@ -48,7 +48,7 @@ def keypair(tmp_path: Path) -> tuple[Path, Path]:
 
 @pytest.fixture
 def signed_stack(redis_server: EmbeddedRedis, redis_client: redis.Redis, keypair: tuple[Path, Path]) -> Iterator[Stack]:
-    """Signing worker; the front end checks signatures; memory cache off (every read is Redis')."""
+    """Signing worker; the gateway checks signatures; memory cache off (every read is Redis')."""
     private, public = keypair
     s, stop = start_stack(
         redis_server.url,
@@ -363,7 +363,7 @@ def test_a_bad_member_of_the_top_entries_does_not_break_the_status_page(
         plan = client.compile(matmul_spec(m=160), TARGET)
         client.get(plan.key)
     redis_client.zadd(keys.TOP_HITS, {"not a plan key": 1e9})
-    report = stack.front_end.run(status_of(stack.front_end.front).report())
+    report = stack.gateway.run(status_of(stack.gateway.front).report())
     assert [e.plan_key for e in report.top_by_hits] == [plan.key]
 
 

@@ -21,9 +21,9 @@ import pytest
 import redis
 
 from plancache import Client, Manifest, Plan
+from plancache.graphspec.canonical import spec_hash
 from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import make_key
-from plancache.spec.canonical import spec_hash
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis, free_port

@@ -1,7 +1,7 @@
 """Issue 33: a clock step on one host. A worker's wall clock jumps an hour
 back, then an hour ahead, mid-run (tests/support/clock_step plays it in the
 worker process and its build processes). Heartbeats are written and read on
-Redis' clock, so the front end keeps seeing a live worker and every miss is
+Redis' clock, so the gateway keeps seeing a live worker and every miss is
 built; before, an hour back made every heartbeat expire as it was written
 (TargetUnavailable for every miss), and an hour ahead made a dead worker
 look alive for an hour."""

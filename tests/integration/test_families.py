@@ -13,10 +13,10 @@ import pytest
 import redis
 
 from plancache import Client, CompileOptions, InvalidRequest, Manifest, NotFound, SpecError
+from plancache.graphspec.family import derive
+from plancache.graphspec.graph import GraphSpec
 from plancache.keys.plankey import make_family_key
 from plancache.keys.target import Target
-from plancache.spec.family import derive
-from plancache.spec.graph import GraphSpec
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store.embedded_redis import EmbeddedRedis
 from tests.conftest import Stack, start_stack

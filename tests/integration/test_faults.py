@@ -1,5 +1,5 @@
 """Faults under load, each reporting its figures (run with -s to see them):
-Redis killed and restarted, the front end and a worker stopped (SIGTERM)
+Redis killed and restarted, the gateway and a worker stopped (SIGTERM)
 during compiles. Corrupted blobs and metadata, a worker killed mid-build and
 a corrupted disk cache are covered in test_service, test_fleet and
 test_disk_cache."""
@@ -115,12 +115,12 @@ def test_sigterm_during_compiles_drains_and_leaves_nothing_half_written(tmp_path
         with ExitStack() as stack:
             started = tmp_path / "started"
             started.mkdir()
-            front_end, server, worker = stack.enter_context(
+            gateway, server, worker = stack.enter_context(
                 standin_deployment(
                     stack, redis_server.url, tmp_path, 1.5, "--build-processes", "1", started_dir=started
                 )
             )
-            client = stack.enter_context(Client(front_end, cache=False))
+            client = stack.enter_context(Client(gateway, cache=False))
             specs = [matmul_spec(m=8 * (i + 1)) for i in range(3)]
             with ThreadPoolExecutor(3) as pool:
                 futures = [pool.submit(client.compile, s, TARGET) for s in specs]
@@ -128,7 +128,7 @@ def test_sigterm_during_compiles_drains_and_leaves_nothing_half_written(tmp_path
                 # a job taken but not started is handed back to the stream when the worker stops).
                 wait_until(lambda: any(started.iterdir()), 30, "a build under way")
                 worker.send_signal(signal.SIGTERM)  # the worker finishes its build, then leaves
-                server.send_signal(signal.SIGTERM)  # the front end lets in-flight calls finish (grace period)
+                server.send_signal(signal.SIGTERM)  # the gateway lets in-flight calls finish (grace period)
                 results = []
                 for f in futures:
                     try:

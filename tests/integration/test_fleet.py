@@ -1,4 +1,4 @@
-"""Fleet behaviour with real processes: several front ends and workers on one
+"""Fleet behaviour with real processes: several gateways and workers on one
 Redis build each key once; a worker that dies mid-build has its job finished
 by another (or failed after a bounded number of attempts); cuDNN rejections
 are remembered."""
@@ -18,8 +18,8 @@ import pytest
 import redis
 
 from plancache import Client, CompileFailed, CompileOptions, Plan
+from plancache.graphspec.canonical import spec_hash
 from plancache.keys.plankey import make_key
-from plancache.spec.canonical import spec_hash
 from plancache.transport.results import TargetStats
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
@@ -50,11 +50,11 @@ def test_rejections_are_remembered_not_rebuilt(stack: Stack) -> None:
 
 class Fleet:
     def __init__(
-        self, stack: ExitStack, redis_url: str, tmp: Path, front_ends: int, workers: int, build_s: float, *flags: str
+        self, stack: ExitStack, redis_url: str, tmp: Path, gateways: int, workers: int, build_s: float, *flags: str
     ) -> None:
         env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS=str(build_s))
         flags = ("--unsigned", *flags)
-        self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(front_ends)]
+        self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(gateways)]
         for i, address in enumerate(self.addresses):
             stack.enter_context(server_process(address, redis_url, tmp / f"server{i}.log", "--gpus", "none", *flags))
         self.workers = [
@@ -94,11 +94,11 @@ def test_two_front_ends_two_workers_build_each_key_once(fleet_redis: EmbeddedRed
 
         with ThreadPoolExecutor(64) as pool:
             plans = list(pool.map(call, range(64)))
-        # The other front end flushes its counters about once a second.
+        # The other gateway flushes its counters about once a second.
         counted = wait_until(
             lambda: (row := _row(clients[0])).compiles + row.joined == 64 and row,
             10,
-            "both front ends' counters flushed",
+            "both gateways' counters flushed",
         )
     assert len({p.blob for p in plans}) == 1
     assert (counted.compiles, counted.joined) == (1, 63)

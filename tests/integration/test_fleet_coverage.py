@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from plancache import Client
-from plancache.transport.outcomes import REASONS
 from plancache.v1 import plancache_pb2 as pb
+from plancache.wire.outcome_labels import REASONS
 from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from tests.support.browser import artifacts_dir, layout, rendered_dom, screenshot_html
 from tests.support.processes import REPO, child_env, server_process, wait_for_workers

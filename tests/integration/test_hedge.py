@@ -1,4 +1,4 @@
-"""The hedged miss (plancache.transport.hedge) against a real front end and
+"""The hedged miss (plancache.transport.hedge) against a real gateway and
 worker: on a miss the node's own build races the service's, whichever is
 ready first runs, the service's plan takes over later, a hit never builds
 locally, and a failure on either side never hides the other.
@@ -19,10 +19,10 @@ import pytest
 
 from plancache import Client, DiskCache, Target, race_stats
 from plancache.errors import CompileFailed, ResourceExhausted, SpecError
+from plancache.graphspec.graph import GraphSpec
+from plancache.graphspec.validation import Limits
 from plancache.run import execution
 from plancache.run.local import BUILT_BY, LocalPlan
-from plancache.spec.graph import GraphSpec
-from plancache.spec.validation import Limits
 from plancache.transport import hedge
 from plancache.transport.calls import typed
 from plancache.trust.signing import Signer, generate_keypair
@@ -69,7 +69,7 @@ def fast_service(redis_server: EmbeddedRedis, redis_client: object) -> Iterator[
 
 
 def tensors_for(spec: GraphSpec) -> dict[str, FakeTensor]:
-    from plancache.spec.validation import normalize
+    from plancache.graphspec.validation import normalize
 
     return {
         t.name or "": FakeTensor(tuple(t.dim), tuple(t.stride), t.data_type or "half")
@@ -79,7 +79,7 @@ def tensors_for(spec: GraphSpec) -> dict[str, FakeTensor]:
 
 
 def counters(stack: Stack) -> dict[str, float]:
-    report = stack.front_end.run(status_of(stack.front_end.front).report())
+    report = stack.gateway.run(status_of(stack.gateway.front).report())
     return next(t.windows["total"] for t in report.targets if t.target_id == TARGET.id)
 
 
@@ -118,7 +118,7 @@ def test_a_miss_runs_the_nodes_own_plan_when_it_is_ready_first_then_the_services
     total = counters(slow_service)
     assert total.get("first_uses_local") == 1 and first_uses(total) == (0, 1)
     assert 'data-first-uses="0.0000"' in render(
-        slow_service.front_end.run(status_of(slow_service.front_end.front).report())
+        slow_service.gateway.run(status_of(slow_service.gateway.front).report())
     )
 
 

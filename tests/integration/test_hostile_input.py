@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from plancache.spec import spec_io
+from plancache.graphspec import spec_io
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store.embedded_redis import EmbeddedRedis
 from tests.conftest import Stack, start_stack

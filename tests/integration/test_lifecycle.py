@@ -81,7 +81,7 @@ def test_a_100_mb_bound_holds_while_300_mb_go_in(bounded_stack: Stack, redis_cli
             if i % 4 == 0:
                 for key in hot:
                     client.get(key)  # recently used: these stay
-                client.stats()  # GetStats flushes this front end's counts, last use included
+                client.stats()  # GetStats flushes this gateway's counts, last use included
         for key in hot:
             assert len(client.get(key).blob) == 5 * MiB
         (row,) = [r for r in client.stats() if r.target_id == TARGET.id]
@@ -98,7 +98,7 @@ def test_retention_deletes_what_was_not_used_since_the_cutoff(redis_client: redi
     old, recent = [plan(i) for i in range(3)], [plan(10 + i) for i in range(2)]
     store = stored_at(redis_client, now, (0.0, old), (10 * DAY, recent))
     now[0] = 20 * DAY
-    redis_client.zadd(keys.PLAN_INDEX, {old[0].metadata.key: now[0]}, gt=True)  # served then (a front end's flush)
+    redis_client.zadd(keys.PLAN_INDEX, {old[0].metadata.key: now[0]}, gt=True)  # served then (a gateway's flush)
     now[0] = 31 * DAY
     deleted = store.janitor.expire(30 * DAY)
     assert sorted(deleted) == sorted(p.metadata.key for p in old[1:])
@@ -148,7 +148,7 @@ def test_a_front_ends_hits_record_last_use_and_invalidate_keeps_the_counts(
         assert written is not None
         time.sleep(0.05)
         client.get(kept.key)
-        client.stats()  # flushes this front end's counts
+        client.stats()  # flushes this gateway's counts
         assert (redis_client.zscore(keys.PLAN_INDEX, kept.key) or 0) > written
         assert client.invalidate(dropped.key) == 1
         with pytest.raises(NotFound):

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from plancache import Client
+from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import make_key
 from plancache.keys.target import Target
-from plancache.spec.graph import GraphSpec
 from plancache.trust.signing import Signer, generate_keypair
 from plancache_server.store.embedded_redis import EmbeddedRedis
 from tests.conftest import Stack, start_stack

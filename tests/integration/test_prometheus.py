@@ -67,7 +67,7 @@ def _free_pair() -> int:
 class Prometheus:
     """A Prometheus process scraping the given targets every second, with plancache's rules."""
 
-    def __init__(self, folder: Path, front_end: int, worker: int) -> None:
+    def __init__(self, folder: Path, gateway: int, worker: int) -> None:
         binary = shutil.which("prometheus")
         assert binary, "no prometheus: `make setup-test` (scripts/install-os-package.sh) installs Debian's prometheus"
         self.port = free_port()
@@ -78,7 +78,7 @@ class Prometheus:
                 {
                     "job_name": "plancache",
                     "static_configs": [
-                        {"targets": [f"127.0.0.1:{front_end}"], "labels": {"role": "front-end"}},
+                        {"targets": [f"127.0.0.1:{gateway}"], "labels": {"role": "gateway"}},
                         {"targets": [f"127.0.0.1:{worker}"], "labels": {"role": "worker"}},
                     ],
                 }
@@ -345,7 +345,7 @@ def _traffic(
 
 
 def _scraped_counts(port: int, metric: str = "plancache_lookups_total") -> dict[Labels, float]:
-    """A metric's samples on the front end's /metrics now (name and labels, without Prometheus's job and instance)."""
+    """A metric's samples on the gateway's /metrics now (name and labels, without Prometheus's job and instance)."""
     import re
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:

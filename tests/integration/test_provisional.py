@@ -18,7 +18,7 @@ import pytest
 from plancache import Client, DiskCache, Manifest, NotFound
 from plancache.trust.signing import Signer, generate_keypair
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server.frontend import memory_cache
+from plancache_server.gateway import memory_cache
 from plancache_server.store import keys
 from plancache_server.store.build_records import DONE
 from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
@@ -40,7 +40,7 @@ def tuning_stack(
     redis_server: EmbeddedRedis, redis_client: object, keypair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Stack]:
     """A signing worker whose builds take BUILD_S to the heuristic plan and
-    TUNE_S more to the tuned one; the front end checks signatures. The
+    TUNE_S more to the tuned one; the gateway checks signatures. The
     memory cache keeps provisional plans far longer than in production, so
     that only the replacement's event can make it serve the tuned plan."""
     monkeypatch.setattr(memory_cache, "PROVISIONAL_TTL_S", 600.0)
@@ -85,10 +85,10 @@ def test_a_first_build_answers_with_the_heuristic_plan_then_serves_the_tuned_one
         again = client.get(key=first.key)
         assert again.provisional and again.blob == first.blob
         tuned_at = wait_until_tuned(tuning_stack, first.key)
-        # The front end's memory cache held the provisional plan: the
+        # The gateway's memory cache held the provisional plan: the
         # replacement's event drops it (its TTL here is 10 minutes).
         while (served := client.get(key=first.key)).provisional:
-            assert time.monotonic() - tuned_at < 2.0, "the front end kept serving the provisional plan"
+            assert time.monotonic() - tuned_at < 2.0, "the gateway kept serving the provisional plan"
             time.sleep(0.01)
         assert served.key == first.key and served.blob != first.blob
         # The candidates' builds (TUNE_S together, on the worker's build threads), then their timing.

@@ -1,5 +1,5 @@
 """A shared deployment's Redis with least-privilege users (keys.ACL_RULES,
-documented in the README): a front end and a worker do all their work under
+documented in the README): a gateway and a worker do all their work under
 them on a real redis-server, and cannot do what their role must not."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from plancache import Manifest, ManifestEntry, NotFound
-from plancache.spec.family import derive
+from plancache.graphspec.family import derive
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis
 from plancache_server.web.status import status_of
@@ -34,7 +34,7 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(
         role: f"redis://pc-{role}:{password}@127.0.0.1:{redis_server.port}/0" for role, password in passwords.items()
     }
     s, stop = start_stack(
-        url["frontend"],
+        url["gateway"],
         StandInCompiler(build_seconds=0.2),
         worker_redis_url=url["worker"],
         memory_cache_bytes=0,
@@ -51,24 +51,24 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(
             assert not fetched.errors and fetched.compiled == 1
             assert client.explain(matmul_spec(), TARGET).stored
             assert {t.target_id for t in client.list_targets()} >= {TARGET.id}
-            # A statistics flush (about once a second) under the front end's user.
+            # A statistics flush (about once a second) under the gateway's user.
             row = wait_until(
                 lambda: (r := {r.target_id: r for r in client.stats()}[TARGET.id]).hits + r.compiles >= 4 and r,
                 10,
                 "statistics flushed",
             )
             assert (row.hits, row.compiles) == (2, 2)
-            report = s.front_end.run(status_of(s.front_end.front).report())
+            report = s.gateway.run(status_of(s.gateway.front).report())
             assert [t.target_id for t in report.targets if t.live_workers] and report.top_by_hits
-            # Warming: planned under the front end's user, built under the worker's.
+            # Warming: planned under the gateway's user, built under the worker's.
             warmed = client.warm(TARGET.generic(), from_target=TARGET)
             deadline = time.monotonic() + 20
             while (now := client.warm_status(TARGET.generic())[0]).state != "done" or now.in_flight:
                 assert time.monotonic() < deadline, now
                 time.sleep(0.1)
             assert (warmed.total, now.built, now.failed) == (2, 2, 0) and now.coverage == 1.0
-            assert s.front_end.run(status_of(s.front_end.front).report()).warming
-            # A graph family: recorded and queued under the front end's user (after a finished plan), built under the worker's.
+            assert s.gateway.run(status_of(s.gateway.front).report()).warming
+            # A graph family: recorded and queued under the gateway's user (after a finished plan), built under the worker's.
             family = derive(matmul_spec(m=8), matmul_spec(m=24), sizes={"d0": [8, 24]})
             asked = client.build_family(family, TARGET)
             assert (asked.total, asked.queued) == (2, 2)
@@ -83,9 +83,9 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(
             assert client.compile(matmul_spec(), TARGET).source == "compiled"  # the worker writes plans again
     finally:
         stop()
-    front, worker = redis.Redis.from_url(url["frontend"]), redis.Redis.from_url(url["worker"])
+    front, worker = redis.Redis.from_url(url["gateway"]), redis.Redis.from_url(url["worker"])
     denied = [
-        lambda: front.hset(keys.plan(built.key), "blob", b"forged"),  # a front end never writes plans
+        lambda: front.hset(keys.plan(built.key), "blob", b"forged"),  # a gateway never writes plans
         lambda: front.xreadgroup(keys.JOB_GROUP, "x", {keys.job_stream(TARGET): ">"}),  # nor takes jobs
         lambda: front.lpush(keys.RECENT_FAILURES, "x"),
         lambda: worker.hincrbyfloat(keys.stats("target:x"), "hits", 1),  # a worker does not count lookups

@@ -24,7 +24,7 @@ from plancache import (
     Target,
     TargetUnavailable,
 )
-from plancache.spec import spec_io
+from plancache.graphspec import spec_io
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
 from plancache_server.store import keys
@@ -266,7 +266,7 @@ def test_many_clients_many_specs_no_mixups(stack: Stack) -> None:
 def test_memory_cache_serves_verified_plans_without_redis(stack: Stack, redis_server: object) -> None:
     with stack.client() as client:
         plan = client.compile(matmul_spec(), TARGET)
-        # Corrupt the Redis copy: the front end keeps serving the copy it verified.
+        # Corrupt the Redis copy: the gateway keeps serving the copy it verified.
         stack.redis.hset(keys.plan(plan.key), "blob", b"X" + plan.blob[1:])
         assert client.get(plan.key).blob == plan.blob
         assert client.compile(matmul_spec(), TARGET).source == "hit"

@@ -90,10 +90,10 @@ def test_missing_users_and_wrong_passwords_are_one_line_at_start(tmp_path: Path)
     shared = EmbeddedRedis(tmp_path / "redis", persist=False).start()
     try:
         admin = redis.Redis.from_url(shared.url)
-        admin.execute_command("ACL", "SETUSER", *keys.acl_setuser("frontend", "plancache-frontend", "right-password"))
+        admin.execute_command("ACL", "SETUSER", *keys.acl_setuser("gateway", "plancache-gateway", "right-password"))
         url = f"redis://{{user}}:{{password}}@127.0.0.1:{shared.port}/0"
         never_created = url.format(user="plancache-worker", password="whatever")
-        wrong = url.format(user="plancache-frontend", password="wrong-password")
+        wrong = url.format(user="plancache-gateway", password="wrong-password")
         for program, redis_url, args, status in [
             ("server", wrong, (), 1),
             ("server", never_created, (), 1),
@@ -120,7 +120,7 @@ def test_a_password_changed_mid_run_fails_calls_with_the_reason_once_a_minute_an
     try:
         with ExitStack() as stack:
             stack.enter_context(
-                server_process(address, url["frontend"], log, "--gpus", "none", "--memory-cache-mb", "0")
+                server_process(address, url["gateway"], log, "--gpus", "none", "--memory-cache-mb", "0")
             )
             worker = stack.enter_context(
                 worker_process(url["worker"], tmp_path / "worker.log", "--device", "0", *STANDIN)
@@ -128,9 +128,9 @@ def test_a_password_changed_mid_run_fails_calls_with_the_reason_once_a_minute_an
             wait_for_workers(address, proc=worker)
             client = stack.enter_context(Client(address, cache=False, timeout=5))
             plans = [client.compile(matmul_spec(m=8 * (i + 1)), TARGET) for i in range(5)]
-            # The front end's password is changed under it (a rotation done half-way).
-            admin.execute_command("ACL", "SETUSER", "plancache-frontend", "resetpass", ">another-password")
-            admin.execute_command("CLIENT", "KILL", "USER", "plancache-frontend")
+            # The gateway's password is changed under it (a rotation done half-way).
+            admin.execute_command("ACL", "SETUSER", "plancache-gateway", "resetpass", ">another-password")
+            admin.execute_command("CLIENT", "KILL", "USER", "plancache-gateway")
             errors, started = [], time.monotonic()
             for _ in range(4):
                 for plan in plans:
@@ -141,7 +141,7 @@ def test_a_password_changed_mid_run_fails_calls_with_the_reason_once_a_minute_an
             # The connections Redis closed fail once each as such; then every call says why.
             assert all("refused the user or password" in e for e in errors[-10:]), errors
             # Mended: served again without a restart.
-            admin.execute_command("ACL", "SETUSER", "plancache-frontend", "resetpass", f">{password['frontend']}")
+            admin.execute_command("ACL", "SETUSER", "plancache-gateway", "resetpass", f">{password['gateway']}")
             mended = time.monotonic()
             wait_until(lambda: _served(client, plans[0].key), 30, "serving again")
             recovered_after = time.monotonic() - mended
@@ -151,7 +151,7 @@ def test_a_password_changed_mid_run_fails_calls_with_the_reason_once_a_minute_an
         said = lines_matching(text, "refused the user or password")
         assert len(said) == 1 and "ERROR" in said[0], said  # 20 failed calls, one line
         report(
-            "front end's Redis password changed mid-run",
+            "gateway's Redis password changed mid-run",
             {
                 "calls_failed": len(errors),
                 "typed": "StoreUnavailable",

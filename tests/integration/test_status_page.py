@@ -188,43 +188,43 @@ def test_worker_http_port_serves_metrics_only(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def front_end(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Any:
+def gateway(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Any:
     front = ThreadedFrontEnd(Settings(listen="127.0.0.1:0", redis_url=redis_server.url), redis_server.url)
     yield front
     front.stop()
 
 
-def test_queue_depth_counts_waiting_and_running_builds(redis_client: redis.Redis, front_end: ThreadedFrontEnd) -> None:
+def test_queue_depth_counts_waiting_and_running_builds(redis_client: redis.Redis, gateway: ThreadedFrontEnd) -> None:
     """What the page shows as queued / building for a target, from its stream."""
-    queue, workers = front_end.front.queue, WorkerQueue(redis_client)
+    queue, workers = gateway.front.queue, WorkerQueue(redis_client)
     workers.join([TARGET])
     workers.heartbeat("w1", [TARGET], ttl_s=30)
     for i in range(3):
-        front_end.run(
+        gateway.run(
             queue.enqueue(
                 TARGET,
                 Job(job_id=f"job{i}", plan_key=f"{'0' * 63}{i}/{TARGET.id}/opt-{'0' * 16}", query=pb.PlanQuery()),
             )
         )
-    assert front_end.run(queue.depth(TARGET)) == (3, 0)
+    assert gateway.run(queue.depth(TARGET)) == (3, 0)
     [delivery] = workers.read("w1", [TARGET], block_ms=100)
-    assert front_end.run(queue.depth(TARGET)) == (2, 1)
-    [row] = front_end.run(status_of(front_end.front).report()).targets
+    assert gateway.run(queue.depth(TARGET)) == (2, 1)
+    [row] = gateway.run(status_of(gateway.front).report()).targets
     assert (row.target_id, row.live_workers, row.jobs_waiting, row.jobs_running) == (TARGET.id, 1, 2, 1)
     workers.ack(delivery)  # a finished job leaves the stream: its length is the queue's depth
-    assert front_end.run(queue.depth(TARGET)) == (2, 0) and redis_client.xlen(keys.job_stream(TARGET)) == 2
-    assert front_end.run(queue.depth(Target("sm_80", 91900, "1.32.0"))) == (0, 0)  # no stream at all
+    assert gateway.run(queue.depth(TARGET)) == (2, 0) and redis_client.xlen(keys.job_stream(TARGET)) == 2
+    assert gateway.run(queue.depth(Target("sm_80", 91900, "1.32.0"))) == (0, 0)  # no stream at all
 
 
 def test_recent_failures_are_capped_newest_first_and_survive_bad_records(
-    redis_client: redis.Redis, front_end: ThreadedFrontEnd
+    redis_client: redis.Redis, gateway: ThreadedFrontEnd
 ) -> None:
     recorder = BuildRecorder(redis_client, lease_s=60)
     plan_keys = [f"{i:064x}/{TARGET.id}/opt-{'0' * 16}" for i in range(RECENT_FAILURES_KEPT + 5)]
     for i, plan_key in enumerate(plan_keys):
         recorder.finish(plan_key, f"job{i}", "w1", error=f"reason {i}", rejected=i % 2 == 0)
     redis_client.lpush(keys.RECENT_FAILURES, b"not json")
-    failures = front_end.run(front_end.front.builds.recent_failures(RECENT_FAILURES_KEPT + 10))
+    failures = gateway.run(gateway.front.builds.recent_failures(RECENT_FAILURES_KEPT + 10))
     assert len(failures) == RECENT_FAILURES_KEPT  # the oldest 5 trimmed; the malformed record skipped
     assert [f.reason for f in failures[:2]] == [f"reason {len(plan_keys) - 1}", f"reason {len(plan_keys) - 2}"]
     assert failures[0].target_id == TARGET.id and failures[0].rejected

@@ -1,8 +1,8 @@
-"""A build whose plan the front end refuses fails its callers at once.
+"""A build whose plan the gateway refuses fails its callers at once.
 
-A front end trusts --trusted-keys and the key of its own workers. A worker
+A gateway trusts --trusted-keys and the key of its own workers. A worker
 signing with any other key (a remote worker given the wrong key, say)
-stores plans the front end will not serve: its callers get UntrustedBuild
+stores plans the gateway will not serve: its callers get UntrustedBuild
 naming the plan, the key that signed it and the trusted ones, within the
 time of one build, the event is counted, and a rebuild that would be signed
 the same way is not started again while the refusal is remembered.
@@ -21,7 +21,7 @@ import redis
 from plancache import Client, CompileOptions, Manifest, Unavailable, UntrustedBuild
 from plancache.trust.signing import Signer, generate_keypair
 from plancache_server import telemetry
-from plancache_server.frontend import builds as builds_module
+from plancache_server.gateway import builds as builds_module
 from plancache_server.store import keys
 from plancache_server.store.build_records import DONE, finished_event, state_fields
 from plancache_server.store.embedded_redis import EmbeddedRedis
@@ -41,7 +41,7 @@ def keypairs(tmp_path: Path) -> dict[str, tuple[Path, Path]]:
 def mismatched_stack(
     redis_server: EmbeddedRedis, redis_client: object, keypairs: dict[str, tuple[Path, Path]]
 ) -> Iterator[Stack]:
-    """The worker signs with one key; the front end trusts only another."""
+    """The worker signs with one key; the gateway trusts only another."""
     s, stop = start_stack(
         redis_server.url,
         StandInCompiler(build_seconds=0.2),

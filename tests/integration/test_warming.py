@@ -18,9 +18,9 @@ import pytest
 import redis
 
 from plancache import Client, CompileOptions, InvalidRequest, Manifest, PermissionDenied, WarmStatus
+from plancache.graphspec.canonical import spec_hash
+from plancache.graphspec.graph import GraphSpec
 from plancache.keys.plankey import make_key
-from plancache.spec.canonical import spec_hash
-from plancache.spec.graph import GraphSpec
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis
@@ -132,8 +132,8 @@ def test_a_spec_that_fails_is_recorded_and_skipped(warm_stack: Stack) -> None:
 
 
 def _forge_source_plan(client: redis.Redis, spec: GraphSpec) -> None:
-    from plancache.spec import spec_io
-    from plancache.spec.validation import normalize
+    from plancache.graphspec import spec_io
+    from plancache.graphspec.validation import normalize
 
     normalized = normalize(spec)
     key = _key(spec, GENERIC)
@@ -374,7 +374,7 @@ def _port() -> int:
 
 
 def _plan(redis_url: str, top: int) -> None:
-    """Plan warming E from G as an operator's call would (the front end's code, straight on Redis)."""
+    """Plan warming E from G as an operator's call would (the gateway's code, straight on Redis)."""
     Warming(redis.Redis.from_url(redis_url)).plan(EXACT, Source(target_id=GENERIC.id), top=top)
 
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plancache import CompileOptions, GraphSpec, NotFound, Plan, PlanCacheError, Target
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.family import Family
+from plancache.graphspec.layouts import row_major
+from plancache.graphspec.validation import normalize
 from plancache.keys.plankey import make_family_key
 from plancache.run.local import LocalPlan
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.family import Family
-from plancache.spec.layouts import row_major
-from plancache.spec.validation import normalize
 from plancache.transport.hedge import Raced
 from plancache.transport.manifest import Manifest
 from plancache.transport.results import FamilyStatus, PrefetchResult

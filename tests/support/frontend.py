@@ -1,4 +1,4 @@
-"""Run a front end (grpc.aio) on an event loop in a background thread, so that
+"""Run a gateway (grpc.aio) on an event loop in a background thread, so that
 blocking tests and workers can talk to it from the main thread."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from plancache_server.frontend.app import FrontEnd
+from plancache_server.gateway.app import Gateway
 from plancache_server.settings import Settings
 
 T = TypeVar("T")
@@ -17,16 +17,16 @@ T = TypeVar("T")
 class ThreadedFrontEnd:
     def __init__(self, settings: Settings, redis_url: str) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="front-end-loop", daemon=True)
+        self._thread = threading.Thread(target=self.loop.run_forever, name="gateway-loop", daemon=True)
         self._thread.start()
         try:
-            self.front: FrontEnd = self.run(FrontEnd.start(settings, redis_url))
+            self.front: Gateway = self.run(Gateway.start(settings, redis_url))
         except BaseException:
             self._end_loop()
             raise
 
     def run(self, coroutine: Coroutine[Any, Any, T], timeout: float = 60) -> T:
-        """Run a coroutine on the front end's loop and wait for its result."""
+        """Run a coroutine on the gateway's loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=timeout)
 
     @property

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from examples.generate import nhwc
 from plancache import GraphSpec
-from plancache.spec.ops import CATALOG
+from plancache.graphspec.ops import CATALOG
 
 
 def conv_bias_relu(x_stride: list[int] | None, y_stride: list[int] | None = None) -> GraphSpec:

@@ -26,10 +26,10 @@ import time
 from collections.abc import Iterator, Sequence
 
 from plancache.errors import CompileFailed
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.graph import GraphSpec
 from plancache_server.worker.compiler.base import BuiltPlan, CandidateResult, CompiledPlan, Heuristic, compile_inline
 
 STANDIN_TARGET = Target("sm_90", 91900, "1.32.0", "StandIn GPU", 132)

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plancache.errors import CompileFailed
+from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
 from plancache.run.local import LocalGraph, LocalPlan, local_metadata
 from plancache.run.plan import Plan
-from plancache.spec.graph import GraphSpec
 from plancache.trust.answers import satisfies
 from tests.support.standin import STANDIN_TARGET
 

@@ -1,6 +1,6 @@
 """The whole graph API has a spec form, derived from the frontend itself.
 
-Against the recorded list (plancache/spec/frontend_ops.json, always): every
+Against the recorded list (plancache/graphspec/frontend_ops.json, always): every
 node type the frontend can build and every pointwise mode has a catalog op.
 Against the installed frontend (where it imports, as in `make test`): the
 recorded list is what the frontend says today, so an upgrade that adds a
@@ -16,12 +16,12 @@ from types import ModuleType
 
 import pytest
 
-from plancache.spec.catalog_export import export
-from plancache.spec.frontend_ops import recorded
-from plancache.spec.ops import CATALOG
+from plancache.graphspec.catalog_export import export
+from plancache.graphspec.frontend_ops import recorded
+from plancache.graphspec.ops import CATALOG
 from tests.support.processes import REPO
 
-RECORDED = REPO / "client/src/plancache/spec/frontend_ops.json"
+RECORDED = REPO / "client/src/plancache/graphspec/frontend_ops.json"
 PUBLISHED = REPO / "proto/plancache/v1/catalog.json"
 
 
@@ -73,7 +73,9 @@ def _installed_frontend() -> ModuleType:
 
 def test_the_recorded_list_is_the_installed_frontends() -> None:
     cudnn = _installed_frontend()
-    from plancache.spec.derive import derive
+    from tests.support.scripts import load_script
+
+    derive = load_script("frontend_api").derive
 
     derived = derive()
     assert derived["frontend_version"] == cudnn.__version__

@@ -50,7 +50,7 @@ def test_prometheus_scrapes_the_metrics_ports() -> None:
     config = yaml.safe_load((ROOT / "docker" / "prometheus.yml").read_text())
     targets = [t for job in config["scrape_configs"] for group in job["static_configs"] for t in group["targets"]]
     port = int(_service_flags()["metrics"])
-    assert f"plancache:{port}" in targets and f"plancache:{port + 1}" in targets  # front end, first worker
+    assert f"plancache:{port}" in targets and f"plancache:{port + 1}" in targets  # gateway, first worker
 
 
 def test_grafana_dashboard_queries_metrics_that_exist() -> None:
@@ -96,9 +96,9 @@ def test_readme_configuration_table_is_the_settings_table() -> None:
 
 
 def test_readme_acl_rules_are_the_ones_tested() -> None:
-    """The README's ACL SETUSER lines are keys.ACL_RULES (which test_redis_acl runs a front end and a worker under)."""
+    """The README's ACL SETUSER lines are keys.ACL_RULES (which test_redis_acl runs a gateway and a worker under)."""
     from plancache_server.store import keys
 
     readme = (ROOT / "README.md").read_text()
-    for role, user in (("frontend", "plancache-frontend"), ("worker", "plancache-worker")):
+    for role, user in (("gateway", "plancache-gateway"), ("worker", "plancache-worker")):
         assert "ACL SETUSER " + " ".join(keys.acl_setuser(role, user, f"<{role} password>")) in readme

@@ -9,8 +9,8 @@ import pytest
 from examples.generate import EXAMPLES
 from plancache import CompileFailed, GraphSpec
 from plancache.frontend_graph.defects import check_known_defects
+from plancache.graphspec.validation import normalize
 from plancache.keys.target import Target
-from plancache.spec.validation import normalize
 
 MEASURED = Target("sm_90", 91900, "1.32.0")
 LATER = Target("sm_90", 92100, "1.32.0")

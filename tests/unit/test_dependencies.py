@@ -1,4 +1,4 @@
-"""Dependency boundaries: the client never imports Redis; the front end never
+"""Dependency boundaries: the client never imports Redis; the gateway never
 imports torch or cuDNN (only a worker's compiler does)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_client_does_not_import_redis_or_the_gpu_stack(statement: str) -> None:
 
 def test_front_end_does_not_import_the_gpu_stack() -> None:
     imported = _imported_after(
-        "import plancache_server.main, plancache_server.worker_main, plancache_server.frontend.app"
+        "import plancache_server.main, plancache_server.worker_main, plancache_server.gateway.app"
     )
     assert not {"torch", "cudnn"} & imported
     assert "redis" in imported

@@ -8,8 +8,8 @@ import pytest
 
 from examples.generate import EXAMPLES, EXAMPLES_DIR, render
 from plancache import GraphSpec
-from plancache.spec.ops import CATALOG
-from plancache.spec.validation import normalize
+from plancache.graphspec.ops import CATALOG
+from plancache.graphspec.validation import normalize
 
 
 @pytest.mark.parametrize("name", list(EXAMPLES))

@@ -1,4 +1,4 @@
-"""Graph families (plancache.spec.family): derived from two graphs of one
+"""Graph families (plancache.graphspec.family): derived from two graphs of one
 program, an instance at any of its sizes is exactly the graph that program
 builds at that size (the same plan key), its identity does not depend on
 the sizes it was derived from, and what has no form at another size, or
@@ -13,10 +13,10 @@ import pytest
 from plancache import SpecError
 from plancache.functional import _specs
 from plancache.functional._geometry import Geo
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.family import MAX_FAMILY_SIZE, Family, derive
-from plancache.spec.layouts import row_major
-from plancache.spec.validation import normalize
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.family import MAX_FAMILY_SIZE, Family, derive
+from plancache.graphspec.layouts import row_major
+from plancache.graphspec.validation import normalize
 
 
 def g(name: str, shape: tuple[int, ...], dtype: str = "bfloat16", stride: tuple[int, ...] | None = None) -> Geo:

@@ -21,9 +21,9 @@ import pytest
 
 from plancache import GraphSpec
 from plancache.frontend_graph import build_pygraph, differences
-from plancache.spec import spec_io
-from plancache.spec.subgraph import Subgraph
-from plancache.spec.validation import normalize
+from plancache.graphspec import spec_io
+from plancache.graphspec.subgraph import Subgraph
+from plancache.graphspec.validation import normalize
 from plancache.v1 import plancache_pb2 as pb
 from tests.support.random_pygraphs import FAMILIES, random_graph
 

@@ -19,7 +19,7 @@ import pytest
 
 from examples.generate import matmul_fp16
 from plancache import CompileFailed, CompileOptions, GraphSpec, IntegrityError, Unavailable, UntrustedPlan
-from plancache.functional._service import SERVICE
+from plancache.frontdoors.service import SERVICE
 from tests.support.frontdoor_standins import TARGET, StandInClient, StandInServedGraph, key_of
 
 frontend = pytest.importorskip("cudnn", reason="needs the cuDNN frontend's Python IR (nvidia-cudnn-frontend)")
@@ -165,8 +165,8 @@ def test_the_walkthroughs_matmul_is_the_example_plan(recorder: Recorder, client:
 def test_a_program_meeting_its_graph_at_three_sizes_has_the_family_built(
     recorder: Recorder, client: StandInClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """plancache.cudnn counts served graphs toward their family as plancache.functional does (plancache.functional._families)."""
-    from plancache.functional import _families
+    """plancache.cudnn counts served graphs toward their family as plancache.functional does (plancache.frontdoors.families)."""
+    from plancache.frontdoors import families as _families
 
     monkeypatch.setattr(_families.WATCH, "starter", lambda work: work())
     monkeypatch.setattr(_families.WATCH, "_signatures", type(_families.WATCH._signatures)())

@@ -1,4 +1,4 @@
-"""Our RFC 8785 encoder (plancache.spec.jcs) against `rfc8785`, the pure-Python
+"""Our RFC 8785 encoder (plancache.graphspec.jcs) against `rfc8785`, the pure-Python
 implementation sigstore relies on, as an oracle: byte for byte on every
 published key vector and on arbitrary JSON values.
 
@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from plancache import GraphSpec
-from plancache.spec.canonical import canonical_bytes
-from plancache.spec.jcs import MAX_EXACT_INTEGER, canonicalize
+from plancache.graphspec.canonical import canonical_bytes
+from plancache.graphspec.jcs import MAX_EXACT_INTEGER, canonicalize
 from tests.support.processes import REPO
 
 SAFE_INTEGER = MAX_EXACT_INTEGER - 1  # rfc8785's domain: |n| < 2**53

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from plancache.spec.jcs import canonicalize, number
+from plancache.graphspec.jcs import canonicalize, number
 from tests.support.processes import REPO
 
 SCRIPT = REPO / "scripts" / "key-vectors.py"

@@ -1,5 +1,5 @@
 """Result strides left out of a spec are the ones the cuDNN frontend infers
-(plancache/spec/layouts.py): the rules on known cases here, the frontend itself
+(plancache/graphspec/layouts.py): the rules on known cases here, the frontend itself
 on the GPU (tests/gpu/test_gpu_layouts.py)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 
 from examples.generate import EXAMPLES, nhwc
 from plancache import GraphSpec, SpecError
-from plancache.spec.canonical import spec_hash
-from plancache.spec.layouts import channels_last, order_of, packed, row_major
-from plancache.spec.validation import normalize
+from plancache.graphspec.canonical import spec_hash
+from plancache.graphspec.layouts import channels_last, order_of, packed, row_major
+from plancache.graphspec.validation import normalize
 from tests.support.layout_specs import (
     conv_bias_relu,
     layernorm_training_channels_last,

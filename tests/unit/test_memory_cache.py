@@ -1,4 +1,4 @@
-"""The front end's memory cache: bounded by bytes, LRU, TTL, misses not cached."""
+"""The gateway's memory cache: bounded by bytes, LRU, TTL, misses not cached."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import hashlib
 import pytest
 
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server.frontend import memory_cache
-from plancache_server.frontend.memory_cache import MemoryCachedStore
+from plancache_server.gateway import memory_cache
+from plancache_server.gateway.memory_cache import MemoryCachedStore
 from plancache_server.store.plans import StoredPlan
 
 

@@ -22,12 +22,13 @@ from plancache.errors import (
     Unavailable,
     UntrustedPlan,
 )
-from plancache.functional._service import NotConfigured
+from plancache.frontdoors.service import NotConfigured
 from plancache.transport import outcomes, reports
 from plancache.transport.hedge import counts, reset_race_stats
 from plancache.transport.outcomes import Outcome, OutcomeKey
 from plancache.transport.reports import Reports
 from plancache.v1 import plancache_pb2 as pb
+from plancache.wire import outcome_labels
 from plancache_server.store import fleet
 
 T = "sm_90/cudnn-91900/fe-1.32.0"
@@ -60,14 +61,19 @@ def fresh() -> Iterator[None]:
     ],
 )
 def test_every_failure_has_a_reason_class(error: Exception, reason: str) -> None:
-    assert outcomes.reason_of(error) == reason and reason in outcomes.REASONS
+    assert outcomes.reason_of(error) == reason and reason in outcome_labels.REASONS
 
 
 def test_a_graph_counts_under_its_first_non_pointwise_node_type() -> None:
-    assert outcomes.anchor_node_type(["POINTWISE:ADD", "MATMUL", "POINTWISE:RELU_FWD"]) == "MATMUL"
-    assert outcomes.anchor_node_type(["POINTWISE:ADD"]) == "POINTWISE" and outcomes.anchor_node_type([]) == ""
-    assert outcomes.anchor_of_ops(["matmul", "pointwise"]) == "MATMUL" and outcomes.anchor_of_ops(["sdpa"]) == "SDPA"
-    assert {"MATMUL", "SDPA", "CONV_FPROP", "POINTWISE"} <= outcomes.node_types()
+    assert outcome_labels.anchor_node_type(["POINTWISE:ADD", "MATMUL", "POINTWISE:RELU_FWD"]) == "MATMUL"
+    assert (
+        outcome_labels.anchor_node_type(["POINTWISE:ADD"]) == "POINTWISE" and outcome_labels.anchor_node_type([]) == ""
+    )
+    assert (
+        outcome_labels.anchor_of_ops(["matmul", "pointwise"]) == "MATMUL"
+        and outcome_labels.anchor_of_ops(["sdpa"]) == "SDPA"
+    )
+    assert {"MATMUL", "SDPA", "CONV_FPROP", "POINTWISE"} <= outcome_labels.node_types()
 
 
 def test_the_tally_counts_totals_and_hands_each_count_to_one_report() -> None:

@@ -8,7 +8,7 @@ import pytest
 from plancache.errors import CompileFailed, ResourceExhausted, TargetUnavailable
 from plancache.transport.calls import RETRY_BACKOFF_CAP_S
 from plancache.transport.calls import retry_pause as _retry_pause
-from plancache.transport.rich_status import (
+from plancache.wire.rich_status import (
     DETAILS_METADATA_KEY,
     MAX_MESSAGE_CHARS,
     bounded,

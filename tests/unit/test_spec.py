@@ -7,8 +7,8 @@ import json
 import pytest
 
 from plancache import GraphSpec, SpecError
-from plancache.spec import spec_io
-from plancache.spec.validation import normalize
+from plancache.graphspec import spec_io
+from plancache.graphspec.validation import normalize
 from tests.support.specs import matmul_bias_relu_spec, matmul_spec
 
 

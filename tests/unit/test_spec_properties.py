@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from plancache import GraphSpec, SpecError
 from plancache.errors import PlanCacheError
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.validation import normalize
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.validation import normalize
 
 UNARY = ["relu", "gelu", "tanh", "sigmoid", "swish", "exp", "abs", "neg"]
 BINARY = ["add", "sub", "mul", "div"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
-from plancache_server.frontend.builds import FailedBuild
+from plancache_server.gateway.builds import FailedBuild
 from plancache_server.store.stats import Bucket
 from plancache_server.web.status import StatusReport, TargetStatus, TopEntry
 from plancache_server.web.status_page import render

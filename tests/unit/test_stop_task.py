@@ -1,4 +1,4 @@
-"""Stopping a front end's background tasks ends them even when a cancel is
+"""Stopping a gateway's background tasks ends them even when a cancel is
 swallowed (redis-py's read timeouts can turn one into "no message"), and
 never waits without a bound."""
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from examples.generate import EXAMPLES
-from plancache.spec import spec_io
-from plancache.spec.validation import normalize, storage_elements
+from plancache.graphspec import spec_io
+from plancache.graphspec.validation import normalize, storage_elements
 from plancache_server.worker.compiler.timing_inputs import timing_inputs
 from tests.unit.test_variants import example, packed_page_tables
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from plancache import GraphSpec, SpecError
-from plancache.spec.validation import Limits, normalize
+from plancache.graphspec.validation import Limits, normalize
 from tests.support.specs import matmul_spec
 
 

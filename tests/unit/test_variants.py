@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from plancache import SpecError
-from plancache.spec import spec_io
-from plancache.spec.validation import normalize
+from plancache.graphspec import spec_io
+from plancache.graphspec.validation import normalize
 from tests.support.processes import REPO
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from plancache import GraphSpec, SpecError
+from plancache.graphspec import spec_io
+from plancache.graphspec.canonical import canonical_dict
+from plancache.graphspec.validation import normalize
 from plancache.keys.options import CompileOptions, NoteFilter, PinnedPlan
-from plancache.spec import spec_io
-from plancache.spec.canonical import canonical_dict
-from plancache.spec.validation import normalize
 from plancache.v1 import plancache_pb2 as pb
 
 

@@ -21,10 +21,10 @@ from plancache.errors import (
     UntrustedBuild,
     UntrustedPlan,
 )
+from plancache.graphspec.graph import GraphSpec, Tensor
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
 from plancache.run.plan import Plan
-from plancache.spec.graph import GraphSpec, Tensor
 from plancache.transport.client import Client, TLSConfig
 from plancache.transport.hedge import RaceCounts, race_stats
 from plancache.transport.manifest import Manifest, ManifestEntry

@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from plancache.errors import InvalidRequest, PlanCacheError
+from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
 from plancache.run.plan import Plan
-from plancache.spec.graph import GraphSpec
 from plancache.transport.client import Client, TLSConfig
 from plancache.transport.manifest import Manifest, ManifestEntry
 from plancache.transport.results import WindowCounts
@@ -413,7 +413,7 @@ def _target(client: Client, text: str | None, timeout: float | None) -> Target |
     that lists what the server can build."""
     if text is None:
         try:
-            from plancache.run.gpu import detect_target
+            from plancache.gpu.target import detect_target
 
             detect_target()
             return None

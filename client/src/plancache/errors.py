@@ -10,7 +10,7 @@ from __future__ import annotations
 import grpc
 
 # Trailing-metadata key that names the error class (kept beside the standard
-# google.rpc.ErrorInfo for clients written before it; see plancache.transport.rich_status).
+# google.rpc.ErrorInfo for clients written before it; see plancache.wire.rich_status).
 ERROR_CLASS_METADATA_KEY = "plancache-error"
 
 
@@ -72,11 +72,11 @@ class CompileFailed(PlanCacheError):
 
 
 class UntrustedBuild(PlanCacheError):
-    """The plan a worker built for this call fails the front end's checks
+    """The plan a worker built for this call fails the gateway's checks
     (signed by a key it does not trust, or damaged): its callers are failed
     at once, naming the plan, the key that signed it and the trusted ones. A
     rebuild would be signed the same way, so none is started until the
-    deployment's keys are mended (a worker's --signing-key, a front end's
+    deployment's keys are mended (a worker's --signing-key, a gateway's
     --trusted-keys)."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION

@@ -1,3 +1,3 @@
-"""plancache server: gRPC front end, Redis store and job queue, GPU compile workers."""
+"""plancache server: gRPC gateway, Redis store and job queue, GPU compile workers."""
 
 __version__ = "0.1.0"

@@ -2,7 +2,7 @@
 plan store, every plan verified first (plancache.trust.bundle).
 
 It writes plans as a worker does (accounted, indexed, under --store-max-mb),
-so it runs with the workers' Redis credentials: front ends never write
+so it runs with the workers' Redis credentials: gateways never write
 plans. Plans must be signed by one of --trusted-keys (the workers' public
 keys; a server's generated one is <data dir>/keys/plan-signing.pub.pem)
 unless --unsigned accepts unsigned ones.

@@ -1,6 +1,6 @@
-"""plancache-server: the gRPC front end, its Redis, and a worker per local GPU.
+"""plancache-server: the gRPC gateway, its Redis, and a worker per local GPU.
 
-The front end is one asyncio event loop (uvloop when installed): a caller
+The gateway is one asyncio event loop (uvloop when installed): a caller
 waiting for a build, or a stream waiting for a slow reader, is a coroutine,
 so thousands of them cost memory, not threads, and never hold up a hit.
 """
@@ -21,7 +21,7 @@ from typing import IO
 
 from plancache.errors import PlanCacheError
 from plancache.trust.signing import TRUSTED_KEYS_ENV, generate_keypair
-from plancache_server.frontend.app import FrontEnd
+from plancache_server.gateway.app import Gateway
 from plancache_server.secrets import check_secrets
 from plancache_server.settings import Settings, server_settings, worker_flags
 from plancache_server.store.embedded_redis import EmbeddedRedis
@@ -49,7 +49,7 @@ def configure_logging(level: str) -> None:
 def with_signing_key(settings: Settings) -> Settings:
     """Workers sign plans: with the configured key, or with one this server
     generates once in its data folder (a single-host deployment's default).
-    The front end trusts that key whatever --trusted-keys says (app.front_end_trust)."""
+    The gateway trusts that key whatever --trusted-keys says (app.gateway_trust)."""
     if settings.signing_key is not None or settings.unsigned:
         return settings
     private = settings.data_dir / "keys" / "plan-signing.pem"
@@ -100,7 +100,7 @@ def tune_garbage_collector() -> None:
 
 
 async def serve(settings: Settings, redis_url: str) -> None:
-    front = await FrontEnd.start(settings, redis_url)
+    front = await Gateway.start(settings, redis_url)
     tune_garbage_collector()
     loop = asyncio.get_running_loop()
     metrics.report_queues(front.queue, front.directory, loop)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from plancache.spec.validation import Limits
+from plancache.graphspec.validation import Limits
 from plancache.trust.signing import key_paths
 
 SERVER, WORKER = "server", "worker"
@@ -146,18 +146,18 @@ class Settings:
         float,
         programs=frozenset({SERVER}),
     )
-    # ---- admission control (front end): past a bound, RESOURCE_EXHAUSTED with a retry delay
+    # ---- admission control (gateway): past a bound, RESOURCE_EXHAUSTED with a retry delay
     max_waiters: int = _option(
         50_000,
         "--max-waiters",
-        "callers (call x plan) one front end lets wait for builds at once",
+        "callers (call x plan) one gateway lets wait for builds at once",
         int,
         programs=frozenset({SERVER}),
     )
     max_waiters_per_key: int = _option(
         5_000,
         "--max-waiters-per-key",
-        "callers one front end lets wait for the same plan's build",
+        "callers one gateway lets wait for the same plan's build",
         int,
         programs=frozenset({SERVER}),
     )
@@ -215,11 +215,11 @@ class Settings:
         programs=frozenset({SERVER}),
         shown_default="none",
     )
-    # ---- the front end's memory cache of verified plans
+    # ---- the gateway's memory cache of verified plans
     memory_cache_bytes: int = _option(
         256 * 2**20,
         "--memory-cache-mb",
-        "the front end's cache of verified plans, MiB (0: every hit reads Redis)",
+        "the gateway's cache of verified plans, MiB (0: every hit reads Redis)",
         _mebibytes,
         programs=frozenset({SERVER}),
         shown_default="256",
@@ -281,7 +281,7 @@ class Settings:
     sweep_interval_s: float = _option(
         60.0,
         "--sweep-interval",
-        "seconds between a front end's sweeps for retention and the bound",
+        "seconds between a gateway's sweeps for retention and the bound",
         float,
         programs=frozenset({SERVER}),
     )

@@ -1,7 +1,7 @@
 """The process's Prometheus counters and gauges, defined once (any layer
 counts; plancache_server.web serves them with its scrape-time collectors).
 
-Front ends count requests by method and status code with their latency,
+Gateways count requests by method and status code with their latency,
 plan lookups (hit or miss) per target, refused plans and untrusted builds,
 and what nodes report of their graphs and races; workers count builds by
 outcome and time them.
@@ -23,16 +23,16 @@ REQUEST_SECONDS = Histogram(
 LOOKUPS = Counter("plancache_lookups", "plan lookups by target and result (hit, miss)", ["target", "result"])
 PLANS_REFUSED = Counter(
     "plancache_plans_refused",
-    "stored plans a front end refused to serve, by reason (integrity: blob or metadata damaged; signature)",
+    "stored plans a gateway refused to serve, by reason (integrity: blob or metadata damaged; signature)",
     ["reason"],
 )
 UNTRUSTED_BUILDS = Counter(
     "plancache_untrusted_builds",
-    "builds whose plan this front end refused to serve (signed by a key it does not trust, or damaged), by target",
+    "builds whose plan this gateway refused to serve (signed by a key it does not trust, or damaged), by target",
     ["target"],
 )
-# What nodes reported of their own graphs (ReportFirstUses), as this front end received it: summed over
-# front ends, the fleet's. Labels are folded into fixed sets (plancache_server.store.fleet).
+# What nodes reported of their own graphs (ReportFirstUses), as this gateway received it: summed over
+# gateways, the fleet's. Labels are folded into fixed sets (plancache_server.store.fleet).
 FLEET_GRAPHS = Counter(
     "plancache_fleet_graphs",
     "graphs nodes reported, by target, front door, outcome (served, disk_cache, local), reason class and node type",

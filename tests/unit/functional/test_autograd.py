@@ -16,7 +16,7 @@ import pytest
 import plancache.functional as pf
 from plancache import CompileFailed, InvalidRequest
 from plancache.functional import _autograd, _ops, _specs, _torch
-from plancache.spec.validation import normalize
+from plancache.graphspec.validation import normalize
 from tests.support.fake_gpu import FakeRuntime
 from tests.support.frontdoor_standins import StandInClient, StandInOps, StandInTensor
 from tests.unit.functional.recording import RecordingFunction, backward

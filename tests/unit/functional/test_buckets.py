@@ -9,7 +9,7 @@ import pytest
 
 import plancache.functional as pf
 from plancache import InvalidRequest
-from plancache.functional._buckets import BUCKETS
+from plancache.frontdoors.buckets import BUCKETS
 
 
 @pytest.fixture(autouse=True)

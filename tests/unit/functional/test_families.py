@@ -13,9 +13,9 @@ import pytest
 
 import plancache.functional as pf
 from plancache import InvalidRequest, Unavailable
-from plancache.functional import _families
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.validation import normalize
+from plancache.frontdoors import families as _families
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.validation import normalize
 from tests.support.frontdoor_standins import StandInClient, StandInTensor
 
 T = StandInTensor

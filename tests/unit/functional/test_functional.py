@@ -21,7 +21,7 @@ import plancache.functional as pf
 from plancache import CompileFailed, CompileOptions, GraphSpec, InvalidRequest, Unavailable, UntrustedPlan
 from plancache.functional import _ops, _specs, _table, _torch
 from plancache.functional._geometry import geo
-from plancache.spec.layouts import channels_last, row_major
+from plancache.graphspec.layouts import channels_last, row_major
 from tests.support.fake_gpu import FakeRuntime
 from tests.support.frontdoor_standins import StandInClient, StandInTensor, key_of
 from tests.support.processes import child_env

@@ -39,7 +39,7 @@ Not `serve_frontend(client)`, which would patch the real class: see
 docs/design.md, "Frontend code, one line changed".
 
 Owns: the frontend's graph class, served by plancache.
-May import: plancache.errors, plancache.spec, plancache.keys, plancache.run, plancache.transport, plancache.functional, plancache.frontend_graph.
+May import: plancache.errors, plancache.graphspec, plancache.keys, plancache.run, plancache.transport, plancache.wire, plancache.frontdoors, plancache.frontend_graph.
 """
 
 from __future__ import annotations
@@ -57,14 +57,15 @@ import cudnn as _frontend
 from plancache.cudnn._capture import capture, options
 from plancache.cudnn._plan_list import DRIVES, QUERIES, PlanList, Records
 from plancache.errors import PlanCacheError
-from plancache.functional._families import WATCH
-from plancache.functional._service import ABOUT_THE_GRAPH, SERVICE, Once, configure, describe, reason_key
+from plancache.frontdoors.families import WATCH
+from plancache.frontdoors.service import ABOUT_THE_GRAPH, SERVICE, Once, configure, describe, reason_key
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
 from plancache.run.plan import Plan
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.graph import GraphSpec
 from plancache.transport import outcomes
 from plancache.transport.hedge import Race
+from plancache.wire import outcome_labels
 
 log = logging.getLogger(__name__)
 _once = Once()
@@ -416,7 +417,7 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
             return spec, None, Local(describe(e), reason_key(e), isinstance(e, ABOUT_THE_GRAPH), outcomes.reason_of(e))
         except Exception as e:  # e.g. a frontend error: the program's own build runs and says it
             reason = f"{stage} failed: {type(e).__name__}: {e}"
-            return spec, None, Local(reason, reason, True, "no_spec_form" if spec is None else outcomes.OTHER)
+            return spec, None, Local(reason, reason, True, "no_spec_form" if spec is None else outcome_labels.OTHER)
 
     def _plancache_build(self, build: Callable[[], Any]) -> None:
         """The program's build step: served, raced (a hedged miss), or the program's own build."""
@@ -481,7 +482,7 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
             "cudnn",
             outcomes.target_of(plan.key),
             outcomes.served_outcome(plan.source),
-            outcomes.anchor_node_type(s.built.node_types),
+            outcome_labels.anchor_node_type(s.built.node_types),
         )
         if spec is not None:
             WATCH.seen(
@@ -566,7 +567,7 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
             "cudnn",
             SERVICE.known_target_id(_current_device()),
             outcomes.Outcome.LOCAL,
-            outcomes.anchor_node_type(built.node_types),
+            outcome_labels.anchor_node_type(built.node_types),
             reason=why.reason_class,
             spec_hash=spec_hash,
         )
@@ -643,7 +644,7 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
 class Local:
     """Why a graph builds locally: the reason (stats(), graphs()), its key for
     logging once, whether it is about this graph (else about the service),
-    and its reason class (what the service is told: outcomes.REASONS)."""
+    and its reason class (what the service is told: outcome_labels.REASONS)."""
 
     reason: str
     key: str
@@ -651,7 +652,7 @@ class Local:
     reason_class: str
 
 
-NO_PLAN = Local("no plan", "no plan", True, outcomes.OTHER)
+NO_PLAN = Local("no plan", "no plan", True, outcome_labels.OTHER)
 _BUILDS = ("build", "build_plans")
 HEDGED = "hedged miss: the service was building it and this program's own build was ready first (the service's plan takes over at a later execute)"
 

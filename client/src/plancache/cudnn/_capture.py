@@ -1,6 +1,6 @@
 """What plancache is asked for a program's pygraph: its spec and options.
 
-The spec is `GraphSpec.from_pygraph` (plancache.spec.interop), normalized,
+The spec is `GraphSpec.from_pygraph` (plancache.graphspec.interop), normalized,
 and then proven: the frontend graph rebuilt from it (plancache.frontend_graph,
 the code every worker builds plans with) is compared with the program's,
 field by field, as cuDNN would receive them. A capture that differs
@@ -21,9 +21,9 @@ from typing import Any
 
 from plancache.errors import SpecError
 from plancache.frontend_graph import build_pygraph, differences
+from plancache.graphspec.graph import GraphSpec
+from plancache.graphspec.validation import normalize
 from plancache.keys.options import HEURISTIC_MODES, CompileOptions
-from plancache.spec.graph import GraphSpec
-from plancache.spec.validation import normalize
 
 
 def capture(graph: Any, frontend: Any) -> GraphSpec:

@@ -8,7 +8,7 @@ program rebuilds into the program's graph before it asks for a plan.
 Needs the frontend (nvidia-cudnn-frontend) at call time, not at import.
 
 Owns: the spec <-> frontend graph correspondence.
-May import: plancache.errors, plancache.dtypes, plancache.spec, plancache.keys, plancache.frontend_graph.
+May import: plancache.errors, plancache.dtypes, plancache.graphspec, plancache.keys, plancache.frontend_graph.
 """
 
 from plancache.frontend_graph.build import build_pygraph

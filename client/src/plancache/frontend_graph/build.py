@@ -6,7 +6,7 @@ attributes as keywords, and on each result the setters a program calls
 (`set_uid`, `set_data_type`, `set_output`, `set_dim`, `set_stride`, ...).
 
 Which dims and strides a result is given follows what the frontend sends to
-cuDNN (see plancache.spec.interop): a frontend op's results get those the
+cuDNN (see plancache.graphspec.interop): a frontend op's results get those the
 spec carries (the program set them, or the frontend always sends them); a
 classic op's outputs get the normal form's, which plancache's layout rules
 derive as cuDNN would (checked on the GPU, tests/gpu/test_gpu_layouts.py);
@@ -19,10 +19,10 @@ from typing import Any
 
 from plancache import dtypes
 from plancache.errors import CompileFailed
-from plancache.spec.frontend_ops import DROPOUT_MASK, DROPOUT_PHILOX, recorded
-from plancache.spec.graph import GraphSpec, Node, Tensor
-from plancache.spec.ops import CATALOG, AttrKind, OpSchema
-from plancache.spec.subgraph import Subgraph, replay
+from plancache.graphspec.frontend_ops import DROPOUT_MASK, DROPOUT_PHILOX, recorded
+from plancache.graphspec.graph import GraphSpec, Node, Tensor
+from plancache.graphspec.ops import CATALOG, AttrKind, OpSchema
+from plancache.graphspec.subgraph import Subgraph, replay
 
 
 def cudnn_type(cudnn: Any, name: str) -> Any:

@@ -27,9 +27,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from plancache.errors import SpecError
-from plancache.spec.interop import data_type, trace_callback
-from plancache.spec.ops import CATALOG, OpSchema
-from plancache.spec.rules import present
+from plancache.graphspec.interop import data_type, trace_callback
+from plancache.graphspec.ops import CATALOG, OpSchema
+from plancache.graphspec.rules import present
 
 # Tensor attributes compared by their own rules below (or never: labels, and the IR's bookkeeping).
 _HANDLED = {

@@ -13,9 +13,9 @@ neighbouring forms are right).
 from __future__ import annotations
 
 from plancache.errors import CompileFailed
+from plancache.graphspec.graph import GraphSpec, Tensor
+from plancache.graphspec.ops import CATALOG
 from plancache.keys.target import Target
-from plancache.spec.graph import GraphSpec, Tensor
-from plancache.spec.ops import CATALOG
 
 # The cuDNN backend versions each defect was measured on (docs/gpu-runs/: runs 1 and 20).
 POINTWISE_BROADCAST_WRONG_ON = frozenset({91900})

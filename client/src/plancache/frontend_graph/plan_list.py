@@ -19,8 +19,8 @@ import logging
 from typing import Any
 
 from plancache.errors import CompileFailed
+from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
-from plancache.spec.graph import GraphSpec
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ start-up that loads an earlier run's plans before the first step) and the
 service setting both front doors share (`configure`, the
 same function as `plancache.cudnn.configure`). Imports torch only when a
 call needs it (plancache stays importable with grpcio and protobuf).
-May import: plancache.errors, plancache.dtypes, plancache.spec, plancache.keys, plancache.run, plancache.transport.
+May import: plancache.errors, plancache.dtypes, plancache.graphspec, plancache.keys, plancache.run, plancache.transport, plancache.wire, plancache.gpu, plancache.frontdoors.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from plancache.errors import InvalidRequest
+from plancache.frontdoors.buckets import BUCKETS, BucketStats
+from plancache.frontdoors.families import WATCH, FamilyAsk
+from plancache.frontdoors.service import SERVICE, configure
 from plancache.functional._autograd import Differentiable
-from plancache.functional._buckets import BUCKETS, BucketStats
-from plancache.functional._families import WATCH, FamilyAsk
 from plancache.functional._manifest import manifest, prefetch
 from plancache.functional._ops import (
     batch_norm,
@@ -50,7 +51,6 @@ from plancache.functional._ops import (
     rms_norm,
     scaled_dot_product_attention,
 )
-from plancache.functional._service import SERVICE, configure
 from plancache.functional._table import COUNTS, TABLE, Fallback, Served
 from plancache.run.plan import Plan
 
@@ -140,7 +140,7 @@ def bucket_stats() -> BucketStats:
 
 def families() -> list[FamilyAsk]:
     """The graph families the functions asked the service to build (shapes
-    that vary: plancache.functional._families), or why one was not asked."""
+    that vary: plancache.frontdoors.families), or why one was not asked."""
     return list(WATCH.asks)
 
 

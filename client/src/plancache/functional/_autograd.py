@@ -32,7 +32,7 @@ from plancache.functional._geometry import Dims, Geo, Unserved, collapse
 from plancache.functional._grads import shaped
 from plancache.functional._specs import Attention, Request, dense_like
 from plancache.functional._table import Served
-from plancache.spec.layouts import row_major
+from plancache.graphspec.layouts import row_major
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any
 
 from plancache import dtypes
 from plancache.errors import SpecError
-from plancache.spec.layouts import channels_last, row_major
+from plancache.graphspec.layouts import channels_last, row_major
 
 # cuDNN serves these; float32 would run in TF32 on some engines (torch's
 # matmul does not by default), so it stays with torch.

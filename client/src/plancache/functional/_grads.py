@@ -18,7 +18,7 @@ from typing import Any
 
 from plancache.functional._geometry import Dims
 from plancache.functional._specs import OUTPUT_UID, Constant, Output, Request, _graph
-from plancache.spec.layouts import row_major
+from plancache.graphspec.layouts import row_major
 
 ACTIVATION_BACKWARD = {"relu": "relu_backward", "gelu": "gelu_backward", "silu": "swish_backward"}
 

@@ -30,13 +30,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from plancache.errors import InvalidRequest
+from plancache.frontdoors.service import SERVICE
 from plancache.functional import _torch
 from plancache.functional._autograd import Differentiable
-from plancache.functional._service import SERVICE
 from plancache.functional._table import TABLE, Served
+from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
 from plancache.run.plan import Plan
-from plancache.spec.graph import GraphSpec
 from plancache.transport.background import BackgroundPrefetch
 from plancache.transport.manifest import Manifest
 from plancache.transport.results import PrefetchResult

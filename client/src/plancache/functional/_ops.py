@@ -22,16 +22,17 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from plancache.errors import InvalidRequest, PlanCacheError
+from plancache.frontdoors.buckets import BUCKETS, pad_rows, pad_sequence
+from plancache.frontdoors.families import WATCH
+from plancache.frontdoors.service import ABOUT_THE_GRAPH, SERVICE, TRANSIENT, Once, describe, reason_key
 from plancache.functional import _autograd, _specs, _torch
-from plancache.functional._buckets import BUCKETS, pad_rows, pad_sequence
-from plancache.functional._families import WATCH
 from plancache.functional._geometry import Unserved, geo
-from plancache.functional._service import ABOUT_THE_GRAPH, SERVICE, TRANSIENT, Once, describe, reason_key
 from plancache.functional._table import TABLE, Entry, Fallback, Served, counts, served
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.graph import GraphSpec
-from plancache.spec.validation import normalize
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.graph import GraphSpec
+from plancache.graphspec.validation import normalize
 from plancache.transport import outcomes
+from plancache.wire import outcome_labels
 
 log = logging.getLogger("plancache.functional")
 _once = Once()
@@ -157,7 +158,7 @@ def _first_call(
     counts(function).geometries += 1
     WATCH.seen(
         function, asked.spec, device
-    )  # shapes that vary: their family built ahead (plancache.functional._families)
+    )  # shapes that vary: their family built ahead (plancache.frontdoors.families)
     if backward is not None:
         for piece in backward.requests.values():
             WATCH.seen(piece.function, piece.spec, device)
@@ -251,7 +252,7 @@ _NODE_TYPES = {
 
 def _node_type(function: str, spec: GraphSpec | None) -> str:
     if spec is not None:
-        return outcomes.anchor_of_ops(n.op for n in spec.nodes)
+        return outcome_labels.anchor_of_ops(n.op for n in spec.nodes)
     return _NODE_TYPES.get(function, "")
 
 

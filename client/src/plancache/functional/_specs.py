@@ -32,10 +32,10 @@ from plancache.functional._geometry import (
     pair,
     served_dtype,
 )
-from plancache.spec.classic_ops import conv_output_dims
-from plancache.spec.graph import GraphSpec, Tensor
-from plancache.spec.layouts import channels_last, packed, row_major
-from plancache.spec.schema import ShapeError
+from plancache.graphspec.classic_ops import conv_output_dims
+from plancache.graphspec.graph import GraphSpec, Tensor
+from plancache.graphspec.layouts import channels_last, packed, row_major
+from plancache.graphspec.schema import ShapeError
 
 OUTPUT_UID = 20
 # A training forward's other outputs: what the backward graph reads.

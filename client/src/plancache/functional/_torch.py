@@ -201,7 +201,7 @@ class TensorOps(Protocol):
 class TorchOps:
     def allocator(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: str, device: int) -> Callable[[], Any]:
         """A call's output, made by one C call (empty_strided with everything bound)."""
-        from plancache.run.gpu import torch_dtype
+        from plancache.gpu.stack import torch_dtype
 
         torch = _torch()
         return functools.partial(
@@ -209,7 +209,7 @@ class TorchOps:
         )
 
     def constant(self, constant: Constant, device: int) -> Any:
-        from plancache.run.gpu import torch_dtype
+        from plancache.gpu.stack import torch_dtype
 
         where = "cpu" if constant.on_host else f"cuda:{device}"
         value = int(constant.value) if constant.dtype in INTEGER_TYPES else constant.value

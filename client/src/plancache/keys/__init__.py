@@ -3,5 +3,5 @@ compile options (options), and the plan key built from a spec hash, a target
 and options (plankey).
 
 Owns: plan keys.
-May import: plancache.errors, plancache.v1, plancache.spec, plancache.keys.
+May import: plancache.errors, plancache.v1, plancache.graphspec, plancache.keys.
 """

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plancache.errors import InvalidRequest
-from plancache.spec.jcs import canonicalize
+from plancache.graphspec.jcs import canonicalize
 from plancache.v1 import plancache_pb2 as pb
 
 HEURISTIC_MODES = ("A", "B", "FALLBACK")

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from plancache.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from plancache.run.binding import TensorTable
     from plancache.run.execution import HandleState, Replayable, _Process
+    from plancache.wire.bindings import TensorTable
 
 
 class BoundPlan:

@@ -162,12 +162,12 @@ class TorchRuntime:
     """The real runtime: torch for tensors and streams, the cuDNN frontend for plans."""
 
     def __init__(self) -> None:
-        from plancache.run.stack import require_gpu_stack
+        from plancache.gpu.stack import require_gpu_stack
 
         self._torch, self._cudnn = require_gpu_stack()
 
     def dtype(self, name: str) -> Any:
-        from plancache.run.stack import torch_dtype
+        from plancache.gpu.stack import torch_dtype
 
         return torch_dtype(name)
 
@@ -189,7 +189,7 @@ class TorchRuntime:
         return lambda device: int(current(device).cuda_stream)
 
     def new_handle(self, device: int) -> Any:
-        from plancache.run.stack import load_math_libraries
+        from plancache.gpu.stack import load_math_libraries
 
         with self._torch.cuda.device(device):
             handle = self._cudnn.create_handle()

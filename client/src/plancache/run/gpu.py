@@ -1,32 +1,12 @@
-"""The local GPU, seen through torch and the cuDNN frontend (the [gpu] extra).
-
-Imported lazily: the client installs and fetches plans without torch; only
-detecting the local target and executing a plan need it.
-"""
+"""This thread's cuDNN handle on a local GPU, as plancache's plans run on it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from plancache.keys.target import Target
 from plancache.run.execution import handle_state
-from plancache.run.stack import load_math_libraries, require_gpu_stack, torch_dtype
 
-__all__ = ["cudnn_handle", "detect_target", "load_math_libraries", "torch_dtype"]
-
-
-def detect_target(device: int = 0) -> Target:
-    """The exact target of a local GPU: architecture, versions, device name, SM count."""
-    torch, cudnn = require_gpu_stack()
-    major, minor = torch.cuda.get_device_capability(device)
-    props = torch.cuda.get_device_properties(device)
-    return Target(
-        compute_capability=f"sm_{major}{minor}",
-        cudnn_version=int(cudnn.backend_version()),
-        frontend_version=str(cudnn.__version__),
-        device_name=str(props.name),
-        sm_count=int(props.multi_processor_count),
-    )
+__all__ = ["cudnn_handle"]
 
 
 def cudnn_handle(device: int | None = None) -> Any:

@@ -30,15 +30,15 @@ from plancache.errors import CompileFailed, InvalidRequest
 from plancache.frontend_graph.build import build_pygraph
 from plancache.frontend_graph.defects import check_known_defects
 from plancache.frontend_graph.plan_list import first_index, make_plan_list, resolved_geometry
+from plancache.graphspec import spec_io
+from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
-from plancache.run.binding import tensor_bindings
 from plancache.run.bound import BoundPlan, CapturedPlan
 from plancache.run.execution import handle_state, process
 from plancache.run.plan import Plan
-from plancache.spec import spec_io
-from plancache.spec.graph import GraphSpec
 from plancache.v1 import plancache_pb2 as pb
+from plancache.wire.bindings import tensor_bindings
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 BUILT_BY = "this node (its own build of a hedged miss)"
@@ -212,7 +212,7 @@ def local_metadata(
     build_seconds: float,
 ) -> pb.PlanMetadata:
     """What a caller needs to run a plan this node built: the metadata a
-    worker's plan carries (its tensors as plancache.run.binding says), less
+    worker's plan carries (its tensors as plancache.wire.bindings says), less
     a blob. Provisional: a heuristic plan, never a tuned one."""
     return pb.PlanMetadata(
         key=key,

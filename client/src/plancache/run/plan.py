@@ -17,10 +17,10 @@ from typing import Any
 
 from plancache.errors import IntegrityError
 from plancache.keys.target import Target
-from plancache.run.binding import TensorTable
 from plancache.run.bound import BoundPlan, CapturedPlan
 from plancache.run.execution import _Process, handle_state, process
 from plancache.v1 import plancache_pb2 as pb
+from plancache.wire.bindings import TensorTable
 
 SOURCE_NAMES = {
     pb.COMPILE_SOURCE_HIT: "hit",

@@ -4,5 +4,5 @@
 service in the background (reports) of its graphs' outcomes (outcomes).
 
 Owns: the calls and their retries.
-May import: plancache.errors, plancache.dtypes, plancache.v1, plancache.spec, plancache.keys, plancache.run, plancache.trust, plancache.transport, plancache.warm.
+May import: plancache.errors, plancache.dtypes, plancache.v1, plancache.graphspec, plancache.keys, plancache.run, plancache.trust, plancache.transport, plancache.warm, plancache.wire, plancache.gpu.
 """

@@ -10,7 +10,7 @@ import time
 import grpc
 
 from plancache.errors import PlanCacheError
-from plancache.transport.rich_status import error_of
+from plancache.wire.rich_status import error_of
 
 # Longest pause between two attempts of a call the server refused for now
 # (admission control); the server's retry delay is the first pause.

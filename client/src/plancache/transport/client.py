@@ -23,16 +23,16 @@ from typing import Any, TypeVar
 import grpc
 
 from plancache.errors import CompileTimeout, InvalidRequest, PlanCacheError, UntrustedPlan, error_from_status
+from plancache.graphspec import spec_io
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.family import Family
+from plancache.graphspec.graph import GraphSpec
+from plancache.graphspec.validation import normalize
 from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import parse_key
 from plancache.keys.target import Target
 from plancache.run.local import LocalPlan
 from plancache.run.plan import SOURCE_NAMES, Plan
-from plancache.spec import spec_io
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.family import Family
-from plancache.spec.graph import GraphSpec
-from plancache.spec.validation import normalize
 from plancache.transport import outcomes
 from plancache.transport.background import BackgroundPrefetch
 from plancache.transport.calls import remaining, retry_pause, typed
@@ -49,13 +49,14 @@ from plancache.transport.hedge import (
 from plancache.transport.manifest import Manifest
 from plancache.transport.reports import Reports
 from plancache.transport.results import FamilyStatus, PrefetchResult, TargetInfo, TargetStats, WindowCounts
-from plancache.transport.rich_status import seconds_of
 from plancache.trust.answers import Asked
 from plancache.trust.disk_cache import DiskCache
 from plancache.trust.signing import TrustPolicy
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
 from plancache.warm import WarmStatus
+from plancache.wire import outcome_labels
+from plancache.wire.rich_status import seconds_of
 
 Response = TypeVar("Response")
 T = TypeVar("T")
@@ -191,7 +192,7 @@ class Client:
         resolved, opts = _target(target), options or CompileOptions()
         plan = self._compile(normalized, resolved, opts, timeout, tuned_only, hedge, hedge_path)
         if hedge_path == "compile":  # the front doors (plancache.cudnn, plancache.functional) count their own graphs
-            _count(plan, resolved.id, outcomes.anchor_of_ops(n.op for n in normalized.nodes))
+            _count(plan, resolved.id, outcome_labels.anchor_of_ops(n.op for n in normalized.nodes))
         return plan
 
     def _compile(
@@ -332,7 +333,7 @@ class Client:
             assert spec is not None
             normalized = normalize(spec)
             asked = Asked.query(hash_normalized(normalized), _target(target), options or CompileOptions())
-            node_type = outcomes.anchor_of_ops(n.op for n in normalized.nodes)
+            node_type = outcome_labels.anchor_of_ops(n.op for n in normalized.nodes)
         else:
             asked = Asked(key)
         plan = self._cached(asked.key, tuned_only=False)
@@ -643,7 +644,7 @@ class Client:
         *,
         timeout: float | None = None,
     ) -> FamilyStatus:
-        """Have every graph of `family` (plancache.spec.family) built for
+        """Have every graph of `family` (plancache.graphspec.family) built for
         `target` with `options`: the ones not stored are queued at warming's
         priority (a caller's miss goes first), and from then on each is a
         hit for any node whose graph it is exactly. Returns at once."""
@@ -705,7 +706,7 @@ class Client:
         return plan
 
     def stats(self, *, timeout: float | None = None) -> list[TargetStats]:
-        """Counters per target, shared by every front end of the deployment."""
+        """Counters per target, shared by every gateway of the deployment."""
         response = self._stats_response(timeout)
         return [
             TargetStats(
@@ -762,7 +763,7 @@ def _target(target: Target | str | None) -> Target:
         return target
     if isinstance(target, str):
         return Target.parse(target)
-    from plancache.run.gpu import detect_target
+    from plancache.gpu.target import detect_target
 
     return detect_target()
 

@@ -57,12 +57,12 @@ from typing import Generic, Protocol, TypeVar
 import grpc
 
 from plancache.errors import InvalidRequest, PlanCacheError, SpecError, Unavailable
+from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
 from plancache.run.execution import process
 from plancache.run.local import build_local, can_build_here
 from plancache.run.plan import Plan
-from plancache.spec.graph import GraphSpec
 from plancache.transport.calls import remaining, retry_pause, typed
 from plancache.trust.answers import satisfies
 from plancache.v1 import plancache_pb2 as pb
@@ -121,7 +121,7 @@ class FrontendBuilder:
         device = process().runtime.current_device()
         found = self._answers.get((target.id, device))
         if found is None:
-            from plancache.run.gpu import detect_target
+            from plancache.gpu.target import detect_target
 
             found = self._answers[(target.id, device)] = satisfies(detect_target(device), target)
         return found

@@ -10,7 +10,7 @@
 An entry names a plan by key, by spec (compiled for the manifest's target
 and options), or both: the key is what is looked up, the spec is what lets a
 missing plan be compiled. `target` may be left out: the node's GPU is used. `families` (optional)
-name graph families instead of every size (plancache.spec.family): a
+name graph families instead of every size (plancache.graphspec.family): a
 prefetch has the service build each (what is not stored), and each size
 is then a hit at its first use.
 """
@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from plancache.errors import InvalidRequest, PlanCacheError
+from plancache.graphspec import spec_io
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.family import Family
+from plancache.graphspec.graph import GraphSpec
+from plancache.graphspec.validation import normalize
 from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import make_key, parse_key
 from plancache.keys.target import Target
-from plancache.spec import spec_io
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.family import Family
-from plancache.spec.graph import GraphSpec
-from plancache.spec.validation import normalize
 
 MANIFEST_VERSION = 1
 

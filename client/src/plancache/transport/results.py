@@ -56,7 +56,7 @@ class WindowCounts:
     bytes_served: int = 0
     build_seconds_saved: float = 0.0
     refused: int = 0  # compiles answered TargetUnavailable
-    untrusted_builds: int = 0  # builds whose plan the front end refused (UntrustedBuild)
+    untrusted_builds: int = 0  # builds whose plan the gateway refused (UntrustedBuild)
 
     @property
     def hit_rate(self) -> float:

@@ -133,7 +133,7 @@ class TrustPolicy:
     ) -> TrustPolicy:
         """From arguments, else PLANCACHE_TRUSTED_KEYS (a list of paths, see
         `key_paths`) and PLANCACHE_ALLOW_UNSIGNED=1. `holder` names who
-        trusts, in refusals ("this client", "this front end")."""
+        trusts, in refusals ("this client", "this gateway")."""
         sources: Sequence[Path | str | bytes] = list(trusted_keys)
         if not sources and os.environ.get(TRUSTED_KEYS_ENV):
             sources = list(key_paths(os.environ[TRUSTED_KEYS_ENV]))

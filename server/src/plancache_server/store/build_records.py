@@ -4,8 +4,8 @@ Per plan key: a build lease (SET NX with expiry, holding the job id; one
 build per key across the deployment), the latest job's state (a hash), and
 cuDNN's rejection for the negative cache. Deployment-wide: a capped list of
 recent failed builds (status page) and a pub/sub channel on which workers
-announce finished jobs. Front ends take leases and wait
-(plancache_server.frontend.builds); workers record progress and outcomes here.
+announce finished jobs. Gateways take leases and wait
+(plancache_server.gateway.builds); workers record progress and outcomes here.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class BuildRecorder:
 
     def take_lease(self, plan_key: str, job_id: str) -> str | None:
         """A build nobody asked for (warming) takes the key's lease as a
-        front end would: None when taken, else the job id of the build
+        gateway would: None when taken, else the job id of the build
         under way that holds it."""
         with translated_errors("taking a build lease"):
             if self._redis.set(keys.build_lease(plan_key), job_id, nx=True, px=int(self._lease_s * 1000)):

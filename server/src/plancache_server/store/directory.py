@@ -1,10 +1,10 @@
-"""Which targets exist, as one front end sees them.
+"""Which targets exist, as one gateway sees them.
 
 A target exists when a worker advertised it (its heartbeat adds it to a
 set in Redis) or an operator listed it (`--targets`). Statistics and metric
 labels are kept per existing target only; lookups for any other target id,
 however many distinct ones a caller invents, share one bucket, so a caller
-cannot make the front end create Redis keys or label values at will.
+cannot make the gateway create Redis keys or label values at will.
 
 The directory is a snapshot, refreshed in the background about once a
 second and on demand (GetStats, ListTargets) — never on the hit path.

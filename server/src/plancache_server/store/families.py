@@ -1,14 +1,14 @@
-"""Graph families asked for per target (plancache.spec.family): what was
+"""Graph families asked for per target (plancache.graphspec.family): what was
 asked, under the family's key, and how much of it is stored now.
 
 A record holds the family's definition (its wire form), the plan keys of
-its graphs as the front end derived them, and when it was asked. Nothing
-is built from a record: the front end queues each graph's build from the
+its graphs as the gateway derived them, and when it was asked. Nothing
+is built from a record: the gateway queues each graph's build from the
 definition it was sent (plancache_server.store.warming.Warming.extend), and
 a worker derives the plan key of what it builds again. A forged record can
 only make a status count wrong.
 
-Blocking (front ends call it through a thread, as warming).
+Blocking (gateways call it through a thread, as warming).
 """
 
 from __future__ import annotations

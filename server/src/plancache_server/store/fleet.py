@@ -5,7 +5,7 @@ the JSON status and GetStats read back from them.
 
 Every label a node sends is folded into a fixed set before it is counted:
 a front door other than compile, cudnn and functional, a reason class
-outside plancache.transport.outcomes.REASONS, a node type outside the
+outside plancache.wire.outcome_labels.REASONS, a node type outside the
 catalog's all count as "other" (targets are bounded by the directory, as
 every statistic is). A hostile node can add to counts, within a report's
 bounds, but cannot add a label value, a Redis field or a metric series.
@@ -18,8 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from plancache.transport.outcomes import OTHER, PATHS, REASONS, node_types
 from plancache.v1 import plancache_pb2 as pb
+from plancache.wire.outcome_labels import OTHER, PATHS, REASONS, node_types
 
 SEP = "|"
 OUTCOMES = {

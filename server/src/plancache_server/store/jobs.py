@@ -1,18 +1,18 @@
 """Build jobs: one Redis stream per target, read by workers in a consumer group.
 
-The same path serves one host and many: a front end appends a job to the
+The same path serves one host and many: a gateway appends a job to the
 stream of the requested target; any worker of that target, on any host,
 reads it through the shared consumer group. Workers announce themselves
-with a heartbeat in a sorted set per target, so a front end can refuse at
+with a heartbeat in a sorted set per target, so a gateway can refuse at
 once a target no live worker can build.
 
 A stream holds only unfinished jobs (a worker deletes a job when it acks
 it), so its length is the queue's depth, and the queue is bounded at
-admission: a front end adds a job only while the stream is shorter than
+admission: a gateway adds a job only while the stream is shorter than
 its bound (atomically, in one script), and otherwise refuses the caller at
 once with a retry delay. Nothing is ever trimmed out of a stream.
 
-Front ends use `JobQueue` (asynchronous); workers use
+Gateways use `JobQueue` (asynchronous); workers use
 plancache_server.worker.worker_queue.WorkerQueue (blocking).
 """
 
@@ -79,7 +79,7 @@ def delivery(stream: str, entry_id: bytes | str, fields: dict[bytes, bytes], att
 
 
 class JobQueue:
-    """The front end's side: queue jobs, and look at queues and workers."""
+    """The gateway's side: queue jobs, and look at queues and workers."""
 
     def __init__(self, client: AsyncRedis, max_jobs: int, retry_delay_s: float) -> None:
         self._redis = client

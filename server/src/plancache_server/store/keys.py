@@ -39,7 +39,7 @@ TARGETS_LAST_SEEN = f"{PREFIX}:targets-last-seen"
 WARM_TARGETS = f"{PREFIX}:warm-targets"
 # Sorted set: "<target>|<reason>|<node type>|<spec hash>" -> graphs nodes built
 # locally (reported by nodes whose operator opted in to spec hashes; capped).
-# Under the stats prefix: a front end's ACL already covers it.
+# Under the stats prefix: a gateway's ACL already covers it.
 FLEET_LOCAL_SPECS = f"{PREFIX}:stats-fleet-local-specs"
 # Sorted set: plan key -> when a repair of the private store lost it; dropped once it is stored again.
 REPAIR_LOST = f"{PREFIX}:repair-lost"
@@ -90,7 +90,7 @@ def failure(plan_key: str) -> str:
 
 
 def untrusted_build(plan_key: str) -> str:
-    """String: why a front end refused this plan's last build (the key that
+    """String: why a gateway refused this plan's last build (the key that
     signed it); no rebuild signed the same way is started while it lives."""
     return f"{PREFIX}:{{{plan_key}}}:untrusted"
 
@@ -176,7 +176,7 @@ def warm_lease(target_id: str) -> str:
 
 
 def graph_family(family_key: str) -> str:
-    """Hash: a graph family built for a target (plancache.spec.family): its
+    """Hash: a graph family built for a target (plancache.graphspec.family): its
     definition, its graphs' plan keys, when it was asked for. Informational:
     what is built is derived from the definition, and every plan verified."""
     return f"{PREFIX}:graph-family:{family_key}"
@@ -184,7 +184,7 @@ def graph_family(family_key: str) -> str:
 
 # ---- Redis ACL users for a shared deployment -------------------------------------
 #
-# Front ends read plans but never write them (only workers do, and clients
+# Gateways read plans but never write them (only workers do, and clients
 # check the workers' signatures); workers write plans but not statistics.
 # Patterns come from the key functions above. Lua scripts run with the
 # caller's permissions, so the commands they call are listed too.
@@ -197,7 +197,7 @@ _JOB_STREAMS = f"{PREFIX}:{{jobs:*"
 _COMMON = ["+ping", "+info", "+time", "+evalsha", "+eval", "+script|load", f"&{EVENTS_CHANNEL}"]
 
 ACL_RULES: dict[str, list[str]] = {
-    "frontend": [
+    "gateway": [
         *_COMMON,
         "+hmget",
         "+hgetall",

@@ -8,7 +8,7 @@ its bound (least recently used first).
   unix seconds). Only plans are ever deleted here: leases, job streams,
   statistics and the negative cache are other keys, never touched (Redis'
   own maxmemory eviction would take any of them).
-- **Last use.** Front ends record it with their statistics flush (about once
+- **Last use.** Gateways record it with their statistics flush (about once
   a second, one ZADD GT per plan hit since the last flush): never a write
   per hit on the hot path.
 - **Claims.** Deleting starts with one atomic script on the index that
@@ -72,7 +72,7 @@ class SweepResult:
 
 
 class Janitor:
-    """Blocking (workers, and front ends through a thread): accounting,
+    """Blocking (workers, and gateways through a thread): accounting,
     retention and the capacity bound, all through claims on the index."""
 
     def __init__(self, client: redis.Redis, clock: Callable[[], float] = time.time) -> None:
@@ -202,7 +202,7 @@ class Janitor:
     def sweep(
         self, retention_s: float | None, max_bytes: int | None, retire_after_s: float | None = None
     ) -> SweepResult:
-        """One pass of the rules (front ends run it every --sweep-interval);
+        """One pass of the rules (gateways run it every --sweep-interval);
         `retire_after_s`: also drop targets no worker advertised for that long."""
         result = SweepResult()
         if retire_after_s:
@@ -256,7 +256,7 @@ def _target_of(plan_key: str) -> str:
 
 
 class Sweeper:
-    """A front end's periodic sweep (retention and the bound) on a thread:
+    """A gateway's periodic sweep (retention and the bound) on a thread:
     the janitor's client is blocking, and a sweep is rare and small."""
 
     def __init__(

@@ -5,17 +5,17 @@ so a reader sees all or nothing. A blob whose sha256 does not match its
 metadata, or metadata naming another key, is never returned: it reads as a
 miss, and the next Compile rebuilds it.
 
-Workers write plans with the blocking `RedisPlanStore`; front ends read
+Workers write plans with the blocking `RedisPlanStore`; gateways read
 them with the asynchronous `AsyncRedisPlanStore` (usually behind the
-memory cache, plancache_server.frontend.memory_cache). Both use one codec.
+memory cache, plancache_server.gateway.memory_cache). Both use one codec.
 
-Anyone who can write to Redis can write a plan hash. A front end that knows
+Anyone who can write to Redis can write a plan hash. A gateway that knows
 the workers' public keys (`--trusted-keys`, or the key it generated for its
 own workers) checks each plan's signature when it reads it: a plan that
 fails reads as a miss and is counted (plancache_plans_refused_total); the
 next Compile has it rebuilt, since a worker checks a stored plan's
 signature too before it takes it as built, unless the build it waits for
-is the one refused (plancache_server.frontend.builds: UntrustedBuild). Front ends never write plans
+is the one refused (plancache_server.gateway.builds: UntrustedBuild). Gateways never write plans
 (their Redis user need not be able to). Clients check signatures again.
 """
 
@@ -134,7 +134,7 @@ def decode_plan(plan_key: str, blob: bytes | None, meta: bytes | None, sig: byte
 
 
 class RefusalLog:
-    """Logs each refused plan once a minute at most: a front end re-reads a
+    """Logs each refused plan once a minute at most: a gateway re-reads a
     plan while callers wait for it, and one refusal is one line, not one
     every half second."""
 
@@ -215,14 +215,14 @@ class RedisPlanStore:
 
 
 class Offload(Protocol):
-    """Runs CPU work of a large message off the event loop (the front end's
-    plancache_server.frontend.offload.CpuOffload), small work inline."""
+    """Runs CPU work of a large message off the event loop (the gateway's
+    plancache_server.gateway.offload.CpuOffload), small work inline."""
 
     async def run(self, size: int, fn: Callable[..., Any], *args: Any) -> Any: ...
 
 
 class PlanStore(Protocol):
-    """What a front end reads plans through."""
+    """What a gateway reads plans through."""
 
     def cached(self, plan_key: str) -> StoredPlan | None:
         """The plan if this process holds it already (no I/O), else None."""

@@ -1,7 +1,7 @@
 """Redis connections, and the one place Redis errors become plancache errors.
 
 Workers use the blocking client (one build at a time, a heartbeat thread).
-Front ends use redis.asyncio: a caller waiting on Redis or on a build is a
+Gateways use redis.asyncio: a caller waiting on Redis or on a build is a
 coroutine, not a thread. Their pool is bounded and blocking: a herd of
 callers queues for a connection instead of opening thousands of them.
 """
@@ -23,13 +23,13 @@ from plancache.errors import StoreUnavailable
 from plancache.log_limits import LogLimiter
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
-# Connections one front end opens to a standalone Redis; callers beyond
+# Connections one gateway opens to a standalone Redis; callers beyond
 # that wait for one (at most CONNECTION_WAIT_S, then UNAVAILABLE).
-FRONT_END_CONNECTIONS = 64
+GATEWAY_CONNECTIONS = 64
 CONNECTION_WAIT_S = 10.0
 # Per node of a cluster (redis-py's cluster client does not queue: past it
 # a command fails at once, so the bound is set high).
-FRONT_END_CLUSTER_CONNECTIONS = 512
+GATEWAY_CLUSTER_CONNECTIONS = 512
 
 AsyncRedis = aioredis.Redis
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def connect(url: str) -> redis.Redis:
 
 
 def connect_async(url: str) -> AsyncRedis:
-    """The front end's client (same URL forms as `connect`)."""
+    """The gateway's client (same URL forms as `connect`)."""
     cluster = _cluster_url(url)
     if cluster is not None:
         client = AsyncRedisCluster.from_url(
@@ -71,12 +71,12 @@ def connect_async(url: str) -> AsyncRedis:
             socket_connect_timeout=2.0,
             socket_timeout=10.0,
             decode_responses=False,
-            max_connections=FRONT_END_CLUSTER_CONNECTIONS,
+            max_connections=GATEWAY_CLUSTER_CONNECTIONS,
         )
         return cast(AsyncRedis, client)
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
-        max_connections=FRONT_END_CONNECTIONS,
+        max_connections=GATEWAY_CONNECTIONS,
         timeout=CONNECTION_WAIT_S,
         socket_connect_timeout=2.0,
         socket_timeout=10.0,

@@ -1,7 +1,7 @@
-"""Counters shared by every front end: per target and per op family, in total
+"""Counters shared by every gateway: per target and per op family, in total
 and over sliding windows (5 min, 1 h, 24 h).
 
-Counting must not slow the hit path or fail it: a front end adds to local
+Counting must not slow the hit path or fail it: a gateway adds to local
 counters (a dict update on the event loop, no lock) and a background task
 flushes them to Redis about once a second; a flush that cannot reach Redis
 is dropped (dashboards lose a few counts during an outage, callers lose
@@ -47,7 +47,7 @@ BUCKET_SECONDS = {"m": 60, "h": 3600}
 TOP_ENTRIES_KEPT = 10_000
 # Spec hashes of graphs built locally ranked (opted-in nodes); past that the least built are dropped.
 LOCAL_SPECS_KEPT = 1_000
-# Distinct unknown target ids one front end keeps apart between two flushes;
+# Distinct unknown target ids one gateway keeps apart between two flushes;
 # past it they are counted under OTHER_TARGETS at once (memory stays bounded).
 MAX_PENDING_TARGETS = 1_000
 
@@ -61,7 +61,7 @@ class Counter(enum.Enum):
     BYTES_SERVED = "bytes_served"
     SECONDS_SAVED = "build_seconds_saved"
     REFUSED = "refused"  # TargetUnavailable: no live worker for the target
-    UNTRUSTED = "untrusted_builds"  # builds whose plan the front end refused (UntrustedBuild)
+    UNTRUSTED = "untrusted_builds"  # builds whose plan the gateway refused (UntrustedBuild)
     # Hedged misses as nodes reported them (ReportFirstUses): the node's own build ran first, or the service's plan.
     FIRST_USES_LOCAL = "first_uses_local"
     FIRST_USES_SERVED = "first_uses_served"
@@ -234,7 +234,7 @@ class Stats:
         await self.flush()
 
     async def read(self) -> Readings:
-        """Every scope's counters per window (this front end's pending counts flushed first)."""
+        """Every scope's counters per window (this gateway's pending counts flushed first)."""
         await self.flush()
         now = time.time()
         scopes = await self.scopes()
@@ -299,7 +299,7 @@ class Stats:
         return [(text(pair[0]), float(pair[1])) for pair in ranked]
 
     async def forget_plans(self, plan_keys: list[str]) -> None:
-        """Drop deleted plans from the top entries, with this front end's
+        """Drop deleted plans from the top entries, with this gateway's
         counts of them not yet flushed (they would bring a plan back)."""
         if not plan_keys:
             return

@@ -22,7 +22,7 @@ Nothing here trusts Redis: an item is a job like any other, and the worker
 derives its plan key from its spec, target and options before building it
 (a forged or damaged item fails, is recorded and skipped).
 
-Blocking (a worker, and front ends through a thread, as the janitor).
+Blocking (a worker, and gateways through a thread, as the janitor).
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def record_spec(client: redis.Redis, spec_hash: str, spec: pb.GraphSpec) -> None
 
 
 def recent_plan_hits(client: redis.Redis, now: float | None = None) -> dict[str, float]:
-    """Plan key -> hits in the last 24 hours (the front ends' hour buckets)."""
+    """Plan key -> hits in the last 24 hours (the gateways' hour buckets)."""
     hour = int((now or time.time()) // 3600)
     totals: defaultdict[str, float] = defaultdict(float)
     with translated_errors("reading recent hits"):
@@ -573,9 +573,9 @@ def _spec(raw: bytes | None) -> pb.GraphSpec | None:
 
 
 def _spec_hash(query: pb.PlanQuery) -> str:
-    from plancache.spec import spec_io
-    from plancache.spec.canonical import hash_normalized
-    from plancache.spec.validation import normalize
+    from plancache.graphspec import spec_io
+    from plancache.graphspec.canonical import hash_normalized
+    from plancache.graphspec.validation import normalize
 
     return hash_normalized(normalize(spec_io.from_proto(query.spec)))
 

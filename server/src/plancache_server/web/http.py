@@ -4,7 +4,7 @@ its data as JSON (`/status.json`) and a liveness probe (`/healthz`).
 
 Plain HTTP, no authentication: bind it to an operators' network (the gRPC
 port carries the auth). Pages are read-only. Requests are served on a
-thread; the status report itself runs on the front end's event loop.
+thread; the status report itself runs on the gateway's event loop.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class WebServer(ThreadingHTTPServer):
         self._thread = threading.Thread(target=self.serve_forever, name="plancache-http", daemon=True)
 
     def on_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine on the front end's loop and wait for its result."""
+        """Run a coroutine on the gateway's loop and wait for its result."""
         assert self.loop is not None
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=REPORT_TIMEOUT_S)
 

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 class QueueCollector(Collector):
     """Queue depth and live workers per target, read from Redis at scrape time
-    (on the front end's event loop; the scrape thread waits for it)."""
+    (on the gateway's event loop; the scrape thread waits for it)."""
 
     def __init__(self, queue: JobQueue, directory: WorkerDirectory, loop: asyncio.AbstractEventLoop) -> None:
         self._queue = queue
@@ -71,7 +71,7 @@ class QueueCollector(Collector):
 
 
 def report_queues(queue: JobQueue, directory: WorkerDirectory, loop: asyncio.AbstractEventLoop) -> None:
-    """Front ends add the queues of every target to their /metrics."""
+    """Gateways add the queues of every target to their /metrics."""
     REGISTRY.register(QueueCollector(queue, directory, loop))
 
 
@@ -142,10 +142,10 @@ class WarmCollector(Collector):
 
 
 def report_warming(status: Callable[[], list[Any]]) -> None:
-    """Front ends add warming's coverage per target to their /metrics."""
+    """Gateways add warming's coverage per target to their /metrics."""
     REGISTRY.register(WarmCollector(status))
 
 
 def report_store(usage: Callable[[], dict[str, Any]]) -> None:
-    """Front ends add the store's size per target to their /metrics."""
+    """Gateways add the store's size per target to their /metrics."""
     REGISTRY.register(StoreCollector(usage))

@@ -1,8 +1,8 @@
-"""What the status page shows, gathered from Redis: every front end sees the
+"""What the status page shows, gathered from Redis: every gateway sees the
 same numbers (counters, queues and failures are shared, not per process).
 
 One read per page view; nothing here is cached, so a refresh is current.
-It runs on the front end's event loop (the HTTP thread hands it over).
+It runs on the gateway's event loop (the HTTP thread hands it over).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 from plancache.errors import InvalidRequest
 from plancache.keys.plankey import parse_key
 from plancache.keys.target import Target
-from plancache_server.frontend.app import FrontEnd
-from plancache_server.frontend.builds import Builds
+from plancache_server.gateway.app import Gateway
+from plancache_server.gateway.builds import Builds
 from plancache_server.store.build_records import FailedBuild
 from plancache_server.store.directory import WorkerDirectory
 from plancache_server.store.fleet import Coverage, LocalSpec, coverage, local_spec, merged, races
@@ -134,8 +134,8 @@ def _coverage_json(windows: dict[str, Coverage], raw: dict[str, Any]) -> None:
         raw[window].update(graphs=found.graphs, from_service=found.from_service, share=found.share)
 
 
-def status_of(front: FrontEnd) -> StatusSource:
-    """The status report of a started front end (its counters, queues, store and warming)."""
+def status_of(front: Gateway) -> StatusSource:
+    """The status report of a started gateway (its counters, queues, store and warming)."""
     settings = front.settings
     return StatusSource(
         front.stats,

@@ -272,8 +272,8 @@ def _untrusted_hint(t: TargetStatus) -> str:
     if not untrusted:
         return ""
     text = (
-        f"{_count(untrusted)} build(s) stored a plan this front end refuses to serve (UntrustedBuild: signed by a key it does not trust); "
-        "their callers were failed. Give the workers a --signing-key the front end trusts, or add their public key to its --trusted-keys."
+        f"{_count(untrusted)} build(s) stored a plan this gateway refuses to serve (UntrustedBuild: signed by a key it does not trust); "
+        "their callers were failed. Give the workers a --signing-key the gateway trusts, or add their public key to its --trusted-keys."
     )
     return f'<div class="hint" data-hint="untrusted-builds">{_e(text)}</div>'
 

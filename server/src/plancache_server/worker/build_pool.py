@@ -39,11 +39,11 @@ from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Protocol
 
 from plancache.errors import CompileFailed
+from plancache.graphspec import spec_io
+from plancache.graphspec.graph import GraphSpec
+from plancache.graphspec.validation import normalize
 from plancache.keys.options import CompileOptions
 from plancache.log_limits import LogLimiter
-from plancache.spec import spec_io
-from plancache.spec.graph import GraphSpec
-from plancache.spec.validation import normalize
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.worker.compiler.base import BuiltPlan, CandidateResult, Compiler, Heuristic
 from plancache_server.worker.compiler.faults import EXIT_GPU_LOST, GpuLost, GpuOutOfMemory, gpu_fault

@@ -1,4 +1,4 @@
-"""Which GPUs this host has, without importing torch or CUDA in the front end."""
+"""Which GPUs this host has, without importing torch or CUDA in the gateway."""
 
 from __future__ import annotations
 

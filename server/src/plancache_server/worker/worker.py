@@ -36,18 +36,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from plancache.errors import InvalidRequest, PlanCacheError, StoreUnavailable
+from plancache.graphspec import spec_io
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.graph import GraphSpec
+from plancache.graphspec.ops import anchor_family
+from plancache.graphspec.validation import normalize
 from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import make_key
 from plancache.keys.target import Target
 from plancache.log_limits import LogLimiter
-from plancache.run.binding import tensor_bindings
-from plancache.spec import spec_io
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.graph import GraphSpec
-from plancache.spec.ops import anchor_family
-from plancache.spec.validation import normalize
 from plancache.trust.signing import Signer
 from plancache.v1 import plancache_pb2 as pb
+from plancache.wire.bindings import tensor_bindings
 from plancache_server import telemetry
 from plancache_server.store.build_records import BuildRecorder
 from plancache_server.store.jobs import Delivery, Job
@@ -660,7 +660,7 @@ class Worker:
         """The GPU's CUDA context is gone (an Xid): every build this worker
         holds fails with the reason (nothing is remembered against the
         graphs: a call again builds them), the worker leaves its targets, so
-        front ends answer TargetUnavailable for new misses at once, and ends
+        gateways answer TargetUnavailable for new misses at once, and ends
         (worker_main exits EXIT_GPU_LOST: its supervisor restarts it, which
         succeeds once the GPU answers again)."""
         if self.gpu_lost is not None:
@@ -677,7 +677,7 @@ class Worker:
         )
         self._stop.set()
         self._lanes.clear()
-        try:  # at once: a front end must not queue another build for this worker meanwhile
+        try:  # at once: a gateway must not queue another build for this worker meanwhile
             self._queue.leave(self.worker_id, self._targets)
         except StoreUnavailable:
             pass  # its heartbeat expires on its own (--heartbeat-ttl)

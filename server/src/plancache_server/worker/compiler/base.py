@@ -25,9 +25,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
-from plancache.spec.graph import GraphSpec
 
 # uid -> (dims, strides) of bound tensors whose geometry the spec leaves to cuDNN (read from the built graph).
 Geometry = dict[int, tuple[list[int], list[int]]]

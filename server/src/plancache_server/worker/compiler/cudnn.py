@@ -28,12 +28,13 @@ from plancache.errors import CompileFailed
 from plancache.frontend_graph import build_pygraph
 from plancache.frontend_graph.defects import check_known_defects
 from plancache.frontend_graph.plan_list import first_index, make_plan_list, resolved_geometry
+from plancache.gpu.stack import load_math_libraries, torch_dtype
+from plancache.gpu.target import detect_target
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.graph import GraphSpec
+from plancache.graphspec.validation import storage_elements
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
-from plancache.run.gpu import detect_target, load_math_libraries, torch_dtype
-from plancache.spec.canonical import hash_normalized
-from plancache.spec.graph import GraphSpec
-from plancache.spec.validation import storage_elements
 from plancache_server.settings import AUTOTUNE_STRATEGIES
 from plancache_server.worker.compiler.base import (
     BuiltPlan,

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from plancache import dtypes
-from plancache.spec.attention import PAGED_PORTS
-from plancache.spec.graph import GraphSpec, Node
-from plancache.spec.ops import CATALOG
+from plancache.graphspec.attention import PAGED_PORTS
+from plancache.graphspec.graph import GraphSpec, Node
+from plancache.graphspec.ops import CATALOG
 
 
 @dataclass

@@ -1,0 +1,72 @@
+"""gRPC servicer: proto in, domain call, proto (or pre-serialized bytes) out.
+Errors: see interceptors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from plancache.v1 import plancache_pb2 as pb
+from plancache.v1 import plancache_pb2_grpc as pb_grpc
+from plancache_server.gateway.service import PlanService
+from plancache_server.gateway.warm_service import WarmService
+
+# grpc-stubs' context is generic in the request and response types; the servicer's methods answer bytes too.
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
+    def __init__(self, service: PlanService, warm: WarmService) -> None:
+        self._service = service
+        self._warm = warm
+
+    # Compile, GetPlan and Prefetch answer with bytes serialized once per plan
+    # (see StoredPlan); the error interceptor's serializer passes bytes through.
+
+    async def Compile(self, request: pb.CompileRequest, context: Context) -> bytes:
+        def on_done(done: Any) -> None:
+            context.add_done_callback(lambda _: done())  # type: ignore[arg-type]
+
+        return await self._service.compile(request, context.time_remaining(), on_done)
+
+    async def ReportFirstUses(self, request: pb.ReportFirstUsesRequest, context: Context) -> pb.ReportFirstUsesResponse:
+        return await self._service.report(request)
+
+    async def GetPlan(self, request: pb.GetPlanRequest, context: Context) -> bytes:
+        return (await self._service.get(request.ref)).get_plan_response
+
+    async def Prefetch(self, request: pb.PrefetchRequest, context: Context) -> AsyncIterator[bytes | pb.PrefetchItem]:
+        async for item in self._service.prefetch(request, context.time_remaining()):
+            yield item
+
+    async def ListTargets(self, request: pb.ListTargetsRequest, context: Context) -> pb.ListTargetsResponse:
+        return pb.ListTargetsResponse(targets=await self._service.list_targets())
+
+    async def Invalidate(self, request: pb.InvalidateRequest, context: Context) -> pb.InvalidateResponse:
+        return pb.InvalidateResponse(deleted=await self._service.invalidate(request))
+
+    async def Explain(self, request: pb.ExplainRequest, context: Context) -> pb.ExplainResponse:
+        return await self._service.explain(request.query)
+
+    async def ListPlans(self, request: pb.ListPlansRequest, context: Context) -> pb.ListPlansResponse:
+        return pb.ListPlansResponse(keys=await self._service.list_plans(request.target_id))
+
+    async def DrainWorker(self, request: pb.DrainWorkerRequest, context: Context) -> pb.DrainWorkerResponse:
+        return pb.DrainWorkerResponse(known=await self._service.drain_worker(request.worker_id))
+
+    async def Warm(self, request: pb.WarmRequest, context: Context) -> pb.WarmResponse:
+        return pb.WarmResponse(status=(await self._warm.warm(request)).to_proto())
+
+    async def WarmStatus(self, request: pb.WarmStatusRequest, context: Context) -> pb.WarmStatusResponse:
+        return pb.WarmStatusResponse(targets=[s.to_proto() for s in await self._warm.status(request)])
+
+    async def BuildFamily(self, request: pb.BuildFamilyRequest, context: Context) -> pb.FamilyStatus:
+        return await self._warm.build_family(request)
+
+    async def GetFamily(self, request: pb.GetFamilyRequest, context: Context) -> pb.FamilyStatus:
+        return await self._warm.get_family(request)
+
+    async def GetStats(self, request: pb.GetStatsRequest, context: Context) -> pb.GetStatsResponse:
+        return await self._service.stats()

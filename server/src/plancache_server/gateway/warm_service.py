@@ -1,0 +1,138 @@
+"""The Warm and WarmStatus calls: operators plan, cancel and watch warming
+(plancache_server.store.warming), on the gateway's event loop; the Redis work
+runs on a thread, as the janitor's does. And BuildFamily / GetFamily: every
+graph of a family (plancache.graphspec.family) queued at warming's priority, its
+plan keys derived here as a Compile's are, and its record."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from plancache.errors import InvalidRequest, NotFound
+from plancache.graphspec import spec_io
+from plancache.graphspec.family import Family
+from plancache.keys.options import CompileOptions
+from plancache.keys.plankey import make_family_key
+from plancache.keys.target import Target
+from plancache.v1 import plancache_pb2 as pb
+from plancache_server.store.directory import WorkerDirectory
+from plancache_server.store.families import FamilyRecord, FamilyRecords
+from plancache_server.store.warming import DEFAULT_TOP, MAX_TOP, Source, Warming, WarmStatus
+
+log = logging.getLogger(__name__)
+
+# (spec, target, options) -> the normalized query, validated as a Compile's is.
+Resolver = Callable[[pb.GraphSpec, pb.Target, pb.CompileOptions], Awaitable[pb.PlanQuery]]
+# The same, on the calling thread: (spec, target, options) -> (plan key, query).
+ThreadResolver = Callable[[pb.GraphSpec, pb.Target, pb.CompileOptions], tuple[str, pb.PlanQuery]]
+
+
+class WarmService:
+    def __init__(
+        self,
+        warming: Warming,
+        directory: WorkerDirectory,
+        resolve: Resolver,
+        resolve_now: ThreadResolver,
+        families: FamilyRecords,
+    ) -> None:
+        self._warming = warming
+        self._directory = directory
+        self._resolve = resolve
+        self._resolve_now = resolve_now
+        self._families = families
+
+    async def warm(self, request: pb.WarmRequest) -> WarmStatus:
+        target = Target.parse(request.target_id)
+        if request.cancel:
+            return await asyncio.to_thread(self._warming.cancel, target.id)
+        await self._directory.refresh()
+        if target.id not in self._directory.known:
+            known = ", ".join(sorted(self._directory.known)) or "none yet"
+            raise InvalidRequest(
+                f"target {target.id} is unknown: no worker has advertised it (known targets: {known[:2000]})"
+            )
+        top = request.top or DEFAULT_TOP
+        if not 1 <= top <= MAX_TOP:
+            raise InvalidRequest(f"top must be between 1 and {MAX_TOP}, not {request.top}")
+        kind = request.WhichOneof("source")
+        if kind == "from_target":
+            source = Source(target_id=Target.parse(request.from_target).id)
+        elif kind == "served_days":
+            source = Source(days=request.served_days)
+        elif kind == "manifest":
+            if len(request.manifest.queries) > MAX_TOP:
+                raise InvalidRequest(
+                    f"a warming manifest takes at most {MAX_TOP} specs, not {len(request.manifest.queries)}"
+                )
+            resolved = [await self._resolve(q.spec, target.to_proto(), q.options) for q in request.manifest.queries]
+            source = Source(manifest=tuple(resolved))
+        else:
+            raise InvalidRequest("Warm needs a source: from_target, served_days or a manifest (or cancel)")
+        status = await asyncio.to_thread(self._warming.plan, target, source, top, request.min_hits, "operator")
+        assert status is not None  # an operator's plan is kept, empty or not
+        log.warning("warming %s from %s: %d spec(s) planned", target.id, source.text, status.total)
+        return status
+
+    async def status(self, request: pb.WarmStatusRequest) -> list[WarmStatus]:
+        if request.target_id:
+            return [await asyncio.to_thread(self._warming.status, Target.parse(request.target_id).id)]
+        return await asyncio.to_thread(self._warming.all_status)
+
+    # ---- graph families ------------------------------------------------------------
+
+    async def build_family(self, request: pb.BuildFamilyRequest) -> pb.FamilyStatus:
+        """Queue every graph of the family not stored for the target, and record it."""
+        spec_io.refuse_unknown_fields(request.family, "family")
+        family = Family.from_proto(request.family)  # SpecError: no form, too many graphs
+        target = Target.from_proto(request.target)
+        options = CompileOptions.from_proto(request.options)
+        await self._directory.refresh()
+        if target.id not in self._directory.known:
+            known = ", ".join(sorted(self._directory.known)) or "none yet"
+            raise InvalidRequest(
+                f"target {target.id} is unknown: no worker has advertised it (known targets: {known[:2000]})"
+            )
+        family_key = make_family_key(family.family_hash(), target, options)
+        return await asyncio.to_thread(self._queue_family, family, family_key, target, options)
+
+    def _queue_family(
+        self, family: Family, family_key: str, target: Target, options: CompileOptions
+    ) -> pb.FamilyStatus:
+        """On a thread: each graph resolved as a Compile's spec is (normalized, validated, keyed), the missing ones queued."""
+        members: list[tuple[str, pb.PlanQuery]] = []
+        for _, spec in family.instances():
+            members.append(self._resolve_now(spec_io.to_proto(spec), target.to_proto(), options.to_proto()))
+        stored = self._families.stored([key for key, _ in members])
+        missing = [(key, query) for (key, query), present in zip(members, stored, strict=True) if not present]
+        queued = self._warming.extend(target, missing, f"graph family {family_key[:80]}")
+        record = self._families.put(family_key, target.id, family.to_proto(), [key for key, _ in members])
+        log.info(
+            "graph family %s for %s: %d graph(s), %d stored, %d queued",
+            family_key,
+            target.id,
+            len(members),
+            len(members) - len(missing),
+            queued,
+        )
+        return _family_status(record, len(members) - len(missing), queued)
+
+    async def get_family(self, request: pb.GetFamilyRequest) -> pb.FamilyStatus:
+        record = await asyncio.to_thread(self._families.get, request.family_key)
+        if record is None:
+            raise NotFound(f"no graph family {request.family_key[:200]} was asked for")
+        stored = sum(await asyncio.to_thread(self._families.stored, record.members))
+        return _family_status(record, stored, len(record.members) - stored)
+
+
+def _family_status(record: FamilyRecord, stored: int, queued: int) -> pb.FamilyStatus:
+    return pb.FamilyStatus(
+        family_key=record.family_key,
+        target_id=record.target_id,
+        total=len(record.members),
+        stored=stored,
+        queued=queued,
+        created_at=record.created_at,
+    )
