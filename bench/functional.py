@@ -140,7 +140,7 @@ def raw_paths(function: str, call: Callable[[], Any]) -> tuple[Callable[[], Any]
     import torch
 
     from plancache.functional import _table
-    from plancache.functional._torch import TorchOps
+    from plancache.functional._tensor_ops import TorchOps
     from plancache.run.execution import handle_state
 
     served = next(

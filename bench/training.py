@@ -554,7 +554,7 @@ def raw_paths(function: str, call: Callable[[], Any]) -> tuple[dict[str, Callabl
     import cudnn
     import torch
 
-    from plancache.functional._torch import TorchOps
+    from plancache.functional._tensor_ops import TorchOps
     from plancache.run.execution import handle_state
 
     served = served_entry(function)

@@ -50,24 +50,24 @@ def _geo(name: str, shape: tuple[int, ...], dtype: str = "bfloat16", stride: tup
 
 
 def linear_spec(batch: int) -> Any:
-    from plancache.functional import _specs
+    from plancache.functional._linear import linear_request
 
-    return _specs.linear(_geo("input", (batch, 1024)), _geo("weight", (4096, 1024)), None, None).spec
+    return linear_request(_geo("input", (batch, 1024)), _geo("weight", (4096, 1024)), None, None).spec
 
 
 def sdpa_spec(length: int) -> Any:
-    from plancache.functional import _specs
+    from plancache.functional._attention import Attention, sdpa_request
 
     q = _geo("query", (1, 16, length, 128))
-    return _specs.sdpa(q, q, q, None, None, None, _specs.Attention(0.0, True, None, False, None, False)).spec
+    return sdpa_request((q, q, q, None, None, None), Attention(0.0, True, None, False, None, False)).spec
 
 
 def paged_spec(batch: int) -> Any:
-    from plancache.functional import _specs
+    from plancache.functional._paged_decode import paged_decode_request
 
     pool = _geo("key_cache", (4096, 8, 64, 128))
     table = _geo("page_table", (batch, 32), "int32")
-    return _specs.paged_decode(
+    return paged_decode_request(
         _geo("query", (batch, 16, 1, 128)),
         pool,
         pool,
@@ -142,7 +142,7 @@ def family(
 ) -> dict[str, Any]:
     import cudnn
 
-    from plancache.functional._specs import OUTPUT_UID
+    from plancache.functional._requests import OUTPUT_UID
     from plancache.graphspec.validation import normalize
 
     row: dict[str, Any] = {"family": name, "sizes": sizes, "shapes": []}
@@ -227,7 +227,7 @@ def child(name: str) -> None:
     import cudnn
     import torch
 
-    from plancache.functional._specs import OUTPUT_UID
+    from plancache.functional._requests import OUTPUT_UID
     from plancache.graphspec.validation import normalize
     from plancache_server.worker.compiler.cudnn import CudnnCompiler
 
@@ -275,13 +275,13 @@ def torch_reference(name: str, bindings: dict[int, Any]) -> Any | None:
     """torch's result for the linear and SDPA families (None for paged decode)."""
     import torch
 
-    from plancache.functional._specs import K_UID, Q_UID, V_UID
+    from plancache.functional._attention import SDPA
 
     if name.startswith("linear"):
         return (bindings[1].float() @ bindings[2].float().T).to(torch.bfloat16)
     if name.startswith("sdpa"):
         return torch.nn.functional.scaled_dot_product_attention(
-            bindings[Q_UID], bindings[K_UID], bindings[V_UID], is_causal=True
+            bindings[SDPA.uid("query")], bindings[SDPA.uid("key")], bindings[SDPA.uid("value")], is_causal=True
         )
     return None
 
@@ -290,7 +290,7 @@ def checked(name: str, g: Any, spec: Any, handle: Any, compiler: Any, reference_
     """max |plan - reference| / max |reference|: torch's, or (paged decode) a static plan's."""
     import torch
 
-    from plancache.functional._specs import OUTPUT_UID
+    from plancache.functional._requests import OUTPUT_UID
     from plancache.graphspec.validation import normalize
 
     bindings = compiler.random_bindings(normalize(spec))

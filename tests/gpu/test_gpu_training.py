@@ -149,7 +149,7 @@ ATTENTION_CASES = {
 @pytest.mark.parametrize("case", sorted(ATTENTION_CASES))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sdpa_gradients(pf: Any, dtype: str, case: str) -> None:
-    from plancache.functional import _torch as reference_attention
+    from plancache.functional import _attention
 
     options, (b, h, s, d), kv_heads = ATTENTION_CASES[case]
     q, k, v = (
@@ -159,7 +159,7 @@ def test_sdpa_gradients(pf: Any, dtype: str, case: str) -> None:
     )
 
     def reference(q: Any, k: Any, v: Any) -> Any:
-        return reference_attention.scaled_dot_product_attention(q, k, v, **options)
+        return _attention.torch_scaled_dot_product_attention(q, k, v, **options)
 
     check_grads(
         pf,
@@ -175,7 +175,7 @@ def test_sdpa_gradients(pf: Any, dtype: str, case: str) -> None:
 def test_sdpa_gradients_through_a_fused_projection_a_bias_and_padding(pf: Any, dtype: str) -> None:
     """q, k, v as BSHD views of one [b, s, 3, h, d] projection; a float bias that requires grad (dBias); key padding."""
     torch = _t()
-    from plancache.functional import _torch as reference_attention
+    from plancache.functional import _attention
 
     b, s, h, d = 2, 128, 4, 64
     qkv = grad(randn(b, s, 3, h, d, dtype=dtype))
@@ -187,7 +187,7 @@ def test_sdpa_gradients_through_a_fused_projection_a_bias_and_padding(pf: Any, d
 
     def reference(qkv: Any, bias: Any) -> Any:
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        return reference_attention.scaled_dot_product_attention(q, k, v, bias)
+        return _attention.torch_scaled_dot_product_attention(q, k, v, bias)
 
     check_grads(pf, "scaled_dot_product_attention", ours, reference, [qkv, bias], dtype)
     lengths = torch.tensor([s, s // 2], dtype=torch.int32, device="cuda")
@@ -196,7 +196,7 @@ def test_sdpa_gradients_through_a_fused_projection_a_bias_and_padding(pf: Any, d
         pf,
         "scaled_dot_product_attention",
         lambda q, k, v: pf.scaled_dot_product_attention(q, k, v, seq_len_kv=lengths),
-        lambda q, k, v: reference_attention.scaled_dot_product_attention(q, k, v, seq_len_kv=lengths),
+        lambda q, k, v: _attention.torch_scaled_dot_product_attention(q, k, v, seq_len_kv=lengths),
         [q, k, v],
         dtype,
     )

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from plancache import SpecError
-from plancache.functional import _specs
+from plancache.functional._attention import Attention, sdpa_request
 from plancache.functional._geometry import Geo
+from plancache.functional._linear import linear_request
+from plancache.functional._paged_decode import paged_decode_request
 from plancache.graphspec.canonical import hash_normalized
 from plancache.graphspec.family import MAX_FAMILY_SIZE, Family, derive
 from plancache.graphspec.layouts import row_major
@@ -24,17 +26,17 @@ def g(name: str, shape: tuple[int, ...], dtype: str = "bfloat16", stride: tuple[
 
 
 def decode_linear(batch: int) -> Any:
-    return _specs.linear(g("input", (batch, 1024)), g("weight", (4096, 1024)), g("bias", (4096,)), "gelu").spec
+    return linear_request(g("input", (batch, 1024)), g("weight", (4096, 1024)), g("bias", (4096,)), "gelu").spec
 
 
 def prefill(length: int, causal: bool = True) -> Any:
     q = g("query", (2, 16, length, 128))  # BHSD, dense: its head stride follows the length
-    return _specs.sdpa(q, q, q, None, None, None, _specs.Attention(0.0, causal, None, False, None, False)).spec
+    return sdpa_request((q, q, q, None, None, None), Attention(0.0, causal, None, False, None, False)).spec
 
 
 def paged(batch: int) -> Any:
     pool, table = g("key_cache", (512, 8, 64, 128)), g("page_table", (batch, 32), "int32")
-    return _specs.paged_decode(
+    return paged_decode_request(
         g("query", (batch, 16, 1, 128)),
         pool,
         pool,
@@ -72,7 +74,7 @@ def test_a_size_outside_the_family_or_another_graph_is_not_an_instance() -> None
     with pytest.raises(SpecError, match="size 9 of 'd0' is not one of the family's"):
         family.instance({"d0": 9})
     assert family.values_of(decode_linear(9)) is None
-    other = _specs.linear(g("input", (8, 1024)), g("weight", (4096, 1024)), g("bias", (4096,)), "relu").spec
+    other = linear_request(g("input", (8, 1024)), g("weight", (4096, 1024)), g("bias", (4096,)), "relu").spec
     assert family.values_of(other) is None  # another activation: another graph, never this family's
 
 
@@ -89,7 +91,7 @@ def test_a_layout_with_no_form_at_another_size_is_refused_naming_the_tensor() ->
     def fused(s: int) -> Any:
         stride = (s * 3 * 16 * 128, 128, 3 * 16 * 128, 1)
         q = g("query", (2, 16, s, 128), stride=stride)
-        return _specs.sdpa(q, q, q, None, None, None, _specs.Attention(0.0, True, None, False, None, False)).spec
+        return sdpa_request((q, q, q, None, None, None), Attention(0.0, True, None, False, None, False)).spec
 
     with pytest.raises(SpecError, match=r"tensor query: strides .* have no form at another size"):
         derive(fused(128), fused(200), size_range=(1, 10))

@@ -10,32 +10,32 @@ from typing import Any
 import pytest
 
 import plancache.functional as pf
-from plancache.functional import _ops, _torch
+from plancache.functional import _attention, _first_call, _linear, _tensor_ops
 from plancache.run import execution
 from tests.support.fake_gpu import FakeRuntime
 from tests.support.frontdoor_standins import TARGET, StandInClient, StandInOps, StandInTensor
+from tests.unit.functional.modes import set_modes
 
 
 @pytest.fixture
 def runtime() -> Iterator[FakeRuntime]:
     fake = FakeRuntime()
     execution.use_runtime(fake)
-    _torch.use_tensor_ops(StandInOps())
+    _tensor_ops.use_tensor_ops(StandInOps())
     yield fake
     execution.use_runtime(None)
-    _torch.use_tensor_ops(None)
+    _tensor_ops.use_tensor_ops(None)
 
 
 @pytest.fixture
 def client(runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInClient]:
     """A served process, as on a machine without torch (whatever this one has)."""
-    monkeypatch.setattr(_torch, "available", lambda: False)
-    monkeypatch.setattr(_ops, "_grad_on", lambda: False)
-    monkeypatch.setattr(_ops, "_compiling", lambda: False)
+    monkeypatch.setattr(_tensor_ops, "available", lambda: False)
+    set_modes(monkeypatch, grad_on=False, compiling=False)
     monkeypatch.setattr(
-        _torch, "dropout_seed", lambda device: StandInTensor((1, 1, 1, 1), dtype="int64", device=str(device))
+        _tensor_ops, "dropout_seed", lambda device: StandInTensor((1, 1, 1, 1), dtype="int64", device=str(device))
     )
-    _ops._once.forget()
+    _first_call._once.forget()
     standin = StandInClient()
     pf.configure(standin, target=TARGET)
     yield standin
@@ -46,9 +46,9 @@ def client(runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> Iterator[St
 def torch_runs(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, ...]]]:
     """torch's functions, recorded: the fallback path without torch."""
     calls: list[tuple[str, tuple[Any, ...]]] = []
-    monkeypatch.setattr(_torch, "available", lambda: True)
-    for name in ("linear", "matmul", "scaled_dot_product_attention"):
+    monkeypatch.setattr(_tensor_ops, "available", lambda: True)
+    for module, name in ((_linear, "linear"), (_linear, "matmul"), (_attention, "scaled_dot_product_attention")):
         monkeypatch.setattr(
-            _torch, name, lambda *args, _name=name, **kwargs: calls.append((_name, args)) or f"torch {_name}"
+            module, f"torch_{name}", lambda *args, _name=name, **kwargs: calls.append((_name, args)) or f"torch {_name}"
         )
     return calls

@@ -15,10 +15,11 @@ import pytest
 
 import plancache.functional as pf
 from plancache import CompileFailed, InvalidRequest
-from plancache.functional import _autograd, _ops, _specs, _torch
+from plancache.functional import _attention, _autograd, _batch_norm, _linear, _norms, _requests, _tensor_ops
 from plancache.graphspec.validation import normalize
 from tests.support.fake_gpu import FakeRuntime
 from tests.support.frontdoor_standins import StandInClient, StandInOps, StandInTensor
+from tests.unit.functional.modes import set_modes
 from tests.unit.functional.recording import RecordingFunction, backward
 
 T = StandInTensor
@@ -27,7 +28,7 @@ T = StandInTensor
 @pytest.fixture(autouse=True)
 def autograd(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> None:
     """conftest.py's stand-in service and runtime, with grad mode on and torch's autograd.Function recorded."""
-    monkeypatch.setattr(_ops, "_grad_on", lambda: True)
+    set_modes(monkeypatch, grad_on=True)
     monkeypatch.setattr(_autograd, "_function", lambda: RecordingFunction)
     RecordingFunction.calls = []
 
@@ -54,8 +55,8 @@ def test_linear_gelu_fetches_its_backward_at_the_first_call_and_runs_it(
     assert asked_names(client) == ["plancache.functional.linear"] + ["plancache.functional.linear.backward"] * 4
     forward = client.asked[0][0]
     assert {t.uid for t in forward.tensors if t.is_output} == {
-        _specs.OUTPUT_UID,
-        _specs.PRE_ACTIVATION_UID,
+        _requests.OUTPUT_UID,
+        _linear.PRE_ACTIVATION_UID,
     }  # the GELU's input is saved
     ctx, out = RecordingFunction.calls[-1]
     assert out is y and ctx.saved_tensors[:2] == (x, w) and ctx.saved_tensors[2].shape == (4, 16, 32)
@@ -175,15 +176,16 @@ def test_a_backward_graph_cudnn_refuses_leaves_the_whole_geometry_to_torch(
 ) -> None:
     """Forward and backward run the same side: a gradient is never computed from a forward it did not see."""
     calls: list[Any] = []
-    monkeypatch.setattr(_torch, "available", lambda: True)
-    monkeypatch.setattr(_torch, "layer_norm", lambda *args: calls.append(args) or "torch layer_norm")
+    monkeypatch.setattr(_tensor_ops, "available", lambda: True)
+    monkeypatch.setattr(_norms, "torch_layer_norm", lambda *args, **kwargs: calls.append(args) or "torch layer_norm")
     asked = client.compile
 
-    def refuse_backward(spec: Any, *args: Any, **kwargs: Any) -> Any:
+    def refuse_backward(query: Any, *args: Any, **kwargs: Any) -> Any:
+        spec = getattr(query, "spec", query)  # a PlanQuery (its spec and target), or the spec itself
         if spec.name.endswith(".backward"):
-            client.asked.append((spec, args[0], None))
+            client.asked.append((spec, getattr(query, "target", args[0] if args else None), None))
             raise CompileFailed("cuDNN does not support this graph on sm_90")
-        return asked(spec, *args, **kwargs)
+        return asked(query, *args, **kwargs)
 
     monkeypatch.setattr(client, "compile", refuse_backward)
     x = T((4, 64), requires_grad=True)
@@ -196,14 +198,14 @@ def test_a_backward_graph_cudnn_refuses_leaves_the_whole_geometry_to_torch(
 def test_matmul_and_paged_decode_have_no_served_backward(
     client: StandInClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_torch, "available", lambda: True)
-    monkeypatch.setattr(_torch, "matmul", lambda *args: "torch matmul")
+    monkeypatch.setattr(_tensor_ops, "available", lambda: True)
+    monkeypatch.setattr(_linear, "torch_matmul", lambda *args, **kwargs: "torch matmul")
     assert pf.matmul(T((4, 8), requires_grad=True), T((8, 2))) == "torch matmul"
     assert not client.asked and "no served backward" in next(iter(pf.stats()["matmul"].reasons))
 
 
 def test_the_first_call_of_a_geometry_under_cuda_graph_capture_is_refused(client: StandInClient) -> None:
-    ops = _torch.ops()
+    ops = _tensor_ops.ops()
     assert isinstance(ops, StandInOps)
     ops.capturing_graph = True
     with pytest.raises(InvalidRequest, match=r"while a CUDA graph is being captured: .* call it once before capturing"):
@@ -217,10 +219,10 @@ def test_the_first_call_of_a_geometry_under_cuda_graph_capture_is_refused(client
 
 
 def test_under_torch_compile_every_function_is_torchs(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_ops, "_compiling", lambda: True)
-    monkeypatch.setattr(_torch, "rms_norm", lambda *args: "torch rms_norm")
-    monkeypatch.setattr(_torch, "scaled_dot_product_attention", lambda *args, **kwargs: "torch sdpa")
-    monkeypatch.setattr(_torch, "batch_norm", lambda *args: "torch batch_norm")
+    set_modes(monkeypatch, compiling=True)
+    monkeypatch.setattr(_norms, "torch_rms_norm", lambda *args: "torch rms_norm")
+    monkeypatch.setattr(_attention, "torch_scaled_dot_product_attention", lambda *args, **kwargs: "torch sdpa")
+    monkeypatch.setattr(_batch_norm, "torch_batch_norm", lambda *args: "torch batch_norm")
     q = T((2, 8, 128, 64), requires_grad=True)
     assert pf.rms_norm(q, 64) == "torch rms_norm" and pf.scaled_dot_product_attention(q, q, q) == "torch sdpa"
     assert pf.batch_norm(T((4, 16, 8, 8)), None, None, training=True) == "torch batch_norm"
@@ -234,11 +236,12 @@ def test_a_bias_gradient_cudnn_refuses_is_torchs_sum_and_the_rest_stays_served(
     asked = client.compile
     sums: list[Any] = []
 
-    def refuse_reductions(spec: Any, *args: Any, **kwargs: Any) -> Any:
+    def refuse_reductions(query: Any, *args: Any, **kwargs: Any) -> Any:
+        spec = getattr(query, "spec", query)  # a PlanQuery (its spec and target), or the spec itself
         if any(node.op == "reduction" for node in spec.nodes):
-            client.asked.append((spec, args[0], None))
+            client.asked.append((spec, getattr(query, "target", args[0] if args else None), None))
             raise CompileFailed("cuDNN does not support this graph on sm_90: !is_NHWC")
-        return asked(spec, *args, **kwargs)
+        return asked(query, *args, **kwargs)
 
     monkeypatch.setattr(client, "compile", refuse_reductions)
     monkeypatch.setattr(
@@ -271,7 +274,7 @@ def test_a_frontend_without_the_ordered_execute_runs_the_mapping_form(
     y = pf.linear(x, w)
     pf.linear(x, w)
     (graph,) = runtime.graphs
-    assert graph.ordered_calls == 0 and len(graph.calls) == 2 and graph.calls[0][0][_specs.OUTPUT_UID] is y
+    assert graph.ordered_calls == 0 and len(graph.calls) == 2 and graph.calls[0][0][_requests.OUTPUT_UID] is y
     assert graph.calls[1][0][1] is x and graph.calls[1][0][2] is w
 
 

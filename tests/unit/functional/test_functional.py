@@ -19,18 +19,29 @@ import pytest
 
 import plancache.functional as pf
 from plancache import CompileFailed, CompileOptions, GraphSpec, InvalidRequest, Unavailable, UntrustedPlan
-from plancache.functional import _ops, _specs, _table, _torch
-from plancache.functional._geometry import geo
+from plancache.frontdoors.service import Once
+from plancache.functional import (
+    _attention,
+    _convolution,
+    _linear,
+    _norms,
+    _paged_decode,
+    _requests,
+    _table,
+    _tensor_ops,
+)
+from plancache.functional._geometry import Unserved, geo
 from plancache.graphspec.layouts import channels_last, row_major
 from tests.support.fake_gpu import FakeRuntime
 from tests.support.frontdoor_standins import StandInClient, StandInTensor, key_of
 from tests.support.processes import child_env
+from tests.unit.functional.modes import set_modes
 
 T = StandInTensor
-OUT = _specs.OUTPUT_UID
+OUT = _requests.OUTPUT_UID
 
 
-def _hash(request: _specs.Request) -> str:
+def _hash(request: _requests.Request) -> str:
     return request.spec.spec_hash()
 
 
@@ -47,7 +58,7 @@ def test_importing_it_imports_neither_torch_nor_the_frontend() -> None:
 
 def test_linear_is_a_matmul_of_the_collapsed_input_and_the_transposed_weight() -> None:
     x, w, b = T((4, 16, 64)), T((32, 64)), T((32,))
-    asked = _specs.linear(geo("input", x), geo("weight", w), geo("bias", b), "gelu")
+    asked = _linear.linear_request(geo("input", x), geo("weight", w), geo("bias", b), "gelu")
     hand = GraphSpec(io_data_type="half")
     a = hand.tensor([1, 64, 64], name="input", uid=1)
     bt = hand.tensor([1, 64, 32], [2048, 1, 64], name="weight", uid=2)
@@ -55,13 +66,15 @@ def test_linear_is_a_matmul_of_the_collapsed_input_and_the_transposed_weight() -
     assert _hash(asked) == hand.spec_hash()
     assert (asked.inputs, asked.outputs[0].shape, asked.outputs[0].stride) == ((1, 2, 3), (4, 16, 32), (512, 32, 1))
     # a [b, s, k] input and its [b*s, k] view are one plan
-    assert _hash(_specs.linear(geo("input", T((64, 64))), geo("weight", w), geo("bias", b), "gelu")) == _hash(asked)
+    assert _hash(_linear.linear_request(geo("input", T((64, 64))), geo("weight", w), geo("bias", b), "gelu")) == _hash(
+        asked
+    )
 
 
 def test_linear_layouts_are_strides_not_copies() -> None:
     x = T((16, 64), (1, 16))  # a transposed view
     w = T((32, 64), (1, 32))  # stored transposed: B is row-major
-    asked = _specs.linear(geo("input", x), geo("weight", w), None, "silu")
+    asked = _linear.linear_request(geo("input", x), geo("weight", w), None, "silu")
     hand = GraphSpec(io_data_type="half")
     y = hand.matmul(
         hand.tensor([1, 16, 64], [1024, 1, 16], name="input", uid=1),
@@ -69,8 +82,8 @@ def test_linear_layouts_are_strides_not_copies() -> None:
     )
     hand.swish(y, swish_beta=1.0).set_output(True).set_uid(OUT)
     assert _hash(asked) == hand.spec_hash() and asked.inputs == (1, 2)
-    with pytest.raises(_specs.Unserved, match=r"input's leading dims .* not one strided axis"):
-        _specs.linear(geo("input", T((4, 8, 64), (64, 256, 1))), geo("weight", w), None, None)
+    with pytest.raises(Unserved, match=r"input's leading dims .* not one strided axis"):
+        _linear.linear_request(geo("input", T((4, 8, 64), (64, 256, 1))), geo("weight", w), None, None)
 
 
 @pytest.mark.parametrize(
@@ -86,14 +99,14 @@ def test_matmul_batches(a: Any, b: Any, a_spec: Any, b_spec: Any) -> None:
     hand.matmul(hand.tensor(*a_spec, name="input", uid=1), hand.tensor(*b_spec, name="other", uid=2)).set_output(
         True
     ).set_uid(OUT)
-    assert _hash(_specs.matmul(geo("input", a), geo("other", b))) == hand.spec_hash()
+    assert _hash(_linear.matmul_request(geo("input", a), geo("other", b))) == hand.spec_hash()
 
 
 @pytest.mark.parametrize("memory_format", ["contiguous", "channels_last"])
 def test_conv2d_bias_relu_follows_torchs_output_format(memory_format: str) -> None:
     layout = channels_last if memory_format == "channels_last" else row_major
     x, w, b = T((16, 64, 56, 56), layout((16, 64, 56, 56))), T((64, 64, 3, 3), layout((64, 64, 3, 3))), T((64,))
-    asked = _specs.conv2d(geo("input", x), geo("weight", w), geo("bias", b), 1, 1, 1, 1, True)
+    asked = _convolution.conv2d_request(geo("input", x), geo("weight", w), geo("bias", b), 1, 1, 1, 1, True)
     hand = GraphSpec(io_data_type="half")
     conv = hand.conv_fprop(
         hand.tensor(x.shape, x.stride(), name="input", uid=1),
@@ -106,13 +119,15 @@ def test_conv2d_bias_relu_follows_torchs_output_format(memory_format: str) -> No
         layout((16, 64, 56, 56))
     )
     assert _hash(asked) == hand.spec_hash() and asked.outputs[0].stride == layout((16, 64, 56, 56))
-    same = _specs.conv2d(geo("input", x), geo("weight", w), geo("bias", b), (1, 1), "same", [1, 1], 1, True)
+    same = _convolution.conv2d_request(
+        geo("input", x), geo("weight", w), geo("bias", b), (1, 1), "same", [1, 1], 1, True
+    )
     assert _hash(same) == _hash(asked)  # torch's spellings of the same convolution
 
 
 def test_norms_are_rows_of_the_hidden_size_with_constants_for_what_is_missing() -> None:
     x = T((4, 8, 1024))
-    asked = _specs.layer_norm(geo("input", x), 1024, geo("weight", T((1024,))), None, 1e-5)
+    asked = _norms.layer_norm_request(geo("input", x), 1024, geo("weight", T((1024,))), None, 1e-5)
     hand = GraphSpec(io_data_type="half")
     xs, scale = hand.tensor([32, 1024, 1, 1], name="input", uid=1), hand.tensor([1, 1024, 1, 1], name="weight", uid=2)
     y, _, _ = hand.layernorm(
@@ -126,23 +141,18 @@ def test_norms_are_rows_of_the_hidden_size_with_constants_for_what_is_missing() 
     y.set_output(True).set_uid(OUT)
     assert _hash(asked) == hand.spec_hash() and asked.inputs == (1, 2)
     assert [(c.uid, c.value, c.on_host) for c in asked.constants] == [(3, 0.0, False), (10, 1e-5, True)]
-    rms = _specs.rms_norm(geo("input", x), (1024,), None, None)
+    rms = _norms.rms_norm_request(geo("input", x), (1024,), None, None)
     assert [(c.uid, c.value) for c in rms.constants] == [(2, 1.0), (10, 2.0**-10)]  # torch.finfo(float16).eps
-    strided = _specs.rms_norm(geo("input", T((32, 1024), (2048, 1))), (1024,), None, 1e-6)
+    strided = _norms.rms_norm_request(geo("input", T((32, 1024), (2048, 1))), (1024,), None, 1e-6)
     assert strided.spec.tensors[0].stride == (2048, 1, 1, 1) and strided.outputs[0].stride == (2048, 1)
 
 
 def test_sdpa_options_are_the_catalogs_attributes_and_ports() -> None:
     q, k, v = T((2, 8, 256, 64)), T((2, 2, 256, 64)), T((2, 2, 256, 64))
     mask, lengths = T((256, 256)), T((2,), dtype="int32")
-    asked = _specs.sdpa(
-        geo("query", q),
-        geo("key", k),
-        geo("value", v),
-        geo("attn_mask", mask),
-        None,
-        geo("seq_len_kv", lengths),
-        _specs.Attention(dropout_p=0.0, is_causal=False, scale=None, enable_gqa=True, window=128, alibi=False),
+    asked = _attention.sdpa_request(
+        (geo("query", q), geo("key", k), geo("value", v), geo("attn_mask", mask), None, geo("seq_len_kv", lengths)),
+        _attention.Attention(dropout_p=0.0, is_causal=False, scale=None, enable_gqa=True, window=128, alibi=False),
     )
     hand = GraphSpec(io_data_type="half")
     tq, tk, tv = (hand.tensor(t.shape, name=n, uid=u) for t, n, u in ((q, "query", 1), (k, "key", 2), (v, "value", 3)))
@@ -170,7 +180,7 @@ def test_sdpa_options_are_the_catalogs_attributes_and_ports() -> None:
 
 def test_paged_decode_is_examples_paged_sdpa_at_the_calls_sizes() -> None:
     q, pool, table, lengths = T((8, 8, 1, 128)), T((128, 8, 64, 128)), T((8, 16), dtype="int32"), T((8,), dtype="int32")
-    asked = _specs.paged_decode(
+    asked = _paged_decode.paged_decode_request(
         geo("query", q),
         geo("key_cache", pool),
         geo("value_cache", pool),
@@ -394,7 +404,7 @@ def test_matmul_with_autograd_runs_torch(
     client: StandInClient, torch_runs: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """matmul has no served backward (linear has): torch's function runs it with autograd."""
-    monkeypatch.setattr(_ops, "_grad_on", lambda: True)
+    set_modes(monkeypatch, grad_on=True)
     assert pf.matmul(T((4, 8), requires_grad=True), T((8, 2))) == "torch matmul"
     assert pf.matmul(T((4, 8)), T((8, 2))) != "torch matmul"  # no input requires grad: served
     assert len(client.asked) == 1
@@ -450,9 +460,8 @@ def test_a_plan_the_client_refuses_is_never_loaded(
 
 def test_without_a_server_torch_runs(runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PLANCACHE_SERVER", raising=False)
-    monkeypatch.setattr(_torch, "available", lambda: False)
-    monkeypatch.setattr(_ops, "_grad_on", lambda: False)
-    monkeypatch.setattr(_ops, "_compiling", lambda: False)
+    monkeypatch.setattr(_tensor_ops, "available", lambda: False)
+    set_modes(monkeypatch, grad_on=False, compiling=False)
     pf.clear()
     with pytest.raises(
         InvalidRequest,
@@ -476,7 +485,7 @@ def test_a_plan_that_does_not_load_runs_torch(
 
 
 def test_logging_keys_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
-    once = _ops.Once()
+    once = Once()
     once.LIMIT = 2
     log = logging.getLogger("test.once")
     with caplog.at_level(logging.WARNING, logger="test.once"):

@@ -17,10 +17,11 @@ import pytest
 
 import plancache.functional as pf
 from plancache import InvalidRequest, NotFound
-from plancache.functional import _autograd, _ops
+from plancache.functional import _autograd
 from plancache.transport.manifest import Manifest, ManifestEntry
 from tests.support.fake_gpu import FakeRuntime
 from tests.support.frontdoor_standins import TARGET, StandInClient, StandInTensor, key_of
+from tests.unit.functional.modes import set_modes
 from tests.unit.functional.recording import RecordingFunction, backward
 
 T = StandInTensor
@@ -32,18 +33,15 @@ def run_functions(grad: bool) -> None:
     pf.linear(x, w, b, activation="gelu")
     if grad:
         backward()
-    with_grad = _ops._grad_on
-    _ops._grad_on = lambda: False  # type: ignore[assignment]
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        set_modes(mp, grad_on=False)
         pf.rms_norm(T((4, 16, 64)), (64,), T((64,)), 1e-5)
-    finally:
-        _ops._grad_on = with_grad
 
 
 @pytest.fixture
 def trained(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> StandInClient:
     """A process whose functions ran with autograd (torch's Function recorded)."""
-    monkeypatch.setattr(_ops, "_grad_on", lambda: True)
+    set_modes(monkeypatch, grad_on=True)
     monkeypatch.setattr(_autograd, "_function", lambda: RecordingFunction)
     RecordingFunction.calls = []
     run_functions(grad=True)
@@ -153,7 +151,7 @@ def test_a_first_call_waits_for_a_plan_under_way_and_no_longer_than_its_bound(
     done = threading.Event()
     worker = threading.Thread(target=lambda: (pf.rms_norm(T((4, 16, 64)), (64,), T((64,)), 1e-5), done.set()))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_ops, "_grad_on", lambda: False)
+        set_modes(mp, grad_on=False)
         worker.start()
         assert not done.wait(0.2)  # waiting for the prefetch's plan, not asking
         release.set()
@@ -168,7 +166,7 @@ def test_a_first_call_waits_for_a_plan_under_way_and_no_longer_than_its_bound(
     pf.prefetch(manifest)
     began = time.monotonic()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_ops, "_grad_on", lambda: False)
+        set_modes(mp, grad_on=False)
         pf.rms_norm(T((4, 16, 64)), (64,), T((64,)), 1e-5)
     assert 0.25 <= time.monotonic() - began < 5 and [spec.name for spec, _, _ in stuck.asked] == [
         "plancache.functional.rms_norm"
@@ -183,7 +181,7 @@ def test_a_manifest_of_keys_alone_is_refused(client: StandInClient) -> None:
 
 
 def pf_spec() -> Any:
-    from plancache.functional import _specs
     from plancache.functional._geometry import geo
+    from plancache.functional._norms import rms_norm_request
 
-    return _specs.rms_norm(geo("input", T((4, 16, 64))), (64,), geo("weight", T((64,))), 1e-5, training=False).spec
+    return rms_norm_request(geo("input", T((4, 16, 64))), (64,), geo("weight", T((64,))), 1e-5, training=False).spec

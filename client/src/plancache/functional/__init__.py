@@ -19,14 +19,24 @@ server) runs torch's own function: counted (`stats()`) and logged once per geome
 mistake in the arguments raises torch's own error for it (or InvalidRequest
 naming the argument, for the options torch lacks and for CPU tensors).
 
+Each operator family is one module, whole: its signature (the tensors a
+call binds, by name: _signature), its call, its specs (forward and
+backward), its backward rule and torch's function (_linear: linear and
+matmul; _convolution, _norms, _batch_norm, _attention, _paged_decode). What
+they share is small: a geometry's first call (_first_call), the table
+(_table), autograd's Function (_autograd), the graph pieces several specs
+use (_requests), the tensors a served call makes (_tensor_ops). A new
+operator is a module of its own and its import here.
+
 Owns: the functions, the geometry table (an LRU of `set_max_geometries()`
 entries), the graph families of shapes that vary (`families()`: asked
 for once a function met 3 graphs of one family), bucketing (`set_buckets()`:
-padding a varying size to the next of a few, the waste counted), its manifest and prefetch (`manifest()`, `prefetch()`: a
-start-up that loads an earlier run's plans before the first step) and the
-service setting both front doors share (`configure`, the
-same function as `plancache.cudnn.configure`). Imports torch only when a
-call needs it (plancache stays importable with grpcio and protobuf).
+padding a varying size to the next of a few, the waste counted), its
+manifest and prefetch (`manifest()`, `prefetch()`: a start-up that loads an
+earlier run's plans before the first step) and the service setting both
+front doors share (`configure`, the same function as
+`plancache.cudnn.configure`). Imports torch only when a call needs it
+(plancache stays importable with grpcio and protobuf).
 May import: plancache.errors, plancache.dtypes, plancache.graphspec, plancache.keys, plancache.run, plancache.transport, plancache.wire, plancache.gpu, plancache.frontdoors.
 """
 
@@ -39,18 +49,14 @@ from plancache.errors import InvalidRequest
 from plancache.frontdoors.buckets import BUCKETS, BucketStats
 from plancache.frontdoors.families import WATCH, FamilyAsk
 from plancache.frontdoors.service import SERVICE, configure
+from plancache.functional._attention import scaled_dot_product_attention
 from plancache.functional._autograd import Differentiable
+from plancache.functional._batch_norm import batch_norm
+from plancache.functional._convolution import conv2d
+from plancache.functional._linear import linear, matmul
 from plancache.functional._manifest import manifest, prefetch
-from plancache.functional._ops import (
-    batch_norm,
-    conv2d,
-    layer_norm,
-    linear,
-    matmul,
-    paged_decode_attention,
-    rms_norm,
-    scaled_dot_product_attention,
-)
+from plancache.functional._norms import layer_norm, rms_norm
+from plancache.functional._paged_decode import paged_decode_attention
 from plancache.functional._table import COUNTS, TABLE, Fallback, Served
 from plancache.run.plan import Plan
 

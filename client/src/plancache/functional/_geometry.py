@@ -2,14 +2,15 @@
 
 Nothing here imports torch: a tensor is read through `shape`, `stride()`,
 `dtype` and `device` only, so the spec every function builds is computed
-(and CPU-tested) from the same code the GPU path runs.
+(and CPU-tested) from the same code the GPU path runs. `tensor_key` and
+`hashable` are what a hot path puts in its geometry key.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,20 @@ def geo(name: str, tensor: Any) -> Geo:
     )
 
 
+def geo_or_none(name: str, tensor: Any) -> Geo | None:
+    return None if tensor is None else geo(name, tensor)
+
+
+def tensor_key(t: Any) -> Hashable:
+    """A tensor's part of a geometry key (None for an argument left out)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad)
+
+
+def hashable(value: Any) -> Hashable:
+    """An option as a geometry key holds it (a list as a tuple)."""
+    return tuple(value) if isinstance(value, list) else value  # type: ignore[no-any-return]
+
+
 def collapse(shape: Sequence[int], stride: Sequence[int], what: str) -> tuple[int, int]:
     """`shape` seen as one axis: (size, stride). Dims of size 1 do not
     count; the others must step into each other (stride[i] = stride[i+1] x
@@ -89,7 +104,8 @@ def collapse(shape: Sequence[int], stride: Sequence[int], what: str) -> tuple[in
     for (_, outer), (inner_dim, inner) in itertools.pairwise(kept):
         if outer != inner * inner_dim:
             raise Unserved(
-                f"{what} (dims {tuple(shape)}, strides {tuple(stride)}) is not one strided axis: cuDNN would need a copy"
+                f"{what} (dims {tuple(shape)}, strides {tuple(stride)}) is not one strided axis: "
+                "cuDNN would need a copy"
             )
     return size, kept[-1][1]
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from plancache.errors import InvalidRequest
 from plancache.frontdoors.service import SERVICE
-from plancache.functional import _torch
+from plancache.functional import _tensor_ops
 from plancache.functional._autograd import Differentiable
 from plancache.functional._table import TABLE, Served
 from plancache.graphspec.graph import GraphSpec
@@ -96,7 +96,7 @@ def prefetch(
     says per entry what came (`.wait()`)."""
     if not isinstance(manifest, Manifest):
         manifest = Manifest.load(manifest)
-    ops = _torch.ops()
+    ops = _tensor_ops.ops()
     try:
         where = ops.current_device()() if device is None else device
     except ImportError as e:
@@ -104,7 +104,8 @@ def prefetch(
     specs = [e.spec for e in manifest.entries if e.spec is not None]
     if len(specs) != len(manifest.entries):
         raise InvalidRequest(
-            "plancache.functional.prefetch: every manifest entry needs its spec (a key alone names one GPU target's plan)"
+            "plancache.functional.prefetch: every manifest entry needs its spec "
+            "(a key alone names one GPU target's plan)"
         )
     client, target = SERVICE.client(), SERVICE.target_for(where)
     keyed = Manifest.from_specs(specs, target, SERVICE.options or CompileOptions(), [e.name for e in manifest.entries])

@@ -26,8 +26,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from plancache.functional import _torch
-from plancache.functional._specs import Request
+from plancache.functional import _tensor_ops
+from plancache.functional._requests import Request
 from plancache.run.execution import handle_state, process
 from plancache.run.local import LocalPlan
 from plancache.run.plan import Plan
@@ -87,7 +87,7 @@ class Launcher:
     )
 
     def __init__(self, plan: Plan, device: int, uids: tuple[int, ...]) -> None:
-        ops = _torch.ops()
+        ops = _tensor_ops.ops()
         proc = process()
         with ops.on_device(device):
             self._state = handle_state(device)
@@ -111,8 +111,8 @@ class Launcher:
             self._state.use(stream)
         if self._mode == "ordered":
             self._execute(buffers, self._slot.buffer, handle=self._handle, tensor_uids=self._uids)
-        elif self._mode == "mapping":
-            self._execute(dict(zip(self._uids, buffers)), self._slot.buffer, handle=self._handle)  # noqa: B905 - as many by construction
+        elif self._mode == "mapping":  # as many buffers as uids, by construction
+            self._execute(dict(zip(self._uids, buffers)), self._slot.buffer, handle=self._handle)  # noqa: B905
         else:
             self._first(buffers)
 
@@ -122,7 +122,8 @@ class Launcher:
             self._mode = "ordered"
         except Exception as e:  # an older frontend, or a plan its ordered form does not take
             log.debug(
-                "plancache.functional: the frontend's ordered execute refused a plan (%s: %s); the mapping form runs it",
+                "plancache.functional: the frontend's ordered execute refused a plan (%s: %s); "
+                "the mapping form runs it",
                 type(e).__name__,
                 e,
             )
@@ -149,7 +150,7 @@ class Served:
     )
 
     def __init__(self, request: Request, plan: Plan, device: int) -> None:
-        ops = _torch.ops()
+        ops = _tensor_ops.ops()
         self.request, self.plan, self._device, self.used = request, plan, device, 0
         self._allocs = tuple(ops.allocator(o.shape, o.stride, o.dtype, device) for o in request.outputs)
         self._alloc = self._allocs[0]

@@ -1,0 +1,214 @@
+"""A geometry's first call: its plans fetched, the entry that runs it from then on, or why torch does.
+
+Every operator's hot path is a geometry key, a table lookup and the entry's
+call; a miss comes here with the call bound by slot (its `Bound`), the
+forward's request, torch's fallback and, with autograd, the rule of its
+backward graphs. What worked is kept in the table (a call torch refuses, a
+mistake, leaves nothing behind); a geometry left to torch is counted
+(`stats()`), logged once, and told to the service
+(plancache.transport.outcomes) under its signature's node type when no spec
+was made.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from plancache.errors import InvalidRequest, PlanCacheError
+from plancache.frontdoors.families import WATCH
+from plancache.frontdoors.service import ABOUT_THE_GRAPH, SERVICE, TRANSIENT, Once, describe, reason_key
+from plancache.functional import _tensor_ops
+from plancache.functional._autograd import Differentiable, Rule
+from plancache.functional._geometry import Unserved
+from plancache.functional._requests import Request
+from plancache.functional._signature import Bound, Signature
+from plancache.functional._table import TABLE, Entry, Fallback, Served, counts, served
+from plancache.graphspec.canonical import hash_normalized
+from plancache.graphspec.graph import GraphSpec
+from plancache.graphspec.validation import normalize
+from plancache.transport import outcomes
+from plancache.wire import outcome_labels
+
+log = logging.getLogger("plancache.functional")
+_once = Once()
+
+
+def first_call(
+    bound: Bound,
+    key: Hashable,
+    request: Callable[[], Request],
+    fallback: Callable[..., Any],
+    needs_grad: bool,
+    rule: Callable[[Request], Rule] | None = None,
+) -> Any:
+    """Run the first call of a geometry and keep what ran it (what worked:
+    a call torch refuses, a mistake, leaves nothing behind). With autograd,
+    `request` is the training forward and `rule(request)` its backward: every
+    plan of both is fetched now. No `rule`: the operator has no served backward."""
+    function, tensors = bound.function, bound.tensors
+    devices = [str(getattr(getattr(t, "device", None), "type", None)) for t in tensors]
+    if all(d == "cpu" for d in devices):
+        raise InvalidRequest(
+            f"{function}: {bound.names[0]} is on the CPU: plancache.functional runs CUDA tensors "
+            "(call torch's function for CPU tensors)"
+        )
+    ops = _tensor_ops.ops()
+    if ops.capturing():
+        raise InvalidRequest(
+            f"{function}: the first call of a geometry ({bound.describe()}) while a CUDA graph is being captured: "
+            "its plans are fetched and loaded then, which capture forbids; "
+            "call it once before capturing (torch's warm-up)"
+        )
+    # torch runs the call outside the handlers: a mistake raises torch's own
+    # error, not one chained to why plancache was not asked.
+    unserved: Unserved | None = None
+    try:
+        if needs_grad and rule is None:
+            raise Unserved(f"autograd: {function} has no served backward (torch's function runs it)")
+        if set(devices) != {"cuda"} or len({t.get_device() for t in tensors}) != 1:
+            raise Unserved(f"the tensors are on more than one device ({bound.where()})")
+        asked = request()
+        if asked.inputs != bound.uids:
+            raise RuntimeError(f"plancache.functional.{function}: its spec binds {asked.inputs}, its call {bound.uids}")
+        backward = rule(asked) if needs_grad and rule is not None else None
+    except Unserved as e:
+        unserved = e
+    if unserved is not None:
+        return _run_fallback(bound, key, fallback, unserved.reason, "not_asked", transient=unserved.transient)
+    device = int(tensors[0].get_device())
+    failed: tuple[str, bool, bool, str] | None = None  # (reason, transient, logged already, reason class)
+    try:
+        with ops.on_device(device):  # a miss this node builds itself (the hedge) builds on the tensors' GPU
+            plan = SERVICE.compile(asked.spec, device)
+            if backward is None:
+                entry: Entry = served(asked, plan, device, key)
+            else:
+                entry = Differentiable(
+                    Served(asked, plan, device), backward, _backward_pieces(bound.signature, backward, device)
+                )
+        result = entry(tensors)
+    except PlanCacheError as e:
+        # The service's own failures (no server, server down, no worker) are
+        # logged once for all geometries; a graph's (cuDNN refused it) with it.
+        about_the_service = not isinstance(e, ABOUT_THE_GRAPH)
+        if about_the_service:
+            _once(
+                log,
+                f"service:{reason_key(e)}",
+                "plancache.functional: torch runs what plancache cannot serve: %s",
+                describe(e),
+            )
+        failed = (describe(e), isinstance(e, TRANSIENT), about_the_service, outcomes.reason_of(e))
+    except Exception as e:  # the plan did not load or run here: torch runs this geometry
+        failed = (f"the plan did not run: {type(e).__name__}: {e}", False, False, "load_failed")
+    if failed is not None:
+        reason, transient, quiet, reason_class = failed
+        return _run_fallback(
+            bound, key, fallback, reason, reason_class, transient=transient, quiet=quiet, spec=asked.spec
+        )
+    TABLE.put(key, entry)
+    counts(function).geometries += 1
+    WATCH.seen(function, asked.spec, device)  # shapes that vary: their family built ahead (frontdoors.families)
+    if backward is not None:
+        for piece in backward.requests.values():
+            WATCH.seen(piece.function, piece.spec, device)
+    served_as = outcomes.served_outcome(plan.source)
+    outcomes.record(
+        "functional",
+        outcomes.target_of(plan.key),
+        served_as,
+        _node_type(bound.signature, asked.spec),
+        reason="hedged" if served_as is outcomes.Outcome.LOCAL else "",
+    )
+    log.debug("plancache.functional.%s: plan %s (%s) serves %s", function, plan.key, plan.source, bound.describe())
+    return result
+
+
+def _backward_pieces(signature: Signature, rule: Rule, device: int) -> dict[str, Any]:
+    """Every backward graph's plan; a refused optional one (a bias gradient's
+    reduction) is torch's, its reason counted under "<function>.backward"."""
+    function = signature.function
+    pieces: dict[str, Any] = {}
+    for name, request in rule.requests.items():
+        try:
+            pieces[name] = Served(request, SERVICE.compile(request.spec, device), device)
+        except PlanCacheError as e:
+            if name not in rule.optional or not isinstance(e, ABOUT_THE_GRAPH):
+                raise
+            reason = f"{name}: {describe(e)}"
+            c = counts(f"{function}.backward")
+            c.reasons[reason] = c.reasons.get(reason, 0) + 1
+            _record_local(signature, request.spec, outcomes.reason_of(e), device)
+            _once(
+                log,
+                f"{function}|{name}|{reason_key(e)}",
+                "plancache.functional.%s: torch runs the backward's %s: %s",
+                function,
+                name,
+                describe(e),
+            )
+            pieces[name] = rule.optional[name]
+    return pieces
+
+
+def _run_fallback(
+    bound: Bound,
+    key: Hashable,
+    fn: Callable[..., Any],
+    reason: str,
+    reason_class: str,
+    *,
+    transient: bool,
+    quiet: bool = False,
+    spec: GraphSpec | None = None,
+) -> Any:
+    function, tensors = bound.function, bound.tensors
+    if not _tensor_ops.available():
+        raise InvalidRequest(f"{function}: {reason} (and torch, which would run it, is not installed)")
+    entry = Fallback(function, key, fn, reason, transient)
+    result = entry(tensors)  # torch's own error, for a call torch refuses, propagates from here
+    TABLE.put(key, entry)
+    c = counts(function)
+    c.geometries += 1
+    c.torch_geometries += 1
+    c.reasons[reason] = c.reasons.get(reason, 0) + 1
+    _record_local(bound.signature, spec, reason_class, _device_of(tensors))
+    if not quiet:
+        _once(
+            log,
+            f"{function}|{key!r}",
+            "plancache.functional.%s: torch runs %s: %s",
+            function,
+            bound.describe(),
+            reason,
+        )
+    return result
+
+
+def _node_type(signature: Signature, spec: GraphSpec | None) -> str:
+    if spec is not None:
+        return outcome_labels.anchor_of_ops(n.op for n in spec.nodes)
+    return signature.node_type
+
+
+def _device_of(tensors: tuple[Any, ...]) -> int:
+    try:
+        return int(tensors[0].get_device())
+    except Exception:
+        return 0
+
+
+def _record_local(signature: Signature, spec: GraphSpec | None, reason_class: str, device: int) -> None:
+    """A graph torch runs, told to the service (plancache.transport.outcomes):
+    its spec hash only where the operator opted in."""
+    spec_hash = hash_normalized(normalize(spec)) if spec is not None and outcomes.reports_specs() else ""
+    outcomes.record(
+        "functional",
+        SERVICE.known_target_id(device),
+        outcomes.Outcome.LOCAL,
+        _node_type(signature, spec),
+        reason=reason_class,
+        spec_hash=spec_hash,
+    )

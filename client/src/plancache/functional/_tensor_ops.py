@@ -1,0 +1,99 @@
+"""The tensors a served call makes, through torch, imported only when a call needs it.
+
+`TorchOps` makes a served call's output (one C call, everything bound) and
+the constants made once per geometry, and says which device is current and
+whether a CUDA graph is being captured. Tests install a stand-in with
+`use_tensor_ops` (tests/support/frontdoor_standins.py). Torch's side of each
+operator (its fallback) is in the operator's own module; `torch_module` is
+how each reaches torch without importing it before a call needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from plancache.dtypes import INTEGER_TYPES
+from plancache.functional._requests import Constant
+
+
+@functools.cache
+def available() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def torch_module() -> Any:
+    """torch, imported at the first call that needs it (plancache stays importable without it)."""
+    import torch
+
+    return torch
+
+
+class TensorOps(Protocol):
+    def allocator(
+        self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: str, device: int
+    ) -> Callable[[], Any]: ...
+    def constant(self, constant: Constant, device: int) -> Any: ...
+    def current_device(self) -> Callable[[], int]: ...
+    def on_device(self, device: int) -> contextlib.AbstractContextManager[None]: ...
+    def capturing(self) -> bool: ...
+
+
+class TorchOps:
+    def allocator(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: str, device: int) -> Callable[[], Any]:
+        """A call's output, made by one C call (empty_strided with everything bound)."""
+        from plancache.gpu.stack import torch_dtype
+
+        torch = torch_module()
+        return functools.partial(
+            torch.empty_strided, shape, stride, dtype=torch_dtype(dtype), device=torch.device("cuda", device)
+        )
+
+    def constant(self, constant: Constant, device: int) -> Any:
+        from plancache.gpu.stack import torch_dtype
+
+        where = "cpu" if constant.on_host else f"cuda:{device}"
+        value = int(constant.value) if constant.dtype in INTEGER_TYPES else constant.value
+        return torch_module().full(constant.shape, value, dtype=torch_dtype(constant.dtype), device=where)
+
+    def current_device(self) -> Callable[[], int]:
+        torch = torch_module()
+        # ~0.05 µs; torch.cuda.current_device() is a Python wrapper of it
+        raw = getattr(torch._C, "_cuda_getDevice", None)
+        return raw if raw is not None else torch.cuda.current_device  # type: ignore[no-any-return]
+
+    @contextlib.contextmanager
+    def on_device(self, device: int) -> Iterator[None]:
+        with torch_module().cuda.device(device):
+            yield
+
+    def capturing(self) -> bool:
+        """Whether the current stream is capturing a CUDA graph."""
+        return bool(torch_module().cuda.is_current_stream_capturing())
+
+
+_ops: TensorOps | None = None
+
+
+def ops() -> TensorOps:
+    global _ops
+    if _ops is None:
+        _ops = TorchOps()
+    return _ops
+
+
+def use_tensor_ops(stand_in: TensorOps | None) -> None:
+    """Install a stand-in (tests), or None for torch's on next use."""
+    global _ops
+    _ops = stand_in
+
+
+def dropout_seed(device: Any) -> Any:
+    """A Philox seed for cuDNN's dropout, drawn from torch's CUDA generator on
+    the tensors' device (torch.manual_seed reproduces it; a CUDA graph
+    replays the draw, as torch's own dropout does)."""
+    torch = torch_module()
+    return torch.randint(0, 2**62, (1, 1, 1, 1), dtype=torch.int64, device=device)
