@@ -108,18 +108,8 @@ def batch_norm(
     entry = TABLE.get(key)
     if entry is not None:
         return entry(tensors)
-    in_place = running_mean is not None and bool(training)
-    bound = BATCH_NORM.bind(
-        tensors,
-        input=input,
-        weight=weight,
-        bias=bias,
-        running_mean=running_mean,
-        running_var=running_var if in_place else None,
-        inv_variance=None if training else tensors[-1],
-        next_running_mean=running_mean if in_place else None,
-        next_running_var=running_var if in_place else None,
-    )
+    running = _running(bool(training), running_mean, running_var, tensors[-1])
+    bound = BATCH_NORM.bind(tensors, input=input, weight=weight, bias=bias, **running)
 
     def forward() -> Request:
         if momentum is None:
@@ -136,12 +126,28 @@ def batch_norm(
             )
         return batch_norm_rule(bound, forward)
 
-    def fallback(input: Any, weight: Any = None, bias: Any = None, **_running: Any) -> Any:
-        # torch is given the running statistics of the geometry's first call, not each call's
-        # (kept as it was: issue 39 changed no behaviour; a call's own would be its slots).
+    def fallback(input: Any, weight: Any = None, bias: Any = None, **_statistics: Any) -> Any:
+        # A known defect, kept (issue 39 changes no behaviour): torch is given the running
+        # statistics of the geometry's first call, not each call's, so a second layer of one
+        # geometry left to torch reads and updates the first one's. Evaluation's tuple carries
+        # the inverse deviation, not running_var: a fix passes running_var to the fallback.
         return torch_batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
 
     return first_call(bound, key, forward, bound.fallback(fallback), grad, rule)
+
+
+def _running(training: bool, mean: Any, var: Any, inv_variance: Any) -> dict[str, Any]:
+    """The running statistics' slots, by mode: training binds running_mean and running_var
+    twice, read and then written in place (uids 4, 5 and 23, 24); evaluation binds running_mean
+    and the inverse deviation the call computes from running_var (uids 4, 6)."""
+    in_place = training and mean is not None
+    return {
+        "running_mean": mean,
+        "running_var": var if in_place else None,
+        "inv_variance": None if training else inv_variance,
+        "next_running_mean": mean if in_place else None,
+        "next_running_var": var if in_place else None,
+    }
 
 
 def inverse_deviation(running_var: Any, eps: float) -> Any:
@@ -233,14 +239,7 @@ def batch_norm_request(
     assert y is not None
     finish(y, layout)
     inputs = BATCH_NORM.uids(
-        input=x,
-        weight=weight,
-        bias=bias,
-        running_mean=running_mean,
-        running_var=running_var if in_place else None,
-        inv_variance=None if training else running_var,
-        next_running_mean=running_mean if in_place else None,
-        next_running_var=running_var if in_place else None,
+        input=x, weight=weight, bias=bias, **_running(training, running_mean, running_var, running_var)
     )
     return request(BATCH_NORM.function, g, inputs, x.shape, layout, dt, constants, extra)
 
