@@ -17,6 +17,7 @@ import plancache.functional as pf
 from plancache import CompileFailed, InvalidRequest
 from plancache.functional import _autograd, _ops, _specs, _torch
 from plancache.graphspec.validation import normalize
+from plancache.keys.query import PlanQuery
 from tests.support.fake_gpu import FakeRuntime
 from tests.support.frontdoor_standins import StandInClient, StandInOps, StandInTensor
 from tests.unit.functional.recording import RecordingFunction, backward
@@ -179,11 +180,11 @@ def test_a_backward_graph_cudnn_refuses_leaves_the_whole_geometry_to_torch(
     monkeypatch.setattr(_torch, "layer_norm", lambda *args: calls.append(args) or "torch layer_norm")
     asked = client.compile
 
-    def refuse_backward(spec: Any, *args: Any, **kwargs: Any) -> Any:
-        if spec.name.endswith(".backward"):
-            client.asked.append((spec, args[0], None))
+    def refuse_backward(query: PlanQuery, *args: Any, **kwargs: Any) -> Any:
+        if query.spec.name.endswith(".backward"):
+            client.asked.append((query.spec, query.target, None))
             raise CompileFailed("cuDNN does not support this graph on sm_90")
-        return asked(spec, *args, **kwargs)
+        return asked(query, *args, **kwargs)
 
     monkeypatch.setattr(client, "compile", refuse_backward)
     x = T((4, 64), requires_grad=True)
@@ -234,11 +235,11 @@ def test_a_bias_gradient_cudnn_refuses_is_torchs_sum_and_the_rest_stays_served(
     asked = client.compile
     sums: list[Any] = []
 
-    def refuse_reductions(spec: Any, *args: Any, **kwargs: Any) -> Any:
-        if any(node.op == "reduction" for node in spec.nodes):
-            client.asked.append((spec, args[0], None))
+    def refuse_reductions(query: PlanQuery, *args: Any, **kwargs: Any) -> Any:
+        if any(node.op == "reduction" for node in query.spec.nodes):
+            client.asked.append((query.spec, query.target, None))
             raise CompileFailed("cuDNN does not support this graph on sm_90: !is_NHWC")
-        return asked(spec, *args, **kwargs)
+        return asked(query, *args, **kwargs)
 
     monkeypatch.setattr(client, "compile", refuse_reductions)
     monkeypatch.setattr(
