@@ -201,9 +201,9 @@ class Serving:
             if self.records is not None and self.records[0] == wanted:
                 return spec, self.records[1], None  # the plan that answered the program's queries is the one it builds
             if build is None:
-                return spec, SERVICE.compile(spec, current_device(), wanted, path="cudnn"), None
+                return spec, SERVICE.compile(spec, current_device(), wanted, path="cudnn", normalized=True), None
             own_build = functools.partial(self._own_build, frontend, build)
-            raced = SERVICE.race(spec, current_device(), wanted, own_build, path="cudnn")
+            raced = SERVICE.race(spec, current_device(), wanted, own_build, path="cudnn", normalized=True)
             self.race = raced.race
             return spec, raced.plan, None
         except PlanCacheError as e:
