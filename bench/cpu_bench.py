@@ -28,10 +28,8 @@ import grpc
 import redis
 
 from bench.report import figure, percentile, save, spread, table, write_json
-from plancache import Client, CompileOptions, DiskCache, GraphSpec, Manifest, ManifestEntry, Plan
-from plancache.graphspec.canonical import hash_normalized
-from plancache.graphspec.validation import normalize
-from plancache.keys.plankey import make_key
+from plancache import Client, DiskCache, GraphSpec, Manifest, ManifestEntry, Plan
+from plancache.keys.query import PlanQuery
 from plancache.trust.signing import Signer
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
@@ -56,12 +54,9 @@ def store_plans(store: RedisPlanStore, count: int, offset: int = 0, signer: Sign
     """Plans as a worker would store them, from the stand-in compiler."""
     compiler, plans = StandInCompiler(), []
     for i in range(offset, offset + count):
-        normalized = normalize(spec_for(i))
-        key = make_key(hash_normalized(normalized), TARGET, CompileOptions())
-        compiled = compiler.compile(normalized, CompileOptions())
-        metadata = plan_metadata(
-            VerifiedJob(key, normalized, TARGET, CompileOptions()), compiled, "bench", TARGET.to_proto()
-        )
+        query = PlanQuery.of(spec_for(i), TARGET)
+        compiled = compiler.compile(query.spec, query.options)
+        metadata = plan_metadata(VerifiedJob(query), compiled, "bench", TARGET.to_proto())
         plan = StoredPlan(blob=compiled.blob, metadata=metadata, signature=signer.sign(metadata) if signer else None)
         store.put(plan)
         plans.append(plan)
@@ -146,7 +141,7 @@ def coalescing(address: str, quick: bool, offset: int) -> dict[str, Any]:
     runs = []
     with Client(address, timeout=60, cache=False, allow_unsigned=True) as client:
         for r in range(rounds):
-            before = {s.target_id: s for s in client.stats()}.get(TARGET.id)
+            before = {s.target_id: s for s in client.admin.stats()}.get(TARGET.id)
             spec = spec_for(offset + r)
             barrier = threading.Barrier(callers)
 
@@ -158,7 +153,7 @@ def coalescing(address: str, quick: bool, offset: int) -> dict[str, Any]:
 
             with ThreadPoolExecutor(callers) as pool:
                 outcomes = list(pool.map(call, range(callers)))
-            after = {s.target_id: s for s in client.stats()}[TARGET.id]
+            after = {s.target_id: s for s in client.admin.stats()}[TARGET.id]
             builder = [t for t, source in outcomes if source == "compiled"]
             waiters = [t for t, source in outcomes if source == "joined"]
             runs.append(

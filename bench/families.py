@@ -213,7 +213,7 @@ def gpu_time_against_tuned(pf: Any, workload: str) -> list[dict[str, Any]]:
             served = cudnn.pygraph()
             served.deserialize(handle, entry.plan.blob)
             spec = entry.request.spec
-            tuned_plan = build_spec_plan(compiler, entry.plan.key, spec, autotune=True)
+            tuned_plan = build_spec_plan(compiler, spec, autotune=True)
             tuned = cudnn.pygraph()
             tuned.deserialize(handle, tuned_plan.blob)
             bindings = compiler.random_bindings(normalize(spec))
@@ -265,7 +265,7 @@ def setup_families(workload: str, server: str) -> None:
     for a, b in zip(per_size[0], per_size[1], strict=True):
         family = derive(a, b, size_range=(1, 1))
         family = derive(a, b, sizes={v.symbol: sizes for v in family.varying})
-        status = client.build_family(family, _service.SERVICE.target_for(0), _service.SERVICE.options)
+        status = client.admin.build_family(family, _service.SERVICE.target_for(0), _service.SERVICE.options)
         keys.append(status.family_key)
     print(json.dumps({"families": keys}), flush=True)
 
@@ -359,7 +359,7 @@ def run(out: Path, time_limit: float) -> dict[str, Any]:
                     with Client(address, cache=False) as client:
                         statuses: list[Any] = []
                         while keys and time.monotonic() < deadline:
-                            statuses = [client.family_status(k) for k in keys]
+                            statuses = [client.admin.family_status(k) for k in keys]
                             if all(s.complete for s in statuses):
                                 break
                             time.sleep(0.5)

@@ -56,14 +56,12 @@ class InProcessClient:
     def compile(
         self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None, **_: Any
     ) -> Any:
-        from plancache.graphspec.canonical import hash_normalized
-        from plancache.graphspec.validation import normalize
         from plancache.keys.options import CompileOptions
-        from plancache.trust.answers import Asked
+        from plancache.keys.query import PlanQuery
 
-        key = Asked.query(hash_normalized(normalize(spec)), self.compiler.target, CompileOptions(autotune=False)).key
+        key = PlanQuery.of(spec, self.compiler.target, CompileOptions(autotune=False)).key
         self.compiled.append(key)
-        return build_spec_plan(self.compiler, key, spec, autotune=False)
+        return build_spec_plan(self.compiler, spec, autotune=False)
 
 
 def cases() -> dict[str, Callable[[], tuple[Callable[[], Any], Callable[[], Any], str]]]:

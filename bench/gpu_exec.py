@@ -49,21 +49,19 @@ TARGETS = {"bound_over_raw_host": 1.1, "replay_over_torch_host_seed": 0.5}
 
 
 def build_plan(compiler: Any, case: Case, autotune: bool = False) -> Any:
-    return build_spec_plan(compiler, case.name, case.spec(), autotune)
+    return build_spec_plan(compiler, case.spec(), autotune)
 
 
-def build_spec_plan(compiler: Any, name: str, spec: Any, autotune: bool = False) -> Any:
+def build_spec_plan(compiler: Any, spec: Any, autotune: bool = False) -> Any:
     """The plan the worker's compiler builds for `spec` here (heuristic, or autotuned), as a node would get it."""
     from plancache import Plan
-    from plancache.graphspec.validation import normalize
     from plancache.keys.options import CompileOptions
+    from plancache.keys.query import PlanQuery
     from plancache_server.worker.worker import VerifiedJob, plan_metadata
 
-    normalized = normalize(spec)
-    options = CompileOptions(autotune=autotune)
-    compiled = list(compiler.compile_phases(normalized, options))[-1]
-    job = VerifiedJob(name, normalized, compiler.target, options)
-    return Plan(compiled.blob, plan_metadata(job, compiled, "bench", compiler.target.to_proto()))
+    query = PlanQuery.of(spec, compiler.target, CompileOptions(autotune=autotune))
+    compiled = list(compiler.compile_phases(query.spec, query.options))[-1]
+    return Plan(compiled.blob, plan_metadata(VerifiedJob(query), compiled, "bench", compiler.target.to_proto()))
 
 
 def tensors_for(plan: Any) -> dict[str, Any]:

@@ -195,7 +195,7 @@ def forget_plans(address: str, keys: list[str]) -> None:
 
     with Client(address, cache=False) as client:
         for key in keys:
-            client.invalidate(key)
+            client.admin.invalidate(key)
 
 
 def forget_jobs(redis_url: str, target_id: str, keys: list[str]) -> None:

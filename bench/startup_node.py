@@ -97,6 +97,7 @@ from plancache.gpu.stack import torch_dtype  # noqa: E402
 from plancache.gpu.target import detect_target  # noqa: E402
 from plancache.graphspec.graph import GraphSpec  # noqa: E402
 from plancache.graphspec.validation import normalize  # noqa: E402
+from plancache.keys.query import PlanQuery  # noqa: E402
 from plancache.keys.target import Target  # noqa: E402
 from plancache.run.gpu import cudnn_handle  # noqa: E402
 
@@ -281,26 +282,29 @@ class LocalBuilds:
 
     def compile(
         self,
-        spec: GraphSpec,
+        spec: GraphSpec | PlanQuery,
         target: Target | str | None = None,
         options: CompileOptions | None = None,
         *_: object,
         **__: object,
     ) -> Plan:
-        from plancache.graphspec.canonical import hash_normalized
-        from plancache.trust.answers import Asked
-
-        normalized = normalize(spec)
-        resolved = target if isinstance(target, Target) else Target.parse(target) if target else detect_target()
-        opts = options or CompileOptions()
-        key = Asked.query(hash_normalized(normalized), resolved, opts).key
-        plan: Plan = self._build(normalized, opts, key, resolved)
+        if isinstance(spec, PlanQuery):  # what plancache's front doors ask with
+            query = spec
+        else:
+            resolved = target if isinstance(target, Target) else Target.parse(target) if target else detect_target()
+            query = PlanQuery.of(spec, resolved, options)
+        plan: Plan = self._build(query)
         return plan
 
     _compile = compile
 
     def race(
-        self, spec: GraphSpec, target: Target | str | None, options: CompileOptions | None, build: object, **_: object
+        self,
+        spec: GraphSpec | PlanQuery,
+        target: Target | str | None,
+        options: CompileOptions | None,
+        build: object,
+        **_: object,
     ) -> object:
         """A race plancache's front doors may ask for: none here (the node's own plan, always)."""
         from plancache.transport.hedge import Raced

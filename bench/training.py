@@ -130,16 +130,12 @@ class InProcessClient:
     def compile(
         self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None, **_: Any
     ) -> Any:
-        from plancache.graphspec.canonical import hash_normalized
-        from plancache.graphspec.validation import normalize
         from plancache.keys.options import CompileOptions
-        from plancache.trust.answers import Asked
+        from plancache.keys.query import PlanQuery
 
-        key = Asked.query(
-            hash_normalized(normalize(spec)), self.compiler.target, CompileOptions(autotune=self.autotune)
-        ).key
+        key = PlanQuery.of(spec, self.compiler.target, CompileOptions(autotune=self.autotune)).key
         self.compiled.append(key)
-        return build_spec_plan(self.compiler, key, spec, autotune=self.autotune)
+        return build_spec_plan(self.compiler, spec, autotune=self.autotune)
 
     def close(self) -> None:
         pass
@@ -1036,7 +1032,8 @@ def report(result: dict[str, Any], out: Path) -> None:
     )
     for m, s in steps.items():
         print(
-            f"{m}: loss rel err vs torch {_f(s.get('loss_rel_err')):.2e}, worst gradient {_f(s.get('grad_rel_err_max')):.2e}; "
+            f"{m}: loss rel err vs torch {_f(s.get('loss_rel_err')):.2e}, "
+            f"worst gradient {_f(s.get('grad_rel_err_max')):.2e}; "
             f"functional/torch {s.get('functional_over_torch')}; errors: {s.get('errors') or 'none'}"
         )
     print(
@@ -1092,7 +1089,8 @@ def report(result: dict[str, Any], out: Path) -> None:
             print(r["case"], "errors:", {k: v[:200] for k, v in r["errors"].items()})
     s = result.get("summary", {})
     print(
-        f"target: functional / (raw+alloc) <= {TARGET_OVER_RAW_ALLOC}; beyond it: {s.get('beyond_target_over_raw_alloc') or 'none'}; "
+        f"target: functional / (raw+alloc) <= {TARGET_OVER_RAW_ALLOC}; "
+        f"beyond it: {s.get('beyond_target_over_raw_alloc') or 'none'}; "
         f"against the ordered raw+alloc: {s.get('beyond_target_over_ordered_alloc') or 'none'}"
     )
     st = result.get("startup")

@@ -53,9 +53,7 @@ import redis
 from bench.report import figure, percentile, save, table, write_json
 from plancache import Client, CompileOptions, GraphSpec, InvalidRequest, Manifest, WarmStatus
 from plancache.graphspec import spec_io
-from plancache.graphspec.canonical import hash_normalized
-from plancache.graphspec.validation import normalize
-from plancache.keys.plankey import make_key
+from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
@@ -129,12 +127,10 @@ def seed_store(redis_url: str, count: int, hits: list[int], bound_mb: int = 0) -
     hour = int(time.time() // 3600)
     pipe = client.pipeline(transaction=False)
     for i in range(count):
-        normalized = normalize(spec_of(i))
-        key = make_key(hash_normalized(normalized), GENERIC, OPTIONS)
+        query = PlanQuery.of(spec_of(i), GENERIC, OPTIONS)
+        normalized, key = query.spec, query.key
         compiled = heuristic_plan(compiler.heuristic(normalized, OPTIONS), provisional=False)
-        metadata = plan_metadata(
-            VerifiedJob(key, normalized, GENERIC, OPTIONS), compiled, "upgrade-seed", GENERIC.to_proto()
-        )
+        metadata = plan_metadata(VerifiedJob(query), compiled, "upgrade-seed", GENERIC.to_proto())
         store.put(
             StoredPlan(blob=compiled.blob, metadata=metadata, signature=None),
             spec=spec_io.to_proto(normalized),
@@ -146,7 +142,7 @@ def seed_store(redis_url: str, count: int, hits: list[int], bound_mb: int = 0) -
 
 
 def key_for(spec: GraphSpec, target: Target) -> str:
-    return make_key(hash_normalized(normalize(spec)), target, OPTIONS)
+    return PlanQuery.of(spec, target, OPTIONS).key
 
 
 # ---- processes ----------------------------------------------------------------
@@ -207,7 +203,7 @@ def deployment(
 
 def warm_status(client: Client) -> WarmStatus | None:
     try:
-        (status,) = client.warm_status(EXACT)
+        (status,) = client.admin.warm_status(EXACT)
     except InvalidRequest:  # no plan yet
         return None
     return status
@@ -450,7 +446,7 @@ def miss_check(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         for _ in range(args.quiet_misses):
             misses.append(real_miss(address, miss_spec(next(spare)), "idle", t0, client))
             time.sleep(pause)
-        client.warm(EXACT, from_target=GENERIC)
+        client.admin.warm(EXACT, from_target=GENERIC)
         deadline = time.monotonic() + args.max_seconds
         for _ in range(args.quiet_misses):
             status = wait_warming(client, lambda s: s.in_flight > 0 or finished(s), deadline)
@@ -482,7 +478,7 @@ def bound_check(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     ):
         with Client(address, cache=False, allow_unsigned=True, timeout=30) as client:
             client.prefetch(Manifest.from_specs(hot, EXACT), compile_missing=True)
-            client.warm(EXACT, from_target=GENERIC)
+            client.admin.warm(EXACT, from_target=GENERIC)
             status = wait_warming(client, finished, time.monotonic() + args.max_seconds)
         r = redis.Redis.from_url(redis_url)
         usage = Janitor(r).usage()

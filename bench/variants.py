@@ -127,7 +127,7 @@ def fp8_matmul_spec(n: int) -> Any:
 def build(compiler: Any, spec: Any) -> Any:
     from bench.gpu_exec import build_spec_plan
 
-    return build_spec_plan(compiler, spec.name, spec, autotune=True)
+    return build_spec_plan(compiler, spec, autotune=True)
 
 
 def paged_case(compiler: Any) -> dict[str, Any]:

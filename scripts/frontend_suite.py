@@ -299,7 +299,7 @@ def server_stats(dep: Deployment) -> list[dict[str, Any]]:
 
     try:
         with Client(dep.address, cache=False, timeout=10) as client:
-            return [{k: v for k, v in asdict(t).items() if k != "windows"} for t in client.stats()]
+            return [{k: v for k, v in asdict(t).items() if k != "windows"} for t in client.admin.stats()]
     except PlanCacheError as e:
         return [{"error": f"{type(e).__name__}: {e}"}]
 

@@ -32,9 +32,9 @@ def test_a_family_built_by_the_worker_serves_every_size_as_a_hit(pf: Any) -> Non
         SERVICE.compile = original  # type: ignore[method-assign]
     family = derive(recorded[0], recorded[1], sizes={"d0": [3, 5, 9, 33]})
     client = SERVICE.client()
-    status = client.build_family(family, SERVICE.target_for(0), SERVICE.options)
+    status = client.admin.build_family(family, SERVICE.target_for(0), SERVICE.options)
     deadline = time.monotonic() + 240
-    while not (status := client.family_status(status.family_key)).complete:
+    while not (status := client.admin.family_status(status.family_key)).complete:
         assert time.monotonic() < deadline, status
         time.sleep(0.5)
     for rows in (3, 5, 9, 33):

@@ -20,10 +20,8 @@ import pytest
 
 from examples.generate import EXAMPLES
 from plancache import Client, CompileOptions, race_stats
-from plancache.graphspec.canonical import hash_normalized
-from plancache.graphspec.validation import normalize
+from plancache.keys.query import PlanQuery
 from plancache.transport import hedge
-from plancache.trust.answers import Asked
 
 pytestmark = pytest.mark.gpu
 
@@ -53,9 +51,9 @@ def test_the_nodes_own_build_runs_and_binds_as_the_workers_plan(gpu_session: dic
     from plancache.gpu.target import detect_target
     from plancache.run.local import build_local
 
-    spec, target = normalize(EXAMPLES[case]()), detect_target()
-    key = Asked.query(hash_normalized(spec), target, CompileOptions()).key
-    local = build_local(spec, CompileOptions(), key, target)
+    query = PlanQuery.of(EXAMPLES[case](), detect_target())
+    key = query.key
+    local = build_local(query)
     assert local.source == "local" and local.local and local.blob == b"" and local.provisional
     _checked(case, local)
     with _client(gpu_session) as client:
@@ -117,7 +115,7 @@ def test_a_frontend_program_races_its_own_build(gpu_session: dict[str, Any], tmp
     with _client(gpu_session) as client:
         for g in seen["graphs"]:
             if g["key"]:
-                client.invalidate(g["key"])
+                client.admin.invalidate(g["key"])
     result = _run(
         _env(gpu_session, tmp_path / "cache-1", PLANCACHE_HEDGE="1"), tmp_path, "hedged"
     )  # its outputs match torch (checked by _run)
@@ -135,7 +133,7 @@ def test_a_frontend_program_races_its_own_build(gpu_session: dict[str, Any], tmp
     ) as client:  # not stored, as test_gpu_frontend_shim.py expects of its first run whatever the order
         for g in seen["graphs"]:
             if g["key"]:
-                client.invalidate(g["key"])
+                client.admin.invalidate(g["key"])
 
 
 def test_a_functional_first_call_races_its_own_build(gpu_session: dict[str, Any], tmp_path: Path) -> None:

@@ -61,7 +61,8 @@ def check_grads(
             errors[f"grad {index}"] = (rel_err(leaf.grad, ref.grad), rel_err(low.grad, ref.grad))
     beyond = {k: v for k, v in errors.items() if v[0] >= max(TOLERANCE[dtype], 2 * v[1])}
     assert not beyond, (
-        f"{function} {dtype}: relative errors (ours, torch's own) {errors} (limit {TOLERANCE[dtype]:g} or twice torch's)"
+        f"{function} {dtype}: relative errors (ours, torch's own) {errors} "
+        f"(limit {TOLERANCE[dtype]:g} or twice torch's)"
     )
     after, after_forward = pf.stats()[f"{function}.backward"], pf.stats()[function]
     assert after.cudnn > (before.cudnn if before else 0), after
@@ -489,13 +490,16 @@ def test_a_prefetched_process_trains_from_the_manifest_asking_nothing(
     )
     asked: list[Any] = []
     compile_ = client.compile
-    client.compile = lambda spec, *a, **k: asked.append(spec.name) or compile_(spec, *a, **k)  # type: ignore[method-assign]
+    client.compile = lambda query, *a, **k: (  # type: ignore[method-assign]
+        asked.append(getattr(query, "spec", query).name) or compile_(query, *a, **k)  # a PlanQuery, or a spec
+    )
     try:
         pf.configure(client)
         result = pf.prefetch(tmp_path / "functions.json").wait(timeout=120)
         assert result.failed == 0 and len(result.plans) == len(manifest.entries)
         again = step()
-        # Only what is not in a manifest is asked for: a bias gradient cuDNN refuses (torch's sum runs it, as in the first run).
+        # Only what is not in a manifest is asked for: a bias gradient cuDNN refuses (torch's sum runs it,
+        # as in the first run).
         assert set(asked) <= {"plancache.functional.linear.backward"}, asked
         for ours, before in zip(again, first, strict=True):
             assert rel_err(ours, before) < 1e-2

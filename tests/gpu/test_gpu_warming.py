@@ -56,7 +56,7 @@ def warmed(gpu_session: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
                 break
             time.sleep(0.5)
         deadline = time.monotonic() + 300
-        while (now := client.warm_status(exact)[0]).state != "done" or now.in_flight:
+        while (now := client.admin.warm_status(exact)[0]).state != "done" or now.in_flight:
             assert time.monotonic() < deadline, now
             time.sleep(0.25)
     warm_s = time.perf_counter() - started

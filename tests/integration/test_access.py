@@ -39,11 +39,11 @@ def test_tokens_and_roles(guarded_stack: Stack) -> None:
     with guarded_stack.client() as anonymous, pytest.raises(Unauthenticated, match="requires a bearer token"):
         anonymous.compile(matmul_spec(), TARGET)
     with guarded_stack.client(token="x" * 20) as stranger, pytest.raises(Unauthenticated, match="unknown bearer token"):
-        stranger.stats()
+        stranger.admin.stats()
     with guarded_stack.client(token=TOKENS["compile"]) as app:
         plan = app.compile(matmul_spec(), TARGET)
     with guarded_stack.client(token=TOKENS["read"]) as reader:
-        assert reader.get(plan.key).blob == plan.blob and reader.stats() and reader.list_targets()
+        assert reader.get(plan.key).blob == plan.blob and reader.admin.stats() and reader.admin.list_targets()
         with pytest.raises(PermissionDenied, match="Compile needs a compile token; this token's role is read"):
             reader.compile(matmul_bias_relu_spec(), TARGET)
         from plancache import Manifest
@@ -53,11 +53,11 @@ def test_tokens_and_roles(guarded_stack: Stack) -> None:
         refused = reader.prefetch(Manifest.from_specs([matmul_bias_relu_spec()], TARGET), compile_missing=True)
         assert isinstance(refused.errors[0], PermissionDenied)
         with pytest.raises(PermissionDenied, match="Invalidate needs a admin token"):
-            reader.invalidate(plan.key)
-    with guarded_stack.client(token=TOKENS["admin"]) as admin:
-        assert admin.invalidate(plan.key) == 1
+            reader.admin.invalidate(plan.key)
+    with guarded_stack.client(token=TOKENS["admin"]) as operator:
+        assert operator.admin.invalidate(plan.key) == 1
         with pytest.raises(NotFound):
-            admin.get(plan.key)
+            operator.get(plan.key)
 
 
 def test_invalidate_by_spec_and_by_target(stack: Stack) -> None:
@@ -65,11 +65,11 @@ def test_invalidate_by_spec_and_by_target(stack: Stack) -> None:
         tuned = client.compile(matmul_spec(), TARGET)
         client.compile(matmul_spec(), TARGET.generic())
         client.compile(matmul_bias_relu_spec(), TARGET)
-        assert client.invalidate(spec_hash=tuned.metadata.spec_hash) == 2
+        assert client.admin.invalidate(spec_hash=tuned.metadata.spec_hash) == 2
         with pytest.raises(NotFound):
             client.get(tuned.key)
         assert client.get(spec=matmul_bias_relu_spec(), target=TARGET) is not None
-        assert client.invalidate(target=TARGET) == 1
+        assert client.admin.invalidate(target=TARGET) == 1
         with pytest.raises(NotFound):
             client.get(spec=matmul_bias_relu_spec(), target=TARGET)
         assert client.compile(matmul_spec(), TARGET).source == "compiled"  # rebuilt on demand
@@ -86,7 +86,7 @@ def test_tls_and_mutual_tls(redis_server: EmbeddedRedis, redis_client: object, p
         with Client(s.address, cache=False, tls=TLSConfig(ca=pki["ca"])) as secure:
             assert secure.compile(matmul_spec(), TARGET).source == "compiled"
         with Client(s.address, cache=False, timeout=3) as plaintext, pytest.raises(Unavailable):
-            plaintext.stats()
+            plaintext.admin.stats()
     finally:
         stop()
     s, stop = start_stack(
@@ -101,7 +101,7 @@ def test_tls_and_mutual_tls(redis_server: EmbeddedRedis, redis_client: object, p
             Client(s.address, cache=False, timeout=3, tls=TLSConfig(ca=pki["ca"])) as no_cert,
             pytest.raises(Unavailable),
         ):
-            no_cert.stats()
+            no_cert.admin.stats()
     finally:
         stop()
 
@@ -144,30 +144,30 @@ def test_drain_a_worker(stack: Stack) -> None:
 
     from plancache import TargetUnavailable
 
-    with stack.client() as admin:
-        assert admin.drain_worker("no-such-worker") is False
-        assert admin.drain_worker("test-worker") is True
+    with stack.client() as operator:
+        assert operator.admin.drain_worker("no-such-worker") is False
+        assert operator.admin.drain_worker("test-worker") is True
         deadline = time.monotonic() + 5
-        while any(t.live_workers for t in admin.list_targets()):
+        while any(t.live_workers for t in operator.admin.list_targets()):
             assert time.monotonic() < deadline, "the worker did not leave"
             time.sleep(0.1)
         with pytest.raises(TargetUnavailable):
-            admin.compile(matmul_spec(), TARGET)
+            operator.compile(matmul_spec(), TARGET)
 
 
 def test_explain_says_which_part_of_the_key_differs(stack: Stack) -> None:
     from plancache import CompileOptions, Target
 
     with stack.client() as client:
-        never = client.explain(matmul_bias_relu_spec(), TARGET)
+        never = client.admin.explain(matmul_bias_relu_spec(), TARGET)
         assert not never.stored and not never.variants and "no plan of this spec" in never.summary
         client.compile(matmul_spec(), TARGET)
         client.compile(matmul_spec(), TARGET, CompileOptions(autotune=False))
-        hit = client.explain(matmul_spec(), TARGET)
+        hit = client.admin.explain(matmul_spec(), TARGET)
         assert hit.stored and "hits" in hit.summary and len(hit.variants) == 1
         assert hit.variants[0].differences[0].startswith("options: stored opt-")
         newer = Target(TARGET.compute_capability, 92000, "1.33.0", TARGET.device_name, TARGET.sm_count)
-        miss = client.explain(matmul_spec(), newer)
+        miss = client.admin.explain(matmul_spec(), newer)
         assert not miss.stored and len(miss.variants) == 2
         assert any("cuDNN version: stored 91900, asked 92000" in d for v in miss.variants for d in v.differences)
         assert any("frontend version: stored 1.32.0, asked 1.33.0" in d for v in miss.variants for d in v.differences)
@@ -182,11 +182,11 @@ def test_list_plans_is_an_admin_call_and_refuses_a_malformed_target(guarded_stac
     with guarded_stack.client(token=TOKENS["compile"]) as app:
         key = app.compile(matmul_spec(), TARGET).key
         with pytest.raises(PermissionDenied, match=r"ListPlans needs a.* admin token"):
-            app.list_plans()
-    with guarded_stack.client(token=TOKENS["admin"]) as admin:
-        assert admin.list_plans() == [key] and admin.list_plans(TARGET) == [key]
+            app.admin.list_plans()
+    with guarded_stack.client(token=TOKENS["admin"]) as operator:
+        assert operator.admin.list_plans() == [key] and operator.admin.list_plans(TARGET) == [key]
         with pytest.raises(InvalidRequest, match="is not like"):
-            admin.list_plans("sm_90")  # a prefix is not a target id
+            operator.admin.list_plans("sm_90")  # a prefix is not a target id
     # A malformed target id sent raw (the client would refuse it first): INVALID_ARGUMENT with the reason.
     with grpc.insecure_channel(guarded_stack.address) as channel:
         call = channel.unary_unary(

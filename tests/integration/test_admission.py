@@ -185,7 +185,7 @@ def test_unread_prefetch_streams_hold_memory_bounded_by_the_window_not_threads(
             answered = []
             for _ in range(5):
                 started = time.perf_counter()
-                client.stats()
+                client.admin.stats()
                 answered.append(time.perf_counter() - started)
             hit_started = time.perf_counter()
             client.get(plan.key)
@@ -341,7 +341,7 @@ def test_a_full_queue_refuses_the_new_job_and_loses_none(
 def test_20000_unknown_targets_leave_a_bounded_number_of_keys(stack: Stack) -> None:
     with stack.client(timeout=60) as client:
         client.compile(matmul_spec(), TARGET)
-        client.stats()
+        client.admin.stats()
         keys_before = stack.redis.dbsize()
         spec_hash = hash_normalized(normalize(matmul_spec()))
         invented = [Target("sm_90", 91900 + i % 5000, f"1.{i // 5000}.0", f"nope {i}") for i in range(20_000)]
@@ -354,11 +354,11 @@ def test_20000_unknown_targets_leave_a_bounded_number_of_keys(stack: Stack) -> N
         # compile_missing for unknown targets: refused (no worker), nothing queued or leased
         queries = Manifest(entries=[ManifestEntry(spec=matmul_spec(m=24))], target=invented[0])
         assert type(client.prefetch(queries, compile_missing=True).errors[0]).__name__ == "TargetUnavailable"
-        rows = client.stats()  # flushes every gateway's counters first
+        rows = client.admin.stats()  # flushes every gateway's counters first
         timings = []
         for _ in range(5):
             started = time.perf_counter()
-            client.stats()
+            client.admin.stats()
             timings.append(time.perf_counter() - started)
     grown = stack.redis.dbsize() - keys_before
     print(

@@ -65,7 +65,7 @@ def test_a_bundle_moves_plans_to_another_store_byte_for_byte(
         try:
             with Client(other.address, cache=False, trusted_keys=[keypair[1]], allow_unsigned=False) as c:
                 assert {key: c.get(key).blob for key in blobs} == blobs
-                (row,) = [r for r in c.stats() if r.stored_plans]
+                (row,) = [r for r in c.admin.stats() if r.stored_plans]
                 assert row.stored_plans == 3
         finally:
             stop()
@@ -104,7 +104,7 @@ def test_backup_wipe_restore_serves_every_plan_with_the_same_bytes(
     _export(signed_stack, keypair[1], backup, "--target", TARGET.id)
     redis_client.flushall()
     with Client(signed_stack.address, cache=False, trusted_keys=[keypair[1]], allow_unsigned=False) as c:
-        assert c.list_plans() == []
+        assert c.admin.list_plans() == []
         assert import_bundle(backup, redis_server.url, [keypair[1]], allow_unsigned=False) == 3
         assert {key: c.get(key).blob for key in blobs} == blobs
 

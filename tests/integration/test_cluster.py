@@ -82,6 +82,6 @@ def test_compile_path_on_a_cluster(cluster_stack: Stack) -> None:
             Manifest.from_specs([matmul_spec(), matmul_spec(m=32)], TARGET), compile_missing=True
         )
         assert (prefetched.fetched, prefetched.compiled, prefetched.failed) == (1, 1, 0)
-        row = {r.target_id: r for r in client.stats()}[TARGET.id]
+        row = {r.target_id: r for r in client.admin.stats()}[TARGET.id]
         assert row.compiles == 3 and row.live_workers == 1
-        assert {t.target_id for t in client.list_targets()} == {TARGET.id, TARGET.generic().id}
+        assert {t.target_id for t in client.admin.list_targets()} == {TARGET.id, TARGET.generic().id}

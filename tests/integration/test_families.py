@@ -44,7 +44,7 @@ def family_stack(redis_server: EmbeddedRedis, redis_client: redis.Redis) -> Iter
 def wait_complete(client: Client, family_key: str, timeout: float = 60) -> Any:
     deadline = time.monotonic() + timeout
     while True:
-        status = client.family_status(family_key)
+        status = client.admin.family_status(family_key)
         if status.complete:
             return status
         assert time.monotonic() < deadline, status
@@ -54,7 +54,7 @@ def wait_complete(client: Client, family_key: str, timeout: float = 60) -> Any:
 def test_every_size_of_a_built_family_is_a_hit_and_others_miss(family_stack: Stack) -> None:
     family = derive(decode_step(8), decode_step(17), sizes={"d0": [1, 2, 3, 8, 17, 24]})
     with family_stack.client() as client:
-        status = client.build_family(family, STANDIN_TARGET, OPTIONS)
+        status = client.admin.build_family(family, STANDIN_TARGET, OPTIONS)
         assert (status.total, status.stored, status.queued) == (6, 0, 6) and status.family_key == make_family_key(
             family.family_hash(), STANDIN_TARGET, OPTIONS
         )
@@ -65,7 +65,7 @@ def test_every_size_of_a_built_family_is_a_hit_and_others_miss(family_stack: Sta
         assert (
             client.compile(decode_step(5), STANDIN_TARGET, OPTIONS).source != "hit"
         )  # outside the family: a miss as before
-        again = client.build_family(family, STANDIN_TARGET, OPTIONS)  # asked again: nothing to queue
+        again = client.admin.build_family(family, STANDIN_TARGET, OPTIONS)  # asked again: nothing to queue
         assert (again.stored, again.queued) == (6, 0)
 
 
@@ -73,20 +73,20 @@ def test_what_a_family_cannot_be_is_refused_by_the_server(family_stack: Stack) -
     family = derive(decode_step(8), decode_step(17), sizes={"d0": [1, 2]})
     with family_stack.client() as client:
         with pytest.raises(NotFound, match="no graph family"):
-            client.family_status("family-nothing")
+            client.admin.family_status("family-nothing")
         with pytest.raises(InvalidRequest, match="is unknown"):
-            client.build_family(family, Target.parse("sm_100/cudnn-91900/fe-1.32.0"), OPTIONS)
+            client.admin.build_family(family, Target.parse("sm_100/cudnn-91900/fe-1.32.0"), OPTIONS)
         forged = family.to_proto()
         forged.varying[0].places[0].axis = 9  # an axis the tensor does not have: sent as is, past the client's checks
         request = pb.BuildFamilyRequest(family=forged, target=STANDIN_TARGET.to_proto(), options=OPTIONS.to_proto())
         with pytest.raises(SpecError, match="has no declared axis 9"):
-            client._call(client._stub.BuildFamily, request, 10)
+            client.connection.call(client._stub.BuildFamily, request, 10)
         huge = family.to_proto()
         huge.varying[0].sizes[:] = range(
             1, 600_000
         )  # over a megabyte of sizes: refused on the wire, before it is parsed
         with pytest.raises(SpecError, match="field 2 of GraphFamily entry 1 has"):
-            client._call(
+            client.connection.call(
                 client._stub.BuildFamily,
                 pb.BuildFamilyRequest(family=huge, target=STANDIN_TARGET.to_proto(), options=OPTIONS.to_proto()),
                 10,
@@ -94,7 +94,7 @@ def test_what_a_family_cannot_be_is_refused_by_the_server(family_stack: Stack) -
         too_many = family.to_proto()
         too_many.varying[0].sizes[:] = range(1, 5000)
         with pytest.raises(SpecError, match="at most 1,024 graphs"):
-            client._call(
+            client.connection.call(
                 client._stub.BuildFamily,
                 pb.BuildFamilyRequest(family=too_many, target=STANDIN_TARGET.to_proto(), options=OPTIONS.to_proto()),
                 10,

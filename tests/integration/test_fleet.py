@@ -106,7 +106,7 @@ def test_two_front_ends_two_workers_build_each_key_once(fleet_redis: EmbeddedRed
 
 
 def _row(client: Client) -> TargetStats:
-    return {r.target_id: r for r in client.stats()}[TARGET.id]
+    return {r.target_id: r for r in client.admin.stats()}[TARGET.id]
 
 
 def _running_worker(client: redis.Redis, plan_key: str, timeout: float = 20) -> str:

@@ -74,7 +74,7 @@ def test_the_hostile_values_are_hostile(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(InvalidRequest):  # the clients' trusted key does not exist
         TrustPolicy.create()
     with pytest.raises(PlanCacheError), Client(os.environ["PLANCACHE_SERVER"], cache=False, timeout=1) as client:
-        client.stats()
+        client.admin.stats()
 
 
 def test_every_setting_has_a_hostile_value() -> None:

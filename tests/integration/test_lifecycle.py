@@ -81,10 +81,10 @@ def test_a_100_mb_bound_holds_while_300_mb_go_in(bounded_stack: Stack, redis_cli
             if i % 4 == 0:
                 for key in hot:
                     client.get(key)  # recently used: these stay
-                client.stats()  # GetStats flushes this gateway's counts, last use included
+                client.admin.stats()  # GetStats flushes this gateway's counts, last use included
         for key in hot:
             assert len(client.get(key).blob) == 5 * MiB
-        (row,) = [r for r in client.stats() if r.target_id == TARGET.id]
+        (row,) = [r for r in client.admin.stats() if r.target_id == TARGET.id]
     assert row.stored_bytes <= 100 * MiB and row.stored_plans == len(redis_client.zrange(keys.PLAN_INDEX, 0, -1))
     assert row.evicted == 60 - row.stored_plans and row.evicted >= 40
     stored = [k for k in redis_client.scan_iter(match="plancache:{*}:plan")]
@@ -148,12 +148,12 @@ def test_a_front_ends_hits_record_last_use_and_invalidate_keeps_the_counts(
         assert written is not None
         time.sleep(0.05)
         client.get(kept.key)
-        client.stats()  # flushes this gateway's counts
+        client.admin.stats()  # flushes this gateway's counts
         assert (redis_client.zscore(keys.PLAN_INDEX, kept.key) or 0) > written
-        assert client.invalidate(dropped.key) == 1
+        assert client.admin.invalidate(dropped.key) == 1
         with pytest.raises(NotFound):
             client.get(dropped.key)
-        (row,) = [r for r in client.stats() if r.target_id == TARGET.id]
+        (row,) = [r for r in client.admin.stats() if r.target_id == TARGET.id]
     assert row.stored_plans == 1 and row.stored_bytes == int(redis_client.hget(keys.plan(kept.key), "size") or 0)
     assert redis_client.zscore(keys.PLAN_INDEX, dropped.key) is None
 

@@ -98,6 +98,6 @@ def test_manifest_round_trip_and_refusals(tmp_path: Path) -> None:
 
 def test_list_targets_names_live_workers(stack: Stack) -> None:
     with stack.client() as client:
-        targets = {t.target_id: t for t in client.list_targets()}
+        targets = {t.target_id: t for t in client.admin.list_targets()}
     assert targets[TARGET.id].live_workers == 1 and targets[TARGET.id].worker_ids == ("test-worker",)
     assert targets[TARGET.generic().id].live_workers == 1

@@ -84,7 +84,7 @@ def server_and_worker(tmp_path: Path) -> Iterator[tuple[Proc, Proc, str]]:
 
 def _wait_for_worker(client: Client) -> None:
     deadline = time.monotonic() + 30
-    while not any(r.live_workers for r in client.stats()):
+    while not any(r.live_workers for r in client.admin.stats()):
         assert time.monotonic() < deadline, "worker did not register"
         time.sleep(0.2)
 
@@ -392,7 +392,7 @@ def test_a_second_server_on_the_same_data_folder_or_port_is_refused(tmp_path: Pa
         assert same_port.proc.wait(timeout=60) == 1
         assert "cannot listen on" in same_port.text(), same_port.text()
         with Client(f"127.0.0.1:{port}", cache=False, timeout=5) as client:
-            client.stats()  # the first one still serves
+            client.admin.stats()  # the first one still serves
     finally:
         first.stop()
 

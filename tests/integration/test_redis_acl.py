@@ -49,11 +49,11 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(
                 Manifest(entries=[ManifestEntry(spec=matmul_bias_relu_spec())], target=TARGET), compile_missing=True
             )
             assert not fetched.errors and fetched.compiled == 1
-            assert client.explain(matmul_spec(), TARGET).stored
-            assert {t.target_id for t in client.list_targets()} >= {TARGET.id}
+            assert client.admin.explain(matmul_spec(), TARGET).stored
+            assert {t.target_id for t in client.admin.list_targets()} >= {TARGET.id}
             # A statistics flush (about once a second) under the gateway's user.
             row = wait_until(
-                lambda: (r := {r.target_id: r for r in client.stats()}[TARGET.id]).hits + r.compiles >= 4 and r,
+                lambda: (r := {r.target_id: r for r in client.admin.stats()}[TARGET.id]).hits + r.compiles >= 4 and r,
                 10,
                 "statistics flushed",
             )
@@ -61,23 +61,23 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(
             report = s.gateway.run(status_of(s.gateway.front).report())
             assert [t.target_id for t in report.targets if t.live_workers] and report.top_by_hits
             # Warming: planned under the gateway's user, built under the worker's.
-            warmed = client.warm(TARGET.generic(), from_target=TARGET)
+            warmed = client.admin.warm(TARGET.generic(), from_target=TARGET)
             deadline = time.monotonic() + 20
-            while (now := client.warm_status(TARGET.generic())[0]).state != "done" or now.in_flight:
+            while (now := client.admin.warm_status(TARGET.generic())[0]).state != "done" or now.in_flight:
                 assert time.monotonic() < deadline, now
                 time.sleep(0.1)
             assert (warmed.total, now.built, now.failed) == (2, 2, 0) and now.coverage == 1.0
             assert s.gateway.run(status_of(s.gateway.front).report()).warming
             # A graph family: recorded and queued under the gateway's user (after a finished plan), built under the worker's.
             family = derive(matmul_spec(m=8), matmul_spec(m=24), sizes={"d0": [8, 24]})
-            asked = client.build_family(family, TARGET)
+            asked = client.admin.build_family(family, TARGET)
             assert (asked.total, asked.queued) == (2, 2)
-            assert wait_until(lambda: client.family_status(asked.family_key).complete, 20, "the family built")
-            assert client.drain_worker("nobody") is False
+            assert wait_until(lambda: client.admin.family_status(asked.family_key).complete, 20, "the family built")
+            assert client.admin.drain_worker("nobody") is False
             assert (
-                client.invalidate(built.key) == 1 and client.invalidate(target=TARGET) == 3
+                client.admin.invalidate(built.key) == 1 and client.admin.invalidate(target=TARGET) == 3
             )  # DEL (and SCAN) of plans: the prefetched one, the family's two
-            assert client.invalidate(target=TARGET.generic()) == 2
+            assert client.admin.invalidate(target=TARGET.generic()) == 2
             with pytest.raises(NotFound):
                 client.get(built.key)
             assert client.compile(matmul_spec(), TARGET).source == "compiled"  # the worker writes plans again
@@ -126,7 +126,7 @@ def test_the_private_redis_listens_only_on_a_socket_of_the_servers_user(
             deadline = time.monotonic() + 30
             while True:
                 try:
-                    client.stats()
+                    client.admin.stats()
                     break
                 except Exception:
                     assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"

@@ -87,7 +87,7 @@ def test_concurrent_identical_compiles_build_once(slow_stack: Stack) -> None:
     assert len({p.blob for p in plans}) == 1
     sources = sorted(p.source for p in plans)
     assert sources.count("compiled") == 1 and sources.count("joined") == callers - 1
-    row = {r.target_id: r for r in Client(slow_stack.address).stats()}[TARGET.id]
+    row = {r.target_id: r for r in Client(slow_stack.address).admin.stats()}[TARGET.id]
     assert (row.compiles, row.joined, row.misses, row.hits) == (1, callers - 1, callers, 0)
 
 
@@ -124,7 +124,7 @@ def test_cudnn_rejection_is_failed_precondition_with_the_reason(stack: Stack) ->
     with stack.client() as client, pytest.raises(CompileFailed, match="cuDNN_STATUS_NOT_SUPPORTED") as info:
         client.compile(matmul_spec(name=REJECTED_NAME), TARGET)
     assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
-    row = {r.target_id: r for r in Client(stack.address).stats()}[TARGET.id]
+    row = {r.target_id: r for r in Client(stack.address).admin.stats()}[TARGET.id]
     assert row.failures == 1
 
 
@@ -201,7 +201,7 @@ def test_redis_down_is_unavailable(redis_server: object, tmp_path: object) -> No
                 client.compile(matmul_spec(), TARGET)
             assert info.value.code == grpc.StatusCode.UNAVAILABLE and "plan store unavailable" in info.value.message
             with pytest.raises(StoreUnavailable):
-                client.stats()
+                client.admin.stats()
     finally:
         stop()
         private.stop()
@@ -235,7 +235,7 @@ def test_stats_count_per_target(stack: Stack) -> None:
         client.compile(matmul_spec(), TARGET)
         for _ in range(3):
             client.compile(matmul_spec(), TARGET)
-        rows = {r.target_id: r for r in client.stats()}
+        rows = {r.target_id: r for r in client.admin.stats()}
     row = rows[TARGET.id]
     assert (row.hits, row.misses, row.compiles, row.failures) == (3, 1, 1, 0)
     assert row.hit_rate == pytest.approx(0.75) and row.live_workers == 1
@@ -295,8 +295,8 @@ def test_stats_windows_bytes_seconds_saved_and_op_families(slow_stack: Stack) ->
         client.compile(matmul_spec(), TARGET)
         client.get(plan.key)
         client.compile(matmul_bias_relu_spec(), TARGET)
-        (row,) = [r for r in client.stats() if r.target_id == TARGET.id]
-        families = client.family_stats()
+        (row,) = [r for r in client.admin.stats() if r.target_id == TARGET.id]
+        families = client.admin.family_stats()
     # two hits (a Compile and a GetPlan), two misses
     assert (row.hits, row.misses) == (2, 2)
     assert row.bytes_served == 2 * len(plan.blob)

@@ -168,7 +168,7 @@ def test_status_page_in_headless_chromium(busy_server: dict[str, Any]) -> None:
 
 def test_invalidated_plans_leave_the_top_entries(busy_server: dict[str, Any]) -> None:
     with Client(busy_server["address"], cache=False, allow_unsigned=True) as client:
-        assert client.invalidate(key=busy_server["hot"]) == 1
+        assert client.admin.invalidate(key=busy_server["hot"]) == 1
     report = json.loads(_get(busy_server["url"] + "/status.json")[1])
     assert [e["plan_key"] for e in report["top_by_hits"]] == [busy_server["warm"]]
 
@@ -277,10 +277,10 @@ def test_refusals_are_counted_apart_from_failed_builds(gpuless_stack: Stack) -> 
             with pytest.raises(TargetUnavailable):
                 c.compile(matmul_spec(), TARGET)
         deadline = time.monotonic() + 10
-        while sum(t.windows["total"].refused for t in c.stats()) < 2:
-            assert time.monotonic() < deadline, [t.windows["total"] for t in c.stats()]
+        while sum(t.windows["total"].refused for t in c.admin.stats()) < 2:
+            assert time.monotonic() < deadline, [t.windows["total"] for t in c.admin.stats()]
             time.sleep(0.2)
-        assert all(t.windows["total"].failures == 0 for t in c.stats()), "a refusal is not a failed build"
+        assert all(t.windows["total"].failures == 0 for t in c.admin.stats()), "a refusal is not a failed build"
 
 
 def test_lookups_by_key_count_under_the_plans_op_family(stack: Stack) -> None:
@@ -289,6 +289,6 @@ def test_lookups_by_key_count_under_the_plans_op_family(stack: Stack) -> None:
         for _ in range(3):
             c.get(plan.key)  # by key: no spec, the plan's recorded family counts it
         deadline = time.monotonic() + 10
-        while c.family_stats().get("matmul", {}).get("total", WindowCounts()).hits < 3:
-            assert time.monotonic() < deadline, c.family_stats()
+        while c.admin.family_stats().get("matmul", {}).get("total", WindowCounts()).hits < 3:
+            assert time.monotonic() < deadline, c.admin.family_stats()
             time.sleep(0.2)

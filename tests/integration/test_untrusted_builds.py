@@ -62,7 +62,7 @@ def _untrusted_count(stack: Stack) -> int:
     with Client(stack.address, cache=False) as c:
         deadline = time.monotonic() + 10
         while True:
-            row = next((r for r in c.stats() if r.target_id == TARGET.id), None)
+            row = next((r for r in c.admin.stats() if r.target_id == TARGET.id), None)
             total = row.windows.get("total") if row else None
             if total is not None and total.untrusted_builds:
                 return total.untrusted_builds

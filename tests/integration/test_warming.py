@@ -61,7 +61,7 @@ def _wait_done(client: Client, target: object = EXACT, timeout: float = 30) -> W
     status: WarmStatus | None = None
     while True:
         try:
-            (status,) = client.warm_status(target)  # type: ignore[arg-type]
+            (status,) = client.admin.warm_status(target)  # type: ignore[arg-type]
         except InvalidRequest:  # no plan yet (a worker plans its own when idle)
             status = None
         if status is not None and status.state == "done" and not status.in_flight:
@@ -85,7 +85,7 @@ def test_warming_builds_the_sources_specs_most_hit_first_and_skips_what_is_store
         _serve(client, warm_stack, specs, hits)
         client.compile(specs[2], EXACT)  # already stored for E: skipped
         builds_before = len(warm_stack.compiler.builds)
-        status = client.warm(EXACT, from_target=GENERIC)
+        status = client.admin.warm(EXACT, from_target=GENERIC)
         assert (status.total, status.state, status.source) == (5, "active", f"target {GENERIC.id}")
         assert status.source_hits_24h == sum(hits)
         done = _wait_done(client)
@@ -104,7 +104,7 @@ def test_coverage_counts_only_what_is_stored_and_top_and_min_hits_bound_the_plan
     hits = [4, 0, 2, 8, 1, 0]
     with warm_stack.client() as client:
         _serve(client, warm_stack, specs, hits)
-        status = client.warm(EXACT, from_target=GENERIC, top=2, min_hits=1)
+        status = client.admin.warm(EXACT, from_target=GENERIC, top=2, min_hits=1)
         assert status.total == 2 and status.source_hits_24h == sum(hits)
         done = _wait_done(client)
     assert done.built == 2 and done.covered_hits_24h == 8 + 4  # the two most hit
@@ -123,7 +123,7 @@ def test_a_spec_that_fails_is_recorded_and_skipped(warm_stack: Stack) -> None:
         # And a spec cuDNN rejects, with a (forged) source plan that names it.
         rejected = matmul_spec(m=24, name=REJECTED_NAME)
         _forge_source_plan(warm_stack.redis, rejected)
-        client.warm(EXACT, from_target=GENERIC)
+        client.admin.warm(EXACT, from_target=GENERIC)
         done = _wait_done(client)
     assert (done.built, done.failed) == (2, 2), done
     reasons = dict(done.failures)
@@ -155,9 +155,9 @@ def test_a_real_miss_is_not_delayed_by_warming_beyond_one_candidate(
             _serve(client, stack, specs, [1, 1, 1, 1])
             for spec in specs:  # their tuning done: the worker is idle
                 _wait_tuned(stack.redis, _key(spec, GENERIC))
-            client.warm(EXACT, from_target=GENERIC)
+            client.admin.warm(EXACT, from_target=GENERIC)
             wait_until(
-                lambda: (now := client.warm_status(EXACT)[0]).built >= 1 and now.in_flight,
+                lambda: (now := client.admin.warm_status(EXACT)[0]).built >= 1 and now.in_flight,
                 30,
                 "warming is building its second plan",
             )
@@ -194,7 +194,7 @@ def test_a_caller_asking_for_a_plan_being_warmed_is_served_at_its_priority(
             for spec in specs:
                 _wait_tuned(stack.redis, _key(spec, GENERIC))
             builds_before = len(stack.compiler.builds)
-            client.warm(EXACT, from_target=GENERIC)
+            client.admin.warm(EXACT, from_target=GENERIC)
             deadline = time.monotonic() + 5
             while not redis_client.hget(
                 keys.plan(_key(specs[0])), "meta"
@@ -220,7 +220,7 @@ def test_two_workers_race_to_warm_one_target_one_wins_and_nothing_is_built_twice
             specs = _specs(6)
             _serve(client, first, specs, [1] * 6)
             before = [len(c.builds) for c in compilers]
-            client.warm(EXACT, from_target=GENERIC)
+            client.admin.warm(EXACT, from_target=GENERIC)
             done = _wait_done(client)
         warmed = [c.builds[b:] for c, b in zip(compilers, before, strict=True)]
         assert done.built == 6 and sum(len(w) for w in warmed) == 6, warmed
@@ -241,7 +241,7 @@ def test_warmed_plans_enter_the_store_as_least_recently_used(
         with stack.client() as client:
             hot = _specs(10)  # 10 plans of 75 KB: 0.75 MB of the 1 MB bound
             _serve(client, stack, hot, [1] * 10)
-            client.warm(EXACT, from_target=GENERIC)
+            client.admin.warm(EXACT, from_target=GENERIC)
             _wait_done(client)
         usage = Janitor(redis_client).usage()
         assert sum(u.stored_bytes for u in usage.values()) <= 2**20
@@ -280,13 +280,13 @@ def test_warm_needs_an_admin_token_and_status_a_read_one(
         with Client(stack.address, cache=False, token="c" * 20) as compiler_client:
             _serve(compiler_client, stack, _specs(1), [1])
             with pytest.raises(PermissionDenied):
-                compiler_client.warm(EXACT, from_target=GENERIC)
-        with Client(stack.address, cache=False, token="a" * 20) as admin:
-            assert admin.warm(EXACT, from_target=GENERIC).total == 1
+                compiler_client.admin.warm(EXACT, from_target=GENERIC)
+        with Client(stack.address, cache=False, token="a" * 20) as operator:
+            assert operator.admin.warm(EXACT, from_target=GENERIC).total == 1
         with Client(stack.address, cache=False, token="r" * 20) as reader:
-            assert [s.target_id for s in reader.warm_status()] == [EXACT.id]
+            assert [s.target_id for s in reader.admin.warm_status()] == [EXACT.id]
             with pytest.raises(PermissionDenied):
-                reader.cancel_warm(EXACT)
+                reader.admin.cancel_warm(EXACT)
     finally:
         stop()
 
@@ -296,21 +296,21 @@ def test_hostile_warm_arguments_are_refused_with_the_reason(warm_stack: Stack) -
         _serve(client, warm_stack, _specs(1), [1])
         unknown = EXACT.id.replace("sms-132", "sms-999")
         for call, match in [
-            (lambda: client.warm(unknown, from_target=GENERIC), "is unknown: no worker has advertised it"),
-            (lambda: client.warm(EXACT, from_target=GENERIC, top=10**9), "top must be between 1 and 10000"),
-            (lambda: client.warm(EXACT, from_target=GENERIC, min_hits=-1), "min_hits must not be negative"),
-            (lambda: client.warm(EXACT, from_target=EXACT), "cannot be warmed from itself|has no stored plans"),
-            (lambda: client.warm(EXACT, served_days=10**6), "days must be between 1 and 366"),
-            (lambda: client.warm(EXACT, from_target="sm_90/cudnn-1/fe-0.0.1"), "has no stored plans"),
-            (lambda: client.warm("not a target", from_target=GENERIC), "target"),
-            (lambda: client.cancel_warm(EXACT), "no warming plan to cancel"),
-            (lambda: client.warm_status(EXACT), "no warming plan"),
+            (lambda: client.admin.warm(unknown, from_target=GENERIC), "is unknown: no worker has advertised it"),
+            (lambda: client.admin.warm(EXACT, from_target=GENERIC, top=10**9), "top must be between 1 and 10000"),
+            (lambda: client.admin.warm(EXACT, from_target=GENERIC, min_hits=-1), "min_hits must not be negative"),
+            (lambda: client.admin.warm(EXACT, from_target=EXACT), "cannot be warmed from itself|has no stored plans"),
+            (lambda: client.admin.warm(EXACT, served_days=10**6), "days must be between 1 and 366"),
+            (lambda: client.admin.warm(EXACT, from_target="sm_90/cudnn-1/fe-0.0.1"), "has no stored plans"),
+            (lambda: client.admin.warm("not a target", from_target=GENERIC), "target"),
+            (lambda: client.admin.cancel_warm(EXACT), "no warming plan to cancel"),
+            (lambda: client.admin.warm_status(EXACT), "no warming plan"),
         ]:
             with pytest.raises(InvalidRequest, match=match):
                 call()
         manifest = Manifest.from_specs(_specs(2), EXACT)
-        assert client.warm(EXACT, manifest=manifest).total == 2  # and a manifest is a source
-        assert client.warm_status()[0].source == "a manifest of 2 spec(s)"
+        assert client.admin.warm(EXACT, manifest=manifest).total == 2  # and a manifest is a source
+        assert client.admin.warm_status()[0].source == "a manifest of 2 spec(s)"
 
 
 def test_a_warming_plan_is_resumed_after_its_worker_dies(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import cudnn as frontend
 
 import plancache.cudnn as shim
+import plancache.cudnn._serving as serving
 from plancache import Client, Target
 from plancache.trust.disk_cache import DiskCache
 from plancache_server.store.embedded_redis import free_port
@@ -45,7 +46,7 @@ def _stand_in_gpu() -> None:
         "execute",
     ):
         setattr(cls, name, lambda g, *a, **k: None)
-    shim._load = lambda graph, plan: StandInServedGraph(plan.blob)  # type: ignore[assignment]
+    serving._load = lambda graph, plan: StandInServedGraph(plan.blob)  # type: ignore[assignment]
 
 
 def matmul(m: int, name: str = "mm") -> Any:

@@ -16,16 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plancache import CompileOptions, GraphSpec, NotFound, Plan, PlanCacheError, Target
-from plancache.graphspec.canonical import hash_normalized
 from plancache.graphspec.family import Family
 from plancache.graphspec.layouts import row_major
-from plancache.graphspec.validation import normalize
 from plancache.keys.plankey import make_family_key
+from plancache.keys.query import PlanQuery
 from plancache.run.local import LocalPlan
 from plancache.transport.hedge import Raced
 from plancache.transport.manifest import Manifest
 from plancache.transport.results import FamilyStatus, PrefetchResult
-from plancache.trust.answers import Asked
 from plancache_server.worker.compiler.base import CandidateResult, CompiledPlan
 from plancache_server.worker.worker import VerifiedJob, plan_metadata
 from tests.support.fake_gpu import FakeDevice
@@ -36,7 +34,7 @@ _addresses = itertools.count(0x10000, 0x1000)
 
 def key_of(spec: GraphSpec, target: Target = TARGET, options: CompileOptions | None = None) -> str:
     """The plan key a client asks for (plancache.trust.answers, as Client.compile computes it)."""
-    return Asked.query(hash_normalized(normalize(spec)), target, options or CompileOptions()).key
+    return PlanQuery.of(spec, target, options).key
 
 
 # The plan list a stand-in worker records: what plancache.cudnn answers a program's queries from.
@@ -57,16 +55,25 @@ def plan_for(
     workspace: int = 256,
 ) -> Plan:
     """A plan answering `spec` with a made-up blob, its metadata as a worker writes it (plancache_server.worker.worker)."""
-    normalized, opts = normalize(spec), options or CompileOptions()
-    blob = b"standin-plan:" + hash_normalized(normalized).encode()
+    query = PlanQuery.of(spec, target, options)
+    blob = b"standin-plan:" + query.spec_hash.encode()
     compiled = CompiledPlan(
         blob, workspace, 0, {}, "standin", is_python_engine=False, candidates=list(STANDIN_PLAN_LIST)
     )
-    metadata = plan_metadata(
-        VerifiedJob(key_of(spec, target, opts), normalized, target, opts), compiled, "standin-worker", target.to_proto()
-    )
+    metadata = plan_metadata(VerifiedJob(query), compiled, "standin-worker", target.to_proto())
     metadata.blob_sha256 = hashlib.sha256(blob).hexdigest()
     return Plan(blob, metadata, source)
+
+
+def _asked(
+    spec: GraphSpec | PlanQuery, target: Target | str | None, options: CompileOptions | None
+) -> tuple[GraphSpec, Target, CompileOptions | None]:
+    """What a call asks for, as the front doors say it (a PlanQuery) or a program does (spec, target, options)."""
+    if isinstance(spec, PlanQuery):
+        assert target is None and options is None
+        return spec.spec, spec.target, spec.options
+    assert isinstance(target, Target)
+    return spec, target, options
 
 
 @dataclass
@@ -91,7 +98,7 @@ class StandInClient:
 
     def compile(
         self,
-        spec: GraphSpec,
+        spec: GraphSpec | PlanQuery,
         target: Target | str | None = None,
         options: CompileOptions | None = None,
         *,
@@ -99,16 +106,14 @@ class StandInClient:
         hedge: bool | None = None,
         hedge_path: str = "compile",
     ) -> Plan:
-        assert isinstance(target, Target)
+        spec, target, options = _asked(spec, target, options)
         self.asked.append((spec, target, options or CompileOptions()))
         if self.error is not None:
             raise self.error
         if self.local_plans:
             from tests.support.standin_local import StandInLocalBuilder
 
-            local = StandInLocalBuilder().build(
-                normalize(spec), options or CompileOptions(), key_of(spec, target, options), target
-            )
+            local = StandInLocalBuilder().build(PlanQuery.of(spec, target, options))
             assert isinstance(local, LocalPlan)
             self.pending = StandInRace(plan_for(spec, target, options, self.source))
             local.replace_with(self.pending)
@@ -117,7 +122,7 @@ class StandInClient:
 
     def race(
         self,
-        spec: GraphSpec,
+        spec: GraphSpec | PlanQuery,
         target: Target | str | None,
         options: CompileOptions | None,
         build: Callable[[], Any],
@@ -125,7 +130,7 @@ class StandInClient:
         path: str,
         timeout: float | None = None,
     ) -> Raced[Any]:
-        assert isinstance(target, Target)
+        spec, target, options = _asked(spec, target, options)
         self.asked.append((spec, target, options or CompileOptions()))
         if self.error is not None:
             raise self.error
@@ -134,6 +139,11 @@ class StandInClient:
             return Raced(plan=plan_for(spec, target, options, self.source))
         self.pending = StandInRace(plan_for(spec, target, options, self.source))
         return Raced(local=None, race=self.pending)  # type: ignore[arg-type]
+
+    @property
+    def admin(self) -> StandInClient:
+        """An operator's calls (AdminClient's: build_family) are this stand-in's too."""
+        return self
 
     def prefetch(
         self,

@@ -129,7 +129,8 @@ def cycles(graph: dict[str, Module]) -> list[list[str]]:
     return found
 
 
-_MAY_IMPORT = re.compile(r"^May import:\s*(.+?)\.?\s*$", re.MULTILINE)
+# The last lines of a package docstring; the list may wrap over several lines (up to a blank line or the end).
+_MAY_IMPORT = re.compile(r"^May import:\s*(.+?)\.?\s*(?:\n\s*\n|\Z)", re.MULTILINE | re.DOTALL)
 
 
 def may_import(package: Module) -> list[str] | None:
@@ -137,7 +138,7 @@ def may_import(package: Module) -> list[str] | None:
     found = _MAY_IMPORT.search(package.docstring)
     if found is None:
         return None
-    text = found.group(1).strip()
+    text = " ".join(found.group(1).split())
     return [] if text.lower() in ("nothing", "nothing of ours") else [p.strip().strip("`") for p in text.split(",")]
 
 

@@ -106,7 +106,7 @@ def server_process(
                 deadline = time.monotonic() + 60
                 while True:
                     try:
-                        client.stats()
+                        client.admin.stats()
                         break
                     except PlanCacheError:
                         if proc.poll() is not None or time.monotonic() > deadline:
@@ -177,7 +177,7 @@ def wait_for_workers(
     with Client(address, timeout=5) as client:
         while True:
             try:
-                if any(r.live_workers >= count for r in client.stats()):
+                if any(r.live_workers >= count for r in client.admin.stats()):
                     return
             except PlanCacheError:
                 pass

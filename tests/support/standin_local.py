@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plancache.errors import CompileFailed
-from plancache.graphspec.graph import GraphSpec
-from plancache.keys.options import CompileOptions
+from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
-from plancache.run.local import LocalGraph, LocalPlan, local_metadata
+from plancache.run.local import LocalGraph, LocalPlan, local_build
 from plancache.run.plan import Plan
 from plancache.trust.answers import satisfies
+from plancache.wire.metadata import plan_metadata
 from tests.support.standin import STANDIN_TARGET
 
 LOCAL_WORKSPACE = 128
@@ -53,9 +53,9 @@ class StandInLocalBuilder:
             found = self._answers[target.id] = satisfies(self.machine, target)
         return found
 
-    def build(self, spec: GraphSpec, options: CompileOptions, key: str, target: Target) -> Plan:
+    def build(self, query: PlanQuery) -> Plan:
         with self.lock:
-            self.built.append(key)
+            self.built.append(query.key)
             self.threads.append(threading.get_ident())
         time.sleep(self.seconds)
         if self.fail:
@@ -64,6 +64,6 @@ class StandInLocalBuilder:
         self.graphs.append(graph)
         return LocalPlan(
             LocalGraph(graph, 0),
-            local_metadata(spec, options, key, target, {}, LOCAL_WORKSPACE, "standin-local", self.seconds),
+            plan_metadata(query, local_build(query, {}, LOCAL_WORKSPACE, "standin-local", self.seconds)),
             0,
         )

@@ -86,7 +86,8 @@ def test_graphs_that_differ_beyond_dims_are_not_one_family() -> None:
 
 
 def test_a_layout_with_no_form_at_another_size_is_refused_naming_the_tensor() -> None:
-    """q, k, v sliced out of one fused projection [b, s, 3, h, d]: their strides hold 3 x h x d, a gap no size of s derives."""
+    """q, k, v sliced out of one fused projection [b, s, 3, h, d]: their strides hold 3 x h x d,
+    a gap no size of s derives."""
 
     def fused(s: int) -> Any:
         stride = (s * 3 * 16 * 128, 128, 3 * 16 * 128, 1)

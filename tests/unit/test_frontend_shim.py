@@ -24,6 +24,10 @@ from tests.support.frontdoor_standins import TARGET, StandInClient, StandInServe
 
 frontend = pytest.importorskip("cudnn", reason="needs the cuDNN frontend's Python IR (nvidia-cudnn-frontend)")
 shim = pytest.importorskip("plancache.cudnn")
+# The drop-in's modules the tests reach into: the counts and reasons, what serves a graph, the capture.
+built_records = pytest.importorskip("plancache.cudnn._built")
+serving = pytest.importorskip("plancache.cudnn._serving")
+capturing = pytest.importorskip("plancache.cudnn._capture")
 
 HALF, FLOAT = frontend.data_type.HALF, frontend.data_type.FLOAT
 
@@ -48,7 +52,7 @@ class Recorder:
             "create_execution_plan",
         ):
             monkeypatch.setattr(cls, name, self._record(name))
-        monkeypatch.setattr(shim, "_load", self._load)
+        monkeypatch.setattr(serving, "_load", self._load)
 
     def _record(self, name: str, then: Any = None) -> Any:
         def call(g: Any, *args: Any, **kwargs: Any) -> Any:
@@ -68,9 +72,9 @@ class Recorder:
 
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    monkeypatch.setattr(shim, "_STATS", shim.Stats())
-    shim._once.forget()
-    shim._RECENT.clear()
+    monkeypatch.setattr(built_records, "_STATS", shim.Stats())
+    built_records._once.forget()
+    built_records._RECENT.clear()
     return Recorder(monkeypatch)
 
 
@@ -165,7 +169,8 @@ def test_the_walkthroughs_matmul_is_the_example_plan(recorder: Recorder, client:
 def test_a_program_meeting_its_graph_at_three_sizes_has_the_family_built(
     recorder: Recorder, client: StandInClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """plancache.cudnn counts served graphs toward their family as plancache.functional does (plancache.frontdoors.families)."""
+    """plancache.cudnn counts served graphs toward their family as plancache.functional
+    does (plancache.frontdoors.families)."""
     from plancache.frontdoors import families as _families
 
     monkeypatch.setattr(_families.WATCH, "starter", lambda work: work())
@@ -200,7 +205,7 @@ def test_torch_dtypes_given_as_data_types_are_captured() -> None:
     a = g.tensor(name="A", dim=[1, 64, 32], stride=[2048, 32, 1], data_type=TorchDtype())
     b = g.tensor(name="B", dim=[1, 32, 16], stride=[512, 16, 1], data_type=TorchDtype())
     g.matmul(A=a, B=b).set_output(True).set_data_type(TorchDtype())
-    spec = shim.capture(g, frontend)
+    spec = capturing.capture(g, frontend)
     assert {t.data_type for t in spec.tensors if not t.is_virtual} == {"bfloat16"}
 
 
@@ -355,7 +360,7 @@ def test_cudnns_refusal_and_a_blob_that_does_not_load_build_locally(
     def broken(graph: Any, plan: Any) -> Any:
         raise RuntimeError("deserialize: wrong frontend version")
 
-    monkeypatch.setattr(shim, "_load", broken)
+    monkeypatch.setattr(serving, "_load", broken)
     g2, _ = matmul_graph()
     build(g2)
     assert g2.plancache.reason == "loading the served plan failed: RuntimeError: deserialize: wrong frontend version"
@@ -489,8 +494,8 @@ def test_a_hedged_miss_runs_the_programs_own_build_then_the_services_plan(
     build(g)
     # The program's own build is the race's local side: its deferred plan calls, then its build, as it made them.
     assert recorder.names()[-3:] == ["create_execution_plans", "check_support", "build_plans"]
-    assert g.plancache.source == "local" and g.plancache.reason == shim.HEDGED and g.plancache.local_built
-    assert shim.stats().local == 1 and shim.stats().reasons == {shim.HEDGED: 1}
+    assert g.plancache.source == "local" and g.plancache.reason == built_records.HEDGED and g.plancache.local_built
+    assert shim.stats().local == 1 and shim.stats().reasons == {built_records.HEDGED: 1}
     g.execute({a: 1, b: 2, c: 3}, Workspace(4096))
     assert recorder.names()[-1] == "execute" and recorder.loaded == []  # the program's own plan ran
     assert client.pending is not None

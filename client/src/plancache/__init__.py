@@ -23,9 +23,12 @@ from plancache.errors import (
 )
 from plancache.graphspec.graph import GraphSpec, Tensor
 from plancache.keys.options import CompileOptions
+from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
 from plancache.run.plan import Plan
-from plancache.transport.client import Client, TLSConfig
+from plancache.transport.admin import AdminClient
+from plancache.transport.client import Client
+from plancache.transport.connection import TLSConfig
 from plancache.transport.hedge import RaceCounts, race_stats
 from plancache.transport.manifest import Manifest, ManifestEntry
 from plancache.transport.results import PrefetchResult, TargetInfo, TargetStats, WindowCounts
@@ -35,6 +38,7 @@ from plancache.warm import WarmStatus
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdminClient",
     "Client",
     "CompileFailed",
     "CompileOptions",
@@ -49,6 +53,7 @@ __all__ = [
     "PermissionDenied",
     "Plan",
     "PlanCacheError",
+    "PlanQuery",
     "PrefetchResult",
     "RaceCounts",
     "ResourceExhausted",

@@ -251,8 +251,8 @@ def _print_stats(client: Client, timeout: float | None) -> None:
             f"{w.bytes_served / 1e6:10.1f} {w.build_seconds_saved:9.1f}"
         )
 
-    targets = client.stats(timeout=timeout)  # both answers before any output: an error prints alone
-    families = client.family_stats(timeout=timeout)
+    targets = client.admin.stats(timeout=timeout)  # both answers before any output: an error prints alone
+    families = client.admin.family_stats(timeout=timeout)
     print(header)
     for target in targets:
         for i, (window, counts) in enumerate(target.windows.items()):
@@ -268,7 +268,7 @@ def _print_stats(client: Client, timeout: float | None) -> None:
 
 def _warm(client: Client, args: argparse.Namespace) -> int:
     if args.status:
-        shown = client.warm_status(args.target, timeout=args.timeout)
+        shown = client.admin.warm_status(args.target, timeout=args.timeout)
     elif not args.target:
         print(
             "plancache warm: give --target (with --from, --days or --manifest; or --cancel), or --status",
@@ -276,11 +276,11 @@ def _warm(client: Client, args: argparse.Namespace) -> int:
         )
         return 2
     elif args.cancel:
-        shown = [client.cancel_warm(args.target, timeout=args.timeout)]
+        shown = [client.admin.cancel_warm(args.target, timeout=args.timeout)]
     elif args.from_target or args.days or args.manifest:
         manifest = Manifest.load(args.manifest) if args.manifest else None
         shown = [
-            client.warm(
+            client.admin.warm(
                 args.target,
                 from_target=args.from_target,
                 served_days=args.days,
@@ -391,7 +391,7 @@ def _export(client: Client, args: argparse.Namespace) -> int:
     if args.manifest:
         manifest = Manifest.load(args.manifest)
     else:
-        keys = client.list_plans(None if args.all else args.target, timeout=args.timeout)
+        keys = client.admin.list_plans(None if args.all else args.target, timeout=args.timeout)
         manifest = Manifest(entries=[ManifestEntry(key=key) for key in keys])
     result = client.prefetch(manifest, timeout=args.timeout)  # each plan verified as any fetch is
     if result.errors:
@@ -426,7 +426,7 @@ def _target(client: Client, text: str | None, timeout: float | None) -> Target |
     except InvalidRequest:
         matches = [
             t.target_id
-            for t in client.list_targets(timeout=timeout)
+            for t in client.admin.list_targets(timeout=timeout)
             if t.target_id == text or t.target_id.startswith(text.rstrip("/") + "/")
         ]
         longest = max(matches, key=len, default="")
@@ -445,7 +445,7 @@ def _target(client: Client, text: str | None, timeout: float | None) -> Target |
 
 
 def _live_targets(client: Client, timeout: float | None) -> str:
-    live = [t.target_id for t in client.list_targets(timeout=timeout) if t.live_workers]
+    live = [t.target_id for t in client.admin.list_targets(timeout=timeout) if t.live_workers]
     return "the server has workers for: " + ", ".join(live) if live else "the server has no live worker now"
 
 
@@ -507,12 +507,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     return 2
                 _report(plan, args.out)
             elif args.command == "invalidate":
-                deleted = client.invalidate(
+                deleted = client.admin.invalidate(
                     args.key, spec_hash=args.spec_hash, target=args.target, timeout=args.timeout
                 )
                 print(f"deleted {deleted} plan(s)")
             elif args.command == "explain":
-                answer = client.explain(
+                answer = client.admin.explain(
                     _load_spec(args.spec),
                     _target(client, args.target, args.timeout),
                     _options(args),
@@ -522,10 +522,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for variant in answer.variants:
                     print(f"  {variant.key}\n    " + "\n    ".join(variant.differences))
             elif args.command == "retire":
-                deleted = client.invalidate(target=Target.parse(args.target), timeout=args.timeout)
+                deleted = client.admin.invalidate(target=Target.parse(args.target), timeout=args.timeout)
                 print(f"retired {args.target}: deleted {deleted} plan(s)")
             elif args.command == "drain":
-                known = client.drain_worker(args.worker_id, timeout=args.timeout)
+                known = client.admin.drain_worker(args.worker_id, timeout=args.timeout)
                 print(f"asked {args.worker_id} to drain" + ("" if known else " (no live worker has that id now)"))
             elif args.command == "prefetch":
                 return _prefetch(client, args)
@@ -534,7 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif args.command == "export":
                 return _export(client, args)
             elif args.command == "targets":
-                listed = client.list_targets(timeout=args.timeout)
+                listed = client.admin.list_targets(timeout=args.timeout)
                 for t in listed:
                     print(f"{t.target_id:70} {t.live_workers:3} worker(s): {', '.join(t.worker_ids)}")
                 if not listed:

@@ -17,6 +17,7 @@ import plancache.functional as pf
 from plancache import CompileFailed, InvalidRequest
 from plancache.functional import _attention, _autograd, _batch_norm, _linear, _norms, _requests, _tensor_ops
 from plancache.graphspec.validation import normalize
+from plancache.keys.query import PlanQuery
 from tests.support.fake_gpu import FakeRuntime
 from tests.support.frontdoor_standins import StandInClient, StandInOps, StandInTensor
 from tests.unit.functional.modes import set_modes
@@ -180,10 +181,9 @@ def test_a_backward_graph_cudnn_refuses_leaves_the_whole_geometry_to_torch(
     monkeypatch.setattr(_norms, "torch_layer_norm", lambda *args, **kwargs: calls.append(args) or "torch layer_norm")
     asked = client.compile
 
-    def refuse_backward(query: Any, *args: Any, **kwargs: Any) -> Any:
-        spec = getattr(query, "spec", query)  # a PlanQuery (its spec and target), or the spec itself
-        if spec.name.endswith(".backward"):
-            client.asked.append((spec, getattr(query, "target", args[0] if args else None), None))
+    def refuse_backward(query: PlanQuery, *args: Any, **kwargs: Any) -> Any:
+        if query.spec.name.endswith(".backward"):
+            client.asked.append((query.spec, query.target, None))
             raise CompileFailed("cuDNN does not support this graph on sm_90")
         return asked(query, *args, **kwargs)
 
@@ -232,14 +232,14 @@ def test_under_torch_compile_every_function_is_torchs(client: StandInClient, mon
 def test_a_bias_gradient_cudnn_refuses_is_torchs_sum_and_the_rest_stays_served(
     client: StandInClient, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """GPU run 22: cuDNN refuses a reduction over a linear's rows; only that piece is torch's (a sum: what ran the forward does not change it)."""
+    """GPU run 22: cuDNN refuses a reduction over a linear's rows; only that piece is torch's
+    (a sum: what ran the forward does not change it)."""
     asked = client.compile
     sums: list[Any] = []
 
-    def refuse_reductions(query: Any, *args: Any, **kwargs: Any) -> Any:
-        spec = getattr(query, "spec", query)  # a PlanQuery (its spec and target), or the spec itself
-        if any(node.op == "reduction" for node in spec.nodes):
-            client.asked.append((spec, getattr(query, "target", args[0] if args else None), None))
+    def refuse_reductions(query: PlanQuery, *args: Any, **kwargs: Any) -> Any:
+        if any(node.op == "reduction" for node in query.spec.nodes):
+            client.asked.append((query.spec, query.target, None))
             raise CompileFailed("cuDNN does not support this graph on sm_90: !is_NHWC")
         return asked(query, *args, **kwargs)
 
@@ -279,7 +279,8 @@ def test_a_frontend_without_the_ordered_execute_runs_the_mapping_form(
 
 
 def test_batch_norm_input_cudnn_is_not_asked_for_says_why(client: StandInClient) -> None:
-    """Without torch to run it (this machine), a call cuDNN is not asked for names the argument; with torch, torch's own error or result."""
+    """Without torch to run it (this machine), a call cuDNN is not asked for names the argument;
+    with torch, torch's own error or result."""
     x = T((4, 16, 8, 8), (1024, 1, 128, 16), requires_grad=True)
     with pytest.raises(
         InvalidRequest, match=r"running_mean must be a contiguous float32 \(16,\) tensor, got torch.float32 dims \(8,\)"

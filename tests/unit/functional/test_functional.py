@@ -46,7 +46,10 @@ def _hash(request: _requests.Request) -> str:
 
 
 def test_importing_it_imports_neither_torch_nor_the_frontend() -> None:
-    code = "import sys, plancache.functional; print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'cudnn', 'redis'}))"
+    code = (
+        "import sys, plancache.functional; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'cudnn', 'redis'}))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=60, check=True
     ).stdout

@@ -1,4 +1,4 @@
-"""What plancache is asked for a program's pygraph: its spec and options.
+"""What plancache is asked for a program's pygraph: its spec, options and device.
 
 The spec is `GraphSpec.from_pygraph` (plancache.graphspec.interop), normalized,
 and then proven: the frontend graph rebuilt from it (plancache.frontend_graph,
@@ -71,3 +71,12 @@ def options(
     return CompileOptions(
         autotune=start.autotune, heuristic_modes=modes, workspace_limit=limit, excluded_behavior_notes=notes
     )
+
+
+def current_device() -> int:
+    """The GPU the program's graph is for: torch's current device (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return int(torch.cuda.current_device()) if torch.cuda.is_available() else 0

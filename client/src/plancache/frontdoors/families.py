@@ -129,7 +129,7 @@ def _ask(ask: FamilyAsk, first: GraphSpec, latest: GraphSpec, device: int) -> No
         if len(high) == 1 and BUCKETS.sizes and ask.function.split(".")[0] in BUCKETS.functions:
             sizes = {s: BUCKETS.sizes for s in high}  # padded calls run at the buckets' sizes alone
         family: Family = derive(first, latest, sizes=sizes)
-        status = SERVICE.client().build_family(family, SERVICE.target_for(device), SERVICE.options)
+        status = SERVICE.client().admin.build_family(family, SERVICE.target_for(device), SERVICE.options)
         ask.family_key, ask.sizes, ask.graphs, ask.status = (
             status.family_key,
             {v.symbol: (v.sizes[0], v.sizes[-1]) for v in family.varying},

@@ -33,11 +33,9 @@ from plancache.errors import (
     TargetUnavailable,
     Unavailable,
 )
-from plancache.graphspec.canonical import hash_normalized
 from plancache.graphspec.graph import GraphSpec
-from plancache.graphspec.validation import normalize
 from plancache.keys.options import CompileOptions
-from plancache.keys.plankey import make_key
+from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
 from plancache.run.plan import Plan
 from plancache.transport.background import BackgroundPrefetch
@@ -129,20 +127,33 @@ class Service:
         target = self._target or self._detected.get(device)
         return target.id if target is not None else ""
 
+    def query(self, spec: GraphSpec, device: int, options: CompileOptions | None, *, normalized: bool) -> PlanQuery:
+        """What a front door asks for: `spec` on GPU `device`'s target (or the
+        configured one) with `options` (default: the configured ones),
+        normalized once (`normalized`: the caller did, plancache.cudnn's capture)."""
+        target, chosen = self.target_for(device), options or self.options
+        return PlanQuery.normalized(spec, target, chosen) if normalized else PlanQuery.of(spec, target, chosen)
+
     def compile(
-        self, spec: GraphSpec, device: int, options: CompileOptions | None = None, *, path: str = "functional"
+        self,
+        spec: GraphSpec,
+        device: int,
+        options: CompileOptions | None = None,
+        *,
+        path: str = "functional",
+        normalized: bool = False,
     ) -> Plan:
         """The plan for `spec` on GPU `device`: disk cache, then the server,
         hedged as the client is (a miss may answer with this node's own
         build, a LocalPlan). Every error is a PlanCacheError (the client's,
         or NotConfigured)."""
-        prefetched = self._prefetched_plan(spec, device, options)
+        query = self.query(spec, device, options, normalized=normalized) if self._prefetched else None
+        prefetched = self._prefetched_plan(query) if query is not None else None
         if prefetched is not None:
             return prefetched
         client = self.client()
-        return client.compile(
-            spec, self.target_for(device), options or self.options, timeout=self.timeout, hedge_path=path
-        )
+        query = query or self.query(spec, device, options, normalized=normalized)
+        return client.compile(query, timeout=self.timeout, hedge_path=path)
 
     def expect(self, keys: list[str], pending: BackgroundPrefetch) -> None:
         """Plan `keys[i]` is entry i of `pending` (a manifest prefetch): a
@@ -152,47 +163,47 @@ class Service:
             for index, key in enumerate(keys):
                 self._prefetched[key] = (pending, index)
 
-    def _prefetched_plan(self, spec: GraphSpec, device: int, options: CompileOptions | None) -> Plan | None:
-        """The plan a prefetch fetched for `spec` (waiting for it while it is
+    def _prefetched_plan(self, query: PlanQuery) -> Plan | None:
+        """The plan a prefetch fetched for `query` (waiting for it while it is
         under way: bounded by the prefetch's own deadline and `timeout`), or
         None: not prefetched, or the prefetch could not get it (the service
         is then asked as for any first call)."""
-        if not self._prefetched:
-            return None
-        key = make_key(
-            hash_normalized(normalize(spec)), self.target_for(device), options or self.options or CompileOptions()
-        )
         with self._lock:
-            found = self._prefetched.pop(key, None)
+            found = self._prefetched.pop(query.key, None)
         if found is None:
             return None
         pending, index = found
         try:
             return pending.wait_for(index, timeout=self.timeout)
         except (PlanCacheError, TimeoutError) as e:
+            key = query.key
             log.debug("plancache: the prefetch has no plan %s (%s: %s); asking the service", key, type(e).__name__, e)
             return None
 
     def race(
-        self, spec: GraphSpec, device: int, options: CompileOptions | None, build: Callable[[], T], *, path: str
+        self,
+        spec: GraphSpec,
+        device: int,
+        options: CompileOptions | None,
+        build: Callable[[], T],
+        *,
+        path: str,
+        normalized: bool = False,
     ) -> Raced[T]:
         """The plan for `spec`, or the caller's own `build()` when the
         service misses and that build is ready first (the client's hedge,
         plancache.transport.hedge; the caller's build is what it would have
         run without plancache, whatever target the service is asked for).
         Without the hedge: the service's plan alone."""
-        prefetched = self._prefetched_plan(spec, device, options)
+        query = self.query(spec, device, options, normalized=normalized) if self._prefetched else None
+        prefetched = self._prefetched_plan(query) if query is not None else None
         if prefetched is not None:
             return Raced(plan=prefetched)
         client = self.client()
-        target = self.target_for(device)
+        query = query or self.query(spec, device, options, normalized=normalized)
         if client.hedge:
-            return client.race(spec, target, options or self.options, build, path=path, timeout=self.timeout)
-        return Raced(
-            plan=client.compile(
-                spec, target, options or self.options, timeout=self.timeout, hedge=False, hedge_path=path
-            )
-        )
+            return client.race(query, None, None, build, path=path, timeout=self.timeout)
+        return Raced(plan=client.compile(query, timeout=self.timeout, hedge=False, hedge_path=path))
 
     def reset(self) -> None:
         """Back to the start: no client, PLANCACHE_SERVER read on next use."""

@@ -37,7 +37,8 @@ earlier run's plans before the first step) and the service setting both
 front doors share (`configure`, the same function as
 `plancache.cudnn.configure`). Imports torch only when a call needs it
 (plancache stays importable with grpcio and protobuf).
-May import: plancache.errors, plancache.dtypes, plancache.graphspec, plancache.keys, plancache.run, plancache.transport, plancache.wire, plancache.gpu, plancache.frontdoors.
+May import: plancache.errors, plancache.dtypes, plancache.graphspec, plancache.keys, plancache.run,
+plancache.transport, plancache.wire, plancache.gpu, plancache.frontdoors.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ Needs the [gpu] extra (torch and the cuDNN frontend).
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib
 import time
 from collections.abc import Mapping
@@ -30,17 +29,14 @@ from plancache.errors import CompileFailed, InvalidRequest
 from plancache.frontend_graph.build import build_pygraph
 from plancache.frontend_graph.defects import check_known_defects
 from plancache.frontend_graph.plan_list import first_index, make_plan_list, resolved_geometry
-from plancache.graphspec import spec_io
-from plancache.graphspec.graph import GraphSpec
-from plancache.keys.options import CompileOptions
-from plancache.keys.target import Target
+from plancache.keys.query import PlanQuery
 from plancache.run.bound import BoundPlan, CapturedPlan
 from plancache.run.execution import handle_state, process
 from plancache.run.plan import Plan
 from plancache.v1 import plancache_pb2 as pb
-from plancache.wire.bindings import tensor_bindings
+from plancache.wire.bindings import ResolvedGeometry
+from plancache.wire.metadata import Built, plan_metadata
 
-EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 BUILT_BY = "this node (its own build of a hedged miss)"
 
 
@@ -160,14 +156,15 @@ class LocalPlan(Plan):
         return True
 
 
-def build_local(spec: GraphSpec, options: CompileOptions, key: str, target: Target, frontend: Any = None) -> LocalPlan:
-    """The plan this node's own build makes of a normalized `spec`: as the
-    program would build it, on this thread's handle on the current GPU.
+def build_local(query: PlanQuery, frontend: Any = None) -> LocalPlan:
+    """The plan this node's own build makes of `query`: as the program
+    would build it, on this thread's handle on the current GPU.
     CompileFailed with the frontend's reasons when no entry builds."""
     if frontend is None:
         frontend = importlib.import_module("cudnn")
     started = time.perf_counter()
-    check_known_defects(spec, target, served=False)  # a graph cuDNN computes wrongly is refused here as by the worker
+    spec, options = query.spec, query.options
+    check_known_defects(spec, query.target, served=False)  # a graph cuDNN computes wrongly is refused as by a worker
     state = handle_state()
     g = build_pygraph(spec, frontend, handle=state.handle)
     make_plan_list(g, frontend, options, f"this node's GPU {state.device}")
@@ -184,48 +181,31 @@ def build_local(spec: GraphSpec, options: CompileOptions, key: str, target: Targ
             name = str(g.get_plan_name_at_index(index))
         except Exception:  # a plan the frontend cannot name
             name = f"plan {index}"
-        geometry = resolved_geometry(g, spec)
-        metadata = local_metadata(
-            spec,
-            options,
-            key,
-            target,
-            geometry,
+        built = local_build(
+            query,
+            resolved_geometry(g, spec),
             int(g.get_workspace_size_plan_at_index(index)),
             name,
             time.perf_counter() - started,
         )
-        return LocalPlan(LocalGraph(g, index), metadata, state.device)
-    raise CompileFailed(
-        f"this node could not build {'the selected plan' if options.selected_plan is not None else 'any plan'}: {'; '.join(failures)[:1000]}"
-    )
+        return LocalPlan(LocalGraph(g, index), plan_metadata(query, built), state.device)
+    which = "the selected plan" if options.selected_plan is not None else "any plan"
+    raise CompileFailed(f"this node could not build {which}: {'; '.join(failures)[:1000]}")
 
 
-def local_metadata(
-    spec: GraphSpec,
-    options: CompileOptions,
-    key: str,
-    target: Target,
-    geometry: Mapping[int, tuple[list[int], list[int]]],
-    workspace_size: int,
-    plan_name: str,
-    build_seconds: float,
-) -> pb.PlanMetadata:
-    """What a caller needs to run a plan this node built: the metadata a
-    worker's plan carries (its tensors as plancache.wire.bindings says), less
-    a blob. Provisional: a heuristic plan, never a tuned one."""
-    return pb.PlanMetadata(
-        key=key,
-        spec_hash=key.split("/", 1)[0],
-        target=target.to_proto(),
-        options=options.to_proto(),
-        tensors=tensor_bindings(spec_io.to_proto(spec), geometry),
+def local_build(
+    query: PlanQuery, geometry: ResolvedGeometry, workspace_size: int, plan_name: str, build_seconds: float
+) -> Built:
+    """What this node's own build says of its plan (plancache.wire.metadata
+    makes the metadata a worker's plan carries from it): no blob, built here
+    for the query's target, provisional (a heuristic plan, never a tuned one)."""
+    return Built(
+        blob=b"",
+        geometry=geometry,
         workspace_size=workspace_size,
         plan_name=plan_name,
-        blob_sha256=EMPTY_SHA256,
-        blob_size=0,
-        created_at=time.time(),
         built_by=BUILT_BY,
+        built_on=query.target.to_proto(),
         provisional=True,
         build_seconds=build_seconds,
     )

@@ -1,6 +1,6 @@
 """What every call of the client shares: the one mapping of a gRPC failure
-to a plancache error, and the one backoff for a call the server refused
-for now (admission control)."""
+to a plancache error, the one backoff for a call the server refused
+for now (admission control), and how a call's target is resolved."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 import grpc
 
 from plancache.errors import PlanCacheError
+from plancache.keys.target import Target
 from plancache.wire.rich_status import error_of
 
 # Longest pause between two attempts of a call the server refused for now
@@ -42,3 +43,14 @@ def typed(exc: grpc.RpcError) -> PlanCacheError:
     error = error_of(code, details or "", trailing)
     error.__cause__ = exc
     return error
+
+
+def resolve_target(target: Target | str | None) -> Target:
+    """A call's target: as given, parsed from its id, or this machine's GPU 0 (detected: needs the [gpu] extra)."""
+    if isinstance(target, Target):
+        return target
+    if isinstance(target, str):
+        return Target.parse(target)
+    from plancache.gpu.target import detect_target
+
+    return detect_target()

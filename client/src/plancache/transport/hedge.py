@@ -57,8 +57,7 @@ from typing import Generic, Protocol, TypeVar
 import grpc
 
 from plancache.errors import InvalidRequest, PlanCacheError, SpecError, Unavailable
-from plancache.graphspec.graph import GraphSpec
-from plancache.keys.options import CompileOptions
+from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
 from plancache.run.execution import process
 from plancache.run.local import build_local, can_build_here
@@ -101,7 +100,7 @@ class LocalBuilder(Protocol):
 
     def can_build(self, target: Target) -> bool: ...
 
-    def build(self, spec: GraphSpec, options: CompileOptions, key: str, target: Target) -> Plan: ...
+    def build(self, query: PlanQuery) -> Plan: ...
 
 
 class FrontendBuilder:
@@ -126,8 +125,8 @@ class FrontendBuilder:
             found = self._answers[(target.id, device)] = satisfies(detect_target(device), target)
         return found
 
-    def build(self, spec: GraphSpec, options: CompileOptions, key: str, target: Target) -> Plan:
-        return build_local(spec, options, key, target)
+    def build(self, query: PlanQuery) -> Plan:
+        return build_local(query)
 
 
 # ---- counters ---------------------------------------------------------------------

@@ -25,12 +25,11 @@ from typing import Any
 
 from plancache.errors import InvalidRequest, PlanCacheError
 from plancache.graphspec import spec_io
-from plancache.graphspec.canonical import hash_normalized
 from plancache.graphspec.family import Family
 from plancache.graphspec.graph import GraphSpec
-from plancache.graphspec.validation import normalize
 from plancache.keys.options import CompileOptions
-from plancache.keys.plankey import make_key, parse_key
+from plancache.keys.plankey import parse_key
+from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
 
 MANIFEST_VERSION = 1
@@ -72,11 +71,17 @@ class Manifest:
     def key_of(self, entry: ManifestEntry, target: Target | None) -> str:
         """The plan key an entry names, for `target` when it names a spec."""
         if entry.spec is not None:
-            if target is None:
-                raise InvalidRequest("a manifest entry with a spec needs a target (in the manifest, or passed)")
-            return make_key(hash_normalized(normalize(entry.spec)), target, self.options)
+            return self.query_of(entry, target).key
         assert entry.key is not None
         return entry.key
+
+    def query_of(self, entry: ManifestEntry, target: Target | None) -> PlanQuery:
+        """What an entry with a spec asks for on `target` with the manifest's options."""
+        if entry.spec is None:
+            raise InvalidRequest("a manifest entry without a spec names one plan key, not a query")
+        if target is None:
+            raise InvalidRequest("a manifest entry with a spec needs a target (in the manifest, or passed)")
+        return PlanQuery.of(entry.spec, target, self.options)
 
     def to_json(self, indent: int | None = 2) -> str:
         data: dict[str, Any] = {"version": MANIFEST_VERSION}

@@ -103,6 +103,25 @@ class TargetStats:
         lookups = self.hits + self.misses
         return self.hits / lookups if lookups else 0.0
 
+    @classmethod
+    def from_proto(cls, t: pb.TargetStats) -> TargetStats:
+        return cls(
+            t.target_id,
+            t.hits,
+            t.misses,
+            t.compiles,
+            t.failures,
+            t.joined,
+            t.live_workers,
+            t.bytes_served,
+            t.build_seconds_saved,
+            {w.window: WindowCounts.from_proto(w) for w in t.windows},
+            t.stored_bytes,
+            t.stored_plans,
+            t.evicted,
+            t.expired,
+        )
+
 
 @dataclass(frozen=True)
 class FamilyStatus:

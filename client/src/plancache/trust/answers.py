@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from plancache.errors import InvalidRequest, UntrustedPlan
 from plancache.keys.options import CompileOptions
-from plancache.keys.plankey import make_key
+from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
 from plancache.v1 import plancache_pb2 as pb
 
@@ -27,8 +27,9 @@ class Asked:
     options: CompileOptions | None = None
 
     @classmethod
-    def query(cls, spec_hash: str, target: Target, options: CompileOptions) -> Asked:
-        return cls(make_key(spec_hash, target, options), spec_hash, target, options)
+    def of(cls, query: PlanQuery) -> Asked:
+        """What a query asks for: its key, spec hash, target and options."""
+        return cls(query.key, query.spec_hash, query.target, query.options)
 
     def check(self, metadata: pb.PlanMetadata) -> None:
         """UntrustedPlan naming both plans unless `metadata` answers this request."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from plancache import dtypes
 from plancache.errors import InvalidRequest
+from plancache.graphspec.graph import GraphSpec
 from plancache.v1 import plancache_pb2 as pb
 
 if TYPE_CHECKING:
@@ -160,24 +161,35 @@ class TensorTable:
         return value
 
 
-def tensor_bindings(spec: pb.GraphSpec, geometry: Mapping[int, tuple[list[int], list[int]]]) -> list[pb.TensorBinding]:
-    """The tensors a caller binds to a plan of `spec` (its plan metadata's):
-    every non-virtual tensor but constants (the graph's own), by uid. A
-    result whose dims or strides the spec leaves to cuDNN gets those cuDNN
-    gave it where the plan was built (`geometry`: uid -> (dims, strides)).
-    The worker's plans and a node's own (plancache.run.local) say the same."""
-    return [
-        pb.TensorBinding(
-            uid=t.uid,
-            name=t.name,
-            data_type=t.data_type,
-            is_output=t.is_output,
-            is_pass_by_value=t.is_pass_by_value,
-            dim=geometry.get(t.uid, (t.dim, t.stride))[0] if not (t.dim and t.stride) else t.dim,
-            stride=geometry.get(t.uid, (t.dim, t.stride))[1] if not (t.dim and t.stride) else t.stride,
-            scalar_value=t.scalar_value if t.HasField("scalar_value") else None,
-            ragged_offset_uid=t.ragged_offset_uid if t.HasField("ragged_offset_uid") else None,
+# uid -> (dims, strides) that cuDNN gave the results a spec leaves open, where the plan was built.
+ResolvedGeometry = Mapping[int, tuple[list[int], list[int]]]
+
+
+def tensor_bindings(spec: GraphSpec, geometry: ResolvedGeometry) -> list[pb.TensorBinding]:
+    """The tensors a caller binds to a plan of the normalized `spec` (its
+    plan metadata's): every non-virtual tensor but constants (the graph's
+    own), by uid. A result whose dims or strides the spec leaves to cuDNN
+    gets those cuDNN gave it where the plan was built (`geometry`). The
+    worker's plans and a node's own (plancache.run.local) say the same
+    (plancache.wire.metadata)."""
+    bindings = []
+    for t in sorted(spec.tensors, key=lambda t: t.uid or 0):
+        if t.is_virtual or t.constant is not None:
+            continue
+        dim, stride = (
+            (list(t.dim), list(t.stride)) if t.dim and t.stride else geometry.get(t.uid or 0, (t.dim, t.stride))
         )
-        for t in sorted(spec.tensors, key=lambda t: t.uid)
-        if not t.is_virtual and not t.HasField("constant")
-    ]
+        bindings.append(
+            pb.TensorBinding(
+                uid=t.uid,
+                name=t.name,
+                data_type=dtypes.to_proto(t.data_type),
+                is_output=t.is_output,
+                is_pass_by_value=t.is_pass_by_value,
+                dim=dim,
+                stride=stride,
+                scalar_value=t.scalar_value,
+                ragged_offset_uid=t.ragged_offset.uid if t.ragged_offset is not None else None,
+            )
+        )
+    return bindings

@@ -144,7 +144,7 @@ class Gateway:
         warming = Warming(blocking)
 
         async def resolve_query(spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> pb.PlanQuery:
-            return (await service.resolve(spec, target, options)).query
+            return (await service.resolve(spec, target, options)).proto
 
         authorizer = Authorizer.from_file(settings.tokens_file)
         if authorizer.open:
@@ -170,7 +170,7 @@ class Gateway:
 
         def resolve_now(spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> tuple[str, pb.PlanQuery]:
             resolved = service.resolve_now(spec, target, options)
-            return resolved.plan_key, resolved.query
+            return resolved.key, resolved.proto
 
         servicer = PlanCacheServicer(
             service, WarmService(warming, directory, resolve_query, resolve_now, FamilyRecords(blocking))

@@ -13,15 +13,11 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 
 from plancache.errors import InvalidRequest, NotFound, PlanCacheError, ResourceExhausted, TargetUnavailable
-from plancache.graphspec import spec_io
-from plancache.graphspec.canonical import hash_normalized
-from plancache.graphspec.ops import anchor_family
-from plancache.graphspec.validation import Limits, normalize
-from plancache.keys.options import CompileOptions
-from plancache.keys.plankey import make_key, parse_key
+from plancache.graphspec.validation import Limits
+from plancache.keys.plankey import parse_key
+from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target, slug
 from plancache.v1 import plancache_pb2 as pb
 from plancache.wire.rich_status import bounded, duration
@@ -51,14 +47,6 @@ BUILDING = pb.CompileResponse(source=pb.COMPILE_SOURCE_BUILDING).SerializeToStri
 RESOLVED_MAX_SPEC_BYTES = 64 * 1024
 
 
-@dataclass(frozen=True)
-class ResolvedQuery:
-    plan_key: str
-    target: Target
-    query: pb.PlanQuery  # with the normalized spec
-    family: str  # the op family that anchors the graph, for statistics
-
-
 class PlanService:
     def __init__(
         self,
@@ -83,11 +71,11 @@ class PlanService:
         self._limits = limits
         self._compile_timeout_s = compile_timeout_s
         self._max_prefetch_refs = max_prefetch_refs
-        self._resolved: OrderedDict[tuple[bytes, bytes, bytes], ResolvedQuery] = OrderedDict()
+        self._resolved: OrderedDict[tuple[bytes, bytes, bytes], PlanQuery] = OrderedDict()
 
     # ---- resolving requests --------------------------------------------------
 
-    async def resolve(self, spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> ResolvedQuery:
+    async def resolve(self, spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> PlanQuery:
         """Validate everything the caller sent and compute the plan key."""
         size = spec.ByteSize()
         if size > RESOLVED_MAX_SPEC_BYTES:
@@ -105,26 +93,20 @@ class PlanService:
                 self._resolved.popitem(last=False)
         return resolved
 
-    def resolve_now(self, spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> ResolvedQuery:
-        for message, where in ((spec, "spec"), (target, "target"), (options, "options")):
-            spec_io.refuse_unknown_fields(message, where)
-        normalized = normalize(spec_io.from_proto(spec), self._limits)
-        resolved_target = Target.from_proto(target)
-        resolved_options = CompileOptions.from_proto(options)
-        plan_key = make_key(hash_normalized(normalized), resolved_target, resolved_options)
-        query = pb.PlanQuery(
-            spec=spec_io.to_proto(normalized), target=resolved_target.to_proto(), options=resolved_options.to_proto()
-        )
-        return ResolvedQuery(plan_key, resolved_target, query, anchor_family([n.op for n in normalized.nodes]))
+    def resolve_now(self, spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> PlanQuery:
+        """A caller's query, validated and normalized here (what it claims is not trusted), its key derived."""
+        query = PlanQuery.from_wire(spec, target, options, self._limits, refuse_unknown_fields=True)
+        query.key  # noqa: B018 - hashed now, on this thread (a large spec's resolve runs in the CPU offload)
+        return query
 
-    async def _ref_key(self, ref: pb.PlanRef) -> tuple[str, ResolvedQuery | None]:
+    async def _ref_key(self, ref: pb.PlanRef) -> tuple[str, PlanQuery | None]:
         kind = ref.WhichOneof("ref")
         if kind == "key":
             parse_key(ref.key)
             return ref.key, None
         if kind == "query":
             resolved = await self.resolve(ref.query.spec, ref.query.target, ref.query.options)
-            return resolved.plan_key, resolved
+            return resolved.key, resolved
         raise InvalidRequest("a plan reference needs a plan key, or a spec with its target and options")
 
     def _deadline(self, time_remaining: float | None) -> float:
@@ -162,28 +144,28 @@ class PlanService:
             telemetry.LOOKUPS, self._directory.scope(target_id), "hit" if plan is not None else "miss"
         ).inc()
 
-    async def _start_build(self, resolved: ResolvedQuery, tuned_only: bool = False, count: bool = True) -> Waiter:
+    async def _start_build(self, resolved: PlanQuery, tuned_only: bool = False, count: bool = True) -> Waiter:
         """Wait for the build of a missing plan: started here, or joined (counted unless not `count`)."""
         try:
-            waiter = await self._builds.join(resolved.target, resolved.plan_key, resolved.query, tuned_only)
+            waiter = await self._builds.join(resolved.target, resolved.key, resolved.proto, tuned_only)
         except TargetUnavailable:  # the first caller learns it while the build is being queued
-            self._stats.incr(Counter.REFUSED, target_id=resolved.target.id, family=resolved.family)
+            self._stats.incr(Counter.REFUSED, target_id=resolved.target.id, family=resolved.op_family)
             raise
         if count or waiter.started:
             self._stats.incr(
                 Counter.COMPILES if waiter.started else Counter.JOINED,
                 target_id=resolved.target.id,
-                family=resolved.family,
+                family=resolved.op_family,
             )
         if waiter.started:
-            log.info("started the build of %s (job %s)", resolved.plan_key, waiter.flight.job_id)
+            log.info("started the build of %s (job %s)", resolved.key, waiter.flight.job_id)
         return waiter
 
-    def _failed(self, waiter: Waiter, resolved: ResolvedQuery, error: PlanCacheError) -> None:
+    def _failed(self, waiter: Waiter, resolved: PlanQuery, error: PlanCacheError) -> None:
         if isinstance(error, TargetUnavailable):  # no build happened: a refusal, counted per caller
-            self._stats.incr(Counter.REFUSED, target_id=resolved.target.id, family=resolved.family)
+            self._stats.incr(Counter.REFUSED, target_id=resolved.target.id, family=resolved.op_family)
         elif waiter.started:
-            self._stats.incr(Counter.FAILURES, target_id=resolved.target.id, family=resolved.family)
+            self._stats.incr(Counter.FAILURES, target_id=resolved.target.id, family=resolved.op_family)
 
     # ---- calls -----------------------------------------------------------------
 
@@ -194,9 +176,7 @@ class PlanService:
         the response is written (it frees the caller's delivery slot)."""
         resolved = await self.resolve(request.spec, request.target, request.options)
         count = not request.counted  # the caller's own earlier request (answer_miss_at_once) was counted
-        plan = await self._lookup(
-            resolved.plan_key, resolved.target.id, resolved.family, request.tuned_only, count=count
-        )
+        plan = await self._lookup(resolved.key, resolved.target.id, resolved.op_family, request.tuned_only, count=count)
         if plan is not None:
             return plan.compile_response(
                 pb.COMPILE_SOURCE_HIT
@@ -291,7 +271,7 @@ class PlanService:
         plan = await self._lookup(
             plan_key,
             resolved.target.id if resolved else parse_key(plan_key).target.id,
-            resolved.family if resolved else None,
+            resolved.op_family if resolved else None,
         )
         if plan is None:
             raise NotFound(f"no stored plan {plan_key} (GetPlan never compiles; use Compile)")
@@ -315,14 +295,16 @@ class PlanService:
             )
         deadline = self._deadline(time_remaining)
         stored: list[tuple[int, str]] = []
-        waiting: dict[asyncio.Future[StoredPlan], tuple[int, Waiter, ResolvedQuery]] = {}
+        waiting: dict[asyncio.Future[StoredPlan], tuple[int, Waiter, PlanQuery]] = {}
         try:
             for index, ref in enumerate(refs):
                 key = ""
                 try:
                     key, resolved = await self._ref_key(ref)
                     target_id = resolved.target.id if resolved else parse_key(key).target.id
-                    plan = await self._lookup(key, target_id, resolved.family if resolved else None, request.tuned_only)
+                    plan = await self._lookup(
+                        key, target_id, resolved.op_family if resolved else None, request.tuned_only
+                    )
                     if plan is not None:
                         stored.append((index, key))
                     elif not request.compile_missing:
@@ -360,10 +342,10 @@ class PlanService:
                             plan = future.result()
                         except PlanCacheError as e:
                             self._failed(waiter, resolved, e)
-                            yield _error_item(index, resolved.plan_key, e)
+                            yield _error_item(index, resolved.key, e)
                             continue
                         source = pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED
-                        yield plan.prefetch_item(index, resolved.plan_key, _source(plan, source))
+                        yield plan.prefetch_item(index, resolved.key, _source(plan, source))
                     finally:
                         waiter.release()  # resumed: the item is written, its delivery slot is free
         finally:
@@ -403,11 +385,11 @@ class PlanService:
     async def explain(self, query: pb.PlanQuery) -> pb.ExplainResponse:
         """How the asked key differs from the stored keys of the same spec."""
         resolved = await self.resolve(query.spec, query.target, query.options)
-        asked = parse_key(resolved.plan_key)
-        stored = await self._store.get(resolved.plan_key) is not None
+        asked = parse_key(resolved.key)
+        stored = await self._store.get(resolved.key) is not None
         variants = []
         for key in await self._store.keys_of_spec(asked.spec_hash):
-            if key == resolved.plan_key or await self._store.get(key) is None:
+            if key == resolved.key or await self._store.get(key) is None:
                 continue
             other = parse_key(key)
             variants.append(
@@ -422,7 +404,7 @@ class PlanService:
         else:
             summary = "no plan of this spec is stored under any target or options (the spec differs from every stored one, or was never compiled)"
         return pb.ExplainResponse(
-            key=resolved.plan_key, stored=stored, spec_hash=asked.spec_hash, variants=variants, summary=summary
+            key=resolved.key, stored=stored, spec_hash=asked.spec_hash, variants=variants, summary=summary
         )
 
     async def drain_worker(self, worker_id: str) -> bool:

@@ -41,7 +41,7 @@ from google.protobuf.message import DecodeError
 
 from plancache.errors import InvalidRequest, ResourceExhausted
 from plancache.keys.options import CompileOptions
-from plancache.keys.plankey import make_key
+from plancache.keys.plankey import make_key, parse_key
 from plancache.keys.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
@@ -221,7 +221,9 @@ class Warming:
             if item_hits < min_hits or len(items) >= top:
                 continue
             options = CompileOptions.from_proto(query.options)
-            plan_key = make_key(source_key.split("/", 1)[0] if source_key else _spec_hash(query), target, options)
+            # The source plan's spec, for this target (its worker derives the key again from the spec).
+            spec_hash = parse_key(source_key).spec_hash if source_key else _spec_hash(query)
+            plan_key = make_key(spec_hash, target, options)
             if plan_key in seen:
                 continue  # the same spec and options from several source targets (days)
             seen.add(plan_key)
@@ -573,11 +575,11 @@ def _spec(raw: bytes | None) -> pb.GraphSpec | None:
 
 
 def _spec_hash(query: pb.PlanQuery) -> str:
+    """The spec hash of a manifest's query (it names no target: the warmed one is the plan's)."""
     from plancache.graphspec import spec_io
-    from plancache.graphspec.canonical import hash_normalized
-    from plancache.graphspec.validation import normalize
+    from plancache.graphspec.canonical import spec_hash
 
-    return hash_normalized(normalize(spec_io.from_proto(query.spec)))
+    return spec_hash(spec_io.from_proto(query.spec))
 
 
 def _loads(raw: bytes | str) -> Any:

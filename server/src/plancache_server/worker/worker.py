@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import hashlib
 import heapq
 import itertools
 import logging
@@ -37,17 +36,15 @@ from dataclasses import dataclass, field
 
 from plancache.errors import InvalidRequest, PlanCacheError, StoreUnavailable
 from plancache.graphspec import spec_io
-from plancache.graphspec.canonical import hash_normalized
 from plancache.graphspec.graph import GraphSpec
-from plancache.graphspec.ops import anchor_family
-from plancache.graphspec.validation import normalize
 from plancache.keys.options import CompileOptions
-from plancache.keys.plankey import make_key
+from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
 from plancache.log_limits import LogLimiter
 from plancache.trust.signing import Signer
 from plancache.v1 import plancache_pb2 as pb
-from plancache.wire.bindings import tensor_bindings
+from plancache.wire import metadata as wire_metadata
+from plancache.wire.metadata import Built
 from plancache_server import telemetry
 from plancache_server.store.build_records import BuildRecorder
 from plancache_server.store.jobs import Delivery, Job
@@ -99,10 +96,23 @@ class VerifiedJob:
     """A job whose plan key is the one its spec, target and options make,
     for a target this worker builds: what it builds and signs."""
 
-    plan_key: str
-    spec: GraphSpec  # normalized by this worker
-    target: Target
-    options: CompileOptions
+    query: PlanQuery  # derived by this worker from the job's spec, target and options
+
+    @property
+    def plan_key(self) -> str:
+        return self.query.key
+
+    @property
+    def spec(self) -> GraphSpec:  # normalized by this worker
+        return self.query.spec
+
+    @property
+    def target(self) -> Target:
+        return self.query.target
+
+    @property
+    def options(self) -> CompileOptions:
+        return self.query.options
 
 
 class Lane(enum.IntEnum):
@@ -155,58 +165,53 @@ def verify_job(job: Job, served: list[Target]) -> VerifiedJob:
     """Derive the job's plan key; a job is data from Redis, not an authority.
     Raises InvalidRequest naming what does not hold."""
     try:
-        spec = normalize(spec_io.from_proto(job.query.spec))
-        target = Target.from_proto(job.query.target)
-        options = CompileOptions.from_proto(job.query.options)
+        query = PlanQuery.from_proto(job.query)
     except PlanCacheError as e:
         raise InvalidRequest(f"its query does not parse: {e.message[:300]}") from e
-    if target.id not in {t.id for t in served}:
+    if query.target.id not in {t.id for t in served}:
         raise InvalidRequest(
-            f"it is for target {target.id}, which this worker does not build (it builds {', '.join(t.id for t in served)})"
+            f"it is for target {query.target.id}, which this worker does not build "
+            f"(it builds {', '.join(t.id for t in served)})"
         )
-    derived = make_key(hash_normalized(spec), target, options)
-    if derived != job.plan_key:
-        raise InvalidRequest(f"it names plan {job.plan_key[:300]} but its spec, target and options make plan {derived}")
-    return VerifiedJob(derived, spec, target, options)
+    if query.key != job.plan_key:
+        raise InvalidRequest(
+            f"it names plan {job.plan_key[:300]} but its spec, target and options make plan {query.key}"
+        )
+    return VerifiedJob(query)
 
 
 def plan_metadata(job: VerifiedJob, compiled: CompiledPlan, worker_id: str, built_on: pb.Target) -> pb.PlanMetadata:
-    """Everything a client needs to execute the blob without the spec."""
-    bindings = tensor_bindings(spec_io.to_proto(job.spec), compiled.geometry)
-    return pb.PlanMetadata(
-        key=job.plan_key,
-        spec_hash=job.plan_key.split("/", 1)[0],
-        target=built_on,
-        options=job.options.to_proto(),
-        tensors=bindings,
+    """Everything a client needs to execute the blob without the spec (plancache.wire.metadata)."""
+    candidates = [
+        pb.CandidateTiming(
+            index=c.index,
+            plan_name=c.plan_name,
+            engine_id=c.engine_id,
+            median_ms=c.median_ms,
+            error=c.error,
+            timing=c.timing,
+            knobs=[pb.Knob(name=k, value=v) for k, v in sorted(c.knobs.items())],
+            behavior_notes=c.behavior_notes,
+            workspace_size=c.workspace_size,
+        )
+        for c in compiled.candidates
+    ]
+    built = Built(
+        blob=compiled.blob,
+        geometry=compiled.geometry,
         workspace_size=compiled.workspace_size,
-        engine_id=compiled.engine_id,
-        knobs=[pb.Knob(name=k, value=v) for k, v in sorted(compiled.knobs.items())],
         plan_name=compiled.plan_name,
-        engine_kind=pb.ENGINE_KIND_PYTHON if compiled.is_python_engine else pb.ENGINE_KIND_BACKEND,
-        candidates=[
-            pb.CandidateTiming(
-                index=c.index,
-                plan_name=c.plan_name,
-                engine_id=c.engine_id,
-                median_ms=c.median_ms,
-                error=c.error,
-                timing=c.timing,
-                knobs=[pb.Knob(name=k, value=v) for k, v in sorted(c.knobs.items())],
-                behavior_notes=c.behavior_notes,
-                workspace_size=c.workspace_size,
-            )
-            for c in compiled.candidates
-        ],
+        built_by=worker_id,
+        built_on=built_on,
+        provisional=compiled.provisional,
         build_seconds=compiled.build_seconds,
         autotune_seconds=compiled.autotune_seconds,
-        blob_sha256=hashlib.sha256(compiled.blob).hexdigest(),
-        blob_size=len(compiled.blob),
-        created_at=time.time(),
-        built_by=worker_id,
-        provisional=compiled.provisional,
-        op_family=anchor_family([n.op for n in job.spec.nodes]),
+        engine_id=compiled.engine_id,
+        knobs=dict(compiled.knobs),
+        is_python_engine=compiled.is_python_engine,
+        candidates=candidates,
     )
+    return wire_metadata.plan_metadata(job.query, built)
 
 
 class Worker:
