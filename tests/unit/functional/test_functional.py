@@ -22,6 +22,7 @@ from plancache import CompileFailed, CompileOptions, GraphSpec, InvalidRequest, 
 from plancache.frontdoors.service import Once
 from plancache.functional import (
     _attention,
+    _batch_norm,
     _convolution,
     _linear,
     _norms,
@@ -401,6 +402,23 @@ def test_what_cudnn_is_not_asked_for_runs_torch_counted_and_logged_once(
         "attn_mask is torch.bool: a boolean mask stays with torch (cuDNN takes an additive bias)",
         "query, key and value must be 4-D (batch, heads, sequence, head dim)",
     ]
+
+
+def test_layers_of_one_geometry_torch_runs_each_keep_their_own_batch_norm_statistics(
+    client: StandInClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float32 model's BatchNorm2d layers of one geometry: every call hands torch its own
+    running statistics (a table entry of the geometry must not pin the first layer's)."""
+    seen: list[tuple[Any, Any]] = []
+    monkeypatch.setattr(_tensor_ops, "available", lambda: True)
+    monkeypatch.setattr(_batch_norm, "torch_batch_norm", lambda x, mean, var, *rest: seen.append((mean, var)) or x)
+    x = T((4, 16, 8, 8), dtype="float32")
+    layers = [(T((16,), dtype="float32"), T((16,), dtype="float32")) for _ in range(3)]
+    for mean, var in layers * 2:
+        assert pf.batch_norm(x, mean, var, training=True) is x
+    assert all(got[0] is want[0] and got[1] is want[1] for got, want in zip(seen, layers * 2, strict=True))
+    stats = pf.stats()["batch_norm"]
+    assert (stats.torch, stats.cudnn, stats.torch_geometries) == (6, 0, 1) and not client.asked
 
 
 def test_matmul_with_autograd_runs_torch(

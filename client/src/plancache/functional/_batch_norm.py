@@ -28,7 +28,7 @@ from plancache.functional._geometry import (
 from plancache.functional._norms import EPSILON_UID, INV_VARIANCE_UID, MEAN_UID, norm_node_run
 from plancache.functional._requests import Constant, Output, Request, dense_like, finish, graph, request, shaped
 from plancache.functional._signature import Bound, Signature, Slot
-from plancache.functional._table import TABLE
+from plancache.functional._table import TABLE, Fallback
 from plancache.functional._tensor_ops import torch_module
 from plancache.graphspec.layouts import row_major
 
@@ -94,6 +94,9 @@ def batch_norm(
     if (running_mean is None or running_var is None) and (not training or running_mean is not running_var):
         # torch's own answer (or error) for these
         return torch_batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+    entry = TABLE.get(key)
+    if type(entry) is Fallback:  # torch runs this geometry: with this call's running statistics, as torch would
+        return entry.run(torch_batch_norm, input, running_mean, running_var, weight, bias, training, momentum, eps)
     # Built without generators: this is every call's path (run 22: batch_norm's host time was 1.42x raw + allocation).
     if weight is None:
         given: tuple[Any, ...] = (input,) if bias is None else (input, bias)
@@ -105,7 +108,6 @@ def batch_norm(
         tensors = given
     else:
         tensors = (*given, running_mean, running_var, running_mean, running_var)  # read, then written in place
-    entry = TABLE.get(key)
     if entry is not None:
         return entry(tensors)
     running = _running(bool(training), running_mean, running_var, tensors[-1])
@@ -127,10 +129,7 @@ def batch_norm(
         return batch_norm_rule(bound, forward)
 
     def fallback(input: Any, weight: Any = None, bias: Any = None, **_statistics: Any) -> Any:
-        # A known defect, kept (issue 39 changes no behaviour): torch is given the running
-        # statistics of the geometry's first call, not each call's, so a second layer of one
-        # geometry left to torch reads and updates the first one's. Evaluation's tuple carries
-        # the inverse deviation, not running_var: a fix passes running_var to the fallback.
+        # The first call's own statistics; a later call of a geometry torch runs passes its own (above).
         return torch_batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
 
     return first_call(bound, key, forward, bound.fallback(fallback), grad, rule)

@@ -232,9 +232,15 @@ class Fallback:
         self.expires = time.monotonic() + RETRY_AFTER_S if transient else None
 
     def __call__(self, tensors: tuple[Any, ...]) -> Any:
+        return self.run(self._fn, *tensors)
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` in place of the geometry's own call (a call whose torch
+        arguments are not all in its tuple of tensors: batch_norm's running
+        statistics), counted and expiring as any call of this entry."""
         if self.expires is not None and time.monotonic() > self.expires:
             TABLE.discard(self.key, self)
-        result = self._fn(*tensors)
+        result = fn(*args)
         self._counts.torch += 1
         return result
 
