@@ -32,12 +32,14 @@ PROCESSES = [
     (
         "plancache-server",
         "plancache_server.main",
-        "the gRPC gateway (one asyncio loop), its private redis-server unless --redis-url, and one worker process per local GPU",
+        "the gRPC gateway (one asyncio loop), its private redis-server unless --redis-url, and one worker process "
+        "per local GPU",
     ),
     (
         "plancache-worker",
         "plancache_server.worker_main",
-        "a compile worker per GPU, against a deployment's Redis; started by a server for its own GPUs, or alone on a GPU host",
+        "a compile worker per GPU, against a deployment's Redis; started by a server for its own GPUs, or alone on a "
+        "GPU host",
     ),
     (
         "build process",
@@ -91,8 +93,8 @@ MISS = [
         "the plan is stored (signed, provisional when tuning follows) and announced; the candidates queue",
     ),
     (
-        "plancache_server.gateway.builds",
-        "Builds._follow",
+        "plancache_server.gateway.flight",
+        "Flight._follow",
         "the flight wakes on the announcement, reads and verifies the plan, answers every waiter",
     ),
     (
@@ -172,8 +174,9 @@ def render() -> str:
     out = [
         "# Architecture",
         "",
-        "Written by `python3 scripts/architecture-doc.py` from the code (a test fails when it is stale): the packages' docstrings, the "
-        'imports, the entry points and `plancache_server/store/keys.py`. The rules of the layers are the packages\' "May import" lines, '
+        "Written by `python3 scripts/architecture-doc.py` from the code (a test fails when it is stale): the "
+        "packages' docstrings, the imports, the entry points and `plancache_server/store/keys.py`. The rules of the "
+        'layers are the packages\' "May import" lines, '
         "checked by tests/unit/test_layers.py; there is no import circle on either side.",
         "",
         "## Processes",

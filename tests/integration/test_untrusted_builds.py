@@ -21,7 +21,7 @@ import redis
 from plancache import Client, CompileOptions, Manifest, Unavailable, UntrustedBuild
 from plancache.trust.signing import Signer, generate_keypair
 from plancache_server import telemetry
-from plancache_server.gateway import builds as builds_module
+from plancache_server.gateway import refusals
 from plancache_server.store import keys
 from plancache_server.store.build_records import DONE, finished_event, state_fields
 from plancache_server.store.embedded_redis import EmbeddedRedis
@@ -148,12 +148,13 @@ def test_a_rebuild_is_started_again_once_the_refusal_is_forgotten(mismatched_sta
     with Client(stack.address, cache=False) as c, pytest.raises(UntrustedBuild):
         c.compile(matmul_spec(), TARGET)
     marker = stack.redis.keys(keys.untrusted_build("*"))
-    assert len(marker) == 1 and stack.redis.ttl(marker[0]) <= builds_module.UNTRUSTED_BUILD_TTL_S
+    assert len(marker) == 1 and stack.redis.ttl(marker[0]) <= refusals.UNTRUSTED_BUILD_TTL_S
     stack.redis.delete(*marker)  # as when it expires
     builds_before = len(stack.compiler.builds)
     with Client(stack.address, cache=False) as c, pytest.raises(UntrustedBuild):
         c.compile(matmul_spec(), TARGET)
-    # The worker found a plan it trusts (its own) and took it as built, or built it again: either way the callers were told.
+    # The worker found a plan it trusts (its own) and took it as built, or built it again: either way the
+    # callers were told.
     assert len(stack.compiler.builds) >= builds_before
 
 
@@ -186,7 +187,8 @@ def test_a_plan_gone_after_its_build_ends_the_wait_with_the_reason(
         lease = redis_client.keys(keys.build_lease("*"))[0].decode()
         plan_key = keys.plan_key_of(lease)
         job_id = redis_client.get(lease).decode()  # type: ignore[union-attr]
-        redis_client.hset(keys.job_state(plan_key), mapping=state_fields(job_id, DONE, worker="silent-worker"))  # type: ignore[arg-type]
+        done = state_fields(job_id, DONE, worker="silent-worker")
+        redis_client.hset(keys.job_state(plan_key), mapping=done)  # type: ignore[arg-type]
         redis_client.publish(keys.EVENTS_CHANNEL, finished_event(job_id, plan_key))
         caller.join(timeout=30)
         assert len(outcome) == 1 and isinstance(outcome[0], Unavailable) and "no longer stored" in str(outcome[0]), (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
-from plancache_server.gateway.builds import FailedBuild
+from plancache_server.store.build_records import FailedBuild
 from plancache_server.store.stats import Bucket
 from plancache_server.web.status import StatusReport, TargetStatus, TopEntry
 from plancache_server.web.status_page import render
@@ -32,15 +32,34 @@ def _parse(page: str) -> _Tags:
     return tags
 
 
-def _report(history: list[Bucket], failures: list[FailedBuild] = (), top: list[TopEntry] = ()) -> StatusReport:  # type: ignore[assignment]
+def _report(
+    history: list[Bucket],
+    failures: list[FailedBuild] = (),  # type: ignore[assignment]
+    top: list[TopEntry] = (),  # type: ignore[assignment]
+) -> StatusReport:
     windows = {
         "5m": {"hits": 3, "misses": 1},
         "1h": {"hits": 3, "misses": 1},
         "24h": {},
         "total": {"hits": 3, "misses": 1, "bytes_served": 3 * 2**20},
     }
-    target = TargetStatus(TARGET.id, live_workers=2, jobs_waiting=5, jobs_running=1, windows=windows, history=history)  # type: ignore[arg-type]
-    return StatusReport(NOW, "1h", [target], {"matmul": windows}, list(top), list(top), list(failures))  # type: ignore[arg-type]
+    target = TargetStatus(
+        TARGET.id,
+        live_workers=2,
+        jobs_waiting=5,
+        jobs_running=1,
+        windows=windows,  # type: ignore[arg-type]
+        history=history,
+    )
+    return StatusReport(
+        NOW,
+        "1h",
+        [target],
+        {"matmul": windows},  # type: ignore[arg-type]
+        list(top),
+        list(top),
+        list(failures),
+    )
 
 
 def test_text_from_callers_and_workers_is_escaped() -> None:
@@ -84,7 +103,14 @@ def test_numbers_are_formatted_for_people() -> None:
 
 def test_a_target_without_workers_says_why_everything_misses() -> None:
     windows = {"5m": {"misses": 4, "refused": 4}, "1h": {}, "24h": {}, "total": {"misses": 4, "refused": 4}}
-    served = TargetStatus(TARGET.id, live_workers=1, jobs_waiting=0, jobs_running=0, windows=windows, history=[])  # type: ignore[arg-type]
+    served = TargetStatus(
+        TARGET.id,
+        live_workers=1,
+        jobs_waiting=0,
+        jobs_running=0,
+        windows=windows,  # type: ignore[arg-type]
+        history=[],
+    )
     orphan = TargetStatus(
         "sm_80/cudnn-91900/fe-1.32.0", live_workers=0, jobs_waiting=0, jobs_running=0, windows=windows, history=[]
     )  # type: ignore[arg-type]

@@ -16,14 +16,19 @@ from plancache.trust.signing import Signer, TrustPolicy
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
 from plancache_server import telemetry
+from plancache_server.gateway.admin import AdminService
 from plancache_server.gateway.auth import Authorizer
 from plancache_server.gateway.builds import Admission, Builds
 from plancache_server.gateway.guard import add_guarded
 from plancache_server.gateway.health import HealthReporter, ListingHealthServicer, enable_reflection
+from plancache_server.gateway.lookups import PlanLookups
 from plancache_server.gateway.memory_cache import MemoryCachedStore
 from plancache_server.gateway.offload import CpuOffload
+from plancache_server.gateway.prefetch import PrefetchService
+from plancache_server.gateway.reports import NodeReports
+from plancache_server.gateway.resolver import QueryResolver
 from plancache_server.gateway.service import PlanService
-from plancache_server.gateway.servicer import PlanCacheServicer
+from plancache_server.gateway.servicer import PlanCacheServicer, Services
 from plancache_server.gateway.warm_service import WarmService
 from plancache_server.gateway.wire import SPEC_REQUEST_BYTES, WireLimits
 from plancache_server.settings import Settings
@@ -49,7 +54,8 @@ def gateway_trust(settings: Settings) -> TrustPolicy | None:
         listed = TrustPolicy.create(settings.trusted_keys, allow_unsigned=False) if settings.trusted_keys else None
         if listed is not None and own.key_id not in listed.keys:
             log.warning(
-                "the key this server's workers sign with (%s, key %s) is not among --trusted-keys (%s): trusted as well",
+                "the key this server's workers sign with (%s, key %s) is not among --trusted-keys (%s): "
+                "trusted as well",
                 settings.signing_key,
                 own.key_id,
                 listed.trusted_text,
@@ -110,7 +116,8 @@ class Gateway:
         trust = gateway_trust(settings)
         if trust is None:
             log.warning(
-                "no --trusted-keys and no --signing-key: stored plans are served without checking their signatures (clients still check)"
+                "no --trusted-keys and no --signing-key: stored plans are served without checking their signatures "
+                "(clients still check)"
             )
         store: PlanStore = AsyncRedisPlanStore(client, offload, trust)
         if settings.memory_cache_bytes > 0:
@@ -129,23 +136,16 @@ class Gateway:
         )
         blocking = connect(redis_url)  # for the janitor and warming, on threads
         janitor = Janitor(blocking)
-        service = PlanService(
-            store,
-            queue,
-            builds,
-            stats,
-            directory,
-            offload,
-            settings.limits,
-            settings.compile_timeout_s,
-            settings.max_prefetch_refs,
-            janitor,
-        )
         warming = Warming(blocking)
-
-        async def resolve_query(spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> pb.PlanQuery:
-            return (await service.resolve(spec, target, options)).proto
-
+        resolver = QueryResolver(offload, settings.limits)
+        lookups = PlanLookups(store, builds, stats, directory, settings.compile_timeout_s)
+        services = Services(
+            plans=PlanService(store, resolver, lookups),
+            prefetch=PrefetchService(store, resolver, lookups, settings.max_prefetch_refs),
+            reports=NodeReports(store, builds, stats, directory),
+            admin=AdminService(store, resolver, queue, stats, directory, janitor),
+            warm=WarmService(warming, directory, resolver, FamilyRecords(blocking)),
+        )
         authorizer = Authorizer.from_file(settings.tokens_file)
         if authorizer.open:
             log.warning("no --tokens-file: every caller may compile and read plans")
@@ -168,13 +168,7 @@ class Gateway:
         )
         limits = WireLimits(settings.limits, settings.max_prefetch_refs, settings.max_prefetch_bytes)
 
-        def resolve_now(spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> tuple[str, pb.PlanQuery]:
-            resolved = service.resolve_now(spec, target, options)
-            return resolved.key, resolved.proto
-
-        servicer = PlanCacheServicer(
-            service, WarmService(warming, directory, resolve_query, resolve_now, FamilyRecords(blocking))
-        )
+        servicer = PlanCacheServicer(services)
         add_guarded(pb_grpc.add_PlanCacheServicer_to_server, servicer, server, authorizer, offload, limits)
         health_servicer = ListingHealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

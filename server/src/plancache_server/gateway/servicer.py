@@ -4,12 +4,16 @@ Errors: see interceptors."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
+from plancache_server.gateway.admin import AdminService
+from plancache_server.gateway.prefetch import PrefetchService
+from plancache_server.gateway.reports import NodeReports
 from plancache_server.gateway.service import PlanService
 from plancache_server.gateway.warm_service import WarmService
 
@@ -17,10 +21,24 @@ from plancache_server.gateway.warm_service import WarmService
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
+@dataclass(frozen=True)
+class Services:
+    """The domain objects behind the servicer, one per kind of call."""
+
+    plans: PlanService
+    prefetch: PrefetchService
+    reports: NodeReports
+    admin: AdminService
+    warm: WarmService
+
+
 class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
-    def __init__(self, service: PlanService, warm: WarmService) -> None:
-        self._service = service
-        self._warm = warm
+    def __init__(self, services: Services) -> None:
+        self._plans = services.plans
+        self._prefetch = services.prefetch
+        self._reports = services.reports
+        self._admin = services.admin
+        self._warm = services.warm
 
     # Compile, GetPlan and Prefetch answer with bytes serialized once per plan
     # (see StoredPlan); the error interceptor's serializer passes bytes through.
@@ -29,32 +47,32 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
         def on_done(done: Any) -> None:
             context.add_done_callback(lambda _: done())  # type: ignore[arg-type]
 
-        return await self._service.compile(request, context.time_remaining(), on_done)
+        return await self._plans.compile(request, context.time_remaining(), on_done)
 
     async def ReportFirstUses(self, request: pb.ReportFirstUsesRequest, context: Context) -> pb.ReportFirstUsesResponse:
-        return await self._service.report(request)
+        return await self._reports.report(request)
 
     async def GetPlan(self, request: pb.GetPlanRequest, context: Context) -> bytes:
-        return (await self._service.get(request.ref)).get_plan_response
+        return (await self._plans.get(request.ref)).get_plan_response
 
     async def Prefetch(self, request: pb.PrefetchRequest, context: Context) -> AsyncIterator[bytes | pb.PrefetchItem]:
-        async for item in self._service.prefetch(request, context.time_remaining()):
+        async for item in self._prefetch.prefetch(request, context.time_remaining()):
             yield item
 
     async def ListTargets(self, request: pb.ListTargetsRequest, context: Context) -> pb.ListTargetsResponse:
-        return pb.ListTargetsResponse(targets=await self._service.list_targets())
+        return pb.ListTargetsResponse(targets=await self._admin.list_targets())
 
     async def Invalidate(self, request: pb.InvalidateRequest, context: Context) -> pb.InvalidateResponse:
-        return pb.InvalidateResponse(deleted=await self._service.invalidate(request))
+        return pb.InvalidateResponse(deleted=await self._admin.invalidate(request))
 
     async def Explain(self, request: pb.ExplainRequest, context: Context) -> pb.ExplainResponse:
-        return await self._service.explain(request.query)
+        return await self._admin.explain(request.query)
 
     async def ListPlans(self, request: pb.ListPlansRequest, context: Context) -> pb.ListPlansResponse:
-        return pb.ListPlansResponse(keys=await self._service.list_plans(request.target_id))
+        return pb.ListPlansResponse(keys=await self._admin.list_plans(request.target_id))
 
     async def DrainWorker(self, request: pb.DrainWorkerRequest, context: Context) -> pb.DrainWorkerResponse:
-        return pb.DrainWorkerResponse(known=await self._service.drain_worker(request.worker_id))
+        return pb.DrainWorkerResponse(known=await self._admin.drain_worker(request.worker_id))
 
     async def Warm(self, request: pb.WarmRequest, context: Context) -> pb.WarmResponse:
         return pb.WarmResponse(status=(await self._warm.warm(request)).to_proto())
@@ -69,4 +87,4 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
         return await self._warm.get_family(request)
 
     async def GetStats(self, request: pb.GetStatsRequest, context: Context) -> pb.GetStatsResponse:
-        return await self._service.stats()
+        return await self._admin.stats()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 
 from plancache.errors import InvalidRequest, NotFound
 from plancache.graphspec import spec_io
@@ -17,16 +16,12 @@ from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import make_family_key
 from plancache.keys.target import Target
 from plancache.v1 import plancache_pb2 as pb
+from plancache_server.gateway.resolver import QueryResolver
 from plancache_server.store.directory import WorkerDirectory
 from plancache_server.store.families import FamilyRecord, FamilyRecords
 from plancache_server.store.warming import DEFAULT_TOP, MAX_TOP, Source, Warming, WarmStatus
 
 log = logging.getLogger(__name__)
-
-# (spec, target, options) -> the normalized query, validated as a Compile's is.
-Resolver = Callable[[pb.GraphSpec, pb.Target, pb.CompileOptions], Awaitable[pb.PlanQuery]]
-# The same, on the calling thread: (spec, target, options) -> (plan key, query).
-ThreadResolver = Callable[[pb.GraphSpec, pb.Target, pb.CompileOptions], tuple[str, pb.PlanQuery]]
 
 
 class WarmService:
@@ -34,14 +29,14 @@ class WarmService:
         self,
         warming: Warming,
         directory: WorkerDirectory,
-        resolve: Resolver,
-        resolve_now: ThreadResolver,
+        resolver: QueryResolver,
         families: FamilyRecords,
     ) -> None:
+        """`resolver`: a manifest's queries and a family's graphs are
+        validated, normalized and keyed as a Compile's are."""
         self._warming = warming
         self._directory = directory
-        self._resolve = resolve
-        self._resolve_now = resolve_now
+        self._resolver = resolver
         self._families = families
 
     async def warm(self, request: pb.WarmRequest) -> WarmStatus:
@@ -67,8 +62,10 @@ class WarmService:
                 raise InvalidRequest(
                     f"a warming manifest takes at most {MAX_TOP} specs, not {len(request.manifest.queries)}"
                 )
-            resolved = [await self._resolve(q.spec, target.to_proto(), q.options) for q in request.manifest.queries]
-            source = Source(manifest=tuple(resolved))
+            resolved = [
+                await self._resolver.resolve(q.spec, target.to_proto(), q.options) for q in request.manifest.queries
+            ]
+            source = Source(manifest=tuple(query.proto for query in resolved))
         else:
             raise InvalidRequest("Warm needs a source: from_target, served_days or a manifest (or cancel)")
         status = await asyncio.to_thread(self._warming.plan, target, source, top, request.min_hits, "operator")
@@ -101,10 +98,12 @@ class WarmService:
     def _queue_family(
         self, family: Family, family_key: str, target: Target, options: CompileOptions
     ) -> pb.FamilyStatus:
-        """On a thread: each graph resolved as a Compile's spec is (normalized, validated, keyed), the missing ones queued."""
+        """On a thread: each graph resolved as a Compile's spec is
+        (normalized, validated, keyed), the missing ones queued."""
         members: list[tuple[str, pb.PlanQuery]] = []
         for _, spec in family.instances():
-            members.append(self._resolve_now(spec_io.to_proto(spec), target.to_proto(), options.to_proto()))
+            query = self._resolver.resolve_now(spec_io.to_proto(spec), target.to_proto(), options.to_proto())
+            members.append((query.key, query.proto))
         stored = self._families.stored([key for key, _ in members])
         missing = [(key, query) for (key, query), present in zip(members, stored, strict=True) if not present]
         queued = self._warming.extend(target, missing, f"graph family {family_key[:80]}")

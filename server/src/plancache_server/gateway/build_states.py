@@ -1,0 +1,82 @@
+"""What Redis holds about a key's builds, as a gateway reads and writes it:
+the build lease, the job's state, the negative cache, the recent failures
+(the worker's side is plancache_server.store.build_records)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+
+from plancache.errors import InvalidRequest, Unavailable
+from plancache.log_limits import LogLimiter
+from plancache_server.store import keys
+from plancache_server.store.build_records import JOB_STATE_TTL_S, QUEUED, RELEASE_IF_OWNER, FailedBuild, state_fields
+from plancache_server.store.redis_conn import AsyncRedis, text, translated_errors
+
+log = logging.getLogger(__name__)
+# Every flight meets a Redis outage twice a second: one line a minute says it.
+_faults = LogLimiter(log)
+
+
+class BuildStates:
+    def __init__(self, client: AsyncRedis, lease_s: float) -> None:
+        self._redis = client
+        self._lease_s = lease_s
+        self._release_lease = client.register_script(RELEASE_IF_OWNER)
+
+    async def take_lease(self, plan_key: str, job_id: str) -> str | None:
+        """Take the key's build lease for `job_id` (None), or the job id of the build holding it."""
+        lease = keys.build_lease(plan_key)
+        with translated_errors("taking a build lease"):
+            while True:
+                if await self._redis.set(lease, job_id, nx=True, px=int(self._lease_s * 1000)):
+                    return None
+                existing = await self._redis.get(lease)
+                if existing is not None:
+                    return text(existing)
+
+    async def release_lease(self, plan_key: str, job_id: str) -> None:
+        """Release the lease while it still names `job_id`; left to expire when Redis is away."""
+        try:
+            with translated_errors("releasing a build lease"):
+                await self._release_lease(keys=[keys.build_lease(plan_key)], args=[job_id])
+        except Unavailable as e:  # it expires on its own
+            _faults.warning("lease", "could not release the lease of %s: %s", plan_key, e.message)
+
+    async def mark_queued(self, plan_key: str, job_id: str) -> None:
+        with translated_errors("recording a job state"):
+            fields = state_fields(job_id, QUEUED)
+            await self._redis.hset(keys.job_state(plan_key), mapping=fields)  # type: ignore[arg-type]
+            await self._redis.expire(keys.job_state(plan_key), JOB_STATE_TTL_S)
+
+    async def state(self, plan_key: str) -> dict[str, str]:
+        with translated_errors("reading a job state"):
+            raw = await self._redis.hgetall(keys.job_state(plan_key))
+        return {text(k): text(v) for k, v in raw.items()}
+
+    async def known_failure(self, plan_key: str) -> str | None:
+        """Why cuDNN rejected this key's graph, if it did recently."""
+        with translated_errors("reading the negative cache"):
+            reason = await self._redis.get(keys.failure(plan_key))
+            ttl = await self._redis.ttl(keys.failure(plan_key)) if reason is not None else 0
+        if reason is None:
+            return None
+        return f"{text(reason)} (remembered from an earlier build; retried after {ttl} s)"
+
+    async def recent_failures(self, count: int) -> list[FailedBuild]:
+        """The latest failed builds, newest first."""
+        with translated_errors("reading recent failures"):
+            raw = await self._redis.lrange(keys.RECENT_FAILURES, 0, count - 1)
+        return list(_failures(item for item in raw if isinstance(item, bytes)))
+
+
+def _failures(raw: Iterable[bytes]) -> Iterable[FailedBuild]:
+    for item in raw:
+        try:
+            failure = FailedBuild(**json.loads(item))
+            failure.target_id  # noqa: B018 -- a record whose key does not parse is skipped
+        except (ValueError, TypeError, InvalidRequest):
+            log.warning("ignoring a malformed failure record %r", item[:200])
+            continue
+        yield failure

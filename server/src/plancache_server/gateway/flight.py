@@ -1,0 +1,310 @@
+"""The flight of one build on a gateway: every caller waiting for one plan
+key, and the one task that takes the key's build from its lease to its
+outcome.
+
+The task takes the key's build lease and queues the job, or finds the lease
+and follows that job; one follower watches the job (woken by the workers'
+announcement, re-checking every half second in case one is lost) and reads
+the finished plan once. When the build finishes, its plan is handed to at
+most DELIVERY_SLOTS callers of the gateway at a time, each holding its slot
+until its response is written (or SLOT_HOLD_S has passed): a plan fanning
+out to thousands of callers never fills the event loop's queue, so a hit
+arriving meanwhile waits for a few writes, not for all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from plancache.errors import (
+    CompileFailed,
+    CompileTimeout,
+    IntegrityError,
+    PlanCacheError,
+    TargetUnavailable,
+    Unavailable,
+)
+from plancache.keys.target import Target
+from plancache.log_limits import LogLimiter
+from plancache.v1 import plancache_pb2 as pb
+from plancache_server.gateway.build_states import BuildStates
+from plancache_server.gateway.completions import CompletionWatcher
+from plancache_server.gateway.refusals import RefusedBuilds
+from plancache_server.store.build_records import DONE, FAILED, PROVISIONAL
+from plancache_server.store.jobs import Job, JobQueue
+from plancache_server.store.plans import PlanStore, StoredPlan
+from plancache_server.store.warming import WARM_JOB_PREFIX
+
+log = logging.getLogger(__name__)
+# Every flight meets a Redis outage twice a second: one line a minute says it.
+_faults = LogLimiter(log)
+
+RECHECK_S = 0.5
+# Finished builds being written to their callers at once, per gateway, and
+# how long one caller may hold its slot: a caller that does not read keeps
+# its own response pending in gRPC, and holds up the others for at most this.
+DELIVERY_SLOTS = 16
+SLOT_HOLD_S = 0.02
+# A flight checks that its target still has a live worker every this many
+# re-checks (2 s), and gives up once none was seen for WORKERLESS_S: longer
+# than a worker's restart (a deploy: the job stays queued for it), far
+# shorter than a default deadline (--compile-timeout, 900 s).
+WORKER_RECHECK_EVERY = 4
+WORKERLESS_S = 30.0
+# Re-reads of a finished build's plan, not found, before its waiters are
+# told that it is gone (deleted or evicted between its store and its read).
+GONE_RECHECKS = 4
+
+
+@dataclass(frozen=True)
+class FlightCrew:
+    """What every flight of one gateway shares."""
+
+    store: PlanStore
+    queue: JobQueue
+    states: BuildStates
+    refusals: RefusedBuilds
+    watcher: CompletionWatcher
+    delivery_slots: asyncio.Semaphore
+
+
+class Waiter:
+    """One caller waiting for one flight: `future` resolves to the plan or
+    to the build's error. `leave(waiter)` takes it off its flight, once."""
+
+    def __init__(self, flight: Flight, leave: Callable[[Waiter], None], tuned_only: bool = False) -> None:
+        self._leave = leave
+        self.flight = flight
+        self.tuned_only = tuned_only  # waits past a provisional plan
+        self.future: asyncio.Future[StoredPlan] = asyncio.get_running_loop().create_future()
+        self.started = False  # this caller's call queued the build
+        self._released = False
+        self._slot: tuple[asyncio.Semaphore, asyncio.TimerHandle] | None = None
+
+    @property
+    def plan_key(self) -> str:
+        return self.flight.plan_key
+
+    async def result(self, deadline: float) -> StoredPlan:
+        """The plan once built; CompileFailed with cuDNN's reason; CompileTimeout."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.future), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise self.timeout() from None
+
+    def timeout(self) -> CompileTimeout:
+        return CompileTimeout(
+            f"plan {self.plan_key} is still building (job {self.flight.job_id}); the build continues and its plan "
+            "will be stored: call again later"
+        )
+
+    def hold(self, slots: asyncio.Semaphore) -> None:
+        """Hold a delivery slot (taken) until delivered(), at most SLOT_HOLD_S."""
+        self._slot = (slots, asyncio.get_running_loop().call_later(SLOT_HOLD_S, self.delivered))
+
+    def delivered(self) -> None:
+        """The caller's response is written: its delivery slot goes to the next."""
+        if self._slot is not None:
+            slots, timer = self._slot
+            self._slot = None
+            timer.cancel()
+            slots.release()
+
+    def release(self) -> None:
+        """This caller stops waiting (answered, gave up or went away)."""
+        self.delivered()
+        if not self._released:
+            self._released = True
+            self._leave(self)
+
+
+class Flight:
+    """Every caller on this gateway waiting for one plan key. `forget(flight)`
+    takes it out of the gateway's flights once it is settled or given up:
+    later callers find the plan in the store, or start anew."""
+
+    def __init__(self, plan_key: str, crew: FlightCrew, forget: Callable[[Flight], None]) -> None:
+        self.plan_key = plan_key
+        # Done once the job id is known (this gateway queued it, or found it);
+        # carries the error that kept it from being queued.
+        self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.job_id = ""
+        self.started = False  # this gateway queued the build
+        self.waiters: list[Waiter] = []
+        self.outcome: StoredPlan | PlanCacheError | None = None
+        # The provisional plan, once stored: every waiter but the tuned_only ones has it.
+        self.provisional: StoredPlan | None = None
+        self.task: asyncio.Task[None] | None = None  # opens, follows the job, wakes the waiters
+        self._crew = crew
+        self._forget = forget
+
+    async def fly(self, target: Target, query: pb.PlanQuery) -> None:
+        """The flight's task: open (lease and job), follow the job, wake the waiters."""
+        try:
+            await self._take_or_find_lease(target, query)
+        except asyncio.CancelledError:
+            self._forget(self)
+            self.opened.cancel()
+            raise
+        except BaseException as e:
+            self._forget(self)
+            self.opened.set_exception(e)
+            self.opened.exception()  # retrieved: the waiters get it through their shield
+            return
+        self.opened.set_result(None)
+        if self.outcome is None:
+            await self._follow(target)
+        await self.wake()
+
+    async def _take_or_find_lease(self, target: Target, query: pb.PlanQuery) -> None:
+        crew, plan_key = self._crew, self.plan_key
+        job_id = uuid.uuid4().hex
+        holder = await crew.states.take_lease(plan_key, job_id)
+        if holder is not None:
+            self.job_id = holder
+            if holder.startswith(WARM_JOB_PREFIX):
+                await self._promote(target, Job(job_id=holder, plan_key=plan_key, query=query))
+            return
+        try:
+            try:
+                plan = await crew.store.fresh(plan_key)
+            except IntegrityError as refused:  # a forged or damaged plan is rebuilt over, unless our build made it
+                plan = None
+                await crew.refusals.refuse_same_rebuild(plan_key, refused)
+            if plan is not None and not plan.provisional:
+                # The previous build finished between the caller's miss and our lease.
+                self.job_id = job_id
+                self.settle(plan)
+                await crew.states.release_lease(plan_key, job_id)
+                return
+            reason = await crew.states.known_failure(plan_key)
+            if reason is not None:
+                raise CompileFailed(reason)
+            if await crew.queue.live_workers(target) == 0:
+                raise TargetUnavailable(
+                    f"no live GPU worker can build for target {target.id}; {await self._live_targets_text()}"
+                )
+            await crew.states.mark_queued(plan_key, job_id)
+            await crew.queue.enqueue(target, Job(job_id=job_id, plan_key=plan_key, query=query))
+        except BaseException:
+            await crew.states.release_lease(plan_key, job_id)
+            raise
+        self.job_id, self.started = job_id, True
+
+    async def _promote(self, target: Target, job: Job) -> None:
+        """The plan is being warmed (built at the lowest priority, nobody
+        waiting): its job is queued as a caller's, so that the worker
+        warming it moves it to the callers' lanes (plancache_server.worker.worker)."""
+        try:
+            await self._crew.queue.enqueue(target, job)
+            log.info("plan %s was being warmed (job %s): asked its worker to hurry", job.plan_key, job.job_id)
+        except PlanCacheError as e:  # a full queue: the warm build goes on at its pace
+            log.warning("could not hurry the warm build of %s: %s", job.plan_key, e.message)
+
+    async def _live_targets_text(self) -> str:
+        live = sorted(await self._crew.queue.live_targets())
+        return f"targets with workers now: {', '.join(live)}" if live else "no worker is connected to this deployment"
+
+    async def _follow(self, target: Target) -> None:
+        """Watch the flight's job until its plan is stored, it failed, its
+        plan cannot be served (refused, or gone), or no worker of its target
+        is left to build it (each one's GPU lost, say): every way out of the
+        loop is a state of the job or of the workers, so a waiter never
+        re-reads a plan for nothing nor waits for a build nobody can do."""
+        crew = self._crew
+        event = crew.watcher.register(self.job_id)
+        gone = 0
+        checks = 0
+        workerless_since: float | None = None
+        try:
+            while self.outcome is None:
+                try:
+                    refused: IntegrityError | None = None
+                    try:
+                        plan = await crew.store.fresh(self.plan_key)
+                    except IntegrityError as e:
+                        plan, refused = None, e
+                    if plan is not None and not plan.provisional:
+                        self.settle(plan)
+                        break
+                    if plan is not None and self.provisional is None:
+                        self.provisional = plan
+                        await self._deliver(plan, lambda w: not w.tuned_only)
+                    state = await crew.states.state(self.plan_key)
+                    ours = state.get("state") if state.get("job_id") == self.job_id else None
+                    if ours == FAILED:
+                        self.settle(CompileFailed(state.get("error") or "build failed without a reason"))
+                        break
+                    if refused is not None and ours in (PROVISIONAL, DONE):
+                        # What our build stored is refused: a rebuild would be signed the same way.
+                        self.settle(await crew.refusals.untrusted_build(self.plan_key, self.job_id, refused, state))
+                        break
+                    gone = gone + 1 if plan is None and refused is None and ours == DONE else 0
+                    checks += 1
+                    if checks % WORKER_RECHECK_EVERY == 0:
+                        live = await crew.queue.live_workers(target)
+                        workerless_since = None if live else (workerless_since or time.monotonic())
+                    if workerless_since is not None and time.monotonic() - workerless_since >= WORKERLESS_S:
+                        self.settle(
+                            TargetUnavailable(
+                                f"no live GPU worker of target {target.id} for {WORKERLESS_S:.0f} s to build plan "
+                                f"{self.plan_key} (job {self.job_id}, still queued: the next worker of the target "
+                                "builds it); call again"
+                            )
+                        )
+                        break
+                    if gone >= GONE_RECHECKS:
+                        self.settle(
+                            Unavailable(
+                                f"plan {self.plan_key} was built (job {self.job_id}) but is no longer stored: it was "
+                                "deleted or evicted (--store-max-mb) before it could be read; call again"
+                            )
+                        )
+                        break
+                except Unavailable as e:
+                    # A Redis blip must not fail every waiter: they keep their deadlines.
+                    _faults.warning(
+                        "follow",
+                        "following the build of %s: %s (its callers keep waiting, within their deadlines)",
+                        self.plan_key,
+                        e.message,
+                    )
+                try:
+                    await asyncio.wait_for(event.wait(), RECHECK_S)
+                except TimeoutError:
+                    pass
+                event.clear()
+        finally:
+            crew.watcher.unregister(self.job_id, event)
+
+    def settle(self, outcome: StoredPlan | PlanCacheError) -> None:
+        self.outcome = outcome
+        self._forget(self)  # later callers find the plan in the store, or start anew
+
+    async def wake(self) -> None:
+        """Answer the flight's waiters: an error to all at once; a plan to a
+        few at a time, each holding a delivery slot while it is written."""
+        outcome = self.outcome
+        if isinstance(outcome, PlanCacheError):
+            for waiter in list(self.waiters):
+                if not waiter.future.done():
+                    waiter.future.set_exception(outcome)
+        elif outcome is not None:
+            await self._deliver(outcome, lambda w: True)
+
+    async def _deliver(self, plan: StoredPlan, accepts: Callable[[Waiter], bool]) -> None:
+        slots = self._crew.delivery_slots
+        for waiter in list(self.waiters):
+            if waiter.future.done() or not accepts(waiter):
+                continue
+            await slots.acquire()
+            if waiter.future.done():  # it left while we waited for a slot
+                slots.release()
+                continue
+            waiter.hold(slots)
+            waiter.future.set_result(plan)

@@ -1,0 +1,113 @@
+"""The Prefetch stream: a manifest's stored plans first, then, with
+compile_missing, each build as it finishes.
+
+Every missing plan's build is queued before the first plan is sent, so a
+slow reader delays nothing but itself; and the stream holds no copy of a
+plan: it writes one item at a time, paced by the gRPC window (a caller
+that stops reading holds one message, not a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from plancache.errors import NotFound, PlanCacheError, ResourceExhausted
+from plancache.keys.plankey import parse_key
+from plancache.keys.query import PlanQuery
+from plancache.v1 import plancache_pb2 as pb
+from plancache.wire.rich_status import bounded, duration
+from plancache_server.gateway.flight import Waiter
+from plancache_server.gateway.lookups import PlanLookups, plan_source
+from plancache_server.gateway.resolver import QueryResolver
+from plancache_server.store.plans import PlanStore, StoredPlan
+
+
+class PrefetchService:
+    def __init__(self, store: PlanStore, resolver: QueryResolver, lookups: PlanLookups, max_prefetch_refs: int) -> None:
+        self._store = store
+        self._resolver = resolver
+        self._lookups = lookups
+        self._max_prefetch_refs = max_prefetch_refs
+
+    async def prefetch(
+        self, request: pb.PrefetchRequest, time_remaining: float | None
+    ) -> AsyncIterator[bytes | pb.PrefetchItem]:
+        """One item per plan ref, stored plans first. A failure answers its
+        own item and never ends the stream."""
+        refs = request.refs
+        if len(refs) > self._max_prefetch_refs:
+            raise ResourceExhausted(
+                f"a Prefetch takes at most {self._max_prefetch_refs} plan refs, this one has {len(refs)}: "
+                "split the manifest"
+            )
+        deadline = self._lookups.deadline(time_remaining)
+        stored: list[tuple[int, str]] = []
+        waiting: dict[asyncio.Future[StoredPlan], tuple[int, Waiter, PlanQuery]] = {}
+        try:
+            for index, ref in enumerate(refs):
+                key = ""
+                try:
+                    key, resolved = await self._resolver.ref_key(ref)
+                    target_id = resolved.target.id if resolved else parse_key(key).target.id
+                    plan = await self._lookups.lookup(
+                        key, target_id, resolved.op_family if resolved else None, request.tuned_only
+                    )
+                    if plan is not None:
+                        stored.append((index, key))
+                    elif not request.compile_missing:
+                        raise NotFound(
+                            f"no {'autotuned ' if request.tuned_only else ''}stored plan {key} (compile_missing is off)"
+                        )
+                    elif resolved is None:
+                        raise NotFound(f"no stored plan {key}; send its spec, target and options to have it compiled")
+                    else:
+                        waiter = await self._lookups.start_build(resolved, request.tuned_only)
+                        waiting[waiter.future] = (index, waiter, resolved)
+                except PlanCacheError as e:
+                    yield _error_item(index, key, e)
+            for index, key in stored:
+                # From the memory cache as a rule; read again otherwise (the
+                # stream keeps keys, not plans, while the caller reads).
+                plan = self._store.cached(key) or await self._store.get(key)
+                yield (
+                    plan.prefetch_item(index, key, pb.COMPILE_SOURCE_HIT)
+                    if plan
+                    else _error_item(index, key, NotFound(f"plan {key} was deleted meanwhile"))
+                )
+            while waiting:
+                done, _ = await asyncio.wait(
+                    waiting, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    for index, waiter, _ in waiting.values():
+                        yield _error_item(index, waiter.plan_key, waiter.timeout())
+                    break
+                for future in done:
+                    index, waiter, resolved = waiting.pop(future)
+                    try:
+                        try:
+                            plan = future.result()
+                        except PlanCacheError as e:
+                            self._lookups.failed(waiter, resolved, e)
+                            yield _error_item(index, resolved.key, e)
+                            continue
+                        source = pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED
+                        yield plan.prefetch_item(index, resolved.key, plan_source(plan, source))
+                    finally:
+                        waiter.release()  # resumed: the item is written, its delivery slot is free
+        finally:
+            for _, waiter, _ in waiting.values():
+                waiter.release()
+
+
+def _error_item(index: int, key: str, error: PlanCacheError) -> pb.PrefetchItem:
+    item = pb.PrefetchItem(
+        index=index,
+        key=key,
+        error=pb.PrefetchError(code=error.code.name, message=bounded(error.message), error_class=type(error).__name__),
+    )
+    if error.retry_after is not None:
+        item.error.retry_delay.CopyFrom(duration(error.retry_after))
+    return item

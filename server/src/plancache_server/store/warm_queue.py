@@ -1,0 +1,114 @@
+"""A worker's side of warming: the target's warming lease, its next item
+(an orphan first), each item's outcome, and the plan's end
+(plancache_server.store.warming)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable
+from typing import cast
+
+import redis
+from google.protobuf.message import DecodeError
+
+from plancache.keys.target import Target
+from plancache_server.store import keys
+from plancache_server.store.redis_conn import text, translated_errors
+from plancache_server.store.warm_items import ACTIVE, DONE, FAILED, WarmItem, loads
+
+log = logging.getLogger(__name__)
+
+
+class WarmItemQueue:
+    def __init__(self, client: redis.Redis, clock: Callable[[], float]) -> None:
+        self._redis = client
+        self._clock = clock
+
+    def active_targets(self, served: Iterable[Target]) -> list[str]:
+        """The targets among `served` with a warming plan still to do."""
+        found = []
+        for target in served:
+            with translated_errors("reading a warming plan"):
+                raw = self._redis.hmget(keys.warm_plan(target.id), ["state", "cursor", "total"])
+            if raw[0] is not None and loads(raw[0]) == ACTIVE:
+                found.append(target.id)
+        return found
+
+    def hold(self, target_id: str, worker_id: str, lease_s: float) -> bool:
+        """Take or keep the target's warming lease; when this worker takes it
+        over, items another worker had in flight are queued again."""
+        lease = keys.warm_lease(target_id)
+        with translated_errors("taking a warming lease"):
+            if self._redis.set(lease, worker_id, nx=True, px=int(lease_s * 1000)):
+                orphans = [
+                    k for k, v in self._redis.hgetall(keys.warm_in_flight(target_id)).items() if text(v) != worker_id
+                ]
+                if orphans:
+                    self._redis.hdel(keys.warm_in_flight(target_id), *orphans)
+                    self._redis.rpush(keys.warm_retry(target_id), *orphans)
+                    log.info(
+                        "warming %s: %d item(s) another worker left in flight will be built again",
+                        target_id,
+                        len(orphans),
+                    )
+                return True
+            holder = self._redis.get(lease)
+            if holder is not None and text(holder) == worker_id:
+                self._redis.pexpire(lease, int(lease_s * 1000))
+                return True
+        return False
+
+    def release(self, target_id: str, worker_id: str) -> None:
+        with translated_errors("releasing a warming lease"):
+            if text(self._redis.get(keys.warm_lease(target_id)) or b"") == worker_id:
+                self._redis.delete(keys.warm_lease(target_id))
+
+    def next_item(self, target_id: str, worker_id: str) -> WarmItem | None:
+        """The next item to build (an orphan first), marked in flight for
+        this worker; None when the plan has none left (then it is done)."""
+        with translated_errors("taking a warming item"):
+            retried = cast(bytes | None, self._redis.lpop(keys.warm_retry(target_id)))
+            index = (
+                int(retried)
+                if retried is not None
+                else int(self._redis.hincrby(keys.warm_plan(target_id), "cursor", 1)) - 1
+            )
+            raw = cast(bytes | None, self._redis.lindex(keys.warm_items(target_id), index))
+            if raw is None:
+                if not self._redis.hlen(keys.warm_in_flight(target_id)):
+                    self._finish_plan(target_id)
+                return None
+            self._redis.hset(keys.warm_in_flight(target_id), str(index), worker_id)
+        try:
+            return WarmItem.decode(index, raw)
+        except (ValueError, KeyError, TypeError, DecodeError) as e:
+            self.record(target_id, index, FAILED, f"the item does not decode ({type(e).__name__})", "")
+            return self.next_item(target_id, worker_id)
+
+    def retry_later(self, target_id: str, index: int) -> None:
+        with translated_errors("deferring a warming item"):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.hdel(keys.warm_in_flight(target_id), str(index))
+            pipe.rpush(keys.warm_retry(target_id), str(index))
+            pipe.execute()
+
+    def record(self, target_id: str, index: int, outcome: str, reason: str = "", plan_key: str = "") -> None:
+        """An item's outcome (built, skipped, failed with the reason)."""
+        entry = {"outcome": outcome, "reason": reason[:1000], "plan_key": plan_key[:512], "at": self._clock()}
+        with translated_errors("recording a warming outcome"):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.hset(keys.warm_outcomes(target_id), str(index), json.dumps(entry))
+            pipe.hdel(keys.warm_in_flight(target_id), str(index))
+            pipe.hset(keys.warm_plan(target_id), "updated_at", json.dumps(self._clock()))
+            pipe.execute()
+
+    def _finish_plan(self, target_id: str) -> None:
+        with translated_errors("finishing a warming plan"):
+            state = loads(self._redis.hget(keys.warm_plan(target_id), "state") or b'""')
+            if state == ACTIVE:
+                self._redis.hset(
+                    keys.warm_plan(target_id),
+                    mapping={"state": json.dumps(DONE), "updated_at": json.dumps(self._clock())},
+                )
+                log.info("warming %s: done", target_id)
