@@ -38,8 +38,6 @@ import redis
 from plancache.errors import InvalidRequest
 from plancache.keys.target import Target
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server.store import keys
-from plancache_server.store.redis_conn import translated_errors
 from plancache_server.store.warm_items import (
     ACTIVE,
     BUILT,
@@ -85,15 +83,8 @@ __all__ = [
     "WarmStatus",
     "Warming",
     "recent_plan_hits",
-    "record_spec",
     "siblings",
 ]
-
-
-def record_spec(client: redis.Redis, spec_hash: str, spec: pb.GraphSpec) -> None:
-    """A worker keeps the normalized spec of what it built (its hash derived by it)."""
-    with translated_errors("keeping a spec"):
-        client.set(keys.spec_body(spec_hash), spec.SerializeToString())
 
 
 class Warming:
