@@ -39,7 +39,8 @@ def chromium_binary() -> str:
         if name and (path := shutil.which(name)):
             return path
     raise RuntimeError(
-        "no headless Chromium found: `make setup-test` (scripts/install-os-package.sh chromium) installs Debian's chromium"
+        "no headless Chromium found: `make setup-test` "
+        "(scripts/install-os-package.sh chromium) installs Debian's chromium"
     )
 
 
@@ -84,7 +85,9 @@ const frame = document.getElementById('page');
 frame.addEventListener('load', () => {
   const w = frame.contentWindow, d = frame.contentDocument;
   const px = (v) => parseFloat(v) || 0;
-  const out = {viewport: w.innerWidth, page_width: d.documentElement.scrollWidth, sections: [], tables: [], smallest_font: 1e9};
+  const out = {
+    viewport: w.innerWidth, page_width: d.documentElement.scrollWidth, sections: [], tables: [], smallest_font: 1e9,
+  };
   for (const s of d.querySelectorAll('section')) {
     const r = s.getBoundingClientRect();
     out.sections.push({id: s.id, left: r.left, right: r.right});
@@ -92,11 +95,14 @@ frame.addEventListener('load', () => {
   for (const t of d.querySelectorAll('table')) {
     const s = t.closest('section'), cs = w.getComputedStyle(s);
     const first = t.querySelector('tbody td, tbody th');
-    out.tables.push({section: s.id, width: t.scrollWidth, room: s.clientWidth - px(cs.paddingLeft) - px(cs.paddingRight),
+    out.tables.push({section: s.id, width: t.scrollWidth,
+                     room: s.clientWidth - px(cs.paddingLeft) - px(cs.paddingRight),
                      overflow: cs.overflowX, first_column: first ? w.getComputedStyle(first).position : '',
                      columns: t.querySelectorAll('thead th').length});
   }
-  for (const e of d.querySelectorAll('td, th, p, h2')) out.smallest_font = Math.min(out.smallest_font, px(w.getComputedStyle(e).fontSize));
+  for (const e of d.querySelectorAll('td, th, p, h2')) {
+    out.smallest_font = Math.min(out.smallest_font, px(w.getComputedStyle(e).fontSize));
+  }
   document.getElementById('layout').textContent = JSON.stringify(out);
 });
 """
@@ -110,7 +116,8 @@ def _framed(html: str, width: int, height: int, measure: bool) -> str:
     script = f"<script>{_MEASURE}</script>" if measure else ""
     return (
         '<!doctype html><html><head><meta charset="utf-8"></head><body style="margin:0">'
-        f'<iframe id="page" style="border:0;display:block" width="{width}" height="{height}" srcdoc="{html_lib.escape(html, quote=True)}"></iframe>'
+        f'<iframe id="page" style="border:0;display:block" width="{width}" height="{height}" '
+        f'srcdoc="{html_lib.escape(html, quote=True)}"></iframe>'
         f'<pre id="layout"></pre>{script}</body></html>'
     )
 

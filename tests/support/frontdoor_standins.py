@@ -54,7 +54,8 @@ def plan_for(
     source: str = "compiled",
     workspace: int = 256,
 ) -> Plan:
-    """A plan answering `spec` with a made-up blob, its metadata as a worker writes it (plancache_server.worker.worker)."""
+    """A plan answering `spec` with a made-up blob, its metadata as a worker writes it
+    (plancache_server.worker.worker)."""
     query = PlanQuery.of(spec, target, options)
     blob = b"standin-plan:" + query.spec_hash.encode()
     compiled = CompiledPlan(

@@ -44,7 +44,8 @@ def modules() -> dict[str, Module]:
             found[name] = Module(name, path, is_package, ast.get_docstring(tree) or "")
             found[name].imports = set(_imported(tree, name, is_package))
     for module in found.values():
-        module.imports = {_resolve(target, found) for target in module.imports} - {None, module.name}  # type: ignore[arg-type]
+        resolved = {_resolve(target, found) for target in module.imports}
+        module.imports = {name for name in resolved if name is not None and name != module.name}
     return found
 
 

@@ -16,7 +16,8 @@ import pytest
 from tests.support.imports import Module, cycles, may_import, modules, owner
 
 GRAPH = modules()
-# Client packages a server has no business with: the wire-level code both need lives in plancache.wire and plancache.gpu.
+# Client packages a server has no business with: the wire-level code both need lives in
+# plancache.wire and plancache.gpu.
 CLIENT_ONLY = (
     "plancache.transport",
     "plancache.functional",

@@ -55,5 +55,6 @@ class WarmStatus:
     def line(self) -> str:
         return (
             f"{self.target_id:70} {self.state:9} {self.built:6} built {self.skipped:6} skipped {self.failed:5} failed "
-            f"{self.remaining:6} to do  {self.coverage:6.1%} of {self.source_hits_24h:.0f} hits covered  (from {self.source})"
+            f"{self.remaining:6} to do  {self.coverage:6.1%} of {self.source_hits_24h:.0f} hits covered  "
+            f"(from {self.source})"
         )

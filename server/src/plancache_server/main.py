@@ -68,7 +68,8 @@ def note_client_variables() -> None:
     keys in a profile the server inherits: say that the server does not read it."""
     if os.environ.get(TRUSTED_KEYS_ENV) and not os.environ.get("PLANCACHE_SERVER_TRUSTED_KEYS"):
         log.info(
-            "%s is the clients' list of trusted keys and is not read by the server (its own: --trusted-keys, PLANCACHE_SERVER_TRUSTED_KEYS)",
+            "%s is the clients' list of trusted keys and is not read by the server "
+            "(its own: --trusted-keys, PLANCACHE_SERVER_TRUSTED_KEYS)",
             TRUSTED_KEYS_ENV,
         )
 
@@ -223,7 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("no --redis-url given: using a private redis-server (%s), data in %s", redis_url, embedded.data_dir)
     elif settings.repair_store:
         log.error(
-            "cannot start: --repair-store repairs the private store (no --redis-url); a shared Redis is repaired by its operator"
+            "cannot start: --repair-store repairs the private store "
+            "(no --redis-url); a shared Redis is repaired by its operator"
         )
         return 1
     else:
@@ -238,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers.start()
         else:
             log.warning(
-                "no GPU on this host: serving stored plans only; Compile of a missing plan needs a worker (plancache-worker) of its target"
+                "no GPU on this host: serving stored plans only; "
+                "Compile of a missing plan needs a worker (plancache-worker) of its target"
             )
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(serve(settings, redis_url))

@@ -35,7 +35,8 @@ def run_one(device: int, settings: Settings) -> int:
 
     if settings.signing_key is None and not settings.unsigned:
         log.error(
-            "plancache-worker needs --signing-key (Ed25519 PEM; `plancache keygen` makes one) or, explicitly, --unsigned"
+            "plancache-worker needs --signing-key "
+            "(Ed25519 PEM; `plancache keygen` makes one) or, explicitly, --unsigned"
         )
         return EXIT_MISCONFIGURED
     try:

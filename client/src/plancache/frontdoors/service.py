@@ -107,7 +107,8 @@ class Service:
                     self._client, self._owned = Client(address), True
             if self._client is None:
                 raise NotConfigured(
-                    f"no plancache server configured: set {SERVER_ENV}=host:port or call plancache.functional.configure(client)"
+                    f"no plancache server configured: set {SERVER_ENV}=host:port "
+                    "or call plancache.functional.configure(client)"
                 )
             return self._client
 
@@ -123,7 +124,8 @@ class Service:
         return found
 
     def known_target_id(self, device: int) -> str:
-        """The target asked for on GPU `device`, if known without detecting it ("" otherwise): what outcomes are counted under."""
+        """The target asked for on GPU `device`, if known without detecting it ("" otherwise):
+        what outcomes are counted under."""
         target = self._target or self._detected.get(device)
         return target.id if target is not None else ""
 

@@ -178,8 +178,8 @@ def _node(g: Any, cudnn: Any, node: Node, index: int, made: dict[int, Any], clas
     wanted = {port for port in node.outputs if port not in schema.optional_outputs}
     if produced != wanted:
         raise CompileFailed(
-            f"{where}: the frontend makes outputs {sorted(produced)} of this node, the spec maps {sorted(wanted)} (a result the frontend "
-            "makes must be in the spec, and only those)"
+            f"{where}: the frontend makes outputs {sorted(produced)} of this node, "
+            f"the spec maps {sorted(wanted)} (a result the frontend makes must be in the spec, and only those)"
         )
     for port in sorted(wanted):
         _result(cudnn, schema, node.outputs[port], by_port[port], made, classic_result_strides)

@@ -161,7 +161,8 @@ def _schema(node: Any) -> OpSchema | None:
 
 
 def _plain(value: Any) -> Any:
-    """A parameter as comparable data: enums by name, slices as triples, sequences as tuples, a callback as the ops it adds."""
+    """A parameter as comparable data: enums by name, slices as triples, sequences as tuples,
+    a callback as the ops it adds."""
     if isinstance(value, bool | int | float | str) or value is None:
         return value
     if isinstance(value, slice):

@@ -41,15 +41,16 @@ def check_known_defects(spec: GraphSpec, target: Target, *, served: bool = True)
             # Measured (GPU run 20): a concatenate that copies every input leaves one input's part of the
             # output unwritten (262,144 of 524,288 elements), with no error; in place (in_place_index) it is right.
             raise CompileFailed(
-                f"{where}: a concatenate without in_place_index leaves part of its output unwritten on cuDNN 9.19 (measured); "
-                "give in_place_index (the input whose buffer is the output's), or concatenate outside the graph"
+                f"{where}: a concatenate without in_place_index leaves part of its "
+                "output unwritten on cuDNN 9.19 (measured); give in_place_index "
+                "(the input whose buffer is the output's), or concatenate outside the graph"
             )
         if node.op == "instancenorm_backward" and version in INSTANCENORM_BACKWARD_NOT_LOADABLE_ON and served:
             # Measured (GPU run 20): every plan builds and runs, but deserializing one fails
             # ("cuda_graph_end_capture ... failed") and leaves an error for the process's next CUDA call.
             raise CompileFailed(
-                f"{where}: instancenorm_backward plans do not deserialize on cuDNN 9.19 (measured), so a stored one could "
-                "never be loaded; build it where it runs"
+                f"{where}: instancenorm_backward plans do not deserialize on cuDNN 9.19 (measured), "
+                "so a stored one could never be loaded; build it where it runs"
             )
 
 
@@ -76,7 +77,8 @@ def _pointwise_only_broadcast(spec: GraphSpec) -> None:
         for port, t in node.inputs.items():
             if leading_broadcast(t, tuple(out.dim)):
                 raise CompileFailed(
-                    f"node {index} ({node.name or node.op}): input {port!r} ({t.label()}, dims {list(t.dim)}) is broadcast over its leading "
-                    f"axes to {list(out.dim)} in a graph of pointwise ops only, which cuDNN 9.19 computes wrongly (cudnn-frontend issue #107); "
+                    f"node {index} ({node.name or node.op}): input {port!r} ({t.label()}, dims {list(t.dim)}) "
+                    f"is broadcast over its leading axes to {list(out.dim)} in a graph of pointwise ops only, "
+                    "which cuDNN 9.19 computes wrongly (cudnn-frontend issue #107); "
                     "pass it at full size, or fuse the pointwise ops behind a matmul or convolution"
                 )

@@ -88,7 +88,8 @@ def _sdpa_paged(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> bool
             raise ShapeError(f"input {port!r} must have dims [{q[0]}, 1, pages per sequence, 1], got {list(table)}")
         if isinstance(max_kv, int) and table[2] * k[2] < max_kv:
             raise ShapeError(
-                f"input {port!r}: {table[2]} pages of {k[2]} tokens hold fewer than paged_attention_max_seq_len_kv = {max_kv}"
+                f"input {port!r}: {table[2]} pages of {k[2]} tokens hold "
+                f"fewer than paged_attention_max_seq_len_kv = {max_kv}"
             )
     return True
 
@@ -109,7 +110,8 @@ def _sdpa_dropout(ins: Mapping[str, Dims], attrs: Mapping[str, AttrValue]) -> No
         return
     if len(given) != 2 or probability is None:
         raise ShapeError(
-            "dropout needs dropout_probability with both dropout_seed and dropout_offset (the frontend's dropout=(p, seed, offset))"
+            "dropout needs dropout_probability with both dropout_seed "
+            "and dropout_offset (the frontend's dropout=(p, seed, offset))"
         )
     assert isinstance(probability, float)
     if not 0.0 < probability < 1.0:

@@ -108,7 +108,8 @@ def conv_output_dims(image: Dims, weight: Dims, attrs: Mapping[str, AttrValue]) 
         size = (image[i + 2] + pre[i] + post[i] - effective) // stride[i] + 1
         if size < 1:
             raise ShapeError(
-                f"spatial axis {i}: filter {weight[i + 2]} (dilated {effective}) does not fit input {image[i + 2]} with padding {pre[i]}+{post[i]}"
+                f"spatial axis {i}: filter {weight[i + 2]} (dilated {effective}) "
+                f"does not fit input {image[i + 2]} with padding {pre[i]}+{post[i]}"
             )
         out.append(size)
     return tuple(out)
@@ -151,7 +152,8 @@ def _conv_dgrad_infer(
     _check_channels(declared, filt, "DX", "filter")
     if conv_output_dims(declared, filt, attrs) != tuple(loss):
         raise ShapeError(
-            f"convolving DX {list(declared)} with filter {list(filt)} gives {list(conv_output_dims(declared, filt, attrs))}, not loss {list(loss)}"
+            f"convolving DX {list(declared)} with filter {list(filt)} gives "
+            f"{list(conv_output_dims(declared, filt, attrs))}, not loss {list(loss)}"
         )
     return {"DX": tuple(declared)}
 
@@ -168,7 +170,8 @@ def _conv_wgrad_infer(
         raise ShapeError(f"DW {list(declared)} has {declared[0]} output channels but loss {list(loss)} has {loss[1]}")
     if conv_output_dims(image, declared, attrs) != tuple(loss):
         raise ShapeError(
-            f"convolving image {list(image)} with DW {list(declared)} gives {list(conv_output_dims(image, declared, attrs))}, not loss {list(loss)}"
+            f"convolving image {list(image)} with DW {list(declared)} gives "
+            f"{list(conv_output_dims(image, declared, attrs))}, not loss {list(loss)}"
         )
     return {"DW": tuple(declared)}
 
@@ -209,7 +212,8 @@ def _check_norm_param(port: str, dims: Dims, x: Dims) -> None:
     the norm does not normalize, x's extent on the others (the frontend's rule)."""
     if len(dims) != len(x) or dims[0] != 1 or any(d not in (1, e) for d, e in zip(dims, x, strict=True)):
         raise ShapeError(
-            f"input {port!r} {list(dims)} must have input {list(x)}'s rank, 1 on axis 0 and each other dim 1 or the input's"
+            f"input {port!r} {list(dims)} must have input {list(x)}'s rank, "
+            "1 on axis 0 and each other dim 1 or the input's"
         )
 
 

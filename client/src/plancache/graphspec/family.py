@@ -105,7 +105,8 @@ class Family:
         return spec_io.from_dict(self.instance_dict(values))
 
     def instance_dict(self, values: Mapping[str, int], *, any_size: bool = False) -> dict[str, Any]:
-        """The instance's JSON form; `any_size`: at sizes outside the family too (derive() checks the example's form with it)."""
+        """The instance's JSON form; `any_size`: at sizes outside the family too (derive() checks
+        the example's form with it)."""
         missing = {v.symbol for v in self.varying} - set(values)
         if missing:
             raise SpecError(f"a family instance needs a size for {', '.join(sorted(missing))}")
@@ -243,7 +244,8 @@ def checked(example: dict[str, Any], varying: Sequence[Varying]) -> Family:
     family = Family(example, tuple(varying))
     if family.size() > MAX_FAMILY_SIZE:
         raise SpecError(
-            f"a family names at most {MAX_FAMILY_SIZE:,} graphs, this one {family.size():,}: give fewer sizes (or pad to buckets)"
+            f"a family names at most {MAX_FAMILY_SIZE:,} graphs, "
+            f"this one {family.size():,}: give fewer sizes (or pad to buckets)"
         )
     return family
 
@@ -277,8 +279,8 @@ def derive_strides(
     if varying_axes <= outer:
         return tuple(old_strides)
     raise SpecError(
-        f"tensor {name}: strides {tuple(old_strides)} for dims {tuple(old_dims)} are neither dense nor outermost on the varying axes: "
-        "they have no form at another size"
+        f"tensor {name}: strides {tuple(old_strides)} for dims {tuple(old_dims)} are "
+        "neither dense nor outermost on the varying axes: they have no form at another size"
     )
 
 
@@ -330,14 +332,16 @@ def derive(
     unknown = set(sizes) - set(places)
     if unknown:
         raise SpecError(
-            f"sizes given for {', '.join(sorted(unknown))}, which the graphs do not vary ({', '.join(sorted(places))} vary)"
+            f"sizes given for {', '.join(sorted(unknown))}, "
+            f"which the graphs do not vary ({', '.join(sorted(places))} vary)"
         )
     family = checked(a, [Varying(s, tuple(p), tuple(sizes.get(s, ()))) for s, p in places.items()])
     for graph, pick in ((a, 0), (b, 1)):
         values = {s: pair[pick] for pair, s in symbols.items()}
         if family.instance_dict(values, any_size=True) != graph:
             raise SpecError(
-                "a tensor's strides do not follow its dims the way this family derives them: the graphs are not one family"
+                "a tensor's strides do not follow its dims the way "
+                "this family derives them: the graphs are not one family"
             )
     return family
 

@@ -300,7 +300,8 @@ class GraphSpec:
         return self.node("sdpa", q, k, v, **kwargs)
 
     def sdpa_fp8(self, q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> list[Tensor | None]:
-        """FP8 attention (scales and descales by keyword): returns [O, Stats, Amax_S, Amax_O]; Stats is None unless generate_stats=True."""
+        """FP8 attention (scales and descales by keyword): returns [O, Stats, Amax_S, Amax_O];
+        Stats is None unless generate_stats=True."""
         return self.node("sdpa_fp8", q, k, v, **kwargs)
 
     def sdpa_backward(
@@ -391,7 +392,8 @@ CODECS = Codecs()
 
 
 def _flatten_dropout(op: str, kwargs: dict[str, Any]) -> None:
-    """The frontend's dropout=(probability, seed, offset) or (mask, scale) tuple as the catalog's ports and attribute."""
+    """The frontend's dropout=(probability, seed, offset) or (mask, scale) tuple as the catalog's
+    ports and attribute."""
     dropout = kwargs.pop("dropout", None)
     if dropout is None:
         return

@@ -83,7 +83,8 @@ def pointwise_ports(op: str) -> tuple[str, ...] | None:
 
 
 def trace_callback(callback: Any, where: str, uid_of: Any) -> Subgraph:
-    """What a program's callback adds to the graph (plancache.graphspec.subgraph.trace), with the frontend's spellings."""
+    """What a program's callback adds to the graph (plancache.graphspec.subgraph.trace), with the
+    frontend's spellings."""
     return trace(
         callback,
         where,
@@ -101,7 +102,8 @@ def _graph_arguments(graph: Any, spec: GraphSpec) -> None:
             continue
         if key == "device_property":
             raise SpecError(
-                "graph: built for a device_property (deviceless AOT): plancache builds for the target GPU, so it has no spec form"
+                "graph: built for a device_property (deviceless AOT): "
+                "plancache builds for the target GPU, so it has no spec form"
             )
         if key == "kernel_cache":
             spec.kernel_cache = value is not None

@@ -231,7 +231,8 @@ def replay(
     cast: Callable[[str, str, Plain], Any],
     data_type: Callable[[str], Any],
 ) -> Callable[..., Any]:
-    """A callback that adds `subgraph`'s ops to the graph it is given (the frontend's lowering calls it with cuDNN's graph)."""
+    """A callback that adds `subgraph`'s ops to the graph it is given (the frontend's lowering
+    calls it with cuDNN's graph)."""
 
     def callback(graph: Any, score: Any) -> Any:
         results: list[Any] = []

@@ -23,7 +23,8 @@ def make_key(spec_hash: str, target: Target, options: CompileOptions) -> str:
 
 
 def make_family_key(family_hash: str, target: Target, options: CompileOptions) -> str:
-    """A graph family's key (plancache.graphspec.family): a plan key's form, of the family's hash, marked as a family's."""
+    """A graph family's key (plancache.graphspec.family): a plan key's form, of the family's hash,
+    marked as a family's."""
     return "family-" + make_key(family_hash, target, options)
 
 

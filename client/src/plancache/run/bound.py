@@ -81,7 +81,8 @@ class BoundPlan:
     def __call__(self, tensors: Mapping[str | int, Any] | None = None) -> None:
         if threading.get_ident() != self._thread:
             raise InvalidRequest(
-                f"plan {self._table.plan_key}: bound on another thread; bind it again on this one (cuDNN handles are per thread)"
+                f"plan {self._table.plan_key}: bound on another thread; "
+                "bind it again on this one (cuDNN handles are per thread)"
             )
         pack = self._pack if tensors is None else self._replaced(tensors)
         stream = self._stream_of(self._device)
@@ -136,6 +137,6 @@ class CapturedPlan:
             self._table.quick_check(g, value, captured.device)  # another geometry, dtype or device: say which
             if value.data_ptr() != captured.data_ptr():
                 raise InvalidRequest(
-                    f"plan {self._table.plan_key}: {g.label} is not the captured tensor (the graph reads and writes fixed addresses): "
-                    f"copy into captured.tensors[{key!r}] or capture again"
+                    f"plan {self._table.plan_key}: {g.label} is not the captured tensor (the graph reads "
+                    f"and writes fixed addresses): copy into captured.tensors[{key!r}] or capture again"
                 )

@@ -108,7 +108,8 @@ class LocalPlan(Plan):
         device = process().runtime.current_device()
         if device != self._device:
             raise InvalidRequest(
-                f"plan {self.key}: this node built it on GPU {self._device}; run it there (the current device is {device})"
+                f"plan {self.key}: this node built it on GPU {self._device}; "
+                f"run it there (the current device is {device})"
             )
         return built
 

@@ -292,7 +292,7 @@ class Client:
         # The service may still answer: a build under way, a refusal for now, a build slower than the first call.
         if error is None or error.retry_after is not None or isinstance(error, CompileTimeout):
             metadata = self.connection.metadata
-            ask = lambda remaining: self._stub.Compile.future(follow, timeout=remaining, metadata=metadata)  # noqa: E731
+            ask = lambda timeout: self._stub.Compile.future(follow, timeout=timeout, metadata=metadata)  # noqa: E731
         race = Race(ask, remember, path, deadline, building=error is None, error=error)
         return run_race(race, build, deadline, self._reports.add, asked.key)
 

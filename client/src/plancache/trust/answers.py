@@ -39,7 +39,8 @@ class Asked:
             )
         if self.spec_hash is not None and metadata.spec_hash != self.spec_hash:
             raise UntrustedPlan(
-                f"plan {self.key}: its metadata names spec {metadata.spec_hash[:100]}, not the spec asked for ({self.spec_hash})"
+                f"plan {self.key}: its metadata names spec {metadata.spec_hash[:100]}, "
+                f"not the spec asked for ({self.spec_hash})"
             )
         if self.options is not None and CompileOptions.from_proto(metadata.options).id != self.options.id:
             raise UntrustedPlan(f"plan {self.key}: built with other options than asked for")

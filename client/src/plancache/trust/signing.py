@@ -160,7 +160,8 @@ class TrustPolicy:
             if not self.keys and self.allow_unsigned:
                 return  # nothing to check against, and unsigned plans are acceptable anyway
             raise UntrustedPlan(
-                f"plan {metadata.key} is signed by key {signature.key_id}, which {self.holder} does not trust (trusted: {self.trusted_text})",
+                f"plan {metadata.key} is signed by key {signature.key_id}, "
+                f"which {self.holder} does not trust (trusted: {self.trusted_text})",
                 signer=signature.key_id,
                 unknown_key=True,
             )
@@ -174,7 +175,8 @@ class TrustPolicy:
                 ) from None
             if signed != metadata:
                 raise UntrustedPlan(
-                    f"plan {metadata.key}: its metadata differs from the signed metadata (altered plan); refusing to deserialize it",
+                    f"plan {metadata.key}: its metadata differs from the signed metadata (altered plan); "
+                    "refusing to deserialize it",
                     signer=signature.key_id,
                 )
             message = envelope(signed.key, signed.blob_sha256, signature.signed_metadata)
@@ -184,7 +186,8 @@ class TrustPolicy:
             key.verify(signature.signature, message)
         except InvalidSignature:
             raise UntrustedPlan(
-                f"plan {metadata.key}: its signature by key {signature.key_id} does not verify (forged or altered plan); refusing to deserialize it",
+                f"plan {metadata.key}: its signature by key {signature.key_id} does not verify "
+                "(forged or altered plan); refusing to deserialize it",
                 signer=signature.key_id,
             ) from None
 

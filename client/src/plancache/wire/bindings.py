@@ -142,7 +142,8 @@ class TensorTable:
             token = g.stride[2] if len(g.stride) > 2 else 1  # elements per token (h × d in THD)
             if value.numel() < token or value.numel() % token:
                 raise InvalidRequest(
-                    f"{g.label}: a packed buffer of {value.numel()} elements is not whole tokens of {token} (the plan's [b, h, s, d] strides {g.stride})"
+                    f"{g.label}: a packed buffer of {value.numel()} elements is not "
+                    f"whole tokens of {token} (the plan's [b, h, s, d] strides {g.stride})"
                 )
         elif tuple(value.shape) != g.shape:
             raise InvalidRequest(f"{g.label}: shape {tuple(value.shape)} but the plan was built for {g.shape}")

@@ -74,7 +74,8 @@ class EmbeddedRedis:
         executable = shutil.which(self.binary)
         if executable is None:
             raise FileNotFoundError(
-                f"{self.binary!r} not found: install redis-server (apt-get install redis-server) or pass --redis-url to use an existing Redis"
+                f"{self.binary!r} not found: install redis-server (apt-get install redis-server) "
+                "or pass --redis-url to use an existing Redis"
             )
         listen = ["--port", str(self.port), "--bind", "127.0.0.1"]
         try:
@@ -124,7 +125,8 @@ class EmbeddedRedis:
                 if time.monotonic() > deadline:
                     self.stop()
                     raise StoreStartError(
-                        f"the private redis-server did not answer at {self.url} within {timeout_s:.0f} s of its start (log: {log_file})"
+                        f"the private redis-server did not answer at {self.url} "
+                        f"within {timeout_s:.0f} s of its start (log: {log_file})"
                     )
                 time.sleep(0.05)
         finally:

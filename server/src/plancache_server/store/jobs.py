@@ -97,7 +97,8 @@ class JobQueue:
             )
         if not added:
             raise ResourceExhausted(
-                f"the build queue of target {target.id} is full ({self._max_jobs} unfinished builds); nothing was queued for {job.plan_key}: call again later",
+                f"the build queue of target {target.id} is full ({self._max_jobs} unfinished builds); "
+                f"nothing was queued for {job.plan_key}: call again later",
                 retry_after=self._retry_delay_s,
             )
 

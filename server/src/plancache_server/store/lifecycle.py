@@ -214,7 +214,8 @@ class Janitor:
             result.evicted = self.enforce_capacity(max_bytes)
         if result.expired or result.evicted or result.retired:
             log.info(
-                "store sweep: %d plan(s) unused past the retention deleted, %d evicted for the bound, %d of retired targets",
+                "store sweep: %d plan(s) unused past the retention deleted, "
+                "%d evicted for the bound, %d of retired targets",
                 len(result.expired),
                 len(result.evicted),
                 len(result.retired),

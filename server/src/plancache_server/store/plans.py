@@ -75,7 +75,8 @@ class StoredPlan:
     def prefetch_item(self, index: int, key: str, source: int) -> bytes:
         """A serialized PrefetchItem: the per-stream fields, then the plan's
         bytes encoded once for every stream that receives it."""
-        return pb.PrefetchItem(index=index, key=key, source=source).SerializeToString() + self._prefetch_plan_field  # type: ignore[arg-type]
+        fields = pb.PrefetchItem(index=index, key=key, source=source)  # type: ignore[arg-type]
+        return fields.SerializeToString() + self._prefetch_plan_field
 
     @property
     def provisional(self) -> bool:
@@ -117,7 +118,8 @@ def checked_plan(plan_key: str, blob: bytes | None, meta: bytes | None, sig: byt
     digest = hashlib.sha256(blob).hexdigest()
     if digest != metadata.blob_sha256:
         raise IntegrityError(
-            f"plan {plan_key}: its blob's sha256 {digest} is not the one its metadata names ({metadata.blob_sha256[:64]})"
+            f"plan {plan_key}: its blob's sha256 {digest} is not the one its metadata names "
+            f"({metadata.blob_sha256[:64]})"
         )
     if metadata.key != plan_key:
         raise IntegrityError(f"plan {plan_key}: its metadata names another plan ({metadata.key[:300]})")

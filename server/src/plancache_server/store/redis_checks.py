@@ -44,7 +44,8 @@ def check_redis(client: redis.Redis, where: str) -> list[Finding]:
     except redis.exceptions.NoPermissionError:
         return [
             Finding(
-                f"cannot check Redis' eviction policy at {where}: this user may not run INFO (give it the README's ACL rules again)",
+                f"cannot check Redis' eviction policy at {where}: "
+                "this user may not run INFO (give it the README's ACL rules again)",
                 fatal=False,
             )
         ]
@@ -66,24 +67,26 @@ def _nodes(info: dict[str, Any]) -> list[dict[str, Any]]:
 
 def eviction_finding(policy: str, maxmemory: int, where: str) -> Finding | None:
     change = (
-        f"set `maxmemory-policy {NO_EVICTION}` (CONFIG SET maxmemory-policy {NO_EVICTION}, and in redis.conf) and bound the plans with "
-        "--store-max-mb below maxmemory: plancache then evicts least recently used plans itself, never a job or a lease"
+        f"set `maxmemory-policy {NO_EVICTION}` (CONFIG SET maxmemory-policy {NO_EVICTION}, and in redis.conf) "
+        "and bound the plans with --store-max-mb below maxmemory: "
+        "plancache then evicts least recently used plans itself, never a job or a lease"
     )
     if policy.startswith("allkeys-") and maxmemory > 0:
         return Finding(
-            f"Redis at {where} has maxmemory-policy {policy} (maxmemory {maxmemory} bytes): it would drop plans, build jobs and leases "
-            f"under memory pressure; {change}",
+            f"Redis at {where} has maxmemory-policy {policy} (maxmemory {maxmemory} bytes): "
+            f"it would drop plans, build jobs and leases under memory pressure; {change}",
             fatal=True,
         )
     if policy.startswith("allkeys-"):
         return Finding(
-            f"Redis at {where} has maxmemory-policy {policy}: once a maxmemory is set it drops plans, build jobs and leases; {change}",
+            f"Redis at {where} has maxmemory-policy {policy}: "
+            f"once a maxmemory is set it drops plans, build jobs and leases; {change}",
             fatal=False,
         )
     if policy.startswith("volatile-") and maxmemory > 0:
         return Finding(
-            f"Redis at {where} has maxmemory-policy {policy} (maxmemory {maxmemory} bytes): it would drop build leases and job states "
-            f"(a build may run twice; stored plans are kept); {change}",
+            f"Redis at {where} has maxmemory-policy {policy} (maxmemory {maxmemory} bytes): "
+            f"it would drop build leases and job states (a build may run twice; stored plans are kept); {change}",
             fatal=False,
         )
     return None

@@ -119,8 +119,8 @@ def _own_clock(error: StoreUnavailable) -> float:
         raise error
     _faults.warning(
         "time",
-        "this Redis user may not run TIME: heartbeats are read on this host's clock (a clock step makes workers look dead "
-        "or alive); run the README's ACL SETUSER lines again",
+        "this Redis user may not run TIME: heartbeats are read on this host's clock "
+        "(a clock step makes workers look dead or alive); run the README's ACL SETUSER lines again",
     )
     return time.time()
 
@@ -136,7 +136,8 @@ _FAULTS = (
     (
         "credentials",
         ("WRONGPASS", "NOAUTH", "AuthenticationError", "invalid username-password"),
-        "Redis refused the user or password of the Redis URL: create the user with the README's ACL SETUSER line, or correct the password",
+        "Redis refused the user or password of the Redis URL: "
+        "create the user with the README's ACL SETUSER line, or correct the password",
     ),
     (
         "permissions",
@@ -146,12 +147,14 @@ _FAULTS = (
     (
         "disk",
         ("MISCONF",),
-        "Redis cannot write its data to disk (full or read-only?) and refuses every write until it can: free space or make its folder writable",
+        "Redis cannot write its data to disk (full or read-only?) "
+        "and refuses every write until it can: free space or make its folder writable",
     ),
     (
         "memory",
         ("OOM",),
-        "Redis is at its maxmemory and refuses writes: raise maxmemory, or bound the plans with --store-max-mb below it",
+        "Redis is at its maxmemory and refuses writes: raise maxmemory, "
+        "or bound the plans with --store-max-mb below it",
     ),
     ("replica", ("READONLY",), "this Redis is a read-only replica: point the Redis URL at the primary"),
     ("loading", ("LOADING",), "Redis is loading its data set after a restart: calls succeed once it is loaded"),

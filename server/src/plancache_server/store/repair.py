@@ -60,9 +60,10 @@ def diagnose(data_dir: Path, log_lines: list[str], exit_code: int | None, stderr
     said = next((line.split(" # ", 1)[-1].strip() for line in log_lines if any(s in line for s in _DAMAGE_SIGNS)), None)
     if said is not None:
         return StoreStartError(
-            f"the private store in {data_dir} is damaged (redis-server: {said[:300]}): repair it with `plancache-server --repair-store` "
-            f"(same flags), which copies {data_dir} to {backups_of(data_dir)} first, then runs `{CHECK_AOF} --fix` and reports the plans "
-            "it could not keep (they are rebuilt on their next request)",
+            f"the private store in {data_dir} is damaged (redis-server: {said[:300]}): "
+            "repair it with `plancache-server --repair-store` (same flags), "
+            f"which copies {data_dir} to {backups_of(data_dir)} first, then runs `{CHECK_AOF} --fix` "
+            "and reports the plans it could not keep (they are rebuilt on their next request)",
             damaged=True,
         )
     said = next((line.split(" # ", 1)[-1].strip() for line in log_lines if any(s in line for s in _FOLDER_SIGNS)), None)
@@ -78,8 +79,8 @@ def diagnose(data_dir: Path, log_lines: list[str], exit_code: int | None, stderr
 
 def unwritable(data_dir: Path, said: str) -> StoreStartError:
     return StoreStartError(
-        f"the private store's folder {data_dir} cannot be written ({said}): free space on its disk or make it writable, or give the server "
-        "another --data-dir; nothing in it was changed"
+        f"the private store's folder {data_dir} cannot be written ({said}): "
+        "free space on its disk or make it writable, or give the server another --data-dir; nothing in it was changed"
     )
 
 
@@ -136,7 +137,8 @@ def repair(data_dir: Path, check_aof: str = CHECK_AOF) -> Repair:
     except OSError as e:
         shutil.rmtree(backup, ignore_errors=True)
         raise StoreStartError(
-            f"could not back {data_dir} up to {backup} ({e}): nothing was repaired; free space and run --repair-store again"
+            f"could not back {data_dir} up to {backup} ({e}): "
+            "nothing was repaired; free space and run --repair-store again"
         ) from e
     try:
         done = subprocess.run(
@@ -156,9 +158,10 @@ def repair(data_dir: Path, check_aof: str = CHECK_AOF) -> Repair:
             (line for line in output.decode(errors="replace").splitlines() if "not sane" in line or "ERROR" in line), ""
         )
         raise StoreStartError(
-            f"{check_aof} --fix could not repair {manifest} ({said.strip()[:200] or f'exit status {done.returncode}'}): the damage is in its "
-            f"RDB base, which cannot be cut away. Backup in {backup}; restore the plans from a bundle (plancache-server-import) into an empty "
-            f"store (move {data_dir / AOF_FOLDER} aside), or rebuild them on demand"
+            f"{check_aof} --fix could not repair {manifest} "
+            f"({said.strip()[:200] or f'exit status {done.returncode}'}): the damage is in its RDB base, "
+            f"which cannot be cut away. Backup in {backup}; restore the plans from a bundle (plancache-server-import) "
+            f"into an empty store (move {data_dir / AOF_FOLDER} aside), or rebuild them on demand"
         )
     cut, named = [], set()
     for match in _ANALYZED.finditer(output):

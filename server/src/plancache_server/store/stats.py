@@ -211,7 +211,8 @@ class Stats:
                 if plan_hits:  # last use, for retention and the store's bound (plancache_server.store.lifecycle)
                     pipe.zadd(keys.PLAN_INDEX, dict.fromkeys(plan_hits, now), gt=True)
                     pipe.zrem(keys.WARMED_INDEX, *plan_hits)  # a warmed plan, served: an ordinary one now
-                    # This hour's hits per plan: warming orders specs by their recent hits (plancache_server.store.warming).
+                    # This hour's hits per plan: warming orders specs by their recent hits
+                    # (plancache_server.store.warming).
                     for plan_key, amount in plan_hits.items():
                         pipe.zincrby(keys.plan_hits(hour), amount, plan_key)
                     pipe.expire(keys.plan_hits(hour), PLAN_HITS_TTL_S)

@@ -3,5 +3,6 @@
 server that serves them (http).
 
 Owns: the operators' view; nothing serves or builds through it.
-May import: plancache, plancache_server.store, plancache_server.gateway, plancache_server.telemetry, plancache_server.settings.
+May import: plancache, plancache_server.store, plancache_server.gateway, plancache_server.telemetry,
+plancache_server.settings.
 """
