@@ -45,7 +45,8 @@ Not `serve_frontend(client)`, which would patch the real class: see
 docs/design.md, "Frontend code, one line changed".
 
 Owns: the frontend's graph class, served by plancache.
-May import: plancache.errors, plancache.graphspec, plancache.keys, plancache.run, plancache.transport, plancache.wire, plancache.frontdoors, plancache.frontend_graph.
+May import: plancache.errors, plancache.graphspec, plancache.keys, plancache.run, plancache.transport,
+plancache.wire, plancache.frontdoors, plancache.frontend_graph.
 """
 
 from __future__ import annotations

@@ -81,7 +81,8 @@ class Authorizer:
         scheme, _, token = text.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthenticated(
-                "this server requires a bearer token (metadata 'authorization: Bearer <token>'; Client(token=...) or PLANCACHE_TOKEN)"
+                "this server requires a bearer token (metadata 'authorization: Bearer <token>'; "
+                "Client(token=...) or PLANCACHE_TOKEN)"
             )
         presented = _digest(token.strip())
         role = next((r for digest, r in self._roles if hmac.compare_digest(digest, presented)), None)

@@ -101,7 +101,8 @@ class _Walk:
                     inner, largest = shape[field]
                     if largest and length > largest:
                         raise SpecError(
-                            f"{where}: field {field} of {name} entry {counts[field]} has {length:,} bytes, over {largest:,}"
+                            f"{where}: field {field} of {name} entry {counts[field]} has {length:,} bytes, "
+                            f"over {largest:,}"
                         )
                     if inner is not None:
                         self.message(raw, pos, pos + length, inner, f"{where}.{inner}[{counts[field] - 1}]")
