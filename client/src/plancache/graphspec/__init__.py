@@ -1,7 +1,7 @@
 """The spec language: tensors, ops and graphs (graph, ops), their
 validation and normal form (validation, layouts), the canonical bytes and
-hash (canonical, jcs), the wire and JSON forms (spec_io), capture of a
-cuDNN frontend graph (interop).
+hash (canonical, jcs), the wire and JSON forms (spec_io: spec_json,
+spec_proto, spec_refs), capture of a cuDNN frontend graph (interop).
 
 Owns: what a graph is, and its hash.
 May import: plancache.errors, plancache.dtypes, plancache.v1, plancache.graphspec.

@@ -1,0 +1,5 @@
+"""`python -m plancache.cli`: the `plancache` command without its installed script."""
+
+from plancache.cli.entry import main
+
+raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""What the declarations give: the programs' argument parsers (the environment as their defaults), the Settings
+they parse to, the flags a server hands its workers and the README's configuration table."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import fields
+
+from plancache_server.settings.declare import SERVER, WORKER, Option
+from plancache_server.settings.groups import Settings
+
+
+def options(program: str | None = None) -> Iterator[tuple[str, Option]]:
+    """(field name, option) of every setting a program takes (None: all)."""
+    for f in fields(Settings):
+        option = f.metadata.get("option")
+        if option is not None and (program is None or program in option.programs):
+            yield f.name, option
+
+
+def parser(program: str) -> argparse.ArgumentParser:
+    description = {
+        SERVER: "Serve autotuned cuDNN plans over gRPC.",
+        WORKER: "Build and autotune plans on local GPUs for a plancache deployment.",
+    }
+    p = argparse.ArgumentParser(prog=f"plancache-{program}", description=description[program])
+    defaults = Settings()
+    for name, option in options(program):
+        env = os.environ.get(f"PLANCACHE_{option.env}")
+        help_text = f"{option.help} (env PLANCACHE_{option.env}" + (
+            f"; default {option.shown_default})" if option.shown_default else ")"
+        )
+        if option.is_switch:
+            p.add_argument(
+                option.flag,
+                dest=name,
+                action="store_true",
+                default=env == "1" if env is not None else getattr(defaults, name),
+                help=help_text,
+            )
+        else:
+            try:
+                default = option.parse(env) if env is not None else getattr(defaults, name)
+            except ValueError as e:
+                p.error(f"PLANCACHE_{option.env}={env!r} (the environment's {option.flag}): {e}")
+            p.add_argument(option.flag, dest=name, type=option.parse, default=default, help=help_text)
+    if program == WORKER:
+        p.add_argument(
+            "--device", type=int, action="append", help="GPU index (repeat for several; default: every visible GPU)"
+        )
+    return p
+
+
+def settings_from(args: argparse.Namespace, program: str) -> Settings:
+    values = {name: getattr(args, name) for name, _ in options(program)}
+    settings = Settings(**values)
+    if (
+        settings.claim_idle_s < 2 * settings.heartbeat_interval_s
+        or settings.heartbeat_ttl_s < 2 * settings.heartbeat_interval_s
+    ):
+        raise SystemExit(
+            "--claim-idle and --heartbeat-ttl must be at least twice --heartbeat-interval "
+            "(a live worker would look dead)"
+        )
+    if settings.signing_key is not None and settings.unsigned:
+        raise SystemExit("--signing-key and --unsigned exclude each other")
+    if settings.event_loop not in ("auto", "uvloop", "asyncio"):
+        raise SystemExit(f"--event-loop must be auto, uvloop or asyncio, not {settings.event_loop!r}")
+    return settings
+
+
+def server_settings(argv: Sequence[str] | None = None) -> Settings:
+    return settings_from(parser(SERVER).parse_args(argv), SERVER)
+
+
+def worker_flags(settings: Settings) -> list[str]:
+    """Flags that hand these settings on to a `plancache-worker` child."""
+    flags: list[str] = []
+    for name, option in options(WORKER):
+        value = getattr(settings, name)
+        if not option.to_workers or value is None or value is False:
+            continue
+        flags += [option.flag] if option.is_switch else [option.flag, str(value)]
+    if settings.metrics_port:
+        flags += ["--metrics-port", str(settings.metrics_port + 1)]  # a worker adds its device index
+    return flags
+
+
+def markdown_table() -> str:
+    """The README's configuration table (kept equal to it by a test)."""
+    rows = ["| flag | environment | default | programs | meaning |", "|---|---|---|---|---|"]
+    for _, option in options():
+        shown = option.shown_default
+        default = f"`{shown}`" if shown and " " not in shown else shown or "—"
+        meaning = option.help.replace("|", "\\|")
+        programs = ", ".join(sorted(option.programs))
+        rows.append(f"| `{option.flag}` | `PLANCACHE_{option.env}` | {default} | {programs} | {meaning} |")
+    return "\n".join(rows)

@@ -1,0 +1,81 @@
+"""How a setting is declared: its Option (flag, environment name, help, programs) and the parsers of its text."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SERVER, WORKER = "server", "worker"
+# How a worker times candidate plans (plancache_server.worker.compiler.timing says how each works).
+AUTOTUNE_STRATEGIES = ("screened", "exhaustive")
+BOTH = frozenset({SERVER, WORKER})
+SERVER_ONLY = frozenset({SERVER})
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "plancache"
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    env: str  # PLANCACHE_<env>
+    help: str
+    parse: Callable[[str], Any]
+    programs: frozenset[str]
+    # Handed on to the `plancache-worker` processes a server starts.
+    to_workers: bool
+    is_switch: bool  # a flag without a value (env "1" turns it on)
+    shown_default: str  # in --help and the README ("" for none)
+
+
+def setting(
+    default: Any,
+    flag: str,
+    help: str,
+    parse: Callable[[str], Any] = str,
+    *,
+    programs: frozenset[str] = BOTH,
+    to_workers: bool = False,
+    switch: bool = False,
+    shown_default: str | None = None,
+    factory: Callable[[], Any] | None = None,
+    env: str | None = None,
+) -> Any:
+    """A dataclass field carrying its Option in its metadata, where the parsers and the README find it.
+
+    `env`: the variable's name after PLANCACHE_, when the flag's own would
+    mean something else to another plancache program on the same host."""
+    env = env or flag.removeprefix("--").replace("-", "_").upper()
+    shown = shown_default if shown_default is not None else ("" if default is None else str(default))
+    meta = {"option": Option(flag, env, help, parse, programs, to_workers, switch, shown)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def parse_optional_seconds(text: str) -> float | None:
+    value = float(text or 0)
+    return value if value > 0 else None
+
+
+def parse_mebibytes(text: str) -> int:
+    return int(float(text) * 2**20)
+
+
+def parse_target_list(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def parse_autotune_strategy(text: str) -> str:
+    if text not in AUTOTUNE_STRATEGIES:
+        raise ValueError(f"expected one of {', '.join(AUTOTUNE_STRATEGIES)}")
+    return text
+
+
+def parse_port(text: str) -> int:
+    return int(text or 0)
