@@ -16,7 +16,8 @@ through client.admin (admin), what the commands naming a plan share
 (plan_args), and the entry point that runs them (entry).
 
 Owns: the `plancache` command: its arguments, what each command prints, its exit codes.
-May import: plancache.errors, plancache.graphspec, plancache.keys, plancache.run, plancache.transport, plancache.trust, plancache.gpu.
+May import: plancache.errors, plancache.graphspec, plancache.keys, plancache.run, plancache.transport,
+plancache.trust, plancache.gpu.
 """
 
 from plancache.cli.entry import main

@@ -10,6 +10,8 @@ import html
 import time
 from collections.abc import Iterable, Sequence
 
+from plancache.errors import InvalidRequest
+from plancache.keys.plankey import parse_key
 from plancache_server.store.fleet import Coverage
 from plancache_server.store.stats import WINDOWS
 from plancache_server.web.status import Windows, hit_rate
@@ -74,8 +76,12 @@ def target_cell(target_id: str, extra: str = "") -> str:
 
 
 def short_key(plan_key: str) -> str:
-    spec, _, rest = plan_key.partition("/")
-    return f'<code title="{esc(plan_key)}">{esc(spec[:12])}…/{esc(rest.rsplit("/", 1)[-1])}</code>'
+    """A plan key as its spec hash's start and its options (the whole key on hover)."""
+    try:
+        parsed = parse_key(plan_key)
+    except InvalidRequest:  # shown as it is: the page names what Redis holds, whatever it holds
+        return f'<code title="{esc(plan_key)}">{esc(plan_key[:40])}</code>'
+    return f'<code title="{esc(plan_key)}">{esc(parsed.spec_hash[:12])}…/{esc(parsed.options_id)}</code>'
 
 
 def coverage_cell(found: Coverage) -> str:
