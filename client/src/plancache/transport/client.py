@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -28,13 +26,12 @@ from typing import Any, TypeVar
 
 import grpc
 
-from plancache.errors import CompileTimeout, InvalidRequest, PlanCacheError
+from plancache.errors import InvalidRequest, PlanCacheError
 from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import parse_key
 from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
-from plancache.run.local import LocalPlan
 from plancache.run.plan import Plan
 from plancache.transport import outcomes
 from plancache.transport.admin import AdminClient
@@ -42,15 +39,12 @@ from plancache.transport.background import BackgroundPrefetch
 from plancache.transport.calls import resolve_target
 from plancache.transport.connection import DEFAULT_TIMEOUT_S, Connection, TLSConfig
 from plancache.transport.hedge import (
-    NOT_HEDGED,
     FrontendBuilder,
     LocalBuilder,
-    Race,
     Raced,
-    hedge_after_s,
     hedge_default,
-    run_race,
 )
+from plancache.transport.hedged_calls import HedgedCalls
 from plancache.transport.intake import PlanIntake
 from plancache.transport.manifest import Manifest
 from plancache.transport.prefetching import ManifestPrefetch, OnPlan, Progress
@@ -69,8 +63,6 @@ log = logging.getLogger(__name__)
 
 # A miss builds and autotunes on a GPU: seconds to minutes.
 DEFAULT_COMPILE_TIMEOUT_S = 900.0
-# Plans this node built itself (hedged misses), held for a compile() of the same key again.
-LOCAL_PLANS_HELD = 1024
 # Seconds a background report (ReportFirstUses) may take.
 REPORT_TIMEOUT_S = 2.0
 # An operator's calls, which were Client methods before they moved to AdminClient: still answered (with a warning).
@@ -121,10 +113,9 @@ class Client:
             TrustPolicy.create(trusted_keys, allow_unsigned),
         )
         self.hedge = hedge_default() if hedge is None else hedge
-        self.hedge_after_s = hedge_after_s()
         self.local_builder: LocalBuilder = local_builder or FrontendBuilder()
-        self._local_plans: OrderedDict[str, LocalPlan] = OrderedDict()
         self._reports = Reports(self._report, enabled=outcomes.report_default() if report is None else report)
+        self._hedged = HedgedCalls(self.connection, self.intake, self._reports)
 
     @property
     def timeout(self) -> float | None:
@@ -220,24 +211,9 @@ class Client:
         if not hedged:
             response = self.connection.call(self._stub.Compile, request, budget)
             return self.intake.answer(response.plan, response.source, asked)
-        held = self._local_plans.get(asked.key)
-        if held is not None and held.local and held.waiting:
-            return held  # the service's plan is on its way to it
-
-        def build() -> Plan:
-            if held is not None and held.local:  # the service failed it: asked again, this node's plan reused
-                return held
-            return self.local_builder.build(query)
-
-        raced = self._race(request, asked, budget, build, hedge_path)
-        if raced.plan is not None:
-            return raced.plan
-        plan = raced.local
-        assert plan is not None and raced.race is not None
-        if isinstance(plan, LocalPlan):
-            plan.replace_with(raced.race)
-            self._hold(plan)
-        return plan
+        return self._hedged.compile(
+            request, asked, budget, functools.partial(self.local_builder.build, query), hedge_path
+        )
 
     def race(
         self,
@@ -260,47 +236,7 @@ class Client:
         if cached is not None:
             return Raced(plan=cached)
         request = _compile_request(query, answer_miss_at_once=True)
-        return self._race(request, asked, timeout if timeout is not None else self.compile_timeout, build, path)
-
-    def _race(
-        self, request: pb.CompileRequest, asked: Asked, budget: float | None, build: Callable[[], T], path: str
-    ) -> Raced[T]:
-        """A hedged miss (plancache.transport.hedge): `request` (with
-        answer_miss_at_once) asked as a hit is, one unary Compile on this
-        thread; on a miss, `build()` here while a thread waits for the
-        service's plan (a second Compile, for the same build, counted once)."""
-        deadline = None if budget is None else time.monotonic() + budget
-
-        def remember(response: pb.CompileResponse) -> Plan:
-            return self.intake.answer(response.plan, response.source, asked)
-
-        error: PlanCacheError | None = None
-        try:
-            # Bounded: a server that cannot say hit or miss within hedge_after_s is as good as a miss.
-            first = self.hedge_after_s if budget is None else min(self.hedge_after_s, budget)
-            response = self.connection.call(self._stub.Compile, request, first)
-            if response.source != pb.COMPILE_SOURCE_BUILDING:
-                return Raced(plan=remember(response))  # a hit (or a plan the server had at once): nothing to race
-        except PlanCacheError as e:  # down, refusing, slow, or a hit that failed verification
-            if isinstance(e, NOT_HEDGED):
-                raise
-            error = e
-        follow = pb.CompileRequest()
-        follow.CopyFrom(request)
-        follow.answer_miss_at_once, follow.counted = False, error is None
-        ask = None
-        # The service may still answer: a build under way, a refusal for now, a build slower than the first call.
-        if error is None or error.retry_after is not None or isinstance(error, CompileTimeout):
-            metadata = self.connection.metadata
-            ask = lambda timeout: self._stub.Compile.future(follow, timeout=timeout, metadata=metadata)  # noqa: E731
-        race = Race(ask, remember, path, deadline, building=error is None, error=error)
-        return run_race(race, build, deadline, self._reports.add, asked.key)
-
-    def _hold(self, plan: LocalPlan) -> None:
-        self._local_plans[plan.key] = plan
-        self._local_plans.move_to_end(plan.key)
-        while len(self._local_plans) > LOCAL_PLANS_HELD:
-            self._local_plans.popitem(last=False)
+        return self._hedged.race(request, asked, timeout if timeout is not None else self.compile_timeout, build, path)
 
     def _report(self, request: pb.ReportFirstUsesRequest) -> None:
         # Short: a report lost costs only the report, and close() sends what is left.
