@@ -6,7 +6,8 @@ For each graph (bench/startup_graphs.py, plus the conv and SDPA cases of
 bench/gpu_cases.py): build every candidate once and serialize it, as the
 worker's build processes do, then deserialize and time them all with the
 `screened` strategy (the product's default) and with the `exhaustive` one
-(every candidate timed precisely), in that order, in one process. Screened goes first, so it pays each candidate's first execution
+(every candidate timed precisely), in that order, in one process. Screened
+goes first, so it pays each candidate's first execution
 (CUDA loads its kernels then) and exhaustive does not: the comparison
 favours the old strategy. Then the plans each picked, and cuDNN's heuristic
 plan, are timed again side by side (interleaved CUDA-graph replays, median
@@ -33,7 +34,6 @@ if __package__ in (None, ""):
 
 from bench.report import figure, save, table, write_json
 from plancache.graphspec.graph import GraphSpec
-from plancache.graphspec.validation import normalize
 from tests.support.processes import REPO
 
 TARGET_MS_PER_CANDIDATE = 30.0
@@ -56,22 +56,22 @@ def measure(compiler: Any, spec: GraphSpec) -> dict[str, Any]:
     import cudnn
     import torch
 
-    from plancache.keys.options import CompileOptions
+    from plancache.keys.query import PlanQuery
     from plancache_server.worker.compiler.base import winner
     from tests.support.gpu_timing import gpu_ms
 
-    normalized, options = normalize(spec), CompileOptions()
+    query = PlanQuery.of(spec, compiler.target)
     row: dict[str, Any] = {"graph": spec.name}
     started = time.perf_counter()
-    heuristic = compiler.heuristic(normalized, options)
-    others = [compiler.candidate(normalized, options, i) for i in range(heuristic.count) if i != heuristic.chosen.index]
+    heuristic = compiler.heuristic(query)
+    others = [compiler.candidate(query, i) for i in range(heuristic.count) if i != heuristic.chosen.index]
     built = sorted([heuristic.chosen, *(p for p in others if p.built)], key=lambda p: p.index)
     row.update(candidates=heuristic.count, built=len(built), build_all_s=time.perf_counter() - started)
     picks: dict[str, int | None] = {}
     for strategy in ("screened", "exhaustive"):
         compiler.autotune_strategy = strategy
         started = time.perf_counter()
-        timed = compiler.time_plans(normalized, options, built)
+        timed = compiler.time_plans(query, built)
         seconds = time.perf_counter() - started
         best = winner(built, timed)
         picks[strategy] = best.index if best else None
@@ -87,7 +87,7 @@ def measure(compiler: Any, spec: GraphSpec) -> dict[str, Any]:
     # cuDNN's heuristic choice: the first candidate in its ranking that builds.
     contenders = {"screened": picks["screened"], "exhaustive": picks["exhaustive"], "heuristic": heuristic.chosen.index}
     by_index = {p.index: p for p in built}
-    bindings = compiler.random_bindings(normalized)
+    bindings = compiler.random_bindings(query.spec)
     workspace = torch.empty(max([1, *(p.workspace_size for p in built)]), device="cuda", dtype=torch.uint8)
     rounds: dict[str, list[float]] = {name: [] for name in contenders}
 
@@ -125,28 +125,23 @@ def pool_builds() -> list[dict[str, Any]]:
     eight: the worker's autotuning in parallel."""
     from bench.startup_graphs import startup_graphs
     from plancache.gpu.target import detect_target
-    from plancache.keys.options import CompileOptions
-    from plancache_server.worker.build_pool import (
-        CANDIDATE,
-        HEURISTIC,
-        BuildTask,
-        ProcessBuildPool,
-        task_ids,
-        task_query,
-    )
+    from plancache.keys.query import PlanQuery
+    from plancache_server.worker.build_pool import ProcessBuildPool
+    from plancache_server.worker.build_tasks import CANDIDATE, HEURISTIC, BuildTask, task_ids, task_query
 
-    target = detect_target().to_proto()
-    specs = [normalize(s) for s in startup_graphs() if s.name in POOL_GRAPHS]
+    target = detect_target()
+    queries = [PlanQuery.of(s, target) for s in startup_graphs() if s.name in POOL_GRAPHS]
     rows: list[dict[str, Any]] = []
     for size in POOL_SIZES:
-        # An empty JIT cache, as a fresh container's (the graphs were built above: a warm cache would hold their kernels).
+        # An empty JIT cache, as a fresh container's (the graphs were built
+        # above: a warm cache would hold their kernels).
         pool = ProcessBuildPool(size, "cudnn", 0, env={**os.environ, "CUDA_CACHE_DISABLE": "1"}).start()
         try:
             deadline = time.monotonic() + 120
             while pool.free() < size and time.monotonic() < deadline:
                 pool.results(0.2)
-            for spec in specs:
-                query = task_query(spec, target, CompileOptions())
+            for plan_query in queries:
+                spec, query = plan_query.spec, task_query(plan_query)
                 pool.submit(BuildTask(next(task_ids), HEURISTIC, query))
                 (first,) = _collect(pool, 1)
                 assert first.heuristic is not None, first.error

@@ -35,7 +35,7 @@ from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
 from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from plancache_server.store.plans import RedisPlanStore, StoredPlan
-from plancache_server.worker.worker import VerifiedJob, plan_metadata
+from plancache_server.worker.verified_job import VerifiedJob, plan_metadata
 from tests.support.processes import REPO, child_env, server_process, wait_for_workers, worker_process
 from tests.support.standin import STANDIN_TARGET, StandInCompiler
 
@@ -55,7 +55,7 @@ def store_plans(store: RedisPlanStore, count: int, offset: int = 0, signer: Sign
     compiler, plans = StandInCompiler(), []
     for i in range(offset, offset + count):
         query = PlanQuery.of(spec_for(i), TARGET)
-        compiled = compiler.compile(query.spec, query.options)
+        compiled = compiler.compile(query)
         metadata = plan_metadata(VerifiedJob(query), compiled, "bench", TARGET.to_proto())
         plan = StoredPlan(blob=compiled.blob, metadata=metadata, signature=signer.sign(metadata) if signer else None)
         store.put(plan)

@@ -57,10 +57,10 @@ def build_spec_plan(compiler: Any, spec: Any, autotune: bool = False) -> Any:
     from plancache import Plan
     from plancache.keys.options import CompileOptions
     from plancache.keys.query import PlanQuery
-    from plancache_server.worker.worker import VerifiedJob, plan_metadata
+    from plancache_server.worker.verified_job import VerifiedJob, plan_metadata
 
     query = PlanQuery.of(spec, compiler.target, CompileOptions(autotune=autotune))
-    compiled = list(compiler.compile_phases(query.spec, query.options))[-1]
+    compiled = list(compiler.compile_phases(query))[-1]
     return Plan(compiled.blob, plan_metadata(VerifiedJob(query), compiled, "bench", compiler.target.to_proto()))
 
 

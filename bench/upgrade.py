@@ -60,7 +60,7 @@ from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from plancache_server.store.lifecycle import Janitor
 from plancache_server.store.plans import RedisPlanStore, StoredPlan
 from plancache_server.worker.compiler.base import heuristic_plan
-from plancache_server.worker.worker import VerifiedJob, plan_metadata
+from plancache_server.worker.verified_job import VerifiedJob, plan_metadata
 from tests.support.processes import REPO, child_env, server_process, wait_for_workers, worker_process
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET, StandInCompiler
@@ -129,7 +129,7 @@ def seed_store(redis_url: str, count: int, hits: list[int], bound_mb: int = 0) -
     for i in range(count):
         query = PlanQuery.of(spec_of(i), GENERIC, OPTIONS)
         normalized, key = query.spec, query.key
-        compiled = heuristic_plan(compiler.heuristic(normalized, OPTIONS), provisional=False)
+        compiled = heuristic_plan(compiler.heuristic(query), provisional=False)
         metadata = plan_metadata(VerifiedJob(query), compiled, "upgrade-seed", GENERIC.to_proto())
         store.put(
             StoredPlan(blob=compiled.blob, metadata=metadata, signature=None),
@@ -623,7 +623,10 @@ def targets(results: dict[str, Any]) -> list[list[Any]]:
             False,
         ]
     else:
-        label = f"hit rate of nodes started {s['window_start_s']:.1f} s on (warming planned + {s['top_k_build_s']:.0f} s, the top {s['top_k']}'s build time)"
+        label = (
+            f"hit rate of nodes started {s['window_start_s']:.1f} s on "
+            f"(warming planned + {s['top_k_build_s']:.0f} s, the top {s['top_k']}'s build time)"
+        )
         value = (
             f"{_pct(w['hit_rate'])} / {_pct(wo['hit_rate'])} ({w['requests']} requests)"
             if w["requests"]
@@ -688,7 +691,8 @@ def targets(results: dict[str, Any]) -> list[list[Any]]:
         ],
         [
             f"under --store-max-mb {bound['bound_mb']}: A's plans kept / plans of B served kept / warmed plans evicted",
-            f"{bound['a_kept']}/{bound['a_plans']} / {bound['hot_b_kept']}/{bound['hot_b_plans']} / {bound['b_evicted']}",
+            f"{bound['a_kept']}/{bound['a_plans']} / {bound['hot_b_kept']}/{bound['hot_b_plans']} "
+            f"/ {bound['b_evicted']}",
             "all / all / any",
             bound["met"],
         ],
@@ -807,7 +811,8 @@ def main() -> None:
     parser.add_argument(
         "--top-k",
         type=int,
-        help=f"the hit-rate target's window opens when warming has run for the top K's build time (default {FULL['top_k']})",
+        help="the hit-rate target's window opens when warming has run for the top K's build time "
+        f"(default {FULL['top_k']})",
     )
     parser.add_argument("--build-seconds", type=float, default=0.05, help="stand-in heuristic build (s)")
     parser.add_argument(
@@ -824,7 +829,8 @@ def main() -> None:
         "--plan",
         choices=("auto", "operator"),
         default="auto",
-        help="who plans the warming: the worker on its own when idle (auto), or an operator's Client.warm as the worker appears",
+        help="who plans the warming: the worker on its own when idle (auto), "
+        "or an operator's Client.warm as the worker appears",
     )
     parser.add_argument(
         "--miss-at",
@@ -848,7 +854,8 @@ def main() -> None:
     parser.add_argument(
         "--bound-specs",
         type=int,
-        help=f"A's plans in the store-bound run (default {FULL['bound_specs']}: with 2 of B, 75 KB each, most of the bound)",
+        help=f"A's plans in the store-bound run (default {FULL['bound_specs']}: "
+        "with 2 of B, 75 KB each, most of the bound)",
     )
     parser.add_argument(
         "--bound-mb", type=int, help=f"--store-max-mb of the store-bound run (default {FULL['bound_mb']})"

@@ -32,14 +32,14 @@ PROCESSES = [
     (
         "plancache-server",
         "plancache_server.main",
-        "the gRPC gateway (one asyncio loop), its private redis-server unless --redis-url, and one worker process "
-        "per local GPU",
+        "the gRPC gateway (one asyncio loop), its private redis-server unless --redis-url, "
+        "and one worker process per local GPU",
     ),
     (
         "plancache-worker",
         "plancache_server.worker_main",
-        "a compile worker per GPU, against a deployment's Redis; started by a server for its own GPUs, or alone on a "
-        "GPU host",
+        "a compile worker per GPU, against a deployment's Redis; "
+        "started by a server for its own GPUs, or alone on a GPU host",
     ),
     (
         "build process",
@@ -78,8 +78,8 @@ MISS = [
     ),
     ("plancache_server.store.jobs", "JobQueue.enqueue", "the job goes on its target's stream (bounded)"),
     (
-        "plancache_server.worker.worker",
-        "Worker._accept",
+        "plancache_server.worker.job_intake",
+        "JobIntake._accept",
         "a worker of the target takes it, derives its key from its spec, marks it running",
     ),
     (
@@ -174,9 +174,10 @@ def render() -> str:
     out = [
         "# Architecture",
         "",
-        "Written by `python3 scripts/architecture-doc.py` from the code (a test fails when it is stale): the "
-        "packages' docstrings, the imports, the entry points and `plancache_server/store/keys.py`. The rules of the "
-        'layers are the packages\' "May import" lines, '
+        "Written by `python3 scripts/architecture-doc.py` from the code (a test fails when it is stale): "
+        "the packages' docstrings, the "
+        "imports, the entry points and `plancache_server/store/keys.py`. "
+        'The rules of the layers are the packages\' "May import" lines, '
         "checked by tests/unit/test_layers.py; there is no import circle on either side.",
         "",
         "## Processes",

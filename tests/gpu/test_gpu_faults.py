@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from plancache.graphspec.validation import normalize
 from plancache.keys.options import CompileOptions
-from plancache_server.worker.build_pool import HEURISTIC, BuildTask, run_task, task_query
+from plancache.keys.query import PlanQuery
+from plancache_server.worker.build_tasks import HEURISTIC, BuildTask, run_task, task_query
 from plancache_server.worker.compiler.faults import GpuOutOfMemory, gpu_fault
 from tests.support.specs import matmul_spec
 
@@ -29,9 +29,8 @@ def test_a_real_cuda_out_of_memory_is_a_gpu_fault_not_a_rejection_and_the_contex
     with pytest.raises(torch.OutOfMemoryError) as beyond:
         torch.empty(2 * total, dtype=torch.uint8, device="cuda:0")
     assert isinstance(gpu_fault(beyond.value), GpuOutOfMemory)
-    spec = normalize(matmul_spec(m=1024, n=1024, k=1024))
-    options = CompileOptions(autotune=False)
-    task = BuildTask(1, HEURISTIC, task_query(spec, compiler.target.to_proto(), options))
+    query = PlanQuery.of(matmul_spec(m=1024, n=1024, k=1024), compiler.target, CompileOptions(autotune=False))
+    task = BuildTask(1, HEURISTIC, task_query(query))
     filler = torch.empty(free - 64 * 2**20, dtype=torch.uint8, device="cuda:0")  # the device full but for 64 MiB
     try:
         full = run_task(compiler, task)

@@ -25,7 +25,7 @@ from plancache.transport.hedge import Raced
 from plancache.transport.manifest import Manifest
 from plancache.transport.results import FamilyStatus, PrefetchResult
 from plancache_server.worker.compiler.base import CandidateResult, CompiledPlan
-from plancache_server.worker.worker import VerifiedJob, plan_metadata
+from plancache_server.worker.verified_job import VerifiedJob, plan_metadata
 from tests.support.fake_gpu import FakeDevice
 
 TARGET = Target("sm_90", 91900, "1.32.0", "StandIn GPU", 132)
@@ -54,8 +54,8 @@ def plan_for(
     source: str = "compiled",
     workspace: int = 256,
 ) -> Plan:
-    """A plan answering `spec` with a made-up blob, its metadata as a worker writes it
-    (plancache_server.worker.worker)."""
+    """A plan answering `spec` with a made-up blob, its metadata as a worker
+    writes it (plancache_server.worker.verified_job)."""
     query = PlanQuery.of(spec, target, options)
     blob = b"standin-plan:" + query.spec_hash.encode()
     compiled = CompiledPlan(

@@ -26,9 +26,8 @@ import time
 from collections.abc import Iterator, Sequence
 
 from plancache.errors import CompileFailed
-from plancache.graphspec.canonical import hash_normalized
-from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
+from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
 from plancache_server.worker.compiler.base import BuiltPlan, CandidateResult, CompiledPlan, Heuristic, compile_inline
 
@@ -88,15 +87,15 @@ class StandInCompiler:
     def fastest(self) -> int:
         return min(7, self.candidates - 1)
 
-    def compile(self, spec: GraphSpec, options: CompileOptions) -> CompiledPlan:
-        *_, final = compile_inline(self, spec, options)
+    def compile(self, query: PlanQuery) -> CompiledPlan:
+        *_, final = compile_inline(self, query)
         return final
 
-    def compile_phases(self, spec: GraphSpec, options: CompileOptions) -> Iterator[CompiledPlan]:
-        return compile_inline(self, spec, options)
+    def compile_phases(self, query: PlanQuery) -> Iterator[CompiledPlan]:
+        return compile_inline(self, query)
 
-    def heuristic(self, spec: GraphSpec, options: CompileOptions) -> Heuristic:
-        digest = hash_normalized(spec)
+    def heuristic(self, query: PlanQuery) -> Heuristic:
+        spec, options, digest = query.spec, query.options, query.spec_hash
         with self._lock:
             self.builds.append(digest)
         if self.started_dir:
@@ -116,23 +115,23 @@ class StandInCompiler:
             return Heuristic(plan, 1, self.build_seconds, timings)
         return Heuristic(self._plan(digest, options, 0, "standin_eng0", {}), self.candidates, self.build_seconds)
 
-    def candidate(self, spec: GraphSpec, options: CompileOptions, index: int) -> BuiltPlan:
-        digest = hash_normalized(spec)
+    def candidate(self, query: PlanQuery, index: int) -> BuiltPlan:
+        digest = query.spec_hash
         seconds = (self.tune_seconds or 0.0) / max(1, self.candidates - 1)
         with self._lock:
             self.candidate_builds.append((digest, index))
         time.sleep(seconds)
         plan = self._plan(
             digest,
-            options,
+            query.options,
             index,
             f"standin_eng{index}" if index != self.fastest else "standin_eng7_k3",
             {"TILE_SIZE": 3},
         )
         return dataclasses.replace(plan, seconds=seconds)
 
-    def time_plans(self, spec: GraphSpec, options: CompileOptions, plans: Sequence[BuiltPlan]) -> list[CandidateResult]:
-        if spec.name == TUNE_FAILS_NAME:
+    def time_plans(self, query: PlanQuery, plans: Sequence[BuiltPlan]) -> list[CandidateResult]:
+        if query.spec.name == TUNE_FAILS_NAME:
             raise RuntimeError("stand-in: the GPU fell off the bus while autotuning")
         return [
             CandidateResult(

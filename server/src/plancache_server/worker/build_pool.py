@@ -4,18 +4,18 @@ The cuDNN frontend cannot build in threads (its extension holds the GIL and
 refuses multithreaded builds), but one process can build a candidate with
 `build_plan_at_index(i)` and hand it over serialized. So each GPU worker
 starts a few build processes (plancache_server.worker.build_process), each with its
-own CUDA context and compiler, and sends them pieces of builds: a job's
-heuristic plan, or one candidate of an autotuning. Timing stays in the
-worker itself, on its GPU, one plan at a time.
+own CUDA context and compiler, and sends them pieces of builds
+(plancache_server.worker.build_tasks): a job's heuristic plan, or one
+candidate of an autotuning. Timing stays in the worker itself, on its GPU,
+one plan at a time.
 
-The protocol is frames on the child's stdin and stdout (a length-prefixed
-JSON header, then a length-prefixed payload: a PlanQuery going in, a plan
-blob coming out); the child's stderr is the worker's log. A child that dies
-is noticed when its stdout ends: its task comes back as `lost` (the worker
-retries it) and a new child is started in its place. A child past the
-build budget is killed, and its task fails with that reason. Children end
-when the worker closes their stdin, and with the worker process itself
-(PR_SET_PDEATHSIG).
+The protocol is frames on the child's stdin and stdout
+(plancache_server.worker.frames); the child's stderr is the worker's log. A
+child that dies is noticed when its stdout ends: its task comes back as
+`lost` (the worker retries it) and a new child is started in its place. A
+child past the build budget is killed, and its task fails with that reason.
+Children end when the worker closes their stdin, and with the worker
+process itself (PR_SET_PDEATHSIG).
 
 `ThreadBuildPool` runs a thread-safe compiler (the tests' stand-in) on
 threads in the worker's own process, with the same interface.
@@ -23,63 +23,33 @@ threads in the worker's own process, with the same interface.
 
 from __future__ import annotations
 
-import itertools
-import json
 import logging
 import os
 import queue
 import signal
-import struct
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import IO, Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from plancache.errors import CompileFailed
-from plancache.graphspec import spec_io
-from plancache.graphspec.graph import GraphSpec
-from plancache.graphspec.validation import normalize
-from plancache.keys.options import CompileOptions
 from plancache.log_limits import LogLimiter
-from plancache.v1 import plancache_pb2 as pb
-from plancache_server.worker.compiler.base import BuiltPlan, CandidateResult, Compiler, Heuristic
-from plancache_server.worker.compiler.faults import EXIT_GPU_LOST, GpuLost, GpuOutOfMemory, gpu_fault
+from plancache_server.worker.build_tasks import BuildTask, TaskResult, decode_result, encode_task, run_task
+from plancache_server.worker.compiler.base import Compiler
+from plancache_server.worker.compiler.faults import EXIT_GPU_LOST
+from plancache_server.worker.frames import read_frame, write_frame
 
 log = logging.getLogger(__name__)
 # Processes dying over and over (a lost GPU, the OOM killer): one line a minute.
 _faults = LogLimiter(log)
 
-HEURISTIC, CANDIDATE = "heuristic", "candidate"
 # The CPU priority (nice) of the build processes past the first.
 CANDIDATE_NICE = 10
 # A child that fails to start is started again after this long, doubling to the cap.
 RESTART_DELAY_S, RESTART_DELAY_CAP_S = 0.5, 30.0
 CLOSE_GRACE_S = 5.0
-_LENGTH = struct.Struct(">I")
-MAX_FRAME_BYTES = 256 * 2**20
-
-
-@dataclass(frozen=True)
-class BuildTask:
-    task_id: int
-    kind: str  # HEURISTIC or CANDIDATE
-    query: bytes  # a serialized PlanQuery: the spec (normalized by the worker), its target and options
-    index: int = 0  # the candidate's
-
-
-@dataclass(frozen=True)
-class TaskResult:
-    task: BuildTask
-    heuristic: Heuristic | None = None
-    plan: BuiltPlan | None = None
-    error: str = ""
-    rejected: bool = False  # cuDNN refused the graph (or it ran past the budget): remembered, not retried
-    lost: bool = False  # the process building it died: worth another try elsewhere
-    gpu_lost: bool = False  # the process's CUDA context is gone (compiler.faults.GpuLost): so is its worker's
-    worker: str = ""  # which process built it, for logs
 
 
 class BuildPool(Protocol):
@@ -106,164 +76,16 @@ class BuildPool(Protocol):
     def close(self) -> None: ...
 
 
-# ---- frames ------------------------------------------------------------------------------
-
-
-def write_frame(stream: IO[bytes], header: dict[str, Any], payload: bytes = b"") -> None:
-    encoded = json.dumps(header).encode()
-    stream.write(_LENGTH.pack(len(encoded)) + encoded + _LENGTH.pack(len(payload)) + payload)
-    stream.flush()
-
-
-def read_frame(stream: IO[bytes]) -> tuple[dict[str, Any], bytes] | None:
-    """The next frame; None at the end of the stream."""
-    parts = []
-    for _ in range(2):
-        raw = _read_exactly(stream, _LENGTH.size)
-        if raw is None:
-            return None
-        (length,) = _LENGTH.unpack(raw)
-        if length > MAX_FRAME_BYTES:
-            raise ValueError(f"a frame of {length} bytes (at most {MAX_FRAME_BYTES})")
-        body = _read_exactly(stream, length)
-        if body is None:
-            return None
-        parts.append(body)
-    header = json.loads(parts[0])
-    if not isinstance(header, dict):
-        raise ValueError("a frame header that is not an object")
-    return header, parts[1]
-
-
-def _read_exactly(stream: IO[bytes], count: int) -> bytes | None:
-    chunks, remaining = [], count
-    while remaining:
-        chunk = stream.read(remaining)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
-
-
-# ---- what a task carries -----------------------------------------------------------------
-
-
-def task_query(spec: GraphSpec, target: pb.Target, options: CompileOptions) -> bytes:
-    return pb.PlanQuery(spec=spec_io.to_proto(spec), target=target, options=options.to_proto()).SerializeToString()
-
-
-def parse_task_query(query: bytes) -> tuple[GraphSpec, CompileOptions]:
-    parsed = pb.PlanQuery.FromString(query)
-    return normalize(spec_io.from_proto(parsed.spec)), CompileOptions.from_proto(parsed.options)
-
-
-def run_task(compiler: Compiler, task: BuildTask) -> TaskResult:
-    """One piece of a build, in this process (a build process, or a thread)."""
-    try:
-        spec, options = parse_task_query(task.query)
-        if task.kind == HEURISTIC:
-            return TaskResult(task, heuristic=compiler.heuristic(spec, options))
-        return TaskResult(task, plan=compiler.candidate(spec, options, task.index))
-    except CompileFailed as e:
-        return TaskResult(task, error=e.message, rejected=True)
-    except Exception as e:
-        fault = gpu_fault(e)
-        if isinstance(fault, GpuLost):  # the worker says it, once
-            return TaskResult(task, error=f"the GPU was lost: {fault}", gpu_lost=True)
-        if isinstance(fault, GpuOutOfMemory):  # the job fails with it; nothing remembered against the graph
-            return TaskResult(task, error=f"out of GPU memory: {fault}")
-        # A bug: reported with the task, the process goes on.
-        log.exception("build task %d (%s) failed", task.task_id, task.kind)
-        return TaskResult(task, error=f"{type(e).__name__}: {str(e)[:500]}")
-
-
-def encode_result(result: TaskResult) -> tuple[dict[str, Any], bytes]:
-    header: dict[str, Any] = {
-        "task": result.task.task_id,
-        "error": result.error,
-        "rejected": result.rejected,
-        "gpu_lost": result.gpu_lost,
-    }
-    blob = b""
-    if result.heuristic is not None:
-        h = result.heuristic
-        header["heuristic"] = {
-            "count": h.count,
-            "seconds": h.seconds,
-            "candidates": [asdict(c) for c in h.candidates],
-            "chosen": _plan_fields(h.chosen),
-            "listing": [asdict(c) for c in h.listing],
-            "untimed_reason": h.untimed_reason,
-        }
-        blob = h.chosen.blob
-    elif result.plan is not None:
-        header["plan"] = _plan_fields(result.plan)
-        blob = result.plan.blob
-    return header, blob
-
-
-def decode_result(task: BuildTask, header: dict[str, Any], blob: bytes, worker: str) -> TaskResult:
-    error, rejected = str(header.get("error") or ""), bool(header.get("rejected"))
-    if "heuristic" in header:
-        h = header["heuristic"]
-        heuristic = Heuristic(
-            _plan(h["chosen"], blob),
-            int(h["count"]),
-            float(h["seconds"]),
-            [_candidate(c) for c in h["candidates"]],
-            [_candidate(c) for c in h.get("listing", [])],
-            str(h.get("untimed_reason", "")),
-        )
-        return TaskResult(task, heuristic=heuristic, worker=worker)
-    if "plan" in header:
-        return TaskResult(task, plan=_plan(header["plan"], blob), worker=worker)
-    return TaskResult(
-        task,
-        error=error or "the build process answered nothing",
-        rejected=rejected,
-        gpu_lost=bool(header.get("gpu_lost")),
-        worker=worker,
-    )
-
-
-def _plan_fields(plan: BuiltPlan) -> dict[str, Any]:
-    fields = asdict(plan)
-    del fields["blob"]
-    fields["geometry"] = {
-        str(uid): [dims, strides] for uid, (dims, strides) in plan.geometry.items()
-    }  # JSON keys are strings
-    return fields
-
-
-def _plan(fields: dict[str, Any], blob: bytes) -> BuiltPlan:
-    geometry = {
-        int(uid): ([int(d) for d in g[0]], [int(s) for s in g[1]]) for uid, g in fields.get("geometry", {}).items()
-    }
-    knobs = {str(k): int(v) for k, v in fields["knobs"].items()}
-    return BuiltPlan(
-        blob=blob,
-        **{**fields, "knobs": knobs, "behavior_notes": tuple(fields.get("behavior_notes", ())), "geometry": geometry},
-    )
-
-
-def _candidate(fields: dict[str, Any]) -> CandidateResult:
-    return CandidateResult(
-        **{
-            **fields,
-            "knobs": {str(k): int(v) for k, v in fields.get("knobs", {}).items()},
-            "behavior_notes": tuple(fields.get("behavior_notes", ())),
-        }
-    )
-
-
 # ---- processes ---------------------------------------------------------------------------
 
 
 def death(code: int) -> str:
     """How a build process ended, as an operator reads it."""
     if code == -signal.SIGKILL:
-        return "was killed by SIGKILL (the kernel's out-of-memory killer does this when the host runs out of memory: see dmesg)"
+        return (
+            "was killed by SIGKILL (the kernel's out-of-memory killer does this "
+            "when the host runs out of memory: see dmesg)"
+        )
     if code < 0:
         return f"was killed by {signal.Signals(-code).name}"
     if code == EXIT_GPU_LOST:
@@ -359,7 +181,7 @@ class ProcessBuildPool:
         child.task, child.started = task, time.monotonic()
         try:
             assert child.proc.stdin is not None
-            write_frame(child.proc.stdin, {"task": task.task_id, "kind": task.kind, "index": task.index}, task.query)
+            write_frame(child.proc.stdin, *encode_task(task))
         except OSError as e:  # it died meanwhile: its stdout ends too, and the task comes back as lost
             log.warning("%s: could not send task %d: %s", child.name, task.task_id, e)
 
@@ -571,6 +393,3 @@ def default_pool_size(gpus: int, cores: int | None = None) -> int:
     one; each holds a CUDA context)."""
     cores = cores if cores is not None else (os.cpu_count() or 1)
     return max(1, min(8, cores // max(1, gpus) - 1))
-
-
-task_ids = itertools.count(1)

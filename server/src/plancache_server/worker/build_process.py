@@ -16,8 +16,9 @@ import os
 import signal
 import sys
 
-from plancache_server.worker.build_pool import BuildTask, encode_result, read_frame, run_task, write_frame
+from plancache_server.worker.build_tasks import decode_task, encode_result, run_task
 from plancache_server.worker.compiler.faults import EXIT_GPU_LOST
+from plancache_server.worker.frames import read_frame, write_frame
 
 log = logging.getLogger("plancache_server.worker.build_process")
 
@@ -68,8 +69,7 @@ def main() -> int:
     write_frame(frames, {"ready": True, "pid": os.getpid(), "target": compiler.target.id})
     stdin = sys.stdin.buffer
     while (frame := read_frame(stdin)) is not None:
-        header, payload = frame
-        task = BuildTask(int(header["task"]), str(header["kind"]), payload, int(header.get("index", 0)))
+        task = decode_task(*frame)
         result = run_task(compiler, task)
         write_frame(frames, *encode_result(result))
         if result.gpu_lost:  # nothing more can run in this process's CUDA context

@@ -5,8 +5,9 @@ The worker asks for an item only when no caller's heuristic plan waits or
 builds and one of its build processes beyond the first (kept for those
 plans) is free, so a real miss is never delayed by warming beyond one
 candidate build; a warm item's heuristic plan then goes before autotunings'
-candidates, its candidates after them (plancache_server.worker.worker.Lane). One
-worker warms a target at a time (a lease renewed by the worker's heartbeat).
+candidates, its candidates after them (plancache_server.worker.lanes.Lane;
+plancache_server.worker.warm_intake takes the items). One worker warms a
+target at a time (a lease renewed by the worker's heartbeat).
 
 On its own, a worker with no caller's heuristic plan for `auto_after_s`
 looks at the targets it serves: one with fewer stored plans than a sibling

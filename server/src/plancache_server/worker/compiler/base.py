@@ -13,6 +13,11 @@ autotuning (plancache_server.worker.build_pool, plancache_server.worker.worker):
 - `time_plans`: every built candidate deserialized and timed on the GPU,
   in one place, one at a time (timings stay honest).
 
+Every piece takes the build's PlanQuery (plancache.keys.query): its spec
+normalized once where the query was made (the worker's check of its job),
+its key made once, so that the pieces of one build in one process neither
+normalize nor hash the spec again.
+
 `compile_inline` runs the pieces one after another in one process (tools,
 benchmarks).
 """
@@ -25,8 +30,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
+from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
 
 # uid -> (dims, strides) of bound tensors whose geometry the spec leaves to cuDNN (read from the built graph).
@@ -119,15 +124,15 @@ class Compiler(Protocol):
     @property
     def target(self) -> Target: ...
 
-    def heuristic(self, spec: GraphSpec, options: CompileOptions) -> Heuristic:
+    def heuristic(self, query: PlanQuery) -> Heuristic:
         """The heuristic plan and the number of candidates (CompileFailed when none builds)."""
         ...
 
-    def candidate(self, spec: GraphSpec, options: CompileOptions, index: int) -> BuiltPlan:
+    def candidate(self, query: PlanQuery, index: int) -> BuiltPlan:
         """Candidate `index` built and serialized; one that does not build is returned with its error."""
         ...
 
-    def time_plans(self, spec: GraphSpec, options: CompileOptions, plans: Sequence[BuiltPlan]) -> list[CandidateResult]:
+    def time_plans(self, query: PlanQuery, plans: Sequence[BuiltPlan]) -> list[CandidateResult]:
         """Each built plan's GPU time, in the order given (an error for one that does not run)."""
         ...
 
@@ -228,20 +233,20 @@ def _with_build(timed: CandidateResult, plan: BuiltPlan | None) -> CandidateResu
     )
 
 
-def compile_inline(compiler: Compiler, spec: GraphSpec, options: CompileOptions) -> Iterator[CompiledPlan]:
+def compile_inline(compiler: Compiler, query: PlanQuery) -> Iterator[CompiledPlan]:
     """The plan as it gets better, every piece in this process, one after
     another: the heuristic plan (provisional when autotuning follows), then
     the autotuned plan. An error raised after the provisional plan is the
     autotuning's."""
-    heuristic = compiler.heuristic(spec, options)
-    if not tunes(options, heuristic):
+    heuristic = compiler.heuristic(query)
+    if not tunes(query.options, heuristic):
         yield heuristic_plan(heuristic, provisional=False)
         return
     yield heuristic_plan(heuristic, provisional=True)
-    others = [compiler.candidate(spec, options, i) for i in range(heuristic.count) if i != heuristic.chosen.index]
+    others = [compiler.candidate(query, i) for i in range(heuristic.count) if i != heuristic.chosen.index]
     built = sorted([heuristic.chosen, *(p for p in others if p.built)], key=lambda p: p.index)
     started = time.perf_counter()
-    timed = compiler.time_plans(spec, options, built)
+    timed = compiler.time_plans(query, built)
     plan = tuned_plan(
         heuristic,
         built,

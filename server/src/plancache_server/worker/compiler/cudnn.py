@@ -30,10 +30,9 @@ from plancache.frontend_graph.defects import check_known_defects
 from plancache.frontend_graph.plan_list import first_index, make_plan_list, resolved_geometry
 from plancache.gpu.stack import load_math_libraries, torch_dtype
 from plancache.gpu.target import detect_target
-from plancache.graphspec.canonical import hash_normalized
 from plancache.graphspec.graph import GraphSpec
 from plancache.graphspec.validation import storage_elements
-from plancache.keys.options import CompileOptions
+from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
 from plancache_server.settings import AUTOTUNE_STRATEGIES
 from plancache_server.worker.compiler.base import (
@@ -72,7 +71,7 @@ class CudnnCompiler:
         # job (GPU run 12: its first plan came 1.1 s after the request, the
         # next ones every ~75 ms).
         load_math_libraries(device)
-        self._graphs: dict[tuple[str, str], Any] = {}
+        self._graphs: dict[str, Any] = {}  # by plan key
 
     @property
     def target(self) -> Target:
@@ -125,19 +124,20 @@ class CudnnCompiler:
 
     # ---- the pieces of a build (compiler/base.py) ---------------------------------
 
-    def compile(self, spec: GraphSpec, options: CompileOptions) -> CompiledPlan:
+    def compile(self, query: PlanQuery) -> CompiledPlan:
         """The final plan, every piece in this process (tools and benchmarks)."""
-        *_, final = compile_inline(self, spec, options)
+        *_, final = compile_inline(self, query)
         return final
 
-    def compile_phases(self, spec: GraphSpec, options: CompileOptions) -> Iterator[CompiledPlan]:
-        return compile_inline(self, spec, options)
+    def compile_phases(self, query: PlanQuery) -> Iterator[CompiledPlan]:
+        return compile_inline(self, query)
 
-    def heuristic(self, spec: GraphSpec, options: CompileOptions) -> Heuristic:
+    def heuristic(self, query: PlanQuery) -> Heuristic:
         """The plan the program's own build would run: the first entry of its
         plan list that builds (its selected plan, strictly, if it selected one)."""
         started = time.perf_counter()
-        g = self._planned(spec, options)
+        spec, options = query.spec, query.options
+        g = self._planned(query)
         count = g.get_execution_plan_count()
         listing = [describe(g, i) for i in range(count)]
         untimed = timing_inputs(spec).untimeable
@@ -150,19 +150,20 @@ class CudnnCompiler:
             failures.append(plan.untimed())
         reasons = "; ".join(f"plan {f.index}: {f.error}" for f in failures)
         raise CompileFailed(
-            f"cuDNN could not build {'the selected plan' if options.selected_plan is not None else 'any plan'} on {self._target.id}: {reasons[:1000]}"
+            f"cuDNN could not build {'the selected plan' if options.selected_plan is not None else 'any plan'} "
+            f"on {self._target.id}: {reasons[:1000]}"
         )
 
-    def candidate(self, spec: GraphSpec, options: CompileOptions, index: int) -> BuiltPlan:
-        g = self._planned(spec, options)
+    def candidate(self, query: PlanQuery, index: int) -> BuiltPlan:
+        g = self._planned(query)
         count = g.get_execution_plan_count()
         if index >= count:  # the heuristics gave this process fewer candidates than the heuristic build saw
             return BuiltPlan(
                 index, b"", f"plan {index}", -1, {}, 0, False, error=f"cuDNN offers {count} plans here, not {index + 1}"
             )
-        return self._build(g, index, spec)
+        return self._build(g, index, query.spec)
 
-    def time_plans(self, spec: GraphSpec, options: CompileOptions, plans: Sequence[BuiltPlan]) -> list[CandidateResult]:
+    def time_plans(self, query: PlanQuery, plans: Sequence[BuiltPlan]) -> list[CandidateResult]:
         """Each plan deserialized (as a node would) and timed on this GPU with
         random inputs, by this process's strategy (compiler/timing.py)."""
         graphs: list[Any] = []
@@ -179,7 +180,7 @@ class CudnnCompiler:
                 continue
             graphs.append(g)
             loaded.append(plan)
-        bindings = self.random_bindings(spec, next((p.geometry for p in loaded if p.geometry), {}))
+        bindings = self.random_bindings(query.spec, next((p.geometry for p in loaded if p.geometry), {}))
         workspace = torch.empty(max([1, *(p.workspace_size for p in loaded)]), device=self._device, dtype=torch.uint8)
         launches = [functools.partial(g.execute, bindings, workspace, handle=self._handle) for g in graphs]
         for plan, t in zip(
@@ -188,23 +189,23 @@ class CudnnCompiler:
             results[plan.index] = CandidateResult(plan.index, plan.plan_name, plan.engine_id, t.ms, t.error, t.method)
         return [results[p.index] for p in plans]
 
-    def _planned(self, spec: GraphSpec, options: CompileOptions) -> Any:
+    def _planned(self, query: PlanQuery) -> Any:
         """The graph with its execution plans chosen (not built), kept for
         the next pieces of the same build: a build process asked for several
-        candidates of one graph makes it once."""
-        key = (hash_normalized(spec), options.id)
-        g = self._graphs.pop(key, None)
+        candidates of one graph makes it once (by the query's key, made once
+        per query: plancache_server.worker.build_tasks keeps the queries)."""
+        g = self._graphs.pop(query.key, None)
         if g is None:
-            g = self._make_plans(spec, options)
-        self._graphs[key] = g
+            g = self._make_plans(query)
+        self._graphs[query.key] = g
         while len(self._graphs) > GRAPHS_KEPT:
             self._graphs.pop(next(iter(self._graphs)))
         return g
 
-    def _make_plans(self, spec: GraphSpec, options: CompileOptions) -> Any:
-        check_known_defects(spec, self._target)
-        g = self.graph(spec)
-        make_plan_list(g, cudnn, options, self._target.id)
+    def _make_plans(self, query: PlanQuery) -> Any:
+        check_known_defects(query.spec, self._target)
+        g = self.graph(query.spec)
+        make_plan_list(g, cudnn, query.options, self._target.id)
         return g
 
     def _build(self, g: Any, index: int, spec: GraphSpec) -> BuiltPlan:

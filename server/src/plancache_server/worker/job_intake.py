@@ -1,0 +1,136 @@
+"""How a worker takes callers' jobs from its targets' streams, and hands back
+the ones it never started when it stops.
+
+Jobs are new ones or those of workers that died mid-build; each one is
+checked (plancache_server.worker.verified_job), then refused, found stored,
+given up after too many attempts, joined to the warm build of its plan, or
+started.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from plancache.errors import InvalidRequest
+from plancache.keys.target import Target
+from plancache_server import telemetry
+from plancache_server.store.build_records import BuildRecorder
+from plancache_server.store.jobs import Delivery
+from plancache_server.store.plans import RedisPlanStore
+from plancache_server.worker.held_builds import Build, HeldBuilds
+from plancache_server.worker.verified_job import verify_job
+from plancache_server.worker.worker_log import log
+from plancache_server.worker.worker_queue import WorkerQueue
+
+# How often a worker looks for jobs of dead workers.
+RECLAIM_CHECK_S = 0.5
+
+
+class JobIntake:
+    """The jobs of one worker (`worker_id`, building for `target` and the `served` targets)."""
+
+    def __init__(
+        self,
+        queue: WorkerQueue,
+        builds: BuildRecorder,
+        store: RedisPlanStore,
+        worker_id: str,
+        target: Target,
+        served: list[Target],
+        claim_idle_s: float,
+        max_attempts: int,
+    ) -> None:
+        """`claim_idle_s`: a job pending this long in another worker's hands is
+        taken; `max_attempts`: a job taken more often than this is given up."""
+        self._queue = queue
+        self._builds = builds
+        self._store = store
+        self._worker_id = worker_id
+        self._target = target
+        self._served = served
+        self._claim_idle_ms = int(claim_idle_s * 1000)
+        self._max_attempts = max_attempts
+        self._next_reclaim = 0.0
+
+    def take(
+        self,
+        room: int,
+        idle: bool,
+        held: HeldBuilds,
+        start: Callable[[Build], None],
+        promote: Callable[[Build, Delivery], None],
+    ) -> None:
+        """Up to `room` jobs, new ones first (blocking up to half a second
+        when the worker is `idle`), then jobs of dead workers; each one
+        started (`start`), joined to a warm build of its plan (`promote`) or
+        answered at once."""
+        deliveries = self._queue.read(self._worker_id, self._served, block_ms=500 if idle else None, count=room)
+        if not deliveries and time.monotonic() >= self._next_reclaim:
+            # Jobs whose worker died mid-build: its heartbeat expired
+            # (at once), or it went silent past claim_idle.
+            deliveries = self._queue.reclaim(self._worker_id, self._served, self._claim_idle_ms)
+            self._next_reclaim = time.monotonic() + RECLAIM_CHECK_S
+        for delivery in deliveries:
+            self._accept(delivery, held, start, promote)
+
+    def hand_back(self, unstarted: list[Build], held: HeldBuilds) -> None:
+        """Stopping: jobs taken but not started go back to their stream for
+        the next worker, warming items to their plan."""
+        for build in unstarted:
+            log.info("job %s: handed back unstarted (this worker is stopping)", build.job.job_id)
+            for delivery in build.deliveries:
+                self._queue.hand_back(delivery)
+            if build.delivery is None:
+                # Warming: the item stays in flight; the next holder of the target's lease builds it.
+                self._builds.release(build.job.plan_key, build.job.job_id)
+            held.forget(build)
+
+    def _accept(
+        self,
+        delivery: Delivery,
+        held: HeldBuilds,
+        start: Callable[[Build], None],
+        promote: Callable[[Build, Delivery], None],
+    ) -> None:
+        job = delivery.job
+        if job is None:
+            self._queue.ack(delivery)
+            return
+        try:
+            verified = verify_job(job, self._served)
+        except InvalidRequest as e:
+            # Anyone who can write to Redis can add a job: it is refused, and
+            # the plan it names (its lease, its state) is left alone.
+            reason = f"refused job {job.job_id[:64]}: {e.message}"
+            log.error("worker %s: %s", self._worker_id, reason)
+            telemetry.BUILDS.labels(self._target.id, "refused").inc()
+            self._builds.record_refusal(job.plan_key, self._worker_id, reason)
+            self._queue.ack(delivery)
+            return
+        warming = held.warm_build_of(verified.plan_key)
+        if warming is not None:
+            promote(warming, delivery)
+            return
+        stored = self._store.get(job.plan_key)
+        if stored is not None and not stored.metadata.provisional:
+            log.info("job %s: plan %s already stored", job.job_id, job.plan_key)
+            self._builds.finish(job.plan_key, job.job_id, self._worker_id)
+            self._queue.ack(delivery)
+            return
+        if delivery.attempts > self._max_attempts:
+            reason = (
+                f"gave up after {delivery.attempts - 1} attempts: "
+                "every worker that took this build stopped answering mid-build"
+            )
+            log.error("job %s (%s): %s", job.job_id, job.plan_key, reason)
+            self._builds.finish(job.plan_key, job.job_id, self._worker_id, error=reason)
+            self._queue.ack(delivery)
+            return
+        if delivery.attempts > 1:
+            log.warning(
+                "job %s: reclaimed (attempt %d) from a worker that stopped answering", job.job_id, delivery.attempts
+            )
+        self._builds.mark_running(job.plan_key, job.job_id, self._worker_id)
+        self._builds.renew(job.plan_key, job.job_id)
+        start(Build(delivery, job, verified))

@@ -1,0 +1,100 @@
+"""The pieces of builds that wait for a build process, and the order a free
+process takes them in.
+
+By lane first (a caller's heuristic plan, then warming's, then the
+candidates of callers' autotunings, then warming's), then by the build's
+acceptance (older builds' candidates go first), then by candidate.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from plancache_server.worker.build_tasks import BuildTask
+
+if TYPE_CHECKING:
+    from plancache_server.worker.held_builds import Build
+
+
+class Lane(enum.IntEnum):
+    """What a free build process takes first (the lowest lane)."""
+
+    HEURISTIC = 0  # a job's first plan: someone waits for it
+    # Warming: a plan nobody asked for yet (plancache_server.worker.warm_runner). Its
+    # first plan goes before the candidates of an autotuning: a stored plan
+    # serves the nodes that come next, a tuned one a few percent better
+    # (bench/upgrade.py: with warming behind every autotuning, a rollout's
+    # misses kept it from running at all).
+    WARM_HEURISTIC = 1
+    CANDIDATE = 2  # a candidate of an autotuning
+    WARM_CANDIDATE = 3
+
+
+# The lanes of a build's first piece, its heuristic plan: what a stopping worker hands back unstarted.
+FIRST_LANES = (Lane.HEURISTIC, Lane.WARM_HEURISTIC)
+
+
+@dataclass(order=True)
+class QueuedPiece:
+    """One piece of a build in its lane (and, once submitted, while it builds).
+    Ordered by its lane, its build's acceptance, its candidate's index, then
+    its task's id (unique: no two pieces are ever equal)."""
+
+    lane: Lane
+    build_seq: int
+    index: int
+    task_id: int
+    task: BuildTask = field(compare=False)
+    build: Build = field(compare=False)
+
+
+class Lanes:
+    """The pieces waiting for a build process: a heap, the lowest first."""
+
+    def __init__(self) -> None:
+        self._heap: list[QueuedPiece] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def push(self, lane: Lane, build: Build, task: BuildTask) -> None:
+        heapq.heappush(self._heap, QueuedPiece(lane, build.seq, task.index, task.task_id, task, build))
+
+    def next_lane(self) -> Lane | None:
+        """The lane of the piece that goes next (None when none waits)."""
+        return self._heap[0].lane if self._heap else None
+
+    def pop(self) -> QueuedPiece:
+        """The piece that goes next (there must be one)."""
+        return heapq.heappop(self._heap)
+
+    def count(self, lane: Lane) -> int:
+        return sum(1 for piece in self._heap if piece.lane == lane)
+
+    def take_of(self, build: Build) -> list[QueuedPiece]:
+        """The pieces of `build`, taken out (in the order they would have gone)."""
+        return self._take(lambda piece: piece.build is build)
+
+    def take_unstarted(self) -> list[Build]:
+        """The builds whose first piece waits, their pieces taken out (those
+        waiting for candidates stay, to be finished)."""
+        return [piece.build for piece in self._take(lambda piece: piece.lane in FIRST_LANES)]
+
+    def relane(self, build: Build) -> None:
+        """A warm build a caller now asks for: its pieces move to its lanes now (the callers')."""
+        heuristic, candidate = build.lanes
+        for piece in self._take(lambda piece: piece.build is build):
+            self.push(heuristic if piece.lane == Lane.WARM_HEURISTIC else candidate, build, piece.task)
+
+    def clear(self) -> None:
+        self._heap.clear()
+
+    def _take(self, which: Callable[[QueuedPiece], bool]) -> list[QueuedPiece]:
+        taken = sorted(piece for piece in self._heap if which(piece))
+        self._heap = [piece for piece in self._heap if not which(piece)]
+        heapq.heapify(self._heap)
+        return taken

@@ -1,0 +1,92 @@
+"""A worker's lanes (plancache_server.worker.lanes): the order a free build
+process takes pieces in, what a stopping worker hands back, a promoted warm
+build's pieces moving to the callers' lanes; and a build process's view of
+a task's query (plancache_server.worker.build_tasks): parsed once per bytes,
+not normalized again."""
+
+from __future__ import annotations
+
+from plancache.keys.query import PlanQuery
+from plancache_server.store.jobs import Job
+from plancache_server.worker.build_tasks import CANDIDATE, HEURISTIC, BuildTask, task_plan_query, task_query
+from plancache_server.worker.held_builds import Build
+from plancache_server.worker.lanes import Lane, Lanes
+from plancache_server.worker.verified_job import VerifiedJob
+from plancache_server.worker.warm_runner import WarmRef
+from tests.support.specs import matmul_spec
+from tests.support.standin import STANDIN_TARGET as TARGET
+
+_task_ids = iter(range(1, 1000))
+
+
+def _build(m: int, warm: bool = False) -> Build:
+    query = PlanQuery.of(matmul_spec(m=m), TARGET)
+    job = Job(job_id=f"job-{m}", plan_key=query.key, query=query.proto)
+    return Build(None, job, VerifiedJob(query), warm=WarmRef(TARGET.id, m) if warm else None)
+
+
+def _push(lanes: Lanes, lane: Lane, build: Build, kind: str, index: int) -> None:
+    lanes.push(lane, build, BuildTask(next(_task_ids), kind, build.query, index))
+
+
+def _drain(lanes: Lanes) -> list[tuple[Lane, str, int]]:
+    order = []
+    while lanes:
+        piece = lanes.pop()
+        order.append((piece.lane, piece.build.job.job_id, piece.index))
+    return order
+
+
+def test_pieces_go_by_lane_then_by_the_builds_acceptance_then_by_candidate() -> None:
+    older, newer, warming = _build(16), _build(32), _build(48, warm=True)
+    lanes = Lanes()
+    _push(lanes, Lane.CANDIDATE, newer, CANDIDATE, 1)
+    _push(lanes, Lane.WARM_CANDIDATE, warming, CANDIDATE, 1)
+    _push(lanes, Lane.CANDIDATE, older, CANDIDATE, 2)
+    _push(lanes, Lane.CANDIDATE, older, CANDIDATE, 1)
+    _push(lanes, Lane.WARM_HEURISTIC, warming, HEURISTIC, 0)
+    _push(lanes, Lane.HEURISTIC, newer, HEURISTIC, 0)
+    assert lanes.next_lane() == Lane.HEURISTIC and lanes.count(Lane.CANDIDATE) == 3
+    assert _drain(lanes) == [
+        (Lane.HEURISTIC, "job-32", 0),
+        (Lane.WARM_HEURISTIC, "job-48", 0),
+        (Lane.CANDIDATE, "job-16", 1),
+        (Lane.CANDIDATE, "job-16", 2),
+        (Lane.CANDIDATE, "job-32", 1),
+        (Lane.WARM_CANDIDATE, "job-48", 1),
+    ]
+    assert lanes.next_lane() is None
+
+
+def test_a_stopping_worker_takes_back_the_builds_whose_first_piece_waits() -> None:
+    tuning, waiting, warm = _build(16), _build(32), _build(48, warm=True)
+    lanes = Lanes()
+    _push(lanes, Lane.CANDIDATE, tuning, CANDIDATE, 1)
+    _push(lanes, Lane.HEURISTIC, waiting, HEURISTIC, 0)
+    _push(lanes, Lane.WARM_HEURISTIC, warm, HEURISTIC, 0)
+    assert lanes.take_unstarted() == [waiting, warm]
+    assert _drain(lanes) == [(Lane.CANDIDATE, "job-16", 1)]
+
+
+def test_a_promoted_warm_build_moves_to_the_callers_lanes() -> None:
+    other, warm = _build(16), _build(48, warm=True)  # the warm build accepted after the other
+    lanes = Lanes()
+    _push(lanes, Lane.WARM_CANDIDATE, warm, CANDIDATE, 1)
+    _push(lanes, Lane.WARM_HEURISTIC, warm, HEURISTIC, 0)
+    _push(lanes, Lane.CANDIDATE, other, CANDIDATE, 1)
+    warm.promoted.append(object())  # type: ignore[arg-type]  # a caller's delivery
+    lanes.relane(warm)
+    assert _drain(lanes) == [
+        (Lane.HEURISTIC, "job-48", 0),
+        (Lane.CANDIDATE, "job-16", 1),
+        (Lane.CANDIDATE, "job-48", 1),
+    ]
+
+
+def test_a_task_query_is_the_workers_query_parsed_once_per_bytes() -> None:
+    query = PlanQuery.of(matmul_spec(m=80, name="task-query"), TARGET)
+    data = task_query(query)
+    parsed = task_plan_query(data)
+    assert task_plan_query(bytes(bytearray(data))) is parsed  # equal bytes: the same query, not parsed again
+    assert parsed.key == query.key and parsed.spec_hash == query.spec_hash
+    assert parsed.target == query.target and parsed.options.id == query.options.id
