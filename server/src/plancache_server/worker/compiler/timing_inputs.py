@@ -58,7 +58,10 @@ def _unknown_integer_input(node: Node, index: int) -> str:
     known = {*schema.integer_bounds, *schema.index_bounds, *schema.integer_inputs}
     for port, t in node.inputs.items():
         if port not in known and t.data_type in dtypes.INTEGER_TYPES and not t.is_pass_by_value:
-            return f"node {index} ({node.name or node.op}): integer input {port!r} may steer memory accesses, and plancache has no rule for its values"
+            return (
+                f"node {index} ({node.name or node.op}): integer input {port!r} may steer memory accesses, "
+                "and plancache has no rule for its values"
+            )
     return ""
 
 
