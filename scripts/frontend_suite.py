@@ -469,9 +469,15 @@ class Suite:
 
     def run(self) -> dict[str, Any]:
         phases = self.config.phases
+        # Imported here, before the native phase's thread starts: two threads importing one package from
+        # different ends (plancache from the top, plancache_server.* through plancache.keys.target) deadlock on
+        # Python's module locks (GPU run 26: the native phase died with _DeadlockError).
+        import plancache_server.store.embedded_redis  # noqa: F401
+        import tests.support.processes  # noqa: F401
+
         beside: threading.Thread | None = None
         if "native" in phases and self.config.parallel:
-            beside = threading.Thread(target=self.phase, args=("native", None), name="native")
+            beside = threading.Thread(target=self.native_beside, name="native")
             beside.start()
         elif "native" in phases:
             self.phase("native", None)
@@ -484,6 +490,15 @@ class Suite:
         if beside is not None:
             beside.join()
         return self.save()
+
+    def native_beside(self) -> None:
+        """The native phase in its thread: a crash is the report's error (and the exit status), not a
+        traceback on stderr and a phase missing from the table."""
+        try:
+            self.phase("native", None)
+        except Exception as e:
+            self.meta["error"] = f"native phase: {type(e).__name__}: {e}"
+            print(f"--- native phase ended early: {self.meta['error']}", flush=True)
 
     def plancache_phases(self) -> None:
         with deployment(self.config.work, self.config.logs) as dep:

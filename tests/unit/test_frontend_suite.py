@@ -775,3 +775,24 @@ def test_a_native_phase_runs_the_frontend_s_own_conftest_and_writes_the_report(
     assert written["source"]["commit"] == "abc123"
     assert (out / "frontend-suite.md").read_text().startswith("# The cuDNN frontend's own tests")
     assert "native" in capsys.readouterr().out.splitlines()[-1]  # the summary table ends the output
+
+
+def test_a_native_phase_that_crashes_in_its_thread_is_the_run_s_error_not_a_missing_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GPU run 26: the native phase's thread died on an import deadlock; the report showed two phases and
+    # exited as if native had never been asked for.
+    suite_dir = _fake_suite(
+        tmp_path / "suite", {"test/python/conftest.py": "import cudnn\n", "test/python/test_a.py": "import cudnn\n"}
+    )
+
+    def crash(self: Any, phase: str, dep: Any) -> Any:
+        raise RuntimeError(f"{phase} could not start")
+
+    monkeypatch.setattr(suite.Suite, "phase", crash)
+    out = tmp_path / "out"
+    argv = ["--suite", str(suite_dir), "--out", str(out), "--work", str(tmp_path / "work")]
+    assert suite.main([*argv, "--tests", "test_a", "--phases", "native", "--parallel"]) == 2
+    written = json.loads((out / "frontend-suite.json").read_text())
+    assert written["error"] == "native phase: RuntimeError: native could not start"
+    assert "**The run ended early: native phase: RuntimeError" in (out / "frontend-suite.md").read_text()
