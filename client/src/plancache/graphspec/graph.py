@@ -374,6 +374,11 @@ class GraphSpec:
     def from_json(cls, text: str) -> GraphSpec:
         return CODECS.from_json(text)
 
+    @classmethod
+    def from_dict(cls, data: Any) -> GraphSpec:
+        """The spec of a JSON form already parsed (json.load's dict), checked as from_json checks it."""
+        return CODECS.from_dict(data)
+
     def tensor_by_uid(self) -> dict[int, Tensor]:
         return {t.uid: t for t in self.tensors if t.uid is not None}
 
@@ -385,6 +390,7 @@ class Codecs:
     spec_hash: Callable[[GraphSpec], str]
     to_json: Callable[[GraphSpec, int | None], str]
     from_json: Callable[[str], GraphSpec]
+    from_dict: Callable[[Any], GraphSpec]
     from_pygraph: Callable[[Any], GraphSpec]
 
 
