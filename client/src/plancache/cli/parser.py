@@ -136,7 +136,7 @@ def _with_server(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--server",
         default=os.environ.get("PLANCACHE_SERVER", "127.0.0.1:50051"),
-        help="host:port (env PLANCACHE_SERVER)",
+        help="host:port, or a host alone for port 50051 (env PLANCACHE_SERVER)",
     )
     p.add_argument("--timeout", type=float, default=None, help="seconds for this call")
     p.add_argument(

@@ -88,7 +88,8 @@ class Client:
         local_builder: LocalBuilder | None = None,
         report: bool | None = None,
     ) -> None:
-        """`server` is "host:port" (an insecure channel is opened and owned)
+        """`server` is "host:port" (an insecure channel is opened and owned;
+        a host alone is port 50051, plancache-server's default, warned once)
         or a grpc.Channel the caller configured and keeps owning. `cache`:
         the disk cache (default: one under the XDG cache folder; False: none);
         plans it holds are verified and cost no network call.

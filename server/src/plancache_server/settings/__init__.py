@@ -10,7 +10,8 @@ is declared (declare), the settings grouped by concern (groups), what the
 declarations give (command_line).
 
 Owns: the settings' declarations and everything read from them (flags, environment, defaults, the README's table).
-May import: plancache.graphspec, plancache.trust, plancache_server.settings.
+May import: plancache.errors, plancache.graphspec, plancache.trust, plancache.addresses, plancache.env,
+plancache_server.settings.
 """
 
 from plancache_server.settings.command_line import (

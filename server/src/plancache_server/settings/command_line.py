@@ -43,7 +43,7 @@ def parser(program: str) -> argparse.ArgumentParser:
         else:
             try:
                 default = option.parse(env) if env is not None else getattr(defaults, name)
-            except ValueError as e:
+            except (ValueError, argparse.ArgumentTypeError) as e:
                 p.error(f"PLANCACHE_{option.env}={env!r} (the environment's {option.flag}): {e}")
             p.add_argument(option.flag, dest=name, type=option.parse, default=default, help=help_text)
     if program == WORKER:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from plancache.addresses import grpc_target
+from plancache.errors import InvalidRequest
 
 SERVER, WORKER = "server", "worker"
 # How a worker times candidate plans (plancache_server.worker.compiler.timing says how each works).
@@ -75,6 +79,14 @@ def parse_autotune_strategy(text: str) -> str:
     if text not in AUTOTUNE_STRATEGIES:
         raise ValueError(f"expected one of {', '.join(AUTOTUNE_STRATEGIES)}")
     return text
+
+
+def parse_listen(text: str) -> str:
+    """A gRPC listen address: host:port (port 0: any free one); a host alone listens on 50051, warned once."""
+    try:
+        return grpc_target(text, listening=True)
+    except InvalidRequest as e:
+        raise argparse.ArgumentTypeError(e.message) from None  # argparse shows its message, as the environment's
 
 
 def parse_port(text: str) -> int:
