@@ -10,6 +10,7 @@ plancache invalidate (--key KEY | --spec-hash H | --target T) --server HOST:PORT
 plancache explain SPEC.json --server HOST:PORT [--target T]
 plancache keygen --out DIR
 plancache hash SPEC.json
+plancache ops [OP]
 
 The arguments (parser), a node's commands (node), an operator's, which go
 through client.admin (admin), what the commands naming a plan share

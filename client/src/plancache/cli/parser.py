@@ -129,6 +129,9 @@ def parser() -> argparse.ArgumentParser:
 
     hash_ = sub.add_parser("hash", help="validate a spec and print its hash")
     hash_.add_argument("spec", type=Path)
+
+    ops = sub.add_parser("ops", help="the ops a spec may use, or one op's ports, outputs and attributes")
+    ops.add_argument("op", nargs="?", help="an op's name (default: list them all)")
     return parser
 
 

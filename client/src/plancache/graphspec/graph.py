@@ -24,6 +24,7 @@ from typing import Any
 from plancache import dtypes
 from plancache.errors import SpecError
 from plancache.graphspec.ops import CATALOG, AttrValue, OpSchema
+from plancache.graphspec.suggest import did_you_mean, unknown_op
 
 
 def shown(text: str, limit: int = 64) -> str:
@@ -339,7 +340,9 @@ class GraphSpec:
         # Every other catalog op (add, relu, gelu, bias, ...) under its frontend name.
         if op in CATALOG:
             return lambda *args, **kwargs: self._single(op, *args, **kwargs)
-        raise AttributeError(op)
+        if op.startswith("_"):  # copy, pickle and hasattr probe these: no suggestion to compute
+            raise AttributeError(op)
+        raise AttributeError(f"GraphSpec has no method or op {op!r}{did_you_mean(op, (*CATALOG, *_METHODS))}")
 
     # ---- whole-spec helpers -----------------------------------------------
 
@@ -383,6 +386,10 @@ class GraphSpec:
         return {t.uid: t for t in self.tensors if t.uid is not None}
 
 
+# GraphSpec's own methods, suggested beside the catalog's ops for a name it has neither of.
+_METHODS = tuple(name for name in vars(GraphSpec) if not name.startswith("_"))
+
+
 class Codecs:
     """What GraphSpec's convenience methods call: the canonical hash, the JSON
     form and the frontend capture, installed by plancache.graphspec."""
@@ -421,5 +428,5 @@ def _flatten_dropout(op: str, kwargs: dict[str, Any]) -> None:
 def _schema(op: str, where: str) -> OpSchema:
     schema = CATALOG.get(op)
     if schema is None:
-        raise SpecError(f"{where}: unknown op {op!r} (known: {', '.join(sorted(CATALOG))})")
+        raise SpecError(f"{where}: {unknown_op(op, CATALOG)}")
     return schema
