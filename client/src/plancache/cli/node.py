@@ -172,8 +172,8 @@ def list_ops(args: argparse.Namespace) -> int:
     if args.op is None:
         width = max(map(len, CATALOG))
         for name in sorted(CATALOG):
-            schema = CATALOG[name]
-            print(f"{name:<{width}}  {schema.family:<16}  {', '.join(schema.inputs)}".rstrip())
+            listed = CATALOG[name]
+            print(f"{name:<{width}}  {listed.family:<16}  {', '.join(listed.inputs)}".rstrip())
         return 0
     schema = CATALOG.get(args.op)
     if schema is None:
