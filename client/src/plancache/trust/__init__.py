@@ -4,5 +4,5 @@ question (answers), bundles of plans (bundle), the verified disk cache
 
 Owns: deciding whether bytes from elsewhere may be deserialized.
 May import: plancache.errors, plancache.log_limits, plancache.dtypes, plancache.v1, plancache.graphspec,
-plancache.keys, plancache.run, plancache.trust.
+plancache.keys, plancache.run, plancache.trust, plancache.env.
 """

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from google.protobuf.message import DecodeError
 
+from plancache.env import env_bool
 from plancache.errors import InvalidRequest, UntrustedPlan
 from plancache.v1 import plancache_pb2 as pb
 
@@ -138,7 +139,7 @@ class TrustPolicy:
         if not sources and os.environ.get(TRUSTED_KEYS_ENV):
             sources = list(key_paths(os.environ[TRUSTED_KEYS_ENV]))
         if allow_unsigned is None:
-            allow_unsigned = os.environ.get("PLANCACHE_ALLOW_UNSIGNED") == "1"
+            allow_unsigned = env_bool("PLANCACHE_ALLOW_UNSIGNED", False)
         keys = {key_id(k): k for k in map(load_public_key, sources)}
         return cls(keys, allow_unsigned, holder)
 

@@ -8,6 +8,8 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
 
+from plancache.env import env_bool
+from plancache.errors import InvalidRequest
 from plancache_server.settings.declare import SERVER, WORKER, Option
 from plancache_server.settings.groups import Settings
 
@@ -33,13 +35,11 @@ def parser(program: str) -> argparse.ArgumentParser:
             f"; default {option.shown_default})" if option.shown_default else ")"
         )
         if option.is_switch:
-            p.add_argument(
-                option.flag,
-                dest=name,
-                action="store_true",
-                default=env == "1" if env is not None else getattr(defaults, name),
-                help=help_text,
-            )
+            try:  # plancache.env's words: PLANCACHE_UNSIGNED=true is on, =maybe a start-up error
+                default = env_bool(f"PLANCACHE_{option.env}", getattr(defaults, name))
+            except InvalidRequest as e:
+                p.error(f"{e.message} (the environment's {option.flag})")
+            p.add_argument(option.flag, dest=name, action="store_true", default=default, help=help_text)
         else:
             try:
                 default = option.parse(env) if env is not None else getattr(defaults, name)

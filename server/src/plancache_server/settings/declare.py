@@ -33,7 +33,7 @@ class Option:
     programs: frozenset[str]
     # Handed on to the `plancache-worker` processes a server starts.
     to_workers: bool
-    is_switch: bool  # a flag without a value (env "1" turns it on)
+    is_switch: bool  # a flag without a value (its variable takes plancache.env's words: 1/0, true/false, ...)
     shown_default: str  # in --help and the README ("" for none)
 
 
