@@ -18,7 +18,7 @@ through client.admin (admin), what the commands naming a plan share
 
 Owns: the `plancache` command: its arguments, what each command prints, its exit codes.
 May import: plancache.errors, plancache.graphspec, plancache.keys, plancache.run, plancache.transport,
-plancache.trust, plancache.gpu.
+plancache.trust, plancache.gpu, plancache.versions.
 """
 
 from plancache.cli.entry import main

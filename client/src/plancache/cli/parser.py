@@ -7,9 +7,12 @@ import argparse
 import os
 from pathlib import Path
 
+from plancache.versions import add_version
+
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="plancache", description="Compile once per GPU kind, fetch everywhere.")
+    add_version(parser, "plancache", "plancache")
     sub = parser.add_subparsers(dest="command", required=True)
     compile_ = sub.add_parser("compile", help="compile (or fetch) the plan for a spec")
     compile_.add_argument("spec", type=Path)

@@ -11,7 +11,7 @@ declarations give (command_line).
 
 Owns: the settings' declarations and everything read from them (flags, environment, defaults, the README's table).
 May import: plancache.errors, plancache.graphspec, plancache.trust, plancache.addresses, plancache.env,
-plancache_server.settings.
+plancache.versions, plancache_server.settings.
 """
 
 from plancache_server.settings.command_line import (

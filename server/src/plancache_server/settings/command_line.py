@@ -10,6 +10,7 @@ from dataclasses import fields
 
 from plancache.env import env_bool
 from plancache.errors import InvalidRequest
+from plancache.versions import add_version
 from plancache_server.settings.declare import SERVER, WORKER, Option
 from plancache_server.settings.groups import Settings
 
@@ -28,6 +29,7 @@ def parser(program: str) -> argparse.ArgumentParser:
         WORKER: "Build and autotune plans on local GPUs for a plancache deployment.",
     }
     p = argparse.ArgumentParser(prog=f"plancache-{program}", description=description[program])
+    add_version(p, f"plancache-{program}", "plancache-server", stack=True)
     defaults = Settings()
     for name, option in options(program):
         env = os.environ.get(f"PLANCACHE_{option.env}")
