@@ -66,6 +66,7 @@ def test_grafana_dashboard_queries_metrics_that_exist() -> None:
         telemetry.FLEET_GRAPHS,
         telemetry.FLEET_RACES,
         telemetry.UNTRUSTED_BUILDS,
+        telemetry.BUILD_INFO,
     ):
         name = metric._name
         exported |= {name, f"{name}_total", f"{name}_bucket"}
