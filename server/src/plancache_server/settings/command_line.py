@@ -1,5 +1,5 @@
 """What the declarations give: the programs' argument parsers (the environment as their defaults), the Settings
-they parse to, the flags a server hands its workers and the README's configuration table."""
+they parse to, the flags a server hands its workers and the configuration table of docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def worker_flags(settings: Settings) -> list[str]:
 
 
 def markdown_table() -> str:
-    """The README's configuration table (kept equal to it by a test)."""
+    """The flags table of docs/configuration.md (kept equal to it by a test)."""
     rows = ["| flag | environment | default | programs | meaning |", "|---|---|---|---|---|"]
     for _, option in options():
         shown = option.shown_default

@@ -34,7 +34,7 @@ class Option:
     # Handed on to the `plancache-worker` processes a server starts.
     to_workers: bool
     is_switch: bool  # a flag without a value (its variable takes plancache.env's words: 1/0, true/false, ...)
-    shown_default: str  # in --help and the README ("" for none)
+    shown_default: str  # in --help and docs/configuration.md ("" for none)
 
 
 def setting(
@@ -50,7 +50,7 @@ def setting(
     factory: Callable[[], Any] | None = None,
     env: str | None = None,
 ) -> Any:
-    """A dataclass field carrying its Option in its metadata, where the parsers and the README find it.
+    """A dataclass field carrying its Option in its metadata, where the parsers and the docs' table find it.
 
     `env`: the variable's name after PLANCACHE_, when the flag's own would
     mean something else to another plancache program on the same host."""

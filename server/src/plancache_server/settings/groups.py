@@ -375,5 +375,5 @@ class Settings(OperationsSettings, AccessSettings, BuildSettings, GatewaySetting
     """Every setting of a server or a worker, in one frozen object.
 
     The bases are listed last group first: a dataclass takes its bases' fields from the last one listed, and that
-    order is the flags' in --help, the README's table and the flags a server hands its workers.
+    order is the flags' in --help, docs/configuration.md's table and the flags a server hands its workers.
     """
