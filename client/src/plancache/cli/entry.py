@@ -9,7 +9,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from plancache.cli import admin, node
+from plancache.cli import admin, node, trust
 from plancache.cli.parser import parser
 from plancache.errors import PlanCacheError
 from plancache.transport.client import Client, TLSConfig
@@ -21,6 +21,7 @@ OFFLINE: dict[str, Callable[[argparse.Namespace], int]] = {
     "keygen": node.keygen,
     "import": node.import_bundle,
     "manifest": node.write_manifest,
+    "trust": trust.run,  # opens its own connection: fetching keys must not need the keys it fetches
 }
 CONNECTED: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "compile": node.compile_plan,

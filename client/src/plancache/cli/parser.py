@@ -7,6 +7,8 @@ import argparse
 import os
 from pathlib import Path
 
+from plancache.cli import trust
+
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="plancache", description="Compile once per GPU kind, fetch everywhere.")
@@ -129,6 +131,8 @@ def parser() -> argparse.ArgumentParser:
 
     hash_ = sub.add_parser("hash", help="validate a spec and print its hash")
     hash_.add_argument("spec", type=Path)
+
+    trust.add_parser(sub)
     return parser
 
 
