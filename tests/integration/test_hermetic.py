@@ -54,6 +54,7 @@ SELECTION = [
     "tests/integration/test_processes.py::test_server_started_workers_sign_with_a_generated_key",
     "tests/integration/test_processes.py::test_server_worker_cli_and_restart",
     "tests/integration/test_fleet.py",
+    "tests/integration/test_trust_channels.py",
 ]
 
 
