@@ -10,6 +10,7 @@ here read the pins the CLI wrote (the test's own config folder, inherited)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -31,6 +32,12 @@ from tests.support.standin import STANDIN_TARGET as TARGET
 pytestmark = pytest.mark.slow
 
 KEY_LINE = r"signing key ([0-9a-f]{16}) \((current|next|previous)\): fingerprint ([0-9a-f]{64})"
+
+
+@pytest.fixture(autouse=True)
+def never_the_real_config_folder() -> None:
+    """These tests pin keys: never in the real ~/.config/plancache (tests/conftest.py gives each test its own)."""
+    assert os.environ.get("PLANCACHE_CONFIG_DIR"), "PLANCACHE_CONFIG_DIR is not set: refusing to pin keys in ~/.config"
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,12 @@ from tests.support.certs import make_pki
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin import StandInCompiler
+
+
+@pytest.fixture(autouse=True)
+def never_the_real_config_folder() -> None:
+    """These tests pin keys: never in the real ~/.config/plancache (tests/conftest.py gives each test its own)."""
+    assert os.environ.get("PLANCACHE_CONFIG_DIR"), "PLANCACHE_CONFIG_DIR is not set: refusing to pin keys in ~/.config"
 
 
 class Terminal(io.StringIO):

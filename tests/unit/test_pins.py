@@ -19,6 +19,12 @@ from plancache.trust.signing import Signer, TrustPolicy, generate_keypair
 from plancache.v1 import plancache_pb2 as pb
 
 
+@pytest.fixture(autouse=True)
+def never_the_real_config_folder() -> None:
+    """These tests pin keys: never in the real ~/.config/plancache (tests/conftest.py gives each test its own)."""
+    assert os.environ.get("PLANCACHE_CONFIG_DIR"), "PLANCACHE_CONFIG_DIR is not set: refusing to pin keys in ~/.config"
+
+
 def served(private: Ed25519PrivateKey | None = None, state: str = "current") -> ServedKey:
     public = (private or Ed25519PrivateKey.generate()).public_key()
     return ServedKey(key_id(public), fingerprint(public), state, public_pem(public), 1.0e9)
