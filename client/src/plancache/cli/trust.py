@@ -92,7 +92,7 @@ def _trust(store: PinStore, server: str, args: argparse.Namespace) -> int:
     with AdminClient(server, timeout=args.timeout or 30.0, token=token, tls=tls) as admin:
         served = admin.signing_keys()
         tokened = bool(admin.connection.metadata)
-    channel = "TLS" if tls is not None else ("a token, unencrypted" if tokened else "a plain channel")
+    channel = "TLS" if tls is not None else ("an unencrypted channel with a token" if tokened else "a plain channel")
     if not served:
         print(
             f"plancache trust: {server} serves no signing key: its plans are unsigned, or signed by workers it was "
