@@ -42,7 +42,7 @@ functions then run exactly as they do against a server's plans.
    (`Client(server, cache=False)`), fresh processes that first call
    `pf.prefetch()` with the manifest the first run wrote (right after their
    imports: the plans are fetched and loaded while the process makes its
-   CUDA context, model and batch, as the README shows), and torch's first
+   CUDA context, model and batch, as docs/functional.md shows), and torch's first
    step in a fresh process, `--startup-repeats` times interleaved. Each
    process's clock starts after its imports, the CUDA context and the
    model, optimizer and batch, and stops when its first step (forward,

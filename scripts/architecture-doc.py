@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support.imports import ROOTS, may_import, modules, owner  # noqa: E402
+from tests.support.markdown import with_contents  # noqa: E402
 
 OUT = ROOT / "docs" / "architecture.md"
 
@@ -239,7 +240,7 @@ def render() -> str:
             out.append(f"{i}. `{module}.{symbol}`: {what}.")
         out.append("")
     out += redis_keys(graph)
-    return "\n".join(out).rstrip() + "\n"
+    return with_contents("\n".join(out).rstrip() + "\n")
 
 
 def redis_keys(graph: dict) -> list[str]:

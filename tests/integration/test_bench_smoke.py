@@ -36,6 +36,22 @@ def test_cpu_benchmark_quick_run_writes_its_table_json_and_plot(tmp_path: Path) 
     assert (tmp_path / "cpu_bench.png").stat().st_size > 10_000
 
 
+def test_jcs_benchmark_quick_run_finds_the_same_bytes_on_every_spec(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "bench/jcs_bench.py", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "jcs_bench.json").read_text())
+    assert results["all_identical"] and len(results["specs"]) >= 40
+    assert results["hit_path"]["matmul_spec"]["compile_disk_cache_hit_us"] > 0
+
+
 def test_gpu_benchmark_report_renders_without_a_gpu(tmp_path: Path) -> None:
     from bench.gpu_bench import report
 

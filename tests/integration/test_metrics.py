@@ -81,7 +81,7 @@ def test_server_and_worker_metrics(tmp_path: Path) -> None:
         assert _value(front, f'plancache_lookups_total{{result="miss",target="{target}"}}') == 1
         assert _value(front, f'plancache_live_workers{{target="{target}"}}') == 1
         assert _value(front, f'plancache_jobs_waiting{{target="{target}"}}') == 0
-        assert _value(front, 'plancache_request_seconds_count{method="Compile"}') == 2
+        assert _value(front, 'plancache_request_duration_seconds_count{method="Compile"}') == 2
         assert _value(front, f'plancache_store_plans{{target="{target}"}}') == 1
         assert (
             _value(front, f'plancache_store_bytes{{target="{target}"}}') > 75_000

@@ -15,6 +15,7 @@ holds for, and the alerts whose condition holds are pending."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import itertools
 import json
 import math
@@ -400,6 +401,10 @@ def test_the_raw_samples_hold_the_traffic_the_test_made(live: dict[str, Any]) ->
     assert increase("plancache_fleet_races_total", result="local_won") == 2
     waiting = {dict(k)["target"]: v for k, v in prometheus.query("plancache_jobs_waiting", at).items()}
     assert waiting == {TARGET.id: 0, TARGET.generic().id: 0, QUEUED.id: 8}
+    # Each process (the gateway, its worker) says what it runs, once.
+    info = prometheus.query("plancache_build_info", at)
+    assert len(info) == 2 and set(info.values()) == {1.0}
+    assert {dict(k)["version"] for k in info} == {importlib.metadata.version("plancache-server")}
 
 
 def _dashboard_expectations(expected: Expected) -> dict[str, dict[Labels, float]]:
@@ -421,18 +426,18 @@ def _dashboard_expectations(expected: Expected) -> dict[str, dict[Labels, float]
         "sum by (method, code) (rate(plancache_requests_total[5m]))": sum_by(
             e.rates("plancache_requests_total", "5m"), "method", "code"
         ),
-        "histogram_quantile(0.99, sum by (le, method) (rate(plancache_request_seconds_bucket[5m])))": quantile(
-            0.99, sum_by(e.rates("plancache_request_seconds_bucket", "5m"), "le", "method"), "method"
+        "histogram_quantile(0.99, sum by (le, method) (rate(plancache_request_duration_seconds_bucket[5m])))": quantile(
+            0.99, sum_by(e.rates("plancache_request_duration_seconds_bucket", "5m"), "le", "method"), "method"
         ),
         "plancache_jobs_waiting": e.gauge("plancache_jobs_waiting"),
         "plancache_jobs_running": e.gauge("plancache_jobs_running"),
         "plancache_live_workers": e.gauge("plancache_live_workers"),
         "sum(plancache_worker_busy)": sum_by(e.gauge("plancache_worker_busy")),
-        "histogram_quantile(0.5, sum by (le) (rate(plancache_build_seconds_bucket[15m])))": quantile(
-            0.5, sum_by(e.rates("plancache_build_seconds_bucket", "15m"), "le")
+        "histogram_quantile(0.5, sum by (le) (rate(plancache_build_duration_seconds_bucket[15m])))": quantile(
+            0.5, sum_by(e.rates("plancache_build_duration_seconds_bucket", "15m"), "le")
         ),
-        "histogram_quantile(0.99, sum by (le) (rate(plancache_build_seconds_bucket[15m])))": quantile(
-            0.99, sum_by(e.rates("plancache_build_seconds_bucket", "15m"), "le")
+        "histogram_quantile(0.99, sum by (le) (rate(plancache_build_duration_seconds_bucket[15m])))": quantile(
+            0.99, sum_by(e.rates("plancache_build_duration_seconds_bucket", "15m"), "le")
         ),
         "sum by (outcome) (rate(plancache_builds_total[15m]))": sum_by(
             e.rates("plancache_builds_total", "15m"), "outcome"
@@ -444,6 +449,9 @@ def _dashboard_expectations(expected: Expected) -> dict[str, dict[Labels, float]
         "sum by (outcome) (rate(plancache_fleet_graphs_total[5m]))": sum_by(fleet_5m, "outcome"),
         "sum by (result) (rate(plancache_fleet_races_total[5m]))": sum_by(
             e.rates("plancache_fleet_races_total", "5m"), "result"
+        ),
+        "sum by (version, plancache, python, cudnn_frontend, cudnn, torch) (plancache_build_info)": sum_by(
+            e.gauge("plancache_build_info"), "version", "plancache", "python", "cudnn_frontend", "cudnn", "torch"
         ),
     }
 

@@ -1,5 +1,5 @@
 """A shared deployment's Redis with least-privilege users (keys.ACL_RULES,
-documented in the README): a gateway and a worker do all their work under
+documented in docs/operations.md): a gateway and a worker do all their work under
 them on a real redis-server, and cannot do what their role must not."""
 
 from __future__ import annotations

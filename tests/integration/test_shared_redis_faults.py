@@ -1,6 +1,6 @@
 """Issue 33: a shared Redis configured so that plancache cannot work, met
 by real plancache-server and plancache-worker processes: an eviction
-policy that would drop plans, jobs and leases; a user the README describes
+policy that would drop plans, jobs and leases; a user docs/operations.md describes
 that was never created; a wrong password, at start and mid-run. Each is one
 line with the way out, never a traceback; mid-run, callers get a typed
 error with the reason and the service recovers by itself."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import yaml
@@ -66,6 +67,7 @@ def test_grafana_dashboard_queries_metrics_that_exist() -> None:
         telemetry.FLEET_GRAPHS,
         telemetry.FLEET_RACES,
         telemetry.UNTRUSTED_BUILDS,
+        telemetry.BUILD_INFO,
     ):
         name = metric._name
         exported |= {name, f"{name}_total", f"{name}_bucket"}
@@ -86,19 +88,35 @@ def test_grafana_dashboard_queries_metrics_that_exist() -> None:
     assert datasources["datasources"][0]["url"] == "http://prometheus:9090"
 
 
-def test_readme_configuration_table_is_the_settings_table() -> None:
+def test_the_configuration_page_table_is_the_settings_table() -> None:
     """Every flag, its environment variable and default, from the one declaration of each setting."""
     from plancache_server.settings import markdown_table
 
-    assert markdown_table() in (ROOT / "README.md").read_text(), (
-        "README's configuration table is stale: run scripts/sync-readme.py"
-    )
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    assert markdown_table() in page, "docs/configuration.md's flags table is stale: run scripts/sync-readme.py"
+    rows = [line for line in page.split("\n") if line.startswith("| `--")]
+    assert len(rows) == len(markdown_table().split("\n")) - 2, "the flags table has rows no setting declares"
 
 
-def test_readme_acl_rules_are_the_ones_tested() -> None:
-    """The README's ACL SETUSER lines are keys.ACL_RULES (which test_redis_acl runs a gateway and a worker under)."""
+def _acl_commands(page: str) -> dict[str, list[str]]:
+    """The `redis-cli ACL SETUSER` commands of docs/operations.md, as the shell splits them."""
+    block = page.split("<!-- generated from plancache_server.store.keys", 1)[1].split("<!-- /generated -->", 1)[0]
+    body = block.split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = [shlex.split(c) for c in body.replace("\\\n", " ").split("\n") if c.strip()]
+    return {words[3]: words for words in commands}
+
+
+def test_the_documented_acl_commands_are_the_ones_tested() -> None:
+    """docs/operations.md's ACL SETUSER commands, as a shell passes them to redis-cli, are keys.ACL_RULES
+    (which test_redis_acl runs a gateway and a worker under), readable: no line over 100 characters."""
     from plancache_server.store import keys
 
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "operations.md").read_text()
+    commands = _acl_commands(page)
     for role, user in (("gateway", "plancache-gateway"), ("worker", "plancache-worker")):
-        assert "ACL SETUSER " + " ".join(keys.acl_setuser(role, user, f"<{role} password>")) in readme
+        assert commands[user] == ["redis-cli", "ACL", "SETUSER", *keys.acl_setuser(role, user, f"<{role} password>")], (
+            "docs/operations.md's ACL commands are stale: run scripts/sync-readme.py"
+        )
+    assert set(commands) == {"plancache-gateway", "plancache-worker"}
+    acl_lines = page.split("<!-- generated from plancache_server.store.keys", 1)[1].split("<!-- /generated -->")[0]
+    assert max(len(line) for line in acl_lines.split("\n")) <= 100

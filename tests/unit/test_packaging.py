@@ -1,4 +1,5 @@
-"""Both distributions build wheels carrying their typing marker, stubs and entry points."""
+"""Both distributions build wheels carrying their typing marker, stubs, the status page's templates and
+entry points."""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ def test_wheels_carry_py_typed_stubs_and_entry_points(tmp_path: Path) -> None:
         "plancache/v1/plancache_pb2_grpc.py",
     } <= client_files
     assert "plancache_server/py.typed" in server_files
+    templates = REPO / "server" / "src" / "plancache_server" / "web" / "templates"
+    assert {f"plancache_server/web/templates/{p.name}" for p in templates.iterdir()} <= server_files
     assert not any(name.startswith("tests/") for name in client_files | server_files)
     entry_points = (
         zipfile.ZipFile(server).read(next(n for n in server_files if n.endswith("entry_points.txt"))).decode()

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent import futures
+
 import grpc
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from plancache.errors import CompileFailed, ResourceExhausted, TargetUnavailable
-from plancache.transport.calls import RETRY_BACKOFF_CAP_S
+from plancache.transport.calls import RETRY_BACKOFF_CAP_S, typed
 from plancache.transport.calls import retry_pause as _retry_pause
 from plancache.wire.rich_status import (
     DETAILS_METADATA_KEY,
+    ERROR_DOMAIN,
     MAX_MESSAGE_CHARS,
     bounded,
     error_of,
     trailing_metadata,
 )
+from plancache_server.store.embedded_redis import free_port
 
 
 def test_error_class_and_retry_delay_survive_the_round_trip() -> None:
@@ -56,3 +63,41 @@ def test_retry_pause_is_jittered_grows_and_respects_the_deadline() -> None:
 @pytest.mark.parametrize("retry_after", [0.2, 3.0])
 def test_retry_pause_never_below_half_the_servers_delay(retry_after: float) -> None:
     assert min(_retry_pause(retry_after, 0, None) or 0 for _ in range(100)) >= retry_after * 0.5
+
+
+@pytest.fixture(scope="module")
+def refusing_server() -> Iterator[grpc.Channel]:
+    """A gRPC server whose one method fails as the gateway's error interceptor fails a call."""
+
+    def refuse(request: bytes, context: grpc.ServicerContext) -> bytes:
+        error = ResourceExhausted("x" * (2 * MAX_MESSAGE_CHARS), retry_after=1.5)
+        context.abort_with_status(_Status(error.code, bounded(error.message), trailing_metadata(error)))
+        raise AssertionError("unreachable")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    handler = grpc.unary_unary_rpc_method_handler(refuse)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("t.T", {"Refuse": handler})])
+    port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
+    server.start()
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield channel
+    server.stop(None)
+
+
+class _Status(grpc.Status):
+    def __init__(self, code: grpc.StatusCode, details: str, trailing: tuple[tuple[str, str | bytes], ...]) -> None:
+        self.code, self.details, self.trailing_metadata = code, details, trailing
+
+
+def test_grpcs_own_helper_reads_our_trailers_as_we_do(refusing_server: grpc.Channel) -> None:
+    """What a Python peer using grpcio-status (or grpc-go's, grpc-java's status helpers) reads of a refusal."""
+    with pytest.raises(grpc.RpcError) as failed:
+        refusing_server.unary_unary("/t.T/Refuse")(b"", timeout=10)
+    status = rpc_status.from_call(failed.value)  # type: ignore[arg-type]  # raises if code or message disagree
+    assert status is not None and status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    info, retry = error_details_pb2.ErrorInfo(), error_details_pb2.RetryInfo()
+    assert status.details[0].Unpack(info) and status.details[1].Unpack(retry)
+    assert (info.domain, info.reason) == (ERROR_DOMAIN, "ResourceExhausted")
+    assert retry.retry_delay.seconds + retry.retry_delay.nanos / 1e9 == 1.5
+    ours = typed(failed.value)
+    assert type(ours) is ResourceExhausted and ours.retry_after == 1.5 and ours.message == status.message

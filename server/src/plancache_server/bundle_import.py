@@ -19,6 +19,7 @@ from pathlib import Path
 from plancache.errors import PlanCacheError
 from plancache.trust.bundle import read_bundle
 from plancache.trust.signing import TrustPolicy
+from plancache.versions import add_version
 from plancache_server.store.plans import RedisPlanStore, StoredPlan
 from plancache_server.store.redis_conn import connect
 
@@ -40,6 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="plancache-server-import", description=__doc__.split("\n\n")[0] if __doc__ else None
     )
+    add_version(parser, "plancache-server-import", "plancache-server")
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--redis-url", required=True, help="the store (the workers' Redis user)")
     parser.add_argument(

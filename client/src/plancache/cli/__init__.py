@@ -11,6 +11,7 @@ plancache explain SPEC.json --server HOST:PORT [--target T]
 plancache keygen --out DIR
 plancache trust HOST:PORT [--expect FINGERPRINT ...] | --list | --remove KEYID
 plancache hash SPEC.json
+plancache ops [OP]
 
 The arguments (parser), a node's commands (node), an operator's, which go
 through client.admin (admin), a server's signing keys pinned (trust), what the commands naming a plan share
@@ -18,7 +19,7 @@ through client.admin (admin), a server's signing keys pinned (trust), what the c
 
 Owns: the `plancache` command: its arguments, what each command prints, its exit codes.
 May import: plancache.errors, plancache.graphspec, plancache.keys, plancache.run, plancache.transport,
-plancache.trust, plancache.gpu.
+plancache.trust, plancache.gpu, plancache.versions.
 """
 
 from plancache.cli.entry import main

@@ -21,6 +21,7 @@ OFFLINE: dict[str, Callable[[argparse.Namespace], int]] = {
     "keygen": node.keygen,
     "import": node.import_bundle,
     "manifest": node.write_manifest,
+    "ops": node.list_ops,
     "trust": trust.run,  # opens its own connection: fetching keys must not need the keys it fetches
 }
 CONNECTED: dict[str, Callable[[Client, argparse.Namespace], int]] = {

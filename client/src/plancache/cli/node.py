@@ -1,5 +1,5 @@
 """A node's commands: a plan compiled or fetched (compile, get), a manifest written and prefetched, and those
-that need no server (hash, keygen, import)."""
+that need no server (hash, keygen, import, ops)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 from plancache.cli.plan_args import compile_options, load_spec, resolve_target
+from plancache.errors import SpecError
+from plancache.graphspec.ops import CATALOG
+from plancache.graphspec.suggest import unknown_op
 from plancache.keys.options import CompileOptions
 from plancache.keys.target import Target
 from plancache.run.plan import Plan
@@ -161,6 +164,29 @@ def _progress_bar(done: int, total: int) -> None:
 
 def hash_spec(args: argparse.Namespace) -> int:
     print(load_spec(args.spec).spec_hash())
+    return 0
+
+
+def list_ops(args: argparse.Namespace) -> int:
+    """Every op a spec may use (one line each), or one op's ports, outputs and attributes."""
+    if args.op is None:
+        width = max(map(len, CATALOG))
+        for name in sorted(CATALOG):
+            listed = CATALOG[name]
+            print(f"{name:<{width}}  {listed.family:<16}  {', '.join(listed.inputs)}".rstrip())
+        return 0
+    schema = CATALOG.get(args.op)
+    if schema is None:
+        raise SpecError(unknown_op(args.op, CATALOG))
+    print(f"{schema.name} ({schema.family})")
+    print(f"  inputs: {', '.join(schema.inputs) or 'none'}")
+    if schema.optional_inputs or schema.list_inputs:
+        print(f"  optional inputs: {', '.join((*schema.optional_inputs, *(f'{p}_0..' for p in schema.list_inputs)))}")
+    print(f"  outputs: {', '.join(schema.all_outputs)}")
+    for key, attr in sorted(schema.attributes.items()):
+        said = "required" if attr.required else ("optional" if attr.default is None else f"default {attr.default!r}")
+        choices = f", one of {', '.join(attr.choices)}" if attr.choices else ""
+        print(f"  attribute {key}: {attr.kind.value} ({said}{choices})")
     return 0
 
 

@@ -8,10 +8,12 @@ import os
 from pathlib import Path
 
 from plancache.cli import trust
+from plancache.versions import add_version
 
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="plancache", description="Compile once per GPU kind, fetch everywhere.")
+    add_version(parser, "plancache", "plancache")
     sub = parser.add_subparsers(dest="command", required=True)
     compile_ = sub.add_parser("compile", help="compile (or fetch) the plan for a spec")
     compile_.add_argument("spec", type=Path)
@@ -132,6 +134,9 @@ def parser() -> argparse.ArgumentParser:
     hash_ = sub.add_parser("hash", help="validate a spec and print its hash")
     hash_.add_argument("spec", type=Path)
 
+    ops = sub.add_parser("ops", help="the ops a spec may use, or one op's ports, outputs and attributes")
+    ops.add_argument("op", nargs="?", help="an op's name (default: list them all)")
+
     trust.add_parser(sub)
     return parser
 
@@ -140,7 +145,7 @@ def _with_server(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--server",
         default=os.environ.get("PLANCACHE_SERVER", "127.0.0.1:50051"),
-        help="host:port (env PLANCACHE_SERVER)",
+        help="host:port, or a host alone for port 50051 (env PLANCACHE_SERVER)",
     )
     p.add_argument("--timeout", type=float, default=None, help="seconds for this call")
     p.add_argument(

@@ -6,5 +6,5 @@ its target and executes plans; a worker detects the target it builds for.
 Imported lazily: the client installs and fetches plans without torch.
 
 Owns: the GPU stack's loading and the local target's detection.
-May import: plancache.errors, plancache.keys.
+May import: plancache.errors, plancache.keys, plancache.env.
 """

@@ -4,9 +4,9 @@ bottom of plancache.run: execution and gpu both stand on it."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from plancache.env import env_bool
 from plancache.errors import InvalidRequest
 
 _TORCH_DTYPES = {
@@ -55,7 +55,7 @@ def load_math_libraries(device: int) -> None:
     A local build loads it too, so this is set-up, not plan loading; doing it
     here keeps it off the first plan's path. PLANCACHE_NO_WARMUP=1 skips it.
     """
-    if os.environ.get("PLANCACHE_NO_WARMUP") == "1":
+    if env_bool("PLANCACHE_NO_WARMUP", False):
         return
     torch, _ = require_gpu_stack()
     a = torch.ones(16, 16, device=f"cuda:{device}", dtype=torch.float16)

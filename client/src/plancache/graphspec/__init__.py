@@ -13,6 +13,7 @@ from plancache.graphspec.graph import CODECS, GraphSpec, Node, Tensor
 CODECS.spec_hash = canonical.spec_hash
 CODECS.to_json = lambda spec, indent: spec_io.to_json(spec, indent=indent)
 CODECS.from_json = spec_io.from_json
+CODECS.from_dict = spec_io.from_dict
 CODECS.from_pygraph = interop.from_pygraph
 
 __all__ = ["GraphSpec", "Node", "Tensor"]

@@ -24,6 +24,7 @@ from typing import Any
 from plancache import dtypes
 from plancache.errors import SpecError
 from plancache.graphspec.ops import CATALOG, AttrValue, OpSchema
+from plancache.graphspec.suggest import did_you_mean, unknown_op
 
 
 def shown(text: str, limit: int = 64) -> str:
@@ -339,7 +340,9 @@ class GraphSpec:
         # Every other catalog op (add, relu, gelu, bias, ...) under its frontend name.
         if op in CATALOG:
             return lambda *args, **kwargs: self._single(op, *args, **kwargs)
-        raise AttributeError(op)
+        if op.startswith("_"):  # copy, pickle and hasattr probe these: no suggestion to compute
+            raise AttributeError(op)
+        raise AttributeError(f"GraphSpec has no method or op {op!r}{did_you_mean(op, (*CATALOG, *_METHODS))}")
 
     # ---- whole-spec helpers -----------------------------------------------
 
@@ -374,8 +377,17 @@ class GraphSpec:
     def from_json(cls, text: str) -> GraphSpec:
         return CODECS.from_json(text)
 
+    @classmethod
+    def from_dict(cls, data: Any) -> GraphSpec:
+        """The spec of a JSON form already parsed (json.load's dict), checked as from_json checks it."""
+        return CODECS.from_dict(data)
+
     def tensor_by_uid(self) -> dict[int, Tensor]:
         return {t.uid: t for t in self.tensors if t.uid is not None}
+
+
+# GraphSpec's own methods, suggested beside the catalog's ops for a name it has neither of.
+_METHODS = tuple(name for name in vars(GraphSpec) if not name.startswith("_"))
 
 
 class Codecs:
@@ -385,6 +397,7 @@ class Codecs:
     spec_hash: Callable[[GraphSpec], str]
     to_json: Callable[[GraphSpec, int | None], str]
     from_json: Callable[[str], GraphSpec]
+    from_dict: Callable[[Any], GraphSpec]
     from_pygraph: Callable[[Any], GraphSpec]
 
 
@@ -415,5 +428,5 @@ def _flatten_dropout(op: str, kwargs: dict[str, Any]) -> None:
 def _schema(op: str, where: str) -> OpSchema:
     schema = CATALOG.get(op)
     if schema is None:
-        raise SpecError(f"{where}: unknown op {op!r} (known: {', '.join(sorted(CATALOG))})")
+        raise SpecError(f"{where}: {unknown_op(op, CATALOG)}")
     return schema

@@ -17,6 +17,7 @@ from plancache.graphspec.ops import AttrValue
 from plancache.graphspec.spec_refs import as_int, expect, index_uids, port_tensors, resolve_ragged
 from plancache.graphspec.subgraph import Subgraph
 from plancache.graphspec.subgraph import from_plain as subgraph_from_plain
+from plancache.graphspec.suggest import did_you_mean
 
 # The frontend graph's constructor arguments a spec may set (GraphSpec's fields of the same names).
 GRAPH_ARGUMENTS = (
@@ -238,10 +239,11 @@ def _slice(value: list[Any], where: str) -> tuple[int | None, int | None, int | 
 
 def _no_unknown(raw: Mapping[str, Any], allowed: set[str], where: str) -> None:
     unknown = sorted(set(raw) - allowed)
-    expect(
-        not unknown,
-        f"{where}: unknown field(s) {', '.join(map(repr, unknown))} (allowed: {', '.join(sorted(allowed))})",
-    )
+    if unknown:
+        raise SpecError(
+            f"{where}: unknown field(s) {', '.join(map(repr, unknown))}{did_you_mean(unknown[0], allowed)}"
+            f" (allowed: {', '.join(sorted(allowed))})"
+        )
 
 
 def _is_number(value: Any) -> bool:

@@ -26,6 +26,7 @@ from plancache.graphspec.canonical import hash_normalized
 from plancache.graphspec.graph import GraphSpec
 from plancache.graphspec.ops import anchor_family
 from plancache.graphspec.validation import DEFAULT_LIMITS, Limits, normalize
+from plancache.keys.arguments import check_options, check_spec
 from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import make_key
 from plancache.keys.target import Target
@@ -49,7 +50,10 @@ class PlanQuery:
         options: CompileOptions | None = None,
         limits: Limits = DEFAULT_LIMITS,
     ) -> PlanQuery:
-        """Validate and normalize `spec` (SpecError naming what is wrong), once."""
+        """Validate and normalize `spec` (SpecError naming what is wrong), once. A `spec` that is no GraphSpec,
+        or `options` no CompileOptions, is InvalidRequest naming the type."""
+        check_spec(spec, "PlanQuery.of()")
+        check_options(options, "PlanQuery.of()")
         return cls(normalize(spec, limits), target, options or CompileOptions())
 
     @classmethod

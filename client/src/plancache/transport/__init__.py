@@ -5,5 +5,6 @@ service in the background (reports) of its graphs' outcomes (outcomes).
 
 Owns: the calls and their retries.
 May import: plancache.errors, plancache.dtypes, plancache.v1, plancache.graphspec, plancache.keys,
-plancache.run, plancache.trust, plancache.transport, plancache.warm, plancache.wire, plancache.gpu.
+plancache.run, plancache.trust, plancache.transport, plancache.warm, plancache.wire, plancache.gpu,
+plancache.addresses, plancache.env.
 """

@@ -23,6 +23,7 @@ import grpc
 from plancache.errors import InvalidRequest
 from plancache.graphspec.family import Family
 from plancache.graphspec.graph import GraphSpec
+from plancache.keys.arguments import check_spec, check_target, check_text
 from plancache.keys.options import CompileOptions
 from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
@@ -98,7 +99,7 @@ class AdminClient:
 
     def list_plans(self, target: Target | str | None = None, *, timeout: float | None = None) -> list[str]:
         """Keys of the stored plans, of one target or all (admin token)."""
-        target_id = resolve_target(target).id if target is not None else ""
+        target_id = resolve_target(target, "list_plans()").id if target is not None else ""
         response: pb.ListPlansResponse = self._call(
             self._stub.ListPlans, pb.ListPlansRequest(target_id=target_id), timeout
         )
@@ -113,7 +114,8 @@ class AdminClient:
         timeout: float | None = None,
     ) -> pb.ExplainResponse:
         """Why a lookup misses: stored plans of the same spec and how their keys differ."""
-        query = PlanQuery.of(spec, resolve_target(target), options)
+        check_spec(spec, "explain()")
+        query = PlanQuery.of(spec, resolve_target(target, "explain()"), options)
         response: pb.ExplainResponse = self._call(
             self._stub.Explain, pb.ExplainRequest(query=query.to_proto()), timeout
         )
@@ -141,10 +143,13 @@ class AdminClient:
         if sum(x is not None for x in (key, spec_hash, target)) != 1:
             raise InvalidRequest("invalidate() takes exactly one of key, spec_hash, target")
         if key is not None:
+            check_text(key, "invalidate()", "key")
             request = pb.InvalidateRequest(key=key)
         elif spec_hash is not None:
-            request = pb.InvalidateRequest(spec_hash=spec_hash)
+            hint = ": a spec's hash is spec.spec_hash()" if isinstance(spec_hash, GraphSpec) else ""
+            request = pb.InvalidateRequest(spec_hash=check_text(spec_hash, "invalidate()", "spec_hash", hint))
         else:
+            check_target(target, "invalidate()")
             request = pb.InvalidateRequest(target_id=target.id if isinstance(target, Target) else str(target))
         if self._cache is not None and key is not None:
             self._cache.delete(key)
@@ -155,7 +160,9 @@ class AdminClient:
         """Ask a worker to finish its current build and leave (admin token).
         Whether a live worker had that id."""
         response: pb.DrainWorkerResponse = self._call(
-            self._stub.DrainWorker, pb.DrainWorkerRequest(worker_id=worker_id), timeout
+            self._stub.DrainWorker,
+            pb.DrainWorkerRequest(worker_id=check_text(worker_id, "drain_worker()", "worker_id")),
+            timeout,
         )
         return response.known
 
@@ -179,10 +186,10 @@ class AdminClient:
         many (0: the server's default, 1000); `min_hits`: recent hits at least."""
         if sum(x is not None for x in (from_target, served_days, manifest)) != 1:
             raise InvalidRequest("warm() takes exactly one source: from_target, served_days or manifest")
-        resolved = resolve_target(target)
+        resolved = resolve_target(target, "warm()")
         request = pb.WarmRequest(target_id=resolved.id, top=top, min_hits=min_hits)
         if from_target is not None:
-            request.from_target = resolve_target(from_target).id
+            request.from_target = resolve_target(from_target, "warm()").id
         elif served_days is not None:
             request.served_days = served_days
         elif manifest is not None:
@@ -195,7 +202,7 @@ class AdminClient:
 
     def cancel_warm(self, target: Target | str, *, timeout: float | None = None) -> WarmStatus:
         """Stop warming `target` (admin token); what was built stays."""
-        request = pb.WarmRequest(target_id=resolve_target(target).id, cancel=True)
+        request = pb.WarmRequest(target_id=resolve_target(target, "cancel_warm()").id, cancel=True)
         return self._warm_status(self._call(self._stub.Warm, request, timeout))
 
     @staticmethod
@@ -204,7 +211,9 @@ class AdminClient:
 
     def warm_status(self, target: Target | str | None = None, *, timeout: float | None = None) -> list[WarmStatus]:
         """Where warming stands: per target (every warmed one, or `target`)."""
-        request = pb.WarmStatusRequest(target_id=resolve_target(target).id if target is not None else "")
+        request = pb.WarmStatusRequest(
+            target_id=resolve_target(target, "warm_status()").id if target is not None else ""
+        )
         response: pb.WarmStatusResponse = self._call(self._stub.WarmStatus, request, timeout)
         return [WarmStatus.from_proto(s) for s in response.targets]
 
@@ -221,9 +230,12 @@ class AdminClient:
         queued at warming's priority (a caller's miss goes first), and from
         then on each is a hit for any node whose graph it is exactly.
         Returns at once."""
+        if not isinstance(family, Family):
+            hint = ": a family's JSON form as a dict is Family.from_dict(d)" if isinstance(family, dict) else ""
+            raise InvalidRequest(f"build_family() takes a Family, not {type(family).__name__}{hint}")
         request = pb.BuildFamilyRequest(
             family=family.to_proto(),
-            target=resolve_target(target).to_proto(),
+            target=resolve_target(target, "build_family()").to_proto(),
             options=(options or CompileOptions()).to_proto(),
         )
         response: pb.FamilyStatus = self._call(self._stub.BuildFamily, request, timeout)
@@ -232,6 +244,8 @@ class AdminClient:
     def family_status(self, family_key: str, *, timeout: float | None = None) -> FamilyStatus:
         """Where a family asked for earlier stands (NotFound if never asked)."""
         response: pb.FamilyStatus = self._call(
-            self._stub.GetFamily, pb.GetFamilyRequest(family_key=family_key), timeout
+            self._stub.GetFamily,
+            pb.GetFamilyRequest(family_key=check_text(family_key, "family_status()", "family_key")),
+            timeout,
         )
         return FamilyStatus.from_proto(response)

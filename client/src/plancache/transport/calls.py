@@ -10,6 +10,7 @@ import time
 import grpc
 
 from plancache.errors import PlanCacheError
+from plancache.keys.arguments import check_target
 from plancache.keys.target import Target
 from plancache.wire.rich_status import error_of
 
@@ -45,8 +46,10 @@ def typed(exc: grpc.RpcError) -> PlanCacheError:
     return error
 
 
-def resolve_target(target: Target | str | None) -> Target:
-    """A call's target: as given, parsed from its id, or this machine's GPU 0 (detected: needs the [gpu] extra)."""
+def resolve_target(target: Target | str | None, call: str = "target") -> Target:
+    """A call's target: as given, parsed from its id, or this machine's GPU 0 (detected: needs the [gpu] extra).
+    Any other type is InvalidRequest naming it (`call` names the call)."""
+    check_target(target, call)
     if isinstance(target, Target):
         return target
     if isinstance(target, str):

@@ -28,6 +28,7 @@ import grpc
 
 from plancache.errors import InvalidRequest, PlanCacheError
 from plancache.graphspec.graph import GraphSpec
+from plancache.keys.arguments import check_options, check_spec, check_text
 from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import parse_key
 from plancache.keys.query import PlanQuery
@@ -87,7 +88,8 @@ class Client:
         local_builder: LocalBuilder | None = None,
         report: bool | None = None,
     ) -> None:
-        """`server` is "host:port" (an insecure channel is opened and owned)
+        """`server` is "host:port" (an insecure channel is opened and owned;
+        a host alone is port 50051, plancache-server's default, warned once)
         or a grpc.Channel the caller configured and keeps owning. `cache`:
         the disk cache (default: one under the XDG cache folder; False: none);
         plans it holds are verified and cost no network call.
@@ -162,12 +164,20 @@ class Client:
     ) -> PlanQuery:
         """What a call asks for: `spec` validated and normalized (once) for
         `target` (default: this machine's GPU 0) and `options`; a PlanQuery
-        is taken as it is (it says its own target and options)."""
+        is taken as it is (it says its own target and options). Any other
+        type is InvalidRequest naming it and how to make a GraphSpec."""
+        return self._query(spec, target, options, "query()")
+
+    def _query(
+        self, spec: GraphSpec | PlanQuery, target: Target | str | None, options: CompileOptions | None, call: str
+    ) -> PlanQuery:
+        check_spec(spec, call, query=PlanQuery)
         if isinstance(spec, PlanQuery):
             if target is not None or options is not None:
                 raise InvalidRequest("a PlanQuery names its own target and options: pass neither with it")
             return spec
-        return PlanQuery.of(spec, resolve_target(target), options)
+        check_options(options, call)
+        return PlanQuery.of(spec, resolve_target(target, call), options)
 
     # ---- one graph ---------------------------------------------------------------------
 
@@ -192,7 +202,7 @@ class Client:
         "local" while its own build runs, until the service's plan takes over.
         `hedge_path`: which counters of race_stats() such a race adds to
         (plancache.functional says "functional")."""
-        query = self.query(spec, target, options)
+        query = self._query(spec, target, options, "compile()")
         plan = self._compile(query, timeout, tuned_only, hedge, hedge_path)
         if hedge_path == "compile":  # the front doors (plancache.cudnn, plancache.functional) count their own graphs
             _count(plan, query.target.id, outcome_labels.anchor_of_ops(n.op for n in query.spec.nodes))
@@ -232,7 +242,7 @@ class Client:
         this thread while the service builds, and whichever is ready first
         (plancache.transport.hedge). plancache.cudnn races the program's own
         build this way. `path` names the front door in race_stats()."""
-        query = self.query(spec, target, options)
+        query = self._query(spec, target, options, "race()")
         asked = Asked.of(query)
         cached = self.intake.cached(asked.key, tuned_only=False)
         if cached is not None:
@@ -257,8 +267,11 @@ class Client:
         if (key is None) == (spec is None):
             raise InvalidRequest("get() takes a plan key or a spec, not both")
         node_type = ""
+        if key is not None:
+            hint = ": pass a spec as get(spec=...)" if isinstance(key, GraphSpec | PlanQuery) else ""
+            check_text(key, "get()", "the plan key", hint)
         if spec is not None:
-            query = self.query(spec, target, options)
+            query = self._query(spec, target, options, "get(spec=...)")
             asked = Asked.of(query)
             node_type = outcome_labels.anchor_of_ops(n.op for n in query.spec.nodes)
         else:

@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from plancache.addresses import grpc_target
+from plancache.errors import InvalidRequest
 from plancache.transport.calls import remaining, retry_pause, typed
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
 
@@ -59,27 +61,33 @@ class Connection:
         token: str | None = None,
         tls: TLSConfig | None = None,
     ) -> None:
-        """`server`: "host:port" (a channel is opened and owned here) or a
-        grpc.Channel the caller configured and keeps owning. `token`: the
+        """`server`: "host:port" (a channel is opened and owned here; a host
+        alone is port 50051, warned once; see plancache.addresses for the
+        forms taken) or a grpc.Channel the caller configured and keeps owning. `token`: the
         bearer token of every call (default PLANCACHE_TOKEN). `timeout`: the
         seconds a call may take unless it says otherwise."""
         bearer = token or os.environ.get(TOKEN_ENV)
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {bearer}"),) if bearer else ()
         if isinstance(server, str):
+            target = grpc_target(server)  # InvalidRequest for an address that is not one
             options = [
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ]
             credentials = tls.credentials() if tls is not None else None
             self.channel = (
-                grpc.secure_channel(server, credentials, options=options)
+                grpc.secure_channel(target, credentials, options=options)
                 if credentials is not None
-                else grpc.insecure_channel(server, options=options)
+                else grpc.insecure_channel(target, options=options)
             )
             self._owns_channel = True
-        else:
+        elif hasattr(server, "unary_unary"):  # a grpc.Channel, or what a test gives as one
             self.channel = server
             self._owns_channel = False
+        else:
+            raise InvalidRequest(
+                f"server must be an address (str: host:port) or a grpc.Channel, not {type(server).__name__}"
+            )
         self.stub = pb_grpc.PlanCacheStub(self.channel)
         self.timeout = timeout
 

@@ -56,6 +56,7 @@ from typing import Generic, Protocol, TypeVar
 
 import grpc
 
+from plancache.env import env_bool
 from plancache.errors import InvalidRequest, PlanCacheError, SpecError, Unavailable
 from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
@@ -75,14 +76,13 @@ HEDGE_AFTER_S = 1.0
 # Errors that say the request itself is wrong: the node's build would not make it right.
 NOT_HEDGED: tuple[type[PlanCacheError], ...] = (SpecError, InvalidRequest)
 PATHS = ("compile", "cudnn", "functional")
-_OFF = ("0", "false", "off", "no")
 
 T = TypeVar("T")
 
 
 def hedge_default() -> bool:
-    """The environment's choice (PLANCACHE_HEDGE), on unless it says off."""
-    return os.environ.get(HEDGE_ENV, "1").strip().lower() not in _OFF
+    """The environment's choice (PLANCACHE_HEDGE, plancache.env's words), on unless it says off."""
+    return env_bool(HEDGE_ENV, True)
 
 
 def hedge_after_s() -> float:

@@ -23,12 +23,12 @@ operator opts in (PLANCACHE_REPORT_SPECS=1); the spec never does.
 from __future__ import annotations
 
 import enum
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
+from plancache.env import env_bool
 from plancache.errors import (
     CompileFailed,
     CompileTimeout,
@@ -106,19 +106,15 @@ class OutcomeKey:
         )
 
 
-def _on(name: str, default: str) -> bool:
-    return os.environ.get(name, default).strip().lower() not in ("0", "false", "off", "no", "")
-
-
 def report_default() -> bool:
     """Whether clients report to the service (PLANCACHE_REPORT, on unless it says off)."""
-    return _on(REPORT_ENV, "1")
+    return env_bool(REPORT_ENV, True)
 
 
 @cache
 def reports_specs() -> bool:
     """Whether the operator opted in to spec hashes in reports (PLANCACHE_REPORT_SPECS=1; read once)."""
-    return _on(REPORT_SPECS_ENV, "0")
+    return env_bool(REPORT_SPECS_ENV, False)
 
 
 def target_of(plan_key: str) -> str:

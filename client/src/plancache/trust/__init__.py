@@ -6,5 +6,5 @@ the verified disk cache (disk_cache).
 
 Owns: deciding whether bytes from elsewhere may be deserialized.
 May import: plancache.errors, plancache.log_limits, plancache.dtypes, plancache.v1, plancache.graphspec,
-plancache.keys, plancache.run, plancache.trust.
+plancache.keys, plancache.run, plancache.trust, plancache.env.
 """

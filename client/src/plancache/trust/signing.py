@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from google.protobuf.message import DecodeError
 
+from plancache.env import env_bool
 from plancache.errors import InvalidRequest, UntrustedPlan
 from plancache.trust.pins import PinStore
 from plancache.trust.public_keys import endorsement_envelope, key_id, key_paths, load_public_key
@@ -155,7 +156,7 @@ class TrustPolicy:
         if not sources and os.environ.get(TRUSTED_KEYS_ENV):
             sources, source = list(key_paths(os.environ[TRUSTED_KEYS_ENV])), FROM_ENVIRONMENT
         if allow_unsigned is None:
-            allow_unsigned = os.environ.get("PLANCACHE_ALLOW_UNSIGNED") == "1"
+            allow_unsigned = env_bool("PLANCACHE_ALLOW_UNSIGNED", False)
         keys = {key_id(k): k for k in map(load_public_key, sources)}
         store = PinStore() if pinned else None
         if not sources and store is not None:

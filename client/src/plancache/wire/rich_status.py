@@ -5,6 +5,13 @@ trailer (what grpcio-status, grpc-go and grpc-js read) with an ErrorInfo
 (domain "plancache.v1", reason: the plancache error class) and, when
 calling again can succeed, a RetryInfo with the delay. The legacy
 `plancache-error` trailer names the class too, for older clients.
+
+Not through grpcio-status (docs/design.md "Libraries"): its to_status and
+from_call are the trailer's key and one parse, it versions in lockstep with
+grpcio (grpcio-status X needs grpcio >= X: a dependency would upgrade the
+grpcio of every node), and from_call raises where a peer's message differs
+from its status, where this module keeps the code. What it reads of these
+trailers is tested (tests/unit/test_rich_status.py).
 """
 
 from __future__ import annotations

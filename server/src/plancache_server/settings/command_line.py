@@ -1,5 +1,5 @@
 """What the declarations give: the programs' argument parsers (the environment as their defaults), the Settings
-they parse to, the flags a server hands its workers and the README's configuration table."""
+they parse to, the flags a server hands its workers and the configuration table of docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
 
+from plancache.env import env_bool
+from plancache.errors import InvalidRequest
+from plancache.versions import add_version
 from plancache_server.settings.declare import SERVER, WORKER, Option
 from plancache_server.settings.groups import Settings
 
@@ -26,6 +29,7 @@ def parser(program: str) -> argparse.ArgumentParser:
         WORKER: "Build and autotune plans on local GPUs for a plancache deployment.",
     }
     p = argparse.ArgumentParser(prog=f"plancache-{program}", description=description[program])
+    add_version(p, f"plancache-{program}", "plancache-server", stack=True)
     defaults = Settings()
     for name, option in options(program):
         env = os.environ.get(f"PLANCACHE_{option.env}")
@@ -33,17 +37,15 @@ def parser(program: str) -> argparse.ArgumentParser:
             f"; default {option.shown_default})" if option.shown_default else ")"
         )
         if option.is_switch:
-            p.add_argument(
-                option.flag,
-                dest=name,
-                action="store_true",
-                default=env == "1" if env is not None else getattr(defaults, name),
-                help=help_text,
-            )
+            try:  # plancache.env's words: PLANCACHE_UNSIGNED=true is on, =maybe a start-up error
+                default = env_bool(f"PLANCACHE_{option.env}", getattr(defaults, name))
+            except InvalidRequest as e:
+                p.error(f"{e.message} (the environment's {option.flag})")
+            p.add_argument(option.flag, dest=name, action="store_true", default=default, help=help_text)
         else:
             try:
                 default = option.parse(env) if env is not None else getattr(defaults, name)
-            except ValueError as e:
+            except (ValueError, argparse.ArgumentTypeError) as e:
                 p.error(f"PLANCACHE_{option.env}={env!r} (the environment's {option.flag}): {e}")
             p.add_argument(option.flag, dest=name, type=option.parse, default=default, help=help_text)
     if program == WORKER:
@@ -89,7 +91,7 @@ def worker_flags(settings: Settings) -> list[str]:
 
 
 def markdown_table() -> str:
-    """The README's configuration table (kept equal to it by a test)."""
+    """The flags table of docs/configuration.md (kept equal to it by a test)."""
     rows = ["| flag | environment | default | programs | meaning |", "|---|---|---|---|---|"]
     for _, option in options():
         shown = option.shown_default

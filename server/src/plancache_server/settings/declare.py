@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from plancache.addresses import grpc_target
+from plancache.errors import InvalidRequest
 
 SERVER, WORKER = "server", "worker"
 # How a worker times candidate plans (plancache_server.worker.compiler.timing says how each works).
@@ -29,8 +33,8 @@ class Option:
     programs: frozenset[str]
     # Handed on to the `plancache-worker` processes a server starts.
     to_workers: bool
-    is_switch: bool  # a flag without a value (env "1" turns it on)
-    shown_default: str  # in --help and the README ("" for none)
+    is_switch: bool  # a flag without a value (its variable takes plancache.env's words: 1/0, true/false, ...)
+    shown_default: str  # in --help and docs/configuration.md ("" for none)
 
 
 def setting(
@@ -46,7 +50,7 @@ def setting(
     factory: Callable[[], Any] | None = None,
     env: str | None = None,
 ) -> Any:
-    """A dataclass field carrying its Option in its metadata, where the parsers and the README find it.
+    """A dataclass field carrying its Option in its metadata, where the parsers and the docs' table find it.
 
     `env`: the variable's name after PLANCACHE_, when the flag's own would
     mean something else to another plancache program on the same host."""
@@ -75,6 +79,14 @@ def parse_autotune_strategy(text: str) -> str:
     if text not in AUTOTUNE_STRATEGIES:
         raise ValueError(f"expected one of {', '.join(AUTOTUNE_STRATEGIES)}")
     return text
+
+
+def parse_listen(text: str) -> str:
+    """A gRPC listen address: host:port (port 0: any free one); a host alone listens on 50051, warned once."""
+    try:
+        return grpc_target(text, listening=True)
+    except InvalidRequest as e:
+        raise argparse.ArgumentTypeError(e.message) from None  # argparse shows its message, as the environment's
 
 
 def parse_port(text: str) -> int:

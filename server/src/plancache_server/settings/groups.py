@@ -15,6 +15,7 @@ from plancache_server.settings.declare import (
     SERVER_ONLY,
     default_data_dir,
     parse_autotune_strategy,
+    parse_listen,
     parse_mebibytes,
     parse_optional_seconds,
     parse_port,
@@ -27,7 +28,7 @@ from plancache_server.settings.declare import (
 class DeploymentSettings:
     """Where a server listens, the Redis it keeps plans in, the GPUs and the compiler its workers build with."""
 
-    listen: str = setting("127.0.0.1:50051", "--listen", "gRPC address, host:port", programs=SERVER_ONLY)
+    listen: str = setting("127.0.0.1:50051", "--listen", "gRPC address, host:port", parse_listen, programs=SERVER_ONLY)
     redis_url: str | None = setting(
         None,
         "--redis-url",
@@ -374,5 +375,5 @@ class Settings(OperationsSettings, AccessSettings, BuildSettings, GatewaySetting
     """Every setting of a server or a worker, in one frozen object.
 
     The bases are listed last group first: a dataclass takes its bases' fields from the last one listed, and that
-    order is the flags' in --help, the README's table and the flags a server hands its workers.
+    order is the flags' in --help, docs/configuration.md's table and the flags a server hands its workers.
     """

@@ -45,7 +45,7 @@ def check_redis(client: redis.Redis, where: str) -> list[Finding]:
         return [
             Finding(
                 f"cannot check Redis' eviction policy at {where}: "
-                "this user may not run INFO (give it the README's ACL rules again)",
+                "this user may not run INFO (give it the ACL rules of docs/operations.md again)",
                 fatal=False,
             )
         ]

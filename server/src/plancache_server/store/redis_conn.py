@@ -120,7 +120,7 @@ def _own_clock(error: StoreUnavailable) -> float:
     _faults.warning(
         "time",
         "this Redis user may not run TIME: heartbeats are read on this host's clock "
-        "(a clock step makes workers look dead or alive); run the README's ACL SETUSER lines again",
+        "(a clock step makes workers look dead or alive); run the ACL SETUSER commands of docs/operations.md again",
     )
     return time.time()
 
@@ -137,12 +137,13 @@ _FAULTS = (
         "credentials",
         ("WRONGPASS", "NOAUTH", "AuthenticationError", "invalid username-password"),
         "Redis refused the user or password of the Redis URL: "
-        "create the user with the README's ACL SETUSER line, or correct the password",
+        "create the user with the ACL SETUSER command of docs/operations.md, or correct the password",
     ),
     (
         "permissions",
         ("NOPERM", "NoPermissionError"),
-        "the Redis user lacks a permission plancache needs: give it the README's ACL rules again (ACL SETUSER)",
+        "the Redis user lacks a permission plancache needs: "
+        "give it the ACL rules of docs/operations.md again (ACL SETUSER)",
     ),
     (
         "disk",

@@ -3,7 +3,7 @@ what is wrong, said in one line with the way out (diagnose), and the
 repair `plancache-server --repair-store` runs (repair): a backup of the
 folder first, then `redis-check-aof --fix`, which cuts the append-only
 file at the first damaged command, then the whole commands after the
-damage written back (store/aof_salvage.py: what redis-check-aof cuts
+damage written back (plancache_server/store/aof_salvage.py: what redis-check-aof cuts
 includes every later, undamaged write); the plans named in what was
 dropped are the plans that may be lost (the server checks which are, once
 Redis is up).

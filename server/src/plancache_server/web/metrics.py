@@ -87,10 +87,10 @@ class StoreCollector(Collector):
         )
         plans = GaugeMetricFamily("plancache_store_plans", "plans stored", labels=["target"])
         evicted = CounterMetricFamily(
-            "plancache_store_evicted", "plans deleted to keep the store under --store-max-mb", labels=["target"]
+            "plancache_store_evicted_total", "plans deleted to keep the store under --store-max-mb", labels=["target"]
         )
         expired = CounterMetricFamily(
-            "plancache_store_expired", "plans deleted after --retention-days unused", labels=["target"]
+            "plancache_store_expired_total", "plans deleted after --retention-days unused", labels=["target"]
         )
         try:
             for target_id, usage in sorted(self._usage().items()):
@@ -115,7 +115,7 @@ class WarmCollector(Collector):
     def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
         return (
             GaugeMetricFamily(
-                "plancache_warm_coverage",
+                "plancache_warm_coverage_ratio",
                 "share of the warming source's last-24 h hits whose plan is stored for the target",
                 labels=["target"],
             ),

@@ -1,87 +1,91 @@
-"""The status page's hit-rate section: per target, lookups per minute or hour as bars and the hit rate as a line,
-drawn in inline SVG."""
+"""The geometry of the status page's hit-rate charts: per target, lookups per minute or hour as bars and the
+hit rate as a line (broken where nothing was asked), in SVG coordinates that templates/chart.html.j2 draws.
+Coordinates are written as the page shows them (one decimal)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from plancache_server.store.stats import Counter
-from plancache_server.web.status import RANGES, StatusReport, TargetStatus, hit_rate
-from plancache_server.web.status_html import count, esc, percent, totals, utc
+from plancache_server.web.status import TargetStatus, hit_rate
+from plancache_server.web.status_format import count, percent, utc
 
-_CHART_W, _CHART_H, _PAD_L, _PAD_B, _PAD_T = 760, 170, 44, 22, 8
-
-
-def history(report: StatusReport) -> str:
-    unit, _ = RANGES[report.range]
-    title = "the last hour, per minute" if unit == "m" else "the last 24 hours, per hour"
-    legend = (
-        '<div class="legend"><span class="swatch" style="background:var(--accent)"></span>hit rate'
-        '<span class="swatch" style="background:var(--bar)"></span>lookups (hits + misses)</div>'
-    )
-    asked = [t for t in report.targets if hit_rate(totals(t.windows)) is not None]
-    figures = "".join(
-        f'<figure data-target="{esc(t.target_id)}"><figcaption><code>{esc(t.target_id)}</code></figcaption>'
-        f"{_chart(t, unit)}</figure>"
-        for t in asked
-    )
-    quiet = ", ".join(f"<code>{esc(t.target_id)}</code>" for t in report.targets if t not in asked)
-    note = f'<p class="muted">No lookup yet for {quiet}.</p>' if quiet else ""
-    return (
-        f'<section id="hit-rate"><h2>Hit rate over {title} (UTC)</h2>{legend}<div class="grid">{figures}</div>'
-        f"{note}</section>"
-    )
+WIDTH, HEIGHT, PAD_LEFT, PAD_BOTTOM, PAD_TOP = 760, 170, 44, 22, 8
 
 
-def _chart(target: TargetStatus, unit: str) -> str:
-    """Lookups per bucket as bars, hit rate as a line (broken where nothing was asked)."""
+@dataclass(frozen=True)
+class Bar:
+    start: str  # the bucket's start, unix seconds
+    lookups: str
+    hit_rate: str  # "" where nothing was asked
+    label: str  # its tooltip
+    x: str
+    y: str
+    width: str
+    height: str
+    point: tuple[str, str] | None  # the hit rate's (x, y) on the line; None where nothing was asked
+
+
+@dataclass(frozen=True)
+class Chart:
+    target_id: str
+    gridlines: list[tuple[str, str, str]]  # (y of the line, y of its label, label)
+    bars: list[Bar]
+    lines: list[str]  # the hit rate's polylines: one per run of buckets with lookups
+    ticks: list[tuple[str, str, str]]  # (x, text-anchor, time) under the plot
+    most: str  # the y axis' top, "max N lookups / minute"
+
+
+def chart(target: TargetStatus, unit: str) -> Chart:
     buckets = target.history
     n = max(len(buckets), 1)
-    plot_w, plot_h = _CHART_W - _PAD_L - 8, _CHART_H - _PAD_B - _PAD_T
+    plot_w, plot_h = WIDTH - PAD_LEFT - 8, HEIGHT - PAD_BOTTOM - PAD_TOP
     step = plot_w / n
     lookups = [b.values.get(Counter.HITS.value, 0) + b.values.get(Counter.MISSES.value, 0) for b in buckets]
     most = max(lookups, default=0) or 1
-    parts = [
-        f'<svg class="chart" viewBox="0 0 {_CHART_W} {_CHART_H}" width="{_CHART_W}" height="{_CHART_H}" '
-        f'role="img" aria-label="hit rate of {esc(target.target_id)}">'
-    ]
+    gridlines = []
     for frac in (0.0, 0.5, 1.0):
-        y = _PAD_T + plot_h * (1 - frac)
-        parts.append(
-            f'<line class="gridline" x1="{_PAD_L}" x2="{_CHART_W - 8}" y1="{y:.1f}" y2="{y:.1f}"/>'
-            f'<text x="{_PAD_L - 6}" y="{y + 4:.1f}" text-anchor="end">{frac * 100:.0f} %</text>'
-        )
-    segments: list[list[str]] = [[]]
+        y = PAD_TOP + plot_h * (1 - frac)
+        gridlines.append((f"{y:.1f}", f"{y + 4:.1f}", f"{frac * 100:.0f} %"))
     fmt = "%H:%M" if unit == "m" else "%d %b %H:00"
+    bars: list[Bar] = []
+    segments: list[list[str]] = [[]]
     for i, (bucket, asked) in enumerate(zip(buckets, lookups, strict=True)):
-        x = _PAD_L + i * step
+        x = PAD_LEFT + i * step
         bar_h = plot_h * asked / most
         rate = hit_rate(bucket.values)
         label = f"{utc(bucket.start, fmt)} UTC: " + (
             f"{percent(rate)} of {count(asked)} lookups" if rate is not None else "no lookups"
         )
-        shown_rate = "" if rate is None else f"{rate:.4f}"
-        parts.append(
-            f'<g class="bucket" data-start="{bucket.start:.0f}" data-lookups="{asked:g}" '
-            f'data-hit-rate="{shown_rate}"><title>{esc(label)}</title>'
-            f'<rect class="lookups" x="{x + step * 0.1:.1f}" y="{_PAD_T + plot_h - bar_h:.1f}" '
-            f'width="{step * 0.8:.1f}" height="{bar_h:.1f}"/></g>'
+        point = None if rate is None else (f"{x + step / 2:.1f}", f"{PAD_TOP + plot_h * (1 - rate):.1f}")
+        bars.append(
+            Bar(
+                f"{bucket.start:.0f}",
+                f"{asked:g}",
+                "" if rate is None else f"{rate:.4f}",
+                label,
+                f"{x + step * 0.1:.1f}",
+                f"{PAD_TOP + plot_h - bar_h:.1f}",
+                f"{step * 0.8:.1f}",
+                f"{bar_h:.1f}",
+                point,
+            )
         )
-        if rate is None:
+        if point is None:
             segments.append([])
-            continue
-        cx, cy = f"{x + step / 2:.1f}", f"{_PAD_T + plot_h * (1 - rate):.1f}"
-        segments[-1].append(f"{cx},{cy}")
-        parts.append(f'<circle class="point" cx="{cx}" cy="{cy}" r="2.2"/>')
-    parts += [f'<polyline class="rate" points="{" ".join(s)}"/>' for s in segments if len(s) > 1]
+        else:
+            segments[-1].append(",".join(point))
+    ticks = []
     if buckets:
         for i, anchor in ((0, "start"), (len(buckets) // 2, "middle"), (len(buckets) - 1, "end")):
-            x = _PAD_L + i * step + (step if anchor == "end" else step / 2 if anchor == "middle" else 0)
-            parts.append(
-                f'<text x="{x:.1f}" y="{_CHART_H - 6}" text-anchor="{anchor}">{esc(utc(buckets[i].start, fmt))}</text>'
-            )
+            x = PAD_LEFT + i * step + (step if anchor == "end" else step / 2 if anchor == "middle" else 0)
+            ticks.append((f"{x:.1f}", anchor, utc(buckets[i].start, fmt)))
     per = "minute" if unit == "m" else "hour"
-    parts.append(
-        f'<text x="{_CHART_W - 8}" y="{_PAD_T + 10}" text-anchor="end">'
-        f"max {count(most if any(lookups) else 0)} lookups / {per}</text>"
+    return Chart(
+        target.target_id,
+        gridlines,
+        bars,
+        [" ".join(s) for s in segments if len(s) > 1],
+        ticks,
+        f"max {count(most if any(lookups) else 0)} lookups / {per}",
     )
-    parts.append("</svg>")
-    return "".join(parts)

@@ -11,6 +11,7 @@ from plancache import dtypes
 from plancache.errors import SpecError
 from plancache.graphspec.ops import CATALOG, AttrKind, AttrSchema, AttrValue, OpSchema
 from plancache.graphspec.subgraph import Subgraph
+from plancache.graphspec.suggest import did_you_mean
 from plancache.graphspec.validation.limits import Limits, is_exact_int
 
 
@@ -27,7 +28,8 @@ def normalize_attributes(
             if key in schema.callables:
                 raise SpecError(f"{where}: {key!r} takes Python code (a callback), which a spec cannot carry")
             allowed = ", ".join(sorted(schema.attributes)) or "none"
-            raise SpecError(f"{where}: {schema.name} has no attribute {key!r} (attributes: {allowed})")
+            hint = did_you_mean(key, (*schema.attributes, *schema.inputs, *schema.optional_inputs))
+            raise SpecError(f"{where}: {schema.name} has no attribute {key!r}{hint} (attributes: {allowed})")
         attrs[key] = _coerce(value, spec_, f"{where}: attribute {key!r}", limits)
     for key, spec_ in schema.attributes.items():
         if key not in attrs:
@@ -98,7 +100,9 @@ def _normalize_subgraph(subgraph: Subgraph, where: str, limits: Limits) -> Subgr
         at = f"{where} op {i} ({op.op})"
         schema = CATALOG.get(op.op)
         if schema is None or schema.family != "pointwise":
-            raise SpecError(f"{at}: a score modifier adds pointwise ops of the catalog only")
+            pointwise = [name for name, s in CATALOG.items() if s.family == "pointwise"]
+            hint = did_you_mean(op.op, pointwise) if schema is None else ""
+            raise SpecError(f"{at}: a score modifier adds pointwise ops of the catalog only{hint}")
         ports = dict(op.inputs)
         if set(ports) != set(schema.inputs):
             raise SpecError(f"{at}: ports {sorted(ports)}, {op.op} takes {list(schema.inputs)}")

@@ -8,6 +8,7 @@ from plancache.graphspec import layouts
 from plancache.graphspec.graph import GraphSpec, Node, Tensor
 from plancache.graphspec.ops import CATALOG, Dims, OpSchema, ShapeError
 from plancache.graphspec.subgraph import Subgraph
+from plancache.graphspec.suggest import did_you_mean, unknown_op
 from plancache.graphspec.validation.attributes import normalize_attributes
 from plancache.graphspec.validation.limits import Limits
 
@@ -18,7 +19,7 @@ def normalize_node(
     where = node.label(index)
     schema = CATALOG.get(node.op)
     if schema is None:
-        raise SpecError(f"{where}: unknown op {node.op!r} (known: {', '.join(sorted(CATALOG))})")
+        raise SpecError(f"{where}: {unknown_op(node.op, CATALOG)}")
     if len(node.name) > limits.max_name_length:
         raise SpecError(f"{where}: name longer than {limits.max_name_length} characters")
     _check_ports(schema, node, where)
@@ -83,7 +84,8 @@ def _check_ports(schema: OpSchema, node: Node, where: str) -> None:
             lists.setdefault(listed, []).append(int(port[len(listed) + 1 :]))
         elif port not in allowed:
             listing = ", ".join((*schema.inputs, *schema.optional_inputs, *(f"{p}_0.." for p in schema.list_inputs)))
-            raise SpecError(f"{where}: {node.op} has no input port {port!r} (ports: {listing})")
+            hint = did_you_mean(port, (*allowed, *schema.list_inputs))
+            raise SpecError(f"{where}: {node.op} has no input port {port!r}{hint} (ports: {listing})")
     for name, indices in lists.items():
         if sorted(indices) != list(range(len(indices))):
             raise SpecError(
