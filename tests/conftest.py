@@ -48,8 +48,10 @@ REMOVED_VARIABLES = pytest.StashKey[list[str]]()
 
 @pytest.fixture(autouse=True)
 def private_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test reads or writes the real ~/.cache/plancache (child processes inherit this)."""
+    """No test reads or writes the real ~/.cache/plancache, nor trusts the keys pinned
+    in the real ~/.config/plancache (child processes inherit both)."""
     monkeypatch.setenv("PLANCACHE_CACHE_DIR", str(tmp_path_factory.mktemp("plancache-cache")))
+    monkeypatch.setenv("PLANCACHE_CONFIG_DIR", str(tmp_path_factory.mktemp("plancache-config")))
 
 
 @pytest.fixture(autouse=True)

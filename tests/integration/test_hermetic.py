@@ -31,6 +31,7 @@ CLIENT_AND_STANDIN = {
     "PLANCACHE_TOKEN": "hostile-token-nobody-knows",
     "PLANCACHE_SERVER": "127.0.0.1:1",
     "PLANCACHE_CACHE_DIR": "/nonexistent/cache",
+    "PLANCACHE_CONFIG_DIR": "/nonexistent/config",
     "PLANCACHE_NO_WARMUP": "0",
     "PLANCACHE_STANDIN_BUILD_SECONDS": "120",
     "PLANCACHE_STANDIN_TUNE_SECONDS": "120",
@@ -53,6 +54,7 @@ SELECTION = [
     "tests/integration/test_processes.py::test_server_started_workers_sign_with_a_generated_key",
     "tests/integration/test_processes.py::test_server_worker_cli_and_restart",
     "tests/integration/test_fleet.py",
+    "tests/integration/test_trust_channels.py",
 ]
 
 

@@ -27,6 +27,7 @@ from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import make_key
 from plancache.keys.target import Target
+from plancache.trust.key_ring import KeyRing
 from plancache.trust.signing import Signer, generate_keypair
 from plancache_server.store.embedded_redis import EmbeddedRedis
 from tests.conftest import Stack, start_stack
@@ -132,7 +133,8 @@ def test_node_keys_frontend_ops_as_python_does() -> None:
 @pytest.fixture
 def signed_stack(redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path) -> Iterator[tuple[Stack, Path]]:
     private, public = generate_keypair(tmp_path / "keys")
-    s, stop = start_stack(redis_server.url, StandInCompiler(), signer=Signer.from_file(private))
+    s, stop = start_stack(redis_server.url, StandInCompiler(), signer=Signer.from_file(private), signing_key=private)
+    KeyRing(private).stage()  # a rotation under way: GetSigningKeys serves the next key too, endorsed
     yield s, public
     stop()
 
@@ -182,3 +184,9 @@ def test_node_compiles_fetches_and_verifies_what_python_does(signed_stack: tuple
     assert "has_dbias" in refusals["bool_as_number"]["message"]
     assert (refusals["zero_dim"]["code"], refusals["zero_dim"]["reason"]) == ("INVALID_ARGUMENT", "SpecError")
     assert "dims must be >= 1" in refusals["zero_dim"]["message"]
+    # The signing keys, recomputed from their PEMs by Node: the current key and the staged one it endorsed.
+    current, staged = (k.key_id for k in KeyRing(public.with_name("plan-signing.pem")).read())
+    assert result["signing_keys"] == [
+        {"key_id": current, "state": "SIGNING_KEY_STATE_CURRENT", "endorsed_by": "", "endorsement_verifies": None},
+        {"key_id": staged, "state": "SIGNING_KEY_STATE_NEXT", "endorsed_by": current, "endorsement_verifies": True},
+    ]

@@ -30,7 +30,7 @@ def import_bundle(
     bundle: Path, redis_url: str, trusted_keys: Sequence[Path], allow_unsigned: bool, max_bytes: int = 0
 ) -> int:
     """Verify every plan of `bundle`, then store them all; the count."""
-    plans = read_bundle(bundle, TrustPolicy.create(trusted_keys, allow_unsigned))
+    plans = read_bundle(bundle, TrustPolicy.create(trusted_keys, allow_unsigned, pinned=False))
     store = RedisPlanStore(connect(redis_url), max_bytes=max_bytes)
     for plan in plans:
         store.put(StoredPlan(blob=plan.blob, metadata=plan.metadata, signature=plan.signature))

@@ -21,9 +21,11 @@ from typing import IO
 
 from plancache.errors import PlanCacheError
 from plancache.trust.signing import TRUSTED_KEYS_ENV, generate_keypair
+from plancache_server import key_rotation
 from plancache_server.gateway.app import Gateway
+from plancache_server.key_rotation import signing_key_path
 from plancache_server.secrets import check_secrets
-from plancache_server.settings import Settings, server_settings, worker_flags
+from plancache_server.settings import SERVER, Settings, parser, settings_from, worker_flags
 from plancache_server.store.embedded_redis import EmbeddedRedis
 from plancache_server.store.lifecycle import Janitor
 from plancache_server.store.redis_checks import check_redis
@@ -52,13 +54,17 @@ def with_signing_key(settings: Settings) -> Settings:
     The gateway trusts that key whatever --trusted-keys says (app.gateway_trust)."""
     if settings.signing_key is not None or settings.unsigned:
         return settings
-    private = settings.data_dir / "keys" / "plan-signing.pem"
+    private = signing_key_path(settings)
     public = private.with_name("plan-signing.pub.pem")
     if not private.exists():
         generate_keypair(private.parent)
         log.info("generated a plan-signing key %s", private)
     log.info(
-        "workers sign plans with %s; clients must trust %s (trusted_keys= or %s)", private, public, TRUSTED_KEYS_ENV
+        "workers sign plans with %s; clients pin its public key with `plancache trust HOST:PORT` "
+        "(or trust %s: trusted_keys= or %s)",
+        private,
+        public,
+        TRUSTED_KEYS_ENV,
     )
     return replace(settings, signing_key=private)
 
@@ -194,7 +200,12 @@ def start_private_store(settings: Settings) -> EmbeddedRedis:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    settings = server_settings(argv)
+    command_line = parser(SERVER)
+    key_rotation.add_flags(command_line)
+    args = command_line.parse_args(argv)
+    settings = settings_from(args, SERVER)
+    if args.signing_key_action:
+        return key_rotation.run(settings, args.signing_key_action)
     configure_logging(settings.log_level)
     note_client_variables()
     factory = loop_factory(settings.event_loop)

@@ -7,7 +7,9 @@
 //      it computes is the server's, each plan's signature verifies over the
 //      envelope documented on PlanSignature, the blob matches its sha256;
 //   3. (with --server) rich errors: NOT_FOUND, TargetUnavailable and
-//      CompileFailed told apart by google.rpc.ErrorInfo's reason;
+//      CompileFailed told apart by google.rpc.ErrorInfo's reason; and
+//      GetSigningKeys: key ids, fingerprints and endorsements recomputed
+//      from the PEMs (results.signing_keys);
 //   4. (with --catalog) the whole graph API: a normalizer for specs made of
 //      ops whose catalog entry says "rules": "frontend", written from
 //      docs/canonical-form.md and catalog.json alone; it builds a
@@ -42,7 +44,7 @@ const { values: args } = parseArgs({
   },
 });
 
-const results = { keys: [], frontend_ops: [], live: [], errors: {}, refusals: {}, failures: [] };
+const results = { keys: [], frontend_ops: [], live: [], errors: {}, refusals: {}, signing_keys: [], failures: [] };
 const fail = (what) => results.failures.push(what);
 const sha256hex = (bytes) => createHash("sha256").update(bytes).digest("hex");
 
@@ -525,6 +527,33 @@ if (args.server) {
       fail(`${c.name}: ${e.message}`);
     }
     results.live.push(row);
+  }
+  // GetSigningKeys, from its comments alone: each key's id and fingerprint recomputed from its PEM, the
+  // trusted key served as current, an endorsement checked over its documented envelope.
+  try {
+    const served = (await call("GetSigningKeys", {})).keys ?? [];
+    const byId = new Map();
+    for (const k of served) {
+      const pub = createPublicKey(k.public_key_pem);
+      const fingerprint = sha256hex(pub.export({ format: "der", type: "spki" }).subarray(-32));
+      if (k.fingerprint !== fingerprint) fail(`GetSigningKeys: ${k.key_id}'s fingerprint is not its PEM's`);
+      if (k.key_id !== fingerprint.slice(0, 16)) fail(`GetSigningKeys: ${k.key_id} is not its PEM's key id`);
+      byId.set(k.key_id, pub);
+    }
+    for (const k of served) {
+      const row = { key_id: k.key_id, state: k.state, endorsed_by: k.endorsed_by ?? "", endorsement_verifies: null };
+      if (row.endorsed_by) {
+        const endorser = byId.get(row.endorsed_by);
+        const envelope = Buffer.from(`plancache/key-endorsement/v1\n${k.fingerprint}`, "utf8");
+        row.endorsement_verifies = Boolean(endorser && verifySignature(null, envelope, endorser, k.endorsement));
+        if (!row.endorsement_verifies) fail(`GetSigningKeys: ${k.key_id}'s endorsement does not verify`);
+      }
+      results.signing_keys.push(row);
+    }
+    const trusted = sha256hex(rawKey).slice(0, 16);
+    if (!served.some((k) => k.key_id === trusted && k.state === "SIGNING_KEY_STATE_CURRENT")) fail("GetSigningKeys: the trusted key is not served as current");
+  } catch (e) {
+    fail(`GetSigningKeys: ${e.message}`);
   }
   // Prefetch: every key in one stream.
   const keys = results.live.map((r) => r.expected_key);

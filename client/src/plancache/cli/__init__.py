@@ -9,11 +9,12 @@ plancache prefetch MANIFEST --server HOST:PORT [--target T] [--compile-missing]
 plancache invalidate (--key KEY | --spec-hash H | --target T) --server HOST:PORT --token ADMIN
 plancache explain SPEC.json --server HOST:PORT [--target T]
 plancache keygen --out DIR
+plancache trust HOST:PORT [--expect FINGERPRINT ...] | --list | --remove KEYID
 plancache hash SPEC.json
 plancache ops [OP]
 
 The arguments (parser), a node's commands (node), an operator's, which go
-through client.admin (admin), what the commands naming a plan share
+through client.admin (admin), a server's signing keys pinned (trust), what the commands naming a plan share
 (plan_args), and the entry point that runs them (entry).
 
 Owns: the `plancache` command: its arguments, what each command prints, its exit codes.

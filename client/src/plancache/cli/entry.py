@@ -9,7 +9,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from plancache.cli import admin, node
+from plancache.cli import admin, node, trust
 from plancache.cli.parser import parser
 from plancache.errors import PlanCacheError
 from plancache.transport.client import Client, TLSConfig
@@ -22,6 +22,7 @@ OFFLINE: dict[str, Callable[[argparse.Namespace], int]] = {
     "import": node.import_bundle,
     "manifest": node.write_manifest,
     "ops": node.list_ops,
+    "trust": trust.run,  # opens its own connection: fetching keys must not need the keys it fetches
 }
 CONNECTED: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "compile": node.compile_plan,

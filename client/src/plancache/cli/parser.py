@@ -7,6 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
+from plancache.cli import trust
 from plancache.versions import add_version
 
 
@@ -135,6 +136,8 @@ def parser() -> argparse.ArgumentParser:
 
     ops = sub.add_parser("ops", help="the ops a spec may use, or one op's ports, outputs and attributes")
     ops.add_argument("op", nargs="?", help="an op's name (default: list them all)")
+
+    trust.add_parser(sub)
     return parser
 
 

@@ -32,6 +32,7 @@ from plancache.transport.connection import DEFAULT_TIMEOUT_S, Connection, TLSCon
 from plancache.transport.manifest import Manifest
 from plancache.transport.results import FamilyStatus, TargetInfo, TargetStats, WindowCounts
 from plancache.trust.disk_cache import DiskCache
+from plancache.trust.pins import ServedKey
 from plancache.v1 import plancache_pb2 as pb
 from plancache.warm import WarmStatus
 
@@ -119,6 +120,14 @@ class AdminClient:
             self._stub.Explain, pb.ExplainRequest(query=query.to_proto()), timeout
         )
         return response
+
+    def signing_keys(self, *, timeout: float | None = None) -> list[ServedKey]:
+        """The public keys the server's plans are signed with (a read token):
+        current, next (staged for a rotation) and previous. Each key id and
+        fingerprint is recomputed from the key's PEM (IntegrityError when the
+        server's differ). Fetching trusts nothing: `plancache trust` pins them."""
+        response: pb.GetSigningKeysResponse = self._call(self._stub.GetSigningKeys, pb.GetSigningKeysRequest(), timeout)
+        return [ServedKey.from_proto(k) for k in response.keys]
 
     # ---- changing it ---------------------------------------------------------------------
 

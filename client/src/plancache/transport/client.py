@@ -93,9 +93,11 @@ class Client:
         or a grpc.Channel the caller configured and keeps owning. `cache`:
         the disk cache (default: one under the XDG cache folder; False: none);
         plans it holds are verified and cost no network call.
-        `trusted_keys`: Ed25519 public keys (PEM bytes or paths; default
-        PLANCACHE_TRUSTED_KEYS) whose signatures this client accepts; every
-        plan is checked before anyone can deserialize it. `allow_unsigned`
+        `trusted_keys`: Ed25519 public keys (PEM bytes or paths) whose
+        signatures this client accepts, exactly; default PLANCACHE_TRUSTED_KEYS,
+        else the keys pinned with `plancache trust HOST:PORT` (see
+        TrustPolicy.create); every plan is checked before anyone can
+        deserialize it. `allow_unsigned`
         (default PLANCACHE_ALLOW_UNSIGNED=1) accepts unsigned plans.
         `token`: bearer token sent with every call (default PLANCACHE_TOKEN).
         `tls`: connect over TLS (mutual TLS with a client certificate).
@@ -112,7 +114,7 @@ class Client:
         self.intake = PlanIntake(
             self.connection,
             DiskCache() if cache is True else (cache or None),
-            TrustPolicy.create(trusted_keys, allow_unsigned),
+            TrustPolicy.create(trusted_keys, allow_unsigned, server=server if isinstance(server, str) else None),
         )
         self.hedge = hedge_default() if hedge is None else hedge
         self.local_builder: LocalBuilder = local_builder or FrontendBuilder()

@@ -8,7 +8,10 @@ and the sha256 of the metadata's bytes, which travel with the signature
 bytes it received instead of re-encoding a message (the envelope is written
 down in the .proto); clients hold one or more public keys (several
 during a rotation) and refuse a plan whose signature does not verify under
-any of them. Unsigned operation is possible only when configured explicitly:
+any of them. A client's keys are the ones it is given (trusted_keys, else
+PLANCACHE_TRUSTED_KEYS), else the ones its user pinned with `plancache trust
+HOST:PORT` (plancache.trust.pins): see TrustPolicy.create. Unsigned
+operation is possible only when configured explicitly:
 `--unsigned` on the workers, `allow_unsigned=True` (or
 PLANCACHE_ALLOW_UNSIGNED=1) on the clients.
 """
@@ -28,8 +31,26 @@ from google.protobuf.message import DecodeError
 
 from plancache.env import env_bool
 from plancache.errors import InvalidRequest, UntrustedPlan
+from plancache.trust.pins import PinStore
+from plancache.trust.public_keys import endorsement_envelope, key_id, key_paths, load_public_key
 from plancache.v1 import plancache_pb2 as pb
 
+# key_id, key_paths and load_public_key moved to plancache.trust.public_keys and are still found here.
+__all__ = [
+    "ENVELOPE_VERSION",
+    "ENVELOPE_VERSION_1",
+    "FROM_ARGUMENT",
+    "FROM_ENVIRONMENT",
+    "FROM_PINS",
+    "TRUSTED_KEYS_ENV",
+    "Signer",
+    "TrustPolicy",
+    "envelope",
+    "generate_keypair",
+    "key_id",
+    "key_paths",
+    "load_public_key",
+]
 ENVELOPE_VERSION = b"plancache/plan-signature/v2"
 # v1 (plans stored before v2): the digest was of Python's deterministic
 # serialization of the metadata, which other languages cannot reproduce.
@@ -51,18 +72,6 @@ def _envelope_v1(metadata: pb.PlanMetadata) -> bytes:
 # --trusted-keys (PLANCACHE_SERVER_TRUSTED_KEYS): a host that runs both
 # keeps them apart.
 TRUSTED_KEYS_ENV = "PLANCACHE_TRUSTED_KEYS"
-
-
-def key_paths(text: str) -> tuple[Path, ...]:
-    """A list of key files, as every plancache program reads one: paths
-    separated by commas or by the OS path separator (':' on Linux), blanks
-    ignored."""
-    return tuple(Path(p.strip()) for p in text.replace(",", os.pathsep).split(os.pathsep) if p.strip())
-
-
-def key_id(public_key: Ed25519PublicKey) -> str:
-    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return hashlib.sha256(raw).hexdigest()[:16]
 
 
 class Signer:
@@ -88,6 +97,10 @@ class Signer:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
 
+    def endorse(self, endorsed_fingerprint: str) -> bytes:
+        """This key's endorsement of another (plancache.trust.public_keys): the next key of a rotation."""
+        return self._key.sign(endorsement_envelope(endorsed_fingerprint))
+
     def sign(self, metadata: pb.PlanMetadata) -> pb.PlanSignature:
         signed = metadata.SerializeToString(deterministic=True)
         return pb.PlanSignature(
@@ -97,32 +110,26 @@ class Signer:
         )
 
 
-def load_public_key(source: Path | str | bytes) -> Ed25519PublicKey:
-    """A PEM public key, from bytes or a file path."""
-    if isinstance(source, bytes):
-        data = source
-    else:
-        try:
-            data = Path(source).read_bytes()
-        except OSError as e:
-            raise InvalidRequest(f"cannot read the public key {source}: {e.strerror}") from e
-    try:
-        key = serialization.load_pem_public_key(data)
-    except ValueError as e:
-        raise InvalidRequest(f"not a PEM public key: {e}") from e
-    if not isinstance(key, Ed25519PublicKey):
-        raise InvalidRequest("not an Ed25519 public key")
-    return key
+# Where a client's keys came from (TrustPolicy.source), said in its refusals.
+FROM_ARGUMENT, FROM_ENVIRONMENT, FROM_PINS = "trusted_keys", TRUSTED_KEYS_ENV, "pinned"
 
 
 @dataclass(frozen=True)
 class TrustPolicy:
     """What a client accepts: plans signed by one of `keys`; unsigned ones
-    (and signed ones it cannot check) only with `allow_unsigned`."""
+    (and signed ones it cannot check) only with `allow_unsigned`.
+
+    `source` says where the keys came from (FROM_ARGUMENT, FROM_ENVIRONMENT,
+    FROM_PINS, or "" for a server's own list); `server` is the address the
+    client talks to, when it knows it: both go into a refusal, with the
+    command that fetches and pins the server's keys."""
 
     keys: dict[str, Ed25519PublicKey]
     allow_unsigned: bool = False
     holder: str = "this client"
+    source: str = ""
+    server: str | None = None
+    pins: PinStore | None = None
 
     @classmethod
     def create(
@@ -131,21 +138,52 @@ class TrustPolicy:
         allow_unsigned: bool | None = None,
         *,
         holder: str = "this client",
+        server: str | None = None,
+        pinned: bool = True,
     ) -> TrustPolicy:
-        """From arguments, else PLANCACHE_TRUSTED_KEYS (a list of paths, see
-        `key_paths`) and PLANCACHE_ALLOW_UNSIGNED=1. `holder` names who
-        trusts, in refusals ("this client", "this gateway")."""
+        """The keys of one source, the first there is, never a mix:
+        1. `trusted_keys` (PEM bytes or paths): exactly these;
+        2. else PLANCACHE_TRUSTED_KEYS (paths, see `key_paths`): exactly these;
+        3. else, with `pinned` (servers pass False), the keys the user pinned
+           (`plancache trust HOST:PORT`, plancache.trust.pins).
+        So a program or a deployment that names its keys restricts itself to
+        them, whatever the user pinned. Unsigned plans: `allow_unsigned`,
+        else PLANCACHE_ALLOW_UNSIGNED=1. `holder` names who trusts, in
+        refusals ("this client", "this gateway"); `server` is where the plans
+        come from ("host:port"), named in the command a refusal suggests."""
         sources: Sequence[Path | str | bytes] = list(trusted_keys)
+        source = FROM_ARGUMENT if sources else ""
         if not sources and os.environ.get(TRUSTED_KEYS_ENV):
-            sources = list(key_paths(os.environ[TRUSTED_KEYS_ENV]))
+            sources, source = list(key_paths(os.environ[TRUSTED_KEYS_ENV])), FROM_ENVIRONMENT
         if allow_unsigned is None:
             allow_unsigned = env_bool("PLANCACHE_ALLOW_UNSIGNED", False)
         keys = {key_id(k): k for k in map(load_public_key, sources)}
-        return cls(keys, allow_unsigned, holder)
+        store = PinStore() if pinned else None
+        if not sources and store is not None:
+            keys, source = store.keys(), FROM_PINS
+        return cls(keys, allow_unsigned, holder, source, server, store)
 
     @property
     def trusted_text(self) -> str:
-        return ", ".join(self.keys) or f"none: pass trusted_keys or set {TRUSTED_KEYS_ENV}"
+        listed = ", ".join(self.keys)
+        if self.source == FROM_PINS and self.pins is not None:
+            return f"{listed}, pinned in {self.pins.directory}" if listed else f"none pinned in {self.pins.directory}"
+        if self.source == FROM_ENVIRONMENT:
+            return f"{listed}, from {TRUSTED_KEYS_ENV}, in place of any pinned keys"
+        if self.source == FROM_ARGUMENT and self.pins is not None:
+            return f"{listed}, from trusted_keys, in place of any pinned keys"
+        return listed or f"none: pass trusted_keys or set {TRUSTED_KEYS_ENV}"
+
+    @property
+    def remedy(self) -> str:
+        """What to run when a plan's signer is unknown (a client's policy; empty for a server's)."""
+        if self.pins is None:
+            return ""
+        fetch = f"run `plancache trust {self.server or 'HOST:PORT'}` to fetch and pin the server's keys"
+        if self.source == FROM_PINS:
+            return f": {fetch}"
+        where = "trusted_keys" if self.source == FROM_ARGUMENT else TRUSTED_KEYS_ENV
+        return f": add the server's key to {where}, or leave {where} empty and {fetch}"
 
     def check(self, metadata: pb.PlanMetadata, signature: pb.PlanSignature | None) -> None:
         """Raise UntrustedPlan unless this plan may be deserialized here."""
@@ -162,7 +200,7 @@ class TrustPolicy:
                 return  # nothing to check against, and unsigned plans are acceptable anyway
             raise UntrustedPlan(
                 f"plan {metadata.key} is signed by key {signature.key_id}, "
-                f"which {self.holder} does not trust (trusted: {self.trusted_text})",
+                f"which {self.holder} does not trust (trusted: {self.trusted_text}){self.remedy}",
                 signer=signature.key_id,
                 unknown_key=True,
             )

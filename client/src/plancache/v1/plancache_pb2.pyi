@@ -63,6 +63,13 @@ class RaceResult(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RACE_RESULT_LOCAL_FAILED: _ClassVar[RaceResult]
     RACE_RESULT_SERVICE_FAILED: _ClassVar[RaceResult]
     RACE_RESULT_REPLACED: _ClassVar[RaceResult]
+
+class SigningKeyState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SIGNING_KEY_STATE_UNSPECIFIED: _ClassVar[SigningKeyState]
+    SIGNING_KEY_STATE_CURRENT: _ClassVar[SigningKeyState]
+    SIGNING_KEY_STATE_NEXT: _ClassVar[SigningKeyState]
+    SIGNING_KEY_STATE_PREVIOUS: _ClassVar[SigningKeyState]
 DATA_TYPE_UNSPECIFIED: DataType
 DATA_TYPE_FLOAT: DataType
 DATA_TYPE_HALF: DataType
@@ -102,6 +109,10 @@ RACE_RESULT_SERVICE_WON: RaceResult
 RACE_RESULT_LOCAL_FAILED: RaceResult
 RACE_RESULT_SERVICE_FAILED: RaceResult
 RACE_RESULT_REPLACED: RaceResult
+SIGNING_KEY_STATE_UNSPECIFIED: SigningKeyState
+SIGNING_KEY_STATE_CURRENT: SigningKeyState
+SIGNING_KEY_STATE_NEXT: SigningKeyState
+SIGNING_KEY_STATE_PREVIOUS: SigningKeyState
 
 class TensorSpec(_message.Message):
     __slots__ = ("uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_output", "scalar_value", "ragged_offset_uid", "reordering_type", "ragged_offset_multiplier", "alignment_value", "constant")
@@ -919,3 +930,31 @@ class FamilyStatus(_message.Message):
     queued: int
     created_at: float
     def __init__(self, family_key: _Optional[str] = ..., target_id: _Optional[str] = ..., total: _Optional[int] = ..., stored: _Optional[int] = ..., queued: _Optional[int] = ..., created_at: _Optional[float] = ...) -> None: ...
+
+class GetSigningKeysRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SigningKey(_message.Message):
+    __slots__ = ("public_key_pem", "key_id", "fingerprint", "state", "created_at", "endorsed_by", "endorsement")
+    PUBLIC_KEY_PEM_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDORSED_BY_FIELD_NUMBER: _ClassVar[int]
+    ENDORSEMENT_FIELD_NUMBER: _ClassVar[int]
+    public_key_pem: str
+    key_id: str
+    fingerprint: str
+    state: SigningKeyState
+    created_at: float
+    endorsed_by: str
+    endorsement: bytes
+    def __init__(self, public_key_pem: _Optional[str] = ..., key_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., state: _Optional[_Union[SigningKeyState, str]] = ..., created_at: _Optional[float] = ..., endorsed_by: _Optional[str] = ..., endorsement: _Optional[bytes] = ...) -> None: ...
+
+class GetSigningKeysResponse(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[SigningKey]
+    def __init__(self, keys: _Optional[_Iterable[_Union[SigningKey, _Mapping]]] = ...) -> None: ...

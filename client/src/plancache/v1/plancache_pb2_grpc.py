@@ -104,6 +104,11 @@ class PlanCacheStub:
                 request_serializer=plancache_dot_v1_dot_plancache__pb2.GetFamilyRequest.SerializeToString,
                 response_deserializer=plancache_dot_v1_dot_plancache__pb2.FamilyStatus.FromString,
                 _registered_method=True)
+        self.GetSigningKeys = channel.unary_unary(
+                '/plancache.v1.PlanCache/GetSigningKeys',
+                request_serializer=plancache_dot_v1_dot_plancache__pb2.GetSigningKeysRequest.SerializeToString,
+                response_deserializer=plancache_dot_v1_dot_plancache__pb2.GetSigningKeysResponse.FromString,
+                _registered_method=True)
 
 
 class PlanCacheServicer:
@@ -216,6 +221,14 @@ class PlanCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSigningKeys(self, request, context):
+        """The public keys of the server's plan signatures (read token): what a
+        client pins to verify plans (`plancache trust HOST:PORT`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlanCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -288,6 +301,11 @@ def add_PlanCacheServicer_to_server(servicer, server):
                     servicer.GetFamily,
                     request_deserializer=plancache_dot_v1_dot_plancache__pb2.GetFamilyRequest.FromString,
                     response_serializer=plancache_dot_v1_dot_plancache__pb2.FamilyStatus.SerializeToString,
+            ),
+            'GetSigningKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSigningKeys,
+                    request_deserializer=plancache_dot_v1_dot_plancache__pb2.GetSigningKeysRequest.FromString,
+                    response_serializer=plancache_dot_v1_dot_plancache__pb2.GetSigningKeysResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -668,6 +686,33 @@ class PlanCache:
             '/plancache.v1.PlanCache/GetFamily',
             plancache_dot_v1_dot_plancache__pb2.GetFamilyRequest.SerializeToString,
             plancache_dot_v1_dot_plancache__pb2.FamilyStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSigningKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/plancache.v1.PlanCache/GetSigningKeys',
+            plancache_dot_v1_dot_plancache__pb2.GetSigningKeysRequest.SerializeToString,
+            plancache_dot_v1_dot_plancache__pb2.GetSigningKeysResponse.FromString,
             options,
             channel_credentials,
             insecure,

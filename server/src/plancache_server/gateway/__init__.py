@@ -1,6 +1,6 @@
 """The gRPC gateway: the asyncio server (app), the servicer and the domain
 services behind it (servicer; service: Compile and GetPlan, prefetch,
-reports, admin, warm_service; resolver and lookups, which they share),
+reports, admin, warm_service, signing_keys: GetSigningKeys; resolver and lookups, which they share),
 waiting for builds (builds: the registry of flights; flight: one build's;
 completions, build_states, refusals), the interceptors and what they check
 (guard, auth, wire), the memory cache of verified plans, CPU offload, the

@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from plancache.keys.plankey import parse_key
+from plancache.trust.key_ring import KeyRing
 from plancache.trust.signing import Signer, TrustPolicy
 from plancache.v1 import plancache_pb2 as pb
 from plancache.v1 import plancache_pb2_grpc as pb_grpc
@@ -29,6 +30,7 @@ from plancache_server.gateway.reports import NodeReports
 from plancache_server.gateway.resolver import QueryResolver
 from plancache_server.gateway.service import PlanService
 from plancache_server.gateway.servicer import PlanCacheServicer, Services
+from plancache_server.gateway.signing_keys import SigningKeys
 from plancache_server.gateway.warm_service import WarmService
 from plancache_server.gateway.wire import SPEC_REQUEST_BYTES, WireLimits
 from plancache_server.settings import Settings
@@ -47,11 +49,17 @@ log = logging.getLogger(__name__)
 def gateway_trust(settings: Settings) -> TrustPolicy | None:
     """The keys a gateway checks stored plans against: --trusted-keys and,
     always, the key its own workers sign with (--signing-key, or the one the
-    server generated). None when there is nothing to check against."""
+    server generated) with the rest of its ring: the staged next key and the
+    previous ones, whose plans stay stored after a rotation. None when there
+    is nothing to check against."""
     sources: list[Path | bytes] = list(settings.trusted_keys)
     if settings.signing_key is not None:
         own = Signer.from_file(settings.signing_key)
-        listed = TrustPolicy.create(settings.trusted_keys, allow_unsigned=False) if settings.trusted_keys else None
+        listed = (
+            TrustPolicy.create(settings.trusted_keys, allow_unsigned=False, pinned=False)
+            if settings.trusted_keys
+            else None
+        )
         if listed is not None and own.key_id not in listed.keys:
             log.warning(
                 "the key this server's workers sign with (%s, key %s) is not among --trusted-keys (%s): "
@@ -61,9 +69,10 @@ def gateway_trust(settings: Settings) -> TrustPolicy | None:
                 listed.trusted_text,
             )
         sources.append(own.public_pem())
+        sources += [k.public_pem for k in KeyRing(settings.signing_key).read() if k.key_id != own.key_id]
     if not sources:
         return None
-    return TrustPolicy.create(sources, allow_unsigned=settings.unsigned, holder="this gateway")
+    return TrustPolicy.create(sources, allow_unsigned=settings.unsigned, holder="this gateway", pinned=False)
 
 
 def count_untrusted_build(stats: Stats, directory: WorkerDirectory, plan_key: str) -> None:
@@ -107,6 +116,7 @@ class Gateway:
     sweeper: Sweeper | None = None
     janitor: Janitor | None = None
     warming: Warming | None = None
+    signing_keys: SigningKeys | None = None
 
     @classmethod
     async def start(cls, settings: Settings, redis_url: str) -> Gateway:
@@ -139,12 +149,14 @@ class Gateway:
         warming = Warming(blocking)
         resolver = QueryResolver(offload, settings.limits)
         lookups = PlanLookups(store, builds, stats, directory, settings.compile_timeout_s)
+        signing_keys = SigningKeys.of(settings)
         services = Services(
             plans=PlanService(store, resolver, lookups),
             prefetch=PrefetchService(store, resolver, lookups, settings.max_prefetch_refs),
             reports=NodeReports(store, builds, stats, directory),
             admin=AdminService(store, resolver, queue, stats, directory, janitor),
             warm=WarmService(warming, directory, resolver, FamilyRecords(blocking)),
+            keys=signing_keys,
         )
         authorizer = Authorizer.from_file(settings.tokens_file)
         if authorizer.open:
@@ -194,6 +206,8 @@ class Gateway:
         front = cls(server, port, client, store, queue, builds, stats, directory, offload, reporter, settings)
         front.janitor = janitor
         front.warming = warming
+        front.signing_keys = signing_keys
+        signing_keys.log_at_start(settings.listen, port)
         front.sweeper = Sweeper(
             janitor,
             settings.retention_days * 86400,

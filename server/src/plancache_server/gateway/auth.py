@@ -1,7 +1,7 @@
 """Bearer tokens and their roles, checked once per call by the interceptor.
 
 Roles nest: `read` (GetPlan, Prefetch without compile_missing, GetStats,
-ListTargets) < `compile` (Compile, ReportFirstUses, Prefetch
+ListTargets, GetSigningKeys) < `compile` (Compile, ReportFirstUses, Prefetch
 with compile_missing) < `admin` (Invalidate, DrainWorker). With no tokens
 file the service is open, and says so in its log.
 
@@ -42,6 +42,7 @@ METHOD_ROLES = {
     "WarmStatus": Role.READ,
     "BuildFamily": Role.COMPILE,
     "GetFamily": Role.READ,
+    "GetSigningKeys": Role.READ,
 }
 
 

@@ -15,6 +15,7 @@ from plancache_server.gateway.admin import AdminService
 from plancache_server.gateway.prefetch import PrefetchService
 from plancache_server.gateway.reports import NodeReports
 from plancache_server.gateway.service import PlanService
+from plancache_server.gateway.signing_keys import SigningKeys
 from plancache_server.gateway.warm_service import WarmService
 
 # grpc-stubs' context is generic in the request and response types; the servicer's methods answer bytes too.
@@ -30,6 +31,7 @@ class Services:
     reports: NodeReports
     admin: AdminService
     warm: WarmService
+    keys: SigningKeys
 
 
 class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
@@ -39,6 +41,7 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
         self._reports = services.reports
         self._admin = services.admin
         self._warm = services.warm
+        self._keys = services.keys
 
     # Compile, GetPlan and Prefetch answer with bytes serialized once per plan
     # (see StoredPlan); the error interceptor's serializer passes bytes through.
@@ -88,3 +91,6 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
 
     async def GetStats(self, request: pb.GetStatsRequest, context: Context) -> pb.GetStatsResponse:
         return await self._admin.stats()
+
+    async def GetSigningKeys(self, request: pb.GetSigningKeysRequest, context: Context) -> pb.GetSigningKeysResponse:
+        return await self._keys.response()

@@ -19,6 +19,7 @@ from plancache.keys.plankey import parse_key
 from plancache.keys.target import Target
 from plancache_server.gateway.app import Gateway
 from plancache_server.gateway.builds import Builds
+from plancache_server.gateway.signing_keys import SigningKeys
 from plancache_server.store.build_records import FailedBuild
 from plancache_server.store.directory import WorkerDirectory
 from plancache_server.store.fleet import Coverage, LocalSpec, coverage, local_spec, merged, races
@@ -93,6 +94,16 @@ class TopEntry:
 
 
 @dataclass(frozen=True)
+class SigningKeyStatus:
+    """A key the server's plans are signed with (plancache_server.gateway.signing_keys): what an
+    operator compares with the fingerprint `plancache trust` prints on a client."""
+
+    key_id: str
+    fingerprint: str
+    state: str  # current, next, previous
+
+
+@dataclass(frozen=True)
 class StatusReport:
     generated_at: float
     range: str
@@ -112,6 +123,8 @@ class StatusReport:
     local_specs: list[LocalSpec] = field(default_factory=list)
     # Plans a repair of the private store lost, until each is rebuilt (plancache_server.store.repair).
     lost_to_repair: list[str] = field(default_factory=list)
+    # The public keys of the server's plan signatures (GetSigningKeys): current, next, previous.
+    signing_keys: list[SigningKeyStatus] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -146,6 +159,7 @@ def status_of(front: Gateway) -> StatusSource:
         front.janitor,
         settings.retire_after_days * 86400,
         front.warming,
+        front.signing_keys,
     )
 
 
@@ -160,7 +174,9 @@ class StatusSource:
         janitor: Janitor | None = None,
         retire_after_s: float = 0.0,
         warming: Warming | None = None,
+        signing_keys: SigningKeys | None = None,
     ) -> None:
+        self._signing_keys = signing_keys
         self._janitor = janitor
         self._warming = warming
         self._retire_after_s = retire_after_s
@@ -218,7 +234,18 @@ class StatusSource:
                 if (found := local_spec(member, graphs))
             ],
             lost_to_repair=lost,
+            signing_keys=await self._keys(),
         )
+
+    async def _keys(self) -> list[SigningKeyStatus]:
+        if self._signing_keys is None:
+            return []
+        try:
+            keys = await asyncio.to_thread(self._signing_keys.read)
+        except (InvalidRequest, OSError) as e:  # the page still shows the rest; the log says which file
+            log.error("status page: the signing keys: %s", e.message if isinstance(e, InvalidRequest) else e)
+            return []
+        return [SigningKeyStatus(k.key_id, k.fingerprint, k.state) for k in keys]
 
     async def _target(self, target_id: str, windows: Windows, history: list[Bucket]) -> TargetStatus:
         try:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import redis
 
+from plancache.trust.key_ring import KeyRing
 from plancache.trust.signing import Signer, TrustPolicy
 from plancache_server.settings import Settings
 from plancache_server.store.build_records import BuildRecorder
@@ -25,13 +26,17 @@ class WorkerParts:
 def worker_parts(client: redis.Redis, settings: Settings, signer: Signer | None = None) -> WorkerParts:
     """What a worker process needs: blocking clients (it builds one job at a
     time). A stored plan counts as built only if it bears a signature the
-    worker trusts (its own key, and --trusted-keys): a damaged or forged one
+    worker trusts (its own key and its ring, and --trusted-keys): a damaged or forged one
     is rebuilt over."""
     trust = None
     if signer is not None:
-        trust = TrustPolicy.create([signer.public_pem(), *settings.trusted_keys], allow_unsigned=False)
+        # Its key's ring too: a plan signed before a rotation (plancache.trust.key_ring) is no damaged plan.
+        ring = [k.public_pem for k in KeyRing(settings.signing_key).read()] if settings.signing_key else []
+        trust = TrustPolicy.create(
+            [signer.public_pem(), *ring, *settings.trusted_keys], allow_unsigned=False, pinned=False
+        )
     elif settings.unsigned and settings.trusted_keys:
-        trust = TrustPolicy.create(settings.trusted_keys, allow_unsigned=True)
+        trust = TrustPolicy.create(settings.trusted_keys, allow_unsigned=True, pinned=False)
     store = RedisPlanStore(client, trust, settings.store_max_mb * 2**20)
     return WorkerParts(
         WorkerQueue(client), BuildRecorder(client, settings.build_lease_s, settings.negative_ttl_s), store
