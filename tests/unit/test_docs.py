@@ -298,9 +298,9 @@ def test_the_example_checker_finds_a_wrong_name_and_a_wrong_argument() -> None:
 
 def test_the_readme_spec_is_examples_matmul_fp16() -> None:
     first = next(_blocks(README.read_text(), "python"))
-    spec_part = first.split("\nwith Client(", 1)[0]
+    spec_part = first.split("\nwith Client(", 1)[0].replace("import torch\n", "")  # torch: the GPU half
     scope: dict[str, Any] = {}
-    exec(spec_part, scope)  # the spec-building half; compiling needs a server and a GPU
+    exec(spec_part, scope)  # the spec-building half; compiling needs a server and a GPU (tests/gpu/test_gpu_readme.py)
     example = GraphSpec.from_json((ROOT / "examples" / "matmul_fp16.json").read_text())
     assert scope["g"].spec_hash() == example.spec_hash()
     (json_block,) = list(_blocks((ROOT / "docs" / "spec-format.md").read_text(), "json"))[:1]
