@@ -64,6 +64,20 @@ METRICS_PORT ?= 9464
 run: setup
 	$(VENV)/bin/plancache-server --metrics-port $(METRICS_PORT) $(ARGS)
 
+## Try it without a GPU: a server with the tests' CPU STAND-IN compiler (never the default: its plans
+## are made-up bytes for a target no GPU has), a client that compiles a spec (built, signed, stored),
+## compiles it again (a hit) and prints the counters and the status page http://127.0.0.1:9464/;
+## the server then runs until Ctrl-C (ARGS=--exit: it stops after the tour). Only the two packages
+## are installed (not the test tools), so it runs within a minute or two of `git clone`.
+DEMO_STAMP := $(VENV)/.demo-stamp
+$(DEMO_STAMP): client/pyproject.toml server/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e ./client -e ./server
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP) redis
+	$(PY) examples/try_without_gpu.py $(ARGS)
+
 ## Lint, type-check and run every test this machine can run (GPU tests skip without a GPU),
 ## in TEST_WORKERS processes (pytest-xdist): most tests wait (processes, Redis, builds), so more than the cores.
 TEST_WORKERS ?= 4
