@@ -60,9 +60,12 @@ setup-test: test-plan setup chromium node prometheus
 
 ## Start a server on 127.0.0.1:50051 with a private Redis and a worker per local GPU;
 ## /metrics and the status page on http://127.0.0.1:$(METRICS_PORT)/ (METRICS_PORT=0: off).
+## REDIS_LISTEN=0.0.0.0:6379: the private Redis also listens there, for compile workers on other
+## hosts (passwords required; the workers' URL is written to the data folder: docs/deploying.md).
 METRICS_PORT ?= 9464
+REDIS_LISTEN ?=
 run: setup
-	$(VENV)/bin/plancache-server --metrics-port $(METRICS_PORT) $(ARGS)
+	$(VENV)/bin/plancache-server --metrics-port $(METRICS_PORT) $(if $(REDIS_LISTEN),--redis-listen $(REDIS_LISTEN)) $(ARGS)
 
 ## Try it without a GPU: a server with the tests' CPU STAND-IN compiler (never the default: its plans
 ## are made-up bytes for a target no GPU has), a client that compiles a spec (built, signed, stored),

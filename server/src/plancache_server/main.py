@@ -176,7 +176,12 @@ def start_private_store(settings: Settings) -> EmbeddedRedis:
     damaged one is repaired first (plancache_server.store.repair) and the
     plans the repair lost are logged and recorded for the status page.
     StoreStartError: one line saying why it cannot start."""
-    embedded = EmbeddedRedis(settings.data_dir / "redis", binary=settings.redis_server_bin, unix_socket=True)
+    embedded = EmbeddedRedis(
+        settings.data_dir / "redis",
+        binary=settings.redis_server_bin,
+        unix_socket=True,
+        tcp_listen=settings.redis_listen,
+    )
     try:
         embedded.start()
     except StoreStartError as e:
@@ -232,7 +237,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.error("cannot start: %s", e)
             return 1
         redis_url = embedded.url
-        log.info("no --redis-url given: using a private redis-server (%s), data in %s", redis_url, embedded.data_dir)
+        log.info(
+            "no --redis-url given: using a private redis-server (%s), data in %s",
+            embedded.shown_url,
+            embedded.data_dir,
+        )
+    elif settings.redis_listen:
+        log.error(
+            "cannot start: --redis-listen opens the private store to other hosts; "
+            "the Redis of --redis-url is opened by its operator (docs/deploying.md)"
+        )
+        return 1
     elif settings.repair_store:
         log.error(
             "cannot start: --repair-store repairs the private store "
@@ -252,7 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             log.warning(
                 "no GPU on this host: serving stored plans only; "
-                "Compile of a missing plan needs a worker (plancache-worker) of its target"
+                "Compile of a missing plan needs a worker (plancache-worker) of its target: one on a GPU host "
+                "joins this server's Redis (docs/deploying.md; `make run REDIS_LISTEN=...` opens make run's "
+                "Redis to it), and `make demo` shows the whole path with a CPU stand-in compiler"
             )
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(serve(settings, redis_url))
