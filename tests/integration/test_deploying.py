@@ -27,7 +27,16 @@ pytestmark = pytest.mark.slow
 def _server(tmp_path: Path, *args: str) -> tuple[Proc, str]:
     port = free_port()
     server = Proc(
-        [sys.executable, "-m", "plancache_server.main", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "data"), *args],
+        [
+            sys.executable,
+            "-m",
+            "plancache_server.main",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--data-dir",
+            str(tmp_path / "data"),
+            *args,
+        ],
         tmp_path / "server.log",
     )
     server.wait_for(r"plancache-server listening on")
@@ -61,10 +70,20 @@ def test_a_worker_on_another_host_joins_a_servers_private_redis(tmp_path: Path) 
         as_worker.close()
 
         with Client(address, trusted_keys=[public], allow_unsigned=False, cache=False, hedge=False) as client:
-            with pytest.raises(TargetUnavailable, match="plancache-worker --redis-url .*docs/deploying.md"):
+            with pytest.raises(TargetUnavailable, match=r"plancache-worker --redis-url .*docs/deploying\.md"):
                 client.compile(matmul_spec(), STANDIN_TARGET)  # no worker yet: the message says what to start
             worker = Proc(
-                [sys.executable, "-m", "plancache_server.worker_main", "--device", "0", "--compiler", "tests.support.standin:factory", "--signing-key", str(private)],
+                [
+                    sys.executable,
+                    "-m",
+                    "plancache_server.worker_main",
+                    "--device",
+                    "0",
+                    "--compiler",
+                    "tests.support.standin:factory",
+                    "--signing-key",
+                    str(private),
+                ],
                 tmp_path / "worker.log",
                 env=child_env(PLANCACHE_REDIS_URL=worker_url),  # by environment, as docs/deploying.md says
             )
@@ -89,7 +108,13 @@ def test_a_password_with_any_character_reaches_redis(tmp_path: Path) -> None:
     secret.write_text(password + "\n")
     try:
         server, address = _server(
-            tmp_path, "--gpus", "none", "--redis-url", f"redis://127.0.0.1:{shared.port}/0", "--redis-password-file", str(secret)
+            tmp_path,
+            "--gpus",
+            "none",
+            "--redis-url",
+            f"redis://127.0.0.1:{shared.port}/0",
+            "--redis-password-file",
+            str(secret),
         )
         with Client(address, cache=False) as client:
             assert client.admin.stats() is not None
@@ -101,7 +126,19 @@ def test_a_password_with_any_character_reaches_redis(tmp_path: Path) -> None:
 
 def test_redis_listen_is_for_the_private_store(tmp_path: Path) -> None:
     run = Proc(
-        [sys.executable, "-m", "plancache_server.main", "--gpus", "none", "--redis-url", "redis://127.0.0.1:1/0", "--redis-listen", "0.0.0.0:6379", "--data-dir", str(tmp_path / "d")],
+        [
+            sys.executable,
+            "-m",
+            "plancache_server.main",
+            "--gpus",
+            "none",
+            "--redis-url",
+            "redis://127.0.0.1:1/0",
+            "--redis-listen",
+            "0.0.0.0:6379",
+            "--data-dir",
+            str(tmp_path / "d"),
+        ],
         tmp_path / "log",
     )
     assert run.proc.wait(timeout=60) == 1
@@ -114,7 +151,9 @@ def test_make_run_opens_its_redis_when_asked() -> None:
     import subprocess
 
     repo = Path(__file__).resolve().parents[2]
-    asked = subprocess.run(["make", "-n", "run", "REDIS_LISTEN=0.0.0.0:6379"], cwd=repo, capture_output=True, text=True, check=True)
+    asked = subprocess.run(
+        ["make", "-n", "run", "REDIS_LISTEN=0.0.0.0:6379"], cwd=repo, capture_output=True, text=True, check=True
+    )
     assert "plancache-server --metrics-port 9464 --redis-listen 0.0.0.0:6379" in asked.stdout
     plain = subprocess.run(["make", "-n", "run"], cwd=repo, capture_output=True, text=True, check=True)
     assert "--redis-listen" not in plain.stdout

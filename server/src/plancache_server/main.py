@@ -106,7 +106,8 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def serve(settings: Settings, redis_url: str) -> None:
+async def serve(settings: Settings, redis_url: str, devices: Sequence[int] = ()) -> None:
+    """`devices`: the GPUs this server started workers for (their metrics ports are listed to Prometheus)."""
     front = await Gateway.start(settings, redis_url)
     tune_garbage_collector()
     loop = asyncio.get_running_loop()
@@ -115,8 +116,14 @@ async def serve(settings: Settings, redis_url: str) -> None:
         metrics.report_store(front.janitor.usage)
     if front.warming is not None:
         metrics.report_warming(front.warming.all_status)
+    # A worker's port: the one worker_flags hands it (metrics port + 1) plus its device index (worker_main).
+    scrape = web.ScrapeTargets(settings.metrics_port, {d: settings.metrics_port + 1 + d for d in devices})
     http = web.serve(
-        settings.metrics_port, status_of(front), loop, host=settings.metrics_host or web.listen_host(settings.listen)
+        settings.metrics_port,
+        status_of(front),
+        loop,
+        host=settings.metrics_host or web.listen_host(settings.listen),
+        scrape=scrape,
     )
     log.info("plancache-server listening on %s (port %d)", settings.listen, front.port)
     stopping = asyncio.Event()
@@ -272,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "Redis to it), and `make demo` shows the whole path with a CPU stand-in compiler"
             )
         with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(serve(settings, redis_url))
+            runner.run(serve(settings, redis_url, devices))
     except OSError as e:
         log.error("%s", e)
         return 1
