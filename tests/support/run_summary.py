@@ -1,4 +1,6 @@
-"""GPU-only tests on a machine without a GPU: left out of the run, said once.
+"""What a run could not run, said once: the GPU tests left out, the skips by reason.
+
+GPU-only tests on a machine without a GPU are left out of the run and said once.
 
 Without a CUDA GPU (and torch and the cuDNN frontend) the tests marked `gpu`
 cannot run. Skipping each of them printed ~535 `s` and dozens of SKIPPED
@@ -13,13 +15,19 @@ A run that asks for them (`-m gpu`, as scripts/gpu-check.sh does, or
 the reason. Under pytest-xdist each worker collects (and deselects) on its
 own and hands its count to the controller, which prints the line.
 
-Registered by tests/conftest.py; `-p tests.support.gpu_summary` loads it alone.
+The other skips (a tmpfs that cannot be mounted, a redis-server without
+TLS, ...) are listed once per reason, with how many and where, instead of
+one SKIPPED line per test location; a skipped test is never counted as
+passed (pytest's own counts say "skipped").
+
+Registered by tests/conftest.py; `-p tests.support.run_summary` loads it alone.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from collections import defaultdict
 from typing import Any
 
 import pytest
@@ -88,9 +96,29 @@ def pytest_testnodedown(node: Any, error: object) -> None:
         node.config.stash[_REASON] = str(reported[1])
 
 
+def skip_lines(reports: list[Any], root: str) -> list[str]:
+    """One line per reason: how many tests it skipped and where (the first file, and how many more)."""
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for report in reports:
+        path, _, reason = report.longrepr
+        by_reason[str(reason).removeprefix("Skipped: ")].append(os.path.relpath(str(path), root))
+    lines = []
+    for reason, paths in sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0])):
+        files = sorted(set(paths))
+        where = files[0] + (f" and {len(files) - 1} more files" if len(files) > 1 else "")
+        lines.append(f"{len(paths):5d} skipped: {reason} ({where})")
+    return lines
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     if getattr(config, "workerinput", None) is not None:
         return
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if isinstance(getattr(r, "longrepr", None), tuple)]
+    if skipped and "s" in terminalreporter.reportchars:
+        terminalreporter.reportchars = terminalreporter.reportchars.replace("s", "")  # instead of a line per place
+        terminalreporter.write_sep("-", f"{len(skipped)} skipped: what this machine cannot run, by reason")
+        for line in skip_lines(skipped, str(config.rootpath)):
+            terminalreporter.write_line(line)
     count = config.stash.get(_COUNT, 0)
     if count:
         terminalreporter.write_line(summary_line(count, config.stash.get(_REASON, "no GPU")), yellow=True)

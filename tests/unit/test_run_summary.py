@@ -1,6 +1,6 @@
 """A run without a GPU leaves the GPU tests out and says so in one line
-(tests.support.gpu_summary); a run that asks for them (`-m gpu`, as
-scripts/gpu-check.sh does) still gets them."""
+(tests.support.run_summary); a run that asks for them (`-m gpu`, as
+scripts/gpu-check.sh does) still gets them; other skips are said once per reason."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.gpu_summary import NO_GPU_ENV
+from tests.support.run_summary import NO_GPU_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,13 +30,27 @@ def test_here_too():
     pass
 """
 
+SKIPS = """
+import pytest
 
-def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+@pytest.mark.parametrize("n", range(4))
+def test_needs_a_tmpfs(n):
+    pytest.skip("mounting a tmpfs needs CAP_SYS_ADMIN")
+
+def test_needs_tls():
+    pytest.skip("this redis-server was built without TLS")
+
+def test_runs():
+    pass
+"""
+
+
+def _run(tmp_path: Path, *args: str, suite: str = SUITE) -> subprocess.CompletedProcess[str]:
     (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -ra\nmarkers =\n    gpu: needs a GPU\n")
-    (tmp_path / "test_suite.py").write_text(SUITE)
+    (tmp_path / "test_suite.py").write_text(suite)
     env = {**os.environ, "PYTHONPATH": str(REPO), NO_GPU_ENV: "1"}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.support.gpu_summary", "-p", "no:cacheprovider", *args],
+        [sys.executable, "-m", "pytest", "-p", "tests.support.run_summary", "-p", "no:cacheprovider", *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -74,3 +88,15 @@ def test_asking_for_the_gpu_tests_still_selects_them(tmp_path: Path) -> None:
 def test_gpu_check_script_still_asks_for_them() -> None:
     script = (REPO / "scripts" / "gpu-check.sh").read_text()
     assert "-m gpu" in script and 'addopts=""' in script
+
+
+def test_skips_are_said_once_per_reason(tmp_path: Path) -> None:
+    (tmp_path / "test_more.py").write_text(SKIPS.replace("def test_runs", "def test_also_runs"))
+    run = _run(tmp_path, "-n", "0", suite=SKIPS)
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    assert "10 skipped: what this machine cannot run, by reason" in out
+    assert "    8 skipped: mounting a tmpfs needs CAP_SYS_ADMIN (test_more.py and 1 more files)" in out
+    assert "    2 skipped: this redis-server was built without TLS (test_more.py and 1 more files)" in out
+    assert "SKIPPED [" not in out  # not a line per place as well
+    assert "2 passed, 10 skipped" in out
