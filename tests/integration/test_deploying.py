@@ -96,6 +96,10 @@ def test_a_worker_on_another_host_joins_a_servers_private_redis(tmp_path: Path) 
         if worker is not None:
             worker.stop()
         assert server.stop() == 0
+    # Started again without --redis-listen: a unix socket only, and no URL left that would not work.
+    again, _ = _server(tmp_path, "--gpus", "none")
+    assert again.stop() == 0
+    assert not url_file.exists()
 
 
 def test_a_password_with_any_character_reaches_redis(tmp_path: Path) -> None:

@@ -132,6 +132,8 @@ class EmbeddedRedis:
         """With `tcp_listen`: the arguments that add the TCP address, the default user's password in a config
         file (redis-server's first argument), and the remote workers' password; [] without."""
         if self.tcp_listen is None:
+            self.worker_url_file.unlink(missing_ok=True)  # a URL of an earlier start that no longer works
+            (self.data_dir / "auth.conf").unlink(missing_ok=True)
             return []
         host, port = self.tcp_listen
         self.password = _secret_file(self.data_dir / "default.password")
