@@ -28,6 +28,7 @@ key as docs/deploying.md says. It exits 1 when the second call was not a hit.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import shutil
 import signal
@@ -114,7 +115,9 @@ def start_server(data_dir: Path, port: int, metrics_port: int, verbose: bool) ->
         "--log-level",
         "INFO" if verbose else "WARNING",
     ]
-    return subprocess.Popen(args, env=env, cwd=REPO, stdin=subprocess.DEVNULL)
+    # Its own session: Ctrl-C reaches this script, which stops the server in order (SIGTERM), rather
+    # than every process at once (Redis before the worker that writes to it).
+    return subprocess.Popen(args, env=env, cwd=REPO, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def wait_until_ready(address: str, server: subprocess.Popen[bytes]) -> None:
@@ -144,6 +147,10 @@ def stop(server: subprocess.Popen[bytes]) -> None:
             server.wait()
 
 
+def _interrupted(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="plancache without a GPU: a server with a CPU stand-in compiler")
     parser.add_argument("--port", type=int, default=50051, help="gRPC port on 127.0.0.1 (default 50051)")
@@ -153,8 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--verbose", action="store_true", help="the server's INFO lines too")
     args = parser.parse_args(argv)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)  # each step as it happens, through make or a pipe too
     address = f"127.0.0.1:{args.port}"
     status_url = f"http://127.0.0.1:{args.metrics_port}/"
+    # Ctrl-C or a SIGTERM (from a terminal, make, a test) stops the server in order and cleans up.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupted)
     data_dir = Path(tempfile.mkdtemp(prefix="plancache-demo-"))
     print(f"demo: starting plancache-server on {address} with a CPU STAND-IN compiler (not cuDNN), data in {data_dir}")
     server = start_server(data_dir, args.port, args.metrics_port, args.verbose)
@@ -177,7 +189,12 @@ def main(argv: list[str] | None = None) -> int:
             server.wait()
         except KeyboardInterrupt:
             print("\ndemo: stopping the server")
-        return 0 if server.returncode in (None, 0, -signal.SIGINT) else 1
+            return 0
+        print(f"demo: the server exited ({server.returncode})", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ndemo: stopping the server")
+        return 130
     finally:
         stop(server)
         shutil.rmtree(data_dir, ignore_errors=True)

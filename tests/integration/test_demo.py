@@ -73,3 +73,42 @@ def test_the_demo_plans_are_for_no_gpu() -> None:
     real = Target("sm_90", STANDIN_TARGET.cudnn_version, "1.32.0", "NVIDIA H200", 132)  # docs/gpu-runs
     assert CPU_DEMO_TARGET.generic().id != real.generic().id
     assert "not a GPU" in CPU_DEMO_TARGET.device_name
+
+
+def test_make_demo_serves_until_ctrl_c_then_stops_in_order(tmp_path: Path) -> None:
+    """Without --exit (what `make demo` does): the status page is up until Ctrl-C, then everything stops."""
+    import os
+    import signal
+    import socket
+    import time
+
+    port, metrics_port = free_port(), free_port()
+    out = tmp_path / "out.txt"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "examples/try_without_gpu.py", "--port", str(port), "--metrics-port", str(metrics_port)],
+            cwd=REPO,
+            env=inherited_environment(),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a terminal's foreground group: Ctrl-C signals every process in it
+        )
+        try:
+            deadline = time.monotonic() + 90
+            while "runs until Ctrl-C" not in out.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
+                time.sleep(0.2)
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/", timeout=10) as page:
+                assert page.status == 200
+            os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C does
+            assert proc.wait(timeout=60) == 0, out.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = out.read_text()
+    assert "demo: stopping the server" in text
+    assert "restarting" not in text and "unavailable" not in text  # stopped in order, not all at once
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0  # the server is gone
+    data_dir = re.search(r"data in (\S+)", text)
+    assert data_dir is not None and not Path(data_dir.group(1)).exists()
