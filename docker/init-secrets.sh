@@ -7,8 +7,7 @@
 #   secrets/tokens                a `compile` and an `admin` bearer token: the gRPC port refuses
 #                                 callers without one (clients: PLANCACHE_TOKEN or Client(token=...))
 #   secrets/plan-signing.pem      the workers' Ed25519 signing key (private, mode 0600)
-#   secrets/plan-signing.pub.pem  the key every client trusts (PLANCACHE_TRUSTED_KEYS): copy it to
-#                                 them, or fetch it with `plancache trust HOST:PORT`
+#   secrets/plan-signing.pub.pem  the key every client trusts: copy it, or `plancache trust HOST:PORT`
 set -euo pipefail
 folder=${1:-"$(cd "$(dirname "$0")/.." && pwd)"}
 umask 077
