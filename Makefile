@@ -1,7 +1,9 @@
-# plancache: `make run` starts a server, `make test` runs the tests.
-# Both set up what they need on a fresh machine: redis-server (and, for the
+# plancache: `make run` starts a server, `make test` runs the tests, `make demo`
+# shows a plan compiled, stored and served on a machine without a GPU.
+# Each sets up what it needs on a fresh machine: redis-server (and, for the
 # tests, Chromium, Node.js and Prometheus) from the OS packages when missing, the Python packages in
-# a venv (.venv).
+# a venv (.venv). `make test` first prints what it is about to install. No service an OS package
+# ships is left running or enabled at boot (scripts/install-os-package.sh disables them).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: setup setup-test redis chromium node prometheus run test lint typecheck proto bench herd upgrade clean
+.PHONY: setup setup-test test-plan redis chromium node prometheus run demo test lint typecheck proto bench herd upgrade clean
 
 $(STAMP): client/pyproject.toml server/pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -45,13 +47,39 @@ $(NODE_MODULES): tests/conformance/node/package-lock.json
 prometheus:
 	@scripts/install-os-package.sh promtool prometheus golang-github-prometheus prometheus
 
-setup-test: setup chromium node prometheus
+## What `make test` installs, said before anything is installed (sizes from apt's lists when present).
+TEST_COMMANDS := redis-server=redis-server chromium=chromium node=nodejs npm=npm promtool=prometheus
+test-plan:
+	@echo "make test sets up, where missing:"
+	@if [ ! -f $(STAMP) ]; then echo "  Python packages into $(VENV) (about 500 MB: grpcio, redis, cryptography, the cuDNN frontend's IR, ...)"; fi
+	@if [ ! -f $(NODE_MODULES) ]; then echo "  npm packages into tests/conformance/node/node_modules (package-lock.json)"; fi
+	@scripts/install-os-package.sh --plan $(TEST_COMMANDS)
+	@echo "  (no service of these packages is left running or enabled at boot)"
+
+setup-test: test-plan setup chromium node prometheus
 
 ## Start a server on 127.0.0.1:50051 with a private Redis and a worker per local GPU;
 ## /metrics and the status page on http://127.0.0.1:$(METRICS_PORT)/ (METRICS_PORT=0: off).
+## REDIS_LISTEN=0.0.0.0:6379: the private Redis also listens there, for compile workers on other
+## hosts (passwords required; the workers' URL is written to the data folder: docs/deploying.md).
 METRICS_PORT ?= 9464
+REDIS_LISTEN ?=
 run: setup
-	$(VENV)/bin/plancache-server --metrics-port $(METRICS_PORT) $(ARGS)
+	$(VENV)/bin/plancache-server --metrics-port $(METRICS_PORT) $(if $(REDIS_LISTEN),--redis-listen $(REDIS_LISTEN)) $(ARGS)
+
+## Try it without a GPU: a server with the tests' CPU STAND-IN compiler (never the default: its plans
+## are made-up bytes for a target no GPU has), a client that compiles a spec (built, signed, stored),
+## compiles it again (a hit) and prints the counters and the status page http://127.0.0.1:9464/;
+## the server then runs until Ctrl-C (ARGS=--exit: it stops after the tour). Only the two packages
+## are installed (not the test tools), so it runs within a minute or two of `git clone`.
+DEMO_STAMP := $(VENV)/.demo-stamp
+$(DEMO_STAMP): client/pyproject.toml server/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e ./client -e ./server
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP) redis
+	$(PY) examples/try_without_gpu.py $(ARGS)
 
 ## Lint, type-check and run every test this machine can run (GPU tests skip without a GPU),
 ## in TEST_WORKERS processes (pytest-xdist): most tests wait (processes, Redis, builds), so more than the cores.

@@ -24,7 +24,7 @@ from plancache_server.worker.build_pool import ThreadBuildPool
 from plancache_server.worker.parts import worker_parts
 from plancache_server.worker.warm_runner import WarmRunner
 from plancache_server.worker.worker import Worker
-from tests.support import hermetic
+from tests.support import hermetic, run_summary
 from tests.support.frontend import ThreadedFrontEnd
 from tests.support.standin import StandInCompiler
 
@@ -34,6 +34,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def pytest_configure(config: pytest.Config) -> None:
     """A caller's PLANCACHE_* variables never reach what the suite tests."""
     removed = hermetic.scrub(os.environ)
+    if not config.pluginmanager.has_plugin("tests.support.run_summary"):
+        config.pluginmanager.register(run_summary, "tests.support.run_summary")
     if removed:
         config.stash[REMOVED_VARIABLES] = removed
 

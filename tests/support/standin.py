@@ -32,6 +32,11 @@ from plancache.keys.target import Target
 from plancache_server.worker.compiler.base import BuiltPlan, CandidateResult, CompiledPlan, Heuristic, compile_inline
 
 STANDIN_TARGET = Target("sm_90", 91900, "1.32.0", "StandIn GPU", 132)
+# The target of `make demo`'s stand-in (examples/try_without_gpu.py, demo_factory). Its plans must be usable
+# on no GPU: a worker also serves its target's generic form (no device name), so the device name alone is
+# not enough. No GPU has compute capability sm_00, and no frontend is version 0.0.0-cpu-standin, so no
+# real node's target, generic or not, ever names these plans.
+CPU_DEMO_TARGET = Target("sm_00", 91900, "0.0.0-cpu-standin", "CPU stand-in, not a GPU")
 # Graphs with this name are "rejected by cuDNN", to exercise failure paths.
 REJECTED_NAME = "standin-reject"
 # Graphs with this name fail while autotuning (after their provisional plan).
@@ -175,6 +180,15 @@ def _play_gpu_fault(name: str) -> None:
         raise RuntimeError("CUDA error: unspecified launch failure (Xid 79: GPU has fallen off the bus) [stand-in]")
     if name == OOM_KILLED_NAME:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def demo_factory(device: int) -> StandInCompiler:
+    """Entry point for `make demo` (`--compiler tests.support.standin:demo_factory`): builds of
+    PLANCACHE_STANDIN_BUILD_SECONDS (default 1 s, so a hit is seen to be faster) for CPU_DEMO_TARGET.
+    The worker says in its log that it builds with a stand-in (plancache_server.worker_main)."""
+    return StandInCompiler(
+        target=CPU_DEMO_TARGET, build_seconds=float(os.environ.get("PLANCACHE_STANDIN_BUILD_SECONDS") or "1.0")
+    )
 
 
 def factory(device: int) -> StandInCompiler:

@@ -106,7 +106,8 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def serve(settings: Settings, redis_url: str) -> None:
+async def serve(settings: Settings, redis_url: str, devices: Sequence[int] = ()) -> None:
+    """`devices`: the GPUs this server started workers for (their metrics ports are listed to Prometheus)."""
     front = await Gateway.start(settings, redis_url)
     tune_garbage_collector()
     loop = asyncio.get_running_loop()
@@ -115,8 +116,14 @@ async def serve(settings: Settings, redis_url: str) -> None:
         metrics.report_store(front.janitor.usage)
     if front.warming is not None:
         metrics.report_warming(front.warming.all_status)
+    # A worker's port: the one worker_flags hands it (metrics port + 1) plus its device index (worker_main).
+    scrape = web.ScrapeTargets(settings.metrics_port, {d: settings.metrics_port + 1 + d for d in devices})
     http = web.serve(
-        settings.metrics_port, status_of(front), loop, host=settings.metrics_host or web.listen_host(settings.listen)
+        settings.metrics_port,
+        status_of(front),
+        loop,
+        host=settings.metrics_host or web.listen_host(settings.listen),
+        scrape=scrape,
     )
     log.info("plancache-server listening on %s (port %d)", settings.listen, front.port)
     stopping = asyncio.Event()
@@ -176,7 +183,12 @@ def start_private_store(settings: Settings) -> EmbeddedRedis:
     damaged one is repaired first (plancache_server.store.repair) and the
     plans the repair lost are logged and recorded for the status page.
     StoreStartError: one line saying why it cannot start."""
-    embedded = EmbeddedRedis(settings.data_dir / "redis", binary=settings.redis_server_bin, unix_socket=True)
+    embedded = EmbeddedRedis(
+        settings.data_dir / "redis",
+        binary=settings.redis_server_bin,
+        unix_socket=True,
+        tcp_listen=settings.redis_listen,
+    )
     try:
         embedded.start()
     except StoreStartError as e:
@@ -232,7 +244,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.error("cannot start: %s", e)
             return 1
         redis_url = embedded.url
-        log.info("no --redis-url given: using a private redis-server (%s), data in %s", redis_url, embedded.data_dir)
+        log.info(
+            "no --redis-url given: using a private redis-server (%s), data in %s",
+            embedded.shown_url,
+            embedded.data_dir,
+        )
+    elif settings.redis_listen:
+        log.error(
+            "cannot start: --redis-listen opens the private store to other hosts; "
+            "the Redis of --redis-url is opened by its operator (docs/deploying.md)"
+        )
+        return 1
     elif settings.repair_store:
         log.error(
             "cannot start: --repair-store repairs the private store "
@@ -252,10 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             log.warning(
                 "no GPU on this host: serving stored plans only; "
-                "Compile of a missing plan needs a worker (plancache-worker) of its target"
+                "Compile of a missing plan needs a worker (plancache-worker) of its target: one on a GPU host "
+                "joins this server's Redis (docs/deploying.md; `make run REDIS_LISTEN=...` opens make run's "
+                "Redis to it), and `make demo` shows the whole path with a CPU stand-in compiler"
             )
         with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(serve(settings, redis_url))
+            runner.run(serve(settings, redis_url, devices))
     except OSError as e:
         log.error("%s", e)
         return 1

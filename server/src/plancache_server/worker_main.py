@@ -60,6 +60,14 @@ def run_one(device: int, settings: Settings) -> int:
             str(e)[:300],
         )
         return EXIT_GPU_LOST
+    if settings.compiler != "cudnn":
+        log.warning(
+            "worker for GPU %d builds with %s, a STAND-IN COMPILER, not cuDNN: "
+            "the plans it stores (target %s) are not GPU plans",
+            device,
+            settings.compiler,
+            compiler.target.id,
+        )
     assert settings.redis_url is not None
     if not redis_is_usable(settings.redis_url):
         return EXIT_MISCONFIGURED

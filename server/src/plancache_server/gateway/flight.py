@@ -208,7 +208,12 @@ class Flight:
 
     async def _live_targets_text(self) -> str:
         live = sorted(await self._crew.queue.live_targets())
-        return f"targets with workers now: {', '.join(live)}" if live else "no worker is connected to this deployment"
+        if live:
+            return f"targets with workers now: {', '.join(live)}"
+        return (
+            "no worker is connected to this deployment: start a compile worker on a GPU host against this "
+            "deployment's Redis (plancache-worker --redis-url ...; docs/deploying.md)"
+        )
 
     async def _follow(self, target: Target) -> None:
         """Watch the flight's job until its plan is stored, it failed, its

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from plancache.env import env_bool
 from plancache.errors import InvalidRequest
@@ -55,9 +56,32 @@ def parser(program: str) -> argparse.ArgumentParser:
     return p
 
 
+def url_with_password(url: str, password: str) -> str:
+    """`url` with `password` as its user's password, percent-quoted (a password may hold @ : / # ? %)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        query = [(k, v) for k, v in parse_qsl(parts.query) if k != "password"] + [("password", password)]
+        return f"unix://{parts.netloc}{parts.path}?{urlencode(query, quote_via=quote)}"
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.netloc.rpartition("@")[0].partition(":")[0] if "@" in parts.netloc else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{host}"))
+
+
+def _with_redis_password(settings: Settings) -> Settings:
+    if settings.redis_password_file is None:
+        return settings
+    if not settings.redis_url:
+        raise SystemExit("--redis-password-file is the password of --redis-url's user: give --redis-url too")
+    try:
+        password = settings.redis_password_file.read_text().rstrip("\r\n")
+    except OSError as e:
+        raise SystemExit(f"--redis-password-file {settings.redis_password_file}: {e.strerror or e}") from None
+    return replace(settings, redis_url=url_with_password(settings.redis_url, password))
+
+
 def settings_from(args: argparse.Namespace, program: str) -> Settings:
     values = {name: getattr(args, name) for name, _ in options(program)}
-    settings = Settings(**values)
+    settings = _with_redis_password(Settings(**values))
     if (
         settings.claim_idle_s < 2 * settings.heartbeat_interval_s
         or settings.heartbeat_ttl_s < 2 * settings.heartbeat_interval_s

@@ -91,3 +91,13 @@ def parse_listen(text: str) -> str:
 
 def parse_port(text: str) -> int:
     return int(text or 0)
+
+
+def parse_host_port(text: str) -> str | None:
+    """ "0.0.0.0:6379", "[::]:6379", "10.0.0.5:6379"; "" for none."""
+    if not text:
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not host:port")
+    return text

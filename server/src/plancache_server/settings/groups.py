@@ -15,6 +15,7 @@ from plancache_server.settings.declare import (
     SERVER_ONLY,
     default_data_dir,
     parse_autotune_strategy,
+    parse_host_port,
     parse_listen,
     parse_mebibytes,
     parse_optional_seconds,
@@ -35,6 +36,13 @@ class DeploymentSettings:
         "redis:// or rediss:// URL of the deployment's Redis; redis+cluster://host:port for a Redis Cluster",
         shown_default="none: a private redis-server",
     )
+    redis_password_file: Path | None = setting(
+        None,
+        "--redis-password-file",
+        "file holding the password of --redis-url's user (any characters: it is put into the URL quoted; "
+        "a container's secret, say), instead of a password written in the URL",
+        Path,
+    )
     data_dir: Path = setting(
         None,
         "--data-dir",
@@ -43,6 +51,15 @@ class DeploymentSettings:
         programs=SERVER_ONLY,
         factory=default_data_dir,
         shown_default="~/.local/share/plancache",
+    )
+    redis_listen: str | None = setting(
+        None,
+        "--redis-listen",
+        "host:port where the private redis-server also listens, for compile workers on other hosts "
+        "(passwords required; their URL is written to --data-dir/redis/worker-redis-url)",
+        parse_host_port,
+        programs=SERVER_ONLY,
+        shown_default="none: a unix socket only",
     )
     redis_server_bin: str = setting(
         "redis-server",

@@ -1,6 +1,9 @@
 """The HTTP side of a process (`--metrics-port`): Prometheus `/metrics` on
 every server and worker process; on a server also the status page (`/`),
-its data as JSON (`/status.json`) and a liveness probe (`/healthz`).
+its data as JSON (`/status.json`), a liveness probe (`/healthz`) and
+Prometheus's HTTP service discovery (`/prometheus/targets`: the server's
+own /metrics and one target per compile worker it started, so Prometheus
+scrapes the workers that exist, not a fixed list of ports).
 
 Plain HTTP, no authentication: bind it to an operators' network (the gRPC
 port carries the auth). Pages are read-only. Requests are served on a
@@ -15,6 +18,7 @@ import logging
 import socket
 import threading
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
@@ -29,6 +33,34 @@ from plancache_server.web.status import StatusSource
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 REPORT_TIMEOUT_S = 30.0
+# Prometheus's HTTP service discovery (http_sd_configs in docker/prometheus.yml).
+SCRAPE_TARGETS_PATH = "/prometheus/targets"
+
+
+@dataclass(frozen=True)
+class ScrapeTargets:
+    """What Prometheus scrapes for one server: its own metrics port and each worker it started (GPU -> port)."""
+
+    gateway_port: int
+    worker_ports: dict[int, int] = field(default_factory=dict)
+
+    def groups(self, host: str) -> list[dict[str, Any]]:
+        """Prometheus's http_sd format. `host`: the name Prometheus reached this server by (its Host
+        header), which reaches the workers too: a server's workers run beside it."""
+        shown = f"[{host}]" if ":" in host else host
+        groups: list[dict[str, Any]] = [{"targets": [f"{shown}:{self.gateway_port}"], "labels": {"role": "gateway"}}]
+        for gpu, port in sorted(self.worker_ports.items()):
+            groups.append({"targets": [f"{shown}:{port}"], "labels": {"role": "worker", "gpu": str(gpu)}})
+        return groups
+
+
+def _request_host(header: str | None, fallback: str) -> str:
+    """ "plancache:9464" -> "plancache", "[::1]:9464" -> "::1"; `fallback` without a Host header."""
+    if not header:
+        return fallback
+    if header.startswith("["):
+        return header[1 : header.find("]")]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -43,6 +75,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, content_type, encoder(REGISTRY))
             elif url.path == "/healthz":
                 self._send(200, "text/plain; charset=utf-8", b"ok\n")
+            elif url.path == SCRAPE_TARGETS_PATH and self.server.scrape is not None:
+                host = _request_host(self.headers.get("Host"), str(self.server.server_address[0]) or "127.0.0.1")
+                self._send(200, "application/json", json.dumps(self.server.scrape.groups(host)).encode())
             elif url.path in ("/", "/status", "/status.json") and self.server.status is not None:
                 report = self.server.on_loop(self.server.status.report(parse_qs(url.query).get("range", ["1h"])[0]))
                 if url.path == "/status.json":
@@ -53,7 +88,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(
                     404,
                     "text/plain; charset=utf-8",
-                    b"not found: /metrics, /healthz" + (b", /, /status.json" if self.server.status else b"") + b"\n",
+                    b"not found: /metrics, /healthz"
+                    + (b", /, /status.json" if self.server.status else b"")
+                    + (f", {SCRAPE_TARGETS_PATH}".encode() if self.server.scrape else b"")
+                    + b"\n",
                 )
         except InvalidRequest as e:
             self._send(400, "text/plain; charset=utf-8", f"{e.message}\n".encode())
@@ -82,11 +120,17 @@ class WebServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(
-        self, port: int, status: StatusSource | None, host: str = "", loop: asyncio.AbstractEventLoop | None = None
+        self,
+        port: int,
+        status: StatusSource | None,
+        host: str = "",
+        loop: asyncio.AbstractEventLoop | None = None,
+        scrape: ScrapeTargets | None = None,
     ) -> None:
         if status is not None and loop is None:
             raise ValueError("a status page needs the event loop its sources run on")
         self.status = status
+        self.scrape = scrape
         self.loop = loop
         if ":" in host:
             self.address_family = socket.AF_INET6
@@ -112,12 +156,13 @@ def serve(
     status: StatusSource | None = None,
     loop: asyncio.AbstractEventLoop | None = None,
     host: str = "127.0.0.1",
+    scrape: ScrapeTargets | None = None,
 ) -> WebServer | None:
     """Serve on host:port (port 0: off). No authentication there: bind it
     wider than localhost (0.0.0.0 in a container) only on purpose."""
     if not port:
         return None
-    server = WebServer(port, status, host=host, loop=loop).start()
+    server = WebServer(port, status, host=host, loop=loop, scrape=scrape).start()
     shown = f"[{host}]" if ":" in host else host
     log.info(
         "HTTP on %s:%d: /metrics%s",
