@@ -31,7 +31,6 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 README_MAX_LINES = 250
 CONTENTS_FROM_LINES = 80
 # Things named in the docs that another branch of issue 40 brings; once merged this is empty.
-PENDING = {"make demo": "issue40-d's Makefile", "plancache trust": "issue40-b's trust command"}
 # Paths the docs name that a run writes (ignored by git), not files of the repository.
 OUTPUTS = ("build/",)
 # Where a path the docs name may start: the repository, a package's source folder, a package.
@@ -375,8 +374,6 @@ def test_the_commands_given_exist() -> None:
                 words[0] == "plancache" and words[1] not in commands
             ):
                 missing.add(f"{words[0]} {words[1]}")
-    if missing and missing <= set(PENDING):
-        pytest.xfail(f"{sorted(missing)} arrive with {', '.join(PENDING[m] for m in sorted(missing))}")
     assert not missing, f"the docs give commands that do not exist: {sorted(missing)}"
 
 
