@@ -102,6 +102,25 @@ def test_a_gateway_serves_its_ring_then_the_keys_it_was_told_of(tmp_path: Path) 
     assert SigningKeys(None).read() == []
 
 
+def test_a_caller_asking_in_a_loop_costs_no_key_reads_and_a_staged_key_is_served_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    private, _ = generate_keypair(tmp_path / "own")
+    keys = SigningKeys(private)
+    reads: list[int] = []
+    real_read = keys.read
+    monkeypatch.setattr(keys, "read", lambda: reads.append(1) or real_read())
+
+    async def ask(times: int) -> list[int]:
+        return [len((await keys.response()).keys) for _ in range(times)]
+
+    assert asyncio.run(ask(50)) == [1] * 50 and len(reads) == 1
+    KeyRing(private).stage()
+    assert asyncio.run(ask(3)) == [2, 2, 2] and len(reads) == 2  # the staged key at the next ask, read once
+
+
 @pytest.mark.parametrize(
     ("listen", "port", "shown"),
     [

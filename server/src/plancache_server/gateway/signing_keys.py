@@ -5,14 +5,17 @@ gateway itself checks stored plans against.
 They are the key ring of its workers' key (--signing-key, or the key the
 server generated in --data-dir: current, next and previous, see
 plancache.trust.key_ring) and the keys it was told its workers sign with
-(--trusted-keys, served as current). The files are read on each call: a key
-staged while the server runs is served at once.
+(--trusted-keys, served as current). The keys are read again only when a
+file or folder they live in changed (a few stat calls per ask): a key staged
+while the server runs is served at once, and a caller asking in a loop costs
+the gateway no reads and no thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 from plancache.errors import InvalidRequest, ServerError
@@ -37,6 +40,7 @@ class SigningKeys:
     def __init__(self, signing_key: Path | None, listed: tuple[Path, ...] = ()) -> None:
         self.ring = KeyRing(signing_key) if signing_key is not None else None
         self._listed = listed
+        self._recent: tuple[tuple[int, ...], list[RingKey]] | None = None
 
     @classmethod
     def of(cls, settings: Settings) -> SigningKeys:
@@ -53,10 +57,34 @@ class SigningKeys:
             )
         return list(found.values())
 
+    def _files_state(self) -> tuple[int, ...]:
+        """The change times of every file and folder the keys are read from (-1: absent)."""
+        paths = list(self._listed)
+        if self.ring is not None:
+            ring = self.ring
+            paths += [ring.private.parent, ring.private, ring.public, ring.next_private, ring.previous_dir]
+        state = []
+        for path in paths:
+            try:
+                info = os.stat(path)
+                state += [info.st_mtime_ns, info.st_ctime_ns, info.st_size]
+            except OSError:
+                state += [-1, -1, -1]
+        return tuple(state)
+
+    async def recent(self) -> list[RingKey]:
+        """The keys, read again (on a thread) only when their files changed since the last read."""
+        state = self._files_state()
+        if self._recent is not None and self._recent[0] == state:
+            return self._recent[1]
+        keys = await asyncio.to_thread(self.read)
+        self._recent = (state, keys)
+        return keys
+
     async def response(self) -> pb.GetSigningKeysResponse:
-        """GetSigningKeys' answer (the files read on a thread); ServerError when a key file cannot be read."""
+        """GetSigningKeys' answer; ServerError when a key file cannot be read."""
         try:
-            keys = await asyncio.to_thread(self.read)
+            keys = await self.recent()
         except (InvalidRequest, OSError) as e:
             message = e.message if isinstance(e, InvalidRequest) else str(e)
             log.error("cannot serve the signing keys: %s", message)

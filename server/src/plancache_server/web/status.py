@@ -241,7 +241,7 @@ class StatusSource:
         if self._signing_keys is None:
             return []
         try:
-            keys = await asyncio.to_thread(self._signing_keys.read)
+            keys = await self._signing_keys.recent()
         except (InvalidRequest, OSError) as e:  # the page still shows the rest; the log says which file
             log.error("status page: the signing keys: %s", e.message if isinstance(e, InvalidRequest) else e)
             return []
