@@ -21,7 +21,6 @@ from plancache.wire.rich_status import (
     error_of,
     trailing_metadata,
 )
-from plancache_server.store.embedded_redis import free_port
 
 
 def test_error_class_and_retry_delay_survive_the_round_trip() -> None:
@@ -77,7 +76,9 @@ def refusing_server() -> Iterator[grpc.Channel]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
     handler = grpc.unary_unary_rpc_method_handler(refuse)
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("t.T", {"Refuse": handler})])
-    port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
+    # Port 0: the kernel's free port. A port picked beforehand can be taken by a parallel test, and gRPC binds with
+    # SO_REUSEPORT, so both servers would share it and this call could reach the other one.
+    port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         yield channel
