@@ -285,6 +285,7 @@ class Bench:
         self.pool_measured = False  # this JIT state's first first node measures the worker's pool
         self.runs: list[dict[str, Any]] = []
         self.skipped: list[str] = []
+        self.pairs: tuple[str, ...] = ()  # --pairs: hedge-paired's first-node paths to run (empty: all of PAIRED)
 
     def cache_env(self, jit: str, fill: bool = False) -> dict[str, str]:
         if jit == "cold" and not fill:
@@ -305,6 +306,10 @@ class Bench:
         }
         if base(path) == "first-dropin":
             extra["PLANCACHE_SERVER"] = server
+        if os.environ.get("BENCH_MISS_PHASES") == "1":  # bench/miss_phases.py: each step's time, and a profile
+            (self.out / "profiles").mkdir(exist_ok=True)
+            extra["PLANCACHE_BENCH_PHASES"] = "1"
+            extra["PLANCACHE_BENCH_PROFILE"] = str(self.out / "profiles" / f"{jit}-{path}.txt")
         return {**env, **extra, **self.cache_env(jit, fill)}
 
     def watches(self, path: str) -> bool:
@@ -605,7 +610,8 @@ class Bench:
         server_args = ("--gpus", "none", "--signing-key", str(self.private_key))
         with server_process(address, redis_url, self.out / f"startup-server-{jit}.log", *server_args, env=child_env()):
             if self.study == "hedge-paired":
-                self.groups(jit, env, address, redis_url, [pair for _ in range(self.repeats) for pair in PAIRED])
+                pairs = [pair for pair in PAIRED if not self.pairs or base(pair[1]) in self.pairs]
+                self.groups(jit, env, address, redis_url, [pair for _ in range(self.repeats) for pair in pairs])
                 self.stored(jit, env, address, redis_url, (HITS, ("fetch",), ("floor",)), tuned_only=False)
             elif self.study == "hedge":
                 self.groups(jit, env, address, redis_url, HEDGE_STUDY)
@@ -681,6 +687,7 @@ class Bench:
             "lazy_s": LAZY_S,
             "time_limit_s": self.time_limit,
             "build_processes": self.build_processes or "the worker's default",
+            "pairs": list(self.pairs) or "all",
         }
 
 
@@ -1057,6 +1064,11 @@ def main() -> None:
         help="seconds per JIT state; runs that would end past it are skipped and listed",
     )
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--pairs",
+        default="",
+        help="hedge-paired: a comma list of its first-node paths (first-compile,...); default all",
+    )
     parser.add_argument("--foreground-s", type=float, default=2.0)
     parser.add_argument(
         "--build-processes", type=int, default=0, help="the workers' --build-processes (0: their default)"
@@ -1080,6 +1092,7 @@ def main() -> None:
     bench = Bench(
         args.out, args.time_limit, args.repeats, args.foreground_s, args.warm_cache, args.build_processes, args.study
     )
+    bench.pairs = tuple(p for p in args.pairs.split(",") if p)
     if args.split_cpus:
         bench.split_cpus()  # before Redis starts: it and every service process inherit the service's half
     redis = EmbeddedRedis(

@@ -90,6 +90,7 @@ IMPORT_STARTED = time.perf_counter()
 import cudnn  # noqa: E402
 import torch  # noqa: E402
 
+from bench import miss_phases  # noqa: E402
 from bench.startup_graphs import read_blobs, startup_graphs  # noqa: E402
 from plancache import Client, CompileOptions, Manifest, ManifestEntry, Plan  # noqa: E402
 from plancache.frontend_graph import build_pygraph  # noqa: E402
@@ -406,6 +407,7 @@ def main() -> None:
     parser.add_argument("--barrier", type=Path, help="start together: write ready-I there, wait for its go file")
     args = parser.parse_args()
     imports_s = time.perf_counter() - IMPORT_STARTED
+    timing_phases = miss_phases.install()  # PLANCACHE_BENCH_PHASES=1: where a miss's time goes
     share, of = (int(x) for x in args.share.split("/"))
     torch.cuda.init()
     handle = cudnn_handle()  # with cuBLASLt: set-up every path pays
@@ -446,6 +448,7 @@ def main() -> None:
         "plan_key": {},
     }
     client = None
+    profile = miss_phases.Profile().__enter__()
     if compiler is not None:
         result.update(local(compiler, specs, tensors, clock, args.path == "local-autotuned", per_graph))
     elif args.path in PROGRAM_PATHS:
@@ -464,6 +467,9 @@ def main() -> None:
     torch.cuda.synchronize()
     result["total_s"] = clock.now()
     result["cpu_s"] = clock.cpu_s()
+    profile.__exit__()
+    if timing_phases:
+        result["phases"] = miss_phases.phases()
     result["end_wall"] = time.time()
     if client is not None:
         client.close()

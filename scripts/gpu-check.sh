@@ -55,7 +55,7 @@ for bench in ${BENCHES:-autotune startup gpu_exec}; do
   case "$bench" in
     autotune) python3 bench/autotune.py --out "$OUT" --time-limit "${AUTOTUNE_TIME_LIMIT:-240}" 2>&1 | tee "$OUT/autotune.log" ;;
     startup) python3 bench/startup.py --out "$OUT" --jit "${STARTUP_JIT:-both}" --study "${STARTUP_STUDY:-all}" --warm-cache .startup-jit-cache \
-               --time-limit "${STARTUP_TIME_LIMIT:-390}" --repeats "${STARTUP_REPEATS:-2}" ${STARTUP_SPLIT_CPUS:+--split-cpus} 2>&1 | tee "$OUT/startup.log" ;;
+               --time-limit "${STARTUP_TIME_LIMIT:-390}" --repeats "${STARTUP_REPEATS:-2}" ${STARTUP_SPLIT_CPUS:+--split-cpus} ${STARTUP_PAIRS:+--pairs "$STARTUP_PAIRS"} 2>&1 | tee "$OUT/startup.log" ;;
     gpu_bench) python3 bench/gpu_bench.py --out "$OUT" 2>&1 | tee "$OUT/gpu_bench.log" ;;
     none) ;;
     gpu_exec) python3 bench/gpu_exec.py --out "$OUT" 2>&1 | tee "$OUT/gpu_exec.log" ;;
