@@ -64,6 +64,17 @@ Studies (--study):
          local-functional again (--repeats in all). Hedged first in each pair: the
          unhedged node waits for every plan, so it leaves all 13 stored for the hits.
 
+  workload  issue 41's start-up with nothing configured: local-program and first-dropin, then
+         local-functional, torch-step and first-functional (unhedged first nodes: every plan stored,
+         and their uses written to their workload's record: PLANCACHE_WORKLOAD bench-dropin,
+         bench-decode-step); then --repeats pairs of local-program, stored-dropin (the drop-in program
+         in a fresh process, its plans streamed by the record: PLANCACHE_WORKLOAD_PREFETCH=1, no
+         manifest) and torch-step, stored-functional (the decode step the same way). Ratios:
+         stored_dropin_over_local_program, stored_functional_over_torch_step, medians of adjacent pairs.
+
+Every study's summary also has `paired`: each hedged first node over the local run just before it
+(medians of adjacent pairs; hedge-paired runs them so).
+
 Local builds and stored-plan paths of the `all` study repeat `--repeats`
 times; the rest run once. The warm cache (CUDA_CACHE_PATH=--warm-cache) is
 filled by the cold local-autotuned run (`all`), which reads an empty cache
@@ -121,6 +132,24 @@ FIRST_NODES = (
     "first-functional",
 )  # nothing stored: a fresh worker each (with or without the hedge)
 STORED = ("fetch", "prefetch", "background", "floor", "hit-compile")  # every plan stored
+# Issue 41: a fresh process with every plan stored and no manifest written by anyone: the workload's
+# start-up record (plancache.transport.workload) streams them. Their workloads' records are written by the
+# first node of the same program (first-dropin, first-functional: PLANCACHE_WORKLOAD below).
+WORKLOAD_PATHS = ("stored-dropin", "stored-functional")
+WORKLOAD_OF = {
+    "first-dropin": "bench-dropin",
+    "stored-dropin": "bench-dropin",
+    "first-functional": "bench-decode-step",
+    "stored-functional": "bench-decode-step",
+}
+# Each stored start against what the node does without plancache (ratio, median of adjacent pairs).
+WORKLOAD_VERSUS = {
+    "stored-dropin": ("local-program", "stored_dropin_over_local_program"),
+    "stored-functional": ("torch-step", "stored_functional_over_torch_step"),
+}
+# --study workload: the first nodes that write the records (unhedged: every plan stored), then the pairs.
+WORKLOAD_STUDY_FIRST = (("local-program", "first-dropin"), ("local-functional", "torch-step", "first-functional"))
+WORKLOAD_PAIRS = (("local-program", "stored-dropin"), ("torch-step", "stored-functional"))
 HITS = ("hit-compile+hedge", "hit-compile")
 PATHS = (
     "local-heuristic",
@@ -146,6 +175,7 @@ PATHS = (
     "floor",
     "hit-compile",
     "hit-compile+hedge",
+    *WORKLOAD_PATHS,
 )
 GROUPS = {
     "first-compile-4proc": ("first-compile", 4),
@@ -208,6 +238,8 @@ TARGETS = {
     "tuned_vs_local_autotune": 0.5,  # every plan tuned and stored, at most this times a plain local autotune
     "background_critical_path_s": 0.05,  # what plans add after a 2 s foreground
     "hedged_vs_local": 1.05,  # issue 29: every hedged first-node path, at most this times its local equivalent (VERSUS_LOCAL)
+    "stored_dropin_over_local_program": 0.3,  # issue 41: every graph of the drop-in program runnable, no manifest
+    "stored_functional_over_torch_step": 0.6,  # issue 41: the decode step, every plan stored, no manifest
 }
 # Seconds a run takes on an H200 (cold, warm JIT cache), its processes' start included: what it needs of --time-limit.
 # A first node's: its worker's start and its nodes; TUNED_WAIT_S more where it waits for the tuned plans (study all).
@@ -227,6 +259,8 @@ ESTIMATE_S = {
     **dict.fromkeys(FIRST_NODES, (25, 20)),
     "first-compile-4proc": (20, 16),
     "first-functional": (28, 22),
+    "stored-dropin": (8, 8),
+    "stored-functional": (12, 10),
     "fill": (60, 60),
 }
 TUNED_WAIT_S = (25, 10)
@@ -303,8 +337,11 @@ class Bench:
         extra = {
             "PLANCACHE_HEDGE": "1" if hedged(path) else "0",
             "PLANCACHE_CACHE_DIR": tempfile.mkdtemp(prefix="disk-cache-", dir=self.tmp),
+            # The workload start-up prefetch (issue 41) only where a path measures it: the others are as before.
+            "PLANCACHE_WORKLOAD_PREFETCH": "1" if base(path) in WORKLOAD_PATHS else "0",
+            "PLANCACHE_WORKLOAD": WORKLOAD_OF.get(base(path), f"bench-{base(path)}"),
         }
-        if base(path) == "first-dropin":
+        if base(path) in ("first-dropin", "stored-dropin"):
             extra["PLANCACHE_SERVER"] = server
         if os.environ.get("BENCH_MISS_PHASES") == "1":  # bench/miss_phases.py: each step's time, and a profile
             (self.out / "profiles").mkdir(exist_ok=True)
@@ -515,7 +552,7 @@ class Bench:
             self.first(path, jit, env, address, redis_url)
         elif base(path) in GROUPS:
             self.local_group(path, jit, env)
-        elif base(path) in STORED:
+        elif base(path) in STORED or base(path) in WORKLOAD_PATHS:
             self.node(path, jit, env, server=address, blobs=blobs)
         else:
             self.node(path, jit, env)
@@ -609,7 +646,10 @@ class Bench:
         address = f"127.0.0.1:{free_port()}"
         server_args = ("--gpus", "none", "--signing-key", str(self.private_key))
         with server_process(address, redis_url, self.out / f"startup-server-{jit}.log", *server_args, env=child_env()):
-            if self.study == "hedge-paired":
+            if self.study == "workload":
+                self.groups(jit, env, address, redis_url, WORKLOAD_STUDY_FIRST)
+                self.groups(jit, env, address, redis_url, [p for _ in range(self.repeats) for p in WORKLOAD_PAIRS])
+            elif self.study == "hedge-paired":
                 pairs = [pair for pair in PAIRED if not self.pairs or base(pair[1]) in self.pairs]
                 self.groups(jit, env, address, redis_url, [pair for _ in range(self.repeats) for pair in pairs])
                 self.stored(jit, env, address, redis_url, (HITS, ("fetch",), ("floor",)), tuned_only=False)
@@ -791,10 +831,32 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         s["sources"] = source_counts(runs, jit)
         pools = [r["pool"] for r in runs if r["jit"] == jit and "pool" in r]
         s["pool"] = max(pools, key=lambda p: "device_growth_mib" in p) if pools else None
+        for path, (equivalent, name) in WORKLOAD_VERSUS.items():
+            s[name] = paired_ratio(runs, jit, path, equivalent)
+        s["paired"] = {
+            name: paired_ratio(runs, jit, path + HEDGE, equivalent if equivalent != "local-lazy" else "local-heuristic")
+            for path, (equivalent, _, name) in VERSUS_LOCAL.items()
+            if equivalent != "local-lazy"
+        }
         s["met"] = met(s, jit)
         summary[jit] = s
     summary["errors"] = [f"{r['jit']}/{r['path']}: {r['error'][-300:]}" for r in runs if "error" in r]
     return summary
+
+
+def paired_ratio(runs: list[dict[str, Any]], jit: str, path: str, equivalent: str) -> float | None:
+    """The median over `path`'s runs of its total over the run of `equivalent` just before it (adjacent
+    runs: the machine drifts between runs minutes apart); None without such a pair."""
+    ratios, last = [], None
+    for r in runs:
+        if r["jit"] != jit or "error" in r or "total_s" not in r:
+            continue
+        if r["path"] == equivalent:
+            last = r["total_s"]
+        elif r["path"] == path and last:
+            ratios.append(r["total_s"] / last)
+            last = None
+    return statistics.median(ratios) if ratios else None
 
 
 def costs(runs: list[dict[str, Any]], jit: str) -> dict[str, dict[str, float | None]]:
@@ -888,6 +950,7 @@ def met(s: dict[str, Any], jit: str) -> dict[str, bool]:
         "first_prefetch_over_local": TARGETS["first_prefetch_vs_local"],
         "background_after_foreground_s": TARGETS["background_critical_path_s"],
         **{with_hedge: TARGETS["hedged_vs_local"] for _, _, with_hedge in VERSUS_LOCAL.values()},
+        **{name: TARGETS[name] for _, name in WORKLOAD_VERSUS.values()},
     }
     result = {k: s[k] >= bound for k, bound in at_least.items() if s.get(k) is not None}
     result |= {k: s[k] <= bound for k, bound in at_most.items() if s.get(k) is not None}
@@ -1047,7 +1110,7 @@ def main() -> None:
     parser.add_argument("--jit", choices=("cold", "warm", "both"), default="both")
     parser.add_argument(
         "--study",
-        choices=("all", "hedge", "hedge-paired"),
+        choices=("all", "hedge", "hedge-paired", "workload"),
         default="all",
         help="all: every path; hedge: issue 29's hedged misses alone; hedge-paired: each hedged first node beside its local equivalent (module doc)",
     )

@@ -90,6 +90,7 @@ IMPORT_STARTED = time.perf_counter()
 import cudnn  # noqa: E402
 import torch  # noqa: E402
 
+import plancache  # noqa: E402
 from bench import miss_phases  # noqa: E402
 from bench.startup_graphs import read_blobs, startup_graphs  # noqa: E402
 from plancache import Client, CompileOptions, Manifest, ManifestEntry, Plan  # noqa: E402
@@ -106,8 +107,17 @@ COMPILER_PATHS = (
     "local-heuristic",
     "local-autotuned",
 )  # built with the worker's compiler (CudnnCompiler), made before the clock
-PROGRAM_PATHS = ("local-program", "first-dropin")  # the frontend program: cudnn, or plancache.cudnn in its place
-STEP_PATHS = ("first-functional", "local-functional", "torch-step")  # one decode step of examples/decoder_step.py
+PROGRAM_PATHS = (
+    "local-program",
+    "first-dropin",
+    "stored-dropin",
+)  # the frontend program: cudnn, or plancache.cudnn in its place
+STEP_PATHS = (
+    "first-functional",
+    "local-functional",
+    "torch-step",
+    "stored-functional",
+)  # one decode step of examples/decoder_step.py
 PATHS = (
     *COMPILER_PATHS,
     *PROGRAM_PATHS,
@@ -327,7 +337,8 @@ def decode_setup(path: str, server: str) -> Callable[[], object]:
     else:
         import plancache.functional as pf
 
-        pf.configure(Client(server, cache=False) if path == "first-functional" else LocalBuilds())  # type: ignore[arg-type]
+        served = path in ("first-functional", "stored-functional")
+        pf.configure(Client(server, cache=False) if served else LocalBuilds())  # type: ignore[arg-type]
         ops = functional_ops()
 
     def step() -> object:
@@ -422,7 +433,8 @@ def main() -> None:
 
         compiler = CudnnCompiler(0)  # its own handle
     # The program's one changed line for first-dropin (its service: PLANCACHE_SERVER, set by the parent).
-    frontend = importlib.import_module("plancache.cudnn") if args.path == "first-dropin" else cudnn
+    dropin = args.path in ("first-dropin", "stored-dropin")
+    frontend = importlib.import_module("plancache.cudnn") if dropin else cudnn
     step = decode_setup(args.path, args.server) if args.path in STEP_PATHS else None
     torch.cuda.synchronize()
     setup_s = time.perf_counter() - IMPORT_STARTED - imports_s
@@ -474,8 +486,10 @@ def main() -> None:
     if client is not None:
         client.close()
     per_graph["output_s"] = clock.outputs()  # type: ignore[assignment]
-    if args.path == "first-dropin":
+    if dropin:
         dropin_sources(specs, per_graph)
+    if args.path in ("stored-dropin", "stored-functional", "first-dropin", "first-functional"):
+        result["workload"] = dataclasses.asdict(plancache.workload_stats())  # what the start-up record streamed
     if step is not None and args.path != "torch-step":
         result.update(step_record())
     result.update(memory(), races=races())

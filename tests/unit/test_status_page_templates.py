@@ -20,6 +20,7 @@ SECTIONS = (
     "top-hits",
     "top-saved",
     "warming",
+    "workloads",
     "failures",
     "lost-to-repair",
     "retirable",

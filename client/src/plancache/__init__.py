@@ -32,6 +32,7 @@ from plancache.transport.connection import TLSConfig
 from plancache.transport.hedge import RaceCounts, race_stats
 from plancache.transport.manifest import Manifest, ManifestEntry
 from plancache.transport.results import PrefetchResult, TargetInfo, TargetStats, WindowCounts
+from plancache.transport.workload import WorkloadStats, workload_stats
 from plancache.trust.disk_cache import DiskCache
 from plancache.warm import WarmStatus
 
@@ -72,5 +73,7 @@ __all__ = [
     "UntrustedPlan",
     "WarmStatus",
     "WindowCounts",
+    "WorkloadStats",
     "race_stats",
+    "workload_stats",
 ]

@@ -116,6 +116,8 @@ async def serve(settings: Settings, redis_url: str, devices: Sequence[int] = ())
         metrics.report_store(front.janitor.usage)
     if front.warming is not None:
         metrics.report_warming(front.warming.all_status)
+    if front.workloads is not None:
+        metrics.report_workloads(front.workloads.summaries, loop)
     # A worker's port: the one worker_flags hands it (metrics port + 1) plus its device index (worker_main).
     scrape = web.ScrapeTargets(settings.metrics_port, {d: settings.metrics_port + 1 + d for d in devices})
     http = web.serve(

@@ -16,6 +16,7 @@ import cudnn as _frontend
 from plancache.cudnn._built import Built
 from plancache.cudnn._plan_list import DRIVES, QUERIES
 from plancache.cudnn._serving import Serving, pack
+from plancache.frontdoors.service import SERVICE
 
 
 class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the frontend's name
@@ -24,6 +25,8 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._plancache = Serving()
+        if not SERVICE.touched:  # the program's first graph: its workload's plans stream from now on
+            SERVICE.touch()
 
     @property
     def plancache(self) -> Built | None:

@@ -72,6 +72,7 @@ class Service:
         self.options: CompileOptions | None = None
         self.timeout: float | None = None
         self._from_env = True
+        self.touched = False  # touch() ran: the workload's plans were asked for (or there is no service)
         # Plans a manifest prefetch fetches (and loads) for this process: plan key -> (the prefetch, its entry).
         self._prefetched: dict[str, tuple[BackgroundPrefetch, int]] = {}
 
@@ -82,6 +83,7 @@ class Service:
         target: Target | str | None = None,
         options: CompileOptions | None = None,
         timeout: float | None = None,
+        workload: str | None = None,
     ) -> None:
         """`client`: a Client, or "host:port" (a Client with the default disk
         cache and PLANCACHE_TRUSTED_KEYS is made and owned), or None: read
@@ -89,14 +91,35 @@ class Service:
         (default: the GPU the call runs on). `options`: CompileOptions (the
         frontend shim keeps the heuristic modes, workspace limit and
         behavior-note filters a program sets). `timeout`: seconds a first
-        call may wait for a build (default: the client's compile timeout)."""
-        made = Client(client) if isinstance(client, str) else client
+        call may wait for a build (default: the client's compile timeout).
+        `workload`: the name of this process's workload, whose plans its
+        client streams at its first call (plancache.transport.workload;
+        default PLANCACHE_WORKLOAD, else the program's)."""
+        made = Client(client, workload=workload) if isinstance(client, str) else client
+        if workload is not None and made is not None and hasattr(made, "workload"):
+            made.workload.rename(workload)
         with self._lock:
             self._close_owned()
             self._prefetched.clear()  # keyed for the old service's target and options
             self._client, self._owned, self._from_env = made, isinstance(client, str), client is None
             self._target = Target.parse(target) if isinstance(target, str) else target
             self.options, self.timeout = options, timeout
+            self.touched = False
+        if made is not None:
+            self.touch()  # a program configures plancache first: its workload's plans stream meanwhile
+
+    def touch(self, device: int | None = None) -> None:
+        """The program uses plancache now (configured it, made a graph): its
+        client starts streaming its workload's plans (plancache.transport.workload)
+        on a thread, before its graphs ask. Nothing when no service is configured."""
+        self.touched = True
+        try:
+            client = self.client()
+        except NotConfigured:
+            return
+        workload = getattr(client, "workload", None)  # a stand-in for a Client may have none
+        if workload is not None:
+            workload.begin_in_background(lambda: self.target_for(0 if device is None else device))
 
     def client(self) -> Client:
         """The configured client, or one made from PLANCACHE_SERVER; NotConfigured otherwise."""
@@ -265,7 +288,8 @@ def configure(
     target: Target | str | None = None,
     options: CompileOptions | None = None,
     timeout: float | None = None,
+    workload: str | None = None,
 ) -> None:
     """Set the plancache service of this process (see Service.configure);
     `plancache.cudnn.configure` and `plancache.functional.configure` are this."""
-    SERVICE.configure(client, target=target, options=options, timeout=timeout)
+    SERVICE.configure(client, target=target, options=options, timeout=timeout, workload=workload)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import parse_key
 from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
+from plancache.run.local import can_build_here
 from plancache.run.plan import Plan
 from plancache.transport import outcomes
 from plancache.transport.admin import AdminClient
@@ -51,6 +53,7 @@ from plancache.transport.manifest import Manifest
 from plancache.transport.prefetching import ManifestPrefetch, OnPlan, Progress
 from plancache.transport.reports import Reports
 from plancache.transport.results import PrefetchResult
+from plancache.transport.workload import WorkloadStart, WorkloadStats, prefetch_default, workload_name
 from plancache.trust.answers import Asked
 from plancache.trust.disk_cache import DiskCache
 from plancache.trust.signing import TrustPolicy
@@ -87,6 +90,8 @@ class Client:
         hedge: bool | None = None,
         local_builder: LocalBuilder | None = None,
         report: bool | None = None,
+        workload: str | None = None,
+        workload_prefetch: bool | None = None,
     ) -> None:
         """`server` is "host:port" (an insecure channel is opened and owned;
         a host alone is port 50051, plancache-server's default, warned once)
@@ -107,7 +112,11 @@ class Client:
         `local_builder`: how this node builds (default: its cuDNN frontend).
         `report`: tell the service, in the background, how this process's
         graphs and races ended (plancache.transport.reports; default
-        PLANCACHE_REPORT, on)."""
+        PLANCACHE_REPORT, on). `workload`: the name of the workload this
+        process is one of (default PLANCACHE_WORKLOAD, else the program's);
+        `workload_prefetch`: at the first call, stream the plans the
+        workload's earlier processes used (plancache.transport.workload;
+        default PLANCACHE_WORKLOAD_PREFETCH, else where this process runs plans)."""
         self.connection = Connection(server, timeout=timeout, token=token, tls=tls)
         self._stub = self.connection.stub
         self.compile_timeout = compile_timeout
@@ -118,7 +127,17 @@ class Client:
         )
         self.hedge = hedge_default() if hedge is None else hedge
         self.local_builder: LocalBuilder = local_builder or FrontendBuilder()
-        self._reports = Reports(self._report, enabled=outcomes.report_default() if report is None else report)
+        reporting = outcomes.report_default() if report is None else report
+        self.workload = WorkloadStart(
+            self.connection,
+            self._workload_prefetch,
+            name=workload_name(workload),
+            prefetch=(lambda: workload_prefetch) if workload_prefetch is not None else _runs_plans_here,
+            report=reporting,
+            timeout=self.connection.timeout,
+        )
+        self._reports = Reports(self._report, enabled=reporting, workload=self.workload.take_report)
+        self.workload.wake = self._reports.wake  # a first use starts the reports' thread, as a hedged miss does
         self._hedged = HedgedCalls(self.connection, self.intake, self._reports)
 
     @property
@@ -212,6 +231,25 @@ class Client:
         self, query: PlanQuery, timeout: float | None, tuned_only: bool, hedge: bool | None, hedge_path: str
     ) -> Plan:
         asked = Asked.of(query)
+        workload = self.workload
+        began = workload.begin(query.target)
+        plan = self._compile_asked(query, asked, timeout, tuned_only, hedge, hedge_path, began)
+        workload.used(asked.key, query.target.id)
+        return plan
+
+    def _compile_asked(
+        self,
+        query: PlanQuery,
+        asked: Asked,
+        timeout: float | None,
+        tuned_only: bool,
+        hedge: bool | None,
+        hedge_path: str,
+        began: bool,
+    ) -> Plan:
+        prefetched = self.workload.take(asked, began=began)
+        if prefetched is not None and not (tuned_only and prefetched.provisional):
+            return prefetched
         cached = self.intake.cached(asked.key, tuned_only)
         if cached is not None:
             return cached
@@ -244,11 +282,29 @@ class Client:
         build this way. `path` names the front door in race_stats()."""
         query = self._query(spec, target, options, "race()")
         asked = Asked.of(query)
-        cached = self.intake.cached(asked.key, tuned_only=False)
-        if cached is not None:
-            return Raced(plan=cached)
-        request = _compile_request(query, answer_miss_at_once=True)
-        return self._hedged.race(request, asked, timeout if timeout is not None else self.compile_timeout, build, path)
+        workload = self.workload
+        began = workload.begin(query.target)
+        try:
+            prefetched = workload.take(asked, began=began)
+            if prefetched is not None:
+                return Raced(plan=prefetched)
+            cached = self.intake.cached(asked.key, tuned_only=False)
+            if cached is not None:
+                return Raced(plan=cached)
+            request = _compile_request(query, answer_miss_at_once=True)
+            budget = timeout if timeout is not None else self.compile_timeout
+            return self._hedged.race(request, asked, budget, build, path)
+        finally:
+            workload.used(asked.key, query.target.id)
+
+    def workload_stats(self) -> WorkloadStats:
+        """This client's start-up prefetch of its workload (plancache.workload_stats(): the process's)."""
+        return self.workload.stats_now()
+
+    def _workload_prefetch(self, manifest: Manifest, target: Target) -> BackgroundPrefetch:
+        """The workload's start-up stream (plancache.transport.workload): deserialized as it arrives where this
+        process runs plans of `target`."""
+        return self.prefetch_in_background(manifest, target, load=self.local_builder.can_build(target))
 
     def _report(self, request: pb.ReportFirstUsesRequest) -> None:
         # Short: a report lost costs only the report, and close() sends what is left.
@@ -358,6 +414,12 @@ class Client:
             )
 
         return BackgroundPrefetch(run, load)
+
+
+def _runs_plans_here() -> bool:
+    """The workload prefetch's default: PLANCACHE_WORKLOAD_PREFETCH, else where this process runs plans (as the
+    hedge: torch loaded, the frontend and a GPU there)."""
+    return prefetch_default(lambda: "torch" in sys.modules and can_build_here())
 
 
 def _compile_request(query: PlanQuery, *, tuned_only: bool = False, answer_miss_at_once: bool) -> pb.CompileRequest:

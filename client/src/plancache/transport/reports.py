@@ -99,9 +99,17 @@ class Reports:
     BATCH = 256
     INTERVAL_S = 1.0
 
-    def __init__(self, send: Callable[[pb.ReportFirstUsesRequest], Any], *, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        send: Callable[[pb.ReportFirstUsesRequest], Any],
+        *,
+        enabled: bool = True,
+        workload: Callable[[bool], pb.WorkloadUses | None] | None = None,
+    ) -> None:
+        """`workload(final)`: the workload's first uses and prefetch counts to add to a report (None: nothing)."""
         self._send = send
         self.enabled = enabled
+        self._workload = workload
         self._counts_every = counts_interval_s()
         self._counts_sent_at = time.monotonic()
         self._queue: queue.SimpleQueue[pb.FirstUse] = queue.SimpleQueue()
@@ -130,8 +138,9 @@ class Reports:
                     self._thread = threading.Thread(target=self._run, name="plancache-reports", daemon=True)
                     self._thread.start()
 
-    def flush(self, counts: bool = True) -> None:
-        """Send what is queued now (on the caller's thread); with `counts`, the counts too."""
+    def flush(self, counts: bool = True, final: bool = False) -> None:
+        """Send what is queued now (on the caller's thread); with `counts`, the
+        counts too; `final`: the client closes (the workload's last counts)."""
         uses: list[pb.FirstUse] = []
         while len(uses) < self.BATCH:
             try:
@@ -146,19 +155,22 @@ class Reports:
             self._counts_sent_at = time.monotonic()
             tallied = list(outcomes.TALLY.take().items())
             races = take_races()
-        while uses or tallied or races:
+        workload = self._workload(final) if self._workload is not None and self.enabled else None
+        while uses or tallied or races or workload is not None:
             batch, tallied = tallied[:MAX_OUTCOMES], tallied[MAX_OUTCOMES:]
             request = pb.ReportFirstUsesRequest(uses=uses, outcomes=[key.to_proto(n) for key, n in batch], races=races)
+            if workload is not None:
+                request.workload.CopyFrom(workload)
             if not self._post(request):
                 outcomes.TALLY.give_back(dict(batch))
                 give_back_races(races)
-            uses, races = [], []
+            uses, races, workload = [], [], None
         if not self._queue.empty():
             self.flush(counts=False)
 
     def close(self) -> None:
         self._stopped.set()
-        self.flush()
+        self.flush(final=True)
 
     def _post(self, request: pb.ReportFirstUsesRequest) -> bool:
         """Send one report; False when the server certainly counted none of it (its counts may go again)."""

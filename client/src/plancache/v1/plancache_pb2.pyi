@@ -558,22 +558,64 @@ class RaceCount(_message.Message):
     def __init__(self, path: _Optional[str] = ..., result: _Optional[_Union[RaceResult, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ReportFirstUsesRequest(_message.Message):
-    __slots__ = ("uses", "outcomes", "races")
+    __slots__ = ("uses", "outcomes", "races", "workload")
     USES_FIELD_NUMBER: _ClassVar[int]
     OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     RACES_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     uses: _containers.RepeatedCompositeFieldContainer[FirstUse]
     outcomes: _containers.RepeatedCompositeFieldContainer[OutcomeCount]
     races: _containers.RepeatedCompositeFieldContainer[RaceCount]
-    def __init__(self, uses: _Optional[_Iterable[_Union[FirstUse, _Mapping]]] = ..., outcomes: _Optional[_Iterable[_Union[OutcomeCount, _Mapping]]] = ..., races: _Optional[_Iterable[_Union[RaceCount, _Mapping]]] = ...) -> None: ...
+    workload: WorkloadUses
+    def __init__(self, uses: _Optional[_Iterable[_Union[FirstUse, _Mapping]]] = ..., outcomes: _Optional[_Iterable[_Union[OutcomeCount, _Mapping]]] = ..., races: _Optional[_Iterable[_Union[RaceCount, _Mapping]]] = ..., workload: _Optional[_Union[WorkloadUses, _Mapping]] = ...) -> None: ...
+
+class WorkloadUses(_message.Message):
+    __slots__ = ("name", "target_id", "uses", "prefetched", "used", "wasted")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    USES_FIELD_NUMBER: _ClassVar[int]
+    PREFETCHED_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    WASTED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    target_id: str
+    uses: _containers.RepeatedCompositeFieldContainer[WorkloadUse]
+    prefetched: int
+    used: int
+    wasted: int
+    def __init__(self, name: _Optional[str] = ..., target_id: _Optional[str] = ..., uses: _Optional[_Iterable[_Union[WorkloadUse, _Mapping]]] = ..., prefetched: _Optional[int] = ..., used: _Optional[int] = ..., wasted: _Optional[int] = ...) -> None: ...
+
+class WorkloadUse(_message.Message):
+    __slots__ = ("plan_key", "order")
+    PLAN_KEY_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    plan_key: str
+    order: int
+    def __init__(self, plan_key: _Optional[str] = ..., order: _Optional[int] = ...) -> None: ...
 
 class ReportFirstUsesResponse(_message.Message):
-    __slots__ = ("counted", "outcomes_counted")
+    __slots__ = ("counted", "outcomes_counted", "workload_recorded")
     COUNTED_FIELD_NUMBER: _ClassVar[int]
     OUTCOMES_COUNTED_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_RECORDED_FIELD_NUMBER: _ClassVar[int]
     counted: int
     outcomes_counted: int
-    def __init__(self, counted: _Optional[int] = ..., outcomes_counted: _Optional[int] = ...) -> None: ...
+    workload_recorded: int
+    def __init__(self, counted: _Optional[int] = ..., outcomes_counted: _Optional[int] = ..., workload_recorded: _Optional[int] = ...) -> None: ...
+
+class GetWorkloadRequest(_message.Message):
+    __slots__ = ("name", "target_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    target_id: str
+    def __init__(self, name: _Optional[str] = ..., target_id: _Optional[str] = ...) -> None: ...
+
+class GetWorkloadResponse(_message.Message):
+    __slots__ = ("plan_keys",)
+    PLAN_KEYS_FIELD_NUMBER: _ClassVar[int]
+    plan_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, plan_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetPlanRequest(_message.Message):
     __slots__ = ("ref",)

@@ -109,6 +109,11 @@ class PlanCacheStub:
                 request_serializer=plancache_dot_v1_dot_plancache__pb2.GetSigningKeysRequest.SerializeToString,
                 response_deserializer=plancache_dot_v1_dot_plancache__pb2.GetSigningKeysResponse.FromString,
                 _registered_method=True)
+        self.GetWorkload = channel.unary_unary(
+                '/plancache.v1.PlanCache/GetWorkload',
+                request_serializer=plancache_dot_v1_dot_plancache__pb2.GetWorkloadRequest.SerializeToString,
+                response_deserializer=plancache_dot_v1_dot_plancache__pb2.GetWorkloadResponse.FromString,
+                _registered_method=True)
 
 
 class PlanCacheServicer:
@@ -229,6 +234,15 @@ class PlanCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetWorkload(self, request, context):
+        """A workload's start-up record (read token; ReportFirstUses, with a
+        compile token, writes it): the stored plans its processes used, first
+        used first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlanCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -306,6 +320,11 @@ def add_PlanCacheServicer_to_server(servicer, server):
                     servicer.GetSigningKeys,
                     request_deserializer=plancache_dot_v1_dot_plancache__pb2.GetSigningKeysRequest.FromString,
                     response_serializer=plancache_dot_v1_dot_plancache__pb2.GetSigningKeysResponse.SerializeToString,
+            ),
+            'GetWorkload': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWorkload,
+                    request_deserializer=plancache_dot_v1_dot_plancache__pb2.GetWorkloadRequest.FromString,
+                    response_serializer=plancache_dot_v1_dot_plancache__pb2.GetWorkloadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -713,6 +732,33 @@ class PlanCache:
             '/plancache.v1.PlanCache/GetSigningKeys',
             plancache_dot_v1_dot_plancache__pb2.GetSigningKeysRequest.SerializeToString,
             plancache_dot_v1_dot_plancache__pb2.GetSigningKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWorkload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/plancache.v1.PlanCache/GetWorkload',
+            plancache_dot_v1_dot_plancache__pb2.GetWorkloadRequest.SerializeToString,
+            plancache_dot_v1_dot_plancache__pb2.GetWorkloadResponse.FromString,
             options,
             channel_credentials,
             insecure,

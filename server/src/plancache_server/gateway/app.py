@@ -33,6 +33,7 @@ from plancache_server.gateway.servicer import PlanCacheServicer, Services
 from plancache_server.gateway.signing_keys import SigningKeys
 from plancache_server.gateway.warm_service import WarmService
 from plancache_server.gateway.wire import SPEC_REQUEST_BYTES, WireLimits
+from plancache_server.gateway.workloads import WorkloadService
 from plancache_server.settings import Settings
 from plancache_server.store.directory import WorkerDirectory
 from plancache_server.store.families import FamilyRecords
@@ -42,6 +43,7 @@ from plancache_server.store.plans import AsyncRedisPlanStore, PlanStore
 from plancache_server.store.redis_conn import AsyncRedis, connect, connect_async
 from plancache_server.store.stats import Counter, Stats
 from plancache_server.store.warming import Warming
+from plancache_server.store.workloads import WorkloadRecords
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,7 @@ class Gateway:
     janitor: Janitor | None = None
     warming: Warming | None = None
     signing_keys: SigningKeys | None = None
+    workloads: WorkloadService | None = None
 
     @classmethod
     async def start(cls, settings: Settings, redis_url: str) -> Gateway:
@@ -150,13 +153,15 @@ class Gateway:
         resolver = QueryResolver(offload, settings.limits)
         lookups = PlanLookups(store, builds, stats, directory, settings.compile_timeout_s)
         signing_keys = SigningKeys.of(settings)
+        workloads = WorkloadService(WorkloadRecords(client, settings.workload_plans), store, builds)
         services = Services(
             plans=PlanService(store, resolver, lookups),
             prefetch=PrefetchService(store, resolver, lookups, settings.max_prefetch_refs),
-            reports=NodeReports(store, builds, stats, directory),
+            reports=NodeReports(store, builds, stats, directory, workloads),
             admin=AdminService(store, resolver, queue, stats, directory, janitor),
             warm=WarmService(warming, directory, resolver, FamilyRecords(blocking)),
             keys=signing_keys,
+            workloads=workloads,
         )
         authorizer = Authorizer.from_file(settings.tokens_file)
         if authorizer.open:
@@ -207,6 +212,7 @@ class Gateway:
         front.janitor = janitor
         front.warming = warming
         front.signing_keys = signing_keys
+        front.workloads = workloads
         signing_keys.log_at_start(settings.listen, port)
         front.sweeper = Sweeper(
             janitor,

@@ -43,6 +43,7 @@ METHOD_ROLES = {
     "BuildFamily": Role.COMPILE,
     "GetFamily": Role.READ,
     "GetSigningKeys": Role.READ,
+    "GetWorkload": Role.READ,
 }
 
 

@@ -8,17 +8,24 @@ fixed set (plancache_server.store.fleet) and every count is bounded.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from plancache.errors import PlanCacheError, ResourceExhausted
 from plancache.keys.plankey import parse_key
+from plancache.log_limits import LogLimiter
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server import telemetry
 from plancache_server.gateway.builds import Builds
+from plancache_server.gateway.workloads import WorkloadService
 from plancache_server.store import fleet
 from plancache_server.store.directory import WorkerDirectory
 from plancache_server.store.plans import PlanStore
 from plancache_server.store.stats import Counter, Stats
+from plancache_server.store.workloads import MAX_USES
+
+log = logging.getLogger(__name__)
+_faults = LogLimiter(log)  # one line a minute when Redis refuses the records
 
 # First uses one ReportFirstUses may carry (a client batches at most 256).
 MAX_FIRST_USES = 1024
@@ -28,11 +35,19 @@ MAX_RACES = 64
 
 
 class NodeReports:
-    def __init__(self, store: PlanStore, builds: Builds, stats: Stats, directory: WorkerDirectory) -> None:
+    def __init__(
+        self,
+        store: PlanStore,
+        builds: Builds,
+        stats: Stats,
+        directory: WorkerDirectory,
+        workloads: WorkloadService | None = None,
+    ) -> None:
         self._store = store
         self._builds = builds
         self._stats = stats
         self._directory = directory
+        self._workloads = workloads
 
     async def report(self, request: pb.ReportFirstUsesRequest) -> pb.ReportFirstUsesResponse:
         """A node's background report: first uses, and its graphs' outcomes and races (see count_outcomes)."""
@@ -40,9 +55,19 @@ class NodeReports:
             raise ResourceExhausted(
                 f"a ReportFirstUses takes at most {MAX_OUTCOMES} outcomes and {MAX_RACES} races: send several"
             )
+        if len(request.workload.uses) > MAX_USES:
+            raise ResourceExhausted(f"a ReportFirstUses takes at most {MAX_USES} workload uses: send several")
         counted = await self.report_first_uses(request.uses)
+        recorded = 0
+        if self._workloads is not None and request.HasField("workload"):
+            try:
+                recorded = await self._workloads.record(request.workload)
+            except PlanCacheError as e:  # the record is best effort: the report's counts still count
+                _faults.warning("workload record", "a workload's first uses were not recorded: %s", e.message)
         return pb.ReportFirstUsesResponse(
-            counted=counted, outcomes_counted=self.count_outcomes(request.outcomes, request.races)
+            counted=counted,
+            outcomes_counted=self.count_outcomes(request.outcomes, request.races),
+            workload_recorded=recorded,
         )
 
     def count_outcomes(self, entries: Sequence[pb.OutcomeCount], races: Sequence[pb.RaceCount]) -> int:

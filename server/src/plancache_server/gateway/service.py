@@ -10,14 +10,19 @@ admin).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 
 from plancache.errors import NotFound, PlanCacheError
 from plancache.keys.plankey import parse_key
+from plancache.keys.query import PlanQuery
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.gateway.lookups import PlanLookups, plan_source
 from plancache_server.gateway.resolver import QueryResolver
 from plancache_server.store.plans import PlanStore, StoredPlan
+
+log = logging.getLogger(__name__)
 
 # Compile's answer to a miss the caller races (answer_miss_at_once): no plan, the build under way.
 BUILDING = pb.CompileResponse(source=pb.COMPILE_SOURCE_BUILDING).SerializeToString()
@@ -28,6 +33,7 @@ class PlanService:
         self._store = store
         self._resolver = resolver
         self._lookups = lookups
+        self._starting: set[asyncio.Task[None]] = set()  # builds being queued after a hedged miss's answer
 
     async def compile(
         self, request: pb.CompileRequest, time_remaining: float | None, when_sent: Callable[[Callable[[], None]], None]
@@ -42,11 +48,14 @@ class PlanService:
         if plan is not None:
             # A stored plan, provisional or not (its metadata says which).
             return plan.compile_response(pb.COMPILE_SOURCE_HIT)
-        waiter = await self._lookups.start_build(resolved, request.tuned_only, count=count)
         if request.answer_miss_at_once:
-            # A hedged miss: the caller builds meanwhile, and asks again (counted) for this build.
-            waiter.release()
+            # A hedged miss: the caller builds meanwhile, and asks again (counted) for this build. It is
+            # told at once, the build queued after the answer: the caller's own build waits for this
+            # answer, not for the lease and the job (a few Redis round trips, issue 41). What keeps the
+            # build from being queued (no worker, a known failure, admission) answers the follow-up.
+            self._start_after_answer(resolved, request.tuned_only, count)
             return BUILDING
+        waiter = await self._lookups.start_build(resolved, request.tuned_only, count=count)
         when_sent(waiter.release)
         try:
             plan = await waiter.result(self._lookups.deadline(time_remaining))
@@ -60,6 +69,19 @@ class PlanService:
                 plan, pb.COMPILE_SOURCE_COMPILED if waiter.started or request.counted else pb.COMPILE_SOURCE_JOINED
             )
         )
+
+    def _start_after_answer(self, resolved: PlanQuery, tuned_only: bool, count: bool) -> None:
+        async def start() -> None:
+            try:
+                waiter = await self._lookups.start_build(resolved, tuned_only, count=count)
+            except PlanCacheError as e:  # the caller's follow-up meets it again, and is told
+                log.debug("plan %s: its build was not queued: %s", resolved.key, e.message)
+                return
+            waiter.release()
+
+        task = asyncio.get_running_loop().create_task(start(), name=f"start {resolved.key}")
+        self._starting.add(task)  # held: a task nobody references may be collected before it runs
+        task.add_done_callback(self._starting.discard)
 
     async def get(self, ref: pb.PlanRef) -> StoredPlan:
         """The stored plan a reference names; NotFound when none is (GetPlan never compiles)."""

@@ -17,6 +17,7 @@ from plancache_server.gateway.reports import NodeReports
 from plancache_server.gateway.service import PlanService
 from plancache_server.gateway.signing_keys import SigningKeys
 from plancache_server.gateway.warm_service import WarmService
+from plancache_server.gateway.workloads import WorkloadService
 
 # grpc-stubs' context is generic in the request and response types; the servicer's methods answer bytes too.
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -32,6 +33,7 @@ class Services:
     admin: AdminService
     warm: WarmService
     keys: SigningKeys
+    workloads: WorkloadService
 
 
 class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
@@ -42,6 +44,7 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
         self._admin = services.admin
         self._warm = services.warm
         self._keys = services.keys
+        self._workloads = services.workloads
 
     # Compile, GetPlan and Prefetch answer with bytes serialized once per plan
     # (see StoredPlan); the error interceptor's serializer passes bytes through.
@@ -94,3 +97,6 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
 
     async def GetSigningKeys(self, request: pb.GetSigningKeysRequest, context: Context) -> pb.GetSigningKeysResponse:
         return await self._keys.response()
+
+    async def GetWorkload(self, request: pb.GetWorkloadRequest, context: Context) -> pb.GetWorkloadResponse:
+        return await self._workloads.plans(request)

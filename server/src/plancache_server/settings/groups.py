@@ -157,6 +157,13 @@ class GatewaySettings:
         int,
         programs=SERVER_ONLY,
     )
+    workload_plans: int = setting(
+        1024,
+        "--workload-plans",
+        "plans a workload's start-up record keeps per target (least recently used out; 0: no records)",
+        int,
+        programs=SERVER_ONLY,
+    )
     cpu_threads: int = setting(
         2,
         "--cpu-threads",

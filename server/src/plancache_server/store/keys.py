@@ -43,6 +43,23 @@ WARM_TARGETS = f"{PREFIX}:warm-targets"
 FLEET_LOCAL_SPECS = f"{PREFIX}:stats-fleet-local-specs"
 # Sorted set: plan key -> when a repair of the private store lost it; dropped once it is stored again.
 REPAIR_LOST = f"{PREFIX}:repair-lost"
+# Sorted set: "<target id>|<workload>" -> when a process of it last reported (unix seconds); capped.
+WORKLOADS = f"{PREFIX}:workloads"
+
+
+def workload_recency(target_id: str, workload: str) -> str:
+    """Sorted set: plan key -> when a process of the workload last used it (unix seconds)."""
+    return f"{PREFIX}:{{workload:{target_id}|{workload}}}:recency"
+
+
+def workload_order(target_id: str, workload: str) -> str:
+    """Hash: plan key -> the order a process of the workload first used it in (its latest report)."""
+    return f"{PREFIX}:{{workload:{target_id}|{workload}}}:order"
+
+
+def workload_counts(target_id: str, workload: str) -> str:
+    """Hash: processes, listed, prefetched, used, wasted, recorded -> counts (the status page's)."""
+    return f"{PREFIX}:{{workload:{target_id}|{workload}}}:counts"
 
 
 def store_counter(kind: str, target_id: str) -> str:
@@ -237,6 +254,8 @@ ACL_RULES: dict[str, list[str]] = {
         "+exec",
         "+llen",
         "+hsetnx",
+        "+zcard",
+        "+zpopmin",
         f"%R~{_PLAN}",
         f"~{PLAN_INDEX}",
         f"~{WARMED_INDEX}",
@@ -260,6 +279,8 @@ ACL_RULES: dict[str, list[str]] = {
         f"~{WARM_TARGETS}",
         f"~{graph_family('*')}",
         f"~{REPAIR_LOST}",
+        f"~{WORKLOADS}",
+        f"~{PREFIX}:{{workload:*",
         # Invalidate (an admin call) deletes plans: deleting is all it may do to them.
         f"(+del ~{_PLAN})",
     ],

@@ -149,3 +149,53 @@ def report_warming(status: Callable[[], list[Any]]) -> None:
 def report_store(usage: Callable[[], dict[str, Any]]) -> None:
     """Gateways add the store's size per target to their /metrics."""
     REGISTRY.register(StoreCollector(usage))
+
+
+# Workloads /metrics lists (the most recently reported): a bound on its series, whatever names nodes send.
+WORKLOADS_LISTED = 50
+
+
+class WorkloadCollector(Collector):
+    """Workloads' start-up records (plancache_server.store.workloads), the
+    WORKLOADS_LISTED most recently reported, read from Redis at scrape time on
+    the gateway's event loop."""
+
+    def __init__(self, summaries: Callable[[int], Any], loop: asyncio.AbstractEventLoop) -> None:
+        self._summaries = summaries
+        self._loop = loop
+
+    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield from self._families()
+
+    def _families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily, CounterMetricFamily]:
+        labels = ["target", "workload"]
+        return (
+            GaugeMetricFamily("plancache_workload_plans", "plans in a workload's start-up record", labels=labels),
+            CounterMetricFamily(
+                "plancache_workload_processes", "processes of a workload that read its start-up record", labels=labels
+            ),
+            CounterMetricFamily(
+                "plancache_workload_prefetch_plans",
+                "plans processes of a workload prefetched at start-up, by outcome (prefetched, used, wasted)",
+                labels=[*labels, "outcome"],
+            ),
+        )
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        plans, processes, prefetch = self._families()
+        try:
+            found = asyncio.run_coroutine_threadsafe(self._summaries(WORKLOADS_LISTED), self._loop).result(timeout=10)
+            for summary in found:
+                labels = [summary.target_id, summary.name]
+                plans.add_metric(labels, float(summary.plans))
+                processes.add_metric(labels, float(summary.counts.get("processes", 0)))
+                for outcome in ("prefetched", "used", "wasted"):
+                    prefetch.add_metric([*labels, outcome], float(summary.counts.get(outcome, 0)))
+        except (PlanCacheError, TimeoutError) as e:
+            log.debug("workload metrics unavailable: %s", e)
+        yield from (plans, processes, prefetch)
+
+
+def report_workloads(summaries: Callable[[int], Any], loop: asyncio.AbstractEventLoop) -> None:
+    """Gateways add workloads' start-up records to their /metrics."""
+    REGISTRY.register(WorkloadCollector(summaries, loop))

@@ -20,6 +20,7 @@ from plancache.keys.target import Target
 from plancache_server.gateway.app import Gateway
 from plancache_server.gateway.builds import Builds
 from plancache_server.gateway.signing_keys import SigningKeys
+from plancache_server.gateway.workloads import WorkloadService
 from plancache_server.store.build_records import FailedBuild
 from plancache_server.store.directory import WorkerDirectory
 from plancache_server.store.fleet import Coverage, LocalSpec, coverage, local_spec, merged, races
@@ -48,6 +49,7 @@ RANGES = {"1h": ("m", 60), "24h": ("h", 24)}
 TOP_COUNT = 10
 FAILURE_COUNT = 20
 LOCAL_SPECS_SHOWN = 10
+WORKLOADS_SHOWN = 20
 
 # window -> counter name -> value (see stats.WINDOWS and stats.Counter)
 Windows = dict[str, dict[str, float]]
@@ -104,6 +106,21 @@ class SigningKeyStatus:
 
 
 @dataclass(frozen=True)
+class WorkloadStatus:
+    """A workload's start-up record (plancache_server.store.workloads) and how its processes' prefetches went."""
+
+    target: str
+    name: str
+    plans: int  # in the record now
+    last_seen: float  # unix seconds, its latest report
+    processes: int  # processes that read the record (GetWorkload)
+    listed: int  # keys those reads listed, summed
+    prefetched: int  # plans processes fetched and deserialized before their graphs asked
+    used: int  # of those, plans a graph took
+    wasted: int  # prefetched, never taken by the time the process ended
+
+
+@dataclass(frozen=True)
 class StatusReport:
     generated_at: float
     range: str
@@ -125,6 +142,8 @@ class StatusReport:
     lost_to_repair: list[str] = field(default_factory=list)
     # The public keys of the server's plan signatures (GetSigningKeys): current, next, previous.
     signing_keys: list[SigningKeyStatus] = field(default_factory=list)
+    # Workloads' start-up records, the most recently reported first.
+    workloads: list[WorkloadStatus] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -160,6 +179,7 @@ def status_of(front: Gateway) -> StatusSource:
         settings.retire_after_days * 86400,
         front.warming,
         front.signing_keys,
+        front.workloads,
     )
 
 
@@ -175,8 +195,10 @@ class StatusSource:
         retire_after_s: float = 0.0,
         warming: Warming | None = None,
         signing_keys: SigningKeys | None = None,
+        workloads: WorkloadService | None = None,
     ) -> None:
         self._signing_keys = signing_keys
+        self._workloads = workloads
         self._janitor = janitor
         self._warming = warming
         self._retire_after_s = retire_after_s
@@ -235,7 +257,23 @@ class StatusSource:
             ],
             lost_to_repair=lost,
             signing_keys=await self._keys(),
+            workloads=await self._workload_statuses(),
         )
+
+    async def _workload_statuses(self) -> list[WorkloadStatus]:
+        if self._workloads is None:
+            return []
+        found = await self._workloads.summaries(WORKLOADS_SHOWN)
+        return [
+            WorkloadStatus(
+                s.target_id,
+                s.name,
+                s.plans,
+                s.last_seen,
+                *(s.counts.get(c, 0) for c in ("processes", "listed", "prefetched", "used", "wasted")),
+            )
+            for s in found
+        ]
 
     async def _keys(self) -> list[SigningKeyStatus]:
         if self._signing_keys is None:

@@ -1,0 +1,388 @@
+"""A workload's start-up with nothing to configure: a process streams the
+plans its workload's earlier processes used, before its graphs ask.
+
+The service keeps, per workload and target, the stored plans that
+workload's processes used, in the order they first used them (bounded,
+least recently used out: plancache_server.store.workloads). At a client's
+first call (Client.compile, Client.race: every front door, plancache.cudnn's
+build step and plancache.functional's first call included), a thread asks
+for that record (GetWorkload) and streams its plans (one Prefetch),
+verifying each and, where this process runs plans, deserializing it as it
+arrives. A graph whose key is in the record then waits for its plan there
+(bounded by the client's timeout) instead of asking the service; any other
+graph asks as before, and a graph asking before the record is known does
+not wait for it. The process's own first uses go back to the record with
+its background reports (plancache.transport.reports).
+
+A record is not trusted: every call still keys its own graph, a prefetched
+plan is taken only for that exact key and checked against the call's whole
+question (spec hash, target, options), and a process prefetches at most
+PLANCACHE_WORKLOAD_PLANS plans (default 512) of its own target. A stale or
+forged record costs fetches and memory within that bound, counted as
+wasted; a prefetch that fails costs the time it took, and each graph asks
+the service as it would have.
+
+The workload's name: PLANCACHE_WORKLOAD, `Client(workload=...)` or
+`plancache.functional.configure(..., workload=...)`; by default the
+program's: `python -m pkg.train` is "pkg.train", `python jobs/train.py` is
+"jobs/train" (the script and its folder: the same on every node whatever the
+checkout's path), an interactive interpreter "python". Processes of one
+name share one record per target (a collision: two programs with one name
+stream each other's plans too, counted as wasted, never run); give each
+program its own name where that matters. On where this process can run
+plans (torch loaded, a GPU: as the hedge) unless PLANCACHE_WORKLOAD_PREFETCH
+says (0: off, 1: on, fetching without deserializing where no GPU is);
+`Client(workload_prefetch=...)` overrides it. Uses are reported whenever
+reports are on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from plancache.env import env_bool
+from plancache.errors import InvalidRequest, PlanCacheError, UntrustedPlan
+from plancache.keys.plankey import parse_key
+from plancache.keys.target import Target
+from plancache.keys.workload_names import clean_name
+from plancache.transport.manifest import Manifest, ManifestEntry
+from plancache.trust.answers import Asked
+from plancache.v1 import plancache_pb2 as pb
+
+if TYPE_CHECKING:
+    from plancache.run.plan import Plan
+    from plancache.transport.background import BackgroundPrefetch
+    from plancache.transport.connection import Connection
+
+log = logging.getLogger(__name__)
+
+WORKLOAD_ENV = "PLANCACHE_WORKLOAD"
+PREFETCH_ENV = "PLANCACHE_WORKLOAD_PREFETCH"
+PLANS_ENV = "PLANCACHE_WORKLOAD_PLANS"
+# Plans one process prefetches at most (the record holds up to the service's --workload-plans).
+DEFAULT_PLANS = 512
+# Seconds a call waits for the record's list while it is being read (one round trip, normally).
+LIST_WAIT_S = 2.0
+# First uses one process reports for its record, and per report (the service takes 512 a report).
+USES_KEPT = 4096
+USES_PER_REPORT = 512
+
+
+def default_name() -> str:
+    """The program's name (module doc): its module under -m, else its script and folder, else "python"."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", None)
+    if name and name != "__main__":
+        return clean_name(name)
+    script = getattr(main, "__file__", None)
+    if not script:
+        return "python"
+    path = Path(script)
+    return clean_name(f"{path.parent.name}/{path.stem}" if path.parent.name else path.stem)
+
+
+def workload_name(explicit: str | None = None) -> str:
+    """The workload this process is one of: `explicit`, PLANCACHE_WORKLOAD, or the program's."""
+    chosen = explicit if explicit is not None else os.environ.get(WORKLOAD_ENV, "")
+    return clean_name(chosen) if chosen else default_name()
+
+
+def plans_bound() -> int:
+    try:
+        return max(0, int(os.environ.get(PLANS_ENV, DEFAULT_PLANS)))
+    except ValueError:
+        return DEFAULT_PLANS
+
+
+@dataclass
+class WorkloadStats:
+    """One client's start-up prefetch (plancache.workload_stats() sums a process's)."""
+
+    workload: str = ""
+    target_id: str = ""
+    state: str = "off"  # off, idle (no call yet), listing, streaming, done, failed
+    listed: int = 0  # keys the service's record listed (of this target, within the bound)
+    prefetched: int = 0  # plans fetched, verified (and deserialized) before a graph asked
+    used: int = 0  # prefetched plans a graph of this process took
+    failed: int = 0  # listed plans that could not be fetched or deserialized
+    error: str = ""  # why the record or the stream failed (state "failed")
+
+    @property
+    def wasted(self) -> int:
+        """Prefetched plans no graph took (yet)."""
+        return max(0, self.prefetched - self.used)
+
+
+StartPrefetch = Callable[[Manifest, Target], "BackgroundPrefetch"]
+
+
+class WorkloadStart:
+    """One client's workload: its start-up prefetch and its first uses."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        start_prefetch: StartPrefetch,
+        *,
+        name: str,
+        prefetch: Callable[[], bool],
+        report: bool,
+        timeout: float | None,
+    ) -> None:
+        self._connection = connection
+        self._start_prefetch = start_prefetch
+        self.name = name
+        self._prefetch_on = prefetch
+        self._report_on = report
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._begun = False
+        self._target_id = ""
+        self._expected: dict[str, int] = {}  # listed key -> its index in the prefetch
+        self._listed = threading.Event()  # the record's list is known (or will never be)
+        self._pending: BackgroundPrefetch | None = None
+        self._taken: set[int] = set()
+        self._uses: list[pb.WorkloadUse] = []  # first uses not reported yet
+        self._seen: set[str] = set()
+        self._reported = WorkloadStats()  # counts already sent (its `failed`: the final report went)
+        self.stats = WorkloadStats(workload=name, state="idle")
+        self.wake: Callable[[], None] = lambda: None  # the reports' thread, started at a first use
+        _OPEN.add(self)
+
+    def rename(self, name: str) -> None:
+        """Another workload name (plancache.functional.configure's), before the first call."""
+        with self._lock:
+            if self._begun:
+                raise InvalidRequest(
+                    f"this client already streams workload {self.name!r}: name the workload before its first call"
+                )
+            self.name = self.stats.workload = workload_name(name)
+
+    # ---- at a call -----------------------------------------------------------------
+
+    def begin(self, target: Target) -> bool:
+        """The client's first call: the record asked for and streamed on a
+        thread (once per client). Whether this call began it."""
+        if not self._claim():
+            return False
+        if self._aim(target):
+            threading.Thread(
+                target=self._list_and_stream, args=(target,), name="plancache-workload", daemon=True
+            ).start()
+        return True
+
+    def begin_in_background(self, target_of: Callable[[], Target]) -> None:
+        """As begin, before any call (a front door configured, a graph made):
+        the target too is found on the thread (`target_of()` may initialize
+        CUDA, which the process is about to do anyway)."""
+        if not self._claim():
+            return
+
+        def run() -> None:
+            if not self._prefetch_on():  # before the target: finding it may start CUDA, for nothing
+                with self._lock:
+                    self.stats.state = "off"
+                self._listed.set()
+                return
+            try:
+                target = target_of()
+            except Exception as e:  # e.g. no GPU after all: every graph asks as before
+                self._failed(f"no target to stream for: {type(e).__name__}: {e}")
+                return
+            if self._aim(target):
+                self._list_and_stream(target)
+
+        threading.Thread(target=run, name="plancache-workload", daemon=True).start()
+
+    def _claim(self) -> bool:
+        if self._begun:
+            return False
+        with self._lock:
+            if self._begun:
+                return False
+            self._begun = True
+            return True
+
+    def _aim(self, target: Target) -> bool:
+        """The target this client's record is of; whether to stream it."""
+        with self._lock:
+            self._target_id = self.stats.target_id = target.id
+            if not self._prefetch_on():  # asked now: torch may have been loaded after the client was made
+                self.stats.state = "off"
+                self._listed.set()
+                return False
+            self.stats.state = "listing"
+            return True
+
+    def take(self, asked: Asked, *, began: bool = False) -> Plan | None:
+        """The prefetched plan of `asked.key` (waited for while the stream
+        brings it, bounded by the client's timeout), or None: not listed,
+        or not fetched (the caller asks the service). A call after the one
+        that `began` the prefetch waits for the record's list while it is
+        being read (one round trip, at most LIST_WAIT_S: the first call's own
+        round trip covers it); the call that began it does not wait."""
+        if not began and not self._listed.is_set() and not self._listed.wait(LIST_WAIT_S):
+            log.debug("workload %s: its record is not read yet; plan %s asked for as usual", self.name, asked.key)
+        index = self._expected.get(asked.key)
+        pending = self._pending
+        if index is None or pending is None:
+            return None
+        try:
+            plan = pending.wait_for(index, timeout=self._timeout)
+            asked.check(plan.metadata)  # listed by key: the call's whole question is checked here
+        except UntrustedPlan as e:
+            log.warning("workload %s: prefetched plan %s refused: %s", self.name, asked.key, e.message)
+            return None
+        except (PlanCacheError, TimeoutError) as e:
+            log.debug("workload %s: plan %s not prefetched (%s); asking the service", self.name, asked.key, e)
+            return None
+        with self._lock:
+            if index not in self._taken:
+                self._taken.add(index)
+                self.stats.used += 1
+        return plan
+
+    def used(self, key: str, target_id: str) -> None:
+        """A plan a graph of this process ran (first use: recorded for the workload's record)."""
+        if not self._report_on or key in self._seen or target_id != (self._target_id or target_id):
+            return
+        with self._lock:
+            if not self._target_id:  # begun without one (prefetch off): the first use's target is the record's
+                self._target_id = self.stats.target_id = target_id
+            if key in self._seen or len(self._seen) >= USES_KEPT:
+                return
+            self._uses.append(pb.WorkloadUse(plan_key=key, order=len(self._seen)))
+            self._seen.add(key)
+        self.wake()
+
+    def stats_now(self) -> WorkloadStats:
+        with self._lock:
+            return dataclasses.replace(self.stats)
+
+    # ---- the thread ----------------------------------------------------------------
+
+    def _list_and_stream(self, target: Target) -> None:
+        connection = self._connection
+        try:
+            response = connection.call(
+                connection.stub.GetWorkload,
+                pb.GetWorkloadRequest(name=self.name, target_id=target.id),
+                connection.timeout,
+            )
+        except PlanCacheError as e:  # e.g. a server without records: every graph asks as before
+            self._failed(f"the record could not be read: {type(e).__name__}: {e.message}")
+            return
+        listed = _of_target(response.plan_keys, target.id, plans_bound())
+        with self._lock:
+            self.stats.listed = len(listed)
+            if not listed:
+                self.stats.state = "done"
+                self._listed.set()
+                return
+            self.stats.state = "streaming"
+        try:
+            pending = self._start_prefetch(Manifest(entries=[ManifestEntry(key=k) for k in listed]), target)
+        except Exception as e:  # never the caller's failure
+            self._failed(f"the prefetch did not start: {type(e).__name__}: {e}")
+            return
+        self._pending = pending
+        self._expected = {key: index for index, key in enumerate(listed)}
+        self._listed.set()
+        try:
+            result = pending.wait(None if self._timeout is None else max(self._timeout, 60.0) * 10)
+        except Exception as e:
+            self._failed(f"the prefetch failed: {type(e).__name__}: {e}")
+            return
+        with self._lock:
+            self.stats.prefetched = len(result.plans)
+            self.stats.failed = len(result.errors)
+            self.stats.state = "done"
+        log.debug("workload %s: %d of %d listed plans prefetched", self.name, len(result.plans), len(listed))
+
+    def _failed(self, why: str) -> None:
+        log.info("workload %s: start-up prefetch off for this process: %s", self.name, why)
+        with self._lock:
+            self.stats.state, self.stats.error = "failed", why[:500]
+        self._listed.set()
+
+    # ---- reports -------------------------------------------------------------------
+
+    def take_report(self, final: bool) -> pb.WorkloadUses | None:
+        """What to add to the next report: first uses since the last one, and
+        the prefetch's counts since; `final` (the client closing, the process
+        exiting) adds the plans never used (wasted). None: nothing to say."""
+        if not self._report_on or not self._target_id:
+            return None
+        with self._lock:
+            uses, self._uses = self._uses[:USES_PER_REPORT], self._uses[USES_PER_REPORT:]
+            now, before = self.stats, self._reported
+            prefetched, used = now.prefetched - before.prefetched, now.used - before.used
+            before.prefetched, before.used = now.prefetched, now.used
+            wasted = 0
+            if final and not before.failed:  # `failed` marks the wasted count as sent: once, at the end
+                wasted, before.failed = now.wasted, 1
+        if not uses and not prefetched and not used and not wasted:
+            return None
+        return pb.WorkloadUses(
+            name=self.name,
+            target_id=self._target_id,
+            uses=uses,
+            prefetched=max(0, prefetched),
+            used=max(0, used),
+            wasted=wasted,
+        )
+
+
+def _of_target(keys: Iterable[str], target_id: str, bound: int) -> list[str]:
+    """The listed keys a process takes: its target's, parsed, each once, at most `bound`."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for key in keys:
+        if len(out) >= bound:
+            break
+        if not isinstance(key, str) or key in seen:
+            continue
+        try:
+            if parse_key(key).target.id != target_id:
+                continue  # another target's plan: never this process's
+        except PlanCacheError:
+            continue
+        seen.add(key)
+        out.append(key)
+    return out
+
+
+_OPEN: weakref.WeakSet[WorkloadStart] = weakref.WeakSet()
+
+
+def workload_stats() -> WorkloadStats:
+    """This process's start-up prefetches (every client's, summed; the first
+    client's workload, target and state)."""
+    starts = sorted(_OPEN, key=lambda w: w.stats.state == "off")
+    total = WorkloadStats()
+    for start in starts:
+        s = start.stats
+        if not total.workload:
+            total.workload, total.target_id, total.state, total.error = s.workload, s.target_id, s.state, s.error
+        total.listed += s.listed
+        total.prefetched += s.prefetched
+        total.used += s.used
+        total.failed += s.failed
+    return total
+
+
+def prefetch_default(can_run_plans: Callable[[], bool]) -> bool:
+    """PLANCACHE_WORKLOAD_PREFETCH's choice; unset: where this process runs plans (`can_run_plans()`)."""
+    if os.environ.get(PREFETCH_ENV, "").strip() == "":
+        return can_run_plans()
+    return env_bool(PREFETCH_ENV, True)

@@ -1,0 +1,229 @@
+"""A workload's start-up with nothing to configure (issue 41): the service
+keeps, per workload and target, the stored plans the workload's processes
+used; a new process of it streams them at its first call, before its graphs
+ask. Against a real Redis, gateway and stand-in worker; plans run on the
+stand-in GPU runtime (the GPU run: bench/startup.py's stored-* paths).
+
+What is asserted is what a user and an operator care about: the second
+process's graphs take prefetched plans (counted), in the order the first
+used them; a record is bounded and least recently used out; nothing a
+report or a record claims is trusted (unknown, foreign-target, malformed
+and oversized entries are refused or bounded; a forged record never makes a
+graph run another graph's plan); a prefetch that fails loses nothing but
+time; the status page and /metrics show each workload."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+import plancache
+from plancache import Client
+from plancache.errors import InvalidRequest, PlanCacheError, ResourceExhausted
+from plancache.keys.query import PlanQuery
+from plancache.run import execution
+from plancache.transport import workload as workload_module
+from plancache.transport.calls import typed
+from plancache.v1 import plancache_pb2 as pb
+from plancache_server.store import keys
+from plancache_server.store.embedded_redis import EmbeddedRedis
+from plancache_server.web.metrics import WorkloadCollector
+from plancache_server.web.status import status_of
+from plancache_server.web.status_page import render
+from tests.conftest import Stack, start_stack
+from tests.support.fake_gpu import FakeRuntime
+from tests.support.specs import matmul_spec
+from tests.support.standin import STANDIN_TARGET as TARGET
+from tests.support.standin import StandInCompiler
+from tests.support.waiting import wait_until
+
+
+@pytest.fixture(autouse=True)
+def runtime() -> Iterator[FakeRuntime]:
+    fake = FakeRuntime()
+    execution.use_runtime(fake)
+    yield fake
+    execution.use_runtime(None)
+
+
+@pytest.fixture
+def service(redis_server: EmbeddedRedis, redis_client: object) -> Iterator[Stack]:
+    s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.0), workload_plans=6)
+    yield s
+    stop()
+
+
+def specs(count: int, base: int = 64) -> list[plancache.GraphSpec]:
+    return [matmul_spec(m=base + 16 * i, name=f"g{i}") for i in range(count)]
+
+
+def client(stack: Stack, name: str = "job", **kwargs: object) -> Client:
+    return stack.client(hedge=False, workload=name, workload_prefetch=True, **kwargs)  # type: ignore[arg-type]
+
+
+def run_process(stack: Stack, graphs: list[plancache.GraphSpec], name: str = "job") -> list[str]:
+    """One process of the workload: a compile per graph, then its end (the final report)."""
+    with client(stack, name) as c:
+        return [c.compile(spec, TARGET).key for spec in graphs]
+
+
+def listed(stack: Stack, name: str = "job", target_id: str = TARGET.id) -> list[str]:
+    with stack.client() as c:
+        stub = c.connection.stub
+        return list(stub.GetWorkload(pb.GetWorkloadRequest(name=name, target_id=target_id), timeout=10).plan_keys)
+
+
+def settled(c: Client) -> plancache.WorkloadStats:
+    wait_until(lambda: c.workload_stats().state in ("done", "failed"), timeout=20, what="the workload's prefetch")
+    return c.workload_stats()
+
+
+def test_a_new_process_streams_what_its_workload_used_first_used_first(service: Stack) -> None:
+    graphs = specs(5)
+    first = run_process(service, graphs)
+    assert listed(service) == first  # every one stored, in the order the process first used them
+
+    with client(service) as second:
+        opener = second.compile(graphs[0], TARGET)  # the first call: the record is asked for now
+        stats = settled(second)
+        assert (stats.state, stats.listed, stats.prefetched, stats.failed) == ("done", 5, 5, 0)
+        plans = [second.compile(spec, TARGET) for spec in graphs[1:]]
+        assert [p.key for p in [opener, *plans]] == first  # each graph its own plan
+        after = second.workload_stats()
+        assert after.used >= 4  # the graphs after the first took the prefetched plans
+        assert plancache.workload_stats().used >= after.used  # the process's view sums its clients
+
+
+def test_the_record_is_bounded_and_least_recently_used_out(service: Stack) -> None:
+    graphs = specs(9)
+    run_process(service, graphs[:6])
+    run_process(service, graphs[6:])  # three new ones: the record holds 6 (--workload-plans), three oldest out
+    record = listed(service)
+    assert len(record) == 6
+    newest = {PlanQuery.of(s, TARGET).key for s in graphs[6:]}
+    assert newest <= set(record)
+    assert not {PlanQuery.of(s, TARGET).key for s in graphs[:3]} & set(record)
+
+
+def test_workloads_are_apart_and_a_collision_costs_fetches_never_a_wrong_plan(service: Stack) -> None:
+    a_keys = run_process(service, specs(3), name="trainer")
+    b_keys = run_process(service, specs(2, base=512), name="server")
+    assert listed(service, "trainer") == a_keys and listed(service, "server") == b_keys
+
+    # A process of another program under the same name (a collision) streams trainer's plans too: wasted.
+    others = specs(2, base=1024)
+    with client(service, "trainer") as colliding:
+        got = [colliding.compile(s, TARGET) for s in others]
+        stats = settled(colliding)
+        assert [p.key for p in got] == [PlanQuery.of(s, TARGET).key for s in others]
+        assert stats.prefetched == 3 and stats.used == 0 and stats.wasted == 3
+
+
+def test_a_forged_record_never_serves_another_graphs_plan(service: Stack) -> None:
+    stored_keys = run_process(service, specs(2), name="warmup")
+    # Anyone who can write to Redis lists another graph's stored plan (and junk) in workload "victim".
+    wanted = matmul_spec(m=999, name="mine")
+    recency, order = keys.workload_recency(TARGET.id, "victim"), keys.workload_order(TARGET.id, "victim")
+    service.redis.zadd(recency, {stored_keys[0]: time.time(), "not a key": time.time()})
+    service.redis.hset(order, mapping={stored_keys[0]: "0", "not a key": "zero"})
+    with client(service, "victim") as victim:
+        victim.compile(specs(1, base=2048)[0], TARGET)  # first call: the forged record is read
+        settled(victim)
+        plan = victim.compile(wanted, TARGET)
+        assert plan.key == PlanQuery.of(wanted, TARGET).key
+        assert plan.metadata.key == plan.key
+        stats = victim.workload_stats()
+        assert stats.listed == 1 and stats.used == 0  # the junk entry never listed; the other graph's plan unused
+
+
+def test_reports_cannot_invent_entries(service: Stack) -> None:
+    stored = run_process(service, specs(1), name="real")[0]
+    foreign = stored.replace(TARGET.id, "sm_90/cudnn-9.0.0/fe-1.0.0/dev-other", 1)
+    unknown = PlanQuery.of(matmul_spec(m=4000), TARGET).key  # a well-formed key of a plan nobody built
+    with service.client() as c:
+        stub = c.connection.stub
+
+        def report(name: str, plan_keys: list[str], target_id: str = TARGET.id) -> int:
+            uses = [pb.WorkloadUse(plan_key=k, order=i) for i, k in enumerate(plan_keys)]
+            request = pb.ReportFirstUsesRequest(workload=pb.WorkloadUses(name=name, target_id=target_id, uses=uses))
+            return stub.ReportFirstUses(request, timeout=10).workload_recorded
+
+        assert report("hostile", [stored, foreign, unknown, "garbage"]) == 1  # only the stored plan of its target
+        assert listed(service, "hostile") == [stored]
+        assert report("bad name; DROP", [stored]) == 0
+        assert report("x" * 129, [stored]) == 0
+        with pytest.raises(grpc.RpcError) as refused:
+            report("big", [stored] * 513)
+        assert isinstance(typed(refused.value), ResourceExhausted)
+        with pytest.raises(grpc.RpcError) as invalid:
+            stub.GetWorkload(pb.GetWorkloadRequest(name="no spaces allowed", target_id=TARGET.id), timeout=10)
+        assert isinstance(typed(invalid.value), InvalidRequest)
+
+
+def test_a_process_prefetches_within_its_own_bound(service: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    graphs = specs(5)
+    run_process(service, graphs)
+    monkeypatch.setenv(workload_module.PLANS_ENV, "2")
+    with client(service) as bounded:
+        bounded.compile(graphs[0], TARGET)
+        stats = settled(bounded)
+        assert stats.listed == 2 and stats.prefetched == 2
+        assert [bounded.compile(s, TARGET).key for s in graphs] == [PlanQuery.of(s, TARGET).key for s in graphs]
+
+
+def test_a_prefetch_that_fails_loses_nothing_but_time(service: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    graphs = specs(3)
+    first = run_process(service, graphs)
+
+    def broken(self: Client, manifest: object, target: object) -> object:
+        raise PlanCacheError("the stream broke")
+
+    monkeypatch.setattr(Client, "_workload_prefetch", broken)
+    with client(service) as unlucky:
+        unlucky.compile(graphs[0], TARGET)
+        stats = settled(unlucky)
+        assert stats.state == "failed" and "the stream broke" in stats.error
+        assert [unlucky.compile(s, TARGET).key for s in graphs] == first  # each asked the service as before
+
+
+def test_a_server_without_records_costs_nothing(redis_server: EmbeddedRedis, redis_client: object) -> None:
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.0), workload_plans=0)
+    try:
+        graphs = specs(2)
+        first = run_process(stack, graphs)
+        assert listed(stack) == []
+        with client(stack) as c:
+            assert [c.compile(s, TARGET).key for s in graphs] == first
+            assert settled(c).listed == 0
+    finally:
+        stop()
+
+
+def test_operators_see_each_workload(service: Stack) -> None:
+    graphs = specs(3)
+    run_process(service, graphs)
+    with client(service) as second:
+        for spec in graphs:
+            second.compile(spec, TARGET)
+        settled(second)
+    report = service.gateway.run(status_of(service.gateway.front).report())
+    workloads = {(w["target"], w["name"]): w for w in report.to_json()["workloads"]}
+    job = workloads[(TARGET.id, "job")]
+    # processes: those that found a record (the first found none; a read never makes a record)
+    assert job["plans"] == 3 and job["processes"] == 1 and job["prefetched"] == 3
+    assert job["used"] >= 2 and job["wasted"] <= 1
+    page = render(report)
+    assert 'data-workload="job"' in page
+    front = service.gateway.front
+    assert front.workloads is not None
+    registry = CollectorRegistry()
+    registry.register(WorkloadCollector(front.workloads.summaries, service.gateway.loop))
+    scraped = generate_latest(registry).decode()
+    labels = f'target="{TARGET.id}",workload="job"'
+    assert f"plancache_workload_plans{{{labels}}} 3.0" in scraped
+    assert f'plancache_workload_prefetch_plans_total{{outcome="prefetched",{labels}}} 3.0' in scraped
+    assert f"plancache_workload_processes_total{{{labels}}} 1.0" in scraped
