@@ -34,6 +34,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def pytest_configure(config: pytest.Config) -> None:
     """A caller's PLANCACHE_* variables never reach what the suite tests."""
     removed = hermetic.scrub(os.environ)
+    # Every test process of a suite is one workload ("pytest"): a test's client streaming the plans
+    # other tests used would change what that test watches. Tests of the start-up prefetch turn it
+    # on for their own clients (tests/integration/test_workloads.py, tests/gpu/test_gpu_workload.py).
+    os.environ["PLANCACHE_WORKLOAD_PREFETCH"] = "0"
     if not config.pluginmanager.has_plugin("tests.support.run_summary"):
         config.pluginmanager.register(run_summary, "tests.support.run_summary")
     if removed:

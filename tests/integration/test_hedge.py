@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from plancache import Client, DiskCache, Target, race_stats
@@ -37,6 +38,7 @@ from tests.support.specs import matmul_spec
 from tests.support.standin import REJECTED_NAME, StandInCompiler
 from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin_local import StandInLocalBuilder
+from tests.support.waiting import wait_until
 
 SLOW_S, FAST_S = 1.5, 0.05
 
@@ -211,19 +213,35 @@ def test_a_service_plan_failing_verification_is_never_run(
     assert race_stats()["compile"].service_failed == 1
 
 
-def test_a_spec_the_service_refuses_is_raised_not_built_locally(
-    redis_server: EmbeddedRedis, redis_client: object
+def test_a_spec_the_service_refuses_is_raised_before_a_build_or_the_nodes_own_plan_runs(
+    redis_server: EmbeddedRedis, redis_client: object, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Refused in the first answer (no claimed key: the service validated first): raised, nothing built.
+    Refused after a claimed miss's answer (the node was building already): the node's plan runs, as it
+    would without plancache, and the refusal is logged and counted as the service's failure."""
     s, stop = start_stack(
         redis_server.url, StandInCompiler(build_seconds=FAST_S), limits=Limits(max_tensors=2)
     )  # this client's limits are wider
     builder = StandInLocalBuilder(seconds=FAST_S)
     try:
-        with Client(s.address, cache=False, local_builder=builder) as client, pytest.raises(SpecError):
-            client.compile(matmul_spec(m=144, name="too-many-tensors"), TARGET)
+        with Client(s.address, cache=False, local_builder=builder) as client:
+            query = client.query(matmul_spec(m=144, name="too-many-tensors"), TARGET)
+            request = pb.CompileRequest(
+                spec=query.spec_proto,
+                target=query.target.to_proto(),
+                options=query.options.to_proto(),
+                answer_miss_at_once=True,
+            )
+            with pytest.raises(grpc.RpcError) as refused:
+                client.connection.stub.Compile(request, timeout=10)
+            assert isinstance(typed(refused.value), SpecError)
+            assert builder.built == []
+            plan = client.compile(query)  # the client claims its key: told "building" first
+            assert plan.source == "local" and builder.built
+            wait_until(lambda: hedge.race_stats()["compile"].service_failed == 1, 10, "the refusal, counted")
     finally:
         stop()  # type: ignore[operator]
-    assert builder.built == []
+    assert "the service refuses a graph this node builds itself" in caplog.text
 
 
 def test_off_by_option_by_environment_and_where_this_node_cannot_build(

@@ -23,9 +23,10 @@ class SlowQueue:
         self.queue_s, self.error = queue_s, error
         self.started: list[str] = []
         self.released = 0
+        self.looked_up = 0
 
     async def lookup(self, *args: Any, **kwargs: Any) -> None:
-        return None
+        self.looked_up += 1
 
     async def start_build(self, resolved: Any, tuned_only: bool = False, count: bool = True) -> Any:
         await asyncio.sleep(self.queue_s)
@@ -50,12 +51,30 @@ class Resolved:
 
 
 class Resolver:
+    """STAND-IN for QueryResolver: deriving the key takes `resolve_s` (a large spec's validation and hash)."""
+
+    def __init__(self, resolve_s: float = 0.0) -> None:
+        self.resolve_s = resolve_s
+        self.resolved = 0
+
     async def resolve(self, *args: Any) -> Resolved:
+        await asyncio.sleep(self.resolve_s)
+        self.resolved += 1
         return Resolved()
 
 
-def _service(lookups: SlowQueue) -> PlanService:
-    return PlanService(store=None, resolver=Resolver(), lookups=lookups)  # type: ignore[arg-type]
+class EmptyStore:
+    """STAND-IN for the plan store: nothing stored."""
+
+    def cached(self, plan_key: str) -> None:
+        return None
+
+    async def get(self, plan_key: str) -> None:
+        return None
+
+
+def _service(lookups: SlowQueue, resolver: Resolver | None = None) -> PlanService:
+    return PlanService(store=EmptyStore(), resolver=resolver or Resolver(), lookups=lookups)  # type: ignore[arg-type]
 
 
 def test_the_first_answer_comes_before_the_build_is_queued() -> None:
@@ -88,3 +107,34 @@ def test_a_build_that_cannot_be_queued_is_the_follow_ups_answer() -> None:
             await service.compile(pb.CompileRequest(counted=True), None, lambda callback: None)
 
     asyncio.run(main())
+
+
+def test_a_miss_by_the_callers_claimed_key_is_told_before_the_key_is_derived() -> None:
+    claimed = "0" * 64 + "/sm_90/cudnn-91900/fe-1.32.0/dev-x/sms-132/opt-0123456789abcdef"
+
+    async def main() -> tuple[float, Resolver, SlowQueue]:
+        lookups, resolver = SlowQueue(queue_s=0.0), Resolver(resolve_s=0.5)
+        service = _service(lookups, resolver)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        request = pb.CompileRequest(answer_miss_at_once=True, claimed_key=claimed)
+        answer = await service.compile(request, None, lambda callback: None)
+        took = loop.time() - started
+        assert answer == BUILDING and resolver.resolved == 0
+        await asyncio.sleep(0.7)
+        return took, resolver, lookups
+
+    took, resolver, lookups = asyncio.run(main())
+    assert took < 0.1, f"the answer waited {took:.3f} s for the key to be derived"
+    # Then derived by the gateway itself (a claim is never the key a build is queued under), counted, queued.
+    assert resolver.resolved == 1 and lookups.looked_up == 1 and lookups.started == [Resolved.key]
+
+
+def test_a_claim_that_is_no_plan_key_is_answered_as_any_request() -> None:
+    async def main() -> Resolver:
+        lookups, resolver = SlowQueue(queue_s=0.0), Resolver()
+        request = pb.CompileRequest(answer_miss_at_once=True, claimed_key="../../not a key")
+        assert await _service(lookups, resolver).compile(request, None, lambda callback: None) == BUILDING
+        return resolver
+
+    assert asyncio.run(main()).resolved == 1  # derived before the answer, as without a claim

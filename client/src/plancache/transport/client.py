@@ -429,6 +429,8 @@ def _compile_request(query: PlanQuery, *, tuned_only: bool = False, answer_miss_
         options=query.options.to_proto(),
         tuned_only=tuned_only,
         answer_miss_at_once=answer_miss_at_once,
+        # A hedged miss is told before the service derives the key itself (it still does, to build).
+        claimed_key=query.key if answer_miss_at_once else "",
     )
 
 

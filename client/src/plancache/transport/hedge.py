@@ -23,6 +23,13 @@ the program's build runs where the program would have run it, with its
 handle. So a node waits at most its own build, plus the round trip in which
 the server says "miss".
 
+A service that refuses the graph itself (SpecError, InvalidRequest: its
+limits narrower than this client's) is raised when it says so in its first
+answer; when it says so after the node began building (its first answer
+came by the caller's key, before it validated the spec: the miss's fixed
+cost, issue 41), the node's plan runs, as it would without plancache, and
+the refusal is logged (once a minute) and counted as the service failing.
+
 Failures never hide the other side: a service that fails (down, refusing,
 timing out, no worker, a plan failing verification, which is never
 deserialized) leaves the node's plan; a local build that fails waits for the
@@ -60,6 +67,7 @@ from plancache.env import env_bool
 from plancache.errors import InvalidRequest, PlanCacheError, SpecError, Unavailable
 from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
+from plancache.log_limits import LogLimiter
 from plancache.run.execution import process
 from plancache.run.local import build_local, can_build_here
 from plancache.run.plan import Plan
@@ -68,6 +76,7 @@ from plancache.trust.answers import satisfies
 from plancache.v1 import plancache_pb2 as pb
 
 log = logging.getLogger(__name__)
+_refusals = LogLimiter(log)  # a service refusing the graphs a node builds itself: one line a minute
 
 HEDGE_ENV = "PLANCACHE_HEDGE"
 HEDGE_AFTER_ENV = "PLANCACHE_HEDGE_AFTER_S"
@@ -233,6 +242,10 @@ class Race:
                     return
                 except grpc.RpcError as exc:
                     error = typed(exc)
+                if isinstance(error, NOT_HEDGED):  # told after the node began its build (a claimed miss)
+                    _refusals.warning(
+                        "refused", "the service refuses a graph this node builds itself: %s", error.message[:300]
+                    )
                 pause = None if self._cancelled else retry_pause(error.retry_after, attempt, self._deadline)
                 if pause is None:
                     self.error = error

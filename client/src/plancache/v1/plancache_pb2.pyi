@@ -498,20 +498,22 @@ class Plan(_message.Message):
     def __init__(self, metadata: _Optional[_Union[PlanMetadata, _Mapping]] = ..., blob: _Optional[bytes] = ..., signature: _Optional[_Union[PlanSignature, _Mapping]] = ...) -> None: ...
 
 class CompileRequest(_message.Message):
-    __slots__ = ("spec", "target", "options", "tuned_only", "answer_miss_at_once", "counted")
+    __slots__ = ("spec", "target", "options", "tuned_only", "answer_miss_at_once", "counted", "claimed_key")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     TUNED_ONLY_FIELD_NUMBER: _ClassVar[int]
     ANSWER_MISS_AT_ONCE_FIELD_NUMBER: _ClassVar[int]
     COUNTED_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_KEY_FIELD_NUMBER: _ClassVar[int]
     spec: GraphSpec
     target: Target
     options: CompileOptions
     tuned_only: bool
     answer_miss_at_once: bool
     counted: bool
-    def __init__(self, spec: _Optional[_Union[GraphSpec, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., tuned_only: _Optional[bool] = ..., answer_miss_at_once: _Optional[bool] = ..., counted: _Optional[bool] = ...) -> None: ...
+    claimed_key: str
+    def __init__(self, spec: _Optional[_Union[GraphSpec, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., tuned_only: _Optional[bool] = ..., answer_miss_at_once: _Optional[bool] = ..., counted: _Optional[bool] = ..., claimed_key: _Optional[str] = ...) -> None: ...
 
 class CompileResponse(_message.Message):
     __slots__ = ("plan", "source")

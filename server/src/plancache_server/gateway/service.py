@@ -40,6 +40,11 @@ class PlanService:
     ) -> bytes:
         """A serialized CompileResponse. `when_sent(callback)` calls back once
         the response is written (it frees the caller's delivery slot)."""
+        if request.answer_miss_at_once and request.claimed_key and await self._absent(request.claimed_key):
+            # A hedged miss by the caller's own key: told now, before this gateway derives the key (a
+            # large spec's validation and hash: the caller's build waits for this answer, issue 41).
+            self._start_after_answer(request)
+            return BUILDING
         resolved = await self._resolver.resolve(request.spec, request.target, request.options)
         count = not request.counted  # the caller's own earlier request (answer_miss_at_once) was counted
         plan = await self._lookups.lookup(
@@ -53,7 +58,7 @@ class PlanService:
             # told at once, the build queued after the answer: the caller's own build waits for this
             # answer, not for the lease and the job (a few Redis round trips, issue 41). What keeps the
             # build from being queued (no worker, a known failure, admission) answers the follow-up.
-            self._start_after_answer(resolved, request.tuned_only, count)
+            self._start_after_answer(request, resolved)
             return BUILDING
         waiter = await self._lookups.start_build(resolved, request.tuned_only, count=count)
         when_sent(waiter.release)
@@ -70,16 +75,40 @@ class PlanService:
             )
         )
 
-    def _start_after_answer(self, resolved: PlanQuery, tuned_only: bool, count: bool) -> None:
+    async def _absent(self, claimed_key: str) -> bool:
+        """Whether no plan is stored (or being built here) under a caller's claimed key; False for a
+        claim that is no plan key (the request is then answered as any other)."""
+        try:
+            parse_key(claimed_key)
+        except PlanCacheError:
+            return False
+        if self._store.cached(claimed_key) is not None:
+            return False
+        return await self._store.get(claimed_key) is None
+
+    def _start_after_answer(self, request: pb.CompileRequest, resolved: PlanQuery | None = None) -> None:
+        """The rest of a hedged miss after its answer: the key derived (when the answer came before it),
+        the miss counted and the build started or joined. A hit after all (the caller's claim was not
+        the key: another plan, or one stored meanwhile) queues nothing; its follow-up is answered it."""
+        count = not request.counted
+
         async def start() -> None:
+            query = resolved
             try:
-                waiter = await self._lookups.start_build(resolved, tuned_only, count=count)
+                if query is None:
+                    query = await self._resolver.resolve(request.spec, request.target, request.options)
+                    found = await self._lookups.lookup(
+                        query.key, query.target.id, query.op_family, request.tuned_only, count=count
+                    )
+                    if found is not None:
+                        return
+                waiter = await self._lookups.start_build(query, request.tuned_only, count=count)
             except PlanCacheError as e:  # the caller's follow-up meets it again, and is told
-                log.debug("plan %s: its build was not queued: %s", resolved.key, e.message)
+                log.debug("plan %s: its build was not queued: %s", query.key if query else "?", e.message)
                 return
             waiter.release()
 
-        task = asyncio.get_running_loop().create_task(start(), name=f"start {resolved.key}")
+        task = asyncio.get_running_loop().create_task(start(), name="start a hedged miss's build")
         self._starting.add(task)  # held: a task nobody references may be collected before it runs
         task.add_done_callback(self._starting.discard)
 
