@@ -343,9 +343,10 @@ class Bench:
         }
         if base(path) in ("first-dropin", "stored-dropin"):
             extra["PLANCACHE_SERVER"] = server
-        if os.environ.get("BENCH_MISS_PHASES") == "1":  # bench/miss_phases.py: each step's time, and a profile
-            (self.out / "profiles").mkdir(exist_ok=True)
+        if os.environ.get("BENCH_MISS_PHASES") == "1":  # bench/miss_phases.py: each step's time
             extra["PLANCACHE_BENCH_PHASES"] = "1"
+        if os.environ.get("BENCH_MISS_PROFILE") == "1":  # and a cProfile (3.12: every thread; it slows Python code)
+            (self.out / "profiles").mkdir(exist_ok=True)
             extra["PLANCACHE_BENCH_PROFILE"] = str(self.out / "profiles" / f"{jit}-{path}.txt")
         return {**env, **extra, **self.cache_env(jit, fill)}
 
@@ -743,7 +744,15 @@ def merge_shares(parts: list[dict[str, Any]], go: float) -> dict[str, Any]:
     row.update(
         {
             k: parts[0][k]
-            for k in ("lazy_s", "hedge_env", "gpu_apps_listed", "geometries", "plan_keys", "functional_stats")
+            for k in (
+                "lazy_s",
+                "hedge_env",
+                "gpu_apps_listed",
+                "geometries",
+                "plan_keys",
+                "functional_stats",
+                "workload",
+            )
             if k in parts[0]
         }
     )
@@ -754,6 +763,8 @@ def merge_shares(parts: list[dict[str, Any]], go: float) -> dict[str, Any]:
         row["gpu_mib"] = sum(p["gpu_mib"] for p in parts) if all(p["gpu_mib"] is not None for p in parts) else None
     if any(p.get("races") for p in parts):
         row["races"] = _sum_races([p["races"] for p in parts if p.get("races")])
+    if any(p.get("phases") for p in parts):  # BENCH_MISS_PHASES: each process's own
+        row["phases"] = parts[0]["phases"] if len(parts) == 1 else [p.get("phases") for p in parts]
     for name in ("runnable_s", "output_s", "provisional", "source", "reason", "taken_over", "plan_key"):
         if any(name in p for p in parts):
             merged = [None] * row.get("graphs", 13)
