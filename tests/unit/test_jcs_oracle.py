@@ -48,6 +48,26 @@ def test_without_floats_the_bytes_are_the_standard_librarys_sorted_compact_json(
     assert canonicalize(value) == expected
 
 
+# What canonicalize writes with the standard library (its fast path): ASCII names, |integers| < 2**53.
+plain_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-MAX_EXACT_INTEGER + 1, max_value=MAX_EXACT_INTEGER - 1)
+    | st.text(alphabet=st.characters(blacklist_categories=("Cs",))),
+    lambda children: (
+        st.lists(children, max_size=6)
+        | st.dictionaries(st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=8), children, max_size=6)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@given(plain_values)
+def test_the_fast_path_writes_rfc8785s_bytes(value: object) -> None:
+    assert canonicalize(value) == rfc8785.dumps(value)
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(json_values)
 def test_the_bytes_read_back_as_the_value_and_are_a_fixed_point(value: object) -> None:
