@@ -44,7 +44,7 @@ def _plain(value: Any) -> bool:
     if kind is str or kind is bool or value is None:
         return True
     if kind is int:
-        return -MAX_EXACT_INTEGER < value < MAX_EXACT_INTEGER
+        return bool(-MAX_EXACT_INTEGER < value < MAX_EXACT_INTEGER)
     if kind is dict:
         return all(type(k) is str and k.isascii() and _plain(v) for k, v in value.items())
     if kind is list or kind is tuple:

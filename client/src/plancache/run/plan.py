@@ -30,10 +30,6 @@ SOURCE_NAMES = {
 }
 
 
-# The frontend's serialized Python-engine plans begin so (cudnn._plan_serdes.MAGIC, frontend 1.32).
-PYTHON_PLAN_MAGIC = b"CUDNN_FE_PYPLAN\0"
-
-
 class Plan:
     def __init__(
         self, blob: bytes, metadata: pb.PlanMetadata, source: str = "stored", signature: pb.PlanSignature | None = None
@@ -62,16 +58,6 @@ class Plan:
         """cuDNN's heuristic plan, served while the autotuned one is built:
         it runs correctly; asking for the key again later gets the tuned one."""
         return bool(self.metadata.provisional)
-
-    @property
-    def loads_off_thread(self) -> bool:
-        """Whether deserializing this plan on a background thread is safe while the program runs CUDA
-        work. Not a plan of the frontend's Python engines (its blob starts PYTHON_PLAN_MAGIC): those are
-        built again when deserialized, which may create resources on the legacy stream or capture, and
-        a capture elsewhere in the process then fails the program's next launch (GPU run 27: "operation
-        would make the legacy stream depend on a capturing blocking stream"). Such a plan is
-        deserialized at its first use, on the caller's thread."""
-        return not self.blob.startswith(PYTHON_PLAN_MAGIC)
 
     @property
     def target(self) -> Target:

@@ -9,8 +9,6 @@ One thread fetches, verifies and (with `load`) deserializes the plans as
 they arrive, in the order the server streams them; the node's thread only
 waits for what it needs when it needs it. One thread, not several: on an
 H200, deserializing from four threads was slower than from one (0.49x).
-A plan of the frontend's Python engines is not deserialized there (see
-Plan.loads_off_thread): its first use does it, on the caller's thread.
 """
 
 from __future__ import annotations
@@ -69,7 +67,7 @@ class BackgroundPrefetch:
             self._changed.notify_all()
 
     def _arrived(self, index: int, plan: Plan) -> None:
-        if self._load and plan.loads_off_thread:  # else deserialized at its first use (Plan.loads_off_thread)
+        if self._load:
             try:
                 plan.load()
             except Exception as e:  # a plan that does not load is that entry's error, not the prefetch's

@@ -302,9 +302,13 @@ class Client:
         return self.workload.stats_now()
 
     def _workload_prefetch(self, manifest: Manifest, target: Target) -> BackgroundPrefetch:
-        """The workload's start-up stream (plancache.transport.workload): deserialized as it arrives where this
-        process runs plans of `target`."""
-        return self.prefetch_in_background(manifest, target, load=self.local_builder.can_build(target))
+        """The workload's start-up stream (plancache.transport.workload): fetched and verified on a thread;
+        each plan deserialized at its first use, on the caller's thread. Not on the stream's thread: that
+        thread runs beside the program's own CUDA work, which it did not start, and deserializing there
+        broke a program's first step on the H200 (GPU run 27: the decode step's first torch op failed with
+        "operation would make the legacy stream depend on a capturing blocking stream", twice in two runs;
+        with the stream's thread only fetching, its runs are yet to be made)."""
+        return self.prefetch_in_background(manifest, target, load=False)
 
     def _report(self, request: pb.ReportFirstUsesRequest) -> None:
         # Short: a report lost costs only the report, and close() sends what is left.

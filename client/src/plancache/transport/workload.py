@@ -7,8 +7,10 @@ least recently used out: plancache_server.store.workloads). At a client's
 first call (Client.compile, Client.race: every front door, plancache.cudnn's
 build step and plancache.functional's first call included), a thread asks
 for that record (GetWorkload) and streams its plans (one Prefetch),
-verifying each and, where this process runs plans, deserializing it as it
-arrives. A graph whose key is in the record then waits for its plan there
+verifying each as it arrives; a plan is deserialized at its first use, on
+the caller's thread (deserializing on the stream's thread, beside the
+program's own CUDA work, broke a program's first step on the H200: GPU
+run 27). A graph whose key is in the record then waits for its plan there
 (bounded by the client's timeout) instead of asking the service; any other
 graph asks as before, and a graph asking before the record is known does
 not wait for it. The process's own first uses go back to the record with
