@@ -328,6 +328,107 @@ def startup_section(st: dict, run_record: str) -> list[str]:
     return out
 
 
+MISS_RUN = "2026-12-02-h200-run27.md"
+PHASE_ROWS = (
+    ("query", "keying the graph (`Client._query`: normalize, JCS, hash)"),
+    ("first_ask", 'the first Compile, answered "building" by the caller\'s claimed key'),
+    ("race_start", "starting the race's thread and its follow-up Compile"),
+    ("settle", "settling the race (who won, counted)"),
+    ("verify", "checking a plan answers its question (the race's thread)"),
+    ("local_build", "the node's own build"),
+)
+
+
+def _phase_medians(startup: dict, path: str, phase: str) -> list[float]:
+    found = []
+    for r in startup["runs"]:
+        ph = r.get("phases") if r.get("path") == path else None
+        if isinstance(ph, dict) and phase in ph:
+            found.append(ph[phase]["median_ms"])
+    return found
+
+
+def _span(values: list[float], unit: str = "", digits: int = 2) -> str:
+    if not values:
+        return "n/a"
+    lo, hi = min(values), max(values)
+    return f"{lo:.{digits}f}{unit}" if lo == hi else f"{lo:.{digits}f}-{hi:.{digits}f}{unit}"
+
+
+def _totals(startup: dict, path: str) -> list[float]:
+    return [r["total_s"] for r in startup["runs"] if r.get("path") == path and "total_s" in r and "error" not in r]
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def miss_section(shared: dict, split: dict | None, workload: dict | None, training: dict | None) -> list[str]:
+    """Issue 41: a hedged miss's fixed cost per piece, its paired ratios, and start-up from a workload's record."""
+    out = [
+        "## A miss's fixed cost and start-up with nothing configured (issue 41; `bench/startup.py --study "
+        f"hedge-paired|workload`, `bench/training.py --startup`; [{MISS_RUN}](gpu-runs/{MISS_RUN}))\n",
+        "Warm JIT cache, fresh processes, medians of adjacent pairs (`paired` in the JSON); node and service on the same "
+        "16 CPUs unless said. Results: `bench/results/startup_miss_shared.json`, `startup_miss_split.json`, "
+        "`startup_workload.json`, `training_startup_workload.json` (`*_timeline.png`: when each graph became runnable); "
+        "before the changes, under cProfile (every figure inflated, ratios only indicative): "
+        "`startup_miss_before_profiled.json`.\n",
+        "Per graph, what a hedged miss costs the node (`BENCH_MISS_PHASES=1`; the range of the medians of the 13 graphs "
+        "over the runs):\n",
+        "| piece | ms |",
+        "|---|---|",
+    ]
+    for phase, label in PHASE_ROWS:
+        out.append(f"| {label} | {_span(_phase_medians(shared, 'first-compile+hedge', phase))} |")
+    out.append("")
+    rows = [("shared CPUs", shared)] + ([("split CPUs (node 0-7, service 8-15)", split)] if split else [])
+    out += [
+        "| first-compile+hedge, 13 graphs | local-heuristic s | hedged s | paired ratio | target |",
+        "|---|---|---|---|---|",
+    ]
+    for name, data in rows:
+        paired = data["summary"]["warm"].get("paired", {}).get("first_compile_hedge_over_local")
+        local = ", ".join(f"{v:.2f}" for v in _totals(data, "local-heuristic"))
+        hedged = ", ".join(f"{v:.2f}" for v in _totals(data, "first-compile+hedge"))
+        out.append(f"| {name} | {local} | {hedged} | **{_fmt(paired, 2)}x** | ≤ 1.05x |")
+    out.append("")
+    if workload is not None:
+        w = workload["summary"]["warm"]
+        out += [
+            "Every plan stored, no manifest written by anyone: the workload's record streams them.\n",
+            "| path | plancache s | without s | paired ratio | target |",
+            "|---|---|---|---|---|",
+            f"| drop-in program, 13 graphs all runnable (`stored-dropin` / `local-program`) | "
+            f"{', '.join(f'{v:.2f}' for v in _totals(workload, 'stored-dropin'))} | "
+            f"{', '.join(f'{v:.2f}' for v in _totals(workload, 'local-program'))} | "
+            f"**{_fmt(w.get('stored_dropin_over_local_program'), 2)}x** | ≤ 0.3x |",
+        ]
+        failed = [r for r in workload["runs"] if r.get("path") == "stored-functional" and "error" in r]
+        if failed:
+            out.append(
+                f"| decode step (`stored-functional` / `torch-step`) | failed ({len(failed)} of {len(failed)} runs) | "
+                f"{', '.join(f'{v:.2f}' for v in _totals(workload, 'torch-step'))} | n/a | ≤ 0.6x |"
+            )
+    if training is not None and "startup" in training:
+        for model, entry in training["startup"].get("summary", {}).items():
+            steps = entry.get("first_step_s", {})
+            out.append(
+                f"| functional training first step, {model} (`stored, workload record` / torch) | "
+                f"{_fmt(steps.get('stored, workload record'), 3)} | {_fmt(steps.get('torch'), 3)} | "
+                f"**{_fmt(entry.get('workload_over_torch'), 2)}x** (a manifest: {_fmt(entry.get('prefetched_over_torch'), 2)}x; "
+                f"stored, nothing streamed: {_fmt(entry.get('stored_over_torch'), 2)}x) | ≤ 0.6x |"
+            )
+    out += [
+        "",
+        "The training figures were measured with the stream deserializing on its thread; the decode step failed in both "
+        'its runs that way (its first torch op: "operation would make the legacy stream depend on a capturing blocking '
+        "stream\"), so the stream now deserializes nothing on its thread (each plan at its first use, on the caller's): "
+        "that default is not measured yet. The drop-in's remaining time is the program's own `validate()` (frontend "
+        "1.32 imports its Python heuristics there) and one deserialize per graph.\n",
+    ]
+    return out
+
+
 def hedge_section(split: dict, shared: dict | None, hits: dict | None, run_record: str) -> list[str]:
     """bench/results/startup_hedge.json (bench/startup.py --study hedge-paired --split-cpus, cold and warm merged),
     startup_hedge_shared_cpus.json (--study hedge, cold, CPUs shared), hedge_hits.json (bench/hedge_hits.py, CPU)."""
@@ -1148,6 +1249,16 @@ def main() -> None:
                 HEDGE_RUN,
             )
             if (RESULTS / "startup_hedge.json").exists()
+            else []
+        ),
+        *(
+            miss_section(
+                json.loads((RESULTS / "startup_miss_shared.json").read_text()),
+                _optional(RESULTS / "startup_miss_split.json"),
+                _optional(RESULTS / "startup_workload.json"),
+                _optional(RESULTS / "training_startup_workload.json"),
+            )
+            if (RESULTS / "startup_miss_shared.json").exists()
             else []
         ),
         *(
