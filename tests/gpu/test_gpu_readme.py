@@ -33,7 +33,9 @@ def _readme_example() -> str:
 
 def test_the_readme_example_runs_as_written_after_the_trust_step(gpu_session: dict[str, Any], tmp_path: Path) -> None:
     address = gpu_session["address"]
-    env = child_env(PLANCACHE_CONFIG_DIR=str(tmp_path / "config"))  # a newcomer: no key anywhere
+    # A newcomer: no key anywhere, and unsigned plans refused as by default (the suite's autouse fixture
+    # accepts them for tests of other things: inherited, it let the example run before the trust step, run 27).
+    env = child_env(PLANCACHE_CONFIG_DIR=str(tmp_path / "config"), PLANCACHE_ALLOW_UNSIGNED="0")
     program = _readme_example().replace("127.0.0.1:50051", address) + CHECK
 
     before = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, check=False)
