@@ -7,6 +7,7 @@ from being queued answers the follow-up, not the first ask."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -73,6 +74,11 @@ class EmptyStore:
         return None
 
 
+def _sent(callback: Callable[[], None]) -> None:
+    """STAND-IN for the servicer's when_sent: the answer is written 10 ms later."""
+    asyncio.get_running_loop().call_later(0.01, callback)
+
+
 def _service(lookups: SlowQueue, resolver: Resolver | None = None) -> PlanService:
     return PlanService(store=EmptyStore(), resolver=resolver or Resolver(), lookups=lookups)  # type: ignore[arg-type]
 
@@ -83,7 +89,7 @@ def test_the_first_answer_comes_before_the_build_is_queued() -> None:
         service = _service(lookups)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        answer = await service.compile(pb.CompileRequest(answer_miss_at_once=True), None, lambda callback: None)
+        answer = await service.compile(pb.CompileRequest(answer_miss_at_once=True), None, _sent)
         took = loop.time() - started
         assert answer == BUILDING
         assert lookups.started == []  # not queued yet: the answer did not wait for it
@@ -100,11 +106,11 @@ def test_a_build_that_cannot_be_queued_is_the_follow_ups_answer() -> None:
     async def main() -> None:
         lookups = SlowQueue(queue_s=0.0, error=TargetUnavailable("no worker serves this target"))
         service = _service(lookups)
-        answer = await service.compile(pb.CompileRequest(answer_miss_at_once=True), None, lambda callback: None)
+        answer = await service.compile(pb.CompileRequest(answer_miss_at_once=True), None, _sent)
         assert answer == BUILDING
         await asyncio.sleep(0.05)  # the background start meets the refusal: logged, not raised anywhere
         with pytest.raises(TargetUnavailable):
-            await service.compile(pb.CompileRequest(counted=True), None, lambda callback: None)
+            await service.compile(pb.CompileRequest(counted=True), None, _sent)
 
     asyncio.run(main())
 
@@ -118,7 +124,7 @@ def test_a_miss_by_the_callers_claimed_key_is_told_before_the_key_is_derived() -
         loop = asyncio.get_running_loop()
         started = loop.time()
         request = pb.CompileRequest(answer_miss_at_once=True, claimed_key=claimed)
-        answer = await service.compile(request, None, lambda callback: None)
+        answer = await service.compile(request, None, _sent)
         took = loop.time() - started
         assert answer == BUILDING and resolver.resolved == 0
         await asyncio.sleep(0.7)
@@ -134,7 +140,7 @@ def test_a_claim_that_is_no_plan_key_is_answered_as_any_request() -> None:
     async def main() -> Resolver:
         lookups, resolver = SlowQueue(queue_s=0.0), Resolver()
         request = pb.CompileRequest(answer_miss_at_once=True, claimed_key="../../not a key")
-        assert await _service(lookups, resolver).compile(request, None, lambda callback: None) == BUILDING
+        assert await _service(lookups, resolver).compile(request, None, _sent) == BUILDING
         return resolver
 
     assert asyncio.run(main()).resolved == 1  # derived before the answer, as without a claim

@@ -43,7 +43,7 @@ class PlanService:
         if request.answer_miss_at_once and request.claimed_key and await self._absent(request.claimed_key):
             # A hedged miss by the caller's own key: told now, before this gateway derives the key (a
             # large spec's validation and hash: the caller's build waits for this answer, issue 41).
-            self._start_after_answer(request)
+            self._after_answer(when_sent, request)
             return BUILDING
         resolved = await self._resolver.resolve(request.spec, request.target, request.options)
         count = not request.counted  # the caller's own earlier request (answer_miss_at_once) was counted
@@ -58,7 +58,7 @@ class PlanService:
             # told at once, the build queued after the answer: the caller's own build waits for this
             # answer, not for the lease and the job (a few Redis round trips, issue 41). What keeps the
             # build from being queued (no worker, a known failure, admission) answers the follow-up.
-            self._start_after_answer(request, resolved)
+            self._after_answer(when_sent, request, resolved)
             return BUILDING
         waiter = await self._lookups.start_build(resolved, request.tuned_only, count=count)
         when_sent(waiter.release)
@@ -85,6 +85,20 @@ class PlanService:
         if self._store.cached(claimed_key) is not None:
             return False
         return await self._store.get(claimed_key) is None
+
+    def _after_answer(
+        self,
+        when_sent: Callable[[Callable[[], None]], None],
+        request: pb.CompileRequest,
+        resolved: PlanQuery | None = None,
+    ) -> None:
+        """Once the answer is written: nothing the caller waits for runs on the event loop before it."""
+        loop = asyncio.get_running_loop()
+
+        def sent() -> None:  # gRPC may call back on another thread
+            loop.call_soon_threadsafe(self._start_after_answer, request, resolved)
+
+        when_sent(sent)
 
     def _start_after_answer(self, request: pb.CompileRequest, resolved: PlanQuery | None = None) -> None:
         """The rest of a hedged miss after its answer: the key derived (when the answer came before it),
