@@ -14,7 +14,7 @@ import pytest
 
 from plancache.errors import TargetUnavailable
 from plancache.v1 import plancache_pb2 as pb
-from plancache_server.gateway.service import BUILDING, PlanService
+from plancache_server.gateway.service import BUILDING, MAX_DEFERRED, PlanService
 
 
 class SlowQueue:
@@ -144,3 +144,21 @@ def test_a_claim_that_is_no_plan_key_is_answered_as_any_request() -> None:
         return resolver
 
     assert asyncio.run(main()).resolved == 1  # derived before the answer, as without a claim
+
+
+def test_past_the_bound_of_deferred_work_a_caller_waits_for_its_own() -> None:
+    """A flood of first asks cannot pile up deferred tasks: past MAX_DEFERRED the answer comes after the work."""
+    claimed = "0" * 64 + "/sm_90/cudnn-91900/fe-1.32.0/dev-x/sms-132/opt-0123456789abcdef"
+
+    async def main() -> tuple[float, SlowQueue]:
+        lookups = SlowQueue(queue_s=0.3)
+        service = _service(lookups)
+        service._deferred = MAX_DEFERRED  # as if that many answered misses were still being queued
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        request = pb.CompileRequest(answer_miss_at_once=True, claimed_key=claimed)
+        assert await service.compile(request, None, _sent) == BUILDING
+        return loop.time() - started, lookups
+
+    took, lookups = asyncio.run(main())
+    assert took >= 0.3 and lookups.started == [Resolved.key]  # queued before the answer: back-pressure

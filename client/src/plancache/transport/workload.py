@@ -156,7 +156,8 @@ class WorkloadStart:
         self._taken: set[int] = set()
         self._uses: list[pb.WorkloadUse] = []  # first uses not reported yet
         self._seen: set[str] = set()
-        self._reported = WorkloadStats()  # counts already sent (its `failed`: the final report went)
+        self._sent_prefetched = self._sent_used = 0  # counts already reported
+        self._sent_wasted = False  # the final report (with the wasted count) went
         self.stats = WorkloadStats(workload=name, state="idle")
         self.wake: Callable[[], None] = lambda: None  # the reports' thread, started at a first use
         _OPEN.add(self)
@@ -327,12 +328,12 @@ class WorkloadStart:
             return None
         with self._lock:
             uses, self._uses = self._uses[:USES_PER_REPORT], self._uses[USES_PER_REPORT:]
-            now, before = self.stats, self._reported
-            prefetched, used = now.prefetched - before.prefetched, now.used - before.used
-            before.prefetched, before.used = now.prefetched, now.used
+            now = self.stats
+            prefetched, used = now.prefetched - self._sent_prefetched, now.used - self._sent_used
+            self._sent_prefetched, self._sent_used = now.prefetched, now.used
             wasted = 0
-            if final and not before.failed:  # `failed` marks the wasted count as sent: once, at the end
-                wasted, before.failed = now.wasted, 1
+            if final and not self._sent_wasted:  # once, at the end
+                wasted, self._sent_wasted = now.wasted, True
         if not uses and not prefetched and not used and not wasted:
             return None
         return pb.WorkloadUses(

@@ -24,6 +24,11 @@ from plancache_server.store.plans import PlanStore, StoredPlan
 
 log = logging.getLogger(__name__)
 
+# Hedged misses answered before their work (deriving the key, queueing the build) on one gateway at
+# once; past it, a hedged miss is answered after its work, as before issue 41: a flood of first asks
+# holds no more than this many deferred tasks, and its callers wait for their own work.
+MAX_DEFERRED = 1024
+
 # Compile's answer to a miss the caller races (answer_miss_at_once): no plan, the build under way.
 BUILDING = pb.CompileResponse(source=pb.COMPILE_SOURCE_BUILDING).SerializeToString()
 
@@ -34,13 +39,20 @@ class PlanService:
         self._resolver = resolver
         self._lookups = lookups
         self._starting: set[asyncio.Task[None]] = set()  # builds being queued after a hedged miss's answer
+        self._deferred = 0  # hedged misses answered whose deferred work has not ended (MAX_DEFERRED)
 
     async def compile(
         self, request: pb.CompileRequest, time_remaining: float | None, when_sent: Callable[[Callable[[], None]], None]
     ) -> bytes:
         """A serialized CompileResponse. `when_sent(callback)` calls back once
         the response is written (it frees the caller's delivery slot)."""
-        if request.answer_miss_at_once and request.claimed_key and await self._absent(request.claimed_key):
+        deferring = self._deferred < MAX_DEFERRED  # past it, a caller waits for its own work (back-pressure)
+        if (
+            deferring
+            and request.answer_miss_at_once
+            and request.claimed_key
+            and await self._absent(request.claimed_key)
+        ):
             # A hedged miss by the caller's own key: told now, before this gateway derives the key (a
             # large spec's validation and hash: the caller's build waits for this answer, issue 41).
             self._after_answer(when_sent, request)
@@ -58,7 +70,10 @@ class PlanService:
             # told at once, the build queued after the answer: the caller's own build waits for this
             # answer, not for the lease and the job (a few Redis round trips, issue 41). What keeps the
             # build from being queued (no worker, a known failure, admission) answers the follow-up.
-            self._after_answer(when_sent, request, resolved)
+            if deferring:
+                self._after_answer(when_sent, request, resolved)
+            else:
+                (await self._lookups.start_build(resolved, request.tuned_only, count=count)).release()
             return BUILDING
         waiter = await self._lookups.start_build(resolved, request.tuned_only, count=count)
         when_sent(waiter.release)
@@ -94,6 +109,7 @@ class PlanService:
     ) -> None:
         """Once the answer is written: nothing the caller waits for runs on the event loop before it."""
         loop = asyncio.get_running_loop()
+        self._deferred += 1
 
         def sent() -> None:  # gRPC may call back on another thread
             loop.call_soon_threadsafe(self._start_after_answer, request, resolved)
@@ -124,7 +140,11 @@ class PlanService:
 
         task = asyncio.get_running_loop().create_task(start(), name="start a hedged miss's build")
         self._starting.add(task)  # held: a task nobody references may be collected before it runs
-        task.add_done_callback(self._starting.discard)
+        task.add_done_callback(self._started)
+
+    def _started(self, task: asyncio.Task[None]) -> None:
+        self._starting.discard(task)
+        self._deferred -= 1
 
     async def get(self, ref: pb.PlanRef) -> StoredPlan:
         """The stored plan a reference names; NotFound when none is (GetPlan never compiles)."""
