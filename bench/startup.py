@@ -98,6 +98,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -320,6 +321,7 @@ class Bench:
         self.runs: list[dict[str, Any]] = []
         self.skipped: list[str] = []
         self.pairs: tuple[str, ...] = ()  # --pairs: hedge-paired's first-node paths to run (empty: all of PAIRED)
+        self.pause_worker = False  # --pause-worker: hedged first nodes run with the worker stopped (a diagnosis)
 
     def cache_env(self, jit: str, fill: bool = False) -> dict[str, str]:
         if jit == "cold" and not fill:
@@ -337,10 +339,13 @@ class Bench:
         extra = {
             "PLANCACHE_HEDGE": "1" if hedged(path) else "0",
             "PLANCACHE_CACHE_DIR": tempfile.mkdtemp(prefix="disk-cache-", dir=self.tmp),
-            # The workload start-up prefetch (issue 41) only where a path measures it: the others are as before.
+            # The workload start-up prefetch (issue 41) where a path measures it, and in first nodes as a user has
+            # it (unset: on where the process runs plans); off in the stored-plan paths, which measure one way in.
             "PLANCACHE_WORKLOAD_PREFETCH": "1" if base(path) in WORKLOAD_PATHS else "0",
             "PLANCACHE_WORKLOAD": WORKLOAD_OF.get(base(path), f"bench-{base(path)}"),
         }
+        if base(path) in FIRST_NODES:
+            del extra["PLANCACHE_WORKLOAD_PREFETCH"]
         if base(path) in ("first-dropin", "stored-dropin"):
             extra["PLANCACHE_SERVER"] = server
         if os.environ.get("BENCH_MISS_PHASES") == "1":  # bench/miss_phases.py: each step's time
@@ -525,8 +530,22 @@ class Bench:
 
                 if measure_pool:
                     pool_ready()
-                on_go = None if watcher is None else (lambda go: watcher.start(go, self.keys))
-                row.update(self.together(path, jit, env, address, None if measure_pool else pool_ready, on_go))
+                # --pause-worker (a diagnosis, not a user's path): the worker and its build processes stopped
+                # while a hedged first node runs, so nothing of the service's builds shares the machine with it.
+                paused = self.pause_worker and hedged(path)
+                row["worker_paused"] = paused
+
+                def on_go(go: float) -> None:
+                    if watcher is not None:
+                        watcher.start(go, self.keys)
+                    if paused:
+                        deploy.signal_tree(worker.pid, signal.SIGSTOP)
+
+                try:
+                    row.update(self.together(path, jit, env, address, None if measure_pool else pool_ready, on_go))
+                finally:
+                    if paused:
+                        deploy.signal_tree(worker.pid, signal.SIGCONT)
                 if row.get("keys") != self.keys:
                     raise RuntimeError(f"the nodes' plan keys are not those of the worker's target {self.target_id}")
                 self.step_keys.update(row.get("plan_keys") or ())
@@ -729,6 +748,7 @@ class Bench:
             "time_limit_s": self.time_limit,
             "build_processes": self.build_processes or "the worker's default",
             "pairs": list(self.pairs) or "all",
+            "worker_paused_during_hedged_first_nodes": self.pause_worker,
         }
 
 
@@ -847,7 +867,6 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         s["paired"] = {
             name: paired_ratio(runs, jit, path + HEDGE, equivalent if equivalent != "local-lazy" else "local-heuristic")
             for path, (equivalent, _, name) in VERSUS_LOCAL.items()
-            if equivalent != "local-lazy"
         }
         s["met"] = met(s, jit)
         summary[jit] = s
@@ -857,7 +876,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def paired_ratio(runs: list[dict[str, Any]], jit: str, path: str, equivalent: str) -> float | None:
     """The median over `path`'s runs of its total over the run of `equivalent` just before it (adjacent
-    runs: the machine drifts between runs minutes apart); None without such a pair."""
+    runs: the machine drifts between runs minutes apart); None without such a pair. For first-lazy the
+    equivalent is local-heuristic plus the same sleeps (its `lazy_s` after each graph)."""
     ratios, last = [], None
     for r in runs:
         if r["jit"] != jit or "error" in r or "total_s" not in r:
@@ -865,7 +885,8 @@ def paired_ratio(runs: list[dict[str, Any]], jit: str, path: str, equivalent: st
         if r["path"] == equivalent:
             last = r["total_s"]
         elif r["path"] == path and last:
-            ratios.append(r["total_s"] / last)
+            slept = r.get("lazy_s", 0.0) * len(r.get("indices") or ()) if base(path) == "first-lazy" else 0.0
+            ratios.append(r["total_s"] / (last + slept))
             last = None
     return statistics.median(ratios) if ratios else None
 
@@ -1143,6 +1164,12 @@ def main() -> None:
         default="",
         help="hedge-paired: a comma list of its first-node paths (first-compile,...); default all",
     )
+    parser.add_argument(
+        "--pause-worker",
+        action="store_true",
+        help="a diagnosis: the worker and its build processes stopped while each hedged first node runs (what the "
+        "service's own builds on the same machine cost the node)",
+    )
     parser.add_argument("--foreground-s", type=float, default=2.0)
     parser.add_argument(
         "--build-processes", type=int, default=0, help="the workers' --build-processes (0: their default)"
@@ -1167,6 +1194,7 @@ def main() -> None:
         args.out, args.time_limit, args.repeats, args.foreground_s, args.warm_cache, args.build_processes, args.study
     )
     bench.pairs = tuple(p for p in args.pairs.split(",") if p)
+    bench.pause_worker = args.pause_worker
     if args.split_cpus:
         bench.split_cpus()  # before Redis starts: it and every service process inherit the service's half
     redis = EmbeddedRedis(

@@ -7,6 +7,7 @@ Imports neither torch nor cudnn.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import threading
@@ -58,6 +59,21 @@ def _children(pid: int) -> set[int]:
         if int(fields[1]) == pid:
             found.add(int(stat.parent.name))
     return found
+
+
+def signal_tree(pid: int, sig: int) -> None:
+    """`sig` to a process and its descendants (a worker and its build processes)."""
+    pending, seen = [pid], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        try:
+            os.kill(current, sig)
+        except ProcessLookupError:
+            continue
+        pending += _children(current)
 
 
 def _nvidia_smi(*query: str) -> list[list[str]]:

@@ -12,7 +12,8 @@
 #   .startup-jit-cache/ between calls on the same machine); STARTUP_STUDY=all|hedge (bench/startup.py --study; hedge: issue 29's
 #   hedged misses alone, e.g. STARTUP_JIT=cold STARTUP_STUDY=hedge STARTUP_TIME_LIMIT=420, then the same with warm;
 #   hedge-paired: each hedged first node beside its local equivalent, STARTUP_REPEATS times); STARTUP_SPLIT_CPUS=1 (--split-cpus:
-#   the node processes on half of the CPUs, the service on the other half).
+#   the node processes on half of the CPUs, the service on the other half); STARTUP_PAUSE_WORKER=1 (--pause-worker: a diagnosis,
+#   the worker stopped while each hedged first node runs).
 # Prepare the wheels on a machine with internet: scripts/fetch-gpu-wheels.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,7 +56,7 @@ for bench in ${BENCHES:-autotune startup gpu_exec}; do
   case "$bench" in
     autotune) python3 bench/autotune.py --out "$OUT" --time-limit "${AUTOTUNE_TIME_LIMIT:-240}" 2>&1 | tee "$OUT/autotune.log" ;;
     startup) python3 bench/startup.py --out "$OUT" --jit "${STARTUP_JIT:-both}" --study "${STARTUP_STUDY:-all}" --warm-cache .startup-jit-cache \
-               --time-limit "${STARTUP_TIME_LIMIT:-390}" --repeats "${STARTUP_REPEATS:-2}" ${STARTUP_SPLIT_CPUS:+--split-cpus} ${STARTUP_PAIRS:+--pairs "$STARTUP_PAIRS"} 2>&1 | tee "$OUT/startup.log" ;;
+               --time-limit "${STARTUP_TIME_LIMIT:-390}" --repeats "${STARTUP_REPEATS:-2}" ${STARTUP_SPLIT_CPUS:+--split-cpus} ${STARTUP_PAUSE_WORKER:+--pause-worker} ${STARTUP_PAIRS:+--pairs "$STARTUP_PAIRS"} 2>&1 | tee "$OUT/startup.log" ;;
     gpu_bench) python3 bench/gpu_bench.py --out "$OUT" 2>&1 | tee "$OUT/gpu_bench.log" ;;
     none) ;;
     gpu_exec) python3 bench/gpu_exec.py --out "$OUT" 2>&1 | tee "$OUT/gpu_exec.log" ;;

@@ -138,7 +138,7 @@ class Client:
         )
         self._reports = Reports(self._report, enabled=reporting, workload=self.workload.take_report)
         self.workload.wake = self._reports.wake  # a first use starts the reports' thread, as a hedged miss does
-        self._hedged = HedgedCalls(self.connection, self.intake, self._reports)
+        self._hedged = HedgedCalls(self.connection, self.intake, self._reports, listed=self.workload.lists)
 
     @property
     def timeout(self) -> float | None:

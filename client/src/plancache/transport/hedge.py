@@ -6,10 +6,11 @@ thread, with `answer_miss_at_once`: a hit answers the plan and that is all
 (a hit never starts a local build, and costs what it cost before: no
 thread, no stream). On a miss the server starts or joins the build and
 answers at once that it is building; the node then builds the plan itself
-on the caller's thread, while a thread of the race asks again (`counted`:
-the same build, counted once) and verifies the service's answer
-(signature, and that it answers what was asked). When the node's build
-returns:
+on the caller's thread, while the race asks again (`counted`: the same
+build, counted once) and verifies the service's answer (signature, and
+that it answers what was asked) when it comes, on a pool thread. An
+expected miss skips the first answer (plancache.transport.hedged_calls).
+When the node's build returns:
 
 - the service's verified plan came first: it runs (the service won);
 - else the node's plan runs (source "local"), and the service's replaces it
@@ -21,7 +22,7 @@ plan the moment it lands: the frontend holds the GIL while it builds (its
 bindings never release it), so the caller would be stalled all the same; and
 the program's build runs where the program would have run it, with its
 handle. So a node waits at most its own build, plus the round trip in which
-the server says "miss".
+the server says "miss" (none for an expected miss).
 
 A service that refuses the graph itself (SpecError, InvalidRequest: its
 limits narrower than this client's) is raised when it says so in its first
@@ -58,6 +59,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -150,6 +152,9 @@ class RaceCounts:
     local_failed: int = 0  # the node's build failed: the service's answer was waited for
     service_failed: int = 0  # the service failed (or its plan failed verification): the node's plan ran
     replaced: int = 0  # node plans the service's plan later took over from
+    # Expected misses (plancache.transport.hedged_calls): the node's build started without a first answer.
+    at_once: int = 0
+    stored_after_all: int = 0  # of those, graphs the service had stored (the node's build was not needed)
 
 
 _COUNTS: dict[str, RaceCounts] = {}
@@ -178,14 +183,20 @@ def reset_race_stats() -> None:
 
 
 class Race:
-    """The service's side of one hedged miss. `ask(timeout)` sends the
-    follow-up Compile (a future: its answer waits for the build the first
-    request started or joined); `remember(response)` verifies the answer
-    and makes its Plan (PlanCacheError when it does not verify). Read on a
-    thread of its own; a refusal for now (admission control) is asked again
-    after the server's delay, within `deadline`, while the node builds.
-    `building`: the service said it was building the plan (it knows this
-    miss). Without `ask`, the race is over before it began: `error` says why."""
+    """The service's side of one hedged miss. `ask(timeout)` sends a
+    Compile (a future: its answer waits for the build the first request
+    started or joined, or is the plan itself where the service has one);
+    `remember(response)` verifies the answer and makes its Plan
+    (PlanCacheError when it does not verify). No thread waits for it: the
+    answer's callback hands the verification to a small pool shared by
+    every race of the process (a thread per miss cost the caller 0.3-0.4 ms
+    to start, GPU run 27, and one thread per build under way); a refusal for
+    now (admission control) is asked again after the server's delay, within
+    `deadline`, while the node builds. `building`: the service said it was
+    building the plan, or was asked while the node began its build (it
+    knows this miss). `on_answer(race, response)`, when given, sees each
+    answer before it is verified. Without `ask`, the race is over before it began:
+    `error` says why."""
 
     def __init__(
         self,
@@ -196,22 +207,25 @@ class Race:
         *,
         building: bool,
         error: PlanCacheError | None = None,
+        on_answer: Callable[[Race, pb.CompileResponse], None] | None = None,
     ) -> None:
         self._ask = ask
         self._remember = remember
         self.path = path
         self._deadline = deadline
         self.building = building
+        self._on_answer = on_answer
         self._plan: Plan | None = None
         self.error = error
         self.answered_at: float | None = None  # monotonic, when the answer (or the failure) came
         self._future: grpc.Future[pb.CompileResponse] | None = None
+        self._attempt = 0
         self._done = threading.Event()
         self._cancelled = False
         if ask is None:
             self._finish()
         else:
-            threading.Thread(target=self._read, name="plancache-race", daemon=True).start()
+            self._send()
 
     @property
     def plan(self) -> Plan | None:
@@ -231,39 +245,83 @@ class Race:
         if self._future is not None:
             self._future.cancel()
 
-    def _read(self) -> None:
+    def _send(self) -> None:
         assert self._ask is not None
-        attempt = 0
         try:
-            while True:
-                try:
-                    self._future = self._ask(remaining(self._deadline))
-                    self._plan = self._remember(self._future.result())
-                    return
-                except grpc.RpcError as exc:
-                    error = typed(exc)
-                if isinstance(error, NOT_HEDGED):  # told after the node began its build (a claimed miss)
-                    _refusals.warning(
-                        "refused", "the service refuses a graph this node builds itself: %s", error.message[:300]
-                    )
-                pause = None if self._cancelled else retry_pause(error.retry_after, attempt, self._deadline)
-                if pause is None:
-                    self.error = error
-                    return
-                time.sleep(pause)
-                attempt += 1
+            self._future = self._ask(remaining(self._deadline))
+        except Exception as e:  # e.g. a closed channel
+            self.error = Unavailable(f"the service could not be asked: {type(e).__name__}: {e}")
+            self._finish()
+            return
+        self._future.add_done_callback(self._answered)
+
+    def _answered(self, future: grpc.Future[pb.CompileResponse]) -> None:
+        """On gRPC's thread (or the asker's, when already done): the verification goes to the pool."""
+        try:
+            _answers().submit(self._settle, future)
+        except RuntimeError:  # the interpreter is shutting down: no pool any more
+            self._settle(future)
+
+    def _settle(self, future: grpc.Future[pb.CompileResponse]) -> None:
+        try:
+            try:
+                response = future.result()
+            except grpc.RpcError as exc:
+                self._failed(typed(exc))
+                return
+            if self._on_answer is not None:
+                self._on_answer(self, response)
+            self._plan = self._remember(response)
         except PlanCacheError as e:  # the answer did not verify: never deserialized, never run
             self.error = e
         except Exception as e:  # e.g. a message this client cannot read, or the call cancelled
             self.error = Unavailable(f"the service's answer did not come: {type(e).__name__}: {e}")
-        finally:
+        self._finish()
+
+    def _failed(self, error: PlanCacheError) -> None:
+        """A failed call: asked again after the server's delay (a refusal for now), else the race's error."""
+        if isinstance(error, NOT_HEDGED):  # told after the node began its build (a claimed or expected miss)
+            _refusals.warning("refused", "the service refuses a graph this node builds itself: %s", error.message[:300])
+        pause = None if self._cancelled else retry_pause(error.retry_after, self._attempt, self._deadline)
+        if pause is None:
+            self.error = error
             self._finish()
+            return
+        self._attempt += 1
+        retry = threading.Timer(pause, self._send)  # rare (admission control): a timer thread for the pause
+        retry.daemon = True
+        retry.start()
 
     def _finish(self) -> None:
         if self._plan is None and self.error is None:
             self.error = Unavailable("the service's answer did not come")
         self.answered_at = time.monotonic()
         self._done.set()
+
+
+# Verifies the service's answers to hedged misses (signature, question): a few
+# hundred microseconds each, off the caller's thread; the threads are kept.
+ANSWER_THREADS = 2
+_answer_pool: ThreadPoolExecutor | None = None
+_answer_pool_lock = threading.Lock()
+
+
+def _answers() -> ThreadPoolExecutor:
+    global _answer_pool
+    if _answer_pool is None:
+        with _answer_pool_lock:
+            if _answer_pool is None:
+                _answer_pool = ThreadPoolExecutor(ANSWER_THREADS, thread_name_prefix="plancache-race")
+    return _answer_pool
+
+
+def _forget_answer_pool() -> None:
+    """A forked child has none of its parent's threads: its races start a pool of their own."""
+    global _answer_pool, _answer_pool_lock
+    _answer_pool, _answer_pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_answer_pool)
 
 
 @dataclass

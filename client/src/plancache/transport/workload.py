@@ -12,8 +12,9 @@ the caller's thread (deserializing on the stream's thread, beside the
 program's own CUDA work, broke a program's first step on the H200: GPU
 run 27). A graph whose key is in the record then waits for its plan there
 (bounded by the client's timeout) instead of asking the service; any other
-graph asks as before, and a graph asking before the record is known does
-not wait for it. The process's own first uses go back to the record with
+graph is expected to miss, and the node's own build of it starts at once
+beside its ask (plancache.transport.hedged_calls); a graph asking before
+the record is known does not wait for it. The process's own first uses go back to the record with
 its background reports (plancache.transport.reports).
 
 A record is not trusted: every call still keys its own graph, a prefetched
@@ -72,6 +73,8 @@ PREFETCH_ENV = "PLANCACHE_WORKLOAD_PREFETCH"
 PLANS_ENV = "PLANCACHE_WORKLOAD_PLANS"
 # Plans one process prefetches at most (the record holds up to the service's --workload-plans).
 DEFAULT_PLANS = 512
+# Keys of a record kept to say which graphs it does not list (lists()); a longer record says nothing.
+RECORD_KEYS_KEPT = 16_384
 # Seconds a call waits for the record's list while it is being read (one round trip, normally).
 LIST_WAIT_S = 2.0
 # First uses one process reports for its record, and per report (the service takes 512 a report).
@@ -151,6 +154,7 @@ class WorkloadStart:
         self._begun = False
         self._target_id = ""
         self._expected: dict[str, int] = {}  # listed key -> its index in the prefetch
+        self._record: frozenset[str] | None = None  # every key the record lists for the target (lists())
         self._listed = threading.Event()  # the record's list is known (or will never be)
         self._pending: BackgroundPrefetch | None = None
         self._taken: set[int] = set()
@@ -255,6 +259,16 @@ class WorkloadStart:
                 self.stats.used += 1
         return plan
 
+    def lists(self, key: str) -> bool | None:
+        """Whether the workload's record lists `key` (a stored plan this
+        workload's processes used); None where no record speaks for it: not
+        read (yet), empty (a new workload), or longer than RECORD_KEYS_KEPT.
+        A key it does not list is expected to miss (plancache.transport.
+        hedged_calls): a forged record can only make this process build a
+        graph itself, as it would without plancache."""
+        record = self._record
+        return None if record is None else key in record
+
     def used(self, key: str, target_id: str) -> None:
         """A plan a graph of this process ran (first use: recorded for the workload's record)."""
         if not self._report_on or key in self._seen or target_id != (self._target_id or target_id):
@@ -286,6 +300,8 @@ class WorkloadStart:
             self._failed(f"the record could not be read: {type(e).__name__}: {e.message}")
             return
         listed = _of_target(response.plan_keys, target.id, plans_bound())
+        if 0 < len(response.plan_keys) <= RECORD_KEYS_KEPT:
+            self._record = frozenset(_of_target(response.plan_keys, target.id, RECORD_KEYS_KEPT)) or None
         with self._lock:
             self.stats.listed = len(listed)
             if not listed:
