@@ -514,6 +514,9 @@ class Bench:
             deploy.forget_jobs(
                 redis_url, self.target_id, [*self.keys, *sorted(self.more_keys | self.step_keys)]
             )  # nothing left for the new worker to reclaim
+            # And their plans, before the nodes start: a node's workload stream may begin during its set-up
+            # (plancache.functional.configure starts it), before pool_ready forgets them again.
+            deploy.forget_plans(address, sorted(self.step_keys) if step else [*self.keys, *sorted(self.more_keys)])
         baseline = deploy.gpu_memory_used() if measure_pool else None
         log = self.out / f"startup-worker-{jit}-{path}.log"
         watcher = deploy.TunedWatcher(redis_url) if self.watches(path) else None
@@ -885,7 +888,7 @@ def paired_ratio(runs: list[dict[str, Any]], jit: str, path: str, equivalent: st
         if r["path"] == equivalent:
             last = r["total_s"]
         elif r["path"] == path and last:
-            slept = r.get("lazy_s", 0.0) * len(r.get("indices") or ()) if base(path) == "first-lazy" else 0.0
+            slept = r.get("lazy_s", LAZY_S) * r.get("graphs", 13) if base(path) == "first-lazy" else 0.0
             ratios.append(r["total_s"] / (last + slept))
             last = None
     return statistics.median(ratios) if ratios else None

@@ -25,6 +25,7 @@ from plancache.graphspec.canonical import spec_hash
 from plancache.keys.options import CompileOptions
 from plancache.keys.plankey import make_key
 from plancache.v1 import plancache_pb2 as pb
+from plancache_server.settings import Settings
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
 from plancache_server.worker.build_pool import default_pool_size
@@ -187,7 +188,8 @@ def test_a_crashed_build_process_is_replaced_and_its_candidate_built_again(
         with Client(address, cache=False, timeout=60) as client:
             first = client.compile(matmul_spec(m=16), TARGET)
             assert first.provisional
-            time.sleep(CANDIDATE_S * 1.5)
+            # Autotuning starts --tune-after-quiet after the last miss (its default here), then a candidate builds.
+            time.sleep(Settings().tune_after_quiet_s + CANDIDATE_S * 1.5)
             for pid in before:  # both build processes die mid-tuning (the OOM killer, say)
                 os.kill(pid, signal.SIGKILL)
             meta = _wait_until_tuned(redis.Redis.from_url(fleet_redis.url), first.key, timeout=TUNE_S + 30)

@@ -192,7 +192,11 @@ def test_a_service_that_fails_does_not_hide_the_local_plan(redis_server: Embedde
 
 
 def test_a_service_plan_failing_verification_is_never_run(
-    redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path, runtime: FakeRuntime
+    redis_server: EmbeddedRedis,
+    redis_client: object,
+    tmp_path: Path,
+    runtime: FakeRuntime,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     worker_key, _ = generate_keypair(tmp_path / "worker")
     _, other_public = generate_keypair(tmp_path / "other")
@@ -211,6 +215,9 @@ def test_a_service_plan_failing_verification_is_never_run(
     finally:
         stop()  # type: ignore[operator]
     assert race_stats()["compile"].service_failed == 1
+    # Said, with its remedy: a newcomer's program runs, and the log says why the service's plans do not.
+    said = [r.getMessage() for r in caplog.records if "the service's plan was refused" in r.getMessage()]
+    assert said and "does not trust" in said[0] and "plancache trust" in said[0]
 
 
 def test_a_spec_the_service_refuses_is_raised_before_a_build_or_the_nodes_own_plan_runs(

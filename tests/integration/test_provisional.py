@@ -309,3 +309,35 @@ def test_a_worker_builds_every_waiting_heuristic_plan_before_any_autotuning(
     assert sum(tuned_when_all_arrived) <= 1, "autotuning ran before the waiting heuristic builds"
     for key in result.keys.values():  # and every one is tuned afterwards
         wait_until_tuned(tuning_stack, key, timeout=4 * (BUILD_S + TUNE_S) + 5)
+
+
+def test_autotuning_waits_for_a_pause_in_callers_misses(redis_server: EmbeddedRedis, redis_client: object) -> None:
+    """A node asking for its graphs one after another (a first node, issue 41)
+    gets each heuristic plan as fast as before, and no candidate is built
+    beside its misses: autotuning starts --tune-after-quiet after the last."""
+    quiet_s, gap_s = 0.6, 0.25
+    compiler = StandInCompiler(build_seconds=0.05, tune_seconds=0.3)
+    started: list[float] = []
+    candidate = compiler.candidate
+
+    def timed_candidate(*args: object) -> object:
+        started.append(time.monotonic())
+        return candidate(*args)  # type: ignore[arg-type]
+
+    compiler.candidate = timed_candidate  # type: ignore[method-assign,assignment]
+    s, stop = start_stack(redis_server.url, compiler, tune_after_quiet_s=quiet_s)
+    try:
+        with s.client(hedge=False) as client:
+            plans, answered = [], []
+            for i in range(4):
+                begun = time.monotonic()
+                plans.append(client.compile(matmul_spec(m=16 * (i + 1), name=f"layer{i}"), TARGET))
+                answered.append(time.monotonic())
+                assert plans[-1].provisional and answered[-1] - begun < quiet_s / 2  # as fast to come as before
+                time.sleep(gap_s)
+            for plan in plans:  # every plan is tuned all the same
+                wait_until_tuned(s, plan.key, timeout=20)
+        # No candidate was built while the misses came, nor before the pause after the last one.
+        assert started and min(started) >= answered[-1] + quiet_s - 0.1
+    finally:
+        stop()

@@ -10,7 +10,7 @@ from plancache.keys.query import PlanQuery
 from plancache_server.store.jobs import Job
 from plancache_server.worker.build_tasks import CANDIDATE, HEURISTIC, BuildTask, task_plan_query, task_query
 from plancache_server.worker.held_builds import Build
-from plancache_server.worker.lanes import Lane, Lanes
+from plancache_server.worker.lanes import TUNING_WAIT_CAP_S, Lane, Lanes, TuningGate
 from plancache_server.worker.verified_job import VerifiedJob
 from plancache_server.worker.warm_runner import WarmRef
 from tests.support.specs import matmul_spec
@@ -90,3 +90,43 @@ def test_a_task_query_is_the_workers_query_parsed_once_per_bytes() -> None:
     assert task_plan_query(bytes(bytearray(data))) is parsed  # equal bytes: the same query, not parsed again
     assert parsed.key == query.key and parsed.spec_hash == query.spec_hash
     assert parsed.target == query.target and parsed.options.id == query.options.id
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_autotuning_waits_for_callers_misses_to_pause_within_a_cap() -> None:
+    clock = _Clock()
+    gate = TuningGate(1.0, clock)
+    assert not gate.holds(Lane.CANDIDATE)  # no caller yet: tuning goes
+    gate.urgent_started()  # a caller's heuristic plan
+    assert not gate.holds(Lane.HEURISTIC) and not gate.holds(Lane.WARM_HEURISTIC)  # first plans never wait
+    assert gate.holds(Lane.CANDIDATE) and gate.holds(Lane.WARM_CANDIDATE) and gate.waiting
+    clock.now += 0.6
+    gate.urgent_started()  # the node's next graph, 0.6 s later: the pause counts from it
+    clock.now += 0.6
+    assert gate.holds(Lane.CANDIDATE)
+    clock.now += 0.5  # 1.1 s without a caller's plan: the pause came
+    assert not gate.holds(Lane.CANDIDATE) and not gate.waiting
+    # A steady stream of misses holds tuning back at most TUNING_WAIT_CAP_S.
+    start = clock.now
+    while clock.now - start < TUNING_WAIT_CAP_S - 0.5:
+        gate.urgent_started()
+        assert gate.holds(Lane.CANDIDATE)
+        clock.now += 0.5
+    gate.urgent_started()
+    clock.now += 0.5
+    assert not gate.holds(Lane.CANDIDATE)
+    gate.released()  # a candidate started: the next one held back counts from now
+    assert gate.holds(Lane.CANDIDATE)
+
+
+def test_no_wait_when_off() -> None:
+    gate = TuningGate(0.0)
+    gate.urgent_started()
+    assert not gate.holds(Lane.CANDIDATE) and not gate.waiting

@@ -104,6 +104,7 @@ def run_one(device: int, settings: Settings) -> int:
         max_attempts=settings.max_attempts,
         signer=signer,
         warm=warm,
+        tune_after_quiet_s=settings.tune_after_quiet_s,
     )
 
     web.serve(settings.metrics_port + device if settings.metrics_port else 0, host=settings.metrics_host or "127.0.0.1")

@@ -66,7 +66,7 @@ from typing import Generic, Protocol, TypeVar
 import grpc
 
 from plancache.env import env_bool
-from plancache.errors import InvalidRequest, PlanCacheError, SpecError, Unavailable
+from plancache.errors import InvalidRequest, PlanCacheError, SpecError, Unavailable, UntrustedPlan
 from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
 from plancache.log_limits import LogLimiter
@@ -179,6 +179,16 @@ def reset_race_stats() -> None:
         _COUNTS.clear()
 
 
+def refused_plan(error: PlanCacheError) -> None:
+    """A service plan this client refused (UntrustedPlan: a key not trusted yet, a forged plan) while the
+    node's own plan runs: said once a minute, with its remedy (`plancache trust`): a newcomer's program
+    runs, and the log says why the service's plans do not."""
+    if isinstance(error, UntrustedPlan):
+        _refusals.warning(
+            "untrusted", "the service's plan was refused; this node runs its own build: %s", error.message[:500]
+        )
+
+
 # ---- one race -----------------------------------------------------------------------
 
 
@@ -274,6 +284,7 @@ class Race:
             self._plan = self._remember(response)
         except PlanCacheError as e:  # the answer did not verify: never deserialized, never run
             self.error = e
+            refused_plan(e)
         except Exception as e:  # e.g. a message this client cannot read, or the call cancelled
             self.error = Unavailable(f"the service's answer did not come: {type(e).__name__}: {e}")
         self._finish()

@@ -31,7 +31,7 @@ from plancache.errors import CompileTimeout, PlanCacheError
 from plancache.run.local import LocalPlan
 from plancache.run.plan import Plan
 from plancache.transport.connection import Connection
-from plancache.transport.hedge import NOT_HEDGED, Race, Raced, counts, hedge_after_s, run_race
+from plancache.transport.hedge import NOT_HEDGED, Race, Raced, counts, hedge_after_s, refused_plan, run_race
 from plancache.transport.intake import PlanIntake
 from plancache.transport.reports import Reports
 from plancache.trust.answers import Asked
@@ -115,6 +115,7 @@ class HedgedCalls:
         except PlanCacheError as e:  # down, refusing, slow, or a hit that failed verification
             if isinstance(e, NOT_HEDGED):
                 raise
+            refused_plan(e)
             error = e
         follow = _follow_up(request, counted=error is None)
         ask = None

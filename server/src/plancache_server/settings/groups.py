@@ -283,6 +283,14 @@ class BuildSettings:
         float,
         to_workers=True,
     )
+    tune_after_quiet_s: float = setting(
+        1.0,
+        "--tune-after-quiet",
+        "seconds after a caller's heuristic plan started before a worker starts autotuning candidates (at most "
+        "10 s held back): a node building its own graphs on the same host is not slowed by them (0: no wait)",
+        float,
+        to_workers=True,
+    )
     build_processes: int = setting(
         0,
         "--build-processes",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -36,6 +37,10 @@ class Lane(enum.IntEnum):
 
 # The lanes of a build's first piece, its heuristic plan: what a stopping worker hands back unstarted.
 FIRST_LANES = (Lane.HEURISTIC, Lane.WARM_HEURISTIC)
+# The lanes of autotuning: candidates timed on the GPU, for a few percent (DESIGN.md).
+TUNING_LANES = (Lane.CANDIDATE, Lane.WARM_CANDIDATE)
+# Longest a candidate waits for callers' misses to pause (TuningGate): a steady stream of misses still gets tuned.
+TUNING_WAIT_CAP_S = 10.0
 
 
 @dataclass(order=True)
@@ -50,6 +55,46 @@ class QueuedPiece:
     task_id: int
     task: BuildTask = field(compare=False)
     build: Build = field(compare=False)
+
+
+class TuningGate:
+    """Autotuning waits for a pause in callers' misses: no candidate starts
+    until `quiet_s` after the last caller's heuristic plan started (at most
+    TUNING_WAIT_CAP_S after the first candidate was held back). A first node
+    asks for its graphs one after another, each a few tens of milliseconds
+    apart, and builds each itself meanwhile (the hedge): candidates built
+    beside it on the same host's CPUs slowed its own builds (issue 41's
+    shared-CPU start-up, GPU run 28). The tuned plan comes `quiet_s` later;
+    the heuristic plan, what a node needs first, no later. 0: no wait."""
+
+    def __init__(self, quiet_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.quiet_s, self._clock = quiet_s, clock
+        self._last_urgent = float("-inf")
+        self._held_since: float | None = None  # when a candidate was first held back (None: none is)
+
+    def urgent_started(self) -> None:
+        self._last_urgent = self._clock()
+
+    def holds(self, lane: Lane) -> bool:
+        """Whether a piece of `lane` waits now (counted from the first piece held back)."""
+        if lane not in TUNING_LANES or self.quiet_s <= 0:
+            return False
+        now = self._clock()
+        if now - self._last_urgent >= self.quiet_s:
+            self._held_since = None
+            return False
+        if self._held_since is None:
+            self._held_since = now
+        return now - self._held_since < TUNING_WAIT_CAP_S
+
+    def released(self) -> None:
+        """A candidate started: the cap counts again from the next one held back."""
+        self._held_since = None
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a candidate is held back now (the worker's loop then polls for the end of the wait)."""
+        return self._held_since is not None
 
 
 class Lanes:

@@ -47,7 +47,7 @@ from plancache_server.worker.compiler.faults import GpuLost, gpu_fault
 from plancache_server.worker.heartbeat import Heartbeat
 from plancache_server.worker.held_builds import Build, HeldBuilds
 from plancache_server.worker.job_intake import JobIntake
-from plancache_server.worker.lanes import Lane, Lanes, QueuedPiece
+from plancache_server.worker.lanes import TUNING_LANES, Lane, Lanes, QueuedPiece, TuningGate
 from plancache_server.worker.outcomes import BuildOutcomes
 from plancache_server.worker.warm_intake import WarmIntake
 from plancache_server.worker.warm_runner import WarmRunner
@@ -82,9 +82,12 @@ class Worker:
         max_attempts: int = 3,
         signer: Signer | None = None,
         warm: WarmRunner | None = None,
+        tune_after_quiet_s: float = 0.0,
     ) -> None:
         """`compiler` times plans here; `pool` builds them (it is closed when
-        the worker ends); `warm`: builds warming items when nothing else waits."""
+        the worker ends); `warm`: builds warming items when nothing else waits;
+        `tune_after_quiet_s`: candidates wait this long after a caller's
+        heuristic plan started (TuningGate)."""
         self.compiler = compiler
         self.worker_id = worker_id
         self._queue = queue
@@ -97,6 +100,7 @@ class Worker:
         # whose leases (and stream entries) the heartbeat thread keeps alive.
         self._held = HeldBuilds()
         self._lanes = Lanes()
+        self._tuning = TuningGate(tune_after_quiet_s)
         self._running: dict[int, QueuedPiece] = {}  # by task id: the pieces building
         self.gpu_lost: str | None = None  # why, once its GPU is lost (the worker then ends: see _lose_gpu)
         self._jobs = JobIntake(
@@ -140,7 +144,8 @@ class Worker:
                         self._jobs.hand_back(self._lanes.take_unstarted(), self._held)
                         handed_back = True
                     self._dispatch()
-                    for result in self._pool.results(timeout=POLL_S if self._running or self._stop.is_set() else 0.0):
+                    waits = self._running or self._stop.is_set() or self._tuning.waiting
+                    for result in self._pool.results(timeout=POLL_S if waits else 0.0):
                         self._on_result(result)
                         self._dispatch()
                     telemetry.BUSY.set(1 if self._running else 0)
@@ -205,14 +210,21 @@ class Worker:
         side by side slowed a first node's heuristic plans by a third on the
         H200 (GPU run 19, bench/startup.py first-compile)."""
         while self._lanes:
-            urgent = self._lanes.next_lane() == Lane.HEURISTIC
+            lane = self._lanes.next_lane()
+            urgent = lane == Lane.HEURISTIC
             if not self._pool.free(urgent) or (not urgent and self._urgent_running()):
+                return
+            if lane is not None and self._tuning.holds(lane):  # autotuning waits for callers' misses to pause
                 return
             piece = self._lanes.pop()
             if not self._held.holds(piece.build):
                 continue  # abandoned (see _on_result)
             self._running[piece.task.task_id] = piece
             self._pool.submit(piece.task, urgent)
+            if urgent:
+                self._tuning.urgent_started()
+            elif piece.lane in TUNING_LANES:
+                self._tuning.released()
 
     def _urgent_running(self) -> bool:
         return any(piece.lane == Lane.HEURISTIC for piece in self._running.values())
