@@ -144,5 +144,6 @@ def test_a_workload_record_says_which_graphs_will_miss(service: Stack) -> None:
     assert key(old[1]) not in builder.built and isinstance(fresh, LocalPlan)
     assert not isinstance(other, LocalPlan) and other.source == "hit"
     assert key(new) not in asked and key(elsewhere) not in asked
+    assert second.workload.lists(key(old[1])) is True and second.workload.lists(key(new)) is False
     stats = race_stats()["compile"]
     assert (stats.at_once, stats.stored_after_all) == (2, 1)

@@ -98,12 +98,24 @@ def test_a_new_process_streams_what_its_workload_used_first_used_first(service: 
         assert plancache.workload_stats().used >= after.used  # the process's view sums its clients
 
 
+def complete(stack: Stack, name: str = "job") -> bool:
+    with stack.client() as c:
+        request = pb.GetWorkloadRequest(name=name, target_id=TARGET.id)
+        return c.connection.stub.GetWorkload(request, timeout=10).complete
+
+
 def test_the_record_is_bounded_and_least_recently_used_out(service: Stack) -> None:
     graphs = specs(9)
     run_process(service, graphs[:6])
+    assert complete(service)  # every plan the workload used is listed: a graph not listed will miss
     run_process(service, graphs[6:])  # three new ones: the record holds 6 (--workload-plans), three oldest out
     record = listed(service)
     assert len(record) == 6
+    assert not complete(service)  # it let plans go: what it does not list may be stored
+    with client(service) as later:  # and a process takes it so: the record says nothing of unlisted graphs
+        later.compile(graphs[0], TARGET)
+        settled(later)
+        assert later.workload.lists(PlanQuery.of(graphs[0], TARGET).key) is None
     newest = {PlanQuery.of(s, TARGET).key for s in graphs[6:]}
     assert newest <= set(record)
     assert not {PlanQuery.of(s, TARGET).key for s in graphs[:3]} & set(record)

@@ -262,7 +262,8 @@ class WorkloadStart:
     def lists(self, key: str) -> bool | None:
         """Whether the workload's record lists `key` (a stored plan this
         workload's processes used); None where no record speaks for it: not
-        read (yet), empty (a new workload), or longer than RECORD_KEYS_KEPT.
+        read (yet), empty (a new workload), not complete (it let plans go for
+        its bound, or the server does not say), or longer than RECORD_KEYS_KEPT.
         A key it does not list is expected to miss (plancache.transport.
         hedged_calls): a forged record can only make this process build a
         graph itself, as it would without plancache."""
@@ -300,7 +301,7 @@ class WorkloadStart:
             self._failed(f"the record could not be read: {type(e).__name__}: {e.message}")
             return
         listed = _of_target(response.plan_keys, target.id, plans_bound())
-        if 0 < len(response.plan_keys) <= RECORD_KEYS_KEPT:
+        if response.complete and 0 < len(response.plan_keys) <= RECORD_KEYS_KEPT:
             self._record = frozenset(_of_target(response.plan_keys, target.id, RECORD_KEYS_KEPT)) or None
         with self._lock:
             self.stats.listed = len(listed)

@@ -614,10 +614,12 @@ class GetWorkloadRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., target_id: _Optional[str] = ...) -> None: ...
 
 class GetWorkloadResponse(_message.Message):
-    __slots__ = ("plan_keys",)
+    __slots__ = ("plan_keys", "complete")
     PLAN_KEYS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
     plan_keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, plan_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    complete: bool
+    def __init__(self, plan_keys: _Optional[_Iterable[str]] = ..., complete: _Optional[bool] = ...) -> None: ...
 
 class GetPlanRequest(_message.Message):
     __slots__ = ("ref",)

@@ -57,7 +57,8 @@ class WorkloadService:
         check_name(request.name)
         check_name(request.target_id)
         with translated_errors("reading a workload's start-up record"):
-            return pb.GetWorkloadResponse(plan_keys=await self._records.plans(request.target_id, request.name))
+            listed, complete = await self._records.plans(request.target_id, request.name)
+            return pb.GetWorkloadResponse(plan_keys=listed, complete=complete)
 
     async def summaries(self, limit: int) -> list[WorkloadSummary]:
         with translated_errors("reading workloads' start-up records"):

@@ -89,6 +89,8 @@ class WorkloadRecords:
             gone = cast(list[tuple[Any, float]], await self._redis.zpopmin(recency, int(plans) - self.capacity))
             if gone:
                 await self._redis.hdel(order, *[text(member) for member, _ in gone])
+                # From now on the record does not list everything the workload used (plans(): complete).
+                await self._redis.hincrby(keys.workload_counts(target_id, name), "evicted", len(gone))
         if int(workloads) > MAX_WORKLOADS:
             extra = int(workloads) - MAX_WORKLOADS
             dropped = cast(list[tuple[Any, float]], await self._redis.zpopmin(keys.WORKLOADS, extra))
@@ -106,15 +108,21 @@ class WorkloadRecords:
             pipe.exists(keys.plan(key))
         return [bool(x) for x in await pipe.execute()]
 
-    async def plans(self, target_id: str, name: str) -> list[str]:
+    async def plans(self, target_id: str, name: str) -> tuple[list[str], bool]:
         """The record's keys whose plans are stored now, first used first (a
-        process asking: counted, where a record exists; a read never makes one)."""
+        process asking: counted, where a record exists; a read never makes one),
+        and whether the record is complete: it never let a plan go for its
+        bound (a plan deleted from the store leaves it complete: not stored,
+        it would miss anyway)."""
         if self.capacity == 0:
-            return []
+            return [], False
         recency, order = keys.workload_recency(target_id, name), keys.workload_order(target_id, name)
         members = [text(m) for m in await self._redis.zrange(recency, -self.capacity, -1)]
         if not members:
-            return []
+            return [], False
+        # Complete unless it let a plan go, or holds more than it now lists (--workload-plans lowered since).
+        evicted = await self._redis.hget(keys.workload_counts(target_id, name), "evicted")
+        complete = evicted is None and int(await self._redis.zcard(recency)) <= self.capacity
         positions = await self._redis.hmget(order, members)
         stored = await self.stored(members)
         listed: list[tuple[int, str]] = []
@@ -137,7 +145,7 @@ class WorkloadRecords:
         pipe.hincrby(counts, "processes", 1)
         pipe.hincrby(counts, "listed", len(listed))
         await pipe.execute()
-        return [key for _, key in listed]
+        return [key for _, key in listed], complete
 
     async def summaries(self, limit: int = 50) -> list[WorkloadSummary]:
         """The most recently reported records, newest first."""
