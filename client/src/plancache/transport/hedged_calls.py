@@ -7,8 +7,9 @@ An expected miss skips the first answer: where this process knows a graph
 is not stored, waiting one round trip to hear "building" before its own
 build starts is the whole fixed cost of a miss (1.8-1.9 ms a graph on the
 H200's host, GPU run 27). It knows so when its workload's record
-(plancache.transport.workload) was read and does not list the graph's key,
-or, with no record, when the client's last MISSES_BEFORE_EXPECTING graphs
+(plancache.transport.workload) was read, is complete (it never let a plan
+go for its bound) and does not list the graph's key, or, with no such
+record, when the client's last MISSES_BEFORE_EXPECTING graphs
 that asked all missed (a first node of a new model). Then the node's build
 starts at once, beside one Compile that waits for the service's build; a
 graph that was stored after all is the service's plan as soon as the node's
