@@ -6,6 +6,8 @@ not normalized again."""
 
 from __future__ import annotations
 
+import pytest
+
 from plancache.keys.query import PlanQuery
 from plancache_server.store.jobs import Job
 from plancache_server.worker.build_tasks import CANDIDATE, HEURISTIC, BuildTask, task_plan_query, task_query
@@ -111,6 +113,7 @@ def test_autotuning_waits_for_callers_misses_to_pause_within_a_cap() -> None:
     gate.urgent_started()  # the node's next graph, 0.6 s later: the pause counts from it
     clock.now += 0.6
     assert gate.holds(Lane.CANDIDATE)
+    assert gate.remaining_s() == pytest.approx(0.4)  # the worker waits for jobs this long, no longer
     clock.now += 0.5  # 1.1 s without a caller's plan: the pause came
     assert not gate.holds(Lane.CANDIDATE) and not gate.waiting
     # A steady stream of misses holds tuning back at most TUNING_WAIT_CAP_S.

@@ -56,16 +56,17 @@ class JobIntake:
     def take(
         self,
         room: int,
-        idle: bool,
+        block_s: float | None,
         held: HeldBuilds,
         start: Callable[[Build], None],
         promote: Callable[[Build, Delivery], None],
     ) -> None:
-        """Up to `room` jobs, new ones first (blocking up to half a second
-        when the worker is `idle`), then jobs of dead workers; each one
+        """Up to `room` jobs, new ones first (waiting up to `block_s` for one
+        to come; None: not at all), then jobs of dead workers; each one
         started (`start`), joined to a warm build of its plan (`promote`) or
         answered at once."""
-        deliveries = self._queue.read(self._worker_id, self._served, block_ms=500 if idle else None, count=room)
+        block_ms = None if block_s is None else max(1, int(block_s * 1000))  # 0 would be "for ever" to Redis
+        deliveries = self._queue.read(self._worker_id, self._served, block_ms=block_ms, count=room)
         if not deliveries and time.monotonic() >= self._next_reclaim:
             # Jobs whose worker died mid-build: its heartbeat expired
             # (at once), or it went silent past claim_idle.

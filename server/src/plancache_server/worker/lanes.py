@@ -87,6 +87,13 @@ class TuningGate:
             self._held_since = now
         return now - self._held_since < TUNING_WAIT_CAP_S
 
+    def remaining_s(self) -> float:
+        """Seconds until a candidate held back may start (0 when none is held)."""
+        if self._held_since is None:
+            return 0.0
+        ends = min(self._last_urgent + self.quiet_s, self._held_since + TUNING_WAIT_CAP_S)
+        return max(0.0, ends - self._clock())
+
     def released(self) -> None:
         """A candidate started: the cap counts again from the next one held back."""
         self._held_since = None

@@ -58,6 +58,8 @@ from plancache_server.worker.worker_queue import WorkerQueue
 # jobs again (a non-blocking read): the delay a new job sees while pieces
 # build (GPU run 19: 50 ms of it, a few percent of a first node's graphs).
 POLL_S = 0.005
+# Seconds a worker with nothing to do waits on its job stream at a time.
+IDLE_BLOCK_S = 0.5
 # Tries of one piece whose build process died (a crash, the OOM killer).
 MAX_TASK_ATTEMPTS = 3
 
@@ -136,15 +138,16 @@ class Worker:
                     if not joined:
                         self._queue.join(self._targets)
                         joined = True
+                    waited = False
                     if not self._stop.is_set():
-                        self._intake()
+                        waited = self._intake()
                         self._warm_up()
                     elif not handed_back:
                         # The builds under way are finished.
                         self._jobs.hand_back(self._lanes.take_unstarted(), self._held)
                         handed_back = True
                     self._dispatch()
-                    waits = self._running or self._stop.is_set() or self._tuning.waiting
+                    waits = self._running or self._stop.is_set() or (self._tuning.waiting and not waited)
                     for result in self._pool.results(timeout=POLL_S if waits else 0.0):
                         self._on_result(result)
                         self._dispatch()
@@ -165,16 +168,21 @@ class Worker:
 
     # ---- taking jobs -------------------------------------------------------------------
 
-    def _intake(self) -> None:
+    def _intake(self) -> bool:
         """New jobs, and jobs of dead workers: read while the heuristic lane
         is short (the rest stay in the stream for other workers). Blocks for
-        up to half a second only when nothing else is going on."""
+        up to half a second when nothing else is going on, and while only
+        autotuning waits (TuningGate) until its wait ends: a new job ends
+        either at once. Whether it waited."""
         room = self._pool.size - self._lanes.count(Lane.HEURISTIC)
         if room <= 0:
-            return
+            return False
         # Blocks only when nothing else is going on (warming with items left is something).
         idle = not self._held and (self._warm is None or not self._warm.has_work())
-        self._jobs.take(room, idle, self._held, self._start, self._promote)
+        held_back = not idle and not self._running and self._tuning.waiting
+        block_s = IDLE_BLOCK_S if idle else self._tuning.remaining_s() if held_back else None
+        self._jobs.take(room, block_s, self._held, self._start, self._promote)
+        return block_s is not None
 
     def _start(self, build: Build) -> None:
         self._held.add(build)
