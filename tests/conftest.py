@@ -138,9 +138,7 @@ def start_stack(
             heartbeat_ttl_s=5,
             signer=signer,
             warm=runner,
-            # Autotuning at once unless a test asks for the pause (its product default holds it back 1 s after
-            # each caller's miss: tests that wait for tuned plans would wait that much longer).
-            tune_after_quiet_s=settings.tune_after_quiet_s if "tune_after_quiet_s" in overrides else 0.0,
+            tune_after_quiet_s=settings.tune_after_quiet_s,
         )
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()

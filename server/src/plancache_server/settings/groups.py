@@ -284,10 +284,10 @@ class BuildSettings:
         to_workers=True,
     )
     tune_after_quiet_s: float = setting(
-        1.0,
+        0.0,
         "--tune-after-quiet",
         "seconds after a caller's heuristic plan started before a worker starts autotuning candidates (at most "
-        "10 s held back): a node building its own graphs on the same host is not slowed by them (0: no wait)",
+        "10 s held back), for a worker sharing its host's CPUs with nodes that build their own graphs (0: no wait)",
         float,
         to_workers=True,
     )

@@ -64,8 +64,10 @@ class TuningGate:
     asks for its graphs one after another, each a few tens of milliseconds
     apart, and builds each itself meanwhile (the hedge): candidates built
     beside it on the same host's CPUs slowed its own builds (issue 41's
-    shared-CPU start-up, GPU run 28). The tuned plan comes `quiet_s` later;
-    the heuristic plan, what a node needs first, no later. 0: no wait."""
+    shared-CPU start-up, GPU run 28: measured once with 1 s, within that
+    machine's drift, so it is off unless set: --tune-after-quiet). The tuned
+    plan comes `quiet_s` later; the heuristic plan, what a node needs first,
+    no later. 0: no wait."""
 
     def __init__(self, quiet_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.quiet_s, self._clock = quiet_s, clock
