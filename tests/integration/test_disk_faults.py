@@ -139,3 +139,51 @@ def _compiled(client: Client, m: int) -> object:
         return client.compile(matmul_spec(m=m), TARGET)
     except StoreUnavailable:
         return None
+
+
+def test_a_full_disk_fails_no_read_on_a_connection_that_checks_its_health(tmp_path: Path) -> None:
+    """Redis answers PING with MISCONF while it cannot write to its disk, reads
+    still answering: a connection whose health check came due (idle past
+    health_check_interval) must still read a stored plan, for the gateway's
+    asynchronous pool and the workers' blocking one (it failed hits in the
+    full-disk test above, at random, when a connection had been idle 30 s)."""
+    import asyncio
+
+    from plancache_server.store.embedded_redis import EmbeddedRedis
+    from plancache_server.store.redis_conn import connect, connect_async
+
+    interval_s = 1.0  # here; 30 s in the product
+
+    async def connected() -> object:
+        gateway = connect_async(server.url)
+        gateway.connection_pool.connection_kwargs["health_check_interval"] = interval_s
+        assert await gateway.hget("plan", "blob") == b"stored"  # a connection made, and idle from now on
+        return gateway
+
+    async def read(gateway: object) -> bytes | None:
+        try:
+            return await gateway.hget("plan", "blob")  # type: ignore[attr-defined,no-any-return]
+        finally:
+            await gateway.aclose()  # type: ignore[attr-defined]
+
+    with small_file_system(tmp_path / "redis", 8 * 2**20) as folder:
+        server = EmbeddedRedis(folder, persist=True).start()
+        loop = asyncio.new_event_loop()
+        try:
+            blocking = connect(server.url)
+            blocking.connection_pool.connection_kwargs["health_check_interval"] = interval_s
+            blocking.hset("plan", mapping={"blob": b"stored"})
+            gateway = loop.run_until_complete(connected())
+            admin = redis.Redis.from_url(server.url)
+            with pytest.raises(redis.ResponseError):
+                while True:  # the disk fills up: writes until Redis meets it
+                    admin.set(f"filler-{time.monotonic_ns()}", "x" * 65536)
+            wait_until(lambda: admin.info("persistence")["aof_last_write_status"] == "err", 20, "Redis meets the disk")
+            with pytest.raises(redis.ResponseError, match="MISCONF"):
+                admin.ping()  # Redis's own answer to PING now: what a health check meets
+            time.sleep(interval_s * 1.2)  # both connections' health checks come due
+            assert blocking.hget("plan", "blob") == b"stored"
+            assert loop.run_until_complete(read(gateway)) == b"stored"
+        finally:
+            loop.close()
+            server.stop()

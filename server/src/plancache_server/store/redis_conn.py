@@ -44,6 +44,57 @@ def _cluster_url(url: str) -> str | None:
     return f"{CLUSTER_SCHEMES[scheme]}://{rest}" if sep and scheme in CLUSTER_SCHEMES else None
 
 
+# A Redis that cannot write to its disk answers every write, and PING too, with
+# MISCONF, while reads still answer: its connections are alive, and a stored
+# plan must still be served (a full disk keeps every stored plan: docs/operations.md).
+DISK_ERROR_PREFIX = "MISCONF"
+
+
+def _disk_error(error: redis.ResponseError) -> bool:
+    return str(error).startswith(DISK_ERROR_PREFIX)
+
+
+def _text(reply: Any) -> Any:
+    return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply
+
+
+def _health_check_tolerating_disk_errors(base: type[Any]) -> type[Any]:
+    """`base` (a redis-py connection class) whose health check takes MISCONF for
+    a live server: redis-py's PING check reads it as a dead connection, and a
+    connection idle past health_check_interval then failed its next read
+    (a hit) while the disk was full."""
+
+    def _send_ping(self: Any) -> None:
+        self.send_command("PING", check_health=False)
+        try:
+            reply = self.read_response()
+        except redis.ResponseError as e:
+            if _disk_error(e):
+                return
+            raise
+        if _text(reply) != "PONG":
+            raise redis.ConnectionError("Bad response from PING health check")
+
+    return type(base.__name__, (base,), {"_send_ping": _send_ping})
+
+
+def _async_health_check_tolerating_disk_errors(base: type[Any]) -> type[Any]:
+    """As _health_check_tolerating_disk_errors, for redis.asyncio's connections."""
+
+    async def _send_ping(self: Any) -> None:
+        await self.send_command("PING", check_health=False)
+        try:
+            reply = await self.read_response()
+        except redis.ResponseError as e:
+            if _disk_error(e):
+                return
+            raise
+        if _text(reply) != "PONG":
+            raise redis.ConnectionError("Bad response from PING health check")
+
+    return type(base.__name__, (base,), {"_send_ping": _send_ping})
+
+
 def connect(url: str) -> redis.Redis:
     """A blocking client that fails fast instead of hanging on a dead Redis.
 
@@ -57,9 +108,12 @@ def connect(url: str) -> redis.Redis:
             cluster, socket_connect_timeout=2.0, socket_timeout=10.0, decode_responses=False
         )
         return cast(redis.Redis, client)
-    return redis.Redis.from_url(
+    standalone = redis.Redis.from_url(
         url, socket_connect_timeout=2.0, socket_timeout=10.0, health_check_interval=30, decode_responses=False
     )
+    pool = standalone.connection_pool
+    pool.connection_class = _health_check_tolerating_disk_errors(pool.connection_class)
+    return standalone
 
 
 def connect_async(url: str) -> AsyncRedis:
@@ -83,6 +137,7 @@ def connect_async(url: str) -> AsyncRedis:
         health_check_interval=30,
         decode_responses=False,
     )
+    pool.connection_class = _async_health_check_tolerating_disk_errors(pool.connection_class)
     return aioredis.Redis(connection_pool=pool)
 
 
