@@ -187,6 +187,10 @@ def test_a_plan_gone_after_its_build_ends_the_wait_with_the_reason(
         lease = redis_client.keys(keys.build_lease("*"))[0].decode()
         plan_key = keys.plan_key_of(lease)
         job_id = redis_client.get(lease).decode()  # type: ignore[union-attr]
+        # As a worker would: after the gateway has queued the job (its "queued" would overwrite an earlier "done").
+        while redis_client.hget(keys.job_state(plan_key), "job_id") != job_id.encode():
+            assert time.monotonic() < deadline, "the job was not queued"
+            time.sleep(0.01)
         done = state_fields(job_id, DONE, worker="silent-worker")
         redis_client.hset(keys.job_state(plan_key), mapping=done)  # type: ignore[arg-type]
         redis_client.publish(keys.EVENTS_CHANNEL, finished_event(job_id, plan_key))
