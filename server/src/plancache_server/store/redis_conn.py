@@ -58,6 +58,16 @@ def _text(reply: Any) -> Any:
     return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply
 
 
+def _judge_ping(reply: Any, error: redis.ResponseError | None) -> None:
+    """A health check's PING answered: PONG, or MISCONF (alive, its disk full); anything else fails it."""
+    if error is not None:
+        if _disk_error(error):
+            return
+        raise error
+    if _text(reply) != "PONG":
+        raise redis.ConnectionError("Bad response from PING health check")
+
+
 def _health_check_tolerating_disk_errors(base: type[Any]) -> type[Any]:
     """`base` (a redis-py connection class) whose health check takes MISCONF for
     a live server: redis-py's PING check reads it as a dead connection, and a
@@ -67,13 +77,10 @@ def _health_check_tolerating_disk_errors(base: type[Any]) -> type[Any]:
     def _send_ping(self: Any) -> None:
         self.send_command("PING", check_health=False)
         try:
-            reply = self.read_response()
+            reply, error = self.read_response(), None
         except redis.ResponseError as e:
-            if _disk_error(e):
-                return
-            raise
-        if _text(reply) != "PONG":
-            raise redis.ConnectionError("Bad response from PING health check")
+            reply, error = None, e
+        _judge_ping(reply, error)
 
     return type(base.__name__, (base,), {"_send_ping": _send_ping})
 
@@ -84,13 +91,10 @@ def _async_health_check_tolerating_disk_errors(base: type[Any]) -> type[Any]:
     async def _send_ping(self: Any) -> None:
         await self.send_command("PING", check_health=False)
         try:
-            reply = await self.read_response()
+            reply, error = await self.read_response(), None
         except redis.ResponseError as e:
-            if _disk_error(e):
-                return
-            raise
-        if _text(reply) != "PONG":
-            raise redis.ConnectionError("Bad response from PING health check")
+            reply, error = None, e
+        _judge_ping(reply, error)
 
     return type(base.__name__, (base,), {"_send_ping": _send_ping})
 
