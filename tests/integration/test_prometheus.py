@@ -73,7 +73,10 @@ class Prometheus:
         assert binary, "no prometheus: `make setup-test` (scripts/install-os-package.sh) installs Debian's prometheus"
         self.port = free_port()
         config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            # Rules evaluate at another period than scrapes, so that their phase against the scrapes varies:
+            # an evaluation made while a scrape was being taken saw less than a query made later at its
+            # timestamp does (test_every_recording_rule_returns_its_expected_value picks the ones that didn't).
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1100ms"},
             "rule_files": [str(RULES)],
             "scrape_configs": [
                 {
@@ -483,18 +486,37 @@ def test_every_dashboard_query_returns_its_expected_value(live: dict[str, Any]) 
     assert coverage == {TARGET.id: pytest.approx(0.6)}
 
 
+# A scrape's samples carry the time it started and are appended when it ends; an evaluation whose
+# timestamp falls in between did not see them, and a later query at that timestamp does. Allowance for
+# appending after the scrape's measured duration:
+APPEND_ALLOWANCE_S = 0.25
+
+
+def _saw_every_scrape(scrapes: dict[Labels, list[tuple[float, float]]], evaluated_at: float) -> bool:
+    """Whether every target's last scrape before `evaluated_at` had been appended by then."""
+    for points in scrapes.values():
+        before = [(started, took) for started, took in points if started <= evaluated_at]
+        if before and before[-1][0] + before[-1][1] + APPEND_ALLOWANCE_S >= evaluated_at:
+            return False
+    return True
+
+
 def test_every_recording_rule_returns_its_expected_value(live: dict[str, Any]) -> None:
     prometheus = live["prometheus"]
     e_at = live["at"]
     rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "record" in r]
+    scrapes = prometheus.samples("scrape_duration_seconds", "40s", e_at)
     for rule in rules:
         recorded = prometheus.samples(rule["record"], "20s", e_at)
         assert recorded, f"{rule['record']}: never recorded"
-        stamp = max(points[-1][0] for points in recorded.values())  # the rule's latest evaluation
+        evaluations = sorted({t for points in recorded.values() for t, _ in points}, reverse=True)
+        stamp = next((t for t in evaluations if _saw_every_scrape(scrapes, t)), None)
+        assert stamp is not None, f"{rule['record']}: every evaluation in 20 s overlapped a scrape: {scrapes}"
         got = {
-            frozenset((k, v) for k, v in labels if k != "__name__"): points[-1][1]
+            frozenset((k, v) for k, v in labels if k != "__name__"): value
             for labels, points in recorded.items()
-            if points[-1][0] == stamp
+            for t, value in points
+            if t == stamp
         }
         want = prometheus.query(rule["expr"], stamp)
         _same(got, want, rule["record"])
