@@ -39,6 +39,7 @@ from tests.support.fake_gpu import FakeRuntime
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin import StandInCompiler
+from tests.support.standin_local import StandInLocalBuilder
 from tests.support.waiting import wait_until
 
 
@@ -96,6 +97,32 @@ def test_a_new_process_streams_what_its_workload_used_first_used_first(service: 
         after = second.workload_stats()
         assert after.used >= 4  # the graphs after the first took the prefetched plans
         assert plancache.workload_stats().used >= after.used  # the process's view sums its clients
+
+
+@pytest.mark.parametrize("setting", ["", "first-use", "stream"])
+def test_where_the_streamed_plans_are_deserialized(
+    service: Stack, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    """By default nothing is deserialized until a graph runs its plan (on the caller's thread); with
+    PLANCACHE_WORKLOAD_DESERIALIZE=stream, every streamed plan on the stream's thread, on a stream it made."""
+    graphs = specs(3)
+    first = run_process(service, graphs)
+    monkeypatch.setenv(workload_module.DESERIALIZE_ENV, setting)
+    with client(service, local_builder=StandInLocalBuilder()) as second:
+        second.compile(graphs[0], TARGET)
+        assert settled(second).prefetched == 3
+        if setting == "stream":
+            assert len(runtime.graphs) == 3 and runtime.own_streams == [0]
+            assert all(g.loaded_with is not execution.handle_state(0).handle for g in runtime.graphs)
+        else:
+            assert runtime.graphs == [] and runtime.own_streams == []
+        assert [second.compile(s, TARGET).key for s in graphs] == first
+
+
+def test_an_unknown_deserialize_setting_is_refused_naming_it(service: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(workload_module.DESERIALIZE_ENV, "background")
+    with pytest.raises(InvalidRequest, match="PLANCACHE_WORKLOAD_DESERIALIZE='background': expected one of"):
+        client(service)
 
 
 def complete(stack: Stack, name: str = "job") -> bool:

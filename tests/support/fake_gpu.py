@@ -108,6 +108,7 @@ class FakeRuntime:
         self.device = 0
         self.handles: list[object] = []
         self.set_streams: list[tuple[object, int]] = []
+        self.own_streams: list[int] = []  # devices own_stream() made a stream on
         self.graphs: list[FakeGraph] = []
         self.allocations: list[FakeTensor] = []
         self.captures: list[FakeReplay] = []
@@ -133,6 +134,10 @@ class FakeRuntime:
         handle = object()
         self.handles.append(handle)
         return handle
+
+    def own_stream(self, device: int) -> int:
+        self.own_streams.append(device)
+        return 1000 + len(self.own_streams)
 
     def set_stream(self, handle: Any, stream: int) -> None:
         self.set_streams.append((handle, stream))

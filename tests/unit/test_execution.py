@@ -165,6 +165,33 @@ def test_each_thread_uses_its_own_handle_and_the_graph_is_loaded_once(runtime: F
     assert handles[0] is not handles[1]
 
 
+def test_a_background_load_deserializes_on_a_stream_of_its_own_thread(runtime: FakeRuntime) -> None:
+    """A background prefetch's thread (the workload's start-up stream) deserializes beside the program's own
+    work: its handle is on a stream it made, never the program's (the legacy default stream on the H200,
+    whose next op failed beside it: GPU run 27); the program's own calls stay on the program's stream."""
+    from plancache.transport.background import BackgroundPrefetch
+    from plancache.transport.results import PrefetchResult
+
+    plans = [make_plan(key="k1", blob=b"one"), make_plan(key="k2", blob=b"two")]
+
+    def run(on_plan: Any) -> PrefetchResult:
+        result = PrefetchResult(total=len(plans))
+        for index, plan in enumerate(plans):
+            result.plans[index] = plan
+            on_plan(index, plan)
+        return result
+
+    loaded = BackgroundPrefetch(run, load=True).wait(timeout=10)
+    assert sorted(loaded.plans) == [0, 1] and runtime.own_streams == [0], "one stream, made once by the thread"
+    loader_handle = runtime.graphs[0].loaded_with
+    assert [g.loaded_with for g in runtime.graphs] == [loader_handle, loader_handle]
+    assert (loader_handle, 1001) in runtime.set_streams  # pointed at its own stream before either load
+    assert runtime.set_streams.index((loader_handle, 1001)) == 0
+    plans[0].execute(inputs())  # the program's thread: its own handle, on the program's stream (7)
+    assert runtime.set_streams[-1][1] == runtime.stream and runtime.set_streams[-1][0] is not loader_handle
+    assert len(runtime.graphs) == 2, "executed with the graph the loader made"
+
+
 # ---- the bound fast path -----------------------------------------------------------
 
 

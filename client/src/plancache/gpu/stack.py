@@ -60,4 +60,6 @@ def load_math_libraries(device: int) -> None:
     torch, _ = require_gpu_stack()
     a = torch.ones(16, 16, device=f"cuda:{device}", dtype=torch.float16)
     torch.matmul(a, a)
-    torch.cuda.synchronize(device)
+    # This stream only: a device-wide synchronize from a background thread would wait for (and, while the
+    # program captures a CUDA graph, fail beside) the program's own work.
+    torch.cuda.current_stream(device).synchronize()

@@ -35,6 +35,7 @@ class Runtime(Protocol):
     def current_device(self) -> int: ...
     def stream_getter(self) -> Callable[[int], int]: ...
     def new_handle(self, device: int) -> Any: ...
+    def own_stream(self, device: int) -> int: ...
     def set_stream(self, handle: Any, stream: int) -> None: ...
     def deserialize(self, handle: Any, blob: bytes) -> Any: ...
     def empty(self, size: int, device: int) -> Any: ...
@@ -153,6 +154,29 @@ def handle_state(device: int | None = None) -> HandleState:
     return state
 
 
+def on_own_stream() -> None:
+    """Put this thread's plan work (its cuDNN handle and its torch work) on a
+    stream of its own, on the current device, for as long as the thread runs:
+    what a background loader does before it deserializes anything.
+
+    A thread deserializing plans beside a program's own CUDA work did its work
+    on the legacy default stream, and that program's next torch op failed on
+    the H200 ("operation would make the legacy stream depend on a capturing
+    blocking stream", GPU run 27, every run of the decode step). Once per
+    thread; before the thread's handle is made, so that its set-up (cuBLASLt's
+    warm-up matmul) runs on the new stream too."""
+    proc = process()
+    device = proc.runtime.current_device()
+    owned: set[int] | None = getattr(proc.local, "own_streams", None)
+    if owned is None:
+        owned = proc.local.own_streams = set()
+    if device in owned:
+        return
+    stream = proc.runtime.own_stream(device)
+    handle_state(device).use(stream)
+    owned.add(device)
+
+
 def workspace_bytes_held() -> int:
     """GPU memory held by plancache's shared workspaces (captured plans' own excluded)."""
     return process().workspaces.held_bytes()
@@ -165,6 +189,7 @@ class TorchRuntime:
         from plancache.gpu.stack import require_gpu_stack
 
         self._torch, self._cudnn = require_gpu_stack()
+        self._streams: list[Any] = []
 
     def dtype(self, name: str) -> Any:
         from plancache.gpu.stack import torch_dtype
@@ -195,6 +220,15 @@ class TorchRuntime:
             handle = self._cudnn.create_handle()
             load_math_libraries(device)
         return handle
+
+    def own_stream(self, device: int) -> int:
+        """A new stream, made this thread's current one on `device` (torch's current stream is per thread).
+        torch's streams are created non-blocking: work on them never waits for, nor is waited for by, the
+        legacy default stream that a program's own work runs on."""
+        stream = self._torch.cuda.Stream(device)
+        self._torch.cuda.set_stream(stream)
+        self._streams.append(stream)  # alive as long as the runtime: a handle may point at it
+        return int(stream.cuda_stream)
 
     def set_stream(self, handle: Any, stream: int) -> None:
         self._cudnn.set_stream(handle, stream)

@@ -53,7 +53,13 @@ from plancache.transport.manifest import Manifest
 from plancache.transport.prefetching import ManifestPrefetch, OnPlan, Progress
 from plancache.transport.reports import Reports
 from plancache.transport.results import PrefetchResult
-from plancache.transport.workload import WorkloadStart, WorkloadStats, prefetch_default, workload_name
+from plancache.transport.workload import (
+    WorkloadStart,
+    WorkloadStats,
+    deserializes_on_stream,
+    prefetch_default,
+    workload_name,
+)
 from plancache.trust.answers import Asked
 from plancache.trust.disk_cache import DiskCache
 from plancache.trust.signing import TrustPolicy
@@ -128,6 +134,7 @@ class Client:
         self.hedge = hedge_default() if hedge is None else hedge
         self.local_builder: LocalBuilder = local_builder or FrontendBuilder()
         reporting = outcomes.report_default() if report is None else report
+        self._workload_deserializes_on_stream = deserializes_on_stream()  # a wrong value: refused here
         self.workload = WorkloadStart(
             self.connection,
             self._workload_prefetch,
@@ -303,12 +310,14 @@ class Client:
 
     def _workload_prefetch(self, manifest: Manifest, target: Target) -> BackgroundPrefetch:
         """The workload's start-up stream (plancache.transport.workload): fetched and verified on a thread;
-        each plan deserialized at its first use, on the caller's thread. Not on the stream's thread: that
-        thread runs beside the program's own CUDA work, which it did not start, and deserializing there
-        broke a program's first step on the H200 (GPU run 27: the decode step's first torch op failed with
-        "operation would make the legacy stream depend on a capturing blocking stream", twice in two runs;
-        with the stream's thread only fetching, its runs are yet to be made)."""
-        return self.prefetch_in_background(manifest, target, load=False)
+        each plan deserialized at its first use, on the caller's thread, unless PLANCACHE_WORKLOAD_DESERIALIZE
+        is "stream" (then on that thread as it arrives, on a CUDA stream of its own, where this process runs
+        plans of `target`). Not on the stream's thread by default: deserializing there on the default stream,
+        beside the program's own CUDA work, failed the decode step's first torch op on the H200 (GPU run 27:
+        "operation would make the legacy stream depend on a capturing blocking stream"); the thread's own
+        stream is the remedy yet to be run on a GPU."""
+        on_stream = self._workload_deserializes_on_stream and self.local_builder.can_build(target)
+        return self.prefetch_in_background(manifest, target, load=on_stream)
 
     def _report(self, request: pb.ReportFirstUsesRequest) -> None:
         # Short: a report lost costs only the report, and close() sends what is left.

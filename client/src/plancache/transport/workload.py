@@ -8,9 +8,11 @@ first call (Client.compile, Client.race: every front door, plancache.cudnn's
 build step and plancache.functional's first call included), a thread asks
 for that record (GetWorkload) and streams its plans (one Prefetch),
 verifying each as it arrives; a plan is deserialized at its first use, on
-the caller's thread (deserializing on the stream's thread, beside the
-program's own CUDA work, broke a program's first step on the H200: GPU
-run 27). A graph whose key is in the record then waits for its plan there
+the caller's thread (deserializing on the stream's thread on the default
+stream, beside the program's own CUDA work, broke a program's first step on
+the H200: GPU run 27). PLANCACHE_WORKLOAD_DESERIALIZE=stream deserializes
+them on the stream's thread as they arrive, on a CUDA stream of its own
+(not yet run on a GPU). A graph whose key is in the record then waits for its plan there
 (bounded by the client's timeout) instead of asking the service; any other
 graph is expected to miss, and the node's own build of it starts at once
 beside its ask (plancache.transport.hedged_calls); a graph asking before
@@ -71,6 +73,11 @@ log = logging.getLogger(__name__)
 WORKLOAD_ENV = "PLANCACHE_WORKLOAD"
 PREFETCH_ENV = "PLANCACHE_WORKLOAD_PREFETCH"
 PLANS_ENV = "PLANCACHE_WORKLOAD_PLANS"
+DESERIALIZE_ENV = "PLANCACHE_WORKLOAD_DESERIALIZE"
+# Where the stream's plans are deserialized: at each plan's first use, on the caller's thread (the default:
+# proven on the H200), or on the stream's thread as they arrive, on a CUDA stream of that thread's own
+# (plancache.run.execution.on_own_stream; not yet run on a GPU: the next GPU run decides the default).
+DESERIALIZE_CHOICES = ("first-use", "stream")
 # Plans one process prefetches at most (the record holds up to the service's --workload-plans).
 DEFAULT_PLANS = 512
 # Keys of a record kept to say which graphs it does not list (lists()); a longer record says nothing.
@@ -100,6 +107,15 @@ def workload_name(explicit: str | None = None) -> str:
     """The workload this process is one of: `explicit`, PLANCACHE_WORKLOAD, or the program's."""
     chosen = explicit if explicit is not None else os.environ.get(WORKLOAD_ENV, "")
     return clean_name(chosen) if chosen else default_name()
+
+
+def deserializes_on_stream() -> bool:
+    """PLANCACHE_WORKLOAD_DESERIALIZE: "stream" or "first-use" (the default); another value is refused
+    naming the setting."""
+    chosen = os.environ.get(DESERIALIZE_ENV, "").strip() or DESERIALIZE_CHOICES[0]
+    if chosen not in DESERIALIZE_CHOICES:
+        raise InvalidRequest(f"{DESERIALIZE_ENV}={chosen!r}: expected one of {', '.join(DESERIALIZE_CHOICES)}")
+    return chosen == "stream"
 
 
 def plans_bound() -> int:
