@@ -41,6 +41,7 @@ from tests.support.processes import standin_deployment
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin import StandInCompiler
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 T = TypeVar("T")
@@ -318,8 +319,7 @@ def test_a_full_queue_refuses_the_new_job_and_loses_none(
                 )
                 for sp in specs[:3]
             ]
-            time.sleep(0.2)
-            assert redis_client.xlen(keys.job_stream(TARGET)) == 3  # one building, two waiting
+            wait_until(lambda: redis_client.xlen(keys.job_stream(TARGET)) == 3, 10, "one building, two waiting")
             with pytest.raises(grpc.RpcError) as info:
                 stub.Compile(
                     pb.CompileRequest(spec=spec_io.to_proto(normalize(specs[3])), target=TARGET.to_proto()), timeout=30

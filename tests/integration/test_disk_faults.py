@@ -5,6 +5,7 @@ meets the kernel's own EROFS and ENOSPC."""
 
 from __future__ import annotations
 
+import collections
 import shutil
 import subprocess
 import sys
@@ -119,7 +120,11 @@ def test_a_full_disk_refuses_new_plans_with_the_reason_keeps_every_stored_one_an
             assert all(client.get(k).blob == b for k, b in stored.items())
         assert_no_traceback(text)
         said = lines_matching(text, "cannot write its data to disk")
-        assert len(said) == 1, said  # 20 refused calls, one line
+        # 20 refused calls, not a line each: one line per part that met it (the calls' guard; under load the
+        # counters' flush too), once a minute at most.
+        minutes = 1 + int((time.monotonic() - started) // 60)
+        per_part = collections.Counter(line.split()[3] for line in said)
+        assert said and all(n <= minutes for n in per_part.values()) and len(per_part) <= 3, said
         report(
             "private store's disk full mid-run",
             {

@@ -52,6 +52,10 @@ class Proc:
         return code
 
 
+# plancache-server with one worker on "GPU 0" building with the STAND-IN compiler, its plans unsigned.
+STANDIN_SERVER_ARGS = ("--gpus", "0", "--compiler", "tests.support.standin:factory", "--unsigned")
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """The environment for child processes: no PLANCACHE_* variable of the
     caller's shell (tests.support.hermetic), the repo importable (stand-in
@@ -85,9 +89,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextmanager
 def server_process(
-    address: str, redis_url: str, log: Path, *args: str, env: dict[str, str] | None = None
+    address: str, redis_url: str, log: Path, *args: str, env: dict[str, str] | None = None, token: str | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """plancache-server on `address` against `redis_url`; waits until it answers.
+    """plancache-server on `address` against `redis_url`; waits until it answers (with `token`, where the
+    server has a tokens file).
 
     A server holds its data folder exclusively, so one not given --data-dir gets
     its own beside its log: tests running side by side never meet in ~/.local."""
@@ -102,7 +107,7 @@ def server_process(
             cwd=REPO,
         )
         try:
-            with Client(address, timeout=2) as client:
+            with Client(address, timeout=2, token=token) as client:
                 deadline = time.monotonic() + 60
                 while True:
                     try:

@@ -174,3 +174,49 @@ def test_normalize_does_not_mutate_its_input() -> None:
     before = g.to_json()
     normalize(g)
     assert g.to_json() == before
+
+
+# ---- every numeric attribute has a range (issue 44) -------------------------------------------------------
+
+
+def _matmul_padding(value: float) -> GraphSpec:
+    g = matmul_spec()
+    g.nodes[0].attributes["padding"] = value
+    return g
+
+
+def _sdpa(**attrs: object) -> GraphSpec:
+    g = GraphSpec(io_data_type="half")
+    q, k, v = (g.tensor([1, 2, 16, 8], name=n) for n in "qkv")
+    o, _ = g.sdpa(q, k, v, **attrs)
+    assert o is not None
+    o.set_output(True)
+    return g
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (lambda: _conv(padding=[-1, 1]), r"attribute 'padding': -1 is outside its range \[0, 1,048,576\]"),
+        (lambda: _conv(padding=[1, 2**21]), r"attribute 'padding': 2097152 is outside its range \[0, 1,048,576\]"),
+        (lambda: _conv(padding=[1, 1], stride=[0, 1]), r"attribute 'stride': 0 is outside its range \[1, 1,048,576\]"),
+        (lambda: _conv(padding=[1, 1], dilation=[1, 0]), r"attribute 'dilation': 0 is outside its range"),
+        (lambda: _conv(padding=[1, 2**62]), r"attribute 'padding': \[1, 4611686018427387904\] has a value outside"),
+        (lambda: _matmul_padding(-1e308), r"attribute 'padding': -1e\+308 is outside its range \[-3.402823e\+38, "),
+        (
+            lambda: _sdpa(dropout_probability=1.5),
+            r"attribute 'dropout_probability': 1.5 is outside its range \[0.0, 1.0\]",
+        ),
+        (lambda: _sdpa(attn_scale=1e39), r"attribute 'attn_scale': 1e\+39 is outside its range"),
+    ],
+)
+def test_a_numeric_attribute_outside_its_range_is_refused_naming_it_the_value_and_the_range(
+    spec: object, message: str
+) -> None:
+    _expect(spec(), message)  # type: ignore[operator]
+
+
+def test_values_within_their_ranges_pass() -> None:
+    normalize(_conv(padding=[0, 2**20], stride=[1, 2**20], dilation=[2, 1]))
+    normalize(_matmul_padding(-3.0e38))
+    normalize(_sdpa(attn_scale=0.125))

@@ -139,7 +139,7 @@ def test_bad_input_for_a_new_op_is_refused_naming_the_node(change: object, messa
     ("op", "attributes", "message"),
     [
         ("transpose", {"permutation": "0,2,1; DROP TABLE plans"}, "attribute 'permutation': expected int list"),
-        ("transpose", {"permutation": [0, 2**60, 1]}, "attribute 'permutation': expected int list"),
+        ("transpose", {"permutation": [0, 2**60, 1]}, "attribute 'permutation': .* has a value outside"),
         ("slice", {"slices": [[0, 4, 0]]}, "attribute 'slices': expected a list of \\[start, stop, step\\]"),
         (
             "reshape",

@@ -28,6 +28,11 @@ REQUEST_SECONDS = Histogram(
     ["method"],
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
+CALLER_REFUSALS = Counter(
+    "plancache_caller_refusals_total",
+    "calls and Prefetch refs refused because their caller held all it may (by bound: streams, refs, waiters, builds)",
+    ["bound"],
+)
 LOOKUPS = Counter("plancache_lookups_total", "plan lookups by target and result (hit, miss)", ["target", "result"])
 PLANS_REFUSED = Counter(
     "plancache_plans_refused_total",

@@ -97,6 +97,8 @@ class TargetStats:
     stored_plans: int = 0
     evicted: int = 0
     expired: int = 0
+    # Callers' builds dropped unbuilt: every caller had gone when a worker took the job.
+    abandoned: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -120,6 +122,7 @@ class TargetStats:
             t.stored_plans,
             t.evicted,
             t.expired,
+            t.abandoned,
         )
 
 

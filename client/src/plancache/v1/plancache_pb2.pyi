@@ -872,7 +872,7 @@ class WindowStats(_message.Message):
     def __init__(self, window: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., failures: _Optional[int] = ..., joined: _Optional[int] = ..., bytes_served: _Optional[int] = ..., build_seconds_saved: _Optional[float] = ..., refused: _Optional[int] = ..., untrusted_builds: _Optional[int] = ...) -> None: ...
 
 class TargetStats(_message.Message):
-    __slots__ = ("target_id", "hits", "misses", "compiles", "failures", "joined", "live_workers", "bytes_served", "build_seconds_saved", "windows", "stored_bytes", "stored_plans", "evicted", "expired")
+    __slots__ = ("target_id", "hits", "misses", "compiles", "failures", "joined", "live_workers", "bytes_served", "build_seconds_saved", "windows", "stored_bytes", "stored_plans", "evicted", "expired", "abandoned")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
     MISSES_FIELD_NUMBER: _ClassVar[int]
@@ -887,6 +887,7 @@ class TargetStats(_message.Message):
     STORED_PLANS_FIELD_NUMBER: _ClassVar[int]
     EVICTED_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
     target_id: str
     hits: int
     misses: int
@@ -901,7 +902,8 @@ class TargetStats(_message.Message):
     stored_plans: int
     evicted: int
     expired: int
-    def __init__(self, target_id: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., failures: _Optional[int] = ..., joined: _Optional[int] = ..., live_workers: _Optional[int] = ..., bytes_served: _Optional[int] = ..., build_seconds_saved: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., stored_bytes: _Optional[int] = ..., stored_plans: _Optional[int] = ..., evicted: _Optional[int] = ..., expired: _Optional[int] = ...) -> None: ...
+    abandoned: int
+    def __init__(self, target_id: _Optional[str] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., compiles: _Optional[int] = ..., failures: _Optional[int] = ..., joined: _Optional[int] = ..., live_workers: _Optional[int] = ..., bytes_served: _Optional[int] = ..., build_seconds_saved: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., stored_bytes: _Optional[int] = ..., stored_plans: _Optional[int] = ..., evicted: _Optional[int] = ..., expired: _Optional[int] = ..., abandoned: _Optional[int] = ...) -> None: ...
 
 class FamilyStats(_message.Message):
     __slots__ = ("family", "windows")

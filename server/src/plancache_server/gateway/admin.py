@@ -120,7 +120,9 @@ class AdminService:
         live = self._directory.live
         response = pb.GetStatsResponse()
         for target_id in sorted(
-            target_ids(readings) | set(live) | {t for t, u in usage.items() if u.stored_plans or u.evicted or u.expired}
+            target_ids(readings)
+            | set(live)
+            | {t for t, u in usage.items() if u.stored_plans or u.evicted or u.expired or u.abandoned}
         ):
             windows = readings.get(target_scope(target_id), {})
             row = _window(windows.get("total", {}), "total")
@@ -141,6 +143,7 @@ class AdminService:
                     stored_plans=stored.stored_plans,
                     evicted=stored.evicted,
                     expired=stored.expired,
+                    abandoned=stored.abandoned,
                 )
             )
         for scope in sorted(readings):

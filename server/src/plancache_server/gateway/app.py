@@ -30,6 +30,7 @@ from plancache_server.gateway.reports import NodeReports
 from plancache_server.gateway.resolver import QueryResolver
 from plancache_server.gateway.service import PlanService
 from plancache_server.gateway.servicer import PlanCacheServicer, Services
+from plancache_server.gateway.shares import ShareLimits, Shares
 from plancache_server.gateway.signing_keys import SigningKeys
 from plancache_server.gateway.warm_service import WarmService
 from plancache_server.gateway.wire import SPEC_REQUEST_BYTES, WireLimits
@@ -139,6 +140,16 @@ class Gateway:
         directory = WorkerDirectory(queue, settings.listed_targets)
         stats = Stats(client, directory)
         admission = Admission(settings.max_waiters, settings.max_waiters_per_key, settings.retry_delay_s)
+        shares = Shares(
+            ShareLimits(
+                streams=settings.caller_streams,
+                refs=settings.caller_refs,
+                waiters=settings.caller_waiters,
+                builds=settings.caller_builds,
+                retry_delay_s=settings.retry_delay_s,
+                work_slots=settings.work_slots,
+            )
+        )
         builds = Builds(
             client,
             store,
@@ -146,6 +157,7 @@ class Gateway:
             settings.build_lease_s,
             admission,
             lambda plan_key: count_untrusted_build(stats, directory, plan_key),
+            shares,
         )
         blocking = connect(redis_url)  # for the janitor and warming, on threads
         janitor = Janitor(blocking)
@@ -155,8 +167,8 @@ class Gateway:
         signing_keys = SigningKeys.of(settings)
         workloads = WorkloadService(WorkloadRecords(client, settings.workload_plans), store, builds)
         services = Services(
-            plans=PlanService(store, resolver, lookups),
-            prefetch=PrefetchService(store, resolver, lookups, settings.max_prefetch_refs),
+            plans=PlanService(store, resolver, lookups, shares),
+            prefetch=PrefetchService(store, resolver, lookups, settings.max_prefetch_refs, shares),
             reports=NodeReports(store, builds, stats, directory, workloads),
             admin=AdminService(store, resolver, queue, stats, directory, janitor),
             warm=WarmService(warming, directory, resolver, FamilyRecords(blocking)),

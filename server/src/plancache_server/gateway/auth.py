@@ -77,6 +77,11 @@ class Authorizer:
     def role_of(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Role:
         """The role of the call's bearer token (the scheme is case-insensitive,
         RFC 6750); Unauthenticated without a known one. Reads metadata only."""
+        return self.identify(metadata)[0]
+
+    def identify(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> tuple[Role, str]:
+        """The role of the call's bearer token and the token's id (a prefix of its digest: names the caller's
+        share, plancache_server.gateway.shares, never the token)."""
         assert self._roles is not None, "an open service has no roles"
         header = next((v for k, v in metadata or () if k == "authorization"), "")
         text = header.decode(errors="replace") if isinstance(header, bytes) else str(header)
@@ -90,7 +95,7 @@ class Authorizer:
         role = next((r for digest, r in self._roles if hmac.compare_digest(digest, presented)), None)
         if role is None:
             raise Unauthenticated("unknown bearer token")
-        return role
+        return role, presented[:6].hex()
 
     def require(self, method: str, role: Role) -> None:
         """PermissionDenied unless `role` may call `method` at all (a call's

@@ -6,12 +6,24 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable
 
 from plancache.errors import InvalidRequest, Unavailable
+from plancache.keys.plankey import parse_key
 from plancache.log_limits import LogLimiter
 from plancache_server.store import keys
-from plancache_server.store.build_records import JOB_STATE_TTL_S, QUEUED, RELEASE_IF_OWNER, FailedBuild, state_fields
+from plancache_server.store.build_records import (
+    ABANDONED,
+    JOB_STATE_TTL_S,
+    QUEUED,
+    RELEASE_IF_OWNER,
+    TAKE_IF_WANTED,
+    WANT,
+    WANTED_TTL_S,
+    FailedBuild,
+    state_fields,
+)
 from plancache_server.store.redis_conn import AsyncRedis, text, translated_errors
 
 log = logging.getLogger(__name__)
@@ -20,10 +32,41 @@ _faults = LogLimiter(log)
 
 
 class BuildStates:
-    def __init__(self, client: AsyncRedis, lease_s: float) -> None:
+    def __init__(self, client: AsyncRedis, lease_s: float, gateway_id: str) -> None:
         self._redis = client
         self._lease_s = lease_s
+        self._gateway_id = gateway_id
         self._release_lease = client.register_script(RELEASE_IF_OWNER)
+        self._want = client.register_script(WANT)
+        self._take_if_wanted = client.register_script(TAKE_IF_WANTED)
+
+    async def abandon_unless_wanted(self, plan_key: str, job_id: str) -> bool:
+        """A job taken out of its stream: whether a gateway's callers want it after all (then it goes back);
+        if none does, it is abandoned as a worker would (state, lease; counted)."""
+        with translated_errors("abandoning a job"):
+            wanted = await self._take_if_wanted(
+                keys=[keys.job_wanted(plan_key), keys.job_state(plan_key), keys.build_lease(plan_key)],
+                args=[job_id, ABANDONED, f"{time.time():.3f}", f"gateway {self._gateway_id}"],
+            )
+            if not wanted:
+                target_id = parse_key(plan_key).target.id
+                await self._redis.hincrby(keys.STORE_COUNTERS, keys.store_counter(ABANDONED, target_id), 1)
+        return bool(wanted)
+
+    async def want(self, plan_key: str, job_id: str) -> None:
+        """This gateway's callers wait for `job_id` (for WANTED_TTL_S, renewed while they do)."""
+        with translated_errors("saying that callers wait for a build"):
+            await self._want(
+                keys=[keys.job_wanted(plan_key)], args=[f"{self._gateway_id}|{job_id}", int(WANTED_TTL_S * 1000)]
+            )
+
+    async def unwant(self, plan_key: str, job_id: str) -> None:
+        """This gateway's last caller waiting for `job_id` left; left to expire when Redis is away."""
+        try:
+            with translated_errors("saying that nobody waits for a build"):
+                await self._redis.hdel(keys.job_wanted(plan_key), f"{self._gateway_id}|{job_id}")
+        except Unavailable as e:
+            _faults.warning("unwant", "could not withdraw the callers of %s: %s", plan_key, e.message)
 
     async def take_lease(self, plan_key: str, job_id: str) -> str | None:
         """Take the key's build lease for `job_id` (None), or the job id of the build holding it."""

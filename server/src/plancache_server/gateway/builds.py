@@ -12,28 +12,42 @@ coroutine and a future, not a thread, and costs nothing a hit needs: hits
 never touch a flight. Builds is the registry of a gateway's flights: a
 caller joins the key's flight, or starts it, and leaves it.
 
+A build nobody waits for is not built: each flight says, while its callers
+wait, that they do (renewed every few seconds, taken back when its last
+caller leaves), and a worker drops a job no gateway says so of
+(plancache_server.store.build_records.TAKE_IF_WANTED).
+
 Admission control: past `max_waiters` waiting callers on this gateway, or
-`max_waiters_per_key` on one key, a new caller is refused at once with
-ResourceExhausted and a retry delay.
+`max_waiters_per_key` on one key, or past the caller's own share of waits
+and builds (plancache_server.gateway.shares), a new caller is refused at
+once with ResourceExhausted and a retry delay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from plancache.errors import ResourceExhausted, Unavailable
+from plancache.errors import PlanCacheError, ResourceExhausted, Unavailable
 from plancache.keys.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.gateway.build_states import BuildStates
 from plancache_server.gateway.completions import CompletionWatcher
 from plancache_server.gateway.flight import DELIVERY_SLOTS, Flight, FlightCrew, Waiter
 from plancache_server.gateway.refusals import RefusedBuilds
+from plancache_server.gateway.shares import CALLER, Shares
 from plancache_server.store.build_records import FailedBuild
 from plancache_server.store.jobs import JobQueue
 from plancache_server.store.plans import PlanStore
 from plancache_server.store.redis_conn import AsyncRedis
+
+log = logging.getLogger(__name__)
+
+# Seconds a gateway keeps saying that callers wait for a job after its last one left (see _withdraw).
+UNWANT_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -52,10 +66,16 @@ class Builds:
         lease_s: float,
         admission: Admission,
         on_untrusted_build: Callable[[str], None] = lambda plan_key: None,
+        shares: Shares | None = None,
     ) -> None:
-        """`on_untrusted_build(plan_key)`: once per build whose plan this gateway refused (counted)."""
+        """`on_untrusted_build(plan_key)`: once per build whose plan this gateway refused (counted);
+        `shares`: what each caller may hold (waits, builds it queued)."""
         self._admission = admission
-        self._states = BuildStates(client, lease_s)
+        self._shares = shares or Shares()
+        # Names this gateway's claims that its callers wait for a job (plancache_server.store.build_records).
+        self.gateway_id = uuid.uuid4().hex[:16]
+        self._states = BuildStates(client, lease_s, self.gateway_id)
+        self._withdrawals: set[asyncio.Task[None]] = set()  # unwant calls under way (kept from the GC)
         self._watcher = CompletionWatcher(client, store.forget)
         self._crew = FlightCrew(
             store,
@@ -89,13 +109,22 @@ class Builds:
             raise Unavailable(f"this gateway is shutting down; call again (plan {plan_key})")
         flight = self._flights.get(plan_key)
         self._admit(plan_key, flight)
+        caller = CALLER.get()
+        self._shares.take(caller, "waiters")  # this caller's share (plancache_server.gateway.shares)
         first = flight is None
         if flight is None:
+            try:
+                self._shares.take(caller, "builds")
+            except ResourceExhausted:
+                self._shares.give_back(caller, "waiters")
+                raise
             flight = Flight(plan_key, self._crew, self._forget)
+            flight.started_by = caller
             self._flights[plan_key] = flight
             # Its own task: the build is queued even if this caller goes away.
             flight.task = asyncio.get_running_loop().create_task(flight.fly(target, query), name=f"flight {plan_key}")
         waiter = Waiter(flight, self._leave, tuned_only)
+        waiter.caller = caller
         flight.waiters.append(waiter)
         self.waiting += 1
         if flight.provisional is not None and not tuned_only:
@@ -130,17 +159,50 @@ class Builds:
         except ValueError:
             return
         self.waiting -= 1
+        self._shares.give_back(waiter.caller, "waiters")
         if not waiter.future.done():
             waiter.future.cancel()
         if not flight.waiters and flight.outcome is None:
-            # Nobody here waits any more: stop following (a queued build goes on).
+            # Nobody here waits any more: stop following, and take back this gateway's claim on the job (a
+            # queued build that no gateway's callers wait for is dropped by the worker that takes it).
             self._forget(flight)
             if flight.task is not None:
                 flight.task.cancel()
+            if flight.job_id:
+                withdrawal = asyncio.get_running_loop().create_task(
+                    self._withdraw(flight), name=f"withdraw {flight.plan_key}"
+                )
+                self._withdrawals.add(withdrawal)
+                withdrawal.add_done_callback(self._withdrawals.discard)
+
+    async def _withdraw(self, flight: Flight) -> None:
+        """Its callers all left: take back this gateway's claim on the flight's job and, when this gateway
+        queued it and no worker has read it yet, the job itself (a job nobody waits for holds no room in
+        its queue), after UNWANT_GRACE_S, unless a caller follows that job here again by then: a hedged
+        miss is answered at once and asks again a moment later for the same build
+        (plancache_server.gateway.service), which must not be dropped meanwhile. A job another gateway's
+        callers want after all goes back to its queue."""
+        plan_key, job_id = flight.plan_key, flight.job_id
+        await asyncio.sleep(UNWANT_GRACE_S)
+        again = self._flights.get(plan_key)
+        if again is not None and again.job_id in ("", job_id):
+            return
+        await self._states.unwant(plan_key, job_id)
+        if flight.queued is None:
+            return
+        target, job = flight.queued
+        try:
+            if await self._crew.queue.withdraw(target, flight.entry_id) and await self._states.abandon_unless_wanted(
+                plan_key, job_id
+            ):
+                await self._crew.queue.enqueue(target, job)
+        except PlanCacheError as e:  # left queued: the worker that takes it drops it
+            log.debug("could not withdraw job %s of %s: %s", job_id, plan_key, e.message)
 
     def _forget(self, flight: Flight) -> None:
         if self._flights.get(flight.plan_key) is flight:
             del self._flights[flight.plan_key]
+            self._shares.give_back(flight.started_by, "builds")
 
     async def close(self) -> None:
         """Stop waiting: callers still waiting get Unavailable (the builds go

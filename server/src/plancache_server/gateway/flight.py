@@ -35,7 +35,7 @@ from plancache.v1 import plancache_pb2 as pb
 from plancache_server.gateway.build_states import BuildStates
 from plancache_server.gateway.completions import CompletionWatcher
 from plancache_server.gateway.refusals import RefusedBuilds
-from plancache_server.store.build_records import DONE, FAILED, PROVISIONAL
+from plancache_server.store.build_records import ABANDONED, DONE, FAILED, PROVISIONAL, WANTED_TTL_S
 from plancache_server.store.jobs import Job, JobQueue
 from plancache_server.store.plans import PlanStore, StoredPlan
 from plancache_server.store.warming import WARM_JOB_PREFIX
@@ -59,6 +59,10 @@ WORKERLESS_S = 30.0
 # Re-reads of a finished build's plan, not found, before its waiters are
 # told that it is gone (deleted or evicted between its store and its read).
 GONE_RECHECKS = 4
+# A flight says again that its callers wait for its job this often (the claim lasts WANTED_TTL_S): a job
+# whose callers all left, or whose gateway died, is dropped by the worker that takes it
+# (plancache_server.store.build_records.TAKE_IF_WANTED).
+WANT_RENEW_S = WANTED_TTL_S / 5
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class Waiter:
         self.tuned_only = tuned_only  # waits past a provisional plan
         self.future: asyncio.Future[StoredPlan] = asyncio.get_running_loop().create_future()
         self.started = False  # this caller's call queued the build
+        self.caller = ""  # whose share the wait is charged to (plancache_server.gateway.shares)
         self._released = False
         self._slot: tuple[asyncio.Semaphore, asyncio.TimerHandle] | None = None
 
@@ -140,11 +145,17 @@ class Flight:
         # The provisional plan, once stored: every waiter but the tuned_only ones has it.
         self.provisional: StoredPlan | None = None
         self.task: asyncio.Task[None] | None = None  # opens, follows the job, wakes the waiters
+        self._query = pb.PlanQuery()  # what fly() queues (again, should its job be dropped)
+        self.started_by = ""  # the caller whose share holds this flight's build (given back when forgotten)
+        # The job this gateway queued and its stream entry: taken back out if its callers all leave first.
+        self.queued: tuple[Target, Job] | None = None
+        self.entry_id = ""
         self._crew = crew
         self._forget = forget
 
     async def fly(self, target: Target, query: pb.PlanQuery) -> None:
         """The flight's task: open (lease and job), follow the job, wake the waiters."""
+        self._query = query
         try:
             await self._take_or_find_lease(target, query)
         except asyncio.CancelledError:
@@ -167,8 +178,9 @@ class Flight:
         holder = await crew.states.take_lease(plan_key, job_id)
         if holder is not None:
             self.job_id = holder
+            await crew.states.want(plan_key, holder)  # another caller's job: ours too now
             if holder.startswith(WARM_JOB_PREFIX):
-                await self._promote(target, Job(job_id=holder, plan_key=plan_key, query=query))
+                await self._promote(target, Job(job_id=holder, plan_key=plan_key, query=query, waited=True))
             return
         try:
             try:
@@ -189,8 +201,12 @@ class Flight:
                 raise TargetUnavailable(
                     f"no live GPU worker can build for target {target.id}; {await self._live_targets_text()}"
                 )
+            self.job_id = job_id  # withdrawn as any other should its callers leave from here on
+            await crew.states.want(plan_key, job_id)  # before a worker can take it
             await crew.states.mark_queued(plan_key, job_id)
-            await crew.queue.enqueue(target, Job(job_id=job_id, plan_key=plan_key, query=query))
+            job = Job(job_id=job_id, plan_key=plan_key, query=query, waited=True)
+            self.entry_id = await crew.queue.enqueue(target, job)
+            self.queued = (target, job)
         except BaseException:
             await crew.states.release_lease(plan_key, job_id)
             raise
@@ -226,9 +242,13 @@ class Flight:
         gone = 0
         checks = 0
         workerless_since: float | None = None
+        wanted_at = time.monotonic()
         try:
             while self.outcome is None:
                 try:
+                    if time.monotonic() - wanted_at >= WANT_RENEW_S:
+                        await crew.states.want(self.plan_key, self.job_id)
+                        wanted_at = time.monotonic()
                     refused: IntegrityError | None = None
                     try:
                         plan = await crew.store.fresh(self.plan_key)
@@ -242,6 +262,28 @@ class Flight:
                         await self._deliver(plan, lambda w: not w.tuned_only)
                     state = await crew.states.state(self.plan_key)
                     ours = state.get("state") if state.get("job_id") == self.job_id else None
+                    if ours == ABANDONED:
+                        # Dropped as waited for by nobody, while we were (our claim came late): queued anew.
+                        dropped = self.job_id
+                        crew.watcher.unregister(dropped, event)
+                        try:
+                            await self._take_or_find_lease(target, self._query)
+                        except Unavailable:
+                            raise
+                        except PlanCacheError as e:  # a full queue, no worker left: what a new caller would get
+                            self.settle(e)
+                            break
+                        finally:
+                            event = crew.watcher.register(self.job_id)
+                        log.info(
+                            "plan %s: job %s was dropped as waited for by nobody while callers waited: "
+                            "queued again (job %s)",
+                            self.plan_key,
+                            dropped,
+                            self.job_id,
+                        )
+                        wanted_at = time.monotonic()
+                        continue
                     if ours == FAILED:
                         self.settle(CompileFailed(state.get("error") or "build failed without a reason"))
                         break

@@ -39,6 +39,7 @@ from plancache_server import telemetry
 from plancache_server.gateway import wire
 from plancache_server.gateway.auth import Authorizer, Role, needed_role
 from plancache_server.gateway.offload import CpuOffload
+from plancache_server.gateway.shares import CALLER, caller_id
 from plancache_server.gateway.wire import WireLimits
 from plancache_server.store.redis_conn import store_fault
 
@@ -93,11 +94,14 @@ def add_guarded(
 
 
 def authenticate(authorizer: Authorizer, method: str, context: Context) -> Role:
-    """1. The caller's role (ADMIN on an open service); raises before the body is read."""
+    """1. The caller's role (ADMIN on an open service); raises before the body is read. Who the caller is
+    (its share: plancache_server.gateway.shares) is set for the rest of the call."""
     if authorizer.open:
+        CALLER.set(caller_id("", context.peer(), open_service=True))
         return Role.ADMIN
-    role = authorizer.role_of(context.invocation_metadata())
+    role, token_id = authorizer.identify(context.invocation_metadata())
     authorizer.require(method, role)
+    CALLER.set(caller_id(token_id, context.peer(), open_service=False))
     return role
 
 

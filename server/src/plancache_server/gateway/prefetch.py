@@ -21,15 +21,24 @@ from plancache.wire.rich_status import bounded, duration
 from plancache_server.gateway.flight import Waiter
 from plancache_server.gateway.lookups import PlanLookups, plan_source
 from plancache_server.gateway.resolver import QueryResolver
+from plancache_server.gateway.shares import CALLER, Shares
 from plancache_server.store.plans import PlanStore, StoredPlan
 
 
 class PrefetchService:
-    def __init__(self, store: PlanStore, resolver: QueryResolver, lookups: PlanLookups, max_prefetch_refs: int) -> None:
+    def __init__(
+        self,
+        store: PlanStore,
+        resolver: QueryResolver,
+        lookups: PlanLookups,
+        max_prefetch_refs: int,
+        shares: Shares | None = None,
+    ) -> None:
         self._store = store
         self._resolver = resolver
         self._lookups = lookups
         self._max_prefetch_refs = max_prefetch_refs
+        self._shares = shares or Shares()
 
     async def prefetch(
         self, request: pb.PrefetchRequest, time_remaining: float | None
@@ -42,35 +51,71 @@ class PrefetchService:
                 f"a Prefetch takes at most {self._max_prefetch_refs} plan refs, this one has {len(refs)}: "
                 "split the manifest"
             )
+        # The caller's share (plancache_server.gateway.shares): one stream, its refs, until the stream ends.
+        caller = CALLER.get()
+        self._shares.take(caller, "streams")
+        try:
+            self._shares.take(caller, "refs", len(refs))
+        except ResourceExhausted:
+            self._shares.give_back(caller, "streams")
+            raise
+        try:
+            async for item in self._answers(request, time_remaining):
+                yield item
+        finally:
+            self._shares.give_back(caller, "refs", len(refs))
+            self._shares.give_back(caller, "streams")
+
+    async def _ask(
+        self,
+        index: int,
+        ref: pb.PlanRef,
+        request: pb.PrefetchRequest,
+        stored: list[tuple[int, str]],
+        waiting: dict[asyncio.Future[StoredPlan], tuple[int, Waiter, PlanQuery]],
+    ) -> pb.PrefetchItem | None:
+        """One ref: found stored (kept in `stored`), its build started or joined (kept in `waiting`), or the
+        error item that answers it."""
+        key = ""
+        try:
+            key, resolved = await self._resolver.ref_key(ref)
+            target_id = resolved.target.id if resolved else parse_key(key).target.id
+            plan = await self._lookups.lookup(
+                key, target_id, resolved.op_family if resolved else None, request.tuned_only
+            )
+            if plan is not None:
+                stored.append((index, key))
+                return None
+            refused = _missing(key, request, resolved)
+            if refused is not None:
+                raise refused
+            assert resolved is not None
+            waiter = await self._lookups.start_build(resolved, request.tuned_only)
+            waiting[waiter.future] = (index, waiter, resolved)
+            return None
+        except PlanCacheError as e:
+            return _error_item(index, key, e)
+
+    async def _answers(
+        self, request: pb.PrefetchRequest, time_remaining: float | None
+    ) -> AsyncIterator[bytes | pb.PrefetchItem]:
+        refs = request.refs
         deadline = self._lookups.deadline(time_remaining)
         stored: list[tuple[int, str]] = []
         waiting: dict[asyncio.Future[StoredPlan], tuple[int, Waiter, PlanQuery]] = {}
         try:
             for index, ref in enumerate(refs):
-                key = ""
-                try:
-                    key, resolved = await self._resolver.ref_key(ref)
-                    target_id = resolved.target.id if resolved else parse_key(key).target.id
-                    plan = await self._lookups.lookup(
-                        key, target_id, resolved.op_family if resolved else None, request.tuned_only
-                    )
-                    if plan is not None:
-                        stored.append((index, key))
-                    elif not request.compile_missing:
-                        raise NotFound(
-                            f"no {'autotuned ' if request.tuned_only else ''}stored plan {key} (compile_missing is off)"
-                        )
-                    elif resolved is None:
-                        raise NotFound(f"no stored plan {key}; send its spec, target and options to have it compiled")
-                    else:
-                        waiter = await self._lookups.start_build(resolved, request.tuned_only)
-                        waiting[waiter.future] = (index, waiter, resolved)
-                except PlanCacheError as e:
-                    yield _error_item(index, key, e)
+                async with self._shares.turn():  # each ref in its caller's turn (plancache_server.gateway.shares)
+                    error = await self._ask(index, ref, request, stored, waiting)
+                if error is not None:
+                    yield error
             for index, key in stored:
                 # From the memory cache as a rule; read again otherwise (the
                 # stream keeps keys, not plans, while the caller reads).
-                plan = self._store.cached(key) or await self._store.get(key)
+                plan = self._store.cached(key)
+                if plan is None:
+                    async with self._shares.turn():
+                        plan = await self._store.get(key)
                 yield (
                     plan.prefetch_item(index, key, pb.COMPILE_SOURCE_HIT)
                     if plan
@@ -94,12 +139,23 @@ class PrefetchService:
                             yield _error_item(index, resolved.key, e)
                             continue
                         source = pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED
-                        yield plan.prefetch_item(index, resolved.key, plan_source(plan, source))
+                        async with self._shares.turn():  # a built plan handed to the stream: the caller's turn
+                            item = plan.prefetch_item(index, resolved.key, plan_source(plan, source))
+                        yield item
                     finally:
                         waiter.release()  # resumed: the item is written, its delivery slot is free
         finally:
             for _, waiter, _ in waiting.values():
                 waiter.release()
+
+
+def _missing(key: str, request: pb.PrefetchRequest, resolved: PlanQuery | None) -> NotFound | None:
+    """Why a missing plan is not built for this ref (None: it is)."""
+    if not request.compile_missing:
+        return NotFound(f"no {'autotuned ' if request.tuned_only else ''}stored plan {key} (compile_missing is off)")
+    if resolved is None:
+        return NotFound(f"no stored plan {key}; send its spec, target and options to have it compiled")
+    return None
 
 
 def _error_item(index: int, key: str, error: PlanCacheError) -> pb.PrefetchItem:

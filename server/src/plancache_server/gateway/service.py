@@ -20,6 +20,7 @@ from plancache.keys.query import PlanQuery
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.gateway.lookups import PlanLookups, plan_source
 from plancache_server.gateway.resolver import QueryResolver
+from plancache_server.gateway.shares import Shares
 from plancache_server.store.plans import PlanStore, StoredPlan
 
 log = logging.getLogger(__name__)
@@ -34,10 +35,14 @@ BUILDING = pb.CompileResponse(source=pb.COMPILE_SOURCE_BUILDING).SerializeToStri
 
 
 class PlanService:
-    def __init__(self, store: PlanStore, resolver: QueryResolver, lookups: PlanLookups) -> None:
+    def __init__(
+        self, store: PlanStore, resolver: QueryResolver, lookups: PlanLookups, shares: Shares | None = None
+    ) -> None:
         self._store = store
         self._resolver = resolver
         self._lookups = lookups
+        # Each call's CPU-heavy steps take turns with other callers' (plancache_server.gateway.shares).
+        self._shares = shares or Shares()
         self._starting: set[asyncio.Task[None]] = set()  # builds being queued after a hedged miss's answer
         self._deferred = 0  # hedged misses answered whose deferred work has not ended (MAX_DEFERRED)
 
@@ -47,35 +52,36 @@ class PlanService:
         """A serialized CompileResponse. `when_sent(callback)` calls back once
         the response is written (it frees the caller's delivery slot)."""
         deferring = self._deferred < MAX_DEFERRED  # past it, a caller waits for its own work (back-pressure)
-        if (
-            deferring
-            and request.answer_miss_at_once
-            and request.claimed_key
-            and await self._absent(request.claimed_key)
-        ):
-            # A hedged miss by the caller's own key: told now, before this gateway derives the key (a
-            # large spec's validation and hash: the caller's build waits for this answer, issue 41).
-            self._after_answer(when_sent, request)
-            return BUILDING
-        resolved = await self._resolver.resolve(request.spec, request.target, request.options)
-        count = not request.counted  # the caller's own earlier request (answer_miss_at_once) was counted
-        plan = await self._lookups.lookup(
-            resolved.key, resolved.target.id, resolved.op_family, request.tuned_only, count=count
-        )
-        if plan is not None:
-            # A stored plan, provisional or not (its metadata says which).
-            return plan.compile_response(pb.COMPILE_SOURCE_HIT)
-        if request.answer_miss_at_once:
-            # A hedged miss: the caller builds meanwhile, and asks again (counted) for this build. It is
-            # told at once, the build queued after the answer: the caller's own build waits for this
-            # answer, not for the lease and the job (a few Redis round trips, issue 41). What keeps the
-            # build from being queued (no worker, a known failure, admission) answers the follow-up.
-            if deferring:
-                self._after_answer(when_sent, request, resolved)
-            else:
-                (await self._lookups.start_build(resolved, request.tuned_only, count=count)).release()
-            return BUILDING
-        waiter = await self._lookups.start_build(resolved, request.tuned_only, count=count)
+        async with self._shares.turn():  # the call's steps before it waits: in its turn
+            if (
+                deferring
+                and request.answer_miss_at_once
+                and request.claimed_key
+                and await self._absent(request.claimed_key)
+            ):
+                # A hedged miss by the caller's own key: told now, before this gateway derives the key (a
+                # large spec's validation and hash: the caller's build waits for this answer, issue 41).
+                self._after_answer(when_sent, request)
+                return BUILDING
+            resolved = await self._resolver.resolve(request.spec, request.target, request.options)
+            count = not request.counted  # the caller's own earlier request (answer_miss_at_once) was counted
+            plan = await self._lookups.lookup(
+                resolved.key, resolved.target.id, resolved.op_family, request.tuned_only, count=count
+            )
+            if plan is not None:
+                # A stored plan, provisional or not (its metadata says which).
+                return plan.compile_response(pb.COMPILE_SOURCE_HIT)
+            if request.answer_miss_at_once:
+                # A hedged miss: the caller builds meanwhile, and asks again (counted) for this build. It is
+                # told at once, the build queued after the answer: the caller's own build waits for this
+                # answer, not for the lease and the job (a few Redis round trips, issue 41). What keeps the
+                # build from being queued (no worker, a known failure, admission) answers the follow-up.
+                if deferring:
+                    self._after_answer(when_sent, request, resolved)
+                else:
+                    (await self._lookups.start_build(resolved, request.tuned_only, count=count)).release()
+                return BUILDING
+            waiter = await self._lookups.start_build(resolved, request.tuned_only, count=count)
         when_sent(waiter.release)
         try:
             plan = await waiter.result(self._lookups.deadline(time_remaining))
@@ -123,6 +129,10 @@ class PlanService:
         count = not request.counted
 
         async def start() -> None:
+            async with self._shares.turn():  # the caller's (the task runs in its call's context)
+                await start_in_turn()
+
+        async def start_in_turn() -> None:
             query = resolved
             try:
                 if query is None:
@@ -153,6 +163,10 @@ class PlanService:
             if plan is not None:
                 self._lookups.count(ref.key, plan, parse_key(ref.key).target.id, None)
                 return plan
+        async with self._shares.turn():
+            return await self._get_in_turn(ref)
+
+    async def _get_in_turn(self, ref: pb.PlanRef) -> StoredPlan:
         plan_key, resolved = await self._resolver.ref_key(ref)
         plan = await self._lookups.lookup(
             plan_key,

@@ -121,6 +121,42 @@ class GatewaySettings:
         int,
         programs=SERVER_ONLY,
     )
+    caller_streams: int = setting(
+        64,
+        "--caller-streams",
+        "Prefetch streams one caller (its token and host; on an open service its connection) may hold open",
+        int,
+        programs=SERVER_ONLY,
+    )
+    caller_refs: int = setting(
+        50_000,
+        "--caller-refs",
+        "plan refs one caller's Prefetch streams may hold unanswered at once",
+        int,
+        programs=SERVER_ONLY,
+    )
+    caller_waiters: int = setting(
+        1_000,
+        "--caller-waiters",
+        "waits for builds one caller may hold at once (a Compile that waits; a Prefetch ref with compile_missing)",
+        int,
+        programs=SERVER_ONLY,
+    )
+    caller_builds: int = setting(
+        64,
+        "--caller-builds",
+        "builds one caller may have queued on a gateway that have not ended",
+        int,
+        programs=SERVER_ONLY,
+    )
+    work_slots: int = setting(
+        4,
+        "--work-slots",
+        "CPU-heavy steps of calls (a spec checked and hashed, a miss and its build queued, a Prefetch ref) run "
+        "at once, granted to callers in turn; a stored plan served from memory takes none",
+        int,
+        programs=SERVER_ONLY,
+    )
     max_prefetch_refs: int = setting(
         10_000,
         "--max-prefetch-refs",

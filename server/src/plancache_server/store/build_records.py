@@ -24,6 +24,12 @@ from plancache_server.store.redis_conn import text, translated_errors
 log = logging.getLogger(__name__)
 
 QUEUED, RUNNING, PROVISIONAL, DONE, FAILED = "queued", "running", "provisional", "done", "failed"
+# A job nobody waited for any more when a worker took it: dropped, never built (its lease released).
+ABANDONED = "abandoned"
+# How long a gateway's claim that callers wait for a job lasts unless renewed (a flight renews it every
+# 2 s while it follows the job, and takes it back when its last caller leaves): a gateway that died
+# stops wanting its jobs this long after.
+WANTED_TTL_S = 10.0
 JOB_STATE_TTL_S = 24 * 3600
 # Failed builds kept for the status page, newest first.
 RECENT_FAILURES_KEPT = 200
@@ -37,6 +43,43 @@ return 0
 # Extend the lease only while it names our job.
 RENEW_IF_OWNER = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+
+# A gateway's callers wait for a job: KEYS[1] the plan's wanted hash, ARGV[1] "<gateway id>|<job id>",
+# ARGV[2] for how long (ms). Claims past their time are cleared. Redis' own clock: gateways' may differ.
+WANT = """
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local claims = redis.call('hgetall', KEYS[1])
+for i = 1, #claims, 2 do
+  if tonumber(claims[i + 1]) == nil or tonumber(claims[i + 1]) <= now then redis.call('hdel', KEYS[1], claims[i]) end
+end
+redis.call('hset', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
+redis.call('pexpire', KEYS[1], 2 * tonumber(ARGV[2]))
+return 1
+"""
+# A worker about to build job ARGV[1]: 1 when a gateway's claim on it is still live; else 0, and the job
+# is abandoned: its state says so (while it still names the job) and its lease is released (while it
+# names it), so that the next caller queues the plan anew. KEYS: wanted, job state, lease.
+TAKE_IF_WANTED = """
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local suffix = '|' .. ARGV[1]
+local claims = redis.call('hgetall', KEYS[1])
+for i = 1, #claims, 2 do
+  local field = claims[i]
+  if #field > #suffix and string.sub(field, -#suffix) == suffix and (tonumber(claims[i + 1]) or 0) > now then
+    return 1
+  end
+end
+if redis.call('hget', KEYS[2], 'job_id') == ARGV[1] then
+  redis.call('hset', KEYS[2], 'state', ARGV[2], 'updated_at', ARGV[3], 'worker', ARGV[4])
+end
+if redis.call('get', KEYS[3]) == ARGV[1] then redis.call('del', KEYS[3]) end
 return 0
 """
 
@@ -74,6 +117,7 @@ class BuildRecorder:
         self._negative_ttl_s = negative_ttl_s
         self._release = client.register_script(RELEASE_IF_OWNER)
         self._renew = client.register_script(RENEW_IF_OWNER)
+        self._take_if_wanted = client.register_script(TAKE_IF_WANTED)
 
     def take_lease(self, plan_key: str, job_id: str) -> str | None:
         """A build nobody asked for (warming) takes the key's lease as a
@@ -84,6 +128,20 @@ class BuildRecorder:
                 return None
             holder = self._redis.get(keys.build_lease(plan_key))
         return text(holder) if holder is not None else ""
+
+    def wanted(self, plan_key: str, job_id: str, worker_id: str) -> bool:
+        """Whether a gateway's callers still wait for this job; if not, the job is marked abandoned and its
+        lease released (atomically: a caller joining meanwhile either keeps it or queues it anew), and
+        counted for the status page."""
+        with translated_errors("checking that a job is waited for"):
+            live = self._take_if_wanted(
+                keys=[keys.job_wanted(plan_key), keys.job_state(plan_key), keys.build_lease(plan_key)],
+                args=[job_id, ABANDONED, f"{time.time():.3f}", worker_id],
+            )
+            if not live:
+                target_id = parse_key(plan_key).target.id
+                self._redis.hincrby(keys.STORE_COUNTERS, keys.store_counter(ABANDONED, target_id), 1)
+        return bool(live)
 
     def mark_running(self, plan_key: str, job_id: str, worker_id: str) -> None:
         self._set_state(plan_key, state_fields(job_id, RUNNING, worker=worker_id))

@@ -35,7 +35,15 @@ log = logging.getLogger(__name__)
 # Add a job only while the stream holds fewer than ARGV[1] entries.
 _ENQUEUE_IF_ROOM = """
 if redis.call('xlen', KEYS[1]) >= tonumber(ARGV[1]) then return false end
-return redis.call('xadd', KEYS[1], '*', 'job_id', ARGV[2], 'plan_key', ARGV[3], 'query', ARGV[4])
+return redis.call('xadd', KEYS[1], '*', 'job_id', ARGV[2], 'plan_key', ARGV[3], 'query', ARGV[4], 'waited', ARGV[5])
+"""
+
+
+# Delete entry ARGV[2] while no worker of group ARGV[1] has read it: 1 when deleted.
+_WITHDRAW_IF_UNREAD = """
+local ok, pending = pcall(redis.call, 'xpending', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if ok and #pending > 0 then return 0 end
+return redis.call('xdel', KEYS[1], ARGV[2])
 """
 
 
@@ -45,19 +53,28 @@ class Job:
     plan_key: str
     # The normalized spec, the requested target and the options.
     query: pb.PlanQuery
+    # Queued for callers who say, while they wait, that they do (plancache_server.store.build_records.WANT):
+    # a worker drops it when none does any more. A job without it (a gateway of an earlier version) is built.
+    waited: bool = False
 
     def encode(self) -> dict[str, bytes]:
         return {
             "job_id": self.job_id.encode(),
             "plan_key": self.plan_key.encode(),
             "query": self.query.SerializeToString(),
+            "waited": b"1" if self.waited else b"0",
         }
 
     @classmethod
     def decode(cls, fields: dict[bytes, bytes]) -> Job:
         query = pb.PlanQuery()
         query.ParseFromString(fields[b"query"])
-        return cls(job_id=fields[b"job_id"].decode(), plan_key=fields[b"plan_key"].decode(), query=query)
+        return cls(
+            job_id=fields[b"job_id"].decode(),
+            plan_key=fields[b"plan_key"].decode(),
+            query=query,
+            waited=fields.get(b"waited") == b"1",
+        )
 
 
 @dataclass(frozen=True)
@@ -86,14 +103,21 @@ class JobQueue:
         self._max_jobs = max_jobs
         self._retry_delay_s = retry_delay_s
         self._enqueue_if_room = client.register_script(_ENQUEUE_IF_ROOM)
+        self._withdraw_if_unread = client.register_script(_WITHDRAW_IF_UNREAD)
 
-    async def enqueue(self, target: Target, job: Job) -> None:
-        """Queue a job, or refuse it (ResourceExhausted) when the target's queue is full."""
+    async def withdraw(self, target: Target, entry_id: str) -> bool:
+        """Take a job back out of its stream while no worker has read it (its callers all left): whether
+        it was taken out."""
+        with translated_errors("withdrawing a job"):
+            return bool(await self._withdraw_if_unread(keys=[keys.job_stream(target)], args=[keys.JOB_GROUP, entry_id]))
+
+    async def enqueue(self, target: Target, job: Job) -> str:
+        """Queue a job, or refuse it (ResourceExhausted) when the target's queue is full; its entry id."""
         fields = job.encode()
         with translated_errors("queueing a build"):
             added = await self._enqueue_if_room(
                 keys=[keys.job_stream(target)],
-                args=[self._max_jobs, fields["job_id"], fields["plan_key"], fields["query"]],
+                args=[self._max_jobs, fields["job_id"], fields["plan_key"], fields["query"], fields["waited"]],
             )
         if not added:
             raise ResourceExhausted(
@@ -101,6 +125,7 @@ class JobQueue:
                 f"nothing was queued for {job.plan_key}: call again later",
                 retry_after=self._retry_delay_s,
             )
+        return text(added)
 
     async def live_workers(self, target: Target) -> int:
         now = await redis_seconds_async(self._redis)  # the clock heartbeats are written on

@@ -101,6 +101,12 @@ def job_state(plan_key: str) -> str:
     return f"{PREFIX}:{{{plan_key}}}:job"
 
 
+def job_wanted(plan_key: str) -> str:
+    """Hash: "<gateway id>|<job id>" -> until when (Redis' clock, ms) that gateway has callers waiting for
+    that job of the plan (plancache_server.store.build_records: a job nobody waits for is dropped)."""
+    return f"{PREFIX}:{{{plan_key}}}:wanted"
+
+
 def failure(plan_key: str) -> str:
     """String: why cuDNN rejected this plan's graph (negative cache; expires)."""
     return f"{PREFIX}:{{{plan_key}}}:failed"
@@ -207,7 +213,7 @@ def graph_family(family_key: str) -> str:
 # caller's permissions, so the commands they call are listed too.
 
 _PLAN = plan("*")
-_PER_PLAN = {name: f"{PREFIX}:{{*}}:{name}" for name in ("lease", "job", "failed", "untrusted")}
+_PER_PLAN = {name: f"{PREFIX}:{{*}}:{name}" for name in ("lease", "job", "wanted", "failed", "untrusted")}
 _JOB_STREAMS = f"{PREFIX}:{{jobs:*"
 # +info: each process checks at start that Redis' eviction policy cannot drop plans, jobs or leases;
 # +time: heartbeats are written and read on Redis' clock, not on each host's.
@@ -220,6 +226,7 @@ ACL_RULES: dict[str, list[str]] = {
         "+hgetall",
         "+hset",
         "+expire",
+        "+pexpire",
         "+get",
         "+set",
         "+del",
@@ -229,6 +236,8 @@ ACL_RULES: dict[str, list[str]] = {
         "+scan",
         "+xadd",
         "+xlen",
+        "+xpending",
+        "+xdel",
         "+xinfo|groups",
         "+zcount",
         "+zrangebyscore",
@@ -263,6 +272,7 @@ ACL_RULES: dict[str, list[str]] = {
         f"%R~{TARGETS_LAST_SEEN}",
         f"~{_PER_PLAN['lease']}",
         f"~{_PER_PLAN['job']}",
+        f"~{_PER_PLAN['wanted']}",
         f"%R~{_PER_PLAN['failed']}",
         f"~{_PER_PLAN['untrusted']}",
         f"~{_JOB_STREAMS}",
@@ -335,6 +345,7 @@ ACL_RULES: dict[str, list[str]] = {
         f"~{spec_index('*')}",
         f"~{_PER_PLAN['lease']}",
         f"~{_PER_PLAN['job']}",
+        f"~{_PER_PLAN['wanted']}",  # read only, but a script's keys need write access (TAKE_IF_WANTED)
         f"~{_PER_PLAN['failed']}",
         f"~{_JOB_STREAMS}",
         f"~{workers('*')}",

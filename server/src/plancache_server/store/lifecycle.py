@@ -62,6 +62,7 @@ class TargetUsage:
     stored_plans: int = 0
     evicted: int = 0
     expired: int = 0
+    abandoned: int = 0  # callers' jobs dropped by a worker as waited for by nobody (never built)
 
 
 @dataclass
@@ -235,6 +236,7 @@ class Janitor:
                 "plans": "stored_plans",
                 "evicted": "evicted",
                 "expired": "expired",
+                "abandoned": "abandoned",
             }.get(kind)
             if attribute:
                 setattr(usage.setdefault(target, TargetUsage()), attribute, int(value))

@@ -92,15 +92,21 @@ class StoreCollector(Collector):
         expired = CounterMetricFamily(
             "plancache_store_expired_total", "plans deleted after --retention-days unused", labels=["target"]
         )
+        abandoned = CounterMetricFamily(
+            "plancache_jobs_abandoned_total",
+            "callers' builds dropped unbuilt: every caller had gone when a worker took the job",
+            labels=["target"],
+        )
         try:
             for target_id, usage in sorted(self._usage().items()):
+                abandoned.add_metric([target_id], float(usage.abandoned))
                 stored.add_metric([target_id], float(usage.stored_bytes))
                 plans.add_metric([target_id], float(usage.stored_plans))
                 evicted.add_metric([target_id], float(usage.evicted))
                 expired.add_metric([target_id], float(usage.expired))
         except PlanCacheError as e:
             log.debug("store metrics unavailable: %s", e)
-        yield from (stored, plans, evicted, expired)
+        yield from (stored, plans, evicted, expired, abandoned)
 
 
 class WarmCollector(Collector):

@@ -3,8 +3,8 @@ the ones it never started when it stops.
 
 Jobs are new ones or those of workers that died mid-build; each one is
 checked (plancache_server.worker.verified_job), then refused, found stored,
-given up after too many attempts, joined to the warm build of its plan, or
-started.
+dropped when no caller waits for it any more, given up after too many
+attempts, joined to the warm build of its plan, or started.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from plancache.errors import InvalidRequest
 from plancache.keys.target import Target
 from plancache_server import telemetry
 from plancache_server.store.build_records import BuildRecorder
-from plancache_server.store.jobs import Delivery
+from plancache_server.store.jobs import Delivery, Job
 from plancache_server.store.plans import RedisPlanStore
 from plancache_server.worker.held_builds import Build, HeldBuilds
 from plancache_server.worker.verified_job import verify_job
@@ -75,6 +75,27 @@ class JobIntake:
         for delivery in deliveries:
             self._accept(delivery, held, start, promote)
 
+    def still_wanted(self, build: Build) -> bool:
+        """Whether a caller still waits for a job taken earlier and about to start building (a worker
+        takes a few jobs ahead of its free build processes); if none does, it is dropped (acknowledged,
+        counted) and the caller must forget it. A warming build is always wanted."""
+        if build.delivery is None:
+            return True
+        return self._wanted(build.job, [build.delivery, *build.promoted])
+
+    def _wanted(self, job: Job, deliveries: list[Delivery]) -> bool:
+        """A job queued for callers (`waited`) that none waits for any more is dropped: nobody is built for
+        (plancache_server.store.build_records.TAKE_IF_WANTED)."""
+        if not job.waited or deliveries[0].attempts > 1:
+            return True  # an earlier version's job, or one that was running (a dead worker's): it finishes
+        if self._builds.wanted(job.plan_key, job.job_id, self._worker_id):
+            return True
+        log.info("job %s (%s): dropped, no caller waits for it any more", job.job_id, job.plan_key)
+        telemetry.BUILDS.labels(self._target.id, "abandoned").inc()
+        for delivery in deliveries:
+            self._queue.ack(delivery)
+        return False
+
     def hand_back(self, unstarted: list[Build], held: HeldBuilds) -> None:
         """Stopping: jobs taken but not started go back to their stream for
         the next worker, warming items to their plan."""
@@ -118,6 +139,8 @@ class JobIntake:
             log.info("job %s: plan %s already stored", job.job_id, job.plan_key)
             self._builds.finish(job.plan_key, job.job_id, self._worker_id)
             self._queue.ack(delivery)
+            return
+        if not self._wanted(job, [delivery]):
             return
         if delivery.attempts > self._max_attempts:
             reason = (

@@ -227,6 +227,9 @@ class Worker:
             piece = self._lanes.pop()
             if not self._held.holds(piece.build):
                 continue  # abandoned (see _on_result)
+            if piece.task.kind == HEURISTIC and not self._jobs.still_wanted(piece.build):
+                self._held.forget(piece.build)  # its callers all left while it waited here: dropped unbuilt
+                continue
             self._running[piece.task.task_id] = piece
             self._pool.submit(piece.task, urgent)
             if urgent:

@@ -14,6 +14,62 @@ from plancache.graphspec.subgraph import Subgraph
 from plancache.graphspec.suggest import did_you_mean
 from plancache.graphspec.validation.limits import Limits, is_exact_int
 
+# Every numeric attribute has a range (issue 44): what cuDNN can take, or what makes a graph at all.
+# An attribute not named here has its kind's: an integer cuDNN takes as int32 (int64 for sizes that can
+# pass it: the sequence lengths); a float within float32, which cuDNN computes attributes in (-1e308 as a
+# matmul's padding value passed the wire checks and became -inf). Bounds are inclusive.
+INT32 = (-(2**31), 2**31 - 1)
+FLOAT32_MAX = 3.4028234663852886e38
+SIZE = (1, 2**31 - 1)
+ATTRIBUTE_RANGES: dict[str, tuple[float, float]] = {
+    # convolutions (per spatial dim)
+    "padding": (0, 2**20),  # conv: int lists; matmul's padding is a float value (the float range)
+    "pre_padding": (0, 2**20),
+    "post_padding": (0, 2**20),
+    "stride": (1, 2**20),
+    "dilation": (1, 2**20),
+    # attention
+    "dropout_probability": (0.0, 1.0),
+    "max_total_seq_len_q": (0, 2**53),
+    "max_total_seq_len_kv": (0, 2**53),
+    "paged_attention_max_seq_len_kv": (0, 2**53),
+    "sliding_window": (0, 2**31 - 1),
+    "sliding_window_length": (0, 2**31 - 1),
+    # shapes and indices
+    "permutation": (0, 7),  # a tensor's axes (rank 8 at most)
+    "axis": (-8, 7),
+    "block_size": SIZE,
+    "top_k": SIZE,
+    "rope_dim": (0, 2**31 - 1),  # 0: the whole head dim (the frontend's default)
+    "in_place_index": (0, 2**31 - 1),
+}
+
+
+def attribute_range(key: str, kind: AttrKind, value: object) -> tuple[float, float]:
+    """The inclusive range of attribute `key` (of `kind`; for a scalar, of `value`'s type)."""
+    found = ATTRIBUTE_RANGES.get(key)
+    if found is not None and not (key == "padding" and kind is AttrKind.FLOAT):
+        return found
+    if kind is AttrKind.FLOAT or (kind is AttrKind.SCALAR and isinstance(value, float)):
+        return (-FLOAT32_MAX, FLOAT32_MAX)
+    return INT32
+
+
+def _check_range(key: str, kind: AttrKind, value: AttrValue, where: str) -> None:
+    values = value if isinstance(value, tuple) else (value,)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        low, high = attribute_range(key, kind, v)
+        if not low <= v <= high:
+            raise SpecError(f"{where}: {v!r} is outside its range [{_shown(low)}, {_shown(high)}]")
+
+
+def _shown(bound: float) -> str:
+    if isinstance(bound, float) and abs(bound) >= 1e6:
+        return f"{bound:.7g}"
+    return f"{bound:,}" if isinstance(bound, int) and abs(bound) >= 10_000 else str(bound)
+
 
 def normalize_attributes(
     schema: OpSchema, raw: dict[str, AttrValue], where: str, limits: Limits
@@ -31,6 +87,7 @@ def normalize_attributes(
             hint = did_you_mean(key, (*schema.attributes, *schema.inputs, *schema.optional_inputs))
             raise SpecError(f"{where}: {schema.name} has no attribute {key!r}{hint} (attributes: {allowed})")
         attrs[key] = _coerce(value, spec_, f"{where}: attribute {key!r}", limits)
+        _check_range(key, spec_.kind, attrs[key], f"{where}: attribute {key!r}")
     for key, spec_ in schema.attributes.items():
         if key not in attrs:
             if spec_.required:
@@ -51,6 +108,8 @@ def _coerce(value: Any, spec_: AttrSchema, where: str, limits: Limits) -> AttrVa
     elif kind is AttrKind.INT:
         if is_exact_int(value):
             return int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            raise SpecError(f"{where}: {value!r} is outside [-2**53, 2**53], the integers a spec holds")
     elif kind is AttrKind.FLOAT:
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
@@ -67,6 +126,8 @@ def _coerce(value: Any, spec_: AttrSchema, where: str, limits: Limits) -> AttrVa
             if len(value) > limits.max_list_length:
                 raise SpecError(f"{where}: more than {limits.max_list_length} values")
             return tuple(value)
+        if isinstance(value, tuple | list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise SpecError(f"{where}: {list(value)!r} has a value outside [-2**53, 2**53], the integers a spec holds")
     elif kind is AttrKind.SLICES:
         if isinstance(value, tuple | list) and all(_is_slice(v) for v in value):
             if len(value) > limits.max_rank:

@@ -1,0 +1,368 @@
+"""One client floods, the others must not notice (issue 44; CPU, stand-in compiler).
+
+One plancache-server (gateway, one stand-in worker of --build-seconds per
+build, a private Redis) with a tokens file: each honest node and the
+flooder have their own compile token. Honest nodes (--honest coroutines on
+grpc.aio, each its own channel, in a child process of their own) read
+stored plans (GetPlan of --plans plans, one call after another) and, every
+--compile-every seconds each, compile a new graph (Compile, waited for). After
+--idle-s of that alone, a flooder (another child process) does, all at once:
+
+- split prefetch: 11 parallel Prefetch(compile_missing) calls of 3,000 new specs each, read to the end;
+- abandoned compiles: 70 Compiles of distinct new specs with a 0.5 s deadline;
+- unread streams: 70 Prefetch(compile_missing) calls of 200 new specs, never read, held open;
+- a 1e5-key prefetch: 10 Prefetch calls of 10,000 plan keys (not stored);
+- 1,000 distinct compiles at once (10 s deadline).
+
+Measured per phase (idle, flood, after): the honest GetPlan latency
+(p50/p99/max), calls a second, and every honest error; the flooder's
+outcomes by status code; after the flood: the jobs left in the queue, the
+jobs dropped as abandoned, what the worker built, the server's RSS.
+
+    python bench/flood.py [--out bench/results] [--honest 50] [--quick]
+
+Writes flood.json and flood.png to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import grpc
+import redis as redis_py
+
+from bench.cpu_bench import TARGET, spec_for
+from bench.report import percentile, write_json
+from plancache.keys.query import PlanQuery
+from plancache.v1 import plancache_pb2 as pb
+from plancache.v1 import plancache_pb2_grpc as pb_grpc
+from plancache_server.store import keys as store_keys
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
+from tests.support.processes import REPO, STANDIN_SERVER_ARGS, child_env, server_process
+
+TEMPLATE = PlanQuery.of(spec_for(0), TARGET).to_proto()
+OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20), ("grpc.max_send_message_length", 64 * 2**20)]
+
+
+def query(i: int) -> pb.PlanQuery:
+    """A distinct matmul query (A's rows = 64 + i), made by patching one template (cheap for 1e5 of them)."""
+    q = pb.PlanQuery()
+    q.CopyFrom(TEMPLATE)
+    rows = 64 + i
+    for t in q.spec.tensors:
+        if t.uid in (1, 3):
+            t.dim[1] = rows
+            t.stride[0] = rows * t.dim[2]
+    return q
+
+
+def compile_request(i: int) -> pb.CompileRequest:
+    q = query(i)
+    return pb.CompileRequest(spec=q.spec, target=q.target, options=q.options)
+
+
+def status_of(e: BaseException) -> str:
+    return e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
+
+
+# ---- the honest nodes (a child process) ----------------------------------------------------------
+
+
+async def honest_child(cfg: dict[str, Any]) -> dict[str, Any]:
+    metadata = (("authorization", f"Bearer {cfg['token']}"),)
+    keys: list[str] = cfg["keys"]
+    samples: list[tuple[float, float, str]] = []  # (wall time, latency s, status) per GetPlan
+    compiles: list[tuple[float, float, str]] = []
+    stop_file = Path(cfg["stop_file"])
+    stopped = asyncio.Event()
+
+    async def watch() -> None:
+        while not stop_file.exists():
+            await asyncio.sleep(0.2)
+        stopped.set()
+
+    async def node(n: int) -> None:
+        """A node reads stored plans, one call after another; beside that, it compiles a new graph every
+        compile_every seconds (waited for, as a program's first use of a graph is)."""
+        async with grpc.aio.insecure_channel(cfg["address"], options=OPTIONS) as channel:
+            stub = pb_grpc.PlanCacheStub(channel)
+
+            async def reads() -> None:
+                i = n
+                while not stopped.is_set():
+                    key = keys[i % len(keys)]
+                    i += 1
+                    started = time.time()
+                    try:
+                        await stub.GetPlan(pb.GetPlanRequest(ref=pb.PlanRef(key=key)), timeout=10, metadata=metadata)
+                        status = "OK"
+                    except grpc.aio.AioRpcError as e:
+                        status = status_of(e)
+                    samples.append((started, time.time() - started, status))
+
+            async def compiles_() -> None:
+                await asyncio.sleep(cfg["compile_every"] * n / cfg["honest"])
+                made = 0
+                while not stopped.is_set():
+                    spec_index = cfg["compile_base"] + n * 10_000 + made
+                    made += 1
+                    started = time.time()
+                    try:
+                        await stub.Compile(compile_request(spec_index), timeout=30, metadata=metadata)
+                        status = "OK"
+                    except grpc.aio.AioRpcError as e:
+                        status = status_of(e)
+                    compiles.append((started, time.time() - started, status))
+                    await asyncio.sleep(max(0.0, started + cfg["compile_every"] - time.time()))
+
+            await asyncio.gather(reads(), compiles_())
+
+    await asyncio.gather(watch(), *(node(n) for n in range(cfg["honest"])))
+    return {"samples": samples, "compiles": compiles}
+
+
+# ---- the flooder (a child process) ------------------------------------------------------------------
+
+
+async def flood_child(cfg: dict[str, Any]) -> dict[str, Any]:
+    metadata = (("authorization", f"Bearer {cfg['token']}"),)
+    outcomes: dict[str, Counter[str]] = {}
+    base = cfg["flood_base"]
+    scale = cfg["scale"]
+
+    def count(what: str, status: str, n: int = 1) -> None:
+        outcomes.setdefault(what, Counter())[status] += n
+
+    async with grpc.aio.insecure_channel(cfg["address"], options=OPTIONS) as channel:
+        stub = pb_grpc.PlanCacheStub(channel)
+
+        async def split_prefetch(part: int) -> None:
+            n = int(3000 * scale)
+            refs = [pb.PlanRef(query=query(base + part * n + j)) for j in range(n)]
+            try:
+                async for item in stub.Prefetch(
+                    pb.PrefetchRequest(refs=refs, compile_missing=True), timeout=60, metadata=metadata
+                ):
+                    count("split prefetch refs", item.error.code if item.HasField("error") else "OK")
+            except grpc.aio.AioRpcError as e:
+                count("split prefetch calls", status_of(e))
+
+        async def abandoned(j: int) -> None:
+            try:
+                await stub.Compile(compile_request(base + 50_000 + j), timeout=0.5, metadata=metadata)
+                count("abandoned compiles", "OK")
+            except grpc.aio.AioRpcError as e:
+                count("abandoned compiles", status_of(e))
+
+        async def unread(j: int, hold_s: float) -> None:
+            refs = [pb.PlanRef(query=query(base + 60_000 + j * 200 + k)) for k in range(int(200 * scale))]
+            call = stub.Prefetch(pb.PrefetchRequest(refs=refs, compile_missing=True), timeout=60, metadata=metadata)
+            await asyncio.sleep(hold_s)  # never read
+            call.cancel()
+            count("unread streams", "held, then cancelled")
+
+        async def key_prefetch(part: int) -> None:
+            n = int(10_000 * scale)
+            refs = [pb.PlanRef(key=f"sm_90/bogus/{part}/{j}") for j in range(n)]
+            try:
+                async for item in stub.Prefetch(pb.PrefetchRequest(refs=refs), timeout=60, metadata=metadata):
+                    count("1e5-key prefetch refs", item.error.code if item.HasField("error") else "OK")
+            except grpc.aio.AioRpcError as e:
+                count("1e5-key prefetch calls", status_of(e))
+
+        async def distinct(j: int) -> None:
+            try:
+                await stub.Compile(compile_request(base + 80_000 + j), timeout=10, metadata=metadata)
+                count("distinct compiles", "OK")
+            except grpc.aio.AioRpcError as e:
+                count("distinct compiles", status_of(e))
+
+        started = time.time()
+        await asyncio.gather(
+            *(split_prefetch(p) for p in range(11)),
+            *(abandoned(j) for j in range(70)),
+            *(unread(j, cfg["hold_s"]) for j in range(70)),
+            *(key_prefetch(p) for p in range(10)),
+            *(distinct(j) for j in range(int(1000 * scale))),
+        )
+    return {"outcomes": {k: dict(v) for k, v in outcomes.items()}, "started": started, "ended": time.time()}
+
+
+def child_main() -> None:
+    cfg = json.loads(sys.stdin.readline())
+    run = honest_child if cfg["role"] == "honest" else flood_child
+    result = asyncio.run(run(cfg))
+    Path(cfg["out"]).write_text(json.dumps(result))
+
+
+# ---- the parent --------------------------------------------------------------------------------------
+
+
+def spawn(cfg: dict[str, Any]) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child"], stdin=subprocess.PIPE, env=child_env(), cwd=REPO, text=True
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(cfg) + "\n")
+    proc.stdin.close()
+    return proc
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def phase_of(t: float, flood: tuple[float, float]) -> str:
+    return "idle" if t < flood[0] else "flood" if t <= flood[1] else "after"
+
+
+def summarize(samples: list[list[Any]], flood: tuple[float, float]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for phase in ("idle", "flood", "after"):
+        rows = [s for s in samples if phase_of(s[0], flood) == phase]
+        ok = [s[1] * 1000 for s in rows if s[2] == "OK"]
+        span = (max(s[0] for s in rows) - min(s[0] for s in rows)) if len(rows) > 1 else 0.0
+        out[phase] = {
+            "calls": len(rows),
+            "errors": dict(Counter(s[2] for s in rows if s[2] != "OK")),
+            "p50_ms": percentile(ok, 50) if ok else None,
+            "p99_ms": percentile(ok, 99) if ok else None,
+            "max_ms": max(ok) if ok else None,
+            "calls_per_s": len(rows) / span if span else None,
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--child", action="store_true")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--honest", type=int, default=50)
+    parser.add_argument("--plans", type=int, default=20)
+    parser.add_argument("--build-seconds", type=float, default=0.02)
+    parser.add_argument("--compile-every", type=float, default=2.0)
+    parser.add_argument("--idle-s", type=float, default=10.0)
+    parser.add_argument("--after-s", type=float, default=10.0)
+    parser.add_argument("--hold-s", type=float, default=15.0, help="how long the unread streams stay open")
+    parser.add_argument("--server-arg", action="append", default=[], help="one more plancache-server argument")
+    parser.add_argument("--quick", action="store_true", help="a tenth of the flood, short phases (the smoke test)")
+    args = parser.parse_args()
+    if args.child:
+        child_main()
+        return
+    scale = 0.1 if args.quick else 1.0
+    if args.quick:
+        args.idle_s, args.after_s, args.hold_s, args.honest = 3.0, 3.0, 3.0, min(args.honest, 10)
+    tmp = Path(tempfile.mkdtemp(prefix="plancache-flood-"))
+    honest_token, flood_token, admin_token = (secrets.token_hex(16) for _ in range(3))
+    tokens = tmp / "tokens"
+    tokens.write_text(f"compile {honest_token}\ncompile {flood_token}\nadmin {admin_token}\n")
+    tokens.chmod(0o600)
+    redis_server = EmbeddedRedis(tmp / "redis", persist=False).start()
+    address = f"127.0.0.1:{free_port()}"
+    env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS=str(args.build_seconds))
+    try:
+        with server_process(
+            address,
+            redis_server.url,
+            tmp / "server.log",
+            *STANDIN_SERVER_ARGS,
+            "--tokens-file",
+            str(tokens),
+            "--targets",
+            TARGET.id,
+            *args.server_arg,
+            env=env,
+            token=admin_token,
+        ) as server:
+            admin = (("authorization", f"Bearer {admin_token}"),)
+            channel = grpc.insecure_channel(address, options=OPTIONS)
+            stub = pb_grpc.PlanCacheStub(channel)
+            deadline = time.time() + 60
+            while True:  # the worker is up when a compile is answered
+                try:
+                    keys = [
+                        stub.Compile(compile_request(i), timeout=30, metadata=admin).plan.metadata.key
+                        for i in range(args.plans)
+                    ]
+                    break
+                except grpc.RpcError:
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.5)
+            rss_before = rss_mb(server.pid)
+            flood_at = time.time() + 2 + args.idle_s
+            common = {"address": address, "keys": keys, "scale": scale}
+            honest = spawn(
+                {
+                    **common,
+                    "role": "honest",
+                    "token": honest_token,
+                    "honest": args.honest,
+                    "compile_every": args.compile_every,
+                    "compile_base": 1_000_000,
+                    "stop_file": str(tmp / "stop"),
+                    "out": str(tmp / "honest.json"),
+                }
+            )
+            time.sleep(max(0.0, flood_at - time.time()))
+            flooder = spawn(
+                {
+                    **common,
+                    "role": "flood",
+                    "token": flood_token,
+                    "hold_s": args.hold_s,
+                    "flood_base": 2_000_000,
+                    "out": str(tmp / "flood.json"),
+                }
+            )
+            peak_rss = rss_before
+            while flooder.poll() is None:
+                peak_rss = max(peak_rss, rss_mb(server.pid))
+                time.sleep(0.5)
+            flood_end = time.time()
+            time.sleep(args.after_s)
+            (tmp / "stop").touch()
+            honest.wait(timeout=60)
+            flood = json.loads((tmp / "flood.json").read_text())
+            nodes = json.loads((tmp / "honest.json").read_text())
+            stats = stub.GetStats(pb.GetStatsRequest(), timeout=10, metadata=admin)
+            row = next((t for t in stats.targets if t.target_id == TARGET.id), None)
+            store = redis_py.Redis.from_url(redis_server.url)
+            queue_after = int(store.xlen(store_keys.job_stream(TARGET)))
+            rss_after = rss_mb(server.pid)
+        results = {
+            "config": {k: v for k, v in vars(args).items() if k != "out"} | {"scale": scale},
+            "flooder": flood,
+            "queue_after": queue_after,
+            "abandoned": row.abandoned if row else 0,
+            "compiles": row.compiles if row else 0,
+            "rss_mb": {"before": rss_before, "peak": peak_rss, "after": rss_after},
+            "flood_window": [flood["started"], flood_end],
+            "honest_getplan": summarize(nodes["samples"], (flood["started"], flood_end)),
+            "honest_compile": summarize(nodes["compiles"], (flood["started"], flood_end)),
+        }
+    finally:
+        redis_server.stop()
+    write_json(args.out / "flood.json", results)
+    print(json.dumps(results, indent=1)[:4000])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Fair shares: what one caller may hold on a gateway at once.
+
+A caller is its bearer token and the host it calls from (a token shared by
+a fleet is as many callers as the fleet has hosts; one host flooding with
+it is one caller); on an open service (no tokens file) it is the
+connection it calls on (host and port: a client's channel). Per caller the
+gateway bounds:
+
+- streams: Prefetch streams open at once;
+- refs: plan refs of those streams not answered yet;
+- waiters: callers' waits for builds (a Compile that waits, a Prefetch ref
+  with compile_missing);
+- builds: builds this caller queued that have not ended here.
+
+Past a bound the call (or, in a Prefetch, the ref) is answered
+RESOURCE_EXHAUSTED with a retry delay, at once, before anything is queued;
+no other caller's share changes. A hit holds nothing: it is never refused
+for another caller's load. What one share allows is a setting
+(`--caller-*`); the gateway-wide bounds (--max-waiters, --max-queued-jobs)
+still hold above them.
+
+Holdings bound memory and Redis work; the event loop's time is shared by
+*turns* (FairTurns): the CPU-heavy steps of a call (checking and hashing a
+spec, a lookup that misses and the build it starts, a Prefetch ref, a
+built plan handed to a stream) run at most `--work-slots` at once, granted
+to the callers waiting for one in turn, round robin: a caller with a
+thousand calls under way gets one turn when a caller with one gets one. A
+stored plan served from the gateway's memory takes no turn: a flood never
+stands between a node and a hit.
+
+The caller of a call is set by the guard (plancache_server.gateway.guard)
+in a context variable, so that the services deep below it (Builds.join,
+the Prefetch stream) charge the right share without passing it along.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+
+from plancache.errors import ResourceExhausted
+from plancache_server import telemetry
+
+# Who the current call is (set per call by the guard; "" outside a call: not charged).
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("plancache_caller", default="")
+
+
+@dataclass(frozen=True)
+class ShareLimits:
+    streams: int = 64
+    refs: int = 50_000
+    waiters: int = 1_000
+    builds: int = 64
+    retry_delay_s: float = 1.0
+    work_slots: int = 4
+
+
+@dataclass
+class Holding:
+    """What one caller holds now."""
+
+    streams: int = 0
+    refs: int = 0
+    waiters: int = 0
+    builds: int = 0
+    refused: int = 0  # calls and refs refused for this share, since the caller's holding began
+
+    def empty(self) -> bool:
+        return not (self.streams or self.refs or self.waiters or self.builds)
+
+
+@dataclass
+class Shares:
+    limits: ShareLimits = field(default_factory=ShareLimits)
+    _held: dict[str, Holding] = field(default_factory=dict)
+    refused_total: int = 0
+    turns: FairTurns = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.turns = FairTurns(self.limits.work_slots)
+
+    def turn(self, caller: str | None = None) -> AbstractAsyncContextManager[None]:
+        """One CPU-heavy step of the current call (or of `caller`), in its turn."""
+        return self.turns.turn(CALLER.get() if caller is None else caller)
+
+    def holding(self, caller: str) -> Holding:
+        return self._held.get(caller) or Holding()
+
+    def callers(self) -> int:
+        return len(self._held)
+
+    def take(self, caller: str, what: str, amount: int = 1) -> None:
+        """Charge `amount` of `what` (streams, refs, waiters, builds) to `caller`'s share, or refuse it
+        (ResourceExhausted with the retry delay) when that would pass its bound. No caller: not charged."""
+        if not caller or amount <= 0:
+            return
+        held = self._held.setdefault(caller, Holding())
+        bound = getattr(self.limits, what)
+        now = getattr(held, what)
+        if now + amount > bound:
+            held.refused += 1
+            self.refused_total += 1
+            telemetry.CALLER_REFUSALS.labels(what).inc()
+            if held.empty():
+                del self._held[caller]
+            raise ResourceExhausted(
+                f"this caller already holds {now:,} {_NAMES[what]} on this gateway (its share: {bound:,}, "
+                f"--caller-{what}); {amount:,} more refused: call again later",
+                retry_after=self.limits.retry_delay_s,
+            )
+        setattr(held, what, now + amount)
+
+    def give_back(self, caller: str, what: str, amount: int = 1) -> None:
+        if not caller or amount <= 0:
+            return
+        held = self._held.get(caller)
+        if held is None:
+            return
+        setattr(held, what, max(0, getattr(held, what) - amount))
+        if held.empty():
+            del self._held[caller]
+
+    @contextmanager
+    def holding_for(self, caller: str, what: str, amount: int = 1) -> Iterator[None]:
+        self.take(caller, what, amount)
+        try:
+            yield
+        finally:
+            self.give_back(caller, what, amount)
+
+
+class FairTurns:
+    """At most `slots` steps at once, granted to waiting callers in turn (round robin over callers, first
+    come first served within one). Runs on the event loop's thread: no lock."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = max(1, slots)
+        self._free = self.slots
+        self._waiting: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
+
+    def waiting(self) -> int:
+        return sum(len(q) for q in self._waiting.values())
+
+    @asynccontextmanager
+    async def turn(self, caller: str) -> AsyncIterator[None]:
+        await self._acquire(caller)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self, caller: str) -> None:
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(caller, deque()).append(granted)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self._release()  # granted as it was cancelled: pass the turn on
+            else:
+                queue = self._waiting.get(caller)
+                if queue is not None:
+                    try:
+                        queue.remove(granted)
+                    except ValueError:
+                        pass
+                    if not queue:
+                        del self._waiting[caller]
+            raise
+
+    def _release(self) -> None:
+        while self._waiting:
+            caller, queue = self._waiting.popitem(last=False)  # the caller whose turn it is
+            granted = queue.popleft()
+            if queue:
+                self._waiting[caller] = queue  # its next step waits for its next turn, after the others
+            if not granted.done():
+                granted.set_result(None)
+                return
+        self._free += 1
+
+
+_NAMES = {
+    "streams": "Prefetch streams",
+    "refs": "plan refs in Prefetch streams",
+    "waiters": "waits for builds",
+    "builds": "builds it queued that have not ended",
+}
+
+
+def caller_id(token_id: str, peer: str, open_service: bool) -> str:
+    """Who a call is (module doc): "<token id>@<host>", or on an open service "peer:<host:port>"."""
+    if open_service:
+        return f"peer:{peer}"
+    return f"{token_id}@{_host(peer)}"
+
+
+def _host(peer: str) -> str:
+    """The host of a gRPC peer ("ipv4:10.0.0.1:5000", "ipv6:[::1]:5000", "unix:/path")."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv6" and rest.startswith("["):
+        return rest[: rest.find("]") + 1]
+    if kind == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    return peer

@@ -1,0 +1,130 @@
+"""Issue 44, item 1: one caller cannot take the service from the others. A
+caller (its token and host) past its share of Prefetch streams, plan refs,
+waits or queued builds is answered RESOURCE_EXHAUSTED with a retry delay,
+at once; another caller, meanwhile, is served as if nothing happened. A
+real gateway, Redis and a stand-in worker with one slow build thread."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from plancache import Client
+from plancache.keys.query import PlanQuery
+from plancache.transport.calls import typed
+from plancache.v1 import plancache_pb2 as pb
+from plancache.v1 import plancache_pb2_grpc as pb_grpc
+from plancache_server.store.embedded_redis import EmbeddedRedis
+from tests.conftest import Stack, start_stack
+from tests.support.specs import matmul_spec
+from tests.support.standin import STANDIN_TARGET as TARGET
+from tests.support.standin import StandInCompiler
+
+FLOOD, HONEST = secrets.token_hex(16), secrets.token_hex(16)
+
+
+@pytest.fixture
+def shared(redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path) -> Iterator[Stack]:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"compile {FLOOD}\ncompile {HONEST}\n")
+    tokens.chmod(0o600)
+    s, stop = start_stack(
+        redis_server.url,
+        StandInCompiler(build_seconds=1.0),
+        pool_size=1,
+        tokens_file=tokens,
+        caller_streams=2,
+        caller_refs=50,
+        caller_builds=3,
+        caller_waiters=5,
+        retry_delay_s=0.25,
+    )
+    yield s
+    stop()
+
+
+def query(i: int) -> pb.PlanQuery:
+    return PlanQuery.of(matmul_spec(m=64 + 16 * i, name=f"share-{i}"), TARGET).to_proto()
+
+
+def metadata(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),)
+
+
+def test_a_flooding_caller_is_refused_past_its_share_while_another_is_served(shared: Stack) -> None:
+    channel = grpc.insecure_channel(shared.address)
+    stub = pb_grpc.PlanCacheStub(channel)
+    flood = metadata(FLOOD)
+    # Streams: two open (each waits for a build), unread; the third is refused at once.
+    held = [
+        stub.Prefetch(
+            pb.PrefetchRequest(refs=[pb.PlanRef(query=query(100 + j))], compile_missing=True),
+            metadata=flood,
+            timeout=30,
+        )
+        for j in range(2)
+    ]
+    time.sleep(0.5)
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as refused:
+        list(stub.Prefetch(pb.PrefetchRequest(refs=[pb.PlanRef(query=query(103))]), metadata=flood, timeout=30))
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--caller-streams" in (refused.value.details() or "") and time.monotonic() - started < 2
+    for call in held:
+        call.cancel()
+    # Builds: three distinct compiles wait; the fourth is refused at once, with the retry delay.
+    with ThreadPoolExecutor(8) as pool, Client(shared.address, cache=False, hedge=False, token=FLOOD) as flooder:
+        waiting = [
+            pool.submit(flooder.compile, matmul_spec(m=64 + 16 * (200 + j), name=f"share-{200 + j}"), TARGET)
+            for j in range(3)
+        ]
+        time.sleep(0.5)
+        refused_at = time.monotonic()
+        fourth = query(300)
+        with pytest.raises(grpc.RpcError) as full:  # the raw call: plancache.Client would wait and ask again
+            stub.Compile(
+                pb.CompileRequest(spec=fourth.spec, target=fourth.target, options=fourth.options),
+                metadata=flood,
+                timeout=30,
+            )
+        assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() - refused_at < 2
+        assert "--caller-builds" in (full.value.details() or "")
+        assert typed(full.value).retry_after == pytest.approx(0.25)
+        # Meanwhile another caller's compile is taken and answered (behind the builds already queued).
+        with Client(shared.address, cache=False, hedge=False, token=HONEST) as honest:
+            plan = honest.compile(matmul_spec(m=64 + 16 * 400, name="share-400"), TARGET, timeout=60)
+            assert plan.key == PlanQuery.of(matmul_spec(m=64 + 16 * 400, name="share-400"), TARGET).key
+            assert honest.get(plan.key).key == plan.key  # and its stored plans are hits
+        for future in waiting:
+            future.result(timeout=60)
+    # Refs: a Prefetch of more refs than the share holds is refused; one within it is served.
+    with pytest.raises(grpc.RpcError) as too_many:
+        list(stub.Prefetch(pb.PrefetchRequest(refs=[pb.PlanRef(key=f"k{j}") for j in range(51)]), metadata=flood))
+    assert too_many.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "--caller-refs" in (
+        too_many.value.details() or ""
+    )
+    answered = list(stub.Prefetch(pb.PrefetchRequest(refs=[pb.PlanRef(key=plan.key)]), metadata=metadata(HONEST)))
+    assert [item.key for item in answered] == [plan.key]
+    channel.close()
+
+
+def test_a_prefetch_past_the_builds_share_answers_those_refs_with_a_retry_delay(shared: Stack) -> None:
+    """Within one stream, refs whose builds would pass the caller's share are answered RESOURCE_EXHAUSTED
+    (per ref, with the retry delay: the client asks for them again later); the others are built."""
+    channel = grpc.insecure_channel(shared.address)
+    stub = pb_grpc.PlanCacheStub(channel)
+    refs = [pb.PlanRef(query=query(500 + j)) for j in range(5)]
+    items = list(
+        stub.Prefetch(pb.PrefetchRequest(refs=refs, compile_missing=True), metadata=metadata(FLOOD), timeout=60)
+    )
+    refused = [i for i in items if i.HasField("error")]
+    built = [i for i in items if i.HasField("plan")]
+    assert len(built) == 3 and len(refused) == 2
+    assert all(i.error.code == "RESOURCE_EXHAUSTED" and i.error.HasField("retry_delay") for i in refused)
+    channel.close()

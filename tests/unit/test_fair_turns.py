@@ -1,0 +1,104 @@
+"""Fair shares on a gateway (plancache_server.gateway.shares): what one caller may hold, who a caller
+is, and turns granted round robin over callers, whatever the number of steps each one has waiting."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from plancache.errors import ResourceExhausted
+from plancache_server.gateway.shares import FairTurns, ShareLimits, Shares, caller_id
+
+
+def test_a_caller_past_its_share_is_refused_with_a_retry_delay_and_no_other_caller_is() -> None:
+    shares = Shares(ShareLimits(builds=2, retry_delay_s=0.5))
+    shares.take("flood", "builds")
+    shares.take("flood", "builds")
+    with pytest.raises(ResourceExhausted, match="its share: 2, --caller-builds") as refused:
+        shares.take("flood", "builds")
+    assert refused.value.retry_after == 0.5
+    shares.take("honest", "builds")  # another caller's share is its own
+    shares.give_back("flood", "builds")
+    shares.take("flood", "builds")  # room again once one ended
+    assert shares.holding("flood").builds == 2 and shares.refused_total == 1
+
+
+def test_a_caller_holding_nothing_is_forgotten() -> None:
+    shares = Shares()
+    with shares.holding_for("a", "streams"):
+        assert shares.callers() == 1
+    assert shares.callers() == 0
+
+
+def test_a_call_outside_any_caller_is_not_charged() -> None:
+    shares = Shares(ShareLimits(waiters=0))
+    shares.take("", "waiters")  # e.g. the gateway's own work: never refused
+
+
+@pytest.mark.parametrize(
+    ("token", "peer", "open_service", "expected"),
+    [
+        ("abc", "ipv4:10.0.0.7:51234", False, "abc@10.0.0.7"),  # a fleet's token: one caller per host
+        ("abc", "ipv6:[::1]:51234", False, "abc@[::1]"),
+        ("", "ipv4:10.0.0.7:51234", True, "peer:ipv4:10.0.0.7:51234"),  # open: per connection
+        ("abc", "unix:/run/plancache.sock", False, "abc@unix:/run/plancache.sock"),
+    ],
+)
+def test_who_a_caller_is(token: str, peer: str, open_service: bool, expected: str) -> None:
+    assert caller_id(token, peer, open_service) == expected
+
+
+def test_turns_go_round_robin_over_callers_not_in_order_of_arrival() -> None:
+    async def scenario() -> list[str]:
+        turns = FairTurns(1)
+        order: list[str] = []
+        gate = asyncio.Event()
+
+        async def step(caller: str) -> None:
+            async with turns.turn(caller):
+                order.append(caller)
+                if caller == "first":
+                    await gate.wait()
+
+        first = asyncio.create_task(step("first"))
+        await asyncio.sleep(0)
+        # A flood of ten steps queues before one honest step.
+        tasks = [asyncio.create_task(step("flood")) for _ in range(10)] + [asyncio.create_task(step("honest"))]
+        await asyncio.sleep(0)
+        assert turns.waiting() == 11
+        gate.set()
+        await asyncio.gather(first, *tasks)
+        return order
+
+    order = asyncio.run(scenario())
+    assert order[:3] == ["first", "flood", "honest"]  # the honest step waited one flood step, not ten
+    assert order.count("flood") == 10
+
+
+def test_at_most_the_slots_run_at_once_and_a_cancelled_wait_passes_its_turn_on() -> None:
+    async def scenario() -> tuple[int, list[str]]:
+        turns = FairTurns(2)
+        running = peak = 0
+        done: list[str] = []
+        release = asyncio.Event()
+
+        async def step(caller: str) -> None:
+            nonlocal running, peak
+            async with turns.turn(caller):
+                running += 1
+                peak = max(peak, running)
+                await release.wait()
+                running -= 1
+                done.append(caller)
+
+        tasks = {name: asyncio.create_task(step(name)) for name in ("a", "b", "c", "d")}
+        await asyncio.sleep(0.01)
+        tasks["c"].cancel()  # waiting: it gives up its place
+        await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        return peak, done
+
+    peak, done = asyncio.run(scenario())
+    assert peak == 2 and sorted(done) == ["a", "b", "d"]
