@@ -249,6 +249,53 @@ def summarize(samples: list[list[Any]], flood: tuple[float, float]) -> dict[str,
     return out
 
 
+def series(samples: list[list[Any]], start: float) -> list[dict[str, Any]]:
+    """Per second from `start`: honest GetPlan calls, their p50 and p99 (ms), errors."""
+    by_second: dict[int, list[list[Any]]] = {}
+    for row in samples:
+        by_second.setdefault(int(row[0] - start), []).append(row)
+    out = []
+    for second in sorted(by_second):
+        rows = by_second[second]
+        ok = [r[1] * 1000 for r in rows if r[2] == "OK"]
+        out.append(
+            {
+                "t_s": second,
+                "calls": len(rows),
+                "p50_ms": percentile(ok, 50) if ok else None,
+                "p99_ms": percentile(ok, 99) if ok else None,
+                "errors": sum(1 for r in rows if r[2] != "OK"),
+            }
+        )
+    return out
+
+
+def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
+    """Honest GetPlan p99 and calls a second over time, one line per run, the flood shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for name, run in runs.items():
+        rows = run.get("honest_series") or []
+        t = [r["t_s"] for r in rows]
+        top.plot(t, [r["p99_ms"] or float("nan") for r in rows], label=name)
+        bottom.plot(t, [r["calls"] for r in rows], label=name)
+        start = run["series_start"]
+        window = run["flood_window"]
+        top.axvspan(window[0] - start, window[1] - start, alpha=0.08)
+    top.set_yscale("log")
+    top.set_ylabel("honest GetPlan p99 (ms)")
+    bottom.set_ylabel("honest GetPlan calls / s")
+    bottom.set_xlabel("seconds (the flood shaded)")
+    top.legend(fontsize=8)
+    fig.suptitle("One client floods while 50 honest nodes read stored plans (2-core CPU machine)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--child", action="store_true")
@@ -356,11 +403,16 @@ def main() -> None:
             "rss_mb": {"before": rss_before, "peak": peak_rss, "after": rss_after},
             "flood_window": [flood["started"], flood_end],
             "honest_getplan": summarize(nodes["samples"], (flood["started"], flood_end)),
+            "series_start": min(row[0] for row in nodes["samples"]),
+            "honest_series": series(nodes["samples"], min(row[0] for row in nodes["samples"])),
             "honest_compile": summarize(nodes["compiles"], (flood["started"], flood_end)),
         }
     finally:
         redis_server.stop()
     write_json(args.out / "flood.json", results)
+    before = args.out / "flood_before.json"  # the same run on main before issue 44, when kept beside it
+    runs = {"now": results} | ({"before (main at 3d4e5fc)": json.loads(before.read_text())} if before.exists() else {})
+    plot(runs, args.out / "flood.png")
     print(json.dumps(results, indent=1)[:4000])
 
 

@@ -123,7 +123,7 @@ class Load:
 
     def prefetch_loop(self) -> None:
         with Client(self.address, cache=False, hedge=False) as client:
-            i = 5_000_000
+            i = 40_000  # new graphs (past the misses' 10,000 + one a second)
             while not self.stop.wait(10.0):
                 specs = [spec_for(k) for k in range(20)] + [spec_for(i + k) for k in range(5)]
                 i += 5

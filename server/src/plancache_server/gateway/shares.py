@@ -56,7 +56,7 @@ class ShareLimits:
     waiters: int = 1_000
     builds: int = 64
     retry_delay_s: float = 1.0
-    work_slots: int = 4
+    work_slots: int = 1
 
 
 @dataclass

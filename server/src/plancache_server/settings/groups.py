@@ -150,7 +150,7 @@ class GatewaySettings:
         programs=SERVER_ONLY,
     )
     work_slots: int = setting(
-        4,
+        1,
         "--work-slots",
         "CPU-heavy steps of calls (a spec checked and hashed, a miss and its build queued, a Prefetch ref) run "
         "at once, granted to callers in turn; a stored plan served from memory takes none",
