@@ -82,7 +82,7 @@ def test_jobs_whose_callers_all_left_are_dropped_unbuilt_and_counted(one_lane: S
         busy.result(timeout=30)  # type: ignore[attr-defined]
     wait_until(lambda: abandoned(stack.redis) == 3, timeout=20, what="the three jobs dropped")
     assert built(stack) == [digest(0)]  # nothing built for no one
-    assert stack.redis.xlen(keys.job_stream(TARGET)) == 0  # and nothing left queued
+    wait_until(lambda: stack.redis.xlen(keys.job_stream(TARGET)) == 0, 10, "nothing left queued")
     for i in (1, 2, 3):
         state = stack.redis.hgetall(keys.job_state(PlanQuery.of(spec(i), TARGET).key))  # type: ignore[arg-type]
         assert state[b"state"] == ABANDONED.encode()

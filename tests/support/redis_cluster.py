@@ -35,7 +35,10 @@ def cluster_ports(count: int) -> list[int]:
 
 
 class LocalCluster:
-    def __init__(self, root: Path, masters: int = 3) -> None:
+    def __init__(self, root: Path, masters: int = 3, replicas: int = 0) -> None:
+        """`replicas`: per master (a master killed is then replaced by its replica: a failover)."""
+        self.replicas = replicas
+        masters = masters * (1 + replicas)
         self.nodes = [
             EmbeddedRedis(
                 root / f"node{port}",
@@ -70,7 +73,7 @@ class LocalCluster:
                 "create",
                 *(f"127.0.0.1:{n.port}" for n in self.nodes),
                 "--cluster-replicas",
-                "0",
+                str(self.replicas),
                 "--cluster-yes",
             ],
             check=True,
@@ -86,6 +89,37 @@ class LocalCluster:
                 time.sleep(0.1)
             client.close()
         return self
+
+    def masters(self) -> list[EmbeddedRedis]:
+        """The nodes serving slots now, as the cluster says."""
+        found = []
+        for node in self.nodes:
+            if not node.running():
+                continue
+            client = redis.Redis(port=node.port, socket_timeout=2)
+            try:
+                if client.execute_command("ROLE")[0] in (b"master", "master"):
+                    found.append(node)
+            except redis.RedisError:
+                pass
+            finally:
+                client.close()
+        return found
+
+    def healthy(self) -> bool:
+        """Whether every live node says cluster_state:ok."""
+        for node in self.nodes:
+            if not node.running():
+                continue
+            client = redis.Redis(port=node.port, socket_timeout=2)
+            try:
+                if b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+                    return False
+            except redis.RedisError:
+                return False
+            finally:
+                client.close()
+        return True
 
     def stop(self) -> None:
         for node in self.nodes:

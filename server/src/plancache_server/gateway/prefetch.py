@@ -66,6 +66,23 @@ class PrefetchService:
             self._shares.give_back(caller, "refs", len(refs))
             self._shares.give_back(caller, "streams")
 
+    def _held_here(
+        self, index: int, ref: pb.PlanRef, request: pb.PrefetchRequest, stored: list[tuple[int, str]]
+    ) -> bool:
+        """A ref by key whose plan this gateway's memory holds: kept in `stored` and counted as a hit, at once."""
+        if ref.WhichOneof("ref") != "key":
+            return False
+        plan = self._store.cached(ref.key)
+        if plan is None or (request.tuned_only and plan.provisional):
+            return False
+        try:
+            target_id = parse_key(ref.key).target.id
+        except PlanCacheError:
+            return False
+        self._lookups.count(ref.key, plan, target_id, None)
+        stored.append((index, ref.key))
+        return True
+
     async def _ask(
         self,
         index: int,
@@ -105,7 +122,9 @@ class PrefetchService:
         waiting: dict[asyncio.Future[StoredPlan], tuple[int, Waiter, PlanQuery]] = {}
         try:
             for index, ref in enumerate(refs):
-                async with self._shares.turn():  # each ref in its caller's turn (plancache_server.gateway.shares)
+                if self._held_here(index, ref, request, stored):
+                    continue  # a stored plan in the gateway's memory, by key: no turn (a hit never waits for one)
+                async with self._shares.turn():  # each other ref in its caller's turn (plancache_server.gateway.shares)
                     error = await self._ask(index, ref, request, stored, waiting)
                 if error is not None:
                     yield error

@@ -247,6 +247,9 @@ class EmbeddedRedis:
                 self._process.wait()
         self._process = None
 
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
     def kill(self) -> None:
         """Stop abruptly (fault-injection tests)."""
         if self._process is not None and self._process.poll() is None:
