@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: setup setup-test test-plan redis chromium node prometheus run demo test lint typecheck proto bench herd upgrade clean
+.PHONY: setup setup-test test-plan redis chromium node prometheus run demo test lint typecheck proto bench herd upgrade flood soak clean
 
 $(STAMP): client/pyproject.toml server/pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -106,6 +106,14 @@ herd: setup
 ## Upgrade rehearsal (stand-in compiler): a new target's nodes against A's 500 stored specs, with and without warming; bench/results/upgrade.{json,png}.
 upgrade: setup
 	$(PY) bench/upgrade.py $(ARGS)
+
+## One client floods while 50 honest nodes read and compile (stand-in compiler); bench/results/flood.{json,png}.
+flood: setup
+	$(PY) bench/flood.py $(ARGS)
+
+## The service over an hour (stand-in compiler): RSS, descriptors, Redis memory, hit p99; bench/results/soak.{json,png}.
+soak: setup
+	$(PY) bench/soak.py $(ARGS)
 
 ## Regenerate the committed gRPC stubs from proto/.
 proto: $(STAMP)

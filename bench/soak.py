@@ -44,7 +44,7 @@ from plancache import Client, Manifest
 from plancache.errors import PlanCacheError
 from plancache_server.store import keys as store_keys
 from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
-from tests.support.processes import REPO, STANDIN_SERVER_ARGS, child_env, server_process
+from tests.support.processes import REPO, STANDIN_SERVER_ARGS, child_env, server_process, wait_for_workers
 
 
 def proc_status(pid: int) -> tuple[float, int]:
@@ -192,6 +192,7 @@ def main() -> None:
             env=env,
         ) as server:
             os.environ["PLANCACHE_ALLOW_UNSIGNED"] = "1"
+            wait_for_workers(address, proc=server, timeout=60)
             with Client(address, cache=False, hedge=False) as client:
                 keys = [client.compile(spec_for(i), TARGET, timeout=120).key for i in range(20)]
             store = redis_py.Redis.from_url(redis_server.url)
