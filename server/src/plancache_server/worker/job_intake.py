@@ -3,8 +3,9 @@ the ones it never started when it stops.
 
 Jobs are new ones or those of workers that died mid-build; each one is
 checked (plancache_server.worker.verified_job), then refused, found stored,
-dropped when no caller waits for it any more, given up after too many
-attempts, joined to the warm build of its plan, or started.
+given up after too many attempts, joined to the warm build of its plan, or
+started; a started job whose callers all left is dropped just before its
+build begins (still_wanted: one check per job, however long it was held).
 """
 
 from __future__ import annotations
@@ -139,8 +140,6 @@ class JobIntake:
             log.info("job %s: plan %s already stored", job.job_id, job.plan_key)
             self._builds.finish(job.plan_key, job.job_id, self._worker_id)
             self._queue.ack(delivery)
-            return
-        if not self._wanted(job, [delivery]):
             return
         if delivery.attempts > self._max_attempts:
             reason = (
