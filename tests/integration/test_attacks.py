@@ -243,7 +243,9 @@ def test_a_tensor_bomb_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
             outcomes["prefetch 15 MiB"][0] == grpc.StatusCode.INVALID_ARGUMENT
             and "more than 1024 tensors" in outcomes["prefetch 15 MiB"][1]
         )
-        assert all(t < 1.0 for _, _, t in outcomes.values())
+        # Refused before parsing (59 s of CPU when parsed): the 60 MiB transfer is what is left, about a second on
+        # the loaded 2-core CI machine (1.05 s seen).
+        assert all(t < 2.0 for _, _, t in outcomes.values()), outcomes
         assert grown < 200 * 2**20
     finally:
         redis_server.stop()
