@@ -37,7 +37,7 @@ from plancache import Client, Target, TargetUnavailable
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
-from tests.support.processes import REPO, child_env, server_process, wait_for_workers
+from tests.support.processes import REPO, child_env, free_port_pair, server_process, wait_for_workers
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 
@@ -48,21 +48,6 @@ QUEUED = Target("sm_80", 91900, "1.32.0", "Queue GPU", 108)
 RULES = REPO / "docker" / "prometheus-rules.yml"
 DASHBOARD = REPO / "docker" / "grafana" / "dashboards" / "plancache.json"
 Labels = frozenset[tuple[str, str]]
-
-
-def _free_pair() -> int:
-    """A port whose next port is free too (the server's worker serves its metrics on port + 1)."""
-    for _ in range(50):
-        port = free_port()
-        try:
-            import socket
-
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no two free ports in a row")
 
 
 class Prometheus:
@@ -244,7 +229,7 @@ def _target(target_id: str, **more: str) -> Labels:
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("prometheus")
     redis_server = EmbeddedRedis(tmp / "redis", persist=False).start()
-    address, metrics = f"127.0.0.1:{free_port()}", _free_pair()
+    address, metrics = f"127.0.0.1:{free_port()}", free_port_pair()
     env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS="0.05")
     prometheus: Prometheus | None = None
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,23 +17,10 @@ import pytest
 import yaml
 
 from plancache_server.store.embedded_redis import free_port
-from tests.support.processes import Proc
+from tests.support.processes import Proc, free_port_pair
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_pair() -> int:
-    """A port whose next port is free too (the server's worker serves its metrics on port + 1)."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two free ports in a row")
 
 
 def _get(url: str) -> Any:
@@ -45,7 +31,7 @@ def _get(url: str) -> Any:
 def test_prometheus_scrapes_the_gateway_and_each_worker_that_exists(tmp_path: Path) -> None:
     binary = shutil.which("prometheus")
     assert binary, "no prometheus: `make setup-test` (scripts/install-os-package.sh) installs Debian's prometheus"
-    metrics = _free_pair()
+    metrics = free_port_pair()
     server = Proc(
         [
             sys.executable,

@@ -25,7 +25,7 @@ from plancache_server.store import keys
 from plancache_server.store.embedded_redis import free_port
 from tests.support.aof import commands, incremental_file
 from tests.support.operator_view import assert_no_traceback, problem_lines, report
-from tests.support.processes import REPO, Proc, child_env, wait_for_workers
+from tests.support.processes import REPO, Proc, child_env, free_port_pair, wait_for_workers
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 
@@ -58,7 +58,7 @@ def _damage_a_plan_write_in_the_middle(redis_dir: Path) -> tuple[bytes, set[str]
 
 def test_a_damaged_store_is_one_line_and_repair_store_mends_it_losing_only_what_it_lists(tmp_path: Path) -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="pc-"))  # short: a unix socket path has at most 107 bytes
-    address, metrics_port = f"127.0.0.1:{free_port()}", free_port()
+    address, metrics_port = f"127.0.0.1:{free_port()}", free_port_pair()
     server = [
         sys.executable,
         "-m",

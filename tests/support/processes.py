@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -54,6 +55,20 @@ class Proc:
 
 # plancache-server with one worker on "GPU 0" building with the STAND-IN compiler, its plans unsigned.
 STANDIN_SERVER_ARGS = ("--gpus", "0", "--compiler", "tests.support.standin:factory", "--unsigned")
+
+
+def free_port_pair() -> int:
+    """A free port whose next port is free too: a server given --metrics-port P has its worker serve on P + 1
+    (a port taken there by another test made the worker exit, and its server wait for it, at random)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two free ports in a row")
 
 
 def child_env(**extra: str) -> dict[str, str]:
