@@ -119,6 +119,7 @@ REPEATED = ("local-heuristic", "fetch", "prefetch", "background", "floor")
 ONCE = ("local-autotuned", "local-heuristic-4proc")
 FIRST = ("first-compile", "first-lazy", "first-compile-4proc", "first-prefetch")
 HEDGE = "+hedge"  # PATH+HEDGE: PATH with PLANCACHE_HEDGE=1
+FIRST_USE = "+first-use"  # PATH+FIRST_USE: a workload path with PLANCACHE_WORKLOAD_DESERIALIZE=first-use
 HEDGED = (
     "first-compile",
     "first-dropin",
@@ -150,7 +151,14 @@ WORKLOAD_VERSUS = {
 }
 # --study workload: the first nodes that write the records (unhedged: every plan stored), then the pairs.
 WORKLOAD_STUDY_FIRST = (("local-program", "first-dropin"), ("local-functional", "torch-step", "first-functional"))
-WORKLOAD_PAIRS = (("local-program", "stored-dropin"), ("torch-step", "stored-functional"))
+# Each stored start twice: plans deserialized on the stream's own thread and CUDA stream (the default) and at
+# their first use (PLANCACHE_WORKLOAD_DESERIALIZE=first-use), each beside its own run of the local equivalent.
+WORKLOAD_PAIRS = (
+    ("local-program", "stored-dropin"),
+    ("local-program", "stored-dropin" + FIRST_USE),
+    ("torch-step", "stored-functional"),
+    ("torch-step", "stored-functional" + FIRST_USE),
+)
 HITS = ("hit-compile+hedge", "hit-compile")
 PATHS = (
     "local-heuristic",
@@ -177,6 +185,7 @@ PATHS = (
     "hit-compile",
     "hit-compile+hedge",
     *WORKLOAD_PATHS,
+    *(path + FIRST_USE for path in WORKLOAD_PATHS),
 )
 GROUPS = {
     "first-compile-4proc": ("first-compile", 4),
@@ -268,8 +277,8 @@ TUNED_WAIT_S = (25, 10)
 
 
 def base(path: str) -> str:
-    """The path without its hedge: what its node processes run."""
-    return path.removesuffix(HEDGE)
+    """The path without its hedge or deserialization: what its node processes run."""
+    return path.removesuffix(HEDGE).removesuffix(FIRST_USE)
 
 
 def hedged(path: str) -> bool:
@@ -346,6 +355,8 @@ class Bench:
         }
         if base(path) in FIRST_NODES:
             del extra["PLANCACHE_WORKLOAD_PREFETCH"]
+        if path.endswith(FIRST_USE):
+            extra["PLANCACHE_WORKLOAD_DESERIALIZE"] = "first-use"
         if base(path) in ("first-dropin", "stored-dropin"):
             extra["PLANCACHE_SERVER"] = server
         if os.environ.get("BENCH_MISS_PHASES") == "1":  # bench/miss_phases.py: each step's time
@@ -867,6 +878,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         s["pool"] = max(pools, key=lambda p: "device_growth_mib" in p) if pools else None
         for path, (equivalent, name) in WORKLOAD_VERSUS.items():
             s[name] = paired_ratio(runs, jit, path, equivalent)
+            s[name + "_first_use"] = paired_ratio(runs, jit, path + FIRST_USE, equivalent)
         s["paired"] = {
             name: paired_ratio(runs, jit, path + HEDGE, equivalent if equivalent != "local-lazy" else "local-heuristic")
             for path, (equivalent, _, name) in VERSUS_LOCAL.items()

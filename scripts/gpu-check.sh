@@ -5,7 +5,6 @@
 #   and the GPU benchmarks; logs and results go to $OUT.
 # Knobs (environment): SKIP_TESTS=1; TESTS="tests/gpu/test_x.py ..." (default tests/gpu); BENCHES="autotune startup gpu_exec" (the default;
 #   also gpu_bench, variants, functional, training (bench/training.py; TRAINING_STARTUP=1 adds its --startup part, a real server),
-#   deserialize_beside (bench/deserialize_beside.py: plans deserialized on a thread beside the program's own CUDA work),
 #   frontend_suite: the cuDNN frontend's own tests natively and through plancache,
 #   scripts/frontend_suite.py, FRONTEND_SUITE_ARGS its arguments, .frontend-suite carried; "none" for tests only);
 #   FRONTEND_SUITE_FIRST=1 runs frontend_suite before the tests; STARTUP_JIT=both|cold|warm (bench/startup.py --jit: a
@@ -64,7 +63,6 @@ for bench in ${BENCHES:-autotune startup gpu_exec}; do
     variants) python3 bench/variants.py --out "$OUT" 2>&1 | tee "$OUT/variants.log" ;;
     frontend_suite) [ "${FRONTEND_SUITE_FIRST:-0}" = 1 ] || frontend_suite ;;
     functional) python3 bench/functional.py --out "$OUT" 2>&1 | tee "$OUT/functional.log" ;;
-    deserialize_beside) python3 bench/deserialize_beside.py --out "$OUT/deserialize_beside" 2>&1 | tee "$OUT/deserialize_beside.log" ;;
     training) python3 bench/training.py --out "$OUT" ${TRAINING_STARTUP:+--startup} 2>&1 | tee "$OUT/training.log" ;;
     *) echo "unknown benchmark $bench" >&2; status=2 ;;
   esac

@@ -103,20 +103,37 @@ def test_a_new_process_streams_what_its_workload_used_first_used_first(service: 
 def test_where_the_streamed_plans_are_deserialized(
     service: Stack, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch, setting: str
 ) -> None:
-    """By default nothing is deserialized until a graph runs its plan (on the caller's thread); with
-    PLANCACHE_WORKLOAD_DESERIALIZE=stream, every streamed plan on the stream's thread, on a stream it made."""
+    """By default (and with PLANCACHE_WORKLOAD_DESERIALIZE=stream) every streamed plan is deserialized on the
+    stream's thread, on a stream it made; with first-use, nothing until a graph runs its plan (on the caller's
+    thread)."""
     graphs = specs(3)
     first = run_process(service, graphs)
     monkeypatch.setenv(workload_module.DESERIALIZE_ENV, setting)
     with client(service, local_builder=StandInLocalBuilder()) as second:
         second.compile(graphs[0], TARGET)
         assert settled(second).prefetched == 3
-        if setting == "stream":
+        if setting in ("", "stream"):
             assert len(runtime.graphs) == 3 and runtime.own_streams == [0]
             assert all(g.loaded_with is not execution.handle_state(0).handle for g in runtime.graphs)
         else:
             assert runtime.graphs == [] and runtime.own_streams == []
         assert [second.compile(s, TARGET).key for s in graphs] == first
+
+
+def test_a_stream_the_drop_in_began_leaves_deserializing_to_the_programs_graphs(
+    service: Stack, runtime: FakeRuntime
+) -> None:
+    """plancache.cudnn's graphs deserialize each plan on the program's own handle at their build step, so a
+    stream its first graph began (race(), the drop-in's call) deserializes nothing: it would be done twice."""
+    graphs = specs(3)
+    first = run_process(service, graphs)
+    with client(service, local_builder=StandInLocalBuilder()) as second:
+        raced = second.race(graphs[0], TARGET, None, lambda: "own build", path="cudnn")
+        assert raced.plan is not None and raced.plan.key == first[0]
+        assert settled(second).prefetched == 3
+        assert runtime.graphs == [] and runtime.own_streams == []
+        assert [second.race(s, TARGET, None, lambda: "own build", path="cudnn").plan.key for s in graphs] == first
+        assert runtime.graphs == []
 
 
 def test_an_unknown_deserialize_setting_is_refused_naming_it(service: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -218,7 +235,7 @@ def test_a_prefetch_that_fails_loses_nothing_but_time(service: Stack, monkeypatc
     graphs = specs(3)
     first = run_process(service, graphs)
 
-    def broken(self: Client, manifest: object, target: object) -> object:
+    def broken(self: Client, manifest: object, target: object, load: bool) -> object:
         raise PlanCacheError("the stream broke")
 
     monkeypatch.setattr(Client, "_workload_prefetch", broken)

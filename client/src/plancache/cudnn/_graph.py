@@ -26,7 +26,7 @@ class pygraph(_frontend.pygraph):  # type: ignore[misc]  # noqa: N801 - the fron
         super().__init__(*args, **kwargs)
         self._plancache = Serving()
         if not SERVICE.touched:  # the program's first graph: its workload's plans stream from now on
-            SERVICE.touch()
+            SERVICE.touch(load=False)  # each deserialized on the program's handle at its graph's build (_serving)
 
     @property
     def plancache(self) -> Built | None:

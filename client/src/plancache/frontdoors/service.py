@@ -108,10 +108,11 @@ class Service:
         if made is not None:
             self.touch()  # a program configures plancache first: its workload's plans stream meanwhile
 
-    def touch(self, device: int | None = None) -> None:
+    def touch(self, device: int | None = None, *, load: bool = True) -> None:
         """The program uses plancache now (configured it, made a graph): its
         client starts streaming its workload's plans (plancache.transport.workload)
-        on a thread, before its graphs ask. Nothing when no service is configured."""
+        on a thread, before its graphs ask; `load` as WorkloadStart.begin's. Nothing
+        when no service is configured."""
         self.touched = True
         try:
             client = self.client()
@@ -119,7 +120,7 @@ class Service:
             return
         workload = getattr(client, "workload", None)  # a stand-in for a Client may have none
         if workload is not None:
-            workload.begin_in_background(lambda: self.target_for(0 if device is None else device))
+            workload.begin_in_background(lambda: self.target_for(0 if device is None else device), load=load)
 
     def client(self) -> Client:
         """The configured client, or one made from PLANCACHE_SERVER; NotConfigured otherwise."""

@@ -290,7 +290,9 @@ class Client:
         query = self._query(spec, target, options, "race()")
         asked = Asked.of(query)
         workload = self.workload
-        began = workload.begin(query.target)
+        # The caller runs the plan in a graph of its own (plancache.cudnn deserializes it on the program's
+        # handle), so a stream this call begins leaves deserializing to it.
+        began = workload.begin(query.target, load=False)
         try:
             prefetched = workload.take(asked, began=began)
             if prefetched is not None:
@@ -308,15 +310,15 @@ class Client:
         """This client's start-up prefetch of its workload (plancache.workload_stats(): the process's)."""
         return self.workload.stats_now()
 
-    def _workload_prefetch(self, manifest: Manifest, target: Target) -> BackgroundPrefetch:
-        """The workload's start-up stream (plancache.transport.workload): fetched and verified on a thread;
-        each plan deserialized at its first use, on the caller's thread, unless PLANCACHE_WORKLOAD_DESERIALIZE
-        is "stream" (then on that thread as it arrives, on a CUDA stream of its own, where this process runs
-        plans of `target`). Not on the stream's thread by default: deserializing there on the default stream,
-        beside the program's own CUDA work, failed the decode step's first torch op on the H200 (GPU run 27:
-        "operation would make the legacy stream depend on a capturing blocking stream"); the thread's own
-        stream is the remedy yet to be run on a GPU."""
-        on_stream = self._workload_deserializes_on_stream and self.local_builder.can_build(target)
+    def _workload_prefetch(self, manifest: Manifest, target: Target, load: bool) -> BackgroundPrefetch:
+        """The workload's start-up stream (plancache.transport.workload): fetched and verified on a thread,
+        and each plan deserialized there as it arrives, on a CUDA stream of that thread's own, where this
+        process runs plans of `target` (on the default stream, beside the program's own CUDA work, it failed
+        the decode step's first torch op on the H200, GPU run 27: "operation would make the legacy stream
+        depend on a capturing blocking stream"; its own stream ran every time, run 29).
+        PLANCACHE_WORKLOAD_DESERIALIZE=first-use, or a stream begun by the drop-in (`load` False: its graphs
+        deserialize on the program's handle), leaves each to its first use, on the caller's thread."""
+        on_stream = load and self._workload_deserializes_on_stream and self.local_builder.can_build(target)
         return self.prefetch_in_background(manifest, target, load=on_stream)
 
     def _report(self, request: pb.ReportFirstUsesRequest) -> None:

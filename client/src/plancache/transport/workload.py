@@ -7,12 +7,17 @@ least recently used out: plancache_server.store.workloads). At a client's
 first call (Client.compile, Client.race: every front door, plancache.cudnn's
 build step and plancache.functional's first call included), a thread asks
 for that record (GetWorkload) and streams its plans (one Prefetch),
-verifying each as it arrives; a plan is deserialized at its first use, on
-the caller's thread (deserializing on the stream's thread on the default
-stream, beside the program's own CUDA work, broke a program's first step on
-the H200: GPU run 27). PLANCACHE_WORKLOAD_DESERIALIZE=stream deserializes
-them on the stream's thread as they arrive, on a CUDA stream of its own
-(not yet run on a GPU). A graph whose key is in the record then waits for its plan there
+verifying each as it arrives, and deserializes each on its own thread as it
+arrives, on a CUDA stream that thread made (on the default stream, beside
+the program's own CUDA work, it broke a program's first step on the H200:
+GPU run 27; on a stream of its own it ran every time, and took the training
+step's first step from 1.62-2.32x torch's to 0.67-0.73x: run 29).
+PLANCACHE_WORKLOAD_DESERIALIZE=first-use deserializes each at its first
+use, on the caller's thread instead, and so does a stream the drop-in
+began: its build steps deserialize each plan on the program's handle, so a
+load on the stream was done twice (its start 0.45-0.54x its local builds
+streamed against 0.32-0.38x at first use: run 29).
+A graph whose key is in the record then waits for its plan there
 (bounded by the client's timeout) instead of asking the service; any other
 graph is expected to miss, and the node's own build of it starts at once
 beside its ask (plancache.transport.hedged_calls); a graph asking before
@@ -74,10 +79,10 @@ WORKLOAD_ENV = "PLANCACHE_WORKLOAD"
 PREFETCH_ENV = "PLANCACHE_WORKLOAD_PREFETCH"
 PLANS_ENV = "PLANCACHE_WORKLOAD_PLANS"
 DESERIALIZE_ENV = "PLANCACHE_WORKLOAD_DESERIALIZE"
-# Where the stream's plans are deserialized: at each plan's first use, on the caller's thread (the default:
-# proven on the H200), or on the stream's thread as they arrive, on a CUDA stream of that thread's own
-# (plancache.run.execution.on_own_stream; not yet run on a GPU: the next GPU run decides the default).
-DESERIALIZE_CHOICES = ("first-use", "stream")
+# Where the stream's plans are deserialized: on the stream's thread as they arrive, on a CUDA stream of that
+# thread's own (the default: plancache.run.execution.on_own_stream), or at each plan's first use, on the
+# caller's thread. Both ran on the H200 (run 29); the default is the one a training step's start needs.
+DESERIALIZE_CHOICES = ("stream", "first-use")
 # Plans one process prefetches at most (the record holds up to the service's --workload-plans).
 DEFAULT_PLANS = 512
 # Keys of a record kept to say which graphs it does not list (lists()); a longer record says nothing.
@@ -110,7 +115,7 @@ def workload_name(explicit: str | None = None) -> str:
 
 
 def deserializes_on_stream() -> bool:
-    """PLANCACHE_WORKLOAD_DESERIALIZE: "stream" or "first-use" (the default); another value is refused
+    """PLANCACHE_WORKLOAD_DESERIALIZE: "stream" (the default) or "first-use"; another value is refused
     naming the setting."""
     chosen = os.environ.get(DESERIALIZE_ENV, "").strip() or DESERIALIZE_CHOICES[0]
     if chosen not in DESERIALIZE_CHOICES:
@@ -144,7 +149,8 @@ class WorkloadStats:
         return max(0, self.prefetched - self.used)
 
 
-StartPrefetch = Callable[[Manifest, Target], "BackgroundPrefetch"]
+# (the record's plans, their target, whether to deserialize them as they arrive) -> the stream
+StartPrefetch = Callable[[Manifest, Target, bool], "BackgroundPrefetch"]
 
 
 class WorkloadStart:
@@ -168,6 +174,7 @@ class WorkloadStart:
         self._timeout = timeout
         self._lock = threading.Lock()
         self._begun = False
+        self._load = True  # deserialize as they arrive (begin's `load`)
         self._target_id = ""
         self._expected: dict[str, int] = {}  # listed key -> its index in the prefetch
         self._record: frozenset[str] | None = None  # every key the record lists for the target (lists())
@@ -193,10 +200,14 @@ class WorkloadStart:
 
     # ---- at a call -----------------------------------------------------------------
 
-    def begin(self, target: Target) -> bool:
+    def begin(self, target: Target, *, load: bool = True) -> bool:
         """The client's first call: the record asked for and streamed on a
-        thread (once per client). Whether this call began it."""
-        if not self._claim():
+        thread (once per client). Whether this call began it. `load`: whether
+        the stream may deserialize its plans as they arrive (where
+        PLANCACHE_WORKLOAD_DESERIALIZE says so); False where the first caller
+        runs plans in graphs of its own (plancache.cudnn: the program's handle
+        deserializes each again, so a load on the stream would be done twice)."""
+        if not self._claim(load):
             return False
         if self._aim(target):
             threading.Thread(
@@ -204,11 +215,11 @@ class WorkloadStart:
             ).start()
         return True
 
-    def begin_in_background(self, target_of: Callable[[], Target]) -> None:
+    def begin_in_background(self, target_of: Callable[[], Target], *, load: bool = True) -> None:
         """As begin, before any call (a front door configured, a graph made):
         the target too is found on the thread (`target_of()` may initialize
         CUDA, which the process is about to do anyway)."""
-        if not self._claim():
+        if not self._claim(load):
             return
 
         def run() -> None:
@@ -227,13 +238,13 @@ class WorkloadStart:
 
         threading.Thread(target=run, name="plancache-workload", daemon=True).start()
 
-    def _claim(self) -> bool:
+    def _claim(self, load: bool) -> bool:
         if self._begun:
             return False
         with self._lock:
             if self._begun:
                 return False
-            self._begun = True
+            self._begun, self._load = True, load
             return True
 
     def _aim(self, target: Target) -> bool:
@@ -327,7 +338,7 @@ class WorkloadStart:
                 return
             self.stats.state = "streaming"
         try:
-            pending = self._start_prefetch(Manifest(entries=[ManifestEntry(key=k) for k in listed]), target)
+            pending = self._start_prefetch(Manifest(entries=[ManifestEntry(key=k) for k in listed]), target, self._load)
         except Exception as e:  # never the caller's failure
             self._failed(f"the prefetch did not start: {type(e).__name__}: {e}")
             return
