@@ -5,6 +5,7 @@ family is a miss as before, and the family's status counts what is stored."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,8 +17,10 @@ from plancache import Client, CompileOptions, InvalidRequest, Manifest, NotFound
 from plancache.graphspec.family import derive
 from plancache.graphspec.graph import GraphSpec
 from plancache.keys.plankey import make_family_key
+from plancache.keys.query import PlanQuery
 from plancache.keys.target import Target
 from plancache.v1 import plancache_pb2 as pb
+from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis
 from tests.conftest import Stack, start_stack
 from tests.support.standin import STANDIN_TARGET, StandInCompiler
@@ -99,6 +102,48 @@ def test_what_a_family_cannot_be_is_refused_by_the_server(family_stack: Stack) -
                 pb.BuildFamilyRequest(family=too_many, target=STANDIN_TARGET.to_proto(), options=OPTIONS.to_proto()),
                 10,
             )
+
+
+def test_a_family_over_a_parameters_dims_is_refused_naming_it(family_stack: Stack) -> None:
+    """Issue 43: a family that varies a dim of a tensor it names fixed (a call's weight) is refused by the
+    server, whatever the client checked."""
+    family = derive(decode_step(8), decode_step(17), sizes={"d0": [1, 2]})
+    forged = family.to_proto()
+    forged.fixed_uids[:] = [1]  # x's rows are the varying dim: say x is a parameter
+    request = pb.BuildFamilyRequest(family=forged, target=STANDIN_TARGET.to_proto(), options=OPTIONS.to_proto())
+    with family_stack.client() as client:
+        with pytest.raises(SpecError, match=r"sits in axis 1 of 'x' \(uid 1\), a parameter of the call"):
+            client.connection.call(client._stub.BuildFamily, request, 10)
+        seen_elsewhere = pb.BuildFamilyRequest(
+            family=family.to_proto(),
+            target=STANDIN_TARGET.to_proto(),
+            options=OPTIONS.to_proto(),
+            seen=[pb.SizesSeen(symbol="d7", sizes=[3])],
+        )
+        with pytest.raises(InvalidRequest, match="sizes seen of 'd7', which the family does not vary"):
+            client.connection.call(client._stub.BuildFamily, seen_elsewhere, 10)
+
+
+def test_the_members_nearest_the_sizes_seen_are_queued_first(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
+    """Issue 43, soonest first: a program that met rows 17 and 150 meets their neighbours next; they are
+    queued (so built) before the sizes between."""
+    stack, stop = start_stack(redis_server.url, StandInCompiler(), pool_size=2, warm=False)
+    try:
+        family = derive(decode_step(8), decode_step(17), sizes={"d0": range(1, 161)})
+        with stack.client() as client:
+            status = client.admin.build_family(family, STANDIN_TARGET, OPTIONS, seen={"d0": [17, 150]})
+            assert status.queued == 160
+            key_of = {
+                PlanQuery.of(spec, STANDIN_TARGET, OPTIONS).key: values["d0"] for values, spec in family.instances()
+            }
+        items = redis_client.lrange(keys.warm_items(STANDIN_TARGET.id), 0, -1)
+        order = [key_of[json.loads(item)["plan_key"]] for item in items]
+        assert order[:6] == [17, 150, 16, 18, 149, 151]
+        assert sorted(order) == list(range(1, 161)) and order.index(83) > order.index(1)  # 83 is the farthest
+    finally:
+        stop()
 
 
 def test_a_manifest_names_a_family_instead_of_every_size(family_stack: Stack, tmp_path: Any) -> None:

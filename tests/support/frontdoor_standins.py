@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,7 @@ class StandInClient:
     local_plans: bool = False
     prefetched: list[str] = field(default_factory=list)  # plan keys prefetch() was asked for
     families: list[tuple[Family, Target, CompileOptions | None]] = field(default_factory=list)  # build_family() calls
+    families_seen: list[dict[str, Sequence[int]]] = field(default_factory=list)  # build_family()'s `seen`
     family_error: PlanCacheError | None = None  # what build_family() raises
     not_stored: set[str] = field(default_factory=set)  # plan keys prefetch() answers NotFound
 
@@ -171,13 +172,20 @@ class StandInClient:
         return result
 
     def build_family(
-        self, family: Family, target: Target | str | None = None, options: CompileOptions | None = None, **_: Any
+        self,
+        family: Family,
+        target: Target | str | None = None,
+        options: CompileOptions | None = None,
+        *,
+        seen: Mapping[str, Sequence[int]] | None = None,
+        **_: Any,
     ) -> FamilyStatus:
-        """Client.build_family: recorded; every graph queued (or `error`)."""
+        """Client.build_family: recorded (and the sizes seen it was given); every graph queued (or `error`)."""
         assert isinstance(target, Target)
         if self.family_error is not None:
             raise self.family_error
         self.families.append((family, target, options))
+        self.families_seen.append(dict(seen or {}))
         return FamilyStatus(
             make_family_key(family.family_hash(), target, options or CompileOptions()),
             target.id,

@@ -108,3 +108,28 @@ def test_a_family_is_bounded_and_its_forms_round_trip() -> None:
     forged["varying"][0]["places"].append([1, 7])  # an axis the query does not have
     with pytest.raises(SpecError, match="has no declared axis 7"):
         Family.from_dict(forged)
+
+
+def layer_of(out_features: int) -> Any:
+    """A linear of one row count and another weight: another layer, not another size."""
+    return linear_request(
+        g("input", (8, 1024)), g("weight", (out_features, 1024)), g("bias", (out_features,)), None
+    ).spec
+
+
+def test_a_family_never_varies_a_parameters_dims() -> None:
+    """Issue 43: the weight (uid 2) and bias (uid 3) are a call's parameters; a family over their dims is
+    distinct layers. Refused naming the tensor, whether derived here or sent in a family's forms."""
+    with pytest.raises(SpecError, match=r"sits in axis \d of 'weight' \(uid 2\), a parameter of the call"):
+        derive(layer_of(256), layer_of(768), size_range=(1, 4), fixed=(2, 3))
+    family = derive(decode_linear(8), decode_linear(17), size_range=(1, 32), fixed=(2, 3))
+    assert family.fixed == (2, 3)
+    for form in (Family.from_dict(family.to_dict()), Family.from_proto(family.to_proto())):
+        assert form.fixed == (2, 3) and form.family_hash() == family.family_hash()  # the same graphs, one key
+    across = derive(layer_of(256), layer_of(768), size_range=(1, 4)).to_dict()
+    across["fixed"] = [2]
+    with pytest.raises(SpecError, match="a parameter of the call"):
+        Family.from_dict(across)
+    across["fixed"] = [99]
+    with pytest.raises(SpecError, match=r"fixed tensors \[99\] are not tensors of its example"):
+        Family.from_dict(across)

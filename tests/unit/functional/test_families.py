@@ -85,3 +85,61 @@ def test_the_threshold_is_the_programs_to_set(client: StandInClient) -> None:
     with pytest.raises(InvalidRequest, match="graphs must be >= 0"):
         pf.set_family_threshold(-1)
     pf.set_family_threshold(_families.DEFAULT_THRESHOLD)
+
+
+# ---- evidence, not resemblance (issue 43) ---------------------------------------------------------------
+
+
+def layer(x: Any, weight: Any) -> Any:
+    """A model's one linear helper: every layer's call comes from this line."""
+    return pf.linear(x, weight)
+
+
+# The held-out GPT block's six linear layers, four weight shapes: q, k, v, o, up, down (hidden 768, GQA 256).
+GPT_WEIGHTS = [(768, 768), (256, 768), (256, 768), (768, 768), (2304, 768), (768, 2304)]
+
+
+def test_a_fixed_shape_training_step_asks_for_no_family(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Distinct layers resemble one layer at many sizes (linear.backward's dims 768, 256, 2304): with each
+    layer's weight shape in its evidence, a fixed-shape step (batch 2, sequence 320) meets one size of each."""
+    from tests.unit.functional.modes import set_modes
+    from tests.unit.functional.recording import RecordingFunction
+
+    set_modes(monkeypatch, grad_on=True)
+    monkeypatch.setattr(pf._autograd, "_function", lambda: RecordingFunction)  # type: ignore[attr-defined]
+    for _ in range(3):  # three steps
+        x = T((2, 320, 768), requires_grad=True)
+        for out_features, in_features in GPT_WEIGHTS:
+            w = T((out_features, in_features), requires_grad=True)
+            layer(x if in_features == 768 else T((2, 320, in_features), requires_grad=True), w)
+    assert {spec.name for spec, _, _ in client.asked} >= {
+        "plancache.functional.linear",
+        "plancache.functional.linear.backward",
+    }
+    assert client.families == [] and pf.families() == []
+
+
+def test_a_sweep_at_one_call_site_asks_for_its_family_with_the_sizes_it_met(client: StandInClient) -> None:
+    w = T((32, 64))
+    for rows in (17, 150, 88):
+        layer(T((rows, 64)), w)
+    ((family, _, _),) = client.families
+    (varying,) = family.varying
+    assert client.families_seen == [{varying.symbol: [17, 88, 150]}]
+    assert all(uid not in family.fixed or uid == 2 for uid in family.fixed) and 2 in family.fixed  # the weight
+    (ask,) = pf.families()
+    assert ask.site.endswith(f"test_families.py:{layer.__code__.co_firstlineno + 2}")
+
+
+def test_one_weight_shape_at_two_call_sites_is_two_signatures(client: StandInClient) -> None:
+    w = T((32, 64))
+    for rows in (8, 17):
+        layer(T((rows, 64)), w)
+    pf.linear(T((33, 64)), w)  # a third size, but another line of the program
+    assert client.families == []
+
+
+def test_layers_of_different_weights_at_one_call_site_make_no_family(client: StandInClient) -> None:
+    for out_features in (16, 32, 48, 64):  # four layers, one row count each: the same line, different weights
+        layer(T((8, 64)), T((out_features, 64)))
+    assert client.families == [] and pf.families() == []  # not even asked (and refused)

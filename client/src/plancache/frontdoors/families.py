@@ -2,16 +2,28 @@
 
 A program that calls a function at many sizes of some dim (decode batch
 sizes, prefill lengths) makes a new geometry, so a new graph, each time.
-Every served first call's graph is compared with the earlier graphs of the
-same function that differ from it only in dims (same ops, attributes,
-dtypes and layout order: one signature). Once `threshold` graphs of one
-signature are seen (3 by default), their family (plancache.graphspec.family:
+
+The evidence that a dim varies (issue 43): graphs of one function made at
+one call site (the program's line that called it, the first frame outside
+plancache) with the same parameters (the shapes of the call's weights,
+biases and statistics: `Evidence`) that differ only in other dims (same
+ops, attributes, dtypes and layout order: one signature), at `threshold`
+distinct sizes (3 by default). Resemblance is not evidence: the linear
+layers of a model differ in their weights' dims, so each layer is its own
+signature, and a fixed-shape program meets one size of each and asks for
+nothing. The parameters' tensors are named in the family (`fixed`): the
+service refuses a family that varies one of their dims. The drop-in
+(plancache.cudnn) knows no parameters: its evidence is the call site alone.
+
+Once a signature has its sizes, its family (plancache.graphspec.family:
 the graph with the differing dims as symbols) is asked for, once, at
 sizes 1..H for each symbol (H: the next power of two of twice the largest
 size seen, at most FAMILY_GRAPHS graphs in all; with bucketing, the
-buckets' sizes), on a background thread:
-the service builds every size not stored at warming's priority, and each
-later size of that family is a hit (a fetch, not a build).
+buckets' sizes), on a background thread, with the sizes seen: the service
+builds every size not stored at warming's priority (each member's
+heuristic plan before any autotuning's candidates), the members nearest
+the sizes seen first, and each later size of that family is a hit (a
+fetch, not a build).
 
 What this never does: serve anything. A call keys its own graph; a family
 only decides what the service builds before it is asked.
@@ -22,10 +34,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import sys
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 from plancache.errors import PlanCacheError, SpecError
 from plancache.frontdoors.buckets import BUCKETS
@@ -43,6 +58,53 @@ DEFAULT_THRESHOLD = 3
 FAMILY_GRAPHS = 512
 # Signatures remembered (least recently seen out first).
 MAX_SIGNATURES = 256
+# Sizes kept per signature to say which the program met (the service builds those nearest first).
+SEEN_KEPT = 64
+# Frames in plancache's own package (and torch's, between a model and a function it routes) are not call sites.
+_PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
+_SKIPPED = (_PACKAGE_DIR, "/torch/", "<frozen ")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Where a graph was made and with what parameters: graphs that differ in other dims and share this
+    are one layer at many sizes. `parameters`: (name, shape) of the call's weights, biases, statistics;
+    `fixed`: their tensors' uids in the graph."""
+
+    site: str
+    parameters: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    fixed: tuple[int, ...] = ()
+
+    def for_graph(self, spec: GraphSpec) -> Evidence:
+        """The same call's evidence for another of its graphs (a backward piece): its parameters' tensors."""
+        return replace(self, fixed=parameter_uids(spec))
+
+
+# The tensors of plancache.functional's graphs that are a call's parameters (its slots' and graphs' names).
+PARAMETERS = frozenset({"weight", "bias", "running_mean", "running_var"})
+
+
+def parameter_uids(spec: GraphSpec) -> tuple[int, ...]:
+    """The uids of `spec`'s tensors named as parameters (PARAMETERS)."""
+    return tuple(t["uid"] for t in spec_io.to_dict(spec)["tensors"] if t.get("name") in PARAMETERS)
+
+
+def evidence_of(arguments: Sequence[tuple[str, Any]], spec: GraphSpec) -> Evidence:
+    """A plancache.functional first call's evidence: its call site, the shapes of the (name, tensor)
+    `arguments` that are parameters, and their tensors in `spec`."""
+    parameters = tuple((name, tuple(int(n) for n in tensor.shape)) for name, tensor in arguments if name in PARAMETERS)
+    return Evidence(call_site(), parameters, parameter_uids(spec))
+
+
+def call_site() -> str:
+    """The program's line that called plancache: the first frame outside plancache (and torch)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_SKIPPED[0]) and not any(part in filename for part in _SKIPPED[1:]):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "?"
 
 
 @dataclass
@@ -50,6 +112,7 @@ class FamilyAsk:
     """A family the functions asked the service for, or why not."""
 
     function: str
+    site: str = ""  # the call site whose graphs it is (Evidence.site)
     family_key: str = ""
     sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # symbol -> (1, H)
     graphs: int = 0
@@ -61,7 +124,9 @@ class FamilyAsk:
 class _Signature:
     function: str
     first: GraphSpec
+    evidence: Evidence
     sizes: set[str] = field(default_factory=set)  # the distinct graphs seen (their dims, as text)
+    seen: list[GraphSpec] = field(default_factory=list)  # the latest SEEN_KEPT of them
     asked: bool = False
 
 
@@ -75,29 +140,33 @@ class FamilyWatch:
         )  # the latest asks (a long process meets endless graphs)
         self.starter: Callable[[Callable[[], None]], None] = _start_thread
 
-    def seen(self, function: str, spec: GraphSpec, device: int) -> None:
-        """A first call's graph (served): count it toward its signature's family."""
+    def seen(self, function: str, spec: GraphSpec, device: int, evidence: Evidence | None = None) -> None:
+        """A first call's graph (served): count it toward its signature's family. `evidence`: where and
+        with what parameters it was made (default: the call site alone)."""
         if self.threshold <= 0:
             return
+        evidence = evidence or Evidence(call_site())
         try:
-            signature, dims = _signature(spec)
+            signature, dims = _signature(spec, evidence)
         except SpecError:
             return
         with self._lock:
             entry = self._signatures.get(signature)
             if entry is None:
-                entry = self._signatures[signature] = _Signature(function, spec)
+                entry = self._signatures[signature] = _Signature(function, spec, evidence)
                 while len(self._signatures) > MAX_SIGNATURES:
                     self._signatures.popitem(last=False)
             self._signatures.move_to_end(signature)
-            entry.sizes.add(dims)
+            if dims not in entry.sizes:
+                entry.sizes.add(dims)
+                entry.seen = [*entry.seen[-(SEEN_KEPT - 1) :], spec]
             if entry.asked or len(entry.sizes) < self.threshold:
                 return
             entry.asked = True
-            first = entry.first
-        ask = FamilyAsk(function)
+            first, seen = entry.first, list(entry.seen)
+        ask = FamilyAsk(function, site=evidence.site)
         self.asks.append(ask)
-        self.starter(lambda: _ask(ask, first, spec, device))
+        self.starter(lambda: _ask(ask, first, spec, device, evidence, seen))
 
     def clear(self) -> None:
         with self._lock:
@@ -105,21 +174,28 @@ class FamilyWatch:
             self.asks.clear()
 
 
-def _signature(spec: GraphSpec) -> tuple[str, str]:
-    """(the graph without its declared dims and strides, hashed; its dims as text)."""
+def _signature(spec: GraphSpec, evidence: Evidence) -> tuple[str, str]:
+    """(the graph without its declared dims and strides, with the evidence, hashed; its dims as text)."""
     graph = spec_io.to_dict(spec)
     dims = []
     for tensor in graph["tensors"]:
         dims.append(tensor.pop("dim", None))
         stride = tensor.pop("stride", None)
         tensor["order"] = None if stride is None else sorted(range(len(stride)), key=lambda a: (-stride[a], a))
+    graph["evidence"] = {
+        "site": evidence.site,
+        "parameters": [[name, list(shape)] for name, shape in evidence.parameters],
+    }
     return hashlib.sha256(canonicalize(graph)).hexdigest(), repr(dims)
 
 
-def _ask(ask: FamilyAsk, first: GraphSpec, latest: GraphSpec, device: int) -> None:
-    """On a background thread: derive the family and ask the service to build it."""
+def _ask(
+    ask: FamilyAsk, first: GraphSpec, latest: GraphSpec, device: int, evidence: Evidence, seen: Sequence[GraphSpec]
+) -> None:
+    """On a background thread: derive the family and ask the service to build it, the sizes seen first."""
     try:
-        probe = derive(first, latest, size_range=(1, 1))  # which dims vary, and the sizes seen of each
+        # which dims vary, and the sizes seen of each; a parameter's dim among them: SpecError
+        probe = derive(first, latest, size_range=(1, 1), fixed=evidence.fixed)
         largest = {v.symbol: max(_size_at(first, v.places[0]), _size_at(latest, v.places[0])) for v in probe.varying}
         high = {s: 1 << max(0, math.ceil(math.log2(2 * n))) for s, n in largest.items()}
         while math.prod(high.values()) > FAMILY_GRAPHS:  # halve the largest until the family fits
@@ -128,8 +204,14 @@ def _ask(ask: FamilyAsk, first: GraphSpec, latest: GraphSpec, device: int) -> No
         sizes: dict[str, Sequence[int]] = {s: range(1, h + 1) for s, h in high.items()}
         if len(high) == 1 and BUCKETS.sizes and ask.function.split(".")[0] in BUCKETS.functions:
             sizes = {s: BUCKETS.sizes for s in high}  # padded calls run at the buckets' sizes alone
-        family: Family = derive(first, latest, sizes=sizes)
-        status = SERVICE.client().admin.build_family(family, SERVICE.target_for(device), SERVICE.options)
+        family: Family = derive(first, latest, sizes=sizes, fixed=evidence.fixed)
+        met: dict[str, list[int]] = {v.symbol: [] for v in family.varying}
+        for spec in seen:
+            for symbol, size in _values_any_size(family, spec).items():
+                met[symbol].append(size)
+        status = SERVICE.client().admin.build_family(
+            family, SERVICE.target_for(device), SERVICE.options, seen={s: sorted(set(v)) for s, v in met.items() if v}
+        )
         ask.family_key, ask.sizes, ask.graphs, ask.status = (
             status.family_key,
             {v.symbol: (v.sizes[0], v.sizes[-1]) for v in family.varying},
@@ -163,6 +245,11 @@ def _ask(ask: FamilyAsk, first: GraphSpec, latest: GraphSpec, device: int) -> No
             ask.function,
             ask.reason,
         )
+
+
+def _values_any_size(family: Family, spec: GraphSpec) -> dict[str, int]:
+    """The sizes `spec` has at the family's places (a size seen past the family's range included)."""
+    return {v.symbol: _size_at(spec, v.places[0]) for v in family.varying}
 
 
 def _size_at(spec: GraphSpec, place: tuple[int, int]) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from plancache.errors import InvalidRequest, PlanCacheError
-from plancache.frontdoors.families import WATCH
+from plancache.frontdoors.families import WATCH, evidence_of
 from plancache.frontdoors.service import ABOUT_THE_GRAPH, SERVICE, TRANSIENT, Once, describe, reason_key
 from plancache.functional import _tensor_ops
 from plancache.functional._autograd import Differentiable, Rule
@@ -110,10 +110,12 @@ def first_call(
         )
     TABLE.put(key, entry)
     counts(function).geometries += 1
-    WATCH.seen(function, asked.spec, device)  # shapes that vary: their family built ahead (frontdoors.families)
+    # Shapes that vary at this call site with the same parameters: their family built ahead (frontdoors.families).
+    evidence = evidence_of(tuple(zip(bound.names, tensors, strict=True)), asked.spec)
+    WATCH.seen(function, asked.spec, device, evidence)
     if backward is not None:
         for piece in backward.requests.values():
-            WATCH.seen(piece.function, piece.spec, device)
+            WATCH.seen(piece.function, piece.spec, device, evidence.for_graph(piece.spec))
     served_as = outcomes.served_outcome(plan.source)
     outcomes.record(
         "functional",

@@ -70,6 +70,9 @@ class Varying:
 class Family:
     example: dict[str, Any]  # spec_io.to_dict of the example graph (as declared, not normalized)
     varying: tuple[Varying, ...]
+    # Tensors whose dims must not vary: the call's parameters (weights, biases, statistics). Not in the
+    # family's hash: its graphs are the same; checked() refuses a varying dim placed in one.
+    fixed: tuple[int, ...] = ()
 
     # ---- identity -----------------------------------------------------------------
 
@@ -167,6 +170,7 @@ class Family:
                 {"symbol": v.symbol, "places": [list(p) for p in v.places], "sizes": list(v.sizes)}
                 for v in self.varying
             ],
+            **({"fixed": list(self.fixed)} if self.fixed else {}),
         }
 
     @classmethod
@@ -191,7 +195,10 @@ class Family:
                     f"varying dim {str(item['symbol'])[:64]!r}: places are [uid, axis] pairs, sizes integers ({e})"
                 ) from None
             varying.append(Varying(str(item["symbol"])[:64], places, sizes))
-        return checked(example, varying)
+        fixed = data.get("fixed", [])
+        if not isinstance(fixed, list) or not all(isinstance(u, int) and not isinstance(u, bool) for u in fixed):
+            raise SpecError('a family\'s "fixed" is a list of tensor uids')
+        return checked(example, varying, fixed)
 
     def to_proto(self) -> Any:
         from plancache.v1 import plancache_pb2 as pb
@@ -202,6 +209,7 @@ class Family:
                 pb.VaryingDim(symbol=v.symbol, places=[pb.DimPlace(uid=u, axis=a) for u, a in v.places], sizes=v.sizes)
                 for v in self.varying
             ],
+            fixed_uids=self.fixed,
         )
 
     @classmethod
@@ -212,12 +220,17 @@ class Family:
         ]
         if not varying:
             raise SpecError("a family needs at least one varying dim")
-        return checked(example, varying)
+        return checked(example, varying, msg.fixed_uids)
 
 
-def checked(example: dict[str, Any], varying: Sequence[Varying]) -> Family:
-    """A Family whose places exist and whose size is bounded."""
+def checked(example: dict[str, Any], varying: Sequence[Varying], fixed: Sequence[int] = ()) -> Family:
+    """A Family whose places exist, none of them in a `fixed` tensor (a call's parameter), and whose
+    size is bounded."""
     by_uid = {t["uid"]: t for t in example.get("tensors", [])}
+    fixed = tuple(sorted({int(uid) for uid in fixed}))
+    unknown = [uid for uid in fixed if uid not in by_uid]
+    if unknown:
+        raise SpecError(f"a family's fixed tensors {unknown[:8]} are not tensors of its example")
     symbols = [v.symbol for v in varying]
     if len(set(symbols)) != len(symbols):
         raise SpecError("a family's varying dims need distinct symbols")
@@ -233,6 +246,14 @@ def checked(example: dict[str, Any], varying: Sequence[Varying]) -> Family:
             raise SpecError(
                 f"varying dim {v.symbol!r} has different sizes in the example's places ({sorted(sizes_there)})"
             )
+        for uid, axis in v.places:
+            if uid in fixed:
+                name = by_uid[uid].get("name") or f"uid {uid}"
+                raise SpecError(
+                    f"varying dim {v.symbol!r} sits in axis {axis} of {name!r} (uid {uid}), a parameter of the "
+                    "call: its dims are fixed (different sizes there are different layers, not one layer at many "
+                    "sizes); a family varies activations' dims (rows, batch, sequence, pages)"
+                )
     axes_of: dict[int, set[int]] = {}
     for v in varying:
         for uid, axis in v.places:
@@ -241,7 +262,7 @@ def checked(example: dict[str, Any], varying: Sequence[Varying]) -> Family:
         tensor = by_uid[uid]
         if "stride" in tensor:
             derive_strides(tensor["dim"], tensor["stride"], tensor["dim"], axes, tensor.get("name") or f"uid {uid}")
-    family = Family(example, tuple(varying))
+    family = Family(example, tuple(varying), fixed)
     if family.size() > MAX_FAMILY_SIZE:
         raise SpecError(
             f"a family names at most {MAX_FAMILY_SIZE:,} graphs, "
@@ -300,13 +321,14 @@ def derive(
     sizes: Mapping[str, Sequence[int]] | None = None,
     *,
     size_range: tuple[int, int] | None = None,
+    fixed: Sequence[int] = (),
 ) -> Family:
     """The family two graphs of one program are sizes of: the same graph but
     for some dims of declared tensors. Dims that differ are grouped into a
     symbol per pair of sizes (d0, d1, ... in the example's order); each
     symbol takes `sizes[symbol]`, or every size of `size_range` (inclusive).
     SpecError naming what differs otherwise (an attribute, a dtype, a
-    stride that does not follow its dims)."""
+    stride that does not follow its dims, a dim of a `fixed` tensor)."""
     a, b = spec_io.to_dict(_copy(first)), spec_io.to_dict(_copy(second))
     if _without_dims(a) != _without_dims(b):
         raise SpecError(
@@ -335,7 +357,7 @@ def derive(
             f"sizes given for {', '.join(sorted(unknown))}, "
             f"which the graphs do not vary ({', '.join(sorted(places))} vary)"
         )
-    family = checked(a, [Varying(s, tuple(p), tuple(sizes.get(s, ()))) for s, p in places.items()])
+    family = checked(a, [Varying(s, tuple(p), tuple(sizes.get(s, ()))) for s, p in places.items()], fixed)
     for graph, pick in ((a, 0), (b, 1)):
         values = {s: pair[pick] for pair, s in symbols.items()}
         if family.instance_dict(values, any_size=True) != graph:

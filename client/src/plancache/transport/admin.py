@@ -15,6 +15,7 @@ read); the client only carries the token.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -223,13 +224,15 @@ class AdminClient:
         target: Target | str | None = None,
         options: CompileOptions | None = None,
         *,
+        seen: Mapping[str, Sequence[int]] | None = None,
         timeout: float | None = None,
     ) -> FamilyStatus:
         """Have every graph of `family` (plancache.graphspec.family) built for
         `target` with `options` (compile token): the ones not stored are
         queued at warming's priority (a caller's miss goes first), and from
         then on each is a hit for any node whose graph it is exactly.
-        Returns at once."""
+        `seen`: sizes per symbol the program met; the members nearest them
+        are queued first (default: in size order). Returns at once."""
         if not isinstance(family, Family):
             hint = ": a family's JSON form as a dict is Family.from_dict(d)" if isinstance(family, dict) else ""
             raise InvalidRequest(f"build_family() takes a Family, not {type(family).__name__}{hint}")
@@ -237,6 +240,7 @@ class AdminClient:
             family=family.to_proto(),
             target=resolve_target(target, "build_family()").to_proto(),
             options=(options or CompileOptions()).to_proto(),
+            seen=[pb.SizesSeen(symbol=symbol, sizes=list(sizes)) for symbol, sizes in (seen or {}).items()],
         )
         response: pb.FamilyStatus = self._call(self._stub.BuildFamily, request, timeout)
         return FamilyStatus.from_proto(response)

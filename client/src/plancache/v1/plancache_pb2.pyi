@@ -940,22 +940,34 @@ class VaryingDim(_message.Message):
     def __init__(self, symbol: _Optional[str] = ..., places: _Optional[_Iterable[_Union[DimPlace, _Mapping]]] = ..., sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GraphFamily(_message.Message):
-    __slots__ = ("example", "varying")
+    __slots__ = ("example", "varying", "fixed_uids")
     EXAMPLE_FIELD_NUMBER: _ClassVar[int]
     VARYING_FIELD_NUMBER: _ClassVar[int]
+    FIXED_UIDS_FIELD_NUMBER: _ClassVar[int]
     example: GraphSpec
     varying: _containers.RepeatedCompositeFieldContainer[VaryingDim]
-    def __init__(self, example: _Optional[_Union[GraphSpec, _Mapping]] = ..., varying: _Optional[_Iterable[_Union[VaryingDim, _Mapping]]] = ...) -> None: ...
+    fixed_uids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, example: _Optional[_Union[GraphSpec, _Mapping]] = ..., varying: _Optional[_Iterable[_Union[VaryingDim, _Mapping]]] = ..., fixed_uids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SizesSeen(_message.Message):
+    __slots__ = ("symbol", "sizes")
+    SYMBOL_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    symbol: str
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, symbol: _Optional[str] = ..., sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BuildFamilyRequest(_message.Message):
-    __slots__ = ("family", "target", "options")
+    __slots__ = ("family", "target", "options", "seen")
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    SEEN_FIELD_NUMBER: _ClassVar[int]
     family: GraphFamily
     target: Target
     options: CompileOptions
-    def __init__(self, family: _Optional[_Union[GraphFamily, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ...) -> None: ...
+    seen: _containers.RepeatedCompositeFieldContainer[SizesSeen]
+    def __init__(self, family: _Optional[_Union[GraphFamily, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., seen: _Optional[_Iterable[_Union[SizesSeen, _Mapping]]] = ...) -> None: ...
 
 class GetFamilyRequest(_message.Message):
     __slots__ = ("family_key",)

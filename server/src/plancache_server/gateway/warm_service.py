@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping, Sequence
 
 from plancache.errors import InvalidRequest, NotFound
 from plancache.graphspec import spec_io
@@ -93,19 +94,30 @@ class WarmService:
                 f"target {target.id} is unknown: no worker has advertised it (known targets: {known[:2000]})"
             )
         family_key = make_family_key(family.family_hash(), target, options)
-        return await asyncio.to_thread(self._queue_family, family, family_key, target, options)
+        seen = sizes_seen(family, request.seen)
+        return await asyncio.to_thread(self._queue_family, family, family_key, target, options, seen)
 
     def _queue_family(
-        self, family: Family, family_key: str, target: Target, options: CompileOptions
+        self,
+        family: Family,
+        family_key: str,
+        target: Target,
+        options: CompileOptions,
+        seen: Mapping[str, Sequence[int]],
     ) -> pb.FamilyStatus:
         """On a thread: each graph resolved as a Compile's spec is
-        (normalized, validated, keyed), the missing ones queued."""
+        (normalized, validated, keyed), the missing ones queued, nearest the
+        sizes the program met first (soonest_first)."""
         members: list[tuple[str, pb.PlanQuery]] = []
-        for _, spec in family.instances():
+        values_of: list[dict[str, int]] = []
+        for values, spec in family.instances():
             query = self._resolver.resolve_now(spec_io.to_proto(spec), target.to_proto(), options.to_proto())
             members.append((query.key, query.proto))
+            values_of.append(values)
         stored = self._families.stored([key for key, _ in members])
-        missing = [(key, query) for (key, query), present in zip(members, stored, strict=True) if not present]
+        missing = [
+            members[i] for i in soonest_first(values_of, seen) if not stored[i]
+        ]  # the order the workers take them in
         queued = self._warming.extend(target, missing, f"graph family {family_key[:80]}")
         record = self._families.put(family_key, target.id, family.to_proto(), [key for key, _ in members])
         log.info(
@@ -124,6 +136,40 @@ class WarmService:
             raise NotFound(f"no graph family {request.family_key[:200]} was asked for")
         stored = sum(await asyncio.to_thread(self._families.stored, record.members))
         return _family_status(record, stored, len(record.members) - stored)
+
+
+# Sizes of one symbol a BuildFamily may say the program met.
+MAX_SEEN_SIZES = 256
+
+
+def sizes_seen(family: Family, seen: Sequence[pb.SizesSeen]) -> dict[str, tuple[int, ...]]:
+    """A request's sizes met, checked: the family's symbols, positive sizes, at most MAX_SEEN_SIZES each."""
+    symbols = {v.symbol for v in family.varying}
+    out: dict[str, tuple[int, ...]] = {}
+    for item in seen:
+        if item.symbol not in symbols:
+            raise InvalidRequest(
+                f"sizes seen of {item.symbol[:64]!r}, which the family does not vary ({', '.join(sorted(symbols))})"
+            )
+        if len(item.sizes) > MAX_SEEN_SIZES or any(size < 1 for size in item.sizes):
+            raise InvalidRequest(
+                f"sizes seen of {item.symbol!r}: at most {MAX_SEEN_SIZES} positive sizes, "
+                f"not {len(item.sizes)} (smallest {min(item.sizes, default=0)})"
+            )
+        out[item.symbol] = tuple(item.sizes)
+    return out
+
+
+def soonest_first(values_of: Sequence[Mapping[str, int]], seen: Mapping[str, Sequence[int]]) -> list[int]:
+    """The members' indices, the ones a program is likeliest to meet next first: a program that met
+    sizes 17 and 150 meets 16, 18, 149 and 151 before 90 (a sweep's neighbours, a decode batch one
+    request away). Distance: over the symbols with sizes seen, the sum of each size's distance to the
+    nearest seen; ties (and every member, when nothing was seen) in size order."""
+
+    def distance(i: int) -> int:
+        return sum(min(abs(values_of[i][s] - x) for x in sizes) for s, sizes in seen.items() if sizes)
+
+    return sorted(range(len(values_of)), key=lambda i: (distance(i), i))
 
 
 def _family_status(record: FamilyRecord, stored: int, queued: int) -> pb.FamilyStatus:
