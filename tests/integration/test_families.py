@@ -157,3 +157,90 @@ def test_a_manifest_names_a_family_instead_of_every_size(family_stack: Stack, tm
         assert status.total == 3 and not result.family_errors
         wait_complete(client, key)
         assert [client.compile(decode_step(n), STANDIN_TARGET, OPTIONS).source for n in (4, 12, 20)] == ["hit"] * 3
+
+
+def test_a_workloads_speculative_builds_are_bounded_and_what_they_cost_is_shown(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
+    """Issue 43's budget: a workload queues at most --family-budget members per target and day (the nearest
+    the sizes seen first), the rest are counted as over_budget; another workload has its own; GetFamily says
+    who asked, what was built, fetched and its bytes."""
+    stack, stop = start_stack(
+        redis_server.url, StandInCompiler(build_seconds=0.01), pool_size=2, warm=True, family_budget=5
+    )
+    try:
+        family = derive(decode_step(8), decode_step(17), sizes={"d0": range(1, 9)})
+        with stack.client() as client:
+            asked = client.admin.build_family(family, STANDIN_TARGET, OPTIONS, seen={"d0": [8]}, workload="sweep")
+            assert (asked.total, asked.queued, asked.over_budget, asked.workload) == (8, 5, 3, "sweep")
+            again = client.admin.build_family(family, STANDIN_TARGET, OPTIONS, workload="sweep")
+            assert again.queued == 0 and again.over_budget == 8 - again.stored  # its budget is spent today
+            deadline = time.monotonic() + 30
+            while (status := client.admin.family_status(asked.family_key)).stored < 5:
+                assert time.monotonic() < deadline, status
+                time.sleep(0.05)
+            stored_sizes = {
+                values["d0"]
+                for values, spec in family.instances()
+                if redis_client.exists(keys.plan(PlanQuery.of(spec, STANDIN_TARGET, OPTIONS).key))
+            }
+            assert stored_sizes == {4, 5, 6, 7, 8}  # the five nearest size 8
+            assert status.bytes > 0 and status.fetched == 0  # built ahead, never served: first to go
+            client.get(spec=decode_step(8), target=STANDIN_TARGET, options=OPTIONS)
+            deadline = time.monotonic() + 10
+            while client.admin.family_status(asked.family_key).fetched != 1:  # counted at the stats' flush
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            other = client.admin.build_family(family, STANDIN_TARGET, OPTIONS, workload="another")
+            assert other.queued == 3 and other.over_budget == 0  # its own budget
+    finally:
+        stop()
+
+
+def test_a_cancelled_family_is_not_built_until_asked_again(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.2), pool_size=2, warm=True)
+    try:
+        family = derive(decode_step(8), decode_step(17), sizes={"d0": range(1, 41)})
+        with stack.client() as client:
+            with pytest.raises(NotFound, match="no graph family"):
+                client.admin.cancel_family("family-nothing")
+            asked = client.admin.build_family(family, STANDIN_TARGET, OPTIONS)
+            cancelled = client.admin.cancel_family(asked.family_key)
+            assert cancelled.cancelled and cancelled.queued == 0
+            deadline = time.monotonic() + 30
+            while (warm := client.admin.warm_status(STANDIN_TARGET)[0]).state != "done" or warm.in_flight:
+                assert time.monotonic() < deadline, warm
+                time.sleep(0.1)
+            after = client.admin.family_status(asked.family_key)
+            assert after.cancelled and after.stored <= cancelled.stored + 2  # at most what was already building
+            assert warm.skipped >= 40 - after.stored
+            asked_again = client.admin.build_family(family, STANDIN_TARGET, OPTIONS)  # asked again: built this time
+            assert not asked_again.cancelled and asked_again.queued == 40 - after.stored
+            assert wait_complete(client, asked.family_key).stored == 40
+    finally:
+        stop()
+
+
+def test_a_family_of_1024_members_never_delays_a_callers_miss(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
+    """Warming's priority rule under the largest family: its 1,024 members take ~26 s of builds on this
+    worker (two build threads, 50 ms each); a caller's miss asked meanwhile is built at once, and a second
+    one again (the family waits while a caller's heuristic plan waits or builds)."""
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), pool_size=2, warm=True)
+    try:
+        family = derive(decode_step(8), decode_step(17), sizes={"d0": range(1, 1025)})
+        with stack.client() as client:
+            asked = client.admin.build_family(family, STANDIN_TARGET, OPTIONS)
+            assert asked.queued == 1024
+            time.sleep(0.5)  # the worker is into the family
+            for rows in (2000, 3000):  # sizes outside the family: misses
+                started = time.monotonic()
+                plan = client.compile(decode_step(rows), STANDIN_TARGET, OPTIONS, timeout=30)
+                took = time.monotonic() - started
+                assert plan.source == "compiled" and took < 2.0, took  # one build (+ one warm piece at most)
+            assert client.admin.family_status(asked.family_key).stored < 1024  # the family was still building
+    finally:
+        stop()

@@ -73,11 +73,19 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(
             asked = client.admin.build_family(family, TARGET)
             assert (asked.total, asked.queued) == (2, 2)
             assert wait_until(lambda: client.admin.family_status(asked.family_key).complete, 20, "the family built")
+            client.get(spec=matmul_spec(m=8), target=TARGET)  # a member fetched: counted once the stats flush
+            assert wait_until(lambda: client.admin.family_status(asked.family_key).fetched == 1, 20, "fetched counted")
             assert client.admin.drain_worker("nobody") is False
             assert (
                 client.admin.invalidate(built.key) == 1 and client.admin.invalidate(target=TARGET) == 3
             )  # DEL (and SCAN) of plans: the prefetched one, the family's two
             assert client.admin.invalidate(target=TARGET.generic()) == 2
+            # A cancelled family (its budget spent under the gateway's user; the worker reads the cancelled set).
+            other = derive(matmul_spec(m=9), matmul_spec(m=25), sizes={"d0": [9, 25]})
+            asked_other = client.admin.build_family(other, TARGET, workload="acl-test")
+            cancelled = client.admin.cancel_family(asked_other.family_key)
+            assert cancelled.cancelled and cancelled.workload == "acl-test" and cancelled.queued == 0
+            assert s.gateway.run(status_of(s.gateway.front).report()).graph_families
             with pytest.raises(NotFound):
                 client.get(built.key)
             assert client.compile(matmul_spec(), TARGET).source == "compiled"  # the worker writes plans again

@@ -9,7 +9,7 @@ from plancache_server.store.fleet import Coverage, LocalBuilds, LocalSpec
 from plancache_server.store.lifecycle import TargetUsage
 from plancache_server.store.stats import Bucket
 from plancache_server.store.warm_progress import WarmStatus
-from plancache_server.web.status import StatusReport, TargetStatus, TopEntry
+from plancache_server.web.status import GraphFamilyStatus, StatusReport, TargetStatus, TopEntry
 from tests.support.standin import STANDIN_TARGET as TARGET
 
 NOW = 1_795_000_000.0
@@ -92,6 +92,12 @@ def full_report(text: str = "x", range_: str = "1h") -> StatusReport:
         fleet_races={f"{text}-door": {"service_won": 3, "local_won": 1}},
         local_specs=[LocalSpec(TARGET.id, f"{text}-reason", f"{text}-node", f"{text}{'f' * 64}", 3)],
         lost_to_repair=[KEY, odd_key],
+        graph_families=[
+            GraphFamilyStatus(
+                f"family-{text}", TARGET.id, f"{text}-workload", 512, 300, 12, 9 * 2**20, False, NOW - 60
+            ),
+            GraphFamilyStatus("family-cancelled", TARGET.id, "", 64, 0, 0, 0, True, NOW - 3600),
+        ],
     )
 
 

@@ -21,6 +21,7 @@ SECTIONS = (
     "top-saved",
     "warming",
     "workloads",
+    "graph-families",
     "failures",
     "lost-to-repair",
     "retirable",

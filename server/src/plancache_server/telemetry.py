@@ -34,6 +34,12 @@ CALLER_REFUSALS = Counter(
     ["bound"],
 )
 LOOKUPS = Counter("plancache_lookups_total", "plan lookups by target and result (hit, miss)", ["target", "result"])
+FAMILY_MEMBERS = Counter(
+    "plancache_family_members_total",
+    "graph family members asked for and not stored, by outcome: queued, over_budget (past the workload's "
+    "--family-budget), cancelled (CancelFamily, not built yet)",
+    ["outcome"],
+)
 PLANS_REFUSED = Counter(
     "plancache_plans_refused_total",
     "stored plans a gateway refused to serve, by reason (integrity: blob or metadata damaged; signature)",

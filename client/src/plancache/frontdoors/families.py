@@ -116,6 +116,7 @@ class FamilyAsk:
     family_key: str = ""
     sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # symbol -> (1, H)
     graphs: int = 0
+    over_budget: int = 0  # members the service did not queue: past the workload's budget
     status: str = "asking"  # asking, asked, refused
     reason: str = ""
 
@@ -209,13 +210,20 @@ def _ask(
         for spec in seen:
             for symbol, size in _values_any_size(family, spec).items():
                 met[symbol].append(size)
-        status = SERVICE.client().admin.build_family(
-            family, SERVICE.target_for(device), SERVICE.options, seen={s: sorted(set(v)) for s, v in met.items() if v}
+        client = SERVICE.client()
+        workload = getattr(getattr(client, "workload", None), "name", "")  # whose budget it spends
+        status = client.admin.build_family(
+            family,
+            SERVICE.target_for(device),
+            SERVICE.options,
+            seen={s: sorted(set(v)) for s, v in met.items() if v},
+            workload=workload,
         )
-        ask.family_key, ask.sizes, ask.graphs, ask.status = (
+        ask.family_key, ask.sizes, ask.graphs, ask.over_budget, ask.status = (
             status.family_key,
             {v.symbol: (v.sizes[0], v.sizes[-1]) for v in family.varying},
             status.total,
+            status.over_budget,
             "asked",
         )
         log.info(

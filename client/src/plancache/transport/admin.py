@@ -225,6 +225,7 @@ class AdminClient:
         options: CompileOptions | None = None,
         *,
         seen: Mapping[str, Sequence[int]] | None = None,
+        workload: str = "",
         timeout: float | None = None,
     ) -> FamilyStatus:
         """Have every graph of `family` (plancache.graphspec.family) built for
@@ -232,7 +233,10 @@ class AdminClient:
         queued at warming's priority (a caller's miss goes first), and from
         then on each is a hit for any node whose graph it is exactly.
         `seen`: sizes per symbol the program met; the members nearest them
-        are queued first (default: in size order). Returns at once."""
+        are queued first (default: in size order). `workload`: whose budget
+        of speculative builds it spends (the server's --family-budget per
+        target and day; default: the caller's identity); members past it are
+        not queued (`over_budget`). Returns at once."""
         if not isinstance(family, Family):
             hint = ": a family's JSON form as a dict is Family.from_dict(d)" if isinstance(family, dict) else ""
             raise InvalidRequest(f"build_family() takes a Family, not {type(family).__name__}{hint}")
@@ -241,6 +245,7 @@ class AdminClient:
             target=resolve_target(target, "build_family()").to_proto(),
             options=(options or CompileOptions()).to_proto(),
             seen=[pb.SizesSeen(symbol=symbol, sizes=list(sizes)) for symbol, sizes in (seen or {}).items()],
+            workload=workload,
         )
         response: pb.FamilyStatus = self._call(self._stub.BuildFamily, request, timeout)
         return FamilyStatus.from_proto(response)
@@ -250,6 +255,16 @@ class AdminClient:
         response: pb.FamilyStatus = self._call(
             self._stub.GetFamily,
             pb.GetFamilyRequest(family_key=check_text(family_key, "family_status()", "family_key")),
+            timeout,
+        )
+        return FamilyStatus.from_proto(response)
+
+    def cancel_family(self, family_key: str, *, timeout: float | None = None) -> FamilyStatus:
+        """Stop building a family's members not built yet (admin token): the
+        workers skip them; the stored ones stay (NotFound if never asked)."""
+        response: pb.FamilyStatus = self._call(
+            self._stub.CancelFamily,
+            pb.GetFamilyRequest(family_key=check_text(family_key, "cancel_family()", "family_key")),
             timeout,
         )
         return FamilyStatus.from_proto(response)

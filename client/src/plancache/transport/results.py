@@ -129,7 +129,10 @@ class TargetStats:
 @dataclass(frozen=True)
 class FamilyStatus:
     """Where a graph family stands on the service: its graphs, how many are
-    stored (each is a hit from now on), how many wait for a worker."""
+    stored (each is a hit from now on), how many wait for a worker; how many
+    stored ones were ever served (`fetched`: the others go first when the
+    store is full, and expire on their own) and their bytes; how many this
+    ask left out past the workload's budget; who asked; cancelled or not."""
 
     family_key: str
     target_id: str
@@ -137,6 +140,11 @@ class FamilyStatus:
     stored: int
     queued: int
     created_at: float
+    fetched: int = 0
+    bytes: int = 0
+    over_budget: int = 0
+    workload: str = ""
+    cancelled: bool = False
 
     @property
     def complete(self) -> bool:
@@ -144,4 +152,16 @@ class FamilyStatus:
 
     @classmethod
     def from_proto(cls, s: pb.FamilyStatus) -> FamilyStatus:
-        return cls(s.family_key, s.target_id, s.total, s.stored, s.queued, s.created_at)
+        return cls(
+            s.family_key,
+            s.target_id,
+            s.total,
+            s.stored,
+            s.queued,
+            s.created_at,
+            s.fetched,
+            s.bytes,
+            s.over_budget,
+            s.workload,
+            s.cancelled,
+        )

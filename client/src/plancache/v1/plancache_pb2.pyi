@@ -958,16 +958,18 @@ class SizesSeen(_message.Message):
     def __init__(self, symbol: _Optional[str] = ..., sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BuildFamilyRequest(_message.Message):
-    __slots__ = ("family", "target", "options", "seen")
+    __slots__ = ("family", "target", "options", "seen", "workload")
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     SEEN_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     family: GraphFamily
     target: Target
     options: CompileOptions
     seen: _containers.RepeatedCompositeFieldContainer[SizesSeen]
-    def __init__(self, family: _Optional[_Union[GraphFamily, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., seen: _Optional[_Iterable[_Union[SizesSeen, _Mapping]]] = ...) -> None: ...
+    workload: str
+    def __init__(self, family: _Optional[_Union[GraphFamily, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., seen: _Optional[_Iterable[_Union[SizesSeen, _Mapping]]] = ..., workload: _Optional[str] = ...) -> None: ...
 
 class GetFamilyRequest(_message.Message):
     __slots__ = ("family_key",)
@@ -976,20 +978,30 @@ class GetFamilyRequest(_message.Message):
     def __init__(self, family_key: _Optional[str] = ...) -> None: ...
 
 class FamilyStatus(_message.Message):
-    __slots__ = ("family_key", "target_id", "total", "stored", "queued", "created_at")
+    __slots__ = ("family_key", "target_id", "total", "stored", "queued", "created_at", "fetched", "bytes", "over_budget", "workload", "cancelled")
     FAMILY_KEY_FIELD_NUMBER: _ClassVar[int]
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     STORED_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    FETCHED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    OVER_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
     family_key: str
     target_id: str
     total: int
     stored: int
     queued: int
     created_at: float
-    def __init__(self, family_key: _Optional[str] = ..., target_id: _Optional[str] = ..., total: _Optional[int] = ..., stored: _Optional[int] = ..., queued: _Optional[int] = ..., created_at: _Optional[float] = ...) -> None: ...
+    fetched: int
+    bytes: int
+    over_budget: int
+    workload: str
+    cancelled: bool
+    def __init__(self, family_key: _Optional[str] = ..., target_id: _Optional[str] = ..., total: _Optional[int] = ..., stored: _Optional[int] = ..., queued: _Optional[int] = ..., created_at: _Optional[float] = ..., fetched: _Optional[int] = ..., bytes: _Optional[int] = ..., over_budget: _Optional[int] = ..., workload: _Optional[str] = ..., cancelled: _Optional[bool] = ...) -> None: ...
 
 class GetSigningKeysRequest(_message.Message):
     __slots__ = ()

@@ -104,6 +104,11 @@ class PlanCacheStub:
                 request_serializer=plancache_dot_v1_dot_plancache__pb2.GetFamilyRequest.SerializeToString,
                 response_deserializer=plancache_dot_v1_dot_plancache__pb2.FamilyStatus.FromString,
                 _registered_method=True)
+        self.CancelFamily = channel.unary_unary(
+                '/plancache.v1.PlanCache/CancelFamily',
+                request_serializer=plancache_dot_v1_dot_plancache__pb2.GetFamilyRequest.SerializeToString,
+                response_deserializer=plancache_dot_v1_dot_plancache__pb2.FamilyStatus.FromString,
+                _registered_method=True)
         self.GetSigningKeys = channel.unary_unary(
                 '/plancache.v1.PlanCache/GetSigningKeys',
                 request_serializer=plancache_dot_v1_dot_plancache__pb2.GetSigningKeysRequest.SerializeToString,
@@ -226,6 +231,14 @@ class PlanCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelFamily(self, request, context):
+        """Stop building a family's members not built yet (admin): the workers
+        skip them; what is stored stays.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetSigningKeys(self, request, context):
         """The public keys of the server's plan signatures (read token): what a
         client pins to verify plans (`plancache trust HOST:PORT`).
@@ -313,6 +326,11 @@ def add_PlanCacheServicer_to_server(servicer, server):
             ),
             'GetFamily': grpc.unary_unary_rpc_method_handler(
                     servicer.GetFamily,
+                    request_deserializer=plancache_dot_v1_dot_plancache__pb2.GetFamilyRequest.FromString,
+                    response_serializer=plancache_dot_v1_dot_plancache__pb2.FamilyStatus.SerializeToString,
+            ),
+            'CancelFamily': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelFamily,
                     request_deserializer=plancache_dot_v1_dot_plancache__pb2.GetFamilyRequest.FromString,
                     response_serializer=plancache_dot_v1_dot_plancache__pb2.FamilyStatus.SerializeToString,
             ),
@@ -703,6 +721,33 @@ class PlanCache:
             request,
             target,
             '/plancache.v1.PlanCache/GetFamily',
+            plancache_dot_v1_dot_plancache__pb2.GetFamilyRequest.SerializeToString,
+            plancache_dot_v1_dot_plancache__pb2.FamilyStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelFamily(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/plancache.v1.PlanCache/CancelFamily',
             plancache_dot_v1_dot_plancache__pb2.GetFamilyRequest.SerializeToString,
             plancache_dot_v1_dot_plancache__pb2.FamilyStatus.FromString,
             options,

@@ -121,6 +121,7 @@ class Gateway:
     warming: Warming | None = None
     signing_keys: SigningKeys | None = None
     workloads: WorkloadService | None = None
+    family_records: FamilyRecords | None = None
 
     @classmethod
     async def start(cls, settings: Settings, redis_url: str) -> Gateway:
@@ -166,12 +167,13 @@ class Gateway:
         lookups = PlanLookups(store, builds, stats, directory, settings.compile_timeout_s)
         signing_keys = SigningKeys.of(settings)
         workloads = WorkloadService(WorkloadRecords(client, settings.workload_plans), store, builds)
+        family_records = FamilyRecords(blocking)
         services = Services(
             plans=PlanService(store, resolver, lookups, shares),
             prefetch=PrefetchService(store, resolver, lookups, settings.max_prefetch_refs, shares),
             reports=NodeReports(store, builds, stats, directory, workloads),
             admin=AdminService(store, resolver, queue, stats, directory, janitor),
-            warm=WarmService(warming, directory, resolver, FamilyRecords(blocking)),
+            warm=WarmService(warming, directory, resolver, family_records, settings.family_budget),
             keys=signing_keys,
             workloads=workloads,
         )
@@ -225,6 +227,7 @@ class Gateway:
         front.warming = warming
         front.signing_keys = signing_keys
         front.workloads = workloads
+        front.family_records = family_records
         signing_keys.log_at_start(settings.listen, port)
         front.sweeper = Sweeper(
             janitor,

@@ -42,6 +42,7 @@ METHOD_ROLES = {
     "WarmStatus": Role.READ,
     "BuildFamily": Role.COMPILE,
     "GetFamily": Role.READ,
+    "CancelFamily": Role.ADMIN,
     "GetSigningKeys": Role.READ,
     "GetWorkload": Role.READ,
 }

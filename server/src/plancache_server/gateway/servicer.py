@@ -92,6 +92,9 @@ class PlanCacheServicer(pb_grpc.PlanCacheServicer):  # type: ignore[misc]
     async def GetFamily(self, request: pb.GetFamilyRequest, context: Context) -> pb.FamilyStatus:
         return await self._warm.get_family(request)
 
+    async def CancelFamily(self, request: pb.GetFamilyRequest, context: Context) -> pb.FamilyStatus:
+        return await self._warm.cancel_family(request)
+
     async def GetStats(self, request: pb.GetStatsRequest, context: Context) -> pb.GetStatsResponse:
         return await self._admin.stats()
 

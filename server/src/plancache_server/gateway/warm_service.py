@@ -7,6 +7,7 @@ plan keys derived here as a Compile's are, and its record."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -18,9 +19,12 @@ from plancache.keys.plankey import make_family_key
 from plancache.keys.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.gateway.resolver import QueryResolver
+from plancache_server.gateway.shares import CALLER
 from plancache_server.store.directory import WorkerDirectory
-from plancache_server.store.families import FamilyRecord, FamilyRecords
+from plancache_server.store.families import FamilyRecord, FamilyRecords, MemberCounts
 from plancache_server.store.warming import DEFAULT_TOP, MAX_TOP, Source, Warming, WarmStatus
+from plancache_server.store.workloads import check_name
+from plancache_server.telemetry import FAMILY_MEMBERS
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +36,16 @@ class WarmService:
         directory: WorkerDirectory,
         resolver: QueryResolver,
         families: FamilyRecords,
+        family_budget: int = 2048,
     ) -> None:
         """`resolver`: a manifest's queries and a family's graphs are
-        validated, normalized and keyed as a Compile's are."""
+        validated, normalized and keyed as a Compile's are. `family_budget`:
+        members one workload may queue per target and day."""
         self._warming = warming
         self._directory = directory
         self._resolver = resolver
         self._families = families
+        self._family_budget = family_budget
 
     async def warm(self, request: pb.WarmRequest) -> WarmStatus:
         target = Target.parse(request.target_id)
@@ -95,7 +102,8 @@ class WarmService:
             )
         family_key = make_family_key(family.family_hash(), target, options)
         seen = sizes_seen(family, request.seen)
-        return await asyncio.to_thread(self._queue_family, family, family_key, target, options, seen)
+        workload = asker(request.workload)
+        return await asyncio.to_thread(self._queue_family, family, family_key, target, options, seen, workload)
 
     def _queue_family(
         self,
@@ -104,10 +112,12 @@ class WarmService:
         target: Target,
         options: CompileOptions,
         seen: Mapping[str, Sequence[int]],
+        workload: str,
     ) -> pb.FamilyStatus:
         """On a thread: each graph resolved as a Compile's spec is
         (normalized, validated, keyed), the missing ones queued, nearest the
-        sizes the program met first (soonest_first)."""
+        sizes the program met first (soonest_first), as many as the
+        workload's budget for the target has left today."""
         members: list[tuple[str, pb.PlanQuery]] = []
         values_of: list[dict[str, int]] = []
         for values, spec in family.instances():
@@ -118,24 +128,63 @@ class WarmService:
         missing = [
             members[i] for i in soonest_first(values_of, seen) if not stored[i]
         ]  # the order the workers take them in
-        queued = self._warming.extend(target, missing, f"graph family {family_key[:80]}")
-        record = self._families.put(family_key, target.id, family.to_proto(), [key for key, _ in members])
+        granted = self._families.spend(target.id, workload, len(missing), self._family_budget)
+        queued = self._warming.extend(target, missing[:granted], f"graph family {family_key[:80]}")
+        record = self._families.put(family_key, target.id, family.to_proto(), [key for key, _ in members], workload)
+        over_budget = len(missing) - granted
+        FAMILY_MEMBERS.labels(outcome="queued").inc(queued)
+        FAMILY_MEMBERS.labels(outcome="over_budget").inc(over_budget)
         log.info(
-            "graph family %s for %s: %d graph(s), %d stored, %d queued",
+            "graph family %s for %s, workload %s: %d graph(s), %d stored, %d queued, %d past its budget",
             family_key,
             target.id,
+            workload,
             len(members),
             len(members) - len(missing),
             queued,
+            over_budget,
         )
-        return _family_status(record, len(members) - len(missing), queued)
+        status = _family_status(record, len(members) - len(missing), queued)
+        status.over_budget = over_budget
+        return status
 
     async def get_family(self, request: pb.GetFamilyRequest) -> pb.FamilyStatus:
-        record = await asyncio.to_thread(self._families.get, request.family_key)
+        record = await self._record(request.family_key)
+        counts = await asyncio.to_thread(self._families.counts, record.members)
+        return _family_status(record, sum(counts.stored), _queued(record, counts.stored), counts)
+
+    async def cancel_family(self, request: pb.GetFamilyRequest) -> pb.FamilyStatus:
+        """Stop building a family's members not built yet: the workers skip them (what is stored stays)."""
+        record = await self._record(request.family_key)
+        stored = await asyncio.to_thread(self._families.cancel, record)
+        unbuilt = len(stored) - sum(stored)
+        FAMILY_MEMBERS.labels(outcome="cancelled").inc(unbuilt)
+        log.warning(
+            "graph family %s for %s cancelled: %d member(s) not built skipped",
+            record.family_key,
+            record.target_id,
+            unbuilt,
+        )
+        record = dataclasses.replace(record, cancelled=True)
+        counts = await asyncio.to_thread(self._families.counts, record.members)
+        return _family_status(record, sum(counts.stored), 0, counts)
+
+    async def _record(self, family_key: str) -> FamilyRecord:
+        record = await asyncio.to_thread(self._families.get, family_key)
         if record is None:
-            raise NotFound(f"no graph family {request.family_key[:200]} was asked for")
-        stored = sum(await asyncio.to_thread(self._families.stored, record.members))
-        return _family_status(record, stored, len(record.members) - stored)
+            raise NotFound(f"no graph family {family_key[:200]} was asked for")
+        return record
+
+
+def asker(workload: str) -> str:
+    """Whose budget a BuildFamily spends: its workload (checked as a workload's name), else the caller."""
+    if workload:
+        return check_name(workload)
+    return CALLER.get() or "anonymous"
+
+
+def _queued(record: FamilyRecord, stored: Sequence[bool]) -> int:
+    return 0 if record.cancelled else len(stored) - sum(stored)
 
 
 # Sizes of one symbol a BuildFamily may say the program met.
@@ -172,7 +221,9 @@ def soonest_first(values_of: Sequence[Mapping[str, int]], seen: Mapping[str, Seq
     return sorted(range(len(values_of)), key=lambda i: (distance(i), i))
 
 
-def _family_status(record: FamilyRecord, stored: int, queued: int) -> pb.FamilyStatus:
+def _family_status(
+    record: FamilyRecord, stored: int, queued: int, counts: MemberCounts | None = None
+) -> pb.FamilyStatus:
     return pb.FamilyStatus(
         family_key=record.family_key,
         target_id=record.target_id,
@@ -180,4 +231,8 @@ def _family_status(record: FamilyRecord, stored: int, queued: int) -> pb.FamilyS
         stored=stored,
         queued=queued,
         created_at=record.created_at,
+        fetched=counts.fetched if counts else 0,
+        bytes=counts.bytes if counts else 0,
+        workload=record.workload,
+        cancelled=record.cancelled,
     )

@@ -200,6 +200,14 @@ class GatewaySettings:
         int,
         programs=SERVER_ONLY,
     )
+    family_budget: int = setting(
+        2048,
+        "--family-budget",
+        "graph family members one workload may have queued per target and day (speculative builds; "
+        "BuildFamily queues the nearest the sizes seen first, and says how many it left out)",
+        int,
+        programs=SERVER_ONLY,
+    )
     cpu_threads: int = setting(
         2,
         "--cpu-threads",

@@ -198,6 +198,22 @@ def warm_lease(target_id: str) -> str:
     return _warm(target_id, "lease")
 
 
+# Sorted set: graph family key -> when first asked for (the status page lists the latest; bounded).
+GRAPH_FAMILIES = f"{PREFIX}:graph-families"
+
+
+def family_cancelled(target_id: str) -> str:
+    """Set: plan keys of cancelled graph families' members not built yet (CancelFamily): a worker skips
+    a warming item of one (plancache_server.worker.warm_intake). Expires with its last cancel."""
+    return _warm(target_id, "family-cancelled")
+
+
+def family_budget(target_id: str, day: int) -> str:
+    """Hash: workload -> graph family members queued for it on `target_id` in one unix day
+    (--family-budget bounds it). Expires after two days."""
+    return _warm(target_id, f"family-budget:d{day}")
+
+
 def graph_family(family_key: str) -> str:
     """Hash: a graph family built for a target (plancache.graphspec.family): its
     definition, its graphs' plan keys, when it was asked for. Informational:
@@ -267,6 +283,8 @@ ACL_RULES: dict[str, list[str]] = {
         "+zpopmin",
         f"%R~{_PLAN}",
         f"~{PLAN_INDEX}",
+        "+srem",
+        "+hstrlen",
         f"~{WARMED_INDEX}",
         f"~{STORE_COUNTERS}",
         f"%R~{TARGETS_LAST_SEEN}",
@@ -288,6 +306,7 @@ ACL_RULES: dict[str, list[str]] = {
         f"~{PREFIX}:{{warm:*",
         f"~{WARM_TARGETS}",
         f"~{graph_family('*')}",
+        f"~{GRAPH_FAMILIES}",
         f"~{REPAIR_LOST}",
         f"~{WORKLOADS}",
         f"~{PREFIX}:{{workload:*",
@@ -296,6 +315,7 @@ ACL_RULES: dict[str, list[str]] = {
     ],
     "worker": [
         *_COMMON,
+        "+sismember",
         "+hmget",
         "+hset",
         "+sadd",

@@ -64,6 +64,11 @@ class WarmItemQueue:
             if text(self._redis.get(keys.warm_lease(target_id)) or b"") == worker_id:
                 self._redis.delete(keys.warm_lease(target_id))
 
+    def cancelled(self, target_id: str, plan_key: str) -> bool:
+        """Whether `plan_key` is a member of a cancelled graph family not built yet (CancelFamily)."""
+        with translated_errors("reading cancelled graph families"):
+            return bool(self._redis.sismember(keys.family_cancelled(target_id), plan_key))
+
     def next_item(self, target_id: str, worker_id: str) -> WarmItem | None:
         """The next item to build (an orphan first), marked in flight for
         this worker; None when the plan has none left (then it is done)."""

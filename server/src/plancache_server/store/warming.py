@@ -149,6 +149,9 @@ class Warming:
     def next_item(self, target_id: str, worker_id: str) -> WarmItem | None:
         return self.items.next_item(target_id, worker_id)
 
+    def cancelled(self, target_id: str, plan_key: str) -> bool:
+        return self.items.cancelled(target_id, plan_key)
+
     def retry_later(self, target_id: str, index: int) -> None:
         self.items.retry_later(target_id, index)
 

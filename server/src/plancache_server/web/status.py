@@ -23,6 +23,7 @@ from plancache_server.gateway.signing_keys import SigningKeys
 from plancache_server.gateway.workloads import WorkloadService
 from plancache_server.store.build_records import FailedBuild
 from plancache_server.store.directory import WorkerDirectory
+from plancache_server.store.families import FamilyRecords
 from plancache_server.store.fleet import Coverage, LocalSpec, coverage, local_spec, merged, races
 from plancache_server.store.jobs import JobQueue
 from plancache_server.store.lifecycle import Janitor, TargetUsage
@@ -50,6 +51,7 @@ TOP_COUNT = 10
 FAILURE_COUNT = 20
 LOCAL_SPECS_SHOWN = 10
 WORKLOADS_SHOWN = 20
+FAMILIES_SHOWN = 20
 
 # window -> counter name -> value (see stats.WINDOWS and stats.Counter)
 Windows = dict[str, dict[str, float]]
@@ -121,6 +123,21 @@ class WorkloadStatus:
 
 
 @dataclass(frozen=True)
+class GraphFamilyStatus:
+    """A graph family asked for (BuildFamily): the service's speculative builds, and whether they paid."""
+
+    family_key: str
+    target: str
+    workload: str
+    asked: int  # members
+    stored: int
+    fetched: int  # stored members served at least once
+    bytes: int
+    cancelled: bool
+    created_at: float
+
+
+@dataclass(frozen=True)
 class StatusReport:
     generated_at: float
     range: str
@@ -144,6 +161,8 @@ class StatusReport:
     signing_keys: list[SigningKeyStatus] = field(default_factory=list)
     # Workloads' start-up records, the most recently reported first.
     workloads: list[WorkloadStatus] = field(default_factory=list)
+    # Graph families asked for, the latest first.
+    graph_families: list[GraphFamilyStatus] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -180,6 +199,7 @@ def status_of(front: Gateway) -> StatusSource:
         front.warming,
         front.signing_keys,
         front.workloads,
+        front.family_records,
     )
 
 
@@ -196,7 +216,9 @@ class StatusSource:
         warming: Warming | None = None,
         signing_keys: SigningKeys | None = None,
         workloads: WorkloadService | None = None,
+        families: FamilyRecords | None = None,
     ) -> None:
+        self._families = families
         self._signing_keys = signing_keys
         self._workloads = workloads
         self._janitor = janitor
@@ -258,7 +280,30 @@ class StatusSource:
             lost_to_repair=lost,
             signing_keys=await self._keys(),
             workloads=await self._workload_statuses(),
+            graph_families=await asyncio.to_thread(self._graph_families),
         )
+
+    def _graph_families(self) -> list[GraphFamilyStatus]:
+        """On a thread: the latest families and their members' counts (at most FAMILIES_SHOWN x 1,024 reads)."""
+        if self._families is None:
+            return []
+        shown = []
+        for record in self._families.latest(FAMILIES_SHOWN):
+            counts = self._families.counts(record.members)
+            shown.append(
+                GraphFamilyStatus(
+                    record.family_key,
+                    record.target_id,
+                    record.workload,
+                    len(record.members),
+                    sum(counts.stored),
+                    counts.fetched,
+                    counts.bytes,
+                    record.cancelled,
+                    record.created_at,
+                )
+            )
+        return shown
 
     async def _workload_statuses(self) -> list[WorkloadStatus]:
         if self._workloads is None:

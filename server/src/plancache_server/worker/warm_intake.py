@@ -73,6 +73,9 @@ class WarmIntake:
         except InvalidRequest as e:  # a forged or damaged item: recorded, skipped
             self._runner.record(ref, FAILED, f"refused: {e.message}", item.plan_key)
             return False
+        if self._runner.cancelled(ref, job.plan_key):
+            self._runner.record(ref, SKIPPED, "its graph family was cancelled", job.plan_key)
+            return False
         stored = self._store.get(job.plan_key)
         if stored is not None and not stored.metadata.provisional:
             self._runner.record(ref, SKIPPED, "already stored", job.plan_key)

@@ -96,6 +96,10 @@ class WarmRunner:
             self._next_check = 0.0  # its items at once
         return None
 
+    def cancelled(self, ref: WarmRef, plan_key: str) -> bool:
+        """Whether the item is a member of a graph family an operator cancelled."""
+        return self._warming.cancelled(ref.target_id, plan_key)
+
     def record(self, ref: WarmRef, outcome: str, reason: str = "", plan_key: str = "") -> None:
         self._warming.record(ref.target_id, ref.index, outcome, reason, plan_key)
 
