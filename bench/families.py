@@ -31,6 +31,23 @@ then compared, at a few sizes, with the exact shape's autotuned plan built
 in the node process.
 
     python3 bench/families.py --out DIR      # DIR/families.json, DIR/families.png
+
+Evidence, soonest first, a budget (issue 43): `--study evidence` runs instead,
+against a real server and worker with the families as plancache.functional
+asks for them by itself (default threshold, no family built beforehand):
+
+- fixed: a fixed-shape training run (a GPT block's six linear layers of four
+  weight shapes, hidden 768, GQA k/v 256, MLP 2304; batch 2, sequence 320;
+  RMSNorm; bf16; three steps with autograd): families asked (target 0);
+- sweep, first process: 40 distinct row counts drawn from 1..199 (seeded)
+  through RMSNorm + linear [rows, 1024] x [1024, 1024]: per size the time to
+  its first execution and whether both graphs were hits (target: >= 80 % of
+  the sizes after the 10th hits, the median new size <= 20 ms);
+- sweep, second process: the same sizes again;
+- the families asked: members, built, fetched (the rest: speculative builds
+  nobody used, target <= 20 %), bytes, and the time from asking to complete.
+
+    python3 bench/families.py --out DIR --study evidence   # DIR/families_evidence.json and .png
 """
 
 from __future__ import annotations
@@ -116,6 +133,108 @@ class Prefill:
     def step(self, pf: Any, length: int) -> Any:
         q, k, v = (t[:, :, :length].contiguous() for t in self.qkv)
         return pf.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+SWEEP_SIZES = random.Random(43).sample(range(1, 200), 40)  # in the order met
+SWEEP_HIDDEN = 1024
+TARGET_HITS_AFTER_10TH = 0.8
+TARGET_UNUSED = 0.2
+# The held-out fixed-shape block (issue 43): six linear layers of four weight shapes (out, in).
+FIXED_WEIGHTS = {
+    "q": (768, 768),
+    "k": (256, 768),
+    "v": (256, 768),
+    "o": (768, 768),
+    "up": (2304, 768),
+    "down": (768, 2304),
+}
+FIXED_BATCH, FIXED_SEQ, FIXED_HIDDEN = 2, 320, 768
+
+
+class Sweep:
+    def __init__(self) -> None:
+        import torch
+
+        g = torch.Generator(device="cuda").manual_seed(2)
+        self.norm = (1 + 0.1 * torch.randn(SWEEP_HIDDEN, device="cuda", generator=g)).to(torch.bfloat16)
+        self.w = (torch.randn(SWEEP_HIDDEN, SWEEP_HIDDEN, device="cuda", generator=g) / 32).to(torch.bfloat16)
+        self.x = torch.randn(199, SWEEP_HIDDEN, device="cuda", generator=g).to(torch.bfloat16)
+
+    def step(self, pf: Any, rows: int) -> Any:
+        return pf.linear(pf.rms_norm(self.x[:rows], (SWEEP_HIDDEN,), self.norm, 1e-5), self.w)
+
+
+def fixed_block_steps(pf: Any, steps: int = 3) -> None:
+    """The held-out fixed-shape training run (module doc), through plancache.functional with autograd."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    w = {
+        name: (torch.randn(*shape, device="cuda", generator=g) * shape[1] ** -0.5).to(torch.bfloat16).requires_grad_()
+        for name, shape in FIXED_WEIGHTS.items()
+    }
+    norm = torch.ones(FIXED_HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(FIXED_BATCH, FIXED_SEQ, FIXED_HIDDEN, device="cuda", generator=g).to(torch.bfloat16)
+    optimizer = torch.optim.AdamW([*w.values(), norm], lr=1e-4)
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        h = pf.rms_norm(x, (FIXED_HIDDEN,), norm, 1e-5)
+        q, k, v = pf.linear(h, w["q"]), pf.linear(h, w["k"]), pf.linear(h, w["v"])
+        mixed = q + (k * v).repeat(1, 1, 3)  # a stand-in for GQA attention: the layers' shapes are the point
+        y = x + pf.linear(mixed, w["o"])
+        y = y + pf.linear(pf.linear(pf.rms_norm(y, (FIXED_HIDDEN,), norm, 1e-5), w["up"], activation="gelu"), w["down"])
+        y.float().pow(2).mean().backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+
+
+def evidence_node(path: str, server: str) -> None:
+    """One fresh process of the evidence study (module doc); prints one JSON line."""
+    began = time.perf_counter()
+    import torch
+
+    import plancache.functional as pf
+    from plancache import Client
+
+    torch.cuda.init()
+    pf.configure(Client(server, cache=False), options=HEURISTIC, workload=f"bench-{path.split('-', maxsplit=1)[0]}")
+    setup_s = time.perf_counter() - began
+    result: dict[str, Any] = {"path": path, "setup_s": setup_s}
+    if path == "fixed":
+        started = time.perf_counter()
+        fixed_block_steps(pf)
+        result["steps_s"] = time.perf_counter() - started
+    else:
+        work = Sweep()
+        torch.cuda.synchronize()
+        seen: set[Any] = set()
+        rows = []
+        for size in SWEEP_SIZES:
+            started = time.perf_counter()
+            work.step(pf, size)
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - started) * 1e3
+            new = [g for g in pf.geometries() if g.key not in seen]
+            seen.update(g.key for g in new)
+            sources = [g.plan.source if g.plan is not None else "torch" for g in new]
+            hit = bool(sources) and all(src in ("hit", "cache", "prefetched") for src in sources)
+            rows.append({"size": size, "ms": ms, "sources": sources, "hit": hit})
+        result["sizes"] = rows
+    asks = pf.families()
+    result["families"] = [
+        {
+            "function": a.function,
+            "status": a.status,
+            "key": a.family_key,
+            "graphs": a.graphs,
+            "over_budget": a.over_budget,
+            "reason": a.reason,
+            "site": a.site,
+            "sizes": a.sizes,
+        }
+        for a in asks
+    ]
+    print(json.dumps(result), flush=True)
 
 
 WORKLOADS: dict[str, tuple[type[Decode] | type[Prefill], list[int]]] = {
@@ -450,6 +569,141 @@ def report(result: dict[str, Any], out: Path) -> None:
     save(fig, out / "families.png")
 
 
+def run_evidence(out: Path, time_limit: float) -> dict[str, Any]:
+    """Issue 43's study (module doc): fixed, sweep-first, sweep-second, and the families they asked for."""
+    from bench import startup_deploy as deploy
+    from plancache import Client
+    from plancache.trust.signing import generate_keypair
+    from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
+    from tests.support.processes import child_env, server_process, trusting_env, worker_process
+
+    deadline = time.monotonic() + time_limit
+    tmp = Path(tempfile.mkdtemp(prefix="plancache-families-evidence-"))
+    private_key, public_key = generate_keypair(tmp / "keys")
+    result: dict[str, Any] = {
+        "config": {"sweep_sizes": SWEEP_SIZES, "fixed_weights": FIXED_WEIGHTS, "options": "autotune off"},
+        "runs": [],
+        "families": [],
+        "skipped": [],
+    }
+    env = {**trusting_env(public_key), "PLANCACHE_CACHE_DIR": str(tmp / "disk-cache")}
+    redis = EmbeddedRedis(
+        tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False
+    ).start()
+    try:
+        address = f"127.0.0.1:{free_port()}"
+        server_args = ("--gpus", "none", "--signing-key", str(private_key), "--data-dir", str(tmp / "server-data"))
+        with server_process(address, redis.url, out / "families-evidence-server.log", *server_args, env=child_env()):
+            log = out / "families-evidence-worker.log"
+            with worker_process(
+                redis.url, log, "--device", "0", "--signing-key", str(private_key), "--no-warm", env=child_env()
+            ) as worker:
+                deploy.wait_for_pool(log, worker, address)
+                for path in ("fixed", "sweep-first", "sweep-second"):
+                    if time.monotonic() > deadline:
+                        result["skipped"].append(path)
+                        continue
+                    started = time.monotonic()
+                    proc = subprocess.run(
+                        [sys.executable, str(Path(__file__).resolve()), "--evidence-node", path, "--server", address],
+                        env=env,
+                        cwd=REPO,
+                        capture_output=True,
+                        text=True,
+                        timeout=max(30.0, deadline - time.monotonic()),
+                        check=False,
+                    )
+                    row = (
+                        json.loads(proc.stdout.strip().splitlines()[-1])
+                        if proc.returncode == 0
+                        else {"path": path, "error": proc.stderr[-3000:]}
+                    )
+                    row["wall_s"] = time.monotonic() - started
+                    result["runs"].append(row)
+                    print(path, json.dumps({k: v for k, v in row.items() if k != "sizes"})[:800], flush=True)
+                keys = sorted({f["key"] for r in result["runs"] for f in r.get("families", []) if f.get("key")})
+                with Client(address, cache=False) as client:
+                    while keys and time.monotonic() < deadline:  # what the service built ahead, and what was used
+                        statuses = [client.admin.family_status(k) for k in keys]
+                        if all(st.queued == 0 or st.complete for st in statuses):
+                            break
+                        time.sleep(0.5)
+                    for key in keys:
+                        st = client.admin.family_status(key)
+                        result["families"].append(
+                            {
+                                "key": key,
+                                "workload": st.workload,
+                                "asked": st.total,
+                                "stored": st.stored,
+                                "fetched": st.fetched,
+                                "bytes": st.bytes,
+                                "queued": st.queued,
+                                "complete_s": time.time() - st.created_at if st.complete else None,
+                            }
+                        )
+    except Exception as e:
+        result["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        redis.stop()
+    result["summary"] = summarize_evidence(result)
+    return result
+
+
+def summarize_evidence(result: dict[str, Any]) -> dict[str, Any]:
+    runs = {r.get("path"): r for r in result["runs"]}
+    summary: dict[str, Any] = {}
+    fixed = runs.get("fixed")
+    if fixed and "families" in fixed:
+        summary["fixed_families_asked"] = len(fixed["families"])
+    for path in ("sweep-first", "sweep-second"):
+        rows = runs.get(path, {}).get("sizes")
+        if not rows:
+            continue
+        later = rows[10:]
+        summary[path] = {
+            "hits_after_10th": sum(r["hit"] for r in later) / len(later),
+            "median_new_size_ms": statistics.median(r["ms"] for r in rows),
+            "median_new_size_ms_after_10th": statistics.median(r["ms"] for r in later),
+            "total_s": sum(r["ms"] for r in rows) / 1e3,
+            "families_asked": len(runs[path].get("families", [])),
+        }
+    stored = sum(f["stored"] for f in result["families"])
+    fetched = sum(f["fetched"] for f in result["families"])
+    summary["speculative"] = {
+        "asked": sum(f["asked"] for f in result["families"]),
+        "built": stored,
+        "fetched": fetched,
+        "never_fetched_share": (stored - fetched) / stored if stored else None,
+        "bytes": sum(f["bytes"] for f in result["families"]),
+    }
+    summary["targets"] = {
+        "fixed_families_asked": 0,
+        "hits_after_10th": TARGET_HITS_AFTER_10TH,
+        "median_new_size_ms": TARGET_NEW_SHAPE_MS,
+        "never_fetched_share": TARGET_UNUSED,
+    }
+    return summary
+
+
+def report_evidence(result: dict[str, Any], out: Path) -> None:
+    write_json(out / "families_evidence.json", result)
+    print(json.dumps(result["summary"], indent=1))
+    fig, axes = figure(1)
+    ax = axes[0]
+    for r in result["runs"]:
+        if r.get("sizes"):
+            ms = [row["ms"] for row in r["sizes"]]
+            ax.plot(range(1, len(ms) + 1), ms, marker=".", label=r["path"])
+            hits = [i + 1 for i, row in enumerate(r["sizes"]) if row["hit"]]
+            ax.scatter(hits, [ms[i - 1] for i in hits], s=18, facecolors="none", edgecolors="black")
+    ax.axhline(TARGET_NEW_SHAPE_MS, color="grey", lw=0.8, ls="--")
+    ax.set_yscale("log"), ax.set_xlabel("new row count (in order met; circled: both graphs hits)")
+    ax.set_ylabel("ms to its first execution"), ax.legend(fontsize=7)
+    ax.set_title("40 row counts through rms_norm + linear: first and second process", fontsize=9)
+    save(fig, out / "families_evidence.png")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
@@ -458,7 +712,18 @@ def main() -> None:
     parser.add_argument("--workload", choices=tuple(WORKLOADS), default="decode", help=argparse.SUPPRESS)
     parser.add_argument("--setup-families", choices=tuple(WORKLOADS), help=argparse.SUPPRESS)
     parser.add_argument("--server", default="", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--study", choices=("shapes", "evidence"), default="shapes", help="evidence: issue 43's study (module doc)"
+    )
+    parser.add_argument("--evidence-node", choices=("fixed", "sweep-first", "sweep-second"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.evidence_node:
+        evidence_node(args.evidence_node, args.server)
+        return
+    if args.study == "evidence":
+        args.out.mkdir(parents=True, exist_ok=True)
+        report_evidence(run_evidence(args.out, args.time_limit), args.out)
+        return
     if args.node:
         node_main(args.node, args.workload, args.server)
         return
