@@ -6,6 +6,7 @@ real gateway, Redis and a stand-in worker with one slow build thread."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import redis
 
 from plancache import Client
 from plancache.keys.query import PlanQuery
@@ -128,3 +130,44 @@ def test_a_prefetch_past_the_builds_share_answers_those_refs_with_a_retry_delay(
     assert len(built) == 3 and len(refused) == 2
     assert all(i.error.code == "RESOURCE_EXHAUSTED" and i.error.HasField("retry_delay") for i in refused)
     channel.close()
+
+
+def test_a_hit_is_served_while_every_other_redis_connection_is_held(
+    redis_server: EmbeddedRedis, redis_client: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Redis pool cannot be exhausted from the wire for hits: a gateway's callers' lookups read plans
+    through a pool of their own. Here every connection of the gateway's other pool (builds followed,
+    queues, statistics: what a flood of misses holds) is taken, and a stored plan (not in the gateway's
+    memory) is still served at once; before, the hit waited the pool's 10 s and failed UNAVAILABLE."""
+    from plancache_server.store import redis_conn
+
+    monkeypatch.setattr(redis_conn, "GATEWAY_CONNECTIONS", 4)
+    s, stop = start_stack(redis_server.url, StandInCompiler(), memory_cache_bytes=0)
+    try:
+        with s.client() as client:
+            plan = client.compile(matmul_spec(m=96, name="held"), TARGET)
+            pool = s.gateway.front.redis.connection_pool
+
+            async def take_all() -> list[object]:
+                """Every connection the pool has left (some are the gateway's listeners' for good)."""
+                taken: list[object] = []
+                while True:
+                    try:
+                        taken.append(await asyncio.wait_for(pool.get_connection(), 0.5))
+                    except (TimeoutError, redis.exceptions.ConnectionError):
+                        return taken
+
+            held = s.gateway.run(take_all())
+            try:
+                started = time.monotonic()
+                assert client.get(plan.key).key == plan.key
+                assert time.monotonic() - started < 2.0
+            finally:
+
+                async def give_back() -> None:
+                    for connection in held:
+                        await pool.release(connection)
+
+                s.gateway.run(give_back())
+    finally:
+        stop()

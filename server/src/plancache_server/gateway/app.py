@@ -122,6 +122,7 @@ class Gateway:
     signing_keys: SigningKeys | None = None
     workloads: WorkloadService | None = None
     family_records: FamilyRecords | None = None
+    plan_reads: AsyncRedis | None = None  # the hit path's own pool (AsyncRedisPlanStore's `reads`)
 
     @classmethod
     async def start(cls, settings: Settings, redis_url: str) -> Gateway:
@@ -134,7 +135,10 @@ class Gateway:
                 "no --trusted-keys and no --signing-key: stored plans are served without checking their signatures "
                 "(clients still check)"
             )
-        store: PlanStore = AsyncRedisPlanStore(client, offload, trust)
+        # Callers' lookups read plans through a pool of their own: builds followed, queues, statistics and
+        # every other Redis call share `client`'s, and cannot take the connections a hit needs.
+        plan_reads = connect_async(redis_url)
+        store: PlanStore = AsyncRedisPlanStore(client, offload, trust, reads=plan_reads)
         if settings.memory_cache_bytes > 0:
             store = MemoryCachedStore(store, settings.memory_cache_bytes, settings.memory_cache_ttl_s)
         queue = JobQueue(client, settings.max_queued_jobs, settings.retry_delay_s)
@@ -228,6 +232,7 @@ class Gateway:
         front.signing_keys = signing_keys
         front.workloads = workloads
         front.family_records = family_records
+        front.plan_reads = plan_reads
         signing_keys.log_at_start(settings.listen, port)
         front.sweeper = Sweeper(
             janitor,
@@ -261,3 +266,5 @@ class Gateway:
         await self.stats.close()
         self.offload.close()
         await self.redis.aclose()
+        if self.plan_reads is not None:
+            await self.plan_reads.aclose()

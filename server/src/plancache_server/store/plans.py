@@ -253,10 +253,17 @@ class PlanStore(Protocol):
 
 
 class AsyncRedisPlanStore:
-    def __init__(self, client: AsyncRedis, offload: Offload, trust: TrustPolicy | None = None) -> None:
+    def __init__(
+        self, client: AsyncRedis, offload: Offload, trust: TrustPolicy | None = None, reads: AsyncRedis | None = None
+    ) -> None:
         """`trust`: the workers' keys; None serves plans without checking
-        their signatures (clients still check)."""
+        their signatures (clients still check). `reads`: the client whose
+        pool only callers' lookups use (`get`: the hit path), apart from
+        `client`'s, which builds followed (`fresh`), listings and everything
+        else on the gateway share: no amount of other work can hold every
+        connection a hit needs (issue 44)."""
         self._redis = client
+        self._reads = reads or client
         self._offload = offload
         self._trust = trust
         self._refusals = RefusalLog()
@@ -268,8 +275,11 @@ class AsyncRedisPlanStore:
         pass
 
     async def fresh(self, plan_key: str) -> StoredPlan | None:
+        return await self._read(self._redis, plan_key)
+
+    async def _read(self, client: AsyncRedis, plan_key: str) -> StoredPlan | None:
         with translated_errors("reading a plan"):
-            blob, meta, sig = cast(list[bytes | None], await self._redis.hmget(keys.plan(plan_key), PLAN_FIELDS))
+            blob, meta, sig = cast(list[bytes | None], await client.hmget(keys.plan(plan_key), PLAN_FIELDS))
         try:
             # Checking the sha256 of a large blob (and a signature) is CPU work: off the loop for large ones.
             checked: StoredPlan | None = await self._offload.run(
@@ -283,7 +293,7 @@ class AsyncRedisPlanStore:
 
     async def get(self, plan_key: str) -> StoredPlan | None:
         try:
-            return await self.fresh(plan_key)
+            return await self._read(self._reads, plan_key)
         except IntegrityError:
             return None  # a miss: a Compile has it rebuilt, or fails with the reason
 
