@@ -384,3 +384,54 @@ def test_error_messages_are_bounded_and_do_not_echo_whole_inputs(stack: Stack) -
         trailers = sum(len(v) for _, v in info.value.trailing_metadata() or ())
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "name longer than 256 characters" in details
     assert len(details) <= 4200 and trailers <= 8192
+
+
+def test_an_unknown_callers_request_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """Issue 44, item 5: a caller with no token (or a wrong one) is refused from the call's metadata, before
+    its request is read: ten 15 MiB requests (under gRPC's receive bound) and five of 60 MiB grow the
+    gateway's RSS by at most a few MB (read whole first, ten 15 MiB requests grew it by ~170 MB), and
+    each is answered UNAUTHENTICATED naming what is missing, or PERMISSION_DENIED for a token of a lesser role."""
+    import secrets
+
+    read_token, redis_server = secrets.token_hex(16), EmbeddedRedis(tmp_path / "redis", persist=False).start()
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"read {read_token}\n")
+    tokens.chmod(0o600)
+    try:
+        address = f"127.0.0.1:{free_port()}"
+        with server_process(
+            address,
+            redis_server.url,
+            tmp_path / "server.log",
+            "--gpus",
+            "none",
+            "--tokens-file",
+            str(tokens),
+            token=read_token,
+        ) as server:
+            options = [("grpc.max_send_message_length", 128 * 2**20)]
+            with grpc.insecure_channel(address, options=options) as channel:
+                compile_call = channel.unary_unary(
+                    "/plancache.v1.PlanCache/Compile", request_serializer=lambda b: b, response_deserializer=lambda b: b
+                )
+                time.sleep(0.5)
+                before = rss(server.pid)
+                answers = []
+                for size_mb, metadata in ((15, ()), (15, (("authorization", "Bearer wrong"),)), (60, ())):
+                    payload = b"\x0a" + b"\x80\x80\x80\x1e" + b"x" * (size_mb * 2**20 - 5)
+                    for _ in range(5):
+                        with pytest.raises(grpc.RpcError) as info:
+                            compile_call(payload, metadata=metadata, timeout=30)
+                        answers.append((info.value.code(), info.value.details()))
+                time.sleep(1.0)
+                grown = rss(server.pid) - before
+                with pytest.raises(grpc.RpcError) as denied:  # a known token whose role may not compile
+                    compile_call(b"", metadata=(("authorization", f"Bearer {read_token}"),), timeout=10)
+        assert {code for code, _ in answers} == {grpc.StatusCode.UNAUTHENTICATED}
+        assert "requires a bearer token" in answers[0][1]
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED and "needs a compile token" in (
+            denied.value.details() or ""
+        )
+        assert grown < 8 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB"
+    finally:
+        redis_server.stop()

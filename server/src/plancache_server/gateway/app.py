@@ -192,6 +192,12 @@ class Gateway:
                 # A second server on a busy port fails to start instead of
                 # silently sharing (and taking) its traffic.
                 ("grpc.so_reuseport", 0),
+                # No bandwidth-delay probing of callers' uploads: with it, gRPC widened a stream's window to
+                # megabytes and took in that much of a request refused before it is read (an unknown caller's:
+                # plancache_server.gateway.guard._TokenGate), which the allocator kept (bench/oversize.py:
+                # 95 MB for five 15 MiB requests, 0.4 MB without). Requests are small; a 15 MiB Prefetch
+                # uploads as fast on a local link either way.
+                ("grpc.http2.bdp_probe", 0),
                 # gRPC's own backlog of calls not yet taken up by the event
                 # loop: past 1,000 (its default) it drops calls at random as
                 # CANCELLED, which a burst of callers hit (1% of a 2,000-call
