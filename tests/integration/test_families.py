@@ -244,3 +244,32 @@ def test_a_family_of_1024_members_never_delays_a_callers_miss(
             assert client.admin.family_status(asked.family_key).stored < 1024  # the family was still building
     finally:
         stop()
+
+
+def test_a_family_builds_while_its_program_keeps_missing(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
+    """GPU run 29: a program sweeping through a family's sizes misses every few hundred ms, and the worker
+    took warming items only after an idle spell longer than that: the family it asked for was built after
+    the program ended. Here a caller misses every 0.2 s for 4 s while a 40-member family is queued: the
+    family is built meanwhile, and each miss is still built at once."""
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.02), pool_size=3, warm=True)
+    try:
+        family = derive(decode_step(8), decode_step(17), sizes={"d0": range(1, 41)})
+        with stack.client() as client:
+            asked = client.admin.build_family(family, STANDIN_TARGET, OPTIONS)
+            assert asked.queued == 40
+            slowest = 0.0
+            ends = time.monotonic() + 4.0
+            rows = 1000
+            while time.monotonic() < ends:
+                started = time.monotonic()
+                client.compile(decode_step(rows), STANDIN_TARGET, OPTIONS, timeout=30)
+                slowest = max(slowest, time.monotonic() - started)
+                rows += 1
+                time.sleep(max(0.0, 0.2 - (time.monotonic() - started)))
+            during = client.admin.family_status(asked.family_key).stored
+            assert during >= 20, f"{during} of 40 members built while the caller kept missing"
+            assert slowest < 1.5, slowest  # the misses were not held behind the family
+    finally:
+        stop()

@@ -140,6 +140,12 @@ class Worker:
                         joined = True
                     waited = False
                     if not self._stop.is_set():
+                        # Warming first, then jobs: taken only after the intake, warming waited for an idle
+                        # spell as long as the intake's block (IDLE_BLOCK_S), and a program missing more often
+                        # than that (a sweep through a graph family's sizes) starved the family it was asking
+                        # for until it ended (GPU run 29, issue 43). A caller's job still goes first: its
+                        # plan takes the first build process, which warming never uses.
+                        self._warm_up()
                         waited = self._intake()
                         self._warm_up()
                     elif not handed_back:
