@@ -60,9 +60,10 @@ FAMILY_GRAPHS = 512
 MAX_SIGNATURES = 256
 # Sizes kept per signature to say which the program met (the service builds those nearest first).
 SEEN_KEPT = 64
-# Frames in plancache's own package (and torch's, between a model and a function it routes) are not call sites.
-_PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
-_SKIPPED = (_PACKAGE_DIR, "/torch/", "<frozen ")
+# Frames in plancache's own package (as imported, and resolved: an install may reach it through a link) and
+# torch's (between a model and a function it routes) are not call sites.
+_PACKAGE_DIRS = tuple({str(Path(__file__).parent.parent), str(Path(__file__).resolve().parent.parent)})
+_SKIPPED = ("/torch/", "<frozen ")
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def call_site() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith(_SKIPPED[0]) and not any(part in filename for part in _SKIPPED[1:]):
+        if not filename.startswith(_PACKAGE_DIRS) and not any(part in filename for part in _SKIPPED):
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
     return "?"
