@@ -122,6 +122,16 @@ def test_a_family_over_a_parameters_dims_is_refused_naming_it(family_stack: Stac
         )
         with pytest.raises(InvalidRequest, match="sizes seen of 'd7', which the family does not vary"):
             client.connection.call(client._stub.BuildFamily, seen_elsewhere, 10)
+        too_many_seen = pb.BuildFamilyRequest(
+            family=family.to_proto(),
+            target=STANDIN_TARGET.to_proto(),
+            options=OPTIONS.to_proto(),
+            seen=[pb.SizesSeen(symbol="d0", sizes=range(1, 300))],
+        )
+        with pytest.raises(InvalidRequest, match="at most 256 positive sizes, not 299"):
+            client.connection.call(client._stub.BuildFamily, too_many_seen, 10)
+        with pytest.raises(InvalidRequest, match="a workload name is 1 to 128 of"):
+            client.admin.build_family(family, STANDIN_TARGET, OPTIONS, workload="no spaces allowed")
 
 
 def test_the_members_nearest_the_sizes_seen_are_queued_first(
