@@ -342,7 +342,7 @@ def test_the_redis_password_is_not_on_the_workers_command_line(tmp_path: Path) -
             stderr=subprocess.DEVNULL,
         )
         try:
-            wait_for_workers(address, proc=proc, timeout=60)
+            wait_for_workers(address, proc=proc)
             with Client(address, cache=False) as client:
                 assert client.compile(matmul_spec(m=152), TARGET).source == "compiled"
             children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()

@@ -173,7 +173,7 @@ def _deployment(stack: ExitStack, redis_url: str, tmp: Path, workers: int, *flag
         ).pid
         for i in range(workers)
     ]
-    wait_for_workers(address, count=workers, timeout=60)
+    wait_for_workers(address, count=workers)
     return address, pids
 
 

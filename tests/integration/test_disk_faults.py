@@ -87,7 +87,7 @@ def test_a_full_disk_refuses_new_plans_with_the_reason_keeps_every_stored_one_an
             folder = stack.enter_context(small_file_system(data_dir / "redis", 8 * 2**20))
             server = Proc(_server(data_dir, address), tmp_path / "server.log")
             stack.callback(server.stop)
-            wait_for_workers(address, proc=server.proc, timeout=60)
+            wait_for_workers(address, proc=server.proc)
             client = stack.enter_context(Client(address, cache=False, timeout=10))
             stored = {p.key: p.blob for p in (client.compile(matmul_spec(m=8 * (i + 1)), TARGET) for i in range(5))}
             # The disk fills up (another program's file), and Redis meets it at its next write.
@@ -116,7 +116,7 @@ def test_a_full_disk_refuses_new_plans_with_the_reason_keeps_every_stored_one_an
             # Restarted on the same files: nothing acknowledged was lost.
             again = Proc(_server(data_dir, address), tmp_path / "again.log")
             stack.callback(again.stop)
-            wait_for_workers(address, proc=again.proc, timeout=60)
+            wait_for_workers(address, proc=again.proc)
             assert all(client.get(k).blob == b for k, b in stored.items())
         assert_no_traceback(text)
         said = lines_matching(text, "cannot write its data to disk")

@@ -72,7 +72,7 @@ class Fleet:
             )
             for i in range(workers)
         ]
-        wait_for_workers(self.addresses[0], count=workers, timeout=30)
+        wait_for_workers(self.addresses[0], count=workers)
 
 
 @pytest.fixture

@@ -79,7 +79,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
             "--metrics-port",
             str(http_port),
         ) as server:
-            wait_for_workers(address, proc=server, timeout=60)
+            wait_for_workers(address, proc=server)
             cache = tmp / "node-cache"
             nodes = [_node(address, "first", cache), _node(address, "cached", cache), _node(address, "down")]
             url = f"http://127.0.0.1:{http_port}"

@@ -60,7 +60,7 @@ def test_out_of_memory_and_the_oom_killer_fail_the_call_with_the_reason_and_the_
         server_process(address, redis_server.url, log, *STANDIN_WORKERS) as server,
         Client(address, cache=False, timeout=60) as client,
     ):
-        wait_for_workers(address, proc=server, timeout=60)
+        wait_for_workers(address, proc=server)
         oom, oom_s = _fails(client, 8, GPU_OOM_NAME)
         assert "out of GPU memory" in oom and "CUDA out of memory" in oom, oom
         again, _ = _fails(client, 8, GPU_OOM_NAME)
@@ -95,7 +95,7 @@ def test_a_gpu_lost_mid_run_fails_its_builds_with_the_reason_and_the_worker_retu
         server_process(address, redis_server.url, log, *STANDIN_WORKERS, env=env) as server,
         Client(address, cache=False, timeout=60) as client,
     ):
-        wait_for_workers(address, proc=server, timeout=60)
+        wait_for_workers(address, proc=server)
         assert client.compile(matmul_spec(m=16), TARGET).source == "compiled"
         lost, lost_s = _fails(client, 40, GPU_LOST_NAME)
         assert "was lost" in lost and "fallen off the bus" in lost, lost

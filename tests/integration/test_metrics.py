@@ -65,7 +65,7 @@ def test_server_and_worker_metrics(tmp_path: Path) -> None:
             "--metrics-port",
             str(port),
         ) as server:
-            wait_for_workers(address, proc=server, timeout=30)
+            wait_for_workers(address, proc=server)
             with Client(address, cache=False) as client:
                 client.compile(matmul_spec(), TARGET)
                 client.compile(matmul_spec(), TARGET)

@@ -243,7 +243,7 @@ def test_server_started_workers_sign_with_a_generated_key(tmp_path: Path) -> Non
             "--data-dir",
             str(data_dir),
         ) as server:
-            wait_for_workers(address, proc=server, timeout=30)
+            wait_for_workers(address, proc=server)
             public_key = signing_public_key(data_dir)
             with Client(address, cache=False, trusted_keys=[public_key], allow_unsigned=False) as client:
                 plan = client.compile(matmul_spec(), STANDIN_TARGET)
@@ -292,7 +292,7 @@ def test_a_server_trusts_what_its_own_workers_sign_whatever_its_environment_says
             str(stranger_public),
             env=env,
         ) as server:
-            wait_for_workers(address, proc=server, timeout=30)
+            wait_for_workers(address, proc=server)
             with Client(
                 address, cache=False, trusted_keys=[signing_public_key(data_dir)], allow_unsigned=False, timeout=20
             ) as client:

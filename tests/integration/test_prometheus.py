@@ -248,7 +248,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             QUEUED.id,
             env=env,
         ) as server:
-            wait_for_workers(address, proc=server, timeout=60)
+            wait_for_workers(address, proc=server)
             store = redis.Redis.from_url(redis_server.url)
             with Client(address, cache=False, hedge=False, report=False, timeout=10, allow_unsigned=True) as client:
                 # Warm-up: every series exists before Prometheus's first scrape, in the proportions of the

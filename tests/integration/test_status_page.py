@@ -93,7 +93,7 @@ def busy_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
             str(http_port),
             env=env,
         ) as server:
-            wait_for_workers(address, proc=server, timeout=30)
+            wait_for_workers(address, proc=server)
             hot, warm = matmul_spec(m=128), matmul_spec(m=64)
             with Client(address, cache=False, allow_unsigned=True) as client:  # an --unsigned server
                 hot_key = client.compile(hot, TARGET).key

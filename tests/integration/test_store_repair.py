@@ -79,7 +79,7 @@ def test_a_damaged_store_is_one_line_and_repair_store_mends_it_losing_only_what_
     ]
     try:
         first = Proc(server, tmp_path / "first.log")
-        wait_for_workers(address, proc=first.proc, timeout=60)
+        wait_for_workers(address, proc=first.proc)
         with Client(address, cache=False, timeout=30) as client:
             originals = {
                 p.key: p.blob for p in (client.compile(matmul_spec(m=8 * (i + 1)), TARGET) for i in range(PLANS))
@@ -105,7 +105,7 @@ def test_a_damaged_store_is_one_line_and_repair_store_mends_it_losing_only_what_
         started = time.monotonic()
         repaired = Proc([*server, "--repair-store"], tmp_path / "repaired.log")
         try:
-            wait_for_workers(address, proc=repaired.proc, timeout=60)
+            wait_for_workers(address, proc=repaired.proc)
             serving_after = time.monotonic() - started
             (summary,) = [line for line in problem_lines(repaired.text()) if "store repaired" in line]
             with Client(address, cache=False, timeout=30) as client:

@@ -114,7 +114,7 @@ def test_one_command_pins_the_servers_key_and_the_readme_example_works(tmp_path:
     address = f"127.0.0.1:{port}"
     server = start_server(tmp_path, redis_url, port, "server.log", "--metrics-port", str(metrics_port))
     try:
-        wait_for_workers(address, proc=server.proc, timeout=60)
+        wait_for_workers(address, proc=server.proc)
         [(kid, (state, fp))] = logged_keys(server).items()
         assert state == "current" and kid == Signer.from_file(tmp_path / "data" / "keys" / "plan-signing.pem").key_id
 
@@ -192,7 +192,7 @@ def test_the_key_rotates_without_breaking_a_client(tmp_path: Path, redis_url: st
     data = tmp_path / "data"
     server = start_server(tmp_path, redis_url, port, "server.log")
     try:
-        wait_for_workers(address, proc=server.proc, timeout=60)
+        wait_for_workers(address, proc=server.proc)
         [(first, (_, first_fp))] = logged_keys(server).items()
         assert cli("trust", address, "--expect", first_fp).returncode == 0
         with Client(address, cache=False) as client:
@@ -224,7 +224,7 @@ def test_the_key_rotates_without_breaking_a_client(tmp_path: Path, redis_url: st
     )
     server = start_server(tmp_path, redis_url, port, "server-after.log")
     try:
-        wait_for_workers(address, proc=server.proc, timeout=60)
+        wait_for_workers(address, proc=server.proc)
         assert {k: s for k, (s, _) in logged_keys(server).items()} == {second: "current", first: "previous"}
         with Client(address, cache=False) as client:
             new_plan = client.compile(matmul_bias_relu_spec(), TARGET)

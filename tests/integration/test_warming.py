@@ -345,7 +345,7 @@ def test_a_warming_plan_is_resumed_after_its_worker_dies(tmp_path: Path) -> None
                 server_process(address, redis_server.url, tmp_path / "server.log", "--gpus", "none", "--unsigned")
             )
             first = stack.enter_context(worker_process(redis_server.url, tmp_path / "worker1.log", *flags, env=env))
-            wait_for_workers(address, timeout=60)
+            wait_for_workers(address)
             client = stack.enter_context(Client(address, cache=False, timeout=60))
             specs = _specs(6)
             for spec in specs:

@@ -130,11 +130,22 @@ def server_process(
                         break
                     except PlanCacheError:
                         if proc.poll() is not None or time.monotonic() > deadline:
-                            raise RuntimeError(f"plancache-server did not start; see {log}") from None
+                            raise RuntimeError(f"plancache-server did not start:\n{_tail(log)}") from None
                         time.sleep(0.1)
             yield proc
+        except Exception as failed:
+            # What the server said is the first thing a failing run's reader needs (a CI log has no files).
+            failed.add_note(f"the server's log ({log}), its last lines:\n{_tail(log)}")
+            raise
         finally:
             _stop(proc)
+
+
+def _tail(log: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(unreadable: {e})"
 
 
 @contextmanager
