@@ -18,9 +18,22 @@ from plancache_server.gateway.offload import CpuOffload
 
 # Resolved queries remembered by their wire form: a herd sends the same
 # specs thousands of times, and normalizing and hashing one costs far more
-# than looking it up. Large specs are not remembered.
+# than looking it up. Large specs are not remembered. Bounded by count and by
+# an estimate of the memory an entry holds: its wire form, the parsed and
+# normalized spec and the query's own wire form made for its jobs. A 105-byte
+# matmul spec's entry measured 4.9 KB (tracemalloc); the objects of a spec
+# weigh tens of times its wire form, so 64 KB specs, counted alone, could
+# hold gigabytes in 4,096 entries.
 RESOLVED_KEPT = 4096
 RESOLVED_MAX_SPEC_BYTES = 64 * 1024
+RESOLVED_MAX_BYTES = 32 * 2**20
+ENTRY_OVERHEAD_BYTES = 4096
+BYTES_PER_WIRE_BYTE = 32
+
+
+def entry_cost(wire: tuple[bytes, bytes, bytes]) -> int:
+    """The estimated memory a remembered query holds."""
+    return ENTRY_OVERHEAD_BYTES + BYTES_PER_WIRE_BYTE * sum(map(len, wire))
 
 
 class QueryResolver:
@@ -28,6 +41,7 @@ class QueryResolver:
         self._offload = offload
         self._limits = limits
         self._resolved: OrderedDict[tuple[bytes, bytes, bytes], PlanQuery] = OrderedDict()
+        self.remembered_bytes = 0  # the estimate (entry_cost) of what _resolved holds
 
     async def resolve(self, spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> PlanQuery:
         """Validate everything the caller sent and compute the plan key."""
@@ -43,9 +57,17 @@ class QueryResolver:
         if resolved is None:
             resolved = self.resolve_now(spec, target, options)
             self._resolved[wire] = resolved
-            if len(self._resolved) > RESOLVED_KEPT:
-                self._resolved.popitem(last=False)
+            self.remembered_bytes += entry_cost(wire)
+            while len(self._resolved) > RESOLVED_KEPT or self.remembered_bytes > RESOLVED_MAX_BYTES:
+                oldest, _ = self._resolved.popitem(last=False)
+                self.remembered_bytes -= entry_cost(oldest)
+        else:
+            self._resolved.move_to_end(wire)  # least recently used out first: a herd's spec stays
         return resolved
+
+    @property
+    def remembered(self) -> int:
+        return len(self._resolved)
 
     def resolve_now(self, spec: pb.GraphSpec, target: pb.Target, options: pb.CompileOptions) -> PlanQuery:
         """A caller's query, validated and normalized here (what it claims is not trusted), its key derived."""
