@@ -124,4 +124,3 @@ class _Once:
         call, self._call = self._call, None
         if call is not None:
             call()
-
