@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: setup setup-test test-plan redis chromium node prometheus run demo test lint typecheck proto bench herd upgrade flood soak clean
+.PHONY: setup setup-test test-plan torch-cpu redis chromium node prometheus run demo test lint typecheck proto bench herd upgrade flood soak clean
 
 $(STAMP): client/pyproject.toml server/pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,16 @@ $(STAMP): client/pyproject.toml server/pyproject.toml requirements-dev.txt
 	touch $(STAMP)
 
 setup: $(STAMP) redis
+
+## torch's CPU build, for the tests only: plancache.torch's operators and mode are traced, compiled and
+## checked on the CPU (tests/unit/plancache_torch; their CUDA side is tests/gpu). The CPU index keeps a fresh
+## machine from fetching a CUDA build of several GB; a machine with torch 2.13.0 on disk takes that.
+TORCH_STAMP := $(VENV)/.torch-stamp
+torch-cpu: $(TORCH_STAMP)
+
+$(TORCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q torch==2.13.0 --retries 0 --extra-index-url https://download.pytorch.org/whl/cpu && touch $(TORCH_STAMP) \
+		|| echo "torch not installable here: tests/unit/plancache_torch will skip (they say so)"
 
 redis:
 	@scripts/install-redis.sh
@@ -52,11 +62,12 @@ TEST_COMMANDS := redis-server=redis-server chromium=chromium node=nodejs npm=npm
 test-plan:
 	@echo "make test sets up, where missing:"
 	@if [ ! -f $(STAMP) ]; then echo "  Python packages into $(VENV) (about 500 MB: grpcio, redis, cryptography, the cuDNN frontend's IR, ...)"; fi
+	@if [ ! -f $(TORCH_STAMP) ]; then echo "  torch 2.13.0, CPU build, into $(VENV) (about 700 MB; the tests of plancache.torch)"; fi
 	@if [ ! -f $(NODE_MODULES) ]; then echo "  npm packages into tests/conformance/node/node_modules (package-lock.json)"; fi
 	@scripts/install-os-package.sh --plan $(TEST_COMMANDS)
 	@echo "  (no service of these packages is left running or enabled at boot)"
 
-setup-test: test-plan setup chromium node prometheus
+setup-test: test-plan setup torch-cpu chromium node prometheus
 
 ## Start a server on 127.0.0.1:50051 with a private Redis and a worker per local GPU;
 ## /metrics and the status page on http://127.0.0.1:$(METRICS_PORT)/ (METRICS_PORT=0: off).

@@ -21,6 +21,7 @@ GRAPH = modules()
 CLIENT_ONLY = (
     "plancache.transport",
     "plancache.functional",
+    "plancache.torch",
     "plancache.cudnn",
     "plancache.frontdoors",
     "plancache.cli",

@@ -21,6 +21,7 @@ from plancache.functional._attention_common import length_port, masked_attention
 from plancache.functional._autograd import Rule, needed
 from plancache.functional._first_call import first_call
 from plancache.functional._geometry import Dims, Geo, Unserved, no_zero_strides, served_dtype, tensor_key
+from plancache.functional._op_call import OpCall
 from plancache.functional._requests import Constant, Output, Request, dense_like, finish, graph, request
 from plancache.functional._signature import Bound, Signature, Slot
 from plancache.functional._table import TABLE, Served
@@ -119,8 +120,10 @@ def _sdpa(
     seq_len_kv: Any,
     sliding_window: int | None,
     alibi: bool,
+    *,
+    op: OpCall | None = None,
 ) -> Any:
-    """scaled_dot_product_attention without bucketing."""
+    """scaled_dot_product_attention without bucketing (`op`: a torch operator's call)."""
     if _compiling():
         return torch_scaled_dot_product_attention(
             query,
@@ -137,11 +140,16 @@ def _sdpa(
             alibi=alibi,
         )
     try:
-        grad = _grad_on() and (
-            query.requires_grad
-            or key.requires_grad
-            or value.requires_grad
-            or (attn_mask is not None and attn_mask.requires_grad)
+        grad = (
+            op.train
+            if op is not None
+            else _grad_on()
+            and (
+                query.requires_grad
+                or key.requires_grad
+                or value.requires_grad
+                or (attn_mask is not None and attn_mask.requires_grad)
+            )
         )
         geometry = (
             "sdpa",
@@ -178,7 +186,7 @@ def _sdpa(
         tensors = (*tensors, _tensor_ops.dropout_seed(query.device))
     entry = TABLE.get(geometry)
     if entry is not None:
-        return entry(tensors)
+        return entry(tensors) if op is None else op.take(entry, tensors)
     if alibi and not is_causal:
         raise InvalidRequest(
             "scaled_dot_product_attention: alibi=True needs is_causal=True (cuDNN's ALiBi masks keys after the query)"
@@ -213,7 +221,7 @@ def _sdpa(
         sliding_window=sliding_window,
         alibi=alibi,
     )
-    return first_call(bound, geometry, forward, fallback, grad, lambda forward: sdpa_rule(bound, options, forward))
+    return first_call(bound, geometry, forward, fallback, grad, lambda forward: sdpa_rule(bound, options, forward), op)
 
 
 # query, key, value, attn_mask, seq_len_q, seq_len_kv: what the forward's and the backward's graphs read

@@ -23,6 +23,7 @@ from plancache.functional._geometry import (
     pair,
     served_dtype,
 )
+from plancache.functional._op_call import OpCall
 from plancache.functional._requests import (
     OUTPUT_UID,
     Output,
@@ -66,11 +67,32 @@ def conv2d(
     """torch.nn.functional.conv2d, with a fused ReLU (`relu=True`). The result
     is channels-last when an operand is (as torch's), contiguous otherwise.
     Differentiable: conv_dgrad, conv_wgrad, dBias (a reduction), the ReLU's backward."""
+    return _conv2d(input, weight, bias, stride, padding, dilation, groups, relu=relu)
+
+
+def _conv2d(
+    input: Any,
+    weight: Any,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: Any = 1,
+    *,
+    relu: bool = False,
+    op: OpCall | None = None,
+) -> Any:
+    """conv2d (`op`: a torch operator's call)."""
     if _compiling():
         return torch_conv2d(input, weight, bias, stride, padding, dilation, groups, relu=relu)
     options = (hashable(stride), hashable(padding), hashable(dilation), groups, bool(relu))
     try:
-        grad = _grad_on() and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+        grad = (
+            op.train
+            if op is not None
+            else _grad_on()
+            and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+        )
         key = (
             "conv2d",
             input.shape,
@@ -90,7 +112,7 @@ def conv2d(
     tensors = (input, weight) if bias is None else (input, weight, bias)
     entry = TABLE.get(key)
     if entry is not None:
-        return entry(tensors)
+        return entry(tensors) if op is None else op.take(entry, tensors)
     bound = CONV2D.bind(tensors, input=input, weight=weight, bias=bias)
 
     def forward() -> Request:
@@ -102,7 +124,7 @@ def conv2d(
         return conv2d_rule(bound, relu, attributes, forward)
 
     fallback = bound.fallback(torch_conv2d, stride=stride, padding=padding, dilation=dilation, groups=groups, relu=relu)
-    return first_call(bound, key, forward, fallback, grad, rule)
+    return first_call(bound, key, forward, fallback, grad, rule, op)
 
 
 # ---- the forward graph -----------------------------------------------------------------------

@@ -22,6 +22,7 @@ from plancache.frontdoors.service import ABOUT_THE_GRAPH, SERVICE, TRANSIENT, On
 from plancache.functional import _tensor_ops
 from plancache.functional._autograd import Differentiable, Rule
 from plancache.functional._geometry import Unserved
+from plancache.functional._op_call import OpCall
 from plancache.functional._requests import Request
 from plancache.functional._signature import Bound, Signature
 from plancache.functional._table import TABLE, Entry, Fallback, Served, counts, served
@@ -42,11 +43,13 @@ def first_call(
     fallback: Callable[..., Any],
     needs_grad: bool,
     rule: Callable[[Request], Rule] | None = None,
+    op: OpCall | None = None,
 ) -> Any:
     """Run the first call of a geometry and keep what ran it (what worked:
     a call torch refuses, a mistake, leaves nothing behind). With autograd,
     `request` is the training forward and `rule(request)` its backward: every
-    plan of both is fetched now. No `rule`: the operator has no served backward."""
+    plan of both is fetched now. No `rule`: the operator has no served backward.
+    `op`: a torch operator's call (plancache.torch), given what `op.take` gives."""
     function, tensors = bound.function, bound.tensors
     devices = [str(getattr(getattr(t, "device", None), "type", None)) for t in tensors]
     if all(d == "cpu" for d in devices):
@@ -76,7 +79,7 @@ def first_call(
     except Unserved as e:
         unserved = e
     if unserved is not None:
-        return _run_fallback(bound, key, fallback, unserved.reason, "not_asked", transient=unserved.transient)
+        return _run_fallback(bound, key, fallback, unserved.reason, "not_asked", transient=unserved.transient, op=op)
     device = int(tensors[0].get_device())
     failed: tuple[str, bool, bool, str] | None = None  # (reason, transient, logged already, reason class)
     try:
@@ -88,7 +91,7 @@ def first_call(
                 entry = Differentiable(
                     Served(asked, plan, device), backward, _backward_pieces(bound.signature, backward, device)
                 )
-        result = entry(tensors)
+        result = entry(tensors) if op is None else op.take(entry, tensors)
     except PlanCacheError as e:
         # The service's own failures (no server, server down, no worker) are
         # logged once for all geometries; a graph's (cuDNN refused it) with it.
@@ -106,7 +109,7 @@ def first_call(
     if failed is not None:
         reason, transient, quiet, reason_class = failed
         return _run_fallback(
-            bound, key, fallback, reason, reason_class, transient=transient, quiet=quiet, spec=asked.spec
+            bound, key, fallback, reason, reason_class, transient=transient, quiet=quiet, spec=asked.spec, op=op
         )
     TABLE.put(key, entry)
     counts(function).geometries += 1
@@ -165,6 +168,7 @@ def _run_fallback(
     transient: bool,
     quiet: bool = False,
     spec: GraphSpec | None = None,
+    op: OpCall | None = None,
 ) -> Any:
     function, tensors = bound.function, bound.tensors
     if not _tensor_ops.available():
@@ -186,7 +190,7 @@ def _run_fallback(
             bound.describe(),
             reason,
         )
-    return result
+    return result if op is None else op.take(entry, tensors)
 
 
 def _node_type(signature: Signature, spec: GraphSpec | None) -> str:

@@ -19,6 +19,7 @@ from plancache.functional import _modes
 from plancache.functional._autograd import Rule, TorchSum, needed
 from plancache.functional._first_call import first_call
 from plancache.functional._geometry import Geo, Unserved, collapse, no_zero_strides, served_dtype
+from plancache.functional._op_call import OpCall
 from plancache.functional._requests import (
     ACTIVATIONS,
     OUTPUT_UID,
@@ -67,12 +68,19 @@ def linear(input: Any, weight: Any, bias: Any = None, *, activation: str | None 
     return _linear(input, weight, bias, activation=activation)
 
 
-def _linear(input: Any, weight: Any, bias: Any = None, *, activation: str | None = None) -> Any:
-    """linear without bucketing."""
+def _linear(
+    input: Any, weight: Any, bias: Any = None, *, activation: str | None = None, op: OpCall | None = None
+) -> Any:
+    """linear without bucketing (`op`: a torch operator's call)."""
     if _compiling():
         return torch_linear(input, weight, bias, activation=activation)
     try:
-        grad = _grad_on() and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+        grad = (
+            op.train
+            if op is not None
+            else _grad_on()
+            and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+        )
         key = (
             "linear",
             input.shape,
@@ -92,7 +100,7 @@ def _linear(input: Any, weight: Any, bias: Any = None, *, activation: str | None
     tensors = (input, weight) if bias is None else (input, weight, bias)
     entry = TABLE.get(key)
     if entry is not None:
-        return entry(tensors)
+        return entry(tensors) if op is None else op.take(entry, tensors)
     if activation is not None and activation not in ACTIVATIONS:
         raise InvalidRequest(
             f"linear: activation {activation!r} is not one of None, {', '.join(map(repr, ACTIVATIONS))}"
@@ -105,6 +113,7 @@ def _linear(input: Any, weight: Any, bias: Any = None, *, activation: str | None
         bound.fallback(torch_linear, activation=activation),
         grad,
         lambda forward: linear_rule(bound, activation, forward),
+        op,
     )
 
 

@@ -20,6 +20,7 @@ from plancache.functional import _modes
 from plancache.functional._autograd import Rule, Run
 from plancache.functional._first_call import first_call
 from plancache.functional._geometry import Dims, Geo, Unserved, collapse, hashable, is_dense, served_dtype
+from plancache.functional._op_call import OpCall
 from plancache.functional._requests import (
     OUTPUT_UID,
     Constant,
@@ -74,16 +75,29 @@ def layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any 
     return _layer_norm(input, normalized_shape, weight, bias, eps)
 
 
-def _layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Any:
-    """layer_norm without bucketing."""
+def _layer_norm(
+    input: Any,
+    normalized_shape: Any,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = 1e-5,
+    *,
+    op: OpCall | None = None,
+) -> Any:
+    """layer_norm without bucketing (`op`: a torch operator's call)."""
     if _compiling():
         return torch_layer_norm(input, normalized_shape, weight, bias, eps)
     shape = hashable(normalized_shape)
     try:
-        grad = _grad_on() and (
-            input.requires_grad
-            or (weight is not None and weight.requires_grad)
-            or (bias is not None and bias.requires_grad)
+        grad = (
+            op.train
+            if op is not None
+            else _grad_on()
+            and (
+                input.requires_grad
+                or (weight is not None and weight.requires_grad)
+                or (bias is not None and bias.requires_grad)
+            )
         )
         key = (
             "layer_norm",
@@ -106,7 +120,7 @@ def _layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any
         tensors += (bias,)
     entry = TABLE.get(key)
     if entry is not None:
-        return entry(tensors)
+        return entry(tensors) if op is None else op.take(entry, tensors)
     bound = LAYER_NORM.bind(tensors, input=input, weight=weight, bias=bias)
 
     def forward() -> Request:
@@ -120,6 +134,7 @@ def _layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any
         bound.fallback(torch_layer_norm, normalized_shape=normalized_shape, eps=eps),
         grad,
         lambda forward: norm_rule(bound, normalized(normalized_shape), forward),
+        op,
     )
 
 
@@ -134,13 +149,19 @@ def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float |
     return _rms_norm(input, normalized_shape, weight, eps)
 
 
-def _rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> Any:
-    """rms_norm without bucketing."""
+def _rms_norm(
+    input: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None, *, op: OpCall | None = None
+) -> Any:
+    """rms_norm without bucketing (`op`: a torch operator's call)."""
     if _compiling():
         return torch_rms_norm(input, normalized_shape, weight, eps)
     shape = hashable(normalized_shape)
     try:
-        grad = _grad_on() and (input.requires_grad or (weight is not None and weight.requires_grad))
+        grad = (
+            op.train
+            if op is not None
+            else _grad_on() and (input.requires_grad or (weight is not None and weight.requires_grad))
+        )
         key = (
             "rms_norm",
             input.shape,
@@ -157,7 +178,7 @@ def _rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float 
     tensors = (input,) if weight is None else (input, weight)
     entry = TABLE.get(key)
     if entry is not None:
-        return entry(tensors)
+        return entry(tensors) if op is None else op.take(entry, tensors)
     bound = RMS_NORM.bind(tensors, input=input, weight=weight)
     return first_call(
         bound,
@@ -166,6 +187,7 @@ def _rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float 
         bound.fallback(torch_rms_norm, normalized_shape=normalized_shape, eps=eps),
         grad,
         lambda forward: norm_rule(bound, normalized(normalized_shape), forward),
+        op,
     )
 
 

@@ -234,6 +234,13 @@ class Fallback:
     def __call__(self, tensors: tuple[Any, ...]) -> Any:
         return self.run(self._fn, *tensors)
 
+    def taken(self) -> None:
+        """A call a torch operator runs itself (plancache.torch): counted and
+        expiring as any call of this entry."""
+        if self.expires is not None and time.monotonic() > self.expires:
+            TABLE.discard(self.key, self)
+        self._counts.torch += 1
+
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` in place of the geometry's own call (a call whose torch
         arguments are not all in its tuple of tensors: batch_norm's running

@@ -1,0 +1,88 @@
+"""plancache for torch programs as they are: torch operators, and a mode that routes an unchanged model's calls.
+
+    import plancache.torch
+    plancache.functional.configure("plancache.internal:50051")   # or PLANCACHE_SERVER
+    with plancache.torch.mode():                                 # eager, or around/inside torch.compile
+        loss = model(batch).loss
+        loss.backward()
+
+Inside the mode, the model's torch.nn.functional calls that plancache
+serves (layer_norm, rms_norm, linear and transformers' addmm form of it,
+scaled_dot_product_attention without dropout, conv2d; CUDA tensors of
+float16 or bfloat16) run served cuDNN plans, forward and backward; every
+other call, and every geometry cuDNN does not build, runs torch's own
+function with the same result. `stats()` says what was routed and what was
+left to torch, and why. The mode is a torch.overrides.TorchFunctionMode:
+it lives on the thread that entered it, for as long as it is entered; it
+patches nothing.
+
+The operators (`torch.ops.plancache.*`: plancache.torch._ops) are what a
+compiled program calls: torch.compile(fullgraph=True) traces them without a
+graph break, AOT autograd puts their backward operators in the backward
+graph, and CUDA graphs (mode="reduce-overhead") capture their plans.
+
+Needs torch (an ImportError says so without it); plancache itself does not.
+Owns: the operators (their schemas, fake implementations, autograd
+registrations, and torch's own forward and backward for what plancache does
+not serve: _torch_math), the mode and its routes, the mode's counters.
+May import: plancache.functional, plancache.errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+try:
+    import torch  # noqa: F401 (the operators below need it; say so at import)
+except ImportError as e:  # pragma: no cover - exercised where torch is missing
+    raise ImportError("plancache.torch needs torch (pip install torch); plancache.functional does too") from e
+
+import plancache.functional as pf
+from plancache.torch import _ops
+from plancache.torch._mode import COUNTS, PlanCacheMode, _counts_lock
+
+__all__ = ["OPERATORS", "PlanCacheMode", "RouteStats", "clear_stats", "mode", "stats"]
+
+OPERATORS = tuple(op._qualname for op in _ops.OPERATORS)  # "plancache::layer_norm", ...
+
+
+@dataclass(frozen=True)
+class RouteStats:
+    """One torch function's calls under the mode (eager), and what ran them."""
+
+    routed: int = 0  # calls given to plancache (its plan, or torch's function where cuDNN does not serve the geometry)
+    left: dict[str, int] = field(default_factory=dict)  # calls left to torch's own function, by reason
+    cudnn: int = 0  # calls a plancache plan ran (plancache.functional.stats(), operators included)
+    torch: int = 0  # calls plancache gave torch's function (a geometry cuDNN does not serve)
+    reasons: dict[str, int] = field(default_factory=dict)  # why, geometries per reason
+
+
+def mode() -> PlanCacheMode:
+    """A new mode: `with plancache.torch.mode(): ...` routes the calls plancache serves."""
+    return PlanCacheMode()
+
+
+def stats() -> dict[str, RouteStats]:
+    """By torch function ("layer_norm", "linear", "scaled_dot_product_attention", ...): what the mode routed and
+    left (eager calls), and what ran the routed ones (plancache.functional's counters, compiled calls included)."""
+    served = pf.stats()
+    with _counts_lock:
+        routes = {name: (c.routed, dict(c.left)) for name, c in COUNTS.items()}
+    out = {}
+    for name in sorted(set(routes) | set(served)):
+        routed, left = routes.get(name, (0, {}))
+        s = served.get(name)
+        out[name] = RouteStats(
+            routed,
+            left,
+            s.cudnn if s else 0,
+            s.torch if s else 0,
+            dict(s.reasons) if s else {},
+        )
+    return out
+
+
+def clear_stats() -> None:
+    """Forget the mode's counters (plancache.functional.clear() forgets the functions')."""
+    with _counts_lock:
+        COUNTS.clear()

@@ -1,0 +1,325 @@
+"""`with plancache.torch.mode():` the torch.nn.functional calls of an unchanged model, served by plancache.
+
+A TorchFunctionMode sees every torch function the program calls on its
+thread while it is entered. It takes the ones plancache serves (ROUTES: a
+CUDA tensor of half or bfloat16, options cuDNN's graph has) and leaves
+every other call to torch, untouched. Eager, a routed call is
+plancache.functional's (its autograd.Function: the cheapest hot path);
+under torch.compile (dynamo traces the mode), it is plancache's torch
+operator (plancache.torch._ops), which the compiled program runs. A call
+whose geometry cuDNN does not serve runs torch's own function inside
+either, with the same result.
+
+Counted, eager only (a compiled program runs no Python per call; its
+operators count in plancache.functional.stats()): calls routed, and calls
+left to torch by reason.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+
+import plancache.functional as pf
+from plancache.errors import InvalidRequest
+
+SERVED_DTYPES = (torch.float16, torch.bfloat16)
+# The devices a routed call may be on. CUDA: plancache's; a test adds "cpu" to
+# trace the operators (their CPU implementation is torch's own) on a machine without a GPU.
+ROUTED_DEVICES = {"cuda"}
+
+
+@dataclass
+class RouteCounts:
+    routed: int = 0
+    left: Counter[str] = field(default_factory=Counter)  # calls left to torch, by reason
+
+
+COUNTS: dict[str, RouteCounts] = {}
+_counts_lock = threading.Lock()
+
+
+class Left:
+    """A call left to torch, and why (counted under its reason). Routes return
+    it rather than raise: dynamo traces the mode, and a plain return traces simply."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _count(function: str, reason: str | None) -> None:
+    with _counts_lock:
+        entry = COUNTS.setdefault(function, RouteCounts())
+        if reason is None:
+            entry.routed += 1
+        else:
+            entry.left[reason] += 1
+
+
+def _unserved(name: str, t: Any, optional: bool = False) -> Left | None:
+    """Why tensor argument `name` is not plancache's (None: it is)."""
+    if t is None and optional:
+        return None
+    if not isinstance(t, Tensor):
+        return Left(f"{name} is not a tensor")
+    if t.device.type not in ROUTED_DEVICES:
+        return Left(f"{name} is on {t.device.type}")
+    if t.dtype not in SERVED_DTYPES:
+        return Left(f"{name} is {t.dtype} (plancache serves float16 and bfloat16)")
+    return None
+
+
+def _first(*checks: Left | None) -> Left | None:
+    for check in checks:
+        if check is not None:
+            return check
+    return None
+
+
+def _training(*tensors: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _bind(
+    args: tuple[Any, ...], kwargs: dict[str, Any], names: tuple[str, ...], defaults: dict[str, Any]
+) -> list[Any] | Left:
+    """A call's arguments by torch's parameter names (positional or keyword)."""
+    if len(args) > len(names):
+        return Left("more positional arguments than torch's function takes")
+    values = dict(defaults)
+    for name, value in zip(names, args, strict=False):
+        values[name] = value
+    for name, value in kwargs.items():
+        if name not in names:
+            return Left(f"argument {name!r}")
+        values[name] = value
+    for name in names:
+        if name not in values:
+            return Left(f"argument {name!r} missing")
+    return [values[n] for n in names]
+
+
+def _compiling() -> bool:
+    return bool(torch.compiler.is_compiling())
+
+
+def _eager(x: Tensor) -> bool:
+    """Whether a routed call is plancache.functional's (eager, CUDA) rather than the torch operator's."""
+    return not torch.compiler.is_compiling() and x.device.type == "cuda"
+
+
+def _pair(value: Any) -> list[int] | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value, value]
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return [int(value[0]), int(value[1])]
+    return None
+
+
+def _shape(value: Any) -> list[int]:
+    return [value] if isinstance(value, int) else list(value)
+
+
+# ---- the routes: torch's arguments in, plancache's call out (Left: torch's) ----------------------
+
+
+def _layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # torch.layer_norm's last argument, cudnn_enable, says nothing plancache reads.
+    bound = _bind(
+        args,
+        kwargs,
+        ("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"),
+        {"weight": None, "bias": None, "eps": 1e-5, "cudnn_enable": True},
+    )
+    if isinstance(bound, Left):
+        return bound
+    x, shape, w, b, eps, _ = bound
+    left = _first(_unserved("input", x), _unserved("weight", w, True), _unserved("bias", b, True))
+    if left is not None:
+        return left
+    if _eager(x):
+        return pf.layer_norm(x, _shape(shape), w, b, eps)
+    if _training(x, w, b):
+        return torch.ops.plancache.layer_norm_train(x, _shape(shape), w, b, float(eps))[0]
+    return torch.ops.plancache.layer_norm(x, _shape(shape), w, b, float(eps))
+
+
+def _rms_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    bound = _bind(args, kwargs, ("input", "normalized_shape", "weight", "eps"), {"weight": None, "eps": None})
+    if isinstance(bound, Left):
+        return bound
+    x, shape, w, eps = bound
+    left = _first(_unserved("input", x), _unserved("weight", w, True))
+    if left is not None:
+        return left
+    eps = None if eps is None else float(eps)
+    if _eager(x):
+        return pf.rms_norm(x, _shape(shape), w, eps)
+    if _training(x, w):
+        return torch.ops.plancache.rms_norm_train(x, _shape(shape), w, eps)[0]
+    return torch.ops.plancache.rms_norm(x, _shape(shape), w, eps)
+
+
+def _linear(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    bound = _bind(args, kwargs, ("input", "weight", "bias"), {"bias": None})
+    if isinstance(bound, Left):
+        return bound
+    x, w, b = bound
+    left = _first(_unserved("input", x), _unserved("weight", w), _unserved("bias", b, True))
+    if left is not None:
+        return left
+    if w.dim() != 2 or x.dim() < 2:
+        return Left(f"input of {x.dim()} dims, weight of {w.dim()}")
+    if _eager(x):
+        return pf.linear(x, w, b)
+    if _training(x, w, b):
+        return torch.ops.plancache.linear_train(x, w, b, None)[0]
+    return torch.ops.plancache.linear(x, w, b, None)
+
+
+def _addmm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """torch.addmm(bias, x, w) with a 1-D bias, beta = alpha = 1: linear with the weight w.T (transformers' Conv1D)."""
+    bound = _bind(args, kwargs, ("input", "mat1", "mat2", "beta", "alpha"), {"beta": 1, "alpha": 1})
+    if isinstance(bound, Left):
+        return bound
+    b, x, w, beta, alpha = bound
+    if beta != 1 or alpha != 1:
+        return Left("beta or alpha other than 1")
+    if not isinstance(b, Tensor) or not isinstance(w, Tensor) or b.dim() != 1:
+        return Left("a bias that is not 1-D")
+    return _linear((x, w.t(), b), {})
+
+
+def _sdpa(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    bound = _bind(
+        args,
+        kwargs,
+        ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
+        {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False},
+    )
+    if isinstance(bound, Left):
+        return bound
+    q, k, v, mask, dropout_p, is_causal, scale, enable_gqa = bound
+    left = _first(_unserved("query", q), _unserved("key", k), _unserved("value", v))
+    if left is not None:
+        return left
+    if q.dim() != 4:
+        return Left(f"query of {q.dim()} dims (plancache serves [batch, heads, sequence, head dim])")
+    if dropout_p:
+        return Left("dropout (torch's mask; plancache's draws another)")
+    if mask is not None:
+        if isinstance(mask, Tensor) and mask.dtype == torch.bool:
+            return Left("a boolean attn_mask")
+        left = _unserved("attn_mask", mask)
+        if left is not None:
+            return left
+        if mask.requires_grad:
+            return Left("an attn_mask that requires grad")
+    scale = None if scale is None else float(scale)
+    if _eager(q):
+        return pf.scaled_dot_product_attention(q, k, v, mask, 0.0, bool(is_causal), scale, bool(enable_gqa))
+    if _training(q, k, v):
+        return torch.ops.plancache.sdpa_train(q, k, v, mask, bool(is_causal), scale, bool(enable_gqa))[0]
+    return torch.ops.plancache.sdpa(q, k, v, mask, bool(is_causal), scale, bool(enable_gqa))
+
+
+def _conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    bound = _bind(
+        args,
+        kwargs,
+        ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+        {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1},
+    )
+    if isinstance(bound, Left):
+        return bound
+    x, w, b, stride, padding, dilation, groups = bound
+    left = _first(_unserved("input", x), _unserved("weight", w), _unserved("bias", b, True))
+    if left is not None:
+        return left
+    if x.dim() != 4:
+        return Left(f"input of {x.dim()} dims")
+    s, p, d = _pair(stride), _pair(0 if padding == "valid" else padding), _pair(dilation)
+    if s is None or p is None or d is None:
+        return Left(f"stride={stride!r}, padding={padding!r}, dilation={dilation!r}")
+    if _eager(x):
+        return pf.conv2d(x, w, b, tuple(s), tuple(p), tuple(d), groups)
+    if _training(x, w, b):
+        return torch.ops.plancache.conv2d_train(x, w, b, s, p, d, groups, False)
+    return torch.ops.plancache.conv2d(x, w, b, s, p, d, groups, False)
+
+
+def _batch_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return Left("batch_norm updates its running statistics in place: not one of plancache's operators yet")
+
+
+Route = Callable[[tuple[Any, ...], dict[str, Any]], Any]
+# torch.nn.functional's and the torch.* function it calls (which is what dynamo hands the mode for rms_norm).
+ROUTES: dict[Callable[..., Any], tuple[str, Route]] = {
+    F.layer_norm: ("layer_norm", _layer_norm),
+    torch.layer_norm: ("layer_norm", _layer_norm),
+    F.rms_norm: ("rms_norm", _rms_norm),
+    torch.rms_norm: ("rms_norm", _rms_norm),
+    F.linear: ("linear", _linear),
+    torch.addmm: ("linear", _addmm),
+    F.scaled_dot_product_attention: ("scaled_dot_product_attention", _sdpa),
+    F.conv2d: ("conv2d", _conv2d),
+    F.batch_norm: ("batch_norm", _batch_norm),
+}
+
+
+class PlanCacheMode(TorchFunctionMode):  # type: ignore[misc]
+    """The mode: the routed calls plancache's, every other torch's. One
+    instance is entered once at a time (nesting another instance is fine:
+    the innermost routes, the outer ones see what it calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._entered = False
+
+    def __enter__(self) -> PlanCacheMode:
+        if self._entered:
+            raise InvalidRequest("plancache.torch.mode(): this mode is entered already (make a new one to nest)")
+        self._entered = True
+        try:
+            super().__enter__()
+        except BaseException:
+            self._entered = False
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._entered = False
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        route = ROUTES.get(func)
+        if route is None:
+            return func(*args, **kwargs)
+        function, call = route
+        result = call(args, kwargs)
+        if isinstance(result, Left):
+            if not _compiling():
+                _count(function, result.reason)
+            return func(*args, **kwargs)
+        if not _compiling():
+            _count(function, None)
+        return result

@@ -1,0 +1,705 @@
+"""plancache's torch operators: each function a registered operator, its training forward and backward too.
+
+    torch.ops.plancache.layer_norm(x, [768], w, b, 1e-5)          # inference: one served plan
+    out, mean, rstd = torch.ops.plancache.layer_norm_train(...)   # training: what the backward reads too
+
+Every function of plancache.functional that has a served backward is three
+operators (`torch.library.custom_op`): `<name>` (inference), `<name>_train`
+(the training forward: its result and what its backward reads, as
+aten::native_layer_norm returns its statistics) and `<name>_backward`,
+which the training forward's autograd registration calls. So
+torch.compile traces them as any aten operator (no graph break), AOT
+autograd puts the backward operator in the backward graph, and the
+compiled program runs the served plans: an operator's implementation is
+the function's geometry table (plancache.functional._op_call), called at
+run time, never traced.
+
+An operator's outputs have one layout whatever runs them (its fake
+implementation says it; the layouts torch would give): a geometry
+plancache does not serve, or one on the CPU, runs torch's own forward and
+backward (plancache.torch._torch_math), which write and read the same
+saved outputs as the served plans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from plancache.functional import _attention, _convolution, _linear, _norms
+from plancache.functional._autograd import Differentiable, conform
+from plancache.functional._op_call import BACKWARD, INFERENCE, TRAINING
+from plancache.functional._requests import ACTIVATIONS
+from plancache.torch import _torch_math as tm
+
+NAMESPACE = "plancache"
+
+
+def _served(t: Tensor) -> bool:
+    """Whether plancache is asked: a CUDA tensor (the CPU's run torch's own)."""
+    return bool(t.device.type == "cuda")
+
+
+def _present(*tensors: Tensor | None) -> tuple[Tensor, ...]:
+    """A call's tuple of tensors (plancache.functional's order): those given."""
+    return tuple(t for t in tensors if t is not None)
+
+
+def _run_rule(
+    entry: Differentiable, tensors: tuple[Tensor, ...], saved: tuple[Tensor, ...], grad: Tensor, needs: Sequence[bool]
+) -> tuple[Any, ...]:
+    """A served geometry's backward: its rule's graphs, one gradient (or None) per tensor of the call's tuple."""
+    rule = entry.rule
+    return rule.run(entry.pieces, list(tensors), saved, conform(grad, rule.out_stride), needs)
+
+
+def _spread(grads: tuple[Any, ...], given: Sequence[bool]) -> list[Any]:
+    """Gradients of the call's tuple (given tensors only) at the operator's fixed positions."""
+    it = iter(grads)
+    return [next(it) if present else None for present in given]
+
+
+def _check_activation(activation: str | None) -> None:
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(
+            f"plancache::linear: activation {activation!r} is not one of None, {', '.join(map(repr, ACTIVATIONS))}"
+        )
+
+
+# ---- layer_norm -----------------------------------------------------------------------------------
+
+_GRADS3 = "(Tensor?, Tensor?, Tensor?)"
+_NORM_ARGS = "Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps"
+
+
+@torch.library.custom_op(f"{NAMESPACE}::layer_norm", mutates_args=(), schema=f"({_NORM_ARGS}) -> Tensor")
+def layer_norm(
+    input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, bias: Tensor | None, eps: float
+) -> Tensor:
+    if _served(input):
+        out = _norms._layer_norm(input, normalized_shape, weight, bias, eps, op=INFERENCE)
+        if out is not None:
+            return tm.in_layout_of(out, input)
+    return tm.in_layout_of(F.layer_norm(input, list(normalized_shape), weight, bias, eps), input)
+
+
+def _layer_norm_layouts(
+    input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, bias: Tensor | None, eps: float
+) -> tuple[Tensor, Tensor]:
+    """The result's layout and a row statistic's; torch's checks of the call, made at trace time."""
+    F.layer_norm(input, list(normalized_shape), weight, bias, eps)
+    stats = (tm.rows_of(input, normalized_shape), 1, 1, 1)
+    return torch.empty_like(input), input.new_empty(stats, dtype=tm.stats_dtype(input))
+
+
+# A fake implementation is given the schema's arguments, positionally (the dispatcher's).
+@layer_norm.register_fake
+def _layer_norm_fake(*args: Any) -> Tensor:
+    return _layer_norm_layouts(*args)[0]
+
+
+@torch.library.custom_op(
+    f"{NAMESPACE}::layer_norm_train", mutates_args=(), schema=f"({_NORM_ARGS}) -> (Tensor, Tensor, Tensor)"
+)
+def layer_norm_train(
+    input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, bias: Tensor | None, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The result, the rows' mean and inverse deviation (float32 [rows, 1, 1, 1])."""
+    if _served(input):
+        outs = _norms._layer_norm(input, normalized_shape, weight, bias, eps, op=TRAINING)
+        if outs is not None:
+            out, mean, inv_variance = outs
+            return tm.in_layout_of(out, input), mean, inv_variance
+    return tm.layer_norm_train(input, normalized_shape, weight, bias, eps)
+
+
+@layer_norm_train.register_fake
+def _layer_norm_train_fake(*args: Any) -> tuple[Tensor, Tensor, Tensor]:
+    out, stats = _layer_norm_layouts(*args)
+    return out, stats, torch.empty_like(stats)
+
+
+@torch.library.custom_op(
+    f"{NAMESPACE}::layer_norm_backward",
+    mutates_args=(),
+    schema=f"(Tensor grad, {_NORM_ARGS}, Tensor mean, Tensor inv_variance, bool[] needs) -> {_GRADS3}",
+)
+def layer_norm_backward(
+    grad: Tensor,
+    input: Tensor,
+    normalized_shape: Sequence[int],
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    mean: Tensor,
+    inv_variance: Tensor,
+    needs: Sequence[bool],
+) -> tuple[Tensor | None, ...]:
+    """dInput, dWeight, dBias (None where not needed or not given)."""
+    if _served(input):
+        entry = _norms._layer_norm(input, normalized_shape, weight, bias, eps, op=BACKWARD)
+        if isinstance(entry, Differentiable):
+            given = (True, weight is not None, bias is not None)
+            tensors = _present(input, weight, bias)
+            wanted = [n for n, g in zip(needs, given, strict=True) if g]
+            dx, dw, db = _spread(_run_rule(entry, tensors, (mean, inv_variance), grad, wanted), given)
+            return _grads((dx, dw, db), (input, weight, bias), needs)
+    return _grads(
+        tm.layer_norm_backward(grad, input, normalized_shape, weight, bias, mean, inv_variance, needs),
+        (input, weight, bias),
+        needs,
+    )
+
+
+def _grads(
+    grads: Sequence[Tensor | None], tensors: Sequence[Tensor | None], needs: Sequence[bool]
+) -> tuple[Tensor | None, ...]:
+    """Each gradient in its tensor's layout (torch.empty_like's), None where not needed or no
+    tensor: what the fake implementation says."""
+    out: list[Tensor | None] = []
+    for g, t, n in zip(grads, tensors, needs, strict=True):
+        out.append(tm.in_layout_of(g, t) if n and t is not None and g is not None else None)
+    return tuple(out)
+
+
+def _grads_fake(tensors: Sequence[Tensor | None], needs: Sequence[bool]) -> tuple[Tensor | None, ...]:
+    return tuple(torch.empty_like(t) if n and t is not None else None for t, n in zip(tensors, needs, strict=True))
+
+
+@layer_norm_backward.register_fake
+def _layer_norm_backward_fake(
+    grad: Tensor, input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, bias: Tensor | None, *rest: Any
+) -> tuple[Tensor | None, ...]:
+    return _grads_fake((input, weight, bias), rest[-1])
+
+
+def _layer_norm_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+    input, normalized_shape, weight, bias, eps = inputs
+    ctx.normalized_shape, ctx.eps = normalized_shape, eps
+    ctx.save_for_backward(input, weight, bias, output[1], output[2])
+
+
+def _layer_norm_grad(ctx: Any, grad: Tensor, _mean: Tensor, _inv: Tensor) -> tuple[Any, ...]:
+    input, weight, bias, mean, inv_variance = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    dx, dw, db = torch.ops.plancache.layer_norm_backward(
+        grad, input, ctx.normalized_shape, weight, bias, ctx.eps, mean, inv_variance, [needs[0], needs[2], needs[3]]
+    )
+    return dx, None, dw, db, None
+
+
+layer_norm_train.register_autograd(_layer_norm_grad, setup_context=_layer_norm_setup)
+
+
+# ---- rms_norm -------------------------------------------------------------------------------------
+
+_RMS_ARGS = "Tensor input, int[] normalized_shape, Tensor? weight, float? eps"
+
+
+@torch.library.custom_op(f"{NAMESPACE}::rms_norm", mutates_args=(), schema=f"({_RMS_ARGS}) -> Tensor")
+def rms_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, eps: float | None) -> Tensor:
+    if _served(input):
+        out = _norms._rms_norm(input, normalized_shape, weight, eps, op=INFERENCE)
+        if out is not None:
+            return tm.in_layout_of(out, input)
+    return tm.in_layout_of(F.rms_norm(input, list(normalized_shape), weight, eps), input)
+
+
+def _rms_norm_layouts(
+    input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, eps: float | None
+) -> tuple[Tensor, Tensor]:
+    """The result's layout and the row statistic's; torch's checks of the call, made at trace time."""
+    F.rms_norm(input, list(normalized_shape), weight, eps)
+    stats = (tm.rows_of(input, normalized_shape), 1, 1, 1)
+    return torch.empty_like(input), input.new_empty(stats, dtype=tm.stats_dtype(input))
+
+
+@rms_norm.register_fake
+def _rms_norm_fake(*args: Any) -> Tensor:
+    return _rms_norm_layouts(*args)[0]
+
+
+@torch.library.custom_op(f"{NAMESPACE}::rms_norm_train", mutates_args=(), schema=f"({_RMS_ARGS}) -> (Tensor, Tensor)")
+def rms_norm_train(
+    input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, eps: float | None
+) -> tuple[Tensor, Tensor]:
+    """The result and the rows' inverse root mean square (float32 [rows, 1, 1, 1])."""
+    if _served(input):
+        outs = _norms._rms_norm(input, normalized_shape, weight, eps, op=TRAINING)
+        if outs is not None:
+            out, inv_variance = outs
+            return tm.in_layout_of(out, input), inv_variance
+    return tm.rms_norm_train(input, normalized_shape, weight, eps)
+
+
+@rms_norm_train.register_fake
+def _rms_norm_train_fake(*args: Any) -> tuple[Tensor, Tensor]:
+    return _rms_norm_layouts(*args)
+
+
+@torch.library.custom_op(
+    f"{NAMESPACE}::rms_norm_backward",
+    mutates_args=(),
+    schema=f"(Tensor grad, {_RMS_ARGS}, Tensor inv_variance, bool[] needs) -> (Tensor?, Tensor?)",
+)
+def rms_norm_backward(
+    grad: Tensor,
+    input: Tensor,
+    normalized_shape: Sequence[int],
+    weight: Tensor | None,
+    eps: float | None,
+    inv_variance: Tensor,
+    needs: Sequence[bool],
+) -> tuple[Tensor | None, ...]:
+    """dInput, dWeight (None where not needed or not given)."""
+    if _served(input):
+        entry = _norms._rms_norm(input, normalized_shape, weight, eps, op=BACKWARD)
+        if isinstance(entry, Differentiable):
+            given = (True, weight is not None)
+            wanted = [n for n, g in zip(needs, given, strict=True) if g]
+            grads = _spread(_run_rule(entry, _present(input, weight), (inv_variance,), grad, wanted), given)
+            return _grads(grads, (input, weight), needs)
+    return _grads(
+        tm.rms_norm_backward(grad, input, normalized_shape, weight, inv_variance, needs), (input, weight), needs
+    )
+
+
+@rms_norm_backward.register_fake
+def _rms_norm_backward_fake(
+    grad: Tensor, input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, *rest: Any
+) -> tuple[Tensor | None, ...]:
+    return _grads_fake((input, weight), rest[-1])
+
+
+def _rms_norm_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+    input, normalized_shape, weight, eps = inputs
+    ctx.normalized_shape, ctx.eps = normalized_shape, eps
+    ctx.save_for_backward(input, weight, output[1])
+
+
+def _rms_norm_grad(ctx: Any, grad: Tensor, _inv: Tensor) -> tuple[Any, ...]:
+    input, weight, inv_variance = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    dx, dw = torch.ops.plancache.rms_norm_backward(
+        grad, input, ctx.normalized_shape, weight, ctx.eps, inv_variance, [needs[0], needs[2]]
+    )
+    return dx, None, dw, None
+
+
+rms_norm_train.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+
+
+# ---- linear ---------------------------------------------------------------------------------------
+
+_LINEAR_ARGS = "Tensor input, Tensor weight, Tensor? bias, str? activation"
+
+
+def _linear_out(input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """The result's layout (row-major), torch's checks of the call made at trace time."""
+    F.linear(input, weight, bias)
+    return input.new_empty((*input.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::linear", mutates_args=(), schema=f"({_LINEAR_ARGS}) -> Tensor")
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None, activation: str | None) -> Tensor:
+    """input @ weight.T + bias, then `activation` (None, "relu", "gelu", "silu"): row-major."""
+    _check_activation(activation)
+    if _served(input):
+        out = _linear._linear(input, weight, bias, activation=activation, op=INFERENCE)
+        if out is not None:
+            return out if out.is_contiguous() else out.contiguous()
+    return tm.linear_train(input, weight, bias, activation, train=False)[0]
+
+
+@linear.register_fake
+def _linear_fake(input: Tensor, weight: Tensor, bias: Tensor | None, activation: str | None) -> Tensor:
+    _check_activation(activation)
+    return _linear_out(input, weight, bias)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::linear_train", mutates_args=(), schema=f"({_LINEAR_ARGS}) -> Tensor[]")
+def linear_train(input: Tensor, weight: Tensor, bias: Tensor | None, activation: str | None) -> list[Tensor]:
+    """The result, and a GELU's or SiLU's pre-activation (its backward reads it)."""
+    _check_activation(activation)
+    if _served(input):
+        outs = _linear._linear(input, weight, bias, activation=activation, op=TRAINING)
+        if outs is not None:
+            return [t if t.is_contiguous() else t.contiguous() for t in outs]
+    return tm.linear_train(input, weight, bias, activation, train=True)
+
+
+@linear_train.register_fake
+def _linear_train_fake(input: Tensor, weight: Tensor, bias: Tensor | None, activation: str | None) -> list[Tensor]:
+    _check_activation(activation)
+    count = 2 if tm.saves_pre_activation(activation) else 1
+    return [_linear_out(input, weight, bias) for _ in range(count)]
+
+
+@torch.library.custom_op(
+    f"{NAMESPACE}::linear_backward",
+    mutates_args=(),
+    schema=f"(Tensor grad, {_LINEAR_ARGS}, Tensor[] saved, bool[] needs) -> (Tensor?, Tensor?, Tensor?)",
+)
+def linear_backward(
+    grad: Tensor,
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    activation: str | None,
+    saved: Sequence[Tensor],
+    needs: Sequence[bool],
+) -> tuple[Tensor | None, ...]:
+    """dInput, dWeight, dBias (None where not needed or not given); `saved`: the training forward's outputs."""
+    if _served(input):
+        entry = _linear._linear(input, weight, bias, activation=activation, op=BACKWARD)
+        if isinstance(entry, Differentiable):
+            given = (True, True, bias is not None)
+            wanted = [n for n, g in zip(needs, given, strict=True) if g]
+            kept = tuple(saved[i] for i in entry.rule.save_outputs)
+            grads = _spread(_run_rule(entry, _present(input, weight, bias), kept, grad, wanted), given)
+            return _grads(grads, (input, weight, bias), needs)
+    return _grads(tm.linear_backward(grad, input, weight, bias, activation, saved, needs), (input, weight, bias), needs)
+
+
+@linear_backward.register_fake
+def _linear_backward_fake(
+    grad: Tensor, input: Tensor, weight: Tensor, bias: Tensor | None, *rest: Any
+) -> tuple[Tensor | None, ...]:
+    return _grads_fake((input, weight, bias), rest[-1])
+
+
+def _linear_setup(ctx: Any, inputs: tuple[Any, ...], output: list[Tensor]) -> None:
+    input, weight, bias, activation = inputs
+    ctx.activation = activation
+    ctx.save_for_backward(input, weight, bias, *output)
+
+
+def _linear_grad(ctx: Any, grads: list[Tensor]) -> tuple[Any, ...]:
+    input, weight, bias, *saved = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    dx, dw, db = torch.ops.plancache.linear_backward(
+        grads[0], input, weight, bias, ctx.activation, saved, [needs[0], needs[1], needs[2]]
+    )
+    return dx, dw, db, None
+
+
+linear_train.register_autograd(_linear_grad, setup_context=_linear_setup)
+
+
+# ---- scaled_dot_product_attention -----------------------------------------------------------------
+
+_SDPA_ARGS = "Tensor query, Tensor key, Tensor value, Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa"
+
+
+def _sdpa_call(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+    op: Any,
+) -> Any:
+    return _attention._sdpa(
+        query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, None, None, None, False, op=op
+    )
+
+
+def _sdpa_out(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> Tensor:
+    """O's layout (row-major [b, h, s_q, d_v]), torch's checks of the call made at trace time."""
+    gqa = {"enable_gqa": True} if enable_gqa else {}
+    F.scaled_dot_product_attention(query, key, value, attn_mask, 0.0, is_causal, scale=scale, **gqa)
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::sdpa", mutates_args=(), schema=f"({_SDPA_ARGS}) -> Tensor")
+def sdpa(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> Tensor:
+    """torch.nn.functional.scaled_dot_product_attention without dropout: O, row-major [b, h, s_q, d_v]."""
+    if _served(query):
+        out = _sdpa_call(query, key, value, attn_mask, is_causal, scale, enable_gqa, INFERENCE)
+        if out is not None:
+            return out if out.is_contiguous() else out.contiguous()
+    return tm.sdpa_train(query, key, value, attn_mask, is_causal, scale, enable_gqa, train=False)[0]
+
+
+@sdpa.register_fake
+def _sdpa_fake(*args: Any) -> Tensor:
+    return _sdpa_out(*args)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::sdpa_train", mutates_args=(), schema=f"({_SDPA_ARGS}) -> (Tensor, Tensor)")
+def sdpa_train(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> tuple[Tensor, Tensor]:
+    """O and the rows' log-sum-exp of the scaled scores (float32 [b, h, s_q, 1]: cuDNN's softmax statistics)."""
+    if _served(query):
+        outs = _sdpa_call(query, key, value, attn_mask, is_causal, scale, enable_gqa, TRAINING)
+        if outs is not None:
+            out, stats = outs
+            return (out if out.is_contiguous() else out.contiguous()), stats
+    out, stats = tm.sdpa_train(query, key, value, attn_mask, is_causal, scale, enable_gqa, train=True)
+    return out, stats
+
+
+@sdpa_train.register_fake
+def _sdpa_train_fake(*args: Any) -> tuple[Tensor, Tensor]:
+    out = _sdpa_out(*args)
+    return out, out.new_empty((*out.shape[:-1], 1), dtype=tm.stats_dtype(out))
+
+
+@torch.library.custom_op(
+    f"{NAMESPACE}::sdpa_backward",
+    mutates_args=(),
+    schema=f"(Tensor grad, {_SDPA_ARGS}, Tensor out, Tensor stats, bool[] needs) -> (Tensor?, Tensor?, Tensor?)",
+)
+def sdpa_backward(
+    grad: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+    out: Tensor,
+    stats: Tensor,
+    needs: Sequence[bool],
+) -> tuple[Tensor | None, ...]:
+    """dQuery, dKey, dValue (None where not needed); the mask takes no gradient here."""
+    if _served(query):
+        entry = _sdpa_call(query, key, value, attn_mask, is_causal, scale, enable_gqa, BACKWARD)
+        if isinstance(entry, Differentiable):
+            tensors = _present(query, key, value, attn_mask)
+            wanted = [*needs, False][: len(tensors)]
+            grads = _run_rule(entry, tensors, (out, stats), grad, wanted)[:3]
+            return _grads(grads, (query, key, value), needs)
+    return _grads(
+        tm.sdpa_backward(grad, query, key, value, attn_mask, is_causal, scale, out, stats, needs),
+        (query, key, value),
+        needs,
+    )
+
+
+@sdpa_backward.register_fake
+def _sdpa_backward_fake(
+    grad: Tensor, query: Tensor, key: Tensor, value: Tensor, *rest: Any
+) -> tuple[Tensor | None, ...]:
+    return _grads_fake((query, key, value), rest[-1])
+
+
+def _sdpa_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    query, key, value, attn_mask, is_causal, scale, enable_gqa = inputs
+    ctx.options = (is_causal, scale, enable_gqa)
+    ctx.save_for_backward(query, key, value, attn_mask, *output)
+
+
+def _sdpa_grad(ctx: Any, grad: Tensor, _stats: Tensor) -> tuple[Any, ...]:
+    query, key, value, attn_mask, out, stats = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    is_causal, scale, enable_gqa = ctx.options
+    dq, dk, dv = torch.ops.plancache.sdpa_backward(
+        grad, query, key, value, attn_mask, is_causal, scale, enable_gqa, out, stats, [needs[0], needs[1], needs[2]]
+    )
+    return dq, dk, dv, None, None, None, None
+
+
+sdpa_train.register_autograd(_sdpa_grad, setup_context=_sdpa_setup)
+
+
+# ---- conv2d ---------------------------------------------------------------------------------------
+
+_CONV_ARGS = (
+    "Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, int[2] dilation, int groups, bool relu"
+)
+
+
+def _conv_call(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+    relu: bool,
+    op: Any,
+) -> Any:
+    return _convolution._conv2d(
+        input, weight, bias, tuple(stride), tuple(padding), tuple(dilation), groups, relu=relu, op=op
+    )
+
+
+def _conv_fake(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+) -> Tensor:
+    y = F.conv2d(input, weight, bias, list(stride), list(padding), list(dilation), groups)
+    return torch.empty_like(y, memory_format=tm.conv_memory_format(input, weight))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::conv2d", mutates_args=(), schema=f"({_CONV_ARGS}) -> Tensor")
+def conv2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+    relu: bool,
+) -> Tensor:
+    """torch.nn.functional.conv2d (numeric padding), a ReLU after it where `relu`:
+    channels-last when an operand is, contiguous otherwise."""
+    return _conv2d_forward(input, weight, bias, stride, padding, dilation, groups, relu, INFERENCE)
+
+
+def _conv2d_forward(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+    relu: bool,
+    op: Any,
+) -> Tensor:
+    fmt = tm.conv_memory_format(input, weight)
+    if _served(input):
+        got = _conv_call(input, weight, bias, stride, padding, dilation, groups, relu, op)
+        if got is not None:
+            out = got[0] if isinstance(got, tuple) else got
+            return tm.contiguous_in(out, fmt)
+    return tm.conv2d_forward(input, weight, bias, stride, padding, dilation, groups, relu)
+
+
+@conv2d.register_fake
+def _conv2d_fake(*args: Any) -> Tensor:
+    return _conv_fake(*args[:7])
+
+
+@torch.library.custom_op(f"{NAMESPACE}::conv2d_train", mutates_args=(), schema=f"({_CONV_ARGS}) -> Tensor")
+def conv2d_train(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+    relu: bool,
+) -> Tensor:
+    """conv2d's training forward (its backward reads the inputs, and a ReLU's output)."""
+    return _conv2d_forward(input, weight, bias, stride, padding, dilation, groups, relu, TRAINING)
+
+
+@conv2d_train.register_fake
+def _conv2d_train_fake(*args: Any) -> Tensor:
+    return _conv_fake(*args[:7])
+
+
+@torch.library.custom_op(
+    f"{NAMESPACE}::conv2d_backward",
+    mutates_args=(),
+    schema=f"(Tensor grad, {_CONV_ARGS}, Tensor out, bool[] needs) -> (Tensor?, Tensor?, Tensor?)",
+)
+def conv2d_backward(
+    grad: Tensor,
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+    relu: bool,
+    out: Tensor,
+    needs: Sequence[bool],
+) -> tuple[Tensor | None, ...]:
+    """dInput, dWeight, dBias (None where not needed or not given)."""
+    if _served(input):
+        entry = _conv_call(input, weight, bias, stride, padding, dilation, groups, relu, BACKWARD)
+        if isinstance(entry, Differentiable):
+            given = (True, True, bias is not None)
+            wanted = [n for n, g in zip(needs, given, strict=True) if g]
+            kept = (out,) if relu else ()
+            grads = _spread(_run_rule(entry, _present(input, weight, bias), kept, grad, wanted), given)
+            return _grads(grads, (input, weight, bias), needs)
+    torch_grads = tm.conv2d_backward(grad, input, weight, bias, stride, padding, dilation, groups, relu, out, needs)
+    return _grads(torch_grads, (input, weight, bias), needs)
+
+
+@conv2d_backward.register_fake
+def _conv2d_backward_fake(
+    grad: Tensor, input: Tensor, weight: Tensor, bias: Tensor | None, *rest: Any
+) -> tuple[Tensor | None, ...]:
+    return _grads_fake((input, weight, bias), rest[-1])
+
+
+def _conv2d_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    input, weight, bias, stride, padding, dilation, groups, relu = inputs
+    ctx.options = (stride, padding, dilation, groups, relu)
+    ctx.save_for_backward(input, weight, bias, output)
+
+
+def _conv2d_grad(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    input, weight, bias, out = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    stride, padding, dilation, groups, relu = ctx.options
+    dx, dw, db = torch.ops.plancache.conv2d_backward(
+        grad, input, weight, bias, stride, padding, dilation, groups, relu, out, [needs[0], needs[1], needs[2]]
+    )
+    return dx, dw, db, None, None, None, None, None
+
+
+conv2d_train.register_autograd(_conv2d_grad, setup_context=_conv2d_setup)
+
+OPERATORS = (
+    layer_norm,
+    layer_norm_train,
+    layer_norm_backward,
+    rms_norm,
+    rms_norm_train,
+    rms_norm_backward,
+    linear,
+    linear_train,
+    linear_backward,
+    sdpa,
+    sdpa_train,
+    sdpa_backward,
+    conv2d,
+    conv2d_train,
+    conv2d_backward,
+)

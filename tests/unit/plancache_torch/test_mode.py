@@ -1,0 +1,273 @@
+"""`with plancache.torch.mode():` on the CPU: an unchanged model's calls routed
+to plancache's operators, eager and under torch.compile (fullgraph: no graph
+break), its results and gradients torch's, what is left to torch counted by
+reason, and the mode's scope (a thread, while entered; entered twice refused).
+
+The mode routes CUDA tensors of float16 and bfloat16. Here the `cpu_routes`
+fixture lets it route CPU tensors of any float type: the operators' CPU
+implementation is torch's own forward and backward, so results compare
+exactly in float64. That the routed calls run served plans is
+tests/gpu/test_gpu_torch.py's."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="plancache.torch needs torch (make test installs its CPU build)")
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import plancache.functional as pf  # noqa: E402
+import plancache.torch as pt  # noqa: E402
+from plancache.errors import InvalidRequest  # noqa: E402
+from plancache.torch import _mode  # noqa: E402
+
+D = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def fresh_counts() -> Iterator[None]:
+    pt.clear_stats()
+    pf.clear()
+    yield
+    pt.clear_stats()
+    pf.clear()
+
+
+@pytest.fixture
+def cpu_routes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_mode, "ROUTED_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(_mode, "SERVED_DTYPES", (torch.float16, torch.bfloat16, torch.float32, torch.float64))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block (GQA attention, RMS-normed MLP) and a conv stem: layers as models write them."""
+
+    def __init__(self, hidden: int = 32, heads: int = 4, kv_heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.norm = nn.LayerNorm(hidden)
+        self.q = nn.Linear(hidden, hidden)
+        self.kv = nn.Linear(hidden, 2 * kv_heads * self.head_dim, bias=False)
+        self.out = nn.Linear(hidden, hidden)
+        self.mlp_norm = nn.Parameter(torch.ones(hidden))
+        self.up = nn.Linear(hidden, 2 * hidden)
+        self.down = nn.Linear(2 * hidden, hidden)
+
+    def forward(self, x: Any, image: Any) -> Any:
+        b, s, h = x.shape
+        x = x + self.stem(image).flatten(1).view(b, s, h)
+        y = self.norm(x)
+        q = self.q(y).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(y).view(b, s, 2, self.kv_heads, self.head_dim).unbind(2)
+        a = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
+        x = x + self.out(a.transpose(1, 2).reshape(b, s, h))
+        y = F.rms_norm(x, [h], self.mlp_norm, 1e-6)
+        return x + self.down(F.silu(self.up(y)))
+
+
+ROUTED = ("conv2d", "layer_norm", "linear", "scaled_dot_product_attention", "rms_norm")
+
+
+def model_and_inputs(dtype: Any = D) -> tuple[Block, Any, Any]:
+    torch.manual_seed(0)
+    model = Block().to(dtype)
+    x = torch.randn(2, 8, 32, dtype=dtype, requires_grad=True)
+    image = torch.randn(2, 3, 8, 8, dtype=dtype)
+    return model, x, image
+
+
+def step(model: nn.Module, x: Any, image: Any, fn: Any = None) -> tuple[Any, list[Any]]:
+    """Loss and gradients (input's, then each parameter's) of one training step."""
+    model.zero_grad()
+    x = x.detach().clone().requires_grad_()
+    loss = (model if fn is None else fn)(x, image).pow(2).mean()
+    loss.backward()
+    return loss.detach(), [x.grad, *(p.grad for p in model.parameters())]
+
+
+def assert_same(a: tuple[Any, list[Any]], b: tuple[Any, list[Any]]) -> None:
+    torch.testing.assert_close(a[0], b[0])
+    assert len(a[1]) == len(b[1])
+    for index, (g, r) in enumerate(zip(a[1], b[1], strict=True)):
+        torch.testing.assert_close(g, r, msg=lambda m, i=index: f"gradient {i}: {m}")
+
+
+def test_an_unchanged_model_under_the_mode_gives_torchs_loss_and_gradients(cpu_routes: None) -> None:
+    model, x, image = model_and_inputs()
+    expected = step(model, x, image)
+    with pt.mode():
+        got = step(model, x, image)
+    assert_same(got, expected)
+    stats = pt.stats()
+    assert {name for name in ROUTED if stats[name].routed} == set(ROUTED), stats
+    assert stats["linear"].routed == 5 and not stats["linear"].left
+
+
+def test_calls_plancache_does_not_serve_run_torchs_function_counted_by_reason() -> None:
+    """Without the CPU routes: CPU tensors and batch_norm are torch's, and said why."""
+    x = torch.randn(2, 4, 8, 16)
+    expected = F.layer_norm(x, [16])
+    with pt.mode():
+        torch.testing.assert_close(F.layer_norm(x, [16]), expected)
+        F.scaled_dot_product_attention(x, x, x, attn_mask=torch.ones(8, 8, dtype=torch.bool))
+        F.batch_norm(x, torch.zeros(4), torch.ones(4), training=True)
+    stats = pt.stats()
+    assert stats["layer_norm"].routed == 0 and stats["layer_norm"].left == {"input is on cpu": 1}
+    assert stats["scaled_dot_product_attention"].left == {"query is on cpu": 1}
+    assert list(stats["batch_norm"].left) == [
+        "batch_norm updates its running statistics in place: not one of plancache's operators yet"
+    ]
+
+
+def test_options_plancache_has_no_form_for_are_left_to_torch(cpu_routes: None) -> None:
+    q = torch.randn(1, 2, 4, 8)
+    with pt.mode():
+        dropped = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+        F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool))
+        F.conv2d(torch.randn(1, 2, 5, 5), torch.randn(2, 2, 3, 3), padding="same")
+        F.linear(torch.randn(8), torch.randn(4, 8))
+    assert dropped.shape == q.shape
+    stats = pt.stats()
+    assert stats["scaled_dot_product_attention"].left == {
+        "dropout (torch's mask; plancache's draws another)": 1,
+        "a boolean attn_mask": 1,
+    }
+    assert stats["conv2d"].left == {"stride=1, padding='same', dilation=1": 1}
+    assert stats["linear"].left == {"input of 1 dims, weight of 2": 1}
+
+
+def test_transformers_addmm_form_of_linear_is_routed(cpu_routes: None) -> None:
+    """transformers' Conv1D (GPT-2) is torch.addmm(bias, x, w): linear with the weight w.T."""
+    x, w, b = torch.randn(6, 16, dtype=D), torch.randn(16, 8, dtype=D), torch.randn(8, dtype=D)
+    with pt.mode():
+        got = torch.addmm(b, x, w)
+        scaled = torch.addmm(b, x, w, beta=0.5)
+    torch.testing.assert_close(got, torch.addmm(b, x, w))
+    torch.testing.assert_close(scaled, torch.addmm(b, x, w, beta=0.5))
+    assert pt.stats()["linear"].routed == 1 and pt.stats()["linear"].left == {"beta or alpha other than 1": 1}
+
+
+class Recorder:
+    """A torch.compile backend that keeps the operators of every graph it is given (then runs it as AOT autograd would)."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+        self.targets: set[str] = set()
+
+    def __call__(self, gm: Any, example_inputs: Any) -> Any:
+        from torch._dynamo.backends.common import aot_autograd
+
+        self.graphs += 1
+
+        def keep(g: Any, inputs: Any) -> Any:
+            self.targets |= {str(n.target) for n in g.graph.nodes if n.op == "call_function"}
+            return g
+
+        return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, example_inputs)
+
+
+def test_compiled_with_fullgraph_the_model_runs_plancaches_operators_forward_and_backward(cpu_routes: None) -> None:
+    model, x, image = model_and_inputs()
+    expected = step(model, x, image)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model, backend=recorder, fullgraph=True)  # a graph break raises
+    with pt.mode():
+        got = step(model, x, image, compiled)
+    assert_same(got, expected)
+    assert recorder.graphs == 1
+    ours = {t for t in recorder.targets if t.startswith("plancache.")}
+    assert ours == {
+        f"plancache.{name}.default"
+        for base in ("conv2d", "layer_norm", "linear", "sdpa", "rms_norm")
+        for name in (f"{base}_train", f"{base}_backward")
+    }, recorder.targets
+
+
+def test_the_mode_entered_inside_a_compiled_function(cpu_routes: None) -> None:
+    x, w = torch.randn(4, 16, dtype=D), torch.randn(16, dtype=D)
+
+    def fn(x: Any, w: Any) -> Any:
+        with pt.mode():
+            return F.rms_norm(x, [16], w) * 2
+
+    torch._dynamo.reset()
+    recorder = Recorder()
+    got = torch.compile(fn, backend=recorder, fullgraph=True)(x, w)
+    torch.testing.assert_close(got, F.rms_norm(x, [16], w) * 2)
+    assert "plancache.rms_norm.default" in recorder.targets
+
+
+def test_dynamic_shapes_trace_once_and_give_torchs_results(cpu_routes: None) -> None:
+    """Sizes marked dynamic: one graph serves them (each size's plan is its own geometry at run time)."""
+    lin = nn.Linear(16, 8).to(D)
+
+    def fn(x: Any) -> Any:
+        return F.layer_norm(lin(x), [8])
+
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(fn, backend=recorder, fullgraph=True, dynamic=True)
+    with pt.mode(), torch.no_grad():
+        for rows in (3, 5, 9):
+            x = torch.randn(rows, 16, dtype=D)
+            torch.testing.assert_close(compiled(x), fn(x))
+    assert recorder.graphs == 1
+    assert {"plancache.linear.default", "plancache.layer_norm.default"} <= recorder.targets
+
+
+def test_inductor_compiles_the_operators(cpu_routes: None) -> None:
+    """torch.compile's default backend: the operators stay calls in inductor's program, the results torch's."""
+    model, x, image = model_and_inputs(torch.float32)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    with pt.mode(), torch.no_grad():
+        got = compiled(x, image)
+    torch.testing.assert_close(got, model(x, image), rtol=1e-4, atol=1e-4)
+
+
+def test_one_mode_entered_twice_is_refused_and_nesting_another_routes_once(cpu_routes: None) -> None:
+    x = torch.randn(3, 8, dtype=D)
+    expected = F.layer_norm(x, [8])
+    mode = pt.mode()
+    with mode:
+        with pytest.raises(InvalidRequest, match="entered already"), mode:
+            pass
+        with pt.mode():
+            torch.testing.assert_close(F.layer_norm(x, [8]), expected)
+    assert pt.stats()["layer_norm"].routed == 1
+    with mode:  # entered again once it left
+        F.layer_norm(x, [8])
+    assert pt.stats()["layer_norm"].routed == 2
+
+
+def test_the_mode_lives_on_its_thread_while_entered(cpu_routes: None) -> None:
+    x = torch.randn(3, 8, dtype=D)
+    inside, outside = threading.Event(), threading.Event()
+    other: list[int] = []
+
+    def elsewhere() -> None:
+        inside.wait(10)
+        before = pt.stats().get("layer_norm")
+        F.layer_norm(x, [8])  # another thread: not routed
+        after = pt.stats().get("layer_norm")
+        other.append((after.routed if after else 0) - (before.routed if before else 0))
+        outside.set()
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    with pt.mode():
+        F.layer_norm(x, [8])
+        inside.set()
+        assert outside.wait(10)
+    thread.join()
+    assert other == [0]
+    F.layer_norm(x, [8])  # after the mode: not routed
+    assert pt.stats()["layer_norm"].routed == 1
