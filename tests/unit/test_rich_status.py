@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import urllib.parse
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -16,7 +18,7 @@ from plancache.transport.calls import retry_pause as _retry_pause
 from plancache.wire.rich_status import (
     DETAILS_METADATA_KEY,
     ERROR_DOMAIN,
-    MAX_MESSAGE_CHARS,
+    MAX_MESSAGE_BYTES,
     bounded,
     error_of,
     trailing_metadata,
@@ -42,10 +44,25 @@ def test_error_class_and_retry_delay_survive_the_round_trip() -> None:
     )
 
 
-def test_messages_are_bounded() -> None:
-    long = "x" * (10 * MAX_MESSAGE_CHARS)
-    assert len(bounded(long)) <= MAX_MESSAGE_CHARS + 40 and "more characters" in bounded(long)
+@pytest.mark.parametrize("char", ["x", "é", "中", "🙂"])
+def test_messages_are_bounded_in_bytes_and_say_how_much_was_cut(char: str) -> None:
+    long = char * 10_000
+    cut = bounded(long)
+    assert len(cut.encode()) <= MAX_MESSAGE_BYTES
+    assert cut.startswith(char * 10) and cut.endswith(f"({10_000 - cut.index('…')} more characters)")
     assert bounded("short") == "short"
+
+
+@pytest.mark.parametrize("char", ["x", "é", "中", "🙂", "%"])
+def test_a_refusals_trailers_stay_under_grpcs_soft_limit(char: str) -> None:
+    """Past 8 KiB grpc rejects trailers at random: the peer would read "Stream removed", not the error.
+    (A 4,096-character message once made 8,620 bytes, and the test below failed now and then.)"""
+    error = ResourceExhausted(char * 10_000, retry_after=1.5)
+    message = bounded(error.message)
+    size = len("grpc-message") + len(urllib.parse.quote(message.encode(), safe=" "))  # percent-encoded, as grpc does
+    for key, value in trailing_metadata(error):
+        size += len(key) + (len(base64.b64encode(value)) if isinstance(value, bytes) else len(value))
+    assert size < 7_500
 
 
 def test_retry_pause_is_jittered_grows_and_respects_the_deadline() -> None:
@@ -69,7 +86,7 @@ def refusing_server() -> Iterator[grpc.Channel]:
     """A gRPC server whose one method fails as the gateway's error interceptor fails a call."""
 
     def refuse(request: bytes, context: grpc.ServicerContext) -> bytes:
-        error = ResourceExhausted("x" * (2 * MAX_MESSAGE_CHARS), retry_after=1.5)
+        error = ResourceExhausted("x" * (2 * MAX_MESSAGE_BYTES), retry_after=1.5)
         context.abort_with_status(_Status(error.code, bounded(error.message), trailing_metadata(error)))
         raise AssertionError("unreachable")
 

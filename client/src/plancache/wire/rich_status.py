@@ -28,14 +28,22 @@ from plancache.errors import ERROR_CLASS_METADATA_KEY, PlanCacheError, error_fro
 DETAILS_METADATA_KEY = "grpc-status-details-bin"
 ERROR_DOMAIN = "plancache.v1"
 # A message is for people and logs; an unbounded one (echoing a hostile
-# request) would cost memory on both sides.
-MAX_MESSAGE_CHARS = 4096
+# request) would cost memory on both sides. It travels twice in a refusal's
+# trailers (grpc-message, percent-encoded: up to 3 bytes per UTF-8 byte; and
+# inside grpc-status-details-bin, base64), and grpc rejects trailers past
+# its 8 KiB soft limit at random (the peer reads "Stream removed" instead of
+# the error): 1,536 UTF-8 bytes keep the trailers under 7 KB whatever the text.
+MAX_MESSAGE_BYTES = 1536
+TRUNCATION_NOTE_BYTES = 48  # "… (N more characters)"
 
 
 def bounded(message: str) -> str:
-    if len(message) <= MAX_MESSAGE_CHARS:
+    """`message`, or its start and how many characters were left out: at most MAX_MESSAGE_BYTES in UTF-8."""
+    encoded = message.encode()
+    if len(encoded) <= MAX_MESSAGE_BYTES:
         return message
-    return f"{message[: MAX_MESSAGE_CHARS - 40]}… ({len(message) - MAX_MESSAGE_CHARS + 40} more characters)"
+    kept = encoded[: MAX_MESSAGE_BYTES - TRUNCATION_NOTE_BYTES].decode(errors="ignore")  # a cut character dropped
+    return f"{kept}… ({len(message) - len(kept)} more characters)"
 
 
 def duration(seconds: float) -> duration_pb2.Duration:
