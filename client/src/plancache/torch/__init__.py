@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 try:
     import torch  # noqa: F401 (the operators below need it; say so at import)
 except ImportError as e:  # pragma: no cover - exercised where torch is missing
-    raise ImportError("plancache.torch needs torch (pip install torch); plancache.functional does too") from e
+    raise ImportError(
+        "plancache.torch needs torch (pip install torch); plancache.functional does too", name="torch"
+    ) from e
 
 import plancache.functional as pf
 from plancache.torch import _ops

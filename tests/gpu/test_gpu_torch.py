@@ -1,0 +1,304 @@
+"""plancache.torch on a real GPU, its plans from the session's server: each
+operator passes torch.library.opcheck on CUDA tensors while served (no
+torch fallback), served gradients against torch autograd in float32, and
+unchanged models (a transformer block written with torch.nn, torchvision's
+ResNet-50, transformers' GPT-2 and Llama) under `plancache.torch.mode()`:
+eager, torch.compile(fullgraph=True) and mode="reduce-overhead", their
+losses, outputs and gradients against the same model without plancache,
+the routed calls served by plancache's plans."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.gpu.functional_helpers import _t, randn, rel_err
+
+pytestmark = pytest.mark.gpu
+
+TOLERANCE = {"float16": 2e-2, "bfloat16": 5e-2}
+
+
+@pytest.fixture
+def pt(pf: Any) -> Any:
+    import plancache.torch
+
+    plancache.torch.clear_stats()
+    return plancache.torch
+
+
+def served_since(pf: Any, before: dict[str, Any], function: str) -> tuple[int, int]:
+    """(cudnn, torch) calls of `function` since `before` (plancache.functional.stats())."""
+    now, then = pf.stats().get(function), before.get(function)
+    return (
+        (now.cudnn if now else 0) - (then.cudnn if then else 0),
+        (now.torch if now else 0) - (then.torch if then else 0),
+    )
+
+
+def cases(dtype: str) -> dict[str, tuple[str, Callable[[], tuple[Any, tuple[Any, ...]]]]]:
+    """Operator cases on CUDA: (plancache.functional's function counted, (operator, arguments))."""
+    torch = _t()
+    ops = torch.ops.plancache
+
+    def r(*shape: int, grad: bool = False, last: bool = False) -> Any:
+        t = randn(*shape, dtype=dtype, scale=0.5)
+        if last:
+            t = t.to(memory_format=torch.channels_last)
+        return t.requires_grad_(grad)
+
+    return {
+        "layer_norm": ("layer_norm", lambda: (ops.layer_norm, (r(4, 64, 256), [256], r(256), r(256), 1e-5))),
+        "layer_norm_train": (
+            "layer_norm",
+            lambda: (
+                ops.layer_norm_train,
+                (r(4, 64, 256, grad=True), [256], r(256, grad=True), r(256, grad=True), 1e-5),
+            ),
+        ),
+        "rms_norm_train": (
+            "rms_norm",
+            lambda: (ops.rms_norm_train, (r(4, 64, 256, grad=True), [256], r(256, grad=True), 1e-6)),
+        ),
+        "linear": ("linear", lambda: (ops.linear, (r(4, 64, 256), r(512, 256), r(512), "gelu"))),
+        "linear_train": (
+            "linear",
+            lambda: (ops.linear_train, (r(4, 64, 256, grad=True), r(512, 256, grad=True), r(512, grad=True), None)),
+        ),
+        "linear_train gelu": (
+            "linear",
+            lambda: (ops.linear_train, (r(256, 256, grad=True), r(512, 256, grad=True), None, "gelu")),
+        ),
+        "sdpa": (
+            "scaled_dot_product_attention",
+            lambda: (ops.sdpa, (r(2, 8, 128, 64), r(2, 8, 128, 64), r(2, 8, 128, 64), None, True, None, False)),
+        ),
+        "sdpa_train gqa BSHD": (
+            "scaled_dot_product_attention",
+            lambda: (
+                ops.sdpa_train,
+                (
+                    r(2, 128, 8, 64).transpose(1, 2).detach().requires_grad_(),
+                    r(2, 128, 2, 64).transpose(1, 2).detach().requires_grad_(),
+                    r(2, 128, 2, 64).transpose(1, 2).detach().requires_grad_(),
+                    None,
+                    True,
+                    None,
+                    True,
+                ),
+            ),
+        ),
+        "conv2d_train channels-last": (
+            "conv2d",
+            lambda: (
+                ops.conv2d_train,
+                (
+                    r(8, 64, 28, 28, last=True).requires_grad_(),
+                    r(64, 64, 3, 3, last=True).requires_grad_(),
+                    None,
+                    [1, 1],
+                    [1, 1],
+                    [1, 1],
+                    1,
+                    False,
+                ),
+            ),
+        ),
+    }
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_every_operator_passes_opcheck_served(pf: Any, pt: Any, dtype: str) -> None:
+    """torch's own checks of each operator on CUDA tensors, and every call served by a plan (none left to torch)."""
+    torch = _t()
+    failures = {}
+    for name, (function, make) in cases(dtype).items():
+        before = pf.stats()
+        op, args = make()
+        results = torch.library.opcheck(op, args)
+        cudnn, by_torch = served_since(pf, before, function)
+        if set(results.values()) != {"SUCCESS"} or cudnn == 0 or by_torch:
+            failures[name] = (results, {"cudnn": cudnn, "torch": by_torch}, pf.stats().get(function))
+    assert not failures, failures
+
+
+def grads_against_float32(
+    ours: Callable[..., Any], reference: Callable[..., Any], inputs: list[Any]
+) -> dict[str, float]:
+    """Relative errors of `ours` (output, each gradient) against `reference` run in float32 on float32 copies."""
+    torch = _t()
+    leaves = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    out = ours(*leaves)
+    dy = torch.randn_like(out, dtype=torch.float32).to(out.dtype)
+    out.backward(dy)
+    copies = [t.detach().float().requires_grad_(t.requires_grad) for t in inputs]
+    expected = reference(*copies)
+    expected.backward(dy.float())
+    errors = {"output": rel_err(out, expected)}
+    for i, (leaf, copy) in enumerate(zip(leaves, copies, strict=True)):
+        if leaf.requires_grad:
+            errors[f"grad {i}"] = rel_err(leaf.grad, copy.grad)
+    return errors
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_served_training_operators_give_torchs_gradients(pf: Any, pt: Any, dtype: str) -> None:
+    torch = _t()
+    fn = torch.nn.functional
+    ops = torch.ops.plancache
+
+    def r(*shape: int) -> Any:
+        return randn(*shape, dtype=dtype, scale=0.5).requires_grad_()
+
+    checks = {
+        "layer_norm": (
+            lambda x, w, b: ops.layer_norm_train(x, [256], w, b, 1e-5)[0],
+            lambda x, w, b: fn.layer_norm(x, [256], w, b, 1e-5),
+            [r(4, 64, 256), r(256), r(256)],
+        ),
+        "rms_norm": (
+            lambda x, w: ops.rms_norm_train(x, [256], w, 1e-6)[0],
+            lambda x, w: fn.rms_norm(x, [256], w, 1e-6),
+            [r(4, 64, 256), r(256)],
+        ),
+        "linear": (
+            lambda x, w, b: ops.linear_train(x, w, b, "gelu")[0],
+            lambda x, w, b: fn.gelu(fn.linear(x, w, b)),
+            [r(4, 64, 256), r(512, 256), r(512)],
+        ),
+        "scaled_dot_product_attention": (
+            lambda q, k, v: ops.sdpa_train(q, k, v, None, True, None, False)[0],
+            lambda q, k, v: fn.scaled_dot_product_attention(q, k, v, is_causal=True),
+            [r(2, 8, 128, 64), r(2, 8, 128, 64), r(2, 8, 128, 64)],
+        ),
+    }
+    worst = {}
+    for function, (ours, reference, inputs) in checks.items():
+        before = pf.stats()
+        errors = grads_against_float32(ours, reference, inputs)
+        _, by_torch = served_since(pf, before, function)
+        backward_cudnn, backward_torch = served_since(pf, before, f"{function}.backward")
+        worst[function] = (max(errors.values()), by_torch, backward_cudnn, backward_torch)
+    assert all(w < TOLERANCE[dtype] and t == 0 and bc > 0 and bt == 0 for w, t, bc, bt in worst.values()), worst
+
+
+def block(torch: Any, hidden: int = 512, heads: int = 8) -> Any:
+    nn, functional = torch.nn, torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+            self.qkv, self.proj = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+            self.up, self.down = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+
+        def forward(self, x: Any) -> Any:
+            b, s, h = x.shape
+            q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, heads, h // heads).unbind(2)
+            a = functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
+            x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
+            return x + self.down(functional.gelu(self.up(self.norm2(x))))
+
+    return Block
+
+
+def train_step(model: Any, x: Any, fn: Any = None) -> tuple[Any, list[Any]]:
+    model.zero_grad(set_to_none=True)
+    loss = (model if fn is None else fn)(x).float().pow(2).mean()
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+
+def worst_grad(a: list[Any], b: list[Any]) -> float:
+    return max(rel_err(g, r) for g, r in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("compile_mode", [None, "default", "reduce-overhead"])
+def test_an_unchanged_block_trains_under_the_mode_eager_and_compiled(
+    pf: Any, pt: Any, compile_mode: str | None
+) -> None:
+    """Loss and gradients of the plain torch.nn block with the mode against without it, in the same mode of running;
+    the routed functions served (forward and backward plans), nothing left to torch."""
+    torch = _t()
+    torch.manual_seed(0)
+    model = block(torch)().cuda().bfloat16()
+    x = torch.randn(4, 256, 512, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    fn = None if compile_mode is None else torch.compile(model, fullgraph=True, mode=compile_mode)
+    expected = train_step(model, x, fn)
+    torch._dynamo.reset()
+    fn = None if compile_mode is None else torch.compile(model, fullgraph=True, mode=compile_mode)
+    before = pf.stats()
+    with pt.mode():
+        for _ in range(3):  # warm-up, CUDA graph recording and replay
+            got = train_step(model, x, fn)
+    assert rel_err(got[0], expected[0]) < TOLERANCE["bfloat16"]
+    assert worst_grad(got[1], expected[1]) < TOLERANCE["bfloat16"]
+    for function in ("layer_norm", "linear", "scaled_dot_product_attention"):
+        cudnn, by_torch = served_since(pf, before, function)
+        backward, backward_torch = served_since(pf, before, f"{function}.backward")
+        assert cudnn > 0 and by_torch == backward_torch == 0 and backward > 0, (function, pt.stats().get(function))
+
+
+def test_torchvision_resnet50_inference_channels_last(pf: Any, pt: Any) -> None:
+    torch = _t()
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50().cuda().half().to(memory_format=torch.channels_last).eval()
+    x = torch.randn(8, 3, 224, 224, device="cuda").half().to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        expected = model(x)
+        before = pf.stats()
+        with pt.mode():
+            got = model(x)
+        compiled = torch.compile(model, fullgraph=True)
+        with pt.mode():
+            got_compiled = compiled(x)
+    assert rel_err(got, expected) < TOLERANCE["float16"] and rel_err(got_compiled, expected) < TOLERANCE["float16"]
+    stats = pt.stats()
+    assert stats["conv2d"].routed == 53 and served_since(pf, before, "conv2d")[0] > 0, stats["conv2d"]
+    assert stats["batch_norm"].left and stats["linear"].routed == 1, stats
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_transformers_models_train_under_the_mode(pf: Any, pt: Any, family: str) -> None:
+    torch = _t()
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if family == "gpt2":
+        config = transformers.GPT2Config(n_embd=256, n_layer=2, n_head=4, vocab_size=1024, attn_implementation="sdpa")
+        config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(
+            hidden_size=256,
+            intermediate_size=688,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=1024,
+            attn_implementation="sdpa",
+        )
+        model = transformers.LlamaForCausalLM(config)
+    model = model.cuda().bfloat16().train()
+    ids = torch.randint(0, 1024, (2, 128), device="cuda")
+
+    def step() -> tuple[Any, list[Any]]:
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+
+    expected = step()
+    before = pf.stats()
+    with pt.mode():
+        got = step()
+    assert rel_err(got[0], expected[0]) < TOLERANCE["bfloat16"]
+    assert worst_grad(got[1], expected[1]) < 2 * TOLERANCE["bfloat16"]
+    stats = pt.stats()
+    assert stats["linear"].routed > 0 and stats["scaled_dot_product_attention"].routed > 0, stats
+    assert served_since(pf, before, "linear")[0] > 0 and served_since(pf, before, "scaled_dot_product_attention")[0] > 0
