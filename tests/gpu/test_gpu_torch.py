@@ -302,3 +302,30 @@ def test_transformers_models_train_under_the_mode(pf: Any, pt: Any, family: str)
     stats = pt.stats()
     assert stats["linear"].routed > 0 and stats["scaled_dot_product_attention"].routed > 0, stats
     assert served_since(pf, before, "linear")[0] > 0 and served_since(pf, before, "scaled_dot_product_attention")[0] > 0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_what_torchs_forward_saves_is_what_a_served_forward_writes(pf: Any, pt: Any, dtype: str) -> None:
+    """A forward torch ran (its plans were away) may meet a backward a plan runs: the saved outputs must mean the
+    same. cuDNN's statistics against torch's (plancache.torch._torch_math), and the served backward from either."""
+    torch = _t()
+    from plancache.torch import _torch_math as tm
+
+    ops = torch.ops.plancache
+    x, w, b = randn(8, 128, 256, dtype=dtype), randn(256, dtype=dtype), randn(256, dtype=dtype)
+    served = ops.layer_norm_train(x, [256], w, b, 1e-5)
+    by_torch = tm.layer_norm_train(x, [256], w, b, 1e-5)
+    assert rel_err(served[1], by_torch[1]) < 1e-3 and rel_err(served[2], by_torch[2]) < 1e-3
+    served = ops.rms_norm_train(x, [256], w, 1e-6)
+    assert rel_err(served[1], tm.rms_norm_train(x, [256], w, 1e-6)[1]) < 1e-3
+    q, k, v = (randn(2, 8, 256, 64, dtype=dtype) for _ in range(3))
+    out, stats = ops.sdpa_train(q, k, v, None, True, None, False)
+    torch_out, lse = tm.sdpa_train(q, k, v, None, True, None, False, train=True)
+    assert stats.shape == lse.shape and rel_err(stats, lse) < 1e-3, (stats.flatten()[:4], lse.flatten()[:4])
+    dy = randn(2, 8, 256, 64, dtype=dtype)
+    before = pf.stats()
+    from_served = ops.sdpa_backward(dy, q, k, v, None, True, None, False, out, stats, [True, True, True])
+    from_torch = ops.sdpa_backward(dy, q, k, v, None, True, None, False, torch_out, lse, [True, True, True])
+    assert served_since(pf, before, "scaled_dot_product_attention.backward")[0] == 2
+    for ours, theirs in zip(from_torch, from_served, strict=True):
+        assert rel_err(ours, theirs) < TOLERANCE[dtype]
