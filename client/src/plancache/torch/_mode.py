@@ -59,7 +59,9 @@ class Left:
 
 def _count(function: str, reason: str | None) -> None:
     with _counts_lock:
-        entry = COUNTS.setdefault(function, RouteCounts())
+        entry = COUNTS.get(function)
+        if entry is None:
+            entry = COUNTS[function] = RouteCounts()
         if reason is None:
             entry.routed += 1
         else:
