@@ -1060,6 +1060,34 @@ def training_section(tr: dict, run_record: str) -> list[str]:
     return out
 
 
+def torch_mode_cost_section(tc: dict) -> list[str]:
+    rows = tc["rows"]
+    lines = [
+        "## plancache.torch's host cost per call (issue 42, item 3; `bench/torch_mode_cost.py`, CPU)\n",
+        "What the route itself costs the host, on tiny CPU tensors (the kernels' own time small), on the 2-core "
+        f"development machine, torch {tc.get('torch', '?')}: medians of {tc['args']['rounds']} interleaved rounds of "
+        f"{tc['args']['calls']:,} calls ([torch_mode_cost.json](../bench/results/torch_mode_cost.json), "
+        "[torch_mode_cost.png](../bench/results/torch_mode_cost.png)). Runs on this shared machine differ by up to 2x; "
+        "the three runs of its session added 2-9 µs (not routed), 19-35 µs (left to torch) and 11-24 µs (an operator).\n",
+        "| per call | plancache µs | torch µs | added µs |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['case']} ({r['what']}) | {r['plancache_us']:.1f} | {r['torch_us']:.1f} | {r['added_us']:.1f} |"
+        )
+    lines += [
+        "",
+        "Every torch call a model makes under the mode pays the first rows' cost (a TorchFunctionMode is Python); a "
+        "compiled program pays an operator's per plancache operator outside a CUDA graph (under "
+        '`mode="reduce-overhead"` none: the graph replays). Defined with `torch.library.custom_op` an operator added '
+        "37-48 µs; they are now defined through `torch.library.Library` (the same schema, fake implementation and "
+        "autograd) without custom_op's per-call Python wrapper. What a routed call costs on the GPU against torch's "
+        "function is for the H200 run (`bench/torch_models.py`), not run yet.\n",
+    ]
+    return lines
+
+
 def families_section(fa: dict, run_record: str) -> list[str]:
     """bench/results/families.json (bench/families.py): 50 new shapes in a fresh process, three ways."""
     s, families = fa.get("summary") or {}, fa.get("families") or {}
@@ -1284,6 +1312,11 @@ def main() -> None:
         *(
             functional_section(json.loads((RESULTS / "functional.json").read_text()), TRAINING_RUN)
             if (RESULTS / "functional.json").exists()
+            else []
+        ),
+        *(
+            torch_mode_cost_section(json.loads((RESULTS / "torch_mode_cost.json").read_text()))
+            if (RESULTS / "torch_mode_cost.json").exists()
             else []
         ),
         *(

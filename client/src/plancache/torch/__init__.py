@@ -45,7 +45,7 @@ from plancache.torch._mode import COUNTS, PlanCacheMode, _counts_lock
 
 __all__ = ["OPERATORS", "PlanCacheMode", "RouteStats", "clear_stats", "mode", "stats"]
 
-OPERATORS = tuple(op._qualname for op in _ops.OPERATORS)  # "plancache::layer_norm", ...
+OPERATORS = tuple(op.qualname for op in _ops.OPERATORS)  # "plancache::layer_norm", ...
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,8 @@ def _bind(
     args: tuple[Any, ...], kwargs: dict[str, Any], names: tuple[str, ...], defaults: dict[str, Any]
 ) -> list[Any] | Left:
     """A call's arguments by torch's parameter names (positional or keyword)."""
+    if not kwargs and len(args) == len(names):  # every argument given in order: the common call of a module
+        return list(args)
     if len(args) > len(names):
         return Left("more positional arguments than torch's function takes")
     values = dict(defaults)

@@ -4,7 +4,7 @@
     out, mean, rstd = torch.ops.plancache.layer_norm_train(...)   # training: what the backward reads too
 
 Every function of plancache.functional that has a served backward is three
-operators (`torch.library.custom_op`): `<name>` (inference), `<name>_train`
+operators (`torch.library`): `<name>` (inference), `<name>_train`
 (the training forward: its result and what its backward reads, as
 aten::native_layer_norm returns its statistics) and `<name>_backward`,
 which the training forward's autograd registration calls. So
@@ -23,7 +23,7 @@ saved outputs as the served plans.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -37,6 +37,44 @@ from plancache.functional._requests import ACTIVATIONS
 from plancache.torch import _torch_math as tm
 
 NAMESPACE = "plancache"
+# The operators are defined through torch.library.Library rather than
+# torch.library.custom_op: the same schema, fake implementation and autograd
+# registration, without custom_op's Python wrapper around every call (its
+# autograd wrapper, redispatch and dynamo guard: ~30 µs a call against ~10 µs
+# on the development CPU, bench/torch_mode_cost.py), which a compiled program
+# would pay per operator outside a CUDA graph.
+LIBRARY = torch.library.Library(NAMESPACE, "DEF")
+
+
+class Operator:
+    """One of plancache's operators: `torch.ops.plancache.<name>`, its
+    implementation (one for every device: the CUDA path asks plancache,
+    the others run torch's own), fake implementation and autograd."""
+
+    def __init__(self, name: str, schema: str, implementation: Callable[..., Any]) -> None:
+        self.name, self.qualname = name, f"{NAMESPACE}::{name}"
+        LIBRARY.define(f"{name}{schema}")
+        LIBRARY.impl(name, implementation, "CompositeExplicitAutograd")
+        self.implementation = implementation
+
+    def __call__(self, *args: Any) -> Any:
+        return getattr(torch.ops.plancache, self.name)(*args)
+
+    def register_fake(self, fake: Callable[..., Any]) -> Callable[..., Any]:
+        torch.library.register_fake(self.qualname, fake, lib=LIBRARY)
+        return fake
+
+    def register_autograd(self, backward: Callable[..., Any], *, setup_context: Callable[..., Any]) -> None:
+        torch.library.register_autograd(self.qualname, backward, setup_context=setup_context, lib=LIBRARY)
+
+
+def operator(name: str, schema: str) -> Callable[[Callable[..., Any]], Operator]:
+    """`@operator("layer_norm", "(Tensor input, ...) -> Tensor")`: the function below is its implementation."""
+
+    def define(implementation: Callable[..., Any]) -> Operator:
+        return Operator(name, schema, implementation)
+
+    return define
 
 
 def _served(t: Tensor) -> bool:
@@ -76,7 +114,7 @@ _GRADS3 = "(Tensor?, Tensor?, Tensor?)"
 _NORM_ARGS = "Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps"
 
 
-@torch.library.custom_op(f"{NAMESPACE}::layer_norm", mutates_args=(), schema=f"({_NORM_ARGS}) -> Tensor")
+@operator("layer_norm", f"({_NORM_ARGS}) -> Tensor")
 def layer_norm(
     input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, bias: Tensor | None, eps: float
 ) -> Tensor:
@@ -102,9 +140,7 @@ def _layer_norm_fake(*args: Any) -> Tensor:
     return _layer_norm_layouts(*args)[0]
 
 
-@torch.library.custom_op(
-    f"{NAMESPACE}::layer_norm_train", mutates_args=(), schema=f"({_NORM_ARGS}) -> (Tensor, Tensor, Tensor)"
-)
+@operator("layer_norm_train", f"({_NORM_ARGS}) -> (Tensor, Tensor, Tensor)")
 def layer_norm_train(
     input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, bias: Tensor | None, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -123,10 +159,8 @@ def _layer_norm_train_fake(*args: Any) -> tuple[Tensor, Tensor, Tensor]:
     return out, stats, torch.empty_like(stats)
 
 
-@torch.library.custom_op(
-    f"{NAMESPACE}::layer_norm_backward",
-    mutates_args=(),
-    schema=f"(Tensor grad, {_NORM_ARGS}, Tensor mean, Tensor inv_variance, bool[] needs) -> {_GRADS3}",
+@operator(
+    "layer_norm_backward", f"(Tensor grad, {_NORM_ARGS}, Tensor mean, Tensor inv_variance, bool[] needs) -> {_GRADS3}"
 )
 def layer_norm_backward(
     grad: Tensor,
@@ -200,7 +234,7 @@ layer_norm_train.register_autograd(_layer_norm_grad, setup_context=_layer_norm_s
 _RMS_ARGS = "Tensor input, int[] normalized_shape, Tensor? weight, float? eps"
 
 
-@torch.library.custom_op(f"{NAMESPACE}::rms_norm", mutates_args=(), schema=f"({_RMS_ARGS}) -> Tensor")
+@operator("rms_norm", f"({_RMS_ARGS}) -> Tensor")
 def rms_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, eps: float | None) -> Tensor:
     if _served(input):
         out = _norms._rms_norm(input, normalized_shape, weight, eps, op=INFERENCE)
@@ -223,7 +257,7 @@ def _rms_norm_fake(*args: Any) -> Tensor:
     return _rms_norm_layouts(*args)[0]
 
 
-@torch.library.custom_op(f"{NAMESPACE}::rms_norm_train", mutates_args=(), schema=f"({_RMS_ARGS}) -> (Tensor, Tensor)")
+@operator("rms_norm_train", f"({_RMS_ARGS}) -> (Tensor, Tensor)")
 def rms_norm_train(
     input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, eps: float | None
 ) -> tuple[Tensor, Tensor]:
@@ -241,11 +275,7 @@ def _rms_norm_train_fake(*args: Any) -> tuple[Tensor, Tensor]:
     return _rms_norm_layouts(*args)
 
 
-@torch.library.custom_op(
-    f"{NAMESPACE}::rms_norm_backward",
-    mutates_args=(),
-    schema=f"(Tensor grad, {_RMS_ARGS}, Tensor inv_variance, bool[] needs) -> (Tensor?, Tensor?)",
-)
+@operator("rms_norm_backward", f"(Tensor grad, {_RMS_ARGS}, Tensor inv_variance, bool[] needs) -> (Tensor?, Tensor?)")
 def rms_norm_backward(
     grad: Tensor,
     input: Tensor,
@@ -304,7 +334,7 @@ def _linear_out(input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return input.new_empty((*input.shape[:-1], weight.shape[0]))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::linear", mutates_args=(), schema=f"({_LINEAR_ARGS}) -> Tensor")
+@operator("linear", f"({_LINEAR_ARGS}) -> Tensor")
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None, activation: str | None) -> Tensor:
     """input @ weight.T + bias, then `activation` (None, "relu", "gelu", "silu"): row-major."""
     _check_activation(activation)
@@ -321,7 +351,7 @@ def _linear_fake(input: Tensor, weight: Tensor, bias: Tensor | None, activation:
     return _linear_out(input, weight, bias)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::linear_train", mutates_args=(), schema=f"({_LINEAR_ARGS}) -> Tensor[]")
+@operator("linear_train", f"({_LINEAR_ARGS}) -> Tensor[]")
 def linear_train(input: Tensor, weight: Tensor, bias: Tensor | None, activation: str | None) -> list[Tensor]:
     """The result, and a GELU's or SiLU's pre-activation (its backward reads it)."""
     _check_activation(activation)
@@ -339,10 +369,8 @@ def _linear_train_fake(input: Tensor, weight: Tensor, bias: Tensor | None, activ
     return [_linear_out(input, weight, bias) for _ in range(count)]
 
 
-@torch.library.custom_op(
-    f"{NAMESPACE}::linear_backward",
-    mutates_args=(),
-    schema=f"(Tensor grad, {_LINEAR_ARGS}, Tensor[] saved, bool[] needs) -> (Tensor?, Tensor?, Tensor?)",
+@operator(
+    "linear_backward", f"(Tensor grad, {_LINEAR_ARGS}, Tensor[] saved, bool[] needs) -> (Tensor?, Tensor?, Tensor?)"
 )
 def linear_backward(
     grad: Tensor,
@@ -425,7 +453,7 @@ def _sdpa_out(
     return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::sdpa", mutates_args=(), schema=f"({_SDPA_ARGS}) -> Tensor")
+@operator("sdpa", f"({_SDPA_ARGS}) -> Tensor")
 def sdpa(
     query: Tensor,
     key: Tensor,
@@ -448,7 +476,7 @@ def _sdpa_fake(*args: Any) -> Tensor:
     return _sdpa_out(*args)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::sdpa_train", mutates_args=(), schema=f"({_SDPA_ARGS}) -> (Tensor, Tensor)")
+@operator("sdpa_train", f"({_SDPA_ARGS}) -> (Tensor, Tensor)")
 def sdpa_train(
     query: Tensor,
     key: Tensor,
@@ -474,10 +502,9 @@ def _sdpa_train_fake(*args: Any) -> tuple[Tensor, Tensor]:
     return out, out.new_empty((*out.shape[:-1], 1), dtype=tm.stats_dtype(out))
 
 
-@torch.library.custom_op(
-    f"{NAMESPACE}::sdpa_backward",
-    mutates_args=(),
-    schema=f"(Tensor grad, {_SDPA_ARGS}, Tensor out, Tensor stats, bool[] needs) -> (Tensor?, Tensor?, Tensor?)",
+@operator(
+    "sdpa_backward",
+    f"(Tensor grad, {_SDPA_ARGS}, Tensor out, Tensor stats, bool[] needs) -> (Tensor?, Tensor?, Tensor?)",
 )
 def sdpa_backward(
     grad: Tensor,
@@ -569,7 +596,7 @@ def _conv_fake(
     return torch.empty_like(y, memory_format=tm.conv_memory_format(input, weight))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::conv2d", mutates_args=(), schema=f"({_CONV_ARGS}) -> Tensor")
+@operator("conv2d", f"({_CONV_ARGS}) -> Tensor")
 def conv2d(
     input: Tensor,
     weight: Tensor,
@@ -610,7 +637,7 @@ def _conv2d_fake(*args: Any) -> Tensor:
     return _conv_fake(*args[:7])
 
 
-@torch.library.custom_op(f"{NAMESPACE}::conv2d_train", mutates_args=(), schema=f"({_CONV_ARGS}) -> Tensor")
+@operator("conv2d_train", f"({_CONV_ARGS}) -> Tensor")
 def conv2d_train(
     input: Tensor,
     weight: Tensor,
@@ -630,11 +657,7 @@ def _conv2d_train_fake(*args: Any) -> Tensor:
     return _conv_fake(*args[:7])
 
 
-@torch.library.custom_op(
-    f"{NAMESPACE}::conv2d_backward",
-    mutates_args=(),
-    schema=f"(Tensor grad, {_CONV_ARGS}, Tensor out, bool[] needs) -> (Tensor?, Tensor?, Tensor?)",
-)
+@operator("conv2d_backward", f"(Tensor grad, {_CONV_ARGS}, Tensor out, bool[] needs) -> (Tensor?, Tensor?, Tensor?)")
 def conv2d_backward(
     grad: Tensor,
     input: Tensor,
