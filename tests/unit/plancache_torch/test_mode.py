@@ -223,8 +223,13 @@ def test_dynamic_shapes_trace_once_and_give_torchs_results(cpu_routes: None) -> 
     assert {"plancache.linear.default", "plancache.layer_norm.default"} <= recorder.targets
 
 
-def test_inductor_compiles_the_operators(cpu_routes: None) -> None:
+def test_inductor_compiles_the_operators(cpu_routes: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.compile's default backend: the operators stay calls in inductor's program, the results torch's."""
+    import torch._inductor.config
+
+    # One compiling process: inductor's pool would take every core of the test machine from the other tests
+    # (a Redis cluster's failover test timed out beside it on CI's 2 cores).
+    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
     model, x, image = model_and_inputs(torch.float32)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)

@@ -62,6 +62,8 @@ class CudnnCompiler:
                 f"autotune strategy {autotune_strategy!r}: expected one of {', '.join(AUTOTUNE_STRATEGIES)}"
             )
         self.autotune_strategy = autotune_strategy
+        if torch.version.cuda is None:  # a CPU build of torch: no GPU will appear later, so no restart loop
+            raise ImportError("torch is a CPU build", name="torch with CUDA")
         torch.cuda.set_device(device)
         self._device = torch.device("cuda", device)
         self._handle = cudnn.create_handle()
