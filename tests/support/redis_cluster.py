@@ -88,6 +88,22 @@ class LocalCluster:
                     raise TimeoutError("the cluster did not reach cluster_state:ok")
                 time.sleep(0.1)
             client.close()
+        # A replica still in its first sync when its master dies does not take over (its data is too old to:
+        # cluster-replica-validity-factor), and the cluster stays down: a test that kills a master waits for
+        # every replica's link first (CI's loaded 2 cores once took longer than the test's 2 s of load).
+        deadline = time.monotonic() + 60
+        for node in self.nodes:
+            client = redis.Redis(port=node.port)
+            try:
+                while True:
+                    info = client.info("replication")
+                    if info.get("role") != "slave" or info.get("master_link_status") == "up":
+                        break
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"replica {node.port} did not finish its first sync")
+                    time.sleep(0.1)
+            finally:
+                client.close()
         return self
 
     def masters(self) -> list[EmbeddedRedis]:
