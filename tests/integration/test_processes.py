@@ -404,3 +404,48 @@ def test_a_short_token_stops_the_server_with_the_line_named_not_a_traceback(tmp_
     text = proc.text()
     assert f"cannot start: {tokens}:2: expected '<read|compile|admin> <token of 16+ characters>'" in text, text
     assert "Traceback" not in text
+
+
+def test_a_worker_whose_metrics_port_is_taken_still_builds(tmp_path: Path) -> None:
+    """A worker's /metrics port (the server's --metrics-port + 1 + GPU) held by another socket (an outgoing
+    connection can hold any ephemeral port): the worker says so and builds; it used to exit and be restarted
+    until its supervisor gave up (a CI run lost its status-page tests to it)."""
+    import socket
+
+    from plancache_server.store.embedded_redis import EmbeddedRedis
+    from tests.support.processes import server_process, wait_for_workers
+
+    holder = socket.socket()
+    while True:  # a free port whose next one this test holds
+        holder.bind(("127.0.0.1", 0))
+        metrics_port = holder.getsockname()[1] - 1
+        try:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", metrics_port))
+            break
+        except OSError:
+            holder.close()
+            holder = socket.socket()
+    holder.listen()
+    redis_server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
+    address = f"127.0.0.1:{free_port()}"
+    try:
+        with server_process(
+            address,
+            redis_server.url,
+            tmp_path / "server.log",
+            "--gpus",
+            "0",
+            "--compiler",
+            "tests.support.standin:factory",
+            "--unsigned",
+            "--metrics-port",
+            str(metrics_port),
+        ) as proc:
+            wait_for_workers(address, proc=proc)
+            with Client(address, timeout=30) as client:
+                assert client.compile(matmul_spec(m=24), STANDIN_TARGET).blob
+            assert "serves no /metrics" in (tmp_path / "server.log").read_text()
+    finally:
+        holder.close()
+        redis_server.stop()

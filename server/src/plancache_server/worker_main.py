@@ -107,7 +107,16 @@ def run_one(device: int, settings: Settings) -> int:
         tune_after_quiet_s=settings.tune_after_quiet_s,
     )
 
-    web.serve(settings.metrics_port + device if settings.metrics_port else 0, host=settings.metrics_host or "127.0.0.1")
+    metrics_port = settings.metrics_port + device if settings.metrics_port else 0
+    try:
+        web.serve(metrics_port, host=settings.metrics_host or "127.0.0.1")
+    except OSError as e:  # its port taken (another process, an outgoing connection's): it still builds plans
+        log.error(
+            "worker for GPU %d serves no /metrics: port %d cannot be bound (%s); its builds go on",
+            device,
+            metrics_port,
+            e.strerror or e,
+        )
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("worker %s: %s, finishing the current job", worker.worker_id, signal.Signals(signum).name)
