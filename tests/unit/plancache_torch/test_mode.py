@@ -276,3 +276,13 @@ def test_the_mode_lives_on_its_thread_while_entered(cpu_routes: None) -> None:
     assert other == [0]
     F.layer_norm(x, [8])  # after the mode: not routed
     assert pt.stats()["layer_norm"].routed == 1
+
+
+def test_the_reasons_kept_per_function_are_bounded(cpu_routes: None) -> None:
+    """A reason names argument values (a padding, a stride): a program varying them cannot grow the counters."""
+    x, w = torch.randn(1, 2, 9, 9), torch.randn(2, 2, 3, 3)
+    with pt.mode():
+        for dilation in range(1, _mode.MAX_REASONS + 11):
+            F.conv2d(x, w, padding="same", dilation=dilation)  # left to torch, the dilation in the reason
+    left = pt.stats()["conv2d"].left
+    assert len(left) == _mode.MAX_REASONS + 1 and left[_mode.OTHER_REASONS] == 10

@@ -44,6 +44,8 @@ class RouteCounts:
 
 
 COUNTS: dict[str, RouteCounts] = {}
+MAX_REASONS = 64  # distinct reasons kept per function
+OTHER_REASONS = "other reasons (more distinct reasons than are kept)"
 _counts_lock = threading.Lock()
 
 
@@ -64,8 +66,10 @@ def _count(function: str, reason: str | None) -> None:
             entry = COUNTS[function] = RouteCounts()
         if reason is None:
             entry.routed += 1
-        else:
+        elif reason in entry.left or len(entry.left) < MAX_REASONS:
             entry.left[reason] += 1
+        else:  # a reason names argument values (a padding, a stride): their variety stays bounded here
+            entry.left[OTHER_REASONS] += 1
 
 
 def _unserved(name: str, t: Any, optional: bool = False) -> Left | None:

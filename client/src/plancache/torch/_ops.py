@@ -596,22 +596,6 @@ def _conv_fake(
     return torch.empty_like(y, memory_format=tm.conv_memory_format(input, weight))
 
 
-@operator("conv2d", f"({_CONV_ARGS}) -> Tensor")
-def conv2d(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    stride: Sequence[int],
-    padding: Sequence[int],
-    dilation: Sequence[int],
-    groups: int,
-    relu: bool,
-) -> Tensor:
-    """torch.nn.functional.conv2d (numeric padding), a ReLU after it where `relu`:
-    channels-last when an operand is, contiguous otherwise."""
-    return _conv2d_forward(input, weight, bias, stride, padding, dilation, groups, relu, INFERENCE)
-
-
 def _conv2d_forward(
     input: Tensor,
     weight: Tensor,
@@ -621,6 +605,7 @@ def _conv2d_forward(
     dilation: Sequence[int],
     groups: int,
     relu: bool,
+    *,
     op: Any,
 ) -> Tensor:
     fmt = tm.conv_memory_format(input, weight)
@@ -632,29 +617,19 @@ def _conv2d_forward(
     return tm.conv2d_forward(input, weight, bias, stride, padding, dilation, groups, relu)
 
 
-@conv2d.register_fake
+# torch.nn.functional.conv2d (numeric padding), a ReLU after it where `relu`: channels-last when an operand is,
+# contiguous otherwise. The training forward is the same call of the geometry's training form (its backward reads
+# the inputs, and a ReLU's output). A Library implementation is given the schema's arguments positionally.
+conv2d = operator("conv2d", f"({_CONV_ARGS}) -> Tensor")(lambda *args: _conv2d_forward(*args, op=INFERENCE))
+conv2d_train = operator("conv2d_train", f"({_CONV_ARGS}) -> Tensor")(lambda *args: _conv2d_forward(*args, op=TRAINING))
+
+
 def _conv2d_fake(*args: Any) -> Tensor:
     return _conv_fake(*args[:7])
 
 
-@operator("conv2d_train", f"({_CONV_ARGS}) -> Tensor")
-def conv2d_train(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    stride: Sequence[int],
-    padding: Sequence[int],
-    dilation: Sequence[int],
-    groups: int,
-    relu: bool,
-) -> Tensor:
-    """conv2d's training forward (its backward reads the inputs, and a ReLU's output)."""
-    return _conv2d_forward(input, weight, bias, stride, padding, dilation, groups, relu, TRAINING)
-
-
-@conv2d_train.register_fake
-def _conv2d_train_fake(*args: Any) -> Tensor:
-    return _conv_fake(*args[:7])
+conv2d.register_fake(_conv2d_fake)
+conv2d_train.register_fake(_conv2d_fake)
 
 
 @operator("conv2d_backward", f"(Tensor grad, {_CONV_ARGS}, Tensor out, bool[] needs) -> (Tensor?, Tensor?, Tensor?)")
