@@ -253,7 +253,7 @@ def node_main(path: str, workload: str, server: str) -> None:
 
     torch.cuda.init()
     if path == "local":
-        from bench.training import InProcessClient
+        from bench.gpu_exec import InProcessClient
         from plancache_server.worker.compiler.cudnn import CudnnCompiler
 
         compiler = CudnnCompiler(0)

@@ -38,30 +38,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.gpu_exec import build_spec_plan, time_path  # noqa: E402
+from bench.gpu_exec import InProcessClient, time_path  # noqa: E402
 from bench.report import figure, save, table, write_json  # noqa: E402
 
 PATHS = ("functional", "raw", "raw+alloc", "torch")
 TARGET_OVER_RAW = 1.2
-
-
-class InProcessClient:
-    """STAND-IN for plancache.Client: compiles each spec here with the
-    worker's compiler (no server, no Redis); the plan a node would fetch."""
-
-    def __init__(self, compiler: Any) -> None:
-        self.compiler = compiler
-        self.compiled: list[str] = []
-
-    def compile(
-        self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None, **_: Any
-    ) -> Any:
-        from plancache.keys.options import CompileOptions
-        from plancache.keys.query import PlanQuery
-
-        key = PlanQuery.of(spec, self.compiler.target, CompileOptions(autotune=False)).key
-        self.compiled.append(key)
-        return build_spec_plan(self.compiler, spec, autotune=False)
 
 
 def cases() -> dict[str, Callable[[], tuple[Callable[[], Any], Callable[[], Any], str]]]:

@@ -53,15 +53,44 @@ def build_plan(compiler: Any, case: Case, autotune: bool = False) -> Any:
 
 
 def build_spec_plan(compiler: Any, spec: Any, autotune: bool = False) -> Any:
-    """The plan the worker's compiler builds for `spec` here (heuristic, or autotuned), as a node would get it."""
+    """The plan the worker's compiler builds for `spec` (a GraphSpec, or a PlanQuery whose spec is built) here
+    (heuristic, or autotuned), as a node would get it."""
     from plancache import Plan
     from plancache.keys.options import CompileOptions
     from plancache.keys.query import PlanQuery
     from plancache_server.worker.verified_job import VerifiedJob, plan_metadata
 
+    if isinstance(spec, PlanQuery):
+        spec = spec.spec
     query = PlanQuery.of(spec, compiler.target, CompileOptions(autotune=autotune))
     compiled = list(compiler.compile_phases(query))[-1]
     return Plan(compiled.blob, plan_metadata(VerifiedJob(query), compiled, "bench", compiler.target.to_proto()))
+
+
+class InProcessClient:
+    """STAND-IN for plancache.Client, for the benchmarks that need no server: compiles each graph here
+    with the worker's compiler (no server, no Redis); the plan a node would fetch. It takes what the
+    front doors pass a client: a GraphSpec, or the PlanQuery plancache.functional makes (its key is
+    recorded; the graph is built for this compiler's target)."""
+
+    hedge = False
+
+    def __init__(self, compiler: Any, autotune: bool = False) -> None:
+        self.compiler, self.autotune = compiler, autotune
+        self.compiled: list[str] = []
+
+    def compile(
+        self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None, **_: Any
+    ) -> Any:
+        from plancache.keys.options import CompileOptions
+        from plancache.keys.query import PlanQuery
+
+        graph = spec.spec if isinstance(spec, PlanQuery) else spec
+        self.compiled.append(PlanQuery.of(graph, self.compiler.target, CompileOptions(autotune=self.autotune)).key)
+        return build_spec_plan(self.compiler, graph, autotune=self.autotune)
+
+    def close(self) -> None:
+        pass
 
 
 def tensors_for(plan: Any) -> dict[str, Any]:

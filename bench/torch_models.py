@@ -17,7 +17,7 @@ CUDA graphs), torch alone and under the mode, from the same parameters:
 - what the mode routed, what plancache's plans ran and what torch ran (plancache.torch.stats()).
 
 Plans come from plancache's own compiler in this process (the worker's; heuristic plans unless
---autotune) behind bench.training.InProcessClient, a STAND-IN for the client: no server is needed and
+--autotune) behind bench.gpu_exec.InProcessClient, a STAND-IN for the client: no server is needed and
 the functions run exactly as against a server's plans. Not measured here: a fresh process's first
 step with every plan stored (bench/training.py --startup does it for its own models).
 
@@ -275,7 +275,7 @@ def report(result: dict[str, Any], out: Path) -> None:
             [
                 [
                     r["model"],
-                    r["mode"],
+                    r.get("mode", "") + (f" ({r['skipped']})" if "skipped" in r else ""),
                     r.get("ms_torch", math.nan),
                     r.get("ms_plancache", math.nan),
                     r.get("plancache_over_torch", math.nan),
@@ -320,7 +320,7 @@ def main() -> None:
     import plancache.torch as pt
 
     if args.device == "cuda":
-        from bench.training import InProcessClient
+        from bench.gpu_exec import InProcessClient
         from plancache_server.worker.compiler.cudnn import CudnnCompiler
 
         compiler = CudnnCompiler(0)
@@ -358,6 +358,7 @@ def main() -> None:
                     {"model": work.name, "mode": compile_mode, "error": f"{type(e).__name__}: {e}"[:2000]}
                 )
             print(result["rows"][-1], flush=True)
+            write_json(args.out / "torch_models.json", result)  # what a call cut short by its limit still returns
     result["seconds"] = time.monotonic() - started
     report(result, args.out)
 

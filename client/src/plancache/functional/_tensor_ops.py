@@ -55,9 +55,18 @@ class TorchOps:
     def constant(self, constant: Constant, device: int) -> Any:
         from plancache.gpu.stack import torch_dtype
 
-        where = "cpu" if constant.on_host else f"cuda:{device}"
+        torch = torch_module()
         value = int(constant.value) if constant.dtype in INTEGER_TYPES else constant.value
-        return torch_module().full(constant.shape, value, dtype=torch_dtype(constant.dtype), device=where)
+        if constant.on_host:
+            return torch.full(constant.shape, value, dtype=torch_dtype(constant.dtype), device="cpu")
+        if torch.cuda.is_current_stream_capturing():  # made once per geometry, kept by the graph that uses it
+            return torch.full(constant.shape, value, dtype=torch_dtype(constant.dtype), device=f"cuda:{device}")
+        # Kept for the geometry's life: made outside the private pool that torch.compile(mode="reduce-overhead")
+        # allocates this thread's tensors from (a tensor kept from there failed the step, GPU run 30).
+        from plancache.run.execution import outside_graph_pools
+
+        dtype, where = torch_dtype(constant.dtype), f"cuda:{device}"
+        return outside_graph_pools(lambda: torch.full(constant.shape, value, dtype=dtype, device=where), device)
 
     def current_device(self) -> Callable[[], int]:
         torch = torch_module()

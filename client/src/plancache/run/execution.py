@@ -16,10 +16,13 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Replayable(Protocol):
@@ -102,7 +105,8 @@ class WorkspacePool:
         return sum(s.size + sum(_nbytes(r) for r in s.retired) for s in list(self._slots.values()))
 
     def release(self) -> None:
-        """Drop every workspace (plans allocate again on their next call)."""
+        """Drop every workspace (plans allocate again on their next call). The caller has synchronized
+        the device: a workspace's memory may be handed out again at once."""
         with self._lock:
             for s in self._slots.values():
                 s.buffer, s.size, s.retired = None, 0, []
@@ -182,6 +186,29 @@ def workspace_bytes_held() -> int:
     return process().workspaces.held_bytes()
 
 
+_allocator: concurrent.futures.ThreadPoolExecutor | None = None
+_allocator_lock = threading.Lock()
+
+
+def outside_graph_pools(make: Callable[[], T], device: int) -> T:
+    """`make()` run on plancache's allocation thread, with `device` current there: what it allocates
+    comes from torch's ordinary pool even while this thread's allocations go to a CUDA graph's private
+    pool (cudagraph trees route them per thread). For tensors kept across calls: workspaces, constants."""
+    global _allocator
+    with _allocator_lock:
+        if _allocator is None:
+            _allocator = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plancache-alloc")
+    import torch
+
+    def run() -> T:
+        with torch.cuda.device(device):
+            made = make()
+            torch.cuda.current_stream(device).synchronize()  # written before another thread's stream reads it
+            return made
+
+    return _allocator.submit(run).result()
+
+
 class TorchRuntime:
     """The real runtime: torch for tensors and streams, the cuDNN frontend for plans."""
 
@@ -239,7 +266,13 @@ class TorchRuntime:
         return graph
 
     def empty(self, size: int, device: int) -> Any:
-        return self._torch.empty(size, device=device, dtype=self._torch.uint8)
+        """A workspace, kept for the process's life (retired ones too). Made by a thread of its own:
+        under torch.compile(mode="reduce-overhead") cudagraph trees route every allocation of the thread
+        that runs the compiled program into their private pool, and a workspace kept from there failed
+        the step ("1 tensor(s) in the cudagraph pool not tracked as outputs", GPU run 30; a stream of its
+        own did not escape the routing, which is per thread)."""
+        torch = self._torch
+        return outside_graph_pools(lambda: torch.empty(size, device=device, dtype=torch.uint8), device)
 
     def capture(self, launch: Callable[[], None], device: int, before: Callable[[int], None]) -> Replayable:
         """A CUDA graph of one `launch`, captured on a side stream after one
