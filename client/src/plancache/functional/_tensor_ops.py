@@ -59,8 +59,6 @@ class TorchOps:
         value = int(constant.value) if constant.dtype in INTEGER_TYPES else constant.value
         if constant.on_host:
             return torch.full(constant.shape, value, dtype=torch_dtype(constant.dtype), device="cpu")
-        if torch.cuda.is_current_stream_capturing():  # made once per geometry, kept by the graph that uses it
-            return torch.full(constant.shape, value, dtype=torch_dtype(constant.dtype), device=f"cuda:{device}")
         # Kept for the geometry's life: made outside the private pool that torch.compile(mode="reduce-overhead")
         # allocates this thread's tensors from (a tensor kept from there failed the step, GPU run 30).
         from plancache.run.execution import outside_graph_pools

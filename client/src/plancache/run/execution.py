@@ -193,12 +193,19 @@ _allocator_lock = threading.Lock()
 def outside_graph_pools(make: Callable[[], T], device: int) -> T:
     """`make()` run on plancache's allocation thread, with `device` current there: what it allocates
     comes from torch's ordinary pool even while this thread's allocations go to a CUDA graph's private
-    pool (cudagraph trees route them per thread). For tensors kept across calls: workspaces, constants."""
+    pool (cudagraph trees route them per thread). For tensors kept across calls: workspaces, constants.
+    While this thread's stream captures a CUDA graph, `make()` runs here as it did before: the graph's
+    own pool holds what it uses, and another thread's allocation or synchronize could break a capture
+    in torch's default (global) mode (a program capturing with torch.cuda.graph; cudagraph trees capture
+    after a warm-up run, which made the tensors already)."""
+    import torch
+
+    if torch.cuda.is_current_stream_capturing():
+        return make()
     global _allocator
     with _allocator_lock:
         if _allocator is None:
             _allocator = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plancache-alloc")
-    import torch
 
     def run() -> T:
         with torch.cuda.device(device):
