@@ -188,6 +188,9 @@ def workspace_bytes_held() -> int:
 
 _allocator: concurrent.futures.ThreadPoolExecutor | None = None
 _allocator_lock = threading.Lock()
+# A kept tensor's allocation is a malloc and at most a fill: past this the GPU is stuck, and the call
+# that needed it fails (plancache.functional then runs torch's function) instead of waiting forever.
+ALLOCATION_TIMEOUT_S = 60.0
 
 
 def outside_graph_pools(make: Callable[[], T], device: int) -> T:
@@ -207,13 +210,22 @@ def outside_graph_pools(make: Callable[[], T], device: int) -> T:
         if _allocator is None:
             _allocator = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plancache-alloc")
 
-    def run() -> T:
-        with torch.cuda.device(device):
-            made = make()
-            torch.cuda.current_stream(device).synchronize()  # written before another thread's stream reads it
-            return made
+    # Made on the caller's current stream, as a tensor of the caller's own would be: the fill is ordered
+    # before the caller's next kernels, and the caching allocator hands the memory out again, once freed,
+    # only to work ordered after it on that stream. Only the thread differs.
+    stream = torch.cuda.current_stream(device)
 
-    return _allocator.submit(run).result()
+    def run() -> T:
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            return make()
+
+    try:
+        return _allocator.submit(run).result(timeout=ALLOCATION_TIMEOUT_S)
+    except concurrent.futures.TimeoutError:
+        raise RuntimeError(
+            f"plancache: allocating a kept tensor on GPU {device} took over {ALLOCATION_TIMEOUT_S:.0f} s "
+            "(the allocation thread did not answer)"
+        ) from None
 
 
 class TorchRuntime:
