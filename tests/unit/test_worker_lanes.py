@@ -133,3 +133,15 @@ def test_no_wait_when_off() -> None:
     gate = TuningGate(0.0)
     gate.urgent_started()
     assert not gate.holds(Lane.CANDIDATE) and not gate.waiting
+
+
+@pytest.mark.parametrize(
+    ("setting", "pool_size", "expected"),
+    [(-1, 8, 3), (-1, 2, 0), (-1, 1, 0), (-1, 5, 2), (0, 8, 0), (5, 8, 5), (20, 8, 7), (3, 1, 0)],
+)
+def test_warming_builds_beside_callers_only_on_processes_past_the_first(
+    setting: int, pool_size: int, expected: int
+) -> None:
+    from plancache_server.worker.worker import beside_callers
+
+    assert beside_callers(setting, pool_size) == expected

@@ -344,6 +344,17 @@ class BuildSettings:
         to_workers=True,
         shown_default="0",
     )
+    warm_beside_callers: int = setting(
+        -1,
+        "--warm-beside-callers",
+        "warming's first plans (a graph family's members, a new target's plans) that may build while a caller's "
+        "miss builds, on build processes past the first (kept for callers): a program sweeping a family's sizes "
+        "misses back to back, and warming that waits for a pause builds its members after it ends (issue 43); "
+        "-1: half the processes past the first, 0: warming waits for callers' misses",
+        int,
+        to_workers=True,
+        shown_default="-1",
+    )
     heartbeat_interval_s: float = setting(
         2.0, "--heartbeat-interval", "seconds between a worker's heartbeats", float, to_workers=True
     )

@@ -35,6 +35,7 @@ class WarmIntake:
         worker_id: str,
         targets: list[Target],
         pool_size: int,
+        beside_callers: int = 0,
     ) -> None:
         self._runner = runner
         self._store = store
@@ -42,24 +43,30 @@ class WarmIntake:
         self._worker_id = worker_id
         self._targets = targets
         self._pool_size = pool_size
+        self._beside_callers = beside_callers
 
-    def take(self, lanes: Lanes, held: HeldBuilds, caller_waits: bool, start: Callable[[Build], None]) -> None:
-        """Take warming items while no caller's heuristic plan waits or
-        builds (`caller_waits`): one warm heuristic plan queued at a time (it
+    def take(self, lanes: Lanes, held: HeldBuilds, callers: int, start: Callable[[Build], None]) -> None:
+        """Take warming items: one warm heuristic plan queued at a time (it
         goes before the candidates of autotunings, which would otherwise keep
         warming from ever starting during a rollout), fewer in their
         heuristic phase than there are build processes past the first, and at
         most MAX_WARM_BUILDS held (those waiting for their candidates, the
-        lowest lane, included). Items that need no build (stored, refused)
-        are recorded and the next one taken at once; `start` starts a build."""
-        if caller_waits:
-            self._runner.busy()
-            return
+        lowest lane, included). While `callers` heuristic plans of callers
+        wait or build, at most `beside_callers` in their heuristic phase, and
+        none that would leave a caller's plan without a process. Items that
+        need no build (stored, refused) are recorded and the next one taken
+        at once; `start` starts a build."""
+        limit = max(1, self._pool_size - 1)
+        if callers:
+            limit = min(self._beside_callers, self._pool_size - 1 - callers)
+            if limit <= 0:
+                self._runner.busy()
+                return
         for _ in range(WARM_ITEMS_PER_TURN):
             warm = held.warming()
             first_phase = sum(1 for b in warm if b.heuristic is None)
             queued = lanes.count(Lane.WARM_HEURISTIC)
-            if queued or first_phase >= max(1, self._pool_size - 1) or len(warm) >= MAX_WARM_BUILDS:
+            if queued or first_phase >= limit or len(warm) >= MAX_WARM_BUILDS:
                 return
             found = self._runner.next_item()
             if found is None or self._start(*found, start):

@@ -1,11 +1,12 @@
 """A worker's side of warming (plancache_server.store.warming): which item to
 build next, and warming new targets on its own.
 
-The worker asks for an item only when no caller's heuristic plan waits or
-builds and one of its build processes beyond the first (kept for those
-plans) is free, so a real miss is never delayed by warming beyond one
-candidate build; a warm item's heuristic plan then goes before autotunings'
-candidates, its candidates after them (plancache_server.worker.lanes.Lane;
+The worker asks for an item only when one of its build processes beyond
+the first (kept for callers' heuristic plans) is free, and while a caller's
+heuristic plan waits or builds only up to --warm-beside-callers of them, so
+a real miss is never delayed by warming beyond one candidate build; a warm
+item's heuristic plan then goes before autotunings' candidates, its
+candidates after them (plancache_server.worker.lanes.Lane;
 plancache_server.worker.warm_intake takes the items). One worker warms a
 target at a time (a lease renewed by the worker's heartbeat).
 
@@ -32,8 +33,10 @@ from plancache_server.store.warming import DEFAULT_TOP, Source, Warming, WarmIte
 
 log = logging.getLogger(__name__)
 
-# How often a worker with nothing to warm looks again.
-CHECK_S = 1.0
+# How often a worker with nothing to warm looks again: a graph family asked by a program sweeping its sizes
+# is what the program's next misses need (one Redis read per look; at 1 s a sweep's family waited up to a
+# second, several of its misses, before a member started).
+CHECK_S = 0.2
 # A target warmed on a worker's own initiative is planned again at most this often.
 REPLAN_S = 3600.0
 # Recent hits a spec needs to be warmed on a worker's own initiative.

@@ -64,6 +64,15 @@ IDLE_BLOCK_S = 0.5
 MAX_TASK_ATTEMPTS = 3
 
 
+def beside_callers(setting: int, pool_size: int) -> int:
+    """Warming's first plans that may build beside a caller's miss: never on
+    the first process (the next miss's), so at most the processes past it;
+    -1: half of those (on the H200's 8 processes, 3), so that a caller's
+    second and third concurrent misses still find idle processes."""
+    past_first = max(0, pool_size - 1)
+    return past_first // 2 if setting < 0 else min(setting, past_first)
+
+
 def default_worker_id(device: int) -> str:
     return f"{socket.gethostname()}-{os.getpid()}-gpu{device}"
 
@@ -85,11 +94,14 @@ class Worker:
         signer: Signer | None = None,
         warm: WarmRunner | None = None,
         tune_after_quiet_s: float = 0.0,
+        warm_beside_callers: int = -1,
     ) -> None:
         """`compiler` times plans here; `pool` builds them (it is closed when
         the worker ends); `warm`: builds warming items when nothing else waits;
         `tune_after_quiet_s`: candidates wait this long after a caller's
-        heuristic plan started (TuningGate)."""
+        heuristic plan started (TuningGate); `warm_beside_callers`: warming's
+        first plans that may build while a caller's miss builds (-1: half the
+        processes past the first; see beside_callers)."""
         self.compiler = compiler
         self.worker_id = worker_id
         self._queue = queue
@@ -103,6 +115,7 @@ class Worker:
         self._held = HeldBuilds()
         self._lanes = Lanes()
         self._tuning = TuningGate(tune_after_quiet_s)
+        self._warm_beside = beside_callers(warm_beside_callers, pool.size)
         self._running: dict[int, QueuedPiece] = {}  # by task id: the pieces building
         self.gpu_lost: str | None = None  # why, once its GPU is lost (the worker then ends: see _lose_gpu)
         self._jobs = JobIntake(
@@ -110,7 +123,9 @@ class Worker:
         )
         self._outcomes = BuildOutcomes(store, builds, queue, worker_id, compiler.target, signer, warm)
         self._warm_intake = (
-            WarmIntake(warm, store, builds, worker_id, self._targets, pool.size) if warm is not None else None
+            WarmIntake(warm, store, builds, worker_id, self._targets, pool.size, self._warm_beside)
+            if warm is not None
+            else None
         )
         self._heartbeat = Heartbeat(
             queue, builds, self._held, warm, worker_id, self._targets, heartbeat_interval_s, heartbeat_ttl_s, self._stop
@@ -195,10 +210,11 @@ class Worker:
         self._queue_task(build, build.lanes[0], HEURISTIC, 0)
 
     def _warm_up(self) -> None:
-        """Warming items, in the lowest lanes, while no caller's heuristic plan waits or builds."""
+        """Warming items, in the lowest lanes; while a caller's heuristic plan
+        waits or builds, only as many as may build beside it (WarmIntake.take)."""
         if self._warm_intake is not None:
-            caller_waits = self._lanes.count(Lane.HEURISTIC) > 0 or self._urgent_running()
-            self._warm_intake.take(self._lanes, self._held, caller_waits, self._start)
+            callers = self._lanes.count(Lane.HEURISTIC) + self._running_in(Lane.HEURISTIC)
+            self._warm_intake.take(self._lanes, self._held, callers, self._start)
 
     def _promote(self, build: Build, delivery: Delivery) -> None:
         """A caller asks for a plan this worker is warming: its pieces move
@@ -222,11 +238,16 @@ class Worker:
         first, which nothing else uses: the next miss starts at once. While
         one builds, no other piece starts (those under way go on): building
         side by side slowed a first node's heuristic plans by a third on the
-        H200 (GPU run 19, bench/startup.py first-compile)."""
+        H200 (GPU run 19, bench/startup.py first-compile). Except warming's
+        first plans, up to `warm_beside_callers` of them: a program sweeping
+        a family's sizes misses back to back, and its family, built only in
+        the pauses, was ready after it ended (GPU run 30, issue 43)."""
         while self._lanes:
             lane = self._lanes.next_lane()
             urgent = lane == Lane.HEURISTIC
-            if not self._pool.free(urgent) or (not urgent and self._urgent_running()):
+            if not self._pool.free(urgent):
+                return
+            if not urgent and self._urgent_running() and not self._may_build_beside(lane):
                 return
             if lane is not None and self._tuning.holds(lane):  # autotuning waits for callers' misses to pause
                 return
@@ -244,7 +265,14 @@ class Worker:
                 self._tuning.released()
 
     def _urgent_running(self) -> bool:
-        return any(piece.lane == Lane.HEURISTIC for piece in self._running.values())
+        return self._running_in(Lane.HEURISTIC) > 0
+
+    def _running_in(self, lane: Lane) -> int:
+        return sum(1 for piece in self._running.values() if piece.lane == lane)
+
+    def _may_build_beside(self, lane: Lane | None) -> bool:
+        """Whether a piece of `lane` may start while a caller's heuristic plan builds."""
+        return lane == Lane.WARM_HEURISTIC and self._running_in(Lane.WARM_HEURISTIC) < self._warm_beside
 
     def _on_result(self, result: TaskResult) -> None:
         piece = self._running.pop(result.task.task_id, None)
