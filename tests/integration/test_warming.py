@@ -400,3 +400,40 @@ def test_a_warmed_plan_is_evicted_first_but_kept_for_the_whole_retention(redis_c
     assert redis_client.exists(keys.plan(warmed)) and redis_client.exists(keys.plan(hot))
     assert janitor.enforce_capacity(100) == [warmed]  # over the bound: the warmed plan goes before the served one
     assert redis_client.exists(keys.plan(hot))
+
+
+def _queued_items(prefix: str, count: int) -> list[tuple[str, pb.PlanQuery]]:
+    return [(f"{prefix}-{i}", pb.PlanQuery()) for i in range(count)]
+
+
+def test_families_queued_together_are_built_in_turns_each_in_its_own_order(redis_client: redis.Redis) -> None:
+    """GPU run 31: a sweep asks one family per function it calls (rms_norm, then linear); appended one after
+    the other, the second family's members all waited for the first's, and no size had both its graphs.
+    Appended in turns with the items not taken yet, each family keeps its own order (nearest sizes first);
+    items already taken keep their places."""
+    warming = Warming(redis_client)
+    warming.extend(EXACT, _queued_items("norm", 4), "family norm")
+    first = warming.next_item(EXACT.id, "w")
+    assert first is not None and first.plan_key == "norm-0"
+    warming.extend(EXACT, _queued_items("linear", 5), "family linear")
+    taken = []
+    while (item := warming.next_item(EXACT.id, "w")) is not None:
+        taken.append(item.plan_key)
+        warming.record(EXACT.id, item.index, "built", "", item.plan_key)
+    assert taken == ["norm-1", "linear-0", "norm-2", "linear-1", "norm-3", "linear-2", "linear-3", "linear-4"]
+    warming.record(EXACT.id, first.index, "built", "", first.plan_key)
+
+
+def test_a_family_queued_while_the_last_items_build_loses_none_of_its_members(redis_client: redis.Redis) -> None:
+    """A worker that looked for an item while the list's last ones were still building moved the plan's
+    cursor past the list's end, once per look; the family appended next lost that many members (never
+    built, counted as queued for ever)."""
+    warming = Warming(redis_client)
+    warming.extend(EXACT, _queued_items("a", 1), "family a")
+    building = warming.next_item(EXACT.id, "w")
+    assert building is not None
+    for _ in range(5):  # looks while the last item builds
+        assert warming.next_item(EXACT.id, "w") is None
+    warming.extend(EXACT, _queued_items("b", 3), "family b")
+    taken = [item.plan_key for item in iter(lambda: warming.next_item(EXACT.id, "w"), None)]
+    assert taken == ["b-0", "b-1", "b-2"]

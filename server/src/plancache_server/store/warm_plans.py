@@ -36,6 +36,32 @@ HIT_HOURS = 24
 MAX_QUEUED_ITEMS = 50_000
 FAMILIES_SOURCE = "graph families"
 
+# Appends items to a target's warming list in turns with those not taken yet (past the plan's cursor), each
+# in its own order: a program sweeping sizes asks for one family per function it calls (rms_norm, then
+# linear), and a size is a hit only when every graph of it is built; appended one after the other, the
+# second family's members waited for all of the first's (GPU run 31: 509 linear members before the first
+# rms_norm one). Items before the cursor (taken: built, in flight or to retry) keep their places; an item's
+# index is its place, and only untaken places move. Returns how many waiting items it took turns with.
+_APPEND_IN_TURNS = """
+local cursor = tonumber(redis.call('hget', KEYS[1], 'cursor') or '0') or 0
+local length = redis.call('llen', KEYS[2])
+if cursor > length then
+  cursor = length
+  redis.call('hset', KEYS[1], 'cursor', cursor)
+end
+local waiting = {}
+if cursor < length then
+  waiting = redis.call('lrange', KEYS[2], cursor, -1)
+  if cursor == 0 then redis.call('del', KEYS[2]) else redis.call('ltrim', KEYS[2], 0, cursor - 1) end
+end
+local i, j = 1, 1
+while i <= #waiting or j <= #ARGV do
+  if i <= #waiting then redis.call('rpush', KEYS[2], waiting[i]); i = i + 1 end
+  if j <= #ARGV then redis.call('rpush', KEYS[2], ARGV[j]); j = j + 1 end
+end
+return #waiting
+"""
+
 
 @dataclass(frozen=True)
 class Source:
@@ -74,6 +100,7 @@ class WarmPlans:
         self._redis = client
         self._clock = clock
         self._progress = progress
+        self._append_in_turns = client.register_script(_APPEND_IN_TURNS)
 
     def plan(
         self,
@@ -149,7 +176,8 @@ class WarmPlans:
 
     def extend(self, target: Target, items: Sequence[tuple[str, pb.PlanQuery]], by: str) -> int:
         """Queue (plan key, query for `target`) items at warming's priority
-        (graph families): appended to the target's active plan, or starting
+        (graph families): appended to the target's active plan in turns with
+        its items not taken yet (_APPEND_IN_TURNS), or starting
         one after a finished or cancelled plan's items (those are not taken
         up again). Returns how many were queued; ResourceExhausted past
         MAX_QUEUED_ITEMS in the target's list."""
@@ -181,9 +209,12 @@ class WarmPlans:
                 }
                 pipe.delete(keys.warm_outcomes(target.id), keys.warm_in_flight(target.id), keys.warm_retry(target.id))
                 pipe.hset(keys.warm_plan(target.id), mapping={k: json.dumps(v) for k, v in record.items()})
-            pipe.rpush(
-                keys.warm_items(target.id),
-                *[WarmItem(length + i, plan_key, "", 0.0, query).encode() for i, (plan_key, query) in enumerate(items)],
+            self._append_in_turns(
+                keys=[keys.warm_plan(target.id), keys.warm_items(target.id)],
+                args=[
+                    WarmItem(length + i, plan_key, "", 0.0, query).encode() for i, (plan_key, query) in enumerate(items)
+                ],
+                client=pipe,
             )
             pipe.hincrby(keys.warm_plan(target.id), "total", len(items))
             pipe.hset(keys.warm_plan(target.id), "updated_at", json.dumps(now))

@@ -19,11 +19,23 @@ from plancache_server.store.warm_items import ACTIVE, DONE, FAILED, WarmItem, lo
 
 log = logging.getLogger(__name__)
 
+# The item at the plan's cursor, the cursor moved past it; nothing when the list has no item there. In one
+# step: a worker that found nothing (the last items still building) used to move the cursor past the list's
+# end anyway, every look, and the graph family appended next lost that many items (never built, always
+# "queued").
+_TAKE_AT_CURSOR = """
+local cursor = tonumber(redis.call('hget', KEYS[1], 'cursor') or '0') or 0
+if cursor >= redis.call('llen', KEYS[2]) then return false end
+redis.call('hset', KEYS[1], 'cursor', cursor + 1)
+return {cursor, redis.call('lindex', KEYS[2], cursor)}
+"""
+
 
 class WarmItemQueue:
     def __init__(self, client: redis.Redis, clock: Callable[[], float]) -> None:
         self._redis = client
         self._clock = clock
+        self._take_at_cursor = client.register_script(_TAKE_AT_CURSOR)
 
     def active_targets(self, served: Iterable[Target]) -> list[str]:
         """The targets among `served` with a warming plan still to do."""
@@ -74,12 +86,13 @@ class WarmItemQueue:
         this worker; None when the plan has none left (then it is done)."""
         with translated_errors("taking a warming item"):
             retried = cast(bytes | None, self._redis.lpop(keys.warm_retry(target_id)))
-            index = (
-                int(retried)
-                if retried is not None
-                else int(self._redis.hincrby(keys.warm_plan(target_id), "cursor", 1)) - 1
-            )
-            raw = cast(bytes | None, self._redis.lindex(keys.warm_items(target_id), index))
+            raw: bytes | None
+            if retried is not None:
+                index = int(retried)
+                raw = cast(bytes | None, self._redis.lindex(keys.warm_items(target_id), index))
+            else:
+                taken = self._take_at_cursor(keys=[keys.warm_plan(target_id), keys.warm_items(target_id)])
+                index, raw = (int(taken[0]), taken[1]) if taken else (-1, None)
             if raw is None:
                 if not self._redis.hlen(keys.warm_in_flight(target_id)):
                     self._finish_plan(target_id)

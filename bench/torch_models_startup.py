@@ -1,0 +1,238 @@
+"""The first step of a fresh process with every plan stored: unchanged models under `plancache.torch.mode()`
+against torch alone (issue 42, item 4; bench/torch_models.py measures steady steps in one process).
+
+A real deployment (Redis, plancache-server, one GPU worker, heuristic plans: the worker is stopped once the
+first runs built them, as bench/training.py --startup does). For each model of --models and each mode of
+--modes (eager; compile: torch.compile(fullgraph=True)):
+- "first (nothing stored)": a fresh process under the mode, every plan a miss (built by the service and,
+  hedged, by the node itself);
+- then --repeats times, alternating: "stored" (a fresh process under the mode, every plan stored; the
+  workload record streams them from the first touch, as a fleet node's process gets with nothing set
+  but its workload name) and "torch" (a fresh process, torch alone).
+Each process prints its imports, set-up (CUDA context, model, batch), first step (compile included where
+compiled) and second step; the ratio is the stored first step over torch's, medians of the repeats. Each
+process has an empty plan disk cache; the CUDA JIT cache is the machine's (warm after the first runs).
+
+    python3 bench/torch_models_startup.py --out DIR [--models gpt2-256,...] [--modes eager,compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.report import figure, save, table, write_json  # noqa: E402
+
+LABELS = ("first (nothing stored)", "stored", "torch")
+
+
+def node_main(path: str, model: str, compile_mode: str, server: str, device: str = "cuda") -> None:
+    """One fresh process (run by startup()): prints one JSON line. `path`: "plancache" (under the mode,
+    against `server`) or "torch". `device` "cpu": small sizes, nothing routed (a check that the code runs)."""
+    began = time.perf_counter()
+    import torch
+
+    from bench.torch_models import workloads
+
+    stats: Any = None
+    context: Any
+    if path == "plancache":
+        import plancache.functional as pf
+        import plancache.torch as pt
+        from plancache import Client
+
+        pf.configure(Client(server, cache=False, workload=f"bench-torch-models-{model}-{compile_mode}"))
+        context, stats = pt.mode, pt.stats
+    else:
+        import contextlib
+
+        context = contextlib.nullcontext
+    imports_s = time.perf_counter() - began
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if device == "cuda":
+        torch.cuda.init()
+    seq = int(model.split("-")[1]) if "-" in model else 256
+    work = workloads(device, [seq], small=device == "cpu")[model]
+    torch.manual_seed(0)
+    net = work.make()
+    batch = work.batch()
+    run = work.runner(net, compile_mode)
+    sync()
+    setup_s = time.perf_counter() - began - imports_s
+    steps = []
+    for _ in range(2):
+        started = time.perf_counter()
+        with context():
+            out = run(batch)
+        sync()
+        steps.append(time.perf_counter() - started)
+    result: dict[str, Any] = {
+        "path": path,
+        "model": model,
+        "mode": compile_mode,
+        "imports_s": imports_s,
+        "setup_s": setup_s,
+        "first_step_s": steps[0],
+        "second_step_s": steps[1],
+        "process_to_first_step_done_s": imports_s + setup_s + steps[0],
+        "value": float(out.float().mean()),
+    }
+    if stats is not None:
+        import dataclasses
+
+        import plancache
+
+        result["routes"] = {
+            name: {"routed": s.routed, "left": s.left, "cudnn": s.cudnn, "torch": s.torch}
+            for name, s in stats().items()
+        }
+        result["workload"] = dataclasses.asdict(plancache.workload_stats())
+    print(json.dumps(result), flush=True)
+
+
+def startup(out: Path, models: list[str], modes: list[str], repeats: int, time_limit: float) -> dict[str, Any]:
+    from bench import startup_deploy as deploy
+    from plancache.trust.signing import generate_keypair
+    from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
+    from tests.support.processes import child_env, server_process, trusting_env, worker_process
+
+    deadline = time.monotonic() + time_limit
+    tmp = Path(tempfile.mkdtemp(prefix="plancache-torch-startup-"))
+    private_key, public_key = generate_keypair(tmp / "keys")
+    result: dict[str, Any] = {
+        "config": {"models": models, "modes": modes, "repeats": repeats, "time_limit_s": time_limit},
+        "runs": [],
+        "skipped": [],
+    }
+
+    def node(path: str, model: str, compile_mode: str, label: str, address: str) -> None:
+        if time.monotonic() > deadline:
+            result["skipped"].append(f"{label}/{model}/{compile_mode}")
+            return
+        env = {**trusting_env(public_key), "PLANCACHE_CACHE_DIR": tempfile.mkdtemp(prefix="disk-cache-", dir=tmp)}
+        args = [sys.executable, str(Path(__file__).resolve()), "--node", path, "--model", model]
+        args += ["--modes", compile_mode, "--server", address]
+        started = time.monotonic()
+        row: dict[str, Any] = {"label": label, "model": model, "mode": compile_mode}
+        try:
+            left = max(30.0, deadline - time.monotonic() + 60.0)
+            proc = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=left, check=False)
+            if proc.returncode != 0:
+                row["error"] = proc.stderr[-2000:]
+            else:
+                row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+        except Exception as e:  # one process that fails or hangs is reported, the others still run
+            row["error"] = f"{type(e).__name__}: {e}"[:2000]
+        row["wall_s"] = time.monotonic() - started
+        result["runs"].append(row)
+        print(json.dumps({k: v for k, v in row.items() if not isinstance(v, dict)})[:400], flush=True)
+        write_json(out / "torch_models_startup.json", result)
+
+    redis = EmbeddedRedis(
+        tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False
+    ).start()
+    try:
+        address = f"127.0.0.1:{free_port()}"
+        server_args = ("--gpus", "none", "--signing-key", str(private_key), "--data-dir", str(tmp / "server-data"))
+        with server_process(address, redis.url, out / "torch-startup-server.log", *server_args, env=child_env()):
+            log = out / "torch-startup-worker.log"
+            with worker_process(
+                redis.url, log, "--device", "0", "--signing-key", str(private_key), "--no-warm", env=child_env()
+            ) as worker:
+                deploy.wait_for_pool(log, worker, address)
+                for compile_mode in modes:
+                    for model in models:
+                        node("plancache", model, compile_mode, LABELS[0], address)
+                worker.kill()  # it would tune what it built: the stored plans are the heuristic ones
+            for _ in range(repeats):
+                for compile_mode in modes:
+                    for model in models:
+                        node("plancache", model, compile_mode, LABELS[1], address)
+                        node("torch", model, compile_mode, LABELS[2], address)
+    except Exception as e:
+        result["error"] = f"{type(e).__name__}: {e}"[:2000]
+    finally:
+        redis.stop()
+    result["summary"] = summarize(result["runs"])
+    return result
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for row in runs:
+        if "first_step_s" not in row:
+            continue
+        case = summary.setdefault(f"{row['model']}/{row['mode']}", {"first_step_s": {}, "to_first_step_done_s": {}})
+        case["first_step_s"].setdefault(row["label"], []).append(row["first_step_s"])
+        case["to_first_step_done_s"].setdefault(row["label"], []).append(row["process_to_first_step_done_s"])
+    for case in summary.values():
+        for what in ("first_step_s", "to_first_step_done_s"):
+            case[what] = {label: statistics.median(v) for label, v in case[what].items()}
+        first = case["first_step_s"]
+        if "stored" in first and "torch" in first:
+            case["stored_over_torch"] = first["stored"] / first["torch"]
+        if LABELS[0] in first and "torch" in first:
+            case["nothing_stored_over_torch"] = first[LABELS[0]] / first["torch"]
+    return summary
+
+
+def report(result: dict[str, Any], out: Path) -> None:
+    write_json(out / "torch_models_startup.json", result)
+    summary = result["summary"]
+    rows = [
+        [
+            case,
+            *(f"{s['first_step_s'].get(label, float('nan')):.2f}" for label in LABELS),
+            f"{s.get('stored_over_torch', float('nan')):.2f}",
+        ]
+        for case, s in summary.items()
+    ]
+    print(table(["model/mode", *(f"{label} s" for label in LABELS), "stored/torch"], rows))
+    fig, (ax,) = figure(1)
+    names = list(summary)
+    width = 0.8 / len(LABELS)
+    for i, label in enumerate(LABELS):
+        values = [summary[n]["first_step_s"].get(label, 0.0) for n in names]
+        ax.bar([x + i * width for x in range(len(names))], values, width, label=label)
+    ax.set_xticks([x + width for x in range(len(names))], names, fontsize=7, rotation=20)
+    ax.set_ylabel("first step of a fresh process, s (median)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    ax.set_title("Fresh process, unchanged models: every plan stored vs torch alone", fontsize=9)
+    save(fig, out / "torch_models_startup.png")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--models", default="resnet50_train,gpt2-256,llama-256")
+    parser.add_argument("--modes", default="eager")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--time-limit", type=float, default=400.0, help="seconds: no new process starts after this")
+    parser.add_argument("--node", choices=("plancache", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--server", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.node:
+        node_main(args.node, args.model, args.modes, args.server, args.device)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    report(startup(args.out, models, modes, args.repeats, args.time_limit), args.out)
+
+
+if __name__ == "__main__":
+    main()
