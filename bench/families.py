@@ -569,8 +569,9 @@ def report(result: dict[str, Any], out: Path) -> None:
     save(fig, out / "families.png")
 
 
-def run_evidence(out: Path, time_limit: float) -> dict[str, Any]:
-    """Issue 43's study (module doc): fixed, sweep-first, sweep-second, and the families they asked for."""
+def run_evidence(out: Path, time_limit: float, beside: int | None = None) -> dict[str, Any]:
+    """Issue 43's study (module doc): fixed, sweep-first, sweep-second, and the families they asked for.
+    `beside`: the worker's --warm-beside-callers (None: its default)."""
     from bench import startup_deploy as deploy
     from plancache import Client
     from plancache.trust.signing import generate_keypair
@@ -581,7 +582,12 @@ def run_evidence(out: Path, time_limit: float) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="plancache-families-evidence-"))
     private_key, public_key = generate_keypair(tmp / "keys")
     result: dict[str, Any] = {
-        "config": {"sweep_sizes": SWEEP_SIZES, "fixed_weights": FIXED_WEIGHTS, "options": "autotune off"},
+        "config": {
+            "sweep_sizes": SWEEP_SIZES,
+            "fixed_weights": FIXED_WEIGHTS,
+            "options": "autotune off",
+            "warm_beside_callers": "default" if beside is None else beside,
+        },
         "runs": [],
         "families": [],
         "skipped": [],
@@ -595,8 +601,12 @@ def run_evidence(out: Path, time_limit: float) -> dict[str, Any]:
         server_args = ("--gpus", "none", "--signing-key", str(private_key), "--data-dir", str(tmp / "server-data"))
         with server_process(address, redis.url, out / "families-evidence-server.log", *server_args, env=child_env()):
             log = out / "families-evidence-worker.log"
+            beside_args = () if beside is None else ("--warm-beside-callers", str(beside))
             with worker_process(
-                redis.url, log, "--device", "0", "--signing-key", str(private_key), "--no-warm", env=child_env()
+                redis.url,
+                log,
+                *("--device", "0", "--signing-key", str(private_key), "--no-warm", *beside_args),
+                env=child_env(),
             ) as worker:
                 deploy.wait_for_pool(log, worker, address)
                 for path in ("fixed", "sweep-first", "sweep-second"):
@@ -715,6 +725,7 @@ def main() -> None:
     parser.add_argument(
         "--study", choices=("shapes", "evidence"), default="shapes", help="evidence: issue 43's study (module doc)"
     )
+    parser.add_argument("--warm-beside-callers", type=int, help="evidence: the worker's setting (default: its own)")
     parser.add_argument("--evidence-node", choices=("fixed", "sweep-first", "sweep-second"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.evidence_node:
@@ -722,7 +733,7 @@ def main() -> None:
         return
     if args.study == "evidence":
         args.out.mkdir(parents=True, exist_ok=True)
-        report_evidence(run_evidence(args.out, args.time_limit), args.out)
+        report_evidence(run_evidence(args.out, args.time_limit, args.warm_beside_callers), args.out)
         return
     if args.node:
         node_main(args.node, args.workload, args.server)

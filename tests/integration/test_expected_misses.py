@@ -147,3 +147,23 @@ def test_a_workload_record_says_which_graphs_will_miss(service: Stack) -> None:
     assert second.workload.lists(key(old[1])) is True and second.workload.lists(key(new)) is False
     stats = race_stats()["compile"]
     assert (stats.at_once, stats.stored_after_all) == (2, 1)
+
+
+def test_while_the_service_builds_ahead_for_the_process_every_graph_asks_first(service: Stack) -> None:
+    """GPU run 31: a sweep's family was being built, yet after two misses each new size was expected to
+    miss and the node built it itself, its members stored or not (490 ms a size instead of a ~30 ms hit).
+    While a family this process asked for builds, graphs ask first; a stored one is a hit, nothing built."""
+    graphs = [matmul_spec(m=16 * (i + 1), name=f"new{i}") for i in range(4)]
+    stored = matmul_spec(m=500, name="a-member")
+    store(service, stored)
+    builder = StandInLocalBuilder(seconds=NODE_BUILD_S)
+    with service.client(local_builder=builder, workload_prefetch=False) as client:
+        asked = first_asks(client)
+        for spec in graphs[:MISSES_BEFORE_EXPECTING]:
+            client.compile(spec, TARGET)
+        client.ask_first_for(60.0)  # what asking for a family does (plancache.frontdoors.families)
+        rest = [client.compile(spec, TARGET) for spec in [*graphs[MISSES_BEFORE_EXPECTING:], stored]]
+        assert asked == [key(s) for s in [*graphs, stored]]  # every graph asked first
+        assert race_stats()["compile"].at_once == 0
+        assert rest[-1].source == "hit" and not isinstance(rest[-1], LocalPlan)
+        assert builder.built == [key(s) for s in graphs]  # the stored member was not built by the node

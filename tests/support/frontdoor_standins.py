@@ -97,6 +97,10 @@ class StandInClient:
     families_seen: list[dict[str, Sequence[int]]] = field(default_factory=list)  # build_family()'s `seen`
     family_error: PlanCacheError | None = None  # what build_family() raises
     not_stored: set[str] = field(default_factory=set)  # plan keys prefetch() answers NotFound
+    ask_first: list[float] = field(default_factory=list)  # ask_first_for() calls' seconds
+
+    def ask_first_for(self, seconds: float) -> None:
+        self.ask_first.append(seconds)
 
     def compile(
         self,

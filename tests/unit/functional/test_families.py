@@ -50,6 +50,8 @@ def test_three_sizes_of_one_graph_ask_for_its_family_once(client: StandInClient)
         )
     linear_at(300)
     assert len(client.families) == 1  # asked once
+    # While its members build, the process's graphs ask the service first (no miss is expected).
+    assert client.ask_first == [_families.ASK_FIRST_S]
     (ask,) = pf.families()
     assert ask.status == "asked" and ask.graphs == 128 and ask.sizes == {varying.symbol: (1, 128)}
 
