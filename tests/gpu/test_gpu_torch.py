@@ -261,7 +261,49 @@ def test_torchvision_resnet50_inference_channels_last(pf: Any, pt: Any) -> None:
     assert rel_err(got, expected) < TOLERANCE["float16"] and rel_err(got_compiled, expected) < TOLERANCE["float16"]
     stats = pt.stats()
     assert stats["conv2d"].routed == 53 and served_since(pf, before, "conv2d")[0] > 0, stats["conv2d"]
-    assert stats["batch_norm"].left and stats["linear"].routed == 1, stats
+    # batch_norm: routed eager, where plancache.functional gives its float16 statistics to torch (it serves
+    # float32 ones, as torch's mixed precision leaves them); compiled, torch's.
+    cudnn, by_torch = served_since(pf, before, "batch_norm")
+    assert stats["batch_norm"].routed == 53 and cudnn == 0 and by_torch > 0, stats
+    assert stats["linear"].routed == 1, stats
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_an_unchanged_batch_norm_is_served_eager_with_torchs_running_statistics(pf: Any, pt: Any, dtype: str) -> None:
+    """A BatchNorm2d as torch's mixed precision leaves it (float32 parameters and statistics) over a half
+    channels-last input: under the mode, training then evaluation, its output, gradients and running
+    statistics against torch's, its forward and backward served."""
+    torch = _t()
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(64).cuda()
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5), bn.bias.uniform_(-0.5, 0.5)
+    reference = torch.nn.BatchNorm2d(64).cuda()
+    reference.load_state_dict(bn.state_dict())
+    x = randn(8, 64, 28, 28, dtype=dtype).contiguous(memory_format=torch.channels_last).requires_grad_()
+    # A random weighting: the mean square of a normalized output is constant per channel (its input gradient 0).
+    weighting = torch.randn(8, 64, 28, 28, device="cuda")
+    expected = reference(x)
+    (expected.float() * weighting).mean().backward()
+    expected_grads = [x.grad.clone(), reference.weight.grad, reference.bias.grad]
+    x.grad = None
+    before = pf.stats()
+    with pt.mode():
+        got = bn(x)
+    (got.float() * weighting).mean().backward()
+    tolerance = TOLERANCE[dtype]
+    assert rel_err(got, expected) < tolerance
+    for ours, theirs in zip([x.grad, bn.weight.grad, bn.bias.grad], expected_grads, strict=True):
+        assert rel_err(ours, theirs) < tolerance
+    assert rel_err(bn.running_mean, reference.running_mean) < 1e-2
+    assert rel_err(bn.running_var, reference.running_var) < 1e-2
+    assert served_since(pf, before, "batch_norm") == (1, 0) and served_since(pf, before, "batch_norm.backward")[0] > 0
+    bn.eval(), reference.eval()
+    with torch.no_grad():
+        evaluated = reference(x)
+        with pt.mode():
+            assert rel_err(bn(x), evaluated) < tolerance
+    assert pt.stats()["batch_norm"].routed == 2 and not pt.stats()["batch_norm"].left
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

@@ -85,3 +85,17 @@ def test_compile_path_on_a_cluster(cluster_stack: Stack) -> None:
         row = {r.target_id: r for r in client.admin.stats()}[TARGET.id]
         assert row.compiles == 3 and row.live_workers == 1
         assert {t.target_id for t in client.admin.list_targets()} == {TARGET.id, TARGET.generic().id}
+
+
+def test_warming_items_are_appended_in_turns_and_taken_on_a_cluster(cluster_client: redis.Redis) -> None:
+    """The warming queue's scripts (items appended in turns, taken at the cursor) on a cluster: a target's
+    plan, items and records share one hash slot."""
+    from plancache.v1 import plancache_pb2 as pb
+    from plancache_server.store.warming import Warming
+    from tests.support.standin import STANDIN_TARGET
+
+    warming = Warming(cluster_client)  # type: ignore[arg-type]
+    warming.extend(STANDIN_TARGET, [(f"a-{i}", pb.PlanQuery()) for i in range(2)], "family a")
+    warming.extend(STANDIN_TARGET, [(f"b-{i}", pb.PlanQuery()) for i in range(2)], "family b")
+    taken = [item.plan_key for item in iter(lambda: warming.next_item(STANDIN_TARGET.id, "w"), None)]
+    assert taken == ["a-0", "b-0", "a-1", "b-1"]

@@ -121,9 +121,63 @@ def test_calls_plancache_does_not_serve_run_torchs_function_counted_by_reason() 
     stats = pt.stats()
     assert stats["layer_norm"].routed == 0 and stats["layer_norm"].left == {"input is on cpu": 1}
     assert stats["scaled_dot_product_attention"].left == {"query is on cpu": 1}
-    assert list(stats["batch_norm"].left) == [
-        "batch_norm updates its running statistics in place: not one of plancache's operators yet"
-    ]
+    assert stats["batch_norm"].left == {"input is on cpu": 1}
+
+
+def test_batch_norm_is_routed_eager_with_torchs_running_statistics(
+    cpu_routes: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eager, F.batch_norm goes to plancache.functional.batch_norm with torch's arguments (a BatchNorm2d's
+    running statistics, training flag, momentum and eps; that it serves them on CUDA and updates the
+    statistics in place is tests/gpu/test_gpu_torch.py's): here a stand-in for it on the CPU runs torch's."""
+    calls: list[tuple[Any, ...]] = []
+
+    def functional_stand_in(*args: Any) -> Any:
+        calls.append(args)
+        return F.batch_norm(*args)
+
+    monkeypatch.setattr(_mode, "_eager", lambda x: True)  # the CUDA path's decision, on CPU tensors
+    monkeypatch.setattr(pf, "batch_norm", functional_stand_in)
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(4).to(D)
+    reference = nn.BatchNorm2d(4).to(D)
+    reference.load_state_dict(bn.state_dict())
+    x = torch.randn(2, 4, 5, 5, dtype=D, requires_grad=True)
+    expected = reference(x)
+    expected.pow(2).sum().backward()
+    expected_grad, x.grad = x.grad, None
+    with pt.mode():
+        got = bn(x)
+    got.pow(2).sum().backward()
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(x.grad, expected_grad)
+    torch.testing.assert_close(bn.running_mean, reference.running_mean)
+    torch.testing.assert_close(bn.running_var, reference.running_var)
+    assert pt.stats()["batch_norm"].routed == 1 and not pt.stats()["batch_norm"].left
+    ((_, mean, var, weight, bias, training, momentum, eps),) = calls
+    assert mean is bn.running_mean and var is bn.running_var and weight is bn.weight and bias is bn.bias
+    assert (training, momentum, eps) == (True, 0.1, 1e-5)
+    bn.eval(), reference.eval()
+    with torch.no_grad():
+        evaluated = reference(x)
+        with pt.mode():
+            torch.testing.assert_close(bn(x), evaluated)
+    assert pt.stats()["batch_norm"].routed == 2 and calls[1][5] is False
+
+
+def test_batch_norm_under_compile_is_torchs_with_the_reason(cpu_routes: None) -> None:
+    """A torch operator that updates its arguments cannot carry plancache's backward: compiled, batch_norm is
+    torch's (its running statistics updated as torch's), the reason given by the route."""
+    x = torch.randn(2, 4, 5, 5, dtype=D)
+    result = _mode._batch_norm((x, torch.zeros(4, dtype=D), torch.ones(4, dtype=D)), {"training": True})
+    assert isinstance(result, _mode.Left) and result.reason.startswith("batch_norm of a tensor on cpu")
+    torch.manual_seed(0)
+    bn, reference = nn.BatchNorm2d(4).to(D), nn.BatchNorm2d(4).to(D)
+    compiled = torch.compile(bn, fullgraph=True)
+    with pt.mode():
+        got = compiled(x)
+    torch.testing.assert_close(got, reference(x))
+    torch.testing.assert_close(bn.running_mean, reference.running_mean)
 
 
 def test_options_plancache_has_no_form_for_are_left_to_torch(cpu_routes: None) -> None:

@@ -267,7 +267,32 @@ def _conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def _batch_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return Left("batch_norm updates its running statistics in place: not one of plancache's operators yet")
+    """Eager only: plancache.functional.batch_norm updates the running statistics in place, as torch does
+    (cuDNN writes them). A torch operator that mutates its arguments cannot carry an autograd formula
+    (torch.library.register_autograd refuses a non-functional schema), so under torch.compile it is
+    torch's, said so."""
+    bound = _bind(
+        args,
+        kwargs,
+        ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
+        {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5},
+    )
+    if isinstance(bound, Left):
+        return bound
+    x, mean, var, w, b, training, momentum, eps = bound
+    left = _unserved("input", x)
+    if left is not None:
+        return left
+    if _compiling():
+        return Left(
+            "batch_norm under torch.compile: it updates its running statistics in place, "
+            "and a torch operator that does cannot carry plancache's backward (eager calls are served)"
+        )
+    if not _eager(x):
+        return Left(f"batch_norm of a tensor on {x.device.type}: plancache.functional's are CUDA tensors")
+    if momentum is None:
+        return Left("momentum=None (a cumulative average)")
+    return pf.batch_norm(x, mean, var, w, b, bool(training), float(momentum), float(eps))
 
 
 Route = Callable[[tuple[Any, ...], dict[str, Any]], Any]

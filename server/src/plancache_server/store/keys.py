@@ -278,6 +278,7 @@ ACL_RULES: dict[str, list[str]] = {
         "+multi",
         "+exec",
         "+llen",
+        "+ltrim",  # a graph family appended in turns with a warming list's items not taken yet (warm_plans)
         "+hsetnx",
         "+zcard",
         "+zpopmin",
@@ -350,6 +351,7 @@ ACL_RULES: dict[str, list[str]] = {
         "+rpush",
         "+lpop",
         "+lindex",
+        "+llen",  # taking a warming item at the plan's cursor only when the list has one there (warm_queue)
         "+lrange",
         "+hlen",
         "+hdel",

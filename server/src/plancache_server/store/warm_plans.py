@@ -41,10 +41,14 @@ FAMILIES_SOURCE = "graph families"
 # linear), and a size is a hit only when every graph of it is built; appended one after the other, the
 # second family's members waited for all of the first's (GPU run 31: 509 linear members before the first
 # rms_norm one). Items before the cursor (taken: built, in flight or to retry) keep their places; an item's
-# index is its place, and only untaken places move. Returns how many waiting items it took turns with.
+# index is its place, and only untaken places move. ARGV[1] "0": appended after everything (a new plan over
+# a finished or cancelled one's list: its untaken items are not taken up again). Run on its own, not in a
+# MULTI: a script in a pipeline needs SCRIPT EXISTS (another ACL permission) and redis-py's pipeline loading.
+# Returns how many waiting items it took turns with.
 _APPEND_IN_TURNS = """
 local cursor = tonumber(redis.call('hget', KEYS[1], 'cursor') or '0') or 0
 local length = redis.call('llen', KEYS[2])
+if ARGV[1] == '0' then cursor = length end
 if cursor > length then
   cursor = length
   redis.call('hset', KEYS[1], 'cursor', cursor)
@@ -54,7 +58,7 @@ if cursor < length then
   waiting = redis.call('lrange', KEYS[2], cursor, -1)
   if cursor == 0 then redis.call('del', KEYS[2]) else redis.call('ltrim', KEYS[2], 0, cursor - 1) end
 end
-local i, j = 1, 1
+local i, j = 1, 2
 while i <= #waiting or j <= #ARGV do
   if i <= #waiting then redis.call('rpush', KEYS[2], waiting[i]); i = i + 1 end
   if j <= #ARGV then redis.call('rpush', KEYS[2], ARGV[j]); j = j + 1 end
@@ -162,8 +166,9 @@ class WarmPlans:
             pipe.hset(keys.warm_plan(target.id), mapping={k: json.dumps(v) for k, v in record.items()})
             for chunk in range(0, len(items), 500):
                 pipe.rpush(keys.warm_items(target.id), *[i.encode() for i in items[chunk : chunk + 500]])
-            pipe.sadd(keys.WARM_TARGETS, target.id)
             pipe.execute()
+            # Outside the transaction: the index of warmed targets lives in another hash slot of a cluster.
+            self._redis.sadd(keys.WARM_TARGETS, target.id)
         log.info(
             "warming %s from %s: %d item(s) (%s), %.0f recent hits of the source",
             target.id,
@@ -192,6 +197,15 @@ class WarmPlans:
                 )
             state = loads(self._redis.hget(keys.warm_plan(target.id), "state") or b'""')
             now = self._clock()
+            # The items first: a plan marked active before its items are there could be found empty and
+            # finished by a worker meanwhile.
+            self._append_in_turns(
+                keys=[keys.warm_plan(target.id), keys.warm_items(target.id)],
+                args=[
+                    "1" if state == ACTIVE else "0",
+                    *(WarmItem(length + i, key, "", 0.0, query).encode() for i, (key, query) in enumerate(items)),
+                ],
+            )
             pipe = self._redis.pipeline(transaction=True)
             if state != ACTIVE:
                 # A new plan over the old list: the cursor past the old items, counts of these alone.
@@ -209,17 +223,11 @@ class WarmPlans:
                 }
                 pipe.delete(keys.warm_outcomes(target.id), keys.warm_in_flight(target.id), keys.warm_retry(target.id))
                 pipe.hset(keys.warm_plan(target.id), mapping={k: json.dumps(v) for k, v in record.items()})
-            self._append_in_turns(
-                keys=[keys.warm_plan(target.id), keys.warm_items(target.id)],
-                args=[
-                    WarmItem(length + i, plan_key, "", 0.0, query).encode() for i, (plan_key, query) in enumerate(items)
-                ],
-                client=pipe,
-            )
             pipe.hincrby(keys.warm_plan(target.id), "total", len(items))
             pipe.hset(keys.warm_plan(target.id), "updated_at", json.dumps(now))
-            pipe.sadd(keys.WARM_TARGETS, target.id)
             pipe.execute()
+            # Outside the transaction: the index of warmed targets lives in another hash slot of a cluster.
+            self._redis.sadd(keys.WARM_TARGETS, target.id)
         log.info("warming %s: %d item(s) queued (%s)", target.id, len(items), by)
         return len(items)
 
