@@ -1,8 +1,10 @@
 """Where an eager step under plancache.torch.mode() spends its host time (issue 42, item 3): cProfile of
 --steps training steps of an unchanged model (bench/torch_models.py's), plans built in-process, after warm-up;
 the same steps of torch alone for comparison. Prints the top functions by own time and by cumulative time.
+--compile-mode compile: the same under torch.compile(fullgraph=True) (the compiled program calling plancache's
+operators).
 
-    python3 scripts/torch_mode_profile.py --model gpt2-256 [--steps 10]   # on a GPU machine
+    python3 scripts/torch_mode_profile.py --model gpt2-256 [--steps 10] [--compile-mode compile]   # on a GPU
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main() -> None:
     parser.add_argument("--model", default="gpt2-256")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--top", type=int, default=45)
+    parser.add_argument("--compile-mode", default="eager", choices=("eager", "compile", "reduce-overhead"))
     args = parser.parse_args()
     import torch
 
@@ -40,8 +43,9 @@ def main() -> None:
     torch.manual_seed(0)
     batch = work.batch()
     for variant, context in (("torch", contextlib.nullcontext), ("plancache", pt.mode)):
+        torch._dynamo.reset()
         model = work.make()
-        run = work.runner(model, "eager")
+        run = work.runner(model, args.compile_mode)
         with context():
             for _ in range(3):
                 run(batch)
@@ -56,7 +60,9 @@ def main() -> None:
         host_s = time.perf_counter() - started
         torch.cuda.synchronize()
         wall_s = time.perf_counter() - started
-        print(f"==== {variant}: {args.steps} steps, host {host_s * 1e3:.1f} ms (profiled), wall {wall_s * 1e3:.1f} ms")
+        print(
+            f"==== {variant} ({args.compile_mode}): {args.steps} steps, host {host_s * 1e3:.1f} ms (profiled), wall {wall_s * 1e3:.1f} ms"
+        )
         for key in ("tottime", "cumtime"):
             text = io.StringIO()
             pstats.Stats(profile, stream=text).sort_stats(key).print_stats(args.top)
