@@ -44,6 +44,55 @@ def per_call_us(fn: Callable[[], Any], calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def compiled_costs(rounds: int, calls: int) -> list[dict[str, Any]]:
+    """A compiled function of 8 linear + layer_norm pairs (16 plancache operators, CPU routes on: their CPU
+    implementation is torch's function): torch alone, `torch.compile` called inside `with mode():` (the mode
+    sees every call the compiled program makes), and plancache.torch.compile (the mode entered inside the
+    compiled function). µs per call, medians of `rounds` interleaved rounds."""
+    import torch
+    import torch.nn.functional as F
+
+    import plancache.torch as pt
+    from plancache.torch import _mode
+
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([torch.nn.Linear(16, 16) for _ in range(8)])
+    x = torch.randn(2, 16)
+
+    def model(x: Any) -> Any:
+        for layer in layers:
+            x = F.layer_norm(layer(x), [16])
+        return x
+
+    devices, _mode.ROUTED_DEVICES = _mode.ROUTED_DEVICES, {*_mode.ROUTED_DEVICES, "cpu"}
+    served, _mode.SERVED_DTYPES = _mode.SERVED_DTYPES, (*_mode.SERVED_DTYPES, torch.float32)
+    try:
+        with torch.no_grad():
+            variants: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
+                "torch alone": (torch.compile(model, fullgraph=True), contextlib.nullcontext),
+                "torch.compile inside `with mode():`": (torch.compile(model, fullgraph=True), pt.mode),
+                "plancache.torch.compile": (pt.compile(model, fullgraph=True), contextlib.nullcontext),
+            }
+            samples: dict[str, list[float]] = {name: [] for name in variants}
+            for _ in range(rounds):
+                for name, (fn, context) in variants.items():
+                    with context():
+                        per_call_us(lambda fn=fn: fn(x), calls // 10)
+                        samples[name].append(per_call_us(lambda fn=fn: fn(x), calls))
+    finally:
+        _mode.ROUTED_DEVICES, _mode.SERVED_DTYPES = devices, served
+    base = statistics.median(samples["torch alone"])
+    return [
+        {
+            "case": name,
+            "us": statistics.median(values),
+            "per_operator_over_torch_us": (statistics.median(values) - base) / 16,
+            "samples": values,
+        }
+        for name, values in samples.items()
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
@@ -98,12 +147,24 @@ def main() -> None:
                 "samples": samples,
             }
         )
-    result = {"args": vars(args) | {"out": str(args.out)}, "torch": torch.__version__, "rows": rows}
+    compiled = compiled_costs(args.rounds, max(200, args.calls // 10))
+    result = {
+        "args": vars(args) | {"out": str(args.out)},
+        "torch": torch.__version__,
+        "rows": rows,
+        "compiled": compiled,
+    }
     write_json(args.out / "torch_mode_cost.json", result)
     print(
         table(
             ["case", "plancache µs", "torch µs", "added µs"],
             [[r["case"], r["plancache_us"], r["torch_us"], r["added_us"]] for r in rows],
+        )
+    )
+    print(
+        table(
+            ["compiled (16 operators a call)", "µs per call", "µs per operator over torch"],
+            [[r["case"], r["us"], r["per_operator_over_torch_us"]] for r in compiled],
         )
     )
     fig, (ax,) = figure(1)

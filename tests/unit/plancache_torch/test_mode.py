@@ -259,6 +259,43 @@ def test_the_mode_entered_inside_a_compiled_function(cpu_routes: None) -> None:
     assert "plancache.rms_norm.default" in recorder.targets
 
 
+def test_plancache_torch_compile_traces_the_routes_and_runs_without_the_mode(
+    cpu_routes: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """plancache.torch.compile: the model's graphs hold plancache's operators, forward and backward, with
+    torch's loss and gradients; once compiled, its calls reach no TorchFunctionMode (entered around a compiled
+    model, the mode sees every call the compiled program makes, and each is dispatched twice)."""
+    model, x, image = model_and_inputs()
+    expected = step(model, x, image)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = pt.compile(model, backend=recorder, fullgraph=True)
+    assert_same(step(model, x, image, compiled), expected)
+    assert recorder.graphs == 1
+    assert {t for t in recorder.targets if t.startswith("plancache.")} >= {
+        "plancache.linear_train.default",
+        "plancache.linear_backward.default",
+        "plancache.conv2d_train.default",
+        "plancache.sdpa_train.default",
+    }, recorder.targets
+    seen: list[Any] = []
+    original = _mode.PlanCacheMode.__torch_function__
+
+    def counting(self: Any, func: Any, *rest: Any, **kwargs: Any) -> Any:
+        seen.append(func)
+        return original(self, func, *rest, **kwargs)
+
+    monkeypatch.setattr(_mode.PlanCacheMode, "__torch_function__", counting)
+    assert_same(step(model, x, image, compiled), expected)
+    assert seen == []  # the compiled program ran with no mode to intercept its calls
+    outer = torch.compile(model, backend=recorder, fullgraph=True)
+    with pt.mode():
+        step(model, x, image, outer)  # traced
+        seen.clear()
+        step(model, x, image, outer)
+    assert seen  # entered around a compiled model, the mode sees the compiled program's calls as it runs
+
+
 def test_dynamic_shapes_trace_once_and_give_torchs_results(cpu_routes: None) -> None:
     """Sizes marked dynamic: one graph serves them (each size's plan is its own geometry at run time)."""
     lin = nn.Linear(16, 8).to(D)

@@ -5,6 +5,7 @@
     with plancache.torch.mode():                                 # eager, or around/inside torch.compile
         loss = model(batch).loss
         loss.backward()
+    step = plancache.torch.compile(model, fullgraph=True)        # compiled: the mode entered inside it
 
 Inside the mode, the model's torch.nn.functional calls that plancache
 serves (layer_norm, rms_norm, linear and transformers' addmm form of it,
@@ -20,6 +21,12 @@ The operators (`torch.ops.plancache.*`: plancache.torch._ops) are what a
 compiled program calls: torch.compile(fullgraph=True) traces them without a
 graph break, AOT autograd puts their backward operators in the backward
 graph, and CUDA graphs (mode="reduce-overhead") capture their plans.
+`compile()` is torch.compile of the model with the mode entered inside the
+compiled function: the same graphs, and no TorchFunctionMode on the stack
+while the compiled program runs (entered around it, the mode sees every call
+the compiled program makes, its own operators' included, and each is
+dispatched twice: ~14 µs an operator on the development CPU,
+bench/torch_mode_cost.py).
 
 Needs torch (an ImportError says so without it); plancache itself does not.
 Owns: the operators (their schemas, fake implementations, autograd
@@ -30,7 +37,9 @@ May import: plancache.functional, plancache.errors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 try:
     import torch  # noqa: F401 (the operators below need it; say so at import)
@@ -43,7 +52,7 @@ import plancache.functional as pf
 from plancache.torch import _ops
 from plancache.torch._mode import COUNTS, PlanCacheMode, _counts_lock
 
-__all__ = ["OPERATORS", "PlanCacheMode", "RouteStats", "clear_stats", "mode", "stats"]
+__all__ = ["OPERATORS", "PlanCacheMode", "RouteStats", "clear_stats", "compile", "mode", "stats"]
 
 OPERATORS = tuple(op.qualname for op in _ops.OPERATORS)  # "plancache::layer_norm", ...
 
@@ -62,6 +71,21 @@ class RouteStats:
 def mode() -> PlanCacheMode:
     """A new mode: `with plancache.torch.mode(): ...` routes the calls plancache serves."""
     return PlanCacheMode()
+
+
+def compile(model: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+    """`torch.compile(model, **options)` with the mode entered inside the compiled function: its graphs run
+    plancache's operators (what the mode routes, traced), and the compiled program runs with no mode on the
+    stack. Call the result as the model (`model` itself keeps its parameters, `train()`, `state_dict()`)."""
+    import torch
+
+    # Not functools.wraps: it would copy a module's __dict__ (its parameters' tables) onto the function.
+    def routed(*args: Any, **kwargs: Any) -> Any:
+        with mode():
+            return model(*args, **kwargs)
+
+    compiled: Callable[..., Any] = torch.compile(routed, **options)
+    return compiled
 
 
 def stats() -> dict[str, RouteStats]:
