@@ -97,10 +97,10 @@ class StandInClient:
     families_seen: list[dict[str, Sequence[int]]] = field(default_factory=list)  # build_family()'s `seen`
     family_error: PlanCacheError | None = None  # what build_family() raises
     not_stored: set[str] = field(default_factory=set)  # plan keys prefetch() answers NotFound
-    ask_first: list[float] = field(default_factory=list)  # ask_first_for() calls' seconds
+    asked_first: list[str] = field(default_factory=list)  # ask_first() calls' plan keys
 
-    def ask_first_for(self, seconds: float) -> None:
-        self.ask_first.append(seconds)
+    def ask_first(self, key: str) -> None:
+        self.asked_first.append(key)
 
     def compile(
         self,

@@ -16,6 +16,7 @@ from plancache import InvalidRequest, Unavailable
 from plancache.frontdoors import families as _families
 from plancache.graphspec.canonical import hash_normalized
 from plancache.graphspec.validation import normalize
+from plancache.keys.query import PlanQuery
 from tests.support.frontdoor_standins import StandInClient, StandInTensor
 
 T = StandInTensor
@@ -50,8 +51,10 @@ def test_three_sizes_of_one_graph_ask_for_its_family_once(client: StandInClient)
         )
     linear_at(300)
     assert len(client.families) == 1  # asked once
-    # While its members build, the process's graphs ask the service first (no miss is expected).
-    assert client.ask_first == [_families.ASK_FIRST_S]
+    # Once the family is asked, each new size's first call asks the service first (never an expected miss).
+    # (Sizes 1, 50, 128 and 300; not 8, 17, 33, met before it was asked.)
+    assert client.asked_first == [PlanQuery.of(*asked).key for asked in client.asked[-4:]]
+    assert len(client.asked) == 7
     (ask,) = pf.families()
     assert ask.status == "asked" and ask.graphs == 128 and ask.sizes == {varying.symbol: (1, 128)}
 

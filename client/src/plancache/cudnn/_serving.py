@@ -200,10 +200,14 @@ class Serving:
             wanted = self.calls.options(SERVICE.options)
             if self.records is not None and self.records[0] == wanted:
                 return spec, self.records[1], None  # the plan that answered the program's queries is the one it builds
+            ahead = WATCH.asked_for(spec)  # a member of a family the service may be building ahead: asked first
             if build is None:
-                return spec, SERVICE.compile(spec, current_device(), wanted, path="cudnn", normalized=True), None
+                plan = SERVICE.compile(spec, current_device(), wanted, path="cudnn", normalized=True, ask_first=ahead)
+                return spec, plan, None
             own_build = functools.partial(self._own_build, frontend, build)
-            raced = SERVICE.race(spec, current_device(), wanted, own_build, path="cudnn", normalized=True)
+            raced = SERVICE.race(
+                spec, current_device(), wanted, own_build, path="cudnn", normalized=True, ask_first=ahead
+            )
             self.race = raced.race
             return spec, raced.plan, None
         except PlanCacheError as e:

@@ -58,9 +58,6 @@ DEFAULT_THRESHOLD = 3
 FAMILY_GRAPHS = 512
 # Signatures remembered (least recently seen out first).
 MAX_SIGNATURES = 256
-# Seconds after asking for a family during which this process's graphs ask the service first (its members
-# land meanwhile: plancache.transport.hedged_calls); 512 members took 15-30 s on the H200 (GPU runs 30-31).
-ASK_FIRST_S = 60.0
 # Sizes kept per signature to say which the program met (the service builds those nearest first).
 SEEN_KEPT = 64
 # Frames in plancache's own package (as imported, and resolved: an install may reach it through a link) and
@@ -173,6 +170,20 @@ class FamilyWatch:
         self.asks.append(ask)
         self.starter(lambda: _ask(ask, first, spec, device, evidence, seen))
 
+    def asked_for(self, spec: GraphSpec, evidence: Evidence | None = None) -> bool:
+        """Whether `spec`'s family was asked for (its signature's, `evidence` as for seen()): the service may
+        be building it, so its first call asks first rather than expecting a miss
+        (plancache.transport.hedged_calls). Free until a family is asked."""
+        if not self.asks:
+            return False
+        try:
+            signature, _ = _signature(spec, evidence or Evidence(call_site()))
+        except SpecError:
+            return False
+        with self._lock:
+            entry = self._signatures.get(signature)
+            return entry is not None and entry.asked
+
     def clear(self) -> None:
         with self._lock:
             self._signatures.clear()
@@ -223,8 +234,6 @@ def _ask(
             seen={s: sorted(set(v)) for s, v in met.items() if v},
             workload=workload,
         )
-        if status.queued:  # its members land while the program goes on: ask first, do not expect misses
-            getattr(client, "ask_first_for", lambda seconds: None)(ASK_FIRST_S)
         ask.family_key, ask.sizes, ask.graphs, ask.over_budget, ask.status = (
             status.family_key,
             {v.symbol: (v.sizes[0], v.sizes[-1]) for v in family.varying},

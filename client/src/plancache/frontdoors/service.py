@@ -168,17 +168,21 @@ class Service:
         *,
         path: str = "functional",
         normalized: bool = False,
+        ask_first: bool = False,
     ) -> Plan:
         """The plan for `spec` on GPU `device`: disk cache, then the server,
         hedged as the client is (a miss may answer with this node's own
-        build, a LocalPlan). Every error is a PlanCacheError (the client's,
-        or NotConfigured)."""
+        build, a LocalPlan). `ask_first`: the service may be building it ahead
+        (a graph family's member): never an expected miss. Every error is a
+        PlanCacheError (the client's, or NotConfigured)."""
         query = self.query(spec, device, options, normalized=normalized) if self._prefetched else None
         prefetched = self._prefetched_plan(query) if query is not None else None
         if prefetched is not None:
             return prefetched
         client = self.client()
         query = query or self.query(spec, device, options, normalized=normalized)
+        if ask_first:
+            _ask_first(client, query.key)
         return client.compile(query, timeout=self.timeout, hedge_path=path)
 
     def expect(self, keys: list[str], pending: BackgroundPrefetch) -> None:
@@ -215,6 +219,7 @@ class Service:
         *,
         path: str,
         normalized: bool = False,
+        ask_first: bool = False,
     ) -> Raced[T]:
         """The plan for `spec`, or the caller's own `build()` when the
         service misses and that build is ready first (the client's hedge,
@@ -227,6 +232,8 @@ class Service:
             return Raced(plan=prefetched)
         client = self.client()
         query = query or self.query(spec, device, options, normalized=normalized)
+        if ask_first:
+            _ask_first(client, query.key)
         if client.hedge:
             return client.race(query, None, None, build, path=path, timeout=self.timeout)
         return Raced(plan=client.compile(query, timeout=self.timeout, hedge=False, hedge_path=path))
@@ -294,3 +301,10 @@ def configure(
     """Set the plancache service of this process (see Service.configure);
     `plancache.cudnn.configure` and `plancache.functional.configure` are this."""
     SERVICE.configure(client, target=target, options=options, timeout=timeout, workload=workload)
+
+
+def _ask_first(client: Any, key: str) -> None:
+    """Tell `client` that `key` may be built ahead (a stand-in client without the notion ignores it)."""
+    ask = getattr(client, "ask_first", None)
+    if ask is not None:
+        ask(key)

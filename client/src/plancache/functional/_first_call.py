@@ -81,10 +81,12 @@ def first_call(
     if unserved is not None:
         return _run_fallback(bound, key, fallback, unserved.reason, "not_asked", transient=unserved.transient, op=op)
     device = int(tensors[0].get_device())
+    # Shapes that vary at this call site with the same parameters: their family built ahead (frontdoors.families).
+    evidence = evidence_of(tuple(zip(bound.names, tensors, strict=True)), asked.spec)
     failed: tuple[str, bool, bool, str] | None = None  # (reason, transient, logged already, reason class)
     try:
         with ops.on_device(device):  # a miss this node builds itself (the hedge) builds on the tensors' GPU
-            plan = SERVICE.compile(asked.spec, device)
+            plan = SERVICE.compile(asked.spec, device, ask_first=WATCH.asked_for(asked.spec, evidence))
             if backward is None:
                 entry: Entry = served(asked, plan, device, key)
             else:
@@ -113,8 +115,6 @@ def first_call(
         )
     TABLE.put(key, entry)
     counts(function).geometries += 1
-    # Shapes that vary at this call site with the same parameters: their family built ahead (frontdoors.families).
-    evidence = evidence_of(tuple(zip(bound.names, tensors, strict=True)), asked.spec)
     WATCH.seen(function, asked.spec, device, evidence)
     if backward is not None:
         for piece in backward.requests.values():

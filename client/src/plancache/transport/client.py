@@ -306,11 +306,11 @@ class Client:
         finally:
             workload.used(asked.key, query.target.id)
 
-    def ask_first_for(self, seconds: float) -> None:
-        """The service builds plans ahead for this process (a graph family it
-        asked for): for `seconds`, a hedged miss asks the service first
-        instead of expecting a miss (plancache.transport.hedged_calls)."""
-        self._hedged.ask_first_for(seconds)
+    def ask_first(self, key: str) -> None:
+        """The service may be building plan `key` ahead for this process (a
+        member of a graph family it asked for): a hedged miss of it asks the
+        service first instead of expecting a miss (plancache.transport.hedged_calls)."""
+        self._hedged.ask_first(key)
 
     def workload_stats(self) -> WorkloadStats:
         """This client's start-up prefetch of its workload (plancache.workload_stats(): the process's)."""

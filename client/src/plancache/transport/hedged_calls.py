@@ -18,12 +18,14 @@ asks first again. The cost of a wrong guess is the node's own build, what
 the node would have paid without plancache; the plan run is still the one
 for the graph's own key, checked as every answer is.
 
-Nothing is expected to miss while the service builds ahead for this process
-(`ask_first_for`: a graph family it asked for): a sweep through a family's
-sizes misses until its members land, and an expected miss then built every
-size itself although the service had it (GPU run 31: sizes whose two graphs
+A graph the service may be building ahead for this process is never
+expected to miss (`ask_first(key)`: a member of a graph family the process
+asked for, plancache.frontdoors.families): a sweep through a family's sizes
+misses until its members land, and an expected miss then built every size
+itself although the service had it (GPU run 31: sizes whose two graphs
 were both stored took 490 ms, the node's own builds, not the ~30 ms of a
-hit). Asking first costs one round trip a graph while the family builds.
+hit). Asking first costs such a graph one round trip; other graphs keep
+their expected misses.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ T = TypeVar("T")
 
 # Plans this node built itself (hedged misses), held for a compile() of the same key again.
 LOCAL_PLANS_HELD = 1024
+# Keys kept that ask first (graph families' members met; least recently marked out first).
+ASK_FIRST_KEPT = 4096
 # Misses in a row (each graph asked first) after which a graph no workload record speaks for is expected to miss.
 MISSES_BEFORE_EXPECTING = 2
 # What a workload's record says of a key: listed (True), not listed (False), or nothing (None: no record read).
@@ -64,16 +68,19 @@ class HedgedCalls:
         self.hedge_after_s = hedge_after_s()
         self._local_plans: OrderedDict[str, LocalPlan] = OrderedDict()
         self.misses_in_a_row = 0  # graphs that asked first and missed, since the last one that did not
-        self._ask_first_until = 0.0  # monotonic: the service builds ahead for this process until then
+        self._ask_first: OrderedDict[str, None] = OrderedDict()  # keys the service may be building ahead
 
-    def ask_first_for(self, seconds: float) -> None:
-        """The service builds plans ahead for this process (a graph family):
-        for `seconds`, every graph asks first (module doc)."""
-        self._ask_first_until = max(self._ask_first_until, time.monotonic() + seconds)
+    def ask_first(self, key: str) -> None:
+        """A graph of `key` may be built ahead for this process (a graph
+        family's member): it asks first, never expected to miss (module doc)."""
+        self._ask_first[key] = None
+        self._ask_first.move_to_end(key)
+        while len(self._ask_first) > ASK_FIRST_KEPT:
+            self._ask_first.popitem(last=False)
 
     def expects_miss(self, key: str) -> bool:
         """Whether a graph of `key` (not in the disk cache, not prefetched) is expected to miss (module doc)."""
-        if time.monotonic() < self._ask_first_until:
+        if key in self._ask_first:
             return False
         listed = self._listed(key)
         if listed is not None:
