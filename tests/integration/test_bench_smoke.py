@@ -359,3 +359,20 @@ def test_upgrade_quick_run_writes_its_json_and_plot_and_its_figures_add_up(tmp_p
     assert bound["warm_status"] is not None and bound["stored_bytes"] > 0 and bound["a_plans"] == c["bound_specs"]
     assert [row[0] for row in results["targets"]] and all(len(row) == 4 for row in results["targets"])
     assert (tmp_path / "upgrade.png").stat().st_size > 10_000
+
+
+def run_bench(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """`bench/<script>` with `args` in a child process (the repo's environment); it must exit 0."""
+    proc = subprocess.run(
+        [sys.executable, f"bench/{script}", *args], cwd=REPO, env=child_env(), capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_status_page_memory_benchmark_reads_the_pages_and_samples_the_gateway(tmp_path: Path) -> None:
+    run_bench("status_page_memory.py", "--seconds", "4", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "status_page_memory.json").read_text())
+    assert result["reads"] >= 300 and result["samples"] and result["rss_first_mib"] > 0
+    assert (tmp_path / "status_page_memory.png").exists()
