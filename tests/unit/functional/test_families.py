@@ -136,6 +136,27 @@ def test_a_sweep_at_one_call_site_asks_for_its_family_with_the_sizes_it_met(clie
     assert ask.site.endswith(f"test_families.py:{layer.__code__.co_firstlineno + 2}")
 
 
+def test_a_training_sweeps_forward_and_backward_graphs_ask_first_once_their_families_are_asked(
+    client: StandInClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With autograd, a sweep asks for the forward's family and the backward graphs' (linear.backward): from
+    then on each new size's forward and backward first calls ask the service first (members it may have)."""
+    from tests.unit.functional.modes import set_modes
+    from tests.unit.functional.recording import RecordingFunction
+
+    set_modes(monkeypatch, grad_on=True)
+    monkeypatch.setattr(pf._autograd, "_function", lambda: RecordingFunction)  # type: ignore[attr-defined]
+    w = T((32, 64), requires_grad=True)
+    for rows in (17, 150, 88):
+        layer(T((rows, 64), requires_grad=True), w)
+    assert len(client.families) >= 2  # the forward's and the backward graphs'
+    asked_before = len(client.asked)
+    layer(T((40, 64), requires_grad=True), w)
+    new = client.asked[asked_before:]
+    assert {spec.name for spec, _, _ in new} >= {"plancache.functional.linear", "plancache.functional.linear.backward"}
+    assert client.asked_first == [PlanQuery.of(*asked).key for asked in new]
+
+
 def test_one_weight_shape_at_two_call_sites_is_two_signatures(client: StandInClient) -> None:
     w = T((32, 64))
     for rows in (8, 17):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from plancache.errors import InvalidRequest, PlanCacheError
-from plancache.frontdoors.families import WATCH, evidence_of
+from plancache.frontdoors.families import WATCH, Evidence, evidence_of
 from plancache.frontdoors.service import ABOUT_THE_GRAPH, SERVICE, TRANSIENT, Once, describe, reason_key
 from plancache.functional import _tensor_ops
 from plancache.functional._autograd import Differentiable, Rule
@@ -91,7 +91,7 @@ def first_call(
                 entry: Entry = served(asked, plan, device, key)
             else:
                 entry = Differentiable(
-                    Served(asked, plan, device), backward, _backward_pieces(bound.signature, backward, device)
+                    Served(asked, plan, device), backward, _backward_pieces(bound.signature, backward, device, evidence)
                 )
         result = entry(tensors) if op is None else op.take(entry, tensors)
     except PlanCacheError as e:
@@ -131,14 +131,16 @@ def first_call(
     return result
 
 
-def _backward_pieces(signature: Signature, rule: Rule, device: int) -> dict[str, Any]:
-    """Every backward graph's plan; a refused optional one (a bias gradient's
-    reduction) is torch's, its reason counted under "<function>.backward"."""
+def _backward_pieces(signature: Signature, rule: Rule, device: int, evidence: Evidence) -> dict[str, Any]:
+    """Every backward graph's plan (asked first where its family was asked for, as the forward's);
+    a refused optional one (a bias gradient's reduction) is torch's, its reason counted under
+    "<function>.backward"."""
     function = signature.function
     pieces: dict[str, Any] = {}
     for name, request in rule.requests.items():
         try:
-            pieces[name] = Served(request, SERVICE.compile(request.spec, device), device)
+            ahead = WATCH.asked_for(request.spec, evidence.for_graph(request.spec))
+            pieces[name] = Served(request, SERVICE.compile(request.spec, device, ask_first=ahead), device)
         except PlanCacheError as e:
             if name not in rule.optional or not isinstance(e, ABOUT_THE_GRAPH):
                 raise
