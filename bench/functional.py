@@ -11,7 +11,11 @@ functions then run exactly as they do against a server's plans.
    graph, a pack made once, the output allocated beforehand: `raw`), the
    same plus allocating the output as a function must (`raw+alloc`), and
    torch's own call on the same tensors (`torch`; for the paged decode,
-   torch has no function: pages gathered, then SDPA). Sizes of a decode
+   torch has no function: pages gathered, then SDPA); `functional-public`:
+   the function with its plan run through the frontend's public ordered
+   execute (as before plancache.run.raw_execute), `pointers`: the same pack
+   through the raw-pointer form alone (plancache.run.raw_execute's floor).
+   Sizes of a decode
    step, where the host is the bound. Timed as bench/gpu_exec.py times:
    the first 32 of N back-to-back calls from an idle GPU, `--rounds` rounds
    interleaved, medians. Target: function / raw <= 1.2.
@@ -41,7 +45,7 @@ sys.path.insert(0, str(REPO))
 from bench.gpu_exec import InProcessClient, time_path  # noqa: E402
 from bench.report import figure, save, table, write_json  # noqa: E402
 
-PATHS = ("functional", "raw", "raw+alloc", "torch")
+PATHS = ("functional", "functional-public", "raw", "pointers", "raw+alloc", "torch")
 TARGET_OVER_RAW = 1.2
 
 
@@ -112,15 +116,16 @@ def cases() -> dict[str, Callable[[], tuple[Callable[[], Any], Callable[[], Any]
     }
 
 
-def raw_paths(function: str, call: Callable[[], Any]) -> tuple[Callable[[], Any], Callable[[], Any]]:
+def raw_paths(function: str, call: Callable[[], Any]) -> tuple[Callable[[], Any], Callable[[], Any], Callable[[], Any]]:
     """The frontend's own execute of the plan the function's last call ran,
-    on the tensors that call packed: (raw, raw+alloc)."""
+    on the tensors that call packed: (raw, raw+alloc, pointers)."""
     import cudnn
     import torch
 
     from plancache.functional import _table
     from plancache.functional._tensor_ops import TorchOps
     from plancache.run.execution import handle_state
+    from plancache.run.raw_execute import RawExecute
 
     served = next(
         e
@@ -139,9 +144,9 @@ def raw_paths(function: str, call: Callable[[], Any]) -> tuple[Callable[[], Any]
         seen.update(zip(tensor_uids, pack, strict=True) if tensor_uids is not None else pack)
 
     for launcher in served._launchers.values():
-        launcher._execute, original = spy, launcher._execute
+        launcher._execute, original, launcher._raw, raw_form = spy, launcher._execute, None, launcher._raw
         call()
-        launcher._execute = original
+        launcher._execute, launcher._raw = original, raw_form
     pack = dict(seen)
     request = served.request
     workspace = torch.empty(max(1, served.plan.metadata.workspace_size), device="cuda", dtype=torch.uint8)
@@ -157,7 +162,42 @@ def raw_paths(function: str, call: Callable[[], Any]) -> tuple[Callable[[], Any]
         with_out[out.uid] = alloc()
         execute(with_out, workspace, handle=state.handle)
 
-    return raw, raw_alloc
+    uids = tuple(pack)
+    buffers = tuple(pack.values())
+    execute(buffers, workspace, handle=state.handle, tensor_uids=uids)  # the public call first, as a launcher does
+    by_pointers = RawExecute.of(graph, uids, state.handle)
+
+    def pointers() -> None:
+        if by_pointers is None:
+            raise RuntimeError("the frontend's raw-pointer execute is not available for this plan")
+        by_pointers(buffers, workspace)
+
+    return raw, raw_alloc, pointers
+
+
+class PublicExecute:
+    """Within it, `function`'s served entries run their plans through the
+    frontend's public ordered execute (their raw form set aside)."""
+
+    def __init__(self, function: str) -> None:
+        from plancache.functional import _table
+
+        self.launchers = [
+            launcher
+            for _, e in _table.TABLE.entries()
+            if isinstance(e, _table.Served) and e.request.function == function
+            for launcher in e._launchers.values()
+        ]
+        self.saved: list[Any] = []
+
+    def __enter__(self) -> None:
+        self.saved = [launcher._raw for launcher in self.launchers]
+        for launcher in self.launchers:
+            launcher._raw = None
+
+    def __exit__(self, *exc: object) -> None:
+        for launcher, raw_form in zip(self.launchers, self.saved, strict=True):
+            launcher._raw = raw_form
 
 
 def host_costs(rounds: int) -> list[dict[str, Any]]:
@@ -172,21 +212,37 @@ def host_costs(rounds: int) -> list[dict[str, Any]]:
             ours()  # the first call: the plan
             if pf.stats()[function].cudnn == 0:
                 raise RuntimeError(f"torch ran it: {pf.stats()[function].reasons}")
-            raw, raw_alloc = raw_paths(function, ours)
+            raw, raw_alloc, pointers = raw_paths(function, ours)
         except Exception as e:  # a case cuDNN does not serve here is reported, not the run's end
             rows.append({"case": name, "error": f"{type(e).__name__}: {e}"})
             print(name, "failed:", rows[-1]["error"][:500], flush=True)
             continue
-        paths = {"functional": ours, "raw": raw, "raw+alloc": raw_alloc, "torch": theirs}
-        for fn in paths.values():
-            for _ in range(3):
-                fn()
+        paths = {
+            "functional": ours,
+            "functional-public": ours,
+            "raw": raw,
+            "pointers": pointers,
+            "raw+alloc": raw_alloc,
+            "torch": theirs,
+        }
+        try:
+            for fn in paths.values():
+                for _ in range(3):
+                    fn()
+        except Exception as e:
+            rows.append({"case": name, "error": f"{type(e).__name__}: {e}"})
+            print(name, "failed:", rows[-1]["error"][:500], flush=True)
+            continue
         _, gpu_us = time_path(raw, 10)
         count = max(20, min(2000, int(20_000 / max(gpu_us, 1.0))))
         samples: dict[str, list[float]] = {p: [] for p in PATHS}
         for _ in range(rounds):
             for p in PATHS:
-                samples[p].append(time_path(paths[p], count)[0])
+                if p == "functional-public":
+                    with PublicExecute(function):
+                        samples[p].append(time_path(paths[p], count)[0])
+                else:
+                    samples[p].append(time_path(paths[p], count)[0])
         torch.cuda.synchronize()
         host = {p: statistics.median(v) for p, v in samples.items()}
         rows.append(
@@ -199,6 +255,8 @@ def host_costs(rounds: int) -> list[dict[str, Any]]:
                 "gpu_us_raw": gpu_us,
                 "over_raw": host["functional"] / host["raw"],
                 "over_raw_alloc": host["functional"] / host["raw+alloc"],
+                "public_over_raw": host["functional-public"] / host["raw"],
+                "pointers_over_raw": host["pointers"] / host["raw"],
                 "over_torch": host["functional"] / host["torch"],
             }
         )
@@ -283,9 +341,9 @@ def report(result: dict[str, Any], out: Path) -> None:
     write_json(out / "functional.json", result)
     good = [r for r in rows if "host_us" in r]
     fig, (a, b) = figure(2)
-    width = 0.2
+    width = 0.13
     for i, p in enumerate(PATHS):
-        a.bar([j + (i - 1.5) * width for j in range(len(good))], [r["host_us"][p] for r in good], width=width, label=p)
+        a.bar([j + (i - 2.5) * width for j in range(len(good))], [r["host_us"][p] for r in good], width=width, label=p)
     a.set_xticks(range(len(good)), [r["case"] for r in good], rotation=60, fontsize=6, ha="right")
     (
         a.set_ylabel("host µs per call (median)"),
@@ -304,11 +362,22 @@ def report(result: dict[str, Any], out: Path) -> None:
     print(f"decode step rel err vs torch eager: {step['rel_err_vs_torch']:.2e}")
     print(
         table(
-            ["function", "functional µs", "raw µs", "raw+alloc µs", "torch µs", "/raw", "/raw+alloc", "/torch"],
+            [
+                "function",
+                "functional µs",
+                "functional-public µs",
+                "raw µs",
+                "pointers µs",
+                "raw+alloc µs",
+                "torch µs",
+                "/raw",
+                "/raw+alloc",
+                "/torch",
+            ],
             [
                 [r["case"], *(r["host_us"][p] for p in PATHS), r["over_raw"], r["over_raw_alloc"], r["over_torch"]]
                 if "host_us" in r
-                else [r["case"], r["error"][:60], *[""] * 6]
+                else [r["case"], r["error"][:60], *[""] * 8]
                 for r in rows
             ],
         )

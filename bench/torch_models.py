@@ -60,12 +60,14 @@ class Workload:
     def __init__(self, name: str, make: Callable[[], Any], batch: Callable[[], Any], train: bool, lr: float) -> None:
         self.name, self.make, self.batch, self.train, self.lr = name, make, batch, train, lr
 
-    def runner(self, model: Any, compile_mode: str) -> Callable[[Any], Any]:
+    def runner(
+        self, model: Any, compile_mode: str, compile_fn: Callable[..., Any] | None = None
+    ) -> Callable[[Any], Any]:
+        """One step of `model`; compiled (unless eager) by `compile_fn` (torch.compile by default)."""
         import torch
 
-        forward = (
-            model if compile_mode == "eager" else torch.compile(model, fullgraph=True, mode=_mode_arg(compile_mode))
-        )
+        compile_fn = compile_fn or torch.compile
+        forward = model if compile_mode == "eager" else compile_fn(model, fullgraph=True, mode=_mode_arg(compile_mode))
         if not self.train:
 
             def infer(batch: Any) -> Any:
@@ -228,12 +230,17 @@ def measure(work: Workload, compile_mode: str, args: argparse.Namespace, pt: Any
     base = work.make()
     batch = work.batch()
     row: dict[str, Any] = {"model": work.name, "mode": compile_mode}
+    if compile_mode != "eager":
+        row["plancache_compile"] = args.plancache_compile
     runners: dict[str, Callable[[Any], Any]] = {}
     for variant in ("torch", "plancache"):
         torch._dynamo.reset()
         model = copy.deepcopy(base)
-        run = work.runner(model, compile_mode)
-        context: Callable[[], Any] = pt.mode if variant == "plancache" else contextlib.nullcontext
+        # plancache compiled: plancache.torch.compile (the mode inside the compiled function), or
+        # `--plancache-compile around`: torch.compile run inside `with plancache.torch.mode():`.
+        inside = variant == "plancache" and compile_mode != "eager" and args.plancache_compile == "inside"
+        run = work.runner(model, compile_mode, pt.compile if inside else None)
+        context: Callable[[], Any] = pt.mode if variant == "plancache" and not inside else contextlib.nullcontext
         start = time.perf_counter()
         with context():
             run(batch)
@@ -306,6 +313,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument(
+        "--plancache-compile",
+        choices=("inside", "around"),
+        default="inside",
+        help="compiled plancache rows: plancache.torch.compile (inside) or torch.compile under the mode (around)",
+    )
     parser.add_argument("--seqs", default="256,1024")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)

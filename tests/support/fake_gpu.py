@@ -92,6 +92,52 @@ class FakeGraph:
         self.calls.append((dict(pack), workspace, handle))
 
 
+class FakeLowered:
+    """The frontend's lowered graph as plancache.run.raw_execute reads it:
+    `_execute_with_raw_ptrs` reads the `void*` array at `address`."""
+
+    def __init__(self, graph: FakeGraph) -> None:
+        self.graph = graph
+        self.raw_calls: list[tuple[dict[int, int], int, int, int]] = []
+
+    def _execute_with_raw_ptrs(self, address: int, count: int, workspace: int, handle: int, index: int) -> None:
+        import ctypes
+
+        pointers = list((ctypes.c_void_p * count).from_address(address))
+        order = self.graph._variant_pack_uids()
+        assert len(order) == count, (order, count)
+        self.raw_calls.append((dict(zip(order, pointers, strict=True)), workspace, handle, index))
+
+
+@dataclass
+class FakeRawGraph(FakeGraph):
+    """A deserialized graph whose backend takes raw pointers: its variant
+    pack is the uids of the first ordered call, less `bound_by_graph` (the
+    slots a graph fills itself), ascending."""
+
+    bound_by_graph: tuple[int, ...] = ()
+    selected_engine: Any = None
+    _plans: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._lowered_graph = FakeLowered(self)
+        self._order: list[int] | None = None
+
+    def execute(self, pack: Any, workspace: Any, handle: Any = None, tensor_uids: Any = None) -> None:
+        if self._order is None:
+            uids = tensor_uids if tensor_uids is not None else list(pack)
+            self._order = sorted(u for u in uids if u not in self.bound_by_graph)
+        super().execute(pack, workspace, handle, tensor_uids)
+
+    def _variant_pack_uids(self) -> list[int] | None:
+        return self._order
+
+
+@dataclass(frozen=True)
+class FakeHandle:
+    backend_handle: int
+
+
 class FakeReplay:
     def __init__(self, launch: Callable[[], None]) -> None:
         self.launch = launch
@@ -112,6 +158,7 @@ class FakeRuntime:
         self.graphs: list[FakeGraph] = []
         self.allocations: list[FakeTensor] = []
         self.captures: list[FakeReplay] = []
+        self.raw = False  # deserialized graphs take raw pointers (FakeRawGraph), handles carry a backend int
 
     def dtype(self, name: str) -> Any:
         return dtype(name)
@@ -131,7 +178,7 @@ class FakeRuntime:
         return lambda device: self.stream
 
     def new_handle(self, device: int) -> Any:
-        handle = object()
+        handle: Any = FakeHandle(0x5000 + len(self.handles)) if self.raw else object()
         self.handles.append(handle)
         return handle
 
@@ -143,7 +190,7 @@ class FakeRuntime:
         self.set_streams.append((handle, stream))
 
     def deserialize(self, handle: Any, blob: bytes) -> Any:
-        graph = FakeGraph(blob, handle)
+        graph = FakeRawGraph(blob, handle) if self.raw else FakeGraph(blob, handle)
         self.graphs.append(graph)
         return graph
 

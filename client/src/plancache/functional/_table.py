@@ -31,6 +31,7 @@ from plancache.functional._requests import Request
 from plancache.run.execution import handle_state, process
 from plancache.run.local import LocalPlan
 from plancache.run.plan import Plan
+from plancache.run.raw_execute import RawExecute
 
 log = logging.getLogger("plancache.functional")
 
@@ -68,16 +69,20 @@ class Launcher:
 
     The frontend's ordered execute (`tensor_uids=`: the uids fixed, the
     buffers a tuple) skips the mapping form's Python normalization; a plan
-    whose ordered form fails at its first call runs the mapping form."""
+    whose ordered form fails at its first call runs the mapping form. Once
+    the first call has run, a plan the backend runs takes its addresses only
+    (plancache.run.raw_execute: the geometry key has proved the rest)."""
 
     __slots__ = (
         "_device",
         "_execute",
+        "_graph",
         "_handle",
         "_mode",
         "_need",
         "_on_device",
         "_pool",
+        "_raw",
         "_slot",
         "_state",
         "_stream",
@@ -91,7 +96,9 @@ class Launcher:
         proc = process()
         with ops.on_device(device):
             self._state = handle_state(device)
-            self._execute = plan.load(self._state.handle).execute
+            self._graph = plan.load(self._state.handle)
+        self._execute = self._graph.execute
+        self._raw: RawExecute | None = None
         self._handle, self._uids, self._mode = self._state.handle, uids, ""
         self._device, self._need, self._pool = device, plan.metadata.workspace_size, proc.workspaces
         self._stream_of = proc.runtime.stream_getter()
@@ -109,7 +116,9 @@ class Launcher:
             self._stream, self._slot = stream, self._pool.slot(self._device, stream, self._need)
         if self._state.stream != stream:
             self._state.use(stream)
-        if self._mode == "ordered":
+        if self._raw is not None:
+            self._raw(buffers, self._slot.buffer)
+        elif self._mode == "ordered":
             self._execute(buffers, self._slot.buffer, handle=self._handle, tensor_uids=self._uids)
         elif self._mode == "mapping":  # as many buffers as uids, by construction
             self._execute(dict(zip(self._uids, buffers)), self._slot.buffer, handle=self._handle)  # noqa: B905
@@ -120,6 +129,7 @@ class Launcher:
         try:
             self._execute(buffers, self._slot.buffer, handle=self._handle, tensor_uids=self._uids)
             self._mode = "ordered"
+            self._raw = RawExecute.of(self._graph, self._uids, self._handle)
         except Exception as e:  # an older frontend, or a plan its ordered form does not take
             log.debug(
                 "plancache.functional: the frontend's ordered execute refused a plan (%s: %s); "
