@@ -184,6 +184,7 @@ def first_step_errors(work: Workload, device: str, pt: Any) -> dict[str, Any]:
     base = work.make()
     batch = work.batch()
     results = []
+    served_before = {name: st.cudnn for name, st in pt.stats().items()}
     for use in (False, True):
         model = copy.deepcopy(base)
         model.zero_grad(set_to_none=True)
@@ -199,7 +200,10 @@ def first_step_errors(work: Workload, device: str, pt: Any) -> dict[str, Any]:
     _sync(device)
     (ours, our_grads), (theirs, their_grads) = results[1], results[0]
     grads = [rel_err(g, r) for g, r in zip(our_grads, their_grads, strict=True)]
+    # What plancache's plans ran in that step (an error of exactly 0 is only credible with these > 0).
+    served = {name: st.cudnn - served_before.get(name, 0) for name, st in pt.stats().items()}
     return {
+        "served_in_step": {name: n for name, n in served.items() if n},
         "loss_or_output_rel_err": rel_err(ours, theirs),
         "grad_rel_err_max": max(grads, default=math.nan),
         "grad_rel_err_median": statistics.median(grads) if grads else math.nan,
@@ -260,7 +264,14 @@ def measure(work: Workload, compile_mode: str, args: argparse.Namespace, pt: Any
         row[f"ms_{variant}"] = statistics.median(values)
     row["plancache_over_torch"] = row["ms_plancache"] / row["ms_torch"]
     row["routes"] = {
-        name: {"routed": s.routed, "left": s.left, "cudnn": s.cudnn, "torch": s.torch} for name, s in pt.stats().items()
+        name: {
+            "routed": s.routed,
+            "left": s.left,
+            "left_compiled": list(s.left_compiled),
+            "cudnn": s.cudnn,
+            "torch": s.torch,
+        }
+        for name, s in pt.stats().items()
     }
     row["served_while_timed"] = {
         name: s.cudnn - (pf_before[name].cudnn if name in pf_before else 0) for name, s in pf.stats().items()

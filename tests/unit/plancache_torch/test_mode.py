@@ -197,6 +197,29 @@ def test_options_plancache_has_no_form_for_are_left_to_torch(cpu_routes: None) -
     assert stats["linear"].left == {"input of 1 dims, weight of 2": 1}
 
 
+def test_what_a_compiled_program_leaves_to_torch_is_said_with_the_reason(cpu_routes: None) -> None:
+    """Compiled with fullgraph=True (no graph break for the record), the reasons are kept; the compiled
+    program records them as it runs, so they are there again after clear_stats()."""
+
+    def fn(q: Any, x: Any, w: Any) -> Any:
+        return F.scaled_dot_product_attention(q, q, q, dropout_p=0.5).sum() + F.linear(x, w).sum()
+
+    q, x, w = torch.randn(1, 2, 4, 8, dtype=D), torch.randn(4, 8, dtype=D), torch.randn(3, 8, dtype=D)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = pt.compile(fn, backend=recorder, fullgraph=True)
+    compiled(q, x, w)
+    assert recorder.graphs == 1 and "plancache.linear.default" in recorder.targets
+    dropout = ("dropout (torch's mask; plancache's draws another)",)
+    assert pt.stats()["scaled_dot_product_attention"].left_compiled == dropout
+    assert all(not s.left_compiled for name, s in pt.stats().items() if name != "scaled_dot_product_attention")
+    pt.clear_stats()
+    assert "scaled_dot_product_attention" not in pt.stats()
+    compiled(q, x, w)
+    assert pt.stats()["scaled_dot_product_attention"].left_compiled == dropout
+    assert recorder.graphs == 1  # recording them recompiles nothing
+
+
 def test_transformers_addmm_form_of_linear_is_routed(cpu_routes: None) -> None:
     """transformers' Conv1D (GPT-2) is torch.addmm(bias, x, w): linear with the weight w.T."""
     x, w, b = torch.randn(6, 16, dtype=D), torch.randn(16, 8, dtype=D), torch.randn(8, dtype=D)

@@ -50,7 +50,7 @@ except ImportError as e:  # pragma: no cover - exercised where torch is missing
 
 import plancache.functional as pf
 from plancache.torch import _ops
-from plancache.torch._mode import COUNTS, PlanCacheMode, _counts_lock
+from plancache.torch._mode import COUNTS, LEFT_COMPILED, PlanCacheMode, _counts_lock
 
 __all__ = ["OPERATORS", "PlanCacheMode", "RouteStats", "clear_stats", "compile", "mode", "stats"]
 
@@ -66,6 +66,8 @@ class RouteStats:
     cudnn: int = 0  # calls a plancache plan ran (plancache.functional.stats(), operators included)
     torch: int = 0  # calls plancache gave torch's function (a geometry cuDNN does not serve)
     reasons: dict[str, int] = field(default_factory=dict)  # why, geometries per reason
+    # Why a compiled program leaves calls of it to torch (its traced calls: a compiled call is not counted).
+    left_compiled: tuple[str, ...] = ()
 
 
 def mode() -> PlanCacheMode:
@@ -94,8 +96,11 @@ def stats() -> dict[str, RouteStats]:
     served = pf.stats()
     with _counts_lock:
         routes = {name: (c.routed, dict(c.left)) for name, c in COUNTS.items()}
+    compiled: dict[str, list[str]] = {}
+    for function, reason in sorted(set(LEFT_COMPILED)):
+        compiled.setdefault(function, []).append(reason)
     out = {}
-    for name in sorted(set(routes) | set(served)):
+    for name in sorted(set(routes) | set(served) | set(compiled)):
         routed, left = routes.get(name, (0, {}))
         s = served.get(name)
         out[name] = RouteStats(
@@ -104,6 +109,7 @@ def stats() -> dict[str, RouteStats]:
             s.cudnn if s else 0,
             s.torch if s else 0,
             dict(s.reasons) if s else {},
+            tuple(compiled.get(name, ())),
         )
     return out
 
@@ -112,3 +118,4 @@ def clear_stats() -> None:
     """Forget the mode's counters (plancache.functional.clear() forgets the functions')."""
     with _counts_lock:
         COUNTS.clear()
+        LEFT_COMPILED.clear()

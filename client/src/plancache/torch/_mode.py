@@ -47,6 +47,11 @@ COUNTS: dict[str, RouteCounts] = {}
 MAX_REASONS = 64  # distinct reasons kept per function
 OTHER_REASONS = "other reasons (more distinct reasons than are kept)"
 _counts_lock = threading.Lock()
+# (function, reason) of each call a traced program leaves to torch. Counted per call the eager way, the lock
+# would break the graph; a set's add traces with neither a graph break nor a guard, and the compiled program
+# replays it each time it runs (so a clear_stats() is filled again by the next run). Bounded by the program's
+# traced call sites.
+LEFT_COMPILED: set[tuple[str, str]] = set()
 
 
 class Left:
@@ -350,7 +355,9 @@ class PlanCacheMode(TorchFunctionMode):  # type: ignore[misc]
         function, call = route
         result = call(args, kwargs)
         if isinstance(result, Left):
-            if not _compiling():
+            if _compiling():
+                LEFT_COMPILED.add((function, result.reason))
+            else:
                 _count(function, result.reason)
             return func(*args, **kwargs)
         if not _compiling():
