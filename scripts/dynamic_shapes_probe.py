@@ -79,11 +79,20 @@ def paged_spec(batch: int) -> Any:
     ).spec
 
 
+def rms_norm_spec(rows: int) -> Any:
+    from plancache.functional._norms import rms_norm_request
+
+    return rms_norm_request(_geo("input", (rows, 1024)), (1024,), _geo("weight", (1024,)), 1e-5).spec
+
+
 FAMILIES: dict[str, tuple[Callable[[int], Any], list[int], list[int]]] = {
     # name: (spec of a size, sizes built in this process, sizes the fresh process builds from the cache)
     "linear decode [B,1024]x[1024,4096] bf16": (linear_spec, [1, 8, 17, 64, 129, 256], [3, 100, 200]),
     "sdpa prefill causal h16 d128 bf16": (sdpa_spec, [128, 200, 512, 1000, 2048], [300, 777, 1500]),
     "paged decode h16/kv8 d128 page64 bf16": (paged_spec, [1, 8, 33, 64, 128], [5, 50, 100]),
+    # Every rms_norm engine on sm_90 compiles at build time (scripts/build_time_probe.py, run 32): 0.28-0.59 s a
+    # size, the floor of a norm family's members; does a kernel cache over sizes keep them right, and cheap?
+    "rms_norm rows [N,1024] bf16": (rms_norm_spec, [1, 8, 33, 100, 199], [5, 64, 150]),
 }
 
 
@@ -399,6 +408,7 @@ def main() -> None:
     parser.add_argument("--study", choices=("dynamic", "cache"), default="dynamic")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--cache-child", help=argparse.SUPPRESS)
+    parser.add_argument("--only", help="the families whose name contains this (default: all)")
     args = parser.parse_args()
     if args.child:
         child(args.child)
@@ -419,6 +429,8 @@ def main() -> None:
     compiler = CudnnCompiler(0)
     results: dict[str, Any] = {"cudnn": cudnn.backend_version(), "frontend": cudnn.__version__, "families": []}
     for name, (make, sizes, fresh) in FAMILIES.items():
+        if args.only and args.only not in name:
+            continue
         try:
             results["families"].append(family(name, make, sizes, fresh, compiler, handle))
         except Exception:
