@@ -79,10 +79,18 @@ def paged_spec(batch: int) -> Any:
     ).spec
 
 
-def rms_norm_spec(rows: int) -> Any:
+def rms_norm_spec(rows: int, training: bool = False) -> Any:
     from plancache.functional._norms import rms_norm_request
 
-    return rms_norm_request(_geo("input", (rows, 1024)), (1024,), _geo("weight", (1024,)), 1e-5).spec
+    weight = _geo("weight", (1024,))
+    return rms_norm_request(_geo("input", (rows, 1024)), (1024,), weight, 1e-5, training=training).spec
+
+
+def layer_norm_spec(rows: int, training: bool = False) -> Any:
+    from plancache.functional._norms import layer_norm_request
+
+    x, w, b = _geo("input", (rows, 768)), _geo("weight", (768,)), _geo("bias", (768,))
+    return layer_norm_request(x, (768,), w, b, 1e-5, training=training).spec
 
 
 FAMILIES: dict[str, tuple[Callable[[int], Any], list[int], list[int]]] = {
@@ -93,6 +101,17 @@ FAMILIES: dict[str, tuple[Callable[[int], Any], list[int], list[int]]] = {
     # Every rms_norm engine on sm_90 compiles at build time (scripts/build_time_probe.py, run 32): 0.28-0.59 s a
     # size, the floor of a norm family's members; does a kernel cache over sizes keep them right, and cheap?
     "rms_norm rows [N,1024] bf16": (rms_norm_spec, [1, 8, 33, 100, 199], [5, 64, 150]),
+    "rms_norm training rows [N,1024] bf16": (
+        lambda rows: rms_norm_spec(rows, training=True),
+        [1, 8, 33, 100, 640],
+        [5, 64, 150],
+    ),
+    "layer_norm rows [N,768] bf16": (layer_norm_spec, [1, 8, 33, 100, 640], [5, 64, 150]),
+    "layer_norm training rows [N,768] bf16": (
+        lambda rows: layer_norm_spec(rows, training=True),
+        [1, 8, 33, 100, 640],
+        [5, 64, 150],
+    ),
 }
 
 
@@ -131,19 +150,30 @@ def gpu_ms(g: Any, bindings: dict[int, Any], handle: Any, repeats: int = 50) -> 
     return float(start.elapsed_time(end)) / repeats
 
 
-def run_and_compare(g: Any, reference: Any, bindings: dict[int, Any], handle: Any, out_uid: int) -> float:
-    """max |dynamic - static| / max |static| of the output (both executed on the same inputs)."""
+def output_uids(spec: Any) -> tuple[int, ...]:
+    """Every output the graph writes (a training norm's statistics too)."""
+    return tuple(sorted({t.uid for n in spec.nodes for t in n.outputs.values() if not t.is_virtual}))
+
+
+def run_and_compare(
+    g: Any, reference: Any, bindings: dict[int, Any], handle: Any, out_uid: int | tuple[int, ...]
+) -> float:
+    """max over the outputs of max |dynamic - static| / max |static| (both executed on the same inputs)."""
     import torch
 
-    outs = []
+    uids = (out_uid,) if isinstance(out_uid, int) else out_uid
+    outs: list[dict[int, Any]] = []
     for graph in (g, reference):
         bound = dict(bindings)
-        bound[out_uid] = torch.empty_like(bindings[out_uid])
+        for uid in uids:
+            bound[uid] = torch.empty_like(bindings[uid])
         workspace = torch.empty(max(1, graph.get_workspace_size()), device="cuda", dtype=torch.uint8)
         graph.execute(bound, workspace, handle=handle)
-        outs.append(bound[out_uid].float())
+        outs.append({uid: bound[uid].float() for uid in uids})
     torch.cuda.synchronize()
-    return float((outs[0] - outs[1]).abs().max() / outs[1].abs().max().clamp_min(1e-30))
+    return max(
+        float((outs[0][uid] - outs[1][uid]).abs().max() / outs[1][uid].abs().max().clamp_min(1e-30)) for uid in uids
+    )
 
 
 def family(
@@ -151,7 +181,6 @@ def family(
 ) -> dict[str, Any]:
     import cudnn
 
-    from plancache.functional._requests import OUTPUT_UID
     from plancache.graphspec.validation import normalize
 
     row: dict[str, Any] = {"family": name, "sizes": sizes, "shapes": []}
@@ -165,7 +194,7 @@ def family(
             static, shape["static_build_ms"] = build(spec, handle)
             dyn, shape["dynamic_build_ms"] = build(dynamic(make(size)), handle, cache)
             bindings = compiler.random_bindings(normalize(spec))
-            shape["dynamic_vs_static_rel_err"] = run_and_compare(dyn, static, bindings, handle, OUTPUT_UID)
+            shape["dynamic_vs_static_rel_err"] = run_and_compare(dyn, static, bindings, handle, output_uids(spec))
             shape["dynamic_gpu_ms"] = gpu_ms(dyn, bindings, handle)
             shape["static_heuristic_gpu_ms"] = gpu_ms(static, bindings, handle)
         except Exception as e:
@@ -212,7 +241,7 @@ def family(
         try:
             from bench.gpu_exec import build_spec_plan
 
-            tuned_plan = build_spec_plan(compiler, f"{name}-{size}", make(size), autotune=True)
+            tuned_plan = build_spec_plan(compiler, make(size), autotune=True)
             tuned = cudnn.pygraph()
             tuned.deserialize(handle, tuned_plan.blob)
             dyn, _ = build(dynamic(make(size)), handle, cache)
@@ -236,7 +265,6 @@ def child(name: str) -> None:
     import cudnn
     import torch
 
-    from plancache.functional._requests import OUTPUT_UID
     from plancache.graphspec.validation import normalize
     from plancache_server.worker.compiler.cudnn import CudnnCompiler
 
@@ -261,7 +289,7 @@ def child(name: str) -> None:
             entry["spec_and_build_ms"] = (time.perf_counter() - began) * 1e3
             static, entry["static_build_ms"] = build(make(size), handle)
             entry["rel_err_vs_static"] = run_and_compare(
-                g, static, compiler.random_bindings(normalize(make(size))), handle, OUTPUT_UID
+                g, static, compiler.random_bindings(normalize(make(size))), handle, output_uids(make(size))
             )
         except Exception as e:
             entry["error"] = f"{type(e).__name__}: {e}"[:1000]
@@ -273,7 +301,11 @@ def child(name: str) -> None:
         out["plan_deserialize_ms"] = (time.perf_counter() - began) * 1e3
         static, _ = build(make(data["plan_size"]), handle)
         out["plan_without_cache_rel_err"] = run_and_compare(
-            g, static, compiler.random_bindings(normalize(make(data["plan_size"]))), handle, OUTPUT_UID
+            g,
+            static,
+            compiler.random_bindings(normalize(make(data["plan_size"]))),
+            handle,
+            output_uids(make(data["plan_size"])),
         )
     except Exception as e:
         out["plan_error"] = f"{type(e).__name__}: {e}"[:1000]

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from plancache.errors import CompileFailed, InvalidRequest
 from plancache.frontend_graph.build import build_pygraph
 from plancache.frontend_graph.defects import check_known_defects
+from plancache.frontend_graph.kernel_caches import KERNEL_CACHES
 from plancache.frontend_graph.plan_list import first_index, make_plan_list, resolved_geometry
 from plancache.keys.query import PlanQuery
 from plancache.run.bound import BoundPlan, CapturedPlan
@@ -164,10 +165,23 @@ def build_local(query: PlanQuery, frontend: Any = None) -> LocalPlan:
     if frontend is None:
         frontend = importlib.import_module("cudnn")
     started = time.perf_counter()
-    spec, options = query.spec, query.options
+    spec = query.spec
     check_known_defects(spec, query.target, served=False)  # a graph cuDNN computes wrongly is refused as by a worker
     state = handle_state()
-    g = build_pygraph(spec, frontend, handle=state.handle)
+    # A norm graph: built with its layout's kernel cache, one build at a time per cache
+    # (plancache.frontend_graph.kernel_caches: later sizes reuse the kernel earlier ones compiled).
+    prepared = KERNEL_CACHES.prepare(spec, frontend, state.device)
+    if prepared is None:
+        return _build_local(query, frontend, build_pygraph(spec, frontend, handle=state.handle), started)
+    with prepared.lock:
+        g = build_pygraph(prepared.spec, frontend, handle=state.handle, kernel_cache=prepared.cache)
+        return _build_local(query, frontend, g, started)
+
+
+def _build_local(query: PlanQuery, frontend: Any, g: Any, started: float) -> LocalPlan:
+    """The first entry of `g`'s plan list that builds (the program's selected plan, strictly)."""
+    spec, options = query.spec, query.options
+    state = handle_state()
     make_plan_list(g, frontend, options, f"this node's GPU {state.device}")
     count = int(g.get_execution_plan_count())
     start = first_index(options)

@@ -27,6 +27,7 @@ from plancache import dtypes
 from plancache.errors import CompileFailed
 from plancache.frontend_graph import build_pygraph
 from plancache.frontend_graph.defects import check_known_defects
+from plancache.frontend_graph.kernel_caches import KERNEL_CACHES
 from plancache.frontend_graph.plan_list import first_index, make_plan_list, resolved_geometry
 from plancache.gpu.stack import load_math_libraries, torch_dtype
 from plancache.gpu.target import detect_target
@@ -206,7 +207,13 @@ class CudnnCompiler:
 
     def _make_plans(self, query: PlanQuery) -> Any:
         check_known_defects(query.spec, self._target)
-        g = self.graph(query.spec)
+        # A norm graph: built with its layout's kernel cache (plancache.frontend_graph.kernel_caches: later
+        # sizes reuse the kernel earlier ones compiled). A build process builds one thing at a time.
+        prepared = KERNEL_CACHES.prepare(query.spec, cudnn, int(self._device.index or 0))
+        if prepared is None:
+            g = self.graph(query.spec)
+        else:
+            g = build_pygraph(prepared.spec, cudnn, handle=self._handle, kernel_cache=prepared.cache)
         make_plan_list(g, cudnn, query.options, self._target.id)
         return g
 

@@ -1,0 +1,120 @@
+"""Norm graphs built with one kernel cache for all their sizes.
+
+Every cuDNN engine for a layer or RMS norm on sm_90 compiles its kernel when
+the plan is built (NVRTC: the RUNTIME_COMPILATION behavior note on all ten
+entries of their plan lists): 0.28-0.59 s a size, where a linear builds in
+milliseconds (scripts/build_time_probe.py, GPU run 32). A family of norm
+sizes, a sweep of new row counts, a node's own build of a hedged miss: each
+pays it again. Built with dynamic shapes and a kernel cache that earlier
+sizes of the same graph filled, a later size reuses their kernel: 34-49 ms
+against 340 ms (scripts/dynamic_shapes_probe.py, run 32), computing the same
+output as the size's static plan at every size tried (relative error 0.0),
+as fast on the GPU, and the plan so built loads and runs in a process that
+has no cache.
+
+What is cached: a graph whose every node is a forward layer or RMS norm
+(the ops in CACHED_OPS), that the program did not itself build with dynamic
+shapes or a kernel cache. A kernel cache gave wrong results for SDPA on
+cuDNN 9.19 (run 23), so an op joins CACHED_OPS only once a GPU run has
+checked it. One cache per device and layout signature (the graph without
+its dims: ops, attributes, dtypes, and each tensor's stride order), at most
+MAX_CACHES of them, least recently used out; a cache is used by one build
+at a time (`Prepared.lock`).
+
+The plan is stored and fetched under its graph's own key: each size is
+still its own graph with its own plan; only how its kernel was compiled
+differs. `PLANCACHE_NORM_KERNEL_CACHE=0` turns it off, for the worker's
+builds (its build processes inherit the variable) and a node's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from plancache.env import env_bool
+from plancache.graphspec import spec_io
+from plancache.graphspec.graph import GraphSpec
+
+NORM_KERNEL_CACHE_ENV = "PLANCACHE_NORM_KERNEL_CACHE"
+CACHED_OPS = frozenset({"rmsnorm", "layernorm"})
+MAX_CACHES = 64
+
+
+def enabled() -> bool:
+    return env_bool(NORM_KERNEL_CACHE_ENV, True)
+
+
+def eligible(spec: GraphSpec) -> bool:
+    """Whether `spec` is built with a shared kernel cache (the setting on, a forward norm graph of the program's
+    own static form)."""
+    return (
+        bool(spec.nodes)
+        and all(node.op in CACHED_OPS for node in spec.nodes)
+        and not spec.is_dynamic_shape_enabled
+        and not spec.is_override_shape_enabled
+        and not spec.kernel_cache
+        and enabled()
+    )
+
+
+def layout_signature(spec: GraphSpec) -> str:
+    """The graph without its sizes: what the sizes sharing one kernel cache have in common."""
+    graph = spec_io.to_dict(spec)
+    orders = []
+    for tensor in graph.get("tensors", []):
+        stride = tensor.pop("stride", None) or []
+        tensor.pop("dim", None)
+        orders.append(sorted(range(len(stride)), key=lambda axis: (-stride[axis], axis)))
+    text = json.dumps({"graph": graph, "stride_orders": orders}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What to build instead: `spec` with dynamic shapes and a kernel cache, the cache, its lock (hold it
+    across the build: the graph made, its plans listed and built)."""
+
+    spec: GraphSpec
+    cache: Any
+    lock: threading.Lock
+    signature: str
+
+
+class KernelCaches:
+    def __init__(self, max_caches: int = MAX_CACHES) -> None:
+        self.max_caches = max_caches
+        self._caches: OrderedDict[tuple[int, str], tuple[Any, threading.Lock]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.builds = self.caches_made = 0
+
+    def prepare(self, spec: GraphSpec, cudnn: Any, device: int) -> Prepared | None:
+        """How to build `spec` with its layout's kernel cache on `device`, or None (build it as it is)."""
+        if not eligible(spec):
+            return None
+        signature = layout_signature(spec)
+        key = (device, signature)
+        with self._lock:
+            found = self._caches.get(key)
+            if found is None:
+                found = self._caches[key] = (cudnn.create_kernel_cache(), threading.Lock())
+                self.caches_made += 1
+                while len(self._caches) > self.max_caches:
+                    self._caches.popitem(last=False)
+            else:
+                self._caches.move_to_end(key)
+            self.builds += 1
+        cache, lock = found
+        dynamic = dataclasses.replace(spec, is_dynamic_shape_enabled=True, kernel_cache=True)
+        return Prepared(dynamic, cache, lock, signature)
+
+    def __len__(self) -> int:
+        return len(self._caches)
+
+
+KERNEL_CACHES = KernelCaches()
+"""This process's caches (a node's own builds; in a worker, its build process's)."""
