@@ -13,7 +13,13 @@ import pytest
 
 from plancache.frontend_graph import kernel_caches
 from plancache.frontend_graph.build import _graph_arguments
-from plancache.frontend_graph.kernel_caches import NORM_KERNEL_CACHE_ENV, KernelCaches, eligible, layout_signature
+from plancache.frontend_graph.kernel_caches import (
+    NORM_KERNEL_CACHE_ENV,
+    WORKER_NORM_KERNEL_CACHE_ENV,
+    KernelCaches,
+    eligible,
+    layout_signature,
+)
 from plancache.functional._geometry import Geo
 from plancache.functional._linear import linear_request
 from plancache.functional._norms import layer_norm_request, rms_norm_request
@@ -78,6 +84,9 @@ def test_only_the_program_static_forward_norms_are_cached(monkeypatch: pytest.Mo
     own = rms(8)
     own.is_dynamic_shape_enabled = True
     assert not eligible(own)  # the program's own dynamic graph is built as it asked
+    assert not eligible(rms(8), worker=True)  # a worker's builds: only when asked for
+    monkeypatch.setenv(WORKER_NORM_KERNEL_CACHE_ENV, "1")
+    assert eligible(rms(8), worker=True)
     monkeypatch.setenv(NORM_KERNEL_CACHE_ENV, "0")
     assert not eligible(rms(8))
     assert KernelCaches().prepare(rms(8), StandInFrontend(), 0) is None

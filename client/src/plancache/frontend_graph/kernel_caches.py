@@ -23,8 +23,18 @@ at a time (`Prepared.lock`).
 
 The plan is stored and fetched under its graph's own key: each size is
 still its own graph with its own plan; only how its kernel was compiled
-differs. `PLANCACHE_NORM_KERNEL_CACHE=0` turns it off, for the worker's
-builds (its build processes inherit the variable) and a node's own.
+differs.
+
+Where: a node's own builds (a hedged miss: a provisional plan the
+service's tuned one replaces) by default, `PLANCACHE_NORM_KERNEL_CACHE=0`
+turns it off: run 32's sweep of new sizes took a median 150 ms a size with
+it against 419 ms without. A worker's builds only with
+`PLANCACHE_WORKER_NORM_KERNEL_CACHE=1` (its build processes inherit it):
+there the plan list a dynamic-shape graph offers is also what plancache.cudnn
+answers a program's plan-list queries from, and its autotuned plans are the
+ones served for good; neither has been compared on a GPU with the static
+graph's (run 32 compared heuristic plans: the same output, GPU time within
+noise but one size at 1.8x).
 """
 
 from __future__ import annotations
@@ -41,24 +51,27 @@ from plancache.graphspec import spec_io
 from plancache.graphspec.graph import GraphSpec
 
 NORM_KERNEL_CACHE_ENV = "PLANCACHE_NORM_KERNEL_CACHE"
+WORKER_NORM_KERNEL_CACHE_ENV = "PLANCACHE_WORKER_NORM_KERNEL_CACHE"
 CACHED_OPS = frozenset({"rmsnorm", "layernorm"})
 MAX_CACHES = 64
 
 
-def enabled() -> bool:
+def enabled(worker: bool = False) -> bool:
+    if worker:
+        return env_bool(WORKER_NORM_KERNEL_CACHE_ENV, False)
     return env_bool(NORM_KERNEL_CACHE_ENV, True)
 
 
-def eligible(spec: GraphSpec) -> bool:
+def eligible(spec: GraphSpec, worker: bool = False) -> bool:
     """Whether `spec` is built with a shared kernel cache (the setting on, a forward norm graph of the program's
-    own static form)."""
+    own static form); `worker`: a worker's build rather than a node's own."""
     return (
         bool(spec.nodes)
         and all(node.op in CACHED_OPS for node in spec.nodes)
         and not spec.is_dynamic_shape_enabled
         and not spec.is_override_shape_enabled
         and not spec.kernel_cache
-        and enabled()
+        and enabled(worker)
     )
 
 
@@ -92,9 +105,9 @@ class KernelCaches:
         self._lock = threading.Lock()
         self.builds = self.caches_made = 0
 
-    def prepare(self, spec: GraphSpec, cudnn: Any, device: int) -> Prepared | None:
+    def prepare(self, spec: GraphSpec, cudnn: Any, device: int, *, worker: bool = False) -> Prepared | None:
         """How to build `spec` with its layout's kernel cache on `device`, or None (build it as it is)."""
-        if not eligible(spec):
+        if not eligible(spec, worker):
             return None
         signature = layout_signature(spec)
         key = (device, signature)

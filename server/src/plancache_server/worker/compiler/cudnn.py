@@ -207,9 +207,10 @@ class CudnnCompiler:
 
     def _make_plans(self, query: PlanQuery) -> Any:
         check_known_defects(query.spec, self._target)
-        # A norm graph: built with its layout's kernel cache (plancache.frontend_graph.kernel_caches: later
-        # sizes reuse the kernel earlier ones compiled). A build process builds one thing at a time.
-        prepared = KERNEL_CACHES.prepare(query.spec, cudnn, int(self._device.index or 0))
+        # A norm graph, where PLANCACHE_WORKER_NORM_KERNEL_CACHE=1: built with its layout's kernel cache
+        # (plancache.frontend_graph.kernel_caches: later sizes reuse the kernel earlier ones compiled; off by
+        # default there). A build process builds one thing at a time.
+        prepared = KERNEL_CACHES.prepare(query.spec, cudnn, int(self._device.index or 0), worker=True)
         if prepared is None:
             g = self.graph(query.spec)
         else:
