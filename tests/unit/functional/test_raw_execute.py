@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import plancache.functional as pf
-from plancache.functional import _requests
+from plancache.functional import _requests, _table
 from plancache.run.raw_execute import RAW_EXECUTE_ENV, RawExecute
 from tests.support.fake_gpu import FakeHandle, FakeRawGraph, FakeRuntime
 from tests.support.frontdoor_standins import StandInClient, StandInTensor
@@ -90,3 +90,22 @@ def test_the_setting_turns_it_off(client: StandInClient, runtime: FakeRuntime, m
         pf.linear(T((4, 64)), w)
     (graph,) = runtime.graphs
     assert graph.ordered_calls == 3 and graph._lowered_graph.raw_calls == []
+
+
+def test_a_frontend_whose_raw_call_takes_other_arguments_keeps_the_public_execute(
+    client: StandInClient, runtime: FakeRuntime
+) -> None:
+    runtime.raw = True
+    w = T((32, 64))
+    pf.linear(T((4, 64)), w)
+    (graph,) = runtime.graphs
+
+    def other_signature(address: int, count: int) -> None:  # as a changed private API would be
+        raise TypeError("_execute_with_raw_ptrs(): incompatible function arguments")
+
+    ((_, served),) = _table.TABLE.entries()
+    (launcher,) = served._launchers.values()  # type: ignore[union-attr]
+    launcher._raw._run = other_signature  # the bound call the launcher found, as another frontend's
+    ys = [pf.linear(T((4, 64)), w) for _ in range(2)]
+    assert graph.ordered_calls == 3 and [pack[OUT] for pack, _, _ in graph.calls[1:]] == ys
+    assert launcher._raw is None and pf.stats()["linear"].cudnn == 3

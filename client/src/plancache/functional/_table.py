@@ -117,8 +117,13 @@ class Launcher:
         if self._state.stream != stream:
             self._state.use(stream)
         if self._raw is not None:
-            self._raw(buffers, self._slot.buffer)
-        elif self._mode == "ordered":
+            try:
+                self._raw(buffers, self._slot.buffer)
+                return
+            except TypeError as e:  # a frontend whose private call takes other arguments: refused before any launch
+                log.debug("plancache.functional: the frontend's raw-pointer execute refused its call (%s)", e)
+                self._raw = None
+        if self._mode == "ordered":
             self._execute(buffers, self._slot.buffer, handle=self._handle, tensor_uids=self._uids)
         elif self._mode == "mapping":  # as many buffers as uids, by construction
             self._execute(dict(zip(self._uids, buffers)), self._slot.buffer, handle=self._handle)  # noqa: B905
