@@ -3,7 +3,7 @@ against torch alone (issue 42, item 4; bench/torch_models.py measures steady ste
 
 A real deployment (Redis, plancache-server, one GPU worker, heuristic plans: the worker is stopped once the
 first runs built them, as bench/training.py --startup does). For each model of --models and each mode of
---modes (eager; compile: torch.compile(fullgraph=True)):
+--modes (eager; compile: torch.compile(fullgraph=True), plancache.torch.compile for plancache):
 - "first (nothing stored)": a fresh process under the mode, every plan a miss (built by the service and,
   hedged, by the node itself);
 - then --repeats times, alternating: "stored" (a fresh process under the mode, every plan stored; the
@@ -67,7 +67,13 @@ def node_main(path: str, model: str, compile_mode: str, server: str, device: str
     torch.manual_seed(0)
     net = work.make()
     batch = work.batch()
-    run = work.runner(net, compile_mode)
+    # Compiled under plancache: plancache.torch.compile (the mode inside the compiled function, none around it).
+    inside = path == "plancache" and compile_mode != "eager"
+    run = work.runner(net, compile_mode, pt.compile if inside else None)
+    if inside:
+        import contextlib
+
+        context = contextlib.nullcontext
     sync()
     setup_s = time.perf_counter() - began - imports_s
     steps = []
