@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from plancache.errors import InvalidRequest
 from plancache.keys.target import Target
+from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store.build_records import BuildRecorder
 from plancache_server.store.plans import RedisPlanStore
 from plancache_server.store.warming import FAILED, SKIPPED, WARM_JOB_PREFIX, WarmItem
@@ -97,11 +98,19 @@ class WarmIntake:
             return False
         self._builds.mark_running(job.plan_key, job.job_id, self._worker_id)
         log.info(
-            "warming %s: item %d, plan %s (%.0f recent hits of the source)",
+            "warming %s: item %d, plan %s (%.0f recent hits of the source; %s)",
             ref.target_id,
             ref.index,
             job.plan_key,
             item.hits,
+            graph_label(job.query.spec),
         )
         start(Build(None, job, verified, warm=ref))
         return True
+
+
+def graph_label(spec: pb.GraphSpec) -> str:
+    """What a log line says of a warming item's graph: its name and its first tensor's dims (for a graph
+    family's member, the size it stands for)."""
+    first = list(spec.tensors[0].dim) if spec.tensors else []
+    return f"graph {spec.name or '(unnamed)'}, first tensor {first}"
