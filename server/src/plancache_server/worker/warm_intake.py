@@ -95,6 +95,14 @@ class WarmIntake:
             return True
         if holder is not None:
             self._runner.record(ref, SKIPPED, "being built for a caller", job.plan_key)
+            # A member a program met before warming reached it: what "soonest first" is measured by.
+            log.info(
+                "warming %s: item %d, plan %s: a caller's build has it (%s)",
+                ref.target_id,
+                ref.index,
+                job.plan_key,
+                graph_label(job.query.spec),
+            )
             return False
         self._builds.mark_running(job.plan_key, job.job_id, self._worker_id)
         log.info(
