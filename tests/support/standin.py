@@ -82,6 +82,7 @@ class StandInCompiler:
         self.started_dir = started_dir
         self._lock = threading.Lock()
         self.builds: list[str] = []  # spec hashes, one per heuristic build, in order
+        self.intervals: list[tuple[str, float, float]] = []  # (spec hash, start, end) of each heuristic build
         self.candidate_builds: list[tuple[str, int]] = []  # (spec hash, index)
 
     @property
@@ -105,11 +106,13 @@ class StandInCompiler:
             self.builds.append(digest)
         if self.started_dir:
             open(os.path.join(self.started_dir, digest), "w").close()
-        started = time.time()
+        started, began = time.time(), time.monotonic()
         try:
             time.sleep(self.build_seconds)
         finally:
             self._log_build(digest, started, time.time())
+            with self._lock:
+                self.intervals.append((digest, began, time.monotonic()))
         if spec.name == REJECTED_NAME:
             raise CompileFailed("stand-in: cuDNN_STATUS_NOT_SUPPORTED (graphs named standin-reject are refused)")
         _play_gpu_fault(spec.name)
