@@ -46,7 +46,7 @@ from plancache.errors import PlanCacheError, SpecError
 from plancache.frontdoors.buckets import BUCKETS
 from plancache.frontdoors.service import SERVICE, Once, describe
 from plancache.graphspec import spec_io
-from plancache.graphspec.family import Family, derive
+from plancache.graphspec.family import Family, derive, without_sizes
 from plancache.graphspec.graph import GraphSpec
 from plancache.graphspec.jcs import canonicalize
 
@@ -192,12 +192,7 @@ class FamilyWatch:
 
 def _signature(spec: GraphSpec, evidence: Evidence) -> tuple[str, str]:
     """(the graph without its declared dims and strides, with the evidence, hashed; its dims as text)."""
-    graph = spec_io.to_dict(spec)
-    dims = []
-    for tensor in graph["tensors"]:
-        dims.append(tensor.pop("dim", None))
-        stride = tensor.pop("stride", None)
-        tensor["order"] = None if stride is None else sorted(range(len(stride)), key=lambda a: (-stride[a], a))
+    graph, dims = without_sizes(spec)
     graph["evidence"] = {
         "site": evidence.site,
         "parameters": [[name, list(shape)] for name, shape in evidence.parameters],

@@ -41,14 +41,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import threading
 from collections import OrderedDict
 from typing import Any
 
 from plancache.env import env_bool
-from plancache.graphspec import spec_io
+from plancache.graphspec.family import without_sizes
 from plancache.graphspec.graph import GraphSpec
+from plancache.graphspec.jcs import canonicalize
 
 NORM_KERNEL_CACHE_ENV = "PLANCACHE_NORM_KERNEL_CACHE"
 WORKER_NORM_KERNEL_CACHE_ENV = "PLANCACHE_WORKER_NORM_KERNEL_CACHE"
@@ -76,15 +76,9 @@ def eligible(spec: GraphSpec, worker: bool = False) -> bool:
 
 
 def layout_signature(spec: GraphSpec) -> str:
-    """The graph without its sizes: what the sizes sharing one kernel cache have in common."""
-    graph = spec_io.to_dict(spec)
-    orders = []
-    for tensor in graph.get("tensors", []):
-        stride = tensor.pop("stride", None) or []
-        tensor.pop("dim", None)
-        orders.append(sorted(range(len(stride)), key=lambda axis: (-stride[axis], axis)))
-    text = json.dumps({"graph": graph, "stride_orders": orders}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """The graph without its sizes (its layout kept): what the sizes sharing one kernel cache have in common."""
+    graph, _ = without_sizes(spec)
+    return hashlib.sha256(canonicalize(graph)).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +89,6 @@ class Prepared:
     spec: GraphSpec
     cache: Any
     lock: threading.Lock
-    signature: str
 
 
 class KernelCaches:
@@ -123,7 +116,7 @@ class KernelCaches:
             self.builds += 1
         cache, lock = found
         dynamic = dataclasses.replace(spec, is_dynamic_shape_enabled=True, kernel_cache=True)
-        return Prepared(dynamic, cache, lock, signature)
+        return Prepared(dynamic, cache, lock)
 
     def __len__(self) -> int:
         return len(self._caches)

@@ -372,6 +372,20 @@ def _copy(spec: GraphSpec) -> GraphSpec:
     return spec_io.from_dict(spec_io.to_dict(spec))
 
 
+def without_sizes(spec: GraphSpec) -> tuple[dict[str, Any], list[Any]]:
+    """`spec`'s JSON form with its tensors' dims taken out and each stride kept only as its axes' order
+    (largest first: the layout, not the sizes), and the dims taken out, in tensor order. What the sizes of
+    one graph have in common: the families' signatures (plancache.frontdoors.families) and the kernel caches
+    norm sizes share (plancache.frontend_graph.kernel_caches)."""
+    graph = spec_io.to_dict(spec)
+    dims = []
+    for tensor in graph.get("tensors", []):
+        dims.append(tensor.pop("dim", None))
+        stride = tensor.pop("stride", None)
+        tensor["order"] = None if stride is None else sorted(range(len(stride)), key=lambda a: (-stride[a], a))
+    return graph, dims
+
+
 def _without_dims(graph: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(graph)
     for tensor in out["tensors"]:
