@@ -569,9 +569,12 @@ def report(result: dict[str, Any], out: Path) -> None:
     save(fig, out / "families.png")
 
 
-def run_evidence(out: Path, time_limit: float, beside: int | None = None) -> dict[str, Any]:
+def run_evidence(
+    out: Path, time_limit: float, beside: int | None = None, worker_norm_cache: bool = False
+) -> dict[str, Any]:
     """Issue 43's study (module doc): fixed, sweep-first, sweep-second, and the families they asked for.
-    `beside`: the worker's --warm-beside-callers (None: its default)."""
+    `beside`: the worker's --warm-beside-callers (None: its default); `worker_norm_cache`: the worker builds
+    norm graphs from its kernel caches (PLANCACHE_WORKER_NORM_KERNEL_CACHE=1)."""
     from bench import startup_deploy as deploy
     from plancache import Client
     from plancache.trust.signing import generate_keypair
@@ -587,6 +590,7 @@ def run_evidence(out: Path, time_limit: float, beside: int | None = None) -> dic
             "fixed_weights": FIXED_WEIGHTS,
             "options": "autotune off",
             "warm_beside_callers": "default" if beside is None else beside,
+            "worker_norm_kernel_cache": worker_norm_cache,
         },
         "runs": [],
         "families": [],
@@ -606,7 +610,7 @@ def run_evidence(out: Path, time_limit: float, beside: int | None = None) -> dic
                 redis.url,
                 log,
                 *("--device", "0", "--signing-key", str(private_key), "--no-warm", *beside_args),
-                env=child_env(),
+                env=child_env(**({"PLANCACHE_WORKER_NORM_KERNEL_CACHE": "1"} if worker_norm_cache else {})),
             ) as worker:
                 deploy.wait_for_pool(log, worker, address)
                 for path in ("fixed", "sweep-first", "sweep-second"):
@@ -726,6 +730,9 @@ def main() -> None:
         "--study", choices=("shapes", "evidence"), default="shapes", help="evidence: issue 43's study (module doc)"
     )
     parser.add_argument("--warm-beside-callers", type=int, help="evidence: the worker's setting (default: its own)")
+    parser.add_argument(
+        "--worker-norm-cache", action="store_true", help="evidence: PLANCACHE_WORKER_NORM_KERNEL_CACHE=1 for the worker"
+    )
     parser.add_argument("--evidence-node", choices=("fixed", "sweep-first", "sweep-second"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.evidence_node:
@@ -733,7 +740,9 @@ def main() -> None:
         return
     if args.study == "evidence":
         args.out.mkdir(parents=True, exist_ok=True)
-        report_evidence(run_evidence(args.out, args.time_limit, args.warm_beside_callers), args.out)
+        report_evidence(
+            run_evidence(args.out, args.time_limit, args.warm_beside_callers, args.worker_norm_cache), args.out
+        )
         return
     if args.node:
         node_main(args.node, args.workload, args.server)

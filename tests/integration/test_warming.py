@@ -7,8 +7,10 @@ warmed from them, as a GPU run warms the exact target from the generic one.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -21,6 +23,7 @@ from plancache import Client, CompileOptions, InvalidRequest, Manifest, Permissi
 from plancache.graphspec.canonical import spec_hash
 from plancache.graphspec.graph import GraphSpec
 from plancache.keys.plankey import make_key
+from plancache.keys.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis
@@ -422,6 +425,31 @@ def test_families_queued_together_are_built_in_turns_each_in_its_own_order(redis
         warming.record(EXACT.id, item.index, "built", "", item.plan_key)
     assert taken == ["norm-1", "linear-0", "norm-2", "linear-1", "norm-3", "linear-2", "linear-3", "linear-4"]
     warming.record(EXACT.id, first.index, "built", "", first.plan_key)
+
+
+def test_families_asked_at_the_same_instant_are_built_in_turns(redis_client: redis.Redis) -> None:
+    """GPU run 33: a sweep's two families reached two gateway threads at the same instant; each read "no
+    active plan" before either appended, so both were appended one after the other (458 rms_norm members
+    before the first linear one). Deciding and appending in one step, they take turns however they race."""
+    warming = Warming(redis_client)
+    for attempt in range(12):
+        target = dataclasses.replace(EXACT, sm_count=EXACT.sm_count + 1 + attempt)
+        start = threading.Barrier(2)
+
+        def ask(prefix: str, target: Target = target, start: threading.Barrier = start) -> None:
+            start.wait()
+            warming.extend(target, _queued_items(prefix, 40), f"family {prefix}")
+
+        threads = [threading.Thread(target=ask, args=(prefix,)) for prefix in ("norm", "linear")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        taken = [item.plan_key for item in iter(lambda t=target: warming.next_item(t.id, "w"), None)]
+        assert len(taken) == 80, (attempt, len(taken))
+        firsts = {key.split("-")[0] for key in taken[:2]}
+        assert firsts == {"norm", "linear"}, (attempt, taken[:6])
+        assert warming.status(target.id).total == 80
 
 
 def test_a_family_queued_while_the_last_items_build_loses_none_of_its_members(redis_client: redis.Redis) -> None:

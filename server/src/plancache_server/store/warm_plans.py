@@ -22,7 +22,7 @@ from plancache.keys.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
 from plancache_server.store.redis_conn import text, translated_errors
-from plancache_server.store.warm_items import ACTIVE, CANCELLED, WarmItem, loads
+from plancache_server.store.warm_items import ACTIVE, CANCELLED, WarmItem
 from plancache_server.store.warm_progress import WarmProgress, WarmStatus
 
 log = logging.getLogger(__name__)
@@ -41,28 +41,44 @@ FAMILIES_SOURCE = "graph families"
 # linear), and a size is a hit only when every graph of it is built; appended one after the other, the
 # second family's members waited for all of the first's (GPU run 31: 509 linear members before the first
 # rms_norm one). Items before the cursor (taken: built, in flight or to retry) keep their places; an item's
-# index is its place, and only untaken places move. ARGV[1] "0": appended after everything (a new plan over
-# a finished or cancelled one's list: its untaken items are not taken up again). Run on its own, not in a
-# MULTI: a script in a pipeline needs SCRIPT EXISTS (another ACL permission) and redis-py's pipeline loading.
-# Returns how many waiting items it took turns with.
+# index is its place, and only untaken places move. Over a finished or cancelled plan (or none) a new plan
+# starts past the old list (its untaken items are not taken up again): its record written, the old
+# outcomes dropped. All in one step: two families asked at the same instant each read "no active plan"
+# when the state was read first, and both were appended one after the other (GPU run 33: 458 rms_norm
+# members before the first linear one). Run on its own, not in a MULTI: a script in a pipeline needs
+# SCRIPT EXISTS (another ACL permission) and redis-py's pipeline loading.
+# KEYS: plan, items, outcomes, in-flight, retry. ARGV: the time (JSON), n, then n field/value pairs of a
+# new plan's record (JSON values; its cursor is set here), then the items. Returns how many waiting items
+# the new ones took turns with.
 _APPEND_IN_TURNS = """
-local cursor = tonumber(redis.call('hget', KEYS[1], 'cursor') or '0') or 0
 local length = redis.call('llen', KEYS[2])
-if ARGV[1] == '0' then cursor = length end
-if cursor > length then
+local fields = tonumber(ARGV[2])
+local first = 3 + 2 * fields
+local cursor
+if redis.call('hget', KEYS[1], 'state') == '"active"' then
+  cursor = tonumber(redis.call('hget', KEYS[1], 'cursor') or '0') or 0
+  if cursor > length then
+    cursor = length
+    redis.call('hset', KEYS[1], 'cursor', cursor)
+  end
+else
   cursor = length
-  redis.call('hset', KEYS[1], 'cursor', cursor)
+  redis.call('del', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
+  for f = 3, first - 1, 2 do redis.call('hset', KEYS[1], ARGV[f], ARGV[f + 1]) end
+  redis.call('hset', KEYS[1], 'cursor', cursor, 'total', 0)
 end
 local waiting = {}
 if cursor < length then
   waiting = redis.call('lrange', KEYS[2], cursor, -1)
   if cursor == 0 then redis.call('del', KEYS[2]) else redis.call('ltrim', KEYS[2], 0, cursor - 1) end
 end
-local i, j = 1, 2
+local i, j = 1, first
 while i <= #waiting or j <= #ARGV do
   if i <= #waiting then redis.call('rpush', KEYS[2], waiting[i]); i = i + 1 end
   if j <= #ARGV then redis.call('rpush', KEYS[2], ARGV[j]); j = j + 1 end
 end
+redis.call('hincrby', KEYS[1], 'total', #ARGV - first + 1)
+redis.call('hset', KEYS[1], 'updated_at', ARGV[1])
 return #waiting
 """
 
@@ -195,37 +211,33 @@ class WarmPlans:
                     f"target {target.id} has {length:,} warming items queued; {len(items):,} more would pass "
                     f"{MAX_QUEUED_ITEMS:,}: wait for them to be built (or cancel the target's warming)"
                 )
-            state = loads(self._redis.hget(keys.warm_plan(target.id), "state") or b'""')
             now = self._clock()
-            # The items first: a plan marked active before its items are there could be found empty and
-            # finished by a worker meanwhile.
+            # A new plan's record, where the target has no active one (the script decides, atomically).
+            record = {
+                "source": FAMILIES_SOURCE,
+                "state": ACTIVE,
+                "source_hits": 0.0,
+                "missing_specs": 0,
+                "created_at": now,
+                "by": by,
+                "top": 0,
+                "min_hits": 0.0,
+            }
             self._append_in_turns(
-                keys=[keys.warm_plan(target.id), keys.warm_items(target.id)],
+                keys=[
+                    keys.warm_plan(target.id),
+                    keys.warm_items(target.id),
+                    keys.warm_outcomes(target.id),
+                    keys.warm_in_flight(target.id),
+                    keys.warm_retry(target.id),
+                ],
                 args=[
-                    "1" if state == ACTIVE else "0",
+                    json.dumps(now),
+                    len(record),
+                    *(part for k, v in record.items() for part in (k, json.dumps(v))),
                     *(WarmItem(length + i, key, "", 0.0, query).encode() for i, (key, query) in enumerate(items)),
                 ],
             )
-            pipe = self._redis.pipeline(transaction=True)
-            if state != ACTIVE:
-                # A new plan over the old list: the cursor past the old items, counts of these alone.
-                record = {
-                    "source": FAMILIES_SOURCE,
-                    "state": ACTIVE,
-                    "total": 0,
-                    "cursor": length,
-                    "source_hits": 0.0,
-                    "missing_specs": 0,
-                    "created_at": now,
-                    "by": by,
-                    "top": 0,
-                    "min_hits": 0.0,
-                }
-                pipe.delete(keys.warm_outcomes(target.id), keys.warm_in_flight(target.id), keys.warm_retry(target.id))
-                pipe.hset(keys.warm_plan(target.id), mapping={k: json.dumps(v) for k, v in record.items()})
-            pipe.hincrby(keys.warm_plan(target.id), "total", len(items))
-            pipe.hset(keys.warm_plan(target.id), "updated_at", json.dumps(now))
-            pipe.execute()
             # Outside the transaction: the index of warmed targets lives in another hash slot of a cluster.
             self._redis.sadd(keys.WARM_TARGETS, target.id)
         log.info("warming %s: %d item(s) queued (%s)", target.id, len(items), by)
