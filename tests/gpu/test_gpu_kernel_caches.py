@@ -26,12 +26,13 @@ def _run(request: Any, inputs: tuple[Any, ...]) -> Any:
     ops = TorchOps()
     outputs = [ops.allocator(o.shape, o.stride, o.dtype, 0)() for o in request.outputs]
     constants = [ops.constant(c, 0) for c in request.constants]
-    # The plan's inputs are the graph's [N, C, 1, 1] views of torch's [N, C] tensors (as plancache.functional binds them).
-    dims = {t.uid: t.dim for t in request.spec.tensors}
+    # The plan's tensors are [N, C, 1, 1] views of torch's [N, C] ones (as plancache.functional binds them).
+    # Same memory, the plan's dims and strides (a unit dim's stride is the plan's choice).
+    built = {t.uid: (tuple(t.dim), tuple(t.stride)) for t in plan.metadata.tensors}
     tensors: dict[str | int, Any] = {
-        uid: value.view(dims[uid]) for uid, value in zip(request.inputs, inputs, strict=True)
+        uid: value.as_strided(*built[uid]) for uid, value in zip(request.inputs, inputs, strict=True)
     }
-    tensors.update({o.uid: t for o, t in zip(request.outputs, outputs, strict=True)})
+    tensors.update({o.uid: t.as_strided(*built[o.uid]) for o, t in zip(request.outputs, outputs, strict=True)})
     tensors.update({c.uid: t for c, t in zip(request.constants, constants, strict=True)})
     plan.execute(tensors)
     return outputs[0]

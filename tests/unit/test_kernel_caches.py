@@ -109,6 +109,19 @@ def test_the_caches_are_bounded_least_recently_used_out() -> None:
     assert caches.prepare(rms(10), frontend, 0).cache is a.cache  # type: ignore[union-attr]
 
 
+def test_a_cache_serves_a_bounded_number_of_builds_then_its_layout_starts_a_fresh_one() -> None:
+    """Run 33: cuDNN's build from a kernel cache slows with every size built from it (94 ms a size rising to
+    363 ms over 120 sizes); a fresh cache every BUILDS_PER_CACHE builds keeps the median at 48 ms."""
+    caches, frontend = KernelCaches(builds_per_cache=3), StandInFrontend()
+    used = [caches.prepare(rms(rows), frontend, 0) for rows in range(1, 8)]
+    assert all(p is not None for p in used)
+    ids = [frontend.made.index(p.cache) for p in used if p is not None]
+    assert ids == [0, 0, 0, 1, 1, 1, 2]
+    assert caches.caches_made == 3 and len(caches) == 1 and caches.builds == 7
+    other = caches.prepare(rms(8, "half"), frontend, 0)  # another layout counts its own builds
+    assert other is not None and other.cache is frontend.made[3]
+
+
 def test_a_nodes_own_build_of_a_norm_uses_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     from plancache.keys.options import CompileOptions
     from plancache.keys.query import PlanQuery

@@ -21,6 +21,15 @@ its dims: ops, attributes, dtypes, and each tensor's stride order), at most
 MAX_CACHES of them, least recently used out; a cache is used by one build
 at a time (`Prepared.lock`).
 
+A cache serves at most BUILDS_PER_CACHE builds, then its layout starts a
+fresh one: cuDNN's build from a cache gets slower with every size built
+from it (scripts/kernel_cache_growth_probe.py, GPU run 33: rms_norm
+[N,1024], 120 sizes through one cache, the plan build 94 ms a size in the
+first quarter and 363 ms in the last, slower than without a cache; a
+worker's family members showed it, 0.08 s rising to 0.38 s). Renewed every
+16 builds: median 48 ms, mean 97 ms over the 120 (one cache: 209 and 245;
+no cache: 274), the fresh cache's first build paying the compile again.
+
 The plan is stored and fetched under its graph's own key: each size is
 still its own graph with its own plan; only how its kernel was compiled
 differs.
@@ -54,6 +63,8 @@ NORM_KERNEL_CACHE_ENV = "PLANCACHE_NORM_KERNEL_CACHE"
 WORKER_NORM_KERNEL_CACHE_ENV = "PLANCACHE_WORKER_NORM_KERNEL_CACHE"
 CACHED_OPS = frozenset({"rmsnorm", "layernorm"})
 MAX_CACHES = 64
+# Builds one cache serves before its layout starts a fresh one (module doc; run 33: 8 gave a mean of 136 ms).
+BUILDS_PER_CACHE = 16
 
 
 def enabled(worker: bool = False) -> bool:
@@ -92,9 +103,11 @@ class Prepared:
 
 
 class KernelCaches:
-    def __init__(self, max_caches: int = MAX_CACHES) -> None:
+    def __init__(self, max_caches: int = MAX_CACHES, builds_per_cache: int = BUILDS_PER_CACHE) -> None:
         self.max_caches = max_caches
-        self._caches: OrderedDict[tuple[int, str], tuple[Any, threading.Lock]] = OrderedDict()
+        self.builds_per_cache = builds_per_cache
+        # (device, layout) -> [cache, its lock, builds it served]
+        self._caches: OrderedDict[tuple[int, str], list[Any]] = OrderedDict()
         self._lock = threading.Lock()
         self.builds = self.caches_made = 0
 
@@ -106,15 +119,16 @@ class KernelCaches:
         key = (device, signature)
         with self._lock:
             found = self._caches.get(key)
-            if found is None:
-                found = self._caches[key] = (cudnn.create_kernel_cache(), threading.Lock())
+            if found is None or found[2] >= self.builds_per_cache:
+                # A build still using a renewed cache keeps it (and its lock) until it ends.
+                found = self._caches[key] = [cudnn.create_kernel_cache(), threading.Lock(), 0]
                 self.caches_made += 1
                 while len(self._caches) > self.max_caches:
                     self._caches.popitem(last=False)
-            else:
-                self._caches.move_to_end(key)
+            self._caches.move_to_end(key)
+            found[2] += 1
             self.builds += 1
-        cache, lock = found
+            cache, lock = found[0], found[1]
         dynamic = dataclasses.replace(spec, is_dynamic_shape_enabled=True, kernel_cache=True)
         return Prepared(dynamic, cache, lock)
 
