@@ -74,6 +74,7 @@ def node_main(path: str, model: str, compile_mode: str, server: str, device: str
         import contextlib
 
         context = contextlib.nullcontext
+    recompiles = _recompile_messages() if compile_mode != "eager" else []
     sync()
     setup_s = time.perf_counter() - began - imports_s
     steps = []
@@ -94,6 +95,11 @@ def node_main(path: str, model: str, compile_mode: str, server: str, device: str
         "process_to_first_step_done_s": imports_s + setup_s + steps[0],
         "value": float(out.float().mean()),
     }
+    if compile_mode != "eager":
+        from torch._dynamo.utils import counters
+
+        # What a slow second step spent: a recompilation says why (GPU run 33: 4.7-8.1 s under plancache).
+        result["dynamo"] = {"stats": dict(counters["stats"]), "recompiles": recompiles[:8]}
     if stats is not None:
         import dataclasses
 
@@ -105,6 +111,26 @@ def node_main(path: str, model: str, compile_mode: str, server: str, device: str
         }
         result["workload"] = dataclasses.asdict(plancache.workload_stats())
     print(json.dumps(result), flush=True)
+
+
+def _recompile_messages() -> list[str]:
+    """Dynamo's recompilation reasons in this process, as they are logged (a list that fills)."""
+    import logging
+
+    import torch
+
+    messages: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            if "ecompil" in text and text[:600] not in messages:  # it reaches both loggers
+                messages.append(text[:600])
+
+    torch._logging.set_logs(recompiles=True)
+    for name in ("torch._dynamo.guards.__recompiles", "torch._dynamo"):
+        logging.getLogger(name).addHandler(Keep())
+    return messages
 
 
 def startup(out: Path, models: list[str], modes: list[str], repeats: int, time_limit: float) -> dict[str, Any]:
