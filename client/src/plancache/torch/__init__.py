@@ -66,7 +66,8 @@ class RouteStats:
     cudnn: int = 0  # calls a plancache plan ran (plancache.functional.stats(), operators included)
     torch: int = 0  # calls plancache gave torch's function (a geometry cuDNN does not serve)
     reasons: dict[str, int] = field(default_factory=dict)  # why, geometries per reason
-    # Why a compiled program leaves calls of it to torch (its traced calls: a compiled call is not counted).
+    # Why a compiled program leaves calls of it to torch (recorded as it was traced: a compiled call is not
+    # counted).
     left_compiled: tuple[str, ...] = ()
 
 
@@ -115,7 +116,7 @@ def stats() -> dict[str, RouteStats]:
 
 
 def clear_stats() -> None:
-    """Forget the mode's counters (plancache.functional.clear() forgets the functions')."""
+    """Forget the mode's counters (plancache.functional.clear() forgets the functions'). What compiled
+    programs leave to torch (`left_compiled`) is kept: it is recorded when a program is traced, once."""
     with _counts_lock:
         COUNTS.clear()
-        LEFT_COMPILED.clear()
