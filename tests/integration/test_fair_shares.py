@@ -171,3 +171,49 @@ def test_a_hit_is_served_while_every_other_redis_connection_is_held(
                 s.gateway.run(give_back())
     finally:
         stop()
+
+
+@pytest.fixture
+def one_slow_builder(redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path) -> Iterator[Stack]:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"compile {FLOOD}\ncompile {HONEST}\n")
+    tokens.chmod(0o600)
+    s, stop = start_stack(
+        redis_server.url,
+        StandInCompiler(build_seconds=0.3),
+        pool_size=1,
+        tokens_file=tokens,
+        caller_queued=2,
+        retry_delay_s=0.25,
+    )
+    yield s
+    stop()
+
+
+def test_another_callers_miss_waits_behind_at_most_the_flooders_queue_slots(one_slow_builder: Stack) -> None:
+    """The build queue is one first-in-first-out stream per target: a caller with 10 builds queued used to
+    put all 10 before another caller's next miss. With --caller-queued 2, at most 2 of them (and the one
+    building) go first; the others wait on the gateway for their caller's turn."""
+    finished: list[tuple[float, str]] = []
+
+    def compile_as(client: Client, i: int, who: str) -> None:
+        client.compile(matmul_spec(m=64 + 16 * i, name=f"queued-{i}"), TARGET, timeout=60)
+        finished.append((time.monotonic(), who))
+
+    with (
+        ThreadPoolExecutor(12) as pool,
+        Client(one_slow_builder.address, cache=False, hedge=False, token=FLOOD) as flooder,
+        Client(one_slow_builder.address, cache=False, hedge=False, token=HONEST) as honest,
+    ):
+        floods = [pool.submit(compile_as, flooder, 600 + j, "flood") for j in range(10)]
+        time.sleep(0.6)  # all ten at the gateway, the first building
+        asked = time.monotonic()
+        compile_as(honest, 700, "honest")
+        for future in floods:
+            future.result(timeout=60)
+    answered = next(at for at, who in finished if who == "honest")
+    ahead = [at for at, who in finished if who == "flood" and asked < at < answered]
+    # The flooder's build under way and its two queued go first; its other builds waited for their turn
+    # (without the bound: the seven or eight still queued when the honest miss came).
+    assert len(ahead) <= 3, (len(ahead), sorted(finished))
+    assert sum(who == "flood" for _, who in finished) == 10

@@ -4,6 +4,7 @@ is, and turns granted round robin over callers, whatever the number of steps eac
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -102,3 +103,80 @@ def test_at_most_the_slots_run_at_once_and_a_cancelled_wait_passes_its_turn_on()
 
     peak, done = asyncio.run(scenario())
     assert peak == 2 and sorted(done) == ["a", "b", "d"]
+
+
+def test_a_callers_builds_past_its_queue_slots_wait_in_order_and_others_are_not_held() -> None:
+    """--caller-queued: at most so many of one caller's builds in the shared (first in, first out) build
+    queue; its next ones wait for one of its own to leave it, in the order they came; another caller's build
+    takes a slot of its own at once."""
+    from plancache_server.gateway.shares import QueueSlots
+
+    async def run() -> None:
+        slots = QueueSlots(2)
+        await slots.acquire("flood", 5, 0.5)
+        await slots.acquire("flood", 5, 0.5)
+        order: list[int] = []
+
+        async def later(i: int) -> None:
+            await slots.acquire("flood", 5, 0.5)
+            order.append(i)
+
+        waiting = [asyncio.create_task(later(i)) for i in range(3)]
+        await asyncio.sleep(0.01)
+        assert slots.waiting("flood") == 3 and slots.held("flood") == 2 and not order
+        await asyncio.wait_for(slots.acquire("honest", 5, 0.5), 0.1)  # its own slot, at once
+        slots.release("flood")
+        await asyncio.sleep(0.01)
+        assert order == [0] and slots.held("flood") == 2  # the slot passed to the next, in order
+        waiting[1].cancel()  # a build whose callers left gives up its place
+        await asyncio.sleep(0.01)
+        slots.release("flood")
+        await asyncio.sleep(0.01)
+        assert order == [0, 2] and slots.waiting() == 0
+        for _ in range(3):
+            slots.release("flood")
+        slots.release("honest")
+        assert slots.held("flood") == 0 and slots.held("honest") == 0
+        slots.release("flood")  # more releases than slots: nothing goes negative
+        assert slots.held("flood") == 0
+
+    asyncio.run(run())
+
+
+def test_a_build_that_waits_past_its_bound_for_a_slot_is_refused_with_the_reason() -> None:
+    from plancache_server.gateway.shares import QueueSlots
+
+    async def run() -> None:
+        slots = QueueSlots(1)
+        await slots.acquire("flood", 5, 0.5)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(ResourceExhausted, match="--caller-queued") as refused:
+            await slots.acquire("flood", 0.05, 0.25)
+        assert refused.value.retry_after == 0.25
+        assert asyncio.get_running_loop().time() - started < 1
+        assert slots.waiting() == 0 and slots.held("flood") == 1
+        await slots.acquire("", 0.01, 0.25)  # no caller (the gateway's own work): never held
+
+    asyncio.run(run())
+
+
+def test_a_caller_whose_build_never_got_a_queue_turn_is_told_so_not_that_it_builds() -> None:
+    """A flight waiting for its caller's slot in the build queue opens at once (its callers wait within their
+    own deadlines, holding no turn of the gateway's work); at the deadline they are told why nothing builds."""
+    from types import SimpleNamespace
+
+    from plancache.errors import CompileTimeout
+    from plancache_server.gateway.flight import Flight, Waiter
+
+    async def run() -> None:
+        crew: Any = SimpleNamespace(retry_delay_s=0.75)
+        flight = Flight("k" * 64, crew, lambda f: None)
+        waiter = Waiter(flight, lambda w: None)
+        flight.waiting_for_turn = True
+        told = waiter.timeout()
+        assert isinstance(told, ResourceExhausted) and "--caller-queued" in told.message
+        assert told.retry_after == 0.75
+        flight.waiting_for_turn = False
+        assert isinstance(waiter.timeout(), CompileTimeout)
+
+    asyncio.run(run())

@@ -153,6 +153,7 @@ class Gateway:
                 builds=settings.caller_builds,
                 retry_delay_s=settings.retry_delay_s,
                 work_slots=settings.work_slots,
+                queued=settings.caller_queued,
             )
         )
         builds = Builds(
@@ -163,6 +164,7 @@ class Gateway:
             admission,
             lambda plan_key: count_untrusted_build(stats, directory, plan_key),
             shares,
+            settings.compile_timeout_s,
         )
         blocking = connect(redis_url)  # for the janitor and warming, on threads
         janitor = Janitor(blocking)

@@ -67,9 +67,11 @@ class Builds:
         admission: Admission,
         on_untrusted_build: Callable[[str], None] = lambda plan_key: None,
         shares: Shares | None = None,
+        queue_wait_s: float = 900.0,
     ) -> None:
         """`on_untrusted_build(plan_key)`: once per build whose plan this gateway refused (counted);
-        `shares`: what each caller may hold (waits, builds it queued)."""
+        `shares`: what each caller may hold (waits, builds it queued, builds in the queue at once);
+        `queue_wait_s`: the longest a build waits for its caller's turn in the queue (--compile-timeout)."""
         self._admission = admission
         self._shares = shares or Shares()
         # Names this gateway's claims that its callers wait for a job (plancache_server.store.build_records).
@@ -84,6 +86,9 @@ class Builds:
             RefusedBuilds(client, on_untrusted_build),
             self._watcher,
             asyncio.Semaphore(DELIVERY_SLOTS),
+            self._shares.queue_slots,
+            queue_wait_s,
+            self._shares.limits.retry_delay_s,
         )
         self._flights: dict[str, Flight] = {}
         self.waiting = 0  # callers waiting on this gateway, all keys
@@ -134,7 +139,8 @@ class Builds:
         except BaseException:
             waiter.release()
             raise
-        waiter.started = first and flight.started
+        # The first caller queues the build, or will once its turn in the queue comes (waiting_for_turn).
+        waiter.started = first and (flight.started or flight.waiting_for_turn)
         return waiter
 
     def _admit(self, plan_key: str, flight: Flight | None) -> None:
@@ -200,6 +206,7 @@ class Builds:
             log.debug("could not withdraw job %s of %s: %s", job_id, plan_key, e.message)
 
     def _forget(self, flight: Flight) -> None:
+        flight.release_queue_slot()
         if self._flights.get(flight.plan_key) is flight:
             del self._flights[flight.plan_key]
             self._shares.give_back(flight.started_by, "builds")

@@ -26,6 +26,7 @@ from plancache.errors import (
     CompileTimeout,
     IntegrityError,
     PlanCacheError,
+    ResourceExhausted,
     TargetUnavailable,
     Unavailable,
 )
@@ -35,6 +36,7 @@ from plancache.v1 import plancache_pb2 as pb
 from plancache_server.gateway.build_states import BuildStates
 from plancache_server.gateway.completions import CompletionWatcher
 from plancache_server.gateway.refusals import RefusedBuilds
+from plancache_server.gateway.shares import QueueSlots
 from plancache_server.store.build_records import ABANDONED, DONE, FAILED, PROVISIONAL, WANTED_TTL_S
 from plancache_server.store.jobs import Job, JobQueue
 from plancache_server.store.plans import PlanStore, StoredPlan
@@ -75,6 +77,11 @@ class FlightCrew:
     refusals: RefusedBuilds
     watcher: CompletionWatcher
     delivery_slots: asyncio.Semaphore
+    # Each caller's builds in the shared build queue (plancache_server.gateway.shares); how long one waits for
+    # a slot, and the retry delay of a refusal. None: not bounded.
+    queue_slots: QueueSlots | None = None
+    queue_wait_s: float = 900.0
+    retry_delay_s: float = 1.0
 
 
 class Waiter:
@@ -102,7 +109,14 @@ class Waiter:
         except TimeoutError:
             raise self.timeout() from None
 
-    def timeout(self) -> CompileTimeout:
+    def timeout(self) -> PlanCacheError:
+        if self.flight.waiting_for_turn:
+            return ResourceExhausted(
+                f"plan {self.plan_key} was not queued: the builds this caller already has in the build queue "
+                "fill its share of it (--caller-queued), and none of them ended within this call's deadline: "
+                "call again later",
+                retry_after=self.flight.retry_delay_s,
+            )
         return CompileTimeout(
             f"plan {self.plan_key} is still building (job {self.flight.job_id}); the build continues and its plan "
             "will be stored: call again later"
@@ -147,6 +161,8 @@ class Flight:
         self.task: asyncio.Task[None] | None = None  # opens, follows the job, wakes the waiters
         self._query = pb.PlanQuery()  # what fly() queues (again, should its job be dropped)
         self.started_by = ""  # the caller whose share holds this flight's build (given back when forgotten)
+        self.queue_slot = False  # holds one of started_by's slots in the build queue (release_queue_slot)
+        self.waiting_for_turn = False  # opened before its job is queued: waits for one of those slots
         # The job this gateway queued and its stream entry: taken back out if its callers all leave first.
         self.queued: tuple[Target, Job] | None = None
         self.entry_id = ""
@@ -157,20 +173,64 @@ class Flight:
         """The flight's task: open (lease and job), follow the job, wake the waiters."""
         self._query = query
         try:
+            if not self._queue_turn_at_once():
+                # The starting caller's builds fill its slots in the queue: its callers wait for the plan
+                # within their own deadlines, not here, where a call holds its turn of the gateway's work
+                # (plancache_server.gateway.shares.FairTurns) until the flight opens.
+                self.waiting_for_turn = True
+                self.opened.set_result(None)
+                await self._queue_turn()
+                self.waiting_for_turn = False
             await self._take_or_find_lease(target, query)
+            if not self.started:
+                self.release_queue_slot()  # another's build (or a plan stored meanwhile): nothing of ours queued
         except asyncio.CancelledError:
             self._forget(self)
             self.opened.cancel()
             raise
         except BaseException as e:
             self._forget(self)
-            self.opened.set_exception(e)
-            self.opened.exception()  # retrieved: the waiters get it through their shield
+            if not self.opened.done():
+                self.opened.set_exception(e)
+                self.opened.exception()  # retrieved: the waiters get it through their shield
+                return
+            # Opened early (it waited for its caller's turn): the waiters get it as the build's outcome.
+            self.settle(e if isinstance(e, PlanCacheError) else Unavailable(f"queueing plan {self.plan_key}: {e}"))
+            await self.wake()
             return
-        self.opened.set_result(None)
+        if not self.opened.done():
+            self.opened.set_result(None)
         if self.outcome is None:
             await self._follow(target)
         await self.wake()
+
+    def _queue_turn_at_once(self) -> bool:
+        """One of the starting caller's slots in the build queue, if one is free now (or none is needed)."""
+        crew = self._crew
+        if crew.queue_slots is None or not self.started_by:
+            return True
+        if crew.queue_slots.try_acquire(self.started_by):
+            self.queue_slot = True
+            return True
+        return False
+
+    async def _queue_turn(self) -> None:
+        """Wait for one of the starting caller's slots in the build queue (its share: at most so many of its
+        builds ahead of other callers' in the queue's order); held until its heuristic plan is stored, or the
+        flight ends."""
+        crew = self._crew
+        assert crew.queue_slots is not None
+        await crew.queue_slots.acquire(self.started_by, crew.queue_wait_s, crew.retry_delay_s)
+        self.queue_slot = True
+
+    @property
+    def retry_delay_s(self) -> float:
+        return self._crew.retry_delay_s
+
+    def release_queue_slot(self) -> None:
+        if self.queue_slot and self._crew.queue_slots is not None:
+            self.queue_slot = False
+            self._crew.queue_slots.release(self.started_by)
 
     async def _take_or_find_lease(self, target: Target, query: pb.PlanQuery) -> None:
         crew, plan_key = self._crew, self.plan_key
@@ -259,6 +319,7 @@ class Flight:
                         break
                     if plan is not None and self.provisional is None:
                         self.provisional = plan
+                        self.release_queue_slot()  # a worker took the job: it is out of the queue's line
                         await self._deliver(plan, lambda w: not w.tuned_only)
                     state = await crew.states.state(self.plan_key)
                     ours = state.get("state") if state.get("job_id") == self.job_id else None

@@ -14,7 +14,15 @@ gateway bounds:
 
 Past a bound the call (or, in a Prefetch, the ref) is answered
 RESOURCE_EXHAUSTED with a retry delay, at once, before anything is queued;
-no other caller's share changes. A hit holds nothing: it is never refused
+no other caller's share changes.
+
+The build queue is one stream per target, first in first out, shared by
+every caller: a caller's builds wait there behind all those queued before
+them. So of its builds, at most `queued` (`--caller-queued`, 8) are in the
+queue at once (QueueSlots); its next ones wait here, each a coroutine, in
+order, for one of its own to end, at most the compile timeout (then
+RESOURCE_EXHAUSTED, the reason said). A flooding caller's 64 builds used to
+go before an honest caller's next miss; now at most 8 of them do. A hit holds nothing: it is never refused
 for another caller's load. What one share allows is a setting
 (`--caller-*`); the gateway-wide bounds (--max-waiters, --max-queued-jobs)
 still hold above them.
@@ -57,6 +65,7 @@ class ShareLimits:
     builds: int = 64
     retry_delay_s: float = 1.0
     work_slots: int = 1
+    queued: int = 8
 
 
 @dataclass
@@ -79,9 +88,11 @@ class Shares:
     _held: dict[str, Holding] = field(default_factory=dict)
     refused_total: int = 0
     turns: FairTurns = field(init=False)
+    queue_slots: QueueSlots = field(init=False)
 
     def __post_init__(self) -> None:
         self.turns = FairTurns(self.limits.work_slots)
+        self.queue_slots = QueueSlots(self.limits.queued)
 
     def turn(self, caller: str | None = None) -> AbstractAsyncContextManager[None]:
         """One CPU-heavy step of the current call (or of `caller`), in its turn."""
@@ -185,6 +196,83 @@ class FairTurns:
                 granted.set_result(None)
                 return
         self._free += 1
+
+
+class QueueSlots:
+    """Per caller, at most `per_caller` builds in the shared build queue at once (module doc); a caller's
+    next build waits for one of its own to end, first come first served. No caller (""): not bounded.
+    Runs on the event loop's thread: no lock."""
+
+    def __init__(self, per_caller: int) -> None:
+        self.per_caller = max(1, per_caller)
+        self._held: dict[str, int] = {}
+        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+
+    def held(self, caller: str) -> int:
+        return self._held.get(caller, 0)
+
+    def waiting(self, caller: str | None = None) -> int:
+        if caller is not None:
+            return len(self._waiting.get(caller, ()))
+        return sum(len(q) for q in self._waiting.values())
+
+    def try_acquire(self, caller: str) -> bool:
+        """One of `caller`'s slots if one is free now and none of its builds waits for one."""
+        if not caller:
+            return True
+        if self._held.get(caller, 0) < self.per_caller and not self._waiting.get(caller):
+            self._held[caller] = self._held.get(caller, 0) + 1
+            return True
+        return False
+
+    async def acquire(self, caller: str, wait_s: float, retry_delay_s: float) -> None:
+        """One of `caller`'s slots, waiting at most `wait_s` for it (then ResourceExhausted)."""
+        if self.try_acquire(caller):
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(caller, deque()).append(granted)
+        try:
+            await asyncio.wait_for(asyncio.shield(granted), wait_s)
+        except (TimeoutError, asyncio.CancelledError) as e:
+            if granted.done() and not granted.cancelled():
+                self.release(caller)  # granted as it gave up: the slot goes to its next build
+            else:
+                granted.cancel()
+                self._drop(caller, granted)
+            if isinstance(e, TimeoutError):
+                raise ResourceExhausted(
+                    f"this caller already has {self.per_caller} builds in the build queue (its share, "
+                    f"--caller-queued); this one waited {wait_s:g} s for one of them to end: call again later",
+                    retry_after=retry_delay_s,
+                ) from None
+            raise
+
+    def release(self, caller: str) -> None:
+        """One of `caller`'s builds left the queue (ended, or given up): its next waiting build takes the slot."""
+        if not caller or caller not in self._held:
+            return
+        queue = self._waiting.get(caller)
+        while queue:
+            granted = queue.popleft()
+            if not queue:
+                del self._waiting[caller]
+            if not granted.done():
+                granted.set_result(None)  # the slot passes on: held stays
+                return
+        self._held[caller] -= 1
+        if self._held[caller] <= 0:
+            del self._held[caller]
+
+    def _drop(self, caller: str, granted: asyncio.Future[None]) -> None:
+        queue = self._waiting.get(caller)
+        if queue is None:
+            return
+        try:
+            queue.remove(granted)
+        except ValueError:
+            pass
+        if not queue:
+            del self._waiting[caller]
 
 
 _NAMES = {

@@ -149,6 +149,15 @@ class GatewaySettings:
         int,
         programs=SERVER_ONLY,
     )
+    caller_queued: int = setting(
+        8,
+        "--caller-queued",
+        "builds of one caller in a target's build queue at once; its next ones wait on the gateway, in order, "
+        "for one of them to be taken (the queue is first in first out: the bound on how many go before "
+        "another caller's)",
+        int,
+        programs=SERVER_ONLY,
+    )
     work_slots: int = setting(
         1,
         "--work-slots",
