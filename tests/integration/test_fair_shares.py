@@ -31,24 +31,28 @@ from tests.support.standin import StandInCompiler
 FLOOD, HONEST = secrets.token_hex(16), secrets.token_hex(16)
 
 
-@pytest.fixture
-def shared(redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path) -> Iterator[Stack]:
+def two_callers_stack(redis_url: str, tmp_path: Path, build_seconds: float, **shares: object) -> Iterator[Stack]:
+    """A gateway with a token for each of the two callers, one stand-in build thread."""
     tokens = tmp_path / "tokens"
     tokens.write_text(f"compile {FLOOD}\ncompile {HONEST}\n")
     tokens.chmod(0o600)
     s, stop = start_stack(
-        redis_server.url,
-        StandInCompiler(build_seconds=1.0),
+        redis_url,
+        StandInCompiler(build_seconds=build_seconds),
         pool_size=1,
         tokens_file=tokens,
-        caller_streams=2,
-        caller_refs=50,
-        caller_builds=3,
-        caller_waiters=5,
         retry_delay_s=0.25,
+        **shares,
     )
     yield s
     stop()
+
+
+@pytest.fixture
+def shared(redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path) -> Iterator[Stack]:
+    yield from two_callers_stack(
+        redis_server.url, tmp_path, 1.0, caller_streams=2, caller_refs=50, caller_builds=3, caller_waiters=5
+    )
 
 
 def query(i: int) -> pb.PlanQuery:
@@ -175,19 +179,7 @@ def test_a_hit_is_served_while_every_other_redis_connection_is_held(
 
 @pytest.fixture
 def one_slow_builder(redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path) -> Iterator[Stack]:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"compile {FLOOD}\ncompile {HONEST}\n")
-    tokens.chmod(0o600)
-    s, stop = start_stack(
-        redis_server.url,
-        StandInCompiler(build_seconds=0.3),
-        pool_size=1,
-        tokens_file=tokens,
-        caller_queued=2,
-        retry_delay_s=0.25,
-    )
-    yield s
-    stop()
+    yield from two_callers_stack(redis_server.url, tmp_path, 0.3, caller_queued=2)
 
 
 def test_another_callers_miss_waits_behind_at_most_the_flooders_queue_slots(one_slow_builder: Stack) -> None:

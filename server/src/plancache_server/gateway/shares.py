@@ -46,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, MutableMapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
@@ -176,14 +176,7 @@ class FairTurns:
             if granted.done() and not granted.cancelled():
                 self._release()  # granted as it was cancelled: pass the turn on
             else:
-                queue = self._waiting.get(caller)
-                if queue is not None:
-                    try:
-                        queue.remove(granted)
-                    except ValueError:
-                        pass
-                    if not queue:
-                        del self._waiting[caller]
+                _drop_waiting(self._waiting, caller, granted)
             raise
 
     def _release(self) -> None:
@@ -238,7 +231,7 @@ class QueueSlots:
                 self.release(caller)  # granted as it gave up: the slot goes to its next build
             else:
                 granted.cancel()
-                self._drop(caller, granted)
+                _drop_waiting(self._waiting, caller, granted)
             if isinstance(e, TimeoutError):
                 raise ResourceExhausted(
                     f"this caller already has {self.per_caller} builds in the build queue (its share, "
@@ -263,16 +256,20 @@ class QueueSlots:
         if self._held[caller] <= 0:
             del self._held[caller]
 
-    def _drop(self, caller: str, granted: asyncio.Future[None]) -> None:
-        queue = self._waiting.get(caller)
-        if queue is None:
-            return
-        try:
-            queue.remove(granted)
-        except ValueError:
-            pass
-        if not queue:
-            del self._waiting[caller]
+
+def _drop_waiting(
+    waiting: MutableMapping[str, deque[asyncio.Future[None]]], caller: str, granted: asyncio.Future[None]
+) -> None:
+    """A wait given up: out of its caller's line (and the caller out of the map once its line is empty)."""
+    queue = waiting.get(caller)
+    if queue is None:
+        return
+    try:
+        queue.remove(granted)
+    except ValueError:
+        pass
+    if not queue:
+        del waiting[caller]
 
 
 _NAMES = {
