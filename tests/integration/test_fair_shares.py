@@ -184,8 +184,8 @@ def one_slow_builder(redis_server: EmbeddedRedis, redis_client: object, tmp_path
 
 def test_another_callers_miss_waits_behind_at_most_the_flooders_queue_slots(one_slow_builder: Stack) -> None:
     """The build queue is one first-in-first-out stream per target: a caller with 10 builds queued used to
-    put all 10 before another caller's next miss. With --caller-queued 2, at most 2 of them (and the one
-    building) go first; the others wait on the gateway for their caller's turn."""
+    put all 10 before another caller's next miss. With --caller-queued 2, at most 2 of them wait in the queue
+    (and those the worker has taken go first); the others wait on the gateway for their caller's turn."""
     finished: list[tuple[float, str]] = []
 
     def compile_as(client: Client, i: int, who: str) -> None:
@@ -205,7 +205,7 @@ def test_another_callers_miss_waits_behind_at_most_the_flooders_queue_slots(one_
             future.result(timeout=60)
     answered = next(at for at, who in finished if who == "honest")
     ahead = [at for at, who in finished if who == "flood" and asked < at < answered]
-    # The flooder's build under way and its two queued go first; its other builds waited for their turn
-    # (without the bound: the seven or eight still queued when the honest miss came).
-    assert len(ahead) <= 3, (len(ahead), sorted(finished))
+    # Ahead of it: the flooder's build under way, the one its worker took ahead of its free process, and its
+    # two waiting in the queue; its other builds waited for their turn (without the bound: 9).
+    assert len(ahead) <= 4, (len(ahead), sorted(finished))
     assert sum(who == "flood" for _, who in finished) == 10

@@ -37,7 +37,7 @@ from plancache_server.gateway.build_states import BuildStates
 from plancache_server.gateway.completions import CompletionWatcher
 from plancache_server.gateway.refusals import RefusedBuilds
 from plancache_server.gateway.shares import QueueSlots
-from plancache_server.store.build_records import ABANDONED, DONE, FAILED, PROVISIONAL, WANTED_TTL_S
+from plancache_server.store.build_records import ABANDONED, DONE, FAILED, PROVISIONAL, QUEUED, WANTED_TTL_S
 from plancache_server.store.jobs import Job, JobQueue
 from plancache_server.store.plans import PlanStore, StoredPlan
 from plancache_server.store.warming import WARM_JOB_PREFIX
@@ -216,7 +216,7 @@ class Flight:
 
     async def _queue_turn(self) -> None:
         """Wait for one of the starting caller's slots in the build queue (its share: at most so many of its
-        builds ahead of other callers' in the queue's order); held until its heuristic plan is stored, or the
+        builds ahead of other callers' in the queue's order); held until a worker takes the job, or the
         flight ends."""
         crew = self._crew
         assert crew.queue_slots is not None
@@ -319,10 +319,11 @@ class Flight:
                         break
                     if plan is not None and self.provisional is None:
                         self.provisional = plan
-                        self.release_queue_slot()  # a worker took the job: it is out of the queue's line
                         await self._deliver(plan, lambda w: not w.tuned_only)
                     state = await crew.states.state(self.plan_key)
                     ours = state.get("state") if state.get("job_id") == self.job_id else None
+                    if self.queue_slot and (self.provisional is not None or ours not in (None, QUEUED)):
+                        self.release_queue_slot()  # a worker took the job (mark_running): out of the line
                     if ours == ABANDONED:
                         # Dropped as waited for by nobody, while we were (our claim came late): queued anew.
                         dropped = self.job_id

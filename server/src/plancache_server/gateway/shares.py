@@ -18,11 +18,14 @@ no other caller's share changes.
 
 The build queue is one stream per target, first in first out, shared by
 every caller: a caller's builds wait there behind all those queued before
-them. So of its builds, at most `queued` (`--caller-queued`, 8) are in the
-queue at once (QueueSlots); its next ones wait here, each a coroutine, in
-order, for one of its own to end, at most the compile timeout (then
-RESOURCE_EXHAUSTED, the reason said). A flooding caller's 64 builds used to
-go before an honest caller's next miss; now at most 8 of them do. A hit holds nothing: it is never refused
+them. So of its builds, at most `queued` (`--caller-queued`, 8) wait in the
+queue at once, not yet taken by a worker (QueueSlots); its next ones wait
+here, each a coroutine, in order, for one of its own to be taken (the
+worker announces it: plancache_server.store.build_records.mark_running),
+at most the compile timeout (then RESOURCE_EXHAUSTED, the reason said). A
+flooding caller's 64 builds used to go before an honest caller's next miss;
+now at most 8 of them do, and a caller alone still has every free build
+process (those taken do not count). A hit holds nothing: it is never refused
 for another caller's load. What one share allows is a setting
 (`--caller-*`); the gateway-wide bounds (--max-waiters, --max-queued-jobs)
 still hold above them.

@@ -152,9 +152,9 @@ class GatewaySettings:
     caller_queued: int = setting(
         8,
         "--caller-queued",
-        "builds of one caller in a target's build queue at once; its next ones wait on the gateway, in order, "
-        "for one of them to be taken (the queue is first in first out: the bound on how many go before "
-        "another caller's)",
+        "builds of one caller waiting in a target's build queue at once (not yet taken by a worker); its next "
+        "ones wait on the gateway, in order, for one of them to be taken (the queue is first in first out: the "
+        "bound on how many go before another caller's)",
         int,
         programs=SERVER_ONLY,
     )

@@ -144,7 +144,11 @@ class BuildRecorder:
         return bool(live)
 
     def mark_running(self, plan_key: str, job_id: str, worker_id: str) -> None:
+        """Taken by a worker: announced (no plan changed) to the gateway whose caller's slot in the build
+        queue it held (plancache_server.gateway.shares.QueueSlots)."""
         self._set_state(plan_key, state_fields(job_id, RUNNING, worker=worker_id))
+        with translated_errors("announcing a job taken"):
+            self._redis.publish(keys.EVENTS_CHANNEL, finished_event(job_id, ""))
 
     def provisional(self, plan_key: str, job_id: str, worker_id: str) -> None:
         """A provisional plan is stored: its waiters can have it, while this
