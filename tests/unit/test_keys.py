@@ -69,3 +69,16 @@ def test_redis_keys_of_one_plan_share_a_hash_tag() -> None:
     names = [keys.plan(key), keys.build_lease(key), keys.job_state(key)]
     assert len(set(names)) == 3
     assert all(n.split("{", 1)[1].split("}", 1)[0] == key for n in names)
+
+
+def test_parsed_keys_share_their_target_and_are_kept_within_a_bound() -> None:
+    """A worker storing a new plan a second grew ~5 MB an hour (bench/soak.py): every parsed key kept its
+    own Target, up to 65,536 keys. Keys of one target now share one, and at most PARSED_KEYS_KEPT are kept."""
+    from plancache.keys import plankey
+
+    target = "sm_90/cudnn-91900/fe-1.32.0/dev-nvidia-h200/sms-132"
+    keys = [f"{i:064x}/{target}/opt-1061e5152429a446" for i in range(3)]
+    parsed = [plankey.parse_key(k) for k in keys]
+    assert parsed[0].target is parsed[1].target is parsed[2].target
+    assert parsed[0].target.id == target
+    assert plankey.parse_key.cache_info().maxsize == plankey.PARSED_KEYS_KEPT <= 8192

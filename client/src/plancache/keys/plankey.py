@@ -35,11 +35,22 @@ class ParsedKey:
     options_id: str
 
 
-@functools.lru_cache(maxsize=65536)
+# Keys parsed and kept (a hot key is parsed once). Each held ~665 bytes with a Target of its own, 65,536 of
+# them: a worker storing a new plan a second grew ~5 MB an hour (bench/soak.py, issue 44; tracemalloc named
+# this cache). With the targets shared, ~360 bytes beyond the key string: ~3 MB at most.
+PARSED_KEYS_KEPT = 8192
+
+
+@functools.lru_cache(maxsize=256)
+def _target(text: str) -> Target:
+    """A target id parsed once: a deployment has a few (frozen: shared by every key of it)."""
+    return Target.parse(text)
+
+
+@functools.lru_cache(maxsize=PARSED_KEYS_KEPT)
 def parse_key(key: str) -> ParsedKey:
     """Parsed and validated (cached: a hot key is parsed once; failures are not cached)."""
     parts = key.split("/")
     if len(key) > 512 or len(parts) < 5 or not _SPEC_HASH.match(parts[0]) or not _OPTIONS_ID.match(parts[-1]):
         raise InvalidRequest(f"plan key {key[:100]!r} is not like '<sha256>/<target id>/opt-<16 hex>'")
-    target = Target.parse("/".join(parts[1:-1]))
-    return ParsedKey(parts[0], target, parts[-1])
+    return ParsedKey(parts[0], _target("/".join(parts[1:-1])), parts[-1])
