@@ -1,8 +1,10 @@
 """One client floods, the others must not notice (issue 44; CPU, stand-in compiler).
 
 One plancache-server (gateway, one stand-in worker of --build-seconds per
-build, a private Redis) with a tokens file: each honest node and the
-flooder have their own compile token. Honest nodes (--honest coroutines on
+build, a private Redis) with a tokens file: the honest nodes share one
+compile token (one caller: one token on one host) unless --honest-tokens
+gives them several (node n uses token n mod N: N callers, as N hosts of a
+fleet would be), the flooder has its own. Honest nodes (--honest coroutines on
 grpc.aio, each its own channel, in a child process of their own) read
 stored plans (GetPlan of --plans plans, one call after another) and, every
 --compile-every seconds each, compile a new graph (Compile, waited for). After
@@ -82,7 +84,7 @@ def status_of(e: BaseException) -> str:
 
 
 async def honest_child(cfg: dict[str, Any]) -> dict[str, Any]:
-    metadata = (("authorization", f"Bearer {cfg['token']}"),)
+    tokens: list[str] = cfg["tokens"]
     keys: list[str] = cfg["keys"]
     samples: list[tuple[float, float, str]] = []  # (wall time, latency s, status) per GetPlan
     compiles: list[tuple[float, float, str]] = []
@@ -97,6 +99,7 @@ async def honest_child(cfg: dict[str, Any]) -> dict[str, Any]:
     async def node(n: int) -> None:
         """A node reads stored plans, one call after another; beside that, it compiles a new graph every
         compile_every seconds (waited for, as a program's first use of a graph is)."""
+        metadata = (("authorization", f"Bearer {tokens[n % len(tokens)]}"),)
         async with grpc.aio.insecure_channel(cfg["address"], options=OPTIONS) as channel:
             stub = pb_grpc.PlanCacheStub(channel)
 
@@ -301,6 +304,7 @@ def main() -> None:
     parser.add_argument("--child", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--honest", type=int, default=50)
+    parser.add_argument("--honest-tokens", type=int, default=1, help="distinct callers among the honest nodes")
     parser.add_argument("--plans", type=int, default=20)
     parser.add_argument("--build-seconds", type=float, default=0.02)
     parser.add_argument("--compile-every", type=float, default=2.0)
@@ -317,9 +321,12 @@ def main() -> None:
     if args.quick:
         args.idle_s, args.after_s, args.hold_s, args.honest = 3.0, 3.0, 3.0, min(args.honest, 10)
     tmp = Path(tempfile.mkdtemp(prefix="plancache-flood-"))
-    honest_token, flood_token, admin_token = (secrets.token_hex(16) for _ in range(3))
+    flood_token, admin_token = (secrets.token_hex(16) for _ in range(2))
+    honest_tokens = [secrets.token_hex(16) for _ in range(max(1, args.honest_tokens))]
     tokens = tmp / "tokens"
-    tokens.write_text(f"compile {honest_token}\ncompile {flood_token}\nadmin {admin_token}\n")
+    tokens.write_text(
+        "".join(f"compile {t}\n" for t in honest_tokens) + f"compile {flood_token}\nadmin {admin_token}\n"
+    )
     tokens.chmod(0o600)
     redis_server = EmbeddedRedis(tmp / "redis", persist=False).start()
     address = f"127.0.0.1:{free_port()}"
@@ -360,7 +367,7 @@ def main() -> None:
                 {
                     **common,
                     "role": "honest",
-                    "token": honest_token,
+                    "tokens": honest_tokens,
                     "honest": args.honest,
                     "compile_every": args.compile_every,
                     "compile_base": 1_000_000,
