@@ -465,3 +465,22 @@ def test_a_family_queued_while_the_last_items_build_loses_none_of_its_members(re
     warming.extend(EXACT, _queued_items("b", 3), "family b")
     taken = [item.plan_key for item in iter(lambda: warming.next_item(EXACT.id, "w"), None)]
     assert taken == ["b-0", "b-1", "b-2"]
+
+
+def test_a_family_past_the_lists_bound_is_refused_whole_and_nothing_is_appended(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bound on a target's warming list is checked in the same step as the append: a family that would pass
+    it is refused with the reason, and the list keeps what it had."""
+    from plancache.errors import ResourceExhausted
+    from plancache_server.store import warm_plans
+
+    monkeypatch.setattr(warm_plans, "MAX_QUEUED_ITEMS", 10)
+    warming = Warming(redis_client)
+    warming.extend(EXACT, _queued_items("a", 6), "family a")
+    with pytest.raises(ResourceExhausted, match="6 warming items queued; 5 more would pass 10"):
+        warming.extend(EXACT, _queued_items("b", 5), "family b")
+    warming.extend(EXACT, _queued_items("c", 4), "family c")  # within the bound: in turns as ever
+    taken = [item.plan_key for item in iter(lambda: warming.next_item(EXACT.id, "w"), None)]
+    assert sorted(taken) == sorted([f"a-{i}" for i in range(6)] + [f"c-{i}" for i in range(4)])
+    assert warming.status(EXACT.id).total == 10

@@ -47,13 +47,15 @@ FAMILIES_SOURCE = "graph families"
 # when the state was read first, and both were appended one after the other (GPU run 33: 458 rms_norm
 # members before the first linear one). Run on its own, not in a MULTI: a script in a pipeline needs
 # SCRIPT EXISTS (another ACL permission) and redis-py's pipeline loading.
-# KEYS: plan, items, outcomes, in-flight, retry. ARGV: the time (JSON), n, then n field/value pairs of a
-# new plan's record (JSON values; its cursor is set here), then the items. Returns how many waiting items
-# the new ones took turns with.
+# KEYS: plan, items, outcomes, in-flight, retry. ARGV: the time (JSON), the most items the list may hold, n,
+# then n field/value pairs of a new plan's record (JSON values; its cursor is set here), then the items.
+# Returns {1, how many waiting items the new ones took turns with}, or {0, the list's length} when the new
+# ones would pass the bound (nothing appended: checked here, two asks racing cannot both pass it).
 _APPEND_IN_TURNS = """
 local length = redis.call('llen', KEYS[2])
-local fields = tonumber(ARGV[2])
-local first = 3 + 2 * fields
+local fields = tonumber(ARGV[3])
+local first = 4 + 2 * fields
+if length + #ARGV - first + 1 > tonumber(ARGV[2]) then return {0, length} end
 local cursor
 if redis.call('hget', KEYS[1], 'state') == '"active"' then
   cursor = tonumber(redis.call('hget', KEYS[1], 'cursor') or '0') or 0
@@ -64,7 +66,7 @@ if redis.call('hget', KEYS[1], 'state') == '"active"' then
 else
   cursor = length
   redis.call('del', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
-  for f = 3, first - 1, 2 do redis.call('hset', KEYS[1], ARGV[f], ARGV[f + 1]) end
+  for f = 4, first - 1, 2 do redis.call('hset', KEYS[1], ARGV[f], ARGV[f + 1]) end
   redis.call('hset', KEYS[1], 'cursor', cursor, 'total', 0)
 end
 local waiting = {}
@@ -79,7 +81,7 @@ while i <= #waiting or j <= #ARGV do
 end
 redis.call('hincrby', KEYS[1], 'total', #ARGV - first + 1)
 redis.call('hset', KEYS[1], 'updated_at', ARGV[1])
-return #waiting
+return {1, #waiting}
 """
 
 
@@ -205,12 +207,6 @@ class WarmPlans:
         if not items:
             return 0
         with translated_errors("queueing warming items"):
-            length = int(self._redis.llen(keys.warm_items(target.id)))
-            if length + len(items) > MAX_QUEUED_ITEMS:
-                raise ResourceExhausted(
-                    f"target {target.id} has {length:,} warming items queued; {len(items):,} more would pass "
-                    f"{MAX_QUEUED_ITEMS:,}: wait for them to be built (or cancel the target's warming)"
-                )
             now = self._clock()
             # A new plan's record, where the target has no active one (the script decides, atomically).
             record = {
@@ -223,7 +219,7 @@ class WarmPlans:
                 "top": 0,
                 "min_hits": 0.0,
             }
-            self._append_in_turns(
+            appended, value = self._append_in_turns(
                 keys=[
                     keys.warm_plan(target.id),
                     keys.warm_items(target.id),
@@ -233,11 +229,18 @@ class WarmPlans:
                 ],
                 args=[
                     json.dumps(now),
+                    MAX_QUEUED_ITEMS,
                     len(record),
                     *(part for k, v in record.items() for part in (k, json.dumps(v))),
-                    *(WarmItem(length + i, key, "", 0.0, query).encode() for i, (key, query) in enumerate(items)),
+                    # An item's index is its place in the list (taken at the cursor), not what it encodes.
+                    *(WarmItem(i, key, "", 0.0, query).encode() for i, (key, query) in enumerate(items)),
                 ],
             )
+            if not int(appended):
+                raise ResourceExhausted(
+                    f"target {target.id} has {int(value):,} warming items queued; {len(items):,} more would pass "
+                    f"{MAX_QUEUED_ITEMS:,}: wait for them to be built (or cancel the target's warming)"
+                )
             # Outside the transaction: the index of warmed targets lives in another hash slot of a cluster.
             self._redis.sadd(keys.WARM_TARGETS, target.id)
         log.info("warming %s: %d item(s) queued (%s)", target.id, len(items), by)
