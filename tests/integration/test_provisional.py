@@ -26,6 +26,7 @@ from tests.conftest import Stack, start_stack
 from tests.support.specs import matmul_spec
 from tests.support.standin import REJECTED_NAME, TUNE_FAILS_NAME, StandInCompiler
 from tests.support.standin import STANDIN_TARGET as TARGET
+from tests.support.waiting import wait_until
 
 BUILD_S, TUNE_S = 0.2, 1.5
 
@@ -154,8 +155,12 @@ def test_prefetch_moves_a_nodes_disk_cache_to_the_tuned_plans(
         ) as offline:
             held = offline.prefetch(manifest)
         assert (held.from_cache, held.provisional, held.failed) == (3, 3, 0)
-        for key in first.keys.values():
-            wait_until_tuned(tuning_stack, key)
+        with signed_client(tuning_stack, keypair) as observer:
+            for key in first.keys.values():
+                wait_until_tuned(tuning_stack, key)
+                # And the gateway heard of it (its memory cache drops the provisional plan on the worker's
+                # announcement, which can come a moment after Redis holds the tuned plan: a flake under load).
+                wait_until(lambda key=key: not observer.get(key).provisional, 10, "the gateway to serve the tuned plan")
         # The next start-up asks again for the provisional plans it holds, and keeps the tuned ones.
         later = node.prefetch(manifest)
         assert (later.provisional, later.failed, later.from_cache) == (0, 0, 0)
