@@ -27,16 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "client" / "src"), str(REPO / "server" / "src"), str(REPO)]
 
-
-def rms_norm_spec(rows: int) -> Any:
-    from plancache.functional._geometry import Geo
-    from plancache.functional._norms import rms_norm_request
-    from plancache.graphspec.layouts import row_major
-
-    def geo(name: str, shape: tuple[int, ...]) -> Any:
-        return Geo(name, shape, row_major(shape), "bfloat16", "torch.bfloat16", "cuda")
-
-    return rms_norm_request(geo("input", (rows, 1024)), (1024,), geo("weight", (1024,)), 1e-5).spec
+from dynamic_shapes_probe import rms_norm_spec  # noqa: E402  (this directory: the same graph that probe builds)
 
 
 def build_once(rows: int, handle: Any, cache: Any) -> dict[str, float]:

@@ -102,12 +102,20 @@ class Prepared:
     lock: threading.Lock
 
 
+@dataclasses.dataclass
+class _Cache:
+    """One layout's cache on one device, its lock, and how many builds it served (BUILDS_PER_CACHE)."""
+
+    cache: Any
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    builds: int = 0
+
+
 class KernelCaches:
     def __init__(self, max_caches: int = MAX_CACHES, builds_per_cache: int = BUILDS_PER_CACHE) -> None:
         self.max_caches = max_caches
         self.builds_per_cache = builds_per_cache
-        # (device, layout) -> [cache, its lock, builds it served]
-        self._caches: OrderedDict[tuple[int, str], list[Any]] = OrderedDict()
+        self._caches: OrderedDict[tuple[int, str], _Cache] = OrderedDict()  # by (device, layout)
         self._lock = threading.Lock()
         self.builds = self.caches_made = 0
 
@@ -119,16 +127,16 @@ class KernelCaches:
         key = (device, signature)
         with self._lock:
             found = self._caches.get(key)
-            if found is None or found[2] >= self.builds_per_cache:
+            if found is None or found.builds >= self.builds_per_cache:
                 # A build still using a renewed cache keeps it (and its lock) until it ends.
-                found = self._caches[key] = [cudnn.create_kernel_cache(), threading.Lock(), 0]
+                found = self._caches[key] = _Cache(cudnn.create_kernel_cache())
                 self.caches_made += 1
                 while len(self._caches) > self.max_caches:
                     self._caches.popitem(last=False)
             self._caches.move_to_end(key)
-            found[2] += 1
+            found.builds += 1
             self.builds += 1
-            cache, lock = found[0], found[1]
+            cache, lock = found.cache, found.lock
         dynamic = dataclasses.replace(spec, is_dynamic_shape_enabled=True, kernel_cache=True)
         return Prepared(dynamic, cache, lock)
 
