@@ -309,6 +309,11 @@ class Flight:
                     if time.monotonic() - wanted_at >= WANT_RENEW_S:
                         await crew.states.want(self.plan_key, self.job_id)
                         wanted_at = time.monotonic()
+                    # The job's state before the plan: a plan refused after our job is DONE (or PROVISIONAL) is
+                    # what our build stored. Read the other way round, a stale plan read while the build ran
+                    # (a corrupted one it was replacing) was blamed on the build once it had ended meanwhile.
+                    state = await crew.states.state(self.plan_key)
+                    ours = state.get("state") if state.get("job_id") == self.job_id else None
                     refused: IntegrityError | None = None
                     try:
                         plan = await crew.store.fresh(self.plan_key)
@@ -320,8 +325,6 @@ class Flight:
                     if plan is not None and self.provisional is None:
                         self.provisional = plan
                         await self._deliver(plan, lambda w: not w.tuned_only)
-                    state = await crew.states.state(self.plan_key)
-                    ours = state.get("state") if state.get("job_id") == self.job_id else None
                     if self.queue_slot and (self.provisional is not None or ours not in (None, QUEUED)):
                         self.release_queue_slot()  # a worker took the job (mark_running): out of the line
                     if ours == ABANDONED:
