@@ -44,6 +44,13 @@ asks for them by itself (default threshold, no family built beforehand):
   its first execution and whether both graphs were hits (target: >= 80 % of
   the sizes after the 10th hits, the median new size <= 20 ms);
 - sweep, second process: the same sizes again;
+- sweep, bucketed (a first process of its own workload): the same sizes with
+  one line more, `pf.set_buckets(SWEEP_BUCKETS)` (rows padded up to the next
+  multiple of 16, exact for rms_norm and linear: plancache.frontdoors.buckets):
+  the route the README gives for a range too wide to build every size of. A
+  size whose bucket this process already ran makes no new graph (ready at
+  once, counted a hit: nothing to fetch or build); the padding's share of the
+  work is reported;
 - the families asked: members, built, fetched (the rest: speculative builds
   nobody used, target <= 20 %), bytes, and the time from asking to complete.
 
@@ -61,6 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +145,8 @@ class Prefill:
 
 SWEEP_SIZES = random.Random(43).sample(range(1, 200), 40)  # in the order met
 SWEEP_HIDDEN = 1024
+SWEEP_BUCKETS = list(range(16, 257, 16))  # the bucketed sweep's row buckets (module doc)
+EVIDENCE_PATHS = ("fixed", "sweep-first", "sweep-second", "sweep-bucketed")
 TARGET_HITS_AFTER_10TH = 0.8
 TARGET_UNUSED = 0.2
 # The held-out fixed-shape block (issue 43): six linear layers of four weight shapes (out, in).
@@ -197,7 +207,10 @@ def evidence_node(path: str, server: str) -> None:
     from plancache import Client
 
     torch.cuda.init()
-    pf.configure(Client(server, cache=False), options=HEURISTIC, workload=f"bench-{path.split('-', maxsplit=1)[0]}")
+    workload = "bench-bucketed" if path == "sweep-bucketed" else f"bench-{path.split('-', maxsplit=1)[0]}"
+    pf.configure(Client(server, cache=False), options=HEURISTIC, workload=workload)
+    if path == "sweep-bucketed":
+        pf.set_buckets(SWEEP_BUCKETS, functions=["rms_norm", "linear"])
     setup_s = time.perf_counter() - began
     result: dict[str, Any] = {"path": path, "setup_s": setup_s}
     if path == "fixed":
@@ -217,9 +230,13 @@ def evidence_node(path: str, server: str) -> None:
             new = [g for g in pf.geometries() if g.key not in seen]
             seen.update(g.key for g in new)
             sources = [g.plan.source if g.plan is not None else "torch" for g in new]
-            hit = bool(sources) and all(src in ("hit", "cache", "prefetched") for src in sources)
-            rows.append({"size": size, "ms": ms, "sources": sources, "hit": hit})
+            # no new graph (sources empty): the size ran on plans this process already held (its bucket's)
+            hit = all(src in ("hit", "cache", "prefetched") for src in sources)
+            rows.append({"size": size, "ms": ms, "sources": sources, "hit": hit, "new_graphs": len(new)})
         result["sizes"] = rows
+        if path == "sweep-bucketed":
+            stats = pf.bucket_stats()
+            result["buckets"] = {"calls": stats.calls, "padded_calls": stats.padded_calls, "waste": stats.waste}
     asks = pf.families()
     result["families"] = [
         {
@@ -569,17 +586,18 @@ def report(result: dict[str, Any], out: Path) -> None:
     save(fig, out / "families.png")
 
 
+# Each group of paths meets a fresh service (Redis, server, worker): the bucketed program's bucket sizes are
+# members of the per-size sweep's family, so sharing a store would hand it plans built for another workload.
+EVIDENCE_GROUPS = (("fixed", "sweep-first", "sweep-second"), ("sweep-bucketed",))
+
+
 def run_evidence(
     out: Path, time_limit: float, beside: int | None = None, worker_norm_cache: bool = False
 ) -> dict[str, Any]:
-    """Issue 43's study (module doc): fixed, sweep-first, sweep-second, and the families they asked for.
-    `beside`: the worker's --warm-beside-callers (None: its default); `worker_norm_cache`: the worker builds
-    norm graphs from its kernel caches (PLANCACHE_WORKER_NORM_KERNEL_CACHE=1)."""
-    from bench import startup_deploy as deploy
-    from plancache import Client
+    """Issue 43's study (module doc): fixed, sweep-first, sweep-second, sweep-bucketed, and the families they
+    asked for. `beside`: the worker's --warm-beside-callers (None: its default); `worker_norm_cache`: the worker
+    builds norm graphs from its kernel caches (PLANCACHE_WORKER_NORM_KERNEL_CACHE=1)."""
     from plancache.trust.signing import generate_keypair
-    from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
-    from tests.support.processes import child_env, server_process, trusting_env, worker_process
 
     deadline = time.monotonic() + time_limit
     tmp = Path(tempfile.mkdtemp(prefix="plancache-families-evidence-"))
@@ -587,6 +605,7 @@ def run_evidence(
     result: dict[str, Any] = {
         "config": {
             "sweep_sizes": SWEEP_SIZES,
+            "sweep_buckets": SWEEP_BUCKETS,
             "fixed_weights": FIXED_WEIGHTS,
             "options": "autotune off",
             "warm_beside_callers": "default" if beside is None else beside,
@@ -596,6 +615,46 @@ def run_evidence(
         "families": [],
         "skipped": [],
     }
+    for number, paths in enumerate(EVIDENCE_GROUPS):
+        if time.monotonic() > deadline:
+            result["skipped"].extend(paths)
+            continue
+        try:
+            _evidence_group(
+                result,
+                paths,
+                out,
+                tmp / f"group{number}",
+                (private_key, public_key),
+                deadline,
+                beside,
+                worker_norm_cache,
+            )
+        except Exception as e:
+            result.setdefault("errors", []).append(f"{'/'.join(paths)}: {type(e).__name__}: {e}")
+    result["summary"] = summarize_evidence(result)
+    return result
+
+
+def _evidence_group(
+    result: dict[str, Any],
+    paths: Sequence[str],
+    out: Path,
+    tmp: Path,
+    keys: tuple[Path, Path],
+    deadline: float,
+    beside: int | None,
+    worker_norm_cache: bool,
+) -> None:
+    """`paths` in fresh processes against one fresh service; their runs and families appended to `result`."""
+    from bench import startup_deploy as deploy
+    from plancache import Client
+    from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
+    from tests.support.processes import child_env, server_process, trusting_env, worker_process
+
+    private_key, public_key = keys
+    tmp.mkdir(parents=True)
+    name = paths[-1]
     env = {**trusting_env(public_key), "PLANCACHE_CACHE_DIR": str(tmp / "disk-cache")}
     redis = EmbeddedRedis(
         tmp / "redis", binary=os.environ.get("PLANCACHE_REDIS_SERVER_BIN", "redis-server"), persist=False
@@ -603,8 +662,10 @@ def run_evidence(
     try:
         address = f"127.0.0.1:{free_port()}"
         server_args = ("--gpus", "none", "--signing-key", str(private_key), "--data-dir", str(tmp / "server-data"))
-        with server_process(address, redis.url, out / "families-evidence-server.log", *server_args, env=child_env()):
-            log = out / "families-evidence-worker.log"
+        with server_process(
+            address, redis.url, out / f"families-evidence-server-{name}.log", *server_args, env=child_env()
+        ):
+            log = out / f"families-evidence-worker-{name}.log"
             beside_args = () if beside is None else ("--warm-beside-callers", str(beside))
             with worker_process(
                 redis.url,
@@ -613,7 +674,8 @@ def run_evidence(
                 env=child_env(**({"PLANCACHE_WORKER_NORM_KERNEL_CACHE": "1"} if worker_norm_cache else {})),
             ) as worker:
                 deploy.wait_for_pool(log, worker, address)
-                for path in ("fixed", "sweep-first", "sweep-second"):
+                runs = []
+                for path in paths:
                     if time.monotonic() > deadline:
                         result["skipped"].append(path)
                         continue
@@ -633,20 +695,22 @@ def run_evidence(
                         else {"path": path, "error": proc.stderr[-3000:]}
                     )
                     row["wall_s"] = time.monotonic() - started
+                    runs.append(row)
                     result["runs"].append(row)
                     print(path, json.dumps({k: v for k, v in row.items() if k != "sizes"})[:800], flush=True)
-                keys = sorted({f["key"] for r in result["runs"] for f in r.get("families", []) if f.get("key")})
+                asked_by = {f["key"]: r["path"] for r in runs for f in r.get("families", []) if f.get("key")}
                 with Client(address, cache=False) as client:
-                    while keys and time.monotonic() < deadline:  # what the service built ahead, and what was used
-                        statuses = [client.admin.family_status(k) for k in keys]
+                    while asked_by and time.monotonic() < deadline:  # what the service built ahead, and what was used
+                        statuses = [client.admin.family_status(k) for k in asked_by]
                         if all(st.queued == 0 or st.complete for st in statuses):
                             break
                         time.sleep(0.5)
-                    for key in keys:
+                    for key in sorted(asked_by):
                         st = client.admin.family_status(key)
                         result["families"].append(
                             {
                                 "key": key,
+                                "asked_by": asked_by[key],
                                 "workload": st.workload,
                                 "asked": st.total,
                                 "stored": st.stored,
@@ -656,12 +720,8 @@ def run_evidence(
                                 "complete_s": time.time() - st.created_at if st.complete else None,
                             }
                         )
-    except Exception as e:
-        result["error"] = f"{type(e).__name__}: {e}"
     finally:
         redis.stop()
-    result["summary"] = summarize_evidence(result)
-    return result
 
 
 def summarize_evidence(result: dict[str, Any]) -> dict[str, Any]:
@@ -670,7 +730,7 @@ def summarize_evidence(result: dict[str, Any]) -> dict[str, Any]:
     fixed = runs.get("fixed")
     if fixed and "families" in fixed:
         summary["fixed_families_asked"] = len(fixed["families"])
-    for path in ("sweep-first", "sweep-second"):
+    for path in ("sweep-first", "sweep-second", "sweep-bucketed"):
         rows = runs.get(path, {}).get("sizes")
         if not rows:
             continue
@@ -682,15 +742,22 @@ def summarize_evidence(result: dict[str, Any]) -> dict[str, Any]:
             "total_s": sum(r["ms"] for r in rows) / 1e3,
             "families_asked": len(runs[path].get("families", [])),
         }
-    stored = sum(f["stored"] for f in result["families"])
-    fetched = sum(f["fetched"] for f in result["families"])
-    summary["speculative"] = {
-        "asked": sum(f["asked"] for f in result["families"]),
-        "built": stored,
-        "fetched": fetched,
-        "never_fetched_share": (stored - fetched) / stored if stored else None,
-        "bytes": sum(f["bytes"] for f in result["families"]),
-    }
+        if "buckets" in runs[path]:
+            summary[path]["padding_share"] = runs[path]["buckets"]["waste"]
+    # per size (the fixed run and the two sweep processes) and bucketed: two programs, two budgets
+    for name, chosen in (
+        ("speculative", [f for f in result["families"] if f.get("asked_by") != "sweep-bucketed"]),
+        ("speculative_bucketed", [f for f in result["families"] if f.get("asked_by") == "sweep-bucketed"]),
+    ):
+        stored = sum(f["stored"] for f in chosen)
+        fetched = sum(f["fetched"] for f in chosen)
+        summary[name] = {
+            "asked": sum(f["asked"] for f in chosen),
+            "built": stored,
+            "fetched": fetched,
+            "never_fetched_share": (stored - fetched) / stored if stored else None,
+            "bytes": sum(f["bytes"] for f in chosen),
+        }
     summary["targets"] = {
         "fixed_families_asked": 0,
         "hits_after_10th": TARGET_HITS_AFTER_10TH,
@@ -714,7 +781,7 @@ def report_evidence(result: dict[str, Any], out: Path) -> None:
     ax.axhline(TARGET_NEW_SHAPE_MS, color="grey", lw=0.8, ls="--")
     ax.set_yscale("log"), ax.set_xlabel("new row count (in order met; circled: both graphs hits)")
     ax.set_ylabel("ms to its first execution"), ax.legend(fontsize=7)
-    ax.set_title("40 row counts through rms_norm + linear: first and second process", fontsize=9)
+    ax.set_title("40 row counts through rms_norm + linear: first, second and bucketed process", fontsize=9)
     save(fig, out / "families_evidence.png")
 
 
@@ -733,7 +800,7 @@ def main() -> None:
     parser.add_argument(
         "--worker-norm-cache", action="store_true", help="evidence: PLANCACHE_WORKER_NORM_KERNEL_CACHE=1 for the worker"
     )
-    parser.add_argument("--evidence-node", choices=("fixed", "sweep-first", "sweep-second"), help=argparse.SUPPRESS)
+    parser.add_argument("--evidence-node", choices=EVIDENCE_PATHS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.evidence_node:
         evidence_node(args.evidence_node, args.server)

@@ -1,7 +1,8 @@
 """plancache.functional asks for the family of shapes that vary: once a
 function met three graphs that differ only in dims, their family (sizes
-1..H, H the next power of two of twice the largest seen) is asked for once,
-each of its graphs exactly the one the function builds at that size; graphs
+1..H, H the next power of two of the largest seen) is asked for once, and
+grows by one doubling at a time as the program passes its range, each of
+its graphs exactly the one the function builds at that size; graphs
 that differ otherwise never make a family; a service that refuses costs the
 program nothing but the builds ahead."""
 
@@ -43,20 +44,44 @@ def test_three_sizes_of_one_graph_ask_for_its_family_once(client: StandInClient)
     linear_at(33)
     ((family, _, _),) = client.families
     (varying,) = family.varying
-    assert varying.sizes == tuple(range(1, 129))  # 2 x 33 = 66 -> 128
-    for batch in (1, 50, 128):  # each graph of the family is the one linear builds at that batch
+    assert varying.sizes == tuple(range(1, 65))  # 33 -> 64
+    for batch in (1, 50, 64):  # each graph of the family is the one linear builds at that batch
         linear_at(batch)
         assert hash_normalized(normalize(family.instance({varying.symbol: batch}))) == hash_normalized(
             normalize(asked_spec(client, batch))
         )
-    linear_at(300)
     assert len(client.families) == 1  # asked once
     # Once the family is asked, each new size's first call asks the service first (never an expected miss).
-    # (Sizes 1, 50, 128 and 300; not 8, 17, 33, met before it was asked.)
-    assert client.asked_first == [PlanQuery.of(*asked).key for asked in client.asked[-4:]]
-    assert len(client.asked) == 7
+    # (Sizes 1, 50 and 64; not 8, 17, 33, met before it was asked.)
+    assert client.asked_first == [PlanQuery.of(*asked).key for asked in client.asked[-3:]]
+    assert len(client.asked) == 6
     (ask,) = pf.families()
-    assert ask.status == "asked" and ask.graphs == 128 and ask.sizes == {varying.symbol: (1, 128)}
+    assert ask.status == "asked" and ask.graphs == 64 and ask.sizes == {varying.symbol: (1, 64)}
+
+
+def test_a_family_grows_a_doubling_at_a_time_as_the_program_passes_its_range(client: StandInClient) -> None:
+    """Built ahead is what the program met: 1..64 for sizes up to 33; a size past 64 asks for 65..128 (and not
+    again within it); a size far past the range (more than FAMILY_GRAPHS new members) asks for nothing."""
+    for batch in (8, 17, 33):
+        linear_at(batch)
+    linear_at(100)
+    assert len(client.families) == 2
+    family = client.families[1][0]
+    (varying,) = family.varying
+    assert varying.sizes == tuple(range(65, 129))
+    assert hash_normalized(normalize(family.instance({varying.symbol: 100}))) == hash_normalized(
+        normalize(asked_spec(client, 100))
+    )
+    assert client.families_seen[1] == {varying.symbol: [8, 17, 33, 100]}  # the service builds those nearest the sizes met first
+    for batch in (90, 128, 60):
+        linear_at(batch)
+    assert len(client.families) == 2
+    linear_at(300)  # 129..512: 384 members
+    assert [f.varying[0].sizes[0] for f, _, _ in client.families] == [1, 65, 129]
+    assert client.families[2][0].varying[0].sizes[-1] == 512
+    linear_at(100_000)  # 513..131072: past FAMILY_GRAPHS
+    assert len(client.families) == 3
+    assert [a.sizes for a in pf.families()] == [{varying.symbol: r} for r in ((1, 64), (65, 128), (129, 512))]
 
 
 def test_graphs_that_differ_beyond_dims_make_no_family(client: StandInClient) -> None:

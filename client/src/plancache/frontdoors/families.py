@@ -17,13 +17,17 @@ service refuses a family that varies one of their dims. The drop-in
 
 Once a signature has its sizes, its family (plancache.graphspec.family:
 the graph with the differing dims as symbols) is asked for, once, at
-sizes 1..H for each symbol (H: the next power of two of twice the largest
-size seen, at most FAMILY_GRAPHS graphs in all; with bucketing, the
-buckets' sizes), on a background thread, with the sizes seen: the service
-builds every size not stored at warming's priority (each member's
-heuristic plan before any autotuning's candidates), the members nearest
-the sizes seen first, and each later size of that family is a hit (a
-fetch, not a build).
+sizes 1..H for each symbol (H: the next power of two of the largest size
+seen, at most FAMILY_GRAPHS graphs in all; with bucketing, the buckets'
+sizes), on a background thread, with the sizes seen: the service builds
+every size not stored at warming's priority (each member's heuristic plan
+before any autotuning's candidates), the members nearest the sizes seen
+first, and each later size of that family is a hit (a fetch, not a build).
+A family of one varying dim grows when the program passes its range: a
+size past H asks for H+1..H' (H' the next power of two of that size), once
+per doubling, while the new part is at most FAMILY_GRAPHS graphs. What is
+built ahead follows what the program met rather than guessing twice as far
+(run 33: a sweep of rows 1..199 had 1..512 built, 92 % never fetched).
 
 What this never does: serve anything. A call keys its own graph; a family
 only decides what the service builds before it is asked.
@@ -130,6 +134,9 @@ class _Signature:
     sizes: set[str] = field(default_factory=set)  # the distinct graphs seen (their dims, as text)
     seen: list[GraphSpec] = field(default_factory=list)  # the latest SEEN_KEPT of them
     asked: bool = False
+    # Once asked, for a family of one varying dim: where that dim is and the highest size asked (growth)
+    reach: tuple[tuple[int, int], int] | None = None
+    growing: bool = False  # an ask for more of its range in flight
 
 
 class FamilyWatch:
@@ -162,13 +169,26 @@ class FamilyWatch:
             if dims not in entry.sizes:
                 entry.sizes.add(dims)
                 entry.seen = [*entry.seen[-(SEEN_KEPT - 1) :], spec]
-            if entry.asked or len(entry.sizes) < self.threshold:
+            if entry.asked:
+                extension = _extension(entry, spec)
+                if extension is None:
+                    return
+                entry.growing = True
+            elif len(entry.sizes) < self.threshold:
                 return
-            entry.asked = True
+            else:
+                entry.asked, extension = True, None
             first, seen = entry.first, list(entry.seen)
         ask = FamilyAsk(function, site=evidence.site)
         self.asks.append(ask)
-        self.starter(lambda: _ask(ask, first, spec, device, evidence, seen))
+
+        def asked(reach: tuple[tuple[int, int], int] | None) -> None:
+            with self._lock:
+                entry.growing = False
+                if reach is not None:
+                    entry.reach = reach
+
+        self.starter(lambda: _ask(ask, first, spec, device, evidence, seen, extension, asked))
 
     def asked_for(self, spec: GraphSpec, evidence: Evidence | None = None) -> bool:
         """Whether `spec`'s family was asked for (its signature's, `evidence` as for seen()): the service may
@@ -190,6 +210,25 @@ class FamilyWatch:
             self.asks.clear()
 
 
+def _extension(entry: _Signature, spec: GraphSpec) -> range | None:
+    """The sizes a family of one varying dim grows by for `spec` (past its range), or None."""
+    if entry.reach is None or entry.growing:
+        return None
+    place, high = entry.reach
+    try:
+        size = _size_at(spec, place)
+    except SpecError:
+        return None
+    if size <= high:
+        return None
+    top = _power_of_two_at_least(size)
+    return range(high + 1, top + 1) if top - high <= FAMILY_GRAPHS else None
+
+
+def _power_of_two_at_least(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(n)))
+
+
 def _signature(spec: GraphSpec, evidence: Evidence) -> tuple[str, str]:
     """(the graph without its declared dims and strides, with the evidence, hashed; its dims as text)."""
     graph, dims = without_sizes(spec)
@@ -201,21 +240,37 @@ def _signature(spec: GraphSpec, evidence: Evidence) -> tuple[str, str]:
 
 
 def _ask(
-    ask: FamilyAsk, first: GraphSpec, latest: GraphSpec, device: int, evidence: Evidence, seen: Sequence[GraphSpec]
+    ask: FamilyAsk,
+    first: GraphSpec,
+    latest: GraphSpec,
+    device: int,
+    evidence: Evidence,
+    seen: Sequence[GraphSpec],
+    extension: range | None = None,
+    asked: Callable[[tuple[tuple[int, int], int] | None], None] = lambda reach: None,
 ) -> None:
-    """On a background thread: derive the family and ask the service to build it, the sizes seen first."""
+    """On a background thread: derive the family and ask the service to build it, the sizes seen first.
+    `extension`: the sizes a one-dim family grows by (_extension) rather than 1..H; `asked` is told, asked
+    or not, where a one-dim family's dim is and the highest size asked (None: it does not grow)."""
+    reach: tuple[tuple[int, int], int] | None = None
     try:
         # which dims vary, and the sizes seen of each; a parameter's dim among them: SpecError
         probe = derive(first, latest, size_range=(1, 1), fixed=evidence.fixed)
         largest = {v.symbol: max(_size_at(first, v.places[0]), _size_at(latest, v.places[0])) for v in probe.varying}
-        high = {s: 1 << max(0, math.ceil(math.log2(2 * n))) for s, n in largest.items()}
+        high = {s: _power_of_two_at_least(n) for s, n in largest.items()}
         while math.prod(high.values()) > FAMILY_GRAPHS:  # halve the largest until the family fits
             biggest = max(high, key=lambda s: high[s])
             high[biggest] //= 2
         sizes: dict[str, Sequence[int]] = {s: range(1, h + 1) for s, h in high.items()}
-        if len(high) == 1 and BUCKETS.sizes and ask.function.split(".")[0] in BUCKETS.functions:
+        bucketed = len(high) == 1 and BUCKETS.sizes and ask.function.split(".")[0] in BUCKETS.functions
+        if bucketed:
             sizes = {s: BUCKETS.sizes for s in high}  # padded calls run at the buckets' sizes alone
+        elif extension is not None and len(high) == 1:
+            sizes = {s: extension for s in high}
         family: Family = derive(first, latest, sizes=sizes, fixed=evidence.fixed)
+        if len(family.varying) == 1 and not bucketed:
+            (varying,) = family.varying
+            reach = (varying.places[0], max(varying.sizes))
         met: dict[str, list[int]] = {v.symbol: [] for v in family.varying}
         for spec in seen:
             for symbol, size in _values_any_size(family, spec).items():
@@ -236,6 +291,7 @@ def _ask(
             status.over_budget,
             "asked",
         )
+        asked(reach)
         log.info(
             "plancache.functional.%s: shapes vary: family %s (%d graphs, sizes %s) asked for; %d stored, %d queued",
             ask.function,
