@@ -72,7 +72,8 @@ def test_a_family_grows_a_doubling_at_a_time_as_the_program_passes_its_range(cli
     assert hash_normalized(normalize(family.instance({varying.symbol: 100}))) == hash_normalized(
         normalize(asked_spec(client, 100))
     )
-    assert client.families_seen[1] == {varying.symbol: [8, 17, 33, 100]}  # the service builds those nearest the sizes met first
+    # the service builds those nearest the sizes met first
+    assert client.families_seen[1] == {varying.symbol: [8, 17, 33, 100]}
     for batch in (90, 128, 60):
         linear_at(batch)
     assert len(client.families) == 2
