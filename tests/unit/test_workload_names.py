@@ -5,6 +5,8 @@ the checkout's path; and what a process tells its record."""
 from __future__ import annotations
 
 import sys
+import threading
+import time
 import types
 
 import pytest
@@ -84,3 +86,55 @@ def test_without_reports_nothing_is_told() -> None:
     start = _start(report=False)
     start.used("k1", "target-a")
     assert start.take_report(final=True) is None
+
+
+def test_first_uses_while_the_stream_runs_wake_the_reports_thread_when_it_ends() -> None:
+    """Starting the reports' thread waits until it runs, and while a node's stream deserializes its plans
+    that wait was on the program's first uses (GPU run 34): a use during the stream is queued, and the
+    thread is woken once, when the stream ends."""
+    from types import SimpleNamespace
+
+    from plancache.keys.query import PlanQuery
+    from plancache.v1 import plancache_pb2 as pb
+    from tests.support.frontdoor_standins import TARGET
+    from tests.support.specs import matmul_spec
+
+    key = PlanQuery.of(matmul_spec(), TARGET).key
+    release = threading.Event()
+
+    class Pending:
+        def wait(self, timeout: float | None) -> object:
+            assert release.wait(10)
+            return SimpleNamespace(plans={0: object()}, errors={})
+
+    class Connection:
+        timeout = 1.0
+        stub = SimpleNamespace(GetWorkload="GetWorkload")
+
+        def call(self, method: object, request: object, timeout: float) -> pb.GetWorkloadResponse:
+            return pb.GetWorkloadResponse(plan_keys=[key], complete=True)
+
+    start = WorkloadStart(
+        Connection(),  # type: ignore[arg-type]
+        lambda manifest, target, load: Pending(),  # type: ignore[arg-type,return-value]
+        name="job",
+        prefetch=lambda: True,
+        report=True,
+        timeout=1.0,
+    )
+    wakes: list[int] = []
+    start.wake = lambda: wakes.append(1)
+    assert start.begin(TARGET)
+    assert start._listed.wait(5)
+    start.used(key, TARGET.id)  # the program's first use, while the stream runs
+    assert wakes == [] and start.stats_now().state == "streaming"
+    release.set()
+    deadline = time.monotonic() + 5
+    while start.stats_now().state != "done" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert start.stats_now().state == "done" and wakes == [1]
+    report = start.take_report(final=False)
+    assert report is not None and [u.plan_key for u in report.uses] == [key]
+    start.used("another-key", TARGET.id)  # after the stream: at once, as before
+    assert wakes == [1, 1]

@@ -308,7 +308,12 @@ class WorkloadStart:
                 return
             self._uses.append(pb.WorkloadUse(plan_key=key, order=len(self._seen)))
             self._seen.add(key)
-        self.wake()
+            # Not while the stream runs: starting the reports' thread waits until it runs, and on a node's start
+            # the stream's deserializations hold the interpreter (GPU run 34's profile: the first uses of a
+            # stored decode step waited in Thread.start); the stream wakes it as it ends (_streamed).
+            streaming = self.stats.state in ("listing", "streaming")
+        if not streaming:
+            self.wake()
 
     def stats_now(self) -> WorkloadStats:
         with self._lock:
@@ -332,11 +337,11 @@ class WorkloadStart:
             self._record = frozenset(_of_target(response.plan_keys, target.id, RECORD_KEYS_KEPT)) or None
         with self._lock:
             self.stats.listed = len(listed)
-            if not listed:
-                self.stats.state = "done"
-                self._listed.set()
-                return
-            self.stats.state = "streaming"
+            self.stats.state = "streaming" if listed else "done"
+        if not listed:
+            self._listed.set()
+            self._streamed()
+            return
         try:
             pending = self._start_prefetch(Manifest(entries=[ManifestEntry(key=k) for k in listed]), target, self._load)
         except Exception as e:  # never the caller's failure
@@ -355,12 +360,21 @@ class WorkloadStart:
             self.stats.failed = len(result.errors)
             self.stats.state = "done"
         log.debug("workload %s: %d of %d listed plans prefetched", self.name, len(result.plans), len(listed))
+        self._streamed()
 
     def _failed(self, why: str) -> None:
         log.info("workload %s: start-up prefetch off for this process: %s", self.name, why)
         with self._lock:
             self.stats.state, self.stats.error = "failed", why[:500]
         self._listed.set()
+        self._streamed()
+
+    def _streamed(self) -> None:
+        """The stream ended (or never ran): the first uses it held back go to the reports' thread."""
+        with self._lock:
+            waiting = bool(self._uses)
+        if waiting:
+            self.wake()
 
     # ---- reports -------------------------------------------------------------------
 
