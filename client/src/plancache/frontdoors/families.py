@@ -136,7 +136,7 @@ class _Signature:
     asked: bool = False
     # Once asked, for a family of one varying dim: where that dim is and the highest size asked (growth)
     reach: tuple[tuple[int, int], int] | None = None
-    growing: bool = False  # an ask for more of its range in flight
+    growing: bool = False  # an ask for more of its range in flight (left set if refused: it grows no more)
 
 
 class FamilyWatch:
@@ -250,8 +250,9 @@ def _ask(
     asked: Callable[[tuple[tuple[int, int], int] | None], None] = lambda reach: None,
 ) -> None:
     """On a background thread: derive the family and ask the service to build it, the sizes seen first.
-    `extension`: the sizes a one-dim family grows by (_extension) rather than 1..H; `asked` is told, asked
-    or not, where a one-dim family's dim is and the highest size asked (None: it does not grow)."""
+    `extension`: the sizes a one-dim family grows by (_extension) rather than 1..H; `asked` is told, once
+    the service took the ask, where a one-dim family's dim is and the highest size asked (None: it does not
+    grow); a refused ask tells it nothing."""
     reach: tuple[tuple[int, int], int] | None = None
     try:
         # which dims vary, and the sizes seen of each; a parameter's dim among them: SpecError
