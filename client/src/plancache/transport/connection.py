@@ -73,6 +73,10 @@ class Connection:
             options = [
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                # A channel of its own connections: gRPC shares a process's connections to one address between
+                # channels, and a new client then inherited an older one's reconnect backoff to a server since
+                # restarted on that address (UNAVAILABLE "Connection refused" at once, for up to the backoff).
+                ("grpc.use_local_subchannel_pool", 1),
             ]
             credentials = tls.credentials() if tls is not None else None
             self.channel = (
