@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from plancache import Client, StoreUnavailable
+from plancache import Client, StoreUnavailable, Unavailable
 from plancache_server.store.embedded_redis import free_port
 from tests.support.filesystems import read_only_folder, small_file_system
 from tests.support.operator_view import assert_no_traceback, lines_matching, problem_lines, report
@@ -117,6 +117,9 @@ def test_a_full_disk_refuses_new_plans_with_the_reason_keeps_every_stored_one_an
             again = Proc(_server(data_dir, address), tmp_path / "again.log")
             stack.callback(again.stop)
             wait_for_workers(address, proc=again.proc)
+            # The client saw its server go: it connects again after gRPC's reconnect backoff (under a second),
+            # its calls refused UNAVAILABLE meanwhile; then every plan acknowledged before is there.
+            wait_until(lambda: _reachable(client, next(iter(stored))), 5, "the client reconnected")
             assert all(client.get(k).blob == b for k, b in stored.items())
         assert_no_traceback(text)
         said = lines_matching(text, "cannot write its data to disk")
@@ -137,6 +140,14 @@ def test_a_full_disk_refuses_new_plans_with_the_reason_keeps_every_stored_one_an
         )
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _reachable(client: Client, key: str) -> bool:
+    try:
+        client.get(key)
+    except Unavailable:
+        return False
+    return True
 
 
 def _compiled(client: Client, m: int) -> object:
