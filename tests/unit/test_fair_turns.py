@@ -124,7 +124,6 @@ def test_a_callers_builds_past_its_queue_slots_wait_in_order_and_others_are_not_
         waiting = [asyncio.create_task(later(i)) for i in range(3)]
         await asyncio.sleep(0.01)
         assert slots.waiting("flood") == 3 and slots.held("flood") == 2 and not order
-        await asyncio.wait_for(slots.acquire("honest", 5, 0.5), 0.1)  # its own slot, at once
         slots.release("flood")
         await asyncio.sleep(0.01)
         assert order == [0] and slots.held("flood") == 2  # the slot passed to the next, in order
@@ -133,12 +132,49 @@ def test_a_callers_builds_past_its_queue_slots_wait_in_order_and_others_are_not_
         slots.release("flood")
         await asyncio.sleep(0.01)
         assert order == [0, 2] and slots.waiting() == 0
+        await asyncio.wait_for(slots.acquire("honest", 5, 0.5), 0.1)  # its own slot, at once
         for _ in range(3):
             slots.release("flood")
         slots.release("honest")
         assert slots.held("flood") == 0 and slots.held("honest") == 0
         slots.release("flood")  # more releases than slots: nothing goes negative
         assert slots.held("flood") == 0
+
+    asyncio.run(run())
+
+
+def test_the_queue_slots_are_divided_among_the_callers_that_hold_them() -> None:
+    """A caller alone may hold all of --caller-queued; when others have builds queued, each caller's share
+    is the slots divided among them (at least one): a flooder's builds past its share wait, so an honest
+    miss queues behind at most its share; when the others leave, its waiting builds take the slots again."""
+    from plancache_server.gateway.shares import QueueSlots
+
+    async def run() -> None:
+        slots = QueueSlots(4)
+        for _ in range(4):
+            await asyncio.wait_for(slots.acquire("flood", 5, 0.5), 0.1)  # alone: all four
+        granted: list[int] = []
+
+        async def later(i: int) -> None:
+            await slots.acquire("flood", 5, 0.5)
+            granted.append(i)
+
+        waiting = [asyncio.create_task(later(i)) for i in range(4)]
+        for caller in ("honest-1", "honest-2", "honest-3"):
+            await asyncio.wait_for(slots.acquire(caller, 5, 0.5), 0.1)  # each its own slot, at once
+        assert slots.share("flood") == 1 and slots.share("honest-4") == 1  # 4 slots, 4 callers (5 with a new one)
+        for _ in range(3):  # the worker takes three of the flooder's builds: over its share, none passes on
+            slots.release("flood")
+        await asyncio.sleep(0.01)
+        assert slots.held("flood") == 1 and granted == []
+        slots.release("flood")  # within its share now: the next in line takes it
+        await asyncio.sleep(0.01)
+        assert slots.held("flood") == 1 and granted == [0]
+        for caller in ("honest-1", "honest-2", "honest-3"):  # the others' builds were taken: the share widens
+            slots.release(caller)
+        await asyncio.sleep(0.01)
+        assert granted == [0, 1, 2, 3] and slots.held("flood") == 4 and slots.waiting() == 0
+        assert all(w.done() for w in waiting)
 
     asyncio.run(run())
 

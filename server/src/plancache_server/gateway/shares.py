@@ -18,14 +18,18 @@ no other caller's share changes.
 
 The build queue is one stream per target, first in first out, shared by
 every caller: a caller's builds wait there behind all those queued before
-them. So of its builds, at most `queued` (`--caller-queued`, 8) wait in the
-queue at once, not yet taken by a worker (QueueSlots); its next ones wait
-here, each a coroutine, in order, for one of its own to be taken (the
-worker announces it: plancache_server.store.build_records.mark_running),
-at most the compile timeout (then RESOURCE_EXHAUSTED, the reason said). A
-flooding caller's 64 builds used to go before an honest caller's next miss;
-now at most 8 of them do, and a caller alone still has every free build
-process (those taken do not count). A hit holds nothing: it is never refused
+them. So of its builds, at most its share of `queued` (`--caller-queued`,
+8) wait in the queue at once, not yet taken by a worker (QueueSlots): the 8
+divided among the callers that have builds there (a caller alone: 8; with
+50 honest callers a miss each: 1), at least 1. Its next ones wait here,
+each a coroutine, in order, for one of its own to be taken (the worker
+announces it: plancache_server.store.build_records.mark_running), at most
+the compile timeout (then RESOURCE_EXHAUSTED, the reason said). A flooding
+caller's 64 builds used to go before an honest caller's next miss; then 8
+of them did, and with a fixed 8 the flooder took every build the others
+did not, so the queue stayed full and an honest miss waited ~1 s behind it
+on the 2-core flood benchmark; now as many as the callers share. A caller
+alone still has every free build process (those taken do not count). A hit holds nothing: it is never refused
 for another caller's load. What one share allows is a setting
 (`--caller-*`); the gateway-wide bounds (--max-waiters, --max-queued-jobs)
 still hold above them.
@@ -195,14 +199,21 @@ class FairTurns:
 
 
 class QueueSlots:
-    """Per caller, at most `per_caller` builds in the shared build queue at once (module doc); a caller's
-    next build waits for one of its own to end, first come first served. No caller (""): not bounded.
-    Runs on the event loop's thread: no lock."""
+    """Per caller, at most its share of `per_caller` builds in the shared build queue at once (module doc:
+    `per_caller` divided among the callers holding slots, at least one); a caller's next build waits for one
+    of its own to end, first come first served. No caller (""): not bounded. Runs on the event loop's
+    thread: no lock."""
 
     def __init__(self, per_caller: int) -> None:
         self.per_caller = max(1, per_caller)
         self._held: dict[str, int] = {}
         self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+
+    def share(self, caller: str) -> int:
+        """The slots `caller` may hold now: `per_caller` divided among the callers holding slots, itself
+        counted, at least one."""
+        sharing = len(self._held) + (caller not in self._held)
+        return max(1, self.per_caller // sharing)
 
     def held(self, caller: str) -> int:
         return self._held.get(caller, 0)
@@ -216,7 +227,7 @@ class QueueSlots:
         """One of `caller`'s slots if one is free now and none of its builds waits for one."""
         if not caller:
             return True
-        if self._held.get(caller, 0) < self.per_caller and not self._waiting.get(caller):
+        if self._held.get(caller, 0) < self.share(caller) and not self._waiting.get(caller):
             self._held[caller] = self._held.get(caller, 0) + 1
             return True
         return False
@@ -237,27 +248,43 @@ class QueueSlots:
                 _drop_waiting(self._waiting, caller, granted)
             if isinstance(e, TimeoutError):
                 raise ResourceExhausted(
-                    f"this caller already has {self.per_caller} builds in the build queue (its share, "
-                    f"--caller-queued); this one waited {wait_s:g} s for one of them to end: call again later",
+                    f"this caller already has {self.held(caller)} builds in the build queue (its share of "
+                    f"--caller-queued {self.per_caller}, divided among the {len(self._held)} callers with builds "
+                    f"there); this one waited {wait_s:g} s for one of them to end: call again later",
                     retry_after=retry_delay_s,
                 ) from None
             raise
 
     def release(self, caller: str) -> None:
-        """One of `caller`'s builds left the queue (ended, or given up): its next waiting build takes the slot."""
+        """One of `caller`'s builds left the queue (ended, or given up): its next waiting build takes the
+        slot, unless the caller holds more than its share now (other callers came); a caller that no longer
+        holds any widens the others' shares."""
         if not caller or caller not in self._held:
             return
+        if self._held[caller] <= self.share(caller) and self._pass_on(caller):
+            return  # the slot passes on: held stays
+        self._held[caller] -= 1
+        if self._held[caller] <= 0:
+            del self._held[caller]
+            self._grant_widened()
+
+    def _pass_on(self, caller: str) -> bool:
+        """The slot to `caller`'s next waiting build; False: none waits."""
         queue = self._waiting.get(caller)
         while queue:
             granted = queue.popleft()
             if not queue:
                 del self._waiting[caller]
             if not granted.done():
-                granted.set_result(None)  # the slot passes on: held stays
-                return
-        self._held[caller] -= 1
-        if self._held[caller] <= 0:
-            del self._held[caller]
+                granted.set_result(None)
+                return True
+        return False
+
+    def _grant_widened(self) -> None:
+        """Fewer callers share the slots: each waiting caller's builds take what its share now allows."""
+        for caller in list(self._waiting):
+            while self._held.get(caller, 0) < self.share(caller) and self._pass_on(caller):
+                self._held[caller] = self._held.get(caller, 0) + 1
 
 
 def _drop_waiting(

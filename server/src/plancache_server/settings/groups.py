@@ -152,9 +152,10 @@ class GatewaySettings:
     caller_queued: int = setting(
         8,
         "--caller-queued",
-        "builds of one caller waiting in a target's build queue at once (not yet taken by a worker); its next "
-        "ones wait on the gateway, in order, for one of them to be taken (the queue is first in first out: the "
-        "bound on how many go before another caller's)",
+        "builds waiting in a target's build queue at once (not yet taken by a worker), divided among the callers "
+        "with builds there (a caller alone: all of them; at least one each); a caller's next ones wait on the "
+        "gateway, in order, for one of its own to be taken (the queue is first in first out: the bound on how "
+        "many go before another caller's)",
         int,
         programs=SERVER_ONLY,
     )
