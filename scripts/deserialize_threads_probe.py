@@ -31,24 +31,21 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-class RecordingClient:
-    """STAND-IN client: builds each graph here (bench.gpu_exec.InProcessClient) and keeps its plan's blob."""
+def recording_client(compiler: Any) -> Any:
+    """build_time_probe's STAND-IN recording client, keeping each plan's blob as well."""
+    from scripts.build_time_probe import RecordingClient
 
-    hedge = False
+    class BlobRecordingClient(RecordingClient):
+        def __init__(self) -> None:
+            super().__init__(compiler)
+            self.blobs: list[bytes] = []
 
-    def __init__(self, compiler: Any) -> None:
-        from bench.gpu_exec import InProcessClient
+        def compile(self, spec: Any, target: Any = None, options: Any = None, **kwargs: Any) -> Any:
+            plan = super().compile(spec, target, options, **kwargs)
+            self.blobs.append(plan.blob)
+            return plan
 
-        self.inner = InProcessClient(compiler)
-        self.blobs: list[bytes] = []
-
-    def compile(self, spec: Any, target: Any = None, options: Any = None, **kwargs: Any) -> Any:
-        plan = self.inner.compile(spec, target, options, **kwargs)
-        self.blobs.append(plan.blob)
-        return plan
-
-    def close(self) -> None:
-        pass
+    return BlobRecordingClient()
 
 
 def decode_blobs(compiler: Any, batch: int) -> list[bytes]:
@@ -57,7 +54,7 @@ def decode_blobs(compiler: Any, batch: int) -> list[bytes]:
     import plancache.functional as pf
     from examples.decoder_step import Config, build, decode_step, functional_ops
 
-    client = RecordingClient(compiler)
+    client = recording_client(compiler)
     pf.configure(client, target=compiler.target)  # type: ignore[arg-type]
     model, cache, x = build(Config(batch=batch), torch.bfloat16, torch.device("cuda"))
     with torch.inference_mode():
