@@ -166,10 +166,27 @@ class _Malformed:
         self.size, self.error = size, error
 
 
-async def parse(raw: bytes, parser: Callable[[bytes], Any], offload: CpuOffload, name: str) -> Any:
-    """2. The request message from its bytes (its size and shape checked first: plancache_server.gateway.wire)."""
+async def parse(name: str, raw: bytes, parser: Callable[[bytes], Any], offload: CpuOffload, limits: WireLimits) -> Any:
+    """2. The request message from its bytes, once its size and shape passed the limits
+    (plancache_server.gateway.wire). A small request is parsed on the loop; one large enough to need its
+    shape walked is walked and parsed in the CPU threads, one of its caller's at a time
+    (plancache_server.gateway.offload): a caller's large requests never hold the loop, nor more than one
+    thread."""
+    wire.check_size(name, raw, limits)
+    if wire.needs_walk(name, raw) or len(raw) >= offload.large_bytes:
+        return await offload.run_off_loop(_walked_and_parsed, name, raw, parser, limits)
+    return _parsed(name, raw, parser)
+
+
+def _walked_and_parsed(name: str, raw: bytes, parser: Callable[[bytes], Any], limits: WireLimits) -> Any:
+    if wire.needs_walk(name, raw):
+        wire.walk(name, raw, limits)
+    return _parsed(name, raw, parser)
+
+
+def _parsed(name: str, raw: bytes, parser: Callable[[bytes], Any]) -> Any:
     try:
-        return await offload.run(len(raw), parser, raw)
+        return parser(raw)
     except Exception as e:
         raise InvalidRequest(f"malformed {name} request ({len(raw)} bytes): {e}") from e
 
@@ -225,14 +242,11 @@ def _guard(handler: Handler, method: str, authorizer: Authorizer, offload: CpuOf
 
     async def prepared(raw: bytes, context: Context) -> Any:
         role = authenticate(authorizer, method, context)
-        wire.check(name, raw, limits)
-        if len(raw) < offload.large_bytes:  # the common case: no await, no thread hop
-            try:
-                request = parser(raw)
-            except Exception as e:
-                raise InvalidRequest(f"malformed {name} request ({len(raw)} bytes): {e}") from e
+        if len(raw) <= wire.SMALL_REQUEST_BYTES:  # the common case: no walk, no await, no thread hop
+            wire.check_size(name, raw, limits)
+            request = _parsed(name, raw, parser)
         else:
-            request = await parse(raw, parser, offload, name)
+            request = await parse(name, raw, parser, offload, limits)
         if role < Role.ADMIN:
             authorize_body(name, request, role)
         return request

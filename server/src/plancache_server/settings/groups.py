@@ -124,7 +124,8 @@ class GatewaySettings:
     caller_streams: int = setting(
         64,
         "--caller-streams",
-        "Prefetch streams one caller (its token and host; on an open service its connection) may hold open",
+        "Prefetch streams one caller (its token and host; on an open service its connection) may hold open; also "
+        "how many of its large requests may wait for the CPU threads (each caller's are taken one at a time)",
         int,
         programs=SERVER_ONLY,
     )
@@ -203,6 +204,14 @@ class GatewaySettings:
         int,
         programs=SERVER_ONLY,
     )
+    max_streams_per_connection: int = setting(
+        100,
+        "--max-streams-per-connection",
+        "calls one client connection may have under way at once (HTTP/2's concurrent streams; more wait in the "
+        "client): a burst on one connection cannot fill the queue of calls the event loop takes up in order",
+        int,
+        programs=SERVER_ONLY,
+    )
     workload_plans: int = setting(
         1024,
         "--workload-plans",
@@ -221,7 +230,7 @@ class GatewaySettings:
     cpu_threads: int = setting(
         2,
         "--cpu-threads",
-        "threads that parse, hash and encode large messages off the event loop",
+        "threads that walk, parse, hash and encode large messages off the event loop (a caller holds one at a time)",
         int,
         programs=SERVER_ONLY,
     )

@@ -1,0 +1,167 @@
+"""Large requests on a gateway (issue 44, item 1): their shape walked before they are parsed
+(plancache_server.gateway.wire), and the walk and the parse done in the CPU threads with each caller
+holding one thread at a time (plancache_server.gateway.offload). Before, a flooder's 21 large Prefetch
+requests were walked on the event loop: ~0.8 s in which no other caller was answered (py-spy, bench/flood.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+
+import pytest
+
+from plancache.errors import InvalidRequest, ResourceExhausted, SpecError
+from plancache.graphspec.validation import Limits
+from plancache.keys.query import PlanQuery
+from plancache.v1 import plancache_pb2 as pb
+from plancache_server.gateway import wire
+from plancache_server.gateway.offload import CpuOffload
+from plancache_server.gateway.shares import CALLER
+from tests.support.specs import matmul_spec
+from tests.support.standin import STANDIN_TARGET
+
+LIMITS = wire.WireLimits(Limits(), max_prefetch_refs=10_000, max_prefetch_bytes=16 * 2**20)
+
+
+def prefetch(refs: int, tensors_per_spec: int = 0) -> bytes:
+    specs = []
+    for i in range(refs):
+        query = PlanQuery.of(matmul_spec(m=64 + i, name=f"walk-{i}"), STANDIN_TARGET).to_proto()
+        for extra in range(tensors_per_spec):
+            query.spec.tensors.add(uid=1000 + extra, dim=[1], stride=[1], name=f"t{extra}")
+        specs.append(pb.PlanRef(query=query))
+    return pb.PrefetchRequest(refs=specs, compile_missing=True).SerializeToString()
+
+
+def test_a_large_valid_request_passes_the_walk_and_a_small_one_is_not_walked() -> None:
+    raw = prefetch(400)
+    assert len(raw) > wire.SMALL_REQUEST_BYTES and wire.needs_walk("Prefetch", raw)
+    wire.check("Prefetch", raw, LIMITS)
+    assert not wire.needs_walk("Prefetch", prefetch(2))
+    assert not wire.needs_walk("GetPlan", raw)  # no specs in it: bounded by size alone
+    with pytest.raises(ResourceExhausted, match="a GetPlan request takes at most 65,536 bytes"):
+        wire.check("GetPlan", raw, LIMITS)
+
+
+def test_the_walk_refuses_too_many_tensors_naming_where() -> None:
+    too_many = LIMITS.spec.max_tensors + 1
+    raw = prefetch(200, tensors_per_spec=too_many)
+    with pytest.raises(SpecError, match=r"request\.PlanRef\[0\]\.PlanQuery\[0\]\.GraphSpec\[0\]: more than "):
+        wire.check("Prefetch", raw, LIMITS)
+
+
+def test_the_walk_refuses_too_many_refs_and_too_many_entries() -> None:
+    tight = wire.WireLimits(Limits(), max_prefetch_refs=100, max_prefetch_bytes=16 * 2**20)
+    with pytest.raises(ResourceExhausted, match="at most 100 plan refs"):
+        wire.check("Prefetch", prefetch(400), tight)
+    keys = pb.PrefetchRequest(refs=[pb.PlanRef(key=f"k{i}") for i in range(wire.MAX_ENTRIES + 1)])
+    many = wire.WireLimits(Limits(), max_prefetch_refs=10**9, max_prefetch_bytes=64 * 2**20)
+    with pytest.raises(ResourceExhausted, match="more than 250,000 tensors, nodes and refs"):
+        wire.check("Prefetch", keys.SerializeToString(), many)
+
+
+def test_damaged_requests_are_refused_as_malformed_never_with_another_error() -> None:
+    raw = bytearray(prefetch(600))
+    rng = random.Random(44)
+    refused = 0
+    for _ in range(300):
+        damaged = bytearray(raw)
+        for _ in range(rng.randint(1, 4)):
+            damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        cut = bytes(damaged[: rng.randrange(wire.SMALL_REQUEST_BYTES + 1, len(damaged) + 1)])
+        try:
+            wire.check("Prefetch", cut, LIMITS)
+        except (InvalidRequest, SpecError, ResourceExhausted):
+            refused += 1
+    assert refused > 0  # truncations and flipped headers are found; an IndexError would have escaped above
+    with pytest.raises(InvalidRequest, match=r"runs past its end|is truncated|bad varint"):
+        wire.check("Prefetch", bytes(raw[:-3]), LIMITS)
+
+
+def test_each_caller_holds_one_cpu_thread_and_another_caller_goes_beside_it() -> None:
+    async def scenario() -> tuple[int, float, list[str]]:
+        offload = CpuOffload(threads=2, large_bytes=1)
+        running = {"flood": 0, "honest": 0}
+        peak = {"flood": 0}
+        order: list[str] = []
+        lock = threading.Lock()
+
+        def work(caller: str, seconds: float) -> None:
+            with lock:
+                running[caller] += 1
+                if caller == "flood":
+                    peak["flood"] = max(peak["flood"], running["flood"])
+            time.sleep(seconds)
+            with lock:
+                running[caller] -= 1
+                order.append(caller)
+
+        async def call(caller: str, seconds: float) -> float:
+            CALLER.set(caller)  # as the guard sets it for each call (a task's own context)
+            started = time.perf_counter()
+            await offload.run_off_loop(work, caller, seconds)
+            return time.perf_counter() - started
+
+        floods = [asyncio.create_task(call("flood", 0.05)) for _ in range(10)]
+        await asyncio.sleep(0.01)
+        honest = await call("honest", 0.01)
+        await asyncio.gather(*floods)
+        offload.close()
+        return peak["flood"], honest, order
+
+    peak, honest_s, order = asyncio.run(scenario())
+    assert peak == 1  # the flooder's ten never held both threads
+    assert order.index("honest") < 3  # the honest call went beside the flood, not behind its ten
+    assert honest_s < 0.25  # ten flood tasks in a row would be 0.5 s
+
+
+def test_a_caller_with_too_many_large_requests_waiting_is_refused_with_a_retry_delay() -> None:
+    async def scenario() -> tuple[ResourceExhausted, int]:
+        offload = CpuOffload(threads=1, large_bytes=1, waiting_per_caller=3, retry_delay_s=0.5)
+        release = threading.Event()
+        CALLER.set("flood")
+        held = [asyncio.create_task(offload.run_off_loop(release.wait, 5)) for _ in range(4)]
+        await asyncio.sleep(0.05)  # one in the pool, three waiting
+        with pytest.raises(ResourceExhausted, match="3 large requests waiting") as refused:
+            await offload.run_off_loop(time.sleep, 0)
+        CALLER.set("honest")
+        waiting_of_honest = offload.waiting("honest")
+        release.set()
+        await asyncio.gather(*held)
+        offload.close()
+        return refused.value, waiting_of_honest
+
+    refused, honest_waiting = asyncio.run(scenario())
+    assert refused.retry_after == 0.5 and honest_waiting == 0
+
+
+def test_a_cancelled_wait_passes_the_callers_turn_on() -> None:
+    async def scenario() -> bool:
+        offload = CpuOffload(threads=1, large_bytes=1)
+        CALLER.set("a")
+        release = threading.Event()
+        first = asyncio.create_task(offload.run_off_loop(release.wait, 5))
+        await asyncio.sleep(0.02)
+        second = asyncio.create_task(offload.run_off_loop(time.sleep, 0))
+        third = asyncio.create_task(offload.run_off_loop(time.sleep, 0))
+        await asyncio.sleep(0.02)
+        second.cancel()
+        release.set()
+        await first
+        await asyncio.wait_for(third, 2)  # not stuck behind the cancelled one
+        offload.close()
+        return offload.waiting("a") == 0
+
+    assert asyncio.run(scenario())
+
+
+def test_work_outside_any_call_is_not_gated() -> None:
+    async def scenario() -> int:
+        offload = CpuOffload(threads=2, large_bytes=1, waiting_per_caller=0)
+        results = await asyncio.gather(*(offload.run_off_loop(pow, 2, i) for i in range(5)))
+        offload.close()
+        return sum(results)
+
+    assert asyncio.run(scenario()) == 31
