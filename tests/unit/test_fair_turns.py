@@ -150,7 +150,8 @@ def test_the_queue_slots_are_divided_among_the_callers_that_hold_them() -> None:
     from plancache_server.gateway.shares import QueueSlots
 
     async def run() -> None:
-        slots = QueueSlots(4)
+        now = [0.0]
+        slots = QueueSlots(4, recent_s=10, clock=lambda: now[0])
         for _ in range(4):
             await asyncio.wait_for(slots.acquire("flood", 5, 0.5), 0.1)  # alone: all four
         granted: list[int] = []
@@ -170,11 +171,37 @@ def test_the_queue_slots_are_divided_among_the_callers_that_hold_them() -> None:
         slots.release("flood")  # within its share now: the next in line takes it
         await asyncio.sleep(0.01)
         assert slots.held("flood") == 1 and granted == [0]
-        for caller in ("honest-1", "honest-2", "honest-3"):  # the others' builds were taken: the share widens
+        for caller in ("honest-1", "honest-2", "honest-3"):  # the others' builds were taken
             slots.release(caller)
         await asyncio.sleep(0.01)
-        assert granted == [0, 1, 2, 3] and slots.held("flood") == 4 and slots.waiting() == 0
+        assert granted == [0] and slots.share("flood") == 1  # they still share the queue for recent_s
+        now[0] += 11  # the others gone for longer: the worker takes the flooder's build, its share widens
+        slots.release("flood")
+        await asyncio.sleep(0.01)
+        assert granted == [0, 1, 2, 3] and slots.held("flood") == 3 and slots.waiting() == 0
         assert all(w.done() for w in waiting)
+
+    asyncio.run(run())
+
+
+def test_callers_that_missed_lately_keep_a_flooder_to_its_one_slot() -> None:
+    """Fifty honest nodes each miss a graph now and then, their builds in the queue for moments; a flooder
+    that holds slots all the time must not take all of them between two honest misses (it did: it was
+    mostly alone in the queue, took the 8, and the next honest miss queued behind them)."""
+    from plancache_server.gateway.shares import QueueSlots
+
+    async def run() -> None:
+        now = [0.0]
+        slots = QueueSlots(8, recent_s=10, clock=lambda: now[0])
+        for n in range(50):  # each honest miss in and out of the queue within the window
+            await slots.acquire(f"honest-{n}", 1, 0.5)
+            slots.release(f"honest-{n}")
+            now[0] += 0.04
+        await slots.acquire("flood", 1, 0.5)
+        assert slots.share("flood") == 1 and not slots.try_acquire("flood")  # one slot, while they are recent
+        now[0] += 10.5  # nobody else for longer than the window: the queue is the flooder's
+        slots.release("flood")
+        assert slots.share("flood") == 8 and all(slots.try_acquire("flood") for _ in range(8))
 
     asyncio.run(run())
 

@@ -20,8 +20,9 @@ The build queue is one stream per target, first in first out, shared by
 every caller: a caller's builds wait there behind all those queued before
 them. So of its builds, at most its share of `queued` (`--caller-queued`,
 8) wait in the queue at once, not yet taken by a worker (QueueSlots): the 8
-divided among the callers that have builds there (a caller alone: 8; with
-50 honest callers a miss each: 1), at least 1. Its next ones wait here,
+divided among the callers that have builds there or had within the last
+10 s (a caller alone: 8; with 50 honest callers missing now and then: 1),
+at least 1. Its next ones wait here,
 each a coroutine, in order, for one of its own to be taken (the worker
 announces it: plancache_server.store.build_records.mark_running), at most
 the compile timeout (then RESOURCE_EXHAUSTED, the reason said). A flooding
@@ -52,14 +53,17 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 from plancache.errors import ResourceExhausted
 from plancache_server import telemetry
 
+# Seconds a caller whose builds left the build queue still counts among those sharing it (QueueSlots).
+RECENT_CALLER_S = 10.0
 # Who the current call is (set per call by the guard; "" outside a call: not charged).
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("plancache_caller", default="")
 
@@ -200,20 +204,50 @@ class FairTurns:
 
 class QueueSlots:
     """Per caller, at most its share of `per_caller` builds in the shared build queue at once (module doc:
-    `per_caller` divided among the callers holding slots, at least one); a caller's next build waits for one
-    of its own to end, first come first served. No caller (""): not bounded. Runs on the event loop's
-    thread: no lock."""
+    `per_caller` divided among the callers with builds there now or within the last `recent_s` seconds, at
+    least one); a caller's next build waits for one of its own to end, first come first served. No caller
+    (""): not bounded. Runs on the event loop's thread: no lock.
 
-    def __init__(self, per_caller: int) -> None:
+    Why "within the last seconds": counted only while they held a slot, fifty honest nodes missing one graph
+    every two seconds were each in the queue for a few milliseconds, so the flooder was mostly alone in it,
+    took all the slots, and the next honest miss queued behind them (bench/flood.py: honest misses ~280 ms
+    during the flood against ~70 idle). A caller is remembered for `recent_s` after its last build left."""
+
+    def __init__(
+        self, per_caller: int, recent_s: float = RECENT_CALLER_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.per_caller = max(1, per_caller)
+        self.recent_s = recent_s
+        self._clock = clock
         self._held: dict[str, int] = {}
         self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+        # Every caller holding slots, and those that held one within recent_s: caller -> when last seen,
+        # oldest first.
+        self._sharing: OrderedDict[str, float] = OrderedDict()
 
     def share(self, caller: str) -> int:
-        """The slots `caller` may hold now: `per_caller` divided among the callers holding slots, itself
-        counted, at least one."""
-        sharing = len(self._held) + (caller not in self._held)
+        """The slots `caller` may hold now: `per_caller` divided among the callers sharing the queue (holding
+        slots, or lately), itself counted, at least one."""
+        sharing = len(self._sharing) + (caller not in self._sharing)
         return max(1, self.per_caller // sharing)
+
+    def _seen(self, caller: str) -> None:
+        self._sharing[caller] = self._clock()
+        self._sharing.move_to_end(caller)
+
+    def _forget_gone(self) -> bool:
+        """Callers holding nothing, last seen more than recent_s ago, no longer share; True: some left."""
+        now, left = self._clock(), False
+        while self._sharing:
+            caller, seen = next(iter(self._sharing.items()))
+            if now - seen <= self.recent_s:
+                break
+            if caller in self._held:
+                self._seen(caller)  # still holding: still sharing
+                continue
+            del self._sharing[caller]
+            left = True
+        return left
 
     def held(self, caller: str) -> int:
         return self._held.get(caller, 0)
@@ -227,8 +261,10 @@ class QueueSlots:
         """One of `caller`'s slots if one is free now and none of its builds waits for one."""
         if not caller:
             return True
+        self._forget_gone()
         if self._held.get(caller, 0) < self.share(caller) and not self._waiting.get(caller):
             self._held[caller] = self._held.get(caller, 0) + 1
+            self._seen(caller)
             return True
         return False
 
@@ -249,8 +285,9 @@ class QueueSlots:
             if isinstance(e, TimeoutError):
                 raise ResourceExhausted(
                     f"this caller already has {self.held(caller)} builds in the build queue (its share of "
-                    f"--caller-queued {self.per_caller}, divided among the {len(self._held)} callers with builds "
-                    f"there); this one waited {wait_s:g} s for one of them to end: call again later",
+                    f"--caller-queued {self.per_caller}, divided among the {len(self._sharing)} callers with builds "
+                    f"there now or in the last {self.recent_s:g} s); this one waited {wait_s:g} s for one of them "
+                    "to end: call again later",
                     retry_after=retry_delay_s,
                 ) from None
             raise
@@ -261,11 +298,16 @@ class QueueSlots:
         holds any widens the others' shares."""
         if not caller or caller not in self._held:
             return
+        self._seen(caller)
+        widened = self._forget_gone()
         if self._held[caller] <= self.share(caller) and self._pass_on(caller):
+            if widened:
+                self._grant_widened()
             return  # the slot passes on: held stays
         self._held[caller] -= 1
         if self._held[caller] <= 0:
             del self._held[caller]
+        if widened:
             self._grant_widened()
 
     def _pass_on(self, caller: str) -> bool:
@@ -281,10 +323,12 @@ class QueueSlots:
         return False
 
     def _grant_widened(self) -> None:
-        """Fewer callers share the slots: each waiting caller's builds take what its share now allows."""
+        """Fewer callers share the slots (some gone for recent_s): each waiting caller's builds take what its
+        share now allows."""
         for caller in list(self._waiting):
             while self._held.get(caller, 0) < self.share(caller) and self._pass_on(caller):
                 self._held[caller] = self._held.get(caller, 0) + 1
+                self._seen(caller)
 
 
 def _drop_waiting(
