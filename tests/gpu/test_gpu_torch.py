@@ -49,7 +49,34 @@ def cases(dtype: str) -> dict[str, tuple[str, Callable[[], tuple[Any, tuple[Any,
             t = t.to(memory_format=torch.channels_last)
         return t.requires_grad_(grad)
 
+    def f32(*shape: int, grad: bool = False, positive: bool = False) -> Any:
+        t = torch.rand(*shape, device="cuda") + 0.5 if positive else torch.randn(*shape, device="cuda")
+        return t.requires_grad_(grad)
+
     return {
+        # A half BatchNorm2d as torch's mixed precision leaves it: float32 parameters and statistics.
+        "batch_norm": (
+            "batch_norm",
+            lambda: (
+                ops.batch_norm,
+                (r(8, 64, 28, 28, last=True), f32(64), f32(64), f32(64), f32(64, positive=True), 1e-5),
+            ),
+        ),
+        "batch_norm_train": (
+            "batch_norm",
+            lambda: (
+                ops.batch_norm_train,
+                (
+                    r(8, 64, 28, 28, last=True).requires_grad_(),
+                    f32(64, grad=True),
+                    f32(64, grad=True),
+                    f32(64),
+                    f32(64, positive=True),
+                    0.1,
+                    1e-5,
+                ),
+            ),
+        ),
         "layer_norm": ("layer_norm", lambda: (ops.layer_norm, (r(4, 64, 256), [256], r(256), r(256), 1e-5))),
         "layer_norm_train": (
             "layer_norm",
@@ -261,18 +288,23 @@ def test_torchvision_resnet50_inference_channels_last(pf: Any, pt: Any) -> None:
     assert rel_err(got, expected) < TOLERANCE["float16"] and rel_err(got_compiled, expected) < TOLERANCE["float16"]
     stats = pt.stats()
     assert stats["conv2d"].routed == 53 and served_since(pf, before, "conv2d")[0] > 0, stats["conv2d"]
-    # batch_norm: routed eager, where plancache.functional gives its float16 statistics to torch (it serves
-    # float32 ones, as torch's mixed precision leaves them); compiled, torch's.
+    # batch_norm: routed, eager and compiled (plancache::batch_norm), where plancache.functional gives its
+    # float16 statistics to torch (it serves float32 ones, as torch's mixed precision leaves them).
     cudnn, by_torch = served_since(pf, before, "batch_norm")
     assert stats["batch_norm"].routed == 53 and cudnn == 0 and by_torch > 0, stats
     assert stats["linear"].routed == 1, stats
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_an_unchanged_batch_norm_is_served_eager_with_torchs_running_statistics(pf: Any, pt: Any, dtype: str) -> None:
+def test_an_unchanged_batch_norm_is_served_with_torchs_running_statistics(
+    pf: Any, pt: Any, dtype: str, compiled: bool
+) -> None:
     """A BatchNorm2d as torch's mixed precision leaves it (float32 parameters and statistics) over a half
     channels-last input: under the mode, training then evaluation, its output, gradients and running
-    statistics against torch's, its forward and backward served."""
+    statistics against torch's, its forward and backward served. Eager, plancache.functional.batch_norm
+    updates the statistics in place; compiled (fullgraph), plancache::batch_norm_train returns the next ones
+    and the compiled program copies them into the module's buffers; evaluation is plancache::batch_norm."""
     torch = _t()
     torch.manual_seed(0)
     bn = torch.nn.BatchNorm2d(64).cuda()
@@ -287,9 +319,11 @@ def test_an_unchanged_batch_norm_is_served_eager_with_torchs_running_statistics(
     (expected.float() * weighting).mean().backward()
     expected_grads = [x.grad.clone(), reference.weight.grad, reference.bias.grad]
     x.grad = None
+    torch._dynamo.reset()
+    run = torch.compile(bn, fullgraph=True) if compiled else bn
     before = pf.stats()
     with pt.mode():
-        got = bn(x)
+        got = run(x)
     (got.float() * weighting).mean().backward()
     tolerance = TOLERANCE[dtype]
     assert rel_err(got, expected) < tolerance
@@ -297,13 +331,18 @@ def test_an_unchanged_batch_norm_is_served_eager_with_torchs_running_statistics(
         assert rel_err(ours, theirs) < tolerance
     assert rel_err(bn.running_mean, reference.running_mean) < 1e-2
     assert rel_err(bn.running_var, reference.running_var) < 1e-2
-    assert served_since(pf, before, "batch_norm") == (1, 0) and served_since(pf, before, "batch_norm.backward")[0] > 0
+    backward = served_since(pf, before, "batch_norm.backward")
+    assert served_since(pf, before, "batch_norm") == (1, 0) and backward[0] > 0 and not backward[1], pf.stats()
     bn.eval(), reference.eval()
     with torch.no_grad():
         evaluated = reference(x)
+        before = pf.stats()
         with pt.mode():
-            assert rel_err(bn(x), evaluated) < tolerance
-    assert pt.stats()["batch_norm"].routed == 2 and not pt.stats()["batch_norm"].left
+            assert rel_err(run(x), evaluated) < tolerance
+    assert served_since(pf, before, "batch_norm") == (1, 0), pf.stats()
+    if not compiled:
+        assert pt.stats()["batch_norm"].routed == 2 and not pt.stats()["batch_norm"].left
+    assert not pt.stats()["batch_norm"].left_compiled, pt.stats()  # served functions appear in stats()
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

@@ -167,19 +167,50 @@ def test_batch_norm_is_routed_eager_with_torchs_running_statistics(
     assert pt.stats()["batch_norm"].routed == 2 and calls[1][5] is False
 
 
-def test_batch_norm_under_compile_is_torchs_with_the_reason(cpu_routes: None) -> None:
-    """A torch operator that updates its arguments cannot carry plancache's backward: compiled, batch_norm is
-    torch's (its running statistics updated as torch's), the reason given by the route."""
-    x = torch.randn(2, 4, 5, 5, dtype=D)
-    result = _mode._batch_norm((x, torch.zeros(4, dtype=D), torch.ones(4, dtype=D)), {"training": True})
-    assert isinstance(result, _mode.Left) and result.reason.startswith("batch_norm of a tensor on cpu")
+def test_batch_norm_under_compile_runs_plancaches_operators_and_updates_the_running_statistics(
+    cpu_routes: None,
+) -> None:
+    """Compiled with fullgraph, a BatchNorm2d in training runs plancache::batch_norm_train (forward) and
+    plancache::batch_norm_backward, and its running statistics end as torch's own (the operator returns them;
+    the route copies them into the module's buffers, which the compiled program does); in evaluation,
+    plancache::batch_norm. Results, gradients and statistics equal torch's over three steps."""
     torch.manual_seed(0)
-    bn, reference = nn.BatchNorm2d(4).to(D), nn.BatchNorm2d(4).to(D)
-    compiled = torch.compile(bn, fullgraph=True)
-    with pt.mode():
-        got = compiled(x)
-    torch.testing.assert_close(got, reference(x))
-    torch.testing.assert_close(bn.running_mean, reference.running_mean)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()).to(D)
+    reference = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()).to(D)
+    reference.load_state_dict(model.state_dict())
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model, backend=recorder, fullgraph=True)
+    for _ in range(3):
+        x = torch.randn(2, 3, 6, 6, dtype=D)
+        with pt.mode():
+            got = compiled(x)
+        expected = reference(x)
+        torch.testing.assert_close(got, expected)
+        got.pow(2).sum().backward()
+        expected.pow(2).sum().backward()
+    for ours, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(ours.grad, theirs.grad)
+    torch.testing.assert_close(model[1].running_mean, reference[1].running_mean)
+    torch.testing.assert_close(model[1].running_var, reference[1].running_var)
+    assert int(model[1].num_batches_tracked) == 3
+    assert {"plancache.batch_norm_train.default", "plancache.batch_norm_backward.default"} <= recorder.targets
+    model.eval(), reference.eval()
+    with torch.no_grad(), pt.mode():
+        torch.testing.assert_close(compiled(x), reference(x))
+    assert "plancache.batch_norm.default" in recorder.targets
+    assert "batch_norm" not in {f for f, _ in _mode.LEFT_COMPILED}
+
+
+def test_batch_norm_left_to_torch_under_compile_says_why(cpu_routes: None) -> None:
+    x = torch.randn(2, 4, 5, 5, dtype=D)
+    no_stats = _mode._batch_norm((x, None, None), {"training": True})
+    assert isinstance(no_stats, _mode.Left) and "without running statistics" in no_stats.reason
+    cumulative = _mode._batch_norm((x, torch.zeros(4, dtype=D), torch.ones(4, dtype=D)), {"momentum": None})
+    assert isinstance(cumulative, _mode.Left) and "momentum=None" in cumulative.reason
+    w = torch.ones(4, dtype=D, requires_grad=True)
+    evaluation = _mode._batch_norm((x, torch.zeros(4, dtype=D), torch.ones(4, dtype=D), w), {})
+    assert isinstance(evaluation, _mode.Left) and "autograd in evaluation mode" in evaluation.reason
 
 
 def test_options_plancache_has_no_form_for_are_left_to_torch(cpu_routes: None) -> None:

@@ -87,6 +87,27 @@ CASES: dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]] = {
         ops.sdpa_train,
         (*(t.requires_grad_() for t in sdpa_inputs()), rand(1, 1, 6, 6), False, None, False),
     ),
+    "batch_norm": lambda: (ops.batch_norm, (rand(2, 4, 5, 5), rand(4), rand(4), rand(4), rand(4).abs(), 1e-5)),
+    "batch_norm no params channels-last": lambda: (
+        ops.batch_norm,
+        (rand(2, 4, 5, 5).to(memory_format=torch.channels_last), None, None, rand(4), rand(4).abs(), 1e-5),
+    ),
+    "batch_norm_train": lambda: (
+        ops.batch_norm_train,
+        (rand(3, 4, 5, 5, grad=True), rand(4, grad=True), rand(4, grad=True), rand(4), rand(4).abs(), 0.1, 1e-5),
+    ),
+    "batch_norm_train channels-last no weight": lambda: (
+        ops.batch_norm_train,
+        (
+            rand(3, 4, 5, 5).to(memory_format=torch.channels_last).requires_grad_(),
+            None,
+            rand(4, grad=True),
+            rand(4),
+            rand(4).abs(),
+            0.3,
+            1e-3,
+        ),
+    ),
     "conv2d": lambda: (ops.conv2d, (rand(2, 4, 9, 9), rand(6, 4, 3, 3), rand(6), [1, 1], [1, 1], [1, 1], 1, False)),
     "conv2d_train relu": lambda: (
         ops.conv2d_train,
@@ -236,6 +257,48 @@ def test_conv2d_gradients(conv: dict[str, Any]) -> None:
         return torch.relu(y) if relu else y
 
     assert_same_grads(lambda x, w, b=None: ops.conv2d_train(x, w, b, s, p, d, groups, relu), theirs, inputs)
+
+
+@pytest.mark.parametrize("params", ["weight and bias", "bias only", "none"])
+def test_batch_norm_train_gradients_and_running_statistics(params: str) -> None:
+    """The training operator's result and gradients are torch's batch norm's, and the next running statistics
+    it returns are the ones torch's writes in place (the caller's are left as they were)."""
+    torch.manual_seed(2)
+    x = rand(4, 3, 5, 5, dtype=D, grad=True)
+    w = None if params != "weight and bias" else rand(3, dtype=D, grad=True)
+    b = None if params == "none" else rand(3, dtype=D, grad=True)
+    mean, var = rand(3, dtype=D), rand(3, dtype=D).abs() + 0.5
+    inputs = [t for t in (x, w, b) if t is not None]
+
+    def ours(*given: Any) -> Any:
+        it = iter(given)
+        xx, ww, bb = next(it), (next(it) if w is not None else None), (next(it) if b is not None else None)
+        return ops.batch_norm_train(xx, ww, bb, mean, var, 0.2, 1e-5)[0]
+
+    def theirs(*given: Any) -> Any:
+        it = iter(given)
+        xx, ww, bb = next(it), (next(it) if w is not None else None), (next(it) if b is not None else None)
+        return F.batch_norm(xx, mean.clone(), var.clone(), ww, bb, True, 0.2, 1e-5)
+
+    assert_same_grads(ours, theirs, inputs)
+    before = (mean.clone(), var.clone())
+    _, saved_mean, inv, next_mean, next_var = ops.batch_norm_train(x.detach(), w, b, mean, var, 0.2, 1e-5)
+    torch.testing.assert_close((mean, var), before)  # the arguments untouched
+    expected_mean, expected_var = mean.clone(), var.clone()
+    F.batch_norm(x.detach(), expected_mean, expected_var, w, b, True, 0.2, 1e-5)
+    torch.testing.assert_close(next_mean, expected_mean)
+    torch.testing.assert_close(next_var, expected_var)  # unbiased, as torch's
+    torch.testing.assert_close(saved_mean, x.detach().mean((0, 2, 3)))
+    torch.testing.assert_close(inv, (x.detach().var((0, 2, 3), unbiased=False) + 1e-5).rsqrt())
+
+
+def test_batch_norm_evaluation_is_torchs() -> None:
+    torch.manual_seed(3)
+    x = rand(2, 3, 4, 4, dtype=D).to(memory_format=torch.channels_last)
+    w, b, mean, var = rand(3, dtype=D), rand(3, dtype=D), rand(3, dtype=D), rand(3, dtype=D).abs() + 0.1
+    got = ops.batch_norm(x, w, b, mean, var, 1e-5)
+    torch.testing.assert_close(got, F.batch_norm(x, mean, var, w, b, False, 0.1, 1e-5))
+    assert got.stride() == torch.empty_like(x).stride()
 
 
 def test_saved_outputs_mean_what_a_served_forward_writes() -> None:

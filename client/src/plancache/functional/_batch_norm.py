@@ -10,6 +10,7 @@ running_var twice, read and then written in place.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 from plancache.functional import _modes
@@ -26,6 +27,7 @@ from plancache.functional._geometry import (
     tensor_key,
 )
 from plancache.functional._norms import EPSILON_UID, INV_VARIANCE_UID, MEAN_UID, norm_node_run
+from plancache.functional._op_call import OpCall
 from plancache.functional._requests import Constant, Output, Request, dense_like, finish, graph, request, shaped
 from plancache.functional._signature import Bound, Signature, Slot
 from plancache.functional._table import TABLE, Fallback
@@ -133,6 +135,88 @@ def batch_norm(
         return torch_batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
 
     return first_call(bound, key, forward, bound.fallback(fallback), grad, rule)
+
+
+def batch_norm_op(
+    input: Any,
+    weight: Any,
+    bias: Any,
+    running_mean: Any,
+    running_var: Any,
+    training: bool,
+    momentum: float,
+    eps: float,
+    *,
+    op: OpCall,
+    next_mean: Any = None,
+    next_var: Any = None,
+) -> Any:
+    """batch_norm for a torch operator (plancache.torch), running statistics given: what `op.take` gives
+    (None where torch runs the geometry). An operator does not write its arguments, so training reads
+    running_mean and running_var and writes the next ones into `next_mean` and `next_var` (the same graph as
+    batch_norm's, whose call binds the running statistics to both); evaluation reads running_mean and the
+    inverse deviation computed from running_var. The key leaves out requires_grad (an operator runs below
+    autograd: its backward resolves the geometry with the forward's key)."""
+    if _compiling():
+        return None
+    key = (
+        "batch_norm.op",
+        input.shape,
+        input.stride(),
+        input.dtype,
+        input.get_device(),
+        _layout_key(running_mean),
+        _layout_key(running_var),
+        _layout_key(weight),
+        _layout_key(bias),
+        training,
+        momentum,
+        eps,
+        op.train,
+    )
+    if weight is None:
+        given: tuple[Any, ...] = (input,) if bias is None else (input, bias)
+    else:
+        given = (input, weight) if bias is None else (input, weight, bias)
+    if training:
+        tensors = (*given, running_mean, running_var, next_mean, next_var)
+        inv_variance = None
+    else:
+        inv_variance = inverse_deviation(running_var, eps)
+        tensors = (*given, running_mean, inv_variance)
+    entry = TABLE.get(key)
+    if entry is not None:
+        return op.take(entry, tensors)
+    bound = BATCH_NORM.bind(
+        tensors,
+        input=input,
+        weight=weight,
+        bias=bias,
+        running_mean=running_mean,
+        running_var=running_var if training else None,
+        inv_variance=inv_variance,
+        next_running_mean=next_mean if training else None,
+        next_running_var=next_var if training else None,
+    )
+
+    def forward() -> Request:
+        x, mean = bound.geo("input"), bound.geo("running_mean")
+        var = bound.geo("running_var") if training else geo_or_none("running_var", running_var)
+        w, b = bound.geo_or_none("weight"), bound.geo_or_none("bias")
+        return batch_norm_request(x, mean, var, w, b, training=training, momentum=momentum, eps=eps)
+
+    def rule(forward: Request) -> Rule:
+        return batch_norm_rule(bound, forward)
+
+    def fallback(input: Any, weight: Any = None, bias: Any = None, **_statistics: Any) -> Any:
+        # Nothing written: the operator runs torch's function itself (op.take gives None).
+        return None
+
+    return first_call(bound, key, forward, bound.fallback(fallback), op.train, rule if training else None, op)
+
+
+def _layout_key(t: Any) -> Hashable:
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
 
 
 def _running(training: bool, mean: Any, var: Any, inv_variance: Any) -> dict[str, Any]:

@@ -285,10 +285,11 @@ def _conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def _batch_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Eager only: plancache.functional.batch_norm updates the running statistics in place, as torch does
-    (cuDNN writes them). A torch operator that mutates its arguments cannot carry an autograd formula
-    (torch.library.register_autograd refuses a non-functional schema), so under torch.compile it is
-    torch's, said so."""
+    """Eager: plancache.functional.batch_norm, which updates the running statistics in place, as torch does
+    (cuDNN writes them). Compiled: an operator does not write its arguments, so plancache::batch_norm_train
+    returns the next running statistics and the route copies them into the module's (dynamo traces the copy as
+    torch's own batch norm's in-place update); evaluation is plancache::batch_norm (without autograd: left to
+    torch with it, as eager)."""
     bound = _bind(
         args,
         kwargs,
@@ -301,16 +302,24 @@ def _batch_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     left = _unserved("input", x)
     if left is not None:
         return left
-    if _compiling():
-        return Left(
-            "batch_norm under torch.compile: it updates its running statistics in place, "
-            "and a torch operator that does cannot carry plancache's backward (eager calls are served)"
-        )
-    if not _eager(x):
-        return Left(f"batch_norm of a tensor on {x.device.type}: plancache.functional's are CUDA tensors")
     if momentum is None:
         return Left("momentum=None (a cumulative average)")
-    return pf.batch_norm(x, mean, var, w, b, bool(training), float(momentum), float(eps))
+    if _eager(x):
+        return pf.batch_norm(x, mean, var, w, b, bool(training), float(momentum), float(eps))
+    if not isinstance(mean, Tensor) or not isinstance(var, Tensor):
+        return Left("batch_norm without running statistics (track_running_stats=False) under torch.compile")
+    if training:
+        out, _mean, _inv, next_mean, next_var = torch.ops.plancache.batch_norm_train(
+            x, w, b, mean, var, float(momentum), float(eps)
+        )
+        mean.copy_(next_mean)  # buffers: no autograd history
+        var.copy_(next_var)
+        return out
+    if _training(x, w, b):
+        return Left(
+            "autograd in evaluation mode (its backward is per-channel pointwise math, which cuDNN computes wrongly)"
+        )
+    return torch.ops.plancache.batch_norm(x, w, b, mean, var, float(eps))
 
 
 Route = Callable[[tuple[Any, ...], dict[str, Any]], Any]

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from plancache.functional import _attention, _convolution, _linear, _norms
+from plancache.functional import _attention, _batch_norm, _convolution, _linear, _norms
 from plancache.functional._autograd import Differentiable, conform
 from plancache.functional._op_call import BACKWARD, INFERENCE, TRAINING
 from plancache.functional._requests import ACTIVATIONS
@@ -684,6 +684,149 @@ def _conv2d_grad(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
 
 conv2d_train.register_autograd(_conv2d_grad, setup_context=_conv2d_setup)
 
+# ---- batch_norm ------------------------------------------------------------------------------------
+
+_BN_ARGS = "Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var"
+
+
+@operator("batch_norm", f"({_BN_ARGS}, float eps) -> Tensor")
+def batch_norm(
+    input: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    running_mean: Tensor,
+    running_var: Tensor,
+    eps: float,
+) -> Tensor:
+    """Evaluation: normalized by the running statistics (no autograd: plancache's route leaves evaluation with
+    autograd to torch, as plancache.functional.batch_norm does)."""
+    if _served(input):
+        out = _batch_norm.batch_norm_op(input, weight, bias, running_mean, running_var, False, 0.1, eps, op=INFERENCE)
+        if out is not None:
+            return tm.in_layout_of(out, input)
+    return tm.in_layout_of(F.batch_norm(input, running_mean, running_var, weight, bias, False, 0.0, eps), input)
+
+
+@batch_norm.register_fake
+def _batch_norm_fake(input: Tensor, weight: Tensor | None, bias: Tensor | None, *rest: Any) -> Tensor:
+    return torch.empty_like(input)
+
+
+@operator("batch_norm_train", f"({_BN_ARGS}, float momentum, float eps) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+def batch_norm_train(
+    input: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    running_mean: Tensor,
+    running_var: Tensor,
+    momentum: float,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Training: the result, the batch's mean and inverse deviation per channel (float32 [C]), and the next
+    running mean and variance, new tensors (an operator does not write its arguments: plancache.torch's route
+    copies them into the module's, which torch.compile traces as the in-place update torch's own makes)."""
+    if _served(input):
+        next_mean, next_var = torch.empty_like(running_mean), torch.empty_like(running_var)
+        outs = _batch_norm.batch_norm_op(
+            input,
+            weight,
+            bias,
+            running_mean,
+            running_var,
+            True,
+            momentum,
+            eps,
+            op=TRAINING,
+            next_mean=next_mean,
+            next_var=next_var,
+        )
+        if outs is not None:
+            out, mean, inv_variance = outs
+            channels = input.shape[1]
+            return tm.in_layout_of(out, input), mean.view(channels), inv_variance.view(channels), next_mean, next_var
+    return tm.batch_norm_train(input, weight, bias, running_mean, running_var, momentum, eps)
+
+
+@batch_norm_train.register_fake
+def _batch_norm_train_fake(
+    input: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor, running_var: Tensor, *rest: Any
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    stats = input.new_empty((input.shape[1],), dtype=tm.stats_dtype(input))
+    return (
+        torch.empty_like(input),
+        stats,
+        torch.empty_like(stats),
+        torch.empty_like(running_mean),
+        torch.empty_like(running_var),
+    )
+
+
+@operator(
+    "batch_norm_backward",
+    "(Tensor grad, Tensor input, Tensor? weight, Tensor? bias, Tensor mean, Tensor inv_variance, float momentum, "
+    f"float eps, bool[] needs) -> {_GRADS3}",
+)
+def batch_norm_backward(
+    grad: Tensor,
+    input: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    mean: Tensor,
+    inv_variance: Tensor,
+    momentum: float,
+    eps: float,
+    needs: Sequence[bool],
+) -> tuple[Tensor | None, ...]:
+    """dInput, dWeight, dBias (None where not needed or not given)."""
+    if _served(input):
+        channels = input.shape[1]
+        # The geometry's key reads the running statistics' layout only: a served forward's were float32 [C]
+        # on the input's device (any other was torch's), so stand-ins of that layout resolve its entry.
+        stats = torch.empty(channels, dtype=torch.float32, device=input.device)
+        entry = _batch_norm.batch_norm_op(
+            input, weight, bias, stats, stats, True, momentum, eps, op=BACKWARD, next_mean=stats, next_var=stats
+        )
+        if isinstance(entry, Differentiable):
+            given = (True, weight is not None, bias is not None)
+            present = _present(input, weight, bias)
+            wanted = [n for n, g in zip(needs, given, strict=True) if g]
+            tensors = (*present, stats, stats, stats, stats)  # the running statistics' slots: no gradient
+            saved = (mean.view(1, channels, 1, 1), inv_variance.view(1, channels, 1, 1))
+            grads = _run_rule(entry, tensors, saved, grad, [*wanted, False, False, False, False])[: len(present)]
+            return _grads(_spread(grads, given), (input, weight, bias), needs)
+    return _grads(
+        tm.batch_norm_backward(grad, input, weight, bias, mean, inv_variance, eps, needs), (input, weight, bias), needs
+    )
+
+
+@batch_norm_backward.register_fake
+def _batch_norm_backward_fake(
+    grad: Tensor, input: Tensor, weight: Tensor | None, bias: Tensor | None, *rest: Any
+) -> tuple[Tensor | None, ...]:
+    return _grads_fake((input, weight, bias), rest[-1])
+
+
+def _batch_norm_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+    input, weight, bias, _running_mean, _running_var, momentum, eps = inputs
+    ctx.momentum, ctx.eps = momentum, eps
+    ctx.save_for_backward(input, weight, bias, output[1], output[2])
+    # The statistics carry no gradient: the next running ones are copied into the module's buffers, which
+    # would otherwise join each step's graph to the next one's.
+    ctx.mark_non_differentiable(*output[1:])
+
+
+def _batch_norm_grad(ctx: Any, grad: Tensor, *_statistics: Tensor) -> tuple[Any, ...]:
+    input, weight, bias, mean, inv_variance = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    dx, dw, db = torch.ops.plancache.batch_norm_backward(
+        grad, input, weight, bias, mean, inv_variance, ctx.momentum, ctx.eps, [needs[0], needs[1], needs[2]]
+    )
+    return dx, dw, db, None, None, None, None
+
+
+batch_norm_train.register_autograd(_batch_norm_grad, setup_context=_batch_norm_setup)
+
+
 OPERATORS = (
     layer_norm,
     layer_norm_train,
@@ -700,4 +843,7 @@ OPERATORS = (
     conv2d,
     conv2d_train,
     conv2d_backward,
+    batch_norm,
+    batch_norm_train,
+    batch_norm_backward,
 )

@@ -330,3 +330,44 @@ def conv2d_backward(
         None if dw is None else in_layout_of(dw, weight),
         db,
     )
+
+
+def batch_norm_train(
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    running_mean: Tensor,
+    running_var: Tensor,
+    momentum: float,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """torch's training batch norm, functional: the result, the batch's mean and inverse deviation per channel
+    (what cuDNN's batchnorm writes), and the next running mean and variance (unbiased), the arguments
+    untouched."""
+    out, mean, inv, next_mean, next_var = torch.ops.aten._native_batch_norm_legit_functional(
+        x, weight, bias, running_mean, running_var, True, momentum, eps
+    )
+    dtype = stats_dtype(x)
+    return in_layout_of(out, x), mean.to(dtype), inv.to(dtype), next_mean, next_var
+
+
+def batch_norm_backward(
+    grad: Tensor,
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    mean: Tensor,
+    inv_variance: Tensor,
+    eps: float,
+    needs: Sequence[bool],
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """torch's batch norm backward kernel, from the batch's saved mean and inverse deviation."""
+    mask = [needs[0], weight is not None and needs[1], bias is not None and needs[2]]
+    dx, dw, db = torch.ops.aten.native_batch_norm_backward(
+        grad, x, weight, None, None, mean, inv_variance, True, eps, mask
+    )
+    return (
+        None if dx is None else in_layout_of(dx, x),
+        None if dw is None or weight is None else dw.to(weight.dtype),
+        None if db is None or bias is None else db.to(bias.dtype),
+    )
