@@ -173,16 +173,17 @@ def test_batch_norm_under_compile_runs_plancaches_operators_and_updates_the_runn
     """Compiled with fullgraph, a BatchNorm2d in training runs plancache::batch_norm_train (forward) and
     plancache::batch_norm_backward, and its running statistics end as torch's own (the operator returns them;
     the route copies them into the module's buffers, which the compiled program does); in evaluation,
-    plancache::batch_norm. Results, gradients and statistics equal torch's over three steps."""
+    plancache::batch_norm. Results, gradients and statistics equal torch's over three steps (float32: the
+    statistics and parameters plancache serves are float32, as torch's mixed precision leaves them)."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()).to(D)
-    reference = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()).to(D)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+    reference = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
     reference.load_state_dict(model.state_dict())
     torch._dynamo.reset()
     recorder = Recorder()
     compiled = torch.compile(model, backend=recorder, fullgraph=True)
     for _ in range(3):
-        x = torch.randn(2, 3, 6, 6, dtype=D)
+        x = torch.randn(2, 3, 6, 6)
         with pt.mode():
             got = compiled(x)
         expected = reference(x)
@@ -208,9 +209,14 @@ def test_batch_norm_left_to_torch_under_compile_says_why(cpu_routes: None) -> No
     assert isinstance(no_stats, _mode.Left) and "without running statistics" in no_stats.reason
     cumulative = _mode._batch_norm((x, torch.zeros(4, dtype=D), torch.ones(4, dtype=D)), {"momentum": None})
     assert isinstance(cumulative, _mode.Left) and "momentum=None" in cumulative.reason
-    w = torch.ones(4, dtype=D, requires_grad=True)
-    evaluation = _mode._batch_norm((x, torch.zeros(4, dtype=D), torch.ones(4, dtype=D), w), {})
+    w = torch.ones(4, dtype=torch.float32, requires_grad=True)
+    stats = (torch.zeros(4), torch.ones(4))
+    evaluation = _mode._batch_norm((x.float(), *stats, w), {})
     assert isinstance(evaluation, _mode.Left) and "autograd in evaluation mode" in evaluation.reason
+    half_statistics = _mode._batch_norm((x.half(), stats[0].half(), stats[1].half()), {"training": True})
+    assert isinstance(half_statistics, _mode.Left) and "not float32" in half_statistics.reason
+    flat = _mode._batch_norm((x.float().flatten(2), *stats), {"training": True})
+    assert isinstance(flat, _mode.Left) and "3-D input" in flat.reason
 
 
 def test_options_plancache_has_no_form_for_are_left_to_torch(cpu_routes: None) -> None:

@@ -308,6 +308,15 @@ def _batch_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return pf.batch_norm(x, mean, var, w, b, bool(training), float(momentum), float(eps))
     if not isinstance(mean, Tensor) or not isinstance(var, Tensor):
         return Left("batch_norm without running statistics (track_running_stats=False) under torch.compile")
+    # Compiled, what the operator would only hand to torch's kernel is left to torch here, at trace time:
+    # inductor fuses torch's batch norm into its neighbours, an operator's call it cannot.
+    if x.dim() != 4:
+        return Left(f"batch_norm of a {x.dim()}-D input under torch.compile (cuDNN's batchnorm takes 4-D)")
+    if any(t is not None and t.dtype != torch.float32 for t in (mean, var, w, b)):
+        return Left(
+            "batch_norm with statistics or parameters not float32 under torch.compile (plancache serves float32 "
+            "ones, as torch's mixed precision leaves them)"
+        )
     if training:
         out, _mean, _inv, next_mean, next_var = torch.ops.plancache.batch_norm_train(
             x, w, b, mean, var, float(momentum), float(eps)
