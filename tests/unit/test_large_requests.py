@@ -165,3 +165,22 @@ def test_work_outside_any_call_is_not_gated() -> None:
         return sum(results)
 
     assert asyncio.run(scenario()) == 31
+
+
+def test_a_plans_check_takes_no_turn_and_is_never_refused() -> None:
+    """A node reading many large plans at once: each check goes to the pool beside the caller's gated work,
+    never waiting for its turn, never refused (a hit is not refused for its own caller's load either)."""
+
+    async def scenario() -> list[int]:
+        offload = CpuOffload(threads=2, large_bytes=1, waiting_per_caller=1)
+        CALLER.set("node")
+        release = threading.Event()
+        gated = asyncio.create_task(offload.run_off_loop(release.wait, 5))  # the caller's turn, held
+        await asyncio.sleep(0.02)
+        checks = await asyncio.wait_for(asyncio.gather(*(offload.run_ungated(10, len, b"x" * i) for i in range(5))), 2)
+        release.set()
+        await gated
+        offload.close()
+        return list(checks)
+
+    assert asyncio.run(scenario()) == [0, 1, 2, 3, 4]

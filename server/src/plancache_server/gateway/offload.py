@@ -17,7 +17,9 @@ them (then RESOURCE_EXHAUSTED with the retry delay: a caller sending that
 many large requests at once is asked to come back). So a caller with a
 hundred large requests under way holds one thread, and another caller's
 large request goes beside it instead of behind all of them. Work done
-outside a call (no caller) is not gated.
+outside a call (no caller) is not gated, nor is a stored plan's check
+(`run_ungated`: sha256 and a signature, C code that lets go of the GIL),
+which a caller's hits must never wait a turn for or be refused over.
 """
 
 from __future__ import annotations
@@ -71,6 +73,14 @@ class CpuOffload:
             return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
         finally:
             self._leave(caller)
+
+    async def run_ungated(self, size: int, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """fn(*args) on the loop for small inputs, in the pool for large ones, outside the callers' turns: for
+        a stored plan's checks (sha256 and signature: C code that lets go of the GIL), which a caller's hits
+        must never wait a turn for, nor be refused for (a node reading many large plans at once)."""
+        if size < self.large_bytes:
+            return fn(*args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
     def waiting(self, caller: str) -> int:
         queue = self._callers.get(caller)

@@ -221,9 +221,10 @@ class RedisPlanStore:
 
 class Offload(Protocol):
     """Runs CPU work of a large message off the event loop (the gateway's
-    plancache_server.gateway.offload.CpuOffload), small work inline."""
+    plancache_server.gateway.offload.CpuOffload), small work inline; a plan's checks outside the callers'
+    turns (a hit never waits one)."""
 
-    async def run(self, size: int, fn: Callable[..., Any], *args: Any) -> Any: ...
+    async def run_ungated(self, size: int, fn: Callable[..., Any], *args: Any) -> Any: ...
 
 
 class PlanStore(Protocol):
@@ -282,7 +283,7 @@ class AsyncRedisPlanStore:
             blob, meta, sig = cast(list[bytes | None], await client.hmget(keys.plan(plan_key), PLAN_FIELDS))
         try:
             # Checking the sha256 of a large blob (and a signature) is CPU work: off the loop for large ones.
-            checked: StoredPlan | None = await self._offload.run(
+            checked: StoredPlan | None = await self._offload.run_ungated(
                 len(blob or b""), self._checked, plan_key, blob, meta, sig
             )
             return checked
