@@ -119,3 +119,22 @@ def test_grpcs_own_helper_reads_our_trailers_as_we_do(refusing_server: grpc.Chan
     assert retry.retry_delay.seconds + retry.retry_delay.nanos / 1e9 == 1.5
     ours = typed(failed.value)
     assert type(ours) is ResourceExhausted and ours.retry_after == 1.5 and ours.message == status.message
+
+
+def test_a_stream_the_server_refused_unread_is_tried_again_and_other_unavailable_calls_are_not() -> None:
+    """RST_STREAM REFUSED_STREAM (a burst on a new connection past the server's streams per connection, before
+    the client learned the limit): nothing was done, so the call is tried again; a server that is down is not
+    retried here (the caller's own fallback decides)."""
+    from plancache.errors import Unavailable
+    from plancache.wire.rich_status import REFUSED_STREAM_RETRY_S, error_of
+
+    refused = error_of(
+        grpc.StatusCode.UNAVAILABLE, "Stream removed (RST_STREAM (Received RST_STREAM with error code 7))", None
+    )
+    assert isinstance(refused, Unavailable) and refused.retry_after == REFUSED_STREAM_RETRY_S
+    down = error_of(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses; Connection refused", None)
+    assert down.retry_after is None
+    reset = error_of(
+        grpc.StatusCode.UNAVAILABLE, "Stream removed (RST_STREAM (Received RST_STREAM with error code 2))", None
+    )
+    assert reset.retry_after is None  # an internal error: the call may have been done

@@ -74,7 +74,20 @@ def error_of(code: grpc.StatusCode, details: str, trailing: Iterable[Any] | None
             error_class, retry_after = _details(value, error_class)
         elif key == ERROR_CLASS_METADATA_KEY and error_class is None:
             error_class = str(value)
+    if retry_after is None and code == grpc.StatusCode.UNAVAILABLE and _refused_stream(details):
+        retry_after = REFUSED_STREAM_RETRY_S
     return error_from_status(code, details, error_class, retry_after)
+
+
+# A call the server's HTTP/2 layer refused unread (RST_STREAM REFUSED_STREAM, code 7): more calls at once on a
+# new connection than the server takes per connection (--max-streams-per-connection), sent before the client
+# learned the limit. Nothing of it was done, so it is tried again at once (gRPC retries it only before any of
+# it was sent).
+REFUSED_STREAM_RETRY_S = 0.02
+
+
+def _refused_stream(details: str) -> bool:
+    return "RST_STREAM" in details and "error code 7" in details
 
 
 def _details(raw: bytes, error_class: str | None) -> tuple[str | None, float | None]:
