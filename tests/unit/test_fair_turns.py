@@ -145,8 +145,9 @@ def test_a_callers_builds_past_its_queue_slots_wait_in_order_and_others_are_not_
 
 def test_the_queue_slots_are_divided_among_the_callers_that_hold_them() -> None:
     """A caller alone may hold all of --caller-queued; when others have builds queued, each caller's share
-    is the slots divided among them (at least one): a flooder's builds past its share wait, so an honest
-    miss queues behind at most its share; when the others leave, its waiting builds take the slots again."""
+    is the slots divided among them (at least one), and a build past its caller's share goes in only when
+    no other caller's build is in the queue: an honest miss queues behind none of the flooder's that came
+    after it. When the others leave, the flooder's waiting builds take the slots again."""
     from plancache_server.gateway.shares import QueueSlots
 
     async def run() -> None:
@@ -164,17 +165,15 @@ def test_the_queue_slots_are_divided_among_the_callers_that_hold_them() -> None:
         for caller in ("honest-1", "honest-2", "honest-3"):
             await asyncio.wait_for(slots.acquire(caller, 5, 0.5), 0.1)  # each its own slot, at once
         assert slots.share("flood") == 1 and slots.share("honest-4") == 1  # 4 slots, 4 callers (5 with a new one)
-        for _ in range(3):  # the worker takes three of the flooder's builds: over its share, none passes on
+        for _ in range(4):  # the worker takes the flooder's four builds
             slots.release("flood")
         await asyncio.sleep(0.01)
-        assert slots.held("flood") == 1 and granted == []
-        slots.release("flood")  # within its share now: the next in line takes it
-        await asyncio.sleep(0.01)
-        assert slots.held("flood") == 1 and granted == [0]
-        for caller in ("honest-1", "honest-2", "honest-3"):  # the others' builds were taken
+        assert slots.held("flood") == 0 and granted == []  # the honest builds are in the queue: its next waits
+        await asyncio.wait_for(slots.acquire("honest-4", 5, 0.5), 0.1)  # a new honest miss goes in at once
+        for caller in ("honest-1", "honest-2", "honest-3", "honest-4"):  # the worker takes the honest builds
             slots.release(caller)
         await asyncio.sleep(0.01)
-        assert granted == [0] and slots.share("flood") == 1  # they still share the queue for recent_s
+        assert granted == [0] and slots.held("flood") == 1  # the queue free of others': its share, one
         now[0] += 11  # the others gone for longer: the worker takes the flooder's build, its share widens
         slots.release("flood")
         await asyncio.sleep(0.01)
@@ -182,6 +181,35 @@ def test_the_queue_slots_are_divided_among_the_callers_that_hold_them() -> None:
         assert all(w.done() for w in waiting)
 
     asyncio.run(run())
+
+
+def test_callers_over_their_share_take_turns_when_the_queue_is_free_of_others() -> None:
+    """Two callers with builds waiting past their share (one slot each): each goes in only when the other's
+    build has been taken, in turn, never the caller whose build was just taken refilling its slot first."""
+    from plancache_server.gateway.shares import QueueSlots
+
+    async def run() -> list[str]:
+        slots = QueueSlots(1)
+        queued: list[str] = []  # the build queue, first in first out
+
+        async def build(caller: str) -> None:
+            await slots.acquire(caller, 5, 0.5)
+            queued.append(caller)
+
+        tasks = [asyncio.create_task(build(c)) for c in ("a", "a", "a", "b", "b", "b")]
+        await asyncio.sleep(0.01)
+        assert queued == ["a", "b"]  # each caller's first build goes in at once, within its share
+        taken: list[str] = []
+        while len(taken) < 6:
+            assert len(queued) == (2 if not taken else 1), queued  # then one past its share at a time
+            caller = queued.pop(0)  # the worker takes it
+            taken.append(caller)
+            slots.release(caller)
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*tasks)
+        return taken
+
+    assert asyncio.run(run()) == ["a", "b", "a", "b", "a", "b"]
 
 
 def test_callers_that_missed_lately_keep_a_flooder_to_its_one_slot() -> None:

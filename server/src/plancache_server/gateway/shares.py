@@ -22,15 +22,17 @@ them. So of its builds, at most its share of `queued` (`--caller-queued`,
 8) wait in the queue at once, not yet taken by a worker (QueueSlots): the 8
 divided among the callers that have builds there or had within the last
 10 s (a caller alone: 8; with 50 honest callers missing now and then: 1),
-at least 1. Its next ones wait here,
-each a coroutine, in order, for one of its own to be taken (the worker
-announces it: plancache_server.store.build_records.mark_running), at most
-the compile timeout (then RESOURCE_EXHAUSTED, the reason said). A flooding
-caller's 64 builds used to go before an honest caller's next miss; then 8
-of them did, and with a fixed 8 the flooder took every build the others
-did not, so the queue stayed full and an honest miss waited ~1 s behind it
-on the 2-core flood benchmark; now as many as the callers share. A caller
-alone still has every free build process (those taken do not count). A hit holds nothing: it is never refused
+at least 1. Its next ones wait here, each a coroutine, in order, for one
+of its own to be taken (the worker announces it:
+plancache_server.store.build_records.mark_running) and for the queue to
+hold no other caller's build (waiting callers in turn), at most the compile
+timeout (then RESOURCE_EXHAUSTED, the reason said). A flooding caller's 64
+builds used to go before an honest caller's next miss; then 8 of them did,
+and with a fixed 8 the flooder took every build the others did not, so the
+queue stayed full and an honest miss waited ~1 s behind it on the 2-core
+flood benchmark; then as many as the callers share; now a caller's builds
+past its share go in when no one else's wait. A caller alone still has
+every free build process (those taken do not count). A hit holds nothing: it is never refused
 for another caller's load. What one share allows is a setting
 (`--caller-*`); the gateway-wide bounds (--max-waiters, --max-queued-jobs)
 still hold above them.
@@ -211,7 +213,13 @@ class QueueSlots:
     Why "within the last seconds": counted only while they held a slot, fifty honest nodes missing one graph
     every two seconds were each in the queue for a few milliseconds, so the flooder was mostly alone in it,
     took all the slots, and the next honest miss queued behind them (bench/flood.py: honest misses ~280 ms
-    during the flood against ~70 idle). A caller is remembered for `recent_s` after its last build left."""
+    during the flood against ~70 idle). A caller is remembered for `recent_s` after its last build left.
+
+    A build that had to wait for a slot (its caller had its share in the queue already) goes in only while
+    no other caller's build is in the queue, waiting callers in turn: a caller's builds past its share use
+    the worker when no one else needs it (a first build always goes in at once, within the share). With
+    one slot the flooder still refilled it the moment its build was taken, ahead of honest misses arriving
+    next, and kept the one build process ~100 % busy, so honest misses queued behind one another."""
 
     def __init__(
         self, per_caller: int, recent_s: float = RECENT_CALLER_S, clock: Callable[[], float] = time.monotonic
@@ -220,6 +228,8 @@ class QueueSlots:
         self.recent_s = recent_s
         self._clock = clock
         self._held: dict[str, int] = {}
+        self._total = 0  # sum of _held
+        # Callers with builds waiting for a slot (in the order their turns come), each its builds in order.
         self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
         # Every caller holding slots, and those that held one within recent_s: caller -> when last seen,
         # oldest first.
@@ -264,6 +274,7 @@ class QueueSlots:
         self._forget_gone()
         if self._held.get(caller, 0) < self.share(caller) and not self._waiting.get(caller):
             self._held[caller] = self._held.get(caller, 0) + 1
+            self._total += 1
             self._seen(caller)
             return True
         return False
@@ -293,25 +304,26 @@ class QueueSlots:
             raise
 
     def release(self, caller: str) -> None:
-        """One of `caller`'s builds left the queue (ended, or given up): its next waiting build takes the
-        slot, unless the caller holds more than its share now (other callers came); a caller that no longer
-        holds any widens the others' shares."""
+        """One of `caller`'s builds left the queue (taken by a worker, or given up). Builds waiting for a
+        slot go in, callers in turn (this caller's after the others'), each as its share allows and only
+        while no other caller's build is in the queue (class doc)."""
         if not caller or caller not in self._held:
             return
         self._seen(caller)
-        widened = self._forget_gone()
-        if self._held[caller] <= self.share(caller) and self._pass_on(caller):
-            if widened:
-                self._grant_widened()
-            return  # the slot passes on: held stays
+        self._forget_gone()
         self._held[caller] -= 1
+        self._total -= 1
         if self._held[caller] <= 0:
             del self._held[caller]
-        if widened:
-            self._grant_widened()
+        if caller in self._waiting:  # its next turn comes after the other waiting callers'
+            self._waiting[caller] = self._waiting.pop(caller)
+        self._grant_waiting()
+
+    def _others_queued(self, caller: str) -> bool:
+        return self._total - self._held.get(caller, 0) > 0
 
     def _pass_on(self, caller: str) -> bool:
-        """The slot to `caller`'s next waiting build; False: none waits."""
+        """A slot to `caller`'s next waiting build; False: none waits."""
         queue = self._waiting.get(caller)
         while queue:
             granted = queue.popleft()
@@ -322,12 +334,17 @@ class QueueSlots:
                 return True
         return False
 
-    def _grant_widened(self) -> None:
-        """Fewer callers share the slots (some gone for recent_s): each waiting caller's builds take what its
-        share now allows."""
+    def _grant_waiting(self) -> None:
+        """Waiting builds into the queue: callers in order, each up to its share while no other caller's
+        build is there."""
         for caller in list(self._waiting):
-            while self._held.get(caller, 0) < self.share(caller) and self._pass_on(caller):
+            while (
+                self._held.get(caller, 0) < self.share(caller)
+                and not self._others_queued(caller)
+                and self._pass_on(caller)
+            ):
                 self._held[caller] = self._held.get(caller, 0) + 1
+                self._total += 1
                 self._seen(caller)
 
 
