@@ -155,8 +155,9 @@ class GatewaySettings:
         "--caller-queued",
         "builds waiting in a target's build queue at once (not yet taken by a worker), divided among the callers "
         "with builds there now or within the last 10 s (a caller alone: all of them; at least one each); a "
-        "caller's next ones wait on the gateway, in order, for one of its own to be taken (the queue is first in "
-        "first out: the bound on how many go before another caller's)",
+        "caller's next ones wait on the gateway, in order, for one of its own to be taken and for the queue to hold "
+        "no other caller's build (the queue is first in first out: the bound on how many go before another "
+        "caller's)",
         int,
         programs=SERVER_ONLY,
     )
