@@ -101,7 +101,7 @@ def test_each_caller_holds_one_cpu_thread_and_another_caller_goes_beside_it() ->
         async def call(caller: str, seconds: float) -> float:
             CALLER.set(caller)  # as the guard sets it for each call (a task's own context)
             started = time.perf_counter()
-            await offload.run_off_loop(work, caller, seconds)
+            await offload.run_off_loop(1, work, caller, seconds)
             return time.perf_counter() - started
 
         floods = [asyncio.create_task(call("flood", 0.05)) for _ in range(10)]
@@ -122,10 +122,10 @@ def test_a_caller_with_too_many_large_requests_waiting_is_refused_with_a_retry_d
         offload = CpuOffload(threads=1, large_bytes=1, waiting_per_caller=3, retry_delay_s=0.5)
         release = threading.Event()
         CALLER.set("flood")
-        held = [asyncio.create_task(offload.run_off_loop(release.wait, 5)) for _ in range(4)]
+        held = [asyncio.create_task(offload.run_off_loop(1, release.wait, 5)) for _ in range(4)]
         await asyncio.sleep(0.05)  # one in the pool, three waiting
-        with pytest.raises(ResourceExhausted, match="3 large requests waiting") as refused:
-            await offload.run_off_loop(time.sleep, 0)
+        with pytest.raises(ResourceExhausted, match="3 large requests") as refused:
+            await offload.run_off_loop(1, time.sleep, 0)
         CALLER.set("honest")
         waiting_of_honest = offload.waiting("honest")
         release.set()
@@ -137,15 +137,37 @@ def test_a_caller_with_too_many_large_requests_waiting_is_refused_with_a_retry_d
     assert refused.retry_after == 0.5 and honest_waiting == 0
 
 
+def test_a_caller_whose_waiting_requests_hold_too_many_bytes_is_refused_and_others_are_not() -> None:
+    async def scenario() -> tuple[ResourceExhausted, int]:
+        offload = CpuOffload(threads=2, large_bytes=1, waiting_bytes_per_caller=100, retry_delay_s=0.5)
+        release = threading.Event()
+        CALLER.set("flood")
+        running = asyncio.create_task(offload.run_off_loop(1000, release.wait, 5))  # in the pool: not counted
+        await asyncio.sleep(0.02)
+        waiting = [asyncio.create_task(offload.run_off_loop(40, time.sleep, 0)) for _ in range(2)]  # 80 bytes
+        await asyncio.sleep(0.02)
+        with pytest.raises(ResourceExhausted, match="80 bytes") as refused:
+            await offload.run_off_loop(40, time.sleep, 0)
+        CALLER.set("honest")
+        honest = await asyncio.wait_for(offload.run_off_loop(90, len, b"abc"), 2)  # its own bound, its own turn
+        release.set()
+        await asyncio.gather(running, *waiting)
+        offload.close()
+        return refused.value, honest
+
+    refused, honest = asyncio.run(scenario())
+    assert refused.retry_after == 0.5 and honest == 3
+
+
 def test_a_cancelled_wait_passes_the_callers_turn_on() -> None:
     async def scenario() -> bool:
         offload = CpuOffload(threads=1, large_bytes=1)
         CALLER.set("a")
         release = threading.Event()
-        first = asyncio.create_task(offload.run_off_loop(release.wait, 5))
+        first = asyncio.create_task(offload.run_off_loop(1, release.wait, 5))
         await asyncio.sleep(0.02)
-        second = asyncio.create_task(offload.run_off_loop(time.sleep, 0))
-        third = asyncio.create_task(offload.run_off_loop(time.sleep, 0))
+        second = asyncio.create_task(offload.run_off_loop(1, time.sleep, 0))
+        third = asyncio.create_task(offload.run_off_loop(1, time.sleep, 0))
         await asyncio.sleep(0.02)
         second.cancel()
         release.set()
@@ -160,7 +182,7 @@ def test_a_cancelled_wait_passes_the_callers_turn_on() -> None:
 def test_work_outside_any_call_is_not_gated() -> None:
     async def scenario() -> int:
         offload = CpuOffload(threads=2, large_bytes=1, waiting_per_caller=0)
-        results = await asyncio.gather(*(offload.run_off_loop(pow, 2, i) for i in range(5)))
+        results = await asyncio.gather(*(offload.run_off_loop(1, pow, 2, i) for i in range(5)))
         offload.close()
         return sum(results)
 
@@ -175,7 +197,7 @@ def test_a_plans_check_takes_no_turn_and_is_never_refused() -> None:
         offload = CpuOffload(threads=2, large_bytes=1, waiting_per_caller=1)
         CALLER.set("node")
         release = threading.Event()
-        gated = asyncio.create_task(offload.run_off_loop(release.wait, 5))  # the caller's turn, held
+        gated = asyncio.create_task(offload.run_off_loop(1, release.wait, 5))  # the caller's turn, held
         await asyncio.sleep(0.02)
         checks = await asyncio.wait_for(asyncio.gather(*(offload.run_ungated(10, len, b"x" * i) for i in range(5))), 2)
         release.set()

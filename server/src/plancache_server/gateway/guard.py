@@ -174,7 +174,7 @@ async def parse(name: str, raw: bytes, parser: Callable[[bytes], Any], offload: 
     thread."""
     wire.check_size(name, raw, limits)
     if wire.needs_walk(name, raw) or len(raw) >= offload.large_bytes:
-        return await offload.run_off_loop(_walked_and_parsed, name, raw, parser, limits)
+        return await offload.run_off_loop(len(raw), _walked_and_parsed, name, raw, parser, limits)
     return _parsed(name, raw, parser)
 
 
