@@ -280,17 +280,22 @@ def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     for name, run in runs.items():
         rows = run.get("honest_series") or []
         t = [r["t_s"] for r in rows]
         top.plot(t, [r["p99_ms"] or float("nan") for r in rows], label=name)
         bottom.plot(t, [r["calls"] for r in rows], label=name)
+        compiles = run.get("honest_compile_series") or []
+        middle.plot([r["t_s"] for r in compiles], [r["p50_ms"] or float("nan") for r in compiles], label=name)
         start = run["series_start"]
         window = run["flood_window"]
-        top.axvspan(window[0] - start, window[1] - start, alpha=0.08)
+        for ax in (top, middle):
+            ax.axvspan(window[0] - start, window[1] - start, alpha=0.08)
     top.set_yscale("log")
     top.set_ylabel("honest GetPlan p99 (ms)")
+    middle.set_yscale("log")
+    middle.set_ylabel("honest Compile p50 (ms)")
     bottom.set_ylabel("honest GetPlan calls / s")
     bottom.set_xlabel("seconds (the flood shaded)")
     top.legend(fontsize=8)
