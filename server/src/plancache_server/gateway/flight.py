@@ -113,7 +113,8 @@ class Waiter:
         if self.flight.waiting_for_turn:
             return ResourceExhausted(
                 f"plan {self.plan_key} was not queued: the builds this caller already has in the build queue "
-                "fill its share of it (--caller-queued), and none of them ended within this call's deadline: "
+                "fill its share of it (--caller-queued), and within this call's deadline none of them ended with "
+                "the queue free of other callers' builds (a build past a caller's share waits for that): "
                 "call again later",
                 retry_after=self.flight.retry_delay_s,
             )

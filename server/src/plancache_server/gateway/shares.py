@@ -295,10 +295,11 @@ class QueueSlots:
                 _drop_waiting(self._waiting, caller, granted)
             if isinstance(e, TimeoutError):
                 raise ResourceExhausted(
-                    f"this caller already has {self.held(caller)} builds in the build queue (its share of "
-                    f"--caller-queued {self.per_caller}, divided among the {len(self._sharing)} callers with builds "
-                    f"there now or in the last {self.recent_s:g} s); this one waited {wait_s:g} s for one of them "
-                    "to end: call again later",
+                    f"this build waited {wait_s:g} s for a place in the build queue: its caller has "
+                    f"{self.held(caller)} builds there (its share of --caller-queued {self.per_caller}, divided "
+                    f"among the {len(self._sharing)} callers with builds there now or in the last "
+                    f"{self.recent_s:g} s), and a build past a caller's share goes in only while no other "
+                    "caller's build is there: call again later",
                     retry_after=retry_delay_s,
                 ) from None
             raise
