@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from plancache import NotFound
+from plancache.graphspec import spec_proto
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis
@@ -194,3 +195,22 @@ def test_plancache_retire_deletes_a_targets_plans(stack: Stack) -> None:
         assert proc.returncode == 0 and f"retired {TARGET.id}: deleted 1 plan(s)" in proc.stdout, proc.stderr
         with pytest.raises(NotFound):
             client.get(key)
+
+
+def test_a_removed_plan_leaves_nothing_of_its_spec_once_no_plan_of_it_is_left(redis_client: redis.Redis) -> None:
+    """Every plan stored keeps its spec's index entry and body (warming's source); evicted or expired, it used to
+    leave both behind: ~1 KB of Redis for every plan ever evicted (bench/soak.py, four new plans a second)."""
+    store = RedisPlanStore(redis_client)
+    first, second = plan(1), plan(1)
+    second.metadata.key = first.metadata.key.replace("opt-" + "0" * 16, "opt-" + "1" * 16)  # same spec, other options
+    spec = spec_proto.to_proto(matmul_spec(m=32))
+    store.put(first, spec)
+    store.put(second, spec)
+    spec_hash = first.metadata.spec_hash
+    janitor = Janitor(redis_client)
+    assert janitor.remove(first.metadata.key, "evicted")
+    assert redis_client.smembers(keys.spec_index(spec_hash)) == {second.metadata.key.encode()}
+    assert redis_client.exists(keys.spec_body(spec_hash))  # a plan of the spec is left: warming still reads it
+    assert janitor.remove(second.metadata.key, "expired")
+    assert not redis_client.exists(keys.spec_index(spec_hash)) and not redis_client.exists(keys.spec_body(spec_hash))
+    assert not janitor.remove(second.metadata.key, "expired")  # gone already: nothing else touched
