@@ -4,6 +4,7 @@ them on a real redis-server, and cannot do what their role must not."""
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 
@@ -11,9 +12,12 @@ import pytest
 import redis
 
 from plancache import Manifest, ManifestEntry, NotFound
+from plancache.graphspec import spec_proto
 from plancache.graphspec.family import derive
+from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis
+from plancache_server.store.plans import RedisPlanStore, StoredPlan
 from plancache_server.web.status import status_of
 from tests.conftest import start_stack
 from tests.support.specs import matmul_bias_relu_spec, matmul_spec
@@ -146,3 +150,29 @@ def test_the_private_redis_listens_only_on_a_socket_of_the_servers_user(
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_workers_user_evicts_a_plan_with_its_spec_index_and_body(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
+    """A worker storing past --store-max-mb evicts under its own user: the plan, its spec's index entry and the
+    spec's body (commands the worker's rules must allow: SREM, SCARD and DEL there)."""
+    password = secrets.token_hex(16)
+    redis_client.execute_command("ACL", "SETUSER", *keys.acl_setuser("worker", "pc-evicting-worker", password))
+    worker = redis.Redis.from_url(f"redis://pc-evicting-worker:{password}@127.0.0.1:{redis_server.port}/0")
+    store = RedisPlanStore(worker, max_bytes=1500)
+    first, second = stored_plan(1), stored_plan(2)
+    store.put(first, spec_proto.to_proto(matmul_spec(m=16)))
+    store.put(second, spec_proto.to_proto(matmul_spec(m=32)))  # over the bound: the first is evicted
+    spec_hash = first.metadata.spec_hash
+    assert not redis_client.exists(keys.plan(first.metadata.key))
+    assert not redis_client.exists(keys.spec_index(spec_hash)) and not redis_client.exists(keys.spec_body(spec_hash))
+    assert redis_client.exists(keys.plan(second.metadata.key))
+
+
+def stored_plan(n: int) -> StoredPlan:
+    blob = bytes([n]) * 1000
+    key = f"{hashlib.sha256(str(n).encode()).hexdigest()}/{TARGET.id}/opt-{'0' * 16}"
+    return StoredPlan(
+        blob=blob, metadata=pb.PlanMetadata(key=key, spec_hash=key[:64], blob_sha256=hashlib.sha256(blob).hexdigest())
+    )

@@ -301,7 +301,9 @@ ACL_RULES: dict[str, list[str]] = {
         f"~{PREFIX}:stats*",
         f"~{PREFIX}:top:*",
         f"%R~{RECENT_FAILURES}",
-        f"%R~{spec_index('*')}",
+        # Invalidate removes a plan from its spec's index, and the spec's body with its last plan.
+        f"~{spec_index('*')}",
+        "+scard",
         f"~{spec_body('*')}",
         f"~{plan_hits('*')}",
         f"~{PREFIX}:{{warm:*",
@@ -311,12 +313,15 @@ ACL_RULES: dict[str, list[str]] = {
         f"~{REPAIR_LOST}",
         f"~{WORKLOADS}",
         f"~{PREFIX}:{{workload:*",
-        # Invalidate (an admin call) deletes plans: deleting is all it may do to them.
-        f"(+del ~{_PLAN})",
+        # Invalidate (an admin call) deletes plans (and a spec's body with its last plan): deleting is all it may
+        # do to them.
+        f"(+del ~{_PLAN} ~{spec_body('*')})",
     ],
     "worker": [
         *_COMMON,
         "+sismember",
+        "+srem",  # an evicted plan off its spec's index (lifecycle.Janitor.remove)
+        "+scard",
         "+hmget",
         "+hset",
         "+sadd",
