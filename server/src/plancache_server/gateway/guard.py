@@ -167,20 +167,16 @@ class _Malformed:
 
 
 async def parse(name: str, raw: bytes, parser: Callable[[bytes], Any], offload: CpuOffload, limits: WireLimits) -> Any:
-    """2. The request message from its bytes, once its size and shape passed the limits
-    (plancache_server.gateway.wire). A small request is parsed on the loop; one large enough to need its
-    shape walked is walked and parsed in the CPU threads, one of its caller's at a time
-    (plancache_server.gateway.offload): a caller's large requests never hold the loop, nor more than one
-    thread."""
+    """2. A request over 64 KB from its bytes: its size checked at once (a method without specs takes no more,
+    so what passes has specs to walk), then its shape walked and the message parsed in the CPU threads, one of
+    its caller's at a time (plancache_server.gateway.offload): a caller's large requests never hold the loop,
+    nor more than one thread. A small request is parsed on the loop (`prepared`)."""
     wire.check_size(name, raw, limits)
-    if wire.needs_walk(name, raw) or len(raw) >= offload.large_bytes:
-        return await offload.run_off_loop(len(raw), _walked_and_parsed, name, raw, parser, limits)
-    return _parsed(name, raw, parser)
+    return await offload.run_off_loop(len(raw), _checked_and_parsed, name, raw, parser, limits)
 
 
-def _walked_and_parsed(name: str, raw: bytes, parser: Callable[[bytes], Any], limits: WireLimits) -> Any:
-    if wire.needs_walk(name, raw):
-        wire.walk(name, raw, limits)
+def _checked_and_parsed(name: str, raw: bytes, parser: Callable[[bytes], Any], limits: WireLimits) -> Any:
+    wire.check(name, raw, limits)
     return _parsed(name, raw, parser)
 
 
