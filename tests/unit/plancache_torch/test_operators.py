@@ -292,6 +292,29 @@ def test_batch_norm_train_gradients_and_running_statistics(params: str) -> None:
     torch.testing.assert_close(inv, (x.detach().var((0, 2, 3), unbiased=False) + 1e-5).rsqrt())
 
 
+def test_the_backward_operator_finds_the_training_forwards_geometry_without_its_running_statistics() -> None:
+    """batch_norm_backward has no running statistics (they are the module's, updated meanwhile): it resolves the
+    forward's table entry by the layout a served forward's had (float32 [C] on the input's device), and a hit
+    allocates nothing. Here the forward's key is made as batch_norm_op makes it, a sentinel entry under it."""
+    from plancache.functional import _batch_norm
+    from plancache.functional._table import TABLE
+
+    class Sentinel:
+        used = 0
+
+    x, w, b = rand(2, 4, 3, 3), rand(4), rand(4)
+    mean, var = torch.zeros(4), torch.ones(4)
+    key = _batch_norm._op_key(
+        x, w, b, _batch_norm._layout_key(mean), _batch_norm._layout_key(var), True, 0.1, 1e-5, True
+    )
+    sentinel = Sentinel()
+    TABLE.put(key, sentinel)  # type: ignore[arg-type]
+    try:
+        assert _batch_norm.batch_norm_backward_entry(x, w, b, 0.1, 1e-5) is sentinel
+    finally:
+        TABLE.discard(key, sentinel)  # type: ignore[arg-type]
+
+
 def test_batch_norm_evaluation_is_torchs() -> None:
     torch.manual_seed(3)
     x = rand(2, 3, 4, 4, dtype=D).to(memory_format=torch.channels_last)

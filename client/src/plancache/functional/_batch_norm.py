@@ -27,7 +27,7 @@ from plancache.functional._geometry import (
     tensor_key,
 )
 from plancache.functional._norms import EPSILON_UID, INV_VARIANCE_UID, MEAN_UID, norm_node_run
-from plancache.functional._op_call import OpCall
+from plancache.functional._op_call import BACKWARD, OpCall
 from plancache.functional._requests import Constant, Output, Request, dense_like, finish, graph, request, shaped
 from plancache.functional._signature import Bound, Signature, Slot
 from plancache.functional._table import TABLE, Fallback
@@ -159,20 +159,8 @@ def batch_norm_op(
     autograd: its backward resolves the geometry with the forward's key)."""
     if _compiling():
         return None
-    key = (
-        "batch_norm.op",
-        input.shape,
-        input.stride(),
-        input.dtype,
-        input.get_device(),
-        _layout_key(running_mean),
-        _layout_key(running_var),
-        _layout_key(weight),
-        _layout_key(bias),
-        training,
-        momentum,
-        eps,
-        op.train,
+    key = _op_key(
+        input, weight, bias, _layout_key(running_mean), _layout_key(running_var), training, momentum, eps, op.train
     )
     if weight is None:
         given: tuple[Any, ...] = (input,) if bias is None else (input, bias)
@@ -213,6 +201,50 @@ def batch_norm_op(
         return None
 
     return first_call(bound, key, forward, bound.fallback(fallback), op.train, rule if training else None, op)
+
+
+def batch_norm_backward_entry(input: Any, weight: Any, bias: Any, momentum: float, eps: float) -> Any:
+    """For a backward operator: the training geometry's entry under the forward's key (what
+    batch_norm_op(op=BACKWARD) gives), whose running statistics' part is the layout a served forward's had,
+    float32 [C] on the input's device (any other was torch's). Stand-ins of that layout are made only when
+    the table does not hold the geometry yet; a hit allocates nothing."""
+    channels, device = input.shape[1], input.get_device()
+    stats = ((channels,), (1,), torch_module().float32, device)
+    entry = TABLE.get(_op_key(input, weight, bias, stats, stats, True, momentum, eps, True))
+    if entry is not None:
+        return entry
+    stand_in = input.new_empty((channels,), dtype=torch_module().float32)
+    return batch_norm_op(
+        input, weight, bias, stand_in, stand_in, True, momentum, eps, op=BACKWARD, next_mean=stand_in, next_var=stand_in
+    )
+
+
+def _op_key(
+    input: Any,
+    weight: Any,
+    bias: Any,
+    mean_layout: Hashable,
+    var_layout: Hashable,
+    training: bool,
+    momentum: float,
+    eps: float,
+    train: bool,
+) -> Hashable:
+    return (
+        "batch_norm.op",
+        input.shape,
+        input.stride(),
+        input.dtype,
+        input.get_device(),
+        mean_layout,
+        var_layout,
+        _layout_key(weight),
+        _layout_key(bias),
+        training,
+        momentum,
+        eps,
+        train,
+    )
 
 
 def _layout_key(t: Any) -> Hashable:

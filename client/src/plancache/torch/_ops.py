@@ -779,18 +779,14 @@ def batch_norm_backward(
 ) -> tuple[Tensor | None, ...]:
     """dInput, dWeight, dBias (None where not needed or not given)."""
     if _served(input):
-        channels = input.shape[1]
-        # The geometry's key reads the running statistics' layout only: a served forward's were float32 [C]
-        # on the input's device (any other was torch's), so stand-ins of that layout resolve its entry.
-        stats = torch.empty(channels, dtype=torch.float32, device=input.device)
-        entry = _batch_norm.batch_norm_op(
-            input, weight, bias, stats, stats, True, momentum, eps, op=BACKWARD, next_mean=stats, next_var=stats
-        )
+        entry = _batch_norm.batch_norm_backward_entry(input, weight, bias, momentum, eps)
         if isinstance(entry, Differentiable):
+            channels = input.shape[1]
             given = (True, weight is not None, bias is not None)
             present = _present(input, weight, bias)
             wanted = [n for n, g in zip(needs, given, strict=True) if g]
-            tensors = (*present, stats, stats, stats, stats)  # the running statistics' slots: no gradient
+            # The running statistics' slots take no gradient and the rule does not read them.
+            tensors = (*present, mean, mean, mean, mean)
             saved = (mean.view(1, channels, 1, 1), inv_variance.view(1, channels, 1, 1))
             grads = _run_rule(entry, tensors, saved, grad, [*wanted, False, False, False, False])[: len(present)]
             return _grads(_spread(grads, given), (input, weight, bias), needs)
