@@ -11,9 +11,13 @@ steady mix for --minutes:
 - the status page (/ and /status.json) and /metrics read every 5 s.
 
 Every --sample-s seconds: the gateway's and the worker's RSS and open file
-descriptors, Redis' used memory, the job stream's length, the store's plan
-count, and the hits' p50/p99 over that window. The slope of each (least
-squares over the second half of the run, per hour) says whether it grows.
+descriptors, what the gateway's memory cache of plans holds (its /metrics),
+Redis' used memory (and its dataset and overhead parts) and its keys counted
+by kind, the job stream's length, the store's plan count, and the hits'
+p50/p99 over that window. Every --census-every samples, Redis' memory by key
+kind (MEMORY USAGE of every key). The slope of each (least squares over the
+second half of the run, per hour) says whether it grows; a growing total is
+then attributed to the kind whose keys or bytes grow with it.
 
     python bench/soak.py --minutes 60 [--out bench/results]
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -78,6 +83,45 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     var = sum((x - mx) ** 2 for x in xs)
     return None if var == 0 else sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var * 3600
+
+
+def key_kind(key: bytes) -> str:
+    """A Redis key with what varies taken out: `plancache:{<plan key>}:plan` -> `plancache:{}:plan`,
+    `plancache:spec:<hash>` -> `plancache:spec:#`, `...:h123` -> `...:hN`."""
+    text = re.sub(r"\{[^}]*\}", "{}", key.decode(errors="replace"))
+    text = re.sub(r"[0-9a-f]{16,}", "#", text)
+    return re.sub(r"\d+", "N", text)
+
+
+def redis_census(store: redis_py.Redis, with_bytes: bool) -> tuple[dict[str, int], dict[str, int]]:
+    """Keys per kind and, when asked, their bytes (MEMORY USAGE, every key: a few thousand here)."""
+    counts: dict[str, int] = {}
+    keys_of: dict[str, list[bytes]] = {}
+    for key in store.scan_iter(count=1000):
+        kind = key_kind(key)
+        counts[kind] = counts.get(kind, 0) + 1
+        if with_bytes:
+            keys_of.setdefault(kind, []).append(key)
+    sizes: dict[str, int] = {}
+    for kind, keys in keys_of.items():
+        pipe = store.pipeline(transaction=False)
+        for key in keys:
+            pipe.memory_usage(key, samples=0)
+        sizes[kind] = sum(int(n or 0) for n in pipe.execute())
+    return counts, sizes
+
+
+def gateway_cache_bytes(metrics_port: int) -> float | None:
+    """What the gateway's memory cache counts against --memory-cache-mb, MiB (its /metrics)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("plancache_gateway_memory_cache_bytes "):
+            return float(line.rsplit(" ", 1)[1]) / 2**20
+    return None
 
 
 class Load:
@@ -170,6 +214,7 @@ def main() -> None:
     parser.add_argument("--hit-rate", type=float, default=200.0, help="GetPlan calls a second, all threads")
     parser.add_argument("--miss-every", type=float, default=1.0)
     parser.add_argument("--store-max-mb", type=int, default=64)
+    parser.add_argument("--census-every", type=int, default=30, help="samples between Redis memory censuses")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="plancache-soak-"))
@@ -207,6 +252,8 @@ def main() -> None:
                 gateway_rss, gateway_fds = proc_status(server.pid)
                 worker_stats = [proc_status(pid) for pid in workers if "worker_main" in _cmdline(pid)]
                 memory = store.info("memory")
+                census = len(samples) % args.census_every == 0
+                key_counts, key_bytes = redis_census(store, with_bytes=census)
                 with load.lock:
                     counts, errors = dict(load.counts), dict(load.errors)
                 samples.append(
@@ -216,7 +263,12 @@ def main() -> None:
                         "gateway_fds": gateway_fds,
                         "worker_rss_mb": sum(w[0] for w in worker_stats),
                         "worker_fds": sum(w[1] for w in worker_stats),
+                        "gateway_cache_mb": gateway_cache_bytes(metrics_port),
                         "redis_used_mb": memory["used_memory"] / 2**20,
+                        "redis_dataset_mb": memory["used_memory_dataset"] / 2**20,
+                        "redis_overhead_mb": memory["used_memory_overhead"] / 2**20,
+                        "redis_keys": key_counts,
+                        "redis_key_bytes": key_bytes if census else None,
                         "job_stream": int(store.xlen(store_keys.job_stream(TARGET))),
                         "stored_plans": int(store.zcard(store_keys.PLAN_INDEX)),
                         "hit_p50_ms": percentile([h * 1000 for h in hits], 50) if hits else None,
@@ -233,17 +285,29 @@ def main() -> None:
     metrics = [
         "gateway_rss_mb",
         "gateway_fds",
+        "gateway_cache_mb",
         "worker_rss_mb",
         "worker_fds",
         "redis_used_mb",
+        "redis_dataset_mb",
+        "redis_overhead_mb",
         "job_stream",
         "hit_p99_ms",
     ]
     slopes = {m: slope_per_hour([(s["t_s"], s[m]) for s in samples if s[m] is not None]) for m in metrics}
+    kinds = sorted({kind for s in samples for kind in s["redis_keys"]})
+    key_slopes = {kind: slope_per_hour([(s["t_s"], s["redis_keys"].get(kind, 0)) for s in samples]) for kind in kinds}
+    censuses = [s for s in samples if s["redis_key_bytes"] is not None]
+    byte_slopes = {
+        kind: slope_per_hour([(s["t_s"], s["redis_key_bytes"].get(kind, 0) / 2**20) for s in censuses])
+        for kind in kinds
+    }
     results = {
         "config": {k: v for k, v in vars(args).items() if k != "out"},
         "samples": samples,
         "slopes_per_hour": slopes,
+        "redis_key_slopes_per_hour": key_slopes,
+        "redis_key_mb_slopes_per_hour": byte_slopes,
     }
     write_json(args.out / "soak.json", results)
     plot(results, args.out / "soak.png")
@@ -268,16 +332,16 @@ def plot(results: dict[str, Any], path: Path) -> None:
         return
     minutes = [s["t_s"] / 60 for s in samples]
     panels = [
-        ("RSS (MiB)", ["gateway_rss_mb", "worker_rss_mb"]),
+        ("RSS (MiB)", ["gateway_rss_mb", "gateway_cache_mb", "worker_rss_mb"]),
         ("open descriptors", ["gateway_fds", "worker_fds"]),
-        ("Redis used memory (MiB)", ["redis_used_mb"]),
+        ("Redis memory (MiB)", ["redis_used_mb", "redis_dataset_mb", "redis_overhead_mb"]),
         ("hit latency (ms)", ["hit_p50_ms", "hit_p99_ms"]),
         ("queued jobs", ["job_stream"]),
     ]
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.2 * len(panels)), sharex=True)
     for ax, (title, names) in zip(axes, panels, strict=True):
         for name in names:
-            ax.plot(minutes, [s[name] if s[name] is not None else float("nan") for s in samples], label=name)
+            ax.plot(minutes, [s.get(name) if s.get(name) is not None else float("nan") for s in samples], label=name)
         ax.set_ylabel(title, fontsize=8)
         ax.legend(fontsize=7, loc="upper left")
     axes[-1].set_xlabel("minutes")

@@ -87,6 +87,9 @@ def test_server_and_worker_metrics(tmp_path: Path) -> None:
             _value(front, f'plancache_store_bytes{{target="{target}"}}') > 75_000
         )  # the stand-in's blob, metadata and signature
         assert _value(front, f'plancache_store_evicted_total{{target="{target}"}}') == 0
+        # The one plan served from Redis stays in the gateway's memory cache, counted as its blob and two encodings.
+        assert _value(front, "plancache_gateway_memory_cache_plans") == 1
+        assert _value(front, "plancache_gateway_memory_cache_bytes") > 3 * 75_000
         assert _value(worker, f'plancache_builds_total{{outcome="built",target="{target}"}}') == 1
         assert _value(worker, "plancache_worker_busy") == 0
     finally:

@@ -23,6 +23,7 @@ from plancache.errors import PlanCacheError
 from plancache.trust.signing import TRUSTED_KEYS_ENV, generate_keypair
 from plancache_server import key_rotation
 from plancache_server.gateway.app import Gateway
+from plancache_server.gateway.memory_cache import MemoryCachedStore
 from plancache_server.key_rotation import signing_key_path
 from plancache_server.secrets import check_secrets
 from plancache_server.settings import SERVER, Settings, parser, settings_from, worker_flags
@@ -114,6 +115,9 @@ async def serve(settings: Settings, redis_url: str, devices: Sequence[int] = ())
     metrics.report_queues(front.queue, front.directory, loop)
     if front.janitor is not None:
         metrics.report_store(front.janitor.usage)
+    if isinstance(front.store, MemoryCachedStore):
+        cache = front.store
+        metrics.report_memory_cache(lambda: (cache.bytes_held, cache.plans_held))
     if front.warming is not None:
         metrics.report_warming(front.warming.all_status)
     if front.workloads is not None:

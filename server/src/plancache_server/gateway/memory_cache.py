@@ -35,6 +35,15 @@ class MemoryCachedStore:
         self._bytes = 0
         self._reading: dict[str, asyncio.Future[StoredPlan | None]] = {}  # reads under way
 
+    @property
+    def bytes_held(self) -> int:
+        """What the cache counts against its bound (plancache.store.plans.StoredPlan.size)."""
+        return self._bytes
+
+    @property
+    def plans_held(self) -> int:
+        return len(self._entries)
+
     def cached(self, plan_key: str) -> StoredPlan | None:
         entry = self._entries.get(plan_key)
         if entry is None:

@@ -157,6 +157,30 @@ def report_store(usage: Callable[[], dict[str, Any]]) -> None:
     REGISTRY.register(StoreCollector(usage))
 
 
+class MemoryCacheCollector(Collector):
+    """The gateway's memory cache of verified plans (plancache_server.gateway.memory_cache):
+    what it holds against --memory-cache-mb, read at scrape time (two ints; no lock needed)."""
+
+    def __init__(self, held: Callable[[], tuple[int, int]]) -> None:
+        self._held = held
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        counted, plans = self._held()
+        yield GaugeMetricFamily(
+            "plancache_gateway_memory_cache_bytes",
+            "bytes the gateway's plan cache counts against --memory-cache-mb (a plan's blob and its kept encodings)",
+            value=float(counted),
+        )
+        yield GaugeMetricFamily(
+            "plancache_gateway_memory_cache_plans", "plans in the gateway's memory cache", value=float(plans)
+        )
+
+
+def report_memory_cache(held: Callable[[], tuple[int, int]]) -> None:
+    """Gateways with a memory cache add what it holds to their /metrics (memory sizing, leak hunting)."""
+    REGISTRY.register(MemoryCacheCollector(held))
+
+
 # Workloads /metrics lists (the most recently reported): a bound on its series, whatever names nodes send.
 WORKLOADS_LISTED = 50
 
