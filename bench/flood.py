@@ -19,9 +19,18 @@ stored plans (GetPlan of --plans plans, one call after another) and, every
 Measured per phase (idle, flood, after): the honest GetPlan latency
 (p50/p99/max), calls a second, and every honest error; the flooder's
 outcomes by status code; after the flood: the jobs left in the queue, the
-jobs dropped as abandoned, what the worker built, the server's RSS.
+jobs dropped as abandoned, what the worker built, the server's RSS; and the
+CPU each process used (cores: gateway, worker, Redis, the honest nodes, the
+flooder), since on one machine a flooder's own process takes CPU from every
+other one whatever the service does.
+
+With --burn-cores C --burn-seconds S the flooder sends nothing: a process
+burns C cores for S seconds instead (the flooder's own CPU, measured by a
+flood run). What the honest nodes lose to that is the machine's share of a
+flood; what they lose beyond it in a flood run is the service's.
 
     python bench/flood.py [--out bench/results] [--honest 50] [--quick]
+    python bench/flood.py --burn-cores 0.6 --burn-seconds 60
 
 Writes flood.json and flood.png to --out.
 """
@@ -30,7 +39,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
+import math
+import multiprocessing
 import secrets
 import subprocess
 import sys
@@ -47,6 +59,7 @@ import grpc
 import redis as redis_py
 
 from bench.cpu_bench import TARGET, spec_for
+from bench.procs import children, cpu_seconds, tree_cpu_seconds
 from bench.report import percentile, write_json
 from plancache.keys.query import PlanQuery
 from plancache.v1 import plancache_pb2 as pb
@@ -141,6 +154,7 @@ async def honest_child(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 async def flood_child(cfg: dict[str, Any]) -> dict[str, Any]:
+    cpu_started = time.process_time()
     metadata = (("authorization", f"Bearer {cfg['token']}"),)
     outcomes: dict[str, Counter[str]] = {}
     base = cfg["flood_base"]
@@ -201,12 +215,48 @@ async def flood_child(cfg: dict[str, Any]) -> dict[str, Any]:
             *(key_prefetch(p) for p in range(10)),
             *(distinct(j) for j in range(int(1000 * scale))),
         )
-    return {"outcomes": {k: dict(v) for k, v in outcomes.items()}, "started": started, "ended": time.time()}
+    return {
+        "outcomes": {k: dict(v) for k, v in outcomes.items()},
+        "started": started,
+        "ended": time.time(),
+        "cpu_s": time.process_time() - cpu_started,
+    }
+
+
+def _burn(duty: float, seconds: float) -> None:
+    """Busy for `duty` of every 10 ms, for `seconds`."""
+    end = time.perf_counter() + seconds
+    while (now := time.perf_counter()) < end:
+        busy_until = now + 0.01 * duty
+        while time.perf_counter() < busy_until:
+            pass
+        time.sleep(0.01 * (1 - duty))
+
+
+async def burn_child(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The flooder's CPU without its calls: cfg["burn_cores"] cores for cfg["burn_seconds"]."""
+    cores, seconds = cfg["burn_cores"], cfg["burn_seconds"]
+    n = max(1, math.ceil(cores))
+    started = time.time()
+    burners = [multiprocessing.Process(target=_burn, args=(cores / n, seconds)) for _ in range(n)]
+    for b in burners:
+        b.start()
+    for b in burners:
+        await asyncio.to_thread(b.join)
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "outcomes": {},
+        "started": started,
+        "ended": time.time(),
+        "cpu_s": used.ru_utime + used.ru_stime,
+    }
 
 
 def child_main() -> None:
     cfg = json.loads(sys.stdin.readline())
-    run = honest_child if cfg["role"] == "honest" else flood_child
+    run = {"honest": honest_child, "flood": flood_child, "burn": burn_child}[cfg["role"]]
     result = asyncio.run(run(cfg))
     Path(cfg["out"]).write_text(json.dumps(result))
 
@@ -229,6 +279,29 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+class CpuLedger:
+    """CPU used by the gateway, its worker(s), Redis and the honest nodes, read at each phase's edges."""
+
+    def __init__(self, gateway: int, redis: int, honest: int) -> None:
+        self.pids = {"gateway": gateway, "redis": redis, "honest": honest}
+        self.marks: list[tuple[float, dict[str, float]]] = []
+
+    def mark(self) -> None:
+        used = {role: cpu_seconds(pid) for role, pid in self.pids.items()}
+        used["honest"] = tree_cpu_seconds(self.pids["honest"])
+        used["worker"] = sum(tree_cpu_seconds(pid) for pid in children(self.pids["gateway"]))
+        self.marks.append((time.time(), used))
+
+    def cores(self, flooder_cpu_s: float) -> dict[str, dict[str, float]]:
+        """Cores per role in each phase between marks (idle, flood, after); the flooder's from its own count."""
+        out: dict[str, dict[str, float]] = {}
+        for phase, ((t0, a), (t1, b)) in zip(("idle", "flood", "after"), itertools.pairwise(self.marks), strict=False):
+            span = t1 - t0
+            out[phase] = {role: round((b[role] - a[role]) / span, 3) for role in a}
+            out[phase]["flooder"] = round(flooder_cpu_s / span, 3) if phase == "flood" else 0.0
+        return out
 
 
 def phase_of(t: float, flood: tuple[float, float]) -> str:
@@ -318,6 +391,8 @@ def main() -> None:
     parser.add_argument("--hold-s", type=float, default=15.0, help="how long the unread streams stay open")
     parser.add_argument("--server-arg", action="append", default=[], help="one more plancache-server argument")
     parser.add_argument("--quick", action="store_true", help="a tenth of the flood, short phases (the smoke test)")
+    parser.add_argument("--burn-cores", type=float, default=0.0, help="no flood: burn this many cores instead")
+    parser.add_argument("--burn-seconds", type=float, default=60.0, help="how long --burn-cores burns")
     args = parser.parse_args()
     if args.child:
         child_main()
@@ -380,14 +455,21 @@ def main() -> None:
                     "out": str(tmp / "honest.json"),
                 }
             )
+            store = redis_py.Redis.from_url(redis_server.url)
+            ledger = CpuLedger(server.pid, int(store.info("server")["process_id"]), honest.pid)
+            time.sleep(2)  # the honest nodes connected
+            ledger.mark()
             time.sleep(max(0.0, flood_at - time.time()))
+            ledger.mark()
             flooder = spawn(
                 {
                     **common,
-                    "role": "flood",
+                    "role": "burn" if args.burn_cores else "flood",
                     "token": flood_token,
                     "hold_s": args.hold_s,
                     "flood_base": 2_000_000,
+                    "burn_cores": args.burn_cores,
+                    "burn_seconds": args.burn_seconds,
                     "out": str(tmp / "flood.json"),
                 }
             )
@@ -396,14 +478,15 @@ def main() -> None:
                 peak_rss = max(peak_rss, rss_mb(server.pid))
                 time.sleep(0.5)
             flood_end = time.time()
+            ledger.mark()
             time.sleep(args.after_s)
+            ledger.mark()
             (tmp / "stop").touch()
             honest.wait(timeout=60)
             flood = json.loads((tmp / "flood.json").read_text())
             nodes = json.loads((tmp / "honest.json").read_text())
             stats = stub.GetStats(pb.GetStatsRequest(), timeout=10, metadata=admin)
             row = next((t for t in stats.targets if t.target_id == TARGET.id), None)
-            store = redis_py.Redis.from_url(redis_server.url)
             queue_after = int(store.xlen(store_keys.job_stream(TARGET)))
             rss_after = rss_mb(server.pid)
         results = {
@@ -413,6 +496,7 @@ def main() -> None:
             "abandoned": row.abandoned if row else 0,
             "compiles": row.compiles if row else 0,
             "rss_mb": {"before": rss_before, "peak": peak_rss, "after": rss_after},
+            "cpu_cores": ledger.cores(flood["cpu_s"]),
             "flood_window": [flood["started"], flood_end],
             "honest_getplan": summarize(nodes["samples"], (flood["started"], flood_end)),
             "series_start": min(row[0] for row in nodes["samples"]),

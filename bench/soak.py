@@ -44,6 +44,7 @@ if __package__ in (None, ""):
 import redis as redis_py
 
 from bench.cpu_bench import TARGET, spec_for
+from bench.procs import children
 from bench.report import percentile, write_json
 from plancache import Client, Manifest
 from plancache.errors import PlanCacheError
@@ -59,19 +60,6 @@ def proc_status(pid: int) -> tuple[float, int]:
         if line.startswith("VmRSS:"):
             rss = int(line.split()[1]) / 1024
     return rss, len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
