@@ -399,7 +399,8 @@ def test_what_cudnn_is_not_asked_for_runs_torch_counted_and_logged_once(
     pf.scaled_dot_product_attention(q, q, q, T((16, 16), dtype="bool"))
     pf.scaled_dot_product_attention(T((8, 16, 64)), T((8, 16, 64)), T((8, 16, 64)))
     assert [r for r in pf.stats()["scaled_dot_product_attention"].reasons] == [
-        "attn_mask is torch.bool: a boolean mask stays with torch (cuDNN takes an additive bias)",
+        "attn_mask is torch.bool: cuDNN takes an additive bias (plancache.functional makes one of a boolean mask "
+        "of a CUDA float16 or bfloat16 call without is_causal)",
         "query, key and value must be 4-D (batch, heads, sequence, head dim)",
     ]
 

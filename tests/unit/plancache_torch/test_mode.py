@@ -223,17 +223,69 @@ def test_options_plancache_has_no_form_for_are_left_to_torch(cpu_routes: None) -
     q = torch.randn(1, 2, 4, 8)
     with pt.mode():
         dropped = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
-        F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool))
+        both = F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool), is_causal=True)
         F.conv2d(torch.randn(1, 2, 5, 5), torch.randn(2, 2, 3, 3), padding="same")
         F.linear(torch.randn(8), torch.randn(4, 8))
     assert dropped.shape == q.shape
+    torch.testing.assert_close(  # what torch makes of a boolean mask with is_causal=True, as without the mode
+        both, F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool), is_causal=True)
+    )
     stats = pt.stats()
     assert stats["scaled_dot_product_attention"].left == {
         "dropout (torch's mask; plancache's draws another)": 1,
-        "a boolean attn_mask": 1,
+        "a boolean attn_mask with is_causal=True": 1,
     }
     assert stats["conv2d"].left == {"stride=1, padding='same', dilation=1": 1}
     assert stats["linear"].left == {"input of 1 dims, weight of 2": 1}
+
+
+def boolean_masks(b: int, s_q: int, s_kv: int) -> dict[str, Any]:
+    """Boolean attn_masks as models pass them: causal with left padding (the padded queries see no key: a
+    fully masked row), a key-padding mask broadcast over queries, one 2-D mask for every batch and head."""
+    causal = torch.ones(s_q, s_kv, dtype=torch.bool).tril(s_kv - s_q)
+    padded = causal.expand(b, 1, s_q, s_kv).clone()
+    padded[0, :, :, :2] = False  # sequence 0 starts at its third position
+    padding = torch.ones(b, 1, 1, s_kv, dtype=torch.bool)
+    padding[1, ..., -3:] = False
+    return {"causal, left padding": padded, "key padding": padding, "2-D": causal}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("kind", ["causal, left padding", "key padding", "2-D"])
+def test_a_boolean_mask_is_routed_as_an_additive_bias_with_torchs_results(
+    cpu_routes: None, kind: str, compiled: bool
+) -> None:
+    """transformers passes SDPA a boolean causal mask under torch.compile: routed as cuDNN's bias (-inf where a
+    key is masked out), a query that sees no key 0 as torch gives it, values and gradients torch's (float64)."""
+    mask = boolean_masks(2, 6, 6)[kind]
+    q, k, v = (torch.randn(2, 4, 6, 8, dtype=D, requires_grad=True) for _ in range(3))
+
+    def attend(q: Any, k: Any, v: Any) -> Any:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    expected = attend(q, k, v)
+    weighting = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad((expected * weighting).sum(), (q, k, v))
+    torch._dynamo.reset()
+    recorder = Recorder()
+    run = torch.compile(attend, backend=recorder, fullgraph=True) if compiled else attend
+    with pt.mode():
+        got = run(q, k, v)
+    grads = torch.autograd.grad((got * weighting).sum(), (q, k, v))
+    torch.testing.assert_close(got, expected)
+    for ours, theirs in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(ours, theirs)
+    if kind == "causal, left padding":
+        assert not got[0, :, :2].any() and not expected[0, :, :2].any()  # torch's 0 for a query that sees no key
+    if compiled:
+        assert recorder.graphs == 1 and "plancache.sdpa_train.default" in recorder.targets
+        assert (
+            not pt.stats().get("scaled_dot_product_attention")
+            or not pt.stats()["scaled_dot_product_attention"].left_compiled
+        )
+    else:
+        assert pt.stats()["scaled_dot_product_attention"].routed == 1
+        assert not pt.stats()["scaled_dot_product_attention"].left
 
 
 def test_what_a_compiled_program_leaves_to_torch_is_said_with_the_reason(cpu_routes: None) -> None:

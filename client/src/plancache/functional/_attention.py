@@ -10,6 +10,7 @@ sliding window, ALiBi: _attention_common's masked attention).
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -78,20 +79,25 @@ def scaled_dot_product_attention(
       position), with `is_causal=True`.
 
     `attn_mask` as torch takes it; a float mask is cuDNN's bias (dims
-    broadcasting to [batch, heads, queries, keys] over batch and heads; a
-    boolean mask runs torch). Dropout is cuDNN's (Philox, its seed drawn
+    broadcasting to [batch, heads, queries, keys] over batch and heads); a
+    boolean one is turned into that bias as torch reads it
+    (boolean_mask_as_bias: a query that sees no key gives 0, as torch's).
+    Dropout is cuDNN's (Philox, its seed drawn
     from torch's CUDA generator each call: torch.manual_seed reproduces it,
     but the mask is not the one torch's own dropout would draw).
 
     Differentiable: cuDNN's SDPA backward with the forward's options and
     softmax statistics, dBias when attn_mask requires grad."""
+    unattended = None  # a boolean mask's rows of queries that see no key
+    if attn_mask is not None and not is_causal and _servable(query) and _boolean(attn_mask) and not _compiling():
+        attn_mask, unattended = _mask_bias_of(attn_mask, query, key)
     if BUCKETS.functions and is_causal and not dropout_p and not alibi and sliding_window is None:
         plain = attn_mask is None and seq_len_q is None and seq_len_kv is None
         padded = pad_sequence(query, key, value) if plain else None
         if padded is not None:  # keys after every real one: no real query sees them (causal)
             q, k, v, length = padded
             return _sdpa(q, k, v, None, 0.0, True, scale, enable_gqa, None, None, None, False)[:, :, :length]
-    return _sdpa(
+    out = _sdpa(
         query,
         key,
         value,
@@ -105,6 +111,55 @@ def scaled_dot_product_attention(
         sliding_window,
         alibi,
     )
+    return out if unattended is None else out.masked_fill(unattended, 0.0)
+
+
+def boolean_mask_as_bias(mask: Any, query: Any, key: Any) -> tuple[Any, Any]:
+    """torch's boolean attn_mask (True: the query attends to the key) as cuDNN's additive bias, read as torch
+    reads it: -inf where a key is masked out (torch's own conversion), over every query and key ([1|batch,
+    1|heads, queries, keys]: cuDNN's bias does not broadcast over them). A query that sees no key gets torch's
+    answer, 0 (its safe softmax; -inf over a whole row would be NaN): its row of the bias is 0, finite, and the
+    caller zeroes its output rows where `unattended` ([..., queries, 1]) says so, which zeroes their gradient too.
+    Returns (bias, unattended)."""
+    torch = torch_module()
+    unattended = ~mask.any(dim=-1, keepdim=True)
+    blocked = ~(mask | unattended)  # masked out, in a row that sees some key
+    shape = torch.broadcast_shapes(blocked.shape, (query.shape[-2], key.shape[-2]))
+    bias = torch.zeros(shape, dtype=query.dtype, device=query.device).masked_fill_(blocked, float("-inf"))
+    return bias, unattended
+
+
+def _boolean(mask: Any) -> bool:
+    return getattr(mask, "dtype", None) is torch_module().bool
+
+
+def _servable(query: Any) -> bool:
+    """A CUDA tensor of a dtype served (torch imported only for one: a process without torch has none)."""
+    if getattr(query, "is_cuda", False) is not True:
+        return False
+    torch = torch_module()
+    return query.dtype in (torch.float16, torch.bfloat16)
+
+
+# The last boolean mask's bias, reused while that mask lives unchanged: a model makes one mask a forward and
+# hands it to every layer. The weak reference drops the bias with the mask (no memory kept past it).
+_last_mask: tuple[Any, int, Any, tuple[int, ...], tuple[int, ...], Any, Any] | None = None
+
+
+def _forget_mask(_: Any) -> None:
+    global _last_mask
+    _last_mask = None
+
+
+def _mask_bias_of(mask: Any, query: Any, key: Any) -> tuple[Any, Any]:
+    global _last_mask
+    last = _last_mask
+    wanted = (query.dtype, tuple(query.shape), tuple(key.shape))
+    if last is not None and last[0]() is mask and last[1] == mask._version and last[2:5] == wanted:
+        return last[5], last[6]
+    bias, unattended = boolean_mask_as_bias(mask, query, key)
+    _last_mask = (weakref.ref(mask, _forget_mask), mask._version, *wanted, bias, unattended)
+    return bias, unattended
 
 
 def _sdpa(
@@ -279,7 +334,8 @@ def _attention(
     q, k, v, mask, seq_q, seq_kv = geos
     if mask is not None and mask.dtype in ("boolean", None):
         raise Unserved(
-            f"attn_mask is {mask.dtype_text}: a boolean mask stays with torch (cuDNN takes an additive bias)"
+            f"attn_mask is {mask.dtype_text}: cuDNN takes an additive bias (plancache.functional makes one of a "
+            "boolean mask of a CUDA float16 or bfloat16 call without is_causal)"
         )
     dt = served_dtype(q, k, v, mask)
     if any(len(t.shape) != 4 for t in (q, k, v)):

@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 import plancache.functional as pf
 from plancache.errors import InvalidRequest
+from plancache.functional._attention import boolean_mask_as_bias
 
 SERVED_DTYPES = (torch.float16, torch.bfloat16)
 # The devices a routed call may be on. CUDA: plancache's; a test adds "cpu" to
@@ -243,20 +244,29 @@ def _sdpa(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return Left(f"query of {q.dim()} dims (plancache serves [batch, heads, sequence, head dim])")
     if dropout_p:
         return Left("dropout (torch's mask; plancache's draws another)")
-    if mask is not None:
-        if isinstance(mask, Tensor) and mask.dtype == torch.bool:
-            return Left("a boolean attn_mask")
+    boolean = isinstance(mask, Tensor) and mask.dtype == torch.bool
+    if boolean:
+        if is_causal:
+            return Left("a boolean attn_mask with is_causal=True")  # what torch makes of both is torch's
+        if mask.device.type not in ROUTED_DEVICES:
+            return Left(f"attn_mask is on {mask.device.type}")
+    elif mask is not None:
         left = _unserved("attn_mask", mask)
         if left is not None:
             return left
         if mask.requires_grad:
             return Left("an attn_mask that requires grad")
     scale = None if scale is None else float(scale)
-    if _eager(q):
+    if _eager(q):  # a boolean mask: plancache.functional's bias of it
         return pf.scaled_dot_product_attention(q, k, v, mask, 0.0, bool(is_causal), scale, bool(enable_gqa))
+    unattended = None
+    if boolean:  # traced under torch.compile, where inductor fuses it
+        mask, unattended = boolean_mask_as_bias(mask, q, k)
     if _training(q, k, v):
-        return torch.ops.plancache.sdpa_train(q, k, v, mask, bool(is_causal), scale, bool(enable_gqa))[0]
-    return torch.ops.plancache.sdpa(q, k, v, mask, bool(is_causal), scale, bool(enable_gqa))
+        out = torch.ops.plancache.sdpa_train(q, k, v, mask, bool(is_causal), scale, bool(enable_gqa))[0]
+    else:
+        out = torch.ops.plancache.sdpa(q, k, v, mask, bool(is_causal), scale, bool(enable_gqa))
+    return out if unattended is None else out.masked_fill(unattended, 0.0)
 
 
 def _conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
