@@ -85,6 +85,30 @@ def test_a_family_grows_a_doubling_at_a_time_as_the_program_passes_its_range(cli
     assert [a.sizes for a in pf.families()] == [{varying.symbol: r} for r in ((1, 64), (65, 128), (129, 512))]
 
 
+def test_a_bucketed_family_is_the_buckets_up_to_one_past_the_largest_size_met(client: StandInClient) -> None:
+    """With buckets, a family is their sizes (a padded call runs at one), only up to the bucket after the one
+    the largest size met runs at, and it grows a bucket past each new largest size (run 34: every bucket up to
+    256 was built for a sweep whose sizes ended at 199, and 224-256 were never fetched)."""
+    pf.set_buckets(range(16, 257, 16), functions=["linear"])
+    try:
+        for batch in (16, 48, 96):  # the sizes padded calls run at
+            linear_at(batch)
+        ((family, _, _),) = client.families
+        (varying,) = family.varying
+        assert varying.sizes == (16, 32, 48, 64, 80, 96, 112)
+        linear_at(112)
+        linear_at(64)
+        assert len(client.families) == 1  # within its reach: nothing more asked
+        linear_at(160)
+        assert client.families[1][0].varying[0].sizes == (128, 144, 160, 176)
+        linear_at(256)
+        assert client.families[2][0].varying[0].sizes == (192, 208, 224, 240, 256)
+        linear_at(300)  # past the last bucket (run as it is): no bucket left to ask for
+        assert len(client.families) == 3
+    finally:
+        pf.set_buckets(None)
+
+
 def test_graphs_that_differ_beyond_dims_make_no_family(client: StandInClient) -> None:
     linear_at(8, "gelu")
     linear_at(17, "relu")

@@ -18,16 +18,20 @@ service refuses a family that varies one of their dims. The drop-in
 Once a signature has its sizes, its family (plancache.graphspec.family:
 the graph with the differing dims as symbols) is asked for, once, at
 sizes 1..H for each symbol (H: the next power of two of the largest size
-seen, at most FAMILY_GRAPHS graphs in all; with bucketing, the buckets'
-sizes), on a background thread, with the sizes seen: the service builds
+seen, at most FAMILY_GRAPHS graphs in all; with bucketing, the buckets up
+to the one after the largest size seen's), on a background thread, with the sizes seen: the service builds
 every size not stored at warming's priority (each member's heuristic plan
 before any autotuning's candidates), the members nearest the sizes seen
 first, and each later size of that family is a hit (a fetch, not a build).
 A family of one varying dim grows when the program passes its range: a
 size past H asks for H+1..H' (H' the next power of two of that size), once
-per doubling, while the new part is at most FAMILY_GRAPHS graphs. What is
-built ahead follows what the program met rather than guessing twice as far
-(run 33: a sweep of rows 1..199 had 1..512 built, 92 % never fetched).
+per doubling, while the new part is at most FAMILY_GRAPHS graphs; a
+bucketed one, one bucket past the largest size's (a size past it asks for
+the buckets up to the one after its own). What is built ahead follows what
+the program met rather than guessing twice as far (run 33: a sweep of rows
+1..199 had 1..512 built, 92 % never fetched; run 34, bucketed by 16 up to
+256: the buckets 224-256 above the sweep's largest size were built and
+never fetched, 28 %).
 
 What this never does: serve anything. A call keys its own graph; a family
 only decides what the service builds before it is asked.
@@ -35,6 +39,7 @@ only decides what the service builds before it is asked.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 import math
@@ -221,12 +226,24 @@ def _extension(entry: _Signature, spec: GraphSpec) -> range | None:
         return None
     if size <= high:
         return None
-    top = _power_of_two_at_least(size)
-    return range(high + 1, top + 1) if top - high <= FAMILY_GRAPHS else None
+    top = _bucket_reach(size) if _bucketed(entry.function) else _power_of_two_at_least(size)
+    return range(high + 1, top + 1) if high < top and top - high <= FAMILY_GRAPHS else None
 
 
 def _power_of_two_at_least(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(n)))
+
+
+def _bucketed(function: str) -> bool:
+    """Whether `function`'s calls are padded to buckets (plancache.frontdoors.buckets; its backward's too)."""
+    return bool(BUCKETS.sizes) and function.split(".", maxsplit=1)[0] in BUCKETS.functions
+
+
+def _bucket_reach(size: int) -> int:
+    """A bucketed family's top for a largest size met: the bucket after the one that size runs at (the last
+    bucket at most)."""
+    buckets = BUCKETS.sizes
+    return buckets[min(bisect.bisect_left(buckets, size) + 1, len(buckets) - 1)]
 
 
 def _signature(spec: GraphSpec, evidence: Evidence) -> tuple[str, str]:
@@ -263,13 +280,14 @@ def _ask(
             biggest = max(high, key=lambda s: high[s])
             high[biggest] //= 2
         sizes: dict[str, Sequence[int]] = {s: range(1, h + 1) for s, h in high.items()}
-        bucketed = len(high) == 1 and BUCKETS.sizes and ask.function.split(".")[0] in BUCKETS.functions
-        if bucketed:
-            sizes = {s: BUCKETS.sizes for s in high}  # padded calls run at the buckets' sizes alone
+        bucketed = len(high) == 1 and _bucketed(ask.function)
+        if bucketed:  # padded calls run at the buckets' sizes alone: those up to one past the largest met
+            window = extension or range(1, _bucket_reach(max(largest.values())) + 1)
+            sizes = {s: [b for b in BUCKETS.sizes if b in window] for s in high}
         elif extension is not None and len(high) == 1:
             sizes = {s: extension for s in high}
         family: Family = derive(first, latest, sizes=sizes, fixed=evidence.fixed)
-        if len(family.varying) == 1 and not bucketed:
+        if len(family.varying) == 1:
             (varying,) = family.varying
             reach = (varying.places[0], max(varying.sizes))
         met: dict[str, list[int]] = {v.symbol: [] for v in family.varying}
