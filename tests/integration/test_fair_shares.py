@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -209,3 +210,44 @@ def test_another_callers_miss_waits_behind_at_most_the_flooders_queue_slots(one_
     # two waiting in the queue; its other builds waited for their turn (without the bound: 9).
     assert len(ahead) <= 4, (len(ahead), sorted(finished))
     assert sum(who == "flood" for _, who in finished) == 10
+
+
+def test_on_a_busy_loop_a_callers_steps_are_paced_while_another_callers_hits_are_served(
+    redis_server: EmbeddedRedis, redis_client: object, tmp_path: Path
+) -> None:
+    """The pacing wired end to end (the guard tells the turns who calls; a Prefetch's refs are its caller's
+    steps): with the loop counted busy at any load (`--busy-loop-share` tiny), a caller's 300 refs wait for
+    its share while another caller reads a stored plan without pause; both are answered in full."""
+    stacks = two_callers_stack(redis_server.url, tmp_path, 0.01, busy_loop_share=1e-9, caller_refs=1000)
+    stack = next(stacks)
+    try:
+        turns = stack.gateway.front.shares.turns  # type: ignore[union-attr]
+        reads: list[float] = []
+        done = threading.Event()
+        with Client(stack.address, cache=False, hedge=False, token=HONEST) as honest:
+            stored = honest.compile(matmul_spec(m=64, name="stored"), TARGET, timeout=60).key
+
+            def read() -> None:
+                while not done.is_set():
+                    started = time.monotonic()
+                    assert honest.get(stored).key == stored
+                    reads.append(time.monotonic() - started)
+
+            with ThreadPoolExecutor(1) as pool:
+                reading = pool.submit(read)
+                time.sleep(0.3)
+                channel = grpc.insecure_channel(stack.address)
+                refs = [pb.PlanRef(query=query(2000 + j)) for j in range(300)]
+                items = list(
+                    pb_grpc.PlanCacheStub(channel).Prefetch(
+                        pb.PrefetchRequest(refs=refs), metadata=metadata(FLOOD), timeout=60
+                    )
+                )
+                channel.close()
+                done.set()
+                reading.result(timeout=30)
+        assert len(items) == 300 and all(i.error.code == "NOT_FOUND" for i in items)  # each ref answered
+        assert turns.paced_s > 0  # the refs waited for their caller's share
+        assert len(reads) > 10  # the other caller read all along
+    finally:
+        next(stacks, None)

@@ -271,3 +271,156 @@ def test_a_caller_whose_build_never_got_a_queue_turn_is_told_so_not_that_it_buil
         assert isinstance(waiter.timeout(), CompileTimeout)
 
     asyncio.run(run())
+
+
+class _Busy:
+    """A LoopLoad stand-in: busy or not, as the test says."""
+
+    def __init__(self, busy: bool) -> None:
+        self.busy = busy
+
+
+def _paced_turns(busy: bool) -> tuple[FairTurns, list[float]]:
+    now = [100.0]
+    return FairTurns(1, _Busy(busy), clock=lambda: now[0]), now  # type: ignore[arg-type]
+
+
+async def _step(turns: FairTurns, now: list[float], caller: str, spent: float, paced: bool = True) -> None:
+    async with turns.turn(caller, paced):
+        now[0] += spent  # the step's time on the loop
+
+
+def test_on_a_busy_loop_a_callers_steps_are_paced_to_its_share_of_the_callers_seen() -> None:
+    """Three callers called lately: a step of 10 ms books the caller's next one 20 ms later (its third of the
+    loop); the other callers' steps are not held by it."""
+    turns, now = _paced_turns(busy=True)
+    for caller in ("flood", "honest-1", "honest-2"):
+        turns.seen(caller)
+
+    async def scenario() -> None:
+        await _step(turns, now, "flood", 0.010)
+        assert turns.paced_s == 0
+        await _step(turns, now, "honest-1", 0.001)  # another caller: not held by the flooder's booking
+        assert turns.paced_s == 0
+        await _step(turns, now, "flood", 0.010)
+        assert turns.paced_s == pytest.approx(0.019)  # 20 ms after its step ended, 1 ms of it gone meanwhile
+
+    asyncio.run(scenario())
+
+
+def test_a_callers_concurrent_steps_each_wait_for_the_booking_of_the_one_before() -> None:
+    """A flooder's steps come from many calls at once: one at a time, each after the booking the one before
+    made (without it, every waiting step read the same booking and all ran at once when it came)."""
+    turns, now = _paced_turns(busy=True)
+    turns.seen("flood"), turns.seen("honest")
+
+    async def scenario() -> None:
+        await asyncio.gather(*(_step(turns, now, "flood", 0.010) for _ in range(4)))
+
+    asyncio.run(scenario())
+    assert turns.paced_s == pytest.approx(0.030)  # two callers: the 2nd, 3rd and 4th waited 10 ms each
+
+
+def test_steps_waiting_count_toward_the_horizon(monkeypatch: pytest.MonkeyPatch) -> None:
+    from plancache_server.gateway import shares
+
+    monkeypatch.setattr(shares, "PACE_HORIZON_S", 0.5)
+    turns, now = _paced_turns(busy=True)
+    for n in range(11):
+        turns.seen(f"caller-{n}")
+
+    async def scenario() -> list[Any]:
+        await _step(turns, now, "caller-0", 0.02)  # books 0.2 s ahead; its steps cost 0.02 s
+        return await asyncio.gather(*(_step(turns, now, "caller-0", 0.02) for _ in range(10)), return_exceptions=True)
+
+    outcomes = asyncio.run(scenario())
+    # 0.2 s booked, then 0.2 s more for each step already waiting: the third waiting one would start 0.6 s ahead
+    assert [isinstance(o, ResourceExhausted) for o in outcomes] == [False] * 3 + [True] * 7
+
+
+def test_a_long_call_keeps_its_caller_among_those_sharing_the_loop() -> None:
+    """A Prefetch stream is one call: its steps keep its caller counted (it called once, seconds ago)."""
+    turns, now = _paced_turns(busy=True)
+    turns.seen("flood"), turns.seen("honest")
+
+    async def scenario() -> None:
+        for _ in range(3):
+            now[0] += 2.0  # each step long after the call began
+            turns.seen("honest")
+            await _step(turns, now, "flood", 0.010)
+
+    asyncio.run(scenario())
+    assert turns.paced_s == 0  # 2 s between its steps: each booking long past
+    assert turns.active() == 2
+
+
+def test_an_idle_loop_or_a_caller_alone_is_not_paced() -> None:
+    idle, now = _paced_turns(busy=False)
+    idle.seen("flood"), idle.seen("honest")
+    alone, alone_now = _paced_turns(busy=True)
+    alone.seen("flood")
+
+    async def scenario() -> None:
+        for _ in range(3):
+            await _step(idle, now, "flood", 0.010)
+            await _step(alone, alone_now, "flood", 0.010)
+
+    asyncio.run(scenario())
+    assert idle.paced_s == 0 and alone.paced_s == 0
+
+
+def test_finishing_what_was_built_is_not_paced_and_a_quiet_caller_starts_afresh() -> None:
+    turns, now = _paced_turns(busy=True)
+    turns.seen("flood"), turns.seen("honest")
+
+    async def scenario() -> None:
+        await _step(turns, now, "flood", 0.010)
+        await _step(turns, now, "flood", 0.001, paced=False)  # a built plan handed to its stream
+        assert turns.paced_s == 0
+        now[0] += 2.0  # a second and more without a call: no longer counted, its booking forgotten
+        turns.seen("flood")
+        await _step(turns, now, "flood", 0.010)
+        assert turns.paced_s == 0 and turns.active() == 1
+
+    asyncio.run(scenario())
+
+
+def test_steps_booked_past_the_horizon_are_refused_with_the_wait() -> None:
+    """A flooder's thousands of steps are told, not held: past PACE_HORIZON_S booked, RESOURCE_EXHAUSTED."""
+    turns, now = _paced_turns(busy=True)
+    for n in range(11):
+        turns.seen(f"caller-{n}")
+
+    async def scenario() -> None:
+        await _step(turns, now, "caller-0", 1.0)  # books its next step 10 s ahead (1/11 of the loop)
+        with pytest.raises(ResourceExhausted, match=r"paced to 1/11 of a busy loop, --busy-loop-share") as refused:
+            await _step(turns, now, "caller-0", 0.001)
+        assert refused.value.retry_after == pytest.approx(10.0 - 5.0)
+        await _step(turns, now, "caller-1", 0.001)  # the others are served
+
+    asyncio.run(scenario())
+
+
+def test_the_loops_load_is_the_share_of_its_threads_time_on_the_cpu() -> None:
+    import time
+
+    from plancache_server.gateway.loop_load import LoopLoad
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        load = LoopLoad(busy_share=0.5, probe_s=0.005).start()
+        await asyncio.sleep(0.1)
+        idle = load.busy
+        ends = time.monotonic() + 0.3
+        while time.monotonic() < ends:  # short steps, the loop's thread always on the CPU
+            busy_until = time.thread_time() + 0.002
+            while time.thread_time() < busy_until:
+                pass
+            await asyncio.sleep(0)
+        busy = load.busy
+        await asyncio.sleep(0.5)
+        after = load.busy
+        await load.stop()
+        return idle, busy, after
+
+    assert asyncio.run(scenario()) == (False, True, False)
+    assert not LoopLoad(busy_share=0).busy  # 0: never busy, never paced

@@ -115,6 +115,9 @@ async def serve(settings: Settings, redis_url: str, devices: Sequence[int] = ())
     metrics.report_queues(front.queue, front.directory, loop)
     if front.janitor is not None:
         metrics.report_store(front.janitor.usage)
+    if front.loop_load is not None and front.shares is not None:
+        load, turns = front.loop_load, front.shares.turns
+        metrics.report_loop(lambda: (load.share, turns.paced_s))
     if isinstance(front.store, MemoryCachedStore):
         cache = front.store
         metrics.report_memory_cache(lambda: (cache.bytes_held, cache.plans_held))

@@ -30,7 +30,8 @@ REQUEST_SECONDS = Histogram(
 )
 CALLER_REFUSALS = Counter(
     "plancache_caller_refusals_total",
-    "calls and Prefetch refs refused because their caller held all it may (by bound: streams, refs, waiters, builds)",
+    "calls and Prefetch refs refused because their caller held all it may (by bound: streams, refs, waiters, builds;"
+    " loop: its turns on a busy event loop booked past the horizon)",
     ["bound"],
 )
 LOOKUPS = Counter("plancache_lookups_total", "plan lookups by target and result (hit, miss)", ["target", "result"])

@@ -23,6 +23,7 @@ from plancache_server.gateway.builds import Admission, Builds
 from plancache_server.gateway.guard import add_guarded
 from plancache_server.gateway.health import HealthReporter, ListingHealthServicer, enable_reflection
 from plancache_server.gateway.lookups import PlanLookups
+from plancache_server.gateway.loop_load import LoopLoad
 from plancache_server.gateway.memory_cache import MemoryCachedStore
 from plancache_server.gateway.offload import CpuOffload
 from plancache_server.gateway.prefetch import PrefetchService
@@ -123,6 +124,8 @@ class Gateway:
     workloads: WorkloadService | None = None
     family_records: FamilyRecords | None = None
     plan_reads: AsyncRedis | None = None  # the hit path's own pool (AsyncRedisPlanStore's `reads`)
+    loop_load: LoopLoad | None = None  # how busy the event loop is (turns' pacing)
+    shares: Shares | None = None
 
     @classmethod
     async def start(cls, settings: Settings, redis_url: str) -> Gateway:
@@ -147,6 +150,7 @@ class Gateway:
         directory = WorkerDirectory(queue, settings.listed_targets)
         stats = Stats(client, directory)
         admission = Admission(settings.max_waiters, settings.max_waiters_per_key, settings.retry_delay_s)
+        loop_load = LoopLoad(settings.busy_loop_share).start()
         shares = Shares(
             ShareLimits(
                 streams=settings.caller_streams,
@@ -156,7 +160,8 @@ class Gateway:
                 retry_delay_s=settings.retry_delay_s,
                 work_slots=settings.work_slots,
                 queued=settings.caller_queued,
-            )
+            ),
+            load=loop_load,
         )
         builds = Builds(
             client,
@@ -218,7 +223,7 @@ class Gateway:
         limits = WireLimits(settings.limits, settings.max_prefetch_refs, settings.max_prefetch_bytes)
 
         servicer = PlanCacheServicer(services)
-        add_guarded(pb_grpc.add_PlanCacheServicer_to_server, servicer, server, authorizer, offload, limits)
+        add_guarded(pb_grpc.add_PlanCacheServicer_to_server, servicer, server, authorizer, offload, limits, shares)
         health_servicer = ListingHealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         enable_reflection(
@@ -247,6 +252,8 @@ class Gateway:
         front.workloads = workloads
         front.family_records = family_records
         front.plan_reads = plan_reads
+        front.loop_load = loop_load
+        front.shares = shares
         signing_keys.log_at_start(settings.listen, port)
         front.sweeper = Sweeper(
             janitor,
@@ -277,6 +284,8 @@ class Gateway:
             await self.sweeper.stop()
         await stopping
         await self.directory.stop()
+        if self.loop_load is not None:
+            await self.loop_load.stop()
         await self.stats.close()
         self.offload.close()
         await self.redis.aclose()

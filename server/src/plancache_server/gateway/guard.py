@@ -40,7 +40,7 @@ from plancache_server import telemetry
 from plancache_server.gateway import wire
 from plancache_server.gateway.auth import Authorizer, Role, needed_role
 from plancache_server.gateway.offload import CpuOffload
-from plancache_server.gateway.shares import CALLER, caller_id
+from plancache_server.gateway.shares import CALLER, Shares, caller_id
 from plancache_server.gateway.wire import WireLimits
 from plancache_server.store.redis_conn import store_fault
 
@@ -78,13 +78,15 @@ def add_guarded(
     authorizer: Authorizer,
     offload: CpuOffload,
     limits: WireLimits,
+    shares: Shares | None = None,
 ) -> None:
     """Register `servicer` (with its generated `add_..._to_server`) on
-    `server`, every method wrapped by the steps above."""
+    `server`, every method wrapped by the steps above; `shares` is told of
+    every call's caller (who shares the event loop: its turns' pacing)."""
     captured = _Capture()
     register(servicer, captured)
     guarded = {
-        name: _guard(handler, f"/{captured.service}/{name}", authorizer, offload, limits)
+        name: _guard(handler, f"/{captured.service}/{name}", authorizer, offload, limits, shares)
         for name, handler in captured.handlers.items()
     }
     if authorizer.open:
@@ -227,7 +229,14 @@ def count(name: str, started: float, error: BaseException | None) -> None:
 # ---- composed --------------------------------------------------------------------
 
 
-def _guard(handler: Handler, method: str, authorizer: Authorizer, offload: CpuOffload, limits: WireLimits) -> Handler:
+def _guard(
+    handler: Handler,
+    method: str,
+    authorizer: Authorizer,
+    offload: CpuOffload,
+    limits: WireLimits,
+    shares: Shares | None = None,
+) -> Handler:
     name = method.rsplit("/", 1)[-1]
     parser = cast(Callable[[bytes], Any], handler.request_deserializer)
     serialize = cast(Callable[[Any], bytes], handler.response_serializer)
@@ -238,6 +247,8 @@ def _guard(handler: Handler, method: str, authorizer: Authorizer, offload: CpuOf
 
     async def prepared(raw: bytes, context: Context) -> Any:
         role = authenticate(authorizer, method, context)
+        if shares is not None:
+            shares.seen(CALLER.get())
         if len(raw) <= wire.SMALL_REQUEST_BYTES:  # the common case: no walk, no await, no thread hop
             wire.check_size(name, raw, limits)
             request = _parsed(name, raw, parser)

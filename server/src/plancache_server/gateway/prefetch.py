@@ -124,7 +124,12 @@ class PrefetchService:
             for index, ref in enumerate(refs):
                 if self._held_here(index, ref, request, stored):
                     continue  # a stored plan in the gateway's memory, by key: no turn (a hit never waits for one)
-                async with self._shares.turn():  # each other ref in its caller's turn (plancache_server.gateway.shares)
+                # Each other ref in its caller's turn (plancache_server.gateway.shares). Refused its turn (the
+                # caller's share of a busy loop booked past the horizon), the stream ends RESOURCE_EXHAUSTED
+                # with the wait: one answer for all its refs left (a client asks again for the unanswered ones
+                # after it), where an error item each cost the loop more than the refs (33,000 of them a
+                # flood's first second).
+                async with self._shares.turn():
                     error = await self._ask(index, ref, request, stored, waiting)
                 if error is not None:
                     yield error
@@ -133,7 +138,7 @@ class PrefetchService:
                 # stream keeps keys, not plans, while the caller reads).
                 plan = self._store.cached(key)
                 if plan is None:
-                    async with self._shares.turn():
+                    async with self._shares.turn(paced=False):  # found already: finishing, not new work
                         plan = await self._store.get(key)
                 yield (
                     plan.prefetch_item(index, key, pb.COMPILE_SOURCE_HIT)
@@ -158,7 +163,7 @@ class PrefetchService:
                             yield _error_item(index, resolved.key, e)
                             continue
                         source = pb.COMPILE_SOURCE_COMPILED if waiter.started else pb.COMPILE_SOURCE_JOINED
-                        async with self._shares.turn():  # a built plan handed to the stream: the caller's turn
+                        async with self._shares.turn(paced=False):  # a built plan handed over: not paced
                             item = plan.prefetch_item(index, resolved.key, plan_source(plan, source))
                         yield item
                     finally:

@@ -129,8 +129,11 @@ class PlanService:
         count = not request.counted
 
         async def start() -> None:
-            async with self._shares.turn():  # the caller's (the task runs in its call's context)
-                await start_in_turn()
+            try:
+                async with self._shares.turn():  # the caller's (the task runs in its call's context)
+                    await start_in_turn()
+            except PlanCacheError as e:  # refused its turn (its share of a busy loop): the follow-up asks again
+                log.debug("a hedged miss's build was not queued: %s", e.message)
 
         async def start_in_turn() -> None:
             query = resolved

@@ -46,6 +46,21 @@ thousand calls under way gets one turn when a caller with one gets one. A
 stored plan served from the gateway's memory takes no turn: a flood never
 stands between a node and a hit.
 
+Turns alone divide the loop among the callers that want turns; hits take
+none, so a flooder with turns to take had every one while fifty nodes
+read stored plans, and took ~58 % of the loop from their hits
+(bench/flood.py: their reads halved, 1,800 -> 760 a second, the gateway's
+CPU the same). So while the loop is busy (plancache_server.gateway.
+loop_load: `--busy-loop-share`), each turn's time is charged to its
+caller: a turn of d seconds puts the caller's next turn d x (N - 1)
+seconds later, N the callers that called in the last second (hits too),
+so a caller's turns take at most its 1/N of the loop. Pacing waits within
+the call's deadline; past PACE_HORIZON_S of them the step is refused
+RESOURCE_EXHAUSTED with the time to wait (a flooder's thousands of refs
+are told, not held). Finishing what was built (a plan handed to a stream)
+is not paced. With the loop not busy, nothing is paced: a caller alone
+uses all of it.
+
 The caller of a call is set by the guard (plancache_server.gateway.guard)
 in a context variable, so that the services deep below it (Builds.join,
 the Prefetch stream) charge the right share without passing it along.
@@ -63,9 +78,15 @@ from dataclasses import dataclass, field
 
 from plancache.errors import ResourceExhausted
 from plancache_server import telemetry
+from plancache_server.gateway.loop_load import LoopLoad
 
 # Seconds a caller whose builds left the build queue still counts among those sharing it (QueueSlots).
 RECENT_CALLER_S = 10.0
+# Seconds after its last call a caller still counts among those sharing the event loop (FairTurns' pacing).
+ACTIVE_CALLER_S = 1.0
+# How far ahead a caller's paced turns may be booked before a new step is refused (RESOURCE_EXHAUSTED).
+PACE_HORIZON_S = 5.0
+PACE_SMOOTHING = 0.2  # the weight of a step in its caller's smoothed step time
 # Who the current call is (set per call by the guard; "" outside a call: not charged).
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("plancache_caller", default="")
 
@@ -98,18 +119,24 @@ class Holding:
 @dataclass
 class Shares:
     limits: ShareLimits = field(default_factory=ShareLimits)
+    load: LoopLoad | None = None  # how busy the loop is (None: turns are never paced)
     _held: dict[str, Holding] = field(default_factory=dict)
     refused_total: int = 0
     turns: FairTurns = field(init=False)
     queue_slots: QueueSlots = field(init=False)
 
     def __post_init__(self) -> None:
-        self.turns = FairTurns(self.limits.work_slots)
+        self.turns = FairTurns(self.limits.work_slots, self.load, retry_delay_s=self.limits.retry_delay_s)
         self.queue_slots = QueueSlots(self.limits.queued)
 
-    def turn(self, caller: str | None = None) -> AbstractAsyncContextManager[None]:
-        """One CPU-heavy step of the current call (or of `caller`), in its turn."""
-        return self.turns.turn(CALLER.get() if caller is None else caller)
+    def turn(self, caller: str | None = None, paced: bool = True) -> AbstractAsyncContextManager[None]:
+        """One CPU-heavy step of the current call (or of `caller`), in its turn; `paced`: new work, paced to
+        the caller's share of a busy loop (False: finishing what was built)."""
+        return self.turns.turn(CALLER.get() if caller is None else caller, paced)
+
+    def seen(self, caller: str) -> None:
+        """A call of `caller` began (the guard: every call, hits too): it shares the loop for a while."""
+        self.turns.seen(caller)
 
     def holding(self, caller: str) -> Holding:
         return self._held.get(caller) or Holding()
@@ -157,25 +184,134 @@ class Shares:
             self.give_back(caller, what, amount)
 
 
+@dataclass
+class _Pace:
+    """One caller's pacing: when its next step may start, what its steps cost, and its steps waiting."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one paced step of a caller at a time
+    not_before: float = 0.0
+    step_s: float = 0.0  # its steps' time, smoothed
+    queued: int = 0  # its paced steps waiting for the lock
+
+    def idle(self, now: float) -> bool:
+        return not self.lock.locked() and not self.queued and self.not_before <= now
+
+
 class FairTurns:
     """At most `slots` steps at once, granted to waiting callers in turn (round robin over callers, first
-    come first served within one). Runs on the event loop's thread: no lock."""
+    come first served within one); while `load` says the loop is busy, a caller's steps paced to its share
+    of the loop (module doc). Runs on the event loop's thread: no lock."""
 
-    def __init__(self, slots: int) -> None:
+    def __init__(
+        self,
+        slots: int,
+        load: LoopLoad | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        retry_delay_s: float = 1.0,
+    ) -> None:
         self.slots = max(1, slots)
+        self.load = load
+        self._clock = clock
+        self._retry_delay_s = retry_delay_s
         self._free = self.slots
         self._waiting: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
+        self._active: OrderedDict[str, float] = OrderedDict()  # caller -> its latest call's start, oldest first
+        self._paces: dict[str, _Pace] = {}  # callers with a booking or paced steps under way
+        self.paced_s = 0.0  # seconds steps waited for their callers' share (a counter: /metrics)
 
     def waiting(self) -> int:
         return sum(len(q) for q in self._waiting.values())
 
+    def seen(self, caller: str) -> None:
+        if not caller:
+            return
+        now = self._clock()
+        self._active[caller] = now
+        self._active.move_to_end(caller)
+        self._forget_inactive(now)
+
+    def active(self) -> int:
+        """Callers that called within the last ACTIVE_CALLER_S."""
+        self._forget_inactive(self._clock())
+        return len(self._active)
+
+    def _forget_inactive(self, now: float) -> None:
+        while self._active:
+            caller, last = next(iter(self._active.items()))
+            if now - last <= ACTIVE_CALLER_S:
+                return
+            del self._active[caller]
+            pace = self._paces.get(caller)
+            if pace is not None and not pace.lock.locked() and not pace.queued:
+                del self._paces[caller]  # a caller gone quiet starts afresh
+
     @asynccontextmanager
-    async def turn(self, caller: str) -> AsyncIterator[None]:
-        await self._acquire(caller)
+    async def turn(self, caller: str, paced: bool = True) -> AsyncIterator[None]:
+        if not paced or not caller or self.load is None:
+            async with self._turn(caller):
+                yield
+            return
+        self.seen(caller)  # a caller taking steps shares the loop (a long Prefetch stream calls once)
+        pace = self._paces.get(caller)
+        if pace is None:
+            pace = self._paces[caller] = _Pace()
+        self._refuse_past_horizon(pace)
+        pace.queued += 1
+        entered = False
         try:
-            yield
+            async with pace.lock:  # its steps one at a time: each sees the booking the one before it made
+                pace.queued -= 1
+                entered = True
+                wait = pace.not_before - self._clock()
+                if wait > 0:
+                    self.paced_s += wait
+                    await asyncio.sleep(wait)
+                async with self._turn(caller) as spent:
+                    yield
+                self._charge(caller, pace, spent[0])
+        finally:
+            if not entered:  # cancelled (its call ended) while its caller's steps before it ran
+                pace.queued -= 1
+            if self._paces.get(caller) is pace and pace.idle(self._clock()):
+                del self._paces[caller]
+
+    @asynccontextmanager
+    async def _turn(self, caller: str) -> AsyncIterator[list[float]]:
+        """A slot, in the caller's turn; yields a list the step's time is put in once it ends."""
+        await self._acquire(caller)
+        spent = [0.0]
+        started = self._clock()
+        try:
+            yield spent
         finally:
             self._release()
+            spent[0] = self._clock() - started
+
+    def _refuse_past_horizon(self, pace: _Pace) -> None:
+        """Refuse a new step whose caller's booking, with its steps already waiting, reaches past the horizon."""
+        if self.load is None or not self.load.busy:
+            return
+        others = self.active() - 1
+        wait = pace.not_before - self._clock() + pace.queued * pace.step_s * max(0, others)
+        if wait > PACE_HORIZON_S:
+            telemetry.CALLER_REFUSALS.labels("loop").inc()
+            raise ResourceExhausted(
+                f"this caller's share of the gateway's time is taken for the next {wait:.1f} s (its steps are "
+                f"paced to 1/{others + 1} of a busy loop, --busy-loop-share): call again later",
+                retry_after=max(self._retry_delay_s, wait - PACE_HORIZON_S),
+            )
+
+    def _charge(self, caller: str, pace: _Pace, spent: float) -> None:
+        """A step of `spent` seconds: while the loop is busy and others call, the caller's next step waits
+        spent x (the others) (its 1/N of the loop)."""
+        pace.step_s += PACE_SMOOTHING * (spent - pace.step_s) if pace.step_s else spent
+        if self.load is None or not self.load.busy:
+            return
+        others = self.active() - 1
+        if others <= 0:
+            return
+        now = self._clock()
+        pace.not_before = max(now, pace.not_before) + spent * others
 
     async def _acquire(self, caller: str) -> None:
         if self._free > 0 and not self._waiting:

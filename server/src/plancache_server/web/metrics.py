@@ -181,6 +181,33 @@ def report_memory_cache(held: Callable[[], tuple[int, int]]) -> None:
     REGISTRY.register(MemoryCacheCollector(held))
 
 
+class LoopCollector(Collector):
+    """The gateway's event loop: how busy (plancache_server.gateway.loop_load) and what pacing callers' turns
+    to their shares cost them (plancache_server.gateway.shares.FairTurns), read at scrape time."""
+
+    def __init__(self, read: Callable[[], tuple[float, float]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        share, paced = self._read()
+        yield GaugeMetricFamily(
+            "plancache_gateway_loop_busy_ratio",
+            "share of the time the event loop's thread was on the CPU (smoothed over ~100 ms; past "
+            "--busy-loop-share callers' turns are paced)",
+            value=share,
+        )
+        yield CounterMetricFamily(
+            "plancache_gateway_paced_seconds",
+            "seconds callers' steps waited for their share of a busy loop",
+            value=paced,
+        )
+
+
+def report_loop(read: Callable[[], tuple[float, float]]) -> None:
+    """Gateways add their event loop's load and pacing to their /metrics."""
+    REGISTRY.register(LoopCollector(read))
+
+
 # Workloads /metrics lists (the most recently reported): a bound on its series, whatever names nodes send.
 WORKLOADS_LISTED = 50
 
