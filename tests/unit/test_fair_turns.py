@@ -369,6 +369,28 @@ def test_an_idle_loop_or_a_caller_alone_is_not_paced() -> None:
     assert idle.paced_s == 0 and alone.paced_s == 0
 
 
+def test_with_nothing_to_share_a_caller_uses_every_slot_at_once() -> None:
+    """Pacing runs a caller's steps one at a time only while it has others to share a busy loop with."""
+    turns = FairTurns(2, _Busy(False))  # type: ignore[arg-type]
+    turns.seen("flood"), turns.seen("honest")
+    inside: list[int] = []
+
+    async def scenario() -> None:
+        both = asyncio.Event()
+
+        async def step() -> None:
+            async with turns.turn("flood"):
+                inside.append(1)
+                if len(inside) == 2:
+                    both.set()
+                await asyncio.wait_for(both.wait(), 1)
+
+        await asyncio.gather(step(), step())
+
+    asyncio.run(scenario())
+    assert len(inside) == 2
+
+
 def test_finishing_what_was_built_is_not_paced_and_a_quiet_caller_starts_afresh() -> None:
     turns, now = _paced_turns(busy=True)
     turns.seen("flood"), turns.seen("honest")

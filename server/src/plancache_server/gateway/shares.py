@@ -255,6 +255,14 @@ class FairTurns:
         pace = self._paces.get(caller)
         if pace is None:
             pace = self._paces[caller] = _Pace()
+        if pace.idle(self._clock()) and not (self.load.busy and self.active() > 1):
+            # Nothing booked, no one to share with: as many steps at once as slots (--work-slots).
+            async with self._turn(caller) as spent:
+                yield
+            self._charge(caller, pace, spent[0])
+            if self._paces.get(caller) is pace and pace.idle(self._clock()):
+                del self._paces[caller]
+            return
         self._refuse_past_horizon(pace)
         pace.queued += 1
         entered = False
@@ -304,7 +312,7 @@ class FairTurns:
     def _charge(self, caller: str, pace: _Pace, spent: float) -> None:
         """A step of `spent` seconds: while the loop is busy and others call, the caller's next step waits
         spent x (the others) (its 1/N of the loop)."""
-        pace.step_s += PACE_SMOOTHING * (spent - pace.step_s) if pace.step_s else spent
+        pace.step_s = spent if not pace.step_s else pace.step_s + PACE_SMOOTHING * (spent - pace.step_s)
         if self.load is None or not self.load.busy:
             return
         others = self.active() - 1
