@@ -214,3 +214,21 @@ def test_a_removed_plan_leaves_nothing_of_its_spec_once_no_plan_of_it_is_left(re
     assert janitor.remove(second.metadata.key, "expired")
     assert not redis_client.exists(keys.spec_index(spec_hash)) and not redis_client.exists(keys.spec_body(spec_hash))
     assert not janitor.remove(second.metadata.key, "expired")  # gone already: nothing else touched
+
+
+def test_a_finished_jobs_state_is_kept_an_hour_not_a_day(redis_client: redis.Redis) -> None:
+    """A job's state while it waits or runs lasts a day (a queue may hold it that long); once it ended, the
+    callers following it read it within seconds, and an hour is left to it (bench/soak.py: a day's states of
+    every miss were all of Redis' growth)."""
+    from plancache_server.store.build_records import FINISHED_STATE_TTL_S, JOB_STATE_TTL_S, BuildRecorder
+
+    recorder = BuildRecorder(redis_client, lease_s=60)
+    built, failed = plan(1).metadata.key, plan(2).metadata.key
+    for key in (built, failed):
+        recorder.mark_running(key, f"job-{key[:8]}", "w1")
+        assert JOB_STATE_TTL_S - 60 < redis_client.ttl(keys.job_state(key)) <= JOB_STATE_TTL_S
+    recorder.finish(built, f"job-{built[:8]}", "w1")
+    recorder.finish(failed, f"job-{failed[:8]}", "w1", error="cuDNN said no", rejected=True)
+    for key, state in ((built, b"done"), (failed, b"failed")):
+        assert redis_client.hget(keys.job_state(key), "state") == state
+        assert FINISHED_STATE_TTL_S - 60 < redis_client.ttl(keys.job_state(key)) <= FINISHED_STATE_TTL_S

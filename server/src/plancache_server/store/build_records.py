@@ -30,7 +30,13 @@ ABANDONED = "abandoned"
 # 2 s while it follows the job, and takes it back when its last caller leaves): a gateway that died
 # stops wanting its jobs this long after.
 WANTED_TTL_S = 10.0
-JOB_STATE_TTL_S = 24 * 3600
+JOB_STATE_TTL_S = 24 * 3600  # a job's state while it waits or runs (a queue may hold a job for long)
+# A finished job's state: read by the callers following that job, within seconds of its end (they poll
+# every 0.5 s and on each announcement, and wait at most their deadline, --compile-timeout 900 s by
+# default). Kept 24 h like the others, the state of every miss outlived it by a day: ~300 bytes each,
+# bench/soak.py's Redis census found them all of Redis' growth (+12,900 records an hour at four misses a
+# second, ~100 MB at a day's steady state, outside --store-max-mb).
+FINISHED_STATE_TTL_S = 3600
 # Failed builds kept for the status page, newest first.
 RECENT_FAILURES_KEPT = 200
 
@@ -170,7 +176,11 @@ class BuildRecorder:
         if error and rejected:
             with translated_errors("recording a rejection"):
                 self._redis.set(keys.failure(plan_key), error, ex=max(1, int(self._negative_ttl_s)))
-        self._set_state(plan_key, state_fields(job_id, FAILED if error else DONE, worker=worker_id, error=error or ""))
+        self._set_state(
+            plan_key,
+            state_fields(job_id, FAILED if error else DONE, worker=worker_id, error=error or ""),
+            ttl_s=FINISHED_STATE_TTL_S,
+        )
         if error:
             self._record_failure(
                 FailedBuild(at=time.time(), plan_key=plan_key, worker=worker_id, reason=error, rejected=rejected)
@@ -199,8 +209,8 @@ class BuildRecorder:
             pipe.ltrim(keys.RECENT_FAILURES, 0, RECENT_FAILURES_KEPT - 1)
             pipe.execute()
 
-    def _set_state(self, plan_key: str, fields: dict[str, str]) -> None:
+    def _set_state(self, plan_key: str, fields: dict[str, str], ttl_s: float = JOB_STATE_TTL_S) -> None:
         name = keys.job_state(plan_key)
         with translated_errors("recording a job state"):
             self._redis.hset(name, mapping=fields)  # type: ignore[arg-type]
-            self._redis.expire(name, JOB_STATE_TTL_S)
+            self._redis.expire(name, int(ttl_s))
