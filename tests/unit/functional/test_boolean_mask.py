@@ -99,6 +99,19 @@ def test_one_masks_bias_is_made_once_while_it_lives_unchanged(servable: list[Any
     assert _attention._last_mask is None  # gone with its mask: nothing kept past it
 
 
+def test_an_inference_tensors_mask_is_served_though_it_keeps_no_version(servable: list[Any]) -> None:
+    """Under torch.inference_mode a mask keeps no version counter (reading it raises): its bias is made at
+    each call instead of reused."""
+    q, k = torch.randn(2, 3, 5, 8, dtype=D), torch.randn(2, 3, 7, 8, dtype=D)
+    with torch.inference_mode():
+        mask = masks()["left padded"]
+        got = pf.scaled_dot_product_attention(q, k, k, mask)
+        pf.scaled_dot_product_attention(q, k, k, mask)
+        expected = F.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+    torch.testing.assert_close(got, expected)
+    assert len(servable) == 2 and servable[0] is not servable[1]
+
+
 def test_a_boolean_mask_with_is_causal_is_left_as_torch_takes_it(servable: list[Any]) -> None:
     mask = masks()["causal"][:, :5]
     q = torch.randn(1, 2, 5, 8, dtype=D)

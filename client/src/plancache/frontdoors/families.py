@@ -19,10 +19,11 @@ Once a signature has its sizes, its family (plancache.graphspec.family:
 the graph with the differing dims as symbols) is asked for, once, at
 sizes 1..H for each symbol (H: the next power of two of the largest size
 seen, at most FAMILY_GRAPHS graphs in all; with bucketing, the buckets up
-to the one after the largest size seen's), on a background thread, with the sizes seen: the service builds
-every size not stored at warming's priority (each member's heuristic plan
-before any autotuning's candidates), the members nearest the sizes seen
-first, and each later size of that family is a hit (a fetch, not a build).
+to the one after the largest size seen's), on a background thread, with
+the sizes seen: the service builds every size not stored at warming's
+priority (each member's heuristic plan before any autotuning's
+candidates), the members nearest the sizes seen first, and each later
+size of that family is a hit (a fetch, not a build).
 A family of one varying dim grows when the program passes its range: a
 size past H asks for H+1..H' (H' the next power of two of that size), once
 per doubling, while the new part is at most FAMILY_GRAPHS graphs; a

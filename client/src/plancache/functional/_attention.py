@@ -153,12 +153,16 @@ def _forget_mask(_: Any) -> None:
 
 def _mask_bias_of(mask: Any, query: Any, key: Any) -> tuple[Any, Any]:
     global _last_mask
+    try:
+        version = mask._version
+    except RuntimeError:  # an inference tensor (torch.inference_mode) keeps no version: made afresh each call
+        return boolean_mask_as_bias(mask, query, key)
     last = _last_mask
     wanted = (query.dtype, tuple(query.shape), tuple(key.shape))
-    if last is not None and last[0]() is mask and last[1] == mask._version and last[2:5] == wanted:
+    if last is not None and last[0]() is mask and last[1] == version and last[2:5] == wanted:
         return last[5], last[6]
     bias, unattended = boolean_mask_as_bias(mask, query, key)
-    _last_mask = (weakref.ref(mask, _forget_mask), mask._version, *wanted, bias, unattended)
+    _last_mask = (weakref.ref(mask, _forget_mask), version, *wanted, bias, unattended)
     return bias, unattended
 
 
