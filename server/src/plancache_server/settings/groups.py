@@ -172,9 +172,10 @@ class GatewaySettings:
     busy_loop_share: float = setting(
         0.5,
         "--busy-loop-share",
-        "the share of the time the event loop's thread is on the CPU (smoothed over ~100 ms) past which it counts "
-        "as busy: then each caller's turns are paced to its share of the loop among the callers of the last second "
-        "(hits count), so that no caller's work takes the others' hits' time (0: never paced)",
+        "the share of the time the event loop's thread is runnable (on a CPU or waiting for one; smoothed over "
+        "~100 ms) past which it counts as busy: then each caller's turns are paced to its share of the loop among "
+        "the callers of the last second (hits count), so that no caller's work takes the others' hits' time (0: "
+        "never paced)",
         float,
         programs=SERVER_ONLY,
     )

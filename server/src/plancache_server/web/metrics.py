@@ -192,8 +192,8 @@ class LoopCollector(Collector):
         share, paced = self._read()
         yield GaugeMetricFamily(
             "plancache_gateway_loop_busy_ratio",
-            "share of the time the event loop's thread was on the CPU (smoothed over ~100 ms; past "
-            "--busy-loop-share callers' turns are paced)",
+            "share of the time the event loop's thread was runnable (on a CPU or waiting for one; smoothed over "
+            "~100 ms; past --busy-loop-share callers' turns are paced)",
             value=share,
         )
         yield CounterMetricFamily(
