@@ -237,17 +237,20 @@ def test_on_a_busy_loop_a_callers_steps_are_paced_while_another_callers_hits_are
                 reading = pool.submit(read)
                 time.sleep(0.3)
                 channel = grpc.insecure_channel(stack.address)
+                stub = pb_grpc.PlanCacheStub(channel)
                 refs = [pb.PlanRef(query=query(2000 + j)) for j in range(300)]
-                items = list(
-                    pb_grpc.PlanCacheStub(channel).Prefetch(
-                        pb.PrefetchRequest(refs=refs), metadata=metadata(FLOOD), timeout=60
-                    )
-                )
+                items = list(stub.Prefetch(pb.PrefetchRequest(refs=refs), metadata=metadata(FLOOD), timeout=60))
+                paced = turns.paced_s
+                # Plans by key are lookups (a hit when stored, from Redis when not in the gateway's memory):
+                # never paced, the other caller still reading.
+                keys = [pb.PlanRef(key=f"{j:064x}/{TARGET.id}/opt-{'0' * 16}") for j in range(300)]
+                by_key = list(stub.Prefetch(pb.PrefetchRequest(refs=keys), metadata=metadata(FLOOD), timeout=60))
                 channel.close()
                 done.set()
                 reading.result(timeout=30)
         assert len(items) == 300 and all(i.error.code == "NOT_FOUND" for i in items)  # each ref answered
-        assert turns.paced_s > 0  # the refs waited for their caller's share
+        assert paced > 0  # the refs waited for their caller's share
+        assert len(by_key) == 300 and turns.paced_s == paced
         assert len(reads) > 10  # the other caller read all along
     finally:
         next(stacks, None)

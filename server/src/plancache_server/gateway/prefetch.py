@@ -124,12 +124,12 @@ class PrefetchService:
             for index, ref in enumerate(refs):
                 if self._held_here(index, ref, request, stored):
                     continue  # a stored plan in the gateway's memory, by key: no turn (a hit never waits for one)
-                # Each other ref in its caller's turn (plancache_server.gateway.shares). Refused its turn (the
-                # caller's share of a busy loop booked past the horizon), the stream ends RESOURCE_EXHAUSTED
-                # with the wait: one answer for all its refs left (a client asks again for the unanswered ones
-                # after it), where an error item each cost the loop more than the refs (33,000 of them a
-                # flood's first second).
-                async with self._shares.turn():
+                # Each other ref in its caller's turn (plancache_server.gateway.shares), a spec's paced (a key's
+                # is a lookup, a hit if stored: not paced). Refused its turn (the caller's share of a busy loop
+                # booked past the horizon), the stream ends RESOURCE_EXHAUSTED with the wait: one answer for all
+                # its refs left (a client asks again for the unanswered ones after it), where an error item each
+                # cost the loop more than the refs (33,000 of them a flood's first second).
+                async with self._shares.turn(paced=ref.WhichOneof("ref") == "query"):
                     error = await self._ask(index, ref, request, stored, waiting)
                 if error is not None:
                     yield error

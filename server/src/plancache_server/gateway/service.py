@@ -166,7 +166,9 @@ class PlanService:
             if plan is not None:
                 self._lookups.count(ref.key, plan, parse_key(ref.key).target.id, None)
                 return plan
-        async with self._shares.turn():
+        # A stored plan by key is a hit, though not in this gateway's memory: never paced (its turn is a Redis
+        # read; pacing charges a step's slot time, which would book a Redis round trip as loop time).
+        async with self._shares.turn(paced=ref.WhichOneof("ref") != "key"):
             return await self._get_in_turn(ref)
 
     async def _get_in_turn(self, ref: pb.PlanRef) -> StoredPlan:
