@@ -58,8 +58,8 @@ so a caller's turns take at most its 1/N of the loop. Pacing waits within
 the call's deadline; past PACE_HORIZON_S of them the step is refused
 RESOURCE_EXHAUSTED with the time to wait (a flooder's thousands of refs
 are told, not held). A plan asked for by key (a lookup: a hit when stored)
-and finishing what was built (a plan handed to a stream) are not paced. With the loop not busy, nothing is paced: a caller alone
-uses all of it.
+and finishing what was built (a plan handed to a stream) are not paced.
+With the loop not busy, nothing is paced: a caller alone uses all of it.
 
 The caller of a call is set by the guard (plancache_server.gateway.guard)
 in a context variable, so that the services deep below it (Builds.join,
