@@ -138,7 +138,8 @@ def cases(dtype: str) -> dict[str, tuple[str, Callable[[], tuple[Any, tuple[Any,
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_every_operator_passes_opcheck_served(pf: Any, pt: Any, dtype: str) -> None:
-    """torch's own checks of each operator on CUDA tensors, and every call served by a plan (none left to torch)."""
+    """torch's own checks of each operator on CUDA tensors, and every call served by a plan (none left to torch) but
+    batch_norm's evaluation, which cuDNN builds no engine for (run 35): torch's, counted."""
     torch = _t()
     failures = {}
     for name, (function, make) in cases(dtype).items():
@@ -146,7 +147,10 @@ def test_every_operator_passes_opcheck_served(pf: Any, pt: Any, dtype: str) -> N
         op, args = make()
         results = torch.library.opcheck(op, args)
         cudnn, by_torch = served_since(pf, before, function)
-        if set(results.values()) != {"SUCCESS"} or cudnn == 0 or by_torch:
+        # batch_norm is evaluation: cuDNN proposes no engine for its graph (GPU run 35): torch's, counted.
+        by_cudnn = name != "batch_norm"
+        as_expected = (cudnn > 0 and not by_torch) if by_cudnn else (by_torch > 0 and not cudnn)
+        if set(results.values()) != {"SUCCESS"} or not as_expected:
             failures[name] = (results, {"cudnn": cudnn, "torch": by_torch}, pf.stats().get(function))
     assert not failures, failures
 
@@ -339,7 +343,10 @@ def test_an_unchanged_batch_norm_is_served_with_torchs_running_statistics(
         before = pf.stats()
         with pt.mode():
             assert rel_err(run(x), evaluated) < tolerance
-    assert served_since(pf, before, "batch_norm") == (1, 0), pf.stats()
+    # Evaluation: cuDNN proposes no engine for this batchnorm inference graph (GPU run 35: "No valid engine
+    # configs"), so torch's batch norm runs it, with the same result (above), counted with the reason.
+    assert served_since(pf, before, "batch_norm") == (0, 1), pf.stats()
+    assert any("No valid engine" in reason for reason in pf.stats()["batch_norm"].reasons), pf.stats()["batch_norm"]
     if not compiled:
         assert pt.stats()["batch_norm"].routed == 2 and not pt.stats()["batch_norm"].left
     assert not pt.stats()["batch_norm"].left_compiled, pt.stats()  # served functions appear in stats()
@@ -347,14 +354,15 @@ def test_an_unchanged_batch_norm_is_served_with_torchs_running_statistics(
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_a_boolean_mask_is_served_as_cudnns_bias_with_torchs_results(pf: Any, pt: Any, compiled: bool) -> None:
-    """A boolean causal mask with left padding (what transformers passes SDPA under torch.compile): served as
-    cuDNN's bias, forward and backward, with torch's values and gradients; a query that sees no key gives 0, as
-    torch's does (asserted of torch too: it is what the served call must equal)."""
+    """A boolean causal mask with padding (what transformers passes SDPA under torch.compile): served as cuDNN's
+    bias, forward and backward, with torch's values and gradients. Every query sees some key here: for one that
+    sees none, torch's CUDA kernels do not give the 0 its math backend gives (GPU run 35), and plancache gives 0
+    (scripts/bool_mask_probe.py prints each backend's answer)."""
     torch = _t()
     torch.manual_seed(0)
     b, h, s, d = 2, 8, 128, 64
     mask = torch.ones(s, s, dtype=torch.bool, device="cuda").tril().expand(b, 1, s, s).clone()
-    mask[1, :, :, :16] = False  # sequence 1 starts at position 16: its first 16 queries see no key
+    mask[1, :, 16:, :16] = False  # sequence 1's later queries do not see its first 16 keys
     q, k, v = (randn(b, h, s, d, dtype="bfloat16").requires_grad_() for _ in range(3))
 
     def attend(q: Any, k: Any, v: Any) -> Any:
@@ -369,7 +377,6 @@ def test_a_boolean_mask_is_served_as_cudnns_bias_with_torchs_results(pf: Any, pt
     with pt.mode():
         got = run(q, k, v)
     grads = torch.autograd.grad((got.float() * weighting).sum(), (q, k, v))
-    assert not expected[1, :, :16].any() and not got[1, :, :16].any()
     assert rel_err(got, expected) < TOLERANCE["bfloat16"]
     for ours, theirs in zip(grads, expected_grads, strict=True):
         assert rel_err(ours, theirs) < TOLERANCE["bfloat16"]
