@@ -8,7 +8,8 @@ fleet would be), the flooder has its own. Honest nodes (--honest coroutines on
 grpc.aio, each its own channel, in a child process of their own) read
 stored plans (GetPlan of --plans plans, one call after another) and, every
 --compile-every seconds each, compile a new graph (Compile, waited for). After
---idle-s of that alone, a flooder (another child process) does, all at once:
+--idle-s of that alone, a flooder (another child process, which made every
+request before the honest nodes started) does, all at once:
 
 - split prefetch: 11 parallel Prefetch(compile_missing) calls of 3,000 new specs each, read to the end;
 - abandoned compiles: 70 Compiles of distinct new specs with a 0.5 s deadline;
@@ -90,7 +91,11 @@ def compile_request(i: int) -> pb.CompileRequest:
 
 
 def status_of(e: BaseException) -> str:
-    return e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
+    if not isinstance(e, grpc.aio.AioRpcError):
+        return type(e).__name__
+    if e.code() == grpc.StatusCode.UNAVAILABLE:  # which: the service's answer, or HTTP/2 refusing a stream
+        return f"UNAVAILABLE ({(e.details() or '')[:120]})"
+    return str(e.code().name)
 
 
 # ---- the honest nodes (a child process) ----------------------------------------------------------
@@ -154,7 +159,6 @@ async def honest_child(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 async def flood_child(cfg: dict[str, Any]) -> dict[str, Any]:
-    cpu_started = time.process_time()
     metadata = (("authorization", f"Bearer {cfg['token']}"),)
     outcomes: dict[str, Counter[str]] = {}
     base = cfg["flood_base"]
@@ -163,63 +167,87 @@ async def flood_child(cfg: dict[str, Any]) -> dict[str, Any]:
     def count(what: str, status: str, n: int = 1) -> None:
         outcomes.setdefault(what, Counter())[status] += n
 
+    # Every request is made before the flood starts: building ~150,000 protobuf refs is ~1-2 s of this process's
+    # CPU, which on a machine shared with the service would land in the flood's first second as the client's own
+    # burst, not the service's answer to it (a flooder elsewhere spends it on its own CPUs).
+    prepare_started = time.process_time()
+    split_n, key_n, unread_n = int(3000 * scale), int(10_000 * scale), int(200 * scale)
+    split_requests = [
+        pb.PrefetchRequest(
+            refs=[pb.PlanRef(query=query(base + p * split_n + j)) for j in range(split_n)], compile_missing=True
+        )
+        for p in range(11)
+    ]
+    abandoned_requests = [compile_request(base + 50_000 + j) for j in range(70)]
+    unread_requests = [
+        pb.PrefetchRequest(
+            refs=[pb.PlanRef(query=query(base + 60_000 + j * 200 + k)) for k in range(unread_n)], compile_missing=True
+        )
+        for j in range(70)
+    ]
+    key_requests = [
+        pb.PrefetchRequest(refs=[pb.PlanRef(key=f"sm_90/bogus/{p}/{j}") for j in range(key_n)]) for p in range(10)
+    ]
+    distinct_requests = [compile_request(base + 80_000 + j) for j in range(int(1000 * scale))]
+    prepare_cpu_s = time.process_time() - prepare_started
+    cpu_started = time.process_time()
+
     async with grpc.aio.insecure_channel(cfg["address"], options=OPTIONS) as channel:
         stub = pb_grpc.PlanCacheStub(channel)
 
-        async def split_prefetch(part: int) -> None:
-            n = int(3000 * scale)
-            refs = [pb.PlanRef(query=query(base + part * n + j)) for j in range(n)]
+        async def split_prefetch(request: pb.PrefetchRequest) -> None:
             try:
-                async for item in stub.Prefetch(
-                    pb.PrefetchRequest(refs=refs, compile_missing=True), timeout=60, metadata=metadata
-                ):
+                async for item in stub.Prefetch(request, timeout=60, metadata=metadata):
                     count("split prefetch refs", item.error.code if item.HasField("error") else "OK")
             except grpc.aio.AioRpcError as e:
                 count("split prefetch calls", status_of(e))
 
-        async def abandoned(j: int) -> None:
+        async def abandoned(request: pb.CompileRequest) -> None:
             try:
-                await stub.Compile(compile_request(base + 50_000 + j), timeout=0.5, metadata=metadata)
+                await stub.Compile(request, timeout=0.5, metadata=metadata)
                 count("abandoned compiles", "OK")
             except grpc.aio.AioRpcError as e:
                 count("abandoned compiles", status_of(e))
 
-        async def unread(j: int, hold_s: float) -> None:
-            refs = [pb.PlanRef(query=query(base + 60_000 + j * 200 + k)) for k in range(int(200 * scale))]
-            call = stub.Prefetch(pb.PrefetchRequest(refs=refs, compile_missing=True), timeout=60, metadata=metadata)
+        async def unread(request: pb.PrefetchRequest, hold_s: float) -> None:
+            call = stub.Prefetch(request, timeout=60, metadata=metadata)
             await asyncio.sleep(hold_s)  # never read
             call.cancel()
             count("unread streams", "held, then cancelled")
 
-        async def key_prefetch(part: int) -> None:
-            n = int(10_000 * scale)
-            refs = [pb.PlanRef(key=f"sm_90/bogus/{part}/{j}") for j in range(n)]
+        async def key_prefetch(request: pb.PrefetchRequest) -> None:
             try:
-                async for item in stub.Prefetch(pb.PrefetchRequest(refs=refs), timeout=60, metadata=metadata):
+                async for item in stub.Prefetch(request, timeout=60, metadata=metadata):
                     count("1e5-key prefetch refs", item.error.code if item.HasField("error") else "OK")
             except grpc.aio.AioRpcError as e:
                 count("1e5-key prefetch calls", status_of(e))
 
-        async def distinct(j: int) -> None:
+        async def distinct(request: pb.CompileRequest) -> None:
             try:
-                await stub.Compile(compile_request(base + 80_000 + j), timeout=10, metadata=metadata)
+                await stub.Compile(request, timeout=10, metadata=metadata)
                 count("distinct compiles", "OK")
             except grpc.aio.AioRpcError as e:
                 count("distinct compiles", status_of(e))
 
+        # Connected first: its client has the server's settings (100 streams a connection) and queues the calls
+        # past them itself, so every call reaches the service in turn (before the settings arrive, the calls past
+        # the bound are refused by HTTP/2 at once, UNAVAILABLE, and the service never sees them).
+        await channel.channel_ready()
+        await ready_then_go(cfg)
         started = time.time()
         await asyncio.gather(
-            *(split_prefetch(p) for p in range(11)),
-            *(abandoned(j) for j in range(70)),
-            *(unread(j, cfg["hold_s"]) for j in range(70)),
-            *(key_prefetch(p) for p in range(10)),
-            *(distinct(j) for j in range(int(1000 * scale))),
+            *(split_prefetch(r) for r in split_requests),
+            *(abandoned(r) for r in abandoned_requests),
+            *(unread(r, cfg["hold_s"]) for r in unread_requests),
+            *(key_prefetch(r) for r in key_requests),
+            *(distinct(r) for r in distinct_requests),
         )
     return {
         "outcomes": {k: dict(v) for k, v in outcomes.items()},
         "started": started,
         "ended": time.time(),
         "cpu_s": time.process_time() - cpu_started,
+        "prepare_cpu_s": prepare_cpu_s,
     }
 
 
@@ -237,6 +265,7 @@ async def burn_child(cfg: dict[str, Any]) -> dict[str, Any]:
     """The flooder's CPU without its calls: cfg["burn_cores"] cores for cfg["burn_seconds"]."""
     cores, seconds = cfg["burn_cores"], cfg["burn_seconds"]
     n = max(1, math.ceil(cores))
+    await ready_then_go(cfg)
     started = time.time()
     burners = [multiprocessing.Process(target=_burn, args=(cores / n, seconds)) for _ in range(n)]
     for b in burners:
@@ -252,6 +281,15 @@ async def burn_child(cfg: dict[str, Any]) -> dict[str, Any]:
         "ended": time.time(),
         "cpu_s": used.ru_utime + used.ru_stime,
     }
+
+
+async def ready_then_go(cfg: dict[str, Any]) -> None:
+    """The flooder is started before the honest nodes and prepares its requests; it says so, then waits for the
+    flood's moment (the parent's go file)."""
+    Path(cfg["ready_file"]).touch()
+    go = Path(cfg["go_file"])
+    while not go.exists():
+        await asyncio.sleep(0.005)
 
 
 def child_main() -> None:
@@ -441,8 +479,27 @@ def main() -> None:
                         raise
                     time.sleep(0.5)
             rss_before = rss_mb(server.pid)
-            flood_at = time.time() + 2 + args.idle_s
             common = {"address": address, "keys": keys, "scale": scale}
+            # The flooder first: it makes its requests, says it is ready, and floods when told (go file).
+            flooder = spawn(
+                {
+                    **common,
+                    "role": "burn" if args.burn_cores else "flood",
+                    "token": flood_token,
+                    "hold_s": args.hold_s,
+                    "flood_base": 2_000_000,
+                    "burn_cores": args.burn_cores,
+                    "burn_seconds": args.burn_seconds,
+                    "ready_file": str(tmp / "flooder-ready"),
+                    "go_file": str(tmp / "flood-now"),
+                    "out": str(tmp / "flood.json"),
+                }
+            )
+            while not (tmp / "flooder-ready").exists():
+                if flooder.poll() is not None:
+                    raise RuntimeError("the flooder ended before it was ready")
+                time.sleep(0.05)
+            flood_at = time.time() + 2 + args.idle_s
             honest = spawn(
                 {
                     **common,
@@ -461,18 +518,7 @@ def main() -> None:
             ledger.mark()
             time.sleep(max(0.0, flood_at - time.time()))
             ledger.mark()
-            flooder = spawn(
-                {
-                    **common,
-                    "role": "burn" if args.burn_cores else "flood",
-                    "token": flood_token,
-                    "hold_s": args.hold_s,
-                    "flood_base": 2_000_000,
-                    "burn_cores": args.burn_cores,
-                    "burn_seconds": args.burn_seconds,
-                    "out": str(tmp / "flood.json"),
-                }
-            )
+            (tmp / "flood-now").touch()
             peak_rss = rss_before
             while flooder.poll() is None:
                 peak_rss = max(peak_rss, rss_mb(server.pid))

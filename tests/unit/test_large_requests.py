@@ -6,6 +6,7 @@ requests were walked on the event loop: ~0.8 s in which no other caller was answ
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 import time
@@ -206,3 +207,62 @@ def test_a_plans_check_takes_no_turn_and_is_never_refused() -> None:
         return list(checks)
 
     assert asyncio.run(scenario()) == [0, 1, 2, 3, 4]
+
+
+class _BusyLoop:
+    """A LoopLoad stand-in that always says the event loop is busy."""
+
+    busy = True
+
+
+def _walked_by(caller: str, calls: int, parse_s: float) -> tuple[float, list[float], list[object]]:
+    """`calls` large Prefetch requests of `caller` at once, through the guard's parse, on a busy loop shared
+    with one other caller; each parse takes at least `parse_s` in its thread. Returns the seconds the caller's
+    walks were paced, when each parse began, and each call's request (or the error it ended with)."""
+    from plancache_server.gateway.guard import parse
+    from plancache_server.gateway.shares import Shares
+
+    raw = prefetch(400)
+
+    async def scenario() -> tuple[float, list[float], list[object]]:
+        shares = Shares(load=_BusyLoop())  # type: ignore[arg-type]
+        offload = CpuOffload(threads=2)
+        began: list[float] = []
+
+        def slow_parser(data: bytes) -> pb.PrefetchRequest:
+            began.append(time.monotonic())
+            time.sleep(parse_s)  # in a CPU thread, as a walk holding the GIL would be
+            return pb.PrefetchRequest.FromString(data)
+
+        async def call() -> pb.PrefetchRequest:
+            CALLER.set(caller)
+            shares.seen(caller)
+            return await parse("Prefetch", raw, slow_parser, offload, LIMITS, shares)
+
+        shares.seen("honest")
+        results = await asyncio.gather(*(call() for _ in range(calls)), return_exceptions=True)
+        offload.close()
+        return shares.turns.paced_s, began, list(results)
+
+    return asyncio.run(scenario())
+
+
+def test_a_large_requests_walk_is_a_step_of_its_caller_paced_on_a_busy_loop() -> None:
+    """The walk and parse hold the GIL the loop needs: on a busy loop shared with another caller, each of a
+    flooder's large requests waits out the booking its previous one made (its time x the others)."""
+    paced_s, began, results = _walked_by("flood", calls=3, parse_s=0.05)
+    assert all(isinstance(r, pb.PrefetchRequest) and len(r.refs) == 400 for r in results)
+    assert paced_s >= 2 * 0.05 * 0.9  # the 2nd and 3rd each waited at least the walk before them
+    gaps = [b - a for a, b in itertools.pairwise(began)]
+    assert min(gaps) >= 2 * 0.05 * 0.9  # a walk (>= 50 ms), then the booking it made (>= 50 ms)
+
+
+def test_a_callers_walks_booked_past_the_horizon_are_refused_with_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    from plancache_server.gateway import shares
+
+    monkeypatch.setattr(shares, "PACE_HORIZON_S", 0.02)
+    _, began, results = _walked_by("flood", calls=4, parse_s=0.05)
+    refused = [r for r in results if isinstance(r, ResourceExhausted)]
+    assert refused and all("share of the gateway's time" in r.message for r in refused)
+    assert all(r.retry_after is not None and r.retry_after > 0 for r in refused)
+    assert len(began) == len(results) - len(refused)  # a refused request was never walked

@@ -216,7 +216,9 @@ class Gateway:
                 ("grpc.server.max_pending_requests_hard_limit", 2 * settings.max_pending_calls),
                 # gRPC takes new calls up one at a time, in arrival order: a client's burst of 1,160 calls on
                 # one connection (bench/flood.py) stood ~1.2 s before every other caller's next call. Bounded
-                # per connection, the rest of a burst waits in its own client.
+                # per connection, the rest of a burst waits in its own client (or, sent as another of its
+                # streams ends and before the server has let that one go, is refused by HTTP/2 unseen:
+                # REFUSED_STREAM, which plancache's client retries after a delay).
                 ("grpc.max_concurrent_streams", settings.max_streams_per_connection),
             ],
         )

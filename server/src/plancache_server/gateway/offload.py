@@ -28,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from typing import ParamSpec, TypeVar
 
 from plancache.errors import ResourceExhausted
@@ -75,12 +76,23 @@ class CpuOffload:
     async def run_off_loop(self, size: int, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """fn(*args) in the pool, when the current caller has no other task there (`size`: the bytes of
         input it holds meanwhile)."""
+        async with self.caller_turn(size):
+            return await self.in_pool(fn, *args, **kwargs)
+
+    @asynccontextmanager
+    async def caller_turn(self, size: int) -> AsyncIterator[None]:
+        """The current caller's one place in the pool, once its tasks before this one are done (`size`: the
+        bytes of input this one holds while it waits; refused past the caller's bounds)."""
         caller = CALLER.get()
         await self._enter(caller, size)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+            yield
         finally:
             self._leave(caller)
+
+    async def in_pool(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """fn(*args) in the pool, now (inside the caller's turn)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
     async def run_ungated(self, size: int, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """fn(*args) on the loop for small inputs, in the pool for large ones, outside the callers' turns: for

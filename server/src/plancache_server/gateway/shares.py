@@ -40,7 +40,8 @@ still hold above them.
 Holdings bound memory and Redis work; the event loop's time is shared by
 *turns* (FairTurns): the CPU-heavy steps of a call (checking and hashing a
 spec, a lookup that misses and the build it starts, a Prefetch ref, a
-built plan handed to a stream) run at most `--work-slots` at once, granted
+built plan handed to a stream, a large request's walk in a CPU thread,
+which holds the GIL the loop needs) run at most `--work-slots` at once, granted
 to the callers waiting for one in turn, round robin: a caller with a
 thousand calls under way gets one turn when a caller with one gets one. A
 stored plan served from the gateway's memory takes no turn: a flood never
