@@ -17,6 +17,9 @@ request before the honest nodes started) does, all at once:
 - a 1e5-key prefetch: 10 Prefetch calls of 10,000 plan keys (not stored);
 - 1,000 distinct compiles at once (10 s deadline).
 
+on one connection, or dealt among --flood-connections of them (the service bounds the calls under way per
+connection; a caller's shares, per token, hold above that).
+
 Measured per phase (idle, flood, after): the honest GetPlan latency
 (p50/p99/max), calls a second, and every honest error; the flooder's
 outcomes by status code; after the flood: the jobs left in the queue, the
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -192,39 +196,55 @@ async def flood_child(cfg: dict[str, Any]) -> dict[str, Any]:
     prepare_cpu_s = time.process_time() - prepare_started
     cpu_started = time.process_time()
 
-    async with grpc.aio.insecure_channel(cfg["address"], options=OPTIONS) as channel:
-        stub = pb_grpc.PlanCacheStub(channel)
+    # --flood-connections: each its own TCP connection (a local subchannel pool: channels with equal arguments
+    # would otherwise share one), the calls dealt round robin.
+    connections = int(cfg.get("connections", 1))
+    async with contextlib.AsyncExitStack() as channels:
+        stubs = [
+            pb_grpc.PlanCacheStub(
+                await channels.enter_async_context(
+                    grpc.aio.insecure_channel(
+                        cfg["address"], options=[*OPTIONS, ("grpc.use_local_subchannel_pool", 1), ("flood.c", c)]
+                    )
+                )
+            )
+            for c in range(connections)
+        ]
+        dealt = itertools.count()
+
+        def next_stub() -> pb_grpc.PlanCacheStub:
+            return stubs[next(dealt) % connections]
 
         async def split_prefetch(request: pb.PrefetchRequest) -> None:
             try:
-                async for item in stub.Prefetch(request, timeout=60, metadata=metadata):
+                async for item in next_stub().Prefetch(request, timeout=60, metadata=metadata):
                     count("split prefetch refs", item.error.code if item.HasField("error") else "OK")
             except grpc.aio.AioRpcError as e:
                 count("split prefetch calls", status_of(e))
 
         async def abandoned(request: pb.CompileRequest) -> None:
             try:
-                await stub.Compile(request, timeout=0.5, metadata=metadata)
+                await next_stub().Compile(request, timeout=0.5, metadata=metadata)
                 count("abandoned compiles", "OK")
             except grpc.aio.AioRpcError as e:
                 count("abandoned compiles", status_of(e))
 
         async def unread(request: pb.PrefetchRequest, hold_s: float) -> None:
-            call = stub.Prefetch(request, timeout=60, metadata=metadata)
+            call = next_stub().Prefetch(request, timeout=60, metadata=metadata)
             await asyncio.sleep(hold_s)  # never read
             call.cancel()
             count("unread streams", "held, then cancelled")
 
         async def key_prefetch(request: pb.PrefetchRequest) -> None:
             try:
-                async for item in stub.Prefetch(request, timeout=60, metadata=metadata):
+                async for item in next_stub().Prefetch(request, timeout=60, metadata=metadata):
                     count("1e5-key prefetch refs", item.error.code if item.HasField("error") else "OK")
             except grpc.aio.AioRpcError as e:
                 count("1e5-key prefetch calls", status_of(e))
 
         async def distinct(request: pb.CompileRequest) -> None:
             try:
-                await stub.Compile(request, timeout=10, metadata=metadata)
+                await next_stub().Compile(request, timeout=10, metadata=metadata)
                 count("distinct compiles", "OK")
             except grpc.aio.AioRpcError as e:
                 count("distinct compiles", status_of(e))
@@ -232,7 +252,8 @@ async def flood_child(cfg: dict[str, Any]) -> dict[str, Any]:
         # Connected first: its client has the server's settings (100 streams a connection) and queues the calls
         # past them itself, so every call reaches the service in turn (before the settings arrive, the calls past
         # the bound are refused by HTTP/2 at once, UNAVAILABLE, and the service never sees them).
-        await channel.channel_ready()
+        for stub in stubs:
+            await stub.GetPlan(pb.GetPlanRequest(ref=pb.PlanRef(key=cfg["keys"][0])), timeout=10, metadata=metadata)
         await ready_then_go(cfg)
         started = time.time()
         await asyncio.gather(
@@ -429,6 +450,9 @@ def main() -> None:
     parser.add_argument("--hold-s", type=float, default=15.0, help="how long the unread streams stay open")
     parser.add_argument("--server-arg", action="append", default=[], help="one more plancache-server argument")
     parser.add_argument("--quick", action="store_true", help="a tenth of the flood, short phases (the smoke test)")
+    parser.add_argument(
+        "--flood-connections", type=int, default=1, help="the flooder's TCP connections, its calls dealt among them"
+    )
     parser.add_argument("--burn-cores", type=float, default=0.0, help="no flood: burn this many cores instead")
     parser.add_argument("--burn-seconds", type=float, default=60.0, help="how long --burn-cores burns")
     args = parser.parse_args()
@@ -490,6 +514,7 @@ def main() -> None:
                     "flood_base": 2_000_000,
                     "burn_cores": args.burn_cores,
                     "burn_seconds": args.burn_seconds,
+                    "connections": args.flood_connections,
                     "ready_file": str(tmp / "flooder-ready"),
                     "go_file": str(tmp / "flood-now"),
                     "out": str(tmp / "flood.json"),

@@ -241,8 +241,11 @@ def test_on_a_busy_loop_a_callers_steps_are_paced_while_another_callers_hits_are
                 refs = [pb.PlanRef(query=query(2000 + j)) for j in range(300)]
                 items = list(stub.Prefetch(pb.PrefetchRequest(refs=refs), metadata=metadata(FLOOD), timeout=60))
                 paced = turns.paced_s
-                # Plans by key are lookups (a hit when stored, from Redis when not in the gateway's memory):
-                # never paced, the other caller still reading.
+                # Stored plans by key are lookups, hits: never paced, the other caller still reading.
+                stored_refs = [pb.PlanRef(key=stored) for _ in range(300)]
+                hits = list(stub.Prefetch(pb.PrefetchRequest(refs=stored_refs), metadata=metadata(FLOOD), timeout=60))
+                paced_after_hits = turns.paced_s
+                # Keys that are not stored: each an error item's work, a stream of misses: paced after its first.
                 keys = [pb.PlanRef(key=f"{j:064x}/{TARGET.id}/opt-{'0' * 16}") for j in range(300)]
                 by_key = list(stub.Prefetch(pb.PrefetchRequest(refs=keys), metadata=metadata(FLOOD), timeout=60))
                 channel.close()
@@ -250,7 +253,10 @@ def test_on_a_busy_loop_a_callers_steps_are_paced_while_another_callers_hits_are
                 reading.result(timeout=30)
         assert len(items) == 300 and all(i.error.code == "NOT_FOUND" for i in items)  # each ref answered
         assert paced > 0  # the refs waited for their caller's share
-        assert len(by_key) == 300 and turns.paced_s == paced
+        assert len(hits) == 300 and all(i.plan.metadata.key == stored for i in hits)
+        assert paced_after_hits == paced
+        assert len(by_key) == 300 and all(i.error.code == "NOT_FOUND" for i in by_key)
+        assert turns.paced_s > paced_after_hits
         assert len(reads) > 10  # the other caller read all along
     finally:
         next(stacks, None)

@@ -120,17 +120,24 @@ class PrefetchService:
         deadline = self._lookups.deadline(time_remaining)
         stored: list[tuple[int, str]] = []
         waiting: dict[asyncio.Future[StoredPlan], tuple[int, Waiter, PlanQuery]] = {}
+        missed_by_key = False
         try:
             for index, ref in enumerate(refs):
                 if self._held_here(index, ref, request, stored):
                     continue  # a stored plan in the gateway's memory, by key: no turn (a hit never waits for one)
                 # Each other ref in its caller's turn (plancache_server.gateway.shares), a spec's paced (a key's
-                # is a lookup, a hit if stored: not paced). Refused its turn (the caller's share of a busy loop
-                # booked past the horizon), the stream ends RESOURCE_EXHAUSTED with the wait: one answer for all
-                # its refs left (a client asks again for the unanswered ones after it), where an error item each
-                # cost the loop more than the refs (33,000 of them a flood's first second).
-                async with self._shares.turn(paced=ref.WhichOneof("ref") == "query"):
+                # is a lookup, a hit if stored: not paced, unless the stream's last key was not stored: then it
+                # is a stream of misses, each an error item's work, and paced as new work is; a flooder's
+                # 100,000 unknown keys over ten connections held the loop ~5 s unpaced). Refused its turn (the
+                # caller's share of a busy loop booked past the horizon), the stream ends RESOURCE_EXHAUSTED
+                # with the wait: one answer for all its refs left (a client asks again for the unanswered ones
+                # after it), where an error item each cost the loop more than the refs (33,000 of them a
+                # flood's first second).
+                by_query = ref.WhichOneof("ref") == "query"
+                async with self._shares.turn(paced=by_query or missed_by_key):
                     error = await self._ask(index, ref, request, stored, waiting)
+                if not by_query:
+                    missed_by_key = error is not None
                 if error is not None:
                     yield error
             for index, key in stored:
