@@ -185,6 +185,41 @@ class Shares:
             self.give_back(caller, what, amount)
 
 
+class RecentCallers:
+    """Callers seen within the last `window_s` seconds, oldest first: who shares the loop (FairTurns) or the
+    build queue (QueueSlots). Runs on the event loop's thread: no lock."""
+
+    def __init__(self, window_s: float, clock: Callable[[], float]) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        self._last: OrderedDict[str, float] = OrderedDict()  # caller -> when last seen, oldest first
+
+    def see(self, caller: str) -> None:
+        self._last[caller] = self._clock()
+        self._last.move_to_end(caller)
+
+    def __contains__(self, caller: object) -> bool:
+        return caller in self._last
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def forget_gone(self, still_here: Callable[[str], bool] = lambda _caller: False) -> list[str]:
+        """Forget the callers last seen more than window_s ago, except those `still_here` says are (seen
+        again now); returns those forgotten."""
+        now, gone = self._clock(), []
+        while self._last:
+            caller, last = next(iter(self._last.items()))
+            if now - last <= self.window_s:
+                break
+            if still_here(caller):
+                self.see(caller)
+                continue
+            del self._last[caller]
+            gone.append(caller)
+        return gone
+
+
 @dataclass
 class _Pace:
     """One caller's pacing: when its next step may start, what its steps cost, and its steps waiting."""
@@ -216,7 +251,7 @@ class FairTurns:
         self._retry_delay_s = retry_delay_s
         self._free = self.slots
         self._waiting: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
-        self._active: OrderedDict[str, float] = OrderedDict()  # caller -> its latest call's start, oldest first
+        self._active = RecentCallers(ACTIVE_CALLER_S, clock)  # callers whose latest call began within it
         self._paces: dict[str, _Pace] = {}  # callers with a booking or paced steps under way
         self.paced_s = 0.0  # seconds steps waited for their callers' share (a counter: /metrics)
 
@@ -226,22 +261,16 @@ class FairTurns:
     def seen(self, caller: str) -> None:
         if not caller:
             return
-        now = self._clock()
-        self._active[caller] = now
-        self._active.move_to_end(caller)
-        self._forget_inactive(now)
+        self._active.see(caller)
+        self._forget_inactive()
 
     def active(self) -> int:
         """Callers that called within the last ACTIVE_CALLER_S."""
-        self._forget_inactive(self._clock())
+        self._forget_inactive()
         return len(self._active)
 
-    def _forget_inactive(self, now: float) -> None:
-        while self._active:
-            caller, last = next(iter(self._active.items()))
-            if now - last <= ACTIVE_CALLER_S:
-                return
-            del self._active[caller]
+    def _forget_inactive(self) -> None:
+        for caller in self._active.forget_gone():
             pace = self._paces.get(caller)
             if pace is not None and not pace.lock.locked() and not pace.queued:
                 del self._paces[caller]  # a caller gone quiet starts afresh
@@ -376,9 +405,8 @@ class QueueSlots:
         self._total = 0  # sum of _held
         # Callers with builds waiting for a slot (in the order their turns come), each its builds in order.
         self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
-        # Every caller holding slots, and those that held one within recent_s: caller -> when last seen,
-        # oldest first.
-        self._sharing: OrderedDict[str, float] = OrderedDict()
+        # Every caller holding slots, and those that held one within recent_s.
+        self._sharing = RecentCallers(recent_s, clock)
 
     def share(self, caller: str) -> int:
         """The slots `caller` may hold now: `per_caller` divided among the callers sharing the queue (holding
@@ -387,22 +415,11 @@ class QueueSlots:
         return max(1, self.per_caller // sharing)
 
     def _seen(self, caller: str) -> None:
-        self._sharing[caller] = self._clock()
-        self._sharing.move_to_end(caller)
+        self._sharing.see(caller)
 
     def _forget_gone(self) -> bool:
         """Callers holding nothing, last seen more than recent_s ago, no longer share; True: some left."""
-        now, left = self._clock(), False
-        while self._sharing:
-            caller, seen = next(iter(self._sharing.items()))
-            if now - seen <= self.recent_s:
-                break
-            if caller in self._held:
-                self._seen(caller)  # still holding: still sharing
-                continue
-            del self._sharing[caller]
-            left = True
-        return left
+        return bool(self._sharing.forget_gone(still_here=lambda caller: caller in self._held))
 
     def held(self, caller: str) -> int:
         return self._held.get(caller, 0)
