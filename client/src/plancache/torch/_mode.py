@@ -294,12 +294,17 @@ def _conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return torch.ops.plancache.conv2d(x, w, b, s, p, d, groups, False)
 
 
+EVALUATION_BATCH_NORM_COMPILED = (
+    "batch_norm in evaluation under torch.compile (inductor fuses it into its neighbours; cuDNN proposes no engine "
+    "for the standalone inference graph on the H200)"
+)
+
+
 def _batch_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Eager: plancache.functional.batch_norm, which updates the running statistics in place, as torch does
     (cuDNN writes them). Compiled: an operator does not write its arguments, so plancache::batch_norm_train
     returns the next running statistics and the route copies them into the module's (dynamo traces the copy as
-    torch's own batch norm's in-place update); evaluation is plancache::batch_norm (without autograd: left to
-    torch with it, as eager)."""
+    torch's own batch norm's in-place update); evaluation is left to torch at trace time (below)."""
     bound = _bind(
         args,
         kwargs,
@@ -338,7 +343,11 @@ def _batch_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return Left(
             "autograd in evaluation mode (its backward is per-channel pointwise math, which cuDNN computes wrongly)"
         )
-    return torch.ops.plancache.batch_norm(x, w, b, mean, var, float(eps))
+    # Evaluation is a per-channel scale and shift: inductor fuses torch's into the kernels beside it, where an
+    # operator is a kernel of its own over the whole tensor; and cuDNN proposes no engine for the standalone
+    # batchnorm inference graph (H200, cuDNN 9.19: GPU runs 35 and the op-family benchmark), so the operator
+    # would only run torch's unfused. Eager, plancache.functional.batch_norm still asks, geometry by geometry.
+    return Left(EVALUATION_BATCH_NORM_COMPILED)
 
 
 Route = Callable[[tuple[Any, ...], dict[str, Any]], Any]
