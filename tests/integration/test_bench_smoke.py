@@ -272,6 +272,37 @@ def test_herd_quick_run_builds_each_key_once_and_writes_its_json_and_plot(tmp_pa
     assert (tmp_path / "herd.png").stat().st_size > 10_000
 
 
+def test_flood_quick_run_answers_every_flooder_call_and_no_honest_call_fails(tmp_path: Path) -> None:
+    """bench/flood.py --quick (a tenth of the flood, short phases): every call the flooder made ends with a
+    status it counts, no honest node's read or compile fails, nothing is left queued, the JSON and plot
+    written."""
+    proc = subprocess.run(
+        [sys.executable, "bench/flood.py", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "flood.json").read_text())
+    outcomes = results["flooder"]["outcomes"]
+    calls = {
+        "abandoned compiles": 70,
+        "unread streams": 70,
+        "distinct compiles": 100,
+    }
+    for what, n in calls.items():
+        assert sum(outcomes[what].values()) == n, (what, outcomes)
+    for phase in ("idle", "flood", "after"):
+        assert results["honest_getplan"][phase]["calls"] > 0
+        assert not results["honest_getplan"][phase]["errors"], results["honest_getplan"]
+        assert not results["honest_compile"][phase]["errors"], results["honest_compile"]
+    assert results["queue_after"] == 0
+    assert (tmp_path / "flood.png").stat().st_size > 10_000
+
+
 def test_execution_benchmark_summary_and_report_render_without_a_gpu(tmp_path: Path) -> None:
     from bench.gpu_exec import PATHS, SEED, report, summarize
 
