@@ -68,6 +68,44 @@ def test_the_fast_path_writes_rfc8785s_bytes(value: object) -> None:
     assert canonicalize(value) == rfc8785.dumps(value)
 
 
+# With doubles (specs carry them: a matmul's padding 0.0, a norm's epsilon 1e-5): written by the standard library
+# where Python writes them as JCS does, the others put in as JCS writes them; NUL in strings (the placeholders'
+# character) and every double's edge (integral ones, 2**53, exponents on either side of both notations).
+doubles = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(
+    [0.0, -0.0, 1e-4, 9.999e-5, 1e-7, 1e-6, 1e16, 1e21, 1e22, 2.0**53, -(2.0**53), 2.0**60, 0.1, 1e-05, 5e-324]
+)
+values_with_doubles = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-MAX_EXACT_INTEGER + 1, max_value=MAX_EXACT_INTEGER - 1)
+    | doubles
+    | st.text(alphabet=st.characters(blacklist_categories=("Cs",)))
+    | st.sampled_from(["\x00", "\x000\x00", '"\\u00000\\u0000"']),
+    lambda children: (
+        st.lists(children, max_size=6)
+        | st.dictionaries(st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=8), children, max_size=6)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=list(HealthCheck))
+@given(values_with_doubles)
+def test_values_with_doubles_are_written_as_rfc8785_writes_them(value: object) -> None:
+    assert canonicalize(value) == rfc8785.dumps(value)
+
+
+def test_a_string_shaped_like_a_placeholder_is_never_read_as_a_number() -> None:
+    """The fast path stands a double Python writes otherwise in as "\\u0000<n>\\u0000": a value whose own
+    string is that text (NUL included) takes rfc8785's path, so the two values keep distinct bytes."""
+    number = {"eps": 1e-05}
+    lookalike = {"eps": "\x000\x00"}
+    assert canonicalize(number) == b'{"eps":0.00001}'
+    assert canonicalize(lookalike) == rfc8785.dumps(lookalike) != canonicalize(number)
+    both = [1e-05, "\x000\x00"]
+    assert canonicalize(both) == rfc8785.dumps(both)
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(json_values)
 def test_the_bytes_read_back_as_the_value_and_are_a_fixed_point(value: object) -> None:
