@@ -48,18 +48,22 @@ def test_without_floats_the_bytes_are_the_standard_librarys_sorted_compact_json(
     assert canonicalize(value) == expected
 
 
+def _ascii_named(leaves: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
+    """Lists and objects of `leaves` whose names are ASCII (sorted alike by UTF-16 and by code points)."""
+    return st.recursive(
+        leaves,
+        lambda children: (
+            st.lists(children, max_size=6)
+            | st.dictionaries(st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=8), children, max_size=6)
+        ),
+        max_leaves=30,
+    )
+
+
+safe_integers = st.integers(min_value=-MAX_EXACT_INTEGER + 1, max_value=MAX_EXACT_INTEGER - 1)
+texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)))
 # What canonicalize writes with the standard library (its fast path): ASCII names, |integers| < 2**53.
-plain_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-MAX_EXACT_INTEGER + 1, max_value=MAX_EXACT_INTEGER - 1)
-    | st.text(alphabet=st.characters(blacklist_categories=("Cs",))),
-    lambda children: (
-        st.lists(children, max_size=6)
-        | st.dictionaries(st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=8), children, max_size=6)
-    ),
-    max_leaves=30,
-)
+plain_values = _ascii_named(st.none() | st.booleans() | safe_integers | texts)
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
@@ -74,18 +78,13 @@ def test_the_fast_path_writes_rfc8785s_bytes(value: object) -> None:
 doubles = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(
     [0.0, -0.0, 1e-4, 9.999e-5, 1e-7, 1e-6, 1e16, 1e21, 1e22, 2.0**53, -(2.0**53), 2.0**60, 0.1, 1e-05, 5e-324]
 )
-values_with_doubles = st.recursive(
+values_with_doubles = _ascii_named(
     st.none()
     | st.booleans()
-    | st.integers(min_value=-MAX_EXACT_INTEGER + 1, max_value=MAX_EXACT_INTEGER - 1)
+    | safe_integers
     | doubles
-    | st.text(alphabet=st.characters(blacklist_categories=("Cs",)))
-    | st.sampled_from(["\x00", "\x000\x00", '"\\u00000\\u0000"']),
-    lambda children: (
-        st.lists(children, max_size=6)
-        | st.dictionaries(st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=8), children, max_size=6)
-    ),
-    max_leaves=30,
+    | texts
+    | st.sampled_from(["\x00", "\x000\x00", '"\\u00000\\u0000"'])
 )
 
 
