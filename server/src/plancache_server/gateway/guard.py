@@ -187,7 +187,9 @@ async def parse(
     caller's like any on the loop (`shares.turn`): paced to the caller's share while the loop is busy, its
     time charged to the caller (a flood's first second: eleven 680 KB Prefetch requests walked back to back
     held the GIL ~0.5 s, and every other caller's hits stalled ~400 ms). Its turn is taken once the request is
-    the caller's one in the pool, so a caller's large requests waiting there hold no turn."""
+    the caller's one in the pool, so a caller's large requests waiting there hold no turn. The turn holds one
+    of the `--work-slots` (one by default) while the walk runs: walks and the loop's other steps take turns,
+    which the GIL had them do anyway, and a hit takes no turn."""
     wire.check_size(name, raw, limits)
     async with offload.caller_turn(len(raw)), shares.turn() if shares is not None else nullcontext():
         return await offload.in_pool(_checked_and_parsed, name, raw, parser, limits)
