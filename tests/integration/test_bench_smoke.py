@@ -15,17 +15,18 @@ from tests.support.processes import REPO, child_env
 pytestmark = pytest.mark.slow
 
 
-def test_cpu_benchmark_quick_run_writes_its_table_json_and_plot(tmp_path: Path) -> None:
+def run_bench(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """`bench/<script>` with `args` in a child process (the repo's environment); it must exit 0."""
     proc = subprocess.run(
-        [sys.executable, "bench/cpu_bench.py", "--quick", "--out", str(tmp_path)],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+        [sys.executable, f"bench/{script}", *args], cwd=REPO, env=child_env(), capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_cpu_benchmark_quick_run_writes_its_table_json_and_plot(tmp_path: Path) -> None:
+    proc = run_bench("cpu_bench.py", "--quick", "--out", str(tmp_path))
     assert "hit p50 / floor" in proc.stdout
     results = json.loads((tmp_path / "cpu_bench.json").read_text())
     assert set(results["hit_path"]["1"]) == {"plancache", "plancache_no_memory_cache", "echo", "echo_aio", "redis_get"}
@@ -37,16 +38,7 @@ def test_cpu_benchmark_quick_run_writes_its_table_json_and_plot(tmp_path: Path) 
 
 
 def test_jcs_benchmark_quick_run_finds_the_same_bytes_on_every_spec(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "bench/jcs_bench.py", "--quick", "--out", str(tmp_path)],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_bench("jcs_bench.py", "--quick", "--out", str(tmp_path))
     results = json.loads((tmp_path / "jcs_bench.json").read_text())
     assert results["all_identical"] and len(results["specs"]) >= 40
     assert results["hit_path"]["matmul_spec"]["compile_disk_cache_hit_us"] > 0
@@ -250,16 +242,7 @@ def test_load_test_short_run_loses_and_confuses_nothing(tmp_path: Path) -> None:
 
 
 def test_herd_quick_run_builds_each_key_once_and_writes_its_json_and_plot(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "bench/herd.py", "--quick", "--time-limit", "150", "--out", str(tmp_path)],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_bench("herd.py", "--quick", "--time-limit", "150", "--out", str(tmp_path), timeout=180)
     assert "builds per key" in proc.stdout
     results = json.loads((tmp_path / "herd.json").read_text())
     assert set(results["variants"]) == {"prefetch", "compile", "burst"}
@@ -276,16 +259,7 @@ def test_flood_quick_run_answers_every_flooder_call_and_no_honest_call_fails(tmp
     """bench/flood.py --quick (a tenth of the flood, short phases): every call the flooder made ends with a
     status it counts, no honest node's read or compile fails, nothing is left queued, the JSON and plot
     written."""
-    proc = subprocess.run(
-        [sys.executable, "bench/flood.py", "--quick", "--out", str(tmp_path)],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_bench("flood.py", "--quick", "--out", str(tmp_path))
     results = json.loads((tmp_path / "flood.json").read_text())
     outcomes = results["flooder"]["outcomes"]
     calls = {
@@ -332,16 +306,7 @@ def test_execution_benchmark_summary_and_report_render_without_a_gpu(tmp_path: P
 
 def test_upgrade_quick_run_writes_its_json_and_plot_and_its_figures_add_up(tmp_path: Path) -> None:
     """Not a timing test: the rehearsal runs end to end and its figures are computed from what it recorded."""
-    proc = subprocess.run(
-        [sys.executable, "bench/upgrade.py", "--quick", "--out", str(tmp_path)],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=150,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_bench("upgrade.py", "--quick", "--out", str(tmp_path), timeout=150)
     assert "hit rate of all node requests" in proc.stdout
     results = json.loads((tmp_path / "upgrade.json").read_text())
     c, s = results["config"], results["summary"]
@@ -390,16 +355,6 @@ def test_upgrade_quick_run_writes_its_json_and_plot_and_its_figures_add_up(tmp_p
     assert bound["warm_status"] is not None and bound["stored_bytes"] > 0 and bound["a_plans"] == c["bound_specs"]
     assert [row[0] for row in results["targets"]] and all(len(row) == 4 for row in results["targets"])
     assert (tmp_path / "upgrade.png").stat().st_size > 10_000
-
-
-def run_bench(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """`bench/<script>` with `args` in a child process (the repo's environment); it must exit 0."""
-    proc = subprocess.run(
-        [sys.executable, f"bench/{script}", *args], cwd=REPO, env=child_env(), capture_output=True, text=True,
-        timeout=timeout, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
 
 
 def test_status_page_memory_benchmark_reads_the_pages_and_samples_the_gateway(tmp_path: Path) -> None:
