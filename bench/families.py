@@ -434,11 +434,15 @@ def run(out: Path, time_limit: float) -> dict[str, Any]:
     env = {**trusting_env(public_key), "PLANCACHE_CACHE_DIR": str(tmp / "disk-cache")}
 
     def child(args: list[str], label: str) -> dict[str, Any]:
+        # Each process its own workload (the label): one script runs what are different programs here, and
+        # under the script's default name each would stream the others' plans at its start (GPU run 36's
+        # prefill family process streamed the decode processes' ~500 plans while it ran, and its record,
+        # not listing the family's buckets, had it build each itself).
         started = time.monotonic()
         try:
             proc = subprocess.run(
                 [sys.executable, str(Path(__file__).resolve()), *args],
-                env=env,
+                env={**env, "PLANCACHE_WORKLOAD": f"families-{label.replace('/', '-')}"},
                 cwd=REPO,
                 capture_output=True,
                 text=True,
@@ -682,7 +686,11 @@ def _evidence_group(
                     started = time.monotonic()
                     proc = subprocess.run(
                         [sys.executable, str(Path(__file__).resolve()), "--evidence-node", path, "--server", address],
-                        env=env,
+                        # the fixed-shape run and the sweep are different programs; both sweep processes one
+                        env={
+                            **env,
+                            "PLANCACHE_WORKLOAD": f"families-{path.removesuffix('-first').removesuffix('-second')}",
+                        },
                         cwd=REPO,
                         capture_output=True,
                         text=True,

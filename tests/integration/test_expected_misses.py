@@ -146,7 +146,38 @@ def test_a_workload_record_says_which_graphs_will_miss(service: Stack) -> None:
     assert key(new) not in asked and key(elsewhere) not in asked
     assert second.workload.lists(key(old[1])) is True and second.workload.lists(key(new)) is False
     stats = race_stats()["compile"]
-    assert (stats.at_once, stats.stored_after_all) == (2, 1)
+    assert (stats.at_once, stats.stored_after_all, stats.record_disbelieved) == (2, 1, 1)
+
+
+def test_a_record_proven_wrong_no_longer_says_which_graphs_will_miss(service: Stack) -> None:
+    """GPU run 36: a process whose workload record did not list the stored graphs it met (a graph family's
+    members built beforehand, 15 bucket lengths) built every one itself, since the record said each would
+    miss. The first such graph costs the node's build (nothing said otherwise); from then on the record's
+    silence predicts nothing: the stored graphs are asked first and are hits, nothing built; after
+    MISSES_BEFORE_EXPECTING real misses in a row, misses are expected again as without a record."""
+    with service.client(hedge=False, workload="prefill", workload_prefetch=True) as first:
+        first.compile(matmul_spec(m=8, name="old"), TARGET, tuned_only=True)
+    members = [matmul_spec(m=64 * (i + 1), name="bucket") for i in range(4)]
+    store(service, *members)  # stored (a family built ahead), not in prefill's record
+    new = [matmul_spec(m=2000 + 16 * i, name="new") for i in range(MISSES_BEFORE_EXPECTING + 1)]
+
+    builder = StandInLocalBuilder(seconds=0.3)  # longer than a hit's answer
+    with service.client(local_builder=builder, workload="prefill", workload_prefetch=True) as second:
+        asked = first_asks(second)
+        second.compile(matmul_spec(m=8, name="old"), TARGET)  # listed: the record's stream
+        wait_until(lambda: second.workload_stats().state == "done", timeout=20, what="the workload's stream")
+        del asked[:]  # the first call asked before the record was read
+        plans = [second.compile(spec, TARGET) for spec in members]
+        assert [p.key for p in plans] == [key(s) for s in members]
+        assert all(p.source == "hit" and not isinstance(p, LocalPlan) for p in plans)
+        assert [key(s) for s in members if key(s) in builder.built] == [key(members[0])]  # the wrong guess alone
+        assert asked == [key(s) for s in members[1:]]  # the others asked first
+        fresh = [second.compile(spec, TARGET) for spec in new]
+    assert [p.key for p in fresh] == [key(s) for s in new]
+    assert asked[len(members) - 1 :] == [key(s) for s in new[:MISSES_BEFORE_EXPECTING]]  # then expected again
+    stats = race_stats()["compile"]
+    assert (stats.stored_after_all, stats.record_disbelieved) == (1, 1)
+    assert stats.at_once == 1 + len(new) - MISSES_BEFORE_EXPECTING
 
 
 def test_a_graph_the_service_may_be_building_ahead_asks_first(service: Stack) -> None:

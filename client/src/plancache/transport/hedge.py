@@ -155,6 +155,7 @@ class RaceCounts:
     # Expected misses (plancache.transport.hedged_calls): the node's build started without a first answer.
     at_once: int = 0
     stored_after_all: int = 0  # of those, graphs the service had stored (the node's build was not needed)
+    record_disbelieved: int = 0  # clients whose workload record was proven wrong by one of those (hedged_calls)
 
 
 _COUNTS: dict[str, RaceCounts] = {}

@@ -18,6 +18,16 @@ asks first again. The cost of a wrong guess is the node's own build, what
 the node would have paid without plancache; the plan run is still the one
 for the graph's own key, checked as every answer is.
 
+A record proven wrong once is not believed again by this client: a graph
+it did not list that was stored after all (a graph family's member an
+operator or another process built, another workload's plan, a sibling
+process's build that just landed) says the record does not know this
+process's misses, and from then on the run-of-misses rule decides alone.
+Believing it went on costing every such graph the node's own build (GPU run
+36: a prefill process meeting 15 stored bucket lengths its record did not
+list built each itself, 65-86 ms and 859 ms for the longest, where a hit
+took ~12 ms in run 24).
+
 A graph the service may be building ahead for this process is never
 expected to miss (`ask_first(key)`: a member of a graph family the process
 asked for, plancache.frontdoors.families): a sweep through a family's sizes
@@ -30,6 +40,7 @@ their expected misses.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -48,6 +59,7 @@ from plancache.trust.answers import Asked
 from plancache.v1 import plancache_pb2 as pb
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # Plans this node built itself (hedged misses), held for a compile() of the same key again.
 LOCAL_PLANS_HELD = 1024
@@ -69,6 +81,7 @@ class HedgedCalls:
         self._local_plans: OrderedDict[str, LocalPlan] = OrderedDict()
         self.misses_in_a_row = 0  # graphs that asked first and missed, since the last one that did not
         self._ask_first: OrderedDict[str, None] = OrderedDict()  # keys the service may be building ahead
+        self.record_believed = True  # no graph the workload's record did not list was stored after all (doc)
 
     def ask_first(self, key: str) -> None:
         """A graph of `key` may be built ahead for this process (a graph
@@ -82,7 +95,7 @@ class HedgedCalls:
         """Whether a graph of `key` (not in the disk cache, not prefetched) is expected to miss (module doc)."""
         if key in self._ask_first:
             return False
-        listed = self._listed(key)
+        listed = self._listed(key) if self.record_believed else None
         if listed is not None:
             return not listed
         return self.misses_in_a_row >= MISSES_BEFORE_EXPECTING
@@ -167,6 +180,14 @@ class HedgedCalls:
             if response.source == pb.COMPILE_SOURCE_HIT:  # stored after all: the next graph asks first
                 tally.stored_after_all += 1
                 self.misses_in_a_row = 0
+                if self.record_believed and self._listed(asked.key) is False:
+                    self.record_believed = False
+                    tally.record_disbelieved += 1
+                    log.info(
+                        "plan %s was stored though this workload's record did not list it: the record no longer "
+                        "says which graphs will miss in this process",
+                        asked.key,
+                    )
                 race.building = False  # the service counted a hit, not a miss to report on
 
         race = Race(
