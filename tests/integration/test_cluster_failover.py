@@ -16,10 +16,15 @@ import hashlib
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
+from redis.cluster import RedisCluster
 
 from plancache import PlanCacheError, StoreUnavailable, Unavailable
+from plancache.keys.query import PlanQuery
+from plancache_server.store import keys as store_keys
 from tests.conftest import start_stack
 from tests.support.operator_view import report
 from tests.support.redis_cluster import LocalCluster
@@ -148,3 +153,111 @@ def test_a_master_killed_under_load_fails_over_with_no_wrong_plan(tmp_path: Path
 def _erring_after(errors: list[tuple[float, str]], t: float) -> bool:
     """Whether calls still failed after `t` (the service is back once they stop)."""
     return any(when > t for when, _ in errors)
+
+
+def _promote_replica_of(cluster: LocalCluster, key: str) -> float:
+    """A planned failover (CLUSTER FAILOVER on the replica of the master serving `key`'s slot: the replica
+    catches up with its master, then takes its slots), waited for; its duration."""
+    probe = redis.Redis(port=cluster.nodes[0].port, socket_timeout=5)
+    try:
+        slot = int(probe.execute_command("CLUSTER", "KEYSLOT", key))
+        shards = probe.execute_command("CLUSTER", "SHARDS")
+    finally:
+        probe.close()
+    replica_port = None
+    for shard in shards:  # redis-py gives each shard as a dict: slots (low, high, ...), nodes (dicts)
+        ranges = shard[b"slots"]
+        if not any(int(lo) <= slot <= int(hi) for lo, hi in zip(ranges[::2], ranges[1::2], strict=True)):
+            continue
+        for node in shard[b"nodes"]:
+            if node[b"role"] == b"replica":
+                replica_port = int(node[b"port"])
+    assert replica_port is not None, f"no replica serves slot {slot}"
+    replica = redis.Redis(port=replica_port, socket_timeout=5)
+    started = time.monotonic()
+    try:
+        replica.execute_command("CLUSTER", "FAILOVER")
+        wait_until(lambda: replica.execute_command("ROLE")[0] in (b"master", "master"), 30, "the replica promoted")
+    finally:
+        replica.close()
+    return time.monotonic() - started
+
+
+def test_a_replica_promoted_while_a_build_is_being_stored_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44, item 3's second case, forced at the chosen instant: the worker has written a plan's hash to
+    its shard's master and the replica of that master is promoted (a planned failover, as an operator's
+    maintenance does) before the worker writes the rest (the spec's index on another shard, the store's
+    accounting, the job's end). Asserted: the caller waiting on that build gets its plan; the plan is
+    stored and served after the promotion with the bytes the caller got; its spec's index lists it; the
+    job ends (nothing left in flight); readers of stored plans meanwhile get no wrong plan and only typed,
+    retryable errors."""
+    cluster = LocalCluster(tmp_path / "cluster", masters=3, replicas=1).start()
+    target_spec = matmul_spec(m=808, name="stored-across-the-promotion")
+    promoted: list[float] = []
+    key_of_target = PlanQuery.of(target_spec, TARGET).key
+    original_hset = RedisCluster.hset
+
+    def hset_then_promote(self: RedisCluster, name: Any, *args: Any, **kwargs: Any) -> Any:
+        written = original_hset(self, name, *args, **kwargs)
+        key = name.decode() if isinstance(name, bytes) else str(name)
+        if not promoted and key.endswith(":plan") and key_of_target in key:
+            promoted.append(_promote_replica_of(cluster, key))
+        return written
+
+    stack, stop = start_stack(cluster.url, StandInCompiler(build_seconds=0.05), pool_size=2)
+    errors: list[str] = []
+    wrong: list[str] = []
+    halt = threading.Event()
+    try:
+        with stack.client(hedge=False, timeout=15, compile_timeout=60) as client:
+            stored = {}
+            for i in range(6):
+                plan = client.compile(matmul_spec(m=8 * (i + 1), name=f"before-{i}"), TARGET)
+                stored[plan.key] = hashlib.sha256(plan.blob).hexdigest()
+            monkeypatch.setattr(RedisCluster, "hset", hset_then_promote)
+
+            def reads() -> None:
+                keys = list(stored)
+                j = 0
+                while not halt.is_set():
+                    key = keys[j % len(keys)]
+                    j += 1
+                    try:
+                        plan = client.get(key)
+                    except RETRYABLE as e:
+                        errors.append(type(e).__name__)
+                        continue
+                    except PlanCacheError as e:
+                        errors.append(f"untyped: {type(e).__name__}: {e}")
+                        continue
+                    if plan.key != key or hashlib.sha256(plan.blob).hexdigest() != stored[key]:
+                        wrong.append(key)
+                    halt.wait(PAUSE_S)
+
+            reader = threading.Thread(target=reads)
+            reader.start()
+            plan = client.compile(target_spec, TARGET)
+            halt.set()
+            reader.join(timeout=60)
+            assert promoted, "the promotion did not happen while the plan was stored"
+            assert plan.key == key_of_target
+            digest = hashlib.sha256(plan.blob).hexdigest()
+            again = client.get(key_of_target)  # after the promotion: served by the new master
+            assert hashlib.sha256(again.blob).hexdigest() == digest
+            spec_hash = again.metadata.spec_hash
+            index = stack.redis.smembers(store_keys.spec_index(spec_hash))
+            assert key_of_target.encode() in index or key_of_target in index
+            job = store_keys.job_state(key_of_target)
+            wait_until(lambda: stack.redis.hget(job, "state") in ("done", b"done"), 30, "the job's end")
+    finally:
+        halt.set()
+        stop()
+        cluster.stop()
+    assert not wrong, f"wrong plans served: {wrong[:5]}"
+    assert all(kind in {e.__name__ for e in RETRYABLE} for kind in errors), errors
+    report(
+        "Redis Cluster replica promoted while a build is stored",
+        {"promotion_s": round(promoted[0], 2), "reader_errors": len(errors), "wrong": len(wrong)},
+    )
