@@ -43,7 +43,14 @@ asks for them by itself (default threshold, no family built beforehand):
   through RMSNorm + linear [rows, 1024] x [1024, 1024]: per size the time to
   its first execution and whether both graphs were hits (target: >= 80 % of
   the sizes after the 10th hits, the median new size <= 20 ms);
+  by default a layer's rows are padded to auto buckets once it met three row
+  counts (plancache.frontdoors.buckets.AUTO), so from the third size on the
+  sweep runs at multiples of 16;
 - sweep, second process: the same sizes again;
+- sweep, per size (a first process on a service of its own): the same sizes
+  with `pf.set_auto_buckets(False)`, every size its own graphs (what the
+  first process did before rows were bucketed by default: GPU run 36, 20 %
+  hits after the 10th size, 84 % of the family's members never fetched);
 - sweep, bucketed (a first process of its own workload): the same sizes with
   one line more, `pf.set_buckets(SWEEP_BUCKETS)` (rows padded up to the next
   multiple of 16, exact for rms_norm and linear: plancache.frontdoors.buckets):
@@ -146,7 +153,7 @@ class Prefill:
 SWEEP_SIZES = random.Random(43).sample(range(1, 200), 40)  # in the order met
 SWEEP_HIDDEN = 1024
 SWEEP_BUCKETS = list(range(16, 257, 16))  # the bucketed sweep's row buckets (module doc)
-EVIDENCE_PATHS = ("fixed", "sweep-first", "sweep-second", "sweep-bucketed")
+EVIDENCE_PATHS = ("fixed", "sweep-first", "sweep-second", "sweep-bucketed", "sweep-per-size")
 TARGET_HITS_AFTER_10TH = 0.8
 TARGET_UNUSED = 0.2
 # The held-out fixed-shape block (issue 43): six linear layers of four weight shapes (out, in).
@@ -207,10 +214,13 @@ def evidence_node(path: str, server: str) -> None:
     from plancache import Client
 
     torch.cuda.init()
-    workload = "bench-bucketed" if path == "sweep-bucketed" else f"bench-{path.split('-', maxsplit=1)[0]}"
+    own = path in ("sweep-bucketed", "sweep-per-size")  # the first and second sweep processes are one program
+    workload = f"bench-{path}" if own else f"bench-{path.split('-', maxsplit=1)[0]}"
     pf.configure(Client(server, cache=False), options=HEURISTIC, workload=workload)
     if path == "sweep-bucketed":
         pf.set_buckets(SWEEP_BUCKETS, functions=["rms_norm", "linear"])
+    if path == "sweep-per-size":  # every size its own graphs, as before rows were bucketed once they vary
+        pf.set_auto_buckets(False)
     setup_s = time.perf_counter() - began
     result: dict[str, Any] = {"path": path, "setup_s": setup_s}
     if path == "fixed":
@@ -234,9 +244,13 @@ def evidence_node(path: str, server: str) -> None:
             hit = all(src in ("hit", "cache", "prefetched") for src in sources)
             rows.append({"size": size, "ms": ms, "sources": sources, "hit": hit, "new_graphs": len(new)})
         result["sizes"] = rows
-        if path == "sweep-bucketed":
-            stats = pf.bucket_stats()
-            result["buckets"] = {"calls": stats.calls, "padded_calls": stats.padded_calls, "waste": stats.waste}
+        stats = pf.bucket_stats()  # a policy's (sweep-bucketed) or the auto buckets' (sweep-first, -second)
+        result["buckets"] = {
+            "calls": stats.calls,
+            "padded_calls": stats.padded_calls,
+            "waste": stats.waste,
+            "auto_layers": stats.auto_layers,
+        }
     asks = pf.families()
     result["families"] = [
         {
@@ -278,6 +292,8 @@ def node_main(path: str, workload: str, server: str) -> None:
     else:
         pf.configure(Client(server, cache=False), options=HEURISTIC)
     pf.set_family_threshold(0)  # today's plancache asks for no family; the family path's are built already
+    if path == "family":  # its families are built per size beforehand: no row padded to a bucket
+        pf.set_auto_buckets(False)
     if path == "family" and workload == "prefill":
         pf.set_buckets(PREFILL_BUCKETS, functions=["scaled_dot_product_attention"])
     make, sizes = WORKLOADS[workload]
@@ -592,7 +608,7 @@ def report(result: dict[str, Any], out: Path) -> None:
 
 # Each group of paths meets a fresh service (Redis, server, worker): the bucketed program's bucket sizes are
 # members of the per-size sweep's family, so sharing a store would hand it plans built for another workload.
-EVIDENCE_GROUPS = (("fixed", "sweep-first", "sweep-second"), ("sweep-bucketed",))
+EVIDENCE_GROUPS = (("fixed", "sweep-first", "sweep-second"), ("sweep-bucketed",), ("sweep-per-size",))
 
 
 def run_evidence(
@@ -686,11 +702,7 @@ def _evidence_group(
                     started = time.monotonic()
                     proc = subprocess.run(
                         [sys.executable, str(Path(__file__).resolve()), "--evidence-node", path, "--server", address],
-                        # the fixed-shape run and the sweep are different programs; both sweep processes one
-                        env={
-                            **env,
-                            "PLANCACHE_WORKLOAD": f"families-{path.removesuffix('-first').removesuffix('-second')}",
-                        },
+                        env=env,
                         cwd=REPO,
                         capture_output=True,
                         text=True,
@@ -738,7 +750,7 @@ def summarize_evidence(result: dict[str, Any]) -> dict[str, Any]:
     fixed = runs.get("fixed")
     if fixed and "families" in fixed:
         summary["fixed_families_asked"] = len(fixed["families"])
-    for path in ("sweep-first", "sweep-second", "sweep-bucketed"):
+    for path in ("sweep-first", "sweep-second", "sweep-bucketed", "sweep-per-size"):
         rows = runs.get(path, {}).get("sizes")
         if not rows:
             continue
@@ -752,10 +764,15 @@ def summarize_evidence(result: dict[str, Any]) -> dict[str, Any]:
         }
         if "buckets" in runs[path]:
             summary[path]["padding_share"] = runs[path]["buckets"]["waste"]
-    # per size (the fixed run and the two sweep processes) and bucketed: two programs, two budgets
+    # the default (the fixed run and the two sweep processes: rows auto-bucketed once they vary), a set_buckets
+    # policy, and every size its own graphs: three programs, three budgets
     for name, chosen in (
-        ("speculative", [f for f in result["families"] if f.get("asked_by") != "sweep-bucketed"]),
+        (
+            "speculative",
+            [f for f in result["families"] if f.get("asked_by") in ("fixed", "sweep-first", "sweep-second")],
+        ),
         ("speculative_bucketed", [f for f in result["families"] if f.get("asked_by") == "sweep-bucketed"]),
+        ("speculative_per_size", [f for f in result["families"] if f.get("asked_by") == "sweep-per-size"]),
     ):
         stored = sum(f["stored"] for f in chosen)
         fetched = sum(f["fetched"] for f in chosen)

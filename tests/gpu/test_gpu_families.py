@@ -21,6 +21,7 @@ def test_a_family_built_by_the_worker_serves_every_size_as_a_hit(pf: Any) -> Non
     from plancache.graphspec.family import derive
 
     torch = _t()
+    pf.set_auto_buckets(False)  # each size its own graph here (a layer's rows are padded once they vary)
     w = randn(256, 128, dtype="bfloat16", scale=128**-0.5)
     recorded: list[Any] = []
     original = SERVICE.compile
@@ -43,6 +44,34 @@ def test_a_family_built_by_the_worker_serves_every_size_as_a_hit(pf: Any) -> Non
         (geometry,) = [g for g in pf.geometries() if g.function == "linear" and g.key[1] == (rows, 128)]
         assert geometry.plan is not None and geometry.plan.source == "hit", geometry
         assert rel_err(y, torch.relu(x.float() @ w.float().T)) < 2e-2
+    pf.set_auto_buckets(None)
+
+
+def test_a_layers_varying_rows_run_at_auto_buckets_with_the_unpadded_result(pf: Any) -> None:
+    """Without a policy, a layer that met three row counts runs each new one at its auto bucket (a multiple of
+    16 below 256): values and gradients those of the unpadded call, the padded geometry a served plan."""
+    torch = _t()
+    pf.set_auto_buckets(True)
+    w, b, g = randn(48, 80, dtype="bfloat16", scale=80**-0.5), randn(48, dtype="bfloat16"), randn(80, dtype="bfloat16")
+    for rows in (7, 19, 40):  # the first two as they are; 40 -> 48
+        x = randn(rows, 80, dtype="bfloat16")
+        leaf = x.detach().clone().requires_grad_(True)
+        y = pf.linear(leaf, w, b, activation="gelu")
+        y.float().sum().backward()
+        reference = x.detach().clone().requires_grad_(True)
+        want = torch.nn.functional.gelu(torch.nn.functional.linear(reference.float(), w.float(), b.float()))
+        want.sum().backward()
+        assert y.shape == (rows, 48) and rel_err(y, want) < 2e-2
+        assert leaf.grad is not None and reference.grad is not None and rel_err(leaf.grad, reference.grad) < 2e-2
+        normed = pf.rms_norm(x, (80,), g, 1e-5)
+        assert rel_err(normed, torch.nn.functional.rms_norm(x.float(), (80,), g.float(), 1e-5)) < 2e-2
+    torch.cuda.synchronize()
+    linear_rows = sorted(int(geo.key[1][0]) for geo in pf.geometries() if geo.function == "linear")
+    assert linear_rows == [7, 19, 48], linear_rows
+    padded = [geo for geo in pf.geometries() if geo.function == "linear" and geo.key[1] == (48, 80)]
+    assert padded[0].plan is not None  # a served plan at the bucket
+    assert pf.bucket_stats().auto_layers >= 1
+    pf.set_auto_buckets(None)
 
 
 def test_bucketing_gives_the_unpadded_result_forward_and_backward(pf: Any) -> None:

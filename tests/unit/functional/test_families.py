@@ -14,6 +14,7 @@ import pytest
 
 import plancache.functional as pf
 from plancache import InvalidRequest, Unavailable
+from plancache.frontdoors import buckets
 from plancache.frontdoors import families as _families
 from plancache.graphspec.canonical import hash_normalized
 from plancache.graphspec.validation import normalize
@@ -107,6 +108,23 @@ def test_a_bucketed_family_is_the_buckets_up_to_one_past_the_largest_size_met(cl
         assert len(client.families) == 3
     finally:
         pf.set_buckets(None)
+
+
+def test_a_function_padded_to_auto_buckets_asks_for_the_buckets(
+    client: StandInClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows that vary are padded to auto buckets (plancache.frontdoors.buckets.AUTO; the padding is tested in
+    test_buckets.py): once linear's calls are padded, its family is the auto buckets up to the one after the
+    largest met, as with a set_buckets policy; a function whose calls are not padded keeps sizes 1..H."""
+    monkeypatch.setattr(buckets.AUTO, "_padding", {"linear"})  # what a padded torch call records
+    for batch in (16, 48, 96):
+        linear_at(batch)
+    ((family, _, _),) = client.families
+    assert family.varying[0].sizes == (16, 32, 48, 64, 80, 96, 112)
+    linear_at(200)
+    assert client.families[1][0].varying[0].sizes == (128, 144, 160, 176, 192, 208, 224)
+    pf.set_auto_buckets(False)  # off: no longer the buckets
+    assert _families._bucket_sizes("linear") == ()
 
 
 def test_graphs_that_differ_beyond_dims_make_no_family(client: StandInClient) -> None:

@@ -6,5 +6,6 @@ how that is logged once (reasons), the graph families of shapes that vary
 that both count their graphs toward (families), and bucketing (buckets).
 
 Owns: the process's plancache service as the front doors see it, its families and buckets.
-May import: plancache.errors, plancache.graphspec, plancache.keys, plancache.run, plancache.transport, plancache.gpu.
+May import: plancache.errors, plancache.env, plancache.graphspec, plancache.keys, plancache.run, plancache.transport,
+plancache.gpu.
 """

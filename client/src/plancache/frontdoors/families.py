@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from plancache.errors import PlanCacheError, SpecError
-from plancache.frontdoors.buckets import BUCKETS
+from plancache.frontdoors.buckets import AUTO, BUCKETS
 from plancache.frontdoors.service import SERVICE, Once, describe
 from plancache.graphspec import spec_io
 from plancache.graphspec.family import Family, derive, without_sizes
@@ -227,7 +227,8 @@ def _extension(entry: _Signature, spec: GraphSpec) -> range | None:
         return None
     if size <= high:
         return None
-    top = _bucket_reach(size) if _bucketed(entry.function) else _power_of_two_at_least(size)
+    buckets = _bucket_sizes(entry.function)
+    top = _bucket_reach(size, buckets) if buckets else _power_of_two_at_least(size)
     return range(high + 1, top + 1) if high < top and top - high <= FAMILY_GRAPHS else None
 
 
@@ -235,15 +236,18 @@ def _power_of_two_at_least(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(n)))
 
 
-def _bucketed(function: str) -> bool:
-    """Whether `function`'s calls are padded to buckets (plancache.frontdoors.buckets; its backward's too)."""
-    return bool(BUCKETS.sizes) and function.split(".", maxsplit=1)[0] in BUCKETS.functions
+def _bucket_sizes(function: str) -> tuple[int, ...]:
+    """The buckets `function`'s calls are padded to (its backward's too): set_buckets' policy, else the auto
+    buckets of rows that vary (plancache.frontdoors.buckets), else none."""
+    base = function.split(".", maxsplit=1)[0]
+    if BUCKETS.sizes and base in BUCKETS.functions:
+        return BUCKETS.sizes
+    return AUTO.sizes if AUTO.pads(base) else ()
 
 
-def _bucket_reach(size: int) -> int:
+def _bucket_reach(size: int, buckets: Sequence[int]) -> int:
     """A bucketed family's top for a largest size met: the bucket after the one that size runs at (the last
     bucket at most)."""
-    buckets = BUCKETS.sizes
     return buckets[min(bisect.bisect_left(buckets, size) + 1, len(buckets) - 1)]
 
 
@@ -281,10 +285,10 @@ def _ask(
             biggest = max(high, key=lambda s: high[s])
             high[biggest] //= 2
         sizes: dict[str, Sequence[int]] = {s: range(1, h + 1) for s, h in high.items()}
-        bucketed = len(high) == 1 and _bucketed(ask.function)
-        if bucketed:  # padded calls run at the buckets' sizes alone: those up to one past the largest met
-            window = extension or range(1, _bucket_reach(max(largest.values())) + 1)
-            sizes = {s: [b for b in BUCKETS.sizes if b in window] for s in high}
+        buckets = _bucket_sizes(ask.function) if len(high) == 1 else ()
+        if buckets:  # padded calls run at the buckets' sizes alone: those up to one past the largest met
+            window = extension or range(1, _bucket_reach(max(largest.values()), buckets) + 1)
+            sizes = {s: [b for b in buckets if b in window] for s in high}
         elif extension is not None and len(high) == 1:
             sizes = {s: extension for s in high}
         family: Family = derive(first, latest, sizes=sizes, fixed=evidence.fixed)

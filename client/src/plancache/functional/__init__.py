@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from plancache.errors import InvalidRequest
-from plancache.frontdoors.buckets import BUCKETS, BucketStats
+from plancache.frontdoors.buckets import AUTO, BUCKETS, BucketStats
 from plancache.frontdoors.families import WATCH, FamilyAsk
 from plancache.frontdoors.service import SERVICE, configure
 from plancache.functional._attention import scaled_dot_product_attention
@@ -81,6 +81,7 @@ __all__ = [
     "prefetch",
     "rms_norm",
     "scaled_dot_product_attention",
+    "set_auto_buckets",
     "set_buckets",
     "set_family_threshold",
     "set_max_geometries",
@@ -140,8 +141,18 @@ def set_buckets(sizes: Sequence[int] | None, *, functions: Sequence[str] | None 
     BUCKETS.set(sizes, functions)
 
 
+def set_auto_buckets(enabled: bool | None = True) -> None:
+    """Rows bucketed once they vary (on by default; None: as PLANCACHE_AUTO_BUCKETS says): a linear,
+    rms_norm or layer_norm layer that met 3 distinct row counts runs each new one padded to its auto bucket
+    (the next multiple of 16 below 256, of 32 below 512, ...: plancache.frontdoors.buckets), and the graphs
+    built ahead for it are those buckets. A set_buckets policy covers its functions instead. What was met is
+    forgotten."""
+    AUTO.set(enabled)
+
+
 def bucket_stats() -> BucketStats:
-    """Calls seen and padded since set_buckets(), and the share of work spent on padding (`waste`)."""
+    """Calls seen and padded since set_buckets() (a policy's, and the auto buckets' padded calls), the share
+    of work spent on padding (`waste`), and the layers whose rows are auto-bucketed (`auto_layers`)."""
     return BUCKETS.stats()
 
 
@@ -172,4 +183,5 @@ def clear() -> None:
     COUNTS.clear()
     WATCH.clear()
     BUCKETS.set(None)
+    AUTO.set(None)
     SERVICE.reset()

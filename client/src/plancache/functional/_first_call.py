@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from plancache.errors import InvalidRequest, PlanCacheError
+from plancache.frontdoors.buckets import AUTO
 from plancache.frontdoors.families import WATCH, Evidence, evidence_of
 from plancache.frontdoors.service import ABOUT_THE_GRAPH, SERVICE, TRANSIENT, Once, describe, reason_key
 from plancache.functional import _tensor_ops
@@ -220,3 +221,17 @@ def _record_local(signature: Signature, spec: GraphSpec | None, reason_class: st
         reason=reason_class,
         spec_hash=spec_hash,
     )
+
+
+def row_layer(key: tuple[Any, ...], x: Any) -> tuple[Any, ...]:
+    """A linear or norm geometry's layer: its key without the input's shape and strides, with the input's last
+    dim (frontdoors.buckets.AUTO counts the row counts a layer meets)."""
+    return (key[0], x.shape[-1], *key[3:])
+
+
+def auto_checked(key: Hashable, layer: tuple[Any, ...], result: Any) -> Any:
+    """`result`, after a geometry's first call: a layer torch runs for good (float32, say) is never padded."""
+    entry = TABLE.get(key)
+    if isinstance(entry, Fallback) and entry.expires is None:
+        AUTO.unserved(layer)
+    return result
