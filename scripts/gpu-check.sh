@@ -6,6 +6,7 @@
 # Knobs (environment): SKIP_TESTS=1; PYTEST_TIMEOUT (seconds a test may take, default 1500); TESTS="tests/gpu/test_x.py ..." (default tests/gpu); BENCHES="autotune startup gpu_exec" (the default;
 #   also gpu_bench, variants, functional, training (bench/training.py; TRAINING_STARTUP=1 adds its --startup part, a real server),
 #   torch_models (bench/torch_models.py: torchvision and transformers models under plancache.torch.mode(); TORCH_MODELS_ARGS),
+#   families (bench/families.py, each of FAMILIES_STUDIES="evidence shapes" with FAMILIES_TIME_LIMIT, FAMILIES_ARGS),
 #   frontend_suite: the cuDNN frontend's own tests natively and through plancache,
 #   scripts/frontend_suite.py, FRONTEND_SUITE_ARGS its arguments, .frontend-suite carried; "none" for tests only);
 #   FRONTEND_SUITE_FIRST=1 runs frontend_suite before the tests; STARTUP_JIT=both|cold|warm (bench/startup.py --jit: a
@@ -66,6 +67,10 @@ for bench in ${BENCHES:-autotune startup gpu_exec}; do
     functional) python3 bench/functional.py --out "$OUT" 2>&1 | tee "$OUT/functional.log" ;;
     training) python3 bench/training.py --out "$OUT" ${TRAINING_STARTUP:+--startup} 2>&1 | tee "$OUT/training.log" ;;
     torch_models) python3 bench/torch_models.py --out "$OUT" ${TORCH_MODELS_ARGS:-} 2>&1 | tee "$OUT/torch_models.log" ;;
+    families) for study in ${FAMILIES_STUDIES:-evidence shapes}; do
+                python3 bench/families.py --out "$OUT" --study "$study" --time-limit "${FAMILIES_TIME_LIMIT:-240}" \
+                  ${FAMILIES_ARGS:-} 2>&1 | tee "$OUT/families_$study.log"
+              done ;;
     *) echo "unknown benchmark $bench" >&2; status=2 ;;
   esac
 done
