@@ -23,8 +23,8 @@ linear, rms_norm or layer_norm whose first calls met AUTO_AFTER distinct
 row counts with everything else equal (the weight's shape, dtypes,
 attributes: one layer at many batch sizes, never different layers) runs
 each new row count at its auto bucket, the next multiple of 16 below 256,
-of 32 below 512, of 64 below 1,024 and so on (an eighth of the size at
-most, so at most ~12 % of the work is padding), and a graph family over the
+of 32 below 512, of 64 below 1,024 and so on (from 128 rows on, at most
+an eighth of the size is padding; below, at most 15 rows), and a graph family over the
 buckets is what the service builds ahead. Per size, a sweep of random row
 counts cannot be built ahead usefully (GPU run 36: 20 % hits after the
 10th size, 84 % of the members built never fetched); at the buckets it was
