@@ -292,8 +292,8 @@ def node_main(path: str, workload: str, server: str) -> None:
     else:
         pf.configure(Client(server, cache=False), options=HEURISTIC)
     pf.set_family_threshold(0)  # today's plancache asks for no family; the family path's are built already
-    if path == "family":  # its families are built per size beforehand: no row padded to a bucket
-        pf.set_auto_buckets(False)
+    if path in ("local", "family"):  # every shape its own graph: a program without plancache's padding (local),
+        pf.set_auto_buckets(False)  # and families built per size beforehand (family); plancache: the default
     if path == "family" and workload == "prefill":
         pf.set_buckets(PREFILL_BUCKETS, functions=["scaled_dot_product_attention"])
     make, sizes = WORKLOADS[workload]
