@@ -226,7 +226,8 @@ def _record_local(signature: Signature, spec: GraphSpec | None, reason_class: st
 def row_layer(key: tuple[Any, ...], x: Any) -> tuple[Any, ...]:
     """A linear or norm geometry's layer: its key without the input's shape and strides, with the input's last
     dim (frontdoors.buckets.AUTO counts the row counts a layer meets)."""
-    return (key[0], x.shape[-1], *key[3:])
+    shape = x.shape
+    return (key[0], shape[-1] if len(shape) else None, *key[3:])  # a 0-d input: torch's own error follows
 
 
 def auto_checked(key: Hashable, layer: tuple[Any, ...], result: Any) -> Any:
