@@ -111,7 +111,7 @@ def test_the_reports_own_signing_keys_are_shown_and_none_means_no_section() -> N
 def test_a_render_leaves_no_reference_cycle_holding_the_report() -> None:
     """A macro bound to the render's context (an import `with context`, a macro defined in an included
     template) made each render a reference cycle holding the whole report: garbage until a full collection,
-    which a gateway with a large heap runs rarely (bench/soak.py: the gateway's memory grew ~1 MB a half
+    which a gateway with a large heap runs rarely (bench/soak.py: the gateway's memory grew ~2 MB a half
     hour with it). Rendering now leaves nothing for the cycle collector."""
     report = full_report()
     render(report)  # the templates compiled, the macros module made (kept by the environment)
