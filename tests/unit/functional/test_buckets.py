@@ -156,3 +156,15 @@ def test_a_set_buckets_policy_covers_its_functions_instead() -> None:
         pf.linear(torch.randn(rows, 16), weight)
     assert {int(g.key[1][0]) for g in pf.geometries() if g.function == "linear"} == {64}
     assert pf.bucket_stats().auto_layers == 0
+
+
+def test_the_auto_buckets_setting_refuses_what_is_not_a_boolean(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(InvalidRequest, match="True, False or None"):
+        pf.set_auto_buckets("no")  # type: ignore[arg-type]
+    monkeypatch.setenv("PLANCACHE_AUTO_BUCKETS", "sometimes")
+    pf.set_auto_buckets(None)  # read when first asked, not here
+    with pytest.raises(InvalidRequest, match="PLANCACHE_AUTO_BUCKETS='sometimes' is not a boolean"):
+        _ = buckets.AUTO.enabled
+    monkeypatch.setenv("PLANCACHE_AUTO_BUCKETS", "0")
+    pf.set_auto_buckets(None)
+    assert buckets.AUTO.enabled is False

@@ -159,13 +159,23 @@ class AutoBuckets:
         self._lock = threading.Lock()
         self._rows: OrderedDict[Hashable, set[int] | None] = OrderedDict()  # None: torch runs the layer
         self._padding: set[str] = set()  # functions that padded a call (their families are the buckets)
-        self.enabled = env_bool(AUTO_ENV, True)
+        self._enabled: bool | None = None  # None: PLANCACHE_AUTO_BUCKETS, read at the first table miss
         self.sizes = auto_buckets()
+
+    @property
+    def enabled(self) -> bool:
+        """On or off; PLANCACHE_AUTO_BUCKETS read when first asked (not at import: a word that is not a
+        boolean fails the first call that would pad, naming the variable, not `import plancache.functional`)."""
+        if self._enabled is None:
+            self._enabled = env_bool(AUTO_ENV, True)
+        return self._enabled
 
     def set(self, enabled: bool | None) -> None:
         """On or off (None: PLANCACHE_AUTO_BUCKETS, on by default); what was met is forgotten."""
+        if enabled is not None and not isinstance(enabled, bool):
+            raise InvalidRequest(f"set_auto_buckets: enabled must be True, False or None, got {enabled!r}"[:200])
         with self._lock:
-            self.enabled = env_bool(AUTO_ENV, True) if enabled is None else enabled
+            self._enabled = enabled
             self._rows.clear()
             self._padding.clear()
 
@@ -200,9 +210,7 @@ class AutoBuckets:
         shape: Any = getattr(x, "shape", ())
         if torch is None or not isinstance(x, torch.Tensor) or len(shape) < 2 or not on_gpu(x):
             return None
-        rows = 1
-        for d in shape[:-1]:
-            rows *= int(d)
+        rows = _rows(shape)
         with self._lock:
             if layer in self._rows:
                 met = self._rows[layer]
@@ -224,7 +232,7 @@ class AutoBuckets:
         if function not in self._padding:
             with self._lock:
                 self._padding.add(function)
-        return torch.nn.functional.pad(x.reshape(rows, shape[-1]), (0, 0, 0, padded - rows)), rows
+        return _padded(x, rows, padded), rows
 
 
 def on_gpu(x: Any) -> bool:
@@ -239,15 +247,24 @@ def pad_rows(function: str, x: Any) -> tuple[Any, int] | None:
     """`x` as [rows, last] zero-padded to the bucket of its rows, and its rows; None: not padded."""
     if not BUCKETS.functions or not hasattr(x, "shape") or len(x.shape) < 2:
         return None
-    rows = 1
-    for d in x.shape[:-1]:
-        rows *= int(d)
+    rows = _rows(x.shape)
     padded = BUCKETS.target(function, rows)
-    if padded is None:
-        return None
+    return None if padded is None else (_padded(x, rows, padded), rows)
+
+
+def _rows(shape: Sequence[int]) -> int:
+    """The rows of a [..., last] shape: the product of every dim but the last."""
+    rows = 1
+    for d in shape[:-1]:
+        rows *= int(d)
+    return rows
+
+
+def _padded(x: Any, rows: int, padded: int) -> Any:
+    """`x` as [rows, last], zero rows appended up to `padded` (torch's pad: autograd flows through it)."""
     import torch
 
-    return torch.nn.functional.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, padded - rows)), rows
+    return torch.nn.functional.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, padded - rows))
 
 
 def pad_sequence(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any, int] | None:
