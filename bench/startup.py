@@ -71,6 +71,10 @@ Studies (--study):
          in a fresh process, its plans streamed by the record: PLANCACHE_WORKLOAD_PREFETCH=1, no
          manifest) and torch-step, stored-functional (the decode step the same way). Ratios:
          stored_dropin_over_local_program, stored_functional_over_torch_step, medians of adjacent pairs.
+         Then --repeats pairs of the same stored starts under the OTHER program's workload name
+         (PATH+collided: a name collision, its record listing none of the program's graphs; reports off,
+         so each such run meets the other program's record alone): *_collided, what a collision costs
+         with the stream's cut-off (plancache.transport.workload: COLLISION_ASKS).
 
 Every study's summary also has `paired`: each hedged first node over the local run just before it
 (medians of adjacent pairs; hedge-paired runs them so).
@@ -120,6 +124,7 @@ ONCE = ("local-autotuned", "local-heuristic-4proc")
 FIRST = ("first-compile", "first-lazy", "first-compile-4proc", "first-prefetch")
 HEDGE = "+hedge"  # PATH+HEDGE: PATH with PLANCACHE_HEDGE=1
 FIRST_USE = "+first-use"  # PATH+FIRST_USE: a workload path with PLANCACHE_WORKLOAD_DESERIALIZE=first-use
+COLLIDED = "+collided"  # PATH+COLLIDED: a workload path under the other program's workload name
 HEDGED = (
     "first-compile",
     "first-dropin",
@@ -144,6 +149,8 @@ WORKLOAD_OF = {
     "first-functional": "bench-decode-step",
     "stored-functional": "bench-decode-step",
 }
+# A collision: each workload path's program under the other's name (its record lists none of the program's graphs).
+WORKLOAD_COLLIDES_WITH = {"stored-dropin": "bench-decode-step", "stored-functional": "bench-dropin"}
 # Each stored start against what the node does without plancache (ratio, median of adjacent pairs).
 WORKLOAD_VERSUS = {
     "stored-dropin": ("local-program", "stored_dropin_over_local_program"),
@@ -159,6 +166,8 @@ WORKLOAD_PAIRS = (
     ("torch-step", "stored-functional"),
     ("torch-step", "stored-functional" + FIRST_USE),
 )
+# After every pair above (a collided run reports nothing, but runs last all the same).
+COLLIDED_PAIRS = (("local-program", "stored-dropin" + COLLIDED), ("torch-step", "stored-functional" + COLLIDED))
 HITS = ("hit-compile+hedge", "hit-compile")
 PATHS = (
     "local-heuristic",
@@ -186,6 +195,7 @@ PATHS = (
     "hit-compile+hedge",
     *WORKLOAD_PATHS,
     *(path + FIRST_USE for path in WORKLOAD_PATHS),
+    *(path + COLLIDED for path in WORKLOAD_PATHS),
 )
 GROUPS = {
     "first-compile-4proc": ("first-compile", 4),
@@ -277,8 +287,8 @@ TUNED_WAIT_S = (25, 10)
 
 
 def base(path: str) -> str:
-    """The path without its hedge or deserialization: what its node processes run."""
-    return path.removesuffix(HEDGE).removesuffix(FIRST_USE)
+    """The path without its hedge, deserialization or collision: what its node processes run."""
+    return path.removesuffix(HEDGE).removesuffix(FIRST_USE).removesuffix(COLLIDED)
 
 
 def hedged(path: str) -> bool:
@@ -357,6 +367,9 @@ class Bench:
             del extra["PLANCACHE_WORKLOAD_PREFETCH"]
         if path.endswith(FIRST_USE):
             extra["PLANCACHE_WORKLOAD_DESERIALIZE"] = "first-use"
+        if path.endswith(COLLIDED):  # another program's record; its own uses not reported (each run meets it alone)
+            extra["PLANCACHE_WORKLOAD"] = WORKLOAD_COLLIDES_WITH[base(path)]
+            extra["PLANCACHE_REPORT"] = "0"
         if base(path) in ("first-dropin", "stored-dropin"):
             extra["PLANCACHE_SERVER"] = server
         if os.environ.get("BENCH_MISS_PHASES") == "1":  # bench/miss_phases.py: each step's time
@@ -683,6 +696,7 @@ class Bench:
             if self.study == "workload":
                 self.groups(jit, env, address, redis_url, WORKLOAD_STUDY_FIRST)
                 self.groups(jit, env, address, redis_url, [p for _ in range(self.repeats) for p in WORKLOAD_PAIRS])
+                self.groups(jit, env, address, redis_url, [p for _ in range(self.repeats) for p in COLLIDED_PAIRS])
             elif self.study == "hedge-paired":
                 pairs = [pair for pair in PAIRED if not self.pairs or base(pair[1]) in self.pairs]
                 self.groups(jit, env, address, redis_url, [pair for _ in range(self.repeats) for pair in pairs])
@@ -879,6 +893,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for path, (equivalent, name) in WORKLOAD_VERSUS.items():
             s[name] = paired_ratio(runs, jit, path, equivalent)
             s[name + "_first_use"] = paired_ratio(runs, jit, path + FIRST_USE, equivalent)
+            s[name + "_collided"] = paired_ratio(runs, jit, path + COLLIDED, equivalent)
         s["paired"] = {
             name: paired_ratio(runs, jit, path + HEDGE, equivalent if equivalent != "local-lazy" else "local-heuristic")
             for path, (equivalent, _, name) in VERSUS_LOCAL.items()

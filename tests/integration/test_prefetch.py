@@ -3,6 +3,7 @@ failures reported per entry; ListTargets."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,10 @@ from plancache import (
     Target,
     TargetUnavailable,
 )
-from plancache_server.store.embedded_redis import free_port
-from tests.conftest import Stack
+from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
+from tests.conftest import Stack, start_stack
 from tests.support.specs import matmul_spec
-from tests.support.standin import REJECTED_NAME
+from tests.support.standin import REJECTED_NAME, StandInCompiler
 from tests.support.standin import STANDIN_TARGET as TARGET
 
 
@@ -101,3 +102,23 @@ def test_list_targets_names_live_workers(stack: Stack) -> None:
         targets = {t.target_id: t for t in client.admin.list_targets()}
     assert targets[TARGET.id].live_workers == 1 and targets[TARGET.id].worker_ids == ("test-worker",)
     assert targets[TARGET.generic().id].live_workers == 1
+
+
+def test_a_background_prefetch_cancelled_mid_stream_stops_at_once_and_keeps_what_came(
+    redis_server: EmbeddedRedis, redis_client: object
+) -> None:
+    """cancel() ends the stream's call while it waits for builds (not at their end): wait() returns at once,
+    with the entries that had not come counted as stopped, neither plans nor errors."""
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=2.0), pool_size=1)
+    try:
+        with stack.client(hedge=False) as node:
+            pending = node.prefetch_in_background(Manifest.from_specs(_specs(4), TARGET), compile_missing=True)
+            time.sleep(0.3)  # the stream is open, waiting for the first build
+            started = time.monotonic()
+            pending.cancel()
+            result = pending.wait(timeout=5)
+            assert time.monotonic() - started < 1.0, "the call was cancelled, not waited out"
+            assert pending.cancelled
+            assert (len(result.plans), result.failed, result.stopped) == (0, 0, 4)
+    finally:
+        stop()

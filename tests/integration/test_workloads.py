@@ -27,6 +27,7 @@ from plancache.errors import InvalidRequest, PlanCacheError, ResourceExhausted
 from plancache.keys.query import PlanQuery
 from plancache.run import execution
 from plancache.transport import workload as workload_module
+from plancache.transport.background import BackgroundPrefetch
 from plancache.transport.calls import typed
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
@@ -79,8 +80,21 @@ def listed(stack: Stack, name: str = "job", target_id: str = TARGET.id) -> list[
 
 
 def settled(c: Client) -> plancache.WorkloadStats:
-    wait_until(lambda: c.workload_stats().state in ("done", "failed"), timeout=20, what="the workload's prefetch")
+    wait_until(
+        lambda: c.workload_stats().state in ("done", "stopped", "failed"), timeout=20, what="the workload's prefetch"
+    )
     return c.workload_stats()
+
+
+def slow_stream(monkeypatch: pytest.MonkeyPatch, seconds_a_plan: float) -> None:
+    """The stream's thread takes `seconds_a_plan` over each plan (as deserializing takes on a GPU)."""
+    original = BackgroundPrefetch._arrived
+
+    def arrived(self: BackgroundPrefetch, index: int, plan: object) -> None:
+        time.sleep(seconds_a_plan)
+        original(self, index, plan)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BackgroundPrefetch, "_arrived", arrived)
 
 
 def test_a_new_process_streams_what_its_workload_used_first_used_first(service: Stack) -> None:
@@ -177,6 +191,64 @@ def test_workloads_are_apart_and_a_collision_costs_fetches_never_a_wrong_plan(se
         stats = settled(colliding)
         assert [p.key for p in got] == [PlanQuery.of(s, TARGET).key for s in others]
         assert stats.prefetched == 3 and stats.used == 0 and stats.wasted == 3
+
+
+def test_a_stream_that_brings_none_of_the_graphs_asked_stops_there(
+    service: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collision's cost is bounded by what streamed before the program's first COLLISION_ASKS graphs: the
+    stream brought none of them (another program's record), so it stops; every graph still gets its own plan."""
+    monkeypatch.setattr(workload_module, "COLLISION_ASKS", 3)
+    trainer = run_process(service, specs(6), name="trainer")
+    solo = run_process(service, specs(6), name="solo")
+    slow_stream(monkeypatch, 0.3)
+    others = specs(4, base=1024)
+    with client(service, "trainer") as colliding:
+        started = time.monotonic()
+        got = [colliding.compile(s, TARGET).key for s in others]
+        stats = settled(colliding)
+        assert got == [PlanQuery.of(s, TARGET).key for s in others] and not set(got) & set(trainer)
+        assert stats.state == "stopped" and "another program's" in stats.error
+        assert stats.used == 0 and stats.stopped >= 3, stats
+        assert stats.prefetched + stats.stopped + stats.failed == 6
+        assert time.monotonic() - started < 6 * 0.3, "stopped before streaming the whole record"
+    with client(service, "solo") as same_program:  # a program its record is of, as slow a stream: never stopped
+        same_program.compile(specs(6)[0], TARGET)
+        assert [same_program.compile(s, TARGET).key for s in specs(6)[1:]] == solo[1:]
+        stats = settled(same_program)
+        assert stats.state == "done" and stats.used >= 4 and stats.stopped == 0
+    # Operators see which workload's processes stopped their streams (the colliding one's report said so).
+    report = service.gateway.run(status_of(service.gateway.front).report())
+    shown = {w["name"]: w for w in report.to_json()["workloads"] if w["target"] == TARGET.id}
+    assert (shown["trainer"]["stopped"], shown["solo"]["stopped"]) == (1, 0)
+    front = service.gateway.front
+    assert front.workloads is not None
+    registry = CollectorRegistry()
+    registry.register(WorkloadCollector(front.workloads.summaries, service.gateway.loop))
+    scraped = generate_latest(registry).decode()
+    assert f'plancache_workload_streams_stopped_total{{target="{TARGET.id}",workload="trainer"}} 1.0' in scraped
+
+
+def test_a_graph_listed_far_back_in_a_slow_stream_asks_the_service_instead_of_waiting(
+    service: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every wait has a bound: a listed graph whose plan is 5 plans back in a stream that takes 0.4 s a plan
+    asks the service (a hit) instead of waiting ~2 s; the stream then skips it; a graph near the stream's head
+    waits for it and takes the streamed plan."""
+    graphs = specs(6)
+    first = run_process(service, graphs)
+    slow_stream(monkeypatch, 0.4)
+    with client(service) as later:
+        later.compile(graphs[0], TARGET)  # begins the stream
+        started = time.monotonic()
+        far = later.compile(graphs[5], TARGET)
+        assert time.monotonic() - started < 1.0, "asked the service, not waited for 5 plans"
+        assert far.key == first[5] and later.workload_stats().asked_ahead == 1
+        near = later.compile(graphs[1], TARGET)  # the stream's next plan: waited for
+        assert near.key == first[1]
+        stats = settled(later)
+        assert stats.state == "done" and stats.used >= 1
+        assert stats.prefetched == 5, "the plan asked of the service is not kept from the stream too"
 
 
 def test_a_forged_record_never_serves_another_graphs_plan(service: Stack) -> None:

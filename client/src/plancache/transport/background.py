@@ -12,6 +12,12 @@ H200, deserializing from four threads was slower than from one (0.49x).
 That thread's CUDA work runs on a stream of its own, never on the legacy
 default stream the program's own work runs on (plancache.run.execution.
 on_own_stream says why).
+
+`cancel()` ends the stream early (what came is kept); `skip(i)` says entry
+i is not wanted from it any more (its caller fetched it itself: it is not
+deserialized when it comes); `position(i)` says how far the stream is from
+entry i and how fast it has been coming (plancache.transport.workload
+decides from it whether a graph waits for the stream or asks the service).
 """
 
 from __future__ import annotations
@@ -34,14 +40,23 @@ OnPlan = Callable[[int, "Plan"], None]
 
 
 class BackgroundPrefetch:
-    def __init__(self, run: Callable[[OnPlan], PrefetchResult], load: bool) -> None:
+    def __init__(
+        self, run: Callable[[OnPlan], PrefetchResult], load: bool, stop: Callable[[], None] | None = None
+    ) -> None:
         """`run(on_plan)` does the prefetch, calling `on_plan(index, plan)`
-        for each plan as it arrives; `load` deserializes each one there."""
+        for each plan as it arrives; `load` deserializes each one there;
+        `stop()` (cancel's) ends `run` early."""
         self._run = run
         self._load = load
+        self._stop = stop
         self._changed = threading.Condition()
         self._ready: dict[int, Plan] = {}
         self._load_errors: dict[int, Exception] = {}
+        self._skipped: set[int] = set()  # entries the caller fetched itself (skip())
+        self._cancelled = False
+        self._landed: set[int] = set()  # entries that came (kept, skipped or failing to load)
+        self._first_landed_at: float | None = None
+        self._last_landed_at: float | None = None
         self._result: PrefetchResult | None = None
         self._failure: BaseException | None = None
         self.started_at = time.perf_counter()
@@ -60,6 +75,11 @@ class BackgroundPrefetch:
                 self._changed.notify_all()
             return
         with self._changed:
+            unwanted = [i for i in result.plans if i in self._skipped or (self._cancelled and i not in self._ready)]
+            for index in unwanted:  # fetched by its caller (skip), or came after cancel(): not kept
+                result.plans.pop(index)
+                if index not in self._skipped:
+                    result.stopped += 1
             for index, error in self._load_errors.items():
                 result.plans.pop(index, None)
                 result.errors[index] = (
@@ -70,6 +90,11 @@ class BackgroundPrefetch:
             self._changed.notify_all()
 
     def _arrived(self, index: int, plan: Plan) -> None:
+        with self._changed:
+            unwanted = self._cancelled or index in self._skipped
+        if unwanted:  # nothing deserialized for it
+            self._landed_now(index)
+            return
         if self._load:
             try:
                 from plancache.run.execution import on_own_stream
@@ -79,11 +104,61 @@ class BackgroundPrefetch:
             except Exception as e:  # a plan that does not load is that entry's error, not the prefetch's
                 with self._changed:
                     self._load_errors[index] = e
-                    self._changed.notify_all()
+                self._landed_now(index)
                 return
         with self._changed:
-            self._ready[index] = plan
+            if index not in self._skipped:
+                self._ready[index] = plan
+        self._landed_now(index)
+
+    def _landed_now(self, index: int) -> None:
+        now = time.perf_counter()
+        with self._changed:
+            self._landed.add(index)
+            if self._first_landed_at is None:
+                self._first_landed_at = now
+            self._last_landed_at = now
             self._changed.notify_all()
+
+    def cancel(self) -> None:
+        """End the prefetch: its stream's call cancelled; nothing that comes
+        after is deserialized or kept; plans already here stay; wait() returns
+        what came (the rest in `result.stopped`)."""
+        with self._changed:
+            self._cancelled = True
+        if self._stop is not None:
+            self._stop()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def skip(self, index: int) -> None:
+        """Entry `index` is not wanted from this prefetch (its caller fetched it itself): not deserialized,
+        not kept when it comes; wait_for(index) raises at once."""
+        with self._changed:
+            if index not in self._ready:
+                self._skipped.add(index)
+                self._changed.notify_all()
+
+    def position(self, index: int) -> tuple[int, float | None]:
+        """How far entry `index` is: the entries up to it, itself included,
+        that have not come yet (0: it is here, or the prefetch is over), and
+        the seconds the stream has taken per entry so far (None before any
+        came); entries come in the manifest's order."""
+        with self._changed:
+            if index in self._landed or self._result is not None or self._failure is not None:
+                return 0, self._pace()
+            ahead = index + 1 - sum(1 for i in self._landed if i <= index)
+            return ahead, self._pace()
+
+    def _pace(self) -> float | None:
+        count, first, last = len(self._landed), self._first_landed_at, self._last_landed_at
+        if first is None or last is None:
+            return None
+        if count == 1:
+            return first - self.started_at
+        return (last - first) / (count - 1)
 
     def done(self) -> bool:
         return self._result is not None or self._failure is not None
@@ -101,6 +176,10 @@ class BackgroundPrefetch:
             while True:
                 if index in self._ready:
                     return self._ready[index]
+                if index in self._skipped:
+                    raise PlanCacheError(f"plan {index} was fetched by its caller, not by this prefetch")
+                if self._cancelled and index in self._landed:
+                    raise PlanCacheError(f"plan {index} came after the prefetch was cancelled")
                 if index in self._load_errors:
                     raise PlanCacheError(f"plan {index} did not deserialize: {self._load_errors[index]}")
                 if self._failure is not None:

@@ -50,7 +50,7 @@ from plancache.transport.hedge import (
 from plancache.transport.hedged_calls import HedgedCalls
 from plancache.transport.intake import PlanIntake
 from plancache.transport.manifest import Manifest
-from plancache.transport.prefetching import ManifestPrefetch, OnPlan, Progress
+from plancache.transport.prefetching import ManifestPrefetch, OnPlan, PrefetchStop, Progress
 from plancache.transport.reports import Reports
 from plancache.transport.results import PrefetchResult
 from plancache.transport.workload import (
@@ -374,6 +374,7 @@ class Client:
         timeout: float | None = None,
         tuned_only: bool = False,
         on_plan: OnPlan | None = None,
+        stop: PrefetchStop | None = None,
     ) -> PrefetchResult:
         """Every plan of a manifest: from the disk cache, else in ONE streaming
         call (stored plans at once, then, with compile_missing, each build as
@@ -383,7 +384,9 @@ class Client:
         replaces them when it exists; they are kept otherwise);
         `tuned_only=True` accepts autotuned plans only. `on_plan(index,
         plan)` is called as each entry's plan is ready. The manifest's graph
-        families are asked for first (`result.families`, `family_errors`)."""
+        families are asked for first (`result.families`, `family_errors`).
+        `stop.stop()`, from another thread, ends the prefetch early: what came
+        is kept, the rest counted in `result.stopped`."""
         needs_target = target is not None or any(e.spec for e in manifest.entries) or manifest.families
         resolved = manifest.target or (resolve_target(target) if needs_target else None)
         fetch = ManifestPrefetch(
@@ -395,6 +398,7 @@ class Client:
             tuned_only=tuned_only,
             progress=progress,
             on_plan=on_plan,
+            stop=stop,
         )
         # Built by the service (what is not stored); each size a hit at its first use.
         for index, family in enumerate(manifest.families):
@@ -422,7 +426,8 @@ class Client:
         only for the plans it needs (`ready(i)`, `wait_for(i)`, `wait()`).
         `load=True` deserializes each plan on that thread as it arrives
         (needs the [gpu] extra): `plan.execute` then starts at once; a plan
-        that does not load is that entry's error."""
+        that does not load is that entry's error. `cancel()` ends it early."""
+        stop = PrefetchStop()
 
         def run(on_plan: OnPlan) -> PrefetchResult:
             return self.prefetch(
@@ -432,9 +437,10 @@ class Client:
                 timeout=timeout,
                 tuned_only=tuned_only,
                 on_plan=on_plan,
+                stop=stop,
             )
 
-        return BackgroundPrefetch(run, load)
+        return BackgroundPrefetch(run, load, stop=stop.stop)
 
 
 def _runs_plans_here() -> bool:

@@ -4,13 +4,17 @@ What the disk cache holds costs no call; the rest is asked for in ONE
 Prefetch stream: stored plans at once, then (with compile_missing) each
 build as it finishes. Refs the server refuses for now (admission control)
 are asked for again after its retry delay, within the deadline. Failures
-are collected per entry, never raised: a node starts with what came.
+are collected per entry, never raised: a node starts with what came. A
+`PrefetchStop` called from another thread ends it early: the stream's call
+is cancelled, nothing more is asked, what came is kept.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -30,6 +34,40 @@ OnPlan = Callable[[int, Plan], None]
 Progress = Callable[[int, int], None]
 
 
+class PrefetchStop:
+    """Ends a prefetch from another thread (`stop()`): its stream's call
+    cancelled at once, no further attempt; entries that had not come are
+    neither plans nor errors (`PrefetchResult.stopped`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._calls: list[Any] = []
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped, calls, self._calls = True, self._calls, []
+        for call in calls:
+            call.cancel()
+
+    def watch(self, call: Any) -> None:
+        """`call` (a gRPC streaming call) is cancelled by stop(), at once if it was called already."""
+        with self._lock:
+            if not self._stopped:
+                self._calls.append(call)
+                return
+        call.cancel()
+
+    def unwatch(self, call: Any) -> None:
+        with self._lock:
+            if call in self._calls:
+                self._calls.remove(call)
+
+
 class ManifestPrefetch:
     """One prefetch of one manifest: what it asked for and what came (`result`)."""
 
@@ -44,10 +82,12 @@ class ManifestPrefetch:
         tuned_only: bool,
         progress: Progress | None,
         on_plan: OnPlan | None,
+        stop: PrefetchStop | None = None,
     ) -> None:
         self._connection, self._intake, self._manifest, self._target = connection, intake, manifest, target
         self._compile_missing, self._tuned_only = compile_missing, tuned_only
         self._progress, self._on_plan = progress, on_plan
+        self._stop = stop
         self.result = PrefetchResult(total=len(manifest.entries))
         self._held: dict[int, Plan] = {}  # provisional plans of the disk cache: kept if nothing better comes
 
@@ -57,21 +97,28 @@ class ManifestPrefetch:
         self._report_progress()
         deadline = None if budget is None else time.monotonic() + budget
         attempt = 0
-        while refs:
+        while refs and not self._stopped():
             refused = self._stream(refs, deadline)
+            if self._stopped():
+                break
             delay = max(e.retry_after or 0.0 for _, _, e in refused) if refused else None
             pause = retry_pause(delay, attempt, deadline) if refused else None
             if pause is None:
                 for index, _, error in refused:
                     self.result.errors[index] = error
                 break
-            time.sleep(pause)
+            time.sleep(pause)  # a stop meanwhile ends it at the loop's test
             refs, attempt = [(index, ref) for index, ref, _ in refused], attempt + 1
+        if self._stopped():
+            self.result.stopped = self.result.total - self.result.done
         for index, plan in self._held.items():
             if index not in self.result.plans:  # the server had nothing better (or could not be asked)
                 self.result.errors.pop(index, None)
                 self._keep(index, plan, from_cache=True)
         return self.result
+
+    def _stopped(self) -> bool:
+        return self._stop is not None and self._stop.stopped
 
     def _refs(self) -> list[tuple[int, pb.PlanRef]]:
         """Every entry the disk cache cannot answer, as what the stream asks for."""
@@ -106,8 +153,13 @@ class ManifestPrefetch:
             refs=[ref for _, ref in refs], compile_missing=self._compile_missing, tuned_only=self._tuned_only
         )
         connection = self._connection
+        call = connection.stub.Prefetch(request, timeout=remaining(deadline), metadata=connection.metadata)
+        if self._stop is not None:
+            self._stop.watch(call)
         try:
-            for item in connection.stub.Prefetch(request, timeout=remaining(deadline), metadata=connection.metadata):
+            for item in call:
+                if self._stopped():
+                    break
                 if not 0 <= item.index < len(refs) or item.index in answered:
                     continue  # not an answer to anything asked
                 answered.add(item.index)
@@ -119,6 +171,8 @@ class ManifestPrefetch:
                     self.result.errors[index] = error
                 self._report_progress()
         except grpc.RpcError as exc:
+            if self._stopped():  # cancelled by the stop: what had not come is neither a plan nor an error
+                return []
             error = typed(exc)
             for position, (index, ref) in enumerate(refs):
                 if position not in answered:
@@ -126,6 +180,9 @@ class ManifestPrefetch:
                         refused.append((index, ref, error))
                     else:
                         self.result.errors[index] = error
+        finally:
+            if self._stop is not None:
+                self._stop.unwatch(call)
         return refused
 
     def _take(self, index: int, item: pb.PrefetchItem) -> PlanCacheError | None:

@@ -31,6 +31,7 @@ class PrefetchResult:
     family_errors: dict[int, PlanCacheError] = field(default_factory=dict)
     fetched: int = 0  # stored plans
     compiled: int = 0  # plans of builds this call started, joined or saw begin (provisional)
+    stopped: int = 0  # entries that had not come when a PrefetchStop ended the prefetch
 
     @property
     def done(self) -> int:

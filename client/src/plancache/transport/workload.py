@@ -18,8 +18,12 @@ began: its build steps deserialize each plan on the program's handle, so a
 load on the stream was done twice (its start 0.45-0.54x its local builds
 streamed against 0.32-0.38x at first use: run 29).
 A graph whose key is in the record then waits for its plan there
-(bounded by the client's timeout) instead of asking the service; any other
-graph is expected to miss, and the node's own build of it starts at once
+instead of asking the service, when the stream is expected to bring it soon:
+it is among the next STREAM_FREE_AHEAD plans, or the plans still ahead of it
+at the stream's pace so far come within STREAM_WAIT_S (the wait itself
+bounded by the client's timeout); a graph listed further back asks the
+service itself (one hit), and the stream skips deserializing it
+(`asked_ahead`). Any other graph is expected to miss, and the node's own build of it starts at once
 beside its ask (plancache.transport.hedged_calls); a graph asking before
 the record is known does not wait for it. The process's own first uses go back to the record with
 its background reports (plancache.transport.reports).
@@ -38,8 +42,12 @@ program's: `python -m pkg.train` is "pkg.train", `python jobs/train.py` is
 "jobs/train" (the script and its folder: the same on every node whatever the
 checkout's path), an interactive interpreter "python". Processes of one
 name share one record per target (a collision: two programs with one name
-stream each other's plans too, counted as wasted, never run); give each
-program its own name where that matters. On where this process can run
+stream each other's plans too, counted as wasted, never run). A stream
+that brought none of the first COLLISION_ASKS graphs the process asked
+while it ran (none listed, or each listed too far back) is another
+program's, or out of date: it stops there (state "stopped", `stopped`:
+the listed plans it did not bring), so a collision costs at most the plans
+streamed until then; give each program its own name where that matters. On where this process can run
 plans (torch loaded, a GPU: as the hedge) unless PLANCACHE_WORKLOAD_PREFETCH
 says (0: off, 1: on, fetching without deserializing where no GPU is);
 `Client(workload_prefetch=...)` overrides it. Uses are reported whenever
@@ -89,6 +97,13 @@ DEFAULT_PLANS = 512
 RECORD_KEYS_KEPT = 16_384
 # Seconds a call waits for the record's list while it is being read (one round trip, normally).
 LIST_WAIT_S = 2.0
+# A listed graph waits for the stream when its plan is among the stream's next STREAM_FREE_AHEAD (the pace
+# unknown, or no slower than asking) or is expected within STREAM_WAIT_S at the stream's pace so far; else it
+# asks the service (a hit: one round trip and its deserialization) rather than wait behind plans it does not need.
+STREAM_FREE_AHEAD = 2
+STREAM_WAIT_S = 0.05
+# Graphs asked while the stream runs, none of them brought by it: the record is not this program's; it stops.
+COLLISION_ASKS = 8
 # First uses one process reports for its record, and per report (the service takes 512 a report).
 USES_KEPT = 4096
 USES_PER_REPORT = 512
@@ -136,12 +151,14 @@ class WorkloadStats:
 
     workload: str = ""
     target_id: str = ""
-    state: str = "off"  # off, idle (no call yet), listing, streaming, done, failed
+    state: str = "off"  # off, idle (no call yet), listing, streaming, done, stopped, failed
     listed: int = 0  # keys the service's record listed (of this target, within the bound)
     prefetched: int = 0  # plans fetched, verified (and deserialized) before a graph asked
     used: int = 0  # prefetched plans a graph of this process took
     failed: int = 0  # listed plans that could not be fetched or deserialized
-    error: str = ""  # why the record or the stream failed (state "failed")
+    asked_ahead: int = 0  # listed graphs that asked the service: the stream was too far from their plans
+    stopped: int = 0  # listed plans the stream did not bring: it stopped (state "stopped")
+    error: str = ""  # why the record or the stream failed (state "failed"), or stopped (state "stopped")
 
     @property
     def wasted(self) -> int:
@@ -181,10 +198,14 @@ class WorkloadStart:
         self._listed = threading.Event()  # the record's list is known (or will never be)
         self._pending: BackgroundPrefetch | None = None
         self._taken: set[int] = set()
+        self._stream_brought = False  # the stream brought a graph's plan: it is this program's
+        self._not_brought = 0  # graphs asked while it ran that it did not bring (COLLISION_ASKS)
+        self._stopping = ""  # why the stream was cancelled (_judge), once it was
         self._uses: list[pb.WorkloadUse] = []  # first uses not reported yet
         self._seen: set[str] = set()
         self._sent_prefetched = self._sent_used = 0  # counts already reported
         self._sent_wasted = False  # the final report (with the wasted count) went
+        self._sent_stopped = False  # the report saying the stream stopped went
         self.stats = WorkloadStats(workload=name, state="idle")
         self.wake: Callable[[], None] = lambda: None  # the reports' thread, started at a first use
         _OPEN.add(self)
@@ -269,7 +290,20 @@ class WorkloadStart:
             log.debug("workload %s: its record is not read yet; plan %s asked for as usual", self.name, asked.key)
         index = self._expected.get(asked.key)
         pending = self._pending
-        if index is None or pending is None:
+        if pending is None:
+            return None
+        if index is None:
+            self._judge(pending, brought=False)
+            return None
+        ahead, pace = pending.position(index)
+        if ahead > STREAM_FREE_AHEAD and (pace is None or ahead * pace > STREAM_WAIT_S):
+            pending.skip(index)  # asked of the service: not deserialized again when it comes
+            with self._lock:
+                self.stats.asked_ahead += 1
+            log.debug(
+                "workload %s: plan %s is %d plans back in the stream; asking the service", self.name, asked.key, ahead
+            )
+            self._judge(pending, brought=False)
             return None
         try:
             plan = pending.wait_for(index, timeout=self._timeout)
@@ -279,12 +313,33 @@ class WorkloadStart:
             return None
         except (PlanCacheError, TimeoutError) as e:
             log.debug("workload %s: plan %s not prefetched (%s); asking the service", self.name, asked.key, e)
+            self._judge(pending, brought=False)
             return None
         with self._lock:
             if index not in self._taken:
                 self._taken.add(index)
                 self.stats.used += 1
+        self._judge(pending, brought=True)
         return plan
+
+    def _judge(self, pending: BackgroundPrefetch, *, brought: bool) -> None:
+        """Whether the stream serves this program (module doc): stopped once
+        COLLISION_ASKS graphs asked while it ran got none of their plans from it."""
+        with self._lock:
+            if self._stream_brought or self._stopping or self.stats.state != "streaming":
+                return
+            if brought:
+                self._stream_brought = True
+                return
+            self._not_brought += 1
+            if self._not_brought < COLLISION_ASKS:
+                return
+            self._stopping = (
+                f"the stream brought none of the first {COLLISION_ASKS} graphs this process asked: its record is "
+                "another program's under this workload name, or out of date"
+            )
+        log.info("workload %s: start-up stream stopped: %s", self.name, self._stopping)
+        pending.cancel()  # the stream's thread ends, and says "stopped" with what it brought
 
     def lists(self, key: str) -> bool | None:
         """Whether the workload's record lists `key` (a stored plan this
@@ -347,8 +402,8 @@ class WorkloadStart:
         except Exception as e:  # never the caller's failure
             self._failed(f"the prefetch did not start: {type(e).__name__}: {e}")
             return
-        self._pending = pending
         self._expected = {key: index for index, key in enumerate(listed)}
+        self._pending = pending  # after the keys: a call that sees the stream sees what it lists
         self._listed.set()
         try:
             result = pending.wait(None if self._timeout is None else max(self._timeout, 60.0) * 10)
@@ -358,7 +413,9 @@ class WorkloadStart:
         with self._lock:
             self.stats.prefetched = len(result.plans)
             self.stats.failed = len(result.errors)
-            self.stats.state = "done"
+            self.stats.stopped = result.stopped
+            self.stats.state = "stopped" if self._stopping else "done"
+            self.stats.error = self._stopping
         log.debug("workload %s: %d of %d listed plans prefetched", self.name, len(result.plans), len(listed))
         self._streamed()
 
@@ -392,7 +449,10 @@ class WorkloadStart:
             wasted = 0
             if final and not self._sent_wasted:  # once, at the end
                 wasted, self._sent_wasted = now.wasted, True
-        if not uses and not prefetched and not used and not wasted:
+            stopped = 0
+            if now.state == "stopped" and not self._sent_stopped:  # once, when it is known
+                stopped, self._sent_stopped = 1, True
+        if not uses and not prefetched and not used and not wasted and not stopped:
             return None
         return pb.WorkloadUses(
             name=self.name,
@@ -401,6 +461,7 @@ class WorkloadStart:
             prefetched=max(0, prefetched),
             used=max(0, used),
             wasted=wasted,
+            stopped=stopped,
         )
 
 
@@ -439,6 +500,8 @@ def workload_stats() -> WorkloadStats:
         total.prefetched += s.prefetched
         total.used += s.used
         total.failed += s.failed
+        total.asked_ahead += s.asked_ahead
+        total.stopped += s.stopped
     return total
 
 

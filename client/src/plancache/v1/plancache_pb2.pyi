@@ -572,20 +572,22 @@ class ReportFirstUsesRequest(_message.Message):
     def __init__(self, uses: _Optional[_Iterable[_Union[FirstUse, _Mapping]]] = ..., outcomes: _Optional[_Iterable[_Union[OutcomeCount, _Mapping]]] = ..., races: _Optional[_Iterable[_Union[RaceCount, _Mapping]]] = ..., workload: _Optional[_Union[WorkloadUses, _Mapping]] = ...) -> None: ...
 
 class WorkloadUses(_message.Message):
-    __slots__ = ("name", "target_id", "uses", "prefetched", "used", "wasted")
+    __slots__ = ("name", "target_id", "uses", "prefetched", "used", "wasted", "stopped")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     USES_FIELD_NUMBER: _ClassVar[int]
     PREFETCHED_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
     WASTED_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
     name: str
     target_id: str
     uses: _containers.RepeatedCompositeFieldContainer[WorkloadUse]
     prefetched: int
     used: int
     wasted: int
-    def __init__(self, name: _Optional[str] = ..., target_id: _Optional[str] = ..., uses: _Optional[_Iterable[_Union[WorkloadUse, _Mapping]]] = ..., prefetched: _Optional[int] = ..., used: _Optional[int] = ..., wasted: _Optional[int] = ...) -> None: ...
+    stopped: int
+    def __init__(self, name: _Optional[str] = ..., target_id: _Optional[str] = ..., uses: _Optional[_Iterable[_Union[WorkloadUse, _Mapping]]] = ..., prefetched: _Optional[int] = ..., used: _Optional[int] = ..., wasted: _Optional[int] = ..., stopped: _Optional[int] = ...) -> None: ...
 
 class WorkloadUse(_message.Message):
     __slots__ = ("plan_key", "order")

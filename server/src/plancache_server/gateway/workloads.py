@@ -47,6 +47,7 @@ class WorkloadService:
             "prefetched": min(uses.prefetched, MAX_WORKLOAD_COUNT),
             "used": min(uses.used, MAX_WORKLOAD_COUNT),
             "wasted": min(uses.wasted, MAX_WORKLOAD_COUNT),
+            "stopped": min(uses.stopped, 1),
         }
         with translated_errors("recording a workload's first uses"):
             known += [k for k, stored in zip(unknown, await self._records.stored(unknown), strict=True) if stored]

@@ -14,8 +14,10 @@ process still asks for its own key and verifies what answers it, so it never
 runs a wrong plan.
 
 Two processes of one name on one target share a record (a collision): each
-streams the other's plans too, counted as wasted; names are per program by
-default (plancache.transport.workload.default_name) and settable.
+streams the other's plans too, counted as wasted, and a process whose stream
+brought none of its first graphs stops it and says so (`stopped`: what an
+operator reads as "give these programs their own names"); names are per
+program by default (plancache.transport.workload.default_name) and settable.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from plancache_server.store.redis_conn import AsyncRedis, text
 MAX_WORKLOADS = 1024
 # Plan keys one report may add to a record (a client sends at most this many a report).
 MAX_USES = 512
-COUNTS = ("processes", "listed", "prefetched", "used", "wasted", "recorded")
+COUNTS = ("processes", "listed", "prefetched", "used", "wasted", "stopped", "recorded")
 _SEP = "|"
 
 

@@ -224,7 +224,7 @@ class WorkloadCollector(Collector):
     def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         yield from self._families()
 
-    def _families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily, CounterMetricFamily]:
+    def _families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily, CounterMetricFamily, CounterMetricFamily]:
         labels = ["target", "workload"]
         return (
             GaugeMetricFamily("plancache_workload_plans", "plans in a workload's start-up record", labels=labels),
@@ -236,10 +236,16 @@ class WorkloadCollector(Collector):
                 "plans processes of a workload prefetched at start-up, by outcome (prefetched, used, wasted)",
                 labels=[*labels, "outcome"],
             ),
+            CounterMetricFamily(
+                "plancache_workload_streams_stopped",
+                "processes of a workload whose start-up stream brought none of their first graphs and stopped "
+                "(another program under the same name, or a stale record)",
+                labels=labels,
+            ),
         )
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        plans, processes, prefetch = self._families()
+        plans, processes, prefetch, stopped = self._families()
         try:
             found = asyncio.run_coroutine_threadsafe(self._summaries(WORKLOADS_LISTED), self._loop).result(timeout=10)
             for summary in found:
@@ -248,9 +254,10 @@ class WorkloadCollector(Collector):
                 processes.add_metric(labels, float(summary.counts.get("processes", 0)))
                 for outcome in ("prefetched", "used", "wasted"):
                     prefetch.add_metric([*labels, outcome], float(summary.counts.get(outcome, 0)))
+                stopped.add_metric(labels, float(summary.counts.get("stopped", 0)))
         except (PlanCacheError, TimeoutError) as e:
             log.debug("workload metrics unavailable: %s", e)
-        yield from (plans, processes, prefetch)
+        yield from (plans, processes, prefetch, stopped)
 
 
 def report_workloads(summaries: Callable[[int], Any], loop: asyncio.AbstractEventLoop) -> None:

@@ -120,6 +120,7 @@ class WorkloadStatus:
     prefetched: int  # plans processes fetched and deserialized before their graphs asked
     used: int  # of those, plans a graph took
     wasted: int  # prefetched, never taken by the time the process ended
+    stopped: int  # processes whose stream brought none of their first graphs (a name collision, a stale record)
 
 
 @dataclass(frozen=True)
@@ -315,7 +316,7 @@ class StatusSource:
                 s.name,
                 s.plans,
                 s.last_seen,
-                *(s.counts.get(c, 0) for c in ("processes", "listed", "prefetched", "used", "wasted")),
+                *(s.counts.get(c, 0) for c in ("processes", "listed", "prefetched", "used", "wasted", "stopped")),
             )
             for s in found
         ]
