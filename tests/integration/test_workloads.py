@@ -251,6 +251,29 @@ def test_a_graph_listed_far_back_in_a_slow_stream_asks_the_service_instead_of_wa
         assert stats.prefetched == 5, "the plan asked of the service is not kept from the stream too"
 
 
+def test_a_record_slow_to_read_costs_one_calls_wait_not_every_calls(
+    service: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record takes 3 s to read (a service under load): the second graph waits for it LIST_WAIT_S in vain,
+    and the graphs after it do not wait at all (they ask the service as they would without a record)."""
+    graphs = specs(5)
+    first = run_process(service, graphs)
+    monkeypatch.setattr(workload_module, "LIST_WAIT_S", 0.4)
+    original = workload_module.WorkloadStart._list_and_stream
+
+    def slow_record(self: workload_module.WorkloadStart, target: object) -> None:
+        time.sleep(3.0)
+        original(self, target)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(workload_module.WorkloadStart, "_list_and_stream", slow_record)
+    with client(service) as later:
+        later.compile(graphs[0], TARGET)  # begins the (slow) read; does not wait for it
+        started = time.monotonic()
+        keys = [later.compile(spec, TARGET).key for spec in graphs[1:]]
+        assert time.monotonic() - started < 0.4 + 1.0, "one wait of LIST_WAIT_S, not four"
+        assert keys == first[1:]
+
+
 def test_a_forged_record_never_serves_another_graphs_plan(service: Stack) -> None:
     stored_keys = run_process(service, specs(2), name="warmup")
     # Anyone who can write to Redis lists another graph's stored plan (and junk) in workload "victim".

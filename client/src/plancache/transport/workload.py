@@ -201,6 +201,7 @@ class WorkloadStart:
         self._stream_brought = False  # the stream brought a graph's plan: it is this program's
         self._not_brought = 0  # graphs asked while it ran that it did not bring (COLLISION_ASKS)
         self._stopping = ""  # why the stream was cancelled (_judge), once it was
+        self._list_late = False  # a call waited LIST_WAIT_S for the record in vain: later ones do not wait
         self._uses: list[pb.WorkloadUse] = []  # first uses not reported yet
         self._seen: set[str] = set()
         self._sent_prefetched = self._sent_used = 0  # counts already reported
@@ -285,8 +286,12 @@ class WorkloadStart:
         or not fetched (the caller asks the service). A call after the one
         that `began` the prefetch waits for the record's list while it is
         being read (one round trip, at most LIST_WAIT_S: the first call's own
-        round trip covers it); the call that began it does not wait."""
-        if not began and not self._listed.is_set() and not self._listed.wait(LIST_WAIT_S):
+        round trip covers it; once one call waited that long in vain, no
+        later call waits for it); the call that began it does not wait."""
+        # One call waits for a slow record at most LIST_WAIT_S; after it, none waits for it again (a service
+        # that takes seconds to answer would otherwise cost every graph asked meanwhile LIST_WAIT_S each).
+        if not began and not self._listed.is_set() and (self._list_late or not self._listed.wait(LIST_WAIT_S)):
+            self._list_late = True
             log.debug("workload %s: its record is not read yet; plan %s asked for as usual", self.name, asked.key)
         index = self._expected.get(asked.key)
         pending = self._pending
@@ -386,6 +391,9 @@ class WorkloadStart:
             )
         except PlanCacheError as e:  # e.g. a server without records: every graph asks as before
             self._failed(f"the record could not be read: {type(e).__name__}: {e.message}")
+            return
+        except ValueError as e:  # the client was closed before its record was asked for (grpc: a closed channel)
+            self._failed(f"the record could not be read: {e}")
             return
         listed = _of_target(response.plan_keys, target.id, plans_bound())
         if response.complete and 0 < len(response.plan_keys) <= RECORD_KEYS_KEPT:
