@@ -197,7 +197,9 @@ class Service:
         """The plan a prefetch fetched for `query` (waiting for it while it is
         under way: bounded by the prefetch's own deadline and `timeout`), or
         None: not prefetched, or the prefetch could not get it (the service
-        is then asked as for any first call)."""
+        is then asked as for any first call). A manifest the program's owner
+        prefetched is waited for wherever its plan is in the stream (the
+        workload's record, which nobody chose, is not: plancache.transport.workload)."""
         with self._lock:
             found = self._prefetched.pop(query.key, None)
         if found is None:

@@ -36,6 +36,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# A caller waits for entry i when it is among the stream's next STREAM_FREE_AHEAD (the pace unknown, or no
+# slower than asking) or is expected within STREAM_WAIT_S at the stream's pace so far; else it asks the service
+# (a hit: one round trip and its deserialization) rather than wait behind plans it does not need now.
+STREAM_FREE_AHEAD = 2
+STREAM_WAIT_S = 0.05
+
 OnPlan = Callable[[int, "Plan"], None]
 
 
@@ -151,6 +157,13 @@ class BackgroundPrefetch:
                 return 0, self._pace()
             ahead = index + 1 - sum(1 for i in self._landed if i <= index)
             return ahead, self._pace()
+
+    def worth_waiting(self, index: int) -> bool:
+        """Whether a caller needing entry `index` now should wait for it here
+        (STREAM_FREE_AHEAD, STREAM_WAIT_S) rather than fetch it itself; if
+        not, the caller fetches it and says so with skip(index)."""
+        ahead, pace = self.position(index)
+        return ahead <= STREAM_FREE_AHEAD or (pace is not None and ahead * pace <= STREAM_WAIT_S)
 
     def _pace(self) -> float | None:
         count, first, last = len(self._landed), self._first_landed_at, self._last_landed_at

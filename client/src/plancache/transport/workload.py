@@ -19,8 +19,8 @@ load on the stream was done twice (its start 0.45-0.54x its local builds
 streamed against 0.32-0.38x at first use: run 29).
 A graph whose key is in the record then waits for its plan there
 instead of asking the service, when the stream is expected to bring it soon:
-it is among the next STREAM_FREE_AHEAD plans, or the plans still ahead of it
-at the stream's pace so far come within STREAM_WAIT_S (the wait itself
+it is among the next plans, or the plans still ahead of it at the stream's
+pace so far come within 50 ms (BackgroundPrefetch.worth_waiting; the wait itself
 bounded by the client's timeout); a graph listed further back asks the
 service itself (one hit), and the stream skips deserializing it
 (`asked_ahead`). Any other graph is expected to miss, and the node's own build of it starts at once
@@ -97,11 +97,6 @@ DEFAULT_PLANS = 512
 RECORD_KEYS_KEPT = 16_384
 # Seconds a call waits for the record's list while it is being read (one round trip, normally).
 LIST_WAIT_S = 2.0
-# A listed graph waits for the stream when its plan is among the stream's next STREAM_FREE_AHEAD (the pace
-# unknown, or no slower than asking) or is expected within STREAM_WAIT_S at the stream's pace so far; else it
-# asks the service (a hit: one round trip and its deserialization) rather than wait behind plans it does not need.
-STREAM_FREE_AHEAD = 2
-STREAM_WAIT_S = 0.05
 # Graphs asked while the stream runs, none of them brought by it: the record is not this program's; it stops.
 COLLISION_ASKS = 8
 # First uses one process reports for its record, and per report (the service takes 512 a report).
@@ -300,14 +295,11 @@ class WorkloadStart:
         if index is None:
             self._judge(pending, brought=False)
             return None
-        ahead, pace = pending.position(index)
-        if ahead > STREAM_FREE_AHEAD and (pace is None or ahead * pace > STREAM_WAIT_S):
+        if not pending.worth_waiting(index):
             pending.skip(index)  # asked of the service: not deserialized again when it comes
             with self._lock:
                 self.stats.asked_ahead += 1
-            log.debug(
-                "workload %s: plan %s is %d plans back in the stream; asking the service", self.name, asked.key, ahead
-            )
+            log.debug("workload %s: plan %s is far back in the stream; asking the service", self.name, asked.key)
             self._judge(pending, brought=False)
             return None
         try:
