@@ -105,7 +105,7 @@ def test_first_uses_while_the_stream_runs_wake_the_reports_thread_when_it_ends()
     class Pending:
         def wait(self, timeout: float | None) -> object:
             assert release.wait(10)
-            return SimpleNamespace(plans={0: object()}, errors={})
+            return SimpleNamespace(plans={0: object()}, errors={}, stopped=0)
 
     class Connection:
         timeout = 1.0
