@@ -158,6 +158,41 @@ def test_a_set_buckets_policy_covers_its_functions_instead() -> None:
     assert pf.bucket_stats().auto_layers == 0
 
 
+@pytest.mark.usefixtures("cpu_geometries")
+def test_a_padded_row_counts_next_calls_take_the_decided_bucket_until_a_policy_or_setting_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A padded row count has no table entry of its own, so each of its calls passes the miss path: from its
+    second call the decided bucket is taken without the layer's bookkeeping (its rows not counted again), with
+    the same result; set_buckets, set_auto_buckets and a layer torch runs for good forget the decisions."""
+    torch = pytest.importorskip("torch")
+    pf.set_auto_buckets(True)
+    weight = torch.randn(8, 16, dtype=torch.float64)
+    for rows in (3, 5, 7):
+        pf.linear(torch.randn(rows, 16, dtype=torch.float64), weight)
+    counted: list[int] = []
+    original = buckets.AUTO.pad_rows
+    monkeypatch.setattr(buckets.AUTO, "pad_rows", lambda *a, **k: counted.append(1) or original(*a, **k))
+    x = torch.randn(13, 16, dtype=torch.float64)
+    for _ in range(3):
+        torch.testing.assert_close(pf.linear(x, weight), torch.nn.functional.linear(x, weight))
+    assert counted == [1], "the layer's bookkeeping ran at the first padded call only"
+    assert pf.bucket_stats().padded_calls == 1 + 3  # 7 (the third row count) and every call of 13, to 16
+    assert {int(g.key[1][0]) for g in pf.geometries() if g.function == "linear"} == {3, 5, 16}
+
+    pf.set_buckets([13, 64], functions=["linear"])  # a policy from now on: 13 is its own bucket, never the auto 16
+    pf.linear(x, weight)
+    assert 13 in {int(g.key[1][0]) for g in pf.geometries() if g.function == "linear"}
+    pf.set_buckets(None)
+    pf.clear()
+    pf.set_auto_buckets(True)
+    for rows in (3, 5, 7, 13):
+        pf.linear(torch.randn(rows, 16, dtype=torch.float64), weight)
+    pf.set_auto_buckets(False)  # off: 13 runs as it is
+    pf.linear(x, weight)
+    assert 13 in {int(g.key[1][0]) for g in pf.geometries() if g.function == "linear"}
+
+
 def test_the_auto_buckets_setting_refuses_what_is_not_a_boolean(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(InvalidRequest, match="True, False or None"):
         pf.set_auto_buckets("no")  # type: ignore[arg-type]

@@ -59,6 +59,8 @@ AUTO_AFTER = 3
 AUTO_LAYERS = 1024
 # The largest auto bucket: past it a size runs as it is.
 AUTO_LARGEST = 1 << 20
+# Geometries (exact keys) whose padding is decided, kept for their next calls' fast path (all forgotten past it).
+AUTO_DECIDED = 4096
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class Buckets:
             self.sizes = tuple(sorted(set(sizes))) if sizes is not None else ()
             self.functions = frozenset(chosen) if sizes is not None else frozenset()
             self._calls = self._padded = self._asked = self._computed = 0
+        AUTO.forget_decided()  # a policy covers its functions from now on: no auto padding decided before runs
 
     def target(self, function: str, size: int) -> int | None:
         """The bucket `size` runs at, or None (not padded: no policy, a bucket's own size, past the largest)."""
@@ -159,6 +162,8 @@ class AutoBuckets:
         self._lock = threading.Lock()
         self._rows: OrderedDict[Hashable, set[int] | None] = OrderedDict()  # None: torch runs the layer
         self._padding: set[str] = set()  # functions that padded a call (their families are the buckets)
+        # A geometry's key -> the bucket its rows are padded to: its later calls skip the layer's bookkeeping.
+        self._decided: dict[Hashable, int] = {}
         self._enabled: bool | None = None  # None: PLANCACHE_AUTO_BUCKETS, read at the first table miss
         self.sizes = auto_buckets()
 
@@ -178,6 +183,7 @@ class AutoBuckets:
             self._enabled = enabled
             self._rows.clear()
             self._padding.clear()
+            self._decided.clear()
 
     def layers(self) -> int:
         with self._lock:
@@ -194,16 +200,33 @@ class AutoBuckets:
             self._rows.move_to_end(layer)
             while len(self._rows) > AUTO_LAYERS:
                 self._rows.popitem(last=False)
+            self._decided.clear()  # rare (a layer torch runs for good): its geometries' decisions go with the rest
 
     def pads(self, function: str) -> bool:
         """Whether `function`'s calls are being padded to auto buckets (a layer's rows varied): the graphs
         its family would build ahead are the buckets."""
         return function in self._padding and self.bucketed(function)
 
-    def pad_rows(self, function: str, layer: Hashable, x: Any) -> tuple[Any, int] | None:
+    def forget_decided(self) -> None:
+        with self._lock:
+            self._decided.clear()
+
+    def pad_known(self, key: Hashable, x: Any) -> tuple[Any, int] | None:
+        """pad_rows' answer for a geometry (`key`) it padded before, without its layer's bookkeeping (a call
+        of a padded row count has no table entry of its own: every call of it comes here); None: not
+        decided (pad_rows decides)."""
+        padded = self._decided.get(key)
+        if padded is None or not self.enabled:
+            return None
+        rows = _rows(x.shape)
+        BUCKETS.counted(rows, padded)
+        return _padded(x, rows, padded), rows
+
+    def pad_rows(self, function: str, layer: Hashable, x: Any, key: Hashable = None) -> tuple[Any, int] | None:
         """At a call with no geometry yet: `x` as [rows, last] zero-padded to its rows' auto bucket, and its
         rows, once `layer` met AUTO_AFTER row counts; None: run as it is (too few met yet, a bucket's own
-        size, past AUTO_LARGEST, not a torch tensor, off)."""
+        size, past AUTO_LARGEST, not a torch tensor, off). A padded call's `key` (its geometry) is
+        remembered for pad_known."""
         if not self.bucketed(function):
             return None
         torch = sys.modules.get("torch")
@@ -229,9 +252,12 @@ class AutoBuckets:
         if padded == rows or rows > AUTO_LARGEST:
             return None
         BUCKETS.counted(rows, padded)
-        if function not in self._padding:
-            with self._lock:
-                self._padding.add(function)
+        with self._lock:
+            self._padding.add(function)
+            if key is not None:
+                if len(self._decided) >= AUTO_DECIDED:
+                    self._decided.clear()
+                self._decided[key] = padded
         return _padded(x, rows, padded), rows
 
 
@@ -261,10 +287,12 @@ def _rows(shape: Sequence[int]) -> int:
 
 
 def _padded(x: Any, rows: int, padded: int) -> Any:
-    """`x` as [rows, last], zero rows appended up to `padded` (torch's pad: autograd flows through it)."""
+    """`x` as [rows, last], zero rows appended up to `padded` (torch's constant pad, what F.pad runs without its
+    Python wrapper: autograd flows through it; a 2-D `x` not reshaped: a padded call's few microseconds)."""
     import torch
 
-    return torch.nn.functional.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, padded - rows))
+    flat = x if len(x.shape) == 2 else x.reshape(rows, x.shape[-1])
+    return torch.constant_pad_nd(flat, (0, 0, 0, padded - rows))
 
 
 def pad_sequence(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any, int] | None:

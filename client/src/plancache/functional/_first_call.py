@@ -230,9 +230,15 @@ def row_layer(key: tuple[Any, ...], x: Any) -> tuple[Any, ...]:
     return (key[0], shape[-1] if len(shape) else None, *key[3:])  # a 0-d input: torch's own error follows
 
 
-def auto_checked(key: Hashable, layer: tuple[Any, ...], result: Any) -> Any:
+def auto_padded(function: str, key: tuple[Any, ...], x: Any) -> tuple[Any, int] | None:
+    """A call whose geometry (`key`) has no entry: `x` padded to its rows' auto bucket, and its rows
+    (frontdoors.buckets.AUTO: decided at an earlier call of this geometry, or now by its layer's rows), or None."""
+    return AUTO.pad_known(key, x) or AUTO.pad_rows(function, row_layer(key, x), x, key)
+
+
+def auto_checked(key: tuple[Any, ...], x: Any, result: Any) -> Any:
     """`result`, after a geometry's first call: a layer torch runs for good (float32, say) is never padded."""
     entry = TABLE.get(key)
     if isinstance(entry, Fallback) and entry.expires is None:
-        AUTO.unserved(layer)
+        AUTO.unserved(row_layer(key, x))
     return result

@@ -17,7 +17,7 @@ from plancache.errors import InvalidRequest
 from plancache.frontdoors.buckets import AUTO, BUCKETS, pad_rows
 from plancache.functional import _modes
 from plancache.functional._autograd import Rule, TorchSum, needed
-from plancache.functional._first_call import auto_checked, first_call, row_layer
+from plancache.functional._first_call import auto_checked, auto_padded, first_call
 from plancache.functional._geometry import Geo, Unserved, collapse, no_zero_strides, served_dtype
 from plancache.functional._op_call import OpCall
 from plancache.functional._requests import (
@@ -101,9 +101,8 @@ def _linear(
     entry = TABLE.get(key)
     if entry is not None:
         return entry(tensors) if op is None else op.take(entry, tensors)
-    layer = row_layer(key, input)
     if op is None and AUTO.enabled:  # a new row count of a layer whose rows vary: its auto bucket
-        padded = AUTO.pad_rows("linear", layer, input)
+        padded = auto_padded("linear", key, input)
         if padded is not None:
             rows_in, rows = padded
             return _linear(rows_in, weight, bias, activation=activation)[:rows].reshape(
@@ -123,7 +122,7 @@ def _linear(
         lambda forward: linear_rule(bound, activation, forward),
         op,
     )
-    return auto_checked(key, layer, out) if op is None and AUTO.enabled else out
+    return auto_checked(key, input, out) if op is None and AUTO.enabled else out
 
 
 def matmul(input: Any, other: Any) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 from plancache.frontdoors.buckets import AUTO, BUCKETS, pad_rows
 from plancache.functional import _modes
 from plancache.functional._autograd import Rule, Run
-from plancache.functional._first_call import auto_checked, first_call, row_layer
+from plancache.functional._first_call import auto_checked, auto_padded, first_call
 from plancache.functional._geometry import Dims, Geo, Unserved, collapse, hashable, is_dense, served_dtype
 from plancache.functional._op_call import OpCall
 from plancache.functional._requests import (
@@ -121,9 +121,8 @@ def _layer_norm(
     entry = TABLE.get(key)
     if entry is not None:
         return entry(tensors) if op is None else op.take(entry, tensors)
-    layer = row_layer(key, input)
     if op is None and AUTO.enabled and _rows_of_last_dim(input, normalized_shape):  # rows that vary: a bucket
-        padded = AUTO.pad_rows("layer_norm", layer, input)
+        padded = auto_padded("layer_norm", key, input)
         if padded is not None:
             rows_in, rows = padded
             return _layer_norm(rows_in, normalized_shape, weight, bias, eps)[:rows].reshape(input.shape)
@@ -142,7 +141,7 @@ def _layer_norm(
         lambda forward: norm_rule(bound, normalized(normalized_shape), forward),
         op,
     )
-    return auto_checked(key, layer, out) if op is None and AUTO.enabled else out
+    return auto_checked(key, input, out) if op is None and AUTO.enabled else out
 
 
 def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> Any:
@@ -186,9 +185,8 @@ def _rms_norm(
     entry = TABLE.get(key)
     if entry is not None:
         return entry(tensors) if op is None else op.take(entry, tensors)
-    layer = row_layer(key, input)
     if op is None and AUTO.enabled and _rows_of_last_dim(input, normalized_shape):  # rows that vary: a bucket
-        padded = AUTO.pad_rows("rms_norm", layer, input)
+        padded = auto_padded("rms_norm", key, input)
         if padded is not None:
             rows_in, rows = padded
             return _rms_norm(rows_in, normalized_shape, weight, eps)[:rows].reshape(input.shape)
@@ -202,7 +200,7 @@ def _rms_norm(
         lambda forward: norm_rule(bound, normalized(normalized_shape), forward),
         op,
     )
-    return auto_checked(key, layer, out) if op is None and AUTO.enabled else out
+    return auto_checked(key, input, out) if op is None and AUTO.enabled else out
 
 
 # ---- the forward graphs ----------------------------------------------------------------------
