@@ -6,10 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
+import shutil
+import time
 import types
 from html.parser import HTMLParser
+from pathlib import Path
+
+import jinja2
+import pytest
 
 from plancache_server.store.build_records import FailedBuild
+from plancache_server.web import status_page
 from plancache_server.web.status_page import environment, render
 from tests.support.status_reports import HOSTILE, KEY, NOW, empty_report, full_report
 
@@ -128,3 +136,24 @@ def test_a_render_leaves_no_reference_cycle_holding_the_report() -> None:
         gc.garbage.clear()
         gc.enable()
     assert not [kind for kind in garbage if kind in ("Context", "Macro", "StatusReport")], garbage[:20]
+
+
+def test_templates_changed_on_disk_under_a_running_gateway_change_nothing_it_renders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway renders the templates of the code it runs: a newer package installed under it (a template that
+    reads a field its Python has not got) does not fail its page (it did: every render of a soak's gateway, once
+    a template file changed under it)."""
+    templates = tmp_path / "templates"
+    shutil.copytree(Path(status_page.__file__).parent / "templates", templates)
+    monkeypatch.setattr(status_page, "environment", lambda: env)
+    env = status_page.make_environment(jinja2.FileSystemLoader(str(templates)))
+    before = render(full_report())
+    operations = templates / "operations.html.j2"  # included by the page: loaded with it, at the first render
+    operations.write_text(operations.read_text() + "{{ report.field_of_a_newer_release }}\n")
+    later = time.time() + 60
+    os.utime(operations, (later, later))
+    assert render(full_report()) == before
+    env = status_page.make_environment(jinja2.FileSystemLoader(str(templates)))  # a gateway started now: its files
+    with pytest.raises(jinja2.UndefinedError, match="field_of_a_newer_release"):
+        render(full_report())

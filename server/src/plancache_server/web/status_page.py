@@ -33,12 +33,21 @@ REFRESH_S = 10
 
 @functools.cache
 def environment() -> jinja2.Environment:
+    return make_environment(jinja2.PackageLoader("plancache_server.web", "templates"))
+
+
+def make_environment(loader: jinja2.BaseLoader) -> jinja2.Environment:
+    """Every template loaded now, once: a running gateway renders the templates of the code it runs. (With
+    jinja's default, each render looked at the files again and took a changed one: templates installed over a
+    running gateway, newer than its Python, failed every render of the page: a soak, 2026-12-05.)"""
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("plancache_server.web", "templates"),
+        loader=loader,
         autoescape=True,  # every template, whatever its name: the page shows what others wrote
         undefined=jinja2.StrictUndefined,  # a misspelt name fails the render (and a test), not blank cells
         trim_blocks=True,
         lstrip_blocks=True,
+        auto_reload=False,
+        cache_size=-1,  # never evicted: a template loaded later would be read from the files of that day
     )
     env.filters.update(FILTERS)
     env.globals.update(
@@ -53,6 +62,8 @@ def environment() -> jinja2.Environment:
         pad_left=status_chart.PAD_LEFT,
         pad_top=status_chart.PAD_TOP,
     )
+    for name in env.list_templates():
+        env.get_template(name)
     return env
 
 
