@@ -109,12 +109,12 @@ class ManifestPrefetch:
                 break
             time.sleep(pause)  # a stop meanwhile ends it at the loop's test
             refs, attempt = [(index, ref) for index, ref, _ in refused], attempt + 1
-        if self._stopped():
-            self.result.stopped = self.result.total - self.result.done
         for index, plan in self._held.items():
             if index not in self.result.plans:  # the server had nothing better (or could not be asked)
                 self.result.errors.pop(index, None)
                 self._keep(index, plan, from_cache=True)
+        if self._stopped():
+            self.result.stopped = self.result.total - self.result.done
         return self.result
 
     def _stopped(self) -> bool:
