@@ -506,3 +506,33 @@ def test_the_reasons_kept_per_function_are_bounded(cpu_routes: None) -> None:
             F.conv2d(x, w, padding="same", dilation=dilation)  # left to torch, the dilation in the reason
     left = pt.stats()["conv2d"].left
     assert len(left) == _mode.MAX_REASONS + 1 and left[_mode.OTHER_REASONS] == 10
+
+
+def test_a_calls_arguments_are_bound_by_torchs_names_or_left_with_the_reason() -> None:
+    """How F.layer_norm hands the mode its call (input and shape positional, the rest by keyword), and the forms
+    that have no binding: each bound to torch's parameter order with its defaults, or left to torch saying why."""
+    names = ("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable")
+    defaults = {"weight": None, "bias": None, "eps": 1e-5, "cudnn_enable": True}
+    bind = _mode._bind
+    assert bind(("x", (4,)), {"weight": "w", "bias": "b", "eps": 0.1}, names, defaults) == [
+        "x",
+        (4,),
+        "w",
+        "b",
+        0.1,
+        True,
+    ]
+    assert bind(("x", (4,), "w", "b", 0.1, False), {}, names, defaults) == ["x", (4,), "w", "b", 0.1, False]
+    assert bind(("x",), {"normalized_shape": (4,), "eps": 0.2}, names, defaults) == ["x", (4,), None, None, 0.2, True]
+    left = [
+        bind(("x", (4,)), {"scale": 2}, names, defaults),  # not one of torch's parameters
+        bind(("x", (4,), "w"), {"weight": "w2"}, names, defaults),  # given twice: torch's own error is torch's
+        bind(("x",), {}, names, defaults),  # normalized_shape missing
+        bind(tuple(range(7)), {}, names, defaults),
+    ]
+    assert [getattr(x, "reason", None) for x in left] == [
+        "argument 'scale'",
+        "argument 'weight'",
+        "argument 'normalized_shape' missing",
+        "more positional arguments than torch's function takes",
+    ]
