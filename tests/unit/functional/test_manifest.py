@@ -185,3 +185,28 @@ def pf_spec() -> Any:
     from plancache.functional._norms import rms_norm_request
 
     return rms_norm_request(geo("input", T((4, 16, 64))), (64,), geo("weight", T((64,))), 1e-5, training=False).spec
+
+
+def test_cancelling_a_functional_prefetch_stops_its_stream(trained: StandInClient, runtime: FakeRuntime) -> None:
+    """pf.prefetch(...).cancel() reaches the client's stream (its PrefetchStop), not only the plans still to come."""
+    manifest = pf.manifest()
+    stops: list[Any] = []
+    release = threading.Event()
+
+    class Streaming(StandInClient):
+        def prefetch(self, *args: Any, **kwargs: Any) -> Any:
+            stops.append(kwargs.get("stop"))
+            release.wait(10)
+            return super().prefetch(*args, **kwargs)
+
+    pf.clear()
+    pf.configure(Streaming(), target=TARGET)
+    pending = pf.prefetch(manifest)
+    deadline = time.monotonic() + 5
+    while not stops and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stops and stops[0] is not None and not stops[0].stopped
+    pending.cancel()
+    assert stops[0].stopped and pending.cancelled
+    release.set()
+    pending.wait(timeout=10)

@@ -39,6 +39,7 @@ from plancache.keys.options import CompileOptions
 from plancache.run.plan import Plan
 from plancache.transport.background import BackgroundPrefetch
 from plancache.transport.manifest import Manifest
+from plancache.transport.prefetching import PrefetchStop
 from plancache.transport.results import PrefetchResult
 
 
@@ -110,10 +111,14 @@ def prefetch(
     client, target = SERVICE.client(), SERVICE.target_for(where)
     keyed = Manifest.from_specs(specs, target, SERVICE.options or CompileOptions(), [e.name for e in manifest.entries])
 
+    stop = PrefetchStop()
+
     def run(on_plan: Callable[[int, Plan], None]) -> PrefetchResult:
         with ops.on_device(where):  # plans load for the GPU the program's tensors are on
-            return client.prefetch(keyed, target, compile_missing=compile_missing, timeout=timeout, on_plan=on_plan)
+            return client.prefetch(
+                keyed, target, compile_missing=compile_missing, timeout=timeout, on_plan=on_plan, stop=stop
+            )
 
-    pending = BackgroundPrefetch(run, load=True)
+    pending = BackgroundPrefetch(run, load=True, stop=stop.stop)
     SERVICE.expect([e.key or "" for e in keyed.entries], pending)
     return pending
