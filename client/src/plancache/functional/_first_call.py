@@ -236,6 +236,14 @@ def auto_padded(function: str, key: tuple[Any, ...], x: Any) -> tuple[Any, int] 
     return AUTO.pad_known(key, x) or AUTO.pad_rows(function, row_layer(key, x), x, key)
 
 
+def at_bucket(key: tuple[Any, ...], padded_input: Any, tensors: tuple[Any, ...], first: Callable[[], Any]) -> Any:
+    """A padded call at its bucket: the bucket geometry's entry (its key is the caller's with the padded input's
+    shape and strides; the rest, dtype to options, is the same) run on the padded input and the call's other
+    tensors, without keying the call again; `first()` where the bucket has no entry yet (its first call)."""
+    entry = TABLE.get((key[0], padded_input.shape, padded_input.stride(), *key[3:]))
+    return entry((padded_input, *tensors[1:])) if entry is not None else first()
+
+
 def auto_checked(key: tuple[Any, ...], x: Any, result: Any) -> Any:
     """`result`, after a geometry's first call: a layer torch runs for good (float32, say) is never padded."""
     entry = TABLE.get(key)

@@ -17,7 +17,7 @@ from plancache.errors import InvalidRequest
 from plancache.frontdoors.buckets import AUTO, BUCKETS, pad_rows
 from plancache.functional import _modes
 from plancache.functional._autograd import Rule, TorchSum, needed
-from plancache.functional._first_call import auto_checked, auto_padded, first_call
+from plancache.functional._first_call import at_bucket, auto_checked, auto_padded, first_call
 from plancache.functional._geometry import Geo, Unserved, collapse, no_zero_strides, served_dtype
 from plancache.functional._op_call import OpCall
 from plancache.functional._requests import (
@@ -105,9 +105,8 @@ def _linear(
         padded = auto_padded("linear", key, input)
         if padded is not None:
             rows_in, rows = padded
-            return _linear(rows_in, weight, bias, activation=activation)[:rows].reshape(
-                *input.shape[:-1], weight.shape[0]
-            )
+            out = at_bucket(key, rows_in, tensors, lambda: _linear(rows_in, weight, bias, activation=activation))
+            return out[:rows].reshape(*input.shape[:-1], weight.shape[0])
     if activation is not None and activation not in ACTIVATIONS:
         raise InvalidRequest(
             f"linear: activation {activation!r} is not one of None, {', '.join(map(repr, ACTIVATIONS))}"

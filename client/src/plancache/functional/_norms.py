@@ -18,7 +18,7 @@ from typing import Any
 from plancache.frontdoors.buckets import AUTO, BUCKETS, pad_rows
 from plancache.functional import _modes
 from plancache.functional._autograd import Rule, Run
-from plancache.functional._first_call import auto_checked, auto_padded, first_call
+from plancache.functional._first_call import at_bucket, auto_checked, auto_padded, first_call
 from plancache.functional._geometry import Dims, Geo, Unserved, collapse, hashable, is_dense, served_dtype
 from plancache.functional._op_call import OpCall
 from plancache.functional._requests import (
@@ -125,7 +125,8 @@ def _layer_norm(
         padded = auto_padded("layer_norm", key, input)
         if padded is not None:
             rows_in, rows = padded
-            return _layer_norm(rows_in, normalized_shape, weight, bias, eps)[:rows].reshape(input.shape)
+            out = at_bucket(key, rows_in, tensors, lambda: _layer_norm(rows_in, normalized_shape, weight, bias, eps))
+            return out[:rows].reshape(input.shape)
     bound = LAYER_NORM.bind(tensors, input=input, weight=weight, bias=bias)
 
     def forward() -> Request:
@@ -189,7 +190,8 @@ def _rms_norm(
         padded = auto_padded("rms_norm", key, input)
         if padded is not None:
             rows_in, rows = padded
-            return _rms_norm(rows_in, normalized_shape, weight, eps)[:rows].reshape(input.shape)
+            out = at_bucket(key, rows_in, tensors, lambda: _rms_norm(rows_in, normalized_shape, weight, eps))
+            return out[:rows].reshape(input.shape)
     bound = RMS_NORM.bind(tensors, input=input, weight=weight)
     out = first_call(
         bound,
