@@ -174,9 +174,14 @@ def test_a_padded_row_counts_next_calls_take_the_decided_bucket_until_a_policy_o
     original = buckets.AUTO.pad_rows
     monkeypatch.setattr(buckets.AUTO, "pad_rows", lambda *a, **k: counted.append(1) or original(*a, **k))
     x = torch.randn(13, 16, dtype=torch.float64)
-    for _ in range(3):
+    torch.testing.assert_close(pf.linear(x, weight), torch.nn.functional.linear(x, weight))
+    keyed: list[int] = []
+    inner = _linear._linear
+    monkeypatch.setattr(_linear, "_linear", lambda *a, **k: keyed.append(1) or inner(*a, **k))
+    for _ in range(2):
         torch.testing.assert_close(pf.linear(x, weight), torch.nn.functional.linear(x, weight))
     assert counted == [1], "the layer's bookkeeping ran at the first padded call only"
+    assert keyed == [1, 1], "each later call keyed once: the bucket's entry ran on the padded input directly"
     assert pf.bucket_stats().padded_calls == 1 + 3  # 7 (the third row count) and every call of 13, to 16
     assert {int(g.key[1][0]) for g in pf.geometries() if g.function == "linear"} == {3, 5, 16}
 
