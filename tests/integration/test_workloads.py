@@ -251,6 +251,37 @@ def test_a_graph_listed_far_back_in_a_slow_stream_asks_the_service_instead_of_wa
         assert stats.prefetched == 5, "the plan asked of the service is not kept from the stream too"
 
 
+def test_a_record_mixing_another_programs_plans_stops_deserializing_them(
+    redis_server: EmbeddedRedis, redis_client: object, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two programs under one name: the record interleaves their first uses. A process of one of them, its asks
+    passing over as many listed plans as the stream served it (PASSED_OVER), keeps the stream but stops its
+    deserializing: the other program's plans then cost a fetch, not a load; every graph still gets its plan."""
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.0), workload_plans=64)
+    try:
+        monkeypatch.setattr(workload_module, "PASSED_OVER", 4)
+        program_a, program_b = specs(12), specs(12, base=4096)
+        run_process(stack, program_a, name="shared")
+        b_keys = run_process(stack, program_b, name="shared")
+        record = listed(stack, "shared")
+        assert len(record) == 24 and record.index(b_keys[0]) < record.index(b_keys[-1])
+        slow_stream(monkeypatch, 0.05)
+        with client(stack, "shared", local_builder=StandInLocalBuilder()) as process_b:
+            process_b.compile(program_b[0], TARGET)  # begins the stream
+            got = []
+            for spec in program_b[1:]:
+                time.sleep(0.1)  # the program's own work: the stream keeps ahead of its asks
+                got.append(process_b.compile(spec, TARGET).key)
+            assert got == b_keys[1:]
+            pending = process_b.workload._pending
+            assert pending is not None and not pending.loading, "deserializing stopped"
+            stats = settled(process_b)
+            assert stats.state == "done" and stats.used >= 4
+            assert len(runtime.graphs) < stats.prefetched, "plans that came after the switch were not loaded"
+    finally:
+        stop()
+
+
 def test_a_record_slow_to_read_costs_one_calls_wait_not_every_calls(
     service: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:

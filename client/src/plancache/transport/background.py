@@ -139,6 +139,14 @@ class BackgroundPrefetch:
     def cancelled(self) -> bool:
         return self._cancelled
 
+    def stop_loading(self) -> None:
+        """From now on, plans are fetched and kept but not deserialized here (each at its first use instead)."""
+        self._load = False
+
+    @property
+    def loading(self) -> bool:
+        return self._load
+
     def skip(self, index: int) -> None:
         """Entry `index` is not wanted from this prefetch (its caller fetched it itself): not deserialized,
         not kept when it comes; wait_for(index) raises at once."""

@@ -47,7 +47,11 @@ that brought none of the first COLLISION_ASKS graphs the process asked
 while it ran (none listed, or each listed too far back) is another
 program's, or out of date: it stops there (state "stopped", `stopped`:
 the listed plans it did not bring), so a collision costs at most the plans
-streamed until then; give each program its own name where that matters. On where this process can run
+streamed until then. A record that mixes another program's plans with this
+one's (the program's asks jump over PASSED_OVER listed plans, as many as
+the stream served it) keeps streaming but deserializes nothing more: each
+plan at its first use, the other program's costing a fetch only. Give each
+program its own name where that matters. On where this process can run
 plans (torch loaded, a GPU: as the hedge) unless PLANCACHE_WORKLOAD_PREFETCH
 says (0: off, 1: on, fetching without deserializing where no GPU is);
 `Client(workload_prefetch=...)` overrides it. Uses are reported whenever
@@ -98,7 +102,11 @@ RECORD_KEYS_KEPT = 16_384
 # Seconds a call waits for the record's list while it is being read (one round trip, normally).
 LIST_WAIT_S = 2.0
 # Graphs asked while the stream runs, none of them brought by it: the record is not this program's; it stops.
-COLLISION_ASKS = 8
+COLLISION_ASKS = 4
+# Listed plans the program's asks passed over (a graph asked further back in the record than the last, the plans
+# between never asked): at least this many and as many as it took, the record mixes another program's plans with
+# this one's, and the stream stops deserializing (each plan then at its first use: the others cost a fetch only).
+PASSED_OVER = 8
 # First uses one process reports for its record, and per report (the service takes 512 a report).
 USES_KEPT = 4096
 USES_PER_REPORT = 512
@@ -196,6 +204,8 @@ class WorkloadStart:
         self._stream_brought = False  # the stream brought a graph's plan: it is this program's
         self._not_brought = 0  # graphs asked while it ran that it did not bring (COLLISION_ASKS)
         self._stopping = ""  # why the stream was cancelled (_judge), once it was
+        self._furthest = -1  # the furthest listed index a graph asked
+        self._passed_over = 0  # listed plans between asked ones that no graph asked (PASSED_OVER)
         self._list_late = False  # a call waited LIST_WAIT_S for the record in vain: later ones do not wait
         self._uses: list[pb.WorkloadUse] = []  # first uses not reported yet
         self._seen: set[str] = set()
@@ -295,6 +305,7 @@ class WorkloadStart:
         if index is None:
             self._judge(pending, brought=False)
             return None
+        self._passed(pending, index)
         if not pending.worth_waiting(index):
             pending.skip(index)  # asked of the service: not deserialized again when it comes
             with self._lock:
@@ -318,6 +329,25 @@ class WorkloadStart:
                 self.stats.used += 1
         self._judge(pending, brought=True)
         return plan
+
+    def _passed(self, pending: BackgroundPrefetch, index: int) -> None:
+        """A graph asked listed plan `index`: the listed plans it jumped over since the furthest asked are
+        counted, and a stream passed over as much as it served stops deserializing (PASSED_OVER)."""
+        with self._lock:
+            if index <= self._furthest:
+                return
+            self._passed_over += index - self._furthest - 1
+            self._furthest = index
+            mixed = self._passed_over >= PASSED_OVER and self._passed_over >= self.stats.used and pending.loading
+        if mixed:
+            pending.stop_loading()
+            log.info(
+                "workload %s: its record mixes other plans with this process's (%d passed over, %d used): the "
+                "stream deserializes nothing more (each plan at its first use)",
+                self.name,
+                self._passed_over,
+                self.stats.used,
+            )
 
     def _judge(self, pending: BackgroundPrefetch, *, brought: bool) -> None:
         """Whether the stream serves this program (module doc): stopped once
