@@ -29,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.report import figure, save, table, write_json  # noqa: E402
+from bench.report import bar_chart, table, write_json  # noqa: E402
 
 ARMS = ("torch", "exact", "bucket", "padded", "padded_bookkept")
 
@@ -106,14 +106,9 @@ def summarize(times: dict[str, list[float]]) -> dict[str, Any]:
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
-    fig, (ax,) = figure(1)
-    values = summary["us_per_call"]
-    ax.bar(list(values), list(values.values()), color=["#888888", "#4c72b0", "#4c72b0", "#55a868", "#c44e52"])
-    for i, value in enumerate(values.values()):
-        ax.text(i, value, f"{value:.1f}", ha="center", va="bottom")
-    ax.set_ylabel("host µs per call (median)")
-    ax.set_title("plancache.functional.linear at a padded row count (CPU, tiny tensors)")
-    save(fig, path)
+    colors = ["#888888", "#4c72b0", "#4c72b0", "#55a868", "#c44e52"]
+    title = "plancache.functional.linear at a padded row count (CPU, tiny tensors)"
+    bar_chart(path, summary["us_per_call"], colors, "{:.1f}", "host µs per call (median)", title)
 
 
 def main() -> None:

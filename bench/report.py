@@ -60,6 +60,17 @@ def figure(nplots: int) -> tuple[Any, list[Any]]:
     return fig, flat[:nplots]
 
 
+def bar_chart(path: Path, values: dict[str, float], colors: Sequence[str], label: str, ylabel: str, title: str) -> None:
+    """One bar per named value, each labelled (`label` formats it), saved to `path`."""
+    fig, (ax,) = figure(1)
+    ax.bar(list(values), list(values.values()), color=list(colors))
+    for i, value in enumerate(values.values()):
+        ax.text(i, value, label.format(value), ha="center", va="bottom")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    save(fig, path)
+
+
 def save(fig: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

@@ -3,7 +3,8 @@
 Two programs run under one workload name (`python train.py` with two configurations, say: one default name).
 The service's record for that name lists program A's plans first (200), then program B's (12): a fresh process
 of B streams the record from the start. Before this session's rules a listed graph waited for the stream to bring
-its plan, however far back in the stream it was: B's first graph waited behind A's 200 plans. Now a graph waits
+its plan, however far back in the stream it was, and the stream deserialized every plan it listed (A's beside
+B's graphs, holding the interpreter each time). Now a graph waits
 only when the stream is about to bring its plan (its next 2, or within 50 ms at the stream's pace so far); one
 further back asks the service itself, and a stream that brought none of the first 4 graphs a process asked
 stops (plancache.transport.workload).
@@ -44,7 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.report import figure, save, table, write_json  # noqa: E402
+from bench.report import bar_chart, table, write_json  # noqa: E402
 
 ARMS = ("own", "mixed", "mixed_old", "foreign", "foreign_old", "none")
 NAMES = {"own": "b", "mixed": "shared", "mixed_old": "shared", "foreign": "a", "foreign_old": "a", "none": "b"}
@@ -182,14 +183,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
-    fig, (ax,) = figure(1)
-    seconds = summary["seconds"]
-    ax.bar(list(seconds), list(seconds.values()), color=["#55a868", "#4c72b0", "#c44e52", "#4c72b0", "#c44e52", "#888"])
-    for i, value in enumerate(seconds.values()):
-        ax.text(i, value, f"{value:.2f} s", ha="center", va="bottom")
-    ax.set_ylabel("seconds until B's 12 graphs ran (median)")
-    ax.set_title("A fresh process under a shared workload name (CPU, stand-in stream)")
-    save(fig, path)
+    colors = ["#55a868", "#4c72b0", "#c44e52", "#4c72b0", "#c44e52", "#888888"]
+    title = "A fresh process under a shared workload name (CPU, stand-in stream)"
+    bar_chart(path, summary["seconds"], colors, "{:.2f} s", "seconds until B's 12 graphs ran (median)", title)
 
 
 def main() -> None:
