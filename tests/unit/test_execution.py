@@ -374,3 +374,62 @@ def test_a_ragged_buffer_must_be_dense_whole_tokens_of_the_right_type(
     }
     with pytest.raises(InvalidRequest, match=re.escape(message)):
         make_ragged_plan().execute({**good, "q": bad})
+
+
+def test_a_stopped_prefetch_does_not_sleep_out_a_retry_delay() -> None:
+    """A manifest prefetch refused for now (RESOURCE_EXHAUSTED with a retry delay) waits the delay before asking
+    again; a stop during that wait ends the prefetch at once, its entries counted as stopped."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    import grpc
+
+    from plancache.transport.manifest import Manifest, ManifestEntry
+    from plancache.transport.prefetching import ManifestPrefetch, PrefetchStop
+    from plancache.wire.rich_status import trailing_metadata as rich_trailers
+
+    class Refused(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.RESOURCE_EXHAUSTED
+
+        def details(self) -> str:
+            return "busy: retry later"
+
+        def trailing_metadata(self) -> Any:
+            from plancache.errors import ResourceExhausted
+
+            return rich_trailers(ResourceExhausted("busy: retry later", retry_after=5.0))
+
+        def cancel(self) -> None:
+            pass
+
+        def __iter__(self) -> Any:
+            raise self
+
+    asked: list[int] = []
+
+    def prefetch(request: Any, timeout: Any = None, metadata: Any = None) -> Refused:
+        asked.append(1)
+        return Refused()
+
+    connection = SimpleNamespace(stub=SimpleNamespace(Prefetch=prefetch), metadata=())
+    intake = SimpleNamespace(cached=lambda *a, **k: None)
+    manifest = Manifest(entries=[ManifestEntry(key=f"k{i}") for i in range(3)])
+    stop = PrefetchStop()
+    fetch = ManifestPrefetch(
+        connection,  # type: ignore[arg-type]
+        intake,  # type: ignore[arg-type]
+        manifest,
+        None,
+        compile_missing=False,
+        tuned_only=False,
+        progress=None,
+        on_plan=None,
+        stop=stop,
+    )
+    threading.Timer(0.3, stop.stop).start()
+    started = time.monotonic()
+    result = fetch.run(60.0)
+    assert time.monotonic() - started < 2.0, "the retry's delay (2.5 s at least) was not slept out"
+    assert asked == [1] and result.stopped == 3 and not result.errors

@@ -43,6 +43,7 @@ class PrefetchStop:
         self._lock = threading.Lock()
         self._stopped = False
         self._calls: list[Any] = []
+        self._event = threading.Event()
 
     @property
     def stopped(self) -> bool:
@@ -51,8 +52,13 @@ class PrefetchStop:
     def stop(self) -> None:
         with self._lock:
             self._stopped, calls, self._calls = True, self._calls, []
+        self._event.set()
         for call in calls:
             call.cancel()
+
+    def pause(self, seconds: float) -> None:
+        """Sleep `seconds` (a retry's delay), or less: until stop()."""
+        self._event.wait(seconds)
 
     def watch(self, call: Any) -> None:
         """`call` (a gRPC streaming call) is cancelled by stop(), at once if it was called already."""
@@ -107,7 +113,10 @@ class ManifestPrefetch:
                 for index, _, error in refused:
                     self.result.errors[index] = error
                 break
-            time.sleep(pause)  # a stop meanwhile ends it at the loop's test
+            if self._stop is not None:
+                self._stop.pause(pause)  # a stop ends the pause, and the loop's test the prefetch
+            else:
+                time.sleep(pause)
             refs, attempt = [(index, ref) for index, ref, _ in refused], attempt + 1
         for index, plan in self._held.items():
             if index not in self.result.plans:  # the server had nothing better (or could not be asked)
