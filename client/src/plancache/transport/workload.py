@@ -17,16 +17,17 @@ use, on the caller's thread instead, and so does a stream the drop-in
 began: its build steps deserialize each plan on the program's handle, so a
 load on the stream was done twice (its start 0.45-0.54x its local builds
 streamed against 0.32-0.38x at first use: run 29).
-A graph whose key is in the record then waits for its plan there
-instead of asking the service, when the stream is expected to bring it soon:
-it is among the next plans, or the plans still ahead of it at the stream's
-pace so far come within 50 ms (BackgroundPrefetch.worth_waiting; the wait itself
-bounded by the client's timeout); a graph listed further back asks the
-service itself (one hit), and the stream skips deserializing it
-(`asked_ahead`). Any other graph is expected to miss, and the node's own build of it starts at once
-beside its ask (plancache.transport.hedged_calls); a graph asking before
-the record is known does not wait for it. The process's own first uses go back to the record with
-its background reports (plancache.transport.reports).
+A graph whose key is in the record then waits for its plan there instead
+of asking the service, when the stream is about to bring it: it is among
+the stream's next plans, or the plans still ahead of it come within 50 ms
+at the stream's pace so far (BackgroundPrefetch.worth_waiting; the wait
+itself bounded by the client's timeout). A graph listed further back asks
+the service itself (one hit), and the stream skips deserializing it
+(`asked_ahead`). Any other graph is expected to miss, and the node's own
+build of it starts at once beside its ask (plancache.transport.
+hedged_calls); a graph asking before the record is known does not wait for
+it. The process's own first uses go back to the record with its background
+reports (plancache.transport.reports).
 
 A record is not trusted: every call still keys its own graph, a prefetched
 plan is taken only for that exact key and checked against the call's whole
