@@ -433,3 +433,45 @@ def test_a_stopped_prefetch_does_not_sleep_out_a_retry_delay() -> None:
     result = fetch.run(60.0)
     assert time.monotonic() - started < 2.0, "the retry's delay (2.5 s at least) was not slept out"
     assert asked == [1] and result.stopped == 3 and not result.errors
+
+
+def test_a_background_prefetch_says_how_far_an_entry_is_and_whether_it_is_worth_waiting_for() -> None:
+    """position(i): the entries up to i not come yet and the stream's pace; worth_waiting(i): among the next
+    STREAM_FREE_AHEAD, or expected within STREAM_WAIT_S at that pace; a skipped entry is not kept when it comes."""
+    import threading
+    import time
+
+    from plancache.transport import background
+    from plancache.transport.background import BackgroundPrefetch
+    from plancache.transport.results import PrefetchResult
+
+    plans = [make_plan(key=f"k{i}", blob=f"plan {i}".encode()) for i in range(40)]
+    gates = [threading.Event() for _ in plans]
+
+    def run(on_plan: Any) -> PrefetchResult:
+        result = PrefetchResult(total=len(plans))
+        for index, plan in enumerate(plans):
+            assert gates[index].wait(10)
+            result.plans[index] = plan
+            on_plan(index, plan)
+        return result
+
+    pending = BackgroundPrefetch(run, load=False)
+    assert pending.position(5) == (6, None)
+    assert pending.worth_waiting(background.STREAM_FREE_AHEAD - 1)  # the next plans: waited for, pace unknown
+    assert not pending.worth_waiting(10)  # far, pace unknown: asked of the service
+    pending.skip(10)
+    for index in range(3):  # three plans 20 ms apart
+        gates[index].set()
+        time.sleep(0.02)
+    deadline = time.monotonic() + 5
+    while pending.position(2)[0] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    ahead, pace = pending.position(4)
+    assert ahead == 2 and pace is not None and 0.005 < pace < 0.2
+    assert pending.worth_waiting(4)  # the next two
+    assert not pending.worth_waiting(5)  # three plans at 20 ms or more: past 50 ms
+    for gate in gates:
+        gate.set()
+    result = pending.wait(timeout=10)
+    assert 10 not in result.plans and len(result.plans) == 39 and result.stopped == 0
