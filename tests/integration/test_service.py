@@ -266,6 +266,11 @@ def test_many_clients_many_specs_no_mixups(stack: Stack) -> None:
 def test_memory_cache_serves_verified_plans_without_redis(stack: Stack, redis_server: object) -> None:
     with stack.client() as client:
         plan = client.compile(matmul_spec(), TARGET)
+        # The build's completion event drops the gateway's copy (a provisional plan may have been replaced): arriving
+        # after the corruption below, it left only the corrupt copy to read (CI once, -n 4 on two cores). Let it
+        # arrive, and read the plan into the gateway's memory again, before corrupting Redis's copy.
+        time.sleep(1.0)
+        assert client.get(plan.key).blob == plan.blob
         # Corrupt the Redis copy: the gateway keeps serving the copy it verified.
         stack.redis.hset(keys.plan(plan.key), "blob", b"X" + plan.blob[1:])
         assert client.get(plan.key).blob == plan.blob
