@@ -74,7 +74,8 @@ Studies (--study):
          Then --repeats pairs of the same stored starts under the OTHER program's workload name
          (PATH+collided: a name collision, its record listing none of the program's graphs; reports off,
          so each such run meets the other program's record alone): *_collided, what a collision costs
-         with the stream's cut-off (plancache.transport.workload: COLLISION_ASKS).
+         with the stream's cut-off (plancache.transport.workload: COLLISION_ASKS). And PATH+no-stream:
+         the same stored starts with PLANCACHE_WORKLOAD_PREFETCH=0 (each graph one hit): *_no_stream.
 
 Every study's summary also has `paired`: each hedged first node over the local run just before it
 (medians of adjacent pairs; hedge-paired runs them so).
@@ -125,6 +126,7 @@ FIRST = ("first-compile", "first-lazy", "first-compile-4proc", "first-prefetch")
 HEDGE = "+hedge"  # PATH+HEDGE: PATH with PLANCACHE_HEDGE=1
 FIRST_USE = "+first-use"  # PATH+FIRST_USE: a workload path with PLANCACHE_WORKLOAD_DESERIALIZE=first-use
 COLLIDED = "+collided"  # PATH+COLLIDED: a workload path under the other program's workload name
+NO_STREAM = "+no-stream"  # PATH+NO_STREAM: a workload path with PLANCACHE_WORKLOAD_PREFETCH=0 (each graph asks)
 HEDGED = (
     "first-compile",
     "first-dropin",
@@ -165,6 +167,9 @@ WORKLOAD_PAIRS = (
     ("local-program", "stored-dropin" + FIRST_USE),
     ("torch-step", "stored-functional"),
     ("torch-step", "stored-functional" + FIRST_USE),
+    # Without the stream (each graph one hit): GPU run 37's collided drop-in start beat its own stream.
+    ("local-program", "stored-dropin" + NO_STREAM),
+    ("torch-step", "stored-functional" + NO_STREAM),
 )
 # After every pair above (a collided run reports nothing, but runs last all the same).
 COLLIDED_PAIRS = (("local-program", "stored-dropin" + COLLIDED), ("torch-step", "stored-functional" + COLLIDED))
@@ -196,6 +201,7 @@ PATHS = (
     *WORKLOAD_PATHS,
     *(path + FIRST_USE for path in WORKLOAD_PATHS),
     *(path + COLLIDED for path in WORKLOAD_PATHS),
+    *(path + NO_STREAM for path in WORKLOAD_PATHS),
 )
 GROUPS = {
     "first-compile-4proc": ("first-compile", 4),
@@ -288,7 +294,7 @@ TUNED_WAIT_S = (25, 10)
 
 def base(path: str) -> str:
     """The path without its hedge, deserialization or collision: what its node processes run."""
-    return path.removesuffix(HEDGE).removesuffix(FIRST_USE).removesuffix(COLLIDED)
+    return path.removesuffix(HEDGE).removesuffix(FIRST_USE).removesuffix(COLLIDED).removesuffix(NO_STREAM)
 
 
 def hedged(path: str) -> bool:
@@ -367,6 +373,8 @@ class Bench:
             del extra["PLANCACHE_WORKLOAD_PREFETCH"]
         if path.endswith(FIRST_USE):
             extra["PLANCACHE_WORKLOAD_DESERIALIZE"] = "first-use"
+        if path.endswith(NO_STREAM):  # the record is still written (reports on); this process streams nothing
+            extra["PLANCACHE_WORKLOAD_PREFETCH"] = "0"
         if path.endswith(COLLIDED):  # another program's record; its own uses not reported (each run meets it alone)
             extra["PLANCACHE_WORKLOAD"] = WORKLOAD_COLLIDES_WITH[base(path)]
             extra["PLANCACHE_REPORT"] = "0"
@@ -894,6 +902,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             s[name] = paired_ratio(runs, jit, path, equivalent)
             s[name + "_first_use"] = paired_ratio(runs, jit, path + FIRST_USE, equivalent)
             s[name + "_collided"] = paired_ratio(runs, jit, path + COLLIDED, equivalent)
+            s[name + "_no_stream"] = paired_ratio(runs, jit, path + NO_STREAM, equivalent)
         s["paired"] = {
             name: paired_ratio(runs, jit, path + HEDGE, equivalent if equivalent != "local-lazy" else "local-heuristic")
             for path, (equivalent, _, name) in VERSUS_LOCAL.items()

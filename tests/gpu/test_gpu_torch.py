@@ -338,17 +338,21 @@ def test_an_unchanged_batch_norm_is_served_with_torchs_running_statistics(
     backward = served_since(pf, before, "batch_norm.backward")
     assert served_since(pf, before, "batch_norm") == (1, 0) and backward[0] > 0 and not backward[1], pf.stats()
     bn.eval(), reference.eval()
+    if compiled:
+        from plancache.torch._mode import EVALUATION_BATCH_NORM_COMPILED, LEFT_COMPILED
+
+        # Recorded once a process, as a program is traced: an earlier test's trace may have left it (GPU run 37).
+        LEFT_COMPILED.discard(("batch_norm", EVALUATION_BATCH_NORM_COMPILED))
     with torch.no_grad():
         evaluated = reference(x)
         before = pf.stats()
         with pt.mode():
             assert rel_err(run(x), evaluated) < tolerance
     if compiled:
-        # Evaluation under compile: torch's batch norm, traced (inductor fuses it), the reason recorded.
-        from plancache.torch._mode import EVALUATION_BATCH_NORM_COMPILED
-
+        # Evaluation under compile: torch's batch norm, traced (inductor fuses it), the reason recorded by this
+        # trace (other reasons other programs of the process left are listed beside it).
         assert served_since(pf, before, "batch_norm") == (0, 0), pf.stats()
-        assert pt.stats()["batch_norm"].left_compiled == (EVALUATION_BATCH_NORM_COMPILED,), pt.stats()
+        assert EVALUATION_BATCH_NORM_COMPILED in pt.stats()["batch_norm"].left_compiled, pt.stats()
     else:
         # Eager evaluation: cuDNN proposes no engine for this batchnorm inference graph (GPU run 35: "No valid
         # engine configs"), so torch's batch norm runs it, with the same result (above), counted with the reason.
