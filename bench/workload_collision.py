@@ -7,18 +7,21 @@ its plan, however far back in the stream it was, and the stream deserialized eve
 B's graphs, holding the interpreter each time). Now a graph waits
 only when the stream is about to bring its plan (its next 2, or within 50 ms at the stream's pace so far); one
 further back asks the service itself, and a stream that brought none of the first 4 graphs a process asked
-stops (plancache.transport.workload).
+stops (plancache.transport.workload); and (the session after) the stream deserializes nothing until a graph of
+the process is found listed, then the plans already fetched and the rest as they come.
 
 Measured on the CPU against a real Redis, gateway and stand-in worker (in-process), each arm a fresh client
 (a fresh process's start-up stream) running B's 12 graphs one after another (each asked, deserialized where the
 stream has not, then --work-ms of the program's own work), `--rounds` interleaved rounds, the time until the last
 graph ran, medians:
 
-  own          B under its own name: the record lists B's 12 (what naming each program gives)
-  mixed        B under the shared name (A's uses and B's), today's rules
-  mixed_old    the same with the old rules (every listed graph waits; no stop)
-  foreign      B under A's name (a record of A's plans alone: B's first run under a name A used), today's rules
-  foreign_old  the same with the old rules
+  own             B under its own name: the record lists B's 12 (what naming each program gives)
+  own_unheld      the same, the stream deserializing from its start (before the hold)
+  mixed           B under the shared name (A's uses and B's), today's rules
+  mixed_old       the same with the old rules (every listed graph waits; no stop; no hold)
+  foreign         B under A's name (a record of A's plans alone: B's first run under a name A used), today's rules
+  foreign_unheld  the same, the stream deserializing from its start (before the hold)
+  foreign_old     the same with the old rules
   none         no start-up stream (PLANCACHE_WORKLOAD_PREFETCH=0): every graph asks the service
 
 STAND-IN: deserializing a plan takes --plan-ms (a sleep): in the stream's thread for the plans it brings, on
@@ -47,8 +50,20 @@ sys.path.insert(0, str(REPO))
 
 from bench.report import bar_chart, table, write_json  # noqa: E402
 
-ARMS = ("own", "mixed", "mixed_old", "foreign", "foreign_old", "none")
-NAMES = {"own": "b", "mixed": "shared", "mixed_old": "shared", "foreign": "a", "foreign_old": "a", "none": "b"}
+# The stream deserializes only once a graph of the process is found listed (start_loading); the old rules
+# deserialized every plan it brought from the start.
+HOLD = True
+ARMS = ("own", "own_unheld", "mixed", "mixed_old", "foreign", "foreign_unheld", "foreign_old", "none")
+NAMES = {
+    "own": "b",
+    "own_unheld": "b",
+    "mixed": "shared",
+    "mixed_old": "shared",
+    "foreign": "a",
+    "foreign_unheld": "a",
+    "foreign_old": "a",
+    "none": "b",
+}
 
 
 def holding_the_interpreter(seconds: float) -> Callable[[], None]:
@@ -71,17 +86,21 @@ def holding_the_interpreter(seconds: float) -> Callable[[], None]:
 
 
 @contextmanager
-def rules(old: bool) -> Iterator[None]:
-    """The stream's rules as they were before this session (old) or as they are."""
+def rules(old: bool, hold: bool) -> Iterator[None]:
+    """The stream's rules as they were two sessions ago (old: no bounded waits, no stop, no hold), or as they
+    are, with or without the hold (deserializing only once a graph of the process is found listed)."""
     from plancache.transport import background, workload
 
+    global HOLD
     kept = background.STREAM_FREE_AHEAD, workload.COLLISION_ASKS
     if old:
         background.STREAM_FREE_AHEAD, workload.COLLISION_ASKS = 10**9, 10**9
+    HOLD = hold and not old
     try:
         yield
     finally:
         background.STREAM_FREE_AHEAD, workload.COLLISION_ASKS = kept
+        HOLD = True
 
 
 def slow_stream(deserialize: Callable[[], None]) -> None:
@@ -91,12 +110,23 @@ def slow_stream(deserialize: Callable[[], None]) -> None:
     original = BackgroundPrefetch._arrived
 
     def arrived(self: BackgroundPrefetch, index: int, plan: Any) -> None:
-        if not (self.cancelled or index in self._skipped):
+        if (self.loading or not HOLD) and not (self.cancelled or index in self._skipped):
             deserialize()
             plan.standin_loaded = True
         original(self, index, plan)
 
+    def load_backlog(self: BackgroundPrefetch, indices: list[int]) -> None:
+        """The plans fetched before a listed graph turned loading on (start_loading), in order."""
+        for index in indices:
+            plan = self.ready(index)
+            if not self.loading or self.cancelled:
+                return
+            if plan is not None and not getattr(plan, "standin_loaded", False):
+                deserialize()
+                plan.standin_loaded = True
+
     BackgroundPrefetch._arrived = arrived  # type: ignore[method-assign]
+    BackgroundPrefetch._load_backlog = load_backlog  # type: ignore[method-assign]
 
 
 def run_b(
@@ -112,7 +142,12 @@ def run_b(
     program's own work; the time until the last graph ran."""
     started = time.perf_counter()
     keys = []
-    with make_client(hedge=False, workload=name, workload_prefetch=prefetch, report=False) as client:
+    from tests.support.standin_local import StandInLocalBuilder
+
+    # A node that runs plans (the stand-in local builder: the stream's thread deserializes, as on a GPU).
+    with make_client(
+        hedge=False, workload=name, workload_prefetch=prefetch, report=False, local_builder=StandInLocalBuilder()
+    ) as client:
         for spec in specs:
             plan = client.compile(spec, target)
             if not getattr(plan, "standin_loaded", False):
@@ -134,12 +169,15 @@ def run_b(
 
 def measure(rounds: int, plan_ms: float, work_ms: float, a_graphs: int) -> dict[str, Any]:
     from plancache.keys.query import PlanQuery
+    from plancache.run import execution
     from plancache_server.store.embedded_redis import EmbeddedRedis
     from tests.conftest import start_stack
+    from tests.support.fake_gpu import FakeRuntime
     from tests.support.specs import matmul_spec
     from tests.support.standin import STANDIN_TARGET as TARGET
     from tests.support.standin import StandInCompiler
 
+    execution.use_runtime(FakeRuntime())  # Plan.load() on no GPU: instant; the stand-in's time is deserialize()
     os.environ["PLANCACHE_ALLOW_UNSIGNED"] = "1"  # the in-process stand-in worker signs nothing (as the tests run it)
     tmp = Path(tempfile.mkdtemp(prefix="plancache-collision-"))
     redis = EmbeddedRedis(tmp / "redis", persist=False).start()
@@ -160,7 +198,7 @@ def measure(rounds: int, plan_ms: float, work_ms: float, a_graphs: int) -> dict[
         runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
         for _ in range(rounds):
             for arm in ARMS:
-                with rules(old=arm.endswith("_old")):
+                with rules(old=arm.endswith("_old"), hold=not arm.endswith("_unheld")):
                     row = run_b(stack.client, program_b, TARGET, NAMES[arm], arm != "none", deserialize, work_ms / 1000)
                 assert row.pop("keys") == expected, f"{arm}: a graph got another graph's plan"
                 print(arm, {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
@@ -178,12 +216,21 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "seconds": median,
         "mixed_old_over_mixed": median["mixed_old"] / median["mixed"],
         "foreign_old_over_foreign": median["foreign_old"] / median["foreign"],
+        "foreign_unheld_over_foreign": median["foreign_unheld"] / median["foreign"],
+        "own_unheld_over_own": median["own_unheld"] / median["own"],
+        # Round by round (the arms of one round ran back to back): the machine's drift cancels.
+        "paired": {
+            f"{a}_over_{b}": statistics.median(
+                x["seconds"] / y["seconds"] for x, y in zip(runs[a], runs[b], strict=True)
+            )
+            for a, b in (("own", "own_unheld"), ("foreign", "foreign_unheld"), ("foreign", "none"), ("own", "none"))
+        },
         "last_run": last,
     }
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
-    colors = ["#55a868", "#4c72b0", "#c44e52", "#4c72b0", "#c44e52", "#888888"]
+    colors = ["#55a868", "#dd8452", "#4c72b0", "#c44e52", "#4c72b0", "#dd8452", "#c44e52", "#888888"]
     title = "A fresh process under a shared workload name (CPU, stand-in stream)"
     bar_chart(path, summary["seconds"], colors, "{:.2f} s", "seconds until B's 12 graphs ran (median)", title)
 

@@ -117,17 +117,24 @@ def test_a_new_process_streams_what_its_workload_used_first_used_first(service: 
 def test_where_the_streamed_plans_are_deserialized(
     service: Stack, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch, setting: str
 ) -> None:
-    """By default (and with PLANCACHE_WORKLOAD_DESERIALIZE=stream) every streamed plan is deserialized on the
-    stream's thread, on a stream it made; with first-use, nothing until a graph runs its plan (on the caller's
+    """By default (and with PLANCACHE_WORKLOAD_DESERIALIZE=stream) the streamed plans are deserialized off the
+    caller's thread, on a CUDA stream made there, once a graph of the process is found listed (before, the
+    record may be another program's: nothing is deserialized), those past that graph's place in the record (the
+    ones before it were asked already); with first-use, nothing until a graph runs its plan (on the caller's
     thread)."""
-    graphs = specs(3)
+    graphs = specs(4)
     first = run_process(service, graphs)
     monkeypatch.setenv(workload_module.DESERIALIZE_ENV, setting)
     with client(service, local_builder=StandInLocalBuilder()) as second:
-        second.compile(graphs[0], TARGET)
-        assert settled(second).prefetched == 3
+        second.compile(graphs[0], TARGET)  # begins the stream, asks the service itself
+        assert settled(second).prefetched == 4
+        assert runtime.graphs == [] and runtime.own_streams == [], "nothing deserialized before a graph is listed"
+        listed_plan = second.compile(graphs[1], TARGET)  # listed: the record is this program's
+        assert listed_plan.key == first[1]
         if setting in ("", "stream"):
-            assert len(runtime.graphs) == 3 and runtime.own_streams == [0]
+            wait_until(lambda: len(runtime.graphs) == 2, timeout=10, what="the plans past it, deserialized")
+            streamed = {second.workload._pending.ready(i).blob for i in (2, 3)}  # type: ignore[union-attr]
+            assert {g.blob for g in runtime.graphs} == streamed and runtime.own_streams == [0]
             assert all(g.loaded_with is not execution.handle_state(0).handle for g in runtime.graphs)
         else:
             assert runtime.graphs == [] and runtime.own_streams == []
@@ -179,7 +186,9 @@ def test_the_record_is_bounded_and_least_recently_used_out(service: Stack) -> No
     assert not {PlanQuery.of(s, TARGET).key for s in graphs[:3]} & set(record)
 
 
-def test_workloads_are_apart_and_a_collision_costs_fetches_never_a_wrong_plan(service: Stack) -> None:
+def test_workloads_are_apart_and_a_collision_costs_fetches_never_a_wrong_plan(
+    service: Stack, runtime: FakeRuntime
+) -> None:
     a_keys = run_process(service, specs(3), name="trainer")
     b_keys = run_process(service, specs(2, base=512), name="server")
     assert listed(service, "trainer") == a_keys and listed(service, "server") == b_keys
@@ -191,6 +200,9 @@ def test_workloads_are_apart_and_a_collision_costs_fetches_never_a_wrong_plan(se
         stats = settled(colliding)
         assert [p.key for p in got] == [PlanQuery.of(s, TARGET).key for s in others]
         assert stats.prefetched == 3 and stats.used == 0 and stats.wasted == 3
+        # Fetched, never deserialized: no graph of this program is listed (GPU run 37: a collided decode step's
+        # start deserialized the other program's 13 plans, 1.46x torch's step).
+        assert runtime.graphs == [] and runtime.own_streams == []
 
 
 def test_a_stream_that_brings_none_of_the_graphs_asked_stops_there(

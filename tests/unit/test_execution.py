@@ -475,3 +475,48 @@ def test_a_background_prefetch_says_how_far_an_entry_is_and_whether_it_is_worth_
         gate.set()
     result = pending.wait(timeout=10)
     assert 10 not in result.plans and len(result.plans) == 39 and result.stopped == 0
+
+
+def test_a_held_background_prefetch_deserializes_only_from_start_loading_and_never_after_stop_loading(
+    runtime: FakeRuntime,
+) -> None:
+    """A workload's stream is `held`: its plans are fetched but not deserialized (another program's record costs
+    fetches only) until start_loading(), which deserializes the plans already there, in order, off the caller's
+    thread, and the rest as they come; stop_loading() is final; a prefetch without `load` never deserializes."""
+    import threading
+
+    from plancache.transport.background import BackgroundPrefetch
+    from plancache.transport.results import PrefetchResult
+    from tests.support.waiting import wait_until
+
+    plans = [make_plan(key=f"k{i}", blob=f"plan {i}".encode()) for i in range(6)]
+    gates = [threading.Event() for _ in plans]
+
+    def run(on_plan: Any) -> PrefetchResult:
+        result = PrefetchResult(total=len(plans))
+        for index, plan in enumerate(plans):
+            assert gates[index].wait(10)
+            result.plans[index] = plan
+            on_plan(index, plan)
+        return result
+
+    pending = BackgroundPrefetch(run, load=True, held=True)
+    for index in range(3):
+        gates[index].set()
+    pending.wait_for(2, timeout=10)
+    assert runtime.graphs == [] and not pending.loading  # fetched, held
+    pending.start_loading()
+    wait_until(lambda: len(runtime.graphs) == 3, timeout=10, what="the three plans already fetched, deserialized")
+    assert [g.blob for g in runtime.graphs] == [b"plan 0", b"plan 1", b"plan 2"]  # in order
+    assert runtime.own_streams == [0]  # on a stream the loading thread made, not the caller's
+    gates[3].set()
+    wait_until(lambda: len(runtime.graphs) == 4, timeout=10, what="the next plan, deserialized as it came")
+    pending.stop_loading()
+    pending.start_loading()  # stop is final
+    for gate in gates[4:]:
+        gate.set()
+    assert len(pending.wait(timeout=10).plans) == 6 and len(runtime.graphs) == 4
+
+    unloading = BackgroundPrefetch(run, load=False, held=True)
+    unloading.start_loading()  # without `load`: nothing to start
+    assert len(unloading.wait(timeout=10).plans) == 6 and len(runtime.graphs) == 4

@@ -13,6 +13,11 @@ That thread's CUDA work runs on a stream of its own, never on the legacy
 default stream the program's own work runs on (plancache.run.execution.
 on_own_stream says why).
 
+`start_loading(after)` turns deserializing on for a prefetch begun `held`
+(a workload's stream, once a graph proved its record is the program's):
+the plans already here past entry `after` are deserialized on a thread of
+their own, in order, and the rest as they arrive; `stop_loading()` turns
+it off for good.
 `cancel()` ends the stream early (what came is kept); `skip(i)` says entry
 i is not wanted from it any more (its caller fetched it itself: it is not
 deserialized when it comes); `position(i)` says how far the stream is from
@@ -47,13 +52,21 @@ OnPlan = Callable[[int, "Plan"], None]
 
 class BackgroundPrefetch:
     def __init__(
-        self, run: Callable[[OnPlan], PrefetchResult], load: bool, stop: Callable[[], None] | None = None
+        self,
+        run: Callable[[OnPlan], PrefetchResult],
+        load: bool,
+        stop: Callable[[], None] | None = None,
+        *,
+        held: bool = False,
     ) -> None:
         """`run(on_plan)` does the prefetch, calling `on_plan(index, plan)`
-        for each plan as it arrives; `load` deserializes each one there;
-        `stop()` (cancel's) ends `run` early."""
+        for each plan as it arrives; `load` deserializes each one there
+        (with `held`, only from start_loading() on); `stop()` (cancel's)
+        ends `run` early."""
         self._run = run
-        self._load = load
+        self._may_load = load
+        self._load = load and not held
+        self._load_stopped = False  # stop_loading() is final: start_loading() does not undo it
         self._stop = stop
         self._changed = threading.Condition()
         self._ready: dict[int, Plan] = {}
@@ -141,7 +154,41 @@ class BackgroundPrefetch:
 
     def stop_loading(self) -> None:
         """From now on, plans are fetched and kept but not deserialized here (each at its first use instead)."""
+        self._load_stopped = True
         self._load = False
+
+    def start_loading(self, after: int = -1) -> None:
+        """A `held` prefetch's plans are deserialized here from now on as they arrive, and those already here
+        past entry `after` (the caller's position: the plans up to it were asked already) on a thread of its
+        own, in order; nothing without `load`, or once stop_loading() was called. A plan its caller
+        deserializes meanwhile is deserialized once (Plan.load's lock)."""
+        with self._changed:
+            if self._load or not self._may_load or self._load_stopped or self._cancelled:
+                return
+            self._load = True
+            backlog = sorted(i for i in self._ready if i > after)
+        if backlog:
+            threading.Thread(target=self._load_backlog, args=(backlog,), name="plancache-load", daemon=True).start()
+
+    def _load_backlog(self, indices: list[int]) -> None:
+        from plancache.run.execution import on_own_stream
+
+        try:
+            on_own_stream()
+        except Exception as e:  # no CUDA after all: each plan is deserialized at its first use
+            log.debug("plans already fetched are left to their first use: %s", e)
+            return
+        for index in indices:
+            with self._changed:
+                plan = None if not self._load or self._cancelled else self._ready.get(index)
+            if plan is None:
+                if not self._load or self._cancelled:
+                    return
+                continue
+            try:
+                plan.load()
+            except Exception as e:  # its caller's own load raises it, where it is used
+                log.debug("plan %d did not deserialize ahead of its use: %s", index, e)
 
     @property
     def loading(self) -> bool:

@@ -323,9 +323,11 @@ class Client:
         the decode step's first torch op on the H200, GPU run 27: "operation would make the legacy stream
         depend on a capturing blocking stream"; its own stream ran every time, run 29).
         PLANCACHE_WORKLOAD_DESERIALIZE=first-use, or a stream begun by the drop-in (`load` False: its graphs
-        deserialize on the program's handle), leaves each to its first use, on the caller's thread."""
+        deserialize on the program's handle), leaves each to its first use, on the caller's thread. Held until
+        a graph of the process is found listed (plancache.transport.workload: another program's record costs
+        fetches only)."""
         on_stream = load and self._workload_deserializes_on_stream and self.local_builder.can_build(target)
-        return self.prefetch_in_background(manifest, target, load=on_stream)
+        return self.prefetch_in_background(manifest, target, load=on_stream, held=True)
 
     def _report(self, request: pb.ReportFirstUsesRequest) -> None:
         # Short: a report lost costs only the report, and close() sends what is left.
@@ -420,13 +422,16 @@ class Client:
         timeout: float | None = None,
         tuned_only: bool = False,
         load: bool = False,
+        held: bool = False,
     ) -> BackgroundPrefetch:
         """`prefetch` on a thread of its own, returning at once: the node
         does its other start-up work (weights, warm-up) meanwhile and waits
         only for the plans it needs (`ready(i)`, `wait_for(i)`, `wait()`).
         `load=True` deserializes each plan on that thread as it arrives
         (needs the [gpu] extra): `plan.execute` then starts at once; a plan
-        that does not load is that entry's error. `cancel()` ends it early."""
+        that does not load is that entry's error; with `held`, from
+        `start_loading()` on (the plans already fetched then too). `cancel()`
+        ends it early."""
         stop = PrefetchStop()
 
         def run(on_plan: OnPlan) -> PrefetchResult:
@@ -440,7 +445,7 @@ class Client:
                 stop=stop,
             )
 
-        return BackgroundPrefetch(run, load, stop=stop.stop)
+        return BackgroundPrefetch(run, load, stop=stop.stop, held=held)
 
 
 def _runs_plans_here() -> bool:

@@ -7,8 +7,10 @@ least recently used out: plancache_server.store.workloads). At a client's
 first call (Client.compile, Client.race: every front door, plancache.cudnn's
 build step and plancache.functional's first call included), a thread asks
 for that record (GetWorkload) and streams its plans (one Prefetch),
-verifying each as it arrives, and deserializes each on its own thread as it
-arrives, on a CUDA stream that thread made (on the default stream, beside
+verifying each as it arrives, and, once a graph of the process is found
+listed (the record is the program's: another program's record under the
+same name costs fetches only), deserializes each on its own thread, on a
+CUDA stream that thread made (on the default stream, beside
 the program's own CUDA work, it broke a program's first step on the H200:
 GPU run 27; on a stream of its own it ran every time, and took the training
 step's first step from 1.62-2.32x torch's to 0.67-0.73x: run 29).
@@ -195,7 +197,7 @@ class WorkloadStart:
         self._timeout = timeout
         self._lock = threading.Lock()
         self._begun = False
-        self._load = True  # deserialize as they arrive (begin's `load`)
+        self._load = True  # deserialize on the stream (begin's `load`), once a graph proved the record the program's
         self._target_id = ""
         self._expected: dict[str, int] = {}  # listed key -> its index in the prefetch
         self._record: frozenset[str] | None = None  # every key the record lists for the target (lists())
@@ -306,6 +308,9 @@ class WorkloadStart:
         if index is None:
             self._judge(pending, brought=False)
             return None
+        # A graph of this process is listed: the record is the program's (_list_and_stream). The plans before it
+        # were asked already (the first graphs ask the service before the record is read): loaded from it on.
+        pending.start_loading(after=index)
         self._passed(pending, index)
         if not pending.worth_waiting(index):
             pending.skip(index)  # asked of the service: not deserialized again when it comes
@@ -429,7 +434,11 @@ class WorkloadStart:
             self._streamed()
             return
         try:
-            pending = self._start_prefetch(Manifest(entries=[ManifestEntry(key=k) for k in listed]), target, self._load)
+            # Deserializing holds the interpreter: nothing is deserialized until a graph of this process is found
+            # listed (take: start_loading), so another program's record under this name costs fetches only (GPU
+            # run 37: a collided decode step's start deserialized 13 plans it never used, 1.46x torch's step).
+            manifest = Manifest(entries=[ManifestEntry(key=k) for k in listed])
+            pending = self._start_prefetch(manifest, target, self._load)
         except Exception as e:  # never the caller's failure
             self._failed(f"the prefetch did not start: {type(e).__name__}: {e}")
             return
