@@ -438,24 +438,12 @@ def test_a_stopped_prefetch_does_not_sleep_out_a_retry_delay() -> None:
 def test_a_background_prefetch_says_how_far_an_entry_is_and_whether_it_is_worth_waiting_for() -> None:
     """position(i): the entries up to i not come yet and the stream's pace; worth_waiting(i): among the next
     STREAM_FREE_AHEAD, or expected within STREAM_WAIT_S at that pace; a skipped entry is not kept when it comes."""
-    import threading
     import time
 
     from plancache.transport import background
     from plancache.transport.background import BackgroundPrefetch
-    from plancache.transport.results import PrefetchResult
 
-    plans = [make_plan(key=f"k{i}", blob=f"plan {i}".encode()) for i in range(40)]
-    gates = [threading.Event() for _ in plans]
-
-    def run(on_plan: Any) -> PrefetchResult:
-        result = PrefetchResult(total=len(plans))
-        for index, plan in enumerate(plans):
-            assert gates[index].wait(10)
-            result.plans[index] = plan
-            on_plan(index, plan)
-        return result
-
+    run, gates = gated_stream(40)
     pending = BackgroundPrefetch(run, load=False)
     assert pending.position(5) == (6, None)
     assert pending.worth_waiting(background.STREAM_FREE_AHEAD - 1)  # the next plans: waited for, pace unknown
@@ -483,23 +471,11 @@ def test_a_held_background_prefetch_deserializes_only_from_start_loading_and_nev
     """A workload's stream is `held`: its plans are fetched but not deserialized (another program's record costs
     fetches only) until start_loading(), which deserializes the plans already there, in order, off the caller's
     thread, and the rest as they come; stop_loading() is final; a prefetch without `load` never deserializes."""
-    import threading
 
     from plancache.transport.background import BackgroundPrefetch
-    from plancache.transport.results import PrefetchResult
     from tests.support.waiting import wait_until
 
-    plans = [make_plan(key=f"k{i}", blob=f"plan {i}".encode()) for i in range(6)]
-    gates = [threading.Event() for _ in plans]
-
-    def run(on_plan: Any) -> PrefetchResult:
-        result = PrefetchResult(total=len(plans))
-        for index, plan in enumerate(plans):
-            assert gates[index].wait(10)
-            result.plans[index] = plan
-            on_plan(index, plan)
-        return result
-
+    run, gates = gated_stream(6)
     pending = BackgroundPrefetch(run, load=True, held=True)
     for index in range(3):
         gates[index].set()
@@ -520,3 +496,23 @@ def test_a_held_background_prefetch_deserializes_only_from_start_loading_and_nev
     unloading = BackgroundPrefetch(run, load=False, held=True)
     unloading.start_loading()  # without `load`: nothing to start
     assert len(unloading.wait(timeout=10).plans) == 6 and len(runtime.graphs) == 4
+
+
+def gated_stream(count: int) -> tuple[Any, list[Any]]:
+    """A prefetch's `run` bringing `count` plans ("plan i"), each once its gate is set."""
+    import threading
+
+    from plancache.transport.results import PrefetchResult
+
+    plans = [make_plan(key=f"k{i}", blob=f"plan {i}".encode()) for i in range(count)]
+    gates = [threading.Event() for _ in plans]
+
+    def run(on_plan: Any) -> PrefetchResult:
+        result = PrefetchResult(total=len(plans))
+        for index, plan in enumerate(plans):
+            assert gates[index].wait(10)
+            result.plans[index] = plan
+            on_plan(index, plan)
+        return result
+
+    return run, gates
