@@ -195,7 +195,7 @@ def test_workloads_are_apart_and_a_collision_costs_fetches_never_a_wrong_plan(
 
     # A process of another program under the same name (a collision) streams trainer's plans too: wasted.
     others = specs(2, base=1024)
-    with client(service, "trainer") as colliding:
+    with client(service, "trainer", local_builder=StandInLocalBuilder()) as colliding:  # a node that runs plans
         got = [colliding.compile(s, TARGET) for s in others]
         stats = settled(colliding)
         assert [p.key for p in got] == [PlanQuery.of(s, TARGET).key for s in others]
