@@ -255,23 +255,28 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 # traffic to come, so that rate() extrapolates every series of a ratio alike (exact ratios).
                 _traffic(client, store, hits=3, misses=1, refused=1, queued=3, offset=0)
                 prometheus = Prometheus(tmp, metrics, metrics + 1)
+                # Both processes scraped, the worker too (its builds counter): a worker first scraped after the
+                # builds below would show no increase (CI once, the suite loaded).
                 _wait(
-                    lambda: any(
-                        len(points) >= 3
-                        for points in prometheus.samples(
-                            'plancache_lookups_total{result="hit"}', "1m", time.time()
-                        ).values()
+                    lambda: all(
+                        any(len(points) >= 3 for points in prometheus.samples(series, "1m", time.time()).values())
+                        for series in ('plancache_lookups_total{result="hit"}', "plancache_builds_total")
                     )
                 )
+                builds_before = sum(_scraped_counts(metrics + 1, "plancache_builds_total").values())  # the worker's
                 _traffic(
                     client, store, hits=6, misses=2, refused=20, queued=5, offset=100
                 )  # the traffic the queries must see
                 final = _scraped_counts(metrics)
                 fleet_final = _scraped_counts(metrics, "plancache_fleet_graphs_total")
+                # The worker counts a build as it records the job, just after storing the plan a caller gets.
+                _wait(lambda: sum(_scraped_counts(metrics + 1, "plancache_builds_total").values()) == builds_before + 2)
+                builds_final = _scraped_counts(metrics + 1, "plancache_builds_total")
                 _wait(
                     lambda: (
                         _latest(prometheus, "plancache_lookups_total") == final
                         and _latest(prometheus, "plancache_fleet_graphs_total") == fleet_final
+                        and _latest(prometheus, "plancache_builds_total") == builds_final
                     ),
                     lambda: f"{_latest(prometheus, 'plancache_lookups_total')} != {final}",
                 )
