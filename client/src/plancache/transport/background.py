@@ -180,10 +180,10 @@ class BackgroundPrefetch:
             return
         for index in indices:
             with self._changed:
-                plan = None if not self._load or self._cancelled else self._ready.get(index)
-            if plan is None:
-                if not self._load or self._cancelled:
+                if not self._load or self._cancelled:  # stop_loading() or cancel() meanwhile
                     return
+                plan = self._ready.get(index)
+            if plan is None:
                 continue
             try:
                 plan.load()
