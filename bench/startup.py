@@ -76,6 +76,9 @@ Studies (--study):
          so each such run meets the other program's record alone): *_collided, what a collision costs
          with the stream's cut-off (plancache.transport.workload: COLLISION_ASKS). And PATH+no-stream:
          the same stored starts with PLANCACHE_WORKLOAD_PREFETCH=0 (each graph one hit): *_no_stream.
+         And stored-functional+listed (PLANCACHE_WORKLOAD_DESERIALIZE=listed: nothing deserialized before a
+         graph of the process is found in its record, even where the record is settled): *_listed, run
+         before the default's pairs so that its verdict settles the record for them.
 
 Every study's summary also has `paired`: each hedged first node over the local run just before it
 (medians of adjacent pairs; hedge-paired runs them so).
@@ -127,6 +130,7 @@ HEDGE = "+hedge"  # PATH+HEDGE: PATH with PLANCACHE_HEDGE=1
 FIRST_USE = "+first-use"  # PATH+FIRST_USE: a workload path with PLANCACHE_WORKLOAD_DESERIALIZE=first-use
 COLLIDED = "+collided"  # PATH+COLLIDED: a workload path under the other program's workload name
 NO_STREAM = "+no-stream"  # PATH+NO_STREAM: a workload path with PLANCACHE_WORKLOAD_PREFETCH=0 (each graph asks)
+LISTED = "+listed"  # PATH+LISTED: PLANCACHE_WORKLOAD_DESERIALIZE=listed (nothing before a graph is found listed)
 HEDGED = (
     "first-compile",
     "first-dropin",
@@ -162,9 +166,12 @@ WORKLOAD_VERSUS = {
 WORKLOAD_STUDY_FIRST = (("local-program", "first-dropin"), ("local-functional", "torch-step", "first-functional"))
 # Each stored start twice: plans deserialized on the stream's own thread and CUDA stream (the default) and at
 # their first use (PLANCACHE_WORKLOAD_DESERIALIZE=first-use), each beside its own run of the local equivalent.
+# The decode step's +listed first: its process's verdict settles the record (no process before it streamed),
+# so every default run after it deserializes the record's plans before the step asks.
 WORKLOAD_PAIRS = (
     ("local-program", "stored-dropin"),
     ("local-program", "stored-dropin" + FIRST_USE),
+    ("torch-step", "stored-functional" + LISTED),
     ("torch-step", "stored-functional"),
     ("torch-step", "stored-functional" + FIRST_USE),
     # Without the stream (each graph one hit): GPU run 37's collided drop-in start beat its own stream.
@@ -202,6 +209,7 @@ PATHS = (
     *(path + FIRST_USE for path in WORKLOAD_PATHS),
     *(path + COLLIDED for path in WORKLOAD_PATHS),
     *(path + NO_STREAM for path in WORKLOAD_PATHS),
+    *(path + LISTED for path in WORKLOAD_PATHS),
 )
 GROUPS = {
     "first-compile-4proc": ("first-compile", 4),
@@ -294,7 +302,9 @@ TUNED_WAIT_S = (25, 10)
 
 def base(path: str) -> str:
     """The path without its hedge, deserialization or collision: what its node processes run."""
-    return path.removesuffix(HEDGE).removesuffix(FIRST_USE).removesuffix(COLLIDED).removesuffix(NO_STREAM)
+    for suffix in (HEDGE, FIRST_USE, COLLIDED, NO_STREAM, LISTED):
+        path = path.removesuffix(suffix)
+    return path
 
 
 def hedged(path: str) -> bool:
@@ -373,6 +383,8 @@ class Bench:
             del extra["PLANCACHE_WORKLOAD_PREFETCH"]
         if path.endswith(FIRST_USE):
             extra["PLANCACHE_WORKLOAD_DESERIALIZE"] = "first-use"
+        if path.endswith(LISTED):
+            extra["PLANCACHE_WORKLOAD_DESERIALIZE"] = "listed"
         if path.endswith(NO_STREAM):  # the record is still written (reports on); this process streams nothing
             extra["PLANCACHE_WORKLOAD_PREFETCH"] = "0"
         if path.endswith(COLLIDED):  # another program's record; its own uses not reported (each run meets it alone)
@@ -903,6 +915,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             s[name + "_first_use"] = paired_ratio(runs, jit, path + FIRST_USE, equivalent)
             s[name + "_collided"] = paired_ratio(runs, jit, path + COLLIDED, equivalent)
             s[name + "_no_stream"] = paired_ratio(runs, jit, path + NO_STREAM, equivalent)
+            s[name + "_listed"] = paired_ratio(runs, jit, path + LISTED, equivalent)
         s["paired"] = {
             name: paired_ratio(runs, jit, path + HEDGE, equivalent if equivalent != "local-lazy" else "local-heuristic")
             for path, (equivalent, _, name) in VERSUS_LOCAL.items()

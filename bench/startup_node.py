@@ -327,11 +327,11 @@ class LocalBuilds:
 
 
 def decode_setup(path: str, server: str) -> Callable[[], object]:
-    """examples/decoder_step.py's step (its Config: 4 layers, batch 8, bf16), set up:
-    the model, its cache and input made, plancache.functional configured."""
+    """examples/decoder_step.py's step (its Config: 4 layers, batch 8, bf16), set up as
+    its main() does: plancache.functional configured first (its workload's plans stream
+    meanwhile), then the model, its cache and input made."""
     from examples.decoder_step import Config, build, decode_step, functional_ops, torch_ops
 
-    model, cache, x = build(Config(), torch.bfloat16, torch.device("cuda"))
     if path == "torch-step":
         ops = torch_ops()
     else:
@@ -340,6 +340,7 @@ def decode_setup(path: str, server: str) -> Callable[[], object]:
         served = path in ("first-functional", "stored-functional")
         pf.configure(Client(server, cache=False) if served else LocalBuilds())  # type: ignore[arg-type]
         ops = functional_ops()
+    model, cache, x = build(Config(), torch.bfloat16, torch.device("cuda"))
 
     def step() -> object:
         with torch.inference_mode():

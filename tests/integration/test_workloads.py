@@ -86,6 +86,17 @@ def settled(c: Client) -> plancache.WorkloadStats:
     return c.workload_stats()
 
 
+def operators_view(stack: Stack) -> tuple[dict[str, dict[str, object]], str]:
+    """The status page's workloads of TARGET by name, and the workloads' /metrics as scraped."""
+    report = stack.gateway.run(status_of(stack.gateway.front).report())
+    shown = {w["name"]: w for w in report.to_json()["workloads"] if w["target"] == TARGET.id}
+    front = stack.gateway.front
+    assert front.workloads is not None
+    registry = CollectorRegistry()
+    registry.register(WorkloadCollector(front.workloads.summaries, stack.gateway.loop))
+    return shown, generate_latest(registry).decode()
+
+
 def slow_stream(monkeypatch: pytest.MonkeyPatch, seconds_a_plan: float) -> None:
     """The stream's thread takes `seconds_a_plan` over each plan (as deserializing takes on a GPU)."""
     original = BackgroundPrefetch._arrived
@@ -155,6 +166,57 @@ def test_a_stream_the_drop_in_began_leaves_deserializing_to_the_programs_graphs(
         assert runtime.graphs == [] and runtime.own_streams == []
         assert [second.race(s, TARGET, None, lambda: "own build", path="cudnn").plan.key for s in graphs] == first
         assert runtime.graphs == []
+
+
+def test_a_record_its_processes_said_served_them_is_deserialized_before_any_graph_asks(
+    service: Stack, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each process says at its end whether its stream served it; a record whose last verdicts all say so is
+    settled: a new process deserializes its plans as they arrive, before a graph asks (a decode step's plans
+    ready when the step begins, as the program builds its model). One process of another program under the
+    name says it did not (a quarter or more of the record unused): the next process holds them again, until
+    one of its graphs is found listed."""
+    graphs = specs(4)
+    first = run_process(service, graphs)  # makes the record: streamed nothing, says nothing
+    with client(service, local_builder=StandInLocalBuilder()) as second:
+        assert [second.compile(s, TARGET).key for s in graphs] == first
+        assert not settled(second).settled  # no verdict yet: held
+    before = len(runtime.graphs)
+    with client(service, local_builder=StandInLocalBuilder()) as third:
+        third.workload.begin(TARGET)  # the program touched plancache (configure()): nothing asked yet
+        stats = settled(third)
+        assert stats.settled and stats.prefetched == 4
+        wait_until(lambda: len(runtime.graphs) == before + 4, timeout=10, what="the settled record's plans, loaded")
+        new_graphs = runtime.graphs[before:]
+        assert all(g.loaded_with is not execution.handle_state(0).handle for g in new_graphs)  # on the stream's own
+        assert [third.compile(s, TARGET).key for s in graphs] == first
+        assert third.workload_stats().used == 4
+    monkeypatch.setenv(workload_module.DESERIALIZE_ENV, "listed")  # a settled record not trusted: as unsettled
+    with client(service, local_builder=StandInLocalBuilder()) as wary:
+        wary.workload.begin(TARGET)
+        assert settled(wary).settled and len(runtime.graphs) == before + 4  # nothing loaded ahead
+        assert [wary.compile(s, TARGET).key for s in graphs] == first
+    monkeypatch.delenv(workload_module.DESERIALIZE_ENV)
+    # Another program under the name: its graphs are none of the record's (its verdict: mixed).
+    others = specs(2, base=1024)
+    with client(service, local_builder=StandInLocalBuilder()) as colliding:
+        colliding.workload.begin(TARGET)
+        assert settled(colliding).settled
+        assert [colliding.compile(s, TARGET).key for s in others] == [PlanQuery.of(s, TARGET).key for s in others]
+    loaded = len(runtime.graphs)
+    with client(service, local_builder=StandInLocalBuilder()) as after:
+        after.workload.begin(TARGET)
+        stats = settled(after)
+        assert not stats.settled and stats.prefetched > 0
+        assert len(runtime.graphs) == loaded, "held: nothing deserialized before a graph is found listed"
+        assert {after.compile(s, TARGET).key for s in graphs} <= set(listed(service))
+    shown, scraped = operators_view(service)
+    # Served: the second, third and wary ones; mixed: the colliding one and the last (the record lists the other
+    # program's two plans beside its four: a third of it unused).
+    assert (shown["job"]["served"], shown["job"]["mixed"]) == (3, 2)
+    for verdict, count in (("served", 3), ("mixed", 2)):
+        labels = f'target="{TARGET.id}",verdict="{verdict}",workload="job"'
+        assert f"plancache_workload_stream_verdicts_total{{{labels}}} {count}.0" in scraped
 
 
 def test_an_unknown_deserialize_setting_is_refused_naming_it(service: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,14 +292,8 @@ def test_a_stream_that_brings_none_of_the_graphs_asked_stops_there(
         stats = settled(same_program)
         assert stats.state == "done" and stats.used >= 4 and stats.stopped == 0
     # Operators see which workload's processes stopped their streams (the colliding one's report said so).
-    report = service.gateway.run(status_of(service.gateway.front).report())
-    shown = {w["name"]: w for w in report.to_json()["workloads"] if w["target"] == TARGET.id}
+    shown, scraped = operators_view(service)
     assert (shown["trainer"]["stopped"], shown["solo"]["stopped"]) == (1, 0)
-    front = service.gateway.front
-    assert front.workloads is not None
-    registry = CollectorRegistry()
-    registry.register(WorkloadCollector(front.workloads.summaries, service.gateway.loop))
-    scraped = generate_latest(registry).decode()
     assert f'plancache_workload_streams_stopped_total{{target="{TARGET.id}",workload="trainer"}} 1.0' in scraped
 
 
@@ -376,7 +432,7 @@ def test_a_prefetch_that_fails_loses_nothing_but_time(service: Stack, monkeypatc
     graphs = specs(3)
     first = run_process(service, graphs)
 
-    def broken(self: Client, manifest: object, target: object, load: bool) -> object:
+    def broken(self: Client, manifest: object, target: object, load: bool, held: bool) -> object:
         raise PlanCacheError("the stream broke")
 
     monkeypatch.setattr(Client, "_workload_prefetch", broken)

@@ -116,7 +116,7 @@ def test_first_uses_while_the_stream_runs_wake_the_reports_thread_when_it_ends()
 
     start = WorkloadStart(
         Connection(),  # type: ignore[arg-type]
-        lambda manifest, target, load: Pending(),  # type: ignore[arg-type,return-value]
+        lambda manifest, target, load, held: Pending(),  # type: ignore[arg-type,return-value]
         name="job",
         prefetch=lambda: True,
         report=True,

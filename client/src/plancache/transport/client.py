@@ -56,7 +56,7 @@ from plancache.transport.results import PrefetchResult
 from plancache.transport.workload import (
     WorkloadStart,
     WorkloadStats,
-    deserializes_on_stream,
+    deserialize_setting,
     prefetch_default,
     workload_name,
 )
@@ -134,7 +134,7 @@ class Client:
         self.hedge = hedge_default() if hedge is None else hedge
         self.local_builder: LocalBuilder = local_builder or FrontendBuilder()
         reporting = outcomes.report_default() if report is None else report
-        self._workload_deserializes_on_stream = deserializes_on_stream()  # a wrong value: refused here
+        self._workload_deserialize = deserialize_setting()  # a wrong value: refused here
         self.workload = WorkloadStart(
             self.connection,
             self._workload_prefetch,
@@ -316,18 +316,20 @@ class Client:
         """This client's start-up prefetch of its workload (plancache.workload_stats(): the process's)."""
         return self.workload.stats_now()
 
-    def _workload_prefetch(self, manifest: Manifest, target: Target, load: bool) -> BackgroundPrefetch:
+    def _workload_prefetch(self, manifest: Manifest, target: Target, load: bool, held: bool) -> BackgroundPrefetch:
         """The workload's start-up stream (plancache.transport.workload): fetched and verified on a thread,
         and each plan deserialized there as it arrives, on a CUDA stream of that thread's own, where this
         process runs plans of `target` (on the default stream, beside the program's own CUDA work, it failed
         the decode step's first torch op on the H200, GPU run 27: "operation would make the legacy stream
         depend on a capturing blocking stream"; its own stream ran every time, run 29).
         PLANCACHE_WORKLOAD_DESERIALIZE=first-use, or a stream begun by the drop-in (`load` False: its graphs
-        deserialize on the program's handle), leaves each to its first use, on the caller's thread. Held until
-        a graph of the process is found listed (plancache.transport.workload: another program's record costs
-        fetches only)."""
-        on_stream = load and self._workload_deserializes_on_stream and self.local_builder.can_build(target)
-        return self.prefetch_in_background(manifest, target, load=on_stream, held=True)
+        deserialize on the program's handle), leaves each to its first use, on the caller's thread. `held`
+        (a record not settled), or PLANCACHE_WORKLOAD_DESERIALIZE=listed: nothing deserialized until a graph
+        of the process is found listed (plancache.transport.workload: another program's record costs fetches
+        only)."""
+        on_stream = load and self._workload_deserialize != "first-use" and self.local_builder.can_build(target)
+        held = held or self._workload_deserialize == "listed"
+        return self.prefetch_in_background(manifest, target, load=on_stream, held=held)
 
     def _report(self, request: pb.ReportFirstUsesRequest) -> None:
         # Short: a report lost costs only the report, and close() sends what is left.

@@ -7,10 +7,11 @@ least recently used out: plancache_server.store.workloads). At a client's
 first call (Client.compile, Client.race: every front door, plancache.cudnn's
 build step and plancache.functional's first call included), a thread asks
 for that record (GetWorkload) and streams its plans (one Prefetch),
-verifying each as it arrives, and, once a graph of the process is found
-listed (the record is the program's: another program's record under the
-same name costs fetches only), deserializes each on its own thread, on a
-CUDA stream that thread made (on the default stream, beside
+verifying each as it arrives, and deserializes each on its own thread, on a
+CUDA stream that thread made: at once where the record is settled (its last
+processes said the stream served them: plancache_server.store.workloads),
+else once a graph of the process is found listed (another program's record
+under the same name then costs fetches only) (on the default stream, beside
 the program's own CUDA work, it broke a program's first step on the H200:
 GPU run 27; on a stream of its own it ran every time, and took the training
 step's first step from 1.62-2.32x torch's to 0.67-0.73x: run 29).
@@ -95,9 +96,11 @@ PREFETCH_ENV = "PLANCACHE_WORKLOAD_PREFETCH"
 PLANS_ENV = "PLANCACHE_WORKLOAD_PLANS"
 DESERIALIZE_ENV = "PLANCACHE_WORKLOAD_DESERIALIZE"
 # Where the stream's plans are deserialized: on the stream's thread as they arrive, on a CUDA stream of that
-# thread's own (the default: plancache.run.execution.on_own_stream), or at each plan's first use, on the
-# caller's thread. Both ran on the H200 (run 29); the default is the one a training step's start needs.
-DESERIALIZE_CHOICES = ("stream", "first-use")
+# thread's own (the default: plancache.run.execution.on_own_stream; before a graph asks where the record is
+# settled), the same but never before a graph of the process is found listed ("listed": a settled record
+# not trusted), or at each plan's first use, on the caller's thread. The first two ran on the H200 (run 29);
+# the default is the one a training step's start needs.
+DESERIALIZE_CHOICES = ("stream", "listed", "first-use")
 # Plans one process prefetches at most (the record holds up to the service's --workload-plans).
 DEFAULT_PLANS = 512
 # Keys of a record kept to say which graphs it does not list (lists()); a longer record says nothing.
@@ -106,6 +109,9 @@ RECORD_KEYS_KEPT = 16_384
 LIST_WAIT_S = 2.0
 # Graphs asked while the stream runs, none of them brought by it: the record is not this program's; it stops.
 COLLISION_ASKS = 4
+# A process's verdict that its stream served it: it did not stop, and at most this share of the plans it listed
+# were never used by the process (whether the stream or the service brought them) when it ended.
+SERVED_UNUSED_SHARE = 0.25
 # Listed plans the program's asks passed over (a graph asked further back in the record than the last, the plans
 # between never asked): at least this many and as many as it took, the record mixes another program's plans with
 # this one's, and the stream stops deserializing (each plan then at its first use: the others cost a fetch only).
@@ -135,13 +141,13 @@ def workload_name(explicit: str | None = None) -> str:
     return clean_name(chosen) if chosen else default_name()
 
 
-def deserializes_on_stream() -> bool:
-    """PLANCACHE_WORKLOAD_DESERIALIZE: "stream" (the default) or "first-use"; another value is refused
-    naming the setting."""
+def deserialize_setting() -> str:
+    """PLANCACHE_WORKLOAD_DESERIALIZE: "stream" (the default), "listed" or "first-use" (DESERIALIZE_CHOICES);
+    another value is refused naming the setting."""
     chosen = os.environ.get(DESERIALIZE_ENV, "").strip() or DESERIALIZE_CHOICES[0]
     if chosen not in DESERIALIZE_CHOICES:
         raise InvalidRequest(f"{DESERIALIZE_ENV}={chosen!r}: expected one of {', '.join(DESERIALIZE_CHOICES)}")
-    return chosen == "stream"
+    return chosen
 
 
 def plans_bound() -> int:
@@ -164,6 +170,7 @@ class WorkloadStats:
     failed: int = 0  # listed plans that could not be fetched or deserialized
     asked_ahead: int = 0  # listed graphs that asked the service: the stream was too far from their plans
     stopped: int = 0  # listed plans the stream did not bring: it stopped (state "stopped")
+    settled: bool = False  # the record was settled: its plans deserialized as they came, before a graph asked
     error: str = ""  # why the record or the stream failed (state "failed"), or stopped (state "stopped")
 
     @property
@@ -172,8 +179,8 @@ class WorkloadStats:
         return max(0, self.prefetched - self.used)
 
 
-# (the record's plans, their target, whether to deserialize them as they arrive) -> the stream
-StartPrefetch = Callable[[Manifest, Target, bool], "BackgroundPrefetch"]
+# (the record's plans, their target, whether to deserialize them, whether only once a graph is found listed)
+StartPrefetch = Callable[[Manifest, Target, bool, bool], "BackgroundPrefetch"]
 
 
 class WorkloadStart:
@@ -215,6 +222,7 @@ class WorkloadStart:
         self._sent_prefetched = self._sent_used = 0  # counts already reported
         self._sent_wasted = False  # the final report (with the wasted count) went
         self._sent_stopped = False  # the report saying the stream stopped went
+        self._sent_verdict = False  # the final report said whether the stream served this process
         self.stats = WorkloadStats(workload=name, state="idle")
         self.wake: Callable[[], None] = lambda: None  # the reports' thread, started at a first use
         _OPEN.add(self)
@@ -429,16 +437,18 @@ class WorkloadStart:
         with self._lock:
             self.stats.listed = len(listed)
             self.stats.state = "streaming" if listed else "done"
+            self.stats.settled = bool(listed) and response.settled
         if not listed:
             self._listed.set()
             self._streamed()
             return
         try:
-            # Deserializing holds the interpreter: nothing is deserialized until a graph of this process is found
-            # listed (take: start_loading), so another program's record under this name costs fetches only (GPU
-            # run 37: a collided decode step's start deserialized 13 plans it never used, 1.46x torch's step).
+            # Deserializing holds the interpreter: unless the record is settled, nothing is deserialized until a
+            # graph of this process is found listed (take: start_loading), so another program's record under this
+            # name costs fetches only (GPU run 37: a collided decode step's start deserialized 13 plans it never
+            # used, 1.46x torch's step). A settled one is deserialized as it comes, before the graphs ask.
             manifest = Manifest(entries=[ManifestEntry(key=k) for k in listed])
-            pending = self._start_prefetch(manifest, target, self._load)
+            pending = self._start_prefetch(manifest, target, self._load, not response.settled)
         except Exception as e:  # never the caller's failure
             self._failed(f"the prefetch did not start: {type(e).__name__}: {e}")
             return
@@ -492,7 +502,13 @@ class WorkloadStart:
             stopped = 0
             if now.state == "stopped" and not self._sent_stopped:  # once, when it is known
                 stopped, self._sent_stopped = 1, True
-        if not uses and not prefetched and not used and not wasted and not stopped:
+            verdict = pb.STREAM_VERDICT_UNSPECIFIED
+            if final and not self._sent_verdict and now.state in ("done", "stopped") and self._expected:
+                self._sent_verdict = True
+                unused = sum(1 for key in self._expected if key not in self._seen)
+                served = now.state == "done" and unused <= SERVED_UNUSED_SHARE * len(self._expected)
+                verdict = pb.STREAM_VERDICT_SERVED if served else pb.STREAM_VERDICT_MIXED
+        if not uses and not prefetched and not used and not wasted and not stopped and not verdict:
             return None
         return pb.WorkloadUses(
             name=self.name,
@@ -502,6 +518,7 @@ class WorkloadStart:
             used=max(0, used),
             wasted=wasted,
             stopped=stopped,
+            verdict=verdict,
         )
 
 
@@ -536,6 +553,7 @@ def workload_stats() -> WorkloadStats:
         s = start.stats
         if not total.workload:
             total.workload, total.target_id, total.state, total.error = s.workload, s.target_id, s.state, s.error
+            total.settled = s.settled
         total.listed += s.listed
         total.prefetched += s.prefetched
         total.used += s.used

@@ -64,6 +64,12 @@ class RaceResult(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RACE_RESULT_SERVICE_FAILED: _ClassVar[RaceResult]
     RACE_RESULT_REPLACED: _ClassVar[RaceResult]
 
+class StreamVerdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STREAM_VERDICT_UNSPECIFIED: _ClassVar[StreamVerdict]
+    STREAM_VERDICT_SERVED: _ClassVar[StreamVerdict]
+    STREAM_VERDICT_MIXED: _ClassVar[StreamVerdict]
+
 class SigningKeyState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SIGNING_KEY_STATE_UNSPECIFIED: _ClassVar[SigningKeyState]
@@ -109,6 +115,9 @@ RACE_RESULT_SERVICE_WON: RaceResult
 RACE_RESULT_LOCAL_FAILED: RaceResult
 RACE_RESULT_SERVICE_FAILED: RaceResult
 RACE_RESULT_REPLACED: RaceResult
+STREAM_VERDICT_UNSPECIFIED: StreamVerdict
+STREAM_VERDICT_SERVED: StreamVerdict
+STREAM_VERDICT_MIXED: StreamVerdict
 SIGNING_KEY_STATE_UNSPECIFIED: SigningKeyState
 SIGNING_KEY_STATE_CURRENT: SigningKeyState
 SIGNING_KEY_STATE_NEXT: SigningKeyState
@@ -572,7 +581,7 @@ class ReportFirstUsesRequest(_message.Message):
     def __init__(self, uses: _Optional[_Iterable[_Union[FirstUse, _Mapping]]] = ..., outcomes: _Optional[_Iterable[_Union[OutcomeCount, _Mapping]]] = ..., races: _Optional[_Iterable[_Union[RaceCount, _Mapping]]] = ..., workload: _Optional[_Union[WorkloadUses, _Mapping]] = ...) -> None: ...
 
 class WorkloadUses(_message.Message):
-    __slots__ = ("name", "target_id", "uses", "prefetched", "used", "wasted", "stopped")
+    __slots__ = ("name", "target_id", "uses", "prefetched", "used", "wasted", "stopped", "verdict")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     USES_FIELD_NUMBER: _ClassVar[int]
@@ -580,6 +589,7 @@ class WorkloadUses(_message.Message):
     USED_FIELD_NUMBER: _ClassVar[int]
     WASTED_FIELD_NUMBER: _ClassVar[int]
     STOPPED_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
     name: str
     target_id: str
     uses: _containers.RepeatedCompositeFieldContainer[WorkloadUse]
@@ -587,7 +597,8 @@ class WorkloadUses(_message.Message):
     used: int
     wasted: int
     stopped: int
-    def __init__(self, name: _Optional[str] = ..., target_id: _Optional[str] = ..., uses: _Optional[_Iterable[_Union[WorkloadUse, _Mapping]]] = ..., prefetched: _Optional[int] = ..., used: _Optional[int] = ..., wasted: _Optional[int] = ..., stopped: _Optional[int] = ...) -> None: ...
+    verdict: StreamVerdict
+    def __init__(self, name: _Optional[str] = ..., target_id: _Optional[str] = ..., uses: _Optional[_Iterable[_Union[WorkloadUse, _Mapping]]] = ..., prefetched: _Optional[int] = ..., used: _Optional[int] = ..., wasted: _Optional[int] = ..., stopped: _Optional[int] = ..., verdict: _Optional[_Union[StreamVerdict, str]] = ...) -> None: ...
 
 class WorkloadUse(_message.Message):
     __slots__ = ("plan_key", "order")
@@ -616,12 +627,14 @@ class GetWorkloadRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., target_id: _Optional[str] = ...) -> None: ...
 
 class GetWorkloadResponse(_message.Message):
-    __slots__ = ("plan_keys", "complete")
+    __slots__ = ("plan_keys", "complete", "settled")
     PLAN_KEYS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    SETTLED_FIELD_NUMBER: _ClassVar[int]
     plan_keys: _containers.RepeatedScalarFieldContainer[str]
     complete: bool
-    def __init__(self, plan_keys: _Optional[_Iterable[str]] = ..., complete: _Optional[bool] = ...) -> None: ...
+    settled: bool
+    def __init__(self, plan_keys: _Optional[_Iterable[str]] = ..., complete: _Optional[bool] = ..., settled: _Optional[bool] = ...) -> None: ...
 
 class GetPlanRequest(_message.Message):
     __slots__ = ("ref",)

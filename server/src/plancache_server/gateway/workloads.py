@@ -49,17 +49,19 @@ class WorkloadService:
             "wasted": min(uses.wasted, MAX_WORKLOAD_COUNT),
             "stopped": min(uses.stopped, 1),
         }
+        served = {pb.STREAM_VERDICT_SERVED: True, pb.STREAM_VERDICT_MIXED: False}.get(uses.verdict)
         with translated_errors("recording a workload's first uses"):
             known += [k for k, stored in zip(unknown, await self._records.stored(unknown), strict=True) if stored]
-            return await self._records.record(uses.target_id, uses.name, [(k, candidates[k]) for k in known], counts)
+            recorded = [(k, candidates[k]) for k in known]
+            return await self._records.record(uses.target_id, uses.name, recorded, counts, served)
 
     async def plans(self, request: pb.GetWorkloadRequest) -> pb.GetWorkloadResponse:
         """GetWorkload: the record's stored plans, first used first (InvalidRequest for a name that is not one)."""
         check_name(request.name)
         check_name(request.target_id)
         with translated_errors("reading a workload's start-up record"):
-            listed, complete = await self._records.plans(request.target_id, request.name)
-            return pb.GetWorkloadResponse(plan_keys=listed, complete=complete)
+            read = await self._records.plans(request.target_id, request.name)
+            return pb.GetWorkloadResponse(plan_keys=read.plan_keys, complete=read.complete, settled=read.settled)
 
     async def summaries(self, limit: int) -> list[WorkloadSummary]:
         with translated_errors("reading workloads' start-up records"):

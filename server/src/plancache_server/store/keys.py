@@ -62,6 +62,11 @@ def workload_counts(target_id: str, workload: str) -> str:
     return f"{PREFIX}:{{workload:{target_id}|{workload}}}:counts"
 
 
+def workload_verdicts(target_id: str, workload: str) -> str:
+    """List: the workload's last processes' verdicts on their start-up stream, newest first ("1" served, "0" not)."""
+    return f"{PREFIX}:{{workload:{target_id}|{workload}}}:verdicts"
+
+
 def store_counter(kind: str, target_id: str) -> str:
     return f"{kind}:{target_id}"
 

@@ -18,6 +18,14 @@ streams the other's plans too, counted as wasted, and a process whose stream
 brought none of its first graphs stops it and says so (`stopped`: what an
 operator reads as "give these programs their own names"); names are per
 program by default (plancache.transport.workload.default_name) and settable.
+
+A process says once, at its end, whether its stream served it (a verdict:
+it did not stop, at most a quarter of what it brought went unused). A
+record whose last VERDICTS_KEPT verdicts all say served is settled: a new
+process deserializes its plans as they arrive, before its graphs ask;
+otherwise it holds them until one of its graphs is found listed. A forged
+verdict can only make a process deserialize plans it does not use, within
+its bound.
 """
 
 from __future__ import annotations
@@ -36,7 +44,10 @@ from plancache_server.store.redis_conn import AsyncRedis, text
 MAX_WORKLOADS = 1024
 # Plan keys one report may add to a record (a client sends at most this many a report).
 MAX_USES = 512
-COUNTS = ("processes", "listed", "prefetched", "used", "wasted", "stopped", "recorded")
+# "served" and "mixed": processes' verdicts on their stream (module doc), as counted.
+COUNTS = ("processes", "listed", "prefetched", "used", "wasted", "stopped", "recorded", "served", "mixed")
+# Verdicts a record keeps (its processes' last): settled when every one kept says served.
+VERDICTS_KEPT = 4
 _SEP = "|"
 
 
@@ -57,6 +68,15 @@ class WorkloadSummary:
     counts: Mapping[str, int]
 
 
+@dataclass(frozen=True)
+class RecordRead:
+    """A record as a new process reads it (GetWorkloadResponse)."""
+
+    plan_keys: list[str]
+    complete: bool
+    settled: bool
+
+
 class WorkloadRecords:
     def __init__(self, client: AsyncRedis, capacity: int, clock: Callable[[], float] = time.time) -> None:
         self._redis = client
@@ -64,11 +84,16 @@ class WorkloadRecords:
         self._clock = clock
 
     async def record(
-        self, target_id: str, name: str, uses: Sequence[tuple[str, int]], counts: Mapping[str, int]
+        self,
+        target_id: str,
+        name: str,
+        uses: Sequence[tuple[str, int]],
+        counts: Mapping[str, int],
+        served: bool | None = None,
     ) -> int:
-        """Add a process's first uses (plan key, order; already checked) and
-        its prefetch counts to the record; trim it to `capacity`. How many
-        keys it recorded."""
+        """Add a process's first uses (plan key, order; already checked), its
+        prefetch counts and its verdict on its stream (`served`; None: none
+        said) to the record; trim it to `capacity`. How many keys it recorded."""
         if self.capacity == 0:
             return 0
         now = self._clock()
@@ -81,8 +106,14 @@ class WorkloadRecords:
         totals = {field: amount for field, amount in counts.items() if field in COUNTS and amount > 0}
         if uses:
             totals["recorded"] = totals.get("recorded", 0) + len(uses)
+        if served is not None:
+            totals["served" if served else "mixed"] = 1
         for field, amount in totals.items():
             pipe.hincrby(keys.workload_counts(target_id, name), field, amount)
+        if served is not None:
+            verdicts = keys.workload_verdicts(target_id, name)
+            pipe.lpush(verdicts, "1" if served else "0")
+            pipe.ltrim(verdicts, 0, VERDICTS_KEPT - 1)
         pipe.zadd(keys.WORKLOADS, {f"{target_id}{_SEP}{name}": now})
         pipe.zcard(recency)
         pipe.zcard(keys.WORKLOADS)
@@ -110,18 +141,20 @@ class WorkloadRecords:
             pipe.exists(keys.plan(key))
         return [bool(x) for x in await pipe.execute()]
 
-    async def plans(self, target_id: str, name: str) -> tuple[list[str], bool]:
+    async def plans(self, target_id: str, name: str) -> RecordRead:
         """The record's keys whose plans are stored now, first used first (a
         process asking: counted, where a record exists; a read never makes one),
-        and whether the record is complete: it never let a plan go for its
-        bound (a plan deleted from the store leaves it complete: not stored,
-        it would miss anyway)."""
+        whether the record is complete: it never let a plan go for its bound
+        (a plan deleted from the store leaves it complete: not stored, it would
+        miss anyway), and whether it is settled (module doc)."""
         if self.capacity == 0:
-            return [], False
+            return RecordRead([], complete=False, settled=False)
         recency, order = keys.workload_recency(target_id, name), keys.workload_order(target_id, name)
         members = [text(m) for m in await self._redis.zrange(recency, -self.capacity, -1)]
         if not members:
-            return [], False
+            return RecordRead([], complete=False, settled=False)
+        verdicts = [text(v) for v in await self._redis.lrange(keys.workload_verdicts(target_id, name), 0, -1)]
+        settled = bool(verdicts) and all(v == "1" for v in verdicts[:VERDICTS_KEPT])
         # Complete unless it let a plan go, or holds more than it now lists (--workload-plans lowered since).
         evicted = await self._redis.hget(keys.workload_counts(target_id, name), "evicted")
         complete = evicted is None and int(await self._redis.zcard(recency)) <= self.capacity
@@ -147,7 +180,7 @@ class WorkloadRecords:
         pipe.hincrby(counts, "processes", 1)
         pipe.hincrby(counts, "listed", len(listed))
         await pipe.execute()
-        return [key for _, key in listed], complete
+        return RecordRead([key for _, key in listed], complete=complete, settled=settled)
 
     async def summaries(self, limit: int = 50) -> list[WorkloadSummary]:
         """The most recently reported records, newest first."""
@@ -180,4 +213,5 @@ class WorkloadRecords:
             keys.workload_recency(target_id, name),
             keys.workload_order(target_id, name),
             keys.workload_counts(target_id, name),
+            keys.workload_verdicts(target_id, name),
         )

@@ -224,7 +224,9 @@ class WorkloadCollector(Collector):
     def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         yield from self._families()
 
-    def _families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily, CounterMetricFamily, CounterMetricFamily]:
+    def _families(
+        self,
+    ) -> tuple[GaugeMetricFamily, CounterMetricFamily, CounterMetricFamily, CounterMetricFamily, CounterMetricFamily]:
         labels = ["target", "workload"]
         return (
             GaugeMetricFamily("plancache_workload_plans", "plans in a workload's start-up record", labels=labels),
@@ -242,10 +244,17 @@ class WorkloadCollector(Collector):
                 "(another program under the same name, or a stale record)",
                 labels=labels,
             ),
+            CounterMetricFamily(
+                "plancache_workload_stream_verdicts",
+                "processes of a workload that said at their end whether their start-up stream served them (served) "
+                "or not (mixed: stopped, or a quarter of the record unused); a record whose last verdicts all say "
+                "served is deserialized by new processes before their graphs ask",
+                labels=[*labels, "verdict"],
+            ),
         )
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        plans, processes, prefetch, stopped = self._families()
+        plans, processes, prefetch, stopped, verdicts = self._families()
         try:
             found = asyncio.run_coroutine_threadsafe(self._summaries(WORKLOADS_LISTED), self._loop).result(timeout=10)
             for summary in found:
@@ -255,9 +264,11 @@ class WorkloadCollector(Collector):
                 for outcome in ("prefetched", "used", "wasted"):
                     prefetch.add_metric([*labels, outcome], float(summary.counts.get(outcome, 0)))
                 stopped.add_metric(labels, float(summary.counts.get("stopped", 0)))
+                for verdict in ("served", "mixed"):
+                    verdicts.add_metric([*labels, verdict], float(summary.counts.get(verdict, 0)))
         except (PlanCacheError, TimeoutError) as e:
             log.debug("workload metrics unavailable: %s", e)
-        yield from (plans, processes, prefetch, stopped)
+        yield from (plans, processes, prefetch, stopped, verdicts)
 
 
 def report_workloads(summaries: Callable[[int], Any], loop: asyncio.AbstractEventLoop) -> None:

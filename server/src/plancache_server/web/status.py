@@ -107,6 +107,10 @@ class SigningKeyStatus:
     state: str  # current, next, previous
 
 
+# A workload's counts as WorkloadStatus lists them, after its name, plans and last report.
+WORKLOAD_COLUMNS = ("processes", "listed", "prefetched", "used", "wasted", "stopped", "served", "mixed")
+
+
 @dataclass(frozen=True)
 class WorkloadStatus:
     """A workload's start-up record (plancache_server.store.workloads) and how its processes' prefetches went."""
@@ -121,6 +125,8 @@ class WorkloadStatus:
     used: int  # of those, plans a graph took
     wasted: int  # prefetched, never taken by the time the process ended
     stopped: int  # processes whose stream brought none of their first graphs (a name collision, a stale record)
+    served: int  # processes that said at their end that their stream served them (the record settles on these)
+    mixed: int  # processes that said it did not: stopped, or a quarter of the record unused (a collision, stale)
 
 
 @dataclass(frozen=True)
@@ -316,7 +322,7 @@ class StatusSource:
                 s.name,
                 s.plans,
                 s.last_seen,
-                *(s.counts.get(c, 0) for c in ("processes", "listed", "prefetched", "used", "wasted", "stopped")),
+                *(s.counts.get(c, 0) for c in WORKLOAD_COLUMNS),
             )
             for s in found
         ]
