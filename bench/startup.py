@@ -77,7 +77,7 @@ Studies (--study):
          with the stream's cut-off (plancache.transport.workload: COLLISION_ASKS). And PATH+no-stream:
          the same stored starts with PLANCACHE_WORKLOAD_PREFETCH=0 (each graph one hit): *_no_stream.
          And stored-functional+listed (PLANCACHE_WORKLOAD_DESERIALIZE=listed: nothing deserialized before a
-         graph of the process is found in its record, even where the record is settled): *_listed, run
+         process's graphs took its record in order, even where the record is settled): *_listed, run
          before the default's pairs so that its verdict settles the record for them.
 
 Every study's summary also has `paired`: each hedged first node over the local run just before it
@@ -130,7 +130,7 @@ HEDGE = "+hedge"  # PATH+HEDGE: PATH with PLANCACHE_HEDGE=1
 FIRST_USE = "+first-use"  # PATH+FIRST_USE: a workload path with PLANCACHE_WORKLOAD_DESERIALIZE=first-use
 COLLIDED = "+collided"  # PATH+COLLIDED: a workload path under the other program's workload name
 NO_STREAM = "+no-stream"  # PATH+NO_STREAM: a workload path with PLANCACHE_WORKLOAD_PREFETCH=0 (each graph asks)
-LISTED = "+listed"  # PATH+LISTED: PLANCACHE_WORKLOAD_DESERIALIZE=listed (nothing before a graph is found listed)
+LISTED = "+listed"  # PATH+LISTED: PLANCACHE_WORKLOAD_DESERIALIZE=listed (nothing before the graphs took the record)
 HEDGED = (
     "first-compile",
     "first-dropin",

@@ -128,23 +128,24 @@ def test_a_new_process_streams_what_its_workload_used_first_used_first(service: 
 def test_where_the_streamed_plans_are_deserialized(
     service: Stack, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch, setting: str
 ) -> None:
-    """By default (and with PLANCACHE_WORKLOAD_DESERIALIZE=stream) the streamed plans are deserialized off the
-    caller's thread, on a CUDA stream made there, once a graph of the process is found listed (before, the
-    record may be another program's: nothing is deserialized), those past that graph's place in the record (the
-    ones before it were asked already); with first-use, nothing until a graph runs its plan (on the caller's
-    thread)."""
-    graphs = specs(4)
+    """By default (and with PLANCACHE_WORKLOAD_DESERIALIZE=stream) the streamed plans of a record not settled are
+    deserialized off the caller's thread, on a CUDA stream made there, once the process's graphs have taken the
+    record in order (LOAD_AFTER_IN_ORDER listed graphs, none passed over: before, the record may be another
+    program's, or interleave another program's first uses with this one's, and nothing is deserialized), those
+    past the last graph asked; with first-use, nothing until a graph runs its plan (on the caller's thread)."""
+    graphs = specs(6)
     first = run_process(service, graphs)
     monkeypatch.setenv(workload_module.DESERIALIZE_ENV, setting)
     with client(service, local_builder=StandInLocalBuilder()) as second:
         second.compile(graphs[0], TARGET)  # begins the stream, asks the service itself
-        assert settled(second).prefetched == 4
+        assert settled(second).prefetched == 6
         assert runtime.graphs == [] and runtime.own_streams == [], "nothing deserialized before a graph is listed"
-        listed_plan = second.compile(graphs[1], TARGET)  # listed: the record is this program's
-        assert listed_plan.key == first[1]
+        assert second.compile(graphs[1], TARGET).key == first[1]  # listed, the record's next: in order, once
+        assert runtime.graphs == [], "one listed graph in order is not yet evidence enough"
+        assert second.compile(graphs[2], TARGET).key == first[2]  # twice: the record is this program's
         if setting in ("", "stream"):
-            wait_until(lambda: len(runtime.graphs) == 2, timeout=10, what="the plans past it, deserialized")
-            streamed = {second.workload._pending.ready(i).blob for i in (2, 3)}  # type: ignore[union-attr]
+            wait_until(lambda: len(runtime.graphs) == 3, timeout=10, what="the plans past it, deserialized")
+            streamed = {second.workload._pending.ready(i).blob for i in (3, 4, 5)}  # type: ignore[union-attr]
             assert {g.blob for g in runtime.graphs} == streamed and runtime.own_streams == [0]
             assert all(g.loaded_with is not execution.handle_state(0).handle for g in runtime.graphs)
         else:
@@ -323,8 +324,10 @@ def test_a_record_mixing_another_programs_plans_stops_deserializing_them(
     redis_server: EmbeddedRedis, redis_client: object, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two programs under one name: the record interleaves their first uses. A process of one of them, its asks
-    passing over as many listed plans as the stream served it (PASSED_OVER), keeps the stream but stops its
-    deserializing: the other program's plans then cost a fetch, not a load; every graph still gets its plan."""
+    passing over listed plans, never deserializes ahead (LOAD_AFTER_IN_ORDER: only a record its graphs take in
+    order); and one that did start (its first asks in order), once its asks have passed over as many listed
+    plans as the stream served it (PASSED_OVER), stops: the other programs' plans then cost a fetch, not a load;
+    every graph still gets its plan."""
     stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.0), workload_plans=64)
     try:
         monkeypatch.setattr(workload_module, "PASSED_OVER", 4)
@@ -345,10 +348,33 @@ def test_a_record_mixing_another_programs_plans_stops_deserializing_them(
                 got.append(process_b.compile(spec, TARGET).key)
             assert got == b_keys[1:]
             pending = process_b.workload._pending
-            assert pending is not None and not pending.loading, "deserializing stopped"
+            assert pending is not None and not pending.loading, "never deserialized ahead"
             stats = settled(process_b)
             assert stats.state == "done" and stats.used >= 4
-            assert len(runtime.graphs) < stats.prefetched, "plans that came after the switch were not loaded"
+            assert runtime.graphs == [], "the other program's plans cost a fetch each, never a load"
+
+        # Three programs sharing their first graphs (the same stem, say) under one name: a process of the third
+        # takes the shared start in order (deserializing ahead begins), then passes over two plans for each of its
+        # own: past PASSED_OVER and as many as the stream served it, the deserializing stops.
+        shared_start = specs(3, base=8192)
+        thirds = [shared_start + specs(10, base=base) for base in (12288, 16384, 20480)]
+        keys_of = [run_process(stack, program, name="trio") for program in thirds]
+        original_load = BackgroundPrefetch._load_plan
+
+        def slow_load(self: BackgroundPrefetch, plan: object) -> None:
+            time.sleep(0.05)  # as a deserialization takes on a GPU
+            original_load(self, plan)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(BackgroundPrefetch, "_load_plan", slow_load)
+        with client(stack, "trio", local_builder=StandInLocalBuilder()) as process_c:
+            process_c.compile(thirds[2][0], TARGET)  # begins the stream
+            settled(process_c)
+            got = [process_c.compile(spec, TARGET).key for spec in thirds[2][1:]]
+            assert got == keys_of[2][1:]
+            pending = process_c.workload._pending
+            assert pending is not None and not pending.loading, "deserializing stopped"
+            time.sleep(0.5)  # unstopped, the loader would have deserialized ~10 more of the 30 meanwhile
+            assert 0 < len(runtime.graphs) <= 6, f"{len(runtime.graphs)} deserialized ahead"
     finally:
         stop()
 

@@ -119,7 +119,7 @@ class BackgroundPrefetch:
                 from plancache.run.execution import on_own_stream
 
                 on_own_stream()  # never on the stream the program's own work runs on (see on_own_stream)
-                plan.load()
+                self._load_plan(plan)
             except Exception as e:  # a plan that does not load is that entry's error, not the prefetch's
                 with self._changed:
                     self._load_errors[index] = e
@@ -186,9 +186,12 @@ class BackgroundPrefetch:
             if plan is None:
                 continue
             try:
-                plan.load()
+                self._load_plan(plan)
             except Exception as e:  # its caller's own load raises it, where it is used
                 log.debug("plan %d did not deserialize ahead of its use: %s", index, e)
+
+    def _load_plan(self, plan: Plan) -> None:
+        plan.load()
 
     @property
     def loading(self) -> bool:

@@ -10,8 +10,10 @@ for that record (GetWorkload) and streams its plans (one Prefetch),
 verifying each as it arrives, and deserializes each on its own thread, on a
 CUDA stream that thread made: at once where the record is settled (its last
 processes said the stream served them: plancache_server.store.workloads),
-else once a graph of the process is found listed (another program's record
-under the same name then costs fetches only) (on the default stream, beside
+else once the process's graphs have taken the record in order
+(LOAD_AFTER_IN_ORDER: another program's record under the same name, or one
+interleaving another program's first uses, then costs fetches only) (on the
+default stream, beside
 the program's own CUDA work, it broke a program's first step on the H200:
 GPU run 27; on a stream of its own it ran every time, and took the training
 step's first step from 1.62-2.32x torch's to 0.67-0.73x: run 29).
@@ -97,7 +99,7 @@ PLANS_ENV = "PLANCACHE_WORKLOAD_PLANS"
 DESERIALIZE_ENV = "PLANCACHE_WORKLOAD_DESERIALIZE"
 # Where the stream's plans are deserialized: on the stream's thread as they arrive, on a CUDA stream of that
 # thread's own (the default: plancache.run.execution.on_own_stream; before a graph asks where the record is
-# settled), the same but never before a graph of the process is found listed ("listed": a settled record
+# settled), the same but never before the process's graphs took the record in order ("listed": a settled record
 # not trusted), or at each plan's first use, on the caller's thread. The first two ran on the H200 (run 29);
 # the default is the one a training step's start needs.
 DESERIALIZE_CHOICES = ("stream", "listed", "first-use")
@@ -112,6 +114,11 @@ COLLISION_ASKS = 4
 # A process's verdict that its stream served it: it did not stop, and at most this share of the plans it listed
 # were never used by the process (whether the stream or the service brought them) when it ended.
 SERVED_UNUSED_SHARE = 0.25
+# A record not settled is deserialized ahead once the process asked this many of its listed graphs in the record's
+# order, none passed over. Not at the first listed graph: the record may interleave another program's first uses
+# with the process's (CPU, stand-in, a record of two programs, every plan fetched while the program set up: every
+# plan past the first listed graph deserialized took its start to 1.4x no stream).
+LOAD_AFTER_IN_ORDER = 2
 # Listed plans the program's asks passed over (a graph asked further back in the record than the last, the plans
 # between never asked): at least this many and as many as it took, the record mixes another program's plans with
 # this one's, and the stream stops deserializing (each plan then at its first use: the others cost a fetch only).
@@ -179,7 +186,7 @@ class WorkloadStats:
         return max(0, self.prefetched - self.used)
 
 
-# (the record's plans, their target, whether to deserialize them, whether only once a graph is found listed)
+# (the record's plans, their target, whether to deserialize them, whether only once the graphs proved it theirs)
 StartPrefetch = Callable[[Manifest, Target, bool, bool], "BackgroundPrefetch"]
 
 
@@ -207,6 +214,7 @@ class WorkloadStart:
         self._load = True  # deserialize on the stream (begin's `load`), once a graph proved the record the program's
         self._target_id = ""
         self._expected: dict[str, int] = {}  # listed key -> its index in the prefetch
+        self._listed_keys: list[str] = []  # the same, in the prefetch's order
         self._record: frozenset[str] | None = None  # every key the record lists for the target (lists())
         self._listed = threading.Event()  # the record's list is known (or will never be)
         self._pending: BackgroundPrefetch | None = None
@@ -216,6 +224,7 @@ class WorkloadStart:
         self._stopping = ""  # why the stream was cancelled (_judge), once it was
         self._furthest = -1  # the furthest listed index a graph asked
         self._passed_over = 0  # listed plans between asked ones that no graph asked (PASSED_OVER)
+        self._in_order = 0  # listed graphs asked in the record's order (LOAD_AFTER_IN_ORDER)
         self._list_late = False  # a call waited LIST_WAIT_S for the record in vain: later ones do not wait
         self._uses: list[pb.WorkloadUse] = []  # first uses not reported yet
         self._seen: set[str] = set()
@@ -316,10 +325,11 @@ class WorkloadStart:
         if index is None:
             self._judge(pending, brought=False)
             return None
-        # A graph of this process is listed: the record is the program's (_list_and_stream). The plans before it
-        # were asked already (the first graphs ask the service before the record is read): loaded from it on.
-        pending.start_loading(after=index)
-        self._passed(pending, index)
+        # A graph of this process is listed. A record not settled is deserialized ahead (the plans past this
+        # graph, on a thread of their own) once the process's asks have taken it in order, LOAD_AFTER_IN_ORDER
+        # listed graphs and none passed over: another program's first uses interleaved with its own never do.
+        if self._passed(pending, index) >= LOAD_AFTER_IN_ORDER:
+            pending.start_loading(after=index)
         if not pending.worth_waiting(index):
             pending.skip(index)  # asked of the service: not deserialized again when it comes
             with self._lock:
@@ -344,14 +354,21 @@ class WorkloadStart:
         self._judge(pending, brought=True)
         return plan
 
-    def _passed(self, pending: BackgroundPrefetch, index: int) -> None:
+    def _passed(self, pending: BackgroundPrefetch, index: int) -> int:
         """A graph asked listed plan `index`: the listed plans it jumped over since the furthest asked are
-        counted, and a stream passed over as much as it served stops deserializing (PASSED_OVER)."""
+        counted, and a stream passed over as much as it served stops deserializing (PASSED_OVER). How many
+        listed graphs the process asked in the record's order, none passed over (0 once one was)."""
         with self._lock:
             if index <= self._furthest:
-                return
-            self._passed_over += index - self._furthest - 1
+                return self._in_order if not self._passed_over else 0
+            # Listed plans jumped over that no graph of the process asked (the first graphs asked the service
+            # before the record was read: asked all the same).
+            self._passed_over += sum(
+                1 for i in range(self._furthest + 1, index) if self._listed_keys[i] not in self._seen
+            )
             self._furthest = index
+            self._in_order += 1
+            in_order = self._in_order if not self._passed_over else 0
             mixed = self._passed_over >= PASSED_OVER and self._passed_over >= self.stats.used and pending.loading
         if mixed:
             pending.stop_loading()
@@ -362,6 +379,7 @@ class WorkloadStart:
                 self._passed_over,
                 self.stats.used,
             )
+        return in_order
 
     def _judge(self, pending: BackgroundPrefetch, *, brought: bool) -> None:
         """Whether the stream serves this program (module doc): stopped once
@@ -394,21 +412,23 @@ class WorkloadStart:
         return None if record is None else key in record
 
     def used(self, key: str, target_id: str) -> None:
-        """A plan a graph of this process ran (first use: recorded for the workload's record)."""
-        if not self._report_on or key in self._seen or target_id != (self._target_id or target_id):
+        """A plan a graph of this process ran (first use: recorded for the workload's record, where reports are
+        on; kept either way, for the stream's judgements and the process's verdict)."""
+        if key in self._seen or target_id != (self._target_id or target_id):
             return
         with self._lock:
             if not self._target_id:  # begun without one (prefetch off): the first use's target is the record's
                 self._target_id = self.stats.target_id = target_id
             if key in self._seen or len(self._seen) >= USES_KEPT:
                 return
-            self._uses.append(pb.WorkloadUse(plan_key=key, order=len(self._seen)))
+            if self._report_on:
+                self._uses.append(pb.WorkloadUse(plan_key=key, order=len(self._seen)))
             self._seen.add(key)
             # Not while the stream runs: starting the reports' thread waits until it runs, and on a node's start
             # the stream's deserializations hold the interpreter (GPU run 34's profile: the first uses of a
             # stored decode step waited in Thread.start); the stream wakes it as it ends (_streamed).
             streaming = self.stats.state in ("listing", "streaming")
-        if not streaming:
+        if self._report_on and not streaming:
             self.wake()
 
     def stats_now(self) -> WorkloadStats:
@@ -444,7 +464,7 @@ class WorkloadStart:
             return
         try:
             # Deserializing holds the interpreter: unless the record is settled, nothing is deserialized until a
-            # graph of this process is found listed (take: start_loading), so another program's record under this
+            # graph of this process proved it theirs (take: start_loading), so another program's record under this
             # name costs fetches only (GPU run 37: a collided decode step's start deserialized 13 plans it never
             # used, 1.46x torch's step). A settled one is deserialized as it comes, before the graphs ask.
             manifest = Manifest(entries=[ManifestEntry(key=k) for k in listed])
@@ -453,6 +473,7 @@ class WorkloadStart:
             self._failed(f"the prefetch did not start: {type(e).__name__}: {e}")
             return
         self._expected = {key: index for index, key in enumerate(listed)}
+        self._listed_keys = listed
         self._pending = pending  # after the keys: a call that sees the stream sees what it lists
         self._listed.set()
         try:
