@@ -916,6 +916,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             s[name + "_collided"] = paired_ratio(runs, jit, path + COLLIDED, equivalent)
             s[name + "_no_stream"] = paired_ratio(runs, jit, path + NO_STREAM, equivalent)
             s[name + "_listed"] = paired_ratio(runs, jit, path + LISTED, equivalent)
+            # The same with each run's set-up added: what a settled stream's deserializing during set-up costs.
+            s[name + "_with_setup"] = paired_ratio(runs, jit, path, equivalent, with_setup=True)
+            s[name + "_listed_with_setup"] = paired_ratio(runs, jit, path + LISTED, equivalent, with_setup=True)
         s["paired"] = {
             name: paired_ratio(runs, jit, path + HEDGE, equivalent if equivalent != "local-lazy" else "local-heuristic")
             for path, (equivalent, _, name) in VERSUS_LOCAL.items()
@@ -926,19 +929,23 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-def paired_ratio(runs: list[dict[str, Any]], jit: str, path: str, equivalent: str) -> float | None:
+def paired_ratio(
+    runs: list[dict[str, Any]], jit: str, path: str, equivalent: str, with_setup: bool = False
+) -> float | None:
     """The median over `path`'s runs of its total over the run of `equivalent` just before it (adjacent
     runs: the machine drifts between runs minutes apart); None without such a pair. For first-lazy the
-    equivalent is local-heuristic plus the same sleeps (its `lazy_s` after each graph)."""
+    equivalent is local-heuristic plus the same sleeps (its `lazy_s` after each graph). `with_setup`: each
+    run's set-up added to its total (a stream that deserializes during the program's set-up may lengthen it)."""
     ratios, last = [], None
     for r in runs:
         if r["jit"] != jit or "error" in r or "total_s" not in r:
             continue
+        took = r["total_s"] + (r.get("setup_s", 0.0) if with_setup else 0.0)
         if r["path"] == equivalent:
-            last = r["total_s"]
+            last = took
         elif r["path"] == path and last:
             slept = r.get("lazy_s", LAZY_S) * r.get("graphs", 13) if base(path) == "first-lazy" else 0.0
-            ratios.append(r["total_s"] / (last + slept))
+            ratios.append(took / (last + slept))
             last = None
     return statistics.median(ratios) if ratios else None
 

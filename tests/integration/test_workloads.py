@@ -443,6 +443,34 @@ def test_reports_cannot_invent_entries(service: Stack) -> None:
         assert isinstance(typed(invalid.value), InvalidRequest)
 
 
+def test_a_record_settles_on_its_last_four_verdicts_all_served(service: Stack) -> None:
+    """Verdicts are kept per record, newest first, the last 4: one mixed verdict unsettles it until four served
+    ones follow; a verdict the client does not know (a newer enum value) is no verdict; a record without one is
+    not settled."""
+    run_process(service, specs(2))
+    with service.client() as c:
+        stub = c.connection.stub
+
+        def say(verdict: int) -> None:
+            uses = pb.WorkloadUses(name="job", target_id=TARGET.id, verdict=verdict)  # type: ignore[arg-type]
+            stub.ReportFirstUses(pb.ReportFirstUsesRequest(workload=uses), timeout=10)
+
+        def is_settled() -> bool:
+            return stub.GetWorkload(pb.GetWorkloadRequest(name="job", target_id=TARGET.id), timeout=10).settled
+
+        assert not is_settled()
+        say(pb.STREAM_VERDICT_SERVED)
+        assert is_settled()
+        say(pb.STREAM_VERDICT_MIXED)
+        for _ in range(3):
+            say(pb.STREAM_VERDICT_SERVED)
+            assert not is_settled(), "the mixed verdict is among the last four"
+        say(99)  # unknown: recorded as nothing
+        assert not is_settled()
+        say(pb.STREAM_VERDICT_SERVED)
+        assert is_settled()
+
+
 def test_a_process_prefetches_within_its_own_bound(service: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     graphs = specs(5)
     run_process(service, graphs)

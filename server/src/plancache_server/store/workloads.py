@@ -20,12 +20,14 @@ operator reads as "give these programs their own names"); names are per
 program by default (plancache.transport.workload.default_name) and settable.
 
 A process says once, at its end, whether its stream served it (a verdict:
-it did not stop, at most a quarter of what it brought went unused). A
-record whose last VERDICTS_KEPT verdicts all say served is settled: a new
-process deserializes its plans as they arrive, before its graphs ask;
-otherwise it holds them until one of its graphs is found listed. A forged
-verdict can only make a process deserialize plans it does not use, within
-its bound.
+it did not stop, and at most a quarter of the plans the record listed went
+unused by the process). A record whose last verdicts (at most
+VERDICTS_KEPT, at least one) all say served is settled: a new process
+deserializes its plans as they arrive, before its graphs ask; otherwise it
+holds them until its graphs have taken the record in order
+(plancache.transport.workload). A forged verdict can only make a process
+deserialize plans it does not use, within its bound; the verdicts read are
+the newest VERDICTS_KEPT, whatever the key holds.
 """
 
 from __future__ import annotations
@@ -153,8 +155,8 @@ class WorkloadRecords:
         members = [text(m) for m in await self._redis.zrange(recency, -self.capacity, -1)]
         if not members:
             return RecordRead([], complete=False, settled=False)
-        verdicts = [text(v) for v in await self._redis.lrange(keys.workload_verdicts(target_id, name), 0, -1)]
-        settled = bool(verdicts) and all(v == "1" for v in verdicts[:VERDICTS_KEPT])
+        newest = await self._redis.lrange(keys.workload_verdicts(target_id, name), 0, VERDICTS_KEPT - 1)
+        settled = bool(newest) and all(text(v) == "1" for v in newest)
         # Complete unless it let a plan go, or holds more than it now lists (--workload-plans lowered since).
         evicted = await self._redis.hget(keys.workload_counts(target_id, name), "evicted")
         complete = evicted is None and int(await self._redis.zcard(recency)) <= self.capacity
