@@ -14,7 +14,8 @@ default stream the program's own work runs on (plancache.run.execution.
 on_own_stream says why).
 
 `start_loading(after)` turns deserializing on for a prefetch begun `held`
-(a workload's stream, once a graph proved its record is the program's):
+(a workload's stream whose record is not settled, once the program's
+graphs have taken it in order: plancache.transport.workload):
 the plans already here past entry `after` are deserialized on a thread of
 their own, in order, and the rest as they arrive; `stop_loading()` turns
 it off for good.

@@ -324,9 +324,9 @@ class Client:
         depend on a capturing blocking stream"; its own stream ran every time, run 29).
         PLANCACHE_WORKLOAD_DESERIALIZE=first-use, or a stream begun by the drop-in (`load` False: its graphs
         deserialize on the program's handle), leaves each to its first use, on the caller's thread. `held`
-        (a record not settled), or PLANCACHE_WORKLOAD_DESERIALIZE=listed: nothing deserialized until a graph
-        of the process took the record in order (plancache.transport.workload: another program's record costs fetches
-        only)."""
+        (a record not settled), or PLANCACHE_WORKLOAD_DESERIALIZE=listed: nothing deserialized until the
+        process's graphs have taken the record in order (plancache.transport.workload: another program's
+        record costs fetches only)."""
         on_stream = load and self._workload_deserialize != "first-use" and self.local_builder.can_build(target)
         held = held or self._workload_deserialize == "listed"
         return self.prefetch_in_background(manifest, target, load=on_stream, held=held)

@@ -211,7 +211,7 @@ class WorkloadStart:
         self._timeout = timeout
         self._lock = threading.Lock()
         self._begun = False
-        self._load = True  # deserialize on the stream (begin's `load`), once a graph proved the record the program's
+        self._load = True  # whether the stream may deserialize at all (begin's `load`; when: settled or held)
         self._target_id = ""
         self._expected: dict[str, int] = {}  # listed key -> its index in the prefetch
         self._listed_keys: list[str] = []  # the same, in the prefetch's order
