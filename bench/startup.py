@@ -13,6 +13,9 @@ does and where its clock starts and stops), with an empty CUDA JIT cache
   torch-step                         the same step in torch eager (for reference, no target)
   fetch, prefetch, background        plancache, every plan stored
   floor                              the frontend's own deserialize of the same blobs
+  floor-program                      local-program's calls up to its build step, then each plan deserialized
+                                     from the same blobs instead of built: the least a cache under an
+                                     unchanged frontend program can cost (the drop-in's floor)
   hit-compile                        plancache, every plan stored: one compile() per graph, each a hit
   first-compile, first-lazy          plancache, nothing stored: one compile per graph in order
                                      (first-lazy: a 50 ms sleep, the model's layer, after each graph)
@@ -130,6 +133,9 @@ HEDGE = "+hedge"  # PATH+HEDGE: PATH with PLANCACHE_HEDGE=1
 FIRST_USE = "+first-use"  # PATH+FIRST_USE: a workload path with PLANCACHE_WORKLOAD_DESERIALIZE=first-use
 COLLIDED = "+collided"  # PATH+COLLIDED: a workload path under the other program's workload name
 NO_STREAM = "+no-stream"  # PATH+NO_STREAM: a workload path with PLANCACHE_WORKLOAD_PREFETCH=0 (each graph asks)
+# PATH+QUIET+HEDGE: a hedged first node whose fresh worker holds autotuning back while misses come
+# (--tune-after-quiet 1: no candidate timed on the GPU beside the node's own builds); --pairs first-dropin+quiet.
+QUIET = "+quiet"
 LISTED = "+listed"  # PATH+LISTED: PLANCACHE_WORKLOAD_DESERIALIZE=listed (nothing before the graphs took the record)
 HEDGED = (
     "first-compile",
@@ -144,7 +150,7 @@ FIRST_NODES = (
     "first-dropin",
     "first-functional",
 )  # nothing stored: a fresh worker each (with or without the hedge)
-STORED = ("fetch", "prefetch", "background", "floor", "hit-compile")  # every plan stored
+STORED = ("fetch", "prefetch", "background", "floor", "floor-program", "hit-compile")  # every plan stored
 # Issue 41: a fresh process with every plan stored and no manifest written by anyone: the workload's
 # start-up record (plancache.transport.workload) streams them. Their workloads' records are written by the
 # first node of the same program (first-dropin, first-functional: PLANCACHE_WORKLOAD below).
@@ -178,6 +184,8 @@ WORKLOAD_PAIRS = (
     ("local-program", "stored-dropin" + NO_STREAM),
     ("torch-step", "stored-functional" + NO_STREAM),
 )
+# The drop-in's floor beside its local program, after the pairs above (on the blobs they left stored).
+FLOOR_PROGRAM_PAIRS = (("local-program", "floor-program"),)
 # After every pair above (a collided run reports nothing, but runs last all the same).
 COLLIDED_PAIRS = (("local-program", "stored-dropin" + COLLIDED), ("torch-step", "stored-functional" + COLLIDED))
 HITS = ("hit-compile+hedge", "hit-compile")
@@ -197,12 +205,14 @@ PATHS = (
     "first-prefetch",
     "first-dropin",
     "first-dropin+hedge",
+    "first-dropin" + QUIET + HEDGE,
     "first-functional",
     "first-functional+hedge",
     "fetch",
     "prefetch",
     "background",
     "floor",
+    "floor-program",
     "hit-compile",
     "hit-compile+hedge",
     *WORKLOAD_PATHS,
@@ -252,6 +262,8 @@ PAIRED = (
     ("local-heuristic", "first-lazy+hedge"),
     ("local-functional", "first-functional+hedge"),
 )
+# Selected by name only (--pairs first-dropin+quiet): a diagnosis, beside the drop-in's own pair.
+PAIRED_BY_NAME = (("local-program", "first-dropin" + QUIET + HEDGE),)
 # --study all: issue 29's runs after today's (their unhedged first-compile, first-lazy and first-compile-4proc ran already).
 ISSUE_29 = (
     ("first-compile+hedge",),
@@ -289,6 +301,7 @@ ESTIMATE_S = {
     "prefetch": (6, 6),
     "background": (8, 8),
     "floor": (6, 6),
+    "floor-program": (7, 7),
     "hit-compile": (6, 6),
     **dict.fromkeys(FIRST_NODES, (25, 20)),
     "first-compile-4proc": (20, 16),
@@ -302,7 +315,7 @@ TUNED_WAIT_S = (25, 10)
 
 def base(path: str) -> str:
     """The path without its hedge, deserialization or collision: what its node processes run."""
-    for suffix in (HEDGE, FIRST_USE, COLLIDED, NO_STREAM, LISTED):
+    for suffix in (HEDGE, QUIET, FIRST_USE, COLLIDED, NO_STREAM, LISTED):
         path = path.removesuffix(suffix)
     return path
 
@@ -343,6 +356,8 @@ class Bench:
             str(self.private_key),
             "--no-warm",
             *(["--build-processes", str(build_processes)] if build_processes else []),
+            # A diagnosis's worker settings (e.g. "--tune-after-quiet 1"), as scripts/gpu-dropin-hedge.sh passes them.
+            *os.environ.get("STARTUP_WORKER_FLAGS", "").split(),
         ]
         self.target_id = ""  # the worker's exact target (its log says), and the 13 plan keys on it
         self.keys: list[str] = []
@@ -565,7 +580,10 @@ class Bench:
         log = self.out / f"startup-worker-{jit}-{path}.log"
         watcher = deploy.TunedWatcher(redis_url) if self.watches(path) else None
         try:
-            with worker_process(redis_url, log, *self.worker_flags, env=child_env(**self.cache_env(jit))) as worker:
+            quiet = ["--tune-after-quiet", "1"] if QUIET in path else []
+            with worker_process(
+                redis_url, log, *self.worker_flags, *quiet, env=child_env(**self.cache_env(jit))
+            ) as worker:
 
                 def pool_ready() -> None:
                     target_id, size = deploy.wait_for_pool(log, worker, address)
@@ -716,11 +734,17 @@ class Bench:
             if self.study == "workload":
                 self.groups(jit, env, address, redis_url, WORKLOAD_STUDY_FIRST)
                 self.groups(jit, env, address, redis_url, [p for _ in range(self.repeats) for p in WORKLOAD_PAIRS])
+                self.stored(
+                    jit, env, address, redis_url, [p for _ in range(self.repeats) for p in FLOOR_PROGRAM_PAIRS], False
+                )
                 self.groups(jit, env, address, redis_url, [p for _ in range(self.repeats) for p in COLLIDED_PAIRS])
             elif self.study == "hedge-paired":
                 pairs = [pair for pair in PAIRED if not self.pairs or base(pair[1]) in self.pairs]
+                pairs += [pair for pair in PAIRED_BY_NAME if pair[1].removesuffix(HEDGE) in self.pairs]
                 self.groups(jit, env, address, redis_url, [pair for _ in range(self.repeats) for pair in pairs])
-                self.stored(jit, env, address, redis_url, (HITS, ("fetch",), ("floor",)), tuned_only=False)
+                self.stored(
+                    jit, env, address, redis_url, (HITS, ("fetch",), ("floor",), *FLOOR_PROGRAM_PAIRS), tuned_only=False
+                )
             elif self.study == "hedge":
                 self.groups(jit, env, address, redis_url, HEDGE_STUDY)
                 self.stored(jit, env, address, redis_url, (HITS, ("fetch",), ("floor",)), tuned_only=False)
@@ -919,6 +943,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             # The same with each run's set-up added: what a settled stream's deserializing during set-up costs.
             s[name + "_with_setup"] = paired_ratio(runs, jit, path, equivalent, with_setup=True)
             s[name + "_listed_with_setup"] = paired_ratio(runs, jit, path + LISTED, equivalent, with_setup=True)
+        # The drop-in's floor (floor-program: the program's own calls, each plan deserialized from a file).
+        s["floor_program_over_local_program"] = paired_ratio(runs, jit, "floor-program", "local-program")
+        s["stored_dropin_over_floor_program"] = _ratio(m["stored-dropin"], m["floor-program"])
+        s["first_dropin_quiet_hedge_over_local_program"] = paired_ratio(
+            runs, jit, "first-dropin" + QUIET + HEDGE, "local-program"
+        )
         s["paired"] = {
             name: paired_ratio(runs, jit, path + HEDGE, equivalent if equivalent != "local-lazy" else "local-heuristic")
             for path, (equivalent, _, name) in VERSUS_LOCAL.items()

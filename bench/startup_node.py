@@ -20,6 +20,10 @@ the end). Paths:
   background        prefetch_in_background(load=True) while a simulated weight load runs
                     (--foreground-s of sleep); then execute each plan
   floor             the frontend's own deserialize of the same blobs from a local file, execute
+  floor-program     local-program's own calls up to its build step (pygraph, validate,
+                    build_operation_graph), then its plan deserialized from the same file instead of
+                    built, and executed: the least a cache under an unchanged frontend program can cost
+                    (the drop-in's stored start, without fetching, keying or plancache at all)
   first-compile     nothing stored: one client.compile(spec) per graph, in order, each plan
                     (provisional or not) executed as soon as it returns
   first-lazy        the same with a --lazy-s "layer" (a sleep) after each graph's execute,
@@ -125,6 +129,7 @@ PATHS = (
     "prefetch",
     "background",
     "floor",
+    "floor-program",
     "first-compile",
     "first-lazy",
     "hit-compile",
@@ -258,6 +263,28 @@ def program(
         g.build_plans()
         per_graph["runnable_s"][index] = clock.now()
         g.execute(tensors[index], workspace(g.get_workspace_size()), handle=handle)
+        clock.output_done(index)
+
+
+def floor_program(
+    specs: dict[int, GraphSpec],
+    tensors: dict[int, dict[int, torch.Tensor]],
+    handle: object,
+    clock: Clock,
+    per_graph: dict[str, dict[int, object]],
+    blobs: list[bytes],
+) -> None:
+    """program()'s calls up to its build step with the real cudnn, then each graph's plan
+    deserialized from `blobs` (as the drop-in loads a served plan: a fresh pygraph on the
+    program's handle) instead of created and built."""
+    for index, spec in specs.items():
+        g = build_pygraph(spec, cudnn, handle=handle)
+        g.validate()
+        g.build_operation_graph()
+        served = cudnn.pygraph(handle=handle)
+        served.deserialize(handle, blobs[index])
+        per_graph["runnable_s"][index] = clock.now()
+        served.execute(tensors[index], workspace(served.get_workspace_size()), handle=handle)
         clock.output_done(index)
 
 
@@ -474,6 +501,8 @@ def main() -> None:
             g = cudnn.pygraph()
             g.deserialize(handle, blobs[index])
             g.execute(tensors[index], workspace(g.get_workspace_size()), handle=handle)
+    elif args.path == "floor-program":
+        floor_program(specs, tensors, handle, clock, per_graph, read_blobs(args.blobs))
     else:
         client = Client(args.server, cache=False)
         run_service_path(args, client, manifest, target, specs, tensors, result, clock, per_graph)

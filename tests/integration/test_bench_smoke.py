@@ -110,6 +110,15 @@ def test_startup_benchmark_merges_runs_and_reports_its_ratios_without_a_gpu(tmp_
         run("cold", "first-prefetch", 3.0, **per_graph(3.0, 7.0)),
         run("warm", "first-node", 1.0, tuned_all_s=30.0),
     ]  # its name before issue 22
+    # The drop-in's floor and the quiet-worker diagnosis, each paired with the local program just before it.
+    runs += [
+        run("warm", "local-program", 1.0),
+        run("warm", "floor-program", 0.34),
+        run("warm", "local-program", 1.2),
+        run("warm", "first-dropin+quiet+hedge", 1.32),
+        run("warm", "local-program", 1.0),
+        run("warm", "stored-dropin", 0.37),
+    ]
     for jit in ("cold", "warm"):
         (tmp_path / f"{jit}.json").write_text(
             json.dumps({"runs": [r for r in runs if r["jit"] == jit], "skipped": [], "config": {"repeats": 2}})
@@ -162,6 +171,10 @@ def test_startup_benchmark_merges_runs_and_reports_its_ratios_without_a_gpu(tmp_
     assert cold["met"]["tuned_over_local_autotune/first-compile-4proc"] is False and warm["tuned_over_local_autotune"][
         "first-prefetch"
     ] == pytest.approx(1.5)
+    assert warm["floor_program_over_local_program"] == pytest.approx(0.34)
+    assert warm["first_dropin_quiet_hedge_over_local_program"] == pytest.approx(1.1)
+    assert warm["stored_dropin_over_local_program"] == pytest.approx(0.37)
+    assert warm["stored_dropin_over_floor_program"] == pytest.approx(0.37 / 0.34)
     assert warm["background_after_foreground_s"] == pytest.approx(0.03) and warm["met"]["background_after_foreground_s"]
     assert cold["met"]["local_over_fetch"] and not warm["met"]["fetch_over_floor"] and cold["pool"] == pool
     assert (

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Issue 41's drop-in hedged miss on a GPU machine, one call: where its excess over the program's own build goes.
+# Arms, each `bench/startup.py --study hedge-paired` (warm JIT cache, shared CPUs), results under $OUT/<arm>/:
+#   pairs     the hedged drop-in program right after its local program, and the same with its fresh worker holding
+#             autotuning back while misses come (first-dropin+quiet+hedge: --tune-after-quiet 1), the two pairs
+#             alternating, REPEATS times each
+#   paused    --pause-worker (nothing of the service's builds runs while the node does: a diagnosis), REPEATS pairs
+#   profile   one pair under cProfile (PLANCACHE_BENCH_PROFILE, every thread): its profiles in rest.tgz
+# Usage (after `source scripts/gpu-env.sh`): REPEATS=4 ARMS="pairs paused profile" scripts/gpu-dropin-hedge.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$(mktemp -d)}
+for arm in ${ARMS:-pairs paused profile}; do
+  mkdir -p "$OUT/$arm"
+  pairs=first-dropin pause="" profile="" repeats=${REPEATS:-4}
+  case "$arm" in
+    pairs) pairs=first-dropin,first-dropin+quiet ;;
+    paused) pause=1 ;;
+    profile) profile=1 repeats=1 ;;
+  esac
+  BENCH_MISS_PHASES=1 BENCH_MISS_PROFILE="$profile" \
+    python3 bench/startup.py --out "$OUT/$arm" --jit warm --study hedge-paired --pairs "$pairs" \
+      --warm-cache .startup-jit-cache --time-limit "${TIME_LIMIT:-200}" --repeats "$repeats" \
+      ${pause:+--pause-worker} > "$OUT/$arm/startup.log" 2>&1
+  grep -A14 "JIT cache  path" "$OUT/$arm/startup.log" | head -14
+  # At most 8 files come back: per arm its JSON and one archive of the rest (written beside the folder, then moved in).
+  (cd "$OUT/$arm" && tar czf "../$arm-rest.tgz" --exclude=startup.json . \
+    && find . -mindepth 1 ! -name startup.json -exec rm -rf {} + && mv "../$arm-rest.tgz" rest.tgz)
+done
