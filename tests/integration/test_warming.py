@@ -318,7 +318,8 @@ def test_hostile_warm_arguments_are_refused_with_the_reason(warm_stack: Stack) -
 
 def test_a_warming_plan_is_resumed_after_its_worker_dies(tmp_path: Path) -> None:
     """A worker process killed mid-warming: another worker takes the lease
-    over, builds the item left in flight again, and every item once."""
+    over, builds the item left in flight again (or finds its plan stored),
+    and every item once."""
     redis_server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
     build_log = tmp_path / "builds.jsonl"
     env = child_env(PLANCACHE_STANDIN_BUILD_SECONDS="0.4", PLANCACHE_STANDIN_BUILD_LOG=str(build_log))
@@ -363,7 +364,9 @@ def test_a_warming_plan_is_resumed_after_its_worker_dies(tmp_path: Path) -> None
             stack.enter_context(worker_process(redis_server.url, tmp_path / "worker2.log", *flags, env=env))
             done = _wait_done(client, timeout=60)
         warmed = [line for line in build_log.read_text().splitlines()][len(specs) :]
-        assert done.built == 6 and done.failed == 0, done
+        # The item in flight when the first worker died is built again by the second, or found stored (the
+        # first worker stored its plan and was killed before it recorded the item built: "already stored").
+        assert done.built + done.skipped == 6 and done.skipped <= 1 and done.failed == 0, done
         # Every item once, but the one in flight when the first worker died, which may have been built twice.
         assert 6 <= len(warmed) <= 7, warmed
     finally:
