@@ -356,8 +356,6 @@ class Bench:
             str(self.private_key),
             "--no-warm",
             *(["--build-processes", str(build_processes)] if build_processes else []),
-            # A diagnosis's worker settings (e.g. "--tune-after-quiet 1"), as scripts/gpu-dropin-hedge.sh passes them.
-            *os.environ.get("STARTUP_WORKER_FLAGS", "").split(),
         ]
         self.target_id = ""  # the worker's exact target (its log says), and the 13 plan keys on it
         self.keys: list[str] = []
