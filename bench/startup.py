@@ -122,6 +122,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import startup_deploy as deploy
+from bench.procs import physical_cores, split_by_core
 from bench.report import figure, save, table, write_json
 from plancache_server.store.embedded_redis import free_port
 from tests.support.processes import REPO, child_env, server_process, trusting_env, worker_process
@@ -349,6 +350,7 @@ class Bench:
         self.warm_cache = warm_cache or self.tmp / "jit-cache"
         self.private_key, self.public_key = generate_keypair(self.tmp / "keys")
         self.build_processes = build_processes
+        self.worker_device = 0  # --worker-device: the service's GPU (another than the nodes': a diagnosis)
         self.worker_flags = [
             "--device",
             "0",
@@ -795,11 +797,14 @@ class Bench:
         return summary
 
     def split_cpus(self) -> None:
-        """Node processes on the first half of this process's CPUs; this process, and so Redis, the
-        server and its workers (its children), on the other half: as if the service had a host of its own."""
-        cpus = sorted(os.sched_getaffinity(0))
-        self.node_cpus = set(cpus[: len(cpus) // 2])
-        os.sched_setaffinity(0, set(cpus[len(cpus) // 2 :]))
+        """Node processes on half of this process's physical cores; this process, and so Redis, the server and
+        its workers (its children), on the other half: as if the service had a host of its own. Whole cores
+        (bench.procs.split_by_core): until GPU run 40 the halves were by CPU number, which on a machine numbering a
+        core's threads n and n + 8 puts every node CPU on a core with a service CPU (not known for the GPU
+        machines of those runs: the config now records the cores)."""
+        node, service = split_by_core(sorted(os.sched_getaffinity(0)))
+        self.node_cpus = set(node)
+        os.sched_setaffinity(0, set(service))
 
     def pinned(self, proc: subprocess.Popen[str]) -> subprocess.Popen[str]:
         """A node process just started, on the nodes' CPUs (--split-cpus; its clock starts long after, at the go)."""
@@ -811,6 +816,7 @@ class Bench:
         return {
             "node_cpus": sorted(self.node_cpus) if self.node_cpus else "all (shared with the service)",
             "service_cpus": sorted(os.sched_getaffinity(0)) if self.node_cpus else "all (shared with the nodes)",
+            "cpu_cores": physical_cores(sorted(os.sched_getaffinity(0) | (self.node_cpus or set()))),
             "study": self.study,
             "repeats": self.repeats,
             "foreground_s": self.foreground_s,
@@ -819,6 +825,7 @@ class Bench:
             "build_processes": self.build_processes or "the worker's default",
             "pairs": list(self.pairs) or "all",
             "worker_paused_during_hedged_first_nodes": self.pause_worker,
+            "worker_device": self.worker_device,
         }
 
 
@@ -1257,6 +1264,13 @@ def main() -> None:
         help="a diagnosis: the worker and its build processes stopped while each hedged first node runs (what the "
         "service's own builds on the same machine cost the node)",
     )
+    parser.add_argument(
+        "--worker-device",
+        type=int,
+        default=0,
+        help="a diagnosis: the service's worker on this GPU, the nodes on GPU 0 (a machine of two GPUs of one kind: "
+        "what sharing the node's GPU with the service's builds and tuning costs a hedged first node)",
+    )
     parser.add_argument("--foreground-s", type=float, default=2.0)
     parser.add_argument(
         "--build-processes", type=int, default=0, help="the workers' --build-processes (0: their default)"
@@ -1282,6 +1296,9 @@ def main() -> None:
     )
     bench.pairs = tuple(p for p in args.pairs.split(",") if p)
     bench.pause_worker = args.pause_worker
+    if args.worker_device:
+        bench.worker_device = args.worker_device
+        bench.worker_flags[bench.worker_flags.index("--device") + 1] = str(args.worker_device)
     if args.split_cpus:
         bench.split_cpus()  # before Redis starts: it and every service process inherit the service's half
     redis = EmbeddedRedis(

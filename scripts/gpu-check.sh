@@ -33,6 +33,9 @@ print("grpcio", grpc.__version__, "protobuf", google.protobuf.__version__, "redi
 PY
 cat "$OUT/versions.txt"
 "${PLANCACHE_REDIS_SERVER_BIN:-redis-server}" --version | tee -a "$OUT/versions.txt"
+# Which CPUs share a physical core (a split of the CPUs between node and service must not cut through a core).
+python3 -c "from bench.procs import physical_cores; import os; print('cpu cores', physical_cores(sorted(os.sched_getaffinity(0))))" \
+  | tee -a "$OUT/versions.txt"
 
 export PLANCACHE_TEST_GPU_OUT="$OUT"
 status=0

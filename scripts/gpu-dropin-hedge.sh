@@ -6,22 +6,34 @@
 #             alternating, REPEATS times each
 #   paused    --pause-worker (nothing of the service's builds runs while the node does: a diagnosis), REPEATS pairs
 #   profile   one pair under cProfile (PLANCACHE_BENCH_PROFILE, every thread): its profiles in rest.tgz
+#   shared    the pairs of $PAIRS (default first-dropin) as shipped, every process on every CPU
+#   cores     the same with node and service on different physical cores (--split-cpus)
+#   pool1     the same with the worker building in one process (--build-processes 1: less of the host's CPU)
+#   gpu1      the same with the worker on GPU 1, the nodes on GPU 0 (--worker-device 1; a 2-GPU machine)
+#   (shared, cores, pool1 and gpu1 together: which of the service's work beside a hedged node slows its own build,
+#   GPU run 40: the CPUs' cores, the CPU time or the GPU)
 # Usage (after `source scripts/gpu-env.sh`): REPEATS=4 ARMS="pairs paused profile" scripts/gpu-dropin-hedge.sh
+#   PAIRS=first-dropin,first-compile REPEATS=3 ARMS="shared cores pool1 gpu1" scripts/gpu-dropin-hedge.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
 for arm in ${ARMS:-pairs paused profile}; do
   mkdir -p "$OUT/$arm"
-  pairs=first-dropin pause="" profile="" repeats=${REPEATS:-4}
+  pairs=first-dropin pause="" profile="" repeats=${REPEATS:-4} flags=()
   case "$arm" in
     pairs) pairs=first-dropin,first-dropin+quiet ;;
     paused) pause=1 ;;
     profile) profile=1 repeats=1 ;;
+    shared) pairs=${PAIRS:-first-dropin} ;;
+    cores) pairs=${PAIRS:-first-dropin} flags=(--split-cpus) ;;
+    pool1) pairs=${PAIRS:-first-dropin} flags=(--build-processes 1) ;;
+    gpu1) pairs=${PAIRS:-first-dropin} flags=(--worker-device 1) ;;
+    *) echo "unknown arm $arm" >&2; continue ;;
   esac
   BENCH_MISS_PHASES=1 BENCH_MISS_PROFILE="$profile" \
     python3 bench/startup.py --out "$OUT/$arm" --jit warm --study hedge-paired --pairs "$pairs" \
       --warm-cache .startup-jit-cache --time-limit "${TIME_LIMIT:-200}" --repeats "$repeats" \
-      ${pause:+--pause-worker} > "$OUT/$arm/startup.log" 2>&1
+      ${pause:+--pause-worker} "${flags[@]}" > "$OUT/$arm/startup.log" 2>&1
   grep -A14 "JIT cache  path" "$OUT/$arm/startup.log" | head -14
   # At most 8 files come back: per arm its JSON and one archive of the rest (written beside the folder, then moved in).
   (cd "$OUT/$arm" && tar czf "../$arm-rest.tgz" --exclude=startup.json . \

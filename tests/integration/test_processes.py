@@ -415,11 +415,17 @@ def test_a_worker_whose_metrics_port_is_taken_still_builds(tmp_path: Path) -> No
     from plancache_server.store.embedded_redis import EmbeddedRedis
     from tests.support.processes import server_process, wait_for_workers
 
+    # Redis and the server's address first: each takes a free port, which could otherwise be the metrics port
+    # probed free below (a full-suite run met "Address already in use" at the server's start once).
+    redis_server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
+    address = f"127.0.0.1:{free_port()}"
     holder = socket.socket()
     while True:  # a free port whose next one this test holds
         holder.bind(("127.0.0.1", 0))
         metrics_port = holder.getsockname()[1] - 1
         try:
+            if str(metrics_port) == address.rsplit(":", 1)[1] or str(metrics_port + 1) == address.rsplit(":", 1)[1]:
+                raise OSError("the server's own address")
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", metrics_port))
             break
@@ -427,8 +433,6 @@ def test_a_worker_whose_metrics_port_is_taken_still_builds(tmp_path: Path) -> No
             holder.close()
             holder = socket.socket()
     holder.listen()
-    redis_server = EmbeddedRedis(tmp_path / "redis", persist=False).start()
-    address = f"127.0.0.1:{free_port()}"
     try:
         with server_process(
             address,
