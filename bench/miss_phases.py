@@ -144,3 +144,11 @@ def phases() -> dict[str, dict[str, float]]:
         for name, values in found.items()
         if values
     }
+
+
+def take() -> dict[str, list[float]]:
+    """Every step's clocked seconds so far, the clocks then emptied (a benchmark's modes, one after the other)."""
+    with _lock:
+        found = {name: list(values) for name, values in _TIMES.items()}
+        _TIMES.clear()
+    return found

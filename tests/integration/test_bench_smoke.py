@@ -270,6 +270,23 @@ def test_herd_quick_run_builds_each_key_once_and_writes_its_json_and_plot(tmp_pa
     assert (tmp_path / "herd.png").stat().st_size > 10_000
 
 
+def test_miss_cost_quick_run_builds_every_graph_here_and_splits_its_time(tmp_path: Path) -> None:
+    """bench/miss_cost.py, three rounds: every hedged call was a miss whose node-side build ran (the stand-in's
+    clock inside it), each answered by one of the two sides, in both ways of waiting; the figures are the parts of
+    the calls they name."""
+    proc = run_bench("miss_cost.py", "--rounds", "3", "--calls", "3", "--build-ms", "20", "--out", str(tmp_path))
+    assert "fixed cost" in proc.stdout
+    results = json.loads((tmp_path / "miss_cost.json").read_text())
+    assert results["ms"]["local"]["median"] >= 20  # the spin ran its 20 ms
+    for mode in ("future", "kept"):
+        assert sum(results[mode]["sources"].values()) == 3 * 3, mode  # the rounds' calls (the warm-up's not counted)
+        assert set(results[mode]["sources"]) <= {"local", "compiled"}
+        assert results["build_inside_ms"][mode]["median"] >= 20
+        assert results["ms"][mode]["median"] >= results["build_inside_ms"][mode]["median"]  # the build is inside
+        assert results[mode]["fixed_cost_ms"] >= 0 and results[mode]["build_slowdown"] > 0.9
+    assert (tmp_path / "miss_cost.png").stat().st_size > 10_000
+
+
 def test_flood_quick_run_answers_every_flooder_call_and_no_honest_call_fails(tmp_path: Path) -> None:
     """bench/flood.py --quick (a tenth of the flood, short phases): every call the flooder made ends with a
     status it counts, no honest node's read or compile fails, nothing is left queued, the JSON and plot

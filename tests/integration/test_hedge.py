@@ -300,3 +300,21 @@ def test_a_node_plan_the_service_failed_is_reused_and_the_service_asked_again(
             assert again is first and builder.built == [first.key]  # not rebuilt
     finally:
         stop()  # type: ignore[operator]
+
+
+def test_misses_one_after_another_wait_for_the_service_on_one_kept_thread(fast_service: Stack) -> None:
+    """Each hedged miss's Compile waits on plancache's kept threads: misses one after another start no thread each
+    (gRPC's future() started one for a call alone on its channel, ~0.4 ms of every miss: bench/miss_cost.py), and
+    the service answers every one of them there, before the node's slower builds end (its plans run)."""
+    builder = StandInLocalBuilder(seconds=0.5)  # the service builds in FAST_S: each answer comes during the build
+    waiting = hedge.WaitingCalls(hedge.WAITING_THREADS)
+    hedge.waiting_calls.use(waiting)
+    try:
+        with Client(fast_service.address, cache=False, local_builder=builder) as client:
+            plans = [client.compile(matmul_spec(m=8 * (i + 1), name=f"kept-{i}"), TARGET) for i in range(6)]
+        assert len(builder.built) == 6
+        assert [p.source for p in plans] == ["compiled"] * 6, [p.source for p in plans]
+        assert waiting._threads == 1  # one kept thread for six misses
+        assert hedge.race_stats()["compile"].service_won == 6
+    finally:
+        hedge.waiting_calls.use(None)

@@ -8,7 +8,8 @@ thread, no stream). On a miss the server starts or joins the build and
 answers at once that it is building; the node then builds the plan itself
 on the caller's thread, while the race asks again (`counted`: the same
 build, counted once) and verifies the service's answer (signature, and
-that it answers what was asked) when it comes, on a pool thread. An
+that it answers what was asked) when it comes, on the kept thread its
+Compile waits on (`WaitingCalls`). An
 expected miss skips the first answer (plancache.transport.hedged_calls).
 When the node's build returns:
 
@@ -55,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import queue
 import sys
 import threading
 import time
@@ -193,25 +195,51 @@ def refused_plan(error: PlanCacheError) -> None:
 # ---- one race -----------------------------------------------------------------------
 
 
+class Asking(Protocol):
+    """How a race asks the service: one Compile, waited for on a kept thread (`call`) or as gRPC's future."""
+
+    def call(self, timeout: float | None) -> pb.CompileResponse: ...
+
+    def future(self, timeout: float | None) -> grpc.Future[pb.CompileResponse]: ...
+
+
+@dataclass(frozen=True)
+class CompileAsk:
+    """The Compile a race sends (its answer waits for the build the first request started or joined, or is the
+    plan itself where the service has one), through `method`, a stub's Compile."""
+
+    method: grpc.UnaryUnaryMultiCallable[pb.CompileRequest, pb.CompileResponse]
+    request: pb.CompileRequest
+    metadata: tuple[tuple[str, str], ...] | None
+
+    def call(self, timeout: float | None) -> pb.CompileResponse:
+        return self.method(self.request, timeout=timeout, metadata=self.metadata)
+
+    def future(self, timeout: float | None) -> grpc.Future[pb.CompileResponse]:
+        return self.method.future(self.request, timeout=timeout, metadata=self.metadata)
+
+
 class Race:
-    """The service's side of one hedged miss. `ask(timeout)` sends a
-    Compile (a future: its answer waits for the build the first request
-    started or joined, or is the plan itself where the service has one);
+    """The service's side of one hedged miss. `ask` sends a Compile;
     `remember(response)` verifies the answer and makes its Plan
-    (PlanCacheError when it does not verify). No thread waits for it: the
-    answer's callback hands the verification to a small pool shared by
-    every race of the process (a thread per miss cost the caller 0.3-0.4 ms
-    to start, GPU run 27, and one thread per build under way); a refusal for
-    now (admission control) is asked again after the server's delay, within
-    `deadline`, while the node builds. `building`: the service said it was
-    building the plan, or was asked while the node began its build (it
-    knows this miss). `on_answer(race, response)`, when given, sees each
-    answer before it is verified. Without `ask`, the race is over before it began:
-    `error` says why."""
+    (PlanCacheError when it does not verify). The Compile waits on one of
+    the process's kept daemon threads (`WaitingCalls`: handing it over costs
+    the caller ~20 µs, where gRPC's `future()` started a thread of its own
+    for a call alone on its channel, ~0.4-0.6 ms of every miss,
+    bench/miss_cost.py and GPU run 40), which verifies the answer when it
+    comes; past the kept threads' bound it goes as gRPC's future, whose
+    callback hands the verification to a small pool shared by every race (a
+    thread started per miss cost the caller 0.3-0.4 ms, GPU run 27). A
+    refusal for now (admission control) is asked again after the server's
+    delay, within `deadline`, while the node builds. `building`: the service
+    said it was building the plan, or was asked while the node began its
+    build (it knows this miss). `on_answer(race, response)`, when given,
+    sees each answer before it is verified. Without `ask`, the race is over
+    before it began: `error` says why."""
 
     def __init__(
         self,
-        ask: Callable[[float | None], grpc.Future[pb.CompileResponse]] | None,
+        ask: Asking | None,
         remember: Callable[[pb.CompileResponse], Plan],
         path: str,
         deadline: float | None,
@@ -252,41 +280,62 @@ class Race:
         counts(self.path).replaced += 1
 
     def cancel(self) -> None:
+        """No more asking (a refusal for now is not asked again); a future is cancelled, a call waiting on a kept
+        thread ends at its deadline (the race's: it was sent with what was left of it)."""
         self._cancelled = True
         if self._future is not None:
             self._future.cancel()
 
     def _send(self) -> None:
+        if waiting_calls.get().submit(self._wait):
+            return
         assert self._ask is not None
         try:
-            self._future = self._ask(remaining(self._deadline))
+            self._future = self._ask.future(remaining(self._deadline))
         except Exception as e:  # e.g. a closed channel
             self.error = Unavailable(f"the service could not be asked: {type(e).__name__}: {e}")
             self._finish()
             return
         self._future.add_done_callback(self._answered)
 
+    def _wait(self) -> None:
+        """On a kept thread: the Compile, then its answer verified here."""
+        ask = self._ask
+        assert ask is not None
+        self._take(lambda: ask.call(remaining(self._deadline)))
+
     def _answered(self, future: grpc.Future[pb.CompileResponse]) -> None:
         """On gRPC's thread (or the asker's, when already done): the verification goes to the pool."""
         try:
-            _answers().submit(self._settle, future)
+            _answer_pool.get().submit(self._settle, future)
         except RuntimeError:  # the interpreter is shutting down: no pool any more
             self._settle(future)
 
     def _settle(self, future: grpc.Future[pb.CompileResponse]) -> None:
+        self._take(future.result)
+
+    def _take(self, answer: Callable[[], pb.CompileResponse]) -> None:
+        """The service's answer, from `answer()`: verified, or the call's failure (asked again where it says so)."""
         try:
-            try:
-                response = future.result()
-            except grpc.RpcError as exc:
-                self._failed(typed(exc))
-                return
+            response = answer()
+        except grpc.RpcError as exc:
+            self._failed(typed(exc))
+            return
+        except Exception as e:  # e.g. a closed channel, or the call cancelled
+            self.error = Unavailable(f"the service's answer did not come: {type(e).__name__}: {e}")
+            self._finish()
+            return
+        self._accept(response)
+
+    def _accept(self, response: pb.CompileResponse) -> None:
+        try:
             if self._on_answer is not None:
                 self._on_answer(self, response)
             self._plan = self._remember(response)
         except PlanCacheError as e:  # the answer did not verify: never deserialized, never run
             self.error = e
             refused_plan(e)
-        except Exception as e:  # e.g. a message this client cannot read, or the call cancelled
+        except Exception as e:  # e.g. a message this client cannot read
             self.error = Unavailable(f"the service's answer did not come: {type(e).__name__}: {e}")
         self._finish()
 
@@ -311,29 +360,84 @@ class Race:
         self._done.set()
 
 
-# Verifies the service's answers to hedged misses (signature, question): a few
+class WaitingCalls:
+    """Kept daemon threads on which races' Compiles wait for the service's builds, started as needed up to
+    `limit` (each waits in gRPC with the interpreter released; a process's misses in flight at once are few: one
+    per thread that compiles). Daemon threads: a process may exit while one waits (its call ends with it), as
+    with gRPC's own threads; concurrent.futures' would be joined at exit, up to the call's deadline."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        # Threads waiting for work minus work queued (a thread that finishes counts itself in before it waits):
+        # above 0, work put now is taken at once; at 0 it needs a new thread.
+        self._idle = 0
+
+    def submit(self, work: Callable[[], None]) -> bool:
+        """Run `work` on a kept thread, at once; False when all `limit` threads are busy (nothing is queued
+        behind a waiting call)."""
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1
+                start = False
+            elif self._threads < self.limit:
+                self._threads += 1
+                start = True
+            else:
+                return False
+        self._queue.put(work)
+        if start:
+            threading.Thread(target=self._serve, name="plancache-race-wait", daemon=True).start()
+        return True
+
+    def _serve(self) -> None:
+        while True:
+            work = self._queue.get()
+            try:
+                work()
+            except Exception:  # a race settles its own failures: this is a bug, not the service's answer
+                log.exception("a hedged miss's call failed on its waiting thread")
+            with self._lock:
+                self._idle += 1
+
+
+class PerProcess(Generic[T]):
+    """One `make()` per process, made at its first use; a forked child has none of its parent's threads and makes
+    its own. `use(value)` puts another in its place (a benchmark's or a test's; None: made again at next use)."""
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._make = make
+        self._value: T | None = None
+        self._lock = threading.Lock()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def get(self) -> T:
+        value = self._value
+        if value is None:
+            with self._lock:
+                value = self._value
+                if value is None:
+                    value = self._value = self._make()
+        return value
+
+    def use(self, value: T | None) -> None:
+        self._value = value
+
+    def _forget(self) -> None:
+        self._value, self._lock = None, threading.Lock()
+
+
+# At most this many of a process's misses wait on kept threads at once; more go as gRPC futures.
+WAITING_THREADS = 32
+waiting_calls: PerProcess[WaitingCalls] = PerProcess(lambda: WaitingCalls(WAITING_THREADS))
+# Verifies the service's answers to hedged misses that went as gRPC futures (signature, question): a few
 # hundred microseconds each, off the caller's thread; the threads are kept.
 ANSWER_THREADS = 2
-_answer_pool: ThreadPoolExecutor | None = None
-_answer_pool_lock = threading.Lock()
-
-
-def _answers() -> ThreadPoolExecutor:
-    global _answer_pool
-    if _answer_pool is None:
-        with _answer_pool_lock:
-            if _answer_pool is None:
-                _answer_pool = ThreadPoolExecutor(ANSWER_THREADS, thread_name_prefix="plancache-race")
-    return _answer_pool
-
-
-def _forget_answer_pool() -> None:
-    """A forked child has none of its parent's threads: its races start a pool of their own."""
-    global _answer_pool, _answer_pool_lock
-    _answer_pool, _answer_pool_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_answer_pool)
+_answer_pool: PerProcess[ThreadPoolExecutor] = PerProcess(
+    lambda: ThreadPoolExecutor(ANSWER_THREADS, thread_name_prefix="plancache-race")
+)
 
 
 @dataclass

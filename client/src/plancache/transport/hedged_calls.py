@@ -46,13 +46,20 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
-import grpc
-
 from plancache.errors import CompileTimeout, PlanCacheError
 from plancache.run.local import LocalPlan
 from plancache.run.plan import Plan
 from plancache.transport.connection import Connection
-from plancache.transport.hedge import NOT_HEDGED, Race, Raced, counts, hedge_after_s, refused_plan, run_race
+from plancache.transport.hedge import (
+    NOT_HEDGED,
+    CompileAsk,
+    Race,
+    Raced,
+    counts,
+    hedge_after_s,
+    refused_plan,
+    run_race,
+)
 from plancache.transport.intake import PlanIntake
 from plancache.transport.reports import Reports
 from plancache.trust.answers import Asked
@@ -195,9 +202,8 @@ class HedgedCalls:
         )
         return run_race(race, build, deadline, self._reports.add, asked.key)
 
-    def _asker(self, request: pb.CompileRequest) -> Callable[[float | None], grpc.Future[pb.CompileResponse]]:
-        stub, metadata = self._connection.stub, self._connection.metadata
-        return lambda timeout: stub.Compile.future(request, timeout=timeout, metadata=metadata)
+    def _asker(self, request: pb.CompileRequest) -> CompileAsk:
+        return CompileAsk(self._connection.stub.Compile, request, self._connection.metadata)
 
     def _hold(self, plan: LocalPlan) -> None:
         self._local_plans[plan.key] = plan
