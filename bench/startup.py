@@ -1269,7 +1269,8 @@ def main() -> None:
         type=int,
         default=0,
         help="a diagnosis: the service's worker on this GPU, the nodes on GPU 0 (a machine of two GPUs of one kind: "
-        "what sharing the node's GPU with the service's builds and tuning costs a hedged first node)",
+        "what sharing the node's GPU with the service's builds and tuning costs a hedged first node; the pool's GPU "
+        "memory figures still read GPU 0)",
     )
     parser.add_argument("--foreground-s", type=float, default=2.0)
     parser.add_argument(
