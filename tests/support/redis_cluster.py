@@ -25,10 +25,22 @@ def _port_pair_free(port: int) -> bool:
     return True
 
 
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out for outgoing connections and port-0 binds."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def cluster_ports(count: int) -> list[int]:
+    """`count` ports whose cluster bus ports (+ 10000) are free too, all below the ephemeral range: a port in it
+    can be taken between the probe and the node's bind by any connection or free_port() of the suite's parallel
+    tests (a fresh-clone CI run lost a failover test to its bus port 37177 so)."""
+    high = min(_ephemeral_low(), 65536) - 10001
     ports: list[int] = []
     while len(ports) < count:
-        port = random.randint(20000, 50000)
+        port = random.randint(10000, max(high, 10001))
         if port not in ports and _port_pair_free(port):
             ports.append(port)
     return ports
