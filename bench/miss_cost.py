@@ -32,7 +32,7 @@ race's start, settling, the verification), in the JSON's `phases`.
 service's processes to the rest (bench.procs.split_by_core), as a service on a
 host of its own; default: every process on every CPU.
 
-    python3 bench/miss_cost.py --out DIR [--split]     # DIR/miss_cost[_split].{json,png}
+    python3 bench/miss_cost.py --out DIR [--split] [--tag T]   # DIR/miss_cost[_split][_T].{json,png}
 """
 
 from __future__ import annotations
@@ -206,8 +206,8 @@ def run(rounds: int, calls: int, build_ms: float, service_ms: float, split: bool
     return result
 
 
-def report(result: dict[str, Any], out: Path) -> None:
-    name = "miss_cost_split" if result["config"]["split"] else "miss_cost"
+def report(result: dict[str, Any], out: Path, tag: str = "") -> None:
+    name = ("miss_cost_split" if result["config"]["split"] else "miss_cost") + (f"_{tag}" if tag else "")
     write_json(out / f"{name}.json", result)
     rows = [[m, v["median"], v["min"], v["max"]] for m, v in result["ms"].items()]
     print(table(["per call", "ms (median of rounds)", "min", "max"], rows))
@@ -241,9 +241,10 @@ def main() -> None:
     parser.add_argument("--build-ms", type=float, default=50.0, help="the node's own build: Python running")
     parser.add_argument("--service-ms", type=float, default=20.0, help="the service's stand-in build")
     parser.add_argument("--split", action="store_true", help="node and service on different physical cores")
+    parser.add_argument("--tag", default="", help="a suffix for the output files' names (another configuration)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    report(run(args.rounds, args.calls, args.build_ms, args.service_ms, args.split), args.out)
+    report(run(args.rounds, args.calls, args.build_ms, args.service_ms, args.split), args.out, args.tag)
 
 
 if __name__ == "__main__":
