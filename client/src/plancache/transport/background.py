@@ -192,6 +192,8 @@ class BackgroundPrefetch:
                 log.debug("plan %d did not deserialize ahead of its use: %s", index, e)
 
     def _load_plan(self, plan: Plan) -> None:
+        """A plan deserialized by the stream's own threads (not by a caller at first use, which calls
+        plan.load() itself): one place, where a test or benchmark clocks the stream's deserializations alone."""
         plan.load()
 
     @property

@@ -195,18 +195,11 @@ def refused_plan(error: PlanCacheError) -> None:
 # ---- one race -----------------------------------------------------------------------
 
 
-class Asking(Protocol):
-    """How a race asks the service: one Compile, waited for on a kept thread (`call`) or as gRPC's future."""
-
-    def call(self, timeout: float | None) -> pb.CompileResponse: ...
-
-    def future(self, timeout: float | None) -> grpc.Future[pb.CompileResponse]: ...
-
-
 @dataclass(frozen=True)
 class CompileAsk:
     """The Compile a race sends (its answer waits for the build the first request started or joined, or is the
-    plan itself where the service has one), through `method`, a stub's Compile."""
+    plan itself where the service has one), through `method`, a stub's Compile: waited for on a kept thread
+    (`call`) or as gRPC's future."""
 
     method: grpc.UnaryUnaryMultiCallable[pb.CompileRequest, pb.CompileResponse]
     request: pb.CompileRequest
@@ -239,7 +232,7 @@ class Race:
 
     def __init__(
         self,
-        ask: Asking | None,
+        ask: CompileAsk | None,
         remember: Callable[[pb.CompileResponse], Plan],
         path: str,
         deadline: float | None,
