@@ -137,6 +137,9 @@ NO_STREAM = "+no-stream"  # PATH+NO_STREAM: a workload path with PLANCACHE_WORKL
 # PATH+QUIET+HEDGE: a hedged first node whose fresh worker holds autotuning back while misses come
 # (--tune-after-quiet 1: no candidate timed on the GPU beside the node's own builds); --pairs first-dropin+quiet.
 QUIET = "+quiet"
+# PATH+EAGER+HEDGE: a hedged first node whose fresh worker builds for it at once (--hedged-quiet 0: as every worker
+# did before GPU run 41), beside the node's own builds; --pairs first-compile+eager,first-dropin+eager.
+EAGER = "+eager"
 LISTED = "+listed"  # PATH+LISTED: PLANCACHE_WORKLOAD_DESERIALIZE=listed (nothing before the graphs took the record)
 HEDGED = (
     "first-compile",
@@ -207,6 +210,8 @@ PATHS = (
     "first-dropin",
     "first-dropin+hedge",
     "first-dropin" + QUIET + HEDGE,
+    "first-compile" + EAGER + HEDGE,
+    "first-dropin" + EAGER + HEDGE,
     "first-functional",
     "first-functional+hedge",
     "fetch",
@@ -264,7 +269,11 @@ PAIRED = (
     ("local-functional", "first-functional+hedge"),
 )
 # Selected by name only (--pairs first-dropin+quiet): a diagnosis, beside the drop-in's own pair.
-PAIRED_BY_NAME = (("local-program", "first-dropin" + QUIET + HEDGE),)
+PAIRED_BY_NAME = (
+    ("local-program", "first-dropin" + QUIET + HEDGE),
+    ("local-heuristic", "first-compile" + EAGER + HEDGE),
+    ("local-program", "first-dropin" + EAGER + HEDGE),
+)
 # --study all: issue 29's runs after today's (their unhedged first-compile, first-lazy and first-compile-4proc ran already).
 ISSUE_29 = (
     ("first-compile+hedge",),
@@ -316,7 +325,7 @@ TUNED_WAIT_S = (25, 10)
 
 def base(path: str) -> str:
     """The path without its hedge, deserialization or collision: what its node processes run."""
-    for suffix in (HEDGE, QUIET, FIRST_USE, COLLIDED, NO_STREAM, LISTED):
+    for suffix in (HEDGE, QUIET, EAGER, FIRST_USE, COLLIDED, NO_STREAM, LISTED):
         path = path.removesuffix(suffix)
     return path
 
@@ -581,6 +590,7 @@ class Bench:
         watcher = deploy.TunedWatcher(redis_url) if self.watches(path) else None
         try:
             quiet = ["--tune-after-quiet", "1"] if QUIET in path else []
+            quiet += ["--hedged-quiet", "0"] if EAGER in path else []
             with worker_process(
                 redis_url, log, *self.worker_flags, *quiet, env=child_env(**self.cache_env(jit))
             ) as worker:
@@ -954,6 +964,15 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         s["first_dropin_quiet_hedge_over_local_program"] = paired_ratio(
             runs, jit, "first-dropin" + QUIET + HEDGE, "local-program"
         )
+        # The same hedged first nodes with the worker building for them at once (before GPU run 41).
+        s["eager_paired"] = {
+            "first_compile_eager_hedge_over_local": paired_ratio(
+                runs, jit, "first-compile" + EAGER + HEDGE, "local-heuristic"
+            ),
+            "first_dropin_eager_hedge_over_local_program": paired_ratio(
+                runs, jit, "first-dropin" + EAGER + HEDGE, "local-program"
+            ),
+        }
         s["paired"] = {
             name: paired_ratio(runs, jit, path + HEDGE, equivalent if equivalent != "local-lazy" else "local-heuristic")
             for path, (equivalent, _, name) in VERSUS_LOCAL.items()

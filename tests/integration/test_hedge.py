@@ -53,6 +53,10 @@ def runtime() -> Iterator[FakeRuntime]:
 
 
 def stack_of(redis_server: EmbeddedRedis, build_seconds: float, **kwargs: object) -> tuple[Stack, object]:
+    """A stack whose worker builds a hedged miss at once (--hedged-quiet 0): the race itself, decided by the two
+    sleeps. A worker's default lets such builds wait while hedged misses keep coming
+    (tests/integration/test_yielding_builds.py)."""
+    kwargs.setdefault("hedged_quiet_s", 0.0)
     return start_stack(redis_server.url, StandInCompiler(build_seconds=build_seconds), **kwargs)  # type: ignore[arg-type]
 
 
@@ -200,7 +204,7 @@ def test_a_service_plan_failing_verification_is_never_run(
 ) -> None:
     worker_key, _ = generate_keypair(tmp_path / "worker")
     _, other_public = generate_keypair(tmp_path / "other")
-    s, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=FAST_S), signer=Signer.from_file(worker_key))
+    s, stop = stack_of(redis_server, FAST_S, signer=Signer.from_file(worker_key))
     builder = StandInLocalBuilder(seconds=0.5)
     spec = matmul_spec(m=128, name="untrusted")
     try:
@@ -314,7 +318,7 @@ def test_misses_one_after_another_wait_for_the_service_on_one_kept_thread(fast_s
             plans = [client.compile(matmul_spec(m=8 * (i + 1), name=f"kept-{i}"), TARGET) for i in range(6)]
         assert len(builder.built) == 6
         assert [p.source for p in plans] == ["compiled"] * 6, [p.source for p in plans]
-        assert waiting._threads == 1  # one kept thread for six misses
+        assert waiting._threads == 2  # for six misses: one kept thread and its spare
         assert hedge.race_stats()["compile"].service_won == 6
     finally:
         hedge.waiting_calls.use(None)

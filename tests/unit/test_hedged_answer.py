@@ -23,17 +23,21 @@ class SlowQueue:
     def __init__(self, queue_s: float, error: Exception | None = None) -> None:
         self.queue_s, self.error = queue_s, error
         self.started: list[str] = []
+        self.yields: list[bool] = []  # each queued build's: whether its caller builds it itself
         self.released = 0
         self.looked_up = 0
 
     async def lookup(self, *args: Any, **kwargs: Any) -> None:
         self.looked_up += 1
 
-    async def start_build(self, resolved: Any, tuned_only: bool = False, count: bool = True) -> Any:
+    async def start_build(
+        self, resolved: Any, tuned_only: bool = False, count: bool = True, yields: bool = False
+    ) -> Any:
         await asyncio.sleep(self.queue_s)
         if self.error is not None:
             raise self.error
         self.started.append(resolved.key)
+        self.yields.append(yields)
         lookups = self
 
         class Waiter:
@@ -89,7 +93,7 @@ def test_the_first_answer_comes_before_the_build_is_queued() -> None:
         service = _service(lookups)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        answer = await service.compile(pb.CompileRequest(answer_miss_at_once=True), None, _sent)
+        answer = await service.compile(pb.CompileRequest(answer_miss_at_once=True, builds_itself=True), None, _sent)
         took = loop.time() - started
         assert answer == BUILDING
         assert lookups.started == []  # not queued yet: the answer did not wait for it
@@ -99,6 +103,7 @@ def test_the_first_answer_comes_before_the_build_is_queued() -> None:
     took, lookups = asyncio.run(main())
     assert took < 0.1, f"the first answer waited {took:.3f} s for the build to be queued"
     assert lookups.started == [Resolved.key]  # queued once, after the answer
+    assert lookups.yields == [True]  # as a build its caller builds itself (the worker lets it wait)
     assert lookups.released == 1  # and nobody waits on this gateway for it: the follow-up joins
 
 

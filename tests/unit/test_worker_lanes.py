@@ -12,7 +12,7 @@ from plancache.keys.query import PlanQuery
 from plancache_server.store.jobs import Job
 from plancache_server.worker.build_tasks import CANDIDATE, HEURISTIC, BuildTask, task_plan_query, task_query
 from plancache_server.worker.held_builds import Build
-from plancache_server.worker.lanes import TUNING_WAIT_CAP_S, Lane, Lanes, TuningGate
+from plancache_server.worker.lanes import TUNING_WAIT_CAP_S, YIELD_WAIT_CAP_S, Lane, Lanes, TuningGate, YieldGate
 from plancache_server.worker.verified_job import VerifiedJob
 from plancache_server.worker.warm_runner import WarmRef
 from tests.support.specs import matmul_spec
@@ -21,9 +21,9 @@ from tests.support.standin import STANDIN_TARGET as TARGET
 _task_ids = iter(range(1, 1000))
 
 
-def _build(m: int, warm: bool = False) -> Build:
+def _build(m: int, warm: bool = False, yields: bool = False) -> Build:
     query = PlanQuery.of(matmul_spec(m=m), TARGET)
-    job = Job(job_id=f"job-{m}", plan_key=query.key, query=query.proto)
+    job = Job(job_id=f"job-{m}", plan_key=query.key, query=query.proto, yields=yields)
     return Build(None, job, VerifiedJob(query), warm=WarmRef(TARGET.id, m) if warm else None)
 
 
@@ -85,6 +85,42 @@ def test_a_promoted_warm_build_moves_to_the_callers_lanes() -> None:
     ]
 
 
+def test_a_build_for_callers_building_it_themselves_yields_until_one_that_waits_joins() -> None:
+    hedged, waited = _build(16, yields=True), _build(32)
+    assert hedged.yielding and hedged.lanes == (Lane.YIELDING, Lane.CANDIDATE)
+    assert not waited.yielding and waited.lanes == (Lane.HEURISTIC, Lane.CANDIDATE)
+    assert not _build(48, warm=True, yields=True).yielding  # a warm build's lanes are warming's
+    lanes = Lanes()
+    _push(lanes, Lane.YIELDING, hedged, HEURISTIC, 0)
+    _push(lanes, Lane.WARM_HEURISTIC, _build(64, warm=True), HEURISTIC, 0)
+    _push(lanes, Lane.HEURISTIC, waited, HEURISTIC, 0)
+    assert [p[:2] for p in _drain(lanes)] == [
+        (Lane.HEURISTIC, "job-32"),
+        (Lane.YIELDING, "job-16"),  # before warming: a node asked for it
+        (Lane.WARM_HEURISTIC, "job-64"),
+    ]
+    _push(lanes, Lane.YIELDING, hedged, HEURISTIC, 0)
+    _push(lanes, Lane.HEURISTIC, waited, HEURISTIC, 0)
+    hedged.promoted.append(object())  # type: ignore[arg-type]  # a caller that waits for it (Flight.hurry)
+    assert not hedged.yielding
+    lanes.relane(hedged)
+    assert [p[:2] for p in _drain(lanes)] == [(Lane.HEURISTIC, "job-16"), (Lane.HEURISTIC, "job-32")]
+    # A stopping worker hands a yielding build back unstarted, as any other first piece.
+    _push(lanes, Lane.YIELDING, _build(80, yields=True), HEURISTIC, 0)
+    assert [b.job.job_id for b in lanes.take_unstarted()] == ["job-80"]
+
+
+def test_a_job_says_whether_it_yields_on_the_wire() -> None:
+    query = PlanQuery.of(matmul_spec(m=16), TARGET)
+    for yields in (True, False):
+        job = Job(job_id="j", plan_key=query.key, query=query.proto, waited=True, yields=yields)
+        assert Job.decode({k.encode(): v for k, v in job.encode().items()}).yields is yields
+    # A job of an earlier gateway (no field) is built at once.
+    fields = {k.encode(): v for k, v in Job(job_id="j", plan_key=query.key, query=query.proto).encode().items()}
+    del fields[b"yields"]
+    assert Job.decode(fields).yields is False
+
+
 def test_a_task_query_is_the_workers_query_parsed_once_per_bytes() -> None:
     query = PlanQuery.of(matmul_spec(m=80, name="task-query"), TARGET)
     data = task_query(query)
@@ -133,6 +169,40 @@ def test_no_wait_when_off() -> None:
     gate = TuningGate(0.0)
     gate.urgent_started()
     assert not gate.holds(Lane.CANDIDATE) and not gate.waiting
+
+
+def test_builds_wait_while_callers_build_their_own_within_a_cap() -> None:
+    clock = _Clock()
+    gate = YieldGate(1.0, clock)
+    taken = clock.now
+    assert not gate.holds(Lane.YIELDING, taken) and not gate.holds(Lane.CANDIDATE, taken)  # nobody hedged yet
+    gate.asked()  # a hedged miss's job: its node builds the graph itself now
+    assert not gate.holds(Lane.HEURISTIC, taken)  # a plan someone waits for never waits
+    for lane in (Lane.YIELDING, Lane.WARM_HEURISTIC, Lane.CANDIDATE, Lane.WARM_CANDIDATE):
+        assert gate.holds(lane, taken) and gate.waiting  # nothing of the service's beside the node's builds
+    clock.now += 0.6
+    gate.asked()  # the node's next graph: the quiet counts from it
+    clock.now += 0.6
+    assert gate.holds(Lane.YIELDING, taken)
+    assert gate.remaining_s() == pytest.approx(0.4)  # the worker waits for jobs this long, no longer
+    clock.now += 0.5  # 1.1 s without a hedged miss: the node is done
+    assert not gate.holds(Lane.YIELDING, taken) and not gate.waiting and gate.remaining_s() == 0
+    # A steady stream of hedged misses holds each build back at most YIELD_WAIT_CAP_S after it was taken.
+    taken = clock.now
+    while clock.now - taken < YIELD_WAIT_CAP_S - 0.25:
+        gate.asked()
+        assert gate.holds(Lane.YIELDING, taken)
+        clock.now += 0.25
+    gate.asked()
+    clock.now += 0.3
+    assert not gate.holds(Lane.YIELDING, taken)
+    assert gate.holds(Lane.YIELDING, clock.now)  # a build taken just now still waits
+
+
+def test_no_yielding_when_off() -> None:
+    gate = YieldGate(0.0)
+    gate.asked()
+    assert not gate.holds(Lane.YIELDING, 0.0) and not gate.waiting
 
 
 @pytest.mark.parametrize(

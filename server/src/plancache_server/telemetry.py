@@ -72,6 +72,11 @@ BUILD_SECONDS = Histogram(
     buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 60, 120, 300, 900),
 )
 BUSY = Gauge("plancache_worker_busy", "1 while this worker is building (a piece of a build in its pool, or timing)")
+YIELDING = Gauge(
+    "plancache_worker_yielding",
+    "builds this worker holds back while callers that build them themselves (hedged misses) keep asking "
+    "(--hedged-quiet; each at most 3 s)",
+)
 BUILD_PROCESSES = Gauge(
     "plancache_worker_build_processes", "processes (or threads) this worker builds plans in, side by side"
 )

@@ -465,6 +465,8 @@ def _compile_request(query: PlanQuery, *, tuned_only: bool = False, answer_miss_
         answer_miss_at_once=answer_miss_at_once,
         # A hedged miss is told before the service derives the key itself (it still does, to build).
         claimed_key=query.key if answer_miss_at_once else "",
+        # And its follow-up (a copy): the service builds it for later, not for this caller now (it yields).
+        builds_itself=answer_miss_at_once,
     )
 
 

@@ -356,16 +356,19 @@ class Race:
 class WaitingCalls:
     """Kept daemon threads on which races' Compiles wait for the service's builds, started as needed up to
     `limit` (each waits in gRPC with the interpreter released; a process's misses in flight at once are few: one
-    per thread that compiles). Daemon threads: a process may exit while one waits (its call ends with it), as
-    with gRPC's own threads; concurrent.futures' would be joined at exit, up to the call's deadline."""
+    per thread that compiles). A thread that takes work while none is left idle starts a spare first, so that the
+    next miss hands its call over (~20 µs) instead of starting a thread on the caller's thread (~0.4 ms: GPU run
+    41 measured 0.3-0.8 ms on every other miss, where the previous miss's call still waited). Daemon threads: a
+    process may exit while one waits (its call ends with it), as with gRPC's own threads; concurrent.futures'
+    would be joined at exit, up to the call's deadline."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
-        # Threads waiting for work minus work queued (a thread that finishes counts itself in before it waits):
-        # above 0, work put now is taken at once; at 0 it needs a new thread.
+        # Threads waiting for work minus work queued (a thread that finishes, or a spare being started, counts
+        # itself in before it waits): above 0, work put now is taken at once; at 0 it needs a new thread.
         self._idle = 0
 
     def submit(self, work: Callable[[], None]) -> bool:
@@ -382,12 +385,25 @@ class WaitingCalls:
                 return False
         self._queue.put(work)
         if start:
-            threading.Thread(target=self._serve, name="plancache-race-wait", daemon=True).start()
+            self._start_thread()
         return True
+
+    def _start_thread(self) -> None:
+        threading.Thread(target=self._serve, name="plancache-race-wait", daemon=True).start()
+
+    def _keep_a_spare(self) -> None:
+        """On a kept thread that just took work: a spare started where none is idle (within `limit`)."""
+        with self._lock:
+            if self._idle > 0 or self._threads >= self.limit:
+                return
+            self._threads += 1
+            self._idle += 1
+        self._start_thread()
 
     def _serve(self) -> None:
         while True:
             work = self._queue.get()
+            self._keep_a_spare()
             try:
                 work()
             except Exception:  # a race settles its own failures: this is a bug, not the service's answer

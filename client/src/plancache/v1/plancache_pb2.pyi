@@ -507,7 +507,7 @@ class Plan(_message.Message):
     def __init__(self, metadata: _Optional[_Union[PlanMetadata, _Mapping]] = ..., blob: _Optional[bytes] = ..., signature: _Optional[_Union[PlanSignature, _Mapping]] = ...) -> None: ...
 
 class CompileRequest(_message.Message):
-    __slots__ = ("spec", "target", "options", "tuned_only", "answer_miss_at_once", "counted", "claimed_key")
+    __slots__ = ("spec", "target", "options", "tuned_only", "answer_miss_at_once", "counted", "claimed_key", "builds_itself")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -515,6 +515,7 @@ class CompileRequest(_message.Message):
     ANSWER_MISS_AT_ONCE_FIELD_NUMBER: _ClassVar[int]
     COUNTED_FIELD_NUMBER: _ClassVar[int]
     CLAIMED_KEY_FIELD_NUMBER: _ClassVar[int]
+    BUILDS_ITSELF_FIELD_NUMBER: _ClassVar[int]
     spec: GraphSpec
     target: Target
     options: CompileOptions
@@ -522,7 +523,8 @@ class CompileRequest(_message.Message):
     answer_miss_at_once: bool
     counted: bool
     claimed_key: str
-    def __init__(self, spec: _Optional[_Union[GraphSpec, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., tuned_only: _Optional[bool] = ..., answer_miss_at_once: _Optional[bool] = ..., counted: _Optional[bool] = ..., claimed_key: _Optional[str] = ...) -> None: ...
+    builds_itself: bool
+    def __init__(self, spec: _Optional[_Union[GraphSpec, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., tuned_only: _Optional[bool] = ..., answer_miss_at_once: _Optional[bool] = ..., counted: _Optional[bool] = ..., claimed_key: _Optional[str] = ..., builds_itself: _Optional[bool] = ...) -> None: ...
 
 class CompileResponse(_message.Message):
     __slots__ = ("plan", "source")

@@ -103,10 +103,15 @@ class Builds:
         need not be asked: the flight answers when the plan lands)."""
         return plan_key in self._flights
 
-    async def join(self, target: Target, plan_key: str, query: pb.PlanQuery, tuned_only: bool = False) -> Waiter:
+    async def join(
+        self, target: Target, plan_key: str, query: pb.PlanQuery, tuned_only: bool = False, yields: bool = False
+    ) -> Waiter:
         """Wait for this key's build: start it (lease, job), or join the one
         under way. The waiter's future has the first plan it accepts: the
-        provisional one, unless `tuned_only`. Raises ResourceExhausted past
+        provisional one, unless `tuned_only`. `yields`: the caller builds the
+        plan itself meanwhile (a hedged miss): a build only such callers ask
+        for waits while they keep asking (Job.yields); any other caller's
+        join hurries it. Raises ResourceExhausted past
         the admission bounds, and what kept the build from being queued
         (TargetUnavailable, CompileFailed from the negative cache, a full
         queue)."""
@@ -125,9 +130,12 @@ class Builds:
                 raise
             flight = Flight(plan_key, self._crew, self._forget)
             flight.started_by = caller
+            flight.yields = yields
             self._flights[plan_key] = flight
             # Its own task: the build is queued even if this caller goes away.
             flight.task = asyncio.get_running_loop().create_task(flight.fly(target, query), name=f"flight {plan_key}")
+        elif not yields:
+            flight.hurry(target)
         waiter = Waiter(flight, self._leave, tuned_only)
         waiter.caller = caller
         flight.waiters.append(waiter)

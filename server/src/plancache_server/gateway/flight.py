@@ -162,6 +162,10 @@ class Flight:
         self.task: asyncio.Task[None] | None = None  # opens, follows the job, wakes the waiters
         self._query = pb.PlanQuery()  # what fly() queues (again, should its job be dropped)
         self.started_by = ""  # the caller whose share holds this flight's build (given back when forgotten)
+        # Every caller so far builds the plan itself (CompileRequest.builds_itself): its job yields (Job.yields)
+        # until a caller that waits for the plan joins (hurry).
+        self.yields = False
+        self._hurrying: asyncio.Task[None] | None = None
         self.queue_slot = False  # holds one of started_by's slots in the build queue (release_queue_slot)
         self.waiting_for_turn = False  # opened before its job is queued: waits for one of those slots
         # The job this gateway queued and its stream entry: taken back out if its callers all leave first.
@@ -240,7 +244,9 @@ class Flight:
         if holder is not None:
             self.job_id = holder
             await crew.states.want(plan_key, holder)  # another caller's job: ours too now
-            if holder.startswith(WARM_JOB_PREFIX):
+            if holder.startswith(WARM_JOB_PREFIX) or not self.yields:
+                # Being warmed, or maybe built for callers that build it themselves (yielding: the holder's job
+                # may say so, this gateway cannot tell): a caller that waits for it hurries it either way.
                 await self._promote(target, Job(job_id=holder, plan_key=plan_key, query=query, waited=True))
             return
         try:
@@ -265,7 +271,7 @@ class Flight:
             self.job_id = job_id  # withdrawn as any other should its callers leave from here on
             await crew.states.want(plan_key, job_id)  # before a worker can take it
             await crew.states.mark_queued(plan_key, job_id)
-            job = Job(job_id=job_id, plan_key=plan_key, query=query, waited=True)
+            job = Job(job_id=job_id, plan_key=plan_key, query=query, waited=True, yields=self.yields)
             self.entry_id = await crew.queue.enqueue(target, job)
             self.queued = (target, job)
         except BaseException:
@@ -273,15 +279,33 @@ class Flight:
             raise
         self.job_id, self.started = job_id, True
 
+    def hurry(self, target: Target) -> None:
+        """A caller that waits for the plan (not building it itself) joined a build that yields: its job is
+        queued again without yielding, once queued (or queued so if not yet), and the worker holding it moves
+        it to the callers' lanes as it does a warm build a caller asks for."""
+        if not self.yields:
+            return
+        self.yields = False
+        queued = self.queued
+        if queued is not None:
+            _, job = queued
+            hurried = Job(job_id=job.job_id, plan_key=job.plan_key, query=job.query, waited=True)
+            self._hurrying = asyncio.get_running_loop().create_task(
+                self._promote(target, hurried), name=f"hurry {job.job_id}"
+            )  # held here: the loop keeps only a weak reference to a task
+
     async def _promote(self, target: Target, job: Job) -> None:
         """The plan is being warmed (built at the lowest priority, nobody
-        waiting): its job is queued as a caller's, so that the worker
-        warming it moves it to the callers' lanes (plancache_server.worker.worker)."""
+        waiting) or built for callers that build it themselves (yielding):
+        its job is queued again as a caller's, so that the worker holding it
+        moves it to the callers' lanes (plancache_server.worker.worker; a
+        worker that finds it stored, or holds it in the callers' lanes
+        already, acknowledges it with the build)."""
         try:
             await self._crew.queue.enqueue(target, job)
-            log.info("plan %s was being warmed (job %s): asked its worker to hurry", job.plan_key, job.job_id)
-        except PlanCacheError as e:  # a full queue: the warm build goes on at its pace
-            log.warning("could not hurry the warm build of %s: %s", job.plan_key, e.message)
+            log.info("plan %s: asked the worker building it (job %s) to hurry", job.plan_key, job.job_id)
+        except PlanCacheError as e:  # a full queue: the build goes on at its pace
+            log.warning("could not hurry the build of %s: %s", job.plan_key, e.message)
 
     async def _live_targets_text(self) -> str:
         live = sorted(await self._crew.queue.live_targets())

@@ -68,10 +68,13 @@ class PlanLookups:
             telemetry.LOOKUPS, self._directory.scope(target_id), "hit" if plan is not None else "miss"
         ).inc()
 
-    async def start_build(self, resolved: PlanQuery, tuned_only: bool = False, count: bool = True) -> Waiter:
-        """Wait for the build of a missing plan: started here, or joined (counted unless not `count`)."""
+    async def start_build(
+        self, resolved: PlanQuery, tuned_only: bool = False, count: bool = True, yields: bool = False
+    ) -> Waiter:
+        """Wait for the build of a missing plan: started here, or joined (counted unless not `count`;
+        `yields`: the caller builds it itself meanwhile, Builds.join)."""
         try:
-            waiter = await self._builds.join(resolved.target, resolved.key, resolved.proto, tuned_only)
+            waiter = await self._builds.join(resolved.target, resolved.key, resolved.proto, tuned_only, yields)
         except TargetUnavailable:  # the first caller learns it while the build is being queued
             self._stats.incr(Counter.REFUSED, target_id=resolved.target.id, family=resolved.op_family)
             raise

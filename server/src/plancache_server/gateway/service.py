@@ -79,9 +79,15 @@ class PlanService:
                 if deferring:
                     self._after_answer(when_sent, request, resolved)
                 else:
-                    (await self._lookups.start_build(resolved, request.tuned_only, count=count)).release()
+                    (
+                        await self._lookups.start_build(
+                            resolved, request.tuned_only, count=count, yields=request.builds_itself
+                        )
+                    ).release()
                 return BUILDING
-            waiter = await self._lookups.start_build(resolved, request.tuned_only, count=count)
+            waiter = await self._lookups.start_build(
+                resolved, request.tuned_only, count=count, yields=request.builds_itself
+            )
         when_sent(waiter.release)
         try:
             plan = await waiter.result(self._lookups.deadline(time_remaining))
@@ -145,7 +151,9 @@ class PlanService:
                     )
                     if found is not None:
                         return
-                waiter = await self._lookups.start_build(query, request.tuned_only, count=count)
+                waiter = await self._lookups.start_build(
+                    query, request.tuned_only, count=count, yields=request.builds_itself
+                )
             except PlanCacheError as e:  # the caller's follow-up meets it again, and is told
                 log.debug("plan %s: its build was not queued: %s", query.key if query else "?", e.message)
                 return

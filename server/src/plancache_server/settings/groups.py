@@ -365,6 +365,17 @@ class BuildSettings:
         float,
         to_workers=True,
     )
+    # Longer than a first node's slowest own build (GPU run 41: 0.3-0.65 s for its first graph), so that its
+    # next ask comes before the wait ends (plancache_server.worker.lanes.YieldGate).
+    hedged_quiet_s: float = setting(
+        1.0,
+        "--hedged-quiet",
+        "seconds without a new hedged miss (a caller building the plan itself meanwhile) before a worker starts "
+        "building for such callers; meanwhile nothing but plans callers wait for builds (at most 3 s held back): "
+        "built beside nodes building their own graphs, on their host, it slowed those builds (0: no wait)",
+        float,
+        to_workers=True,
+    )
     build_processes: int = setting(
         0,
         "--build-processes",

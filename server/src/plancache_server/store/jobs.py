@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 # Add a job only while the stream holds fewer than ARGV[1] entries.
 _ENQUEUE_IF_ROOM = """
 if redis.call('xlen', KEYS[1]) >= tonumber(ARGV[1]) then return false end
-return redis.call('xadd', KEYS[1], '*', 'job_id', ARGV[2], 'plan_key', ARGV[3], 'query', ARGV[4], 'waited', ARGV[5])
+return redis.call(
+  'xadd', KEYS[1], '*', 'job_id', ARGV[2], 'plan_key', ARGV[3], 'query', ARGV[4], 'waited', ARGV[5], 'yields', ARGV[6])
 """
 
 
@@ -56,6 +57,10 @@ class Job:
     # Queued for callers who say, while they wait, that they do (plancache_server.store.build_records.WANT):
     # a worker drops it when none does any more. A job without it (a gateway of an earlier version) is built.
     waited: bool = False
+    # Its callers build the plan themselves meanwhile (CompileRequest.builds_itself: hedged misses): the worker
+    # lets it wait while such callers keep asking (plancache_server.worker.lanes.YieldGate), within a bound. A job
+    # without it is built at once; one claiming it falsely only delays its own build, by that bound.
+    yields: bool = False
 
     def encode(self) -> dict[str, bytes]:
         return {
@@ -63,6 +68,7 @@ class Job:
             "plan_key": self.plan_key.encode(),
             "query": self.query.SerializeToString(),
             "waited": b"1" if self.waited else b"0",
+            "yields": b"1" if self.yields else b"0",
         }
 
     @classmethod
@@ -74,6 +80,7 @@ class Job:
             plan_key=fields[b"plan_key"].decode(),
             query=query,
             waited=fields.get(b"waited") == b"1",
+            yields=fields.get(b"yields") == b"1",
         )
 
 
@@ -117,7 +124,14 @@ class JobQueue:
         with translated_errors("queueing a build"):
             added = await self._enqueue_if_room(
                 keys=[keys.job_stream(target)],
-                args=[self._max_jobs, fields["job_id"], fields["plan_key"], fields["query"], fields["waited"]],
+                args=[
+                    self._max_jobs,
+                    fields["job_id"],
+                    fields["plan_key"],
+                    fields["query"],
+                    fields["waited"],
+                    fields["yields"],
+                ],
             )
         if not added:
             raise ResourceExhausted(

@@ -50,9 +50,17 @@ class Build:
         return self.warm is not None and not self.promoted
 
     @property
+    def yielding(self) -> bool:
+        """Only callers that build the plan themselves asked for it (Job.yields), and no caller that waits for
+        it since (a hurry is a promotion)."""
+        return self.job.yields and self.warm is None and not self.promoted
+
+    @property
     def lanes(self) -> tuple[Lane, Lane]:
         """(heuristic, candidate) lanes of its tasks."""
-        return (Lane.WARM_HEURISTIC, Lane.WARM_CANDIDATE) if self.warming else (Lane.HEURISTIC, Lane.CANDIDATE)
+        if self.warming:
+            return (Lane.WARM_HEURISTIC, Lane.WARM_CANDIDATE)
+        return (Lane.YIELDING if self.yielding else Lane.HEURISTIC, Lane.CANDIDATE)
 
     @property
     def deliveries(self) -> list[Delivery]:
@@ -96,6 +104,14 @@ class HeldBuilds:
         """Warming items no caller has asked for yet."""
         return [b for b in self._builds.values() if b.warming]
 
-    def warm_build_of(self, plan_key: str) -> Build | None:
-        """The warm build of `plan_key` (promoted or not), if one is held."""
-        return next((b for b in self._builds.values() if b.warm is not None and b.job.plan_key == plan_key), None)
+    def joined_by(self, job: Job) -> Build | None:
+        """The build a caller's `job` joins, if one is held: the warm build of its plan (promoted or not), or
+        the build of the same job (queued again to hurry it: plancache_server.gateway.flight.Flight.hurry)."""
+        return next(
+            (
+                b
+                for b in self._builds.values()
+                if (b.warm is not None and b.job.plan_key == job.plan_key) or b.job.job_id == job.job_id
+            ),
+            None,
+        )

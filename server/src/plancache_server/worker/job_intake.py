@@ -64,8 +64,8 @@ class JobIntake:
     ) -> None:
         """Up to `room` jobs, new ones first (waiting up to `block_s` for one
         to come; None: not at all), then jobs of dead workers; each one
-        started (`start`), joined to a warm build of its plan (`promote`) or
-        answered at once."""
+        started (`start`), joined to a warm or yielding build of its plan
+        (`promote`) or answered at once."""
         block_ms = None if block_s is None else max(1, int(block_s * 1000))  # 0 would be "for ever" to Redis
         deliveries = self._queue.read(self._worker_id, self._served, block_ms=block_ms, count=room)
         if not deliveries and time.monotonic() >= self._next_reclaim:
@@ -131,9 +131,9 @@ class JobIntake:
             self._builds.record_refusal(job.plan_key, self._worker_id, reason)
             self._queue.ack(delivery)
             return
-        warming = held.warm_build_of(verified.plan_key)
-        if warming is not None:
-            promote(warming, delivery)
+        joined = held.joined_by(job)
+        if joined is not None:
+            promote(joined, delivery)
             return
         stored = self._store.get(job.plan_key)
         if stored is not None and not stored.metadata.provisional:

@@ -25,18 +25,21 @@ class Lane(enum.IntEnum):
     """What a free build process takes first (the lowest lane)."""
 
     HEURISTIC = 0  # a job's first plan: someone waits for it
+    # A job's first plan whose callers build it themselves meanwhile (hedged misses, Job.yields): it waits while
+    # such callers keep asking (YieldGate), then goes before everything but callers' plans.
+    YIELDING = 1
     # Warming: a plan nobody asked for yet (plancache_server.worker.warm_runner). Its
     # first plan goes before the candidates of an autotuning: a stored plan
     # serves the nodes that come next, a tuned one a few percent better
     # (bench/upgrade.py: with warming behind every autotuning, a rollout's
     # misses kept it from running at all).
-    WARM_HEURISTIC = 1
-    CANDIDATE = 2  # a candidate of an autotuning
-    WARM_CANDIDATE = 3
+    WARM_HEURISTIC = 2
+    CANDIDATE = 3  # a candidate of an autotuning
+    WARM_CANDIDATE = 4
 
 
 # The lanes of a build's first piece, its heuristic plan: what a stopping worker hands back unstarted.
-FIRST_LANES = (Lane.HEURISTIC, Lane.WARM_HEURISTIC)
+FIRST_LANES = (Lane.HEURISTIC, Lane.YIELDING, Lane.WARM_HEURISTIC)
 # The lanes of autotuning: candidates timed on the GPU, for a few percent (DESIGN.md).
 TUNING_LANES = (Lane.CANDIDATE, Lane.WARM_CANDIDATE)
 # Longest a candidate waits for callers' misses to pause (TuningGate): a steady stream of misses still gets tuned.
@@ -106,6 +109,53 @@ class TuningGate:
         return self._held_since is not None
 
 
+# Longest a yielding build waits (YieldGate), from when its worker took it: a fleet whose nodes never stop
+# asking still has its plans stored this soon after.
+YIELD_WAIT_CAP_S = 3.0
+
+
+class YieldGate:
+    """Builds for callers that build the plan themselves (hedged misses,
+    Job.yields) wait while such callers keep asking: no piece but a waiting
+    caller's heuristic plan (theirs, warming's, autotuning's) starts until
+    `quiet_s` after the last yielding job came, each at most
+    YIELD_WAIT_CAP_S after its build was taken. A
+    first node asks for its graphs one after another while it builds each
+    itself: the service's builds and autotuning beside it, on the same
+    host's GPU, slowed its own builds 1.14-1.43x, whether the service had
+    other CPU cores or one build process, and not at all with the worker
+    stopped (1.02x; issue 41, GPU run 41). Those callers run their own
+    plans meanwhile; the service's come for their take-over and for the
+    nodes after them. 0: no wait."""
+
+    def __init__(self, quiet_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.quiet_s, self._clock = quiet_s, clock
+        self._last_asked = float("-inf")
+        self._until = float("-inf")  # while a piece is held back: when the first of its reasons ends
+
+    def asked(self) -> None:
+        """A yielding job came: its callers are building."""
+        self._last_asked = self._clock()
+
+    def holds(self, lane: Lane, taken_at: float) -> bool:
+        """Whether a piece of `lane`, of a build taken at `taken_at` (the gate's clock), waits now."""
+        if lane == Lane.HEURISTIC or self.quiet_s <= 0:
+            return False
+        now = self._clock()
+        until = min(self._last_asked + self.quiet_s, taken_at + YIELD_WAIT_CAP_S)
+        self._until = until if now < until else float("-inf")
+        return now < until
+
+    def remaining_s(self) -> float:
+        """Seconds until the piece held back may start (0 when none is)."""
+        return max(0.0, self._until - self._clock())
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a piece is held back now (the worker's loop then polls for the end of the wait)."""
+        return self._until > self._clock()
+
+
 class Lanes:
     """The pieces waiting for a build process: a heap, the lowest first."""
 
@@ -121,6 +171,10 @@ class Lanes:
     def next_lane(self) -> Lane | None:
         """The lane of the piece that goes next (None when none waits)."""
         return self._heap[0].lane if self._heap else None
+
+    def peek(self) -> QueuedPiece:
+        """The piece that goes next, left in place (there must be one)."""
+        return self._heap[0]
 
     def pop(self) -> QueuedPiece:
         """The piece that goes next (there must be one)."""
@@ -139,10 +193,10 @@ class Lanes:
         return [piece.build for piece in self._take(lambda piece: piece.lane in FIRST_LANES)]
 
     def relane(self, build: Build) -> None:
-        """A warm build a caller now asks for: its pieces move to its lanes now (the callers')."""
+        """A warm or yielding build a caller now waits for: its pieces move to its lanes now (the callers')."""
         heuristic, candidate = build.lanes
         for piece in self._take(lambda piece: piece.build is build):
-            self.push(heuristic if piece.lane == Lane.WARM_HEURISTIC else candidate, build, piece.task)
+            self.push(heuristic if piece.lane in FIRST_LANES else candidate, build, piece.task)
 
     def clear(self) -> None:
         self._heap.clear()

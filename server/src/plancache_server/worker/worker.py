@@ -47,7 +47,14 @@ from plancache_server.worker.compiler.faults import GpuLost, gpu_fault
 from plancache_server.worker.heartbeat import Heartbeat
 from plancache_server.worker.held_builds import Build, HeldBuilds
 from plancache_server.worker.job_intake import JobIntake
-from plancache_server.worker.lanes import TUNING_LANES, Lane, Lanes, QueuedPiece, TuningGate
+from plancache_server.worker.lanes import (
+    TUNING_LANES,
+    Lane,
+    Lanes,
+    QueuedPiece,
+    TuningGate,
+    YieldGate,
+)
 from plancache_server.worker.outcomes import BuildOutcomes
 from plancache_server.worker.warm_intake import WarmIntake
 from plancache_server.worker.warm_runner import WarmRunner
@@ -95,13 +102,17 @@ class Worker:
         warm: WarmRunner | None = None,
         tune_after_quiet_s: float = 0.0,
         warm_beside_callers: int = -1,
+        hedged_quiet_s: float = 0.0,
     ) -> None:
         """`compiler` times plans here; `pool` builds them (it is closed when
         the worker ends); `warm`: builds warming items when nothing else waits;
         `tune_after_quiet_s`: candidates wait this long after a caller's
         heuristic plan started (TuningGate); `warm_beside_callers`: warming's
         first plans that may build while a caller's miss builds (-1: half the
-        processes past the first; see beside_callers)."""
+        processes past the first; see beside_callers); `hedged_quiet_s`: builds
+        for callers that build them themselves wait until no such job came
+        for this long (YieldGate; 0: no wait; the deployments' default is the
+        setting's, --hedged-quiet)."""
         self.compiler = compiler
         self.worker_id = worker_id
         self._queue = queue
@@ -115,6 +126,7 @@ class Worker:
         self._held = HeldBuilds()
         self._lanes = Lanes()
         self._tuning = TuningGate(tune_after_quiet_s)
+        self._yielding = YieldGate(hedged_quiet_s)
         self._warm_beside = beside_callers(warm_beside_callers, pool.size)
         self._running: dict[int, QueuedPiece] = {}  # by task id: the pieces building
         self.gpu_lost: str | None = None  # why, once its GPU is lost (the worker then ends: see _lose_gpu)
@@ -168,11 +180,12 @@ class Worker:
                         self._jobs.hand_back(self._lanes.take_unstarted(), self._held)
                         handed_back = True
                     self._dispatch()
-                    waits = self._running or self._stop.is_set() or (self._tuning.waiting and not waited)
+                    waits = self._running or self._stop.is_set() or (self._held_back() and not waited)
                     for result in self._pool.results(timeout=POLL_S if waits else 0.0):
                         self._on_result(result)
                         self._dispatch()
                     telemetry.BUSY.set(1 if self._running else 0)
+                    telemetry.YIELDING.set(self._lanes.count(Lane.YIELDING))
                 except StoreUnavailable as e:
                     faults.warning("store", "worker %s: %s; retrying every second", self.worker_id, e.message)
                     joined = False
@@ -200,13 +213,24 @@ class Worker:
             return False
         # Blocks only when nothing else is going on (warming with items left is something).
         idle = not self._held and (self._warm is None or not self._warm.has_work())
-        held_back = not idle and not self._running and self._tuning.waiting
-        block_s = IDLE_BLOCK_S if idle else self._tuning.remaining_s() if held_back else None
+        held_back = not idle and not self._running and self._held_back()
+        block_s = IDLE_BLOCK_S if idle else self._held_back_s() if held_back else None
         self._jobs.take(room, block_s, self._held, self._start, self._promote)
         return block_s is not None
 
+    def _held_back(self) -> bool:
+        """Whether a piece waits for a gate (TuningGate, YieldGate): the loop polls for the end of its wait."""
+        return self._tuning.waiting or self._yielding.waiting
+
+    def _held_back_s(self) -> float:
+        """Seconds until a piece held back by a gate may start."""
+        waits = [gate.remaining_s() for gate in (self._tuning, self._yielding) if gate.waiting]
+        return min(waits, default=0.0)
+
     def _start(self, build: Build) -> None:
         self._held.add(build)
+        if build.yielding:
+            self._yielding.asked()
         self._queue_task(build, build.lanes[0], HEURISTIC, 0)
 
     def _warm_up(self) -> None:
@@ -217,12 +241,14 @@ class Worker:
             self._warm_intake.take(self._lanes, self._held, callers, self._start)
 
     def _promote(self, build: Build, delivery: Delivery) -> None:
-        """A caller asks for a plan this worker is warming: its pieces move
-        to the callers' lanes, and the caller's job ends with it."""
+        """A caller waits for a plan this worker is warming, or building for
+        callers that build it themselves (yielding): its pieces move to the
+        callers' lanes, and the caller's job ends with it."""
         log.info(
-            "job %s: plan %s was being warmed; its build now has a caller",
+            "job %s: plan %s was being %s; its build now has a caller that waits for it",
             delivery.job.job_id if delivery.job else "?",
             build.job.plan_key,
+            "warmed" if build.warming else "built for callers building it themselves" if build.yielding else "built",
         )
         build.promoted.append(delivery)
         self._lanes.relane(build)
@@ -251,6 +277,8 @@ class Worker:
                 return
             if lane is not None and self._tuning.holds(lane):  # autotuning waits for callers' misses to pause
                 return
+            if lane is not None and self._yielding.holds(lane, self._lanes.peek().build.started):
+                return  # callers build their own graphs now (hedged misses): nothing of ours beside them
             piece = self._lanes.pop()
             if not self._held.holds(piece.build):
                 continue  # abandoned (see _on_result)

@@ -1,0 +1,111 @@
+"""The arms of a hedged-miss diagnosis side by side (scripts/gpu-dropin-hedge.sh: one bench/startup.py
+--study hedge-paired result per arm), from their JSON: each pair's ratio (a hedged first node over the local
+run just before it), their median per path and arm, and per graph the node's own build inside the hedged
+runs against the local runs' (what the service's work beside the node costs its builds).
+
+    python3 bench/hedge_arms.py --arm shared=A.json --arm paused=B.json ... --out bench/results/run41_hedge_arms
+
+Writes OUT.json and OUT.png (the pairs' ratios per arm and path, the 1.05x target drawn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.report import figure, save
+
+# Each hedged path and the local run it is paired with (bench/startup.py PAIRED and PAIRED_BY_NAME).
+PAIRS = {
+    "first-compile+hedge": "local-heuristic",
+    "first-compile+eager+hedge": "local-heuristic",
+    "first-dropin+hedge": "local-program",
+    "first-dropin+eager+hedge": "local-program",
+    "first-dropin+quiet+hedge": "local-program",
+    "first-compile-4proc+hedge": "local-heuristic-4proc",
+    "first-functional+hedge": "local-functional",
+}
+TARGET = 1.05  # issue 41: every hedged first-node path at most this times its local equivalent
+
+
+def pair_ratios(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per hedged path: each of its runs over the run of its local equivalent just before it (warm JIT cache)."""
+    out: dict[str, list[float]] = {}
+    last: dict[str, float] = {}
+    for r in runs:
+        if r.get("jit") != "warm" or "error" in r or "total_s" not in r:
+            continue
+        path = r["path"]
+        if path in PAIRS.values():
+            last[path] = r["total_s"]
+        elif path in PAIRS and PAIRS[path] in last:
+            out.setdefault(path, []).append(r["total_s"] / last.pop(PAIRS[path]))
+    return out
+
+
+def build_ms(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Per hedged path: the median of the node's own builds past its first two graphs (the frontend's first
+    uses), in the hedged runs (BENCH_MISS_PHASES), and the local runs' gaps for the same graphs."""
+    out: dict[str, list[float]] = {}
+    for r in runs:
+        if r.get("jit") != "warm" or "error" in r:
+            continue
+        phases = r.get("phases") or {}
+        builds = (phases.get("local_build") or phases.get("race_build") or {}).get("each_ms")
+        if builds:
+            out.setdefault(r["path"], []).extend(builds[2:])
+        elif r["path"] in PAIRS.values() and r.get("runnable_s"):
+            times = [0.0, *r["runnable_s"]]
+            out.setdefault(r["path"], []).extend(1000 * (b - a) for a, b in list(itertools.pairwise(times))[2:])
+    return {path: statistics.median(values) for path, values in out.items() if values}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arm", action="append", required=True, help="NAME=startup.json (in the order to draw)")
+    parser.add_argument("--out", type=Path, required=True, help="OUT.json and OUT.png are written")
+    args = parser.parse_args()
+    arms: dict[str, Any] = {}
+    for arm in args.arm:
+        name, _, file = arm.partition("=")
+        data = json.loads(Path(file).read_text())
+        ratios = pair_ratios(data["runs"])
+        arms[name] = {
+            "file": file,
+            "pairs": ratios,
+            "median": {path: statistics.median(values) for path, values in ratios.items()},
+            "build_ms_median_past_two": build_ms(data["runs"]),
+        }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps({"target": TARGET, "arms": arms}, indent=1) + "\n")
+    fig, (ax,) = figure(1)
+    labels, positions = [], 0
+    for name, arm in arms.items():
+        for path, values in arm["pairs"].items():
+            ax.scatter([positions] * len(values), values, color="tab:blue", s=18)
+            ax.scatter([positions], [statistics.median(values)], color="tab:red", marker="_", s=300)
+            labels.append(f"{name}\n{path.removesuffix('+hedge')}")
+            positions += 1
+    ax.axhline(TARGET, color="gray", linestyle="--", linewidth=1)
+    ax.axhline(1.0, color="black", linewidth=0.5)
+    ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("hedged first node / local run just before")
+    ax.set_title("hedged first nodes by arm (dots: pairs, bar: median; dashed: 1.05x)")
+    save(fig, args.out.with_suffix(".png"))
+    for name, arm in arms.items():
+        medians = ", ".join(
+            f"{p.removesuffix('+hedge')} {v:.2f}x (n={len(arm['pairs'][p])})" for p, v in arm["median"].items()
+        )
+        print(f"{name:10s} {medians}")
+
+
+if __name__ == "__main__":
+    main()

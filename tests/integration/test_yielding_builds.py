@@ -1,0 +1,121 @@
+"""Issue 41: a build that only callers building the plan themselves asked
+for (hedged misses: CompileRequest.builds_itself) waits while such callers
+keep asking (the worker's --hedged-quiet), each at most YIELD_WAIT_CAP_S; a
+caller that waits for the plan hurries it; a plain miss never waits for
+them. Real Redis, a real gateway and a worker (stand-in compiler)."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from plancache.keys.query import PlanQuery
+from plancache.v1 import plancache_pb2 as pb
+from plancache_server import telemetry
+from plancache_server.store.embedded_redis import EmbeddedRedis
+from plancache_server.worker.lanes import YIELD_WAIT_CAP_S
+from tests.conftest import Stack, start_stack
+from tests.support.specs import matmul_spec
+from tests.support.standin import STANDIN_TARGET as TARGET
+from tests.support.standin import StandInCompiler
+from tests.support.waiting import wait_until
+
+
+def _query(i: int) -> PlanQuery:
+    return PlanQuery.of(matmul_spec(m=64 + 16 * i, name=f"yield-{i}"), TARGET)
+
+
+def _request(query: PlanQuery, *, hedged: bool) -> pb.CompileRequest:
+    """A hedged miss's first ask (what plancache's client sends: answered at once, built by the node too), or a
+    caller's Compile that waits for the plan."""
+    return pb.CompileRequest(
+        spec=query.spec_proto,
+        target=TARGET.to_proto(),
+        options=query.options.to_proto(),
+        answer_miss_at_once=hedged,
+        builds_itself=hedged,
+    )
+
+
+def _follow_up(query: PlanQuery) -> pb.CompileRequest:
+    request = _request(query, hedged=True)
+    request.answer_miss_at_once, request.counted = False, True
+    return request
+
+
+def _began(stack: Stack, query: PlanQuery) -> float:
+    """When the worker began building `query`'s heuristic plan (monotonic)."""
+    return next(began for digest, began, _ in stack.compiler.intervals if digest == query.spec_hash)
+
+
+def test_a_nodes_hedged_misses_are_built_once_it_stops_asking(redis_server: EmbeddedRedis, redis_client: Any) -> None:
+    """A first node asks for its graphs one after another while it builds each itself: nothing of the service's
+    builds runs beside it; every plan is built after its last ask, and its follow-ups get them all."""
+    quiet_s, gap_s = 0.8, 0.3
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s)
+    try:
+        queries = [_query(i) for i in range(4)]
+        with stack.client() as c, ThreadPoolExecutor(len(queries)) as pool:
+            asked = []
+            for query in queries:
+                begun = time.monotonic()
+                assert c._stub.Compile(_request(query, hedged=True), timeout=10).source == pb.COMPILE_SOURCE_BUILDING
+                asked.append(time.monotonic())
+                assert asked[-1] - begun < gap_s  # told at once, as before
+                time.sleep(gap_s)
+            held = telemetry.YIELDING._value.get()  # what an operator sees meanwhile (/metrics)
+            answers = list(pool.map(lambda q: c._stub.Compile(_follow_up(q), timeout=30), queries))
+        assert held >= 1, "no build was shown held back while the node asked"
+        assert [a.plan.metadata.key for a in answers] == [q.key for q in queries]
+        wait_until(lambda: telemetry.YIELDING._value.get() == 0, 5, "the held builds to be counted out")
+        began = [_began(stack, q) for q in queries]
+        assert min(began) >= asked[-1] + quiet_s - 0.15, "the service built beside the node's own builds"
+    finally:
+        stop()
+
+
+def test_a_caller_that_waits_for_the_plan_hurries_a_yielding_build(
+    redis_server: EmbeddedRedis, redis_client: Any
+) -> None:
+    quiet_s = 5.0  # far longer than the cap: without the hurry the plan would come after YIELD_WAIT_CAP_S
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s)
+    try:
+        query = _query(10)
+        with stack.client() as c:
+            assert c._stub.Compile(_request(query, hedged=True), timeout=10).source == pb.COMPILE_SOURCE_BUILDING
+            time.sleep(0.2)  # the worker holds the yielding build by now
+            begun = time.monotonic()
+            answer = c._stub.Compile(_request(query, hedged=False), timeout=30)
+            took = time.monotonic() - begun
+        assert answer.plan.metadata.key == query.key
+        assert took < YIELD_WAIT_CAP_S / 2, f"a caller waiting for the plan waited {took:.2f} s behind hedged ones"
+        assert stack.compiler.builds.count(query.spec_hash) == 1  # hurried, not built twice
+    finally:
+        stop()
+
+
+def test_a_plain_miss_never_waits_for_hedged_ones_and_a_steady_stream_is_built_within_the_cap(
+    redis_server: EmbeddedRedis, redis_client: Any
+) -> None:
+    quiet_s, gap_s = 1.0, 0.25
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s)
+    try:
+        with stack.client() as c:
+            first = _query(20)
+            assert c._stub.Compile(_request(first, hedged=True), timeout=10).source == pb.COMPILE_SOURCE_BUILDING
+            first_asked = time.monotonic()
+            plain = _query(21)
+            begun = time.monotonic()
+            assert c._stub.Compile(_request(plain, hedged=False), timeout=30).plan.metadata.key == plain.key
+            assert time.monotonic() - begun < quiet_s / 2  # not held behind the yielding build
+            # Hedged misses keep coming, never a quiet second: the first is built within the cap all the same.
+            i = 22
+            while time.monotonic() - first_asked < YIELD_WAIT_CAP_S + 1.0:
+                c._stub.Compile(_request(_query(i), hedged=True), timeout=10)
+                i += 1
+                time.sleep(gap_s)
+            assert c._stub.Compile(_follow_up(first), timeout=30).plan.metadata.key == first.key
+        assert _began(stack, first) - first_asked < YIELD_WAIT_CAP_S + 0.5
+    finally:
+        stop()
