@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 from plancache import Client, PlanCacheError
 from plancache_server.store.embedded_redis import free_port
 from tests.support.hermetic import inherited_environment
+from tests.support.ports import free_below_ephemeral
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,17 +58,10 @@ STANDIN_SERVER_ARGS = ("--gpus", "0", "--compiler", "tests.support.standin:facto
 
 
 def free_port_pair() -> int:
-    """A free port whose next port is free too: a server given --metrics-port P has its worker serve on P + 1
-    (a port taken there by another test made the worker exit, and its server wait for it, at random)."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two free ports in a row")
+    """A free port whose next port is free too, both below the ephemeral range (tests.support.ports): a server
+    given --metrics-port P has its worker serve on P + 1 (a port taken there by another test made the worker exit,
+    and its server wait for it, at random; later, with the worker building on, Prometheus never saw it up)."""
+    return free_below_ephemeral((0, 1))
 
 
 def child_env(**extra: str) -> dict[str, str]:

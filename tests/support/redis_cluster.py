@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import random
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,36 +10,16 @@ from pathlib import Path
 import redis
 
 from plancache_server.store.embedded_redis import EmbeddedRedis
-
-
-def _port_pair_free(port: int) -> bool:
-    """The port and its cluster bus port (port + 10000) are both free."""
-    for p in (port, port + 10000):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", p))
-            except OSError:
-                return False
-    return True
-
-
-def _ephemeral_low() -> int:
-    """The first port the kernel hands out for outgoing connections and port-0 binds."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
+from tests.support.ports import free_below_ephemeral
 
 
 def cluster_ports(count: int) -> list[int]:
-    """`count` ports whose cluster bus ports (+ 10000) are free too, all below the ephemeral range: a port in it
-    can be taken between the probe and the node's bind by any connection or free_port() of the suite's parallel
-    tests (a fresh-clone CI run lost a failover test to its bus port 37177 so)."""
-    high = min(_ephemeral_low(), 65536) - 10001
+    """`count` ports whose cluster bus ports (+ 10000) are free too, all below the ephemeral range
+    (tests.support.ports)."""
     ports: list[int] = []
     while len(ports) < count:
-        port = random.randint(10000, max(high, 10001))
-        if port not in ports and _port_pair_free(port):
+        port = free_below_ephemeral((0, 10000))
+        if port not in ports:
             ports.append(port)
     return ports
 
