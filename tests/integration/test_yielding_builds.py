@@ -10,7 +10,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import grpc
+import pytest
+
+from plancache import Client, race_stats
 from plancache.keys.query import PlanQuery
+from plancache.transport import hedge
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server import telemetry
 from plancache_server.store.embedded_redis import EmbeddedRedis
@@ -19,6 +24,7 @@ from tests.conftest import Stack, start_stack
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin import StandInCompiler
+from tests.support.standin_local import StandInLocalBuilder
 from tests.support.waiting import wait_until
 
 
@@ -82,12 +88,14 @@ def test_a_caller_that_waits_for_the_plan_hurries_a_yielding_build(
     stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s)
     try:
         query = _query(10)
-        with stack.client() as c:
+        with stack.client() as c, ThreadPoolExecutor(1) as pool:
             assert c._stub.Compile(_request(query, hedged=True), timeout=10).source == pb.COMPILE_SOURCE_BUILDING
+            node = pool.submit(c._stub.Compile, _follow_up(query), timeout=30)  # the hedged node waits for it too
             time.sleep(0.2)  # the worker holds the yielding build by now
             begun = time.monotonic()
             answer = c._stub.Compile(_request(query, hedged=False), timeout=30)
             took = time.monotonic() - begun
+            assert node.result().plan.metadata.key == query.key
         assert answer.plan.metadata.key == query.key
         assert took < YIELD_WAIT_CAP_S / 2, f"a caller waiting for the plan waited {took:.2f} s behind hedged ones"
         assert stack.compiler.builds.count(query.spec_hash) == 1  # hurried, not built twice
@@ -117,5 +125,56 @@ def test_a_plain_miss_never_waits_for_hedged_ones_and_a_steady_stream_is_built_w
                 time.sleep(gap_s)
             assert c._stub.Compile(_follow_up(first), timeout=30).plan.metadata.key == first.key
         assert _began(stack, first) - first_asked < YIELD_WAIT_CAP_S + 0.5
+    finally:
+        stop()
+
+
+def test_a_node_whose_own_build_failed_hurries_the_build_it_let_wait(
+    redis_server: EmbeddedRedis, redis_client: Any
+) -> None:
+    """A hedged node's build fails: it now waits for the service's plan, and says so (a Compile without
+    builds_itself): the build it asked to wait is built at once, not after the wait's cap."""
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=5.0)
+    try:
+        builder = StandInLocalBuilder(seconds=0.05, fail=True)
+        hedge.reset_race_stats()
+        with Client(stack.address, cache=False, local_builder=builder) as client:
+            begun = time.monotonic()
+            plan = client.compile(matmul_spec(m=96, name="yield-local-fails"), TARGET)
+            took = time.monotonic() - begun
+        assert plan.source in ("compiled", "provisional") and builder.built == [plan.key]
+        assert race_stats()["compile"].local_failed == 1
+        assert took < YIELD_WAIT_CAP_S / 2, f"a node whose build failed waited {took:.2f} s for the service"
+    finally:
+        stop()
+
+
+def test_a_yielding_build_is_built_for_the_next_nodes_after_its_node_left(
+    redis_server: EmbeddedRedis, redis_client: Any
+) -> None:
+    """A first node that ends while its builds wait (a short program, a test process): the service still
+    builds them, below every job someone waits for, and the next node's ask is a hit (before builds yielded they
+    had started at once; a build for no one is one that nothing asked for, issue 44)."""
+    quiet_s = 2.0  # longer than the gateway's grace before it takes a left caller's claim back (UNWANT_GRACE_S)
+    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s)
+    try:
+        query = _query(40)
+        with stack.client() as c:
+            assert c._stub.Compile(_request(query, hedged=True), timeout=10).source == pb.COMPILE_SOURCE_BUILDING
+            with pytest.raises(grpc.RpcError) as left:  # the node's follow-up gives up at once: the node ended
+                c._stub.Compile(_follow_up(query), timeout=0.1)
+            assert left.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_until(lambda: query.spec_hash in stack.compiler.builds, quiet_s + 5, "the left node's plan to be built")
+        with stack.client() as c:  # the next node: a hit once the plan is stored (its build just ended)
+            answer = wait_until(
+                lambda: (
+                    (a := c._stub.Compile(_request(query, hedged=True), timeout=10)).source == pb.COMPILE_SOURCE_HIT
+                    and a
+                ),
+                5,
+                "the plan to be stored",
+            )
+        assert answer.source == pb.COMPILE_SOURCE_HIT and answer.plan.metadata.key == query.key
+        assert stack.compiler.builds.count(query.spec_hash) == 1
     finally:
         stop()

@@ -30,6 +30,7 @@ class Side:
             "compile",
         )
         self.cancelled = False
+        self.hurried = False
 
     def done(self) -> bool:
         return self.answered_at is not None
@@ -39,6 +40,9 @@ class Side:
 
     def cancel(self) -> None:
         self.cancelled = True
+
+    def hurry(self) -> None:
+        self.hurried = True
 
 
 @pytest.fixture(autouse=True)
@@ -93,6 +97,7 @@ def test_a_failed_local_build_waits_for_the_service() -> None:
     assert (
         raced.plan == "service plan" and reported == [("k", False)] and hedge.race_stats()["compile"].local_failed == 1
     )
+    assert side.hurried  # the node now waits for the plan: it says so (the service stops letting it wait)
 
 
 def test_both_failing_raise_the_services_error_naming_the_nodes() -> None:

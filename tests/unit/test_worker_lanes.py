@@ -110,6 +110,20 @@ def test_a_build_for_callers_building_it_themselves_yields_until_one_that_waits_
     assert [b.job.job_id for b in lanes.take_unstarted()] == ["job-80"]
 
 
+def test_warmings_first_plan_is_taken_past_yielding_builds_held_back() -> None:
+    """While hedged callers build their own graphs, the worker takes warming's first plan (a family the program
+    sweeps) past their held builds, leaving the rest in order."""
+    lanes = Lanes()
+    hedged, warm, tuning = _build(16, yields=True), _build(48, warm=True), _build(64)
+    _push(lanes, Lane.CANDIDATE, tuning, CANDIDATE, 1)
+    _push(lanes, Lane.WARM_HEURISTIC, warm, HEURISTIC, 0)
+    _push(lanes, Lane.YIELDING, hedged, HEURISTIC, 0)
+    assert lanes.next_lane() == Lane.YIELDING
+    piece = lanes.pop_first_of(Lane.WARM_HEURISTIC)
+    assert (piece.lane, piece.build) == (Lane.WARM_HEURISTIC, warm)
+    assert [p[:2] for p in _drain(lanes)] == [(Lane.YIELDING, "job-16"), (Lane.CANDIDATE, "job-64")]
+
+
 def test_a_job_says_whether_it_yields_on_the_wire() -> None:
     query = PlanQuery.of(matmul_spec(m=16), TARGET)
     for yields in (True, False):
@@ -178,8 +192,9 @@ def test_builds_wait_while_callers_build_their_own_within_a_cap() -> None:
     assert not gate.holds(Lane.YIELDING, taken) and not gate.holds(Lane.CANDIDATE, taken)  # nobody hedged yet
     gate.asked()  # a hedged miss's job: its node builds the graph itself now
     assert not gate.holds(Lane.HEURISTIC, taken)  # a plan someone waits for never waits
-    for lane in (Lane.YIELDING, Lane.WARM_HEURISTIC, Lane.CANDIDATE, Lane.WARM_CANDIDATE):
-        assert gate.holds(lane, taken) and gate.waiting  # nothing of the service's beside the node's builds
+    for lane in (Lane.YIELDING, Lane.CANDIDATE, Lane.WARM_CANDIDATE):
+        assert gate.holds(lane, taken) and gate.waiting  # their builds and every autotuning wait
+    assert not gate.holds(Lane.WARM_HEURISTIC, taken)  # a family the program sweeps goes on (issue 43)
     clock.now += 0.6
     gate.asked()  # the node's next graph: the quiet counts from it
     clock.now += 0.6

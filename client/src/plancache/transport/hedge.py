@@ -211,6 +211,14 @@ class CompileAsk:
     def future(self, timeout: float | None) -> grpc.Future[pb.CompileResponse]:
         return self.method.future(self.request, timeout=timeout, metadata=self.metadata)
 
+    def waiting(self) -> CompileAsk:
+        """The same Compile from a caller that now waits for the plan (its own build failed): without
+        `builds_itself`, so the service stops letting the build wait for callers that build it themselves."""
+        request = pb.CompileRequest()
+        request.CopyFrom(self.request)
+        request.builds_itself = False
+        return CompileAsk(self.method, request, self.metadata)
+
 
 class Race:
     """The service's side of one hedged miss. `ask` sends a Compile;
@@ -271,6 +279,25 @@ class Race:
 
     def adopted(self) -> None:
         counts(self.path).replaced += 1
+
+    def hurry(self) -> None:
+        """The node's own build failed: it now waits for the service's plan. A Compile that says so (not
+        `builds_itself`) is sent beside the race's own, on a kept thread, its answer left unread: the service
+        then builds at once what it let wait for this node (plancache_server.worker.lanes.YieldGate), and the
+        race's own Compile brings the plan."""
+        ask = self._ask
+        if ask is None or self.done() or not ask.request.builds_itself:
+            return
+        waiting = ask.waiting()
+
+        def send() -> None:
+            try:
+                waiting.call(remaining(self._deadline))
+            except Exception as e:  # the race's own Compile says what the service says
+                log.debug("a hedged miss's hurry went unanswered: %s", e)
+
+        if not waiting_calls.get().submit(send):
+            log.debug("no kept thread free to hurry the service; the race's own Compile waits for it")
 
     def cancel(self) -> None:
         """No more asking (a refusal for now is not asked again); a future is cancelled, a call waiting on a kept
@@ -485,6 +512,7 @@ def run_race(
                 report(key, True)
         return Raced(local=local, race=race)
     tally.local_failed += 1
+    race.hurry()
     race.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
     if race.plan is not None:
         if race.building:

@@ -205,6 +205,8 @@ class Builds:
         if flight.queued is None:
             return
         target, job = flight.queued
+        if job.yields:  # built for the nodes after them, below every job someone waits for (Flight): kept
+            return
         try:
             if await self._crew.queue.withdraw(target, flight.entry_id) and await self._states.abandon_unless_wanted(
                 plan_key, job_id

@@ -244,9 +244,11 @@ class Flight:
         if holder is not None:
             self.job_id = holder
             await crew.states.want(plan_key, holder)  # another caller's job: ours too now
-            if holder.startswith(WARM_JOB_PREFIX) or not self.yields:
-                # Being warmed, or maybe built for callers that build it themselves (yielding: the holder's job
-                # may say so, this gateway cannot tell): a caller that waits for it hurries it either way.
+            # Being warmed: a caller hurries it. (Another flight's job that yields is hurried by a caller joining
+            # that flight; one queued by another gateway holds this caller at most the wait's cap, 3 s: this
+            # gateway cannot tell whether it yields, and a job queued again for every such join could be built
+            # twice by two workers.)
+            if holder.startswith(WARM_JOB_PREFIX):
                 await self._promote(target, Job(job_id=holder, plan_key=plan_key, query=query, waited=True))
             return
         try:
@@ -271,7 +273,10 @@ class Flight:
             self.job_id = job_id  # withdrawn as any other should its callers leave from here on
             await crew.states.want(plan_key, job_id)  # before a worker can take it
             await crew.states.mark_queued(plan_key, job_id)
-            job = Job(job_id=job_id, plan_key=plan_key, query=query, waited=True, yields=self.yields)
+            # A build only callers building it themselves asked for is built though they leave (their next nodes
+            # fetch it; before builds yielded, it had started at once): not `waited`, it runs in its lane, below
+            # every job someone waits for (issue 44, item 2), never dropped.
+            job = Job(job_id=job_id, plan_key=plan_key, query=query, waited=not self.yields, yields=self.yields)
             self.entry_id = await crew.queue.enqueue(target, job)
             self.queued = (target, job)
         except BaseException:
@@ -280,19 +285,19 @@ class Flight:
         self.job_id, self.started = job_id, True
 
     def hurry(self, target: Target) -> None:
-        """A caller that waits for the plan (not building it itself) joined a build that yields: its job is
-        queued again without yielding, once queued (or queued so if not yet), and the worker holding it moves
-        it to the callers' lanes as it does a warm build a caller asks for."""
+        """A caller that waits for the plan (not building it itself) joined a build that yields: the build's
+        job (this gateway's, or the one whose lease it found) is queued again without yielding, and the worker
+        holding it moves it to the callers' lanes, as it does a warm build a caller asks for. A flight not open
+        yet queues its own job without yielding, or hurries the one it finds."""
         if not self.yields:
             return
         self.yields = False
-        queued = self.queued
-        if queued is not None:
-            _, job = queued
-            hurried = Job(job_id=job.job_id, plan_key=job.plan_key, query=job.query, waited=True)
-            self._hurrying = asyncio.get_running_loop().create_task(
-                self._promote(target, hurried), name=f"hurry {job.job_id}"
-            )  # held here: the loop keeps only a weak reference to a task
+        if not self.job_id:
+            return
+        hurried = Job(job_id=self.job_id, plan_key=self.plan_key, query=self._query, waited=True)
+        self._hurrying = asyncio.get_running_loop().create_task(
+            self._promote(target, hurried), name=f"hurry {self.job_id}"
+        )  # held here: the loop keeps only a weak reference to a task
 
     async def _promote(self, target: Target, job: Job) -> None:
         """The plan is being warmed (built at the lowest priority, nobody

@@ -371,8 +371,9 @@ class BuildSettings:
         1.0,
         "--hedged-quiet",
         "seconds without a new hedged miss (a caller building the plan itself meanwhile) before a worker starts "
-        "building for such callers; meanwhile nothing but plans callers wait for builds (at most 3 s held back): "
-        "built beside nodes building their own graphs, on their host, it slowed those builds (0: no wait)",
+        "building for such callers, or autotuning (at most 3 s held back; plans callers wait for and warming's "
+        "first plans go on): built beside nodes building their own graphs, on their host, it slowed those builds "
+        "(0: no wait)",
         float,
         to_workers=True,
     )

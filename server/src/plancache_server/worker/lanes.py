@@ -114,13 +114,20 @@ class TuningGate:
 YIELD_WAIT_CAP_S = 3.0
 
 
+# What waits while callers build their own graphs: their builds, and every autotuning.
+HELD_BY_YIELDING = (Lane.YIELDING, *TUNING_LANES)
+
+
 class YieldGate:
     """Builds for callers that build the plan themselves (hedged misses,
-    Job.yields) wait while such callers keep asking: no piece but a waiting
-    caller's heuristic plan (theirs, warming's, autotuning's) starts until
-    `quiet_s` after the last yielding job came, each at most
-    YIELD_WAIT_CAP_S after its build was taken. A
-    first node asks for its graphs one after another while it builds each
+    Job.yields) wait while such callers keep asking, and autotuning with
+    them (HELD_BY_YIELDING): none of them starts until `quiet_s` after the
+    last yielding job came, each at most YIELD_WAIT_CAP_S after its build
+    was taken. A waiting caller's plan never waits, nor warming's first
+    plans: a graph family the program sweeps is what turns its next sizes
+    into hits (issue 43), built beside its misses as before.
+
+    A first node asks for its graphs one after another while it builds each
     itself: the service's builds and autotuning beside it, on the same
     host's GPU, slowed its own builds 1.14-1.43x, whether the service had
     other CPU cores or one build process, and not at all with the worker
@@ -139,7 +146,7 @@ class YieldGate:
 
     def holds(self, lane: Lane, taken_at: float) -> bool:
         """Whether a piece of `lane`, of a build taken at `taken_at` (the gate's clock), waits now."""
-        if lane == Lane.HEURISTIC or self.quiet_s <= 0:
+        if lane not in HELD_BY_YIELDING or self.quiet_s <= 0:
             return False
         now = self._clock()
         until = min(self._last_asked + self.quiet_s, taken_at + YIELD_WAIT_CAP_S)
@@ -179,6 +186,14 @@ class Lanes:
     def pop(self) -> QueuedPiece:
         """The piece that goes next (there must be one)."""
         return heapq.heappop(self._heap)
+
+    def pop_first_of(self, lane: Lane) -> QueuedPiece:
+        """The piece of `lane` that goes first among its lane's, taken out past those of lower lanes (there
+        must be one)."""
+        piece = min(p for p in self._heap if p.lane == lane)
+        self._heap.remove(piece)
+        heapq.heapify(self._heap)
+        return piece
 
     def count(self, lane: Lane) -> int:
         return sum(1 for piece in self._heap if piece.lane == lane)

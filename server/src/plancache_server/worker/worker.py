@@ -47,14 +47,7 @@ from plancache_server.worker.compiler.faults import GpuLost, gpu_fault
 from plancache_server.worker.heartbeat import Heartbeat
 from plancache_server.worker.held_builds import Build, HeldBuilds
 from plancache_server.worker.job_intake import JobIntake
-from plancache_server.worker.lanes import (
-    TUNING_LANES,
-    Lane,
-    Lanes,
-    QueuedPiece,
-    TuningGate,
-    YieldGate,
-)
+from plancache_server.worker.lanes import TUNING_LANES, Lane, Lanes, QueuedPiece, TuningGate, YieldGate
 from plancache_server.worker.outcomes import BuildOutcomes
 from plancache_server.worker.warm_intake import WarmIntake
 from plancache_server.worker.warm_runner import WarmRunner
@@ -270,6 +263,13 @@ class Worker:
         the pauses, was ready after it ended (GPU run 30, issue 43)."""
         while self._lanes:
             lane = self._lanes.next_lane()
+            past_yielding = False
+            if lane is not None and self._yielding.holds(lane, self._lanes.peek().build.started):
+                # Callers build their own graphs now (hedged misses): their builds wait, and autotuning with
+                # them; warming's first plans go past (a family the program sweeps: its next sizes' hits).
+                if lane != Lane.YIELDING or not self._lanes.count(Lane.WARM_HEURISTIC):
+                    return
+                lane, past_yielding = Lane.WARM_HEURISTIC, True
             urgent = lane == Lane.HEURISTIC
             if not self._pool.free(urgent):
                 return
@@ -277,9 +277,7 @@ class Worker:
                 return
             if lane is not None and self._tuning.holds(lane):  # autotuning waits for callers' misses to pause
                 return
-            if lane is not None and self._yielding.holds(lane, self._lanes.peek().build.started):
-                return  # callers build their own graphs now (hedged misses): nothing of ours beside them
-            piece = self._lanes.pop()
+            piece = self._lanes.pop_first_of(Lane.WARM_HEURISTIC) if past_yielding else self._lanes.pop()
             if not self._held.holds(piece.build):
                 continue  # abandoned (see _on_result)
             if piece.task.kind == HEURISTIC and not self._jobs.still_wanted(piece.build):
