@@ -193,6 +193,8 @@ class Flight:
             self._forget(self)
             self.opened.cancel()
             raise
+        except GeneratorExit:  # closed unfinished (its loop gone, at exit): nothing may be awaited any more
+            raise
         except BaseException as e:
             self._forget(self)
             if not self.opened.done():
