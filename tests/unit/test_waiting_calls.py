@@ -38,11 +38,6 @@ class WaitingCall:
         self.release.wait(10)
 
 
-def waiting_calls() -> tuple[threading.Event, threading.Semaphore, WaitingCall]:
-    call = WaitingCall()
-    return call.release, call.started, call
-
-
 def test_calls_one_after_another_run_on_one_kept_daemon_thread() -> None:
     pool = WaitingCalls(4)
     names = set()
@@ -70,17 +65,17 @@ def test_the_next_miss_finds_a_spare_thread_while_the_last_ones_call_still_waits
         start_thread()
 
     pool._start_thread = recorded_start  # type: ignore[method-assign]
-    release, started, waiting_call = waiting_calls()
+    waiting_call = WaitingCall()
     try:
         for _ in range(5):
             assert pool.submit(waiting_call)
-            assert started.acquire(timeout=10)
+            assert waiting_call.started.acquire(timeout=10)
             deadline = time.monotonic() + 10
             while pool._idle < 1:  # the spare is counted in before the caller's next miss (tens of ms later)
                 assert time.monotonic() < deadline
                 time.sleep(0.001)
     finally:
-        release.set()
+        waiting_call.release.set()
     caller = threading.current_thread().name
     assert starters.count(caller) == 1, "after the first miss, the caller never started a thread itself"
     assert pool._threads == 6  # five calls waiting at once, and one spare
@@ -88,15 +83,15 @@ def test_the_next_miss_finds_a_spare_thread_while_the_last_ones_call_still_waits
 
 def test_calls_in_flight_at_once_each_get_a_thread_and_none_queues_behind_a_busy_one() -> None:
     pool = WaitingCalls(3)
-    release, started, waiting_call = waiting_calls()
+    waiting_call = WaitingCall()
     try:
         for _ in range(3):
             assert pool.submit(waiting_call)
         for _ in range(3):  # all three running at once, not one after another
-            assert started.acquire(timeout=10)
+            assert waiting_call.started.acquire(timeout=10)
         assert not pool.submit(waiting_call), "a fourth would wait behind a busy thread: refused, the caller goes on"
     finally:
-        release.set()
+        waiting_call.release.set()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not pool.submit(lambda: None):
         time.sleep(0.01)  # once one is idle again, it takes work

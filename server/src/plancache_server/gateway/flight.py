@@ -251,7 +251,7 @@ class Flight:
             # gateway cannot tell whether it yields, and a job queued again for every such join could be built
             # twice by two workers.)
             if holder.startswith(WARM_JOB_PREFIX):
-                await self._promote(target, Job(job_id=holder, plan_key=plan_key, query=query, waited=True))
+                await self._promote(target, holder)
             return
         try:
             try:
@@ -296,18 +296,18 @@ class Flight:
         self.yields = False
         if not self.job_id:
             return
-        hurried = Job(job_id=self.job_id, plan_key=self.plan_key, query=self._query, waited=True)
         self._hurrying = asyncio.get_running_loop().create_task(
-            self._promote(target, hurried), name=f"hurry {self.job_id}"
+            self._promote(target, self.job_id), name=f"hurry {self.job_id}"
         )  # held here: the loop keeps only a weak reference to a task
 
-    async def _promote(self, target: Target, job: Job) -> None:
+    async def _promote(self, target: Target, job_id: str) -> None:
         """The plan is being warmed (built at the lowest priority, nobody
         waiting) or built for callers that build it themselves (yielding):
         its job is queued again as a caller's, so that the worker holding it
         moves it to the callers' lanes (plancache_server.worker.worker; a
         worker that finds it stored, or holds it in the callers' lanes
         already, acknowledges it with the build)."""
+        job = Job(job_id=job_id, plan_key=self.plan_key, query=self._query, waited=True)
         try:
             await self._crew.queue.enqueue(target, job)
             log.info("plan %s: asked the worker building it (job %s) to hurry", job.plan_key, job.job_id)
