@@ -32,6 +32,7 @@ PAIRS = {
     "first-dropin+quiet+hedge": "local-program",
     "first-compile-4proc+hedge": "local-heuristic-4proc",
     "first-functional+hedge": "local-functional",
+    "first-lazy+hedge": "local-heuristic",  # plus the lazy node's sleeps (bench/startup.py's local-lazy)
 }
 TARGET = 1.05  # issue 41: every hedged first-node path at most this times its local equivalent
 
@@ -47,7 +48,8 @@ def pair_ratios(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
         if path in PAIRS.values():
             last[path] = r["total_s"]
         elif path in PAIRS and PAIRS[path] in last:
-            out.setdefault(path, []).append(r["total_s"] / last.pop(PAIRS[path]))
+            slept = r.get("lazy_s", 0.0) * r.get("graphs", 13) if path.startswith("first-lazy") else 0.0
+            out.setdefault(path, []).append(r["total_s"] / (last.pop(PAIRS[path]) + slept))
     return out
 
 
@@ -59,9 +61,14 @@ def build_ms(runs: list[dict[str, Any]]) -> dict[str, float]:
         if r.get("jit") != "warm" or "error" in r:
             continue
         phases = r.get("phases") or {}
-        builds = (phases.get("local_build") or phases.get("race_build") or {}).get("each_ms")
+        # A path of several processes has one record of phases per process.
+        builds = [
+            b
+            for each in (phases if isinstance(phases, list) else [phases])
+            for b in ((each or {}).get("local_build") or (each or {}).get("race_build") or {}).get("each_ms", [])[2:]
+        ]
         if builds:
-            out.setdefault(r["path"], []).extend(builds[2:])
+            out.setdefault(r["path"], []).extend(builds)
         elif r["path"] in PAIRS.values() and r.get("runnable_s"):
             times = [0.0, *r["runnable_s"]]
             out.setdefault(r["path"], []).extend(1000 * (b - a) for a, b in list(itertools.pairwise(times))[2:])

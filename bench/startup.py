@@ -846,7 +846,8 @@ def merge_shares(parts: list[dict[str, Any]], go: float) -> dict[str, Any]:
         processes=len(parts), total_s=max(p["end_wall"] for p in parts) - go, setup_s=max(p["setup_s"] for p in parts)
     )
     row["per_process"] = [
-        {k: p.get(k) for k in ("share", "imports_s", "setup_s", "total_s", "cpu_s", "gpu_mib")} for p in parts
+        {k: p.get(k) for k in ("share", "imports_s", "setup_s", "total_s", "cpu_s", "thread_cpu_s", "gpu_mib")}
+        for p in parts
     ]
     row.update(
         {
@@ -859,6 +860,7 @@ def merge_shares(parts: list[dict[str, Any]], go: float) -> dict[str, Any]:
                 "plan_keys",
                 "functional_stats",
                 "workload",
+                "thread_cpu_s",  # the first process's (every process's in per_process)
             )
             if k in parts[0]
         }

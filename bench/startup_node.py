@@ -68,7 +68,9 @@ key). When the tuned plans were stored is measured by the parent
 (bench/startup.py).
 
 Costs of the process: `cpu_s`, its CPU seconds (user + system, every thread:
-getrusage) from the clock's start to its stop; after the stop, `gpu_mib`,
+getrusage) from the clock's start to its stop, and per thread (`thread_cpu_s`: each thread's CPU seconds over the
+same span, by its Python name or, for threads of the C libraries, its kernel name: which of a hedged node's threads
+took the interpreter from its build, GPU run 42); after the stop, `gpu_mib`,
 the GPU memory nvidia-smi lists for it (None where it lists no process ids),
 and torch's own share (`torch_reserved_mib`); `races`, plancache.race_stats()
 (how its hedged misses ended, per path: compile, cudnn, functional).
@@ -84,6 +86,7 @@ import importlib
 import json
 import os
 import resource
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -144,6 +147,7 @@ class Clock:
 
     def __init__(self, go_wall: float | None = None) -> None:
         now_wall, self._origin, self._cpu = time.time(), time.perf_counter(), cpu_seconds()
+        self._threads = thread_cpu_seconds()
         self.go_wall = now_wall if go_wall is None else go_wall
         self._offset = now_wall - self.go_wall  # how late this process saw the go (0 without a barrier)
         self._start_event = torch.cuda.Event(enable_timing=True)
@@ -156,6 +160,16 @@ class Clock:
     def cpu_s(self) -> float:
         """This process's CPU seconds since the clock started (every thread, user and system)."""
         return cpu_seconds() - self._cpu
+
+    def thread_cpu_s(self) -> dict[str, float]:
+        """Each thread's CPU seconds since the clock started (threads of one name summed), most first."""
+        spent: dict[str, float] = {}
+        for tid, (name, seconds) in thread_cpu_seconds().items():
+            before = self._threads.get(tid)
+            used = seconds - (before[1] if before is not None else 0.0)
+            if used > 0:
+                spent[name] = spent.get(name, 0.0) + used
+        return dict(sorted(((k, round(v, 4)) for k, v in spent.items()), key=lambda kv: -kv[1]))
 
     def output_done(self, index: int) -> None:
         """Marks graph `index`'s output on the stream (read by outputs() after the final synchronize)."""
@@ -170,6 +184,27 @@ class Clock:
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def thread_cpu_seconds() -> dict[int, tuple[str, float]]:
+    """{thread id: (name, CPU seconds)} of this process's threads (Linux /proc; empty elsewhere)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for entry in tids:
+        try:
+            stat = Path(f"/proc/self/task/{entry}/stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        comm, _, rest = stat.partition(" (")[2].rpartition(") ")
+        fields = rest.split()
+        tid = int(entry)
+        out[tid] = (names.get(tid) or f"[{comm}]", (int(fields[11]) + int(fields[12])) / tick)
+    return out
 
 
 def wait_for_go(barrier: Path, index: int) -> float:
@@ -509,6 +544,7 @@ def main() -> None:
     torch.cuda.synchronize()
     result["total_s"] = clock.now()
     result["cpu_s"] = clock.cpu_s()
+    result["thread_cpu_s"] = clock.thread_cpu_s()
     profile.__exit__()
     if timing_phases:
         result["phases"] = miss_phases.phases()
