@@ -75,6 +75,28 @@ def build_ms(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {path: statistics.median(values) for path, values in out.items() if values}
 
 
+def beside(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per path, each run's total and what ran beside its node (bench/startup.py's `beside`, GPU run 42 on): the
+    node's threads other than its main one (CPU s), the service's processes' CPU s, the machine's busy CPU s and
+    the GPU's utilization while the node ran."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        if r.get("jit") != "warm" or "error" in r or "beside" not in r:
+            continue
+        threads = r.get("thread_cpu_s") or {}
+        out.setdefault(r["path"], []).append(
+            {
+                "total_s": r.get("total_s"),
+                "node_cpu_s": r.get("cpu_s"),
+                "node_main_thread_cpu_s": threads.get("MainThread"),
+                "node_other_threads_cpu_s": round(sum(v for k, v in threads.items() if k != "MainThread"), 3),
+                "node_top_other_threads": dict(list((k, v) for k, v in threads.items() if k != "MainThread")[:4]),
+                **r["beside"],
+            }
+        )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arm", action="append", required=True, help="NAME=startup.json (in the order to draw)")
@@ -90,6 +112,7 @@ def main() -> None:
             "pairs": ratios,
             "median": {path: statistics.median(values) for path, values in ratios.items()},
             "build_ms_median_past_two": build_ms(data["runs"]),
+            "beside": beside(data["runs"]),
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"target": TARGET, "arms": arms}, indent=1) + "\n")

@@ -379,6 +379,8 @@ class Bench:
         self.pool_measured = False  # this JIT state's first first node measures the worker's pool
         self.runs: list[dict[str, Any]] = []
         self.skipped: list[str] = []
+        self.server_pid: int | None = None  # the server and the first node's worker (`beside` records their CPU)
+        self.worker_pid: int | None = None
         self.pairs: tuple[str, ...] = ()  # --pairs: hedge-paired's first-node paths to run (empty: all of PAIRED)
         self.pause_worker = False  # --pause-worker: hedged first nodes run with the worker stopped (a diagnosis)
 
@@ -534,13 +536,16 @@ class Bench:
             deploy.wait_until(
                 lambda: all((barrier / f"ready-{i}").exists() for i in range(count)), procs, 300, "node set-up"
             )
+            beside = deploy.BesideNode(self.beside_node())
             go = time.time()
             (barrier / ".go").write_text(repr(go))
             os.replace(barrier / ".go", barrier / "go")
+            beside.start()
             if on_go is not None:
                 on_go(go)
             for proc in procs:
                 proc.wait(timeout=600)
+            besides = beside.stop()
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -553,9 +558,17 @@ class Bench:
         ]
         if failed:
             raise RuntimeError("; ".join(failed))
-        return merge_shares(
+        merged = merge_shares(
             [json.loads((barrier / f"out-{i}").read_text().strip().splitlines()[-1]) for i in range(count)], go
         )
+        return {**merged, "beside": besides}
+
+    def beside_node(self) -> dict[str, int]:
+        """The service's processes whose CPU time a node's run records (`beside`): the server, the worker and
+        its build processes, where they run."""
+        return {
+            name: pid for name, pid in (("server", self.server_pid), ("worker", self.worker_pid)) if pid is not None
+        }
 
     def local_group(self, path: str, jit: str, env: dict[str, str]) -> None:
         if not self.fits(jit, path):
@@ -594,6 +607,7 @@ class Bench:
             with worker_process(
                 redis_url, log, *self.worker_flags, *quiet, env=child_env(**self.cache_env(jit))
             ) as worker:
+                self.worker_pid = worker.pid
 
                 def pool_ready() -> None:
                     target_id, size = deploy.wait_for_pool(log, worker, address)
@@ -635,6 +649,7 @@ class Bench:
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[-2000:]
         finally:
+            self.worker_pid = None
             if watcher is not None:
                 watcher.stop()
         joined = [i for i, source in enumerate(row.get("source") or ()) if source == "joined"]
@@ -740,7 +755,10 @@ class Bench:
         self.node("local-heuristic", jit, env)
         address = f"127.0.0.1:{free_port()}"
         server_args = ("--gpus", "none", "--signing-key", str(self.private_key))
-        with server_process(address, redis_url, self.out / f"startup-server-{jit}.log", *server_args, env=child_env()):
+        with server_process(
+            address, redis_url, self.out / f"startup-server-{jit}.log", *server_args, env=child_env()
+        ) as server:
+            self.server_pid = server.pid
             if self.study == "workload":
                 self.groups(jit, env, address, redis_url, WORKLOAD_STUDY_FIRST)
                 self.groups(jit, env, address, redis_url, [p for _ in range(self.repeats) for p in WORKLOAD_PAIRS])

@@ -61,6 +61,75 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def _cpu_s(pid: int) -> float | None:
+    """A process's CPU seconds (user + system), None once it ended."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_busy_s() -> float:
+    """Every CPU's busy seconds since boot (/proc/stat: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class BesideNode:
+    """What ran beside a node's processes from its go to its end (a diagnosis of GPU run 42: hedged nodes'
+    builds at times 1.5x slower than the local ones with the node's CPU time equal to its wall time): the
+    CPU seconds of the service's processes (`watched`: name -> pid, a worker's build processes summed into it),
+    the whole machine's busy CPU seconds, and the GPU's utilization sampled by nvidia-smi every 50 ms."""
+
+    def __init__(self, watched: dict[str, int]) -> None:
+        self._watched = watched
+        self._before: dict[str, float] = {}
+        self._busy = 0.0
+        self._sampler: subprocess.Popen[str] | None = None
+        self._started = 0.0
+
+    def _tree_cpu(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, pid in self._watched.items():
+            pids = {pid} | _children(pid)
+            out[name] = sum(cpu for cpu in map(_cpu_s, pids) if cpu is not None)
+        return out
+
+    def start(self) -> None:
+        self._started, self._busy, self._before = time.monotonic(), _machine_busy_s(), self._tree_cpu()
+        try:
+            self._sampler = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "50"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        except OSError:
+            self._sampler = None
+
+    def stop(self) -> dict[str, Any]:
+        span = time.monotonic() - self._started
+        after = self._tree_cpu()
+        record: dict[str, Any] = {
+            "span_s": round(span, 3),
+            "service_cpu_s": {k: round(after[k] - self._before.get(k, 0.0), 3) for k in after},
+            "machine_busy_cpu_s": round(_machine_busy_s() - self._busy, 3),
+        }
+        if self._sampler is not None:
+            self._sampler.terminate()
+            out, _ = self._sampler.communicate(timeout=10)
+            samples = [int(x) for x in out.split() if x.strip().isdigit()]
+            if samples:
+                record["gpu_util"] = {
+                    "samples": len(samples),
+                    "mean": round(sum(samples) / len(samples), 1),
+                    "max": max(samples),
+                    "busy_share": round(sum(1 for x in samples if x > 0) / len(samples), 3),
+                }
+        return record
+
+
 def signal_tree(pid: int, sig: int) -> None:
     """`sig` to a process and its descendants (a worker and its build processes)."""
     pending, seen = [pid], set()
