@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 import redis
 from prometheus_client import CollectorRegistry, generate_latest
@@ -30,6 +31,7 @@ from plancache_server.store.lifecycle import Janitor
 from plancache_server.web.metrics import StoreCollector
 from plancache_server.web.status import status_of
 from plancache_server.web.status_page import render
+from plancache_server.worker.worker_queue import WorkerQueue
 from tests.conftest import Stack, start_stack
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
@@ -174,3 +176,37 @@ def test_a_job_of_an_earlier_gateway_without_claims_is_built(stack: Stack) -> No
     stack.redis.xadd(keys.job_stream(TARGET), {k: v for k, v in job.encode().items() if k != "waited"})
     wait_until(lambda: query.spec_hash in stack.compiler.builds, timeout=20, what="the earlier gateway's job built")
     assert abandoned(stack.redis) == 0
+
+
+def test_a_gateway_stops_saying_callers_wait_once_they_all_left(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
+    """Callers that leave at once (a hedged miss's first ask, answered "building"; a caller past its deadline):
+    their gateway takes its claim on the job back after UNWANT_GRACE_S and never says it again, so the worker
+    that takes the job drops it. A flight whose cancel was swallowed (it landed as an awaited Redis read's own
+    timeout fired) went on following the job and renewed the claim every WANT_RENEW_S until the build ended."""
+    stack, stop = start_stack(redis_server.url, None)  # no worker builds: the jobs stay queued
+    WorkerQueue(redis_client).heartbeat("silent-worker", [TARGET, TARGET.generic()], 60)  # one is there, silent
+    try:
+        for i in range(6):  # the swallowed cancel depends on where it lands: several flights
+            query = PlanQuery.of(spec(20 + i), TARGET)  # type: ignore[arg-type]
+            request = pb.CompileRequest(
+                spec=query.spec_proto,
+                target=TARGET.to_proto(),
+                options=query.options.to_proto(),
+                answer_miss_at_once=True,
+            )
+            with stack.client() as c:
+                assert c._stub.Compile(request, timeout=10).source == pb.COMPILE_SOURCE_BUILDING
+                request.answer_miss_at_once, request.counted = False, True
+                with pytest.raises(grpc.RpcError) as gave_up:
+                    c._stub.Compile(request, timeout=0.05)  # the follow-up gives up at once
+                assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        claims = [keys.job_wanted(PlanQuery.of(spec(20 + i), TARGET).key) for i in range(6)]  # type: ignore[arg-type]
+        wait_until(
+            lambda: not any(redis_client.exists(k) for k in claims), builds_module.UNWANT_GRACE_S + 3, "claims gone"
+        )
+        time.sleep(flight_module.WANT_RENEW_S + 1.0)  # past a renewal by any flight still following
+        assert [k for k in claims if redis_client.exists(k)] == []
+    finally:
+        stop()

@@ -180,6 +180,7 @@ class Builds:
             # Nobody here waits any more: stop following, and take back this gateway's claim on the job (a
             # queued build that no gateway's callers wait for is dropped by the worker that takes it).
             self._forget(flight)
+            flight.left = True  # read by its loop: it stops even where the cancel below is swallowed
             if flight.task is not None:
                 flight.task.cancel()
             if flight.job_id:

@@ -160,6 +160,11 @@ class Flight:
         # The provisional plan, once stored: every waiter but the tuned_only ones has it.
         self.provisional: StoredPlan | None = None
         self.task: asyncio.Task[None] | None = None  # opens, follows the job, wakes the waiters
+        # Its callers all left (Builds._leave): it stops following, whatever became of the cancel of its task. A
+        # cancel can be swallowed (one landing as an awaited read's own timeout fires), and the flight then
+        # followed the job on, saying every WANT_RENEW_S that callers waited for it: a job nobody waited for
+        # was never dropped (issue 44) until its build ended.
+        self.left = False
         self._query = pb.PlanQuery()  # what fly() queues (again, should its job be dropped)
         self.started_by = ""  # the caller whose share holds this flight's build (given back when forgotten)
         # Every caller so far builds the plan itself (CompileRequest.builds_itself): its job yields (Job.yields)
@@ -336,7 +341,7 @@ class Flight:
         workerless_since: float | None = None
         wanted_at = time.monotonic()
         try:
-            while self.outcome is None:
+            while self.outcome is None and not self.left:
                 try:
                     if time.monotonic() - wanted_at >= WANT_RENEW_S:
                         await crew.states.want(self.plan_key, self.job_id)
