@@ -106,16 +106,37 @@ def test_a_hit_never_starts_a_local_build(gpu_session: dict[str, Any], monkeypat
     assert plan.source == "hit" and built == [] and race_stats()["compile"] == hedge.RaceCounts()
 
 
+def _invalidate_once_stored(gpu_session: dict[str, Any], plan_keys: list[str]) -> None:
+    """Each plan invalidated once the service has stored it: a build in flight (a hedged node's yields, GPU run
+    42: held until its node stops asking, then built for the next nodes) stores its plan after an invalidation
+    made before it ends, and the next program found one graph stored."""
+    with _client(gpu_session) as client:
+        deadline = time.monotonic() + 120
+        while not set(plan_keys) <= set(client.admin.list_plans()):
+            assert time.monotonic() < deadline, f"plans {plan_keys} were not all stored within 120 s"
+            time.sleep(0.25)
+        for key in plan_keys:
+            client.admin.invalidate(key)
+
+
+def _graph_keys(gpu_session: dict[str, Any], graphs: list[dict[str, Any]]) -> list[str]:
+    """Each of a program's graphs' plan key: its served plan's, or, where its own build ran (a hedged miss the
+    node won: no served plan), the key of its captured spec on the session's target."""
+    from plancache.graphspec.graph import GraphSpec
+    from plancache.keys.target import Target
+
+    target = Target.parse(gpu_session["target"])
+    return [g["key"] or PlanQuery.of(GraphSpec.from_json(g["spec"]), target).key for g in graphs]
+
+
 def test_a_frontend_program_races_its_own_build(gpu_session: dict[str, Any], tmp_path: Path) -> None:
     from tests.gpu.test_gpu_frontend_shim import SERVED, _env, _run
 
     seen = _run(
         _env(gpu_session, tmp_path / "cache-0"), tmp_path, "hedge-keys"
-    )  # its two graphs' keys (stored by the shim's tests)
-    with _client(gpu_session) as client:
-        for g in seen["graphs"]:
-            if g["key"]:
-                client.admin.invalidate(g["key"])
+    )  # its two graphs (stored by the shim's tests, or built for this run: one may be its own build)
+    plan_keys = _graph_keys(gpu_session, seen["graphs"])
+    _invalidate_once_stored(gpu_session, plan_keys)
     result = _run(
         _env(gpu_session, tmp_path / "cache-1", PLANCACHE_HEDGE="1"), tmp_path, "hedged"
     )  # its outputs match torch (checked by _run)
@@ -128,12 +149,8 @@ def test_a_frontend_program_races_its_own_build(gpu_session: dict[str, Any], tmp
     assert all(g["reason"] is None or g["reason"].startswith("hedged miss") for g in result["graphs"]), result["graphs"]
     with open(Path(gpu_session["out"]) / "hedge.jsonl", "a") as f:
         f.write(json.dumps({"case": "walkthrough program", "sources": sources, "races": races}) + "\n")
-    with _client(
-        gpu_session
-    ) as client:  # not stored, as test_gpu_frontend_shim.py expects of its first run whatever the order
-        for g in seen["graphs"]:
-            if g["key"]:
-                client.admin.invalidate(g["key"])
+    # Not stored, as test_gpu_frontend_shim.py expects of its first run whatever the order.
+    _invalidate_once_stored(gpu_session, plan_keys)
 
 
 def test_a_functional_first_call_races_its_own_build(gpu_session: dict[str, Any], tmp_path: Path) -> None:
