@@ -18,6 +18,7 @@ from plancache.keys.query import PlanQuery
 from plancache.transport import hedge
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server import telemetry
+from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis
 from plancache_server.worker.lanes import YIELD_WAIT_CAP_S
 from tests.conftest import Stack, start_stack
@@ -178,3 +179,33 @@ def test_a_yielding_build_is_built_for_the_next_nodes_after_its_node_left(
         assert stack.compiler.builds.count(query.spec_hash) == 1
     finally:
         stop()
+
+
+def test_a_caller_on_another_gateway_hurries_a_yielding_build_once(
+    redis_server: EmbeddedRedis, redis_client: Any
+) -> None:
+    """A hedged node's build queued by one gateway, and a caller that waits for the plan on another (a node
+    without a GPU build of its own, a prefetch): the second gateway hurries it, once however many such callers
+    join (the job's yield mark is taken by the first), and the plan is built once. Before, that caller waited
+    behind the hold, up to YIELD_WAIT_CAP_S."""
+    quiet_s = 5.0  # far longer than the cap: without the hurry the plan would come after YIELD_WAIT_CAP_S
+    first, stop_first = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s)
+    second, stop_second = start_stack(redis_server.url, None)  # another gateway, the same Redis and worker
+    try:
+        query = _query(50)
+        with first.client() as node, second.client() as other, ThreadPoolExecutor(4) as pool:
+            assert node._stub.Compile(_request(query, hedged=True), timeout=10).source == pb.COMPILE_SOURCE_BUILDING
+            hedged = pool.submit(node._stub.Compile, _follow_up(query), timeout=30)  # the node waits for it too
+            time.sleep(0.2)  # the worker holds the yielding build by now
+            begun = time.monotonic()
+            waiting = [pool.submit(other._stub.Compile, _request(query, hedged=False), timeout=30) for _ in range(3)]
+            answers = [w.result() for w in waiting]
+            took = time.monotonic() - begun
+            assert hedged.result().plan.metadata.key == query.key
+        assert all(a.plan.metadata.key == query.key for a in answers)
+        assert took < YIELD_WAIT_CAP_S / 2, f"callers on another gateway waited {took:.2f} s behind a hedged node"
+        assert first.compiler.builds.count(query.spec_hash) == 1  # hurried once, built once
+        assert not redis_client.exists(keys.job_yields(query.key))  # the mark taken
+    finally:
+        stop_second()
+        stop_first()

@@ -29,6 +29,9 @@ from plancache_server.store.redis_conn import AsyncRedis, text, translated_error
 log = logging.getLogger(__name__)
 # Every flight meets a Redis outage twice a second: one line a minute says it.
 _faults = LogLimiter(log)
+# How long a yielding job's mark lasts: past the worker's longest hold (YIELD_WAIT_CAP_S, 3 s, from its take) and
+# a build; a hurry after the build began is acknowledged with it.
+YIELDS_MARK_TTL_S = 60
 
 
 class BuildStates:
@@ -39,6 +42,19 @@ class BuildStates:
         self._release_lease = client.register_script(RELEASE_IF_OWNER)
         self._want = client.register_script(WANT)
         self._take_if_wanted = client.register_script(TAKE_IF_WANTED)
+        self._delete_if_named = client.register_script(RELEASE_IF_OWNER)
+
+    async def mark_yields(self, plan_key: str, job_id: str) -> None:
+        """Job `job_id` of the plan yields (its callers build the plan themselves): a caller that waits for the
+        plan, on any gateway, hurries it (take_yields)."""
+        with translated_errors("marking a build that yields"):
+            await self._redis.set(keys.job_yields(plan_key), job_id, ex=YIELDS_MARK_TTL_S)
+
+    async def take_yields(self, plan_key: str, job_id: str) -> bool:
+        """Whether job `job_id` yields and no caller has hurried it yet; the mark is taken (once, whichever
+        gateway asks first: one hurry per job, not one per caller that joins it)."""
+        with translated_errors("taking a build's yield mark"):
+            return bool(await self._delete_if_named(keys=[keys.job_yields(plan_key)], args=[job_id]))
 
     async def abandon_unless_wanted(self, plan_key: str, job_id: str) -> bool:
         """A job taken out of its stream: whether a gateway's callers want it after all (then it goes back);

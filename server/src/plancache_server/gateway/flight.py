@@ -251,12 +251,13 @@ class Flight:
         if holder is not None:
             self.job_id = holder
             await crew.states.want(plan_key, holder)  # another caller's job: ours too now
-            # Being warmed: a caller hurries it. (Another flight's job that yields is hurried by a caller joining
-            # that flight; one queued by another gateway holds this caller at most the wait's cap, 3 s: this
-            # gateway cannot tell whether it yields, and a job queued again for every such join could be built
-            # twice by two workers.)
+            # Being warmed, or yielding (its callers, maybe on another gateway, build it themselves): a caller that
+            # waits for the plan hurries it. A yielding job is hurried once, by whichever caller takes its mark
+            # first: a job queued again for every join could be built twice by two workers.
             if holder.startswith(WARM_JOB_PREFIX):
                 await self._promote(target, holder)
+            elif not self.yields:
+                await self._hurry_if_yielding(target, holder)
             return
         try:
             try:
@@ -284,6 +285,8 @@ class Flight:
             # fetch it; before builds yielded, it had started at once): not `waited`, it runs in its lane, below
             # every job someone waits for (issue 44, item 2), never dropped.
             job = Job(job_id=job_id, plan_key=plan_key, query=query, waited=not self.yields, yields=self.yields)
+            if self.yields:  # before a worker can take it: a caller that waits for the plan hurries it
+                await crew.states.mark_yields(plan_key, job_id)
             self.entry_id = await crew.queue.enqueue(target, job)
             self.queued = (target, job)
         except BaseException:
@@ -302,8 +305,18 @@ class Flight:
         if not self.job_id:
             return
         self._hurrying = asyncio.get_running_loop().create_task(
-            self._promote(target, self.job_id), name=f"hurry {self.job_id}"
+            self._hurry_if_yielding(target, self.job_id), name=f"hurry {self.job_id}"
         )  # held here: the loop keeps only a weak reference to a task
+
+    async def _hurry_if_yielding(self, target: Target, job_id: str) -> None:
+        """Job `job_id` hurried (_promote) if it yields and nobody hurried it yet (its mark taken here)."""
+        try:
+            hurry = await self._crew.states.take_yields(self.plan_key, job_id)
+        except PlanCacheError as e:  # the build goes on; it waits YIELD_WAIT_CAP_S at most
+            log.warning("could not hurry the build of %s: %s", self.plan_key, e.message)
+            return
+        if hurry:
+            await self._promote(target, job_id)
 
     async def _promote(self, target: Target, job_id: str) -> None:
         """The plan is being warmed (built at the lowest priority, nobody

@@ -106,6 +106,13 @@ def job_state(plan_key: str) -> str:
     return f"{PREFIX}:{{{plan_key}}}:job"
 
 
+def job_yields(plan_key: str) -> str:
+    """String: the id of this plan's job that yields (only callers that build the plan themselves asked for it:
+    Job.yields), set by the gateway that queued it; the first caller on any gateway that waits for the plan takes
+    it and hurries that job, once (plancache_server.gateway.flight); expires."""
+    return f"{PREFIX}:{{{plan_key}}}:yields"
+
+
 def job_wanted(plan_key: str) -> str:
     """Hash: "<gateway id>|<job id>" -> until when (Redis' clock, ms) that gateway has callers waiting for
     that job of the plan (plancache_server.store.build_records: a job nobody waits for is dropped)."""
@@ -234,7 +241,7 @@ def graph_family(family_key: str) -> str:
 # caller's permissions, so the commands they call are listed too.
 
 _PLAN = plan("*")
-_PER_PLAN = {name: f"{PREFIX}:{{*}}:{name}" for name in ("lease", "job", "wanted", "failed", "untrusted")}
+_PER_PLAN = {name: f"{PREFIX}:{{*}}:{name}" for name in ("lease", "job", "wanted", "failed", "untrusted", "yields")}
 _JOB_STREAMS = f"{PREFIX}:{{jobs:*"
 # +info: each process checks at start that Redis' eviction policy cannot drop plans, jobs or leases;
 # +time: heartbeats are written and read on Redis' clock, not on each host's.
@@ -299,6 +306,7 @@ ACL_RULES: dict[str, list[str]] = {
         f"~{_PER_PLAN['wanted']}",
         f"%R~{_PER_PLAN['failed']}",
         f"~{_PER_PLAN['untrusted']}",
+        f"~{_PER_PLAN['yields']}",
         f"~{_JOB_STREAMS}",
         f"%R~{workers('*')}",
         f"%R~{KNOWN_TARGETS}",
