@@ -80,7 +80,9 @@ class BesideNode:
     """What ran beside a node's processes from its go to its end (a diagnosis of GPU run 42: hedged nodes'
     builds at times 1.5x slower than the local ones with the node's CPU time equal to its wall time): the
     CPU seconds of the service's processes (`watched`: name -> pid, a worker's build processes summed into it),
-    the whole machine's busy CPU seconds, and the GPU's utilization sampled by nvidia-smi every 50 ms."""
+    the whole machine's busy CPU seconds, and with BENCH_BESIDE_GPU=1 the GPU's utilization sampled by nvidia-smi
+    every 50 ms. The sampler is off by default: it runs only beside the nodes that go through `together` (not the
+    single local runs), so it would weigh on one side of a pair (GPU run 42's call 2 had it on)."""
 
     def __init__(self, watched: dict[str, int]) -> None:
         self._watched = watched
@@ -98,6 +100,8 @@ class BesideNode:
 
     def start(self) -> None:
         self._started, self._busy, self._before = time.monotonic(), _machine_busy_s(), self._tree_cpu()
+        if os.environ.get("BENCH_BESIDE_GPU") != "1":
+            return
         try:
             self._sampler = subprocess.Popen(
                 ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "50"],

@@ -12,6 +12,8 @@
 #   gpu1      the same with the worker on GPU 1, the nodes on GPU 0 (--worker-device 1; a 2-GPU machine)
 #   (shared, cores, pool1 and gpu1 together: which of the service's work beside a hedged node slows its own build,
 #   GPU run 40: the CPUs' cores, the CPU time or the GPU)
+# BENCH_BESIDE_GPU=1 also samples the GPU's utilization beside each hedged node (nvidia-smi every 50 ms; off by
+# default: the single local runs have no sampler beside them, so it weighs on the hedged side of each pair).
 # Usage (after `source scripts/gpu-env.sh`): REPEATS=4 ARMS="pairs paused profile" scripts/gpu-dropin-hedge.sh
 #   PAIRS=first-dropin,first-compile REPEATS=3 ARMS="shared cores pool1 gpu1" scripts/gpu-dropin-hedge.sh
 set -uo pipefail
