@@ -144,7 +144,7 @@ class StandInClient:
         if self.race_outcome == "service":
             return Raced(plan=plan_for(spec, target, options, self.source))
         self.pending = StandInRace(plan_for(spec, target, options, self.source))
-        return Raced(local=None, race=self.pending)  # type: ignore[arg-type]
+        return Raced(local=None, race=self.pending, key=key_of(spec, target, options))  # type: ignore[arg-type]
 
     @property
     def admin(self) -> StandInClient:

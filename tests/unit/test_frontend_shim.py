@@ -496,6 +496,8 @@ def test_a_hedged_miss_runs_the_programs_own_build_then_the_services_plan(
     assert recorder.names()[-3:] == ["create_execution_plans", "check_support", "build_plans"]
     assert g.plancache.source == "local" and g.plancache.reason == built_records.HEDGED and g.plancache.local_built
     assert shim.stats().local == 1 and shim.stats().reasons == {built_records.HEDGED: 1}
+    (asked,) = client.asked
+    assert g.plancache.key == key_of(*asked)  # the plan the service builds for the graph's next run
     g.execute({a: 1, b: 2, c: 3}, Workspace(4096))
     assert recorder.names()[-1] == "execute" and recorder.loaded == []  # the program's own plan ran
     assert client.pending is not None

@@ -60,6 +60,7 @@ def test_the_nodes_build_first_runs_and_the_service_takes_over_later() -> None:
     side = Side()  # not answered yet
     raced, reported = race(side, lambda: "local plan")
     assert raced.local == "local plan" and raced.race is side and raced.plan is None
+    assert raced.key == "k"  # the plan the service builds, named to the front door (plancache.cudnn's graphs())
     assert reported == [("k", True)] and hedge.race_stats()["compile"].local_won == 1
 
 

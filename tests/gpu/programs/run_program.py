@@ -30,7 +30,7 @@ def main() -> None:
         {
             "name": b.name,
             "source": b.source,
-            "key": b.plan.key if b.plan else None,
+            "key": b.plan.key if b.plan else b.key,  # a hedged miss its own build won: the key it asked for
             "reason": b.reason,
             "spec": b.spec.to_json() if b.spec else None,
         }

@@ -43,6 +43,9 @@ class Built:
     local_built: bool | None = None
     # The program's own build won a hedged miss (its plan ran first; `plan`, once set, took over later).
     hedged: bool = False
+    # The plan key the service was asked for, where the program's own build ran and no plan is set (a hedged miss):
+    # the plan the graph's next run fetches.
+    key: str | None = None
 
     @property
     def source(self) -> str:

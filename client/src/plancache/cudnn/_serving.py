@@ -49,7 +49,7 @@ log = logging.getLogger("plancache.cudnn")  # the drop-in's one logger, whicheve
 class Serving:
     """A graph's plan calls (deferred while plancache may serve), its outcome, and the graph that runs its plan."""
 
-    __slots__ = ("built", "calls", "race", "records", "served")
+    __slots__ = ("built", "calls", "race", "race_key", "records", "served")
 
     def __init__(self) -> None:
         self.built: Built | None = None
@@ -59,6 +59,7 @@ class Serving:
         self.records: tuple[CompileOptions, Plan] | None = None
         # A hedged miss the program's own build won: the service's answer, to take over at a later execute.
         self.race: Race | None = None
+        self.race_key = ""  # the plan key that race asked the service for
 
     @property
     def pending(self) -> bool:
@@ -208,7 +209,7 @@ class Serving:
             raced = SERVICE.race(
                 spec, current_device(), wanted, own_build, path="cudnn", normalized=True, ask_first=ahead
             )
-            self.race = raced.race
+            self.race, self.race_key = raced.race, raced.key
             return spec, raced.plan, None
         except PlanCacheError as e:
             return spec, None, refused(e)
@@ -229,7 +230,15 @@ class Serving:
         if plan is None and local is None and race is not None:  # the program's own build ran in the race, and runs
             failed = race.error if race.done() and race.plan is None else None
             if failed is None:
-                built = Built(name, spec, reason=HEDGED, node_types=node_types(graph), local_built=True, hedged=True)
+                built = Built(
+                    name,
+                    spec,
+                    reason=HEDGED,
+                    node_types=node_types(graph),
+                    local_built=True,
+                    hedged=True,
+                    key=self.race_key or None,
+                )
                 self._count_local(built, Local(HEDGED, "hedged", False, "hedged"), level=logging.INFO)
             else:  # the service failed: said as when nothing was raced
                 self.race = None

@@ -483,6 +483,7 @@ class Raced(Generic[T]):
     plan: Plan | None = None
     local: T | None = None
     race: Race | None = None  # the service's side, when the node's own build runs
+    key: str = ""  # with `race`: the plan key the service builds (what a later call of the graph fetches)
 
 
 def run_race(
@@ -510,7 +511,7 @@ def run_race(
             tally.local_won += 1
             if race.building:  # the service knows this miss: it can count it
                 report(key, True)
-        return Raced(local=local, race=race)
+        return Raced(local=local, race=race, key=key)
     tally.local_failed += 1
     race.hurry()
     race.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
