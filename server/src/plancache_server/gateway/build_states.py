@@ -39,10 +39,10 @@ class BuildStates:
         self._redis = client
         self._lease_s = lease_s
         self._gateway_id = gateway_id
-        self._release_lease = client.register_script(RELEASE_IF_OWNER)
+        # Deletes a key while it names a given job: a build lease's release, a yield mark's take.
+        self._delete_if_named = client.register_script(RELEASE_IF_OWNER)
         self._want = client.register_script(WANT)
         self._take_if_wanted = client.register_script(TAKE_IF_WANTED)
-        self._delete_if_named = client.register_script(RELEASE_IF_OWNER)
 
     async def mark_yields(self, plan_key: str, job_id: str) -> None:
         """Job `job_id` of the plan yields (its callers build the plan themselves): a caller that waits for the
@@ -99,7 +99,7 @@ class BuildStates:
         """Release the lease while it still names `job_id`; left to expire when Redis is away."""
         try:
             with translated_errors("releasing a build lease"):
-                await self._release_lease(keys=[keys.build_lease(plan_key)], args=[job_id])
+                await self._delete_if_named(keys=[keys.build_lease(plan_key)], args=[job_id])
         except Unavailable as e:  # it expires on its own
             _faults.warning("lease", "could not release the lease of %s: %s", plan_key, e.message)
 

@@ -32,11 +32,11 @@ from plancache_server.store.redis_conn import AsyncRedis, redis_seconds_async, t
 
 log = logging.getLogger(__name__)
 
-# Add a job only while the stream holds fewer than ARGV[1] entries.
+# Add a job (its fields: ARGV[2..], name, value, ... as Job.stream_fields gives them) only while the stream holds
+# fewer than ARGV[1] entries.
 _ENQUEUE_IF_ROOM = """
 if redis.call('xlen', KEYS[1]) >= tonumber(ARGV[1]) then return false end
-return redis.call(
-  'xadd', KEYS[1], '*', 'job_id', ARGV[2], 'plan_key', ARGV[3], 'query', ARGV[4], 'waited', ARGV[5], 'yields', ARGV[6])
+return redis.call('xadd', KEYS[1], '*', unpack(ARGV, 2))
 """
 
 
@@ -70,6 +70,11 @@ class Job:
             "waited": b"1" if self.waited else b"0",
             "yields": b"1" if self.yields else b"0",
         }
+
+    def stream_fields(self) -> list[bytes]:
+        """The job's stream entry as a script's arguments: name, value, name, value, ... (every field of encode():
+        the one list the gateway's enqueue and a stopping worker's hand-back both write)."""
+        return [part for name, value in self.encode().items() for part in (name.encode(), value)]
 
     @classmethod
     def decode(cls, fields: dict[bytes, bytes]) -> Job:
@@ -120,18 +125,9 @@ class JobQueue:
 
     async def enqueue(self, target: Target, job: Job) -> str:
         """Queue a job, or refuse it (ResourceExhausted) when the target's queue is full; its entry id."""
-        fields = job.encode()
         with translated_errors("queueing a build"):
             added = await self._enqueue_if_room(
-                keys=[keys.job_stream(target)],
-                args=[
-                    self._max_jobs,
-                    fields["job_id"],
-                    fields["plan_key"],
-                    fields["query"],
-                    fields["waited"],
-                    fields["yields"],
-                ],
+                keys=[keys.job_stream(target)], args=[self._max_jobs, *job.stream_fields()]
             )
         if not added:
             raise ResourceExhausted(

@@ -23,9 +23,10 @@ return redis.call('xdel', KEYS[1], ARGV[2])
 """
 
 
-# Hand a job back: queued again as a new entry (for any worker) with every field it had (ARGV[3..]: name, value,
-# ...; its callers' `waited` and `yields` included: without them a handed-back build of a hedged node's plan went
-# at once on the next worker, and one its callers had left was built for no one), this one acknowledged and deleted.
+# Hand a job back: queued again as a new entry (for any worker) with every field it had (ARGV[3..]:
+# Job.stream_fields; its callers' `waited` and `yields` included: without them a handed-back build of a hedged
+# node's plan went at once on the next worker, and one its callers had left was built for no one), this one
+# acknowledged and deleted.
 _HAND_BACK = """
 redis.call('xadd', KEYS[1], '*', unpack(ARGV, 3))
 redis.call('xack', KEYS[1], ARGV[1], ARGV[2])
@@ -134,9 +135,8 @@ class WorkerQueue:
         again for the next worker, in one step."""
         if job.job is None:
             return self.ack(job)
-        fields = [part for name, value in job.job.encode().items() for part in (name, value)]
         with translated_errors("handing a job back"):
-            self._hand_back(keys=[job.stream], args=[keys.JOB_GROUP, job.entry_id, *fields])
+            self._hand_back(keys=[job.stream], args=[keys.JOB_GROUP, job.entry_id, *job.job.stream_fields()])
 
     def ack(self, job: Delivery) -> None:
         """Done with a job: acknowledged and deleted, so that the stream's
