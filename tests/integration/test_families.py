@@ -22,6 +22,8 @@ from plancache.keys.target import Target
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis
+from plancache_server.store.families import FamilyRecords
+from plancache_server.store.lifecycle import Janitor
 from tests.conftest import Stack, start_stack
 from tests.support.standin import STANDIN_TARGET, StandInCompiler
 
@@ -205,6 +207,23 @@ def test_a_workloads_speculative_builds_are_bounded_and_what_they_cost_is_shown(
             assert other.queued == 3 and other.over_budget == 0  # its own budget
     finally:
         stop()
+
+
+def test_a_member_counts_as_fetched_only_once_served_not_while_its_worker_accounts_for_it(
+    redis_client: redis.Redis,
+) -> None:
+    """CI caught fetched=1 for a family nobody asked: a blob is written before its worker puts it in the warmed
+    index, and "not in the warmed index" read that moment as "served". Fetched means in the index of last use."""
+    members = ["plan-a/sm_90/x", "plan-b/sm_90/x", "plan-c/sm_90/x", "plan-d/sm_90/x"]
+    janitor = Janitor(redis_client)
+    for key in members[:3]:
+        redis_client.hset(keys.plan(key), "blob", b"x" * 10)
+    janitor.record_put(members[1], 10, None, warmed=True)  # built ahead, accounted
+    janitor.record_put(members[2], 10, None, warmed=True)
+    redis_client.zadd(keys.PLAN_INDEX, {members[2]: time.time()})  # then served: the stats' flush moves it
+    redis_client.zrem(keys.WARMED_INDEX, members[2])
+    counts = FamilyRecords(redis_client).counts(members)  # members[0]: written, not accounted yet; [3]: absent
+    assert (counts.stored, counts.fetched, counts.bytes) == ([True, True, True, False], 1, 30)
 
 
 def test_a_cancelled_family_is_not_built_until_asked_again(

@@ -126,8 +126,9 @@ class FamilyRecords:
             return bool(self._redis.sismember(keys.family_cancelled(target_id), plan_key))
 
     def counts(self, members: Sequence[str]) -> MemberCounts:
-        """Which members are stored, how many of those were ever served (not in the warmed index any
-        more: plancache_server.store.stats), and their blobs' bytes."""
+        """Which members are stored, how many of those were ever served (in the index of last use:
+        plancache_server.store.stats moves a served warmed plan there), and their blobs' bytes. Not "absent
+        from the warmed index": a blob just written is in neither index until its worker accounts for it."""
         stored: list[bool] = []
         fetched = size = 0
         with translated_errors("counting a family's stored plans"):
@@ -136,13 +137,13 @@ class FamilyRecords:
                 pipe = self._redis.pipeline(transaction=False)
                 for key in chunk:
                     pipe.hstrlen(keys.plan(key), "blob")
-                pipe.zmscore(keys.WARMED_INDEX, list(chunk))
-                *lengths, warmed = pipe.execute()
-                for length, unserved in zip(lengths, warmed, strict=True):
+                pipe.zmscore(keys.PLAN_INDEX, list(chunk))
+                *lengths, last_used = pipe.execute()
+                for length, used in zip(lengths, last_used, strict=True):
                     stored.append(bool(length))
                     if length:
                         size += int(length)
-                        fetched += unserved is None
+                        fetched += used is not None
         return MemberCounts(stored, fetched, size)
 
     def get(self, family_key: str) -> FamilyRecord | None:
