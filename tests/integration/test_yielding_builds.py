@@ -51,6 +51,10 @@ def _follow_up(query: PlanQuery) -> pb.CompileRequest:
     return request
 
 
+def _metadata(redis_client: Any, plan_key: str) -> pb.PlanMetadata:
+    return pb.PlanMetadata.FromString(redis_client.hget(keys.plan(plan_key), "meta"))
+
+
 def _began(stack: Stack, query: PlanQuery) -> float:
     """When the worker began building `query`'s heuristic plan (monotonic)."""
     return next(began for digest, began, _ in stack.compiler.intervals if digest == query.spec_hash)
@@ -206,6 +210,44 @@ def test_a_caller_on_another_gateway_hurries_a_yielding_build_once(
         assert took < YIELD_WAIT_CAP_S / 2, f"callers on another gateway waited {took:.2f} s behind a hedged node"
         assert first.compiler.builds.count(query.spec_hash) == 1  # hurried once, built once
         assert not redis_client.exists(keys.job_yields(query.key))  # the mark taken
+    finally:
+        stop_second()
+        stop_first()
+
+
+@pytest.mark.parametrize("tune_s", [None, YIELD_WAIT_CAP_S + 1.5], ids=["one plan", "tuned past the holder's gate"])
+def test_with_two_workers_a_hurried_build_is_built_once_whichever_worker_reads_the_hurry(
+    redis_server: EmbeddedRedis, redis_client: Any, tune_s: float | None
+) -> None:
+    """The hurry is the job queued again (Flight.hurry): with two workers of a target it may reach the one that
+    does not hold the yielding build. That one builds it at once (a caller waits); the holder, whose build waits
+    for its gate, must then find the plan stored (or stored provisional and tuned by the other) and not build it
+    again (before: one in four such plans built twice here)."""
+    quiet_s = 5.0  # far longer than the cap: the holder's build waits for the cap, the hurry comes first
+    compiler = StandInCompiler(build_seconds=0.05, tune_seconds=tune_s)
+    first, stop_first = start_stack(redis_server.url, compiler, hedged_quiet_s=quiet_s, worker_id="worker-a")
+    second, stop_second = start_stack(redis_server.url, compiler, hedged_quiet_s=quiet_s, worker_id="worker-b")
+    try:
+        queries = [_query(60 + i) for i in range(4)]
+        with first.client() as node, second.client() as other, ThreadPoolExecutor(8) as pool:
+            for query in queries:
+                answer = node._stub.Compile(_request(query, hedged=True), timeout=10)
+                assert answer.source == pb.COMPILE_SOURCE_BUILDING
+            hedged = [pool.submit(node._stub.Compile, _follow_up(q), timeout=30) for q in queries]
+            time.sleep(0.3)  # each yielding build held by one of the workers by now
+            begun = time.monotonic()
+            waiting = [pool.submit(other._stub.Compile, _request(q, hedged=False), timeout=30) for q in queries]
+            answers = [w.result() for w in waiting]
+            took = time.monotonic() - begun
+            assert [h.result().plan.metadata.key for h in hedged] == [q.key for q in queries]
+        assert [a.plan.metadata.key for a in answers] == [q.key for q in queries]
+        assert took < YIELD_WAIT_CAP_S / 2, f"callers waited {took:.2f} s behind hedged nodes"
+        time.sleep(YIELD_WAIT_CAP_S + 0.5)  # past every holder's gate: a build it would start has started
+        assert [compiler.builds.count(q.spec_hash) for q in queries] == [1] * len(queries)
+        if tune_s is not None:  # each plan tuned once, by the worker that took its hurry, and stored tuned
+            wait_until(lambda: all(not _metadata(redis_client, q.key).provisional for q in queries), 15, "tuned plans")
+            tuned = compiler.candidate_builds
+            assert len(tuned) == len(set(tuned)) == len(queries) * (compiler.candidates - 1)
     finally:
         stop_second()
         stop_first()

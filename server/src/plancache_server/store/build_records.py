@@ -163,6 +163,13 @@ class BuildRecorder:
         with translated_errors("announcing a provisional plan"):
             self._redis.publish(keys.EVENTS_CHANNEL, finished_event(job_id, plan_key))
 
+    def tuned_elsewhere(self, plan_key: str, job_id: str, worker_id: str) -> bool:
+        """Whether job `job_id`'s provisional plan is stored by another worker, which autotunes it now."""
+        with translated_errors("reading a job's state"):
+            raw = self._redis.hmget(keys.job_state(plan_key), ["job_id", "state", "worker"])
+        owner, state, worker = (text(v) if v is not None else "" for v in raw)
+        return owner == job_id and state == PROVISIONAL and worker not in ("", worker_id)
+
     def renew(self, plan_key: str, job_id: str) -> None:
         """Keep the lease while building: a dead worker's lease runs out."""
         with translated_errors("renewing a build lease"):

@@ -5,7 +5,8 @@ Jobs are new ones or those of workers that died mid-build; each one is
 checked (plancache_server.worker.verified_job), then refused, found stored,
 given up after too many attempts, joined to the warm build of its plan, or
 started; a started job whose callers all left is dropped just before its
-build begins (still_wanted: one check per job, however long it was held).
+build begins (still_wanted: one check per job, however long it was held), and a
+yielding one whose plan another worker stored meanwhile is not built again.
 """
 
 from __future__ import annotations
@@ -82,7 +83,31 @@ class JobIntake:
         counted) and the caller must forget it. A warming build is always wanted."""
         if build.delivery is None:
             return True
+        if build.yielding and self._stored_meanwhile(build):
+            return False
         return self._wanted(build.job, [build.delivery, *build.promoted])
+
+    def _stored_meanwhile(self, build: Build) -> bool:
+        """A yielding build waits for its gate (up to YIELD_WAIT_CAP_S) after it was taken; meanwhile a caller that
+        waits for the plan may have hurried it, and the hurry (its job queued again) may have reached another
+        worker of the target, which built it at once. Found stored: acknowledged as at intake, not built again; found
+        provisional while that worker tunes it: acknowledged, the job left to it."""
+        job = build.job
+        stored = self._store.get(job.plan_key)
+        if stored is None:
+            return False
+        if not stored.metadata.provisional:
+            self._builds.finish(job.plan_key, job.job_id, self._worker_id)
+        elif not self._builds.tuned_elsewhere(job.plan_key, job.job_id, self._worker_id):
+            return False  # a provisional plan nobody tunes now (an earlier build's): built and tuned here
+        # Else the worker that took the hurry tunes it and finishes the job (should it die, its delivery of the
+        # job is reclaimed as any dead worker's; a forged state costs the tuned plan until it is asked again).
+        log.info(
+            "job %s: plan %s stored meanwhile (hurried on another worker): not built here", job.job_id, job.plan_key
+        )
+        for delivery in build.deliveries:
+            self._queue.ack(delivery)
+        return True
 
     def _wanted(self, job: Job, deliveries: list[Delivery]) -> bool:
         """A job queued for callers (`waited`) that none waits for any more is dropped: nobody is built for
