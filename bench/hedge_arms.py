@@ -97,6 +97,29 @@ def beside(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def collector(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per path (local runs too), each run's total and its garbage collector's pauses over the node's clock
+    (bench/startup_node.py's `gc`): full collections, their ms and when they began, all pauses' ms. A full
+    collection walks every object the process tracks (torch's included): one more of them on one side of a
+    pair is tens of ms of the gap."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        if r.get("jit") != "warm" or "error" in r or not isinstance(r.get("gc"), dict):
+            continue
+        found = r["gc"]
+        out.setdefault(r["path"], []).append(
+            {
+                "total_s": r.get("total_s"),
+                "full_collections": found["collections"][2],
+                "full_ms": found["pause_ms"][2],
+                "full_at_s": found["full_at_s"],
+                "all_pauses_ms": round(sum(found["pause_ms"]), 2),
+                "tracked_at_start": found["tracked_at_start"],
+            }
+        )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arm", action="append", required=True, help="NAME=startup.json (in the order to draw)")
@@ -113,6 +136,7 @@ def main() -> None:
             "median": {path: statistics.median(values) for path, values in ratios.items()},
             "build_ms_median_past_two": build_ms(data["runs"]),
             "beside": beside(data["runs"]),
+            "gc": collector(data["runs"]),
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"target": TARGET, "arms": arms}, indent=1) + "\n")

@@ -420,6 +420,8 @@ class Bench:
             extra["PLANCACHE_SERVER"] = server
         if os.environ.get("BENCH_MISS_PHASES") == "1":  # bench/miss_phases.py: each step's time
             extra["PLANCACHE_BENCH_PHASES"] = "1"
+        if os.environ.get("BENCH_NODE_GC_FREEZE") == "1":  # a diagnosis: set-up's objects out of collections
+            extra["PLANCACHE_BENCH_GC_FREEZE"] = "1"
         if os.environ.get("BENCH_MISS_PROFILE") == "1":  # and a cProfile (3.12: every thread; it slows Python code)
             (self.out / "profiles").mkdir(exist_ok=True)
             extra["PLANCACHE_BENCH_PROFILE"] = str(self.out / "profiles" / f"{jit}-{path}.txt")

@@ -70,7 +70,13 @@ key). When the tuned plans were stored is measured by the parent
 Costs of the process: `cpu_s`, its CPU seconds (user + system, every thread:
 getrusage) from the clock's start to its stop, and per thread (`thread_cpu_s`: each thread's CPU seconds over the
 same span, by its Python name or, for threads of the C libraries, its kernel name: which of a hedged node's threads
-took the interpreter from its build, GPU run 42); after the stop, `gpu_mib`,
+took the interpreter from its build, GPU run 42); `gc`, the cyclic garbage collector's pauses over the same span
+(per generation how many and their milliseconds, when each full one began on the clock, and the objects it tracked
+when the clock started: a full collection walks every one of them, ~40-80 ms with torch imported, and a fresh
+process's first graphs are where the first ones fall: one more of them on one side of a pair is a gap of that
+size; PLANCACHE_BENCH_GC_FREEZE=1, set by bench/startup.py under BENCH_NODE_GC_FREEZE=1, freezes what set-up
+made out of collections before the clock, both sides of a pair alike: whether the collector is the gap); after the
+stop, `gpu_mib`,
 the GPU memory nvidia-smi lists for it (None where it lists no process ids),
 and torch's own share (`torch_reserved_mib`); `races`, plancache.race_stats()
 (how its hedged misses ended, per path: compile, cudnn, functional).
@@ -82,6 +88,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import importlib
 import json
 import os
@@ -179,6 +186,38 @@ class Clock:
 
     def outputs(self) -> dict[int, float]:
         return {i: self._offset + self._start_event.elapsed_time(e) / 1e3 for i, e in self._events.items()}
+
+
+class GcWatch:
+    """The cyclic garbage collector's pauses while the clock runs (gc.callbacks: in whichever thread collects)."""
+
+    def __init__(self, now: Callable[[], float], tracked: int) -> None:
+        self._now = now
+        self._began: float | None = None
+        self.tracked_at_start = tracked
+        self.count, self.ms = [0, 0, 0], [0.0, 0.0, 0.0]
+        self.full_at_s: list[float] = []
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, int]) -> None:
+        generation = info["generation"]
+        if phase == "start":
+            self._began = time.perf_counter()
+            if generation == 2:
+                self.full_at_s.append(round(self._now(), 4))
+        elif self._began is not None:
+            self.count[generation] += 1
+            self.ms[generation] += (time.perf_counter() - self._began) * 1000
+            self._began = None
+
+    def stop(self) -> dict[str, object]:
+        gc.callbacks.remove(self._on)
+        return {
+            "collections": self.count,
+            "pause_ms": [round(ms, 2) for ms in self.ms],
+            "full_at_s": self.full_at_s,
+            "tracked_at_start": self.tracked_at_start,
+        }
 
 
 def cpu_seconds() -> float:
@@ -501,8 +540,13 @@ def main() -> None:
     step = decode_setup(args.path, args.server) if args.path in STEP_PATHS else None
     torch.cuda.synchronize()
     setup_s = time.perf_counter() - IMPORT_STARTED - imports_s
+    if os.environ.get("PLANCACHE_BENCH_GC_FREEZE") == "1":  # a diagnosis arm, on both sides of a pair alike
+        gc.collect()
+        gc.freeze()  # what set-up made (torch, the frontend, plancache) is not walked by the clock's collections
+    tracked = len(gc.get_objects())  # before the clock: the list costs ~10 ms
     go = wait_for_go(args.barrier, share) if args.barrier else None
     clock = Clock(go)
+    collector = GcWatch(clock.now, tracked)
     result: dict[str, object] = {
         "path": args.path,
         "imports_s": imports_s,
@@ -545,6 +589,7 @@ def main() -> None:
     result["total_s"] = clock.now()
     result["cpu_s"] = clock.cpu_s()
     result["thread_cpu_s"] = clock.thread_cpu_s()
+    result["gc"] = collector.stop()
     profile.__exit__()
     if timing_phases:
         result["phases"] = miss_phases.phases()

@@ -10,6 +10,9 @@
 #   cores     the same with node and service on different physical cores (--split-cpus)
 #   pool1     the same with the worker building in one process (--build-processes 1: less of the host's CPU)
 #   gpu1      the same with the worker on GPU 1, the nodes on GPU 0 (--worker-device 1; a 2-GPU machine)
+#   gcfreeze  the pairs of $PAIRS with every node's set-up objects frozen out of the garbage collector before its
+#             clock (gc.freeze(), both sides): whether full collections in the first graphs are the gap (each
+#             node's JSON has its collections, `gc`, in every arm)
 #   (shared, cores, pool1 and gpu1 together: which of the service's work beside a hedged node slows its own build,
 #   GPU run 40: the CPUs' cores, the CPU time or the GPU)
 # BENCH_BESIDE_GPU=1 also samples the GPU's utilization beside each hedged node (nvidia-smi every 50 ms; off by
@@ -30,9 +33,10 @@ for arm in ${ARMS:-pairs paused profile}; do
     cores) pairs=${PAIRS:-first-dropin} flags=(--split-cpus) ;;
     pool1) pairs=${PAIRS:-first-dropin} flags=(--build-processes 1) ;;
     gpu1) pairs=${PAIRS:-first-dropin} flags=(--worker-device 1) ;;
+    gcfreeze) pairs=${PAIRS:-first-dropin} ;;
     *) echo "unknown arm $arm" >&2; continue ;;
   esac
-  BENCH_MISS_PHASES=1 BENCH_MISS_PROFILE="$profile" \
+  BENCH_MISS_PHASES=1 BENCH_MISS_PROFILE="$profile" BENCH_NODE_GC_FREEZE=$([ "$arm" = gcfreeze ] && echo 1) \
     python3 bench/startup.py --out "$OUT/$arm" --jit warm --study hedge-paired --pairs "$pairs" \
       --warm-cache .startup-jit-cache --time-limit "${TIME_LIMIT:-200}" --repeats "$repeats" \
       ${pause:+--pause-worker} "${flags[@]}" > "$OUT/$arm/startup.log" 2>&1

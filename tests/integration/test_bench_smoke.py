@@ -44,6 +44,19 @@ def test_jcs_benchmark_quick_run_finds_the_same_bytes_on_every_spec(tmp_path: Pa
     assert results["hit_path"]["matmul_spec"]["compile_disk_cache_hit_us"] > 0
 
 
+def test_capture_cost_short_run_times_every_piece_of_every_graph_and_a_fresh_processes_first_graphs(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("cudnn", reason="needs the cuDNN frontend's Python IR (nvidia-cudnn-frontend)")
+    run_bench("capture_cost.py", "--rounds", "1", "--calls", "2", "--fresh", "1", "--out", str(tmp_path))
+    results = json.loads((tmp_path / "capture_cost.json").read_text())
+    assert len(results["graphs"]) == 13
+    for piece in ("read", "rebuild", "compare", "capture", "key"):
+        assert all(results["median_us"][piece][name] > 0 for name in results["graphs"]), piece
+    assert set(results["fresh"]["median_ms"]) == {f"graph{i}_{p}_ms" for i in (1, 2) for p in ("capture", "key")}
+    assert (tmp_path / "capture_cost.png").stat().st_size > 10_000
+
+
 def test_gpu_benchmark_report_renders_without_a_gpu(tmp_path: Path) -> None:
     from bench.gpu_bench import report
 
