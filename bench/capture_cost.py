@@ -38,16 +38,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.report import figure, save, table, write_json  # noqa: E402
+from bench.report import figure, per_call_us, save, table, write_json  # noqa: E402
 
 PIECES = ("read", "rebuild", "compare", "capture", "key")
-
-
-def per_call_us(fn: Callable[[], Any], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def run(rounds: int, calls: int) -> dict[str, Any]:

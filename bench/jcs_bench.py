@@ -23,8 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,7 @@ if __package__ in (None, ""):
 
 import rfc8785
 
-from bench.report import write_json
+from bench.report import per_call_us, write_json
 from plancache import Client, DiskCache, GraphSpec, Plan
 from plancache.graphspec.canonical import canonical_dict
 from plancache.graphspec.jcs import canonicalize
@@ -51,13 +49,6 @@ def repo_specs() -> dict[str, GraphSpec]:
     for path in sorted((REPO / "examples").glob("*.json")):
         found[path.stem] = from_json(path.read_text())
     return found
-
-
-def per_call_us(call: Callable[[], Any], inner: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(inner):
-        call()
-    return (time.perf_counter() - t0) / inner * 1e6
 
 
 def encoders(structures: dict[str, Any], rounds: int, inner: int) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,16 +28,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.report import bar_chart, table, write_json  # noqa: E402
+from bench.report import bar_chart, per_call_us, table, write_json  # noqa: E402
 
 ARMS = ("torch", "exact", "bucket", "padded", "padded_bookkept")
-
-
-def per_call_us(fn: Callable[[], Any], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def measure(rounds: int, calls: int) -> dict[str, list[float]]:

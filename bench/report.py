@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,14 @@ def _fmt(value: Any) -> str:
             return "-"
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
     return str(value)
+
+
+def per_call_us(fn: Callable[[], Any], calls: int) -> float:
+    """Microseconds per call of `fn`, over `calls` calls back to back (a host-cost benchmark's unit)."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
 
 
 def write_json(path: Path, data: Any) -> None:

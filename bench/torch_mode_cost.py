@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,14 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.report import figure, save, table, write_json  # noqa: E402
-
-
-def per_call_us(fn: Callable[[], Any], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
+from bench.report import figure, per_call_us, save, table, write_json  # noqa: E402
 
 
 def compiled_costs(rounds: int, calls: int) -> list[dict[str, Any]]:
