@@ -43,6 +43,9 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(
         worker_redis_url=url["worker"],
         memory_cache_bytes=0,
         warm=True,
+        # The worker's WAIT for replicas under its user (this Redis has none: each plan waits 50 ms, then counted).
+        store_replicas=1,
+        store_replicas_wait_ms=50,
     )
     try:
         with s.client(timeout=30) as client:

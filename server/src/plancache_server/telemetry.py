@@ -64,6 +64,11 @@ FLEET_RACES = Counter(
 BUILDS = Counter(
     "plancache_builds_total", "builds finished by this worker, by target and outcome", ["target", "outcome"]
 )
+UNREPLICATED = Counter(
+    "plancache_unreplicated_plans_total",
+    "plans this worker stored and announced before --store-replicas replicas held them (past "
+    "--store-replicas-wait-ms, or the plan's slot moved meanwhile): a failover now could lose them",
+)
 BUILD_SECONDS = Histogram(
     "plancache_build_duration_seconds",
     "seconds from a worker taking a build job to its end (heuristic plan, candidates, autotuning; "

@@ -172,6 +172,7 @@ class Gateway:
             lambda plan_key: count_untrusted_build(stats, directory, plan_key),
             shares,
             settings.compile_timeout_s,
+            announced_only=settings.store_replicas > 0,
         )
         blocking = connect(redis_url)  # for the janitor and warming, on threads
         janitor = Janitor(blocking)

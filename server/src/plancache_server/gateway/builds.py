@@ -68,10 +68,14 @@ class Builds:
         on_untrusted_build: Callable[[str], None] = lambda plan_key: None,
         shares: Shares | None = None,
         queue_wait_s: float = 900.0,
+        *,
+        announced_only: bool = False,
     ) -> None:
         """`on_untrusted_build(plan_key)`: once per build whose plan this gateway refused (counted);
         `shares`: what each caller may hold (waits, builds it queued, builds in the queue at once);
-        `queue_wait_s`: the longest a build waits for its caller's turn in the queue (--compile-timeout)."""
+        `queue_wait_s`: the longest a build waits for its caller's turn in the queue (--compile-timeout);
+        `announced_only`: a build's waiters get its plan once the worker announced it, not as soon as its master
+        holds it (--store-replicas: the worker announces once the replicas hold it)."""
         self._admission = admission
         self._shares = shares or Shares()
         # Names this gateway's claims that its callers wait for a job (plancache_server.store.build_records).
@@ -89,6 +93,7 @@ class Builds:
             self._shares.queue_slots,
             queue_wait_s,
             self._shares.limits.retry_delay_s,
+            announced_only,
         )
         self._flights: dict[str, Flight] = {}
         self.waiting = 0  # callers waiting on this gateway, all keys

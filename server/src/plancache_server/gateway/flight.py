@@ -37,7 +37,15 @@ from plancache_server.gateway.build_states import BuildStates
 from plancache_server.gateway.completions import CompletionWatcher
 from plancache_server.gateway.refusals import RefusedBuilds
 from plancache_server.gateway.shares import QueueSlots
-from plancache_server.store.build_records import ABANDONED, DONE, FAILED, PROVISIONAL, QUEUED, WANTED_TTL_S
+from plancache_server.store.build_records import (
+    ABANDONED,
+    DONE,
+    FAILED,
+    PROVISIONAL,
+    QUEUED,
+    RUNNING,
+    WANTED_TTL_S,
+)
 from plancache_server.store.jobs import Job, JobQueue
 from plancache_server.store.plans import PlanStore, StoredPlan
 from plancache_server.store.warming import WARM_JOB_PREFIX
@@ -67,6 +75,12 @@ GONE_RECHECKS = 4
 WANT_RENEW_S = WANTED_TTL_S / 5
 
 
+def _unannounced(plan: StoredPlan, ours: str | None) -> bool:
+    """Whether `plan` may be one our job is storing and has not announced yet: found while the job is queued or
+    running, or a tuned plan found while it has announced only its provisional one."""
+    return ours in (QUEUED, RUNNING) or (ours == PROVISIONAL and not plan.provisional)
+
+
 @dataclass(frozen=True)
 class FlightCrew:
     """What every flight of one gateway shares."""
@@ -82,6 +96,9 @@ class FlightCrew:
     queue_slots: QueueSlots | None = None
     queue_wait_s: float = 900.0
     retry_delay_s: float = 1.0
+    # --store-replicas: a plan our job is storing is given to its waiters once the job says so (the worker says it
+    # once the replicas hold it), not as soon as the master has it.
+    announced_only: bool = False
 
 
 class Waiter:
@@ -369,6 +386,8 @@ class Flight:
                         plan = await crew.store.fresh(self.plan_key)
                     except IntegrityError as e:
                         plan, refused = None, e
+                    if plan is not None and crew.announced_only and _unannounced(plan, ours):
+                        plan = None  # being stored by our job, its replicas waited for: not announced yet
                     if plan is not None and not plan.provisional:
                         self.settle(plan)
                         break

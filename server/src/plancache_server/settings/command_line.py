@@ -92,6 +92,8 @@ def settings_from(args: argparse.Namespace, program: str) -> Settings:
         )
     if settings.signing_key is not None and settings.unsigned:
         raise SystemExit("--signing-key and --unsigned exclude each other")
+    if settings.store_replicas < 0 or settings.store_replicas_wait_ms < 1:
+        raise SystemExit("--store-replicas must be 0 or more and --store-replicas-wait-ms at least 1")
     if settings.event_loop not in ("auto", "uvloop", "asyncio"):
         raise SystemExit(f"--event-loop must be auto, uvloop or asyncio, not {settings.event_loop!r}")
     return settings

@@ -309,6 +309,24 @@ class BuildSettings:
         int,
         to_workers=True,
     )
+    store_replicas: int = setting(
+        0,
+        "--store-replicas",
+        "replicas that must hold a plan before a worker announces its build (Redis WAIT after the plan's write, "
+        "on the plan's master): a failover that promotes one of them loses no plan a caller was given; "
+        "0: announced once the master has it (a failover may lose what its master took in its last instant)",
+        int,
+        to_workers=True,
+    )
+    store_replicas_wait_ms: int = setting(
+        1000,
+        "--store-replicas-wait-ms",
+        "how long a worker waits for --store-replicas to hold a plan; past it the build is announced anyway, "
+        "logged and counted (plancache_unreplicated_plans_total), and the plans it stores in the next 10 s "
+        "are not waited for (it stores them one at a time: replicas that are down must not delay every build)",
+        int,
+        to_workers=True,
+    )
     retire_after_days: float = setting(
         90.0,
         "--retire-after-days",

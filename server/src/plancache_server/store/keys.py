@@ -332,6 +332,7 @@ ACL_RULES: dict[str, list[str]] = {
     ],
     "worker": [
         *_COMMON,
+        "+wait",  # a plan held by --store-replicas replicas before its build is announced (plans.RedisPlanStore)
         "+sismember",
         "+srem",  # an evicted plan off its spec's index (lifecycle.Janitor.remove)
         "+scard",

@@ -31,8 +31,11 @@ from typing import Any, Protocol, cast
 
 import redis
 from google.protobuf.message import DecodeError
+from redis.cluster import RedisCluster
+from redis.exceptions import ClusterDownError, MovedError
 
 from plancache.errors import IntegrityError, UntrustedPlan
+from plancache.log_limits import LogLimiter
 from plancache.trust.signing import TrustPolicy
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server import telemetry
@@ -41,8 +44,11 @@ from plancache_server.store.lifecycle import Janitor
 from plancache_server.store.redis_conn import AsyncRedis, text, translated_errors
 
 log = logging.getLogger(__name__)
+_unreplicated_log = LogLimiter(log)
 
 PLAN_FIELDS = ["blob", "meta", "sig"]
+# After a WAIT for --store-replicas timed out, how long a worker stores plans without waiting for them.
+REPLICAS_LATE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -168,12 +174,18 @@ class RedisPlanStore:
         trust: TrustPolicy | None = None,
         max_bytes: int = 0,
         clock: Callable[[], float] = time.time,
+        *,
+        replicas: int = 0,
+        replicas_wait_ms: int = 1000,
     ) -> None:
         """`trust`: what a stored plan must be signed by to count as built;
-        `max_bytes`: the store's bound (least recently used plans go first; 0: none)."""
+        `max_bytes`: the store's bound (least recently used plans go first; 0: none);
+        `replicas`: how many replicas must hold a plan before `put` returns (waiting at most `replicas_wait_ms`)."""
         self._redis = client
         self._trust = trust
         self._max_bytes = max_bytes
+        self._replicas, self._replicas_wait_ms = replicas, replicas_wait_ms
+        self._replicas_late_until = 0.0  # monotonic: past a WAIT that timed out, none until then
         self.janitor = Janitor(client, clock)
 
     def get(self, plan_key: str) -> StoredPlan | None:
@@ -199,7 +211,12 @@ class RedisPlanStore:
         with translated_errors("writing a plan"):
             # One build per key at a time (the build lease): the previous size is this worker's to replace.
             previous = self._redis.hget(keys.plan(plan_key), "size")
-            self._redis.hset(keys.plan(plan_key), mapping=fields)  # type: ignore[arg-type]
+            if self._replicas and time.monotonic() >= self._replicas_late_until:
+                self._write_replicated(plan_key, fields)
+            else:
+                self._redis.hset(keys.plan(plan_key), mapping=fields)  # type: ignore[arg-type]
+                if self._replicas:  # late a moment ago: not waited for again yet (see _write_replicated)
+                    telemetry.UNREPLICATED.inc()
             # An index for operators (which keys exist for a spec); not atomic
             # with the plan because it lives on another shard in a cluster.
             self._redis.sadd(keys.spec_index(plan.metadata.spec_hash), plan_key)
@@ -213,6 +230,46 @@ class RedisPlanStore:
 
     def delete(self, plan_key: str) -> None:
         self.janitor.remove(plan_key, "invalidated")
+
+    def _write_replicated(self, plan_key: str, fields: dict[str, Any]) -> None:
+        """The plan's HSET, then WAIT for `replicas` on the same connection (WAIT counts the replicas that
+        acknowledged this connection's writes): the worker announces the build only after this returns, so a
+        caller is never given a plan that a failover promoting one of them would lose. In a cluster the two go to
+        the master of the plan's slot; if the slot moved meanwhile (a failover under way), the plan is written
+        through the cluster client, which follows it, and counted as not replicated."""
+        name = keys.plan(plan_key)
+        client: Any = self._redis
+        if isinstance(client, RedisCluster):
+            client = client.get_redis_connection(client.get_node_from_key(name))  # type: ignore[no-untyped-call]
+        pipe = client.pipeline(transaction=False)
+        pipe.hset(name, mapping=fields)
+        pipe.execute_command("WAIT", self._replicas, self._replicas_wait_ms)
+        try:
+            _, acknowledged = pipe.execute()
+        except (MovedError, ClusterDownError, redis.ConnectionError, redis.TimeoutError) as e:
+            if not isinstance(self._redis, RedisCluster):
+                raise
+            log.info(
+                "plan %s: its master changed while it was written (%s); written again through the cluster", plan_key, e
+            )
+            self._redis.hset(name, mapping=fields)  # type: ignore[arg-type]
+            acknowledged = 0
+        if int(acknowledged) < self._replicas:
+            # A worker stores its plans one at a time: replicas that are down would add the whole wait to every
+            # build after this one, so none is waited for during REPLICAS_LATE_S (counted meanwhile).
+            self._replicas_late_until = time.monotonic() + REPLICAS_LATE_S
+            telemetry.UNREPLICATED.inc()
+            _unreplicated_log.warning(  # once a minute: a deployment without its replicas says it at every build
+                "unreplicated",
+                "plan %s: %d of the %d replicas of --store-replicas held it within %d ms; announced anyway, and "
+                "plans stored in the next %.0f s are not waited for (a failover now could lose them; counted in "
+                "plancache_unreplicated_plans_total)",
+                plan_key,
+                int(acknowledged),
+                self._replicas,
+                self._replicas_wait_ms,
+                REPLICAS_LATE_S,
+            )
 
     @property
     def client(self) -> redis.Redis:

@@ -37,7 +37,10 @@ def worker_parts(client: redis.Redis, settings: Settings, signer: Signer | None 
         )
     elif settings.unsigned and settings.trusted_keys:
         trust = TrustPolicy.create(settings.trusted_keys, allow_unsigned=True, pinned=False)
-    store = RedisPlanStore(client, trust, settings.store_max_mb * 2**20)
+    store = RedisPlanStore(
+        client, trust, settings.store_max_mb * 2**20, replicas=settings.store_replicas,
+        replicas_wait_ms=settings.store_replicas_wait_ms,
+    )  # fmt: skip
     return WorkerParts(
         WorkerQueue(client), BuildRecorder(client, settings.build_lease_s, settings.negative_ttl_s), store
     )

@@ -1,0 +1,170 @@
+"""Issue 44, item 3: with --store-replicas N, a worker announces a build only once N replicas hold its plan (Redis
+WAIT after the plan's write), so a failover that promotes one of them loses no plan a caller was given. A real
+master and replica (redis-server --replicaof), a real gateway and a stand-in worker; the replica is stopped
+(SIGSTOP) while a plan is built, which is what a lagging replica looks like to its master."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from plancache.log_limits import LogLimiter
+from plancache_server import telemetry
+from plancache_server.store import keys, plans
+from plancache_server.store.embedded_redis import EmbeddedRedis
+from tests.conftest import start_stack
+from tests.support import hermetic
+from tests.support.specs import matmul_spec
+from tests.support.standin import STANDIN_TARGET as TARGET
+from tests.support.standin import StandInCompiler
+from tests.support.waiting import wait_until
+
+REPLICA_STOPPED_S = 0.8
+TUNED_STOPPED_S = 2.0
+
+
+@pytest.fixture
+def master_and_replica(tmp_path: Path) -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis]]:
+    binary = hermetic.redis_server_bin()
+    master = EmbeddedRedis(tmp_path / "master", binary=binary, persist=False).start()
+    replica = EmbeddedRedis(
+        tmp_path / "replica", binary=binary, persist=False, extra_args=("--replicaof", "127.0.0.1", str(master.port))
+    ).start()
+    replica_client = redis.Redis.from_url(replica.url)
+    try:
+        wait_until(lambda: replica_client.info("replication").get("master_link_status") == "up", 20, "the link up")
+        yield master, replica
+    finally:
+        replica_client.close()
+        replica.stop()
+        master.stop()
+
+
+def _stopped_for(server: EmbeddedRedis, seconds: float) -> threading.Timer:
+    """`server` stopped now (SIGSTOP) and resumed after `seconds` (its master's WAIT gets no answer meanwhile)."""
+    pid = server._process.pid  # type: ignore[union-attr]
+    os.kill(pid, signal.SIGSTOP)
+    timer = threading.Timer(seconds, os.kill, (pid, signal.SIGCONT))
+    timer.start()
+    return timer
+
+
+def _unreplicated() -> float:
+    return float(telemetry.UNREPLICATED._value.get())
+
+
+@pytest.mark.parametrize("replicas", [1, 0], ids=["--store-replicas 1", "none (the default)"])
+def test_a_caller_is_given_a_plan_only_once_a_replica_holds_it(
+    master_and_replica: tuple[EmbeddedRedis, EmbeddedRedis], replicas: int
+) -> None:
+    master, replica = master_and_replica
+    stack, stop = start_stack(
+        master.url, StandInCompiler(build_seconds=0.02), store_replicas=replicas, store_replicas_wait_ms=10_000
+    )
+    replica_client = redis.Redis.from_url(replica.url)
+    try:
+        with stack.client(hedge=False) as client:
+            client.compile(matmul_spec(m=8, name="warm-up"), TARGET)  # the channel and the worker started
+            before = _unreplicated()
+            timer = _stopped_for(replica, REPLICA_STOPPED_S)
+            began = time.monotonic()
+            plan = client.compile(matmul_spec(m=16, name="replicated"), TARGET)
+            took = time.monotonic() - began
+            held = replica_client.hget(keys.plan(plan.key), "blob")  # blocks until the replica runs again
+            timer.join()
+        if replicas:  # given to the caller only after the replica acknowledged it: it holds it
+            assert took >= REPLICA_STOPPED_S - 0.1, f"announced after {took:.2f} s, while the replica was stopped"
+            assert held == plan.blob
+            assert _unreplicated() == before
+        else:  # the default: announced once the master has it, whatever its replica holds (the bound said)
+            assert took < REPLICA_STOPPED_S - 0.2, f"took {took:.2f} s with no replica asked for"
+    finally:
+        replica_client.close()
+        stop()
+
+
+def test_a_replica_that_does_not_answer_in_time_delays_one_build_by_the_wait_only_and_is_counted(
+    master_and_replica: tuple[EmbeddedRedis, EmbeddedRedis],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    master, replica = master_and_replica
+    monkeypatch.setattr(plans, "_unreplicated_log", LogLimiter(plans.log))  # its line once a minute: this test's
+    wait_ms = 200
+    stack, stop = start_stack(
+        master.url, StandInCompiler(build_seconds=0.02), store_replicas=1, store_replicas_wait_ms=wait_ms
+    )
+    try:
+        with stack.client(hedge=False) as client, caplog.at_level(logging.WARNING):
+            client.compile(matmul_spec(m=8, name="warm-up"), TARGET)
+            before = _unreplicated()
+            timer = _stopped_for(replica, 2.0)
+            began = time.monotonic()
+            plan = client.compile(matmul_spec(m=24, name="not replicated in time"), TARGET)
+            took = time.monotonic() - began
+            began = time.monotonic()
+            client.compile(matmul_spec(m=40, name="right after"), TARGET)
+            next_took = time.monotonic() - began
+            timer.join()
+        assert plan.key
+        assert wait_ms / 1000 - 0.05 <= took < 1.5, f"took {took:.2f} s with a {wait_ms} ms wait"
+        # The worker stores plans one at a time: with its replicas late, the builds right after do not each wait.
+        assert next_took < wait_ms / 1000, f"the next build took {next_took:.2f} s"
+        assert _unreplicated() == before + 2
+        assert any("0 of the 1 replicas of --store-replicas held it" in r.getMessage() for r in caplog.records)
+    finally:
+        stop()
+
+
+def test_a_tuned_plan_is_given_once_a_replica_holds_it_though_its_provisional_plan_was_announced(
+    master_and_replica: tuple[EmbeddedRedis, EmbeddedRedis],
+) -> None:
+    """While the build autotunes, its job says PROVISIONAL; the tuned plan written over it is not given to a
+    caller that waits for it (tuned_only) until the job is DONE, which the worker says once the replica holds it."""
+    master, replica = master_and_replica
+    stack, stop = start_stack(
+        master.url,
+        StandInCompiler(build_seconds=0.02, tune_seconds=2.0),  # ~0.5 s on the stack's four build threads
+        store_replicas=1,
+        store_replicas_wait_ms=10_000,
+    )
+    master_client = redis.Redis.from_url(master.url)
+    try:
+        with stack.client(hedge=False, compile_timeout=30) as client:
+            # Tuned before the replica stops: the worker stores plans one at a time, and a warm-up's tuned plan
+            # waiting for the stopped replica would hold this build's writes back too.
+            client.compile(matmul_spec(m=8, name="warm-up"), TARGET, tuned_only=True)
+            spec = matmul_spec(m=32, name="tuned while its replica lags")
+            done: list[tuple[float, bool]] = []
+
+            def wait_for_the_tuned_plan() -> None:
+                provisional = client.compile(spec, TARGET, tuned_only=True).provisional
+                done.append((time.monotonic(), provisional))
+
+            caller = threading.Thread(target=wait_for_the_tuned_plan)
+            key = client.query(spec, TARGET).key
+            caller.start()
+            deadline = time.monotonic() + 10
+            while master_client.hget(keys.job_state(key), "state") != b"provisional":  # stored and announced
+                assert time.monotonic() < deadline
+                time.sleep(0.002)
+            stopped_at = time.monotonic()
+            timer = _stopped_for(replica, TUNED_STOPPED_S)  # from before the tuned plan's write to well after it
+            caller.join(timeout=30)
+            timer.join()
+        (given_at, provisional), *_ = done
+        assert not provisional
+        assert given_at - stopped_at >= TUNED_STOPPED_S - 0.1, (
+            f"the tuned plan was given {given_at - stopped_at:.2f} s after its replica stopped"
+        )
+    finally:
+        master_client.close()
+        stop()
