@@ -57,6 +57,18 @@ def test_capture_cost_short_run_times_every_piece_of_every_graph_and_a_fresh_pro
     assert (tmp_path / "capture_cost.png").stat().st_size > 10_000
 
 
+def test_gc_pauses_short_run_times_each_kind_of_process_and_the_collectors_share(tmp_path: Path) -> None:
+    pytest.importorskip("cudnn", reason="needs the cuDNN frontend's Python IR (nvidia-cudnn-frontend)")
+    run_bench("gc_pauses.py", "--rounds", "1", "--out", str(tmp_path))
+    results = json.loads((tmp_path / "gc_pauses.json").read_text())
+    for mode in ("plain", "client", "frozen"):
+        (run,) = results["runs"][mode]
+        assert 0 <= run["gc_pause_s"] < run["s"], (mode, run)
+    # Frozen, what set-up made is not tracked any more: its collections walk only what the planning made.
+    assert results["runs"]["frozen"][0]["tracked"] < results["runs"]["plain"][0]["tracked"] / 10
+    assert (tmp_path / "gc_pauses.png").stat().st_size > 10_000
+
+
 def test_gpu_benchmark_report_renders_without_a_gpu(tmp_path: Path) -> None:
     from bench.gpu_bench import report
 
