@@ -27,7 +27,7 @@ from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin import StandInCompiler
 from tests.support.waiting import wait_until
 
-REPLICA_STOPPED_S = 0.8
+REPLICA_STOPPED_S = 1.5
 TUNED_STOPPED_S = 2.0
 
 
@@ -85,7 +85,7 @@ def test_a_caller_is_given_a_plan_only_once_a_replica_holds_it(
             assert held == plan.blob
             assert _unreplicated() == before
         else:  # the default: announced once the master has it, whatever its replica holds (the bound said)
-            assert took < REPLICA_STOPPED_S - 0.2, f"took {took:.2f} s with no replica asked for"
+            assert took < REPLICA_STOPPED_S - 0.5, f"took {took:.2f} s with no replica asked for"
     finally:
         replica_client.close()
         stop()
@@ -98,7 +98,7 @@ def test_a_replica_that_does_not_answer_in_time_delays_one_build_by_the_wait_onl
 ) -> None:
     master, replica = master_and_replica
     monkeypatch.setattr(plans, "_unreplicated_log", LogLimiter(plans.log))  # its line once a minute: this test's
-    wait_ms = 200
+    wait_ms = 1500
     stack, stop = start_stack(
         master.url, StandInCompiler(build_seconds=0.02), store_replicas=1, store_replicas_wait_ms=wait_ms
     )
@@ -106,7 +106,7 @@ def test_a_replica_that_does_not_answer_in_time_delays_one_build_by_the_wait_onl
         with stack.client(hedge=False) as client, caplog.at_level(logging.WARNING):
             client.compile(matmul_spec(m=8, name="warm-up"), TARGET)
             before = _unreplicated()
-            timer = _stopped_for(replica, 2.0)
+            timer = _stopped_for(replica, 5.0)
             began = time.monotonic()
             plan = client.compile(matmul_spec(m=24, name="not replicated in time"), TARGET)
             took = time.monotonic() - began
@@ -115,9 +115,9 @@ def test_a_replica_that_does_not_answer_in_time_delays_one_build_by_the_wait_onl
             next_took = time.monotonic() - began
             timer.join()
         assert plan.key
-        assert wait_ms / 1000 - 0.05 <= took < 1.5, f"took {took:.2f} s with a {wait_ms} ms wait"
+        assert wait_ms / 1000 - 0.05 <= took < 4.0, f"took {took:.2f} s with a {wait_ms} ms wait"
         # The worker stores plans one at a time: with its replicas late, the builds right after do not each wait.
-        assert next_took < wait_ms / 1000, f"the next build took {next_took:.2f} s"
+        assert next_took < wait_ms / 1000 - 0.5, f"the next build took {next_took:.2f} s"
         assert _unreplicated() == before + 2
         assert any("0 of the 1 replicas of --store-replicas held it" in r.getMessage() for r in caplog.records)
     finally:
