@@ -245,6 +245,13 @@ class Builds:
                     flight.task.cancel()
                 await flight.wake()
         self._flights.clear()
+        # Claims still being taken back: their claims run out on their own (WANTED_TTL_S). Ended here, not left to
+        # the loop's close: one mid-call then was destroyed pending, and the test that stopped the gateway failed
+        # on the "exception ignored" (CI, a loaded machine).
+        withdrawals = list(self._withdrawals)
+        for withdrawal in withdrawals:
+            withdrawal.cancel()
+        await asyncio.gather(*withdrawals, return_exceptions=True)
         await self._watcher.stop()
 
     async def recent_failures(self, count: int) -> list[FailedBuild]:
