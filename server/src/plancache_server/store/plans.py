@@ -32,7 +32,7 @@ from typing import Any, Protocol, cast
 import redis
 from google.protobuf.message import DecodeError
 from redis.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, MovedError
+from redis.exceptions import AskError, ClusterDownError, TryAgainError
 
 from plancache.errors import IntegrityError, UntrustedPlan
 from plancache.log_limits import LogLimiter
@@ -235,8 +235,8 @@ class RedisPlanStore:
         """The plan's HSET, then WAIT for `replicas` on the same connection (WAIT counts the replicas that
         acknowledged this connection's writes): the worker announces the build only after this returns, so a
         caller is never given a plan that a failover promoting one of them would lose. In a cluster the two go to
-        the master of the plan's slot; if the slot moved meanwhile (a failover under way), the plan is written
-        through the cluster client, which follows it, and counted as not replicated."""
+        the master of the plan's slot; if the slot moved meanwhile (a failover under way, or a resharding), the plan
+        is written through the cluster client, which follows it, and counted as not replicated."""
         name = keys.plan(plan_key)
         client: Any = self._redis
         if isinstance(client, RedisCluster):
@@ -246,7 +246,7 @@ class RedisPlanStore:
         pipe.execute_command("WAIT", self._replicas, self._replicas_wait_ms)
         try:
             _, acknowledged = pipe.execute()
-        except (MovedError, ClusterDownError, redis.ConnectionError, redis.TimeoutError) as e:
+        except (AskError, TryAgainError, ClusterDownError, redis.ConnectionError, redis.TimeoutError) as e:  # MOVED too
             if not isinstance(self._redis, RedisCluster):
                 raise
             log.info(
