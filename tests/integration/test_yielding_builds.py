@@ -251,3 +251,31 @@ def test_with_two_workers_a_hurried_build_is_built_once_whichever_worker_reads_t
     finally:
         stop_second()
         stop_first()
+
+
+def test_with_two_workers_a_hurry_that_comes_while_the_build_is_tuned_is_left_to_the_worker_tuning_it(
+    redis_server: EmbeddedRedis, redis_client: Any
+) -> None:
+    """A hedged node's build started once it stopped asking (its gate opened) and stored its provisional plan; a
+    caller that waits for the tuned plan then hurries it (the job's mark is still there): the job, queued again,
+    reaches the other worker, which finds the plan provisional and this job tuned by the first: it leaves it to
+    that worker (before: it built and tuned the plan a second time)."""
+    compiler = StandInCompiler(build_seconds=0.05, tune_seconds=6.0)  # ~1.5 s of tuning on four threads
+    first, stop_first = start_stack(redis_server.url, compiler, hedged_quiet_s=0.2, worker_id="worker-a")
+    second, stop_second = start_stack(redis_server.url, compiler, hedged_quiet_s=0.2, worker_id="worker-b")
+    try:
+        query = _query(70)
+        with first.client() as node, second.client() as other:
+            answer = node._stub.Compile(_request(query, hedged=True), timeout=10)
+            assert answer.source == pb.COMPILE_SOURCE_BUILDING
+            wait_until(
+                lambda: redis_client.hget(keys.job_state(query.key), "state") == b"provisional", 15, "provisional"
+            )
+            tuned = other.compile(query, tuned_only=True, timeout=30)
+        assert not tuned.provisional
+        assert compiler.builds.count(query.spec_hash) == 1
+        tunings = [c for c in compiler.candidate_builds if c[0] == query.spec_hash]
+        assert len(tunings) == len(set(tunings)) == compiler.candidates - 1, tunings
+    finally:
+        stop_second()
+        stop_first()

@@ -90,22 +90,27 @@ class JobIntake:
     def _stored_meanwhile(self, build: Build) -> bool:
         """A yielding build waits for its gate (up to YIELD_WAIT_CAP_S) after it was taken; meanwhile a caller that
         waits for the plan may have hurried it, and the hurry (its job queued again) may have reached another
-        worker of the target, which built it at once. Found stored: acknowledged as at intake, not built again; found
-        provisional while that worker tunes it: acknowledged, the job left to it."""
-        job = build.job
+        worker of the target, which built it at once (then: _built_already)."""
+        return self._built_already(build.job, build.deliveries)
+
+    def _built_already(self, job: Job, deliveries: list[Delivery]) -> bool:
+        """Whether `job` needs no build here, its deliveries acknowledged: its plan is stored (the job is finished,
+        as by the build that stored it), or stored provisional while another worker autotunes this very job (a
+        hurry, the job queued again, reached the worker that does not hold it; the one tuning it finishes it). A
+        job reclaimed from a worker that stopped answering is never left to the state that worker wrote."""
         stored = self._store.get(job.plan_key)
         if stored is None:
             return False
         if not stored.metadata.provisional:
+            log.info("job %s: plan %s already stored", job.job_id, job.plan_key)
             self._builds.finish(job.plan_key, job.job_id, self._worker_id)
-        elif not self._builds.tuned_elsewhere(job.plan_key, job.job_id, self._worker_id):
+        elif deliveries[0].attempts == 1 and self._builds.tuned_elsewhere(job.plan_key, job.job_id, self._worker_id):
+            # Should that worker die, its delivery of the job is reclaimed as any dead worker's; a forged state
+            # costs the tuned plan until the plan is asked again.
+            log.info("job %s: plan %s is being tuned by another worker: left to it", job.job_id, job.plan_key)
+        else:
             return False  # a provisional plan nobody tunes now (an earlier build's): built and tuned here
-        # Else the worker that took the hurry tunes it and finishes the job (should it die, its delivery of the
-        # job is reclaimed as any dead worker's; a forged state costs the tuned plan until it is asked again).
-        log.info(
-            "job %s: plan %s stored meanwhile (hurried on another worker): not built here", job.job_id, job.plan_key
-        )
-        for delivery in build.deliveries:
+        for delivery in deliveries:
             self._queue.ack(delivery)
         return True
 
@@ -160,11 +165,7 @@ class JobIntake:
         if joined is not None:
             promote(joined, delivery)
             return
-        stored = self._store.get(job.plan_key)
-        if stored is not None and not stored.metadata.provisional:
-            log.info("job %s: plan %s already stored", job.job_id, job.plan_key)
-            self._builds.finish(job.plan_key, job.job_id, self._worker_id)
-            self._queue.ack(delivery)
+        if self._built_already(job, [delivery]):
             return
         if delivery.attempts > self._max_attempts:
             reason = (
