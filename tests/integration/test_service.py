@@ -143,6 +143,38 @@ def test_no_worker_for_the_target_fails_fast(stack: Stack) -> None:
     assert TARGET.id in info.value.message  # says which targets can be built
 
 
+def test_a_worker_whose_beats_a_failover_held_back_still_builds_a_new_callers_plan(stack: Stack) -> None:
+    """A Redis failover longer than a worker's --heartbeat-ttl lets its entry expire (its beats fail meanwhile):
+    until its next beat renews it, the target has no live worker in Redis. A caller's miss then is queued for it,
+    not refused as if the target had none (FAILED_PRECONDITION, not retryable, in the middle of a failover; a
+    cluster test's caller met it). A worker that left (stopped, its GPU lost) takes its entry out: refused."""
+    worker_keys = [keys.workers(TARGET.id), keys.workers(TARGET.generic().id)]
+    lapsed = threading.Event()
+
+    def expire_entries() -> None:  # as fast as the worker renews them (every 0.2 s here): expired, 1 s ago
+        while not lapsed.is_set():
+            now = float(stack.redis.time()[0])  # type: ignore[index]
+            for name in worker_keys:
+                members = stack.redis.zrange(name, 0, -1)
+                if members:
+                    stack.redis.zadd(name, {m: now - 1 for m in members})  # type: ignore[union-attr]
+            lapsed.wait(0.001)
+
+    expirer = threading.Thread(target=expire_entries)
+    expirer.start()
+    try:
+        time.sleep(0.3)
+        with stack.client() as client:
+            assert not [t for t in client.admin.list_targets() if t.live_workers]  # none live, as Redis says
+            started = time.monotonic()
+            plan = client.compile(matmul_bias_relu_spec(), TARGET)
+            waited = time.monotonic() - started
+    finally:
+        lapsed.set()
+        expirer.join()
+    assert plan.blob and waited < 10
+
+
 def test_server_without_gpu_serves_stored_plans(stack: Stack, gpuless_stack: Stack) -> None:
     with stack.client() as gpu_side:
         stored = gpu_side.compile(matmul_spec(), TARGET)

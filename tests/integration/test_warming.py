@@ -148,9 +148,13 @@ def _forge_source_plan(client: redis.Redis, spec: GraphSpec) -> None:
 def test_a_real_miss_is_not_delayed_by_warming_beyond_one_candidate(
     redis_server: EmbeddedRedis, redis_client: redis.Redis
 ) -> None:
-    build_s, tune_s = 0.2, 1.8  # candidates of 0.2 s
+    build_s, tune_s, candidates = 0.2, 1.8, 19  # candidates of 0.1 s: warming's whole tune is 18 of them
+    candidate_s = tune_s / (candidates - 1)
     stack, stop = start_stack(
-        redis_server.url, StandInCompiler(build_seconds=build_s, tune_seconds=tune_s), pool_size=2, warm=True
+        redis_server.url,
+        StandInCompiler(build_seconds=build_s, tune_seconds=tune_s, candidates=candidates),
+        pool_size=2,
+        warm=True,
     )
     try:
         with stack.client(timeout=60) as client:
@@ -167,7 +171,10 @@ def test_a_real_miss_is_not_delayed_by_warming_beyond_one_candidate(
             started = time.monotonic()
             miss = client.compile(matmul_spec(m=400, name="a-real-miss"), GENERIC)
             waited = time.monotonic() - started
-            assert miss.provisional and waited <= build_s + 0.35, f"a real miss waited {waited:.2f} s during warming"
+            # Its own build and what is left of one warming candidate, and a loaded CI machine's slack (0.55 s
+            # once for 0.4 s of work): far short of warming's tune (1.8 s), which a miss waiting behind it pays.
+            bound = build_s + candidate_s + 0.45
+            assert miss.provisional and waited <= bound, f"a real miss waited {waited:.2f} s during warming"
             _wait_done(client, timeout=60)
     finally:
         stop()

@@ -193,6 +193,8 @@ class Flight:
         # The job this gateway queued and its stream entry: taken back out if its callers all leave first.
         self.queued: tuple[Target, Job] | None = None
         self.entry_id = ""
+        # Queued while its target's last worker's entry had just expired (_take_or_find_lease): since that expiry.
+        self.workerless_since: float | None = None
         self._crew = crew
         self._forget = forget
 
@@ -292,9 +294,16 @@ class Flight:
             if reason is not None:
                 raise CompileFailed(reason)
             if await crew.queue.live_workers(target) == 0:
-                raise TargetUnavailable(
-                    f"no live GPU worker can build for target {target.id}; {await self._live_targets_text()}"
-                )
+                # A worker's entry that expired a moment ago: its beats did not reach Redis for a while (a
+                # failover longer than its --heartbeat-ttl; the next beat renews it) or it is restarting. Queued
+                # for it, and waited for as a flight whose workers vanish is: WORKERLESS_S from the expiry at
+                # most. No entry (none ever beat, or each one left: stopped, its GPU lost) or an old one: refused.
+                expired_s = await crew.queue.seconds_since_expiry(target)
+                if expired_s is None or expired_s >= WORKERLESS_S:
+                    raise TargetUnavailable(
+                        f"no live GPU worker can build for target {target.id}; {await self._live_targets_text()}"
+                    )
+                self.workerless_since = time.monotonic() - expired_s
             self.job_id = job_id  # withdrawn as any other should its callers leave from here on
             await crew.states.want(plan_key, job_id)  # before a worker can take it
             await crew.states.mark_queued(plan_key, job_id)
@@ -368,7 +377,7 @@ class Flight:
         event = crew.watcher.register(self.job_id)
         gone = 0
         checks = 0
-        workerless_since: float | None = None
+        workerless_since = self.workerless_since
         wanted_at = time.monotonic()
         try:
             while self.outcome is None and not self.left:

@@ -142,6 +142,18 @@ class JobQueue:
         with translated_errors("looking up workers"):
             return int(await self._redis.zcount(keys.workers(target.id), now, "+inf"))
 
+    async def seconds_since_expiry(self, target: Target) -> float | None:
+        """How long ago the entry of `target`'s last worker expired, when it is still there and none is live; None
+        when none is there (none ever beat, or each one left: a worker that stops, or loses its GPU, takes its
+        entry out at once). An entry that expired a moment ago is a worker whose beats did not reach Redis for a
+        while (a failover longer than --heartbeat-ttl: its next beat renews it) or that is restarting."""
+        now = await redis_seconds_async(self._redis)
+        with translated_errors("looking up workers"):
+            latest = await self._redis.zrevrange(keys.workers(target.id), 0, 0, withscores=True)
+        if not latest:
+            return None
+        return max(0.0, now - float(latest[0][1]))
+
     async def advertised_targets(self) -> set[str]:
         """Every target a worker ever announced (live or not)."""
         with translated_errors("listing targets"):
