@@ -219,6 +219,33 @@ def test_a_caller_asking_for_a_plan_being_warmed_is_served_at_its_priority(
         stop()
 
 
+def test_with_two_workers_a_caller_asking_for_a_plan_whose_warm_build_has_started_does_not_build_it_again(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
+    """The caller hurries the warm build by queuing its job again; with two workers of the target that entry may
+    reach the one not warming, which must leave the job to the worker that has started it (before: it built the
+    plan a second time, nothing being stored yet to tell it)."""
+    compiler = StandInCompiler(build_seconds=0.05)
+    first, stop_first = start_stack(redis_server.url, compiler, pool_size=2, warm=True, worker_id="worker-a")
+    second, stop_second = start_stack(redis_server.url, compiler, pool_size=2, warm=True, worker_id="worker-b")
+    try:
+        (spec,) = _specs(1)
+        with first.client(timeout=60) as client, second.client(timeout=60) as caller:
+            _serve(client, first, [spec], [1])
+            compiler.build_seconds = 2.0  # the warm build's first plan: long enough to be asked for meanwhile
+            client.admin.warm(EXACT, from_target=GENERIC)
+            wait_until(lambda: compiler.builds.count(spec.spec_hash()) == 2, 20, "the warm build under way")
+            plan = caller.compile(spec, EXACT)
+            assert plan.key == _key(spec)
+            done = _wait_done(client, timeout=60)
+        time.sleep(0.5)  # a second build the hurry started would have begun
+        assert compiler.builds.count(spec.spec_hash()) == 2  # one for the source target, one warm
+        assert done.built == 1 and done.failed == 0, done
+    finally:
+        stop_second()
+        stop_first()
+
+
 def test_two_workers_race_to_warm_one_target_one_wins_and_nothing_is_built_twice(
     redis_server: EmbeddedRedis, redis_client: redis.Redis
 ) -> None:

@@ -279,3 +279,53 @@ def test_with_two_workers_a_hurry_that_comes_while_the_build_is_tuned_is_left_to
     finally:
         stop_second()
         stop_first()
+
+
+def test_with_two_workers_a_hurry_that_comes_while_the_first_plan_builds_is_left_to_the_worker_building_it(
+    redis_server: EmbeddedRedis, redis_client: Any
+) -> None:
+    """A hedged node's build started once it stopped asking (its gate opened); before its first plan is stored,
+    a caller that waits for the plan hurries it: the job, queued again, reaches the other worker (idle, so Redis
+    hands it the entry), which finds this job started by the first and leaves it to it (before: it built the
+    plan a second time, nothing being stored yet to tell it)."""
+    compiler = StandInCompiler(build_seconds=2.0)
+    first, stop_first = start_stack(redis_server.url, compiler, hedged_quiet_s=0.2, worker_id="worker-a")
+    second, stop_second = start_stack(redis_server.url, compiler, hedged_quiet_s=0.2, worker_id="worker-b")
+    try:
+        query = _query(90)
+        with first.client() as node, second.client() as other:
+            answer = node._stub.Compile(_request(query, hedged=True), timeout=10)
+            assert answer.source == pb.COMPILE_SOURCE_BUILDING
+            wait_until(lambda: compiler.builds.count(query.spec_hash) == 1, 15, "the first plan building")
+            building = redis_client.hget(keys.job_state(query.key), "building")
+            plan = other.compile(query, timeout=30)
+        assert plan.key == query.key
+        time.sleep(0.5)  # a second build the hurry started would have begun
+        assert compiler.builds.count(query.spec_hash) == 1
+        assert building in (b"worker-a", b"worker-b")  # the worker that started it said so
+    finally:
+        stop_second()
+        stop_first()
+
+
+def test_a_jobs_start_is_claimed_by_one_worker_and_a_dead_workers_claim_is_passed(redis_client: Any) -> None:
+    """BuildRecorder.claim_start against real Redis: the first worker to claim a job's start has it; another is
+    refused while the state names that job, and sees it built elsewhere; a job reclaimed from a dead worker
+    passes its claim; a state naming another job (the plan queued anew) says nothing of this one."""
+    from plancache_server.store.build_records import BuildRecorder
+
+    records = BuildRecorder(redis_client, lease_s=30)
+    plan_key = _query(91).key
+    records.mark_running(plan_key, "job-1", "worker-a")
+    assert records.claim_start(plan_key, "job-1", "worker-a")
+    assert records.claim_start(plan_key, "job-1", "worker-a")  # its own claim again
+    assert not records.claim_start(plan_key, "job-1", "worker-b")
+    assert records.built_elsewhere(plan_key, "job-1", "worker-b")
+    assert not records.built_elsewhere(plan_key, "job-1", "worker-a")
+    assert records.claim_start(plan_key, "job-1", "worker-b", reclaimed=True)  # worker-a stopped answering
+    assert not records.claim_start(plan_key, "job-1", "worker-a")
+    records.mark_running(plan_key, "job-2", "worker-a")  # a new job's state: no one has started it
+    assert not records.built_elsewhere(plan_key, "job-2", "worker-b")
+    assert records.claim_start(plan_key, "job-2", "worker-b")
+    assert records.claim_start(plan_key, "job-1", "worker-c")  # job-1's claim is gone with its state
+    assert redis_client.hget(keys.job_state(plan_key), "building") == b"worker-b"

@@ -351,7 +351,7 @@ class Flight:
         moves it to the callers' lanes (plancache_server.worker.worker; a
         worker that finds it stored, or holds it in the callers' lanes
         already, acknowledges it with the build)."""
-        job = Job(job_id=job_id, plan_key=self.plan_key, query=self._query, waited=True)
+        job = Job(job_id=job_id, plan_key=self.plan_key, query=self._query, waited=True, hurries=True)
         try:
             await self._crew.queue.enqueue(target, job)
             log.info("plan %s: asked the worker building it (job %s) to hurry", job.plan_key, job.job_id)

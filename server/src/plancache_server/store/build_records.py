@@ -89,6 +89,18 @@ if redis.call('get', KEYS[3]) == ARGV[1] then redis.call('del', KEYS[3]) end
 return 0
 """
 
+# A worker about to start building job ARGV[1]'s first plan (ARGV[2]: its id): 1 when it may, the job marked as
+# being built by it; 0 when another worker has started it (a job queued again to hurry it reached two workers).
+# ARGV[3] '1': the job was reclaimed from a worker that stopped answering, whose mark is not waited for. A state
+# that names another job (or none) says nothing of this one: 1. KEYS: the plan's job state.
+CLAIM_START = """
+if redis.call('hget', KEYS[1], 'job_id') ~= ARGV[1] then return 1 end
+local building = redis.call('hget', KEYS[1], 'building')
+if building and building ~= '' and building ~= ARGV[2] and ARGV[3] ~= '1' then return 0 end
+redis.call('hset', KEYS[1], 'building', ARGV[2])
+return 1
+"""
+
 
 @dataclass(frozen=True)
 class FailedBuild:
@@ -107,7 +119,15 @@ class FailedBuild:
 
 def state_fields(job_id: str, state: str, **extra: str) -> dict[str, str]:
     """Every field, every time: one HSET replaces the previous job's state."""
-    return {"job_id": job_id, "state": state, "updated_at": f"{time.time():.3f}", "worker": "", "error": "", **extra}
+    return {
+        "job_id": job_id,
+        "state": state,
+        "updated_at": f"{time.time():.3f}",
+        "worker": "",
+        "error": "",
+        "building": "",  # the worker that started building the job's first plan (BuildRecorder.claim_start)
+        **extra,
+    }
 
 
 def finished_event(job_id: str, plan_key: str) -> str:
@@ -124,6 +144,7 @@ class BuildRecorder:
         self._release = client.register_script(RELEASE_IF_OWNER)
         self._renew = client.register_script(RENEW_IF_OWNER)
         self._take_if_wanted = client.register_script(TAKE_IF_WANTED)
+        self._claim_start = client.register_script(CLAIM_START)
 
     def take_lease(self, plan_key: str, job_id: str) -> str | None:
         """A build nobody asked for (warming) takes the key's lease as a
@@ -163,12 +184,24 @@ class BuildRecorder:
         with translated_errors("announcing a provisional plan"):
             self._redis.publish(keys.EVENTS_CHANNEL, finished_event(job_id, plan_key))
 
-    def tuned_elsewhere(self, plan_key: str, job_id: str, worker_id: str) -> bool:
-        """Whether job `job_id`'s provisional plan is stored by another worker, which autotunes it now."""
+    def built_elsewhere(self, plan_key: str, job_id: str, worker_id: str) -> bool:
+        """Whether another worker builds job `job_id`: it started its first plan (claim_start), or stored it
+        provisional and autotunes it now."""
         with translated_errors("reading a job's state"):
-            raw = self._redis.hmget(keys.job_state(plan_key), ["job_id", "state", "worker"])
-        owner, state, worker = (text(v) if v is not None else "" for v in raw)
-        return owner == job_id and state == PROVISIONAL and worker not in ("", worker_id)
+            raw = self._redis.hmget(keys.job_state(plan_key), ["job_id", "state", "worker", "building"])
+        owner, state, worker, building = (text(v) if v is not None else "" for v in raw)
+        if owner != job_id:
+            return False
+        if state == PROVISIONAL:
+            return worker not in ("", worker_id)
+        return state == RUNNING and building not in ("", worker_id)
+
+    def claim_start(self, plan_key: str, job_id: str, worker_id: str, reclaimed: bool = False) -> bool:
+        """Whether this worker may start building job `job_id`'s first plan: no other worker has (CLAIM_START)."""
+        with translated_errors("claiming a build's start"):
+            return bool(
+                self._claim_start(keys=[keys.job_state(plan_key)], args=[job_id, worker_id, "1" if reclaimed else "0"])
+            )
 
     def renew(self, plan_key: str, job_id: str) -> None:
         """Keep the lease while building: a dead worker's lease runs out."""

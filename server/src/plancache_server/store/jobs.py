@@ -61,6 +61,10 @@ class Job:
     # lets it wait while such callers keep asking (plancache_server.worker.lanes.YieldGate), within a bound. A job
     # without it is built at once; one claiming it falsely only delays its own build, by that bound.
     yields: bool = False
+    # Queued again by a caller that waits, to hurry a build a worker may hold already (a warm or yielding one:
+    # plancache_server.gateway.flight.Flight._promote). The worker holding it moves it to the callers' lanes; a
+    # worker that does not hold it builds it, unless another one has started it (BuildRecorder.claim_start).
+    hurries: bool = False
 
     def encode(self) -> dict[str, bytes]:
         return {
@@ -69,6 +73,7 @@ class Job:
             "query": self.query.SerializeToString(),
             "waited": b"1" if self.waited else b"0",
             "yields": b"1" if self.yields else b"0",
+            "hurries": b"1" if self.hurries else b"0",
         }
 
     def stream_fields(self) -> list[bytes]:
@@ -86,6 +91,7 @@ class Job:
             query=query,
             waited=fields.get(b"waited") == b"1",
             yields=fields.get(b"yields") == b"1",
+            hurries=fields.get(b"hurries") == b"1",
         )
 
 

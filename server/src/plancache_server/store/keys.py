@@ -102,7 +102,8 @@ def build_lease(plan_key: str) -> str:
 
 
 def job_state(plan_key: str) -> str:
-    """Hash: job_id, state, error, worker, updated_at of the latest build."""
+    """Hash: job_id, state, error, worker, updated_at of the latest build, and building: the worker that started
+    its first plan (BuildRecorder.claim_start)."""
     return f"{PREFIX}:{{{plan_key}}}:job"
 
 

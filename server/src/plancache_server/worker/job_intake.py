@@ -5,8 +5,10 @@ Jobs are new ones or those of workers that died mid-build; each one is
 checked (plancache_server.worker.verified_job), then refused, found stored,
 given up after too many attempts, joined to the warm build of its plan, or
 started; a started job whose callers all left is dropped just before its
-build begins (still_wanted: one check per job, however long it was held), and a
-yielding one whose plan another worker stored meanwhile is not built again.
+build begins (may_start: one check per job, however long it was held), a
+yielding one whose plan another worker stored meanwhile is not built again,
+and a job that can reach two workers (a yielding or warm build, and the job
+queued again to hurry it) is built by the one that starts it first.
 """
 
 from __future__ import annotations
@@ -77,15 +79,30 @@ class JobIntake:
         for delivery in deliveries:
             self._accept(delivery, held, start, promote)
 
-    def still_wanted(self, build: Build) -> bool:
-        """Whether a caller still waits for a job taken earlier and about to start building (a worker
-        takes a few jobs ahead of its free build processes); if none does, it is dropped (acknowledged,
-        counted) and the caller must forget it. A warming build is always wanted."""
-        if build.delivery is None:
+    def may_start(self, build: Build) -> bool:
+        """Whether a build taken earlier starts its first plan now (a worker takes a few jobs ahead of its free
+        build processes). Not when no caller waits for it any more (dropped, counted), when another worker
+        stored its plan meanwhile, or when another worker started it first: a job that can reach two workers
+        (a yielding or warm build, and the job queued again to hurry it) is started by one, whichever claims it
+        first (BuildRecorder.claim_start). Not started: its deliveries are acknowledged and the caller forgets
+        it (a warming item's, recorded skipped by the caller). A warming build is always wanted."""
+        if build.delivery is not None:
+            if build.yielding and self._stored_meanwhile(build):
+                return False
+            if not self._wanted(build.job, [build.delivery, *build.promoted]):
+                return False
+        job = build.job
+        if not (job.yields or job.hurries or build.warm is not None):
+            return True  # a caller's job reaches one worker (or a dead worker's, reclaimed: attempts > 1)
+        reclaimed = build.delivery is not None and build.delivery.attempts > 1
+        # A caller's own job joined onto a warm build is this build's to finish: never left.
+        joined = any(d.job is not None and d.job.job_id != job.job_id for d in build.deliveries)
+        if self._builds.claim_start(job.plan_key, job.job_id, self._worker_id, reclaimed=reclaimed or joined):
             return True
-        if build.yielding and self._stored_meanwhile(build):
-            return False
-        return self._wanted(build.job, [build.delivery, *build.promoted])
+        log.info("job %s: plan %s: another worker started building it first: left to it", job.job_id, job.plan_key)
+        for delivery in build.deliveries:
+            self._queue.ack(delivery)
+        return False
 
     def _stored_meanwhile(self, build: Build) -> bool:
         """A yielding build waits for its gate (up to YIELD_WAIT_CAP_S) after it was taken; meanwhile a caller that
@@ -95,21 +112,25 @@ class JobIntake:
 
     def _built_already(self, job: Job, deliveries: list[Delivery]) -> bool:
         """Whether `job` needs no build here, its deliveries acknowledged: its plan is stored (the job is finished,
-        as by the build that stored it), or stored provisional while another worker autotunes this very job (a
-        hurry, the job queued again, reached the worker that does not hold it; the one tuning it finishes it). A
-        job reclaimed from a worker that stopped answering is never left to the state that worker wrote."""
+        as by the build that stored it), or another worker builds this very job: it started its first plan, or
+        stored it provisional and autotunes it (a hurry, the job queued again, reached the worker that does not
+        hold it; the one building it finishes it). A job reclaimed from a worker that stopped answering is never
+        left to the state that worker wrote. The state is read only where it can say so: a hurry, or a
+        provisional plan stored (a plain miss pays no read)."""
         stored = self._store.get(job.plan_key)
-        if stored is None:
-            return False
-        if not stored.metadata.provisional:
+        if stored is not None and not stored.metadata.provisional:
             log.info("job %s: plan %s already stored", job.job_id, job.plan_key)
             self._builds.finish(job.plan_key, job.job_id, self._worker_id)
-        elif deliveries[0].attempts == 1 and self._builds.tuned_elsewhere(job.plan_key, job.job_id, self._worker_id):
+        elif (
+            (stored is not None or job.hurries)
+            and deliveries[0].attempts == 1
+            and self._builds.built_elsewhere(job.plan_key, job.job_id, self._worker_id)
+        ):
             # Should that worker die, its delivery of the job is reclaimed as any dead worker's; a forged state
-            # costs the tuned plan until the plan is asked again.
-            log.info("job %s: plan %s is being tuned by another worker: left to it", job.job_id, job.plan_key)
+            # costs the plan (or its tuned version) until the plan is asked again.
+            log.info("job %s: plan %s is being built by another worker: left to it", job.job_id, job.plan_key)
         else:
-            return False  # a provisional plan nobody tunes now (an earlier build's): built and tuned here
+            return False  # nothing stored, or a provisional plan nobody tunes now (an earlier build's): built here
         for delivery in deliveries:
             self._queue.ack(delivery)
         return True

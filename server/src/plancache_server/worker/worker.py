@@ -39,6 +39,7 @@ from plancache_server import telemetry
 from plancache_server.store.build_records import BuildRecorder
 from plancache_server.store.jobs import Delivery
 from plancache_server.store.plans import RedisPlanStore
+from plancache_server.store.warming import SKIPPED
 from plancache_server.worker.build_pool import BuildPool
 from plancache_server.worker.build_tasks import CANDIDATE, HEURISTIC, BuildTask, TaskResult, task_ids
 from plancache_server.worker.compiler import CompiledPlan, Compiler
@@ -280,8 +281,13 @@ class Worker:
             piece = self._lanes.pop_first_of(Lane.WARM_HEURISTIC) if past_yielding else self._lanes.pop()
             if not self._held.holds(piece.build):
                 continue  # abandoned (see _on_result)
-            if piece.task.kind == HEURISTIC and not self._jobs.still_wanted(piece.build):
-                self._held.forget(piece.build)  # its callers all left while it waited here: dropped unbuilt
+            if piece.task.kind == HEURISTIC and not self._jobs.may_start(piece.build):
+                # Its callers all left while it waited here, or another worker stored or started it: not built.
+                if piece.build.warm is not None and self._warm is not None:
+                    self._warm.record(
+                        piece.build.warm, SKIPPED, "built for a caller by another worker", piece.build.job.plan_key
+                    )
+                self._held.forget(piece.build)
                 continue
             self._running[piece.task.task_id] = piece
             self._pool.submit(piece.task, urgent)
