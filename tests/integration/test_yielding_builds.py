@@ -253,14 +253,17 @@ def test_with_two_workers_a_hurried_build_is_built_once_whichever_worker_reads_t
         stop_first()
 
 
-def test_with_two_workers_a_hurry_that_comes_while_the_build_is_tuned_is_left_to_the_worker_tuning_it(
-    redis_server: EmbeddedRedis, redis_client: Any
+@pytest.mark.parametrize("tuned", [False, True], ids=["while its first plan builds", "while it is tuned"])
+def test_with_two_workers_a_hurry_that_comes_once_the_build_started_is_left_to_the_worker_building_it(
+    redis_server: EmbeddedRedis, redis_client: Any, tuned: bool
 ) -> None:
-    """A hedged node's build started once it stopped asking (its gate opened) and stored its provisional plan; a
-    caller that waits for the tuned plan then hurries it (the job's mark is still there): the job, queued again,
-    reaches the other worker, which finds the plan provisional and this job tuned by the first: it leaves it to
-    that worker (before: it built and tuned the plan a second time)."""
-    compiler = StandInCompiler(build_seconds=0.05, tune_seconds=6.0)  # ~1.5 s of tuning on four threads
+    """A hedged node's build started once it stopped asking (its gate opened); then a caller that waits for the
+    plan hurries it (the job's mark is still there): the job, queued again, reaches the other worker (idle, so
+    Redis hands it the entry), which finds this job started by the first (its first plan building: the job's
+    state names the worker that claimed its start), or its plan provisional and tuned by the first, and leaves
+    it to that worker (before: it built, and tuned, the plan a second time)."""
+    # Tuned: ~1.5 s of tuning on four threads, after a provisional plan stored at once.
+    compiler = StandInCompiler(build_seconds=0.05, tune_seconds=6.0) if tuned else StandInCompiler(build_seconds=2.0)
     first, stop_first = start_stack(redis_server.url, compiler, hedged_quiet_s=0.2, worker_id="worker-a")
     second, stop_second = start_stack(redis_server.url, compiler, hedged_quiet_s=0.2, worker_id="worker-b")
     try:
@@ -268,41 +271,20 @@ def test_with_two_workers_a_hurry_that_comes_while_the_build_is_tuned_is_left_to
         with first.client() as node, second.client() as other:
             answer = node._stub.Compile(_request(query, hedged=True), timeout=10)
             assert answer.source == pb.COMPILE_SOURCE_BUILDING
-            wait_until(
-                lambda: redis_client.hget(keys.job_state(query.key), "state") == b"provisional", 15, "provisional"
-            )
-            tuned = other.compile(query, tuned_only=True, timeout=30)
-        assert not tuned.provisional
-        assert compiler.builds.count(query.spec_hash) == 1
-        tunings = [c for c in compiler.candidate_builds if c[0] == query.spec_hash]
-        assert len(tunings) == len(set(tunings)) == compiler.candidates - 1, tunings
-    finally:
-        stop_second()
-        stop_first()
-
-
-def test_with_two_workers_a_hurry_that_comes_while_the_first_plan_builds_is_left_to_the_worker_building_it(
-    redis_server: EmbeddedRedis, redis_client: Any
-) -> None:
-    """A hedged node's build started once it stopped asking (its gate opened); before its first plan is stored,
-    a caller that waits for the plan hurries it: the job, queued again, reaches the other worker (idle, so Redis
-    hands it the entry), which finds this job started by the first and leaves it to it (before: it built the
-    plan a second time, nothing being stored yet to tell it)."""
-    compiler = StandInCompiler(build_seconds=2.0)
-    first, stop_first = start_stack(redis_server.url, compiler, hedged_quiet_s=0.2, worker_id="worker-a")
-    second, stop_second = start_stack(redis_server.url, compiler, hedged_quiet_s=0.2, worker_id="worker-b")
-    try:
-        query = _query(90)
-        with first.client() as node, second.client() as other:
-            answer = node._stub.Compile(_request(query, hedged=True), timeout=10)
-            assert answer.source == pb.COMPILE_SOURCE_BUILDING
-            wait_until(lambda: compiler.builds.count(query.spec_hash) == 1, 15, "the first plan building")
-            building = redis_client.hget(keys.job_state(query.key), "building")
-            plan = other.compile(query, timeout=30)
-        assert plan.key == query.key
+            if tuned:
+                wait_until(
+                    lambda: redis_client.hget(keys.job_state(query.key), "state") == b"provisional", 15, "provisional"
+                )
+            else:
+                wait_until(lambda: compiler.builds.count(query.spec_hash) == 1, 15, "the first plan building")
+                assert redis_client.hget(keys.job_state(query.key), "building") in (b"worker-a", b"worker-b")
+            plan = other.compile(query, tuned_only=tuned, timeout=30)
+        assert plan.key == query.key and not plan.provisional  # final at once, or tuned
         time.sleep(0.5)  # a second build the hurry started would have begun
         assert compiler.builds.count(query.spec_hash) == 1
-        assert building in (b"worker-a", b"worker-b")  # the worker that started it said so
+        if tuned:
+            tunings = [c for c in compiler.candidate_builds if c[0] == query.spec_hash]
+            assert len(tunings) == len(set(tunings)) == compiler.candidates - 1, tunings
     finally:
         stop_second()
         stop_first()

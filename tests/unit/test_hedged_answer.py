@@ -101,7 +101,7 @@ def test_the_first_answer_comes_before_the_build_is_queued() -> None:
         return took, lookups
 
     took, lookups = asyncio.run(main())
-    assert took < 0.1, f"the first answer waited {took:.3f} s for the build to be queued"
+    assert took < 0.3, f"the first answer waited {took:.3f} s for the build to be queued"  # queuing: 0.5 s
     assert lookups.started == [Resolved.key]  # queued once, after the answer
     assert lookups.yields == [True]  # as a build its caller builds itself (the worker lets it wait)
     assert lookups.released == 1  # and nobody waits on this gateway for it: the follow-up joins
@@ -136,7 +136,7 @@ def test_a_miss_by_the_callers_claimed_key_is_told_before_the_key_is_derived() -
         return took, resolver, lookups
 
     took, resolver, lookups = asyncio.run(main())
-    assert took < 0.1, f"the answer waited {took:.3f} s for the key to be derived"
+    assert took < 0.3, f"the answer waited {took:.3f} s for the key to be derived"  # deriving: 0.5 s
     # Then derived by the gateway itself (a claim is never the key a build is queued under), counted, queued.
     assert resolver.resolved == 1 and lookups.looked_up == 1 and lookups.started == [Resolved.key]
 
