@@ -9,6 +9,7 @@ gateway and a worker building on one thread (stand-in compiler)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -230,8 +231,55 @@ def test_a_gateway_that_stops_ends_the_claims_it_was_taking_back(
         request.answer_miss_at_once, request.counted = False, True
         with pytest.raises(grpc.RpcError):
             c._stub.Compile(request, timeout=0.05)  # gives up at once: its claim is being taken back
-    withdrawals = stack.gateway.front.builds._withdrawals
+    withdrawals = stack.gateway.front.builds.errands
     wait_until(lambda: bool(withdrawals), 5, "the withdrawal under way")
     stop()
     left = [name for name in stack.gateway.left_pending if name.startswith("withdraw ")]
     assert not left, f"the gateway stopped with claims' withdrawals still pending: {left}"
+
+
+def test_a_gateway_that_stops_ends_the_hurries_it_had_under_way(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
+    """A caller that waits joined a yielding build (a hedged node's) and hurried it: the hurry (its mark taken in
+    Redis, then the job queued again) was a task of the gateway nobody awaited, left pending by the gateway's
+    close until the loop ended it. Now the close ends it with the withdrawals (here its Redis call never
+    returns, so it is under way when the gateway stops)."""
+    stack, stop = start_stack(redis_server.url, None)
+    WorkerQueue(redis_client).heartbeat("silent-worker", [TARGET, TARGET.generic()], 60)
+    states = stack.gateway.front.builds._crew.states
+    hurried = []
+
+    async def take_yields_never_answered(plan_key: str, job_id: str) -> bool:
+        hurried.append(job_id)
+        await asyncio.sleep(60)
+        return True
+
+    states.take_yields = take_yields_never_answered  # type: ignore[method-assign]
+    query = PlanQuery.of(spec(41), TARGET)  # type: ignore[arg-type]
+    hedged = pb.CompileRequest(
+        spec=query.spec_proto, target=TARGET.to_proto(), options=query.options.to_proto(), answer_miss_at_once=True,
+        builds_itself=True,
+    )  # fmt: skip
+    try:
+        with stack.client() as c, ThreadPoolExecutor(1) as pool:
+            assert c._stub.Compile(hedged, timeout=10).source == pb.COMPILE_SOURCE_BUILDING
+            follow_up = pb.CompileRequest()
+            follow_up.CopyFrom(hedged)
+            follow_up.answer_miss_at_once, follow_up.counted = False, True
+            # The node waits for the service's plan while it builds its own: the yielding flight stays open.
+            node = pool.submit(c._stub.Compile, follow_up, timeout=1.5)
+            wait_until(lambda: bool(stack.gateway.front.builds.waiting), 5, "the node's follow-up waiting")
+            waiting = pb.CompileRequest(
+                spec=query.spec_proto, target=TARGET.to_proto(), options=query.options.to_proto()
+            )
+            with pytest.raises(grpc.RpcError):
+                c._stub.Compile(waiting, timeout=0.5)  # joins the yielding build, hurries it, gives up
+            with pytest.raises(grpc.RpcError):
+                node.result()
+        wait_until(lambda: bool(hurried), 5, "the hurry under way")
+        assert any(t.get_name().startswith("hurry ") for t in stack.gateway.front.builds.errands)
+    finally:
+        stop()
+    left = [name for name in stack.gateway.left_pending if name.startswith("hurry ")]
+    assert not left, f"the gateway stopped with hurries still pending: {left}"

@@ -81,7 +81,6 @@ class Builds:
         # Names this gateway's claims that its callers wait for a job (plancache_server.store.build_records).
         self.gateway_id = uuid.uuid4().hex[:16]
         self._states = BuildStates(client, lease_s, self.gateway_id)
-        self._withdrawals: set[asyncio.Task[None]] = set()  # unwant calls under way (kept from the GC)
         self._watcher = CompletionWatcher(client, store.forget)
         self._crew = FlightCrew(
             store,
@@ -189,11 +188,7 @@ class Builds:
             if flight.task is not None:
                 flight.task.cancel()
             if flight.job_id:
-                withdrawal = asyncio.get_running_loop().create_task(
-                    self._withdraw(flight), name=f"withdraw {flight.plan_key}"
-                )
-                self._withdrawals.add(withdrawal)
-                withdrawal.add_done_callback(self._withdrawals.discard)
+                self._crew.run_errand(self._withdraw(flight), f"withdraw {flight.plan_key}")
 
     async def _withdraw(self, flight: Flight) -> None:
         """Its callers all left: take back this gateway's claim on the flight's job and, when this gateway
@@ -227,6 +222,11 @@ class Builds:
             del self._flights[flight.plan_key]
             self._shares.give_back(flight.started_by, "builds")
 
+    @property
+    def errands(self) -> set[asyncio.Task[None]]:
+        """The short tasks under way that nobody awaits (FlightCrew.errands)."""
+        return self._crew.errands
+
     async def close(self) -> None:
         """Stop waiting: callers still waiting get Unavailable (the builds go
         on and their plans are stored for the next call)."""
@@ -245,13 +245,10 @@ class Builds:
                     flight.task.cancel()
                 await flight.wake()
         self._flights.clear()
-        # Claims still being taken back: their claims run out on their own (WANTED_TTL_S). Ended here, not left to
-        # the loop's close: one mid-call then was destroyed pending, and the test that stopped the gateway failed
-        # on the "exception ignored" (CI, a loaded machine).
-        withdrawals = list(self._withdrawals)
-        for withdrawal in withdrawals:
-            withdrawal.cancel()
-        await asyncio.gather(*withdrawals, return_exceptions=True)
+        # Claims still being taken back (they run out on their own: WANTED_TTL_S), builds being hurried (they build
+        # at their pace). Ended here, not left to the loop's close: a withdrawal mid-call then was destroyed
+        # pending, and the test that stopped the gateway failed on the "exception ignored" (CI, a loaded machine).
+        await self._crew.end_errands()
         await self._watcher.stop()
 
     async def recent_failures(self, count: int) -> list[FailedBuild]:

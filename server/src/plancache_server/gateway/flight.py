@@ -18,8 +18,9 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
 
 from plancache.errors import (
     CompileFailed,
@@ -99,6 +100,21 @@ class FlightCrew:
     # --store-replicas: a plan our job is storing is given to its waiters once the job says so (the worker says it
     # once the replicas hold it), not as soon as the master has it.
     announced_only: bool = False
+    # Short tasks the gateway's flights start and nobody awaits (a claim taken back, a build hurried): kept from
+    # the garbage collector here, and ended by the gateway's close (Builds.close), not destroyed with its loop.
+    errands: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def run_errand(self, errand: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(errand, name=name)
+        self.errands.add(task)
+        task.add_done_callback(self.errands.discard)
+
+    async def end_errands(self) -> None:
+        """Cancel the errands under way and wait for them to end."""
+        errands = list(self.errands)
+        for errand in errands:
+            errand.cancel()
+        await asyncio.gather(*errands, return_exceptions=True)
 
 
 class Waiter:
@@ -187,7 +203,6 @@ class Flight:
         # Every caller so far builds the plan itself (CompileRequest.builds_itself): its job yields (Job.yields)
         # until a caller that waits for the plan joins (hurry).
         self.yields = False
-        self._hurrying: asyncio.Task[None] | None = None
         self.queue_slot = False  # holds one of started_by's slots in the build queue (release_queue_slot)
         self.waiting_for_turn = False  # opened before its job is queued: waits for one of those slots
         # The job this gateway queued and its stream entry: taken back out if its callers all leave first.
@@ -330,9 +345,7 @@ class Flight:
         self.yields = False
         if not self.job_id:
             return
-        self._hurrying = asyncio.get_running_loop().create_task(
-            self._hurry_if_yielding(target, self.job_id), name=f"hurry {self.job_id}"
-        )  # held here: the loop keeps only a weak reference to a task
+        self._crew.run_errand(self._hurry_if_yielding(target, self.job_id), f"hurry {self.job_id}")
 
     async def _hurry_if_yielding(self, target: Target, job_id: str) -> None:
         """Job `job_id` hurried (_promote) if it yields and nobody hurried it yet (its mark taken here)."""
