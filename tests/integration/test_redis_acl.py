@@ -58,6 +58,8 @@ def test_front_end_and_worker_work_under_their_acl_users_and_no_further(
             assert not fetched.errors and fetched.compiled == 1
             assert client.admin.explain(matmul_spec(), TARGET).stored
             assert {t.target_id for t in client.admin.list_targets()} >= {TARGET.id}
+            # What a miss reads when its target has no live worker (its last worker's entry, expired or not).
+            assert s.gateway.run(s.gateway.front.builds._crew.queue.seconds_since_expiry(TARGET)) == 0.0
             # A statistics flush (about once a second) under the gateway's user.
             row = wait_until(
                 lambda: (r := {r.target_id: r for r in client.admin.stats()}[TARGET.id]).hits + r.compiles >= 4 and r,
