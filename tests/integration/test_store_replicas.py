@@ -11,11 +11,14 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import redis
 
+from plancache import NotFound
+from plancache.keys.query import PlanQuery
 from plancache.log_limits import LogLimiter
 from plancache_server import telemetry
 from plancache_server.store import keys, plans
@@ -167,4 +170,39 @@ def test_a_tuned_plan_is_given_once_a_replica_holds_it_though_its_provisional_pl
         )
     finally:
         master_client.close()
+        stop()
+
+
+def test_no_reader_is_given_a_new_plan_before_its_replicas_hold_it(
+    master_and_replica: tuple[EmbeddedRedis, EmbeddedRedis],
+) -> None:
+    """The build's own callers get its plan once the build is announced (the tests above); a reader that asked for
+    the key meanwhile (a hit on another gateway, a GetPlan) read it from the master as soon as it was written, a
+    plan a failover then could lose. A new plan is now hidden from readers until its replicas hold it."""
+    master, replica = master_and_replica
+    stack, stop = start_stack(
+        master.url, StandInCompiler(build_seconds=0.02), store_replicas=1, store_replicas_wait_ms=10_000
+    )
+    # Another gateway, with no flight of its own for the key (a gateway that follows a build answers a read of
+    # its key as a miss without asking Redis).
+    other, stop_other = start_stack(master.url, None)
+    master_client = redis.Redis.from_url(master.url)
+    try:
+        with stack.client(hedge=False) as client, other.client() as reader, ThreadPoolExecutor(1) as pool:
+            client.compile(matmul_spec(m=8, name="warm-up"), TARGET)
+            spec = matmul_spec(m=48, name="hidden while replicating")
+            key = PlanQuery.of(spec, TARGET).key
+            timer = _stopped_for(replica, REPLICA_STOPPED_S)
+            building = pool.submit(client.compile, spec, TARGET)
+            wait_until(lambda: master_client.hexists(keys.plan(key), "blob"), 5, "the plan written on its master")
+            with pytest.raises(NotFound):
+                reader.get(key)  # its replica stopped: not given to anyone yet
+            assert not building.done()
+            plan = building.result()
+            timer.join()
+            assert reader.get(key).blob == plan.blob  # once the replica holds it: served
+            assert master_client.hget(keys.plan(key), "replicating") is None
+    finally:
+        master_client.close()
+        stop_other()
         stop()

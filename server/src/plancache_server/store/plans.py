@@ -46,7 +46,12 @@ from plancache_server.store.redis_conn import AsyncRedis, text, translated_error
 log = logging.getLogger(__name__)
 _unreplicated_log = LogLimiter(log)
 
-PLAN_FIELDS = ["blob", "meta", "sig"]
+PLAN_FIELDS = ["blob", "meta", "sig", "replicating"]
+# A plan's "replicating" field is b"1" while its first write waits for --store-replicas replicas: readers treat
+# it as not stored yet, so that no reader (a hit on another gateway, a GetPlan) is given a plan a failover could
+# lose; its build's callers get it once the build is announced. A plan that replaces another is not hidden (its
+# readers keep a plan either way: the previous one, should a failover lose the new one).
+REPLICATING = b"1"
 # After a WAIT for --store-replicas timed out, how long a worker stores plans without waiting for them.
 REPLICAS_LATE_S = 10.0
 
@@ -190,7 +195,9 @@ class RedisPlanStore:
 
     def get(self, plan_key: str) -> StoredPlan | None:
         with translated_errors("reading a plan"):
-            blob, meta, sig = cast(list[bytes | None], self._redis.hmget(keys.plan(plan_key), PLAN_FIELDS))
+            blob, meta, sig, replicating = cast(list[bytes | None], self._redis.hmget(keys.plan(plan_key), PLAN_FIELDS))
+        if replicating == REPLICATING:
+            return None  # its first write waits for its replicas: not stored yet
         plan = decode_plan(plan_key, blob, meta, sig)
         if plan is not None and self._trust is not None:
             try:
@@ -212,11 +219,18 @@ class RedisPlanStore:
             # One build per key at a time (the build lease): the previous size is this worker's to replace.
             previous = self._redis.hget(keys.plan(plan_key), "size")
             if self._replicas and time.monotonic() >= self._replicas_late_until:
+                # A new plan hidden from readers until its replicas hold it (or the wait ends): REPLICATING.
+                fields["replicating"] = REPLICATING if previous is None else b""
                 self._write_replicated(plan_key, fields)
+                if previous is None:
+                    self._redis.hdel(keys.plan(plan_key), "replicating")  # a no-op if the plan was deleted meanwhile
             else:
-                self._redis.hset(keys.plan(plan_key), mapping=fields)  # type: ignore[arg-type]
                 if self._replicas:  # late a moment ago: not waited for again yet (see _write_replicated)
                     telemetry.UNREPLICATED.inc()
+                pipe = self._redis.pipeline(transaction=False)
+                pipe.hset(keys.plan(plan_key), mapping=fields)  # type: ignore[arg-type]
+                pipe.hdel(keys.plan(plan_key), "replicating")  # a mark left by a write that never finished
+                pipe.execute()
             # An index for operators (which keys exist for a spec); not atomic
             # with the plan because it lives on another shard in a cluster.
             self._redis.sadd(keys.spec_index(plan.metadata.spec_hash), plan_key)
@@ -337,7 +351,11 @@ class AsyncRedisPlanStore:
 
     async def _read(self, client: AsyncRedis, plan_key: str) -> StoredPlan | None:
         with translated_errors("reading a plan"):
-            blob, meta, sig = cast(list[bytes | None], await client.hmget(keys.plan(plan_key), PLAN_FIELDS))
+            blob, meta, sig, replicating = cast(
+                list[bytes | None], await client.hmget(keys.plan(plan_key), PLAN_FIELDS)
+            )
+        if replicating == REPLICATING:
+            return None  # its first write waits for its replicas (--store-replicas): not stored yet
         try:
             # Checking the sha256 of a large blob (and a signature) is CPU work: off the loop for large ones.
             checked: StoredPlan | None = await self._offload.run_ungated(
