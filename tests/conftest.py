@@ -105,11 +105,13 @@ def start_stack(
     warm: bool = False,
     auto_warm_after_s: float | None = None,
     worker_id: str = "test-worker",
+    heartbeat_ttl_s: float = 5,
     **overrides: object,
 ) -> tuple[Stack, Callable[[], None]]:
     """`worker_redis_url`: the worker's own Redis user (default: the gateway's);
     `pool_size`: the worker's build threads (ThreadBuildPool: the stand-in builds on threads);
-    `warm`: the worker builds warming plans (and plans its own after `auto_warm_after_s` idle)."""
+    `warm`: the worker builds warming plans (and plans its own after `auto_warm_after_s` idle);
+    `heartbeat_ttl_s`: how long the worker's entry lives past its last beat (it beats every 0.2 s)."""
     settings = dataclasses.replace(
         Settings(listen="127.0.0.1:0", redis_url=redis_url, heartbeat_interval_s=0.2), **overrides
     )  # type: ignore[arg-type]
@@ -135,7 +137,7 @@ def start_stack(
             worker_id,
             pool=pool,
             heartbeat_interval_s=0.2,
-            heartbeat_ttl_s=5,
+            heartbeat_ttl_s=heartbeat_ttl_s,
             signer=signer,
             warm=runner,
             tune_after_quiet_s=settings.tune_after_quiet_s,
@@ -144,7 +146,7 @@ def start_stack(
         )
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
-        parts.queue.heartbeat(worker.worker_id, targets, 5)
+        parts.queue.heartbeat(worker.worker_id, targets, heartbeat_ttl_s)
     stack = Stack(f"127.0.0.1:{gateway.port}", settings, client, compiler or StandInCompiler(), worker, gateway)
 
     def stop() -> None:
