@@ -180,12 +180,17 @@ def test_no_reader_is_given_a_new_plan_before_its_replicas_hold_it(
     the key meanwhile (a hit on another gateway, a GetPlan) read it from the master as soon as it was written, a
     plan a failover then could lose. A new plan is now hidden from readers until its replicas hold it."""
     master, replica = master_and_replica
+    # No gateway memory: every read below asks Redis.
     stack, stop = start_stack(
-        master.url, StandInCompiler(build_seconds=0.02), store_replicas=1, store_replicas_wait_ms=10_000
+        master.url,
+        StandInCompiler(build_seconds=0.02),
+        store_replicas=1,
+        store_replicas_wait_ms=10_000,
+        memory_cache_bytes=0,
     )
     # Another gateway, with no flight of its own for the key (a gateway that follows a build answers a read of
     # its key as a miss without asking Redis).
-    other, stop_other = start_stack(master.url, None)
+    other, stop_other = start_stack(master.url, None, memory_cache_bytes=0)
     master_client = redis.Redis.from_url(master.url)
     try:
         with stack.client(hedge=False) as client, other.client() as reader, ThreadPoolExecutor(1) as pool:
@@ -201,6 +206,21 @@ def test_no_reader_is_given_a_new_plan_before_its_replicas_hold_it(
             plan = building.result()
             timer.join()
             assert reader.get(key).blob == plan.blob  # once the replica holds it: served
+            assert master_client.hget(keys.plan(key), "replicating") is None
+            # A mark a worker never took off (it died in its wait): the plan is a miss, rebuilt, and the rebuild
+            # is hidden until its replica holds it too (readers had no plan there).
+            master_client.hset(keys.plan(key), "replicating", b"1")
+            with pytest.raises(NotFound):
+                reader.get(key)
+            timer = _stopped_for(replica, REPLICA_STOPPED_S)
+            rebuilding = pool.submit(reader.compile, spec, TARGET)
+            wait_until(lambda: stack.compiler.builds.count(PlanQuery.of(spec, TARGET).spec_hash) == 2, 5, "the rebuild")
+            time.sleep(0.2)  # written, its WAIT under way
+            with pytest.raises(NotFound):
+                client.get(key)
+            assert rebuilding.result().blob == plan.blob
+            timer.join()
+            assert client.get(key).blob == plan.blob
             assert master_client.hget(keys.plan(key), "replicating") is None
     finally:
         master_client.close()

@@ -217,12 +217,14 @@ class RedisPlanStore:
         plan_key = plan.metadata.key
         with translated_errors("writing a plan"):
             # One build per key at a time (the build lease): the previous size is this worker's to replace.
-            previous = self._redis.hget(keys.plan(plan_key), "size")
+            previous, marked = self._redis.hmget(keys.plan(plan_key), ["size", "replicating"])
             if self._replicas and time.monotonic() >= self._replicas_late_until:
-                # A new plan hidden from readers until its replicas hold it (or the wait ends): REPLICATING.
-                fields["replicating"] = REPLICATING if previous is None else b""
+                # A new plan hidden from readers until its replicas hold it (or the wait ends): REPLICATING. So is
+                # one replacing a plan still hidden (its worker died in its wait): readers had no plan there.
+                hidden = previous is None or marked == REPLICATING
+                fields["replicating"] = REPLICATING if hidden else b""
                 self._write_replicated(plan_key, fields)
-                if previous is None:
+                if hidden:
                     self._redis.hdel(keys.plan(plan_key), "replicating")  # a no-op if the plan was deleted meanwhile
             else:
                 if self._replicas:  # late a moment ago: not waited for again yet (see _write_replicated)
