@@ -87,7 +87,9 @@ class JobIntake:
         first (BuildRecorder.claim_start). Not started: its deliveries are acknowledged and the caller forgets
         it (a warming item's, recorded skipped by the caller). A warming build is always wanted."""
         if build.delivery is not None:
-            if build.yielding and self._stored_meanwhile(build):
+            # A yielding build waited for its gate (up to YIELD_WAIT_CAP_S): a caller's hurry may have reached
+            # another worker meanwhile, which built it at once.
+            if build.yielding and self._built_already(build.job, build.deliveries):
                 return False
             if not self._wanted(build.job, [build.delivery, *build.promoted]):
                 return False
@@ -103,12 +105,6 @@ class JobIntake:
         for delivery in build.deliveries:
             self._queue.ack(delivery)
         return False
-
-    def _stored_meanwhile(self, build: Build) -> bool:
-        """A yielding build waits for its gate (up to YIELD_WAIT_CAP_S) after it was taken; meanwhile a caller that
-        waits for the plan may have hurried it, and the hurry (its job queued again) may have reached another
-        worker of the target, which built it at once (then: _built_already)."""
-        return self._built_already(build.job, build.deliveries)
 
     def _built_already(self, job: Job, deliveries: list[Delivery]) -> bool:
         """Whether `job` needs no build here, its deliveries acknowledged: its plan is stored (the job is finished,
