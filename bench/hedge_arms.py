@@ -30,6 +30,7 @@ PAIRS = {
     "first-dropin+hedge": "local-program",
     "first-dropin+eager+hedge": "local-program",
     "first-dropin+quiet+hedge": "local-program",
+    "first-dropin+no-stream+hedge": "local-program",
     "first-compile-4proc+hedge": "local-heuristic-4proc",
     "first-functional+hedge": "local-functional",
     "first-lazy+hedge": "local-heuristic",  # plus the lazy node's sleeps (bench/startup.py's local-lazy)

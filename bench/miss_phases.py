@@ -125,7 +125,10 @@ class Profile:
             return
         self._profile.disable()
         text = io.StringIO()
-        pstats.Stats(self._profile, stream=text).sort_stats("cumulative").print_stats(40)
+        stats = pstats.Stats(self._profile, stream=text)
+        stats.sort_stats("cumulative").print_stats(60)
+        stats.sort_stats("tottime").print_stats(30)
+        stats.dump_stats(f"{self.path}.{os.getpid()}.prof")  # the whole profile, for pstats or snakeviz later
         with open(self.path, "a") as out:
             out.write(f"==== pid {os.getpid()}\n{text.getvalue()}\n")
 

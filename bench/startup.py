@@ -273,6 +273,7 @@ PAIRED_BY_NAME = (
     ("local-program", "first-dropin" + QUIET + HEDGE),
     ("local-heuristic", "first-compile" + EAGER + HEDGE),
     ("local-program", "first-dropin" + EAGER + HEDGE),
+    ("local-program", "first-dropin" + NO_STREAM + HEDGE),  # a diagnosis: the drop-in with no workload stream
 )
 # --study all: issue 29's runs after today's (their unhedged first-compile, first-lazy and first-compile-4proc ran already).
 ISSUE_29 = (
@@ -411,7 +412,7 @@ class Bench:
             extra["PLANCACHE_WORKLOAD_DESERIALIZE"] = "first-use"
         if path.endswith(LISTED):
             extra["PLANCACHE_WORKLOAD_DESERIALIZE"] = "listed"
-        if path.endswith(NO_STREAM):  # the record is still written (reports on); this process streams nothing
+        if NO_STREAM in path:  # the record is still written (reports on); this process streams nothing
             extra["PLANCACHE_WORKLOAD_PREFETCH"] = "0"
         if path.endswith(COLLIDED):  # another program's record; its own uses not reported (each run meets it alone)
             extra["PLANCACHE_WORKLOAD"] = WORKLOAD_COLLIDES_WITH[base(path)]
@@ -866,7 +867,20 @@ def merge_shares(parts: list[dict[str, Any]], go: float) -> dict[str, Any]:
         processes=len(parts), total_s=max(p["end_wall"] for p in parts) - go, setup_s=max(p["setup_s"] for p in parts)
     )
     row["per_process"] = [
-        {k: p.get(k) for k in ("share", "imports_s", "setup_s", "total_s", "cpu_s", "thread_cpu_s", "gpu_mib")}
+        {
+            k: p.get(k)
+            for k in (
+                "share",
+                "imports_s",
+                "setup_s",
+                "total_s",
+                "cpu_s",
+                "thread_cpu_s",
+                "ended_threads",
+                "gc",
+                "gpu_mib",
+            )
+        }
         for p in parts
     ]
     row.update(
@@ -881,6 +895,8 @@ def merge_shares(parts: list[dict[str, Any]], go: float) -> dict[str, Any]:
                 "functional_stats",
                 "workload",
                 "thread_cpu_s",  # the first process's (every process's in per_process)
+                "ended_threads",  # the same
+                "gc",  # the same (GPU runs 42-43 left it out of every hedged run: only the local runs had it)
             )
             if k in parts[0]
         }

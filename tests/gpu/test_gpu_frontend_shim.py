@@ -71,13 +71,21 @@ def _fallback_lines(stderr: str) -> list[str]:
 def test_one_changed_line_gets_the_plans_from_the_service_then_hits(
     gpu_session: dict[str, Any], tmp_path: Path
 ) -> None:
+    with Client(
+        gpu_session["address"], cache=False, trusted_keys=[gpu_session["public_key"]], allow_unsigned=False
+    ) as client:
+        stored_before = set(client.admin.list_plans())  # what another test of the session stored (run in any order)
     first = _run(
         _env(gpu_session, tmp_path / "cache-1", PLANCACHE_HEDGE="0"), tmp_path, "first"
     )  # the service alone (test_gpu_hedge.py races)
     sources = {g["name"]: g["source"] for g in first["graphs"]}
     assert first["local"] == 0 and set(sources.values()) <= SERVED, first["graphs"]
-    # The SDPA graph (frontend uids 1..4) is no example's: this run compiled it.
-    assert sources["sdpa"] in ("compiled", "provisional", "joined"), sources
+    # The SDPA graph (frontend uids 1..4) is no example's: this run compiled it, unless test_gpu_hedge.py's runs of
+    # this program (GPU run 43 ran it first) stored it already: then it is that plan, a hit.
+    sdpa = next(g for g in first["graphs"] if g["name"] == "sdpa")
+    assert sources["sdpa"] in ("compiled", "provisional", "joined") or (
+        sources["sdpa"] == "hit" and sdpa["key"] in stored_before
+    ), (sources, sdpa["key"], sorted(stored_before))
     assert not _fallback_lines(first["stderr"]), first["stderr"]
     # Wait for the autotuned plans, so that the next process's answer is a plain hit.
     with Client(
