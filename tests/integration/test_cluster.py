@@ -40,8 +40,8 @@ def cluster_client(cluster: LocalCluster) -> Iterator[redis.Redis]:
     client.close()
 
 
-def _plan(key: str) -> StoredPlan:
-    blob = hashlib.sha256(key.encode()).digest() * 2000
+def _plan(key: str, seed: str = "") -> StoredPlan:
+    blob = hashlib.sha256((key + seed).encode()).digest() * 2000
     return StoredPlan(blob, pb.PlanMetadata(key=key, spec_hash="ab" * 32, blob_sha256=hashlib.sha256(blob).hexdigest()))
 
 
@@ -60,6 +60,19 @@ def test_store_put_get_corrupt_delete_on_a_cluster(cluster_client: redis.Redis) 
     assert store.get(plans[1].metadata.key) is None
     for key in (keys.plan(victim), keys.build_lease(victim), keys.job_state(victim), keys.failure(victim)):
         assert cluster_client.keyslot(key) == cluster_client.keyslot(keys.plan(victim))  # type: ignore[attr-defined]
+
+
+def test_a_tuned_plan_replaces_its_provisional_plan_only_while_that_is_stored_on_a_cluster(
+    cluster_client: redis.Redis,
+) -> None:
+    store = RedisPlanStore(cluster_client)
+    key = f"{7:064x}/{TARGET.id}/opt-{7:016x}"
+    provisional, tuned = _plan(key, "provisional"), _plan(key, "tuned")
+    assert store.put(provisional) and store.put(tuned, replacing=True)
+    assert store.get(key) == tuned
+    store.delete(key)  # an operator's Invalidate while a build tunes
+    assert not store.put(tuned, replacing=True)
+    assert store.get(key) is None and not cluster_client.exists(keys.plan(key))
 
 
 @pytest.fixture

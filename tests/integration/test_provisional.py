@@ -139,6 +139,35 @@ def test_a_stored_provisional_plan_is_a_miss_for_tuned_only(tuning_stack: Stack,
         assert late.plans[0].blob == tuned.blob and late.provisional == 0
 
 
+def test_a_plan_invalidated_while_its_build_tunes_stays_invalidated(
+    tuning_stack: Stack, keypair: tuple[Path, Path]
+) -> None:
+    # GPU run 43: an operator's Invalidate of a provisional plan was undone 6 ms later by its build's tuned plan.
+    spec = matmul_spec(m=48)
+    with signed_client(tuning_stack, keypair) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = client.compile(spec, TARGET)
+        assert first.provisional
+        patient = pool.submit(client.compile, spec, TARGET, tuned_only=True)  # waits for this build's tuned plan
+        wait_until(lambda: tuning_stack.compiler.candidate_builds, 5.0, "the build to tune")
+        assert client.admin.invalidate(first.key) == 1
+        wait_until(
+            lambda: (
+                tuning_stack.redis.hget(keys.job_state(first.key), "state") == DONE.encode()
+                and stored_metadata(tuning_stack, first.key) is None
+            ),
+            10.0,
+            "the build to end",
+        )
+        time.sleep(0.3)  # nothing stored after its end either
+        assert stored_metadata(tuning_stack, first.key) is None, "the tuned plan was stored over the invalidation"
+        # The waiting caller is not given the plan of the build the invalidation stood against: its client asks
+        # again (the gateway's "no longer stored, call again"), and gets the plan of a build made after it.
+        tuned = patient.result(timeout=30)
+        assert not tuned.provisional and tuned.key == first.key
+        assert len(tuning_stack.compiler.builds) == 2, "a second build, after the invalidation"
+        assert client.compile(spec, TARGET).source == "hit"
+
+
 def test_prefetch_moves_a_nodes_disk_cache_to_the_tuned_plans(
     tuning_stack: Stack, keypair: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -5,6 +5,7 @@ master and replica (redis-server --replicaof), a real gateway and a stand-in wor
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import signal
@@ -20,6 +21,7 @@ import redis
 from plancache import NotFound
 from plancache.keys.query import PlanQuery
 from plancache.log_limits import LogLimiter
+from plancache.v1 import plancache_pb2 as pb
 from plancache_server import telemetry
 from plancache_server.store import keys, plans
 from plancache_server.store.embedded_redis import EmbeddedRedis
@@ -92,6 +94,37 @@ def test_a_caller_is_given_a_plan_only_once_a_replica_holds_it(
     finally:
         replica_client.close()
         stop()
+
+
+@pytest.mark.parametrize("replicas", [1, 0], ids=["--store-replicas 1", "none (the default)"])
+def test_a_tuned_plan_is_not_written_over_an_invalidation_made_while_it_was_tuned(
+    master_and_replica: tuple[EmbeddedRedis, EmbeddedRedis], replicas: int
+) -> None:
+    master, replica = master_and_replica
+    master_client, replica_client = redis.Redis.from_url(master.url), redis.Redis.from_url(replica.url)
+    store = plans.RedisPlanStore(master_client, replicas=replicas, replicas_wait_ms=5000)
+    key = f"{9:064x}/{TARGET.id}/opt-{9:016x}"
+    provisional, tuned = (_stored_plan(key, seed) for seed in ("provisional", "tuned"))
+    try:
+        assert store.put(provisional) and store.put(tuned, replacing=True)
+        assert store.get(key) == tuned
+        if replicas:  # put returned once the replica held it
+            assert replica_client.hget(keys.plan(key), "blob") == tuned.blob
+        store.delete(key)  # an operator's Invalidate while the next build of it tunes
+        assert store.put(provisional)  # that build's provisional plan, then the invalidation
+        store.delete(key)
+        assert not store.put(tuned, replacing=True), "written over the invalidation"
+        assert store.get(key) is None and not master_client.exists(keys.plan(key))
+        assert wait_until(lambda: not replica_client.exists(keys.plan(key)), 5.0, "the replica to drop it")
+    finally:
+        master_client.close()
+        replica_client.close()
+
+
+def _stored_plan(key: str, seed: str) -> plans.StoredPlan:
+    blob = hashlib.sha256((key + seed).encode()).digest() * 100
+    metadata = pb.PlanMetadata(key=key, spec_hash="cd" * 32, blob_sha256=hashlib.sha256(blob).hexdigest())
+    return plans.StoredPlan(blob, metadata)
 
 
 def test_a_replica_that_does_not_answer_in_time_delays_one_build_by_the_wait_only_and_is_counted(

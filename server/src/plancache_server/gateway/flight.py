@@ -389,6 +389,7 @@ class Flight:
         crew = self._crew
         event = crew.watcher.register(self.job_id)
         gone = 0
+        queued_again = False
         checks = 0
         workerless_since = self.workerless_since
         wanted_at = time.monotonic()
@@ -421,16 +422,12 @@ class Flight:
                     if ours == ABANDONED:
                         # Dropped as waited for by nobody, while we were (our claim came late): queued anew.
                         dropped = self.job_id
-                        crew.watcher.unregister(dropped, event)
-                        try:
-                            await self._take_or_find_lease(target, self._query)
-                        except Unavailable:
-                            raise
-                        except PlanCacheError as e:  # a full queue, no worker left: what a new caller would get
-                            self.settle(e)
+                        event, failed = await self._queue_again(target, event)
+                        if isinstance(failed, Unavailable):
+                            raise failed
+                        if failed is not None:  # a full queue, no worker left: what a new caller would get
+                            self.settle(failed)
                             break
-                        finally:
-                            event = crew.watcher.register(self.job_id)
                         log.info(
                             "plan %s: job %s was dropped as waited for by nobody while callers waited: "
                             "queued again (job %s)",
@@ -461,6 +458,28 @@ class Flight:
                             )
                         )
                         break
+                    if gone >= GONE_RECHECKS and not queued_again:
+                        # Built, then deleted before its callers read it: invalidated while it was tuned (the worker
+                        # then stores no tuned plan over the deletion), or evicted. Its callers still wait: queued
+                        # anew, once (deleted again, the store's bound is too small for it: said below).
+                        queued_again, built = True, self.job_id
+                        event, failed = await self._queue_again(target, event)
+                        if isinstance(failed, Unavailable):
+                            raise failed
+                        if failed is not None:
+                            self.settle(failed)
+                            break
+                        if self.outcome is not None:  # a plan stored meanwhile (another build's): settled
+                            break
+                        self.provisional, gone = None, 0
+                        log.info(
+                            "plan %s: built (job %s) but deleted before its callers read it: queued again (job %s)",
+                            self.plan_key,
+                            built,
+                            self.job_id,
+                        )
+                        wanted_at = time.monotonic()
+                        continue
                     if gone >= GONE_RECHECKS:
                         self.settle(
                             Unavailable(
@@ -484,6 +503,18 @@ class Flight:
                 event.clear()
         finally:
             crew.watcher.unregister(self.job_id, event)
+
+    async def _queue_again(self, target: Target, event: asyncio.Event) -> tuple[asyncio.Event, PlanCacheError | None]:
+        """The flight's job queued anew (its callers still wait): the event to follow the new job by, and the error
+        a new caller would get instead (a full queue, no worker left; Unavailable: a Redis blip)."""
+        crew = self._crew
+        crew.watcher.unregister(self.job_id, event)
+        failed: PlanCacheError | None = None
+        try:
+            await self._take_or_find_lease(target, self._query)
+        except PlanCacheError as e:
+            failed = e
+        return crew.watcher.register(self.job_id), failed
 
     def settle(self, outcome: StoredPlan | PlanCacheError) -> None:
         self.outcome = outcome

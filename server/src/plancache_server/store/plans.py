@@ -54,6 +54,16 @@ PLAN_FIELDS = ["blob", "meta", "sig", "replicating"]
 REPLICATING = b"1"
 # After a WAIT for --store-replicas timed out, how long a worker stores plans without waiting for them.
 REPLICAS_LATE_S = 10.0
+# A build's final plan over its own provisional one: written only while a plan is stored there, in one step, so that
+# an operator's Invalidate (or the store's bound) made while the build was tuning stands (GPU run 43: a provisional
+# plan invalidated 6 ms before its tuned plan was stored came back as that tuned plan). ARGV: field, value, ...
+_REPLACE_IF_STORED = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
 
 
 @dataclass(frozen=True)
@@ -192,6 +202,7 @@ class RedisPlanStore:
         self._replicas, self._replicas_wait_ms = replicas, replicas_wait_ms
         self._replicas_late_until = 0.0  # monotonic: past a WAIT that timed out, none until then
         self.janitor = Janitor(client, clock)
+        self._replace_if_stored = client.register_script(_REPLACE_IF_STORED)
 
     def get(self, plan_key: str) -> StoredPlan | None:
         with translated_errors("reading a plan"):
@@ -207,32 +218,47 @@ class RedisPlanStore:
                 return None
         return plan
 
-    def put(self, plan: StoredPlan, spec: pb.GraphSpec | None = None, warmed: bool = False) -> None:
+    def put(
+        self, plan: StoredPlan, spec: pb.GraphSpec | None = None, warmed: bool = False, *, replacing: bool = False
+    ) -> bool:
         """Store a plan this worker built; `spec`: the normalized spec it was
         built from (kept for warming); `warmed`: built before anyone asked,
         so it enters the store's LRU as the least recently used plan, and
         the bound evicts it before any plan that was served (it is kept for
-        the retention from when it was warmed)."""
+        the retention from when it was warmed). `replacing`: the build's
+        final plan over its own provisional one, written only if a plan is
+        still stored at its key (_REPLACE_IF_STORED: deleted meanwhile, by an
+        Invalidate or the store's bound, the deletion stands). Whether it was
+        written."""
         fields = encode_plan(plan)
         plan_key = plan.metadata.key
         with translated_errors("writing a plan"):
             # One build per key at a time (the build lease): the previous size is this worker's to replace.
             previous, marked = self._redis.hmget(keys.plan(plan_key), ["size", "replicating"])
+            if replacing and previous is None:
+                return False
             if self._replicas and time.monotonic() >= self._replicas_late_until:
                 # A new plan hidden from readers until its replicas hold it (or the wait ends): REPLICATING. So is
                 # one replacing a plan still hidden (its worker died in its wait): readers had no plan there.
                 hidden = previous is None or marked == REPLICATING
                 fields["replicating"] = REPLICATING if hidden else b""
-                self._write_replicated(plan_key, fields)
+                if not self._write_replicated(plan_key, fields, replacing):
+                    return False
                 if hidden:
                     self._redis.hdel(keys.plan(plan_key), "replicating")  # a no-op if the plan was deleted meanwhile
             else:
                 if self._replicas:  # late a moment ago: not waited for again yet (see _write_replicated)
                     telemetry.UNREPLICATED.inc()
-                pipe = self._redis.pipeline(transaction=False)
-                pipe.hset(keys.plan(plan_key), mapping=fields)  # type: ignore[arg-type]
-                pipe.hdel(keys.plan(plan_key), "replicating")  # a mark left by a write that never finished
-                pipe.execute()
+                if replacing:
+                    # A mark left by a write that never finished is cleared by writing it empty (readers hide b"1").
+                    unmarked = {**fields, "replicating": b""}
+                    if not self._replace_if_stored(keys=[keys.plan(plan_key)], args=_flat(unmarked)):
+                        return False
+                else:
+                    pipe = self._redis.pipeline(transaction=False)
+                    pipe.hset(keys.plan(plan_key), mapping=fields)  # type: ignore[arg-type]
+                    pipe.hdel(keys.plan(plan_key), "replicating")  # a mark left by a write that never finished
+                    pipe.execute()
             # An index for operators (which keys exist for a spec); not atomic
             # with the plan because it lives on another shard in a cluster.
             self._redis.sadd(keys.spec_index(plan.metadata.spec_hash), plan_key)
@@ -243,11 +269,12 @@ class RedisPlanStore:
         )
         if self._max_bytes:
             self.janitor.enforce_capacity(self._max_bytes, keep=None if warmed else plan_key)
+        return True
 
     def delete(self, plan_key: str) -> None:
         self.janitor.remove(plan_key, "invalidated")
 
-    def _write_replicated(self, plan_key: str, fields: dict[str, Any]) -> None:
+    def _write_replicated(self, plan_key: str, fields: dict[str, Any], replacing: bool = False) -> bool:
         """The plan's HSET, then WAIT for `replicas` on the same connection (WAIT counts the replicas that
         acknowledged this connection's writes): the worker announces the build only after this returns, so a
         caller is never given a plan that a failover promoting one of them would lose. In a cluster the two go to
@@ -258,18 +285,26 @@ class RedisPlanStore:
         if isinstance(client, RedisCluster):
             client = client.get_redis_connection(client.get_node_from_key(name))  # type: ignore[no-untyped-call]
         pipe = client.pipeline(transaction=False)
-        pipe.hset(name, mapping=fields)
+        if replacing:
+            self._replace_if_stored(keys=[name], args=_flat(fields), client=pipe)
+        else:
+            pipe.hset(name, mapping=fields)
         pipe.execute_command("WAIT", self._replicas, self._replicas_wait_ms)
         try:
-            _, acknowledged = pipe.execute()
+            written, acknowledged = pipe.execute()
         except (AskError, TryAgainError, ClusterDownError, redis.ConnectionError, redis.TimeoutError) as e:  # MOVED too
             if not isinstance(self._redis, RedisCluster):
                 raise
             log.info(
                 "plan %s: its master changed while it was written (%s); written again through the cluster", plan_key, e
             )
-            self._redis.hset(name, mapping=fields)  # type: ignore[arg-type]
+            if replacing:
+                written = self._replace_if_stored(keys=[name], args=_flat(fields))
+            else:
+                written = self._redis.hset(name, mapping=fields)  # type: ignore[arg-type]
             acknowledged = 0
+        if replacing and not written:
+            return False  # nothing written: nothing to wait for
         if int(acknowledged) < self._replicas:
             # A worker stores its plans one at a time: replicas that are down would add the whole wait to every
             # build after this one, so none is waited for during REPLICAS_LATE_S (counted meanwhile).
@@ -286,10 +321,16 @@ class RedisPlanStore:
                 self._replicas_wait_ms,
                 REPLICAS_LATE_S,
             )
+        return True
 
     @property
     def client(self) -> redis.Redis:
         return self._redis
+
+
+def _flat(fields: dict[str, Any]) -> list[Any]:
+    """A hash's fields as HSET's arguments: field, value, field, value, ..."""
+    return [item for pair in fields.items() for item in pair]
 
 
 class Offload(Protocol):

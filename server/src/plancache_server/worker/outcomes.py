@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from plancache.errors import StoreUnavailable
 from plancache.keys.target import Target
@@ -28,6 +29,8 @@ from plancache_server.worker.verified_job import plan_metadata
 from plancache_server.worker.warm_runner import WarmRunner
 from plancache_server.worker.worker_log import faults, log
 from plancache_server.worker.worker_queue import WorkerQueue
+
+T = TypeVar("T")
 
 # A finished plan is stored through a Redis blip: retried with backoff for
 # this long (building it again would cost far more).
@@ -55,14 +58,27 @@ class BuildOutcomes:
         self._signer = signer
         self._warm = warm
 
-    def store_plan(self, build: Build, compiled: CompiledPlan) -> None:
+    def store_plan(self, build: Build, compiled: CompiledPlan, *, replacing: bool = False) -> None:
+        """`replacing`: the build's final plan over its own provisional one (stored only if that still is)."""
         job = build.job
         metadata = plan_metadata(build.verified, compiled, self._worker_id, self._target.to_proto())
         signature = self._signer.sign(metadata) if self._signer is not None else None
         plan = StoredPlan(blob=compiled.blob, metadata=metadata, signature=signature)
         warmed = build.warming
         spec = build.verified.query.spec_proto  # what this worker derived the key from
-        self.durably(f"storing plan {job.plan_key}", lambda: self._store.put(plan, spec=spec, warmed=warmed))
+        written = self.durably(
+            f"storing plan {job.plan_key}", lambda: self._store.put(plan, spec=spec, warmed=warmed, replacing=replacing)
+        )
+        if not written:
+            # An operator's Invalidate (or the store's bound) deleted the provisional plan while the build tuned: the
+            # deletion stands; a caller waiting for the tuned plan is told it is no longer stored, and asks again.
+            log.info(
+                "job %s: plan %s was deleted while it was tuned (invalidated, or evicted by --store-max-mb); its "
+                "final plan is not stored",
+                job.job_id,
+                job.plan_key,
+            )
+            return
         log.info(
             "job %s: stored %s plan %s (%d candidates, chose %s, %d bytes)",
             job.job_id,
@@ -91,7 +107,7 @@ class BuildOutcomes:
         )
         plan = heuristic_plan(heuristic, provisional=False)
         noted = [dataclasses.replace(c, error=f"autotuning failed: {reason[:500]}") for c in plan.candidates]
-        self.store_plan(build, dataclasses.replace(plan, candidates=noted))
+        self.store_plan(build, dataclasses.replace(plan, candidates=noted), replacing=True)
 
     def end(self, build: Build, error: str | None, rejected: bool = False) -> None:
         """Record the job's outcome (the worker then lets it go)."""
@@ -120,14 +136,13 @@ class BuildOutcomes:
         if build.warm is not None and self._warm is not None:
             self._warm.record(build.warm, FAILED if error else BUILT, error or "", job.plan_key)
 
-    def durably(self, doing: str, step: Callable[[], None]) -> None:
+    def durably(self, doing: str, step: Callable[[], T]) -> T:
         """Run a step that must not be lost to a Redis blip: retried with
-        backoff (0.1 s doubling to 2 s) for up to STORE_RETRY_S."""
+        backoff (0.1 s doubling to 2 s) for up to STORE_RETRY_S; its result."""
         deadline, pause = time.monotonic() + STORE_RETRY_S, 0.1
         while True:
             try:
-                step()
-                return
+                return step()
             except StoreUnavailable as e:
                 if time.monotonic() + pause > deadline:
                     raise

@@ -404,7 +404,7 @@ class Worker:
         if tuned is None:
             self._outcomes.keep_heuristic(build, heuristic, reason or "")
         else:
-            self._outcomes.store_plan(build, tuned)
+            self._outcomes.store_plan(build, tuned, replacing=True)
         self._end(build, None)
 
     def _lose_gpu(self, reason: str) -> None:
