@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from plancache import Client, DiskCache, Manifest, NotFound
+from plancache import Client, DiskCache, Manifest, NotFound, Unavailable
 from plancache.trust.signing import Signer, generate_keypair
 from plancache.v1 import plancache_pb2 as pb
 from plancache_server.gateway import memory_cache
@@ -166,6 +166,25 @@ def test_a_plan_invalidated_while_its_build_tunes_stays_invalidated(
         assert not tuned.provisional and tuned.key == first.key
         assert len(tuning_stack.compiler.builds) == 2, "a second build, after the invalidation"
         assert client.compile(spec, TARGET).source == "hit"
+
+
+def test_a_plan_invalidated_again_during_its_rebuilds_tune_is_said_to_its_waiting_caller(
+    tuning_stack: Stack, keypair: tuple[Path, Path]
+) -> None:
+    # The flight queues its job again once; deleted again before it is read, the waiting caller is told.
+    spec = matmul_spec(m=56)
+    compiler = tuning_stack.compiler
+    with signed_client(tuning_stack, keypair) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = client.compile(spec, TARGET)
+        patient = pool.submit(client.compile, spec, TARGET, tuned_only=True)
+        for build in (1, 2):
+            wait_until(lambda b=build: len(compiler.builds) == b and compiler.candidate_builds, 10.0, f"build {build}")
+            wait_until(lambda: stored_metadata(tuning_stack, first.key) is not None, 5.0, "its provisional plan")
+            assert client.admin.invalidate(first.key) == 1
+            compiler.candidate_builds.clear()
+        with pytest.raises(Unavailable, match="no longer stored"):
+            patient.result(timeout=30)
+    assert len(compiler.builds) == 2 and stored_metadata(tuning_stack, first.key) is None
 
 
 def test_prefetch_moves_a_nodes_disk_cache_to_the_tuned_plans(
