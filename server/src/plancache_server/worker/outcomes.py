@@ -71,7 +71,8 @@ class BuildOutcomes:
         )
         if not written:
             # An operator's Invalidate (or the store's bound) deleted the provisional plan while the build tuned: the
-            # deletion stands; a caller waiting for the tuned plan is told it is no longer stored, and asks again.
+            # deletion stands; callers still waiting for the tuned plan have their job queued again by their flight
+            # (plancache_server.gateway.flight), once.
             log.info(
                 "job %s: plan %s was deleted while it was tuned (invalidated, or evicted by --store-max-mb); its "
                 "final plan is not stored",
