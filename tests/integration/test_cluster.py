@@ -12,7 +12,9 @@ import redis
 
 from plancache import CompileFailed, Manifest, NotFound
 from plancache.v1 import plancache_pb2 as pb
+from plancache_server import telemetry
 from plancache_server.store import keys
+from plancache_server.store import plans as plans_module
 from plancache_server.store.plans import RedisPlanStore, StoredPlan
 from plancache_server.store.redis_conn import connect
 from tests.conftest import Stack, start_stack
@@ -62,17 +64,24 @@ def test_store_put_get_corrupt_delete_on_a_cluster(cluster_client: redis.Redis) 
         assert cluster_client.keyslot(key) == cluster_client.keyslot(keys.plan(victim))  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("replicas", [0, 1], ids=["no WAIT", "--store-replicas 1 (the WAIT's path)"])
 def test_a_tuned_plan_replaces_its_provisional_plan_only_while_that_is_stored_on_a_cluster(
-    cluster_client: redis.Redis,
+    cluster_client: redis.Redis, replicas: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = RedisPlanStore(cluster_client)
+    # This cluster has no replicas: with --store-replicas 1 each WAIT times out (50 ms) and the write is counted
+    # unreplicated, through the same pipeline (the conditional write on the slot's master, then WAIT); every write
+    # waits again (no late period), so each one takes that path.
+    monkeypatch.setattr(plans_module, "REPLICAS_LATE_S", 0.0)
+    store = RedisPlanStore(cluster_client, replicas=replicas, replicas_wait_ms=50)
     key = f"{7:064x}/{TARGET.id}/opt-{7:016x}"
     provisional, tuned = _plan(key, "provisional"), _plan(key, "tuned")
+    unreplicated = telemetry.UNREPLICATED._value.get()
     assert store.put(provisional) and store.put(tuned, replacing=True)
     assert store.get(key) == tuned
     store.delete(key)  # an operator's Invalidate while a build tunes
     assert not store.put(tuned, replacing=True)
     assert store.get(key) is None and not cluster_client.exists(keys.plan(key))
+    assert telemetry.UNREPLICATED._value.get() - unreplicated == 2 * replicas  # both writes went through the WAIT
 
 
 @pytest.fixture
