@@ -147,10 +147,11 @@ PATHS = (
     *STEP_PATHS,
 )
 BARRIER_POLL_S = 0.001
-# Every thread that ends in this process: (name, perf_counter at its start and end, its CPU seconds). /proc lists
-# only live threads, so a thread that ran beside the clocked part and ended before its end (plancache's workload
-# stream, a race's thread) was missing from `thread_cpu_s` (GPU run 43's profile arm: the drop-in's frontend code ran
-# ~1.9x slower per call than the local program's, as if another thread held the interpreter meanwhile).
+# Every thread that ends in this process: (name, perf_counter at its start and end, its CPU seconds); threads made
+# with a target, as plancache's are (a subclass with its own run() is not seen). /proc lists only live threads, so a
+# thread that ran beside the clocked part and ended before its end (plancache's workload stream) was missing from
+# `thread_cpu_s`. GPU run 43's profile: the drop-in's frontend code ran ~1.9x slower per call than the local
+# program's; another thread holding the interpreter was one explanation, the garbage collector (`gc`) the other.
 ENDED_THREADS: list[tuple[str, float, float, float]] = []
 
 
