@@ -160,8 +160,8 @@ def test_a_plan_invalidated_while_its_build_tunes_stays_invalidated(
         )
         time.sleep(0.3)  # nothing stored after its end either
         assert stored_metadata(tuning_stack, first.key) is None, "the tuned plan was stored over the invalidation"
-        # The waiting caller is not given the plan of the build the invalidation stood against: its client asks
-        # again (the gateway's "no longer stored, call again"), and gets the plan of a build made after it.
+        # The waiting caller is not given the plan of the build the invalidation stood against: its flight queues
+        # the job again (it was told "no longer stored, call again" before), and it gets a build made after it.
         tuned = patient.result(timeout=30)
         assert not tuned.provisional and tuned.key == first.key
         assert len(tuning_stack.compiler.builds) == 2, "a second build, after the invalidation"
