@@ -422,11 +422,10 @@ class Flight:
                     if ours == ABANDONED:
                         # Dropped as waited for by nobody, while we were (our claim came late): queued anew.
                         dropped = self.job_id
-                        event, failed = await self._queue_again(target, event)
-                        if isinstance(failed, Unavailable):
-                            raise failed
-                        if failed is not None:  # a full queue, no worker left: what a new caller would get
-                            self.settle(failed)
+                        event, blip = await self._queue_again(target, event)
+                        if blip is not None:
+                            raise blip
+                        if self.outcome is not None:
                             break
                         log.info(
                             "plan %s: job %s was dropped as waited for by nobody while callers waited: "
@@ -463,13 +462,10 @@ class Flight:
                         # then stores no tuned plan over the deletion), or evicted. Its callers still wait: queued
                         # anew, once (deleted again, the store's bound is too small for it: said below).
                         queued_again, built = True, self.job_id
-                        event, failed = await self._queue_again(target, event)
-                        if isinstance(failed, Unavailable):
-                            raise failed
-                        if failed is not None:
-                            self.settle(failed)
-                            break
-                        if self.outcome is not None:  # a plan stored meanwhile (another build's): settled
+                        event, blip = await self._queue_again(target, event)
+                        if blip is not None:
+                            raise blip
+                        if self.outcome is not None:
                             break
                         self.provisional, gone = None, 0
                         log.info(
@@ -504,17 +500,20 @@ class Flight:
         finally:
             crew.watcher.unregister(self.job_id, event)
 
-    async def _queue_again(self, target: Target, event: asyncio.Event) -> tuple[asyncio.Event, PlanCacheError | None]:
-        """The flight's job queued anew (its callers still wait): the event to follow the new job by, and the error
-        a new caller would get instead (a full queue, no worker left; Unavailable: a Redis blip)."""
+    async def _queue_again(self, target: Target, event: asyncio.Event) -> tuple[asyncio.Event, Unavailable | None]:
+        """The flight's job queued anew (its callers still wait), as a new caller's would be: settled with its plan
+        if one is stored meanwhile, or with the error a new caller would get (a full queue, no worker left). The
+        event to follow the new job by, and a Redis blip to raise (the follow loop's, which keeps its waiters)."""
         crew = self._crew
         crew.watcher.unregister(self.job_id, event)
-        failed: PlanCacheError | None = None
+        blip: Unavailable | None = None
         try:
             await self._take_or_find_lease(target, self._query)
+        except Unavailable as e:
+            blip = e
         except PlanCacheError as e:
-            failed = e
-        return crew.watcher.register(self.job_id), failed
+            self.settle(e)
+        return crew.watcher.register(self.job_id), blip
 
     def settle(self, outcome: StoredPlan | PlanCacheError) -> None:
         self.outcome = outcome
