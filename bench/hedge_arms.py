@@ -76,6 +76,79 @@ def build_ms(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {path: statistics.median(values) for path, values in out.items() if values}
 
 
+def best_of(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Per hedged path: its fastest run over the fastest run of its local equivalent (warm JIT cache). GPU run 44's
+    H100 host ran the same program's CPU-bound start at two speeds ~1.6x apart, switching between runs and within
+    one, so a pair's two runs can be at different speeds; each side's fastest run is at the host's faster one."""
+    fastest: dict[str, float] = {}
+    for r in runs:
+        if r.get("jit") != "warm" or "error" in r or "total_s" not in r:
+            continue
+        slept = r.get("lazy_s", 0.0) * r.get("graphs", 13) if r["path"].startswith("first-lazy") else 0.0
+        fastest[r["path"]] = min(fastest.get(r["path"], float("inf")), r["total_s"] - slept)
+    return {
+        path: fastest[path] / fastest[local] for path, local in PAIRS.items() if path in fastest and local in fastest
+    }
+
+
+def graphwise_fastest(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Per hedged path (one process): the sum over its graphs of each graph's fastest time to runnable across its
+    runs, over the same sum for its local equivalent. The host's speed switches within a run too (GPU run 44: one
+    run's first three graphs at the faster speed, the rest at the slower), so each graph's fastest of a few runs
+    is at the faster speed where a whole run's may not be."""
+    fastest: dict[str, list[float]] = {}
+    for r in runs:
+        times = r.get("runnable_s")
+        if (
+            r.get("jit") != "warm"
+            or "error" in r
+            or not times
+            or r["path"].startswith(("first-lazy", "first-compile-4"))
+        ):
+            continue
+        gaps = [b - a for a, b in itertools.pairwise([0.0, *times])]
+        found = fastest.setdefault(r["path"], gaps)
+        fastest[r["path"]] = [min(a, b) for a, b in zip(found, gaps, strict=False)]
+    return {
+        path: sum(fastest[path]) / sum(fastest[local])
+        for path, local in PAIRS.items()
+        if path in fastest and local in fastest and len(fastest[path]) == len(fastest[local])
+    }
+
+
+def own_ms(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per hedged path: what plancache's front door added to each graph over the node's own build inside it, read in
+    the node's process (BENCH_MISS_PHASES): `compile` minus `local_build` (Client.compile), `dropin_build` minus
+    `race_build` (plancache.cudnn's build step). Within one graph of one process, so the host's speed changing
+    between runs does not blur it. Medians past the first two graphs, the first two, and the drop-in's capture."""
+    per_path: dict[str, dict[str, list[float]]] = {}
+    for r in runs:
+        if r.get("jit") != "warm" or "error" in r:
+            continue
+        phases = r.get("phases") or {}
+        for record in phases if isinstance(phases, list) else [phases]:
+            each = record or {}
+            outer = (each.get("dropin_build") or each.get("compile") or {}).get("each_ms", [])
+            inner = (each.get("race_build") or each.get("local_build") or {}).get("each_ms", [])
+            if not outer or len(outer) != len(inner):
+                continue
+            added = [a - b for a, b in zip(outer, inner, strict=True)]
+            found = per_path.setdefault(r["path"], {"past_two": [], "first_two": [], "capture": [], "touch": []})
+            found["past_two"].extend(added[2:])
+            found["first_two"].extend(added[:2])
+            found["capture"].extend((each.get("dropin_capture") or {}).get("each_ms", [])[2:])
+            found["touch"].extend((each.get("touch") or {}).get("each_ms", []))
+    return {
+        path: {
+            "median_ms_past_two": round(statistics.median(found["past_two"]), 3) if found["past_two"] else None,
+            "first_two_ms": [round(v, 2) for v in found["first_two"]],
+            "capture_median_ms_past_two": round(statistics.median(found["capture"]), 3) if found["capture"] else None,
+            "touch_ms": [round(v, 2) for v in found["touch"]],
+        }
+        for path, found in per_path.items()
+    }
+
+
 def beside(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Per path, each run's total and what ran beside its node (bench/startup.py's `beside`, GPU run 42 on): the
     node's threads other than its main one (CPU s), the service's processes' CPU s, the machine's busy CPU s and
@@ -138,6 +211,9 @@ def main() -> None:
             "build_ms_median_past_two": build_ms(data["runs"]),
             "beside": beside(data["runs"]),
             "gc": collector(data["runs"]),
+            "best_of": best_of(data["runs"]),
+            "graphwise_fastest": graphwise_fastest(data["runs"]),
+            "own_ms": own_ms(data["runs"]),
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"target": TARGET, "arms": arms}, indent=1) + "\n")
@@ -160,6 +236,19 @@ def main() -> None:
             f"{p.removesuffix('+hedge')} {v:.2f}x (n={len(arm['pairs'][p])})" for p, v in arm["median"].items()
         )
         print(f"{name:10s} {medians}")
+        print(
+            f"{'':10s} best of each side: "
+            + ", ".join(f"{p.removesuffix('+hedge')} {v:.2f}x" for p, v in arm["best_of"].items())
+        )
+        print(
+            f"{'':10s} each graph's fastest, summed: "
+            + ", ".join(f"{p.removesuffix('+hedge')} {v:.2f}x" for p, v in arm["graphwise_fastest"].items())
+        )
+        for path, own in arm["own_ms"].items():
+            print(
+                f"{'':10s} {path.removesuffix('+hedge')}: plancache's own ms a graph past two {own['median_ms_past_two']}, "
+                f"first two {own['first_two_ms'][:2]}, capture {own['capture_median_ms_past_two']}"
+            )
 
 
 if __name__ == "__main__":

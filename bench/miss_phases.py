@@ -15,6 +15,11 @@ is split into its pieces (issue 41):
   hedged         HedgedCalls.compile, the whole hedged part
   verify         PlanIntake.remember: a service answer's signature and question checked (any thread)
   dropin_race    Client.race (plancache.cudnn's build step asks through it)
+  dropin_build   plancache.cudnn's whole build step (Serving._build): capture, race, settle, load; less its
+                 race_build, what plancache.cudnn's build step adds to the program's own build (issue 41 item 1),
+                 measured inside one process, so a host whose CPU speed changes between runs does not blur it
+  dropin_capture the program's graph captured, normalized and proven (plancache.cudnn._capture.capture)
+  touch          Service.touch: the program's first use (its client made, its workload's stream started)
 
 With PLANCACHE_BENCH_PROFILE=FILE the clocked part also runs under
 cProfile, its 40 costliest functions (cumulative) written to FILE.
@@ -51,10 +56,30 @@ def _timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def install() -> bool:
-    """Wrap plancache's miss path (PLANCACHE_BENCH_PHASES=1); whether it did."""
+def _timed_outermost(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """_timed, counting only the outermost call of a thread (a build step that calls the build step again, e.g.
+    build_plans then build, is one graph's)."""
+    timed = _timed(name, fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_local, name, False):
+            return fn(*args, **kwargs)
+        setattr(_local, name, True)
+        try:
+            return timed(*args, **kwargs)
+        finally:
+            setattr(_local, name, False)
+
+    return wrapper
+
+
+def install(*, dropin: bool = False) -> bool:
+    """Wrap plancache's miss path (PLANCACHE_BENCH_PHASES=1); whether it did. `dropin`: plancache.cudnn's build
+    step too (imported here: a node of another path does not import it)."""
     if os.environ.get("PLANCACHE_BENCH_PHASES") != "1":
         return False
+    from plancache.frontdoors import service
     from plancache.transport import client as client_module
     from plancache.transport import hedge, hedged_calls, intake
 
@@ -68,6 +93,13 @@ def install() -> bool:
     hedge.FrontendBuilder.build = _timed("local_build", hedge.FrontendBuilder.build)  # type: ignore[method-assign]
     hedged_calls.HedgedCalls.compile = _timed("hedged", hedged_calls.HedgedCalls.compile)  # type: ignore[method-assign]
     hedge.Race.__init__ = _timed("race_start", hedge.Race.__init__)  # type: ignore[method-assign]
+    service_cls = service.Service
+    service_cls.touch = _timed("touch", service_cls.touch)  # type: ignore[method-assign]
+    if dropin:
+        from plancache.cudnn import _serving
+
+        _serving.Serving._build = _timed_outermost("dropin_build", _serving.Serving._build)  # type: ignore[method-assign]
+        _serving.capture = _timed("dropin_capture", _serving.capture)  # type: ignore[assignment]
 
     original_run_race = hedge.run_race
 

@@ -376,7 +376,7 @@ class Bench:
             set()
         )  # plan keys of the drop-in's that are not the 13 (none expected: its captured specs are the same)
         self.stored_plans: dict[str, Any] = {}  # what the stored-plan paths run on (stored_blobs)
-        self.node_cpus: set[int] | None = None  # --split-cpus: the node processes' CPUs
+        self.node_cpus: set[int] | None = None  # --split-cpus or --node-cpus: the node processes' CPUs
         self.pool_measured = False  # this JIT state's first first node measures the worker's pool
         self.runs: list[dict[str, Any]] = []
         self.skipped: list[str] = []
@@ -838,7 +838,8 @@ class Bench:
         os.sched_setaffinity(0, set(service))
 
     def pinned(self, proc: subprocess.Popen[str]) -> subprocess.Popen[str]:
-        """A node process just started, on the nodes' CPUs (--split-cpus; its clock starts long after, at the go)."""
+        """A node process just started, on the nodes' CPUs (--split-cpus, --node-cpus; its clock starts long after, at
+        the go)."""
         if self.node_cpus:
             os.sched_setaffinity(proc.pid, self.node_cpus)
         return proc
@@ -897,6 +898,7 @@ def merge_shares(parts: list[dict[str, Any]], go: float) -> dict[str, Any]:
                 "thread_cpu_s",  # the first process's (every process's in per_process)
                 "ended_threads",  # the same
                 "gc",  # the same (GPU runs 42-43 left it out of every hedged run: only the local runs had it)
+                "steps",  # the same (GPU run 44 left it out of its hedged drop-in runs)
             )
             if k in parts[0]
         }
@@ -1302,6 +1304,13 @@ def main() -> None:
         action="store_true",
         help="node processes on the first half of this machine's CPUs, Redis, the server and its workers on the other: a service on a host of its own",
     )
+    parser.add_argument(
+        "--node-cpus",
+        default="",
+        help="CPU numbers (e.g. 3 or 2,3) every node process is pinned to, both sides of a pair alike, the service "
+        "left on all CPUs: GPU run 44's host ran a node's CPU-bound start at two speeds that switched as the "
+        "scheduler moved it (scripts/cpu-speed-map.py measures each CPU's)",
+    )
     parser.add_argument("--warm-cache", type=Path, help="CUDA_CACHE_PATH of the warm runs (default: a new directory)")
     parser.add_argument(
         "--time-limit",
@@ -1357,6 +1366,10 @@ def main() -> None:
     if args.worker_device:
         bench.worker_device = args.worker_device
         bench.worker_flags[bench.worker_flags.index("--device") + 1] = str(args.worker_device)
+    if args.node_cpus:
+        if args.split_cpus:
+            parser.error("--node-cpus and --split-cpus both choose the nodes' CPUs: pass one")
+        bench.node_cpus = {int(c) for c in args.node_cpus.split(",")}
     if args.split_cpus:
         bench.split_cpus()  # before Redis starts: it and every service process inherit the service's half
     redis = EmbeddedRedis(

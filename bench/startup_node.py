@@ -90,6 +90,7 @@ import argparse
 import dataclasses
 import gc
 import importlib
+import itertools
 import json
 import os
 import resource
@@ -353,6 +354,9 @@ def local(
     return {"candidates": candidates}
 
 
+PROGRAM_STEPS = ("construct", "validate", "operation_graph", "plan_calls", "build_plans", "first_execute")
+
+
 def program(
     frontend: Any,
     specs: dict[int, GraphSpec],
@@ -360,19 +364,32 @@ def program(
     handle: object,
     clock: Clock,
     per_graph: dict[str, dict[int, object]],
-) -> None:
+) -> dict[str, list[float]]:
     """The frontend program local() runs for local-heuristic, written against `frontend`:
-    the real cudnn module (local-program), or plancache.cudnn in its place (first-dropin)."""
+    the real cudnn module (local-program), or plancache.cudnn in its place (first-dropin); each step's ms."""
+    # Each step's ms per graph (`steps`): the same program on both sides of a pair, so which of its steps a
+    # drop-in node spends longer in is read directly (GPU run 44: its graphs' time outside the build step).
+    steps: dict[str, list[float]] = {name: [] for name in PROGRAM_STEPS}
     for index, spec in specs.items():
+        marks = [time.perf_counter()]
         g = build_pygraph(spec, frontend, handle=handle)
+        marks.append(time.perf_counter())
         g.validate()
+        marks.append(time.perf_counter())
         g.build_operation_graph()
+        marks.append(time.perf_counter())
         g.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
         g.check_support()
+        marks.append(time.perf_counter())
         g.build_plans()
+        marks.append(time.perf_counter())
         per_graph["runnable_s"][index] = clock.now()
         g.execute(tensors[index], workspace(g.get_workspace_size()), handle=handle)
+        marks.append(time.perf_counter())
         clock.output_done(index)
+        for name, (began, ended) in zip(PROGRAM_STEPS, itertools.pairwise(marks), strict=True):
+            steps[name].append(round((ended - began) * 1000, 3))
+    return steps
 
 
 def floor_program(
@@ -555,7 +572,8 @@ def main() -> None:
     parser.add_argument("--barrier", type=Path, help="start together: write ready-I there, wait for its go file")
     args = parser.parse_args()
     imports_s = time.perf_counter() - IMPORT_STARTED
-    timing_phases = miss_phases.install()  # PLANCACHE_BENCH_PHASES=1: where a miss's time goes
+    # PLANCACHE_BENCH_PHASES=1: where a miss's time goes
+    timing_phases = miss_phases.install(dropin=args.path in ("first-dropin", "stored-dropin"))
     share, of = (int(x) for x in args.share.split("/"))
     torch.cuda.init()
     handle = cudnn_handle()  # with cuBLASLt: set-up every path pays
@@ -606,7 +624,7 @@ def main() -> None:
     if compiler is not None:
         result.update(local(compiler, specs, tensors, clock, args.path == "local-autotuned", per_graph))
     elif args.path in PROGRAM_PATHS:
-        program(frontend, specs, tensors, handle, clock, per_graph)
+        result["steps"] = program(frontend, specs, tensors, handle, clock, per_graph)
     elif step is not None:
         step()
     elif args.path == "floor":

@@ -13,11 +13,15 @@
 #   gcfreeze  the pairs of $PAIRS with every node's set-up objects frozen out of the garbage collector before its
 #             clock (gc.freeze(), both sides): whether full collections in the first graphs are the gap (each
 #             node's JSON has its collections, `gc`, in every arm)
+#   pinned    the pairs of $PAIRS with every node process (both sides) pinned to $NODE_CPUS (default: the two CPUs
+#             bench/cpu_speed_map.py finds fastest, its map in $OUT/cpu_speed_map.json), the service on all CPUs: GPU
+#             run 44's host ran the same start at two speeds, switching within a run
 #   (shared, cores, pool1 and gpu1 together: which of the service's work beside a hedged node slows its own build,
 #   GPU run 40: the CPUs' cores, the CPU time or the GPU)
 # BENCH_BESIDE_GPU=1 also samples the GPU's utilization beside each hedged node (nvidia-smi every 50 ms; off by
 # default: the single local runs have no sampler beside them, so it weighs on the hedged side of each pair).
 # Usage (after `source scripts/gpu-env.sh`): REPEATS=4 ARMS="pairs paused profile" scripts/gpu-dropin-hedge.sh
+#   python3 bench/cpu_speed_map.py --out "$OUT/cpu_speed_map"; ARMS="shared pinned" scripts/gpu-dropin-hedge.sh
 #   PAIRS=first-dropin,first-compile REPEATS=3 ARMS="shared cores pool1 gpu1" scripts/gpu-dropin-hedge.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +38,13 @@ for arm in ${ARMS:-pairs paused profile}; do
     pool1) pairs=${PAIRS:-first-dropin} flags=(--build-processes 1) ;;
     gpu1) pairs=${PAIRS:-first-dropin} flags=(--worker-device 1) ;;
     gcfreeze) pairs=${PAIRS:-first-dropin} ;;
+    pinned)
+      pairs=${PAIRS:-first-dropin}
+      [ -f "$OUT/cpu_speed_map.json" ] || python3 bench/cpu_speed_map.py --out "$OUT/cpu_speed_map" > "$OUT/cpu_speed_map.log" 2>&1
+      cpus=${NODE_CPUS:-$(python3 -c "import json, statistics, sys; ms = json.load(open(sys.argv[1]))['ms']; \
+print(','.join(sorted(ms, key=lambda c: statistics.median(ms[c]))[:2]))" "$OUT/cpu_speed_map.json")}
+      echo "pinned: node processes on CPUs $cpus"
+      flags=(--node-cpus "$cpus") ;;
     *) echo "unknown arm $arm" >&2; continue ;;
   esac
   BENCH_MISS_PHASES=1 BENCH_MISS_PROFILE="$profile" BENCH_NODE_GC_FREEZE=$([ "$arm" = gcfreeze ] && echo 1) \

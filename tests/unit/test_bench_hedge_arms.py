@@ -1,0 +1,57 @@
+"""bench/hedge_arms.py's estimators of a hedged first node against its local equivalent, on a host whose speed
+changes between runs and within one (GPU run 44)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.hedge_arms import graphwise_fastest, own_ms, pair_ratios
+
+
+def _run(path: str, gaps_ms: list[float], **extra: object) -> dict[str, object]:
+    times, now = [], 0.0
+    for gap in gaps_ms:
+        now += gap / 1000
+        times.append(now)
+    return {"jit": "warm", "path": path, "total_s": now, "runnable_s": times, **extra}
+
+
+def test_each_graphs_fastest_run_compares_the_same_speed_where_whole_runs_do_not() -> None:
+    # The same two programs: the hedged one 2 % slower a graph; each run slow (1.6x) on a different stretch.
+    local, hedged = [100.0] * 10, [102.0] * 10
+    slow_first = [g * 1.6 if i < 5 else g for i, g in enumerate(local)]
+    slow_last = [g * 1.6 if i >= 5 else g for i, g in enumerate(hedged)]
+    runs = [
+        _run("local-program", [g * 1.6 for g in local]),
+        _run("first-dropin+hedge", [g * 1.6 if i < 5 else g for i, g in enumerate(hedged)]),
+        _run("local-program", slow_first),
+        _run("first-dropin+hedge", slow_last),
+        _run("local-program", [g * 1.6 if i >= 5 else g for i, g in enumerate(local)]),
+    ]
+    assert graphwise_fastest(runs)["first-dropin+hedge"] == pytest.approx(1.02)
+    # A pair whose local run was the slower throughout says 0.83x.
+    assert [round(r, 2) for r in pair_ratios(runs)["first-dropin+hedge"]] == [0.83, 1.02]
+
+
+def test_plancaches_own_time_is_its_build_step_less_the_nodes_own_build_inside_it() -> None:
+    phases = {
+        "dropin_build": {"each_ms": [20.0, 12.0, 41.0, 43.0, 45.0]},
+        "race_build": {"each_ms": [10.0, 9.0, 40.0, 42.0, 43.5]},
+        "dropin_capture": {"each_ms": [0.9, 0.8, 0.7, 0.6, 0.7]},
+        "touch": {"each_ms": [6.5]},
+    }
+    own = own_ms([_run("first-dropin+hedge", [50.0] * 5, phases=phases)])["first-dropin+hedge"]
+    assert own["median_ms_past_two"] == pytest.approx(1.0)
+    assert own["first_two_ms"] == [10.0, 3.0]
+    assert own["capture_median_ms_past_two"] == pytest.approx(0.7)
+    assert own["touch_ms"] == [6.5]
+
+
+def test_a_compile_nodes_own_time_is_compile_less_its_local_build_per_process() -> None:
+    per_process = [
+        {"compile": {"each_ms": [9.0, 5.0, 31.0]}, "local_build": {"each_ms": [3.0, 2.0, 30.0]}},
+        {"compile": {"each_ms": [8.0, 6.0, 32.0]}, "local_build": {"each_ms": [2.0, 3.0, 30.0]}},
+    ]
+    own = own_ms([_run("first-compile-4proc+hedge", [40.0] * 3, phases=per_process)])["first-compile-4proc+hedge"]
+    assert own["median_ms_past_two"] == pytest.approx(1.5)
+    assert own["first_two_ms"] == [6.0, 3.0, 6.0, 3.0]
