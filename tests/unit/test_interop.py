@@ -225,3 +225,35 @@ def test_a_dropout_mask_captures_to_its_ports() -> None:
     assert out is not None
     out.set_output(True).set_uid(6)
     assert GraphSpec.from_pygraph(g).spec_hash() == spec.spec_hash()
+
+
+def test_a_data_type_read_once_is_read_the_same_and_a_refused_one_stays_refused() -> None:
+    """The capture keeps each data type value it read (bench/capture_cost.py): by type and value, so a value of
+    another type that compares equal is read afresh, and a refusal is never kept."""
+    import torch
+
+    from plancache.graphspec.interop import data_type
+
+    for _ in range(2):  # the second read is the kept one
+        assert data_type(cudnn.data_type.HALF, "t") == "half"
+        assert data_type(torch.bfloat16, "t") == "bfloat16"
+        assert data_type(None, "t") is None
+        assert data_type(cudnn.data_type.NOT_SET, "t") is None
+        with pytest.raises(SpecError, match="data type 3 is not a cudnn.data_type"):
+            data_type(3, "t")
+        with pytest.raises(SpecError, match="torch data type torch.complex32 has no cuDNN equivalent"):
+            data_type(torch.complex32, "t")
+        with pytest.raises(SpecError, match="is not a cudnn.data_type"):
+            data_type([cudnn.data_type.HALF], "t")  # unhashable: read, and refused, every time
+
+    class FakeHalf:  # equal to HALF and hashing alike: still not a cudnn.data_type
+        name = None
+
+        def __eq__(self, other: object) -> bool:
+            return other is cudnn.data_type.HALF or isinstance(other, FakeHalf)
+
+        def __hash__(self) -> int:
+            return hash(cudnn.data_type.HALF)
+
+    with pytest.raises(SpecError, match="is not a cudnn.data_type"):
+        data_type(FakeHalf(), "t")

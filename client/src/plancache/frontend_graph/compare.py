@@ -154,10 +154,19 @@ def _callback_tensors(callback: Any) -> list[Any]:
     return found
 
 
+# The first catalog op of each frontend node type (pointwise ops are told apart by their mode), indexed once: a
+# scan of the catalog per node read the node's type through a Python enum property once per op (bench/capture_cost.py).
+_FIRST_SCHEMA_OF_NODE_TYPE: dict[str, OpSchema] = {}
+for _op in CATALOG.values():
+    if _op.node_type:
+        _FIRST_SCHEMA_OF_NODE_TYPE.setdefault(_op.node_type, _op)
+
+
 def _schema(node: Any) -> OpSchema | None:
-    if node.node_type.name == "POINTWISE":
+    node_type = node.node_type.name
+    if node_type == "POINTWISE":
         return CATALOG.get(str(node.params.get("mode")))
-    return next((s for s in CATALOG.values() if s.node_type == node.node_type.name), None)
+    return _FIRST_SCHEMA_OF_NODE_TYPE.get(node_type)
 
 
 def _plain(value: Any) -> Any:

@@ -45,8 +45,28 @@ _BY_NODE_TYPE: dict[str, str] = {
 _NOT_CONTENT = {"name", "handle"}
 
 
+# Each data type value met, by its type and value, and its spelling: a graph's capture reads ~30 of them (each
+# tensor's, the graph's, each node's compute type), each a Python enum's `name` property and a normalization
+# (bench/capture_cost.py). Only what read without error is kept; a value of a new type is read afresh.
+_DATA_TYPES: dict[tuple[type, Any], str | None] = {}
+
+
 def data_type(value: Any, where: str) -> str | None:
     """A data type as the IR holds it (a cudnn.data_type, or a torch dtype) in plancache's spelling."""
+    try:
+        return _DATA_TYPES[(type(value), value)]
+    except (KeyError, TypeError):  # not met yet, or unhashable (read below, where it is refused)
+        pass
+    found = _read_data_type(value, where)
+    if len(_DATA_TYPES) < 256:  # the enum's members and torch's dtypes: a few dozen
+        try:
+            _DATA_TYPES[(type(value), value)] = found
+        except TypeError:
+            pass
+    return found
+
+
+def _read_data_type(value: Any, where: str) -> str | None:
     if value is None or getattr(value, "name", None) == "NOT_SET":
         return None
     text = str(value)
