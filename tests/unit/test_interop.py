@@ -239,11 +239,11 @@ def test_a_data_type_read_once_is_read_the_same_and_a_refused_one_stays_refused(
         assert data_type(torch.bfloat16, "t") == "bfloat16"
         assert data_type(None, "t") is None
         assert data_type(cudnn.data_type.NOT_SET, "t") is None
-        with pytest.raises(SpecError, match="data type 3 is not a cudnn.data_type"):
+        with pytest.raises(SpecError, match=r"data type 3 is not a cudnn\.data_type"):
             data_type(3, "t")
-        with pytest.raises(SpecError, match="torch data type torch.complex32 has no cuDNN equivalent"):
+        with pytest.raises(SpecError, match=r"torch data type torch\.complex32 has no cuDNN equivalent"):
             data_type(torch.complex32, "t")
-        with pytest.raises(SpecError, match="is not a cudnn.data_type"):
+        with pytest.raises(SpecError, match=r"is not a cudnn\.data_type"):
             data_type([cudnn.data_type.HALF], "t")  # unhashable: read, and refused, every time
 
     class FakeHalf:  # equal to HALF and hashing alike: still not a cudnn.data_type
@@ -255,5 +255,5 @@ def test_a_data_type_read_once_is_read_the_same_and_a_refused_one_stays_refused(
         def __hash__(self) -> int:
             return hash(cudnn.data_type.HALF)
 
-    with pytest.raises(SpecError, match="is not a cudnn.data_type"):
+    with pytest.raises(SpecError, match=r"is not a cudnn\.data_type"):
         data_type(FakeHalf(), "t")
