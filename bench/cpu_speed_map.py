@@ -39,6 +39,12 @@ def work(items: int) -> float:
     return time.perf_counter() - started
 
 
+def pace_ms(items: int = 20_000, probes: int = 3) -> float:
+    """This process's pace now: the median ms of `probes` runs of work(items) (~11 ms each on GPU run 44's H100s
+    at their faster pace). bench/startup_node.py records it before and after each node's clock."""
+    return round(statistics.median(work(items) for _ in range(probes)) * 1000, 3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)

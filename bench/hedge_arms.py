@@ -76,6 +76,42 @@ def build_ms(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {path: statistics.median(values) for path, values in out.items() if values}
 
 
+PACE_TOLERANCE = 0.10  # a run's pace before and after its clock, and a pair's two runs, at most this apart
+
+
+def _steady_pace(run: dict[str, Any]) -> float | None:
+    """The run's pace (bench/startup_node.py's `pace_ms`: a fixed loop's ms before and after its clock) when it
+    held across the clock, else None (a run without the record, or one whose host changed pace meanwhile)."""
+    pace = run.get("pace_ms")
+    if not isinstance(pace, list) or len(pace) != 2 or min(pace) <= 0:
+        return None
+    before, after = pace
+    return (before + after) / 2 if abs(before - after) <= PACE_TOLERANCE * min(before, after) else None
+
+
+def paced_pairs(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """pair_ratios of the pairs whose two runs ran at one pace: each steady across its clock and the two within
+    PACE_TOLERANCE of each other (GPU run 44's hosts switched between two paces ~1.6x apart). A flip inside a
+    clock that ends where it began is not seen: the per-graph figures are for that."""
+    out: dict[str, list[float]] = {}
+    last: dict[str, tuple[float, float | None]] = {}
+    for r in runs:
+        if r.get("jit") != "warm" or "error" in r or "total_s" not in r:
+            continue
+        path = r["path"]
+        if path in PAIRS.values():
+            last[path] = (r["total_s"], _steady_pace(r))
+        elif path in PAIRS and PAIRS[path] in last:
+            local_s, local_pace = last.pop(PAIRS[path])
+            pace = _steady_pace(r)
+            kept = out.setdefault(path, [])
+            if pace is None or local_pace is None or abs(pace - local_pace) > PACE_TOLERANCE * min(pace, local_pace):
+                continue
+            slept = r.get("lazy_s", 0.0) * r.get("graphs", 13) if path.startswith("first-lazy") else 0.0
+            kept.append(r["total_s"] / (local_s + slept))
+    return out
+
+
 def best_of(runs: list[dict[str, Any]]) -> dict[str, float]:
     """Per hedged path: its fastest run over the fastest run of its local equivalent (warm JIT cache). GPU run 44's
     H100 host ran the same program's CPU-bound start at two speeds ~1.6x apart, switching between runs and within
@@ -211,6 +247,7 @@ def main() -> None:
             "build_ms_median_past_two": build_ms(data["runs"]),
             "beside": beside(data["runs"]),
             "gc": collector(data["runs"]),
+            "paced_pairs": paced_pairs(data["runs"]),
             "best_of": best_of(data["runs"]),
             "graphwise_fastest": graphwise_fastest(data["runs"]),
             "own_ms": own_ms(data["runs"]),
@@ -236,6 +273,15 @@ def main() -> None:
             f"{p.removesuffix('+hedge')} {v:.2f}x (n={len(arm['pairs'][p])})" for p, v in arm["median"].items()
         )
         print(f"{name:10s} {medians}")
+        print(
+            f"{'':10s} pairs at one pace: "
+            + ", ".join(
+                f"{p.removesuffix('+hedge')} {statistics.median(v):.2f}x (n={len(v)} of {len(arm['pairs'].get(p, []))})"
+                if v
+                else f"{p.removesuffix('+hedge')} - (n=0)"
+                for p, v in arm["paced_pairs"].items()
+            )
+        )
         print(
             f"{'':10s} best of each side: "
             + ", ".join(f"{p.removesuffix('+hedge')} {v:.2f}x" for p, v in arm["best_of"].items())

@@ -879,6 +879,7 @@ def merge_shares(parts: list[dict[str, Any]], go: float) -> dict[str, Any]:
                 "thread_cpu_s",
                 "ended_threads",
                 "gc",
+                "pace_ms",
                 "gpu_mib",
             )
         }
@@ -899,6 +900,7 @@ def merge_shares(parts: list[dict[str, Any]], go: float) -> dict[str, Any]:
                 "ended_threads",  # the same
                 "gc",  # the same (GPU runs 42-43 left it out of every hedged run: only the local runs had it)
                 "steps",  # the same (GPU run 44 left it out of its hedged drop-in runs)
+                "pace_ms",  # the first process's (every process's in per_process)
             )
             if k in parts[0]
         }

@@ -107,6 +107,7 @@ import torch  # noqa: E402
 
 import plancache  # noqa: E402
 from bench import miss_phases  # noqa: E402
+from bench.cpu_speed_map import pace_ms  # noqa: E402
 from bench.startup_graphs import read_blobs, startup_graphs  # noqa: E402
 from plancache import Client, CompileOptions, Manifest, ManifestEntry, Plan  # noqa: E402
 from plancache.frontend_graph import build_pygraph  # noqa: E402
@@ -597,6 +598,7 @@ def main() -> None:
         gc.collect()
         gc.freeze()  # what set-up made (torch, the frontend, plancache) is not walked by the clock's collections
     tracked = len(gc.get_objects())  # before the clock: the list costs ~10 ms
+    pace_before = pace_ms()  # the host's pace just before the clock and just after it (`pace_ms`, below)
     go = wait_for_go(args.barrier, share) if args.barrier else None
     clock = Clock(go)
     collector = GcWatch(clock.now, tracked)
@@ -644,6 +646,9 @@ def main() -> None:
     result["thread_cpu_s"] = clock.thread_cpu_s()
     result["ended_threads"] = clock.ended_threads()
     result["gc"] = collector.stop()
+    # GPU run 44's hosts ran the same program at two paces ~1.6x apart, switching between runs and within one: a
+    # run whose pace moved across its clock, or a pair whose two runs differ, is told apart (bench/hedge_arms.py).
+    result["pace_ms"] = [pace_before, pace_ms()]
     profile.__exit__()
     if timing_phases:
         result["phases"] = miss_phases.phases()

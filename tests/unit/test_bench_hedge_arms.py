@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.hedge_arms import graphwise_fastest, own_ms, pair_ratios
+from bench.cpu_speed_map import pace_ms
+from bench.hedge_arms import graphwise_fastest, own_ms, paced_pairs, pair_ratios
 
 
 def _run(path: str, gaps_ms: list[float], **extra: object) -> dict[str, object]:
@@ -55,3 +56,24 @@ def test_a_compile_nodes_own_time_is_compile_less_its_local_build_per_process() 
     own = own_ms([_run("first-compile-4proc+hedge", [40.0] * 3, phases=per_process)])["first-compile-4proc+hedge"]
     assert own["median_ms_past_two"] == pytest.approx(1.5)
     assert own["first_two_ms"] == [6.0, 3.0, 6.0, 3.0]
+
+
+def test_only_pairs_whose_two_runs_held_one_pace_are_kept() -> None:
+    runs = [
+        _run("local-program", [100.0] * 10, pace_ms=[11.0, 11.2]),
+        _run("first-dropin+hedge", [103.0] * 10, pace_ms=[11.1, 11.0]),  # kept: 1.03x
+        _run("local-program", [100.0] * 10, pace_ms=[11.0, 11.1]),
+        _run("first-dropin+hedge", [160.0] * 10, pace_ms=[17.5, 17.8]),  # steady, but at the other pace
+        _run("local-program", [100.0] * 10, pace_ms=[11.0, 11.0]),
+        _run("first-dropin+hedge", [130.0] * 10, pace_ms=[11.0, 17.6]),  # its pace moved across its clock
+        _run("local-program", [100.0] * 10),  # no record: not kept
+        _run("first-dropin+hedge", [100.0] * 10, pace_ms=[11.0, 11.0]),
+    ]
+    assert [round(r, 2) for r in paced_pairs(runs)["first-dropin+hedge"]] == [1.03]
+    assert len(pair_ratios(runs)["first-dropin+hedge"]) == 4
+
+
+def test_the_pace_probe_times_the_same_work_each_time() -> None:
+    first, second = pace_ms(items=2_000), pace_ms(items=2_000)
+    assert first > 0 and second > 0
+    assert pace_ms(items=20_000) > first  # ten times the loop: longer on any machine
