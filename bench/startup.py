@@ -1310,8 +1310,8 @@ def main() -> None:
         "--node-cpus",
         default="",
         help="CPU numbers (e.g. 3 or 2,3) every node process is pinned to, both sides of a pair alike, the service "
-        "left on all CPUs: GPU run 44's host ran a node's CPU-bound start at two speeds that switched as the "
-        "scheduler moved it (scripts/cpu-speed-map.py measures each CPU's)",
+        "left on all CPUs (bench/cpu_speed_map.py measures each CPU's pace; on GPU run 44's hosts the pace was "
+        "the time's, not the CPU's, and pinning did not steady it)",
     )
     parser.add_argument("--warm-cache", type=Path, help="CUDA_CACHE_PATH of the warm runs (default: a new directory)")
     parser.add_argument(

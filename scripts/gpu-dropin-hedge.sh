@@ -14,8 +14,8 @@
 #             clock (gc.freeze(), both sides): whether full collections in the first graphs are the gap (each
 #             node's JSON has its collections, `gc`, in every arm)
 #   pinned    the pairs of $PAIRS with every node process (both sides) pinned to $NODE_CPUS (default: the two CPUs
-#             bench/cpu_speed_map.py finds fastest, its map in $OUT/cpu_speed_map.json), the service on all CPUs: GPU
-#             run 44's host ran the same start at two speeds, switching within a run
+#             bench/cpu_speed_map.py finds fastest, its map in $OUT/cpu_speed_map.json), the service on all CPUs
+#             (GPU run 44: its hosts' two paces were the time's, not a CPU's: pinned pairs were no steadier)
 #   (shared, cores, pool1 and gpu1 together: which of the service's work beside a hedged node slows its own build,
 #   GPU run 40: the CPUs' cores, the CPU time or the GPU)
 # BENCH_BESIDE_GPU=1 also samples the GPU's utilization beside each hedged node (nvidia-smi every 50 ms; off by
