@@ -15,6 +15,7 @@ import itertools
 import json
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +39,33 @@ PAIRS = {
 TARGET = 1.05  # issue 41: every hedged first-node path at most this times its local equivalent
 
 
-def pair_ratios(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
-    """Per hedged path: each of its runs over the run of its local equivalent just before it (warm JIT cache)."""
-    out: dict[str, list[float]] = {}
-    last: dict[str, float] = {}
+def _slept_s(run: dict[str, Any]) -> float:
+    """The sleeps a lazy hedged node's clock includes (bench/startup.py's local-lazy adds them to the local run)."""
+    return run.get("lazy_s", 0.0) * run.get("graphs", 13) if run["path"].startswith("first-lazy") else 0.0
+
+
+def _pairs(runs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(hedged path, its run, the run of its local equivalent just before it), warm JIT cache, runs that ended."""
+    last: dict[str, dict[str, Any]] = {}
     for r in runs:
         if r.get("jit") != "warm" or "error" in r or "total_s" not in r:
             continue
         path = r["path"]
         if path in PAIRS.values():
-            last[path] = r["total_s"]
+            last[path] = r
         elif path in PAIRS and PAIRS[path] in last:
-            slept = r.get("lazy_s", 0.0) * r.get("graphs", 13) if path.startswith("first-lazy") else 0.0
-            out.setdefault(path, []).append(r["total_s"] / (last.pop(PAIRS[path]) + slept))
+            yield path, r, last.pop(PAIRS[path])
+
+
+def _ratio(hedged: dict[str, Any], local: dict[str, Any]) -> float:
+    return float(hedged["total_s"]) / (local["total_s"] + _slept_s(hedged))
+
+
+def pair_ratios(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per hedged path: each of its runs over the run of its local equivalent just before it (warm JIT cache)."""
+    out: dict[str, list[float]] = {}
+    for path, hedged, local in _pairs(runs):
+        out.setdefault(path, []).append(_ratio(hedged, local))
     return out
 
 
@@ -94,21 +109,15 @@ def paced_pairs(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
     PACE_TOLERANCE of each other (GPU run 44's hosts switched between two paces ~1.6x apart). A flip inside a
     clock that ends where it began is not seen: the per-graph figures are for that."""
     out: dict[str, list[float]] = {}
-    last: dict[str, tuple[float, float | None]] = {}
-    for r in runs:
-        if r.get("jit") != "warm" or "error" in r or "total_s" not in r:
-            continue
-        path = r["path"]
-        if path in PAIRS.values():
-            last[path] = (r["total_s"], _steady_pace(r))
-        elif path in PAIRS and PAIRS[path] in last:
-            local_s, local_pace = last.pop(PAIRS[path])
-            pace = _steady_pace(r)
-            kept = out.setdefault(path, [])
-            if pace is None or local_pace is None or abs(pace - local_pace) > PACE_TOLERANCE * min(pace, local_pace):
-                continue
-            slept = r.get("lazy_s", 0.0) * r.get("graphs", 13) if path.startswith("first-lazy") else 0.0
-            kept.append(r["total_s"] / (local_s + slept))
+    for path, hedged, local in _pairs(runs):
+        kept = out.setdefault(path, [])
+        pace, local_pace = _steady_pace(hedged), _steady_pace(local)
+        if (
+            pace is not None
+            and local_pace is not None
+            and abs(pace - local_pace) <= PACE_TOLERANCE * min(pace, local_pace)
+        ):
+            kept.append(_ratio(hedged, local))
     return out
 
 
@@ -116,14 +125,16 @@ def best_of(runs: list[dict[str, Any]]) -> dict[str, float]:
     """Per hedged path: its fastest run over the fastest run of its local equivalent (warm JIT cache). GPU run 44's
     H100 host ran the same program's CPU-bound start at two speeds ~1.6x apart, switching between runs and within
     one, so a pair's two runs can be at different speeds; each side's fastest run is at the host's faster one."""
-    fastest: dict[str, float] = {}
+    fastest: dict[str, dict[str, Any]] = {}
     for r in runs:
         if r.get("jit") != "warm" or "error" in r or "total_s" not in r:
             continue
-        slept = r.get("lazy_s", 0.0) * r.get("graphs", 13) if r["path"].startswith("first-lazy") else 0.0
-        fastest[r["path"]] = min(fastest.get(r["path"], float("inf")), r["total_s"] - slept)
+        if r["path"] not in fastest or r["total_s"] < fastest[r["path"]]["total_s"]:
+            fastest[r["path"]] = r
     return {
-        path: fastest[path] / fastest[local] for path, local in PAIRS.items() if path in fastest and local in fastest
+        path: _ratio(fastest[path], fastest[local])
+        for path, local in PAIRS.items()
+        if path in fastest and local in fastest
     }
 
 

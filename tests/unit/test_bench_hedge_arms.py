@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.cpu_speed_map import pace_ms
-from bench.hedge_arms import graphwise_fastest, own_ms, paced_pairs, pair_ratios
+from bench.hedge_arms import best_of, graphwise_fastest, own_ms, paced_pairs, pair_ratios
 
 
 def _run(path: str, gaps_ms: list[float], **extra: object) -> dict[str, object]:
@@ -77,3 +77,13 @@ def test_the_pace_probe_times_the_same_work_each_time() -> None:
     first, second = pace_ms(items=2_000), pace_ms(items=2_000)
     assert first > 0 and second > 0
     assert pace_ms(items=20_000) > first  # ten times the loop: longer on any machine
+
+
+def test_a_lazy_nodes_sleeps_are_added_to_its_local_run_in_every_ratio() -> None:
+    # The lazy hedged node sleeps 50 ms after each of its 10 graphs; its local equivalent does not sleep.
+    runs = [
+        _run("local-heuristic", [100.0] * 10),
+        _run("first-lazy+hedge", [152.0] * 10, lazy_s=0.05, graphs=10),
+    ]
+    assert pair_ratios(runs)["first-lazy+hedge"] == [pytest.approx(1.52 / 1.5)]
+    assert best_of(runs)["first-lazy+hedge"] == pytest.approx(1.52 / 1.5)
