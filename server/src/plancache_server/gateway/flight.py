@@ -70,6 +70,9 @@ WORKERLESS_S = 30.0
 # Re-reads of a finished build's plan, not found, before its waiters are
 # told that it is gone (deleted or evicted between its store and its read).
 GONE_RECHECKS = 4
+# A flight whose job has been queued this long looks for it in its stream (JobQueue.holds), and again this often;
+# a job in no stream (lost with a failed-over master's last writes) or with no state left is queued again, once.
+LOST_CHECK_S = 5.0
 # A flight says again that its callers wait for its job this often (the claim lasts WANTED_TTL_S): a job
 # whose callers all left, or whose gateway died, is dropped by the worker that takes it
 # (plancache_server.store.build_records.TAKE_IF_WANTED).
@@ -390,6 +393,7 @@ class Flight:
         event = crew.watcher.register(self.job_id)
         gone = 0
         queued_again = False
+        lost_checked_at = time.monotonic()
         checks = 0
         workerless_since = self.workerless_since
         wanted_at = time.monotonic()
@@ -457,6 +461,25 @@ class Flight:
                             )
                         )
                         break
+                    if not queued_again and time.monotonic() - lost_checked_at >= LOST_CHECK_S:
+                        lost_checked_at = time.monotonic()
+                        if plan is None and refused is None and await self._lost(target, ours):
+                            queued_again, lost = True, self.job_id
+                            await crew.states.release_lease(self.plan_key, lost)  # while it names the lost job
+                            event, blip = await self._queue_again(target, event)
+                            if blip is not None:
+                                raise blip
+                            if self.outcome is not None:
+                                break
+                            log.warning(
+                                "plan %s: job %s is in no build queue (lost with a Redis master's last writes in a "
+                                "failover?) or has no state left: queued again (job %s)",
+                                self.plan_key,
+                                lost,
+                                self.job_id,
+                            )
+                            wanted_at = time.monotonic()
+                            continue
                     if gone >= GONE_RECHECKS and not queued_again:
                         # Built, then deleted before its callers read it: invalidated while it was tuned (the worker
                         # then stores no tuned plan over the deletion), or evicted. Its callers still wait: queued
@@ -499,6 +522,18 @@ class Flight:
                 event.clear()
         finally:
             crew.watcher.unregister(self.job_id, event)
+
+    async def _lost(self, target: Target, ours: str | None) -> bool:
+        """Whether the flight's job is lost: one it queued whose state is gone (no record of any job for the plan;
+        a job it joined may be a warm build, which has none until it starts), or one still queued and in no stream
+        (the state read again after the stream: a worker leaves it only once it has marked the job)."""
+        crew = self._crew
+        if ours is None:
+            return self.started and not await crew.states.state(self.plan_key)
+        if ours != QUEUED or await crew.queue.holds(target, self.job_id) is not False:
+            return False
+        state = await crew.states.state(self.plan_key)
+        return state.get("job_id") == self.job_id and state.get("state") == QUEUED
 
     async def _queue_again(self, target: Target, event: asyncio.Event) -> tuple[asyncio.Event, Unavailable | None]:
         """The flight's job queued anew (its callers still wait), as a new caller's would be: settled with its plan

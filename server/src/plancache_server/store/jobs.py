@@ -19,6 +19,7 @@ plancache_server.worker.worker_queue.WorkerQueue (blocking).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,11 @@ from plancache_server.store import keys
 from plancache_server.store.redis_conn import AsyncRedis, redis_seconds_async, text, translated_errors
 
 log = logging.getLogger(__name__)
+
+# Entries read by workers and not finished, looked through for one job (JobQueue.holds): a few per worker.
+PENDING_SCAN = 200
+# How long one read of a target's depth serves JobQueue.holds for every flight of the gateway.
+DEPTH_REUSE_S = 1.0
 
 # Add a job (its fields: ARGV[2..], name, value, ... as Job.stream_fields gives them) only while the stream holds
 # fewer than ARGV[1] entries.
@@ -121,6 +127,10 @@ class JobQueue:
         self._max_jobs = max_jobs
         self._retry_delay_s = retry_delay_s
         self._enqueue_if_room = client.register_script(_ENQUEUE_IF_ROOM)
+        # Per target: when its depth was read for holds(), and the depth. Every flight of a gateway whose job
+        # waits looks every few seconds; behind a long queue (a flood's thousands of jobs) they share one read
+        # of it a DEPTH_REUSE_S, not one each: the Redis every caller's hits use is not theirs to fill.
+        self._depth_seen: dict[str, tuple[float, int, int]] = {}
         self._withdraw_if_unread = client.register_script(_WITHDRAW_IF_UNREAD)
 
     async def withdraw(self, target: Target, entry_id: str) -> bool:
@@ -182,6 +192,37 @@ class JobQueue:
         with translated_errors("asking a worker to drain"):
             await self._redis.set(keys.drain(worker_id), "1", ex=24 * 3600)
         return known
+
+    async def holds(self, target: Target, job_id: str) -> bool | None:
+        """Whether job `job_id` is in `target`'s stream, read by a worker or not; None when that cannot be told
+        cheaply (entries wait unread, and it may be one of them, or more are read than PENDING_SCAN). False is
+        a job lost: a Redis failover drops the last writes its master had not replicated, a queued job's entry
+        among them, while its state on another shard says it is queued (found by
+        tests/integration/test_cluster_failover.py under load)."""
+        seen = self._depth_seen.get(target.id)
+        if seen is not None and seen[1] and time.monotonic() - seen[0] < DEPTH_REUSE_S:
+            return None  # entries waited unread a moment ago; a drained queue is read afresh (the case that acts)
+        unread, read = await self.depth(target)
+        if len(self._depth_seen) >= 1024:  # targets: a few; a bound all the same
+            self._depth_seen.clear()
+        self._depth_seen[target.id] = (time.monotonic(), unread, read)
+        if unread:
+            return None
+        if not read:
+            return False
+        stream = keys.job_stream(target)
+        with translated_errors("looking for a job in its stream"):
+            held: list[dict[str, Any]] = await self._redis.xpending_range(
+                stream, keys.JOB_GROUP, min="-", max="+", count=PENDING_SCAN
+            )
+            if len(held) >= PENDING_SCAN:
+                return None
+            pipe = self._redis.pipeline(transaction=False)  # one round trip (one key: one shard)
+            for entry in held:
+                pipe.xrange(stream, min=entry["message_id"], max=entry["message_id"], count=1)
+            entries: list[Any] = await pipe.execute()
+        wanted = job_id.encode()
+        return any(found and found[0][1] and found[0][1].get(b"job_id") == wanted for found in entries)
 
     async def depth(self, target: Target) -> tuple[int, int]:
         """(builds queued and not yet taken, builds taken and not finished)."""

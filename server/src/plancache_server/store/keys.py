@@ -266,6 +266,7 @@ ACL_RULES: dict[str, list[str]] = {
         "+xadd",
         "+xlen",
         "+xpending",
+        "+xrange",
         "+xdel",
         "+xinfo|groups",
         "+zcount",
