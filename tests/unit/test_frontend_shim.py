@@ -221,6 +221,32 @@ def test_the_programs_plan_options_are_the_plans_options(recorder: Recorder, cli
     assert g.plancache.plan.key == key_of(matmul_fp16(), TARGET, options)
 
 
+def test_each_graph_asks_with_its_own_plan_calls_options_whatever_graphs_came_before(
+    recorder: Recorder, client: StandInClient
+) -> None:
+    """The options of graphs that leave their plan list alone are kept by what they were made from (they are on
+    every graph's build step): a graph with other calls, or the same calls and a plan-list call, asks with its own."""
+    plain = CompileOptions(heuristic_modes=("A",), workspace_limit=1 << 20)
+    for limit, modes, expected in (
+        (1 << 20, [frontend.heur_mode.A], plain),
+        (1 << 20, [frontend.heur_mode.A], plain),
+        (1 << 10, [frontend.heur_mode.A], CompileOptions(heuristic_modes=("A",), workspace_limit=1 << 10)),
+        (1 << 20, [frontend.heur_mode.B], CompileOptions(heuristic_modes=("B",), workspace_limit=1 << 20)),
+        (1 << 20, [frontend.heur_mode.A], plain),
+    ):
+        g, _ = matmul_graph()
+        g.deselect_workspace_greater_than(limit)
+        g.build(modes)
+        assert client.asked[-1][2] == expected
+    selected, _ = matmul_graph()
+    selected.deselect_workspace_greater_than(1 << 20)
+    selected.create_execution_plans([frontend.heur_mode.A])
+    selected.select_plan(0)
+    selected.build_plans(frontend.build_plan_policy.HEURISTICS_CHOICE)
+    asked = client.asked[-1][2]
+    assert asked.selected_plan == 0 and not asked.autotune and asked.heuristic_modes == ("A",)
+
+
 # ---- a served graph ------------------------------------------------------------------------
 
 

@@ -23,6 +23,11 @@ from plancache.keys.options import CompileOptions
 BUILDS = ("build", "build_plans")
 # One call on the program's graph: (method, args, kwargs).
 Call = tuple[str, tuple[Any, ...], dict[str, Any]]
+# The options of graphs whose plan list the program left alone, by what they were made from: a program's graphs
+# mostly share their plan calls, and making (and checking) a CompileOptions twice was ~35 µs of every graph's
+# build step (issue 41). Bounded: a program varying its calls without end recomputes past it.
+_PLAIN_OPTIONS: dict[tuple[Any, ...], CompileOptions] = {}
+_PLAIN_OPTIONS_HELD = 256
 
 
 class PlanCalls:
@@ -83,8 +88,37 @@ class PlanCalls:
 
     def options(self, base: CompileOptions | None) -> CompileOptions:
         """The plan's options: `base` (configure's) with what the program's plan calls ask for."""
-        start = options(base, self.heuristics, self.workspace_limit, self.excluded_notes)
-        return self.plan_list.options(start, self.planned)
+        memo_key = self._plain_key(base)
+        if memo_key is not None:
+            found = _PLAIN_OPTIONS.get(memo_key)
+            if found is not None:
+                return found
+        made = self.plan_list.options(
+            options(base, self.heuristics, self.workspace_limit, self.excluded_notes), self.planned
+        )
+        if memo_key is not None:
+            if len(_PLAIN_OPTIONS) >= _PLAIN_OPTIONS_HELD:
+                _PLAIN_OPTIONS.clear()
+            _PLAIN_OPTIONS[memo_key] = made
+        return made
+
+    def _plain_key(self, base: CompileOptions | None) -> tuple[Any, ...] | None:
+        """What the options are made from, when the plan list is untouched and every part hashes (else None)."""
+        if not self.plan_list.untouched:
+            return None
+        heuristics = self.heuristics
+        parts = (
+            base,
+            tuple(heuristics) if isinstance(heuristics, list | tuple) else heuristics,
+            self.workspace_limit,
+            tuple(self.excluded_notes),
+            self.planned,
+        )
+        try:
+            hash(parts)
+        except TypeError:
+            return None
+        return parts
 
     def make_deferred(self, frontend: Any) -> None:
         """The deferred plan calls, made now on the program's graph, in order (the build itself is the caller's)."""

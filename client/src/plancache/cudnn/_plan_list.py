@@ -55,6 +55,11 @@ class PlanList:
     selected: int | None = None
     inspected: bool = False  # a query about the list: the program cares which plan runs
 
+    @property
+    def untouched(self) -> bool:
+        """No plan-list call was made: the options are the plan calls' alone."""
+        return not (self.pinned or self.deselected or self.note_filters or self.inspected) and self.selected is None
+
     def pin(self, engine_id: Any, knobs: Any) -> None:
         self.pinned.append(PinnedPlan(int(engine_id), tuple((_name(k), int(v)) for k, v in dict(knobs or {}).items())))
 
