@@ -45,6 +45,7 @@ _HANDLED = {
     "ragged_offset",
 }
 _SDPA_STATS = {"SDPA", "SDPA_FP8", "SDPA_MXFP8"}
+_SCALARS = {bool, int, float, str}
 _MISSING = object()
 
 
@@ -90,17 +91,19 @@ class _View:
         self.graph["is_cuda_graph_replay_expected"] = bool(getattr(graph, "is_cuda_graph_replay_expected", False))
         self.nodes = list(graph.nodes)
         self.tensors: dict[Any, Any] = {}
+        # Each tensor's ref by the object's identity (the objects live in self.tensors as long as the view): a
+        # scan of self.tensors per lookup made the comparison quadratic in a graph's tensors (issue 41).
+        self._refs: dict[int, Any] = {}
         self.order: list[Any] = []
         self.producer: dict[Any, tuple[OpSchema, str]] = {}
         virtual = 0
         for node in self.nodes:
             for t in [*node.inputs.values(), *node.outputs.values()]:
-                if t is None or any(t is known for known in self.tensors.values()):
+                if t is None or id(t) in self._refs:
                     continue
                 ref: Any = ("v", virtual) if t.is_virtual else ("uid", int(t.uid))
                 virtual += 1 if t.is_virtual else 0
-                self.tensors[ref] = t
-                self.order.append(ref)
+                self._add(ref, t)
             schema = _schema(node)
             for port, t in node.outputs.items():
                 if t is not None and schema is not None:
@@ -110,17 +113,24 @@ class _View:
                 if callable(value) and not isinstance(value, type):
                     for t in _callback_tensors(value):
                         if self.ref(t) is None:
-                            self.tensors[("uid", int(t.uid))] = t
-                            self.order.append(("uid", int(t.uid)))
+                            self._add(("uid", int(t.uid)), t)
         for ref in list(self.order):  # ragged offsets that no node uses
             offsets = getattr(self.tensors[ref], "ragged_offset", None)
             if offsets is not None and self.ref(offsets) is None:
-                key = ("uid", int(offsets.uid))
-                self.tensors[key] = offsets
-                self.order.append(key)
+                self._add(("uid", int(offsets.uid)), offsets)
+
+    def _add(self, ref: Any, t: Any) -> None:
+        """`t` under `ref`. A ref met again (two tensor objects with one uid) names the latest, and the earlier
+        object has no ref any more, as when refs were found by scanning self.tensors."""
+        replaced = self.tensors.get(ref)
+        if replaced is not None:
+            self._refs.pop(id(replaced), None)
+        self.tensors[ref] = t
+        self._refs[id(t)] = ref
+        self.order.append(ref)
 
     def ref(self, t: Any) -> Any:
-        return next((ref for ref, known in self.tensors.items() if known is t), None)
+        return self._refs.get(id(t))
 
     def label(self, ref: Any) -> str:
         t = self.tensors[ref]
@@ -172,7 +182,7 @@ def _schema(node: Any) -> OpSchema | None:
 def _plain(value: Any) -> Any:
     """A parameter as comparable data: enums by name, slices as triples, sequences as tuples,
     a callback as the ops it adds."""
-    if isinstance(value, bool | int | float | str) or value is None:
+    if value is None or type(value) in _SCALARS or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, slice):
         return ("slice", value.start, value.stop, value.step)
@@ -252,12 +262,21 @@ def _tensor_differences(a: _View, b: _View, ref: Any) -> Iterator[str]:
     if (None if oa is None else a.ref(oa)) != (None if ob is None else b.ref(ob)):
         yield "ragged offsets differ"
     yield from _geometry_differences(a, b, ref)
-    for f in dataclasses.fields(ta):
-        if f.name in _HANDLED:
-            continue
-        va, vb = _plain(getattr(ta, f.name, None)), _plain(getattr(tb, f.name, None))
-        if va != vb and not (f.name == "pass_by_value" and _same_number(va, vb)):
-            yield f"{f.name} {va!r} against {vb!r}"
+    for name in _compared_fields(type(ta)):
+        va, vb = _plain(getattr(ta, name, None)), _plain(getattr(tb, name, None))
+        if va != vb and not (name == "pass_by_value" and _same_number(va, vb)):
+            yield f"{name} {va!r} against {vb!r}"
+
+
+_COMPARED_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _compared_fields(kind: type) -> tuple[str, ...]:
+    """The frontend tensor class's fields compared as they are (not _HANDLED), read once per class."""
+    found = _COMPARED_FIELDS.get(kind)
+    if found is None:
+        found = _COMPARED_FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind) if f.name not in _HANDLED)
+    return found
 
 
 def _same_number(x: Any, y: Any) -> bool:

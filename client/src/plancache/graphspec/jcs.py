@@ -89,6 +89,9 @@ def _standard_form(value: Any, numbers: list[str]) -> Any:
             ready[name] = _standard_form(item, numbers)
         return ready
     if kind is list or kind is tuple:
+        # Dims and strides are most of a spec's values: a list of plain integers is taken in one pass.
+        if all(type(item) is int and -MAX_EXACT_INTEGER < item < MAX_EXACT_INTEGER for item in value):
+            return value
         return [_standard_form(item, numbers) for item in value]
     raise _NotStandard
 

@@ -42,10 +42,12 @@ def is_exact_int(value: Any) -> bool:
 
 
 def check_dims(t: Tensor, limits: Limits, where: str | None = None) -> None:
-    where = where or t.label()
     if len(t.dim) > limits.max_rank:
-        raise SpecError(f"{where}: rank {len(t.dim)} over the limit of {limits.max_rank}")
-    if any(d < 1 for d in t.dim):
-        raise SpecError(f"{where}: dims must be >= 1, got {list(t.dim)}")
-    if math.prod(t.dim) > limits.max_elements_per_tensor:
-        raise SpecError(f"{where}: {math.prod(t.dim):,} elements, over the limit of {limits.max_elements_per_tensor:,}")
+        raise SpecError(f"{where or t.label()}: rank {len(t.dim)} over the limit of {limits.max_rank}")
+    if min(t.dim, default=1) < 1:
+        raise SpecError(f"{where or t.label()}: dims must be >= 1, got {list(t.dim)}")
+    elements = math.prod(t.dim)
+    if elements > limits.max_elements_per_tensor:
+        raise SpecError(
+            f"{where or t.label()}: {elements:,} elements, over the limit of {limits.max_elements_per_tensor:,}"
+        )

@@ -1,0 +1,222 @@
+"""plancache.cudnn's own time in a hedged miss's build step, on the CPU machine, one version against another
+(issue 41, item 1: a miss's fixed cost over the node's own build, ≤ 1 ms asked).
+
+A GPU host measures it inside a real first node (bench/miss_phases.py's `dropin_build` less `race_build`); this
+is the same step with no GPU, so a change can be weighed before a GPU run: the real frontend's IR (its Python
+package, version 1.32) builds the 13 start-up graphs (bench/startup_graphs.py) through `plancache.cudnn`'s
+pygraph, as the local program writes them; the frontend's GPU calls are replaced (validate and the plan calls do
+nothing, `build_plans` runs a Python loop for --build-ms, holding the interpreter as the frontend's build does),
+and a real client races that build against a real gateway and stand-in worker (tests/support: Redis, gateway
+and worker in a child process, the worker's builds slower than the node's so every graph is a hedged miss the
+node's build wins). Per graph past the first two of a process:
+
+  own           the build step's wall time less the node's build inside it
+  capture       the program's graph read, normalized and proven (plancache.cudnn._capture.capture)
+  before_build  from the capture to the node's build (options, keying, disk cache, the Compile sent)
+  after_build   from the node's build to the step's end (the race settled, the graph counted)
+
+Arms are source trees of the client (`--arm NAME=PATH`, PATH a `client/src`), run in alternating fresh processes
+(`--processes` each), so both see the same machine; medians over every graph of every process of an arm.
+
+    python3 bench/dropin_own.py --arm before=/tmp/before/client/src --arm after=client/src --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(1, str(REPO))  # after a child's PYTHONPATH: the arm's client comes first
+PHASES = ("own", "capture", "before_build", "after_build")
+
+
+def _serve(ready: Any) -> None:
+    """The service, in a child process: Redis, gateway and a stand-in worker whose builds take 60 s."""
+    from plancache_server.store.embedded_redis import EmbeddedRedis
+    from tests.conftest import start_stack
+    from tests.support import hermetic
+    from tests.support.standin import StandInCompiler
+
+    redis_server = EmbeddedRedis(Path(tempfile.mkdtemp()), binary=hermetic.redis_server_bin(), persist=False).start()
+    stack, _ = start_stack(redis_server.url, StandInCompiler(build_seconds=60.0))
+    ready.put(stack.address)
+    time.sleep(3600)
+
+
+def measure(rounds: int, build_ms: float) -> dict[str, list[float]]:
+    """In this process: every graph's phases (ms), past the first two."""
+    import multiprocessing
+
+    os.environ["PLANCACHE_ALLOW_UNSIGNED"] = "1"
+    os.environ["PLANCACHE_CONFIG_DIR"] = tempfile.mkdtemp()
+    os.environ["PLANCACHE_CACHE_DIR"] = tempfile.mkdtemp()
+    context = multiprocessing.get_context("fork")
+    ready = context.Queue()
+    service = context.Process(target=_serve, args=(ready,), daemon=True)
+    service.start()
+    try:
+        return _graphs(ready.get(timeout=60), rounds, build_ms)
+    finally:
+        service.kill()
+
+
+def _graphs(address: str, rounds: int, build_ms: float) -> dict[str, list[float]]:
+    import cudnn
+
+    import plancache.cudnn as dropin
+    from bench.startup_graphs import startup_graphs
+    from plancache import Client
+    from plancache.cudnn import _serving
+    from plancache.frontend_graph import build_pygraph
+    from plancache.graphspec.validation import normalize
+    from tests.support.standin import STANDIN_TARGET
+
+    marks: dict[str, float] = {}
+    built: list[float] = []
+
+    def gpu_call(name: str) -> Any:
+        def call(graph: Any, *args: Any, **kwargs: Any) -> None:
+            if name == "validate":
+                graph._is_validated = True
+            if name == "build_plans":
+                begun = time.perf_counter()
+                while time.perf_counter() - begun < build_ms / 1000:
+                    sum(range(200))
+                built.append(time.perf_counter() - begun)
+
+        return call
+
+    for name in ("validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans"):
+        setattr(cudnn.pygraph, name, gpu_call(name))
+    shipped_capture, shipped_own_build = _serving.capture, _serving.Serving._own_build
+
+    def capture(*args: Any, **kwargs: Any) -> Any:
+        marks["capture"] = time.perf_counter()
+        try:
+            return shipped_capture(*args, **kwargs)
+        finally:
+            marks["captured"] = time.perf_counter()
+
+    def own_build(self: Any, *args: Any, **kwargs: Any) -> Any:
+        marks["build"] = time.perf_counter()
+        try:
+            return shipped_own_build(self, *args, **kwargs)
+        finally:
+            marks["built"] = time.perf_counter()
+
+    _serving.capture, _serving.Serving._own_build = capture, own_build  # type: ignore[method-assign]
+    dropin.configure(Client(address, hedge=True, workload="dropin-own"), target=STANDIN_TARGET)
+    found: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    specs = [normalize(spec) for spec in startup_graphs()]
+    for round_ in range(rounds):
+        for index, spec in enumerate(specs):
+            graph = build_pygraph(spec, dropin)
+            graph.validate()
+            graph.build_operation_graph()
+            graph.create_execution_plans([cudnn.heur_mode.A])
+            graph.check_support()
+            built.clear()
+            begun = time.perf_counter()
+            graph.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
+            ended = time.perf_counter()
+            if graph.plancache.reason != _serving.HEDGED or len(built) != 1:
+                raise RuntimeError(f"graph {spec.name}: not a hedged miss the node's build won: {graph.plancache}")
+            if round_ == 0 and index < 2:
+                continue  # a process's first two graphs ask the service first, synchronously
+            found["own"].append((ended - begun - built[0]) * 1000)
+            found["capture"].append((marks["captured"] - marks["capture"]) * 1000)
+            found["before_build"].append((marks["build"] - marks["captured"]) * 1000)
+            found["after_build"].append((ended - marks["built"]) * 1000)
+    return found
+
+
+def run(arms: dict[str, str], processes: int, rounds: int, build_ms: float) -> dict[str, Any]:
+    per_arm: dict[str, dict[str, list[float]]] = {name: {phase: [] for phase in PHASES} for name in arms}
+    process_medians: dict[str, list[float]] = {name: [] for name in arms}
+    for _ in range(processes):
+        for name, source in arms.items():
+            # The arm's client first; the rest as the caller has it (a GPU host's carried wheels, server/src).
+            kept = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+            environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(source).resolve()), str(REPO), *kept])}
+            done = subprocess.run(
+                [sys.executable, __file__, "--child", "--rounds", str(rounds), "--build-ms", str(build_ms)],
+                capture_output=True,
+                text=True,
+                env=environment,
+                check=False,
+                timeout=600,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"arm {name}: {done.stderr[-2000:]}")
+            found = json.loads(done.stdout.splitlines()[-1])
+            if not found["client"].startswith(str(Path(source).resolve())):
+                raise RuntimeError(f"arm {name} ran the client at {found['client']}, not {source}")
+            for phase in PHASES:
+                per_arm[name][phase] += found[phase]
+            process_medians[name].append(statistics.median(found["own"]))
+            print(f"{name}: own {process_medians[name][-1]:.3f} ms a graph (median of {len(found['own'])})")
+    return {
+        "arms": arms,
+        "processes": processes,
+        "rounds": rounds,
+        "build_ms": build_ms,
+        "python": sys.version.split()[0],
+        "median_ms": {name: {p: statistics.median(v) for p, v in phases.items()} for name, phases in per_arm.items()},
+        "process_medians_own_ms": process_medians,
+        "graphs_per_arm": {name: len(phases["own"]) for name, phases in per_arm.items()},
+    }
+
+
+def report(results: dict[str, Any], out: Path, tag: str) -> None:
+    from bench.report import figure, save, table, write_json
+
+    suffix = f"_{tag}" if tag else ""
+    write_json(out / f"dropin_own{suffix}.json", results)
+    medians = results["median_ms"]
+    print(table(["arm (ms a graph)", *PHASES], [[name, *(medians[name][p] for p in PHASES)] for name in medians]))
+    fig, (ax,) = figure(1)
+    names = list(medians)
+    bottom = [0.0] * len(names)
+    for phase in PHASES[1:]:
+        values = [medians[name][phase] for name in names]
+        ax.bar(names, values, bottom=bottom, label=phase)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.scatter(names, [medians[name]["own"] for name in names], color="black", zorder=3, label="own (median)")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8, label="issue 41's bound")
+    ax.set_ylabel("ms a graph, past a process's first two (medians)")
+    ax.set_title(f"plancache.cudnn's own time in a hedged miss's build step, CPU, {results['build_ms']:.0f} ms builds")
+    ax.legend(fontsize=7)
+    save(fig, out / f"dropin_own{suffix}.png")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arm", action="append", default=[], help="NAME=PATH of a client/src (repeatable)")
+    parser.add_argument("--processes", type=int, default=3, help="fresh processes per arm, alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="times each process builds the 13 graphs")
+    parser.add_argument("--build-ms", type=float, default=30.0, help="the node's own build of each graph")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        import plancache
+
+        print(json.dumps({**measure(args.rounds, args.build_ms), "client": plancache.__file__}))
+        return
+    arms = dict(arm.split("=", 1) for arm in args.arm) or {"shipped": str(REPO / "client" / "src")}
+    report(run(arms, args.processes, args.rounds, args.build_ms), args.out, args.tag)
+
+
+if __name__ == "__main__":
+    main()
