@@ -176,6 +176,15 @@ def test_normalize_does_not_mutate_its_input() -> None:
     assert g.to_json() == before
 
 
+def test_a_spec_the_caller_owns_is_normalized_in_place_to_the_same_normal_form() -> None:
+    """plancache.cudnn's capture normalizes the spec it has just read without copying it: the result is the
+    spec itself, with the normal form (and the key) a copy gets."""
+    copied = normalize(matmul_spec())
+    owned = matmul_spec()
+    assert normalize(owned, owned=True) is owned
+    assert owned.to_json() == copied.to_json()
+
+
 # ---- every numeric attribute has a range (issue 44) -------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ from plancache.keys.options import HEURISTIC_MODES, CompileOptions
 
 def capture(graph: Any, frontend: Any) -> GraphSpec:
     """The normalized spec of `graph`, proven to rebuild into it (SpecError naming what has no form or differs)."""
-    spec = normalize(GraphSpec.from_pygraph(graph))
+    spec = normalize(GraphSpec.from_pygraph(graph), owned=True)  # a spec made here: normalized in place
     # The rebuilt graph is compared, never built: it may hold the program's own kernel cache.
     rebuilt = build_pygraph(
         spec, frontend, kernel_cache=graph.__dict__.get("_cpp_graph_kwargs", {}).get("kernel_cache")
