@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
+from plancache.errors import CompileTimeout
 from plancache.keys.query import PlanQuery
 from plancache_server.gateway import flight as flight_module
 from plancache_server.store import keys
@@ -95,6 +96,30 @@ def test_a_job_lost_from_redis_while_its_caller_waits_is_queued_again(
     assert requeued_after < 4 * LOST_CHECK_S + 1, requeued_after
 
 
+def test_a_job_lost_behind_jobs_waiting_unread_is_queued_again(no_reader: Stack, redis_client: redis.Redis) -> None:
+    """The flight looks for its own entry by id: a loss is found however many jobs wait unread before it (a long
+    queue's, a flood's), where a look by job id could not tell it from one of them."""
+    stack, store = no_reader, redis_client
+    ahead = [PlanQuery.of(spec(i), TARGET).key for i in (2, 3, 4)]  # type: ignore[arg-type]
+    key = PlanQuery.of(spec(1), TARGET).key  # type: ignore[arg-type]
+    with ThreadPoolExecutor(4) as pool:
+        for i in (2, 3, 4):
+            pool.submit(lambda i=i: stack.client(hedge=False, compile_timeout=8).compile(spec(i), TARGET))
+        wait_until(lambda: all(entries(store, k) for k in ahead), 10, "three jobs queued ahead, unread")
+        waiting = pool.submit(lambda: stack.client(hedge=False, compile_timeout=8).compile(spec(1), TARGET))
+        wait_until(lambda: entries(store, key), 10, "the job queued behind them")
+        ((entry_id, job_id),) = entries(store, key)
+        assert store.xdel(keys.job_stream(TARGET), entry_id) == 1
+        wait_until(lambda: entries(store, key), 4 * LOST_CHECK_S + 2, "the job queued again")
+        ((_, again),) = entries(store, key)
+        assert again != job_id
+        # The jobs ahead, still there and unread, were not queued twice.
+        assert [len(entries(store, k)) for k in ahead] == [1, 1, 1]
+        assert store.xlen(keys.job_stream(TARGET)) == 4
+        with pytest.raises(CompileTimeout):  # nobody builds here: the caller's own deadline, as for any queue
+            waiting.result(timeout=20)
+
+
 def test_a_job_a_worker_holds_unread_by_others_is_not_queued_again(one_lane: Stack, redis_client: redis.Redis) -> None:
     """The look does not take a job that a worker read (pending, in its lanes) or one waiting unread for a lost
     one: a queue behind a long build queues nothing twice."""
@@ -142,3 +167,33 @@ def test_flights_behind_a_long_queue_share_one_read_of_its_depth(
     found, reads = asyncio.run(looks())
     assert found == [None] * 50  # unread entries: not told, not lost
     assert reads == 1
+
+
+def test_a_flight_finds_its_own_entry_by_id_behind_a_long_queue(redis_server: EmbeddedRedis) -> None:
+    """With the entry id it queued its job under, a look is one lookup of that entry: held while the entry is
+    there (unread or read), lost once it is gone, whatever waits before it; an entry that holds another job (a
+    forged or reused id) is not the job's."""
+    import asyncio
+
+    from plancache_server.store.jobs import Job, JobQueue
+    from plancache_server.store.redis_conn import connect_async
+
+    async def looks() -> tuple[list[bool | None], bool | None, bool | None, bool | None]:
+        client = connect_async(redis_server.url)
+        await client.flushdb()
+        queue = JobQueue(client, max_jobs=1000, retry_delay_s=1.0)
+        query = PlanQuery.of(spec(1), TARGET).to_proto()  # type: ignore[arg-type]
+        ids = [await queue.enqueue(TARGET, Job(job_id=f"job-{i}", plan_key=f"key-{i}", query=query)) for i in range(50)]
+        held = [await queue.holds(TARGET, f"job-{i}", ids[i]) for i in range(50)]
+        other = await queue.holds(TARGET, "job-7", ids[8])
+        await client.xdel(keys.job_stream(TARGET), ids[49])
+        lost_last = await queue.holds(TARGET, "job-49", ids[49])
+        await client.xdel(keys.job_stream(TARGET), ids[0])
+        lost_first = await queue.holds(TARGET, "job-0", ids[0])
+        await client.aclose()
+        return held, other, lost_last, lost_first
+
+    held, other, lost_last, lost_first = asyncio.run(looks())
+    assert held == [True] * 50
+    assert other is False  # entry 8 holds job-8, and 48 entries wait unread: job-7's own entry is not there
+    assert lost_last is False and lost_first is False

@@ -286,7 +286,8 @@ class Flight:
         job_id = uuid.uuid4().hex
         holder = await crew.states.take_lease(plan_key, job_id)
         if holder is not None:
-            self.job_id = holder
+            # Another's job, under an entry this flight does not know (nothing of its own left to withdraw).
+            self.job_id, self.entry_id, self.queued = holder, "", None
             await crew.states.want(plan_key, holder)  # another caller's job: ours too now
             # Being warmed, or yielding (its callers, maybe on another gateway, build it themselves): a caller that
             # waits for the plan hurries it. A yielding job is hurried once, by whichever caller takes its mark
@@ -530,7 +531,7 @@ class Flight:
         crew = self._crew
         if ours is None:
             return self.started and not await crew.states.state(self.plan_key)
-        if ours != QUEUED or await crew.queue.holds(target, self.job_id) is not False:
+        if ours != QUEUED or await crew.queue.holds(target, self.job_id, self.entry_id) is not False:
             return False
         state = await crew.states.state(self.plan_key)
         return state.get("job_id") == self.job_id and state.get("state") == QUEUED

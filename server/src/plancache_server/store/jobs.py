@@ -193,24 +193,32 @@ class JobQueue:
             await self._redis.set(keys.drain(worker_id), "1", ex=24 * 3600)
         return known
 
-    async def holds(self, target: Target, job_id: str) -> bool | None:
+    async def holds(self, target: Target, job_id: str, entry_id: str = "") -> bool | None:
         """Whether job `job_id` is in `target`'s stream, read by a worker or not; None when that cannot be told
-        cheaply (entries wait unread, and it may be one of them, or more are read than PENDING_SCAN). False is
-        a job lost: a Redis failover drops the last writes its master had not replicated, a queued job's entry
-        among them, while its state on another shard says it is queued (found by
-        tests/integration/test_cluster_failover.py under load)."""
-        seen = self._depth_seen.get(target.id)
-        if seen is not None and seen[1] and time.monotonic() - seen[0] < DEPTH_REUSE_S:
-            return None  # entries waited unread a moment ago; a drained queue is read afresh (the case that acts)
-        unread, read = await self.depth(target)
-        if len(self._depth_seen) >= 1024:  # targets: a few; a bound all the same
-            self._depth_seen.clear()
-        self._depth_seen[target.id] = (time.monotonic(), unread, read)
+        cheaply. False is a job lost: a Redis failover drops the last writes its master had not replicated, a
+        queued job's entry among them, while its state on another shard says it is queued (found by
+        tests/integration/test_cluster_failover.py under load).
+
+        `entry_id`, the entry the caller queued the job under (a flight knows its own): looked up by id, one
+        command whatever waits before it, so a job lost behind unread entries is found too. Absent, the job may
+        also have moved to a new entry (a stopping worker hands unstarted jobs back as new entries): that reads
+        as lost, and costs the caller's one queueing again (a worker that meets the old job's entry later finds
+        its plan stored, or builds it once more). Without one (a flight that joined another's job): nothing is
+        told while entries wait unread (it may be one of them), else the entries read and unfinished are looked
+        through (None past PENDING_SCAN of them)."""
+        stream = keys.job_stream(target)
+        wanted = job_id.encode()
+        if entry_id:
+            with translated_errors("looking for a job in its stream"):
+                found: list[Any] = await self._redis.xrange(stream, min=entry_id, max=entry_id, count=1)
+            if found and found[0][1] and found[0][1].get(b"job_id") == wanted:
+                return True
+        unread, read = await self._shared_depth(target)
         if unread:
-            return None
+            # Its entry gone while others wait unread: lost (or moved: the docstring). Without its entry: untold.
+            return False if entry_id else None
         if not read:
             return False
-        stream = keys.job_stream(target)
         with translated_errors("looking for a job in its stream"):
             held: list[dict[str, Any]] = await self._redis.xpending_range(
                 stream, keys.JOB_GROUP, min="-", max="+", count=PENDING_SCAN
@@ -221,8 +229,20 @@ class JobQueue:
             for entry in held:
                 pipe.xrange(stream, min=entry["message_id"], max=entry["message_id"], count=1)
             entries: list[Any] = await pipe.execute()
-        wanted = job_id.encode()
         return any(found and found[0][1] and found[0][1].get(b"job_id") == wanted for found in entries)
+
+    async def _shared_depth(self, target: Target) -> tuple[int, int]:
+        """depth(), read at most once every DEPTH_REUSE_S per target for all of this gateway's looks while entries
+        wait unread (a flood's thousands of flights behind one queue do not each read it); a drained queue is read
+        afresh (the case where a look acts)."""
+        seen = self._depth_seen.get(target.id)
+        if seen is not None and seen[1] and time.monotonic() - seen[0] < DEPTH_REUSE_S:
+            return seen[1], seen[2]
+        unread, read = await self.depth(target)
+        if len(self._depth_seen) >= 1024:  # targets: a few; a bound all the same
+            self._depth_seen.clear()
+        self._depth_seen[target.id] = (time.monotonic(), unread, read)
+        return unread, read
 
     async def depth(self, target: Target) -> tuple[int, int]:
         """(builds queued and not yet taken, builds taken and not finished)."""
