@@ -210,7 +210,7 @@ class JobQueue:
         wanted = job_id.encode()
         if entry_id:
             with translated_errors("looking for a job in its stream"):
-                found: list[Any] = await self._redis.xrange(stream, min=entry_id, max=entry_id, count=1)
+                found: Any = await self._redis.xrange(stream, min=entry_id, max=entry_id, count=1)
             if found and found[0][1] and found[0][1].get(b"job_id") == wanted:
                 return True
         unread, read = await self._shared_depth(target)
