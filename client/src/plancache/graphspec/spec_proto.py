@@ -33,7 +33,7 @@ def to_proto(spec: GraphSpec) -> pb.GraphSpec:
         is_cuda_graph_replay_expected=spec.is_cuda_graph_replay_expected,
     )
     for t in spec.tensors:
-        tensor = pb.TensorSpec(
+        tensor = msg.tensors.add(  # made in place: a TensorSpec made apart was copied in (a miss's path, issue 41)
             uid=t.uid,
             name=t.name,
             dim=t.dim,
@@ -52,7 +52,6 @@ def to_proto(spec: GraphSpec) -> pb.GraphSpec:
             tensor.constant.CopyFrom(pb.ScalarConstant(int_value=t.constant, scalar_type=t.scalar_type or ""))
         elif t.constant is not None:
             tensor.constant.CopyFrom(pb.ScalarConstant(float_value=t.constant, scalar_type=t.scalar_type or ""))
-        msg.tensors.append(tensor)
     for n in spec.nodes:
         node = msg.nodes.add(op=n.op, name=n.name, compute_data_type=dtypes.to_proto(n.compute_data_type))
         for port, t in n.inputs.items():
