@@ -14,7 +14,7 @@ from plancache.graphspec.validation.limits import Limits, check_dims, is_exact_i
 
 def normalize_tensor(spec: GraphSpec, t: Tensor, producer: dict[int, int], consumed: set[int], limits: Limits) -> None:
     assert t.uid is not None
-    # The tensor's label is made only for an error: it was most of a tensor's normalization (issue 41).
+    # The tensor's label is made only for an error (made on success too: ~15 % of normalizing a tensor, issue 41).
     _normalize_frontend_fields(t)
     produced = t.uid in producer
     if produced:
