@@ -10,10 +10,14 @@ and a real client races that build against a real gateway and stand-in worker (t
 and worker in a child process, the worker's builds slower than the node's so every graph is a hedged miss the
 node's build wins). Per graph past the first two of a process:
 
-  own           the build step's wall time less the node's build inside it
-  capture       the program's graph read, normalized and proven (plancache.cudnn._capture.capture)
-  before_build  from the capture to the node's build (options, keying, disk cache, the Compile sent)
-  after_build   from the node's build to the step's end (the race settled, the graph counted)
+  own      the build step less the node's build inside it (bench/miss_phases.py's dropin_build less race_build:
+           what GPU runs read inside real first nodes as plancache's own time, bench/hedge_arms.py's own_ms)
+  capture  the program's graph read, normalized and proven (dropin_capture)
+  race     Client.race less the node's build (keying, disk cache, the Compile sent, the race settled)
+  rest     the build step's own time around those two (the plan calls' options, counting the graph)
+
+(Results of this benchmark before it read bench/miss_phases.py's clocks, dropin_own_stop70_cpu.json and GPU run
+45's, split the own time at the node's build instead: before_build and after_build.)
 
 Arms are source trees of the client (`--arm NAME=PATH`, PATH a `client/src`), run in alternating fresh processes
 (`--processes` each), so both see the same machine; medians over every graph of every process of an arm.
@@ -37,7 +41,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(1, str(REPO))  # after a child's PYTHONPATH: the arm's client comes first
-PHASES = ("own", "capture", "before_build", "after_build")
+PHASES = ("own", "capture", "race", "rest")
 
 
 def _serve(ready: Any) -> None:
@@ -58,6 +62,7 @@ def measure(rounds: int, build_ms: float) -> dict[str, list[float]]:
     import multiprocessing
 
     os.environ["PLANCACHE_ALLOW_UNSIGNED"] = "1"
+    os.environ["PLANCACHE_BENCH_PHASES"] = "1"
     os.environ["PLANCACHE_CONFIG_DIR"] = tempfile.mkdtemp()
     os.environ["PLANCACHE_CACHE_DIR"] = tempfile.mkdtemp()
     context = multiprocessing.get_context("fork")
@@ -74,6 +79,7 @@ def _graphs(address: str, rounds: int, build_ms: float) -> dict[str, list[float]
     import cudnn
 
     import plancache.cudnn as dropin
+    from bench import miss_phases
     from bench.startup_graphs import startup_graphs
     from plancache import Client
     from plancache.cudnn import _serving
@@ -81,7 +87,6 @@ def _graphs(address: str, rounds: int, build_ms: float) -> dict[str, list[float]
     from plancache.graphspec.validation import normalize
     from tests.support.standin import STANDIN_TARGET
 
-    marks: dict[str, float] = {}
     built: list[float] = []
 
     def gpu_call(name: str) -> Any:
@@ -98,24 +103,11 @@ def _graphs(address: str, rounds: int, build_ms: float) -> dict[str, list[float]
 
     for name in ("validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans"):
         setattr(cudnn.pygraph, name, gpu_call(name))
-    shipped_capture, shipped_own_build = _serving.capture, _serving.Serving._own_build
-
-    def capture(*args: Any, **kwargs: Any) -> Any:
-        marks["capture"] = time.perf_counter()
-        try:
-            return shipped_capture(*args, **kwargs)
-        finally:
-            marks["captured"] = time.perf_counter()
-
-    def own_build(self: Any, *args: Any, **kwargs: Any) -> Any:
-        marks["build"] = time.perf_counter()
-        try:
-            return shipped_own_build(self, *args, **kwargs)
-        finally:
-            marks["built"] = time.perf_counter()
-
-    _serving.capture, _serving.Serving._own_build = capture, own_build  # type: ignore[method-assign]
+    # The same clocks as a GPU node's (bench/miss_phases.py): what is measured here is what GPU runs call own_ms.
+    if not miss_phases.install(dropin=True):
+        raise RuntimeError("bench.miss_phases did not install (PLANCACHE_BENCH_PHASES=1 is set by measure())")
     dropin.configure(Client(address, hedge=True, workload="dropin-own"), target=STANDIN_TARGET)
+    miss_phases.take()  # the first use (touch), not a graph's
     found: dict[str, list[float]] = {phase: [] for phase in PHASES}
     specs = [normalize(spec) for spec in startup_graphs()]
     for round_ in range(rounds):
@@ -126,17 +118,20 @@ def _graphs(address: str, rounds: int, build_ms: float) -> dict[str, list[float]
             graph.create_execution_plans([cudnn.heur_mode.A])
             graph.check_support()
             built.clear()
-            begun = time.perf_counter()
             graph.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
-            ended = time.perf_counter()
+            clocks = miss_phases.take()
             if graph.plancache.reason != _serving.HEDGED or len(built) != 1:
                 raise RuntimeError(f"graph {spec.name}: not a hedged miss the node's build won: {graph.plancache}")
             if round_ == 0 and index < 2:
                 continue  # a process's first two graphs ask the service first, synchronously
-            found["own"].append((ended - begun - built[0]) * 1000)
-            found["capture"].append((marks["captured"] - marks["capture"]) * 1000)
-            found["before_build"].append((marks["build"] - marks["captured"]) * 1000)
-            found["after_build"].append((ended - marks["built"]) * 1000)
+            (step,), (node_build,), (capture,), (race,) = (
+                clocks[name] for name in ("dropin_build", "race_build", "dropin_capture", "dropin_race")
+            )
+            own, race_own = step - node_build, race - node_build
+            found["own"].append(own * 1000)
+            found["capture"].append(capture * 1000)
+            found["race"].append(race_own * 1000)
+            found["rest"].append((own - capture - race_own) * 1000)
     return found
 
 

@@ -45,7 +45,6 @@ _HANDLED = {
     "ragged_offset",
 }
 _SDPA_STATS = {"SDPA", "SDPA_FP8", "SDPA_MXFP8"}
-_SCALARS = {bool, int, float, str}
 _MISSING = object()
 
 
@@ -182,7 +181,7 @@ def _schema(node: Any) -> OpSchema | None:
 def _plain(value: Any) -> Any:
     """A parameter as comparable data: enums by name, slices as triples, sequences as tuples,
     a callback as the ops it adds."""
-    if value is None or type(value) in _SCALARS or isinstance(value, bool | int | float | str):
+    if isinstance(value, bool | int | float | str) or value is None:
         return value
     if isinstance(value, slice):
         return ("slice", value.start, value.stop, value.step)
