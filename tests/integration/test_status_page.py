@@ -5,6 +5,7 @@ rendered by headless Chromium, with a screenshot left in build/test-artifacts/
 from __future__ import annotations
 
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -234,7 +235,11 @@ def test_page_answers_503_with_the_reason_while_redis_is_down() -> None:
     """During a Redis outage the page says so (and /metrics still answers)."""
     from plancache_server.web.http import WebServer
 
-    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    # A port this test holds bound and never listens on: refused for the whole test. A port found free and let
+    # go could be taken by another test process's server meanwhile (a loaded suite: "Connection closed by server").
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    unreachable = f"redis://127.0.0.1:{held.getsockname()[1]}/0"
     front = ThreadedFrontEnd(Settings(listen="127.0.0.1:0", redis_url=unreachable), unreachable)
     server = WebServer(free_port(), status=status_of(front.front), host="127.0.0.1", loop=front.loop).start()
     try:
@@ -246,6 +251,7 @@ def test_page_answers_503_with_the_reason_while_redis_is_down() -> None:
     finally:
         server.stop()
         front.stop()
+        held.close()
 
 
 @pytest.mark.parametrize(
