@@ -84,7 +84,11 @@ Studies (--study):
          before the default's pairs so that its verdict settles the record for them.
 
 Every study's summary also has `paired`: each hedged first node over the local run just before it
-(medians of adjacent pairs; hedge-paired runs them so).
+(medians of adjacent pairs; hedge-paired runs them so). Processes that go together (a first node's, a
+4-process node's, and in hedge-paired every pair's local side too) are let go only once the machine is
+quiet (startup_deploy.wait_quiet: a first node's fresh worker has loaded torch and cuDNN in 9 processes
+just before; GPU run 46 found nodes started into that 1.5x slower), each row saying how long that took
+(`quiet_at_go`).
 
 Local builds and stored-plan paths of the `all` study repeat `--repeats`
 times; the rest run once. The warm cache (CUDA_CACHE_PATH=--warm-cache) is
@@ -109,6 +113,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -268,6 +273,7 @@ PAIRED = (
     ("local-heuristic", "first-lazy+hedge"),
     ("local-functional", "first-functional+hedge"),
 )
+PAIRED_LOCAL = frozenset(local for local, _ in PAIRED)  # hedge-paired runs these through together(), as the hedged
 # Selected by name only (--pairs first-dropin+quiet): a diagnosis, beside the drop-in's own pair.
 PAIRED_BY_NAME = (
     ("local-program", "first-dropin" + QUIET + HEDGE),
@@ -384,11 +390,23 @@ class Bench:
         self.worker_pid: int | None = None
         self.pairs: tuple[str, ...] = ()  # --pairs: hedge-paired's first-node paths to run (empty: all of PAIRED)
         self.pause_worker = False  # --pause-worker: hedged first nodes run with the worker stopped (a diagnosis)
+        self.worker_own_jit_cache = False  # --worker-own-jit-cache: the worker's JIT cache a copy (a diagnosis)
 
     def cache_env(self, jit: str, fill: bool = False) -> dict[str, str]:
         if jit == "cold" and not fill:
             return {"CUDA_CACHE_DISABLE": "1"}
         return {"CUDA_CACHE_PATH": str(self.warm_cache), "CUDA_CACHE_DISABLE": "0"}
+
+    def worker_cache_env(self, jit: str) -> dict[str, str]:
+        """A first node's worker's JIT cache: the nodes' (a host where both run as one user shares
+        ~/.nv/ComputeCache), or with --worker-own-jit-cache a copy of it made now (as warm, never the same files)."""
+        env = self.cache_env(jit)
+        if not self.worker_own_jit_cache or "CUDA_CACHE_PATH" not in env:
+            return env
+        copy = self.tmp / "worker-jit-cache"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(self.warm_cache, copy)
+        return {**env, "CUDA_CACHE_PATH": str(copy)}
 
     def cache_filled(self) -> bool:
         return any(p.is_file() for p in self.warm_cache.glob("**/*"))
@@ -502,11 +520,9 @@ class Bench:
         if record:
             self.record(row)
 
-    def together(
-        self, path: str, jit: str, env: dict[str, str], server: str = "", before_go: Any = None, on_go: Any = None
-    ) -> dict[str, Any]:
-        """The node processes of `path`, started now, let go together once set up and `before_go()`
-        has returned (`on_go(go)` is called then): their merged row."""
+    def together(self, path: str, jit: str, env: dict[str, str], server: str = "", on_go: Any = None) -> dict[str, Any]:
+        """The node processes of `path`, started now, let go together once set up and the machine is quiet
+        (`on_go(go)` is called then): their merged row."""
         node_path, count = GROUPS.get(base(path), (base(path), 1))
         barrier = Path(tempfile.mkdtemp(prefix=f"{jit}-{path}-", dir=self.tmp))
         procs = []
@@ -534,11 +550,10 @@ class Bench:
                     )
                 )
         try:
-            if before_go is not None:
-                before_go()
             deploy.wait_until(
                 lambda: all((barrier / f"ready-{i}").exists() for i in range(count)), procs, 300, "node set-up"
             )
+            quiet = deploy.wait_quiet()  # whatever started before (a fresh worker's pool) has settled: see there
             beside = deploy.BesideNode(self.beside_node())
             go = time.time()
             (barrier / ".go").write_text(repr(go))
@@ -562,9 +577,9 @@ class Bench:
         if failed:
             raise RuntimeError("; ".join(failed))
         merged = merge_shares(
-            [json.loads((barrier / f"out-{i}").read_text().strip().splitlines()[-1]) for i in range(count)], go
+            [json.loads((barrier / f"out-{i}").read_text().strip().splitlines()[-1]) for i in range(count)]
         )
-        return {**merged, "beside": besides}
+        return {**merged, "beside": besides, "quiet_at_go": quiet}
 
     def beside_node(self) -> dict[str, int]:
         """The service's processes whose CPU time a node's run records (`beside`): the server, the worker and
@@ -585,9 +600,9 @@ class Bench:
         self.record({**row, "wall_s": time.monotonic() - started})
 
     def first(self, path: str, jit: str, env: dict[str, str], address: str, redis_url: str) -> None:
-        """A first node: nothing stored (its plans invalidated), a fresh worker; the JIT state's first
-        one starts its nodes after the pool is ready and measured (the GPU's memory then holds only
-        the worker's). Not watched (watches()), the worker is killed once the nodes are done."""
+        """A first node: nothing stored (its plans invalidated), a fresh worker whose pool is ready before
+        the node's processes start (the JIT state's first also measures the pool: the GPU's memory then holds
+        only the worker's). Not watched (watches()), the worker is killed once the nodes are done."""
         if not self.fits(jit, path):
             return
         measure_pool, self.pool_measured = not self.pool_measured, True
@@ -608,7 +623,7 @@ class Bench:
             quiet = ["--tune-after-quiet", "1"] if QUIET in path else []
             quiet += ["--hedged-quiet", "0"] if EAGER in path else []
             with worker_process(
-                redis_url, log, *self.worker_flags, *quiet, env=child_env(**self.cache_env(jit))
+                redis_url, log, *self.worker_flags, *quiet, env=child_env(**self.worker_cache_env(jit))
             ) as worker:
                 self.worker_pid = worker.pid
 
@@ -620,8 +635,11 @@ class Bench:
                         address, sorted(self.step_keys) if step else [*self.keys, *sorted(self.more_keys)]
                     )
 
-                if measure_pool:
-                    pool_ready()
+                # The pool ready before the node's processes start (their set-up then lets the machine settle, and
+                # the go waits for it to be quiet): a user's service started long before its first node. Until GPU
+                # run 46 only each JIT state's first first node did so, the rest set up beside the pool's start
+                # and went as it was ready: their builds ran up to 1.5x slower than the same node's first pair's.
+                pool_ready()
                 # --pause-worker (a diagnosis, not a user's path): the worker and its build processes stopped
                 # while a hedged first node runs, so nothing of the service's builds shares the machine with it.
                 paused = self.pause_worker and hedged(path)
@@ -634,7 +652,7 @@ class Bench:
                         deploy.signal_tree(worker.pid, signal.SIGSTOP)
 
                 try:
-                    row.update(self.together(path, jit, env, address, None if measure_pool else pool_ready, on_go))
+                    row.update(self.together(path, jit, env, address, on_go))
                 finally:
                     if paused:
                         deploy.signal_tree(worker.pid, signal.SIGCONT)
@@ -663,7 +681,8 @@ class Bench:
     def run(self, path: str, jit: str, env: dict[str, str], address: str, redis_url: str, blobs: str = "") -> None:
         if base(path) in FIRST_NODES:
             self.first(path, jit, env, address, redis_url)
-        elif base(path) in GROUPS:
+        elif base(path) in GROUPS or (self.study == "hedge-paired" and path in PAIRED_LOCAL):
+            # A pair's local side starts as its hedged side does (a barrier, a quiet machine, the go): GPU run 46.
             self.local_group(path, jit, env)
         elif base(path) in STORED or base(path) in WORKLOAD_PATHS:
             self.node(path, jit, env, server=address, blobs=blobs)
@@ -857,16 +876,18 @@ class Bench:
             "build_processes": self.build_processes or "the worker's default",
             "pairs": list(self.pairs) or "all",
             "worker_paused_during_hedged_first_nodes": self.pause_worker,
+            "worker_own_jit_cache": self.worker_own_jit_cache,
             "worker_device": self.worker_device,
         }
 
 
-def merge_shares(parts: list[dict[str, Any]], go: float) -> dict[str, Any]:
-    """One row from the node processes that went together at `go` (their costs summed)."""
+def merge_shares(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from the node processes that went together (their costs summed)."""
     row: dict[str, Any] = {k: parts[0][k] for k in ("graphs", "target", "keys") if k in parts[0]}
-    row.update(
-        processes=len(parts), total_s=max(p["end_wall"] for p in parts) - go, setup_s=max(p["setup_s"] for p in parts)
-    )
+    # Each process's clock counts from `go` (bench/startup_node.py Clock): the last to stop ends the node. Not
+    # `end_wall - go`: GPU run 45's processes stamped end_wall after the work that follows their clock (110-220 ms
+    # added to every row of processes that went together: each hedged first node, the local 4-process node).
+    row.update(processes=len(parts), total_s=max(p["total_s"] for p in parts), setup_s=max(p["setup_s"] for p in parts))
     row["per_process"] = [
         {
             k: p.get(k)
@@ -1333,6 +1354,12 @@ def main() -> None:
         "service's own builds on the same machine cost the node)",
     )
     parser.add_argument(
+        "--worker-own-jit-cache",
+        action="store_true",
+        help="a diagnosis: each first node's worker on a copy of the warm JIT cache, not the nodes' own files (whether "
+        "the CUDA JIT cache the two share on one host is what slows a hedged node's own builds)",
+    )
+    parser.add_argument(
         "--worker-device",
         type=int,
         default=0,
@@ -1365,6 +1392,7 @@ def main() -> None:
     )
     bench.pairs = tuple(p for p in args.pairs.split(",") if p)
     bench.pause_worker = args.pause_worker
+    bench.worker_own_jit_cache = args.worker_own_jit_cache
     if args.worker_device:
         bench.worker_device = args.worker_device
         bench.worker_flags[bench.worker_flags.index("--device") + 1] = str(args.worker_device)

@@ -76,6 +76,28 @@ def _machine_busy_s() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
+# A node's clock starts once the machine is this quiet (busy CPUs, all processes, over QUIET_WINDOW_S): GPU run 46
+# found hedged first nodes started right after their fresh worker's 9 processes had loaded torch and cuDNN (~30 CPU
+# seconds in a few), and their own builds then ran up to 1.5x slower, the worker stopped or not, where their local
+# runs started on an idle machine. Both sides of a pair now start alike (bench/startup.py together()).
+QUIET_CPUS = 0.5
+QUIET_WINDOW_S = 0.5
+QUIET_MAX_S = 20.0
+
+
+def wait_quiet(max_s: float = QUIET_MAX_S) -> dict[str, float]:
+    """Until the machine's busy CPUs over the last QUIET_WINDOW_S are under QUIET_CPUS (at most `max_s`): how long
+    it waited and the busy CPUs of the last window (a service that started long before a node, as a user's has)."""
+    started = time.monotonic()
+    while True:
+        before, at = _machine_busy_s(), time.monotonic()
+        time.sleep(QUIET_WINDOW_S)
+        busy = (_machine_busy_s() - before) / (time.monotonic() - at)
+        waited = time.monotonic() - started
+        if busy < QUIET_CPUS or waited >= max_s:
+            return {"waited_s": round(waited, 3), "busy_cpus": round(busy, 3), "quiet": busy < QUIET_CPUS}
+
+
 class BesideNode:
     """What ran beside a node's processes from its go to its end (a diagnosis of GPU run 42: hedged nodes'
     builds at times 1.5x slower than the local ones with the node's CPU time equal to its wall time): the

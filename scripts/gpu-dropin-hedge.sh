@@ -5,6 +5,8 @@
 #             autotuning back while misses come (first-dropin+quiet+hedge: --tune-after-quiet 1), the two pairs
 #             alternating, REPEATS times each
 #   paused    --pause-worker (nothing of the service's builds runs while the node does: a diagnosis), REPEATS pairs
+#   owncache  the pairs of $PAIRS with each first node's worker on a copy of the warm JIT cache (--worker-own-jit-cache:
+#             whether the CUDA JIT cache node and service share on one host slows the node's own builds)
 #   profile   one pair under cProfile (PLANCACHE_BENCH_PROFILE, every thread): its profiles in rest.tgz
 #   shared    the pairs of $PAIRS (default first-dropin) as shipped, every process on every CPU
 #   cores     the same with node and service on different physical cores (--split-cpus)
@@ -18,6 +20,7 @@
 #             (GPU run 44: its hosts' two paces were the time's, not a CPU's: pinned pairs were no steadier)
 #   (shared, cores, pool1 and gpu1 together: which of the service's work beside a hedged node slows its own build,
 #   GPU run 40: the CPUs' cores, the CPU time or the GPU)
+# JIT=cold runs every arm with an empty JIT cache (CUDA_CACHE_DISABLE=1, nodes and worker) instead of a warm one.
 # BENCH_BESIDE_GPU=1 also samples the GPU's utilization beside each hedged node (nvidia-smi every 50 ms; off by
 # default: the single local runs have no sampler beside them, so it weighs on the hedged side of each pair).
 # Usage (after `source scripts/gpu-env.sh`): REPEATS=4 ARMS="pairs paused profile" scripts/gpu-dropin-hedge.sh
@@ -31,7 +34,8 @@ for arm in ${ARMS:-pairs paused profile}; do
   pairs=first-dropin pause="" profile="" repeats=${REPEATS:-4} flags=()
   case "$arm" in
     pairs) pairs=first-dropin,first-dropin+quiet ;;
-    paused) pause=1 ;;
+    paused) pause=1 pairs=${PAIRS:-first-dropin} ;;
+    owncache) pairs=${PAIRS:-first-dropin} flags=(--worker-own-jit-cache) ;;
     profile) profile=1 repeats=1 ;;
     shared) pairs=${PAIRS:-first-dropin} ;;
     cores) pairs=${PAIRS:-first-dropin} flags=(--split-cpus) ;;
@@ -48,7 +52,7 @@ print(','.join(sorted(ms, key=lambda c: statistics.median(ms[c]))[:2]))" "$OUT/c
     *) echo "unknown arm $arm" >&2; continue ;;
   esac
   BENCH_MISS_PHASES=1 BENCH_MISS_PROFILE="$profile" BENCH_NODE_GC_FREEZE=$([ "$arm" = gcfreeze ] && echo 1) \
-    python3 bench/startup.py --out "$OUT/$arm" --jit warm --study hedge-paired --pairs "$pairs" \
+    python3 bench/startup.py --out "$OUT/$arm" --jit "${JIT:-warm}" --study hedge-paired --pairs "$pairs" \
       --warm-cache .startup-jit-cache --time-limit "${TIME_LIMIT:-200}" --repeats "$repeats" \
       ${pause:+--pause-worker} "${flags[@]}" > "$OUT/$arm/startup.log" 2>&1
   grep -A14 "JIT cache  path" "$OUT/$arm/startup.log" | head -14

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.cpu_speed_map import pace_ms
-from bench.hedge_arms import best_of, graphwise_fastest, own_ms, paced_pairs, pair_ratios
+from bench.hedge_arms import best_of, clocked, graphwise_fastest, own_ms, paced_pairs, pair_ratios
 
 
 def _run(path: str, gaps_ms: list[float], **extra: object) -> dict[str, object]:
@@ -87,3 +87,18 @@ def test_a_lazy_nodes_sleeps_are_added_to_its_local_run_in_every_ratio() -> None
     ]
     assert pair_ratios(runs)["first-lazy+hedge"] == [pytest.approx(1.52 / 1.5)]
     assert best_of(runs)["first-lazy+hedge"] == pytest.approx(1.52 / 1.5)
+
+
+def test_rows_of_processes_that_went_together_are_timed_by_their_own_clocks() -> None:
+    # GPU run 45's hedged rows ended 110-220 ms after their processes' clocks (a stamp after the pace loop).
+    local = {"jit": "warm", "path": "local-program", "total_s": 1.0}
+    hedged = {
+        "jit": "warm",
+        "path": "first-dropin+hedge",
+        "total_s": 1.25,
+        "per_process": [{"total_s": 1.05}],
+    }
+    runs = clocked([local, hedged])
+    assert runs[1]["total_s"] == 1.05 and runs[1]["total_s_recorded"] == 1.25
+    assert runs[0] is local  # a single process's row is its own clock already
+    assert pair_ratios(runs)["first-dropin+hedge"] == [1.05]
