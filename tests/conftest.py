@@ -142,6 +142,7 @@ def start_stack(
             warm=runner,
             tune_after_quiet_s=settings.tune_after_quiet_s,
             hedged_quiet_s=settings.hedged_quiet_s,
+            hedged_hold_max_s=settings.hedged_hold_max_s,
             warm_beside_callers=settings.warm_beside_callers,
         )
         thread = threading.Thread(target=worker.run, daemon=True)

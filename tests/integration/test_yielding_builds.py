@@ -1,8 +1,9 @@
 """Issue 41: a build that only callers building the plan themselves asked
 for (hedged misses: CompileRequest.builds_itself) waits while such callers
-keep asking (the worker's --hedged-quiet), each at most YIELD_WAIT_CAP_S; a
-caller that waits for the plan hurries it; a plain miss never waits for
-them. Real Redis, a real gateway and a worker (stand-in compiler)."""
+keep asking (the worker's --hedged-quiet), each at most --hedged-hold-max
+(HOLD_MAX_S here: the default, 30 s, would make these tests slow); a caller
+that waits for the plan hurries it; a plain miss never waits for them. Real
+Redis, a real gateway and a worker (stand-in compiler)."""
 
 from __future__ import annotations
 
@@ -20,13 +21,15 @@ from plancache.v1 import plancache_pb2 as pb
 from plancache_server import telemetry
 from plancache_server.store import keys
 from plancache_server.store.embedded_redis import EmbeddedRedis
-from plancache_server.worker.lanes import YIELD_WAIT_CAP_S
 from tests.conftest import Stack, start_stack
 from tests.support.specs import matmul_spec
 from tests.support.standin import STANDIN_TARGET as TARGET
 from tests.support.standin import StandInCompiler
 from tests.support.standin_local import StandInLocalBuilder
 from tests.support.waiting import wait_until
+
+# The workers' --hedged-hold-max in these tests (the default is 30 s: a first node's start with an empty JIT cache).
+HOLD_MAX_S = 3.0
 
 
 def _query(i: int) -> PlanQuery:
@@ -64,7 +67,9 @@ def test_a_nodes_hedged_misses_are_built_once_it_stops_asking(redis_server: Embe
     """A first node asks for its graphs one after another while it builds each itself: nothing of the service's
     builds runs beside it; every plan is built after its last ask, and its follow-ups get them all."""
     quiet_s, gap_s = 0.8, 0.3
-    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s)
+    stack, stop = start_stack(
+        redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s, hedged_hold_max_s=HOLD_MAX_S
+    )
     try:
         queries = [_query(i) for i in range(4)]
         with stack.client() as c, ThreadPoolExecutor(len(queries)) as pool:
@@ -89,8 +94,10 @@ def test_a_nodes_hedged_misses_are_built_once_it_stops_asking(redis_server: Embe
 def test_a_caller_that_waits_for_the_plan_hurries_a_yielding_build(
     redis_server: EmbeddedRedis, redis_client: Any
 ) -> None:
-    quiet_s = 5.0  # far longer than the cap: without the hurry the plan would come after YIELD_WAIT_CAP_S
-    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s)
+    quiet_s = 5.0  # far longer than the cap: without the hurry the plan would come after HOLD_MAX_S
+    stack, stop = start_stack(
+        redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s, hedged_hold_max_s=HOLD_MAX_S
+    )
     try:
         query = _query(10)
         with stack.client() as c, ThreadPoolExecutor(1) as pool:
@@ -102,7 +109,7 @@ def test_a_caller_that_waits_for_the_plan_hurries_a_yielding_build(
             took = time.monotonic() - begun
             assert node.result().plan.metadata.key == query.key
         assert answer.plan.metadata.key == query.key
-        assert took < YIELD_WAIT_CAP_S / 2, f"a caller waiting for the plan waited {took:.2f} s behind hedged ones"
+        assert took < HOLD_MAX_S / 2, f"a caller waiting for the plan waited {took:.2f} s behind hedged ones"
         assert stack.compiler.builds.count(query.spec_hash) == 1  # hurried, not built twice
     finally:
         stop()
@@ -112,7 +119,9 @@ def test_a_plain_miss_never_waits_for_hedged_ones_and_a_steady_stream_is_built_w
     redis_server: EmbeddedRedis, redis_client: Any
 ) -> None:
     quiet_s, gap_s = 1.0, 0.25
-    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s)
+    stack, stop = start_stack(
+        redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s, hedged_hold_max_s=HOLD_MAX_S
+    )
     try:
         with stack.client() as c:
             first = _query(20)
@@ -124,12 +133,12 @@ def test_a_plain_miss_never_waits_for_hedged_ones_and_a_steady_stream_is_built_w
             assert time.monotonic() - begun < quiet_s / 2  # not held behind the yielding build
             # Hedged misses keep coming, never a quiet second: the first is built within the cap all the same.
             i = 22
-            while time.monotonic() - first_asked < YIELD_WAIT_CAP_S + 1.0:
+            while time.monotonic() - first_asked < HOLD_MAX_S + 1.0:
                 c._stub.Compile(_request(_query(i), hedged=True), timeout=10)
                 i += 1
                 time.sleep(gap_s)
             assert c._stub.Compile(_follow_up(first), timeout=30).plan.metadata.key == first.key
-        assert _began(stack, first) - first_asked < YIELD_WAIT_CAP_S + 0.5
+        assert _began(stack, first) - first_asked < HOLD_MAX_S + 0.5
     finally:
         stop()
 
@@ -139,7 +148,9 @@ def test_a_node_whose_own_build_failed_hurries_the_build_it_let_wait(
 ) -> None:
     """A hedged node's build fails: it now waits for the service's plan, and says so (a Compile without
     builds_itself): the build it asked to wait is built at once, not after the wait's cap."""
-    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=5.0)
+    stack, stop = start_stack(
+        redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=5.0, hedged_hold_max_s=HOLD_MAX_S
+    )
     try:
         builder = StandInLocalBuilder(seconds=0.05, fail=True)
         hedge.reset_race_stats()
@@ -149,7 +160,7 @@ def test_a_node_whose_own_build_failed_hurries_the_build_it_let_wait(
             took = time.monotonic() - begun
         assert plan.source in ("compiled", "provisional") and builder.built == [plan.key]
         assert race_stats()["compile"].local_failed == 1
-        assert took < YIELD_WAIT_CAP_S / 2, f"a node whose build failed waited {took:.2f} s for the service"
+        assert took < HOLD_MAX_S / 2, f"a node whose build failed waited {took:.2f} s for the service"
     finally:
         stop()
 
@@ -161,7 +172,9 @@ def test_a_yielding_build_is_built_for_the_next_nodes_after_its_node_left(
     builds them, below every job someone waits for, and the next node's ask is a hit (before builds yielded they
     had started at once; a build for no one is one that nothing asked for, issue 44)."""
     quiet_s = 2.0  # longer than the gateway's grace before it takes a left caller's claim back (UNWANT_GRACE_S)
-    stack, stop = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s)
+    stack, stop = start_stack(
+        redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s, hedged_hold_max_s=HOLD_MAX_S
+    )
     try:
         query = _query(40)
         with stack.client() as c:
@@ -191,9 +204,11 @@ def test_a_caller_on_another_gateway_hurries_a_yielding_build_once(
     """A hedged node's build queued by one gateway, and a caller that waits for the plan on another (a node
     without a GPU build of its own, a prefetch): the second gateway hurries it, once however many such callers
     join (the job's yield mark is taken by the first), and the plan is built once. Before, that caller waited
-    behind the hold, up to YIELD_WAIT_CAP_S."""
-    quiet_s = 5.0  # far longer than the cap: without the hurry the plan would come after YIELD_WAIT_CAP_S
-    first, stop_first = start_stack(redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s)
+    behind the hold, up to HOLD_MAX_S."""
+    quiet_s = 5.0  # far longer than the cap: without the hurry the plan would come after HOLD_MAX_S
+    first, stop_first = start_stack(
+        redis_server.url, StandInCompiler(build_seconds=0.05), hedged_quiet_s=quiet_s, hedged_hold_max_s=HOLD_MAX_S
+    )
     second, stop_second = start_stack(redis_server.url, None)  # another gateway, the same Redis and worker
     try:
         query = _query(50)
@@ -207,7 +222,7 @@ def test_a_caller_on_another_gateway_hurries_a_yielding_build_once(
             took = time.monotonic() - begun
             assert hedged.result().plan.metadata.key == query.key
         assert all(a.plan.metadata.key == query.key for a in answers)
-        assert took < YIELD_WAIT_CAP_S / 2, f"callers on another gateway waited {took:.2f} s behind a hedged node"
+        assert took < HOLD_MAX_S / 2, f"callers on another gateway waited {took:.2f} s behind a hedged node"
         assert first.compiler.builds.count(query.spec_hash) == 1  # hurried once, built once
         assert not redis_client.exists(keys.job_yields(query.key))  # the mark taken
     finally:
@@ -215,7 +230,7 @@ def test_a_caller_on_another_gateway_hurries_a_yielding_build_once(
         stop_first()
 
 
-@pytest.mark.parametrize("tune_s", [None, YIELD_WAIT_CAP_S + 1.5], ids=["one plan", "tuned past the holder's gate"])
+@pytest.mark.parametrize("tune_s", [None, HOLD_MAX_S + 1.5], ids=["one plan", "tuned past the holder's gate"])
 def test_with_two_workers_a_hurried_build_is_built_once_whichever_worker_reads_the_hurry(
     redis_server: EmbeddedRedis, redis_client: Any, tune_s: float | None
 ) -> None:
@@ -225,8 +240,12 @@ def test_with_two_workers_a_hurried_build_is_built_once_whichever_worker_reads_t
     again (before: one in four such plans built twice here)."""
     quiet_s = 5.0  # far longer than the cap: the holder's build waits for the cap, the hurry comes first
     compiler = StandInCompiler(build_seconds=0.05, tune_seconds=tune_s)
-    first, stop_first = start_stack(redis_server.url, compiler, hedged_quiet_s=quiet_s, worker_id="worker-a")
-    second, stop_second = start_stack(redis_server.url, compiler, hedged_quiet_s=quiet_s, worker_id="worker-b")
+    first, stop_first = start_stack(
+        redis_server.url, compiler, hedged_quiet_s=quiet_s, worker_id="worker-a", hedged_hold_max_s=HOLD_MAX_S
+    )
+    second, stop_second = start_stack(
+        redis_server.url, compiler, hedged_quiet_s=quiet_s, worker_id="worker-b", hedged_hold_max_s=HOLD_MAX_S
+    )
     try:
         queries = [_query(60 + i) for i in range(4)]
         with first.client() as node, second.client() as other, ThreadPoolExecutor(8) as pool:
@@ -241,8 +260,8 @@ def test_with_two_workers_a_hurried_build_is_built_once_whichever_worker_reads_t
             took = time.monotonic() - begun
             assert [h.result().plan.metadata.key for h in hedged] == [q.key for q in queries]
         assert [a.plan.metadata.key for a in answers] == [q.key for q in queries]
-        assert took < YIELD_WAIT_CAP_S / 2, f"callers waited {took:.2f} s behind hedged nodes"
-        time.sleep(YIELD_WAIT_CAP_S + 0.5)  # past every holder's gate: a build it would start has started
+        assert took < HOLD_MAX_S / 2, f"callers waited {took:.2f} s behind hedged nodes"
+        time.sleep(HOLD_MAX_S + 0.5)  # past every holder's gate: a build it would start has started
         assert [compiler.builds.count(q.spec_hash) for q in queries] == [1] * len(queries)
         if tune_s is not None:  # each plan tuned once, by the worker that took its hurry, and stored tuned
             wait_until(lambda: all(not _metadata(redis_client, q.key).provisional for q in queries), 15, "tuned plans")
@@ -264,8 +283,12 @@ def test_with_two_workers_a_hurry_that_comes_once_the_build_started_is_left_to_t
     it to that worker (before: it built, and tuned, the plan a second time)."""
     # Tuned: ~1.5 s of tuning on four threads, after a provisional plan stored at once.
     compiler = StandInCompiler(build_seconds=0.05, tune_seconds=6.0) if tuned else StandInCompiler(build_seconds=2.0)
-    first, stop_first = start_stack(redis_server.url, compiler, hedged_quiet_s=0.2, worker_id="worker-a")
-    second, stop_second = start_stack(redis_server.url, compiler, hedged_quiet_s=0.2, worker_id="worker-b")
+    first, stop_first = start_stack(
+        redis_server.url, compiler, hedged_quiet_s=0.2, worker_id="worker-a", hedged_hold_max_s=HOLD_MAX_S
+    )
+    second, stop_second = start_stack(
+        redis_server.url, compiler, hedged_quiet_s=0.2, worker_id="worker-b", hedged_hold_max_s=HOLD_MAX_S
+    )
     try:
         query = _query(70)
         with first.client() as node, second.client() as other:

@@ -214,6 +214,42 @@ def test_builds_wait_while_callers_build_their_own_within_a_cap() -> None:
     assert gate.holds(Lane.YIELDING, clock.now)  # a build taken just now still waits
 
 
+def test_a_first_node_with_an_empty_jit_cache_is_not_built_beside_while_it_asks() -> None:
+    # GPU run 46: such a node built its 13 graphs in 4-6 s, asking for the next every 0.3-1 s; with a 3 s hold the
+    # service built and tuned beside it from its fourth graph on (1.09-1.31x its local start).
+    clock = _Clock()
+    gate = YieldGate(1.0, clock)  # the default hold (--hedged-hold-max)
+    taken = clock.now
+    while clock.now - taken < 10.0:
+        gate.asked()
+        assert gate.holds(Lane.YIELDING, taken) and gate.holds(Lane.CANDIDATE, taken)
+        clock.now += 0.9
+    clock.now += 1.1  # the node is done
+    assert not gate.holds(Lane.YIELDING, taken)
+
+
+def test_a_hold_set_shorter_ends_there_however_long_callers_ask() -> None:
+    clock = _Clock()
+    gate = YieldGate(1.0, clock, cap_s=2.0)
+    taken = clock.now
+    while clock.now - taken < 1.9:
+        gate.asked()
+        assert gate.holds(Lane.YIELDING, taken)
+        clock.now += 0.5
+    gate.asked()
+    assert not gate.holds(Lane.YIELDING, taken)
+
+
+def test_the_hold_setting_is_bounded() -> None:
+    from plancache_server.settings import server_settings
+
+    assert server_settings([]).hedged_hold_max_s == YIELD_WAIT_CAP_S == 30.0
+    assert server_settings(["--hedged-hold-max", "5"]).hedged_hold_max_s == 5.0
+    for bad in ("-1", "61"):
+        with pytest.raises(SystemExit, match="--hedged-hold-max must be 0 to 60 seconds"):
+            server_settings(["--hedged-hold-max", bad])
+
+
 def test_no_yielding_when_off() -> None:
     gate = YieldGate(0.0)
     gate.asked()

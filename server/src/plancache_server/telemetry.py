@@ -80,7 +80,7 @@ BUSY = Gauge("plancache_worker_busy", "1 while this worker is building (a piece 
 YIELDING = Gauge(
     "plancache_worker_yielding",
     "builds this worker holds back while callers that build them themselves (hedged misses) keep asking "
-    "(--hedged-quiet; each at most 3 s)",
+    "(--hedged-quiet; each at most --hedged-hold-max)",
 )
 BUILD_PROCESSES = Gauge(
     "plancache_worker_build_processes", "processes (or threads) this worker builds plans in, side by side"

@@ -106,6 +106,7 @@ def run_one(device: int, settings: Settings) -> int:
         warm=warm,
         tune_after_quiet_s=settings.tune_after_quiet_s,
         hedged_quiet_s=settings.hedged_quiet_s,
+        hedged_hold_max_s=settings.hedged_hold_max_s,
         warm_beside_callers=settings.warm_beside_callers,
     )
 

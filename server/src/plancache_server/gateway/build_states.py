@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from plancache.errors import InvalidRequest, Unavailable
 from plancache.keys.plankey import parse_key
 from plancache.log_limits import LogLimiter
+from plancache_server.settings.groups import HEDGED_HOLD_MAX_LIMIT_S
 from plancache_server.store import keys
 from plancache_server.store.build_records import (
     ABANDONED,
@@ -29,9 +30,9 @@ from plancache_server.store.redis_conn import AsyncRedis, text, translated_error
 log = logging.getLogger(__name__)
 # Every flight meets a Redis outage twice a second: one line a minute says it.
 _faults = LogLimiter(log)
-# How long a yielding job's mark lasts: past the worker's longest hold (YIELD_WAIT_CAP_S, 3 s, from its take) and
-# a build; a hurry after the build began is acknowledged with it.
-YIELDS_MARK_TTL_S = 60
+# How long a yielding job's mark lasts: past the longest hold a worker may be set to (--hedged-hold-max, from its
+# take) and a build; a hurry after the build began is acknowledged with it.
+YIELDS_MARK_TTL_S = int(HEDGED_HOLD_MAX_LIMIT_S) + 60
 
 
 class BuildStates:

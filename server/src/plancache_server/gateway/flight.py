@@ -355,7 +355,7 @@ class Flight:
         """Job `job_id` hurried (_promote) if it yields and nobody hurried it yet (its mark taken here)."""
         try:
             hurry = await self._crew.states.take_yields(self.plan_key, job_id)
-        except PlanCacheError as e:  # the build goes on; it waits YIELD_WAIT_CAP_S at most
+        except PlanCacheError as e:  # the build goes on; it waits --hedged-hold-max at most
             log.warning("could not hurry the build of %s: %s", self.plan_key, e.message)
             return
         if hurry:

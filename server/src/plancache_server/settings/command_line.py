@@ -13,7 +13,7 @@ from plancache.env import env_bool
 from plancache.errors import InvalidRequest
 from plancache.versions import add_version
 from plancache_server.settings.declare import SERVER, WORKER, Option
-from plancache_server.settings.groups import Settings
+from plancache_server.settings.groups import HEDGED_HOLD_MAX_LIMIT_S, Settings
 
 
 def options(program: str | None = None) -> Iterator[tuple[str, Option]]:
@@ -94,6 +94,8 @@ def settings_from(args: argparse.Namespace, program: str) -> Settings:
         raise SystemExit("--signing-key and --unsigned exclude each other")
     if settings.store_replicas < 0 or settings.store_replicas_wait_ms < 1:
         raise SystemExit("--store-replicas must be 0 or more and --store-replicas-wait-ms at least 1")
+    if not 0 <= settings.hedged_hold_max_s <= HEDGED_HOLD_MAX_LIMIT_S:
+        raise SystemExit(f"--hedged-hold-max must be 0 to {HEDGED_HOLD_MAX_LIMIT_S:g} seconds")
     if settings.event_loop not in ("auto", "uvloop", "asyncio"):
         raise SystemExit(f"--event-loop must be auto, uvloop or asyncio, not {settings.event_loop!r}")
     return settings

@@ -24,6 +24,9 @@ from plancache_server.settings.declare import (
     setting,
 )
 
+# The longest --hedged-hold-max may be: a gateway's mark that a build yields outlives it (gateway.build_states).
+HEDGED_HOLD_MAX_LIMIT_S = 60.0
+
 
 @dataclass(frozen=True)
 class DeploymentSettings:
@@ -389,9 +392,20 @@ class BuildSettings:
         1.0,
         "--hedged-quiet",
         "seconds without a new hedged miss (a caller building the plan itself meanwhile) before a worker starts "
-        "building for such callers, or autotuning (at most 3 s held back; plans callers wait for and warming's "
-        "first plans go on): built beside nodes building their own graphs, on their host, it slowed those builds "
-        "(0: no wait)",
+        "building for such callers, or autotuning (at most --hedged-hold-max held back; plans callers wait for and "
+        "warming's first plans go on): built beside nodes building their own graphs, on their host, it slowed those "
+        "builds (0: no wait)",
+        float,
+        to_workers=True,
+    )
+    # Longer than a first node's start with an empty JIT cache (GPU run 46: 13 graphs in 4.1-6.2 s; a 3 s hold let
+    # the service build and tune beside the node from its fourth graph on, 1.09-1.31x its local start).
+    hedged_hold_max_s: float = setting(
+        30.0,
+        "--hedged-hold-max",
+        "the longest a worker holds back a build for callers that build it themselves while such callers keep "
+        "asking (--hedged-quiet), from when it took the build (at most 60 s): a fleet whose nodes never stop "
+        "missing has its plans built this soon after; a caller that waits for the plan hurries it at once",
         float,
         to_workers=True,
     )

@@ -109,9 +109,10 @@ class TuningGate:
         return self._held_since is not None
 
 
-# Longest a yielding build waits (YieldGate), from when its worker took it: a fleet whose nodes never stop
-# asking still has its plans stored this soon after.
-YIELD_WAIT_CAP_S = 3.0
+# Longest a yielding build waits (YieldGate) by default, from when its worker took it: a fleet whose nodes never stop
+# asking still has its plans stored this soon after (the setting --hedged-hold-max). 3 s until GPU run 46: a first
+# node with an empty JIT cache builds its 13 graphs in 4-6 s, and the service then built and tuned beside it.
+YIELD_WAIT_CAP_S = 30.0
 
 
 # What waits while callers build their own graphs: their builds, and every autotuning.
@@ -122,8 +123,8 @@ class YieldGate:
     """Builds for callers that build the plan themselves (hedged misses,
     Job.yields) wait while such callers keep asking, and autotuning with
     them (HELD_BY_YIELDING): none of them starts until `quiet_s` after the
-    last yielding job came, each at most YIELD_WAIT_CAP_S after its build
-    was taken. A waiting caller's plan never waits, nor warming's first
+    last yielding job came, each at most `cap_s` (YIELD_WAIT_CAP_S) after its
+    build was taken. A waiting caller's plan never waits, nor warming's first
     plans: a graph family the program sweeps is what turns its next sizes
     into hits (issue 43), built beside its misses as before.
 
@@ -135,8 +136,10 @@ class YieldGate:
     plans meanwhile; the service's come for their take-over and for the
     nodes after them. 0: no wait."""
 
-    def __init__(self, quiet_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.quiet_s, self._clock = quiet_s, clock
+    def __init__(
+        self, quiet_s: float, clock: Callable[[], float] = time.monotonic, cap_s: float = YIELD_WAIT_CAP_S
+    ) -> None:
+        self.quiet_s, self.cap_s, self._clock = quiet_s, cap_s, clock
         self._last_asked = float("-inf")
         self._until = float("-inf")  # while a piece is held back: when the first of its reasons ends
 
@@ -149,7 +152,7 @@ class YieldGate:
         if lane not in HELD_BY_YIELDING or self.quiet_s <= 0:
             return False
         now = self._clock()
-        until = min(self._last_asked + self.quiet_s, taken_at + YIELD_WAIT_CAP_S)
+        until = min(self._last_asked + self.quiet_s, taken_at + self.cap_s)
         self._until = until if now < until else float("-inf")
         return now < until
 

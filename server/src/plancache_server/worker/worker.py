@@ -48,7 +48,15 @@ from plancache_server.worker.compiler.faults import GpuLost, gpu_fault
 from plancache_server.worker.heartbeat import Heartbeat
 from plancache_server.worker.held_builds import Build, HeldBuilds
 from plancache_server.worker.job_intake import JobIntake
-from plancache_server.worker.lanes import TUNING_LANES, Lane, Lanes, QueuedPiece, TuningGate, YieldGate
+from plancache_server.worker.lanes import (
+    TUNING_LANES,
+    YIELD_WAIT_CAP_S,
+    Lane,
+    Lanes,
+    QueuedPiece,
+    TuningGate,
+    YieldGate,
+)
 from plancache_server.worker.outcomes import BuildOutcomes
 from plancache_server.worker.warm_intake import WarmIntake
 from plancache_server.worker.warm_runner import WarmRunner
@@ -97,6 +105,7 @@ class Worker:
         tune_after_quiet_s: float = 0.0,
         warm_beside_callers: int = -1,
         hedged_quiet_s: float = 0.0,
+        hedged_hold_max_s: float = YIELD_WAIT_CAP_S,
     ) -> None:
         """`compiler` times plans here; `pool` builds them (it is closed when
         the worker ends); `warm`: builds warming items when nothing else waits;
@@ -106,7 +115,8 @@ class Worker:
         processes past the first; see beside_callers); `hedged_quiet_s`: builds
         for callers that build them themselves wait until no such job came
         for this long (YieldGate; 0: no wait; the deployments' default is the
-        setting's, --hedged-quiet)."""
+        setting's, --hedged-quiet), each at most `hedged_hold_max_s` after it was
+        taken (--hedged-hold-max)."""
         self.compiler = compiler
         self.worker_id = worker_id
         self._queue = queue
@@ -120,7 +130,7 @@ class Worker:
         self._held = HeldBuilds()
         self._lanes = Lanes()
         self._tuning = TuningGate(tune_after_quiet_s)
-        self._yielding = YieldGate(hedged_quiet_s)
+        self._yielding = YieldGate(hedged_quiet_s, cap_s=hedged_hold_max_s)
         self._warm_beside = beside_callers(warm_beside_callers, pool.size)
         self._running: dict[int, QueuedPiece] = {}  # by task id: the pieces building
         self.gpu_lost: str | None = None  # why, once its GPU is lost (the worker then ends: see _lose_gpu)
