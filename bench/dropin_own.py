@@ -5,7 +5,8 @@ A GPU host measures it inside a real first node (bench/miss_phases.py's `dropin_
 is the same step with no GPU, so a change can be weighed before a GPU run: the real frontend's IR (its Python
 package, version 1.32) builds the 13 start-up graphs (bench/startup_graphs.py) through `plancache.cudnn`'s
 pygraph, as the local program writes them; the frontend's GPU calls are replaced (validate and the plan calls do
-nothing, `build_plans` runs a Python loop for --build-ms, holding the interpreter as the frontend's build does),
+nothing, `build_plans` holds the interpreter for --build-ms in one C call, as the frontend's build does:
+its bindings never release it; --build-gil loop, a Python loop instead, lets other threads in every 5 ms),
 and a real client races that build against a real gateway and stand-in worker (tests/support: Redis, gateway
 and worker in a child process, the worker's builds slower than the node's so every graph is a hedged miss the
 node's build wins). Per graph past the first two of a process:
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +59,22 @@ def _serve(ready: Any) -> None:
     time.sleep(3600)
 
 
-def measure(rounds: int, build_ms: float) -> dict[str, list[float]]:
+def _held_for(ms: float) -> Callable[[], None]:
+    """One C call that holds the interpreter about `ms` long (builtin sum over a range never lets another thread
+    in), as the frontend's build_plans does: its bindings never release the GIL."""
+    probe = 200_000
+    took = min(_timed(lambda: sum(range(probe))) for _ in range(5))
+    count = max(1, int(probe * (ms / 1000) / took))
+    return lambda: sum(range(count)) and None
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    begun = time.perf_counter()
+    fn()
+    return time.perf_counter() - begun
+
+
+def measure(rounds: int, build_ms: float, gil: str = "held") -> dict[str, list[float]]:
     """In this process: every graph's phases (ms), past the first two."""
     import multiprocessing
 
@@ -70,12 +87,12 @@ def measure(rounds: int, build_ms: float) -> dict[str, list[float]]:
     service = context.Process(target=_serve, args=(ready,), daemon=True)
     service.start()
     try:
-        return _graphs(ready.get(timeout=60), rounds, build_ms)
+        return _graphs(ready.get(timeout=60), rounds, build_ms, gil)
     finally:
         service.kill()
 
 
-def _graphs(address: str, rounds: int, build_ms: float) -> dict[str, list[float]]:
+def _graphs(address: str, rounds: int, build_ms: float, gil: str) -> dict[str, list[float]]:
     import cudnn
 
     import plancache.cudnn as dropin
@@ -88,6 +105,7 @@ def _graphs(address: str, rounds: int, build_ms: float) -> dict[str, list[float]
     from tests.support.standin import STANDIN_TARGET
 
     built: list[float] = []
+    hold = _held_for(build_ms)
 
     def gpu_call(name: str) -> Any:
         def call(graph: Any, *args: Any, **kwargs: Any) -> None:
@@ -95,8 +113,11 @@ def _graphs(address: str, rounds: int, build_ms: float) -> dict[str, list[float]
                 graph._is_validated = True
             if name == "build_plans":
                 begun = time.perf_counter()
-                while time.perf_counter() - begun < build_ms / 1000:
-                    sum(range(200))
+                if gil == "held":
+                    hold()
+                else:  # a Python loop: other threads run every switch interval (5 ms), as they cannot beside the frontend
+                    while time.perf_counter() - begun < build_ms / 1000:
+                        sum(range(200))
                 built.append(time.perf_counter() - begun)
 
         return call
@@ -135,7 +156,7 @@ def _graphs(address: str, rounds: int, build_ms: float) -> dict[str, list[float]
     return found
 
 
-def run(arms: dict[str, str], processes: int, rounds: int, build_ms: float) -> dict[str, Any]:
+def run(arms: dict[str, str], processes: int, rounds: int, build_ms: float, gil: str = "held") -> dict[str, Any]:
     per_arm: dict[str, dict[str, list[float]]] = {name: {phase: [] for phase in PHASES} for name in arms}
     process_medians: dict[str, list[float]] = {name: [] for name in arms}
     for _ in range(processes):
@@ -144,7 +165,17 @@ def run(arms: dict[str, str], processes: int, rounds: int, build_ms: float) -> d
             kept = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
             environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(source).resolve()), str(REPO), *kept])}
             done = subprocess.run(
-                [sys.executable, __file__, "--child", "--rounds", str(rounds), "--build-ms", str(build_ms)],
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    "--rounds",
+                    str(rounds),
+                    "--build-ms",
+                    str(build_ms),
+                    "--build-gil",
+                    gil,
+                ],
                 capture_output=True,
                 text=True,
                 env=environment,
@@ -165,6 +196,7 @@ def run(arms: dict[str, str], processes: int, rounds: int, build_ms: float) -> d
         "processes": processes,
         "rounds": rounds,
         "build_ms": build_ms,
+        "build_gil": gil,
         "python": sys.version.split()[0],
         "median_ms": {name: {p: statistics.median(v) for p, v in phases.items()} for name, phases in per_arm.items()},
         "process_medians_own_ms": process_medians,
@@ -200,6 +232,13 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=3, help="fresh processes per arm, alternating")
     parser.add_argument("--rounds", type=int, default=3, help="times each process builds the 13 graphs")
     parser.add_argument("--build-ms", type=float, default=30.0, help="the node's own build of each graph")
+    parser.add_argument(
+        "--build-gil",
+        choices=("held", "loop"),
+        default="held",
+        help="the stand-in build holds the interpreter throughout, as the frontend's does (held), or is a Python loop "
+        "that lets other threads in every 5 ms (loop: every result of this benchmark before stop 71)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--tag", default="")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -207,10 +246,10 @@ def main() -> None:
     if args.child:
         import plancache
 
-        print(json.dumps({**measure(args.rounds, args.build_ms), "client": plancache.__file__}))
+        print(json.dumps({**measure(args.rounds, args.build_ms, args.build_gil), "client": plancache.__file__}))
         return
     arms = dict(arm.split("=", 1) for arm in args.arm) or {"shipped": str(REPO / "client" / "src")}
-    report(run(arms, args.processes, args.rounds, args.build_ms), args.out, args.tag)
+    report(run(arms, args.processes, args.rounds, args.build_ms, args.build_gil), args.out, args.tag)
 
 
 if __name__ == "__main__":
