@@ -37,16 +37,18 @@ PAIRS = {
     "first-lazy+hedge": "local-heuristic",  # plus the lazy node's sleeps (bench/startup.py's local-lazy)
 }
 TARGET = 1.05  # issue 41: every hedged first-node path at most this times its local equivalent
-JIT = "warm"  # the JIT cache state whose runs are read (--jit: "cold", an empty one)
 
 
-def clocked(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`runs` with each row of processes that went together timed by their own clocks (the last to stop): rows
+def clocked(runs: list[dict[str, Any]], jit: str = "warm") -> list[dict[str, Any]]:
+    """The runs of JIT cache state `jit` ("warm", or "cold": an empty one), every function below reads only
+    those; each row of processes that went together timed by their own clocks (the last to stop): rows
     written before GPU run 46 took the node's end from a wall-clock stamp made after each process's post-clock
     work (bench/startup_node.py's pace loop, from GPU run 45 on: 110-220 ms more in every such row: each hedged
     first node, the local 4-process node). The recorded total is kept as `total_s_recorded`."""
     out = []
     for run in runs:
+        if run.get("jit") != jit:
+            continue
         own = [p.get("total_s") for p in run.get("per_process") or ()]
         if "total_s" in run and own and all(t is not None for t in own):
             out.append({**run, "total_s": max(own), "total_s_recorded": run["total_s"]})
@@ -61,10 +63,10 @@ def _slept_s(run: dict[str, Any]) -> float:
 
 
 def _pairs(runs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """(hedged path, its run, the run of its local equivalent just before it), JIT cache state JIT, runs that ended."""
+    """(hedged path, its run, the run of its local equivalent just before it), runs that ended."""
     last: dict[str, dict[str, Any]] = {}
     for r in runs:
-        if r.get("jit") != JIT or "error" in r or "total_s" not in r:
+        if "error" in r or "total_s" not in r:
             continue
         path = r["path"]
         if path in PAIRS.values():
@@ -78,7 +80,7 @@ def _ratio(hedged: dict[str, Any], local: dict[str, Any]) -> float:
 
 
 def pair_ratios(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
-    """Per hedged path: each of its runs over the run of its local equivalent just before it (JIT cache state JIT)."""
+    """Per hedged path: each of its runs over the run of its local equivalent just before it."""
     out: dict[str, list[float]] = {}
     for path, hedged, local in _pairs(runs):
         out.setdefault(path, []).append(_ratio(hedged, local))
@@ -90,7 +92,7 @@ def build_ms(runs: list[dict[str, Any]]) -> dict[str, float]:
     uses), in the hedged runs (BENCH_MISS_PHASES), and the local runs' gaps for the same graphs."""
     out: dict[str, list[float]] = {}
     for r in runs:
-        if r.get("jit") != JIT or "error" in r:
+        if "error" in r:
             continue
         phases = r.get("phases") or {}
         # A path of several processes has one record of phases per process.
@@ -138,12 +140,12 @@ def paced_pairs(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
 
 
 def best_of(runs: list[dict[str, Any]]) -> dict[str, float]:
-    """Per hedged path: its fastest run over the fastest run of its local equivalent (JIT cache state JIT). GPU run 44's
+    """Per hedged path: its fastest run over the fastest run of its local equivalent. GPU run 44's
     H100 host ran the same program's CPU-bound start at two speeds ~1.6x apart, switching between runs and within
     one, so a pair's two runs can be at different speeds; each side's fastest run is at the host's faster one."""
     fastest: dict[str, dict[str, Any]] = {}
     for r in runs:
-        if r.get("jit") != JIT or "error" in r or "total_s" not in r:
+        if "error" in r or "total_s" not in r:
             continue
         if r["path"] not in fastest or r["total_s"] < fastest[r["path"]]["total_s"]:
             fastest[r["path"]] = r
@@ -162,7 +164,7 @@ def graphwise_fastest(runs: list[dict[str, Any]]) -> dict[str, float]:
     fastest: dict[str, list[float]] = {}
     for r in runs:
         times = r.get("runnable_s")
-        if r.get("jit") != JIT or "error" in r or not times or r["path"].startswith(("first-lazy", "first-compile-4")):
+        if "error" in r or not times or r["path"].startswith(("first-lazy", "first-compile-4")):
             continue
         gaps = [b - a for a, b in itertools.pairwise([0.0, *times])]
         found = fastest.setdefault(r["path"], gaps)
@@ -181,7 +183,7 @@ def own_ms(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     between runs does not blur it. Medians past the first two graphs, the first two, and the drop-in's capture."""
     per_path: dict[str, dict[str, list[float]]] = {}
     for r in runs:
-        if r.get("jit") != JIT or "error" in r:
+        if "error" in r:
             continue
         phases = r.get("phases") or {}
         for record in phases if isinstance(phases, list) else [phases]:
@@ -213,7 +215,7 @@ def beside(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     the GPU's utilization while the node ran."""
     out: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
-        if r.get("jit") != JIT or "error" in r or "beside" not in r:
+        if "error" in r or "beside" not in r:
             continue
         threads = r.get("thread_cpu_s") or {}
         out.setdefault(r["path"], []).append(
@@ -236,7 +238,7 @@ def collector(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     pair is tens of ms of the gap."""
     out: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
-        if r.get("jit") != JIT or "error" in r or not isinstance(r.get("gc"), dict):
+        if "error" in r or not isinstance(r.get("gc"), dict):
             continue
         found = r["gc"]
         out.setdefault(r["path"], []).append(
@@ -258,13 +260,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="OUT.json and OUT.png are written")
     parser.add_argument("--jit", choices=("warm", "cold"), default="warm", help="the JIT cache state's runs to read")
     args = parser.parse_args()
-    global JIT
-    JIT = args.jit
     arms: dict[str, Any] = {}
     for arm in args.arm:
         name, _, file = arm.partition("=")
         data = json.loads(Path(file).read_text())
-        data["runs"] = clocked(data["runs"])
+        data["runs"] = clocked(data["runs"], args.jit)
         ratios = pair_ratios(data["runs"])
         arms[name] = {
             "file": file,
@@ -279,7 +279,9 @@ def main() -> None:
             "own_ms": own_ms(data["runs"]),
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"target": TARGET, "jit": JIT, "arms": arms}, indent=1) + "\n")
+    args.out.with_suffix(".json").write_text(
+        json.dumps({"target": TARGET, "jit": args.jit, "arms": arms}, indent=1) + "\n"
+    )
     fig, (ax,) = figure(1)
     labels, positions = [], 0
     for name, arm in arms.items():

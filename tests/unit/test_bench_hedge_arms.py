@@ -98,7 +98,10 @@ def test_rows_of_processes_that_went_together_are_timed_by_their_own_clocks() ->
         "total_s": 1.25,
         "per_process": [{"total_s": 1.05}],
     }
-    runs = clocked([local, hedged])
+    cold = {**local, "jit": "cold", "total_s": 4.0}
+    runs = clocked([local, cold, hedged])
+    assert len(runs) == 2  # the warm runs only: a cold local run between them is no pair's
     assert runs[1]["total_s"] == 1.05 and runs[1]["total_s_recorded"] == 1.25
     assert runs[0] is local  # a single process's row is its own clock already
     assert pair_ratios(runs)["first-dropin+hedge"] == [1.05]
+    assert clocked([local, cold, hedged], "cold") == [cold]

@@ -216,7 +216,7 @@ def test_builds_wait_while_callers_build_their_own_within_a_cap() -> None:
 
 def test_a_first_node_with_an_empty_jit_cache_is_not_built_beside_while_it_asks() -> None:
     # GPU run 46: such a node built its 13 graphs in 4-6 s, asking for the next every 0.3-1 s; with a 3 s hold the
-    # service built and tuned beside it from its fourth graph on (1.09-1.31x its local start).
+    # service built and tuned beside it once 3 s had passed (1.09-1.31x its local start).
     clock = _Clock()
     gate = YieldGate(1.0, clock)  # the default hold (--hedged-hold-max)
     taken = clock.now

@@ -399,7 +399,7 @@ class BuildSettings:
         to_workers=True,
     )
     # Longer than a first node's start with an empty JIT cache (GPU run 46: 13 graphs in 4.1-6.2 s; a 3 s hold let
-    # the service build and tune beside the node from its fourth graph on, 1.09-1.31x its local start).
+    # the service build and tune beside the node once 3 s had passed: 1.09-1.31x its local start).
     hedged_hold_max_s: float = setting(
         30.0,
         "--hedged-hold-max",
