@@ -139,6 +139,12 @@ HEDGE = "+hedge"  # PATH+HEDGE: PATH with PLANCACHE_HEDGE=1
 FIRST_USE = "+first-use"  # PATH+FIRST_USE: a workload path with PLANCACHE_WORKLOAD_DESERIALIZE=first-use
 COLLIDED = "+collided"  # PATH+COLLIDED: a workload path under the other program's workload name
 NO_STREAM = "+no-stream"  # PATH+NO_STREAM: a workload path with PLANCACHE_WORKLOAD_PREFETCH=0 (each graph asks)
+# PATH+IMPORTED: a local path whose process has imported what a drop-in node imports (grpc, plancache.cudnn) before
+# its clock, uses none of it: whether the drop-in's first graph's own build, +115-164 ms over the local program's in
+# GPU run 46, is the libraries loaded beside the frontend (PLANCACHE_BENCH_PREIMPORT=1; a diagnosis: --pairs
+# local-program+imported runs it beside the drop-in's pair).
+IMPORTED = "+imported"
+LOCAL_IMPORTED = "local-program" + IMPORTED
 # PATH+QUIET+HEDGE: a hedged first node whose fresh worker holds autotuning back while misses come
 # (--tune-after-quiet 1: no candidate timed on the GPU beside the node's own builds); --pairs first-dropin+quiet.
 QUIET = "+quiet"
@@ -273,7 +279,8 @@ PAIRED = (
     ("local-heuristic", "first-lazy+hedge"),
     ("local-functional", "first-functional+hedge"),
 )
-PAIRED_LOCAL = frozenset(local for local, _ in PAIRED)  # hedge-paired runs these through together(), as the hedged
+# hedge-paired runs these through together(), as the hedged
+PAIRED_LOCAL = frozenset({*(local for local, _ in PAIRED), LOCAL_IMPORTED})
 # Selected by name only (--pairs first-dropin+quiet): a diagnosis, beside the drop-in's own pair.
 PAIRED_BY_NAME = (
     ("local-program", "first-dropin" + QUIET + HEDGE),
@@ -332,7 +339,7 @@ TUNED_WAIT_S = (25, 10)
 
 def base(path: str) -> str:
     """The path without its hedge, deserialization or collision: what its node processes run."""
-    for suffix in (HEDGE, QUIET, EAGER, FIRST_USE, COLLIDED, NO_STREAM, LISTED):
+    for suffix in (HEDGE, QUIET, EAGER, FIRST_USE, COLLIDED, NO_STREAM, LISTED, IMPORTED):
         path = path.removesuffix(suffix)
     return path
 
@@ -430,6 +437,8 @@ class Bench:
             extra["PLANCACHE_WORKLOAD_DESERIALIZE"] = "first-use"
         if path.endswith(LISTED):
             extra["PLANCACHE_WORKLOAD_DESERIALIZE"] = "listed"
+        if IMPORTED in path:
+            extra["PLANCACHE_BENCH_PREIMPORT"] = "1"
         if NO_STREAM in path:  # the record is still written (reports on); this process streams nothing
             extra["PLANCACHE_WORKLOAD_PREFETCH"] = "0"
         if path.endswith(COLLIDED):  # another program's record; its own uses not reported (each run meets it alone)
@@ -791,6 +800,8 @@ class Bench:
             elif self.study == "hedge-paired":
                 pairs = [pair for pair in PAIRED if not self.pairs or base(pair[1]) in self.pairs]
                 pairs += [pair for pair in PAIRED_BY_NAME if pair[1].removesuffix(HEDGE) in self.pairs]
+                if LOCAL_IMPORTED in self.pairs:  # the drop-in's pair with the imports' local run before it
+                    pairs.append((LOCAL_IMPORTED, "local-program", "first-dropin" + HEDGE))
                 self.groups(jit, env, address, redis_url, [pair for _ in range(self.repeats) for pair in pairs])
                 self.stored(
                     jit, env, address, redis_url, (HITS, ("fetch",), ("floor",), *FLOOR_PROGRAM_PAIRS), tuned_only=False

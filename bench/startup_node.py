@@ -594,6 +594,9 @@ def main() -> None:
     step = decode_setup(args.path, args.server) if args.path in STEP_PATHS else None
     torch.cuda.synchronize()
     setup_s = time.perf_counter() - IMPORT_STARTED - imports_s
+    if os.environ.get("PLANCACHE_BENCH_PREIMPORT") == "1":  # a diagnosis (bench/startup.py IMPORTED): loaded, unused
+        importlib.import_module("grpc")
+        importlib.import_module("plancache.cudnn")
     if os.environ.get("PLANCACHE_BENCH_GC_FREEZE") == "1":  # a diagnosis arm, on both sides of a pair alike
         gc.collect()
         gc.freeze()  # what set-up made (torch, the frontend, plancache) is not walked by the clock's collections

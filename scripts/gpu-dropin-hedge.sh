@@ -20,6 +20,8 @@
 #             (GPU run 44: its hosts' two paces were the time's, not a CPU's: pinned pairs were no steadier)
 #   (shared, cores, pool1 and gpu1 together: which of the service's work beside a hedged node slows its own build,
 #   GPU run 40: the CPUs' cores, the CPU time or the GPU)
+# PAIRS=first-dropin,local-program+imported adds, before each drop-in pair, the local program with the drop-in's
+# imports loaded and unused (bench/startup.py IMPORTED: whether they slow its first graph's build, GPU run 46).
 # JIT=cold runs every arm with an empty JIT cache (CUDA_CACHE_DISABLE=1, nodes and worker) instead of a warm one.
 # BENCH_BESIDE_GPU=1 also samples the GPU's utilization beside each hedged node (nvidia-smi every 50 ms; off by
 # default: the single local runs have no sampler beside them, so it weighs on the hedged side of each pair).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.startup import merge_shares
@@ -75,3 +77,14 @@ def test_a_machine_that_never_quiets_is_waited_for_a_bounded_time(monkeypatch: p
     monkeypatch.setattr(startup_deploy.time, "monotonic", lambda: next(clock))
     found = startup_deploy.wait_quiet(max_s=5.0)
     assert not found["quiet"] and 5.0 <= found["waited_s"] < 6.0
+
+
+def test_the_imports_diagnosis_runs_the_local_program_with_the_drop_ins_imports_loaded(tmp_path: Path) -> None:
+    # GPU run 46: the drop-in's first graph's own build was +115-164 ms over the local program's; this local run,
+    # the drop-in's libraries imported and unused, tells whether they are what slows it.
+    from bench.startup import LOCAL_IMPORTED, PAIRED_LOCAL, Bench, base
+
+    assert base(LOCAL_IMPORTED) == "local-program" and LOCAL_IMPORTED in PAIRED_LOCAL  # started as a pair's local
+    bench = Bench(tmp_path, 60.0, 1, 0.0, None, 0, "hedge-paired")
+    assert bench.node_env(LOCAL_IMPORTED, "warm", {})["PLANCACHE_BENCH_PREIMPORT"] == "1"
+    assert "PLANCACHE_BENCH_PREIMPORT" not in bench.node_env("local-program", "warm", {})
