@@ -77,9 +77,10 @@ def _machine_busy_s() -> float:
 
 
 # A node's clock starts once the machine is this quiet (busy CPUs, all processes, over QUIET_WINDOW_S): GPU run 46
-# found hedged first nodes started right after their fresh worker's 9 processes had loaded torch and cuDNN (~30 CPU
-# seconds in a few), and their own builds then ran up to 1.5x slower, the worker stopped or not, where their local
-# runs started on an idle machine. Both sides of a pair now start alike (bench/startup.py together()).
+# found hedged first nodes started right after their fresh worker's 9 processes had loaded torch and cuDNN (their
+# processes polling the barrier meanwhile), and their own builds then ran up to 1.5x slower, the worker stopped or
+# not, where their local runs started on an idle machine at once. Both sides of a pair now start alike
+# (bench/startup.py together()).
 QUIET_CPUS = 0.5
 QUIET_WINDOW_S = 0.5
 QUIET_MAX_S = 20.0
