@@ -1251,6 +1251,7 @@ def graph_names() -> list[str]:
 # The timeline's paths: the hedge's points should lie on the local build's.
 TIMELINE = (
     "local-heuristic",
+    "local-program",  # the drop-in's local equivalent (the frontend program it is)
     "first-compile",
     "first-compile+hedge",
     "first-dropin+hedge",
@@ -1258,7 +1259,7 @@ TIMELINE = (
     "first-compile-4proc",
     "first-prefetch",
 )
-MARKERS = "os^DvPX"
+MARKERS = "os^DvPX*"
 
 
 def plot_timeline(runs: list[dict[str, Any]], path: Path) -> None:
