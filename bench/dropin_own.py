@@ -65,7 +65,11 @@ def _held_for(ms: float) -> Callable[[], None]:
     probe = 200_000
     took = min(_timed(lambda: sum(range(probe))) for _ in range(5))
     count = max(1, int(probe * (ms / 1000) / took))
-    return lambda: sum(range(count)) and None
+
+    def hold() -> None:
+        sum(range(count))
+
+    return hold
 
 
 def _timed(fn: Callable[[], object]) -> float:

@@ -798,10 +798,7 @@ class Bench:
                 )
                 self.groups(jit, env, address, redis_url, [p for _ in range(self.repeats) for p in COLLIDED_PAIRS])
             elif self.study == "hedge-paired":
-                pairs = [pair for pair in PAIRED if not self.pairs or base(pair[1]) in self.pairs]
-                pairs += [pair for pair in PAIRED_BY_NAME if pair[1].removesuffix(HEDGE) in self.pairs]
-                if LOCAL_IMPORTED in self.pairs:  # the drop-in's pair with the imports' local run before it
-                    pairs.append((LOCAL_IMPORTED, "local-program", "first-dropin" + HEDGE))
+                pairs = self.paired_groups()
                 self.groups(jit, env, address, redis_url, [pair for _ in range(self.repeats) for pair in pairs])
                 self.stored(
                     jit, env, address, redis_url, (HITS, ("fetch",), ("floor",), *FLOOR_PROGRAM_PAIRS), tuned_only=False
@@ -841,6 +838,16 @@ class Bench:
                 self.stored(jit, env, address, redis_url, (HITS,), tuned_only=False)
         if filling and self.study == "hedge" and time.monotonic() + ESTIMATE_S["fill"][0] <= self.deadline:
             self.fill_cache(jit)  # for a warm call on this machine (--warm-cache)
+
+    def paired_groups(self) -> list[tuple[str, ...]]:
+        """hedge-paired's groups, as --pairs selects them; with local-program+imported the drop-in's pair runs once,
+        the imports' local run before it (not a second drop-in pair beside the plain one)."""
+        pairs: list[tuple[str, ...]] = [pair for pair in PAIRED if not self.pairs or base(pair[1]) in self.pairs]
+        pairs += [pair for pair in PAIRED_BY_NAME if pair[1].removesuffix(HEDGE) in self.pairs]
+        if LOCAL_IMPORTED in self.pairs:
+            dropin: tuple[str, ...] = ("local-program", "first-dropin" + HEDGE)
+            pairs = [pair for pair in pairs if pair != dropin] + [(LOCAL_IMPORTED, *dropin)]
+        return pairs
 
     def save(self) -> dict[str, Any]:
         summary = summarize(self.runs)

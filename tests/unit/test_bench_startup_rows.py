@@ -88,3 +88,14 @@ def test_the_imports_diagnosis_runs_the_local_program_with_the_drop_ins_imports_
     bench = Bench(tmp_path, 60.0, 1, 0.0, None, 0, "hedge-paired")
     assert bench.node_env(LOCAL_IMPORTED, "warm", {})["PLANCACHE_BENCH_PREIMPORT"] == "1"
     assert "PLANCACHE_BENCH_PREIMPORT" not in bench.node_env("local-program", "warm", {})
+
+
+def test_the_imports_diagnosis_runs_the_drop_ins_pair_once_its_local_runs_before_it(tmp_path: Path) -> None:
+    from bench.startup import LOCAL_IMPORTED, Bench
+
+    bench = Bench(tmp_path, 60.0, 1, 0.0, None, 0, "hedge-paired")
+    bench.pairs = ("first-dropin", LOCAL_IMPORTED)
+    groups = bench.paired_groups()
+    assert [g for g in groups if "first-dropin+hedge" in g] == [(LOCAL_IMPORTED, "local-program", "first-dropin+hedge")]
+    bench.pairs = ("first-dropin",)
+    assert bench.paired_groups() == [("local-program", "first-dropin+hedge")]
