@@ -13,7 +13,8 @@ node's build wins). Per graph past the first two of a process:
 
   own      the build step less the node's build inside it (bench/miss_phases.py's dropin_build less race_build:
            what GPU runs read inside real first nodes as plancache's own time, bench/hedge_arms.py's own_ms)
-  capture  the program's graph read, normalized and proven (dropin_capture)
+  capture  the program's graph read and normalized (dropin_capture; proven inside the step until this session's
+           change, later only where the service's plan takes over)
   race     Client.race less the node's build (keying, disk cache, the Compile sent, the race settled)
   rest     the build step's own time around those two (the plan calls' options, counting the graph)
 

@@ -18,7 +18,9 @@ is split into its pieces (issue 41):
   dropin_build   plancache.cudnn's whole build step (Serving._build): capture, race, settle, load; less its
                  race_build, what plancache.cudnn's build step adds to the program's own build (issue 41 item 1),
                  measured inside one process, so a host whose CPU speed changes between runs does not blur it
-  dropin_capture the program's graph captured, normalized and proven (plancache.cudnn._capture.capture)
+  dropin_capture the program's graph read and normalized (plancache.cudnn._capture.read)
+  dropin_prove   the read proven to be the program's graph (plancache.cudnn._capture.prove): inside the build step
+                 for a hit or a service plan first, at the take-over for a race the node's build won
   touch          Service.touch: the program's first use (its client made, its workload's stream started)
 
 With PLANCACHE_BENCH_PROFILE=FILE the clocked part also runs under
@@ -99,7 +101,11 @@ def install(*, dropin: bool = False) -> bool:
         from plancache.cudnn import _serving
 
         _serving.Serving._build = _timed_outermost("dropin_build", _serving.Serving._build)  # type: ignore[method-assign]
-        _serving.capture = _timed("dropin_capture", _serving.capture)  # type: ignore[assignment]
+        if hasattr(_serving, "read"):
+            _serving.read = _timed("dropin_capture", _serving.read)  # type: ignore[attr-defined]
+            _serving.prove = _timed("dropin_prove", _serving.prove)  # type: ignore[attr-defined]
+        else:  # a client before the proof was deferred (bench/dropin_own.py's arms): read and proof in one
+            _serving.capture = _timed("dropin_capture", _serving.capture)  # type: ignore[attr-defined]
 
     original_run_race = hedge.run_race
 

@@ -563,6 +563,83 @@ def test_a_hedged_miss_whose_service_fails_keeps_the_programs_plan(recorder: Rec
     assert recorder.loaded == [] and recorder.names().count("execute") == 2 and g.plancache.source == "local"
 
 
+class Proofs:
+    """Counts plancache.cudnn's proofs (plancache.cudnn._capture.prove) and can make each find a difference, as a
+    capture that misreads a graph would (a field a newer frontend adds)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.made = 0
+        self.difference: str | None = None
+        real = capturing.differences
+
+        def differences(program: Any, rebuilt: Any) -> list[str]:
+            self.made += 1
+            return [self.difference] if self.difference else real(program, rebuilt)
+
+        monkeypatch.setattr(capturing, "differences", differences)
+
+
+@pytest.fixture
+def proofs(monkeypatch: pytest.MonkeyPatch) -> Proofs:
+    return Proofs(monkeypatch)
+
+
+def test_a_hedged_miss_proves_its_graph_when_the_services_plan_takes_over_not_in_the_build(
+    recorder: Recorder, client: StandInClient, proofs: Proofs
+) -> None:
+    client.hedge = True
+    g, (a, b, c) = matmul_graph()
+    build(g)
+    assert proofs.made == 0 and g.plancache.reason == built_records.HEDGED  # the build step did not prove it
+    assert client.pending is not None
+    client.pending.answer()
+    g.execute({a: 1, b: 2, c: 3}, Workspace(4096))
+    g.execute({a: 1, b: 2, c: 3}, Workspace(4096))
+    assert proofs.made == 1 and len(recorder.loaded) == 1 and g.plancache.source == "compiled"
+
+
+def test_a_hedged_miss_whose_capture_differs_never_runs_the_services_plan(
+    recorder: Recorder, client: StandInClient, proofs: Proofs, caplog: pytest.LogCaptureFixture
+) -> None:
+    client.hedge = True
+    proofs.difference = "node 0: parameter 'padding' [1] (the program) against [0]"
+    g, (a, b, c) = matmul_graph()
+    build(g)
+    assert g.plancache.source == "local" and recorder.names().count("build_plans") == 1
+    assert client.pending is not None
+    client.pending.answer()
+    for _ in range(2):
+        g.execute({a: 1, b: 2, c: 3}, Workspace(4096))
+    assert recorder.loaded == [] and recorder.names().count("execute") == 2 and client.pending.adoptions == 0
+    assert g.plancache.source == "local" and "differs from the program's graph" in (g.plancache.reason or "")
+    assert shim.stats().local == 1 and list(shim.stats().reasons) == [g.plancache.reason]
+    assert any("keeps its own build" in r.getMessage() for r in caplog.records)
+
+
+def test_a_service_plan_first_for_a_graph_whose_capture_differs_is_refused_and_nothing_builds_twice(
+    recorder: Recorder, client: StandInClient, proofs: Proofs
+) -> None:
+    client.hedge, client.race_outcome = True, "service"
+    proofs.difference = "node 0: a field the capture dropped"
+    g, (a, b, c) = matmul_graph()
+    build(g)
+    assert recorder.names().count("build_plans") == 1 and recorder.loaded == []
+    assert g.plancache.source == "local" and g.plancache.local_built
+    assert "differs from the program's graph" in (g.plancache.reason or "") and shim.stats().served == 0
+    g.execute({a: 1, b: 2, c: 3}, "ws")
+    assert recorder.names()[-1] == "execute" and recorder.loaded == []
+
+
+def test_without_a_race_a_graph_whose_capture_differs_is_not_asked_for(
+    recorder: Recorder, client: StandInClient, proofs: Proofs
+) -> None:
+    proofs.difference = "node 0: a field the capture dropped"
+    g, _ = matmul_graph()
+    build(g)
+    assert client.asked == [] and proofs.made == 1 and g.plancache.source == "local"
+    assert recorder.names().count("build_plans") == 1
+
+
 # ---- what the process tells the service -------------------------------------------------------
 
 

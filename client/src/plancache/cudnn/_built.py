@@ -128,6 +128,21 @@ def count_local(built: Built, why: Local, level: int = logging.WARNING) -> None:
     _once(log, why.key, "plancache.cudnn: %s built locally: %s", what, reason, level=level)
 
 
+def relabel_local(built: Built, why: Local) -> None:
+    """A graph counted as built locally for one reason now stands for another (`why`: a hedged miss whose
+    service plan was refused when it came, plancache.cudnn._serving), logged once per `why.key`. The service
+    was told the first reason when the graph was built (a race it saw; rare: a capture that differs)."""
+    old = built.reason or "unknown"
+    if _STATS.reasons.get(old, 0) > 0:
+        _STATS.reasons[old] -= 1
+        if not _STATS.reasons[old]:
+            del _STATS.reasons[old]
+    built.reason = why.reason
+    _STATS.reasons[why.reason] = _STATS.reasons.get(why.reason, 0) + 1
+    what = f"graph {built.name!r}" if why.about_the_graph else "graphs"
+    _once(log, why.key, "plancache.cudnn: %s keeps its own build: %s", what, why.reason, level=logging.WARNING)
+
+
 def refused(error: PlanCacheError) -> Local:
     """Why a graph builds locally when the service did not serve it (`error`)."""
     return Local(describe(error), reason_key(error), isinstance(error, ABOUT_THE_GRAPH), outcomes.reason_of(error))

@@ -6,7 +6,12 @@ the code every worker builds plans with) is compared with the program's,
 field by field, as cuDNN would receive them. A capture that differs
 anywhere is refused naming the difference (SpecError: the graph builds
 locally), so a plan is never served for a graph other than the one the
-program declared, even for an attribute a newer frontend adds.
+program declared, even for an attribute a newer frontend adds. The proof
+comes before any plan of the service's runs, not before it is asked for:
+a hedged miss that the program's own build wins proves its graph when the
+service's plan is about to take over (plancache.cudnn._serving), so that
+a first node's build step does not pay for it (issue 41: ~0.3 ms of a
+graph's ~1.7 ms on the CPU machine).
 
 The uids are the IR's own: it gives every tensor one when the tensor is made
 (from 1, in creation order, skipping those a program sets; 0 too when a
@@ -28,7 +33,20 @@ from plancache.keys.options import HEURISTIC_MODES, CompileOptions
 
 def capture(graph: Any, frontend: Any) -> GraphSpec:
     """The normalized spec of `graph`, proven to rebuild into it (SpecError naming what has no form or differs)."""
-    spec = normalize(GraphSpec.from_pygraph(graph), owned=True)  # a spec made here: normalized in place
+    spec = read(graph)
+    prove(graph, spec, frontend)
+    return spec
+
+
+def read(graph: Any) -> GraphSpec:
+    """The normalized spec of `graph`, not yet proven: enough to key it and ask for its plan, never to run a plan
+    (`prove` first). A hedged miss the program's own build wins proves it when the service's plan is about to take
+    over (plancache.cudnn._serving): most of a first node's graphs never pay for the proof inside their build."""
+    return normalize(GraphSpec.from_pygraph(graph), owned=True)  # a spec made here: normalized in place
+
+
+def prove(graph: Any, spec: GraphSpec, frontend: Any) -> None:
+    """SpecError naming the first difference unless the frontend graph rebuilt from `spec` is the program's `graph`."""
     # The rebuilt graph is compared, never built: it may hold the program's own kernel cache.
     rebuilt = build_pygraph(
         spec, frontend, kernel_cache=graph.__dict__.get("_cpp_graph_kwargs", {}).get("kernel_cache")
@@ -37,7 +55,6 @@ def capture(graph: Any, frontend: Any) -> GraphSpec:
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         raise SpecError(f"the spec plancache captured differs from the program's graph: {found[0]}{more}")
-    return spec
 
 
 def _names(values: Sequence[Any], what: str) -> tuple[str, ...]:

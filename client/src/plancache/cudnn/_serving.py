@@ -29,12 +29,13 @@ from plancache.cudnn._built import (
     node_types,
     recording,
     refused,
+    relabel_local,
     uncount_served,
 )
-from plancache.cudnn._capture import capture, current_device
+from plancache.cudnn._capture import current_device, prove, read
 from plancache.cudnn._plan_calls import PlanCalls
 from plancache.cudnn._plan_list import Records
-from plancache.errors import PlanCacheError
+from plancache.errors import PlanCacheError, SpecError
 from plancache.frontdoors.families import WATCH
 from plancache.frontdoors.service import SERVICE, describe
 from plancache.graphspec.graph import GraphSpec
@@ -49,7 +50,7 @@ log = logging.getLogger("plancache.cudnn")  # the drop-in's one logger, whicheve
 class Serving:
     """A graph's plan calls (deferred while plancache may serve), its outcome, and the graph that runs its plan."""
 
-    __slots__ = ("built", "calls", "race", "race_key", "records", "served")
+    __slots__ = ("built", "calls", "own_built", "race", "race_key", "records", "served", "unproven")
 
     def __init__(self) -> None:
         self.built: Built | None = None
@@ -60,6 +61,10 @@ class Serving:
         # A hedged miss the program's own build won: the service's answer, to take over at a later execute.
         self.race: Race | None = None
         self.race_key = ""  # the plan key that race asked the service for
+        # That race's spec, proven to be the program's graph only when the service's plan is about to take over
+        # (plancache.cudnn._capture: the proof is not paid inside the program's build).
+        self.unproven: GraphSpec | None = None
+        self.own_built = False  # the program's own build ran (in a race) and succeeded: never built twice
 
     @property
     def pending(self) -> bool:
@@ -183,6 +188,7 @@ class Serving:
             self.calls.replay.clear()  # made already: a local build after the race does not make them again
             raise
         self.calls.replay.clear()
+        self.own_built = True
 
     def _fetch(
         self, graph: Any, frontend: Any, build: Callable[[], Any] | None = None
@@ -196,12 +202,18 @@ class Serving:
             graph.validate()  # the IR's inferred dims, and the program's own errors, as its build would raise them
         spec, stage = None, "capturing the graph"
         try:
-            spec = capture(graph, _frontend)
+            spec = read(graph)
             stage = "asking plancache"
             wanted = self.calls.options(SERVICE.options)
             if self.records is not None and self.records[0] == wanted:
+                prove(graph, spec, _frontend)
                 return spec, self.records[1], None  # the plan that answered the program's queries is the one it builds
             ahead = WATCH.asked_for(spec)  # a member of a family the service may be building ahead: asked first
+            # Proven before asking where the program would wait for the service's plan: a graph the capture
+            # misreads is then not asked for (nor waited for). A race's program builds meanwhile: proven later.
+            proven = build is None or not SERVICE.hedges()
+            if proven:
+                prove(graph, spec, _frontend)
             if build is None:
                 plan = SERVICE.compile(spec, current_device(), wanted, path="cudnn", normalized=True, ask_first=ahead)
                 return spec, plan, None
@@ -209,8 +221,13 @@ class Serving:
             raced = SERVICE.race(
                 spec, current_device(), wanted, own_build, path="cudnn", normalized=True, ask_first=ahead
             )
-            self.race, self.race_key = raced.race, raced.key
-            return spec, raced.plan, None
+            if raced.plan is not None:  # a hit, or the service's plan first: proven before it runs
+                if not proven:
+                    prove(graph, spec, _frontend)
+                return spec, raced.plan, None
+            # The program's own build ran and runs: its graph is proven when the service's plan comes (adopt).
+            self.race, self.race_key, self.unproven = raced.race, raced.key, spec
+            return spec, None, None
         except PlanCacheError as e:
             return spec, None, refused(e)
         except Exception as e:  # e.g. a frontend error: the program's own build runs and says it
@@ -253,7 +270,12 @@ class Serving:
                 local = Local(reason, reason, True, "load_failed")
         if local is not None or plan is None:
             local = local or NO_PLAN
-            self._local(frontend, Built(name, spec, reason=local.reason, node_types=node_types(graph)), local)
+            built = Built(name, spec, reason=local.reason, node_types=node_types(graph))
+            if self.own_built:  # built in a race whose plan was refused: the program's own plan runs, built once
+                built.local_built = True
+                self._count_local(built, local)
+                return True
+            self._local(frontend, built, local)
             return False
         self.served, self.built = served, Built(name, spec, plan, node_types=node_types(graph))
         count_served(self.built, plan)
@@ -293,6 +315,8 @@ class Serving:
         if size is None or size < plan.metadata.workspace_size:
             return  # asked again at the next execute (the program may pass a larger one)
         self.race = None
+        if not self._proven(graph):
+            return
         try:
             served = _load(graph, plan)
         except Exception as e:  # a blob this frontend cannot load: the program's own plan keeps running
@@ -305,6 +329,21 @@ class Serving:
             previous.plan = plan
         self.served = served
         race.adopted()
+
+    def _proven(self, graph: Any) -> bool:
+        """Whether the race's spec is the program's graph (plancache.cudnn._capture.prove), proven once, before the
+        service's plan first runs; when it is not, the program's own plan keeps running and the graph's record
+        says why (a capture that differs is refused, as it is before a build)."""
+        spec, self.unproven = self.unproven, None
+        if spec is None:
+            return True
+        try:
+            prove(graph, spec, _frontend)
+        except SpecError as e:
+            if self.built is not None:
+                relabel_local(self.built, refused(e))
+            return False
+        return True
 
     def drives(self, graph: Any, frontend: Any, name: str, what: str | None = None) -> None:
         """A call by which the program builds or runs candidates itself (an

@@ -240,6 +240,11 @@ class Service:
             return client.race(query, None, None, build, path=path, timeout=self.timeout)
         return Raced(plan=client.compile(query, timeout=self.timeout, hedge=False, hedge_path=path))
 
+    def hedges(self) -> bool:
+        """Whether race() races the caller's build against the service (the client hedges), rather than waiting
+        for the service's plan (NotConfigured without a service)."""
+        return bool(self.client().hedge)
+
     def reset(self) -> None:
         """Back to the start: no client, PLANCACHE_SERVER read on next use."""
         self.configure(None)
