@@ -23,6 +23,10 @@ node's build wins). Per graph past the first two of a process:
 
 Arms are source trees of the client (`--arm NAME=PATH`, PATH a `client/src`), run in alternating fresh processes
 (`--processes` each), so both see the same machine; medians over every graph of every process of an arm.
+`--pause-ms P` (repeatable: every arm at each) sleeps after each graph, as a lazy node's layer does (GPU runs 46-47
+read `Client.compile`'s own time lazily 1.04-1.19 ms a graph, back to back 0.69-0.93). `--door compile` measures one
+`Client.compile` per graph instead of the drop-in's build step (own: compile less the node's build; capture: its
+query, the spec validated and normalized; race: the rest).
 
     python3 bench/dropin_own.py --arm before=/tmp/before/client/src --arm after=client/src --out bench/results
 """
@@ -79,7 +83,9 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - begun
 
 
-def measure(rounds: int, build_ms: float, gil: str = "held") -> dict[str, list[float]]:
+def measure(
+    rounds: int, build_ms: float, gil: str = "held", door: str = "cudnn", pause_ms: float = 0.0
+) -> dict[str, list[float]]:
     """In this process: every graph's phases (ms), past the first two."""
     import multiprocessing
 
@@ -92,12 +98,66 @@ def measure(rounds: int, build_ms: float, gil: str = "held") -> dict[str, list[f
     service = context.Process(target=_serve, args=(ready,), daemon=True)
     service.start()
     try:
-        return _graphs(ready.get(timeout=60), rounds, build_ms, gil)
+        address = ready.get(timeout=60)
+        if door == "compile":
+            return _compiles(address, rounds, build_ms, pause_ms / 1000)
+        return _graphs(address, rounds, build_ms, gil, pause_ms / 1000)
     finally:
         service.kill()
 
 
-def _graphs(address: str, rounds: int, build_ms: float, gil: str) -> dict[str, list[float]]:
+def _compiles(address: str, rounds: int, build_ms: float, pause_s: float) -> dict[str, list[float]]:
+    """--door compile: one Client.compile per graph, hedged, the node's own build the held stand-in; a fresh client
+    each round (a round's graphs are the same keys: each round its first two ask first, as a process's do).
+    Phases: own (Client.compile less the node's build), capture (its query: the spec validated and normalized,
+    bench/miss_phases.py's `query`), race (the rest)."""
+    from bench import miss_phases
+    from bench.startup_graphs import startup_graphs
+    from plancache import Client
+    from plancache.keys.query import PlanQuery
+    from plancache.run.plan import Plan
+    from tests.support.standin import STANDIN_TARGET
+    from tests.support.standin_local import StandInLocalBuilder
+
+    hold = _held_for(build_ms)
+    built: list[float] = []
+
+    class HeldBuild(StandInLocalBuilder):
+        """STAND-IN: the node's own build holds the interpreter `build_ms`, as the frontend's does."""
+
+        def build(self, query: PlanQuery) -> Plan:
+            begun = time.perf_counter()
+            hold()
+            plan = super().build(query)
+            built.append(time.perf_counter() - begun)
+            return plan
+
+    if not miss_phases.install():
+        raise RuntimeError("bench.miss_phases did not install (PLANCACHE_BENCH_PHASES=1 is set by measure())")
+    found: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    for _ in range(rounds):
+        with Client(address, cache=False, hedge=True, allow_unsigned=True, local_builder=HeldBuild()) as client:
+            miss_phases.take()
+            for index, spec in enumerate(startup_graphs()):
+                built.clear()
+                plan = client.compile(spec, STANDIN_TARGET)
+                clocks = miss_phases.take()
+                if plan.source != "local" or len(built) != 1:
+                    raise RuntimeError(f"graph {spec.name}: not a hedged miss the node's build won: {plan.source}")
+                if pause_s:
+                    time.sleep(pause_s)  # the program's own work between graphs (a lazy node's layer)
+                if index < 2:
+                    continue  # a client's first two graphs ask the service first, synchronously
+                (step,), (query,) = clocks["compile"], clocks["query"]
+                own = step - built[0]
+                found["own"].append(own * 1000)
+                found["capture"].append(query * 1000)
+                found["race"].append((own - query) * 1000)
+                found["rest"].append(0.0)
+    return found
+
+
+def _graphs(address: str, rounds: int, build_ms: float, gil: str, pause_s: float) -> dict[str, list[float]]:
     import cudnn
 
     import plancache.cudnn as dropin
@@ -148,6 +208,8 @@ def _graphs(address: str, rounds: int, build_ms: float, gil: str) -> dict[str, l
             clocks = miss_phases.take()
             if graph.plancache.reason != _serving.HEDGED or len(built) != 1:
                 raise RuntimeError(f"graph {spec.name}: not a hedged miss the node's build won: {graph.plancache}")
+            if pause_s:
+                time.sleep(pause_s)  # the program's own work between graphs (a lazy node's layer)
             if round_ == 0 and index < 2:
                 continue  # a process's first two graphs ask the service first, synchronously
             (step,), (node_build,), (capture,), (race,) = (
@@ -161,11 +223,25 @@ def _graphs(address: str, rounds: int, build_ms: float, gil: str) -> dict[str, l
     return found
 
 
-def run(arms: dict[str, str], processes: int, rounds: int, build_ms: float, gil: str = "held") -> dict[str, Any]:
-    per_arm: dict[str, dict[str, list[float]]] = {name: {phase: [] for phase in PHASES} for name in arms}
-    process_medians: dict[str, list[float]] = {name: [] for name in arms}
+def run(
+    arms: dict[str, str],
+    processes: int,
+    rounds: int,
+    build_ms: float,
+    gil: str = "held",
+    door: str = "cudnn",
+    pauses_ms: tuple[float, ...] = (0.0,),
+) -> dict[str, Any]:
+    """Each arm at each pause, in alternating fresh processes; an arm at several pauses is named "ARM +P ms"."""
+    runs = {
+        (name if len(pauses_ms) == 1 else f"{name} +{pause_ms:g} ms"): (source, pause_ms)
+        for name, source in arms.items()
+        for pause_ms in pauses_ms
+    }
+    per_arm: dict[str, dict[str, list[float]]] = {name: {phase: [] for phase in PHASES} for name in runs}
+    process_medians: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(processes):
-        for name, source in arms.items():
+        for name, (source, pause_ms) in runs.items():
             # The arm's client first; the rest as the caller has it (a GPU host's carried wheels, server/src).
             kept = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
             environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(source).resolve()), str(REPO), *kept])}
@@ -180,6 +256,10 @@ def run(arms: dict[str, str], processes: int, rounds: int, build_ms: float, gil:
                     str(build_ms),
                     "--build-gil",
                     gil,
+                    "--door",
+                    door,
+                    "--pause-ms",
+                    str(pause_ms),
                 ],
                 capture_output=True,
                 text=True,
@@ -202,6 +282,8 @@ def run(arms: dict[str, str], processes: int, rounds: int, build_ms: float, gil:
         "rounds": rounds,
         "build_ms": build_ms,
         "build_gil": gil,
+        "door": door,
+        "pauses_ms": list(pauses_ms),
         "python": sys.version.split()[0],
         "median_ms": {name: {p: statistics.median(v) for p, v in phases.items()} for name, phases in per_arm.items()},
         "process_medians_own_ms": process_medians,
@@ -226,7 +308,12 @@ def report(results: dict[str, Any], out: Path, tag: str) -> None:
     ax.scatter(names, [medians[name]["own"] for name in names], color="black", zorder=3, label="own (median)")
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8, label="issue 41's bound")
     ax.set_ylabel("ms a graph, past a process's first two (medians)")
-    ax.set_title(f"plancache.cudnn's own time in a hedged miss's build step, CPU, {results['build_ms']:.0f} ms builds")
+    door = (
+        "Client.compile's own time in a hedged miss"
+        if results.get("door") == "compile"
+        else ("plancache.cudnn's own time in a hedged miss's build step")
+    )
+    ax.set_title(f"{door}, CPU, {results['build_ms']:.0f} ms builds", fontsize=9)
     ax.legend(fontsize=7)
     save(fig, out / f"dropin_own{suffix}.png")
 
@@ -244,6 +331,18 @@ def main() -> None:
         help="the stand-in build holds the interpreter throughout, as the frontend's does (held), or is a Python loop "
         "that lets other threads in every 5 ms (loop: every result of this benchmark before stop 71)",
     )
+    parser.add_argument(
+        "--door",
+        choices=("cudnn", "compile"),
+        default="cudnn",
+        help="plancache.cudnn's build step (cudnn), or one Client.compile per graph (compile)",
+    )
+    parser.add_argument(
+        "--pause-ms",
+        type=float,
+        action="append",
+        help="a sleep after each graph, the program's work between them (repeatable: each arm at each; default 0)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--tag", default="")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -251,10 +350,13 @@ def main() -> None:
     if args.child:
         import plancache
 
-        print(json.dumps({**measure(args.rounds, args.build_ms, args.build_gil), "client": plancache.__file__}))
+        found = measure(args.rounds, args.build_ms, args.build_gil, args.door, (args.pause_ms or [0.0])[0])
+        print(json.dumps({**found, "client": plancache.__file__}))
         return
     arms = dict(arm.split("=", 1) for arm in args.arm) or {"shipped": str(REPO / "client" / "src")}
-    report(run(arms, args.processes, args.rounds, args.build_ms, args.build_gil), args.out, args.tag)
+    pauses = tuple(args.pause_ms or [0.0])
+    results = run(arms, args.processes, args.rounds, args.build_ms, args.build_gil, args.door, pauses)
+    report(results, args.out, args.tag)
 
 
 if __name__ == "__main__":

@@ -313,6 +313,23 @@ def test_miss_cost_quick_run_builds_every_graph_here_and_splits_its_time(tmp_pat
     assert (tmp_path / "miss_cost.png").stat().st_size > 10_000
 
 
+@pytest.mark.parametrize("door", ["cudnn", "compile"])
+def test_dropin_own_quick_run_times_every_hedged_miss_past_the_first_two_at_each_pause(
+    tmp_path: Path, door: str
+) -> None:
+    """bench/dropin_own.py, one process an arm and pause: every one of the 13 start-up graphs past a client's first
+    two was a hedged miss the node's build won (the child refuses any other), timed at each pause."""
+    pytest.importorskip("cudnn", reason="needs the cuDNN frontend's Python IR (nvidia-cudnn-frontend)")
+    args = ("--door", door, "--pause-ms", "0", "--pause-ms", "5", "--processes", "1", "--rounds", "1")
+    run_bench("dropin_own.py", *args, "--build-ms", "5", "--out", str(tmp_path), "--tag", "t")
+    results = json.loads((tmp_path / "dropin_own_t.json").read_text())
+    assert results["door"] == door and results["pauses_ms"] == [0.0, 5.0]
+    assert results["graphs_per_arm"] == {"shipped +0 ms": 11, "shipped +5 ms": 11}
+    for medians in results["median_ms"].values():
+        assert medians["own"] > 0 and medians["capture"] > 0
+    assert (tmp_path / "dropin_own_t.png").stat().st_size > 10_000
+
+
 def test_flood_quick_run_answers_every_flooder_call_and_no_honest_call_fails(tmp_path: Path) -> None:
     """bench/flood.py --quick (a tenth of the flood, short phases): every call the flooder made ends with a
     status it counts, no honest node's read or compile fails, nothing is left queued, the JSON and plot
