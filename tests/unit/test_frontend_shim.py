@@ -616,6 +616,24 @@ def test_a_hedged_miss_whose_capture_differs_never_runs_the_services_plan(
     assert any("keeps its own build" in r.getMessage() for r in caplog.records)
 
 
+def test_a_proof_that_fails_at_the_take_over_keeps_the_programs_plan_and_says_why(
+    recorder: Recorder, client: StandInClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.hedge = True
+    g, (a, b, c) = matmul_graph()
+    build(g)
+    assert client.pending is not None
+    client.pending.answer()
+
+    def broken(program: Any, rebuilt: Any) -> list[str]:
+        raise RuntimeError("the frontend refuses the rebuilt graph")
+
+    monkeypatch.setattr(capturing, "differences", broken)
+    g.execute({a: 1, b: 2, c: 3}, Workspace(4096))  # the program's execute, not an exception of plancache's
+    assert recorder.loaded == [] and recorder.names()[-1] == "execute" and g.plancache.source == "local"
+    assert "proving the graph failed: RuntimeError" in (g.plancache.reason or "")
+
+
 def test_a_service_plan_first_for_a_graph_whose_capture_differs_is_refused_and_nothing_builds_twice(
     recorder: Recorder, client: StandInClient, proofs: Proofs
 ) -> None:

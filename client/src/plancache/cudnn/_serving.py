@@ -340,10 +340,15 @@ class Serving:
         try:
             prove(graph, spec, _frontend)
         except SpecError as e:
-            if self.built is not None:
-                relabel_local(self.built, refused(e))
-            return False
-        return True
+            why = refused(e)
+        except Exception as e:  # the rebuild itself failed (a frontend error): not proven either
+            reason = f"proving the graph failed: {type(e).__name__}: {e}"
+            why = Local(reason, reason, True, outcome_labels.OTHER)
+        else:
+            return True
+        if self.built is not None:
+            relabel_local(self.built, why)
+        return False
 
     def drives(self, graph: Any, frontend: Any, name: str, what: str | None = None) -> None:
         """A call by which the program builds or runs candidates itself (an
