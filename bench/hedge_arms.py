@@ -34,6 +34,7 @@ PAIRS = {
     "first-dropin+no-stream+hedge": "local-program",
     "first-compile-4proc+hedge": "local-heuristic-4proc",
     "first-functional+hedge": "local-functional",
+    "first-functional-train+hedge": "local-functional-train",
     "first-lazy+hedge": "local-heuristic",  # plus the lazy node's sleeps (bench/startup.py's local-lazy)
 }
 TARGET = 1.05  # issue 41: every hedged first-node path at most this times its local equivalent

@@ -11,6 +11,9 @@ does and where its clock starts and stops), with an empty CUDA JIT cache
   local-functional                   one decode step of examples/decoder_step.py, plancache.functional's
                                      every geometry built by the node itself (plancache.run.local)
   torch-step                         the same step in torch eager (for reference, no target)
+  local-functional-train             one training step of examples/train_transformer_block.py (its
+                                     backward and an AdamW step included), built as local-functional's
+  torch-train-step                   the same training step in torch eager (for reference, no target)
   fetch, prefetch, background        plancache, every plan stored
   floor                              the frontend's own deserialize of the same blobs
   floor-program                      local-program's calls up to its build step, then each plan deserialized
@@ -22,6 +25,7 @@ does and where its clock starts and stops), with an empty CUDA JIT cache
   first-compile-4proc                4 processes of one node, one compile per graph of their shares
   first-dropin                       local-program with `import plancache.cudnn as cudnn`, nothing stored
   first-functional                   local-functional's step against the service, nothing stored
+  first-functional-train             local-functional-train's step against the service, nothing stored
   first-prefetch                     one Prefetch with compile_missing
 
 Hedged misses (issue 29): PATH+hedge is PATH with the hedge on: its node
@@ -29,8 +33,9 @@ processes run with PLANCACHE_HEDGE=1 (on a miss the node builds the plan
 itself too, on the caller's thread, and runs whichever is ready first);
 every other run has PLANCACHE_HEDGE=0, the client as it was before. Hedged:
 first-compile, first-dropin, first-compile-4proc, first-lazy,
-first-functional (each against its local equivalent, VERSUS_LOCAL: the node
-building the same graphs itself) and hit-compile (against itself unhedged:
+first-functional, first-functional-train (each against its local
+equivalent, VERSUS_LOCAL: the node building the same graphs itself) and
+hit-compile (against itself unhedged:
 a hit must cost the hedge nothing). Every node process reports its CPU
 seconds during the clock, the GPU memory it holds at its end, its
 race_stats() (how its hedged misses ended) and, per graph, where the plan
@@ -38,14 +43,14 @@ that ran came from ("local": its own build won).
 
 Per JIT state: one Redis and one gateway (`--gpus none`, trusting the
 benchmark's signing key); each first-* path invalidates its plans (the 13,
-or the decode step's: the keys its earlier runs reported) and any job left
+or its step's: the keys that step's earlier runs reported) and any job left
 of them, starts a fresh worker process (so fresh build processes: no CUDA
 module state carries over) and its node processes side by side, and lets
 the nodes go (a common wall-clock start written to a "go" file) once every
 node has done its set-up and the worker's every build process is ready. Its
 time is max(end) - go. In the `all` study this process then reads Redis
 until each of the 13 stored plans is the tuned one (`tuned_s` per graph,
-`tuned_all_s`; not for the decode step's plans); then the worker is
+`tuned_all_s`; not for the steps' plans); then the worker is
 stopped, and the tuned plans serve the stored-plan paths. In the `hedge`
 study nobody waits for tuned plans: the worker is killed once its nodes are
 done, and the stored-plan paths run on what the first nodes left stored
@@ -84,20 +89,21 @@ Studies (--study):
          before the default's pairs so that its verdict settles the record for them.
 
 Every study's summary also has `paired`: each hedged first node over the local run just before it
-(medians of adjacent pairs; hedge-paired runs them so). Processes that go together (a first node's, a
-4-process node's, and in hedge-paired every pair's local side too) are let go only once the machine is
-quiet (startup_deploy.wait_quiet: a first node's fresh worker has loaded torch and cuDNN in 9 processes
-just before; GPU run 46 found nodes started into that 1.5x slower), each row saying how long that took
-(`quiet_at_go`).
+(medians of adjacent pairs; hedge-paired runs them so: the pairs of PAIRED, --pairs naming which, e.g.
+--pairs first-functional-train: local-functional-train, then first-functional-train+hedge). Processes
+that go together (a first node's, a 4-process node's, and in hedge-paired every pair's local side too)
+are let go only once the machine is quiet (startup_deploy.wait_quiet: a first node's fresh worker has
+loaded torch and cuDNN in 9 processes just before; GPU run 46 found nodes started into that 1.5x
+slower), each row saying how long that took (`quiet_at_go`).
 
 Local builds and stored-plan paths of the `all` study repeat `--repeats`
 times; the rest run once. The warm cache (CUDA_CACHE_PATH=--warm-cache) is
 filled by the cold local-autotuned run (`all`), which reads an empty cache
-as with CUDA_CACHE_DISABLE but writes it, with an unrecorded local-functional
-run beside it (the decode step's kernels); or, when the warm state runs on
-an empty one, by unrecorded runs of both first: before anything that reads
-it starts (CUDA reads the cache index once per process: a worker started
-before the fill builds as if cold, GPU run 12). The `hedge` study's cold
+as with CUDA_CACHE_DISABLE but writes it, with unrecorded local-functional
+and local-functional-train runs beside it (the steps' kernels); or, when the
+warm state runs on an empty one, by unrecorded runs of them all first:
+before anything that reads it starts (CUDA reads the cache index once per
+process: a worker started before the fill builds as if cold, GPU run 12). The `hedge` study's cold
 state fills it at its end when time is left (for a warm call on the same
 machine, --warm-cache shared). A run that would end past --time-limit (its
 estimate below) is skipped and listed.
@@ -158,12 +164,24 @@ HEDGED = (
     "first-compile-4proc",
     "first-lazy",
     "first-functional",
+    "first-functional-train",
 )  # the first nodes run with the hedge too
-STEP = ("local-functional", "torch-step", "first-functional")  # the decode step of examples/decoder_step.py
+# The step paths, by step: examples/decoder_step.py's decode step, examples/train_transformer_block.py's training
+# step. Each step's plans are its own (Bench.step_keys), none of the 13.
+STEP_OF = {
+    "local-functional": "decode",
+    "torch-step": "decode",
+    "first-functional": "decode",
+    "local-functional-train": "train",
+    "torch-train-step": "train",
+    "first-functional-train": "train",
+}
+STEP_FILLS = ("local-functional", "local-functional-train")  # each step's kernels, for the warm JIT cache
 FIRST_NODES = (
     *FIRST,
     "first-dropin",
     "first-functional",
+    "first-functional-train",
 )  # nothing stored: a fresh worker each (with or without the hedge)
 STORED = ("fetch", "prefetch", "background", "floor", "floor-program", "hit-compile")  # every plan stored
 # Issue 41: a fresh process with every plan stored and no manifest written by anyone: the workload's
@@ -175,6 +193,7 @@ WORKLOAD_OF = {
     "stored-dropin": "bench-dropin",
     "first-functional": "bench-decode-step",
     "stored-functional": "bench-decode-step",
+    "first-functional-train": "bench-train-step",  # never the decode step's record: another program
 }
 # A collision: each workload path's program under the other's name (its record lists none of the program's graphs).
 WORKLOAD_COLLIDES_WITH = {"stored-dropin": "bench-decode-step", "stored-functional": "bench-dropin"}
@@ -211,6 +230,8 @@ PATHS = (
     "local-program",
     "local-functional",
     "torch-step",
+    "local-functional-train",
+    "torch-train-step",
     "first-compile",
     "first-compile+hedge",
     "first-lazy",
@@ -225,6 +246,8 @@ PATHS = (
     "first-dropin" + EAGER + HEDGE,
     "first-functional",
     "first-functional+hedge",
+    "first-functional-train",
+    "first-functional-train+hedge",
     "fetch",
     "prefetch",
     "background",
@@ -257,10 +280,16 @@ VERSUS_LOCAL = {
         "first_functional_over_local_functional",
         "first_functional_hedge_over_local_functional",
     ),
+    "first-functional-train": (
+        "local-functional-train",
+        "first_functional_train_over_local_functional_train",
+        "first_functional_train_hedge_over_local_functional_train",
+    ),
 }
 RACE_PATH = {
     "first-dropin": "cudnn",
     "first-functional": "functional",
+    "first-functional-train": "functional",
 }  # race_stats()'s path of a path's races (else "compile")
 # --study hedge: groups that run whole or not at all, most important first (the local-heuristic of each JIT state runs before them).
 HEDGE_STUDY = (
@@ -278,6 +307,7 @@ PAIRED = (
     ("local-heuristic-4proc", "first-compile-4proc+hedge"),
     ("local-heuristic", "first-lazy+hedge"),
     ("local-functional", "first-functional+hedge"),
+    ("local-functional-train", "first-functional-train+hedge"),
 )
 # hedge-paired runs these through together(), as the hedged
 PAIRED_LOCAL = frozenset({*(local for local, _ in PAIRED), LOCAL_IMPORTED})
@@ -288,6 +318,8 @@ PAIRED_BY_NAME = (
     ("local-program", "first-dropin" + EAGER + HEDGE),
     ("local-program", "first-dropin" + NO_STREAM + HEDGE),  # a diagnosis: the drop-in with no workload stream
 )
+# What --pairs names: a pair by its first node's path (Bench.paired_groups), or the imports' local run.
+PAIR_NAMES = (*dict.fromkeys(first.removesuffix(HEDGE) for _, first in (*PAIRED, *PAIRED_BY_NAME)), LOCAL_IMPORTED)
 # --study all: issue 29's runs after today's (their unhedged first-compile, first-lazy and first-compile-4proc ran already).
 ISSUE_29 = (
     ("first-compile+hedge",),
@@ -313,7 +345,7 @@ TARGETS = {
 }
 # Seconds a run takes on an H200 (cold, warm JIT cache), its processes' start included: what it needs of --time-limit.
 # A first node's: its worker's start and its nodes; TUNED_WAIT_S more where it waits for the tuned plans (study all).
-# fill: the unrecorded runs that fill the warm cache (local-autotuned and local-functional, on an empty cache).
+# fill: the unrecorded runs that fill the warm cache (local-autotuned and the steps' local runs, on an empty cache).
 ESTIMATE_S = {
     "local-autotuned": (45, 15),
     "local-heuristic": (12, 7),
@@ -321,6 +353,8 @@ ESTIMATE_S = {
     "local-program": (12, 7),
     "local-functional": (15, 10),
     "torch-step": (10, 8),
+    "local-functional-train": (18, 12),  # not yet measured: local-functional's plus the backward's graphs
+    "torch-train-step": (10, 8),
     "fetch": (6, 6),
     "prefetch": (6, 6),
     "background": (8, 8),
@@ -330,9 +364,10 @@ ESTIMATE_S = {
     **dict.fromkeys(FIRST_NODES, (25, 20)),
     "first-compile-4proc": (20, 16),
     "first-functional": (28, 22),
+    "first-functional-train": (35, 28),  # not yet measured (as local-functional-train)
     "stored-dropin": (8, 8),
     "stored-functional": (12, 10),
-    "fill": (60, 60),
+    "fill": (75, 75),
 }
 TUNED_WAIT_S = (25, 10)
 
@@ -384,7 +419,7 @@ class Bench:
         ]
         self.target_id = ""  # the worker's exact target (its log says), and the 13 plan keys on it
         self.keys: list[str] = []
-        self.step_keys: set[str] = set()  # the decode step's plan keys, as its first-functional runs reported them
+        self.step_keys: dict[str, set[str]] = {}  # per step (STEP_OF): its plan keys, as its first nodes reported them
         self.more_keys: set[str] = (
             set()
         )  # plan keys of the drop-in's that are not the 13 (none expected: its captured specs are the same)
@@ -456,8 +491,8 @@ class Bench:
         return {**env, **extra, **self.cache_env(jit, fill)}
 
     def watches(self, path: str) -> bool:
-        """Whether a first node's run waits until its plans are tuned (the `all` study; not the decode step's plans)."""
-        return self.study == "all" and base(path) not in STEP
+        """Whether a first node's run waits until its plans are tuned (the `all` study; not a step's plans)."""
+        return self.study == "all" and base(path) not in STEP_OF
 
     def estimate(self, jit: str, path: str) -> float:
         seconds = ESTIMATE_S[base(path)][jit == "warm"]
@@ -615,16 +650,16 @@ class Bench:
         if not self.fits(jit, path):
             return
         measure_pool, self.pool_measured = not self.pool_measured, True
-        step = base(path) in STEP
+        step = STEP_OF.get(base(path))
         row: dict[str, Any] = {"jit": jit, "path": path, "hedge": hedged(path)}
         started = time.monotonic()
         if self.target_id:
             deploy.forget_jobs(
-                redis_url, self.target_id, [*self.keys, *sorted(self.more_keys | self.step_keys)]
+                redis_url, self.target_id, [*self.keys, *sorted(self.more_keys.union(*self.step_keys.values()))]
             )  # nothing left for the new worker to reclaim
             # And their plans, before the nodes start: a node's workload stream may begin during its set-up
             # (plancache.functional.configure starts it), before pool_ready forgets them again.
-            deploy.forget_plans(address, sorted(self.step_keys) if step else [*self.keys, *sorted(self.more_keys)])
+            deploy.forget_plans(address, self.own_keys(path))
         baseline = deploy.gpu_memory_used() if measure_pool else None
         log = self.out / f"startup-worker-{jit}-{path}.log"
         watcher = deploy.TunedWatcher(redis_url) if self.watches(path) else None
@@ -640,9 +675,7 @@ class Bench:
                     target_id, size = deploy.wait_for_pool(log, worker, address)
                     row["pool"] = deploy.pool_memory(worker.pid, size, baseline)
                     self.learn(target_id)
-                    deploy.forget_plans(
-                        address, sorted(self.step_keys) if step else [*self.keys, *sorted(self.more_keys)]
-                    )
+                    deploy.forget_plans(address, self.own_keys(path))
 
                 # The pool ready before the node's processes start (their set-up then lets the machine settle, and
                 # the go waits for it to be quiet): a user's service started long before its first node. Until GPU
@@ -667,7 +700,8 @@ class Bench:
                         deploy.signal_tree(worker.pid, signal.SIGCONT)
                 if row.get("keys") != self.keys:
                     raise RuntimeError(f"the nodes' plan keys are not those of the worker's target {self.target_id}")
-                self.step_keys.update(row.get("plan_keys") or ())
+                if step:
+                    self.step_keys.setdefault(step, set()).update(row.get("plan_keys") or ())
                 more = {k for k in row.get("plan_key") or () if k and k not in self.keys}
                 if more:  # forgotten before every first node from now on
                     self.more_keys |= more
@@ -686,6 +720,11 @@ class Bench:
         if joined:  # a build left over from an earlier path answered: this node was not first
             row["warning"] = f"{row.get('warning', '')}; graphs {joined} joined a build under way".lstrip("; ")
         self.record({**row, "wall_s": time.monotonic() - started})
+
+    def own_keys(self, path: str) -> list[str]:
+        """The plans a first node of `path` starts without: its step's, or the 13 and the drop-in's others."""
+        step = STEP_OF.get(base(path))
+        return sorted(self.step_keys.get(step, ())) if step else [*self.keys, *sorted(self.more_keys)]
 
     def run(self, path: str, jit: str, env: dict[str, str], address: str, redis_url: str, blobs: str = "") -> None:
         if base(path) in FIRST_NODES:
@@ -764,9 +803,10 @@ class Bench:
         self.groups(jit, env, address, redis_url, groups, blobs)
 
     def fill_cache(self, jit: str) -> None:
-        """Unrecorded runs that fill the warm cache: every candidate's kernels (local-autotuned) and the decode step's."""
+        """Unrecorded runs that fill the warm cache: every candidate's kernels (local-autotuned) and the steps'."""
         self.node("local-autotuned", jit, child_env(), fill=True, record=False)
-        self.node("local-functional", jit, child_env(), fill=True, record=False)
+        for path in STEP_FILLS:
+            self.node(path, jit, child_env(), fill=True, record=False)
 
     def block(self, jit: str, redis_url: str) -> None:
         """One JIT state: the local baselines, the first nodes (each with a fresh worker), then the stored-plan paths (module doc)."""
@@ -780,9 +820,8 @@ class Bench:
         if self.study == "all":
             self.node("local-autotuned", jit, env, fill=filling)
             if filling:
-                self.node(
-                    "local-functional", jit, child_env(), fill=True, record=False
-                )  # the decode step's kernels, for the warm state
+                for path in STEP_FILLS:  # the steps' kernels, for the warm state
+                    self.node(path, jit, child_env(), fill=True, record=False)
         self.node("local-heuristic", jit, env)
         address = f"127.0.0.1:{free_port()}"
         server_args = ("--gpus", "none", "--signing-key", str(self.private_key))
@@ -1242,7 +1281,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     a.set_yscale("log"), a.set_xticks(range(len(shown)), shown, rotation=35, ha="right", fontsize=7)
     a.set_ylabel("ms until every graph ran once (median)")
     a.set_title(
-        "13 graphs (the decode-step paths: one step), fresh processes: with and without plancache, with and without the hedge",
+        "13 graphs (the step paths: one step), fresh processes: with and without plancache, with and without the hedge",
         fontsize=9,
     )
     a.legend()
@@ -1364,7 +1403,8 @@ def main() -> None:
     parser.add_argument(
         "--pairs",
         default="",
-        help="hedge-paired: a comma list of its first-node paths (first-compile,...); default all",
+        help=f"hedge-paired: a comma list of the pairs to run, by their first node's path ({', '.join(PAIR_NAMES)}); "
+        "default: every pair of PAIRED",
     )
     parser.add_argument(
         "--pause-worker",
@@ -1394,6 +1434,9 @@ def main() -> None:
         "--merge", type=Path, nargs="*", help="startup.json files of earlier runs: one report of all their runs"
     )
     args = parser.parse_args()
+    unknown = [p for p in args.pairs.split(",") if p and p not in PAIR_NAMES]
+    if unknown:  # a misspelt pair would run nothing of it, silently
+        parser.error(f"--pairs: no pair {', '.join(unknown)}; one of {', '.join(PAIR_NAMES)}")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.merge:
         loaded = [json.loads(p.read_text()) for p in args.merge]

@@ -2,10 +2,10 @@
 
 After its imports, the CUDA context, the cuDNN handle (with cuBLASLt loaded)
 and its input tensors (a node needs all of those with or without plancache;
-a local build's compiler is made then too; the decode-step paths build their
-model and cache then), the clock starts; it stops when every graph of
-bench/startup_graphs.py has produced its first output (one synchronize at
-the end). Paths:
+a local build's compiler is made then too; the step paths build their
+model and its cache or optimizer then), the clock starts; it stops when
+every graph of bench/startup_graphs.py has produced its first output (one
+synchronize at the end). Paths:
 
   local-heuristic   build each graph with the frontend, its first plan (what a node does alone)
   local-autotuned   build every candidate, time each 3 times in a plain loop, run the fastest
@@ -37,9 +37,14 @@ the end). Paths:
                     geometry here (plancache.run.local.build_local: the node's own build of a hedged
                     miss, the program's heuristic plan): the node building the same graphs itself
   torch-step        the same step in torch eager (examples/decoder_step.torch_ops), for reference
+  first-functional-train, local-functional-train, torch-train-step
+                    the same three for one training step of examples/train_transformer_block.py's
+                    block (bf16) as examples/training_check.py's train() takes it: float32 master
+                    weights, working copies in bf16, the loss's backward, one AdamW step
 
-The decode-step paths' clock stops when the step's output is done (a
-synchronize); they bind none of the 13 graphs' tensors.
+The step paths' clock stops when the step is done (a synchronize: the
+training step's optimizer step included); they bind none of the 13 graphs'
+tensors.
 
 plancache's clients (Client, plancache.cudnn's, plancache.functional's)
 hedge a miss as the environment says (PLANCACHE_HEDGE, set by the parent: 0
@@ -62,7 +67,7 @@ execute, read after the final synchronize); `source`, where the plan that
 ran came from ("local": the node's own build won a hedged miss, or the
 drop-in built the graph itself, `reason` saying why; else the plan's source:
 "hit", "compiled", "provisional", ...; the drop-in's served plans' keys,
-`plan_key`). The decode-step paths report per
+`plan_key`). The step paths through plancache.functional report per
 geometry instead (`geometries`: its function, `source` as above, the plan's
 key). When the tuned plans were stored is measured by the parent
 (bench/startup.py).
@@ -128,12 +133,19 @@ PROGRAM_PATHS = (
     "first-dropin",
     "stored-dropin",
 )  # the frontend program: cudnn, or plancache.cudnn in its place
+TRAIN_PATHS = (
+    "first-functional-train",
+    "local-functional-train",
+    "torch-train-step",
+)  # one training step of examples/train_transformer_block.py
 STEP_PATHS = (
     "first-functional",
     "local-functional",
     "torch-step",
     "stored-functional",
-)  # one decode step of examples/decoder_step.py
+    *TRAIN_PATHS,
+)  # one step of an example model: examples/decoder_step.py's decode step, or TRAIN_PATHS'
+TORCH_PATHS = ("torch-step", "torch-train-step")  # a step in torch eager: plancache.functional never configured
 PATHS = (
     *COMPILER_PATHS,
     *PROGRAM_PATHS,
@@ -503,8 +515,41 @@ def decode_setup(path: str, server: str) -> Callable[[], object]:
     return step
 
 
+def train_setup(path: str, server: str) -> Callable[[], object]:
+    """examples/train_transformer_block.py's block (bf16) and one training step as examples/training_check.py's
+    train() takes it: float32 master weights, working copies in bf16, the loss's backward, the masters' gradients,
+    one AdamW step. Set up as training_check.main() does: plancache.functional configured first (as decode_setup),
+    then the block, its batch and the optimizer."""
+    from examples.train_transformer_block import build, torch_ops
+    from examples.train_transformer_block import step as block_step
+
+    if path == "torch-train-step":
+        ops = torch_ops()
+    else:
+        import plancache.functional as pf
+
+        served = path == "first-functional-train"
+        pf.configure(Client(server, cache=False) if served else LocalBuilds())  # type: ignore[arg-type]
+        ops = pf  # the module itself, as training_check.main() passes it
+    params, buffers, batch = build(torch.bfloat16, torch.device("cuda"), torch.Generator(device="cuda").manual_seed(0))
+    masters = {name: p.detach().float().clone().requires_grad_(True) for name, p in params.items()}
+    optimizer = torch.optim.AdamW(masters.values(), lr=1e-3)
+
+    def step() -> object:
+        optimizer.zero_grad(set_to_none=True)
+        working = {name: m.detach().to(params[name].dtype).requires_grad_(True) for name, m in masters.items()}
+        loss = block_step(working, buffers, batch, ops)
+        loss.backward()
+        for name, m in masters.items():
+            m.grad = working[name].grad.float()
+        optimizer.step()
+        return loss
+
+    return step
+
+
 def step_record() -> dict[str, object]:
-    """After a decode step: each geometry plancache.functional met (its function, where the
+    """After a step through plancache.functional: each geometry it met (its function, where the
     plan that ran its first call came from, its key), the plans' keys, and its call counts."""
     import plancache.functional as pf
 
@@ -591,7 +636,8 @@ def main() -> None:
     # The program's one changed line for first-dropin (its service: PLANCACHE_SERVER, set by the parent).
     dropin = args.path in ("first-dropin", "stored-dropin")
     frontend = importlib.import_module("plancache.cudnn") if dropin else cudnn
-    step = decode_setup(args.path, args.server) if args.path in STEP_PATHS else None
+    setup = train_setup if args.path in TRAIN_PATHS else decode_setup
+    step = setup(args.path, args.server) if args.path in STEP_PATHS else None
     torch.cuda.synchronize()
     setup_s = time.perf_counter() - IMPORT_STARTED - imports_s
     if os.environ.get("PLANCACHE_BENCH_PREIMPORT") == "1":  # a diagnosis (bench/startup.py IMPORTED): loaded, unused
@@ -664,9 +710,15 @@ def main() -> None:
     per_graph["output_s"] = clock.outputs()  # type: ignore[assignment]
     if dropin:
         dropin_sources(specs, per_graph)
-    if args.path in ("stored-dropin", "stored-functional", "first-dropin", "first-functional"):
+    if args.path in (
+        "stored-dropin",
+        "stored-functional",
+        "first-dropin",
+        "first-functional",
+        "first-functional-train",
+    ):
         result["workload"] = dataclasses.asdict(plancache.workload_stats())  # what the start-up record streamed
-    if step is not None and args.path != "torch-step":
+    if step is not None and args.path not in TORCH_PATHS:
         result.update(step_record())
     result.update(memory(), races=races())
     for name, values in per_graph.items():

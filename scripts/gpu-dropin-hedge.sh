@@ -20,6 +20,10 @@
 #             (GPU run 44: its hosts' two paces were the time's, not a CPU's: pinned pairs were no steadier)
 #   (shared, cores, pool1 and gpu1 together: which of the service's work beside a hedged node slows its own build,
 #   GPU run 40: the CPUs' cores, the CPU time or the GPU)
+# PAIRS: bench/startup.py's --pairs names (its --help lists them): first-compile, first-dropin, first-compile-4proc,
+# first-lazy, first-functional (the decode step), first-functional-train (a training step: local-functional-train,
+# then first-functional-train+hedge), and the diagnoses first-dropin+quiet, first-compile+eager, first-dropin+eager,
+# first-dropin+no-stream, local-program+imported.
 # PAIRS=first-dropin,local-program+imported adds, before each drop-in pair, the local program with the drop-in's
 # imports loaded and unused (bench/startup.py IMPORTED: whether they slow its first graph's build, GPU run 46).
 # JIT=cold runs every arm with an empty JIT cache (CUDA_CACHE_DISABLE=1, nodes and worker) instead of a warm one.
@@ -28,6 +32,7 @@
 # Usage (after `source scripts/gpu-env.sh`): REPEATS=4 ARMS="pairs paused profile" scripts/gpu-dropin-hedge.sh
 #   python3 bench/cpu_speed_map.py --out "$OUT/cpu_speed_map"; ARMS="shared pinned" scripts/gpu-dropin-hedge.sh
 #   PAIRS=first-dropin,first-compile REPEATS=3 ARMS="shared cores pool1 gpu1" scripts/gpu-dropin-hedge.sh
+#   PAIRS=first-functional-train REPEATS=4 TIME_LIMIT=300 ARMS=shared scripts/gpu-dropin-hedge.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}

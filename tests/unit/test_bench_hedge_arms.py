@@ -105,3 +105,15 @@ def test_rows_of_processes_that_went_together_are_timed_by_their_own_clocks() ->
     assert runs[0] is local  # a single process's row is its own clock already
     assert pair_ratios(runs)["first-dropin+hedge"] == [1.05]
     assert clocked([local, cold, hedged], "cold") == [cold]
+
+
+def test_the_training_steps_hedged_first_node_is_paired_with_its_local_step() -> None:
+    runs = [
+        _run("local-functional", [500.0]),
+        _run("local-functional-train", [1000.0]),
+        _run("first-functional+hedge", [510.0]),
+        _run("first-functional-train+hedge", [1030.0]),
+    ]
+    ratios = pair_ratios(runs)
+    assert ratios["first-functional-train+hedge"] == [pytest.approx(1.03)]
+    assert ratios["first-functional+hedge"] == [pytest.approx(1.02)]  # each step against its own local run
