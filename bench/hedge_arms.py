@@ -88,26 +88,62 @@ def pair_ratios(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
     return out
 
 
+def _builds_ms(run: dict[str, Any]) -> list[float]:
+    """The node's own builds past its first two graphs (the frontend's first uses), ms: a hedged run's from its
+    phases (BENCH_MISS_PHASES, one record per process), a local run's as the gaps between its graphs becoming
+    runnable (one process only: the gaps of processes that ran together say nothing of a build)."""
+    phases = run.get("phases") or {}
+    builds = [
+        b
+        for each in (phases if isinstance(phases, list) else [phases])
+        for b in ((each or {}).get("local_build") or (each or {}).get("race_build") or {}).get("each_ms", [])[2:]
+    ]
+    if builds:
+        return builds
+    if run["path"] in PAIRS.values() and run.get("runnable_s") and run.get("processes", 1) == 1:
+        times = [0.0, *run["runnable_s"]]
+        return [1000 * (b - a) for a, b in list(itertools.pairwise(times))[2:]]
+    return []
+
+
 def build_ms(runs: list[dict[str, Any]]) -> dict[str, float]:
-    """Per hedged path: the median of the node's own builds past its first two graphs (the frontend's first
-    uses), in the hedged runs (BENCH_MISS_PHASES), and the local runs' gaps for the same graphs."""
+    """Per hedged path: the median of the node's own builds past its first two graphs, in the hedged runs, and the
+    local runs' for the same graphs (_builds_ms)."""
     out: dict[str, list[float]] = {}
     for r in runs:
-        if "error" in r:
-            continue
-        phases = r.get("phases") or {}
-        # A path of several processes has one record of phases per process.
-        builds = [
-            b
-            for each in (phases if isinstance(phases, list) else [phases])
-            for b in ((each or {}).get("local_build") or (each or {}).get("race_build") or {}).get("each_ms", [])[2:]
-        ]
-        if builds:
-            out.setdefault(r["path"], []).extend(builds)
-        elif r["path"] in PAIRS.values() and r.get("runnable_s"):
-            times = [0.0, *r["runnable_s"]]
-            out.setdefault(r["path"], []).extend(1000 * (b - a) for a, b in list(itertools.pairwise(times))[2:])
+        if "error" not in r:
+            out.setdefault(r["path"], []).extend(_builds_ms(r))
     return {path: statistics.median(values) for path, values in out.items() if values}
+
+
+def _graph_pace_ms(run: dict[str, Any]) -> float | None:
+    """The median gap between a one-process run's graphs becoming runnable, past its first two (its builds, each
+    graph's first execute and, hedged, plancache's own ~1 ms; a lazy node's sleep taken out), or None."""
+    if not run.get("runnable_s") or run.get("processes", 1) != 1:
+        return None
+    times = [0.0, *run["runnable_s"]]
+    slept = run.get("lazy_s", 0.0) if run["path"].startswith("first-lazy") else 0.0
+    gaps = [1000 * (b - a - slept) for a, b in list(itertools.pairwise(times))[2:]]
+    return statistics.median(gaps) if gaps else None
+
+
+def build_paced_pairs(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """pair_ratios of the pairs whose two runs built at one pace: the median gaps between their graphs becoming
+    runnable (_graph_pace_ms, the frontend's build of the same graphs on both sides) within PACE_TOLERANCE of each
+    other. The host's slow mode (every build ~1.4x, GPU runs 44-47) shows in the builds themselves, where the pace
+    loop around the clock (paced_pairs) moved within most runs (run 47: no pair kept). Pairs of several processes
+    or without per-graph times (4 processes, the functional step) are not judged."""
+    out: dict[str, list[float]] = {}
+    for path, hedged, local in _pairs(runs):
+        kept = out.setdefault(path, [])
+        pace, local_pace = _graph_pace_ms(hedged), _graph_pace_ms(local)
+        if (
+            pace is not None
+            and local_pace is not None
+            and abs(pace - local_pace) <= PACE_TOLERANCE * min(pace, local_pace)
+        ):
+            kept.append(_ratio(hedged, local))
+    return out
 
 
 PACE_TOLERANCE = 0.10  # a run's pace before and after its clock, and a pair's two runs, at most this apart
@@ -275,6 +311,7 @@ def main() -> None:
             "beside": beside(data["runs"]),
             "gc": collector(data["runs"]),
             "paced_pairs": paced_pairs(data["runs"]),
+            "build_paced_pairs": build_paced_pairs(data["runs"]),
             "best_of": best_of(data["runs"]),
             "graphwise_fastest": graphwise_fastest(data["runs"]),
             "own_ms": own_ms(data["runs"]),
@@ -309,6 +346,15 @@ def main() -> None:
                 if v
                 else f"{p.removesuffix('+hedge')} - (n=0)"
                 for p, v in arm["paced_pairs"].items()
+            )
+        )
+        print(
+            f"{'':10s} pairs whose builds ran at one pace: "
+            + ", ".join(
+                f"{p.removesuffix('+hedge')} {statistics.median(v):.2f}x (n={len(v)} of {len(arm['pairs'].get(p, []))})"
+                if v
+                else f"{p.removesuffix('+hedge')} - (n=0)"
+                for p, v in arm["build_paced_pairs"].items()
             )
         )
         print(

@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from bench.cpu_speed_map import pace_ms
-from bench.hedge_arms import best_of, clocked, graphwise_fastest, own_ms, paced_pairs, pair_ratios
+from bench.hedge_arms import (
+    best_of,
+    build_paced_pairs,
+    clocked,
+    graphwise_fastest,
+    own_ms,
+    paced_pairs,
+    pair_ratios,
+)
 
 
 def _run(path: str, gaps_ms: list[float], **extra: object) -> dict[str, object]:
@@ -71,6 +79,25 @@ def test_only_pairs_whose_two_runs_held_one_pace_are_kept() -> None:
     ]
     assert [round(r, 2) for r in paced_pairs(runs)["first-dropin+hedge"]] == [1.03]
     assert len(pair_ratios(runs)["first-dropin+hedge"]) == 4
+
+
+def test_only_pairs_whose_graphs_built_at_one_pace_are_kept_whatever_the_pace_probe_said() -> None:
+    # GPU run 47: the probe around the clock moved in every run; the builds themselves tell the host's two paces.
+    first_two = [400.0, 350.0]
+    runs = [
+        _run("local-program", [*first_two, *[46.0] * 11], pace_ms=[10.9, 31.0]),
+        _run("first-dropin+hedge", [*first_two, *[73.0] * 11], pace_ms=[10.3, 21.9]),  # the slow mode: not kept
+        _run("local-program", [*first_two, *[70.0] * 11]),
+        _run("first-dropin+hedge", [*first_two, *[71.0] * 11]),  # kept
+        _run("local-heuristic", [*first_two, *[40.0] * 11]),
+        _run("first-lazy+hedge", [*first_two, *[91.0] * 11], lazy_s=0.05, graphs=13),  # 41 ms a graph built: kept
+        _run("local-heuristic-4proc", [*first_two, *[20.0] * 11], processes=4),  # several processes: not judged
+        _run("first-compile-4proc+hedge", [*first_two, *[20.0] * 11], processes=4),
+    ]
+    kept = build_paced_pairs(runs)
+    assert [round(r, 3) for r in kept["first-dropin+hedge"]] == [round((750 + 71 * 11) / (750 + 70 * 11), 3)]
+    assert len(kept["first-lazy+hedge"]) == 1 and kept["first-compile-4proc+hedge"] == []
+    assert paced_pairs(runs)["first-dropin+hedge"] == []  # the probe kept none of them
 
 
 def test_the_pace_probe_times_the_same_work_each_time() -> None:
