@@ -15,7 +15,7 @@ import itertools
 import json
 import statistics
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,25 +127,6 @@ def _graph_pace_ms(run: dict[str, Any]) -> float | None:
     return statistics.median(gaps) if gaps else None
 
 
-def build_paced_pairs(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
-    """pair_ratios of the pairs whose two runs built at one pace: the median gaps between their graphs becoming
-    runnable (_graph_pace_ms, the frontend's build of the same graphs on both sides) within PACE_TOLERANCE of each
-    other. The host's slow mode (every build ~1.4x, GPU runs 44-47) shows in the builds themselves, where the pace
-    loop around the clock (paced_pairs) moved within most runs (run 47: no pair kept). Pairs of several processes
-    or without per-graph times (4 processes, the functional step) are not judged."""
-    out: dict[str, list[float]] = {}
-    for path, hedged, local in _pairs(runs):
-        kept = out.setdefault(path, [])
-        pace, local_pace = _graph_pace_ms(hedged), _graph_pace_ms(local)
-        if (
-            pace is not None
-            and local_pace is not None
-            and abs(pace - local_pace) <= PACE_TOLERANCE * min(pace, local_pace)
-        ):
-            kept.append(_ratio(hedged, local))
-    return out
-
-
 PACE_TOLERANCE = 0.10  # a run's pace before and after its clock, and a pair's two runs, at most this apart
 
 
@@ -159,14 +140,14 @@ def _steady_pace(run: dict[str, Any]) -> float | None:
     return (before + after) / 2 if abs(before - after) <= PACE_TOLERANCE * min(before, after) else None
 
 
-def paced_pairs(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
-    """pair_ratios of the pairs whose two runs ran at one pace: each steady across its clock and the two within
-    PACE_TOLERANCE of each other (GPU run 44's hosts switched between two paces ~1.6x apart). A flip inside a
-    clock that ends where it began is not seen: the per-graph figures are for that."""
+def _pairs_at_one_pace(
+    runs: list[dict[str, Any]], pace_of: Callable[[dict[str, Any]], float | None]
+) -> dict[str, list[float]]:
+    """pair_ratios of the pairs whose two runs have a pace (`pace_of`) within PACE_TOLERANCE of each other."""
     out: dict[str, list[float]] = {}
     for path, hedged, local in _pairs(runs):
         kept = out.setdefault(path, [])
-        pace, local_pace = _steady_pace(hedged), _steady_pace(local)
+        pace, local_pace = pace_of(hedged), pace_of(local)
         if (
             pace is not None
             and local_pace is not None
@@ -174,6 +155,22 @@ def paced_pairs(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
         ):
             kept.append(_ratio(hedged, local))
     return out
+
+
+def paced_pairs(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """pair_ratios of the pairs whose two runs ran at one pace: each steady across its clock and the two within
+    PACE_TOLERANCE of each other (GPU run 44's hosts switched between two paces ~1.6x apart). A flip inside a
+    clock that ends where it began is not seen: the per-graph figures are for that."""
+    return _pairs_at_one_pace(runs, _steady_pace)
+
+
+def build_paced_pairs(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """pair_ratios of the pairs whose two runs built at one pace: the median gaps between their graphs becoming
+    runnable (_graph_pace_ms, the frontend's build of the same graphs on both sides) within PACE_TOLERANCE of each
+    other. The host's slow mode (every build ~1.4x, GPU runs 44-47) shows in the builds themselves, where the pace
+    loop around the clock (paced_pairs) moved within most runs (run 47: no pair kept). Pairs of several processes
+    or without per-graph times (4 processes, the functional step) are not judged."""
+    return _pairs_at_one_pace(runs, _graph_pace_ms)
 
 
 def best_of(runs: list[dict[str, Any]]) -> dict[str, float]:
