@@ -288,6 +288,16 @@ def collector(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def _kept_line(arm: dict[str, Any], kept: str) -> str:
+    """One filter's kept pairs per path: their median and how many of the arm's pairs they are."""
+    return ", ".join(
+        f"{p.removesuffix('+hedge')} {statistics.median(v):.2f}x (n={len(v)} of {len(arm['pairs'].get(p, []))})"
+        if v
+        else f"{p.removesuffix('+hedge')} - (n=0)"
+        for p, v in arm[kept].items()
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arm", action="append", required=True, help="NAME=startup.json (in the order to draw)")
@@ -336,24 +346,8 @@ def main() -> None:
             f"{p.removesuffix('+hedge')} {v:.2f}x (n={len(arm['pairs'][p])})" for p, v in arm["median"].items()
         )
         print(f"{name:10s} {medians}")
-        print(
-            f"{'':10s} pairs at one pace: "
-            + ", ".join(
-                f"{p.removesuffix('+hedge')} {statistics.median(v):.2f}x (n={len(v)} of {len(arm['pairs'].get(p, []))})"
-                if v
-                else f"{p.removesuffix('+hedge')} - (n=0)"
-                for p, v in arm["paced_pairs"].items()
-            )
-        )
-        print(
-            f"{'':10s} pairs whose builds ran at one pace: "
-            + ", ".join(
-                f"{p.removesuffix('+hedge')} {statistics.median(v):.2f}x (n={len(v)} of {len(arm['pairs'].get(p, []))})"
-                if v
-                else f"{p.removesuffix('+hedge')} - (n=0)"
-                for p, v in arm["build_paced_pairs"].items()
-            )
-        )
+        print(f"{'':10s} pairs at one pace: {_kept_line(arm, 'paced_pairs')}")
+        print(f"{'':10s} pairs whose builds ran at one pace: {_kept_line(arm, 'build_paced_pairs')}")
         print(
             f"{'':10s} best of each side: "
             + ", ".join(f"{p.removesuffix('+hedge')} {v:.2f}x" for p, v in arm["best_of"].items())
