@@ -26,6 +26,10 @@ from plancache_server.settings.declare import (
 
 # The longest --hedged-hold-max may be: a gateway's mark that a build yields outlives it (gateway.build_states).
 HEDGED_HOLD_MAX_LIMIT_S = 60.0
+# Its default (the worker's YieldGate takes it when nothing is set): longer than a first node's start with an empty
+# JIT cache (GPU run 46: 13 graphs in 4.1-6.2 s; a 3 s hold let the service build and tune beside the node once 3 s
+# had passed: 1.09-1.31x its local start).
+HEDGED_HOLD_MAX_DEFAULT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -398,10 +402,8 @@ class BuildSettings:
         float,
         to_workers=True,
     )
-    # Longer than a first node's start with an empty JIT cache (GPU run 46: 13 graphs in 4.1-6.2 s; a 3 s hold let
-    # the service build and tune beside the node once 3 s had passed: 1.09-1.31x its local start).
     hedged_hold_max_s: float = setting(
-        30.0,
+        HEDGED_HOLD_MAX_DEFAULT_S,
         "--hedged-hold-max",
         "the longest a worker holds back a build for callers that build it themselves while such callers keep "
         "asking (--hedged-quiet), from when it took the build (at most 60 s): a fleet whose nodes never stop "

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from plancache_server.settings.groups import HEDGED_HOLD_MAX_DEFAULT_S
 from plancache_server.worker.build_tasks import BuildTask
 
 if TYPE_CHECKING:
@@ -110,9 +111,10 @@ class TuningGate:
 
 
 # Longest a yielding build waits (YieldGate) by default, from when its worker took it: a fleet whose nodes never stop
-# asking still has its plans stored this soon after (the setting --hedged-hold-max). 3 s until GPU run 46: a first
-# node with an empty JIT cache builds its 13 graphs in 4-6 s, and the service then built and tuned beside it.
-YIELD_WAIT_CAP_S = 30.0
+# asking still has its plans stored this soon after (the setting --hedged-hold-max, whose default this is). 3 s until
+# GPU run 46: a first node with an empty JIT cache builds its 13 graphs in 4-6 s, and the service then built and
+# tuned beside it.
+YIELD_WAIT_CAP_S = HEDGED_HOLD_MAX_DEFAULT_S
 
 
 # What waits while callers build their own graphs: their builds, and every autotuning.
