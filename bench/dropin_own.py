@@ -26,7 +26,11 @@ Arms are source trees of the client (`--arm NAME=PATH`, PATH a `client/src`), ru
 `--pause-ms P` (repeatable: every arm at each) sleeps after each graph, as a lazy node's layer does (GPU runs 46-47
 read `Client.compile`'s own time lazily 1.04-1.19 ms a graph, back to back 0.69-0.93). `--door compile` measures one
 `Client.compile` per graph instead of the drop-in's build step (own: compile less the node's build; capture: its
-query, the spec validated and normalized; race: the rest).
+query, the spec validated and normalized; race: the rest). `--door stored` measures a fresh process's first run of
+the 13 graphs through the drop-in with every plan stored by an earlier run of its workload (one run a process, every
+graph measured: own is the whole build step, the frontend's deserialize replaced; race is Client.race, the plan
+looked up, checked and taken; rest the proof of the plan's graph, loading and counting; its workload's plans streamed
+as on a GPU node, `--pause-ms` before each graph, the first included: the stream's lead).
 
     python3 bench/dropin_own.py --arm before=/tmp/before/client/src --arm after=client/src --out bench/results
 """
@@ -51,15 +55,16 @@ if str(REPO) not in sys.path:
 PHASES = ("own", "capture", "race", "rest")
 
 
-def _serve(ready: Any) -> None:
-    """The service, in a child process: Redis, gateway and a stand-in worker whose builds take 60 s."""
+def _serve(ready: Any, build_seconds: float = 60.0) -> None:
+    """The service, in a child process: Redis, gateway and a stand-in worker whose builds take `build_seconds` (60 s:
+    every graph a miss the node's build wins; --door stored: quick, its plans stored before the clocked part)."""
     from plancache_server.store.embedded_redis import EmbeddedRedis
     from tests.conftest import start_stack
     from tests.support import hermetic
     from tests.support.standin import StandInCompiler
 
     redis_server = EmbeddedRedis(Path(tempfile.mkdtemp()), binary=hermetic.redis_server_bin(), persist=False).start()
-    stack, _ = start_stack(redis_server.url, StandInCompiler(build_seconds=60.0))
+    stack, _ = start_stack(redis_server.url, StandInCompiler(build_seconds=build_seconds))
     ready.put(stack.address)
     time.sleep(3600)
 
@@ -95,12 +100,14 @@ def measure(
     os.environ["PLANCACHE_CACHE_DIR"] = tempfile.mkdtemp()
     context = multiprocessing.get_context("fork")
     ready = context.Queue()
-    service = context.Process(target=_serve, args=(ready,), daemon=True)
+    service = context.Process(target=_serve, args=(ready, 0.01 if door == "stored" else 60.0), daemon=True)
     service.start()
     try:
         address = ready.get(timeout=60)
         if door == "compile":
             return _compiles(address, rounds, build_ms, pause_ms / 1000)
+        if door == "stored":
+            return _stored(address, pause_ms / 1000)
         return _graphs(address, rounds, build_ms, gil, pause_ms / 1000)
     finally:
         service.kill()
@@ -157,6 +164,92 @@ def _compiles(address: str, rounds: int, build_ms: float, pause_s: float) -> dic
     return found
 
 
+def _program_graph(spec: Any, before_build: Callable[[], None]) -> Any:
+    """`spec` as the local program builds it, through plancache.cudnn's pygraph (the frontend's GPU calls replaced
+    by the caller); `before_build` runs just before its build step."""
+    import cudnn
+
+    import plancache.cudnn as dropin
+    from plancache.frontend_graph import build_pygraph
+
+    graph = build_pygraph(spec, dropin)
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A])
+    graph.check_support()
+    before_build()
+    graph.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
+    return graph
+
+
+def _stored(address: str, pause_s: float) -> dict[str, list[float]]:
+    """--door stored: a fresh process's first run of the 13 graphs through plancache.cudnn with every plan stored and
+    its workload's record listing them (a node of a model the fleet runs already): each graph's build step serves the
+    stored plan, the frontend's deserialize replaced (the floor pays it alike). Stored first by another client of the
+    same workload, its node's own build off (the service builds, quickly). Every graph is measured, the first two
+    included (a fresh process's first graph is where plancache's first use falls): own (the whole build step),
+    capture (the program's graph read and normalized), race (Client.race: the plan looked up, checked and taken) and
+    rest (the proof that the plan's graph is the program's, loading, counting)."""
+    import cudnn
+
+    import plancache.cudnn as dropin
+    import plancache.run.gpu
+    from bench import miss_phases
+    from bench.startup_graphs import startup_graphs
+    from plancache import Client
+    from plancache.graphspec.validation import normalize
+    from tests.support.standin import STANDIN_TARGET
+
+    specs = [normalize(spec) for spec in startup_graphs()]
+    loaded: list[float] = []
+
+    def gpu_call(name: str) -> Any:
+        def call(graph: Any, *args: Any, **kwargs: Any) -> None:
+            if name == "validate":
+                graph._is_validated = True
+            if name == "deserialize":
+                loaded.append(0.0)
+
+        return call
+
+    for name in ("validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans"):
+        setattr(cudnn.pygraph, name, gpu_call(name))
+    cudnn.pygraph.deserialize = gpu_call("deserialize")
+    plancache.run.gpu.cudnn_handle = lambda device=None: object()  # STAND-IN: no GPU, no handle
+    if not miss_phases.install(dropin=True):
+        raise RuntimeError("bench.miss_phases did not install (PLANCACHE_BENCH_PHASES=1 is set by measure())")
+
+    def build(spec: Any) -> Any:
+        return _program_graph(spec, loaded.clear)
+
+    # Stored by an earlier process of the workload: the same program through the drop-in, waiting for each plan
+    # (no disk cache: the measured client finds nothing on its disk), its use reported to the workload's record.
+    seeding = Client(address, hedge=False, cache=False, workload="dropin-own-stored")
+    dropin.configure(seeding, target=STANDIN_TARGET)
+    for spec in specs:
+        build(spec)
+    seeding.close()
+    # The workload's plans stream as on a GPU node (there the default; here, without a GPU, it is off).
+    os.environ["PLANCACHE_WORKLOAD_PREFETCH"] = "1"
+    dropin.configure(Client(address, hedge=True, workload="dropin-own-stored"), target=STANDIN_TARGET)
+    miss_phases.take()
+    found: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    for spec in specs:
+        if pause_s:
+            time.sleep(pause_s)  # the program's work before each graph (set-up, before the first): the stream's lead
+        graph = build(spec)
+        clocks = miss_phases.take()
+        if graph.plancache.plan is None or len(loaded) != 1:
+            raise RuntimeError(f"graph {spec.name}: not served by a stored plan: {graph.plancache}")
+        (step,), (capture,) = clocks["dropin_build"], clocks["dropin_capture"]
+        race = sum(clocks.get("dropin_race", []))
+        found["own"].append(step * 1000)
+        found["capture"].append(capture * 1000)
+        found["race"].append(race * 1000)
+        found["rest"].append((step - capture - race) * 1000)
+    return found
+
+
 def _graphs(address: str, rounds: int, build_ms: float, gil: str, pause_s: float) -> dict[str, list[float]]:
     import cudnn
 
@@ -165,7 +258,6 @@ def _graphs(address: str, rounds: int, build_ms: float, gil: str, pause_s: float
     from bench.startup_graphs import startup_graphs
     from plancache import Client
     from plancache.cudnn import _serving
-    from plancache.frontend_graph import build_pygraph
     from plancache.graphspec.validation import normalize
     from tests.support.standin import STANDIN_TARGET
 
@@ -198,13 +290,7 @@ def _graphs(address: str, rounds: int, build_ms: float, gil: str, pause_s: float
     specs = [normalize(spec) for spec in startup_graphs()]
     for round_ in range(rounds):
         for index, spec in enumerate(specs):
-            graph = build_pygraph(spec, dropin)
-            graph.validate()
-            graph.build_operation_graph()
-            graph.create_execution_plans([cudnn.heur_mode.A])
-            graph.check_support()
-            built.clear()
-            graph.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
+            graph = _program_graph(spec, built.clear)
             clocks = miss_phases.take()
             if graph.plancache.reason != _serving.HEDGED or len(built) != 1:
                 raise RuntimeError(f"graph {spec.name}: not a hedged miss the node's build won: {graph.plancache}")
@@ -308,11 +394,10 @@ def report(results: dict[str, Any], out: Path, tag: str) -> None:
     ax.scatter(names, [medians[name]["own"] for name in names], color="black", zorder=3, label="own (median)")
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8, label="issue 41's bound")
     ax.set_ylabel("ms a graph, past a process's first two (medians)")
-    door = (
-        "Client.compile's own time in a hedged miss"
-        if results.get("door") == "compile"
-        else ("plancache.cudnn's own time in a hedged miss's build step")
-    )
+    door = {
+        "compile": "Client.compile's own time in a hedged miss",
+        "stored": "plancache.cudnn's own time in a build step its stored plan serves",
+    }.get(results.get("door", ""), "plancache.cudnn's own time in a hedged miss's build step")
     ax.set_title(f"{door}, CPU, {results['build_ms']:.0f} ms builds", fontsize=9)
     ax.legend(fontsize=7)
     save(fig, out / f"dropin_own{suffix}.png")
@@ -333,9 +418,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--door",
-        choices=("cudnn", "compile"),
+        choices=("cudnn", "compile", "stored"),
         default="cudnn",
-        help="plancache.cudnn's build step (cudnn), or one Client.compile per graph (compile)",
+        help="plancache.cudnn's build step (cudnn), or one Client.compile per graph (compile), both hedged misses; or "
+        "plancache.cudnn's build step with every plan stored (stored: each process's one run of the 13 graphs)",
     )
     parser.add_argument(
         "--pause-ms",

@@ -330,6 +330,17 @@ def test_dropin_own_quick_run_times_every_hedged_miss_past_the_first_two_at_each
     assert (tmp_path / "dropin_own_t.png").stat().st_size > 10_000
 
 
+def test_dropin_own_stored_door_serves_every_graph_from_the_store(tmp_path: Path) -> None:
+    """bench/dropin_own.py --door stored: a fresh process's 13 graphs through the drop-in, each served by the plan an
+    earlier run of the workload stored (the child refuses a graph built any other way), every graph timed."""
+    pytest.importorskip("cudnn", reason="needs the cuDNN frontend's Python IR (nvidia-cudnn-frontend)")
+    run_bench("dropin_own.py", "--door", "stored", "--processes", "1", "--rounds", "1", "--out", str(tmp_path))
+    results = json.loads((tmp_path / "dropin_own.json").read_text())
+    assert results["door"] == "stored" and results["graphs_per_arm"] == {"shipped": 13}
+    medians = results["median_ms"]["shipped"]
+    assert medians["own"] > 0 and medians["capture"] > 0 and medians["race"] > 0
+
+
 def test_flood_quick_run_answers_every_flooder_call_and_no_honest_call_fails(tmp_path: Path) -> None:
     """bench/flood.py --quick (a tenth of the flood, short phases): every call the flooder made ends with a
     status it counts, no honest node's read or compile fails, nothing is left queued, the JSON and plot
