@@ -1,7 +1,8 @@
 """What importing plancache adds to a fresh process (issue 41: never slower than without plancache).
 
-Every start-up benchmark (bench/startup.py) imports plancache on both sides of a pair before its clock starts, so
-their ratios leave out what a program pays to load plancache at all. This measures that alone: fresh processes in
+The start-up benchmark (bench/startup.py) imports plancache on both sides of a pair before its clock starts, and the
+first-step ones start their clocks after the imports, so their ratios leave out what a program pays to load
+plancache at all. This measures that alone: fresh processes in
 turn, a baseline (`import torch, cudnn`: what a cuDNN frontend program loads anyway) and the same with one of
 plancache's front doors added (`import torch, cudnn, plancache.cudnn`, `plancache.functional`, `plancache.torch`);
 the whole process's wall time from its start to its exit, and the door's own import as the process times it. Pairs
