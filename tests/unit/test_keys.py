@@ -82,3 +82,20 @@ def test_parsed_keys_share_their_target_and_are_kept_within_a_bound() -> None:
     assert parsed[0].target is parsed[1].target is parsed[2].target
     assert parsed[0].target.id == target
     assert plankey.parse_key.cache_info().maxsize == plankey.PARSED_KEYS_KEPT <= 8192
+
+
+def test_an_options_id_is_made_once_per_instance_and_is_its_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query's key and the check of the plan that answers it each read the id: made once (a canonical form and a
+    hash), the same for equal options, another for other ones; a query naming no options shares one instance."""
+    from plancache.keys import options as options_module
+    from plancache.keys.query import DEFAULT_OPTIONS, PlanQuery
+    from tests.support.specs import matmul_spec
+
+    made: list[object] = []
+    canonicalize = options_module.canonicalize
+    monkeypatch.setattr(options_module, "canonicalize", lambda value: made.append(value) or canonicalize(value))
+    tuned, heuristic = CompileOptions(), CompileOptions(autotune=False)
+    assert tuned.id == tuned.id == CompileOptions().id and heuristic.id == heuristic.id
+    assert heuristic.id != tuned.id and len(made) == 3  # once per instance: tuned, the fresh one, heuristic
+    target = Target("sm_90", 91900, "1.32.0", "Some GPU", 132)
+    assert PlanQuery.of(matmul_spec(), target).options is DEFAULT_OPTIONS is PlanQuery.of(matmul_spec(), target).options

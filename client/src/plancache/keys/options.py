@@ -150,7 +150,13 @@ class CompileOptions:
 
     @property
     def id(self) -> str:
-        return "opt-" + hashlib.sha256(canonicalize(self.canonical())).hexdigest()[:16]
+        """`opt-` and the canonical form's hash, made once per instance (a query's key and the check of the plan
+        that answers it each read it: a canonical form and a hash apiece, on every graph's miss path)."""
+        found: str | None = self.__dict__.get("_id")
+        if found is None:
+            found = "opt-" + hashlib.sha256(canonicalize(self.canonical())).hexdigest()[:16]
+            object.__setattr__(self, "_id", found)  # frozen: its fields never change, so neither does the id
+        return found
 
     def to_proto(self) -> pb.CompileOptions:
         return pb.CompileOptions(

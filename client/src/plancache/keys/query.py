@@ -32,6 +32,9 @@ from plancache.keys.plankey import make_key
 from plancache.keys.target import Target
 from plancache.v1 import plancache_pb2 as pb
 
+# The options of a query that names none: one instance, its id made once (CompileOptions is frozen).
+DEFAULT_OPTIONS = CompileOptions()
+
 
 @dataclass(frozen=True, eq=False)
 class PlanQuery:
@@ -54,13 +57,13 @@ class PlanQuery:
         or `options` no CompileOptions, is InvalidRequest naming the type."""
         check_spec(spec, "PlanQuery.of()")
         check_options(options, "PlanQuery.of()")
-        return cls(normalize(spec, limits), target, options or CompileOptions())
+        return cls(normalize(spec, limits), target, options or DEFAULT_OPTIONS)
 
     @classmethod
     def normalized(cls, spec: GraphSpec, target: Target, options: CompileOptions | None = None) -> PlanQuery:
         """A query of a spec this process normalized already (plancache.cudnn's
         capture, a worker's verified job): nothing is checked again."""
-        return cls(spec, target, options or CompileOptions())
+        return cls(spec, target, options or DEFAULT_OPTIONS)
 
     @classmethod
     def from_wire(
