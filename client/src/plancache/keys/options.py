@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,15 +149,11 @@ class CompileOptions:
             found["selected_plan"] = self.selected_plan
         return found
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
         """`opt-` and the canonical form's hash, made once per instance (a query's key and the check of the plan
         that answers it each read it: a canonical form and a hash apiece, on every graph's miss path)."""
-        found: str | None = self.__dict__.get("_id")
-        if found is None:
-            found = "opt-" + hashlib.sha256(canonicalize(self.canonical())).hexdigest()[:16]
-            object.__setattr__(self, "_id", found)  # frozen: its fields never change, so neither does the id
-        return found
+        return "opt-" + hashlib.sha256(canonicalize(self.canonical())).hexdigest()[:16]
 
     def to_proto(self) -> pb.CompileOptions:
         return pb.CompileOptions(
