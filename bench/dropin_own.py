@@ -164,6 +164,25 @@ def _compiles(address: str, rounds: int, build_ms: float, pause_s: float) -> dic
     return found
 
 
+def _replace_gpu_calls(doing: dict[str, Callable[[], None]]) -> None:
+    """STAND-IN: the frontend's calls that need a GPU (a graph's validation, plan making and building, and those named
+    in `doing`) do nothing but what `doing` says for them; validate marks the graph validated, as the real one does."""
+    import cudnn
+
+    def replaced(name: str) -> Callable[..., None]:
+        def call(graph: Any, *args: Any, **kwargs: Any) -> None:
+            if name == "validate":
+                graph._is_validated = True
+            if name in doing:
+                doing[name]()
+
+        return call
+
+    stages = ("validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans")
+    for name in dict.fromkeys((*stages, *doing)):
+        setattr(cudnn.pygraph, name, replaced(name))
+
+
 def _program_graph(spec: Any, before_build: Callable[[], None]) -> Any:
     """`spec` as the local program builds it, through plancache.cudnn's pygraph (the frontend's GPU calls replaced
     by the caller); `before_build` runs just before its build step."""
@@ -190,7 +209,6 @@ def _stored(address: str, pause_s: float) -> dict[str, list[float]]:
     included (a fresh process's first graph is where plancache's first use falls): own (the whole build step),
     capture (the program's graph read and normalized), race (Client.race: the plan looked up, checked and taken) and
     rest (the proof that the plan's graph is the program's, loading, counting)."""
-    import cudnn
 
     import plancache.cudnn as dropin
     import plancache.run.gpu
@@ -203,18 +221,7 @@ def _stored(address: str, pause_s: float) -> dict[str, list[float]]:
     specs = [normalize(spec) for spec in startup_graphs()]
     loaded: list[float] = []
 
-    def gpu_call(name: str) -> Any:
-        def call(graph: Any, *args: Any, **kwargs: Any) -> None:
-            if name == "validate":
-                graph._is_validated = True
-            if name == "deserialize":
-                loaded.append(0.0)
-
-        return call
-
-    for name in ("validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans"):
-        setattr(cudnn.pygraph, name, gpu_call(name))
-    cudnn.pygraph.deserialize = gpu_call("deserialize")
+    _replace_gpu_calls({"deserialize": lambda: loaded.append(0.0)})
     plancache.run.gpu.cudnn_handle = lambda device=None: object()  # STAND-IN: no GPU, no handle
     if not miss_phases.install(dropin=True):
         raise RuntimeError("bench.miss_phases did not install (PLANCACHE_BENCH_PHASES=1 is set by measure())")
@@ -251,7 +258,6 @@ def _stored(address: str, pause_s: float) -> dict[str, list[float]]:
 
 
 def _graphs(address: str, rounds: int, build_ms: float, gil: str, pause_s: float) -> dict[str, list[float]]:
-    import cudnn
 
     import plancache.cudnn as dropin
     from bench import miss_phases
@@ -264,23 +270,16 @@ def _graphs(address: str, rounds: int, build_ms: float, gil: str, pause_s: float
     built: list[float] = []
     hold = _held_for(build_ms)
 
-    def gpu_call(name: str) -> Any:
-        def call(graph: Any, *args: Any, **kwargs: Any) -> None:
-            if name == "validate":
-                graph._is_validated = True
-            if name == "build_plans":
-                begun = time.perf_counter()
-                if gil == "held":
-                    hold()
-                else:  # a Python loop: other threads run every switch interval (5 ms), as they cannot beside the frontend
-                    while time.perf_counter() - begun < build_ms / 1000:
-                        sum(range(200))
-                built.append(time.perf_counter() - begun)
+    def build_plans() -> None:
+        begun = time.perf_counter()
+        if gil == "held":
+            hold()
+        else:  # a Python loop: other threads run every switch interval (5 ms), as they cannot beside the frontend
+            while time.perf_counter() - begun < build_ms / 1000:
+                sum(range(200))
+        built.append(time.perf_counter() - begun)
 
-        return call
-
-    for name in ("validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans"):
-        setattr(cudnn.pygraph, name, gpu_call(name))
+    _replace_gpu_calls({"build_plans": build_plans})
     # The same clocks as a GPU node's (bench/miss_phases.py): what is measured here is what GPU runs call own_ms.
     if not miss_phases.install(dropin=True):
         raise RuntimeError("bench.miss_phases did not install (PLANCACHE_BENCH_PHASES=1 is set by measure())")
