@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: setup setup-test test-plan torch-cpu redis chromium node prometheus run demo test lint typecheck proto bench herd upgrade flood soak clean
+.PHONY: setup setup-test test-plan torch-cpu cxx redis chromium node prometheus run demo test lint typecheck proto bench herd upgrade flood soak clean
 
 $(STAMP): client/pyproject.toml server/pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -52,13 +52,18 @@ $(NODE_MODULES): tests/conformance/node/package-lock.json
 	cd tests/conformance/node && npm ci --no-audit --no-fund --loglevel=error
 	touch $(NODE_MODULES)
 
+## A C++ compiler (Debian's g++): tests/unit/plancache_torch/test_native.py builds plancache.torch's native
+## kernels (one C++ file against torch's CPU build; ninja comes with requirements-dev.txt).
+cxx:
+	@scripts/install-os-package.sh c++ g++ gcc-c++ gcc
+
 ## Prometheus and promtool (Debian's prometheus package): a real Prometheus evaluates the
 ## Grafana dashboard's queries and the alert rules in the tests.
 prometheus:
 	@scripts/install-os-package.sh promtool prometheus golang-github-prometheus prometheus
 
 ## What `make test` installs, said before anything is installed (sizes from apt's lists when present).
-TEST_COMMANDS := redis-server=redis-server chromium=chromium node=nodejs npm=npm promtool=prometheus
+TEST_COMMANDS := redis-server=redis-server chromium=chromium node=nodejs npm=npm promtool=prometheus c++=g++
 test-plan:
 	@echo "make test sets up, where missing:"
 	@if [ ! -f $(STAMP) ]; then echo "  Python packages into $(VENV) (about 500 MB: grpcio, redis, cryptography, the cuDNN frontend's IR, ...)"; fi
@@ -67,7 +72,7 @@ test-plan:
 	@scripts/install-os-package.sh --plan $(TEST_COMMANDS)
 	@echo "  (no service of these packages is left running or enabled at boot)"
 
-setup-test: test-plan setup torch-cpu chromium node prometheus
+setup-test: test-plan setup torch-cpu chromium node prometheus cxx
 
 ## Start a server on 127.0.0.1:50051 with a private Redis and a worker per local GPU;
 ## /metrics and the status page on http://127.0.0.1:$(METRICS_PORT)/ (METRICS_PORT=0: off).

@@ -18,3 +18,11 @@ if ! command -v redis-server >/dev/null; then
   export PLANCACHE_REDIS_SERVER_BIN="$REDIS_BIN"  # the benchmarks' and a server's private Redis
   export PLANCACHE_TEST_REDIS_SERVER_BIN="$REDIS_BIN"  # the test fixtures' (tests/support/hermetic.py)
 fi
+# plancache.torch's native kernels (off by default: PLANCACHE_NATIVE), built ahead as a node image would with
+# NATIVE_BUILD=1 (python -m plancache.torch.native); otherwise tests/gpu/test_gpu_native.py builds them at its
+# first call and bench/native_cost.py's first process does.
+if [ "${NATIVE_BUILD:-0}" = 1 ]; then
+  python3 -m plancache.torch.native > /tmp/native-build.log 2>&1 \
+    && echo "native kernels: $(tail -n 1 /tmp/native-build.log)" \
+    || { echo "native kernels: build failed"; tail -n 30 /tmp/native-build.log; }
+fi

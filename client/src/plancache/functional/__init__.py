@@ -58,7 +58,7 @@ from plancache.functional._linear import linear, matmul
 from plancache.functional._manifest import manifest, prefetch
 from plancache.functional._norms import layer_norm, rms_norm
 from plancache.functional._paged_decode import paged_decode_attention
-from plancache.functional._table import COUNTS, TABLE, Fallback, Served
+from plancache.functional._table import COUNTS, TABLE, Fallback, Served, drain_native
 from plancache.run.plan import Plan
 
 __all__ = [
@@ -114,6 +114,7 @@ class Geometry:
 
 def stats() -> dict[str, FunctionStats]:
     """Counters by function name ("linear", "scaled_dot_product_attention", ...)."""
+    drain_native()
     return {
         name: FunctionStats(c.cudnn, c.torch, c.geometries, c.torch_geometries, dict(c.reasons))
         for name, c in COUNTS.items()
@@ -180,6 +181,7 @@ def clear() -> None:
     """Forget every geometry and counter, and the service setting (tests, a
     new deployment): the next call of each geometry asks again."""
     TABLE.clear()
+    drain_native()
     COUNTS.clear()
     WATCH.clear()
     BUCKETS.set(None)

@@ -42,6 +42,34 @@ RETRY_AFTER_S = 60.0
 _ident = threading.get_ident
 
 
+class _LaunchLog(threading.local):
+    """The launches of the call plancache.torch's native kernels are learning on this thread (a list of
+    `Served.logged` records), None otherwise (plancache.torch._native: what a kept call replays)."""
+
+    launches: list[tuple[Any, ...]] | None = None
+
+
+LAUNCH_LOG = _LaunchLog()
+# Launches run outside Python (plancache.torch.native's kept calls), by function since the last drain: each
+# drain's counts are added to COUNTS when the counters are read.
+NATIVE_DRAINS: list[Callable[[], dict[str, int]]] = []
+
+
+def _version(tensor: Any) -> int:
+    """A tensor's version counter; -1 where it keeps none (an inference tensor: torch.inference_mode), which the
+    native kernels take as a reason not to keep the call (a write after the launch could not be seen)."""
+    is_inference = getattr(tensor, "is_inference", None)  # plancache.functional runs without torch's types too
+    if is_inference is None or is_inference():
+        return -1
+    return int(tensor._version)
+
+
+def drain_native() -> None:
+    for drain in NATIVE_DRAINS:
+        for function, launches in drain().items():
+            counts(function).cudnn += launches
+
+
 @dataclass
 class Counts:
     """One function's calls: run by a plancache plan, or by torch."""
@@ -130,6 +158,14 @@ class Launcher:
         else:
             self._first(buffers)
 
+    @property
+    def raw(self) -> RawExecute | None:
+        return self._raw
+
+    @property
+    def workspace_size(self) -> int:
+        return int(self._need)
+
     def _first(self, buffers: tuple[Any, ...]) -> None:
         try:
             self._execute(buffers, self._slot.buffer, handle=self._handle, tensor_uids=self._uids)
@@ -189,16 +225,45 @@ class Served:
         if len(self._allocs) != 1:
             return self.outputs(tensors, launcher)[0]
         out = self._alloc()
-        launcher((*tensors, out, *self._constants))
+        buffers = (*tensors, out, *self._constants)
+        launcher(buffers)
         self.counts.cudnn += 1
+        if LAUNCH_LOG.launches is not None:
+            self.logged(launcher, buffers, len(tensors), 1)
         return out
 
     def outputs(self, tensors: tuple[Any, ...], launcher: Launcher | None = None) -> tuple[Any, ...]:
         """Every output of the plan (a training forward's saved statistics after the result)."""
         outs = tuple([alloc() for alloc in self._allocs])  # a list comprehension: half a generator's cost
-        (launcher or self._launcher())((*tensors, *outs, *self._constants))
+        launcher = launcher or self._launcher()
+        buffers = (*tensors, *outs, *self._constants)
+        launcher(buffers)
         self.counts.cudnn += 1
+        if LAUNCH_LOG.launches is not None:
+            self.logged(launcher, buffers, len(tensors), len(outs))
         return outs
+
+    def logged(self, launcher: Launcher, buffers: tuple[Any, ...], inputs: int, outputs: int) -> None:
+        """A launch of the call being learned: (run, positions, workspace bytes, function, buffers, how many
+        inputs, how many outputs, each buffer's version now, device). No raw form (its first call, a frontend
+        without it) or an entry whose behaviour changes with time (a hedged plan awaiting the service's):
+        `run` None, and the call is not kept."""
+        raw = launcher.raw if type(self) is Served else None
+        versions = [_version(b) for b in buffers]
+        assert LAUNCH_LOG.launches is not None
+        LAUNCH_LOG.launches.append(
+            (
+                None if raw is None else raw.run,
+                () if raw is None else raw.positions,
+                launcher.workspace_size,
+                self.request.function,
+                buffers,
+                inputs,
+                outputs,
+                versions,
+                self._device,
+            )
+        )
 
 
 class HedgedServed(Served):
@@ -284,6 +349,8 @@ class GeometryTable:
 
     def __init__(self, max_entries: int = DEFAULT_MAX_GEOMETRIES) -> None:
         self.max_entries = max_entries
+        # Called when an entry leaves or is replaced (plancache.torch's native kernels forget what they kept).
+        self.on_change: Callable[[], None] | None = None
         self._entries: dict[Hashable, Entry] = {}
         self._ticks = itertools.count(1)
         self._lock = threading.Lock()
@@ -298,8 +365,10 @@ class GeometryTable:
     def put(self, key: Hashable, entry: Entry) -> None:
         with self._lock:
             entry.used = next(self._ticks)
+            replaced = self._entries.get(key) is not None
             self._entries[key] = entry
-            self._evict(self.max_entries)
+            if self._evict(self.max_entries) or replaced:
+                self._changed()
 
     def replace(self, key: Hashable, old: Entry, new: Entry) -> None:
         """`new` in place of `old` (unless `old` left meanwhile)."""
@@ -307,27 +376,36 @@ class GeometryTable:
             if self._entries.get(key) is old:
                 new.used = old.used
                 self._entries[key] = new
+                self._changed()
 
     def discard(self, key: Hashable, entry: Entry) -> None:
         with self._lock:
             if self._entries.get(key) is entry:
                 del self._entries[key]
+                self._changed()
 
     def resize(self, max_entries: int) -> None:
         with self._lock:
             self.max_entries = max_entries
-            self._evict(max_entries)
+            if self._evict(max_entries):
+                self._changed()
 
-    def _evict(self, bound: int) -> None:
+    def _evict(self, bound: int) -> bool:
         excess = len(self._entries) - bound
         if excess > 0:
             for key, _ in sorted(self._entries.items(), key=lambda item: item[1].used)[:excess]:
                 del self._entries[key]
             self.evicted += excess
+        return excess > 0
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._changed()
 
     def entries(self) -> list[tuple[Hashable, Entry]]:
         """Least recently used first."""

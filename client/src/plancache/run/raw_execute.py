@@ -41,7 +41,7 @@ class RawExecute:
     """`raw(buffers, workspace)`: one execution, `buffers` in the caller's uid
     order (the `uids` given to `of`), `workspace` a tensor or None."""
 
-    __slots__ = ("_address", "_array", "_count", "_handle", "_pick", "_run")
+    __slots__ = ("_address", "_array", "_count", "_handle", "_pick", "_run", "positions")
 
     def __init__(self, run: Any, positions: Sequence[int], backend_handle: int) -> None:
         self._run = run
@@ -50,6 +50,7 @@ class RawExecute:
         self._address = ctypes.addressof(self._array)
         self._handle = backend_handle
         positions = tuple(positions)
+        self.positions = positions  # the pack's order: a position in the caller's buffers for each slot
         # One C call picks every buffer the pack needs, in its order.
         self._pick = (lambda buffers: (buffers[positions[0]],)) if len(positions) == 1 else _itemgetter(positions)
 
@@ -76,6 +77,11 @@ class RawExecute:
         except Exception as e:  # private API: anything unexpected keeps the public execute
             log.debug("plancache: the frontend's raw execute is not available (%s: %s)", type(e).__name__, e)
             return None
+
+    @property
+    def run(self) -> Any:
+        """The frontend's call itself: run(addresses, count, workspace, handle, -1)."""
+        return self._run
 
     def __call__(self, buffers: tuple[Any, ...], workspace: Any) -> None:
         self._array[:] = [b.data_ptr() for b in self._pick(buffers)]

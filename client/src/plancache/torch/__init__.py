@@ -52,7 +52,7 @@ import plancache.functional as pf
 from plancache.torch import _ops
 from plancache.torch._mode import COUNTS, LEFT_COMPILED, PlanCacheMode, _counts_lock
 
-__all__ = ["OPERATORS", "PlanCacheMode", "RouteStats", "clear_stats", "compile", "mode", "stats"]
+__all__ = ["OPERATORS", "PlanCacheMode", "RouteStats", "clear_stats", "compile", "mode", "native_state", "stats"]
 
 OPERATORS = tuple(op.qualname for op in _ops.OPERATORS)  # "plancache::layer_norm", ...
 
@@ -113,6 +113,16 @@ def stats() -> dict[str, RouteStats]:
             tuple(compiled.get(name, ())),
         )
     return out
+
+
+def native_state() -> dict[str, Any]:
+    """The native kernels in this process (plancache.torch.native): `state` (off: no CUDA call yet; building;
+    on; disabled; failed: why), and when on, how many calls' geometries are `kept` (replayed in C++) and
+    `refused` (theirs run the Python implementation every call: torch's function ran, or the implementation
+    made or wrote a tensor the replay could not reproduce)."""
+    from plancache.torch.native import NATIVE
+
+    return NATIVE.info()
 
 
 def clear_stats() -> None:

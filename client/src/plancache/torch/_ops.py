@@ -35,6 +35,7 @@ from plancache.functional._autograd import Differentiable, conform
 from plancache.functional._op_call import BACKWARD, INFERENCE, TRAINING
 from plancache.functional._requests import ACTIVATIONS
 from plancache.torch import _torch_math as tm
+from plancache.torch.native import NATIVE
 
 NAMESPACE = "plancache"
 # The operators are defined through torch.library.Library rather than
@@ -79,8 +80,14 @@ def operator(name: str, schema: str) -> Callable[[Callable[..., Any]], Operator]
 
 def _served(t: Tensor) -> bool:
     """Whether plancache is asked: a CUDA tensor (the CPU's run torch's own). is_cuda: a tenth of device.type's
-    cost, on every operator call."""
-    return bool(t.is_cuda)
+    cost, on every operator call. The first such call starts the native kernels (plancache.torch.native),
+    which take the operators' CUDA calls from then on and call these implementations for what they have not
+    kept."""
+    if t.is_cuda:
+        if NATIVE.state == "off":
+            NATIVE.start(OPERATORS)
+        return True
+    return False
 
 
 def _present(*tensors: Tensor | None) -> tuple[Tensor, ...]:

@@ -1,0 +1,576 @@
+// plancache's torch operators on CUDA tensors, with their repeated calls kept in C++.
+//
+// What it is for (issue 42, item 3): a served call's host time. Each of
+// plancache's operators (plancache/torch/_ops.py) is a Python implementation
+// that the dispatcher calls for every call: ~7 us of dispatcher-to-Python
+// before any of plancache's own work, where torch's kernels cost ~5 us in all.
+// This file registers one boxed kernel for the CUDA key of every operator.
+//
+// How it stays exact: it decides nothing. A call whose arguments it has not
+// seen (the key: every argument, a tensor's device, dtype, sizes and strides,
+// every scalar and list exactly) runs the Python implementation, as before,
+// through `learn_call` (plancache.torch.native.py), which also hands back
+// every cuDNN launch the implementation made (the frontend's raw-pointer
+// execute, its buffers, how many were outputs). The call is kept only when
+// that replay reproduces it by construction: every buffer of every launch is
+// one of the call's tensors, an output a launch of the same call allocated,
+// or one of the plan's persistent constants; the call's results are such
+// outputs (the same tensors, not copies); and no tensor was written after
+// its launch by anything but cuDNN (version counters). A later call with the
+// same key allocates the outputs with the same geometry, fills the same
+// launches with the new addresses and returns the same outputs: the
+// implementation's own launches, without its Python. Anything else (torch's
+// function ran, a tensor was made or written in Python, a launch had no
+// raw form) is not kept, and every call of that key keeps running Python.
+// Python clears the table whenever its own per-process table changes
+// (plancache.functional._table), so a kept call never outlives the geometry
+// entry it was learned from.
+//
+// The launches run on this file's own cuDNN handles (one per thread and
+// device, on the current torch stream), each plan through the frontend's
+// raw-pointer execute (a Python call, the GIL taken: ~1 us), with one
+// workspace per device and stream, grown and never freed (a captured CUDA
+// graph replays the address it captured).
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <dlfcn.h>
+#include <torch/extension.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// ---- cuDNN's handle calls, from the library the frontend loaded ---------------------------------
+
+using CudnnCreate = int (*)(void**);
+using CudnnSetStream = int (*)(void*, void*);
+
+struct Cudnn {
+  CudnnCreate create = nullptr;
+  CudnnSetStream set_stream = nullptr;
+};
+
+Cudnn& cudnn() {
+  static Cudnn fns;
+  return fns;
+}
+
+// ---- the key --------------------------------------------------------------------------------------
+
+struct KeyWriter {
+  std::string bytes;
+  template <typename T>
+  void put(T value) {
+    bytes.append(reinterpret_cast<const char*>(&value), sizeof(T));
+  }
+};
+
+// False where an argument has no exact key (a tensor list, an object): such a call always runs Python.
+bool key_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t nargs, std::string* out) {
+  KeyWriter w;
+  w.bytes.reserve(160);
+  w.put(reinterpret_cast<uintptr_t>(&op.schema()));
+  for (size_t i = stack.size() - nargs; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) {
+        w.put('u');
+        continue;
+      }
+      w.put('T');
+      w.put(static_cast<int8_t>(t.device().type()));
+      w.put(static_cast<int16_t>(t.device().index()));
+      w.put(static_cast<int8_t>(t.scalar_type()));
+      w.put(static_cast<int8_t>(t.layout()));
+      const int64_t dim = t.dim();
+      w.put(dim);
+      for (int64_t d = 0; d < dim; ++d) {
+        w.put(t.size(d));
+        w.put(t.stride(d));
+      }
+    } else if (v.isNone()) {
+      w.put('N');
+    } else if (v.isInt()) {
+      w.put('i');
+      w.put(v.toInt());
+    } else if (v.isDouble()) {
+      w.put('d');
+      w.put(v.toDouble());
+    } else if (v.isBool()) {
+      w.put('b');
+      w.put(v.toBool());
+    } else if (v.isString()) {
+      const auto& s = v.toStringRef();
+      w.put('s');
+      w.put(s.size());
+      w.bytes.append(s);
+    } else if (v.isIntList()) {
+      auto list = v.toIntList();
+      w.put('I');
+      w.put(list.size());
+      for (int64_t x : list) w.put(x);
+    } else if (v.isBoolList()) {
+      auto list = v.toBoolList();
+      w.put('B');
+      w.put(list.size());
+      for (bool x : list) w.put(x);
+    } else if (v.isDoubleList()) {
+      auto list = v.toDoubleList();
+      w.put('D');
+      w.put(list.size());
+      for (double x : list) w.put(x);
+    } else {
+      return false;
+    }
+  }
+  *out = std::move(w.bytes);
+  return true;
+}
+
+// ---- a kept call ----------------------------------------------------------------------------------
+
+enum class From : uint8_t { Arg, Output, Constant };
+
+struct Source {
+  From from;
+  int32_t index;  // the argument's position, the output's or the constant's
+};
+
+struct OutputSpec {
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype;
+  c10::Device device;
+};
+
+struct Launch {
+  py::object run;                // the plan's raw-pointer execute
+  std::vector<Source> buffers;   // in the pack's order (the raw execute's)
+  int64_t workspace = 0;         // bytes
+  std::string function;          // whose plan (plancache.functional's counters count each launch)
+};
+
+struct Returned {
+  bool list = false;             // a Tensor[] return
+  std::vector<int32_t> outputs;  // output indices; -1: None
+};
+
+struct Kept {
+  c10::DeviceIndex device = 0;
+  std::vector<OutputSpec> outputs;
+  std::vector<at::Tensor> constants;
+  std::vector<Launch> launches;
+  std::vector<Returned> returns;
+  mutable std::atomic<int64_t> calls{0};
+
+  // The last reference may go on a thread without the GIL (a replay that outlived a clear()). Never dropped
+  // under the table's lock: a thread holding the GIL may be waiting for that lock.
+  ~Kept() {
+    py::gil_scoped_acquire gil;
+    for (auto& launch : launches) launch.run = py::object();
+  }
+};
+
+struct Table {
+  std::mutex lock;
+  std::unordered_map<std::string, std::shared_ptr<Kept>> kept;
+  std::unordered_map<std::string, int32_t> refused;  // keys seen and not kept: how many times
+  int64_t generation = 0;
+};
+
+Table& table() {
+  static Table* t = new Table();  // never destroyed: its Python objects outlive no interpreter
+  return *t;
+}
+
+constexpr size_t MAX_KEPT = 4096;
+constexpr int32_t MAX_TRIES = 3;  // a key learned this many times without being kept stays Python's
+
+struct Implementations {
+  std::unordered_map<std::string, py::object> by_operator;  // "plancache::layer_norm" -> Python function
+  py::object learn_call;                                    // _native.learn_call(impl, args)
+  std::vector<std::unique_ptr<torch::Library>> libraries;
+};
+
+Implementations& implementations() {
+  static Implementations* i = new Implementations();
+  return *i;
+}
+
+// ---- per thread: handles, workspaces --------------------------------------------------------------
+
+struct ThreadHandle {
+  void* handle = nullptr;
+  void* stream = nullptr;
+};
+
+struct Workspace {
+  at::Tensor buffer;
+  std::vector<at::Tensor> retired;  // a captured CUDA graph may read an outgrown buffer's address: kept
+};
+
+thread_local std::unordered_map<int, ThreadHandle> t_handles;
+thread_local std::unordered_map<void*, Workspace> t_workspaces;  // by stream (a stream is on one device)
+
+void* handle_on(c10::DeviceIndex device, void* stream) {
+  ThreadHandle& h = t_handles[device];
+  if (h.handle == nullptr) {
+    TORCH_CHECK(cudnn().create != nullptr, "plancache native: cuDNN's functions are not loaded");
+    TORCH_CHECK(cudnn().create(&h.handle) == 0, "plancache native: cudnnCreate failed");
+  }
+  if (h.stream != stream) {
+    TORCH_CHECK(cudnn().set_stream(h.handle, stream) == 0, "plancache native: cudnnSetStream failed");
+    h.stream = stream;
+  }
+  return h.handle;
+}
+
+void* workspace_on(c10::DeviceIndex device, void* stream, int64_t need) {
+  if (need <= 0) return nullptr;
+  Workspace& w = t_workspaces[stream];
+  if (!w.buffer.defined() || w.buffer.numel() < need) {
+    if (w.buffer.defined()) w.retired.push_back(w.buffer);
+    w.buffer = at::empty({need}, at::TensorOptions().dtype(at::kByte).device(c10::Device(c10::kCUDA, device)));
+  }
+  return w.buffer.data_ptr();
+}
+
+// ---- the replay -----------------------------------------------------------------------------------
+
+bool replay(const Kept& kept, torch::jit::Stack* stack, size_t nargs, size_t nreturns, c10::DeviceType type) {
+  const size_t first = stack->size() - nargs;
+  c10::DeviceGuard guard(c10::Device(type, kept.device));
+  void* stream = nullptr;
+  if (type == c10::kCUDA) {
+    c10::impl::VirtualGuardImpl impl(type);
+    stream = impl.getStream(c10::Device(type, kept.device)).native_handle();
+  }
+  std::vector<at::Tensor> outs;
+  outs.reserve(kept.outputs.size());
+  for (const auto& o : kept.outputs) {
+    outs.push_back(at::empty_strided(o.sizes, o.strides, at::TensorOptions().dtype(o.dtype).device(o.device)));
+  }
+  std::vector<void*> pointers;
+  {
+    py::gil_scoped_acquire gil;
+    for (const auto& launch : kept.launches) {
+      pointers.clear();
+      for (const auto& s : launch.buffers) {
+        const at::Tensor& t = s.from == From::Arg        ? (*stack)[first + s.index].toTensor()
+                              : s.from == From::Output ? outs[s.index]
+                                                       : kept.constants[s.index];
+        pointers.push_back(t.data_ptr());
+      }
+      void* handle = type == c10::kCUDA ? handle_on(kept.device, stream) : nullptr;
+      void* workspace = type == c10::kCUDA ? workspace_on(kept.device, stream, launch.workspace) : nullptr;
+      launch.run(reinterpret_cast<intptr_t>(pointers.data()), static_cast<int64_t>(pointers.size()),
+                 reinterpret_cast<intptr_t>(workspace), reinterpret_cast<intptr_t>(handle), -1);
+    }
+  }
+  torch::jit::drop(*stack, nargs);
+  for (size_t r = 0; r < nreturns; ++r) {
+    const Returned& ret = kept.returns[r];
+    if (ret.list) {
+      c10::List<at::Tensor> list;
+      for (int32_t i : ret.outputs) list.push_back(outs[i]);
+      stack->emplace_back(std::move(list));
+    } else if (ret.outputs[0] < 0) {
+      stack->emplace_back();
+    } else {
+      stack->emplace_back(outs[ret.outputs[0]]);
+    }
+  }
+  kept.calls.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+// ---- learning a call ------------------------------------------------------------------------------
+
+// The kept form of a call whose Python implementation just ran, or nullptr where the replay would not be
+// that call exactly. `args`: the call's tensors by position (undefined where not a tensor), their versions
+// before the call.
+std::shared_ptr<Kept> kept_form(const std::vector<at::Tensor>& args, const std::vector<int64_t>& versions_before,
+                                py::handle launches, const std::vector<c10::IValue>& results, c10::DeviceIndex device) {
+  auto kept = std::make_shared<Kept>();
+  kept->device = device;
+  std::unordered_map<const at::TensorImpl*, Source> known;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!args[i].defined()) continue;
+    if (args[i].is_inference() || args[i]._version() != versions_before[i]) return nullptr;  // written, or unknowable
+    // One tensor given twice: which position a buffer came from is ambiguous, and the next call may differ.
+    if (!known.emplace(args[i].unsafeGetTensorImpl(), Source{From::Arg, static_cast<int32_t>(i)}).second) {
+      return nullptr;
+    }
+  }
+  std::vector<std::pair<at::Tensor, int64_t>> written;  // every launch buffer and its version after its launch
+  for (py::handle launch : launches) {
+    // (run, positions, workspace, function, buffers, inputs, outputs, versions, device)
+    auto record = launch.cast<py::tuple>();
+    if (record.size() != 9 || record[0].is_none()) return nullptr;  // a launch without a raw form
+    if (record[8].cast<int64_t>() != device) return nullptr;
+    Launch kept_launch;
+    kept_launch.run = py::reinterpret_borrow<py::object>(record[0]);
+    auto positions = record[1].cast<std::vector<int64_t>>();
+    kept_launch.workspace = record[2].cast<int64_t>();
+    kept_launch.function = record[3].cast<std::string>();
+    auto buffers = record[4].cast<py::tuple>();
+    const auto inputs = record[5].cast<size_t>(), outputs = record[6].cast<size_t>();
+    auto versions = record[7].cast<std::vector<int64_t>>();
+    std::vector<Source> sources(buffers.size());
+    if (versions.size() != buffers.size()) return nullptr;
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (!THPVariable_Check(buffers[i].ptr())) return nullptr;
+      at::Tensor t = THPVariable_Unpack(buffers[i].ptr());
+      const at::TensorImpl* impl = t.unsafeGetTensorImpl();
+      written.emplace_back(t, versions[i]);
+      auto found = known.find(impl);
+      if (i >= inputs && i < inputs + outputs) {  // an output this launch allocated
+        if (found != known.end()) return nullptr;
+        OutputSpec spec{t.sizes().vec(), t.strides().vec(), t.scalar_type(), t.device()};
+        sources[i] = Source{From::Output, static_cast<int32_t>(kept->outputs.size())};
+        kept->outputs.push_back(std::move(spec));
+        known.emplace(impl, sources[i]);
+      } else if (found != known.end()) {
+        sources[i] = found->second;
+      } else if (i >= inputs + outputs) {  // the plan's constant, made once
+        sources[i] = Source{From::Constant, static_cast<int32_t>(kept->constants.size())};
+        kept->constants.push_back(t);
+        known.emplace(impl, sources[i]);
+      } else {
+        return nullptr;  // a tensor the implementation made for this call: not replayable
+      }
+    }
+    for (int64_t p : positions) {
+      if (p < 0 || p >= static_cast<int64_t>(sources.size())) return nullptr;
+      kept_launch.buffers.push_back(sources[p]);
+    }
+    kept->launches.push_back(std::move(kept_launch));
+  }
+  if (kept->launches.empty()) return nullptr;  // torch's function ran
+  for (auto& [t, version] : written) {
+    // written after its launch by something other than cuDNN, or an inference tensor (no counter: unknowable)
+    if (version < 0 || t.is_inference() || t._version() != version) return nullptr;
+  }
+  auto output_of = [&](const at::Tensor& t) -> int32_t {
+    auto found = known.find(t.unsafeGetTensorImpl());
+    return found != known.end() && found->second.from == From::Output ? found->second.index : -2;
+  };
+  for (const auto& r : results) {
+    Returned ret;
+    if (r.isNone()) {
+      ret.outputs.push_back(-1);
+    } else if (r.isTensor()) {
+      const at::Tensor& t = r.toTensor();
+      int32_t i = t.defined() ? output_of(t) : -1;
+      if (i == -2) return nullptr;  // a result that is not a launch's own output
+      ret.outputs.push_back(i);
+    } else if (r.isTensorList()) {
+      ret.list = true;
+      for (const at::Tensor& t : r.toTensorList().vec()) {
+        int32_t i = output_of(t);
+        if (i < 0) return nullptr;
+        ret.outputs.push_back(i);
+      }
+    } else {
+      return nullptr;
+    }
+    kept->returns.push_back(std::move(ret));
+  }
+  return kept;
+}
+
+void run_python(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string* key,
+                c10::DeviceType type) {
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size(), nreturns = schema.returns().size();
+  const size_t first = stack->size() - nargs;
+  std::vector<at::Tensor> args(nargs);
+  std::vector<int64_t> versions(nargs, 0);
+  c10::DeviceIndex device = -1;
+  bool on_device = false;  // a tensor of the kernel's device type among the arguments (its index: `device`)
+  for (size_t i = 0; i < nargs; ++i) {
+    const c10::IValue& v = (*stack)[first + i];
+    if (v.isTensor() && v.toTensor().defined()) {
+      args[i] = v.toTensor();
+      // An inference tensor (torch.inference_mode) keeps no version counter: such a call is never kept.
+      versions[i] = args[i].is_inference() ? -1 : args[i]._version();
+      if (!on_device && args[i].device().type() == type) {
+        device = args[i].device().index();
+        on_device = true;
+      }
+    }
+  }
+  std::vector<c10::IValue> results;
+  std::shared_ptr<Kept> kept;
+  {
+    py::gil_scoped_acquire gil;
+    auto& impls = implementations();
+    auto found = impls.by_operator.find(schema.operator_name().name);
+    TORCH_CHECK(found != impls.by_operator.end(), "plancache native: no implementation of ", schema.name());
+    py::tuple py_args(nargs);
+    for (size_t i = 0; i < nargs; ++i) py_args[i] = torch::jit::toPyObject((*stack)[first + i]);
+    const bool learning = key != nullptr && on_device;
+    py::object answer = impls.learn_call(found->second, py_args, learning);
+    py::object result = answer.cast<py::tuple>()[0];
+    if (nreturns == 1) {
+      results.push_back(torch::jit::toIValue(result, schema.returns()[0].type()));
+    } else {
+      auto items = result.cast<py::tuple>();
+      TORCH_CHECK(items.size() == nreturns, "plancache native: ", schema.name(), " returned ", items.size(),
+                  " results, its schema ", nreturns);
+      for (size_t r = 0; r < nreturns; ++r) results.push_back(torch::jit::toIValue(items[r], schema.returns()[r].type()));
+    }
+    if (learning) {
+      kept = kept_form(args, versions, answer.cast<py::tuple>()[1], results, device);
+    }
+  }
+  if (key != nullptr) {
+    std::shared_ptr<Kept> replaced;  // dropped after the lock (~Kept)
+    Table& t = table();
+    std::lock_guard<std::mutex> guard(t.lock);
+    if (kept && t.kept.size() < MAX_KEPT) {
+      replaced = std::exchange(t.kept[*key], std::move(kept));
+      t.refused.erase(*key);
+    } else if (!kept && t.refused.size() < MAX_KEPT) {
+      t.refused[*key] += 1;
+    }
+  }
+  torch::jit::drop(*stack, nargs);
+  for (auto& r : results) stack->push_back(std::move(r));
+}
+
+std::atomic<bool> g_enabled{true};
+
+void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size(), nreturns = schema.returns().size();
+  const c10::DeviceType type = keys.has(c10::DispatchKey::CUDA) ? c10::kCUDA : c10::kCPU;
+  std::string key;
+  if (!g_enabled.load(std::memory_order_relaxed) || !key_of(op, *stack, nargs, &key)) {
+    run_python(op, stack, nullptr, type);
+    return;
+  }
+  std::shared_ptr<Kept> kept;
+  {
+    Table& t = table();
+    std::lock_guard<std::mutex> guard(t.lock);
+    auto found = t.kept.find(key);
+    if (found != t.kept.end()) {
+      kept = found->second;
+    } else {
+      auto refused = t.refused.find(key);
+      if (refused != t.refused.end() && refused->second >= MAX_TRIES) {
+        kept = nullptr;
+        key.clear();
+      }
+    }
+  }
+  if (kept) {
+    try {
+      replay(*kept, stack, nargs, nreturns, type);
+      return;
+    } catch (const std::exception& e) {
+      // The stack is as given until every launch has run: the Python implementation runs the call, and
+      // this key stays Python's from now on.
+      TORCH_WARN_ONCE("plancache native: a kept call failed (", e.what(), "); Python runs that geometry");
+      Table& t = table();
+      std::lock_guard<std::mutex> guard(t.lock);
+      auto found = t.kept.find(key);
+      if (found != t.kept.end() && found->second == kept) t.kept.erase(found);  // `kept` still holds it
+      t.refused[key] = MAX_TRIES;
+    }
+    run_python(op, stack, nullptr, type);
+    return;
+  }
+  run_python(op, stack, key.empty() ? nullptr : &key, type);
+}
+
+// ---- Python's side --------------------------------------------------------------------------------
+
+void install(const std::string& name, py::object implementation, const std::string& dispatch_key) {
+  auto& impls = implementations();
+  const std::string qualified = "plancache::" + name;
+  impls.by_operator[qualified] = std::move(implementation);
+  c10::DispatchKey key = c10::parseDispatchKey(dispatch_key);
+  auto library = std::make_unique<torch::Library>(torch::Library::IMPL, "plancache", key, __FILE__, __LINE__);
+  library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+  impls.libraries.push_back(std::move(library));
+}
+
+void set_learn_call(py::object learn_call) { implementations().learn_call = std::move(learn_call); }
+
+bool load_cudnn(const std::string& path) {
+  void* lib = dlopen(path.empty() ? "libcudnn.so.9" : path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  if (lib == nullptr) return false;
+  cudnn().create = reinterpret_cast<CudnnCreate>(dlsym(lib, "cudnnCreate"));
+  cudnn().set_stream = reinterpret_cast<CudnnSetStream>(dlsym(lib, "cudnnSetStream"));
+  return cudnn().create != nullptr && cudnn().set_stream != nullptr;
+}
+
+void clear() {
+  Table& t = table();
+  std::unordered_map<std::string, std::shared_ptr<Kept>> gone;
+  {
+    std::lock_guard<std::mutex> guard(t.lock);
+    gone.swap(t.kept);
+    t.refused.clear();
+    t.generation += 1;
+  }
+  // `gone` drops its Python objects here, with the GIL the caller holds
+}
+
+// Plans each kept call launched since the last drain, by function (a call of two plans counts two, as
+// plancache.functional counts them); the counts restart.
+py::dict drain_calls() {
+  py::dict out;
+  Table& t = table();
+  std::lock_guard<std::mutex> guard(t.lock);
+  for (auto& [key, kept] : t.kept) {
+    int64_t n = kept->calls.exchange(0);
+    if (n == 0) continue;
+    for (const auto& launch : kept->launches) {
+      py::str name(launch.function);
+      out[name] = (out.contains(name) ? out[name].cast<int64_t>() : 0) + n;
+    }
+  }
+  return out;
+}
+
+py::dict counts() {
+  Table& t = table();
+  std::lock_guard<std::mutex> guard(t.lock);
+  py::dict out;
+  out["kept"] = t.kept.size();
+  out["refused"] = t.refused.size();
+  out["generation"] = t.generation;
+  return out;
+}
+
+void set_enabled(bool enabled) { g_enabled.store(enabled); }
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "plancache's operators on CUDA tensors: repeated calls replayed in C++ (plancache.torch.native)";
+  m.def("install", &install, py::arg("name"), py::arg("implementation"), py::arg("dispatch_key") = "CUDA");
+  m.def("set_learn_call", &set_learn_call);
+  m.def("load_cudnn", &load_cudnn, py::arg("path") = "");
+  m.def("clear", &clear);
+  m.def("drain_calls", &drain_calls);
+  m.def("counts", &counts);
+  m.def("set_enabled", &set_enabled);
+}

@@ -1,0 +1,185 @@
+"""plancache's operators on CUDA tensors, their repeated calls replayed in C++ (csrc/kernels.cpp).
+
+An operator's Python implementation costs the dispatcher's call into Python
+(~7 µs) before any of plancache's own work, on every call: most of what a
+compiled program pays per operator over torch's kernels. The extension
+registers one C++ kernel for the CUDA key of every plancache operator. A
+call it has not seen runs the Python implementation, through `learn_call`,
+which also collects every cuDNN launch that call made (plancache.
+functional._table.LAUNCH_LOG); the kernel keeps the call where replaying
+those launches reproduces it exactly (kernels.cpp says the rules), and
+replays it for every later call of the same arguments' geometry. Python's
+geometry table changing clears what it keeps.
+
+Settings (`PLANCACHE_NATIVE`):
+  0 (default)     never: every call runs the Python implementation. The default until a GPU run has
+                  verified the kernels (none had when they landed: tests/gpu/test_gpu_native.py and
+                  bench/native_cost.py are ready for it); the CPU tests verify their contract.
+  auto            use the extension where it is built for this torch and Python; where it is not, build
+                  it on a background thread (one C++ file, ~1 min of one core, once per node: the build is
+                  cached under PLANCACHE_NATIVE_DIR, default ~/.cache/plancache/native) and use it from
+                  then on. The Python implementations serve every call meanwhile.
+  1               build now if needed, and fail loudly if it cannot be had.
+`python -m plancache.torch.native` builds it ahead (a node image's step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from plancache.functional._table import LAUNCH_LOG, NATIVE_DRAINS, TABLE
+
+log = logging.getLogger("plancache.torch")
+
+NATIVE_ENV = "PLANCACHE_NATIVE"
+NATIVE_DIR_ENV = "PLANCACHE_NATIVE_DIR"
+SOURCE = Path(__file__).with_name("csrc") / "kernels.cpp"
+DEFAULT = "0"  # off until a GPU run verifies the kernels (the module's docstring)
+
+
+def setting() -> str:
+    value = os.environ.get(NATIVE_ENV, DEFAULT).strip().lower() or DEFAULT
+    if value not in ("auto", "0", "1"):
+        raise ValueError(f"{NATIVE_ENV} must be auto, 0 or 1, got {value!r}")
+    return value
+
+
+def learn_call(implementation: Callable[..., Any], args: tuple[Any, ...], learning: bool) -> tuple[Any, list[Any]]:
+    """The kernel's call of an operator's Python implementation: its result, and (learning) every launch it made."""
+    if not learning:
+        return implementation(*args), []
+    outer = LAUNCH_LOG.launches
+    launches: list[Any] = []
+    LAUNCH_LOG.launches = launches
+    try:
+        return implementation(*args), launches
+    finally:
+        LAUNCH_LOG.launches = outer
+
+
+def module_name() -> str:
+    """The extension's name: its source, torch's version and Python's (a build for another is not loaded)."""
+    import torch
+
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(f"{torch.__version__}|{sys.version_info[:2]}|{sys.implementation.cache_tag}".encode())
+    return f"plancache_native_{digest.hexdigest()[:16]}"
+
+
+def build_directory(name: str) -> Path:
+    root = os.environ.get(NATIVE_DIR_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "plancache", "native")
+    return Path(root) / name
+
+
+def _built(name: str) -> Path | None:
+    found = sorted(build_directory(name).glob(f"{name}*.so"))
+    return found[0] if found else None
+
+
+def _import(name: str, path: Path) -> Any:
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def build(verbose: bool = False) -> Any:
+    """Build (or find) the extension and import it."""
+    name = module_name()
+    path = _built(name)
+    if path is not None:
+        return _import(name, path)
+    from torch.utils import cpp_extension
+
+    directory = build_directory(name)
+    directory.mkdir(parents=True, exist_ok=True)
+    return cpp_extension.load(
+        name=name,
+        sources=[str(SOURCE)],
+        build_directory=str(directory),
+        extra_cflags=["-O2"],
+        extra_ldflags=["-ldl"],
+        with_cuda=False,
+        verbose=verbose,
+    )
+
+
+class Native:
+    """The extension in this process: loaded once, its kernels installed for the operators."""
+
+    def __init__(self) -> None:
+        self.module: Any = None
+        self.state = "off"  # off | building | on | failed: <why>
+        self._lock = threading.Lock()
+        self._operators: Sequence[Any] = ()
+
+    def start(self, operators: Sequence[Any], wanted: str | None = None) -> None:
+        """Called at the first operator call on a CUDA tensor: load, or build in the background, per the setting
+        (`wanted`: in its place). Later calls return at the state's read (an operator's miss path calls it)."""
+        if self.state != "off":
+            return
+        with self._lock:
+            if self.state != "off":
+                return
+            self._operators = operators
+            wanted = wanted or setting()
+            if wanted == "0":
+                self.state = "disabled (PLANCACHE_NATIVE=0)"
+                return
+            if wanted == "1" or _built(module_name()) is not None:
+                self._load()
+                if wanted == "1" and self.state != "on":
+                    raise RuntimeError(f"plancache: {NATIVE_ENV}=1 and the native kernels are {self.state}")
+                return
+            self.state = "building"
+        threading.Thread(target=self._load, name="plancache-native-build", daemon=True).start()
+
+    def _load(self) -> None:
+        try:
+            module = build()
+            if not module.load_cudnn(""):
+                self.state = "failed: cuDNN's library is not loaded in this process"
+                return
+            module.set_learn_call(learn_call)
+            for op in self._operators:
+                module.install(op.name, op.implementation, "CUDA")
+            TABLE.on_change = module.clear
+            NATIVE_DRAINS.append(self.drain)
+            self.module, self.state = module, "on"
+            log.info("plancache: native operator kernels on")
+        except Exception as e:  # a node without a compiler or headers: the Python implementations serve
+            self.state = f"failed: {type(e).__name__}: {e}"
+            log.warning("plancache: native operator kernels not available (%s); Python serves every call", e)
+
+    def drain(self) -> dict[str, int]:
+        """Calls replayed in C++ since the last drain, by function (plancache.functional.stats() adds them)."""
+        module = self.module
+        return dict(module.drain_calls()) if module is not None else {}
+
+    def info(self) -> dict[str, Any]:
+        module = self.module
+        return {"state": self.state, **(dict(module.counts()) if module is not None else {})}
+
+
+NATIVE = Native()
+
+
+def main() -> None:
+    """`python -m plancache.torch.native`: build the extension ahead (a node image's step); prints where it is."""
+    module = build(verbose="-v" in sys.argv[1:])
+    print(module.__file__)
+
+
+if __name__ == "__main__":
+    main()
