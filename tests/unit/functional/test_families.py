@@ -160,6 +160,33 @@ def test_the_threshold_is_the_programs_to_set(client: StandInClient) -> None:
     pf.set_family_threshold(_families.DEFAULT_THRESHOLD)
 
 
+def test_a_graph_alone_among_those_that_could_share_its_signature_is_not_signed(
+    client: StandInClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signature (canonical JSON and a hash of the graph) is made only once a second graph of the same
+    function, call site, parameters, tensor count and ops comes: a fixed-shape program's graphs each stay
+    alone and none pays it; the group's first graph is then counted before the second, so a family still
+    forms at the third size; with a threshold of 1 each graph is signed at once."""
+    signed: list[Any] = []
+    real = _families._signature
+    monkeypatch.setattr(_families, "_signature", lambda spec, evidence: signed.append(spec) or real(spec, evidence))
+    linear_at(8)
+    linear_at(8, activation=None)  # another graph (no GELU node): another group
+    assert signed == [] and client.families == []
+    linear_at(17)  # the second of linear_at(8)'s group: both signed now, in order
+    assert [spec.tensors[0].dim[1] for spec in signed] == [8, 17]
+    linear_at(33)
+    assert len(client.families) == 1
+    _families.WATCH.clear()
+    pf.set_family_threshold(1)
+    try:
+        signed.clear()
+        linear_at(5)
+        assert len(signed) == 1
+    finally:
+        pf.set_family_threshold(_families.DEFAULT_THRESHOLD)
+
+
 # ---- evidence, not resemblance (issue 43) ---------------------------------------------------------------
 
 

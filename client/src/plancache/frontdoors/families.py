@@ -150,6 +150,12 @@ class FamilyWatch:
         self.threshold = DEFAULT_THRESHOLD
         self._lock = threading.Lock()
         self._signatures: OrderedDict[str, _Signature] = OrderedDict()
+        # A graph alone so far among those that could share its signature (_coarse_key: the same function, call
+        # site, parameters, tensor count and nodes' ops): its signature (~50-200 µs of canonical JSON and a
+        # hash per graph) is made only when a second graph of that group comes, since one graph makes no family
+        # unless the threshold is 1. A fixed-shape program's graphs each stay alone: none pays it.
+        self._alone: OrderedDict[tuple[Any, ...], tuple[str, GraphSpec, int, Evidence]] = OrderedDict()
+        self._grouped: OrderedDict[tuple[Any, ...], None] = OrderedDict()  # groups past their first graph
         self.asks: deque[FamilyAsk] = deque(
             maxlen=MAX_SIGNATURES
         )  # the latest asks (a long process meets endless graphs)
@@ -161,6 +167,27 @@ class FamilyWatch:
         if self.threshold <= 0:
             return
         evidence = evidence or Evidence(call_site())
+        if self.threshold > 1:
+            group = _coarse_key(function, spec, evidence)
+            with self._lock:
+                if group in self._grouped:
+                    self._grouped.move_to_end(group)
+                    earlier = None
+                else:
+                    earlier = self._alone.pop(group, None)
+                    if earlier is None:
+                        self._alone[group] = (function, spec, device, evidence)
+                        while len(self._alone) > MAX_SIGNATURES:
+                            self._alone.popitem(last=False)
+                        return
+                    self._grouped[group] = None
+                    while len(self._grouped) > MAX_SIGNATURES:
+                        self._grouped.popitem(last=False)
+            if earlier is not None:  # the group's first graph, counted now, before this one
+                self._count(*earlier)
+        self._count(function, spec, device, evidence)
+
+    def _count(self, function: str, spec: GraphSpec, device: int, evidence: Evidence) -> None:
         try:
             signature, dims = _signature(spec, evidence)
         except SpecError:
@@ -213,6 +240,8 @@ class FamilyWatch:
     def clear(self) -> None:
         with self._lock:
             self._signatures.clear()
+            self._alone.clear()
+            self._grouped.clear()
             self.asks.clear()
 
 
@@ -249,6 +278,13 @@ def _bucket_reach(size: int, buckets: Sequence[int]) -> int:
     """A bucketed family's top for a largest size met: the bucket after the one that size runs at (the last
     bucket at most)."""
     return buckets[min(bisect.bisect_left(buckets, size) + 1, len(buckets) - 1)]
+
+
+def _coarse_key(function: str, spec: GraphSpec, evidence: Evidence) -> tuple[Any, ...]:
+    """What every graph of one signature shares, made without walking the graph's JSON: the function, the call
+    site and parameters (the evidence), how many tensors, and the nodes' ops in order (a signature holds all of
+    them, so two graphs of one signature always share this)."""
+    return (function, evidence.site, evidence.parameters, len(spec.tensors), tuple(node.op for node in spec.nodes))
 
 
 def _signature(spec: GraphSpec, evidence: Evidence) -> tuple[str, str]:
