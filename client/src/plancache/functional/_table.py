@@ -44,7 +44,7 @@ _ident = threading.get_ident
 
 class _LaunchLog(threading.local):
     """The launches of the call plancache.torch's native kernels are learning on this thread (a list of
-    `Served.logged` records), None otherwise (plancache.torch._native: what a kept call replays)."""
+    `Served.logged` records), None otherwise (plancache.torch.native: what a kept call replays)."""
 
     launches: list[tuple[Any, ...]] | None = None
 
