@@ -128,7 +128,13 @@ LIBRARY.define("_native_test_chain(Tensor x, Tensor y) -> (Tensor, Tensor?)")
 @pytest.fixture(scope="module")
 def native() -> Any:
     os.environ.setdefault(_native.NATIVE_DIR_ENV, os.path.join(tempfile.gettempdir(), "plancache-native-tests"))
+    # A lock file a killed build left where torch's own build would wait on it forever: this build does not.
+    shared = _native.build_directory(_native.module_name())
+    shared.mkdir(parents=True, exist_ok=True)
+    (shared / "lock").touch()
     module = _native.build()
+    assert _native._built(_native.module_name()) is not None  # in place for the next process
+    assert [p.name for p in shared.iterdir() if p.name.startswith("build-")] == []
     module.set_learn_call(_native.learn_call)
     module.install("_native_test_scale", scale_impl, "CPU")
     module.install("_native_test_chain", chain_impl, "CPU")

@@ -95,24 +95,38 @@ def _import(name: str, path: Path) -> Any:
 
 
 def build(verbose: bool = False) -> Any:
-    """Build (or find) the extension and import it."""
+    """Build (or find) the extension and import it.
+
+    Each process builds in a folder of its own and moves the library into place (an atomic rename): torch's
+    own build lock would make a process wait, without a bound, on a lock file a killed build left behind. Two
+    processes starting at once on a node may each build it once."""
     name = module_name()
     path = _built(name)
     if path is not None:
         return _import(name, path)
+    import shutil
+
     from torch.utils import cpp_extension
 
     directory = build_directory(name)
     directory.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(
-        name=name,
-        sources=[str(SOURCE)],
-        build_directory=str(directory),
-        extra_cflags=["-O2"],
-        extra_ldflags=["-ldl"],
-        with_cuda=False,
-        verbose=verbose,
-    )
+    private = directory / f"build-{os.getpid()}-{threading.get_ident()}"
+    private.mkdir(exist_ok=True)
+    try:
+        module = cpp_extension.load(
+            name=name,
+            sources=[str(SOURCE)],
+            build_directory=str(private),
+            extra_cflags=["-O2"],
+            extra_ldflags=["-ldl"],
+            with_cuda=False,
+            verbose=verbose,
+        )
+        (library,) = private.glob(f"{name}*.so")
+        os.replace(library, directory / library.name)  # the loaded library stays mapped
+        return module
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 class Native:

@@ -27,10 +27,10 @@
 // entry it was learned from.
 //
 // The launches run on this file's own cuDNN handles (one per thread and
-// device, on the current torch stream), each plan through the frontend's
-// raw-pointer execute (a Python call, the GIL taken: ~1 us), with one
-// workspace per device and stream, grown and never freed (a captured CUDA
-// graph replays the address it captured).
+// device, on the current torch stream, destroyed with the thread), each plan
+// through the frontend's raw-pointer execute (a Python call, the GIL taken),
+// with one workspace per stream for the process, grown and never freed (a
+// captured CUDA graph replays the address it captured).
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -58,10 +58,12 @@ namespace {
 
 using CudnnCreate = int (*)(void**);
 using CudnnSetStream = int (*)(void*, void*);
+using CudnnDestroy = int (*)(void*);
 
 struct Cudnn {
   CudnnCreate create = nullptr;
   CudnnSetStream set_stream = nullptr;
+  CudnnDestroy destroy = nullptr;
 };
 
 Cudnn& cudnn() {
@@ -211,23 +213,45 @@ Implementations& implementations() {
   return *i;
 }
 
-// ---- per thread: handles, workspaces --------------------------------------------------------------
+// ---- handles per thread, workspaces per stream -----------------------------------------------------
 
 struct ThreadHandle {
   void* handle = nullptr;
   void* stream = nullptr;
 };
 
-struct Workspace {
-  at::Tensor buffer;
-  std::vector<at::Tensor> retired;  // a captured CUDA graph may read an outgrown buffer's address: kept
+// A thread's handles, destroyed with the thread (a program's short-lived threads leave none behind).
+struct ThreadHandles {
+  std::unordered_map<int, ThreadHandle> by_device;
+  ~ThreadHandles() {
+    for (auto& [device, h] : by_device) {
+      if (h.handle != nullptr && cudnn().destroy != nullptr) cudnn().destroy(h.handle);
+    }
+  }
 };
 
-thread_local std::unordered_map<int, ThreadHandle> t_handles;
-thread_local std::unordered_map<void*, Workspace> t_workspaces;  // by stream (a stream is on one device)
+thread_local ThreadHandles t_handles;
+
+// One per stream for the process, as plancache.run.execution's WorkspacePool: launches on one stream run in
+// its order whichever thread made them, and a CUDA graph captured on a thread that has since ended replays
+// with the address it captured, so no buffer is ever freed (an outgrown one is kept as retired).
+struct Workspace {
+  at::Tensor buffer;
+  std::vector<at::Tensor> retired;
+};
+
+struct Workspaces {
+  std::mutex lock;
+  std::unordered_map<void*, Workspace> by_stream;  // a stream is on one device
+};
+
+Workspaces& workspaces() {
+  static Workspaces* w = new Workspaces();  // never destroyed (above)
+  return *w;
+}
 
 void* handle_on(c10::DeviceIndex device, void* stream) {
-  ThreadHandle& h = t_handles[device];
+  ThreadHandle& h = t_handles.by_device[device];
   if (h.handle == nullptr) {
     TORCH_CHECK(cudnn().create != nullptr, "plancache native: cuDNN's functions are not loaded");
     TORCH_CHECK(cudnn().create(&h.handle) == 0, "plancache native: cudnnCreate failed");
@@ -241,7 +265,9 @@ void* handle_on(c10::DeviceIndex device, void* stream) {
 
 void* workspace_on(c10::DeviceIndex device, void* stream, int64_t need) {
   if (need <= 0) return nullptr;
-  Workspace& w = t_workspaces[stream];
+  Workspaces& all = workspaces();
+  std::lock_guard<std::mutex> guard(all.lock);
+  Workspace& w = all.by_stream[stream];
   if (!w.buffer.defined() || w.buffer.numel() < need) {
     if (w.buffer.defined()) w.retired.push_back(w.buffer);
     w.buffer = at::empty({need}, at::TensorOptions().dtype(at::kByte).device(c10::Device(c10::kCUDA, device)));
@@ -518,7 +544,8 @@ bool load_cudnn(const std::string& path) {
   if (lib == nullptr) return false;
   cudnn().create = reinterpret_cast<CudnnCreate>(dlsym(lib, "cudnnCreate"));
   cudnn().set_stream = reinterpret_cast<CudnnSetStream>(dlsym(lib, "cudnnSetStream"));
-  return cudnn().create != nullptr && cudnn().set_stream != nullptr;
+  cudnn().destroy = reinterpret_cast<CudnnDestroy>(dlsym(lib, "cudnnDestroy"));
+  return cudnn().create != nullptr && cudnn().set_stream != nullptr && cudnn().destroy != nullptr;
 }
 
 void clear() {
