@@ -276,6 +276,7 @@ def measure(work: Workload, compile_mode: str, args: argparse.Namespace, pt: Any
     row["served_while_timed"] = {
         name: s.cudnn - (pf_before[name].cudnn if name in pf_before else 0) for name, s in pf.stats().items()
     }
+    row["native"] = pt.native_state()  # the operators' C++ kernels (PLANCACHE_NATIVE): on, and how many kept
     return row
 
 

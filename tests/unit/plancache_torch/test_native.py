@@ -255,9 +255,16 @@ def test_a_call_under_inference_mode_runs_and_is_never_kept(native: Any) -> None
 
 
 def test_the_setting_decides_whether_the_kernels_are_had(native: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off unless asked (the default until a GPU run verifies them); asked for where cuDNN is not loaded (this
-    machine), they fail loudly with the reason; a value that is not a setting is refused."""
+    """Unset (auto, the default since GPU run 49 verified them): the built extension is loaded and where it cannot
+    serve (this machine: cuDNN not loaded) the state says why and the program goes on, Python serving; 0: never;
+    1: they fail loudly with the reason; a value that is not a setting is refused."""
     monkeypatch.delenv(_native.NATIVE_ENV, raising=False)
+    assert _native.setting() == "auto"
+    automatic = _native.Native()
+    automatic.start(())  # built by the fixture: loaded at once, no background build
+    assert automatic.state == "failed: cuDNN's library is not loaded in this process"
+    assert automatic.drain() == {} and automatic.info()["state"] == automatic.state
+    monkeypatch.setenv(_native.NATIVE_ENV, "0")
     off = _native.Native()
     off.start(())
     assert off.state.startswith("disabled") and off.drain() == {} and off.info()["state"] == off.state

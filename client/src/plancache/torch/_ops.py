@@ -35,7 +35,6 @@ from plancache.functional._autograd import Differentiable, conform
 from plancache.functional._op_call import BACKWARD, INFERENCE, TRAINING
 from plancache.functional._requests import ACTIVATIONS
 from plancache.torch import _torch_math as tm
-from plancache.torch.native import NATIVE
 
 NAMESPACE = "plancache"
 # The operators are defined through torch.library.Library rather than
@@ -84,10 +83,23 @@ def _served(t: Tensor) -> bool:
     which take the operators' CUDA calls from then on and call these implementations for what they have not
     kept."""
     if t.is_cuda:
-        if NATIVE.state == "off":
-            NATIVE.start(OPERATORS)
+        if not _native_started:
+            _start_native()
         return True
     return False
+
+
+_native_started = False
+
+
+def _start_native() -> None:
+    """The native kernels' start, once per process (imported here, not at the module's import: `python -m
+    plancache.torch.native` would otherwise find its module imported by the package first)."""
+    global _native_started
+    from plancache.torch.native import NATIVE
+
+    NATIVE.start(OPERATORS)
+    _native_started = True
 
 
 def _present(*tensors: Tensor | None) -> tuple[Tensor, ...]:
