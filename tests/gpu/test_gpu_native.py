@@ -95,3 +95,57 @@ def test_a_compiled_block_trains_the_same_with_the_native_kernels(pf: Any, nativ
     assert replayed.get("linear", 0) > 0 and replayed.get("layer_norm", 0) > 0, (replayed, native.counts())
     assert rel_err(loss_native, loss_python) < 1e-3
     assert max(rel_err(g, r) for g, r in zip(grads_native, grads_python, strict=True)) < 2e-2
+
+
+def test_a_cuda_graph_capture_runs_python_and_its_replay_gives_the_kept_calls_results(pf: Any, native: Any) -> None:
+    """Under capture (mode="reduce-overhead", torch.cuda.graph) a kept call is neither replayed nor learned: the
+    Python implementation's launches are captured, as without the kernels; the graph's replay gives the kept
+    call's results, bit for bit."""
+    torch = _t()
+    assert native.counts()["capture_check"], native.counts()  # the driver's query was found
+    _function, make = cases("bfloat16")["linear"]
+    op, args = make()
+    for _ in range(3):
+        op(*args)
+    native.drain_calls()
+    expected = _tensors(op(*args))
+    assert sum(native.drain_calls().values()) > 0, native.counts()  # kept, replayed outside a capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        op(*args)  # the side stream's first call, outside the capture
+        torch.cuda.synchronize()
+        native.drain_calls()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = op(*args)
+    assert native.drain_calls() == {}  # the capture ran Python
+    graph.replay()
+    torch.cuda.synchronize()
+    got = _tensors(captured)
+    assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
+
+
+def test_an_unchanged_block_trains_under_cuda_graphs_with_the_native_kernels(pf: Any, native: Any) -> None:
+    """test_gpu_torch's unchanged block under torch.compile(mode="reduce-overhead") and the mode, with the kernels
+    on: cudagraph trees route the program's thread's allocations into their private pool, and a kept call replayed
+    during their warm-up needs a workspace. GPU run 49 failed this step ("2 tensor(s) in the cudagraph pool not
+    tracked as outputs") with a workspace the kernels allocated there; it is plancache.run's pool's now, allocated
+    outside it. Loss and gradients as torch's own compiled step's."""
+    import plancache.torch as pt
+    from tests.gpu.test_gpu_torch import TOLERANCE, block, train_step, worst_grad
+
+    torch = _t()
+    torch.manual_seed(0)
+    model = block(torch)().cuda().bfloat16()
+    x = torch.randn(4, 256, 512, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    expected = train_step(model, x, torch.compile(model, fullgraph=True, mode="reduce-overhead"))
+    torch._dynamo.reset()
+    fn = torch.compile(model, fullgraph=True, mode="reduce-overhead")
+    with pt.mode():
+        for _ in range(3):  # warm-up, CUDA graph recording and replay
+            got = train_step(model, x, fn)
+    assert rel_err(got[0], expected[0]) < TOLERANCE["bfloat16"]
+    assert worst_grad(got[1], expected[1]) < TOLERANCE["bfloat16"]
+    assert native.counts()["kept"] > 0, native.counts()

@@ -55,6 +55,13 @@ LAUNCH_LOG = _LaunchLog()
 NATIVE_DRAINS: list[Callable[[], dict[str, int]]] = []
 
 
+def stream_workspace(device: int, stream: int, need: int) -> Any:
+    """The workspace of `need` bytes or more that launches on `stream` use (plancache.run's pool: allocated
+    outside CUDA graphs' private pools, never freed), for plancache.torch.native's kept calls: the same buffer as
+    this module's launches on that stream."""
+    return process().workspaces.slot(device, stream, need).buffer
+
+
 def _version(tensor: Any) -> int:
     """A tensor's version counter; -1 where it keeps none (an inference tensor: torch.inference_mode), which the
     native kernels take as a reason not to keep the call (a write after the launch could not be seen)."""

@@ -12,16 +12,18 @@ replays it for every later call of the same arguments' geometry. Python's
 geometry table changing clears what it keeps.
 
 Settings (`PLANCACHE_NATIVE`):
-  auto (default)  use the extension where it is built for this torch and Python; where it is not, build
+  0 (default)     never: every call runs the Python implementation. GPU run 49 (H100) verified the kept
+                  calls bit for bit and measured them (30-40 % less host time a call, compiled models
+                  1.15-1.44x torch's step against 1.39-1.72x), but found them failing under
+                  torch.compile(mode="reduce-overhead") (their workspace kept from the CUDA graphs' pool);
+                  fixed since (plancache.run's workspace pool), not yet run on a GPU: off until it has.
+  auto            use the extension where it is built for this torch and Python; where it is not, build
                   it on a background thread (one C++ file, ~1 min of one core, once per node: the build is
                   cached under PLANCACHE_NATIVE_DIR, default ~/.cache/plancache/native) and use it from
                   then on. The Python implementations serve every call meanwhile, and for good where the
                   build fails (no compiler, no headers: the reason is in native_state() and logged once).
   1               build now if needed, and fail loudly if it cannot be had.
-  0               never: every call runs the Python implementation.
-`python -m plancache.torch.native` builds it ahead (a node image's step). Verified on a GPU in run 49
-(H100: every operator's kept call bit for bit the Python implementation's, a compiled block's training the
-same; tests/gpu/test_gpu_native.py).
+`python -m plancache.torch.native` builds it ahead (a node image's step).
 """
 
 from __future__ import annotations
@@ -38,14 +40,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from plancache.functional._table import LAUNCH_LOG, NATIVE_DRAINS, TABLE
+from plancache.functional._table import LAUNCH_LOG, NATIVE_DRAINS, TABLE, stream_workspace
 
 log = logging.getLogger("plancache.torch")
 
 NATIVE_ENV = "PLANCACHE_NATIVE"
 NATIVE_DIR_ENV = "PLANCACHE_NATIVE_DIR"
 SOURCE = Path(__file__).with_name("csrc") / "kernels.cpp"
-DEFAULT = "auto"
+DEFAULT = "0"  # until a GPU run verifies them under CUDA graphs (the docstring)
 
 
 def setting() -> str:
@@ -169,11 +171,13 @@ class Native:
                 self.state = "failed: cuDNN's library is not loaded in this process"
                 return
             module.set_learn_call(learn_call)
+            module.set_workspace(stream_workspace)
             for op in self._operators:
                 module.install(op.name, op.implementation, "CUDA")
             TABLE.on_change = module.clear
-            # The kept calls hold the frontend's plan objects (nanobind's): released before the interpreter
-            # ends, or the frontend's module reports each of them as leaked at exit (GPU run 49).
+            # The kept calls hold the frontend's plan objects: released before the interpreter ends. (The
+            # frontend's module still reports objects as leaked at exit when calls were kept: GPU run 49, call 3;
+            # what else holds them is not found.)
             atexit.register(module.clear)
             NATIVE_DRAINS.append(self.drain)
             self.module, self.state = module, "on"

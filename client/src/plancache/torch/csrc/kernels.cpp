@@ -29,8 +29,10 @@
 // The launches run on this file's own cuDNN handles (one per thread and
 // device, on the current torch stream, destroyed with the thread), each plan
 // through the frontend's raw-pointer execute (a Python call, the GIL taken),
-// with one workspace per stream for the process, grown and never freed (a
-// captured CUDA graph replays the address it captured).
+// with plancache.run's workspace for the stream (one per stream for the
+// process, grown and never freed: a captured CUDA graph replays the address
+// it captured). A stream capturing a CUDA graph runs the Python
+// implementation.
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -205,6 +207,7 @@ constexpr int32_t MAX_TRIES = 3;  // a key learned this many times without being
 struct Implementations {
   std::unordered_map<std::string, py::object> by_operator;  // "plancache::layer_norm" -> Python function
   py::object learn_call;                                    // _native.learn_call(impl, args)
+  py::object workspace;  // plancache.functional._table.stream_workspace(device, stream, bytes)
   std::vector<std::unique_ptr<torch::Library>> libraries;
 };
 
@@ -232,17 +235,15 @@ struct ThreadHandles {
 
 thread_local ThreadHandles t_handles;
 
-// One per stream for the process, as plancache.run.execution's WorkspacePool: launches on one stream run in
-// its order whichever thread made them, and a CUDA graph captured on a thread that has since ended replays
-// with the address it captured, so no buffer is ever freed (an outgrown one is kept as retired).
-struct Workspace {
-  at::Tensor buffer;
-  std::vector<at::Tensor> retired;
-};
-
+// A stream's workspace is plancache.run's own (its WorkspacePool: one per device and stream for the process,
+// grown, never freed, a captured CUDA graph replaying the address it captured), asked for through Python only
+// when this stream has none yet or needs a larger one. Not allocated here: under torch.compile's
+// mode="reduce-overhead" the thread that runs the program allocates into the CUDA graphs' private pool, and a
+// workspace kept from there fails the step ("2 tensor(s) in the cudagraph pool not tracked as outputs", GPU
+// run 49); the pool allocates outside it (plancache.run.execution.TorchRuntime.empty), as its launches need.
 struct Workspaces {
   std::mutex lock;
-  std::unordered_map<void*, Workspace> by_stream;  // a stream is on one device
+  std::unordered_map<void*, at::Tensor> by_stream;  // the pool's buffer; an outgrown one stays the pool's
 };
 
 Workspaces& workspaces() {
@@ -263,16 +264,60 @@ void* handle_on(c10::DeviceIndex device, void* stream) {
   return h.handle;
 }
 
+// The GIL is held (replay's launches).
 void* workspace_on(c10::DeviceIndex device, void* stream, int64_t need) {
   if (need <= 0) return nullptr;
   Workspaces& all = workspaces();
-  std::lock_guard<std::mutex> guard(all.lock);
-  Workspace& w = all.by_stream[stream];
-  if (!w.buffer.defined() || w.buffer.numel() < need) {
-    if (w.buffer.defined()) w.retired.push_back(w.buffer);
-    w.buffer = at::empty({need}, at::TensorOptions().dtype(at::kByte).device(c10::Device(c10::kCUDA, device)));
+  {
+    std::lock_guard<std::mutex> guard(all.lock);
+    auto found = all.by_stream.find(stream);
+    if (found != all.by_stream.end() && found->second.numel() >= need) return found->second.data_ptr();
   }
-  return w.buffer.data_ptr();
+  // Not under the lock: Python may hand the GIL to a thread that then waits for the lock.
+  py::object provider = implementations().workspace;
+  TORCH_CHECK(provider, "plancache native: no workspace provider");
+  py::object given = provider(static_cast<int64_t>(device), reinterpret_cast<intptr_t>(stream), need);
+  TORCH_CHECK(THPVariable_Check(given.ptr()), "plancache native: the workspace provider gave no tensor");
+  at::Tensor buffer = THPVariable_Unpack(given.ptr());
+  TORCH_CHECK(buffer.numel() >= need, "plancache native: a workspace smaller than asked");
+  std::lock_guard<std::mutex> guard(all.lock);
+  at::Tensor& kept = all.by_stream[stream];
+  if (!kept.defined() || kept.numel() < buffer.numel()) kept = buffer;
+  return kept.data_ptr();
+}
+
+// ---- CUDA graph capture --------------------------------------------------------------------------
+
+using CuStreamIsCapturing = int (*)(void*, int*);
+
+// The driver's cuStreamIsCapturing, from the libcuda the process loaded (its soname is the same everywhere),
+// or nullptr where it is not found.
+CuStreamIsCapturing cu_stream_is_capturing() {
+  static const CuStreamIsCapturing fn = []() -> CuStreamIsCapturing {
+    void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    return lib == nullptr ? nullptr : reinterpret_cast<CuStreamIsCapturing>(dlsym(lib, "cuStreamIsCapturing"));
+  }();
+  return fn;
+}
+
+// Whether the call's stream is capturing a CUDA graph (torch.compile's mode="reduce-overhead", a
+// torch.cuda.graph). A capture runs the Python implementation, neither replayed nor learned: the graph replays
+// what it captured, so a kept call would save nothing there, and the Python path is the one GPU runs verified
+// under capture. An error from the query counts as capturing; no query found (no driver library in the
+// process), as not capturing.
+bool capturing(const torch::jit::Stack& stack, size_t nargs, c10::DeviceType type) {
+  if (type != c10::kCUDA) return false;
+  const CuStreamIsCapturing query = cu_stream_is_capturing();
+  if (query == nullptr) return false;
+  for (size_t i = stack.size() - nargs; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (!v.isTensor() || !v.toTensor().defined() || v.toTensor().device().type() != type) continue;
+    c10::impl::VirtualGuardImpl impl(type);
+    void* stream = impl.getStream(c10::Device(type, v.toTensor().device().index())).native_handle();
+    int status = 0;
+    return query(stream, &status) != 0 || status != 0;
+  }
+  return false;
 }
 
 // ---- the replay -----------------------------------------------------------------------------------
@@ -486,7 +531,8 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   const size_t nargs = schema.arguments().size(), nreturns = schema.returns().size();
   const c10::DeviceType type = keys.has(c10::DispatchKey::CUDA) ? c10::kCUDA : c10::kCPU;
   std::string key;
-  if (!g_enabled.load(std::memory_order_relaxed) || !key_of(op, *stack, nargs, &key)) {
+  if (!g_enabled.load(std::memory_order_relaxed) || capturing(*stack, nargs, type) ||
+      !key_of(op, *stack, nargs, &key)) {
     run_python(op, stack, nullptr, type);
     return;
   }
@@ -538,6 +584,7 @@ void install(const std::string& name, py::object implementation, const std::stri
 }
 
 void set_learn_call(py::object learn_call) { implementations().learn_call = std::move(learn_call); }
+void set_workspace(py::object workspace) { implementations().workspace = std::move(workspace); }
 
 bool load_cudnn(const std::string& path) {
   void* lib = dlopen(path.empty() ? "libcudnn.so.9" : path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
@@ -584,6 +631,7 @@ py::dict counts() {
   out["kept"] = t.kept.size();
   out["refused"] = t.refused.size();
   out["generation"] = t.generation;
+  out["capture_check"] = cu_stream_is_capturing() != nullptr;  // a CUDA graph's capture runs Python
   return out;
 }
 
@@ -595,6 +643,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "plancache's operators on CUDA tensors: repeated calls replayed in C++ (plancache.torch.native)";
   m.def("install", &install, py::arg("name"), py::arg("implementation"), py::arg("dispatch_key") = "CUDA");
   m.def("set_learn_call", &set_learn_call);
+  m.def("set_workspace", &set_workspace);
   m.def("load_cudnn", &load_cudnn, py::arg("path") = "");
   m.def("clear", &clear);
   m.def("drain_calls", &drain_calls);
