@@ -9,7 +9,13 @@ plancache's operator, --rounds interleaved rounds of --calls calls, wall µs per
 end of each round), medians:
 
   layer_norm, linear, sdpa      inference (no grad): F.<function> against torch.ops.plancache.<operator>
-  linear_train                  a forward and backward through autograd: F.linear against linear_train
+  linear_train, layer_norm_train, sdpa_train
+                                a forward and backward through autograd: F.<function> against the training
+                                operator (its autograd the extension's C++ registration with the kernels on,
+                                Python's torch.library registration without)
+  block_train                   an eager training step's forward and backward of an unchanged transformer
+                                block (LayerNorm, attention, GELU MLP; hidden 256) under plancache.torch.mode()
+                                against the same block without it
   compiled                      a function of 8 (linear, layer_norm) pairs, inference: torch.compile
                                 (fullgraph) of torch's functions against plancache.torch.compile of the same
 
@@ -37,7 +43,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.report import figure, save, table, write_json  # noqa: E402
 
-CASES = ("layer_norm", "linear", "sdpa", "linear_train", "compiled")
+CASES = ("layer_norm", "linear", "sdpa", "linear_train", "layer_norm_train", "sdpa_train", "block_train", "compiled")
+TRAINING = {"linear_train", "layer_norm_train", "sdpa_train", "block_train"}
 
 
 def _timed_us(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -> float:
@@ -75,6 +82,26 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     def plancache_train() -> None:
         ops.linear_train(xg, wg, bg, None)[0].backward(grad)
 
+    nwg, nbg = nw.clone().requires_grad_(), nb.clone().requires_grad_()
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    attention_grad = torch.randn_like(q)
+    from tests.gpu.test_gpu_torch import block as block_class  # test_gpu_native's eager and compiled block
+
+    torch.manual_seed(0)
+    block = block_class(torch, hidden=256, heads=4)().to(**bf16)
+    tokens = torch.randn(4, 128, 256, **bf16)
+
+    def block_step(model_call: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            block.zero_grad(set_to_none=True)
+            model_call().float().square().mean().backward()
+
+        return run
+
+    def block_under_mode() -> Any:
+        with pt.mode():
+            return block(tokens)
+
     def layers(h: Any) -> Any:
         for _ in range(8):
             h = F.layer_norm(F.linear(h, w, b), (256,), nw, nb)
@@ -90,12 +117,21 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             lambda: ops.sdpa(q, k, v, None, True, None, False),
         ),
         "linear_train": (torch_train, plancache_train),
+        "layer_norm_train": (
+            lambda: F.layer_norm(xg, (256,), nwg, nbg).backward(grad),
+            lambda: ops.layer_norm_train(xg, [256], nwg, nbg, 1e-5)[0].backward(grad),
+        ),
+        "sdpa_train": (
+            lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True).backward(attention_grad),
+            lambda: ops.sdpa_train(qg, kg, vg, None, True, None, False)[0].backward(attention_grad),
+        ),
+        "block_train": (block_step(lambda: block(tokens)), block_step(block_under_mode)),
         "compiled": (lambda: compiled_torch(x), lambda: compiled_plancache(x)),
     }
     sync = torch.cuda.synchronize
     first_call_s: dict[str, float] = {}
     for name, (theirs, ours) in pairs.items():
-        with torch.no_grad() if name != "linear_train" else torch.enable_grad():
+        with torch.no_grad() if name not in TRAINING else torch.enable_grad():
             started = time.perf_counter()
             ours()
             sync()
@@ -107,8 +143,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     samples: dict[str, dict[str, list[float]]] = {n: {"torch": [], "plancache": []} for n in pairs}
     for _ in range(args.rounds):
         for name, (theirs, ours) in pairs.items():
-            calls = args.calls // 10 if name == "compiled" else args.calls
-            with torch.no_grad() if name != "linear_train" else torch.enable_grad():
+            calls = args.calls // 10 if name in ("compiled", "block_train") else args.calls
+            with torch.no_grad() if name not in TRAINING else torch.enable_grad():
                 samples[name]["torch"].append(_timed_us(theirs, calls, sync))
                 samples[name]["plancache"].append(_timed_us(ours, calls, sync))
     out: dict[str, Any] = {"native": pt.native_state(), "first_call_s": first_call_s, "cases": {}}
@@ -183,7 +219,7 @@ def main() -> None:
         ax.bar([i - 0.2 for i in xs], [summary[n]["ratio_python"] for n in good], width=0.4, label="Python operators")
         ax.bar([i + 0.2 for i in xs], [summary[n]["ratio_native"] for n in good], width=0.4, label="native kernels")
         ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xticks(list(xs), good)
+        ax.set_xticks(list(xs), good, rotation=30, fontsize=7)
         ax.set_ylabel("plancache / torch, µs per call (median of pairs)")
         ax.legend()
         save(fig, args.out / f"{name}.png")

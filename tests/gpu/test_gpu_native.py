@@ -149,3 +149,51 @@ def test_an_unchanged_block_trains_under_cuda_graphs_with_the_native_kernels(pf:
     assert rel_err(got[0], expected[0]) < TOLERANCE["bfloat16"]
     assert worst_grad(got[1], expected[1]) < TOLERANCE["bfloat16"]
     assert native.counts()["kept"] > 0, native.counts()
+
+
+def test_an_unchanged_block_trains_eagerly_the_same_with_the_cpp_autograd(pf: Any, native: Any) -> None:
+    """Eager training under the mode: every training operator's autograd is the extension's C++ registration
+    (grad_fn plancache::<name>Backward), the forward's kept calls replayed; the loss and every gradient are
+    those of Python's registration (torch.library.register_autograd of the same description), which
+    serves again once the C++ one is removed. The loss bit for bit; the gradients to the order of cuDNN's
+    atomic accumulations (attention's backward is not deterministic run to run)."""
+    import plancache.torch as pt
+    from plancache.torch import _ops
+    from plancache.torch.native import install_gradients
+    from tests.gpu.test_gpu_torch import block
+
+    torch = _t()
+    torch.manual_seed(0)
+    model = block(torch)().cuda().bfloat16()
+    x = torch.randn(4, 256, 512, device="cuda", dtype=torch.bfloat16)
+
+    def run() -> tuple[Any, list[Any], set[str]]:
+        model.zero_grad(set_to_none=True)
+        with pt.mode():
+            out = model(x)
+        names: set[str] = set()
+        pending = [out.grad_fn]
+        while pending:  # every node of the step's graph
+            node = pending.pop()
+            if node is not None and node.name() not in names:
+                names.add(node.name())
+                pending.extend(n for n, _ in node.next_functions)
+        loss = out.float().square().mean()
+        loss.backward()
+        return loss.detach(), [p.grad.detach().clone() for p in model.parameters()], names
+
+    for _ in range(3):
+        run()
+    native.drain_calls()
+    loss_cpp, grads_cpp, names_cpp = run()
+    assert sum(native.drain_calls().values()) > 0, native.counts()  # forward calls replayed
+    assert {n for n in names_cpp if n.startswith("plancache::")} >= {"plancache::linear_trainBackward"}, names_cpp
+    assert not any(n.startswith("GeneratedBackwardFor_plancache") for n in names_cpp), names_cpp
+    native.remove_autograd()
+    try:
+        loss_python, grads_python, names_python = run()
+        assert any(n.startswith("GeneratedBackwardFor_plancache") for n in names_python), names_python
+    finally:
+        install_gradients(native, _ops.OPERATORS)
+    assert torch.equal(loss_cpp, loss_python)
+    assert max(rel_err(a, b) for a, b in zip(grads_cpp, grads_python, strict=True)) < 1e-2

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
-import sysconfig
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -22,19 +19,9 @@ torch = pytest.importorskip("torch")
 from plancache.functional._table import LAUNCH_LOG  # noqa: E402
 from plancache.torch import native as _native  # noqa: E402
 
-try:  # requirements-dev.txt's ninja: its binary beside the venv's Python, maybe not on PATH
-    import ninja
+from .native_build import BUILD_DIR, NEEDS_A_BUILD  # noqa: E402
 
-    os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
-except ImportError:
-    pass
-
-pytestmark = pytest.mark.skipif(
-    shutil.which("c++") is None
-    or shutil.which("ninja") is None
-    or not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")),
-    reason="no C++ compiler, ninja or Python headers on this machine: the native kernels cannot be built here",
-)
+pytestmark = NEEDS_A_BUILD
 
 
 class StandInRun:
@@ -127,7 +114,7 @@ LIBRARY.define("_native_test_chain(Tensor x, Tensor y) -> (Tensor, Tensor?)")
 
 @pytest.fixture(scope="module")
 def native() -> Any:
-    os.environ.setdefault(_native.NATIVE_DIR_ENV, os.path.join(tempfile.gettempdir(), "plancache-native-tests"))
+    os.environ.setdefault(_native.NATIVE_DIR_ENV, BUILD_DIR)
     # A lock file a killed build left where torch's own build would wait on it forever: this build does not.
     shared = _native.build_directory(_native.module_name())
     shared.mkdir(parents=True, exist_ok=True)

@@ -4,9 +4,11 @@ A TorchFunctionMode sees every torch function the program calls on its
 thread while it is entered. It takes the ones plancache serves (ROUTES: a
 CUDA tensor of half or bfloat16, options cuDNN's graph has) and leaves
 every other call to torch, untouched. Eager, a routed call is
-plancache.functional's (its autograd.Function: the cheapest hot path);
-under torch.compile (dynamo traces the mode), it is plancache's torch
-operator (plancache.torch._ops), which the compiled program runs. A call
+plancache.functional's (its autograd.Function: the cheapest hot path in
+Python), or, where the native extension is on, plancache's torch operator
+(its repeated calls replayed in C++, its autograd C++); under
+torch.compile (dynamo traces the mode), it is the operator
+(plancache.torch._ops), which the compiled program runs. A call
 whose geometry cuDNN does not serve runs torch's own function inside
 either, with the same result.
 
@@ -31,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 import plancache.functional as pf
 from plancache.errors import InvalidRequest
 from plancache.functional._attention import boolean_mask_as_bias
+from plancache.torch import _ops
 
 SERVED_DTYPES = (torch.float16, torch.bfloat16)
 # The devices a routed call may be on. CUDA: plancache's; a test adds "cpu" to
@@ -138,8 +141,18 @@ def _compiling() -> bool:
 
 
 def _eager(x: Tensor) -> bool:
-    """Whether a routed call is plancache.functional's (eager, CUDA) rather than the torch operator's."""
+    """Whether a routed call is eager on CUDA."""
     return x.is_cuda and not torch.compiler.is_compiling()
+
+
+def _functional(x: Tensor) -> bool:
+    """Whether a routed call is plancache.functional's (eager, CUDA: its Python autograd.Function, the cheapest
+    path in Python) rather than the torch operator's. Eager calls take the operators too where the native
+    extension is on: an operator's repeated call is replayed in C++ and its autograd is C++ (plancache.torch.
+    native), no Python past the route."""
+    if not _eager(x):
+        return False
+    return bool(_ops.native().state != "on")
 
 
 def _pair(value: Any) -> list[int] | None:
@@ -173,7 +186,7 @@ def _layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     left = _unserved("input", x) or _unserved("weight", w, True) or _unserved("bias", b, True)
     if left is not None:
         return left
-    if _eager(x):
+    if _functional(x):
         return pf.layer_norm(x, _shape(shape), w, b, eps)
     if _training(x, w, b):
         return torch.ops.plancache.layer_norm_train(x, _shape(shape), w, b, float(eps))[0]
@@ -189,7 +202,7 @@ def _rms_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if left is not None:
         return left
     eps = None if eps is None else float(eps)
-    if _eager(x):
+    if _functional(x):
         return pf.rms_norm(x, _shape(shape), w, eps)
     if _training(x, w):
         return torch.ops.plancache.rms_norm_train(x, _shape(shape), w, eps)[0]
@@ -206,7 +219,7 @@ def _linear(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return left
     if w.dim() != 2 or x.dim() < 2:
         return Left(f"input of {x.dim()} dims, weight of {w.dim()}")
-    if _eager(x):
+    if _functional(x):
         return pf.linear(x, w, b)
     if _training(x, w, b):
         return torch.ops.plancache.linear_train(x, w, b, None)[0]
@@ -256,7 +269,7 @@ def _sdpa(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if mask.requires_grad:
             return Left("an attn_mask that requires grad")
     scale = None if scale is None else float(scale)
-    if _eager(q):  # a boolean mask: plancache.functional's bias of it
+    if _eager(q) and (boolean or _functional(q)):  # a boolean mask: plancache.functional's bias of it
         return pf.scaled_dot_product_attention(q, k, v, mask, 0.0, bool(is_causal), scale, bool(enable_gqa))
     unattended = None
     if boolean:  # traced under torch.compile, where inductor fuses it
@@ -286,7 +299,7 @@ def _conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     s, p, d = _pair(stride), _pair(0 if padding == "valid" else padding), _pair(dilation)
     if s is None or p is None or d is None:
         return Left(f"stride={stride!r}, padding={padding!r}, dilation={dilation!r}")
-    if _eager(x):
+    if _functional(x):
         return pf.conv2d(x, w, b, tuple(s), tuple(p), tuple(d), groups)
     if _training(x, w, b):
         return torch.ops.plancache.conv2d_train(x, w, b, s, p, d, groups, False)

@@ -24,6 +24,7 @@ saved outputs as the served plans.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,6 +57,7 @@ class Operator:
         LIBRARY.define(f"{name}{schema}")
         LIBRARY.impl(name, implementation, "CompositeExplicitAutograd")
         self.implementation = implementation
+        self.gradient: Gradient | None = None
 
     def __call__(self, *args: Any) -> Any:
         return getattr(torch.ops.plancache, self.name)(*args)
@@ -64,8 +66,12 @@ class Operator:
         torch.library.register_fake(self.qualname, fake, lib=LIBRARY)
         return fake
 
-    def register_autograd(self, backward: Callable[..., Any], *, setup_context: Callable[..., Any]) -> None:
-        torch.library.register_autograd(self.qualname, backward, setup_context=setup_context, lib=LIBRARY)
+    def register_gradient(self, gradient: Gradient) -> None:
+        """Its autograd (`gradient`): Python's registration now, the native extension's C++ one where it loads."""
+        self.gradient = gradient
+        torch.library.register_autograd(
+            self.qualname, gradient.backward_call, setup_context=gradient.setup_context, lib=LIBRARY
+        )
 
 
 def operator(name: str, schema: str) -> Callable[[Callable[..., Any]], Operator]:
@@ -77,29 +83,98 @@ def operator(name: str, schema: str) -> Callable[[Callable[..., Any]], Operator]
     return define
 
 
+# What a training operator's autograd keeps at its forward and hands its backward operator, as data: one
+# description for both registrations that read it, Python's (`Operator.register_gradient`: torch.library's
+# register_autograd) and the native extension's C++ one (plancache.torch.native installs it where it loads: no
+# Python on an eager training call's autograd). A backward operator's arguments are the incoming gradient of
+# the first output, then these, in order:
+ARGUMENT, OUTPUT, OUTPUTS, NEEDS = 0, 1, 2, 3  # a forward argument; a forward output; every output as one list;
+# whether each tensor of `of` wants its gradient (the forward's needs_input_grad)
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """A training operator's backward: `backward` called with (grad of output 0, *arguments), its results the
+    gradients of the forward arguments at `of`; the outputs at `non_differentiable` carry none."""
+
+    backward: str
+    arguments: tuple[tuple[int, int], ...]
+    of: tuple[int, ...]
+    non_differentiable: tuple[int, ...] = ()
+
+    def setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        outputs = list(output) if isinstance(output, (list, tuple)) else [output]
+        positions = sorted({i for kind, i in self.arguments if kind == ARGUMENT})
+        tensors = [i for i in positions if isinstance(inputs[i], Tensor)]
+        kept_outputs = sorted(
+            {i for kind, i in self.arguments if kind == OUTPUT}
+            | (set(range(len(outputs))) if any(kind == OUTPUTS for kind, _ in self.arguments) else set())
+        )
+        ctx.save_for_backward(*(inputs[i] for i in tensors), *(outputs[k] for k in kept_outputs))
+        ctx.layout = (tensors, kept_outputs)
+        ctx.others = {i: inputs[i] for i in positions if i not in tensors}
+        if self.non_differentiable:
+            ctx.mark_non_differentiable(*(outputs[k] for k in self.non_differentiable))
+
+    def backward_call(self, ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        tensors, kept_outputs = ctx.layout
+        saved = ctx.saved_tensors
+        values = {**dict(zip(tensors, saved[: len(tensors)], strict=True)), **ctx.others}
+        outputs = dict(zip(kept_outputs, saved[len(tensors) :], strict=True))
+        needs = ctx.needs_input_grad
+        grad = grads[0][0] if isinstance(grads[0], (list, tuple)) else grads[0]  # a Tensor[] result's first
+        arguments: list[Any] = [grad]
+        for kind, i in self.arguments:
+            if kind == ARGUMENT:
+                arguments.append(values[i])
+            elif kind == OUTPUT:
+                arguments.append(outputs[i])
+            elif kind == OUTPUTS:
+                arguments.append([outputs[k] for k in kept_outputs])
+            else:
+                arguments.append([bool(needs[j]) for j in self.of])
+        results = getattr(torch.ops.plancache, self.backward)(*arguments)
+        full: list[Any] = [None] * len(needs)
+        for j, g in zip(self.of, results, strict=True):
+            full[j] = g
+        return tuple(full)
+
+
+def _arguments(*positions: int) -> tuple[tuple[int, int], ...]:
+    return tuple((ARGUMENT, i) for i in positions)
+
+
 def _served(t: Tensor) -> bool:
     """Whether plancache is asked: a CUDA tensor (the CPU's run torch's own). is_cuda: a tenth of device.type's
     cost, on every operator call. The first such call starts the native kernels (plancache.torch.native),
     which take the operators' CUDA calls from then on and call these implementations for what they have not
     kept."""
     if t.is_cuda:
-        if not _native_started:
+        if _native is None:
             _start_native()
         return True
     return False
 
 
-_native_started = False
+_native: Any = None  # plancache.torch.native.NATIVE, once started
+
+
+def native() -> Any:
+    """The native extension's holder (its `state`: "on" where its kernels and autograd serve), started at the
+    first ask: what the setting says happens then (plancache.torch.native)."""
+    if _native is None:
+        _start_native()
+    return _native
 
 
 def _start_native() -> None:
     """The native kernels' start, once per process (imported here, not at the module's import: `python -m
     plancache.torch.native` would otherwise find its module imported by the package first)."""
-    global _native_started
+    global _native
     from plancache.torch.native import NATIVE
 
     NATIVE.start(OPERATORS)
-    _native_started = True
+    _native = NATIVE
 
 
 def _present(*tensors: Tensor | None) -> tuple[Tensor, ...]:
@@ -231,22 +306,9 @@ def _layer_norm_backward_fake(
     return _grads_fake((input, weight, bias), rest[-1])
 
 
-def _layer_norm_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
-    input, normalized_shape, weight, bias, eps = inputs
-    ctx.normalized_shape, ctx.eps = normalized_shape, eps
-    ctx.save_for_backward(input, weight, bias, output[1], output[2])
-
-
-def _layer_norm_grad(ctx: Any, grad: Tensor, _mean: Tensor, _inv: Tensor) -> tuple[Any, ...]:
-    input, weight, bias, mean, inv_variance = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    dx, dw, db = torch.ops.plancache.layer_norm_backward(
-        grad, input, ctx.normalized_shape, weight, bias, ctx.eps, mean, inv_variance, [needs[0], needs[2], needs[3]]
-    )
-    return dx, None, dw, db, None
-
-
-layer_norm_train.register_autograd(_layer_norm_grad, setup_context=_layer_norm_setup)
+layer_norm_train.register_gradient(
+    Gradient("layer_norm_backward", (*_arguments(0, 1, 2, 3, 4), (OUTPUT, 1), (OUTPUT, 2), (NEEDS, 0)), of=(0, 2, 3))
+)
 
 
 # ---- rms_norm -------------------------------------------------------------------------------------
@@ -325,22 +387,13 @@ def _rms_norm_backward_fake(
     return _grads_fake((input, weight), rest[-1])
 
 
-def _rms_norm_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
-    input, normalized_shape, weight, eps = inputs
-    ctx.normalized_shape, ctx.eps = normalized_shape, eps
-    ctx.save_for_backward(input, weight, output[1])
-
-
-def _rms_norm_grad(ctx: Any, grad: Tensor, _inv: Tensor) -> tuple[Any, ...]:
-    input, weight, inv_variance = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    dx, dw = torch.ops.plancache.rms_norm_backward(
-        grad, input, ctx.normalized_shape, weight, ctx.eps, inv_variance, [needs[0], needs[2]]
+rms_norm_train.register_gradient(
+    Gradient(
+        "rms_norm_backward",
+        (*_arguments(0, 1, 2, 3), (OUTPUT, 1), (NEEDS, 0)),
+        of=(0, 2),
     )
-    return dx, None, dw, None
-
-
-rms_norm_train.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+)
 
 
 # ---- linear ---------------------------------------------------------------------------------------
@@ -420,22 +473,9 @@ def _linear_backward_fake(
     return _grads_fake((input, weight, bias), rest[-1])
 
 
-def _linear_setup(ctx: Any, inputs: tuple[Any, ...], output: list[Tensor]) -> None:
-    input, weight, bias, activation = inputs
-    ctx.activation = activation
-    ctx.save_for_backward(input, weight, bias, *output)
-
-
-def _linear_grad(ctx: Any, grads: list[Tensor]) -> tuple[Any, ...]:
-    input, weight, bias, *saved = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    dx, dw, db = torch.ops.plancache.linear_backward(
-        grads[0], input, weight, bias, ctx.activation, saved, [needs[0], needs[1], needs[2]]
-    )
-    return dx, dw, db, None
-
-
-linear_train.register_autograd(_linear_grad, setup_context=_linear_setup)
+linear_train.register_gradient(
+    Gradient("linear_backward", (*_arguments(0, 1, 2, 3), (OUTPUTS, 0), (NEEDS, 0)), of=(0, 1, 2))
+)
 
 
 # ---- scaled_dot_product_attention -----------------------------------------------------------------
@@ -561,23 +601,9 @@ def _sdpa_backward_fake(
     return _grads_fake((query, key, value), rest[-1])
 
 
-def _sdpa_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-    query, key, value, attn_mask, is_causal, scale, enable_gqa = inputs
-    ctx.options = (is_causal, scale, enable_gqa)
-    ctx.save_for_backward(query, key, value, attn_mask, *output)
-
-
-def _sdpa_grad(ctx: Any, grad: Tensor, _stats: Tensor) -> tuple[Any, ...]:
-    query, key, value, attn_mask, out, stats = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    is_causal, scale, enable_gqa = ctx.options
-    dq, dk, dv = torch.ops.plancache.sdpa_backward(
-        grad, query, key, value, attn_mask, is_causal, scale, enable_gqa, out, stats, [needs[0], needs[1], needs[2]]
-    )
-    return dq, dk, dv, None, None, None, None
-
-
-sdpa_train.register_autograd(_sdpa_grad, setup_context=_sdpa_setup)
+sdpa_train.register_gradient(
+    Gradient("sdpa_backward", (*_arguments(*range(7)), (OUTPUT, 0), (OUTPUT, 1), (NEEDS, 0)), of=(0, 1, 2))
+)
 
 
 # ---- conv2d ---------------------------------------------------------------------------------------
@@ -686,23 +712,9 @@ def _conv2d_backward_fake(
     return _grads_fake((input, weight, bias), rest[-1])
 
 
-def _conv2d_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-    input, weight, bias, stride, padding, dilation, groups, relu = inputs
-    ctx.options = (stride, padding, dilation, groups, relu)
-    ctx.save_for_backward(input, weight, bias, output)
-
-
-def _conv2d_grad(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
-    input, weight, bias, out = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    stride, padding, dilation, groups, relu = ctx.options
-    dx, dw, db = torch.ops.plancache.conv2d_backward(
-        grad, input, weight, bias, stride, padding, dilation, groups, relu, out, [needs[0], needs[1], needs[2]]
-    )
-    return dx, dw, db, None, None, None, None, None
-
-
-conv2d_train.register_autograd(_conv2d_grad, setup_context=_conv2d_setup)
+conv2d_train.register_gradient(
+    Gradient("conv2d_backward", (*_arguments(*range(8)), (OUTPUT, 0), (NEEDS, 0)), of=(0, 1, 2))
+)
 
 # ---- batch_norm ------------------------------------------------------------------------------------
 
@@ -822,25 +834,16 @@ def _batch_norm_backward_fake(
     return _grads_fake((input, weight, bias), rest[-1])
 
 
-def _batch_norm_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
-    input, weight, bias, _running_mean, _running_var, momentum, eps = inputs
-    ctx.momentum, ctx.eps = momentum, eps
-    ctx.save_for_backward(input, weight, bias, output[1], output[2])
-    # The statistics carry no gradient: the next running ones are copied into the module's buffers, which
-    # would otherwise join each step's graph to the next one's.
-    ctx.mark_non_differentiable(*output[1:])
-
-
-def _batch_norm_grad(ctx: Any, grad: Tensor, *_statistics: Tensor) -> tuple[Any, ...]:
-    input, weight, bias, mean, inv_variance = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    dx, dw, db = torch.ops.plancache.batch_norm_backward(
-        grad, input, weight, bias, mean, inv_variance, ctx.momentum, ctx.eps, [needs[0], needs[1], needs[2]]
+batch_norm_train.register_gradient(
+    Gradient(
+        "batch_norm_backward",
+        (*_arguments(0, 1, 2), (OUTPUT, 1), (OUTPUT, 2), *_arguments(5, 6), (NEEDS, 0)),
+        of=(0, 1, 2),
+        # The statistics carry no gradient: the next running ones are copied into the module's buffers, which
+        # would otherwise join each step's graph to the next one's.
+        non_differentiable=(1, 2, 3, 4),
     )
-    return dx, dw, db, None, None, None, None
-
-
-batch_norm_train.register_autograd(_batch_norm_grad, setup_context=_batch_norm_setup)
+)
 
 
 OPERATORS = (

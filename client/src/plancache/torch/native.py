@@ -11,6 +11,12 @@ those launches reproduces it exactly (kernels.cpp says the rules), and
 replays it for every later call of the same arguments' geometry. Python's
 geometry table changing clears what it keeps.
 
+It also registers the training operators' autograd in C++ (`install_gradients`:
+the Autograd key, from the same plancache.torch._ops.Gradient Python's
+torch.library registration reads), so an eager training call runs no
+autograd.Function; and with it on, plancache.torch.mode() routes eager calls
+to the operators rather than to plancache.functional's Python autograd.
+
 Settings (`PLANCACHE_NATIVE`):
   0 (default)     never: every call runs the Python implementation. GPU run 49 (H100) verified the kept
                   calls bit for bit and measured them (30-40 % less host time a call, compiled models
@@ -134,6 +140,19 @@ def build(verbose: bool = False) -> Any:
         shutil.rmtree(private, ignore_errors=True)
 
 
+def install_gradients(module: Any, operators: Sequence[Any]) -> list[str]:
+    """The extension's C++ autograd for every training operator (`operator.gradient`: plancache.torch._ops.Gradient,
+    the description Python's registration reads too), over Python's: an eager training call's autograd without
+    Python. The names installed; `module.remove_autograd()` gives the operators back to Python's."""
+    installed = []
+    for op in operators:
+        g = getattr(op, "gradient", None)
+        if g is not None:
+            module.install_autograd(op.name, g.backward, list(g.arguments), list(g.of), list(g.non_differentiable))
+            installed.append(op.name)
+    return installed
+
+
 class Native:
     """The extension in this process: loaded once, its kernels installed for the operators."""
 
@@ -174,6 +193,7 @@ class Native:
             module.set_workspace(stream_workspace)
             for op in self._operators:
                 module.install(op.name, op.implementation, "CUDA")
+            install_gradients(module, self._operators)
             TABLE.on_change = module.clear
             # The kept calls hold the frontend's plan objects: released before the interpreter ends. (The
             # frontend's module still reports objects as leaked at exit when calls were kept: GPU run 49, call 3;

@@ -40,6 +40,9 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <dlfcn.h>
 #include <torch/extension.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
 
@@ -48,6 +51,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -571,6 +575,225 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   run_python(op, stack, key.empty() ? nullptr : &key, type);
 }
 
+// ---- autograd in C++ ------------------------------------------------------------------------------
+//
+// An eager training call's autograd: what torch.library.register_autograd does in Python (an autograd.Function
+// per call: ~15-25 us of Python around every call and again around its backward, GPU run 31's largest piece of
+// an eager step under the mode), here in C++ for the same operators, from the same description
+// (plancache.torch._ops.Gradient): keep the arguments and outputs the backward operator reads, hand it the
+// incoming gradient, them and which inputs want a gradient, and route its results to the inputs. Registered for
+// the Autograd key of the training operators, over Python's registration (which comes back if this one is
+// removed). Identical by construction where it can be: an edge per forward argument, as autograd.Function has;
+// needs taken at the forward as Function's needs_input_grad is; an undefined incoming gradient materialized as
+// zeros, as Function does by default; saved tensors version-checked and released after a backward, as
+// save_for_backward's are. Not supported where autograd.Function is: compiled autograd (torch._dynamo's
+// compiled_autograd, off by default), forward-mode AD.
+
+using torch::autograd::Edge;
+using torch::autograd::Node;
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
+// torch 2.13 holds autograd nodes by c10::intrusive_ptr, earlier versions by std::shared_ptr.
+using NodePointer = decltype(std::declval<Edge>().function);
+
+enum Item : int64_t { ARGUMENT = 0, OUTPUT = 1, OUTPUTS = 2, NEEDS = 3 };  // _ops.py's
+
+struct Gradient {
+  explicit Gradient(c10::OperatorHandle b) : backward(std::move(b)) {}
+  std::string name;                                   // the training operator's, for grad_fn's name
+  c10::OperatorHandle backward;                       // plancache::<name>_backward
+  std::vector<std::pair<int64_t, int64_t>> arguments;  // after the incoming gradient, in order
+  std::vector<int64_t> of;                            // forward arguments its results are the gradients of
+  std::vector<int64_t> non_differentiable;            // outputs
+  std::vector<int64_t> kept_arguments;                // forward arguments read (from `arguments`)
+  std::vector<int64_t> kept_outputs;                  // outputs read (OUTPUT)
+  bool every_output = false;                          // OUTPUTS: every one, in order
+};
+
+struct GradientNode : public Node {
+  std::shared_ptr<const Gradient> gradient;
+  std::unordered_map<int64_t, SavedVariable> tensors;  // forward argument -> its tensor
+  std::unordered_map<int64_t, c10::IValue> others;     // forward argument -> its value (None, scalars, lists)
+  std::unordered_map<int64_t, SavedVariable> outputs;  // output -> its tensor
+  std::vector<int64_t> kept_outputs;                   // their order (OUTPUTS' list)
+  std::vector<bool> needs;                             // per `of`, at the forward
+
+  explicit GradientNode(std::shared_ptr<const Gradient> g) : gradient(std::move(g)) {}
+
+  std::string name() const override { return "plancache::" + gradient->name + "Backward"; }
+
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> guard(mutex_);  // release_variables may run beside (a Node's contract)
+    auto self = getptr();
+    torch::jit::Stack stack;
+    stack.reserve(gradient->arguments.size() + 1);
+    stack.emplace_back(grads[0].defined() ? grads[0] : input_metadata(0).zeros_like());
+    for (const auto& [kind, i] : gradient->arguments) {
+      switch (kind) {
+        case ARGUMENT: {
+          auto t = tensors.find(i);
+          if (t != tensors.end()) {
+            stack.emplace_back(t->second.unpack(self));
+          } else {
+            stack.push_back(others.at(i));
+          }
+          break;
+        }
+        case OUTPUT:
+          stack.emplace_back(outputs.at(i).unpack(self));
+          break;
+        case OUTPUTS: {
+          c10::List<at::Tensor> list;
+          for (int64_t k : kept_outputs) list.push_back(outputs.at(k).unpack(self));
+          stack.emplace_back(std::move(list));
+          break;
+        }
+        default: {
+          c10::List<bool> list;
+          for (bool n : needs) list.push_back(n);
+          stack.emplace_back(std::move(list));
+        }
+      }
+    }
+    gradient->backward.callBoxed(stack);
+    variable_list result(num_outputs());
+    for (size_t j = 0; j < gradient->of.size() && j < stack.size(); ++j) {
+      if (stack[j].isTensor()) result[gradient->of[j]] = stack[j].toTensor();
+    }
+    return result;
+  }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (auto& [i, saved] : tensors) saved.reset_data();
+    for (auto& [k, saved] : outputs) saved.reset_data();
+  }
+};
+
+template <typename T>
+NodePointer make_node(std::shared_ptr<const Gradient> gradient) {
+  if constexpr (std::is_same_v<NodePointer, std::shared_ptr<Node>>) {
+    return std::shared_ptr<T>(new T(std::move(gradient)));
+  } else {
+    return c10::make_intrusive<T>(std::move(gradient));
+  }
+}
+
+// The Autograd key's kernel of one training operator.
+struct AutogradKernel final : public c10::OperatorKernel {
+  std::shared_ptr<const Gradient> gradient;
+
+  explicit AutogradKernel(std::shared_ptr<const Gradient> g) : gradient(std::move(g)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+    const size_t count = op.schema().arguments().size();
+    const size_t first = stack->size() - count;
+    bool wanted = false;
+    if (at::GradMode::is_enabled()) {
+      for (size_t i = first; i < stack->size(); ++i) {
+        const c10::IValue& v = (*stack)[i];
+        if (v.isTensor() && v.toTensor().defined() && v.toTensor().requires_grad()) wanted = true;
+      }
+    }
+    if (!wanted) {
+      at::AutoDispatchBelowAutograd below;
+      op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+      return;
+    }
+    std::vector<c10::IValue> arguments(stack->begin() + first, stack->end());
+    torch::autograd::edge_list edges;
+    edges.reserve(count);
+    for (const auto& v : arguments) {
+      edges.push_back(v.isTensor() && v.toTensor().defined() ? torch::autograd::impl::gradient_edge(v.toTensor())
+                                                              : Edge());
+    }
+    {
+      at::AutoDispatchBelowAutograd below;
+      op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+    }
+    const size_t returns = op.schema().returns().size();
+    std::vector<at::Tensor> flat;
+    for (size_t r = stack->size() - returns; r < stack->size(); ++r) {
+      const c10::IValue& v = (*stack)[r];
+      if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList()) flat.push_back(t);
+      } else {
+        flat.push_back(v.isTensor() ? v.toTensor() : at::Tensor());
+      }
+    }
+    NodePointer pointer = make_node<GradientNode>(gradient);
+    auto* node = static_cast<GradientNode*>(pointer.get());
+    for (int64_t j : gradient->of) node->needs.push_back(edges[j].is_valid());
+    node->set_next_edges(std::move(edges));
+    for (size_t k = 0; k < flat.size(); ++k) {
+      const at::Tensor& t = flat[k];
+      bool differentiable = t.defined() && torch::autograd::isDifferentiableType(t.scalar_type());
+      for (int64_t n : gradient->non_differentiable) differentiable = differentiable && n != static_cast<int64_t>(k);
+      if (differentiable) {
+        uint32_t nr = node->add_input_metadata(t);
+        torch::autograd::impl::set_gradient_edge(t, Edge(pointer, nr));
+      } else {
+        node->add_input_metadata(Node::undefined_input());
+      }
+    }
+    for (int64_t i : gradient->kept_arguments) {
+      const c10::IValue& v = arguments.at(i);
+      if (v.isTensor() && v.toTensor().defined()) {
+        node->tensors.emplace(i, SavedVariable(v.toTensor(), false));
+      } else {
+        node->others.emplace(i, v);
+      }
+    }
+    std::vector<int64_t> keep = gradient->kept_outputs;
+    if (gradient->every_output) {
+      keep.clear();
+      for (size_t k = 0; k < flat.size(); ++k) keep.push_back(static_cast<int64_t>(k));
+    }
+    for (int64_t k : keep) {
+      TORCH_CHECK(k < static_cast<int64_t>(flat.size()), "plancache native: ", gradient->name, " has no output ", k);
+      node->outputs.emplace(k, SavedVariable(flat[k], /*is_output=*/true));
+    }
+    node->kept_outputs = std::move(keep);
+  }
+};
+
+// A registration that silences one warning: the dispatcher's "Overriding a previously registered kernel", which
+// replacing Python's autograd registration on purpose would print.
+struct Silent : public c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+std::vector<std::unique_ptr<torch::Library>>& autograd_libraries() {
+  static auto* libraries = new std::vector<std::unique_ptr<torch::Library>>();
+  return *libraries;
+}
+
+void install_autograd(const std::string& name, const std::string& backward,
+                      const std::vector<std::pair<int64_t, int64_t>>& arguments, const std::vector<int64_t>& of,
+                      const std::vector<int64_t>& non_differentiable) {
+  auto handle = c10::Dispatcher::singleton().findSchema({"plancache::" + backward, ""});
+  TORCH_CHECK(handle.has_value(), "plancache native: no operator plancache::", backward);
+  auto gradient = std::make_shared<Gradient>(*handle);
+  gradient->name = name;
+  gradient->arguments = arguments;
+  gradient->of = of;
+  gradient->non_differentiable = non_differentiable;
+  for (const auto& [kind, i] : arguments) {
+    if (kind == ARGUMENT) gradient->kept_arguments.push_back(i);
+    if (kind == OUTPUT) gradient->kept_outputs.push_back(i);
+    if (kind == OUTPUTS) gradient->every_output = true;
+  }
+  auto library = std::make_unique<torch::Library>(torch::Library::IMPL, "plancache", c10::DispatchKey::Autograd,
+                                                   __FILE__, __LINE__);
+  Silent silent;
+  c10::WarningUtils::WarningHandlerGuard quiet(&silent);
+  library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutogradKernel>(gradient)));
+  autograd_libraries().push_back(std::move(library));
+}
+
+// Python's registrations serve again (the dispatcher drops a library's kernels with it).
+void remove_autograd() { autograd_libraries().clear(); }
+
 // ---- Python's side --------------------------------------------------------------------------------
 
 void install(const std::string& name, py::object implementation, const std::string& dispatch_key) {
@@ -649,4 +872,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("drain_calls", &drain_calls);
   m.def("counts", &counts);
   m.def("set_enabled", &set_enabled);
+  m.def("install_autograd", &install_autograd, py::arg("name"), py::arg("backward"), py::arg("arguments"),
+        py::arg("of"), py::arg("non_differentiable"));
+  m.def("remove_autograd", &remove_autograd);
 }
