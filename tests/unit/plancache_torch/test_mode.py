@@ -563,3 +563,56 @@ def test_a_calls_arguments_are_bound_by_torchs_names_or_left_with_the_reason() -
         "argument 'normalized_shape' missing",
         "more positional arguments than torch's function takes",
     ]
+
+
+class _NativeStandIn:
+    """plancache.torch.native.NATIVE's state, as the mode reads it."""
+
+    def __init__(self, state: str) -> None:
+        self.state = state
+
+
+@pytest.mark.parametrize("state", ["on", "disabled (PLANCACHE_NATIVE=0)"])
+def test_eager_calls_go_to_the_operators_where_the_native_extension_is_on(
+    cpu_routes: None, monkeypatch: pytest.MonkeyPatch, state: str
+) -> None:
+    """Eager on CUDA, a routed call is plancache.functional's while the native extension is off, the operator's
+    (its calls replayed and its autograd C++ there) while it is on; a boolean-mask attention and batch norm stay
+    plancache.functional's either way. Here on CPU tensors with the CUDA path's decision, stand-ins for the
+    functions: which one ran is what is asserted (the operators' CPU implementation is torch's)."""
+    from plancache.torch import _ops
+
+    ran: list[str] = []
+
+    def stand_in(name: str, torch_function: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            ran.append(name)
+            return torch_function(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(_mode, "_eager", lambda x: True)
+    monkeypatch.setattr(_ops, "_native", _NativeStandIn(state))
+    monkeypatch.setattr(pf, "linear", stand_in("pf.linear", F.linear))
+    monkeypatch.setattr(pf, "layer_norm", stand_in("pf.layer_norm", F.layer_norm))
+
+    def attention(q: Any, k: Any, v: Any, mask: Any, dropout: float, causal: bool, scale: Any, gqa: bool) -> Any:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=gqa
+        )
+
+    monkeypatch.setattr(pf, "scaled_dot_product_attention", stand_in("pf.scaled_dot_product_attention", attention))
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 8, dtype=D, requires_grad=True), torch.randn(6, 8, dtype=D, requires_grad=True)
+    q = torch.randn(1, 2, 4, 8, dtype=D)
+    boolean = torch.ones(4, 4, dtype=torch.bool).tril()
+    with pt.mode():
+        out = F.linear(F.layer_norm(x, [8]), w)
+        F.scaled_dot_product_attention(q, q, q, attn_mask=boolean)
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    torch.testing.assert_close(out, F.linear(F.layer_norm(x, [8]), w))
+    if state == "on":
+        assert ran == ["pf.scaled_dot_product_attention"]  # the boolean mask's
+        assert out.grad_fn.name().endswith("linear_train_defaultBackward")  # the operator's autograd
+    else:
+        assert ran == ["pf.layer_norm", "pf.linear", *["pf.scaled_dot_product_attention"] * 2]
