@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -866,3 +867,8 @@ OPERATORS = (
     batch_norm_train,
     batch_norm_backward,
 )
+
+
+def overloads() -> SimpleNamespace:
+    """Every operator's default overload by name (`OPS.linear(...)`): what a route calls."""
+    return SimpleNamespace(**{op.name: getattr(torch.ops.plancache, op.name).default for op in OPERATORS})
