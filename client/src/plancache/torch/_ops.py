@@ -24,7 +24,7 @@ saved outputs as the served plans.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -102,36 +102,41 @@ class Gradient:
     arguments: tuple[tuple[int, int], ...]
     of: tuple[int, ...]
     non_differentiable: tuple[int, ...] = ()
+    # Read from `arguments` once (each call's setup and backward would otherwise walk them).
+    _kept: tuple[int, ...] = field(init=False, repr=False)  # forward arguments read
+    _outputs: tuple[int, ...] = field(init=False, repr=False)  # outputs read (OUTPUT)
+    _every_output: bool = field(init=False, repr=False)  # OUTPUTS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_kept", tuple(sorted({i for kind, i in self.arguments if kind == ARGUMENT})))
+        object.__setattr__(self, "_outputs", tuple(sorted({i for kind, i in self.arguments if kind == OUTPUT})))
+        object.__setattr__(self, "_every_output", any(kind == OUTPUTS for kind, _ in self.arguments))
 
     def setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        outputs = list(output) if isinstance(output, (list, tuple)) else [output]
-        positions = sorted({i for kind, i in self.arguments if kind == ARGUMENT})
-        tensors = [i for i in positions if isinstance(inputs[i], Tensor)]
-        kept_outputs = sorted(
-            {i for kind, i in self.arguments if kind == OUTPUT}
-            | (set(range(len(outputs))) if any(kind == OUTPUTS for kind, _ in self.arguments) else set())
-        )
-        ctx.save_for_backward(*(inputs[i] for i in tensors), *(outputs[k] for k in kept_outputs))
-        ctx.layout = (tensors, kept_outputs)
-        ctx.others = {i: inputs[i] for i in positions if i not in tensors}
+        outputs = output if isinstance(output, (list, tuple)) else (output,)
+        tensors = [i for i in self._kept if isinstance(inputs[i], Tensor)]
+        kept_outputs = range(len(outputs)) if self._every_output else self._outputs
+        ctx.save_for_backward(*[inputs[i] for i in tensors], *[outputs[k] for k in kept_outputs])
+        # The arguments that are not tensors, by position (the tensors come back from saved_tensors).
+        ctx.layout = (tensors, kept_outputs, {i: inputs[i] for i in self._kept if i not in tensors})
         if self.non_differentiable:
-            ctx.mark_non_differentiable(*(outputs[k] for k in self.non_differentiable))
+            ctx.mark_non_differentiable(*[outputs[k] for k in self.non_differentiable])
 
     def backward_call(self, ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        tensors, kept_outputs = ctx.layout
+        tensors, kept_outputs, others = ctx.layout
         saved = ctx.saved_tensors
-        values = {**dict(zip(tensors, saved[: len(tensors)], strict=True)), **ctx.others}
-        outputs = dict(zip(kept_outputs, saved[len(tensors) :], strict=True))
+        values = dict(zip(tensors, saved, strict=False))  # the saved outputs follow
+        count = len(tensors)
         needs = ctx.needs_input_grad
         grad = grads[0][0] if isinstance(grads[0], (list, tuple)) else grads[0]  # a Tensor[] result's first
         arguments: list[Any] = [grad]
         for kind, i in self.arguments:
             if kind == ARGUMENT:
-                arguments.append(values[i])
+                arguments.append(values[i] if i in values else others[i])
             elif kind == OUTPUT:
-                arguments.append(outputs[i])
+                arguments.append(saved[count + kept_outputs.index(i)])
             elif kind == OUTPUTS:
-                arguments.append([outputs[k] for k in kept_outputs])
+                arguments.append(list(saved[count:]))
             else:
                 arguments.append([bool(needs[j]) for j in self.of])
         results = getattr(torch.ops.plancache, self.backward)(*arguments)
