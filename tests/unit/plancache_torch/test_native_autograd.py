@@ -244,3 +244,16 @@ def test_opcheck_passes_with_it(native: Any, case: str) -> None:
     with cpp_autograd(native):
         results = torch.library.opcheck(op, args)
     assert set(results.values()) == {"SUCCESS"}, results
+
+
+def test_an_install_that_fails_part_way_leaves_pythons_registration_on_every_operator(native: Any) -> None:
+    class Broken:
+        """An operator whose backward operator does not exist: its install fails after the earlier ones."""
+
+        name = "linear_train"
+        gradient = _ops.Gradient("no_such_backward", ((_ops.NEEDS, 0),), of=(0,))
+
+    with pytest.raises(RuntimeError, match="no_such_backward"):
+        _native.install_gradients(native, [*_ops.OPERATORS, Broken()])
+    out = ops.layer_norm_train(rand(4, 8, grad=True), [8], None, None, 1e-5)[0]
+    assert out.grad_fn.name().startswith("GeneratedBackwardFor_plancache")

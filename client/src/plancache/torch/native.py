@@ -145,11 +145,15 @@ def install_gradients(module: Any, operators: Sequence[Any]) -> list[str]:
     the description Python's registration reads too), over Python's: an eager training call's autograd without
     Python. The names installed; `module.remove_autograd()` gives the operators back to Python's."""
     installed = []
-    for op in operators:
-        g = getattr(op, "gradient", None)
-        if g is not None:
-            module.install_autograd(op.name, g.backward, list(g.arguments), list(g.of), list(g.non_differentiable))
-            installed.append(op.name)
+    try:
+        for op in operators:
+            g = getattr(op, "gradient", None)
+            if g is not None:
+                module.install_autograd(op.name, g.backward, list(g.arguments), list(g.of), list(g.non_differentiable))
+                installed.append(op.name)
+    except BaseException:
+        module.remove_autograd()  # all or none: Python's registration serves every operator again
+        raise
     return installed
 
 
