@@ -217,6 +217,7 @@ def evidence_node(path: str, server: str) -> None:
     own = path in ("sweep-bucketed", "sweep-per-size")  # the first and second sweep processes are one program
     workload = f"bench-{path}" if own else f"bench-{path.split('-', maxsplit=1)[0]}"
     pf.configure(Client(server, cache=False), options=HEURISTIC, workload=workload)
+    pf.set_race_torch(False)  # the served plans are measured: none handed to torch's function
     if path == "sweep-bucketed":
         pf.set_buckets(SWEEP_BUCKETS, functions=["rms_norm", "linear"])
     if path == "sweep-per-size":  # every size its own graphs, as before rows were bucketed once they vary
@@ -289,8 +290,10 @@ def node_main(path: str, workload: str, server: str) -> None:
 
         compiler = CudnnCompiler(0)
         pf.configure(InProcessClient(compiler), target=compiler.target)  # type: ignore[arg-type]
+        pf.set_race_torch(False)  # the served plans are measured: none handed to torch's function
     else:
         pf.configure(Client(server, cache=False), options=HEURISTIC)
+        pf.set_race_torch(False)  # the served plans are measured: none handed to torch's function
     pf.set_family_threshold(0)  # today's plancache asks for no family; the family path's are built already
     if path in ("local", "family"):  # every shape its own graph: a program without plancache's padding (local),
         pf.set_auto_buckets(False)  # and families built per size beforehand (family); plancache: the default
@@ -392,6 +395,7 @@ def setup_families(workload: str, server: str) -> None:
     torch.cuda.init()
     client = Client(server, cache=False)
     pf.configure(client, options=HEURISTIC)
+    pf.set_race_torch(False)  # the served plans are measured: none handed to torch's function
     pf.set_family_threshold(0)
     recorded: list[Any] = []
     original = _service.SERVICE.compile

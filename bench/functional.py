@@ -400,6 +400,7 @@ def main() -> None:
     compiler = CudnnCompiler(0)
     client = InProcessClient(compiler)
     pf.configure(client, target=compiler.target)  # type: ignore[arg-type]
+    pf.set_race_torch(False)  # the served plans are measured: none handed to torch's function
     rows = host_costs(args.rounds)
     step = decode_step_times(args.rounds)
     over = [r["over_raw"] for r in rows if "over_raw" in r]

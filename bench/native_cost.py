@@ -67,6 +67,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     compiler = CudnnCompiler(0)
     pf.configure(InProcessClient(compiler), target=compiler.target)  # type: ignore[arg-type]
+    pf.set_race_torch(False)  # the served plans are measured: none handed to torch's function
     ops = torch.ops.plancache
     torch.manual_seed(0)
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}

@@ -277,6 +277,18 @@ def measure(work: Workload, compile_mode: str, args: argparse.Namespace, pt: Any
         name: s.cudnn - (pf_before[name].cudnn if name in pf_before else 0) for name, s in pf.stats().items()
     }
     row["native"] = pt.native_state()  # the operators' C++ kernels (PLANCACHE_NATIVE): on, and how many kept
+    # The plan-against-torch races (PLANCACHE_RACE_TORCH): geometries raced, and those torch's function won
+    # (run by torch from then on), with both times.
+    from plancache.functional._race import RACE, TORCH_FASTER
+
+    row["race"] = {
+        "on": RACE.enabled,
+        "raced": {name: s.raced for name, s in pf.stats().items() if s.raced},
+        "torch_faster": {name: s.reasons[TORCH_FASTER] for name, s in pf.stats().items() if TORCH_FASTER in s.reasons},
+        "verdicts": sorted(
+            {f"{g.function}: {g.reason}" for g in pf.geometries() if g.reason and TORCH_FASTER in g.reason}
+        )[:40],
+    }
     return row
 
 

@@ -495,6 +495,7 @@ def test_a_prefetched_process_trains_from_the_manifest_asking_nothing(
     )
     try:
         pf.configure(client)
+        pf.set_race_torch(False)  # the plans are under test (conftest.py's pf)
         result = pf.prefetch(tmp_path / "functions.json").wait(timeout=120)
         assert result.failed == 0 and len(result.plans) == len(manifest.entries)
         again = step()
@@ -506,4 +507,5 @@ def test_a_prefetched_process_trains_from_the_manifest_asking_nothing(
     finally:
         pf.clear()
         pf.configure(served_by)
+        pf.set_race_torch(False)
         client.close()

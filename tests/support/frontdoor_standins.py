@@ -295,6 +295,8 @@ class StandInOps:
         self.constants: list[StandInTensor] = []
         self.device = 0
         self.capturing_graph = False  # as torch.cuda.is_current_stream_capturing()
+        self.race_log: list[tuple[str, Any]] = []
+        self.on_gradients: Callable[[Any, Any], None] | None = None  # a test's backward (recording.backward)
 
     def allocator(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: str, device: int) -> Callable[[], Any]:
         def make() -> StandInTensor:
@@ -325,6 +327,27 @@ class StandInOps:
 
     def capturing(self) -> bool:
         return self.capturing_graph
+
+    # plancache.functional._race's, recorded: what a race did, in order ("sync", "leaves", "grad").
+    def synchronize(self, device: int) -> None:
+        self.race_log.append(("sync", device))
+
+    def no_grad_unless(self, needs_grad: bool) -> contextlib.AbstractContextManager[None]:
+        self.race_log.append(("grad mode", needs_grad))
+        return contextlib.nullcontext()
+
+    def leaves(self, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The tensors themselves, as stand-ins have no history to take off; recorded."""
+        self.race_log.append(("leaves", tensors))
+        return tensors
+
+    def random_like(self, tensor: Any) -> Any:
+        return StandInTensor(tensor.shape, tensor.stride(), tensor.dtype.name, str(tensor.device))
+
+    def gradients(self, result: Any, leaves: tuple[Any, ...], grad: Any) -> None:
+        self.race_log.append(("grad", result))
+        if self.on_gradients is not None:
+            self.on_gradients(result, grad)
 
 
 # ---- the frontend shim's served graph -------------------------------------------------

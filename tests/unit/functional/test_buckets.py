@@ -67,7 +67,7 @@ def cpu_geometries(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> No
     in float32, which is torch's for good (as it is on the GPU)."""
     monkeypatch.setattr(buckets, "on_gpu", lambda x: True)
 
-    def first_call(bound: Any, key: Any, request: Any, fallback: Any, *args: Any) -> Any:
+    def first_call(bound: Any, key: Any, request: Any, fallback: Any, *args: Any, **kwargs: Any) -> Any:
         served = bound.tensors[0].dtype != torch.float32  # a passing reason stands in for a served plan
         entry = Fallback(bound.function, key, fallback, "a CPU test's stand-in", transient=served)
         TABLE.put(key, entry)

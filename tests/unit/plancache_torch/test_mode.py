@@ -616,3 +616,151 @@ def test_eager_calls_go_to_the_operators_where_the_native_extension_is_on(
         assert out.grad_fn.name().endswith("linear_train_defaultBackward")  # the operator's autograd
     else:
         assert ran == ["pf.layer_norm", "pf.linear", *["pf.scaled_dot_product_attention"] * 2]
+
+
+# ---- a compiled call raced against torch's function as it is traced ------------------------------------
+
+
+class TracedRaces:
+    """_mode._race_traced_call's stand-in (the race itself runs CUDA calls: tests/gpu/test_gpu_race.py): what it
+    was asked, and the functions torch's is faster for."""
+
+    def __init__(self, torch_faster: set[str]) -> None:
+        self.torch_faster = torch_faster
+        self.asked: list[tuple[Any, ...]] = []
+
+    def __call__(self, function: str, specs: Any, options: Any, training: bool) -> str | None:
+        self.asked.append((function, specs, options, training))
+        if function == "broken":
+            raise RuntimeError("no GPU here")
+        return f"torch's function is faster here: {function}" if function in self.torch_faster else None
+
+
+@pytest.fixture
+def traced_races(cpu_routes: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[TracedRaces]:
+    races = TracedRaces({"linear"})
+    monkeypatch.setattr(_mode, "RACED_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(_mode, "_race_traced_call", races)
+    yield races
+
+
+def test_a_compiled_call_torch_is_faster_for_is_left_to_torch_as_it_is_traced(traced_races: TracedRaces) -> None:
+    """Raced once, at trace time, with the call's geometry as constants: a geometry torch's function wins is
+    torch's in the traced program (no plancache operator: inductor compiles it as without plancache), said in
+    left_compiled; one the plan wins is the operator's; later runs trace nothing again."""
+    model, x, image = model_and_inputs()
+    expected = step(model, x, image)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = pt.compile(model, backend=recorder, fullgraph=True)
+    got = step(model, x, image, compiled)
+    assert_same(got, expected)
+    assert recorder.graphs == 1
+    ours = {t.split(".")[1] for t in recorder.targets if t.startswith("plancache.")}
+    assert not any(name.startswith("linear") for name in ours)  # every linear left to torch
+    assert {"layer_norm_train", "rms_norm_train", "sdpa_train", "conv2d_train"} <= ours
+    asked = {function for function, *_ in traced_races.asked}
+    assert asked == {"linear", "layer_norm", "rms_norm", "scaled_dot_product_attention", "conv2d"}
+    linear = [a for a in traced_races.asked if a[0] == "linear"]
+    assert len(linear) == 5  # one race per traced call (the compiled program's five linears)
+    q_spec = linear[0][1][0]
+    # The first linear's input (the layer norm's output, wanting its gradient): its geometry as constants.
+    assert q_spec == (tuple(x.shape), tuple(x.stride()), D, -1, True)
+    assert all(a[3] for a in traced_races.asked)  # a training step's calls: raced with their backward
+    assert pt.stats()["linear"].left_compiled == ("torch's function is faster here: linear",)
+    count = len(traced_races.asked)
+    step(model, x, image, compiled)
+    assert len(traced_races.asked) == count and recorder.graphs == 1  # nothing traced or raced again
+
+
+def test_a_compiled_call_with_dynamic_sizes_is_not_raced(traced_races: TracedRaces) -> None:
+    lin = nn.Linear(16, 8).to(D)
+
+    def fn(x: Any) -> Any:
+        return lin(x)
+
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(fn, backend=recorder, fullgraph=True, dynamic=True)
+    with pt.mode(), torch.no_grad():
+        for rows in (3, 5):
+            x = torch.randn(rows, 16, dtype=D)
+            torch.testing.assert_close(compiled(x), fn(x))
+    assert not traced_races.asked and "plancache.linear.default" in recorder.targets
+
+
+def test_a_compiled_race_that_fails_leaves_the_call_to_plancaches_operator_and_says_why(
+    traced_races: TracedRaces, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x, w = torch.randn(4, 16, dtype=D), torch.randn(8, 16, dtype=D)
+
+    def fn(x: Any, w: Any) -> Any:
+        left = _mode._raced_left("broken", (x, w, None), ())
+        return F.linear(x, w) if left is None else x
+
+    torch._dynamo.reset()
+    recorder = Recorder()
+    with torch.no_grad():
+        got = pt.compile(fn, backend=recorder, fullgraph=True)(x, w)
+    torch.testing.assert_close(got, F.linear(x, w))
+    assert ("broken", "not raced (RuntimeError: no GPU here)") in _mode.LEFT_COMPILED
+
+
+def test_with_the_race_off_a_compiled_call_is_not_raced(traced_races: TracedRaces) -> None:
+    pf.set_race_torch(False)
+    x, w = torch.randn(4, 16, dtype=D), torch.randn(8, 16, dtype=D)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    with torch.no_grad():
+        pt.compile(F.linear, backend=recorder, fullgraph=True)(x, w)
+    assert not traced_races.asked and "plancache.linear.default" in recorder.targets
+
+
+def test_a_traced_race_calls_plancache_functional_as_the_eager_route_would(
+    cpu_routes: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What _race_traced_call runs for each routed function (on tensors of the call's geometry): the function's
+    eager call, its arguments in plancache.functional's order, the tensors made as the trace described them."""
+    calls: dict[str, tuple[Any, ...]] = {}
+    for name in ("layer_norm", "rms_norm", "linear", "scaled_dot_product_attention", "conv2d"):
+        monkeypatch.setattr(pf, name, lambda *args, _name=name: calls.setdefault(_name, args))
+    made: list[Any] = []
+
+    def cpu_made(spec: Any) -> Any:
+        shape, stride, dtype, _, requires_grad = spec
+        made.append(torch.empty_strided(shape, stride, dtype=dtype).normal_().requires_grad_(requires_grad))
+        return made[-1]
+
+    monkeypatch.setattr(_mode, "_made", cpu_made)
+    monkeypatch.setattr(_mode, "torch_faster_reason", lambda call: call() and None)
+    monkeypatch.setattr(_mode, "RACED_DEVICES", {"cuda", "cpu"})
+    model, x, image = model_and_inputs()
+    torch._dynamo.reset()
+    step(model, x, image, pt.compile(model, backend=Recorder(), fullgraph=True))
+    assert set(calls) == {"layer_norm", "rms_norm", "linear", "scaled_dot_product_attention", "conv2d"}
+    hidden = x.shape[-1]
+    ln = calls["layer_norm"]
+    assert ln[1] == [hidden] and ln[2].shape == ln[3].shape == (hidden,) and ln[4] == 1e-5
+    rms = calls["rms_norm"]
+    assert rms[1] == [hidden] and rms[2].shape == (hidden,) and rms[3] == 1e-6
+    q, k, _, mask, dropout, causal, scale, gqa = calls["scaled_dot_product_attention"]
+    assert (q.shape[1], k.shape[1], mask, dropout, causal, scale, gqa) == (4, 2, None, 0.0, True, None, True)
+    conv = calls["conv2d"]
+    assert conv[0].shape == image.shape and conv[1].shape == (4, 3, 3, 3) and conv[3:] == ((1, 1), (1, 1), (1, 1), 1)
+    assert calls["linear"][0].requires_grad and calls["linear"][1].requires_grad  # a training step's, as traced
+
+
+@pytest.mark.parametrize(
+    ("shape", "stride"), [((2, 3), (3, 1)), ((2, 3), (1, 2)), ((4, 1, 5, 5), (0, 0, 5, 1)), ((0, 3), (3, 1))]
+)
+def test_a_traced_races_tensors_take_the_calls_layout(shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
+    """Broadcast (zero) strides included: a mask expanded over batch and heads is raced in its own layout."""
+    made = _mode._made((shape, stride, D, -1, True))
+    assert (tuple(made.shape), made.stride(), made.dtype, made.is_leaf, made.requires_grad) == (
+        shape,
+        stride,
+        D,
+        True,
+        True,
+    )
+    assert made.numel() == 0 or bool(made.abs().sum() > 0)

@@ -37,7 +37,7 @@ earlier run's plans before the first step) and the service setting both
 front doors share (`configure`, the same function as
 `plancache.cudnn.configure`). Imports torch only when a call needs it
 (plancache stays importable with grpcio and protobuf).
-May import: plancache.errors, plancache.dtypes, plancache.graphspec, plancache.keys, plancache.run,
+May import: plancache.errors, plancache.env, plancache.dtypes, plancache.graphspec, plancache.keys, plancache.run,
 plancache.transport, plancache.wire, plancache.gpu, plancache.frontdoors.
 """
 
@@ -58,7 +58,8 @@ from plancache.functional._linear import linear, matmul
 from plancache.functional._manifest import manifest, prefetch
 from plancache.functional._norms import layer_norm, rms_norm
 from plancache.functional._paged_decode import paged_decode_attention
-from plancache.functional._table import COUNTS, TABLE, Fallback, Served, drain_native
+from plancache.functional._race import RACE
+from plancache.functional._table import COUNTS, TABLE, Fallback, Served, TorchFaster, drain_native
 from plancache.run.plan import Plan
 
 __all__ = [
@@ -85,6 +86,7 @@ __all__ = [
     "set_buckets",
     "set_family_threshold",
     "set_max_geometries",
+    "set_race_torch",
     "stats",
 ]
 
@@ -98,6 +100,7 @@ class FunctionStats:
     geometries: int = 0  # first calls
     torch_geometries: int = 0  # first calls left to torch
     reasons: dict[str, int] = field(default_factory=dict)  # why, geometries per reason
+    raced: int = 0  # served geometries raced against torch's function at their first call (set_race_torch)
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ def stats() -> dict[str, FunctionStats]:
     """Counters by function name ("linear", "scaled_dot_product_attention", ...)."""
     drain_native()
     return {
-        name: FunctionStats(c.cudnn, c.torch, c.geometries, c.torch_geometries, dict(c.reasons))
+        name: FunctionStats(c.cudnn, c.torch, c.geometries, c.torch_geometries, dict(c.reasons), c.raced)
         for name, c in COUNTS.items()
     }
 
@@ -128,6 +131,8 @@ def geometries() -> list[Geometry]:
         parts = key if isinstance(key, tuple) else (key,)
         if isinstance(entry, (Served, Differentiable)):
             out.append(Geometry(entry.request.function, parts, entry.plan, None))
+        elif isinstance(entry, TorchFaster):
+            out.append(Geometry(entry.function, parts, None, f"{entry.reason}: {entry.verdict.describe()}"))
         elif isinstance(entry, Fallback):
             out.append(Geometry(entry.function, parts, None, entry.reason))
     return out
@@ -149,6 +154,15 @@ def set_auto_buckets(enabled: bool | None = True) -> None:
     built ahead for it are those buckets. A set_buckets policy covers its functions instead. What was met is
     forgotten."""
     AUTO.set(enabled)
+
+
+def set_race_torch(enabled: bool | None = True) -> None:
+    """Race each served geometry's plan against torch's own function at its first call, torch's keeping the
+    geometry where it is faster (on by default; None: as PLANCACHE_RACE_TORCH says). Eager calls whose function
+    neither writes its arguments nor draws random numbers (not batch_norm, not attention with dropout); the
+    verdict holds for the geometry's life in the table. `stats()`: `raced`, and the geometries torch took under
+    the reason "torch's function is faster here ..."; `geometries()`: both times."""
+    RACE.set(enabled)
 
 
 def bucket_stats() -> BucketStats:
@@ -186,4 +200,5 @@ def clear() -> None:
     WATCH.clear()
     BUCKETS.set(None)
     AUTO.set(None)
+    RACE.set(None)
     SERVICE.reset()

@@ -9,6 +9,7 @@ sliding window, ALiBi: _attention_common's masked attention).
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from collections.abc import Sequence
@@ -280,7 +281,9 @@ def _sdpa(
         sliding_window=sliding_window,
         alibi=alibi,
     )
-    return first_call(bound, geometry, forward, fallback, grad, lambda forward: sdpa_rule(bound, options, forward), op)
+    # Dropout draws from torch's generator: a race would run the draw again, and change the program's.
+    rule = functools.partial(sdpa_rule, bound, options)
+    return first_call(bound, geometry, forward, fallback, grad, rule, op, raced=not dropout_p)
 
 
 # query, key, value, attn_mask, seq_len_q, seq_len_kv: what the forward's and the backward's graphs read

@@ -124,7 +124,7 @@ def _conv2d(
         return conv2d_rule(bound, relu, attributes, forward)
 
     fallback = bound.fallback(torch_conv2d, stride=stride, padding=padding, dilation=dilation, groups=groups, relu=relu)
-    return first_call(bound, key, forward, fallback, grad, rule, op)
+    return first_call(bound, key, forward, fallback, grad, rule, op, raced=True)
 
 
 # ---- the forward graph -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ was made.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -24,9 +25,10 @@ from plancache.functional import _tensor_ops
 from plancache.functional._autograd import Differentiable, Rule
 from plancache.functional._geometry import Unserved
 from plancache.functional._op_call import OpCall
+from plancache.functional._race import RACE, TORCH_FASTER, Verdict, race
 from plancache.functional._requests import Request
 from plancache.functional._signature import Bound, Signature
-from plancache.functional._table import TABLE, Entry, Fallback, Served, counts, served
+from plancache.functional._table import TABLE, Entry, Fallback, Served, TorchFaster, counts, served
 from plancache.graphspec.canonical import hash_normalized
 from plancache.graphspec.graph import GraphSpec
 from plancache.graphspec.validation import normalize
@@ -45,12 +47,18 @@ def first_call(
     needs_grad: bool,
     rule: Callable[[Request], Rule] | None = None,
     op: OpCall | None = None,
+    raced: bool = False,
 ) -> Any:
     """Run the first call of a geometry and keep what ran it (what worked:
     a call torch refuses, a mistake, leaves nothing behind). With autograd,
     `request` is the training forward and `rule(request)` its backward: every
     plan of both is fetched now. No `rule`: the operator has no served backward.
-    `op`: a torch operator's call (plancache.torch), given what `op.take` gives."""
+    `op`: a torch operator's call (plancache.torch), given what `op.take` gives.
+    `raced`: a served geometry of a call that may run again unchanged (no write
+    to its arguments, no random draw) is raced against torch's function
+    (plancache.functional._race), eager calls only: an operator is called below
+    autograd, where its backward cannot be timed (a compiled program's calls
+    were raced as it was traced: plancache.torch)."""
     function, tensors = bound.function, bound.tensors
     devices = [str(getattr(getattr(t, "device", None), "type", None)) for t in tensors]
     if all(d == "cpu" for d in devices):
@@ -114,8 +122,16 @@ def first_call(
         return _run_fallback(
             bound, key, fallback, reason, reason_class, transient=transient, quiet=quiet, spec=asked.spec, op=op
         )
+    c = counts(function)
+    if raced and op is None and RACE.enabled and _tensor_ops.available():
+        verdict = _race_once(bound, entry, fallback, needs_grad, device, result)
+        if verdict is not None and verdict.torch_wins:
+            entry = TorchFaster(function, key, fallback, verdict)
+            c.torch_geometries += 1
+            c.reasons[TORCH_FASTER] = c.reasons.get(TORCH_FASTER, 0) + 1
+            log.debug("plancache.functional.%s: torch runs %s: %s", function, bound.describe(), verdict.describe())
     TABLE.put(key, entry)
-    counts(function).geometries += 1
+    c.geometries += 1
     WATCH.seen(function, asked.spec, device, evidence)
     if backward is not None:
         for piece in backward.requests.values():
@@ -130,6 +146,54 @@ def first_call(
     )
     log.debug("plancache.functional.%s: plan %s (%s) serves %s", function, plan.key, plan.source, bound.describe())
     return result
+
+
+def _race_once(
+    bound: Bound, entry: Entry, fallback: Callable[..., Any], needs_grad: bool, device: int, result: Any
+) -> Verdict | None:
+    """The race of the geometry's plan against torch's function, or None where it failed (the plan kept)."""
+    # The race's runs of the plans are not the program's calls: the counters (stats()) are put back after it.
+    counted = [counts(name) for name in (bound.function, f"{bound.function}.backward")]
+    before = [c.cudnn for c in counted]
+    try:
+        verdict = race(entry, fallback, bound.tensors, device, needs_grad, result)
+    except Exception as e:  # a race is an optimisation: the plan, which ran, stays
+        _once(
+            log,
+            f"race|{bound.function}|{type(e).__name__}",
+            "plancache.functional.%s: the race against torch's function failed (%s: %s); the plan runs it",
+            bound.function,
+            type(e).__name__,
+            e,
+        )
+        return None
+    finally:
+        for c, cudnn in zip(counted, before, strict=True):
+            c.cudnn = cudnn
+    counted[0].raced += 1
+    return verdict
+
+
+def torch_faster_reason(call: Callable[[], Any]) -> str | None:
+    """Run `call` (one call of one of the functions, eager) and say why torch's function runs its geometry where
+    it does because it was faster in its race (plancache.functional._race), else None: plancache.torch asks it
+    for a compiled call, at trace time. The geometry is the last this thread looked up in the table during the
+    call (its own, or its bucket's)."""
+    keys: list[Hashable] = []
+    caller, plain = threading.get_ident(), TABLE.get
+
+    def get(key: Hashable) -> Entry | None:
+        if threading.get_ident() == caller:
+            keys.append(key)
+        return plain(key)
+
+    TABLE.get = get  # type: ignore[method-assign]  # this instance's, for this call only
+    try:
+        call()
+    finally:
+        del TABLE.get
+    entry = plain(keys[-1]) if keys else None
+    return f"{entry.reason}: {entry.verdict.describe()}" if isinstance(entry, TorchFaster) else None
 
 
 def _backward_pieces(signature: Signature, rule: Rule, device: int, evidence: Evidence) -> dict[str, Any]:

@@ -120,6 +120,7 @@ def _linear(
         grad,
         lambda forward: linear_rule(bound, activation, forward),
         op,
+        raced=True,
     )
     return auto_checked(key, input, out) if op is None and AUTO.enabled else out
 
@@ -151,7 +152,12 @@ def matmul(input: Any, other: Any) -> Any:
         return entry((input, other))
     bound = MATMUL.bind((input, other), input=input, other=other)
     return first_call(
-        bound, key, lambda: matmul_request(bound.geo("input"), bound.geo("other")), bound.fallback(torch_matmul), grad
+        bound,
+        key,
+        lambda: matmul_request(bound.geo("input"), bound.geo("other")),
+        bound.fallback(torch_matmul),
+        grad,
+        raced=True,
     )
 
 

@@ -141,6 +141,7 @@ def _layer_norm(
         grad,
         lambda forward: norm_rule(bound, normalized(normalized_shape), forward),
         op,
+        raced=True,
     )
     return auto_checked(key, input, out) if op is None and AUTO.enabled else out
 
@@ -201,6 +202,7 @@ def _rms_norm(
         grad,
         lambda forward: norm_rule(bound, normalized(normalized_shape), forward),
         op,
+        raced=True,
     )
     return auto_checked(key, input, out) if op is None and AUTO.enabled else out
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from plancache.functional import _tensor_ops
+from plancache.functional._race import TORCH_FASTER
 from plancache.functional._requests import Request
 from plancache.run.execution import handle_state, process
 from plancache.run.local import LocalPlan
@@ -85,6 +86,7 @@ class Counts:
     torch: int = 0
     geometries: int = 0
     torch_geometries: int = 0
+    raced: int = 0  # served geometries raced against torch's function (plancache.functional._race)
     reasons: dict[str, int] = field(default_factory=dict)  # why geometries went to torch
 
 
@@ -337,6 +339,17 @@ class Fallback:
         result = fn(*args)
         self._counts.torch += 1
         return result
+
+
+class TorchFaster(Fallback):
+    """A geometry plancache serves whose plan torch's function beat at its first call (plancache.functional.
+    _race): torch runs it; `verdict` says both times."""
+
+    __slots__ = ("verdict",)
+
+    def __init__(self, function: str, key: Hashable, fn: Callable[..., Any], verdict: Any) -> None:
+        super().__init__(function, key, fn, TORCH_FASTER, transient=False)
+        self.verdict = verdict
 
 
 class Entry(Protocol):

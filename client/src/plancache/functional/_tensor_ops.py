@@ -40,6 +40,12 @@ class TensorOps(Protocol):
     def current_device(self) -> Callable[[], int]: ...
     def on_device(self, device: int) -> contextlib.AbstractContextManager[None]: ...
     def capturing(self) -> bool: ...
+    # What plancache.functional._race times a call's plan against torch's function with.
+    def synchronize(self, device: int) -> None: ...
+    def no_grad_unless(self, needs_grad: bool) -> contextlib.AbstractContextManager[None]: ...
+    def leaves(self, tensors: tuple[Any, ...]) -> tuple[Any, ...]: ...
+    def random_like(self, tensor: Any) -> Any: ...
+    def gradients(self, result: Any, leaves: tuple[Any, ...], grad: Any) -> None: ...
 
 
 class TorchOps:
@@ -80,6 +86,26 @@ class TorchOps:
     def capturing(self) -> bool:
         """Whether the current stream is capturing a CUDA graph."""
         return bool(torch_module().cuda.is_current_stream_capturing())
+
+    def synchronize(self, device: int) -> None:
+        torch_module().cuda.synchronize(device)
+
+    def no_grad_unless(self, needs_grad: bool) -> contextlib.AbstractContextManager[None]:
+        torch = torch_module()
+        mode: contextlib.AbstractContextManager[None] = torch.enable_grad() if needs_grad else torch.no_grad()
+        return mode
+
+    def leaves(self, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The call's tensors without their history (the same storage), each wanting a gradient as it did."""
+        return tuple(t.detach().requires_grad_(t.requires_grad) if t.is_floating_point() else t for t in tensors)
+
+    def random_like(self, tensor: Any) -> Any:
+        return torch_module().randn_like(tensor)
+
+    def gradients(self, result: Any, leaves: tuple[Any, ...], grad: Any) -> None:
+        """The backward of `result` into `leaves` (their `.grad` untouched)."""
+        wanting = [t for t in leaves if t.requires_grad]
+        torch_module().autograd.grad(result, wanting, grad, allow_unused=True)
 
 
 _ops: TensorOps | None = None

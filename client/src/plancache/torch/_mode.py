@@ -33,6 +33,8 @@ from torch.overrides import TorchFunctionMode
 import plancache.functional as pf
 from plancache.errors import InvalidRequest
 from plancache.functional._attention import boolean_mask_as_bias
+from plancache.functional._first_call import torch_faster_reason
+from plancache.functional._race import RACE
 from plancache.torch import _ops
 
 SERVED_DTYPES = (torch.float16, torch.bfloat16)
@@ -42,6 +44,8 @@ OPS = _ops.overloads()
 # The devices a routed call may be on. CUDA: plancache's; a test adds "cpu" to
 # trace the operators (their CPU implementation is torch's own) on a machine without a GPU.
 ROUTED_DEVICES = {"cuda"}
+# The devices a compiled call is raced on (plancache.functional serves CUDA tensors; a test adds "cpu").
+RACED_DEVICES = {"cuda"}
 
 
 @dataclass
@@ -72,6 +76,88 @@ def _note_left_compiled(function: str, reason: str) -> bool:
 # torch._dynamo.assume_constant_result(_note_left_compiled), without importing torch._dynamo (1.3 s) into
 # every eager program: the decorator sets this attribute, which dynamo reads (a unit test holds them equal).
 _note_left_compiled._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+# A compiled call's geometry, as the trace reads it: (shape, stride, dtype, device index, requires_grad);
+# None for an optional tensor left out. Python constants only: dynamo hands them to _torch_faster as they are.
+Spec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int, bool] | None
+
+
+def _eager_call(function: str, tensors: list[Tensor | None], options: tuple[Any, ...]) -> Any:
+    """plancache.functional's eager call of a routed function (a traced call's race runs it): the norms take
+    their shape before their tensors; the others take their tensors, then their options."""
+    if function == "layer_norm":
+        (x, w, b), (shape, eps) = tensors, options
+        return pf.layer_norm(x, list(shape), w, b, eps)
+    if function == "rms_norm":
+        (x, w), (shape, eps) = tensors, options
+        return pf.rms_norm(x, list(shape), w, eps)
+    return getattr(pf, function)(*tensors, *options)
+
+
+def _torch_faster(function: str, specs: tuple[Spec, ...], options: tuple[Any, ...], training: bool) -> str | None:
+    """Why torch's function should run this compiled call (its own is faster for the geometry), or None: run by
+    dynamo once, as it traces the call, its result kept as a constant (as _note_left_compiled). The geometry's
+    race is plancache.functional's (plancache.functional._race), on tensors of the call's geometry made here,
+    through its eager call: the entry it leaves in the table is the one the compiled program's operator finds
+    at run time (the same key), and a geometry torch wins is left to torch's function in the traced program,
+    which inductor then compiles as it would without plancache (its fusions included)."""
+    if not RACE.enabled:
+        return None
+    try:
+        return _race_traced_call(function, specs, options, training)
+    except Exception as e:  # a race is an optimisation: the plan's operator runs the call
+        _note_left_compiled(function, f"not raced ({type(e).__name__}: {e})"[:300])
+        return None
+
+
+_torch_faster._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def _race_traced_call(function: str, specs: tuple[Spec, ...], options: tuple[Any, ...], training: bool) -> str | None:
+    """The race of a traced call's geometry on tensors made for it (a test replaces it on a machine without a GPU)."""
+    # torch.compile sets this flag for its whole session, which plancache.functional reads as "traced: torch's
+    # function": the race's call must run eagerly.
+    previous = torch.compiler._is_compiling_flag
+    torch.compiler._is_compiling_flag = False
+    try:
+        with torch._C.DisableTorchFunction(), torch.enable_grad() if training else torch.no_grad():
+            tensors = [None if spec is None else _made(spec) for spec in specs]
+            return torch_faster_reason(lambda: _eager_call(function, tensors, options))
+    finally:
+        torch.compiler._is_compiling_flag = previous
+
+
+def _made(spec: tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int, bool]) -> Tensor:
+    shape, stride, dtype, device, requires_grad = spec
+    # Random values in the call's layout, broadcast (zero) strides included: a view of storage just large enough.
+    size = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
+    storage = torch.randn(size, dtype=dtype, device=torch.device("cuda", device) if device >= 0 else "cpu")
+    return storage.as_strided(shape, stride).requires_grad_(requires_grad)
+
+
+def _spec(t: Tensor | None) -> Spec:
+    if t is None:
+        return None
+    return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device.index if t.is_cuda else -1, t.requires_grad)
+
+
+def _static(*tensors: Tensor | None) -> bool:
+    """Whether every size and stride of a traced call is a constant: a dynamic one (a SymInt) has no value to
+    race at trace time. Traced, a SymInt passes `isinstance(d, int)` (dynamo answers for the Python type it
+    stands for) and fails `d.__class__ is int`; both, so that the check also holds eagerly."""
+    return all(
+        t is None or all(isinstance(d, int) and d.__class__ is int for d in (*t.shape, *t.stride())) for t in tensors
+    )
+
+
+def _raced_left(function: str, tensors: tuple[Tensor | None, ...], options: tuple[Any, ...]) -> Left | None:
+    """A compiled call torch's function is faster for: left to torch (Left), else None (the operator runs it)."""
+    first = tensors[0]
+    if not _compiling() or first is None or first.device.type not in RACED_DEVICES or not _static(*tensors):
+        return None
+    reason = _torch_faster(function, tuple(_spec(t) for t in tensors), options, _training(*tensors))
+    return None if reason is None else Left(reason)
 
 
 class Left:
@@ -191,6 +277,9 @@ def _layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return left
     if _functional(x):
         return pf.layer_norm(x, _shape(shape), w, b, eps)
+    raced = _raced_left("layer_norm", (x, w, b), (tuple(_shape(shape)), float(eps)))
+    if raced is not None:
+        return raced
     if _training(x, w, b):
         return OPS.layer_norm_train(x, _shape(shape), w, b, float(eps))[0]
     return OPS.layer_norm(x, _shape(shape), w, b, float(eps))
@@ -207,6 +296,9 @@ def _rms_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     eps = None if eps is None else float(eps)
     if _functional(x):
         return pf.rms_norm(x, _shape(shape), w, eps)
+    raced = _raced_left("rms_norm", (x, w), (tuple(_shape(shape)), eps))
+    if raced is not None:
+        return raced
     if _training(x, w):
         return OPS.rms_norm_train(x, _shape(shape), w, eps)[0]
     return OPS.rms_norm(x, _shape(shape), w, eps)
@@ -224,6 +316,9 @@ def _linear(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return Left(f"input of {x.dim()} dims, weight of {w.dim()}")
     if _functional(x):
         return pf.linear(x, w, b)
+    raced = _raced_left("linear", (x, w, b), ())
+    if raced is not None:
+        return raced
     if _training(x, w, b):
         return OPS.linear_train(x, w, b, None)[0]
     return OPS.linear(x, w, b, None)
@@ -274,6 +369,12 @@ def _sdpa(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     scale = None if scale is None else float(scale)
     if _eager(q) and (boolean or _functional(q)):  # a boolean mask: plancache.functional's bias of it
         return pf.scaled_dot_product_attention(q, k, v, mask, 0.0, bool(is_causal), scale, bool(enable_gqa))
+    if not boolean:  # a boolean mask's bias is made in the traced program: its geometry is not the call's
+        raced = _raced_left(
+            "scaled_dot_product_attention", (q, k, v, mask), (0.0, bool(is_causal), scale, bool(enable_gqa))
+        )
+        if raced is not None:
+            return raced
     unattended = None
     if boolean:  # traced under torch.compile, where inductor fuses it
         mask, unattended = boolean_mask_as_bias(mask, q, k)
@@ -304,6 +405,9 @@ def _conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return Left(f"stride={stride!r}, padding={padding!r}, dilation={dilation!r}")
     if _functional(x):
         return pf.conv2d(x, w, b, tuple(s), tuple(p), tuple(d), groups)
+    raced = _raced_left("conv2d", (x, w, b), (tuple(s), tuple(p), tuple(d), groups))
+    if raced is not None:
+        return raced
     if _training(x, w, b):
         return OPS.conv2d_train(x, w, b, s, p, d, groups, False)
     return OPS.conv2d(x, w, b, s, p, d, groups, False)

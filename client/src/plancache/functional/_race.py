@@ -1,0 +1,144 @@
+"""A geometry's plan against torch's own function, once, at its first call: the faster runs it from then on.
+
+plancache promises that a node is never slower with it than without it. A
+plan is the fastest cuDNN engine for its graph, but torch's own function
+for the same call may still be faster (cuBLAS's matmuls, a call so small
+that plancache's host time is most of it), and a user would then be better
+off without plancache for that call. So a geometry's first call, once its
+plans are loaded and its result computed, times both on the call's own
+tensors: each run back to back, the device synchronized at each round's
+ends (what a program pays for a call: its host time or its GPU time,
+whichever is longer), rounds alternating, medians. With autograd each run
+is the forward and its backward (the gradients taken apart: `.grad` is not
+touched). Torch's function keeps the geometry when it is faster by more
+than MARGIN: its entry is a Fallback whose reason says so, with both
+figures (`geometries()`); the service's plan is kept either way.
+
+A call whose function writes its arguments or draws random numbers (batch
+norm's running statistics, attention's dropout) is not raced: running it
+again would change the program. Nor is a call while a CUDA graph is being
+captured (there is no synchronizing then: the first call refused that
+already). `PLANCACHE_RACE_TORCH=0` or `set_race_torch(False)` turns it off
+(every geometry a plan serves runs its plan, as before).
+
+What it costs: two runs of each, then ROUNDS rounds of each, of about
+ROUND_S each, at each geometry's first call (a few milliseconds a geometry, on a first step
+whose plans came from the service); the first call of torch's own function
+(its own heuristics, which a program without plancache pays in its first
+step too). A failure of the race keeps the plan (logged once).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from plancache.env import env_bool
+from plancache.errors import InvalidRequest
+from plancache.functional import _tensor_ops
+
+log = logging.getLogger("plancache.functional")
+
+RACE_ENV = "PLANCACHE_RACE_TORCH"
+ROUNDS = 3
+ROUND_S = 0.0004  # each arm's round: enough runs of a small call to average its launches; one of a large call
+MAX_RUNS = 32  # runs a round, at most
+# Torch's function takes the geometry when it is faster than the plan by more than this share: within it the
+# two are the same to the race's precision, and the plan (the service's, the program's from now on) is kept.
+MARGIN = 0.03
+TORCH_FASTER = "torch's function is faster here (raced against the plan at its first call)"
+
+clock: Callable[[], float] = time.perf_counter  # a test's clock replaces it
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Seconds a call, medians: the plan's and torch's; `torch_wins` past MARGIN."""
+
+    plan_s: float
+    torch_s: float
+
+    @property
+    def torch_wins(self) -> bool:
+        return self.torch_s < self.plan_s * (1.0 - MARGIN)
+
+    def describe(self) -> str:
+        return f"torch {self.torch_s * 1e6:.1f} µs a call, the plan {self.plan_s * 1e6:.1f} µs"
+
+
+class RaceSetting:
+    def __init__(self) -> None:
+        self._enabled: bool | None = None  # None: PLANCACHE_RACE_TORCH, read at the first race
+
+    @property
+    def enabled(self) -> bool:
+        if self._enabled is None:
+            self._enabled = env_bool(RACE_ENV, True)
+        return self._enabled
+
+    def set(self, enabled: bool | None) -> None:
+        if enabled is not None and not isinstance(enabled, bool):
+            raise InvalidRequest(f"set_race_torch: enabled must be True, False or None, got {enabled!r}"[:200])
+        self._enabled = enabled
+
+
+RACE = RaceSetting()
+
+
+def race(
+    plan: Callable[[tuple[Any, ...]], Any],
+    torch: Callable[..., Any],
+    tensors: tuple[Any, ...],
+    device: int,
+    needs_grad: bool,
+    result: Any,
+) -> Verdict:
+    """The plan's entry (`plan(tensors)`) against torch's function (`torch(*tensors)`) on `tensors`; with
+    `needs_grad`, each run is the forward and the backward of its result (`result`: the first call's, whose
+    shape the incoming gradient takes)."""
+    ops = _tensor_ops.ops()
+    if needs_grad:
+        leaves = ops.leaves(tensors)  # the same storage, no history: the program's graph is not touched
+        grad_of_result = ops.random_like(result)
+
+        def plan_run() -> None:
+            ops.gradients(plan(leaves), leaves, grad_of_result)
+
+        def torch_run() -> None:
+            ops.gradients(torch(*leaves), leaves, grad_of_result)
+
+    else:
+
+        def plan_run() -> None:
+            plan(tensors)
+
+        def torch_run() -> None:
+            torch(*tensors)
+
+    with ops.on_device(device), ops.no_grad_unless(needs_grad):
+        # Once each, untimed: torch's first call of a geometry makes its own choices (heuristics, a kernel's
+        # load), the plan's backward graphs load at theirs. Then once each, timed: how many runs fill a round.
+        for run in (plan_run, torch_run):
+            _timed(ops, run, 1, device)
+        once = [_timed(ops, run, 1, device) for run in (plan_run, torch_run)]
+        runs = max(1, min(MAX_RUNS, int(ROUND_S / max(*once, 1e-9))))
+        plan_times: list[float] = []
+        torch_times: list[float] = []
+        for round_ in range(ROUNDS):
+            order = ((plan_run, plan_times), (torch_run, torch_times))
+            for run, times in order if round_ % 2 == 0 else reversed(order):
+                times.append(_timed(ops, run, runs, device))
+    return Verdict(statistics.median(plan_times), statistics.median(torch_times))
+
+
+def _timed(ops: _tensor_ops.TensorOps, run: Callable[[], None], runs: int, device: int) -> float:
+    ops.synchronize(device)
+    start = clock()
+    for _ in range(runs):
+        run()
+    ops.synchronize(device)
+    return (clock() - start) / runs

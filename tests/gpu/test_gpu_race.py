@@ -1,0 +1,107 @@
+"""A served geometry's plan raced against torch's function on a real GPU (plancache.functional._race): the
+race runs at a geometry's first call, says its verdict with both times, keeps the program's counters and
+gradients to the program's own calls, and whichever runs the geometry from then on gives torch's results;
+a compiled program leaves a call torch wins to torch as it is traced. Which side wins is the GPU's: the
+tests force each (the margin) where they check what follows a verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.gpu.functional_helpers import _t, randn, rel_err
+
+pytestmark = pytest.mark.gpu
+
+TORCH_ALWAYS, PLAN_ALWAYS = -1e9, 1.0  # MARGIN: torch's time under plan * (1 - MARGIN) wins
+
+
+@pytest.fixture
+def raced(pf: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from plancache.functional import _race, _table
+
+    _table.TABLE.clear()
+    _table.COUNTS.clear()
+    pf.set_race_torch(True)
+    yield _race
+    pf.set_race_torch(False)
+    _table.TABLE.clear()
+
+
+def _geometry(pf: Any, function: str) -> Any:
+    (found,) = [g for g in pf.geometries() if g.function == function]
+    return found
+
+
+@pytest.mark.parametrize(("rows", "features"), [(64, 256), (8192, 4096)])
+def test_a_linear_is_raced_at_its_first_call_and_the_faster_runs_it(
+    pf: Any, raced: Any, rows: int, features: int
+) -> None:
+    torch = _t()
+    x, w, b = randn(rows, features, dtype="bfloat16"), randn(features, features, dtype="bfloat16"), None
+    first = pf.linear(x, w, b)
+    stats = pf.stats()["linear"]
+    assert stats.raced == 1 and stats.cudnn == 1  # the race's runs are not the program's calls
+    geometry = _geometry(pf, "linear")
+    torch_won = geometry.plan is None
+    assert torch_won == (stats.torch_geometries == 1)
+    if torch_won:
+        assert geometry.reason.startswith(raced.TORCH_FASTER) and "µs a call, the plan" in geometry.reason
+    second = pf.linear(x, w, b)
+    expected = torch.nn.functional.linear(x, w, b)
+    assert rel_err(first, expected) < 2e-2 and rel_err(second, expected) < 2e-2
+    stats = pf.stats()["linear"]
+    assert (stats.cudnn, stats.torch) == ((1, 1) if torch_won else (2, 0))
+    print(f"linear {rows}x{features}: {geometry.reason or 'the plan won'}")
+
+
+@pytest.mark.parametrize("margin", [TORCH_ALWAYS, PLAN_ALWAYS])
+def test_a_trained_geometry_gives_torchs_gradients_whichever_won_and_the_race_touches_no_grad(
+    pf: Any, raced: Any, monkeypatch: pytest.MonkeyPatch, margin: float
+) -> None:
+    torch = _t()
+    monkeypatch.setattr(raced, "MARGIN", margin)
+    x = randn(512, 1024, dtype="bfloat16").requires_grad_(True)
+    w = randn(1024, 1024, dtype="bfloat16", scale=0.05).requires_grad_(True)
+    b = randn(1024, dtype="bfloat16").requires_grad_(True)
+    ref = [t.detach().clone().requires_grad_(True) for t in (x, w, b)]
+    torch.nn.functional.gelu(torch.nn.functional.linear(*ref)).float().square().mean().backward()
+    for step in range(2):  # the first call raced (its result the plan's), the second the winner's
+        for t in (x, w, b):
+            t.grad = None
+        y = pf.linear(x, w, b, activation="gelu")
+        y.float().square().mean().backward()
+        for got, want in zip((x, w, b), ref, strict=True):
+            assert rel_err(got.grad, want.grad) < 5e-2, (step, margin)
+    stats = pf.stats()["linear"]
+    assert stats.raced == 1
+    assert stats.torch_geometries == (1 if margin == TORCH_ALWAYS else 0)
+    assert (stats.cudnn, stats.torch) == ((1, 1) if margin == TORCH_ALWAYS else (2, 0))
+
+
+def test_a_compiled_call_torch_wins_is_torchs_in_the_traced_program(
+    pf: Any, raced: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch = _t()
+    import plancache.torch as pt
+
+    pt.clear_stats()
+    monkeypatch.setattr(raced, "MARGIN", TORCH_ALWAYS)
+    norm = torch.nn.LayerNorm(1024).cuda().to(torch.bfloat16)
+    lin = torch.nn.Linear(1024, 1024).cuda().to(torch.bfloat16)
+
+    def fn(x: Any) -> Any:
+        return lin(norm(x))
+
+    torch._dynamo.reset()
+    x = randn(256, 1024, dtype="bfloat16")
+    with torch.no_grad():
+        got = pt.compile(fn, fullgraph=True, backend="aot_eager")(x)
+        expected = fn(x)
+    assert rel_err(got, expected) < 2e-2
+    left = {function: s.left_compiled for function, s in pt.stats().items()}
+    assert any(reason.startswith(raced.TORCH_FASTER) for reason in left["linear"]), left
+    assert any(reason.startswith(raced.TORCH_FASTER) for reason in left["layer_norm"]), left
+    assert pf.stats()["linear"].raced == 1 and pf.stats()["layer_norm"].raced == 1
