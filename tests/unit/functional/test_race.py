@@ -1,10 +1,11 @@
-"""A served geometry's plan raced against torch's function at its first call (plancache.functional._race), on
-this machine without a GPU: stand-in tensors and plans, a clock the test moves (each run of the plan or of
-torch's function costs what the test says). What is checked: the faster keeps the geometry (torch's only past
-the margin), what the race runs (rounds alternating, the device synchronized around each, forward and
-backward with autograd), what is counted and said, and what is never raced (the setting off, an operator's
-call, batch norm, attention with dropout, a geometry torch runs anyway). The GPU's verdicts are
-tests/gpu/test_gpu_race.py's."""
+"""A served geometry's plan raced against torch's function (plancache.functional._race), on this machine
+without a GPU: stand-in tensors and plans, clocks the test moves (each run of the plan or of torch's function
+costs what the test says; the time since a geometry's first call, which the race waits for). What is checked:
+no race at a geometry's first call nor before RACE_AFTER_S, the faster keeps the geometry from the race on
+(torch's only past the margin), what the race runs (rounds alternating, the device synchronized around each,
+forward and backward with autograd), what is counted and said, a traced call's race at once, and what is
+never raced (the setting off, an operator's call, batch norm, attention with dropout, a geometry torch runs
+anyway, a call under CUDA graph capture). The GPU's verdicts are tests/gpu/test_gpu_race.py's."""
 
 from __future__ import annotations
 
@@ -29,12 +30,17 @@ class Costs:
 
     def __init__(self) -> None:
         self.now = 0.0
+        self.wall = 0.0  # _race.monotonic: when a geometry's race is due
         self.plan = 100e-6
         self.torch = 100e-6
         self.runs: list[str] = []  # "plan" or "torch", in order, during races
 
     def clock(self) -> float:
         return self.now
+
+    def later(self) -> None:
+        """Past RACE_AFTER_S: every geometry's race is due at its next call."""
+        self.wall += _race.RACE_AFTER_S
 
     def costed(self, arm: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any) -> Any:
@@ -51,6 +57,7 @@ def costs(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> Iterator[Co
     costs = Costs()
     monkeypatch.setattr(_tensor_ops, "available", lambda: True)
     monkeypatch.setattr(_race, "clock", costs.clock)
+    monkeypatch.setattr(_race, "monotonic", lambda: costs.wall)
     monkeypatch.setattr(_linear, "torch_linear", lambda *args, **kwargs: "torch linear")
     monkeypatch.setattr(_attention, "torch_scaled_dot_product_attention", lambda *args, **kwargs: "torch attention")
     real_race = _first_call.race
@@ -63,6 +70,19 @@ def costs(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> Iterator[Co
     yield costs
 
 
+def _entry() -> Any:
+    """The table's one entry."""
+    ((_, entry),) = _table.TABLE.entries()
+    return entry
+
+
+def _raced_call(costs: Costs, *tensors: Any, function: Callable[..., Any] = pf.linear) -> Any:
+    """A geometry's first call, then its call past RACE_AFTER_S (the one a race is due at)."""
+    function(*tensors)
+    costs.later()
+    return function(*tensors)
+
+
 def standin_ops() -> StandInOps:
     ops = _tensor_ops.ops()
     assert isinstance(ops, StandInOps)
@@ -72,14 +92,17 @@ def standin_ops() -> StandInOps:
 def test_where_torch_is_faster_torch_runs_the_geometry_from_its_first_call_on(costs: Costs) -> None:
     costs.plan, costs.torch = 50e-6, 30e-6
     x, w = T((64, 256)), T((256, 256))
-    first = pf.linear(x, w)
-    assert first != "torch linear"  # the first call's result is the plan's, computed before the race
+    assert pf.linear(x, w) != "torch linear" and pf.linear(x, w) != "torch linear"
+    assert not costs.runs and pf.stats()["linear"].raced == 0  # the program's start-up runs the plan, unraced
+    assert isinstance(_entry(), _table.Racing) and pf.geometries()[0].plan is not None
+    costs.later()
+    assert pf.linear(x, w) != "torch linear"  # the call that raced: its result the plan's, computed before
+    assert costs.runs
     assert pf.linear(T((64, 256)), w) == "torch linear"
-    entry = _table.TABLE.get(next(key for key, _ in _table.TABLE.entries()))
-    assert isinstance(entry, _table.TorchFaster)
+    assert isinstance(_entry(), _table.TorchFaster)
     stats = pf.stats()["linear"]
     assert (stats.raced, stats.geometries, stats.torch_geometries) == (1, 1, 1)
-    assert stats.reasons == {_race.TORCH_FASTER: 1} and stats.cudnn == 1 and stats.torch == 1
+    assert stats.reasons == {_race.TORCH_FASTER: 1} and stats.cudnn == 3 and stats.torch == 1
     (geometry,) = pf.geometries()
     assert geometry.plan is None
     assert geometry.reason == f"{_race.TORCH_FASTER}: torch 30.0 µs a call, the plan 50.0 µs"
@@ -92,16 +115,19 @@ def test_where_the_plan_is_faster_or_within_the_margin_the_plan_runs_it(
     costs.plan, costs.torch = plan_us * 1e-6, torch_us * 1e-6
     w = T((256, 256))
     pf.linear(T((64, 256)), w)
+    costs.later()
     assert pf.linear(T((64, 256)), w) != "torch linear"
+    assert pf.linear(T((64, 256)), w) != "torch linear"
+    assert type(_entry()) is _table.Served  # the plan's own entry, the race done
     stats = pf.stats()["linear"]
-    assert (stats.raced, stats.torch_geometries, stats.cudnn, stats.torch) == (1, 0, 2, 0)
+    assert (stats.raced, stats.torch_geometries, stats.cudnn, stats.torch) == (1, 0, 3, 0)
     (geometry,) = pf.geometries()
     assert geometry.plan is not None and geometry.reason is None
 
 
 def test_the_race_alternates_rounds_between_synchronizations_and_fills_each_round(costs: Costs) -> None:
     costs.plan, costs.torch = 200e-6, 100e-6  # ROUND_S / the slower run's time: runs a round
-    pf.linear(T((64, 256)), T((256, 256)))
+    _raced_call(costs, T((64, 256)), T((256, 256)))
     runs = int(_race.ROUND_S / 200e-6)
     once = ["plan", "torch"] * 2  # untimed, then timed once each
     rounds = [["plan"] * runs + ["torch"] * runs, ["torch"] * runs + ["plan"] * runs] * 2
@@ -113,7 +139,7 @@ def test_the_race_alternates_rounds_between_synchronizations_and_fills_each_roun
 
 def test_a_small_call_runs_up_to_max_runs_a_round(costs: Costs) -> None:
     costs.plan = costs.torch = 1e-9
-    pf.linear(T((64, 256)), T((256, 256)))
+    _raced_call(costs, T((64, 256)), T((256, 256)))
     assert len(costs.runs) == 4 + 2 * _race.ROUNDS * _race.MAX_RUNS
 
 
@@ -127,7 +153,10 @@ def test_with_autograd_each_run_is_the_forward_and_its_backward(costs: Costs, mo
         backward(grad) if not isinstance(result, str) else "torch's backward"
     )
     costs.plan, costs.torch = 100e-6, 50e-6
-    x, w = T((64, 256), requires_grad=True), T((256, 256), requires_grad=True)
+    w = T((256, 256), requires_grad=True)
+    pf.linear(T((64, 256), requires_grad=True), w)
+    costs.later()
+    x = T((64, 256), requires_grad=True)
     pf.linear(x, w)
     assert ops.race_log[:2] == [("leaves", (x, w)), ("grad mode", True)]
     grads = [step for step in ops.race_log if step[0] == "grad"]
@@ -140,11 +169,11 @@ def test_with_autograd_each_run_is_the_forward_and_its_backward(costs: Costs, mo
 
 def test_the_setting_off_races_nothing(costs: Costs, monkeypatch: pytest.MonkeyPatch) -> None:
     pf.set_race_torch(False)
-    pf.linear(T((64, 256)), T((256, 256)))
-    assert not costs.runs and pf.stats()["linear"].raced == 0
+    _raced_call(costs, T((64, 256)), T((256, 256)))
+    assert not costs.runs and pf.stats()["linear"].raced == 0 and type(_entry()) is _table.Served
     pf.set_race_torch(None)  # the environment's word
     monkeypatch.setenv(_race.RACE_ENV, "0")
-    pf.linear(T((32, 256)), T((256, 256)))
+    _raced_call(costs, T((32, 256)), T((256, 256)))
     assert not costs.runs
     monkeypatch.setenv(_race.RACE_ENV, "maybe")
     pf.set_race_torch(None)
@@ -165,15 +194,23 @@ def test_the_setting_takes_a_boolean_or_none(enabled: Any) -> None:
 
 def test_an_operators_call_is_not_raced(costs: Costs) -> None:
     """A torch operator is called below autograd (and its compiled program's calls were raced at its trace)."""
-    out = _linear._linear(T((64, 256)), T((256, 256)), None, op=INFERENCE)
-    assert out != "torch linear" and not costs.runs and pf.stats()["linear"].raced == 0
+    w = T((256, 256))
+    out = _linear._linear(T((64, 256)), w, None, op=INFERENCE)
+    assert out != "torch linear" and type(_entry()) is _table.Served
+    _table.TABLE.clear()
+    pf.linear(T((64, 256)), w)  # eager: its race to come
+    costs.later()
+    _linear._linear(T((64, 256)), w, None, op=INFERENCE)  # the operator's call runs the plan, unraced
+    assert not costs.runs and pf.stats()["linear"].raced == 0 and isinstance(_entry(), _table.Racing)
 
 
 def test_attention_with_dropout_is_not_raced_and_without_it_is(costs: Costs) -> None:
     q = T((2, 8, 128, 64))
-    pf.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    for _ in range(2):
+        pf.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+        costs.later()
     assert not costs.runs
-    pf.scaled_dot_product_attention(q, q, q)
+    _raced_call(costs, q, q, q, function=pf.scaled_dot_product_attention)
     assert costs.runs and pf.stats()["scaled_dot_product_attention"].raced == 1
 
 
@@ -182,13 +219,16 @@ def test_batch_norm_is_not_raced(costs: Costs, monkeypatch: pytest.MonkeyPatch) 
     set_modes(monkeypatch, grad_on=True)
     monkeypatch.setattr(_autograd, "_function", lambda: RecordingFunction)
     mean, var = T((64,), dtype="float32"), T((64,), dtype="float32")
-    pf.batch_norm(T((8, 64, 16, 16), requires_grad=True), mean, var, training=True)
-    assert pf.stats()["batch_norm"].cudnn == 1
+    for _ in range(2):
+        pf.batch_norm(T((8, 64, 16, 16), requires_grad=True), mean, var, training=True)
+        costs.later()
+    assert pf.stats()["batch_norm"].cudnn == 2
     assert not costs.runs and pf.stats()["batch_norm"].raced == 0
 
 
 def test_a_geometry_torch_runs_anyway_is_not_raced(costs: Costs) -> None:
-    assert pf.linear(T((64, 256), dtype="float32"), T((256, 256), dtype="float32")) == "torch linear"
+    x, w = T((64, 256), dtype="float32"), T((256, 256), dtype="float32")
+    assert _raced_call(costs, x, w) == "torch linear"
     assert not costs.runs and pf.stats()["linear"].raced == 0
 
 
@@ -200,8 +240,8 @@ def test_a_race_that_fails_keeps_the_plan_and_says_so_once(
 
     monkeypatch.setattr(standin_ops(), "synchronize", broken)
     w = T((256, 256))
-    pf.linear(T((64, 256)), w)
-    pf.linear(T((32, 256)), w)
+    _raced_call(costs, T((64, 256)), w)
+    _raced_call(costs, T((32, 256)), w)
     assert pf.linear(T((64, 256)), w) != "torch linear"
     stats = pf.stats()["linear"]
     assert (stats.raced, stats.torch_geometries, stats.geometries) == (0, 0, 2)
@@ -213,3 +253,41 @@ def test_clear_forgets_the_setting(costs: Costs) -> None:
     pf.set_race_torch(False)
     pf.clear()
     assert _race.RACE.enabled is True
+
+
+def test_a_due_race_waits_for_a_call_outside_a_cuda_graph_capture(costs: Costs) -> None:
+    """No synchronizing while a stream captures: the plan runs (its launch captured), the race at the next call."""
+    w = T((256, 256))
+    pf.linear(T((64, 256)), w)
+    costs.later()
+    standin_ops().capturing_graph = True
+    pf.linear(T((64, 256)), w)
+    assert not costs.runs and isinstance(_entry(), _table.Racing)
+    standin_ops().capturing_graph = False
+    pf.linear(T((64, 256)), w)
+    assert costs.runs and pf.stats()["linear"].raced == 1
+
+
+def test_a_traced_calls_race_runs_at_once_and_says_why_torch_runs_it(costs: Costs) -> None:
+    """plancache.torch's trace-time question: the geometry raced at its first call, torch's reason returned."""
+    costs.plan, costs.torch = 50e-6, 30e-6
+    w = T((256, 256))
+    reason = _first_call.torch_faster_reason(lambda: pf.linear(T((64, 256)), w))
+    assert reason == f"{_race.TORCH_FASTER}: torch 30.0 µs a call, the plan 50.0 µs"
+    assert isinstance(_entry(), _table.TorchFaster) and not _race.RACE_NOW.on
+    costs.plan, costs.torch = 30e-6, 50e-6
+    assert _first_call.torch_faster_reason(lambda: pf.linear(T((32, 256)), w)) is None
+    assert pf.stats()["linear"].raced == 2
+    # A geometry whose race is to come (an eager call made it) is raced when a trace asks.
+    pf.linear(T((16, 256)), w)
+    costs.plan, costs.torch = 50e-6, 30e-6
+    assert _first_call.torch_faster_reason(lambda: pf.linear(T((16, 256)), w)) is not None
+    assert pf.stats()["linear"].raced == 3
+
+
+def test_a_geometry_whose_race_is_to_come_is_in_the_manifest_and_geometries(costs: Costs) -> None:
+    pf.linear(T((64, 256)), T((256, 256)))
+    assert isinstance(_entry(), _table.Racing)
+    (geometry,) = pf.geometries()
+    assert geometry.plan is not None and geometry.reason is None
+    assert [e.name for e in pf.manifest().entries] == ["linear"]

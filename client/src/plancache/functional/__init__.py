@@ -59,7 +59,7 @@ from plancache.functional._manifest import manifest, prefetch
 from plancache.functional._norms import layer_norm, rms_norm
 from plancache.functional._paged_decode import paged_decode_attention
 from plancache.functional._race import RACE
-from plancache.functional._table import COUNTS, TABLE, Fallback, Served, TorchFaster, drain_native
+from plancache.functional._table import COUNTS, TABLE, Fallback, Racing, Served, TorchFaster, drain_native
 from plancache.run.plan import Plan
 
 __all__ = [
@@ -127,8 +127,9 @@ def stats() -> dict[str, FunctionStats]:
 def geometries() -> list[Geometry]:
     """The table's entries, least recently used first."""
     out = []
-    for key, entry in TABLE.entries():
+    for key, table_entry in TABLE.entries():
         parts = key if isinstance(key, tuple) else (key,)
+        entry = table_entry.inner if isinstance(table_entry, Racing) else table_entry  # its race still to run
         if isinstance(entry, (Served, Differentiable)):
             out.append(Geometry(entry.request.function, parts, entry.plan, None))
         elif isinstance(entry, TorchFaster):
@@ -157,8 +158,9 @@ def set_auto_buckets(enabled: bool | None = True) -> None:
 
 
 def set_race_torch(enabled: bool | None = True) -> None:
-    """Race each served geometry's plan against torch's own function at its first call, torch's keeping the
-    geometry where it is faster (on by default; None: as PLANCACHE_RACE_TORCH says). Eager calls whose function
+    """Race each served geometry's plan against torch's own function, once, at its first call a second or more
+    after its first (plancache.functional._race), torch's keeping the geometry where it is faster (on by default;
+    None: as PLANCACHE_RACE_TORCH says). Eager calls whose function
     neither writes its arguments nor draws random numbers (not batch_norm, not attention with dropout); the
     verdict holds for the geometry's life in the table. `stats()`: `raced`, and the geometries torch took under
     the reason "torch's function is faster here ..."; `geometries()`: both times."""

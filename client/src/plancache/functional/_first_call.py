@@ -25,10 +25,10 @@ from plancache.functional import _tensor_ops
 from plancache.functional._autograd import Differentiable, Rule
 from plancache.functional._geometry import Unserved
 from plancache.functional._op_call import OpCall
-from plancache.functional._race import RACE, TORCH_FASTER, Verdict, race
+from plancache.functional._race import RACE, RACE_NOW, TORCH_FASTER, Verdict, race
 from plancache.functional._requests import Request
 from plancache.functional._signature import Bound, Signature
-from plancache.functional._table import TABLE, Entry, Fallback, Served, TorchFaster, counts, served
+from plancache.functional._table import TABLE, Entry, Fallback, Racing, Served, TorchFaster, counts, served
 from plancache.graphspec.canonical import hash_normalized
 from plancache.graphspec.graph import GraphSpec
 from plancache.graphspec.validation import normalize
@@ -124,12 +124,8 @@ def first_call(
         )
     c = counts(function)
     if raced and op is None and RACE.enabled and _tensor_ops.available():
-        verdict = _race_once(bound, entry, fallback, needs_grad, device, result)
-        if verdict is not None and verdict.torch_wins:
-            entry = TorchFaster(function, key, fallback, verdict)
-            c.torch_geometries += 1
-            c.reasons[TORCH_FASTER] = c.reasons.get(TORCH_FASTER, 0) + 1
-            log.debug("plancache.functional.%s: torch runs %s: %s", function, bound.describe(), verdict.describe())
+        race = _Race(function, bound.describe(), key, fallback, needs_grad, device)
+        entry = race.settle(entry, tensors, result) if RACE_NOW.on else Racing(entry, key, race.settle)
     TABLE.put(key, entry)
     c.geometries += 1
     WATCH.seen(function, asked.spec, device, evidence)
@@ -148,30 +144,52 @@ def first_call(
     return result
 
 
-def _race_once(
-    bound: Bound, entry: Entry, fallback: Callable[..., Any], needs_grad: bool, device: int, result: Any
-) -> Verdict | None:
-    """The race of the geometry's plan against torch's function, or None where it failed (the plan kept)."""
-    # The race's runs of the plans are not the program's calls: the counters (stats()) are put back after it.
-    counted = [counts(name) for name in (bound.function, f"{bound.function}.backward")]
-    before = [c.cudnn for c in counted]
-    try:
-        verdict = race(entry, fallback, bound.tensors, device, needs_grad, result)
-    except Exception as e:  # a race is an optimisation: the plan, which ran, stays
-        _once(
-            log,
-            f"race|{bound.function}|{type(e).__name__}",
-            "plancache.functional.%s: the race against torch's function failed (%s: %s); the plan runs it",
-            bound.function,
-            type(e).__name__,
-            e,
-        )
-        return None
-    finally:
-        for c, cudnn in zip(counted, before, strict=True):
-            c.cudnn = cudnn
-    counted[0].raced += 1
-    return verdict
+class _Race:
+    """A served geometry's race against torch's function (plancache.functional._race), run once: at the first
+    call past RACE_AFTER_S (its Racing entry's), or at once for a traced call's race (RACE_NOW)."""
+
+    __slots__ = ("described", "device", "fallback", "function", "key", "needs_grad")
+
+    def __init__(
+        self, function: str, described: str, key: Hashable, fallback: Callable[..., Any], needs_grad: bool, device: int
+    ) -> None:
+        self.function, self.described, self.key = function, described, key
+        self.fallback, self.needs_grad, self.device = fallback, needs_grad, device
+
+    def settle(self, entry: Entry, tensors: tuple[Any, ...], result: Any) -> Entry:
+        """The entry that runs the geometry from now on: `entry` (the plan's), or torch's where it won; `result`:
+        a call of `entry` on `tensors`, just made."""
+        verdict = self._run(entry, tensors, result)
+        if verdict is None or not verdict.torch_wins:
+            return entry
+        c = counts(self.function)
+        c.torch_geometries += 1
+        c.reasons[TORCH_FASTER] = c.reasons.get(TORCH_FASTER, 0) + 1
+        log.debug("plancache.functional.%s: torch runs %s: %s", self.function, self.described, verdict.describe())
+        return TorchFaster(self.function, self.key, self.fallback, verdict)
+
+    def _run(self, entry: Entry, tensors: tuple[Any, ...], result: Any) -> Verdict | None:
+        """The race, or None where it failed (the plan kept)."""
+        # The race's runs of the plans are not the program's calls: the counters (stats()) are put back after it.
+        counted = [counts(name) for name in (self.function, f"{self.function}.backward")]
+        before = [c.cudnn for c in counted]
+        try:
+            verdict = race(entry, self.fallback, tensors, self.device, self.needs_grad, result)
+        except Exception as e:  # a race is an optimisation: the plan, which ran, stays
+            _once(
+                log,
+                f"race|{self.function}|{type(e).__name__}",
+                "plancache.functional.%s: the race against torch's function failed (%s: %s); the plan runs it",
+                self.function,
+                type(e).__name__,
+                e,
+            )
+            return None
+        finally:
+            for c, cudnn in zip(counted, before, strict=True):
+                c.cudnn = cudnn
+        counted[0].raced += 1
+        return verdict
 
 
 def torch_faster_reason(call: Callable[[], Any]) -> str | None:
@@ -188,9 +206,11 @@ def torch_faster_reason(call: Callable[[], Any]) -> str | None:
         return plain(key)
 
     TABLE.get = get  # type: ignore[method-assign]  # this instance's, for this call only
+    RACE_NOW.on = True  # the geometry's race now, not once its calls have gone on for a while
     try:
         call()
     finally:
+        RACE_NOW.on = False
         del TABLE.get
     entry = plain(keys[-1]) if keys else None
     return f"{entry.reason}: {entry.verdict.describe()}" if isinstance(entry, TorchFaster) else None

@@ -33,7 +33,7 @@ from plancache.errors import InvalidRequest
 from plancache.frontdoors.service import SERVICE
 from plancache.functional import _tensor_ops
 from plancache.functional._autograd import Differentiable
-from plancache.functional._table import TABLE, Served
+from plancache.functional._table import TABLE, Racing, Served
 from plancache.graphspec.graph import GraphSpec
 from plancache.keys.options import CompileOptions
 from plancache.run.plan import Plan
@@ -45,6 +45,8 @@ from plancache.transport.results import PrefetchResult
 
 def _served(entry: object) -> list[tuple[str, Served]]:
     """The served plans of one table entry, named: a forward, and a training geometry's backward graphs."""
+    if isinstance(entry, Racing):  # its race against torch's function still to run
+        entry = entry.inner
     if isinstance(entry, Differentiable):
         function = entry.request.function
         pieces = [

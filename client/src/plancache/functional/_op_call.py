@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from plancache.functional._autograd import Differentiable
-from plancache.functional._table import Fallback
+from plancache.functional._table import Fallback, Racing
 
 
 class OpCall:
@@ -30,6 +30,8 @@ class OpCall:
         """What a call of `entry` gives the operator: the entry (resolve), None
         where torch runs the geometry (the operator calls torch's function
         itself), every output of a training forward, or an inference's result."""
+        if isinstance(entry, Racing):  # an operator's call is not raced: the plan's entry runs it
+            entry = entry.inner
         if self.resolve:
             return entry
         if isinstance(entry, Fallback):

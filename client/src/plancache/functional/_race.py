@@ -1,37 +1,40 @@
-"""A geometry's plan against torch's own function, once, at its first call: the faster runs it from then on.
+"""A geometry's plan against torch's own function, once: the faster runs the geometry from then on.
 
 plancache promises that a node is never slower with it than without it. A
 plan is the fastest cuDNN engine for its graph, but torch's own function
 for the same call may still be faster (cuBLAS's matmuls, a call so small
 that plancache's host time is most of it), and a user would then be better
-off without plancache for that call. So a geometry's first call, once its
-plans are loaded and its result computed, times both on the call's own
-tensors: each run back to back, the device synchronized at each round's
-ends (what a program pays for a call: its host time or its GPU time,
-whichever is longer), rounds alternating, medians. With autograd each run
-is the forward and its backward (the gradients taken apart: `.grad` is not
-touched). Torch's function keeps the geometry when it is faster by more
-than MARGIN: its entry is a Fallback whose reason says so, with both
-figures (`geometries()`); the service's plan is kept either way.
+off without plancache for that call. So a served geometry is raced: at its
+first call RACE_AFTER_S or more after its first (the program's start-up
+runs the plans and pays no race), with that call's result computed, both
+are timed on the call's own tensors: each run back to back, the device
+synchronized at each round's ends (what a program pays for a call: its
+host time or its GPU time, whichever is longer), rounds alternating,
+medians. With autograd each run is the forward and its backward (the
+gradients taken apart: `.grad` is not touched). Torch's function keeps the
+geometry when it is faster by more than MARGIN: its entry is a Fallback
+whose reason says so, with both figures (`geometries()`); the service's
+plan is kept either way. A compiled call is raced at once, as it is traced
+(plancache.torch: RACE_NOW).
 
 A call whose function writes its arguments or draws random numbers (batch
 norm's running statistics, attention's dropout) is not raced: running it
 again would change the program. Nor is a call while a CUDA graph is being
-captured (there is no synchronizing then: the first call refused that
-already). `PLANCACHE_RACE_TORCH=0` or `set_race_torch(False)` turns it off
-(every geometry a plan serves runs its plan, as before).
+captured (no synchronizing then: the race waits for a call outside it).
+`PLANCACHE_RACE_TORCH=0` or `set_race_torch(False)` turns it off (every
+geometry a plan serves runs its plan, as before).
 
-What it costs: two runs of each, then ROUNDS rounds of each, of about
-ROUND_S each, at each geometry's first call (a few milliseconds a geometry, on a first step
-whose plans came from the service); the first call of torch's own function
-(its own heuristics, which a program without plancache pays in its first
-step too). A failure of the race keeps the plan (logged once).
+What it costs, once a geometry: two runs of each, then ROUNDS rounds of
+each of about ROUND_S (a few milliseconds), and the first call of torch's
+own function (its own heuristics, which a program without plancache pays
+in its first step). A failure of the race keeps the plan (logged once).
 """
 
 from __future__ import annotations
 
 import logging
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,7 +55,21 @@ MAX_RUNS = 32  # runs a round, at most
 MARGIN = 0.03
 TORCH_FASTER = "torch's function is faster here (raced against the plan at its first call)"
 
+# A geometry is raced at its first call this long after its first: a program's start-up (its first steps, a
+# first node's builds) runs the plans and pays no race; the verdict comes from calls past it.
+RACE_AFTER_S = 1.0
+
 clock: Callable[[], float] = time.perf_counter  # a test's clock replaces it
+monotonic: Callable[[], float] = time.monotonic  # when a race is due (a test's replaces it)
+
+
+class _RaceNow(threading.local):
+    """Set while plancache.torch races a traced call: the geometry is raced at once (not RACE_AFTER_S later)."""
+
+    on = False
+
+
+RACE_NOW = _RaceNow()
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from plancache.functional import _tensor_ops
+from plancache.functional import _race, _tensor_ops
 from plancache.functional._race import TORCH_FASTER
 from plancache.functional._requests import Request
 from plancache.run.execution import handle_state, process
@@ -350,6 +350,27 @@ class TorchFaster(Fallback):
     def __init__(self, function: str, key: Hashable, fn: Callable[..., Any], verdict: Any) -> None:
         super().__init__(function, key, fn, TORCH_FASTER, transient=False)
         self.verdict = verdict
+
+
+class Racing:
+    """A served geometry whose race against torch's function (plancache.functional._race) is still to run: its
+    calls run `inner` (the plan's entry) until RACE_AFTER_S has passed since it was made (or a traced call's
+    race asks: RACE_NOW); the first call after (outside a CUDA graph's capture) runs it, races, and leaves the
+    winner in the table in its place (`settle(inner, tensors, result)`: `inner` or torch's entry)."""
+
+    __slots__ = ("due", "inner", "key", "settle", "used")
+
+    def __init__(self, inner: Any, key: Hashable, settle: Callable[[Any, tuple[Any, ...], Any], Any]) -> None:
+        self.inner, self.key, self.settle, self.used = inner, key, settle, 0
+        self.due = _race.monotonic() + _race.RACE_AFTER_S
+
+    def __call__(self, tensors: tuple[Any, ...]) -> Any:
+        if (_race.monotonic() < self.due and not _race.RACE_NOW.on) or _tensor_ops.ops().capturing():
+            return self.inner(tensors)
+        self.due = float("inf")  # once: another thread's call meanwhile runs the plan
+        result = self.inner(tensors)
+        TABLE.replace(self.key, self, self.settle(self.inner, tensors, result))
+        return result
 
 
 class Entry(Protocol):
