@@ -342,8 +342,8 @@ class Fallback:
 
 
 class TorchFaster(Fallback):
-    """A geometry plancache serves whose plan torch's function beat at its first call (plancache.functional.
-    _race): torch runs it; `verdict` says both times."""
+    """A geometry plancache serves whose plan torch's function beat in its race (plancache.functional._race):
+    torch runs it; `verdict` says both times."""
 
     __slots__ = ("verdict",)
 
