@@ -108,3 +108,4 @@ def test_a_compiled_call_torch_wins_is_torchs_in_the_traced_program(
     assert any(reason.startswith(raced.TORCH_FASTER) for reason in left["linear"]), left
     assert any(reason.startswith(raced.TORCH_FASTER) for reason in left["layer_norm"]), left
     assert pf.stats()["linear"].raced == 1 and pf.stats()["layer_norm"].raced == 1
+    assert pt.stats()["linear"].raced == 1

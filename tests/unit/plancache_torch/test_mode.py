@@ -764,3 +764,10 @@ def test_a_traced_races_tensors_take_the_calls_layout(shape: tuple[int, ...], st
         True,
     )
     assert made.numel() == 0 or bool(made.abs().sum() > 0)
+
+
+def test_stats_say_how_many_geometries_were_raced(monkeypatch: pytest.MonkeyPatch) -> None:
+    served = pf.FunctionStats(cudnn=3, torch=5, geometries=2, torch_geometries=1, reasons={"torch's ...": 1}, raced=2)
+    monkeypatch.setattr(pt.pf, "stats", lambda: {"linear": served})
+    linear = pt.stats()["linear"]
+    assert (linear.cudnn, linear.torch, linear.raced, linear.reasons) == (3, 5, 2, {"torch's ...": 1})

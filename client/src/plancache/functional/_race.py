@@ -48,8 +48,8 @@ log = logging.getLogger("plancache.functional")
 
 RACE_ENV = "PLANCACHE_RACE_TORCH"
 ROUNDS = 3
-ROUND_S = 0.0004  # each arm's round: enough runs of a small call to average its launches; one of a large call
-MAX_RUNS = 32  # runs a round, at most
+ROUND_S = 0.0005  # each arm's round: enough runs of a small call to average its launches; one of a large call
+MAX_RUNS = 64  # runs a round, at most (a round's two synchronizations are then a small share of it)
 # Torch's function takes the geometry when it is faster than the plan by more than this share: within it the
 # two are the same to the race's precision, and the plan (the service's, the program's from now on) is kept.
 MARGIN = 0.03

@@ -64,11 +64,14 @@ class RouteStats:
     routed: int = 0  # calls given to plancache (its plan, or torch's function where cuDNN does not serve the geometry)
     left: dict[str, int] = field(default_factory=dict)  # calls left to torch's own function, by reason
     cudnn: int = 0  # calls a plancache plan ran (plancache.functional.stats(), operators included)
-    torch: int = 0  # calls plancache gave torch's function (a geometry cuDNN does not serve)
+    # calls plancache gave torch's function (a geometry cuDNN does not serve, or whose plan torch's function beat
+    # in their race: plancache.functional.set_race_torch)
+    torch: int = 0
     reasons: dict[str, int] = field(default_factory=dict)  # why, geometries per reason
     # Why a compiled program leaves calls of it to torch (recorded as it was traced: a compiled call is not
-    # counted).
+    # counted), a traced call torch's function won its race against the plan included.
     left_compiled: tuple[str, ...] = ()
+    raced: int = 0  # geometries whose plan was raced against torch's function (eager, and as programs were traced)
 
 
 def mode() -> PlanCacheMode:
@@ -111,6 +114,7 @@ def stats() -> dict[str, RouteStats]:
             s.torch if s else 0,
             dict(s.reasons) if s else {},
             tuple(compiled.get(name, ())),
+            s.raced if s else 0,
         )
     return out
 
