@@ -16,7 +16,7 @@ import pytest
 
 import plancache.functional as pf
 from plancache import InvalidRequest
-from plancache.functional import _attention, _autograd, _first_call, _linear, _race, _table, _tensor_ops
+from plancache.functional import _attention, _autograd, _first_call, _linear, _modes, _race, _table, _tensor_ops
 from plancache.functional._op_call import INFERENCE
 from tests.support.frontdoor_standins import StandInClient, StandInOps, StandInTensor
 from tests.unit.functional.modes import set_modes
@@ -291,3 +291,15 @@ def test_a_geometry_whose_race_is_to_come_is_in_the_manifest_and_geometries(cost
     (geometry,) = pf.geometries()
     assert geometry.plan is not None and geometry.reason is None
     assert [e.name for e in pf.manifest().entries] == ["linear"]
+
+
+def test_a_traced_calls_race_runs_the_functions_eager_path(costs: Costs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """plancache.torch races a traced call while torch.compile's session says "compiling" throughout: within
+    eager_calls() the functions take their eager path (their plan raced), outside it torch's function."""
+    set_modes(monkeypatch, compiling=True)
+    w = T((256, 256))
+    assert pf.linear(T((64, 256)), w) == "torch linear"  # traced: torch's function, nothing asked
+    with _modes.eager_calls():
+        reason = _first_call.torch_faster_reason(lambda: pf.linear(T((64, 256)), w))
+    assert reason is None and pf.stats()["linear"].raced == 1
+    assert pf.linear(T((64, 256)), w) == "torch linear"  # compiling again after it

@@ -12,7 +12,8 @@ in every operator module at once (`NAMESPACES`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from plancache.functional import _tensor_ops
@@ -50,3 +51,22 @@ def install(namespace: dict[str, Any]) -> tuple[Check, Check]:
     """An operator module's `_grad_on` and `_compiling`, until torch's replace them."""
     NAMESPACES.append(namespace)
     return _first_grad_check, _first_compiling_check
+
+
+@contextlib.contextmanager
+def eager_calls() -> Iterator[None]:
+    """Every operator module's `_compiling` says False meanwhile: plancache.torch races a traced call by running
+    the function on real tensors while torch.compile traces (whose session torch.compiler.is_compiling() reports
+    throughout), and the call must take its eager path, not hand itself to torch as a traced call does."""
+    saved = [(namespace, namespace.get("_compiling")) for namespace in NAMESPACES]
+    for namespace, _ in saved:
+        namespace["_compiling"] = _not_compiling
+    try:
+        yield
+    finally:
+        for namespace, check in saved:
+            namespace["_compiling"] = check
+
+
+def _not_compiling() -> bool:
+    return False

@@ -34,6 +34,7 @@ import plancache.functional as pf
 from plancache.errors import InvalidRequest
 from plancache.functional._attention import boolean_mask_as_bias
 from plancache.functional._first_call import torch_faster_reason
+from plancache.functional._modes import eager_calls
 from plancache.functional._race import RACE
 from plancache.torch import _ops
 
@@ -116,16 +117,19 @@ _torch_faster._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 def _race_traced_call(function: str, specs: tuple[Spec, ...], options: tuple[Any, ...], training: bool) -> str | None:
     """The race of a traced call's geometry on tensors made for it (a test replaces it on a machine without a GPU)."""
-    # torch.compile sets this flag for its whole session, which plancache.functional reads as "traced: torch's
-    # function": the race's call must run eagerly.
-    previous = torch.compiler._is_compiling_flag
-    torch.compiler._is_compiling_flag = False
+    # Eager calls, as a program's outside torch.compile: plancache.functional's (not "traced: torch's function"),
+    # torch's own functions without the mode (and without torch.compile's session flag, where this torch has it).
+    session = getattr(torch.compiler, "_is_compiling_flag", None)
+    if session is not None:
+        torch.compiler._is_compiling_flag = False
     try:
-        with torch._C.DisableTorchFunction(), torch.enable_grad() if training else torch.no_grad():
+        grad = torch.enable_grad() if training else torch.no_grad()
+        with eager_calls(), torch._C.DisableTorchFunction(), grad:
             tensors = [None if spec is None else _made(spec) for spec in specs]
             return torch_faster_reason(lambda: _eager_call(function, tensors, options))
     finally:
-        torch.compiler._is_compiling_flag = previous
+        if session is not None:
+            torch.compiler._is_compiling_flag = session
 
 
 def _made(spec: tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int, bool]) -> Tensor:
