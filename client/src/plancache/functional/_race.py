@@ -53,7 +53,7 @@ MAX_RUNS = 64  # runs a round, at most (a round's two synchronizations are then 
 # Torch's function takes the geometry when it is faster than the plan by more than this share: within it the
 # two are the same to the race's precision, and the plan (the service's, the program's from now on) is kept.
 MARGIN = 0.03
-TORCH_FASTER = "torch's function is faster here (raced against the plan at its first call)"
+TORCH_FASTER = "torch's function is faster here (raced against the plan)"
 
 # A geometry is raced at its first call this long after its first: a program's start-up (its first steps, a
 # first node's builds) runs the plans and pays no race; the verdict comes from calls past it.

@@ -96,14 +96,53 @@ def _eager_call(function: str, tensors: list[Tensor | None], options: tuple[Any,
     return getattr(pf, function)(*tensors, *options)
 
 
-def _torch_faster(function: str, specs: tuple[Spec, ...], options: tuple[Any, ...], training: bool) -> str | None:
+class _Traced(threading.local):
+    """The fake tensors of the call being traced (dynamo's, as comptime hands them over), until _torch_faster takes
+    them."""
+
+    fakes: list[Any] | None = None
+
+
+_TRACED = _Traced()
+_TRACED_NAMES = ("traced_0", "traced_1", "traced_2", "traced_3")  # _raced_left's locals, which comptime reads
+
+
+def _keep_traced(ctx: Any) -> None:
+    """Run by dynamo at trace time (torch._dynamo.comptime): the traced call's tensors as dynamo's fake tensors,
+    whose sizes are ints where they are static and SymInts where they are dynamic (what traced code itself cannot
+    tell apart: dynamo answers `isinstance(size, int)` for both, and the checks that differ differ by version)."""
+    fakes = []
+    for name in _TRACED_NAMES:
+        local = ctx.get_local(name)
+        fakes.append(None if local.is_python_constant() and local.as_python_constant() is None else local.as_fake())
+    _TRACED.fakes = fakes
+
+
+def _spec_of(fake: Any) -> Spec:
+    """A traced tensor's geometry (None: not given), or ValueError where a size or stride is dynamic."""
+    if fake is None:
+        return None
+    dims = (*fake.shape, *fake.stride())
+    if not all(type(d) is int for d in dims):
+        raise ValueError("dynamic")
+    device = fake.device.index if fake.device.type == "cuda" else -1
+    return (tuple(fake.shape), tuple(fake.stride()), fake.dtype, device, bool(fake.requires_grad))
+
+
+def _torch_faster(function: str, count: int, options: tuple[Any, ...], training: bool) -> str | None:
     """Why torch's function should run this compiled call (its own is faster for the geometry), or None: run by
-    dynamo once, as it traces the call, its result kept as a constant (as _note_left_compiled). The geometry's
-    race is plancache.functional's (plancache.functional._race), on tensors of the call's geometry made here,
-    through its eager call: the entry it leaves in the table is the one the compiled program's operator finds
-    at run time (the same key), and a geometry torch wins is left to torch's function in the traced program,
-    which inductor then compiles as it would without plancache (its fusions included)."""
-    if not RACE.enabled:
+    dynamo once, as it traces the call, its result kept as a constant (as _note_left_compiled), for the `count`
+    tensors _keep_traced kept. A call of dynamic sizes is not raced (no sizes to race at trace time). The
+    geometry's race is plancache.functional's (plancache.functional._race), on tensors of the call's geometry made
+    here, through its eager call: the entry it leaves in the table is the one the compiled program's operator
+    finds at run time (the same key), and a geometry torch wins is left to torch's function in the traced
+    program, which inductor then compiles as it would without plancache (its fusions included)."""
+    fakes, _TRACED.fakes = _TRACED.fakes, None
+    if not RACE.enabled or fakes is None:
+        return None
+    try:
+        specs = tuple(_spec_of(fake) for fake in fakes[:count])
+    except ValueError:
         return None
     try:
         return _race_traced_call(function, specs, options, training)
@@ -140,27 +179,15 @@ def _made(spec: tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int, bool])
     return storage.as_strided(shape, stride).requires_grad_(requires_grad)
 
 
-def _spec(t: Tensor | None) -> Spec:
-    if t is None:
-        return None
-    return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device.index if t.is_cuda else -1, t.requires_grad)
-
-
-def _static(*tensors: Tensor | None) -> bool:
-    """Whether every size and stride of a traced call is a constant: a dynamic one (a SymInt) has no value to
-    race at trace time. Traced, a SymInt passes `isinstance(d, int)` (dynamo answers for the Python type it
-    stands for) and fails `d.__class__ is int`; both, so that the check also holds eagerly."""
-    return all(
-        t is None or all(isinstance(d, int) and d.__class__ is int for d in (*t.shape, *t.stride())) for t in tensors
-    )
-
-
 def _raced_left(function: str, tensors: tuple[Tensor | None, ...], options: tuple[Any, ...]) -> Left | None:
     """A compiled call torch's function is faster for: left to torch (Left), else None (the operator runs it)."""
     first = tensors[0]
-    if not _compiling() or first is None or first.device.type not in RACED_DEVICES or not _static(*tensors):
+    if not _compiling() or first is None or first.device.type not in RACED_DEVICES:
         return None
-    reason = _torch_faster(function, tuple(_spec(t) for t in tensors), options, _training(*tensors))
+    # Locals that _keep_traced reads (comptime hands it the frame's variables).
+    traced_0, traced_1, traced_2, traced_3 = (*tensors, None, None, None, None)[:4]  # noqa: RUF059
+    torch._dynamo.comptime.comptime(_keep_traced)
+    reason = _torch_faster(function, len(tensors), options, _training(*tensors))
     return None if reason is None else Left(reason)
 
 
