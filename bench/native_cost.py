@@ -165,9 +165,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tag", default="")
+    parser.add_argument(
+        "--from-runs", type=Path, help="summarize and plot a runs file (what a run cut short by its time limit wrote)"
+    )
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args)))
+        return
+    if args.from_runs is not None:
+        report(json.loads(args.from_runs.read_text()), args)
         return
     runs: dict[str, list[dict[str, Any]]] = {"1": [], "0": []}
     for _ in range(args.pairs):
@@ -182,6 +188,11 @@ def main() -> None:
             runs[native].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(native, json.dumps({n: c["ratio"] for n, c in runs[native][-1]["cases"].items()}), flush=True)
             write_json(args.out / f"native_cost{args.tag}_runs.json", runs)  # what a call cut short still returns
+    report(runs, args)
+
+
+def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> None:
+    """The medians over the runs of each arm (native kernels on: "1", off: "0"), as JSON, a table and a plot."""
     summary: dict[str, Any] = {}
     for name in CASES:
         per = {
@@ -202,7 +213,12 @@ def main() -> None:
         }
     name = f"native_cost{args.tag}"
     write_json(
-        args.out / f"{name}.json", {"summary": summary, "runs": runs, "args": vars(args) | {"out": str(args.out)}}
+        args.out / f"{name}.json",
+        {
+            "summary": summary,
+            "runs": runs,
+            "args": vars(args) | {"out": str(args.out), "from_runs": str(args.from_runs)},
+        },
     )
     print(
         table(

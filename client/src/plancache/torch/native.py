@@ -22,7 +22,10 @@ Settings (`PLANCACHE_NATIVE`):
                   calls bit for bit and measured them (30-40 % less host time a call, compiled models
                   1.15-1.44x torch's step against 1.39-1.72x), but found them failing under
                   torch.compile(mode="reduce-overhead") (their workspace kept from the CUDA graphs' pool);
-                  fixed since (plancache.run's workspace pool), not yet run on a GPU: off until it has.
+                  fixed since (plancache.run's workspace pool), passed in GPU run 50 with the C++
+                  autograd. Still off: the mode's eager calls through the operators are not raced against
+                  torch's functions (plancache.functional._race), and run 50 measured eager ResNet-50
+                  inference slower through them (one pair of processes).
   auto            use the extension where it is built for this torch and Python; where it is not, build
                   it on a background thread (one C++ file, ~1 min of one core, once per node: the build is
                   cached under PLANCACHE_NATIVE_DIR, default ~/.cache/plancache/native) and use it from
