@@ -275,6 +275,33 @@ def test_an_unchanged_block_trains_under_the_mode_eager_and_compiled(
         assert cudnn > 0 and by_torch == backward_torch == 0 and backward > 0, (function, pt.stats().get(function))
 
 
+@pytest.mark.parametrize("compile_mode", [None, "default"])
+def test_a_served_block_trains_as_torchs_its_layers_served(pf: Any, pt: Any, compile_mode: str | None) -> None:
+    """plancache.torch.serve(model): the block's own layers (its layer norms and linears) run served plans forward
+    and backward, eager and compiled; its attention, a call of its own, is torch's; loss and gradients torch's."""
+    import copy
+
+    torch = _t()
+    torch.manual_seed(0)
+    model = block(torch)().cuda().bfloat16()
+    x = torch.randn(4, 256, 512, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    expected = train_step(model, x, None if compile_mode is None else torch.compile(model, fullgraph=True))
+    served = pt.serve(copy.deepcopy(model))
+    torch._dynamo.reset()
+    fn = None if compile_mode is None else torch.compile(served, fullgraph=True)
+    before = pf.stats()
+    for _ in range(2):
+        got = train_step(served, x, fn)
+    assert rel_err(got[0], expected[0]) < TOLERANCE["bfloat16"]
+    assert worst_grad(got[1], expected[1]) < TOLERANCE["bfloat16"]
+    for function in ("layer_norm", "linear"):
+        cudnn, by_torch = served_since(pf, before, function)
+        backward, _ = served_since(pf, before, f"{function}.backward")
+        assert cudnn > 0 and by_torch == 0 and backward > 0, (function, pt.stats().get(function))
+    assert served_since(pf, before, "scaled_dot_product_attention") == (0, 0)
+
+
 def test_torchvision_resnet50_inference_channels_last(pf: Any, pt: Any) -> None:
     torch = _t()
     torchvision = pytest.importorskip("torchvision")

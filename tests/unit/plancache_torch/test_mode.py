@@ -94,6 +94,19 @@ def step(model: nn.Module, x: Any, image: Any, fn: Any = None) -> tuple[Any, lis
     return loss.detach(), [x.grad, *(p.grad for p in model.parameters())]
 
 
+def calls_the_mode_sees(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every torch function any mode instance is handed from now on (the list fills as they come)."""
+    seen: list[Any] = []
+    original = _mode.PlanCacheMode.__torch_function__
+
+    def counting(self: Any, func: Any, *rest: Any, **kwargs: Any) -> Any:
+        seen.append(func)
+        return original(self, func, *rest, **kwargs)
+
+    monkeypatch.setattr(_mode.PlanCacheMode, "__torch_function__", counting)
+    return seen
+
+
 def assert_same(a: tuple[Any, list[Any]], b: tuple[Any, list[Any]]) -> None:
     torch.testing.assert_close(a[0], b[0])
     assert len(a[1]) == len(b[1])
@@ -434,14 +447,7 @@ def test_plancache_torch_compile_traces_the_routes_and_runs_without_the_mode(
         "plancache.conv2d_train.default",
         "plancache.sdpa_train.default",
     }, recorder.targets
-    seen: list[Any] = []
-    original = _mode.PlanCacheMode.__torch_function__
-
-    def counting(self: Any, func: Any, *rest: Any, **kwargs: Any) -> Any:
-        seen.append(func)
-        return original(self, func, *rest, **kwargs)
-
-    monkeypatch.setattr(_mode.PlanCacheMode, "__torch_function__", counting)
+    seen = calls_the_mode_sees(monkeypatch)
     assert_same(step(model, x, image, compiled), expected)
     assert seen == []  # the compiled program ran with no mode to intercept its calls
     outer = torch.compile(model, backend=recorder, fullgraph=True)

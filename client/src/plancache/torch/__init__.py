@@ -15,7 +15,12 @@ other call, and every geometry cuDNN does not build, runs torch's own
 function with the same result. `stats()` says what was routed and what was
 left to torch, and why. The mode is a torch.overrides.TorchFunctionMode:
 it lives on the thread that entered it, for as long as it is entered; it
-patches nothing.
+patches nothing. `serve(model)` reaches the same plans through the model's
+own layers instead (nn.Linear, nn.LayerNorm, nn.RMSNorm, nn.Conv2d,
+transformers' Conv1D: an instance forward each, `unserve(model)` removes
+them), so that the model's other torch calls pay nothing for plancache
+(plancache.torch._serve); functions the model calls itself (attention) stay
+the mode's to route.
 
 The operators (`torch.ops.plancache.*`: plancache.torch._ops) are what a
 compiled program calls: torch.compile(fullgraph=True) traces them without a
@@ -51,8 +56,20 @@ except ImportError as e:  # pragma: no cover - exercised where torch is missing
 import plancache.functional as pf
 from plancache.torch import _ops
 from plancache.torch._mode import COUNTS, LEFT_COMPILED, PlanCacheMode, _counts_lock
+from plancache.torch._serve import serve, unserve
 
-__all__ = ["OPERATORS", "PlanCacheMode", "RouteStats", "clear_stats", "compile", "mode", "native_state", "stats"]
+__all__ = [
+    "OPERATORS",
+    "PlanCacheMode",
+    "RouteStats",
+    "clear_stats",
+    "compile",
+    "mode",
+    "native_state",
+    "serve",
+    "stats",
+    "unserve",
+]
 
 OPERATORS = tuple(op.qualname for op in _ops.OPERATORS)  # "plancache::layer_norm", ...
 

@@ -551,13 +551,21 @@ class PlanCacheMode(TorchFunctionMode):  # type: ignore[misc]
         if route is None:
             return func(*args, **kwargs)
         function, call = route
-        result = call(args, kwargs)
-        if isinstance(result, Left):
-            if _compiling():
-                _note_left_compiled(function, result.reason)
-            else:
-                _count(function, result.reason)
-            return func(*args, **kwargs)
-        if not _compiling():
-            _count(function, None)
-        return result
+        return dispatch(function, call, func, args, kwargs)
+
+
+def dispatch(
+    function: str, call: Route, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """A routed call (the mode's, or a served module's: plancache.torch._serve): plancache's result, or torch's
+    function's (`func`) where the route leaves it, counted (eager) or recorded (traced)."""
+    result = call(args, kwargs)
+    if isinstance(result, Left):
+        if _compiling():
+            _note_left_compiled(function, result.reason)
+        else:
+            _count(function, result.reason)
+        return func(*args, **kwargs)
+    if not _compiling():
+        _count(function, None)
+    return result

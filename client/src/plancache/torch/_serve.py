@@ -1,0 +1,101 @@
+"""`plancache.torch.serve(model)`: a model's own layers served by plancache, with no mode on every other call.
+
+The mode (plancache.torch._mode) sees every torch call a program makes
+while it is entered, and a TorchFunctionMode is Python: each call of the
+step pays a few microseconds for it, routed or not (GPU run 50: an eager
+GPT-2 step 1.47x torch's with most of its routed calls torch's own after
+their races, the rest the mode's own host time). `serve(model)` reaches the
+same plans module by module instead: each of the model's nn.Linear,
+nn.LayerNorm, nn.RMSNorm and nn.Conv2d (zero padding) layers, and
+transformers' Conv1D (GPT-2's addmm form of a linear), gets an instance
+forward that makes the call the layer's own forward would, through the
+mode's route for it (the same checks, the same plancache.functional call
+eager and operator under torch.compile, the same counters in stats(), the
+same race against torch's function), and every other call of the model is
+torch's, untouched. What it does not reach: functions a model calls itself
+(transformers' attention calls F.scaled_dot_product_attention; a module
+whose forward is written out), batch norm (torch's). `unserve(model)`
+removes them; nothing outside the model changes (no torch class is patched,
+no global state), so two models, or a served and an unserved copy, live
+side by side.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from plancache.torch import _mode
+
+
+def _linear(layer: nn.Linear, input: Tensor) -> Any:
+    return _mode.dispatch("linear", _mode._linear, F.linear, (input, layer.weight, layer.bias), {})
+
+
+def _layer_norm(layer: nn.LayerNorm, input: Tensor) -> Any:
+    args = (input, layer.normalized_shape, layer.weight, layer.bias, layer.eps)
+    return _mode.dispatch("layer_norm", _mode._layer_norm, F.layer_norm, args, {})
+
+
+def _rms_norm(layer: Any, input: Tensor) -> Any:
+    args = (input, layer.normalized_shape, layer.weight, layer.eps)
+    return _mode.dispatch("rms_norm", _mode._rms_norm, F.rms_norm, args, {})
+
+
+def _conv2d(layer: nn.Conv2d, input: Tensor) -> Any:
+    args = (input, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation, layer.groups)
+    return _mode.dispatch("conv2d", _mode._conv2d, F.conv2d, args, {})
+
+
+def _conv1d_transformers(layer: Any, x: Tensor) -> Any:
+    """transformers.pytorch_utils.Conv1D.forward, its addmm routed: x @ weight + bias over the last dim."""
+    size_out = (*x.size()[:-1], layer.nf)
+    args = (layer.bias, x.view(-1, x.size(-1)), layer.weight)
+    return _mode.dispatch("linear", _mode._addmm, torch.addmm, args, {}).view(size_out)
+
+
+FORWARDS = (_linear, _layer_norm, _rms_norm, _conv2d, _conv1d_transformers)
+
+
+def _forward_for(module: nn.Module) -> Callable[..., Any] | None:
+    """The served forward for `module`'s exact class (a subclass may have changed what forward does), or None."""
+    kind = type(module)
+    if kind is nn.Linear:
+        return _linear
+    if kind is nn.LayerNorm:
+        return _layer_norm
+    if kind is getattr(nn, "RMSNorm", None):
+        return _rms_norm
+    if kind is nn.Conv2d and module.padding_mode == "zeros":
+        return _conv2d
+    if kind.__name__ == "Conv1D" and kind.__module__.startswith("transformers.") and hasattr(module, "nf"):
+        return _conv1d_transformers
+    return None
+
+
+def served(module: nn.Module) -> bool:
+    forward = module.__dict__.get("forward")
+    return isinstance(forward, functools.partial) and forward.func in FORWARDS
+
+
+def serve(model: nn.Module) -> nn.Module:
+    """Serve `model`'s layers (itself and every submodule) through plancache; returns `model`. A layer that has an
+    instance forward of its own already (a hook's, another library's) is left as it is; serving twice is once."""
+    for module in model.modules():
+        forward = _forward_for(module)
+        if forward is not None and (served(module) or "forward" not in module.__dict__):
+            module.forward = functools.partial(forward, module)
+    return model
+
+
+def unserve(model: nn.Module) -> nn.Module:
+    """Give `model`'s served layers their own forward back; returns `model`."""
+    for module in model.modules():
+        if served(module):
+            del module.forward
+    return model

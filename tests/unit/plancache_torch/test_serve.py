@@ -1,0 +1,176 @@
+"""`plancache.torch.serve(model)` on the CPU: a model's own layers routed through plancache module by module (its
+results and gradients torch's, what was routed counted as the mode counts it), every other torch call untouched
+(no mode on the stack), eager and under torch.compile (fullgraph: the operators traced), and the layers given
+back by `unserve`. The CPU routes (tests/unit/plancache_torch/test_mode.py's `cpu_routes`) let the routes take
+CPU tensors: the operators' CPU implementation is torch's own, so results compare exactly in float64. That the
+routed calls run served plans is the GPU's (tests/gpu/test_gpu_torch.py)."""
+
+from __future__ import annotations
+
+import copy
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="plancache.torch needs torch (make test installs its CPU build)")
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import plancache.functional as pf  # noqa: E402
+import plancache.torch as pt  # noqa: E402
+from plancache.torch import _mode, _serve  # noqa: E402
+from tests.unit.plancache_torch.test_mode import (  # noqa: E402
+    Recorder,
+    assert_same,
+    calls_the_mode_sees,
+    model_and_inputs,
+    step,
+)
+
+D = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def fresh_counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(_mode, "ROUTED_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(_mode, "SERVED_DTYPES", (torch.float16, torch.bfloat16, torch.float32, torch.float64))
+    pt.clear_stats()
+    pf.clear()
+    yield
+    pt.clear_stats()
+    pf.clear()
+
+
+def test_a_served_model_gives_torchs_loss_and_gradients_its_layers_routed() -> None:
+    model, x, image = model_and_inputs()
+    expected = step(model, x, image)
+    assert pt.serve(model) is model
+    got = step(model, x, image)
+    assert_same(got, expected)
+    stats = pt.stats()
+    # Block's layers: a Conv2d, a LayerNorm, five Linears; its rms_norm and attention are calls of its own.
+    assert (stats["linear"].routed, stats["layer_norm"].routed, stats["conv2d"].routed) == (5, 1, 1)
+    assert "scaled_dot_product_attention" not in stats and "rms_norm" not in stats
+
+
+def test_no_other_call_of_the_model_is_intercepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No TorchFunctionMode on the stack: the model's other calls (its adds, views, its attention) are torch's own."""
+    seen = calls_the_mode_sees(monkeypatch)
+    model, x, image = model_and_inputs()
+    pt.serve(model)
+    step(model, x, image)
+    assert seen == [] and not torch.overrides._get_current_function_mode_stack()
+
+
+def test_a_layer_plancache_leaves_runs_torchs_forward_counted_by_reason() -> None:
+    layer = nn.Linear(8, 4).to(D)
+    x = torch.randn(8, dtype=D)  # a 1-D input: the route leaves it to torch
+    expected = layer(x)
+    pt.serve(layer)
+    torch.testing.assert_close(layer(x), expected)
+    assert pt.stats()["linear"].left == {"input of 1 dims, weight of 2": 1}
+
+
+def test_serving_twice_is_once_and_unserve_gives_each_layer_its_own_forward_back() -> None:
+    model, x, image = model_and_inputs()
+    pt.serve(model)
+    forwards = {name: m.forward for name, m in model.named_modules() if _serve.served(m)}
+    assert set(forwards) == {"stem", "norm", "q", "kv", "out", "up", "down"}
+    pt.serve(model)
+    assert all(m.forward.func is forwards[name].func for name, m in model.named_modules() if name in forwards)
+    assert pt.unserve(model) is model
+    assert not any(_serve.served(m) or "forward" in m.__dict__ for m in model.modules())
+    step(model, x, image)
+    assert not pt.stats()  # nothing routed once unserved
+
+
+def test_only_the_exact_classes_are_served() -> None:
+    """A subclass may have changed what forward does; a layer with an instance forward of its own keeps it; a
+    Conv2d padding other than with zeros is not what F.conv2d computes."""
+
+    class Scaled(nn.Linear):
+        def forward(self, input: Any) -> Any:
+            return super().forward(input) * 2
+
+    hooked = nn.Linear(4, 4)
+    own = hooked.forward
+    hooked.forward = lambda x: own(x) + 1  # type: ignore[method-assign]
+    model = nn.Sequential(Scaled(4, 4), hooked, nn.Conv2d(3, 3, 3, padding=1, padding_mode="reflect"), nn.Linear(4, 4))
+    pt.serve(model)
+    assert [_serve.served(m) for m in model] == [False, False, False, True]
+
+
+def test_a_served_model_copies_saves_and_loads() -> None:
+    model, x, image = model_and_inputs()
+    pt.serve(model)
+    twin = copy.deepcopy(model)
+    assert all(m.forward.args[0] is m for m in twin.modules() if _serve.served(m))  # the copy's own layers
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert all(m.forward.args[0] is m for m in loaded.modules() if _serve.served(m))
+    assert set(model.state_dict()) == set(nn.Module.state_dict(model))  # nothing added to the state
+    assert_same(step(twin, x, image), step(model, x, image))
+
+
+def test_a_served_model_compiles_with_fullgraph_to_plancaches_operators() -> None:
+    model, x, image = model_and_inputs()
+    expected = step(model, x, image)
+    pt.serve(model)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model, backend=recorder, fullgraph=True)
+    got = step(model, x, image, compiled)
+    assert_same(got, expected)
+    assert recorder.graphs == 1
+    ours = {t for t in recorder.targets if t.startswith("plancache.")}
+    assert {
+        "plancache.linear_train.default",
+        "plancache.layer_norm_train.default",
+        "plancache.conv2d_train.default",
+    } <= ours
+    assert not any("sdpa" in t or "rms_norm" in t for t in ours)  # the model's own calls: torch's
+
+
+def test_transformers_conv1d_is_served_as_its_addmm() -> None:
+    """transformers' Conv1D (GPT-2): x @ weight + bias over the last dim, torch.addmm on a 2-D view."""
+
+    class Conv1D(nn.Module):  # transformers.pytorch_utils.Conv1D, as it is written there
+        def __init__(self, nf: int, nx: int) -> None:
+            super().__init__()
+            self.nf = nf
+            self.weight = nn.Parameter(torch.randn(nx, nf, dtype=D))
+            self.bias = nn.Parameter(torch.randn(nf, dtype=D))
+
+        def forward(self, x: Any) -> Any:
+            size_out = x.size()[:-1] + (self.nf,)  # noqa: RUF005 (as transformers writes it)
+            x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+            return x.view(size_out)
+
+    Conv1D.__module__ = "transformers.pytorch_utils"
+    layer = Conv1D(6, 8)
+    x = torch.randn(2, 5, 8, dtype=D)
+    expected = layer(x)
+    pt.serve(layer)
+    assert _serve.served(layer)
+    torch.testing.assert_close(layer(x), expected)
+    assert pt.stats()["linear"].routed == 1
+    other = Conv1D(6, 8)
+    Conv1D.__module__ = "somewhere.else"
+    assert not _serve.served(pt.serve(type(other)(6, 8)))  # a Conv1D of another library: its own
+
+
+def test_rms_norm_layers_are_served() -> None:
+    if not hasattr(nn, "RMSNorm"):
+        pytest.skip("this torch has no nn.RMSNorm")
+    layer = nn.RMSNorm(8, eps=1e-6).to(D)
+    x = torch.randn(3, 8, dtype=D)
+    expected = layer(x)
+    pt.serve(layer)
+    torch.testing.assert_close(layer(x), expected)
+    assert pt.stats()["rms_norm"].routed == 1
+    torch.testing.assert_close(F.rms_norm(x, [8], layer.weight, 1e-6), expected)
