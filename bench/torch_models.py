@@ -8,7 +8,8 @@ Models (torchvision and transformers, randomly initialised; installed on the GPU
 - gpt2-<seq>: transformers' GPT2LMHeadModel (hidden 1024, 8 layers, 16 heads, vocabulary 32000), the same.
 
 Each in each of --modes (eager, compile: torch.compile(fullgraph=True), reduce-overhead: the same with
-CUDA graphs), torch alone and under the mode, from the same parameters:
+CUDA graphs), torch alone and under the mode (or, --plancache-by serve, with plancache.torch.serve(model):
+its layers served, no mode), from the same parameters:
 - the first step's loss (output, for inference) and every gradient, plancache against torch
   (max |ours - torch| / max |torch|);
 - steady ms per step: CUDA events around --steps steps, --rounds rounds, torch's and plancache's
@@ -235,18 +236,23 @@ def measure(work: Workload, compile_mode: str, args: argparse.Namespace, pt: Any
     torch.manual_seed(0)
     base = work.make()
     batch = work.batch()
-    row: dict[str, Any] = {"model": work.name, "mode": compile_mode}
-    if compile_mode != "eager":
+    row: dict[str, Any] = {"model": work.name, "mode": compile_mode, "plancache_by": args.plancache_by}
+    if compile_mode != "eager" and args.plancache_by == "mode":
         row["plancache_compile"] = args.plancache_compile
     runners: dict[str, Callable[[Any], Any]] = {}
     for variant in ("torch", "plancache"):
         torch._dynamo.reset()
         model = copy.deepcopy(base)
-        # plancache compiled: plancache.torch.compile (the mode inside the compiled function), or
-        # `--plancache-compile around`: torch.compile run inside `with plancache.torch.mode():`.
-        inside = variant == "plancache" and compile_mode != "eager" and args.plancache_compile == "inside"
-        run = work.runner(model, compile_mode, pt.compile if inside else None)
-        context: Callable[[], Any] = pt.mode if variant == "plancache" and not inside else contextlib.nullcontext
+        context: Callable[[], Any] = contextlib.nullcontext
+        if variant == "plancache" and args.plancache_by == "serve":  # the model's layers served, no mode
+            run = work.runner(pt.serve(model), compile_mode)
+        else:
+            # plancache compiled: plancache.torch.compile (the mode inside the compiled function), or
+            # `--plancache-compile around`: torch.compile run inside `with plancache.torch.mode():`.
+            inside = variant == "plancache" and compile_mode != "eager" and args.plancache_compile == "inside"
+            run = work.runner(model, compile_mode, pt.compile if inside else None)
+            if variant == "plancache" and not inside:
+                context = pt.mode
         start = time.perf_counter()
         with context():
             run(batch)
@@ -333,7 +339,8 @@ def report(result: dict[str, Any], out: Path) -> None:
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(range(len(good)), labels, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("plancache ms / torch ms per step (median)")
-    ax.set_title(f"Unchanged models under plancache.torch.mode() ({result['device_name']})")
+    by = "serve(model)" if any(r.get("plancache_by") == "serve" for r in rows) else "mode()"
+    ax.set_title(f"Unchanged models with plancache.torch.{by} ({result['device_name']})")
     save(fig, out / "torch_models.png")
 
 
@@ -347,6 +354,12 @@ def main() -> None:
         choices=("inside", "around"),
         default="inside",
         help="compiled plancache rows: plancache.torch.compile (inside) or torch.compile under the mode (around)",
+    )
+    parser.add_argument(
+        "--plancache-by",
+        choices=("mode", "serve"),
+        default="mode",
+        help="plancache rows: plancache.torch.mode() (every torch call seen) or plancache.torch.serve(model) (its layers)",
     )
     parser.add_argument("--seqs", default="256,1024")
     parser.add_argument("--steps", type=int, default=10)
