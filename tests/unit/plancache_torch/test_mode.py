@@ -107,6 +107,13 @@ def calls_the_mode_sees(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return seen
 
 
+def compiled_step(compile_fn: Any, model: nn.Module, x: Any, image: Any) -> tuple[tuple[Any, list[Any]], Recorder]:
+    """One training step of `model` compiled afresh by `compile_fn` (fullgraph), and the graphs it was given."""
+    torch._dynamo.reset()
+    recorder = Recorder()
+    return step(model, x, image, compile_fn(model, backend=recorder, fullgraph=True)), recorder
+
+
 def assert_same(a: tuple[Any, list[Any]], b: tuple[Any, list[Any]]) -> None:
     torch.testing.assert_close(a[0], b[0])
     assert len(a[1]) == len(b[1])

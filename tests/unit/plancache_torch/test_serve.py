@@ -21,11 +21,12 @@ from torch import nn  # noqa: E402
 
 import plancache.functional as pf  # noqa: E402
 import plancache.torch as pt  # noqa: E402
+from plancache.errors import InvalidRequest  # noqa: E402
 from plancache.torch import _mode, _serve  # noqa: E402
 from tests.unit.plancache_torch.test_mode import (  # noqa: E402
-    Recorder,
     assert_same,
     calls_the_mode_sees,
+    compiled_step,
     model_and_inputs,
     step,
 )
@@ -121,10 +122,7 @@ def test_a_served_model_compiles_with_fullgraph_to_plancaches_operators() -> Non
     model, x, image = model_and_inputs()
     expected = step(model, x, image)
     pt.serve(model)
-    torch._dynamo.reset()
-    recorder = Recorder()
-    compiled = torch.compile(model, backend=recorder, fullgraph=True)
-    got = step(model, x, image, compiled)
+    got, recorder = compiled_step(torch.compile, model, x, image)
     assert_same(got, expected)
     assert recorder.graphs == 1
     ours = {t for t in recorder.targets if t.startswith("plancache.")}
@@ -174,3 +172,10 @@ def test_rms_norm_layers_are_served() -> None:
     torch.testing.assert_close(layer(x), expected)
     assert pt.stats()["rms_norm"].routed == 1
     torch.testing.assert_close(F.rms_norm(x, [8], layer.weight, 1e-6), expected)
+
+
+@pytest.mark.parametrize("function", [pt.serve, pt.unserve])
+@pytest.mark.parametrize("model", [None, lambda x: x, torch.randn(2)])
+def test_what_is_not_a_module_is_refused_naming_it(function: Any, model: Any) -> None:
+    with pytest.raises(InvalidRequest, match=r"plancache\.torch\.(un)?serve: model must be a torch\.nn\.Module, got"):
+        function(model)

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from plancache.errors import InvalidRequest
 from plancache.torch import _mode
 
 
@@ -78,6 +79,12 @@ def _forward_for(module: nn.Module) -> Callable[..., Any] | None:
     return None
 
 
+def _modules(function: str, model: Any) -> Any:
+    if not isinstance(model, nn.Module):
+        raise InvalidRequest(f"plancache.torch.{function}: model must be a torch.nn.Module, got {type(model).__name__}")
+    return model.modules()
+
+
 def served(module: nn.Module) -> bool:
     forward = module.__dict__.get("forward")
     return isinstance(forward, functools.partial) and forward.func in FORWARDS
@@ -86,7 +93,7 @@ def served(module: nn.Module) -> bool:
 def serve(model: nn.Module) -> nn.Module:
     """Serve `model`'s layers (itself and every submodule) through plancache; returns `model`. A layer that has an
     instance forward of its own already (a hook's, another library's) is left as it is; serving twice is once."""
-    for module in model.modules():
+    for module in _modules("serve", model):
         forward = _forward_for(module)
         if forward is not None and (served(module) or "forward" not in module.__dict__):
             module.forward = functools.partial(forward, module)
@@ -95,7 +102,7 @@ def serve(model: nn.Module) -> nn.Module:
 
 def unserve(model: nn.Module) -> nn.Module:
     """Give `model`'s served layers their own forward back; returns `model`."""
-    for module in model.modules():
+    for module in _modules("unserve", model):
         if served(module):
             del module.forward
     return model
