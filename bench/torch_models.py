@@ -289,9 +289,8 @@ def measure(work: Workload, compile_mode: str, args: argparse.Namespace, pt: Any
         name: s.cudnn - (pf_before[name].cudnn if name in pf_before else 0) for name, s in pf.stats().items()
     }
     row["native"] = pt.native_state()  # the operators' C++ kernels (PLANCACHE_NATIVE): on, and how many kept
-    # The plan-against-torch races (PLANCACHE_RACE_TORCH): geometries raced, and those torch's function won
-    # (run by torch from then on), with both times.
-
+    # The plan-against-torch races (PLANCACHE_RACE_TORCH): geometries raced, those torch's function won (run by
+    # torch from then on), and every race's two times, whichever won ("won_by_plan": the plans kept).
     row["race"] = {
         "on": RACE.enabled,
         "raced": {name: s.raced for name, s in pf.stats().items() if s.raced},
@@ -299,6 +298,9 @@ def measure(work: Workload, compile_mode: str, args: argparse.Namespace, pt: Any
         "verdicts": sorted(
             {f"{g.function}: {g.reason}" for g in pf.geometries() if g.reason and TORCH_FASTER in g.reason}
         )[:40],
+        "won_by_plan": sorted({f"{g.function}: {g.race}" for g in pf.geometries() if g.plan is not None and g.race})[
+            :60
+        ],
     }
     return row
 

@@ -106,6 +106,7 @@ def test_where_torch_is_faster_torch_runs_the_geometry_from_its_first_call_on(co
     (geometry,) = pf.geometries()
     assert geometry.plan is None
     assert geometry.reason == f"{_race.TORCH_FASTER}: torch 30.0 µs a call, the plan 50.0 µs"
+    assert geometry.race == "torch 30.0 µs a call, the plan 50.0 µs"
 
 
 @pytest.mark.parametrize(("plan_us", "torch_us"), [(30.0, 50.0), (100.0, 97.5)])
@@ -123,6 +124,19 @@ def test_where_the_plan_is_faster_or_within_the_margin_the_plan_runs_it(
     assert (stats.raced, stats.torch_geometries, stats.cudnn, stats.torch) == (1, 0, 3, 0)
     (geometry,) = pf.geometries()
     assert geometry.plan is not None and geometry.reason is None
+    assert geometry.race == f"torch {torch_us:.1f} µs a call, the plan {plan_us:.1f} µs"  # why the plan runs it
+    pf.clear()
+    assert _race.KEPT.get(geometry.key) is None
+
+
+def test_the_verdicts_kept_for_plans_are_bounded_oldest_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    kept = _race.KeptVerdicts()
+    monkeypatch.setattr(kept, "MAX_KEPT", 3)
+    for i in range(5):
+        kept.note(("linear", i), _race.Verdict(1e-6, 2e-6))
+    kept.note(("linear", 2), _race.Verdict(3e-6, 4e-6))  # raced again: the newest
+    assert [kept.get(("linear", i)) is not None for i in range(5)] == [False, False, True, True, True]
+    assert kept.get(("linear", 2)) == _race.Verdict(3e-6, 4e-6)
 
 
 def test_the_race_alternates_rounds_between_synchronizations_and_fills_each_round(costs: Costs) -> None:
@@ -289,7 +303,7 @@ def test_a_geometry_whose_race_is_to_come_is_in_the_manifest_and_geometries(cost
     pf.linear(T((64, 256)), T((256, 256)))
     assert isinstance(_entry(), _table.Racing)
     (geometry,) = pf.geometries()
-    assert geometry.plan is not None and geometry.reason is None
+    assert geometry.plan is not None and geometry.reason is None and geometry.race is None
     assert [e.name for e in pf.manifest().entries] == ["linear"]
 
 

@@ -746,6 +746,7 @@ def test_a_traced_race_calls_plancache_functional_as_the_eager_route_would(
 
     monkeypatch.setattr(_mode, "_made", cpu_made)
     monkeypatch.setattr(_mode, "torch_faster_reason", lambda call: call() and None)
+    monkeypatch.setattr(_mode, "_operator_faster_reason", lambda *args: None)
     monkeypatch.setattr(_mode, "RACED_DEVICES", {"cuda", "cpu"})
     model, x, image = model_and_inputs()
     torch._dynamo.reset()
@@ -761,6 +762,90 @@ def test_a_traced_race_calls_plancache_functional_as_the_eager_route_would(
     conv = calls["conv2d"]
     assert conv[0].shape == image.shape and conv[1].shape == (4, 3, 3, 3) and conv[3:] == ((1, 1), (1, 1), (1, 1), 1)
     assert calls["linear"][0].requires_grad and calls["linear"][1].requires_grad  # a training step's, as traced
+
+
+def _operator_cases() -> list[tuple[str, list[Any], tuple[Any, ...]]]:
+    """A call of each routed function: its tensors (None: not given) and options, as _raced_left takes them."""
+    q = torch.randn(1, 4, 16, 8, dtype=D)
+    kv = torch.randn(1, 2, 16, 8, dtype=D)
+    return [
+        ("linear", [torch.randn(6, 16, dtype=D), torch.randn(8, 16, dtype=D), torch.randn(8, dtype=D)], ()),
+        ("linear", [torch.randn(6, 16, dtype=D), torch.randn(8, 16, dtype=D), None], ()),
+        ("layer_norm", [torch.randn(6, 16, dtype=D), torch.randn(16, dtype=D), None], ((16,), 1e-5)),
+        ("rms_norm", [torch.randn(6, 16, dtype=D), torch.randn(16, dtype=D)], ((16,), None)),
+        (
+            "conv2d",
+            [torch.randn(2, 3, 8, 8, dtype=D), torch.randn(4, 3, 3, 3, dtype=D), None],
+            ((2, 2), (1, 1), (1, 1), 1),
+        ),
+        ("scaled_dot_product_attention", [q, kv, kv.clone(), None], (0.0, True, None, True)),
+    ]
+
+
+@pytest.fixture
+def cpu_race(cpu_routes: None, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """plancache.functional's race on the CPU: nothing to synchronize."""
+    from plancache.functional import _race, _tensor_ops
+
+    monkeypatch.setattr(_tensor_ops.TorchOps, "synchronize", lambda self, device: None)
+    return _race
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_a_traced_calls_operator_is_raced_as_the_compiled_program_calls_it(
+    cpu_race: Any, monkeypatch: pytest.MonkeyPatch, training: bool
+) -> None:
+    """Where the plan won plancache.functional's race, the traced call's operator (the plan behind torch's
+    dispatcher and the operator's registration: what the compiled program calls) races torch's function: each
+    function's operator call gives torch's function's result (the operators' CPU implementation is torch's own),
+    the verdict follows the margin, the operator's runs are not the program's calls."""
+    every: list[Any] = []
+    for function, tensors, options in _operator_cases():
+        made = [None if t is None else t.clone().requires_grad_(training) for t in tensors]
+        every += [t for t in made if t is not None]
+        with torch.enable_grad() if training else torch.no_grad():
+            got = _mode._operator_call(function, made, options, training)
+            torch.testing.assert_close(got, _mode._torch_call(function, made, options))
+            assert got.requires_grad == training
+            monkeypatch.setattr(cpu_race, "MARGIN", -1e9)  # torch's function always faster
+            reason = _mode._operator_faster_reason(function, made, options, training)
+            assert reason is not None and reason.startswith(cpu_race.TORCH_FASTER), function
+            assert "plancache's operator" in reason and "µs a call" in reason
+            monkeypatch.setattr(cpu_race, "MARGIN", 1.0)  # never
+            assert _mode._operator_faster_reason(function, made, options, training) is None
+    assert all(t.grad is None for t in every)  # the race's backward takes gradients apart
+
+
+def test_an_operator_races_runs_leave_the_programs_counters_as_they_were(
+    cpu_race: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plancache.functional._table import counts
+
+    real = _mode._operator_call
+
+    def counted(function: str, *args: Any) -> Any:
+        counts(function).cudnn += 1  # as a served plan's call counts itself
+        return real(function, *args)
+
+    monkeypatch.setattr(_mode, "_operator_call", counted)
+    before = counts("linear").cudnn
+    function, tensors, options = _operator_cases()[0]
+    with torch.no_grad():
+        _mode._operator_faster_reason(function, tensors, options, False)
+    assert counts("linear").cudnn == before
+
+
+@pytest.mark.parametrize("plan_won", [True, False])
+def test_a_traced_calls_operator_is_raced_only_where_the_plan_won_its_own_race(
+    cpu_routes: None, monkeypatch: pytest.MonkeyPatch, plan_won: bool
+) -> None:
+    asked: list[str] = []
+    monkeypatch.setattr(_mode, "_made", lambda spec: torch.randn(spec[0], dtype=spec[2]))
+    monkeypatch.setattr(_mode, "torch_faster_reason", lambda call: None if plan_won else "torch's: the plan's race")
+    monkeypatch.setattr(_mode, "_operator_faster_reason", lambda function, *args: asked.append(function) or "op's")
+    spec = ((4, 16), (16, 1), D, -1, False)
+    reason = _mode._race_traced_call("linear", (spec, ((8, 16), (16, 1), D, -1, False), None), (), False)
+    assert (reason, asked) == (("op's", ["linear"]) if plan_won else ("torch's: the plan's race", []))
 
 
 @pytest.mark.parametrize(

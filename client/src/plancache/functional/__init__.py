@@ -58,7 +58,7 @@ from plancache.functional._linear import linear, matmul
 from plancache.functional._manifest import manifest, prefetch
 from plancache.functional._norms import layer_norm, rms_norm
 from plancache.functional._paged_decode import paged_decode_attention
-from plancache.functional._race import RACE
+from plancache.functional._race import KEPT, RACE
 from plancache.functional._table import COUNTS, TABLE, Fallback, Racing, Served, TorchFaster, drain_native
 from plancache.run.plan import Plan
 
@@ -107,12 +107,14 @@ class FunctionStats:
 class Geometry:
     """One entry of the table: the function, its geometry key, and the plan
     that serves it (with its source: hit, compiled, provisional, cache) or
-    why torch runs it."""
+    why torch runs it; `race`: both times of its race against torch's
+    function, whichever won (None: not raced, or its race still to come)."""
 
     function: str
     key: tuple[object, ...]
     plan: Plan | None
     reason: str | None
+    race: str | None = None
 
 
 def stats() -> dict[str, FunctionStats]:
@@ -131,9 +133,11 @@ def geometries() -> list[Geometry]:
         parts = key if isinstance(key, tuple) else (key,)
         entry = table_entry.inner if isinstance(table_entry, Racing) else table_entry  # its race still to run
         if isinstance(entry, (Served, Differentiable)):
-            out.append(Geometry(entry.request.function, parts, entry.plan, None))
+            won = KEPT.get(key)
+            out.append(Geometry(entry.request.function, parts, entry.plan, None, won.describe() if won else None))
         elif isinstance(entry, TorchFaster):
-            out.append(Geometry(entry.function, parts, None, f"{entry.reason}: {entry.verdict.describe()}"))
+            described = entry.verdict.describe()
+            out.append(Geometry(entry.function, parts, None, f"{entry.reason}: {described}", described))
         elif isinstance(entry, Fallback):
             out.append(Geometry(entry.function, parts, None, entry.reason))
     return out
@@ -203,4 +207,5 @@ def clear() -> None:
     BUCKETS.set(None)
     AUTO.set(None)
     RACE.set(None)
+    KEPT.clear()
     SERVICE.reset()

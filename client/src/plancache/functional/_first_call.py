@@ -25,7 +25,7 @@ from plancache.functional import _tensor_ops
 from plancache.functional._autograd import Differentiable, Rule
 from plancache.functional._geometry import Unserved
 from plancache.functional._op_call import OpCall
-from plancache.functional._race import RACE, RACE_NOW, TORCH_FASTER, Verdict, race
+from plancache.functional._race import KEPT, RACE, RACE_NOW, TORCH_FASTER, Verdict, race
 from plancache.functional._requests import Request
 from plancache.functional._signature import Bound, Signature
 from plancache.functional._table import TABLE, Entry, Fallback, Racing, Served, TorchFaster, counts, served
@@ -160,7 +160,10 @@ class _Race:
         """The entry that runs the geometry from now on: `entry` (the plan's), or torch's where it won; `result`:
         a call of `entry` on `tensors`, just made."""
         verdict = self._run(entry, tensors, result)
-        if verdict is None or not verdict.torch_wins:
+        if verdict is None:
+            return entry
+        if not verdict.torch_wins:
+            KEPT.note(self.key, verdict)
             return entry
         c = counts(self.function)
         c.torch_geometries += 1

@@ -36,7 +36,7 @@ import logging
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,8 +83,8 @@ class Verdict:
     def torch_wins(self) -> bool:
         return self.torch_s < self.plan_s * (1.0 - MARGIN)
 
-    def describe(self) -> str:
-        return f"torch {self.torch_s * 1e6:.1f} µs a call, the plan {self.plan_s * 1e6:.1f} µs"
+    def describe(self, plan: str = "the plan") -> str:
+        return f"torch {self.torch_s * 1e6:.1f} µs a call, {plan} {self.plan_s * 1e6:.1f} µs"
 
 
 class RaceSetting:
@@ -104,6 +104,35 @@ class RaceSetting:
 
 
 RACE = RaceSetting()
+
+
+class KeptVerdicts:
+    """The verdicts of the races each plan won, by geometry key (`geometries()` says both times for those too:
+    a torch-won geometry's entry holds its own). Bounded: the oldest goes past MAX_KEPT (an entry evicted from
+    the table and raced again under a new key leaves its verdict behind)."""
+
+    MAX_KEPT = 4096
+
+    def __init__(self) -> None:
+        self._verdicts: dict[Hashable, Verdict] = {}
+        self._lock = threading.Lock()
+
+    def note(self, key: Hashable, verdict: Verdict) -> None:
+        with self._lock:
+            self._verdicts.pop(key, None)
+            self._verdicts[key] = verdict
+            while len(self._verdicts) > self.MAX_KEPT:
+                del self._verdicts[next(iter(self._verdicts))]
+
+    def get(self, key: Hashable) -> Verdict | None:
+        return self._verdicts.get(key)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._verdicts.clear()
+
+
+KEPT = KeptVerdicts()
 
 
 def race(

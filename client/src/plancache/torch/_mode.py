@@ -35,7 +35,9 @@ from plancache.errors import InvalidRequest
 from plancache.functional._attention import boolean_mask_as_bias
 from plancache.functional._first_call import torch_faster_reason
 from plancache.functional._modes import eager_calls
-from plancache.functional._race import RACE
+from plancache.functional._race import RACE, TORCH_FASTER
+from plancache.functional._race import race as pf_race
+from plancache.functional._table import counts as pf_counts
 from plancache.torch import _ops
 
 SERVED_DTYPES = (torch.float16, torch.bfloat16)
@@ -155,7 +157,10 @@ _torch_faster._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _race_traced_call(function: str, specs: tuple[Spec, ...], options: tuple[Any, ...], training: bool) -> str | None:
-    """The race of a traced call's geometry on tensors made for it (a test replaces it on a machine without a GPU)."""
+    """The race of a traced call's geometry on tensors made for it (a test replaces it on a machine without a GPU):
+    first plancache.functional's own race of the geometry's plan (its eager call), then, where the plan won that,
+    plancache's operator (what the compiled program calls: the plan behind torch's dispatcher and the operator's
+    registration, host time a bare plan does not pay) against torch's function: torch's where either is faster."""
     # Eager calls, as a program's outside torch.compile: plancache.functional's (not "traced: torch's function"),
     # torch's own functions without the mode (and without torch.compile's session flag, where this torch has it).
     session = getattr(torch.compiler, "_is_compiling_flag", None)
@@ -165,10 +170,90 @@ def _race_traced_call(function: str, specs: tuple[Spec, ...], options: tuple[Any
         grad = torch.enable_grad() if training else torch.no_grad()
         with eager_calls(), torch._C.DisableTorchFunction(), grad:
             tensors = [None if spec is None else _made(spec) for spec in specs]
-            return torch_faster_reason(lambda: _eager_call(function, tensors, options))
+            reason = torch_faster_reason(lambda: _eager_call(function, tensors, options))
+            return reason if reason is not None else _operator_faster_reason(function, tensors, options, training)
     finally:
         if session is not None:
             torch.compiler._is_compiling_flag = session
+
+
+def _operator_faster_reason(
+    function: str, tensors: list[Tensor | None], options: tuple[Any, ...], training: bool
+) -> str | None:
+    """plancache's operator for the call against torch's function, on `tensors` (plancache.functional's race:
+    its rounds, its margin, forward and backward where `training`): why torch's should run it, else None. The
+    operator's runs are not the program's calls (its counters are put back)."""
+    present = [i for i, t in enumerate(tensors) if t is not None]
+
+    def placed(given: tuple[Tensor, ...]) -> list[Tensor | None]:
+        full: list[Tensor | None] = [None] * len(tensors)
+        for i, t in zip(present, given, strict=True):
+            full[i] = t
+        return full
+
+    def operator(given: tuple[Tensor, ...]) -> Any:
+        return _operator_call(function, placed(given), options, training)
+
+    def torch_function(*given: Tensor) -> Any:
+        return _torch_call(function, placed(given), options)
+
+    counted = [pf_counts(name) for name in (function, f"{function}.backward")]
+    before = [c.cudnn for c in counted]
+    try:
+        ours = tuple(tensors[i] for i in present)
+        result = operator(ours)  # the plan's first call through the operator (made in torch_faster_reason's)
+        first = tensors[0]
+        assert first is not None
+        device = first.device.index if first.device.type == "cuda" else -1
+        verdict = pf_race(operator, torch_function, ours, device, training, result)
+    finally:
+        for c, cudnn in zip(counted, before, strict=True):
+            c.cudnn = cudnn
+    if not verdict.torch_wins:
+        return None
+    return f"{TORCH_FASTER}: " + verdict.describe(plan="plancache's operator")
+
+
+def _operator_call(function: str, tensors: list[Tensor | None], options: tuple[Any, ...], training: bool) -> Any:
+    """The routed call as plancache's operator, as the routes make it under torch.compile."""
+    if function in ("layer_norm", "rms_norm"):
+        shape = list(options[0])
+        if function == "layer_norm":
+            x, w, b = tensors
+            if training:
+                return OPS.layer_norm_train(x, shape, w, b, options[1])[0]
+            return OPS.layer_norm(x, shape, w, b, options[1])
+        x, w = tensors
+        return OPS.rms_norm_train(x, shape, w, options[1])[0] if training else OPS.rms_norm(x, shape, w, options[1])
+    if function == "linear":
+        x, w, b = tensors
+        return OPS.linear_train(x, w, b, None)[0] if training else OPS.linear(x, w, b, None)
+    if function == "conv2d":
+        (x, w, b), (s, p, d, groups) = tensors, options
+        if training:
+            return OPS.conv2d_train(x, w, b, list(s), list(p), list(d), groups, False)
+        return OPS.conv2d(x, w, b, list(s), list(p), list(d), groups, False)
+    (q, k, v, mask), (_dropout, is_causal, scale, gqa) = tensors, options
+    if training:
+        return OPS.sdpa_train(q, k, v, mask, is_causal, scale, gqa)[0]
+    return OPS.sdpa(q, k, v, mask, is_causal, scale, gqa)
+
+
+def _torch_call(function: str, tensors: list[Tensor | None], options: tuple[Any, ...]) -> Any:
+    """torch's own function for a routed call (the mode is not on the stack here)."""
+    if function == "layer_norm":
+        (x, w, b), (shape, eps) = tensors, options
+        return F.layer_norm(x, list(shape), w, b, eps)
+    if function == "rms_norm":
+        (x, w), (shape, eps) = tensors, options
+        return F.rms_norm(x, list(shape), w, eps)
+    if function == "linear":
+        return F.linear(*tensors)
+    if function == "conv2d":
+        (x, w, b), (s, p, d, groups) = tensors, options
+        return F.conv2d(x, w, b, s, p, d, groups)
+    (q, k, v, mask), (dropout_p, is_causal, scale, gqa) = tensors, options
+    return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale=scale, enable_gqa=gqa)
 
 
 def _made(spec: tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int, bool]) -> Tensor:
