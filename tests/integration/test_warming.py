@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from plancache import Client, CompileOptions, InvalidRequest, Manifest, PermissionDenied, WarmStatus
+from plancache.errors import StoreUnavailable
 from plancache.graphspec.canonical import spec_hash
 from plancache.graphspec.graph import GraphSpec
 from plancache.keys.plankey import make_key
@@ -521,3 +522,47 @@ def test_a_family_past_the_lists_bound_is_refused_whole_and_nothing_is_appended(
     taken = [item.plan_key for item in iter(lambda: warming.next_item(EXACT.id, "w"), None)]
     assert sorted(taken) == sorted([f"a-{i}" for i in range(6)] + [f"c-{i}" for i in range(4)])
     assert warming.status(EXACT.id).total == 10
+
+
+class _Dies:
+    """A worker's Redis connection that dies after `commands` commands (its process killed there): every later
+    command raises, as nothing of a killed process reaches Redis any more."""
+
+    def __init__(self, client: redis.Redis, commands: int) -> None:
+        self.left = commands
+        self._execute = client.execute_command
+        client.execute_command = self  # type: ignore[method-assign]
+
+    def __call__(self, *args: object, **options: object) -> object:
+        if self.left <= 0:
+            raise redis.ConnectionError("the worker was killed")
+        self.left -= 1
+        return self._execute(*args, **options)
+
+
+@pytest.mark.parametrize("commands", [0, 1, 2, 3])
+def test_a_worker_killed_while_taking_an_item_loses_none_for_the_next_lease_holder(
+    redis_server: EmbeddedRedis, redis_client: redis.Redis, commands: int
+) -> None:
+    """CI once saw a warming plan finish with 5 of its 6 items built and none skipped: its first worker was
+    killed between taking an item (past the cursor) and marking it in flight, where no later lease holder
+    looks. Taking and marking are one step now; wherever inside it a worker dies, the next holder builds
+    every item once."""
+    Warming(redis_client).extend(EXACT, _queued_items("a", 3), "family a")
+    doomed_client = redis.Redis.from_url(redis_server.url)
+    doomed = Warming(doomed_client)
+    assert doomed.hold(EXACT.id, "doomed", lease_s=0.2)
+    first = doomed.next_item(EXACT.id, "doomed")  # one item taken and recorded, as the test above kills after two
+    assert first is not None
+    doomed.record(EXACT.id, first.index, "built", "", first.plan_key)
+    _Dies(doomed_client, commands)
+    with pytest.raises(StoreUnavailable, match="the worker was killed"):
+        for _ in range(4):  # more looks than items: it dies inside one of them
+            doomed.next_item(EXACT.id, "doomed")
+    time.sleep(0.3)  # its lease runs out
+    survivor = Warming(redis_client)
+    assert survivor.hold(EXACT.id, "survivor", lease_s=5)
+    while (item := survivor.next_item(EXACT.id, "survivor")) is not None:
+        survivor.record(EXACT.id, item.index, "built", "", item.plan_key)
+    status = survivor.status(EXACT.id)
+    assert (status.state, status.built, status.in_flight) == ("done", 3, 0), status

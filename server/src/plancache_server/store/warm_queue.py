@@ -19,15 +19,30 @@ from plancache_server.store.warm_items import ACTIVE, DONE, FAILED, WarmItem, lo
 
 log = logging.getLogger(__name__)
 
-# The item at the plan's cursor, the cursor moved past it; nothing when the list has no item there. In one
-# step: a worker that found nothing (the last items still building) used to move the cursor past the list's
-# end anyway, every look, and the graph family appended next lost that many items (never built, always
-# "queued").
-_TAKE_AT_CURSOR = """
-local cursor = tonumber(redis.call('hget', KEYS[1], 'cursor') or '0') or 0
-if cursor >= redis.call('llen', KEYS[2]) then return false end
-redis.call('hset', KEYS[1], 'cursor', cursor + 1)
-return {cursor, redis.call('lindex', KEYS[2], cursor)}
+# The next item to build, marked in flight for the worker (ARGV[1]): an item to build again (popped from the
+# retry list) first, else the one at the plan's cursor (the cursor moved past it); nothing when the retry list
+# is empty and the items list has none at the cursor. In one step: a worker that found nothing (the last items
+# still building) used to move the cursor past the list's end anyway, every look, and the graph family
+# appended next lost that many items (never built, always "queued"); and a worker killed between taking an
+# item (popped, or past the cursor) and marking it in flight left it nowhere a new lease holder looks: never
+# built again, never recorded, and the plan finished without it (built 5 of 6, "done").
+# KEYS: plan, items, retry, in-flight. Returns {index, item}, {index, false} for a retried index the list
+# has no item at, or false.
+_TAKE_ITEM = """
+local index
+local retried = redis.call('lpop', KEYS[3])
+if retried then
+  index = tonumber(retried)
+  if not index then return false end
+else
+  index = tonumber(redis.call('hget', KEYS[1], 'cursor') or '0') or 0
+  if index >= redis.call('llen', KEYS[2]) then return false end
+  redis.call('hset', KEYS[1], 'cursor', index + 1)
+end
+local raw = redis.call('lindex', KEYS[2], index)
+if not raw then return {index, false} end
+redis.call('hset', KEYS[4], tostring(index), ARGV[1])
+return {index, raw}
 """
 
 
@@ -35,7 +50,7 @@ class WarmItemQueue:
     def __init__(self, client: redis.Redis, clock: Callable[[], float]) -> None:
         self._redis = client
         self._clock = clock
-        self._take_at_cursor = client.register_script(_TAKE_AT_CURSOR)
+        self._take_item = client.register_script(_TAKE_ITEM)
 
     def active_targets(self, served: Iterable[Target]) -> list[str]:
         """The targets among `served` with a warming plan still to do."""
@@ -57,8 +72,11 @@ class WarmItemQueue:
                     k for k, v in self._redis.hgetall(keys.warm_in_flight(target_id)).items() if text(v) != worker_id
                 ]
                 if orphans:
-                    self._redis.hdel(keys.warm_in_flight(target_id), *orphans)
-                    self._redis.rpush(keys.warm_retry(target_id), *orphans)
+                    # Together: a worker killed between the two would lose them too.
+                    pipe = self._redis.pipeline(transaction=True)
+                    pipe.hdel(keys.warm_in_flight(target_id), *orphans)
+                    pipe.rpush(keys.warm_retry(target_id), *orphans)
+                    pipe.execute()
                     log.info(
                         "warming %s: %d item(s) another worker left in flight will be built again",
                         target_id,
@@ -85,19 +103,20 @@ class WarmItemQueue:
         """The next item to build (an orphan first), marked in flight for
         this worker; None when the plan has none left (then it is done)."""
         with translated_errors("taking a warming item"):
-            retried = cast(bytes | None, self._redis.lpop(keys.warm_retry(target_id)))
-            raw: bytes | None
-            if retried is not None:
-                index = int(retried)
-                raw = cast(bytes | None, self._redis.lindex(keys.warm_items(target_id), index))
-            else:
-                taken = self._take_at_cursor(keys=[keys.warm_plan(target_id), keys.warm_items(target_id)])
-                index, raw = (int(taken[0]), taken[1]) if taken else (-1, None)
+            taken = self._take_item(
+                keys=[
+                    keys.warm_plan(target_id),
+                    keys.warm_items(target_id),
+                    keys.warm_retry(target_id),
+                    keys.warm_in_flight(target_id),
+                ],
+                args=[worker_id],
+            )
+            index, raw = (int(taken[0]), cast(bytes | None, taken[1])) if taken else (-1, None)
             if raw is None:
                 if not self._redis.hlen(keys.warm_in_flight(target_id)):
                     self._finish_plan(target_id)
                 return None
-            self._redis.hset(keys.warm_in_flight(target_id), str(index), worker_id)
         try:
             return WarmItem.decode(index, raw)
         except (ValueError, KeyError, TypeError, DecodeError) as e:
