@@ -835,6 +835,28 @@ def test_an_operator_races_runs_leave_the_programs_counters_as_they_were(
     assert counts("linear").cudnn == before
 
 
+@pytest.mark.parametrize("torch_wins", [True, False])
+def test_a_compiled_call_whose_operator_torch_beats_is_torchs_in_the_traced_program(
+    cpu_race: Any, monkeypatch: pytest.MonkeyPatch, torch_wins: bool
+) -> None:
+    """End to end through dynamo's trace (plancache.functional's own race, which needs a GPU, says the plan won):
+    the operator raced as the call is traced, on real tensors made for it; torch's function traced where it wins,
+    its reason in left_compiled, else plancache's operator; the result torch's either way."""
+    monkeypatch.setattr(_mode, "RACED_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(_mode, "torch_faster_reason", lambda call: None)
+    monkeypatch.setattr(cpu_race, "MARGIN", -1e9 if torch_wins else 1.0)
+    lin = nn.Linear(16, 8).to(D)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = pt.compile(lin, backend=recorder, fullgraph=True)
+    x = torch.randn(4, 16, dtype=D)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), lin(x))
+    assert ("plancache.linear.default" in recorder.targets) == (not torch_wins)
+    left = pt.stats()["linear"].left_compiled if "linear" in pt.stats() else ()
+    assert any("plancache's operator" in reason for reason in left) == torch_wins, left
+
+
 @pytest.mark.parametrize("plan_won", [True, False])
 def test_a_traced_calls_operator_is_raced_only_where_the_plan_won_its_own_race(
     cpu_routes: None, monkeypatch: pytest.MonkeyPatch, plan_won: bool
