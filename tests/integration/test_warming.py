@@ -566,3 +566,18 @@ def test_a_worker_killed_while_taking_an_item_loses_none_for_the_next_lease_hold
         survivor.record(EXACT.id, item.index, "built", "", item.plan_key)
     status = survivor.status(EXACT.id)
     assert (status.state, status.built, status.in_flight) == ("done", 3, 0), status
+
+
+def test_retry_entries_that_are_no_items_index_are_dropped_and_end_nothing_early(redis_client: redis.Redis) -> None:
+    """Anyone on the network can write to Redis: a word, a negative or past-the-end index, a fraction pushed on
+    a plan's retry list is dropped as it is met (it neither finished the plan early, with items still queued,
+    nor had the worker build another item again), and every item is built once."""
+    warming = Warming(redis_client)
+    warming.extend(EXACT, _queued_items("a", 3), "family a")
+    redis_client.rpush(keys.warm_retry(EXACT.id), "x", "-1", "3", "99", "1.5")
+    taken = []
+    while (item := warming.next_item(EXACT.id, "w")) is not None:
+        taken.append(item.plan_key)
+        warming.record(EXACT.id, item.index, "built", "", item.plan_key)
+    status = warming.status(EXACT.id)
+    assert taken == ["a-0", "a-1", "a-2"] and (status.state, status.built) == ("done", 3), (taken, status)

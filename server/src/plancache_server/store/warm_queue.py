@@ -26,23 +26,27 @@ log = logging.getLogger(__name__)
 # appended next lost that many items (never built, always "queued"); and a worker killed between taking an
 # item (popped, or past the cursor) and marking it in flight left it nowhere a new lease holder looks: never
 # built again, never recorded, and the plan finished without it (built 5 of 6, "done").
-# KEYS: plan, items, retry, in-flight. Returns {index, item}, {index, false} for a retried index the list
-# has no item at, or false.
+# A retry entry that is not an item's index (anyone on the network can write to Redis: a word, a negative or
+# past-the-end index) is dropped, up to MAX_DROPPED a look, and the look goes on: it cannot end the plan early
+# (a look that finds nothing, with nothing in flight, finishes it) nor rebuild another item.
+# KEYS: plan, items, retry, in-flight. Returns {index, item}, or false.
+MAX_DROPPED = 64
 _TAKE_ITEM = """
-local index
-local retried = redis.call('lpop', KEYS[3])
-if retried then
-  index = tonumber(retried)
-  if not index then return false end
-else
-  index = tonumber(redis.call('hget', KEYS[1], 'cursor') or '0') or 0
-  if index >= redis.call('llen', KEYS[2]) then return false end
-  redis.call('hset', KEYS[1], 'cursor', index + 1)
+local length = redis.call('llen', KEYS[2])
+for _ = 1, tonumber(ARGV[2]) do
+  local retried = redis.call('lpop', KEYS[3])
+  if not retried then break end
+  local index = tonumber(retried)
+  if index and index >= 0 and index < length and index == math.floor(index) then
+    redis.call('hset', KEYS[4], tostring(index), ARGV[1])
+    return {index, redis.call('lindex', KEYS[2], index)}
+  end
 end
-local raw = redis.call('lindex', KEYS[2], index)
-if not raw then return {index, false} end
-redis.call('hset', KEYS[4], tostring(index), ARGV[1])
-return {index, raw}
+local cursor = tonumber(redis.call('hget', KEYS[1], 'cursor') or '0') or 0
+if cursor >= length then return false end
+redis.call('hset', KEYS[1], 'cursor', cursor + 1)
+redis.call('hset', KEYS[4], tostring(cursor), ARGV[1])
+return {cursor, redis.call('lindex', KEYS[2], cursor)}
 """
 
 
@@ -110,7 +114,7 @@ class WarmItemQueue:
                     keys.warm_retry(target_id),
                     keys.warm_in_flight(target_id),
                 ],
-                args=[worker_id],
+                args=[worker_id, MAX_DROPPED],
             )
             index, raw = (int(taken[0]), cast(bytes | None, taken[1])) if taken else (-1, None)
             if raw is None:
