@@ -86,16 +86,17 @@ _note_left_compiled._dynamo_marked_constant = True  # type: ignore[attr-defined]
 Spec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int, bool] | None
 
 
-def _eager_call(function: str, tensors: list[Tensor | None], options: tuple[Any, ...]) -> Any:
-    """plancache.functional's eager call of a routed function (a traced call's race runs it): the norms take
-    their shape before their tensors; the others take their tensors, then their options."""
-    if function == "layer_norm":
-        (x, w, b), (shape, eps) = tensors, options
-        return pf.layer_norm(x, list(shape), w, b, eps)
-    if function == "rms_norm":
-        (x, w), (shape, eps) = tensors, options
-        return pf.rms_norm(x, list(shape), w, eps)
-    return getattr(pf, function)(*tensors, *options)
+def _eager_call(function: str, tensors: list[Tensor | None], options: tuple[Any, ...], functions: Any = pf) -> Any:
+    """The eager call of a routed function in `functions`: plancache.functional's (a traced call's race runs it),
+    or torch.nn.functional's (torch's own, which takes its arguments in the same order). The norms take their
+    shape before their tensors; the others take their tensors, then their options."""
+    if function in ("layer_norm", "rms_norm"):
+        (x, *params), (shape, eps) = tensors, options
+        return getattr(functions, function)(x, list(shape), *params, eps)
+    if functions is F and function == "scaled_dot_product_attention":  # torch's takes these two by keyword only
+        (q, k, v, mask), (dropout_p, is_causal, scale, enable_gqa) = tensors, options
+        return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    return getattr(functions, function)(*tensors, *options)
 
 
 class _Traced(threading.local):
@@ -195,7 +196,7 @@ def _operator_faster_reason(
         return _operator_call(function, placed(given), options, training)
 
     def torch_function(*given: Tensor) -> Any:
-        return _torch_call(function, placed(given), options)
+        return _eager_call(function, placed(given), options, F)
 
     counted = [pf_counts(name) for name in (function, f"{function}.backward")]
     before = [c.cudnn for c in counted]
@@ -237,23 +238,6 @@ def _operator_call(function: str, tensors: list[Tensor | None], options: tuple[A
     if training:
         return OPS.sdpa_train(q, k, v, mask, is_causal, scale, gqa)[0]
     return OPS.sdpa(q, k, v, mask, is_causal, scale, gqa)
-
-
-def _torch_call(function: str, tensors: list[Tensor | None], options: tuple[Any, ...]) -> Any:
-    """torch's own function for a routed call (the mode is not on the stack here)."""
-    if function == "layer_norm":
-        (x, w, b), (shape, eps) = tensors, options
-        return F.layer_norm(x, list(shape), w, b, eps)
-    if function == "rms_norm":
-        (x, w), (shape, eps) = tensors, options
-        return F.rms_norm(x, list(shape), w, eps)
-    if function == "linear":
-        return F.linear(*tensors)
-    if function == "conv2d":
-        (x, w, b), (s, p, d, groups) = tensors, options
-        return F.conv2d(x, w, b, s, p, d, groups)
-    (q, k, v, mask), (dropout_p, is_causal, scale, gqa) = tensors, options
-    return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale=scale, enable_gqa=gqa)
 
 
 def _made(spec: tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int, bool]) -> Tensor:
