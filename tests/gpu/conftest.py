@@ -47,6 +47,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reason))
+    # The examples' tests first, as when every test waited for gpu_session: their first compiles must be the
+    # service's first sight of those graphs (a provisional plan, then the tuned one), before a plancache.functional
+    # test can have stored the same graph. A run of only the others never starts gpu_session (gpu_server's tests).
+    # Whole modules move, so a module's fixtures are set up once as before.
+    first = {item.module for item in items if "gpu_session" in getattr(item, "fixturenames", ())}  # type: ignore[attr-defined]
+    items.sort(key=lambda item: getattr(item, "module", None) not in first)
 
 
 def _out_dir(tmp: Path) -> Path:
@@ -56,14 +62,14 @@ def _out_dir(tmp: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pf(gpu_session: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def pf(gpu_server: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """plancache.functional against the session's server (its disk cache this module's own; no hedge: the service's plans are under test)."""
     import plancache.functional
 
     plancache.functional.clear()
     client = Client(
-        gpu_session["address"],
-        trusted_keys=[gpu_session["public_key"]],
+        gpu_server["address"],
+        trusted_keys=[gpu_server["public_key"]],
         allow_unsigned=False,
         cache=DiskCache(tmp_path_factory.mktemp("functional")),
         hedge=False,
@@ -78,7 +84,10 @@ def pf(gpu_session: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="session")
-def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A plancache-server with its GPU worker and its Redis, ready: what plancache.functional's and plancache.torch's
+    tests need, started in seconds. The examples' builds and the client process are gpu_session's (over two
+    minutes on an H100, GPU run 51): a call that runs only the former does not wait for them."""
     from plancache.gpu.target import detect_target
 
     tmp = tmp_path_factory.mktemp("gpu")
@@ -86,7 +95,6 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     redis = EmbeddedRedis(tmp / "redis", binary=hermetic.redis_server_bin(), persist=False).start()
     address, http_port = f"127.0.0.1:{free_port()}", free_port()
     data_dir = tmp / "server-data"
-    session: dict[str, Any] = {"address": address, "http": f"http://127.0.0.1:{http_port}", "cases": {}, "out": out}
     try:
         # --no-warm: the worker does not warm the generic target on its own while the tests run (tests/gpu/test_gpu_warming.py warms on purpose).
         with server_process(
@@ -103,28 +111,46 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         ) as server:
             # The server generated a signing key for its worker: every client here trusts only it.
             public_key = signing_public_key(data_dir)
-            env = trusting_env(public_key)
-            session["public_key"] = public_key
-            target = detect_target()
-            session["target"] = target.id
             wait_for_workers(address, proc=server)
-            with Client(
-                address, cache=False, trusted_keys=[public_key], allow_unsigned=False, hedge=False
-            ) as client:  # the service alone (tests/gpu/test_gpu_hedge.py races)
-                for name, build in EXAMPLES.items():
-                    session["cases"][name] = _compile(client, name, build(), target, tmp)
-            session["gpu_memory"] = _gpu_memory_by_process(server.pid)
-            session["client"] = _run_client_process(address, session["cases"], out, env)
-            # The status page after real builds, kept for docs/gpu-runs/ (scripts/gpu-check.sh packs it).
-            for page in ("status.json", "status.html"):
-                with urllib.request.urlopen(f"{session['http']}/{page.replace('.html', '')}", timeout=30) as response:
-                    (out / page).write_bytes(response.read())
-            (out / "gpu_session.json").write_text(
-                json.dumps({k: v for k, v in session.items() if k != "out"}, indent=1, default=str)
-            )
-            yield session
+            yield {
+                "address": address,
+                "http": f"http://127.0.0.1:{http_port}",
+                "out": out,
+                "tmp": tmp,
+                "public_key": public_key,
+                "target": detect_target().id,
+                "server_pid": server.pid,
+            }
     finally:
         redis.stop()
+
+
+@pytest.fixture(scope="session")
+def gpu_session(gpu_server: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """gpu_server with every example compiled and autotuned by the service alone, and a client process that fetched
+    and ran them (the examples' tests read both)."""
+    from plancache.gpu.target import detect_target
+
+    out, tmp = gpu_server["out"], gpu_server["tmp"]
+    public_key = gpu_server["public_key"]
+    session: dict[str, Any] = {k: gpu_server[k] for k in ("address", "http", "public_key", "target")}
+    session |= {"cases": {}, "out": out}
+    target = detect_target()
+    with Client(
+        session["address"], cache=False, trusted_keys=[public_key], allow_unsigned=False, hedge=False
+    ) as client:  # the service alone (tests/gpu/test_gpu_hedge.py races)
+        for name, build in EXAMPLES.items():
+            session["cases"][name] = _compile(client, name, build(), target, tmp)
+    session["gpu_memory"] = _gpu_memory_by_process(gpu_server["server_pid"])
+    session["client"] = _run_client_process(session["address"], session["cases"], out, trusting_env(public_key))
+    # The status page after real builds, kept for docs/gpu-runs/ (scripts/gpu-check.sh packs it).
+    for page in ("status.json", "status.html"):
+        with urllib.request.urlopen(f"{session['http']}/{page.replace('.html', '')}", timeout=30) as response:
+            (out / page).write_bytes(response.read())
+    (out / "gpu_session.json").write_text(
+        json.dumps({k: v for k, v in session.items() if k != "out"}, indent=1, default=str)
+    )
+    yield session
 
 
 def _compile(client: Client, name: str, spec: GraphSpec, target: Any, scratch: Path) -> dict[str, Any]:
