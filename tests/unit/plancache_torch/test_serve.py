@@ -155,7 +155,7 @@ def test_transformers_conv1d_is_served_as_its_addmm() -> None:
     expected = layer(x)
     pt.serve(layer)
     assert _serve.served(layer)
-    torch.testing.assert_close(layer(x), expected)
+    torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)  # linear's addmm is the layer's: the same bits
     assert pt.stats()["linear"].routed == 1
     other = Conv1D(6, 8)
     Conv1D.__module__ = "somewhere.else"

@@ -26,7 +26,6 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -54,10 +53,14 @@ def _conv2d(layer: nn.Conv2d, input: Tensor) -> Any:
 
 
 def _conv1d_transformers(layer: Any, x: Tensor) -> Any:
-    """transformers.pytorch_utils.Conv1D.forward, its addmm routed: x @ weight + bias over the last dim."""
+    """transformers.pytorch_utils.Conv1D.forward, its addmm routed: x @ weight + bias over the last dim.
+
+    Its torch.addmm(bias, x, weight) is F.linear(x, weight.T, bias): torch's linear is that addmm, the same
+    kernel on the same operands (tests/unit/plancache_torch/test_serve.py), so the layer takes the linear route
+    at once, as the mode's addmm route does after checks a Conv1D always passes (a 1-D bias, beta = alpha = 1)."""
     size_out = (*x.size()[:-1], layer.nf)
-    args = (layer.bias, x.view(-1, x.size(-1)), layer.weight)
-    return _mode.dispatch("linear", _mode._addmm, torch.addmm, args, {}).view(size_out)
+    args = (x.view(-1, x.size(-1)), layer.weight.t(), layer.bias)
+    return _mode.dispatch("linear", _mode._linear, F.linear, args, {}).view(size_out)
 
 
 FORWARDS = (_linear, _layer_norm, _rms_norm, _conv2d, _conv1d_transformers)
