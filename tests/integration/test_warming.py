@@ -581,3 +581,38 @@ def test_retry_entries_that_are_no_items_index_are_dropped_and_end_nothing_early
         warming.record(EXACT.id, item.index, "built", "", item.plan_key)
     status = warming.status(EXACT.id)
     assert taken == ["a-0", "a-1", "a-2"] and (status.state, status.built) == ("done", 3), (taken, status)
+
+
+class _LeaseRunsOut:
+    """A Redis client whose build leases run out between a failed SET NX and the GET that reads the holder: the
+    window a lease expiring as a worker asks falls in (one lease, once)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self.ran_out = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._client, name)
+
+    def get(self, name: str) -> object:
+        if not self.ran_out and name.endswith(":lease"):
+            self.ran_out = True
+            self._client.delete(name)
+        return self._client.get(name)
+
+
+def test_a_warming_build_takes_a_lease_that_runs_out_as_it_asks(redis_client: redis.Redis) -> None:
+    """A dead worker's lease on an item expiring between the next worker's SET NX and its read of the holder: the
+    item is the next worker's to build, not skipped as "being built for a caller" (an empty holder read as a
+    caller's build lost the item: CI, a warming plan done with 5 of its 6 items built)."""
+    from plancache_server.store.build_records import BuildRecorder
+
+    plan_key = _key(_specs(1)[0])
+    redis_client.set(keys.build_lease(plan_key), "warm-the-dead-workers-job", px=30_000)
+    proxy = _LeaseRunsOut(redis_client)
+    recorder = BuildRecorder(proxy, lease_s=30)  # type: ignore[arg-type]
+    assert recorder.take_lease(plan_key, "warm-the-next-job") is None
+    assert proxy.ran_out
+    assert redis_client.get(keys.build_lease(plan_key)) == b"warm-the-next-job"
+    # A lease still held is named, as before.
+    assert recorder.take_lease(plan_key, "warm-a-third-job") == "warm-the-next-job"

@@ -148,13 +148,20 @@ class BuildRecorder:
 
     def take_lease(self, plan_key: str, job_id: str) -> str | None:
         """A build nobody asked for (warming) takes the key's lease as a
-        gateway would: None when taken, else the job id of the build
-        under way that holds it."""
+        gateway would (plancache_server.gateway.build_states): None when
+        taken, else the job id of the build under way that holds it. A lease
+        that runs out between the two commands is taken on the next turn: read
+        as held by nobody, it made warming skip the item as "being built for a
+        caller" (CI saw a warming plan done with an item never built, its dead
+        worker's lease expiring as the next worker asked)."""
+        lease = keys.build_lease(plan_key)
         with translated_errors("taking a build lease"):
-            if self._redis.set(keys.build_lease(plan_key), job_id, nx=True, px=int(self._lease_s * 1000)):
-                return None
-            holder = self._redis.get(keys.build_lease(plan_key))
-        return text(holder) if holder is not None else ""
+            while True:
+                if self._redis.set(lease, job_id, nx=True, px=int(self._lease_s * 1000)):
+                    return None
+                holder = self._redis.get(lease)
+                if holder is not None:
+                    return text(holder)
 
     def wanted(self, plan_key: str, job_id: str, worker_id: str) -> bool:
         """Whether a gateway's callers still wait for this job; if not, the job is marked abandoned and its
