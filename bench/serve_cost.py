@@ -13,7 +13,8 @@ passes without autograd, µs per step, medians of interleaved rounds:
 - under `with plancache.torch.mode():` (every torch call of the step seen by the mode);
 - `serve(model)` (the layers' forwards only).
 
-    python3 bench/serve_cost.py --out DIR      # DIR/serve_cost.{json,png}
+    python3 bench/serve_cost.py --out DIR                  # DIR/serve_cost.{json,png}
+    python3 bench/serve_cost.py --out DIR --layer conv1d   # GPT-2's own layers: DIR/serve_cost_conv1d.{json,png}
 """
 
 from __future__ import annotations
@@ -34,16 +35,42 @@ sys.path.insert(0, str(REPO))
 from bench.report import figure, per_call_us, save, table, write_json  # noqa: E402
 
 
-def gpt2_stack(torch: Any, blocks: int, hidden: int, heads: int) -> Any:
-    """GPT-2's block as transformers writes it (its Conv1D layers as nn.Linear), `blocks` of them."""
+def transformers_conv1d(torch: Any) -> Any:
+    """transformers.pytorch_utils.Conv1D as it is written there (GPT-2's linear layers: x @ weight + bias with a
+    [in, out] weight, torch.addmm on a 2-D view), named as transformers' so that serve() recognises it: transformers
+    is not installed on the development machine (the GPU benchmarks use the real one)."""
+
+    class Conv1D(torch.nn.Module):
+        def __init__(self, nf: int, nx: int) -> None:
+            super().__init__()
+            self.nf = nf
+            self.weight = torch.nn.Parameter(torch.empty(nx, nf).normal_(std=0.02))
+            self.bias = torch.nn.Parameter(torch.zeros(nf))
+
+        def forward(self, x: Any) -> Any:
+            size_out = x.size()[:-1] + (self.nf,)  # noqa: RUF005 (as transformers writes it)
+            x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+            return x.view(size_out)
+
+    Conv1D.__module__ = "transformers.pytorch_utils"
+    return Conv1D
+
+
+def gpt2_stack(torch: Any, blocks: int, hidden: int, heads: int, layer: str = "linear") -> Any:
+    """GPT-2's block as transformers writes it, `blocks` of them; its linear layers nn.Linear, or (`layer="conv1d"`)
+    transformers' Conv1D as GPT-2 has them."""
     nn, functional = torch.nn, torch.nn.functional
+    conv1d = transformers_conv1d(torch)
+
+    def dense(n_in: int, n_out: int) -> Any:
+        return nn.Linear(n_in, n_out) if layer == "linear" else conv1d(n_out, n_in)
 
     class Block(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.ln_1, self.ln_2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-            self.c_attn, self.c_proj = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
-            self.c_fc, self.c_out = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+            self.c_attn, self.c_proj = dense(hidden, 3 * hidden), dense(hidden, hidden)
+            self.c_fc, self.c_out = dense(hidden, 4 * hidden), dense(4 * hidden, hidden)
 
         def forward(self, x: Any) -> Any:
             b, s, h = x.shape
@@ -64,6 +91,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument(
+        "--layer", choices=("linear", "conv1d"), default="linear", help="the blocks' linear layers' class"
+    )
     args = parser.parse_args()
 
     import torch
@@ -72,7 +102,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = gpt2_stack(torch, args.blocks, hidden=64, heads=4)
+    model = gpt2_stack(torch, args.blocks, hidden=64, heads=4, layer=args.layer)
     served = pt.serve(copy.deepcopy(model))
     x = torch.randn(1, 16, 64)
     variants: dict[str, tuple[Any, Callable[[], Any]]] = {
@@ -104,7 +134,8 @@ def main() -> None:
         "rows": rows,
         "routed_calls_left_to_torch": {name: sum(s.left.values()) for name, s in stats.items()},
     }
-    write_json(args.out / "serve_cost.json", result)
+    name = "serve_cost" if args.layer == "linear" else f"serve_cost_{args.layer}"
+    write_json(args.out / f"{name}.json", result)
     print(
         table(
             ["variant", "µs per step", "over torch"], [[r["variant"], r["us_per_step"], r["over_torch"]] for r in rows]
@@ -115,8 +146,11 @@ def main() -> None:
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(range(len(rows)), [r["variant"] for r in rows], fontsize=7)
     ax.set_ylabel("host time per forward step / torch's (median of rounds)")
-    ax.set_title(f"Intercepting a {args.blocks}-block GPT-2-shaped model (CPU, float32, every routed call torch's)")
-    save(fig, args.out / "serve_cost.png")
+    layers = "nn.Linear" if args.layer == "linear" else "Conv1D"
+    ax.set_title(
+        f"Intercepting a {args.blocks}-block GPT-2-shaped model, {layers} layers (CPU, float32, routed calls torch's)"
+    )
+    save(fig, args.out / f"{name}.png")
 
 
 if __name__ == "__main__":
