@@ -616,3 +616,40 @@ def test_a_warming_build_takes_a_lease_that_runs_out_as_it_asks(redis_client: re
     assert redis_client.get(keys.build_lease(plan_key)) == b"warm-the-next-job"
     # A lease still held is named, as before.
     assert recorder.take_lease(plan_key, "warm-a-third-job") == "warm-the-next-job"
+
+
+class _LeaseTakenOver:
+    """A Redis client under which, right after a worker reads the warming lease as its own, the lease runs out and
+    another worker takes it (for 1 s): the window between a read and a PEXPIRE."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._client, name)
+
+    def get(self, name: str) -> object:
+        value = self._client.get(name)
+        self._client.set(name, "worker-b", px=1000)
+        return value
+
+
+def test_a_warming_lease_taken_over_as_its_holder_renews_it_is_not_extended_as_its_own(
+    redis_client: redis.Redis,
+) -> None:
+    from plancache_server.store.warm_queue import WarmItemQueue
+
+    target_id = STANDIN_TARGET.id
+    redis_client.set(keys.warm_lease(target_id), "worker-a", px=30_000)
+    queue = WarmItemQueue(_LeaseTakenOver(redis_client), time.time)  # type: ignore[arg-type]
+    held = queue.hold(target_id, "worker-a", lease_s=30)
+    holder = redis_client.get(keys.warm_lease(target_id))
+    # Either a renewed its own lease before b could take it, or b holds it and a stops: never a warming on while
+    # b holds the lease (two workers warming one target), nor b's lease stretched to a's 30 s.
+    assert held == (holder == b"worker-a"), (held, holder)
+    if not held:
+        assert redis_client.pttl(keys.warm_lease(target_id)) <= 1000
+    # Still held and renewed by its holder, as before.
+    redis_client.set(keys.warm_lease(target_id), "worker-a", px=500)
+    assert WarmItemQueue(redis_client, time.time).hold(target_id, "worker-a", lease_s=30)
+    assert redis_client.pttl(keys.warm_lease(target_id)) > 1000

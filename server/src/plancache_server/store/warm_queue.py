@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 
 from plancache.keys.target import Target
 from plancache_server.store import keys
+from plancache_server.store.build_records import RENEW_IF_OWNER
 from plancache_server.store.redis_conn import text, translated_errors
 from plancache_server.store.warm_items import ACTIVE, DONE, FAILED, WarmItem, loads
 
@@ -55,6 +56,7 @@ class WarmItemQueue:
         self._redis = client
         self._clock = clock
         self._take_item = client.register_script(_TAKE_ITEM)
+        self._renew_if_holder = client.register_script(RENEW_IF_OWNER)
 
     def active_targets(self, served: Iterable[Target]) -> list[str]:
         """The targets among `served` with a warming plan still to do."""
@@ -87,11 +89,9 @@ class WarmItemQueue:
                         len(orphans),
                     )
                 return True
-            holder = self._redis.get(lease)
-            if holder is not None and text(holder) == worker_id:
-                self._redis.pexpire(lease, int(lease_s * 1000))
-                return True
-        return False
+            # Kept in one step: a lease that ran out between a read and a PEXPIRE, taken meanwhile by another
+            # worker, would have been extended as this one's, two workers then warming one target.
+            return bool(self._renew_if_holder(keys=[lease], args=[worker_id, int(lease_s * 1000)]))
 
     def release(self, target_id: str, worker_id: str) -> None:
         with translated_errors("releasing a warming lease"):
