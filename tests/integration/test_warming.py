@@ -624,6 +624,7 @@ class _LeaseTakenOver:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
+        self.taken_over = False
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._client, name)
@@ -631,6 +632,7 @@ class _LeaseTakenOver:
     def get(self, name: str) -> object:
         value = self._client.get(name)
         self._client.set(name, "worker-b", px=1000)
+        self.taken_over = True
         return value
 
 
@@ -653,3 +655,21 @@ def test_a_warming_lease_taken_over_as_its_holder_renews_it_is_not_extended_as_i
     redis_client.set(keys.warm_lease(target_id), "worker-a", px=500)
     assert WarmItemQueue(redis_client, time.time).hold(target_id, "worker-a", lease_s=30)
     assert redis_client.pttl(keys.warm_lease(target_id)) > 1000
+
+
+def test_a_worker_lets_go_of_its_own_warming_lease_only(redis_client: redis.Redis) -> None:
+    """release() of a lease another worker took over (between a read and a delete, before) leaves it to that worker."""
+    from plancache_server.store.warm_queue import WarmItemQueue
+
+    target_id = STANDIN_TARGET.id
+    redis_client.set(keys.warm_lease(target_id), "worker-a", px=30_000)
+    proxy = _LeaseTakenOver(redis_client)
+    WarmItemQueue(proxy, time.time).release(target_id, "worker-a")  # type: ignore[arg-type]
+    holder = redis_client.get(keys.warm_lease(target_id))
+    # a's own lease let go, or, where b took it over in between, b's kept.
+    assert holder == (b"worker-b" if proxy.taken_over else None), (proxy.taken_over, holder)
+    redis_client.set(keys.warm_lease(target_id), "worker-b", px=30_000)
+    WarmItemQueue(redis_client, time.time).release(target_id, "worker-a")
+    assert redis_client.get(keys.warm_lease(target_id)) == b"worker-b"
+    WarmItemQueue(redis_client, time.time).release(target_id, "worker-b")
+    assert redis_client.get(keys.warm_lease(target_id)) is None

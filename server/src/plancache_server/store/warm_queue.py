@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 
 from plancache.keys.target import Target
 from plancache_server.store import keys
-from plancache_server.store.build_records import RENEW_IF_OWNER
+from plancache_server.store.build_records import RELEASE_IF_OWNER, RENEW_IF_OWNER
 from plancache_server.store.redis_conn import text, translated_errors
 from plancache_server.store.warm_items import ACTIVE, DONE, FAILED, WarmItem, loads
 
@@ -57,6 +57,7 @@ class WarmItemQueue:
         self._clock = clock
         self._take_item = client.register_script(_TAKE_ITEM)
         self._renew_if_holder = client.register_script(RENEW_IF_OWNER)
+        self._release_if_holder = client.register_script(RELEASE_IF_OWNER)
 
     def active_targets(self, served: Iterable[Target]) -> list[str]:
         """The targets among `served` with a warming plan still to do."""
@@ -94,9 +95,10 @@ class WarmItemQueue:
             return bool(self._renew_if_holder(keys=[lease], args=[worker_id, int(lease_s * 1000)]))
 
     def release(self, target_id: str, worker_id: str) -> None:
+        """Let go of the target's warming lease while it is this worker's (one step: read and then deleted, a lease
+        another worker took in between was deleted as this one's)."""
         with translated_errors("releasing a warming lease"):
-            if text(self._redis.get(keys.warm_lease(target_id)) or b"") == worker_id:
-                self._redis.delete(keys.warm_lease(target_id))
+            self._release_if_holder(keys=[keys.warm_lease(target_id)], args=[worker_id])
 
     def cancelled(self, target_id: str, plan_key: str) -> bool:
         """Whether `plan_key` is a member of a cancelled graph family not built yet (CancelFamily)."""
