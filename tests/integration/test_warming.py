@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -583,22 +583,37 @@ def test_retry_entries_that_are_no_items_index_are_dropped_and_end_nothing_early
     assert taken == ["a-0", "a-1", "a-2"] and (status.state, status.built) == ("done", 3), (taken, status)
 
 
-class _LeaseRunsOut:
-    """A Redis client whose build leases run out between a failed SET NX and the GET that reads the holder: the
-    window a lease expiring as a worker asks falls in (one lease, once)."""
+class _MoveAtRead:
+    """A Redis client on which another party makes one move on a key the first time the code under test reads it
+    with GET: `before` (the read sees the move: a lease run out between a failed SET NX and the read of its holder)
+    or after (the read sees the old value: a lease taken over between a read and the command that acts on it).
+    `moved` says whether the code read at all; code that acts in one Lua step never gives the move a window."""
 
-    def __init__(self, client: redis.Redis) -> None:
-        self._client = client
-        self.ran_out = False
+    def __init__(self, client: redis.Redis, move: Callable[[redis.Redis, str], object], *, before: bool) -> None:
+        self._client, self._move, self._before = client, move, before
+        self.moved = False
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._client, name)
 
     def get(self, name: str) -> object:
-        if not self.ran_out and name.endswith(":lease"):
-            self.ran_out = True
-            self._client.delete(name)
-        return self._client.get(name)
+        if self.moved:
+            return self._client.get(name)
+        self.moved = True
+        if self._before:
+            self._move(self._client, name)
+            return self._client.get(name)
+        value = self._client.get(name)
+        self._move(self._client, name)
+        return value
+
+
+def _runs_out(client: redis.Redis, name: str) -> object:
+    return client.delete(name)
+
+
+def _taken_by_worker_b(client: redis.Redis, name: str) -> object:
+    return client.set(name, "worker-b", px=1000)
 
 
 def test_a_warming_build_takes_a_lease_that_runs_out_as_it_asks(redis_client: redis.Redis) -> None:
@@ -609,31 +624,13 @@ def test_a_warming_build_takes_a_lease_that_runs_out_as_it_asks(redis_client: re
 
     plan_key = _key(_specs(1)[0])
     redis_client.set(keys.build_lease(plan_key), "warm-the-dead-workers-job", px=30_000)
-    proxy = _LeaseRunsOut(redis_client)
+    proxy = _MoveAtRead(redis_client, _runs_out, before=True)
     recorder = BuildRecorder(proxy, lease_s=30)  # type: ignore[arg-type]
     assert recorder.take_lease(plan_key, "warm-the-next-job") is None
-    assert proxy.ran_out
+    assert proxy.moved
     assert redis_client.get(keys.build_lease(plan_key)) == b"warm-the-next-job"
     # A lease still held is named, as before.
     assert recorder.take_lease(plan_key, "warm-a-third-job") == "warm-the-next-job"
-
-
-class _LeaseTakenOver:
-    """A Redis client under which, right after a worker reads the warming lease as its own, the lease runs out and
-    another worker takes it (for 1 s): the window between a read and a PEXPIRE."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self._client = client
-        self.taken_over = False
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._client, name)
-
-    def get(self, name: str) -> object:
-        value = self._client.get(name)
-        self._client.set(name, "worker-b", px=1000)
-        self.taken_over = True
-        return value
 
 
 def test_a_warming_lease_taken_over_as_its_holder_renews_it_is_not_extended_as_its_own(
@@ -643,7 +640,7 @@ def test_a_warming_lease_taken_over_as_its_holder_renews_it_is_not_extended_as_i
 
     target_id = STANDIN_TARGET.id
     redis_client.set(keys.warm_lease(target_id), "worker-a", px=30_000)
-    queue = WarmItemQueue(_LeaseTakenOver(redis_client), time.time)  # type: ignore[arg-type]
+    queue = WarmItemQueue(_MoveAtRead(redis_client, _taken_by_worker_b, before=False), time.time)  # type: ignore[arg-type]
     held = queue.hold(target_id, "worker-a", lease_s=30)
     holder = redis_client.get(keys.warm_lease(target_id))
     # Either a renewed its own lease before b could take it, or b holds it and a stops: never a warming on while
@@ -663,11 +660,11 @@ def test_a_worker_lets_go_of_its_own_warming_lease_only(redis_client: redis.Redi
 
     target_id = STANDIN_TARGET.id
     redis_client.set(keys.warm_lease(target_id), "worker-a", px=30_000)
-    proxy = _LeaseTakenOver(redis_client)
+    proxy = _MoveAtRead(redis_client, _taken_by_worker_b, before=False)
     WarmItemQueue(proxy, time.time).release(target_id, "worker-a")  # type: ignore[arg-type]
     holder = redis_client.get(keys.warm_lease(target_id))
     # a's own lease let go, or, where b took it over in between, b's kept.
-    assert holder == (b"worker-b" if proxy.taken_over else None), (proxy.taken_over, holder)
+    assert holder == (b"worker-b" if proxy.moved else None), (proxy.moved, holder)
     redis_client.set(keys.warm_lease(target_id), "worker-b", px=30_000)
     WarmItemQueue(redis_client, time.time).release(target_id, "worker-a")
     assert redis_client.get(keys.warm_lease(target_id)) == b"worker-b"
