@@ -15,6 +15,7 @@ passes without autograd, µs per step, medians of interleaved rounds:
 
     python3 bench/serve_cost.py --out DIR                  # DIR/serve_cost.{json,png}
     python3 bench/serve_cost.py --out DIR --layer conv1d   # GPT-2's own layers: DIR/serve_cost_conv1d.{json,png}
+    python3 bench/serve_cost.py --out DIR --path torch-won # after races torch won: DIR/serve_cost_torch_won.*
 """
 
 from __future__ import annotations
@@ -85,6 +86,46 @@ def gpt2_stack(torch: Any, blocks: int, hidden: int, heads: int, layer: str = "l
     return nn.Sequential(*(Block() for _ in range(blocks)))
 
 
+def torch_won_stand_in(torch: Any) -> None:
+    """The GPU's eager path for geometries whose race torch won, with CPU float32 tensors standing in for CUDA
+    ones: the routes take CPU tensors as eager CUDA calls (float32 served), and plancache.functional's first call
+    of each linear or norm geometry leaves torch's entry in its table, as a race torch won does (the service, the
+    plan and the race are the GPU's: bench/torch_models.py). Every later call of that geometry is what a served
+    layer's call is on the GPU after its race: the decided geometry's path, then torch's function. Attention
+    (the mode's only other routed call here) is torch's function behind the route each call."""
+    import torch.nn.functional as F
+
+    import plancache.functional as pf
+    from plancache.functional import _linear, _norms
+    from plancache.functional._geometry import hashable
+    from plancache.functional._table import TABLE, TorchFaster
+    from plancache.torch import _mode
+
+    _mode._eager = lambda x: not torch.compiler.is_compiling()
+    _mode.ROUTED_DEVICES = {"cuda", "cpu"}
+    _mode.SERVED_DTYPES = (*_mode.SERVED_DTYPES, torch.float32)
+
+    def grad(*tensors: Any) -> bool:
+        return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+    def torch_won(key: Any, function: str, run: Callable[[], Any]) -> Any:
+        TABLE.put(key, TorchFaster(function, key, lambda *tensors: None, "stand-in: torch won the race"))
+        return run()
+
+    def linear(x: Any, w: Any, b: Any = None) -> Any:
+        key = _linear._key(x, w, b, None, grad(x, w, b))
+        return torch_won(key, "linear", lambda: F.linear(x, w, b))
+
+    def layer_norm(x: Any, shape: Any, w: Any = None, b: Any = None, eps: float = 1e-5) -> Any:
+        key = _norms._layer_norm_key(x, hashable(shape), w, b, eps, grad(x, w, b))
+        return torch_won(key, "layer_norm", lambda: F.layer_norm(x, shape, w, b, eps))
+
+    def attention(q: Any, k: Any, v: Any, mask: Any, dropout: float, causal: bool, scale: Any, gqa: bool) -> Any:
+        return F.scaled_dot_product_attention(q, k, v, mask, dropout, causal, scale=scale, enable_gqa=gqa)
+
+    pf.linear, pf.layer_norm, pf.scaled_dot_product_attention = linear, layer_norm, attention  # type: ignore[assignment]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
@@ -94,11 +135,20 @@ def main() -> None:
     parser.add_argument(
         "--layer", choices=("linear", "conv1d"), default="linear", help="the blocks' linear layers' class"
     )
+    parser.add_argument(
+        "--path",
+        choices=("left", "torch-won"),
+        default="left",
+        help="routed calls: float32, left to torch by the route's checks; or the GPU's path after races torch won",
+    )
     args = parser.parse_args()
 
     import torch
 
     import plancache.torch as pt
+
+    if args.path == "torch-won":
+        torch_won_stand_in(torch)
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -134,7 +184,8 @@ def main() -> None:
         "rows": rows,
         "routed_calls_left_to_torch": {name: sum(s.left.values()) for name, s in stats.items()},
     }
-    name = "serve_cost" if args.layer == "linear" else f"serve_cost_{args.layer}"
+    name = "serve_cost" + ("" if args.layer == "linear" else f"_{args.layer}")
+    name += "" if args.path == "left" else "_torch_won"
     write_json(args.out / f"{name}.json", result)
     print(
         table(
@@ -147,9 +198,8 @@ def main() -> None:
     ax.set_xticks(range(len(rows)), [r["variant"] for r in rows], fontsize=7)
     ax.set_ylabel("host time per forward step / torch's (median of rounds)")
     layers = "nn.Linear" if args.layer == "linear" else "Conv1D"
-    ax.set_title(
-        f"Intercepting a {args.blocks}-block GPT-2-shaped model, {layers} layers (CPU, float32, routed calls torch's)"
-    )
+    path = "routed calls torch's" if args.path == "left" else "the path after races torch won"
+    ax.set_title(f"Intercepting a {args.blocks}-block GPT-2-shaped model, {layers} layers (CPU, float32, {path})")
     save(fig, args.out / f"{name}.png")
 
 

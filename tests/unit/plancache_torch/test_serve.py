@@ -179,3 +179,144 @@ def test_rms_norm_layers_are_served() -> None:
 def test_what_is_not_a_module_is_refused_naming_it(function: Any, model: Any) -> None:
     with pytest.raises(InvalidRequest, match=r"plancache\.torch\.(un)?serve: model must be a torch\.nn\.Module, got"):
         function(model)
+
+
+# ---- a decided geometry: the table's entry at once ---------------------------------------------------
+
+
+def _key(layer: nn.Module, x: Any) -> Any:
+    """plancache.functional's table key of `layer(x)`'s call (its route's function, the layer's arguments)."""
+    from plancache.functional import _linear, _norms
+    from plancache.functional._geometry import hashable
+
+    params = [p for p in layer.parameters()]
+    grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params))
+    if isinstance(layer, nn.Linear):
+        return _linear._key(x, layer.weight, layer.bias, None, grad)
+    if isinstance(layer, nn.LayerNorm):
+        shape = hashable(layer.normalized_shape)
+        return _norms._layer_norm_key(x, shape, layer.weight, layer.bias, layer.eps, grad)
+    return _norms._rms_norm_key(x, hashable(layer.normalized_shape), layer.weight, layer.eps, grad)
+
+
+ROUTES = {nn.Linear: "linear", nn.LayerNorm: "layer_norm", getattr(nn, "RMSNorm", None): "rms_norm"}
+
+
+def _decided(monkeypatch: pytest.MonkeyPatch, layer: nn.Module, x: Any, entry: Any) -> list[Any]:
+    """`entry` in plancache.functional's table as `layer(x)`'s geometry (CPU tensors standing in for CUDA ones:
+    the eager CUDA path's decision); what reaches the route past the decided geometries is recorded and left to
+    torch (plancache.functional runs CUDA tensors only)."""
+    from plancache.functional._table import TABLE
+
+    monkeypatch.setattr(_mode, "_eager", lambda x: not torch.compiler.is_compiling())
+    TABLE.put(_key(layer, x), entry)
+    undecided: list[Any] = []
+
+    def recorded(args: Any, kwargs: Any) -> Any:
+        undecided.append(args)
+        return _mode.Left("undecided")
+
+    monkeypatch.setattr(_mode, f"undecided_{ROUTES[type(layer)]}", recorded)
+    return undecided
+
+
+@pytest.mark.parametrize("kind", ["Linear", "LayerNorm", "RMSNorm"])
+def test_a_geometry_torch_won_runs_torchs_function_at_once_counted_as_before(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A served layer's call whose geometry's race torch won: torch's function on the call's tensors (the layer's
+    result and gradients, bit for bit), counted routed (stats) and run by torch (plancache.functional's
+    counts), without the route's checks or plancache.functional's wrapper: the host time a decided call saves."""
+    from plancache.functional._table import TorchFaster, counts
+
+    if not hasattr(nn, kind):
+        pytest.skip(f"this torch has no nn.{kind}")
+    layer = {"Linear": lambda: nn.Linear(8, 4), "LayerNorm": lambda: nn.LayerNorm(8), "RMSNorm": lambda: nn.RMSNorm(8)}
+    layer = layer[kind]().to(D)
+    function = ROUTES[type(layer)]
+    reference = copy.deepcopy(layer)
+    x = torch.randn(2, 3, 8, dtype=D, requires_grad=True)
+    flat = x.detach().view(6, 8).requires_grad_()
+    entry_ran: list[Any] = []
+    undecided = _decided(monkeypatch, layer, flat, TorchFaster(function, "k", entry_ran.append, "verdict"))
+    pt.serve(layer)
+    got, expected = layer(flat), reference(flat)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    got.sum().backward(), expected.sum().backward()
+    torch.testing.assert_close(layer.weight.grad, reference.weight.grad, rtol=0, atol=0)
+    assert undecided == [] and entry_ran == []  # torch's function called directly, the same one
+    assert pt.stats()[function].routed == 1 and counts(function).torch == 1
+    layer(x)  # another geometry (3-D input): undecided, the route's
+    assert len(undecided) == 1 and pt.stats()[function].left == {"undecided": 1}
+
+
+def test_under_the_mode_a_decided_linear_skips_the_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mode's F.linear(x, w, b) of a decided geometry: the same at once (its keyword calls take the route)."""
+    from plancache.functional._table import TorchFaster
+
+    layer = nn.Linear(8, 4).to(D).requires_grad_(False)
+    x = torch.randn(5, 8, dtype=D)
+    undecided = _decided(monkeypatch, layer, x, TorchFaster("linear", "k", print, "verdict"))
+    with torch.no_grad(), pt.mode():
+        got = F.linear(x, layer.weight, layer.bias)
+        assert undecided == []
+        F.linear(x, layer.weight, bias=layer.bias)
+        assert len(undecided) == 1
+    torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
+    assert pt.stats()["linear"].routed == 1
+
+
+def test_a_geometry_whose_plan_won_runs_the_entry_with_the_calls_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table's plan entry gets the call's tensors, and its result is the layer's; under torch.compile, or with
+    row buckets set (a padded geometry's key is another), the route decides as before."""
+    from plancache.frontdoors.buckets import BUCKETS
+
+    class PlanStandIn:  # a Served entry's call: its tensors in, the function's result out
+        used = 0
+
+        def __init__(self) -> None:
+            self.calls: list[tuple[Any, ...]] = []
+
+        def __call__(self, tensors: tuple[Any, ...]) -> Any:
+            self.calls.append(tensors)
+            return F.linear(*tensors) + 1  # told apart from torch's
+
+    layer = nn.Linear(8, 4).to(D).requires_grad_(False)  # an inference geometry
+    x = torch.randn(5, 8, dtype=D)
+    plan = PlanStandIn()
+    undecided = _decided(monkeypatch, layer, x, plan)
+    pt.serve(layer)
+    with torch.no_grad():
+        expected = F.linear(x, layer.weight, layer.bias) + 1
+        torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)
+        (tensors,) = plan.calls
+        assert tensors[0] is x and tensors[1] is layer.weight and tensors[2] is layer.bias and undecided == []
+        monkeypatch.setattr(BUCKETS, "functions", frozenset({"linear"}))
+        layer(x)
+        monkeypatch.setattr(BUCKETS, "functions", frozenset())
+        assert len(undecided) == 1
+        torch._dynamo.reset()
+        torch.compile(layer, backend="eager", fullgraph=True)(x)
+        assert len(undecided) == 2 and len(plan.calls) == 1  # the traced call took the route
+    torch._dynamo.reset()
+
+
+def test_a_geometry_plancache_could_not_serve_runs_torchs_function_and_asks_again_when_due(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A geometry the table leaves to torch for a reason that may pass (the service unreachable): torch's function
+    at once, as plancache.functional's hit runs it, until the entry is due to ask again; then the route's."""
+    from plancache.functional._table import Fallback, counts
+
+    layer = nn.Linear(8, 4).to(D).requires_grad_(False)
+    x = torch.randn(5, 8, dtype=D)
+    entry = Fallback("linear", _key(layer, x), F.linear, "the service is unreachable", transient=True)
+    undecided = _decided(monkeypatch, layer, x, entry)
+    pt.serve(layer)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
+        assert undecided == [] and counts("linear").torch == 1
+        entry.expires = 0.0  # RETRY_AFTER_S passed: this call runs torch's and leaves the table
+        layer(x)
+        layer(x)
+    assert len(undecided) == 1 and counts("linear").torch == 2

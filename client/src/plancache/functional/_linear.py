@@ -81,20 +81,7 @@ def _linear(
             else _grad_on()
             and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
         )
-        key = (
-            "linear",
-            input.shape,
-            input.stride(),
-            input.dtype,
-            input.get_device(),
-            weight.shape,
-            weight.stride(),
-            weight.dtype,
-            weight.get_device(),
-            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
-            activation,
-            grad,
-        )
+        key = _key(input, weight, bias, activation, grad)
     except (AttributeError, TypeError):
         return torch_linear(input, weight, bias, activation=activation)  # not tensors: torch's error
     tensors = (input, weight) if bias is None else (input, weight, bias)
@@ -123,6 +110,35 @@ def _linear(
         raced=True,
     )
     return auto_checked(key, input, out) if op is None and AUTO.enabled else out
+
+
+def _key(input: Any, weight: Any, bias: Any, activation: str | None, grad: bool) -> tuple[Any, ...]:
+    """A linear call's geometry key: what its table entry is found by."""
+    return (
+        "linear",
+        input.shape,
+        input.stride(),
+        input.dtype,
+        input.get_device(),
+        weight.shape,
+        weight.stride(),
+        weight.dtype,
+        weight.get_device(),
+        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
+        activation,
+        grad,
+    )
+
+
+def decided(input: Any, weight: Any, bias: Any) -> Any:
+    """The table's entry for an eager call `linear(input, weight, bias)` (tensors; no activation, no row buckets:
+    the key the call would look up first), or None (row buckets set: the call pads its rows first).
+    plancache.torch's served layers look here before anything else: a geometry the table holds passed every
+    check when it was decided."""
+    if BUCKETS.functions:
+        return None
+    grad = _grad_on() and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+    return TABLE.get(_key(input, weight, bias, None, grad))
 
 
 def matmul(input: Any, other: Any) -> Any:

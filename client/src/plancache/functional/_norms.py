@@ -99,18 +99,7 @@ def _layer_norm(
                 or (bias is not None and bias.requires_grad)
             )
         )
-        key = (
-            "layer_norm",
-            input.shape,
-            input.stride(),
-            input.dtype,
-            input.get_device(),
-            shape,
-            eps,
-            grad,
-            None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()),
-            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
-        )
+        key = _layer_norm_key(input, shape, weight, bias, eps, grad)
     except (AttributeError, TypeError):
         return torch_layer_norm(input, normalized_shape, weight, bias, eps)
     tensors: tuple[Any, ...] = (input,)
@@ -146,6 +135,36 @@ def _layer_norm(
     return auto_checked(key, input, out) if op is None and AUTO.enabled else out
 
 
+def _layer_norm_key(input: Any, shape: Any, weight: Any, bias: Any, eps: Any, grad: bool) -> tuple[Any, ...]:
+    """A layer_norm call's geometry key (`shape` hashable): what its table entry is found by."""
+    return (
+        "layer_norm",
+        input.shape,
+        input.stride(),
+        input.dtype,
+        input.get_device(),
+        shape,
+        eps,
+        grad,
+        None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()),
+        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
+    )
+
+
+def decided_layer_norm(input: Any, normalized_shape: Any, weight: Any, bias: Any, eps: Any) -> Any:
+    """The table's entry for an eager call `layer_norm(input, normalized_shape, weight, bias, eps)` (tensors or
+    None: the key the call would look up first), or None (row buckets set: the call pads its rows first).
+    plancache.torch's served layers look here first."""
+    if BUCKETS.functions:
+        return None
+    grad = _grad_on() and (
+        input.requires_grad
+        or (weight is not None and weight.requires_grad)
+        or (bias is not None and bias.requires_grad)
+    )
+    return TABLE.get(_layer_norm_key(input, hashable(normalized_shape), weight, bias, eps, grad))
+
+
 def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> Any:
     """torch.nn.functional.rms_norm; eps None is torch.finfo(input.dtype).eps,
     as torch documents it. Differentiable: cuDNN's rmsnorm backward."""
@@ -170,17 +189,7 @@ def _rms_norm(
             if op is not None
             else _grad_on() and (input.requires_grad or (weight is not None and weight.requires_grad))
         )
-        key = (
-            "rms_norm",
-            input.shape,
-            input.stride(),
-            input.dtype,
-            input.get_device(),
-            shape,
-            eps,
-            grad,
-            None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()),
-        )
+        key = _rms_norm_key(input, shape, weight, eps, grad)
     except (AttributeError, TypeError):
         return torch_rms_norm(input, normalized_shape, weight, eps)
     tensors = (input,) if weight is None else (input, weight)
@@ -217,6 +226,30 @@ def normalized(shape: Any) -> Dims:
         return tuple(int(d) for d in shape)
     except (TypeError, ValueError):
         raise Unserved(f"normalized_shape must be an int or a sequence of ints, got {shape!r}") from None
+
+
+def _rms_norm_key(input: Any, shape: Any, weight: Any, eps: Any, grad: bool) -> tuple[Any, ...]:
+    """An rms_norm call's geometry key (`shape` hashable): what its table entry is found by."""
+    return (
+        "rms_norm",
+        input.shape,
+        input.stride(),
+        input.dtype,
+        input.get_device(),
+        shape,
+        eps,
+        grad,
+        None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()),
+    )
+
+
+def decided_rms_norm(input: Any, normalized_shape: Any, weight: Any, eps: Any) -> Any:
+    """The table's entry for an eager call `rms_norm(input, normalized_shape, weight, eps)`, or None (as
+    decided_layer_norm)."""
+    if BUCKETS.functions:
+        return None
+    grad = _grad_on() and (input.requires_grad or (weight is not None and weight.requires_grad))
+    return TABLE.get(_rms_norm_key(input, hashable(normalized_shape), weight, eps, grad))
 
 
 def _norm(

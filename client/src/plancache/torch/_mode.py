@@ -34,9 +34,13 @@ import plancache.functional as pf
 from plancache.errors import InvalidRequest
 from plancache.functional._attention import boolean_mask_as_bias
 from plancache.functional._first_call import torch_faster_reason
+from plancache.functional._linear import decided as pf_linear_decided
 from plancache.functional._modes import eager_calls
+from plancache.functional._norms import decided_layer_norm as pf_layer_norm_decided
+from plancache.functional._norms import decided_rms_norm as pf_rms_norm_decided
 from plancache.functional._race import RACE, TORCH_FASTER
 from plancache.functional._race import race as pf_race
+from plancache.functional._table import Fallback
 from plancache.functional._table import counts as pf_counts
 from plancache.torch import _ops
 
@@ -359,7 +363,77 @@ def _shape(value: Any) -> list[int]:
 # ---- the routes: torch's arguments in, plancache's call out (Left: torch's) ----------------------
 
 
+UNDECIDED = object()
+
+
+def _decidable(x: Any) -> bool:
+    """Whether a call with first tensor `x` may be a decided geometry's (eager, CUDA, a served dtype)."""
+    return isinstance(x, Tensor) and _functional(x) and x.dtype in SERVED_DTYPES
+
+
+def _run_decided(entry: Any, tensors: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:
+    """A decided geometry's call, as plancache.functional's hit runs it: torch's function `func(*args)` where the
+    table says torch runs the geometry (its race won, or plancache could not serve it), else the entry on
+    `tensors` (its plan); UNDECIDED where the table holds nothing for it."""
+    if entry is None:
+        return UNDECIDED
+    if isinstance(entry, Fallback):
+        result = func(*args)
+        entry.taken()
+        return result
+    return entry(tensors)
+
+
+# The decided geometries' calls (a served layer's, most calls of a step; the mode's linear and norms called as
+# layers call them): what plancache.functional's hit for the call's key runs, at once (its plan, or torch's
+# function where torch won the race or plancache could not serve it); UNDECIDED for any other call, which the
+# route's checks decide. Skipped: the route's checks and plancache.functional's wrapper, ~9 µs a call of a served
+# linear layer whose race torch won (the GPU's eager path with CPU tensors standing in, on the development CPU:
+# bench/serve_cost.py --path torch-won). The key names every tensor's shape, stride, dtype and device, so a call
+# the route would leave to torch finds no entry the route made; one plancache.functional holds from a program's own
+# call (a weight on the CPU, say) runs as that hit does, torch's function, counted routed rather than left.
+
+
+def decided_linear(x: Any, w: Any, b: Any) -> Any:
+    if not _decidable(x) or x.dim() < 2:
+        return UNDECIDED
+    try:
+        entry = pf_linear_decided(x, w, b)
+    except (AttributeError, TypeError):  # a weight or bias that is not a tensor: the route says so
+        return UNDECIDED
+    return _run_decided(entry, (x, w) if b is None else (x, w, b), F.linear, x, w, b)
+
+
+def decided_layer_norm(x: Any, shape: Any, w: Any, b: Any, eps: Any) -> Any:
+    if not _decidable(x):
+        return UNDECIDED
+    try:
+        entry = pf_layer_norm_decided(x, shape, w, b, eps)
+    except (AttributeError, TypeError):
+        return UNDECIDED
+    tensors = (x,) if w is None else (x, w)
+    return _run_decided(entry, tensors if b is None else (*tensors, b), F.layer_norm, x, shape, w, b, eps)
+
+
+def decided_rms_norm(x: Any, shape: Any, w: Any, eps: Any) -> Any:
+    if not _decidable(x):
+        return UNDECIDED
+    try:
+        entry = pf_rms_norm_decided(x, shape, w, None if eps is None else float(eps))
+    except (AttributeError, TypeError):
+        return UNDECIDED
+    return _run_decided(entry, (x,) if w is None else (x, w), F.rms_norm, x, shape, w, eps)
+
+
 def _layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not kwargs and len(args) == 5:  # a layer's call, F.layer_norm(x, shape, weight, bias, eps)
+        result = decided_layer_norm(*args)
+        if result is not UNDECIDED:
+            return result
+    return undecided_layer_norm(args, kwargs)
+
+
+def undecided_layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # torch.layer_norm's last argument, cudnn_enable, says nothing plancache reads.
     bound = _bind(
         args,
@@ -386,6 +460,14 @@ def _layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def _rms_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not kwargs and len(args) == 4:  # a layer's call, F.rms_norm(x, shape, weight, eps)
+        result = decided_rms_norm(*args)
+        if result is not UNDECIDED:
+            return result
+    return undecided_rms_norm(args, kwargs)
+
+
+def undecided_rms_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     bound = _bind(args, kwargs, ("input", "normalized_shape", "weight", "eps"), {"weight": None, "eps": None})
     if isinstance(bound, Left):
         return bound
@@ -405,6 +487,15 @@ def _rms_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def _linear(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not kwargs and len(args) == 3:
+        result = decided_linear(*args)
+        if result is not UNDECIDED:
+            return result
+    return undecided_linear(args, kwargs)
+
+
+def undecided_linear(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The linear route past its decided geometries: the checks, plancache.functional's call."""
     bound = _bind(args, kwargs, ("input", "weight", "bias"), {"bias": None})
     if isinstance(bound, Left):
         return bound

@@ -34,17 +34,34 @@ from plancache.torch import _mode
 
 
 def _linear(layer: nn.Linear, input: Tensor) -> Any:
-    return _mode.dispatch("linear", _mode._linear, F.linear, (input, layer.weight, layer.bias), {})
+    return _linear_call(input, layer.weight, layer.bias)
+
+
+def _linear_call(x: Tensor, w: Tensor, b: Tensor | None) -> Any:
+    """The linear route's call, its geometry decided (most calls of a step) or not."""
+    result = _mode.decided_linear(x, w, b)
+    if result is _mode.UNDECIDED:
+        return _mode.dispatch("linear", _mode.undecided_linear, F.linear, (x, w, b), {})
+    _mode._count("linear", None)
+    return result
 
 
 def _layer_norm(layer: nn.LayerNorm, input: Tensor) -> Any:
     args = (input, layer.normalized_shape, layer.weight, layer.bias, layer.eps)
-    return _mode.dispatch("layer_norm", _mode._layer_norm, F.layer_norm, args, {})
+    result = _mode.decided_layer_norm(*args)
+    if result is _mode.UNDECIDED:
+        return _mode.dispatch("layer_norm", _mode.undecided_layer_norm, F.layer_norm, args, {})
+    _mode._count("layer_norm", None)
+    return result
 
 
 def _rms_norm(layer: Any, input: Tensor) -> Any:
     args = (input, layer.normalized_shape, layer.weight, layer.eps)
-    return _mode.dispatch("rms_norm", _mode._rms_norm, F.rms_norm, args, {})
+    result = _mode.decided_rms_norm(*args)
+    if result is _mode.UNDECIDED:
+        return _mode.dispatch("rms_norm", _mode.undecided_rms_norm, F.rms_norm, args, {})
+    _mode._count("rms_norm", None)
+    return result
 
 
 def _conv2d(layer: nn.Conv2d, input: Tensor) -> Any:
@@ -59,8 +76,7 @@ def _conv1d_transformers(layer: Any, x: Tensor) -> Any:
     kernel on the same operands (tests/unit/plancache_torch/test_serve.py), so the layer takes the linear route
     at once, as the mode's addmm route does after checks a Conv1D always passes (a 1-D bias, beta = alpha = 1)."""
     size_out = (*x.size()[:-1], layer.nf)
-    args = (x.view(-1, x.size(-1)), layer.weight.t(), layer.bias)
-    return _mode.dispatch("linear", _mode._linear, F.linear, args, {}).view(size_out)
+    return _linear_call(x.view(-1, x.size(-1)), layer.weight.t(), layer.bias).view(size_out)
 
 
 FORWARDS = (_linear, _layer_norm, _rms_norm, _conv2d, _conv1d_transformers)
