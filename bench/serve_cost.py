@@ -96,8 +96,8 @@ def torch_won_stand_in(torch: Any) -> None:
     import torch.nn.functional as F
 
     import plancache.functional as pf
-    from plancache.functional import _linear, _norms
-    from plancache.functional._geometry import hashable
+    from plancache.functional import _norms
+    from plancache.functional._geometry import hashable, weighted_key
     from plancache.functional._table import TABLE, TorchFaster
     from plancache.torch import _mode
 
@@ -113,7 +113,7 @@ def torch_won_stand_in(torch: Any) -> None:
         return run()
 
     def linear(x: Any, w: Any, b: Any = None) -> Any:
-        key = _linear._key(x, w, b, None, grad(x, w, b))
+        key = weighted_key("linear", x, w, b, None, grad(x, w, b))
         return torch_won(key, "linear", lambda: F.linear(x, w, b))
 
     def layer_norm(x: Any, shape: Any, w: Any = None, b: Any = None, eps: float = 1e-5) -> Any:

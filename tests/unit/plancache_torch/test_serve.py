@@ -186,20 +186,28 @@ def test_what_is_not_a_module_is_refused_naming_it(function: Any, model: Any) ->
 
 def _key(layer: nn.Module, x: Any) -> Any:
     """plancache.functional's table key of `layer(x)`'s call (its route's function, the layer's arguments)."""
-    from plancache.functional import _linear, _norms
-    from plancache.functional._geometry import hashable
+    from plancache.functional import _norms
+    from plancache.functional._geometry import hashable, weighted_key
 
     params = [p for p in layer.parameters()]
     grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params))
     if isinstance(layer, nn.Linear):
-        return _linear._key(x, layer.weight, layer.bias, None, grad)
+        return weighted_key("linear", x, layer.weight, layer.bias, None, grad)
+    if isinstance(layer, nn.Conv2d):
+        options = (layer.stride, layer.padding, layer.dilation, layer.groups, False)
+        return weighted_key("conv2d", x, layer.weight, layer.bias, options, grad)
     if isinstance(layer, nn.LayerNorm):
         shape = hashable(layer.normalized_shape)
         return _norms._layer_norm_key(x, shape, layer.weight, layer.bias, layer.eps, grad)
     return _norms._rms_norm_key(x, hashable(layer.normalized_shape), layer.weight, layer.eps, grad)
 
 
-ROUTES = {nn.Linear: "linear", nn.LayerNorm: "layer_norm", getattr(nn, "RMSNorm", None): "rms_norm"}
+ROUTES = {
+    nn.Linear: "linear",
+    nn.Conv2d: "conv2d",
+    nn.LayerNorm: "layer_norm",
+    getattr(nn, "RMSNorm", None): "rms_norm",
+}
 
 
 def _decided(monkeypatch: pytest.MonkeyPatch, layer: nn.Module, x: Any, entry: Any) -> list[Any]:
@@ -220,7 +228,15 @@ def _decided(monkeypatch: pytest.MonkeyPatch, layer: nn.Module, x: Any, entry: A
     return undecided
 
 
-@pytest.mark.parametrize("kind", ["Linear", "LayerNorm", "RMSNorm"])
+LAYERS = {
+    "Linear": (lambda: nn.Linear(8, 4), [6, 8], [2, 3, 8]),
+    "Conv2d": (lambda: nn.Conv2d(3, 4, 3, padding=1, stride=(2, 1)), [2, 3, 5, 6], [1, 3, 5, 6]),
+    "LayerNorm": (lambda: nn.LayerNorm(8), [6, 8], [2, 3, 8]),
+    "RMSNorm": (lambda: nn.RMSNorm(8), [6, 8], [2, 3, 8]),
+}
+
+
+@pytest.mark.parametrize("kind", list(LAYERS))
 def test_a_geometry_torch_won_runs_torchs_function_at_once_counted_as_before(
     kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -231,22 +247,21 @@ def test_a_geometry_torch_won_runs_torchs_function_at_once_counted_as_before(
 
     if not hasattr(nn, kind):
         pytest.skip(f"this torch has no nn.{kind}")
-    layer = {"Linear": lambda: nn.Linear(8, 4), "LayerNorm": lambda: nn.LayerNorm(8), "RMSNorm": lambda: nn.RMSNorm(8)}
-    layer = layer[kind]().to(D)
+    make, decided_shape, other_shape = LAYERS[kind]
+    layer = make().to(D)
     function = ROUTES[type(layer)]
     reference = copy.deepcopy(layer)
-    x = torch.randn(2, 3, 8, dtype=D, requires_grad=True)
-    flat = x.detach().view(6, 8).requires_grad_()
+    x = torch.randn(decided_shape, dtype=D, requires_grad=True)
     entry_ran: list[Any] = []
-    undecided = _decided(monkeypatch, layer, flat, TorchFaster(function, "k", entry_ran.append, "verdict"))
+    undecided = _decided(monkeypatch, layer, x, TorchFaster(function, "k", entry_ran.append, "verdict"))
     pt.serve(layer)
-    got, expected = layer(flat), reference(flat)
+    got, expected = layer(x), reference(x)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     got.sum().backward(), expected.sum().backward()
     torch.testing.assert_close(layer.weight.grad, reference.weight.grad, rtol=0, atol=0)
     assert undecided == [] and entry_ran == []  # torch's function called directly, the same one
     assert pt.stats()[function].routed == 1 and counts(function).torch == 1
-    layer(x)  # another geometry (3-D input): undecided, the route's
+    layer(torch.randn(other_shape, dtype=D))  # another geometry: undecided, the route's
     assert len(undecided) == 1 and pt.stats()[function].left == {"undecided": 1}
 
 

@@ -22,6 +22,7 @@ from plancache.functional._geometry import (
     no_zero_strides,
     pair,
     served_dtype,
+    weighted_key,
 )
 from plancache.functional._op_call import OpCall
 from plancache.functional._requests import (
@@ -93,20 +94,7 @@ def _conv2d(
             else _grad_on()
             and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
         )
-        key = (
-            "conv2d",
-            input.shape,
-            input.stride(),
-            input.dtype,
-            input.get_device(),
-            weight.shape,
-            weight.stride(),
-            weight.dtype,
-            weight.get_device(),
-            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
-            options,
-            grad,
-        )
+        key = weighted_key("conv2d", input, weight, bias, options, grad)
     except (AttributeError, TypeError):
         return torch_conv2d(input, weight, bias, stride, padding, dilation, groups, relu=relu)
     tensors = (input, weight) if bias is None else (input, weight, bias)
@@ -150,6 +138,14 @@ def conv_attributes(stride: Any, padding: Any, dilation: Any, weight_dims: Dims)
     """torch's stride, padding and dilation as the conv nodes' attributes (forward, dgrad and wgrad alike)."""
     steps, dilations = pair(stride, "stride"), pair(dilation, "dilation")
     return {**_conv_padding(padding, steps, dilations, weight_dims[2:]), "stride": steps, "dilation": dilations}
+
+
+def decided(input: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: Any) -> Any:
+    """The table's entry for an eager call `conv2d(input, weight, bias, stride, padding, dilation, groups)`
+    (tensors; no fused ReLU), or None: plancache.torch's served layers look here first."""
+    grad = _grad_on() and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+    options = (hashable(stride), hashable(padding), hashable(dilation), groups, False)
+    return TABLE.get(weighted_key("conv2d", input, weight, bias, options, grad))
 
 
 def conv2d_request(

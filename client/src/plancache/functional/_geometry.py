@@ -87,6 +87,25 @@ def tensor_key(t: Any) -> Hashable:
     return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad)
 
 
+def weighted_key(function: str, input: Any, weight: Any, bias: Any, options: Hashable, grad: bool) -> tuple[Any, ...]:
+    """The geometry key of a call of an input, a weight and an optional bias (linear, conv2d): what its table
+    entry is found by; `options` the function's own (linear's activation; conv2d's stride, padding...)."""
+    return (
+        function,
+        input.shape,
+        input.stride(),
+        input.dtype,
+        input.get_device(),
+        weight.shape,
+        weight.stride(),
+        weight.dtype,
+        weight.get_device(),
+        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
+        options,
+        grad,
+    )
+
+
 def hashable(value: Any) -> Hashable:
     """An option as a geometry key holds it (a list as a tuple)."""
     return tuple(value) if isinstance(value, list) else value  # type: ignore[no-any-return]

@@ -18,7 +18,7 @@ from plancache.frontdoors.buckets import AUTO, BUCKETS, pad_rows
 from plancache.functional import _modes
 from plancache.functional._autograd import Rule, TorchSum, needed
 from plancache.functional._first_call import at_bucket, auto_checked, auto_padded, first_call
-from plancache.functional._geometry import Geo, Unserved, collapse, no_zero_strides, served_dtype
+from plancache.functional._geometry import Geo, Unserved, collapse, no_zero_strides, served_dtype, weighted_key
 from plancache.functional._op_call import OpCall
 from plancache.functional._requests import (
     ACTIVATIONS,
@@ -81,7 +81,7 @@ def _linear(
             else _grad_on()
             and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
         )
-        key = _key(input, weight, bias, activation, grad)
+        key = weighted_key("linear", input, weight, bias, activation, grad)
     except (AttributeError, TypeError):
         return torch_linear(input, weight, bias, activation=activation)  # not tensors: torch's error
     tensors = (input, weight) if bias is None else (input, weight, bias)
@@ -112,24 +112,6 @@ def _linear(
     return auto_checked(key, input, out) if op is None and AUTO.enabled else out
 
 
-def _key(input: Any, weight: Any, bias: Any, activation: str | None, grad: bool) -> tuple[Any, ...]:
-    """A linear call's geometry key: what its table entry is found by."""
-    return (
-        "linear",
-        input.shape,
-        input.stride(),
-        input.dtype,
-        input.get_device(),
-        weight.shape,
-        weight.stride(),
-        weight.dtype,
-        weight.get_device(),
-        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
-        activation,
-        grad,
-    )
-
-
 def decided(input: Any, weight: Any, bias: Any) -> Any:
     """The table's entry for an eager call `linear(input, weight, bias)` (tensors; no activation, no row buckets:
     the key the call would look up first), or None (row buckets set: the call pads its rows first).
@@ -138,7 +120,7 @@ def decided(input: Any, weight: Any, bias: Any) -> Any:
     if BUCKETS.functions:
         return None
     grad = _grad_on() and (input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-    return TABLE.get(_key(input, weight, bias, None, grad))
+    return TABLE.get(weighted_key("linear", input, weight, bias, None, grad))
 
 
 def matmul(input: Any, other: Any) -> Any:

@@ -33,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 import plancache.functional as pf
 from plancache.errors import InvalidRequest
 from plancache.functional._attention import boolean_mask_as_bias
+from plancache.functional._convolution import decided as pf_conv2d_decided
 from plancache.functional._first_call import torch_faster_reason
 from plancache.functional._linear import decided as pf_linear_decided
 from plancache.functional._modes import eager_calls
@@ -384,8 +385,8 @@ def _run_decided(entry: Any, tensors: tuple[Any, ...], func: Callable[..., Any],
     return entry(tensors)
 
 
-# The decided geometries' calls (a served layer's, most calls of a step; the mode's linear and norms called as
-# layers call them): what plancache.functional's hit for the call's key runs, at once (its plan, or torch's
+# The decided geometries' calls (a served layer's, most calls of a step; the mode's linear, conv2d and norms
+# called as layers call them): what plancache.functional's hit for the call's key runs, at once (its plan, or torch's
 # function where torch won the race or plancache could not serve it); UNDECIDED for any other call, which the
 # route's checks decide. Skipped: the route's checks and plancache.functional's wrapper, ~9 µs a call of a served
 # linear layer whose race torch won (the GPU's eager path with CPU tensors standing in, on the development CPU:
@@ -576,7 +577,27 @@ def _sdpa(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return out if unattended is None else out.masked_fill(unattended, 0.0)
 
 
+def decided_conv2d(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, groups: Any) -> Any:
+    """Options as the route hands them to plancache.functional: a Conv2d layer's own (pairs of ints; a padding
+    given as a word is the route's)."""
+    if not _decidable(x) or x.dim() != 4 or not (type(stride) is type(padding) is type(dilation) is tuple):
+        return UNDECIDED
+    try:
+        entry = pf_conv2d_decided(x, w, b, stride, padding, dilation, groups)
+    except (AttributeError, TypeError):
+        return UNDECIDED
+    return _run_decided(entry, (x, w) if b is None else (x, w, b), F.conv2d, x, w, b, stride, padding, dilation, groups)
+
+
 def _conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not kwargs and len(args) == 7:  # a layer's call, F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+        result = decided_conv2d(*args)
+        if result is not UNDECIDED:
+            return result
+    return undecided_conv2d(args, kwargs)
+
+
+def undecided_conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     bound = _bind(
         args,
         kwargs,

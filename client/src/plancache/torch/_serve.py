@@ -66,7 +66,11 @@ def _rms_norm(layer: Any, input: Tensor) -> Any:
 
 def _conv2d(layer: nn.Conv2d, input: Tensor) -> Any:
     args = (input, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation, layer.groups)
-    return _mode.dispatch("conv2d", _mode._conv2d, F.conv2d, args, {})
+    result = _mode.decided_conv2d(*args)
+    if result is _mode.UNDECIDED:
+        return _mode.dispatch("conv2d", _mode.undecided_conv2d, F.conv2d, args, {})
+    _mode._count("conv2d", None)
+    return result
 
 
 def _conv1d_transformers(layer: Any, x: Tensor) -> Any:
