@@ -62,13 +62,18 @@ class Workload:
         self.name, self.make, self.batch, self.train, self.lr = name, make, batch, train, lr
 
     def runner(
-        self, model: Any, compile_mode: str, compile_fn: Callable[..., Any] | None = None
+        self, model: Any, compile_mode: str, compile_fn: Callable[..., Any] | None = None, tag: str = ""
     ) -> Callable[[Any], Any]:
-        """One step of `model`; compiled (unless eager) by `compile_fn` (torch.compile by default)."""
+        """One step of `model`; compiled (unless eager) by `compile_fn`, or by torch.compile through an entry
+        function of its own (`tag` names it)."""
         import torch
 
-        compile_fn = compile_fn or torch.compile
-        forward = model if compile_mode == "eager" else compile_fn(model, fullgraph=True, mode=_mode_arg(compile_mode))
+        if compile_mode == "eager":
+            forward = model
+        elif compile_fn is None:
+            forward = torch.compile(_own_entry(model, tag), fullgraph=True, mode=_mode_arg(compile_mode))
+        else:
+            forward = compile_fn(model, fullgraph=True, mode=_mode_arg(compile_mode))
         if not self.train:
 
             def infer(batch: Any) -> Any:
@@ -90,6 +95,18 @@ class Workload:
             return loss.detach()
 
         return step
+
+
+def _own_entry(model: Any, tag: str) -> Callable[..., Any]:
+    """`model`'s call through a function with a code object of its own. Dynamo keeps compiled code by code object,
+    and torch.compile of a module compiles a wrapper every compiled module shares (torch 2.13: external_utils'
+    `inner`): torch's and plancache's compiled variants were two cache entries of one code object, each call trying
+    the other's guards first or after. An entry per variant keeps them apart, as a program with one compiled model
+    is."""
+    namespace = {"model": model}
+    source = "def entry(*args, **kwargs):\n    return model(*args, **kwargs)\n"
+    exec(compile(source, f"<bench/torch_models.py entry: {tag}>", "exec"), namespace)
+    return namespace["entry"]  # type: ignore[no-any-return]
 
 
 def _loss(forward: Callable[..., Any], batch: Any) -> Any:
@@ -240,17 +257,17 @@ def measure(work: Workload, compile_mode: str, args: argparse.Namespace, pt: Any
     if compile_mode != "eager" and args.plancache_by == "mode":
         row["plancache_compile"] = args.plancache_compile
     runners: dict[str, Callable[[Any], Any]] = {}
+    torch._dynamo.reset()  # once: each variant's compiled code is its entry's own (_own_entry)
     for variant in ("torch", "plancache"):
-        torch._dynamo.reset()
         model = copy.deepcopy(base)
         context: Callable[[], Any] = contextlib.nullcontext
         if variant == "plancache" and args.plancache_by == "serve":  # the model's layers served, no mode
-            run = work.runner(pt.serve(model), compile_mode)
+            run = work.runner(pt.serve(model), compile_mode, tag=variant)
         else:
             # plancache compiled: plancache.torch.compile (the mode inside the compiled function), or
             # `--plancache-compile around`: torch.compile run inside `with plancache.torch.mode():`.
             inside = variant == "plancache" and compile_mode != "eager" and args.plancache_compile == "inside"
-            run = work.runner(model, compile_mode, pt.compile if inside else None)
+            run = work.runner(model, compile_mode, pt.compile if inside else None, tag=variant)
             if variant == "plancache" and not inside:
                 context = pt.mode
         start = time.perf_counter()
