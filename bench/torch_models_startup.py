@@ -1,5 +1,5 @@
 """The first step of a fresh process with every plan stored: unchanged models under `plancache.torch.mode()`
-against torch alone (issue 42, item 4; bench/torch_models.py measures steady steps in one process).
+(or `--plancache-by serve`: `plancache.torch.serve(model)`) against torch alone (issue 42, item 4; bench/torch_models.py measures steady steps in one process).
 
 A real deployment (Redis, plancache-server, one GPU worker, heuristic plans: the worker is stopped once the
 first runs built them, as bench/training.py --startup does). For each model of --models and each mode of
@@ -19,6 +19,7 @@ process has an empty plan disk cache; the CUDA JIT cache is the machine's (warm 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -37,9 +38,10 @@ from bench.report import figure, save, table, write_json  # noqa: E402
 LABELS = ("first (nothing stored)", "stored", "torch")
 
 
-def node_main(path: str, model: str, compile_mode: str, server: str, device: str = "cuda") -> None:
-    """One fresh process (run by startup()): prints one JSON line. `path`: "plancache" (under the mode,
-    against `server`) or "torch". `device` "cpu": small sizes, nothing routed (a check that the code runs)."""
+def node_main(path: str, model: str, compile_mode: str, server: str, device: str = "cuda", by: str = "mode") -> None:
+    """One fresh process (run by startup()): prints one JSON line. `path`: "plancache" (under the mode, or with the
+    model's layers served where `by` is "serve", against `server`) or "torch". `device` "cpu": small sizes,
+    nothing routed (a check that the code runs)."""
     began = time.perf_counter()
     import torch
 
@@ -55,8 +57,6 @@ def node_main(path: str, model: str, compile_mode: str, server: str, device: str
         pf.configure(Client(server, cache=False, workload=f"bench-torch-models-{model}-{compile_mode}"))
         context, stats = pt.mode, pt.stats
     else:
-        import contextlib
-
         context = contextlib.nullcontext
     imports_s = time.perf_counter() - began
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -67,12 +67,13 @@ def node_main(path: str, model: str, compile_mode: str, server: str, device: str
     torch.manual_seed(0)
     net = work.make()
     batch = work.batch()
-    # Compiled under plancache: plancache.torch.compile (the mode inside the compiled function, none around it).
-    inside = path == "plancache" and compile_mode != "eager"
+    served = path == "plancache" and by == "serve"
+    if served:  # the model's layers served, no mode; compiled with torch.compile as torch's is
+        net, context = pt.serve(net), contextlib.nullcontext
+    # Compiled under the mode: plancache.torch.compile (the mode inside the compiled function, none around it).
+    inside = path == "plancache" and compile_mode != "eager" and not served
     run = work.runner(net, compile_mode, pt.compile if inside else None)
     if inside:
-        import contextlib
-
         context = contextlib.nullcontext
     recompiles = _recompile_messages() if compile_mode != "eager" else []
     sync()
@@ -86,6 +87,7 @@ def node_main(path: str, model: str, compile_mode: str, server: str, device: str
         steps.append(time.perf_counter() - started)
     result: dict[str, Any] = {
         "path": path,
+        "plancache_by": by,
         "model": model,
         "mode": compile_mode,
         "imports_s": imports_s,
@@ -133,7 +135,9 @@ def _recompile_messages() -> list[str]:
     return messages
 
 
-def startup(out: Path, models: list[str], modes: list[str], repeats: int, time_limit: float) -> dict[str, Any]:
+def startup(
+    out: Path, models: list[str], modes: list[str], repeats: int, time_limit: float, by: str = "mode"
+) -> dict[str, Any]:
     from bench import startup_deploy as deploy
     from plancache.trust.signing import generate_keypair
     from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
@@ -143,7 +147,7 @@ def startup(out: Path, models: list[str], modes: list[str], repeats: int, time_l
     tmp = Path(tempfile.mkdtemp(prefix="plancache-torch-startup-"))
     private_key, public_key = generate_keypair(tmp / "keys")
     result: dict[str, Any] = {
-        "config": {"models": models, "modes": modes, "repeats": repeats, "time_limit_s": time_limit},
+        "config": {"models": models, "modes": modes, "repeats": repeats, "time_limit_s": time_limit, "by": by},
         "runs": [],
         "skipped": [],
     }
@@ -154,7 +158,7 @@ def startup(out: Path, models: list[str], modes: list[str], repeats: int, time_l
             return
         env = {**trusting_env(public_key), "PLANCACHE_CACHE_DIR": tempfile.mkdtemp(prefix="disk-cache-", dir=tmp)}
         args = [sys.executable, str(Path(__file__).resolve()), "--node", path, "--model", model]
-        args += ["--modes", compile_mode, "--server", address]
+        args += ["--modes", compile_mode, "--server", address, "--plancache-by", by]
         started = time.monotonic()
         row: dict[str, Any] = {"label": label, "model": model, "mode": compile_mode}
         try:
@@ -251,6 +255,12 @@ def main() -> None:
     parser.add_argument("--models", default="resnet50_train,gpt2-256,llama-256")
     parser.add_argument("--modes", default="eager")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--plancache-by",
+        choices=("mode", "serve"),
+        default="mode",
+        help="plancache's processes: plancache.torch.mode() or plancache.torch.serve(model)",
+    )
     parser.add_argument("--time-limit", type=float, default=400.0, help="seconds: no new process starts after this")
     parser.add_argument("--node", choices=("plancache", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -258,12 +268,12 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.node:
-        node_main(args.node, args.model, args.modes, args.server, args.device)
+        node_main(args.node, args.model, args.modes, args.server, args.device, args.plancache_by)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    report(startup(args.out, models, modes, args.repeats, args.time_limit), args.out)
+    report(startup(args.out, models, modes, args.repeats, args.time_limit, args.plancache_by), args.out)
 
 
 if __name__ == "__main__":
