@@ -335,3 +335,33 @@ def test_a_geometry_plancache_could_not_serve_runs_torchs_function_and_asks_agai
         layer(x)
         layer(x)
     assert len(undecided) == 1 and counts("linear").torch == 2
+
+
+def test_decided_calls_from_several_threads_are_each_counted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads calling one served layer of a decided geometry at once: every call torch's result, every call
+    counted, routed and on the table's entry (no count lost to a race between threads)."""
+    import threading
+
+    from plancache.functional._table import TorchFaster, counts
+
+    layer = nn.Linear(8, 4).to(D).requires_grad_(False)
+    x = torch.randn(5, 8, dtype=D)
+    undecided = _decided(monkeypatch, layer, x, TorchFaster("linear", "k", print, "verdict"))
+    pt.serve(layer)
+    expected = F.linear(x, layer.weight, layer.bias)
+    calls, threads = 400, 4
+    wrong: list[int] = []
+
+    def work() -> None:
+        with torch.no_grad():
+            for i in range(calls):
+                if not torch.equal(layer(x), expected):
+                    wrong.append(i)
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert wrong == [] and undecided == []
+    assert pt.stats()["linear"].routed == calls * threads and counts("linear").torch == calls * threads
