@@ -117,7 +117,7 @@ def torch_won_stand_in(torch: Any) -> None:
         return torch_won(key, "linear", lambda: F.linear(x, w, b))
 
     def layer_norm(x: Any, shape: Any, w: Any = None, b: Any = None, eps: float = 1e-5) -> Any:
-        key = _norms._layer_norm_key(x, hashable(shape), w, b, eps, grad(x, w, b))
+        key = _norms._norm_key("layer_norm", x, hashable(shape), eps, grad(x, w, b), w, b)
         return torch_won(key, "layer_norm", lambda: F.layer_norm(x, shape, w, b, eps))
 
     def attention(q: Any, k: Any, v: Any, mask: Any, dropout: float, causal: bool, scale: Any, gqa: bool) -> Any:

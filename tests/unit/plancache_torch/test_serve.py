@@ -198,8 +198,8 @@ def _key(layer: nn.Module, x: Any) -> Any:
         return weighted_key("conv2d", x, layer.weight, layer.bias, options, grad)
     if isinstance(layer, nn.LayerNorm):
         shape = hashable(layer.normalized_shape)
-        return _norms._layer_norm_key(x, shape, layer.weight, layer.bias, layer.eps, grad)
-    return _norms._rms_norm_key(x, hashable(layer.normalized_shape), layer.weight, layer.eps, grad)
+        return _norms._norm_key("layer_norm", x, shape, layer.eps, grad, layer.weight, layer.bias)
+    return _norms._norm_key("rms_norm", x, hashable(layer.normalized_shape), layer.eps, grad, layer.weight, None)
 
 
 ROUTES = {

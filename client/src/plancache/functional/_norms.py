@@ -99,7 +99,7 @@ def _layer_norm(
                 or (bias is not None and bias.requires_grad)
             )
         )
-        key = _layer_norm_key(input, shape, weight, bias, eps, grad)
+        key = _norm_key("layer_norm", input, shape, eps, grad, weight, bias)
     except (AttributeError, TypeError):
         return torch_layer_norm(input, normalized_shape, weight, bias, eps)
     tensors: tuple[Any, ...] = (input,)
@@ -135,10 +135,10 @@ def _layer_norm(
     return auto_checked(key, input, out) if op is None and AUTO.enabled else out
 
 
-def _layer_norm_key(input: Any, shape: Any, weight: Any, bias: Any, eps: Any, grad: bool) -> tuple[Any, ...]:
-    """A layer_norm call's geometry key (`shape` hashable): what its table entry is found by."""
+def _norm_key(function: str, input: Any, shape: Any, eps: Any, grad: bool, weight: Any, bias: Any) -> tuple[Any, ...]:
+    """A norm call's geometry key (`shape` hashable; rms_norm's bias None): what its table entry is found by."""
     return (
-        "layer_norm",
+        function,
         input.shape,
         input.stride(),
         input.dtype,
@@ -162,7 +162,7 @@ def decided_layer_norm(input: Any, normalized_shape: Any, weight: Any, bias: Any
         or (weight is not None and weight.requires_grad)
         or (bias is not None and bias.requires_grad)
     )
-    return TABLE.get(_layer_norm_key(input, hashable(normalized_shape), weight, bias, eps, grad))
+    return TABLE.get(_norm_key("layer_norm", input, hashable(normalized_shape), eps, grad, weight, bias))
 
 
 def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> Any:
@@ -189,7 +189,7 @@ def _rms_norm(
             if op is not None
             else _grad_on() and (input.requires_grad or (weight is not None and weight.requires_grad))
         )
-        key = _rms_norm_key(input, shape, weight, eps, grad)
+        key = _norm_key("rms_norm", input, shape, eps, grad, weight, None)
     except (AttributeError, TypeError):
         return torch_rms_norm(input, normalized_shape, weight, eps)
     tensors = (input,) if weight is None else (input, weight)
@@ -228,28 +228,13 @@ def normalized(shape: Any) -> Dims:
         raise Unserved(f"normalized_shape must be an int or a sequence of ints, got {shape!r}") from None
 
 
-def _rms_norm_key(input: Any, shape: Any, weight: Any, eps: Any, grad: bool) -> tuple[Any, ...]:
-    """An rms_norm call's geometry key (`shape` hashable): what its table entry is found by."""
-    return (
-        "rms_norm",
-        input.shape,
-        input.stride(),
-        input.dtype,
-        input.get_device(),
-        shape,
-        eps,
-        grad,
-        None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.get_device()),
-    )
-
-
 def decided_rms_norm(input: Any, normalized_shape: Any, weight: Any, eps: Any) -> Any:
     """The table's entry for an eager call `rms_norm(input, normalized_shape, weight, eps)`, or None (as
     decided_layer_norm)."""
     if BUCKETS.functions:
         return None
     grad = _grad_on() and (input.requires_grad or (weight is not None and weight.requires_grad))
-    return TABLE.get(_rms_norm_key(input, hashable(normalized_shape), weight, eps, grad))
+    return TABLE.get(_norm_key("rms_norm", input, hashable(normalized_shape), eps, grad, weight, None))
 
 
 def _norm(
