@@ -31,46 +31,36 @@ from torch import Tensor, nn
 
 from plancache.errors import InvalidRequest
 from plancache.torch import _mode
+from plancache.torch._mode import Route
+
+
+def _call(function: str, decided: Callable[..., Any], undecided: Route, func: Callable[..., Any], args: Any) -> Any:
+    """A layer's call of `function`: its decided geometry's at once (most calls of a step), else the route's
+    (`undecided`: its checks, plancache.functional's call; torch's `func` where it leaves the call), counted."""
+    result = decided(*args)
+    if result is _mode.UNDECIDED:
+        return _mode.dispatch(function, undecided, func, args, {})
+    _mode._count(function, None)
+    return result
 
 
 def _linear(layer: nn.Linear, input: Tensor) -> Any:
-    return _linear_call(input, layer.weight, layer.bias)
-
-
-def _linear_call(x: Tensor, w: Tensor, b: Tensor | None) -> Any:
-    """The linear route's call, its geometry decided (most calls of a step) or not."""
-    result = _mode.decided_linear(x, w, b)
-    if result is _mode.UNDECIDED:
-        return _mode.dispatch("linear", _mode.undecided_linear, F.linear, (x, w, b), {})
-    _mode._count("linear", None)
-    return result
+    return _call("linear", _mode.decided_linear, _mode.undecided_linear, F.linear, (input, layer.weight, layer.bias))
 
 
 def _layer_norm(layer: nn.LayerNorm, input: Tensor) -> Any:
     args = (input, layer.normalized_shape, layer.weight, layer.bias, layer.eps)
-    result = _mode.decided_layer_norm(*args)
-    if result is _mode.UNDECIDED:
-        return _mode.dispatch("layer_norm", _mode.undecided_layer_norm, F.layer_norm, args, {})
-    _mode._count("layer_norm", None)
-    return result
+    return _call("layer_norm", _mode.decided_layer_norm, _mode.undecided_layer_norm, F.layer_norm, args)
 
 
 def _rms_norm(layer: Any, input: Tensor) -> Any:
     args = (input, layer.normalized_shape, layer.weight, layer.eps)
-    result = _mode.decided_rms_norm(*args)
-    if result is _mode.UNDECIDED:
-        return _mode.dispatch("rms_norm", _mode.undecided_rms_norm, F.rms_norm, args, {})
-    _mode._count("rms_norm", None)
-    return result
+    return _call("rms_norm", _mode.decided_rms_norm, _mode.undecided_rms_norm, F.rms_norm, args)
 
 
 def _conv2d(layer: nn.Conv2d, input: Tensor) -> Any:
     args = (input, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation, layer.groups)
-    result = _mode.decided_conv2d(*args)
-    if result is _mode.UNDECIDED:
-        return _mode.dispatch("conv2d", _mode.undecided_conv2d, F.conv2d, args, {})
-    _mode._count("conv2d", None)
-    return result
+    return _call("conv2d", _mode.decided_conv2d, _mode.undecided_conv2d, F.conv2d, args)
 
 
 def _conv1d_transformers(layer: Any, x: Tensor) -> Any:
@@ -80,7 +70,8 @@ def _conv1d_transformers(layer: Any, x: Tensor) -> Any:
     kernel on the same operands (tests/unit/plancache_torch/test_serve.py), so the layer takes the linear route
     at once, as the mode's addmm route does after checks a Conv1D always passes (a 1-D bias, beta = alpha = 1)."""
     size_out = (*x.size()[:-1], layer.nf)
-    return _linear_call(x.view(-1, x.size(-1)), layer.weight.t(), layer.bias).view(size_out)
+    args = (x.view(-1, x.size(-1)), layer.weight.t(), layer.bias)
+    return _call("linear", _mode.decided_linear, _mode.undecided_linear, F.linear, args).view(size_out)
 
 
 FORWARDS = (_linear, _layer_norm, _rms_norm, _conv2d, _conv1d_transformers)
