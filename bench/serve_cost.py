@@ -183,6 +183,8 @@ def main() -> None:
         "torch": torch.__version__,
         "rows": rows,
         "routed_calls_left_to_torch": {name: sum(s.left.values()) for name, s in stats.items()},
+        # serve()'s layers gone back to their own forward, torch having run their calls (plancache.torch._serve)
+        "layers_returned": {name: s.returned for name, s in stats.items() if getattr(s, "returned", 0)},
     }
     name = "serve_cost" + ("" if args.layer == "linear" else f"_{args.layer}")
     name += "" if args.path == "left" else "_torch_won"

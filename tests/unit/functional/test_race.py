@@ -33,6 +33,7 @@ class Costs:
         self.wall = 0.0  # _race.monotonic: when a geometry's race is due
         self.plan = 100e-6
         self.torch = 100e-6
+        self.lookup = 0.0  # a served layer's way to its entry (_race.LOOKUP), where a test sets one
         self.runs: list[str] = []  # "plan" or "torch", in order, during races
 
     def clock(self) -> float:
@@ -127,6 +128,29 @@ def test_where_the_plan_is_faster_or_within_the_margin_the_plan_runs_it(
     assert geometry.race == f"torch {torch_us:.1f} µs a call, the plan {plan_us:.1f} µs"  # why the plan runs it
     pf.clear()
     assert _race.KEPT.get(geometry.key) is None
+
+
+@pytest.mark.parametrize(("lookup_us", "torch_runs_it"), [(0.0, False), (10.0, True)])
+def test_a_served_layers_lookup_counts_against_the_plan(
+    costs: Costs, monkeypatch: pytest.MonkeyPatch, lookup_us: float, torch_runs_it: bool
+) -> None:
+    """The plan 95 µs a call, torch 100: the plan keeps the geometry, unless each of its runs also pays the served
+    layer's way to it (LOOKUP, as plancache.torch sets it: 10 µs here), made before each plan run and never
+    before torch's."""
+    costs.plan, costs.torch = 95e-6, 100e-6
+    costs.lookup = lookup_us * 1e-6
+    x, w = T((64, 256)), T((256, 256))
+    pf.linear(x, w)
+    costs.later()
+    monkeypatch.setattr(_race.LOOKUP, "call", costs.costed("lookup", lambda: None) if lookup_us else None)
+    pf.linear(x, w)
+    assert isinstance(_entry(), _table.TorchFaster) == torch_runs_it
+    if lookup_us:
+        plan_runs = [i for i, arm in enumerate(costs.runs) if arm == "plan"]
+        assert all(costs.runs[i - 1] == "lookup" for i in plan_runs)
+        assert costs.runs.count("lookup") == len(plan_runs)
+        (geometry,) = pf.geometries()
+        assert geometry.reason == f"{_race.TORCH_FASTER}: torch 100.0 µs a call, the plan 105.0 µs"
 
 
 def test_the_verdicts_kept_for_plans_are_bounded_oldest_out(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -350,6 +350,7 @@ def test_decided_calls_from_several_threads_are_each_counted_once(monkeypatch: p
     pt.serve(layer)
     expected = F.linear(x, layer.weight, layer.bias)
     calls, threads = 400, 4
+    monkeypatch.setattr(_serve, "RETURN_AFTER", calls * threads + 1)  # every call the served forward's
     wrong: list[int] = []
 
     def work() -> None:
@@ -365,3 +366,101 @@ def test_decided_calls_from_several_threads_are_each_counted_once(monkeypatch: p
         worker.join()
     assert wrong == [] and undecided == []
     assert pt.stats()["linear"].routed == calls * threads and counts("linear").torch == calls * threads
+    # RETURN_AFTER as shipped: the threads' calls send the layer back once (their counts of calls in a row may
+    # overlap: it goes back a few calls later), every result torch's
+    monkeypatch.setattr(_serve, "RETURN_AFTER", 16)
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert wrong == [] and not _serve.served(layer) and pt.stats()["linear"].returned == 1
+
+
+def test_a_layer_torch_runs_for_good_goes_back_to_its_own_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RETURN_AFTER calls in a row that torch's function ran for good (the geometry's race torch's): the layer's own
+    forward again, said in stats() (`returned`), its later calls torch's and uncounted; serve() serves it again."""
+    from plancache.functional._table import TorchFaster, counts
+
+    layer = nn.Linear(8, 4).to(D).requires_grad_(False)
+    x = torch.randn(5, 8, dtype=D)
+    undecided = _decided(monkeypatch, layer, x, TorchFaster("linear", "k", print, "verdict"))
+    pt.serve(layer)
+    expected = F.linear(x, layer.weight, layer.bias)
+    with torch.no_grad():
+        for _ in range(_serve.RETURN_AFTER - 1):
+            layer(x)
+        assert _serve.served(layer) and pt.stats()["linear"].returned == 0
+        torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)  # the last in a row
+        assert not _serve.served(layer) and "forward" not in layer.__dict__
+        assert pt.stats()["linear"].returned == 1 and pt.stats()["linear"].routed == _serve.RETURN_AFTER
+        torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)  # nn.Linear's own forward
+    assert pt.stats()["linear"].routed == _serve.RETURN_AFTER and counts("linear").torch == _serve.RETURN_AFTER
+    assert undecided == [] and _serve._TORCH_RUNS not in layer.__dict__
+    pt.serve(layer)
+    assert _serve.served(layer)
+
+
+def test_a_layer_a_plan_runs_some_calls_of_stays_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two geometries, torch's and a plan's, called in turn: no run of torch's calls is RETURN_AFTER long, the
+    layer stays served however long it runs; a geometry left to torch for a reason that may pass (the service
+    unreachable) never sends the layer back."""
+    from plancache.functional._table import TABLE, Fallback, TorchFaster
+
+    class PlanStandIn:
+        used = 0
+
+        def __call__(self, tensors: tuple[Any, ...]) -> Any:
+            return F.linear(*tensors)
+
+    layer = nn.Linear(8, 4).to(D).requires_grad_(False)
+    x, y = torch.randn(5, 8, dtype=D), torch.randn(3, 8, dtype=D)
+    _decided(monkeypatch, layer, x, TorchFaster("linear", "k", print, "verdict"))
+    TABLE.put(_key(layer, y), PlanStandIn())
+    pt.serve(layer)
+    with torch.no_grad():
+        for _ in range(3 * _serve.RETURN_AFTER):
+            for _ in range(_serve.RETURN_AFTER - 1):
+                layer(x)
+            layer(y)
+        assert _serve.served(layer)
+        TABLE.put(_key(layer, x), Fallback("linear", _key(layer, x), F.linear, "unreachable", transient=True))
+        for _ in range(3 * _serve.RETURN_AFTER):
+            layer(x)
+    assert _serve.served(layer) and pt.stats()["linear"].returned == 0
+
+
+def test_a_served_layers_race_charges_its_lookup_to_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Racing geometry's call through a served layer: while its race runs, plancache.functional._race.LOOKUP is
+    the layer's own way to the entry (the key, the table's lookup: it finds this entry), which the race's plan arm
+    pays on each run; unset after the call, and for calls that are not a Racing entry's."""
+    from plancache.functional import _race, _tensor_ops
+    from plancache.functional._table import Racing
+
+    monkeypatch.setattr(_tensor_ops.ops(), "capturing", lambda: False)  # (this CPU torch cannot say)
+    seen: list[Any] = []
+
+    def settle(inner: Any, tensors: tuple[Any, ...], result: Any) -> Any:
+        lookup = _race.LOOKUP.call
+        seen.append(lookup() if lookup is not None else None)
+        return inner
+
+    class PlanStandIn:
+        used = 0
+
+        def __call__(self, tensors: tuple[Any, ...]) -> Any:
+            seen.append(_race.LOOKUP.call)
+            return F.linear(*tensors)
+
+    layer = nn.Linear(8, 4).to(D).requires_grad_(False)
+    x = torch.randn(5, 8, dtype=D)
+    plan = PlanStandIn()
+    racing = Racing(plan, _key(layer, x), settle)
+    racing.due = 0.0  # the race is due at this call
+    _decided(monkeypatch, layer, x, racing)
+    pt.serve(layer)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
+    inner_saw, lookup_found = seen
+    assert lookup_found is racing and inner_saw is not None  # the plan's run happens under the same LOOKUP
+    assert _race.LOOKUP.call is None

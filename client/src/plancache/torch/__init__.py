@@ -89,6 +89,9 @@ class RouteStats:
     # counted), a traced call torch's function won its race against the plan included.
     left_compiled: tuple[str, ...] = ()
     raced: int = 0  # geometries whose plan was raced against torch's function (eager, and as programs were traced)
+    # serve(model)'s layers gone back to their own forward: torch's function ran their last calls, every one
+    # (races torch won, geometries plancache cannot serve); their calls since are torch's, not counted
+    returned: int = 0
 
 
 def mode() -> PlanCacheMode:
@@ -116,13 +119,13 @@ def stats() -> dict[str, RouteStats]:
     left (eager calls), and what ran the routed ones (plancache.functional's counters, compiled calls included)."""
     served = pf.stats()
     with _counts_lock:
-        routes = {name: (c.routed, dict(c.left)) for name, c in COUNTS.items()}
+        routes = {name: (c.routed, dict(c.left), c.returned) for name, c in COUNTS.items()}
     compiled: dict[str, list[str]] = {}
     for function, reason in sorted(set(LEFT_COMPILED)):
         compiled.setdefault(function, []).append(reason)
     out = {}
     for name in sorted(set(routes) | set(served) | set(compiled)):
-        routed, left = routes.get(name, (0, {}))
+        routed, left, returned = routes.get(name, (0, {}, 0))
         s = served.get(name)
         out[name] = RouteStats(
             routed,
@@ -132,6 +135,7 @@ def stats() -> dict[str, RouteStats]:
             dict(s.reasons) if s else {},
             tuple(compiled.get(name, ())),
             s.raced if s else 0,
+            returned,
         )
     return out
 

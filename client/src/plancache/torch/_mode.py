@@ -19,6 +19,7 @@ left to torch by reason.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -39,9 +40,9 @@ from plancache.functional._linear import decided as pf_linear_decided
 from plancache.functional._modes import eager_calls
 from plancache.functional._norms import decided_layer_norm as pf_layer_norm_decided
 from plancache.functional._norms import decided_rms_norm as pf_rms_norm_decided
-from plancache.functional._race import RACE, TORCH_FASTER
+from plancache.functional._race import LOOKUP, RACE, TORCH_FASTER
 from plancache.functional._race import race as pf_race
-from plancache.functional._table import Fallback
+from plancache.functional._table import Fallback, Racing
 from plancache.functional._table import counts as pf_counts
 from plancache.torch import _ops
 
@@ -60,6 +61,7 @@ RACED_DEVICES = {"cuda"}
 class RouteCounts:
     routed: int = 0
     left: Counter[str] = field(default_factory=Counter)  # calls left to torch, by reason
+    returned: int = 0  # served layers gone back to their own forward (plancache.torch._serve.RETURN_AFTER)
 
 
 COUNTS: dict[str, RouteCounts] = {}
@@ -288,6 +290,14 @@ def _count(function: str, reason: str | None) -> None:
             entry.left[OTHER_REASONS] += 1
 
 
+def note_returned(function: str) -> None:
+    with _counts_lock:
+        entry = COUNTS.get(function)
+        if entry is None:
+            entry = COUNTS[function] = RouteCounts()
+        entry.returned += 1
+
+
 def _unserved(name: str, t: Any, optional: bool = False) -> Left | None:
     """Why tensor argument `name` is not plancache's (None: it is)."""
     if t is None and optional:
@@ -372,16 +382,44 @@ def _decidable(x: Any) -> bool:
     return isinstance(x, Tensor) and _functional(x) and x.dtype in SERVED_DTYPES
 
 
-def _run_decided(entry: Any, tensors: tuple[Any, ...], func: Callable[..., Any], *args: Any) -> Any:
+class _DecidedRun(threading.local):
+    """Whether this thread's last decided call (one that found its geometry's entry) ran torch's function for
+    good (a race torch won, a geometry plancache cannot serve; not one left for a reason that may pass): a served
+    layer reads it
+    (plancache.torch._serve), which goes back to its own forward when torch runs all its calls."""
+
+    torch_for_good = False
+
+
+DECIDED_RUN = _DecidedRun()
+
+
+def _run_decided(
+    entry: Any,
+    tensors: tuple[Any, ...],
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    lookup: Callable[..., Any],
+    lookup_args: tuple[Any, ...],
+) -> Any:
     """A decided geometry's call, as plancache.functional's hit runs it: torch's function `func(*args)` where the
     table says torch runs the geometry (its race won, or plancache could not serve it), else the entry on
-    `tensors` (its plan); UNDECIDED where the table holds nothing for it."""
+    `tensors` (its plan); UNDECIDED where the table holds nothing for it. `lookup(*lookup_args)`: how the call
+    found `entry`, which a Racing entry's race charges to the plan (plancache.functional._race.LOOKUP)."""
     if entry is None:
         return UNDECIDED
     if isinstance(entry, Fallback):
         result = func(*args)
         entry.taken()
+        DECIDED_RUN.torch_for_good = entry.expires is None
         return result
+    DECIDED_RUN.torch_for_good = False
+    if type(entry) is Racing:
+        LOOKUP.call = functools.partial(lookup, *lookup_args)
+        try:
+            return entry(tensors)
+        finally:
+            LOOKUP.call = None
     return entry(tensors)
 
 
@@ -402,7 +440,8 @@ def decided_linear(x: Any, w: Any, b: Any) -> Any:
         entry = pf_linear_decided(x, w, b)
     except (AttributeError, TypeError):  # a weight or bias that is not a tensor: the route says so
         return UNDECIDED
-    return _run_decided(entry, (x, w) if b is None else (x, w, b), F.linear, x, w, b)
+    args = (x, w, b)
+    return _run_decided(entry, (x, w) if b is None else args, F.linear, args, pf_linear_decided, args)
 
 
 def decided_layer_norm(x: Any, shape: Any, w: Any, b: Any, eps: Any) -> Any:
@@ -413,17 +452,20 @@ def decided_layer_norm(x: Any, shape: Any, w: Any, b: Any, eps: Any) -> Any:
     except (AttributeError, TypeError):
         return UNDECIDED
     tensors = (x,) if w is None else (x, w)
-    return _run_decided(entry, tensors if b is None else (*tensors, b), F.layer_norm, x, shape, w, b, eps)
+    args = (x, shape, w, b, eps)
+    return _run_decided(entry, tensors if b is None else (*tensors, b), F.layer_norm, args, pf_layer_norm_decided, args)
 
 
 def decided_rms_norm(x: Any, shape: Any, w: Any, eps: Any) -> Any:
     if not _decidable(x):
         return UNDECIDED
     try:
-        entry = pf_rms_norm_decided(x, shape, w, None if eps is None else float(eps))
+        key_args = (x, shape, w, None if eps is None else float(eps))
+        entry = pf_rms_norm_decided(*key_args)
     except (AttributeError, TypeError):
         return UNDECIDED
-    return _run_decided(entry, (x,) if w is None else (x, w), F.rms_norm, x, shape, w, eps)
+    tensors = (x,) if w is None else (x, w)
+    return _run_decided(entry, tensors, F.rms_norm, (x, shape, w, eps), pf_rms_norm_decided, key_args)
 
 
 def _layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -586,7 +628,8 @@ def decided_conv2d(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: 
         entry = pf_conv2d_decided(x, w, b, stride, padding, dilation, groups)
     except (AttributeError, TypeError):
         return UNDECIDED
-    return _run_decided(entry, (x, w) if b is None else (x, w, b), F.conv2d, x, w, b, stride, padding, dilation, groups)
+    args = (x, w, b, stride, padding, dilation, groups)
+    return _run_decided(entry, (x, w) if b is None else (x, w, b), F.conv2d, args, pf_conv2d_decided, args)
 
 
 def _conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -14,7 +14,10 @@ eager and operator under torch.compile, the same counters in stats(), the
 same race against torch's function), and every other call of the model is
 torch's, untouched. What it does not reach: functions a model calls itself
 (transformers' attention calls F.scaled_dot_product_attention; a module
-whose forward is written out), batch norm (torch's). `unserve(model)`
+whose forward is written out), batch norm (torch's). A layer whose
+calls torch's function runs for good (races torch won, geometries plancache
+cannot serve: RETURN_AFTER in a row) goes back to its own forward, so that
+it costs nothing over torch's (`stats()[function].returned`). `unserve(model)`
 removes them; nothing outside the model changes (no torch class is patched,
 no global state), so two models, or a served and an unserved copy, live
 side by side.
@@ -23,6 +26,7 @@ side by side.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -33,34 +37,76 @@ from plancache.errors import InvalidRequest
 from plancache.torch import _mode
 from plancache.torch._mode import Route
 
+log = logging.getLogger("plancache.torch")
 
-def _call(function: str, decided: Callable[..., Any], undecided: Route, func: Callable[..., Any], args: Any) -> Any:
+
+# A served layer whose calls torch's function ran for good this many times in a row (its geometries' races lost,
+# or geometries plancache cannot serve) goes back to its own forward: torch runs its calls without the served
+# forward's host time (its key, the table's lookup), which is most of what such a layer costs over torch's own
+# (GPU run 52, H100: GPT-2 training eager 1.10-1.14x torch's with 10 of its 11 linears' races torch's). In a row:
+# a layer some of whose geometries a plan runs stays served. What it gives up: a geometry it meets later (another
+# sequence length) is torch's; serve(model) again serves it again.
+RETURN_AFTER = 16
+_TORCH_RUNS = "_plancache_torch_runs"  # a served layer's own count, in its __dict__ (no nn.Module __setattr__)
+
+
+def _call(
+    layer: nn.Module,
+    function: str,
+    decided: Callable[..., Any],
+    undecided: Route,
+    func: Callable[..., Any],
+    args: Any,
+) -> Any:
     """A layer's call of `function`: its decided geometry's at once (most calls of a step), else the route's
     (`undecided`: its checks, plancache.functional's call; torch's `func` where it leaves the call), counted."""
     result = decided(*args)
-    if result is _mode.UNDECIDED:
+    if result is _mode.UNDECIDED:  # (what torch.compile traces: nothing below)
         return _mode.dispatch(function, undecided, func, args, {})
     _mode._count(function, None)
+    own = layer.__dict__
+    if _mode.DECIDED_RUN.torch_for_good:
+        _torch_ran(layer, function)
+    elif _TORCH_RUNS in own:
+        del own[_TORCH_RUNS]
     return result
 
 
+def _torch_ran(layer: nn.Module, function: str) -> None:
+    own = layer.__dict__
+    runs = own.get(_TORCH_RUNS, 0) + 1
+    if runs < RETURN_AFTER:
+        own[_TORCH_RUNS] = runs
+        return
+    own.pop(_TORCH_RUNS, None)
+    # pop, not del: of threads that reach here at once, one takes the forward away and counts it
+    if served(layer) and own.pop("forward", None) is not None:
+        _mode.note_returned(function)
+        log.debug(
+            "plancache.torch: a %s layer goes back to its own forward (torch ran its last %d calls)",
+            type(layer).__name__,
+            runs,
+        )
+
+
 def _linear(layer: nn.Linear, input: Tensor) -> Any:
-    return _call("linear", _mode.decided_linear, _mode.undecided_linear, F.linear, (input, layer.weight, layer.bias))
+    args = (input, layer.weight, layer.bias)
+    return _call(layer, "linear", _mode.decided_linear, _mode.undecided_linear, F.linear, args)
 
 
 def _layer_norm(layer: nn.LayerNorm, input: Tensor) -> Any:
     args = (input, layer.normalized_shape, layer.weight, layer.bias, layer.eps)
-    return _call("layer_norm", _mode.decided_layer_norm, _mode.undecided_layer_norm, F.layer_norm, args)
+    return _call(layer, "layer_norm", _mode.decided_layer_norm, _mode.undecided_layer_norm, F.layer_norm, args)
 
 
 def _rms_norm(layer: Any, input: Tensor) -> Any:
     args = (input, layer.normalized_shape, layer.weight, layer.eps)
-    return _call("rms_norm", _mode.decided_rms_norm, _mode.undecided_rms_norm, F.rms_norm, args)
+    return _call(layer, "rms_norm", _mode.decided_rms_norm, _mode.undecided_rms_norm, F.rms_norm, args)
 
 
 def _conv2d(layer: nn.Conv2d, input: Tensor) -> Any:
     args = (input, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation, layer.groups)
-    return _call("conv2d", _mode.decided_conv2d, _mode.undecided_conv2d, F.conv2d, args)
+    return _call(layer, "conv2d", _mode.decided_conv2d, _mode.undecided_conv2d, F.conv2d, args)
 
 
 def _conv1d_transformers(layer: Any, x: Tensor) -> Any:
@@ -71,7 +117,7 @@ def _conv1d_transformers(layer: Any, x: Tensor) -> Any:
     at once, as the mode's addmm route does after checks a Conv1D always passes (a 1-D bias, beta = alpha = 1)."""
     size_out = (*x.size()[:-1], layer.nf)
     args = (x.view(-1, x.size(-1)), layer.weight.t(), layer.bias)
-    return _call("linear", _mode.decided_linear, _mode.undecided_linear, F.linear, args).view(size_out)
+    return _call(layer, "linear", _mode.decided_linear, _mode.undecided_linear, F.linear, args).view(size_out)
 
 
 FORWARDS = (_linear, _layer_norm, _rms_norm, _conv2d, _conv1d_transformers)
@@ -111,6 +157,7 @@ def serve(model: nn.Module) -> nn.Module:
         forward = _forward_for(module)
         if forward is not None and (served(module) or "forward" not in module.__dict__):
             module.forward = functools.partial(forward, module)
+            module.__dict__.pop(_TORCH_RUNS, None)
     return model
 
 
@@ -119,4 +166,5 @@ def unserve(model: nn.Module) -> nn.Module:
     for module in _modules("unserve", model):
         if served(module):
             del module.forward
+        module.__dict__.pop(_TORCH_RUNS, None)
     return model
