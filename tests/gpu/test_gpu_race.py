@@ -6,6 +6,7 @@ Which side wins is the GPU's: the tests force each (the margin) where they check
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -124,3 +125,39 @@ def test_a_compiled_call_is_torchs_in_the_traced_program_where_torch_wins(
         (geometry,) = _geometries(pf, function)
         assert geometry.race is not None and "µs a call" in geometry.race  # both times, whichever won
     assert pt.stats()["linear"].raced == 1
+
+
+@pytest.mark.parametrize("margin", [TORCH_ALWAYS, PLAN_ALWAYS])
+def test_a_served_layer_torch_wins_goes_back_to_its_own_forward(
+    pf: Any, raced: Any, monkeypatch: pytest.MonkeyPatch, margin: float
+) -> None:
+    """serve(model) on the GPU: a Linear layer and a LayerNorm whose geometries' races torch wins go back to
+    their own forwards RETURN_AFTER calls later (stats().returned), their results torch's throughout; where the
+    plans win they stay served and the plans run every call. Each verdict's two times are printed (the plan's
+    include the served layer's lookup: _race.LOOKUP)."""
+    torch = _t()
+    import plancache.torch as pt
+    from plancache.torch import _serve
+
+    pt.clear_stats()
+    monkeypatch.setattr(raced, "MARGIN", margin)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LayerNorm(1024), torch.nn.Linear(1024, 1024)).cuda().to(torch.bfloat16)
+    reference = model  # never served: serve() takes a copy
+    served = pt.serve(copy.deepcopy(model))
+    x = randn(256, 1024, dtype="bfloat16")
+    with torch.no_grad():
+        expected = reference(x)
+        for _ in range(2 + _serve.RETURN_AFTER):  # the first call, the raced one, then RETURN_AFTER calls
+            assert rel_err(served(x), expected) < 2e-2
+    stats = pt.stats()
+    torch_won = margin == TORCH_ALWAYS
+    for function, layer in (("layer_norm", served[0]), ("linear", served[1])):
+        assert pf.stats()[function].raced == 1
+        assert stats[function].returned == (1 if torch_won else 0), stats[function]
+        assert _serve.served(layer) == (not torch_won)
+        (geometry,) = _geometries(pf, function)
+        assert geometry.race is not None and "µs a call" in geometry.race
+        print(f"served {function}: {geometry.race}")
+    if not torch_won:
+        assert pf.stats()["linear"].cudnn == 2 + _serve.RETURN_AFTER
