@@ -26,18 +26,27 @@ T = StandInTensor
 
 
 class Costs:
-    """The test's clock: each run of the plan or of torch's function moves it by that arm's cost (seconds)."""
+    """The test's clock: each run of the plan or of torch's function moves it by that arm's host cost (seconds),
+    and queues that arm's device cost (`plan_device`, `torch_device`: none unless a test sets them) on a stand-in
+    device, which runs what the host issued in order; a synchronization waits for it."""
 
     def __init__(self) -> None:
         self.now = 0.0
         self.wall = 0.0  # _race.monotonic: when a geometry's race is due
         self.plan = 100e-6
         self.torch = 100e-6
+        self.plan_device = 0.0
+        self.torch_device = 0.0
         self.lookup = 0.0  # a served layer's way to its entry (_race.LOOKUP), where a test sets one
+        self.lookup_device = 0.0
+        self.device_done = 0.0  # when the device has run everything issued
         self.runs: list[str] = []  # "plan" or "torch", in order, during races
 
     def clock(self) -> float:
         return self.now
+
+    def synchronize(self) -> None:
+        self.now = max(self.now, self.device_done)
 
     def later(self) -> None:
         """Past RACE_AFTER_S: every geometry's race is due at its next call."""
@@ -46,6 +55,7 @@ class Costs:
     def costed(self, arm: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any) -> Any:
             self.now += getattr(self, arm)
+            self.device_done = max(self.device_done, self.now) + getattr(self, f"{arm}_device")
             self.runs.append(arm)
             return fn(*args)
 
@@ -67,6 +77,14 @@ def costs(client: StandInClient, monkeypatch: pytest.MonkeyPatch) -> Iterator[Co
         return real_race(costs.costed("plan", plan), costs.costed("torch", torch), tensors, device, needs_grad, result)
 
     monkeypatch.setattr(_first_call, "race", costed_race)
+    ops = standin_ops()
+    recorded_synchronize = ops.synchronize
+
+    def synchronize(device: int) -> None:
+        costs.synchronize()
+        recorded_synchronize(device)
+
+    monkeypatch.setattr(ops, "synchronize", synchronize)
     pf.set_race_torch(True)
     yield costs
 
@@ -106,8 +124,9 @@ def test_where_torch_is_faster_torch_runs_the_geometry_from_its_first_call_on(co
     assert stats.reasons == {_race.TORCH_FASTER: 1} and stats.cudnn == 3 and stats.torch == 1
     (geometry,) = pf.geometries()
     assert geometry.plan is None
-    assert geometry.reason == f"{_race.TORCH_FASTER}: torch 30.0 µs a call, the plan 50.0 µs"
-    assert geometry.race == "torch 30.0 µs a call, the plan 50.0 µs"
+    times = "torch 30.0 µs a call, the plan 50.0 µs (the host's 30.0 and 50.0 µs)"
+    assert geometry.reason == f"{_race.TORCH_FASTER}: {times}"
+    assert geometry.race == times
 
 
 @pytest.mark.parametrize(("plan_us", "torch_us"), [(30.0, 50.0), (100.0, 97.5)])
@@ -125,7 +144,8 @@ def test_where_the_plan_is_faster_or_within_the_margin_the_plan_runs_it(
     assert (stats.raced, stats.torch_geometries, stats.cudnn, stats.torch) == (1, 0, 3, 0)
     (geometry,) = pf.geometries()
     assert geometry.plan is not None and geometry.reason is None
-    assert geometry.race == f"torch {torch_us:.1f} µs a call, the plan {plan_us:.1f} µs"  # why the plan runs it
+    host = f"the host's {torch_us:.1f} and {plan_us:.1f} µs"
+    assert geometry.race == f"torch {torch_us:.1f} µs a call, the plan {plan_us:.1f} µs ({host})"  # why the plan runs
     pf.clear()
     assert _race.KEPT.get(geometry.key) is None
 
@@ -150,7 +170,37 @@ def test_a_served_layers_lookup_counts_against_the_plan(
         assert all(costs.runs[i - 1] == "lookup" for i in plan_runs)
         assert costs.runs.count("lookup") == len(plan_runs)
         (geometry,) = pf.geometries()
-        assert geometry.reason == f"{_race.TORCH_FASTER}: torch 100.0 µs a call, the plan 105.0 µs"
+        times = "torch 100.0 µs a call, the plan 105.0 µs (the host's 100.0 and 105.0 µs)"
+        assert geometry.reason == f"{_race.TORCH_FASTER}: {times}"
+
+
+@pytest.mark.parametrize(
+    ("plan_host_us", "plan_device_us", "torch_host_us", "torch_device_us", "torch_runs_it"),
+    [
+        (15.0, 18.0, 8.0, 18.0, True),  # as fast on the device, twice torch's host time: torch's (a host-bound step)
+        (15.0, 80.0, 8.0, 100.0, False),  # 20 µs saved on the device, 7 more on the host: the plan's
+        (15.0, 98.0, 8.0, 100.0, True),  # 2 µs saved on the device, 7 more on the host: torch's
+        (8.0, 18.0, 8.0, 18.0, False),  # the same
+    ],
+)
+def test_the_host_time_a_plan_adds_counts_against_what_it_saves_on_the_device(
+    costs: Costs,
+    plan_host_us: float,
+    plan_device_us: float,
+    torch_host_us: float,
+    torch_device_us: float,
+    torch_runs_it: bool,
+) -> None:
+    """Each arm's runs issued by the host and run by the device in its own time (the stand-in device): a round's
+    time is the longer of the two, which hides the plan's host time where the device is the longer; its extra
+    host time counts against what it saves a call, and the verdict says both arms' host times."""
+    costs.plan, costs.plan_device = plan_host_us * 1e-6, plan_device_us * 1e-6
+    costs.torch, costs.torch_device = torch_host_us * 1e-6, torch_device_us * 1e-6
+    _raced_call(costs, T((64, 256)), T((256, 256)))
+    assert isinstance(_entry(), _table.TorchFaster) == torch_runs_it
+    (geometry,) = pf.geometries()
+    assert geometry.race is not None
+    assert f"(the host's {torch_host_us:.1f} and {plan_host_us:.1f} µs)" in geometry.race, geometry.race
 
 
 def test_the_verdicts_kept_for_plans_are_bounded_oldest_out(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -311,7 +361,7 @@ def test_a_traced_calls_race_runs_at_once_and_says_why_torch_runs_it(costs: Cost
     costs.plan, costs.torch = 50e-6, 30e-6
     w = T((256, 256))
     reason = _first_call.torch_faster_reason(lambda: pf.linear(T((64, 256)), w))
-    assert reason == f"{_race.TORCH_FASTER}: torch 30.0 µs a call, the plan 50.0 µs"
+    assert reason == f"{_race.TORCH_FASTER}: torch 30.0 µs a call, the plan 50.0 µs (the host's 30.0 and 50.0 µs)"
     assert isinstance(_entry(), _table.TorchFaster) and not _race.RACE_NOW.on
     costs.plan, costs.torch = 30e-6, 50e-6
     assert _first_call.torch_faster_reason(lambda: pf.linear(T((32, 256)), w)) is None
