@@ -332,6 +332,11 @@ class StandInOps:
     def synchronize(self, device: int) -> None:
         self.race_log.append(("sync", device))
 
+    def device_seconds(self, run: Callable[[], None], runs: int, device: int, hold_s: float) -> float | None:
+        """No device to hold: None (the race then takes each round's time as the device's); recorded."""
+        self.race_log.append(("device", runs))
+        return None
+
     def no_grad_unless(self, needs_grad: bool) -> contextlib.AbstractContextManager[None]:
         self.race_log.append(("grad mode", needs_grad))
         return contextlib.nullcontext()

@@ -784,10 +784,11 @@ def _operator_cases() -> list[tuple[str, list[Any], tuple[Any, ...]]]:
 
 @pytest.fixture
 def cpu_race(cpu_routes: None, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """plancache.functional's race on the CPU: nothing to synchronize."""
+    """plancache.functional's race on the CPU: nothing to synchronize, no device to time alone."""
     from plancache.functional import _race, _tensor_ops
 
     monkeypatch.setattr(_tensor_ops.TorchOps, "synchronize", lambda self, device: None)
+    monkeypatch.setattr(_tensor_ops.TorchOps, "device_seconds", lambda self, run, runs, device, hold_s: None)
     return _race
 
 

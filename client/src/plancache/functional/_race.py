@@ -12,12 +12,14 @@ synchronized at each round's ends (what a program pays for a call: its
 host time or its GPU time, whichever is longer), rounds alternating,
 medians. With autograd each run is the forward and its backward (the
 gradients taken apart: `.grad` is not touched), and of each round the
-host's time (until its last run was issued). A served layer's call
+host's time (until its last run was issued); then each arm's time on the
+device alone (its runs queued behind a sleeping kernel, timed by events:
+a round where the host is the longer hides it). A served layer's call
 (plancache.torch.serve) pays its key and the table's lookup before the
 plan runs, and torch's function without them once the layer goes back to
 its own forward: its plan's runs pay that lookup in the race too (LOOKUP).
 Torch's function keeps the geometry where it is faster by more than MARGIN,
-or where it is with each arm's host time added to its time (the plan's
+or where it is with each arm's host and device times added (the plan's
 extra host time more than what it saves a call: Verdict.torch_wins; on
 GPU run 52's H100, ResNet-50 inference's plans won their races by 0-2 µs a
 call and the served step, bound by the host, was 1.09-1.17x torch's): its
@@ -33,7 +35,8 @@ captured (no synchronizing then: the race waits for a call outside it).
 geometry a plan serves runs its plan, as before).
 
 What it costs, once a geometry: two runs of each, then ROUNDS rounds of
-each of about ROUND_S (a few milliseconds), and the first call of torch's
+each of about ROUND_S and ROUNDS device timings of each, each behind a
+sleep of twice its issue time (ten milliseconds or so), and the first call of torch's
 own function (its own heuristics, which a program without plancache pays
 in its first step). A failure of the race keeps the plan (logged once).
 """
@@ -101,6 +104,9 @@ class Verdict:
     torch_s: float
     plan_host_s: float = 0.0
     torch_host_s: float = 0.0
+    # A run's time on the device alone (runs queued behind a held stream); None where it could not be had.
+    plan_device_s: float | None = None
+    torch_device_s: float | None = None
 
     @property
     def torch_wins(self) -> bool:
@@ -110,14 +116,20 @@ class Verdict:
         inference: its convolutions' plans, the served step 1.16x torch's) is slower in a step the host bounds;
         one that saves GPU time keeps the geometry where it saves more than the host time it adds."""
         keep = 1.0 - MARGIN
-        return self.torch_s < self.plan_s * keep or (
-            self.torch_s + self.torch_host_s < (self.plan_s + self.plan_host_s) * keep
-        )
+        if self.torch_s < self.plan_s * keep:
+            return True
+        plan_device, torch_device = self.plan_s, self.torch_s  # at most each run's device time
+        if self.plan_device_s is not None and self.torch_device_s is not None:
+            plan_device, torch_device = self.plan_device_s, self.torch_device_s
+        return torch_device + self.torch_host_s < (plan_device + self.plan_host_s) * keep
 
     def describe(self, plan: str = "the plan") -> str:
         times = f"torch {self.torch_s * 1e6:.1f} µs a call, {plan} {self.plan_s * 1e6:.1f} µs"
         if self.plan_host_s or self.torch_host_s:
-            times += f" (the host's {self.torch_host_s * 1e6:.1f} and {self.plan_host_s * 1e6:.1f} µs)"
+            times += f" (the host's {self.torch_host_s * 1e6:.1f} and {self.plan_host_s * 1e6:.1f} µs"
+            if self.plan_device_s is not None and self.torch_device_s is not None:
+                times += f", the device's {self.torch_device_s * 1e6:.1f} and {self.plan_device_s * 1e6:.1f} µs"
+            times += ")"
         return times
 
 
@@ -216,12 +228,42 @@ def race(
             order = ((plan_run, plan_times), (torch_run, torch_times))
             for run, times in order if round_ % 2 == 0 else reversed(order):
                 times.append(_timed_host(ops, run, runs, device))
+        plan_host = statistics.median(h for _, h in plan_times)
+        torch_host = statistics.median(h for _, h in torch_times)
+        devices = _device_times(ops, (plan_run, torch_run), runs, device, max(plan_host, torch_host) * runs)
     return Verdict(
         statistics.median(t for t, _ in plan_times),
         statistics.median(t for t, _ in torch_times),
-        statistics.median(h for _, h in plan_times),
-        statistics.median(h for _, h in torch_times),
+        plan_host,
+        torch_host,
+        *devices,
     )
+
+
+def _device_times(
+    ops: _tensor_ops.TensorOps,
+    arms: tuple[Callable[[], None], Callable[[], None]],
+    runs: int,
+    device: int,
+    issue_s: float,
+) -> tuple[float | None, float | None]:
+    """Each arm's median time a run on the device alone, ROUNDS measurements alternating; (None, None) where
+    the device could not be held long enough for the host to issue a round (twice the issue time, then eight
+    times: a run that waits on the device itself is never held)."""
+    for hold in (2.0, 8.0):
+        times: tuple[list[float], list[float]] = ([], [])
+        for round_ in range(ROUNDS):
+            for arm in (0, 1) if round_ % 2 == 0 else (1, 0):
+                seconds = ops.device_seconds(arms[arm], runs, device, hold * issue_s + 50e-6)
+                if seconds is None:
+                    break
+                times[arm].append(seconds)
+            else:
+                continue
+            break
+        else:
+            return statistics.median(times[0]), statistics.median(times[1])
+    return None, None
 
 
 def _no_lookup() -> None:

@@ -32,6 +32,11 @@ def torch_module() -> Any:
     return torch
 
 
+# torch.cuda._sleep counts GPU clock cycles: 2e9 a second is the fastest SM clock of the GPUs we run (an H100's is
+# 1.98 GHz), so a sleep lasts at least the seconds asked.
+SLEEP_CYCLES_A_SECOND = 2e9
+
+
 class TensorOps(Protocol):
     def allocator(
         self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: str, device: int
@@ -42,6 +47,7 @@ class TensorOps(Protocol):
     def capturing(self) -> bool: ...
     # What plancache.functional._race times a call's plan against torch's function with.
     def synchronize(self, device: int) -> None: ...
+    def device_seconds(self, run: Callable[[], None], runs: int, device: int, hold_s: float) -> float | None: ...
     def no_grad_unless(self, needs_grad: bool) -> contextlib.AbstractContextManager[None]: ...
     def leaves(self, tensors: tuple[Any, ...]) -> tuple[Any, ...]: ...
     def random_like(self, tensor: Any) -> Any: ...
@@ -89,6 +95,21 @@ class TorchOps:
 
     def synchronize(self, device: int) -> None:
         torch_module().cuda.synchronize(device)
+
+    def device_seconds(self, run: Callable[[], None], runs: int, device: int, hold_s: float) -> float | None:
+        """Seconds a run takes the device alone: the stream is held by a sleeping kernel for about `hold_s` while
+        the runs are issued behind it, then timed by events from the sleep's end to the last run's end. None
+        where the sleep ended before the host had issued them all (the device would have waited on the host)."""
+        torch = torch_module()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(max(1, int(hold_s * SLEEP_CYCLES_A_SECOND)))
+        start.record()
+        for _ in range(runs):
+            run()
+        end.record()
+        held = not start.query()  # the sleep still running: every run was queued before the device reached it
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / runs if held else None
 
     def no_grad_unless(self, needs_grad: bool) -> contextlib.AbstractContextManager[None]:
         torch = torch_module()
