@@ -433,16 +433,23 @@ def test_a_layer_a_plan_runs_some_calls_of_stays_served(monkeypatch: pytest.Monk
 def test_a_served_layers_race_charges_its_lookup_to_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Racing geometry's call through a served layer: while its race runs, plancache.functional._race.LOOKUP is
     the layer's own way to the entry (the key, the table's lookup: it finds this entry), which the race's plan arm
-    pays on each run; unset after the call, and for calls that are not a Racing entry's."""
+    pays on each run with autograd, and the layer's two arms without: its served call (the plan) and its class's
+    forward, each on the call's input, their calls not counted as the program's; unset after the call."""
     from plancache.functional import _race, _tensor_ops
     from plancache.functional._table import Racing
 
     monkeypatch.setattr(_tensor_ops.ops(), "capturing", lambda: False)  # (this CPU torch cannot say)
     seen: list[Any] = []
 
+    arm_results: list[Any] = []
+
     def settle(inner: Any, tensors: tuple[Any, ...], result: Any) -> Any:
         lookup = _race.LOOKUP.call
         seen.append(lookup() if lookup is not None else None)
+        assert _race.LOOKUP.arms is not None
+        served_call, own_forward = _race.LOOKUP.arms
+        for _ in range(3):  # as the race runs them: the layer's served call (the plan here), its own forward
+            arm_results.append((served_call(), own_forward()))
         return inner
 
     class PlanStandIn:
@@ -461,6 +468,12 @@ def test_a_served_layers_race_charges_its_lookup_to_the_plan(monkeypatch: pytest
     pt.serve(layer)
     with torch.no_grad():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
-    inner_saw, lookup_found = seen
+    inner_saw, lookup_found, *arm_runs = seen
     assert lookup_found is racing and inner_saw is not None  # the plan's run happens under the same LOOKUP
-    assert _race.LOOKUP.call is None
+    assert _race.LOOKUP.call is None and _race.LOOKUP.arms is None
+    assert len(arm_runs) == 3  # the served arm ran the plan (the Racing entry's inner), not another race
+    expected = F.linear(x, layer.weight, layer.bias)
+    for served_result, own_result in arm_results:
+        torch.testing.assert_close(served_result, expected, rtol=0, atol=0)
+        torch.testing.assert_close(own_result, expected, rtol=0, atol=0)
+    assert pt.stats()["linear"].routed == 1  # the race's calls of the layer are not the program's

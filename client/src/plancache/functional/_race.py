@@ -90,6 +90,9 @@ class _Lookup(threading.local):
     own calls), both arms would pay the same lookup, and neither does in the race."""
 
     call: Callable[[], Any] | None = None
+    # A served layer's own call and its class's forward, each on the call's input: what a race without
+    # autograd times (the layer's whole served call against what the layer costs once it goes back).
+    arms: tuple[Callable[[], Any], Callable[[], Any]] | None = None
 
 
 LOOKUP = _Lookup()
@@ -192,7 +195,8 @@ def race(
     """The plan's entry (`plan(tensors)`) against torch's function (`torch(*tensors)`) on `tensors`; with
     `needs_grad`, each run is the forward and the backward of its result (`result`: the first call's, whose
     shape the incoming gradient takes). Each run of the plan's arm first makes the lookup LOOKUP holds, if any
-    (a served layer's way to its entry)."""
+    (a served layer's way to its entry); without autograd, a served layer's arms (LOOKUP.arms) are raced instead:
+    its whole served call against its class's forward."""
     ops = _tensor_ops.ops()
     lookup = LOOKUP.call or _no_lookup
     if needs_grad:
@@ -206,6 +210,8 @@ def race(
         def torch_run() -> None:
             ops.gradients(torch(*leaves), leaves, grad_of_result)
 
+    elif LOOKUP.arms is not None:
+        plan_run, torch_run = LOOKUP.arms
     else:
 
         def plan_run() -> None:

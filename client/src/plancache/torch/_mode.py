@@ -401,11 +401,16 @@ def _run_decided(
     args: tuple[Any, ...],
     lookup: Callable[..., Any],
     lookup_args: tuple[Any, ...],
+    layer: Any = None,
+    layer_input: Any = None,
 ) -> Any:
     """A decided geometry's call, as plancache.functional's hit runs it: torch's function `func(*args)` where the
     table says torch runs the geometry (its race won, or plancache could not serve it), else the entry on
     `tensors` (its plan); UNDECIDED where the table holds nothing for it. `lookup(*lookup_args)`: how the call
-    found `entry`, which a Racing entry's race charges to the plan (plancache.functional._race.LOOKUP)."""
+    found `entry`, which a Racing entry's race charges to the plan (plancache.functional._race.LOOKUP). `layer`:
+    the served layer making the call on `layer_input`, whose race without autograd is the layer's: its served
+    forward against its class's own (every host cost of the served call counted, as torch's side will pay none
+    once the layer goes back to its own forward); the served calls the race makes are not the program's."""
     if entry is None:
         return UNDECIDED
     if isinstance(entry, Fallback):
@@ -414,12 +419,22 @@ def _run_decided(
         DECIDED_RUN.torch_for_good = entry.expires is None
         return result
     DECIDED_RUN.torch_for_good = False
-    if type(entry) is Racing:
+    if type(entry) is Racing and LOOKUP.call is None:  # (set: a race's own run of the layer: not raced again)
         LOOKUP.call = functools.partial(lookup, *lookup_args)
+        routed = None
+        if layer is not None:
+            forward = functools.partial(layer.forward, layer_input)
+            LOOKUP.arms = (forward, functools.partial(type(layer).forward, layer, layer_input))
+            with _counts_lock:
+                routed = {name: c.routed for name, c in COUNTS.items()}
         try:
             return entry(tensors)
         finally:
-            LOOKUP.call = None
+            LOOKUP.call = LOOKUP.arms = None
+            if routed is not None:
+                with _counts_lock:
+                    for name, c in COUNTS.items():
+                        c.routed = routed.get(name, 0)
     return entry(tensors)
 
 
@@ -433,7 +448,7 @@ def _run_decided(
 # call (a weight on the CPU, say) runs as that hit does, torch's function, counted routed rather than left.
 
 
-def decided_linear(x: Any, w: Any, b: Any) -> Any:
+def decided_linear(x: Any, w: Any, b: Any, layer: Any = None, layer_input: Any = None) -> Any:
     if not _decidable(x) or x.dim() < 2:
         return UNDECIDED
     try:
@@ -441,10 +456,12 @@ def decided_linear(x: Any, w: Any, b: Any) -> Any:
     except (AttributeError, TypeError):  # a weight or bias that is not a tensor: the route says so
         return UNDECIDED
     args = (x, w, b)
-    return _run_decided(entry, (x, w) if b is None else args, F.linear, args, pf_linear_decided, args)
+    return _run_decided(
+        entry, (x, w) if b is None else args, F.linear, args, pf_linear_decided, args, layer, layer_input
+    )
 
 
-def decided_layer_norm(x: Any, shape: Any, w: Any, b: Any, eps: Any) -> Any:
+def decided_layer_norm(x: Any, shape: Any, w: Any, b: Any, eps: Any, layer: Any = None, layer_input: Any = None) -> Any:
     if not _decidable(x):
         return UNDECIDED
     try:
@@ -453,10 +470,11 @@ def decided_layer_norm(x: Any, shape: Any, w: Any, b: Any, eps: Any) -> Any:
         return UNDECIDED
     tensors = (x,) if w is None else (x, w)
     args = (x, shape, w, b, eps)
-    return _run_decided(entry, tensors if b is None else (*tensors, b), F.layer_norm, args, pf_layer_norm_decided, args)
+    tensors = tensors if b is None else (*tensors, b)
+    return _run_decided(entry, tensors, F.layer_norm, args, pf_layer_norm_decided, args, layer, layer_input)
 
 
-def decided_rms_norm(x: Any, shape: Any, w: Any, eps: Any) -> Any:
+def decided_rms_norm(x: Any, shape: Any, w: Any, eps: Any, layer: Any = None, layer_input: Any = None) -> Any:
     if not _decidable(x):
         return UNDECIDED
     try:
@@ -465,7 +483,8 @@ def decided_rms_norm(x: Any, shape: Any, w: Any, eps: Any) -> Any:
     except (AttributeError, TypeError):
         return UNDECIDED
     tensors = (x,) if w is None else (x, w)
-    return _run_decided(entry, tensors, F.rms_norm, (x, shape, w, eps), pf_rms_norm_decided, key_args)
+    args = (x, shape, w, eps)
+    return _run_decided(entry, tensors, F.rms_norm, args, pf_rms_norm_decided, key_args, layer, layer_input)
 
 
 def _layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -619,7 +638,17 @@ def _sdpa(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return out if unattended is None else out.masked_fill(unattended, 0.0)
 
 
-def decided_conv2d(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, groups: Any) -> Any:
+def decided_conv2d(
+    x: Any,
+    w: Any,
+    b: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    groups: Any,
+    layer: Any = None,
+    layer_input: Any = None,
+) -> Any:
     """Options as the route hands them to plancache.functional: a Conv2d layer's own (pairs of ints; a padding
     given as a word is the route's)."""
     if not _decidable(x) or x.dim() != 4 or not (type(stride) is type(padding) is type(dilation) is tuple):
@@ -629,7 +658,8 @@ def decided_conv2d(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: 
     except (AttributeError, TypeError):
         return UNDECIDED
     args = (x, w, b, stride, padding, dilation, groups)
-    return _run_decided(entry, (x, w) if b is None else (x, w, b), F.conv2d, args, pf_conv2d_decided, args)
+    tensors = (x, w) if b is None else (x, w, b)
+    return _run_decided(entry, tensors, F.conv2d, args, pf_conv2d_decided, args, layer, layer_input)
 
 
 def _conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -57,10 +57,12 @@ def _call(
     undecided: Route,
     func: Callable[..., Any],
     args: Any,
+    input: Tensor,
 ) -> Any:
-    """A layer's call of `function`: its decided geometry's at once (most calls of a step), else the route's
-    (`undecided`: its checks, plancache.functional's call; torch's `func` where it leaves the call), counted."""
-    result = decided(*args)
+    """A layer's call of `function` on `input` (`args`: the function's): its decided geometry's at once (most
+    calls of a step), else the route's (`undecided`: its checks, plancache.functional's call; torch's `func`
+    where it leaves the call), counted."""
+    result = decided(*args, layer, input)
     if result is _mode.UNDECIDED:  # (what torch.compile traces: nothing below)
         return _mode.dispatch(function, undecided, func, args, {})
     _mode._count(function, None)
@@ -91,22 +93,22 @@ def _torch_ran(layer: nn.Module, function: str) -> None:
 
 def _linear(layer: nn.Linear, input: Tensor) -> Any:
     args = (input, layer.weight, layer.bias)
-    return _call(layer, "linear", _mode.decided_linear, _mode.undecided_linear, F.linear, args)
+    return _call(layer, "linear", _mode.decided_linear, _mode.undecided_linear, F.linear, args, input)
 
 
 def _layer_norm(layer: nn.LayerNorm, input: Tensor) -> Any:
     args = (input, layer.normalized_shape, layer.weight, layer.bias, layer.eps)
-    return _call(layer, "layer_norm", _mode.decided_layer_norm, _mode.undecided_layer_norm, F.layer_norm, args)
+    return _call(layer, "layer_norm", _mode.decided_layer_norm, _mode.undecided_layer_norm, F.layer_norm, args, input)
 
 
 def _rms_norm(layer: Any, input: Tensor) -> Any:
     args = (input, layer.normalized_shape, layer.weight, layer.eps)
-    return _call(layer, "rms_norm", _mode.decided_rms_norm, _mode.undecided_rms_norm, F.rms_norm, args)
+    return _call(layer, "rms_norm", _mode.decided_rms_norm, _mode.undecided_rms_norm, F.rms_norm, args, input)
 
 
 def _conv2d(layer: nn.Conv2d, input: Tensor) -> Any:
     args = (input, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation, layer.groups)
-    return _call(layer, "conv2d", _mode.decided_conv2d, _mode.undecided_conv2d, F.conv2d, args)
+    return _call(layer, "conv2d", _mode.decided_conv2d, _mode.undecided_conv2d, F.conv2d, args, input)
 
 
 def _conv1d_transformers(layer: Any, x: Tensor) -> Any:
@@ -117,7 +119,8 @@ def _conv1d_transformers(layer: Any, x: Tensor) -> Any:
     at once, as the mode's addmm route does after checks a Conv1D always passes (a 1-D bias, beta = alpha = 1)."""
     size_out = (*x.size()[:-1], layer.nf)
     args = (x.view(-1, x.size(-1)), layer.weight.t(), layer.bias)
-    return _call(layer, "linear", _mode.decided_linear, _mode.undecided_linear, F.linear, args).view(size_out)
+    result = _call(layer, "linear", _mode.decided_linear, _mode.undecided_linear, F.linear, args, x)
+    return result.view(size_out)
 
 
 FORWARDS = (_linear, _layer_norm, _rms_norm, _conv2d, _conv1d_transformers)
