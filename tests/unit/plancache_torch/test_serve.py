@@ -77,12 +77,17 @@ def test_a_layer_plancache_leaves_runs_torchs_forward_counted_by_reason() -> Non
 
 def test_serving_twice_is_once_and_unserve_gives_each_layer_its_own_forward_back() -> None:
     model, x, image = model_and_inputs()
+    classes = {name: type(m) for name, m in model.named_modules()}
     pt.serve(model)
-    forwards = {name: m.forward for name, m in model.named_modules() if _serve.served(m)}
-    assert set(forwards) == {"stem", "norm", "q", "kv", "out", "up", "down"}
+    served = {name: type(m) for name, m in model.named_modules() if _serve.served(m)}
+    assert set(served) == {"stem", "norm", "q", "kv", "out", "up", "down"}
+    # each its served class, a subclass of its own (isinstance holds), no instance forward
+    assert all(_serve.SERVED_CLASSES[classes[name]] is kind for name, kind in served.items())
+    assert all(isinstance(m, classes[name]) and "forward" not in m.__dict__ for name, m in model.named_modules())
     pt.serve(model)
-    assert all(m.forward.func is forwards[name].func for name, m in model.named_modules() if name in forwards)
+    assert {name: type(m) for name, m in model.named_modules() if _serve.served(m)} == served
     assert pt.unserve(model) is model
+    assert {name: type(m) for name, m in model.named_modules()} == classes
     assert not any(_serve.served(m) or "forward" in m.__dict__ for m in model.modules())
     step(model, x, image)
     assert not pt.stats()  # nothing routed once unserved
@@ -107,13 +112,14 @@ def test_only_the_exact_classes_are_served() -> None:
 def test_a_served_model_copies_saves_and_loads() -> None:
     model, x, image = model_and_inputs()
     pt.serve(model)
+    kinds = [type(m) for m in model.modules()]
     twin = copy.deepcopy(model)
-    assert all(m.forward.args[0] is m for m in twin.modules() if _serve.served(m))  # the copy's own layers
+    assert [type(m) for m in twin.modules()] == kinds  # the copy's layers served as the model's
     buffer = io.BytesIO()
     torch.save(model, buffer)
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=False)
-    assert all(m.forward.args[0] is m for m in loaded.modules() if _serve.served(m))
+    assert [type(m) for m in loaded.modules()] == kinds and sum(map(_serve.served, loaded.modules())) == 7
     assert set(model.state_dict()) == set(nn.Module.state_dict(model))  # nothing added to the state
     assert_same(step(twin, x, image), step(model, x, image))
 
@@ -392,7 +398,7 @@ def test_a_layer_torch_runs_for_good_goes_back_to_its_own_forward(monkeypatch: p
             layer(x)
         assert _serve.served(layer) and pt.stats()["linear"].returned == 0
         torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)  # the last in a row
-        assert not _serve.served(layer) and "forward" not in layer.__dict__
+        assert not _serve.served(layer) and type(layer) is nn.Linear and "forward" not in layer.__dict__
         assert pt.stats()["linear"].returned == 1 and pt.stats()["linear"].routed == _serve.RETURN_AFTER
         torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)  # nn.Linear's own forward
     assert pt.stats()["linear"].routed == _serve.RETURN_AFTER and counts("linear").torch == _serve.RETURN_AFTER

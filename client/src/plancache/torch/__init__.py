@@ -17,8 +17,8 @@ left to torch, and why. The mode is a torch.overrides.TorchFunctionMode:
 it lives on the thread that entered it, for as long as it is entered; it
 patches nothing. `serve(model)` reaches the same plans through the model's
 own layers instead (nn.Linear, nn.LayerNorm, nn.RMSNorm, nn.Conv2d,
-transformers' Conv1D: an instance forward each, `unserve(model)` removes
-them), so that the model's other torch calls pay nothing for plancache
+transformers' Conv1D: a served subclass or an instance forward each,
+`unserve(model)` removes them), so that the model's other torch calls pay nothing for plancache
 (plancache.torch._serve); functions the model calls itself (attention) stay
 the mode's to route.
 

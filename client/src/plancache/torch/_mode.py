@@ -424,7 +424,8 @@ def _run_decided(
         routed = None
         if layer is not None:
             forward = functools.partial(layer.forward, layer_input)
-            LOOKUP.arms = (forward, functools.partial(type(layer).forward, layer, layer_input))
+            own = getattr(type(layer), "torch_forward", type(layer).forward)  # a served class's base's forward
+            LOOKUP.arms = (forward, functools.partial(own, layer, layer_input))
             with _counts_lock:
                 routed = {name: c.routed for name, c in COUNTS.items()}
         try:

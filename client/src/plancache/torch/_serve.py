@@ -6,9 +6,10 @@ step pays a few microseconds for it, routed or not (GPU run 50: an eager
 GPT-2 step 1.47x torch's with most of its routed calls torch's own after
 their races, the rest the mode's own host time). `serve(model)` reaches the
 same plans module by module instead: each of the model's nn.Linear,
-nn.LayerNorm, nn.RMSNorm and nn.Conv2d (zero padding) layers, and
-transformers' Conv1D (GPT-2's addmm form of a linear), gets an instance
-forward that makes the call the layer's own forward would, through the
+nn.LayerNorm, nn.RMSNorm and nn.Conv2d (zero padding) layers becomes the
+served subclass of its class (ServedLinear, ...), and transformers' Conv1D
+(GPT-2's addmm form of a linear) gets an instance forward: a forward that
+makes the call the layer's own forward would, through the
 mode's route for it (the same checks, the same plancache.functional call
 eager and operator under torch.compile, the same counters in stats(), the
 same race against torch's function), and every other call of the model is
@@ -18,8 +19,8 @@ whose forward is written out), batch norm (torch's). A layer whose
 calls torch's function runs for good (races torch won, geometries plancache
 cannot serve: RETURN_AFTER in a row) goes back to its own forward, so that
 it costs nothing over torch's (`stats()[function].returned`). `unserve(model)`
-removes them; nothing outside the model changes (no torch class is patched,
-no global state), so two models, or a served and an unserved copy, live
+takes them back; nothing outside the model changes (no torch class is
+patched, no global state), so two models, or a served and an unserved copy, live
 side by side.
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +50,7 @@ log = logging.getLogger("plancache.torch")
 # sequence length) is torch's; serve(model) again serves it again.
 RETURN_AFTER = 16
 _TORCH_RUNS = "_plancache_torch_runs"  # a served layer's own count, in its __dict__ (no nn.Module __setattr__)
+_returning = threading.Lock()
 
 
 def _call(
@@ -81,8 +84,9 @@ def _torch_ran(layer: nn.Module, function: str) -> None:
         own[_TORCH_RUNS] = runs
         return
     own.pop(_TORCH_RUNS, None)
-    # pop, not del: of threads that reach here at once, one takes the forward away and counts it
-    if served(layer) and own.pop("forward", None) is not None:
+    with _returning:  # of threads that reach here at once, one gives the layer back and counts it
+        returned = _give_back(layer)
+    if returned:
         _mode.note_returned(function)
         log.debug(
             "plancache.torch: a %s layer goes back to its own forward (torch ran its last %d calls)",
@@ -123,20 +127,67 @@ def _conv1d_transformers(layer: Any, x: Tensor) -> Any:
     return result.view(size_out)
 
 
-FORWARDS = (_linear, _layer_norm, _rms_norm, _conv2d, _conv1d_transformers)
+class ServedLinear(nn.Linear):  # type: ignore[misc]  # (torch is untyped here)
+    """An `nn.Linear` that serve() serves: its forward is the route's. A class rather than an instance forward per
+    layer: a compiled program then guards one class's forward, not a partial on every layer and what it read
+    (bench/compiled_guards.py, the development CPU: a compiled 53-block stack's frame and guards 1.29x torch's
+    a call with instance forwards, 1.05x with served classes)."""
+
+    torch_forward = nn.Linear.forward  # what the layer's race times plancache against
+
+    def forward(self, input: Tensor) -> Any:
+        return _linear(self, input)
+
+
+class ServedLayerNorm(nn.LayerNorm):  # type: ignore[misc]
+    """An `nn.LayerNorm` that serve() serves (ServedLinear says why a class)."""
+
+    torch_forward = nn.LayerNorm.forward  # what the layer's race times plancache against
+
+    def forward(self, input: Tensor) -> Any:
+        return _layer_norm(self, input)
+
+
+class ServedConv2d(nn.Conv2d):  # type: ignore[misc]
+    """An `nn.Conv2d` (zero padding) that serve() serves (ServedLinear says why a class)."""
+
+    torch_forward = nn.Conv2d.forward  # what the layer's race times plancache against
+
+    def forward(self, input: Tensor) -> Any:
+        return _conv2d(self, input)
+
+
+SERVED_CLASSES: dict[type[nn.Module], type[nn.Module]] = {
+    nn.Linear: ServedLinear,
+    nn.LayerNorm: ServedLayerNorm,
+    nn.Conv2d: ServedConv2d,
+}
+if hasattr(nn, "RMSNorm"):
+
+    class ServedRMSNorm(nn.RMSNorm):  # type: ignore[misc]
+        """An `nn.RMSNorm` that serve() serves (ServedLinear says why a class)."""
+
+        torch_forward = nn.RMSNorm.forward
+
+        def forward(self, input: Tensor) -> Any:
+            return _rms_norm(self, input)
+
+    SERVED_CLASSES[nn.RMSNorm] = ServedRMSNorm
+BASE_CLASSES = {served: base for base, served in SERVED_CLASSES.items()}
+FORWARDS = (_conv1d_transformers,)  # served by an instance forward: transformers' class is not ours to subclass
+
+
+def _served_class(module: nn.Module) -> type[nn.Module] | None:
+    """The served class for `module`'s exact class (a subclass may have changed what forward does), or None."""
+    kind = type(module)
+    if kind is nn.Conv2d and module.padding_mode != "zeros":
+        return None
+    return SERVED_CLASSES.get(kind)
 
 
 def _forward_for(module: nn.Module) -> Callable[..., Any] | None:
-    """The served forward for `module`'s exact class (a subclass may have changed what forward does), or None."""
+    """The served instance forward for `module` (transformers' Conv1D), or None."""
     kind = type(module)
-    if kind is nn.Linear:
-        return _linear
-    if kind is nn.LayerNorm:
-        return _layer_norm
-    if kind is getattr(nn, "RMSNorm", None):
-        return _rms_norm
-    if kind is nn.Conv2d and module.padding_mode == "zeros":
-        return _conv2d
     if kind.__name__ == "Conv1D" and kind.__module__.startswith("transformers.") and hasattr(module, "nf"):
         return _conv1d_transformers
     return None
@@ -149,25 +200,49 @@ def _modules(function: str, model: Any) -> Any:
 
 
 def served(module: nn.Module) -> bool:
+    if type(module) in BASE_CLASSES:
+        return True
     forward = module.__dict__.get("forward")
     return isinstance(forward, functools.partial) and forward.func in FORWARDS
 
 
+def _give_back(module: nn.Module) -> bool:
+    """`module`'s own forward back (its class, or without its instance forward); whether it was served."""
+    base = BASE_CLASSES.get(type(module))
+    if base is not None:
+        module.__class__ = base
+        return True
+    forward = module.__dict__.get("forward")
+    if isinstance(forward, functools.partial) and forward.func in FORWARDS:
+        # pop, not del: of threads that reach here at once, one takes the forward away
+        return module.__dict__.pop("forward", None) is not None
+    return False
+
+
 def serve(model: nn.Module) -> nn.Module:
     """Serve `model`'s layers (itself and every submodule) through plancache; returns `model`. A layer that has an
-    instance forward of its own already (a hook's, another library's) is left as it is; serving twice is once."""
+    instance forward of its own already (a hook's, another library's) is left as it is; serving twice is once.
+    A served `nn.Linear`, `nn.LayerNorm`, `nn.Conv2d` or `nn.RMSNorm` becomes the served subclass of its class
+    (ServedLinear, ...: isinstance checks hold, `type(layer) is nn.Linear` does not); transformers' Conv1D gets an
+    instance forward."""
     for module in _modules("serve", model):
-        forward = _forward_for(module)
-        if forward is not None and (served(module) or "forward" not in module.__dict__):
+        if served(module) or "forward" in module.__dict__:
+            continue
+        served_class = _served_class(module)
+        if served_class is not None:
+            module.__class__ = served_class
+        else:
+            forward = _forward_for(module)
+            if forward is None:
+                continue
             module.forward = functools.partial(forward, module)
-            module.__dict__.pop(_TORCH_RUNS, None)
+        module.__dict__.pop(_TORCH_RUNS, None)
     return model
 
 
 def unserve(model: nn.Module) -> nn.Module:
     """Give `model`'s served layers their own forward back; returns `model`."""
     for module in _modules("unserve", model):
-        if served(module):
-            del module.forward
+        _give_back(module)
         module.__dict__.pop(_TORCH_RUNS, None)
     return model
