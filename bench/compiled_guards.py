@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +27,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(1, str(REPO))  # after a child's PYTHONPATH: the arm's client comes first
+
+from bench.report import arm_child  # noqa: E402
 
 
 def _child(rounds: int, calls: int) -> dict[str, Any]:
@@ -82,21 +82,7 @@ def run(arms: dict[str, str], processes: int, rounds: int, calls: int) -> dict[s
     per_arm: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
     for _ in range(processes):
         for name, source in arms.items():
-            kept = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
-            environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(source).resolve()), *kept])}
-            done = subprocess.run(
-                [sys.executable, __file__, "--child", "--rounds", str(rounds), "--calls", str(calls)],
-                capture_output=True,
-                text=True,
-                env=environment,
-                check=False,
-                timeout=600,
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"arm {name}: {done.stderr[-2000:]}")
-            found = json.loads(done.stdout.splitlines()[-1])
-            if not found["client"].startswith(str(Path(source).resolve())):
-                raise RuntimeError(f"arm {name} ran the client at {found['client']}, not {source}")
+            found = arm_child(__file__, name, source, ["--rounds", str(rounds), "--calls", str(calls)])
             per_arm[name].append(found["us"])
             us = found["us"]
             print(f"{name}: torch {us['torch']:.1f} µs a call, served {us['served']:.1f}")

@@ -41,7 +41,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +51,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(1, str(REPO))  # after a child's PYTHONPATH: the arm's client comes first
+
+from bench.report import arm_child  # noqa: E402
+
 PHASES = ("own", "capture", "race", "rest")
 
 
@@ -327,36 +329,9 @@ def run(
     process_medians: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(processes):
         for name, (source, pause_ms) in runs.items():
-            # The arm's client first; the rest as the caller has it (a GPU host's carried wheels, server/src).
-            kept = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
-            environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(source).resolve()), str(REPO), *kept])}
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    "--rounds",
-                    str(rounds),
-                    "--build-ms",
-                    str(build_ms),
-                    "--build-gil",
-                    gil,
-                    "--door",
-                    door,
-                    "--pause-ms",
-                    str(pause_ms),
-                ],
-                capture_output=True,
-                text=True,
-                env=environment,
-                check=False,
-                timeout=600,
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"arm {name}: {done.stderr[-2000:]}")
-            found = json.loads(done.stdout.splitlines()[-1])
-            if not found["client"].startswith(str(Path(source).resolve())):
-                raise RuntimeError(f"arm {name} ran the client at {found['client']}, not {source}")
+            arguments = ["--rounds", str(rounds), "--build-ms", str(build_ms), "--build-gil", gil]
+            arguments += ["--door", door, "--pause-ms", str(pause_ms)]
+            found = arm_child(__file__, name, source, arguments, extra_path=[str(REPO)])
             for phase in PHASES:
                 per_arm[name][phase] += found[phase]
             process_medians[name].append(statistics.median(found["own"]))

@@ -114,3 +114,29 @@ def paired_panel(
     ax.set_ylabel(ylabel)
     ax.legend()
     ax.set_title(title)
+
+
+def arm_child(script: str, name: str, source: str, arguments: list[str], extra_path: Sequence[str] = ()) -> Any:
+    """Run `script --child *arguments` in a fresh process whose client is the arm's source tree (`source`, a
+    client/src: first on PYTHONPATH, then `extra_path`, then the caller's own entries: a GPU host's carried
+    wheels, server/src); its last line of output, as JSON. Refuses a child that ran another client."""
+    import os
+    import subprocess
+    import sys
+
+    kept = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    path = os.pathsep.join([str(Path(source).resolve()), *extra_path, *kept])
+    done = subprocess.run(
+        [sys.executable, script, "--child", *arguments],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+        check=False,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"arm {name}: {done.stderr[-2000:]}")
+    found = json.loads(done.stdout.splitlines()[-1])
+    if not found["client"].startswith(str(Path(source).resolve())):
+        raise RuntimeError(f"arm {name} ran the client at {found['client']}, not {source}")
+    return found

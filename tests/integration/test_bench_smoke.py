@@ -448,3 +448,17 @@ def test_status_page_memory_benchmark_reads_the_pages_and_samples_the_gateway(tm
     result = json.loads((tmp_path / "status_page_memory.json").read_text())
     assert result["reads"] >= 300 and result["samples"] and result["rss_first_mib"] > 0
     assert (tmp_path / "status_page_memory.png").exists()
+
+
+def test_compiled_guards_quick_run_times_both_compiled_programs_in_the_arms_client(tmp_path: Path) -> None:
+    """bench/compiled_guards.py, one process: torch's and the served stack's compiled calls each timed in a process of
+    the arm's client (the runner refuses a child that imported another), their ratio and difference written."""
+    pytest.importorskip("torch", reason="plancache.torch needs torch (make test installs its CPU build)")
+    client = str(REPO / "client" / "src")
+    args = ("--arm", f"here={client}", "--processes", "1", "--rounds", "2", "--calls", "50")
+    run_bench("compiled_guards.py", *args, "--out", str(tmp_path))
+    results = json.loads((tmp_path / "compiled_guards.json").read_text())
+    ((process,),) = results["per_process_us"].values()
+    assert process["torch"] > 0 and process["served"] > 0
+    assert results["served_over_torch"]["here"] == pytest.approx(process["served"] / process["torch"])
+    assert (tmp_path / "compiled_guards.png").stat().st_size > 10_000
