@@ -469,12 +469,14 @@ def test_a_served_layers_race_charges_its_lookup_to_the_plan(monkeypatch: pytest
     x = torch.randn(5, 8, dtype=D)
     plan = PlanStandIn()
     racing = Racing(plan, _key(layer, x), settle)
-    racing.due = 0.0  # the race is due at this call
     _decided(monkeypatch, layer, x, racing)
     pt.serve(layer)
     with torch.no_grad():
+        layer(x)  # before the race is due: the plan's run, nothing set up for a race
+        assert seen == [None]
+        racing.due = 0.0  # the race is due at this call
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
-    inner_saw, lookup_found, *arm_runs = seen
+    _, inner_saw, lookup_found, *arm_runs = seen
     assert lookup_found is racing and inner_saw is not None  # the plan's run happens under the same LOOKUP
     assert _race.LOOKUP.call is None and _race.LOOKUP.arms is None
     assert len(arm_runs) == 3  # the served arm ran the plan (the Racing entry's inner), not another race
@@ -482,4 +484,4 @@ def test_a_served_layers_race_charges_its_lookup_to_the_plan(monkeypatch: pytest
     for served_result, own_result in arm_results:
         torch.testing.assert_close(served_result, expected, rtol=0, atol=0)
         torch.testing.assert_close(own_result, expected, rtol=0, atol=0)
-    assert pt.stats()["linear"].routed == 1  # the race's calls of the layer are not the program's
+    assert pt.stats()["linear"].routed == 2  # the race's calls of the layer are not the program's

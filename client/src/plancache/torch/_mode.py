@@ -33,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 
 import plancache.functional as pf
 from plancache.errors import InvalidRequest
+from plancache.functional import _race
 from plancache.functional._attention import boolean_mask_as_bias
 from plancache.functional._convolution import decided as pf_conv2d_decided
 from plancache.functional._first_call import torch_faster_reason
@@ -385,8 +386,7 @@ def _decidable(x: Any) -> bool:
 class _DecidedRun(threading.local):
     """Whether this thread's last decided call (one that found its geometry's entry) ran torch's function for
     good (a race torch won, a geometry plancache cannot serve; not one left for a reason that may pass): a served
-    layer reads it
-    (plancache.torch._serve), which goes back to its own forward when torch runs all its calls."""
+    layer reads it (plancache.torch._serve), which goes back to its own forward when torch runs all its calls."""
 
     torch_for_good = False
 
@@ -410,7 +410,8 @@ def _run_decided(
     found `entry`, which a Racing entry's race charges to the plan (plancache.functional._race.LOOKUP). `layer`:
     the served layer making the call on `layer_input`, whose race without autograd is the layer's: its served
     forward against its class's own (every host cost of the served call counted, as torch's side will pay none
-    once the layer goes back to its own forward); the served calls the race makes are not the program's."""
+    once the layer goes back to its own forward); the served calls the race makes are not counted as the
+    program's."""
     if entry is None:
         return UNDECIDED
     if isinstance(entry, Fallback):
@@ -419,23 +420,17 @@ def _run_decided(
         DECIDED_RUN.torch_for_good = entry.expires is None
         return result
     DECIDED_RUN.torch_for_good = False
-    if type(entry) is Racing and LOOKUP.call is None:  # (set: a race's own run of the layer: not raced again)
+    # A Racing entry whose race is due (its calls before run the plan as any entry's), unless this is a race's own
+    # run of the layer (LOOKUP set: not raced again, and not counted: plancache.torch._serve).
+    if type(entry) is Racing and LOOKUP.call is None and (entry.due <= _race.monotonic() or _race.RACE_NOW.on):
         LOOKUP.call = functools.partial(lookup, *lookup_args)
-        routed = None
         if layer is not None:
-            forward = functools.partial(layer.forward, layer_input)
             own = getattr(type(layer), "torch_forward", type(layer).forward)  # a served class's base's forward
-            LOOKUP.arms = (forward, functools.partial(own, layer, layer_input))
-            with _counts_lock:
-                routed = {name: c.routed for name, c in COUNTS.items()}
+            LOOKUP.arms = (functools.partial(layer.forward, layer_input), functools.partial(own, layer, layer_input))
         try:
             return entry(tensors)
         finally:
             LOOKUP.call = LOOKUP.arms = None
-            if routed is not None:
-                with _counts_lock:
-                    for name, c in COUNTS.items():
-                        c.routed = routed.get(name, 0)
     return entry(tensors)
 
 

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from plancache.errors import InvalidRequest
+from plancache.functional._race import LOOKUP
 from plancache.torch import _mode
 from plancache.torch._mode import Route
 
@@ -68,7 +69,8 @@ def _call(
     result = decided(*args, layer, input)
     if result is _mode.UNDECIDED:  # (what torch.compile traces: nothing below)
         return _mode.dispatch(function, undecided, func, args, {})
-    _mode._count(function, None)
+    if LOOKUP.call is None:  # (set: this call is a race's run of the layer, not the program's)
+        _mode._count(function, None)
     own = layer.__dict__
     if _mode.DECIDED_RUN.torch_for_good:
         _torch_ran(layer, function)
