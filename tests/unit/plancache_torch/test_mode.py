@@ -675,7 +675,8 @@ def test_a_compiled_call_torch_is_faster_for_is_left_to_torch_as_it_is_traced(tr
     asked = {function for function, *_ in traced_races.asked}
     assert asked == {"linear", "layer_norm", "rms_norm", "scaled_dot_product_attention", "conv2d"}
     linear = [a for a in traced_races.asked if a[0] == "linear"]
-    assert len(linear) == 5  # one race per traced call (the compiled program's five linears)
+    assert len(linear) == 4  # one race per geometry: five linears, two of them q's and the output's (32 -> 32)
+    assert len(set(linear)) == 4
     q_spec = linear[0][1][0]
     # The first linear's input (the layer norm's output, wanting its gradient): its geometry as constants.
     assert q_spec == (tuple(x.shape), tuple(x.stride()), D, -1, True)
@@ -684,6 +685,29 @@ def test_a_compiled_call_torch_is_faster_for_is_left_to_torch_as_it_is_traced(tr
     count = len(traced_races.asked)
     step(model, x, image, compiled)
     assert len(traced_races.asked) == count and recorder.graphs == 1  # nothing traced or raced again
+
+
+def test_a_traced_geometry_is_raced_once_however_many_call_sites_make_it(traced_races: TracedRaces) -> None:
+    """A model's repeated blocks make the same calls and dynamo traces every call site: each geometry is raced
+    once (a compiled program's cold start waited for a race per call site), traced again or not, until
+    plancache.functional's table is cleared (a new deployment): then again."""
+    layers = nn.Sequential(*[nn.Linear(16, 16) for _ in range(4)], nn.Linear(16, 8)).to(D)
+    x = torch.randn(4, 16, dtype=D)
+
+    def trace_and_run() -> None:
+        torch._dynamo.reset()
+        with torch.no_grad():
+            got = pt.compile(layers, backend=Recorder(), fullgraph=True)(x)
+        torch.testing.assert_close(got, layers(x))
+
+    trace_and_run()
+    weights = [a[1][1][0] for a in traced_races.asked]
+    assert sorted(weights) == [(8, 16), (16, 16)]  # two geometries of five call sites
+    trace_and_run()
+    assert len(traced_races.asked) == 2
+    pf.clear()
+    trace_and_run()
+    assert len(traced_races.asked) == 4
 
 
 def test_a_compiled_call_with_dynamic_sizes_is_not_raced(traced_races: TracedRaces) -> None:

@@ -396,6 +396,9 @@ class GeometryTable:
         self._ticks = itertools.count(1)
         self._lock = threading.Lock()
         self.evicted = 0
+        # How many times the table was cleared (a new deployment, a test): what was derived from its entries
+        # (plancache.torch's verdicts of traced calls) is stale once this changes.
+        self.generation = 0
 
     def get(self, key: Hashable) -> Entry | None:
         entry = self._entries.get(key)
@@ -446,6 +449,7 @@ class GeometryTable:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self.generation += 1
             self._changed()
 
     def entries(self) -> list[tuple[Hashable, Entry]]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,7 @@ from plancache.functional._norms import decided_layer_norm as pf_layer_norm_deci
 from plancache.functional._norms import decided_rms_norm as pf_rms_norm_decided
 from plancache.functional._race import LOOKUP, RACE, TORCH_FASTER
 from plancache.functional._race import race as pf_race
+from plancache.functional._table import TABLE as PF_TABLE
 from plancache.functional._table import Fallback, Racing
 from plancache.functional._table import counts as pf_counts
 from plancache.torch import _ops
@@ -115,6 +116,12 @@ class _Traced(threading.local):
 
 
 _TRACED = _Traced()
+# Each traced geometry's verdict (function, its tensors' specs, options, training -> why torch's function runs it,
+# or None), kept while plancache.functional's table is not cleared: dynamo traces every call site of a model, and
+# its repeated blocks (GPT-2's twelve) make the same calls, each of which raced the operator again (its race is
+# not the table's) as the compiled program's cold start waited.
+_TRACED_VERDICTS: dict[Hashable, tuple[int, str | None]] = {}
+MAX_TRACED_VERDICTS = 1024
 _TRACED_NAMES = ("traced_0", "traced_1", "traced_2", "traced_3")  # _raced_left's locals, which comptime reads
 
 
@@ -155,11 +162,25 @@ def _torch_faster(function: str, count: int, options: tuple[Any, ...], training:
         specs = tuple(_spec_of(fake) for fake in fakes[:count])
     except ValueError:
         return None
+    key: Hashable | None = (function, specs, options, training)
+    generation = PF_TABLE.generation
     try:
-        return _race_traced_call(function, specs, options, training)
+        known = _TRACED_VERDICTS.get(key)
+    except TypeError:  # an option that is not hashable (a list): raced, not kept
+        known, key = None, None
+    if known is not None and known[0] == generation:
+        return known[1]
+    try:
+        reason = _race_traced_call(function, specs, options, training)
     except Exception as e:  # a race is an optimisation: the plan's operator runs the call
         _note_left_compiled(function, f"not raced ({type(e).__name__}: {e})"[:300])
         return None
+    if key is not None:
+        with _counts_lock:
+            if len(_TRACED_VERDICTS) >= MAX_TRACED_VERDICTS:
+                _TRACED_VERDICTS.pop(next(iter(_TRACED_VERDICTS)))  # the oldest
+            _TRACED_VERDICTS[key] = (generation, reason)
+    return reason
 
 
 _torch_faster._dynamo_marked_constant = True  # type: ignore[attr-defined]
