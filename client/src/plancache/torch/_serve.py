@@ -66,8 +66,12 @@ def _call(
     """A layer's call of `function` on `input` (`args`: the function's): its decided geometry's at once (most
     calls of a step), else the route's (`undecided`: its checks, plancache.functional's call; torch's `func`
     where it leaves the call), counted."""
+    if _mode._compiling():
+        # Traced, a decided geometry is never found (the table is eager calls'): dynamo traced the lookup for
+        # nothing, ~3 ms of a compiled cold start a layer call (the development CPU, a 72-layer stack).
+        return _mode.dispatch(function, undecided, func, args, {})
     result = decided(*args, layer, input)
-    if result is _mode.UNDECIDED:  # (what torch.compile traces: nothing below)
+    if result is _mode.UNDECIDED:
         return _mode.dispatch(function, undecided, func, args, {})
     if LOOKUP.call is None:  # (set: this call is a race's run of the layer, not the program's)
         _mode._count(function, None)
