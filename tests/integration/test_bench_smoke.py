@@ -462,3 +462,18 @@ def test_compiled_guards_quick_run_times_both_compiled_programs_in_the_arms_clie
     assert process["torch"] > 0 and process["served"] > 0
     assert results["served_over_torch"]["here"] == pytest.approx(process["served"] / process["torch"])
     assert (tmp_path / "compiled_guards.png").stat().st_size > 10_000
+
+
+def test_compiled_trace_quick_run_traces_both_models_in_the_arms_client(tmp_path: Path) -> None:
+    """bench/compiled_trace.py, one process: torch's and the served stack's traces each timed in a process of the
+    arm's client, their difference and ratio written."""
+    pytest.importorskip("torch", reason="plancache.torch needs torch (make test installs its CPU build)")
+    client = str(REPO / "client" / "src")
+    run_bench(
+        "compiled_trace.py", "--arm", f"here={client}", "--processes", "1", "--traces", "3", "--out", str(tmp_path)
+    )
+    results = json.loads((tmp_path / "compiled_trace.json").read_text())
+    ((process,),) = results["per_process_s"].values()
+    assert process["torch"] > 0 and process["served"] > 0 and results["served_layer_calls"] == 72
+    assert results["served_minus_torch_s"]["here"] == pytest.approx(process["served"] - process["torch"])
+    assert (tmp_path / "compiled_trace.png").stat().st_size > 10_000
