@@ -24,6 +24,8 @@ import plancache.torch as pt  # noqa: E402
 from plancache.errors import InvalidRequest  # noqa: E402
 from plancache.torch import _mode, _serve  # noqa: E402
 from tests.unit.plancache_torch.test_mode import (  # noqa: E402
+    Recorder,
+    TracedRaces,
     assert_same,
     calls_the_mode_sees,
     compiled_step,
@@ -288,8 +290,8 @@ def test_under_the_mode_a_decided_linear_skips_the_route(monkeypatch: pytest.Mon
 
 
 def test_a_geometry_whose_plan_won_runs_the_entry_with_the_calls_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The table's plan entry gets the call's tensors, and its result is the layer's; under torch.compile, or with
-    row buckets set (a padded geometry's key is another), the route decides as before."""
+    """The table's plan entry gets the call's tensors, and its result is the layer's; with row buckets set (a
+    padded geometry's key is another) the route decides as before; under torch.compile, the traced call."""
     from plancache.frontdoors.buckets import BUCKETS
 
     class PlanStandIn:  # a Served entry's call: its tensors in, the function's result out
@@ -317,8 +319,10 @@ def test_a_geometry_whose_plan_won_runs_the_entry_with_the_calls_tensors(monkeyp
         monkeypatch.setattr(BUCKETS, "functions", frozenset())
         assert len(undecided) == 1
         torch._dynamo.reset()
-        torch.compile(layer, backend="eager", fullgraph=True)(x)
-        assert len(undecided) == 2 and len(plan.calls) == 1  # the traced call took the route
+        traced = torch.compile(layer, backend="eager", fullgraph=True)(x)
+        # the traced call is decided at trace time (_mode.traced_linear), not by the table's entry: the operator's
+        torch.testing.assert_close(traced, expected - 1)
+        assert len(undecided) == 1 and len(plan.calls) == 1
     torch._dynamo.reset()
 
 
@@ -485,3 +489,129 @@ def test_a_served_layers_race_charges_its_lookup_to_the_plan(monkeypatch: pytest
         torch.testing.assert_close(served_result, expected, rtol=0, atol=0)
         torch.testing.assert_close(own_result, expected, rtol=0, atol=0)
     assert pt.stats()["linear"].routed == 2  # the race's calls of the layer are not the program's
+
+
+# ---- a served layer traced: the route's decision, made at trace time --------------------------------
+
+
+class Conv1D(nn.Module):
+    """transformers.pytorch_utils.Conv1D, as it is written there (GPT-2's linear)."""
+
+    __module__ = "transformers.pytorch_utils"
+
+    def __init__(self, nf: int, nx: int) -> None:
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf))
+        self.bias = nn.Parameter(torch.randn(nf))
+
+    def forward(self, x: Any) -> Any:
+        size_out = x.size()[:-1] + (self.nf,)  # noqa: RUF005 (as transformers writes it)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
+class Layers(nn.Module):
+    """Each served layer kind, a Conv2d whose padding plancache has no form for ("same") among them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.same = nn.Conv2d(4, 4, 3, padding="same", bias=False)
+        self.norm = nn.LayerNorm(16)
+        self.up = nn.Linear(16, 32)
+        self.gpt = Conv1D(16, 32)
+        self.rms = nn.RMSNorm(16, eps=1e-6) if hasattr(nn, "RMSNorm") else nn.Identity()
+        self.down = nn.Linear(16, 8, bias=False)
+
+    def forward(self, image: Any) -> Any:
+        y = self.norm(self.same(self.conv(image)).flatten(2))
+        return self.down(self.rms(self.gpt(F.silu(self.up(y)))))
+
+
+def _traced_run(model: nn.Module, compile_fn: Any, image: Any, training: bool) -> tuple[Any, list[Any], Recorder]:
+    """`model`'s output and gradients (a training step's) compiled afresh with fullgraph, and the graphs traced."""
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = compile_fn(model, backend=recorder, fullgraph=True)
+    model.zero_grad()
+    if not training:
+        with torch.no_grad():
+            return compiled(image), [], recorder
+    out = compiled(image)
+    out.pow(2).mean().backward()
+    return out.detach(), [p.grad for p in model.parameters()], recorder
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("case", ["torch's linear faster", "plans faster", "float64 not served"])
+def test_a_served_model_traced_makes_the_calls_the_modes_routes_make(
+    monkeypatch: pytest.MonkeyPatch, case: str, training: bool
+) -> None:
+    """Compiled with fullgraph, a served model's layers trace what the mode's routes trace for the same model:
+    the same functions raced with the same geometry, the same calls left to torch for the same reasons (in
+    stats().left_compiled), the same plancache operators in the graph; its results and gradients torch's."""
+    races = TracedRaces({"linear"} if case == "torch's linear faster" else set())
+    monkeypatch.setattr(_mode, "RACED_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(_mode, "_race_traced_call", races)
+    if case == "float64 not served":
+        monkeypatch.setattr(_mode, "SERVED_DTYPES", (torch.float16, torch.bfloat16, torch.float32))
+    torch.manual_seed(0)
+    model = Layers().to(D)
+    image = torch.randn(2, 3, 4, 4, dtype=D)
+    with torch.no_grad():
+        expected = model(image)
+    arms = {}
+    for arm, compile_fn, net in (
+        ("mode", pt.compile, model),
+        ("served", torch.compile, pt.serve(copy.deepcopy(model))),
+    ):
+        pf.clear()  # a new table: each arm races its geometries afresh
+        _mode.LEFT_COMPILED.clear()
+        races.asked.clear()
+        out, grads, recorder = _traced_run(net, compile_fn, image, training)
+        torch.testing.assert_close(out, expected)
+        ours = {t for t in recorder.targets if t.startswith("plancache.")}
+        arms[arm] = (set(races.asked), set(_mode.LEFT_COMPILED), ours, grads, dict(pt.stats()))
+    (mode_asked, mode_left, mode_ops, mode_grads, _), (asked, left, ops, grads, stats) = arms["mode"], arms["served"]
+    assert asked == mode_asked and left == mode_left and ops == mode_ops
+    for got, want in zip(grads, mode_grads, strict=True):
+        torch.testing.assert_close(got, want)
+    assert all(a[3] == training for a in asked)
+    same = "stride=(1, 1), padding='same', dilation=(1, 1)"
+    linear = f"plancache.linear{'_train' if training else ''}.default"
+    if case == "float64 not served":
+        assert not asked and not ops  # every call left to torch, before any race
+        assert stats["linear"].left_compiled == ("input is torch.float64 (plancache serves float16 and bfloat16)",)
+        return
+    assert stats["conv2d"].left_compiled == (same,)
+    assert {a[0] for a in asked} == {"conv2d", "layer_norm", "linear"} | (
+        {"rms_norm"} if hasattr(nn, "RMSNorm") else set()
+    )
+    # the linears' three geometries (up, Conv1D's transposed weight, down), the Conv1D's traced as the mode's addmm
+    assert len([a for a in asked if a[0] == "linear"]) == 3
+    if case == "torch's linear faster":
+        assert linear not in ops and not any(op.startswith("plancache.linear") for op in ops)
+        assert stats["linear"].left_compiled == ("torch's function is faster here: linear",)
+    else:
+        assert linear in ops and not (stats["linear"].left_compiled if "linear" in stats else ())
+    assert f"plancache.layer_norm{'_train' if training else ''}.default" in ops
+
+
+def test_a_served_layer_that_torch_says_is_compiling_outside_dynamos_trace_takes_its_route(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch.compiler.is_compiling() is true with no dynamo trace to keep the call's tensors (torch.export's
+    non-strict tracing): the layer's call is the route's, its reasons recorded as a traced call's."""
+    monkeypatch.setattr(_mode, "SERVED_DTYPES", (torch.float16, torch.bfloat16))
+    _mode.LEFT_COMPILED.clear()
+    layers = [nn.Linear(8, 4), nn.LayerNorm(8), nn.Conv2d(3, 4, 3)]
+    inputs = [torch.randn(5, 8, dtype=D), torch.randn(5, 8, dtype=D), torch.randn(1, 3, 5, 5, dtype=D)]
+    expected = [layer.to(D)(x) for layer, x in zip(layers, inputs, strict=True)]
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    got = [pt.serve(layer)(x) for layer, x in zip(layers, inputs, strict=True)]
+    monkeypatch.undo()
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
+    assert {function for function, _ in _mode.LEFT_COMPILED} == {"linear", "layer_norm", "conv2d"}
+    _mode.LEFT_COMPILED.clear()

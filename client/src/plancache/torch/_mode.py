@@ -150,16 +150,25 @@ def _spec_of(fake: Any) -> Spec:
 def _torch_faster(function: str, count: int, options: tuple[Any, ...], training: bool) -> str | None:
     """Why torch's function should run this compiled call (its own is faster for the geometry), or None: run by
     dynamo once, as it traces the call, its result kept as a constant (as _note_left_compiled), for the `count`
-    tensors _keep_traced kept. A call of dynamic sizes is not raced (no sizes to race at trace time). The
-    geometry's race is plancache.functional's (plancache.functional._race), on tensors of the call's geometry made
-    here, through its eager call: the entry it leaves in the table is the one the compiled program's operator
-    finds at run time (the same key), and a geometry torch wins is left to torch's function in the traced
-    program, which inductor then compiles as it would without plancache (its fusions included)."""
+    tensors _keep_traced kept (_traced_verdict)."""
     fakes, _TRACED.fakes = _TRACED.fakes, None
-    if not RACE.enabled or fakes is None:
+    return None if fakes is None else _traced_verdict(function, fakes[:count], options, training)
+
+
+_torch_faster._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def _traced_verdict(function: str, fakes: list[Any], options: tuple[Any, ...], training: bool) -> str | None:
+    """Why torch's function should run a compiled call of `fakes`' geometry (dynamo's fake tensors of its tensor
+    arguments, None where one is not given), or None. A call of dynamic sizes is not raced (no sizes to race at
+    trace time). The geometry's race is plancache.functional's (plancache.functional._race), on tensors of the
+    call's geometry made here, through its eager call: the entry it leaves in the table is the one the compiled
+    program's operator finds at run time (the same key), and a geometry torch wins is left to torch's function in
+    the traced program, which inductor then compiles as it would without plancache (its fusions included)."""
+    if not RACE.enabled:
         return None
     try:
-        specs = tuple(_spec_of(fake) for fake in fakes[:count])
+        specs = tuple(_spec_of(fake) for fake in fakes)
     except ValueError:
         return None
     key: Hashable | None = (function, specs, options, training)
@@ -181,9 +190,6 @@ def _torch_faster(function: str, count: int, options: tuple[Any, ...], training:
                 _TRACED_VERDICTS.pop(next(iter(_TRACED_VERDICTS)))  # the oldest
             _TRACED_VERDICTS[key] = (generation, reason)
     return reason
-
-
-_torch_faster._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _race_traced_call(function: str, specs: tuple[Spec, ...], options: tuple[Any, ...], training: bool) -> str | None:
@@ -512,6 +518,14 @@ def _layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return undecided_layer_norm(args, kwargs)
 
 
+def _layer_norm_unserved(x: Any, w: Any, b: Any) -> Left | None:
+    """Why the layer_norm route leaves a call to torch (None: it serves it): its checks, the eager route's and a
+    served layer's traced call's (traced_layer_norm, on dynamo's fake tensors)."""
+    # `or`: the checks stop at the first tensor left to torch (a Left is true): a call left to torch (an fp32
+    # model's every norm and linear) formed each reason, ~1.3 µs apiece, where one is kept.
+    return _unserved("input", x) or _unserved("weight", w, True) or _unserved("bias", b, True)
+
+
 def undecided_layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # torch.layer_norm's last argument, cudnn_enable, says nothing plancache reads.
     bound = _bind(
@@ -523,9 +537,7 @@ def undecided_layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if isinstance(bound, Left):
         return bound
     x, shape, w, b, eps, _ = bound
-    # `or`: the checks stop at the first tensor left to torch (a Left is true): a call left to torch (an fp32
-    # model's every norm and linear) formed each reason, ~1.3 µs apiece, where one is kept.
-    left = _unserved("input", x) or _unserved("weight", w, True) or _unserved("bias", b, True)
+    left = _layer_norm_unserved(x, w, b)
     if left is not None:
         return left
     if _functional(x):
@@ -546,12 +558,17 @@ def _rms_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return undecided_rms_norm(args, kwargs)
 
 
+def _rms_norm_unserved(x: Any, w: Any) -> Left | None:
+    """Why the rms_norm route leaves a call to torch (None: it serves it)."""
+    return _unserved("input", x) or _unserved("weight", w, True)
+
+
 def undecided_rms_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     bound = _bind(args, kwargs, ("input", "normalized_shape", "weight", "eps"), {"weight": None, "eps": None})
     if isinstance(bound, Left):
         return bound
     x, shape, w, eps = bound
-    left = _unserved("input", x) or _unserved("weight", w, True)
+    left = _rms_norm_unserved(x, w)
     if left is not None:
         return left
     eps = None if eps is None else float(eps)
@@ -573,17 +590,23 @@ def _linear(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return undecided_linear(args, kwargs)
 
 
+def _linear_unserved(x: Any, w: Any, b: Any) -> Left | None:
+    """Why the linear route leaves a call to torch (None: it serves it)."""
+    left = _unserved("input", x) or _unserved("weight", w) or _unserved("bias", b, True)
+    if left is None and (w.dim() != 2 or x.dim() < 2):
+        return Left(f"input of {x.dim()} dims, weight of {w.dim()}")
+    return left
+
+
 def undecided_linear(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The linear route past its decided geometries: the checks, plancache.functional's call."""
     bound = _bind(args, kwargs, ("input", "weight", "bias"), {"bias": None})
     if isinstance(bound, Left):
         return bound
     x, w, b = bound
-    left = _unserved("input", x) or _unserved("weight", w) or _unserved("bias", b, True)
+    left = _linear_unserved(x, w, b)
     if left is not None:
         return left
-    if w.dim() != 2 or x.dim() < 2:
-        return Left(f"input of {x.dim()} dims, weight of {w.dim()}")
     if _functional(x):
         return pf.linear(x, w, b)
     raced = _raced_left("linear", (x, w, b), ())
@@ -687,6 +710,28 @@ def _conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return undecided_conv2d(args, kwargs)
 
 
+def _conv2d_pairs(stride: Any, padding: Any, dilation: Any) -> tuple[list[int] | None, ...]:
+    """A conv2d call's stride, padding and dilation as plancache's pairs (None: one it has no form for; a padding of
+    "valid" is zero)."""
+    return _pair(stride), _pair(0 if padding == "valid" else padding), _pair(dilation)
+
+
+def _conv2d_unserved(
+    x: Any, w: Any, b: Any, pairs: tuple[list[int] | None, ...], given: tuple[Any, ...]
+) -> Left | None:
+    """Why the conv2d route leaves a call to torch (None: it serves it); `pairs`: _conv2d_pairs of the call's
+    stride, padding and dilation (`given`)."""
+    left = _unserved("input", x) or _unserved("weight", w) or _unserved("bias", b, True)
+    if left is not None:
+        return left
+    if x.dim() != 4:
+        return Left(f"input of {x.dim()} dims")
+    if None in pairs:
+        stride, padding, dilation = given
+        return Left(f"stride={stride!r}, padding={padding!r}, dilation={dilation!r}")
+    return None
+
+
 def undecided_conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     bound = _bind(
         args,
@@ -697,14 +742,12 @@ def undecided_conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if isinstance(bound, Left):
         return bound
     x, w, b, stride, padding, dilation, groups = bound
-    left = _unserved("input", x) or _unserved("weight", w) or _unserved("bias", b, True)
+    pairs = _conv2d_pairs(stride, padding, dilation)
+    left = _conv2d_unserved(x, w, b, pairs, (stride, padding, dilation))
     if left is not None:
         return left
-    if x.dim() != 4:
-        return Left(f"input of {x.dim()} dims")
-    s, p, d = _pair(stride), _pair(0 if padding == "valid" else padding), _pair(dilation)
-    if s is None or p is None or d is None:
-        return Left(f"stride={stride!r}, padding={padding!r}, dilation={dilation!r}")
+    s, p, d = pairs
+    assert s is not None and p is not None and d is not None  # (_conv2d_unserved said so)
     if _functional(x):
         return pf.conv2d(x, w, b, tuple(s), tuple(p), tuple(d), groups)
     raced = _raced_left("conv2d", (x, w, b), (tuple(s), tuple(p), tuple(d), groups))
@@ -840,3 +883,145 @@ def dispatch(
     if not _compiling():
         _count(function, None)
     return result
+
+
+# ---- a served layer's call under torch.compile: the route's decision made once, at trace time ---------------
+#
+# Dynamo traces the Python it runs: the route's binding and checks, Left, dispatch, each a few hundred µs of a
+# compiled program's cold start a layer call (the development CPU, a 72-layer stack: 1.1 s over torch's 0.7 s).
+# A served layer's traced call (plancache.torch._serve) is the few lines below instead: its tensors kept as
+# dynamo's fakes (comptime), whether it trains, and one constant-marked call that runs the route's own checks and
+# race in plain Python on those fakes. What it decides is what the route decides for the call.
+
+
+def _checked_linear(tensors: list[Any], options: tuple[Any, ...]) -> Left | tuple[Any, ...]:
+    x, w, b = tensors
+    left = _linear_unserved(x, w, b)
+    return () if left is None else left
+
+
+def _checked_layer_norm(tensors: list[Any], options: tuple[Any, ...]) -> Left | tuple[Any, ...]:
+    (x, w, b), (shape, eps) = tensors, options
+    left = _layer_norm_unserved(x, w, b)
+    return (tuple(_shape(shape)), float(eps)) if left is None else left
+
+
+def _checked_rms_norm(tensors: list[Any], options: tuple[Any, ...]) -> Left | tuple[Any, ...]:
+    (x, w), (shape, eps) = tensors, options
+    left = _rms_norm_unserved(x, w)
+    return (tuple(_shape(shape)), None if eps is None else float(eps)) if left is None else left
+
+
+def _checked_conv2d(tensors: list[Any], options: tuple[Any, ...]) -> Left | tuple[Any, ...]:
+    (x, w, b), (stride, padding, dilation, groups) = tensors, options
+    pairs = _conv2d_pairs(stride, padding, dilation)
+    left = _conv2d_unserved(x, w, b, pairs, (stride, padding, dilation))
+    if left is not None:
+        return left
+    s, p, d = pairs
+    assert s is not None and p is not None and d is not None  # (_conv2d_unserved said so)
+    return (tuple(s), tuple(p), tuple(d), groups)
+
+
+# Each traced function's checks on its call's fake tensors and options: a Left, or the options its race takes (as
+# the route hands them to _raced_left).
+_TRACED_CHECKS: dict[str, Callable[[list[Any], tuple[Any, ...]], Left | tuple[Any, ...]]] = {
+    "linear": _checked_linear,
+    "layer_norm": _checked_layer_norm,
+    "rms_norm": _checked_rms_norm,
+    "conv2d": _checked_conv2d,
+}
+
+
+def _traced_torch_runs(function: str, count: int, options: tuple[Any, ...], training: bool) -> bool | None:
+    """Whether torch's function runs a served layer's traced call of `function` (its `count` tensors kept by
+    _keep_traced, its options as the layer has them), else plancache's operator: run by dynamo once, as it traces
+    the call, its result kept as a constant (as _note_left_compiled). The route's checks (a Left: its reason
+    recorded, as dispatch records it), then, on a raced device, its race (_traced_verdict: a reason recorded where
+    torch's function is faster). None where no fakes were kept (the call was not dynamo's to trace: torch.export's
+    non-strict tracing, say): the caller takes the route."""
+    fakes, _TRACED.fakes = _TRACED.fakes, None
+    if fakes is None:
+        return None
+    tensors = fakes[:count]
+    checked = _TRACED_CHECKS[function](tensors, options)
+    if isinstance(checked, Left):
+        _note_left_compiled(function, checked.reason)
+        return True
+    if tensors[0].device.type not in RACED_DEVICES:
+        return False
+    reason = _traced_verdict(function, tensors, checked, training)
+    if reason is None:
+        return False
+    _note_left_compiled(function, reason)
+    return True
+
+
+_traced_torch_runs._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+# The traced calls: their locals traced_0..traced_3 are the ones _keep_traced reads (as _raced_left's), `training`
+# is _training's written out (dynamo traces a generator's frame too), and the operator's call is the route's.
+
+
+def traced_linear(x: Tensor, w: Tensor, b: Tensor | None) -> Any:
+    """A served linear layer's call under torch.compile (F.linear(x, w, b)): torch's function or plancache's
+    operator, as the linear route decides it."""
+    traced_0, traced_1, traced_2, traced_3 = x, w, b, None  # noqa: F841
+    torch._dynamo.comptime.comptime(_keep_traced)
+    training = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad))
+    torch_runs = _traced_torch_runs("linear", 3, (), training)
+    if torch_runs is None:
+        return dispatch("linear", undecided_linear, F.linear, (x, w, b), {})
+    if torch_runs:
+        return F.linear(x, w, b)
+    return OPS.linear_train(x, w, b, None)[0] if training else OPS.linear(x, w, b, None)
+
+
+def traced_layer_norm(x: Tensor, shape: Any, w: Tensor | None, b: Tensor | None, eps: float) -> Any:
+    """A served layer norm's call under torch.compile (F.layer_norm(x, shape, w, b, eps)), as traced_linear's."""
+    traced_0, traced_1, traced_2, traced_3 = x, w, b, None  # noqa: F841
+    torch._dynamo.comptime.comptime(_keep_traced)
+    training = torch.is_grad_enabled() and (
+        x.requires_grad or (w is not None and w.requires_grad) or (b is not None and b.requires_grad)
+    )
+    torch_runs = _traced_torch_runs("layer_norm", 3, (shape, eps), training)
+    if torch_runs is None:
+        return dispatch("layer_norm", undecided_layer_norm, F.layer_norm, (x, shape, w, b, eps), {})
+    if torch_runs:
+        return F.layer_norm(x, shape, w, b, eps)
+    if training:
+        return OPS.layer_norm_train(x, _shape(shape), w, b, float(eps))[0]
+    return OPS.layer_norm(x, _shape(shape), w, b, float(eps))
+
+
+def traced_rms_norm(x: Tensor, shape: Any, w: Tensor | None, eps: float | None) -> Any:
+    """A served RMS norm's call under torch.compile (F.rms_norm(x, shape, w, eps)), as traced_linear's."""
+    traced_0, traced_1, traced_2, traced_3 = x, w, None, None  # noqa: F841
+    torch._dynamo.comptime.comptime(_keep_traced)
+    training = torch.is_grad_enabled() and (x.requires_grad or (w is not None and w.requires_grad))
+    torch_runs = _traced_torch_runs("rms_norm", 2, (shape, eps), training)
+    if torch_runs is None:
+        return dispatch("rms_norm", undecided_rms_norm, F.rms_norm, (x, shape, w, eps), {})
+    if torch_runs:
+        return F.rms_norm(x, shape, w, eps)
+    eps = None if eps is None else float(eps)
+    return OPS.rms_norm_train(x, _shape(shape), w, eps)[0] if training else OPS.rms_norm(x, _shape(shape), w, eps)
+
+
+def traced_conv2d(x: Tensor, w: Tensor, b: Tensor | None, stride: Any, padding: Any, dilation: Any, groups: int) -> Any:
+    """A served Conv2d's call under torch.compile (F.conv2d(x, w, b, stride, padding, dilation, groups)), as
+    traced_linear's."""
+    traced_0, traced_1, traced_2, traced_3 = x, w, b, None  # noqa: F841
+    torch._dynamo.comptime.comptime(_keep_traced)
+    training = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad))
+    torch_runs = _traced_torch_runs("conv2d", 3, (stride, padding, dilation, groups), training)
+    if torch_runs is None:
+        args = (x, w, b, stride, padding, dilation, groups)
+        return dispatch("conv2d", undecided_conv2d, F.conv2d, args, {})
+    if torch_runs:
+        return F.conv2d(x, w, b, stride, padding, dilation, groups)
+    s, p, d = _conv2d_pairs(stride, padding, dilation)
+    if training:
+        return OPS.conv2d_train(x, w, b, s, p, d, groups, False)
+    return OPS.conv2d(x, w, b, s, p, d, groups, False)
