@@ -143,8 +143,8 @@ def test_where_torch_is_faster_torch_runs_the_geometry_from_its_first_call_on(co
     assert geometry.race == times
 
 
-@pytest.mark.parametrize(("plan_us", "torch_us"), [(30.0, 50.0), (100.0, 97.5)])
-def test_where_the_plan_is_faster_or_within_the_margin_the_plan_runs_it(
+@pytest.mark.parametrize(("plan_us", "torch_us"), [(30.0, 50.0), (95.0, 100.0)])
+def test_where_the_plan_is_faster_past_the_margin_the_plan_runs_it(
     costs: Costs, plan_us: float, torch_us: float
 ) -> None:
     costs.plan, costs.torch = plan_us * 1e-6, torch_us * 1e-6
@@ -162,6 +162,20 @@ def test_where_the_plan_is_faster_or_within_the_margin_the_plan_runs_it(
     assert geometry.race == f"torch {torch_us:.1f} µs a call, the plan {plan_us:.1f} µs ({host})"  # why the plan runs
     pf.clear()
     assert _race.KEPT.get(geometry.key) is None
+
+
+@pytest.mark.parametrize(("plan_us", "torch_us"), [(100.0, 97.5), (98.0, 100.0), (100.0, 100.0)])
+def test_within_the_margin_either_way_torchs_function_keeps_the_geometry(
+    costs: Costs, plan_us: float, torch_us: float
+) -> None:
+    """The two the same to the race's precision: torch's function, what the program runs without plancache, keeps
+    the geometry (a plan that ties a call in the race can lose in the step: GPU run 54's GPT-2 linear, 1.6 % faster
+    in its race, 10 % slower on the device, the eager step 1.15x torch's)."""
+    costs.plan, costs.torch = plan_us * 1e-6, torch_us * 1e-6
+    _raced_call(costs, T((64, 256)), T((256, 256)))
+    assert isinstance(_entry(), _table.TorchFaster)
+    (geometry,) = pf.geometries()
+    assert geometry.plan is None and geometry.reason is not None and geometry.reason.startswith(_race.TORCH_FASTER)
 
 
 @pytest.mark.parametrize(("lookup_us", "torch_runs_it"), [(0.0, False), (10.0, True)])
@@ -195,10 +209,13 @@ def test_a_served_layers_lookup_counts_against_the_plan(
         (15.0, 18.0, 8.0, 18.0, True),  # as fast on the device, twice torch's host time: torch's (a host-bound step)
         (15.0, 80.0, 8.0, 100.0, False),  # 20 µs saved on the device, 7 more on the host: the plan's
         (15.0, 98.0, 8.0, 100.0, True),  # 2 µs saved on the device, 7 more on the host: torch's
-        (8.0, 18.0, 8.0, 18.0, False),  # the same
+        (8.0, 18.0, 8.0, 18.0, True),  # the same: torch's (what the program runs without plancache)
         # The host the longer for both and the same: the rounds equal; the plan 4 µs slower on the device
-        # (GPU run 53's ResNet-50 inference): torch's, where the device can be timed alone.
-        (17.5, 16.0, 17.5, 12.0, "holds"),
+        # (GPU run 53's ResNet-50 inference): torch's.
+        (17.5, 16.0, 17.5, 12.0, True),
+        # A round bound by the host, the plan's 5 % shorter; on the device alone 20 % longer: torch's where the
+        # device can be timed alone (run 54's GPT-2 linear kept a plan so), the plan's where it cannot.
+        (15.0, 12.0, 16.0, 10.0, "holds"),
     ],
 )
 def test_the_host_time_a_plan_adds_counts_against_what_it_saves_on_the_device(
@@ -408,6 +425,7 @@ def test_a_traced_calls_race_runs_the_functions_eager_path(costs: Costs, monkeyp
     """plancache.torch races a traced call while torch.compile's session says "compiling" throughout: within
     eager_calls() the functions take their eager path (their plan raced), outside it torch's function."""
     set_modes(monkeypatch, compiling=True)
+    costs.plan, costs.torch = 50e-6, 100e-6  # the plan's race won (a tie is torch's)
     w = T((256, 256))
     assert pf.linear(T((64, 256)), w) == "torch linear"  # traced: torch's function, nothing asked
     with _modes.eager_calls():

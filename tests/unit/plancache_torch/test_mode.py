@@ -832,11 +832,11 @@ def test_a_traced_calls_operator_is_raced_as_the_compiled_program_calls_it(
             got = _mode._operator_call(function, made, options, training)
             torch.testing.assert_close(got, _mode._eager_call(function, made, options, F))
             assert got.requires_grad == training
-            monkeypatch.setattr(cpu_race, "MARGIN", -1e9)  # torch's function always faster
+            monkeypatch.setattr(cpu_race, "MARGIN", 1.0)  # the plan never faster by enough: torch's function
             reason = _mode._operator_faster_reason(function, made, options, training)
             assert reason is not None and reason.startswith(cpu_race.TORCH_FASTER), function
             assert "plancache's operator" in reason and "µs a call" in reason
-            monkeypatch.setattr(cpu_race, "MARGIN", 1.0)  # never
+            monkeypatch.setattr(cpu_race, "MARGIN", -1e9)  # the plan always faster by enough
             assert _mode._operator_faster_reason(function, made, options, training) is None
     assert all(t.grad is None for t in every)  # the race's backward takes gradients apart
 
@@ -869,7 +869,7 @@ def test_a_compiled_call_whose_operator_torch_beats_is_torchs_in_the_traced_prog
     its reason in left_compiled, else plancache's operator; the result torch's either way."""
     monkeypatch.setattr(_mode, "RACED_DEVICES", {"cuda", "cpu"})
     monkeypatch.setattr(_mode, "torch_faster_reason", lambda call: None)
-    monkeypatch.setattr(cpu_race, "MARGIN", -1e9 if torch_wins else 1.0)
+    monkeypatch.setattr(cpu_race, "MARGIN", 1.0 if torch_wins else -1e9)
     lin = nn.Linear(16, 8).to(D)
     torch._dynamo.reset()
     recorder = Recorder()
