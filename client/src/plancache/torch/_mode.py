@@ -742,20 +742,32 @@ def undecided_conv2d(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if isinstance(bound, Left):
         return bound
     x, w, b, stride, padding, dilation, groups = bound
+    checked = _conv2d_checked(x, w, b, stride, padding, dilation, groups)
+    if isinstance(checked, Left):
+        return checked
+    s, p, d, _ = checked
+    if _functional(x):
+        return pf.conv2d(x, w, b, s, p, d, groups)
+    raced = _raced_left("conv2d", (x, w, b), checked)
+    if raced is not None:
+        return raced
+    if _training(x, w, b):
+        return OPS.conv2d_train(x, w, b, list(s), list(p), list(d), groups, False)
+    return OPS.conv2d(x, w, b, list(s), list(p), list(d), groups, False)
+
+
+def _conv2d_checked(
+    x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, groups: Any
+) -> Left | tuple[Any, ...]:
+    """The conv2d route's checks (a Left), else the call's options as plancache.functional and the race take
+    them: (stride, padding, dilation) as pairs, groups. The route's and a served layer's traced call's."""
     pairs = _conv2d_pairs(stride, padding, dilation)
     left = _conv2d_unserved(x, w, b, pairs, (stride, padding, dilation))
     if left is not None:
         return left
     s, p, d = pairs
     assert s is not None and p is not None and d is not None  # (_conv2d_unserved said so)
-    if _functional(x):
-        return pf.conv2d(x, w, b, tuple(s), tuple(p), tuple(d), groups)
-    raced = _raced_left("conv2d", (x, w, b), (tuple(s), tuple(p), tuple(d), groups))
-    if raced is not None:
-        return raced
-    if _training(x, w, b):
-        return OPS.conv2d_train(x, w, b, s, p, d, groups, False)
-    return OPS.conv2d(x, w, b, s, p, d, groups, False)
+    return (tuple(s), tuple(p), tuple(d), groups)
 
 
 EVALUATION_BATCH_NORM_COMPILED = (
@@ -914,13 +926,7 @@ def _checked_rms_norm(tensors: list[Any], options: tuple[Any, ...]) -> Left | tu
 
 def _checked_conv2d(tensors: list[Any], options: tuple[Any, ...]) -> Left | tuple[Any, ...]:
     (x, w, b), (stride, padding, dilation, groups) = tensors, options
-    pairs = _conv2d_pairs(stride, padding, dilation)
-    left = _conv2d_unserved(x, w, b, pairs, (stride, padding, dilation))
-    if left is not None:
-        return left
-    s, p, d = pairs
-    assert s is not None and p is not None and d is not None  # (_conv2d_unserved said so)
-    return (tuple(s), tuple(p), tuple(d), groups)
+    return _conv2d_checked(x, w, b, stride, padding, dilation, groups)
 
 
 # Each traced function's checks on its call's fake tensors and options: a Left, or the options its race takes (as
