@@ -284,6 +284,11 @@ def measure(work: Workload, compile_mode: str, args: argparse.Namespace, pt: Any
                 run(batch)
                 warm += 1
         _sync(args.device)
+        if variant == "plancache" and args.plancache_by == "serve":
+            from plancache.torch._serve import served
+
+            # Layers still served as the timing starts (the others went back to their own forward, torch's).
+            row["served_layers_when_timed"] = sum(served(m) for m in model.modules())
         runners[variant] = lambda b, run=run, context=context: _in(context, run, b)
     samples: dict[str, list[float]] = {"torch": [], "plancache": []}
     pf_before = pf.stats()
@@ -292,6 +297,7 @@ def measure(work: Workload, compile_mode: str, args: argparse.Namespace, pt: Any
             samples[variant].append(timed_ms(runners[variant], batch, args.steps, args.device))
     for variant, values in samples.items():
         row[f"ms_{variant}"] = statistics.median(values)
+    row["rounds_ms"] = samples
     row["plancache_over_torch"] = row["ms_plancache"] / row["ms_torch"]
     row["routes"] = {
         name: {

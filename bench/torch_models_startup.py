@@ -104,6 +104,12 @@ def node_main(path: str, model: str, compile_mode: str, server: str, device: str
 
         # What a slow second step spent: a recompilation says why (GPU run 33: 4.7-8.1 s under plancache).
         result["dynamo"] = {"stats": dict(counters["stats"]), "recompiles": recompiles[:8]}
+        # Where a compiled first step went (dynamo's trace, AOT autograd, inductor, ...), summed per phase: what a
+        # served model adds to the cold start, phase by phase, against torch's process.
+        from torch._dynamo.utils import compilation_time_metrics
+
+        phases = {name: sum(times) for name, times in compilation_time_metrics.items()}
+        result["compile_phases_s"] = {name: s for name, s in phases.items() if s >= 0.005}
     if stats is not None:
         import dataclasses
 
@@ -176,7 +182,7 @@ def startup(
         "skipped": [],
     }
 
-    def node(path: str, model: str, compile_mode: str, label: str, address: str) -> None:
+    def node(path: str, model: str, compile_mode: str, label: str, address: str, repeat: int) -> None:
         if time.monotonic() > deadline:
             result["skipped"].append(f"{label}/{model}/{compile_mode}")
             return
@@ -184,7 +190,7 @@ def startup(
         args = [sys.executable, str(Path(__file__).resolve()), "--node", path, "--model", model]
         args += ["--modes", compile_mode, "--server", address, "--plancache-by", by]
         started = time.monotonic()
-        row: dict[str, Any] = {"label": label, "model": model, "mode": compile_mode}
+        row: dict[str, Any] = {"label": label, "model": model, "mode": compile_mode, "repeat": repeat}
         try:
             left = max(30.0, deadline - time.monotonic() + 60.0)
             proc = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=left, check=False)
@@ -213,13 +219,15 @@ def startup(
                 deploy.wait_for_pool(log, worker, address)
                 for compile_mode in modes:
                     for model in models:
-                        node("plancache", model, compile_mode, LABELS[0], address)
+                        node("plancache", model, compile_mode, LABELS[0], address, -1)
                 worker.kill()  # it would tune what it built: the stored plans are the heuristic ones
-            for _ in range(repeats):
+            for repeat in range(repeats):
                 for compile_mode in modes:
                     for model in models:
-                        node("plancache", model, compile_mode, LABELS[1], address)
-                        node("torch", model, compile_mode, LABELS[2], address)
+                        # Alternating which of a pair runs first: inductor's and the OS's caches warm for the second.
+                        pair = [("plancache", LABELS[1]), ("torch", LABELS[2])]
+                        for path, label in pair if repeat % 2 == 0 else pair[::-1]:
+                            node(path, model, compile_mode, label, address, repeat)
     except Exception as e:
         result["error"] = f"{type(e).__name__}: {e}"[:2000]
     finally:
@@ -236,15 +244,30 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         case = summary.setdefault(f"{row['model']}/{row['mode']}", {"first_step_s": {}, "to_first_step_done_s": {}})
         case["first_step_s"].setdefault(row["label"], []).append(row["first_step_s"])
         case["to_first_step_done_s"].setdefault(row["label"], []).append(row["process_to_first_step_done_s"])
+    for (model, mode), pair in _pairs(runs).items():
+        summary[f"{model}/{mode}"]["pairs"] = [p["stored"] / p["torch"] for p in pair.values() if len(p) == 2]
     for case in summary.values():
+        case.setdefault("pairs", [])
         for what in ("first_step_s", "to_first_step_done_s"):
             case[what] = {label: statistics.median(v) for label, v in case[what].items()}
         first = case["first_step_s"]
+        if case["pairs"]:
+            case["paired_stored_over_torch"] = statistics.median(case["pairs"])
         if "stored" in first and "torch" in first:
             case["stored_over_torch"] = first["stored"] / first["torch"]
         if LABELS[0] in first and "torch" in first:
             case["nothing_stored_over_torch"] = first[LABELS[0]] / first["torch"]
     return summary
+
+
+def _pairs(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
+    """The stored and torch first steps of each repeat (a pair ran back to back), by model and mode."""
+    pairs: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
+    for row in runs:
+        if "first_step_s" in row and row["label"] in LABELS[1:] and row.get("repeat", -1) >= 0:
+            pair = pairs.setdefault((row["model"], row["mode"]), {}).setdefault(row["repeat"], {})
+            pair[row["label"]] = row["first_step_s"]
+    return pairs
 
 
 def report(result: dict[str, Any], out: Path) -> None:
@@ -255,10 +278,12 @@ def report(result: dict[str, Any], out: Path) -> None:
             case,
             *(f"{s['first_step_s'].get(label, float('nan')):.2f}" for label in LABELS),
             f"{s.get('stored_over_torch', float('nan')):.2f}",
+            f"{s.get('paired_stored_over_torch', float('nan')):.2f} ({len(s.get('pairs', []))} pairs)",
         ]
         for case, s in summary.items()
     ]
-    print(table(["model/mode", *(f"{label} s" for label in LABELS), "stored/torch"], rows))
+    heads = ["model/mode", *(f"{label} s" for label in LABELS), "stored/torch (medians)", "stored/torch (paired)"]
+    print(table(heads, rows))
     fig, (ax,) = figure(1)
     names = list(summary)
     width = 0.8 / len(LABELS)

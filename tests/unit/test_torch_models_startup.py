@@ -7,9 +7,10 @@ import pytest
 from bench.torch_models_startup import summarize
 
 
-def _run(label: str, first: float, total: float) -> dict[str, object]:
+def _run(label: str, first: float, total: float, repeat: int = -1) -> dict[str, object]:
     return {
         "label": label,
+        "repeat": repeat,
         "model": "gpt2-256",
         "mode": "eager",
         "first_step_s": first,
@@ -20,14 +21,18 @@ def _run(label: str, first: float, total: float) -> dict[str, object]:
 def test_the_ratio_is_of_medians_and_failed_processes_are_left_out() -> None:
     runs = [
         _run("first (nothing stored)", 9.0, 20.0),
-        _run("stored", 1.0, 8.0),
-        _run("torch", 2.0, 9.0),
-        _run("stored", 3.0, 10.0),
-        _run("torch", 2.0, 9.0),
-        {"label": "stored", "model": "gpt2-256", "mode": "eager", "error": "it crashed"},
+        _run("stored", 1.0, 8.0, repeat=0),
+        _run("torch", 2.0, 9.0, repeat=0),
+        _run("torch", 2.0, 9.0, repeat=1),
+        _run("stored", 3.0, 10.0, repeat=1),
+        {"label": "stored", "model": "gpt2-256", "mode": "eager", "repeat": 2, "error": "it crashed"},
+        _run("torch", 4.0, 9.0, repeat=2),
     ]
     case = summarize(runs)["gpt2-256/eager"]
     assert case["first_step_s"] == {"first (nothing stored)": 9.0, "stored": 2.0, "torch": 2.0}
     assert case["stored_over_torch"] == pytest.approx(1.0)
+    # Each repeat's two processes paired (a repeat whose stored process failed has no pair): 0.5 and 1.5.
+    assert case["pairs"] == [pytest.approx(0.5), pytest.approx(1.5)]
+    assert case["paired_stored_over_torch"] == pytest.approx(1.0)
     assert case["nothing_stored_over_torch"] == pytest.approx(4.5)
     assert case["to_first_step_done_s"]["stored"] == pytest.approx(9.0)

@@ -288,9 +288,11 @@ def _raced_left(function: str, tensors: tuple[Tensor | None, ...], options: tupl
     first = tensors[0]
     if not _compiling() or first is None or first.device.type not in RACED_DEVICES:
         return None
+    from torch._dynamo.comptime import comptime  # (imported as dynamo traces: plancache.torch._traced says why)
+
     # Locals that _keep_traced reads (comptime hands it the frame's variables).
     traced_0, traced_1, traced_2, traced_3 = (*tensors, None, None, None, None)[:4]  # noqa: RUF059
-    torch._dynamo.comptime.comptime(_keep_traced)
+    comptime(_keep_traced)
     reason = _torch_faster(function, len(tensors), options, _training(*tensors))
     return None if reason is None else Left(reason)
 
@@ -964,70 +966,3 @@ def _traced_torch_runs(function: str, count: int, options: tuple[Any, ...], trai
 
 
 _traced_torch_runs._dynamo_marked_constant = True  # type: ignore[attr-defined]
-
-
-# The traced calls: their locals traced_0..traced_3 are the ones _keep_traced reads (as _raced_left's), `training`
-# is _training's written out (dynamo traces a generator's frame too), and the operator's call is the route's.
-
-
-def traced_linear(x: Tensor, w: Tensor, b: Tensor | None) -> Any:
-    """A served linear layer's call under torch.compile (F.linear(x, w, b)): torch's function or plancache's
-    operator, as the linear route decides it."""
-    traced_0, traced_1, traced_2, traced_3 = x, w, b, None  # noqa: F841
-    torch._dynamo.comptime.comptime(_keep_traced)
-    training = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad))
-    torch_runs = _traced_torch_runs("linear", 3, (), training)
-    if torch_runs is None:
-        return dispatch("linear", undecided_linear, F.linear, (x, w, b), {})
-    if torch_runs:
-        return F.linear(x, w, b)
-    return OPS.linear_train(x, w, b, None)[0] if training else OPS.linear(x, w, b, None)
-
-
-def traced_layer_norm(x: Tensor, shape: Any, w: Tensor | None, b: Tensor | None, eps: float) -> Any:
-    """A served layer norm's call under torch.compile (F.layer_norm(x, shape, w, b, eps)), as traced_linear's."""
-    traced_0, traced_1, traced_2, traced_3 = x, w, b, None  # noqa: F841
-    torch._dynamo.comptime.comptime(_keep_traced)
-    training = torch.is_grad_enabled() and (
-        x.requires_grad or (w is not None and w.requires_grad) or (b is not None and b.requires_grad)
-    )
-    torch_runs = _traced_torch_runs("layer_norm", 3, (shape, eps), training)
-    if torch_runs is None:
-        return dispatch("layer_norm", undecided_layer_norm, F.layer_norm, (x, shape, w, b, eps), {})
-    if torch_runs:
-        return F.layer_norm(x, shape, w, b, eps)
-    if training:
-        return OPS.layer_norm_train(x, _shape(shape), w, b, float(eps))[0]
-    return OPS.layer_norm(x, _shape(shape), w, b, float(eps))
-
-
-def traced_rms_norm(x: Tensor, shape: Any, w: Tensor | None, eps: float | None) -> Any:
-    """A served RMS norm's call under torch.compile (F.rms_norm(x, shape, w, eps)), as traced_linear's."""
-    traced_0, traced_1, traced_2, traced_3 = x, w, None, None  # noqa: F841
-    torch._dynamo.comptime.comptime(_keep_traced)
-    training = torch.is_grad_enabled() and (x.requires_grad or (w is not None and w.requires_grad))
-    torch_runs = _traced_torch_runs("rms_norm", 2, (shape, eps), training)
-    if torch_runs is None:
-        return dispatch("rms_norm", undecided_rms_norm, F.rms_norm, (x, shape, w, eps), {})
-    if torch_runs:
-        return F.rms_norm(x, shape, w, eps)
-    eps = None if eps is None else float(eps)
-    return OPS.rms_norm_train(x, _shape(shape), w, eps)[0] if training else OPS.rms_norm(x, _shape(shape), w, eps)
-
-
-def traced_conv2d(x: Tensor, w: Tensor, b: Tensor | None, stride: Any, padding: Any, dilation: Any, groups: int) -> Any:
-    """A served Conv2d's call under torch.compile (F.conv2d(x, w, b, stride, padding, dilation, groups)), as
-    traced_linear's."""
-    traced_0, traced_1, traced_2, traced_3 = x, w, b, None  # noqa: F841
-    torch._dynamo.comptime.comptime(_keep_traced)
-    training = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad))
-    torch_runs = _traced_torch_runs("conv2d", 3, (stride, padding, dilation, groups), training)
-    if torch_runs is None:
-        args = (x, w, b, stride, padding, dilation, groups)
-        return dispatch("conv2d", undecided_conv2d, F.conv2d, args, {})
-    if torch_runs:
-        return F.conv2d(x, w, b, stride, padding, dilation, groups)
-    s, p, d = _conv2d_pairs(stride, padding, dilation)
-    if training:
-        return OPS.conv2d_train(x, w, b, s, p, d, groups, False)
-    return OPS.conv2d(x, w, b, s, p, d, groups, False)

@@ -14,7 +14,7 @@ mode's route for it (the same checks, the same plancache.functional call
 eager and operator under torch.compile, the same counters in stats(), the
 same race against torch's function), and every other call of the model is
 torch's, untouched. Under torch.compile a served forward is the route's
-traced form (_mode.traced_linear, ...): the route's checks and race run
+traced form (plancache.torch._traced): the route's checks and race run
 once, in plain Python on dynamo's fake tensors, and dynamo traces a few
 lines rather than the route's Python (a compiled program's cold start).
 What it does not reach: functions a model calls itself
@@ -36,6 +36,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -70,7 +71,7 @@ def _call(
     """A layer's call of `function` on `input` (`args`: the function's): its decided geometry's at once (most
     calls of a step), else the route's (`undecided`: its checks, plancache.functional's call; torch's `func`
     where it leaves the call), counted. Eager only: a served layer's forward under torch.compile is its traced
-    call's (_mode.traced_linear, ...)."""
+    call's (plancache.torch._traced)."""
     result = decided(*args, layer, input)
     if result is _mode.UNDECIDED:
         return _mode.dispatch(function, undecided, func, args, {})
@@ -129,8 +130,10 @@ def _conv1d_transformers(layer: Any, x: Tensor) -> Any:
     kernel on the same operands (tests/unit/plancache_torch/test_serve.py), so the layer takes the linear route
     at once, as the mode's addmm route does after checks a Conv1D always passes (a 1-D bias, beta = alpha = 1)."""
     size_out = (*x.size()[:-1], layer.nf)
-    if _mode._compiling():
-        return _mode.traced_linear(x.view(-1, x.size(-1)), layer.weight.t(), layer.bias).view(size_out)
+    if torch.compiler.is_compiling():
+        from plancache.torch._traced import traced_linear
+
+        return traced_linear(x.view(-1, x.size(-1)), layer.weight.t(), layer.bias).view(size_out)
     args = (x.view(-1, x.size(-1)), layer.weight.t(), layer.bias)
     result = _call(layer, "linear", _mode.decided_linear, _mode.undecided_linear, F.linear, args, x)
     return result.view(size_out)
@@ -145,8 +148,10 @@ class ServedLinear(nn.Linear):  # type: ignore[misc]  # (torch is untyped here)
     torch_forward = nn.Linear.forward  # what the layer's race times plancache against
 
     def forward(self, input: Tensor) -> Any:
-        if _mode._compiling():
-            return _mode.traced_linear(input, self.weight, self.bias)
+        if torch.compiler.is_compiling():
+            from plancache.torch._traced import traced_linear
+
+            return traced_linear(input, self.weight, self.bias)
         return _linear(self, input)
 
 
@@ -156,8 +161,10 @@ class ServedLayerNorm(nn.LayerNorm):  # type: ignore[misc]
     torch_forward = nn.LayerNorm.forward  # what the layer's race times plancache against
 
     def forward(self, input: Tensor) -> Any:
-        if _mode._compiling():
-            return _mode.traced_layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+        if torch.compiler.is_compiling():
+            from plancache.torch._traced import traced_layer_norm
+
+            return traced_layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
         return _layer_norm(self, input)
 
 
@@ -167,10 +174,10 @@ class ServedConv2d(nn.Conv2d):  # type: ignore[misc]
     torch_forward = nn.Conv2d.forward  # what the layer's race times plancache against
 
     def forward(self, input: Tensor) -> Any:
-        if _mode._compiling():
-            return _mode.traced_conv2d(
-                input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups
-            )
+        if torch.compiler.is_compiling():
+            from plancache.torch._traced import traced_conv2d
+
+            return traced_conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
         return _conv2d(self, input)
 
 
@@ -187,8 +194,10 @@ if hasattr(nn, "RMSNorm"):
         torch_forward = nn.RMSNorm.forward
 
         def forward(self, input: Tensor) -> Any:
-            if _mode._compiling():
-                return _mode.traced_rms_norm(input, self.normalized_shape, self.weight, self.eps)
+            if torch.compiler.is_compiling():
+                from plancache.torch._traced import traced_rms_norm
+
+                return traced_rms_norm(input, self.normalized_shape, self.weight, self.eps)
             return _rms_norm(self, input)
 
     SERVED_CLASSES[nn.RMSNorm] = ServedRMSNorm
