@@ -598,6 +598,56 @@ def test_a_served_model_traced_makes_the_calls_the_modes_routes_make(
     assert f"plancache.layer_norm{'_train' if training else ''}.default" in ops
 
 
+class GraphKeeper:
+    """A torch.compile backend that keeps each graph's calls in order, dynamo's and AOT autograd's forward and
+    backward (what inductor would be given), then runs it as AOT autograd would."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def _keep(self, gm: Any) -> None:
+        self.calls.append([f"{n.op}:{n.target}" for n in gm.graph.nodes if n.op.startswith("call")])
+
+    def __call__(self, gm: Any, example_inputs: Any) -> Any:
+        from torch._dynamo.backends.common import aot_autograd
+
+        self._keep(gm)
+
+        def keep(g: Any, inputs: Any) -> Any:
+            self._keep(g)
+            return g
+
+        return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, example_inputs)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_where_torch_runs_every_call_the_compiled_graph_is_the_unserved_models(
+    monkeypatch: pytest.MonkeyPatch, training: bool
+) -> None:
+    """Every traced call's race torch's (the GPU runs' verdict for GPT-2 and ResNet-50 compiled): the served model's
+    graphs are the unserved model's, call for call (transformers' Conv1D its own addmm, not a linear of its weight
+    transposed): inductor compiles, and caches, what it would without plancache."""
+    monkeypatch.setattr(_mode, "RACED_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(_mode, "_race_traced_call", TracedRaces({"linear", "layer_norm", "rms_norm", "conv2d"}))
+    torch.manual_seed(0)
+    model = Layers().to(D)
+    image = torch.randn(2, 3, 4, 4, dtype=D)
+    graphs = {}
+    for arm, net in (("torch", model), ("served", pt.serve(copy.deepcopy(model)))):
+        pf.clear()
+        torch._dynamo.reset()
+        keeper = GraphKeeper()
+        compiled = torch.compile(net, backend=keeper, fullgraph=True)
+        if training:
+            compiled(image).pow(2).mean().backward()
+        else:
+            with torch.no_grad():
+                compiled(image)
+        graphs[arm] = keeper.calls
+    assert any("addmm" in call for graph in graphs["torch"] for call in graph)
+    assert graphs["served"] == graphs["torch"]
+
+
 def test_a_served_layer_that_torch_says_is_compiling_outside_dynamos_trace_takes_its_route(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

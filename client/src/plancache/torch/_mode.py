@@ -966,3 +966,15 @@ def _traced_torch_runs(function: str, count: int, options: tuple[Any, ...], trai
 
 
 _traced_torch_runs._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def _traced_conv1d_torch_runs(training: bool) -> bool | None:
+    """_traced_torch_runs for transformers' Conv1D, whose weight is kept as the layer holds it ([in, out]): the
+    linear's call it makes is on that weight transposed, taken here on the fake tensor (a view, as the route's)."""
+    fakes = _TRACED.fakes
+    if fakes is not None:
+        _TRACED.fakes = [fakes[0], fakes[1].t(), *fakes[2:]]
+    return _traced_torch_runs("linear", 3, (), training)
+
+
+_traced_conv1d_torch_runs._dynamo_marked_constant = True  # type: ignore[attr-defined]

@@ -128,12 +128,14 @@ def _conv1d_transformers(layer: Any, x: Tensor) -> Any:
 
     Its torch.addmm(bias, x, weight) is F.linear(x, weight.T, bias): torch's linear is that addmm, the same
     kernel on the same operands (tests/unit/plancache_torch/test_serve.py), so the layer takes the linear route
-    at once, as the mode's addmm route does after checks a Conv1D always passes (a 1-D bias, beta = alpha = 1)."""
+    at once, as the mode's addmm route does after checks a Conv1D always passes (a 1-D bias, beta = alpha = 1).
+    Under torch.compile a call the route leaves to torch is the layer's own addmm (_traced.traced_conv1d): the
+    compiled graph is then the unserved model's, node for node."""
     size_out = (*x.size()[:-1], layer.nf)
     if torch.compiler.is_compiling():
-        from plancache.torch._traced import traced_linear
+        from plancache.torch._traced import traced_conv1d
 
-        return traced_linear(x.view(-1, x.size(-1)), layer.weight.t(), layer.bias).view(size_out)
+        return traced_conv1d(x.view(-1, x.size(-1)), layer.weight, layer.bias).view(size_out)
     args = (x.view(-1, x.size(-1)), layer.weight.t(), layer.bias)
     result = _call(layer, "linear", _mode.decided_linear, _mode.undecided_linear, F.linear, args, x)
     return result.view(size_out)

@@ -22,6 +22,7 @@ from plancache.torch._mode import (
     _conv2d_pairs,
     _keep_traced,
     _shape,
+    _traced_conv1d_torch_runs,
     _traced_torch_runs,
     dispatch,
     undecided_conv2d,
@@ -46,6 +47,22 @@ def traced_linear(x: Tensor, w: Tensor, b: Tensor | None) -> Any:
     if torch_runs:
         return F.linear(x, w, b)
     return OPS.linear_train(x, w, b, None)[0] if training else OPS.linear(x, w, b, None)
+
+
+def traced_conv1d(x: Tensor, weight: Tensor, bias: Tensor) -> Any:
+    """transformers' Conv1D's call under torch.compile, on its input as a 2-D view: torch.addmm(bias, x, weight),
+    the layer's own, where the linear route leaves the call to torch (the compiled graph is then the unserved
+    model's), else plancache's linear operator on the weight transposed."""
+    traced_0, traced_1, traced_2, traced_3 = x, weight, bias, None  # noqa: F841
+    comptime(_keep_traced)
+    training = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)
+    torch_runs = _traced_conv1d_torch_runs(training)
+    if torch_runs is None:
+        return dispatch("linear", undecided_linear, F.linear, (x, weight.t(), bias), {})
+    if torch_runs:
+        return torch.addmm(bias, x, weight)
+    w = weight.t()
+    return OPS.linear_train(x, w, bias, None)[0] if training else OPS.linear(x, w, bias, None)
 
 
 def traced_layer_norm(x: Tensor, shape: Any, w: Tensor | None, b: Tensor | None, eps: float) -> Any:
