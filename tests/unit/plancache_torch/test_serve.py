@@ -599,14 +599,15 @@ def test_a_served_model_traced_makes_the_calls_the_modes_routes_make(
 
 
 class GraphKeeper:
-    """A torch.compile backend that keeps each graph's calls in order, dynamo's and AOT autograd's forward and
-    backward (what inductor would be given), then runs it as AOT autograd would."""
+    """A torch.compile backend that keeps each graph's nodes in order, its inputs among them (dynamo's graph and
+    AOT autograd's forward and backward: what inductor is given, and keys its cache by), then runs it as AOT
+    autograd would."""
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
     def _keep(self, gm: Any) -> None:
-        self.calls.append([f"{n.op}:{n.target}" for n in gm.graph.nodes if n.op.startswith("call")])
+        self.calls.append([f"{n.op}:{n.target}" for n in gm.graph.nodes])
 
     def __call__(self, gm: Any, example_inputs: Any) -> Any:
         from torch._dynamo.backends.common import aot_autograd

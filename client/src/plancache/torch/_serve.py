@@ -135,7 +135,10 @@ def _conv1d_transformers(layer: Any, x: Tensor) -> Any:
     if torch.compiler.is_compiling():
         from plancache.torch._traced import traced_conv1d
 
-        return traced_conv1d(x.view(-1, x.size(-1)), layer.weight, layer.bias).view(size_out)
+        # Read in the order the layer's own forward reads them (bias, the input's view, weight): the order of the
+        # compiled graph's inputs, and so inductor's cache key, is the order dynamo first meets them.
+        bias, x2d, weight = layer.bias, x.view(-1, x.size(-1)), layer.weight
+        return traced_conv1d(x2d, weight, bias).view(size_out)
     args = (x.view(-1, x.size(-1)), layer.weight.t(), layer.bias)
     result = _call(layer, "linear", _mode.decided_linear, _mode.undecided_linear, F.linear, args, x)
     return result.view(size_out)
