@@ -4,8 +4,10 @@
 A real deployment (Redis, plancache-server, one GPU worker, heuristic plans: the worker is stopped once the
 first runs built them, as bench/training.py --startup does). For each model of --models and each mode of
 --modes (eager; compile: torch.compile(fullgraph=True), plancache.torch.compile for plancache):
-- "first (nothing stored)": a fresh process under the mode, every plan a miss (built by the service and,
-  hedged, by the node itself);
+- "first (nothing stored)": a fresh process under the mode, every plan a miss (plancache.torch asks for stored
+  plans only: torch's function runs each call, traced into the compiled program, while the service builds them),
+  then "torch (empty caches)", torch alone: both with inductor's and triton's caches empty (their own
+  directories), what a new machine's first process has; the service's builds are waited for after them;
 - then --repeats times, alternating: "stored" (a fresh process under the mode, every plan stored; the
   workload record streams them from the first touch, as a fleet node's process gets with nothing set
   but its workload name) and "torch" (a fresh process, torch alone).
@@ -35,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.report import figure, save, table, write_json  # noqa: E402
 
-LABELS = ("first (nothing stored)", "stored", "torch")
+LABELS = ("first (nothing stored)", "stored", "torch", "torch (empty caches)")
 
 
 def node_main(path: str, model: str, compile_mode: str, server: str, device: str = "cuda", by: str = "mode") -> None:
@@ -116,7 +118,13 @@ def node_main(path: str, model: str, compile_mode: str, server: str, device: str
         import plancache
 
         result["routes"] = {
-            name: {"routed": s.routed, "left": s.left, "cudnn": s.cudnn, "torch": s.torch}
+            name: {
+                "routed": s.routed,
+                "left": s.left,
+                "left_compiled": sorted(s.left_compiled),
+                "cudnn": s.cudnn,
+                "torch": s.torch,
+            }
             for name, s in stats().items()
         }
         result["workload"] = dataclasses.asdict(plancache.workload_stats())
@@ -187,6 +195,9 @@ def startup(
             result["skipped"].append(f"{label}/{model}/{compile_mode}")
             return
         env = {**trusting_env(public_key), "PLANCACHE_CACHE_DIR": tempfile.mkdtemp(prefix="disk-cache-", dir=tmp)}
+        if label in (LABELS[0], LABELS[3]):  # a new machine's first process: no compiled kernel cached
+            env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-", dir=tmp)
+            env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-", dir=tmp)
         args = [sys.executable, str(Path(__file__).resolve()), "--node", path, "--model", model]
         args += ["--modes", compile_mode, "--server", address, "--plancache-by", by]
         started = time.monotonic()
@@ -220,6 +231,9 @@ def startup(
                 for compile_mode in modes:
                     for model in models:
                         node("plancache", model, compile_mode, LABELS[0], address, -1)
+                        node("torch", model, compile_mode, LABELS[3], address, -1)
+                # The builds the first processes asked for and did not wait for, stored before the worker stops.
+                result["builds_settled"] = deploy.wait_builds_settled(redis.url)
                 worker.kill()  # it would tune what it built: the stored plans are the heuristic ones
             for repeat in range(repeats):
                 for compile_mode in modes:
@@ -257,6 +271,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             case["stored_over_torch"] = first["stored"] / first["torch"]
         if LABELS[0] in first and "torch" in first:
             case["nothing_stored_over_torch"] = first[LABELS[0]] / first["torch"]
+        if LABELS[0] in first and LABELS[3] in first:  # both with inductor's caches empty
+            case["nothing_stored_over_torch_empty_caches"] = first[LABELS[0]] / first[LABELS[3]]
     return summary
 
 

@@ -161,3 +161,66 @@ def test_a_served_layer_torch_wins_goes_back_to_its_own_forward(
         print(f"served {function}: {geometry.race}")
     if not torch_won:
         assert pf.stats()["linear"].cudnn == 2 + _serve.RETURN_AFTER
+
+
+def test_a_compiled_layer_whose_plans_are_not_stored_is_torchs_then_the_next_trace_races_them(
+    pf: Any, raced: Any, gpu_server: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that hedges (every client's default): a served layer traced before its plans are stored is
+    torch's in the compiled program (said in left_compiled), its trace asks the service once and waits for no
+    build; the service builds the plans meanwhile, and a later trace (a process's next, as dynamo's reset
+    stands in for) races them. Where the plan wins (the margin forces it) the operator is traced."""
+    import time
+
+    from plancache import Client
+    from plancache.frontdoors.service import SERVICE
+    from plancache.functional import _first_call
+
+    torch = _t()
+    import plancache.torch as pt
+    from plancache.torch import _mode
+
+    own = SERVICE.client()
+    hedging = Client(gpu_server["address"], trusted_keys=[gpu_server["public_key"]], allow_unsigned=False, cache=False)
+    pf.configure(hedging)
+    try:
+        monkeypatch.setattr(raced, "MARGIN", PLAN_ALWAYS)
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(1536, 1536).cuda().to(torch.bfloat16)  # a geometry no other test asks for
+        served = pt.serve(copy.deepcopy(layer))
+        x = randn(384, 1536, dtype="bfloat16")
+
+        def trace() -> tuple[Any, tuple[str, ...], float]:
+            raced.KEPT.clear()
+            pt.clear_stats()
+            _mode.LEFT_COMPILED.clear()
+            torch._dynamo.reset()
+            started = time.perf_counter()
+            with torch.no_grad():
+                got = torch.compile(served, fullgraph=True, backend="aot_eager")(x)
+            torch.cuda.synchronize()
+            return got, pt.stats()["linear"].left_compiled, time.perf_counter() - started
+
+        with torch.no_grad():
+            expected = layer(x)
+        got, left, seconds = trace()
+        assert rel_err(got, expected) < 2e-2
+        assert left == (_first_call.NOT_STORED,), left
+        assert pf.stats()["linear"].cudnn == 0
+        print(f"traced with nothing stored in {seconds:.2f} s: {left}")
+        deadline = time.monotonic() + 120
+        while True:  # the service's build, which nobody waited for
+            from plancache.functional import _table
+
+            _table.TABLE.clear()
+            got, left, seconds = trace()
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert left == (), left  # stored: raced, and the plan (forced to win) traced
+        assert rel_err(got, expected) < 2e-2
+        assert pf.stats()["linear"].raced == 1
+        print(f"traced with its plans stored in {seconds:.2f} s")
+    finally:
+        pf.configure(own)
+        hedging.close()

@@ -7,6 +7,7 @@ import runpy
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -477,3 +478,17 @@ def test_compiled_trace_quick_run_traces_both_models_in_the_arms_client(tmp_path
     assert process["torch"] > 0 and process["served"] > 0 and results["served_layer_calls"] == 72
     assert results["served_minus_torch_s"]["here"] == pytest.approx(process["served"] - process["torch"])
     assert (tmp_path / "compiled_trace.png").stat().st_size > 10_000
+
+
+def test_the_startup_benchmarks_wait_for_builds_nobody_waited_for(redis_server: Any, redis_client: Any) -> None:
+    """bench/torch_models_startup.py stops its worker once the builds its first processes asked for and did
+    not wait for (plancache.torch's stored-only asks) are stored: no job queued or running in the store."""
+    from bench.startup_deploy import wait_builds_settled
+    from plancache_server.store import keys
+
+    redis_client.hset(keys.job_state("k1"), mapping={"state": "queued"})
+    redis_client.hset(keys.job_state("k2"), mapping={"state": "done"})
+    waited = wait_builds_settled(redis_server.url, timeout=0.6, poll_s=0.1)
+    assert waited["settled_s"] is None and waited["jobs"] == 2
+    redis_client.hset(keys.job_state("k1"), mapping={"state": "provisional"})  # stored; the worker tunes it
+    assert wait_builds_settled(redis_server.url, timeout=5, poll_s=0.1)["settled_s"] is not None

@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from plancache import Client, DiskCache, Target, race_stats
-from plancache.errors import CompileFailed, ResourceExhausted, SpecError
+from plancache.errors import CompileFailed, NotStored, ResourceExhausted, SpecError
 from plancache.graphspec.graph import GraphSpec
 from plancache.graphspec.validation import Limits
 from plancache.run import execution
@@ -148,6 +148,23 @@ def test_a_hit_never_starts_a_local_build(fast_service: Stack) -> None:
         plan = client.compile(spec, TARGET)
     assert plan.source == "hit" and builder.built == []
     assert race_stats()["compile"] == hedge.RaceCounts()
+
+
+def test_a_stored_only_ask_is_one_round_trip_and_the_service_builds_the_plan(slow_service: Stack) -> None:
+    """compile(stored_only=True), plancache.torch's first call: a miss is NotStored at once (no build waited
+    for, none on this node), the service builds it all the same, and once stored the same ask is its plan."""
+    builder = StandInLocalBuilder(seconds=FAST_S)
+    spec = matmul_spec(m=80, name="stored-only")
+    with Client(slow_service.address, cache=False, local_builder=builder) as client:
+        started = time.monotonic()
+        with pytest.raises(NotStored, match="not stored yet: the service is building it"):
+            client.compile(spec, TARGET, stored_only=True)
+        assert time.monotonic() - started < SLOW_S / 2 and builder.built == []
+        key = client.query(spec, TARGET).key
+        wait_until(lambda: slow_service.redis.exists(keys.plan(key)), 10, "the service's build stored")
+        plan = client.compile(spec, TARGET, stored_only=True)
+        assert plan.key == key and plan.source == "hit" and builder.built == []
+    assert race_stats()["compile"] == hedge.RaceCounts()  # nothing raced
 
 
 def test_a_disk_cache_hit_asks_nothing_and_builds_nothing(fast_service: Stack, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from plancache import CompileOptions, GraphSpec, NotFound, Plan, PlanCacheError, Target
+from plancache import CompileOptions, GraphSpec, NotFound, NotStored, Plan, PlanCacheError, Target
 from plancache.graphspec.family import Family
 from plancache.graphspec.layouts import row_major
 from plancache.keys.plankey import make_family_key
@@ -98,6 +98,11 @@ class StandInClient:
     family_error: PlanCacheError | None = None  # what build_family() raises
     not_stored: set[str] = field(default_factory=set)  # plan keys prefetch() answers NotFound
     asked_first: list[str] = field(default_factory=list)  # ask_first() calls' plan keys
+    # compile(stored_only=True) with `starts_empty`: a plan key not in `stored` is NotStored, and stored from then
+    # on (the service builds what it was asked for); `asked_stored_only`: every key asked so.
+    starts_empty: bool = False
+    stored: set[str] = field(default_factory=set)
+    asked_stored_only: list[str] = field(default_factory=list)
 
     def ask_first(self, key: str) -> None:
         self.asked_first.append(key)
@@ -111,11 +116,18 @@ class StandInClient:
         timeout: float | None = None,
         hedge: bool | None = None,
         hedge_path: str = "compile",
+        stored_only: bool = False,
     ) -> Plan:
         spec, target, options = _asked(spec, target, options)
         self.asked.append((spec, target, options or CompileOptions()))
         if self.error is not None:
             raise self.error
+        if stored_only:
+            key = key_of(spec, target, options)
+            self.asked_stored_only.append(key)
+            if self.starts_empty and key not in self.stored:
+                self.stored.add(key)
+                raise NotStored(f"plan {key} is not stored yet: the service is building it")
         if self.local_plans:
             from tests.support.standin_local import StandInLocalBuilder
 

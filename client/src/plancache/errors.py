@@ -59,6 +59,15 @@ class NotFound(PlanCacheError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class NotStored(NotFound):
+    """No stored plan for the graph yet, and the service has started
+    building it (a stored-only ask: `Client.compile(stored_only=True)`,
+    which plancache.torch makes with a hedging client, torch's function
+    running the call meanwhile). Raised by the client; never on the wire."""
+
+    reason_class = "not_stored"  # plancache.wire.outcome_labels.REASONS
+
+
 class TargetUnavailable(PlanCacheError):
     """No live GPU worker can build for the requested target."""
 

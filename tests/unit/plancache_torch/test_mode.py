@@ -916,3 +916,22 @@ def test_stats_say_how_many_geometries_were_raced(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(pt.pf, "stats", lambda: {"linear": served})
     linear = pt.stats()["linear"]
     assert (linear.cudnn, linear.torch, linear.raced, linear.reasons) == (3, 5, 2, {"torch's ...": 1})
+
+
+def test_an_eager_routed_call_takes_stored_plans_only_and_puts_the_setting_back() -> None:
+    """plancache.torch's eager calls: a geometry's first call takes its plans where stored, else torch's function
+    runs it while the service builds them (tests/unit/functional/test_stored_only.py); the setting is the call's."""
+    from plancache.functional._first_call import STORED_ONLY
+
+    seen: list[bool] = []
+
+    def route(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        seen.append(STORED_ONLY.on)
+        if args:
+            raise RuntimeError("the route failed")
+        return "served"
+
+    assert _mode.dispatch("linear", route, F.linear, (), {}) == "served"
+    with pytest.raises(RuntimeError, match="the route failed"):
+        _mode.dispatch("linear", route, F.linear, (1,), {})
+    assert seen == [True, True] and not STORED_ONLY.on

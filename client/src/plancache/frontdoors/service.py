@@ -27,6 +27,7 @@ from plancache.errors import (
     CompileFailed,
     CompileTimeout,
     InvalidRequest,
+    NotStored,
     PlanCacheError,
     ResourceExhausted,
     SpecError,
@@ -46,7 +47,13 @@ T = TypeVar("T")
 
 SERVER_ENV = "PLANCACHE_SERVER"
 # Errors that may pass (a server restarting, a worker joining): worth asking again later.
-TRANSIENT: tuple[type[PlanCacheError], ...] = (Unavailable, TargetUnavailable, CompileTimeout, ResourceExhausted)
+TRANSIENT: tuple[type[PlanCacheError], ...] = (
+    Unavailable,
+    TargetUnavailable,
+    CompileTimeout,
+    ResourceExhausted,
+    NotStored,
+)
 # Errors about one graph, not about the service: reported per graph, not once for all.
 ABOUT_THE_GRAPH: tuple[type[PlanCacheError], ...] = (SpecError, CompileFailed, InvalidRequest)
 
@@ -169,12 +176,17 @@ class Service:
         path: str = "functional",
         normalized: bool = False,
         ask_first: bool = False,
+        stored_only: bool = False,
     ) -> Plan:
         """The plan for `spec` on GPU `device`: disk cache, then the server,
         hedged as the client is (a miss may answer with this node's own
         build, a LocalPlan). `ask_first`: the service may be building it ahead
-        (a graph family's member): never an expected miss. Every error is a
-        PlanCacheError (the client's, or NotConfigured)."""
+        (a graph family's member): never an expected miss. `stored_only`, with
+        a client that hedges: a stored plan or NotStored, the service building
+        it (plancache.torch: the caller's own build is torch's function, which
+        runs the call now); a client that does not hedge waits for the
+        service's plan as it chose. Every error is a PlanCacheError (the
+        client's, or NotConfigured)."""
         query = self.query(spec, device, options, normalized=normalized) if self._prefetched else None
         prefetched = self._prefetched_plan(query) if query is not None else None
         if prefetched is not None:
@@ -183,6 +195,8 @@ class Service:
         query = query or self.query(spec, device, options, normalized=normalized)
         if ask_first:
             _ask_first(client, query.key)
+        if stored_only and getattr(client, "hedge", False):
+            return client.compile(query, timeout=self.timeout, hedge_path=path, stored_only=True)
         return client.compile(query, timeout=self.timeout, hedge_path=path)
 
     def expect(self, keys: list[str], pending: BackgroundPrefetch) -> None:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from plancache.errors import InvalidRequest, PlanCacheError
+from plancache.errors import InvalidRequest, NotStored, PlanCacheError
 from plancache.frontdoors.buckets import AUTO
 from plancache.frontdoors.families import WATCH, Evidence, evidence_of
 from plancache.frontdoors.service import ABOUT_THE_GRAPH, SERVICE, TRANSIENT, Once, describe, reason_key
@@ -37,6 +37,24 @@ from plancache.wire import outcome_labels
 
 log = logging.getLogger("plancache.functional")
 _once = Once()
+
+
+# Why torch's function runs a geometry whose plans were not stored when a plancache.torch route first asked.
+NOT_STORED = "not stored yet: torch's function runs it while the service builds its plans"
+
+
+class _StoredOnly(threading.local):
+    """Set by plancache.torch while its eager route makes a call (and while it races a traced call): a
+    geometry's first call takes its plans only where they are stored, else torch's function runs it (the
+    service building them for the next call or process), where plancache.functional's own calls wait for a
+    miss's build. A torch operator's call (plancache.torch's) is one too. Only where the client hedges (a miss
+    then runs what the caller would run without plancache: for plancache.torch, torch's function); a client
+    that does not waits for the service's plans as it chose (frontdoors.service.Service.compile)."""
+
+    on = False
+
+
+STORED_ONLY = _StoredOnly()
 
 
 def first_call(
@@ -93,16 +111,19 @@ def first_call(
     # Shapes that vary at this call site with the same parameters: their family built ahead (frontdoors.families).
     evidence = evidence_of(tuple(zip(bound.names, tensors, strict=True)), asked.spec)
     failed: tuple[str, bool, bool, str] | None = None  # (reason, transient, logged already, reason class)
+    stored_only = op is not None or STORED_ONLY.on
     try:
         with ops.on_device(device):  # a miss this node builds itself (the hedge) builds on the tensors' GPU
-            plan = SERVICE.compile(asked.spec, device, ask_first=WATCH.asked_for(asked.spec, evidence))
+            plan = _plan(asked.spec, device, evidence, stored_only, bound.signature, backward)
             if backward is None:
                 entry: Entry = served(asked, plan, device, key)
             else:
-                entry = Differentiable(
-                    Served(asked, plan, device), backward, _backward_pieces(bound.signature, backward, device, evidence)
-                )
+                pieces = _backward_pieces(bound.signature, backward, device, evidence, stored_only)
+                entry = Differentiable(Served(asked, plan, device), backward, pieces)
         result = entry(tensors) if op is None else op.take(entry, tensors)
+    except NotStored as e:  # quiet: what plancache.torch's first calls meet until the service's builds land
+        log.debug("plancache.functional.%s: %s", function, e.message)
+        failed = (NOT_STORED, True, True, outcomes.reason_of(e))
     except PlanCacheError as e:
         # The service's own failures (no server, server down, no worker) are
         # logged once for all geometries; a graph's (cuDNN refused it) with it.
@@ -196,10 +217,10 @@ class _Race:
 
 
 def torch_faster_reason(call: Callable[[], Any]) -> str | None:
-    """Run `call` (one call of one of the functions, eager) and say why torch's function runs its geometry where
-    it does because it was faster in its race (plancache.functional._race), else None: plancache.torch asks it
-    for a compiled call, at trace time. The geometry is the last this thread looked up in the table during the
-    call (its own, or its bucket's)."""
+    """Run `call` (one call of one of the functions, eager, STORED_ONLY) and say why torch's function runs its
+    geometry (faster in its race, plancache.functional._race; its plans not stored yet; not served), else None:
+    plancache.torch asks it for a compiled call, at trace time. The geometry is the last this thread looked up in
+    the table during the call (its own, or its bucket's)."""
     keys: list[Hashable] = []
     caller, plain = threading.get_ident(), TABLE.get
 
@@ -210,25 +231,49 @@ def torch_faster_reason(call: Callable[[], Any]) -> str | None:
 
     TABLE.get = get  # type: ignore[method-assign]  # this instance's, for this call only
     RACE_NOW.on = True  # the geometry's race now, not once its calls have gone on for a while
+    stored_only, STORED_ONLY.on = STORED_ONLY.on, True  # a plan not stored yet is not waited for as dynamo traces
     try:
         call()
     finally:
-        RACE_NOW.on = False
+        RACE_NOW.on, STORED_ONLY.on = False, stored_only
         del TABLE.get
     entry = plain(keys[-1]) if keys else None
-    return f"{entry.reason}: {entry.verdict.describe()}" if isinstance(entry, TorchFaster) else None
+    if isinstance(entry, TorchFaster):
+        return f"{entry.reason}: {entry.verdict.describe()}"
+    # Left to torch for another reason (its plans not stored yet, the service down): the traced program is then
+    # torch's for the call, as it would be without plancache, rather than an operator that runs torch's function.
+    return entry.reason if isinstance(entry, Fallback) else None
 
 
-def _backward_pieces(signature: Signature, rule: Rule, device: int, evidence: Evidence) -> dict[str, Any]:
+def _plan(
+    spec: GraphSpec, device: int, evidence: Evidence, stored_only: bool, signature: Signature, backward: Rule | None
+) -> Any:
+    """The forward's plan (STORED_ONLY: a stored one, else NotStored once every graph of the call, its backward's
+    too, was asked for, so that the service builds them all for the next call)."""
+    try:
+        return SERVICE.compile(spec, device, ask_first=WATCH.asked_for(spec, evidence), stored_only=stored_only)
+    except NotStored:
+        if backward is not None:
+            _backward_pieces(signature, backward, device, evidence, stored_only)
+        raise
+
+
+def _backward_pieces(
+    signature: Signature, rule: Rule, device: int, evidence: Evidence, stored_only: bool = False
+) -> dict[str, Any]:
     """Every backward graph's plan (asked first where its family was asked for, as the forward's);
     a refused optional one (a bias gradient's reduction) is torch's, its reason counted under
-    "<function>.backward"."""
+    "<function>.backward". `stored_only` (STORED_ONLY): NotStored once every graph was asked for."""
     function = signature.function
     pieces: dict[str, Any] = {}
+    not_stored: NotStored | None = None
     for name, request in rule.requests.items():
         try:
             ahead = WATCH.asked_for(request.spec, evidence.for_graph(request.spec))
-            pieces[name] = Served(request, SERVICE.compile(request.spec, device, ask_first=ahead), device)
+            plan = SERVICE.compile(request.spec, device, ask_first=ahead, stored_only=stored_only)
+            pieces[name] = Served(request, plan, device)
+        except NotStored as e:  # the rest asked all the same: the service builds each for the next call
+            not_stored = not_stored or e
         except PlanCacheError as e:
             if name not in rule.optional or not isinstance(e, ABOUT_THE_GRAPH):
                 raise
@@ -245,6 +290,8 @@ def _backward_pieces(signature: Signature, rule: Rule, device: int, evidence: Ev
                 describe(e),
             )
             pieces[name] = rule.optional[name]
+    if not_stored is not None:
+        raise not_stored
     return pieces
 
 

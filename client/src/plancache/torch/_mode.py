@@ -36,7 +36,7 @@ from plancache.errors import InvalidRequest
 from plancache.functional import _race
 from plancache.functional._attention import boolean_mask_as_bias
 from plancache.functional._convolution import decided as pf_conv2d_decided
-from plancache.functional._first_call import torch_faster_reason
+from plancache.functional._first_call import STORED_ONLY, torch_faster_reason
 from plancache.functional._linear import decided as pf_linear_decided
 from plancache.functional._modes import eager_calls
 from plancache.functional._norms import decided_layer_norm as pf_layer_norm_decided
@@ -886,16 +886,24 @@ def dispatch(
     function: str, call: Route, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     """A routed call (the mode's, or a served module's: plancache.torch._serve): plancache's result, or torch's
-    function's (`func`) where the route leaves it, counted (eager) or recorded (traced)."""
-    result = call(args, kwargs)
-    if isinstance(result, Left):
-        if _compiling():
+    function's (`func`) where the route leaves it, counted (eager) or recorded (traced). Eager, a geometry's first
+    call takes its plans where they are stored, else torch's function runs it while the service builds them
+    (plancache.functional._first_call.STORED_ONLY): torch's function is what the call runs without plancache."""
+    if _compiling():
+        result = call(args, kwargs)
+        if isinstance(result, Left):
             _note_left_compiled(function, result.reason)
-        else:
-            _count(function, result.reason)
+            return func(*args, **kwargs)
+        return result
+    stored_only, STORED_ONLY.on = STORED_ONLY.on, True
+    try:
+        result = call(args, kwargs)
+    finally:
+        STORED_ONLY.on = stored_only
+    if isinstance(result, Left):
+        _count(function, result.reason)
         return func(*args, **kwargs)
-    if not _compiling():
-        _count(function, None)
+    _count(function, None)
     return result
 
 

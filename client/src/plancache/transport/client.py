@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from plancache.errors import InvalidRequest, PlanCacheError
+from plancache.errors import InvalidRequest, NotStored, PlanCacheError
 from plancache.graphspec.graph import GraphSpec
 from plancache.keys.arguments import check_options, check_spec, check_text
 from plancache.keys.options import CompileOptions
@@ -217,6 +217,7 @@ class Client:
         tuned_only: bool = False,
         hedge: bool | None = None,
         hedge_path: str = "compile",
+        stored_only: bool = False,
     ) -> Plan:
         """The plan for `spec` on `target` (default: this machine's GPU 0):
         from the disk cache, stored on the server, or built and autotuned on
@@ -227,20 +228,33 @@ class Client:
         the plan too and runs whichever is ready first: `plan.source` is
         "local" while its own build runs, until the service's plan takes over.
         `hedge_path`: which counters of race_stats() such a race adds to
-        (plancache.functional says "functional")."""
+        (plancache.functional says "functional"). `stored_only`: a plan
+        already stored (disk cache, the workload's stream, the server's
+        store), else NotStored at once, the service building it meanwhile:
+        one round trip, no build waited for (plancache.torch's routes, whose
+        own build is torch's function)."""
         query = self._query(spec, target, options, "compile()")
-        plan = self._compile(query, timeout, tuned_only, hedge, hedge_path)
+        plan = self._compile(query, timeout, tuned_only, hedge, hedge_path, stored_only)
         if hedge_path == "compile":  # the front doors (plancache.cudnn, plancache.functional) count their own graphs
             _count(plan, query.target.id, outcome_labels.anchor_of_ops(n.op for n in query.spec.nodes))
         return plan
 
     def _compile(
-        self, query: PlanQuery, timeout: float | None, tuned_only: bool, hedge: bool | None, hedge_path: str
+        self,
+        query: PlanQuery,
+        timeout: float | None,
+        tuned_only: bool,
+        hedge: bool | None,
+        hedge_path: str,
+        stored_only: bool = False,
     ) -> Plan:
         asked = Asked.of(query)
         workload = self.workload
         began = workload.begin(query.target)
-        plan = self._compile_asked(query, asked, timeout, tuned_only, hedge, hedge_path, began)
+        if stored_only:
+            plan = self._stored(query, asked, timeout, began)
+        else:
+            plan = self._compile_asked(query, asked, timeout, tuned_only, hedge, hedge_path, began)
         workload.used(asked.key, query.target.id)
         return plan
 
@@ -271,6 +285,25 @@ class Client:
         return self._hedged.compile(
             request, asked, budget, functools.partial(self.local_builder.build, query), hedge_path
         )
+
+    def _stored(self, query: PlanQuery, asked: Asked, timeout: float | None, began: bool) -> Plan:
+        """compile(stored_only=True)'s plan: prefetched, in the disk cache, or the server's stored one (one
+        Compile answered at once, bounded as a hedged miss's first ask), else NotStored: the server answered
+        that it builds it (a Compile with answer_miss_at_once starts or joins the build), which no one waits for
+        here."""
+        prefetched = self.workload.take(asked, began=began)
+        if prefetched is not None:
+            return prefetched
+        cached = self.intake.cached(asked.key, tuned_only=False)
+        if cached is not None:
+            return cached
+        budget = timeout if timeout is not None else self.compile_timeout
+        first = self._hedged.hedge_after_s if budget is None else min(self._hedged.hedge_after_s, budget)
+        request = _compile_request(query, answer_miss_at_once=True)
+        response = self.connection.call(self._stub.Compile, request, first)
+        if response.source == pb.COMPILE_SOURCE_BUILDING:
+            raise NotStored(f"plan {asked.key} is not stored yet: the service is building it")
+        return self.intake.answer(response.plan, response.source, asked)
 
     def race(
         self,

@@ -35,6 +35,8 @@ REASONS: dict[str, str] = {
     "program_drives": "the program builds or runs candidates itself (build_plan_at_index, execute_plan_at_index)",
     "not_asked": "plancache.functional does not ask cuDNN for this call (dtype, mask, layout, autograd)",
     "hedged": "a hedged miss the node's own build won (the service's plan took over later)",
+    "not_stored": "plancache.torch asked for a stored plan only and none was: torch's function ran the call (traced "
+    "into a compiled program), the service builds the plan for the next process",
     "no_server": "no server configured in the process (neither configure() nor PLANCACHE_SERVER)",
     OTHER: "anything else",
 }
