@@ -7,7 +7,8 @@ first runs built them, as bench/training.py --startup does). For each model of -
 - "first (nothing stored)": a fresh process under the mode, every plan a miss (plancache.torch asks for stored
   plans only: torch's function runs each call, traced into the compiled program, while the service builds them),
   then "torch (empty caches)", torch alone: both with inductor's and triton's caches empty (their own
-  directories), what a new machine's first process has; the service's builds are waited for after them;
+  directories), what a new machine's first process has; the service's builds are waited for after them (one
+  mode a run: a mode's first process finds the plans an earlier mode's asked for);
 - then --repeats times, alternating: "stored" (a fresh process under the mode, every plan stored; the
   workload record streams them from the first touch, as a fleet node's process gets with nothing set
   but its workload name) and "torch" (a fresh process, torch alone).
@@ -38,6 +39,7 @@ sys.path.insert(0, str(REPO))
 from bench.report import figure, save, table, write_json  # noqa: E402
 
 LABELS = ("first (nothing stored)", "stored", "torch", "torch (empty caches)")
+KERNEL_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")  # each process's, set by startup()
 
 
 def node_main(path: str, model: str, compile_mode: str, server: str, device: str = "cuda", by: str = "mode") -> None:
@@ -190,14 +192,23 @@ def startup(
         "skipped": [],
     }
 
+    kernel_caches: dict[tuple[str, str], dict[str, str]] = {}
+
     def node(path: str, model: str, compile_mode: str, label: str, address: str, repeat: int) -> None:
         if time.monotonic() > deadline:
             result["skipped"].append(f"{label}/{model}/{compile_mode}")
             return
         env = {**trusting_env(public_key), "PLANCACHE_CACHE_DIR": tempfile.mkdtemp(prefix="disk-cache-", dir=tmp)}
-        if label in (LABELS[0], LABELS[3]):  # a new machine's first process: no compiled kernel cached
-            env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-", dir=tmp)
-            env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-", dir=tmp)
+        # A new machine's first processes: inductor's and triton's caches empty, each its own. The pairs after them
+        # use the caches the first plancache process filled (its compiled graph is torch's where torch's functions
+        # run every call: GPU run 56's first pair, on the machine's own empty cache, compiled afresh).
+        if label in (LABELS[0], LABELS[3]):
+            caches = {name: tempfile.mkdtemp(prefix=f"{name.lower()}-", dir=tmp) for name in KERNEL_CACHES}
+            if label == LABELS[0]:
+                kernel_caches[(model, compile_mode)] = caches
+        else:
+            caches = kernel_caches.get((model, compile_mode), {})
+        env.update(caches)
         args = [sys.executable, str(Path(__file__).resolve()), "--node", path, "--model", model]
         args += ["--modes", compile_mode, "--server", address, "--plancache-by", by]
         started = time.monotonic()
