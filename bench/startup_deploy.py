@@ -247,12 +247,16 @@ def plan_states(client: Any, keys: list[str]) -> list[str]:
     ]
 
 
-def wait_builds_settled(redis_url: str, timeout: float = 240.0, poll_s: float = 0.25) -> dict[str, Any]:
+def wait_builds_settled(
+    redis_url: str, timeout: float = 240.0, poll_s: float = 0.25, tuned: bool = False
+) -> dict[str, Any]:
     """Until no build job in the store is queued or running (two looks in a row): the builds a process asked for
-    and did not wait for (plancache.torch's stored-only asks) are stored before the worker is stopped. How long
-    it took, and how many jobs were seen."""
-    from plancache_server.store.build_records import QUEUED, RUNNING
+    and did not wait for (plancache.torch's stored-only asks) are stored before the worker is stopped. `tuned`:
+    nor autotuning a stored provisional plan (whose tuned plan would be stored after the store was emptied). How
+    long it took, and how many jobs were seen."""
+    from plancache_server.store.build_records import PROVISIONAL, QUEUED, RUNNING
 
+    unsettled = (QUEUED, RUNNING, PROVISIONAL) if tuned else (QUEUED, RUNNING)
     client = redis_client(redis_url)
     started = time.monotonic()
     settled_looks, jobs = 0, 0
@@ -263,7 +267,7 @@ def wait_builds_settled(redis_url: str, timeout: float = 240.0, poll_s: float = 
             pipe = client.pipeline(transaction=False)
             for name in names:
                 pipe.hget(name, "state")
-            busy = sum(1 for state in pipe.execute() if state is not None and state.decode() in (QUEUED, RUNNING))
+            busy = sum(1 for state in pipe.execute() if state is not None and state.decode() in unsettled)
             settled_looks = settled_looks + 1 if busy == 0 else 0
             if settled_looks >= 2:
                 return {"settled_s": time.monotonic() - started, "jobs": jobs}

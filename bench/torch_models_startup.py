@@ -176,9 +176,16 @@ def _recompile_messages() -> list[str]:
 
 
 def startup(
-    out: Path, models: list[str], modes: list[str], repeats: int, time_limit: float, by: str = "mode"
+    out: Path,
+    models: list[str],
+    modes: list[str],
+    repeats: int,
+    time_limit: float,
+    by: str = "mode",
+    cold_pairs: int = 1,
 ) -> dict[str, Any]:
     from bench import startup_deploy as deploy
+    from plancache import Client
     from plancache.trust.signing import generate_keypair
     from plancache_server.store.embedded_redis import EmbeddedRedis, free_port
     from tests.support.processes import child_env, server_process, trusting_env, worker_process
@@ -187,7 +194,14 @@ def startup(
     tmp = Path(tempfile.mkdtemp(prefix="plancache-torch-startup-"))
     private_key, public_key = generate_keypair(tmp / "keys")
     result: dict[str, Any] = {
-        "config": {"models": models, "modes": modes, "repeats": repeats, "time_limit_s": time_limit, "by": by},
+        "config": {
+            "models": models,
+            "modes": modes,
+            "repeats": repeats,
+            "time_limit_s": time_limit,
+            "by": by,
+            "cold_pairs": cold_pairs,
+        },
         "runs": [],
         "skipped": [],
     }
@@ -238,11 +252,17 @@ def startup(
             with worker_process(
                 redis.url, log, "--device", "0", "--signing-key", str(private_key), "--no-warm", env=child_env()
             ) as worker:
-                deploy.wait_for_pool(log, worker, address)
-                for compile_mode in modes:
-                    for model in models:
-                        node("plancache", model, compile_mode, LABELS[0], address, -1)
-                        node("torch", model, compile_mode, LABELS[3], address, -1)
+                target_id, _ = deploy.wait_for_pool(log, worker, address)
+                for cold in range(cold_pairs):
+                    if cold:  # nothing stored again: every plan the last pair's builds stored, tuned, forgotten
+                        result.setdefault("emptied", []).append(deploy.wait_builds_settled(redis.url, tuned=True))
+                        with Client(address, cache=False) as admin:
+                            admin.admin.invalidate(target=target_id)
+                    for compile_mode in modes:
+                        for model in models:
+                            pair = [("plancache", LABELS[0]), ("torch", LABELS[3])]
+                            for path, label in pair if cold % 2 == 0 else pair[::-1]:
+                                node(path, model, compile_mode, label, address, -1 - cold)
                 # The builds the first processes asked for and did not wait for, stored before the worker stops.
                 result["builds_settled"] = deploy.wait_builds_settled(redis.url)
                 worker.kill()  # it would tune what it built: the stored plans are the heuristic ones
@@ -271,6 +291,11 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         case["to_first_step_done_s"].setdefault(row["label"], []).append(row["process_to_first_step_done_s"])
     for (model, mode), pair in _pairs(runs).items():
         summary[f"{model}/{mode}"]["pairs"] = [p["stored"] / p["torch"] for p in pair.values() if len(p) == 2]
+    for (model, mode), pair in _pairs(runs, cold=True).items():
+        cold = [p[LABELS[0]] / p[LABELS[3]] for p in pair.values() if len(p) == 2]
+        if cold:
+            summary[f"{model}/{mode}"]["cold_pairs"] = cold
+            summary[f"{model}/{mode}"]["paired_nothing_stored_over_torch_empty_caches"] = statistics.median(cold)
     for case in summary.values():
         case.setdefault("pairs", [])
         for what in ("first_step_s", "to_first_step_done_s"):
@@ -287,11 +312,13 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-def _pairs(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
-    """The stored and torch first steps of each repeat (a pair ran back to back), by model and mode."""
+def _pairs(runs: list[dict[str, Any]], cold: bool = False) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
+    """The stored and torch first steps of each repeat (a pair ran back to back), by model and mode; `cold`: the
+    nothing-stored and torch first steps with inductor's caches empty (repeats -1, -2, ...)."""
     pairs: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
+    labels = (LABELS[0], LABELS[3]) if cold else LABELS[1:3]
     for row in runs:
-        if "first_step_s" in row and row["label"] in LABELS[1:] and row.get("repeat", -1) >= 0:
+        if "first_step_s" in row and row["label"] in labels and (row.get("repeat", -1) < 0) == cold:
             pair = pairs.setdefault((row["model"], row["mode"]), {}).setdefault(row["repeat"], {})
             pair[row["label"]] = row["first_step_s"]
     return pairs
@@ -337,6 +364,13 @@ def main() -> None:
         default="mode",
         help="plancache's processes: plancache.torch.mode() or plancache.torch.serve(model)",
     )
+    parser.add_argument(
+        "--cold-pairs",
+        type=int,
+        default=1,
+        help="nothing-stored processes, each beside torch's, inductor's caches empty (their order alternating; the "
+        "store emptied before each after the first)",
+    )
     parser.add_argument("--time-limit", type=float, default=400.0, help="seconds: no new process starts after this")
     parser.add_argument("--node", choices=("plancache", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -349,7 +383,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    report(startup(args.out, models, modes, args.repeats, args.time_limit, args.plancache_by), args.out)
+    result = startup(args.out, models, modes, args.repeats, args.time_limit, args.plancache_by, args.cold_pairs)
+    report(result, args.out)
 
 
 if __name__ == "__main__":
