@@ -85,12 +85,17 @@ def node_main(path: str, model: str, compile_mode: str, server: str, device: str
     sync()
     setup_s = time.perf_counter() - began - imports_s
     steps = []
+    profile = _first_step_profiler()
     for _ in range(2):
         started = time.perf_counter()
+        if profile is not None and not steps:
+            profile.enable()
         with context():
             out = run(batch)
         sync()
         steps.append(time.perf_counter() - started)
+        if profile is not None and len(steps) == 1:
+            profile.disable()
     result: dict[str, Any] = {
         "path": path,
         "plancache_by": by,
@@ -132,7 +137,35 @@ def node_main(path: str, model: str, compile_mode: str, server: str, device: str
         result["workload"] = dataclasses.asdict(plancache.workload_stats())
     if trace_races is not None:
         result["trace_races"] = trace_races
+    if profile is not None:
+        result["first_step_profile"] = _top_functions(profile)
     print(json.dumps(result), flush=True)
+
+
+def _first_step_profiler() -> Any:
+    """PLANCACHE_BENCH_PROFILE=1: a cProfile of the first step (where a process's first step went, by function)."""
+    if os.environ.get("PLANCACHE_BENCH_PROFILE") != "1":
+        return None
+    import cProfile
+
+    return cProfile.Profile()
+
+
+def _top_functions(profile: Any, count: int = 40) -> list[list[Any]]:
+    """The profile's functions by cumulative seconds: [cumulative s, own s, calls, where]."""
+    import pstats
+
+    stats = pstats.Stats(profile)
+    rows = [
+        [
+            round(cumulative, 4),
+            round(own, 4),
+            calls,
+            f"{path.rsplit('/', 2)[-1] if '/' in path else path}:{line}:{name}",
+        ]
+        for (path, line, name), (_, calls, own, cumulative, _) in stats.stats.items()  # type: ignore[attr-defined]
+    ]
+    return sorted(rows, key=lambda r: -r[0])[:count]
 
 
 def _timed_trace_races() -> dict[str, float]:
@@ -183,6 +216,7 @@ def startup(
     time_limit: float,
     by: str = "mode",
     cold_pairs: int = 1,
+    profile_first_step: bool = False,
 ) -> dict[str, Any]:
     from bench import startup_deploy as deploy
     from plancache import Client
@@ -216,6 +250,8 @@ def startup(
         # A new machine's first processes: inductor's and triton's caches empty, each its own. The pairs after them
         # use the caches the first plancache process filled (its compiled graph is torch's where torch's functions
         # run every call: GPU run 56's first pair, on the machine's own empty cache, compiled afresh).
+        if profile_first_step:
+            env["PLANCACHE_BENCH_PROFILE"] = "1"
         if label in (LABELS[0], LABELS[3]):
             caches = {name: tempfile.mkdtemp(prefix=f"{name.lower()}-", dir=tmp) for name in KERNEL_CACHES}
             if label == LABELS[0]:
@@ -371,6 +407,9 @@ def main() -> None:
         help="nothing-stored processes, each beside torch's, inductor's caches empty (their order alternating; the "
         "store emptied before each after the first)",
     )
+    parser.add_argument(
+        "--profile-first-step", action="store_true", help="each process's first step profiled (cProfile's top 40)"
+    )
     parser.add_argument("--time-limit", type=float, default=400.0, help="seconds: no new process starts after this")
     parser.add_argument("--node", choices=("plancache", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -383,7 +422,16 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    result = startup(args.out, models, modes, args.repeats, args.time_limit, args.plancache_by, args.cold_pairs)
+    result = startup(
+        args.out,
+        models,
+        modes,
+        args.repeats,
+        args.time_limit,
+        args.plancache_by,
+        args.cold_pairs,
+        args.profile_first_step,
+    )
     report(result, args.out)
 
 
