@@ -167,6 +167,22 @@ def test_a_stored_only_ask_is_one_round_trip_and_the_service_builds_the_plan(slo
     assert race_stats()["compile"] == hedge.RaceCounts()  # nothing raced
 
 
+def test_a_graph_cuDNN_rejected_is_refused_in_the_first_answer_not_answered_building(fast_service: Stack) -> None:
+    """The negative cache in a miss answered at once: once a build was rejected, a stored-only ask of the graph
+    is CompileFailed with cuDNN's reason (before, "building": plancache.torch read it as not stored yet in every
+    process and asked again every minute)."""
+    spec = matmul_spec(m=96, name=REJECTED_NAME)
+    builder = StandInLocalBuilder(seconds=FAST_S)
+    with Client(fast_service.address, cache=False, local_builder=builder) as client:
+        with pytest.raises(NotStored):  # the first ask: nothing known yet, the build started
+            client.compile(spec, TARGET, stored_only=True)
+        key = client.query(spec, TARGET).key
+        wait_until(lambda: fast_service.redis.exists(keys.failure(key)), 10, "the rejection remembered")
+        with pytest.raises(CompileFailed, match="remembered from an earlier build"):
+            client.compile(spec, TARGET, stored_only=True)
+        assert builder.built == []
+
+
 def test_a_disk_cache_hit_asks_nothing_and_builds_nothing(fast_service: Stack, tmp_path: Path) -> None:
     spec = matmul_spec(m=64, name="on-disk")
     builder = StandInLocalBuilder(seconds=0.5)

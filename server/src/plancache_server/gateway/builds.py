@@ -102,6 +102,10 @@ class Builds:
         """Listen for finished and replaced plans from now on (not only while waiting)."""
         self._watcher.start()
 
+    async def known_failure(self, plan_key: str) -> str | None:
+        """Why cuDNN rejected this key's graph, if a build did recently (the negative cache, --negative-ttl)."""
+        return await self._states.known_failure(plan_key)
+
     def flying(self, plan_key: str) -> bool:
         """Whether callers here already wait for this key (then the store
         need not be asked: the flight answers when the plan lands)."""

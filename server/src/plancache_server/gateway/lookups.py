@@ -39,6 +39,12 @@ class PlanLookups:
         budget = self._compile_timeout_s if time_remaining is None else min(time_remaining, self._compile_timeout_s)
         return time.monotonic() + budget
 
+    async def known_failure(self, plan_key: str) -> str | None:
+        """Why cuDNN rejected this key's graph recently, or None (also while callers here wait for its build)."""
+        if self._builds.flying(plan_key):
+            return None
+        return await self._builds.known_failure(plan_key)
+
     async def lookup(
         self, plan_key: str, target_id: str, family: str | None = None, tuned_only: bool = False, count: bool = True
     ) -> StoredPlan | None:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from plancache.errors import NotFound, PlanCacheError
+from plancache.errors import CompileFailed, NotFound, PlanCacheError
 from plancache.keys.plankey import parse_key
 from plancache.keys.query import PlanQuery
 from plancache.v1 import plancache_pb2 as pb
@@ -61,6 +61,7 @@ class PlanService:
             ):
                 # A hedged miss by the caller's own key: told now, before this gateway derives the key (a
                 # large spec's validation and hash: the caller's build waits for this answer, issue 41).
+                await self._not_rejected(request.claimed_key)
                 self._after_answer(when_sent, request)
                 return BUILDING
             resolved = await self._resolver.resolve(request.spec, request.target, request.options)
@@ -72,6 +73,7 @@ class PlanService:
                 # A stored plan, provisional or not (its metadata says which).
                 return plan.compile_response(pb.COMPILE_SOURCE_HIT)
             if request.answer_miss_at_once:
+                await self._not_rejected(resolved.key)
                 # A hedged miss: the caller builds meanwhile, and asks again (counted) for this build. It is
                 # told at once, the build queued after the answer: the caller's own build waits for this
                 # answer, not for the lease and the job (a few Redis round trips, issue 41). What keeps the
@@ -101,6 +103,15 @@ class PlanService:
                 plan, pb.COMPILE_SOURCE_COMPILED if waiter.started or request.counted else pb.COMPILE_SOURCE_JOINED
             )
         )
+
+    async def _not_rejected(self, plan_key: str) -> None:
+        """A miss answered at once is answered "building" only where a build may store the plan: a graph cuDNN
+        rejected recently (the negative cache) is CompileFailed now, as a caller that waits would be told. Before,
+        it was "building" and the build refused after the answer: a caller that asks for stored plans only
+        (plancache.torch) read "not stored yet" in every process, and a hedging node built it itself to fail."""
+        reason = await self._lookups.known_failure(plan_key)
+        if reason is not None:
+            raise CompileFailed(reason)
 
     async def _absent(self, claimed_key: str) -> bool:
         """Whether no plan is stored (or being built here) under a caller's claimed key; False for a
