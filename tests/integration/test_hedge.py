@@ -167,6 +167,34 @@ def test_a_stored_only_ask_is_one_round_trip_and_the_service_builds_the_plan(slo
     assert race_stats()["compile"] == hedge.RaceCounts()  # nothing raced
 
 
+def test_stored_only_asks_expected_to_miss_are_sent_in_the_background(slow_service: Stack) -> None:
+    """After two stored-only asks that missed in a row (a first node of a new model), the next graphs' asks go on
+    a kept thread and are NotStored at once, the service building them all the same; a graph stored after all
+    (its answer in the background a hit) ends the run of misses, and the next ask waits for its answer again."""
+    with Client(slow_service.address, cache=False, local_builder=StandInLocalBuilder(seconds=FAST_S)) as client:
+        asked_here: list[str] = []
+        call = client.connection.call
+
+        def counted(method: object, request: pb.CompileRequest, timeout: float | None) -> object:
+            asked_here.append(request.claimed_key)
+            return call(method, request, timeout)  # type: ignore[arg-type]
+
+        client.connection.call = counted  # type: ignore[method-assign]
+        specs = [matmul_spec(m=200 + 8 * i, name=f"behind-{i}") for i in range(4)]
+        for spec in specs:
+            with pytest.raises(NotStored):
+                client.compile(spec, TARGET, stored_only=True)
+        plan_keys = [client.query(spec, TARGET).key for spec in specs]
+        assert asked_here == plan_keys[:2]  # the third and fourth were asked on a kept thread
+        for key in plan_keys:
+            wait_until(lambda key=key: slow_service.redis.exists(keys.plan(key)), 15, f"{key} built")
+        with pytest.raises(NotStored, match="expected to miss"):  # stored now, but a third miss was expected
+            client.compile(specs[2], TARGET, stored_only=True)
+        wait_until(lambda: race_stats()["compile"].stored_after_all == 1, 10, "the background ask's hit")
+        plan = client.compile(specs[3], TARGET, stored_only=True)  # asked first again: the stored plan
+        assert plan.key == plan_keys[3] and asked_here[-1] == plan_keys[3]
+
+
 def test_a_graph_cuDNN_rejected_is_refused_in_the_first_answer_not_answered_building(fast_service: Stack) -> None:
     """The negative cache in a miss answered at once: once a build was rejected, a stored-only ask of the graph
     is CompileFailed with cuDNN's reason (before, "building": plancache.torch read it as not stored yet in every

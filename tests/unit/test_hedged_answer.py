@@ -30,6 +30,9 @@ class SlowQueue:
     async def lookup(self, *args: Any, **kwargs: Any) -> None:
         self.looked_up += 1
 
+    async def known_failure(self, plan_key: str) -> str | None:
+        return None  # no build of it was rejected (tests/integration/test_hedge.py reads a real negative cache)
+
     async def start_build(
         self, resolved: Any, tuned_only: bool = False, count: bool = True, yields: bool = False
     ) -> Any:

@@ -267,12 +267,17 @@ def _backward_pieces(
     function = signature.function
     pieces: dict[str, Any] = {}
     not_stored: NotStored | None = None
+    torch_pieces: list[str] = []  # optional pieces not stored: torch's, once the call is served
     for name, request in rule.requests.items():
         try:
             ahead = WATCH.asked_for(request.spec, evidence.for_graph(request.spec))
             plan = SERVICE.compile(request.spec, device, ask_first=ahead, stored_only=stored_only)
             pieces[name] = Served(request, plan, device)
         except NotStored as e:  # the rest asked all the same: the service builds each for the next call
+            if name in rule.optional:  # torch's piece (a bias gradient's reduction): the rest of the call served
+                pieces[name] = rule.optional[name]
+                torch_pieces.append(name)
+                continue
             not_stored = not_stored or e
         except PlanCacheError as e:
             if name not in rule.optional or not isinstance(e, ABOUT_THE_GRAPH):
@@ -292,6 +297,10 @@ def _backward_pieces(
             pieces[name] = rule.optional[name]
     if not_stored is not None:
         raise not_stored
+    c = counts(f"{function}.backward")
+    for name in torch_pieces:
+        reason = f"{name}: {NOT_STORED}"
+        c.reasons[reason] = c.reasons.get(reason, 0) + 1
     return pieces
 
 

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from plancache.errors import InvalidRequest, NotStored, PlanCacheError
+from plancache.errors import InvalidRequest, PlanCacheError
 from plancache.graphspec.graph import GraphSpec
 from plancache.keys.arguments import check_options, check_spec, check_text
 from plancache.keys.options import CompileOptions
@@ -252,7 +252,7 @@ class Client:
         workload = self.workload
         began = workload.begin(query.target)
         if stored_only:
-            plan = self._stored(query, asked, timeout, began)
+            plan = self._stored(query, asked, timeout, began, hedge_path)
         else:
             plan = self._compile_asked(query, asked, timeout, tuned_only, hedge, hedge_path, began)
         workload.used(asked.key, query.target.id)
@@ -286,11 +286,11 @@ class Client:
             request, asked, budget, functools.partial(self.local_builder.build, query), hedge_path
         )
 
-    def _stored(self, query: PlanQuery, asked: Asked, timeout: float | None, began: bool) -> Plan:
+    def _stored(self, query: PlanQuery, asked: Asked, timeout: float | None, began: bool, path: str) -> Plan:
         """compile(stored_only=True)'s plan: prefetched, in the disk cache, or the server's stored one (one
-        Compile answered at once, bounded as a hedged miss's first ask), else NotStored: the server answered
-        that it builds it (a Compile with answer_miss_at_once starts or joins the build), which no one waits for
-        here."""
+        Compile answered at once, bounded as a hedged miss's first ask; a graph expected to miss is asked on a
+        kept thread: plancache.transport.hedged_calls), else NotStored: the server builds it (a Compile with
+        answer_miss_at_once starts or joins the build), which no one waits for here."""
         prefetched = self.workload.take(asked, began=began)
         if prefetched is not None:
             return prefetched
@@ -298,12 +298,11 @@ class Client:
         if cached is not None:
             return cached
         budget = timeout if timeout is not None else self.compile_timeout
-        first = self._hedged.hedge_after_s if budget is None else min(self._hedged.hedge_after_s, budget)
-        request = _compile_request(query, answer_miss_at_once=True)
-        response = self.connection.call(self._stub.Compile, request, first)
-        if response.source == pb.COMPILE_SOURCE_BUILDING:
-            raise NotStored(f"plan {asked.key} is not stored yet: the service is building it")
-        return self.intake.answer(response.plan, response.source, asked)
+
+        def remember(response: pb.CompileResponse) -> Plan:
+            return self.intake.answer(response.plan, response.source, asked)
+
+        return self._hedged.stored(_compile_request(query, answer_miss_at_once=True), asked, budget, remember, path)
 
     def race(
         self,

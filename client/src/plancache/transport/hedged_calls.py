@@ -46,7 +46,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
-from plancache.errors import CompileTimeout, PlanCacheError
+from plancache.errors import CompileTimeout, NotStored, PlanCacheError
 from plancache.run.local import LocalPlan
 from plancache.run.plan import Plan
 from plancache.transport.connection import Connection
@@ -54,11 +54,13 @@ from plancache.transport.hedge import (
     NOT_HEDGED,
     CompileAsk,
     Race,
+    RaceCounts,
     Raced,
     counts,
     hedge_after_s,
     refused_plan,
     run_race,
+    waiting_calls,
 )
 from plancache.transport.intake import PlanIntake
 from plancache.transport.reports import Reports
@@ -106,6 +108,68 @@ class HedgedCalls:
         if listed is not None:
             return not listed
         return self.misses_in_a_row >= MISSES_BEFORE_EXPECTING
+
+    def stored(
+        self,
+        request: pb.CompileRequest,
+        asked: Asked,
+        budget: float | None,
+        remember: Callable[[pb.CompileResponse], Plan],
+        path: str,
+    ) -> Plan:
+        """compile(stored_only=True)'s ask of the service (`request`: answer_miss_at_once, so a miss starts or
+        joins the build and is answered at once): the stored plan (`remember(response)`: verified), or NotStored.
+        A graph expected to miss (module doc) is not waited for at all: its Compile goes on a kept thread and
+        NotStored is raised at once (GPU run 56: a served GPT-2's first process with nothing stored asked ~20
+        graphs in its first step, one round trip each); a wrong guess costs the call torch's function, what it
+        runs without plancache, and its answer (a hit) ends the run of misses as the hedge's does."""
+        if self.expects_miss(asked.key) and self._ask_behind(request, asked, budget, remember, counts(path)):
+            raise NotStored(f"plan {asked.key} is not stored (expected to miss): the service is asked to build it")
+        first = self.hedge_after_s if budget is None else min(self.hedge_after_s, budget)
+        response = self._connection.call(self._connection.stub.Compile, request, first)
+        if response.source == pb.COMPILE_SOURCE_BUILDING:
+            self.misses_in_a_row += 1
+            raise NotStored(f"plan {asked.key} is not stored yet: the service is building it")
+        self.misses_in_a_row = 0
+        return remember(response)
+
+    def _ask_behind(
+        self,
+        request: pb.CompileRequest,
+        asked: Asked,
+        budget: float | None,
+        remember: Callable[[pb.CompileResponse], Plan],
+        tally: RaceCounts,
+    ) -> bool:
+        """`request` sent on a kept thread, its answer read there (a hit: stored after all, verified and kept
+        as any answer); False where no kept thread is free (the caller asks itself)."""
+        ask = CompileAsk(self._connection.stub.Compile, request, self._connection.metadata)
+        timeout = self.hedge_after_s if budget is None else min(self.hedge_after_s, budget)
+
+        def send() -> None:
+            try:
+                response = ask.call(timeout)
+                if response.source != pb.COMPILE_SOURCE_BUILDING:
+                    self._stored_after_all(asked.key, tally)
+                    remember(response)
+            except Exception as e:  # an ask nobody waits for: what it failed is the next call's to meet
+                log.debug("plan %s: the stored-only ask in the background failed: %s: %s", asked.key, type(e), e)
+
+        return waiting_calls.get().submit(send)
+
+    def _stored_after_all(self, key: str, tally: RaceCounts) -> None:
+        """A graph expected to miss was stored: the next graph asks first again, and a workload record that did
+        not list it is not believed from now on (module doc)."""
+        tally.stored_after_all += 1
+        self.misses_in_a_row = 0
+        if self.record_believed and self._listed(key) is False:
+            self.record_believed = False
+            tally.record_disbelieved += 1
+            log.info(
+                "plan %s was stored though this workload's record did not list it: the record no longer "
+                "says which graphs will miss in this process",
+                key,
+            )
 
     def compile(
         self, request: pb.CompileRequest, asked: Asked, budget: float | None, build: Callable[[], Plan], path: str
@@ -185,16 +249,7 @@ class HedgedCalls:
 
         def answered(race: Race, response: pb.CompileResponse) -> None:
             if response.source == pb.COMPILE_SOURCE_HIT:  # stored after all: the next graph asks first
-                tally.stored_after_all += 1
-                self.misses_in_a_row = 0
-                if self.record_believed and self._listed(asked.key) is False:
-                    self.record_believed = False
-                    tally.record_disbelieved += 1
-                    log.info(
-                        "plan %s was stored though this workload's record did not list it: the record no longer "
-                        "says which graphs will miss in this process",
-                        asked.key,
-                    )
+                self._stored_after_all(asked.key, tally)
                 race.building = False  # the service counted a hit, not a miss to report on
 
         race = Race(
