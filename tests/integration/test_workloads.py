@@ -124,6 +124,27 @@ def test_a_new_process_streams_what_its_workload_used_first_used_first(service: 
         assert plancache.workload_stats().used >= after.used  # the process's view sums its clients
 
 
+def test_a_process_that_found_nothing_stored_leaves_a_record_of_what_it_asked_for(service: Stack) -> None:
+    """plancache.torch's first calls ask for stored plans only: a process that found none (the service building
+    each) still records them, so that its workload's next process streams them once stored, rather than asking
+    graph by graph (GPU run 56: the process after ones that found nothing stored had no record)."""
+    graphs = specs(3, base=512)
+    with client(service) as first:
+        for spec in graphs:  # the third asked in the background (two misses in a row before it)
+            with pytest.raises(plancache.NotStored):
+                first.compile(spec, TARGET, stored_only=True)
+        asked = [first.query(spec, TARGET).key for spec in graphs]
+        # A process goes on after its first step: by its next report the service has queued each build.
+        wait_until(
+            lambda: all(service.redis.exists(keys.job_state(k), keys.plan(k)) for k in asked), 10, "the builds asked"
+        )
+    wait_until(lambda: listed(service) == asked, timeout=20, what="the record of the graphs asked for, stored")
+    with client(service) as second:
+        second.compile(graphs[0], TARGET, stored_only=True)
+        stats = settled(second)
+        assert (stats.listed, stats.prefetched) == (3, 3)
+
+
 @pytest.mark.parametrize("setting", ["", "first-use", "stream"])
 def test_where_the_streamed_plans_are_deserialized(
     service: Stack, runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch, setting: str

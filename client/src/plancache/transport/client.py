@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from plancache.errors import InvalidRequest, PlanCacheError
+from plancache.errors import InvalidRequest, NotStored, PlanCacheError
 from plancache.graphspec.graph import GraphSpec
 from plancache.keys.arguments import check_options, check_spec, check_text
 from plancache.keys.options import CompileOptions
@@ -47,7 +47,7 @@ from plancache.transport.hedge import (
     Raced,
     hedge_default,
 )
-from plancache.transport.hedged_calls import HedgedCalls
+from plancache.transport.hedged_calls import SETTLE_ASKS_S, HedgedCalls
 from plancache.transport.intake import PlanIntake
 from plancache.transport.manifest import Manifest
 from plancache.transport.prefetching import ManifestPrefetch, OnPlan, PrefetchStop, Progress
@@ -182,6 +182,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        self._hedged.settle_asks(SETTLE_ASKS_S)  # before its uses are reported: the service knows their builds
         self._reports.close()
         self.connection.close()
 
@@ -252,7 +253,14 @@ class Client:
         workload = self.workload
         began = workload.begin(query.target)
         if stored_only:
-            plan = self._stored(query, asked, timeout, began, hedge_path)
+            try:
+                plan = self._stored(query, asked, timeout, began, hedge_path)
+            except NotStored:
+                # In the workload's record all the same (the service was asked to build it): the next process
+                # streams it once stored, rather than asking for it graph by graph (GPU run 56: a process after
+                # ones that found nothing stored had no record).
+                workload.used(asked.key, query.target.id)
+                raise
         else:
             plan = self._compile_asked(query, asked, timeout, tuned_only, hedge, hedge_path, began)
         workload.used(asked.key, query.target.id)

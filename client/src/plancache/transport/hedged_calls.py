@@ -41,6 +41,7 @@ their expected misses.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -74,6 +75,8 @@ log = logging.getLogger(__name__)
 LOCAL_PLANS_HELD = 1024
 # Keys kept that ask first (graph families' members met; least recently marked out first).
 ASK_FIRST_KEPT = 4096
+# How long closing a client waits for its stored-only asks sent in the background (each answered at once).
+SETTLE_ASKS_S = 2.0
 # Misses in a row (each graph asked first) after which a graph no workload record speaks for is expected to miss.
 MISSES_BEFORE_EXPECTING = 2
 # What a workload's record says of a key: listed (True), not listed (False), or nothing (None: no record read).
@@ -91,6 +94,9 @@ class HedgedCalls:
         self.misses_in_a_row = 0  # graphs that asked first and missed, since the last one that did not
         self._ask_first: OrderedDict[str, None] = OrderedDict()  # keys the service may be building ahead
         self.record_believed = True  # no graph the workload's record did not list was stored after all (doc)
+        # Stored-only asks sent on kept threads and not answered yet (close() lets them reach the service).
+        self._behind = 0
+        self._behind_done = threading.Condition()
 
     def ask_first(self, key: str) -> None:
         """A graph of `key` may be built ahead for this process (a graph
@@ -154,8 +160,25 @@ class HedgedCalls:
                     remember(response)
             except Exception as e:  # an ask nobody waits for: what it failed is the next call's to meet
                 log.debug("plan %s: the stored-only ask in the background failed: %s: %s", asked.key, type(e), e)
+            finally:
+                with self._behind_done:
+                    self._behind -= 1
+                    self._behind_done.notify_all()
 
-        return waiting_calls.get().submit(send)
+        with self._behind_done:
+            self._behind += 1
+        if waiting_calls.get().submit(send):
+            return True
+        with self._behind_done:
+            self._behind -= 1
+        return False
+
+    def settle_asks(self, timeout: float) -> bool:
+        """Wait, at most `timeout` s, until every stored-only ask sent in the background was answered (the client
+        closes: a process that exits right after its last graphs still has the service build them). Whether
+        none is left."""
+        with self._behind_done:
+            return self._behind_done.wait_for(lambda: self._behind <= 0, timeout)
 
     def _stored_after_all(self, key: str, tally: RaceCounts) -> None:
         """A graph expected to miss was stored: the next graph asks first again, and a workload record that did

@@ -412,8 +412,9 @@ class WorkloadStart:
         return None if record is None else key in record
 
     def used(self, key: str, target_id: str) -> None:
-        """A plan a graph of this process ran (first use: recorded for the workload's record, where reports are
-        on; kept either way, for the stream's judgements and the process's verdict)."""
+        """A plan a graph of this process ran, or asked for stored-only and not found (the service builds it)
+        (first use: recorded for the workload's record, where reports are on; kept either way, for the stream's
+        judgements and the process's verdict)."""
         if key in self._seen or target_id != (self._target_id or target_id):
             return
         with self._lock:

@@ -26,8 +26,10 @@ class WorkloadService:
 
     async def record(self, uses: pb.WorkloadUses) -> int:
         """Add a process's uses to its workload's record: only keys of the
-        report's target whose plans this service holds or builds (a report
-        cannot make a record list what does not exist); a name that is not
+        report's target whose plans this service holds or builds, or was
+        asked to build (a stored-only ask's graph, plancache.torch's, whose
+        build nobody waits for: the next process streams it once stored; a
+        report cannot make a record list what does not exist); a name that is not
         one of NAME's records nothing (a report is best effort: the rest of
         it still counts). How many keys it recorded."""
         if not NAME.fullmatch(uses.name) or not NAME.fullmatch(uses.target_id):
@@ -51,7 +53,8 @@ class WorkloadService:
         }
         served = {pb.STREAM_VERDICT_SERVED: True, pb.STREAM_VERDICT_MIXED: False}.get(uses.verdict)
         with translated_errors("recording a workload's first uses"):
-            known += [k for k, stored in zip(unknown, await self._records.stored(unknown), strict=True) if stored]
+            held_now = await self._records.stored_or_built(unknown)
+            known += [k for k, stored in zip(unknown, held_now, strict=True) if stored]
             recorded = [(k, candidates[k]) for k in known]
             return await self._records.record(uses.target_id, uses.name, recorded, counts, served)
 

@@ -5,8 +5,8 @@ graphs ask for them (plancache.transport.workload is the client's side).
 
 Nothing in a record is trusted. A name is one of NAME's. A key is recorded
 only when it is one of the report's target whose plan this service holds or
-builds (the caller checks), and listed only when its plan is stored when it
-is read. A record holds at most `capacity` keys (least recently used out),
+builds or was asked to build (a job on record; the caller checks), and listed
+only when its plan is stored when it is read. A record holds at most `capacity` keys (least recently used out),
 and at most MAX_WORKLOADS records exist (the least recently reported goes,
 with its record). A forged or stale record makes a process fetch plans it
 does not use, within those bounds and the client's own; each graph of that
@@ -40,6 +40,7 @@ from typing import Any, cast
 from plancache.errors import InvalidRequest
 from plancache.keys.workload_names import NAME
 from plancache_server.store import keys
+from plancache_server.store.build_records import QUEUED, RUNNING
 from plancache_server.store.redis_conn import AsyncRedis, text
 
 # Records one service keeps (every target together); the least recently reported goes first.
@@ -48,6 +49,8 @@ MAX_WORKLOADS = 1024
 MAX_USES = 512
 # "served" and "mixed": processes' verdicts on their stream (module doc), as counted.
 COUNTS = ("processes", "listed", "prefetched", "used", "wasted", "stopped", "recorded", "served", "mixed")
+# A job's states while its plan is not stored yet: a record keeps such a key (listed once stored).
+BUILDING = (QUEUED, RUNNING)
 # Verdicts a record keeps (its processes' last): settled when every one kept says served.
 VERDICTS_KEPT = 4
 _SEP = "|"
@@ -143,6 +146,26 @@ class WorkloadRecords:
             pipe.exists(keys.plan(key))
         return [bool(x) for x in await pipe.execute()]
 
+    async def _building(self, plan_keys: Sequence[str]) -> set[str]:
+        """Which of `plan_keys` (not stored) have a build queued or running (one pipeline)."""
+        if not plan_keys:
+            return set()
+        pipe = self._redis.pipeline(transaction=False)
+        for key in plan_keys:
+            pipe.hget(keys.job_state(key), "state")
+        states = await pipe.execute()
+        return {key for key, state in zip(plan_keys, states, strict=True) if text(state or b"") in BUILDING}
+
+    async def stored_or_built(self, plan_keys: Sequence[str]) -> list[bool]:
+        """Which of `plan_keys` have a stored plan now or a build job on record (queued, running or ended: a
+        graph someone asked this service to build, which a record may name; it lists it once it is stored)."""
+        if not plan_keys:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for key in plan_keys:
+            pipe.exists(keys.plan(key), keys.job_state(key))
+        return [bool(x) for x in await pipe.execute()]
+
     async def plans(self, target_id: str, name: str) -> RecordRead:
         """The record's keys whose plans are stored now, first used first (a
         process asking: counted, where a record exists; a read never makes one),
@@ -162,11 +185,13 @@ class WorkloadRecords:
         complete = evicted is None and int(await self._redis.zcard(recency)) <= self.capacity
         positions = await self._redis.hmget(order, members)
         stored = await self.stored(members)
+        building = await self._building([key for key, exists in zip(members, stored, strict=True) if not exists])
         listed: list[tuple[int, str]] = []
         gone: list[str] = []
         for key, position, exists in zip(members, positions, stored, strict=True):
             if not exists:
-                gone.append(key)
+                if key not in building:  # a build under way (a stored-only ask's): listed once stored
+                    gone.append(key)
                 continue
             try:
                 rank = int(text(position)) if position is not None else 1 << 30
