@@ -209,6 +209,17 @@ def test_a_graph_cuDNN_rejected_is_refused_in_the_first_answer_not_answered_buil
         with pytest.raises(CompileFailed, match="remembered from an earlier build"):
             client.compile(spec, TARGET, stored_only=True)
         assert builder.built == []
+    # Expected to miss (two misses in a row before it), its ask goes in the background: the refusal is said at the
+    # process's next ask of it, not "not stored" again.
+    with Client(fast_service.address, cache=False, local_builder=builder) as client:
+        for m in (104, 112):
+            with pytest.raises(NotStored):
+                client.compile(matmul_spec(m=m, name="missing"), TARGET, stored_only=True)
+        with pytest.raises(NotStored, match="expected to miss"):
+            client.compile(spec, TARGET, stored_only=True)
+        assert client._hedged.settle_asks(5)  # the ask in the background answered
+        with pytest.raises(CompileFailed, match="remembered from an earlier build"):
+            client.compile(spec, TARGET, stored_only=True)
 
 
 def test_a_disk_cache_hit_asks_nothing_and_builds_nothing(fast_service: Stack, tmp_path: Path) -> None:

@@ -47,9 +47,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
-from plancache.errors import CompileTimeout, NotStored, PlanCacheError
+import grpc
+
+from plancache.errors import CompileFailed, CompileTimeout, NotStored, PlanCacheError
 from plancache.run.local import LocalPlan
 from plancache.run.plan import Plan
+from plancache.transport.calls import typed
 from plancache.transport.connection import Connection
 from plancache.transport.hedge import (
     NOT_HEDGED,
@@ -94,6 +97,9 @@ class HedgedCalls:
         self.misses_in_a_row = 0  # graphs that asked first and missed, since the last one that did not
         self._ask_first: OrderedDict[str, None] = OrderedDict()  # keys the service may be building ahead
         self.record_believed = True  # no graph the workload's record did not list was stored after all (doc)
+        # Graphs a stored-only ask in the background found rejected by cuDNN (key -> the service's reason): asked
+        # again, they are CompileFailed here, as a graph asked on the caller's thread is (least recent out).
+        self._rejected: OrderedDict[str, str] = OrderedDict()
         # Stored-only asks sent on kept threads and not answered yet (close() lets them reach the service).
         self._behind = 0
         self._behind_done = threading.Condition()
@@ -129,6 +135,9 @@ class HedgedCalls:
         NotStored is raised at once (GPU run 56: a served GPT-2's first process with nothing stored asked ~20
         graphs in its first step, one round trip each); a wrong guess costs the call torch's function, what it
         runs without plancache, and its answer (a hit) ends the run of misses as the hedge's does."""
+        rejected = self._rejected.get(asked.key)
+        if rejected is not None:
+            raise CompileFailed(rejected)
         if self.expects_miss(asked.key) and self._ask_behind(request, asked, budget, remember, counts(path)):
             raise NotStored(f"plan {asked.key} is not stored (expected to miss): the service is asked to build it")
         first = self.hedge_after_s if budget is None else min(self.hedge_after_s, budget)
@@ -154,10 +163,17 @@ class HedgedCalls:
 
         def send() -> None:
             try:
-                response = ask.call(timeout)
+                try:
+                    response = ask.call(timeout)
+                except grpc.RpcError as e:
+                    raise typed(e) from e
                 if response.source != pb.COMPILE_SOURCE_BUILDING:
                     self._stored_after_all(asked.key, tally)
                     remember(response)
+            except CompileFailed as e:  # cuDNN rejected it (the service's negative cache): said at the next ask
+                self._rejected[asked.key] = e.message
+                while len(self._rejected) > ASK_FIRST_KEPT:
+                    self._rejected.popitem(last=False)
             except Exception as e:  # an ask nobody waits for: what it failed is the next call's to meet
                 log.debug("plan %s: the stored-only ask in the background failed: %s: %s", asked.key, type(e), e)
             finally:
