@@ -252,17 +252,14 @@ class Client:
         asked = Asked.of(query)
         workload = self.workload
         began = workload.begin(query.target)
-        if stored_only:
-            try:
-                plan = self._stored(query, asked, timeout, began, hedge_path)
-            except NotStored:
-                # In the workload's record all the same (the service was asked to build it): the next process
-                # streams it once stored, rather than asking for it graph by graph (GPU run 56: a process after
-                # ones that found nothing stored had no record).
-                workload.used(asked.key, query.target.id)
-                raise
-        else:
-            plan = self._compile_asked(query, asked, timeout, tuned_only, hedge, hedge_path, began)
+        try:
+            plan = self._compile_asked(query, asked, timeout, tuned_only, hedge, hedge_path, began, stored_only)
+        except NotStored:
+            # In the workload's record all the same (the service was asked to build it): the next process streams
+            # it once stored, rather than asking for it graph by graph (GPU run 56: a process after ones that found
+            # nothing stored had no record).
+            workload.used(asked.key, query.target.id)
+            raise
         workload.used(asked.key, query.target.id)
         return plan
 
@@ -275,13 +272,25 @@ class Client:
         hedge: bool | None,
         hedge_path: str,
         began: bool,
+        stored_only: bool = False,
     ) -> Plan:
+        """The plan: prefetched, in the disk cache, else the service's. `stored_only`: only a stored one (one
+        Compile answered at once; a graph expected to miss asked on a kept thread: plancache.transport.
+        hedged_calls), else NotStored, the service building it, which no one waits for here."""
         prefetched = self.workload.take(asked, began=began)
         if prefetched is not None and not (tuned_only and prefetched.provisional):
             return prefetched
         cached = self.intake.cached(asked.key, tuned_only)
         if cached is not None:
             return cached
+        if stored_only:
+
+            def remember(response: pb.CompileResponse) -> Plan:
+                return self.intake.answer(response.plan, response.source, asked)
+
+            request = _compile_request(query, answer_miss_at_once=True)
+            budget = timeout if timeout is not None else self.compile_timeout
+            return self._hedged.stored(request, asked, budget, remember, hedge_path)
         hedged = (
             not tuned_only and (self.hedge if hedge is None else hedge) and self.local_builder.can_build(query.target)
         )
@@ -293,24 +302,6 @@ class Client:
         return self._hedged.compile(
             request, asked, budget, functools.partial(self.local_builder.build, query), hedge_path
         )
-
-    def _stored(self, query: PlanQuery, asked: Asked, timeout: float | None, began: bool, path: str) -> Plan:
-        """compile(stored_only=True)'s plan: prefetched, in the disk cache, or the server's stored one (one
-        Compile answered at once, bounded as a hedged miss's first ask; a graph expected to miss is asked on a
-        kept thread: plancache.transport.hedged_calls), else NotStored: the server builds it (a Compile with
-        answer_miss_at_once starts or joins the build), which no one waits for here."""
-        prefetched = self.workload.take(asked, began=began)
-        if prefetched is not None:
-            return prefetched
-        cached = self.intake.cached(asked.key, tuned_only=False)
-        if cached is not None:
-            return cached
-        budget = timeout if timeout is not None else self.compile_timeout
-
-        def remember(response: pb.CompileResponse) -> Plan:
-            return self.intake.answer(response.plan, response.source, asked)
-
-        return self._hedged.stored(_compile_request(query, answer_miss_at_once=True), asked, budget, remember, path)
 
     def race(
         self,

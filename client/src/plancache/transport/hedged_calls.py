@@ -104,6 +104,11 @@ class HedgedCalls:
         self._behind = 0
         self._behind_done = threading.Condition()
 
+    def _first_answer_s(self, budget: float | None) -> float:
+        """How long a miss's first answer is waited for: a server that cannot say hit or miss within hedge_after_s
+        is as good as a miss."""
+        return self.hedge_after_s if budget is None else min(self.hedge_after_s, budget)
+
     def ask_first(self, key: str) -> None:
         """A graph of `key` may be built ahead for this process (a graph
         family's member): it asks first, never expected to miss (module doc)."""
@@ -140,7 +145,7 @@ class HedgedCalls:
             raise CompileFailed(rejected)
         if self.expects_miss(asked.key) and self._ask_behind(request, asked, budget, remember, counts(path)):
             raise NotStored(f"plan {asked.key} is not stored (expected to miss): the service is asked to build it")
-        first = self.hedge_after_s if budget is None else min(self.hedge_after_s, budget)
+        first = self._first_answer_s(budget)
         response = self._connection.call(self._connection.stub.Compile, request, first)
         if response.source == pb.COMPILE_SOURCE_BUILDING:
             self.misses_in_a_row += 1
@@ -159,7 +164,7 @@ class HedgedCalls:
         """`request` sent on a kept thread, its answer read there (a hit: stored after all, verified and kept
         as any answer); False where no kept thread is free (the caller asks itself)."""
         ask = CompileAsk(self._connection.stub.Compile, request, self._connection.metadata)
-        timeout = self.hedge_after_s if budget is None else min(self.hedge_after_s, budget)
+        timeout = self._first_answer_s(budget)
 
         def send() -> None:
             try:
@@ -252,7 +257,7 @@ class HedgedCalls:
         error: PlanCacheError | None = None
         try:
             # Bounded: a server that cannot say hit or miss within hedge_after_s is as good as a miss.
-            first = self.hedge_after_s if budget is None else min(self.hedge_after_s, budget)
+            first = self._first_answer_s(budget)
             response = connection.call(connection.stub.Compile, request, first)
             if response.source != pb.COMPILE_SOURCE_BUILDING:
                 self.misses_in_a_row = 0

@@ -53,7 +53,7 @@ class WorkloadService:
         }
         served = {pb.STREAM_VERDICT_SERVED: True, pb.STREAM_VERDICT_MIXED: False}.get(uses.verdict)
         with translated_errors("recording a workload's first uses"):
-            held_now = await self._records.stored_or_built(unknown)
+            held_now = await self._records.stored(unknown, or_built=True)
             known += [k for k, stored in zip(unknown, held_now, strict=True) if stored]
             recorded = [(k, candidates[k]) for k in known]
             return await self._records.record(uses.target_id, uses.name, recorded, counts, served)

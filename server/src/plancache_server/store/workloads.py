@@ -137,13 +137,15 @@ class WorkloadRecords:
                 await self._forget(old_target, old_name)
         return len(uses)
 
-    async def stored(self, plan_keys: Sequence[str]) -> list[bool]:
-        """Which of `plan_keys` have a stored plan now (one pipeline)."""
+    async def stored(self, plan_keys: Sequence[str], *, or_built: bool = False) -> list[bool]:
+        """Which of `plan_keys` have a stored plan now (one pipeline); `or_built`: or a build job on record
+        (queued, running or ended: a graph someone asked this service to build, which a record may name; it lists
+        it once it is stored)."""
         if not plan_keys:
             return []
         pipe = self._redis.pipeline(transaction=False)
         for key in plan_keys:
-            pipe.exists(keys.plan(key))
+            pipe.exists(keys.plan(key), *((keys.job_state(key),) if or_built else ()))
         return [bool(x) for x in await pipe.execute()]
 
     async def _building(self, plan_keys: Sequence[str]) -> set[str]:
@@ -155,16 +157,6 @@ class WorkloadRecords:
             pipe.hget(keys.job_state(key), "state")
         states = await pipe.execute()
         return {key for key, state in zip(plan_keys, states, strict=True) if text(state or b"") in BUILDING}
-
-    async def stored_or_built(self, plan_keys: Sequence[str]) -> list[bool]:
-        """Which of `plan_keys` have a stored plan now or a build job on record (queued, running or ended: a
-        graph someone asked this service to build, which a record may name; it lists it once it is stored)."""
-        if not plan_keys:
-            return []
-        pipe = self._redis.pipeline(transaction=False)
-        for key in plan_keys:
-            pipe.exists(keys.plan(key), keys.job_state(key))
-        return [bool(x) for x in await pipe.execute()]
 
     async def plans(self, target_id: str, name: str) -> RecordRead:
         """The record's keys whose plans are stored now, first used first (a
